@@ -1,0 +1,1 @@
+"""Transports and integrations: ``resilience.adapters.requests``, ``.sglang``, ``.ray``."""

@@ -1,0 +1,231 @@
+"""``ResilientAdapter``: the retry loop as a ``requests`` transport adapter.
+
+Mount it like any adapter (``session.mount("http://", adapter)``) or build a
+session with ``resilient_session(policies)``. It overrides only
+``HTTPAdapter.send`` (the documented seam), runs urllib3 with retries off so
+it sees every attempt, and keeps every other contract of ``requests``: hooks,
+redirects, auth, cookies, proxies, ``verify``, streaming and the three shapes
+of ``timeout=``.
+
+The attempts a call took are on the response as ``response.attempts`` (a
+tuple of ``AttemptRecord``) and on raised errors as ``error.attempts``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import replace
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+from requests.models import PreparedRequest, Response
+from requests.utils import rewind_body
+from urllib3.exceptions import NewConnectionError
+from urllib3.util import Timeout as Urllib3Timeout
+
+from resilience.backoff import parse_retry_after
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.events import Observer
+from resilience.outcome import Delivery
+from resilience.policy import EndpointMatch, PolicyTable
+from resilience.retry import AttemptResult, CallSpec, Retrier
+
+__all__ = ["ResilientAdapter", "engine_of", "resilient_session"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_DEFAULT_BREAKER = BreakerConfig()
+_DEFAULT_BUDGET = RetryBudgetConfig()
+TimeoutArg = float | tuple[float | None, float | None] | Urllib3Timeout | None
+
+
+def engine_of(url: str) -> tuple[str, str, int]:
+    """``(scheme://host:port, host, port)`` of a URL, without user-info, path or query."""
+    parts = urlsplit(url)
+    scheme = (parts.scheme or "http").lower()
+    host = parts.hostname or ""
+    port = parts.port or _DEFAULT_PORTS.get(scheme, 0)
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}", host, port
+
+
+def _timeout_pair(timeout: TimeoutArg) -> tuple[float | None, float | None] | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, Urllib3Timeout):
+        connect, read = timeout.connect_timeout, timeout.read_timeout
+        return (connect if isinstance(connect, (int, float)) else None, read if isinstance(read, (int, float)) else None)
+    if isinstance(timeout, tuple):
+        connect, read = timeout
+        return connect, read
+    return float(timeout), float(timeout)
+
+
+def _transport_failure(exc: requests.RequestException) -> tuple[Delivery, str]:
+    """Did a failed attempt surely never reach the server? And a bounded name for it."""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return Delivery.NOT_SENT, "connect_timeout"
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return Delivery.MAYBE_APPLIED, "read_timeout"
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        cause = exc.args[0] if exc.args else None
+        reason = getattr(cause, "reason", cause)
+        if isinstance(reason, NewConnectionError) or isinstance(cause, NewConnectionError):
+            return Delivery.NOT_SENT, "connect_error"
+        return Delivery.MAYBE_APPLIED, "connection_reset"
+    return Delivery.MAYBE_APPLIED, "error"
+
+
+def _discard(response: Response) -> None:
+    """Read (to free the pooled connection) and close a response that will not be returned."""
+    try:
+        _ = response.content
+    except (requests.RequestException, OSError, RuntimeError):
+        pass
+    response.close()
+
+
+def _body_rewindable(request: PreparedRequest) -> bool:
+    body = request.body
+    if body is None or isinstance(body, (bytes, str)):
+        return True
+    return getattr(request, "_body_position", None) is not None
+
+
+class ResilientAdapter(HTTPAdapter):
+    """An ``HTTPAdapter`` that runs the resilience retry loop around every send.
+
+    ``policies``: the ``PolicyTable`` routing requests to endpoint policies
+    (default: an empty table, so ``EndpointPolicy.for_method`` applies).
+    ``observers``: receive every event (telemetry). ``breaker``: the circuit
+    breaker configuration per engine (None turns breaking off).
+    ``retry_budget``: the retry budget per engine (None turns it off).
+    ``clock`` / ``rng``: injectable time and jitter source. Other keyword
+    arguments go to ``HTTPAdapter`` (``pool_connections``, ``pool_maxsize``,
+    ``pool_block``); ``max_retries`` is always 0: this adapter owns the loop.
+    """
+
+    __attrs__ = [*HTTPAdapter.__attrs__, "policies", "observers", "breaker_config", "retry_budget_config"]  # noqa: RUF012
+
+    def __init__(
+        self,
+        policies: PolicyTable | None = None,
+        *,
+        observers: Sequence[Observer] = (),
+        breaker: BreakerConfig | None = _DEFAULT_BREAKER,
+        retry_budget: RetryBudgetConfig | None = _DEFAULT_BUDGET,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.pop("max_retries", None)
+        self.policies = policies if policies is not None else PolicyTable()
+        self.observers = tuple(observers)
+        self.breaker_config = breaker
+        self.retry_budget_config = retry_budget
+        self._clock = clock
+        self._rng = rng
+        self._build_retrier()
+        super().__init__(max_retries=0, **kwargs)
+
+    def _build_retrier(self) -> None:
+        clock = getattr(self, "_clock", SYSTEM_CLOCK)
+        self._clock = clock
+        self._rng = getattr(self, "_rng", random.random)
+        self.retrier = Retrier(
+            breakers=None if self.breaker_config is None else BreakerRegistry(self.breaker_config, clock=clock, observers=self.observers),
+            budgets=None if self.retry_budget_config is None else RetryBudgets(self.retry_budget_config, clock=clock),
+            observers=self.observers,
+            clock=clock,
+            rng=self._rng,
+        )
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild the pool, breakers and budgets after unpickling (Ray ships sessions this way)."""
+        super().__setstate__(state)  # type: ignore[misc]
+        self._build_retrier()
+
+    def send(
+        self,
+        request: PreparedRequest,
+        stream: bool = False,
+        timeout: TimeoutArg = None,
+        verify: bool | str = True,
+        cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
+        proxies: Mapping[str, str] | None = None,
+    ) -> Response:
+        """Send ``request`` with the retry loop; same contract as ``HTTPAdapter.send``."""
+        url = request.url or ""
+        method = (request.method or "GET").upper()
+        engine, host, port = engine_of(url)
+        match = self.policies.match(method, urlsplit(url).path)
+        rewindable = _body_rewindable(request)
+        if not rewindable and match.policy.retry.max_attempts > 1:
+            # A streaming body cannot be sent twice: one attempt only.
+            match = EndpointMatch(match.endpoint, match.template, replace(match.policy, retry=replace(match.policy.retry, max_attempts=1)))
+        spec = CallSpec(method, url, match, engine, host, port, _timeout_pair(timeout), request)
+
+        def attempt(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[Response]:
+            if n > 0 and request.body is not None and not isinstance(request.body, (bytes, str)):
+                rewind_body(request)
+            if carrier:
+                request.headers.update(carrier)
+            try:
+                response = super(ResilientAdapter, self).send(
+                    request,
+                    stream=stream,
+                    timeout=cast(Any, Urllib3Timeout(connect=timeouts[0], read=timeouts[1])),
+                    verify=verify,
+                    cert=cert,
+                    proxies=proxies,
+                )
+            except (
+                requests.exceptions.SSLError,
+                requests.exceptions.InvalidURL,
+                requests.exceptions.InvalidSchema,
+                requests.exceptions.InvalidHeader,
+            ):
+                raise  # not transient: never retried
+            except requests.RequestException as exc:
+                delivery, kind = _transport_failure(exc)
+                return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
+            retry_after = parse_retry_after(response.headers.get("Retry-After")) if response.status_code in (429, 503) else None
+            return AttemptResult(response=response, status=response.status_code, retry_after=retry_after)
+
+        def probe_done() -> Response:
+            resp = Response()
+            resp.status_code = 200
+            resp.reason = "Applied (confirmed by probe)"
+            resp.url = url
+            resp.request = request
+            resp._content = b""
+            resp.connection = self
+            return resp
+
+        response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=probe_done)
+        response.attempts = records  # type: ignore[attr-defined]
+        response.endpoint = match.endpoint  # type: ignore[attr-defined]
+        return response
+
+
+def resilient_session(
+    policies: PolicyTable | None = None,
+    *,
+    observers: Sequence[Observer] = (),
+    session: requests.Session | None = None,
+    prefixes: Sequence[str] = ("http://", "https://"),
+    **adapter_kwargs: Any,
+) -> requests.Session:
+    """A ``requests.Session`` (new, or the one given) with a ``ResilientAdapter`` mounted on ``prefixes``.
+
+    Keyword arguments go to ``ResilientAdapter`` (``breaker``, ``retry_budget``, ``clock``, ...).
+    """
+    s = session if session is not None else requests.Session()
+    adapter = ResilientAdapter(policies, observers=observers, **adapter_kwargs)
+    for prefix in prefixes:
+        s.mount(prefix, adapter)
+    return s

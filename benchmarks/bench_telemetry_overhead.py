@@ -1,0 +1,155 @@
+"""Per-call overhead of telemetry: both observers vs the observer-less ResilientAdapter vs a bare HTTPAdapter.
+
+Run: ``python benchmarks/bench_telemetry_overhead.py [--calls 400] [--rounds 15]``
+
+A keep-alive HTTP/1.1 server runs in its own process on 127.0.0.1 and answers
+every request 200 with a 2-byte body. Each variant gets its own
+``requests.Session`` (one pooled connection, warmed up first); the variants
+run interleaved, in a shuffled order every round, ``--calls`` sequential
+successful POSTs per round. The table reports the median over rounds of the
+mean time per call, and its ratio to the bare adapter. Target: both observers
+on (SDK tracer provider, batch processor, discarding exporter) at most 1.25x
+the bare adapter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+
+import requests
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from requests.adapters import HTTPAdapter
+
+from resilience.adapters.requests import ResilientAdapter
+from resilience.policy import EndpointPolicy, PolicyTable
+from resilience.telemetry.metrics import MetricsObserver
+from resilience.telemetry.tracing import TracingObserver
+
+SERVER = textwrap.dedent(
+    """
+    import sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def _answer(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            if n:
+                self.rfile.read(n)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+        do_GET = do_POST = _answer
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    print(srv.server_address[1], flush=True)
+    srv.serve_forever()
+    """
+)
+
+
+class DiscardExporter(SpanExporter):
+    """Accepts and drops every span: the cost of a real exporter's network I/O is not ours."""
+
+    def __init__(self) -> None:
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Count and drop."""
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+POLICIES = PolicyTable({"POST /flush_cache": EndpointPolicy()})
+
+
+def session_with(adapter: HTTPAdapter) -> requests.Session:
+    """A session with ``adapter`` mounted for http://."""
+    s = requests.Session()
+    s.trust_env = False
+    s.mount("http://", adapter)
+    return s
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the interleaved benchmark and print a markdown table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=400, help="calls per variant per round (default 400)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    args = ap.parse_args(argv)
+
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        url = f"http://127.0.0.1:{port}/flush_cache"
+
+        exporter = DiscardExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        both = [TracingObserver(provider), MetricsObserver()]
+        noop_tracing = [TracingObserver(trace.NoOpTracerProvider()), MetricsObserver()]
+        variants: dict[str, requests.Session] = {
+            "bare HTTPAdapter": session_with(HTTPAdapter(max_retries=0)),
+            "ResilientAdapter, no observers": session_with(ResilientAdapter(POLICIES)),
+            "ResilientAdapter + metrics + tracing (no SDK)": session_with(ResilientAdapter(POLICIES, observers=noop_tracing)),
+            "ResilientAdapter + metrics + tracing (SDK)": session_with(ResilientAdapter(POLICIES, observers=both)),
+        }
+
+        def run(session: requests.Session, n: int) -> float:
+            post: Callable[..., requests.Response] = session.post
+            t0 = time.perf_counter()
+            for _ in range(n):
+                r = post(url, data=b"{}", timeout=5)
+                if r.status_code != 200:
+                    raise RuntimeError(f"unexpected status {r.status_code}")
+            return (time.perf_counter() - t0) / n
+
+        for s in variants.values():  # warm up: connections, caches, lazy imports
+            run(s, 50)
+        per_call: dict[str, list[float]] = {name: [] for name in variants}
+        order = list(variants)
+        rng = random.Random(1)
+        started = time.perf_counter()
+        for _ in range(args.rounds):
+            rng.shuffle(order)
+            for name in order:
+                per_call[name].append(run(variants[name], args.calls))
+        elapsed = time.perf_counter() - started
+        provider.shutdown()
+    finally:
+        server.terminate()
+        server.wait(10)
+
+    bare = statistics.median(per_call["bare HTTPAdapter"])
+    print(f"<!-- python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs; "
+          f"{args.rounds} rounds x {args.calls} calls per variant, interleaved; {elapsed:.1f} s; "
+          f"{exporter.exported} spans exported -->")  # fmt: skip
+    print()
+    print("| variant | median per call (us) | min round (us) | max round (us) | ratio to bare |")
+    print("|---|---:|---:|---:|---:|")
+    for name, values in per_call.items():
+        med = statistics.median(values)
+        print(f"| {name} | {med * 1e6:.0f} | {min(values) * 1e6:.0f} | {max(values) * 1e6:.0f} | {med / bare:.2f}x |")
+    both_ratio = statistics.median(per_call["ResilientAdapter + metrics + tracing (SDK)"]) / bare
+    print()
+    print(f"Target: both observers (SDK) <= 1.25x bare. Result: {both_ratio:.2f}x ({'met' if both_ratio <= 1.25 else 'MISSED'}).")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""``CircuitBreaker`` per engine: closed, open, half-open.
+
+It opens on ``failure_threshold`` consecutive failures, or when the failure
+rate over the last ``window_size`` calls reaches ``failure_rate_threshold``
+(once ``minimum_calls`` were seen). Open, it fails fast for
+``open_seconds``; then half-open, it lets ``half_open_max_calls`` probes
+through: ``half_open_successes`` successes close it, one failure opens it
+again. Only transport errors and retryable statuses count as failures; a
+4xx is the caller's fault and does not.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.errors import PolicyError
+from resilience.events import BreakerTransitioned, Observer, emit
+
+__all__ = ["BreakerConfig", "BreakerRegistry", "BreakerState", "CircuitBreaker", "IllegalTransition"]
+
+
+class BreakerState(enum.StrEnum):
+    """The breaker's states."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+_ALLOWED: Final = frozenset(
+    {
+        (BreakerState.CLOSED, BreakerState.OPEN),
+        (BreakerState.OPEN, BreakerState.HALF_OPEN),
+        (BreakerState.HALF_OPEN, BreakerState.CLOSED),
+        (BreakerState.HALF_OPEN, BreakerState.OPEN),
+    }
+)
+
+
+class IllegalTransition(RuntimeError):
+    """A transition outside the breaker's table was attempted (a bug)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """When a breaker opens and how it recovers."""
+
+    failure_threshold: int = 5
+    """Consecutive failures that open the breaker. 0 = this trigger is off."""
+    failure_rate_threshold: float = 0.5
+    """Failure fraction over the window that opens it (0 < x <= 1)."""
+    window_size: int = 20
+    """Calls in the count-based sliding window."""
+    minimum_calls: int = 10
+    """Calls needed in the window before the rate trigger can fire."""
+    open_seconds: float = 5.0
+    """How long the breaker stays open before half-open probes."""
+    half_open_max_calls: int = 1
+    """Probe calls let through at once while half-open."""
+    half_open_successes: int = 1
+    """Successful probes that close the breaker."""
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise PolicyError(f"BreakerConfig.{name} must be {rule}, but was {getattr(self, name)!r}")
+
+        need(self.failure_threshold >= 0, "failure_threshold", ">= 0")
+        need(0 < self.failure_rate_threshold <= 1, "failure_rate_threshold", "within (0, 1]")
+        need(self.window_size >= 1, "window_size", ">= 1")
+        need(1 <= self.minimum_calls <= self.window_size, "minimum_calls", f"within [1, window_size={self.window_size}]")
+        need(self.open_seconds >= 0, "open_seconds", ">= 0")
+        need(self.half_open_max_calls >= 1, "half_open_max_calls", ">= 1")
+        need(1 <= self.half_open_successes, "half_open_successes", ">= 1")
+
+
+class CircuitBreaker:
+    """One engine's breaker. Thread-safe; state changes are announced as events."""
+
+    def __init__(
+        self,
+        name: str,
+        config: BreakerConfig | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self.name = name
+        self.config = config or BreakerConfig()
+        self._clock = clock
+        self._observers = tuple(observers)
+        self._lock = threading.Lock()
+        self._state = BreakerState.CLOSED
+        self._window: deque[bool] = deque(maxlen=self.config.window_size)
+        self._consecutive = 0
+        self._opened_at = 0.0
+        self._half_open_in_flight = 0
+        self._half_open_ok = 0
+
+    @property
+    def state(self) -> BreakerState:
+        """The current state (moves open -> half-open when the wait is over)."""
+        with self._lock:
+            pending = self._maybe_half_open()
+            state = self._state
+        self._announce(pending)
+        return state
+
+    def retry_in(self) -> float:
+        """Seconds until an open breaker lets a probe through (0 when not open)."""
+        with self._lock:
+            if self._state is not BreakerState.OPEN:
+                return 0.0
+            return max(0.0, self._opened_at + self.config.open_seconds - self._clock.monotonic())
+
+    def allow(self) -> bool:
+        """Whether a call may go out now; a half-open breaker counts the probe it lets through."""
+        with self._lock:
+            pending = self._maybe_half_open()
+            if self._state is BreakerState.CLOSED:
+                allowed = True
+            elif self._state is BreakerState.OPEN:
+                allowed = False
+            elif self._half_open_in_flight < self.config.half_open_max_calls:
+                self._half_open_in_flight += 1
+                allowed = True
+            else:
+                allowed = False
+        self._announce(pending)
+        return allowed
+
+    def record_success(self) -> None:
+        """Count a success."""
+        pending: list[BreakerTransitioned] = []
+        with self._lock:
+            if self._state is BreakerState.HALF_OPEN:
+                self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+                self._half_open_ok += 1
+                if self._half_open_ok >= self.config.half_open_successes:
+                    pending.append(self._move(BreakerState.CLOSED, "half-open probes succeeded"))
+            else:
+                self._consecutive = 0
+                self._window.append(True)
+        self._announce(pending)
+
+    def record_failure(self) -> None:
+        """Count a failure (transport error or retryable status)."""
+        pending: list[BreakerTransitioned] = []
+        with self._lock:
+            if self._state is BreakerState.HALF_OPEN:
+                self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+                pending.append(self._move(BreakerState.OPEN, "half-open probe failed"))
+            elif self._state is BreakerState.CLOSED:
+                self._consecutive += 1
+                self._window.append(False)
+                cfg = self.config
+                failures = self._window.count(False)
+                if cfg.failure_threshold and self._consecutive >= cfg.failure_threshold:
+                    pending.append(self._move(BreakerState.OPEN, f"{self._consecutive} consecutive failures"))
+                elif len(self._window) >= cfg.minimum_calls and failures / len(self._window) >= cfg.failure_rate_threshold:
+                    pending.append(
+                        self._move(BreakerState.OPEN, f"failure rate {failures}/{len(self._window)} >= {cfg.failure_rate_threshold}")
+                    )
+        self._announce(pending)
+
+    def release_probe(self) -> None:
+        """Give back a half-open probe slot whose call counted neither way (e.g. a 4xx)."""
+        with self._lock:
+            if self._state is BreakerState.HALF_OPEN:
+                self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+
+    def _maybe_half_open(self) -> list[BreakerTransitioned]:
+        if self._state is BreakerState.OPEN and self._clock.monotonic() - self._opened_at >= self.config.open_seconds:
+            return [self._move(BreakerState.HALF_OPEN, "open wait elapsed")]
+        return []
+
+    def _move(self, to: BreakerState, reason: str) -> BreakerTransitioned:
+        if (self._state, to) not in _ALLOWED:
+            raise IllegalTransition(f"breaker {self.name}: {self._state} -> {to} is not allowed")
+        event = BreakerTransitioned(engine=self.name, from_state=str(self._state), to_state=str(to), reason=reason)
+        self._state = to
+        if to is BreakerState.OPEN:
+            self._opened_at = self._clock.monotonic()
+        elif to is BreakerState.HALF_OPEN:
+            self._half_open_in_flight = 0
+            self._half_open_ok = 0
+        else:
+            self._consecutive = 0
+            self._window.clear()
+        return event
+
+    def _announce(self, events: list[BreakerTransitioned]) -> None:
+        for event in events:
+            emit(self._observers, event)
+
+
+class BreakerRegistry:
+    """Hands out one ``CircuitBreaker`` per engine name, created on first use."""
+
+    def __init__(
+        self,
+        config: BreakerConfig | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self.config = config or BreakerConfig()
+        self._clock = clock
+        self._observers = tuple(observers)
+        self._lock = threading.Lock()
+        self._breakers: dict[str, CircuitBreaker] = {}
+
+    def get(self, engine: str) -> CircuitBreaker:
+        """The breaker for ``engine`` (``scheme://host:port``)."""
+        breaker = self._breakers.get(engine)
+        if breaker is None:
+            with self._lock:
+                breaker = self._breakers.setdefault(
+                    engine, CircuitBreaker(engine, self.config, clock=self._clock, observers=self._observers)
+                )
+        return breaker
+
+    def states(self) -> dict[str, BreakerState]:
+        """Every known engine's breaker state."""
+        with self._lock:
+            breakers = list(self._breakers.values())
+        return {b.name: b.state for b in breakers}

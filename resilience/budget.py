@@ -1,0 +1,276 @@
+"""Budgets: ``RetryBudget`` (retries per engine) and ``RestartBudget`` (restarts per run).
+
+``RetryBudget`` is a token bucket in the spirit of gRPC retry throttling and
+Finagle's RetryBudget: every logical call deposits ``ratio`` tokens, every
+retry withdraws one, and a floor of ``min_retries_per_second`` refills with
+time so that a quiet control plane can still retry. It stops retry storms
+against a dead engine.
+
+``RestartBudget`` counts a training run's allowed global restarts. Its record
+(cause, wall time, step per restart) persists to a JSON file the user names,
+replaced atomically, because the global restart it counts re-initialises the
+process that holds it: an in-memory count would forget every restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.errors import PolicyError
+from resilience.events import Observer, RestartRecorded, emit
+
+__all__ = ["RestartBudget", "RestartBudgetError", "RestartRecord", "RetryBudget", "RetryBudgetConfig", "RetryBudgets"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudgetConfig:
+    """How many retries an engine may absorb."""
+
+    ratio: float = 0.2
+    """Tokens each logical call deposits (Finagle ``percentCanRetry``): 0.2 = retries up to 20 % of calls."""
+    min_retries_per_second: float = 2.0
+    """The floor: tokens refilled per second regardless of traffic, so a quiet engine can still retry. 0 = no floor."""
+    max_tokens: float = 10.0
+    """Bucket size; also the starting balance."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ratio <= 1:
+            raise PolicyError(f"RetryBudgetConfig.ratio must be within [0, 1], but was {self.ratio}")
+        if self.min_retries_per_second < 0:
+            raise PolicyError(f"RetryBudgetConfig.min_retries_per_second must be >= 0, but was {self.min_retries_per_second}")
+        if self.max_tokens < 1:
+            raise PolicyError(f"RetryBudgetConfig.max_tokens must be >= 1, but was {self.max_tokens}")
+
+
+class RetryBudget:
+    """A thread-safe token bucket for one engine's retries."""
+
+    def __init__(self, config: RetryBudgetConfig | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config or RetryBudgetConfig()
+        self._clock = clock
+        self._tokens = self.config.max_tokens
+        self._at = clock.monotonic()
+        self._lock = threading.Lock()
+
+    def _refill(self) -> None:
+        now = self._clock.monotonic()
+        elapsed = max(0.0, now - self._at)
+        self._at = now
+        self._tokens = min(self.config.max_tokens, self._tokens + elapsed * self.config.min_retries_per_second)
+
+    @property
+    def tokens(self) -> float:
+        """The current balance."""
+        with self._lock:
+            self._refill()
+            return self._tokens
+
+    def deposit(self) -> None:
+        """Credit one logical call's ``ratio``."""
+        with self._lock:
+            self._refill()
+            self._tokens = min(self.config.max_tokens, self._tokens + self.config.ratio)
+
+    def try_withdraw(self) -> bool:
+        """Take one token for a retry; False (and nothing taken) when under one token."""
+        with self._lock:
+            self._refill()
+            if self._tokens < 1.0:
+                return False
+            self._tokens -= 1.0
+            return True
+
+
+class RestartBudgetError(ValueError):
+    """A restart-budget file is unreadable, corrupt or belongs to something else."""
+
+
+_FORMAT = "controlplane-resilience/restart-budget"
+_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRecord:
+    """One recorded restart."""
+
+    cause: str
+    at: float
+    """Wall-clock seconds since the epoch."""
+    step: int | None = None
+
+
+@dataclass(slots=True)
+class _State:
+    limit: int
+    planned_run_seconds: float
+    restarts: list[RestartRecord] = field(default_factory=list)
+
+
+class RestartBudget:
+    """A run's allowed restarts: record each with its cause, read what is left.
+
+    ``limit`` is the number of restarts the run may take (the seed's
+    ``max_global_restart=3``). ``path`` (optional) is a JSON file that keeps
+    the record across the very restarts it counts: it is loaded when it
+    exists and replaced atomically on each record. A corrupt or foreign file
+    raises ``RestartBudgetError``; it is never silently reset.
+    ``planned_run_seconds`` is the planned run length the burn rate is
+    measured against (default 24 h). The budget never restarts anything.
+    """
+
+    def __init__(
+        self,
+        limit: int = 3,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        planned_run_seconds: float = 86400.0,
+        observers: Sequence[Observer] = (),
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if limit < 0:
+            raise PolicyError(f"RestartBudget.limit must be >= 0, but was {limit}")
+        if planned_run_seconds <= 0:
+            raise PolicyError(f"RestartBudget.planned_run_seconds must be > 0, but was {planned_run_seconds}")
+        self.path = Path(path) if path is not None else None
+        self._observers = tuple(observers)
+        self._wall_clock = wall_clock
+        self._lock = threading.Lock()
+        self._state = _State(limit=limit, planned_run_seconds=planned_run_seconds)
+        if self.path is not None and self.path.exists():
+            self._state.restarts = self._load(self.path)
+
+    @staticmethod
+    def _load(path: Path) -> list[RestartRecord]:
+        try:
+            raw: Any = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RestartBudgetError(f"restart budget file {path} is unreadable or not JSON: {exc}") from exc
+        if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
+            raise RestartBudgetError(
+                f"restart budget file {path} is not a {_FORMAT} file (format field was "
+                f"{raw.get('format') if isinstance(raw, dict) else type(raw).__name__!r}); refusing to overwrite it"
+            )
+        if raw.get("version") != _VERSION:
+            raise RestartBudgetError(f"restart budget file {path} has version {raw.get('version')!r}, expected {_VERSION}")
+        entries = raw.get("restarts")
+        if not isinstance(entries, list):
+            raise RestartBudgetError(f"restart budget file {path}: 'restarts' must be a list")
+        records = []
+        for i, entry in enumerate(entries):
+            try:
+                step = entry.get("step")
+                records.append(
+                    RestartRecord(
+                        cause=str(entry["cause"]),
+                        at=float(entry["at"]),
+                        step=None if step is None else int(step),
+                    )
+                )
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise RestartBudgetError(f"restart budget file {path}: restarts[{i}] is malformed: {exc!r}") from exc
+        return records
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        payload = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "limit": self._state.limit,
+            "planned_run_seconds": self._state.planned_run_seconds,
+            "restarts": [asdict(r) for r in self._state.restarts],
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(payload, fh, indent=2)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @property
+    def limit(self) -> int:
+        """Restarts the run may take."""
+        return self._state.limit
+
+    @property
+    def planned_run_seconds(self) -> float:
+        """The planned run length burn rates are measured against."""
+        return self._state.planned_run_seconds
+
+    @property
+    def records(self) -> tuple[RestartRecord, ...]:
+        """Every restart recorded, oldest first (including earlier processes')."""
+        with self._lock:
+            return tuple(self._state.restarts)
+
+    @property
+    def used(self) -> int:
+        """Restarts recorded so far."""
+        with self._lock:
+            return len(self._state.restarts)
+
+    @property
+    def remaining(self) -> int:
+        """Restarts left (never negative)."""
+        with self._lock:
+            return max(0, self._state.limit - len(self._state.restarts))
+
+    @property
+    def exhausted(self) -> bool:
+        """True when no restart is left."""
+        return self.remaining == 0
+
+    def record(self, cause: str, *, step: int | None = None) -> RestartRecord:
+        """Record a restart the caller decided to take; persist it first, then announce it."""
+        if not cause:
+            raise ValueError("RestartBudget.record: cause must be a non-empty string")
+        rec = RestartRecord(cause=cause, at=self._wall_clock(), step=step)
+        with self._lock:
+            self._state.restarts.append(rec)
+            try:
+                self._save()
+            except BaseException:
+                self._state.restarts.pop()
+                raise
+            used, limit = len(self._state.restarts), self._state.limit
+        emit(self._observers, RestartRecorded(cause=cause, step=step, used=used, limit=limit))
+        return rec
+
+    def causes(self) -> dict[str, int]:
+        """Restarts per cause."""
+        counts: dict[str, int] = {}
+        for rec in self.records:
+            counts[rec.cause] = counts.get(rec.cause, 0) + 1
+        return counts
+
+
+class RetryBudgets:
+    """Hands out one ``RetryBudget`` per engine, created on first use."""
+
+    def __init__(self, config: RetryBudgetConfig | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config or RetryBudgetConfig()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._budgets: dict[str, RetryBudget] = {}
+
+    def get(self, engine: str) -> RetryBudget:
+        """The budget of ``engine``."""
+        budget = self._budgets.get(engine)
+        if budget is None:
+            with self._lock:
+                budget = self._budgets.setdefault(engine, RetryBudget(self.config, clock=self._clock))
+        return budget

@@ -1,0 +1,66 @@
+"""Injectable time: a ``Clock`` protocol, the system clock and a fake clock for tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+__all__ = ["Clock", "FakeClock", "SYSTEM_CLOCK", "SystemClock"]
+
+
+class Clock(Protocol):
+    """A monotonic clock with a sleep that matches it."""
+
+    def monotonic(self) -> float:
+        """Seconds on a monotonic scale; only differences mean anything."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (non-negative)."""
+        ...
+
+
+class SystemClock:
+    """The real clock: ``time.monotonic`` and ``time.sleep``."""
+
+    def monotonic(self) -> float:
+        """Seconds from ``time.monotonic``."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """``time.sleep`` for positive values, nothing otherwise."""
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+SYSTEM_CLOCK = SystemClock()
+"""The shared system clock."""
+
+
+class FakeClock:
+    """A clock that only moves when told: ``sleep`` advances it and records the sleep."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._lock = threading.Lock()
+        self.sleeps: list[float] = []
+        """Every sleep asked for, in order."""
+
+    def monotonic(self) -> float:
+        """The fake current time."""
+        with self._lock:
+            return self._now
+
+    def sleep(self, seconds: float) -> None:
+        """Record the sleep and advance time by it."""
+        if seconds < 0:
+            raise ValueError(f"sleep seconds must be >= 0, but was {seconds}")
+        with self._lock:
+            self.sleeps.append(seconds)
+            self._now += seconds
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward without recording a sleep."""
+        with self._lock:
+            self._now += seconds

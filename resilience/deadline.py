@@ -1,0 +1,91 @@
+"""``Deadline``: a monotonic time budget shared through a contextvar.
+
+A deadline set by a caller (an orchestrator phase, a user's ``with
+Deadline(5):``) caps every call made inside it: a logical call's own deadline
+is the earlier of its policy's and the one in context.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from types import TracebackType
+
+from resilience.clock import SYSTEM_CLOCK, Clock
+
+__all__ = ["Deadline", "current_deadline"]
+
+_CURRENT: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("resilience_deadline", default=None)
+
+
+class Deadline:
+    """A point on a monotonic clock after which work must stop.
+
+    ``Deadline(seconds)`` ends ``seconds`` from now; ``Deadline(None)`` never
+    ends. Used as a context manager it becomes the current deadline for the
+    block, and is capped by any deadline already in force.
+    """
+
+    __slots__ = ("_clock", "_expires_at", "_token")
+
+    def __init__(self, seconds: float | None, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        if seconds is not None and (math.isnan(seconds) or seconds < 0):
+            raise ValueError(f"Deadline seconds must be >= 0 or None, but was {seconds}")
+        self._clock = clock
+        self._expires_at = math.inf if seconds is None else clock.monotonic() + seconds
+        self._token: contextvars.Token[Deadline | None] | None = None
+
+    @classmethod
+    def _at(cls, expires_at: float, clock: Clock) -> Deadline:
+        d = cls(None, clock=clock)
+        d._expires_at = expires_at
+        return d
+
+    @property
+    def expires_at(self) -> float:
+        """The clock reading at which the deadline ends (``inf`` for none)."""
+        return self._expires_at
+
+    @property
+    def bounded(self) -> bool:
+        """False for a deadline that never ends."""
+        return not math.isinf(self._expires_at)
+
+    def remaining(self) -> float:
+        """Seconds left (``inf`` when unbounded, never negative)."""
+        return max(0.0, self._expires_at - self._clock.monotonic())
+
+    def expired(self) -> bool:
+        """True once no time is left."""
+        return self.remaining() <= 0.0
+
+    def cap(self, seconds: float | None) -> Deadline:
+        """A deadline ending at the earlier of this one and ``seconds`` from now."""
+        if seconds is None:
+            return self
+        return Deadline._at(min(self._expires_at, self._clock.monotonic() + seconds), self._clock)
+
+    def child(self, seconds: float | None) -> Deadline:
+        """A deadline of ``seconds`` from now, never later than this one (alias of ``cap``)."""
+        return self.cap(seconds)
+
+    def __enter__(self) -> Deadline:
+        outer = _CURRENT.get()
+        if outer is not None and outer._expires_at < self._expires_at:
+            self._expires_at = outer._expires_at
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+            self._token = None
+
+    def __repr__(self) -> str:
+        left = self.remaining()
+        return "Deadline(unbounded)" if math.isinf(left) else f"Deadline(remaining={left:.3f}s)"
+
+
+def current_deadline() -> Deadline | None:
+    """The deadline in force in this context, or None."""
+    return _CURRENT.get()

@@ -1,0 +1,337 @@
+"""Typed events and the ``Observer`` protocol.
+
+Every decision the retry loop, the breaker, the budgets and the barrier
+orchestrator take is announced as one frozen event. Telemetry (spans,
+metrics, logs) is derived from these events only; it is never sprinkled
+through the retry loop. With no observer attached, emitting costs a tuple
+check.
+
+Events never carry credentials: they name an endpoint by its policy
+template (``POST /pause_generation``) and an engine by ``scheme://host:port``,
+never by a raw URL, header or body.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Protocol, TypeAlias
+
+__all__ = [
+    "AttemptEnded",
+    "AttemptStarted",
+    "BreakerRejected",
+    "BreakerTransitioned",
+    "CallEnded",
+    "CallOutcome",
+    "CallStarted",
+    "EngineStateChanged",
+    "Event",
+    "HoldChanged",
+    "Observer",
+    "Outcome",
+    "PhaseEnded",
+    "PhaseFailure",
+    "PhaseStarted",
+    "ProbeCompleted",
+    "RestartRecorded",
+    "RetryBudgetExhaustedEvent",
+    "RetryScheduled",
+    "TransitionEnded",
+    "TransitionStarted",
+    "emit",
+]
+
+log = logging.getLogger("resilience.events")
+
+
+class Outcome(enum.StrEnum):
+    """What one attempt means for the retry loop."""
+
+    SUCCESS = "success"
+    """A 2xx (or a status the policy accepts)."""
+    RETRYABLE = "retryable"
+    """A status in the policy's retry set, or a failure before the request was sent."""
+    AMBIGUOUS = "ambiguous"
+    """The server may have acted: read timeout, or a connection dropped after sending."""
+    FATAL = "fatal"
+    """Anything else (4xx, other 5xx): never retried."""
+
+
+class CallOutcome(enum.StrEnum):
+    """How one logical call (all its attempts) ended; a bounded metric label."""
+
+    SUCCESS = "success"
+    """Succeeded on the first attempt."""
+    RETRIED_SUCCESS = "retried_success"
+    """Succeeded after one or more retries: failures absorbed."""
+    FAILED = "failed"
+    """Ended with a non-success status or transport error handed to the caller."""
+    AMBIGUOUS = "ambiguous"
+    """Ended with ``AmbiguousOutcome``: the server may or may not have acted."""
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    """The deadline ran out before a success."""
+    CIRCUIT_OPEN = "circuit_open"
+    """Rejected by an open circuit breaker without touching the network."""
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    """A retry was needed but the engine's retry budget was spent."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    """A logical call (one ``Session.send`` / one client method) began."""
+
+    call_id: int
+    method: str
+    endpoint: str
+    """The matched policy template, e.g. ``POST /pause_generation``: bounded."""
+    engine: str
+    """``scheme://host:port`` of the target: the breaker and budget key."""
+    deadline_s: float | None
+    """Seconds the whole call may take, or None when unbounded."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStarted:
+    """One attempt is about to be sent.
+
+    ``carrier`` is the outgoing request's header mapping: an observer may add
+    propagation headers to it (``traceparent``); the transport sends them with
+    this attempt. Observers must not read credentials from it.
+    """
+
+    call_id: int
+    attempt: int
+    """0 for the first attempt, then the resend count (1, 2, ...)."""
+    method: str
+    endpoint: str
+    engine: str
+    server_address: str
+    server_port: int
+    timeout_s: float | None
+    carrier: MutableMapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnded:
+    """One attempt finished, with its classification."""
+
+    call_id: int
+    attempt: int
+    method: str
+    endpoint: str
+    engine: str
+    status: int | None
+    """The HTTP status, or None when no response arrived."""
+    outcome: Outcome
+    error_type: str | None
+    """``type(exc).__qualname__`` of a transport error, or the status as a string on failure."""
+    sent: bool
+    """False only when the request surely never reached the server."""
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RetryScheduled:
+    """The loop will retry after ``delay_s`` seconds."""
+
+    call_id: int
+    attempt: int
+    """The attempt that failed (0-based)."""
+    endpoint: str
+    engine: str
+    reason: str
+    """Bounded: ``status_502``, ``connect_error``, ``read_timeout``, ``connection_reset``, ``probe_not_done``."""
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded:
+    """A logical call finished."""
+
+    call_id: int
+    method: str
+    endpoint: str
+    engine: str
+    outcome: CallOutcome
+    status: int | None
+    attempts: int
+    duration_s: float
+    error_type: str | None
+    retry_budget_tokens: float | None
+    """The engine's retry-budget balance after the call, when a budget is in use."""
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerTransitioned:
+    """An engine's circuit breaker changed state (closed/open/half_open)."""
+
+    engine: str
+    from_state: str
+    to_state: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerRejected:
+    """A call failed fast because the engine's breaker is open."""
+
+    call_id: int
+    endpoint: str
+    engine: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudgetExhaustedEvent:
+    """A retry was refused because the engine's retry budget is spent."""
+
+    call_id: int
+    endpoint: str
+    engine: str
+    tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeCompleted:
+    """An ambiguous attempt was resolved by the endpoint's probe."""
+
+    call_id: int
+    endpoint: str
+    engine: str
+    answer: str
+    """``done``, ``not_done`` or ``unknown``."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionStarted:
+    """A barrier transition (offload, onload, weight_sync) began."""
+
+    transition_id: int
+    transition: str
+    engines: tuple[str, ...]
+    deadline_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseStarted:
+    """One barrier phase (pause, flush, release, resume, continue, ...) began on these engines."""
+
+    transition_id: int
+    transition: str
+    phase: str
+    engines: tuple[str, ...]
+    deadline_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseFailure:
+    """One engine's failure inside a phase."""
+
+    engine: str
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseEnded:
+    """A barrier phase ended: every engine acknowledged, or some failed."""
+
+    transition_id: int
+    transition: str
+    phase: str
+    engines: tuple[str, ...]
+    duration_s: float
+    failures: tuple[PhaseFailure, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when every engine acknowledged the phase."""
+        return not self.failures
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionEnded:
+    """A barrier transition ended."""
+
+    transition_id: int
+    transition: str
+    engines: tuple[str, ...]
+    duration_s: float
+    ok: bool
+    failed_phase: str | None = None
+    rolled_back: tuple[str, ...] = ()
+    """Engines the orchestrator continued again after a failure."""
+    left_paused: tuple[str, ...] = ()
+    """Engines that could not be rolled back and stay paused or released."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStateChanged:
+    """The orchestrator's view of one engine moved (serving, paused, flushed, released, resumed, dead)."""
+
+    engine: str
+    from_state: str
+    to_state: str
+
+
+@dataclass(frozen=True, slots=True)
+class HoldChanged:
+    """A pause hold was taken or released on an engine."""
+
+    engine: str
+    reason: str
+    acquired: bool
+    holds: tuple[str, ...]
+    """Every reason still holding the engine paused after this change."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRecorded:
+    """The caller recorded a restart in a ``RestartBudget``."""
+
+    cause: str
+    step: int | None
+    used: int
+    limit: int
+
+    @property
+    def remaining(self) -> int:
+        """Restarts left before the budget is spent (never negative)."""
+        return max(0, self.limit - self.used)
+
+
+Event: TypeAlias = (
+    CallStarted
+    | AttemptStarted
+    | AttemptEnded
+    | RetryScheduled
+    | CallEnded
+    | BreakerTransitioned
+    | BreakerRejected
+    | RetryBudgetExhaustedEvent
+    | ProbeCompleted
+    | TransitionStarted
+    | PhaseStarted
+    | PhaseEnded
+    | TransitionEnded
+    | EngineStateChanged
+    | HoldChanged
+    | RestartRecorded
+)
+
+
+class Observer(Protocol):
+    """Receives every event. An observer that raises is logged, never propagated."""
+
+    def __call__(self, event: Event) -> None: ...
+
+
+def emit(observers: Iterable[Observer], event: Event) -> None:
+    """Deliver ``event`` to each observer; log (never raise) an observer's failure."""
+    for observer in observers:
+        try:
+            observer(event)
+        except Exception:  # an observer must never break a control call
+            log.exception("observer %r failed on %s", observer, type(event).__name__)

@@ -1,0 +1,150 @@
+"""EngineConfig: every knob of one emulated SGLang engine, and its command-line form.
+
+This module imports neither torch nor FastAPI: the fleet (the test side) uses it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SGLANG_VERSION", "EngineConfig", "add_config_arguments", "config_from_namespace"]
+
+SGLANG_VERSION = "0.5.23"
+"""The SGLang release whose control plane the emulator reproduces."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How one emulated engine behaves. Every field has a default right for tests of client code.
+
+    Times are in seconds. The defaults follow SGLang where SGLang has the same knob
+    (``health_hang_seconds`` = ``SGLANG_HEALTH_CHECK_TIMEOUT`` = 20, the 1 s polls of
+    ``/health`` and of ``pause_generation(mode="abort")``); tests usually shrink them.
+    """
+
+    token_rate: float = 200.0
+    """Tokens per second that each running request decodes. Sets how long a request stays in flight."""
+
+    max_running_requests: int = 32
+    """Most requests in the running batch at once; the rest wait in the admission queue."""
+
+    kv_pool_tokens: int = 16384
+    """Rows of the KV pool tensor (tag ``kv_cache``): the total token capacity."""
+
+    max_req_slots: int = 64
+    """Rows of the ``req_to_token`` tensor (tag ``kv_cache``); must be >= ``max_running_requests``."""
+
+    context_length: int = 4096
+    """Columns of ``req_to_token``: prompt plus generated tokens of one request may not exceed it."""
+
+    default_max_new_tokens: int = 128
+    """``max_new_tokens`` of a ``/generate`` that does not set it (SGLang's default is 128)."""
+
+    swap_seconds: float = 0.05
+    """How long ``release_memory_occupation`` / ``resume_memory_occupation`` hold the scheduler."""
+
+    health_hang_seconds: float = 20.0
+    """How long ``/health`` waits for scheduler output before answering 503 (SGLang: 20)."""
+
+    health_poll_seconds: float = 1.0
+    """How often ``/health`` checks for scheduler output; a healthy ``/health`` takes this long (SGLang: 1)."""
+
+    abort_poll_seconds: float = 1.0
+    """How often ``pause_generation(mode="abort")`` re-sends abort-all while requests are in flight (SGLang: 1)."""
+
+    tick_seconds: float = 0.005
+    """How long the idle scheduler loop waits for a message before looking again."""
+
+    model_path: str = "emulated/sglang-model"
+    """Reported as ``model_path`` by ``/model_info`` and ``/server_info``."""
+
+    served_model_name: str | None = None
+    """Reported by ``/v1/models`` and ``/model_info``; None = ``model_path``, as in SGLang."""
+
+    weight_version: str = "default"
+    """Initial weight version (SGLang's ``--weight-version`` default is ``"default"``)."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "token_rate",
+            "swap_seconds",
+            "health_hang_seconds",
+            "health_poll_seconds",
+            "abort_poll_seconds",
+            "tick_seconds",
+        ):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"`{name}` must be a finite number >= 0, but was {value!r}")
+        for name in ("token_rate", "health_poll_seconds", "abort_poll_seconds", "tick_seconds"):
+            if getattr(self, name) == 0:
+                raise ValueError(f"`{name}` must be > 0, but was 0")
+        for name in (
+            "max_running_requests",
+            "kv_pool_tokens",
+            "max_req_slots",
+            "context_length",
+            "default_max_new_tokens",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an integer >= 1, but was {value!r}")
+        if self.max_req_slots < self.max_running_requests:
+            raise ValueError(
+                "`max_req_slots` must be >= `max_running_requests` "
+                f"({self.max_running_requests}), but was {self.max_req_slots}"
+            )
+        if self.kv_pool_tokens < self.context_length:
+            raise ValueError(
+                f"`kv_pool_tokens` must be >= `context_length` ({self.context_length}), "
+                f"but was {self.kv_pool_tokens}"
+            )
+        if not self.model_path:
+            raise ValueError("`model_path` must be a non-empty string, but was ''")
+        if self.served_model_name == "":
+            raise ValueError("`served_model_name` must be None or a non-empty string, but was ''")
+        if not self.weight_version:
+            raise ValueError("`weight_version` must be a non-empty string, but was ''")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see: ``served_model_name``, else ``model_path``."""
+        return self.served_model_name or self.model_path
+
+    def to_argv(self) -> list[str]:
+        """The command-line flags that rebuild this config (only the fields that differ from the default)."""
+        argv: list[str] = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value != field.default:
+                argv += [_flag(field.name), str(value)]
+        return argv
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--kebab-case`` flag per EngineConfig field, each defaulting to the field's default."""
+    for field in dataclasses.fields(EngineConfig):
+        default: Any = field.default
+        kind: type = str if default is None else type(default)
+        parser.add_argument(
+            _flag(field.name),
+            dest=field.name,
+            type=kind,
+            default=default,
+            metavar=field.name.upper(),
+            help=f"EngineConfig.{field.name} (default: {default!r})",
+        )
+
+
+def config_from_namespace(ns: argparse.Namespace) -> EngineConfig:
+    """Build an EngineConfig from flags added by :func:`add_config_arguments`; ValueError names a bad field."""
+    values = {field.name: getattr(ns, field.name) for field in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**values)

@@ -1,0 +1,302 @@
+"""The HTTP process's side of the engine, as SGLang's TokenizerManager: pause gate, request states, control calls.
+
+Runs on the uvicorn event loop. Requests pass the pause gate (``is_pause`` under an
+``asyncio.Condition``) before they are registered and sent to the scheduler, so a
+``/generate`` sent while paused is neither rejected nor run: it waits until
+``continue_generation``. Pause is one flag: the first continue reopens the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import crash
+from .config import EngineConfig
+from .messages import (
+    HEALTH_CHECK_RID_PREFIX,
+    AbortRequests,
+    AddRequest,
+    ContinueScheduler,
+    ControlMessage,
+    FlushCache,
+    FlushResult,
+    GetLoads,
+    LoadWeights,
+    PauseScheduler,
+    ReleaseMemory,
+    Req,
+    ResumeMemory,
+    SchedulerOutput,
+)
+from .scheduler import Scheduler
+from .text import decode_tokens, encode_text
+
+__all__ = ["Disconnected", "Frontend", "NewRequest"]
+
+_DISCONNECT_CHECK_SECONDS = 4.0  # SGLang's _wait_one_response checks the client every 4 s
+_MAX_ABORT_ROUNDS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """A validated single generation request."""
+
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    stream: bool
+
+
+@dataclass(eq=False)
+class _ReqState:
+    request: NewRequest
+    created: float
+    outputs: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+
+
+class Disconnected(ValueError):
+    """The client went away before its request finished (a ValueError, as SGLang raises)."""
+
+
+class Frontend:
+    """Pause gate, request bookkeeping and control calls of one emulated engine."""
+
+    def __init__(self, config: EngineConfig, scheduler: Scheduler) -> None:
+        self._config = config
+        self._scheduler = scheduler
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pause_cond: asyncio.Condition | None = None
+        self.weight_version = config.weight_version
+        self.is_pause = False
+        self.pause_mode: str | None = None
+        self.weight_update_session_open = False
+        self.weight_update_groups: set[str] = set()
+        self.rid_states: dict[str, _ReqState] = {}
+        self.gate_waiters = 0
+        self.last_receive_ns = 0
+        self._weight_loads = 0
+
+    # ----- wiring -----------------------------------------------------------------
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind to the running event loop (call from it, at startup)."""
+        self._loop = loop
+        self._pause_cond = asyncio.Condition()
+
+    @property
+    def _cond(self) -> asyncio.Condition:
+        if self._pause_cond is None:
+            raise RuntimeError("Frontend.attach() was not called")
+        return self._pause_cond
+
+    def on_scheduler_output(self, out: SchedulerOutput) -> None:
+        """Scheduler-thread callback: hand the output to the event loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # shutting down: nobody is waiting for it
+        loop.call_soon_threadsafe(self._deliver, out)
+
+    def _deliver(self, out: SchedulerOutput) -> None:
+        self.last_receive_ns = time.monotonic_ns()
+        state = self.rid_states.get(out.rid)
+        if state is None:
+            return
+        state.output_ids.extend(out.new_ids)
+        if out.finish_reason is not None:
+            state.finished = True
+        if out.finish_reason is not None or state.request.stream:
+            state.outputs.put_nowait(self._response(state, out))
+
+    def _response(self, state: _ReqState, out: SchedulerOutput) -> dict[str, Any]:
+        return {
+            "text": decode_tokens(state.output_ids),
+            "output_ids": list(state.output_ids),
+            "meta_info": {
+                "id": state.request.rid,
+                "finish_reason": out.finish_reason,
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "cached_tokens": 0,
+                "weight_version": self.weight_version,
+                "e2e_latency": round(time.monotonic() - state.created, 6),
+            },
+        }
+
+    async def _call(self, message: ControlMessage) -> Any:
+        self._scheduler.submit(message)
+        return await asyncio.wrap_future(message.reply)
+
+    # ----- generation ---------------------------------------------------------------
+    async def generate(self, request: NewRequest, is_disconnected: Any = None) -> AsyncGenerator[dict[str, Any], None]:
+        """Yield the request's outputs (one, or one per token when streaming) once it passed the pause gate.
+
+        ``is_disconnected`` is an async callable; a non-streaming request whose client
+        left is aborted, as SGLang does.
+        """
+        self.gate_waiters += 1
+        try:
+            async with self._cond:
+                await self._cond.wait_for(lambda: not self.is_pause)
+        finally:
+            self.gate_waiters -= 1
+        if request.rid in self.rid_states:
+            raise ValueError(f"Duplicate request ID: {request.rid}")
+        state = _ReqState(request, time.monotonic())
+        self.rid_states[request.rid] = state
+        self._scheduler.submit(
+            AddRequest(Req(request.rid, list(request.input_ids), request.max_new_tokens, request.stream))
+        )
+        try:
+            for _ in itertools.count():
+                out = await self._next_output(state, is_disconnected)
+                yield out
+                if out["meta_info"]["finish_reason"] is not None:
+                    return
+        finally:
+            self.rid_states.pop(request.rid, None)
+            if not state.finished:
+                self.abort_request(request.rid, abort_all=False)
+
+    async def _next_output(self, state: _ReqState, is_disconnected: Any) -> dict[str, Any]:
+        for _ in itertools.count():
+            try:
+                return await asyncio.wait_for(state.outputs.get(), timeout=_DISCONNECT_CHECK_SECONDS)
+            except TimeoutError:
+                if is_disconnected is not None and await is_disconnected():
+                    crash.log_line(
+                        f"Request is disconnected from the client side (type 1). Abort request rid={state.request.rid}"
+                    )
+                    raise Disconnected(
+                        f"Request is disconnected from the client side. Abort request rid={state.request.rid}"
+                    ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def new_request(self, input_ids: list[int] | None, text: str | None, sampling: dict[str, Any],
+                    rid: str | None, stream: bool) -> NewRequest:
+        """Validate one request like SGLang's tokenizer manager (ValueError becomes a 400)."""
+        ids = list(input_ids) if input_ids is not None else encode_text(text or "")
+        if not ids:  # only an explicit empty input_ids
+            raise ValueError("The input_ids is empty.")
+        max_new = sampling.get("max_new_tokens", self._config.default_max_new_tokens)
+        if max_new is None:
+            max_new = self._config.default_max_new_tokens
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
+            raise ValueError(f"max_new_tokens must be at least 0, got {max_new}.")
+        ctx = self._config.context_length
+        if len(ids) >= ctx:
+            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context length ({ctx} tokens).")
+        if len(ids) + max_new > ctx:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                f"You requested a total of {len(ids) + max_new} tokens: {len(ids)} tokens from the input "
+                f"messages and {max_new} tokens for the completion. Please reduce the number of tokens in "
+                "the input messages or the completion to fit within the limit."
+            )
+        return NewRequest(rid or uuid.uuid4().hex, ids, max_new, stream)
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Abort by rid prefix (or all) in the scheduler; unknown rids are no-ops, as in SGLang."""
+        self._scheduler.submit(AbortRequests(rid, abort_all))
+
+    # ----- pause ------------------------------------------------------------------
+    async def pause_generation(self, mode: Literal["abort", "retract", "in_place"]) -> None:
+        """Close the gate; ``abort`` aborts in-flight requests and returns once all were answered."""
+        async with self._cond:
+            self.is_pause = True
+            self.pause_mode = mode
+            if mode != "abort":
+                self._scheduler.submit(PauseScheduler(mode))
+                return
+            for _ in range(_MAX_ABORT_ROUNDS):
+                self.abort_request(abort_all=True)
+                if not self.rid_states:
+                    return
+                await asyncio.sleep(self._config.abort_poll_seconds)
+
+    async def continue_generation(self) -> None:
+        """Open the gate (one flag, not a count) and clear the scheduler's pause."""
+        async with self._cond:
+            self.is_pause = False
+            self.pause_mode = None
+            self._scheduler.submit(ContinueScheduler())  # fire and forget, as SGLang
+            self._cond.notify_all()
+
+    # ----- cache and memory ---------------------------------------------------------
+    async def flush_cache(self, timeout_s: float) -> FlushResult:
+        """Flush through the scheduler (succeeds only when idle)."""
+        result: FlushResult = await self._call(FlushCache(timeout_s))
+        return result
+
+    async def release_memory_occupation(self, tags: tuple[str, ...]) -> None:
+        """Release the tags' memory; the scheduler dies if it is not idle or a tag is released already."""
+        await self._call(ReleaseMemory(tags))
+
+    async def resume_memory_occupation(self, tags: tuple[str, ...]) -> None:
+        """Resume the tags' memory; the scheduler dies on a tag that is not released."""
+        await self._call(ResumeMemory(tags))
+
+    # ----- weights ----------------------------------------------------------------
+    async def load_weights(self, *, flush_cache: bool, abort_all: bool, weight_version: str | None) -> str:
+        """Write new weights in the scheduler; returns SGLang's success message."""
+        if abort_all:
+            self.abort_request(abort_all=True)
+        self._weight_loads += 1
+        await self._call(LoadWeights(self._weight_loads, flush_cache))
+        message = "Success"
+        if weight_version is not None:
+            self.weight_version = weight_version
+            message += f" Weight version updated to {weight_version}."
+        return message
+
+    async def loads(self) -> dict[str, Any]:
+        """The scheduler's load numbers."""
+        loads: dict[str, Any] = await self._call(GetLoads())
+        return loads
+
+    # ----- health ------------------------------------------------------------------
+    async def health(self) -> bool:
+        """SGLang's health check: send a 1-token request, healthy if any scheduler output arrives in time."""
+        tic = time.monotonic_ns()
+        request = NewRequest(f"{HEALTH_CHECK_RID_PREFIX}_{time.time()}", [0], 1, False)
+
+        async def run() -> None:
+            outputs = self.generate(request)
+            try:
+                await anext(outputs)
+            finally:
+                await outputs.aclose()
+
+        task = asyncio.create_task(run())
+        deadline = time.monotonic() + self._config.health_hang_seconds
+        try:
+            for _ in itertools.count():
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(self._config.health_poll_seconds)
+                if self.last_receive_ns > tic:
+                    return True
+        finally:
+            task.cancel()
+        crash.log_line(
+            "Health check failed. Server couldn't get a response from detokenizer for last "
+            f"{self._config.health_hang_seconds} seconds."
+        )
+        return False
+
+    def state(self) -> dict[str, Any]:
+        """The tokenizer-side state for the debug routes."""
+        return {
+            "paused": self.is_pause,
+            "pause_mode": self.pause_mode,
+            "weight_version": self.weight_version,
+            "weight_update_session_open": self.weight_update_session_open,
+            "in_flight": len(self.rid_states),
+            "waiting_at_pause_gate": self.gate_waiters,
+        }

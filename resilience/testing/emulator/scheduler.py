@@ -1,0 +1,350 @@
+"""The scheduler thread: admission queue, running batch, decode at ``token_rate``, control messages.
+
+It follows SGLang's scheduler where the control plane can see it:
+
+- ``retract`` pause: running requests free their KV and go back to the front of the
+  waiting queue; ``in_place``: a flag, KV kept, no decode. While paused the waiting
+  queue is ignored (nothing is admitted) and does not count against idleness.
+- ``flush_cache`` flushes only when fully idle; with a timeout it waits for idleness.
+- ``release_memory_occupation`` asserts idleness, flushes when releasing ``kv_cache``,
+  and frees the tags' tensors; ``resume_memory_occupation`` grows them back.
+- Any exception in here kills the process (:func:`crash.die_from_scheduler_exception`):
+  a release with work in flight, a resume of a tag that is not released, and a
+  prefill or decode that writes into a released pool.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+from . import crash
+from .allocator import TokenAllocator
+from .config import EngineConfig
+from .messages import (
+    HEALTH_CHECK_RID_PREFIX,
+    AbortRequests,
+    AddRequest,
+    ContinueScheduler,
+    ControlMessage,
+    FlushCache,
+    FlushResult,
+    GetLoads,
+    LoadWeights,
+    Message,
+    PauseScheduler,
+    ReleaseMemory,
+    Req,
+    ResumeMemory,
+    SchedulerOutput,
+)
+from .pools import ALL_TAGS, KV_CACHE, MemoryPools, sample_next
+
+__all__ = ["Scheduler"]
+
+Emit = Callable[[SchedulerOutput], None]
+
+
+class Scheduler:
+    """One engine's scheduler; :meth:`start` runs it in a daemon thread."""
+
+    def __init__(self, config: EngineConfig, pools: MemoryPools, emit: Emit) -> None:
+        self._config = config
+        self._pools = pools
+        self._emit = emit
+        self._alloc = TokenAllocator(config)
+        self._inbox: queue.Queue[Message] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="emulated-scheduler", daemon=True)
+        self._step_seconds = 1.0 / config.token_rate
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.engine_paused: str | None = None
+        self.counts: Counter[str] = Counter()
+        self._pending_flush: tuple[FlushCache, float] | None = None
+        self._tokens_generated = 0
+        self._throughput_window: deque[tuple[float, int]] = deque(maxlen=64)
+
+    # ----- called from other threads -------------------------------------------------
+    def start(self) -> None:
+        """Start the scheduler thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Ask the thread to end and wait for it (bounded)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def submit(self, message: Message) -> None:
+        """Queue a message for the scheduler thread (thread-safe, never blocks)."""
+        self._inbox.put(message)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A racy but safe read of the scheduler's numbers (for the debug routes)."""
+        return {
+            "scheduler_paused": self.engine_paused,
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "released_tags": self._pools.released_tags,
+            "counts": {k: self.counts[k] for k in ("completed", "aborted", "retracted", "prefilled")},
+        }
+
+    # ----- the loop ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # any scheduler exception kills the engine, as in SGLang
+            crash.die_from_scheduler_exception(exc)
+
+    def _loop(self) -> None:
+        next_step = time.monotonic()
+        while not self._stop.is_set():
+            self._drain_inbox(self._wait_seconds(next_step))
+            self._check_pending_flush()
+            if self.engine_paused is not None:
+                continue
+            self._admit()
+            now = time.monotonic()
+            if self.running and now >= next_step:
+                self._decode_step()
+                next_step = max(next_step + self._step_seconds, now)
+            elif not self.running:
+                next_step = now
+
+    def _wait_seconds(self, next_step: float) -> float:
+        if self.engine_paused is None and self.running:
+            return max(0.0, next_step - time.monotonic())
+        return self._config.tick_seconds
+
+    def _drain_inbox(self, timeout: float) -> None:
+        try:
+            message = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        self._handle(message)
+        for _ in range(self._inbox.qsize()):
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(message)
+
+    def _handle(self, message: Message) -> None:
+        if isinstance(message, AddRequest):
+            self.waiting.append(message.req)
+        elif isinstance(message, AbortRequests):
+            self._abort(message)
+        elif isinstance(message, FlushCache):
+            self._flush_request(message)
+        elif isinstance(message, ControlMessage):
+            message.reply.set_result(self._control(message))
+        else:  # pragma: no cover - the Message union is closed
+            raise TypeError(f"unknown scheduler message {message!r}")
+
+    def _control(self, message: ControlMessage) -> Any:
+        if isinstance(message, PauseScheduler):
+            self._pause(message.mode)
+            return None
+        if isinstance(message, ContinueScheduler):
+            self.engine_paused = None
+            return None
+        if isinstance(message, ReleaseMemory):
+            self._release(message.tags)
+            return None
+        if isinstance(message, ResumeMemory):
+            self._resume(message.tags)
+            return None
+        if isinstance(message, LoadWeights):
+            self._pools.write_weights(message.seed)
+            if message.flush_cache:
+                self._flush_cache()
+            return (True, "Success")
+        if isinstance(message, GetLoads):
+            return self._loads()
+        raise TypeError(f"unknown control message {message!r}")
+
+    # ----- pause, abort, flush ----------------------------------------------------
+    def _pause(self, mode: str) -> None:
+        self.engine_paused = mode
+        if mode == "retract":
+            for req in reversed(self.running):
+                self._free_req(req, keep_cache=False)
+                req.retractions += 1
+                self.counts["retracted"] += 1
+                self.waiting.appendleft(req)
+            self.running = []
+
+    def _abort(self, message: AbortRequests) -> None:
+        def matches(req: Req) -> bool:
+            return message.abort_all or req.rid.startswith(message.rid)
+
+        for req in [r for r in self.waiting if matches(r)]:
+            self.waiting.remove(req)
+            self._free_req(req, keep_cache=False)
+            self._finish(req, {"type": "abort", "message": "Abort in waiting queue"})
+        for req in [r for r in self.running if matches(r)]:
+            self.running.remove(req)
+            self._free_req(req, keep_cache=False)
+            self._finish(req, {"type": "abort", "message": "Abort running request"})
+
+    def _is_fully_idle(self) -> bool:
+        return not self.running and (self.engine_paused is not None or not self.waiting)
+
+    def _flush_cache(self) -> bool:
+        if not self._is_fully_idle():
+            crash.log_line(
+                "Cache not flushed because there are pending requests. "
+                f"#queue-req: {len(self.waiting)}, #running-req: {len(self.running)}"
+            )
+            return False
+        self._alloc.reset()
+        crash.log_line("Cache flushed successfully!")
+        return True
+
+    def _flush_request(self, message: FlushCache) -> None:
+        if self._pending_flush is not None:
+            message.reply.set_result(FlushResult(False, "Another flush_cache is already in progress."))
+        elif message.timeout_s <= 0 or self._is_fully_idle():
+            message.reply.set_result(FlushResult(self._flush_cache()))
+        else:
+            self._pending_flush = (message, time.monotonic() + message.timeout_s)
+
+    def _check_pending_flush(self) -> None:
+        if self._pending_flush is None:
+            return
+        message, deadline = self._pending_flush
+        if self._is_fully_idle():
+            self._pending_flush = None
+            message.reply.set_result(FlushResult(self._flush_cache()))
+        elif time.monotonic() >= deadline:
+            self._pending_flush = None
+            crash.log_line("Deferred flush_cache timed out while waiting for idle state.")
+            message.reply.set_result(FlushResult(False, "Timed out waiting for idle state."))
+
+    # ----- memory occupation ------------------------------------------------------
+    def _release(self, tags: tuple[str, ...]) -> None:
+        if not self._is_fully_idle():
+            raise AssertionError(
+                "release_memory_occupation requires an idle scheduler, but "
+                f"#running-req: {len(self.running)}, #queue-req: {len(self.waiting)}"
+            )
+        for tag in ALL_TAGS:
+            if tag not in tags:
+                continue
+            if tag == KV_CACHE:
+                self._flush_cache()
+            self._pools.release(tag)
+        time.sleep(self._config.swap_seconds)
+
+    def _resume(self, tags: tuple[str, ...]) -> None:
+        for tag in ALL_TAGS:
+            if tag in tags:
+                self._pools.resume(tag)
+        time.sleep(self._config.swap_seconds)
+
+    # ----- prefill and decode -----------------------------------------------------
+    def _admit(self) -> None:
+        for _ in range(len(self.waiting)):
+            if len(self.running) >= self._config.max_running_requests:
+                return
+            req = self.waiting[0]
+            prompt = req.input_ids + req.output_ids
+            if not self._alloc.can_fit(len(prompt)):
+                return
+            self.waiting.popleft()
+            req.slot = self._alloc.alloc_slot()
+            req.kv_indices = self._alloc.alloc_kv(len(prompt))
+            self._pools.write_prefill(req.slot, req.kv_indices, prompt)
+            self.counts["prefilled"] += 1
+            if req.finished_length:
+                self._free_req(req, keep_cache=True)
+                self._finish(req, {"type": "length", "length": req.max_new_tokens})
+            else:
+                self.running.append(req)
+
+    def _decode_step(self) -> None:
+        for req in list(self.running):
+            if req.slot is None:  # pragma: no cover - running requests always hold a slot
+                raise RuntimeError(f"running request {req.rid} holds no req_to_token slot")
+            if not self._alloc.can_fit(1):
+                self._retract_for_memory(req)
+                continue
+            kv_index = self._alloc.alloc_kv(1)[0]
+            req.kv_indices.append(kv_index)
+            last = req.output_ids[-1] if req.output_ids else req.input_ids[-1]
+            token = sample_next(last, req.seq_len)
+            self._pools.write_decode(req.slot, req.seq_len, kv_index, token)
+            req.output_ids.append(token)
+            self._tokens_generated += 1
+            if req.finished_length:
+                self.running.remove(req)
+                self._free_req(req, keep_cache=True)
+                self._finish(req, {"type": "length", "length": req.max_new_tokens})
+            elif req.stream:
+                self._send(req, None)
+        self._throughput_window.append((time.monotonic(), self._tokens_generated))
+
+    def _retract_for_memory(self, req: Req) -> None:
+        self.running.remove(req)
+        self._free_req(req, keep_cache=False)
+        req.retractions += 1
+        self.counts["retracted"] += 1
+        self.waiting.appendleft(req)
+
+    def _free_req(self, req: Req, *, keep_cache: bool) -> None:
+        if req.slot is not None:
+            self._alloc.free_slot(req.slot)
+            req.slot = None
+        if keep_cache:
+            self._alloc.cache_kv(req.kv_indices)
+        else:
+            self._alloc.free_kv(req.kv_indices)
+        req.kv_indices = []
+
+    def _finish(self, req: Req, reason: dict[str, Any]) -> None:
+        if not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
+            self.counts["aborted" if reason["type"] == "abort" else "completed"] += 1
+        self._send(req, reason)
+
+    def _send(self, req: Req, finish_reason: dict[str, Any] | None) -> None:
+        new_ids = tuple(req.output_ids[req.sent :])
+        req.sent = len(req.output_ids)
+        self._emit(SchedulerOutput(req.rid, new_ids, finish_reason, len(req.input_ids), len(req.output_ids)))
+
+    # ----- numbers ----------------------------------------------------------------
+    def _throughput(self) -> float:
+        if len(self._throughput_window) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._throughput_window[0], self._throughput_window[-1]
+        if time.monotonic() - t1 > 1.0 or t1 <= t0:
+            return 0.0
+        return (n1 - n0) / (t1 - t0)
+
+    def _loads(self) -> dict[str, Any]:
+        used = self._alloc.used_tokens
+        total = self._alloc.total_tokens
+        pending = sum(r.seq_len for r in self.waiting)
+        return {
+            "num_running_reqs": len(self.running),
+            "num_waiting_reqs": len(self.waiting),
+            "num_used_tokens": used,
+            "num_total_tokens": used + pending,
+            "max_total_num_tokens": total,
+            "token_usage": round(used / total, 4),
+            "gen_throughput": round(self._throughput(), 2),
+            "cache_hit_rate": 0.0,
+            "utilization": round(len(self.running) / self._config.max_running_requests, 4),
+            "max_running_requests": self._config.max_running_requests,
+            "num_retracted_reqs": sum(1 for r in self.waiting if r.retractions),
+            "memory": {
+                "weight_gb": self._pools.nbytes("weights") / 2**30,
+                "kv_cache_gb": self._pools.nbytes("kv_cache") / 2**30,
+                "graph_gb": self._pools.nbytes("cuda_graph") / 2**30,
+                "token_capacity": total,
+            },
+        }

@@ -1,0 +1,139 @@
+"""Process entry of one emulated engine: ``python -m resilience.testing.emulator --port P [flags]``.
+
+Binds the socket itself (port 0 picks a free one), prints one line
+``EMULATOR READY http://<host>:<port>`` on stdout once uvicorn serves, and hands
+the socket to uvicorn. Heavy imports (torch, FastAPI) happen after the bind, so a
+port in use fails fast with a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from .config import EngineConfig, add_config_arguments, config_from_namespace
+
+__all__ = ["READY_PREFIX", "build_parser", "main"]
+
+READY_PREFIX = "EMULATOR READY "
+"""Start of the line printed on stdout when the engine serves; the URL follows."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of one engine: ``--host``, ``--port``, ``--log-level`` and one flag per EngineConfig field."""
+    parser = argparse.ArgumentParser(
+        prog="python -m resilience.testing.emulator",
+        description="Run one emulated SGLang engine (control plane and crash semantics) on the CPU.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default: 0)")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level (default: warning)",
+    )
+    parser.add_argument(
+        "--exit-with-parent",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="exit when the process PID (the parent) is gone, so a killed test run leaves no engine behind",
+    )
+    add_config_arguments(parser)
+    return parser
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Start a daemon thread that SIGTERMs this process once ``parent_pid`` is no longer its parent."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:  # ends when the parent dies (we are re-parented)
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="emulator-parent-watch", daemon=True).start()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one engine until SIGINT/SIGTERM (or until it dies like SGLang). Returns the exit status.
+
+    Errors in the arguments or the bind print one line on stderr and return 2 or 1.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage and the error line
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        config = config_from_namespace(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not 0 <= args.port <= 65535:
+        print(f"error: `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
+        return 2
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if args.exit_with_parent is not None:
+        _watch_parent(args.exit_with_parent)
+    try:
+        return _serve(sock, args.host, config, args.log_level)
+    finally:
+        sock.close()
+
+
+def _serve(sock: socket.socket, host: str, config: EngineConfig, log_level: str) -> int:
+    import torch
+    import uvicorn
+
+    from .app import create_app
+
+    torch.set_num_threads(1)
+    port = sock.getsockname()[1]
+    url = _url(host, port)
+    app, _engine = create_app(config, host=host, port=port)
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"{READY_PREFIX}{url}", flush=True)
+
+    uv_config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=5,
+    )
+    ReadyServer(uv_config).run(sockets=[sock])
+    return 0

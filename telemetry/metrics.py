@@ -1,0 +1,402 @@
+"""Prometheus metrics derived from resilience events (prometheus-client).
+
+``MetricsObserver`` keeps the metric contract below; the names, types and
+labels are fixed because ``grafana/`` dashboards and alert rules query
+exactly these.
+
+=========================================  =========  ==========================  ==========================================
+name                                       type       labels                      source
+=========================================  =========  ==========================  ==========================================
+``cpr_requests_total``                     counter    endpoint, method, outcome   ``CallEnded`` (outcome: a ``CallOutcome``)
+``cpr_attempts_total``                     counter    endpoint, engine, status    ``AttemptEnded`` (``"502"``, or
+                                                                                  ``connect_error`` / ``read_timeout`` /
+                                                                                  ``connection_reset`` / ``error``)
+``cpr_attempt_duration_seconds``           histogram  endpoint                    ``AttemptEnded.duration_s``
+``cpr_retries_total``                      counter    endpoint, reason            ``RetryScheduled``
+``cpr_breaker_state``                      gauge      engine                      ``BreakerTransitioned``: 0 closed,
+                                                                                  1 half_open, 2 open
+``cpr_breaker_rejections_total``           counter    endpoint, engine            ``BreakerRejected``
+``cpr_retry_budget_tokens``                gauge      engine                      ``CallEnded.retry_budget_tokens``
+``cpr_retry_budget_exhausted_total``       counter    endpoint, engine            ``RetryBudgetExhaustedEvent``
+``cpr_barrier_phase_duration_seconds``     histogram  transition, phase           ``PhaseEnded``
+``cpr_barrier_phase_failures_total``       counter    transition, phase           ``PhaseEnded`` (one per failed engine)
+``cpr_barrier_transitions_total``          counter    transition, result          ``TransitionEnded`` (ok / failed)
+``cpr_engines_held_paused``                gauge      engine                      ``HoldChanged`` (number of holds)
+``cpr_restarts_total``                     counter    cause                       the ``RestartBudget``'s record
+``cpr_restart_budget_limit``               gauge      -                           ``RestartBudget.limit``
+``cpr_restart_budget_remaining``           gauge      -                           ``RestartBudget.remaining``
+``cpr_restart_budget_planned_run_seconds`` gauge      -                           ``RestartBudget.planned_run_seconds``
+=========================================  =========  ==========================  ==========================================
+
+The restart metrics are not counted from events: a custom collector reads
+the ``RestartBudget``'s record (loaded from its JSON file) at every scrape, so
+a process that restarted publishes the run's true count, not its own.
+
+Registry: each observer owns a fresh ``CollectorRegistry`` unless given one,
+so several observers (tests, several sessions) never collide. Pass
+``registry=prometheus_client.REGISTRY`` to publish next to the default process
+metrics, and serve whichever registry with ``start_metrics_server``.
+
+Label values stay bounded: ``endpoint`` is the policy template the event
+carries (never a raw path), ``engine`` is ``scheme://host:port`` (user-info
+stripped), reasons, outcomes and statuses are enums. As a guard against a
+misconfigured caller, at most ``max_label_values`` distinct endpoints and
+engines are kept; further values are reported as ``other`` (logged once).
+
+Per event the observer does one type lookup, one cache lookup of the labelled
+child and the metric operation itself (two for ``AttemptEnded``: the counter
+and the histogram). It never raises: a failure is logged at WARNING on
+``resilience.telemetry``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, Final, NamedTuple
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from resilience.budget import RestartBudget
+from resilience.events import (
+    AttemptEnded,
+    BreakerRejected,
+    BreakerTransitioned,
+    CallEnded,
+    Event,
+    HoldChanged,
+    Outcome,
+    PhaseEnded,
+    RetryBudgetExhaustedEvent,
+    RetryScheduled,
+    TransitionEnded,
+)
+
+from ._labels import scrub_engine, status_label, transport_label
+
+__all__ = [
+    "ATTEMPT_DURATION_BUCKETS",
+    "BREAKER_STATE_VALUES",
+    "PHASE_DURATION_BUCKETS",
+    "MetricsObserver",
+    "MetricsServer",
+    "start_metrics_server",
+]
+
+log = logging.getLogger("resilience.telemetry")
+
+ATTEMPT_DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0)
+"""Buckets (seconds) of ``cpr_attempt_duration_seconds``: OTel's HTTP client buckets plus 30 s."""
+
+PHASE_DURATION_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Buckets (seconds) of ``cpr_barrier_phase_duration_seconds``: a flush or a release takes seconds to minutes."""
+
+BREAKER_STATE_VALUES: Final = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+"""``cpr_breaker_state`` values; any other state name is ignored."""
+
+OTHER: Final = "other"
+"""The label value used once ``max_label_values`` distinct endpoints (or engines) have been seen."""
+
+
+_CACHE_MAX: Final = 65536
+"""Labelled children cached per observer and metric; past this they are looked up through ``labels()`` each time."""
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) < _CACHE_MAX:
+        cache[key] = value
+
+
+class _RestartBudgetCollector:
+    """Publishes a ``RestartBudget``'s persisted record at scrape time."""
+
+    def __init__(self) -> None:
+        self.budget: RestartBudget | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        """The families this collector owns (lets the registry detect name clashes at registration)."""
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        """Read the budget's record now: restarts per cause, limit, remaining, planned run length."""
+        budget = self.budget
+        if budget is None:
+            return []
+        restarts, limit, remaining, planned = self._families()
+        for cause, count in sorted(budget.causes().items()):
+            restarts.add_metric([cause], float(count))
+        limit.add_metric([], float(budget.limit))
+        remaining.add_metric([], float(budget.remaining))
+        planned.add_metric([], float(budget.planned_run_seconds))
+        return [restarts, limit, remaining, planned]
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            CounterMetricFamily("cpr_restarts_total", "Restarts recorded in the run's RestartBudget, by cause.", labels=["cause"]),
+            GaugeMetricFamily("cpr_restart_budget_limit", "Restarts the run may take (RestartBudget.limit)."),
+            GaugeMetricFamily("cpr_restart_budget_remaining", "Restarts left in the run's RestartBudget."),
+            GaugeMetricFamily(
+                "cpr_restart_budget_planned_run_seconds",
+                "Planned run length the restart-budget burn rate is measured against.",
+            ),
+        )
+
+
+class MetricsObserver:
+    """An ``Observer`` that counts resilience events as Prometheus metrics (names: module docstring).
+
+    ``registry``: where the metrics are registered. Default None: a fresh
+    ``CollectorRegistry`` owned by this observer (``.registry``); pass
+    ``prometheus_client.REGISTRY`` to use the process-wide one (only one
+    ``MetricsObserver`` may then exist per process, as metric names are
+    unique per registry).
+
+    ``restart_budget``: the run's ``RestartBudget``; its record is published
+    as ``cpr_restarts_total`` and ``cpr_restart_budget_*``. Default None:
+    nothing is published until ``publish_restart_budget`` names one (useful
+    because the budget usually takes this observer among its observers).
+
+    ``max_label_values``: how many distinct endpoints, and separately how
+    many distinct engines, get their own label value; later ones are
+    labelled ``other``. Default 1000. Must be >= 1.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        restart_budget: RestartBudget | None = None,
+        *,
+        max_label_values: int = 1000,
+    ) -> None:
+        if max_label_values < 1:
+            raise ValueError(f"MetricsObserver.max_label_values must be >= 1, but was {max_label_values}")
+        self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
+        """The registry the metrics live in; serve it with ``start_metrics_server(registry=...)``."""
+        self.max_label_values = max_label_values
+        r = self.registry
+        self.requests = Counter(
+            "cpr_requests", "Logical calls by endpoint template, method and outcome.",
+            ["endpoint", "method", "outcome"], registry=r,
+        )  # fmt: skip
+        self.attempts = Counter(
+            "cpr_attempts", "Attempts by endpoint template, engine and HTTP status (or transport error).",
+            ["endpoint", "engine", "status"], registry=r,
+        )  # fmt: skip
+        self.attempt_duration = Histogram(
+            "cpr_attempt_duration_seconds", "Duration of one attempt, by endpoint template.",
+            ["endpoint"], buckets=ATTEMPT_DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.retries = Counter("cpr_retries", "Retries scheduled, by endpoint template and reason.", ["endpoint", "reason"], registry=r)
+        self.breaker_state = Gauge(
+            "cpr_breaker_state", "Circuit breaker state per engine: 0 closed, 1 half_open, 2 open.", ["engine"],
+            registry=r,
+        )  # fmt: skip
+        self.breaker_rejections = Counter(
+            "cpr_breaker_rejections", "Calls failed fast by an open breaker.", ["endpoint", "engine"], registry=r
+        )
+        self.retry_budget_tokens = Gauge(
+            "cpr_retry_budget_tokens", "Retry-budget balance per engine after the latest call.", ["engine"], registry=r
+        )
+        self.retry_budget_exhausted = Counter(
+            "cpr_retry_budget_exhausted", "Retries refused because the engine's retry budget was spent.",
+            ["endpoint", "engine"], registry=r,
+        )  # fmt: skip
+        self.phase_duration = Histogram(
+            "cpr_barrier_phase_duration_seconds", "Duration of one barrier phase across all its engines.",
+            ["transition", "phase"], buckets=PHASE_DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.phase_failures = Counter(
+            "cpr_barrier_phase_failures", "Engines that failed a barrier phase.", ["transition", "phase"], registry=r
+        )
+        self.transitions = Counter(
+            "cpr_barrier_transitions", "Barrier transitions by result (ok / failed).", ["transition", "result"],
+            registry=r,
+        )  # fmt: skip
+        self.engines_held_paused = Gauge("cpr_engines_held_paused", "Pause holds currently on each engine.", ["engine"], registry=r)
+        self._restarts = _RestartBudgetCollector()
+        r.register(self._restarts)
+        if restart_budget is not None:
+            self.publish_restart_budget(restart_budget)
+
+        self._lock = threading.Lock()
+        self._endpoints: dict[str, str] = {}
+        self._engines: dict[str, str] = {}
+        self._warned: set[str] = set()
+        # (labels...) -> labelled child; filled on first sight, read without a lock afterwards.
+        self._c_requests: dict[tuple[Any, ...], Any] = {}
+        self._c_attempts: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self._c_retries: dict[tuple[str, str], Any] = {}
+        self._c_rejections: dict[tuple[str, str], Any] = {}
+        self._c_exhausted: dict[tuple[str, str], Any] = {}
+        self._c_tokens: dict[str, Any] = {}
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            CallEnded: self._call_ended,
+            AttemptEnded: self._attempt_ended,
+            RetryScheduled: self._retry_scheduled,
+            BreakerTransitioned: self._breaker_transitioned,
+            BreakerRejected: self._breaker_rejected,
+            RetryBudgetExhaustedEvent: self._budget_exhausted,
+            PhaseEnded: self._phase_ended,
+            TransitionEnded: self._transition_ended,
+            HoldChanged: self._hold_changed,
+        }
+
+    def __call__(self, event: Event) -> None:
+        """Count one event; never raises (a failure is logged and the event dropped)."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            return
+        try:
+            handler(event)
+        except Exception:
+            log.warning("MetricsObserver failed on %s", type(event).__name__, exc_info=True)
+
+    def publish_restart_budget(self, budget: RestartBudget | None) -> None:
+        """Publish ``budget``'s record as ``cpr_restarts_total`` / ``cpr_restart_budget_*`` (None: stop publishing)."""
+        self._restarts.budget = budget
+
+    # -- bounded label values ----------------------------------------------------
+
+    def _bounded(self, seen: dict[str, str], value: str, kind: str, clean: Callable[[str], str]) -> str:
+        with self._lock:
+            label = seen.get(value)
+            if label is not None:
+                return label
+            if len(seen) < self.max_label_values:
+                label = clean(value)
+            else:
+                label = OTHER
+                if kind not in self._warned:
+                    self._warned.add(kind)
+                    log.warning(
+                        "MetricsObserver: more than %d distinct %s label values; further ones are labelled %r",
+                        self.max_label_values, kind, OTHER,
+                    )  # fmt: skip
+                return label  # not remembered: an overflow must not grow memory either
+            seen[value] = label
+            return label
+
+    def _endpoint(self, endpoint: str) -> str:
+        label = self._endpoints.get(endpoint)
+        return label if label is not None else self._bounded(self._endpoints, endpoint, "endpoint", str)
+
+    def _engine(self, engine: str) -> str:
+        label = self._engines.get(engine)
+        return label if label is not None else self._bounded(self._engines, engine, "engine", scrub_engine)
+
+    # -- handlers ------------------------------------------------------------------
+
+    def _call_ended(self, ev: CallEnded) -> None:
+        key = (ev.endpoint, ev.method, ev.outcome)
+        child = self._c_requests.get(key)
+        if child is None:
+            child = self.requests.labels(self._endpoint(ev.endpoint), ev.method, ev.outcome.value)
+            _remember(self._c_requests, key, child)
+        child.inc()
+        tokens = ev.retry_budget_tokens
+        if tokens is not None:
+            gauge = self._c_tokens.get(ev.engine)
+            if gauge is None:
+                gauge = self.retry_budget_tokens.labels(self._engine(ev.engine))
+                _remember(self._c_tokens, ev.engine, gauge)
+            gauge.set(tokens)
+
+    def _attempt_ended(self, ev: AttemptEnded) -> None:
+        status = ev.status
+        if status is not None:
+            key: tuple[Any, ...] = (ev.endpoint, ev.engine, status)
+        else:
+            key = (ev.endpoint, ev.engine, None, ev.error_type, ev.sent, ev.outcome)
+        pair = self._c_attempts.get(key)
+        if pair is None:
+            if status is not None:
+                label = status_label(status)
+            else:
+                label = transport_label(ev.error_type, sent=ev.sent, ambiguous=ev.outcome is Outcome.AMBIGUOUS)
+            endpoint = self._endpoint(ev.endpoint)
+            pair = (
+                self.attempts.labels(endpoint, self._engine(ev.engine), label),
+                self.attempt_duration.labels(endpoint),
+            )
+            _remember(self._c_attempts, key, pair)
+        pair[0].inc()
+        pair[1].observe(ev.duration_s)
+
+    def _retry_scheduled(self, ev: RetryScheduled) -> None:
+        key = (ev.endpoint, ev.reason)
+        child = self._c_retries.get(key)
+        if child is None:
+            child = self.retries.labels(self._endpoint(ev.endpoint), ev.reason)
+            _remember(self._c_retries, key, child)
+        child.inc()
+
+    def _breaker_transitioned(self, ev: BreakerTransitioned) -> None:
+        value = BREAKER_STATE_VALUES.get(ev.to_state)
+        if value is not None:
+            self.breaker_state.labels(self._engine(ev.engine)).set(value)
+
+    def _breaker_rejected(self, ev: BreakerRejected) -> None:
+        key = (ev.endpoint, ev.engine)
+        child = self._c_rejections.get(key)
+        if child is None:
+            child = self.breaker_rejections.labels(self._endpoint(ev.endpoint), self._engine(ev.engine))
+            _remember(self._c_rejections, key, child)
+        child.inc()
+
+    def _budget_exhausted(self, ev: RetryBudgetExhaustedEvent) -> None:
+        key = (ev.endpoint, ev.engine)
+        child = self._c_exhausted.get(key)
+        if child is None:
+            child = self.retry_budget_exhausted.labels(self._endpoint(ev.endpoint), self._engine(ev.engine))
+            _remember(self._c_exhausted, key, child)
+        child.inc()
+
+    def _phase_ended(self, ev: PhaseEnded) -> None:
+        self.phase_duration.labels(ev.transition, ev.phase).observe(ev.duration_s)
+        if ev.failures:
+            self.phase_failures.labels(ev.transition, ev.phase).inc(len(ev.failures))
+
+    def _transition_ended(self, ev: TransitionEnded) -> None:
+        self.transitions.labels(ev.transition, "ok" if ev.ok else "failed").inc()
+
+    def _hold_changed(self, ev: HoldChanged) -> None:
+        self.engines_held_paused.labels(self._engine(ev.engine)).set(len(ev.holds))
+
+
+class MetricsServer(NamedTuple):
+    """A running metrics endpoint: unpacks as ``(server, port)``; ``close()`` stops it."""
+
+    server: WSGIServer
+    """The WSGI server thread's server (``serve_forever`` runs in a daemon thread)."""
+    port: int
+    """The port really bound (useful with ``port=0``)."""
+
+    def close(self) -> None:
+        """Stop serving and release the socket; safe to call once the server is already stopped."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_metrics_server(
+    port: int = 0,
+    host: str = "127.0.0.1",
+    registry: CollectorRegistry | None = None,
+) -> MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread.
+
+    ``port``: 0 (default) lets the OS pick a free port; the real one is
+    returned. ``host``: the address to bind, ``127.0.0.1`` by default so the
+    endpoint is not exposed beyond the machine unless asked
+    (``"0.0.0.0"`` for a Prometheus elsewhere). ``registry``: the registry to
+    serve, normally ``observer.registry``; default None serves the
+    process-wide ``prometheus_client.REGISTRY``.
+
+    Returns a ``MetricsServer`` ``(server, port)``; ``close()`` stops it.
+    """
+    server, _thread = start_http_server(port, addr=host, registry=registry if registry is not None else REGISTRY)
+    return MetricsServer(server, int(server.server_port))

@@ -1,0 +1,438 @@
+"""OpenTelemetry spans derived from resilience events.
+
+``TracingObserver`` turns the events of ``resilience.events`` into spans. It
+needs only ``opentelemetry-api``; without an SDK (or with a no-op provider)
+every span is non-recording and the cost is a few dictionary lookups.
+
+Span tree of one logical call (one ``Session.send`` through ``ResilientAdapter``)::
+
+    POST /flush_cache   (requests instrumentation, CLIENT)      <- only when opentelemetry-instrumentation-requests is on
+    └── resilient POST /flush_cache   (INTERNAL: the logical call, all attempts)
+        ├── POST /flush_cache   (CLIENT, attempt 0)              <- traceparent of this span goes out with attempt 0
+        ├── POST /flush_cache   (CLIENT, http.request.resend_count=1)
+        └── POST /flush_cache   (CLIENT, http.request.resend_count=2)
+
+* Logical span (``SpanKind.INTERNAL``), named ``resilient {endpoint}``:
+  ``http.request.method``, ``url.template``, ``resilience.endpoint``,
+  ``resilience.engine``, ``resilience.deadline_s``; at the end
+  ``resilience.outcome`` (a ``CallOutcome``), ``resilience.attempts``,
+  ``http.response.status_code`` and, on failure, ``error.type``; status Error
+  unless the outcome is ``success`` or ``retried_success``. Backoff sleeps
+  (``resilience.backoff``), breaker rejections (``resilience.breaker_rejected``),
+  retry-budget refusals (``resilience.retry_budget_exhausted``) and probe answers
+  (``resilience.probe_completed``) are span events on it.
+* Attempt spans (``SpanKind.CLIENT``), named ``{method} {url.template}`` as the
+  HTTP client semantic conventions ask: ``http.request.method``,
+  ``server.address``, ``server.port``, ``url.template``,
+  ``http.request.resend_count`` (only on resends: 1, 2, ...),
+  ``http.response.status_code``, ``error.type`` (the status as a string, or
+  the exception class) and ``resilience.attempt_outcome``. Status Error on
+  any status >= 400 (the conventions' rule for CLIENT spans, which covers
+  5xx) and on transport errors. On ``AttemptStarted`` the attempt span's
+  context is injected (W3C ``traceparent`` with the default propagator) into
+  ``event.carrier``, the header mapping the transport sends with that
+  attempt, so a server span parents under the attempt that reached it.
+* Barrier spans: ``barrier {transition}`` per transition and
+  ``barrier {transition} {phase}`` per phase (a child of its transition), both
+  INTERNAL, with ``resilience.engines``; each failed engine of a phase is an
+  ``exception`` event (``exception.type``, a redacted ``exception.message``,
+  ``resilience.engine``) and sets status Error; the transition span records
+  ``resilience.failed_phase``, ``resilience.rolled_back`` and
+  ``resilience.left_paused``.
+
+Coexistence with ``opentelemetry-instrumentation-requests``: that
+instrumentation wraps ``Session.send`` in one CLIENT span covering every
+attempt, injects that span's ``traceparent`` and then sets the
+*suppress-HTTP-instrumentation* context key so that lower layers (urllib3) add
+no spans. We chose to keep it on, not to ask users to uninstrument:
+
+* our logical span is INTERNAL and parents under whatever span is current
+  when the call starts, so the requests span (when present) becomes its
+  parent; our attempt spans are the CLIENT spans the semantic conventions ask
+  for, one per attempt;
+* the suppress-HTTP key is deliberately *not* honoured: it is meant for
+  transport layers below an HTTP client span, and our attempt spans are the
+  per-attempt record that the outer span cannot give. The general
+  ``suppress_instrumentation`` key (used by exporters to hide their own
+  traffic) *is* honoured: a call that starts under it gets no spans at all;
+* our ``traceparent`` is injected after the requests instrumentation's, into
+  the per-attempt headers, so the server always sees the attempt span's id.
+
+Spans are started with explicit parents and never attached to the current
+context, so an event that never arrives cannot corrupt a thread's context.
+Per-call state is keyed by ``call_id`` and per-transition state by
+``transition_id``; both maps are guarded by a lock and entries are removed on
+``CallEnded`` / ``TransitionEnded`` (an attempt or phase span still open then
+is ended with it). The observer never raises: a failure is logged at WARNING
+on ``resilience.telemetry`` and the event is dropped.
+
+No attribute is ever read from ``AttemptStarted.carrier`` or from any header:
+events carry no credentials, and ``resilience.engine`` is stripped of URL
+user-info defensively.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
+from opentelemetry.propagate import get_global_textmap
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.util.types import AttributeValue
+
+from resilience.events import (
+    AttemptEnded,
+    AttemptStarted,
+    BreakerRejected,
+    CallEnded,
+    CallOutcome,
+    CallStarted,
+    Event,
+    Outcome,
+    PhaseEnded,
+    PhaseStarted,
+    ProbeCompleted,
+    RetryBudgetExhaustedEvent,
+    RetryScheduled,
+    TransitionEnded,
+    TransitionStarted,
+)
+
+from ._labels import HTTP_METHODS, scrub_engine, scrub_message, url_template
+
+__all__ = ["TracingObserver"]
+
+log = logging.getLogger("resilience.telemetry")
+
+INSTRUMENTATION_NAME: Final = "resilience.telemetry"
+
+# Semantic-convention attribute names, spelled out so that only opentelemetry-api is needed.
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"
+HTTP_REQUEST_RESEND_COUNT: Final = "http.request.resend_count"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+URL_TEMPLATE: Final = "url.template"
+ERROR_TYPE: Final = "error.type"
+
+_OK_CALL_OUTCOMES: Final = frozenset({CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS})
+
+
+class _Call:
+    """What one in-flight logical call keeps: its span, its context, its open attempt."""
+
+    __slots__ = ("attempt", "ctx", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.ctx = trace.set_span_in_context(span)
+        self.attempt: Span | None = None
+
+
+class _Transition:
+    """What one in-flight barrier transition keeps: its span, its context, its open phases."""
+
+    __slots__ = ("ctx", "phases", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.ctx = trace.set_span_in_context(span)
+        self.phases: dict[str, Span] = {}
+
+
+def _version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("controlplane-resilience")
+    except Exception:  # not installed (a source checkout): no version
+        return None
+
+
+class TracingObserver:
+    """An ``Observer`` that records resilience events as OpenTelemetry spans.
+
+    ``tracer_provider``: the provider spans come from. Default None: the global
+    provider (``opentelemetry.trace.set_tracer_provider``), looked up lazily,
+    so an SDK configured after this observer is built is still used; with no
+    SDK at all, spans are no-ops.
+
+    ``propagator``: the propagator that writes the attempt span's context into
+    each attempt's outgoing headers. Default None: the global one
+    (``opentelemetry.propagate``; W3C ``traceparent`` + baggage unless
+    ``OTEL_PROPAGATORS`` says otherwise), looked up on each attempt.
+
+    Attach it like any observer: ``resilient_session(policies, observers=[TracingObserver()])``.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        *,
+        propagator: TextMapPropagator | None = None,
+    ) -> None:
+        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, _version(), tracer_provider=tracer_provider)
+        self._propagator = propagator
+        self._lock = threading.Lock()
+        self._calls: dict[int, _Call] = {}
+        self._transitions: dict[int, _Transition] = {}
+        self._engines: dict[str, str] = {}
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            CallStarted: self._call_started,
+            AttemptStarted: self._attempt_started,
+            AttemptEnded: self._attempt_ended,
+            RetryScheduled: self._retry_scheduled,
+            BreakerRejected: self._breaker_rejected,
+            RetryBudgetExhaustedEvent: self._budget_exhausted,
+            ProbeCompleted: self._probe_completed,
+            CallEnded: self._call_ended,
+            TransitionStarted: self._transition_started,
+            PhaseStarted: self._phase_started,
+            PhaseEnded: self._phase_ended,
+            TransitionEnded: self._transition_ended,
+        }
+
+    def __call__(self, event: Event) -> None:
+        """Handle one event; never raises (a failure is logged and the event dropped)."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            return
+        try:
+            handler(event)
+        except Exception:
+            log.warning("TracingObserver failed on %s", type(event).__name__, exc_info=True)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls plus transitions whose spans are still open (0 once every call and transition ended)."""
+        with self._lock:
+            return len(self._calls) + len(self._transitions)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _engine(self, engine: str) -> str:
+        safe = self._engines.get(engine)
+        if safe is None:
+            safe = scrub_engine(engine)
+            if len(self._engines) < 4096:
+                self._engines[engine] = safe
+        return safe
+
+    @staticmethod
+    def _method_attrs(method: str, attrs: dict[str, AttributeValue]) -> str:
+        """Set the method attributes; return the method for span names (``HTTP`` for an unknown one)."""
+        if method in HTTP_METHODS:
+            attrs[HTTP_REQUEST_METHOD] = method
+            return method
+        attrs[HTTP_REQUEST_METHOD] = "_OTHER"
+        attrs[HTTP_REQUEST_METHOD_ORIGINAL] = method
+        return "HTTP"
+
+    # -- logical calls -----------------------------------------------------------
+
+    def _call_started(self, ev: CallStarted) -> None:
+        if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            return
+        attrs: dict[str, AttributeValue] = {
+            "resilience.endpoint": ev.endpoint,
+            "resilience.engine": self._engine(ev.engine),
+        }
+        self._method_attrs(ev.method, attrs)
+        template = url_template(ev.endpoint)
+        if template is not None:
+            attrs[URL_TEMPLATE] = template
+        if ev.deadline_s is not None:
+            attrs["resilience.deadline_s"] = ev.deadline_s
+        span = self._tracer.start_span(f"resilient {ev.endpoint}", kind=SpanKind.INTERNAL, attributes=attrs)
+        call = _Call(span)
+        with self._lock:
+            stale = self._calls.pop(ev.call_id, None)
+            self._calls[ev.call_id] = call
+        if stale is not None:  # a call id reused before its CallEnded: close the orphan
+            self._close_call(stale, None)
+
+    def _attempt_started(self, ev: AttemptStarted) -> None:
+        call = self._calls.get(ev.call_id)
+        if call is None:
+            return
+        if call.attempt is not None:  # the previous attempt never ended: close it
+            call.attempt.end()
+        attrs: dict[str, AttributeValue] = {
+            SERVER_ADDRESS: ev.server_address,
+            SERVER_PORT: ev.server_port,
+        }
+        name = self._method_attrs(ev.method, attrs)
+        template = url_template(ev.endpoint)
+        if template is not None:
+            attrs[URL_TEMPLATE] = template
+            name = f"{name} {template}"
+        if ev.attempt:
+            attrs[HTTP_REQUEST_RESEND_COUNT] = ev.attempt
+        span = self._tracer.start_span(name, context=call.ctx, kind=SpanKind.CLIENT, attributes=attrs)
+        call.attempt = span
+        propagator = self._propagator or get_global_textmap()
+        propagator.inject(ev.carrier, context=trace.set_span_in_context(span))
+
+    def _attempt_ended(self, ev: AttemptEnded) -> None:
+        call = self._calls.get(ev.call_id)
+        if call is None or call.attempt is None:
+            return
+        span, call.attempt = call.attempt, None
+        status = ev.status
+        if status is not None:
+            span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
+        span.set_attribute("resilience.attempt_outcome", ev.outcome.value)
+        failed = status is None or status >= 400
+        if failed or ev.outcome is not Outcome.SUCCESS:
+            error_type = ev.error_type or (str(status) if status is not None else "_OTHER")
+            span.set_attribute(ERROR_TYPE, error_type)
+            if failed:
+                span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
+    def _retry_scheduled(self, ev: RetryScheduled) -> None:
+        call = self._calls.get(ev.call_id)
+        if call is not None:
+            call.span.add_event(
+                "resilience.backoff",
+                {
+                    "resilience.retry.reason": ev.reason,
+                    "resilience.backoff.delay_s": ev.delay_s,
+                    "resilience.failed_attempt": ev.attempt,
+                },
+            )
+
+    def _breaker_rejected(self, ev: BreakerRejected) -> None:
+        call = self._calls.get(ev.call_id)
+        if call is not None:
+            call.span.add_event("resilience.breaker_rejected", {"resilience.engine": self._engine(ev.engine)})
+
+    def _budget_exhausted(self, ev: RetryBudgetExhaustedEvent) -> None:
+        call = self._calls.get(ev.call_id)
+        if call is not None:
+            call.span.add_event(
+                "resilience.retry_budget_exhausted",
+                {"resilience.engine": self._engine(ev.engine), "resilience.retry_budget.tokens": ev.tokens},
+            )
+
+    def _probe_completed(self, ev: ProbeCompleted) -> None:
+        call = self._calls.get(ev.call_id)
+        if call is not None:
+            call.span.add_event("resilience.probe_completed", {"resilience.probe.answer": ev.answer})
+
+    def _call_ended(self, ev: CallEnded) -> None:
+        with self._lock:
+            call = self._calls.pop(ev.call_id, None)
+        if call is not None:
+            self._close_call(call, ev)
+
+    def _close_call(self, call: _Call, ev: CallEnded | None) -> None:
+        if call.attempt is not None:
+            call.attempt.set_status(Status(StatusCode.ERROR, "attempt still open when the call ended"))
+            call.attempt.end()
+            call.attempt = None
+        span = call.span
+        if ev is None:
+            span.set_status(Status(StatusCode.ERROR, "call ended without CallEnded"))
+        else:
+            span.set_attribute("resilience.outcome", ev.outcome.value)
+            span.set_attribute("resilience.attempts", ev.attempts)
+            if ev.status is not None:
+                span.set_attribute(HTTP_RESPONSE_STATUS_CODE, ev.status)
+            if ev.outcome not in _OK_CALL_OUTCOMES:
+                span.set_attribute(ERROR_TYPE, ev.error_type or ev.outcome.value)
+                span.set_status(Status(StatusCode.ERROR, ev.outcome.value))
+        span.end()
+
+    # -- barrier transitions -----------------------------------------------------
+
+    def _transition_started(self, ev: TransitionStarted) -> None:
+        if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            return
+        attrs: dict[str, AttributeValue] = {
+            "resilience.transition": ev.transition,
+            "resilience.engines": [self._engine(e) for e in ev.engines],
+        }
+        if ev.deadline_s is not None:
+            attrs["resilience.deadline_s"] = ev.deadline_s
+        span = self._tracer.start_span(f"barrier {ev.transition}", kind=SpanKind.INTERNAL, attributes=attrs)
+        tr = _Transition(span)
+        with self._lock:
+            stale = self._transitions.pop(ev.transition_id, None)
+            self._transitions[ev.transition_id] = tr
+        if stale is not None:
+            self._close_transition(stale, None)
+
+    def _phase_started(self, ev: PhaseStarted) -> None:
+        tr = self._transitions.get(ev.transition_id)
+        if tr is None:
+            return
+        attrs: dict[str, AttributeValue] = {
+            "resilience.transition": ev.transition,
+            "resilience.phase": ev.phase,
+            "resilience.engines": [self._engine(e) for e in ev.engines],
+        }
+        if ev.deadline_s is not None:
+            attrs["resilience.deadline_s"] = ev.deadline_s
+        span = self._tracer.start_span(f"barrier {ev.transition} {ev.phase}", context=tr.ctx, kind=SpanKind.INTERNAL, attributes=attrs)
+        with self._lock:
+            previous = tr.phases.pop(ev.phase, None)
+            tr.phases[ev.phase] = span
+        if previous is not None:
+            previous.end()
+
+    def _phase_ended(self, ev: PhaseEnded) -> None:
+        tr = self._transitions.get(ev.transition_id)
+        if tr is None:
+            return
+        with self._lock:
+            span = tr.phases.pop(ev.phase, None)
+        if span is None:
+            return
+        span.set_attribute("resilience.phase.ok", ev.ok)
+        if ev.failures:
+            span.set_attribute("resilience.failed_engines", [self._engine(f.engine) for f in ev.failures])
+            for failure in ev.failures:
+                span.add_event(
+                    "exception",
+                    {
+                        "exception.type": failure.error_type,
+                        "exception.message": scrub_message(failure.message),
+                        "resilience.engine": self._engine(failure.engine),
+                    },
+                )
+            span.set_status(Status(StatusCode.ERROR, f"{len(ev.failures)} of {len(ev.engines)} engines failed"))
+        span.end()
+
+    def _transition_ended(self, ev: TransitionEnded) -> None:
+        with self._lock:
+            tr = self._transitions.pop(ev.transition_id, None)
+        if tr is not None:
+            self._close_transition(tr, ev)
+
+    def _close_transition(self, tr: _Transition, ev: TransitionEnded | None) -> None:
+        with self._lock:
+            phases, tr.phases = list(tr.phases.values()), {}
+        for phase in phases:
+            phase.set_status(Status(StatusCode.ERROR, "phase still open when the transition ended"))
+            phase.end()
+        span = tr.span
+        if ev is None:
+            span.set_status(Status(StatusCode.ERROR, "transition ended without TransitionEnded"))
+        else:
+            span.set_attribute("resilience.ok", ev.ok)
+            if ev.failed_phase is not None:
+                span.set_attribute("resilience.failed_phase", ev.failed_phase)
+            if ev.rolled_back:
+                span.set_attribute("resilience.rolled_back", [self._engine(e) for e in ev.rolled_back])
+            if ev.left_paused:
+                span.set_attribute("resilience.left_paused", [self._engine(e) for e in ev.left_paused])
+            if not ev.ok:
+                span.set_status(Status(StatusCode.ERROR, f"failed in phase {ev.failed_phase or 'unknown'}"))
+        span.end()

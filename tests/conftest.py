@@ -1,0 +1,53 @@
+"""Shared fixtures: a clean proxy environment, testing switches, loopback helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+import resilience
+
+_PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+SHORT_TIMEOUT = 0.5
+"""Seconds: an attempt timeout that a hung loopback server exceeds."""
+LONG_TIMEOUT = 10.0 if os.environ.get("CI") else 5.0
+"""Seconds: a bound that a healthy loopback exchange never reaches."""
+
+
+@pytest.fixture(autouse=True)
+def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No test sees the machine's proxy settings unless it sets them itself."""
+    for var in _PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _reset_testing_mode() -> Iterator[None]:
+    """The testing switch never leaks from one test to the next."""
+    previous = resilience.set_testing(False)
+    yield
+    resilience.set_testing(previous.active, attempts=previous.attempts)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def require_tool(name: str) -> str:
+    """The path of an executable; skip without it, or fail when CI=true (CI must install it)."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{name} is required on CI but not installed")
+        pytest.skip(f"{name} not installed")
+    return path

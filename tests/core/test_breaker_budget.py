@@ -1,0 +1,117 @@
+"""Circuit breaker state machine, retry budget and restart budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from resilience import (
+    BreakerConfig,
+    BreakerState,
+    CircuitBreaker,
+    FakeClock,
+    PolicyError,
+    RestartBudget,
+    RestartBudgetError,
+    RetryBudget,
+    RetryBudgetConfig,
+)
+from resilience.events import BreakerTransitioned, Event, RestartRecorded
+
+
+def test_consecutive_failures_open_then_half_open_then_close() -> None:
+    """Consecutive failures open the breaker; after the wait one probe passes; its success closes it."""
+    clock = FakeClock()
+    seen: list[Event] = []
+    b = CircuitBreaker("http://e:1", BreakerConfig(failure_threshold=3, open_seconds=2), clock=clock, observers=[seen.append])
+    for _ in range(3):
+        assert b.allow()
+        b.record_failure()
+    assert b.state is BreakerState.OPEN
+    assert not b.allow()
+    clock.advance(2)
+    assert b.allow()  # the half-open probe
+    assert not b.allow()  # only one at a time
+    b.record_success()
+    assert b.state is BreakerState.CLOSED
+    assert [(e.from_state, e.to_state) for e in seen if isinstance(e, BreakerTransitioned)] == [
+        ("closed", "open"),
+        ("open", "half_open"),
+        ("half_open", "closed"),
+    ]
+
+
+def test_half_open_failure_reopens() -> None:
+    """A failed half-open probe opens the breaker again for a full wait."""
+    clock = FakeClock()
+    b = CircuitBreaker("e", BreakerConfig(failure_threshold=1, open_seconds=1), clock=clock)
+    b.record_failure()
+    clock.advance(1)
+    assert b.allow()
+    b.record_failure()
+    assert b.state is BreakerState.OPEN
+    assert b.retry_in() == pytest.approx(1)
+
+
+def test_failure_rate_trigger() -> None:
+    """The failure-rate window opens the breaker even without a long consecutive run."""
+    b = CircuitBreaker("e", BreakerConfig(failure_threshold=0, failure_rate_threshold=0.5, window_size=4, minimum_calls=4))
+    for ok in (True, False, True, False):
+        (b.record_success if ok else b.record_failure)()
+    assert b.state is BreakerState.OPEN
+
+
+def test_breaker_config_validated() -> None:
+    """Invalid breaker settings name the field."""
+    with pytest.raises(PolicyError, match=r"BreakerConfig\.failure_rate_threshold must be within"):
+        BreakerConfig(failure_rate_threshold=0)
+
+
+def test_retry_budget_spends_and_floor_refills() -> None:
+    """Retries stop when the bucket is spent; the time floor lets a quiet engine retry again."""
+    clock = FakeClock()
+    budget = RetryBudget(RetryBudgetConfig(ratio=0.0, min_retries_per_second=1.0, max_tokens=2), clock=clock)
+    assert budget.try_withdraw() and budget.try_withdraw()
+    assert not budget.try_withdraw()
+    clock.advance(1.0)
+    assert budget.try_withdraw()
+
+
+def test_retry_budget_deposits_per_call() -> None:
+    """Each call deposits ``ratio`` tokens, capped by ``max_tokens``."""
+    budget = RetryBudget(RetryBudgetConfig(ratio=0.5, min_retries_per_second=0, max_tokens=1), clock=FakeClock())
+    assert budget.try_withdraw()
+    budget.deposit()
+    assert not budget.try_withdraw()
+    budget.deposit()
+    assert budget.try_withdraw()
+
+
+def test_restart_budget_persists_across_processes(tmp_path: Path) -> None:
+    """The record survives a new RestartBudget on the same file (the restart it counts)."""
+    path = tmp_path / "restarts.json"
+    seen: list[Event] = []
+    first = RestartBudget(3, path=path, observers=[seen.append])
+    first.record("502 on /pause_generation", step=39)
+    first.record("engine death", step=56)
+    second = RestartBudget(3, path=path)
+    assert second.used == 2 and second.remaining == 1
+    second.record("again")
+    assert RestartBudget(3, path=path).remaining == 0
+    assert isinstance(seen[-1], RestartRecorded) and seen[-1].remaining == 1
+    assert second.causes() == {"502 on /pause_generation": 1, "engine death": 1, "again": 1}
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [("{not json", "not JSON"), (json.dumps({"format": "something-else"}), "is not a"), (json.dumps([1, 2]), "is not a")],
+)
+def test_restart_budget_refuses_corrupt_or_foreign_file(tmp_path: Path, content: str, fragment: str) -> None:
+    """A corrupt or foreign file is a clear error, never a silent reset."""
+    path = tmp_path / "restarts.json"
+    path.write_text(content)
+    with pytest.raises(RestartBudgetError, match=fragment):
+        RestartBudget(3, path=path)
+    assert path.read_text() == content

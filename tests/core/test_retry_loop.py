@@ -1,0 +1,146 @@
+"""The retry loop without sockets: a scripted transport, a fake clock and recorded sleeps."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+
+import pytest
+
+import resilience
+from resilience import (
+    AmbiguousOutcome,
+    AttemptResult,
+    CallOutcome,
+    CallSpec,
+    DeadlineExceeded,
+    Delivery,
+    EndpointPolicy,
+    FakeClock,
+    PolicyTable,
+    ProbeAnswer,
+    Retrier,
+    RetryPolicy,
+)
+from resilience.events import CallEnded, Event, RetryScheduled
+
+ENGINE = "http://127.0.0.1:1"
+
+
+def spec(policy: EndpointPolicy, method: str = "POST") -> CallSpec:
+    match = PolicyTable({f"{method} /x": policy}).match(method, "/x")
+    return CallSpec(method, f"{ENGINE}/x", match, ENGINE, "127.0.0.1", 1)
+
+
+class Script:
+    """Plays AttemptResults in order and records the timeouts it was given."""
+
+    def __init__(self, *results: AttemptResult[str]) -> None:
+        self.results = list(results)
+        self.timeouts: list[tuple[float | None, float | None]] = []
+
+    def __call__(self, n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[str]:
+        self.timeouts.append(timeouts)
+        return self.results.pop(0)
+
+
+def status(code: int, retry_after: float | None = None) -> AttemptResult[str]:
+    return AttemptResult(response=f"resp{code}", status=code, retry_after=retry_after)
+
+
+def test_502_502_200_sleeps_within_backoff_bounds() -> None:
+    """Two 502s then 200: one call, three attempts, each sleep within its full-jitter ceiling."""
+    clock = FakeClock()
+    seen: list[Event] = []
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=5, base_s=0.5, cap_s=4, multiplier=2), deadline_s=30, attempt_timeout_s=5)
+    r = Retrier(clock=clock, observers=[seen.append], rng=lambda: 0.75)
+    resp, records = r.run(spec(policy), Script(status(502), status(502), status(200)))
+    assert resp == "resp200"
+    assert [a.status for a in records] == [502, 502, 200]
+    assert clock.sleeps == [pytest.approx(0.375), pytest.approx(0.75)]
+    assert [e.reason for e in seen if isinstance(e, RetryScheduled)] == ["status_502", "status_502"]
+    ended = [e for e in seen if isinstance(e, CallEnded)]
+    assert ended[0].outcome is CallOutcome.RETRIED_SUCCESS and ended[0].attempts == 3
+
+
+def test_exhausted_returns_last_response_unless_policy_raises() -> None:
+    """After the last attempt the caller gets the final response, like plain requests."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0))
+    resp, records = Retrier(clock=FakeClock()).run(spec(policy), Script(status(503), status(503)))
+    assert resp == "resp503" and len(records) == 2
+    strict = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0), raise_on_exhausted=True)
+    with pytest.raises(resilience.RetriesExhausted) as info:
+        Retrier(clock=FakeClock()).run(spec(strict), Script(status(503), status(503)))
+    assert info.value.last_status == 503 and len(info.value.attempts) == 2
+
+
+def test_attempt_timeout_capped_by_remaining_deadline() -> None:
+    """Each attempt gets min(attempt_timeout, remaining deadline)."""
+    clock = FakeClock()
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=1, cap_s=1, jitter=0), attempt_timeout_s=2, deadline_s=2.5)
+    script = Script(status(502), status(200))
+    Retrier(clock=clock).run(spec(policy), script)
+    assert script.timeouts[0] == (2, 2)
+    assert script.timeouts[1] == (pytest.approx(1.5), pytest.approx(1.5))
+
+
+def test_retry_after_past_deadline_stops_at_once() -> None:
+    """A Retry-After longer than the time left raises DeadlineExceeded carrying the last status, without sleeping."""
+    clock = FakeClock()
+    policy = EndpointPolicy(deadline_s=5, attempt_timeout_s=1)
+    with pytest.raises(DeadlineExceeded) as info:
+        Retrier(clock=clock).run(spec(policy, "GET"), Script(status(503, retry_after=30)))
+    assert info.value.last_status == 503
+    assert clock.sleeps == []
+
+
+def test_read_timeout_on_non_idempotent_is_ambiguous() -> None:
+    """A maybe-applied failure on a non-idempotent endpoint is never re-sent."""
+    script = Script(AttemptResult(error=TimeoutError("read"), delivery=Delivery.MAYBE_APPLIED, error_kind="read_timeout"))
+    with pytest.raises(AmbiguousOutcome) as info:
+        Retrier(clock=FakeClock()).run(spec(EndpointPolicy(idempotent=False)), script)
+    assert len(info.value.attempts) == 1 and script.results == []
+
+
+def test_probe_decides_ambiguous_outcome() -> None:
+    """A probe answering not_done allows one more send; done returns the probe's response."""
+    answers = iter([ProbeAnswer.NOT_DONE, ProbeAnswer.DONE])
+    policy = EndpointPolicy(idempotent=False, on_ambiguous=lambda ctx: next(answers))
+    maybe: AttemptResult[str] = AttemptResult(error=TimeoutError(), delivery=Delivery.MAYBE_APPLIED, error_kind="read_timeout")
+    resp, records = Retrier(clock=FakeClock()).run(spec(policy), Script(maybe, maybe), on_probe_done=lambda: "probed")
+    assert resp == "probed" and len(records) == 2
+
+
+def test_not_sent_failure_retried_for_post() -> None:
+    """A failure before sending (connection refused) is retried for any method."""
+    refused: AttemptResult[str] = AttemptResult(error=ConnectionRefusedError(), delivery=Delivery.NOT_SENT, error_kind="connect_error")
+    resp, _ = Retrier(clock=FakeClock()).run(spec(EndpointPolicy(idempotent=False)), Script(refused, status(200)))
+    assert resp == "resp200"
+
+
+def test_last_transport_error_is_reraised_with_attempts() -> None:
+    """When every attempt failed in transport, the caller gets the transport's own last error."""
+    refused = ConnectionRefusedError("nope")
+    fail: AttemptResult[str] = AttemptResult(error=refused, delivery=Delivery.NOT_SENT, error_kind="connect_error")
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0))
+    with pytest.raises(ConnectionRefusedError) as info:
+        Retrier(clock=FakeClock()).run(spec(policy), Script(fail, fail))
+    assert len(info.value.attempts) == 2  # type: ignore[attr-defined]
+
+
+def test_testing_mode_caps_attempts_and_skips_sleeps() -> None:
+    """resilience.testing() removes backoff sleeps and caps attempts."""
+    clock = FakeClock()
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=5))
+    with resilience.testing(attempts=2):
+        resp, records = Retrier(clock=clock).run(spec(policy, "GET"), Script(status(502), status(502), status(200)))
+    assert resp == "resp502" and len(records) == 2 and clock.sleeps == []
+
+
+def test_outer_deadline_caps_call() -> None:
+    """A Deadline in context caps the call's own deadline."""
+    clock = FakeClock()
+    policy = EndpointPolicy(deadline_s=60, attempt_timeout_s=10)
+    script = Script(status(200))
+    with resilience.Deadline(3, clock=clock):
+        Retrier(clock=clock).run(spec(policy, "GET"), script)
+    assert script.timeouts[0] == (pytest.approx(3), pytest.approx(3))

@@ -1,0 +1,122 @@
+"""A small scripted HTTP server on 127.0.0.1 for slow answers and dropped connections.
+
+Each request pops the next action of the script (the last one repeats):
+``Reply(status, body, headers)``, ``Hang(seconds)`` (read the request, answer
+nothing for ``seconds`` then close), ``Drop()`` (read the request, close the
+socket without an answer), ``Reset()`` (close with RST).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int = 200
+    body: bytes = b"ok"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hang:
+    seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class Drop:
+    pass
+
+
+@dataclass(frozen=True)
+class Reset:
+    pass
+
+
+Action = Reply | Hang | Drop | Reset
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class ScriptedServer:
+    """A threaded loopback server that plays a script of actions."""
+
+    def __init__(self, script: Sequence[Action], port: int = 0) -> None:
+        self.script = list(script)
+        self.seen: list[Seen] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with owner._lock:
+                    owner.seen.append(Seen(self.command, self.path, dict(self.headers), body))
+                    action = owner.script.pop(0) if len(owner.script) > 1 else owner.script[0]
+                if isinstance(action, Reply):
+                    self.send_response(action.status)
+                    for k, v in action.headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(action.body)))
+                    self.end_headers()
+                    self.wfile.write(action.body)
+                elif isinstance(action, Hang):
+                    owner._stop.wait(action.seconds)
+                    self.close_connection = True
+                elif isinstance(action, Reset):
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                else:
+                    self.close_connection = True
+
+            do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def start(self) -> ScriptedServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(timeout=5)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.seen)
+
+
+@contextmanager
+def scripted(*script: Action, port: int = 0) -> Iterator[ScriptedServer]:
+    """Run a ``ScriptedServer`` for the block and always stop it."""
+    server = ScriptedServer(script, port=port).start()
+    try:
+        yield server
+    finally:
+        server.stop()
