@@ -228,7 +228,7 @@ ALERT_GROUPS: tuple[AlertGroup, ...] = (
                 summary="Sustained 502s on {{ $labels.endpoint }}",
                 description=(
                     "{{ $labels.endpoint }} attempts on {{ $labels.job }} get 502 Bad Gateway at "
-                    "{{ printf \"%.3f\" $value }}/s (over 0.01/s for 10m). Retries absorb isolated 502s; a sustained "
+                    '{{ printf "%.3f" $value }}/s (over 0.01/s for 10m). Retries absorb isolated 502s; a sustained '
                     "rate means the engines' HTTP front end keeps failing to hand requests to the scheduler "
                     "(e.g. during memory offload/onload) and retries may soon run out."
                 ),
@@ -320,6 +320,11 @@ def _legend() -> common_builders.VizLegendOptions:
 
 def _tooltip() -> common_builders.VizTooltipOptions:
     return common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING)
+
+
+def _last_value() -> common_builders.ReduceDataOptions:
+    """Stat and bar-gauge panels show each series' last value (not a mean over the range)."""
+    return common_builders.ReduceDataOptions().values(False).calcs(["lastNotNull"])
 
 
 class _Ids:
@@ -427,6 +432,7 @@ def build_dashboard() -> dashboard_models.Dashboard:
         .span(4)
         .color_mode(common.BigValueColorMode.BACKGROUND)
         .graph_mode(common.BigValueGraphMode.NONE)
+        .reduce_options(_last_value())
         .thresholds(_thresholds((None, "red"), (1, "orange"), (2, "green")))
     )
     builder = builder.with_panel(
@@ -442,6 +448,7 @@ def build_dashboard() -> dashboard_models.Dashboard:
         .span(4)
         .color_mode(common.BigValueColorMode.NONE)
         .graph_mode(common.BigValueGraphMode.NONE)
+        .reduce_options(_last_value())
     )
     builder = builder.with_panel(
         bargauge.Panel()
@@ -456,6 +463,7 @@ def build_dashboard() -> dashboard_models.Dashboard:
         .height(6)
         .span(4)
         .orientation(common.VizOrientation.HORIZONTAL)
+        .reduce_options(_last_value())
         .thresholds(_thresholds((None, "orange")))
     )
     burn_targets = [
@@ -750,7 +758,10 @@ def _check(path: Path, expected: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: write (default) or ``--check`` the dashboard and rules; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python grafana/generate.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python grafana/generate.py",
+        description="Generate (or --check) the controlplane-resilience Grafana dashboard and Prometheus alert rules.",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_DASHBOARD_DIR, help="dashboard folder (%(default)s)")
     parser.add_argument("--rules-out", type=Path, default=DEFAULT_RULES_DIR, help="rules folder (%(default)s)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file there differs from a fresh generation")

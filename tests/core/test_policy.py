@@ -70,7 +70,7 @@ def test_toml_file_loads(tmp_path: Path) -> None:
     f = tmp_path / "p.toml"
     f.write_text(
         '[defaults]\ndeadline_s = 60\n[endpoints."POST /pause_generation"]\nidempotent = true\n'
-        'retry = { max_attempts = 5, statuses = [502, 503], base_s = 0.5 }\n'
+        "retry = { max_attempts = 5, statuses = [502, 503], base_s = 0.5 }\n"
     )
     match = PolicyTable.load(str(f)).match("POST", "/pause_generation")
     assert match.policy.deadline_s == 60

@@ -57,11 +57,7 @@ def exposed_series_names() -> frozenset[str]:
 
 
 # PromQL (Prometheus 2.42) words that are not metric names.
-AGGREGATORS: Final = frozenset(
-    (
-        "sum min max avg group stddev stdvar count count_values bottomk topk quantile"
-    ).split()
-)
+AGGREGATORS: Final = frozenset(("sum min max avg group stddev stdvar count count_values bottomk topk quantile").split())
 FUNCTIONS: Final = frozenset(
     (
         "abs absent absent_over_time acos acosh asin asinh atan atanh avg_over_time ceil changes clamp "
@@ -115,8 +111,8 @@ def promql_tokens(expr: str) -> tuple[set[str], set[str]]:
     """Split ``expr`` into (metric names, function names it calls).
 
     A metric name is an identifier followed by ``{``, ``[`` or standing alone
-    that is not a PromQL keyword; an identifier followed by ``(`` is a
-    function or aggregation. Label matchers, string literals, range/subquery
+    that is not a PromQL keyword; an identifier followed by ``(``, or an
+    aggregation operator (``sum by (job) (...)``), is a call. Label matchers, string literals, range/subquery
     brackets, durations, numbers and the label lists of ``by``/``without``/
     ``on``/``ignoring``/``group_left``/``group_right`` are skipped.
     """
@@ -150,7 +146,7 @@ def promql_tokens(expr: str) -> tuple[set[str], set[str]]:
                     i = _skip_group(expr, j, ")")
             elif word in KEYWORDS:
                 pass
-            elif followed_by_paren:
+            elif followed_by_paren or word in AGGREGATORS:  # `sum by (l) (...)`: the modifier may come first
                 calls.add(word)
             else:
                 metrics.add(word)

@@ -30,9 +30,7 @@ def _dashboard() -> dict[str, Any]:
 def dashboard_queries() -> list[tuple[str, str]]:
     """(panel title / refId, expr) for every query of every panel."""
     return [
-        (f"{panel['title']} / {target['refId']}", target["expr"])
-        for panel in _dashboard()["panels"]
-        for target in panel.get("targets", [])
+        (f"{panel['title']} / {target['refId']}", target["expr"]) for panel in _dashboard()["panels"] for target in panel.get("targets", [])
     ]
 
 

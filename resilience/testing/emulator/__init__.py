@@ -10,6 +10,17 @@ imports neither torch nor FastAPI; only the engine processes do.
 
     with EmulatedFleet(2, EngineConfig(health_hang_seconds=1)) as fleet:
         requests.post(fleet.urls[0] + "/pause_generation", json={"mode": "abort"})
+        calls = fleet.engines[0].record()["calls"]
+
+Debug routes (not SGLang's): ``GET /_emulator/state`` answers ``{"pid", "version",
+"paused", "pause_mode", "scheduler_paused", "weight_version",
+"weight_update_session_open", "in_flight", "waiting_at_pause_gate", "running",
+"waiting", "released_tags", "allocated_bytes": {tag: bytes}, "counts": {"completed",
+"aborted", "retracted", "prefilled"}}``. ``GET /_emulator/record`` answers
+``{"calls": [...], "state": {...}}``; each call (every route but ``/generate`` and
+``/_emulator/*``, in arrival order) is ``{"seq", "method", "path", "query", "body"
+(parsed JSON, raw text, or None), "status" (None until answered), "received_ns",
+"answered_ns"}`` with ``time.monotonic_ns()`` stamps, comparable across processes.
 """
 
 from __future__ import annotations

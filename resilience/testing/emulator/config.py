@@ -56,8 +56,9 @@ class EngineConfig:
     abort_poll_seconds: float = 1.0
     """How often ``pause_generation(mode="abort")`` re-sends abort-all while requests are in flight (SGLang: 1)."""
 
-    tick_seconds: float = 0.005
-    """How long the idle scheduler loop waits for a message before looking again."""
+    tick_seconds: float = 0.02
+    """How long the idle scheduler waits for a message before looking again (messages wake it at once;
+    this bounds how late a ``flush_cache?timeout=`` deadline is noticed)."""
 
     model_path: str = "emulated/sglang-model"
     """Reported as ``model_path`` by ``/model_info`` and ``/server_info``."""
@@ -95,14 +96,10 @@ class EngineConfig:
                 raise ValueError(f"`{name}` must be an integer >= 1, but was {value!r}")
         if self.max_req_slots < self.max_running_requests:
             raise ValueError(
-                "`max_req_slots` must be >= `max_running_requests` "
-                f"({self.max_running_requests}), but was {self.max_req_slots}"
+                f"`max_req_slots` must be >= `max_running_requests` ({self.max_running_requests}), but was {self.max_req_slots}"
             )
         if self.kv_pool_tokens < self.context_length:
-            raise ValueError(
-                f"`kv_pool_tokens` must be >= `context_length` ({self.context_length}), "
-                f"but was {self.kv_pool_tokens}"
-            )
+            raise ValueError(f"`kv_pool_tokens` must be >= `context_length` ({self.context_length}), but was {self.kv_pool_tokens}")
         if not self.model_path:
             raise ValueError("`model_path` must be a non-empty string, but was ''")
         if self.served_model_name == "":

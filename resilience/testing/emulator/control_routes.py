@@ -104,12 +104,9 @@ def control_router(engine: Engine) -> APIRouter:
         if not front.weight_update_session_open:
             return _result(
                 False,
-                "update_weights_from_tensor must be called inside a weight update session "
-                "(/begin_weight_update ... /end_weight_update).",
+                "update_weights_from_tensor must be called inside a weight update session (/begin_weight_update ... /end_weight_update).",
             )
-        message = await front.load_weights(
-            flush_cache=obj.flush_cache, abort_all=obj.abort_all_requests, weight_version=obj.weight_version
-        )
+        message = await front.load_weights(flush_cache=obj.flush_cache, abort_all=obj.abort_all_requests, weight_version=obj.weight_version)
         return _result(True, message)
 
     @router.post("/update_weights_from_distributed")
@@ -122,16 +119,12 @@ def control_router(engine: Engine) -> APIRouter:
                 f"Failed to update parameter online: process group {obj.group_name!r} is not initialized; "
                 "call /init_weights_update_group first.",
             )
-        message = await front.load_weights(
-            flush_cache=obj.flush_cache, abort_all=obj.abort_all_requests, weight_version=obj.weight_version
-        )
+        message = await front.load_weights(flush_cache=obj.flush_cache, abort_all=obj.abort_all_requests, weight_version=obj.weight_version)
         return _result(True, message)
 
     @router.post("/update_weights_from_disk")
     async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput) -> Response:
-        await front.load_weights(
-            flush_cache=obj.flush_cache, abort_all=obj.abort_all_requests, weight_version=obj.weight_version
-        )
+        await front.load_weights(flush_cache=obj.flush_cache, abort_all=obj.abort_all_requests, weight_version=obj.weight_version)
         message = "Succeeded to update model weights."
         if obj.weight_version is not None:
             message += f" Weight version updated to {obj.weight_version}."

@@ -47,6 +47,7 @@ class Engine:
             **front,
             "scheduler_paused": sched["scheduler_paused"],
             "released_tags": sched["released_tags"],
+            "allocated_bytes": sched["allocated_bytes"],
             "running": sched["running"],
             "waiting": sched["waiting"],
             "counts": sched["counts"],

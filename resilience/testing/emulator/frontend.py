@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,6 +39,7 @@ from .text import decode_tokens, encode_text
 
 __all__ = ["Disconnected", "Frontend", "NewRequest"]
 
+IsDisconnected = Callable[[], Awaitable[bool]]
 _DISCONNECT_CHECK_SECONDS = 4.0  # SGLang's _wait_one_response checks the client every 4 s
 _MAX_ABORT_ROUNDS = 100_000
 
@@ -134,7 +135,7 @@ class Frontend:
         return await asyncio.wrap_future(message.reply)
 
     # ----- generation ---------------------------------------------------------------
-    async def generate(self, request: NewRequest, is_disconnected: Any = None) -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(self, request: NewRequest, is_disconnected: IsDisconnected | None = None) -> AsyncGenerator[dict[str, Any], None]:
         """Yield the request's outputs (one, or one per token when streaming) once it passed the pause gate.
 
         ``is_disconnected`` is an async callable; a non-streaming request whose client
@@ -150,9 +151,7 @@ class Frontend:
             raise ValueError(f"Duplicate request ID: {request.rid}")
         state = _ReqState(request, time.monotonic())
         self.rid_states[request.rid] = state
-        self._scheduler.submit(
-            AddRequest(Req(request.rid, list(request.input_ids), request.max_new_tokens, request.stream))
-        )
+        self._scheduler.submit(AddRequest(Req(request.rid, list(request.input_ids), request.max_new_tokens, request.stream)))
         try:
             for _ in itertools.count():
                 out = await self._next_output(state, is_disconnected)
@@ -164,22 +163,19 @@ class Frontend:
             if not state.finished:
                 self.abort_request(request.rid, abort_all=False)
 
-    async def _next_output(self, state: _ReqState, is_disconnected: Any) -> dict[str, Any]:
+    async def _next_output(self, state: _ReqState, is_disconnected: IsDisconnected | None) -> dict[str, Any]:
         for _ in itertools.count():
             try:
                 return await asyncio.wait_for(state.outputs.get(), timeout=_DISCONNECT_CHECK_SECONDS)
             except TimeoutError:
                 if is_disconnected is not None and await is_disconnected():
-                    crash.log_line(
-                        f"Request is disconnected from the client side (type 1). Abort request rid={state.request.rid}"
-                    )
-                    raise Disconnected(
-                        f"Request is disconnected from the client side. Abort request rid={state.request.rid}"
-                    ) from None
+                    crash.log_line(f"Request is disconnected from the client side (type 1). Abort request rid={state.request.rid}")
+                    raise Disconnected(f"Request is disconnected from the client side. Abort request rid={state.request.rid}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def new_request(self, input_ids: list[int] | None, text: str | None, sampling: dict[str, Any],
-                    rid: str | None, stream: bool) -> NewRequest:
+    def new_request(
+        self, input_ids: list[int] | None, text: str | None, sampling: dict[str, Any], rid: str | None, stream: bool
+    ) -> NewRequest:
         """Validate one request like SGLang's tokenizer manager (ValueError becomes a 400)."""
         ids = list(input_ids) if input_ids is not None else encode_text(text or "")
         if not ids:  # only an explicit empty input_ids
@@ -285,8 +281,7 @@ class Frontend:
         finally:
             task.cancel()
         crash.log_line(
-            "Health check failed. Server couldn't get a response from detokenizer for last "
-            f"{self._config.health_hang_seconds} seconds."
+            f"Health check failed. Server couldn't get a response from detokenizer for last {self._config.health_hang_seconds} seconds."
         )
         return False
 

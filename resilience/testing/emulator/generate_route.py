@@ -64,8 +64,7 @@ def normalize(front: Frontend, obj: GenerateReqInput) -> tuple[bool, list[NewReq
     else:
         rids = [obj.rid] * n
     requests = [
-        front.new_request(ids, text, sampling, rid, obj.stream)
-        for (ids, text), sampling, rid in zip(prompts, samplings, rids, strict=True)
+        front.new_request(ids, text, sampling, rid, obj.stream) for (ids, text), sampling, rid in zip(prompts, samplings, rids, strict=True)
     ]
     return is_batch, requests
 

@@ -54,8 +54,7 @@ def info_router(engine: Engine) -> APIRouter:
     async def weight_version_gone() -> Response:
         raise HTTPException(
             status_code=404,
-            detail="Endpoint '/get_weight_version' or '/weight_version' is deprecated. "
-            "Please use '/model_info' instead.",
+            detail="Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead.",
         )
 
     @router.get("/server_info")

@@ -55,6 +55,10 @@ class MemoryPools:
         """Tags whose memory is released now, in SGLang's tag order."""
         return [tag for tag in ALL_TAGS if tag in self._paused]
 
+    def allocated_bytes(self) -> dict[str, int]:
+        """Bytes each tag's storage holds right now (0 while released): proof the memory is really freed."""
+        return {tag: sum(t.untyped_storage().nbytes() for t in self._regions[tag]) for tag in ALL_TAGS}
+
     def nbytes(self, tag: str) -> int:
         """Bytes the tag occupies when active (static, like SGLang's ``memory_usage``)."""
         return sum(self._nbytes[tag])

@@ -91,6 +91,7 @@ class Scheduler:
             "running": len(self.running),
             "waiting": len(self.waiting),
             "released_tags": self._pools.released_tags,
+            "allocated_bytes": self._pools.allocated_bytes(),
             "counts": {k: self.counts[k] for k in ("completed", "aborted", "retracted", "prefilled")},
         }
 
@@ -198,8 +199,7 @@ class Scheduler:
     def _flush_cache(self) -> bool:
         if not self._is_fully_idle():
             crash.log_line(
-                "Cache not flushed because there are pending requests. "
-                f"#queue-req: {len(self.waiting)}, #running-req: {len(self.running)}"
+                f"Cache not flushed because there are pending requests. #queue-req: {len(self.waiting)}, #running-req: {len(self.running)}"
             )
             return False
         self._alloc.reset()

@@ -25,10 +25,10 @@ READY_PREFIX = "EMULATOR READY "
 """Start of the line printed on stdout when the engine serves; the URL follows."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line of one engine: ``--host``, ``--port``, ``--log-level`` and one flag per EngineConfig field."""
     parser = argparse.ArgumentParser(
-        prog="python -m resilience.testing.emulator",
+        prog=prog or "python -m resilience.testing.emulator",
         description="Run one emulated SGLang engine (control plane and crash semantics) on the CPU.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -79,12 +79,14 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     """Run one engine until SIGINT/SIGTERM (or until it dies like SGLang). Returns the exit status.
 
-    Errors in the arguments or the bind print one line on stderr and return 2 or 1.
+    ``prog`` names the command in usage lines (e.g. ``"cpr emulate"``). Errors in the
+    arguments or the bind print one line on stderr and return 2 or 1. Call it from
+    the main thread: uvicorn installs the signal handlers.
     """
-    parser = build_parser()
+    parser = build_parser(prog)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage and the error line

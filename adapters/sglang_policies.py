@@ -1,0 +1,79 @@
+"""``SGLANG_POLICIES``: what each SGLang control endpoint tolerates.
+
+- pause, continue, flush, abort, update_weight_version and every GET are
+  idempotent: retried on 502/503/504, connection errors and read timeouts.
+- release and resume are not idempotent: a re-sent release that had been done
+  kills an engine that uses the memory saver ("Cannot pause allocation that
+  is not active"), a re-sent resume of an active tag kills it too (KeyError).
+  They are retried on 502/503/504 and on failures before sending, never after
+  a read timeout or a connection dropped after sending (``AmbiguousOutcome``,
+  unless the endpoint policy carries a probe). Retrying gateway statuses is
+  the explicit trade-off of the second seed's evidence: those 502s came from
+  a front end that had not handed the request on. A front end that answers
+  502 *after* handing it on defeats this; then set
+  ``retry_statuses_if_not_idempotent=False`` for these two endpoints.
+- the weight-update calls follow the seed's working ``_make_request``
+  (3 attempts on 502/503/504), are not re-sent after sending, and get long
+  timeouts.
+- ``/generate`` is never re-sent once it may have reached the engine.
+"""
+
+from __future__ import annotations
+
+from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
+
+__all__ = ["SGLANG_POLICIES", "sglang_policies"]
+
+_CONTROL_RETRY = RetryPolicy(max_attempts=6, base_s=0.5, cap_s=4.0)
+_SWAP_RETRY = RetryPolicy(max_attempts=6, base_s=0.5, cap_s=4.0)
+_READ_RETRY = RetryPolicy(max_attempts=3, base_s=0.2, cap_s=1.0)
+_NO_STATUS_RETRY = RetryPolicy(max_attempts=3, base_s=0.2, cap_s=1.0, statuses=frozenset())
+
+_PAUSE = EndpointPolicy(retry=_CONTROL_RETRY, idempotent=True, attempt_timeout_s=60, deadline_s=180)
+_CONTROL = EndpointPolicy(retry=_CONTROL_RETRY, idempotent=True, attempt_timeout_s=30, deadline_s=120)
+_FLUSH = EndpointPolicy(retry=_CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=180)
+_SWAP = EndpointPolicy(retry=_SWAP_RETRY, idempotent=False, retry_statuses_if_not_idempotent=True, attempt_timeout_s=120, deadline_s=300)
+_WEIGHTS = EndpointPolicy(
+    retry=RetryPolicy(max_attempts=3, base_s=0.5, cap_s=2.0),
+    idempotent=False,
+    retry_statuses_if_not_idempotent=True,
+    attempt_timeout_s=600,
+    deadline_s=900,
+)
+_READ = EndpointPolicy(retry=_READ_RETRY, idempotent=True, attempt_timeout_s=10, deadline_s=30)
+_HEALTH = EndpointPolicy(retry=_READ_RETRY, idempotent=True, attempt_timeout_s=25, deadline_s=30)
+_GENERATE = EndpointPolicy(retry=_NO_STATUS_RETRY, idempotent=False, attempt_timeout_s=None, deadline_s=None)
+
+
+def sglang_policies() -> PolicyTable:
+    """A fresh copy of the SGLang policy table (it is immutable; this is for symmetry with ``with_entries``)."""
+    return PolicyTable(
+        {
+            "POST /pause_generation": _PAUSE,
+            "POST /continue_generation": _CONTROL,
+            "GET|POST /flush_cache": _FLUSH,
+            "POST /abort_request": _CONTROL,
+            "POST /update_weight_version": _CONTROL,
+            "GET|POST /release_memory_occupation": _SWAP,
+            "GET|POST /resume_memory_occupation": _SWAP,
+            "POST /begin_weight_update": _WEIGHTS,
+            "POST /end_weight_update": _WEIGHTS,
+            "POST /update_weights_from_tensor": _WEIGHTS,
+            "POST /update_weights_from_distributed": _WEIGHTS,
+            "POST /update_weights_from_disk": _WEIGHTS,
+            "POST /init_weights_update_group": _WEIGHTS,
+            "GET /health": _HEALTH,
+            "GET /health_generate": _HEALTH,
+            "GET /ready": _READ,
+            "GET /server_info": _READ,
+            "GET /get_server_info": _READ,
+            "GET /model_info": _READ,
+            "GET /v1/loads": _READ,
+            "GET /v1/models": _READ,
+            "POST /generate": _GENERATE,
+        }
+    )
+
+
+SGLANG_POLICIES: PolicyTable = sglang_policies()
+"""The default table ``SGLangClient`` and ``mount_sglang`` use."""

@@ -1,0 +1,116 @@
+"""Typed results and errors of ``SGLangClient``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+__all__ = [
+    "ControlResult",
+    "FlushResult",
+    "GenerateResult",
+    "Health",
+    "ModelInfo",
+    "SGLangError",
+    "SGLangProtocolError",
+    "WeightUpdateResult",
+    "excerpt",
+]
+
+EXCERPT_CHARS = 200
+"""How much of a body an error message shows."""
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """A one-line, bounded excerpt of a response body."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class SGLangError(requests.exceptions.RequestException):
+    """An SGLang endpoint answered with an error. Names the engine, endpoint, status and a body excerpt."""
+
+    def __init__(self, engine: str, endpoint: str, status: int | None, body: str, *, detail: str = "", **kwargs: Any) -> None:
+        self.engine = engine
+        self.endpoint = endpoint
+        self.status = status
+        self.body_excerpt = excerpt(body)
+        what = f"HTTP {status}" + (f": {detail}" if detail else "") if status is not None else detail or "no response"
+        super().__init__(f"{engine} {endpoint}: {what}; body: {self.body_excerpt!r}", **kwargs)
+
+
+class SGLangProtocolError(SGLangError):
+    """An SGLang endpoint answered 2xx with a body that is not what the API promises."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControlResult:
+    """The answer of a control call (pause, continue, begin/end weight update, abort, release, resume)."""
+
+    engine: str
+    endpoint: str
+    message: str = ""
+    attempts: int = 1
+    """Attempts the call took (retries absorbed = attempts - 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """``flush_cache`` finished: how many times it asked and what SGLang said last."""
+
+    engine: str
+    message: str
+    polls: int
+
+
+@dataclass(frozen=True, slots=True)
+class WeightUpdateResult:
+    """A weight-update endpoint's ``{"success": ..., "message": ...}``."""
+
+    engine: str
+    endpoint: str
+    success: bool
+    message: str
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """One health check: healthy, or why not, and how long it took."""
+
+    engine: str
+    healthy: bool
+    status: int | None
+    latency_s: float
+    paused_by_us: bool = False
+    """True when this client paused the engine: /health would hang ~20 s and 503, so it was not asked."""
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """``/model_info``: the model and its current weight version."""
+
+    engine: str
+    model_path: str
+    weight_version: str | None
+    served_model_name: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """A ``/generate`` answer; ``aborted`` when SGLang answered 200 with finish_reason abort."""
+
+    text: str
+    output_ids: tuple[int, ...]
+    finish_reason: str | None
+    meta_info: Mapping[str, Any]
+
+    @property
+    def aborted(self) -> bool:
+        """True when the request was aborted (by a pause in abort mode, or abort_request)."""
+        return self.finish_reason == "abort"

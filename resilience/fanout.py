@@ -1,0 +1,138 @@
+"""Fan-outs: send one phase's call to many engines at once and wait for all of them.
+
+``ThreadFanOut`` (default) runs each engine's call on a bounded thread pool
+with the caller's context copied, so the phase Deadline caps every HTTP call
+made inside it. ``SequentialFanOut`` runs them one after another (a baseline
+for benchmarks). ``resilience.adapters.ray.RayFanOut`` does the same with Ray
+actors and ObjectRefs.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from resilience.deadline import Deadline
+
+__all__ = ["Calls", "EngineDied", "EngineResult", "FanOut", "PhaseTimeout", "SequentialFanOut", "ThreadFanOut", "engine_name"]
+
+
+class EngineDied(ConnectionError):
+    """The engine (or the actor holding it) is gone: it will not answer again."""
+
+
+class PhaseTimeout(TimeoutError):
+    """An engine did not acknowledge a phase before the phase deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineResult:
+    """One engine's answer to one phase call."""
+
+    engine: str
+    value: Any = None
+    error: BaseException | None = None
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when the call returned without error."""
+        return self.error is None
+
+
+def engine_name(engine: Any) -> str:
+    """The name an engine is known by: its ``engine`` attribute (``scheme://host:port``), else ``name``, else repr."""
+    for attr in ("engine", "name"):
+        value = getattr(engine, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return repr(engine)
+
+
+Calls = Sequence[tuple[Any, Mapping[str, Any]]]
+"""(engine, keyword arguments) pairs: one call each."""
+
+
+class FanOut(Protocol):
+    """Calls ``method(**kwargs)`` on every engine at once and waits until all answered or the deadline passed."""
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        """One result per (engine, kwargs) pair, in the order given."""
+        ...
+
+
+def _invoke(engine: Any, method: str, kwargs: Mapping[str, Any], seconds: float | None) -> EngineResult:
+    name = engine_name(engine)
+    t0 = time.monotonic()
+    try:
+        with Deadline(seconds):
+            value = getattr(engine, method)(**kwargs)
+    except Exception as exc:
+        return EngineResult(name, error=exc, duration_s=time.monotonic() - t0)
+    return EngineResult(name, value=value, duration_s=time.monotonic() - t0)
+
+
+class ThreadFanOut:
+    """A bounded thread pool fan-out.
+
+    ``max_workers``: threads at most (default 256: one per engine for fleets
+    up to that size, so a phase takes the slowest engine's time, not a sum).
+    Threads are created on demand and reused across phases.
+    """
+
+    def __init__(self, max_workers: int = 256) -> None:
+        if max_workers < 1:
+            raise ValueError(f"ThreadFanOut max_workers must be >= 1, but was {max_workers}")
+        self.max_workers = max_workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="cpr-fanout")
+            return self._pool
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        """Run the call on every engine concurrently; engines past the deadline get ``PhaseTimeout``."""
+        if not calls:
+            return []
+        pool = self._executor()
+        seconds = deadline.remaining() if deadline.bounded else None
+        futures: list[Future[EngineResult]] = [
+            pool.submit(contextvars.copy_context().run, _invoke, engine, method, kwargs, seconds) for engine, kwargs in calls
+        ]
+        wait(futures, timeout=seconds)
+        results = []
+        for (engine, _kwargs), future in zip(calls, futures, strict=True):
+            if future.done():
+                results.append(future.result())
+            else:
+                results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no answer to {method} before the phase deadline")))
+        return results
+
+    def close(self) -> None:
+        """Stop the pool's threads (running calls finish on their own deadline)."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+
+
+class SequentialFanOut:
+    """One engine after another: the baseline a barrier's fan-out is compared with."""
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        """Run the call on each engine in turn, each capped by what is left of the deadline."""
+        results = []
+        for engine, kwargs in calls:
+            if deadline.expired():
+                results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no time left for {method}")))
+                continue
+            results.append(_invoke(engine, method, kwargs, deadline.remaining() if deadline.bounded else None))
+        return results
