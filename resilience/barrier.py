@@ -30,7 +30,7 @@ import requests
 from resilience.budget import RestartBudget
 from resilience.deadline import Deadline
 from resilience.engine_state import EngineState, EngineTracker
-from resilience.errors import AmbiguousOutcome, CircuitOpen
+from resilience.errors import AmbiguousOutcome
 from resilience.events import (
     EngineStateChanged,
     HoldChanged,
@@ -171,11 +171,12 @@ def _short(err: BaseException, limit: int = 240) -> str:
 
 
 def is_engine_dead(error: BaseException) -> bool:
-    """True when the error says the engine is gone: its actor died, or every attempt was refused before sending."""
+    """True when the error says the engine is gone: its actor died, or every attempt of the call was refused before sending.
+
+    A ``CircuitOpen`` counts only when the call's own attempts were all refused (the breaker opened on them).
+    """
     if isinstance(error, EngineDied):
         return True
-    if isinstance(error, CircuitOpen):
-        return False
     attempts: tuple[AttemptRecord, ...] = getattr(error, "attempts", None) or ()
     if isinstance(error, (ConnectionError, requests.ConnectionError)):
         return bool(attempts) and all(a.delivery is Delivery.NOT_SENT for a in attempts)
@@ -506,7 +507,7 @@ class Orchestrator:
             if self._trackers[n].state is EngineState.SERVING:
                 self._move(n, EngineState.PAUSED)  # a failed pause may still have paused it
         cont_failed = self._phase(tx, "rollback", "continue_generation", [(n, {}) for n in candidates], EngineState.SERVING)
-        rolled = [n for n in candidates if n not in cont_failed and n not in failed]
+        rolled = [n for n in candidates if n not in cont_failed]
         left = {
             n: self._why_left(n)
             for n in touched

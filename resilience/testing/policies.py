@@ -22,9 +22,12 @@ def fast_policies(
     What is retried and what is never re-sent stays exactly as in ``table``:
     only the waiting changes, so a test of the decisions runs in milliseconds.
     """
-    overrides = {k: v for k, v in (("attempt_timeout_s", attempt_timeout_s), ("deadline_s", deadline_s)) if v is not None}
     entries = {}
     for key, policy in table.entries.items():
-        retry = replace(policy.retry, base_s=min(base_s, cap_s), cap_s=cap_s)
-        entries[key] = replace(policy, retry=retry, **overrides)
+        changed = replace(policy, retry=replace(policy.retry, base_s=min(base_s, cap_s), cap_s=cap_s))
+        if attempt_timeout_s is not None:
+            changed = replace(changed, attempt_timeout_s=attempt_timeout_s)
+        if deadline_s is not None:
+            changed = replace(changed, deadline_s=deadline_s)
+        entries[key] = changed
     return PolicyTable(entries)

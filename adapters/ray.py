@@ -1,0 +1,453 @@
+"""Ray: SGLang engines driven through Ray actors, and a ``FanOut`` over ObjectRefs.
+
+Each engine gets one ``SGLangEngineActor`` that holds an ``SGLangClient`` for
+the engine's URL, built inside the actor. Actors talk to engines by URL only,
+so the same code runs on a laptop's ``ray.init()`` and on a multi-node cluster
+(the package must be importable on every node, as for any Ray code; pass
+``actor_options={"scheduling_strategy": ...}`` to place an actor next to its
+engine). The driver side sees ``RayEngine`` handles, which the ``Orchestrator``
+accepts like clients:
+
+    engines = ray_engines(["http://10.0.0.5:30000", "http://10.0.0.6:30000"])
+    orch = Orchestrator(EngineGroup(engines), fanout=RayFanOut())
+    orch.offload()   # pause all -> barrier -> flush all -> barrier -> release all -> barrier
+
+``RayFanOut`` submits a phase to every actor at once, waits for all the
+ObjectRefs with the phase deadline, and turns Ray's errors into the ones the
+barrier understands: a dead actor is ``EngineDied`` naming the engine, an
+error raised inside the actor is the original error (``SGLangError``,
+``AmbiguousOutcome``, a ``requests`` ``ConnectionError`` with ``.attempts``),
+and an actor that has not answered by the deadline is ``PhaseTimeout``.
+The phase deadline travels with every call as seconds left (no clock is
+shared between machines) and caps every HTTP call made inside the actor.
+
+This is the only module of the package that imports ``ray``.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import inspect
+import pickle
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from resilience.adapters.requests import engine_of
+from resilience.adapters.sglang import SGLangClient
+from resilience.adapters.sglang_types import ControlResult, FlushResult, Health, ModelInfo
+from resilience.deadline import Deadline, current_deadline
+from resilience.fanout import Calls, EngineDied, EngineResult, PhaseTimeout, engine_name
+
+__all__ = [
+    "DEFAULT_ACTOR_OPTIONS",
+    "DEFAULT_READY_TIMEOUT_S",
+    "RayEngine",
+    "RayFanOut",
+    "SGLangEngineActor",
+    "TimedValue",
+    "ray_engines",
+]
+
+DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
+"""Options every engine actor is created with unless ``actor_options`` overrides them.
+
+``num_cpus=0``: an actor only waits on HTTP, so it reserves no CPU and many fit
+on a small machine (Ray still starts one worker process per actor).
+``max_concurrency=4``: calls one actor runs at once, so a ``health()`` or a
+rollback is not queued behind a control call still waiting on a slow engine.
+``max_restarts=0``: a dead actor stays dead and is reported as ``EngineDied``;
+a silently restarted actor would hold a fresh client that does not know what
+the engine had released.
+"""
+
+DEFAULT_READY_TIMEOUT_S = 120.0
+"""Seconds ``ray_engines`` waits for every actor to start and build its client."""
+
+_ACTOR_GONE = (ray.exceptions.RayActorError,)  # ActorDiedError and ActorUnavailableError are subclasses
+_NOT_REMOTE = frozenset({"generate_stream", "close"})  # iterators do not cross processes; the actor owns its session
+
+
+# -- errors that cross the process boundary ------------------------------------------------------
+
+
+def _rebuild_exception(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    """Rebuild an exception from its args and attributes without calling ``__init__``."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+def _reduce_exception(exc: BaseException) -> tuple[Callable[..., BaseException], tuple[Any, ...]]:
+    return _rebuild_exception, (type(exc), exc.args, dict(vars(exc)))
+
+
+def _round_trips(obj: object) -> bool:
+    try:
+        pickle.loads(pickle.dumps(obj))
+    except Exception:
+        return False
+    return True
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """Make ``exc`` survive pickling, so the driver sees the real error and not a stand-in.
+
+    Runs inside the actor's own worker process. An exception class whose
+    ``__init__`` cannot be called with its ``args`` alone (keyword-only or
+    extra required parameters) gets a reducer that restores args and
+    attributes without ``__init__``; attributes that cannot be pickled (a
+    response holding a socket) are replaced by their ``repr``.
+    """
+    if _round_trips(exc):
+        return exc
+    for cls in type(exc).__mro__:
+        if cls is BaseException or not issubclass(cls, BaseException):
+            break
+        copyreg.pickle(cls, _reduce_exception)
+    for key, value in list(vars(exc).items()):
+        if isinstance(value, BaseException):
+            value = _portable(value)
+        exc.__dict__[key] = value if _round_trips(value) else repr(value)
+    return exc
+
+
+def _unwrap(error: BaseException, engine: str) -> BaseException:
+    """The error the barrier should see for a Ray failure of ``engine``'s call."""
+    if isinstance(error, _ACTOR_GONE):
+        died = EngineDied(f"{engine}: the Ray actor holding this engine is gone ({type(error).__name__}): {_first_line(error)}")
+        died.__cause__ = error
+        return died
+    if isinstance(error, ray.exceptions.RayTaskError):
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, BaseException):
+            return cause
+        dual: Callable[[], BaseException] = getattr(error, "as_instanceof_cause")  # noqa: B009 (ray is untyped)
+        try:
+            return dual()
+        except Exception:
+            return error
+    return error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+# -- the actor ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TimedValue:
+    """What ``SGLangEngineActor.timed_call`` returns: the call's value and how long it took inside the actor, seconds."""
+
+    value: Any
+    duration_s: float
+
+
+class _SGLangEngineActor:
+    """The body of ``SGLangEngineActor``: one ``SGLangClient`` and the calls the orchestrator makes on it."""
+
+    def __init__(self, base_url: str, client_kwargs: Mapping[str, Any] | None = None) -> None:
+        self._client = SGLangClient(base_url, **dict(client_kwargs or {}))
+
+    def engine(self) -> str:
+        """The engine's name (``scheme://host:port``); answers as soon as the actor is up."""
+        return self._client.engine
+
+    def call(self, method: str, kwargs: Mapping[str, Any] | None = None, deadline_s: float | None = None) -> Any:
+        """``client.<method>(**kwargs)`` inside ``with Deadline(deadline_s):`` (None = no phase deadline)."""
+        fn = self._method(method)
+        try:
+            with Deadline(deadline_s):
+                value = fn(**dict(kwargs or {}))
+        except Exception as exc:
+            raise _portable(exc) from None
+        if inspect.isgenerator(value):
+            raise TypeError(f"SGLangClient.{method} returns an iterator, which cannot leave the actor")
+        return value
+
+    def timed_call(self, method: str, kwargs: Mapping[str, Any] | None = None, deadline_s: float | None = None) -> TimedValue:
+        """``call`` plus the time it took inside the actor (what ``RayFanOut`` reports per engine)."""
+        t0 = time.monotonic()
+        value = self.call(method, kwargs, deadline_s)
+        return TimedValue(value, time.monotonic() - t0)
+
+    def pause_generation(self, mode: str = "abort") -> ControlResult:
+        """``SGLangClient.pause_generation``."""
+        result: ControlResult = self.call("pause_generation", {"mode": mode})
+        return result
+
+    def flush_cache(self, deadline_s: float | None = None) -> FlushResult:
+        """``SGLangClient.flush_cache``."""
+        result: FlushResult = self.call("flush_cache", {"deadline_s": deadline_s})
+        return result
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """``SGLangClient.release_memory_occupation``."""
+        result: ControlResult = self.call("release_memory_occupation", {"tags": tags})
+        return result
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """``SGLangClient.resume_memory_occupation``."""
+        result: ControlResult = self.call("resume_memory_occupation", {"tags": tags})
+        return result
+
+    def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
+        """``SGLangClient.continue_generation``."""
+        result: ControlResult = self.call("continue_generation", {"torch_empty_cache": torch_empty_cache})
+        return result
+
+    def health(self) -> Health:
+        """``SGLangClient.health`` (reports ``paused_by_us`` at once for an engine this actor paused)."""
+        result: Health = self.call("health")
+        return result
+
+    def model_info(self) -> ModelInfo:
+        """``SGLangClient.model_info``."""
+        result: ModelInfo = self.call("model_info")
+        return result
+
+    def _method(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_") or method in _NOT_REMOTE:
+            raise AttributeError(f"{method!r} is not a control method an engine actor runs")
+        fn = getattr(self._client, method, None)
+        if not callable(fn):
+            raise AttributeError(f"SGLangClient has no method {method!r}")
+        return fn  # type: ignore[no-any-return]
+
+
+SGLangEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_SGLangEngineActor)
+"""The Ray actor class: ``SGLangEngineActor.options(...).remote(base_url, client_kwargs)``.
+
+Holds ``SGLangClient(base_url, **client_kwargs)`` built inside the actor, and
+exposes ``pause_generation``, ``flush_cache``, ``release_memory_occupation``,
+``resume_memory_occupation``, ``continue_generation``, ``health``,
+``model_info``, ``engine``, and ``call(method, kwargs, deadline_s)`` /
+``timed_call(...)`` for any other public client method. Created with
+``DEFAULT_ACTOR_OPTIONS``. Errors raised inside reach the driver as
+``RayTaskError`` around the original error; ``RayFanOut`` and ``RayEngine``
+unwrap them.
+"""
+
+
+# -- the driver-side handle -----------------------------------------------------------------------
+
+
+def _seconds_left() -> float | None:
+    deadline = current_deadline()
+    return deadline.remaining() if deadline is not None and deadline.bounded else None
+
+
+def _cancel(ref: Any) -> None:
+    try:
+        ray.cancel(ref)
+    except Exception:  # best effort: a finished or already dead task cannot be cancelled
+        pass
+
+
+class RayEngine:
+    """A driver-side handle of one engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
+
+    ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the
+    ``ActorHandle`` of its ``SGLangEngineActor``. ``base_url``: the URL the
+    actor's client talks to. Every method runs the client method of the same
+    name in the actor and waits for it: the Deadline in force in the caller's
+    context (a phase's, or your own ``with Deadline(5):``) travels as seconds
+    left and caps the call inside the actor and the wait here. Errors are the
+    client's own (unwrapped from Ray's); a dead actor raises ``EngineDied``
+    and no answer before the deadline raises ``PhaseTimeout``. Other public
+    ``SGLangClient`` methods (``begin_weight_update``, ``generate``, ...) are
+    forwarded the same way.
+    """
+
+    def __init__(self, actor: Any, engine: str, base_url: str | None = None) -> None:
+        self.actor = actor
+        self.engine = engine
+        self.base_url = base_url or engine
+
+    def __repr__(self) -> str:
+        return f"RayEngine({self.engine!r})"
+
+    def call(self, method: str, /, **kwargs: Any) -> Any:
+        """Run ``SGLangClient.<method>(**kwargs)`` in the actor and return its value."""
+        seconds = _seconds_left()
+        ref = self.actor.call.remote(method, kwargs, seconds)
+        try:
+            return ray.get(ref, timeout=seconds)
+        except ray.exceptions.GetTimeoutError:
+            _cancel(ref)
+            raise PhaseTimeout(f"{self.engine}: no answer to {method} before the deadline") from None
+        except (ray.exceptions.RayTaskError, *_ACTOR_GONE) as exc:
+            raise _unwrap(exc, self.engine) from None
+
+    def pause_generation(self, mode: str = "abort") -> ControlResult:
+        """Pause admission (``abort``, ``retract`` or ``in_place``)."""
+        result: ControlResult = self.call("pause_generation", mode=mode)
+        return result
+
+    def flush_cache(self, deadline_s: float | None = None) -> FlushResult:
+        """Flush the radix cache, waiting up to ``deadline_s`` (None = the client's ``flush_deadline_s``) for idle."""
+        result: FlushResult = self.call("flush_cache", deadline_s=deadline_s)
+        return result
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """Release GPU memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
+        result: ControlResult = self.call("release_memory_occupation", tags=None if tags is None else list(tags))
+        return result
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """Re-occupy memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
+        result: ControlResult = self.call("resume_memory_occupation", tags=None if tags is None else list(tags))
+        return result
+
+    def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
+        """Reopen admission."""
+        result: ControlResult = self.call("continue_generation", torch_empty_cache=torch_empty_cache)
+        return result
+
+    def health(self) -> Health:
+        """``/health``; ``paused_by_us`` at once for an engine the actor's client paused."""
+        result: Health = self.call("health")
+        return result
+
+    def model_info(self) -> ModelInfo:
+        """``/model_info``, including the weight version."""
+        result: ModelInfo = self.call("model_info")
+        return result
+
+    def kill(self) -> None:
+        """Kill the actor (not the engine); later calls raise ``EngineDied``."""
+        ray.kill(self.actor, no_restart=True)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("_") or name in _NOT_REMOTE or not callable(getattr(SGLangClient, name, None)):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+        def forward(**kwargs: Any) -> Any:
+            return self.call(name, **kwargs)
+
+        forward.__name__ = name
+        forward.__doc__ = getattr(SGLangClient, name).__doc__
+        return forward
+
+
+def ray_engines(
+    base_urls: Sequence[str],
+    *,
+    client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+) -> list[RayEngine]:
+    """One ``SGLangEngineActor`` per URL, as ``RayEngine`` handles in the same order.
+
+    ``client_kwargs``: keyword arguments of ``SGLangClient`` inside each actor
+    (``policies``, ``api_key``, ``flush_poll_s``, ...; default none). They are
+    pickled to the actors, so pass values, not sessions. ``actor_options``:
+    Ray actor options merged over ``DEFAULT_ACTOR_OPTIONS`` (``num_cpus=0``,
+    ``max_concurrency=4``, ``max_restarts=0``). ``ready_timeout_s``: wait this
+    long for every actor to start and build its client (default 120 s; None =
+    return at once and let the first call wait). On failure every actor
+    created here is killed and the error names the engine.
+    """
+    for url in base_urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"ray_engines base_urls must start with http:// or https://, but got {url!r}")
+    names = [engine_of(url)[0] for url in base_urls]
+    if len(set(names)) != len(names):
+        raise ValueError(f"ray_engines base_urls must name distinct engines, but got {names}")
+    options = {**DEFAULT_ACTOR_OPTIONS, **dict(actor_options or {})}
+    kwargs = dict(client_kwargs or {})
+    engines: list[RayEngine] = []
+    try:
+        for url, name in zip(base_urls, names, strict=True):
+            actor = SGLangEngineActor.options(**options).remote(url, kwargs)
+            engines.append(RayEngine(actor, name, url.rstrip("/")))
+        if ready_timeout_s is not None:
+            _wait_ready(engines, ready_timeout_s)
+    except BaseException:
+        for engine in engines:
+            try:
+                engine.kill()
+            except Exception:  # already gone
+                pass
+        raise
+    return engines
+
+
+def _wait_ready(engines: Sequence[RayEngine], timeout_s: float) -> None:
+    refs = [e.actor.engine.remote() for e in engines]
+    _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if not_ready:
+        pending = set(not_ready)
+        late = [e.engine for e, r in zip(engines, refs, strict=True) if r in pending]
+        raise TimeoutError(f"{len(late)} engine actor(s) not started within {timeout_s} s: {', '.join(late[:8])}")
+    for engine, ref in zip(engines, refs, strict=True):
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise RuntimeError(f"{engine.engine}: the engine actor failed to start: {_first_line(exc)}") from exc
+
+
+# -- the fan-out ---------------------------------------------------------------------------------
+
+
+class RayFanOut:
+    """A ``FanOut`` over Ray actors: every engine's call is an ObjectRef, all submitted before any is awaited.
+
+    Engines must be ``RayEngine`` handles (anything with an ``actor`` whose
+    class is ``SGLangEngineActor``). Each call runs ``timed_call`` in the
+    actor with the seconds left of the phase deadline; the driver waits for
+    all refs with the same deadline. Per engine: a dead actor becomes
+    ``EngineDied``, an error raised in the actor is the original error, a ref
+    not ready by the deadline becomes ``PhaseTimeout`` and is cancelled
+    (best effort: a call already running finishes on its own deadline).
+    ``duration_s`` is the call's own time inside the actor; for failures, the
+    time until the driver saw the failure (or the deadline). ``cancel_late``:
+    cancel refs that missed the deadline (default True).
+    """
+
+    def __init__(self, *, cancel_late: bool = True) -> None:
+        self.cancel_late = cancel_late
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        """One result per (engine, kwargs) pair, in the order given."""
+        if not calls:
+            return []
+        seconds = deadline.remaining() if deadline.bounded else None
+        names = [engine_name(engine) for engine, _ in calls]
+        t0 = time.monotonic()
+        refs: list[Any] = []
+        for (engine, kwargs), name in zip(calls, names, strict=True):
+            actor = getattr(engine, "actor", None)
+            if actor is None:
+                raise TypeError(f"RayFanOut needs engines with a Ray actor (see ray_engines), but {name} has none")
+            refs.append(actor.timed_call.remote(method, dict(kwargs), seconds))
+        _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=seconds, fetch_local=True)
+        waited = time.monotonic() - t0
+        late = set(not_ready)
+        results: list[EngineResult] = []
+        for name, ref in zip(names, refs, strict=True):
+            if ref in late:
+                if self.cancel_late:
+                    _cancel(ref)
+                results.append(
+                    EngineResult(name, error=PhaseTimeout(f"{name}: no answer to {method} before the phase deadline"), duration_s=waited)
+                )
+                continue
+            try:
+                timed = ray.get(ref)
+            except Exception as exc:
+                results.append(EngineResult(name, error=_unwrap(exc, name), duration_s=waited))
+                continue
+            if isinstance(timed, TimedValue):
+                results.append(EngineResult(name, value=timed.value, duration_s=timed.duration_s))
+            else:  # an actor of another class answering ``timed_call`` with a bare value
+                results.append(EngineResult(name, value=timed, duration_s=waited))
+        return results
