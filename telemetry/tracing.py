@@ -121,6 +121,9 @@ SERVER_PORT: Final = "server.port"
 URL_TEMPLATE: Final = "url.template"
 ERROR_TYPE: Final = "error.type"
 
+_CACHE_MAX: Final = 4096
+"""Distinct endpoints x engines whose static span attributes are cached; past it they are computed per call."""
+
 _OK_CALL_OUTCOMES: Final = frozenset({CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS})
 
 
@@ -183,6 +186,8 @@ class TracingObserver:
         self._calls: dict[int, _Call] = {}
         self._transitions: dict[int, _Transition] = {}
         self._engines: dict[str, str] = {}
+        self._call_cache: dict[tuple[str, str, str], tuple[str, dict[str, AttributeValue]]] = {}
+        self._attempt_cache: dict[tuple[str, str, str, int], tuple[str, dict[str, AttributeValue]]] = {}
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             CallStarted: self._call_started,
             AttemptStarted: self._attempt_started,
@@ -220,7 +225,7 @@ class TracingObserver:
         safe = self._engines.get(engine)
         if safe is None:
             safe = scrub_engine(engine)
-            if len(self._engines) < 4096:
+            if len(self._engines) < _CACHE_MAX:
                 self._engines[engine] = safe
         return safe
 
@@ -234,22 +239,50 @@ class TracingObserver:
         attrs[HTTP_REQUEST_METHOD_ORIGINAL] = method
         return "HTTP"
 
+    def _call_static(self, method: str, endpoint: str, engine: str) -> tuple[str, dict[str, AttributeValue]]:
+        """Name and start attributes of a logical span; computed once per (method, endpoint, engine)."""
+        key = (method, endpoint, engine)
+        static = self._call_cache.get(key)
+        if static is None:
+            attrs: dict[str, AttributeValue] = {}
+            self._method_attrs(method, attrs)
+            template = url_template(endpoint)
+            if template is not None:
+                attrs[URL_TEMPLATE] = template
+            attrs["resilience.endpoint"] = endpoint
+            attrs["resilience.engine"] = self._engine(engine)
+            static = (f"resilient {endpoint}", attrs)
+            if len(self._call_cache) < _CACHE_MAX:
+                self._call_cache[key] = static
+        return static
+
+    def _attempt_static(self, ev: AttemptStarted) -> tuple[str, dict[str, AttributeValue]]:
+        """Name and start attributes of a first attempt; computed once per (method, endpoint, server)."""
+        key = (ev.method, ev.endpoint, ev.server_address, ev.server_port)
+        static = self._attempt_cache.get(key)
+        if static is None:
+            attrs: dict[str, AttributeValue] = {}
+            name = self._method_attrs(ev.method, attrs)
+            attrs[SERVER_ADDRESS] = ev.server_address
+            attrs[SERVER_PORT] = ev.server_port
+            template = url_template(ev.endpoint)
+            if template is not None:
+                attrs[URL_TEMPLATE] = template
+                name = f"{name} {template}"
+            static = (name, attrs)
+            if len(self._attempt_cache) < _CACHE_MAX:
+                self._attempt_cache[key] = static
+        return static
+
     # -- logical calls -----------------------------------------------------------
 
     def _call_started(self, ev: CallStarted) -> None:
         if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
             return
-        attrs: dict[str, AttributeValue] = {
-            "resilience.endpoint": ev.endpoint,
-            "resilience.engine": self._engine(ev.engine),
-        }
-        self._method_attrs(ev.method, attrs)
-        template = url_template(ev.endpoint)
-        if template is not None:
-            attrs[URL_TEMPLATE] = template
+        name, attrs = self._call_static(ev.method, ev.endpoint, ev.engine)
         if ev.deadline_s is not None:
-            attrs["resilience.deadline_s"] = ev.deadline_s
-        span = self._tracer.start_span(f"resilient {ev.endpoint}", kind=SpanKind.INTERNAL, attributes=attrs)
+            attrs = {**attrs, "resilience.deadline_s": ev.deadline_s}
+        span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
         call = _Call(span)
         with self._lock:
             stale = self._calls.pop(ev.call_id, None)
@@ -263,21 +296,12 @@ class TracingObserver:
             return
         if call.attempt is not None:  # the previous attempt never ended: close it
             call.attempt.end()
-        attrs: dict[str, AttributeValue] = {
-            SERVER_ADDRESS: ev.server_address,
-            SERVER_PORT: ev.server_port,
-        }
-        name = self._method_attrs(ev.method, attrs)
-        template = url_template(ev.endpoint)
-        if template is not None:
-            attrs[URL_TEMPLATE] = template
-            name = f"{name} {template}"
+        name, attrs = self._attempt_static(ev)
         if ev.attempt:
-            attrs[HTTP_REQUEST_RESEND_COUNT] = ev.attempt
+            attrs = {**attrs, HTTP_REQUEST_RESEND_COUNT: ev.attempt}
         span = self._tracer.start_span(name, context=call.ctx, kind=SpanKind.CLIENT, attributes=attrs)
         call.attempt = span
-        propagator = self._propagator or get_global_textmap()
-        propagator.inject(ev.carrier, context=trace.set_span_in_context(span))
+        (self._propagator or get_global_textmap()).inject(ev.carrier, context=trace.set_span_in_context(span))
 
     def _attempt_ended(self, ev: AttemptEnded) -> None:
         call = self._calls.get(ev.call_id)
@@ -285,15 +309,17 @@ class TracingObserver:
             return
         span, call.attempt = call.attempt, None
         status = ev.status
-        if status is not None:
+        if status is not None and status < 400 and ev.outcome is Outcome.SUCCESS:
             span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
-        span.set_attribute("resilience.attempt_outcome", ev.outcome.value)
-        failed = status is None or status >= 400
-        if failed or ev.outcome is not Outcome.SUCCESS:
-            error_type = ev.error_type or (str(status) if status is not None else "_OTHER")
-            span.set_attribute(ERROR_TYPE, error_type)
-            if failed:
-                span.set_status(Status(StatusCode.ERROR))
+            span.end()
+            return
+        attrs: dict[str, AttributeValue] = {"resilience.attempt_outcome": ev.outcome.value}
+        if status is not None:
+            attrs[HTTP_RESPONSE_STATUS_CODE] = status
+        attrs[ERROR_TYPE] = ev.error_type or (str(status) if status is not None else "_OTHER")
+        span.set_attributes(attrs)
+        if status is None or status >= 400:
+            span.set_status(Status(StatusCode.ERROR))
         span.end()
 
     def _retry_scheduled(self, ev: RetryScheduled) -> None:
@@ -341,13 +367,13 @@ class TracingObserver:
         if ev is None:
             span.set_status(Status(StatusCode.ERROR, "call ended without CallEnded"))
         else:
-            span.set_attribute("resilience.outcome", ev.outcome.value)
-            span.set_attribute("resilience.attempts", ev.attempts)
+            attrs: dict[str, AttributeValue] = {"resilience.outcome": ev.outcome.value, "resilience.attempts": ev.attempts}
             if ev.status is not None:
-                span.set_attribute(HTTP_RESPONSE_STATUS_CODE, ev.status)
+                attrs[HTTP_RESPONSE_STATUS_CODE] = ev.status
             if ev.outcome not in _OK_CALL_OUTCOMES:
-                span.set_attribute(ERROR_TYPE, ev.error_type or ev.outcome.value)
+                attrs[ERROR_TYPE] = ev.error_type or ev.outcome.value
                 span.set_status(Status(StatusCode.ERROR, ev.outcome.value))
+            span.set_attributes(attrs)
         span.end()
 
     # -- barrier transitions -----------------------------------------------------

@@ -8,6 +8,7 @@ its memory back. Ordering is read from the engines' own server-side records
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -63,17 +64,24 @@ def local_ray() -> Iterator[None]:
 def fleet(request: pytest.FixtureRequest) -> Iterator[EmulatedFleet]:
     """Emulated engines, started while Ray starts (both take seconds), stopped after the module."""
     f = EmulatedFleet(N_ENGINES, CONFIG)
-    with ThreadPoolExecutor(max_workers=1) as starter:
-        started = starter.submit(f.start)
-        try:
-            request.getfixturevalue("local_ray")
-        finally:
-            started.exception()  # let the start finish (or fail) before going on either way
     try:
+        with ThreadPoolExecutor(max_workers=1) as starter:  # leaving the block waits for the start
+            started = starter.submit(f.start)
+            request.getfixturevalue("local_ray")
         started.result()
         yield f
     finally:
         f.stop()
+
+
+@pytest.fixture(scope="module")
+def actors(fleet: EmulatedFleet) -> Iterator[list[RayEngine]]:
+    """One engine actor per emulated engine, shared by the tests that leave them alive."""
+    engines = ray_engines(fleet.urls, client_kwargs=CLIENT_KWARGS)
+    try:
+        yield engines
+    finally:
+        drop_engines(engines)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +102,7 @@ def serving(fleet: EmulatedFleet) -> Iterator[EmulatedFleet]:
             if released:
                 http.post(handle.url + "/resume_memory_occupation", json={"tags": released}, timeout=TIMEOUT)
             http.post(handle.url + "/continue_generation", json={}, timeout=TIMEOUT)
-            wait_for(lambda h=handle: h.state()["in_flight"] == 0 and h.state()["waiting_at_pause_gate"] == 0)
+            wait_for(functools.partial(idle, handle))
 
 
 @pytest.fixture
@@ -127,6 +135,11 @@ def hung_url() -> Iterator[str]:
         lsock.close()
 
 
+def idle(handle: EngineHandle) -> bool:
+    state = handle.state()
+    return bool(state["in_flight"] == 0 and state["waiting_at_pause_gate"] == 0)
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():  # bounded by the deadline
@@ -135,11 +148,11 @@ def wait_for(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
         time.sleep(0.02)
 
 
-def make_engines(backend: str, urls: Sequence[str]) -> tuple[list[Any], FanOut]:
+def make_engines(backend: str, urls: Sequence[str], actors: list[RayEngine]) -> tuple[list[Any], FanOut]:
     if backend == "ray":
-        return list(ray_engines(urls, client_kwargs=CLIENT_KWARGS)), RayFanOut()
+        return actors, RayFanOut()
     if backend == "threads_over_ray_engines":
-        return list(ray_engines(urls, client_kwargs=CLIENT_KWARGS)), ThreadFanOut()
+        return actors, ThreadFanOut()
     return [SGLangClient(url, **CLIENT_KWARGS) for url in urls], ThreadFanOut()
 
 
@@ -171,13 +184,17 @@ def assert_barrier(fleet: EmulatedFleet, since_ns: int, before: str, after: str)
     assert all(len(c) == 1 and c[0]["status"] == 200 for c in seconds), seconds
     last_answer = max(c[0]["answered_ns"] for c in firsts)
     first_receipt = min(c[0]["received_ns"] for c in seconds)
-    assert last_answer < first_receipt, f"{after} reached an engine {(last_answer - first_receipt) / 1e6:.1f} ms before the last {before} answer"
+    assert last_answer < first_receipt, (
+        f"{after} reached an engine {(last_answer - first_receipt) / 1e6:.1f} ms before the last {before} answer"
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_offload_and_onload_keep_the_barrier(backend: str, serving: EmulatedFleet, pool: ThreadPoolExecutor) -> None:
+def test_offload_and_onload_keep_the_barrier(
+    backend: str, serving: EmulatedFleet, actors: list[RayEngine], pool: ThreadPoolExecutor
+) -> None:
     """Offload: all pauses answered before any flush, all flushes before any release; onload: all resumes before any continue."""
-    engines, fanout = make_engines(backend, serving.urls)
+    engines, fanout = make_engines(backend, serving.urls, actors)
     try:
         orch = Orchestrator(EngineGroup(engines), fanout=fanout)
         since = time.monotonic_ns()
@@ -197,7 +214,8 @@ def test_offload_and_onload_keep_the_barrier(backend: str, serving: EmulatedFlee
         assert all(h.state()["released_tags"] == [] and not h.state()["paused"] for h in serving.engines)
         assert report.ideal_s <= report.duration_s
     finally:
-        drop_engines(engines)
+        if backend == "threads":
+            drop_engines(engines)
 
 
 def test_killed_actor_during_offload_is_named_and_the_others_roll_back(serving: EmulatedFleet) -> None:
@@ -244,19 +262,16 @@ def _actor_dead(engine: RayEngine) -> bool:
     return False
 
 
-def test_errors_raised_in_the_actor_arrive_as_themselves(serving: EmulatedFleet) -> None:
+def test_errors_raised_in_the_actor_arrive_as_themselves(serving: EmulatedFleet, actors: list[RayEngine]) -> None:
     """An SGLang error raised inside the actor reaches the caller as SGLangError (not RayTaskError), directly and through the fan-out."""
-    engines = ray_engines(serving.urls[:1], client_kwargs=CLIENT_KWARGS)
-    try:
-        with pytest.raises(SGLangError) as info:
-            engines[0].end_weight_update()  # no session open: 400
-        assert info.value.status == 400 and info.value.engine == engines[0].engine
-        assert not isinstance(info.value, ray.exceptions.RayTaskError)
-        [result] = RayFanOut().call([(engines[0], {})], "end_weight_update", Deadline(TIMEOUT))
-        assert isinstance(result.error, SGLangError) and result.error.status == 400
-        assert engines[0].model_info().model_path == CONFIG.model_path
-    finally:
-        drop_engines(engines)
+    engine = actors[0]
+    with pytest.raises(SGLangError) as info:
+        engine.end_weight_update()  # no session open: 400
+    assert info.value.status == 400 and info.value.engine == engine.engine
+    assert not isinstance(info.value, ray.exceptions.RayTaskError)
+    [result] = RayFanOut().call([(engine, {})], "end_weight_update", Deadline(TIMEOUT))
+    assert isinstance(result.error, SGLangError) and result.error.status == 400
+    assert engine.model_info().model_path == CONFIG.model_path
 
 
 def test_a_dead_actor_is_engine_died(serving: EmulatedFleet) -> None:
@@ -283,8 +298,7 @@ def test_the_phase_deadline_caps_http_calls_inside_the_actor(local_ray: None, hu
         drop_engines(engines)
 
 
-@ray.remote(num_cpus=0, max_concurrency=2)
-class _SlowActor:
+class _Slow:
     """Answers ``timed_call`` after ``delay_s``, whatever the deadline."""
 
     def __init__(self, delay_s: float) -> None:
@@ -295,10 +309,13 @@ class _SlowActor:
         return TimedValue(method, self.delay_s)
 
 
+_SlowActor: Any = ray.remote(_Slow)
+
+
 class _SlowEngine:
     def __init__(self, engine: str, delay_s: float) -> None:
         self.engine = engine
-        self.actor = _SlowActor.remote(delay_s)
+        self.actor = _SlowActor.options(num_cpus=0, max_concurrency=2).remote(delay_s)
 
 
 def test_refs_not_ready_by_the_deadline_are_phase_timeouts(local_ray: None) -> None:
@@ -321,14 +338,11 @@ def test_fan_out_refuses_engines_without_an_actor(local_ray: None) -> None:
         RayFanOut().call([(SGLangClient("http://127.0.0.1:1"), {})], "health", Deadline(1.0))
 
 
-def test_phase_deadlines_reach_the_actors(serving: EmulatedFleet) -> None:
-    """Orchestrator phases on Ray complete within tight phase deadlines: the deadline travels as seconds left."""
-    engines = ray_engines(serving.urls, client_kwargs=CLIENT_KWARGS)
-    try:
-        orch = Orchestrator(EngineGroup(engines), fanout=RayFanOut(), deadlines=PhaseDeadlines(transition_s=30, pause_s=5, flush_s=5))
-        orch.offload(tags=["kv_cache"], mode="retract")
-        assert all(h.state()["released_tags"] == ["kv_cache"] for h in serving.engines)
-        orch.onload()
-        assert all(e.health().healthy for e in engines)
-    finally:
-        drop_engines(engines)
+def test_partial_offload_with_tight_phase_deadlines(serving: EmulatedFleet, actors: list[RayEngine]) -> None:
+    """Offload of one tag in retract mode under tight phase deadlines, then onload: only that tag moves, and every engine serves."""
+    orch = Orchestrator(EngineGroup(actors), fanout=RayFanOut(), deadlines=PhaseDeadlines(transition_s=30, pause_s=5, flush_s=5))
+    orch.offload(tags=["kv_cache"], mode="retract")
+    assert all(h.state()["released_tags"] == ["kv_cache"] for h in serving.engines)
+    assert all(e.health().paused_by_us for e in actors)  # answered at once by the actor's client, no 20 s hang
+    orch.onload()
+    assert all(e.health().healthy and not e.health().paused_by_us for e in actors)

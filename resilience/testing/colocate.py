@@ -1,0 +1,379 @@
+"""A colocated RL training loop on emulated engines, run the old way or ours.
+
+Each step: rollout (generation on every engine, plus stragglers that arrive
+around the offload), offload, a training pause, onload, weight sync. The
+"old" way is the seeds' "before" code: bare ``requests`` calls with
+``raise_for_status()``, flush then release with no pause, a bare weight sync.
+"Ours" is ``SGLangClient`` + ``Orchestrator``. A failed step is what makes a
+controller trigger a global restart: it is recorded in a ``RestartBudget``,
+engines are put back in order (dead ones restarted), and the run goes on
+until the budget is spent. ``cpr demo``, ``cpr soak`` and the chaos tests
+drive this loop.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import requests
+
+from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
+from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
+from resilience.budget import RestartBudget
+from resilience.events import Event, Observer, RetryScheduled
+from resilience.policy import PolicyTable
+from resilience.testing.emulator import EmulatedFleet
+from resilience.testing.policies import fast_policies
+
+__all__ = ["ColocateConfig", "ColocateReport", "StepProgress", "demo_policies", "run_colocate"]
+
+Way = Literal["old", "ours"]
+_DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
+
+
+def demo_policies() -> PolicyTable:
+    """SGLANG_POLICIES' decisions with backoffs scaled down 10x (demo and soak runs are time-scaled)."""
+    return fast_policies(SGLANG_POLICIES, base_s=0.05, cap_s=0.4)
+
+
+@dataclass(frozen=True, slots=True)
+class ColocateConfig:
+    """One run of the colocate loop."""
+
+    steps: int = 20
+    """Training steps to run."""
+    seed: int = 0
+    """Seeds straggler timing (the fault plan has its own seed)."""
+    rollout_requests: int = 3
+    """Generation requests per engine per step, all awaited before the offload."""
+    stragglers: int = 2
+    """Requests per engine per step that arrive around the offload (the second seed's Bug B)."""
+    straggler_window_s: float = 0.15
+    """Stragglers arrive uniformly within this many seconds after the offload starts."""
+    max_new_tokens: int = 12
+    """Tokens per generation request."""
+    train_s: float = 0.05
+    """The training pause between offload and onload."""
+    restart_limit: int = 3
+    """Restarts the run may take (the seed's max_global_restart)."""
+    old_flush_polls: int = 20
+    """The old way's flush loop: tries, 0.05 s apart (slime polls 60 times, 1 s apart)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "rollout_requests", "stragglers", "max_new_tokens", "old_flush_polls"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ColocateConfig.{name} must be >= 0, but was {getattr(self, name)}")
+        if self.restart_limit < 0:
+            raise ValueError(f"ColocateConfig.restart_limit must be >= 0, but was {self.restart_limit}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepProgress:
+    """Told to the progress callback after each step."""
+
+    way: str
+    step: int
+    steps: int
+    ok: bool
+    restarts: int
+    deaths: int
+    error: str | None = None
+
+
+@dataclass
+class ColocateReport:
+    """What a run did; the side-by-side table and the JSON report are made of these fields."""
+
+    way: str
+    steps_planned: int
+    steps_finished: int = 0
+    failed_steps: int = 0
+    restarts: int = 0
+    restart_limit: int = 3
+    restart_budget_left: int = 3
+    engine_deaths: int = 0
+    http_502_seen: int = 0
+    http_502_absorbed: int = 0
+    requests_aborted_rerun: int = 0
+    requests_lost: int = 0
+    phase_seconds: dict[str, list[float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    stopped_early: str | None = None
+    wall_s: float = 0.0
+
+    def percentile(self, phase: str, q: float) -> float | None:
+        """The ``q`` quantile (0-1) of a phase's durations, or None without samples."""
+        values = sorted(self.phase_seconds.get(phase, []))
+        if not values:
+            return None
+        if len(values) == 1:
+            return values[0]
+        return float(statistics.quantiles(values, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with p50/p99 per phase."""
+        data = asdict(self)
+        data["phase_latency_s"] = {
+            phase: {"p50": self.percentile(phase, 0.5), "p99": self.percentile(phase, 0.99), "n": len(v)}
+            for phase, v in self.phase_seconds.items()
+        }
+        del data["phase_seconds"]
+        return data
+
+
+class _Counter:
+    """Counts retries after a 502 (absorbed) from the retry loop's events."""
+
+    def __init__(self) -> None:
+        self.absorbed = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, RetryScheduled) and event.reason == "status_502":
+            with self._lock:
+                self.absorbed += 1
+
+
+def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeout: float = 30.0) -> requests.Response:
+    r = session.post(url, json=body, timeout=timeout)
+    r.raise_for_status()
+    return r
+
+
+class _Loop:
+    def __init__(
+        self,
+        fleet: EmulatedFleet,
+        config: ColocateConfig,
+        way: Way,
+        observers: Sequence[Observer],
+        budget: RestartBudget,
+        policies: PolicyTable,
+    ) -> None:
+        self.fleet, self.config, self.way = fleet, config, way
+        self.rng = random.Random(f"{config.seed}:{way}")
+        self.budget = budget
+        self.counter = _Counter()
+        self.report = ColocateReport(way, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
+        self.pool = ThreadPoolExecutor(
+            max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{way}"
+        )
+        self.bare = requests.Session()
+        self.bare.trust_env = False
+        self.bare.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
+        all_observers = (*observers, self.counter)
+        self.clients = [SGLangClient(u, policies=policies, observers=all_observers, flush_poll_s=0.05, pool_maxsize=64) for u in fleet.urls]
+        self.orch = Orchestrator(
+            EngineGroup(self.clients),
+            observers=observers,
+            deadlines=_DEADLINES,
+            restart_budget=budget,
+        )
+
+    # -- generation ------------------------------------------------------------------
+
+    def _generate(self, i: int, tag: str) -> GenerateResult | None:
+        body = {"text": tag, "sampling_params": {"max_new_tokens": self.config.max_new_tokens}}
+        if self.way == "old":
+            r = self.bare.post(f"{self.fleet.urls[i]}/generate", json=body, timeout=60)
+            r.raise_for_status()
+            data = r.json()
+            finish = (data.get("meta_info") or {}).get("finish_reason") or {}
+            return GenerateResult(
+                data.get("text", ""), (), finish.get("type") if isinstance(finish, dict) else finish, data.get("meta_info", {})
+            )
+        return self.clients[i].generate(tag, sampling_params={"max_new_tokens": self.config.max_new_tokens})
+
+    def _straggler(self, i: int, delay: float, tag: str) -> str:
+        time.sleep(delay)
+        for _ in range(3):  # an aborted request is re-submitted by the rollout, as RL rollouts do
+            try:
+                out = self._generate(i, tag)
+            except requests.RequestException:
+                return "lost"
+            if out is None or not out.aborted:
+                return "done"
+            with threading.Lock():
+                self.report.requests_aborted_rerun += 1
+        return "lost"
+
+    # -- the two ways ------------------------------------------------------------------
+
+    def _timed(self, phase: str, fn: Callable[[], object]) -> None:
+        t0 = time.monotonic()
+        fn()
+        self.report.phase_seconds.setdefault(phase, []).append(time.monotonic() - t0)
+
+    def _old_offload(self) -> None:
+        def one(url: str) -> None:
+            for _ in range(self.config.old_flush_polls):  # slime/Relax: poll flush until it says flushed
+                r = self.bare.get(f"{url}/flush_cache", timeout=30)
+                if r.status_code == 200:
+                    break
+                time.sleep(0.05)
+            else:
+                raise TimeoutError(f"{url}: timeout while flushing cache")
+            _json_post(self.bare, f"{url}/release_memory_occupation", {"tags": None})
+
+        list(self.pool.map(one, self.fleet.urls))
+
+    def _old_onload(self) -> None:
+        list(self.pool.map(lambda u: _json_post(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.fleet.urls))
+
+    def _old_weight_sync(self, version: str) -> None:
+        def one(url: str) -> None:
+            _json_post(self.bare, f"{url}/pause_generation", {})
+            _json_post(self.bare, f"{url}/begin_weight_update", {"selector": "all"})
+            for attempt in range(3):  # the seed's _make_request(max_attempts=3) on this one call
+                r = self.bare.post(f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": version})
+                if r.status_code not in (502, 503, 504) or attempt == 2:
+                    r.raise_for_status()
+                    break
+                time.sleep(0.05)
+            _json_post(self.bare, f"{url}/end_weight_update", {})
+            _json_post(self.bare, f"{url}/continue_generation", {})
+
+        list(self.pool.map(one, self.fleet.urls))
+
+    def _our_weight_sync(self, version: str) -> None:
+        with self.orch.weight_sync(mode="retract") as engines:
+
+            def one(client: SGLangClient) -> None:
+                client.begin_weight_update()
+                client.update_weights_from_tensor(["w"], weight_version=version)
+                client.end_weight_update()
+
+            list(self.pool.map(one, engines))
+
+    def step(self, n: int) -> None:
+        cfg = self.config
+        engines = range(len(self.fleet.urls))
+        rollout = [self.pool.submit(self._generate, i, f"s{n}-e{i}-r{k}") for i in engines for k in range(cfg.rollout_requests)]
+        for f in rollout:
+            f.result(timeout=120)
+        stragglers = [
+            self.pool.submit(self._straggler, i, self.rng.uniform(0, cfg.straggler_window_s), f"s{n}-e{i}-late{k}")
+            for i in engines
+            for k in range(cfg.stragglers)
+        ]
+        try:
+            if self.way == "old":
+                self._timed("offload", self._old_offload)
+                time.sleep(cfg.train_s)
+                self._timed("onload", self._old_onload)
+                self._timed("weight_sync", lambda: self._old_weight_sync(f"v{n}"))
+            else:
+                self._timed("offload", lambda: self.orch.offload(mode="abort"))
+                time.sleep(cfg.train_s)
+                self._timed("onload", self.orch.onload)
+                self._timed("weight_sync", lambda: self._our_weight_sync(f"v{n}"))
+        finally:
+            lost = sum(1 for f in stragglers if f.result(timeout=120) == "lost")
+            self.report.requests_lost += lost
+
+    # -- recovery: what a global restart does here ------------------------------------------
+
+    def recover(self) -> int:
+        """Restart dead engines; continue/resume live ones left paused or released. Returns deaths found."""
+        dead = [e for e in self.fleet.engines if not e.alive()]
+        for engine in dead:  # restart in parallel: stop all, spawn all, then wait for all
+            engine.stop()
+            engine.spawn()
+        ready_by = time.monotonic() + 120
+        for engine in dead:
+            engine.wait_ready(ready_by)
+        for engine in self.fleet.engines:
+            if engine in dead:
+                continue
+            state = engine.state()
+            if state.get("released_tags"):
+                self.bare.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
+            if state.get("paused"):
+                self.bare.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
+            if state.get("weight_update_session_open"):
+                self.bare.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
+        self.orch = Orchestrator(
+            EngineGroup(self.clients), observers=self.orch.observers, deadlines=self.orch.deadlines, restart_budget=self.budget
+        )
+        for client in self.clients:
+            client._paused_mode = None
+        return len(dead)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.bare.close()
+        for client in self.clients:
+            client.close()
+
+
+def _injected_502s(fleet: EmulatedFleet) -> int:
+    total = 0
+    for engine in fleet.engines:
+        if engine.proxy is not None:
+            total += sum(1 for f in engine.proxy.injected if f.status == 502)
+    return total
+
+
+def run_colocate(
+    fleet: EmulatedFleet,
+    config: ColocateConfig,
+    way: Way,
+    *,
+    observers: Sequence[Observer] = (),
+    restart_budget: RestartBudget | None = None,
+    policies: PolicyTable | None = None,
+    progress: Callable[[StepProgress], None] | None = None,
+) -> ColocateReport:
+    """Run ``config.steps`` colocate steps on ``fleet`` the ``way`` given; stops early when the restart budget is spent."""
+    budget = restart_budget if restart_budget is not None else RestartBudget(config.restart_limit)
+    loop = _Loop(fleet, config, way, observers, budget, policies if policies is not None else demo_policies())
+    report = loop.report
+    before_502 = _injected_502s(fleet)
+    t0 = time.monotonic()
+    try:
+        for n in range(config.steps):
+            error: str | None = None
+            try:
+                loop.step(n)
+            except Exception as exc:
+                error = f"step {n}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            deaths = loop.recover()
+            report.engine_deaths += deaths
+            if error is None and deaths == 0:
+                report.steps_finished += 1
+            else:
+                report.failed_steps += 1
+                report.failures.append(error or f"step {n}: {deaths} engine(s) died")
+                if budget.remaining == 0:
+                    report.stopped_early = f"restart budget spent at step {n}: the run is over"
+                else:
+                    budget.record(error.split(":")[1].strip() if error else "engine death", step=n)
+                    report.restarts += 1
+            report.restart_budget_left = budget.remaining
+            if progress is not None:
+                progress(
+                    StepProgress(
+                        way,
+                        n + 1,
+                        config.steps,
+                        error is None and deaths == 0,
+                        report.restarts,
+                        report.engine_deaths,
+                        report.failures[-1] if report.failures and (error or deaths) else None,
+                    )
+                )
+            if report.stopped_early:
+                break
+    finally:
+        loop.close()
+    report.http_502_seen = _injected_502s(fleet) - before_502
+    report.http_502_absorbed = loop.counter.absorbed
+    report.wall_s = time.monotonic() - t0
+    return report
