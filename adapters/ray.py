@@ -106,10 +106,7 @@ def _portable(exc: BaseException) -> BaseException:
     """
     if _round_trips(exc):
         return exc
-    for cls in type(exc).__mro__:
-        if cls is BaseException or not issubclass(cls, BaseException):
-            break
-        copyreg.pickle(cls, _reduce_exception)
+    copyreg.pickle(type(exc), _reduce_exception)  # by exact type: this class only, in this actor's process only
     for key, value in list(vars(exc).items()):
         if isinstance(value, BaseException):
             value = _portable(value)
@@ -398,6 +395,28 @@ def _wait_ready(engines: Sequence[RayEngine], timeout_s: float) -> None:
 # -- the fan-out ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: BaseException
+
+
+def _get_all(refs: Sequence[Any]) -> dict[Any, Any]:
+    """The value of every ready ref, or ``_Failed`` with its error: one ``ray.get`` when none failed, else one each."""
+    if not refs:
+        return {}
+    try:
+        return dict(zip(refs, ray.get(list(refs)), strict=True))
+    except Exception:  # some ref failed: ray.get raised the first error; collect each one's own
+        pass
+    values: dict[Any, Any] = {}
+    for ref in refs:
+        try:
+            values[ref] = ray.get(ref)
+        except Exception as exc:
+            values[ref] = _Failed(exc)
+    return values
+
+
 class RayFanOut:
     """A ``FanOut`` over Ray actors: every engine's call is an ObjectRef, all submitted before any is awaited.
 
@@ -432,6 +451,7 @@ class RayFanOut:
         _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=seconds, fetch_local=True)
         waited = time.monotonic() - t0
         late = set(not_ready)
+        values = _get_all([r for r in refs if r not in late])
         results: list[EngineResult] = []
         for name, ref in zip(names, refs, strict=True):
             if ref in late:
@@ -441,10 +461,9 @@ class RayFanOut:
                     EngineResult(name, error=PhaseTimeout(f"{name}: no answer to {method} before the phase deadline"), duration_s=waited)
                 )
                 continue
-            try:
-                timed = ray.get(ref)
-            except Exception as exc:
-                results.append(EngineResult(name, error=_unwrap(exc, name), duration_s=waited))
+            timed = values[ref]
+            if isinstance(timed, _Failed):
+                results.append(EngineResult(name, error=_unwrap(timed.error, name), duration_s=waited))
                 continue
             if isinstance(timed, TimedValue):
                 results.append(EngineResult(name, value=timed.value, duration_s=timed.duration_s))

@@ -37,10 +37,11 @@ class RetryBudgetConfig:
 
     ratio: float = 0.2
     """Tokens each logical call deposits (Finagle ``percentCanRetry``): 0.2 = retries up to 20 % of calls."""
-    min_retries_per_second: float = 2.0
-    """The floor: tokens refilled per second regardless of traffic, so a quiet engine can still retry. 0 = no floor."""
-    max_tokens: float = 10.0
-    """Bucket size; also the starting balance."""
+    min_retries_per_second: float = 10.0
+    """The floor: tokens refilled per second regardless of traffic (Finagle ``minRetriesPerSec``, 10), so a quiet
+    control plane can still retry through a burst of 502s. 0 = no floor."""
+    max_tokens: float = 100.0
+    """Bucket size, also the starting balance: 100 = Finagle's 10 s ``ttl`` at the floor rate."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.ratio <= 1:

@@ -1,7 +1,13 @@
 """The retry loop of one logical call, independent of any transport.
 
 Outermost first: deadline -> breaker check -> attempt (with its own
-timeout) -> classify -> budget check -> backoff -> next attempt. The
+timeout) -> classify -> budget check -> backoff -> next attempt.
+
+The breaker judges logical calls, not attempts: a call whose failures the
+retries absorbed counts as a success, so a flaky gateway in front of a
+healthy engine never opens it, while a dead engine (every call ends in
+connection errors) does. It is checked before every attempt, so a call
+stops as soon as another call opened it. The
 transport (``resilience.adapters.requests``) supplies one function that makes
 a single attempt and reports what it saw; everything else is decided here,
 without sockets, on an injectable clock and random source.
@@ -18,7 +24,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from resilience import _config
 from resilience.backoff import backoff_delay
-from resilience.breaker import BreakerRegistry
+from resilience.breaker import BreakerRegistry, BreakerState, CircuitBreaker
 from resilience.budget import RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline, current_deadline
@@ -92,6 +98,8 @@ class _Call(Generic[R]):
     started: float
     records: list[AttemptRecord]
     last: AttemptResult[R] | None = None
+    breaker: CircuitBreaker | None = None
+    admitted: bool = False
 
 
 class Retrier:
@@ -151,12 +159,13 @@ class Retrier:
         if budget is not None:
             budget.deposit()
         breaker = self.breakers.get(spec.engine) if self.breakers is not None else None
+        call.breaker = breaker
         n = 0
         while True:
             remaining = deadline.remaining()
             if remaining <= 0:
                 self._fail(call, CallOutcome.DEADLINE_EXCEEDED, DeadlineExceeded, "deadline exceeded before attempt", discard)
-            if breaker is not None and not breaker.allow():
+            if breaker is not None and not self._admit(call, breaker):
                 if observers:
                     emit(observers, BreakerRejected(call.call_id, spec.match.endpoint, spec.engine))
                 self._fail(
@@ -212,13 +221,6 @@ class Retrier:
                         duration,
                     ),
                 )
-            if breaker is not None:
-                if outcome is Outcome.SUCCESS:
-                    breaker.record_success()
-                elif outcome is Outcome.FATAL and result.status is not None:
-                    breaker.release_probe()
-                else:
-                    breaker.record_failure()
             call.last = result
             call.records.append(AttemptRecord(n, result.status, outcome, result.delivery, error_type, duration))
 
@@ -334,7 +336,34 @@ class Retrier:
             emit(self.observers, ProbeCompleted(call.call_id, spec.match.endpoint, spec.engine, str(answer)))
         return answer
 
+    @staticmethod
+    def _admit(call: _Call[R], breaker: CircuitBreaker) -> bool:
+        """The breaker lets the call in once (taking a half-open probe slot); later attempts only need it not open."""
+        if not call.admitted:
+            call.admitted = breaker.allow()
+            return call.admitted
+        return breaker.state is not BreakerState.OPEN
+
+    @staticmethod
+    def _record_breaker(call: _Call[R], outcome: CallOutcome) -> None:
+        """One verdict per logical call: retries that absorbed a failure do not count against the engine.
+
+        A success closes the count; a call that ended on transport errors or
+        retryable statuses is a failure; a fatal status (4xx, 500) is neutral.
+        """
+        breaker = call.breaker
+        if breaker is None or not call.admitted:
+            return
+        last = call.records[-1] if call.records else None
+        if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
+            breaker.record_success()
+        elif outcome is CallOutcome.CIRCUIT_OPEN or (last is not None and last.outcome is Outcome.FATAL and last.status is not None):
+            breaker.release_probe()
+        else:
+            breaker.record_failure()
+
     def _end(self, call: _Call[R], outcome: CallOutcome, error_type: str | None) -> None:
+        self._record_breaker(call, outcome)
         if not self.observers:
             return
         spec = call.spec

@@ -179,45 +179,45 @@ class MetricsObserver:
         """The registry the metrics live in; serve it with ``start_metrics_server(registry=...)``."""
         self.max_label_values = max_label_values
         r = self.registry
-        self.requests = Counter(
+        self._m_requests = Counter(
             "cpr_requests", "Logical calls by endpoint template, method and outcome.",
             ["endpoint", "method", "outcome"], registry=r,
         )  # fmt: skip
-        self.attempts = Counter(
+        self._m_attempts = Counter(
             "cpr_attempts", "Attempts by endpoint template, engine and HTTP status (or transport error).",
             ["endpoint", "engine", "status"], registry=r,
         )  # fmt: skip
-        self.attempt_duration = Histogram(
+        self._m_attempt_duration = Histogram(
             "cpr_attempt_duration_seconds", "Duration of one attempt, by endpoint template.",
             ["endpoint"], buckets=ATTEMPT_DURATION_BUCKETS, registry=r,
         )  # fmt: skip
-        self.retries = Counter("cpr_retries", "Retries scheduled, by endpoint template and reason.", ["endpoint", "reason"], registry=r)
-        self.breaker_state = Gauge(
+        self._m_retries = Counter("cpr_retries", "Retries scheduled, by endpoint template and reason.", ["endpoint", "reason"], registry=r)
+        self._m_breaker_state = Gauge(
             "cpr_breaker_state", "Circuit breaker state per engine: 0 closed, 1 half_open, 2 open.", ["engine"],
             registry=r,
         )  # fmt: skip
-        self.breaker_rejections = Counter(
+        self._m_breaker_rejections = Counter(
             "cpr_breaker_rejections", "Calls failed fast by an open breaker.", ["endpoint", "engine"], registry=r
         )
-        self.retry_budget_tokens = Gauge(
+        self._m_retry_budget_tokens = Gauge(
             "cpr_retry_budget_tokens", "Retry-budget balance per engine after the latest call.", ["engine"], registry=r
         )
-        self.retry_budget_exhausted = Counter(
+        self._m_retry_budget_exhausted = Counter(
             "cpr_retry_budget_exhausted", "Retries refused because the engine's retry budget was spent.",
             ["endpoint", "engine"], registry=r,
         )  # fmt: skip
-        self.phase_duration = Histogram(
+        self._m_phase_duration = Histogram(
             "cpr_barrier_phase_duration_seconds", "Duration of one barrier phase across all its engines.",
             ["transition", "phase"], buckets=PHASE_DURATION_BUCKETS, registry=r,
         )  # fmt: skip
-        self.phase_failures = Counter(
+        self._m_phase_failures = Counter(
             "cpr_barrier_phase_failures", "Engines that failed a barrier phase.", ["transition", "phase"], registry=r
         )
-        self.transitions = Counter(
+        self._m_transitions = Counter(
             "cpr_barrier_transitions", "Barrier transitions by result (ok / failed).", ["transition", "result"],
             registry=r,
         )  # fmt: skip
-        self.engines_held_paused = Gauge("cpr_engines_held_paused", "Pause holds currently on each engine.", ["engine"], registry=r)
+        self._m_engines_held_paused = Gauge("cpr_engines_held_paused", "Pause holds currently on each engine.", ["engine"], registry=r)
         self._restarts = _RestartBudgetCollector()
         r.register(self._restarts)
         if restart_budget is not None:
@@ -295,14 +295,14 @@ class MetricsObserver:
         key = (ev.endpoint, ev.method, ev.outcome)
         child = self._c_requests.get(key)
         if child is None:
-            child = self.requests.labels(self._endpoint(ev.endpoint), ev.method, ev.outcome.value)
+            child = self._m_requests.labels(self._endpoint(ev.endpoint), ev.method, ev.outcome.value)
             _remember(self._c_requests, key, child)
         child.inc()
         tokens = ev.retry_budget_tokens
         if tokens is not None:
             gauge = self._c_tokens.get(ev.engine)
             if gauge is None:
-                gauge = self.retry_budget_tokens.labels(self._engine(ev.engine))
+                gauge = self._m_retry_budget_tokens.labels(self._engine(ev.engine))
                 _remember(self._c_tokens, ev.engine, gauge)
             gauge.set(tokens)
 
@@ -320,8 +320,8 @@ class MetricsObserver:
                 label = transport_label(ev.error_type, sent=ev.sent, ambiguous=ev.outcome is Outcome.AMBIGUOUS)
             endpoint = self._endpoint(ev.endpoint)
             pair = (
-                self.attempts.labels(endpoint, self._engine(ev.engine), label),
-                self.attempt_duration.labels(endpoint),
+                self._m_attempts.labels(endpoint, self._engine(ev.engine), label),
+                self._m_attempt_duration.labels(endpoint),
             )
             _remember(self._c_attempts, key, pair)
         pair[0].inc()
@@ -331,20 +331,20 @@ class MetricsObserver:
         key = (ev.endpoint, ev.reason)
         child = self._c_retries.get(key)
         if child is None:
-            child = self.retries.labels(self._endpoint(ev.endpoint), ev.reason)
+            child = self._m_retries.labels(self._endpoint(ev.endpoint), ev.reason)
             _remember(self._c_retries, key, child)
         child.inc()
 
     def _breaker_transitioned(self, ev: BreakerTransitioned) -> None:
         value = BREAKER_STATE_VALUES.get(ev.to_state)
         if value is not None:
-            self.breaker_state.labels(self._engine(ev.engine)).set(value)
+            self._m_breaker_state.labels(self._engine(ev.engine)).set(value)
 
     def _breaker_rejected(self, ev: BreakerRejected) -> None:
         key = (ev.endpoint, ev.engine)
         child = self._c_rejections.get(key)
         if child is None:
-            child = self.breaker_rejections.labels(self._endpoint(ev.endpoint), self._engine(ev.engine))
+            child = self._m_breaker_rejections.labels(self._endpoint(ev.endpoint), self._engine(ev.engine))
             _remember(self._c_rejections, key, child)
         child.inc()
 
@@ -352,20 +352,20 @@ class MetricsObserver:
         key = (ev.endpoint, ev.engine)
         child = self._c_exhausted.get(key)
         if child is None:
-            child = self.retry_budget_exhausted.labels(self._endpoint(ev.endpoint), self._engine(ev.engine))
+            child = self._m_retry_budget_exhausted.labels(self._endpoint(ev.endpoint), self._engine(ev.engine))
             _remember(self._c_exhausted, key, child)
         child.inc()
 
     def _phase_ended(self, ev: PhaseEnded) -> None:
-        self.phase_duration.labels(ev.transition, ev.phase).observe(ev.duration_s)
+        self._m_phase_duration.labels(ev.transition, ev.phase).observe(ev.duration_s)
         if ev.failures:
-            self.phase_failures.labels(ev.transition, ev.phase).inc(len(ev.failures))
+            self._m_phase_failures.labels(ev.transition, ev.phase).inc(len(ev.failures))
 
     def _transition_ended(self, ev: TransitionEnded) -> None:
-        self.transitions.labels(ev.transition, "ok" if ev.ok else "failed").inc()
+        self._m_transitions.labels(ev.transition, "ok" if ev.ok else "failed").inc()
 
     def _hold_changed(self, ev: HoldChanged) -> None:
-        self.engines_held_paused.labels(self._engine(ev.engine)).set(len(ev.holds))
+        self._m_engines_held_paused.labels(self._engine(ev.engine)).set(len(ev.holds))
 
 
 class MetricsServer(NamedTuple):

@@ -75,7 +75,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 from opentelemetry import trace
@@ -186,8 +187,8 @@ class TracingObserver:
         self._calls: dict[int, _Call] = {}
         self._transitions: dict[int, _Transition] = {}
         self._engines: dict[str, str] = {}
-        self._call_cache: dict[tuple[str, str, str], tuple[str, dict[str, AttributeValue]]] = {}
-        self._attempt_cache: dict[tuple[str, str, str, int], tuple[str, dict[str, AttributeValue]]] = {}
+        self._call_cache: dict[tuple[str, str, str], tuple[str, Mapping[str, AttributeValue]]] = {}
+        self._attempt_cache: dict[tuple[str, str, str, int], tuple[str, Mapping[str, AttributeValue]]] = {}
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             CallStarted: self._call_started,
             AttemptStarted: self._attempt_started,
@@ -239,7 +240,7 @@ class TracingObserver:
         attrs[HTTP_REQUEST_METHOD_ORIGINAL] = method
         return "HTTP"
 
-    def _call_static(self, method: str, endpoint: str, engine: str) -> tuple[str, dict[str, AttributeValue]]:
+    def _call_static(self, method: str, endpoint: str, engine: str) -> tuple[str, Mapping[str, AttributeValue]]:
         """Name and start attributes of a logical span; computed once per (method, endpoint, engine)."""
         key = (method, endpoint, engine)
         static = self._call_cache.get(key)
@@ -251,12 +252,12 @@ class TracingObserver:
                 attrs[URL_TEMPLATE] = template
             attrs["resilience.endpoint"] = endpoint
             attrs["resilience.engine"] = self._engine(engine)
-            static = (f"resilient {endpoint}", attrs)
+            static = (f"resilient {endpoint}", MappingProxyType(attrs))
             if len(self._call_cache) < _CACHE_MAX:
                 self._call_cache[key] = static
         return static
 
-    def _attempt_static(self, ev: AttemptStarted) -> tuple[str, dict[str, AttributeValue]]:
+    def _attempt_static(self, ev: AttemptStarted) -> tuple[str, Mapping[str, AttributeValue]]:
         """Name and start attributes of a first attempt; computed once per (method, endpoint, server)."""
         key = (ev.method, ev.endpoint, ev.server_address, ev.server_port)
         static = self._attempt_cache.get(key)
@@ -269,7 +270,7 @@ class TracingObserver:
             if template is not None:
                 attrs[URL_TEMPLATE] = template
                 name = f"{name} {template}"
-            static = (name, attrs)
+            static = (name, MappingProxyType(attrs))
             if len(self._attempt_cache) < _CACHE_MAX:
                 self._attempt_cache[key] = static
         return static

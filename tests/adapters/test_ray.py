@@ -28,12 +28,15 @@ pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
 from resilience.adapters.ray import RayEngine, RayFanOut, TimedValue, ray_engines
-from resilience.adapters.sglang import SGLangClient, SGLangError
+from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.deadline import Deadline
 from resilience.events import Event, PhaseEnded
 from resilience.fanout import EngineDied, FanOut, PhaseTimeout, ThreadFanOut
+from resilience.outcome import Delivery
+from resilience.policy import EndpointPolicy, RetryPolicy
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
+from tests.conftest import free_port
 
 CONFIG = EngineConfig(
     token_rate=100.0,
@@ -285,6 +288,27 @@ def test_a_dead_actor_is_engine_died(serving: EmulatedFleet) -> None:
     assert isinstance(result.error, EngineDied) and engines[0].engine in str(result.error)
 
 
+def test_an_engine_refusing_connections_is_dead_with_its_attempts(serving: EmulatedFleet, actors: list[RayEngine]) -> None:
+    """Connection refused inside the actor reaches the barrier as the client's error with its attempts (all not sent): a dead engine."""
+    fast = SGLANG_POLICIES.with_entries(
+        {"POST /pause_generation": EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0.01, cap_s=0.01), attempt_timeout_s=2.0)}
+    )
+    [gone] = ray_engines([f"http://127.0.0.1:{free_port()}"], client_kwargs={"policies": fast})
+    try:
+        orch = Orchestrator(EngineGroup([actors[0], gone]), fanout=RayFanOut())
+        with pytest.raises(PhaseFailed) as info:
+            orch.offload()
+        err = info.value
+        assert err.phase == "pause" and set(err.failures) == {gone.engine} and err.dead == (gone.engine,)
+        cause = err.failures[gone.engine]
+        assert isinstance(cause, requests.ConnectionError) and not isinstance(cause, ray.exceptions.RayError)
+        attempts = cause.attempts  # type: ignore[attr-defined]
+        assert len(attempts) == 2 and all(a.delivery is Delivery.NOT_SENT for a in attempts)
+        assert err.rolled_back == (actors[0].engine,) and not serving.engines[0].state()["paused"]
+    finally:
+        drop_engines([gone])
+
+
 def test_the_phase_deadline_caps_http_calls_inside_the_actor(local_ray: None, hung_url: str) -> None:
     """A call to an engine that never answers ends with the deadline passed into the actor, not the policy's 30 s attempt timeout."""
     engines = ray_engines([hung_url])
@@ -298,24 +322,24 @@ def test_the_phase_deadline_caps_http_calls_inside_the_actor(local_ray: None, hu
         drop_engines(engines)
 
 
-class _Slow:
-    """Answers ``timed_call`` after ``delay_s``, whatever the deadline."""
+def _slow_actor_class() -> Any:
+    """An actor class answering ``timed_call`` after ``delay_s``, whatever the deadline (local: Ray ships it by value)."""
 
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
+    class Slow:
+        def __init__(self, delay_s: float) -> None:
+            self.delay_s = delay_s
 
-    def timed_call(self, method: str, kwargs: dict[str, Any], deadline_s: float | None) -> TimedValue:
-        time.sleep(self.delay_s)
-        return TimedValue(method, self.delay_s)
+        def timed_call(self, method: str, kwargs: dict[str, Any], deadline_s: float | None) -> TimedValue:
+            time.sleep(self.delay_s)
+            return TimedValue(method, self.delay_s)
 
-
-_SlowActor: Any = ray.remote(_Slow)
+    return ray.remote(Slow)
 
 
 class _SlowEngine:
     def __init__(self, engine: str, delay_s: float) -> None:
         self.engine = engine
-        self.actor = _SlowActor.options(num_cpus=0, max_concurrency=2).remote(delay_s)
+        self.actor = _slow_actor_class().options(num_cpus=0, max_concurrency=2).remote(delay_s)
 
 
 def test_refs_not_ready_by_the_deadline_are_phase_timeouts(local_ray: None) -> None:

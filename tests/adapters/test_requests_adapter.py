@@ -185,3 +185,12 @@ def test_pickled_adapter_works() -> None:
         s = requests.Session()
         s.mount("http://", adapter)
         assert s.get(f"{srv.url}/x").text == "ok"
+
+
+def test_flaky_gateway_absorbed_by_retries_never_opens_breaker() -> None:
+    """The breaker judges calls, not attempts: a 502 that a retry absorbs does not count against a healthy engine."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=0, cap_s=0))
+    with scripted(*[Reply(502, b""), Reply(200, b"ok")] * 10) as srv:
+        s = resilient_session(table(GET__x=policy), breaker=BreakerConfig(failure_threshold=2, open_seconds=60))
+        assert all(s.get(f"{srv.url}/x").text == "ok" for _ in range(10))
+        assert srv.count == 20

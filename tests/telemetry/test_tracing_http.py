@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
+import requests
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -99,3 +101,23 @@ def test_no_observer_sends_no_traceparent(server: HTTPServer) -> None:
     session = resilient_session(POLICIES)
     assert session.post(server.url_for("/flush"), data=b"{}", timeout=5).status_code == 200
     assert all("traceparent" not in request.headers for request, _ in server.log)
+
+
+def test_refused_connection_attempts(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
+    """Attempts to a port nobody listens on are CLIENT spans with error.type = the exception class and status Error."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    policies = PolicyTable({"GET /health": EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0.001, cap_s=0.01))})
+    session = resilient_session(policies, observers=[TracingObserver(provider)])
+    with pytest.raises(requests.ConnectionError):
+        session.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    call, attempts = ours(exporter.get_finished_spans())
+    assert len(attempts) == 2
+    for a in attempts:
+        attrs = dict(a.attributes or {})
+        assert attrs["error.type"] == "ConnectionError"
+        assert "http.response.status_code" not in attrs
+        assert a.status.status_code is StatusCode.ERROR
+    assert call.status.status_code is StatusCode.ERROR
+    assert (call.attributes or {})["resilience.outcome"] == "failed"
