@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
@@ -29,8 +29,11 @@ from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
 from resilience.budget import RestartBudget
 from resilience.events import Event, Observer, RetryScheduled
 from resilience.policy import PolicyTable
-from resilience.testing.emulator import EmulatedFleet
+from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.policies import fast_policies
+
+if TYPE_CHECKING:
+    from resilience.testing.faults import FaultProxy
 
 __all__ = ["ColocateConfig", "ColocateReport", "StepProgress", "demo_policies", "run_colocate"]
 
@@ -85,6 +88,10 @@ class StepProgress:
     restarts: int
     deaths: int
     error: str | None = None
+    started_ns: int | None = None
+    """``time.monotonic_ns()`` when the step began (its rollout), or None."""
+    ended_ns: int | None = None
+    """``time.monotonic_ns()`` when the step's last call returned, before any recovery, or None."""
 
 
 @dataclass
@@ -156,8 +163,10 @@ class _Loop:
         observers: Sequence[Observer],
         budget: RestartBudget,
         policies: PolicyTable,
+        urls: Sequence[str] | None = None,
     ) -> None:
         self.fleet, self.config, self.way = fleet, config, way
+        self.urls = list(urls) if urls is not None else fleet.urls
         self.rng = random.Random(f"{config.seed}:{way}")
         self.budget = budget
         self.counter = _Counter()
@@ -169,7 +178,7 @@ class _Loop:
         self.bare.trust_env = False
         self.bare.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         all_observers = (*observers, self.counter)
-        self.clients = [SGLangClient(u, policies=policies, observers=all_observers, flush_poll_s=0.05, pool_maxsize=64) for u in fleet.urls]
+        self.clients = [SGLangClient(u, policies=policies, observers=all_observers, flush_poll_s=0.05, pool_maxsize=64) for u in self.urls]
         self.orch = Orchestrator(
             EngineGroup(self.clients),
             observers=observers,
@@ -182,7 +191,7 @@ class _Loop:
     def _generate(self, i: int, tag: str) -> GenerateResult | None:
         body = {"text": tag, "sampling_params": {"max_new_tokens": self.config.max_new_tokens}}
         if self.way == "old":
-            r = self.bare.post(f"{self.fleet.urls[i]}/generate", json=body, timeout=60)
+            r = self.bare.post(f"{self.urls[i]}/generate", json=body, timeout=60)
             r.raise_for_status()
             data = r.json()
             finish = (data.get("meta_info") or {}).get("finish_reason") or {}
@@ -222,10 +231,10 @@ class _Loop:
                 raise TimeoutError(f"{url}: timeout while flushing cache")
             _json_post(self.bare, f"{url}/release_memory_occupation", {"tags": None})
 
-        list(self.pool.map(one, self.fleet.urls))
+        list(self.pool.map(one, self.urls))
 
     def _old_onload(self) -> None:
-        list(self.pool.map(lambda u: _json_post(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.fleet.urls))
+        list(self.pool.map(lambda u: _json_post(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.urls))
 
     def _old_weight_sync(self, version: str) -> None:
         def one(url: str) -> None:
@@ -240,7 +249,7 @@ class _Loop:
             _json_post(self.bare, f"{url}/end_weight_update", {})
             _json_post(self.bare, f"{url}/continue_generation", {})
 
-        list(self.pool.map(one, self.fleet.urls))
+        list(self.pool.map(one, self.urls))
 
     def _our_weight_sync(self, version: str) -> None:
         with self.orch.weight_sync(mode="retract") as engines:
@@ -254,7 +263,7 @@ class _Loop:
 
     def step(self, n: int) -> None:
         cfg = self.config
-        engines = range(len(self.fleet.urls))
+        engines = range(len(self.urls))
         rollout = [self.pool.submit(self._generate, i, f"s{n}-e{i}-r{k}") for i in engines for k in range(cfg.rollout_requests)]
         for f in rollout:
             f.result(timeout=120)
@@ -280,25 +289,39 @@ class _Loop:
 
     # -- recovery: what a global restart does here ------------------------------------------
 
-    def recover(self) -> int:
-        """Restart dead engines; continue/resume live ones left paused or released. Returns deaths found."""
-        dead = [e for e in self.fleet.engines if not e.alive()]
-        for engine in dead:  # restart in parallel: stop all, spawn all, then wait for all
+    @staticmethod
+    def _restart(engines: Sequence[EngineHandle]) -> None:
+        for engine in engines:  # restart in parallel: stop all, spawn all, then wait for all
             engine.stop()
             engine.spawn()
         ready_by = time.monotonic() + 120
-        for engine in dead:
+        for engine in engines:
             engine.wait_ready(ready_by)
+
+    def _put_in_order(self, engine: EngineHandle) -> None:
+        state = engine.state()
+        if state.get("released_tags"):
+            self.bare.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
+        if state.get("paused"):
+            self.bare.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
+        if state.get("weight_update_session_open"):
+            self.bare.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
+
+    def recover(self) -> int:
+        """Restart dead engines; continue/resume live ones left paused or released. Returns deaths found."""
+        dead = [e for e in self.fleet.engines if not e.alive()]
+        self._restart(dead)
         for engine in self.fleet.engines:
             if engine in dead:
                 continue
-            state = engine.state()
-            if state.get("released_tags"):
-                self.bare.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
-            if state.get("paused"):
-                self.bare.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
-            if state.get("weight_update_session_open"):
-                self.bare.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
+            try:
+                self._put_in_order(engine)
+            except requests.RequestException:
+                # A crash lands a moment after the call that caused it: the engine may have died after the check above.
+                if engine.wait_exit(5.0) is None:
+                    raise
+                self._restart([engine])
+                dead.append(engine)
         self.orch = Orchestrator(
             EngineGroup(self.clients), observers=self.orch.observers, deadlines=self.orch.deadlines, restart_budget=self.budget
         )
@@ -313,12 +336,8 @@ class _Loop:
             client.close()
 
 
-def _injected_502s(fleet: EmulatedFleet) -> int:
-    total = 0
-    for engine in fleet.engines:
-        if engine.proxy is not None:
-            total += sum(1 for f in engine.proxy.injected if f.status == 502)
-    return total
+def _injected_502s(proxies: Sequence[FaultProxy | None]) -> int:
+    return sum(sum(1 for f in proxy.injected if f.status == 502) for proxy in proxies if proxy is not None)
 
 
 def run_colocate(
@@ -330,21 +349,43 @@ def run_colocate(
     restart_budget: RestartBudget | None = None,
     policies: PolicyTable | None = None,
     progress: Callable[[StepProgress], None] | None = None,
+    proxies: Sequence[FaultProxy] | None = None,
+    recover_when_spent: bool = True,
 ) -> ColocateReport:
-    """Run ``config.steps`` colocate steps on ``fleet`` the ``way`` given; stops early when the restart budget is spent."""
+    """Run ``config.steps`` colocate steps on ``fleet`` the ``way`` given; stops early when the restart budget is spent.
+
+    ``proxies``: fault proxies to send every call through instead of the fleet's own, one per engine in
+    fleet order (each in front of that engine's ``direct_url``); 502s are counted from them. Fresh proxies
+    per run give fresh call counters, so one fleet can serve several runs and the same plan seed still
+    gives the same faults. Default None: the fleet's :attr:`~EmulatedFleet.urls` and proxies.
+
+    ``recover_when_spent``: whether the step that finds the restart budget spent still puts the fleet back
+    in order (restarts dead engines). False saves those restarts when the caller stops the fleet next;
+    the deaths are still counted. Default True.
+    """
     budget = restart_budget if restart_budget is not None else RestartBudget(config.restart_limit)
-    loop = _Loop(fleet, config, way, observers, budget, policies if policies is not None else demo_policies())
+    if proxies is not None and len(proxies) != len(fleet.engines):
+        raise ValueError(f"`proxies` must hold one proxy per engine ({len(fleet.engines)}), but held {len(proxies)}")
+    counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
+    urls = [p.url for p in proxies] if proxies is not None else None
+    loop = _Loop(fleet, config, way, observers, budget, policies if policies is not None else demo_policies(), urls)
     report = loop.report
-    before_502 = _injected_502s(fleet)
+    before_502 = _injected_502s(counted)
     t0 = time.monotonic()
     try:
         for n in range(config.steps):
             error: str | None = None
+            started_ns = time.monotonic_ns()
             try:
                 loop.step(n)
             except Exception as exc:
                 error = f"step {n}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            deaths = loop.recover()
+            ended_ns = time.monotonic_ns()
+            dead_now = sum(1 for e in fleet.engines if not e.alive())
+            if (error or dead_now) and budget.remaining == 0 and not recover_when_spent:
+                deaths = dead_now  # the run is over: no restart (the caller stops the fleet)
+            else:
+                deaths = loop.recover()
             report.engine_deaths += deaths
             if error is None and deaths == 0:
                 report.steps_finished += 1
@@ -367,13 +408,15 @@ def run_colocate(
                         report.restarts,
                         report.engine_deaths,
                         report.failures[-1] if report.failures and (error or deaths) else None,
+                        started_ns,
+                        ended_ns,
                     )
                 )
             if report.stopped_early:
                 break
     finally:
         loop.close()
-    report.http_502_seen = _injected_502s(fleet) - before_502
+    report.http_502_seen = _injected_502s(counted) - before_502
     report.http_502_absorbed = loop.counter.absorbed
     report.wall_s = time.monotonic() - t0
     return report

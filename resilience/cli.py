@@ -1,0 +1,270 @@
+"""``cpr``: the command line of controlplane-resilience.
+
+Subcommands::
+
+    cpr demo        the colocate loop on emulated engines under the seed's faults, the old way and ours, side by side
+    cpr soak        the same loop for many steps, with memory sampled (is RSS flat?)
+    cpr probe URL   read-only checks of real engines: health, readiness, weight version, loads, server info
+    cpr emulate     run one emulated SGLang engine (for your own tests)
+    cpr policies    print the effective policy table; validate a policy file
+    cpr dashboards  regenerate (or --check) grafana/ from grafana/generate.py
+
+Bad input to any subcommand is one line on stderr and a non-zero exit (2 for
+bad arguments), never a traceback. Heavy imports (rich, matplotlib, torch,
+telemetry) happen inside the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import resilience
+from resilience.cli_common import CliError, OneLineParser, port_number, positive_float, positive_int
+
+__all__ = ["build_parser", "main"]
+
+_DEMO_SEED = 1
+"""The demo's default seed (any seed shows the same story; this one is what the README shows)."""
+
+
+def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the colocate loop under the seed's faults, the old way and ours, side by side",
+        description="Run colocated RL steps (rollout with stragglers, offload, training pause, onload, weight sync) on "
+        "emulated SGLang engines behind fault proxies, once the old way and once ours, and compare them in a table.",
+    )
+    p.add_argument("--seed", type=int, default=_DEMO_SEED, help="seed of the faults and straggler timing (default: %(default)s)")
+    p.add_argument("--engines", type=positive_int, default=8, help="emulated engines (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=20, help="colocate steps per way (default: %(default)s)")
+    p.add_argument("--report", default="cpr-demo-report.json", metavar="FILE", help="JSON report (default: %(default)s)")
+    p.add_argument("--metrics-port", type=port_number, default=0, help="serve /metrics on 127.0.0.1:PORT; 0 = a free port (default)")
+    p.add_argument(
+        "--traces",
+        choices=("off", "console", "otlp"),
+        default="off",
+        help="OpenTelemetry spans: console (stderr) or otlp (endpoint from OTEL_EXPORTER_OTLP_* variables); default off",
+    )
+    p.add_argument("--timeline", metavar="FILE", help="draw the offload/onload timeline across engines: .png or .html")
+
+
+def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    p = sub.add_parser(
+        "soak",
+        help="the colocate loop for many steps, with RSS sampled each step",
+        description="Run the colocate loop for many steps on emulated engines behind fault proxies; sample the RSS of "
+        "this process and of the engines each step and report whether memory stayed flat.",
+    )
+    p.add_argument("--engines", type=positive_int, default=8, help="emulated engines (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=100, help="colocate steps (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the faults and straggler timing (default: %(default)s)")
+    p.add_argument("--fault-plan", metavar="FILE", help="a fault plan (.toml, .yaml, .json) instead of FaultPlan.seed_like(seed)")
+    p.add_argument("--way", choices=("ours", "old"), default="ours", help="which loop to run (default: %(default)s)")
+    p.add_argument("--report", default="cpr-soak-report.json", metavar="FILE", help="JSON report (default: %(default)s)")
+
+
+def _add_probe(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    p = sub.add_parser(
+        "probe",
+        help="read-only checks of real engines (exit 0 only if all healthy)",
+        description="Check SGLang engines without changing them (never pauses, flushes or releases): /health, /ready, "
+        "/model_info, /v1/loads, /server_info, all engines at once, one attempt per check.",
+    )
+    p.add_argument("urls", nargs="+", metavar="URL", help="engine base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3.0,
+        help="seconds per check; a paused engine's /health hangs ~20 s (default: %(default)s)",
+    )
+    p.add_argument("--api-key-env", metavar="VAR", help="send the API key in environment variable VAR as a Bearer token")
+
+
+def _add_policies(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    p = sub.add_parser(
+        "policies",
+        help="print the effective policy table; validate a policy file",
+        description="Print SGLANG_POLICIES, or the table a policy file (.toml, .yaml) gives, as a table. "
+        "An invalid file is one line naming the field and the rule it broke, and exit 1.",
+    )
+    p.add_argument("--file", metavar="FILE", help="a policy file to validate and show instead of SGLANG_POLICIES")
+    p.add_argument("--over-sglang", action="store_true", help="show SGLANG_POLICIES with the file's entries added or replacing")
+
+
+def _add_dashboards(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    p = sub.add_parser(
+        "dashboards",
+        help="regenerate grafana/ (dashboard JSON and alert rules), or --check it",
+        description="Run grafana/generate.py: write the dashboard into DIR/dashboards and the alert rules into DIR/rules.",
+    )
+    p.add_argument("--out", metavar="DIR", help="the grafana folder to write (default: the repository's grafana/)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs from a fresh generation")
+
+
+def build_parser() -> OneLineParser:
+    """The ``cpr`` argument parser (``emulate`` passes its arguments to the emulator's own parser)."""
+    parser = OneLineParser(prog="cpr", description="Resilient HTTP control planes for colocated RL training with SGLang.")
+    parser.add_argument("--version", action="version", version=f"cpr {resilience.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    parser.set_defaults(_subparsers=sub.choices)
+    _add_demo(sub)
+    _add_soak(sub)
+    _add_probe(sub)
+    sub.add_parser("emulate", help="run one emulated SGLang engine (see cpr emulate --help)", add_help=False)
+    _add_policies(sub)
+    _add_dashboards(sub)
+    return parser
+
+
+# -- small subcommands ---------------------------------------------------------------------------
+
+
+def _policies(args: argparse.Namespace) -> int:
+    from resilience.adapters.sglang import SGLANG_POLICIES
+    from resilience.cli_render import POLICY_COLUMNS, make_console, policy_rows, rich_table
+    from resilience.errors import PolicyError
+    from resilience.policy import PolicyTable
+
+    if args.over_sglang and not args.file:
+        raise CliError("--over-sglang needs --file", 2)
+    if args.file:
+        try:
+            loaded = PolicyTable.load(args.file)
+        except PolicyError as exc:
+            raise CliError(str(exc)) from None
+        table = SGLANG_POLICIES.with_entries(loaded.entries) if args.over_sglang else loaded
+        title = f"{args.file}{' over SGLANG_POLICIES' if args.over_sglang else ''}: valid, {len(table)} entries"
+    else:
+        table, title = SGLANG_POLICIES, f"SGLANG_POLICIES ({len(SGLANG_POLICIES)} entries)"
+    console = make_console()
+    caption = (
+        "Requests no entry matches: GET, HEAD, PUT, DELETE, OPTIONS, TRACE are retried on 502/503/504 and transport errors; "
+        "POST and PATCH only on failures before sending."
+    )
+    console.print(rich_table(title, POLICY_COLUMNS, policy_rows(table), caption=caption, wrap=[-1]))
+    return 0
+
+
+def _find_generator() -> Path:
+    here = Path(resilience.__file__).resolve().parent.parent / "grafana" / "generate.py"
+    cwd = Path.cwd() / "grafana" / "generate.py"
+    for candidate in (here, cwd):
+        if candidate.is_file():
+            return candidate
+    raise CliError(f"grafana/generate.py not found (looked at {here} and {cwd}); run cpr dashboards from a source checkout")
+
+
+def _load_generator(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cpr_grafana_generate", path)
+    if spec is None or spec.loader is None:
+        raise CliError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        raise CliError(f"{path} needs {exc.name or exc}: pip install 'controlplane-resilience[grafana]'") from None
+    return module
+
+
+def _dashboards(args: argparse.Namespace) -> int:
+    generator = _find_generator()
+    module = _load_generator(generator)
+    out = Path(args.out) if args.out else generator.parent
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {str(out)!r} is not a folder", 2)
+    argv = ["--out", str(out / "dashboards"), "--rules-out", str(out / "rules")]
+    if args.check:
+        argv.append("--check")
+    try:
+        code = module.main(argv)
+    except OSError as exc:
+        raise CliError(f"cannot write under {str(out)!r}: {exc.strerror or exc}") from None
+    if args.check:
+        if code == 0:
+            print(f"{out}: up to date")
+        else:
+            print(f"{out}: stale (see above); run: cpr dashboards", file=sys.stderr)
+    return int(code)
+
+
+def _emulate(argv: Sequence[str]) -> int:
+    """Check the arguments with the emulator's own parser (errors in one line), then hand over to it."""
+    from resilience.testing.emulator import main as emulator_main
+    from resilience.testing.emulator.config import config_from_namespace
+    from resilience.testing.emulator.server import build_parser as emulator_parser
+
+    parser = emulator_parser("cpr emulate")
+    parser.__class__ = OneLineParser  # same parser, one-line errors
+    try:
+        args = parser.parse_args(list(argv))
+        config_from_namespace(args)
+        if not 0 <= args.port <= 65535:
+            parser.error(f"argument --port: must be a port number 0..65535, but was {args.port}")
+    except SystemExit as exc:  # --help, or a one-line argument error
+        return exc.code if isinstance(exc.code, int) else 0
+    except ValueError as exc:
+        print(f"cpr emulate: error: {exc}", file=sys.stderr)
+        return 2
+    return emulator_main(list(argv), prog="cpr emulate")
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        from resilience.cli_demo import run_demo
+
+        return run_demo(args)
+    if args.command == "soak":
+        from resilience.cli_soak import run_soak
+
+        return run_soak(args)
+    if args.command == "probe":
+        from resilience.cli_probe import run_probe
+
+        return run_probe(args)
+    if args.command == "policies":
+        return _policies(args)
+    if args.command == "dashboards":
+        return _dashboards(args)
+    raise CliError(f"unknown command {args.command!r}", 2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``cpr`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["emulate"]:
+        return _emulate(args_list[1:])
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(args_list)
+        if extra:  # name the subcommand whose flags were wrong, not "cpr"
+            (args._subparsers.get(args.command) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # --help, --version, or a one-line argument error
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    prog = f"cpr {args.command}"
+    try:
+        return _dispatch(args)
+    except CliError as exc:
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug or an environment problem: still one line, the traceback only on request
+        if os.environ.get("CPR_DEBUG"):
+            raise
+        text = " ".join(str(exc).split())[:300]
+        print(f"{prog}: error: {type(exc).__name__}: {text} (set CPR_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""``cpr probe URL...``: read-only checks of SGLang engines, all at once, each bounded in time.
+
+Per engine: ``GET /health``, ``/ready``, ``/model_info`` (weight version),
+``/v1/loads?include=core`` and ``/server_info``, one attempt each with a short
+timeout, never retried and never anything that changes the engine (no pause,
+flush or release). A paused SGLang engine's ``/health`` hangs about 20 s: the
+probe gives up after ``--timeout`` and says so ("no answer in 3 s (paused?)").
+Every engine and every check runs in its own daemon thread; the whole probe
+ends after at most about twice the timeout. Exit 0 only when every engine is
+healthy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+
+from resilience.adapters.sglang import SGLANG_POLICIES
+from resilience.cli_common import CliError
+from resilience.cli_render import describe_policy, make_console, rich_table
+
+__all__ = ["CHECKS", "Check", "CheckResult", "EngineProbe", "probe_engines", "run_probe"]
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One read-only request of the probe."""
+
+    name: str
+    path: str
+    params: Mapping[str, str] | None = None
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("health", "/health"),
+    Check("ready", "/ready"),
+    Check("model_info", "/model_info"),
+    Check("loads", "/v1/loads", {"include": "core"}),
+    Check("server_info", "/server_info"),
+)
+"""What ``cpr probe`` asks each engine, in table order; all GETs."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """The answer to one check: a status and latency, or why there was none."""
+
+    check: Check
+    status: int | None = None
+    latency_s: float | None = None
+    data: Any = None
+    error: str | None = None
+    """``connection refused``, ``no answer in 3 s``, ... (None when an HTTP status came back)."""
+    unreachable: bool = False
+    """The connection itself failed (nothing listens, no route, unknown host)."""
+
+    @property
+    def ok(self) -> bool:
+        """A 2xx came back."""
+        return self.status is not None and 200 <= self.status < 300
+
+    def cell(self) -> str:
+        """Short form for the table: ``200 in 0.012 s`` or the error."""
+        if self.status is not None:
+            return f"{self.status} in {self.latency_s or 0:.3f} s"
+        return self.error or "?"
+
+
+@dataclass
+class EngineProbe:
+    """Every check of one engine."""
+
+    url: str
+    timeout_s: float
+    results: dict[str, CheckResult]
+
+    @property
+    def healthy(self) -> bool:
+        """``/health`` answered 2xx."""
+        return self.results["health"].ok
+
+    def line(self) -> str:
+        """One line: OK/FAIL, the URL, and what was learnt."""
+        r = self.results
+        if all(x.unreachable for x in r.values()):
+            return f"FAIL  {self.url}  unreachable: {r['health'].error}"
+        parts = []
+        health = r["health"]
+        if health.ok:
+            parts.append(f"healthy ({health.status} in {health.latency_s or 0:.2f} s)")
+        elif health.status is not None:
+            parts.append(f"/health answered {health.status}")
+        elif health.error and health.error.startswith("no answer"):
+            parts.append(f"/health: {health.error} (paused?)")
+        else:
+            parts.append(f"/health: {health.error}")
+        ready = r["ready"]
+        if ready.ok:
+            parts.append("ready")
+        elif ready.status is not None:
+            parts.append(f"not ready ({ready.status}{', paused?' if ready.status == 503 else ''})")
+        else:
+            parts.append(f"/ready: {ready.error}")
+        info = r["model_info"]
+        if info.ok and isinstance(info.data, dict):
+            parts.append(f"weights {info.data.get('weight_version')!r} ({info.data.get('model_path')})")
+        else:
+            parts.append(f"/model_info: {info.cell()}")
+        loads = r["loads"]
+        entry = _first_load(loads.data) if loads.ok else None
+        if entry is not None:
+            parts.append(f"{entry.get('num_running_reqs', '?')} running, {entry.get('num_waiting_reqs', '?')} waiting")
+        else:
+            parts.append(f"/v1/loads: {loads.cell()}")
+        server = r["server_info"]
+        if server.ok and isinstance(server.data, dict):
+            parts.append(f"sglang {server.data.get('version', '?')}")
+        else:
+            parts.append(f"/server_info: {server.cell()}")
+        return f"{'OK  ' if self.healthy else 'FAIL'}  {self.url}  " + "; ".join(parts)
+
+
+def _first_load(data: Any) -> dict[str, Any] | None:
+    if isinstance(data, dict) and isinstance(data.get("loads"), list) and data["loads"] and isinstance(data["loads"][0], dict):
+        first: dict[str, Any] = data["loads"][0]
+        return first
+    return None
+
+
+def _why(exc: requests.RequestException, timeout: float) -> tuple[str, bool]:
+    """(what went wrong, whether the engine is unreachable)."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return f"no connection in {timeout:g} s", True
+    if isinstance(exc, requests.ReadTimeout):
+        return f"no answer in {timeout:g} s", False
+    text = str(exc)
+    if isinstance(exc, requests.ConnectionError):
+        if "refused" in text.lower():
+            return "connection refused", True
+        if "resolve" in text.lower() or "name or service not known" in text.lower() or "nodename" in text.lower():
+            return "cannot resolve the host", True
+        if "reset" in text.lower() or "aborted" in text.lower() or "RemoteDisconnected" in text:
+            return "connection dropped without an answer", False
+        return "cannot connect", True
+    return type(exc).__name__, False
+
+
+def _run_check(url: str, check: Check, timeout: float, headers: Mapping[str, str], out: dict[str, CheckResult]) -> None:
+    t0 = time.monotonic()
+    try:
+        with requests.Session() as session:
+            response = session.get(
+                url + check.path, params=check.params, headers=headers, timeout=(timeout, timeout), allow_redirects=False
+            )
+    except requests.RequestException as exc:
+        error, unreachable = _why(exc, timeout)
+        out[check.name] = CheckResult(check, error=error, unreachable=unreachable)
+        return
+    latency = time.monotonic() - t0
+    try:
+        data = response.json() if response.content else None
+    except ValueError:
+        data = None
+    out[check.name] = CheckResult(check, response.status_code, latency, data)
+
+
+def probe_engines(urls: Sequence[str], timeout: float, api_key: str | None = None) -> list[EngineProbe]:
+    """Run every check against every engine concurrently; return within about ``2 * timeout + 1`` seconds."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    outs: list[dict[str, CheckResult]] = [{} for _ in urls]
+    threads = [
+        threading.Thread(target=_run_check, args=(url, check, timeout, headers, out), name=f"cpr-probe-{check.name}", daemon=True)
+        for url, out in zip(urls, outs, strict=True)
+        for check in CHECKS
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 2 * timeout + 1
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    probes = []
+    for url, out in zip(urls, outs, strict=True):
+        results = {c.name: out.get(c.name) or CheckResult(c, error=f"no answer in {timeout:g} s") for c in CHECKS}
+        probes.append(EngineProbe(url, timeout, results))
+    return probes
+
+
+def _normalise(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(f"{url!r} is not an http:// or https:// engine URL (e.g. http://127.0.0.1:30000)", 2)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise CliError(f"{url!r} has an invalid port", 2) from None
+    return url.rstrip("/")
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    """Probe the engines from parsed arguments; exit 0 only when every engine is healthy."""
+    urls = [_normalise(u) for u in args.urls]
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise CliError(f"--api-key-env {args.api_key_env}: that environment variable is not set", 2)
+    probes = probe_engines(urls, args.timeout, api_key)
+    console = make_console()
+    for probe in probes:
+        console.print(probe.line(), markup=False, highlight=False, soft_wrap=True)
+    columns = ["check", *(urlsplit(p.url).netloc for p in probes), "policy a client applies (SGLANG_POLICIES)"]
+    rows = []
+    for check in CHECKS:
+        match = SGLANG_POLICIES.match("GET", check.path)
+        rows.append([f"GET {check.path}", *(p.results[check.name].cell() for p in probes), describe_policy(match.policy)])
+    title = f"cpr probe: {len(probes)} engine(s), one attempt per check, {args.timeout:g} s timeout"
+    console.print(rich_table(title, columns, rows, wrap=[-1]))
+    healthy = sum(p.healthy for p in probes)
+    console.print(f"{healthy} of {len(probes)} engine(s) healthy", markup=False, highlight=False)
+    return 0 if healthy == len(probes) else 1

@@ -1,0 +1,243 @@
+"""How ``cpr`` shows things: side-by-side tables (rich), progress, and one-line policy descriptions.
+
+The rows of the comparison table are built once (:func:`comparison_rows`) and
+used twice: rendered as the rich table and written into the JSON report, so the
+two always say the same thing. rich is imported lazily (the ``[cli]`` extra).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from resilience.cli_common import need
+from resilience.policy import EndpointPolicy, PolicyTable
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+    from rich.table import Table
+
+    from resilience.testing.colocate import ColocateReport, StepProgress
+
+__all__ = [
+    "PHASES",
+    "POLICY_COLUMNS",
+    "RunProgress",
+    "comparison_rows",
+    "describe_policy",
+    "make_console",
+    "policy_rows",
+    "rich_table",
+    "seconds",
+]
+
+PHASES: tuple[tuple[str, str], ...] = (("offload", "offload"), ("onload", "onload"), ("weight_sync", "weight sync"))
+"""(report key, label) of the colocate phases whose latency the table shows."""
+
+_NONE = "-"
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A rich Console; on a pipe or file it is 160 columns wide and colourless, so tables never wrap in logs."""
+    console_mod = need("rich.console", "cli", "this command")
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = stream.isatty()
+    console: Console = console_mod.Console(
+        file=stream, width=None if terminal else 160, no_color=not terminal, highlight=False, soft_wrap=False
+    )
+    return console
+
+
+def seconds(value: float | None, digits: int = 3) -> str:
+    """A duration in seconds, or ``-`` when there is none."""
+    return _NONE if value is None else f"{value:.{digits}f}"
+
+
+def _phase_cell(report: ColocateReport, phase: str) -> str:
+    p50, p99 = report.percentile(phase, 0.5), report.percentile(phase, 0.99)
+    return _NONE if p50 is None else f"{seconds(p50)} / {seconds(p99)}"
+
+
+def _outcome(report: ColocateReport) -> str:
+    if report.stopped_early:
+        return f"stopped after {report.steps_finished + report.failed_steps} steps: budget spent"
+    return "completed" if report.failed_steps == 0 else f"completed with {report.failed_steps} failed steps"
+
+
+_ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
+    ("steps finished", lambda r: f"{r.steps_finished} of {r.steps_planned}"),
+    ("failed steps", lambda r: str(r.failed_steps)),
+    ("restarts a controller would have triggered", lambda r: str(r.restarts)),
+    ("restart budget left", lambda r: f"{r.restart_budget_left} of {r.restart_limit}"),
+    ("engine deaths", lambda r: str(r.engine_deaths)),
+    ("502s seen", lambda r: str(r.http_502_seen)),
+    ("502s absorbed by retries", lambda r: str(r.http_502_absorbed)),
+    ("requests aborted/retracted and re-run", lambda r: str(r.requests_aborted_rerun)),
+    ("requests lost", lambda r: str(r.requests_lost)),
+    *((f"{label} p50 / p99 (s)", lambda r, key=key: _phase_cell(r, key)) for key, label in PHASES),
+    ("wall time (s)", lambda r: f"{r.wall_s:.1f}"),
+    ("outcome", _outcome),
+)
+
+
+def comparison_rows(reports: Sequence[ColocateReport]) -> list[list[str]]:
+    """The table's rows: ``[label, value per report...]``; the JSON report stores exactly these."""
+    return [[label, *(cell(r) for r in reports)] for label, cell in _ROWS]
+
+
+def rich_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, wrap: Sequence[int] = ()
+) -> Table:
+    """A rich Table: left-aligned labels first, right-aligned values; only the columns in ``wrap`` (left-aligned) wrap."""
+    table_mod = need("rich.table", "cli", "this command")
+    table: Table = table_mod.Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for i, name in enumerate(columns):
+        wraps = i in wrap or (i - len(columns)) in wrap
+        table.add_column(name, justify="left" if i == 0 or wraps else "right", no_wrap=not wraps, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+# -- policies -------------------------------------------------------------------------------
+
+
+def _num(value: float | None, none: str = "none") -> str:
+    if value is None:
+        return none
+    return f"{value:g}"
+
+
+def describe_policy(policy: EndpointPolicy) -> str:
+    """One line: idempotency, attempts and on what, backoff, timeouts (``cpr probe`` and ``cpr policies``)."""
+    retry = policy.retry
+    statuses = "/".join(str(s) for s in sorted(retry.statuses)) or "no status"
+    if retry.max_attempts == 1:
+        attempts = "never retried"
+    elif policy.idempotent:
+        attempts = f"{retry.max_attempts} attempts on {statuses} and transport errors"
+    elif policy.retry_statuses_if_not_idempotent:
+        attempts = f"{retry.max_attempts} attempts on {statuses} and failures before sending; never re-sent after sending"
+    else:
+        attempts = f"{retry.max_attempts} attempts on failures before sending only"
+    kind = "idempotent" if policy.idempotent else "not idempotent"
+    timeouts = f"{_num(policy.attempt_timeout_s)} s/attempt, {_num(policy.deadline_s)} s deadline"
+    return f"{kind}; {attempts}; backoff {_num(retry.base_s)}-{_num(retry.cap_s)} s; {timeouts}"
+
+
+def policy_rows(table: PolicyTable) -> list[list[str]]:
+    """Rows of ``cpr policies``: one per table entry, in the table's order."""
+    rows = []
+    for key, policy in table:
+        retry = policy.retry
+        notes = []
+        if not policy.idempotent and policy.retry_statuses_if_not_idempotent:
+            notes.append("gateway statuses retried although not idempotent")
+        if not policy.idempotent:
+            notes.append("ambiguous: raise" if policy.on_ambiguous == "raise" else "ambiguous: probe")
+        if policy.raise_on_exhausted:
+            notes.append("raises when exhausted")
+        if policy.accept_statuses:
+            notes.append("accepts " + "/".join(str(s) for s in sorted(policy.accept_statuses)))
+        rows.append(
+            [
+                key,
+                "yes" if policy.idempotent else "no",
+                str(retry.max_attempts),
+                "/".join(str(s) for s in sorted(retry.statuses)) or _NONE,
+                f"{_num(retry.base_s)}-{_num(retry.cap_s)}",
+                _num(policy.attempt_timeout_s),
+                _num(policy.deadline_s),
+                "; ".join(notes) or _NONE,
+            ]
+        )
+    return rows
+
+
+POLICY_COLUMNS: tuple[str, ...] = ("endpoint", "idempotent", "attempts", "on statuses", "backoff s", "attempt s", "deadline s", "notes")
+"""Columns of :func:`policy_rows`."""
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+class RunProgress:
+    """Progress of a long command on stderr: a live rich display on a terminal, plain lines otherwise.
+
+    ``task(name)`` starts a spinner for a step of unknown length (fleet startup);
+    ``way(name, steps)`` returns the progress callback of one colocate run (a bar).
+    Use it as a context manager.
+    """
+
+    def __init__(self) -> None:
+        self.console = make_console(stderr=True)
+        self.live = self.console.is_terminal
+        self._progress: Progress | None = None
+        self._t0: dict[str, float] = {}
+
+    def __enter__(self) -> RunProgress:
+        if self.live:
+            progress_mod = need("rich.progress", "cli", "this command")
+            self._progress = progress_mod.Progress(
+                progress_mod.SpinnerColumn(),
+                progress_mod.TextColumn("[bold]{task.description}"),
+                progress_mod.BarColumn(),
+                progress_mod.MofNCompleteColumn(),
+                progress_mod.TextColumn("{task.fields[info]}"),
+                progress_mod.TimeElapsedColumn(),
+                console=self.console,
+            )
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def print(self, text: str) -> None:
+        """A line above the live display (or on stderr)."""
+        self.console.print(text, markup=False, highlight=False)
+
+    def task(self, description: str) -> Callable[[str], None]:
+        """Start a spinner; the returned function ends it with a closing note."""
+        t0 = time.monotonic()
+        if self._progress is None:
+            self.print(f"{description} ...")
+
+            def done_plain(note: str) -> None:
+                self.print(f"{description}: {note} ({time.monotonic() - t0:.1f} s)")
+
+            return done_plain
+        progress = self._progress
+        task_id = progress.add_task(description, total=None, info="")
+
+        def done(note: str) -> None:
+            progress.update(task_id, total=1, completed=1, info=note)
+
+        return done
+
+    def way(self, name: str, steps: int, extra: Callable[[], str] | None = None) -> Callable[[StepProgress], None]:
+        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``)."""
+        task_id: TaskID | None = None
+        if self._progress is not None:
+            task_id = self._progress.add_task(name, total=steps, info="")
+
+        def on_step(p: StepProgress) -> None:
+            info = f"restarts {p.restarts}, deaths {p.deaths}"
+            if extra is not None:
+                info += f", {extra()}"
+            if self._progress is not None and task_id is not None:
+                self._progress.update(task_id, completed=p.step, info=info)
+            else:
+                verdict = "ok" if p.ok else f"FAILED: {p.error}"
+                self.print(f"{name}: step {p.step}/{p.steps} {verdict} ({info})")
+
+        return on_step
+
+    def way_ended(self, name: str, report: ColocateReport) -> None:
+        """Say how a run ended (a stopped run's bar stays short of its total)."""
+        note = report.stopped_early or f"{report.steps_finished}/{report.steps_planned} steps finished"
+        self.print(f"{name}: {note} ({report.wall_s:.1f} s)")

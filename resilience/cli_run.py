@@ -1,0 +1,225 @@
+"""The machinery ``cpr demo`` and ``cpr soak`` share: one emulated fleet, fresh fault proxies per run, telemetry.
+
+:class:`FleetRunner` starts the engines once (each imports torch: the slow
+part) and runs the colocate loop on them as many times as asked. Each run gets
+fresh fault proxies in front of the same engines, so its call counters start at
+zero and the same seed gives the same faults whichever run came first. Engines
+that died are restarted by the loop's own recovery, so the fleet is in order
+again when a run ends. Everything started here is stopped by PID on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from resilience.budget import RestartBudget
+from resilience.cli_common import CliError, need
+from resilience.events import Observer
+from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, run_colocate
+from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig
+from resilience.testing.faults import FaultPlan, FaultProxy
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = [
+    "DEMO_ENGINE",
+    "FleetRunner",
+    "Telemetry",
+    "WayRun",
+    "metric_totals",
+    "start_telemetry",
+]
+
+DEMO_ENGINE = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05)
+"""Engines time-scaled like the demo policies: fast decoding and 50 ms polls (SGLang polls every second)."""
+
+
+@dataclass
+class WayRun:
+    """One colocate run: its report and the proxies it went through (their ``seen`` feeds the timeline)."""
+
+    report: ColocateReport
+    proxies: list[FaultProxy]
+
+
+class FleetRunner:
+    """``engines`` emulated engines, started once, serving any number of colocate runs under ``plan``.
+
+    A context manager: entering starts the fleet (a :class:`CliError` names the
+    engine that did not start), leaving stops every proxy and engine by PID.
+    """
+
+    def __init__(self, engines: int, plan: FaultPlan, config: EngineConfig = DEMO_ENGINE) -> None:
+        self.plan = plan
+        """The fault plan every run's proxies play."""
+        self.fleet = EmulatedFleet(engines, config)
+        """The engines (no proxies of their own)."""
+        self._proxies: list[FaultProxy] = []
+
+    def __enter__(self) -> FleetRunner:
+        try:
+            self.fleet.start()
+        except EmulatorStartError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CliError(f"emulated engines did not start: {first}") from None
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every proxy, then every engine (SIGTERM, bounded wait, SIGKILL). Idempotent."""
+        try:
+            for proxy in self._proxies:
+                proxy.stop()
+        finally:
+            self.fleet.stop()
+
+    def pids(self) -> list[int]:
+        """The engine processes' PIDs right now (a restarted engine has a new one)."""
+        return [e.pid for e in self.fleet.engines]
+
+    def run(
+        self,
+        way: Literal["old", "ours"],
+        config: ColocateConfig,
+        *,
+        observers: Sequence[Observer] = (),
+        budget: RestartBudget | None = None,
+        progress: Callable[[StepProgress], None] | None = None,
+        on_proxies: Callable[[list[FaultProxy]], None] | None = None,
+        last: bool = False,
+    ) -> WayRun:
+        """Run the colocate loop ``way`` through fresh proxies; ``on_proxies`` sees them before the first step.
+
+        ``last``: no run follows on this fleet, so a run that spends its restart budget leaves its dead
+        engines dead instead of restarting them (the fleet is stopped next anyway).
+        """
+        proxies = [FaultProxy(e.direct_url, self.plan, e.index) for e in self.fleet.engines]
+        self._proxies.extend(proxies)
+        for proxy in proxies:
+            proxy.start()
+        if on_proxies is not None:
+            on_proxies(proxies)
+        try:
+            report = run_colocate(
+                self.fleet,
+                config,
+                way,
+                observers=observers,
+                restart_budget=budget,
+                progress=progress,
+                proxies=proxies,
+                recover_when_spent=not last,
+            )
+        finally:
+            for proxy in proxies:
+                proxy.stop()
+        return WayRun(report, proxies)
+
+
+# -- telemetry --------------------------------------------------------------------------------
+
+
+class _CurrentStderr:
+    """A stream that writes to whatever ``sys.stderr`` is now (rich's live display swaps it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+@dataclass
+class Telemetry:
+    """The observers of a run and what must be stopped afterwards."""
+
+    observers: list[Observer]
+    """Attach these to the run."""
+    metrics: Any
+    """The ``MetricsObserver`` (its ``registry`` is served at :attr:`metrics_url`)."""
+    metrics_url: str
+    """``http://127.0.0.1:<port>/metrics``."""
+    _closers: list[Callable[[], None]]
+
+    def close(self) -> None:
+        """Flush traces and stop the metrics server; every closer runs even when one fails."""
+        errors = []
+        for closer in reversed(self._closers):
+            try:
+                closer()
+            except Exception as exc:  # a collector that went away must not hide the run's result
+                errors.append(exc)
+        self._closers.clear()
+        if errors:
+            print(f"warning: telemetry shutdown: {type(errors[0]).__name__}: {errors[0]}", file=sys.stderr)
+
+
+def _tracer_provider(kind: str) -> tuple[Any, Callable[[], None]]:
+    sdk_trace = need("opentelemetry.sdk.trace", "otel", "--traces")
+    export = need("opentelemetry.sdk.trace.export", "otel", "--traces")
+    resources = need("opentelemetry.sdk.resources", "otel", "--traces")
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "cpr"}
+    provider = sdk_trace.TracerProvider(resource=resources.Resource.create(attributes))
+    if kind == "console":
+        exporter = export.ConsoleSpanExporter(out=_CurrentStderr())
+    else:  # otlp: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, _HEADERS, _TIMEOUT are read by the exporter itself
+        otlp = need("opentelemetry.exporter.otlp.proto.http.trace_exporter", "otel", "--traces otlp")
+        exporter = otlp.OTLPSpanExporter()
+    provider.add_span_processor(export.BatchSpanProcessor(exporter))
+    return provider, provider.shutdown
+
+
+def start_telemetry(metrics_port: int, traces: str) -> Telemetry:
+    """A ``MetricsObserver`` served on 127.0.0.1:``metrics_port`` and, unless ``traces == "off"``, a ``TracingObserver``.
+
+    A port in use is a :class:`CliError`; nothing is left running when this raises.
+    """
+    need("prometheus_client", "metrics", "serving /metrics")
+    from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
+
+    metrics = MetricsObserver()
+    try:
+        server = start_metrics_server(metrics_port, "127.0.0.1", registry=metrics.registry)
+    except OSError as exc:
+        raise CliError(f"cannot serve /metrics on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
+    closers: list[Callable[[], None]] = [server.close]
+    observers: list[Observer] = [metrics]
+    if traces != "off":
+        try:
+            need("opentelemetry.trace", "otel", "--traces")
+            from resilience.telemetry.tracing import TracingObserver
+
+            provider, shutdown = _tracer_provider(traces)
+        except BaseException:
+            server.close()
+            raise
+        closers.append(shutdown)
+        observers.append(TracingObserver(tracer_provider=provider))
+    return Telemetry(observers, metrics, f"http://127.0.0.1:{server.port}/metrics", closers)
+
+
+_TOTALS = ("cpr_requests_total", "cpr_attempts_total", "cpr_retries_total", "cpr_restarts_total", "cpr_restart_budget_remaining")
+
+
+def metric_totals(registry: CollectorRegistry) -> dict[str, float]:
+    """Totals read back from the registry the run's ``MetricsObserver`` writes (what a scrape shows now).
+
+    ``cpr_restarts_total`` and ``cpr_restart_budget_remaining`` describe the restart budget published last.
+    """
+    out = dict.fromkeys(_TOTALS, 0.0)
+    out["cpr_retries_total{reason=status_502}"] = 0.0
+    for metric in registry.collect():
+        for sample in metric.samples:
+            if sample.name in out:
+                out[sample.name] += sample.value
+            if sample.name == "cpr_retries_total" and sample.labels.get("reason") == "status_502":
+                out["cpr_retries_total{reason=status_502}"] += sample.value
+    return out

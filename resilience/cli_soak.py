@@ -1,0 +1,143 @@
+"""``cpr soak``: the colocate loop for many steps, with the RSS of this process and the engines sampled each step.
+
+The report says whether memory stayed flat: the mean RSS over the first 10 %
+of steps against the last 10 %, for this process (clients, proxies, the
+loop) and for the engine processes together. psutil reads the RSS; an engine
+that was restarted is sampled under its new PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resilience.budget import RestartBudget
+from resilience.cli_common import CliError, check_output_file, need, write_json
+from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
+from resilience.cli_run import FleetRunner
+from resilience.testing.colocate import ColocateConfig, StepProgress
+from resilience.testing.faults import FaultPlan, FaultPlanError
+
+__all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak"]
+
+FLAT_GROWTH = 0.10
+"""Memory counts as flat when the last 10 % of steps average at most this much (10 %) above the first 10 %."""
+
+_MB = 1024 * 1024
+
+
+@dataclass
+class RssSampler:
+    """RSS of this process and of the engine processes, one sample per step."""
+
+    pids: Callable[[], list[int]]
+    """A callable returning the engines' current PIDs."""
+    samples: list[dict[str, float]] = field(default_factory=list)
+
+    def sample(self, step: int) -> dict[str, float]:
+        """Read and keep one sample ``{"step", "self_mb", "engines_mb"}``; a vanished engine counts 0."""
+        psutil = need("psutil", "cli", "cpr soak")
+        own = psutil.Process(os.getpid()).memory_info().rss / _MB
+        engines = 0.0
+        for pid in self.pids():
+            try:
+                engines += psutil.Process(pid).memory_info().rss / _MB
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        row = {"step": float(step), "self_mb": round(own, 2), "engines_mb": round(engines, 2)}
+        self.samples.append(row)
+        return row
+
+
+def memory_verdict(samples: list[dict[str, float]], key: str) -> dict[str, Any]:
+    """First vs last 10 % of the samples of ``key``: means in MB, growth, and whether it is flat."""
+    if not samples:
+        return {"first_mb": None, "last_mb": None, "growth_mb": None, "growth_pct": None, "flat": None, "window_steps": 0}
+    k = max(1, math.ceil(len(samples) * 0.10))
+    first = statistics.fmean(s[key] for s in samples[:k])
+    last = statistics.fmean(s[key] for s in samples[-k:])
+    growth = last - first
+    pct = growth / first if first else 0.0
+    return {
+        "first_mb": round(first, 1),
+        "last_mb": round(last, 1),
+        "growth_mb": round(growth, 1),
+        "growth_pct": round(100 * pct, 1),
+        "flat": pct <= FLAT_GROWTH,
+        "window_steps": k,
+    }
+
+
+def _memory_cell(verdict: dict[str, Any]) -> str:
+    if verdict["first_mb"] is None:
+        return "-"
+    flat = "flat" if verdict["flat"] else "GROWING"
+    return f"{verdict['first_mb']:.1f} -> {verdict['last_mb']:.1f} MB ({verdict['growth_pct']:+.1f} %, {flat})"
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    """Run the soak from parsed arguments; exit 0 when no step failed, 1 otherwise."""
+    report_path = check_output_file(Path(args.report), "--report", (".json",))
+    if args.fault_plan:
+        try:
+            plan = FaultPlan.load(args.fault_plan)
+        except FaultPlanError as exc:
+            raise CliError(f"bad --fault-plan: {exc}") from None
+    else:
+        plan = FaultPlan.seed_like(args.seed)
+    need("psutil", "cli", "cpr soak")
+    config = ColocateConfig(steps=args.steps, seed=args.seed)
+    title = "old way" if args.way == "old" else "ours"
+    t_start = time.monotonic()
+    with RunProgress() as ui:
+        done = ui.task(f"starting {args.engines} emulated engines")
+        with FleetRunner(args.engines, plan) as runner:
+            done(f"pids {' '.join(map(str, runner.pids()))}")
+            sampler = RssSampler(runner.pids)
+            sampler.sample(0)
+
+            def rss_note() -> str:
+                last = sampler.samples[-1]
+                return f"rss self {last['self_mb']:.0f} MB, engines {last['engines_mb']:.0f} MB"
+
+            show = ui.way(title, config.steps, rss_note)
+
+            def on_step(p: StepProgress) -> None:
+                sampler.sample(p.step)
+                show(p)
+
+            budget = RestartBudget(config.restart_limit)
+            report = runner.run(args.way, config, budget=budget, progress=on_step, last=True).report
+            ui.way_ended(title, report)
+    steps = sampler.samples[1:]  # the samples taken after each step
+    memory = {"self": memory_verdict(steps, "self_mb"), "engines": memory_verdict(steps, "engines_mb")}
+    rows = comparison_rows([report])
+    rows.append(["RSS, this process (first -> last 10 % of steps)", _memory_cell(memory["self"])])
+    rows.append(["RSS, engines together (first -> last 10 % of steps)", _memory_cell(memory["engines"])])
+    columns = ["", title]
+    console = make_console()
+    caption = f"{args.engines} engines, {args.steps} steps, seed {args.seed}, fault plan: {args.fault_plan or 'seed_like'}"
+    console.print(rich_table("cpr soak", columns, rows, caption=caption))
+    data = {
+        "command": "soak",
+        "seed": args.seed,
+        "engines": args.engines,
+        "steps": args.steps,
+        "way": args.way,
+        "fault_plan": plan.to_dict(),
+        "fault_plan_file": args.fault_plan,
+        "ways": {args.way: report.to_dict()},
+        "table": {"columns": columns, "rows": rows},
+        "memory": {**memory, "samples": sampler.samples, "flat_threshold_pct": 100 * FLAT_GROWTH},
+        "wall_s": round(time.monotonic() - t_start, 3),
+    }
+    write_json(report_path, data)
+    console.print(f"report: {report_path}", markup=False, highlight=False)
+    return 0 if report.failed_steps == 0 and report.engine_deaths == 0 else 1
