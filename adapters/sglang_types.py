@@ -42,6 +42,18 @@ class SGLangError(requests.exceptions.RequestException):
         super().__init__(f"{engine} {endpoint}: {what}; body: {self.body_excerpt!r}", **kwargs)
 
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuild from the message and attributes (Ray and multiprocessing ship errors pickled)."""
+        return (_rebuild_error, (type(self), self.args, self.__dict__))
+
+
+def _rebuild_error(cls: type[SGLangError], args: tuple[Any, ...], state: dict[str, Any]) -> SGLangError:
+    err = cls.__new__(cls)
+    requests.exceptions.RequestException.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
 class SGLangProtocolError(SGLangError):
     """An SGLang endpoint answered 2xx with a body that is not what the API promises."""
 

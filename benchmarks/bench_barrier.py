@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
             # (num_cpus=0 actors are meant to). Only the local Ray started here reads it.
             os.environ.setdefault("RAY_worker_maximum_startup_concurrency", "32")
             progress("starting a local Ray (num_cpus=2)")
-            ray_mod.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray_mod.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
         for n in sizes:
             progress(f"N={n}: starting {n} fake engines, latency {args.latency * 1e3:.0f} ms")
             with FakeEngines(n, args.latency) as engines:

@@ -42,7 +42,7 @@ from resilience.events import (
     TransitionStarted,
     emit,
 )
-from resilience.fanout import EngineDied, EngineResult, FanOut, ThreadFanOut, engine_name
+from resilience.fanout import EngineDied, EngineResult, FanOut, PhaseTimeout, ThreadFanOut, engine_name
 from resilience.outcome import AttemptRecord, Delivery
 
 __all__ = ["ALL_TAGS", "EngineGroup", "Orchestrator", "PhaseDeadlines", "PhaseFailed", "PhaseReport", "TransitionReport"]
@@ -185,8 +185,8 @@ def is_engine_dead(error: BaseException) -> bool:
 
 def _maybe_applied(error: BaseException) -> bool:
     """The call may have taken effect (ambiguous): the engine's state is unknown."""
-    if isinstance(error, AmbiguousOutcome):
-        return True
+    if isinstance(error, (AmbiguousOutcome, PhaseTimeout)):
+        return True  # a call still running at the phase deadline may yet be applied
     attempts: tuple[AttemptRecord, ...] = getattr(error, "attempts", None) or ()
     return bool(attempts) and attempts[-1].delivery is Delivery.MAYBE_APPLIED and not is_engine_dead(error)
 

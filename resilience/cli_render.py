@@ -7,6 +7,7 @@ two always say the same thing. rich is imported lazily (the ``[cli]`` extra).
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ __all__ = [
     "policy_rows",
     "rich_table",
     "seconds",
+    "short_error",
 ]
 
 PHASES: tuple[tuple[str, str], ...] = (("offload", "offload"), ("onload", "onload"), ("weight_sync", "weight sync"))
@@ -49,6 +51,14 @@ def make_console(*, stderr: bool = False) -> Console:
         file=stream, width=None if terminal else 160, no_color=not terminal, highlight=False, soft_wrap=False
     )
     return console
+
+
+def short_error(error: str | None) -> str | None:
+    """A step's error for a progress line: no ``step N:`` prefix, ``on /path`` instead of the whole URL."""
+    if error is None:
+        return None
+    text = re.sub(r"^step \d+: ", "", error)
+    return re.sub(r"(?: for url:)? https?://[^/\s]+(/\S*)?", lambda m: f" on {m.group(1) or '/'}", text)
 
 
 def seconds(value: float | None, digits: int = 3) -> str:
@@ -199,7 +209,7 @@ class RunProgress:
 
     def print(self, text: str) -> None:
         """A line above the live display (or on stderr)."""
-        self.console.print(text, markup=False, highlight=False)
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def task(self, description: str) -> Callable[[str], None]:
         """Start a spinner; the returned function ends it with a closing note."""
@@ -231,8 +241,10 @@ class RunProgress:
                 info += f", {extra()}"
             if self._progress is not None and task_id is not None:
                 self._progress.update(task_id, completed=p.step, info=info)
+                if not p.ok:
+                    self.print(f"{name}: step {p.step} failed: {short_error(p.error)}")
             else:
-                verdict = "ok" if p.ok else f"FAILED: {p.error}"
+                verdict = "ok" if p.ok else f"FAILED: {short_error(p.error)}"
                 self.print(f"{name}: step {p.step}/{p.steps} {verdict} ({info})")
 
         return on_step

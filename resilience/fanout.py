@@ -66,11 +66,13 @@ class FanOut(Protocol):
         ...
 
 
-def _invoke(engine: Any, method: str, kwargs: Mapping[str, Any], seconds: float | None) -> EngineResult:
+def _invoke(engine: Any, method: str, kwargs: Mapping[str, Any], deadline: Deadline) -> EngineResult:
     name = engine_name(engine)
     t0 = time.monotonic()
+    if deadline.expired():
+        return EngineResult(name, error=PhaseTimeout(f"no time left for {method}"))
     try:
-        with Deadline(seconds):
+        with Deadline(deadline.remaining() if deadline.bounded else None):
             value = getattr(engine, method)(**kwargs)
     except Exception as exc:
         return EngineResult(name, error=exc, duration_s=time.monotonic() - t0)
@@ -105,7 +107,7 @@ class ThreadFanOut:
         pool = self._executor()
         seconds = deadline.remaining() if deadline.bounded else None
         futures: list[Future[EngineResult]] = [
-            pool.submit(contextvars.copy_context().run, _invoke, engine, method, kwargs, seconds) for engine, kwargs in calls
+            pool.submit(contextvars.copy_context().run, _invoke, engine, method, kwargs, deadline) for engine, kwargs in calls
         ]
         wait(futures, timeout=seconds)
         results = []
@@ -113,6 +115,7 @@ class ThreadFanOut:
             if future.done():
                 results.append(future.result())
             else:
+                future.cancel()  # not started yet: it must not reach the engine after the barrier gave up
                 results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no answer to {method} before the phase deadline")))
         return results
 
@@ -134,5 +137,5 @@ class SequentialFanOut:
             if deadline.expired():
                 results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no time left for {method}")))
                 continue
-            results.append(_invoke(engine, method, kwargs, deadline.remaining() if deadline.bounded else None))
+            results.append(_invoke(engine, method, kwargs, deadline))
         return results

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,20 @@ def require_tool(name: str) -> str:
             pytest.fail(f"{name} is required on CI but not installed")
         pytest.skip(f"{name} not installed")
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_runtime() -> Iterator[Any]:
+    """One local Ray for the whole session (num_cpus=2, loopback only), always shut down; skip without ray unless CI."""
+    try:
+        import ray
+    except ImportError:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("ray is required on CI")
+        pytest.skip("ray not installed")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # read at init, before any per-test fixture runs
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

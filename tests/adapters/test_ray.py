@@ -53,22 +53,9 @@ BACKENDS = ("ray", "threads", "threads_over_ray_engines")
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """A local Ray with 2 CPUs and no dashboard, shut down after the module (one a session-wide fixture started is reused as is)."""
-    if ray.is_initialized():
-        yield
-        return
-    previous = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # Ray reads it at init, which runs before the per-test autouse fixture sets it
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        yield
-    finally:
-        ray.shutdown()
-        if previous is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = previous
+def local_ray(ray_runtime: Any) -> Iterator[None]:
+    """The session's local Ray (2 CPUs, loopback, no dashboard)."""
+    yield
 
 
 @pytest.fixture(scope="module")

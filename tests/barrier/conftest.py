@@ -6,8 +6,7 @@ processes, and call order is read from the emulator's server-side record.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,23 +22,6 @@ Backend = tuple[str, Callable[..., list[Any]], Callable[[], FanOut]]
 
 def _thread_engines(urls: list[str], policies: PolicyTable = FAST_SGLANG) -> list[Any]:
     return [SGLangClient(u, policies=policies) for u in urls]
-
-
-@pytest.fixture(scope="session")
-def ray_runtime() -> Iterator[Any]:
-    """A local Ray (num_cpus=2) for the whole session, always shut down."""
-    try:
-        import ray
-    except ImportError:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("ray is required on CI")
-        pytest.skip("ray not installed")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(params=["threads", "ray"])

@@ -1,0 +1,78 @@
+"""Bad input to every ``cpr`` subcommand: one clear line on stderr, a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli.cpr_testlib import error_lines, run_cpr
+from tests.conftest import free_port
+
+
+@pytest.fixture(scope="module")
+def busy_port() -> Iterator[int]:
+    """A port something listens on (closed after the module)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A folder holding a bad policy file, a bad fault plan and a plain file."""
+    (tmp_path / "bad.toml").write_text('[endpoints."POST /x"]\nattempt_timeout_s = 60\ndeadline_s = 10\n')
+    (tmp_path / "plan.toml").write_text('seed = 1\n[[rules]]\npath = "/flush_cache"\nkind = "status_before"\nprobability = 3\n')
+    (tmp_path / "file.txt").write_text("not a folder\n")
+    return tmp_path
+
+
+CASES = [
+    # (arguments, exit status, a fragment of the one stderr line)
+    ([], 2, "usage: cpr"),
+    (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    (["demo", "--bogus"], 2, "cpr demo: error: unrecognized arguments: --bogus"),
+    (["demo", "--engines", "0"], 2, "--engines: must be an integer >= 1, but was 0"),
+    (["demo", "--timeline", "t.gif"], 2, "must end in .png or .html or .htm"),
+    (["demo", "--report", "no/such/dir/r.json"], 1, "folder 'no/such/dir' does not exist"),
+    (["demo", "--metrics-port", "{busy}"], 1, "cannot serve /metrics on 127.0.0.1:{busy}"),
+    (["demo", "--traces", "jaeger"], 2, "invalid choice: 'jaeger'"),
+    (["soak", "--steps", "x"], 2, "--steps: must be an integer >= 1, but was 'x'"),
+    (["soak", "--way", "sideways"], 2, "invalid choice: 'sideways'"),
+    (["soak", "--fault-plan", "plan.toml"], 1, "`probability` must be a number between 0 and 1, but was 3"),
+    (["soak", "--fault-plan", "missing.toml"], 1, "cannot read the plan"),
+    (["probe"], 2, "the following arguments are required: URL"),
+    (["probe", "engine-0:30000"], 2, "is not an http:// or https:// engine URL"),
+    (["probe", "--timeout", "-1", "http://127.0.0.1:1"], 2, "--timeout: must be a finite number > 0"),
+    (["probe", "http://127.0.0.1:{free}", "--timeout", "1"], 1, ""),
+    (["emulate", "--bogus"], 2, "cpr emulate: error: unrecognized arguments: --bogus"),
+    (["emulate", "--token-rate", "-1"], 2, "`token_rate` must be a finite number >= 0"),
+    (["emulate", "--port", "{busy}"], 1, "cannot listen on 127.0.0.1:{busy}"),
+    (["policies", "--file", "bad.toml"], 1, "EndpointPolicy.attempt_timeout_s must be <= deadline_s (10), but was 60"),
+    (["policies", "--file", "missing.toml"], 1, "cannot read policy file"),
+    (["policies", "--file", "file.txt"], 1, "unknown policy file type '.txt'"),
+    (["policies", "--over-sglang"], 2, "--over-sglang needs --file"),
+    (["dashboards", "--out", "file.txt"], 2, "is not a folder"),
+    (["dashboards", "--chek"], 2, "unrecognized arguments: --chek"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "fragment"), CASES, ids=[" ".join(c[0]) or "(none)" for c in CASES])
+def test_bad_input_is_one_line_and_non_zero(workdir: Path, busy_port: int, args: list[str], code: int, fragment: str) -> None:
+    """Each bad input: the documented exit status, one line on stderr naming the problem, no traceback."""
+    free = free_port()
+    argv = [a.format(busy=busy_port, free=free) for a in args]
+    result = run_cpr(*argv, cwd=workdir, timeout=90)
+    assert result.returncode == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    if args == []:
+        assert fragment in result.stderr  # no subcommand: the help, on stderr
+        return
+    if args[0] == "probe" and code == 1:  # an unreachable engine is a result, on stdout
+        assert "unreachable: connection refused" in result.stdout
+        return
+    [line] = error_lines(result.stderr)
+    assert fragment.format(busy=busy_port) in line

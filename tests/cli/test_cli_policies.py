@@ -1,0 +1,49 @@
+"""``cpr policies``: the effective table, and a bad policy file named down to the field and the rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rich")
+
+from tests.cli.cpr_testlib import error_lines, run_cpr, table_rows
+
+
+def test_default_table_is_sglang_policies(tmp_path: Path) -> None:
+    """Without --file it prints SGLANG_POLICIES, release not idempotent."""
+    result = run_cpr("policies", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = {row[0]: row for row in table_rows(result.stdout)}
+    assert rows["GET|POST /release_memory_occupation"][1] == "no"
+    assert rows["POST /pause_generation"][1] == "yes"
+
+
+def test_bad_policy_file_names_the_field_and_the_rule(tmp_path: Path) -> None:
+    """An invalid file: one stderr line with the file, the endpoint, the field and the rule; exit 1."""
+    (tmp_path / "bad.toml").write_text('[endpoints."POST /pause_generation"]\nretry = { base_s = 2.0, cap_s = 0.5 }\n')
+    result = run_cpr("policies", "--file", "bad.toml", cwd=tmp_path, timeout=60)
+    assert result.returncode == 1
+    [line] = error_lines(result.stderr)
+    assert "bad.toml" in line and "POST /pause_generation" in line
+    assert "RetryPolicy.cap_s must be >= base_s (2.0), but was 0.5" in line
+
+
+def test_unknown_key_in_yaml_is_named(tmp_path: Path) -> None:
+    """A misspelt key in a YAML file is named, with the keys allowed."""
+    (tmp_path / "p.yaml").write_text("endpoints:\n  POST /flush_cache:\n    idempotnt: true\n")
+    result = run_cpr("policies", "--file", "p.yaml", cwd=tmp_path, timeout=60)
+    assert result.returncode == 1
+    [line] = error_lines(result.stderr)
+    assert "'idempotnt'" in line and "allowed:" in line
+
+
+def test_valid_file_over_sglang_replaces_one_entry(tmp_path: Path) -> None:
+    """--over-sglang shows SGLANG_POLICIES with the file's entry replacing its own."""
+    (tmp_path / "p.toml").write_text('[endpoints."POST /pause_generation"]\nretry = { max_attempts = 9 }\n')
+    result = run_cpr("policies", "--file", "p.toml", "--over-sglang", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = {row[0]: row for row in table_rows(result.stdout)}
+    assert rows["POST /pause_generation"][2] == "9"
+    assert "GET /health" in rows

@@ -1,0 +1,69 @@
+"""``cpr probe`` against emulated engines on 127.0.0.1: one healthy, one killed, one paused (its /health hangs)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+pytest.importorskip("rich")
+pytest.importorskip("torch")
+
+from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from tests.cli.cpr_testlib import run_cpr, table_rows
+
+HEALTHY, KILLED, PAUSED = range(3)
+TIMEOUT = 1
+"""The probe's --timeout: far below the 20 s a paused engine's /health hangs."""
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[EmulatedFleet]:
+    """Three engines: engine 1 killed, engine 2 paused (SGLang's default 20 s /health hang); stopped by PID after."""
+    with EmulatedFleet(3, EngineConfig(health_poll_seconds=0.05)) as fleet:
+        fleet.engines[KILLED].kill()
+        response = requests.post(fleet.urls[PAUSED] + "/pause_generation", json={"mode": "abort"}, timeout=10)
+        assert response.status_code == 200
+        yield fleet
+
+
+def _line(stdout: str, url: str) -> str:
+    lines = [line for line in stdout.splitlines() if f"  {url}  " in line]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+def test_probe_says_per_engine_what_is_wrong_and_fails(fleet: EmulatedFleet, tmp_path: Path) -> None:
+    """One line per engine (healthy / unreachable / paused), a table of checks, exit 1, bounded by the timeout."""
+    t0 = time.monotonic()
+    result = run_cpr("probe", *fleet.urls, "--timeout", str(TIMEOUT), cwd=tmp_path, timeout=60)
+    assert time.monotonic() - t0 < 20  # ended well before a paused /health answers
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert _line(result.stdout, fleet.urls[HEALTHY]).startswith("OK")
+    assert "weights 'default'" in _line(result.stdout, fleet.urls[HEALTHY])
+    killed = _line(result.stdout, fleet.urls[KILLED])
+    assert killed.startswith("FAIL") and "unreachable: connection refused" in killed
+    paused = _line(result.stdout, fleet.urls[PAUSED])
+    assert paused.startswith("FAIL") and f"no answer in {TIMEOUT} s (paused?)" in paused and "not ready (503" in paused
+    rows = {row[0]: row for row in table_rows(result.stdout) if row[0]}  # rows with an empty first cell continue a wrapped one
+    assert set(rows) == {"GET /health", "GET /ready", "GET /model_info", "GET /v1/loads", "GET /server_info"}
+    assert "25 s/attempt" in rows["GET /health"][-1]  # the policy SGLANG_POLICIES applies to /health
+    assert "1 of 3 engine(s) healthy" in result.stdout
+
+
+def test_probe_exits_0_when_every_engine_is_healthy(fleet: EmulatedFleet, tmp_path: Path) -> None:
+    """Exit 0 only when all probed engines are healthy."""
+    result = run_cpr("probe", fleet.urls[HEALTHY], "--timeout", str(TIMEOUT), cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 of 1 engine(s) healthy" in result.stdout
+
+
+def test_probe_only_reads(fleet: EmulatedFleet, tmp_path: Path) -> None:
+    """The probe sends only GETs: it never pauses, flushes or releases."""
+    run_cpr("probe", fleet.urls[HEALTHY], "--timeout", str(TIMEOUT), cwd=tmp_path, timeout=60)
+    calls = fleet.engines[HEALTHY].record()["calls"]
+    assert calls and {c["method"] for c in calls} == {"GET"}
