@@ -101,12 +101,15 @@ def comparison_rows(reports: Sequence[ColocateReport]) -> list[list[str]]:
 def rich_table(
     title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, wrap: Sequence[int] = ()
 ) -> Table:
-    """A rich Table: left-aligned labels first, right-aligned values; only the columns in ``wrap`` (left-aligned) wrap."""
+    """A rich Table: left-aligned labels first, right-aligned values; the columns in ``wrap`` (left-aligned) take the room left.
+
+    Cells wrap rather than being cut when the console is too narrow.
+    """
     table_mod = need("rich.table", "cli", "this command")
     table: Table = table_mod.Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for i, name in enumerate(columns):
         wraps = i in wrap or (i - len(columns)) in wrap
-        table.add_column(name, justify="left" if i == 0 or wraps else "right", no_wrap=not wraps, overflow="fold")
+        table.add_column(name, justify="left" if i == 0 or wraps else "right", overflow="fold", ratio=1 if wraps else None, no_wrap=i == 0)
     for row in rows:
         table.add_row(*row)
     return table
