@@ -5,7 +5,7 @@ The public API is what ``__all__`` lists. Transports live in
 ``resilience.telemetry``, the SGLang emulator in ``resilience.testing``.
 """
 
-from resilience._config import set_testing, testing
+from resilience._config import set_testing, testing_mode
 from resilience.backoff import backoff_delay, parse_retry_after
 from resilience.breaker import BreakerConfig, BreakerRegistry, BreakerState, CircuitBreaker
 from resilience.budget import RestartBudget, RestartBudgetError, RestartRecord, RetryBudget, RetryBudgetConfig, RetryBudgets
@@ -71,5 +71,5 @@ __all__ = [
     "current_deadline",
     "parse_retry_after",
     "set_testing",
-    "testing",
+    "testing_mode",
 ]

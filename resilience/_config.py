@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["TestingMode", "current_testing", "set_testing", "testing"]
+__all__ = ["TestingMode", "current_testing", "set_testing", "testing_mode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +40,11 @@ def set_testing(active: bool, *, attempts: int | None = None) -> TestingMode:
 
 
 @contextmanager
-def testing(*, attempts: int | None = None) -> Iterator[TestingMode]:
-    """Testing mode for a block, for users' own test suites: ``with resilience.testing(attempts=2): ...``."""
+def testing_mode(*, attempts: int | None = None) -> Iterator[TestingMode]:
+    """Testing mode for a block, for users' own test suites: ``with resilience.testing_mode(attempts=2): ...``.
+
+    (Not ``resilience.testing``: that name is the package of test tools, the emulator and fault plans.)
+    """
     global _mode
     previous = set_testing(True, attempts=attempts)
     try:

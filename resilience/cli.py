@@ -30,7 +30,17 @@ from resilience.cli_common import CliError, OneLineParser, port_number, positive
 __all__ = ["build_parser", "main"]
 
 _DEMO_SEED = 1
-"""The demo's default seed (any seed shows the same story; this one is what the README shows)."""
+"""The demo's default seed (any seed tells the same story; the same seed injects the same faults)."""
+
+
+_EXAMPLES = """examples:
+  cpr demo                                   8 engines, 20 steps, the old way and ours side by side
+  cpr demo --timeline timeline.png           ... and draw one offload/onload across engines (.png or .html)
+  cpr soak --engines 8 --steps 1000          a long run of ours; is memory flat?
+  cpr probe http://10.0.0.5:30000 http://10.0.0.6:30000 --timeout 3
+  cpr policies --file my-policies.toml       validate a policy file and show its table
+  cpr emulate --port 30000                   one emulated SGLang engine for your own tests
+"""
 
 
 def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
@@ -109,7 +119,12 @@ def _add_dashboards(sub: argparse._SubParsersAction[OneLineParser]) -> None:
 
 def build_parser() -> OneLineParser:
     """The ``cpr`` argument parser (``emulate`` passes its arguments to the emulator's own parser)."""
-    parser = OneLineParser(prog="cpr", description="Resilient HTTP control planes for colocated RL training with SGLang.")
+    parser = OneLineParser(
+        prog="cpr",
+        description="Resilient HTTP control planes for colocated RL training with SGLang.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"cpr {resilience.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     parser.set_defaults(_subparsers=sub.choices)

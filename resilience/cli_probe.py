@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -225,4 +226,7 @@ def run_probe(args: argparse.Namespace) -> int:
     console.print(rich_table(title, columns, rows, wrap=[-1]))
     healthy = sum(p.healthy for p in probes)
     console.print(f"{healthy} of {len(probes)} engine(s) healthy", markup=False, highlight=False)
-    return 0 if healthy == len(probes) else 1
+    sick = [p.url for p in probes if not p.healthy]
+    if sick:
+        print(f"cpr probe: {len(sick)} of {len(probes)} engine(s) not healthy: {', '.join(sick)}", file=sys.stderr)
+    return 0 if not sick else 1

@@ -16,8 +16,20 @@ def run_cpr(*args: str, cwd: Path, timeout: float = 240.0) -> subprocess.Complet
 
 
 def table_rows(text: str) -> list[list[str]]:
-    """The body rows of the rich tables in ``text``: the cells between the ``│`` separators, stripped."""
-    return [[cell.strip() for cell in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+    """The body rows of the rich tables in ``text``: the cells between the ``│`` separators, stripped.
+
+    A line whose first cell is empty continues the row above (a wrapped cell); it is joined to it.
+    """
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if rows and not cells[0] and len(cells) == len(rows[-1]):
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
+        else:
+            rows.append(cells)
+    return rows
 
 
 def error_lines(stderr: str) -> list[str]:

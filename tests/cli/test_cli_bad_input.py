@@ -47,7 +47,7 @@ CASES = [
     (["probe"], 2, "the following arguments are required: URL"),
     (["probe", "engine-0:30000"], 2, "is not an http:// or https:// engine URL"),
     (["probe", "--timeout", "-1", "http://127.0.0.1:1"], 2, "--timeout: must be a finite number > 0"),
-    (["probe", "http://127.0.0.1:{free}", "--timeout", "1"], 1, ""),
+    (["probe", "http://127.0.0.1:{free}", "--timeout", "1"], 1, "cpr probe: 1 of 1 engine(s) not healthy: http://127.0.0.1:{free}"),
     (["emulate", "--bogus"], 2, "cpr emulate: error: unrecognized arguments: --bogus"),
     (["emulate", "--token-rate", "-1"], 2, "`token_rate` must be a finite number >= 0"),
     (["emulate", "--port", "{busy}"], 1, "cannot listen on 127.0.0.1:{busy}"),
@@ -71,8 +71,7 @@ def test_bad_input_is_one_line_and_non_zero(workdir: Path, busy_port: int, args:
     if args == []:
         assert fragment in result.stderr  # no subcommand: the help, on stderr
         return
-    if args[0] == "probe" and code == 1:  # an unreachable engine is a result, on stdout
+    if args[0] == "probe" and code == 1:  # an unreachable engine is a result: its line on stdout, a summary on stderr
         assert "unreachable: connection refused" in result.stdout
-        return
     [line] = error_lines(result.stderr)
-    assert fragment.format(busy=busy_port) in line
+    assert fragment.format(busy=busy_port, free=free) in line

@@ -57,7 +57,7 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr
     assert f"metrics: http://127.0.0.1:{port}/metrics" in stderr
-    assert scraped is not None and "cpr_restart_budget" in scraped
+    assert scraped is not None and "# TYPE cpr_requests_total counter" in scraped
 
     data = json.loads((tmp_path / "r.json").read_text())
     rows = table_rows(stdout)

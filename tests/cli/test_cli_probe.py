@@ -49,7 +49,7 @@ def test_probe_says_per_engine_what_is_wrong_and_fails(fleet: EmulatedFleet, tmp
     assert killed.startswith("FAIL") and "unreachable: connection refused" in killed
     paused = _line(result.stdout, fleet.urls[PAUSED])
     assert paused.startswith("FAIL") and f"no answer in {TIMEOUT} s (paused?)" in paused and "not ready (503" in paused
-    rows = {row[0]: row for row in table_rows(result.stdout) if row[0]}  # rows with an empty first cell continue a wrapped one
+    rows = {row[0]: row for row in table_rows(result.stdout)}
     assert set(rows) == {"GET /health", "GET /ready", "GET /model_info", "GET /v1/loads", "GET /server_info"}
     assert "25 s/attempt" in rows["GET /health"][-1]  # the policy SGLANG_POLICIES applies to /health
     assert "1 of 3 engine(s) healthy" in result.stdout

@@ -128,10 +128,10 @@ def test_last_transport_error_is_reraised_with_attempts() -> None:
 
 
 def test_testing_mode_caps_attempts_and_skips_sleeps() -> None:
-    """resilience.testing() removes backoff sleeps and caps attempts."""
+    """resilience.testing_mode() removes backoff sleeps and caps attempts."""
     clock = FakeClock()
     policy = EndpointPolicy(retry=RetryPolicy(max_attempts=5))
-    with resilience.testing(attempts=2):
+    with resilience.testing_mode(attempts=2):
         resp, records = Retrier(clock=clock).run(spec(policy, "GET"), Script(status(502), status(502), status(200)))
     assert resp == "resp502" and len(records) == 2 and clock.sleeps == []
 
