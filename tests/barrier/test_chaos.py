@@ -14,8 +14,8 @@ from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultPlan
 from tests.sglang.conftest import FAST_ENGINE
 
-STEPS = int(os.environ.get("CPR_CHAOS_STEPS", "60"))
-"""Colocate steps of the chaos run: 60 in the default suite (about a minute); CPR_CHAOS_STEPS=200 gives the issue's full run."""
+STEPS = int(os.environ.get("CPR_CHAOS_STEPS", "40"))
+"""Colocate steps of the chaos run: 40 in the default suite (under a minute); CPR_CHAOS_STEPS=200 gives the issue's full run."""
 CHAOS = ColocateConfig(steps=STEPS, seed=11, rollout_requests=1, stragglers=1, straggler_window_s=0.05, max_new_tokens=4, train_s=0.0)
 OLD = replace(CHAOS, restart_limit=1)
 """The old way stops at its second failure: enough to show it fails, without restarting engines for minutes."""
