@@ -11,7 +11,6 @@ import argparse
 import importlib
 import json
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -21,7 +20,6 @@ __all__ = [
     "OneLineParser",
     "check_output_file",
     "need",
-    "non_negative_int",
     "port_number",
     "positive_float",
     "positive_int",
@@ -56,17 +54,6 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, but was {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, but was {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, but was {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, but was {value}")
     return value
 
 
@@ -120,8 +107,3 @@ def need(module: str, extra: str, why: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise CliError(f"{why} needs {module.split('.')[0]}: pip install 'controlplane-resilience[{extra}]'") from None
-
-
-def stderr_is_terminal() -> bool:
-    """Whether stderr is an interactive terminal (live progress) or a pipe/file (plain lines)."""
-    return sys.stderr.isatty()

@@ -28,7 +28,7 @@ import socketserver
 import struct
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final, cast
@@ -252,6 +252,8 @@ class FaultProxy:
       gets 504, recorded as upstream-caused.
     - ``idle_timeout``: seconds an idle keep-alive client connection is kept (default 75,
       nginx's ``keepalive_timeout``).
+    - ``seen_limit``: how many of the latest requests :attr:`seen` keeps (default 10,000),
+      so a long soak's memory stays flat; :attr:`injected` keeps every fault.
 
     Use as a context manager or call :meth:`start` and :meth:`stop`. An engine that refuses
     or drops the connection gets the client a 502 with an empty body, recorded in
@@ -268,6 +270,7 @@ class FaultProxy:
         *,
         upstream_timeout: float = 60.0,
         idle_timeout: float = 75.0,
+        seen_limit: int = 10_000,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname:
@@ -294,7 +297,7 @@ class FaultProxy:
         self._clients: set[socket.socket] = set()
         self._upstreams: set[http.client.HTTPConnection] = set()
         self._injected: list[InjectedFault] = []
-        self._seen: list[_Record] = []
+        self._seen: deque[_Record] = deque(maxlen=seen_limit)  # bounded: a soak must not grow with its length
         self._url: str | None = None
         self._conn_seq = 0
         self._thread_prefix = "faultproxy"
@@ -378,7 +381,7 @@ class FaultProxy:
 
     @property
     def seen(self) -> list[SeenRequest]:
-        """A snapshot of every request so far, in arrival order (one still in flight shows what is known)."""
+        """The latest ``seen_limit`` requests (default 10,000), in arrival order (one still in flight shows what is known)."""
         with self._lock:
             return [
                 SeenRequest(r.t_ns, r.method, r.path, r.call_index, r.fault, r.upstream_status, r.client_status, r.upstream_error)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+__all__ = ["CPR", "error_lines", "run_cpr", "table_rows"]
+
 CPR = [sys.executable, "-m", "resilience.cli"]
 """The ``cpr`` command, as the installed console script runs it."""
 
