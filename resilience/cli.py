@@ -37,7 +37,7 @@ _EXAMPLES = """examples:
   cpr demo                                   8 engines, 20 steps, the old way and ours side by side
   cpr demo --timeline timeline.png           ... and draw one offload/onload across engines (.png or .html)
   cpr soak --engines 8 --steps 1000          a long run of ours; is memory flat?
-  cpr probe http://10.0.0.5:30000 http://10.0.0.6:30000 --timeout 3
+  cpr probe http://127.0.0.1:30000 http://127.0.0.1:30001 --timeout 3
   cpr policies --file my-policies.toml       validate a policy file and show its table
   cpr emulate --port 30000                   one emulated SGLang engine for your own tests
 """

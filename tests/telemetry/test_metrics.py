@@ -33,7 +33,7 @@ from resilience.events import (
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 
-ENGINE = "http://10.0.0.1:30000"
+ENGINE = "http://127.0.0.1:30000"
 
 CONTRACT = {
     "cpr_requests": ("counter", {"endpoint", "method", "outcome"}),
@@ -81,8 +81,8 @@ def feed_everything(obs: MetricsObserver) -> None:
     obs(BreakerTransitioned(ENGINE, "closed", "open", "consecutive_failures"))
     obs(BreakerRejected(2, "POST /flush_cache", ENGINE))
     obs(RetryBudgetExhaustedEvent(3, "POST /flush_cache", ENGINE, 0.2))
-    obs(PhaseEnded(1, "offload", "flush", (ENGINE, "http://10.0.0.2:30000"), 1.5,
-                   (PhaseFailure(ENGINE, "ReadTimeout", "timed out"), PhaseFailure("http://10.0.0.2:30000", "X", "y"))))  # fmt: skip
+    obs(PhaseEnded(1, "offload", "flush", (ENGINE, "http://127.0.0.2:30000"), 1.5,
+                   (PhaseFailure(ENGINE, "ReadTimeout", "timed out"), PhaseFailure("http://127.0.0.2:30000", "X", "y"))))  # fmt: skip
     obs(TransitionEnded(1, "offload", (ENGINE,), 2.0, False, failed_phase="flush"))
     obs(HoldChanged(ENGINE, "offload", True, ("offload", "weight_sync")))
 
@@ -242,10 +242,10 @@ def test_overflowing_label_values_become_other(caplog: pytest.LogCaptureFixture)
 def test_engine_user_info_never_becomes_a_label() -> None:
     """An engine with user-info is published without it."""
     obs = MetricsObserver()
-    obs(HoldChanged("http://u:SECRET@10.0.0.9:30000", "offload", True, ("offload",)))
+    obs(HoldChanged("http://u:SECRET@127.0.0.9:30000", "offload", True, ("offload",)))
     text = generate_latest(obs.registry).decode()
     assert "SECRET" not in text
-    assert value(text, "cpr_engines_held_paused", engine="http://10.0.0.9:30000") == 1
+    assert value(text, "cpr_engines_held_paused", engine="http://127.0.0.9:30000") == 1
 
 
 def test_observer_never_raises(caplog: pytest.LogCaptureFixture) -> None:

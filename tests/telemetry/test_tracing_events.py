@@ -225,10 +225,10 @@ def test_unknown_method_is_other(provider: TracerProvider, exporter: InMemorySpa
 def test_engine_user_info_is_stripped(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """An engine string that carries user-info never reaches a span attribute with it."""
     obs = TracingObserver(provider)
-    obs(CallStarted(12, "GET", "GET /x", "http://admin:hunter2@10.0.0.1:30000", None))
-    obs(CallEnded(12, "GET", "GET /x", "http://admin:hunter2@10.0.0.1:30000", CallOutcome.SUCCESS, 200, 1, 0.0, None, None))
+    obs(CallStarted(12, "GET", "GET /x", "http://admin:hunter2@127.0.0.1:30000", None))
+    obs(CallEnded(12, "GET", "GET /x", "http://admin:hunter2@127.0.0.1:30000", CallOutcome.SUCCESS, 200, 1, 0.0, None, None))
     [call] = exporter.get_finished_spans()
-    assert call.attributes is not None and call.attributes["resilience.engine"] == "http://10.0.0.1:30000"
+    assert call.attributes is not None and call.attributes["resilience.engine"] == "http://127.0.0.1:30000"
 
 
 def test_call_ended_closes_an_open_attempt(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
@@ -287,7 +287,7 @@ def test_concurrent_calls_keep_their_own_spans(provider: TracerProvider, exporte
 def test_barrier_transition_and_phase_spans(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """A transition span holds one child span per phase; engines are attributes, failures are events."""
     obs = TracingObserver(provider)
-    engines = ("http://10.0.0.1:30000", "http://10.0.0.2:30000")
+    engines = ("http://127.0.0.1:30000", "http://127.0.0.2:30000")
     obs(TransitionStarted(1, "offload", engines, 120.0))
     obs(PhaseStarted(1, "offload", "pause", engines, 30.0))
     obs(PhaseEnded(1, "offload", "pause", engines, 0.2))
