@@ -8,7 +8,7 @@ so the same code runs on a laptop's ``ray.init()`` and on a multi-node cluster
 engine). The driver side sees ``RayEngine`` handles, which the ``Orchestrator``
 accepts like clients:
 
-    engines = ray_engines(["http://10.0.0.5:30000", "http://10.0.0.6:30000"])
+    engines = ray_engines(["http://127.0.0.1:30000", "http://127.0.0.1:30001"])
     orch = Orchestrator(EngineGroup(engines), fanout=RayFanOut())
     orch.offload()   # pause all -> barrier -> flush all -> barrier -> release all -> barrier
 
