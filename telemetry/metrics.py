@@ -67,7 +67,6 @@ from resilience.events import (
     BreakerRejected,
     BreakerTransitioned,
     CallEnded,
-    Event,
     HoldChanged,
     Outcome,
     PhaseEnded,
@@ -76,6 +75,7 @@ from resilience.events import (
     TransitionEnded,
 )
 
+from ._dispatch import Dispatcher
 from ._labels import scrub_engine, status_label, transport_label
 
 __all__ = [
@@ -147,7 +147,7 @@ class _RestartBudgetCollector:
         )
 
 
-class MetricsObserver:
+class MetricsObserver(Dispatcher):
     """An ``Observer`` that counts resilience events as Prometheus metrics (names: module docstring).
 
     ``registry``: where the metrics are registered. Default None: a fresh
@@ -246,15 +246,6 @@ class MetricsObserver:
             HoldChanged: self._hold_changed,
         }
 
-    def __call__(self, event: Event) -> None:
-        """Count one event; never raises (a failure is logged and the event dropped)."""
-        handler = self._handlers.get(type(event))
-        if handler is None:
-            return
-        try:
-            handler(event)
-        except Exception:
-            log.warning("MetricsObserver failed on %s", type(event).__name__, exc_info=True)
 
     def publish_restart_budget(self, budget: RestartBudget | None) -> None:
         """Publish ``budget``'s record as ``cpr_restarts_total`` / ``cpr_restart_budget_*`` (None: stop publishing)."""

@@ -93,7 +93,6 @@ from resilience.events import (
     CallEnded,
     CallOutcome,
     CallStarted,
-    Event,
     Outcome,
     PhaseEnded,
     PhaseStarted,
@@ -104,6 +103,7 @@ from resilience.events import (
     TransitionStarted,
 )
 
+from ._dispatch import Dispatcher
 from ._labels import HTTP_METHODS, scrub_engine, scrub_message, url_template
 
 __all__ = ["TracingObserver"]
@@ -159,7 +159,7 @@ def _version() -> str | None:
         return None
 
 
-class TracingObserver:
+class TracingObserver(Dispatcher):
     """An ``Observer`` that records resilience events as OpenTelemetry spans.
 
     ``tracer_provider``: the provider spans come from. Default None: the global
@@ -204,15 +204,6 @@ class TracingObserver:
             TransitionEnded: self._transition_ended,
         }
 
-    def __call__(self, event: Event) -> None:
-        """Handle one event; never raises (a failure is logged and the event dropped)."""
-        handler = self._handlers.get(type(event))
-        if handler is None:
-            return
-        try:
-            handler(event)
-        except Exception:
-            log.warning("TracingObserver failed on %s", type(event).__name__, exc_info=True)
 
     @property
     def in_flight(self) -> int:

@@ -1,0 +1,33 @@
+"""The one way observers here receive events: a handler per event type, failures logged, never raised."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from resilience.events import Event
+
+__all__ = ["Dispatcher"]
+
+log = logging.getLogger("resilience.telemetry")
+
+
+class Dispatcher:
+    """Routes each event to the handler registered for its exact type; other events are ignored.
+
+    A handler that raises is logged at WARNING on ``resilience.telemetry`` and
+    the event dropped: telemetry must never break a control call.
+    """
+
+    _handlers: Mapping[type[Any], Callable[[Any], None]]
+
+    def __call__(self, event: Event) -> None:
+        """Handle one event; never raises."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            return
+        try:
+            handler(event)
+        except Exception:
+            log.warning("%s failed on %s", type(self).__name__, type(event).__name__, exc_info=True)
