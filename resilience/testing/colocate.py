@@ -337,7 +337,7 @@ class _Loop:
 
 
 def _injected_502s(proxies: Sequence[FaultProxy | None]) -> int:
-    return sum(sum(1 for f in proxy.injected if f.status == 502) for proxy in proxies if proxy is not None)
+    return sum(proxy.injected_count(502) for proxy in proxies if proxy is not None)
 
 
 def run_colocate(

@@ -252,8 +252,9 @@ class FaultProxy:
       gets 504, recorded as upstream-caused.
     - ``idle_timeout``: seconds an idle keep-alive client connection is kept (default 75,
       nginx's ``keepalive_timeout``).
-    - ``seen_limit``: how many of the latest requests :attr:`seen` keeps (default 10,000),
-      so a long soak's memory stays flat; :attr:`injected` keeps every fault.
+    - ``seen_limit``: how many of the latest requests :attr:`seen` and faults :attr:`injected`
+      keep (default 1,000), so a long soak's memory stays flat; :meth:`counts` and
+      :meth:`injected_count` stay exact.
 
     Use as a context manager or call :meth:`start` and :meth:`stop`. An engine that refuses
     or drops the connection gets the client a 502 with an empty body, recorded in
@@ -270,7 +271,7 @@ class FaultProxy:
         *,
         upstream_timeout: float = 60.0,
         idle_timeout: float = 75.0,
-        seen_limit: int = 10_000,
+        seen_limit: int = 1_000,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname:
@@ -296,7 +297,8 @@ class FaultProxy:
         self._threads: set[threading.Thread] = set()
         self._clients: set[socket.socket] = set()
         self._upstreams: set[http.client.HTTPConnection] = set()
-        self._injected: list[InjectedFault] = []
+        self._injected: deque[InjectedFault] = deque(maxlen=seen_limit)
+        self._injected_counts: Counter[str] = Counter()  # exact totals, however long the run
         self._seen: deque[_Record] = deque(maxlen=seen_limit)  # bounded: a soak must not grow with its length
         self._url: str | None = None
         self._conn_seq = 0
@@ -375,13 +377,13 @@ class FaultProxy:
 
     @property
     def injected(self) -> list[InjectedFault]:
-        """A copy of the faults injected so far, in decision order."""
+        """The latest ``seen_limit`` faults injected (default 1,000), in decision order; ``injected_count`` is exact."""
         with self._lock:
             return list(self._injected)
 
     @property
     def seen(self) -> list[SeenRequest]:
-        """The latest ``seen_limit`` requests (default 10,000), in arrival order (one still in flight shows what is known)."""
+        """The latest ``seen_limit`` requests (default 1,000), in arrival order (one still in flight shows what is known)."""
         with self._lock:
             return [
                 SeenRequest(r.t_ns, r.method, r.path, r.call_index, r.fault, r.upstream_status, r.client_status, r.upstream_error)
@@ -391,8 +393,15 @@ class FaultProxy:
     def counts(self) -> dict[str, int]:
         """Injected faults counted by ``"kind:status:path"`` (status ``-`` when none),
         e.g. ``{"status_before:502:/pause_generation": 3}``."""
-        c = Counter(f"{f.kind}:{'-' if f.status is None else f.status}:{f.path}" for f in self.injected)
-        return dict(sorted(c.items()))
+        with self._lock:
+            return dict(sorted(self._injected_counts.items()))
+
+    def injected_count(self, status: int | None = None) -> int:
+        """Faults injected since start (exact, not limited by ``seen_limit``), optionally only those answering ``status``."""
+        with self._lock:
+            if status is None:
+                return sum(self._injected_counts.values())
+            return sum(n for key, n in self._injected_counts.items() if key.split(":")[1] == str(status))
 
     # -- connections --------------------------------------------------------------------
 
@@ -461,6 +470,7 @@ class FaultProxy:
         )
         with self._lock:
             self._injected.append(fault)
+            self._injected_counts[f"{fault.kind}:{'-' if fault.status is None else fault.status}:{fault.path}"] += 1
         logger.debug(
             "faultproxy e%d: %s %s #%d -> %s %s",
             self.engine_index,

@@ -40,7 +40,7 @@ def test_chaos_run_metrics_count_injected_502s_and_prometheus_scrapes_them(tmp_p
         with prometheus_server(tmp_path, [f"127.0.0.1:{server.port}"], [RULES]) as (base, log):
             with EmulatedFleet(3, FAST_ENGINE, fault_plan=FaultPlan.seed_like(5)) as fleet:
                 report = run_colocate(fleet, RUN, "ours", observers=[observer], policies=fast_policies(SGLANG_POLICIES))
-                injected = sum(1 for e in fleet.engines if e.proxy for f in e.proxy.injected if f.status == 502)
+                injected = sum(e.proxy.injected_count(502) for e in fleet.engines if e.proxy)
             assert report.failed_steps == 0 and injected > 0
             assert attempts_with_status(observer, "502") == injected
             query = urllib.parse.urlencode({"query": 'sum(increase(cpr_attempts_total{status="502"}[5m]))'})

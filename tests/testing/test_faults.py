@@ -513,3 +513,14 @@ def test_bad_plan_top_level() -> None:
         FaultPlan(seed="1")  # type: ignore[arg-type]
     with pytest.raises(FaultPlanError, match="`paths` must be empty for kind 'latency'"):
         FaultRule("/p", "latency", delay=1.0, paths={"/q"})
+
+
+def test_records_are_bounded_and_counts_stay_exact() -> None:
+    """seen and injected keep only the latest seen_limit entries; counts() and injected_count() stay exact."""
+    plan = FaultPlan(seed=1, rules=(FaultRule("/x", "status_before", probability=1.0),))
+    with FaultProxy("http://127.0.0.1:9", plan, seen_limit=5) as proxy:
+        for _ in range(12):
+            assert requests.get(f"{proxy.url}/x", timeout=5).status_code == 502
+        assert len(proxy.seen) == 5 and len(proxy.injected) == 5
+        assert proxy.injected_count() == 12 and proxy.injected_count(502) == 12
+        assert proxy.counts() == {"status_before:502:/x": 12}
