@@ -16,41 +16,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import textwrap
 import time
 
+from _loopback import SERVER
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from resilience.adapters.requests import resilient_session
 from resilience.policy import EndpointPolicy, PolicyTable
 from resilience.telemetry.metrics import MetricsObserver
-
-SERVER = textwrap.dedent(
-    """
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
-        def _answer(self):
-            n = int(self.headers.get("Content-Length") or 0)
-            if n:
-                self.rfile.read(n)
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-        do_GET = do_POST = _answer
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    srv.daemon_threads = True
-    print(srv.server_address[1], flush=True)
-    srv.serve_forever()
-    """
-)
 
 TEMPLATES = PolicyTable({
     "GET /v1/models/{model}": EndpointPolicy(),

@@ -24,11 +24,11 @@ import random
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Sequence
 
 import requests
+from _loopback import SERVER
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -40,33 +40,6 @@ from resilience.events import Observer
 from resilience.policy import EndpointPolicy, PolicyTable
 from resilience.telemetry.metrics import MetricsObserver
 from resilience.telemetry.tracing import TracingObserver
-
-SERVER = textwrap.dedent(
-    """
-    import sys
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
-        def _answer(self):
-            n = int(self.headers.get("Content-Length") or 0)
-            if n:
-                self.rfile.read(n)
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-        do_GET = do_POST = _answer
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    srv.daemon_threads = True
-    print(srv.server_address[1], flush=True)
-    srv.serve_forever()
-    """
-)
 
 
 class DiscardExporter(SpanExporter):
