@@ -36,6 +36,9 @@ __all__ = [
     "start_telemetry",
 ]
 
+PROXY_RECORDS = 200
+"""Requests (and faults) each fault proxy of a cpr run keeps: enough for the timeline, bounded for soak memory."""
+
 DEMO_ENGINE = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05)
 """Engines time-scaled like the demo policies: fast decoding and 50 ms polls (SGLang polls every second)."""
 
@@ -101,7 +104,8 @@ class FleetRunner:
         ``last``: no run follows on this fleet, so a run that spends its restart budget leaves its dead
         engines dead instead of restarting them (the fleet is stopped next anyway).
         """
-        proxies = [FaultProxy(e.direct_url, self.plan, e.index) for e in self.fleet.engines]
+        # 200 records per proxy: more than a step's requests (the timeline draws one step), filled within the warm-up
+        proxies = [FaultProxy(e.direct_url, self.plan, e.index, seen_limit=PROXY_RECORDS) for e in self.fleet.engines]
         self._proxies.extend(proxies)
         for proxy in proxies:
             proxy.start()
