@@ -19,7 +19,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, NoReturn, TypeVar
 
 from resilience import _config
@@ -434,8 +434,6 @@ class Retrier:
 
 
 def _with_delay(record: AttemptRecord, delay: float) -> AttemptRecord:
-    from dataclasses import replace
-
     return replace(record, delay_s=delay)
 
 

@@ -170,6 +170,7 @@ class _Loop:
         self.rng = random.Random(f"{config.seed}:{way}")
         self.budget = budget
         self.counter = _Counter()
+        self._count_lock = threading.Lock()
         self.report = ColocateReport(way, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
         self.pool = ThreadPoolExecutor(
             max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{way}"
@@ -209,7 +210,7 @@ class _Loop:
                 return "lost"
             if out is None or not out.aborted:
                 return "done"
-            with threading.Lock():
+            with self._count_lock:  # stragglers run on many threads
                 self.report.requests_aborted_rerun += 1
         return "lost"
 
