@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from .auth import ApiKeyMiddleware, AuthLevel
 from .config import EngineConfig
 from .control_routes import control_router
 from .engine import Engine
@@ -15,6 +16,7 @@ from .errors import install_exception_handlers
 from .generate_route import generate_router
 from .info_routes import info_router
 from .record import RecordMiddleware
+from .routes import iter_routes
 
 __all__ = ["create_app"]
 
@@ -37,5 +39,10 @@ def create_app(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 0) 
     app.include_router(info_router(engine))
     app.include_router(control_router(engine))
     app.include_router(generate_router(engine))
-    app.add_middleware(RecordMiddleware, record=engine.record)
+    if config.api_key or config.admin_api_key:  # as launch_server: the middleware only when a key is set
+        levels = {
+            route.path: getattr(route.endpoint, "_auth_level", AuthLevel.NORMAL) for route in iter_routes(app.routes)
+        }
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, admin_api_key=config.admin_api_key, levels=levels)
+    app.add_middleware(RecordMiddleware, record=engine.record)  # outermost: refused calls are recorded too
     return app, engine

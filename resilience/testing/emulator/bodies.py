@@ -1,7 +1,10 @@
 """Request bodies of the control and generate routes, shaped like SGLang's ``io_struct`` classes.
 
-Unknown keys are ignored (pydantic's default, as for SGLang's dataclasses); a missing
-body or a field of the wrong type is a 400 through the app's validation handler.
+Field names, required fields and defaults are those of ``sglang/srt/managers/io_struct.py``
+(the contract check compares them with the wheel). Fields the emulator has no use for
+are accepted and ignored, as SGLang ignores them where nothing reads them. Unknown keys
+are ignored; a missing body or a field of the wrong type is a 400 through the app's
+validation handler.
 """
 
 from __future__ import annotations
@@ -59,37 +62,44 @@ SAMPLING_PARAM_KEYS = frozenset(
 """The keyword arguments SGLang's ``SamplingParams`` accepts; any other key is a 400."""
 
 DEFAULT_GROUP = "weight_update_group"
+Selector = Literal["target", "draft", "all"]
 
 
-class PauseGenerationReqInput(BaseModel):
+class _Req(BaseModel):
+    """SGLang's ``BaseReq``: every control body may carry a ``rid`` (unused here)."""
+
+    rid: str | None = None
+
+
+class PauseGenerationReqInput(_Req):
     """``POST /pause_generation``."""
 
     mode: Literal["abort", "retract", "in_place"] = "abort"
 
 
-class ContinueGenerationReqInput(BaseModel):
+class ContinueGenerationReqInput(_Req):
     """``POST /continue_generation``."""
 
     torch_empty_cache: bool = True
 
 
-class MemoryOccupationReqInput(BaseModel):
+class MemoryOccupationReqInput(_Req):
     """``/release_memory_occupation`` and ``/resume_memory_occupation``; null or [] = every tag."""
 
     tags: list[str] | None = None
 
 
-class BeginWeightUpdateReqInput(BaseModel):
+class BeginWeightUpdateReqInput(_Req):
     """``POST /begin_weight_update``."""
 
-    selector: str = "all"
+    selector: Selector = "all"
 
 
-class EndWeightUpdateReqInput(BaseModel):
+class EndWeightUpdateReqInput(_Req):
     """``POST /end_weight_update``."""
 
 
-class UpdateWeightsFromTensorReqInput(BaseModel):
+class UpdateWeightsFromTensorReqInput(_Req):
     """``POST /update_weights_from_tensor``."""
 
     serialized_named_tensors: list[Any]
@@ -97,9 +107,11 @@ class UpdateWeightsFromTensorReqInput(BaseModel):
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+    selector: Selector = "all"
+    torch_empty_cache: bool = False
 
 
-class UpdateWeightsFromDistributedReqInput(BaseModel):
+class UpdateWeightsFromDistributedReqInput(_Req):
     """``POST /update_weights_from_distributed``."""
 
     names: list[str]
@@ -110,26 +122,34 @@ class UpdateWeightsFromDistributedReqInput(BaseModel):
     abort_all_requests: bool = False
     weight_version: str | None = None
     load_format: str | None = None
+    selector: Selector = "all"
+    torch_empty_cache: bool = False
 
 
-class UpdateWeightFromDiskReqInput(BaseModel):
+class UpdateWeightFromDiskReqInput(_Req):
     """``POST /update_weights_from_disk``."""
 
     model_path: str
     load_format: str | None = None
     abort_all_requests: bool = False
     weight_version: str | None = None
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False
+    token_step: int = 0
     flush_cache: bool = True
+    manifest: dict[str, Any] | None = None
 
 
-class UpdateWeightVersionReqInput(BaseModel):
+class UpdateWeightVersionReqInput(_Req):
     """``POST /update_weight_version``."""
 
     new_version: str
     abort_all_requests: bool = True
 
 
-class InitWeightsUpdateGroupReqInput(BaseModel):
+class InitWeightsUpdateGroupReqInput(_Req):
     """``POST /init_weights_update_group``."""
 
     master_address: str
@@ -140,17 +160,23 @@ class InitWeightsUpdateGroupReqInput(BaseModel):
     backend: str = "nccl"
 
 
-class DestroyWeightsUpdateGroupReqInput(BaseModel):
+class DestroyWeightsUpdateGroupReqInput(_Req):
     """``POST /destroy_weights_update_group``."""
 
     group_name: str = DEFAULT_GROUP
 
 
-class AbortReq(BaseModel):
-    """``POST /abort_request``: rid matched by prefix."""
+class AbortReq(_Req):
+    """``POST /abort_request``: a rid this engine knows (None or "" without ``abort_all`` is ignored), or all.
 
-    rid: str = ""
+    ``finished_reason``, ``abort_message`` and ``weight_versions`` are filled by SGLang's
+    scheduler on the way back; a client may send them and they are ignored.
+    """
+
     abort_all: bool = False
+    finished_reason: dict[str, Any] | None = None
+    abort_message: str | None = None
+    weight_versions: list[Any] | None = None
 
 
 class GenerateReqInput(BaseModel):

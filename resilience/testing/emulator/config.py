@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["SGLANG_VERSION", "EngineConfig", "add_config_arguments", "config_from_namespace"]
@@ -69,6 +69,24 @@ class EngineConfig:
     weight_version: str = "default"
     """Initial weight version (SGLang's ``--weight-version`` default is ``"default"``)."""
 
+    memory_saver: bool = True
+    """SGLang's ``--enable-memory-saver`` (default on here: the colocated RL case). On: released tags
+    really free their tensors, so a double release ends the process (torch_memory_saver's ``exit(1)``)
+    and a write into a released pool kills the scheduler. Off (``--no-memory-saver``): release and
+    resume only keep SGLang's tag bookkeeping (its no-op adapter); memory stays, a double release is harmless."""
+
+    startup_seconds: float = 0.0
+    """How long after the server starts ``/health`` answers 503 at once and ``/ready`` 503 (SGLang's
+    ``ServerStatus.Starting`` until its warm-up request finishes). 0 = up at once."""
+
+    api_key: str | None = field(default=None, repr=False)
+    """SGLang's ``--api-key``: Bearer key that normal routes (and admin routes, when no admin key is set)
+    require. None = open. Never shown in repr or logs."""
+
+    admin_api_key: str | None = field(default=None, repr=False)
+    """SGLang's ``--admin-api-key``: Bearer key that admin routes (pause, continue, flush, release,
+    resume, weight updates, abort) require; the API key is then refused there. None = not set."""
+
     def __post_init__(self) -> None:
         for name in (
             "token_rate",
@@ -77,6 +95,7 @@ class EngineConfig:
             "health_poll_seconds",
             "abort_poll_seconds",
             "tick_seconds",
+            "startup_seconds",
         ):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -106,6 +125,12 @@ class EngineConfig:
             raise ValueError("`served_model_name` must be None or a non-empty string, but was ''")
         if not self.weight_version:
             raise ValueError("`weight_version` must be a non-empty string, but was ''")
+        if not isinstance(self.memory_saver, bool):
+            raise ValueError(f"`memory_saver` must be True or False, but was {self.memory_saver!r}")
+        for name in ("api_key", "admin_api_key"):
+            key = getattr(self, name)
+            if key is not None and (not isinstance(key, str) or not key or key != key.strip()):
+                raise ValueError(f"`{name}` must be None or a non-empty string without surrounding spaces (value not shown)")
 
     @property
     def model_name(self) -> str:
@@ -115,10 +140,14 @@ class EngineConfig:
     def to_argv(self) -> list[str]:
         """The command-line flags that rebuild this config (only the fields that differ from the default)."""
         argv: list[str] = []
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value != field.default:
-                argv += [_flag(field.name), str(value)]
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if value == spec.default:
+                continue
+            if isinstance(value, bool):
+                argv.append(_flag(spec.name) if value else "--no-" + spec.name.replace("_", "-"))
+            else:
+                argv += [_flag(spec.name), str(value)]
         return argv
 
 
@@ -128,20 +157,29 @@ def _flag(name: str) -> str:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one ``--kebab-case`` flag per EngineConfig field, each defaulting to the field's default."""
-    for field in dataclasses.fields(EngineConfig):
-        default: Any = field.default
+    for spec in dataclasses.fields(EngineConfig):
+        default: Any = spec.default
+        if isinstance(default, bool):
+            parser.add_argument(
+                _flag(spec.name),
+                dest=spec.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"EngineConfig.{spec.name} (default: {default!r})",
+            )
+            continue
         kind: type = str if default is None else type(default)
         parser.add_argument(
-            _flag(field.name),
-            dest=field.name,
+            _flag(spec.name),
+            dest=spec.name,
             type=kind,
             default=default,
-            metavar=field.name.upper(),
-            help=f"EngineConfig.{field.name} (default: {default!r})",
+            metavar=spec.name.upper(),
+            help=f"EngineConfig.{spec.name} (default: {default!r})",
         )
 
 
 def config_from_namespace(ns: argparse.Namespace) -> EngineConfig:
     """Build an EngineConfig from flags added by :func:`add_config_arguments`; ValueError names a bad field."""
-    values = {field.name: getattr(ns, field.name) for field in dataclasses.fields(EngineConfig)}
+    values = {spec.name: getattr(ns, spec.name) for spec in dataclasses.fields(EngineConfig)}
     return EngineConfig(**values)

@@ -1,9 +1,20 @@
 """The HTTP process's side of the engine, as SGLang's TokenizerManager: pause gate, request states, control calls.
 
-Runs on the uvicorn event loop. Requests pass the pause gate (``is_pause`` under an
-``asyncio.Condition``) before they are registered and sent to the scheduler, so a
-``/generate`` sent while paused is neither rejected nor run: it waits until
-``continue_generation``. Pause is one flag: the first continue reopens the gate.
+Runs on the uvicorn event loop. Follows ``managers/tokenizer_manager.py`` and
+``managers/tokenizer_control_mixin.py``:
+
+- Requests pass the pause gate (``is_pause`` under an ``asyncio.Condition``), then hold
+  the reader side of ``model_update_lock`` until answered, so a ``/generate`` sent
+  while paused is neither rejected nor run: it waits until ``continue_generation``.
+  Pause is one flag: the first continue reopens the gate.
+- A weight update on an engine that is not paused takes the writer side: it waits for
+  every in-flight generation and blocks new ones until it is done. On a paused engine
+  it runs at once (whoever paused holds the engine).
+- ``abort_request`` with an empty rid and ``abort_all=False`` is ignored with a
+  warning; a rid this side does not know is a no-op (single tokenizer process).
+- ``server_status``: Starting (``startup_seconds``), then Up; a failed ``/health``
+  makes it UnHealthy and a passing one Up again. ``/ready`` is 200 only when Up and
+  not paused.
 """
 
 from __future__ import annotations
@@ -33,7 +44,9 @@ from .messages import (
     Req,
     ResumeMemory,
     SchedulerOutput,
+    SetWeightVersion,
 )
+from .rwlock import RWLock
 from .scheduler import Scheduler
 from .text import decode_tokens, encode_text
 
@@ -42,6 +55,8 @@ __all__ = ["Disconnected", "Frontend", "NewRequest"]
 IsDisconnected = Callable[[], Awaitable[bool]]
 _DISCONNECT_CHECK_SECONDS = 4.0  # SGLang's _wait_one_response checks the client every 4 s
 _MAX_ABORT_ROUNDS = 100_000
+STARTING, UP, UNHEALTHY = "Starting", "Up", "UnHealthy"
+"""SGLang's ``ServerStatus`` values this emulator uses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +99,22 @@ class Frontend:
         self.gate_waiters = 0
         self.last_receive_ns = 0
         self._weight_loads = 0
+        self.model_update_lock = RWLock()
+        self.server_status = STARTING
 
     # ----- wiring -----------------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to the running event loop (call from it, at startup)."""
         self._loop = loop
         self._pause_cond = asyncio.Condition()
+        if self._config.startup_seconds > 0:
+            loop.call_later(self._config.startup_seconds, self._warmed_up)
+        else:
+            self._warmed_up()
+
+    def _warmed_up(self) -> None:
+        if self.server_status == STARTING:
+            self.server_status = UP
 
     @property
     def _cond(self) -> asyncio.Condition:
@@ -119,16 +144,26 @@ class Frontend:
         return {
             "text": decode_tokens(state.output_ids),
             "output_ids": list(state.output_ids),
-            "meta_info": {
-                "id": state.request.rid,
-                "finish_reason": out.finish_reason,
-                "prompt_tokens": out.prompt_tokens,
-                "completion_tokens": out.completion_tokens,
-                "cached_tokens": 0,
-                "weight_version": self.weight_version,
-                "e2e_latency": round(time.monotonic() - state.created, 6),
-            },
+            "meta_info": self._meta_info(state, out),
         }
+
+    def _meta_info(self, state: _ReqState, out: SchedulerOutput) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": state.request.rid,
+            "finish_reason": out.finish_reason,
+            "prompt_tokens": out.prompt_tokens,
+            "weight_version": self.weight_version,
+            "num_retractions": out.retractions,
+            "reasoning_tokens": 0,
+            "completion_tokens": out.completion_tokens,
+            "cached_tokens": 0,
+            "e2e_latency": round(time.monotonic() - state.created, 6),
+        }
+        if out.weight_versions is not None:  # final output: spans, and the version of the last one
+            meta["weight_versions"] = [dict(span) for span in out.weight_versions]
+            if out.weight_versions:
+                meta["weight_version"] = out.weight_versions[-1]["version"]
+        return meta
 
     async def _call(self, message: ControlMessage) -> Any:
         self._scheduler.submit(message)
@@ -151,17 +186,18 @@ class Frontend:
             raise ValueError(f"Duplicate request ID: {request.rid}")
         state = _ReqState(request, time.monotonic())
         self.rid_states[request.rid] = state
-        self._scheduler.submit(AddRequest(Req(request.rid, list(request.input_ids), request.max_new_tokens, request.stream)))
         try:
-            for _ in itertools.count():
-                out = await self._next_output(state, is_disconnected)
-                yield out
-                if out["meta_info"]["finish_reason"] is not None:
-                    return
+            async with self.model_update_lock.reader_lock():
+                self._scheduler.submit(AddRequest(Req(request.rid, list(request.input_ids), request.max_new_tokens, request.stream)))
+                for _ in itertools.count():
+                    out = await self._next_output(state, is_disconnected)
+                    yield out
+                    if out["meta_info"]["finish_reason"] is not None:
+                        return
         finally:
-            self.rid_states.pop(request.rid, None)
             if not state.finished:
                 self.abort_request(request.rid, abort_all=False)
+            self.rid_states.pop(request.rid, None)
 
     async def _next_output(self, state: _ReqState, is_disconnected: IsDisconnected | None) -> dict[str, Any]:
         for _ in itertools.count():
@@ -198,7 +234,16 @@ class Frontend:
         return NewRequest(rid or uuid.uuid4().hex, ids, max_new, stream)
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        """Abort by rid prefix (or all) in the scheduler; unknown rids are no-ops, as in SGLang."""
+        """Abort one request this side knows (the scheduler matches its rid as a prefix), or all of them.
+
+        An empty rid without ``abort_all`` is ignored with SGLang's warning (it would match
+        every request); an unknown rid is a no-op (``tokenizer_manager.py``, ``abort_request``).
+        """
+        if not abort_all and not rid:
+            crash.log_line("Ignore abort_request with empty rid and abort_all=False")
+            return
+        if not abort_all and rid not in self.rid_states:
+            return
         self._scheduler.submit(AbortRequests(rid, abort_all))
 
     # ----- pause ------------------------------------------------------------------
@@ -210,9 +255,9 @@ class Frontend:
             if mode != "abort":
                 self._scheduler.submit(PauseScheduler(mode))
                 return
-            for _ in range(_MAX_ABORT_ROUNDS):
+            for _ in range(_MAX_ABORT_ROUNDS):  # SGLang: until model_update_lock is free (no generation holds it)
                 self.abort_request(abort_all=True)
-                if not self.rid_states:
+                if not self.model_update_lock.is_locked():
                     return
                 await asyncio.sleep(self._config.abort_poll_seconds)
 
@@ -239,26 +284,79 @@ class Frontend:
         await self._call(ResumeMemory(tags))
 
     # ----- weights ----------------------------------------------------------------
-    async def load_weights(self, *, flush_cache: bool, abort_all: bool, weight_version: str | None) -> str:
-        """Write new weights in the scheduler; returns SGLang's success message."""
+    async def exclusive(self, message: ControlMessage) -> Any:
+        """Send ``message`` holding the engine: at once when paused, else under the writer lock.
+
+        SGLang's weight-update calls (``tokenizer_control_mixin.py``): a paused engine is held by
+        whoever paused it; otherwise the update waits for every in-flight generation and blocks new ones.
+        """
+        async with self._cond:
+            if self.is_pause:
+                return await self._call(message)
+        async with self.model_update_lock.writer_lock():
+            return await self._call(message)
+
+    async def load_weights(
+        self, *, flush_cache: bool, abort_all: bool, weight_version: str | None, success_message: str
+    ) -> tuple[bool, str]:
+        """Write new weights in the scheduler, holding the engine; answers SGLang's ``(success, message)``.
+
+        A flush refused after the weights were written answers ``(False, "Weights were updated, but
+        the cache was not flushed ...")`` and leaves the version this side reports unchanged.
+        """
         if abort_all:
             self.abort_request(abort_all=True)
         self._weight_loads += 1
-        await self._call(LoadWeights(self._weight_loads, flush_cache))
-        message = "Success"
-        if weight_version is not None:
-            self.weight_version = weight_version
-            message += f" Weight version updated to {weight_version}."
-        return message
+        success, message = await self.exclusive(LoadWeights(self._weight_loads, flush_cache, weight_version))
+        if success:
+            message = success_message
+            if weight_version is not None:
+                self.weight_version = weight_version
+                message += f" Weight version updated to {weight_version}."
+        return success, message
+
+    async def weight_update_session(self, begin: bool) -> tuple[bool, str]:
+        """Open (``begin``) or close the weight-update session, holding the engine as an update does.
+
+        Messages are SGLang's (``scheduler_components/weight_updater.py``).
+        """
+
+        def toggle() -> tuple[bool, str]:
+            if begin and self.weight_update_session_open:
+                return False, "a weight-update session is already open; call end_weight_update() first"
+            if not begin and not self.weight_update_session_open:
+                return False, "no weight-update session is open; call begin_weight_update() first"
+            self.weight_update_session_open = begin
+            return True, "Success"
+
+        async with self._cond:
+            if self.is_pause:
+                return toggle()
+        async with self.model_update_lock.writer_lock():
+            return toggle()
+
+    async def set_weight_version(self, version: str) -> None:
+        """``/update_weight_version``: the scheduler records it for live requests, then this side reports it."""
+        await self._call(SetWeightVersion(version))
+        self.weight_version = version
 
     async def loads(self) -> dict[str, Any]:
-        """The scheduler's load numbers."""
+        """The scheduler's load numbers, asked through the scheduler (``/server_info``'s internal state)."""
         loads: dict[str, Any] = await self._call(GetLoads())
         return loads
 
+    def load_snapshot(self) -> dict[str, Any]:
+        """The latest load numbers the scheduler published (``/v1/loads``: never waits on the scheduler)."""
+        return self._scheduler.load_snapshot
+
     # ----- health ------------------------------------------------------------------
     async def health(self) -> bool:
-        """SGLang's health check: send a 1-token request, healthy if any scheduler output arrives in time."""
+        """SGLang's health check: send a 1-token request, healthy if any scheduler output arrives in time.
+
+        A starting server answers unhealthy at once; the answer sets ``server_status`` (``http_server.py``).
+        """
+        if self.server_status == STARTING:
+            return False
         tic = time.monotonic_ns()
         request = NewRequest(f"{HEALTH_CHECK_RID_PREFIX}_{time.time()}", [0], 1, False)
 
@@ -277,17 +375,24 @@ class Frontend:
                     break
                 await asyncio.sleep(self._config.health_poll_seconds)
                 if self.last_receive_ns > tic:
+                    self.server_status = UP
                     return True
         finally:
             task.cancel()
+        self.server_status = UNHEALTHY
         crash.log_line(
             f"Health check failed. Server couldn't get a response from detokenizer for last {self._config.health_hang_seconds} seconds."
         )
         return False
 
+    def is_ready(self) -> bool:
+        """``/ready``: not paused and Up (``tokenizer_manager.py``, ``is_ready``)."""
+        return not self.is_pause and self.server_status == UP
+
     def state(self) -> dict[str, Any]:
         """The tokenizer-side state for the debug routes."""
         return {
+            "server_status": self.server_status,
             "paused": self.is_pause,
             "pause_mode": self.pause_mode,
             "weight_version": self.weight_version,

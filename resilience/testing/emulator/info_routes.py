@@ -1,4 +1,10 @@
-"""Read-only routes: health, readiness, model and server info, loads, models; and the emulator's debug routes."""
+"""Read-only routes: health, readiness, model and server info, loads, models; and the emulator's debug routes.
+
+Each follows its handler in ``sglang/srt/entrypoints/http_server.py`` (``/v1/loads``:
+``entrypoints/v1_loads.py``). SGLang 0.5.23 has no ``/get_load``, ``/get_weight_version``
+or ``/weight_version``: neither does the emulator (they are 404). The emulator's own
+routes live under ``/_emulator/`` only.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,10 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from . import crash
 from .config import SGLANG_VERSION
 from .engine import Engine
 
@@ -29,7 +36,7 @@ def info_router(engine: Engine) -> APIRouter:
 
     @router.get("/ready")
     async def ready() -> Response:
-        return Response(status_code=503 if front.is_pause else 200)
+        return Response(status_code=200 if front.is_ready() else 503)
 
     def model_info_body() -> dict[str, Any]:
         return {
@@ -49,14 +56,6 @@ def info_router(engine: Engine) -> APIRouter:
     async def model_info() -> Response:
         return JSONResponse(model_info_body())
 
-    @router.get("/get_weight_version")
-    @router.get("/weight_version")
-    async def weight_version_gone() -> Response:
-        raise HTTPException(
-            status_code=404,
-            detail="Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead.",
-        )
-
     @router.get("/server_info")
     @router.get("/get_server_info")
     async def server_info() -> Response:
@@ -70,7 +69,7 @@ def info_router(engine: Engine) -> APIRouter:
             "context_length": config.context_length,
             "max_running_requests": config.max_running_requests,
             "weight_version": front.weight_version,
-            "enable_memory_saver": True,
+            "enable_memory_saver": config.memory_saver,
             "skip_tokenizer_init": False,
             "tp_size": 1,
             "dp_size": 1,
@@ -95,26 +94,28 @@ def info_router(engine: Engine) -> APIRouter:
         )
 
     @router.get("/v1/loads")
-    async def v1_loads(include: str | None = None, dp_rank: int | None = None) -> Response:
-        sections = {s.strip() for s in include.split(",")} if include else {"all"}
-        invalid = sections - _LOAD_SECTIONS
-        if invalid:
-            raise HTTPException(
-                status_code=400,
-                detail=f"Invalid include sections: {invalid}. Valid options: {sorted(_LOAD_SECTIONS)}",
-            )
-        loads = await front.loads()
-        load: dict[str, Any] = {"dp_rank": 0, "timestamp": time.time()}
-        load.update({k: v for k, v in loads.items() if k not in ("memory", "num_retracted_reqs")})
-        if sections & {"memory", "all"}:
-            load["memory"] = loads["memory"]
-        if sections & {"queues", "all"}:
-            load["queues"] = {
-                "waiting": loads["num_waiting_reqs"],
-                "grammar": 0,
-                "paused": 0,
-                "retracted": loads["num_retracted_reqs"],
-            }
+    async def v1_loads(dp_rank: int | None = None, include: str | None = None) -> Response:
+        # SGLang reads the published snapshot (no round trip to the scheduler); an invalid section
+        # raises ValueError in LoadSnapshot.to_dict, outside the handler's try: a bare 500.
+        sections = {s.strip() for s in include.split(",")} if include else None
+        if sections is not None and "all" not in sections and not sections <= _LOAD_SECTIONS:
+            crash.log_line(f"Exception in ASGI application: ValueError: Invalid include sections: {sections - _LOAD_SECTIONS}")
+            return PlainTextResponse("Internal Server Error", status_code=500)
+        snap = front.load_snapshot()
+        load: dict[str, Any] = {"timestamp": snap["timestamp"], "dp_rank": 0}
+        load.update({k: v for k, v in snap.items() if k not in ("memory", "num_retracted_reqs", "timestamp")})
+        wanted = _LOAD_SECTIONS if sections is None or "all" in sections else sections
+        if wanted != {"core"}:
+            if "memory" in wanted:
+                load["memory"] = snap["memory"]
+            if "queues" in wanted:
+                load["queues"] = {
+                    "waiting": snap["num_waiting_reqs"],
+                    "grammar": 0,
+                    "paused": 0,
+                    "retracted": snap["num_retracted_reqs"],
+                    "prealloc_ready": 0,
+                }
         body = {
             "timestamp": datetime.now(UTC).isoformat(),
             "version": SGLANG_VERSION,
@@ -123,22 +124,6 @@ def info_router(engine: Engine) -> APIRouter:
             "loads": [load] if dp_rank in (None, 0) else [],
         }
         return JSONResponse(body)
-
-    @router.get("/get_load")
-    async def get_load() -> Response:
-        loads = await front.loads()
-        return JSONResponse(
-            [
-                {
-                    "dp_rank": 0,
-                    "num_reqs": loads["num_running_reqs"] + loads["num_waiting_reqs"],
-                    "num_waiting_reqs": loads["num_waiting_reqs"],
-                    "num_tokens": loads["num_total_tokens"],
-                    "num_pending_tokens": loads["num_total_tokens"] - loads["num_used_tokens"],
-                    "ts_tic": time.perf_counter(),
-                }
-            ]
-        )
 
     @router.get("/v1/models")
     async def v1_models() -> Response:

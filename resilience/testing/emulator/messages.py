@@ -27,6 +27,7 @@ __all__ = [
     "Req",
     "ResumeMemory",
     "SchedulerOutput",
+    "SetWeightVersion",
 ]
 
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
@@ -45,6 +46,8 @@ class Req:
     slot: int | None = None
     kv_indices: list[int] = field(default_factory=list)
     retractions: int = 0
+    version_events: list[tuple[str, int]] = field(default_factory=list)
+    """(old weight version, output tokens so far) at each version change while the request lived."""
     sent: int = 0
     """How many of ``output_ids`` were already handed to the tokenizer side."""
 
@@ -68,6 +71,10 @@ class SchedulerOutput:
     finish_reason: dict[str, Any] | None
     prompt_tokens: int
     completion_tokens: int
+    retractions: int = 0
+    """``meta_info["num_retractions"]``: how often the request went back to the waiting queue."""
+    weight_versions: tuple[dict[str, Any], ...] | None = None
+    """``meta_info["weight_versions"]`` spans ``{"version", "start", "end"}`` (final output only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +142,22 @@ class ResumeMemory(ControlMessage):
 
 @dataclass(eq=False)
 class LoadWeights(ControlMessage):
-    """Write new weights (by index) and flush the cache after when asked."""
+    """Write new weights (by index), record the new version, then flush the cache when asked.
+
+    Answered ``(success, message)``: a flush refused after the weights were written is
+    ``(False, "Weights were updated, but the cache was not flushed ...")``.
+    """
 
     seed: int
     flush_cache: bool
+    weight_version: str | None = None
+
+
+@dataclass(eq=False)
+class SetWeightVersion(ControlMessage):
+    """``/update_weight_version``: record a new version for the requests alive now."""
+
+    version: str
 
 
 @dataclass(eq=False)

@@ -3,11 +3,23 @@
 It follows SGLang's scheduler where the control plane can see it:
 
 - ``retract`` pause: running requests free their KV and go back to the front of the
-  waiting queue; ``in_place``: a flag, KV kept, no decode. While paused the waiting
-  queue is ignored (nothing is admitted) and does not count against idleness.
-- ``flush_cache`` flushes only when fully idle; with a timeout it waits for idleness.
-- ``release_memory_occupation`` asserts idleness, flushes when releasing ``kv_cache``,
-  and frees the tags' tensors; ``resume_memory_occupation`` grows them back.
+  waiting queue; ``in_place``: a flag, KV kept, no decode (``managers/scheduler.py``,
+  ``pause_generation``). While paused nothing is admitted.
+- Idleness is ``is_fully_idle(ignore_waiting)`` (``managers/scheduler.py``): the flush
+  itself and the release assert ignore the waiting queue while paused; the timed flush
+  (``?timeout>0``) waits with ``is_fully_idle()`` that does *not*
+  (``managers/scheduler_components/flush_wrapper.py``), so after a retract pause that
+  re-queued requests it can only time out: 400 "Timed out waiting for idle state.".
+- ``release_memory_occupation`` asserts idleness, records the tags (unknown ones too),
+  flushes when releasing ``kv_cache`` and frees the tags' tensors (only with the memory
+  saver on); ``resume_memory_occupation`` removes the tags from that record first, so
+  a tag that is not released raises KeyError and kills the process
+  (``managers/scheduler_components/weight_updater.py``).
+- A weight update writes the weights, records the new version, then flushes; a flush
+  refused there fails the call although the weights changed (``weight_updater.py``,
+  ``flush_cache_after_weight_update``).
+- A load snapshot is published every ``_SNAPSHOT_SECONDS`` for ``/v1/loads``, which reads
+  it without waiting on this thread (``managers/load_snapshot.py``).
 - Any exception in here kills the process (:func:`crash.die_from_scheduler_exception`):
   a release with work in flight, a resume of a tag that is not released, and a
   prefill or decode that writes into a released pool.
@@ -41,12 +53,19 @@ from .messages import (
     Req,
     ResumeMemory,
     SchedulerOutput,
+    SetWeightVersion,
 )
 from .pools import ALL_TAGS, KV_CACHE, MemoryPools, sample_next
 
 __all__ = ["Scheduler"]
 
 Emit = Callable[[SchedulerOutput], None]
+_SNAPSHOT_SECONDS = 0.05
+WEIGHTS_UPDATED_NOT_FLUSHED = (
+    "Weights were updated, but the cache was not flushed because requests are still running or queued. "
+    "Retract or finish them, then call /flush_cache."
+)
+"""SGLang's message when a weight update's flush is refused (the weights *were* written)."""
 
 
 class Scheduler:
@@ -68,6 +87,11 @@ class Scheduler:
         self._pending_flush: tuple[FlushCache, float] | None = None
         self._tokens_generated = 0
         self._throughput_window: deque[tuple[float, int]] = deque(maxlen=64)
+        self.offload_tags: set[str] = set()
+        self.weight_version = config.weight_version
+        self.load_snapshot: dict[str, Any] = self._loads()
+        """The latest published load numbers (replaced whole, so readers on other threads see one snapshot)."""
+        self._snapshot_at = 0.0
 
     # ----- called from other threads -------------------------------------------------
     def start(self) -> None:
@@ -90,7 +114,7 @@ class Scheduler:
             "scheduler_paused": self.engine_paused,
             "running": len(self.running),
             "waiting": len(self.waiting),
-            "released_tags": self._pools.released_tags,
+            "released_tags": [t for t in ALL_TAGS if t in self.offload_tags] + sorted(self.offload_tags - set(ALL_TAGS)),
             "allocated_bytes": self._pools.allocated_bytes(),
             "counts": {k: self.counts[k] for k in ("completed", "aborted", "retracted", "prefilled")},
         }
@@ -107,6 +131,7 @@ class Scheduler:
         while not self._stop.is_set():
             self._drain_inbox(self._wait_seconds(next_step))
             self._check_pending_flush()
+            self._publish_snapshot()
             if self.engine_paused is not None:
                 continue
             self._admit()
@@ -161,10 +186,10 @@ class Scheduler:
             self._resume(message.tags)
             return None
         if isinstance(message, LoadWeights):
-            self._pools.write_weights(message.seed)
-            if message.flush_cache:
-                self._flush_cache()
-            return (True, "Success")
+            return self._load_weights(message)
+        if isinstance(message, SetWeightVersion):
+            self._record_weight_version(message.version)
+            return None
         if isinstance(message, GetLoads):
             return self._loads()
         raise TypeError(f"unknown control message {message!r}")
@@ -193,11 +218,11 @@ class Scheduler:
             self._free_req(req, keep_cache=False)
             self._finish(req, {"type": "abort", "message": "Abort running request"})
 
-    def _is_fully_idle(self) -> bool:
-        return not self.running and (self.engine_paused is not None or not self.waiting)
+    def _is_fully_idle(self, ignore_waiting: bool = False) -> bool:
+        return not self.running and (ignore_waiting or not self.waiting)
 
     def _flush_cache(self) -> bool:
-        if not self._is_fully_idle():
+        if not self._is_fully_idle(ignore_waiting=self.engine_paused is not None):
             crash.log_line(
                 f"Cache not flushed because there are pending requests. #queue-req: {len(self.waiting)}, #running-req: {len(self.running)}"
             )
@@ -209,7 +234,7 @@ class Scheduler:
     def _flush_request(self, message: FlushCache) -> None:
         if self._pending_flush is not None:
             message.reply.set_result(FlushResult(False, "Another flush_cache is already in progress."))
-        elif message.timeout_s <= 0 or self._is_fully_idle():
+        elif message.timeout_s <= 0 or self._is_fully_idle():  # the timed wait does not ignore waiting requests
             message.reply.set_result(FlushResult(self._flush_cache()))
         else:
             self._pending_flush = (message, time.monotonic() + message.timeout_s)
@@ -228,24 +253,46 @@ class Scheduler:
 
     # ----- memory occupation ------------------------------------------------------
     def _release(self, tags: tuple[str, ...]) -> None:
-        if not self._is_fully_idle():
+        if not self._is_fully_idle(ignore_waiting=self.engine_paused is not None):
             raise AssertionError(
-                "release_memory_occupation requires an idle scheduler, but "
+                "release_memory_occupation should be called only when server is idle. "
                 f"#running-req: {len(self.running)}, #queue-req: {len(self.waiting)}"
             )
+        self.offload_tags.update(tags)  # unknown tags too: they are recorded and otherwise ignored
         for tag in ALL_TAGS:
             if tag not in tags:
                 continue
+            if self._config.memory_saver:  # without it SGLang's adapter is a no-op: nothing is freed
+                self._pools.release(tag)
             if tag == KV_CACHE:
                 self._flush_cache()
-            self._pools.release(tag)
         time.sleep(self._config.swap_seconds)
 
     def _resume(self, tags: tuple[str, ...]) -> None:
+        for tag in tags:
+            self.offload_tags.remove(tag)  # KeyError for a tag not released: the scheduler dies, as in SGLang
         for tag in ALL_TAGS:
-            if tag in tags:
+            if tag in tags and self._config.memory_saver:
                 self._pools.resume(tag)
         time.sleep(self._config.swap_seconds)
+
+    # ----- weights ----------------------------------------------------------------
+    def _load_weights(self, message: LoadWeights) -> tuple[bool, str]:
+        self._pools.write_weights(message.seed)
+        self._record_weight_version(message.weight_version)
+        if message.flush_cache and not self._flush_cache():
+            crash.log_line(WEIGHTS_UPDATED_NOT_FLUSHED)
+            return (False, WEIGHTS_UPDATED_NOT_FLUSHED)
+        return (True, "Success")
+
+    def _record_weight_version(self, version: str | None) -> None:
+        """SGLang's ``record_weight_version_change``: live requests with output remember the old version."""
+        if version is None or version == self.weight_version:
+            return
+        for req in (*self.running, *self.waiting):
+            if req.output_ids:
+                req.version_events.append((self.weight_version, len(req.output_ids)))
+        self.weight_version = version
 
     # ----- prefill and decode -----------------------------------------------------
     def _admit(self) -> None:
@@ -314,9 +361,30 @@ class Scheduler:
     def _send(self, req: Req, finish_reason: dict[str, Any] | None) -> None:
         new_ids = tuple(req.output_ids[req.sent :])
         req.sent = len(req.output_ids)
-        self._emit(SchedulerOutput(req.rid, new_ids, finish_reason, len(req.input_ids), len(req.output_ids)))
+        spans = None if finish_reason is None else self._version_spans(req)
+        self._emit(SchedulerOutput(req.rid, new_ids, finish_reason, len(req.input_ids), len(req.output_ids), req.retractions, spans))
+
+    def _version_spans(self, req: Req) -> tuple[dict[str, Any], ...]:
+        """``compute_weight_version_spans`` + ``add_weight_versions_to_meta_info`` (``sglang/srt/utils/weight_versions.py``)."""
+        n = len(req.output_ids)
+        spans: list[dict[str, Any]] = []
+        for version, end in [*req.version_events, (self.weight_version, n)]:
+            end = min(end, n)
+            if spans and end <= spans[-1]["end"]:
+                continue
+            if spans and version == spans[-1]["version"]:
+                spans[-1]["end"] = end
+                continue
+            spans.append({"version": version, "start": spans[-1]["end"] if spans else 0, "end": end})
+        return tuple(s for s in spans if s["start"] < n or s["start"] == 0)
 
     # ----- numbers ----------------------------------------------------------------
+    def _publish_snapshot(self) -> None:
+        now = time.monotonic()
+        if now - self._snapshot_at >= _SNAPSHOT_SECONDS:
+            self._snapshot_at = now
+            self.load_snapshot = self._loads()
+
     def _throughput(self) -> float:
         if len(self._throughput_window) < 2:
             return 0.0
@@ -330,6 +398,7 @@ class Scheduler:
         total = self._alloc.total_tokens
         pending = sum(r.seq_len for r in self.waiting)
         return {
+            "timestamp": time.time(),
             "num_running_reqs": len(self.running),
             "num_waiting_reqs": len(self.waiting),
             "num_used_tokens": used,
