@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES
+from resilience.adapters.sglang_policies import SGLANG_OPEN_PREFIXES
 from resilience.cli_common import CliError
 from resilience.cli_render import describe_policy, make_console, rich_table
 
@@ -62,6 +63,8 @@ class CheckResult:
     """``connection refused``, ``no answer in 3 s``, ... (None when an HTTP status came back)."""
     unreachable: bool = False
     """The connection itself failed (nothing listens, no route, unknown host)."""
+    key_sent: bool = False
+    """Whether the API key went with this check (never to ``/health*`` or ``/ready*``, which SGLang leaves open)."""
 
     @property
     def ok(self) -> bool:
@@ -70,6 +73,8 @@ class CheckResult:
 
     def cell(self) -> str:
         """Short form for the table: ``200 in 0.012 s`` or the error."""
+        if self.status in (401, 403):
+            return f"{self.status}: " + ("the API key was refused" if self.key_sent else "a key is required (--api-key-env)")
         if self.status is not None:
             return f"{self.status} in {self.latency_s or 0:.3f} s"
         return self.error or "?"
@@ -155,6 +160,8 @@ def _why(exc: requests.RequestException, timeout: float) -> tuple[str, bool]:
 
 
 def _run_check(url: str, check: Check, timeout: float, headers: Mapping[str, str], out: dict[str, CheckResult]) -> None:
+    if check.path.startswith(SGLANG_OPEN_PREFIXES):
+        headers = {}  # SGLang asks no key there: do not spread it
     t0 = time.monotonic()
     try:
         with requests.Session() as session:
@@ -170,7 +177,7 @@ def _run_check(url: str, check: Check, timeout: float, headers: Mapping[str, str
         data = response.json() if response.content else None
     except ValueError:
         data = None
-    out[check.name] = CheckResult(check, response.status_code, latency, data)
+    out[check.name] = CheckResult(check, response.status_code, latency, data, key_sent="Authorization" in headers)
 
 
 def probe_engines(urls: Sequence[str], timeout: float, api_key: str | None = None) -> list[EngineProbe]:

@@ -6,6 +6,7 @@ leaves it serving); engines 1 to 4 are each killed by one crash test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -197,6 +198,22 @@ def test_retract_requeues_running_requests_and_reruns_them(engine: EngineHandle,
     http.post(engine.url + "/continue_generation", json={}, timeout=TIMEOUT).raise_for_status()
     meta = future.result(timeout=TIMEOUT).json()["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 60} and meta["completion_tokens"] == 60
+    assert meta["num_retractions"] == 1 and meta["weight_versions"] == [{"version": "default", "start": 0, "end": 60}]
+
+
+def test_retract_pause_timed_flush_times_out_untimed_flush_succeeds(
+    engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor
+) -> None:
+    """After a retract pause that re-queued a request, flush?timeout>0 answers 400 (its wait counts the queue); timeout=0 flushes."""
+    future = start_generate(pool, engine.url, LONG)
+    wait_running(engine)
+    http.post(engine.url + "/pause_generation", json={"mode": "retract"}, timeout=TIMEOUT).raise_for_status()
+    wait_for(lambda: engine.state()["waiting"] == 1)
+    timed = http.post(engine.url + "/flush_cache", params={"timeout": 0.3}, timeout=TIMEOUT)
+    assert (timed.status_code, timed.text) == (400, "Timed out waiting for idle state.")
+    untimed = http.post(engine.url + "/flush_cache", params={"timeout": 0}, timeout=TIMEOUT)
+    assert untimed.status_code == 200 and untimed.text.startswith("Cache flushed.")
+    assert engine.alive() and not future.done()
 
 
 def test_in_place_keeps_requests_and_flush_fails_while_running(
@@ -229,7 +246,9 @@ def test_health_hangs_then_503_and_ready_503_while_paused(engine: EngineHandle, 
     assert response.status_code == 503 and response.content == b""
     assert time.monotonic() - started >= CONFIG.health_hang_seconds
     http.post(engine.url + "/continue_generation", json={}, timeout=TIMEOUT).raise_for_status()
+    assert http.get(engine.url + "/ready", timeout=TIMEOUT).status_code == 503  # unhealthy until a health check passes
     assert http.get(engine.url + "/health_generate", timeout=TIMEOUT).status_code == 200
+    assert http.get(engine.url + "/ready", timeout=TIMEOUT).status_code == 200
 
 
 # ----- request bodies and errors ---------------------------------------------------
@@ -253,17 +272,21 @@ def test_unknown_route_is_404_and_unknown_body_keys_are_ignored(engine: EngineHa
     assert http.post(engine.url + "/pause_generation", json={"mode": "sideways"}, timeout=TIMEOUT).status_code == 400
 
 
-def test_abort_request_matches_rid_prefix_and_ignores_unknown(
-    engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor
-) -> None:
-    """/abort_request aborts by rid prefix and answers 200 empty, also for an unknown rid."""
+def test_abort_request_ignores_empty_and_unknown_rids(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
+    """/abort_request answers 200 empty; an empty rid (no abort_all) and a rid the engine does not know abort nothing.
+
+    SGLang's tokenizer_manager.abort_request drops both before they reach the scheduler.
+    """
     future = start_generate(pool, engine.url, LONG, rid="group7-sample3")
     wait_running(engine)
-    response = http.post(engine.url + "/abort_request", json={"rid": "group7-"}, timeout=TIMEOUT)
-    assert (response.status_code, response.content) == (200, b"")
+    for body in ({"rid": ""}, {}, {"rid": "group7-"}, {"rid": "nobody"}):
+        response = http.post(engine.url + "/abort_request", json=body, timeout=TIMEOUT)
+        assert (response.status_code, response.content) == (200, b"")
+    http.get(engine.url + "/server_info", timeout=TIMEOUT).raise_for_status()  # a scheduler round trip after the aborts
+    assert engine.state()["running"] == 1 and not future.done()
+    assert "Ignore abort_request with empty rid and abort_all=False" in engine.log()
+    http.post(engine.url + "/abort_request", json={"rid": "group7-sample3"}, timeout=TIMEOUT).raise_for_status()
     assert future.result(timeout=TIMEOUT).json()["meta_info"]["finish_reason"]["type"] == "abort"
-    response = http.post(engine.url + "/abort_request", json={"rid": "nobody"}, timeout=TIMEOUT)
-    assert (response.status_code, response.content) == (200, b"")
 
 
 # ----- weights -----------------------------------------------------------------------
@@ -290,7 +313,8 @@ def test_model_info_weight_version_follows_update_weight_version(engine: EngineH
     assert response.status_code == 200 and response.json()["new_version"] == "v7"
     assert http.get(engine.url + "/model_info", timeout=TIMEOUT).json()["weight_version"] == "v7"
     assert generate(engine.url, 1).json()["meta_info"]["weight_version"] == "v7"
-    assert http.get(engine.url + "/get_weight_version", timeout=TIMEOUT).status_code == 404
+    for gone in ("/get_weight_version", "/weight_version", "/get_load"):  # not in SGLang 0.5.23
+        assert http.get(engine.url + gone, timeout=TIMEOUT).status_code == 404
     http.post(engine.url + "/update_weight_version", json={"new_version": "default"}, timeout=TIMEOUT).raise_for_status()
 
 
@@ -299,9 +323,76 @@ def test_info_routes_answer(engine: EngineHandle, http: requests.Session) -> Non
     info = http.get(engine.url + "/server_info", timeout=TIMEOUT).json()
     assert info["version"] == "0.5.23" and info["internal_states"][0]["memory_usage"]["token_capacity"] == CONFIG.kv_pool_tokens
     loads = http.get(engine.url + "/v1/loads", params={"include": "core"}, timeout=TIMEOUT).json()["loads"]
-    assert {"num_running_reqs", "num_waiting_reqs", "num_used_tokens"} <= set(loads[0])
+    assert {"num_running_reqs", "num_waiting_reqs", "num_used_tokens"} <= set(loads[0]) and "memory" not in loads[0]
+    full = http.get(engine.url + "/v1/loads", timeout=TIMEOUT).json()["loads"][0]
+    assert set(full["queues"]) == {"waiting", "grammar", "paused", "retracted", "prealloc_ready"} and "memory" in full
+    bad = http.get(engine.url + "/v1/loads", params={"include": "core,bogus"}, timeout=TIMEOUT)
+    assert (bad.status_code, bad.text) == (500, "Internal Server Error")  # SGLang's ValueError escapes the handler
     models = http.get(engine.url + "/v1/models", timeout=TIMEOUT).json()
     assert models["data"][0]["id"] == CONFIG.model_path
+
+
+def test_weight_update_waits_for_inflight_generation_and_blocks_new_ones(
+    engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor
+) -> None:
+    """Unpaused, a weight update takes the writer lock: it waits for the running /generate, and one sent meanwhile waits for it."""
+    first = start_generate(pool, engine.url, LONG, rid="before-update")
+    wait_running(engine)
+    update = pool.submit(
+        http.post, engine.url + "/update_weights_from_disk", json={"model_path": "/ckpt/2", "weight_version": "w2"}, timeout=60
+    )
+    wait_for(lambda: engine.state()["model_update_lock"]["waiting_writers"] == 1)
+    second = start_generate(pool, engine.url, 2)
+    wait_for(lambda: engine.state()["in_flight"] == 2)
+    http.get(engine.url + "/server_info", timeout=TIMEOUT).raise_for_status()
+    assert engine.state()["running"] == 1 and not update.done() and not second.done()  # both wait on the first
+    http.post(engine.url + "/abort_request", json={"rid": "before-update"}, timeout=TIMEOUT).raise_for_status()
+    assert first.result(timeout=TIMEOUT).json()["meta_info"]["weight_version"] == "default"
+    answer = update.result(timeout=TIMEOUT)
+    assert answer.status_code == 200 and answer.json()["success"] is True
+    assert second.result(timeout=TIMEOUT).json()["meta_info"]["weight_version"] == "w2"  # admitted after the update
+    http.post(engine.url + "/update_weight_version", json={"new_version": "default"}, timeout=TIMEOUT).raise_for_status()
+
+
+def test_weight_update_after_in_place_pause_is_applied_yet_refused(
+    engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor
+) -> None:
+    """in_place pause with a running request: an update with flush answers 400 success=false, though the weights changed."""
+    future = start_generate(pool, engine.url, 150, rid="kept-kv")
+    wait_running(engine)
+    http.post(engine.url + "/pause_generation", json={"mode": "in_place"}, timeout=TIMEOUT).raise_for_status()
+    answer = http.post(engine.url + "/update_weights_from_disk", json={"model_path": "/ckpt/3", "weight_version": "w3"}, timeout=TIMEOUT)
+    assert answer.status_code == 400
+    assert answer.json()["success"] is False and answer.json()["message"].startswith("Weights were updated, but the cache was not flushed")
+    assert http.get(engine.url + "/model_info", timeout=TIMEOUT).json()["weight_version"] == "default"  # not recorded as updated
+    http.post(engine.url + "/continue_generation", json={}, timeout=TIMEOUT).raise_for_status()
+    meta = future.result(timeout=TIMEOUT).json()["meta_info"]
+    spans = meta["weight_versions"]  # yet the tokens after the update came from the new weights
+    assert [s["version"] for s in spans] == ["default", "w3"] and spans[-1]["end"] == 150 and meta["weight_version"] == "w3"
+    http.post(engine.url + "/update_weight_version", json={"new_version": "default"}, timeout=TIMEOUT).raise_for_status()
+
+
+def test_distributed_update_outside_a_session_is_400(engine: EngineHandle, http: requests.Session) -> None:
+    """update_weights_from_distributed needs begin_weight_update first, as in SGLang 0.5.23."""
+    body = {"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2]]}
+    answer = http.post(engine.url + "/update_weights_from_distributed", json=body, timeout=TIMEOUT)
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "success": False,
+        "message": "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()",
+    }
+
+
+def test_unknown_tags_release_is_a_no_op_and_resume_after_it_too(engine: EngineHandle, http: requests.Session) -> None:
+    """A tag SGLang does not know is recorded on release (200, nothing freed) and removed on resume (200)."""
+    before = engine.state()["allocated_bytes"]
+    http.post(engine.url + "/pause_generation", json={"mode": "abort"}, timeout=TIMEOUT).raise_for_status()
+    release = http.post(engine.url + "/release_memory_occupation", json={"tags": ["lora"]}, timeout=TIMEOUT)
+    assert (release.status_code, release.content) == (200, b"null")
+    assert engine.state()["released_tags"] == ["lora"] and engine.state()["allocated_bytes"] == before
+    resume = http.post(engine.url + "/resume_memory_occupation", json={"tags": ["lora"]}, timeout=TIMEOUT)
+    assert (resume.status_code, resume.content) == (200, b"null")
+    assert engine.state()["released_tags"] == [] and engine.alive()
 
 
 # ----- memory occupation and Bug B -------------------------------------------------
@@ -354,10 +445,10 @@ def test_double_release_kills_engine(fleet: EmulatedFleet, http: requests.Sessio
 
 
 def test_resume_of_active_tag_kills_engine(fleet: EmulatedFleet, http: requests.Session) -> None:
-    """Resuming a tag that was not released is a KeyError in the scheduler: the engine dies."""
+    """Resuming a tag that was not released (known or not) is a KeyError in the scheduler: the engine dies."""
     handle = fleet.engines[RESUME_ACTIVE]
     with pytest.raises(requests.ConnectionError):
-        http.post(handle.url + "/resume_memory_occupation", json={"tags": ["weights"]}, timeout=TIMEOUT)
+        http.post(handle.url + "/resume_memory_occupation", json={"tags": ["weights", "lora"]}, timeout=TIMEOUT)
     assert wait_dead(handle) == -9
     assert "Scheduler hit an exception" in handle.log() and "KeyError" in handle.log()
 
@@ -373,6 +464,31 @@ def test_release_with_request_running_kills_engine(fleet: EmulatedFleet, http: r
         future.result(timeout=TIMEOUT)
     assert wait_dead(handle) == -9
     assert "AssertionError" in handle.log()
+
+
+def test_without_memory_saver_double_release_is_harmless_and_status_starts_503(http: requests.Session) -> None:
+    """--no-memory-saver: nothing is freed, a double release and a straggler live; /health is 503 while starting.
+
+    A resume of a tag that is not released still kills it (the KeyError is SGLang's own bookkeeping).
+    """
+    with EmulatedFleet(1, dataclasses.replace(CONFIG, memory_saver=False, startup_seconds=2.0)) as f:
+        handle = f.engines[0]
+        url = handle.url
+        if handle.state()["server_status"] == "Starting":  # the fleet's READY line comes before warm-up ends
+            assert http.get(url + "/health", timeout=TIMEOUT).status_code == 503
+            assert http.get(url + "/ready", timeout=TIMEOUT).status_code == 503
+        wait_for(lambda: http.get(url + "/health", timeout=TIMEOUT).status_code == 200)
+        assert http.get(url + "/ready", timeout=TIMEOUT).status_code == 200
+        assert http.get(url + "/server_info", timeout=TIMEOUT).json()["enable_memory_saver"] is False
+        before = handle.state()["allocated_bytes"]
+        for _ in range(2):
+            assert http.post(url + "/release_memory_occupation", json={"tags": ["kv_cache"]}, timeout=TIMEOUT).status_code == 200
+        assert handle.state()["allocated_bytes"] == before and handle.state()["released_tags"] == ["kv_cache"]
+        assert generate(url, 3).json()["meta_info"]["finish_reason"]["type"] == "length"  # the straggler lives
+        assert http.post(url + "/resume_memory_occupation", json={"tags": ["kv_cache"]}, timeout=TIMEOUT).status_code == 200
+        with pytest.raises(requests.ConnectionError):
+            http.post(url + "/resume_memory_occupation", json={"tags": ["kv_cache"]}, timeout=TIMEOUT)
+        assert wait_dead(handle) == -9 and "KeyError" in handle.log()
 
 
 # ----- fleet and process entry ---------------------------------------------------
@@ -425,3 +541,7 @@ def test_engine_config_names_the_bad_field() -> None:
     with pytest.raises(ValueError, match="`max_req_slots`"):
         EngineConfig(max_running_requests=8, max_req_slots=4)
     assert EngineConfig(token_rate=5.0).to_argv() == ["--token-rate", "5.0"]
+    assert EngineConfig(memory_saver=False).to_argv() == ["--no-memory-saver"]
+    with pytest.raises(ValueError, match="`api_key`") as info:
+        EngineConfig(api_key=" sk-spaced ")
+    assert "sk-spaced" not in str(info.value) and "sk-" not in repr(EngineConfig(api_key="sk-hidden"))

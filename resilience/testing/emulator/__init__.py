@@ -12,9 +12,10 @@ imports neither torch nor FastAPI; only the engine processes do.
         requests.post(fleet.urls[0] + "/pause_generation", json={"mode": "abort"})
         calls = fleet.engines[0].record()["calls"]
 
-Debug routes (not SGLang's): ``GET /_emulator/state`` answers ``{"pid", "version",
-"paused", "pause_mode", "scheduler_paused", "weight_version",
-"weight_update_session_open", "in_flight", "waiting_at_pause_gate", "running",
+Debug routes (not SGLang's, never behind a key): ``GET /_emulator/state`` answers
+``{"pid", "version", "server_status", "paused", "pause_mode", "scheduler_paused",
+"weight_version", "weight_update_session_open", "in_flight", "model_update_lock":
+{"readers", "writer_active", "waiting_writers"}, "waiting_at_pause_gate", "running",
 "waiting", "released_tags", "allocated_bytes": {tag: bytes}, "counts": {"completed",
 "aborted", "retracted", "prefilled"}}``. ``GET /_emulator/record`` answers
 ``{"calls": [...], "state": {...}}``; each call (every route but ``/generate`` and

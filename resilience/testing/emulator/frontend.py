@@ -398,5 +398,10 @@ class Frontend:
             "weight_version": self.weight_version,
             "weight_update_session_open": self.weight_update_session_open,
             "in_flight": len(self.rid_states),
+            "model_update_lock": {
+                "readers": self.model_update_lock.readers,
+                "writer_active": self.model_update_lock.writer_active,
+                "waiting_writers": self.model_update_lock.waiting_writers,
+            },
             "waiting_at_pause_gate": self.gate_waiters,
         }
