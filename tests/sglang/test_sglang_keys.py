@@ -7,6 +7,7 @@ never appear in errors, reprs, events, log records or the engine's own log.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -14,11 +15,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pytest_httpserver import HTTPServer
 
 from resilience.adapters.sglang import SGLangAppliedButRefused, SGLangAuthError, SGLangClient
 from resilience.events import Event
-from resilience.testing.emulator import EmulatedFleet
+from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from resilience.testing.emulator.app import create_app
+from resilience.testing.emulator.auth import AuthLevel, decide_request_auth
+from resilience.testing.emulator.contract import EmulatorRoute, emulator_routes
 from tests.sglang.conftest import FAST_ENGINE, FAST_SGLANG
 
 API_KEY = "sk-api-7f3c1e"
@@ -189,3 +195,39 @@ def test_emulate_flags_carry_keys_and_the_memory_saver_switch() -> None:
     assert (config.api_key, config.admin_api_key, config.memory_saver) == (API_KEY, ADMIN_KEY, False)
     assert API_KEY not in repr(config) and ADMIN_KEY not in repr(config)
     assert config_from_namespace(build_parser().parse_args(config.to_argv())) == config
+
+
+KEYS = st.sampled_from([None, "sk-a", "sk-b"])
+
+
+@functools.cache
+def route_table() -> tuple[EmulatorRoute, ...]:
+    """The emulator's routes (built once; the contract check proves they are SGLang's, with its auth levels)."""
+    routes = tuple(sorted(emulator_routes(create_app(EngineConfig())[0]).values(), key=lambda r: r.path))
+    assert len(routes) >= 20
+    return routes
+
+
+@settings(max_examples=300, deadline=None)
+@given(api_key=KEYS, admin_api_key=KEYS, data=st.data())
+def test_a_client_holding_the_server_keys_is_never_refused(api_key: str | None, admin_api_key: str | None, data: st.DataObject) -> None:
+    """For every route and key setup, SGLangClient with the server's keys sends a key SGLang's rules accept.
+
+    The admin key never goes to a route SGLang does not mark admin, and no key goes to the open probes.
+    """
+    route = data.draw(st.sampled_from(route_table()))
+    client = SGLangClient("http://127.0.0.1:9", api_key=api_key, admin_api_key=admin_api_key)
+    name, key = client._key_for(route.path)
+    decision = decide_request_auth(
+        method=sorted(route.methods)[0],
+        path=route.path,
+        authorization=f"Bearer {key}" if key else None,
+        api_key=api_key,
+        admin_api_key=admin_api_key,
+        level=AuthLevel(route.auth),
+    )
+    assert decision is None, (route.path, name)
+    if name == "admin_api_key":
+        assert route.auth != "normal"
+    if route.path.startswith(("/health", "/ready")):
+        assert key is None
