@@ -3,8 +3,12 @@
 Every call goes through a session with a ``ResilientAdapter`` mounted with
 ``SGLANG_POLICIES`` (or the session you pass: use ``mount_sglang`` to add the
 adapter to a session your code already uses). Results are typed; errors name
-the engine, endpoint, status and a short body excerpt; the API key goes in a
-Bearer header and nowhere else (not in repr, events, spans or metrics).
+the engine, endpoint, status and a short body excerpt. Keys follow SGLang's auth
+levels (``utils/auth.py``): admin routes get the admin key when one is given, else
+the API key; other routes get the API key; ``/health*``, ``/ready*`` and ``/metrics*``
+get none. A key goes in a Bearer header and nowhere else (not in repr, errors,
+events, spans or metrics); a 401/403 is never retried and the error says which key
+was refused.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ from typing import Any, Literal
 import requests
 
 from resilience.adapters.requests import ResilientAdapter, engine_of, resilient_session
-from resilience.adapters.sglang_policies import SGLANG_POLICIES
+from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
 from resilience.adapters.sglang_types import (
     ControlResult,
     FlushResult,
     GenerateResult,
     Health,
     ModelInfo,
+    SGLangAppliedButRefused,
+    SGLangAuthError,
     SGLangError,
     SGLangProtocolError,
     WeightUpdateResult,
@@ -42,6 +48,8 @@ __all__ = [
     "ModelInfo",
     "PauseMode",
     "SGLANG_POLICIES",
+    "SGLangAppliedButRefused",
+    "SGLangAuthError",
     "SGLangClient",
     "SGLangError",
     "SGLangProtocolError",
@@ -54,6 +62,7 @@ ALL_TAGS: tuple[str, ...] = ("kv_cache", "weights", "cuda_graph")
 """The memory tags SGLang releases when ``tags`` is null or empty."""
 
 _NOT_IDLE = ("Timed out waiting for idle state", "Flush cache failed", "Another flush_cache is already in progress")
+_APPLIED_NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
 
 
 def mount_sglang(
@@ -80,7 +89,10 @@ class SGLangClient:
     ``base_url``: the engine (``http://127.0.0.1:30000``). ``session``: a
     session to use as is (mount the adapter on it with ``mount_sglang``);
     default a new resilient session with ``policies`` and ``observers``.
-    ``api_key``: sent as ``Authorization: Bearer`` on every request.
+    ``api_key``: SGLang's ``--api-key``, sent as ``Authorization: Bearer`` to normal
+    routes, and to admin routes when no ``admin_api_key`` is given (default None).
+    ``admin_api_key``: SGLang's ``--admin-api-key``, sent to admin routes (pause,
+    continue, flush, abort, release, resume, weight updates) (default None).
     ``flush_deadline_s``: how long ``flush_cache`` waits for the engine to
     become idle (default 120 s, capped by any Deadline in context);
     ``flush_poll_s``: the pause between "not idle" answers (default 0.5 s).
@@ -95,6 +107,7 @@ class SGLangClient:
         api_key: str | None = None,
         policies: PolicyTable = SGLANG_POLICIES,
         *,
+        admin_api_key: str | None = None,
         observers: Sequence[Observer] = (),
         flush_deadline_s: float = 120.0,
         flush_poll_s: float = 0.5,
@@ -107,6 +120,7 @@ class SGLangClient:
         self._owns_session = session is None
         self.session = session if session is not None else resilient_session(policies, observers=observers, **adapter_kwargs)
         self._api_key = api_key
+        self._admin_api_key = admin_api_key
         self.flush_deadline_s = flush_deadline_s
         self.flush_poll_s = flush_poll_s
         self._lock = threading.Lock()
@@ -114,7 +128,8 @@ class SGLangClient:
         self._released: set[str] = set()
 
     def __repr__(self) -> str:
-        return f"SGLangClient({self.base_url!r}{', api_key=***' if self._api_key else ''})"
+        keys = (", api_key=***" if self._api_key else "") + (", admin_api_key=***" if self._admin_api_key else "")
+        return f"SGLangClient({self.base_url!r}{keys})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -161,8 +176,24 @@ class SGLangClient:
         stream: bool = False,
         timeout: float | None = None,
     ) -> requests.Response:
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
-        return self.session.request(method, self.base_url + path, json=json, params=params, headers=headers, stream=stream, timeout=timeout)
+        key_name, key = self._key_for(path)
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        response = self.session.request(
+            method, self.base_url + path, json=json, params=params, headers=headers, stream=stream, timeout=timeout
+        )
+        if response.status_code in (401, 403):
+            raise SGLangAuthError(self.engine, f"{method} {path}", response.status_code, response.text, key=key_name, response=response)
+        return response
+
+    def _key_for(self, path: str) -> tuple[str | None, str | None]:
+        """The key this route's SGLang auth level asks for, as (name, key); (None, None) = send none."""
+        if path.startswith(SGLANG_OPEN_PREFIXES):
+            return None, None
+        if path in SGLANG_ADMIN_PATHS and self._admin_api_key:
+            return "admin_api_key", self._admin_api_key
+        if self._api_key:
+            return "api_key", self._api_key
+        return None, None
 
     def _ok(self, response: requests.Response, endpoint: str) -> requests.Response:
         if not response.ok:
@@ -200,7 +231,12 @@ class SGLangClient:
             except ValueError:
                 data = None
             if isinstance(data, dict) and data.get("success") is False:
-                raise SGLangError(self.engine, endpoint, 400, response.text, detail=f"refused: {data.get('message', '')}")
+                message = str(data.get("message", ""))
+                if message.startswith(_APPLIED_NOT_FLUSHED):
+                    raise SGLangAppliedButRefused(
+                        self.engine, endpoint, 400, response.text, detail="weights applied, cache not flushed", response=response
+                    )
+                raise SGLangError(self.engine, endpoint, 400, response.text, detail=f"refused: {message}")
         data = self._json(response, endpoint)
         if not isinstance(data, dict) or "success" not in data:
             raise SGLangProtocolError(self.engine, endpoint, response.status_code, response.text, detail="no 'success' field")
@@ -224,18 +260,23 @@ class SGLangClient:
         self._paused_mode = None
         return result
 
-    def flush_cache(self, deadline_s: float | None = None) -> FlushResult:
-        """Flush the radix cache, waiting (until the deadline) for the engine to become idle.
+    def flush_cache(self, deadline_s: float | None = None, *, wait_for_idle: bool | None = None) -> FlushResult:
+        """Flush the radix cache, asking again on "not idle" answers until ``deadline_s`` (default ``flush_deadline_s``).
 
-        Passes the remaining time as SGLang's own ``?timeout=`` and asks again
-        on "not idle" answers until ``deadline_s`` (default ``flush_deadline_s``).
+        ``wait_for_idle``: pass the remaining time as SGLang's ``?timeout=`` so the engine itself
+        waits to be idle. None (default) = only when this client has not paused the engine.
+        On a paused engine SGLang's timed wait (``flush_wrapper.py``) counts re-queued requests
+        as work that never drains while paused, so after a ``retract`` pause it can only answer
+        "Timed out waiting for idle state."; ``?timeout=0`` flushes at once, ignoring the
+        waiting queue as the release that follows does (``scheduler.py``, ``flush_cache``).
         """
         endpoint = "POST /flush_cache"
+        wait = self._paused_mode is None if wait_for_idle is None else wait_for_idle
         with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
             polls = 0
             while True:
                 polls += 1
-                server_wait = max(0.0, min(deadline.remaining() - 1.0, 30.0))
+                server_wait = max(0.0, min(deadline.remaining() - 1.0, 30.0)) if wait else 0.0
                 response = self._request("POST", "/flush_cache", params={"timeout": f"{server_wait:.3f}"})
                 if response.ok:
                     return FlushResult(self.engine, response.text.strip(), polls)

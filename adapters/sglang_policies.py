@@ -22,7 +22,31 @@ from __future__ import annotations
 
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 
-__all__ = ["SGLANG_POLICIES", "sglang_policies"]
+__all__ = ["SGLANG_ADMIN_PATHS", "SGLANG_OPEN_PREFIXES", "SGLANG_POLICIES", "sglang_policies"]
+
+SGLANG_ADMIN_PATHS: frozenset[str] = frozenset(
+    {
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+        "/abort_request",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/begin_weight_update",
+        "/end_weight_update",
+        "/update_weights_from_tensor",
+        "/update_weights_from_distributed",
+        "/update_weights_from_disk",
+        "/update_weight_version",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+    }
+)
+"""Routes SGLang 0.5.23 marks ``ADMIN_OPTIONAL`` (``utils/auth.py``): they take the admin key when the
+server has one, else the API key. The contract check compares this set with the wheel's source."""
+
+SGLANG_OPEN_PREFIXES: tuple[str, ...] = ("/health", "/ready", "/metrics")
+"""Paths SGLang never asks a key for (probes and scrapes); the client sends none there."""
 
 _CONTROL_RETRY = RetryPolicy(max_attempts=6, base_s=0.5, cap_s=4.0)
 _SWAP_RETRY = RetryPolicy(max_attempts=6, base_s=0.5, cap_s=4.0)

@@ -14,6 +14,8 @@ __all__ = [
     "GenerateResult",
     "Health",
     "ModelInfo",
+    "SGLangAppliedButRefused",
+    "SGLangAuthError",
     "SGLangError",
     "SGLangProtocolError",
     "WeightUpdateResult",
@@ -56,6 +58,39 @@ def _rebuild_error(cls: type[SGLangError], args: tuple[Any, ...], state: dict[st
 
 class SGLangProtocolError(SGLangError):
     """An SGLang endpoint answered 2xx with a body that is not what the API promises."""
+
+
+class SGLangAuthError(SGLangError):
+    """401 or 403: the engine refused the key (or the lack of one). Never retried.
+
+    ``key`` says which key was sent: ``"api_key"``, ``"admin_api_key"`` or None (none was);
+    the key itself appears nowhere (SGLang's body is only ``{"error": "Unauthorized"}``).
+    """
+
+    def __init__(self, engine: str, endpoint: str, status: int, body: str, *, key: str | None, **kwargs: Any) -> None:
+        self.key = key
+        if status == 403:
+            detail = "forbidden: the route needs an admin API key and the server was started without --admin-api-key"
+        elif key is None:
+            detail = "unauthorized: no key was sent and the server requires one (pass api_key= or admin_api_key=)"
+        else:
+            detail = f"unauthorized: the server refused the {key.replace('_', ' ')} this client sent for this route"
+        super().__init__(engine, endpoint, status, body, detail=detail, **kwargs)
+
+
+class SGLangAppliedButRefused(SGLangError):
+    """A weight update answered 400 ``success: false`` although the engine *did* load the weights.
+
+    SGLang 0.5.23 (``scheduler_components/weight_updater.py``) writes the weights, then flushes
+    the cache; when requests still run or wait (an ``in_place`` pause, or no pause), the flush is
+    refused and the call answers "Weights were updated, but the cache was not flushed ...". The
+    engine then serves the new weights with a KV cache from the old ones, and its reported
+    weight version was *not* updated. Do not treat it as "nothing happened": finish or retract
+    the requests, call ``flush_cache``, then set the version with ``update_weight_version``.
+    """
+
+    weights_applied = True
+    """Always True: the weights changed on the engine."""
 
 
 @dataclass(frozen=True, slots=True)

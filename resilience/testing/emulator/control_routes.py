@@ -159,8 +159,6 @@ def control_router(engine: Engine) -> APIRouter:
 
     async def _load(obj: WeightsUpdate, success_message: str) -> tuple[bool, str]:
         """The update itself (``tokenizer_control_mixin.py``): under the writer lock unless paused; may be applied yet refused."""
-        return await front.load_weights(
-            flush_cache=obj.flush_cache, abort_all=False, weight_version=obj.weight_version, success_message=success_message
-        )
+        return await front.load_weights(flush_cache=obj.flush_cache, weight_version=obj.weight_version, success_message=success_message)
 
     return router

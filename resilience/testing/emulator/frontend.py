@@ -148,6 +148,7 @@ class Frontend:
         }
 
     def _meta_info(self, state: _ReqState, out: SchedulerOutput) -> dict[str, Any]:
+        """SGLang's ``meta_info`` (``tokenizer_manager.py``, ``_handle_batch_output``; spans: ``utils/weight_versions.py``)."""
         meta: dict[str, Any] = {
             "id": state.request.rid,
             "finish_reason": out.finish_reason,
@@ -296,16 +297,12 @@ class Frontend:
         async with self.model_update_lock.writer_lock():
             return await self._call(message)
 
-    async def load_weights(
-        self, *, flush_cache: bool, abort_all: bool, weight_version: str | None, success_message: str
-    ) -> tuple[bool, str]:
+    async def load_weights(self, *, flush_cache: bool, weight_version: str | None, success_message: str) -> tuple[bool, str]:
         """Write new weights in the scheduler, holding the engine; answers SGLang's ``(success, message)``.
 
         A flush refused after the weights were written answers ``(False, "Weights were updated, but
         the cache was not flushed ...")`` and leaves the version this side reports unchanged.
         """
-        if abort_all:
-            self.abort_request(abort_all=True)
         self._weight_loads += 1
         success, message = await self.exclusive(LoadWeights(self._weight_loads, flush_cache, weight_version))
         if success:

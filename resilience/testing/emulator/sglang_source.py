@@ -114,7 +114,8 @@ def find_wheel(
 
     ``cache_dir``: default ``$CPR_WHEEL_CACHE`` or ``~/.cache/cpr/wheels``. ``download``: run
     ``pip download --no-deps sglang==<version>`` into the cache when it holds none
-    (``index_url`` = pip's ``--index-url``; None = pip's own configuration). Raises
+    (``index_url`` = pip's ``--index-url``, with pip's configuration ignored; None = pip's own
+    configuration). Raises
     :class:`WheelUnavailable` naming what was tried.
     """
     explicit = os.environ.get("CPR_SGLANG_WHEEL")
@@ -131,8 +132,8 @@ def find_wheel(
     cache.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"sglang=={version}", "-d", str(cache)]
     argv += ["--disable-pip-version-check", "--quiet", "--retries", "0", "--timeout", "15"]
-    if index_url is not None:
-        argv += ["--index-url", index_url]
+    if index_url is not None:  # only this index: no configured extra index is asked
+        argv += ["--isolated", "--index-url", index_url]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
