@@ -33,7 +33,8 @@ from resilience.testing.emulator.contract import (
     emulator_routes,
 )
 from resilience.testing.emulator.routes import iter_routes
-from resilience.testing.emulator.sglang_source import SglangSurface, SourceField, WheelUnavailable, find_wheel, read_surface
+from resilience.testing.emulator.sglang_source import SglangSurface, SourceField, read_surface
+from resilience.testing.emulator.sglang_wheel import WheelUnavailable, find_wheel
 from tests.conftest import free_port
 
 

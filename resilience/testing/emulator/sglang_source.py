@@ -1,42 +1,24 @@
 """SGLang's HTTP surface read from its wheel's source, by AST: nothing of sglang is imported or run.
 
-From a wheel (a zip) this reads ``sglang/srt/entrypoints/http_server.py`` and the
+From a wheel (a zip; :func:`~.sglang_wheel.find_wheel` finds it) this reads ``sglang/srt/entrypoints/http_server.py`` and the
 routers it includes (``entrypoints/v1_loads.py``) for routes, methods, auth levels,
 body classes and query parameters with their defaults; ``sglang/srt/managers/io_struct.py``
 for the request classes' fields, which are required and their defaults; and
-``sglang/srt/utils/auth.py`` for the paths that need no key. :func:`find_wheel` finds the
-pinned wheel in a cache folder or fetches it with ``pip download --no-deps``.
+``sglang/srt/utils/auth.py`` for the paths that need no key.
 """
 
 from __future__ import annotations
 
 import ast
-import glob
-import os
-import subprocess
-import sys
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import SGLANG_VERSION
+from .sglang_wheel import WheelUnavailable
 
-__all__ = [
-    "DEFAULT_WHEEL_CACHE",
-    "FACTORY",
-    "REQUIRED",
-    "SglangSurface",
-    "SourceField",
-    "SourceRoute",
-    "WheelUnavailable",
-    "find_wheel",
-    "read_surface",
-]
-
-DEFAULT_WHEEL_CACHE = Path("~/.cache/cpr/wheels").expanduser()
-"""Where :func:`find_wheel` keeps wheels (``$CPR_WHEEL_CACHE`` overrides it)."""
+__all__ = ["FACTORY", "REQUIRED", "SglangSurface", "SourceField", "SourceRoute", "read_surface"]
 
 _HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 _INCLUDED_ROUTERS = {"v1_loads_router": "sglang/srt/entrypoints/v1_loads.py", "elastic_ep_router": "sglang/srt/entrypoints/elastic_ep.py"}
@@ -57,10 +39,6 @@ REQUIRED: Any = _Marker("REQUIRED")
 """Default of a field or parameter that has none."""
 FACTORY: Any = _Marker("FACTORY")
 """Default of a field built by ``default_factory`` (compared by presence only)."""
-
-
-class WheelUnavailable(RuntimeError):
-    """The pinned wheel is not in the cache and could not be downloaded; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,54 +80,6 @@ class SglangSurface:
     def method_paths(self) -> set[tuple[str, str]]:
         """Every ``(method, path)`` pair."""
         return {(m, r.path) for r in self.routes.values() for m in r.methods}
-
-
-# ----- the wheel -------------------------------------------------------------------------
-
-
-def find_wheel(
-    version: str = SGLANG_VERSION, cache_dir: Path | None = None, *, download: bool = True, index_url: str | None = None
-) -> Path:
-    """The ``sglang-<version>`` wheel: ``$CPR_SGLANG_WHEEL``, else one in ``cache_dir``, else downloaded there.
-
-    ``cache_dir``: default ``$CPR_WHEEL_CACHE`` or ``~/.cache/cpr/wheels``. ``download``: run
-    ``pip download --no-deps sglang==<version>`` into the cache when it holds none
-    (``index_url`` = pip's ``--index-url``, with pip's configuration ignored; None = pip's own
-    configuration). Raises
-    :class:`WheelUnavailable` naming what was tried.
-    """
-    explicit = os.environ.get("CPR_SGLANG_WHEEL")
-    if explicit:
-        if not Path(explicit).is_file():
-            raise WheelUnavailable(f"CPR_SGLANG_WHEEL={explicit!r} is not a file")
-        return Path(explicit)
-    cache = cache_dir or Path(os.environ.get("CPR_WHEEL_CACHE") or DEFAULT_WHEEL_CACHE)
-    found = _cached(cache, version)
-    if found is not None or not download:
-        if found is None:
-            raise WheelUnavailable(f"no sglang-{version} wheel in {cache} and downloading is off")
-        return found
-    cache.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"sglang=={version}", "-d", str(cache)]
-    argv += ["--disable-pip-version-check", "--quiet", "--retries", "0", "--timeout", "15"]
-    if index_url is not None:  # only this index: no configured extra index is asked
-        argv += ["--isolated", "--index-url", index_url]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise WheelUnavailable(f"pip download sglang=={version} failed: {exc}") from None
-    found = _cached(cache, version)
-    if found is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise WheelUnavailable(f"pip download sglang=={version} into {cache} gave no wheel (exit {done.returncode}): {tail[0]}")
-    return found
-
-
-def _cached(cache: Path, version: str) -> Path | None:
-    for name in sorted(glob.glob(str(cache / f"sglang-{version}-*.whl"))):
-        if zipfile.is_zipfile(name):
-            return Path(name)
-    return None
 
 
 # ----- reading the source ---------------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""The pinned sglang wheel: found in a cache folder, or fetched there with ``pip download --no-deps``."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from .config import SGLANG_VERSION
+
+__all__ = ["DEFAULT_WHEEL_CACHE", "WheelUnavailable", "find_wheel"]
+
+DEFAULT_WHEEL_CACHE = Path("~/.cache/cpr/wheels").expanduser()
+"""Where :func:`find_wheel` keeps wheels (``$CPR_WHEEL_CACHE`` overrides it)."""
+
+
+class WheelUnavailable(RuntimeError):
+    """The pinned wheel is not in the cache and could not be downloaded; the message says why."""
+
+
+def find_wheel(
+    version: str = SGLANG_VERSION, cache_dir: Path | None = None, *, download: bool = True, index_url: str | None = None
+) -> Path:
+    """The ``sglang-<version>`` wheel: ``$CPR_SGLANG_WHEEL``, else one in ``cache_dir``, else downloaded there.
+
+    ``cache_dir``: default ``$CPR_WHEEL_CACHE`` or ``~/.cache/cpr/wheels``. ``download``: run
+    ``pip download --no-deps sglang==<version>`` into the cache when it holds none
+    (``index_url`` = pip's ``--index-url``, with pip's configuration ignored; None = pip's own
+    configuration). Raises
+    :class:`WheelUnavailable` naming what was tried.
+    """
+    explicit = os.environ.get("CPR_SGLANG_WHEEL")
+    if explicit:
+        if not Path(explicit).is_file():
+            raise WheelUnavailable(f"CPR_SGLANG_WHEEL={explicit!r} is not a file")
+        return Path(explicit)
+    cache = cache_dir or Path(os.environ.get("CPR_WHEEL_CACHE") or DEFAULT_WHEEL_CACHE)
+    found = _cached(cache, version)
+    if found is not None or not download:
+        if found is None:
+            raise WheelUnavailable(f"no sglang-{version} wheel in {cache} and downloading is off")
+        return found
+    cache.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"sglang=={version}", "-d", str(cache)]
+    argv += ["--disable-pip-version-check", "--quiet", "--retries", "0", "--timeout", "15"]
+    if index_url is not None:  # only this index: no configured extra index is asked
+        argv += ["--isolated", "--index-url", index_url]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WheelUnavailable(f"pip download sglang=={version} failed: {exc}") from None
+    found = _cached(cache, version)
+    if found is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise WheelUnavailable(f"pip download sglang=={version} into {cache} gave no wheel (exit {done.returncode}): {tail[0]}")
+    return found
+
+
+def _cached(cache: Path, version: str) -> Path | None:
+    for name in sorted(glob.glob(str(cache / f"sglang-{version}-*.whl"))):
+        if zipfile.is_zipfile(name):
+            return Path(name)
+    return None
