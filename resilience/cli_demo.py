@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, check_output_file, write_json
+from resilience.cli_common import CliError, check_output_file, plural, write_json
 from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.cli_run import FleetRunner, Telemetry, metric_totals, start_telemetry
 from resilience.cli_timeline import StepTimeline, TimelineRecorder, write_timeline
@@ -59,7 +59,7 @@ def run_demo(args: argparse.Namespace) -> int:
             ui.print(f"metrics: {telemetry.metrics_url} (served while the demo runs)")
             if args.traces != "off":
                 ui.print(f"traces: {args.traces}")
-            done = ui.task(f"starting {args.engines} emulated engines")
+            done = ui.task(f"starting {plural(args.engines, 'emulated engine')}")
             with FleetRunner(args.engines, plan) as runner:
                 done(f"pids {' '.join(map(str, runner.pids()))}")
                 for way in RUN_ORDER:
@@ -123,5 +123,6 @@ def run_demo(args: argparse.Namespace) -> int:
     console.print(f"report: {report_path} ({data['wall_s']:.0f} s in all)", markup=False, highlight=False)
     ours = reports["ours"]
     if ours.failed_steps or ours.engine_deaths:
-        raise CliError(f"ours failed {ours.failed_steps} step(s) with {ours.engine_deaths} engine death(s): {ours.failures[:1]}")
+        failed, deaths = plural(ours.failed_steps, "step"), plural(ours.engine_deaths, "engine death")
+        raise CliError(f"ours failed {failed} with {deaths}: {ours.failures[:1]}")
     return 0
