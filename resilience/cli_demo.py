@@ -99,13 +99,13 @@ def _run_ways(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, p
                     on_proxies=attach,
                     last=way == RUN_ORDER[-1],
                 )
+            out.reports[way] = run.report  # finished: from here on a Ctrl-C still writes its report
             ui.way_ended(title, run.report)
             out.causes[way] = [c for old, new in zip(logs_before, _logs(runner), strict=True) for c in death_causes(new[len(old) :])]
             after = metric_totals(telemetry.metrics.registry)  # counters: this way's share; restarts: its budget
             out.totals[way] = {k: after[k] - (0 if k.startswith("cpr_restart") else before[k]) for k in after}
             if recorder.captured is not None:
                 out.timelines[way] = recorder.captured
-            out.reports[way] = run.report  # last: a way counts as finished only with everything above
 
 
 def run_demo(args: argparse.Namespace) -> int:
