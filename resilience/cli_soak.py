@@ -104,9 +104,9 @@ def run_soak(args: argparse.Namespace) -> int:
     title = "old way" if args.way == "old" else "ours"
     t_start = time.monotonic()
     with RunProgress() as ui:
-        done = ui.task(f"starting {plural(args.engines, 'emulated engine')}")
-        with FleetRunner(args.engines, plan) as runner:
-            done(f"pids {' '.join(map(str, runner.pids()))}")
+        started = ui.counter(f"starting {plural(args.engines, 'emulated engine')}", args.engines)
+        with FleetRunner(args.engines, plan, on_ready=started) as runner:
+            ui.print(f"engines ready: pids {' '.join(map(str, runner.pids()))}")
             sampler = RssSampler(runner.pids)
             sampler.sample(0)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import io
 import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -105,13 +106,20 @@ class StepTimeline:
         """
         if self.ok:
             return f"{self.way}, step {self.step}: ok"
-        deaths = [f"engine {i} died ({cause or 'cause not logged'})" for i, cause in zip(self.died, self.causes, strict=False)]
         got = self.error or "failed"
         if len(got) > 110:
             got = got[:107] + "..."
-        if not deaths:
+        if not self.died:
             return f"{self.way}, step {self.step}: {got}"
-        return f"{self.way}, step {self.step}: {', '.join(deaths)}\nthe client only saw: {got}"
+        by_cause: dict[str, list[int]] = {}
+        for i, cause in zip(self.died, [*self.causes, *[""] * len(self.died)], strict=False):
+            by_cause.setdefault(cause or "cause not logged", []).append(i)
+        killed = "; ".join(
+            f"{cause} killed engine{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+            for cause, ids in sorted(by_cause.items(), key=lambda item: -len(item[1]))
+        )
+        lines = textwrap.wrap(f"{self.way}, step {self.step}: {killed}", 150)
+        return "\n".join([*lines, f"the client only saw: {got}"])
 
     def training_gap(self) -> tuple[float, float] | None:
         """(start, end) s of the training pause: from the last release's answer to the first resume's arrival, if both are drawn."""
