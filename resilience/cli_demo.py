@@ -28,7 +28,7 @@ from resilience.cli_run import FleetRunner, Telemetry, metric_totals, start_tele
 from resilience.cli_story import death_causes, story
 from resilience.cli_timeline import StepTimeline, TimelineRecorder, write_timeline
 from resilience.cli_watch import StepWatch
-from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress
+from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, demo_policies
 from resilience.testing.faults import FaultPlan, FaultProxy
 
 __all__ = ["RUN_ORDER", "WAYS", "run_demo"]
@@ -81,6 +81,8 @@ def _run_ways(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, p
 
             def attach(proxies: list[FaultProxy], recorder: TimelineRecorder = recorder) -> None:
                 recorder.attach(proxies)
+                # the breaker panel says "closed" (and the rare-event counters 0) before the first call
+                telemetry.metrics.declare(engines=[p.url for p in proxies], endpoints=[key for key, _ in demo_policies()])
 
             def budget_note(budget: RestartBudget = budget) -> str:
                 return f"budget left {budget.remaining}"

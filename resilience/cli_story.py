@@ -73,9 +73,9 @@ def steps_run(report: ColocateReport) -> int:
 
 
 def per_step(count: int, report: ColocateReport) -> str:
-    """``count`` with its rate per step run: ``480 (24.0 per step)``; just the count when no step ran."""
+    """``count`` with its rate per step run: ``480 (24.0/step)``; just the count when no step ran."""
     n = steps_run(report)
-    return f"{count} ({count / n:.1f} per step)" if n else str(count)
+    return f"{count} ({count / n:.1f}/step)" if n else str(count)
 
 
 def _causes_text(causes: Sequence[str]) -> str:

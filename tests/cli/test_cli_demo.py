@@ -71,7 +71,7 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     assert ran["old"] >= 1 and ran["ours"] == STEPS
 
     def with_rate(way: str, count: int) -> str:
-        return f"{count} ({count / ran[way]:.1f} per step)"
+        return f"{count} ({count / ran[way]:.1f}/step)"
 
     assert table["engine deaths"] == [with_rate("old", old["engine_deaths"]), with_rate("ours", ours["engine_deaths"])]
     assert table["restarts a controller would have triggered"] == [str(old["restarts"]), str(ours["restarts"])]
@@ -107,7 +107,8 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
 def test_ctrl_c_after_ours_finished_writes_what_finished(tmp_path: Path) -> None:
     """SIGINT during the old way (ours done): exit 130, the table and report hold ours, no engine is left running."""
     args = ["demo", "--engines", "1", "--steps", "3", "--report", "r.json"]
-    proc = subprocess.Popen([*CPR, *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen([*CPR, *args], cwd=tmp_path, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL, text=True)
     assert proc.stderr is not None
     seen: list[str] = []
     try:

@@ -83,8 +83,8 @@ def _report(way: str, steps: int, finished: int, failed: int, deaths: int, seen:
 def test_rates_are_per_step_run() -> None:
     """Rates divide by the steps a run went through, so a run stopped early is not flattered by its short length."""
     old, ours = _report("old", 20, 1, 3, 4, 19, 0), _report("ours", 20, 20, 0, 0, 480, 480)
-    assert per_step(old.http_502_seen, old) == "19 (4.8 per step)"
-    assert per_step(ours.http_502_seen, ours) == "480 (24.0 per step)"
+    assert per_step(old.http_502_seen, old) == "19 (4.8/step)"
+    assert per_step(ours.http_502_seen, ours) == "480 (24.0/step)"
     told = story({"old": old, "ours": ours}, {"old": ["prefill scheduled after release"] * 4}, {"old": "old way", "ours": "ours"})
     assert told == (
         "Old way met 4.8 502s per step, none retried; 4 engines died (prefill scheduled after release x4), "
