@@ -32,7 +32,7 @@ from resilience.testing.colocate import StepProgress
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultProxy
 
-__all__ = ["PHASE_OF_PATH", "Bar", "Mark", "StepTimeline", "TimelineRecorder", "write_timeline"]
+__all__ = ["PHASE_OF_PATH", "Bar", "Mark", "StepTimeline", "TimelineRecorder", "draw_figure", "write_timeline"]
 
 PHASE_OF_PATH: dict[str, str] = {
     "/pause_generation": "pause",
@@ -236,7 +236,8 @@ class TimelineRecorder:
 # -- drawing ------------------------------------------------------------------------------------
 
 
-def _figure(timelines: Sequence[StepTimeline]) -> Any:
+def draw_figure(timelines: Sequence[StepTimeline]) -> Any:
+    """The matplotlib figure of ``timelines`` stacked on one time axis (Agg backend); the caller closes it."""
     matplotlib = need("matplotlib", "cli", "--timeline")
     matplotlib.use("Agg")
     plt = need("matplotlib.pyplot", "cli", "--timeline")
@@ -336,7 +337,7 @@ def write_timeline(path: Path, timelines: Sequence[StepTimeline]) -> None:
     """Draw ``timelines`` stacked into ``path``: ``.png`` (matplotlib) or ``.html``/``.htm`` (inline SVG)."""
     if not timelines:
         raise CliError("no step was captured for the timeline")
-    fig = _figure(timelines)
+    fig = draw_figure(timelines)
     plt = need("matplotlib.pyplot", "cli", "--timeline")
     try:
         if path.suffix.lower() == ".png":
