@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 import resilience
-from resilience.cli_common import CliError, OneLineParser, port_number, positive_float, positive_int
+from resilience.cli_common import CliError, OneLineParser, plural, port_number, positive_float, positive_int
 
 __all__ = ["build_parser", "main"]
 
@@ -154,9 +154,9 @@ def _policies(args: argparse.Namespace) -> int:
         except PolicyError as exc:
             raise CliError(str(exc)) from None
         table = SGLANG_POLICIES.with_entries(loaded.entries) if args.over_sglang else loaded
-        title = f"{args.file}{' over SGLANG_POLICIES' if args.over_sglang else ''}: valid, {len(table)} entries"
+        title = f"{args.file}{' over SGLANG_POLICIES' if args.over_sglang else ''}: valid, {plural(len(table), 'entry', 'entries')}"
     else:
-        table, title = SGLANG_POLICIES, f"SGLANG_POLICIES ({len(SGLANG_POLICIES)} entries)"
+        table, title = SGLANG_POLICIES, f"SGLANG_POLICIES ({plural(len(SGLANG_POLICIES), 'entry', 'entries')})"
     console = make_console()
     caption = (
         "Requests no entry matches: GET, HEAD, PUT, DELETE, OPTIONS, TRACE are retried on 502/503/504 and transport errors; "

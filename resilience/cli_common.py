@@ -20,6 +20,7 @@ __all__ = [
     "OneLineParser",
     "check_output_file",
     "need",
+    "plural",
     "port_number",
     "positive_float",
     "positive_int",
@@ -99,6 +100,11 @@ def write_json(path: Path, data: Any) -> None:
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 engine``, ``3 engines``, ``0 engines`` (``many`` for irregular plurals: ``plural(n, "entry", "entries")``)."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
 
 
 def need(module: str, extra: str, why: str) -> ModuleType:

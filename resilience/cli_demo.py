@@ -14,17 +14,21 @@ attached to both runs.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, check_output_file, write_json
+from resilience.cli_common import CliError, check_output_file, plural, write_json
 from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.cli_run import FleetRunner, Telemetry, metric_totals, start_telemetry
+from resilience.cli_story import death_causes, story
 from resilience.cli_timeline import StepTimeline, TimelineRecorder, write_timeline
-from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress
+from resilience.cli_watch import StepWatch
+from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, demo_policies
 from resilience.testing.faults import FaultPlan, FaultProxy
 
 __all__ = ["RUN_ORDER", "WAYS", "run_demo"]
@@ -43,67 +47,108 @@ def _chain(*callbacks: Callable[[StepProgress], None]) -> Callable[[StepProgress
     return call
 
 
+@dataclass
+class _Results:
+    """What the finished ways left: the report, table and picture are made of these (an interrupted demo too)."""
+
+    reports: dict[str, ColocateReport] = field(default_factory=dict)
+    timelines: dict[str, StepTimeline] = field(default_factory=dict)
+    totals: dict[str, dict[str, float]] = field(default_factory=dict)
+    causes: dict[str, list[str]] = field(default_factory=dict)
+    """Per way, what killed each engine that died in it (from the engines' logs), oldest first."""
+
+    def done(self) -> list[tuple[str, str]]:
+        """(way, title) of the finished ways, in table order."""
+        return [(way, title) for way, title in WAYS if way in self.reports]
+
+
+def _logs(runner: FleetRunner) -> list[str]:
+    return [e.log() for e in runner.fleet.engines]
+
+
+def _run_ways(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, plan: FaultPlan, out: _Results) -> None:
+    config = ColocateConfig(steps=args.steps, seed=args.seed)
+    started = ui.counter(f"starting {plural(args.engines, 'emulated engine')}", args.engines)
+    with FleetRunner(args.engines, plan, on_ready=started) as runner:
+        ui.print(f"engines ready: pids {' '.join(map(str, runner.pids()))}")
+        for way in RUN_ORDER:
+            title = dict(WAYS)[way]
+            before = metric_totals(telemetry.metrics.registry)
+            logs_before = _logs(runner)
+            budget = RestartBudget(config.restart_limit)
+            telemetry.metrics.publish_restart_budget(budget)
+            recorder = TimelineRecorder(title, runner.fleet)
+
+            def attach(proxies: list[FaultProxy], recorder: TimelineRecorder = recorder) -> None:
+                recorder.attach(proxies)
+                # the breaker panel says "closed" (and the rare-event counters 0) before the first call
+                telemetry.metrics.declare(engines=[p.url for p in proxies], endpoints=[key for key, _ in demo_policies()])
+
+            def budget_note(budget: RestartBudget = budget) -> str:
+                return f"budget left {budget.remaining}"
+
+            def say(text: str, title: str = title) -> None:
+                ui.note(title, text)
+
+            with StepWatch(runner.fleet, say) as watch:
+                progress = _chain(watch, ui.way(title, config.steps, budget_note), recorder)
+                run = runner.run(
+                    way,
+                    config,
+                    observers=telemetry.observers,
+                    budget=budget,
+                    progress=progress,
+                    on_proxies=attach,
+                    last=way == RUN_ORDER[-1],
+                )
+            out.reports[way] = run.report  # finished: from here on a Ctrl-C still writes its report
+            ui.way_ended(title, run.report)
+            out.causes[way] = [c for old, new in zip(logs_before, _logs(runner), strict=True) for c in death_causes(new[len(old) :])]
+            after = metric_totals(telemetry.metrics.registry)  # counters: this way's share; restarts: its budget
+            out.totals[way] = {k: after[k] - (0 if k.startswith("cpr_restart") else before[k]) for k in after}
+            if recorder.captured is not None:
+                out.timelines[way] = recorder.captured
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the demo from parsed arguments; returns the exit status (0 when ours finished every step)."""
+    """Run the demo from parsed arguments; returns the exit status (0 when ours finished every step).
+
+    On Ctrl-C after a way finished, the table, report (and timeline) of the finished ways are still
+    written, and the exit status is 130.
+    """
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     timeline_path = check_output_file(Path(args.timeline), "--timeline", (".png", ".html", ".htm")) if args.timeline else None
     plan = FaultPlan.seed_like(args.seed)
-    config = ColocateConfig(steps=args.steps, seed=args.seed)
     t_start = time.monotonic()
     telemetry: Telemetry = start_telemetry(args.metrics_port, args.traces)
-    reports: dict[str, ColocateReport] = {}
-    timelines: dict[str, StepTimeline] = {}
-    totals: dict[str, dict[str, float]] = {}
+    out = _Results()
+    interrupted = False
     try:
         with RunProgress() as ui:
             ui.print(f"metrics: {telemetry.metrics_url} (served while the demo runs)")
             if args.traces != "off":
                 ui.print(f"traces: {args.traces}")
-            done = ui.task(f"starting {args.engines} emulated engines")
-            with FleetRunner(args.engines, plan) as runner:
-                done(f"pids {' '.join(map(str, runner.pids()))}")
-                for way in RUN_ORDER:
-                    title = dict(WAYS)[way]
-                    before = metric_totals(telemetry.metrics.registry)
-                    budget = RestartBudget(config.restart_limit)
-                    telemetry.metrics.publish_restart_budget(budget)
-                    recorder = TimelineRecorder(title, runner.fleet)
-
-                    def attach(proxies: list[FaultProxy], recorder: TimelineRecorder = recorder) -> None:
-                        recorder.attach(proxies)
-
-                    def budget_note(budget: RestartBudget = budget) -> str:
-                        return f"budget left {budget.remaining}"
-
-                    progress = _chain(ui.way(title, config.steps, budget_note), recorder)
-                    run = runner.run(
-                        way,
-                        config,
-                        observers=telemetry.observers,
-                        budget=budget,
-                        progress=progress,
-                        on_proxies=attach,
-                        last=way == RUN_ORDER[-1],
-                    )
-                    ui.way_ended(title, run.report)
-                    reports[way] = run.report
-                    after = metric_totals(telemetry.metrics.registry)  # counters: this way's share; restarts: its budget
-                    totals[way] = {k: after[k] - (0 if k.startswith("cpr_restart") else before[k]) for k in after}
-                    if recorder.captured is not None:
-                        timelines[way] = recorder.captured
+            _run_ways(args, ui, telemetry, plan, out)
+    except KeyboardInterrupt:
+        if not out.reports:
+            raise
+        interrupted = True
     finally:
         telemetry.close()
-    in_order = [reports[way] for way, _ in WAYS]
-    drawn = [timelines[way] for way, _ in WAYS if way in timelines]
-    rows = comparison_rows(in_order)
-    columns = ["", *(title for _, title in WAYS)]
+    done = out.done()
+    rows = comparison_rows([out.reports[way] for way, _ in done])
+    columns = ["", *(title for _, title in done)]
+    told = story({way: out.reports[way] for way, _ in done}, out.causes, dict(WAYS))
     caption = (
         f"{args.engines} engines, {args.steps} steps, seed {args.seed}: 502s (and resets) on every per-step control call, "
         "slow swaps; restart budget 3 (the seed's max_global_restart)"
     )
     console = make_console()
-    console.print(rich_table("cpr demo: colocated RL steps, the old way and ours", columns, rows, caption=caption))
-    if timeline_path is not None:
+    heading = "cpr demo: colocated RL steps, the old way and ours" + (" (interrupted: finished ways only)" if interrupted else "")
+    console.print(rich_table(heading, columns, rows, caption=caption))
+    console.print(told, markup=False, highlight=False, soft_wrap=True)
+    drawn = [out.timelines[way] for way, _ in done if way in out.timelines]
+    if timeline_path is not None and drawn:
         write_timeline(timeline_path, drawn)
         console.print(f"timeline: {timeline_path}", markup=False, highlight=False)
     data = {
@@ -111,17 +156,25 @@ def run_demo(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "engines": args.engines,
         "steps": args.steps,
+        "interrupted": interrupted,
         "fault_plan": plan.to_dict(),
-        "ways": {way: reports[way].to_dict() for way, _ in WAYS},
+        "ways": {way: out.reports[way].to_dict() for way, _ in done},
+        "engine_death_causes": {way: out.causes.get(way, []) for way, _ in done},
+        "story": told,
         "table": {"columns": columns, "rows": rows},
-        "metrics": {"url": telemetry.metrics_url, "per_way": totals},
+        "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},
         "traces": args.traces,
-        "timeline": {"file": str(timeline_path) if timeline_path else None, "steps": [t.to_dict() for t in drawn]},
+        "timeline": {"file": str(timeline_path) if timeline_path and drawn else None, "steps": [t.to_dict() for t in drawn]},
         "wall_s": round(time.monotonic() - t_start, 3),
     }
     write_json(report_path, data)
     console.print(f"report: {report_path} ({data['wall_s']:.0f} s in all)", markup=False, highlight=False)
-    ours = reports["ours"]
+    if interrupted:
+        finished = " and ".join(title for _, title in done)
+        print(f"cpr demo: interrupted; the report holds what finished ({finished})", file=sys.stderr)
+        return 130
+    ours = out.reports["ours"]
     if ours.failed_steps or ours.engine_deaths:
-        raise CliError(f"ours failed {ours.failed_steps} step(s) with {ours.engine_deaths} engine death(s): {ours.failures[:1]}")
+        failed, deaths = plural(ours.failed_steps, "step"), plural(ours.engine_deaths, "engine death")
+        raise CliError(f"ours failed {failed} with {deaths}: {ours.failures[:1]}")
     return 0

@@ -26,10 +26,10 @@ import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.adapters.sglang_policies import SGLANG_OPEN_PREFIXES
-from resilience.cli_common import CliError
+from resilience.cli_common import CliError, plural
 from resilience.cli_render import describe_policy, make_console, rich_table
 
-__all__ = ["CHECKS", "Check", "CheckResult", "EngineProbe", "probe_engines", "run_probe"]
+__all__ = ["CHECKS", "Check", "CheckResult", "EngineProbe", "policy_groups", "probe_engines", "run_probe"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,16 +224,24 @@ def run_probe(args: argparse.Namespace) -> int:
     console = make_console()
     for probe in probes:
         console.print(probe.line(), markup=False, highlight=False, soft_wrap=True)
-    columns = ["check", *(urlsplit(p.url).netloc for p in probes), "policy a client applies (SGLANG_POLICIES)"]
-    rows = []
-    for check in CHECKS:
-        match = SGLANG_POLICIES.match("GET", check.path)
-        rows.append([f"GET {check.path}", *(p.results[check.name].cell() for p in probes), describe_policy(match.policy)])
-    title = f"cpr probe: {len(probes)} engine(s), one attempt per check, {args.timeout:g} s timeout"
-    console.print(rich_table(title, columns, rows, wrap=[-1]))
+    columns = ["check", *(urlsplit(p.url).netloc for p in probes)]
+    rows = [[f"GET {check.path}", *(p.results[check.name].cell() for p in probes)] for check in CHECKS]
+    title = f"cpr probe: {plural(len(probes), 'engine')}, one attempt per check, {args.timeout:g} s timeout"
+    console.print(rich_table(title, columns, rows))
+    console.print("policy a client applies (SGLANG_POLICIES):", markup=False, highlight=False)
+    for paths, description in policy_groups():
+        console.print(f"  {paths}: {description}", markup=False, highlight=False, soft_wrap=True)
     healthy = sum(p.healthy for p in probes)
-    console.print(f"{healthy} of {len(probes)} engine(s) healthy", markup=False, highlight=False)
+    console.print(f"{healthy} of {plural(len(probes), 'engine')} healthy", markup=False, highlight=False)
     sick = [p.url for p in probes if not p.healthy]
     if sick:
-        print(f"cpr probe: {len(sick)} of {len(probes)} engine(s) not healthy: {', '.join(sick)}", file=sys.stderr)
+        print(f"cpr probe: {len(sick)} of {plural(len(probes), 'engine')} not healthy: {', '.join(sick)}", file=sys.stderr)
     return 0 if not sick else 1
+
+
+def policy_groups() -> list[tuple[str, str]]:
+    """The policy SGLANG_POLICIES applies to each check, once per distinct policy: ``("GET /ready, /v1/loads", "...")``."""
+    groups: dict[str, list[str]] = {}
+    for check in CHECKS:
+        groups.setdefault(describe_policy(SGLANG_POLICIES.match("GET", check.path).policy), []).append(check.path)
+    return [(f"GET {', '.join(paths)}", description) for description, paths in groups.items()]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from resilience.cli_common import need
+from resilience.cli_story import per_step, steps_run
 from resilience.policy import EndpointPolicy, PolicyTable
 
 if TYPE_CHECKING:
@@ -72,21 +73,26 @@ def _phase_cell(report: ColocateReport, phase: str) -> str:
 
 
 def _outcome(report: ColocateReport) -> str:
+    run, planned = steps_run(report), report.steps_planned
+    spent = report.restart_budget_left == 0 and report.failed_steps > 0
     if report.stopped_early:
-        return f"stopped after {report.steps_finished + report.failed_steps} steps: budget spent"
-    return "completed" if report.failed_steps == 0 else f"completed with {report.failed_steps} failed steps"
+        return f"stopped at step {run} of {planned}: restart budget spent"
+    if report.failed_steps == 0:
+        return f"all {planned} steps finished"
+    return f"ran all {planned} steps, {report.failed_steps} failed" + ("; restart budget spent" if spent else "")
 
 
 _ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
+    # one row per line: (label, cell of one run); the JSON report stores the same strings
     ("steps finished", lambda r: f"{r.steps_finished} of {r.steps_planned}"),
-    ("failed steps", lambda r: str(r.failed_steps)),
+    ("failed steps", lambda r: f"{r.failed_steps} of {steps_run(r)} run"),
     ("restarts a controller would have triggered", lambda r: str(r.restarts)),
     ("restart budget left", lambda r: f"{r.restart_budget_left} of {r.restart_limit}"),
-    ("engine deaths", lambda r: str(r.engine_deaths)),
-    ("502s seen", lambda r: str(r.http_502_seen)),
-    ("502s absorbed by retries", lambda r: str(r.http_502_absorbed)),
-    ("requests aborted/retracted and re-run", lambda r: str(r.requests_aborted_rerun)),
-    ("requests lost", lambda r: str(r.requests_lost)),
+    ("engine deaths", lambda r: per_step(r.engine_deaths, r)),
+    ("502s seen", lambda r: per_step(r.http_502_seen, r)),
+    ("502s absorbed by retries", lambda r: per_step(r.http_502_absorbed, r)),
+    ("requests aborted/retracted and re-run", lambda r: per_step(r.requests_aborted_rerun, r)),
+    ("requests lost", lambda r: per_step(r.requests_lost, r)),
     *((f"{label} p50 / p99 (s)", lambda r, key=key: _phase_cell(r, key)) for key, label in PHASES),
     ("wall time (s)", lambda r: f"{r.wall_s:.1f}"),
     ("outcome", _outcome),
@@ -180,8 +186,10 @@ POLICY_COLUMNS: tuple[str, ...] = ("endpoint", "idempotent", "attempts", "on sta
 class RunProgress:
     """Progress of a long command on stderr: a live rich display on a terminal, plain lines otherwise.
 
-    ``task(name)`` starts a spinner for a step of unknown length (fleet startup);
-    ``way(name, steps)`` returns the progress callback of one colocate run (a bar).
+    ``task(name)`` starts a spinner for a step of unknown length; ``counter(name, n)``
+    a bar of n items (engines started out of n); ``way(name, steps)`` returns the
+    progress callback of one colocate run (a bar), and ``note(name, text)`` says
+    beside it what a slow step is waiting for.
     Use it as a context manager.
     """
 
@@ -190,6 +198,8 @@ class RunProgress:
         self.live = self.console.is_terminal
         self._progress: Progress | None = None
         self._t0: dict[str, float] = {}
+        self._tasks: dict[str, TaskID] = {}
+        self._notes: dict[str, str] = {}
 
     def __enter__(self) -> RunProgress:
         if self.live:
@@ -232,13 +242,43 @@ class RunProgress:
 
         return done
 
+    def counter(self, description: str, total: int) -> Callable[[int], None]:
+        """A bar of ``total`` items (engines starting); the returned function marks item ``i`` done, in any order."""
+        t0 = time.monotonic()
+        done: set[int] = set()
+        task_id = self._progress.add_task(description, total=total, info="") if self._progress is not None else None
+        if self._progress is None:
+            self.print(f"{description}: 0 of {total} ...")
+
+        def item_done(i: int) -> None:
+            done.add(i)
+            if self._progress is not None and task_id is not None:
+                self._progress.update(task_id, completed=len(done), info=f"engine {i} ready")
+            else:
+                self.print(f"{description}: {len(done)} of {total} (engine {i} ready, {time.monotonic() - t0:.1f} s)")
+
+        return item_done
+
+    def note(self, name: str, text: str) -> None:
+        """What the run ``name`` is waiting for now (a slow step); shown beside its bar, or printed once per change."""
+        if self._notes.get(name) == text:
+            return
+        self._notes[name] = text
+        task_id = self._tasks.get(name)
+        if self._progress is not None and task_id is not None:
+            self._progress.update(task_id, info=text)
+        elif text:
+            self.print(f"{name}: {text}")
+
     def way(self, name: str, steps: int, extra: Callable[[], str] | None = None) -> Callable[[StepProgress], None]:
         """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``)."""
         task_id: TaskID | None = None
         if self._progress is not None:
             task_id = self._progress.add_task(name, total=steps, info="")
+            self._tasks[name] = task_id
 
         def on_step(p: StepProgress) -> None:
+            self._notes.pop(name, None)
             info = f"restarts {p.restarts}, deaths {p.deaths}"
             if extra is not None:
                 info += f", {extra()}"
@@ -253,6 +293,5 @@ class RunProgress:
         return on_step
 
     def way_ended(self, name: str, report: ColocateReport) -> None:
-        """Say how a run ended (a stopped run's bar stays short of its total)."""
-        note = report.stopped_early or f"{report.steps_finished}/{report.steps_planned} steps finished"
-        self.print(f"{name}: {note} ({report.wall_s:.1f} s)")
+        """Say how a run ended (a stopped run's bar stays short of its total), numbering steps from 1 as the bar does."""
+        self.print(f"{name}: {_outcome(report)} ({report.wall_s:.1f} s)")

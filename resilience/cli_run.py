@@ -58,7 +58,11 @@ class FleetRunner:
     engine that did not start), leaving stops every proxy and engine by PID.
     """
 
-    def __init__(self, engines: int, plan: FaultPlan, config: EngineConfig = DEMO_ENGINE) -> None:
+    def __init__(
+        self, engines: int, plan: FaultPlan, config: EngineConfig = DEMO_ENGINE, on_ready: Callable[[int], None] | None = None
+    ) -> None:
+        self.on_ready = on_ready
+        """Called with an engine's index once it serves, while entering (start-up progress); None = silent."""
         self.plan = plan
         """The fault plan every run's proxies play."""
         self.fleet = EmulatedFleet(engines, config)
@@ -67,7 +71,7 @@ class FleetRunner:
 
     def __enter__(self) -> FleetRunner:
         try:
-            self.fleet.start()
+            self.fleet.start(on_ready=self.on_ready)
         except EmulatorStartError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise CliError(f"emulated engines did not start: {first}") from None

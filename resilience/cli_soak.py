@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, check_output_file, need, write_json
+from resilience.cli_common import CliError, check_output_file, need, plural, write_json
 from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.cli_run import FleetRunner
 from resilience.testing.colocate import ColocateConfig, StepProgress
@@ -104,9 +104,9 @@ def run_soak(args: argparse.Namespace) -> int:
     title = "old way" if args.way == "old" else "ours"
     t_start = time.monotonic()
     with RunProgress() as ui:
-        done = ui.task(f"starting {args.engines} emulated engines")
-        with FleetRunner(args.engines, plan) as runner:
-            done(f"pids {' '.join(map(str, runner.pids()))}")
+        started = ui.counter(f"starting {plural(args.engines, 'emulated engine')}", args.engines)
+        with FleetRunner(args.engines, plan, on_ready=started) as runner:
+            ui.print(f"engines ready: pids {' '.join(map(str, runner.pids()))}")
             sampler = RssSampler(runner.pids)
             sampler.sample(0)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import io
 import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,11 +27,12 @@ from typing import Any, Literal
 import requests
 
 from resilience.cli_common import CliError, need
+from resilience.cli_story import death_causes
 from resilience.testing.colocate import StepProgress
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultProxy
 
-__all__ = ["PHASE_OF_PATH", "Bar", "Mark", "StepTimeline", "TimelineRecorder", "write_timeline"]
+__all__ = ["PHASE_OF_PATH", "Bar", "Mark", "StepTimeline", "TimelineRecorder", "draw_figure", "write_timeline"]
 
 PHASE_OF_PATH: dict[str, str] = {
     "/pause_generation": "pause",
@@ -93,14 +95,40 @@ class StepTimeline:
     ticks: list[Mark] = field(default_factory=list)
     """Requests handed on to an engine that died (its own record is gone): arrival only."""
     died: list[int] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    """What killed each engine in :attr:`died`, in the same order (from its log; "" when not logged)."""
 
     @property
     def title(self) -> str:
-        """``old way, step 1: failed (...)`` or ``ours, step 20: ok``."""
-        verdict = "ok" if self.ok else f"failed ({self.error})" if self.error else "failed"
-        if len(verdict) > 110:
-            verdict = verdict[:107] + "...)"
-        return f"{self.way}, step {self.step}: {verdict}"
+        """What happened: ``old way, step 1: engine 1 died (prefill scheduled after release); client got: ...`` or ``ours, step 20: ok``.
+
+        An engine's death comes first, with its cause: the 502 or reset the client got is only its echo.
+        """
+        if self.ok:
+            return f"{self.way}, step {self.step}: ok"
+        got = self.error or "failed"
+        if len(got) > 110:
+            got = got[:107] + "..."
+        if not self.died:
+            return f"{self.way}, step {self.step}: {got}"
+        by_cause: dict[str, list[int]] = {}
+        for i, cause in zip(self.died, [*self.causes, *[""] * len(self.died)], strict=False):
+            by_cause.setdefault(cause or "cause not logged", []).append(i)
+        killed = "; ".join(
+            f"{cause} killed engine{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+            for cause, ids in sorted(by_cause.items(), key=lambda item: -len(item[1]))
+        )
+        lines = textwrap.wrap(f"{self.way}, step {self.step}: {killed}", 150)
+        return "\n".join([*lines, f"the client only saw: {got}"])
+
+    def training_gap(self) -> tuple[float, float] | None:
+        """(start, end) s of the training pause: from the last release's answer to the first resume's arrival, if both are drawn."""
+        releases = [b.end_s for b in self.bars if b.phase == "release"]
+        if not releases:
+            return None
+        start = max(releases)
+        resumes = [b.start_s for b in self.bars if b.phase == "resume" and b.start_s >= start]
+        return (start, min(resumes)) if resumes else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -144,7 +172,8 @@ class TimelineRecorder:
         text = re.sub(r"^step \d+: ", "", error)
         for i, proxy in enumerate(self.proxies):
             text = re.sub(re.escape(proxy.url) + r"(\S*)", rf"engine {i} \1", text)
-        return text.replace(" for url: ", " from ").replace(" )", ")").strip()
+        text = text.replace(" for url: ", " from ").replace(" )", ")").strip()
+        return re.sub(r"HTTPError: (\d{3}) (?:Server|Client) Error: [^/]*? from ", r"\1 from ", text)  # "502 from engine 1 /path"
 
     def _capture(self, p: StepProgress, died: list[int]) -> StepTimeline:
         t_lo, t_hi = p.started_ns or 0, p.ended_ns or 0
@@ -199,21 +228,33 @@ class TimelineRecorder:
                 last_handed_on[i] = sec(s.t_ns)
         for i in died:
             tl.marks.append(Mark(i, last_handed_on.get(i, sec(t_hi)), "died", ""))
+            causes = death_causes(self.fleet.engines[i].log())
+            tl.causes.append(causes[-1] if causes else "")  # the engine restarted since: its latest death is this one
         return tl
 
 
 # -- drawing ------------------------------------------------------------------------------------
 
 
-def _figure(timelines: Sequence[StepTimeline]) -> Any:
+def draw_figure(timelines: Sequence[StepTimeline]) -> Any:
+    """The matplotlib figure of ``timelines`` stacked on one time axis (Agg backend); the caller closes it."""
     matplotlib = need("matplotlib", "cli", "--timeline")
     matplotlib.use("Agg")
     plt = need("matplotlib.pyplot", "cli", "--timeline")
     patches = need("matplotlib.patches", "cli", "--timeline")
     lines = need("matplotlib.lines", "cli", "--timeline")
     heights = [max(2.2, 0.42 * t.engines + 1.3) for t in timelines]
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, sum(heights)), squeeze=False, gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(timelines), 1, figsize=(12, sum(heights)), squeeze=False, sharex=True, gridspec_kw={"height_ratios": heights}
+    )
+    right = max([b.end_s for t in timelines for b in t.bars] + [m.t_s for t in timelines for m in t.marks + t.ticks] + [0.01])
     for ax, tl in zip(axes[:, 0], timelines, strict=True):
+        gap = tl.training_gap()
+        if gap is not None:  # the training pause: engines released, the trainer has the GPU
+            ax.axvspan(gap[0], gap[1], color="#fff3bf", zorder=0)
+            ax.text(
+                (gap[0] + gap[1]) / 2, -0.45, "training\n(memory released)", ha="center", va="top", fontsize=8, color="#7a6000"
+            )
         for bar in tl.bars:
             failed = any(s is None or s >= 400 for s in bar.statuses)
             ax.broken_barh(
@@ -242,8 +283,8 @@ def _figure(timelines: Sequence[StepTimeline]) -> Any:
         ax.set_yticks(range(tl.engines))
         ax.set_yticklabels([f"engine {i}" for i in range(tl.engines)])
         ax.set_ylim(tl.engines - 0.5, -0.5)
-        right = max([b.end_s for b in tl.bars] + [m.t_s for m in tl.marks] + [t.t_s for t in tl.ticks] + [0.01])
-        ax.set_xlim(-0.03 * right, 1.06 * right)
+        ax.set_xlim(-0.03 * right, 1.06 * right)  # one time axis for every panel
+        ax.tick_params(axis="x", labelbottom=True)
         ax.set_title(tl.title, loc="left", fontsize=10, color="#222222" if tl.ok else "#b30000")
         ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
         ax.set_axisbelow(True)
@@ -251,6 +292,8 @@ def _figure(timelines: Sequence[StepTimeline]) -> Any:
     used = {b.phase for t in timelines for b in t.bars} | {PHASE_OF_PATH.get(m.path, "") for t in timelines for m in t.ticks}
     phases = [p for p in _COLORS if p in used]
     handles = [patches.Patch(facecolor=_COLORS[p], edgecolor="#555555", label=p) for p in phases]
+    if any(t.training_gap() for t in timelines):
+        handles.append(patches.Patch(facecolor="#fff3bf", label="training (memory released)"))
     handles += [
         lines.Line2D([], [], marker="x", color="#d62728", linestyle="", markeredgewidth=2, label="502 to the client"),
         lines.Line2D([], [], marker="|", color="#000000", linestyle="", markersize=10, label="connection reset"),
@@ -294,7 +337,7 @@ def write_timeline(path: Path, timelines: Sequence[StepTimeline]) -> None:
     """Draw ``timelines`` stacked into ``path``: ``.png`` (matplotlib) or ``.html``/``.htm`` (inline SVG)."""
     if not timelines:
         raise CliError("no step was captured for the timeline")
-    fig = _figure(timelines)
+    fig = draw_figure(timelines)
     plt = need("matplotlib.pyplot", "cli", "--timeline")
     try:
         if path.suffix.lower() == ".png":

@@ -43,6 +43,18 @@ stripped), reasons, outcomes and statuses are enums. As a guard against a
 misconfigured caller, at most ``max_label_values`` distinct endpoints and
 engines are kept; further values are reported as ``other`` (logged once).
 
+Series with no samples yet would be missing from a scrape (a dashboard shows
+"No data" where it should show "closed" or 0), so the observer creates them at
+0 the first time it meets their labels: an engine's ``cpr_breaker_state``
+(closed) on any event naming the engine; ``cpr_breaker_rejections_total`` and
+``cpr_retry_budget_exhausted_total`` for an (endpoint, engine) pair on its
+first attempt; ``cpr_barrier_phase_failures_total`` for a (transition, phase)
+on its first ``PhaseEnded``. ``declare(engines=..., endpoints=...)`` creates
+them up front, before any call, for every engine and every endpoint x engine
+pair. These series use the same bounded label values (an ``other`` label is
+never pre-created), so they add at most ``max_label_values`` engines and
+``max_label_values`` squared pairs.
+
 Per event the observer does one type lookup, one cache lookup of the labelled
 child and the metric operation itself (two for ``AttemptEnded``: the counter
 and the histogram). It never raises: a failure is logged at WARNING on
@@ -227,6 +239,9 @@ class MetricsObserver(Dispatcher):
         self._endpoints: dict[str, str] = {}
         self._engines: dict[str, str] = {}
         self._warned: set[str] = set()
+        self._breaker_seen: set[str] = set()  # engine labels whose cpr_breaker_state exists
+        self._declared_endpoints: set[str] = set()  # endpoint labels given to declare()
+        self._declared_engines: set[str] = set()  # engine labels given to declare()
         # (labels...) -> labelled child; filled on first sight, read without a lock afterwards.
         self._c_requests: dict[tuple[Any, ...], Any] = {}
         self._c_attempts: dict[tuple[Any, ...], tuple[Any, Any]] = {}
@@ -246,6 +261,50 @@ class MetricsObserver(Dispatcher):
             HoldChanged: self._hold_changed,
         }
 
+
+    def declare(self, *, engines: Iterable[str] = (), endpoints: Iterable[str] = ()) -> None:
+        """Create the zero series of engines and endpoints known before any call (a scrape then shows "closed" and 0).
+
+        ``engines``: engine base URLs (``scheme://host:port``; user-info is stripped as usual).
+        ``endpoints``: policy templates as events carry them (``"POST /flush_cache"``), e.g. the
+        keys of the session's ``PolicyTable``. Every endpoint x engine pair declared so far (in this
+        call or earlier ones) gets its ``cpr_breaker_rejections_total`` and
+        ``cpr_retry_budget_exhausted_total`` series at 0; every engine its ``cpr_breaker_state`` at 0
+        (closed) unless a transition already set it. Values beyond ``max_label_values`` are skipped.
+        Never raises for a bad value: it is logged like any failure of this observer.
+        """
+        try:
+            new_endpoints = {self._endpoint(e) for e in endpoints} - {OTHER}
+            new_engines = {self._engine(e) for e in engines} - {OTHER}
+            with self._lock:
+                self._declared_endpoints |= new_endpoints
+                self._declared_engines |= new_engines
+                all_endpoints, all_engines = set(self._declared_endpoints), set(self._declared_engines)
+            for engine in new_engines:
+                self._init_engine(engine)
+            for endpoint in all_endpoints:
+                for engine in all_engines:
+                    if endpoint in new_endpoints or engine in new_engines:
+                        self._init_pair(endpoint, engine)
+        except Exception:
+            log.warning("MetricsObserver.declare failed", exc_info=True)
+
+    def _init_engine(self, engine_label: str) -> None:
+        """``cpr_breaker_state{engine}`` = 0 (closed) the first time the engine is met, unless a transition set it."""
+        if engine_label == OTHER or engine_label in self._breaker_seen:
+            return
+        with self._lock:
+            if engine_label in self._breaker_seen:
+                return
+            self._breaker_seen.add(engine_label)
+            self._m_breaker_state.labels(engine_label).set(0.0)
+
+    def _init_pair(self, endpoint_label: str, engine_label: str) -> None:
+        """The (endpoint, engine) counters that count rare events exist at 0 (``labels()`` creates a child at 0)."""
+        if OTHER in (endpoint_label, engine_label):
+            return
+        self._m_breaker_rejections.labels(endpoint_label, engine_label)
+        self._m_retry_budget_exhausted.labels(endpoint_label, engine_label)
 
     def publish_restart_budget(self, budget: RestartBudget | None) -> None:
         """Publish ``budget``'s record as ``cpr_restarts_total`` / ``cpr_restart_budget_*`` (None: stop publishing)."""
@@ -293,8 +352,10 @@ class MetricsObserver(Dispatcher):
         if tokens is not None:
             gauge = self._c_tokens.get(ev.engine)
             if gauge is None:
-                gauge = self._m_retry_budget_tokens.labels(self._engine(ev.engine))
+                engine = self._engine(ev.engine)
+                gauge = self._m_retry_budget_tokens.labels(engine)
                 _remember(self._c_tokens, ev.engine, gauge)
+                self._init_engine(engine)
             gauge.set(tokens)
 
     def _attempt_ended(self, ev: AttemptEnded) -> None:
@@ -309,12 +370,14 @@ class MetricsObserver(Dispatcher):
                 label = status_label(status)
             else:
                 label = transport_label(ev.error_type, sent=ev.sent, ambiguous=ev.outcome is Outcome.AMBIGUOUS)
-            endpoint = self._endpoint(ev.endpoint)
+            endpoint, engine = self._endpoint(ev.endpoint), self._engine(ev.engine)
             pair = (
-                self._m_attempts.labels(endpoint, self._engine(ev.engine), label),
+                self._m_attempts.labels(endpoint, engine, label),
                 self._m_attempt_duration.labels(endpoint),
             )
             _remember(self._c_attempts, key, pair)
+            self._init_engine(engine)  # first sight of this key: the engine's zero series exist from now on
+            self._init_pair(endpoint, engine)
         pair[0].inc()
         pair[1].observe(ev.duration_s)
 
@@ -329,7 +392,10 @@ class MetricsObserver(Dispatcher):
     def _breaker_transitioned(self, ev: BreakerTransitioned) -> None:
         value = BREAKER_STATE_VALUES.get(ev.to_state)
         if value is not None:
-            self._m_breaker_state.labels(self._engine(ev.engine)).set(value)
+            engine = self._engine(ev.engine)
+            with self._lock:  # one lock with _init_engine, so a first-sight 0 never overwrites a transition
+                self._breaker_seen.add(engine)
+                self._m_breaker_state.labels(engine).set(value)
 
     def _breaker_rejected(self, ev: BreakerRejected) -> None:
         key = (ev.endpoint, ev.engine)
@@ -349,14 +415,19 @@ class MetricsObserver(Dispatcher):
 
     def _phase_ended(self, ev: PhaseEnded) -> None:
         self._m_phase_duration.labels(ev.transition, ev.phase).observe(ev.duration_s)
+        failures = self._m_phase_failures.labels(ev.transition, ev.phase)  # exists at 0 from the first phase on
         if ev.failures:
-            self._m_phase_failures.labels(ev.transition, ev.phase).inc(len(ev.failures))
+            failures.inc(len(ev.failures))
+        for name in ev.engines:
+            self._init_engine(self._engine(name))
 
     def _transition_ended(self, ev: TransitionEnded) -> None:
         self._m_transitions.labels(ev.transition, "ok" if ev.ok else "failed").inc()
 
     def _hold_changed(self, ev: HoldChanged) -> None:
-        self._m_engines_held_paused.labels(self._engine(ev.engine)).set(len(ev.holds))
+        engine = self._engine(ev.engine)
+        self._m_engines_held_paused.labels(engine).set(len(ev.holds))
+        self._init_engine(engine)
 
 
 class MetricsServer(NamedTuple):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,14 @@ def busy_port() -> Iterator[int]:
         s.bind(("127.0.0.1", 0))
         s.listen()
         yield int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def dead_pid() -> int:
+    """The PID of a process that has exited and been reaped (nothing runs under it now)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 @pytest.fixture
@@ -47,10 +57,12 @@ CASES = [
     (["probe"], 2, "the following arguments are required: URL"),
     (["probe", "engine-0:30000"], 2, "is not an http:// or https:// engine URL"),
     (["probe", "--timeout", "-1", "http://127.0.0.1:1"], 2, "--timeout: must be a finite number > 0"),
-    (["probe", "http://127.0.0.1:{free}", "--timeout", "1"], 1, "cpr probe: 1 of 1 engine(s) not healthy: http://127.0.0.1:{free}"),
+    (["probe", "http://127.0.0.1:{free}", "--timeout", "1"], 1, "cpr probe: 1 of 1 engine not healthy: http://127.0.0.1:{free}"),
     (["emulate", "--bogus"], 2, "cpr emulate: error: unrecognized arguments: --bogus"),
     (["emulate", "--token-rate", "-1"], 2, "`token_rate` must be a finite number >= 0"),
-    (["emulate", "--port", "{busy}"], 1, "cannot listen on 127.0.0.1:{busy}"),
+    (["emulate", "--port", "{busy}"], 1, "cpr emulate: error: cannot listen on 127.0.0.1:{busy}"),
+    (["emulate", "--exit-with-parent", "{dead}"], 2, "cpr emulate: error: --exit-with-parent {dead}: no process with that PID is running"),
+    (["emulate", "--exit-with-parent", "1"], 2, "--exit-with-parent 1: that process is not this engine's parent"),
     (["policies", "--file", "bad.toml"], 1, "EndpointPolicy.attempt_timeout_s must be <= deadline_s (10), but was 60"),
     (["policies", "--file", "missing.toml"], 1, "cannot read policy file"),
     (["policies", "--file", "file.txt"], 1, "unknown policy file type '.txt'"),
@@ -61,10 +73,12 @@ CASES = [
 
 
 @pytest.mark.parametrize(("args", "code", "fragment"), CASES, ids=[" ".join(c[0]) or "(none)" for c in CASES])
-def test_bad_input_is_one_line_and_non_zero(workdir: Path, busy_port: int, args: list[str], code: int, fragment: str) -> None:
+def test_bad_input_is_one_line_and_non_zero(
+    workdir: Path, busy_port: int, dead_pid: int, args: list[str], code: int, fragment: str
+) -> None:
     """Each bad input: the documented exit status, one line on stderr naming the problem, no traceback."""
     free = free_port()
-    argv = [a.format(busy=busy_port, free=free) for a in args]
+    argv = [a.format(busy=busy_port, free=free, dead=dead_pid) for a in args]
     result = run_cpr(*argv, cwd=workdir, timeout=90)
     assert result.returncode == code, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
@@ -74,4 +88,4 @@ def test_bad_input_is_one_line_and_non_zero(workdir: Path, busy_port: int, args:
     if args[0] == "probe" and code == 1:  # an unreachable engine is a result: its line on stdout, a summary on stderr
         assert "unreachable: connection refused" in result.stdout
     [line] = error_lines(result.stderr)
-    assert fragment.format(busy=busy_port, free=free) in line
+    assert fragment.format(busy=busy_port, free=free, dead=dead_pid) in line

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -64,12 +67,33 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     assert rows == data["table"]["rows"]
     table = {row[0]: row[1:] for row in rows}
     old, ours = data["ways"]["old"], data["ways"]["ours"]
-    assert table["engine deaths"] == [str(old["engine_deaths"]), str(ours["engine_deaths"])]
+    ran = {way: r["steps_finished"] + r["failed_steps"] for way, r in (("old", old), ("ours", ours))}
+    assert ran["old"] >= 1 and ran["ours"] == STEPS
+
+    def with_rate(way: str, count: int) -> str:
+        return f"{count} ({count / ran[way]:.1f}/step)"
+
+    assert table["engine deaths"] == [with_rate("old", old["engine_deaths"]), with_rate("ours", ours["engine_deaths"])]
     assert table["restarts a controller would have triggered"] == [str(old["restarts"]), str(ours["restarts"])]
-    assert table["502s seen"] == [str(old["http_502_seen"]), str(ours["http_502_seen"])]
-    assert table["502s absorbed by retries"] == [str(old["http_502_absorbed"]), str(ours["http_502_absorbed"])]
+    assert table["502s seen"] == [with_rate("old", old["http_502_seen"]), with_rate("ours", ours["http_502_seen"])]
+    assert table["502s absorbed by retries"] == [with_rate("old", old["http_502_absorbed"]), with_rate("ours", ours["http_502_absorbed"])]
     assert table["steps finished"] == [f"{old['steps_finished']} of {STEPS}", f"{STEPS} of {STEPS}"]
+    assert table["failed steps"] == [f"{old['failed_steps']} of {ran['old']} run", f"0 of {STEPS} run"]
     assert table["restart budget left"][1] == "3 of 3"
+    # the story: one sentence per side, the baseline's engine deaths named by their cause (from the engines' logs)
+    causes = data["engine_death_causes"]
+    assert len(causes["old"]) == old["engine_deaths"] and causes["ours"] == []
+    assert data["story"] in stdout.replace("\n", " ") or data["story"] in stdout
+    assert data["story"].startswith(f"Old way met {old['http_502_seen'] / ran['old']:.1f} 502s per step")
+    assert f"Ours met {ours['http_502_seen'] / STEPS:.1f} 502s per step, all absorbed by retries" in data["story"]
+    if causes["old"]:
+        assert causes["old"][0] in data["story"]
+        assert not any(c.startswith("cause") for c in causes["old"])
+    # the timeline's title says what killed an engine, not only the 502 the proxy answered
+    old_step = data["timeline"]["steps"][0]
+    assert len(old_step["causes"]) == len(old_step["died"])
+    if old_step["died"]:
+        assert all(c in causes["old"] for c in old_step["causes"])
 
     assert old["engine_deaths"] + old["restarts"] > 0
     assert (ours["engine_deaths"], ours["restarts"], ours["failed_steps"], ours["requests_lost"]) == (0, 0, 0, 0)
@@ -78,3 +102,40 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     assert data["metrics"]["per_way"]["old"]["cpr_restarts_total"] == old["restarts"]
     assert [s["way"] for s in data["timeline"]["steps"]] == ["old way", "ours"]
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ctrl_c_after_ours_finished_writes_what_finished(tmp_path: Path) -> None:
+    """SIGINT during the old way (ours done): exit 130, the table and report hold ours, no engine is left running."""
+    args = ["demo", "--engines", "1", "--steps", "3", "--report", "r.json"]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen([*CPR, *args], cwd=tmp_path, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    seen: list[str] = []
+    try:
+        for line in proc.stderr:  # plain progress lines (not a terminal); ends at EOF if cpr exits early
+            seen.append(line)
+            if line.startswith("ours: all 3 steps finished"):
+                proc.send_signal(signal.SIGINT)  # the old way runs now (ours runs first)
+                break
+        stdout, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "starting 1 emulated engine: 1 of 1 (engine 0 ready" in stderr  # engines started out of N, singular
+    assert "cpr demo: interrupted; the report holds what finished (ours)" in stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["interrupted"] is True
+    assert list(data["ways"]) == ["ours"]
+    assert data["ways"]["ours"]["steps_finished"] == 3
+    assert data["table"]["columns"] == ["", "ours"]
+    assert table_rows(stdout) == data["table"]["rows"]
+    assert data["story"].startswith("Ours met ")
+    pids = [int(p) for p in re.findall(r"engines ready: pids ([\d ]+)", stderr)[0].split()]
+    assert len(pids) == 1
+    for pid in pids:  # stopped by the demo itself (SIGTERM, then SIGKILL), not left to --exit-with-parent
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -47,3 +47,12 @@ def test_valid_file_over_sglang_replaces_one_entry(tmp_path: Path) -> None:
     rows = {row[0]: row for row in table_rows(result.stdout)}
     assert rows["POST /pause_generation"][2] == "9"
     assert "GET /health" in rows
+
+
+def test_one_entry_is_singular(tmp_path: Path) -> None:
+    """A file with one endpoint says "1 entry", not "1 entries"."""
+    (tmp_path / "p.toml").write_text('[endpoints."POST /pause_generation"]\nidempotent = true\n')
+    result = run_cpr("policies", "--file", "p.toml", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "p.toml: valid, 1 entry" in result.stdout
+    assert "entries" not in result.stdout

@@ -51,15 +51,29 @@ def test_probe_says_per_engine_what_is_wrong_and_fails(fleet: EmulatedFleet, tmp
     assert paused.startswith("FAIL") and f"no answer in {TIMEOUT} s (paused?)" in paused and "not ready (503" in paused
     rows = {row[0]: row for row in table_rows(result.stdout)}
     assert set(rows) == {"GET /health", "GET /ready", "GET /model_info", "GET /v1/loads", "GET /server_info"}
-    assert "25 s/attempt" in rows["GET /health"][-1]  # the policy SGLANG_POLICIES applies to /health
-    assert "1 of 3 engine(s) healthy" in result.stdout
+    assert {len(row) for row in rows.values()} == {1 + 3}  # a check and one cell per engine: no policy column
+    assert "1 of 3 engines healthy" in result.stdout
+
+
+def test_probe_shows_each_policy_once(fleet: EmulatedFleet, tmp_path: Path) -> None:
+    """The policy SGLANG_POLICIES applies is printed once per distinct policy, not repeated on every row."""
+    result = run_cpr("probe", fleet.urls[HEALTHY], fleet.urls[HEALTHY], "--timeout", str(TIMEOUT), cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines() if line.startswith("  GET /")]
+    assert len(lines) == 2, result.stdout  # /health has its own policy; the four reads share one
+    health = next(line for line in lines if line.startswith("GET /health:"))
+    assert "25 s/attempt" in health  # the policy SGLANG_POLICIES applies to /health
+    assert sum(line.count("/ready") + line.count("/server_info") for line in lines) == 2
+    described = [line.split(": ", 1)[1] for line in lines]
+    assert all(result.stdout.count(d) == 1 for d in described)
+    assert "2 of 2 engines healthy" in result.stdout
 
 
 def test_probe_exits_0_when_every_engine_is_healthy(fleet: EmulatedFleet, tmp_path: Path) -> None:
     """Exit 0 only when all probed engines are healthy."""
     result = run_cpr("probe", fleet.urls[HEALTHY], "--timeout", str(TIMEOUT), cwd=tmp_path, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 of 1 engine(s) healthy" in result.stdout
+    assert "1 of 1 engine healthy" in result.stdout
 
 
 def test_probe_only_reads(fleet: EmulatedFleet, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ def test_soak_completes_with_zero_deaths_and_a_memory_report(tmp_path: Path) -> 
     result = run_cpr("soak", "--engines", "2", "--steps", "5", "--seed", "3", "--report", "soak.json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
+    assert "starting 2 emulated engines: 2 of 2 (engine " in result.stderr  # engines started out of N
     data = json.loads((tmp_path / "soak.json").read_text())
     ours = data["ways"]["ours"]
     assert (ours["steps_finished"], ours["engine_deaths"], ours["failed_steps"]) == (5, 0, 0)

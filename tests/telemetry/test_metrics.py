@@ -285,3 +285,71 @@ def test_metrics_server_binds_loopback_and_stops() -> None:
     with socket.socket() as probe, pytest.raises(OSError):
         probe.settimeout(1)
         probe.connect(("127.0.0.1", port))
+
+
+ZERO_SERIES = ("cpr_breaker_state", "cpr_breaker_rejections_total", "cpr_retry_budget_exhausted_total", "cpr_barrier_phase_failures_total")
+"""The series a healthy run never moves: they must still exist (at 0) so dashboards show "closed" / 0, not "No data"."""
+
+
+def scrape(obs: MetricsObserver) -> str:
+    """The exposition as a real scrape of a loopback /metrics serving ``obs.registry`` returns it."""
+    server = start_metrics_server(registry=obs.registry)
+    try:
+        return requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5).text
+    finally:
+        server.close()
+
+
+def test_healthy_real_calls_publish_zero_series(httpserver: HTTPServer) -> None:
+    """After healthy real calls (no breaker event, no rejection, no exhaustion) the scrape shows those series at 0."""
+    httpserver.expect_request("/flush", method="POST").respond_with_data("ok")
+    obs = MetricsObserver()
+    session = resilient_session(PolicyTable({"POST /flush": EndpointPolicy(idempotent=True)}), observers=[obs])
+    assert session.post(httpserver.url_for("/flush"), data=b"x", timeout=5).status_code == 200
+    obs(PhaseEnded(1, "offload", "pause", (ENGINE,), 0.1))  # a barrier phase that failed on no engine
+    text = scrape(obs)
+    engine = f"http://{httpserver.host}:{httpserver.port}"
+    assert value(text, "cpr_attempts_total", endpoint="POST /flush", engine=engine, status="200") == 1  # the call was counted
+    assert value(text, "cpr_breaker_state", engine=engine) == 0
+    assert value(text, "cpr_breaker_state", engine=ENGINE) == 0  # named by the phase
+    assert value(text, "cpr_breaker_rejections_total", endpoint="POST /flush", engine=engine) == 0
+    assert value(text, "cpr_retry_budget_exhausted_total", endpoint="POST /flush", engine=engine) == 0
+    assert value(text, "cpr_barrier_phase_failures_total", transition="offload", phase="pause") == 0
+
+
+def test_declare_creates_every_pair_before_any_call() -> None:
+    """declare() creates the zero series of every engine and endpoint x engine pair, across calls."""
+    obs = MetricsObserver()
+    assert not [k for k in samples(scrape(obs)) if k[0] in ZERO_SERIES]  # nothing before
+    obs.declare(engines=["http://127.0.0.1:1", "http://u:SECRET@127.0.0.1:2"], endpoints=["POST /a"])
+    obs.declare(endpoints=["GET /b"])
+    text = scrape(obs)
+    assert "SECRET" not in text
+    got = samples(text)
+    engines = {"http://127.0.0.1:1", "http://127.0.0.1:2"}
+    assert {dict(k[1])["engine"]: v for k, v in got.items() if k[0] == "cpr_breaker_state"} == dict.fromkeys(engines, 0.0)
+    for name in ("cpr_breaker_rejections_total", "cpr_retry_budget_exhausted_total"):
+        pairs = {(dict(k[1])["endpoint"], dict(k[1])["engine"]): v for k, v in got.items() if k[0] == name}
+        assert pairs == {(ep, en): 0.0 for ep in ("POST /a", "GET /b") for en in engines}, name
+
+
+def test_first_sight_never_overwrites_an_open_breaker() -> None:
+    """A breaker that opened before the engine's first attempt stays open (2), not reset to closed by the zero series."""
+    obs = MetricsObserver()
+    obs(BreakerTransitioned(ENGINE, "closed", "open", "consecutive_failures"))
+    obs(AttemptEnded(1, 0, "GET", "GET /x", ENGINE, 200, Outcome.SUCCESS, None, True, 0.001))
+    obs.declare(engines=[ENGINE])
+    assert value(scrape(obs), "cpr_breaker_state", engine=ENGINE) == 2
+
+
+def test_zero_series_are_bounded_like_the_labels() -> None:
+    """Past max_label_values engines no zero series is created for ``other`` (only real events may use it)."""
+    obs = MetricsObserver(max_label_values=2)
+    for i in range(6):
+        obs(AttemptEnded(i, 0, "GET", "GET /x", f"http://127.0.0.1:{i + 1}", 200, Outcome.SUCCESS, None, True, 0.001))
+    obs.declare(engines=[f"http://127.0.0.1:{i}" for i in range(100, 110)])
+    got = samples(scrape(obs))
+    states = {dict(k[1])["engine"] for k in got if k[0] == "cpr_breaker_state"}
+    assert states == {"http://127.0.0.1:1", "http://127.0.0.1:2"}
+    pairs = {dict(k[1])["engine"] for k in got if k[0] == "cpr_breaker_rejections_total"}
+    assert pairs == states

@@ -529,7 +529,7 @@ def test_main_reports_a_port_in_use_in_one_line(capsys: pytest.CaptureFixture[st
         busy.listen()
         assert main(["--port", str(busy.getsockname()[1])]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot listen on 127.0.0.1:") and err.count("\n") == 1
+    assert err.startswith("python -m resilience.testing.emulator: error: cannot listen on 127.0.0.1:") and err.count("\n") == 1
     assert main(["--token-rate", "0"]) == 2
     assert "`token_rate` must be > 0" in capsys.readouterr().err
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -276,8 +276,11 @@ class EmulatedFleet:
         """PIDs of the engine processes."""
         return [e.pid for e in self.engines]
 
-    def start(self) -> EmulatedFleet:
-        """Start every engine in parallel and wait for all READY lines; on any failure stop all and raise."""
+    def start(self, on_ready: Callable[[int], None] | None = None) -> EmulatedFleet:
+        """Start every engine in parallel and wait for all READY lines; on any failure stop all and raise.
+
+        ``on_ready``: called with an engine's index once that engine serves (progress displays). Default None.
+        """
         if self._started:
             raise RuntimeError("an EmulatedFleet starts once; create a new one")
         self._started = True
@@ -287,6 +290,8 @@ class EmulatedFleet:
             deadline = time.monotonic() + self._startup_timeout
             for engine in self.engines:
                 engine.wait_ready(deadline)
+                if on_ready is not None:
+                    on_ready(engine.index)
             if self.fault_plan is not None:
                 self._start_proxies(self.fault_plan)
         except BaseException:

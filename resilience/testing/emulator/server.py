@@ -61,6 +61,24 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="emulator-parent-watch", daemon=True).start()
 
 
+def _parent_problem(pid: int) -> str | None:
+    """Why ``--exit-with-parent PID`` cannot work (no such process, or not our parent), or None when it can.
+
+    The watch compares ``os.getppid()`` with PID, so any other PID would end the engine at once, silently.
+    """
+    if pid <= 0:
+        return f"must be a process ID > 0, but was {pid}"
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return "no process with that PID is running"
+    except PermissionError:
+        pass  # it exists (owned by someone else)
+    if os.getppid() != pid:
+        return f"that process is not this engine's parent (the parent is {os.getppid()})"
+    return None
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -91,18 +109,24 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage and the error line
         return exc.code if isinstance(exc.code, int) else 2
+    error = f"{parser.prog}: error:"  # every line names the command, as argparse's own errors do
     try:
         config = config_from_namespace(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{error} {exc}", file=sys.stderr)
         return 2
     if not 0 <= args.port <= 65535:
-        print(f"error: `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
+        print(f"{error} `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
         return 2
+    if args.exit_with_parent is not None:
+        problem = _parent_problem(args.exit_with_parent)
+        if problem:
+            print(f"{error} --exit-with-parent {args.exit_with_parent}: {problem}", file=sys.stderr)
+            return 2
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
-        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"{error} cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     if args.exit_with_parent is not None:
         _watch_parent(args.exit_with_parent)

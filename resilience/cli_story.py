@@ -1,0 +1,122 @@
+"""What ``cpr demo`` tells in words: why engines died (read from their logs) and the run in one sentence.
+
+An emulated engine dies the way SGLang does (``resilience/testing/emulator/crash.py``):
+``Scheduler hit an exception: <traceback>`` followed by SIGQUIT, or
+torch_memory_saver's one ``[torch_memory_saver.cpp] ...`` line and ``exit(1)``.
+:func:`death_causes` turns each such death in a log into a short cause ("prefill
+scheduled after release"); the client only ever saw a dropped connection or the
+proxy's 502, so this is the one place that says what really happened.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from resilience.cli_common import plural
+
+if TYPE_CHECKING:
+    from resilience.testing.colocate import ColocateReport
+
+__all__ = ["death_causes", "per_step", "steps_run", "story"]
+
+_SCHEDULER_DEATH = "Scheduler hit an exception:"
+_MEMORY_SAVER = "[torch_memory_saver.cpp]"
+
+_CAUSES: tuple[tuple[str, str], ...] = (
+    # (a regex over the traceback, the cause in words); first match wins
+    (r"in write_prefill\b", "prefill scheduled after release"),
+    (r"in write_decode\b", "decode step after release"),
+    (r"in write_weights\b", "weight update into released memory"),
+    (r"in _run_model\b", "forward pass after release"),
+    (r"release_memory_occupation requires an idle scheduler", "release while requests were running"),
+    (r"KeyError: .*is not released", "resume of memory that was not released"),
+)
+
+
+def _one_cause(traceback: str) -> str:
+    for pattern, cause in _CAUSES:
+        if re.search(pattern, traceback):
+            return cause
+    lines = [line.strip() for line in traceback.splitlines() if line.strip()]
+    return lines[-1][:120] if lines else "scheduler exception"
+
+
+def death_causes(log: str) -> list[str]:
+    """Each engine death in ``log`` (an emulated engine's stderr), oldest first, as a short cause.
+
+    ``[torch_memory_saver.cpp] Cannot pause allocation that is not active`` is a second release of
+    memory already released ("release sent twice"); a scheduler exception is named by where it
+    happened ("prefill scheduled after release", ...) or, failing that, by its last line.
+    """
+    causes: list[str] = []
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(_MEMORY_SAVER):
+            text = line[len(_MEMORY_SAVER) :].strip()
+            causes.append("release sent twice" if "not active" in text else f"memory saver: {text}")
+        elif _SCHEDULER_DEATH in line:
+            tail = []
+            for follow in lines[i + 1 :]:
+                if follow.startswith("["):  # the next log line: the traceback ended
+                    break
+                tail.append(follow)
+            causes.append(_one_cause("\n".join(tail)))
+    return causes
+
+
+def steps_run(report: ColocateReport) -> int:
+    """Steps the run went through, finished or failed."""
+    return report.steps_finished + report.failed_steps
+
+
+def per_step(count: int, report: ColocateReport) -> str:
+    """``count`` with its rate per step run: ``480 (24.0/step)``; just the count when no step ran."""
+    n = steps_run(report)
+    return f"{count} ({count / n:.1f}/step)" if n else str(count)
+
+
+def _causes_text(causes: Sequence[str]) -> str:
+    counted = Counter(causes)
+    return ", ".join(f"{cause} x{n}" if n > 1 else cause for cause, n in counted.most_common())
+
+
+def _side(name: str, report: ColocateReport, causes: Sequence[str]) -> str:
+    n = steps_run(report)
+    rate = f"{report.http_502_seen / n:.1f}" if n else "0"
+    met = f"{name} met {rate} 502s per step"
+    if report.http_502_seen == 0:
+        absorbed = ""
+    elif report.http_502_absorbed >= report.http_502_seen:
+        absorbed = ", all absorbed by retries"
+    elif report.http_502_absorbed:
+        absorbed = f", {report.http_502_absorbed} of {report.http_502_seen} absorbed by retries"
+    else:
+        absorbed = ", none retried"
+    if report.engine_deaths:
+        why = f" ({_causes_text(causes)})" if causes else ""
+        deaths = f"; {plural(report.engine_deaths, 'engine')} died{why}"
+    else:
+        deaths = "; no engine died"
+    if report.stopped_early or (report.failed_steps and report.restart_budget_left == 0):
+        end = f", and its restart budget ({report.restart_limit}) was spent after {plural(n, 'step')}"
+    elif report.failed_steps:
+        end = f", and {plural(report.failed_steps, 'step')} of {n} failed ({plural(report.restarts, 'restart')})"
+    else:
+        end = f", and it finished {report.steps_finished} of {report.steps_planned} steps with no restart"
+    return met + absorbed + deaths + end
+
+
+def story(reports: Mapping[str, ColocateReport], causes: Mapping[str, Sequence[str]], titles: Mapping[str, str]) -> str:
+    """One sentence per way, joined: how many 502s per step each side met, what killed engines, how it ended.
+
+    ``reports``/``causes``/``titles`` are keyed by way (``"old"``, ``"ours"``); only the ways present in
+    ``reports`` are told (an interrupted demo tells what finished).
+    """
+    parts = []
+    for way, report in reports.items():
+        title = titles.get(way, way)
+        parts.append(_side(title[:1].upper() + title[1:], report, causes.get(way, ())) + ".")
+    return " ".join(parts)
