@@ -15,11 +15,20 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
 
-__all__ = ["READY_PREFIX", "build_parser", "main"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from .engine import Engine
+
+__all__ = ["READY_PREFIX", "AppFactory", "build_parser", "main", "print_ready"]
+
+AppFactory = Callable[[EngineConfig, str, int], "tuple[FastAPI, Engine]"]
+"""Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
 
 READY_PREFIX = "EMULATOR READY "
 """Start of the line printed on stdout when the engine serves; the URL follows."""
@@ -79,12 +88,27 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+def print_ready(url: str) -> None:
+    """The default ``on_ready``: print ``EMULATOR READY <url>`` on stdout."""
+    print(f"{READY_PREFIX}{url}", flush=True)
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = None,
+    on_ready: Callable[[str], None] = print_ready,
+    app_factory: AppFactory | None = None,
+) -> int:
     """Run one engine until SIGINT/SIGTERM (or until it dies like SGLang). Returns the exit status.
 
     ``prog`` names the command in usage lines (e.g. ``"cpr emulate"``). Errors in the
     arguments or the bind print one line on stderr and return 2 or 1. Call it from
-    the main thread: uvicorn installs the signal handlers.
+    the main thread: uvicorn installs the signal handlers. ``on_ready`` is called
+    with the engine's URL once uvicorn serves (default: :func:`print_ready`; a
+    zygote's child reports to its fleet instead). ``app_factory`` builds the app
+    once the port is bound (default: ``app.create_app``; a zygote's child takes the
+    copy of an app its zygote built before forking).
     """
     parser = build_parser(prog)
     try:
@@ -107,27 +131,38 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     if args.exit_with_parent is not None:
         _watch_parent(args.exit_with_parent)
     try:
-        return _serve(sock, args.host, config, args.log_level)
+        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory)
     finally:
         sock.close()
 
 
-def _serve(sock: socket.socket, host: str, config: EngineConfig, log_level: str) -> int:
+def _default_factory(config: EngineConfig, host: str, port: int) -> tuple[FastAPI, Engine]:
+    from .app import create_app
+
+    return create_app(config, host=host, port=port)
+
+
+def _serve(
+    sock: socket.socket,
+    host: str,
+    config: EngineConfig,
+    log_level: str,
+    on_ready: Callable[[str], None],
+    app_factory: AppFactory | None,
+) -> int:
     import torch
     import uvicorn
-
-    from .app import create_app
 
     torch.set_num_threads(1)
     port = sock.getsockname()[1]
     url = _url(host, port)
-    app, _engine = create_app(config, host=host, port=port)
+    app, _engine = (app_factory or _default_factory)(config, host, port)
 
     class ReadyServer(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:
-                print(f"{READY_PREFIX}{url}", flush=True)
+                on_ready(url)
 
     uv_config = uvicorn.Config(
         app,
