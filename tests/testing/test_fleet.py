@@ -218,3 +218,12 @@ def test_bad_start_method_is_named() -> None:
     """An unknown start_method is a ValueError naming it."""
     with pytest.raises(ValueError, match="start_method"):
         EmulatedFleet(1, CONFIG, start_method="thread")  # type: ignore[arg-type]
+
+
+def test_a_fleet_that_misses_its_deadline_leaves_no_zygote() -> None:
+    """A startup deadline the zygote's imports cannot meet: EmulatorStartError naming READY, and the zygote is gone."""
+    f = EmulatedFleet(2, CONFIG, startup_timeout=0.01)
+    with pytest.raises(EmulatorStartError, match="READY"):
+        f.start()
+    assert f.zygote_pid is not None and gone(f.zygote_pid)
+    assert all(gone(pid) for pid in f.pids)

@@ -155,6 +155,7 @@ class Zygote:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
         env["OMP_NUM_THREADS"] = "1"
+        env.setdefault("MALLOC_ARENA_MAX", "1")
         command = [sys.executable, "-m", "resilience.testing.emulator.zygote", "--exit-with-parent", str(os.getpid())]
         with open(self._log_path, "wb") as err:
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env)
@@ -237,6 +238,8 @@ class Zygote:
         proc = self._proc
         if proc is None:
             return
+        if not self._hello.is_set() and proc.poll() is None:
+            proc.kill()  # still importing: it has forked nothing, and reads stdin only once it is done
         if proc.stdin is not None:
             try:
                 with self._lock:

@@ -73,16 +73,19 @@ def _emit(fd: int, event: dict[str, Any]) -> None:
 def _warm() -> None:
     """Import everything an engine needs; start nothing."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import fastapi.telemetry._runtime  # noqa: F401  (imported at an app's startup otherwise)
     import torch
     import uvicorn
+    import uvicorn.loops.auto  # imported at a server's startup otherwise
 
-    from .app import create_app
-    from .config import EngineConfig
+    from . import app as _app_module  # noqa: F401  (FastAPI, starlette, pydantic and the routes)
 
     torch.set_num_threads(1)  # before any parallel op: the intra-op pool is never started here
-    app, _engine = create_app(EngineConfig())  # a throwaway: its scheduler thread is never started
-    uvicorn.Config(app, lifespan="on", log_level="warning").load()  # imports the loop, protocol and lifespan modules
-    del app, _engine
+
+    async def nothing(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called
+        return None
+
+    uvicorn.Config(nothing, lifespan="on", log_level="warning").load()  # imports the loop, protocol and lifespan modules
     gc.collect()
 
 
@@ -236,7 +239,9 @@ class _Server:
             from .app import create_app
 
             config, host = key
-            self._templates[key] = create_app(config, host=host, port=0)
+            app, engine = create_app(config, host=host, port=0)
+            app.middleware_stack = app.build_middleware_stack()  # what starlette builds on the first request
+            self._templates[key] = (app, engine)
         return self._templates[key]
 
     @staticmethod
