@@ -57,6 +57,7 @@ class EngineHandle:
         log_dir: Path,
         extra_args: Sequence[str] = (),
         launcher: Launcher | None = None,
+        port: int = 0,
     ) -> None:
         self.index = index
         """Position in the fleet (also the FaultProxy's ``engine_index``)."""
@@ -67,7 +68,7 @@ class EngineHandle:
         self._launcher: Launcher = launcher if launcher is not None else ExecLauncher()
         self._proc: EngineProcess | None = None
         self._direct_url: str | None = None
-        self._port = 0
+        self._port = port
         self._generation = 0
         self._proxy: FaultProxy | None = None
         self._session = requests.Session()
@@ -236,6 +237,8 @@ class EmulatedFleet:
     engine from one process that imported torch and the app once; ``"spawn"`` starts
     a fresh interpreter per engine (~240 MB and seconds of imports each). ``progress``:
     called as ``progress(ready, n)`` while starting, whenever more engines serve.
+    ``host``: the address every engine binds (default 127.0.0.1). ``base_port``: 0
+    (default) lets each engine pick a free port; P puts engine i on port P + i.
     """
 
     def __init__(
@@ -248,9 +251,15 @@ class EmulatedFleet:
         log_dir: str | Path | None = None,
         start_method: StartMethod = "zygote",
         progress: ProgressCallback | None = None,
+        host: str = "127.0.0.1",
+        base_port: int = 0,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`n` must be an integer >= 1, but was {n!r}")
+        if isinstance(base_port, bool) or not isinstance(base_port, int) or not (base_port == 0 or 1 <= base_port <= 65536 - n):
+            raise ValueError(f"`base_port` must be 0 (free ports) or a port with room for {n} engines after it, but was {base_port!r}")
+        if not host:
+            raise ValueError("`host` must be a non-empty address, but was ''")
         if not startup_timeout > 0:
             raise ValueError(f"`startup_timeout` must be > 0 seconds, but was {startup_timeout!r}")
         if start_method not in ("zygote", "spawn"):
@@ -267,7 +276,10 @@ class EmulatedFleet:
         self._log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="cpr-emulator-"))
         self._zygote = Zygote(self._log_dir) if start_method == "zygote" else None
         launcher: Launcher = self._zygote if self._zygote is not None else ExecLauncher()
-        self.engines: list[EngineHandle] = [EngineHandle(i, self.config, self._log_dir, launcher=launcher) for i in range(n)]
+        extra = ("--host", host) if host != "127.0.0.1" else ()
+        self.engines: list[EngineHandle] = [
+            EngineHandle(i, self.config, self._log_dir, extra, launcher, port=base_port + i if base_port else 0) for i in range(n)
+        ]
         """The engines, by index."""
         self._started = False
         self._stopped = False

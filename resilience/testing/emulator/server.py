@@ -35,10 +35,10 @@ READY_PREFIX = "EMULATOR READY "
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """The command line of one engine: ``--host``, ``--port``, ``--log-level`` and one flag per EngineConfig field."""
+    """The command line: ``--host``, ``--port``, ``--log-level``, ``--engines`` and one flag per EngineConfig field."""
     parser = argparse.ArgumentParser(
         prog=prog or "python -m resilience.testing.emulator",
-        description="Run one emulated SGLang engine (control plane and crash semantics) on the CPU.",
+        description="Run emulated SGLang engines (control plane and crash semantics) on the CPU: one, or N with --engines N.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default: 0)")
@@ -54,6 +54,21 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=None,
         metavar="PID",
         help="exit when the process PID (the parent) is gone, so a killed test run leaves no engine behind",
+    )
+    parser.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N engines, forked from one zygote, on ports PORT, PORT+1, ... (free ports when PORT is 0); "
+        "prints one READY line per engine once all serve (default: 1)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="with --engines N > 1: seconds to wait for every engine to serve (default: 600)",
     )
     add_config_arguments(parser)
     return parser
@@ -123,6 +138,18 @@ def main(
     if not 0 <= args.port <= 65535:
         print(f"error: `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
         return 2
+    if args.engines < 1 or (args.port and args.port + args.engines - 1 > 65535):
+        print(f"error: `--engines` must be >= 1 and fit ports {args.port}.. below 65536, but was {args.engines}", file=sys.stderr)
+        return 2
+    if not args.startup_timeout > 0:
+        print(f"error: `--startup-timeout` must be > 0 seconds, but was {args.startup_timeout}", file=sys.stderr)
+        return 2
+    if args.engines > 1:
+        from .serve_many import serve_fleet
+
+        if args.exit_with_parent is not None:
+            _watch_parent(args.exit_with_parent)
+        return serve_fleet(args.engines, config, host=args.host, port=args.port, startup_timeout=args.startup_timeout)
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
