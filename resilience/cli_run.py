@@ -58,10 +58,16 @@ class FleetRunner:
     engine that did not start), leaving stops every proxy and engine by PID.
     """
 
-    def __init__(self, engines: int, plan: FaultPlan, config: EngineConfig = DEMO_ENGINE) -> None:
+    def __init__(
+        self,
+        engines: int,
+        plan: FaultPlan,
+        config: EngineConfig = DEMO_ENGINE,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.plan = plan
         """The fault plan every run's proxies play."""
-        self.fleet = EmulatedFleet(engines, config)
+        self.fleet = EmulatedFleet(engines, config, progress=progress)
         """The engines (no proxies of their own)."""
         self._proxies: list[FaultProxy] = []
 
@@ -87,6 +93,11 @@ class FleetRunner:
     def pids(self) -> list[int]:
         """The engine processes' PIDs right now (a restarted engine has a new one)."""
         return [e.pid for e in self.fleet.engines]
+
+    def memory_pids(self) -> list[int]:
+        """Every process the engines cost memory in: the engines and the zygote they are forked from."""
+        zygote = self.fleet.zygote_pid
+        return [*self.pids(), *([zygote] if zygote is not None else [])]
 
     def run(
         self,

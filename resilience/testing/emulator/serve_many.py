@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from .config import EngineConfig
@@ -23,16 +24,24 @@ __all__ = ["ProgressPrinter", "serve_fleet"]
 _WATCH_S = 0.5
 
 
-class ProgressPrinter:
-    """A fleet's ``progress`` callback: ``engines ready i/N`` on stderr about ten times while it starts, and at N."""
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
-    def __init__(self) -> None:
+
+class ProgressPrinter:
+    """A fleet's ``progress`` callback: ``engines ready i/N`` about ten times while it starts, and at N.
+
+    ``write``: where each line goes (default: stderr).
+    """
+
+    def __init__(self, write: Callable[[str], None] = _to_stderr) -> None:
+        self._write = write
         self._shown = 0
 
     def __call__(self, ready: int, total: int) -> None:
         if ready == total or ready - self._shown >= max(1, total // 10):
             self._shown = ready
-            print(f"engines ready {ready}/{total}", file=sys.stderr, flush=True)
+            self._write(f"engines ready {ready}/{total}")
 
 
 def serve_fleet(n: int, config: EngineConfig, *, host: str, port: int, startup_timeout: float) -> int:
