@@ -179,31 +179,23 @@ def test_restart_of_a_live_engine_keeps_its_url_and_leaves_the_neighbours(fleet:
     assert_serves(handle)
 
 
-def test_start_reports_progress_and_stop_leaves_no_process() -> None:
-    """progress(ready, n) climbs to (n, n); stop() ends every engine and the zygote, and their ports refuse."""
+def test_progress_then_a_killed_zygote_takes_its_engines_with_it_and_stop_leaves_no_process() -> None:
+    """progress(ready, n) climbs to (n, n); SIGKILL to the zygote ends every engine (no orphan keeps a port), the fleet
+    sees them dead, a restart says the zygote is gone, and stop() leaves no process."""
     seen: list[tuple[int, int]] = []
     with EmulatedFleet(3, CONFIG, progress=lambda ready, n: seen.append((ready, n))) as f:
-        pids = [*f.pids, f.zygote_pid]
-        urls = f.urls
-        assert all(generate(url, 1).status_code == 200 for url in urls)
-    assert seen and seen[-1] == (3, 3)
-    assert [r for r, _ in seen] == sorted({r for r, _ in seen}) and {n for _, n in seen} == {3}
-    assert all(gone(pid) for pid in pids if pid is not None)
-    assert all(port_refuses(url) for url in urls)
-
-
-def test_a_killed_zygote_takes_its_engines_with_it() -> None:
-    """SIGKILL to the zygote: every engine it forked dies too (no orphan keeps a port), and the fleet sees them dead."""
-    with EmulatedFleet(2, CONFIG) as f:
-        zygote = f.zygote_pid
-        assert zygote is not None
+        assert seen and seen[-1] == (3, 3)
+        assert [r for r, _ in seen] == sorted({r for r, _ in seen}) and {n for _, n in seen} == {3}
+        zygote, pids, urls = f.zygote_pid, f.pids, f.urls
+        assert zygote is not None and all(generate(url, 1).status_code == 200 for url in urls)
         os.kill(zygote, signal.SIGKILL)
         for handle in f.engines:
             assert handle.wait_exit(TIMEOUT) is not None
-        wait_for(lambda: all(gone(pid) for pid in f.pids))
-        assert all(port_refuses(url) for url in f.urls)
+        wait_for(lambda: all(gone(pid) for pid in pids))
+        assert all(port_refuses(url) for url in urls)
         with pytest.raises(EmulatorStartError, match="zygote"):
             f.engines[0].restart(timeout=TIMEOUT)
+    assert all(gone(pid) for pid in [*pids, zygote])
 
 
 def test_spawn_start_method_runs_a_fresh_interpreter_per_engine() -> None:
@@ -227,3 +219,24 @@ def test_a_fleet_that_misses_its_deadline_leaves_no_zygote() -> None:
         f.start()
     assert f.zygote_pid is not None and gone(f.zygote_pid)
     assert all(gone(pid) for pid in f.pids)
+
+
+@pytest.mark.slow
+def test_chaos_on_64_forked_engines_kills_only_the_victims(pool: ThreadPoolExecutor) -> None:
+    """64 engines from one zygote; six die of SGLang's three deaths: exactly those six end, the 58 others serve."""
+    victims = [3, 11, 22, 37, 48, 60]
+    deaths = [DEATHS[name] for name in sorted(DEATHS)] * 2
+    with EmulatedFleet(64, CONFIG) as f:
+        pids = f.pids
+        assert len(set(pids)) == 64
+        for index, death in zip(victims, deaths, strict=True):
+            handle = f.engines[index]
+            assert handle.wait_exit(0) is None
+            expected = death(handle, pool)
+            assert handle.wait_exit(TIMEOUT) == expected, handle.log()
+        assert [e.index for e in f.engines if not e.alive()] == victims
+        assert all(port_refuses(f.engines[i].url) for i in victims)
+        survivors = [e for e in f.engines if e.index not in victims]
+        answers = list(pool.map(lambda e: generate(e.url, 1).status_code, survivors))
+        assert len(answers) == 58 and set(answers) == {200}
+        assert [e.pid for e in survivors] == [pids[e.index] for e in survivors]
