@@ -114,6 +114,7 @@ def main(
     prog: str | None = None,
     on_ready: Callable[[str], None] = print_ready,
     app_factory: AppFactory | None = None,
+    logging_configured: bool = False,
 ) -> int:
     """Run one engine until SIGINT/SIGTERM (or until it dies like SGLang). Returns the exit status.
 
@@ -123,7 +124,9 @@ def main(
     with the engine's URL once uvicorn serves (default: :func:`print_ready`; a
     zygote's child reports to its fleet instead). ``app_factory`` builds the app
     once the port is bound (default: ``app.create_app``; a zygote's child takes the
-    copy of an app its zygote built before forking).
+    copy of an app its zygote built before forking). ``logging_configured``: uvicorn's
+    default logging configuration is in place already (a zygote's child inherits it),
+    so it is not applied again (only the level is); default False.
     """
     parser = build_parser(prog)
     try:
@@ -158,7 +161,7 @@ def main(
     if args.exit_with_parent is not None:
         _watch_parent(args.exit_with_parent)
     try:
-        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory)
+        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured)
     finally:
         sock.close()
 
@@ -176,6 +179,7 @@ def _serve(
     log_level: str,
     on_ready: Callable[[str], None],
     app_factory: AppFactory | None,
+    logging_configured: bool,
 ) -> int:
     import torch
     import uvicorn
@@ -191,8 +195,12 @@ def _serve(
             if self.started:
                 on_ready(url)
 
+    from uvicorn.config import LOGGING_CONFIG
+
     uv_config = uvicorn.Config(
         app,
+        # dictConfig walks every logger of the process: in a forked engine that copies megabytes of shared pages
+        log_config=None if logging_configured else LOGGING_CONFIG,
         log_level=log_level,
         access_log=False,
         lifespan="on",

@@ -85,7 +85,8 @@ def _warm() -> None:
     async def nothing(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called
         return None
 
-    uvicorn.Config(nothing, lifespan="on", log_level="warning").load()  # imports the loop, protocol and lifespan modules
+    # uvicorn's default logging configuration, once for every child; and the loop, protocol and lifespan modules
+    uvicorn.Config(nothing, lifespan="on", log_level="warning").load()
     gc.collect()
 
 
@@ -153,7 +154,7 @@ def _child(command: dict[str, Any], zygote_pid: int, close: Sequence[int], templ
 
         from .server import main as engine_main
 
-        code = engine_main(command["argv"], on_ready=on_ready, app_factory=from_template)
+        code = engine_main(command["argv"], on_ready=on_ready, app_factory=from_template, logging_configured=True)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
