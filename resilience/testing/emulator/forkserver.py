@@ -182,12 +182,14 @@ class Zygote:
             process = ForkedProcess(self, ident)
             self._by_id[ident] = process
         line = json.dumps({"op": "spawn", "id": ident, "argv": list(argv), "stdout": str(stdout), "stderr": str(stderr)})
+        stdin = self._proc.stdin if self._proc is not None else None
         try:
-            assert self._proc is not None and self._proc.stdin is not None
+            if stdin is None:
+                raise RuntimeError("the zygote is not started")
             with self._lock:
-                self._proc.stdin.write(line.encode() + b"\n")
-                self._proc.stdin.flush()
-        except (OSError, ValueError, AssertionError) as exc:
+                stdin.write(line.encode() + b"\n")
+                stdin.flush()
+        except (OSError, ValueError, RuntimeError) as exc:  # a closed or broken pipe: the zygote is gone
             stderr.write_text(f"the engines' zygote is gone, no engine forked: {exc!r}\n", encoding="utf-8")
             process._on_exit(1)
         return process

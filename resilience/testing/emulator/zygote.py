@@ -221,13 +221,14 @@ class _Server:
             return
         template = self._template(command["argv"])
         gc.freeze()  # the children's collections skip (and so never dirty) everything built so far
+        zygote_pid = os.getpid()
         try:
             pid = os.fork()
         except OSError as exc:
             self._refuse(command, f"fork failed: {exc}")
             return
         if pid == 0:
-            _child(command, os.getppid(), (self._wake_r, self._wake_w), template)
+            _child(command, zygote_pid, (self._wake_r, self._wake_w), template)
         self._children[pid] = ident
         _emit(1, {"ev": "spawned", "id": ident, "pid": pid})
 
