@@ -297,7 +297,13 @@ class EmulatedFleet:
     @property
     def pids(self) -> list[int]:
         """PIDs of the engine processes started so far (all of them once :meth:`start` returned)."""
-        return [e.pid for e in self.engines if e.started]
+        pids = []
+        for engine in self.engines:
+            try:
+                pids.append(engine.pid)
+            except RuntimeError:  # never started, or never forked (its zygote went away first)
+                continue
+        return pids
 
     @property
     def zygote_pid(self) -> int | None:
