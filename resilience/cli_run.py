@@ -58,16 +58,10 @@ class FleetRunner:
     engine that did not start), leaving stops every proxy and engine by PID.
     """
 
-    def __init__(
-        self,
-        engines: int,
-        plan: FaultPlan,
-        config: EngineConfig = DEMO_ENGINE,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
+    def __init__(self, engines: int, plan: FaultPlan, config: EngineConfig = DEMO_ENGINE) -> None:
         self.plan = plan
         """The fault plan every run's proxies play."""
-        self.fleet = EmulatedFleet(engines, config, progress=progress)
+        self.fleet = EmulatedFleet(engines, config)
         """The engines (no proxies of their own)."""
         self._proxies: list[FaultProxy] = []
 

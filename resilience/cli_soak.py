@@ -7,10 +7,10 @@ for this process (clients, proxies, the loop) and for the engine processes
 together; flat means at most 5 % growth. This process is read by RSS (psutil);
 the engines, forked from one zygote and sharing its pages, by PSS, the zygote
 included (``/proc/PID/smaps_rollup``; summed RSS would count the shared pages
-once per engine). An engine that was restarted is sampled under its new PID. Test-harness memory counts too:
-each fault proxy keeps its latest requests and faults (bounded), and each
-emulated engine a record of every control call (small, but it grows with
-the run).
+once per engine). An engine that was restarted is sampled under its new PID.
+Test-harness memory counts too: each fault proxy keeps its latest requests and
+faults (bounded), and each emulated engine a record of every control call
+(small, but it grows with the run).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from resilience.cli_common import CliError, check_output_file, need, write_json
 from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.cli_run import FleetRunner
 from resilience.testing.colocate import ColocateConfig, StepProgress
-from resilience.testing.emulator.serve_many import ProgressPrinter
 from resilience.testing.faults import FaultPlan, FaultPlanError
 
 __all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak"]
@@ -130,7 +129,7 @@ def run_soak(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     with RunProgress() as ui:
         done = ui.task(f"starting {args.engines} emulated engines")
-        with FleetRunner(args.engines, plan, progress=ProgressPrinter(ui.print)) as runner:
+        with FleetRunner(args.engines, plan) as runner:
             done(f"pids {' '.join(map(str, runner.pids()))}")
             sampler = RssSampler(runner.memory_pids)
             sampler.sample(0)

@@ -180,11 +180,13 @@ def test_restart_of_a_live_engine_keeps_its_url_and_leaves_the_neighbours(fleet:
 
 
 def test_progress_then_a_killed_zygote_takes_its_engines_with_it_and_stop_leaves_no_process() -> None:
-    """progress(ready, n) climbs to (n, n); SIGKILL to the zygote ends every engine (no orphan keeps a port), the fleet
-    sees them dead, a restart says the zygote is gone, and stop() leaves no process."""
+    """progress(ready, n) climbs to (n, n) and on_ready sees every index; SIGKILL to the zygote ends every engine (no
+    orphan keeps a port), the fleet sees them dead, a restart says the zygote is gone, and stop() leaves no process."""
     seen: list[tuple[int, int]] = []
-    with EmulatedFleet(3, CONFIG, progress=lambda ready, n: seen.append((ready, n))) as f:
-        assert seen and seen[-1] == (3, 3)
+    served: list[int] = []
+    f = EmulatedFleet(3, CONFIG, progress=lambda ready, n: seen.append((ready, n)))
+    with f.start(on_ready=served.append):
+        assert seen and seen[-1] == (3, 3) and sorted(served) == [0, 1, 2]
         assert [r for r, _ in seen] == sorted({r for r, _ in seen}) and {n for _, n in seen} == {3}
         zygote, pids, urls = f.zygote_pid, f.pids, f.urls
         assert zygote is not None and all(generate(url, 1).status_code == 200 for url in urls)

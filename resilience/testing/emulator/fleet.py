@@ -310,8 +310,11 @@ class EmulatedFleet:
         """PID of the zygote the engines are forked from (None with ``start_method="spawn"`` or before start)."""
         return self._zygote.pid if self._zygote is not None and self._started else None
 
-    def start(self) -> EmulatedFleet:
-        """Start every engine in parallel and wait for all READY; on any failure stop all and raise."""
+    def start(self, on_ready: Callable[[int], None] | None = None) -> EmulatedFleet:
+        """Start every engine in parallel and wait for all READY; on any failure stop all and raise.
+
+        ``on_ready``: called with an engine's index once that engine serves (progress displays). Default None.
+        """
         if self._started:
             raise RuntimeError("an EmulatedFleet starts once; create a new one")
         self._started = True
@@ -322,7 +325,7 @@ class EmulatedFleet:
                 self._zygote.wait_hello(deadline)
             for engine in self.engines:
                 engine.spawn()
-            self._wait_all_ready(deadline)
+            self._wait_all_ready(deadline, on_ready)
             if self.fault_plan is not None:
                 self._start_proxies(self.fault_plan)
         except BaseException:
@@ -330,7 +333,7 @@ class EmulatedFleet:
             raise
         return self
 
-    def _wait_all_ready(self, deadline: float) -> None:
+    def _wait_all_ready(self, deadline: float, on_ready: Callable[[int], None] | None) -> None:
         """Wait for every engine's READY (in any order), reporting progress; raise for the first that failed."""
         pending = list(self.engines)
         ready = 0
@@ -340,6 +343,8 @@ class EmulatedFleet:
             for engine in pending:
                 if engine.ready():
                     engine.wait_ready(deadline)  # takes the URL over at once
+                    if on_ready is not None:
+                        on_ready(engine.index)
                 elif not engine.alive():
                     engine.wait_ready(deadline)  # raises EmulatorStartError with the engine's log
                 else:
