@@ -185,7 +185,8 @@ def test_progress_then_a_killed_zygote_takes_its_engines_with_it_and_stop_leaves
     seen: list[tuple[int, int]] = []
     served: list[int] = []
     f = EmulatedFleet(3, CONFIG, progress=lambda ready, n: seen.append((ready, n)))
-    with f.start(on_ready=served.append):
+    try:
+        f.start(on_ready=served.append)
         assert seen and seen[-1] == (3, 3) and sorted(served) == [0, 1, 2]
         assert [r for r, _ in seen] == sorted({r for r, _ in seen}) and {n for _, n in seen} == {3}
         zygote, pids, urls = f.zygote_pid, f.pids, f.urls
@@ -197,6 +198,8 @@ def test_progress_then_a_killed_zygote_takes_its_engines_with_it_and_stop_leaves
         assert all(port_refuses(url) for url in urls)
         with pytest.raises(EmulatorStartError, match="zygote"):
             f.engines[0].restart(timeout=TIMEOUT)
+    finally:
+        f.stop()
     assert all(gone(pid) for pid in [*pids, zygote])
 
 
