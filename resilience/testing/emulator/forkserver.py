@@ -135,6 +135,9 @@ class Zygote:
         self._hello = threading.Event()
         self._eof = threading.Event()
         self._lock = threading.Lock()
+        """Guards the id and PID maps (the reader thread takes it too)."""
+        self._write_lock = threading.Lock()
+        """Serializes writes to the zygote's stdin; never held by the reader, so a full pipe cannot block it."""
         self._next_id = 0
         self._by_id: dict[int, ForkedProcess] = {}
         self._by_pid: dict[int, ForkedProcess] = {}
@@ -186,7 +189,7 @@ class Zygote:
         try:
             if stdin is None:
                 raise RuntimeError("the zygote is not started")
-            with self._lock:
+            with self._write_lock:
                 stdin.write(line.encode() + b"\n")
                 stdin.flush()
         except (OSError, ValueError, RuntimeError) as exc:  # a closed or broken pipe: the zygote is gone
@@ -244,7 +247,7 @@ class Zygote:
             proc.kill()  # still importing: it has forked nothing, and reads stdin only once it is done
         if proc.stdin is not None:
             try:
-                with self._lock:
+                with self._write_lock:
                     proc.stdin.close()
             except OSError:
                 pass
