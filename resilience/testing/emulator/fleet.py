@@ -239,6 +239,7 @@ class EmulatedFleet:
     called as ``progress(ready, n)`` while starting, whenever more engines serve.
     ``host``: the address every engine binds (default 127.0.0.1). ``base_port``: 0
     (default) lets each engine pick a free port; P puts engine i on port P + i.
+    ``log_level``: uvicorn's log level in every engine (default ``"warning"``).
     """
 
     def __init__(
@@ -253,6 +254,7 @@ class EmulatedFleet:
         progress: ProgressCallback | None = None,
         host: str = "127.0.0.1",
         base_port: int = 0,
+        log_level: str = "warning",
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`n` must be an integer >= 1, but was {n!r}")
@@ -276,7 +278,7 @@ class EmulatedFleet:
         self._log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="cpr-emulator-"))
         self._zygote = Zygote(self._log_dir) if start_method == "zygote" else None
         launcher: Launcher = self._zygote if self._zygote is not None else ExecLauncher()
-        extra = ("--host", host) if host != "127.0.0.1" else ()
+        extra = (*(("--host", host) if host != "127.0.0.1" else ()), *(("--log-level", log_level) if log_level != "warning" else ()))
         self.engines: list[EngineHandle] = [
             EngineHandle(i, self.config, self._log_dir, extra, launcher, port=base_port + i if base_port else 0) for i in range(n)
         ]

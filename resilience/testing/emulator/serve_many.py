@@ -3,7 +3,7 @@
 Progress (``engines ready i/N``) goes to stderr while the fleet starts; then one
 ``EMULATOR READY <url>`` line per engine, in engine order, on stdout: the list of
 ports to point clients at. An engine that dies (SGLang's deaths) stays dead, like a
-real one; its death is reported on stderr once. SIGINT or SIGTERM stops every engine
+real one; its death is reported on stderr once, with the last lines of its log. SIGINT or SIGTERM stops every engine
 and the zygote.
 """
 
@@ -22,6 +22,8 @@ from .server import READY_PREFIX
 __all__ = ["ProgressPrinter", "serve_fleet"]
 
 _WATCH_S = 0.5
+_LOG_TAIL_LINES = 5
+"""Lines of a dead engine's log shown with its death (its whole log lives in a folder removed at exit)."""
 
 
 def _to_stderr(line: str) -> None:
@@ -44,7 +46,7 @@ class ProgressPrinter:
             self._write(f"engines ready {ready}/{total}")
 
 
-def serve_fleet(n: int, config: EngineConfig, *, host: str, port: int, startup_timeout: float) -> int:
+def serve_fleet(n: int, config: EngineConfig, *, host: str, port: int, startup_timeout: float, log_level: str = "warning") -> int:
     """Start ``n`` engines (on ``port``, ``port + 1``, ... or free ports when ``port`` is 0), serve until a signal.
 
     Returns 0 after a signal, 1 when the fleet did not start (the first failing engine's log on stderr).
@@ -55,7 +57,9 @@ def serve_fleet(n: int, config: EngineConfig, *, host: str, port: int, startup_t
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    fleet = EmulatedFleet(n, config, startup_timeout=startup_timeout, progress=ProgressPrinter(), host=host, base_port=port)
+    fleet = EmulatedFleet(
+        n, config, startup_timeout=startup_timeout, progress=ProgressPrinter(), host=host, base_port=port, log_level=log_level
+    )
     try:
         try:
             fleet.start()
@@ -70,7 +74,8 @@ def serve_fleet(n: int, config: EngineConfig, *, host: str, port: int, startup_t
             for engine in fleet.engines:
                 if engine.index not in reported and not engine.alive():
                     reported.add(engine.index)
-                    print(f"engine {engine.index} ({engine.direct_url}) exited with {engine.returncode}", file=sys.stderr, flush=True)
+                    tail = "".join(f"\n  {line}" for line in engine.log().splitlines()[-_LOG_TAIL_LINES:])
+                    print(f"engine {engine.index} ({engine.direct_url}) exited with {engine.returncode}{tail}", file=sys.stderr, flush=True)
         return 0
     finally:
         fleet.stop()

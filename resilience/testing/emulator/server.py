@@ -152,7 +152,9 @@ def main(
 
         if args.exit_with_parent is not None:
             _watch_parent(args.exit_with_parent)
-        return serve_fleet(args.engines, config, host=args.host, port=args.port, startup_timeout=args.startup_timeout)
+        return serve_fleet(
+            args.engines, config, host=args.host, port=args.port, startup_timeout=args.startup_timeout, log_level=args.log_level
+        )
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
