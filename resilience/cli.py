@@ -5,7 +5,7 @@ Subcommands::
     cpr demo        the colocate loop on emulated engines under the seed's faults, the old way and ours, side by side
     cpr soak        the same loop for many steps, with memory sampled (is RSS flat?)
     cpr probe URL   read-only checks of real engines: health, readiness, weight version, loads, server info
-    cpr emulate     run one emulated SGLang engine (for your own tests)
+    cpr emulate     run emulated SGLang engines (for your own tests): one, or --engines N
     cpr policies    print the effective policy table; validate a policy file
     cpr dashboards  regenerate (or --check) grafana/ from grafana/generate.py
 
@@ -40,6 +40,7 @@ _EXAMPLES = """examples:
   cpr probe http://127.0.0.1:30000 http://127.0.0.1:30001 --timeout 3
   cpr policies --file my-policies.toml       validate a policy file and show its table
   cpr emulate --port 30000                   one emulated SGLang engine for your own tests
+  cpr emulate --engines 64                   64 engines forked from one process, their URLs printed as a list
 """
 
 
@@ -131,7 +132,7 @@ def build_parser() -> OneLineParser:
     _add_demo(sub)
     _add_soak(sub)
     _add_probe(sub)
-    sub.add_parser("emulate", help="run one emulated SGLang engine (see cpr emulate --help)", add_help=False)
+    sub.add_parser("emulate", help="run emulated SGLang engines: one, or --engines N (see cpr emulate --help)", add_help=False)
     _add_policies(sub)
     _add_dashboards(sub)
     return parser

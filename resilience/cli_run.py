@@ -92,6 +92,11 @@ class FleetRunner:
         """The engine processes' PIDs right now (a restarted engine has a new one)."""
         return [e.pid for e in self.fleet.engines]
 
+    def memory_pids(self) -> list[int]:
+        """Every process the engines cost memory in: the engines and the zygote they are forked from."""
+        zygote = self.fleet.zygote_pid
+        return [*self.pids(), *([zygote] if zygote is not None else [])]
+
     def run(
         self,
         way: Literal["old", "ours"],

@@ -1,14 +1,16 @@
-"""``cpr soak``: the colocate loop for many steps, with the RSS of this process and the engines sampled each step.
+"""``cpr soak``: the colocate loop for many steps, with the memory of this process and the engines sampled each step.
 
 The report says whether memory stayed flat: the mean RSS over the 10 % of
 steps right after a warm-up (the first 10 %: imports, connection and thread
 pools, caches, the proxies' bounded records filling) against the last 10 %,
 for this process (clients, proxies, the loop) and for the engine processes
-together; flat means at most 5 % growth. psutil reads the RSS; an engine that
-was restarted is sampled under its new PID. Test-harness memory counts too:
-each fault proxy keeps its latest requests and faults (bounded), and each
-emulated engine a record of every control call (small, but it grows with
-the run).
+together; flat means at most 5 % growth. This process is read by RSS (psutil);
+the engines, forked from one zygote and sharing its pages, by PSS, the zygote
+included (``/proc/PID/smaps_rollup``; summed RSS would count the shared pages
+once per engine). An engine that was restarted is sampled under its new PID.
+Test-harness memory counts too: each fault proxy keeps its latest requests and
+faults (bounded), and each emulated engine a record of every control call
+(small, but it grows with the run).
 """
 
 from __future__ import annotations
@@ -39,12 +41,30 @@ FLAT_GROWTH = 0.05
 _MB = 1024 * 1024
 
 
+def _pss_bytes(pid: int) -> int | None:
+    """The process's PSS from ``/proc/PID/smaps_rollup`` (one cheap read), or None where there is none."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 @dataclass
 class RssSampler:
-    """RSS of this process and of the engine processes, one sample per step."""
+    """RSS of this process and the memory of the engine processes, one sample per step.
+
+    The engines are forked from one zygote and share its pages (torch, the app), so
+    their RSS would count those pages once per engine; they are counted by PSS
+    (each shared page split between the processes mapping it: the sum is what they
+    cost), the zygote included. Where PSS cannot be read (not Linux), RSS is used.
+    """
 
     pids: Callable[[], list[int]]
-    """A callable returning the engines' current PIDs."""
+    """A callable returning the PIDs the engines cost memory in (engines and their zygote)."""
     samples: list[dict[str, float]] = field(default_factory=list)
 
     def sample(self, step: int) -> dict[str, float]:
@@ -53,6 +73,10 @@ class RssSampler:
         own = psutil.Process(os.getpid()).memory_info().rss / _MB
         engines = 0.0
         for pid in self.pids():
+            pss = _pss_bytes(pid)
+            if pss is not None:
+                engines += pss / _MB
+                continue
             try:
                 engines += psutil.Process(pid).memory_info().rss / _MB
             except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -107,12 +131,12 @@ def run_soak(args: argparse.Namespace) -> int:
         started = ui.counter(f"starting {plural(args.engines, 'emulated engine')}", args.engines)
         with FleetRunner(args.engines, plan, on_ready=started) as runner:
             ui.print(f"engines ready: pids {' '.join(map(str, runner.pids()))}")
-            sampler = RssSampler(runner.pids)
+            sampler = RssSampler(runner.memory_pids)
             sampler.sample(0)
 
             def rss_note() -> str:
                 last = sampler.samples[-1]
-                return f"rss self {last['self_mb']:.0f} MB, engines {last['engines_mb']:.0f} MB"
+                return f"rss self {last['self_mb']:.0f} MB, pss engines {last['engines_mb']:.0f} MB"
 
             show = ui.way(title, config.steps, rss_note)
 
@@ -129,7 +153,7 @@ def run_soak(args: argparse.Namespace) -> int:
     memory = {"self": memory_verdict(steps, "self_mb"), "engines": memory_verdict(steps, "engines_mb")}
     rows = comparison_rows([report])
     rows.append(["RSS, this process: clients + fault proxies (after warm-up -> last 10 % of steps)", _memory_cell(memory["self"])])
-    rows.append(["RSS, engines together (after warm-up -> last 10 % of steps)", _memory_cell(memory["engines"])])
+    rows.append(["PSS, engines and their zygote together (after warm-up -> last 10 % of steps)", _memory_cell(memory["engines"])])
     columns = ["", title]
     console = make_console()
     caption = f"{args.engines} engines, {args.steps} steps, seed {args.seed}, fault plan: {args.fault_plan or 'seed_like'}"

@@ -1,64 +1,74 @@
 """EmulatedFleet: N emulated engines, each its own OS process, optionally behind a FaultProxy each.
 
-Engines start in parallel (``sys.executable -m resilience.testing.emulator --port 0``);
-each one's READY line is awaited with a bounded wait. Whatever happens, :meth:`stop`
+By default (``start_method="zygote"``) one zygote process imports torch and the app
+once and forks every engine from it (``forkserver.py``, ``zygote.py``): the engines
+share those pages copy-on-write, so 256 of them start in seconds and fit in a few GB.
+Each engine is still its own process and its own failure domain: it binds its own
+port, and its crash (SGLang's deaths, ``crash.py``) ends that process alone, so its
+port refuses connections while its neighbours serve. ``start_method="spawn"`` runs a
+fresh interpreter per engine instead (``python -m resilience.testing.emulator``),
+the way before the zygote: ~240 MB and seconds of imports each.
+
+Each engine's READY is awaited with a bounded wait. Whatever happens, :meth:`stop`
 (and leaving the ``with`` block) ends every process by PID: SIGTERM, a bounded wait,
-then SIGKILL. stdout is drained by a thread and stderr goes straight to a file, so no
-pipe ever blocks an engine.
+then SIGKILL, then the zygote. Engines' stdout and stderr go to files, so no pipe
+ever blocks an engine.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
 from .config import EngineConfig
-from .server import READY_PREFIX
+from .forkserver import Zygote
+from .processes import EmulatorStartError, EngineProcess, ExecLauncher, Launcher
 
 if TYPE_CHECKING:
     from resilience.testing.faults import FaultPlan, FaultProxy
 
-__all__ = ["DEFAULT_STARTUP_TIMEOUT", "EmulatedFleet", "EmulatorStartError", "EngineHandle"]
+__all__ = ["DEFAULT_STARTUP_TIMEOUT", "EmulatedFleet", "EmulatorStartError", "EngineHandle", "StartMethod"]
 
 DEFAULT_STARTUP_TIMEOUT = 60.0
-"""Seconds to wait for every engine's READY line (importing torch takes a few seconds per process)."""
+"""Seconds to wait for every engine's READY (the zygote imports torch once: a few seconds; 256 forks: seconds more)."""
+StartMethod = Literal["zygote", "spawn"]
+"""How engine processes start: forked from one zygote (default), or a fresh interpreter each ("spawn")."""
 _STOP_TIMEOUT = 5.0
 _POLL = 0.05
 _HTTP_TIMEOUT = 10.0
-_PACKAGE_ROOT = Path(__file__).resolve().parents[3]
-
-
-class EmulatorStartError(RuntimeError):
-    """An engine did not print its READY line in time, or exited first; the message holds its log tail."""
 
 
 class EngineHandle:
     """One engine process of a fleet: its URLs, PID, liveness, record and log."""
 
-    def __init__(self, index: int, config: EngineConfig, log_dir: Path, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        index: int,
+        config: EngineConfig,
+        log_dir: Path,
+        extra_args: Sequence[str] = (),
+        launcher: Launcher | None = None,
+        port: int = 0,
+    ) -> None:
         self.index = index
         """Position in the fleet (also the FaultProxy's ``engine_index``)."""
         self.config = config
         """The engine's configuration."""
         self._log_dir = log_dir
         self._extra_args = tuple(extra_args)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
-        self._ready = threading.Event()
+        self._launcher: Launcher = launcher if launcher is not None else ExecLauncher()
+        self._proc: EngineProcess | None = None
         self._direct_url: str | None = None
-        self._port = 0
+        self._port = port
         self._generation = 0
         self._proxy: FaultProxy | None = None
         self._session = requests.Session()
@@ -84,6 +94,11 @@ class EngineHandle:
         return self._proxy
 
     @property
+    def started(self) -> bool:
+        """Whether a process was ever asked for (a fleet that failed early may have engines never started)."""
+        return self._proc is not None
+
+    @property
     def pid(self) -> int:
         """PID of the current engine process."""
         if self._proc is None:
@@ -99,6 +114,10 @@ class EngineHandle:
         """Whether the engine process is still running."""
         return self._proc is not None and self._proc.poll() is None
 
+    def ready(self) -> bool:
+        """Whether the current process has said it serves (READY)."""
+        return self._proc is not None and self._proc.ready.is_set()
+
     # ----- lifecycle ------------------------------------------------------------------
     def _log_path(self, stream: str) -> Path:
         return self._log_dir / f"engine{self.index}.{self._generation}.{stream}.log"
@@ -106,68 +125,44 @@ class EngineHandle:
     def spawn(self) -> None:
         """Start the engine process (on its previous port when restarting); returns at once."""
         self._generation += 1
-        self._ready.clear()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        argv = [
-            sys.executable,
-            "-m",
-            "resilience.testing.emulator",
-            "--port",
-            str(self._port),
-            "--exit-with-parent",
-            str(os.getpid()),
-            *self.config.to_argv(),
-            *self._extra_args,
-        ]
-        with open(self._log_path("stderr"), "wb") as err:
-            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env)
-        assert self._proc.stdout is not None
-        self._reader = threading.Thread(
-            target=self._drain_stdout, args=(self._proc.stdout,), name=f"emulator-{self.index}-stdout", daemon=True
-        )
-        self._reader.start()
-
-    def _drain_stdout(self, stream: IO[bytes]) -> None:
-        with open(self._log_path("stdout"), "wb") as out:
-            for line in iter(stream.readline, b""):  # ends at EOF, when the process exits
-                out.write(line)
-                out.flush()
-                text = line.decode("utf-8", errors="replace").strip()
-                if not self._ready.is_set() and text.startswith(READY_PREFIX):
-                    self._direct_url = text[len(READY_PREFIX) :]
-                    self._port = int(self._direct_url.rsplit(":", 1)[1])
-                    self._ready.set()
-        stream.close()
+        argv = ["--port", str(self._port), *self.config.to_argv(), *self._extra_args]
+        self._proc = self._launcher.launch(argv, self._log_path("stdout"), self._log_path("stderr"))
 
     def wait_ready(self, deadline: float) -> None:
-        """Block until the READY line, the process's exit, or ``deadline`` (monotonic); raise EmulatorStartError."""
+        """Block until READY, the process's exit, or ``deadline`` (monotonic); raise EmulatorStartError."""
+        if self._proc is None:
+            raise RuntimeError(f"engine {self.index} is not started")
+        proc = self._proc
         turns = int(max(0.0, deadline - time.monotonic()) / _POLL) + 2
         for _ in range(turns):  # bounded by the deadline: each turn waits <= _POLL s
-            if self._ready.wait(timeout=_POLL):
+            if proc.ready.wait(timeout=_POLL):
+                self._on_ready()
                 return
             if not self.alive():
-                self._ready.wait(timeout=0.5)  # the reader may still be handing over the line
-                if self._ready.is_set():
+                proc.ready.wait(timeout=0.5)  # the reader may still be handing over the line
+                if proc.ready.is_set():
+                    self._on_ready()
                     return
                 raise EmulatorStartError(f"engine {self.index} exited with {self.returncode} before READY:\n{self.log()[-4000:]}")
             if time.monotonic() >= deadline:
                 break
         raise EmulatorStartError(f"engine {self.index} printed no READY line in time:\n{self.log()[-4000:]}")
 
+    def _on_ready(self) -> None:
+        assert self._proc is not None and self._proc.url is not None
+        self._direct_url = self._proc.url
+        self._port = int(self._direct_url.rsplit(":", 1)[1])
+
     def terminate(self) -> None:
         """Send SIGTERM (graceful uvicorn shutdown) if the process runs."""
-        if self.alive():
-            assert self._proc is not None
+        if self._proc is not None:
             self._proc.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL the engine process now and reap it (a crash, from the clients' point of view)."""
+        """SIGKILL the engine process now and wait for its end (a crash, from the clients' point of view)."""
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            self._proc.kill()
+        self._proc.kill()
         self._proc.wait(timeout=_STOP_TIMEOUT)
         self._join_reader()
 
@@ -181,7 +176,7 @@ class EngineHandle:
             return None
 
     def stop(self, timeout: float = _STOP_TIMEOUT) -> None:
-        """SIGTERM, wait up to ``timeout`` s, then SIGKILL; always reaps the process."""
+        """SIGTERM, wait up to ``timeout`` s, then SIGKILL; always waits for the end."""
         self.terminate()
         if self.wait_exit(timeout) is None:
             self.kill()
@@ -194,8 +189,8 @@ class EngineHandle:
         self.wait_ready(time.monotonic() + timeout)
 
     def _join_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.join(timeout=_STOP_TIMEOUT)
+        if self._proc is not None:
+            self._proc.join()
 
     # ----- inspection -------------------------------------------------------------
     def record(self) -> dict[str, Any]:
@@ -228,12 +223,23 @@ class EngineHandle:
         self._session.close()
 
 
+ProgressCallback = Callable[[int, int], None]
+"""Called as ``progress(ready, n)`` each time more engines serve while a fleet starts."""
+
+
 class EmulatedFleet:
     """N emulated SGLang engines in their own processes; a context manager that always cleans up.
 
     ``fault_plan``: when given, a :class:`resilience.testing.faults.FaultProxy` runs in
     front of each engine and :attr:`urls` are the proxies' URLs (:attr:`direct_urls`
-    bypass them). ``startup_timeout`` bounds the wait for all READY lines.
+    bypass them). ``startup_timeout`` bounds the wait for all engines' READY (the
+    zygote's imports included). ``start_method``: ``"zygote"`` (default) forks every
+    engine from one process that imported torch and the app once; ``"spawn"`` starts
+    a fresh interpreter per engine (~240 MB and seconds of imports each). ``progress``:
+    called as ``progress(ready, n)`` while starting, whenever more engines serve.
+    ``host``: the address every engine binds (default 127.0.0.1). ``base_port``: 0
+    (default) lets each engine pick a free port; P puts engine i on port P + i.
+    ``log_level``: uvicorn's log level in every engine (default ``"warning"``).
     """
 
     def __init__(
@@ -244,19 +250,38 @@ class EmulatedFleet:
         *,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         log_dir: str | Path | None = None,
+        start_method: StartMethod = "zygote",
+        progress: ProgressCallback | None = None,
+        host: str = "127.0.0.1",
+        base_port: int = 0,
+        log_level: str = "warning",
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`n` must be an integer >= 1, but was {n!r}")
+        if isinstance(base_port, bool) or not isinstance(base_port, int) or not (base_port == 0 or 1 <= base_port <= 65536 - n):
+            raise ValueError(f"`base_port` must be 0 (free ports) or a port with room for {n} engines after it, but was {base_port!r}")
+        if not host:
+            raise ValueError("`host` must be a non-empty address, but was ''")
         if not startup_timeout > 0:
             raise ValueError(f"`startup_timeout` must be > 0 seconds, but was {startup_timeout!r}")
+        if start_method not in ("zygote", "spawn"):
+            raise ValueError(f"`start_method` must be 'zygote' or 'spawn', but was {start_method!r}")
         self.config = config if config is not None else EngineConfig()
         """The configuration every engine runs with."""
         self.fault_plan = fault_plan
         """The fault plan of the proxies, or None (no proxies)."""
+        self.start_method: StartMethod = start_method
+        """How the engine processes start (see the class docstring)."""
         self._startup_timeout = startup_timeout
+        self._progress = progress
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="cpr-emulator-"))
-        self.engines: list[EngineHandle] = [EngineHandle(i, self.config, self._log_dir) for i in range(n)]
+        self._zygote = Zygote(self._log_dir) if start_method == "zygote" else None
+        launcher: Launcher = self._zygote if self._zygote is not None else ExecLauncher()
+        extra = (*(("--host", host) if host != "127.0.0.1" else ()), *(("--log-level", log_level) if log_level != "warning" else ()))
+        self.engines: list[EngineHandle] = [
+            EngineHandle(i, self.config, self._log_dir, extra, launcher, port=base_port + i if base_port else 0) for i in range(n)
+        ]
         """The engines, by index."""
         self._started = False
         self._stopped = False
@@ -273,11 +298,22 @@ class EmulatedFleet:
 
     @property
     def pids(self) -> list[int]:
-        """PIDs of the engine processes."""
-        return [e.pid for e in self.engines]
+        """PIDs of the engine processes started so far (all of them once :meth:`start` returned)."""
+        pids = []
+        for engine in self.engines:
+            try:
+                pids.append(engine.pid)
+            except RuntimeError:  # never started, or never forked (its zygote went away first)
+                continue
+        return pids
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """PID of the zygote the engines are forked from (None with ``start_method="spawn"`` or before start)."""
+        return self._zygote.pid if self._zygote is not None and self._started else None
 
     def start(self, on_ready: Callable[[int], None] | None = None) -> EmulatedFleet:
-        """Start every engine in parallel and wait for all READY lines; on any failure stop all and raise.
+        """Start every engine in parallel and wait for all READY; on any failure stop all and raise.
 
         ``on_ready``: called with an engine's index once that engine serves (progress displays). Default None.
         """
@@ -285,19 +321,46 @@ class EmulatedFleet:
             raise RuntimeError("an EmulatedFleet starts once; create a new one")
         self._started = True
         try:
+            deadline = time.monotonic() + self._startup_timeout
+            if self._zygote is not None:
+                self._zygote.start()
+                self._zygote.wait_hello(deadline)
             for engine in self.engines:
                 engine.spawn()
-            deadline = time.monotonic() + self._startup_timeout
-            for engine in self.engines:
-                engine.wait_ready(deadline)
-                if on_ready is not None:
-                    on_ready(engine.index)
+            self._wait_all_ready(deadline, on_ready)
             if self.fault_plan is not None:
                 self._start_proxies(self.fault_plan)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _wait_all_ready(self, deadline: float, on_ready: Callable[[int], None] | None) -> None:
+        """Wait for every engine's READY (in any order), reporting progress; raise for the first that failed."""
+        pending = list(self.engines)
+        ready = 0
+        turns = int(max(0.0, deadline - time.monotonic()) / _POLL) + 2
+        for _ in range(turns):  # bounded by the deadline: each turn sleeps <= _POLL s
+            still = []
+            for engine in pending:
+                if engine.ready():
+                    engine.wait_ready(deadline)  # takes the URL over at once
+                    if on_ready is not None:
+                        on_ready(engine.index)
+                elif not engine.alive():
+                    engine.wait_ready(deadline)  # raises EmulatorStartError with the engine's log
+                else:
+                    still.append(engine)
+            if len(still) < len(pending) and self._progress is not None:
+                ready += len(pending) - len(still)
+                self._progress(ready, len(self.engines))
+            pending = still
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL)
+        pending[0].wait_ready(deadline)  # past the deadline: raises with the first missing engine's log
 
     def _start_proxies(self, plan: FaultPlan) -> None:
         from resilience.testing.faults import FaultProxy  # lazy: only fleets with a fault plan need it
@@ -308,7 +371,7 @@ class EmulatedFleet:
             proxy.start()
 
     def stop(self) -> None:
-        """Stop proxies, then every engine by PID (SIGTERM, bounded wait, SIGKILL). Idempotent."""
+        """Stop proxies, then every engine by PID (SIGTERM, bounded wait, SIGKILL), then the zygote. Idempotent."""
         if self._stopped:
             return
         self._stopped = True
@@ -317,16 +380,20 @@ class EmulatedFleet:
                 if engine.proxy is not None:
                     engine.proxy.stop()
         finally:
-            for engine in self.engines:
-                engine.terminate()
-            deadline = time.monotonic() + _STOP_TIMEOUT
-            for engine in self.engines:
-                if engine.wait_exit(max(0.0, deadline - time.monotonic())) is None:
-                    engine.kill()
-                engine._join_reader()
-                engine._freeze_log()
-            if self._own_log_dir:
-                shutil.rmtree(self._log_dir, ignore_errors=True)
+            try:
+                for engine in self.engines:
+                    engine.terminate()
+                deadline = time.monotonic() + _STOP_TIMEOUT
+                for engine in self.engines:
+                    if engine.wait_exit(max(0.0, deadline - time.monotonic())) is None:
+                        engine.kill()
+                    engine._join_reader()
+                    engine._freeze_log()
+            finally:
+                if self._zygote is not None:
+                    self._zygote.close()
+                if self._own_log_dir:
+                    shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def __enter__(self) -> EmulatedFleet:
         return self.start()

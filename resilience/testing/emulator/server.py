@@ -15,21 +15,30 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
 
-__all__ = ["READY_PREFIX", "build_parser", "main"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from .engine import Engine
+
+__all__ = ["READY_PREFIX", "AppFactory", "build_parser", "main", "print_ready"]
+
+AppFactory = Callable[[EngineConfig, str, int], "tuple[FastAPI, Engine]"]
+"""Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
 
 READY_PREFIX = "EMULATOR READY "
 """Start of the line printed on stdout when the engine serves; the URL follows."""
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """The command line of one engine: ``--host``, ``--port``, ``--log-level`` and one flag per EngineConfig field."""
+    """The command line: ``--host``, ``--port``, ``--log-level``, ``--engines`` and one flag per EngineConfig field."""
     parser = argparse.ArgumentParser(
         prog=prog or "python -m resilience.testing.emulator",
-        description="Run one emulated SGLang engine (control plane and crash semantics) on the CPU.",
+        description="Run emulated SGLang engines (control plane and crash semantics) on the CPU: one, or N with --engines N.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default: 0)")
@@ -45,6 +54,21 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=None,
         metavar="PID",
         help="exit when the process PID (the parent) is gone, so a killed test run leaves no engine behind",
+    )
+    parser.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N engines, forked from one zygote, on ports PORT, PORT+1, ... (free ports when PORT is 0); "
+        "prints one READY line per engine once all serve (default: 1)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="with --engines N > 1: seconds to wait for every engine to serve (default: 600)",
     )
     add_config_arguments(parser)
     return parser
@@ -97,12 +121,30 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+def print_ready(url: str) -> None:
+    """The default ``on_ready``: print ``EMULATOR READY <url>`` on stdout."""
+    print(f"{READY_PREFIX}{url}", flush=True)
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = None,
+    on_ready: Callable[[str], None] = print_ready,
+    app_factory: AppFactory | None = None,
+    logging_configured: bool = False,
+) -> int:
     """Run one engine until SIGINT/SIGTERM (or until it dies like SGLang). Returns the exit status.
 
     ``prog`` names the command in usage lines (e.g. ``"cpr emulate"``). Errors in the
     arguments or the bind print one line on stderr and return 2 or 1. Call it from
-    the main thread: uvicorn installs the signal handlers.
+    the main thread: uvicorn installs the signal handlers. ``on_ready`` is called
+    with the engine's URL once uvicorn serves (default: :func:`print_ready`; a
+    zygote's child reports to its fleet instead). ``app_factory`` builds the app
+    once the port is bound (default: ``app.create_app``; a zygote's child takes the
+    copy of an app its zygote built before forking). ``logging_configured``: uvicorn's
+    default logging configuration is in place already (a zygote's child inherits it),
+    so it is not applied again (only the level is); default False.
     """
     parser = build_parser(prog)
     try:
@@ -123,6 +165,20 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         if problem:
             print(f"{error} --exit-with-parent {args.exit_with_parent}: {problem}", file=sys.stderr)
             return 2
+    if args.engines < 1 or (args.port and args.port + args.engines - 1 > 65535):
+        print(f"{error} `--engines` must be >= 1 and fit ports {args.port}.. below 65536, but was {args.engines}", file=sys.stderr)
+        return 2
+    if not args.startup_timeout > 0:
+        print(f"{error} `--startup-timeout` must be > 0 seconds, but was {args.startup_timeout}", file=sys.stderr)
+        return 2
+    if args.engines > 1:
+        from .serve_many import serve_fleet
+
+        if args.exit_with_parent is not None:
+            _watch_parent(args.exit_with_parent)
+        return serve_fleet(
+            args.engines, config, host=args.host, port=args.port, startup_timeout=args.startup_timeout, log_level=args.log_level
+        )
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
@@ -131,30 +187,46 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     if args.exit_with_parent is not None:
         _watch_parent(args.exit_with_parent)
     try:
-        return _serve(sock, args.host, config, args.log_level)
+        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured)
     finally:
         sock.close()
 
 
-def _serve(sock: socket.socket, host: str, config: EngineConfig, log_level: str) -> int:
+def _default_factory(config: EngineConfig, host: str, port: int) -> tuple[FastAPI, Engine]:
+    from .app import create_app
+
+    return create_app(config, host=host, port=port)
+
+
+def _serve(
+    sock: socket.socket,
+    host: str,
+    config: EngineConfig,
+    log_level: str,
+    on_ready: Callable[[str], None],
+    app_factory: AppFactory | None,
+    logging_configured: bool,
+) -> int:
     import torch
     import uvicorn
-
-    from .app import create_app
 
     torch.set_num_threads(1)
     port = sock.getsockname()[1]
     url = _url(host, port)
-    app, _engine = create_app(config, host=host, port=port)
+    app, _engine = (app_factory or _default_factory)(config, host, port)
 
     class ReadyServer(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:
-                print(f"{READY_PREFIX}{url}", flush=True)
+                on_ready(url)
+
+    from uvicorn.config import LOGGING_CONFIG
 
     uv_config = uvicorn.Config(
         app,
+        # dictConfig walks every logger of the process: in a forked engine that copies megabytes of shared pages
+        log_config=None if logging_configured else LOGGING_CONFIG,
         log_level=log_level,
         access_log=False,
         lifespan="on",

@@ -1,0 +1,128 @@
+"""How an engine process is started and watched: the interface a fleet needs, and the exec way.
+
+An :class:`EngineProcess` is Popen-like (``pid``, ``poll``, ``wait``, ``send_signal``,
+``kill``) plus ``ready`` (set once the engine serves) and ``url``. Two kinds exist:
+:class:`ExecProcess` here, a fresh interpreter per engine (``python -m
+resilience.testing.emulator``: each imports torch and the app on its own, ~240 MB and
+seconds each), and :class:`~resilience.testing.emulator.forkserver.ForkedProcess`, a
+child forked by the fleet's zygote (the default).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Protocol
+
+from .server import READY_PREFIX
+
+__all__ = ["EmulatorStartError", "EngineProcess", "ExecLauncher", "ExecProcess", "Launcher"]
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+_JOIN_TIMEOUT = 5.0
+
+
+class EmulatorStartError(RuntimeError):
+    """An engine did not print its READY line in time, or exited first; the message holds its log tail."""
+
+
+class EngineProcess(Protocol):
+    """One engine's OS process, as the fleet sees it."""
+
+    ready: threading.Event
+    """Set once the engine serves; :attr:`url` is known from then on."""
+    url: str | None
+    """``http://host:port`` once ready, else None."""
+
+    @property
+    def pid(self) -> int:
+        """The process id (RuntimeError when the process was never created)."""
+        ...
+
+    def poll(self) -> int | None:
+        """Exit status once ended (``-N``: killed by signal N), else None."""
+        ...
+
+    def wait(self, timeout: float) -> int:
+        """Wait up to ``timeout`` s for the end; the exit status, or ``subprocess.TimeoutExpired``."""
+        ...
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` if the process still runs."""
+        ...
+
+    def kill(self) -> None:
+        """SIGKILL the process if it still runs."""
+        ...
+
+    def join(self) -> None:
+        """Wait (bounded) for the threads that read the process's output once it ended."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts engine processes from engine flags (``--port``, EngineConfig flags)."""
+
+    def launch(self, argv: Sequence[str], stdout: Path, stderr: Path) -> EngineProcess:
+        """Start one engine with ``argv``, its stdout and stderr going to the two files; returns at once."""
+        ...
+
+
+class ExecProcess:
+    """An engine in a fresh interpreter: ``sys.executable -m resilience.testing.emulator`` (the old way)."""
+
+    def __init__(self, argv: Sequence[str], stdout: Path, stderr: Path) -> None:
+        self.ready = threading.Event()
+        self.url: str | None = None
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        command = [sys.executable, "-m", "resilience.testing.emulator", *argv, "--exit-with-parent", str(os.getpid())]
+        with open(stderr, "wb") as err:
+            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env)
+        assert self._proc.stdout is not None
+        self._reader = threading.Thread(target=self._drain, args=(self._proc.stdout, stdout), name="emulator-stdout", daemon=True)
+        self._reader.start()
+
+    def _drain(self, stream: IO[bytes], path: Path) -> None:
+        with open(path, "wb") as out:
+            for line in iter(stream.readline, b""):  # ends at EOF, when the process exits
+                out.write(line)
+                out.flush()
+                text = line.decode("utf-8", errors="replace").strip()
+                if not self.ready.is_set() and text.startswith(READY_PREFIX):
+                    self.url = text[len(READY_PREFIX) :]
+                    self.ready.set()
+        stream.close()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def poll(self) -> int | None:
+        return self._proc.poll()
+
+    def wait(self, timeout: float) -> int:
+        return self._proc.wait(timeout=timeout)
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+
+    def join(self) -> None:
+        self._reader.join(timeout=_JOIN_TIMEOUT)
+
+
+class ExecLauncher:
+    """Launches :class:`ExecProcess` engines."""
+
+    def launch(self, argv: Sequence[str], stdout: Path, stderr: Path) -> EngineProcess:
+        return ExecProcess(argv, stdout, stderr)

@@ -1,0 +1,83 @@
+"""``cpr emulate --engines N``: N engines forked from one zygote, served until SIGINT/SIGTERM.
+
+Progress (``engines ready i/N``) goes to stderr while the fleet starts; then one
+``EMULATOR READY <url>`` line per engine, in engine order, on stdout: the list of
+ports to point clients at. An engine that dies (SGLang's deaths) stays dead, like a
+real one; its death is reported on stderr once, with the last lines of its log. SIGINT or SIGTERM stops every engine
+and the zygote.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from .config import EngineConfig
+from .fleet import EmulatedFleet, EmulatorStartError
+from .server import READY_PREFIX
+
+__all__ = ["ProgressPrinter", "serve_fleet"]
+
+_WATCH_S = 0.5
+_LOG_TAIL_LINES = 5
+"""Lines of a dead engine's log shown with its death (its whole log lives in a folder removed at exit)."""
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class ProgressPrinter:
+    """A fleet's ``progress`` callback: ``engines ready i/N`` about ten times while it starts, and at N.
+
+    ``write``: where each line goes (default: stderr).
+    """
+
+    def __init__(self, write: Callable[[str], None] = _to_stderr) -> None:
+        self._write = write
+        self._shown = 0
+
+    def __call__(self, ready: int, total: int) -> None:
+        if ready == total or ready - self._shown >= max(1, total // 10):
+            self._shown = ready
+            self._write(f"engines ready {ready}/{total}")
+
+
+def serve_fleet(n: int, config: EngineConfig, *, host: str, port: int, startup_timeout: float, log_level: str = "warning") -> int:
+    """Start ``n`` engines (on ``port``, ``port + 1``, ... or free ports when ``port`` is 0), serve until a signal.
+
+    Returns 0 after a signal, 1 when the fleet did not start (the first failing engine's log on stderr).
+    """
+    stop = threading.Event()
+
+    def on_signal(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    fleet = EmulatedFleet(
+        n, config, startup_timeout=startup_timeout, progress=ProgressPrinter(), host=host, base_port=port, log_level=log_level
+    )
+    try:
+        try:
+            fleet.start()
+        except EmulatorStartError as exc:
+            print(f"error: the engines did not start: {exc}", file=sys.stderr)
+            return 1
+        for url in fleet.direct_urls:
+            print(f"{READY_PREFIX}{url}")
+        sys.stdout.flush()
+        reported: set[int] = set()
+        while not stop.wait(_WATCH_S):  # until SIGINT/SIGTERM
+            for engine in fleet.engines:
+                if engine.index not in reported and not engine.alive():
+                    reported.add(engine.index)
+                    tail = "".join(f"\n  {line}" for line in engine.log().splitlines()[-_LOG_TAIL_LINES:])
+                    print(f"engine {engine.index} ({engine.direct_url}) exited with {engine.returncode}{tail}", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        fleet.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
