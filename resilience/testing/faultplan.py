@@ -42,7 +42,9 @@ __all__ = [
     "FaultRule",
 ]
 
-FaultKind = Literal["status_before", "status_after", "reset_before", "reset_after", "latency", "hang", "window"]
+FaultKind = Literal[
+    "status_before", "status_after", "reset_before", "reset_after", "drop_after", "hang_after", "latency", "hang", "window"
+]
 """What a rule does to a request it selects.
 
 - ``status_before``: answer ``status`` (empty body) without forwarding; the engine never sees it.
@@ -50,6 +52,13 @@ FaultKind = Literal["status_before", "status_after", "reset_before", "reset_afte
   the engine acted but the client sees an error (an ambiguous outcome).
 - ``reset_before``: reset the client connection (TCP RST) without forwarding.
 - ``reset_after``: forward, let the engine answer, then reset the client connection.
+- ``drop_after``: forward, then reset the client connection (TCP RST) as soon as the request has
+  been sent, before the engine answers; the proxy still reads the engine's answer to its end, so
+  the engine carries the call out, possibly *after* the client saw the reset (a late effect).
+  The client sees a reset after sending: ambiguous. ``FaultProxy.settle()`` waits for such calls.
+- ``hang_after``: forward, let the engine act and answer, drop the answer and never answer the
+  client: it gets a read timeout after sending (ambiguous). The connection is held until the
+  client gives up, ``delay`` passes (then closed without an answer) or the proxy stops.
 - ``latency``: sleep ``delay`` seconds, then forward normally.
 - ``hang``: never answer; hold the connection until the proxy stops or ``delay`` passes, then close.
 - ``window``: a swap window. ``path`` is the trigger: once a selected request to it has
@@ -60,7 +69,9 @@ FaultKind = Literal["status_before", "status_after", "reset_before", "reset_afte
 _KINDS: Final[tuple[str, ...]] = get_args(FaultKind)
 _STATUS_KINDS: Final = frozenset({"status_before", "status_after", "window"})
 _DELAY_REQUIRED: Final = frozenset({"latency", "window"})
-_DELAY_ALLOWED: Final = _DELAY_REQUIRED | {"hang"}
+_DELAY_ALLOWED: Final = _DELAY_REQUIRED | {"hang", "hang_after"}
+_AFTER_SENDING: Final = frozenset({"status_after", "reset_after", "drop_after", "hang_after"})
+"""Kinds that forward the request and then fail the client: the engine acts, the client cannot know."""
 #: Kinds the client experiences as a failure (counted by ``FaultPlan.max_streak``).
 _FAILING: Final = frozenset(_KINDS) - {"latency"}
 DEFAULT_STATUS: Final = 502
@@ -147,7 +158,8 @@ class FaultRule:
 
     delay: float | None = None
     """Seconds: the sleep of ``latency`` and the length of a ``window`` (both required, > 0);
-    for ``hang``, how long to hold before closing (None = until the proxy stops).
+    for ``hang`` and ``hang_after``, how long to hold before closing (None = until the client
+    gives up or the proxy stops).
     Must stay None for other kinds."""
 
     paths: Set[str] = frozenset()
@@ -388,7 +400,7 @@ class Decision:
     @property
     def forwards(self) -> bool:
         """Whether the request reaches the engine."""
-        return self.kind in (None, "status_after", "reset_after", "latency")
+        return self.kind is None or self.kind in _AFTER_SENDING or self.kind == "latency"
 
 
 class FaultDecider:
@@ -466,7 +478,7 @@ class FaultDecider:
                 status=rule.answer_status,
                 delay=rule.delay,
                 rule_index=chosen,
-                opens=opens if rule.kind in ("status_after", "reset_after", "latency") else (),
+                opens=opens if rule.kind in _AFTER_SENDING or rule.kind == "latency" else (),
             )
 
     def forwarded(self, decision: Decision) -> None:
