@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
 __all__ = [
+    "AMBIGUOUS_PATHS",
     "CONTROL_PATHS",
     "Decision",
     "FaultDecider",
@@ -88,6 +89,10 @@ CONTROL_PATHS: Final[tuple[str, ...]] = (
 """The per-step SGLang control endpoints the seed's colocate loop calls (Bug A)."""
 
 _IDEMPOTENT_CONTROL: Final = ("/pause_generation", "/continue_generation", "/flush_cache")
+
+AMBIGUOUS_PATHS: Final[tuple[str, ...]] = ("/release_memory_occupation", "/resume_memory_occupation", "/continue_generation")
+"""Where ``FaultPlan.seed_like(..., ambiguous=p)`` puts faults after the engine acted: the calls whose
+repetition (release, resume) or misreading (continue) crashes or endangers an engine."""
 
 
 class FaultPlanError(ValueError):
@@ -342,7 +347,7 @@ class FaultPlan:
         return cls.from_dict(data, source=str(p))
 
     @classmethod
-    def seed_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2) -> FaultPlan:
+    def seed_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2, ambiguous: float = 0.0) -> FaultPlan:
         """The faults of the second seed's Bug A: transient 502s on the per-step control calls.
 
         - ``status_before`` 502 (empty body, not forwarded) with probability ``rate`` on every
@@ -357,10 +362,21 @@ class FaultPlan:
         - ``max_streak=2``: never more than two failures in a row per path, so a client
           with 3 attempts (the seed's fix) always survives, while a client without
           retries fails as soon as one fault lands (``rate`` > 0).
+        - ``ambiguous`` (default 0 = none): faults *after* the engine acted on
+          :data:`AMBIGUOUS_PATHS` (release, resume, continue), tried before the others:
+          ``drop_after`` with probability ``ambiguous`` and ``hang_after`` with probability
+          ``ambiguous / 4`` (held at most 30 s; the client's read timeout ends it first).
+          A client that re-sends release or resume after them kills the engine; a correct
+          one raises ``AmbiguousOutcome`` and the orchestrator quarantines the engine.
         """
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
-            raise _fail("rate", "a number between 0 and 1", rate)
-        rules = [FaultRule(p, "status_before", probability=rate) for p in CONTROL_PATHS]
+        for name, value in (("rate", rate), ("ambiguous", ambiguous)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise _fail(name, "a number between 0 and 1", value)
+        rules: list[FaultRule] = []
+        if ambiguous:
+            rules += [FaultRule(p, "drop_after", probability=ambiguous) for p in AMBIGUOUS_PATHS]
+            rules += [FaultRule(p, "hang_after", probability=ambiguous / 4, delay=30.0) for p in AMBIGUOUS_PATHS]
+        rules += [FaultRule(p, "status_before", probability=rate) for p in CONTROL_PATHS]
         rules += [FaultRule(p, "reset_before", probability=rate / 10) for p in _IDEMPOTENT_CONTROL]
         rules.append(FaultRule("/resume_memory_occupation", "latency", probability=0.5, delay=slow_swap))
         return cls(seed=seed, rules=tuple(rules), max_streak=2)

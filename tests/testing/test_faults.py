@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from resilience.testing.faults import (
+    AMBIGUOUS_PATHS,
     CONTROL_PATHS,
     FaultDecider,
     FaultPlan,
@@ -437,6 +438,23 @@ def test_seed_like_fails_plain_client_and_spares_retrying_client() -> None:
     kinds = {r.kind for r in p.rules}
     assert kinds == {"status_before", "reset_before", "latency"}
     assert all(r.path not in ("/release_memory_occupation", "/resume_memory_occupation") for r in p.rules if r.kind == "reset_before")
+
+
+def test_seed_like_ambiguous_adds_faults_after_the_engine_acted_on_release_resume_continue() -> None:
+    """seed_like(ambiguous=p): drop_after (p) and hang_after (p/4) on release, resume and continue, tried first; 0 adds none."""
+    p = FaultPlan.seed_like(seed=3, ambiguous=0.2)
+    added = [r for r in p.rules if r.kind in ("drop_after", "hang_after")]
+    assert len(added) == 2 * len(AMBIGUOUS_PATHS) and p.rules[: len(added)] == tuple(added)
+    assert {(r.path, r.kind, r.probability) for r in added} == {
+        *((path, "drop_after", 0.2) for path in AMBIGUOUS_PATHS),
+        *((path, "hang_after", 0.05) for path in AMBIGUOUS_PATHS),
+    }
+    assert p.rules[len(added) :] == FaultPlan.seed_like(seed=3).rules
+    decider = FaultDecider(p, 0)
+    kinds = Counter(decider.decide(path).kind for _ in range(200) for path in AMBIGUOUS_PATHS)
+    assert kinds["drop_after"] > 0 and kinds["hang_after"] > 0
+    with pytest.raises(FaultPlanError, match=r"`ambiguous` must be a number between 0 and 1, but was 1\.5"):
+        FaultPlan.seed_like(seed=3, ambiguous=1.5)
 
 
 def test_ambiguous_release_engine_acts_client_sees_502(upstream: Upstream, session: requests.Session) -> None:
