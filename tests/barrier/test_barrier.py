@@ -134,7 +134,8 @@ def test_one_dead_engine_named_others_continue(backend: Backend) -> None:
         dead_name = engines[5].engine
         assert err.phase == "pause" and list(err.failures) == [dead_name]
         assert dead_name in str(err) and "A restart would use 1 of 3" in str(err)
-        assert dead_name in err.dead and err.left_paused == {}
+        assert dead_name in err.dead and list(err.left_paused) == [dead_name]  # v2: every engine not serving is named, dead ones too
+        assert "dead" in err.left_paused[dead_name]
         assert sorted(err.rolled_back) == sorted(e.engine for i, e in enumerate(engines) if i != 5)
         for i, url in enumerate(fleet.urls):
             if i != 5:
@@ -157,7 +158,7 @@ def test_release_failure_rolls_back_every_engine(backend: Backend) -> None:
             orch.offload()
         err = info.value
         assert err.phase == "release" and list(err.failures) == [engines[1].engine]
-        assert err.left_paused == {} and "No engine was left paused or released" in str(err)
+        assert err.left_paused == {} and "Every engine is serving" in str(err)
         assert sorted(err.rolled_back) == sorted(e.engine for e in engines)
         for engine in fleet.engines:
             state = engine.state()
@@ -179,8 +180,8 @@ def test_ambiguous_release_is_named_and_left_alone(backend: Backend) -> None:
         err = info.value
         name = engines[1].engine
         assert isinstance(err.failures[name], AmbiguousOutcome)
-        assert "release may have been applied" in err.left_paused[name]
-        assert name in str(err) and "Left paused or released" in str(err)
+        assert "quarantined" in err.left_paused[name] and err.quarantined == (name,)  # v2: quarantined, reconcile or retire
+        assert name in str(err) and "Not serving" in str(err)
         assert sorted(err.rolled_back) == sorted([engines[0].engine, engines[2].engine])
         time.sleep(1.2)
         assert all(e.alive() for e in fleet.engines)
