@@ -28,10 +28,12 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 __all__ = [
+    "DEMO_AMBIGUOUS",
     "DEMO_ENGINE",
     "FleetRunner",
     "Telemetry",
     "WayRun",
+    "demo_plan",
     "metric_totals",
     "start_telemetry",
 ]
@@ -41,6 +43,16 @@ PROXY_RECORDS = 200
 
 DEMO_ENGINE = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05)
 """Engines time-scaled like the demo policies: fast decoding and 50 ms polls (SGLang polls every second)."""
+
+
+DEMO_AMBIGUOUS = 0.02
+"""Chance that a release, resume or continue of ``cpr demo``/``cpr soak`` is cut after the engine acted
+(reset once sent; a quarter as often, never answered): ``FaultPlan.seed_like(seed, ambiguous=...)``."""
+
+
+def demo_plan(seed: int) -> FaultPlan:
+    """The plan ``cpr demo`` and ``cpr soak`` play by default: the seed's faults plus ambiguous ones on release, resume, continue."""
+    return FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)
 
 
 @dataclass

@@ -70,6 +70,13 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     assert table["502s absorbed by retries"] == [str(old["http_502_absorbed"]), str(ours["http_502_absorbed"])]
     assert table["steps finished"] == [f"{old['steps_finished']} of {STEPS}", f"{STEPS} of {STEPS}"]
     assert table["restart budget left"][1] == "3 of 3"
+    assert table["ambiguous faults (reset/timeout after the engine acted)"] == [
+        str(old["ambiguous_faults_seen"]),
+        str(ours["ambiguous_faults_seen"]),
+    ]
+    assert table["engines quarantined (memory state unknown)"] == ["-", str(ours["engines_quarantined"])]
+    assert table["engines reconciled from their memory state"] == ["-", str(ours["engines_reconciled"])]
+    assert ours["engines_reconciled"] == ours["engines_quarantined"]
 
     assert old["engine_deaths"] + old["restarts"] > 0
     assert (ours["engine_deaths"], ours["restarts"], ours["failed_steps"], ours["requests_lost"]) == (0, 0, 0, 0)
