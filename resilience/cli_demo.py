@@ -100,8 +100,8 @@ def run_demo(args: argparse.Namespace) -> int:
     columns = ["", *(title for _, title in WAYS)]
     caption = (
         f"{args.engines} engines, {args.steps} steps, seed {args.seed}: 502s (and resets) on every per-step control call, "
-        f"slow swaps, and on {DEMO_AMBIGUOUS:.0%} of releases, resumes and continues a reset or read timeout after the engine "
-        "acted; restart budget 3 (the seed's max_global_restart)"
+        f"slow swaps; a reset or read timeout after the engine acted on each engine's first release and on {DEMO_AMBIGUOUS:.0%} "
+        "of releases, resumes and continues; restart budget 3 (the seed's max_global_restart)"
     )
     console = make_console()
     console.print(rich_table("cpr demo: colocated RL steps, the old way and ours", columns, rows, caption=caption))

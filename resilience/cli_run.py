@@ -22,7 +22,7 @@ from resilience.cli_common import CliError, need
 from resilience.events import Observer
 from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig
-from resilience.testing.faults import FaultPlan, FaultProxy
+from resilience.testing.faults import FaultPlan, FaultProxy, FaultRule
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -51,8 +51,15 @@ DEMO_AMBIGUOUS = 0.02
 
 
 def demo_plan(seed: int) -> FaultPlan:
-    """The plan ``cpr demo`` and ``cpr soak`` play by default: the seed's faults plus ambiguous ones on release, resume, continue."""
-    return FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)
+    """The plan ``cpr demo`` and ``cpr soak`` play by default: the seed's faults plus ambiguous ones.
+
+    ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)``, and the first release of every engine is
+    reset as soon as it is sent (the engine releases; ``FaultPlan.ambiguous_release`` does the same with
+    a 502), so every run meets the ambiguous case at its first offload, however few steps it has.
+    """
+    base = FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)
+    first = FaultRule("/release_memory_occupation", "drop_after", calls={1})
+    return FaultPlan(seed=base.seed, rules=(first, *base.rules), max_streak=base.max_streak)
 
 
 @dataclass

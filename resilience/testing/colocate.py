@@ -36,6 +36,7 @@ from resilience.budget import RestartBudget
 from resilience.events import Event, Observer, RetryScheduled
 from resilience.policy import PolicyTable
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
+from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.policies import fast_policies
 
 if TYPE_CHECKING:
@@ -210,7 +211,6 @@ class _Loop:
     ) -> None:
         self.fleet, self.config, self.way = fleet, config, way
         self.urls = list(urls) if urls is not None else fleet.urls
-        self.proxies = [p for p in proxies if p is not None]
         self.rng = random.Random(f"{config.seed}:{way}")
         self.budget = budget
         self.counter = _Counter()
@@ -225,6 +225,7 @@ class _Loop:
         self._policies, self._client_observers = policies, (*observers, self.counter)
         self.clients = self._new_clients()
         self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
+        self.proxy_of = {client.engine: proxy for client, proxy in zip(self.clients, proxies, strict=False) if proxy is not None}
         self.orch = Orchestrator(
             EngineGroup(self.clients),
             observers=observers,
@@ -342,8 +343,9 @@ class _Loop:
         for name in names:
             deadline = time.monotonic() + 10.0
             while True:
-                for proxy in self.proxies:
-                    proxy.settle()
+                proxy = self.proxy_of.get(name)
+                if proxy is not None:  # control calls only: generation held at a paused engine's gate is not waited for
+                    proxy.settle(paths=CONTROL_PATHS)
                 state = self.handles[name].state()
                 try:
                     self.orch.reconcile(name, released=state["released_tags"], paused=bool(state["paused"]))

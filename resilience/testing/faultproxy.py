@@ -31,6 +31,7 @@ import struct
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final, cast
@@ -298,7 +299,7 @@ class FaultProxy:
         self._accept_thread: threading.Thread | None = None
         self._threads: set[threading.Thread] = set()
         self._clients: set[socket.socket] = set()
-        self._upstreams: set[http.client.HTTPConnection] = set()  # requests in flight to the engine
+        self._upstreams: dict[http.client.HTTPConnection, str] = {}  # requests in flight to the engine -> their path
         self._settled = threading.Condition(self._lock)  # notified when no request is in flight to the engine
         self._injected: deque[InjectedFault] = deque(maxlen=seen_limit)
         self._injected_counts: Counter[str] = Counter()  # exact totals, however long the run
@@ -362,16 +363,19 @@ class FaultProxy:
         if left:
             logger.warning("faultproxy: threads still running after stop(): %s", ", ".join(left))
 
-    def settle(self, timeout: float = 10.0) -> bool:
-        """Wait until no request is in flight to the engine; True when none is, False after ``timeout`` s.
+    def settle(self, timeout: float = 10.0, paths: Collection[str] | None = None) -> bool:
+        """Wait until no request (to ``paths``, when given) is in flight to the engine; True then, False after ``timeout`` s.
 
         After a ``drop_after`` reset the engine may still be carrying the call out; anyone who
         reads the engine's real state to reconcile (a test, or a controller's memory check) calls
         this first, so the late effect has landed. Requests that arrive meanwhile count too.
+        ``paths``: only these paths count, e.g. the control paths, so generation requests held
+        by a paused engine are not waited for. None = every request.
         """
         deadline = time.monotonic() + timeout
+        wanted = None if paths is None else frozenset(paths)
         with self._settled:
-            while self._upstreams:
+            while any(wanted is None or path in wanted for path in self._upstreams.values()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -559,7 +563,7 @@ class FaultProxy:
         with self._lock:
             if self._stopping.is_set():
                 raise _ClientGone
-            self._upstreams.add(conn)
+            self._upstreams[conn] = d.path
         try:
             try:
                 conn.connect()
@@ -607,9 +611,8 @@ class FaultProxy:
             raise _ClientGone from None
         finally:
             with self._lock:
-                self._upstreams.discard(conn)
-                if not self._upstreams:
-                    self._settled.notify_all()
+                self._upstreams.pop(conn, None)
+                self._settled.notify_all()
             conn.close()
 
     def _relay(self, h: _Handler, resp: http.client.HTTPResponse, rec: _Record) -> None:

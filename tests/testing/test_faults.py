@@ -196,6 +196,7 @@ def test_drop_after_resets_the_client_before_the_engine_answers(upstream: Upstre
         wait_until(lambda: upstream.count("/slow") == 1)  # the engine has the request...
         assert upstream.count("/slow:done") == 0  # ...and has not answered: the client was reset before the answer
         assert proxy.settle(timeout=0.2) is False  # still in flight to the engine
+        assert proxy.settle(timeout=TIMEOUT, paths={"/pause_generation"}) is True  # only other paths counted
         [seen] = proxy.seen
         assert (seen.fault, seen.client_status, seen.upstream_status) == ("drop_after", None, None)
         upstream.slow_go.set()
