@@ -265,6 +265,9 @@ class Orchestrator:
                 skipped.update({n: self._why_skipped(n) for n in live if self._know[n].quarantined})
                 todo = {n: wanted - self._know[n].released for n in live if n not in skipped}
                 todo = {n: missing for n, missing in todo.items() if missing}
+                for n in [n for n in todo if not self._know[n].may_flush()]:  # defensive: the pause phase makes this unreachable
+                    skipped[n] = f"not known paused ({self._know[n].why_not_serving()})"
+                    del todo[n]
                 to_flush = [n for n in todo if not self._know[n].flushed]
                 failed = self._phase(tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
                 if failed:
@@ -274,7 +277,7 @@ class Orchestrator:
                     if all(self._know[n].may_release(t) for t in missing):
                         calls.append((n, {"tags": None if missing == frozenset(ALL_TAGS) else sorted(missing)}))
                     else:  # defensive: the phases above make this unreachable
-                        skipped[n] = f"not known paused and flushed ({self._know[n].why_not_serving()})"
+                        skipped[n] = f"not known flushed ({self._know[n].why_not_serving()})"
                 failed = self._phase(tx, "release", "release_memory_occupation", calls)
                 if failed:
                     self._fail_in_release(tx, failed, [c for c in calls if c[0] not in failed], live, skipped)

@@ -69,6 +69,8 @@ class FakeEngine:
         self.violations: list[str] = []
         self.sync_bodies = 0
         self.faults: dict[str, Fault] = {}
+        self.fired: list[str] = []
+        """``method:fault`` of every fault that hit a call (read by the test for coverage statistics)."""
         self.landings: list[threading.Event] = []
 
     def __repr__(self) -> str:
@@ -121,6 +123,8 @@ class FakeEngine:
     def _call(self, method: str, apply: Callable[[], None]) -> dict[str, Any]:
         with self._lock:
             fault = self.faults.pop(method, None)
+            if fault is not None:
+                self.fired.append(f"{method}:{fault}")
             if self.crash is not None:
                 raise EngineDied(f"{self.engine} is down: {self.crash}")
             landing = None

@@ -167,8 +167,9 @@ def test_release_failure_rolls_back_every_engine(backend: Backend) -> None:
         assert set(orch.states().values()) == {EngineState.SERVING}
 
 
-def test_ambiguous_release_is_named_and_left_alone(backend: Backend) -> None:
-    """A release that may have been applied is neither resumed nor re-sent: the engine is named as left paused, the rest roll back."""
+def test_ambiguous_release_is_quarantined_until_reconciled(backend: Backend) -> None:
+    """A release that may have been applied is neither resumed nor re-sent: the engine is quarantined and named by every
+    transition until the caller reconciles it from the engine's real state; then onload brings it back."""
     _, make, fanout = backend
     plan = FaultPlan(seed=3, rules=(FaultRule("/release_memory_occupation", "latency", delay=1.0, engines=frozenset({1})),))
     release = FAST_SGLANG.match("POST", "/release_memory_occupation").policy
@@ -184,30 +185,14 @@ def test_ambiguous_release_is_named_and_left_alone(backend: Backend) -> None:
         assert "quarantined" in err.left_paused[name] and err.quarantined == (name,)  # v2: quarantined, reconcile or retire
         assert name in str(err) and "Not serving" in str(err)
         assert sorted(err.rolled_back) == sorted([engines[0].engine, engines[2].engine])
-        time.sleep(1.2)
-        assert all(e.alive() for e in fleet.engines)
-        assert fleet.engines[1].state()["paused"] is True
-
-
-def test_ambiguous_release_reconciled_from_the_engine_then_onload(backend: Backend) -> None:
-    """After an ambiguous release, every transition names the quarantined engine until it is reconciled; then onload brings it back."""
-    _, make, fanout = backend
-    plan = FaultPlan(seed=3, rules=(FaultRule("/release_memory_occupation", "latency", delay=1.0, engines=frozenset({1})),))
-    release = FAST_SGLANG.match("POST", "/release_memory_occupation").policy
-    policies = FAST_SGLANG.with_entries({"GET|POST /release_memory_occupation": replace(release, attempt_timeout_s=0.4)})
-    with EmulatedFleet(3, FAST_ENGINE, fault_plan=plan) as fleet:
-        engines = make(fleet.urls, policies)
-        orch = Orchestrator(EngineGroup(engines), fanout=fanout())
-        name = engines[1].engine
-        with pytest.raises(PhaseFailed):
-            orch.offload()
         with pytest.raises(PhaseFailed) as again:
-            orch.onload()  # v2: skipped, and said so (the old code resumed or re-released it)
+            orch.onload()  # v2: skipped, and said so (the old code could resume or re-release it)
         assert again.value.phase == "skipped" and list(again.value.failures) == [name] and again.value.quarantined == (name,)
         time.sleep(1.2)  # the delayed release lands
+        assert all(e.alive() for e in fleet.engines)
         state = fleet.engines[1].state()
-        assert state["released_tags"] and state["paused"]  # it was applied: a resume now is right, a release would kill it
-        orch.reconcile(engines[1], released=state["released_tags"], paused=state["paused"])
+        assert state["paused"] is True and state["released_tags"]  # applied: a resume is right now, a second release would kill it
+        orch.reconcile(engines[1], released=state["released_tags"], paused=True)
         assert orch.quarantined() == {} and orch.paused_by_us(name)
         report = orch.onload()
         assert [p.phase for p in report.phases] == ["resume", "continue"] and report.phases[0].engines == (name,)
