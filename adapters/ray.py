@@ -15,9 +15,12 @@ accepts like clients:
 ``RayFanOut`` submits a phase to every actor at once, waits for all the
 ObjectRefs with the phase deadline, and turns Ray's errors into the ones the
 barrier understands: a dead actor is ``EngineDied`` naming the engine, an
+actor Ray cannot reach for now is ``EngineUnavailable`` (both "may have run",
+as Ray documents: the barrier treats what the call touches as unknown), an
 error raised inside the actor is the original error (``SGLangError``,
 ``AmbiguousOutcome``, a ``requests`` ``ConnectionError`` with ``.attempts``),
-and an actor that has not answered by the deadline is ``PhaseTimeout``.
+and an actor that has not answered by the deadline is ``PhaseTimeout`` with a
+handle the barrier waits on before it sends that engine anything else.
 The phase deadline travels with every call as seconds left (no clock is
 shared between machines) and caps every HTTP call made inside the actor.
 
@@ -41,11 +44,12 @@ from resilience.adapters.requests import engine_of
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.sglang_types import ControlResult, FlushResult, Health, ModelInfo
 from resilience.deadline import Deadline, current_deadline
-from resilience.fanout import Calls, EngineDied, EngineResult, PhaseTimeout, engine_name
+from resilience.fanout import Calls, EngineDied, EngineResult, EngineUnavailable, PhaseTimeout, engine_name
 
 __all__ = [
     "DEFAULT_ACTOR_OPTIONS",
     "DEFAULT_READY_TIMEOUT_S",
+    "LateRef",
     "RayEngine",
     "RayFanOut",
     "SGLangEngineActor",
@@ -69,6 +73,7 @@ DEFAULT_READY_TIMEOUT_S = 120.0
 """Seconds ``ray_engines`` waits for every actor to start and build its client."""
 
 _ACTOR_GONE = (ray.exceptions.RayActorError,)  # ActorDiedError and ActorUnavailableError are subclasses
+_ACTOR_UNAVAILABLE = (ray.exceptions.ActorUnavailableError,)
 _NOT_REMOTE = frozenset({"generate_stream", "close"})  # iterators do not cross processes; the actor owns its session
 
 
@@ -115,7 +120,16 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 def _unwrap(error: BaseException, engine: str) -> BaseException:
-    """The error the barrier should see for a Ray failure of ``engine``'s call."""
+    """The error the barrier should see for a Ray failure of ``engine``'s call.
+
+    Ray's docs on ``ActorDiedError`` and ``ActorUnavailableError`` say the task
+    may or may not have run; ``EngineDied`` and ``EngineUnavailable`` keep that
+    "maybe" (the barrier marks what the call touches unknown).
+    """
+    if isinstance(error, _ACTOR_UNAVAILABLE):
+        gone = EngineUnavailable(f"{engine}: Ray cannot reach the actor holding this engine for now: {_first_line(error)}")
+        gone.__cause__ = error
+        return gone
     if isinstance(error, _ACTOR_GONE):
         died = EngineDied(f"{engine}: the Ray actor holding this engine is gone ({type(error).__name__}): {_first_line(error)}")
         died.__cause__ = error
@@ -400,6 +414,27 @@ class _Failed:
     error: BaseException
 
 
+class LateRef:
+    """A ``LateCall`` over the ObjectRef of a call that missed its phase deadline (``EngineResult.late``)."""
+
+    def __init__(self, ref: Any, engine: str) -> None:
+        self.ref = ref
+        self.engine = engine
+
+    def wait(self, timeout: float | None) -> tuple[bool, BaseException | None]:
+        """Wait up to ``timeout`` s; (landed, its error or None). A cancelled call counts as "may have run"."""
+        ready, _ = ray.wait([self.ref], num_returns=1, timeout=timeout, fetch_local=True)
+        if not ready:
+            return False, None
+        try:
+            ray.get(self.ref)
+        except ray.exceptions.TaskCancelledError as exc:  # cancelled while it may have been running: unknown
+            return True, PhaseTimeout(f"{self.engine}: a late call was cancelled; it may have run ({_first_line(exc)})")
+        except Exception as exc:
+            return True, _unwrap(exc, self.engine)
+        return True, None
+
+
 def _get_all(refs: Sequence[Any]) -> dict[Any, Any]:
     """The value of every ready ref, or ``_Failed`` with its error: one ``ray.get`` when none failed, else one each."""
     if not refs:
@@ -426,7 +461,8 @@ class RayFanOut:
     all refs with the same deadline. Per engine: a dead actor becomes
     ``EngineDied``, an error raised in the actor is the original error, a ref
     not ready by the deadline becomes ``PhaseTimeout`` and is cancelled
-    (best effort: a call already running finishes on its own deadline).
+    (best effort: a call already running finishes on its own deadline); its
+    ``EngineResult.late`` lets the barrier wait for it to land.
     ``duration_s`` is the call's own time inside the actor; for failures, the
     time until the driver saw the failure (or the deadline). ``cancel_late``:
     cancel refs that missed the deadline (default True).
@@ -457,9 +493,8 @@ class RayFanOut:
             if ref in late:
                 if self.cancel_late:
                     _cancel(ref)
-                results.append(
-                    EngineResult(name, error=PhaseTimeout(f"{name}: no answer to {method} before the phase deadline"), duration_s=waited)
-                )
+                timeout = PhaseTimeout(f"{name}: no answer to {method} before the phase deadline")
+                results.append(EngineResult(name, error=timeout, duration_s=waited, late=LateRef(ref, name)))
                 continue
             timed = values[ref]
             if isinstance(timed, _Failed):

@@ -1,18 +1,24 @@
-"""The barrier orchestrator: offload, onload and weight sync across engine groups.
+"""The barrier orchestrator: offload, onload and weight sync across engine groups, without ever killing an engine.
 
 - offload: pause (all) -> barrier -> flush (all) -> barrier -> release (all) -> barrier.
 - onload: resume (all) -> barrier -> continue, only on engines whose memory is
-  all back and that no other reason holds paused.
+  all back and that no other hold keeps paused.
 - weight sync: a hold over pause -> your update -> the hold released.
 
-Each phase goes to every engine of every offloaded group at once through a
-``FanOut``; the next phase starts only when every engine acknowledged. Pause
-is owned: each reason takes a hold, and ``continue_generation`` is sent only
-when the last hold is gone. When engines fail a phase, ``PhaseFailed`` names
-the phase, every failed engine and its cause; engines the transition paused
-are rolled back (continued) where that is safe, and the error lists every
-engine left paused or released. The orchestrator never restarts anything;
-it says what a restart would cost when given a ``RestartBudget``.
+Each phase goes to every engine at once through a ``FanOut``; the next phase
+starts only when every engine answered. Per engine the orchestrator keeps
+what it knows and what it knows it does not know (``engine_state``); every
+command is sent only when its precondition is known to hold (DESIGN.md,
+"Stage 2"): release only to a known paused and flushed engine for tags known
+not released; resume only for tags known released; continue only when nothing
+is released and no hold remains; pause and flush (safe to re-send) resolve an
+unknown "paused". A call whose outcome is ambiguous makes the facts it touches
+unknown; an engine with unknown released tags is quarantined until
+``reconcile`` or ``retire``. A call still running at its phase deadline is
+awaited before anything else goes to that engine, so no late command can undo
+a later one. A transition that returns has kept its promise; one that could
+not raises ``PhaseFailed`` naming every engine it failed on or skipped, and
+every engine not serving.
 """
 
 from __future__ import annotations
@@ -20,17 +26,26 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import requests
-
+from resilience.barrier_types import (
+    BarrierBusy,
+    EngineGroup,
+    EngineSkipped,
+    HoldToken,
+    PhaseDeadlines,
+    PhaseFailed,
+    PhaseReport,
+    TransitionReport,
+    short,
+)
 from resilience.budget import RestartBudget
 from resilience.deadline import Deadline
-from resilience.engine_state import EngineState, EngineTracker
-from resilience.errors import AmbiguousOutcome
+from resilience.engine_outcome import is_engine_dead, outcome_of
+from resilience.engine_state import ALL_TAGS, EngineKnowledge, EngineState, InFlight
 from resilience.events import (
     EngineStateChanged,
     HoldChanged,
@@ -42,153 +57,28 @@ from resilience.events import (
     TransitionStarted,
     emit,
 )
-from resilience.fanout import EngineDied, EngineResult, FanOut, PhaseTimeout, ThreadFanOut, engine_name
-from resilience.outcome import AttemptRecord, Delivery
+from resilience.fanout import EngineResult, FanOut, ThreadFanOut, engine_name
 
-__all__ = ["ALL_TAGS", "EngineGroup", "Orchestrator", "PhaseDeadlines", "PhaseFailed", "PhaseReport", "TransitionReport"]
+__all__ = [
+    "ALL_TAGS",
+    "BarrierBusy",
+    "EngineGroup",
+    "EngineSkipped",
+    "HoldToken",
+    "Orchestrator",
+    "PhaseDeadlines",
+    "PhaseFailed",
+    "PhaseReport",
+    "TransitionReport",
+]
 
-ALL_TAGS: tuple[str, ...] = ("kv_cache", "weights", "cuda_graph")
-"""What SGLang releases when ``tags`` is None."""
 OFFLOAD_HOLD = "offload"
 WEIGHT_SYNC_HOLD = "weight_sync"
+_OFFLOAD_TOKEN = 0
+"""The offload hold's id: one per engine, taken by offload and dropped once all its memory is back."""
 _ids = itertools.count(1)
-
-
-class EngineGroup:
-    """Engines that move together. ``needs_offload=False`` groups are skipped by offload and onload (they keep their memory)."""
-
-    def __init__(self, engines: Sequence[Any], needs_offload: bool = True, name: str | None = None) -> None:
-        self.engines = tuple(engines)
-        self.needs_offload = needs_offload
-        self.name = name or "group"
-        names = [engine_name(e) for e in self.engines]
-        if len(set(names)) != len(names):
-            raise ValueError(f"EngineGroup {self.name!r}: engine names must be unique, got {names}")
-
-    def __repr__(self) -> str:
-        return f"EngineGroup({self.name!r}, {len(self.engines)} engines, needs_offload={self.needs_offload})"
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseDeadlines:
-    """Time limits, seconds: the whole transition, and each phase (capped by what is left of the transition)."""
-
-    transition_s: float = 300.0
-    pause_s: float = 90.0
-    flush_s: float = 90.0
-    release_s: float = 150.0
-    resume_s: float = 150.0
-    continue_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        for name in ("transition_s", "pause_s", "flush_s", "release_s", "resume_s", "continue_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"PhaseDeadlines.{name} must be > 0, but was {value!r}")
-
-    def for_phase(self, phase: str) -> float:
-        """The cap of one phase (rollback phases use the continue/resume caps)."""
-        return float(getattr(self, f"{phase}_s", self.continue_s))
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseReport:
-    """One phase as it ran: engines, wall time and the slowest engine's own time."""
-
-    phase: str
-    engines: tuple[str, ...]
-    duration_s: float
-    slowest_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionReport:
-    """A finished transition: its phases in order."""
-
-    transition: str
-    duration_s: float
-    phases: tuple[PhaseReport, ...] = ()
-
-    @property
-    def ideal_s(self) -> float:
-        """The sum over phases of the slowest engine: what a perfect fan-out would take."""
-        return sum(p.slowest_s for p in self.phases)
-
-
-class PhaseFailed(RuntimeError):
-    """A barrier phase failed on some engines.
-
-    ``failures`` maps each failed engine to its error; ``rolled_back`` lists
-    engines continued again; ``left_paused`` maps each engine left paused or
-    released to why; ``dead`` lists engines that stopped answering.
-    ``restarts_remaining`` is what a restart would leave, when a budget is known.
-    """
-
-    def __init__(
-        self,
-        transition: str,
-        phase: str,
-        failures: Mapping[str, BaseException],
-        *,
-        rolled_back: Sequence[str] = (),
-        left_paused: Mapping[str, str] | None = None,
-        dead: Sequence[str] = (),
-        restarts_remaining: int | None = None,
-        restart_limit: int | None = None,
-    ) -> None:
-        self.transition = transition
-        self.phase = phase
-        self.failures = dict(failures)
-        self.rolled_back = tuple(rolled_back)
-        self.left_paused = dict(left_paused or {})
-        self.dead = tuple(dead)
-        self.restarts_remaining = restarts_remaining
-        self.restart_limit = restart_limit
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        causes = "; ".join(f"{name}: {type(err).__name__}: {_short(err)}" for name, err in sorted(self.failures.items()))
-        parts = [f"{self.transition} failed in phase {self.phase!r} on {len(self.failures)} engine(s): {causes}."]
-        if self.dead:
-            parts.append(f"Dead: {', '.join(self.dead)}.")
-        if self.rolled_back:
-            parts.append(f"Rolled back (serving again): {', '.join(self.rolled_back)}.")
-        if self.left_paused:
-            parts.append("Left paused or released: " + "; ".join(f"{k} ({v})" for k, v in sorted(self.left_paused.items())) + ".")
-        else:
-            parts.append("No engine was left paused or released.")
-        if self.restarts_remaining is not None:
-            parts.append(
-                f"A restart would use 1 of {self.restarts_remaining} remaining (limit {self.restart_limit}); "
-                "the orchestrator restarts nothing."
-            )
-        return " ".join(parts)
-
-
-def _short(err: BaseException, limit: int = 240) -> str:
-    text = " ".join(str(err).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def is_engine_dead(error: BaseException) -> bool:
-    """True when the error says the engine is gone: its actor died, or every attempt of the call was refused before sending.
-
-    A ``CircuitOpen`` counts only when the call's own attempts were all refused (the breaker opened on them).
-    """
-    if isinstance(error, EngineDied):
-        return True
-    attempts: tuple[AttemptRecord, ...] = getattr(error, "attempts", None) or ()
-    if isinstance(error, (ConnectionError, requests.ConnectionError)):
-        return bool(attempts) and all(a.delivery is Delivery.NOT_SENT for a in attempts)
-    return False
-
-
-def _maybe_applied(error: BaseException) -> bool:
-    """The call may have taken effect (ambiguous): the engine's state is unknown."""
-    if isinstance(error, (AmbiguousOutcome, PhaseTimeout)):
-        return True  # a call still running at the phase deadline may yet be applied
-    attempts: tuple[AttemptRecord, ...] = getattr(error, "attempts", None) or ()
-    return bool(attempts) and attempts[-1].delivery is Delivery.MAYBE_APPLIED and not is_engine_dead(error)
+_tokens = itertools.count(1)
+Call = tuple[str, Mapping[str, Any]]
 
 
 @dataclass
@@ -202,15 +92,22 @@ class _Transition:
 
 
 class Orchestrator:
-    """Drives phases across engine groups with owned pauses and rollback.
+    """Drives phases across engine groups with owned pauses, explicit knowledge and rollback.
 
     ``groups``: one ``EngineGroup`` or several. Engines are anything with the
     ``SGLangClient`` control methods and an ``engine`` name (or Ray engine
-    handles through ``resilience.adapters.ray``). ``fanout``: how a phase
-    reaches the engines (default ``ThreadFanOut()``). ``deadlines``: the
-    transition and phase limits. ``restart_budget``: when given, errors say
-    what a restart would leave. ``rollback``: continue engines again after a
-    failed transition where safe (default True).
+    handles through ``resilience.adapters.ray``); they are assumed serving with
+    nothing released when the orchestrator is built (else ``reconcile`` them).
+    ``fanout``: how a phase reaches the engines (default ``ThreadFanOut()``).
+    ``deadlines``: the transition and phase limits. ``restart_budget``: when
+    given, errors say what a restart would leave. ``rollback``: after a failed
+    transition, resume what it released and continue engines where that is
+    known safe (default True).
+
+    Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
+    concurrently with each other (each holds its own token), and ``offload``/
+    ``onload`` wait for every running body to end (up to ``transition_s``)
+    before they start, else raise ``BarrierBusy``.
     """
 
     def __init__(
@@ -239,87 +136,152 @@ class Orchestrator:
                 self._engines[name] = engine
                 if group.needs_offload:
                     self._offloaded.append(name)
-        self._trackers = {name: EngineTracker(name) for name in self._engines}
-        self._modes: dict[str, str] = {}
+        self._know = {name: EngineKnowledge(name) for name in self._engines}
         self._retired: set[str] = set()
         self._lock = threading.RLock()
+        self._bodies_ended = threading.Condition(self._lock)
+        self._bodies: dict[int, int] = {}
+        """Thread id -> weight_sync bodies running on it."""
 
     # -- queries ---------------------------------------------------------------
 
     def states(self) -> dict[str, EngineState]:
-        """Every engine's state as the orchestrator knows it."""
-        return {name: t.state for name, t in self._trackers.items()}
+        """Every engine's state (not retired ones) as the orchestrator knows it, in one word."""
+        with self._lock:
+            return {n: k.state for n, k in self._know.items() if n not in self._retired}
 
     def held(self) -> dict[str, tuple[str, ...]]:
         """The engines held paused on purpose, and by which reasons."""
-        return {name: tuple(sorted(t.holds)) for name, t in self._trackers.items() if t.holds}
-
-    def paused_by_us(self, engine: str) -> bool:
-        """True when the orchestrator holds ``engine`` paused (its /health would hang ~20 s, then 503: not a fault)."""
-        tracker = self._trackers.get(engine)
-        return tracker is not None and bool(tracker.holds)
-
-    def released_tags(self, engine: str) -> frozenset[str]:
-        """Memory tags the orchestrator released on ``engine`` and has not resumed."""
-        return frozenset(self._trackers[engine].released)
-
-    def retire(self, engine: str) -> None:
-        """Stop sending phases to ``engine`` (after it died and the caller replaced or dropped it)."""
         with self._lock:
-            if engine not in self._engines:
-                raise KeyError(f"unknown engine {engine}")
-            self._retired.add(engine)
+            return {n: _reasons(k) for n, k in self._know.items() if k.holds and n not in self._retired}
 
-    def _active(self, names: Sequence[str]) -> list[str]:
-        return [n for n in names if n not in self._retired and self._trackers[n].state is not EngineState.DEAD]
+    def paused_by_us(self, engine: Any) -> bool:
+        """True when the orchestrator keeps ``engine`` from serving (a hold, or a pause it sent).
+
+        Its /health then hangs ~20 s and answers 503: not a fault. ``engine``:
+        its name or URL, or any engine object the orchestrator was built with.
+        Raises ``KeyError`` naming an engine it does not drive.
+        """
+        name = self._name_of(engine)
+        with self._lock:
+            k = self._know[name]
+            return name not in self._retired and (bool(k.holds) or k.paused is not False)
+
+    def released_tags(self, engine: Any) -> frozenset[str]:
+        """Memory tags known released on ``engine`` (name, URL or engine object)."""
+        name = self._name_of(engine)
+        with self._lock:
+            return frozenset(self._know[name].released)
+
+    def quarantined(self) -> dict[str, frozenset[str]]:
+        """Engines (not retired) whose released tags are unknown, with those tags: they need ``reconcile`` or ``retire``."""
+        with self._lock:
+            return {n: frozenset(k.unknown) for n, k in self._know.items() if k.unknown and n not in self._retired}
+
+    def not_serving(self) -> dict[str, str]:
+        """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""
+        with self._lock:
+            return {n: k.why_not_serving() for n, k in self._know.items() if n not in self._retired and not k.serving}
+
+    # -- recovery ----------------------------------------------------------------
+
+    def retire(self, engine: Any) -> None:
+        """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
+        name = self._name_of(engine)
+        with self._lock:
+            self._retired.add(name)
+
+    def reconcile(self, engine: Any, *, released: Iterable[str] | None, paused: bool | None) -> None:
+        """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
+
+        ``released``: the tags released on it now (``()`` for none; None keeps
+        what is known and leaves unknown tags unknown). ``paused``: True, False,
+        or None when you do not know (the next transition that needs it paused
+        pauses it again, which is safe). This lifts the quarantine and a "dead"
+        mark. An engine with released memory cannot be serving: ``released``
+        with ``paused=False`` is refused. Refused too while a call sent to it
+        earlier is still running (reconcile after it lands: it could change the
+        state you report).
+        """
+        name = self._name_of(engine)
+        tags = None if released is None else frozenset(released)
+        if tags is not None and not tags <= frozenset(ALL_TAGS):
+            raise ValueError(f"reconcile released must be a subset of {ALL_TAGS}, but was {sorted(tags)}")
+        if tags and paused is False:
+            raise ValueError(
+                f"reconcile {name}: released {sorted(tags)} with paused=False is a state SGLang crashes in (prefill into freed memory)"
+            )
+        if tags and name not in self._offloaded:
+            raise ValueError(f"reconcile {name}: released tags on an engine of a needs_offload=False group (nothing would resume them)")
+        with self._lock:
+            if name in self._retired:
+                raise ValueError(f"reconcile {name}: the engine was retired")
+            k = self._know[name]
+            if k.in_flight is not None:
+                landed, error = k.in_flight.call.wait(0)
+                if not landed:
+                    late = k.in_flight.method
+                    raise RuntimeError(f"reconcile {name}: a late {late} sent earlier is still running; reconcile after it lands")
+                self._land(name, error)
+            before = k.state
+            k.reconcile(released=tags, paused=paused)
+            if k.released or k.unknown:
+                self._hold(name, _OFFLOAD_TOKEN, OFFLOAD_HOLD)
+            else:
+                self._unhold(name, _OFFLOAD_TOKEN)
+            self._announce(name, before)
 
     # -- transitions -------------------------------------------------------------
 
     def offload(self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort") -> TransitionReport:
         """Pause all offloaded engines, then flush all, then release ``tags`` (None = all) on all.
 
-        Idempotent: engines already released are not released again.
-        ``mode="in_place"`` is refused: it keeps running requests' KV, so flush would fail.
+        Returns only when every offloaded engine (not retired) is known paused
+        with ``tags`` released. Idempotent: tags already released are not
+        released again. Engines that are dead, quarantined or still busy with
+        a late call are skipped and named in ``PhaseFailed`` after the others
+        are done. ``mode="in_place"`` is refused: it keeps running requests' KV,
+        so flush would fail. Waits for running ``weight_sync`` bodies first.
         """
         if mode not in ("abort", "retract"):
             raise ValueError(
                 f"offload pause mode must be 'abort' or 'retract', but was {mode!r}: 'in_place' keeps running requests' KV cache, "
                 "so flush_cache fails and release would crash the engine"
             )
-        wanted = tuple(tags) if tags else ALL_TAGS
+        wanted = _tags(tags, "offload")
         with self._lock:
+            self._wait_for_bodies("offload")
             names = self._active(self._offloaded)
             tx = self._begin("offload", names)
             try:
-                for name in names:
-                    self._hold(name, OFFLOAD_HOLD)
-                to_pause = [n for n in names if self._trackers[n].state is EngineState.SERVING or self._modes.get(n) == "in_place"]
-                failed = self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause], EngineState.PAUSED)
-                for n in to_pause:
-                    if n not in failed:
-                        self._modes[n] = mode
+                skipped = self._settle(tx, names)
+                live = [n for n in names if n not in skipped]
+                for n in live:
+                    self._hold(n, _OFFLOAD_TOKEN, OFFLOAD_HOLD)
+                to_pause = [n for n in live if self._know[n].paused is not True or self._know[n].pause_mode == "in_place"]
+                failed = self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
                 if failed:
-                    self._fail_before_release(tx, "pause", failed, names)
-                to_flush = [n for n in names if self._trackers[n].state is EngineState.PAUSED]
-                failed = self._phase(tx, "flush", "flush_cache", [(n, {}) for n in to_flush], EngineState.FLUSHED)
+                    self._fail_before_release(tx, "pause", failed, live, skipped)
+                skipped.update({n: self._why_skipped(n) for n in live if self._know[n].quarantined})
+                todo = {n: wanted - self._know[n].released for n in live if n not in skipped}
+                todo = {n: missing for n, missing in todo.items() if missing}
+                for n in [n for n in todo if not self._know[n].may_flush()]:  # defensive: the pause phase makes this unreachable
+                    skipped[n] = f"not known paused ({self._know[n].why_not_serving()})"
+                    del todo[n]
+                to_flush = [n for n in todo if not self._know[n].flushed]
+                failed = self._phase(tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
                 if failed:
-                    self._fail_before_release(tx, "flush", failed, names)
-                calls = []
-                for n in names:
-                    t = self._trackers[n]
-                    missing = [tag for tag in wanted if tag not in t.released]
-                    if missing and t.state in (EngineState.FLUSHED, EngineState.RELEASED):
-                        calls.append((n, {"tags": None if not tags and not t.released else missing}))
-                failed = self._phase(
-                    tx,
-                    "release",
-                    "release_memory_occupation",
-                    calls,
-                    EngineState.RELEASED,
-                    on_ok=lambda n, kw: self._trackers[n].mark_released(kw["tags"] or ALL_TAGS),
-                )
+                    self._fail_before_release(tx, "flush", failed, live, skipped)
+                calls: list[Call] = []
+                for n, missing in todo.items():
+                    if all(self._know[n].may_release(t) for t in missing):
+                        calls.append((n, {"tags": None if missing == frozenset(ALL_TAGS) else sorted(missing)}))
+                    else:  # defensive: the phases above make this unreachable
+                        skipped[n] = f"not known flushed ({self._know[n].why_not_serving()})"
+                failed = self._phase(tx, "release", "release_memory_occupation", calls)
                 if failed:
-                    self._fail_in_release(tx, failed, [n for n, _ in calls if n not in failed], wanted)
+                    self._fail_in_release(tx, failed, [c for c in calls if c[0] not in failed], live, skipped)
+                self._raise_if_skipped(tx, skipped)
             except BaseException:
                 self._end(tx, ok=False)
                 raise
@@ -328,129 +290,176 @@ class Orchestrator:
     def onload(self, tags: Sequence[str] | None = None) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
 
-        Engines that still have tags released, or that another reason (a weight
-        sync) holds paused, stay paused. Idempotent: nothing released, nothing resumed.
+        Returns only when every offloaded engine (not retired) serves, or is
+        held paused on purpose (tags still released, or another hold such as a
+        weight sync) and named in ``TransitionReport.held``. Idempotent.
+        Engines that are dead, quarantined or busy with a late call are skipped
+        and named in ``PhaseFailed``. Waits for running ``weight_sync`` bodies first.
         """
+        wanted = _tags(tags, "onload")
         with self._lock:
+            self._wait_for_bodies("onload")
             names = self._active(self._offloaded)
             tx = self._begin("onload", names)
             try:
-                calls = []
-                for n in names:
-                    t = self._trackers[n]
-                    todo = [tag for tag in (tuple(tags) if tags else ALL_TAGS) if tag in t.released]
+                skipped = self._settle(tx, names)
+                skipped.update({n: self._why_skipped(n) for n in names if n not in skipped and self._know[n].quarantined})
+                live = [n for n in names if n not in skipped]
+                calls: list[Call] = []
+                for n in live:
+                    todo = wanted & self._know[n].released
                     if todo:
-                        calls.append((n, {"tags": None if set(todo) == set(ALL_TAGS) else todo}))
-
-                def resumed(n: str, kw: Mapping[str, Any]) -> None:
-                    t = self._trackers[n]
-                    t.mark_resumed(kw["tags"] or ALL_TAGS)
-                    if not t.released:
-                        self._move(n, EngineState.RESUMED)
-
-                failed = self._phase(tx, "resume", "resume_memory_occupation", calls, None, on_ok=resumed)
-                for n in names:
-                    if not self._trackers[n].released:
-                        self._unhold(n, OFFLOAD_HOLD)
-                cont_failed = self._continue_ready(tx, names, "continue")
+                        calls.append((n, {"tags": None if todo == frozenset(ALL_TAGS) else sorted(todo)}))
+                failed = self._phase(tx, "resume", "resume_memory_occupation", calls)
+                for n in live:
+                    if not self._know[n].released and not self._know[n].unknown:
+                        self._unhold(n, _OFFLOAD_TOKEN)
+                cont_failed = self._continue_ready(tx, live, "continue")
                 if failed or cont_failed:
-                    left = {n: self._why_left(n) for n in names if self._trackers[n].holds or self._trackers[n].released}
-                    raise self._error(tx, "resume" if failed else "continue", {**failed, **cont_failed}, rolled_back=(), left=left)
+                    raise self._error(tx, "resume" if failed else "continue", {**self._skips(skipped), **failed, **cont_failed})
+                self._raise_if_skipped(tx, skipped)
             except BaseException:
                 self._end(tx, ok=False)
                 raise
-            return self._end(tx, ok=True)
+            return self._end(tx, ok=True, held=self._held_among(live))
 
     def pause(self, reason: str, mode: Literal["abort", "retract", "in_place"] = "retract") -> TransitionReport:
-        """Take a pause hold named ``reason`` on every engine (all groups); engines not yet paused are paused."""
+        """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
+
+        Returns the token in ``TransitionReport.hold``; pass it to ``unpause``.
+        Holds are owned and counted: two pauses with the same reason are two
+        holds. Refused (``PhaseFailed``, nothing sent) when an engine is dead,
+        quarantined or busy with a late call; on a failed pause the hold is
+        released and the engines it paused are continued where safe.
+        """
+        return self._pause(reason, mode, body=False)
+
+    def unpause(self, hold: HoldToken | str) -> TransitionReport:
+        """Release one hold (a token from ``pause``, or the latest hold with that reason); continue the engines it held
+        that no other hold keeps paused and whose memory is back."""
+        with self._lock:
+            token = self._token(hold)
+            names = self._active(token.engines)
+            tx = self._begin(f"{token.reason}_end", names)
+            try:
+                for n in token.engines:
+                    self._unhold(n, token.id)
+                skipped = self._settle(tx, names)
+                live = [n for n in names if n not in skipped]
+                failed = self._continue_ready(tx, live, "continue")
+                stuck = {n: self._why_skipped(n) for n in live if not self._know[n].holds and not self._know[n].serving and n not in failed}
+                skipped.update(stuck)
+                if failed:
+                    raise self._error(tx, "continue", {**self._skips(skipped), **failed})
+                self._raise_if_skipped(tx, skipped)
+            except BaseException:
+                self._end(tx, ok=False)
+                raise
+            return self._end(tx, ok=True, held=self._held_among(live))
+
+    @contextmanager
+    def weight_sync(self, mode: Literal["abort", "retract", "in_place"] = "retract") -> Iterator[list[Any]]:
+        """Hold every engine paused while the body updates weights; the hold (this sync's own token) is released on exit.
+
+        Yields the engines (not retired), every one known paused. Re-entrant
+        and thread-safe: nested or concurrent syncs each hold their own token,
+        and admission reopens only when the last one ends (and memory is back:
+        inside an offloaded window the engines stay paused until onload).
+        ``offload``/``onload`` never run while a body runs: they wait for it.
+        """
+        report = self._pause(WEIGHT_SYNC_HOLD, mode, body=True)
+        token = report.hold
+        assert token is not None
+        try:
+            yield [self._engines[n] for n in token.engines]
+        finally:
+            with self._lock:
+                me = threading.get_ident()
+                self._bodies[me] -= 1
+                if not self._bodies[me]:
+                    del self._bodies[me]
+                self._bodies_ended.notify_all()
+            self.unpause(token)
+
+    # -- transition steps ----------------------------------------------------------
+
+    def _pause(self, reason: str, mode: str, *, body: bool) -> TransitionReport:
         with self._lock:
             names = self._active(list(self._engines))
             tx = self._begin(reason, names)
             try:
+                skipped = self._settle(tx, names)
+                skipped.update({n: self._why_skipped(n) for n in names if n not in skipped and self._know[n].quarantined})
+                if skipped:
+                    raise self._error(tx, "skipped", self._skips(skipped))
+                token = HoldToken(next(_tokens), reason, tuple(names))
                 for n in names:
-                    self._hold(n, reason)
-                to_pause = [n for n in names if self._trackers[n].state is EngineState.SERVING]
-                failed = self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause], EngineState.PAUSED)
-                for n in to_pause:
-                    if n not in failed:
-                        self._modes[n] = mode
+                    self._hold(n, token.id, reason)
+                to_pause = [n for n in names if self._know[n].paused is not True]
+                failed = self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
                 if failed:
                     for n in names:
-                        self._unhold(n, reason)
-                    rolled, left = self._rollback_continue(tx, [n for n in to_pause], failed)
-                    raise self._error(tx, "pause", failed, rolled_back=rolled, left=left)
+                        self._unhold(n, token.id)
+                    rolled, rb_failed = self._rollback_continue(tx, names)
+                    raise self._error(tx, "pause", {**rb_failed, **failed}, rolled_back=rolled)
+                if body:
+                    me = threading.get_ident()
+                    self._bodies[me] = self._bodies.get(me, 0) + 1
             except BaseException:
                 self._end(tx, ok=False)
                 raise
-            return self._end(tx, ok=True)
+            return self._end(tx, ok=True, hold=token)
 
-    def unpause(self, reason: str) -> TransitionReport:
-        """Release the hold named ``reason``; continue engines that no other hold keeps paused and whose memory is back."""
-        with self._lock:
-            names = self._active(list(self._engines))
-            tx = self._begin(f"{reason}_end", names)
-            try:
-                for n in names:
-                    self._unhold(n, reason)
-                failed = self._continue_ready(tx, names, "continue")
-                if failed:
-                    raise self._error(tx, "continue", failed, rolled_back=(), left={n: self._why_left(n) for n in failed})
-            except BaseException:
-                self._end(tx, ok=False)
-                raise
-            return self._end(tx, ok=True)
+    def _fail_before_release(
+        self, tx: _Transition, phase: str, failed: Mapping[str, BaseException], live: Sequence[str], skipped: Mapping[str, str]
+    ) -> None:
+        """Pause or flush failed: nothing was released by this offload, so engines holding nothing released are continued."""
+        for n in live:
+            if not self._know[n].released and not self._know[n].unknown:
+                self._unhold(n, _OFFLOAD_TOKEN)
+        rolled, rb_failed = self._rollback_continue(tx, live)
+        raise self._error(tx, phase, {**self._skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
 
-    @contextmanager
-    def weight_sync(self, mode: Literal["abort", "retract", "in_place"] = "retract") -> Iterator[list[Any]]:
-        """Hold every engine paused while the body updates weights; the hold is released on exit.
-
-        Inside an offloaded window the engines stay paused afterwards: the
-        offload hold remains until onload brings the memory back.
-        """
-        self.pause(WEIGHT_SYNC_HOLD, mode)
-        try:
-            yield [self._engines[n] for n in self._active(list(self._engines))]
-        finally:
-            self.unpause(WEIGHT_SYNC_HOLD)
-
-    # -- internals -----------------------------------------------------------------
-
-    def _begin(self, name: str, engines: Sequence[str]) -> _Transition:
-        tx = _Transition(next(_ids), name, Deadline(self.deadlines.transition_s), tuple(engines))
-        emit(self.observers, TransitionStarted(tx.tid, name, tx.engines, self.deadlines.transition_s))
-        return tx
-
-    def _end(self, tx: _Transition, *, ok: bool) -> TransitionReport:
-        duration = time.monotonic() - tx.started
-        if ok:
-            emit(self.observers, TransitionEnded(tx.tid, tx.name, tx.engines, duration, True))
-        return TransitionReport(tx.name, duration, tuple(tx.phases))
-
-    def _move(self, name: str, to: EngineState) -> None:
-        previous = self._trackers[name].move(to)
-        if previous is not None:
-            emit(self.observers, EngineStateChanged(name, str(previous), str(to)))
-
-    def _hold(self, name: str, reason: str) -> None:
-        t = self._trackers[name]
-        if t.hold(reason):
-            emit(self.observers, HoldChanged(name, reason, True, tuple(sorted(t.holds))))
-
-    def _unhold(self, name: str, reason: str) -> None:
-        t = self._trackers[name]
-        if t.unhold(reason):
-            emit(self.observers, HoldChanged(name, reason, False, tuple(sorted(t.holds))))
-
-    def _phase(
+    def _fail_in_release(
         self,
         tx: _Transition,
-        phase: str,
-        method: str,
-        calls: Sequence[tuple[str, Mapping[str, Any]]],
-        to: EngineState | None,
-        on_ok: Any = None,
-    ) -> dict[str, BaseException]:
-        """Run one phase on every engine at once; return the failures (engine -> error)."""
+        failed: Mapping[str, BaseException],
+        applied: Sequence[Call],
+        live: Sequence[str],
+        skipped: Mapping[str, str],
+    ) -> None:
+        """Release failed on some engines: resume what this offload released, continue every engine whose memory is all back.
+
+        An engine whose release may have been applied is quarantined (neither
+        resumed: a resume of an unreleased tag kills it; nor released again).
+        """
+        rolled: list[str] = []
+        rb_failed: dict[str, BaseException] = {}
+        if self.rollback:
+            rb_failed = self._phase(tx, "rollback_resume", "resume_memory_occupation", applied)
+            for n in live:
+                if not self._know[n].released and not self._know[n].unknown:
+                    self._unhold(n, _OFFLOAD_TOKEN)
+            rolled, more = self._rollback_continue(tx, live)
+            rb_failed.update(more)
+        raise self._error(tx, "release", {**self._skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
+
+    def _rollback_continue(self, tx: _Transition, names: Sequence[str]) -> tuple[list[str], dict[str, BaseException]]:
+        """Continue the engines among ``names`` that may be continued (not known serving, nothing released, no hold)."""
+        if not self.rollback:
+            return [], {}
+        ready = [n for n in names if self._know[n].may_continue()]
+        failed = self._phase(tx, "rollback", "continue_generation", [(n, {}) for n in ready])
+        return [n for n in ready if n not in failed], failed
+
+    def _continue_ready(self, tx: _Transition, names: Sequence[str], phase: str) -> dict[str, BaseException]:
+        ready = [n for n in names if self._know[n].may_continue()]
+        return self._phase(tx, phase, "continue_generation", [(n, {}) for n in ready])
+
+    # -- phases, late calls and knowledge ---------------------------------------------
+
+    def _phase(self, tx: _Transition, phase: str, method: str, calls: Sequence[Call]) -> dict[str, BaseException]:
+        """Run one phase on every engine at once, fold each outcome into its knowledge; return the failures."""
         if not calls:
             return {}
         names = tuple(n for n, _ in calls)
@@ -460,112 +469,133 @@ class Orchestrator:
         results: list[EngineResult] = self.fanout.call([(self._engines[n], kw) for n, kw in calls], method, deadline)
         failures: dict[str, BaseException] = {}
         for (name, kwargs), result in zip(calls, results, strict=True):
-            if result.error is None:
-                if to is not None:
-                    self._move(name, to)
-                if on_ok is not None:
-                    on_ok(name, kwargs)
-            else:
+            k = self._know[name]
+            before = k.state
+            k.apply(method, kwargs, outcome_of(result.error))
+            if result.late is not None:
+                k.in_flight = InFlight(method, dict(kwargs), result.late)
+            if result.error is not None:
                 failures[name] = result.error
                 if is_engine_dead(result.error):
-                    self._move(name, EngineState.DEAD)
+                    k.dead = f"{type(result.error).__name__} in {phase}"
+            self._announce(name, before)
         duration = time.monotonic() - t0
         tx.phases.append(PhaseReport(phase, names, duration, max((r.duration_s for r in results), default=0.0)))
-        emit(
-            self.observers,
-            PhaseEnded(
-                tx.tid,
-                tx.name,
-                phase,
-                names,
-                duration,
-                tuple(PhaseFailure(n, type(e).__name__, _short(e)) for n, e in failures.items()),
-            ),
-        )
+        failed = tuple(PhaseFailure(n, type(e).__name__, short(e)) for n, e in failures.items())
+        emit(self.observers, PhaseEnded(tx.tid, tx.name, phase, names, duration, failed))
         return failures
 
-    def _continue_ready(self, tx: _Transition, names: Sequence[str], phase: str) -> dict[str, BaseException]:
-        ready = [
-            n
-            for n in names
-            if self._trackers[n].may_continue and self._trackers[n].state in (EngineState.PAUSED, EngineState.FLUSHED, EngineState.RESUMED)
-        ]
-        failed = self._phase(tx, phase, "continue_generation", [(n, {}) for n in ready], EngineState.SERVING)
-        for n in ready:
-            if n not in failed:
-                self._modes.pop(n, None)
-        return failed
-
-    def _rollback_continue(
-        self, tx: _Transition, touched: Sequence[str], failed: Mapping[str, BaseException]
-    ) -> tuple[list[str], dict[str, str]]:
-        """Continue engines this transition paused (and failed ones that may be paused) where nothing else holds them."""
-        if not self.rollback:
-            return [], {n: self._why_left(n) for n in touched if self._trackers[n].state is not EngineState.SERVING}
-        candidates = [n for n in touched if self._trackers[n].state is not EngineState.DEAD and self._trackers[n].may_continue]
-        for n in candidates:
-            if self._trackers[n].state is EngineState.SERVING:
-                self._move(n, EngineState.PAUSED)  # a failed pause may still have paused it
-        cont_failed = self._phase(tx, "rollback", "continue_generation", [(n, {}) for n in candidates], EngineState.SERVING)
-        rolled = [n for n in candidates if n not in cont_failed]
-        left = {
-            n: self._why_left(n)
-            for n in touched
-            if n in cont_failed or (self._trackers[n].state not in (EngineState.SERVING, EngineState.DEAD))
-        }
-        return rolled, left
-
-    def _fail_before_release(self, tx: _Transition, phase: str, failed: Mapping[str, BaseException], names: Sequence[str]) -> None:
-        """Pause or flush failed: nothing is released, so every engine the offload holds can be continued."""
+    def _settle(self, tx: _Transition, names: Sequence[str]) -> dict[str, str]:
+        """Wait (up to the continue phase's limit) for calls still in flight; return the engines to skip, with why."""
+        deadline = tx.deadline.cap(self.deadlines.for_phase("settle"))
+        skipped: dict[str, str] = {}
         for n in names:
-            self._unhold(n, OFFLOAD_HOLD)
-        touched = [n for n in names if self._trackers[n].state is not EngineState.SERVING or n in failed]
-        rolled, left = self._rollback_continue(tx, touched, failed)
-        raise self._error(tx, phase, failed, rolled_back=rolled, left=left)
+            k = self._know[n]
+            if k.in_flight is not None:
+                landed, error = k.in_flight.call.wait(max(0.0, deadline.remaining()))
+                if landed:
+                    self._land(n, error)
+            if k.dead is not None or k.in_flight is not None:
+                skipped[n] = self._why_skipped(n)
+        return skipped
 
-    def _fail_in_release(self, tx: _Transition, failed: Mapping[str, BaseException], released: Sequence[str], tags: Sequence[str]) -> None:
-        """Release failed on some engines: resume the ones that released, continue every engine whose state is known."""
-        left: dict[str, str] = {}
-        if self.rollback:
-            calls = [(n, {"tags": list(tags)}) for n in released]
-            resume_failed = self._phase(
-                tx,
-                "rollback_resume",
-                "resume_memory_occupation",
-                calls,
-                EngineState.RESUMED,
-                on_ok=lambda n, kw: self._trackers[n].mark_resumed(kw["tags"]),
-            )
-            for n, err in failed.items():
-                if _maybe_applied(err):
-                    left[n] = "release may have been applied: not resumed (resume of an unreleased tag kills it), not re-released"
-            for n in self._active(list(self._trackers)):
-                if n not in left and n not in resume_failed and not self._trackers[n].released:
-                    self._unhold(n, OFFLOAD_HOLD)
-            touched = [n for n in tx.engines if n not in left and self._trackers[n].state is not EngineState.DEAD]
-            rolled, more = self._rollback_continue(tx, touched, failed)
-            left.update(more)
-            for n in resume_failed:
-                left.setdefault(n, self._why_left(n))
+    def _land(self, name: str, error: BaseException | None) -> None:
+        k = self._know[name]
+        before = k.state
+        k.land(outcome_of(error))
+        if error is not None and is_engine_dead(error):
+            k.dead = f"{type(error).__name__} after a late call"
+        self._announce(name, before)
+
+    def _why_skipped(self, name: str) -> str:
+        return f"skipped: {self._know[name].why_not_serving()}"
+
+    def _skips(self, skipped: Mapping[str, str]) -> dict[str, BaseException]:
+        return {n: EngineSkipped(f"{n} {why}") for n, why in skipped.items()}
+
+    def _raise_if_skipped(self, tx: _Transition, skipped: Mapping[str, str]) -> None:
+        if skipped:
+            raise self._error(tx, "skipped", self._skips(skipped))
+
+    def _announce(self, name: str, before: EngineState) -> None:
+        after = self._know[name].state
+        if after is not before:
+            emit(self.observers, EngineStateChanged(name, str(before), str(after)))
+
+    def _hold(self, name: str, token: int, reason: str) -> None:
+        k = self._know[name]
+        if token not in k.holds:
+            k.holds[token] = reason
+            emit(self.observers, HoldChanged(name, reason, True, _reasons(k)))
+
+    def _unhold(self, name: str, token: int) -> None:
+        k = self._know[name]
+        reason = k.holds.pop(token, None)
+        if reason is not None:
+            emit(self.observers, HoldChanged(name, reason, False, _reasons(k)))
+
+    def _token(self, hold: HoldToken | str) -> HoldToken:
+        if isinstance(hold, HoldToken):
+            return hold
+        ids = {i for k in self._know.values() for i, r in k.holds.items() if r == hold and i != _OFFLOAD_TOKEN}
+        if not ids:
+            raise KeyError(f"unpause: no hold named {hold!r} is held")
+        latest = max(ids)
+        return HoldToken(latest, hold, tuple(n for n, k in self._know.items() if latest in k.holds))
+
+    def _held_among(self, names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        return {n: _reasons(self._know[n]) for n in names if self._know[n].holds}
+
+    def _wait_for_bodies(self, transition: str) -> None:
+        """Exclusion: wait (up to ``transition_s``) until no ``weight_sync`` body runs; called under the lock."""
+        if self._bodies.get(threading.get_ident()):
+            raise BarrierBusy(f"{transition}() was called inside a weight_sync() body on the same thread: it would wait for itself")
+        limit = self.deadlines.transition_s
+        if not self._bodies_ended.wait_for(lambda: not self._bodies, timeout=limit):
+            running = sum(self._bodies.values())
+            raise BarrierBusy(f"{transition}() waited {limit} s for {running} weight_sync() body(ies) to end; none was sent anything")
+
+    def _active(self, names: Iterable[str]) -> list[str]:
+        return [n for n in names if n not in self._retired]
+
+    def _name_of(self, engine: Any) -> str:
+        """The name of an engine given by name, URL, or any engine object the orchestrator was built with."""
+        if isinstance(engine, str):
+            key = engine.rstrip("/")
+            if key in self._engines:
+                return key
+            for name, candidate in self._engines.items():
+                if getattr(candidate, "base_url", None) == key:
+                    return name
         else:
-            rolled = []
-            left = {n: self._why_left(n) for n in tx.engines if self._trackers[n].state is not EngineState.SERVING}
-        raise self._error(tx, "release", failed, rolled_back=rolled, left=left)
+            for name, candidate in self._engines.items():
+                if candidate is engine:
+                    return name
+            name = engine_name(engine)
+            if name in self._engines:
+                return name
+        raise KeyError(f"unknown engine {engine!r}: this orchestrator drives {', '.join(self._engines) or 'no engines'}")
 
-    def _why_left(self, name: str) -> str:
-        t = self._trackers[name]
-        parts = [f"state {t.state}"]
-        if t.holds:
-            parts.append(f"held by {', '.join(sorted(t.holds))}")
-        if t.released:
-            parts.append(f"released {', '.join(sorted(t.released))}")
-        return "; ".join(parts)
+    # -- transitions' start, end and errors ---------------------------------------------
+
+    def _begin(self, name: str, engines: Sequence[str]) -> _Transition:
+        tx = _Transition(next(_ids), name, Deadline(self.deadlines.transition_s), tuple(engines))
+        emit(self.observers, TransitionStarted(tx.tid, name, tx.engines, self.deadlines.transition_s))
+        return tx
+
+    def _end(
+        self, tx: _Transition, *, ok: bool, held: Mapping[str, tuple[str, ...]] | None = None, hold: HoldToken | None = None
+    ) -> TransitionReport:
+        duration = time.monotonic() - tx.started
+        if ok:
+            emit(self.observers, TransitionEnded(tx.tid, tx.name, tx.engines, duration, True))
+        return TransitionReport(tx.name, duration, tuple(tx.phases), dict(held or {}), hold)
 
     def _error(
-        self, tx: _Transition, phase: str, failed: Mapping[str, BaseException], *, rolled_back: Sequence[str], left: Mapping[str, str]
+        self, tx: _Transition, phase: str, failed: Mapping[str, BaseException], *, rolled_back: Sequence[str] = ()
     ) -> PhaseFailed:
-        dead = [n for n in tx.engines if self._trackers[n].state is EngineState.DEAD]
-        left = {n: why for n, why in left.items() if n not in dead}
+        left = self.not_serving()
+        dead = [n for n in left if self._know[n].dead is not None]
         budget = self.restart_budget
         err = PhaseFailed(
             tx.name,
@@ -573,6 +603,7 @@ class Orchestrator:
             failed,
             rolled_back=rolled_back,
             left_paused=left,
+            quarantined=sorted(self.quarantined()),
             dead=dead,
             restarts_remaining=None if budget is None else budget.remaining,
             restart_limit=None if budget is None else budget.limit,
@@ -582,3 +613,20 @@ class Orchestrator:
             TransitionEnded(tx.tid, tx.name, tx.engines, time.monotonic() - tx.started, False, phase, tuple(rolled_back), tuple(left)),
         )
         return err
+
+
+def _reasons(k: EngineKnowledge) -> tuple[str, ...]:
+    return tuple(sorted(set(k.holds.values())))
+
+
+def _tags(tags: Sequence[str] | None, transition: str) -> frozenset[str]:
+    if isinstance(tags, str):
+        raise TypeError(f"{transition} tags must be a sequence of tag names, but was the string {tags!r}")
+    wanted = frozenset(tags) if tags else frozenset(ALL_TAGS)
+    unknown = wanted - frozenset(ALL_TAGS)
+    if unknown:
+        raise ValueError(
+            f"{transition} tags must be among {ALL_TAGS}, but got {sorted(unknown)} "
+            "(SGLang ignores an unknown tag on release, then dies of a KeyError on its resume)"
+        )
+    return wanted

@@ -75,7 +75,7 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p.add_argument("--engines", type=positive_int, default=8, help="emulated engines (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=100, help="colocate steps (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the faults and straggler timing (default: %(default)s)")
-    p.add_argument("--fault-plan", metavar="FILE", help="a fault plan (.toml, .yaml, .json) instead of FaultPlan.seed_like(seed)")
+    p.add_argument("--fault-plan", metavar="FILE", help="a fault plan (.toml, .yaml, .json) instead of the demo plan")
     p.add_argument("--way", choices=("ours", "old"), default="ours", help="which loop to run (default: %(default)s)")
     p.add_argument("--report", default="cpr-soak-report.json", metavar="FILE", help="JSON report (default: %(default)s)")
 

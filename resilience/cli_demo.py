@@ -2,7 +2,8 @@
 
 One fleet of emulated engines serves both runs (each engine imports torch, so
 starting a fleet is the slow part); each run goes through fresh fault proxies
-playing ``FaultPlan.seed_like(seed)``, so the same seed gives the same faults
+playing ``demo_plan(seed)`` (the seed's faults plus resets and read timeouts after
+the engine acted on release, resume and continue), so the same seed gives the same faults
 whichever run comes first. Ours runs first, on the fresh fleet; the old way
 runs second and, once its restart budget is spent, leaves the engines it
 killed dead (the run is over and the fleet is stopped next), which saves one
@@ -24,7 +25,7 @@ from typing import Literal
 from resilience.budget import RestartBudget
 from resilience.cli_common import CliError, check_output_file, plural, write_json
 from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli_run import FleetRunner, Telemetry, metric_totals, start_telemetry
+from resilience.cli_run import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
 from resilience.cli_story import death_causes, story
 from resilience.cli_timeline import StepTimeline, TimelineRecorder, write_timeline
 from resilience.cli_watch import StepWatch
@@ -118,7 +119,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     timeline_path = check_output_file(Path(args.timeline), "--timeline", (".png", ".html", ".htm")) if args.timeline else None
-    plan = FaultPlan.seed_like(args.seed)
+    plan = demo_plan(args.seed)
     t_start = time.monotonic()
     telemetry: Telemetry = start_telemetry(args.metrics_port, args.traces)
     out = _Results()
@@ -141,7 +142,8 @@ def run_demo(args: argparse.Namespace) -> int:
     told = story({way: out.reports[way] for way, _ in done}, out.causes, dict(WAYS))
     caption = (
         f"{args.engines} engines, {args.steps} steps, seed {args.seed}: 502s (and resets) on every per-step control call, "
-        "slow swaps; restart budget 3 (the seed's max_global_restart)"
+        f"slow swaps; a reset or read timeout after the engine acted on each engine's first release and on {DEMO_AMBIGUOUS:.0%} "
+        "of releases, resumes and continues; restart budget 3 (the seed's max_global_restart)"
     )
     console = make_console()
     heading = "cpr demo: colocated RL steps, the old way and ours" + (" (interrupted: finished ways only)" if interrupted else "")

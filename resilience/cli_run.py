@@ -22,16 +22,18 @@ from resilience.cli_common import CliError, need
 from resilience.events import Observer
 from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig
-from resilience.testing.faults import FaultPlan, FaultProxy
+from resilience.testing.faults import FaultPlan, FaultProxy, FaultRule
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 __all__ = [
+    "DEMO_AMBIGUOUS",
     "DEMO_ENGINE",
     "FleetRunner",
     "Telemetry",
     "WayRun",
+    "demo_plan",
     "metric_totals",
     "start_telemetry",
 ]
@@ -41,6 +43,23 @@ PROXY_RECORDS = 200
 
 DEMO_ENGINE = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05)
 """Engines time-scaled like the demo policies: fast decoding and 50 ms polls (SGLang polls every second)."""
+
+
+DEMO_AMBIGUOUS = 0.02
+"""Chance that a release, resume or continue of ``cpr demo``/``cpr soak`` is cut after the engine acted
+(reset once sent; a quarter as often, never answered): ``FaultPlan.seed_like(seed, ambiguous=...)``."""
+
+
+def demo_plan(seed: int) -> FaultPlan:
+    """The plan ``cpr demo`` and ``cpr soak`` play by default: the seed's faults plus ambiguous ones.
+
+    ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)``, and the first release of every engine is
+    reset as soon as it is sent (the engine releases; ``FaultPlan.ambiguous_release`` does the same with
+    a 502), so every run meets the ambiguous case at its first offload, however few steps it has.
+    """
+    base = FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)
+    first = FaultRule("/release_memory_occupation", "drop_after", calls={1})
+    return FaultPlan(seed=base.seed, rules=(first, *base.rules), max_streak=base.max_streak)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any
 from resilience.budget import RestartBudget
 from resilience.cli_common import CliError, check_output_file, need, plural, write_json
 from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli_run import FleetRunner
+from resilience.cli_run import FleetRunner, demo_plan
 from resilience.testing.colocate import ColocateConfig, StepProgress
 from resilience.testing.faults import FaultPlan, FaultPlanError
 
@@ -122,7 +122,7 @@ def run_soak(args: argparse.Namespace) -> int:
         except FaultPlanError as exc:
             raise CliError(f"bad --fault-plan: {exc}") from None
     else:
-        plan = FaultPlan.seed_like(args.seed)
+        plan = demo_plan(args.seed)
     need("psutil", "cli", "cpr soak")
     config = ColocateConfig(steps=args.steps, seed=args.seed)
     title = "old way" if args.way == "old" else "ours"
@@ -156,7 +156,7 @@ def run_soak(args: argparse.Namespace) -> int:
     rows.append(["PSS, engines and their zygote together (after warm-up -> last 10 % of steps)", _memory_cell(memory["engines"])])
     columns = ["", title]
     console = make_console()
-    caption = f"{args.engines} engines, {args.steps} steps, seed {args.seed}, fault plan: {args.fault_plan or 'seed_like'}"
+    caption = f"{args.engines} engines, {args.steps} steps, seed {args.seed}, fault plan: {args.fault_plan or 'seed_like + ambiguous'}"
     console.print(rich_table("cpr soak", columns, rows, caption=caption))
     console.print(
         f"note: this process also runs the fault proxies ({proxy_records} request records at the end, bounded); "

@@ -220,7 +220,7 @@ class TimelineRecorder:
             if key in failed_before:
                 tl.marks.append(Mark(i, sec(s.t_ns), "retry", s.path))
                 failed_before.discard(key)
-            if s.client_status == 502 or s.fault in ("reset_before", "reset_after"):
+            if s.client_status == 502 or s.fault in ("reset_before", "reset_after", "drop_after"):
                 tl.marks.append(Mark(i, sec(s.t_ns), "502" if s.client_status == 502 else "reset", s.path))
                 failed_before.add(key)
             if i in died and s.fault is None:

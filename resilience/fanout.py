@@ -18,26 +18,59 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from resilience.deadline import Deadline
+from resilience.engine_state import LateCall
 
-__all__ = ["Calls", "EngineDied", "EngineResult", "FanOut", "PhaseTimeout", "SequentialFanOut", "ThreadFanOut", "engine_name"]
+__all__ = [
+    "Calls",
+    "EngineDied",
+    "EngineResult",
+    "EngineUnavailable",
+    "FanOut",
+    "FutureCall",
+    "PhaseTimeout",
+    "SequentialFanOut",
+    "ThreadFanOut",
+    "engine_name",
+]
 
 
 class EngineDied(ConnectionError):
-    """The engine (or the actor holding it) is gone: it will not answer again."""
+    """The engine (or the actor holding it) is gone: it will not answer again.
+
+    The call that saw it may still have run (Ray says so of a dead actor), so
+    the facts it touches are unknown.
+    """
+
+
+class EngineUnavailable(ConnectionError):
+    """The engine's actor is unreachable for now (Ray's ``ActorUnavailableError``); the call may have run."""
 
 
 class PhaseTimeout(TimeoutError):
-    """An engine did not acknowledge a phase before the phase deadline."""
+    """An engine did not acknowledge a phase before the phase deadline.
+
+    ``maybe_sent``: False when the call surely never started (it was still
+    queued and was cancelled, or no time was left): nothing was applied.
+    """
+
+    def __init__(self, message: str, *, maybe_sent: bool = True) -> None:
+        super().__init__(message)
+        self.maybe_sent = maybe_sent
 
 
 @dataclass(frozen=True, slots=True)
 class EngineResult:
-    """One engine's answer to one phase call."""
+    """One engine's answer to one phase call.
+
+    ``late``: for a call still running at the phase deadline (``error`` is
+    then a ``PhaseTimeout``), a handle to wait for it to land; None otherwise.
+    """
 
     engine: str
     value: Any = None
     error: BaseException | None = None
     duration_s: float = 0.0
+    late: LateCall | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,13 +103,27 @@ def _invoke(engine: Any, method: str, kwargs: Mapping[str, Any], deadline: Deadl
     name = engine_name(engine)
     t0 = time.monotonic()
     if deadline.expired():
-        return EngineResult(name, error=PhaseTimeout(f"no time left for {method}"))
+        return EngineResult(name, error=PhaseTimeout(f"no time left for {method}", maybe_sent=False))
     try:
         with Deadline(deadline.remaining() if deadline.bounded else None):
             value = getattr(engine, method)(**kwargs)
     except Exception as exc:
         return EngineResult(name, error=exc, duration_s=time.monotonic() - t0)
     return EngineResult(name, value=value, duration_s=time.monotonic() - t0)
+
+
+class FutureCall:
+    """A ``LateCall`` over a ``Future`` of an ``EngineResult`` (what ``ThreadFanOut`` hands back for a late call)."""
+
+    def __init__(self, future: Future[EngineResult]) -> None:
+        self.future = future
+
+    def wait(self, timeout: float | None) -> tuple[bool, BaseException | None]:
+        """Wait up to ``timeout`` s for the call; (landed, its error or None)."""
+        wait([self.future], timeout=timeout)
+        if not self.future.done():
+            return False, None
+        return True, self.future.result().error
 
 
 class ThreadFanOut:
@@ -114,9 +161,12 @@ class ThreadFanOut:
         for (engine, _kwargs), future in zip(calls, futures, strict=True):
             if future.done():
                 results.append(future.result())
-            else:
-                future.cancel()  # not started yet: it must not reach the engine after the barrier gave up
-                results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no answer to {method} before the phase deadline")))
+            elif future.cancel():  # not started yet: it will never reach the engine
+                unsent = PhaseTimeout(f"{method} not started before the phase deadline", maybe_sent=False)
+                results.append(EngineResult(engine_name(engine), error=unsent))
+            else:  # running: it may still land; the orchestrator waits for it before sending anything else
+                timeout = PhaseTimeout(f"no answer to {method} before the phase deadline")
+                results.append(EngineResult(engine_name(engine), error=timeout, late=FutureCall(future)))
         return results
 
     def close(self) -> None:
@@ -135,7 +185,7 @@ class SequentialFanOut:
         results = []
         for engine, kwargs in calls:
             if deadline.expired():
-                results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no time left for {method}")))
+                results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no time left for {method}", maybe_sent=False)))
                 continue
             results.append(_invoke(engine, method, kwargs, deadline))
         return results

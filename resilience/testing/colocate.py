@@ -4,7 +4,13 @@ Each step: rollout (generation on every engine, plus stragglers that arrive
 around the offload), offload, a training pause, onload, weight sync. The
 "old" way is the seeds' "before" code: bare ``requests`` calls with
 ``raise_for_status()``, flush then release with no pause, a bare weight sync.
-"Ours" is ``SGLangClient`` + ``Orchestrator``. A failed step is what makes a
+"Ours" is ``SGLangClient`` + ``Orchestrator``. Where a control call may have
+been applied (a reset or a read timeout after sending), the old way does what
+verl does with every control call (re-send it on a connection error or a
+timeout, 3 attempts), which kills an engine whose release or resume had been
+applied; ours raises ``AmbiguousOutcome``, the orchestrator quarantines the
+engine, and this driver reconciles it from the engine's real memory state (see
+``_Loop._reconcile``) and runs the transition again. A failed step is what makes a
 controller trigger a global restart: it is recorded in a ``RestartBudget``,
 engines are put back in order (dead ones restarted), and the run goes on
 until the budget is spent. ``cpr demo``, ``cpr soak`` and the chaos tests
@@ -19,17 +25,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
-from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
+from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.budget import RestartBudget
 from resilience.events import Event, Observer, RetryScheduled
 from resilience.policy import PolicyTable
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
+from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.policies import fast_policies
 
 if TYPE_CHECKING:
@@ -39,11 +46,29 @@ __all__ = ["ColocateConfig", "ColocateReport", "StepProgress", "demo_policies", 
 
 Way = Literal["old", "ours"]
 _DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
+CONTROL_TIMEOUT_S = 3.0
+"""Seconds each attempt of a pause, continue, release or resume may take in demo and soak runs, both ways
+(time-scaled: SGLANG_POLICIES allow 30-120 s; an emulated control call answers in milliseconds)."""
+_SCALED_ROUTES = ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation")
+_OLD_ATTEMPTS = 3
+"""The old way's attempts on a connection error or a timeout: verl's ``max_attempts=3`` (statuses are not retried)."""
+_RECONCILE_ROUNDS = 3
+"""How many times ours runs one transition, reconciling the engines it quarantined in between."""
 
 
 def demo_policies() -> PolicyTable:
-    """SGLANG_POLICIES' decisions with backoffs scaled down 10x (demo and soak runs are time-scaled)."""
-    return fast_policies(SGLANG_POLICIES, base_s=0.05, cap_s=0.4)
+    """SGLANG_POLICIES' decisions with backoffs scaled down 10x and control attempts capped at ``CONTROL_TIMEOUT_S``.
+
+    Demo and soak runs are time-scaled; what is retried and what is never re-sent is SGLANG_POLICIES'.
+    """
+    table = fast_policies(SGLANG_POLICIES, base_s=0.05, cap_s=0.4)
+    scaled = {
+        key: replace(policy, attempt_timeout_s=CONTROL_TIMEOUT_S)
+        for key, policy in table.entries.items()
+        if any(key.endswith(" " + route) for route in _SCALED_ROUTES)
+    }
+    assert len(scaled) == len(_SCALED_ROUTES), f"SGLANG_POLICIES routes changed: {sorted(scaled)}"
+    return table.with_entries(scaled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +133,12 @@ class ColocateReport:
     engine_deaths: int = 0
     http_502_seen: int = 0
     http_502_absorbed: int = 0
+    ambiguous_faults_seen: int = 0
+    """Faults injected after the engine acted (reset once sent, never answered, 502 or reset after the answer)."""
+    engines_quarantined: int = 0
+    """Times the orchestrator quarantined an engine (its released memory unknown); ours only."""
+    engines_reconciled: int = 0
+    """Quarantined engines this driver reconciled from the engine's real memory state; ours only."""
     requests_aborted_rerun: int = 0
     requests_lost: int = 0
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
@@ -154,6 +185,18 @@ def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeou
     return r
 
 
+def _old_control(session: requests.Session, url: str, body: dict[str, Any]) -> requests.Response:
+    """The old way's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
+    for attempt in range(_OLD_ATTEMPTS):
+        try:
+            return _json_post(session, url, body, timeout=CONTROL_TIMEOUT_S)
+        except (requests.ConnectionError, requests.Timeout):
+            if attempt == _OLD_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
 class _Loop:
     def __init__(
         self,
@@ -164,6 +207,7 @@ class _Loop:
         budget: RestartBudget,
         policies: PolicyTable,
         urls: Sequence[str] | None = None,
+        proxies: Sequence[FaultProxy | None] = (),
     ) -> None:
         self.fleet, self.config, self.way = fleet, config, way
         self.urls = list(urls) if urls is not None else fleet.urls
@@ -178,14 +222,22 @@ class _Loop:
         self.bare = requests.Session()
         self.bare.trust_env = False
         self.bare.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
-        all_observers = (*observers, self.counter)
-        self.clients = [SGLangClient(u, policies=policies, observers=all_observers, flush_poll_s=0.05, pool_maxsize=64) for u in self.urls]
+        self._policies, self._client_observers = policies, (*observers, self.counter)
+        self.clients = self._new_clients()
+        self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
+        self.proxy_of = {client.engine: proxy for client, proxy in zip(self.clients, proxies, strict=False) if proxy is not None}
         self.orch = Orchestrator(
             EngineGroup(self.clients),
             observers=observers,
             deadlines=_DEADLINES,
             restart_budget=budget,
         )
+
+    def _new_clients(self) -> list[SGLangClient]:
+        return [
+            SGLangClient(u, policies=self._policies, observers=self._client_observers, flush_poll_s=0.05, pool_maxsize=64)
+            for u in self.urls
+        ]
 
     # -- generation ------------------------------------------------------------------
 
@@ -230,16 +282,16 @@ class _Loop:
                 time.sleep(0.05)
             else:
                 raise TimeoutError(f"{url}: timeout while flushing cache")
-            _json_post(self.bare, f"{url}/release_memory_occupation", {"tags": None})
+            _old_control(self.bare, f"{url}/release_memory_occupation", {"tags": None})
 
         list(self.pool.map(one, self.urls))
 
     def _old_onload(self) -> None:
-        list(self.pool.map(lambda u: _json_post(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.urls))
+        list(self.pool.map(lambda u: _old_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.urls))
 
     def _old_weight_sync(self, version: str) -> None:
         def one(url: str) -> None:
-            _json_post(self.bare, f"{url}/pause_generation", {})
+            _old_control(self.bare, f"{url}/pause_generation", {})
             _json_post(self.bare, f"{url}/begin_weight_update", {"selector": "all"})
             for attempt in range(3):  # the seed's _make_request(max_attempts=3) on this one call
                 r = self.bare.post(f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": version})
@@ -248,7 +300,7 @@ class _Loop:
                     break
                 time.sleep(0.05)
             _json_post(self.bare, f"{url}/end_weight_update", {})
-            _json_post(self.bare, f"{url}/continue_generation", {})
+            _old_control(self.bare, f"{url}/continue_generation", {})
 
         list(self.pool.map(one, self.urls))
 
@@ -261,6 +313,48 @@ class _Loop:
                 client.end_weight_update()
 
             list(self.pool.map(one, engines))
+
+    def _ours(self, transition: Callable[[], object]) -> None:
+        """Run one of ours' transitions; after a PhaseFailed that quarantined engines, reconcile them and run it again.
+
+        Gives up (re-raises) when an engine died, when nothing was quarantined (the failure is not about
+        unknown memory), or after ``_RECONCILE_ROUNDS`` runs: then the step fails, as before.
+        """
+        for round_ in range(1, _RECONCILE_ROUNDS + 1):
+            try:
+                transition()
+                return
+            except PhaseFailed as exc:
+                names = sorted(set(exc.quarantined) | set(self.orch.quarantined()))
+                if not names or exc.dead or round_ == _RECONCILE_ROUNDS:
+                    raise
+                self.report.engines_quarantined += len(names)
+                self._reconcile(names)
+
+    def _reconcile(self, names: Sequence[str]) -> None:
+        """Tell the orchestrator each quarantined engine's real memory state, read from the engine itself.
+
+        A real controller checks the engine's memory on its own (torch_memory_saver's regions, or the
+        GPU's used memory against the model's footprint); here the emulator's ``/_emulator/state`` is
+        that check. It is read once the calls still in flight to the engine have landed
+        (``FaultProxy.settle``): a release whose client saw a reset finishes a moment later. The
+        orchestrator refuses while a call it sent is still running; then this reads again, for at most 10 s.
+        """
+        for name in names:
+            deadline = time.monotonic() + 10.0
+            while True:
+                proxy = self.proxy_of.get(name)
+                if proxy is not None:  # control calls only: generation held at a paused engine's gate is not waited for
+                    proxy.settle(paths=CONTROL_PATHS)
+                state = self.handles[name].state()
+                try:
+                    self.orch.reconcile(name, released=state["released_tags"], paused=bool(state["paused"]))
+                    break
+                except RuntimeError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            self.report.engines_reconciled += 1
 
     def step(self, n: int) -> None:
         cfg = self.config
@@ -280,10 +374,10 @@ class _Loop:
                 self._timed("onload", self._old_onload)
                 self._timed("weight_sync", lambda: self._old_weight_sync(f"v{n}"))
             else:
-                self._timed("offload", lambda: self.orch.offload(mode="abort"))
+                self._timed("offload", lambda: self._ours(lambda: self.orch.offload(mode="abort")))
                 time.sleep(cfg.train_s)
-                self._timed("onload", self.orch.onload)
-                self._timed("weight_sync", lambda: self._our_weight_sync(f"v{n}"))
+                self._timed("onload", lambda: self._ours(self.orch.onload))
+                self._timed("weight_sync", lambda: self._ours(lambda: self._our_weight_sync(f"v{n}")))
         finally:
             lost = sum(1 for f in stragglers if f.result(timeout=120) == "lost")
             self.report.requests_lost += lost
@@ -323,11 +417,12 @@ class _Loop:
                     raise
                 self._restart([engine])
                 dead.append(engine)
+        for client in self.clients:  # a global restart starts the controller afresh: new clients, new orchestrator
+            client.close()
+        self.clients = self._new_clients()
         self.orch = Orchestrator(
             EngineGroup(self.clients), observers=self.orch.observers, deadlines=self.orch.deadlines, restart_budget=self.budget
         )
-        for client in self.clients:
-            client._paused_mode = None
         return len(dead)
 
     def close(self) -> None:
@@ -339,6 +434,14 @@ class _Loop:
 
 def _injected_502s(proxies: Sequence[FaultProxy | None]) -> int:
     return sum(proxy.injected_count(502) for proxy in proxies if proxy is not None)
+
+
+_AMBIGUOUS_KINDS = frozenset({"drop_after", "hang_after", "reset_after", "status_after"})
+
+
+def _injected_ambiguous(proxies: Sequence[FaultProxy | None]) -> int:
+    """Faults injected after the engine acted, from the proxies' exact counts (keys ``kind:status:path``)."""
+    return sum(n for p in proxies if p is not None for key, n in p.counts().items() if key.split(":", 1)[0] in _AMBIGUOUS_KINDS)
 
 
 def run_colocate(
@@ -369,9 +472,9 @@ def run_colocate(
         raise ValueError(f"`proxies` must hold one proxy per engine ({len(fleet.engines)}), but held {len(proxies)}")
     counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
     urls = [p.url for p in proxies] if proxies is not None else None
-    loop = _Loop(fleet, config, way, observers, budget, policies if policies is not None else demo_policies(), urls)
+    loop = _Loop(fleet, config, way, observers, budget, policies if policies is not None else demo_policies(), urls, counted)
     report = loop.report
-    before_502 = _injected_502s(counted)
+    before_502, before_ambiguous = _injected_502s(counted), _injected_ambiguous(counted)
     t0 = time.monotonic()
     try:
         for n in range(config.steps):
@@ -418,6 +521,7 @@ def run_colocate(
     finally:
         loop.close()
     report.http_502_seen = _injected_502s(counted) - before_502
+    report.ambiguous_faults_seen = _injected_ambiguous(counted) - before_ambiguous
     report.http_502_absorbed = loop.counter.absorbed
     report.wall_s = time.monotonic() - t0
     return report

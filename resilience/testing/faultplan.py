@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
 __all__ = [
+    "AMBIGUOUS_PATHS",
     "CONTROL_PATHS",
     "Decision",
     "FaultDecider",
@@ -42,7 +43,9 @@ __all__ = [
     "FaultRule",
 ]
 
-FaultKind = Literal["status_before", "status_after", "reset_before", "reset_after", "latency", "hang", "window"]
+FaultKind = Literal[
+    "status_before", "status_after", "reset_before", "reset_after", "drop_after", "hang_after", "latency", "hang", "window"
+]
 """What a rule does to a request it selects.
 
 - ``status_before``: answer ``status`` (empty body) without forwarding; the engine never sees it.
@@ -50,6 +53,13 @@ FaultKind = Literal["status_before", "status_after", "reset_before", "reset_afte
   the engine acted but the client sees an error (an ambiguous outcome).
 - ``reset_before``: reset the client connection (TCP RST) without forwarding.
 - ``reset_after``: forward, let the engine answer, then reset the client connection.
+- ``drop_after``: forward, then reset the client connection (TCP RST) as soon as the request has
+  been sent, before the engine answers; the proxy still reads the engine's answer to its end, so
+  the engine carries the call out, possibly *after* the client saw the reset (a late effect).
+  The client sees a reset after sending: ambiguous. ``FaultProxy.settle()`` waits for such calls.
+- ``hang_after``: forward, let the engine act and answer, drop the answer and never answer the
+  client: it gets a read timeout after sending (ambiguous). The connection is held until the
+  client gives up, ``delay`` passes (then closed without an answer) or the proxy stops.
 - ``latency``: sleep ``delay`` seconds, then forward normally.
 - ``hang``: never answer; hold the connection until the proxy stops or ``delay`` passes, then close.
 - ``window``: a swap window. ``path`` is the trigger: once a selected request to it has
@@ -60,7 +70,9 @@ FaultKind = Literal["status_before", "status_after", "reset_before", "reset_afte
 _KINDS: Final[tuple[str, ...]] = get_args(FaultKind)
 _STATUS_KINDS: Final = frozenset({"status_before", "status_after", "window"})
 _DELAY_REQUIRED: Final = frozenset({"latency", "window"})
-_DELAY_ALLOWED: Final = _DELAY_REQUIRED | {"hang"}
+_DELAY_ALLOWED: Final = _DELAY_REQUIRED | {"hang", "hang_after"}
+_AFTER_SENDING: Final = frozenset({"status_after", "reset_after", "drop_after", "hang_after"})
+"""Kinds that forward the request and then fail the client: the engine acts, the client cannot know."""
 #: Kinds the client experiences as a failure (counted by ``FaultPlan.max_streak``).
 _FAILING: Final = frozenset(_KINDS) - {"latency"}
 DEFAULT_STATUS: Final = 502
@@ -77,6 +89,10 @@ CONTROL_PATHS: Final[tuple[str, ...]] = (
 """The per-step SGLang control endpoints the seed's colocate loop calls (Bug A)."""
 
 _IDEMPOTENT_CONTROL: Final = ("/pause_generation", "/continue_generation", "/flush_cache")
+
+AMBIGUOUS_PATHS: Final[tuple[str, ...]] = ("/release_memory_occupation", "/resume_memory_occupation", "/continue_generation")
+"""Where ``FaultPlan.seed_like(..., ambiguous=p)`` puts faults after the engine acted: the calls whose
+repetition (release, resume) or misreading (continue) crashes or endangers an engine."""
 
 
 class FaultPlanError(ValueError):
@@ -147,7 +163,8 @@ class FaultRule:
 
     delay: float | None = None
     """Seconds: the sleep of ``latency`` and the length of a ``window`` (both required, > 0);
-    for ``hang``, how long to hold before closing (None = until the proxy stops).
+    for ``hang`` and ``hang_after``, how long to hold before closing (None = until the client
+    gives up or the proxy stops).
     Must stay None for other kinds."""
 
     paths: Set[str] = frozenset()
@@ -330,7 +347,7 @@ class FaultPlan:
         return cls.from_dict(data, source=str(p))
 
     @classmethod
-    def seed_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2) -> FaultPlan:
+    def seed_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2, ambiguous: float = 0.0) -> FaultPlan:
         """The faults of the second seed's Bug A: transient 502s on the per-step control calls.
 
         - ``status_before`` 502 (empty body, not forwarded) with probability ``rate`` on every
@@ -345,10 +362,21 @@ class FaultPlan:
         - ``max_streak=2``: never more than two failures in a row per path, so a client
           with 3 attempts (the seed's fix) always survives, while a client without
           retries fails as soon as one fault lands (``rate`` > 0).
+        - ``ambiguous`` (default 0 = none): faults *after* the engine acted on
+          :data:`AMBIGUOUS_PATHS` (release, resume, continue), tried before the others:
+          ``drop_after`` with probability ``ambiguous`` and ``hang_after`` with probability
+          ``ambiguous / 4`` (held at most 30 s; the client's read timeout ends it first).
+          A client that re-sends release or resume after them kills the engine; a correct
+          one raises ``AmbiguousOutcome`` and the orchestrator quarantines the engine.
         """
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
-            raise _fail("rate", "a number between 0 and 1", rate)
-        rules = [FaultRule(p, "status_before", probability=rate) for p in CONTROL_PATHS]
+        for name, value in (("rate", rate), ("ambiguous", ambiguous)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise _fail(name, "a number between 0 and 1", value)
+        rules: list[FaultRule] = []
+        if ambiguous:
+            rules += [FaultRule(p, "drop_after", probability=ambiguous) for p in AMBIGUOUS_PATHS]
+            rules += [FaultRule(p, "hang_after", probability=ambiguous / 4, delay=30.0) for p in AMBIGUOUS_PATHS]
+        rules += [FaultRule(p, "status_before", probability=rate) for p in CONTROL_PATHS]
         rules += [FaultRule(p, "reset_before", probability=rate / 10) for p in _IDEMPOTENT_CONTROL]
         rules.append(FaultRule("/resume_memory_occupation", "latency", probability=0.5, delay=slow_swap))
         return cls(seed=seed, rules=tuple(rules), max_streak=2)
@@ -388,7 +416,7 @@ class Decision:
     @property
     def forwards(self) -> bool:
         """Whether the request reaches the engine."""
-        return self.kind in (None, "status_after", "reset_after", "latency")
+        return self.kind is None or self.kind in _AFTER_SENDING or self.kind == "latency"
 
 
 class FaultDecider:
@@ -466,7 +494,7 @@ class FaultDecider:
                 status=rule.answer_status,
                 delay=rule.delay,
                 rule_index=chosen,
-                opens=opens if rule.kind in ("status_after", "reset_after", "latency") else (),
+                opens=opens if rule.kind in _AFTER_SENDING or rule.kind == "latency" else (),
             )
 
     def forwarded(self, decision: Decision) -> None:

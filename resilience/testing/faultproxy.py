@@ -3,7 +3,9 @@
 It plays the nginx of the second seed: it stands in front of one engine (an
 SGLang emulator or any HTTP server), forwards requests, streams answers back
 (SSE included) and, where the plan says so, answers 502 with an empty body,
-resets the connection, delays, or hangs, before or after the engine acted.
+resets the connection, delays, or hangs, before or after the engine acted
+(``drop_after``: reset as soon as the request is sent; ``hang_after``: never answer
+a request the engine carried out).
 
 Why ``ThreadingHTTPServer`` rather than a raw socket server: the standard
 library's request parser (request line, headers, ``Expect: 100-continue``,
@@ -29,6 +31,7 @@ import struct
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final, cast
@@ -296,7 +299,8 @@ class FaultProxy:
         self._accept_thread: threading.Thread | None = None
         self._threads: set[threading.Thread] = set()
         self._clients: set[socket.socket] = set()
-        self._upstreams: set[http.client.HTTPConnection] = set()
+        self._upstreams: dict[http.client.HTTPConnection, str] = {}  # requests in flight to the engine -> their path
+        self._settled = threading.Condition(self._lock)  # notified when no request is in flight to the engine
         self._injected: deque[InjectedFault] = deque(maxlen=seen_limit)
         self._injected_counts: Counter[str] = Counter()  # exact totals, however long the run
         self._seen: deque[_Record] = deque(maxlen=seen_limit)  # bounded: a soak must not grow with its length
@@ -358,6 +362,25 @@ class FaultProxy:
         left = [t.name for t in threads if t.is_alive()]
         if left:
             logger.warning("faultproxy: threads still running after stop(): %s", ", ".join(left))
+
+    def settle(self, timeout: float = 10.0, paths: Collection[str] | None = None) -> bool:
+        """Wait until no request (to ``paths``, when given) is in flight to the engine; True then, False after ``timeout`` s.
+
+        After a ``drop_after`` reset the engine may still be carrying the call out; anyone who
+        reads the engine's real state to reconcile (a test, or a controller's memory check) calls
+        this first, so the late effect has landed. Requests that arrive meanwhile count too.
+        ``paths``: only these paths count, e.g. the control paths, so generation requests held
+        by a paused engine are not waited for. None = every request.
+        """
+        deadline = time.monotonic() + timeout
+        wanted = None if paths is None else frozenset(paths)
+        with self._settled:
+            while any(wanted is None or path in wanted for path in self._upstreams.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._settled.wait(left)
+        return True
 
     def __enter__(self) -> FaultProxy:
         self.start()
@@ -499,11 +522,13 @@ class FaultProxy:
             if self._stopping.wait(d.delay):
                 h.reset()
                 return
-        buffered = kind in ("status_after", "reset_after")
-        self._forward(h, target, body, d, rec, stream_to_client=not buffered)
-        if rec.upstream_error is not None:
-            return  # the engine failed; the client already got nginx's 502/504
-        if kind == "reset_after":
+        buffered = kind in ("status_after", "reset_after", "drop_after", "hang_after")
+        self._forward(h, target, body, d, rec, stream_to_client=not buffered, drop_client=kind == "drop_after")
+        if rec.upstream_error is not None or kind == "drop_after":
+            return  # the engine failed (the client already got nginx's 502/504), or the client was reset on sending
+        if kind == "hang_after":
+            self._hang(h, d.delay)  # the engine acted; the client waits for an answer that never comes
+        elif kind == "reset_after":
             h.reset()
         elif kind == "status_after":
             assert d.status is not None
@@ -527,12 +552,18 @@ class FaultProxy:
         rec: _Record,
         *,
         stream_to_client: bool,
+        drop_client: bool = False,
     ) -> None:
+        """Send the request to the engine and read its answer: relayed, or read to its end and dropped.
+
+        ``drop_client``: reset the client as soon as the request is sent, then still read the
+        engine's whole answer (so the engine finishes the call after the client saw the reset).
+        """
         conn = http.client.HTTPConnection(self._up_host, self._up_port, timeout=self._upstream_timeout)
         with self._lock:
             if self._stopping.is_set():
                 raise _ClientGone
-            self._upstreams.add(conn)
+            self._upstreams[conn] = d.path
         try:
             try:
                 conn.connect()
@@ -546,11 +577,15 @@ class FaultProxy:
                 if body is not None:
                     conn.putheader("Content-Length", str(len(body)))
                 conn.endheaders(body)
+                if drop_client:
+                    h.reset()  # sent: the engine has the request, the client gets a reset
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 if self._stopping.is_set():
                     raise _ClientGone from None
                 rec.upstream_error = type(exc).__name__
+                if drop_client and h.connection.fileno() == -1:
+                    return  # the client was already reset: nothing to answer
                 status = 504 if isinstance(exc, TimeoutError) else 502
                 logger.debug(
                     "faultproxy e%d: %s %s -> upstream %s, answering %d",
@@ -576,7 +611,8 @@ class FaultProxy:
             raise _ClientGone from None
         finally:
             with self._lock:
-                self._upstreams.discard(conn)
+                self._upstreams.pop(conn, None)
+                self._settled.notify_all()
             conn.close()
 
     def _relay(self, h: _Handler, resp: http.client.HTTPResponse, rec: _Record) -> None:

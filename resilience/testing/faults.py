@@ -16,6 +16,7 @@ Standard library only (pyyaml, lazily, for YAML plans).
 from __future__ import annotations
 
 from resilience.testing.faultplan import (
+    AMBIGUOUS_PATHS,
     CONTROL_PATHS,
     Decision,
     FaultDecider,
@@ -27,6 +28,7 @@ from resilience.testing.faultplan import (
 from resilience.testing.faultproxy import FaultProxy, InjectedFault, SeenRequest
 
 __all__ = [
+    "AMBIGUOUS_PATHS",
     "CONTROL_PATHS",
     "Decision",
     "FaultDecider",

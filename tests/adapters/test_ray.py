@@ -27,12 +27,14 @@ else:
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-from resilience.adapters.ray import RayEngine, RayFanOut, TimedValue, ray_engines
+from resilience.adapters.ray import RayEngine, RayFanOut, TimedValue, _unwrap, ray_engines
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.deadline import Deadline
+from resilience.engine_outcome import outcome_of
+from resilience.engine_state import CallOutcome
 from resilience.events import Event, PhaseEnded
-from resilience.fanout import EngineDied, FanOut, PhaseTimeout, ThreadFanOut
+from resilience.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
 from resilience.outcome import Delivery
 from resilience.policy import EndpointPolicy, RetryPolicy
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
@@ -239,7 +241,7 @@ def test_killed_actor_during_offload_is_named_and_the_others_roll_back(serving: 
         assert err.dead == (victim.engine,)
         survivors = [e.engine for e in engines if e is not victim]
         assert sorted(err.rolled_back) == sorted(survivors)
-        assert err.left_paused == {}
+        assert list(err.left_paused) == [victim.engine] and "dead" in err.left_paused[victim.engine]  # v2: every engine not serving
         assert calls_since(serving.engines[1], since, "/flush_cache") == []  # the dead actor sent nothing more
         for i in (0, 2):
             handle = serving.engines[i]
@@ -349,6 +351,44 @@ def test_refs_not_ready_by_the_deadline_are_phase_timeouts(local_ray: None) -> N
     finally:
         ray.kill(fast.actor)
         ray.kill(slow.actor)
+
+
+def test_a_late_ref_is_handed_back_and_lands(local_ray: None) -> None:
+    """A call past the phase deadline comes back with a handle: the barrier can wait for it to land and read its outcome."""
+    slow = _SlowEngine("http://127.0.0.1:2", 0.6)
+    try:
+        ray.get(slow.actor.timed_call.remote("warm", {}, None), timeout=TIMEOUT)
+        [result] = RayFanOut(cancel_late=False).call([(slow, {})], "pause_generation", Deadline(0.2))
+        assert isinstance(result.error, PhaseTimeout) and outcome_of(result.error) is CallOutcome.MAYBE
+        assert result.late is not None
+        assert result.late.wait(TIMEOUT) == (True, None)  # it landed, applied
+    finally:
+        ray.kill(slow.actor)
+
+
+def test_the_barrier_waits_for_a_late_ray_call_before_the_next_command(local_ray: None) -> None:
+    """A pause still running at the phase deadline is named as in flight, and awaited before that engine gets anything else."""
+    fast, slow = _SlowEngine("http://127.0.0.1:1", 0.0), _SlowEngine("http://127.0.0.1:2", 0.6)
+    try:
+        ray.get([e.actor.timed_call.remote("warm", {}, None) for e in (fast, slow)], timeout=TIMEOUT)  # both actors up
+        orch = Orchestrator(EngineGroup([fast, slow]), fanout=RayFanOut(cancel_late=False),
+                            deadlines=PhaseDeadlines(transition_s=30, pause_s=0.2, continue_s=10))
+        with pytest.raises(PhaseFailed) as info:
+            orch.offload()
+        assert "late pause_generation" in info.value.left_paused[slow.engine] and info.value.rolled_back == (fast.engine,)
+        with orch.weight_sync():  # settles the late pause first: the slow engine is known paused, not paused again
+            assert orch.states()[slow.engine] == "paused"
+        assert orch.not_serving() == {}
+    finally:
+        ray.kill(fast.actor)
+        ray.kill(slow.actor)
+
+
+def test_an_unavailable_actor_is_maybe_applied(local_ray: None) -> None:
+    """Ray's ActorUnavailableError (the call may have run) reaches the barrier as EngineUnavailable: unknown, not "not applied"."""
+    error = _unwrap(ray.exceptions.ActorUnavailableError("the actor's node is unreachable", None), "http://127.0.0.1:3")
+    assert isinstance(error, EngineUnavailable) and "http://127.0.0.1:3" in str(error)
+    assert outcome_of(error) is CallOutcome.MAYBE
 
 
 def test_fan_out_refuses_engines_without_an_actor(local_ray: None) -> None:

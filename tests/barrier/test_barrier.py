@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -134,7 +135,8 @@ def test_one_dead_engine_named_others_continue(backend: Backend) -> None:
         dead_name = engines[5].engine
         assert err.phase == "pause" and list(err.failures) == [dead_name]
         assert dead_name in str(err) and "A restart would use 1 of 3" in str(err)
-        assert dead_name in err.dead and err.left_paused == {}
+        assert dead_name in err.dead and list(err.left_paused) == [dead_name]  # v2: every engine not serving is named, dead ones too
+        assert "dead" in err.left_paused[dead_name]
         assert sorted(err.rolled_back) == sorted(e.engine for i, e in enumerate(engines) if i != 5)
         for i, url in enumerate(fleet.urls):
             if i != 5:
@@ -157,7 +159,7 @@ def test_release_failure_rolls_back_every_engine(backend: Backend) -> None:
             orch.offload()
         err = info.value
         assert err.phase == "release" and list(err.failures) == [engines[1].engine]
-        assert err.left_paused == {} and "No engine was left paused or released" in str(err)
+        assert err.left_paused == {} and "Every engine is serving" in str(err)
         assert sorted(err.rolled_back) == sorted(e.engine for e in engines)
         for engine in fleet.engines:
             state = engine.state()
@@ -165,8 +167,9 @@ def test_release_failure_rolls_back_every_engine(backend: Backend) -> None:
         assert set(orch.states().values()) == {EngineState.SERVING}
 
 
-def test_ambiguous_release_is_named_and_left_alone(backend: Backend) -> None:
-    """A release that may have been applied is neither resumed nor re-sent: the engine is named as left paused, the rest roll back."""
+def test_ambiguous_release_is_quarantined_until_reconciled(backend: Backend) -> None:
+    """A release that may have been applied is neither resumed nor re-sent: the engine is quarantined and named by every
+    transition until the caller reconciles it from the engine's real state; then onload brings it back."""
     _, make, fanout = backend
     plan = FaultPlan(seed=3, rules=(FaultRule("/release_memory_occupation", "latency", delay=1.0, engines=frozenset({1})),))
     release = FAST_SGLANG.match("POST", "/release_memory_occupation").policy
@@ -179,9 +182,40 @@ def test_ambiguous_release_is_named_and_left_alone(backend: Backend) -> None:
         err = info.value
         name = engines[1].engine
         assert isinstance(err.failures[name], AmbiguousOutcome)
-        assert "release may have been applied" in err.left_paused[name]
-        assert name in str(err) and "Left paused or released" in str(err)
+        assert "quarantined" in err.left_paused[name] and err.quarantined == (name,)  # v2: quarantined, reconcile or retire
+        assert name in str(err) and "Not serving" in str(err)
         assert sorted(err.rolled_back) == sorted([engines[0].engine, engines[2].engine])
-        time.sleep(1.2)
+        with pytest.raises(PhaseFailed) as again:
+            orch.onload()  # v2: skipped, and said so (the old code could resume or re-release it)
+        assert again.value.phase == "skipped" and list(again.value.failures) == [name] and again.value.quarantined == (name,)
+        time.sleep(1.2)  # the delayed release lands
         assert all(e.alive() for e in fleet.engines)
-        assert fleet.engines[1].state()["paused"] is True
+        state = fleet.engines[1].state()
+        assert state["paused"] is True and state["released_tags"]  # applied: a resume is right now, a second release would kill it
+        orch.reconcile(engines[1], released=state["released_tags"], paused=True)
+        assert orch.quarantined() == {} and orch.paused_by_us(name)
+        report = orch.onload()
+        assert [p.phase for p in report.phases] == ["resume", "continue"] and report.phases[0].engines == (name,)
+        assert all(e.alive() and not e.state()["paused"] and e.state()["released_tags"] == [] for e in fleet.engines)
+        assert set(orch.states().values()) == {EngineState.SERVING}
+
+
+def test_paused_by_us_takes_names_urls_and_engine_objects(fleet4: EmulatedFleet, backend: Backend) -> None:
+    """paused_by_us accepts the engine's name, its URL, or the engine object; an engine it does not drive is a KeyError naming it."""
+    _, make, fanout = backend
+    engines = make(fleet4.urls)
+    orch = Orchestrator([EngineGroup(engines[:2]), EngineGroup(engines[2:3], needs_offload=False)], fanout=fanout())
+    orch.offload(tags=["kv_cache"])
+    try:
+        for engine, url in zip(engines[:3], fleet4.urls[:3], strict=True):
+            expected = engine in engines[:2]
+            assert orch.paused_by_us(engine) is expected
+            assert orch.paused_by_us(engine.engine) is expected
+            assert orch.paused_by_us(url + "/") is expected
+        with pytest.raises(KeyError, match=re.escape(engines[3].engine)):
+            orch.paused_by_us(engines[3])
+        with pytest.raises(KeyError, match=re.escape("http://10.0.0.1:1")):
+            orch.paused_by_us("http://10.0.0.1:1")
+    finally:
+        orch.onload()
+    assert not any(orch.paused_by_us(e) for e in engines[:3])

@@ -94,6 +94,13 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     assert len(old_step["causes"]) == len(old_step["died"])
     if old_step["died"]:
         assert all(c in causes["old"] for c in old_step["causes"])
+    assert table["ambiguous faults (reset/timeout after the engine acted)"] == [
+        with_rate("old", old["ambiguous_faults_seen"]),
+        with_rate("ours", ours["ambiguous_faults_seen"]),
+    ]
+    assert table["engines quarantined (memory state unknown)"] == ["-", str(ours["engines_quarantined"])]
+    assert table["engines reconciled from their memory state"] == ["-", str(ours["engines_reconciled"])]
+    assert ours["engines_reconciled"] == ours["engines_quarantined"]
 
     assert old["engine_deaths"] + old["restarts"] > 0
     assert (ours["engine_deaths"], ours["restarts"], ours["failed_steps"], ours["requests_lost"]) == (0, 0, 0, 0)

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from resilience.testing.faults import (
+    AMBIGUOUS_PATHS,
     CONTROL_PATHS,
     FaultDecider,
     FaultPlan,
@@ -37,6 +38,8 @@ class Upstream:
         self.headers: list[dict[str, str]] = []
         self.go = threading.Event()
         self.go_timed_out: bool | None = None
+        self.slow_go = threading.Event()
+        self.slow_timed_out: bool | None = None
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -57,6 +60,10 @@ class Upstream:
                 if path == "/generate_stream":
                     self._stream()
                     return
+                if path == "/slow":  # the engine acts only once the test says go
+                    upstream.slow_timed_out = not upstream.slow_go.wait(TIMEOUT)
+                    with upstream.lock:
+                        upstream.counts["/slow:done"] += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
                 self.send_header("Content-Length", str(len(body)))
@@ -96,6 +103,7 @@ class Upstream:
 
     def close(self) -> None:
         self.go.set()
+        self.slow_go.set()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(TIMEOUT)
@@ -177,6 +185,86 @@ def test_reset_gives_connection_error(upstream: Upstream, session: requests.Sess
         assert [f.kind for f in proxy.injected] == [kind]
         r = session.post(proxy.url + "/other", data=b"after", timeout=TIMEOUT)  # the proxy still serves
         assert r.content == b"after"
+
+
+def test_drop_after_resets_the_client_before_the_engine_answers(upstream: Upstream, session: requests.Session) -> None:
+    """drop_after resets the client once the request is sent; the engine still finishes the call, and settle() waits for it."""
+    with FaultProxy(upstream.url, plan(FaultRule("/slow", "drop_after", calls={1}))) as proxy:
+        with pytest.raises(requests.ConnectionError) as info:
+            session.post(proxy.url + "/slow", data=b"release", timeout=TIMEOUT)
+        assert "reset" in str(info.value).lower() or "aborted" in str(info.value).lower()
+        wait_until(lambda: upstream.count("/slow") == 1)  # the engine has the request...
+        assert upstream.count("/slow:done") == 0  # ...and has not answered: the client was reset before the answer
+        assert proxy.settle(timeout=0.2) is False  # still in flight to the engine
+        assert proxy.settle(timeout=TIMEOUT, paths={"/pause_generation"}) is True  # only other paths counted
+        [seen] = proxy.seen
+        assert (seen.fault, seen.client_status, seen.upstream_status) == ("drop_after", None, None)
+        upstream.slow_go.set()
+        assert proxy.settle(timeout=TIMEOUT) is True
+        assert upstream.count("/slow:done") == 1 and upstream.slow_timed_out is False
+        [seen] = proxy.seen
+        assert (seen.fault, seen.client_status, seen.upstream_status, seen.upstream_error) == ("drop_after", None, 200, None)
+        r = session.post(proxy.url + "/slow", data=b"again", timeout=TIMEOUT)  # call 2 is not selected; the proxy still serves
+        assert (r.status_code, r.content) == (200, b"again")
+        assert upstream.count("/slow") == 2
+        assert proxy.counts() == {"drop_after:-:/slow": 1}
+
+
+def test_hang_after_engine_acts_client_times_out(upstream: Upstream, session: requests.Session) -> None:
+    """hang_after: the engine answers, the client never does: a read timeout after sending; the thread ends when the client leaves."""
+    with FaultProxy(upstream.url, plan(FaultRule("/resume_memory_occupation", "hang_after"))) as proxy:
+        with pytest.raises(requests.ReadTimeout):
+            session.post(proxy.url + "/resume_memory_occupation", json={"tags": ["weights"]}, timeout=0.5)
+        assert upstream.count("/resume_memory_occupation") == 1  # the engine carried it out
+        assert proxy.settle(timeout=TIMEOUT) is True
+        [seen] = proxy.seen
+        assert (seen.fault, seen.upstream_status, seen.client_status) == ("hang_after", 200, None)
+        session.close()
+        wait_until(lambda: not [t for t in proxy_threads() if "-conn-" in t])
+        assert proxy.counts() == {"hang_after:-:/resume_memory_occupation": 1}
+
+
+def test_hang_after_is_released_by_stop_within_its_bound(upstream: Upstream, session: requests.Session) -> None:
+    """A hang_after request still held is closed by stop(), which returns with every proxy thread joined."""
+    proxy = FaultProxy(upstream.url, plan(FaultRule("/continue_generation", "hang_after")))
+    proxy.start()
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            session.post(proxy.url + "/continue_generation", json={}, timeout=30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    client = threading.Thread(target=call)
+    client.start()
+    try:
+        wait_until(lambda: upstream.count("/continue_generation") == 1 and proxy.seen and proxy.seen[0].upstream_status == 200)
+        assert client.is_alive()  # the engine answered; the client still waits
+    finally:
+        proxy.stop(timeout=TIMEOUT)
+    client.join(TIMEOUT)
+    assert not client.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], requests.ConnectionError)
+    assert proxy_threads() == []
+
+
+def test_hang_after_with_delay_closes_without_an_answer(upstream: Upstream, session: requests.Session) -> None:
+    """hang_after with a delay closes the connection, unanswered, once the delay passed; the engine acted once."""
+    with FaultProxy(upstream.url, plan(FaultRule("/flush_cache", "hang_after", delay=0.2))) as proxy:
+        with pytest.raises(requests.ConnectionError):
+            session.post(proxy.url + "/flush_cache", data=b"x", timeout=TIMEOUT)
+        assert upstream.count("/flush_cache") == 1
+        assert [f.kind for f in proxy.injected] == ["hang_after"]
+
+
+def test_ambiguous_kinds_count_toward_max_streak() -> None:
+    """drop_after and hang_after are failures to the client: max_streak lets the next attempt through."""
+    for kind in ("drop_after", "hang_after"):
+        d = FaultDecider(plan(FaultRule("/p", kind), max_streak=1))
+        decisions = [d.decide("/p") for _ in range(4)]
+        assert [x.kind for x in decisions] == [kind, None, kind, None]
+        assert all(x.forwards for x in decisions)
 
 
 def test_latency_delays_then_forwards(upstream: Upstream, session: requests.Session) -> None:
@@ -353,6 +441,23 @@ def test_seed_like_fails_plain_client_and_spares_retrying_client() -> None:
     assert all(r.path not in ("/release_memory_occupation", "/resume_memory_occupation") for r in p.rules if r.kind == "reset_before")
 
 
+def test_seed_like_ambiguous_adds_faults_after_the_engine_acted_on_release_resume_continue() -> None:
+    """seed_like(ambiguous=p): drop_after (p) and hang_after (p/4) on release, resume and continue, tried first; 0 adds none."""
+    p = FaultPlan.seed_like(seed=3, ambiguous=0.2)
+    added = [r for r in p.rules if r.kind in ("drop_after", "hang_after")]
+    assert len(added) == 2 * len(AMBIGUOUS_PATHS) and p.rules[: len(added)] == tuple(added)
+    assert {(r.path, r.kind, r.probability) for r in added} == {
+        *((path, "drop_after", 0.2) for path in AMBIGUOUS_PATHS),
+        *((path, "hang_after", 0.05) for path in AMBIGUOUS_PATHS),
+    }
+    assert p.rules[len(added) :] == FaultPlan.seed_like(seed=3).rules
+    decider = FaultDecider(p, 0)
+    kinds = Counter(decider.decide(path).kind for _ in range(200) for path in AMBIGUOUS_PATHS)
+    assert kinds["drop_after"] > 0 and kinds["hang_after"] > 0
+    with pytest.raises(FaultPlanError, match=r"`ambiguous` must be a number between 0 and 1, but was 1\.5"):
+        FaultPlan.seed_like(seed=3, ambiguous=1.5)
+
+
 def test_ambiguous_release_engine_acts_client_sees_502(upstream: Upstream, session: requests.Session) -> None:
     """ambiguous_release: the first release reaches the engine, the client gets 502; the second passes."""
     with FaultProxy(upstream.url, FaultPlan.ambiguous_release(seed=5)) as proxy:
@@ -439,6 +544,8 @@ EXPECTED = FaultPlan(
         FaultRule("/pause_generation", "status_before", probability=0.25, engines={0, 1}),
         FaultRule("/release_memory_occupation", "window", delay=0.5, paths={"/pause_generation"}, status=503),
         FaultRule("/flush_cache", "reset_before", calls={1, 2}, max_count=1),
+        FaultRule("/release_memory_occupation", "drop_after", calls={1}),
+        FaultRule("/resume_memory_occupation", "hang_after", probability=0.5, delay=3.0),
     ),
 )
 
@@ -461,6 +568,15 @@ path = "/flush_cache"
 kind = "reset_before"
 calls = [1, 2]
 max_count = 1
+[[rules]]
+path = "/release_memory_occupation"
+kind = "drop_after"
+calls = [1]
+[[rules]]
+path = "/resume_memory_occupation"
+kind = "hang_after"
+probability = 0.5
+delay = 3.0
 """
 
 YAML = """
@@ -470,6 +586,8 @@ rules:
   - {path: /pause_generation, kind: status_before, probability: 0.25, engines: [0, 1]}
   - {path: /release_memory_occupation, kind: window, delay: 0.5, paths: [/pause_generation], status: 503}
   - {path: /flush_cache, kind: reset_before, calls: [1, 2], max_count: 1}
+  - {path: /release_memory_occupation, kind: drop_after, calls: [1]}
+  - {path: /resume_memory_occupation, kind: hang_after, probability: 0.5, delay: 3.0}
 """
 
 
@@ -492,6 +610,9 @@ def test_plan_loads_from_toml_yaml_json(tmp_path: Path, name: str, text: str) ->
         ({"path": "/p", "kind": "reset_before", "status": 503}, "`status` must be unset for kind 'reset_before'"),
         ({"path": "/p", "kind": "status_before", "calls": [0]}, "`calls` must be a non-empty set of integers >= 1"),
         ({"path": "p", "kind": "hang"}, '`path` must be an exact path starting with "/"'),
+        ({"path": "/p", "kind": "drop_after", "status": 502}, "`status` must be unset for kind 'drop_after'"),
+        ({"path": "/p", "kind": "drop_after", "delay": 1}, "`delay` must be unset for kind 'drop_after'"),
+        ({"path": "/p", "kind": "hang_after", "delay": -1}, "`delay` must be a finite number of seconds > 0"),
     ],
 )
 def test_bad_plan_file_errors_name_file_rule_and_field(tmp_path: Path, rule: dict[str, Any], message: str) -> None:
@@ -524,3 +645,20 @@ def test_records_are_bounded_and_counts_stay_exact() -> None:
         assert len(proxy.seen) == 5 and len(proxy.injected) == 5
         assert proxy.injected_count() == 12 and proxy.injected_count(502) == 12
         assert proxy.counts() == {"status_before:502:/x": 12}
+
+
+def test_records_bounded_counts_exact_with_ambiguous_kinds(upstream: Upstream, session: requests.Session) -> None:
+    """drop_after/hang_after injections are counted exactly past seen_limit; the engine got every request once."""
+    rules = (FaultRule("/d", "drop_after", calls=set(range(1, 8))), FaultRule("/h", "hang_after", delay=0.05, calls=set(range(1, 5))))
+    with FaultProxy(upstream.url, FaultPlan(seed=1, rules=rules), seen_limit=3) as proxy:
+        for path, n in (("/d", 9), ("/h", 6)):
+            for _ in range(n):
+                try:
+                    session.post(proxy.url + path, data=b"x", timeout=TIMEOUT)
+                except requests.ConnectionError:
+                    pass
+        assert proxy.settle(timeout=TIMEOUT)
+        assert len(proxy.seen) == 3 and len(proxy.injected) == 3
+        assert proxy.counts() == {"drop_after:-:/d": 7, "hang_after:-:/h": 4}
+        assert proxy.injected_count() == 11 and proxy.injected_count(502) == 0
+        assert (upstream.count("/d"), upstream.count("/h")) == (9, 6)

@@ -1,0 +1,186 @@
+"""The barrier's values and errors: engine groups, deadlines, reports, hold tokens, ``PhaseFailed``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from resilience.fanout import engine_name
+
+__all__ = [
+    "BarrierBusy",
+    "EngineGroup",
+    "EngineSkipped",
+    "HoldToken",
+    "PhaseDeadlines",
+    "PhaseFailed",
+    "PhaseReport",
+    "TransitionReport",
+]
+
+
+class EngineGroup:
+    """Engines that move together. ``needs_offload=False`` groups are skipped by offload and onload (they keep their memory)."""
+
+    def __init__(self, engines: Sequence[Any], needs_offload: bool = True, name: str | None = None) -> None:
+        self.engines = tuple(engines)
+        self.needs_offload = needs_offload
+        self.name = name or "group"
+        names = [engine_name(e) for e in self.engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"EngineGroup {self.name!r}: engine names must be unique, got {names}")
+
+    def __repr__(self) -> str:
+        return f"EngineGroup({self.name!r}, {len(self.engines)} engines, needs_offload={self.needs_offload})"
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseDeadlines:
+    """Time limits, seconds: the whole transition, and each phase (capped by what is left of the transition).
+
+    ``transition_s`` also bounds how long ``offload``/``onload`` wait for a
+    running ``weight_sync`` body. A call still running at its phase deadline
+    is awaited, before anything else is sent to that engine, for at most the
+    next phase's limit.
+    """
+
+    transition_s: float = 300.0
+    pause_s: float = 90.0
+    flush_s: float = 90.0
+    release_s: float = 150.0
+    resume_s: float = 150.0
+    continue_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("transition_s", "pause_s", "flush_s", "release_s", "resume_s", "continue_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"PhaseDeadlines.{name} must be > 0, but was {value!r}")
+
+    def for_phase(self, phase: str) -> float:
+        """The cap of one phase (rollback and settle phases use the continue cap)."""
+        return float(getattr(self, f"{phase}_s", self.continue_s))
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseReport:
+    """One phase as it ran: engines, wall time and the slowest engine's own time."""
+
+    phase: str
+    engines: tuple[str, ...]
+    duration_s: float
+    slowest_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class HoldToken:
+    """One owned pause hold: ``reason``, the engines it holds, and an id unique in the process.
+
+    ``Orchestrator.pause`` returns one (in ``TransitionReport.hold``);
+    ``Orchestrator.unpause(token)`` releases exactly that one.
+    """
+
+    id: int
+    reason: str
+    engines: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionReport:
+    """A finished transition: its phases in order.
+
+    ``held``: engines the transition left paused on purpose, each with the
+    reasons that hold it (an onload inside a weight sync, a partial onload).
+    ``hold``: the token a ``pause`` took, else None.
+    """
+
+    transition: str
+    duration_s: float
+    phases: tuple[PhaseReport, ...] = ()
+    held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    hold: HoldToken | None = None
+
+    @property
+    def ideal_s(self) -> float:
+        """The sum over phases of the slowest engine: what a perfect fan-out would take."""
+        return sum(p.slowest_s for p in self.phases)
+
+
+class EngineSkipped(RuntimeError):
+    """A transition sent nothing to this engine (dead, quarantined, or a late call still in flight): the message says why."""
+
+
+class BarrierBusy(TimeoutError):
+    """``offload``/``onload`` could not start: a ``weight_sync`` body kept running past the transition deadline,
+    or the call came from inside a ``weight_sync`` body on the same thread (it would wait for itself)."""
+
+
+class PhaseFailed(RuntimeError):
+    """A transition did not put every engine where it promised.
+
+    - ``transition``, ``phase``: what failed, and the first phase it failed in
+      (``"skipped"`` when engines were skipped and nothing else failed).
+    - ``failures``: each engine the transition failed on, with its error;
+      skipped engines carry an ``EngineSkipped`` saying why.
+    - ``rolled_back``: engines continued again (serving) after the failure.
+    - ``left_paused``: every engine of the orchestrator (not retired) that is
+      not known to serve, whatever its state, with why: paused, held, released,
+      maybe paused, quarantined, dead, or a late call in flight.
+    - ``quarantined``: engines whose released tags are unknown; nothing will
+      release, resume or continue them until ``Orchestrator.reconcile`` (you
+      checked the engine, or restarted it) or ``Orchestrator.retire``.
+    - ``dead``: engines that stopped answering (also in ``left_paused``).
+    - ``restarts_remaining``/``restart_limit``: what a restart would leave, when
+      the orchestrator has a ``RestartBudget``; it restarts nothing itself.
+    """
+
+    def __init__(
+        self,
+        transition: str,
+        phase: str,
+        failures: Mapping[str, BaseException],
+        *,
+        rolled_back: Sequence[str] = (),
+        left_paused: Mapping[str, str] | None = None,
+        quarantined: Sequence[str] = (),
+        dead: Sequence[str] = (),
+        restarts_remaining: int | None = None,
+        restart_limit: int | None = None,
+    ) -> None:
+        self.transition = transition
+        self.phase = phase
+        self.failures = dict(failures)
+        self.rolled_back = tuple(rolled_back)
+        self.left_paused = dict(left_paused or {})
+        self.quarantined = tuple(quarantined)
+        self.dead = tuple(dead)
+        self.restarts_remaining = restarts_remaining
+        self.restart_limit = restart_limit
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        causes = "; ".join(f"{name}: {type(err).__name__}: {short(err)}" for name, err in sorted(self.failures.items()))
+        parts = [f"{self.transition} failed in phase {self.phase!r} on {len(self.failures)} engine(s): {causes}."]
+        if self.dead:
+            parts.append(f"Dead: {', '.join(self.dead)}.")
+        if self.quarantined:
+            parts.append(f"Quarantined (released tags unknown; reconcile or retire): {', '.join(self.quarantined)}.")
+        if self.rolled_back:
+            parts.append(f"Rolled back (serving again): {', '.join(self.rolled_back)}.")
+        if self.left_paused:
+            parts.append("Not serving: " + "; ".join(f"{k} ({v})" for k, v in sorted(self.left_paused.items())) + ".")
+        else:
+            parts.append("Every engine is serving.")
+        if self.restarts_remaining is not None:
+            parts.append(
+                f"A restart would use 1 of {self.restarts_remaining} remaining (limit {self.restart_limit}); "
+                "the orchestrator restarts nothing."
+            )
+        return " ".join(parts)
+
+
+def short(err: BaseException, limit: int = 240) -> str:
+    """An error's text on one line, cut to ``limit`` characters."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,70 @@
+"""What a failed control call did to the engine: applied, not applied, or maybe (unknown).
+
+The barrier folds this into its knowledge of the engine (``engine_state``):
+a "maybe" makes the facts the call touches unknown.
+"""
+
+from __future__ import annotations
+
+import requests
+
+from resilience.engine_state import CallOutcome
+from resilience.errors import AmbiguousOutcome
+from resilience.fanout import EngineDied, EngineUnavailable, PhaseTimeout
+from resilience.outcome import AttemptRecord, Delivery
+
+__all__ = ["is_engine_dead", "outcome_of"]
+
+
+def _attempts(error: BaseException) -> tuple[AttemptRecord, ...]:
+    """The retry loop's record, on the error or on the response it carries."""
+    response = getattr(error, "response", None)
+    attempts: tuple[AttemptRecord, ...] = getattr(error, "attempts", None) or getattr(response, "attempts", None) or ()
+    return attempts
+
+
+def is_engine_dead(error: BaseException) -> bool:
+    """True when the error says the engine is gone: its actor died, or every attempt of the call was refused before sending.
+
+    A ``CircuitOpen`` counts only when the call's own attempts were all refused (the breaker opened on them).
+    """
+    if isinstance(error, EngineDied):
+        return True
+    attempts = _attempts(error)
+    if isinstance(error, (ConnectionError, requests.ConnectionError)):
+        return bool(attempts) and all(a.delivery is Delivery.NOT_SENT for a in attempts)
+    return False
+
+
+def outcome_of(error: BaseException | None) -> CallOutcome:
+    """The effect of a call that ended with ``error`` (None: it succeeded).
+
+    - no error: APPLIED;
+    - ``PhaseTimeout``: MAYBE, unless the call surely never started (``maybe_sent=False``);
+    - ``AmbiguousOutcome``, a dead or unavailable Ray actor (``EngineDied``,
+      ``EngineUnavailable``: Ray says such a call may have run): MAYBE;
+    - an error that records its attempts (the retry loop's, on the error or its
+      response): MAYBE when any attempt may have been applied (read timeout,
+      reset after sending), else NOT_APPLIED (every attempt was refused before
+      sending or answered with an error status);
+    - an error answer without a record (``response`` or ``status`` set): NOT_APPLIED;
+    - a connect timeout: NOT_APPLIED; any other transport error without a
+      record (``requests`` timeouts and connection errors, ``OSError``): MAYBE;
+    - anything else (an error answer, bad input): NOT_APPLIED.
+    """
+    if error is None:
+        return CallOutcome.APPLIED
+    if isinstance(error, PhaseTimeout):
+        return CallOutcome.MAYBE if error.maybe_sent else CallOutcome.NOT_APPLIED
+    if isinstance(error, (AmbiguousOutcome, EngineDied, EngineUnavailable)):
+        return CallOutcome.MAYBE
+    attempts = _attempts(error)
+    if attempts:
+        return CallOutcome.MAYBE if any(a.delivery is Delivery.MAYBE_APPLIED for a in attempts) else CallOutcome.NOT_APPLIED
+    if getattr(error, "response", None) is not None or isinstance(getattr(error, "status", None), int):
+        return CallOutcome.NOT_APPLIED
+    if isinstance(error, requests.ConnectTimeout):
+        return CallOutcome.NOT_APPLIED
+    if isinstance(error, (requests.Timeout, requests.ConnectionError, OSError)):
+        return CallOutcome.MAYBE
+    return CallOutcome.NOT_APPLIED

@@ -1,0 +1,253 @@
+"""The barrier's rules, one at a time, on socket-free engines with SGLang's crash semantics (issue 9's seven defects)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.engine_outcome import outcome_of
+from resilience.engine_state import CallOutcome, EngineKnowledge, EngineState
+from resilience.errors import AmbiguousOutcome, RetriesExhausted
+from resilience.events import Outcome
+from resilience.fanout import EngineDied, EngineUnavailable, PhaseTimeout, ThreadFanOut
+from resilience.outcome import AttemptRecord, Delivery
+from tests.barrier.fake_engine import ALL, FakeEngine, Fault
+
+DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.05, flush_s=0.05, release_s=0.05, resume_s=0.05, continue_s=0.05)
+
+
+@pytest.fixture
+def fanout() -> Iterator[ThreadFanOut]:
+    pool = ThreadFanOut(max_workers=8)
+    yield pool
+    pool.close()
+
+
+def make(fanout: ThreadFanOut, n: int = 2) -> tuple[list[FakeEngine], Orchestrator]:
+    engines = [FakeEngine(f"http://fake-{i}:30000") for i in range(n)]
+    return engines, Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=DEADLINES)
+
+
+def alive(engines: list[FakeEngine]) -> None:
+    for e in engines:
+        assert e.crash is None and not e.violations, (e.engine, e.crash, e.violations)
+
+
+def attempt(delivery: Delivery) -> AttemptRecord:
+    return AttemptRecord(0, None, Outcome.AMBIGUOUS, delivery, "ReadTimeout", 0.1)
+
+
+def test_outcome_of_each_kind_of_error() -> None:
+    """Ambiguous answers, timeouts after sending and dead or unavailable actors are "maybe"; refusals are "not applied"."""
+    assert outcome_of(None) is CallOutcome.APPLIED
+    assert outcome_of(AmbiguousOutcome("read timeout")) is CallOutcome.MAYBE
+    assert outcome_of(PhaseTimeout("late")) is CallOutcome.MAYBE
+    assert outcome_of(PhaseTimeout("queued", maybe_sent=False)) is CallOutcome.NOT_APPLIED
+    assert outcome_of(EngineDied("actor died")) is CallOutcome.MAYBE
+    assert outcome_of(EngineUnavailable("actor unavailable")) is CallOutcome.MAYBE
+    assert outcome_of(RetriesExhausted("x", attempts=(attempt(Delivery.MAYBE_APPLIED), attempt(Delivery.RESPONDED)))) is CallOutcome.MAYBE
+    assert outcome_of(RetriesExhausted("x", attempts=(attempt(Delivery.NOT_SENT), attempt(Delivery.RESPONDED)))) is CallOutcome.NOT_APPLIED
+    assert outcome_of(requests.ReadTimeout("read")) is CallOutcome.MAYBE
+    assert outcome_of(requests.ConnectTimeout("connect")) is CallOutcome.NOT_APPLIED
+    assert outcome_of(ValueError("bad mode")) is CallOutcome.NOT_APPLIED
+
+
+def test_knowledge_table() -> None:
+    """A maybe-applied release or resume makes its tags unknown (quarantine); a maybe continue makes "paused" unknown."""
+    k = EngineKnowledge("e")
+    k.apply("pause_generation", {"mode": "abort"}, CallOutcome.APPLIED)
+    k.apply("flush_cache", {}, CallOutcome.APPLIED)
+    assert k.may_release("kv_cache") and k.state is EngineState.FLUSHED
+    k.apply("release_memory_occupation", {"tags": ["kv_cache"]}, CallOutcome.MAYBE)
+    assert k.quarantined and not k.may_release("weights") and not k.may_resume("kv_cache") and not k.may_continue()
+    k.reconcile(released=["kv_cache"], paused=True)
+    assert k.may_resume("kv_cache") and not k.may_release("kv_cache")
+    k.apply("resume_memory_occupation", {"tags": None}, CallOutcome.MAYBE)
+    assert k.unknown == set(ALL) and k.released == set()
+    k.reconcile(released=(), paused=True)
+    k.apply("continue_generation", {}, CallOutcome.MAYBE)
+    assert k.paused is None and k.state is EngineState.UNKNOWN and k.may_continue()
+
+
+def test_defect_1_ambiguous_release_quarantines(fanout: ThreadFanOut) -> None:
+    """An applied-then-ambiguous release is never released again nor continued: offload and onload name the engine instead."""
+    engines, orch = make(fanout)
+    engines[0].arm("release_memory_occupation", Fault.AMBIGUOUS_APPLIED)
+    with pytest.raises(PhaseFailed) as info:
+        orch.offload()
+    assert info.value.quarantined == (engines[0].engine,) and "quarantined" in info.value.left_paused[engines[0].engine]
+    for transition in (orch.offload, orch.onload, orch.offload):
+        with pytest.raises(PhaseFailed) as again:
+            transition()
+        assert isinstance(again.value.failures[engines[0].engine], EngineSkipped)
+    alive(engines)
+    assert engines[0].released == set(ALL) and engines[0].paused  # applied, and left alone
+    orch.reconcile(engines[0].engine, released=ALL, paused=True)
+    orch.onload()
+    alive(engines)
+    assert all(e.serving for e in engines)
+
+
+def test_defect_2_ambiguous_resume_is_not_resumed_again(fanout: ThreadFanOut) -> None:
+    """A resume that may have been applied is not retried by the next onload (a second resume is a KeyError in SGLang)."""
+    engines, orch = make(fanout)
+    orch.offload()
+    engines[1].arm("resume_memory_occupation", Fault.AMBIGUOUS_APPLIED)
+    with pytest.raises(PhaseFailed) as info:
+        orch.onload()
+    assert info.value.quarantined == (engines[1].engine,)
+    with pytest.raises(PhaseFailed):
+        orch.onload()
+    alive(engines)
+    assert engines[0].serving and engines[1].paused and not engines[1].released
+
+
+def test_defect_3_failed_continue_is_not_hidden(fanout: ThreadFanOut) -> None:
+    """An engine whose continue failed is still offloaded by the next offload (its memory released), not skipped."""
+    engines, orch = make(fanout)
+    orch.offload()
+    engines[0].arm("continue_generation", Fault.FAILED)
+    with pytest.raises(PhaseFailed) as info:
+        orch.onload()
+    assert set(info.value.left_paused) == {engines[0].engine}
+    orch.offload()
+    alive(engines)
+    assert all(e.paused and e.released == set(ALL) for e in engines)
+
+
+def test_defect_4_ambiguous_continue_is_paused_again(fanout: ThreadFanOut) -> None:
+    """After an ambiguous continue, a weight sync pauses the engine again before its body runs."""
+    engines, orch = make(fanout)
+    with orch.weight_sync():
+        pass
+    orch.offload()
+    engines[0].arm("continue_generation", Fault.AMBIGUOUS_APPLIED)
+    with pytest.raises(PhaseFailed) as info:
+        orch.onload()
+    assert "may be paused" in info.value.left_paused[engines[0].engine]
+    with orch.weight_sync():
+        assert all(e.paused for e in engines)
+    alive(engines)
+    assert all(e.serving for e in engines)
+
+
+def test_defect_5_nested_and_concurrent_syncs_hold_their_own_tokens(fanout: ThreadFanOut) -> None:
+    """The first sync to end does not reopen admission while another still holds its token (nested, or on another thread)."""
+    engines, orch = make(fanout)
+    with orch.weight_sync():
+        with orch.weight_sync():
+            pass
+        assert all(e.paused for e in engines)
+        assert orch.held() == {e.engine: ("weight_sync",) for e in engines}
+    assert all(e.serving for e in engines)
+
+    inside, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with orch.weight_sync():
+            inside.set()
+            done.wait(5)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert inside.wait(5)
+    with orch.weight_sync():
+        pass
+    assert all(e.paused for e in engines)  # the other thread's body still runs
+    done.set()
+    thread.join(5)
+    assert all(e.serving for e in engines)
+    alive(engines)
+
+
+def test_defect_6_offload_waits_for_a_running_sync_body(fanout: ThreadFanOut) -> None:
+    """offload() from another thread starts only after the weight sync body ended; from inside the body it is refused at once."""
+    engines, orch = make(fanout)
+    started, finish = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def sync() -> None:
+        with orch.weight_sync():
+            started.set()
+            finish.wait(5)
+            order.append("body ended")
+
+    thread = threading.Thread(target=sync)
+    thread.start()
+    assert started.wait(5)
+    threading.Timer(0.05, finish.set).start()
+    orch.offload()
+    order.append("offload done")
+    thread.join(5)
+    assert order == ["body ended", "offload done"]
+    with orch.weight_sync():
+        with pytest.raises(BarrierBusy, match="same thread"):
+            orch.onload()
+    orch.onload()
+    alive(engines)
+    assert all(e.serving for e in engines)
+
+
+def test_exclusion_gives_up_at_the_transition_deadline(fanout: ThreadFanOut) -> None:
+    """A body that outlives transition_s makes offload raise BarrierBusy, having sent nothing."""
+    engines = [FakeEngine("http://fake-0:30000")]
+    orch = Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=PhaseDeadlines(transition_s=0.05))
+    started, finish = threading.Event(), threading.Event()
+
+    def sync() -> None:
+        with orch.weight_sync():
+            started.set()
+            finish.wait(5)
+
+    thread = threading.Thread(target=sync)
+    thread.start()
+    try:
+        assert started.wait(5)
+        with pytest.raises(BarrierBusy, match="weight_sync"):
+            orch.offload()
+        assert engines[0].released == set()
+    finally:
+        finish.set()
+        thread.join(5)
+    assert engines[0].serving
+
+
+def test_defect_7_a_late_pause_is_awaited_before_continue(fanout: ThreadFanOut) -> None:
+    """A pause still running at the phase deadline is awaited before the engine gets a continue: it is never paused with no hold."""
+    engines, orch = make(fanout)
+    engines[0].arm("pause_generation", Fault.LATE_APPLIED)
+    with pytest.raises(PhaseFailed) as info:
+        orch.offload()
+    assert engines[0].engine in info.value.left_paused and "late pause_generation" in info.value.left_paused[engines[0].engine]
+    assert engines[1].serving  # rolled back
+    engines[0].land()
+    orch.offload()  # settles the late pause first, then carries on
+    orch.onload()
+    alive(engines)
+    assert all(e.serving for e in engines) and orch.held() == {}
+
+
+def test_reconcile_and_retire_rules(fanout: ThreadFanOut) -> None:
+    """reconcile refuses impossible states and retired engines; a retired engine is never named or sent anything again."""
+    engines, orch = make(fanout)
+    with pytest.raises(ValueError, match="paused=False"):
+        orch.reconcile(engines[0], released=["weights"], paused=False)
+    with pytest.raises(ValueError, match="subset"):
+        orch.reconcile(engines[0], released=["kv"], paused=True)
+    with pytest.raises(KeyError, match="nope"):
+        orch.reconcile("http://nope:1", released=(), paused=False)
+    engines[0].arm("pause_generation", Fault.ACTOR_DIED)
+    with pytest.raises(PhaseFailed) as info:
+        orch.offload()
+    assert info.value.dead == (engines[0].engine,)
+    orch.retire(engines[0])
+    orch.offload()
+    orch.onload()
+    with pytest.raises(ValueError, match="retired"):
+        orch.reconcile(engines[0], released=(), paused=False)
+    assert list(orch.states()) == [engines[1].engine]
+    alive(engines)
