@@ -217,6 +217,11 @@ class EndpointMatch:
     """The path template alone (``/pause_generation``), or ``*``: the ``url.template`` attribute."""
     policy: EndpointPolicy
 
+    @property
+    def explicit(self) -> bool:
+        """True when a table entry matched; False for the default policy (template ``*``)."""
+        return self.template != "*"
+
 
 @dataclass(frozen=True, slots=True)
 class _Route:
