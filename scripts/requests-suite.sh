@@ -6,6 +6,8 @@
 #
 #   bash scripts/requests-suite.sh            # prints both summaries and the comparison; exit 1 on a regression
 #
+# Each test gets at most CPR_SUITE_TEST_TIMEOUT seconds (default 90; pytest-timeout): a test that waits forever
+# with the adapter (a retried connection to a one-shot fake server that then never answers) fails instead of hanging.
 # Needs: network access to PyPI the first time (sdist + test deps), `unshare` (user namespaces) and `ip`.
 # Everything it downloads or builds lives outside the repository, under ${CPR_CACHE:-~/.cache/cpr}.
 set -euo pipefail
@@ -24,11 +26,11 @@ if [ ! -d "$SRC/tests" ]; then
     "$PY" -m pip download --quiet --no-deps --no-binary :all: "requests==$VERSION" -d "$CACHE/sdist"
     tar -xzf "$CACHE/sdist/requests-$VERSION.tar.gz" -C "$CACHE"
 fi
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import requests, sys; sys.exit(requests.__version__ != '$VERSION')" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import pytest_timeout, requests, sys; sys.exit(requests.__version__ != '$VERSION')" 2>/dev/null; then
     "$PY" -m venv "$VENV"
     # The suite's own test deps (requests' pyproject [test] + requirements-dev.txt), and this project's core deps.
     "$VENV/bin/pip" install --quiet "requests[socks]==$VERSION" "urllib3==$URLLIB3" pyyaml \
-        "pytest>=8,<9" "pytest-httpbin==2.1.0" "httpbin~=0.10.0" trustme pytest-mock
+        "pytest>=8,<9" "pytest-httpbin==2.1.0" "httpbin~=0.10.0" trustme pytest-mock pytest-timeout
 fi
 
 run_suite() {  # $1 = label, $2 = extra pytest args
@@ -37,7 +39,7 @@ run_suite() {  # $1 = label, $2 = extra pytest args
         ip link set lo up
         cd '$SRC'
         PYTHONPATH='$REPO:$REPO/scripts' '$VENV/bin/python' -m pytest tests -q -p no:cacheprovider -o addopts='' \
-            --junitxml='$OUT/$label.xml' $extra
+            --timeout="${CPR_SUITE_TEST_TIMEOUT:-90}" --junitxml='$OUT/$label.xml' $extra
     " >"$OUT/$label.log" 2>&1 || true
     echo "== $label: $(grep -E '^(=+ )?[0-9]+ (passed|failed)|[0-9]+ passed' "$OUT/$label.log" | tail -1)"
 }
