@@ -26,6 +26,10 @@ The rules every driver gets:
   the caller gave: it only bounds how long retries are started, and when it
   ends the caller gets what plain requests would have given (the last
   response or the transport's own error).
+- **Ambiguity.** A non-idempotent attempt that may have been applied is never
+  re-sent blindly: a table entry's ``on_ambiguous`` probes or raises
+  ``AmbiguousOutcome``; a request no entry matches gets the transport's own
+  error (a ``ReadTimeout``, say), exactly as plain requests would raise it.
 - **Breaker.** It judges logical calls, not attempts: a call whose failures
   the retries absorbed counts as a success, so a flaky gateway in front of a
   healthy engine never opens it, while a dead engine does. Every attempt is
@@ -246,6 +250,8 @@ class Retrier:
                 return self._give_back(call, result, CallOutcome.FAILED)
             reason = _reason(result)
             if outcome is Outcome.AMBIGUOUS and not call.spec.match.policy.idempotent:
+                if not call.spec.match.explicit and call.spec.match.policy.on_ambiguous == "raise":
+                    return self._give_back(call, result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
                 done = self._settle_ambiguous(call, n, result, reason, discard, on_probe_done)
                 if done is not None:
                     return done
