@@ -14,7 +14,8 @@ The rules every driver gets:
   reached the server. Failures before sending (connection refused, connect
   timeout: ``Delivery.NOT_SENT``) are retried with backoff until the call's
   deadline, for any method; only a call with no deadline at all counts them
-  against ``max_attempts`` too. A body that cannot be replayed
+  against ``max_attempts`` too. When the deadline ends on a refusal, the caller
+  gets the refusal itself (the transport's own error, with ``.attempts``). A body that cannot be replayed
   (``CallSpec.replayable=False``) gets exactly one attempt.
 - **Timeouts** (one precedence rule): each attempt's (connect, read) timeout is
   the explicit table entry's ``attempt_timeout_s`` when it sets one; else the
@@ -427,7 +428,10 @@ class Retrier:
         """The backoff before attempt ``n + 1``, once the deadline and the retry budget allow it; announced.
 
         None when the next wait would pass the default retry window (not a hard
-        deadline): the call then ends as exhausted, as plain requests would.
+        deadline), or when the last attempt never left (a refusal): the call
+        then ends as exhausted, as plain requests would, with the response or
+        the transport's own error (a refusal stays a ``ConnectionError``, so
+        nobody mistakes a dead engine for a slow one).
         """
         spec = call.spec
         retry = spec.match.policy.retry
@@ -441,8 +445,8 @@ class Retrier:
                 delay = min(result.retry_after, retry.retry_after_max_s)
         left = call.window.remaining()
         if call.window.bounded and delay >= left:
-            if call.window is not call.hard:
-                return None
+            if call.window is not call.hard or (result.delivery is Delivery.NOT_SENT and result.error is not None):
+                return None  # the caller gets what plain requests would: the response, or the refusal itself
             self._fail(
                 call,
                 CallOutcome.DEADLINE_EXCEEDED,

@@ -140,10 +140,9 @@ def test_failures_before_sending_retried_until_the_deadline_not_max_attempts() -
     resp, records = Retrier(clock=clock).run(spec(policy), script)
     assert resp == "resp200" and len(records) == 7
     assert [r.delivery for r in records[:6]] == [Delivery.NOT_SENT] * 6
-    with pytest.raises(DeadlineExceeded) as info:  # the entry's deadline ends it, carrying the refusal
+    with pytest.raises(ConnectionRefusedError) as info:  # the deadline ends it on a refusal: the refusal itself
         Retrier(clock=clock).run(spec(policy), Script(*[refused() for _ in range(50)]))
-    assert 9 <= len(info.value.attempts) <= 11  # 0.1 s apart within 1 s
-    assert isinstance(info.value.last_error, ConnectionRefusedError)
+    assert 9 <= len(info.value.attempts) <= 11  # type: ignore[attr-defined]  # 0.1 s apart within 1 s
 
 
 def test_sent_attempts_still_bounded_by_max_attempts_among_refusals() -> None:
