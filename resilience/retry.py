@@ -398,14 +398,15 @@ class Retrier:
     def _exhausted(self, call: _Call[R], n: int) -> bool:
         """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` sent attempts.
 
-        Failures before sending do not count while a deadline bounds the call.
+        Failures before sending do not count while a deadline bounds the call,
+        except in testing mode (no sleeps: they would spin until the deadline).
         """
         if not call.spec.replayable:
             return True
-        cap = _config.current_testing().attempts
-        if cap is not None and n + 1 >= cap:
+        testing = _config.current_testing()
+        if testing.attempts is not None and n + 1 >= testing.attempts:
             return True
-        counted = call.sent if call.window.bounded else n + 1
+        counted = call.sent if call.window.bounded and not testing.active else n + 1
         return counted >= call.spec.match.policy.retry.max_attempts
 
     def _exhaust(

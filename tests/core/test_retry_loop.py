@@ -187,3 +187,11 @@ def test_outer_deadline_caps_call() -> None:
     with resilience.Deadline(3, clock=clock):
         Retrier(clock=clock).run(spec(policy, "GET"), script)
     assert script.timeouts[0] == (pytest.approx(3), pytest.approx(3))
+
+
+def test_testing_mode_counts_refusals_against_max_attempts() -> None:
+    """Testing mode has no sleeps, so refusals count as attempts instead of spinning until the deadline."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3), deadline_s=30, attempt_timeout_s=1)
+    with resilience.testing_mode(), pytest.raises(ConnectionRefusedError) as info:
+        Retrier(clock=FakeClock()).run(spec(policy), Script(*[refused() for _ in range(10)]))
+    assert len(info.value.attempts) == 3  # type: ignore[attr-defined]
