@@ -171,6 +171,7 @@ class ResilientAdapter(HTTPAdapter):
         self.retry_budget_config = retry_budget
         self._clock = clock
         self._rng = rng
+        self._closed = False
         self._build_retrier()
         super().__init__(max_retries=0, **kwargs)
 
@@ -191,6 +192,17 @@ class ResilientAdapter(HTTPAdapter):
         super().__setstate__(state)  # type: ignore[misc]
         self._build_retrier()
 
+    def close(self) -> None:
+        """Close the pools, once: ``Session.close()`` calls it for every prefix, and one adapter is often mounted on two.
+
+        A second close with nothing sent in between is a no-op, so a session
+        closes each pool once, as with requests' one adapter per prefix.
+        """
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        super().close()
+
     def send(
         self,
         request: PreparedRequest,
@@ -201,6 +213,7 @@ class ResilientAdapter(HTTPAdapter):
         proxies: Mapping[str, str] | None = None,
     ) -> Response:
         """Send ``request`` with the retry loop; same contract as ``HTTPAdapter.send``."""
+        self._closed = False
         url = request.url or ""
         method = (request.method or "GET").upper()
         engine, host, port = engine_of(url)

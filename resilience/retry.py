@@ -14,8 +14,10 @@ The rules every driver gets:
   reached the server. Failures before sending (connection refused, connect
   timeout: ``Delivery.NOT_SENT``) are retried with backoff until the call's
   deadline, for any method; only a call with no deadline at all counts them
-  against ``max_attempts`` too. When the deadline ends on a refusal, the caller
-  gets the refusal itself (the transport's own error, with ``.attempts``). A body that cannot be replayed
+  against ``max_attempts`` too. When the deadline or the retry budget ends
+  the retries on a refusal, the caller gets the refusal itself (the
+  transport's own error, with ``.attempts``): an unreachable engine reads as
+  one, never as a timeout. A body that cannot be replayed
   (``CallSpec.replayable=False``) gets exactly one attempt.
 - **Timeouts** (one precedence rule): each attempt's (connect, read) timeout is
   the explicit table entry's ``attempt_timeout_s`` when it sets one; else the
@@ -429,10 +431,11 @@ class Retrier:
         """The backoff before attempt ``n + 1``, once the deadline and the retry budget allow it; announced.
 
         None when the next wait would pass the default retry window (not a hard
-        deadline), or when the last attempt never left (a refusal): the call
-        then ends as exhausted, as plain requests would, with the response or
-        the transport's own error (a refusal stays a ``ConnectionError``, so
-        nobody mistakes a dead engine for a slow one).
+        deadline), or when the deadline or the retry budget stops a call whose
+        last attempt never left (a refusal): the call then ends as exhausted,
+        as plain requests would, with the response or the transport's own error
+        (a refusal stays a ``ConnectionError``, so nobody mistakes a dead engine
+        for a slow one; the budget still announces itself as an event).
         """
         spec = call.spec
         retry = spec.match.policy.retry
@@ -444,9 +447,10 @@ class Retrier:
             )
             if result.retry_after is not None and retry.respect_retry_after:
                 delay = min(result.retry_after, retry.retry_after_max_s)
+        refused = result.delivery is Delivery.NOT_SENT and result.error is not None
         left = call.window.remaining()
         if call.window.bounded and delay >= left:
-            if call.window is not call.hard or (result.delivery is Delivery.NOT_SENT and result.error is not None):
+            if call.window is not call.hard or refused:
                 return None  # the caller gets what plain requests would: the response, or the refusal itself
             self._fail(
                 call,
@@ -462,6 +466,8 @@ class Retrier:
                     self.observers,
                     RetryBudgetExhaustedEvent(call_id=call.call_id, endpoint=spec.match.endpoint, engine=spec.engine, tokens=budget.tokens),
                 )
+            if refused:
+                return None
             self._fail(
                 call,
                 CallOutcome.BUDGET_EXHAUSTED,
