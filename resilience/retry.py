@@ -262,7 +262,7 @@ class Retrier:
             if self._exhausted(call, n):
                 return self._exhaust(call, result, reason, discard)
             delay = self._next_delay(call, n, result, reason, discard)
-            if delay is None:  # only the default retry window ended
+            if delay is None:  # the default retry window ended, or the deadline or budget stopped a refused call
                 return self._exhaust(call, result, reason, discard)
             if result.response is not None:
                 discard(result.response)

@@ -1,4 +1,4 @@
-"""The retry loop gives a half-open breaker its verdict or its slot back on every exit, and never exceeds its probes."""
+"""Safety of the retry loop: breaker slots always come back, sent attempts stay bounded, maybe-applied calls are not re-sent."""
 
 from __future__ import annotations
 
@@ -145,3 +145,41 @@ def test_no_exit_path_leaks_a_half_open_slot(script: list[str], max_calls: int) 
     if state is BreakerState.HALF_OPEN:  # no verdict was given: every one of the max_calls slots is free again
         permits = [breaker.admit() for _ in range(max_calls)]
         assert all(p is not None for p in permits)
+
+
+KINDS = st.sampled_from(["refused", "502", "reset", "ok"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(script=st.lists(KINDS, min_size=1, max_size=30), max_attempts=st.integers(1, 5), idempotent=st.booleans())
+def test_sent_attempts_bounded_and_maybe_applied_never_resent(script: list[str], max_attempts: int, idempotent: bool) -> None:
+    """Any mix of refusals, 502s and resets: at most max_attempts attempts reach the server, and a non-idempotent call
+    is never sent again after an attempt that may have been applied (the ambiguous case, injected anywhere)."""
+    policy = EndpointPolicy(
+        idempotent=idempotent,
+        retry_statuses_if_not_idempotent=True,
+        retry=RetryPolicy(max_attempts=max_attempts, base_s=0.01, cap_s=0.01, jitter=0),
+        deadline_s=1.0,
+        attempt_timeout_s=1.0,
+    )
+    steps = iter(script)
+    seen: list[Delivery] = []
+
+    def attempt(_n: int, _t: tuple[float | None, float | None], _c: MutableMapping[str, str]) -> AttemptResult[str]:
+        step = next(steps, "refused")
+        result: AttemptResult[str]
+        if step == "refused":
+            result = AttemptResult(error=ConnectionRefusedError(), delivery=Delivery.NOT_SENT, error_kind="connect_error")
+        elif step == "reset":
+            result = AttemptResult(error=ConnectionResetError(), delivery=Delivery.MAYBE_APPLIED, error_kind="connection_reset")
+        else:
+            result = AttemptResult(response=step, status=200 if step == "ok" else 502)
+        seen.append(result.delivery)
+        return result
+
+    with contextlib.suppress(Exception):
+        Retrier(clock=FakeClock()).run(spec(policy), attempt)
+    assert seen, "at least one attempt was made"
+    assert sum(1 for d in seen if d is not Delivery.NOT_SENT) <= max_attempts
+    if not idempotent and Delivery.MAYBE_APPLIED in seen:
+        assert seen.index(Delivery.MAYBE_APPLIED) == len(seen) - 1
