@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import replace
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -23,7 +22,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from requests.models import PreparedRequest, Response
 from requests.utils import rewind_body
-from urllib3.exceptions import NewConnectionError
+from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
 from resilience.backoff import parse_retry_after
@@ -32,10 +31,10 @@ from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.events import Observer
 from resilience.outcome import Delivery
-from resilience.policy import EndpointMatch, PolicyTable
+from resilience.policy import PolicyTable
 from resilience.retry import AttemptResult, CallSpec, Retrier
 
-__all__ = ["ResilientAdapter", "engine_of", "resilient_session"]
+__all__ = ["ResilientAdapter", "engine_of", "resilient_session", "resolve_timeout"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _DEFAULT_BREAKER = BreakerConfig()
@@ -53,16 +52,55 @@ def engine_of(url: str) -> tuple[str, str, int]:
     return f"{scheme}://{shown}:{port}", host, port
 
 
-def _timeout_pair(timeout: TimeoutArg) -> tuple[float | None, float | None] | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, Urllib3Timeout):
-        connect, read = timeout.connect_timeout, timeout.read_timeout
-        return (connect if isinstance(connect, (int, float)) else None, read if isinstance(read, (int, float)) else None)
+def resolve_timeout(timeout: object) -> Urllib3Timeout:
+    """``timeout=`` as ``HTTPAdapter.send`` reads it, raising requests' own errors for invalid shapes.
+
+    None, a number, a ``(connect, read)`` pair or a urllib3 ``Timeout``; the
+    same checks and messages as requests (``Invalid timeout (3, 4, 5). Pass a
+    (connect, read) timeout tuple, ...``) and urllib3 (``Timeout value connect
+    was foo, but it must be an int, float or None.``).
+    """
     if isinstance(timeout, tuple):
-        connect, read = timeout
-        return connect, read
-    return float(timeout), float(timeout)
+        try:
+            connect, read = timeout
+            return Urllib3Timeout(connect=connect, read=read)
+        except ValueError:
+            raise ValueError(
+                f"Invalid timeout {timeout}. Pass a (connect, read) timeout tuple, "
+                f"or a single float to set both timeouts to the same value."
+            ) from None
+    if isinstance(timeout, Urllib3Timeout):
+        return timeout
+    return Urllib3Timeout(connect=cast(Any, timeout), read=cast(Any, timeout))
+
+
+def _timeout_pair(timeout: Urllib3Timeout) -> tuple[float | None, float | None]:
+    """The caller's (connect, read) seconds; None = no limit (also for urllib3's "socket default")."""
+
+    def seconds(value: object) -> float | None:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    return seconds(timeout.connect_timeout), seconds(timeout.read_timeout)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """A failure that surely happened before the request left: a new connection (to the server or a proxy) that failed.
+
+    Walks what requests and urllib3 wrap: ``ConnectionError(MaxRetryError(reason=ProxyError(..., NewConnectionError)))``.
+    """
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, ConnectTimeoutError):  # NewConnectionError subclasses it
+            return True
+        if isinstance(item, BaseException):
+            todo.extend(a for a in item.args if isinstance(a, BaseException))
+            todo.extend([getattr(item, "reason", None), getattr(item, "original_error", None), item.__cause__])
+    return False
 
 
 def _transport_failure(exc: requests.RequestException) -> tuple[Delivery, str]:
@@ -72,9 +110,7 @@ def _transport_failure(exc: requests.RequestException) -> tuple[Delivery, str]:
     if isinstance(exc, requests.exceptions.ReadTimeout):
         return Delivery.MAYBE_APPLIED, "read_timeout"
     if isinstance(exc, requests.exceptions.ConnectionError):
-        cause = exc.args[0] if exc.args else None
-        reason = getattr(cause, "reason", cause)
-        if isinstance(reason, NewConnectionError) or isinstance(cause, NewConnectionError):
+        if _never_sent(exc):
             return Delivery.NOT_SENT, "connect_error"
         return Delivery.MAYBE_APPLIED, "connection_reset"
     return Delivery.MAYBE_APPLIED, "error"
@@ -90,10 +126,16 @@ def _discard(response: Response) -> None:
 
 
 def _body_rewindable(request: PreparedRequest) -> bool:
+    """Bytes, text and files whose position requests could record (an int) can be sent again.
+
+    A pipe or socket file gets a sentinel object as ``_body_position`` (its
+    ``tell()`` failed); a generator gets None: neither can be rewound.
+    """
     body = request.body
     if body is None or isinstance(body, (bytes, str)):
         return True
-    return getattr(request, "_body_position", None) is not None
+    position = getattr(request, "_body_position", None)
+    return isinstance(position, int) and not isinstance(position, bool)
 
 
 class ResilientAdapter(HTTPAdapter):
@@ -129,6 +171,7 @@ class ResilientAdapter(HTTPAdapter):
         self.retry_budget_config = retry_budget
         self._clock = clock
         self._rng = rng
+        self._closed = False
         self._build_retrier()
         super().__init__(max_retries=0, **kwargs)
 
@@ -149,6 +192,17 @@ class ResilientAdapter(HTTPAdapter):
         super().__setstate__(state)  # type: ignore[misc]
         self._build_retrier()
 
+    def close(self) -> None:
+        """Close the pools, once: ``Session.close()`` calls it for every prefix, and one adapter is often mounted on two.
+
+        A second close with nothing sent in between is a no-op, so a session
+        closes each pool once, as with requests' one adapter per prefix.
+        """
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        super().close()
+
     def send(
         self,
         request: PreparedRequest,
@@ -159,15 +213,23 @@ class ResilientAdapter(HTTPAdapter):
         proxies: Mapping[str, str] | None = None,
     ) -> Response:
         """Send ``request`` with the retry loop; same contract as ``HTTPAdapter.send``."""
+        self._closed = False
         url = request.url or ""
         method = (request.method or "GET").upper()
         engine, host, port = engine_of(url)
         match = self.policies.match(method, urlsplit(url).path)
-        rewindable = _body_rewindable(request)
-        if not rewindable and match.policy.retry.max_attempts > 1:
-            # A streaming body cannot be sent twice: one attempt only.
-            match = EndpointMatch(match.endpoint, match.template, replace(match.policy, retry=replace(match.policy.retry, max_attempts=1)))
-        spec = CallSpec(method, url, match, engine, host, port, _timeout_pair(timeout), request)
+        # requests' timeout= always has a meaning (None = wait as long as it takes), so it is always the caller's word.
+        spec = CallSpec(
+            method,
+            url,
+            match,
+            engine,
+            host,
+            port,
+            request_timeout=_timeout_pair(resolve_timeout(timeout)),
+            request=request,
+            replayable=_body_rewindable(request),
+        )
 
         def attempt(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[Response]:
             if n > 0 and request.body is not None and not isinstance(request.body, (bytes, str)):

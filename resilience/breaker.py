@@ -12,6 +12,7 @@ again. Only transport errors and retryable statuses count as failures; a
 from __future__ import annotations
 
 import enum
+import math
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import PolicyError
 from resilience.events import BreakerTransitioned, Observer, emit
 
-__all__ = ["BreakerConfig", "BreakerRegistry", "BreakerState", "CircuitBreaker", "IllegalTransition"]
+__all__ = ["BreakerConfig", "BreakerRegistry", "BreakerState", "CircuitBreaker", "IllegalTransition", "Permit"]
 
 
 class BreakerState(enum.StrEnum):
@@ -45,6 +46,27 @@ _ALLOWED: Final = frozenset(
 
 class IllegalTransition(RuntimeError):
     """A transition outside the breaker's table was attempted (a bug)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """A call's admission by a breaker: the period it was let in, and whether it holds a half-open probe slot.
+
+    Every state change starts a new period (``epoch``). A verdict given with a
+    permit of an older period is stale and changes nothing: the slot it held
+    was already voided when the breaker moved on.
+    """
+
+    epoch: int
+    probe: bool
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +93,10 @@ class BreakerConfig:
             if not ok:
                 raise PolicyError(f"BreakerConfig.{name} must be {rule}, but was {getattr(self, name)!r}")
 
+        for name in ("failure_threshold", "window_size", "minimum_calls", "half_open_max_calls", "half_open_successes"):
+            need(_count(getattr(self, name)), name, "an integer")
+        for name in ("failure_rate_threshold", "open_seconds"):
+            need(_number(getattr(self, name)), name, "a finite number")
         need(self.failure_threshold >= 0, "failure_threshold", ">= 0")
         need(0 < self.failure_rate_threshold <= 1, "failure_rate_threshold", "within (0, 1]")
         need(self.window_size >= 1, "window_size", ">= 1")
@@ -102,6 +128,7 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._half_open_in_flight = 0
         self._half_open_ok = 0
+        self._epoch = 0
 
     @property
     def state(self) -> BreakerState:
@@ -121,25 +148,45 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """Whether a call may go out now; a half-open breaker counts the probe it lets through."""
+        return self.admit() is not None
+
+    def admit(self, permit: Permit | None = None) -> Permit | None:
+        """Let a call's next attempt through, or None when refused.
+
+        A call holding a ``permit`` of the current period keeps it (its own
+        probe slot, or a closed breaker). Otherwise, as for a new call: a
+        closed breaker lets it in, an open one refuses, a half-open one takes
+        one of ``half_open_max_calls`` probe slots. So a call let in while
+        closed that is still retrying after the breaker went half-open needs a
+        probe slot like any other call.
+        """
         with self._lock:
             pending = self._maybe_half_open()
-            if self._state is BreakerState.CLOSED:
-                allowed = True
+            granted: Permit | None
+            if permit is not None and permit.epoch == self._epoch:
+                granted = permit
+            elif self._state is BreakerState.CLOSED:
+                granted = Permit(self._epoch, probe=False)
             elif self._state is BreakerState.OPEN:
-                allowed = False
+                granted = None
             elif self._half_open_in_flight < self.config.half_open_max_calls:
                 self._half_open_in_flight += 1
-                allowed = True
+                granted = Permit(self._epoch, probe=True)
             else:
-                allowed = False
+                granted = None
         self._announce(pending)
-        return allowed
+        return granted
 
-    def record_success(self) -> None:
-        """Count a success."""
+    def _stale(self, permit: Permit | None) -> bool:
+        return permit is not None and permit.epoch != self._epoch
+
+    def record_success(self, permit: Permit | None = None) -> None:
+        """Count a success (of the call holding ``permit``; a stale permit counts nothing)."""
         pending: list[BreakerTransitioned] = []
         with self._lock:
-            if self._state is BreakerState.HALF_OPEN:
+            if self._stale(permit):
+                pass
+            elif self._state is BreakerState.HALF_OPEN:
                 self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
                 self._half_open_ok += 1
                 if self._half_open_ok >= self.config.half_open_successes:
@@ -149,11 +196,13 @@ class CircuitBreaker:
                 self._window.append(True)
         self._announce(pending)
 
-    def record_failure(self) -> None:
-        """Count a failure (transport error or retryable status)."""
+    def record_failure(self, permit: Permit | None = None) -> None:
+        """Count a failure (transport error or retryable status; a stale ``permit`` counts nothing)."""
         pending: list[BreakerTransitioned] = []
         with self._lock:
-            if self._state is BreakerState.HALF_OPEN:
+            if self._stale(permit):
+                pass
+            elif self._state is BreakerState.HALF_OPEN:
                 self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
                 pending.append(self._move(BreakerState.OPEN, "half-open probe failed"))
             elif self._state is BreakerState.CLOSED:
@@ -169,10 +218,10 @@ class CircuitBreaker:
                     )
         self._announce(pending)
 
-    def release_probe(self) -> None:
-        """Give back a half-open probe slot whose call counted neither way (e.g. a 4xx)."""
+    def release_probe(self, permit: Permit | None = None) -> None:
+        """Give back a half-open probe slot whose call counted neither way (a 4xx, an interrupted call)."""
         with self._lock:
-            if self._state is BreakerState.HALF_OPEN:
+            if self._state is BreakerState.HALF_OPEN and not self._stale(permit) and (permit is None or permit.probe):
                 self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
 
     def _maybe_half_open(self) -> list[BreakerTransitioned]:
@@ -185,6 +234,7 @@ class CircuitBreaker:
             raise IllegalTransition(f"breaker {self.name}: {self._state} -> {to} is not allowed")
         event = BreakerTransitioned(engine=self.name, from_state=str(self._state), to_state=str(to), reason=reason)
         self._state = to
+        self._epoch += 1
         if to is BreakerState.OPEN:
             self._opened_at = self._clock.monotonic()
         elif to is BreakerState.HALF_OPEN:

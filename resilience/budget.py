@@ -15,6 +15,7 @@ process that holds it: an in-memory count would forget every restart.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import threading
@@ -44,6 +45,10 @@ class RetryBudgetConfig:
     """Bucket size, also the starting balance: 100 = Finagle's 10 s ``ttl`` at the floor rate."""
 
     def __post_init__(self) -> None:
+        for name in ("ratio", "min_retries_per_second", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise PolicyError(f"RetryBudgetConfig.{name} must be a finite number, but was {value!r}")
         if not 0 <= self.ratio <= 1:
             raise PolicyError(f"RetryBudgetConfig.ratio must be within [0, 1], but was {self.ratio}")
         if self.min_retries_per_second < 0:
@@ -137,10 +142,15 @@ class RestartBudget:
         observers: Sequence[Observer] = (),
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        if limit < 0:
-            raise PolicyError(f"RestartBudget.limit must be >= 0, but was {limit}")
-        if planned_run_seconds <= 0:
-            raise PolicyError(f"RestartBudget.planned_run_seconds must be > 0, but was {planned_run_seconds}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise PolicyError(f"RestartBudget.limit must be an integer >= 0, but was {limit!r}")
+        if (
+            not isinstance(planned_run_seconds, (int, float))
+            or isinstance(planned_run_seconds, bool)
+            or not math.isfinite(planned_run_seconds)
+            or planned_run_seconds <= 0
+        ):
+            raise PolicyError(f"RestartBudget.planned_run_seconds must be a finite number > 0, but was {planned_run_seconds!r}")
         self.path = Path(path) if path is not None else None
         self._observers = tuple(observers)
         self._wall_clock = wall_clock

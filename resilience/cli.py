@@ -105,7 +105,12 @@ def _add_policies(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         "An invalid file is one line naming the field and the rule it broke, and exit 1.",
     )
     p.add_argument("--file", metavar="FILE", help="a policy file to validate and show instead of SGLANG_POLICIES")
-    p.add_argument("--over-sglang", action="store_true", help="show SGLANG_POLICIES with the file's entries added or replacing")
+    p.add_argument(
+        "--over-sglang",
+        action="store_true",
+        help="show SGLANG_POLICIES with the file's entries added, or overriding the built-in entry they match "
+        "(starting from its policy and changing only the fields the file names)",
+    )
 
 
 def _add_dashboards(sub: argparse._SubParsersAction[OneLineParser]) -> None:
@@ -151,10 +156,9 @@ def _policies(args: argparse.Namespace) -> int:
         raise CliError("--over-sglang needs --file", 2)
     if args.file:
         try:
-            loaded = PolicyTable.load(args.file)
+            table = PolicyTable.load(args.file, base=SGLANG_POLICIES if args.over_sglang else None)
         except PolicyError as exc:
             raise CliError(str(exc)) from None
-        table = SGLANG_POLICIES.with_entries(loaded.entries) if args.over_sglang else loaded
         title = f"{args.file}{' over SGLANG_POLICIES' if args.over_sglang else ''}: valid, {plural(len(table), 'entry', 'entries')}"
     else:
         table, title = SGLANG_POLICIES, f"SGLANG_POLICIES ({plural(len(SGLANG_POLICIES), 'entry', 'entries')})"

@@ -21,6 +21,7 @@ from resilience.errors import PolicyError
 
 __all__ = [
     "DEFAULT_STATUSES",
+    "HTTP_METHODS",
     "IDEMPOTENT_METHODS",
     "EndpointMatch",
     "EndpointPolicy",
@@ -29,6 +30,8 @@ __all__ = [
     "ProbeAnswer",
     "ProbeContext",
     "RetryPolicy",
+    "parse_key",
+    "template_shape",
 ]
 
 DEFAULT_STATUSES: frozenset[int] = frozenset({502, 503, 504})
@@ -47,6 +50,25 @@ def _finite_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _require_bool(owner: str, name: str, value: object) -> None:
+    _require(isinstance(value, bool), owner, name, "true or false (a boolean, not a string or number)", value)
+
+
+def _status_set(owner: str, name: str, value: object) -> frozenset[int]:
+    """``value`` as a frozenset of HTTP statuses, or PolicyError naming the field."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (frozenset, set, list, tuple)):
+        raise PolicyError(f"{owner}.{name} must be a set of HTTP statuses (integers within 100-599), but was {value!r}")
+    for status in value:
+        _require(
+            isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599,
+            owner,
+            name,
+            "HTTP statuses within 100-599",
+            status,
+        )
+    return frozenset(value)
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """When and how long to wait before another attempt.
@@ -55,7 +77,12 @@ class RetryPolicy:
     """
 
     max_attempts: int = 4
-    """Attempts in all, the first included. 1 = never retry."""
+    """Attempts that may reach the server, the first included. 1 = never re-send.
+
+    Failures before sending (connection refused, connect timeout) do not
+    count: they are retried with backoff until the call's deadline, since the
+    server cannot have acted. Only a call with no deadline at all counts them
+    too. A body that cannot be replayed always gets one attempt."""
     statuses: frozenset[int] = DEFAULT_STATUSES
     """Statuses that are retried (default 502, 503, 504). 429 is retried only with a Retry-After header."""
     retry_before_send: bool = True
@@ -82,21 +109,9 @@ class RetryPolicy:
             "an integer >= 1",
             self.max_attempts,
         )
-        statuses = self.statuses
-        if not isinstance(statuses, frozenset):
-            try:
-                statuses = frozenset(statuses)
-            except TypeError:
-                raise PolicyError(f"{owner}.statuses must be a set of integers, but was {self.statuses!r}") from None
-            object.__setattr__(self, "statuses", statuses)
-        for status in statuses:
-            _require(
-                isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599,
-                owner,
-                "statuses",
-                "HTTP statuses within 100-599",
-                status,
-            )
+        object.__setattr__(self, "statuses", _status_set(owner, "statuses", self.statuses))
+        for name in ("retry_before_send", "respect_retry_after"):
+            _require_bool(owner, name, getattr(self, name))
         for name in ("base_s", "cap_s", "retry_after_max_s"):
             value = getattr(self, name)
             _require(_finite_number(value) and value >= 0, owner, name, "a finite number >= 0", value)
@@ -146,11 +161,17 @@ class EndpointPolicy:
     attempt_timeout_s: float | None = 10.0
     """Connect and read timeout of each attempt, seconds (capped by what is left of the deadline).
 
-    None = no per-attempt limit."""
+    Precedence: a table entry's value beats the caller's own timeout (requests'
+    ``timeout=``); the default policy's value applies only when the caller gave
+    none (requests always gives one: its None means "wait"). None = no
+    per-attempt limit from the policy."""
     deadline_s: float | None = 30.0
-    """Total time for all attempts and waits, seconds.
+    """Total time for all attempts and waits, seconds; failures before sending are retried until it ends.
 
-    None = no policy deadline (the request's ``timeout=`` or an outer Deadline may still bound it)."""
+    A table entry's deadline caps each attempt. The default policy's only bounds
+    how long retries start when the caller gave its own timeout (it never cuts
+    an attempt the caller bounded). None = no policy deadline (the caller's
+    timeouts, summed, or an outer Deadline may still bound the call)."""
     retry_statuses_if_not_idempotent: bool = False
     """On a non-idempotent endpoint, treat the retry statuses (502/503/504) as retryable anyway.
 
@@ -170,6 +191,8 @@ class EndpointPolicy:
         owner = "EndpointPolicy"
         if not isinstance(self.retry, RetryPolicy):
             raise PolicyError(f"{owner}.retry must be a RetryPolicy, but was {self.retry!r}")
+        for name in ("idempotent", "retry_statuses_if_not_idempotent", "raise_on_exhausted"):
+            _require_bool(owner, name, getattr(self, name))
         for name in ("attempt_timeout_s", "deadline_s"):
             value = getattr(self, name)
             _require(value is None or (_finite_number(value) and value > 0), owner, name, "a number > 0 or None", value)
@@ -183,11 +206,7 @@ class EndpointPolicy:
             )
         if not (self.on_ambiguous == "raise" or callable(self.on_ambiguous)):
             raise PolicyError(f"{owner}.on_ambiguous must be 'raise' or a probe callable, but was {self.on_ambiguous!r}")
-        accept = self.accept_statuses
-        if not isinstance(accept, frozenset):
-            object.__setattr__(self, "accept_statuses", frozenset(accept))
-        for status in self.accept_statuses:
-            _require(isinstance(status, int) and 100 <= status <= 599, owner, "accept_statuses", "HTTP statuses within 100-599", status)
+        object.__setattr__(self, "accept_statuses", _status_set(owner, "accept_statuses", self.accept_statuses))
 
     @classmethod
     def for_method(cls, method: str) -> EndpointPolicy:
@@ -204,7 +223,8 @@ _DEFAULT_IDEMPOTENT = EndpointPolicy()
 _DEFAULT_UNSAFE = EndpointPolicy(idempotent=False)
 
 _TEMPLATE_VAR = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
-_METHOD = re.compile(r"^[A-Z]+(\|[A-Z]+)*$|^\*$")
+HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"})
+"""Methods a table key may name (RFC 9110 section 9 and PATCH), alone, joined by ``|``, or ``*`` for any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +237,15 @@ class EndpointMatch:
     """The path template alone (``/pause_generation``), or ``*``: the ``url.template`` attribute."""
     policy: EndpointPolicy
 
+    @property
+    def explicit(self) -> bool:
+        """True when a table entry matched; False for the default policy (template ``*``)."""
+        return self.template != "*"
+
 
 @dataclass(frozen=True, slots=True)
 class _Route:
+    key: str
     methods: frozenset[str] | None
     template: str
     pattern: re.Pattern[str]
@@ -227,25 +253,101 @@ class _Route:
     policy: EndpointPolicy
 
 
-def _compile_route(key: str, policy: EndpointPolicy) -> _Route:
+def _parse_methods(key: str, text: str) -> frozenset[str] | None:
+    if text == "*":
+        return None
+    methods = text.upper().split("|")
+    unknown = [m for m in methods if m not in HTTP_METHODS]
+    if unknown or not methods:
+        raise PolicyError(
+            f"PolicyTable key {key!r}: method must be one of {', '.join(sorted(HTTP_METHODS))}, "
+            f"several joined by '|', or *, but was {text!r}"
+        )
+    if len(set(methods)) != len(methods):
+        raise PolicyError(f"PolicyTable key {key!r}: method {text!r} names a method twice")
+    return frozenset(methods)
+
+
+def _check_template(key: str, template: str) -> None:
+    if not template.startswith("/"):
+        raise PolicyError(f"PolicyTable key {key!r}: path template must start with '/', but was {template!r}")
+    if "?" in template or "#" in template:
+        raise PolicyError(
+            f"PolicyTable key {key!r}: path template must be a path without '?query' or '#fragment' "
+            f"(matching ignores the query string, so it could never match), but was {template!r}"
+        )
+    rest = _TEMPLATE_VAR.sub("", template)
+    if "{" in rest or "}" in rest:
+        raise PolicyError(
+            f"PolicyTable key {key!r}: path template has an unbalanced or invalid '{{name}}' (names are letters, digits, _): {template!r}"
+        )
+    names = [m.group(0) for m in _TEMPLATE_VAR.finditer(template)]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PolicyError(f"PolicyTable key {key!r}: path template names {', '.join(twice)} more than once")
+
+
+def parse_key(key: str) -> tuple[frozenset[str] | None, str]:
+    """A table key's methods (None for ``*``) and path template, validated; PolicyError naming the key otherwise."""
+    if not isinstance(key, str):
+        raise PolicyError(f"PolicyTable keys must be strings like 'POST /pause_generation', but was {key!r}")
     parts = key.split()
     if len(parts) != 2:
         raise PolicyError(f"PolicyTable key {key!r} must be 'METHOD /path', e.g. 'POST /pause_generation'")
-    method, template = parts[0].upper(), parts[1]
-    if not _METHOD.match(method):
-        raise PolicyError(f"PolicyTable key {key!r}: method must be like GET, GET|POST or *, but was {parts[0]!r}")
-    if not template.startswith("/"):
-        raise PolicyError(f"PolicyTable key {key!r}: path template must start with '/', but was {template!r}")
+    methods = _parse_methods(key, parts[0])
+    _check_template(key, parts[1])
+    return methods, parts[1]
+
+
+def template_shape(template: str) -> str:
+    """A template with its variable names erased and no trailing slash: equal shapes match the same paths."""
+    return _TEMPLATE_VAR.sub("{}", template).rstrip("/") or "/"
+
+
+def _compile_route(key: str, policy: EndpointPolicy) -> _Route:
+    methods, template = parse_key(key)
     if not isinstance(policy, EndpointPolicy):
         raise PolicyError(f"PolicyTable[{key!r}] must be an EndpointPolicy, but was {policy!r}")
-    regex, pos, literal = "", 0, 0
+    regex, pos = "", 0
     for m in _TEMPLATE_VAR.finditer(template):
         regex += re.escape(template[pos : m.start()]) + "[^/]+"
         pos = m.end()
     regex += re.escape(template[pos:])
     literal = sum(1 for seg in template.split("/") if seg and not _TEMPLATE_VAR.fullmatch(seg))
-    methods = None if method == "*" else frozenset(method.split("|"))
-    return _Route(methods, template, re.compile(f"^{regex}/?$"), literal, policy)
+    return _Route(key, methods, template, re.compile(f"^{regex}/?$"), literal, policy)
+
+
+def _segments_overlap(a: str, b: str) -> bool:
+    """Whether two template segments can match the same text."""
+    a_var, b_var = _TEMPLATE_VAR.search(a) is not None, _TEMPLATE_VAR.search(b) is not None
+    if _TEMPLATE_VAR.fullmatch(a) or _TEMPLATE_VAR.fullmatch(b):
+        return True
+    if not a_var and not b_var:
+        return a == b
+    if a_var and b_var:
+        return _TEMPLATE_VAR.sub("{}", a) == _TEMPLATE_VAR.sub("{}", b)
+    pattern, text = (a, b) if a_var else (b, a)
+    return re.fullmatch(".+".join(re.escape(p) for p in _TEMPLATE_VAR.split(pattern)), text) is not None
+
+
+def _routes_overlap(a: _Route, b: _Route) -> bool:
+    """Two entries some request would match with equal precedence: which wins would depend on their order."""
+    if a.literal_segments != b.literal_segments or (a.methods is None) != (b.methods is None):
+        return False
+    if a.methods is not None and b.methods is not None and not (a.methods & b.methods):
+        return False
+    sa, sb = a.template.rstrip("/").split("/"), b.template.rstrip("/").split("/")
+    return len(sa) == len(sb) and all(_segments_overlap(x, y) for x, y in zip(sa, sb, strict=True))
+
+
+def _reject_overlaps(routes: tuple[_Route, ...]) -> None:
+    for i, a in enumerate(routes):
+        for b in routes[i + 1 :]:
+            if _routes_overlap(a, b):
+                raise PolicyError(
+                    f"PolicyTable keys {a.key!r} and {b.key!r} overlap: a request can match both with equal precedence, "
+                    "so which policy applies would depend on their order; merge them or split their methods"
+                )
 
 
 class PolicyTable:
@@ -271,6 +373,7 @@ class PolicyTable:
                 key=lambda r: (-r.literal_segments, r.methods is None),
             )
         )
+        _reject_overlaps(self._routes)
         self._default = default
         self._match = functools.lru_cache(maxsize=4096)(self._match_uncached)
 
@@ -316,8 +419,11 @@ class PolicyTable:
         return table_from_dict(data, source=source)
 
     @classmethod
-    def load(cls, path: str) -> PolicyTable:
-        """Load a TOML (``.toml``) or YAML (``.yaml``/``.yml``) policy file; errors name the file, field and rule."""
+    def load(cls, path: str, *, base: PolicyTable | None = None) -> PolicyTable:
+        """Load a TOML (``.toml``) or YAML (``.yaml``/``.yml``) policy file; errors name the file, field and rule.
+
+        With ``base``, the file's entries override the base entries they match, changing only the fields they name.
+        """
         from resilience.policy_files import load_policy_file
 
-        return load_policy_file(path)
+        return load_policy_file(path, base=base)

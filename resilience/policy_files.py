@@ -2,7 +2,7 @@
 
 Schema (TOML shown; YAML has the same shape)::
 
-    [defaults]                      # optional: applied to every endpoint below
+    [defaults]                      # optional: applied to every endpoint the file adds
     deadline_s = 60
 
     [endpoints."POST /pause_generation"]
@@ -10,8 +10,18 @@ Schema (TOML shown; YAML has the same shape)::
     attempt_timeout_s = 10
     retry = { max_attempts = 5, statuses = [502, 503, 504], base_s = 0.5 }
 
-Unknown keys are rejected, and every error names the file, the field and
-the rule it broke.
+Unknown keys are rejected; booleans must be true/false (not "false" or "no"),
+numbers numbers, statuses lists of integers; every error names the file, the
+field and the rule it broke. ``[defaults]`` apply only to the endpoints the
+file lists: a file with ``[defaults]`` and no endpoints is rejected, since it
+would apply to nothing (requests no entry matches get
+``EndpointPolicy.for_method``).
+
+Over a base table (``cpr policies --over-sglang``, ``load_policy_file(path,
+base=...)``), an entry whose template and methods match a base entry
+overrides it: it starts from the base policy and changes only the fields the
+entry names (``[defaults]`` do not apply to it). Methods the file does not
+name keep the base policy, under their own key.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from resilience.errors import PolicyError
-from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy, parse_key, template_shape
 
 __all__ = ["load_policy_file", "table_from_dict"]
 
@@ -37,46 +47,92 @@ def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
         raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
 
 
-def _retry_from(data: Any, where: str) -> RetryPolicy:
+def _fields_of(value: Any) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+def _retry_from(data: Any, start: RetryPolicy, where: str) -> RetryPolicy:
     if not isinstance(data, Mapping):
         raise PolicyError(f"{where}.retry must be a table/mapping, but was {data!r}")
     _check_keys(data, _RETRY_FIELDS, f"{where}.retry")
-    kwargs = dict(data)
-    if "statuses" in kwargs:
-        statuses = kwargs["statuses"]
-        if not isinstance(statuses, list):
-            raise PolicyError(f"{where}.retry.statuses must be a list of integers, but was {statuses!r}")
-        kwargs["statuses"] = frozenset(statuses)
     try:
-        return RetryPolicy(**kwargs)
-    except PolicyError as exc:
-        raise PolicyError(f"{where}.retry: {exc}") from None
-    except TypeError as exc:
+        return RetryPolicy(**{**_fields_of(start), **data})
+    except (PolicyError, TypeError) as exc:
         raise PolicyError(f"{where}.retry: {exc}") from None
 
 
-def _endpoint_from(data: Any, defaults: Mapping[str, Any], where: str) -> EndpointPolicy:
+def _endpoint_from(data: Any, defaults: Mapping[str, Any], where: str, start: EndpointPolicy | None = None) -> EndpointPolicy:
+    """An entry's policy: ``start`` (a base entry it overrides) or the defaults, then the fields it names."""
     if not isinstance(data, Mapping):
         raise PolicyError(f"{where} must be a table/mapping, but was {data!r}")
-    merged: dict[str, Any] = {**defaults, **data}
-    if isinstance(defaults.get("retry"), Mapping) and isinstance(data.get("retry"), Mapping):
-        merged["retry"] = {**defaults["retry"], **data["retry"]}
-    _check_keys(merged, _ENDPOINT_FIELDS | {"retry"}, where)
+    _check_keys(data, _ENDPOINT_FIELDS | {"retry"}, where)
+    if start is None:
+        merged: dict[str, Any] = {**defaults, **data}
+        if isinstance(defaults.get("retry"), Mapping) and isinstance(data.get("retry"), Mapping):
+            merged["retry"] = {**defaults["retry"], **data["retry"]}
+        base = EndpointPolicy()
+    else:
+        merged = dict(data)
+        base = start
     if merged.get("on_ambiguous", "raise") != "raise":
         raise PolicyError(
             f"{where}.on_ambiguous must be 'raise' in a file (probes are Python callables), but was {merged['on_ambiguous']!r}"
         )
-    retry = _retry_from(merged.pop("retry"), where) if "retry" in merged else RetryPolicy()
-    if "accept_statuses" in merged:
-        merged["accept_statuses"] = frozenset(merged["accept_statuses"])
+    retry = _retry_from(merged.pop("retry"), base.retry, where) if "retry" in merged else base.retry
+    fields = _fields_of(base) if start is not None else {}
     try:
-        return EndpointPolicy(retry=retry, **merged)
+        return EndpointPolicy(**{**fields, **merged, "retry": retry})
     except (PolicyError, TypeError) as exc:
         raise PolicyError(f"{where}: {exc}") from None
 
 
-def table_from_dict(data: Mapping[str, Any], *, source: str = "policy") -> PolicyTable:
-    """Build a ``PolicyTable`` from the parsed file schema; ``source`` prefixes error messages."""
+def _key(methods: frozenset[str] | None, template: str) -> str:
+    return f"{'|'.join(sorted(methods)) if methods is not None else '*'} {template}"
+
+
+def _overlay(base: PolicyTable, endpoints: Mapping[str, Any], defaults: Mapping[str, Any], source: str) -> dict[str, EndpointPolicy]:
+    """The base entries with the file's entries overriding the ones they match (same template, shared methods)."""
+    entries = list(base.entries.items())
+    for key, raw in endpoints.items():
+        where = f"{source}: endpoints[{key!r}]"
+        try:
+            methods, template = parse_key(key)
+        except PolicyError as exc:
+            raise PolicyError(f"{source}: {exc}") from None
+        covered: set[str] = set()
+        replaced: list[tuple[str, EndpointPolicy]] = []
+        for base_key, policy in entries:
+            base_methods, base_template = parse_key(base_key)
+            if template_shape(base_template) != template_shape(template):
+                replaced.append((base_key, policy))
+                continue
+            if methods is None:
+                common = base_methods
+            elif base_methods is None:
+                common = methods
+            else:
+                common = base_methods & methods
+            if common is not None and not common:
+                replaced.append((base_key, policy))
+                continue
+            replaced.append((_key(common, base_template), _endpoint_from(raw, defaults, where, start=policy)))
+            if base_methods is not None and common is not None and base_methods - common:
+                replaced.append((_key(base_methods - common, base_template), policy))
+            elif base_methods is None and common is not None:
+                replaced.append((base_key, policy))  # the base '*' entry still serves the methods the file does not name
+            covered |= common if common is not None else {"*"}
+        entries = replaced
+        rest = None if methods is None else methods - covered
+        if "*" not in covered and (rest is None or rest):
+            entries.append((_key(rest, template), _endpoint_from(raw, defaults, where)))
+    return dict(entries)
+
+
+def table_from_dict(data: Mapping[str, Any], *, source: str = "policy", base: PolicyTable | None = None) -> PolicyTable:
+    """Build a ``PolicyTable`` from the parsed file schema; ``source`` prefixes error messages.
+
+    With ``base``, the file's entries override the base entries they match (see the module docstring).
+    """
     if not isinstance(data, Mapping):
         raise PolicyError(f"{source}: top level must be a table/mapping, but was {type(data).__name__}")
     _check_keys(data, {"defaults", "endpoints"}, source)
@@ -87,20 +143,32 @@ def table_from_dict(data: Mapping[str, Any], *, source: str = "policy") -> Polic
     endpoints = data.get("endpoints", {})
     if not isinstance(endpoints, Mapping):
         raise PolicyError(f"{source}: endpoints must be a table/mapping")
-    entries = {key: _endpoint_from(value, defaults, f"{source}: endpoints[{key!r}]") for key, value in endpoints.items()}
+    if defaults and not endpoints:
+        raise PolicyError(
+            f"{source}: [defaults] apply only to the endpoints the file lists under [endpoints], and it lists none, "
+            "so they would apply to nothing (requests no entry matches get EndpointPolicy.for_method); add endpoints"
+        )
+    if defaults:  # validate the defaults themselves, so an error names them rather than the first endpoint
+        _endpoint_from({}, defaults, f"{source}: defaults")
     try:
+        if base is not None:
+            return PolicyTable(_overlay(base, endpoints, defaults, source))
+        entries = {key: _endpoint_from(value, defaults, f"{source}: endpoints[{key!r}]") for key, value in endpoints.items()}
         return PolicyTable(entries)
     except PolicyError as exc:
-        raise PolicyError(f"{source}: {exc}") from None
+        message = str(exc)
+        raise PolicyError(message if message.startswith(f"{source}:") else f"{source}: {message}") from None
 
 
-def load_policy_file(path: str | Path) -> PolicyTable:
-    """Load a TOML or YAML policy file into a ``PolicyTable``."""
+def load_policy_file(path: str | Path, *, base: PolicyTable | None = None) -> PolicyTable:
+    """Load a TOML or YAML policy file into a ``PolicyTable`` (over ``base`` when given)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(f"{p}: cannot read policy file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{p}: not a text policy file (byte {exc.start} is not UTF-8); expected TOML or YAML text") from None
     suffix = p.suffix.lower()
     try:
         if suffix == ".toml":
@@ -119,4 +187,4 @@ def load_policy_file(path: str | Path) -> PolicyTable:
         raise
     except Exception as exc:  # yaml.YAMLError and friends; yaml is imported lazily
         raise PolicyError(f"{p}: invalid YAML: {exc}") from None
-    return table_from_dict(data, source=str(p))
+    return table_from_dict(data, source=str(p), base=base)

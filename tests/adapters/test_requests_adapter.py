@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 
@@ -15,6 +17,7 @@ from resilience import (
     BreakerConfig,
     CircuitOpen,
     DeadlineExceeded,
+    Delivery,
     EndpointPolicy,
     FakeClock,
     PolicyTable,
@@ -194,3 +197,52 @@ def test_flaky_gateway_absorbed_by_retries_never_opens_breaker() -> None:
         s = resilient_session(table(GET__x=policy), breaker=BreakerConfig(failure_threshold=2, open_seconds=60))
         assert all(s.get(f"{srv.url}/x").text == "ok" for _ in range(10))
         assert srv.count == 20
+
+
+def test_default_post_to_engine_up_in_0_6s_succeeds() -> None:
+    """With the default policy (max_attempts=4), a POST to an engine that listens 0.6 s later succeeds: refusals are not counted."""
+    port = free_port()
+    servers = []
+
+    def start_later() -> None:
+        time.sleep(0.6)
+        servers.append(scripted(Reply(200, b"up"), port=port))
+        servers[0].__enter__()
+
+    t = threading.Thread(target=start_later)
+    t.start()
+    try:
+        r = resilient_session().post(f"http://127.0.0.1:{port}/release_memory_occupation", json={})
+        assert r.text == "up"
+        attempts = r.attempts  # type: ignore[attr-defined]
+        assert attempts[0].delivery is Delivery.NOT_SENT and attempts[-1].status == 200
+    finally:
+        t.join()
+        for cm in servers:
+            cm.__exit__(None, None, None)
+
+
+def test_pipe_body_gets_one_attempt_and_the_caller_its_502() -> None:
+    """A body requests cannot rewind (a pipe: tell() fails) is sent once; the caller sees the 502, no rewind error."""
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"payload")
+    os.close(write_fd)
+    with scripted(Reply(502, b"bad gateway"), Reply(200)) as srv, os.fdopen(read_fd, "rb") as body:
+        r = resilient_session(retry_budget=None).put(f"{srv.url}/weights", data=body)
+        assert r.status_code == 502 and len(r.attempts) == 1  # type: ignore[attr-defined]
+        assert srv.count == 1
+
+
+def test_proxy_refusing_the_connection_is_not_sent() -> None:
+    """A ProxyError wrapping a refused connection never left: retried (even for a non-idempotent POST) until the deadline."""
+    policy = EndpointPolicy(
+        idempotent=False, retry=RetryPolicy(max_attempts=2, base_s=0.02, cap_s=0.05), deadline_s=0.5, attempt_timeout_s=0.5
+    )
+    s = resilient_session(table(POST__release=policy), breaker=None, retry_budget=None)
+    with socket.socket() as bound:  # bound, never listening: connections are refused, and nobody else can take the port
+        bound.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        with pytest.raises(requests.exceptions.ProxyError) as info:  # the deadline ends on a refusal: the refusal itself
+            s.post("http://127.0.0.1:9/release", json={}, proxies={"http": proxy})
+    attempts = info.value.attempts  # type: ignore[attr-defined]
+    assert len(attempts) > 2 and {a.delivery for a in attempts} == {Delivery.NOT_SENT}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,9 +13,10 @@ import pytest
 import requests
 import trustme
 from pytest_httpserver import HTTPServer
+from urllib3.util import Timeout as Urllib3Timeout
 from werkzeug import Request, Response
 
-from resilience import EndpointPolicy, PolicyTable, RetryPolicy
+from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.adapters.requests import resilient_session
 from tests.conftest import SHORT_TIMEOUT
 from tests.servers import Hang, Reply, scripted
@@ -135,3 +137,58 @@ def test_one_adapter_shared_by_16_threads(httpserver: HTTPServer) -> None:
         results = list(pool.map(lambda i: s.get(httpserver.url_for("/flaky"), params={"i": i}).text, range(64)))
     assert results == [f"answer-{i}" for i in range(64)]
     assert all(c == 2 for c in counts.values())
+
+
+LATE_S = 1.0
+"""Seconds a slow endpoint takes to answer: longer than the short defaults below, shorter than the caller's timeouts."""
+SHORT_DEFAULTS = PolicyTable(default=lambda method: EndpointPolicy(idempotent=False, attempt_timeout_s=0.3, deadline_s=0.5))
+"""No entries, and defaults that would cut a slow answer if they overruled the caller."""
+
+
+@pytest.fixture
+def slow(httpserver: HTTPServer) -> str:
+    def late(_request: Request) -> Response:
+        time.sleep(LATE_S)
+        return Response("late")
+
+    httpserver.expect_request("/slow").respond_with_handler(late)
+    return httpserver.url_for("/slow")
+
+
+@pytest.mark.parametrize(
+    "timeout", [None, 3.0, (1.0, 3.0), Urllib3Timeout(connect=1.0, read=3.0)], ids=["none", "float", "pair", "urllib3"]
+)
+def test_caller_timeout_beats_the_defaults_for_every_shape(slow: str, timeout: object) -> None:
+    """Without a table entry, the caller's timeout= governs as in plain requests: a slow POST within it succeeds."""
+    s = resilient_session(SHORT_DEFAULTS)
+    r = s.post(slow, json={}, timeout=timeout)
+    assert r.text == "late" and len(r.attempts) == 1  # type: ignore[attr-defined]
+
+
+def test_short_caller_timeout_raises_requests_read_timeout() -> None:
+    """A POST whose read outlasts the caller's timeout raises requests' own ReadTimeout once, not a resilience error."""
+    with scripted(Hang(3)) as srv:
+        with pytest.raises(requests.exceptions.ReadTimeout) as info:
+            resilient_session().post(f"{srv.url}/x", json={}, timeout=(1.0, SHORT_TIMEOUT))
+        assert type(info.value) is requests.exceptions.ReadTimeout and srv.count == 1
+
+
+def test_explicit_entry_beats_the_caller_timeout() -> None:
+    """A table entry's attempt_timeout_s is the endpoint owner's word: it wins over timeout=."""
+    entry = EndpointPolicy(idempotent=False, attempt_timeout_s=SHORT_TIMEOUT, deadline_s=2)
+    with scripted(Hang(3)) as srv:
+        with pytest.raises(AmbiguousOutcome):
+            resilient_session(PolicyTable({"POST /release": entry})).post(f"{srv.url}/release", json={}, timeout=60)
+        assert srv.count == 1
+
+
+@pytest.mark.parametrize("timeout", [(3, 4, 5), "foo", (1, "x"), -1, (None, 0)], ids=["triple", "str", "pair-str", "negative", "zero"])
+def test_invalid_timeouts_raise_requests_own_errors(httpserver: HTTPServer, timeout: object) -> None:
+    """An invalid timeout= raises the same error type and message as plain requests."""
+    httpserver.expect_request("/x").respond_with_data("ok")
+    url = httpserver.url_for("/x")
+    with requests.Session() as plain, pytest.raises(ValueError) as expected:
+        plain.get(url, timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as got:
+        resilient_session().get(url, timeout=timeout)  # type: ignore[arg-type]
+    assert str(expected.value) and (type(got.value), str(got.value)) == (type(expected.value), str(expected.value))

@@ -56,3 +56,32 @@ def test_one_entry_is_singular(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "p.toml: valid, 1 entry" in result.stdout
     assert "entries" not in result.stdout
+
+
+def test_override_over_sglang_keeps_the_built_in_timeouts(tmp_path: Path) -> None:
+    """A file entry for POST /release_memory_occupation overrides the built-in one field by field: 120 s / 300 s stay."""
+    (tmp_path / "p.toml").write_text('[endpoints."POST /release_memory_occupation"]\nretry = { max_attempts = 2 }\n')
+    result = run_cpr("policies", "--file", "p.toml", "--over-sglang", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = {row[0]: row for row in table_rows(result.stdout)}
+    post = rows["POST /release_memory_occupation"]
+    assert (post[1], post[2], post[5], post[6]) == ("no", "2", "120", "300")
+    assert rows["GET /release_memory_occupation"][2] == "6"  # the method the file did not name keeps the built-in policy
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("bin.toml", b"\x00\xff\xfe\x89PNG\r\n", "bin.toml: not a text policy file"),
+        ("d.toml", b"[defaults]\ndeadline_s = 60\n", "d.toml: [defaults] apply only to the endpoints"),
+        ("t.yaml", b'endpoints:\n  POST /release:\n    idempotent: "no"\n', "EndpointPolicy.idempotent must be true or false"),
+    ],
+    ids=["binary", "defaults-only", "quoted-bool"],
+)
+def test_unusable_files_are_one_line_naming_the_file(tmp_path: Path, name: str, content: bytes, fragment: str) -> None:
+    """A binary file, a file whose defaults apply to nothing, a quoted boolean: exit 1 with one line naming the file."""
+    (tmp_path / name).write_bytes(content)
+    result = run_cpr("policies", "--file", name, cwd=tmp_path, timeout=60)
+    assert result.returncode == 1
+    [line] = error_lines(result.stderr)
+    assert fragment in line and "UnicodeDecodeError" not in line

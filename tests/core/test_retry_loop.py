@@ -119,12 +119,55 @@ def test_not_sent_failure_retried_for_post() -> None:
 
 def test_last_transport_error_is_reraised_with_attempts() -> None:
     """When every attempt failed in transport, the caller gets the transport's own last error."""
-    refused = ConnectionRefusedError("nope")
-    fail: AttemptResult[str] = AttemptResult(error=refused, delivery=Delivery.NOT_SENT, error_kind="connect_error")
+    reset = ConnectionResetError("nope")
+    fail: AttemptResult[str] = AttemptResult(error=reset, delivery=Delivery.MAYBE_APPLIED, error_kind="connection_reset")
     policy = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0))
-    with pytest.raises(ConnectionRefusedError) as info:
-        Retrier(clock=FakeClock()).run(spec(policy), Script(fail, fail))
+    with pytest.raises(ConnectionResetError) as info:
+        Retrier(clock=FakeClock()).run(spec(policy, "GET"), Script(fail, fail))
     assert len(info.value.attempts) == 2  # type: ignore[attr-defined]
+
+
+def refused() -> AttemptResult[str]:
+    return AttemptResult(error=ConnectionRefusedError("refused"), delivery=Delivery.NOT_SENT, error_kind="connect_error")
+
+
+def test_failures_before_sending_retried_until_the_deadline_not_max_attempts() -> None:
+    """max_attempts bounds attempts that reached the server: refusals are retried with backoff until the deadline."""
+    clock = FakeClock()
+    retry = RetryPolicy(max_attempts=2, base_s=0.1, cap_s=0.1, jitter=0)
+    policy = EndpointPolicy(idempotent=False, retry=retry, deadline_s=1.0, attempt_timeout_s=1)
+    script = Script(*[refused() for _ in range(6)], status(200))
+    resp, records = Retrier(clock=clock).run(spec(policy), script)
+    assert resp == "resp200" and len(records) == 7
+    assert [r.delivery for r in records[:6]] == [Delivery.NOT_SENT] * 6
+    with pytest.raises(ConnectionRefusedError) as info:  # the deadline ends it on a refusal: the refusal itself
+        Retrier(clock=clock).run(spec(policy), Script(*[refused() for _ in range(50)]))
+    assert 9 <= len(info.value.attempts) <= 11  # type: ignore[attr-defined]  # 0.1 s apart within 1 s
+
+
+def test_sent_attempts_still_bounded_by_max_attempts_among_refusals() -> None:
+    """Refusals in between do not extend the count of attempts that reached the server."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0), deadline_s=5, attempt_timeout_s=1)
+    resp, records = Retrier(clock=FakeClock()).run(spec(policy, "GET"), Script(status(502), refused(), refused(), status(503)))
+    assert resp == "resp503" and [r.status for r in records] == [502, None, None, 503]
+
+
+def test_without_any_deadline_refusals_count_against_max_attempts() -> None:
+    """A call with no deadline at all cannot retry refusals forever: they count as attempts."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=0, cap_s=0), deadline_s=None, attempt_timeout_s=None)
+    with pytest.raises(ConnectionRefusedError) as info:
+        Retrier(clock=FakeClock()).run(spec(policy), Script(refused(), refused(), refused(), status(200)))
+    assert len(info.value.attempts) == 3  # type: ignore[attr-defined]
+
+
+def test_unreplayable_body_gets_one_attempt() -> None:
+    """A body that cannot be sent twice: one attempt, and the caller gets the 502 it would have seen."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=4, base_s=0, cap_s=0))
+    match = PolicyTable({"POST /x": policy}).match("POST", "/x")
+    one = CallSpec("POST", f"{ENGINE}/x", match, ENGINE, "127.0.0.1", 1, replayable=False)
+    script = Script(status(502), status(200))
+    resp, records = Retrier(clock=FakeClock()).run(one, script)
+    assert resp == "resp502" and len(records) == 1 and len(script.results) == 1
 
 
 def test_testing_mode_caps_attempts_and_skips_sleeps() -> None:
@@ -144,3 +187,11 @@ def test_outer_deadline_caps_call() -> None:
     with resilience.Deadline(3, clock=clock):
         Retrier(clock=clock).run(spec(policy, "GET"), script)
     assert script.timeouts[0] == (pytest.approx(3), pytest.approx(3))
+
+
+def test_testing_mode_counts_refusals_against_max_attempts() -> None:
+    """Testing mode has no sleeps, so refusals count as attempts instead of spinning until the deadline."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3), deadline_s=30, attempt_timeout_s=1)
+    with resilience.testing_mode(), pytest.raises(ConnectionRefusedError) as info:
+        Retrier(clock=FakeClock()).run(spec(policy), Script(*[refused() for _ in range(10)]))
+    assert len(info.value.attempts) == 3  # type: ignore[attr-defined]
