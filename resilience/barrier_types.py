@@ -41,8 +41,8 @@ class PhaseDeadlines:
 
     ``transition_s`` also bounds how long ``offload``/``onload`` wait for a
     running ``weight_sync`` body. A call still running at its phase deadline
-    is awaited, before anything else is sent to that engine, for at most the
-    next phase's limit.
+    is awaited, before anything else is sent to that engine, for at most
+    ``continue_s`` (then the engine is skipped and named).
     """
 
     transition_s: float = 300.0

@@ -10,7 +10,11 @@ An engine's state is not one label but a few facts, each known or unknown:
   released (an ambiguous release or resume). An engine with unknown tags is
   *quarantined*: no release, resume or continue is sent to it until the caller
   reconciles it (``Orchestrator.reconcile``) or retires it. Nothing SGLang 0.5.23
-  answers can tell which tags are released (see the README's recovery section).
+  answers can tell which tags are released: the scheduler keeps them in
+  ``WeightUpdater.offload_tags`` (``sglang/srt/managers/scheduler_components/weight_updater.py``,
+  ``release_memory_occupation``) and no endpoint reads that set; ``/server_info``'s
+  ``memory_usage`` holds static sizes (``scheduler_components/internal_state.py``,
+  ``_add_memory_usage``). See the README's recovery section.
 - ``dead``: why the engine stopped answering, or None.
 - ``in_flight``: a call still running past its phase deadline. Nothing is sent
   to the engine until it lands (it could undo a later command), and the facts it
