@@ -337,6 +337,14 @@ class BarrierMachine(RuleBasedStateMachine):
             assert not e.violations, f"{e.engine}: {e.violations}"
 
     @invariant()
+    def every_engine_not_serving_is_named(self) -> None:
+        """At any time, not only in a ``PhaseFailed``: an engine that does not serve is in ``not_serving()``."""
+        named = self.orch.not_serving()
+        for e in self.active():
+            if not e.serving:
+                assert e.engine in named, f"{e.engine} is not serving ({e.snapshot()}) but the orchestrator does not say so"
+
+    @invariant()
     def knowledge_matches_the_engines(self) -> None:
         """Whatever the orchestrator says it knows is true (engines with a call in flight excepted)."""
         states = self.orch.states()
