@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from resilience.cli_story import death_causes
+from resilience.cli.story import death_causes
 from resilience.testing.colocate import StepProgress
 from resilience.testing.emulator import EmulatedFleet
 

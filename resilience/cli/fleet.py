@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, need
+from resilience.cli.common import CliError, need
 from resilience.events import Observer
 from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from resilience.cli_common import need
-from resilience.cli_story import per_step, steps_run
+from resilience.cli.common import need
+from resilience.cli.story import per_step, steps_run
 from resilience.policy import EndpointPolicy, PolicyTable
 
 if TYPE_CHECKING:

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Literal
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, check_output_file, plural, write_json
-from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli_run import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
-from resilience.cli_story import death_causes, story
-from resilience.cli_timeline import StepTimeline, TimelineRecorder, write_timeline
-from resilience.cli_watch import StepWatch
+from resilience.cli.common import CliError, check_output_file, plural, write_json
+from resilience.cli.fleet import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
+from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
+from resilience.cli.story import death_causes, story
+from resilience.cli.timeline import StepTimeline, TimelineRecorder, write_timeline
+from resilience.cli.watch import StepWatch
 from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, demo_policies
 from resilience.testing.faults import FaultPlan, FaultProxy
 

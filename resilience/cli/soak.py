@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, check_output_file, need, plural, write_json
-from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli_run import FleetRunner, demo_plan
+from resilience.cli.common import CliError, check_output_file, need, plural, write_json
+from resilience.cli.fleet import FleetRunner, demo_plan
+from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.testing.colocate import ColocateConfig, StepProgress
 from resilience.testing.faults import FaultPlan, FaultPlanError
 

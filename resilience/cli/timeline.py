@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import requests
 
-from resilience.cli_common import CliError, need
-from resilience.cli_story import death_causes
+from resilience.cli.common import CliError, need
+from resilience.cli.story import death_causes
 from resilience.testing.colocate import StepProgress
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultProxy

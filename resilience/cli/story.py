@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from resilience.cli_common import plural
+from resilience.cli.common import plural
 
 if TYPE_CHECKING:
     from resilience.testing.colocate import ColocateReport
