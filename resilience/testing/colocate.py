@@ -1,14 +1,14 @@
-"""A colocated RL training loop on emulated engines, run the old way or ours.
+"""A colocated RL training loop on emulated engines, run as the baseline (``"old"``) or the resilient loop (``"ours"``).
 
 Each step: rollout (generation on every engine, plus stragglers that arrive
 around the offload), offload, a training pause, onload, weight sync. The
-"old" way is the seeds' "before" code: bare ``requests`` calls with
+baseline is the seeds' "before" code: bare ``requests`` calls with
 ``raise_for_status()``, flush then release with no pause, a bare weight sync.
-"Ours" is ``SGLangClient`` + ``Orchestrator``. Where a control call may have
-been applied (a reset or a read timeout after sending), the old way does what
+The resilient loop is ``SGLangClient`` + ``Orchestrator``. Where a control call may have
+been applied (a reset or a read timeout after sending), the baseline does what
 verl does with every control call (re-send it on a connection error or a
 timeout, 3 attempts), which kills an engine whose release or resume had been
-applied; ours raises ``AmbiguousOutcome``, the orchestrator quarantines the
+applied; the resilient loop raises ``AmbiguousOutcome``, the orchestrator quarantines the
 engine, and this driver reconciles it from the engine's real memory state (see
 ``_Loop._reconcile``) and runs the transition again. A failed step is what makes a
 controller trigger a global restart: it is recorded in a ``RestartBudget``,
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import requests
 
@@ -42,18 +42,23 @@ from resilience.testing.policies import fast_policies
 if TYPE_CHECKING:
     from resilience.testing.faults import FaultProxy
 
-__all__ = ["ColocateConfig", "ColocateReport", "StepProgress", "demo_policies", "run_colocate"]
+__all__ = ["BASELINE", "RESILIENT", "ColocateConfig", "ColocateReport", "LoopKind", "StepProgress", "demo_policies", "run_colocate"]
 
-Way = Literal["old", "ours"]
+LoopKind = Literal["old", "ours"]
+"""Which loop runs: :data:`BASELINE` or :data:`RESILIENT` (the values name the runs in reports and in ``cpr soak --way``)."""
+BASELINE: Final = "old"
+"""The baseline loop: bare ``requests`` as the seeds' "before" code calls the engines."""
+RESILIENT: Final = "ours"
+"""The resilient loop: ``SGLangClient`` + ``Orchestrator``."""
 _DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
 CONTROL_TIMEOUT_S = 3.0
-"""Seconds each attempt of a pause, continue, release or resume may take in demo and soak runs, both ways
+"""Seconds each attempt of a pause, continue, release or resume may take in demo and soak runs, both loops
 (time-scaled: SGLANG_POLICIES allow 30-120 s; an emulated control call answers in milliseconds)."""
 _SCALED_ROUTES = ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation")
-_OLD_ATTEMPTS = 3
-"""The old way's attempts on a connection error or a timeout: verl's ``max_attempts=3`` (statuses are not retried)."""
+_BASELINE_ATTEMPTS = 3
+"""The baseline's attempts on a connection error or a timeout: verl's ``max_attempts=3`` (statuses are not retried)."""
 _RECONCILE_ROUNDS = 3
-"""How many times ours runs one transition, reconciling the engines it quarantined in between."""
+"""How many times the resilient loop runs one transition, reconciling the engines it quarantined in between."""
 
 
 def demo_policies() -> PolicyTable:
@@ -91,11 +96,11 @@ class ColocateConfig:
     """The training pause between offload and onload."""
     restart_limit: int = 3
     """Restarts the run may take (the seed's max_global_restart)."""
-    old_flush_polls: int = 20
-    """The old way's flush loop: tries, 0.05 s apart (slime polls 60 times, 1 s apart)."""
+    baseline_flush_polls: int = 20
+    """The baseline's flush loop: tries, 0.05 s apart (slime polls 60 times, 1 s apart)."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "rollout_requests", "stragglers", "max_new_tokens", "old_flush_polls"):
+        for name in ("steps", "rollout_requests", "stragglers", "max_new_tokens", "baseline_flush_polls"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ColocateConfig.{name} must be >= 0, but was {getattr(self, name)}")
         if self.restart_limit < 0:
@@ -107,6 +112,7 @@ class StepProgress:
     """Told to the progress callback after each step."""
 
     way: str
+    """The loop that ran the step: ``"old"`` (:data:`BASELINE`) or ``"ours"`` (:data:`RESILIENT`)."""
     step: int
     steps: int
     ok: bool
@@ -124,6 +130,7 @@ class ColocateReport:
     """What a run did; the side-by-side table and the JSON report are made of these fields."""
 
     way: str
+    """The loop that ran: ``"old"`` (:data:`BASELINE`) or ``"ours"`` (:data:`RESILIENT`); a key of the JSON report."""
     steps_planned: int
     steps_finished: int = 0
     failed_steps: int = 0
@@ -136,9 +143,9 @@ class ColocateReport:
     ambiguous_faults_seen: int = 0
     """Faults injected after the engine acted (reset once sent, never answered, 502 or reset after the answer)."""
     engines_quarantined: int = 0
-    """Times the orchestrator quarantined an engine (its released memory unknown); ours only."""
+    """Times the orchestrator quarantined an engine (its released memory unknown); the resilient loop only."""
     engines_reconciled: int = 0
-    """Quarantined engines this driver reconciled from the engine's real memory state; ours only."""
+    """Quarantined engines this driver reconciled from the engine's real memory state; the resilient loop only."""
     requests_aborted_rerun: int = 0
     requests_lost: int = 0
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
@@ -185,13 +192,13 @@ def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeou
     return r
 
 
-def _old_control(session: requests.Session, url: str, body: dict[str, Any]) -> requests.Response:
-    """The old way's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
-    for attempt in range(_OLD_ATTEMPTS):
+def _baseline_control(session: requests.Session, url: str, body: dict[str, Any]) -> requests.Response:
+    """The baseline's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
+    for attempt in range(_BASELINE_ATTEMPTS):
         try:
             return _json_post(session, url, body, timeout=CONTROL_TIMEOUT_S)
         except (requests.ConnectionError, requests.Timeout):
-            if attempt == _OLD_ATTEMPTS - 1:
+            if attempt == _BASELINE_ATTEMPTS - 1:
                 raise
             time.sleep(0.05)
     raise AssertionError("unreachable")
@@ -202,22 +209,22 @@ class _Loop:
         self,
         fleet: EmulatedFleet,
         config: ColocateConfig,
-        way: Way,
+        kind: LoopKind,
         observers: Sequence[Observer],
         budget: RestartBudget,
         policies: PolicyTable,
         urls: Sequence[str] | None = None,
         proxies: Sequence[FaultProxy | None] = (),
     ) -> None:
-        self.fleet, self.config, self.way = fleet, config, way
+        self.fleet, self.config, self.kind = fleet, config, kind
         self.urls = list(urls) if urls is not None else fleet.urls
-        self.rng = random.Random(f"{config.seed}:{way}")
+        self.rng = random.Random(f"{config.seed}:{kind}")
         self.budget = budget
         self.counter = _Counter()
         self._count_lock = threading.Lock()
-        self.report = ColocateReport(way, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
+        self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
         self.pool = ThreadPoolExecutor(
-            max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{way}"
+            max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{kind}"
         )
         self.bare = requests.Session()
         self.bare.trust_env = False
@@ -243,7 +250,7 @@ class _Loop:
 
     def _generate(self, i: int, tag: str) -> GenerateResult | None:
         body = {"text": tag, "sampling_params": {"max_new_tokens": self.config.max_new_tokens}}
-        if self.way == "old":
+        if self.kind == BASELINE:
             r = self.bare.post(f"{self.urls[i]}/generate", json=body, timeout=60)
             r.raise_for_status()
             data = r.json()
@@ -266,32 +273,32 @@ class _Loop:
                 self.report.requests_aborted_rerun += 1
         return "lost"
 
-    # -- the two ways ------------------------------------------------------------------
+    # -- the two loops -----------------------------------------------------------------
 
     def _timed(self, phase: str, fn: Callable[[], object]) -> None:
         t0 = time.monotonic()
         fn()
         self.report.phase_seconds.setdefault(phase, []).append(time.monotonic() - t0)
 
-    def _old_offload(self) -> None:
+    def _baseline_offload(self) -> None:
         def one(url: str) -> None:
-            for _ in range(self.config.old_flush_polls):  # slime/Relax: poll flush until it says flushed
+            for _ in range(self.config.baseline_flush_polls):  # slime/Relax: poll flush until it says flushed
                 r = self.bare.get(f"{url}/flush_cache", timeout=30)
                 if r.status_code == 200:
                     break
                 time.sleep(0.05)
             else:
                 raise TimeoutError(f"{url}: timeout while flushing cache")
-            _old_control(self.bare, f"{url}/release_memory_occupation", {"tags": None})
+            _baseline_control(self.bare, f"{url}/release_memory_occupation", {"tags": None})
 
         list(self.pool.map(one, self.urls))
 
-    def _old_onload(self) -> None:
-        list(self.pool.map(lambda u: _old_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.urls))
+    def _baseline_onload(self) -> None:
+        list(self.pool.map(lambda u: _baseline_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.urls))
 
-    def _old_weight_sync(self, version: str) -> None:
+    def _baseline_weight_sync(self, version: str) -> None:
         def one(url: str) -> None:
-            _old_control(self.bare, f"{url}/pause_generation", {})
+            _baseline_control(self.bare, f"{url}/pause_generation", {})
             _json_post(self.bare, f"{url}/begin_weight_update", {"selector": "all"})
             for attempt in range(3):  # the seed's _make_request(max_attempts=3) on this one call
                 r = self.bare.post(f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": version})
@@ -300,11 +307,11 @@ class _Loop:
                     break
                 time.sleep(0.05)
             _json_post(self.bare, f"{url}/end_weight_update", {})
-            _old_control(self.bare, f"{url}/continue_generation", {})
+            _baseline_control(self.bare, f"{url}/continue_generation", {})
 
         list(self.pool.map(one, self.urls))
 
-    def _our_weight_sync(self, version: str) -> None:
+    def _resilient_weight_sync(self, version: str) -> None:
         with self.orch.weight_sync(mode="retract") as engines:
 
             def one(client: SGLangClient) -> None:
@@ -314,8 +321,8 @@ class _Loop:
 
             list(self.pool.map(one, engines))
 
-    def _ours(self, transition: Callable[[], object]) -> None:
-        """Run one of ours' transitions; after a PhaseFailed that quarantined engines, reconcile them and run it again.
+    def _resilient(self, transition: Callable[[], object]) -> None:
+        """Run one of the resilient loop's transitions; after a PhaseFailed that quarantined engines, reconcile them and run it again.
 
         Gives up (re-raises) when an engine died, when nothing was quarantined (the failure is not about
         unknown memory), or after ``_RECONCILE_ROUNDS`` runs: then the step fails, as before.
@@ -368,16 +375,16 @@ class _Loop:
             for k in range(cfg.stragglers)
         ]
         try:
-            if self.way == "old":
-                self._timed("offload", self._old_offload)
+            if self.kind == BASELINE:
+                self._timed("offload", self._baseline_offload)
                 time.sleep(cfg.train_s)
-                self._timed("onload", self._old_onload)
-                self._timed("weight_sync", lambda: self._old_weight_sync(f"v{n}"))
+                self._timed("onload", self._baseline_onload)
+                self._timed("weight_sync", lambda: self._baseline_weight_sync(f"v{n}"))
             else:
-                self._timed("offload", lambda: self._ours(lambda: self.orch.offload(mode="abort")))
+                self._timed("offload", lambda: self._resilient(lambda: self.orch.offload(mode="abort")))
                 time.sleep(cfg.train_s)
-                self._timed("onload", lambda: self._ours(self.orch.onload))
-                self._timed("weight_sync", lambda: self._ours(lambda: self._our_weight_sync(f"v{n}")))
+                self._timed("onload", lambda: self._resilient(self.orch.onload))
+                self._timed("weight_sync", lambda: self._resilient(lambda: self._resilient_weight_sync(f"v{n}")))
         finally:
             lost = sum(1 for f in stragglers if f.result(timeout=120) == "lost")
             self.report.requests_lost += lost
@@ -447,7 +454,7 @@ def _injected_ambiguous(proxies: Sequence[FaultProxy | None]) -> int:
 def run_colocate(
     fleet: EmulatedFleet,
     config: ColocateConfig,
-    way: Way,
+    kind: LoopKind,
     *,
     observers: Sequence[Observer] = (),
     restart_budget: RestartBudget | None = None,
@@ -456,7 +463,9 @@ def run_colocate(
     proxies: Sequence[FaultProxy] | None = None,
     recover_when_spent: bool = True,
 ) -> ColocateReport:
-    """Run ``config.steps`` colocate steps on ``fleet`` the ``way`` given; stops early when the restart budget is spent.
+    """Run ``config.steps`` colocate steps of the loop ``kind`` on ``fleet``; stops early when the restart budget is spent.
+
+    ``kind``: :data:`BASELINE` (``"old"``) or :data:`RESILIENT` (``"ours"``).
 
     ``proxies``: fault proxies to send every call through instead of the fleet's own, one per engine in
     fleet order (each in front of that engine's ``direct_url``); 502s are counted from them. Fresh proxies
@@ -472,18 +481,20 @@ def run_colocate(
         raise ValueError(f"`proxies` must hold one proxy per engine ({len(fleet.engines)}), but held {len(proxies)}")
     counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
     urls = [p.url for p in proxies] if proxies is not None else None
-    loop = _Loop(fleet, config, way, observers, budget, policies if policies is not None else demo_policies(), urls, counted)
+    loop = _Loop(fleet, config, kind, observers, budget, policies if policies is not None else demo_policies(), urls, counted)
     report = loop.report
     before_502, before_ambiguous = _injected_502s(counted), _injected_ambiguous(counted)
     t0 = time.monotonic()
     try:
         for n in range(config.steps):
             error: str | None = None
+            cause = "engine death"  # what the restart budget records for a failed step: the exception's type, if one
             started_ns = time.monotonic_ns()
             try:
                 loop.step(n)
             except Exception as exc:
-                error = f"step {n}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                cause = type(exc).__name__
+                error = f"step {n}: {cause}: {' '.join(str(exc).split())[:300]}"
             ended_ns = time.monotonic_ns()
             dead_now = sum(1 for e in fleet.engines if not e.alive())
             if (error or dead_now) and budget.remaining == 0 and not recover_when_spent:
@@ -499,13 +510,13 @@ def run_colocate(
                 if budget.remaining == 0:
                     report.stopped_early = f"restart budget spent at step {n}: the run is over"
                 else:
-                    budget.record(error.split(":")[1].strip() if error else "engine death", step=n)
+                    budget.record(cause, step=n)
                     report.restarts += 1
             report.restart_budget_left = budget.remaining
             if progress is not None:
                 progress(
                     StepProgress(
-                        way,
+                        kind,
                         n + 1,
                         config.steps,
                         error is None and deaths == 0,

@@ -10,8 +10,8 @@ import requests
 
 pytest.importorskip("torch")
 
-from resilience.cli_story import death_causes, per_step, story
-from resilience.cli_watch import StepWatch
+from resilience.cli.story import death_causes, per_step, story
+from resilience.cli.watch import StepWatch
 from resilience.testing.colocate import ColocateReport, StepProgress
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 

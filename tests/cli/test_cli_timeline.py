@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resilience.cli_timeline import Bar, Mark, StepTimeline, draw_figure
+from resilience.cli.timeline import Bar, Mark, StepTimeline, draw_figure
 
 
 def _old() -> StepTimeline:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from resilience.cli_timeline import Bar, Mark, StepTimeline, write_timeline
+from resilience.cli.timeline import Bar, Mark, StepTimeline, write_timeline
 from tests.cli.cpr_testlib import CPR, run_cpr
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ name is unique across ``tests/`` because pytest puts each test folder on
 ``sys.path`` (rootdir-relative "prepend" imports).
 """
 
-import importlib.util
+import importlib
 import os
 import re
 import shutil
@@ -18,7 +18,10 @@ import pytest
 
 REPO: Final = Path(__file__).resolve().parents[2]
 GRAFANA_DIR: Final = REPO / "grafana"
-GENERATOR: Final = GRAFANA_DIR / "generate.py"
+GENERATOR: Final = (sys.executable, "-m", "grafana.dashboard")
+"""The generator's command line; run it with ``cwd=REPO``."""
+SCRIPT: Final = GRAFANA_DIR / "generate.py"
+"""``python grafana/generate.py``: the same command line, from any folder."""
 DASHBOARD: Final = GRAFANA_DIR / "dashboards" / "controlplane-resilience.json"
 RULES: Final = GRAFANA_DIR / "rules" / "controlplane-resilience.rules.yml"
 RULE_TESTS: Final = tuple(sorted((GRAFANA_DIR / "rules" / "tests").glob("*.test.yml")))
@@ -190,13 +193,5 @@ def require_binary(name: str) -> str:
 
 
 def load_generator() -> ModuleType:
-    """Import grafana/generate.py by file path (grafana/ is a plain folder, not a package)."""
-    name = "cpr_grafana_generate"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, GENERATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The ``grafana.dashboard`` package (the repository root is on ``sys.path``: pytest's ``pythonpath``)."""
+    return importlib.import_module("grafana.dashboard")

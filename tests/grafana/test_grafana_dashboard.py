@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grafana_testlib import DASHBOARD, GENERATOR, RULES, load_generator
+from grafana_testlib import DASHBOARD, GENERATOR, REPO, RULES, SCRIPT, load_generator
 
 
 def _dashboard() -> dict[str, Any]:
@@ -41,9 +41,9 @@ def test_generation_is_deterministic_and_sorted() -> None:
 
 
 def test_check_flag_passes_on_the_committed_files() -> None:
-    """`python grafana/generate.py --check` exits 0 on the committed outputs and writes nothing."""
+    """`python -m grafana.dashboard --check` exits 0 on the committed outputs and writes nothing."""
     before = DASHBOARD.stat().st_mtime_ns, RULES.stat().st_mtime_ns
-    result = subprocess.run([sys.executable, str(GENERATOR), "--check"], capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run([*GENERATOR, "--check"], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert (DASHBOARD.stat().st_mtime_ns, RULES.stat().st_mtime_ns) == before
 
@@ -52,16 +52,16 @@ def test_check_flag_fails_on_a_stale_copy(tmp_path: Path) -> None:
     """`--check` exits 1 and names the file when a dashboard differs from a fresh generation."""
     stale = tmp_path / DASHBOARD.name
     stale.write_text(DASHBOARD.read_text(encoding="utf-8").replace("502 rate per endpoint", "502s"), encoding="utf-8")
-    args = [sys.executable, str(GENERATOR), "--check", "--out", str(tmp_path), "--rules-out", str(RULES.parent)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    args = [*GENERATOR, "--check", "--out", str(tmp_path), "--rules-out", str(RULES.parent)]
+    result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 1
     assert str(stale) in result.stderr
 
 
 def test_cli_writes_both_files(tmp_path: Path) -> None:
-    """The command line writes the dashboard and the rules where --out/--rules-out say."""
-    args = [sys.executable, str(GENERATOR), "--out", str(tmp_path / "d"), "--rules-out", str(tmp_path / "r")]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    """`python grafana/generate.py`, run from another folder, writes the dashboard and the rules where --out/--rules-out say."""
+    args = [sys.executable, str(SCRIPT), "--out", str(tmp_path / "d"), "--rules-out", str(tmp_path / "r")]
+    result = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "d" / DASHBOARD.name).read_bytes() == DASHBOARD.read_bytes()
     assert (tmp_path / "r" / RULES.name).read_bytes() == RULES.read_bytes()

@@ -173,7 +173,7 @@ def test_applied_but_refused_update_is_its_own_error(both_keys: EmulatedFleet) -
 
 def test_probe_sends_the_api_key_only_where_asked_and_says_when_refused(both_keys: EmulatedFleet) -> None:
     """cpr probe: with the API key every check passes; without it the keyed checks say a key is required."""
-    from resilience.cli_probe import probe_engines
+    from resilience.cli.probe import probe_engines
 
     url = both_keys.urls[0]
     keyed = probe_engines([url], 5.0, API_KEY)[0].results

@@ -15,12 +15,12 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, need
+from resilience.cli.common import CliError, need
 from resilience.events import Observer
-from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, run_colocate
+from resilience.testing.colocate import ColocateConfig, ColocateReport, LoopKind, StepProgress, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig
 from resilience.testing.faults import FaultPlan, FaultProxy, FaultRule
 
@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEMO_AMBIGUOUS",
     "DEMO_ENGINE",
+    "FleetRun",
     "FleetRunner",
     "Telemetry",
-    "WayRun",
     "demo_plan",
     "metric_totals",
     "start_telemetry",
@@ -63,8 +63,8 @@ def demo_plan(seed: int) -> FaultPlan:
 
 
 @dataclass
-class WayRun:
-    """One colocate run: its report and the proxies it went through (their ``seen`` feeds the timeline)."""
+class FleetRun:
+    """One colocate run on the fleet: its report and the proxies it went through (their ``seen`` feeds the timeline)."""
 
     report: ColocateReport
     proxies: list[FaultProxy]
@@ -118,7 +118,7 @@ class FleetRunner:
 
     def run(
         self,
-        way: Literal["old", "ours"],
+        kind: LoopKind,
         config: ColocateConfig,
         *,
         observers: Sequence[Observer] = (),
@@ -126,8 +126,10 @@ class FleetRunner:
         progress: Callable[[StepProgress], None] | None = None,
         on_proxies: Callable[[list[FaultProxy]], None] | None = None,
         last: bool = False,
-    ) -> WayRun:
-        """Run the colocate loop ``way`` through fresh proxies; ``on_proxies`` sees them before the first step.
+    ) -> FleetRun:
+        """Run the colocate loop ``kind`` (``"old"``: the baseline, ``"ours"``: the resilient loop) through fresh proxies.
+
+        ``on_proxies`` sees the proxies before the first step.
 
         ``last``: no run follows on this fleet, so a run that spends its restart budget leaves its dead
         engines dead instead of restarting them (the fleet is stopped next anyway).
@@ -143,7 +145,7 @@ class FleetRunner:
             report = run_colocate(
                 self.fleet,
                 config,
-                way,
+                kind,
                 observers=observers,
                 restart_budget=budget,
                 progress=progress,
@@ -153,7 +155,7 @@ class FleetRunner:
         finally:
             for proxy in proxies:
                 proxy.stop()
-        return WayRun(report, proxies)
+        return FleetRun(report, proxies)
 
 
 # -- telemetry --------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from resilience.cli_common import need
-from resilience.cli_story import per_step, steps_run
+from resilience.cli.common import need
+from resilience.cli.story import per_step, steps_run
 from resilience.policy import EndpointPolicy, PolicyTable
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def _outcome(report: ColocateReport) -> str:
 
 
 _ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
-    # one row per line: (label, cell of one run); the JSON report stores the same strings
+    # one row per line: (label, cell of one run); the JSON report stores the same strings. Way "ours" = the resilient loop.
     ("steps finished", lambda r: f"{r.steps_finished} of {r.steps_planned}"),
     ("failed steps", lambda r: f"{r.failed_steps} of {steps_run(r)} run"),
     ("restarts a controller would have triggered", lambda r: str(r.restarts)),
@@ -190,8 +190,8 @@ class RunProgress:
     """Progress of a long command on stderr: a live rich display on a terminal, plain lines otherwise.
 
     ``task(name)`` starts a spinner for a step of unknown length; ``counter(name, n)``
-    a bar of n items (engines started out of n); ``way(name, steps)`` returns the
-    progress callback of one colocate run (a bar), and ``note(name, text)`` says
+    a bar of n items (engines started out of n); ``run_progress(name, steps)`` returns the
+    progress callback of one colocate run (a bar), ``run_ended(name, report)`` says how it ended, and ``note(name, text)`` says
     beside it what a slow step is waiting for.
     Use it as a context manager.
     """
@@ -273,7 +273,7 @@ class RunProgress:
         elif text:
             self.print(f"{name}: {text}")
 
-    def way(self, name: str, steps: int, extra: Callable[[], str] | None = None) -> Callable[[StepProgress], None]:
+    def run_progress(self, name: str, steps: int, extra: Callable[[], str] | None = None) -> Callable[[StepProgress], None]:
         """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``)."""
         task_id: TaskID | None = None
         if self._progress is not None:
@@ -295,6 +295,6 @@ class RunProgress:
 
         return on_step
 
-    def way_ended(self, name: str, report: ColocateReport) -> None:
+    def run_ended(self, name: str, report: ColocateReport) -> None:
         """Say how a run ended (a stopped run's bar stays short of its total), numbering steps from 1 as the bar does."""
         self.print(f"{name}: {_outcome(report)} ({report.wall_s:.1f} s)")

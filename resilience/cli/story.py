@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from resilience.cli_common import plural
+from resilience.cli.common import plural
 
 if TYPE_CHECKING:
     from resilience.testing.colocate import ColocateReport
@@ -111,13 +111,13 @@ def _side(name: str, report: ColocateReport, causes: Sequence[str]) -> str:
 
 
 def story(reports: Mapping[str, ColocateReport], causes: Mapping[str, Sequence[str]], titles: Mapping[str, str]) -> str:
-    """One sentence per way, joined: how many 502s per step each side met, what killed engines, how it ended.
+    """One sentence per run, joined: how many 502s per step each side met, what killed engines, how it ended.
 
-    ``reports``/``causes``/``titles`` are keyed by way (``"old"``, ``"ours"``); only the ways present in
+    ``reports``/``causes``/``titles`` are keyed by loop (``"old"``: the baseline, ``"ours"``: the resilient loop); only the runs in
     ``reports`` are told (an interrupted demo tells what finished).
     """
     parts = []
-    for way, report in reports.items():
-        title = titles.get(way, way)
-        parts.append(_side(title[:1].upper() + title[1:], report, causes.get(way, ())) + ".")
+    for kind, report in reports.items():
+        title = titles.get(kind, kind)
+        parts.append(_side(title[:1].upper() + title[1:], report, causes.get(kind, ())) + ".")
     return " ".join(parts)

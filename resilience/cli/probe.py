@@ -26,8 +26,8 @@ import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.adapters.sglang_policies import SGLANG_OPEN_PREFIXES
-from resilience.cli_common import CliError, plural
-from resilience.cli_render import describe_policy, make_console, rich_table
+from resilience.cli.common import CliError, plural
+from resilience.cli.render import describe_policy, make_console, rich_table
 
 __all__ = ["CHECKS", "Check", "CheckResult", "EngineProbe", "policy_groups", "probe_engines", "run_probe"]
 

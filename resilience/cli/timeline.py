@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import requests
 
-from resilience.cli_common import CliError, need
-from resilience.cli_story import death_causes
+from resilience.cli.common import CliError, need
+from resilience.cli.story import death_causes
 from resilience.testing.colocate import StepProgress
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultProxy
@@ -86,6 +86,7 @@ class StepTimeline:
     """One step of one run, ready to draw."""
 
     way: str
+    """The run's title: "old way" (the baseline) or "ours" (the resilient loop); a key of the JSON report."""
     step: int
     ok: bool
     error: str | None
@@ -142,8 +143,9 @@ class TimelineRecorder:
     the recorder as (or chain it into) ``run_colocate``'s progress callback.
     """
 
-    def __init__(self, way: str, fleet: EmulatedFleet) -> None:
-        self.way = way
+    def __init__(self, title: str, fleet: EmulatedFleet) -> None:
+        self.title = title
+        """The run's title, as the table shows it ("old way", "ours")."""
         self.fleet = fleet
         self.proxies: list[FaultProxy] = []
         self.captured: StepTimeline | None = None
@@ -177,7 +179,7 @@ class TimelineRecorder:
 
     def _capture(self, p: StepProgress, died: list[int]) -> StepTimeline:
         t_lo, t_hi = p.started_ns or 0, p.ended_ns or 0
-        tl = StepTimeline(self.way, p.step, p.ok, self._readable(p.error), len(self.fleet.engines), died=died)
+        tl = StepTimeline(self.title, p.step, p.ok, self._readable(p.error), len(self.fleet.engines), died=died)
         calls: list[tuple[int, dict[str, Any]]] = []
         for i, engine in enumerate(self.fleet.engines):
             if i in died:

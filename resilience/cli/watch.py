@@ -1,6 +1,6 @@
 """Say what a slow colocate step is waiting for, while it waits (``cpr demo``'s progress).
 
-A failed step of the old way takes long because of what follows the failure:
+A failed step of the baseline ("old way") takes long because of what follows the failure:
 engines died and a global restart starts them again (each imports torch). The
 loop itself reports only when a step is over, so :class:`StepWatch` looks at the
 fleet from a daemon thread once a second; once a step has run longer than
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from resilience.cli_story import death_causes
+from resilience.cli.story import death_causes
 from resilience.testing.colocate import StepProgress
 from resilience.testing.emulator import EmulatedFleet
 

@@ -26,17 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, check_output_file, need, plural, write_json
-from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli_run import FleetRunner, demo_plan
-from resilience.testing.colocate import ColocateConfig, StepProgress
+from resilience.cli.common import CliError, check_output_file, need, plural, write_json
+from resilience.cli.fleet import FleetRunner, demo_plan
+from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
+from resilience.testing.colocate import BASELINE, ColocateConfig, StepProgress
 from resilience.testing.faults import FaultPlan, FaultPlanError
 
 __all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak"]
 
 FLAT_GROWTH = 0.05
-"""Growth of mean RSS (after warm-up -> last 10 % of steps) still called flat: 5 %."""
-"""Memory counts as flat when the last 10 % of steps average at most this much (10 %) above the first 10 %."""
+"""Growth of mean memory still called flat, as a fraction: 5 % (the 10 % of steps after warm-up -> the last 10 %)."""
 
 _MB = 1024 * 1024
 
@@ -125,7 +124,7 @@ def run_soak(args: argparse.Namespace) -> int:
         plan = demo_plan(args.seed)
     need("psutil", "cli", "cpr soak")
     config = ColocateConfig(steps=args.steps, seed=args.seed)
-    title = "old way" if args.way == "old" else "ours"
+    title = "old way" if args.way == BASELINE else "ours"  # --way names the loop: "old" (the baseline) or "ours"
     t_start = time.monotonic()
     with RunProgress() as ui:
         started = ui.counter(f"starting {plural(args.engines, 'emulated engine')}", args.engines)
@@ -138,7 +137,7 @@ def run_soak(args: argparse.Namespace) -> int:
                 last = sampler.samples[-1]
                 return f"rss self {last['self_mb']:.0f} MB, pss engines {last['engines_mb']:.0f} MB"
 
-            show = ui.way(title, config.steps, rss_note)
+            show = ui.run_progress(title, config.steps, rss_note)
 
             def on_step(p: StepProgress) -> None:
                 sampler.sample(p.step)
@@ -147,7 +146,7 @@ def run_soak(args: argparse.Namespace) -> int:
             budget = RestartBudget(config.restart_limit)
             run = runner.run(args.way, config, budget=budget, progress=on_step, last=True)
             report = run.report
-            ui.way_ended(title, report)
+            ui.run_ended(title, report)
             proxy_records = sum(len(proxy.seen) for proxy in run.proxies)
     steps = sampler.samples[1:]  # the samples taken after each step
     memory = {"self": memory_verdict(steps, "self_mb"), "engines": memory_verdict(steps, "engines_mb")}

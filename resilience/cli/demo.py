@@ -1,13 +1,13 @@
-"""``cpr demo``: the colocate loop on emulated engines under the seed's faults, the old way and ours, side by side.
+"""``cpr demo``: the colocate loop on emulated engines under the seed's faults, baseline ("old way") and resilient ("ours").
 
 One fleet of emulated engines serves both runs (each engine imports torch, so
 starting a fleet is the slow part); each run goes through fresh fault proxies
 playing ``demo_plan(seed)`` (the seed's faults plus resets and read timeouts after
 the engine acted on release, resume and continue), so the same seed gives the same faults
-whichever run comes first. Ours runs first, on the fresh fleet; the old way
+whichever run comes first. The resilient loop runs first, on the fresh fleet; the baseline
 runs second and, once its restart budget is spent, leaves the engines it
 killed dead (the run is over and the fleet is stopped next), which saves one
-round of engine restarts. The table shows the old way first. A
+round of engine restarts. The table shows the baseline first. A
 MetricsObserver (served on 127.0.0.1) and, optionally, a TracingObserver are
 attached to both runs.
 """
@@ -20,24 +20,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from resilience.budget import RestartBudget
-from resilience.cli_common import CliError, check_output_file, plural, write_json
-from resilience.cli_render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli_run import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
-from resilience.cli_story import death_causes, story
-from resilience.cli_timeline import StepTimeline, TimelineRecorder, write_timeline
-from resilience.cli_watch import StepWatch
-from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, demo_policies
+from resilience.cli.common import CliError, check_output_file, plural, write_json
+from resilience.cli.fleet import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
+from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
+from resilience.cli.story import death_causes, story
+from resilience.cli.timeline import StepTimeline, TimelineRecorder, write_timeline
+from resilience.cli.watch import StepWatch
+from resilience.testing.colocate import BASELINE, RESILIENT, ColocateConfig, ColocateReport, LoopKind, StepProgress, demo_policies
 from resilience.testing.faults import FaultPlan, FaultProxy
 
-__all__ = ["RUN_ORDER", "WAYS", "run_demo"]
+__all__ = ["LOOPS", "RUN_ORDER", "run_demo"]
 
-WAYS: tuple[tuple[Literal["old", "ours"], str], ...] = (("old", "old way"), ("ours", "ours"))
-"""The ways in table order, with their column titles."""
-RUN_ORDER: tuple[Literal["old", "ours"], ...] = ("ours", "old")
-"""The order the ways run in: the old way last, so its final engine deaths need no restart."""
+LOOPS: tuple[tuple[LoopKind, str], ...] = ((BASELINE, "old way"), (RESILIENT, "ours"))
+"""The two loops (the baseline, the resilient one) in table order, with their column titles."""
+RUN_ORDER: tuple[LoopKind, ...] = (RESILIENT, BASELINE)
+"""The order the loops run in: the baseline last, so its final engine deaths need no restart."""
 
 
 def _chain(*callbacks: Callable[[StepProgress], None]) -> Callable[[StepProgress], None]:
@@ -50,30 +49,30 @@ def _chain(*callbacks: Callable[[StepProgress], None]) -> Callable[[StepProgress
 
 @dataclass
 class _Results:
-    """What the finished ways left: the report, table and picture are made of these (an interrupted demo too)."""
+    """What the finished runs left: the report, table and picture are made of these (an interrupted demo too)."""
 
     reports: dict[str, ColocateReport] = field(default_factory=dict)
     timelines: dict[str, StepTimeline] = field(default_factory=dict)
     totals: dict[str, dict[str, float]] = field(default_factory=dict)
     causes: dict[str, list[str]] = field(default_factory=dict)
-    """Per way, what killed each engine that died in it (from the engines' logs), oldest first."""
+    """Per loop, what killed each engine that died in it (from the engines' logs), oldest first."""
 
     def done(self) -> list[tuple[str, str]]:
-        """(way, title) of the finished ways, in table order."""
-        return [(way, title) for way, title in WAYS if way in self.reports]
+        """(loop, title) of the finished runs, in table order."""
+        return [(kind, title) for kind, title in LOOPS if kind in self.reports]
 
 
 def _logs(runner: FleetRunner) -> list[str]:
     return [e.log() for e in runner.fleet.engines]
 
 
-def _run_ways(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, plan: FaultPlan, out: _Results) -> None:
+def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, plan: FaultPlan, out: _Results) -> None:
     config = ColocateConfig(steps=args.steps, seed=args.seed)
     started = ui.counter(f"starting {plural(args.engines, 'emulated engine')}", args.engines)
     with FleetRunner(args.engines, plan, on_ready=started) as runner:
         ui.print(f"engines ready: pids {' '.join(map(str, runner.pids()))}")
-        for way in RUN_ORDER:
-            title = dict(WAYS)[way]
+        for kind in RUN_ORDER:
+            title = dict(LOOPS)[kind]
             before = metric_totals(telemetry.metrics.registry)
             logs_before = _logs(runner)
             budget = RestartBudget(config.restart_limit)
@@ -92,29 +91,29 @@ def _run_ways(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, p
                 ui.note(title, text)
 
             with StepWatch(runner.fleet, say) as watch:
-                progress = _chain(watch, ui.way(title, config.steps, budget_note), recorder)
+                progress = _chain(watch, ui.run_progress(title, config.steps, budget_note), recorder)
                 run = runner.run(
-                    way,
+                    kind,
                     config,
                     observers=telemetry.observers,
                     budget=budget,
                     progress=progress,
                     on_proxies=attach,
-                    last=way == RUN_ORDER[-1],
+                    last=kind == RUN_ORDER[-1],
                 )
-            out.reports[way] = run.report  # finished: from here on a Ctrl-C still writes its report
-            ui.way_ended(title, run.report)
-            out.causes[way] = [c for old, new in zip(logs_before, _logs(runner), strict=True) for c in death_causes(new[len(old) :])]
-            after = metric_totals(telemetry.metrics.registry)  # counters: this way's share; restarts: its budget
-            out.totals[way] = {k: after[k] - (0 if k.startswith("cpr_restart") else before[k]) for k in after}
+            out.reports[kind] = run.report  # finished: from here on a Ctrl-C still writes its report
+            ui.run_ended(title, run.report)
+            out.causes[kind] = [c for old, new in zip(logs_before, _logs(runner), strict=True) for c in death_causes(new[len(old) :])]
+            after = metric_totals(telemetry.metrics.registry)  # counters: this run's share; restarts: its budget
+            out.totals[kind] = {k: after[k] - (0 if k.startswith("cpr_restart") else before[k]) for k in after}
             if recorder.captured is not None:
-                out.timelines[way] = recorder.captured
+                out.timelines[kind] = recorder.captured
 
 
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo from parsed arguments; returns the exit status (0 when ours finished every step).
 
-    On Ctrl-C after a way finished, the table, report (and timeline) of the finished ways are still
+    On Ctrl-C after a run finished, the table, report (and timeline) of the finished runs are still
     written, and the exit status is 130.
     """
     report_path = check_output_file(Path(args.report), "--report", (".json",))
@@ -129,7 +128,7 @@ def run_demo(args: argparse.Namespace) -> int:
             ui.print(f"metrics: {telemetry.metrics_url} (served while the demo runs)")
             if args.traces != "off":
                 ui.print(f"traces: {args.traces}")
-            _run_ways(args, ui, telemetry, plan, out)
+            _run_loops(args, ui, telemetry, plan, out)
     except KeyboardInterrupt:
         if not out.reports:
             raise
@@ -137,9 +136,9 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         telemetry.close()
     done = out.done()
-    rows = comparison_rows([out.reports[way] for way, _ in done])
+    rows = comparison_rows([out.reports[kind] for kind, _ in done])
     columns = ["", *(title for _, title in done)]
-    told = story({way: out.reports[way] for way, _ in done}, out.causes, dict(WAYS))
+    told = story({kind: out.reports[kind] for kind, _ in done}, out.causes, dict(LOOPS))
     caption = (
         f"{args.engines} engines, {args.steps} steps, seed {args.seed}: 502s (and resets) on every per-step control call, "
         f"slow swaps; a reset or read timeout after the engine acted on each engine's first release and on {DEMO_AMBIGUOUS:.0%} "
@@ -149,7 +148,7 @@ def run_demo(args: argparse.Namespace) -> int:
     heading = "cpr demo: colocated RL steps, the old way and ours" + (" (interrupted: finished ways only)" if interrupted else "")
     console.print(rich_table(heading, columns, rows, caption=caption))
     console.print(told, markup=False, highlight=False, soft_wrap=True)
-    drawn = [out.timelines[way] for way, _ in done if way in out.timelines]
+    drawn = [out.timelines[kind] for kind, _ in done if kind in out.timelines]
     if timeline_path is not None and drawn:
         write_timeline(timeline_path, drawn)
         console.print(f"timeline: {timeline_path}", markup=False, highlight=False)
@@ -160,8 +159,8 @@ def run_demo(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "interrupted": interrupted,
         "fault_plan": plan.to_dict(),
-        "ways": {way: out.reports[way].to_dict() for way, _ in done},
-        "engine_death_causes": {way: out.causes.get(way, []) for way, _ in done},
+        "ways": {kind: out.reports[kind].to_dict() for kind, _ in done},
+        "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
         "story": told,
         "table": {"columns": columns, "rows": rows},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},
@@ -175,8 +174,8 @@ def run_demo(args: argparse.Namespace) -> int:
         finished = " and ".join(title for _, title in done)
         print(f"cpr demo: interrupted; the report holds what finished ({finished})", file=sys.stderr)
         return 130
-    ours = out.reports["ours"]
-    if ours.failed_steps or ours.engine_deaths:
-        failed, deaths = plural(ours.failed_steps, "step"), plural(ours.engine_deaths, "engine death")
-        raise CliError(f"ours failed {failed} with {deaths}: {ours.failures[:1]}")
+    resilient = out.reports[RESILIENT]
+    if resilient.failed_steps or resilient.engine_deaths:
+        failed, deaths = plural(resilient.failed_steps, "step"), plural(resilient.engine_deaths, "engine death")
+        raise CliError(f"ours failed {failed} with {deaths}: {resilient.failures[:1]}")
     return 0

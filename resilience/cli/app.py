@@ -7,7 +7,7 @@ Subcommands::
     cpr probe URL   read-only checks of real engines: health, readiness, weight version, loads, server info
     cpr emulate     run emulated SGLang engines (for your own tests): one, or --engines N
     cpr policies    print the effective policy table; validate a policy file
-    cpr dashboards  regenerate (or --check) grafana/ from grafana/generate.py
+    cpr dashboards  regenerate (or --check) grafana/ from the grafana.dashboard generator
 
 Bad input to any subcommand is one line on stderr and a non-zero exit (2 for
 bad arguments), never a traceback. Heavy imports (rich, matplotlib, torch,
@@ -17,15 +17,12 @@ telemetry) happen inside the subcommand that needs them.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
 
 import resilience
-from resilience.cli_common import CliError, OneLineParser, plural, port_number, positive_float, positive_int
+from resilience.cli.common import CliError, OneLineParser, port_number, positive_float, positive_int
 
 __all__ = ["build_parser", "main"]
 
@@ -117,7 +114,7 @@ def _add_dashboards(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p = sub.add_parser(
         "dashboards",
         help="regenerate grafana/ (dashboard JSON and alert rules), or --check it",
-        description="Run grafana/generate.py: write the dashboard into DIR/dashboards and the alert rules into DIR/rules.",
+        description="Run the grafana.dashboard generator: write the dashboard into DIR/dashboards and the alert rules into DIR/rules.",
     )
     p.add_argument("--out", metavar="DIR", help="the grafana folder to write (default: the repository's grafana/)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs from a fresh generation")
@@ -143,114 +140,27 @@ def build_parser() -> OneLineParser:
     return parser
 
 
-# -- small subcommands ---------------------------------------------------------------------------
-
-
-def _policies(args: argparse.Namespace) -> int:
-    from resilience.adapters.sglang import SGLANG_POLICIES
-    from resilience.cli_render import POLICY_COLUMNS, make_console, policy_rows, rich_table
-    from resilience.errors import PolicyError
-    from resilience.policy import PolicyTable
-
-    if args.over_sglang and not args.file:
-        raise CliError("--over-sglang needs --file", 2)
-    if args.file:
-        try:
-            table = PolicyTable.load(args.file, base=SGLANG_POLICIES if args.over_sglang else None)
-        except PolicyError as exc:
-            raise CliError(str(exc)) from None
-        title = f"{args.file}{' over SGLANG_POLICIES' if args.over_sglang else ''}: valid, {plural(len(table), 'entry', 'entries')}"
-    else:
-        table, title = SGLANG_POLICIES, f"SGLANG_POLICIES ({plural(len(SGLANG_POLICIES), 'entry', 'entries')})"
-    console = make_console()
-    caption = (
-        "Requests no entry matches: GET, HEAD, PUT, DELETE, OPTIONS, TRACE are retried on 502/503/504 and transport errors; "
-        "POST and PATCH only on failures before sending."
-    )
-    console.print(rich_table(title, POLICY_COLUMNS, policy_rows(table), caption=caption, wrap=[-1]))
-    return 0
-
-
-def _find_generator() -> Path:
-    here = Path(resilience.__file__).resolve().parent.parent / "grafana" / "generate.py"
-    cwd = Path.cwd() / "grafana" / "generate.py"
-    for candidate in (here, cwd):
-        if candidate.is_file():
-            return candidate
-    raise CliError(f"grafana/generate.py not found (looked at {here} and {cwd}); run cpr dashboards from a source checkout")
-
-
-def _load_generator(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cpr_grafana_generate", path)
-    if spec is None or spec.loader is None:
-        raise CliError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except ImportError as exc:
-        raise CliError(f"{path} needs {exc.name or exc}: pip install 'controlplane-resilience[grafana]'") from None
-    return module
-
-
-def _dashboards(args: argparse.Namespace) -> int:
-    generator = _find_generator()
-    module = _load_generator(generator)
-    out = Path(args.out) if args.out else generator.parent
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--out {str(out)!r} is not a folder", 2)
-    argv = ["--out", str(out / "dashboards"), "--rules-out", str(out / "rules")]
-    if args.check:
-        argv.append("--check")
-    try:
-        code = module.main(argv)
-    except OSError as exc:
-        raise CliError(f"cannot write under {str(out)!r}: {exc.strerror or exc}") from None
-    if args.check:
-        if code == 0:
-            print(f"{out}: up to date")
-        else:
-            print(f"{out}: stale (see above); run: cpr dashboards", file=sys.stderr)
-    return int(code)
-
-
-def _emulate(argv: Sequence[str]) -> int:
-    """Check the arguments with the emulator's own parser (errors in one line), then hand over to it."""
-    from resilience.testing.emulator import main as emulator_main
-    from resilience.testing.emulator.config import config_from_namespace
-    from resilience.testing.emulator.server import build_parser as emulator_parser
-
-    parser = emulator_parser("cpr emulate")
-    parser.__class__ = OneLineParser  # same parser, one-line errors
-    try:
-        args = parser.parse_args(list(argv))
-        config_from_namespace(args)
-        if not 0 <= args.port <= 65535:
-            parser.error(f"argument --port: must be a port number 0..65535, but was {args.port}")
-    except SystemExit as exc:  # --help, or a one-line argument error
-        return exc.code if isinstance(exc.code, int) else 0
-    except ValueError as exc:
-        print(f"cpr emulate: error: {exc}", file=sys.stderr)
-        return 2
-    return emulator_main(list(argv), prog="cpr emulate")
-
-
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from resilience.cli_demo import run_demo
+        from resilience.cli.demo import run_demo
 
         return run_demo(args)
     if args.command == "soak":
-        from resilience.cli_soak import run_soak
+        from resilience.cli.soak import run_soak
 
         return run_soak(args)
     if args.command == "probe":
-        from resilience.cli_probe import run_probe
+        from resilience.cli.probe import run_probe
 
         return run_probe(args)
     if args.command == "policies":
-        return _policies(args)
+        from resilience.cli.policies import run_policies
+
+        return run_policies(args)
     if args.command == "dashboards":
-        return _dashboards(args)
+        from resilience.cli.dashboards import run_dashboards
+
+        return run_dashboards(args)
     raise CliError(f"unknown command {args.command!r}", 2)
 
 
@@ -258,7 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``cpr`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["emulate"]:
-        return _emulate(args_list[1:])
+        from resilience.cli.emulate import run_emulate
+
+        return run_emulate(args_list[1:])
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(args_list)
@@ -285,6 +197,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {type(exc).__name__}: {text} (set CPR_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
