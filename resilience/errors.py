@@ -17,16 +17,32 @@ if TYPE_CHECKING:
 __all__ = [
     "AmbiguousOutcome",
     "CircuitOpen",
+    "ConfigError",
     "DeadlineExceeded",
     "PolicyError",
     "ResilienceError",
     "RetriesExhausted",
     "RetryBudgetExhausted",
+    "require",
 ]
 
 
-class PolicyError(ValueError):
-    """A policy (or policy file) is invalid; the message names the field and the rule."""
+class ConfigError(ValueError):
+    """An invalid value (policy, policy file, breaker or budget config, deadline, fault plan).
+
+    The one error type for bad input; the message names the field and the rule
+    it broke. A ``ValueError``, so ``except ValueError`` keeps catching it.
+    """
+
+
+PolicyError = ConfigError
+"""The name policies have always raised; the same class as ``ConfigError``."""
+
+
+def require(ok: bool, owner: str, name: str, rule: str, value: object) -> None:
+    """Raise ``ConfigError("{owner}.{name} must be {rule}, but was {value!r}")`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{owner}.{name} must be {rule}, but was {value!r}")
 
 
 class ResilienceError(requests.exceptions.RequestException):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from resilience.errors import PolicyError
+from resilience.errors import require as _require
 
 __all__ = [
     "DEFAULT_STATUSES",
@@ -39,11 +40,6 @@ DEFAULT_STATUSES: frozenset[int] = frozenset({502, 503, 504})
 
 IDEMPOTENT_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
 """Methods HTTP defines as idempotent (RFC 9110 9.2.2)."""
-
-
-def _require(ok: bool, owner: str, name: str, rule: str, value: object) -> None:
-    if not ok:
-        raise PolicyError(f"{owner}.{name} must be {rule}, but was {value!r}")
 
 
 def _finite_number(value: object) -> bool:
@@ -410,20 +406,3 @@ class PolicyTable:
 
     def __repr__(self) -> str:
         return f"PolicyTable({sorted(self._entries)!r})"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "policy") -> PolicyTable:
-        """Build from a mapping ``{"defaults": {...}, "endpoints": {"POST /x": {...}}}`` (see ``resilience.policy_files``)."""
-        from resilience.policy_files import table_from_dict
-
-        return table_from_dict(data, source=source)
-
-    @classmethod
-    def load(cls, path: str, *, base: PolicyTable | None = None) -> PolicyTable:
-        """Load a TOML (``.toml``) or YAML (``.yaml``/``.yml``) policy file; errors name the file, field and rule.
-
-        With ``base``, the file's entries override the base entries they match, changing only the fields they name.
-        """
-        from resilience.policy_files import load_policy_file
-
-        return load_policy_file(path, base=base)

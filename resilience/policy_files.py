@@ -27,11 +27,11 @@ name keep the base policy, under their own key.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from resilience._files import read_data_file
 from resilience.errors import PolicyError
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy, parse_key, template_shape
 
@@ -161,30 +161,10 @@ def table_from_dict(data: Mapping[str, Any], *, source: str = "policy", base: Po
 
 
 def load_policy_file(path: str | Path, *, base: PolicyTable | None = None) -> PolicyTable:
-    """Load a TOML or YAML policy file into a ``PolicyTable`` (over ``base`` when given)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(f"{p}: cannot read policy file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{p}: not a text policy file (byte {exc.start} is not UTF-8); expected TOML or YAML text") from None
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".toml":
-            data: Any = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            import yaml
+    """Load a TOML (``.toml``) or YAML (``.yaml``/``.yml``) policy file into a ``PolicyTable``.
 
-            data = yaml.safe_load(text)
-            if data is None:
-                data = {}
-        else:
-            raise PolicyError(f"{p}: unknown policy file type {suffix!r}; use .toml, .yaml or .yml")
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{p}: invalid TOML: {exc}") from None
-    except PolicyError:
-        raise
-    except Exception as exc:  # yaml.YAMLError and friends; yaml is imported lazily
-        raise PolicyError(f"{p}: invalid YAML: {exc}") from None
-    return table_from_dict(data, source=str(p), base=base)
+    Errors name the file, field and rule. With ``base``, the file's entries override the base
+    entries they match, changing only the fields they name (see the module docstring).
+    """
+    data = read_data_file(path, what="policy file", error=PolicyError)
+    return table_from_dict(data, source=str(Path(path)), base=base)

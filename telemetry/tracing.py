@@ -91,9 +91,7 @@ from resilience.events import (
     AttemptStarted,
     BreakerRejected,
     CallEnded,
-    CallOutcome,
     CallStarted,
-    Outcome,
     PhaseEnded,
     PhaseStarted,
     ProbeCompleted,
@@ -102,6 +100,7 @@ from resilience.events import (
     TransitionEnded,
     TransitionStarted,
 )
+from resilience.outcome import CallOutcome, Outcome
 
 from ._dispatch import Dispatcher
 from ._labels import HTTP_METHODS, scrub_engine, scrub_message, url_template
