@@ -1,18 +1,17 @@
-"""Errors raised by the retry loop.
+"""Errors: ``ConfigError`` for invalid values (with ``require``), and the errors the retry loop raises.
 
-Each subclasses the ``requests`` exception a plain-requests caller already
+Each retry-loop error subclasses the ``requests`` exception a plain-requests caller already
 catches, so code written for ``requests`` keeps working, and each carries the
 attempts taken (``.attempts``) and, where known, the last status.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import requests
 
-if TYPE_CHECKING:
-    from resilience.outcome import AttemptRecord
+from resilience.outcome import AttemptRecord
 
 __all__ = [
     "AmbiguousOutcome",

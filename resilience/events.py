@@ -171,7 +171,7 @@ class ProbeCompleted:
     """``done``, ``not_done`` or ``unknown``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransitionStarted:
     """A barrier transition (offload, onload, weight_sync) began."""
 
@@ -181,7 +181,7 @@ class TransitionStarted:
     deadline_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PhaseStarted:
     """One barrier phase (pause, flush, release, resume, continue, ...) began on these engines."""
 
@@ -192,7 +192,7 @@ class PhaseStarted:
     deadline_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PhaseFailure:
     """One engine's failure inside a phase."""
 
@@ -201,7 +201,7 @@ class PhaseFailure:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PhaseEnded:
     """A barrier phase ended: every engine acknowledged, or some failed."""
 
@@ -218,7 +218,7 @@ class PhaseEnded:
         return not self.failures
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransitionEnded:
     """A barrier transition ended."""
 
@@ -234,7 +234,7 @@ class TransitionEnded:
     """Engines that could not be rolled back and stay paused or released."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineStateChanged:
     """The orchestrator's view of one engine moved (serving, paused, flushed, released, resumed, dead)."""
 
@@ -243,7 +243,7 @@ class EngineStateChanged:
     to_state: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HoldChanged:
     """A pause hold was taken or released on an engine."""
 

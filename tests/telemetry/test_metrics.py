@@ -119,10 +119,14 @@ def feed_everything(obs: MetricsObserver) -> None:
     obs(BreakerTransitioned(engine=ENGINE, from_state="closed", to_state="open", reason="consecutive_failures"))
     obs(BreakerRejected(call_id=2, endpoint="POST /flush_cache", engine=ENGINE))
     obs(RetryBudgetExhaustedEvent(call_id=3, endpoint="POST /flush_cache", engine=ENGINE, tokens=0.2))
-    obs(PhaseEnded(1, "offload", "flush", (ENGINE, "http://127.0.0.2:30000"), 1.5,
-                   (PhaseFailure(ENGINE, "ReadTimeout", "timed out"), PhaseFailure("http://127.0.0.2:30000", "X", "y"))))  # fmt: skip
-    obs(TransitionEnded(1, "offload", (ENGINE,), 2.0, False, failed_phase="flush"))
-    obs(HoldChanged(ENGINE, "offload", True, ("offload", "weight_sync")))
+    failures = (
+        PhaseFailure(engine=ENGINE, error_type="ReadTimeout", message="timed out"),
+        PhaseFailure(engine="http://127.0.0.2:30000", error_type="X", message="y"),
+    )
+    engines = (ENGINE, "http://127.0.0.2:30000")
+    obs(PhaseEnded(transition_id=1, transition="offload", phase="flush", engines=engines, duration_s=1.5, failures=failures))
+    obs(TransitionEnded(transition_id=1, transition="offload", engines=(ENGINE,), duration_s=2.0, ok=False, failed_phase="flush"))
+    obs(HoldChanged(engine=ENGINE, reason="offload", acquired=True, holds=("offload", "weight_sync")))
 
 
 def test_exposition_has_exactly_the_contract(tmp_path: pytest.TempPathFactory) -> None:
@@ -345,7 +349,7 @@ def test_overflowing_label_values_become_other(caplog: pytest.LogCaptureFixture)
 def test_engine_user_info_never_becomes_a_label() -> None:
     """An engine with user-info is published without it."""
     obs = MetricsObserver()
-    obs(HoldChanged("http://u:SECRET@127.0.0.9:30000", "offload", True, ("offload",)))
+    obs(HoldChanged(engine="http://u:SECRET@127.0.0.9:30000", reason="offload", acquired=True, holds=("offload",)))
     text = generate_latest(obs.registry).decode()
     assert "SECRET" not in text
     assert value(text, "cpr_engines_held_paused", engine="http://127.0.0.9:30000") == 1
@@ -420,7 +424,9 @@ def test_healthy_real_calls_publish_zero_series(httpserver: HTTPServer) -> None:
     obs = MetricsObserver()
     session = resilient_session(PolicyTable({"POST /flush": EndpointPolicy(idempotent=True)}), observers=[obs])
     assert session.post(httpserver.url_for("/flush"), data=b"x", timeout=5).status_code == 200
-    obs(PhaseEnded(1, "offload", "pause", (ENGINE,), 0.1))  # a barrier phase that failed on no engine
+    obs(
+        PhaseEnded(transition_id=1, transition="offload", phase="pause", engines=(ENGINE,), duration_s=0.1)
+    )  # a barrier phase that failed on no engine
     text = scrape(obs)
     engine = f"http://{httpserver.host}:{httpserver.port}"
     assert value(text, "cpr_attempts_total", endpoint="POST /flush", engine=engine, status="200") == 1  # the call was counted

@@ -378,8 +378,8 @@ def test_events_for_unknown_calls_are_ignored(provider: TracerProvider, exporter
             retry_budget_tokens=None,
         )
     )
-    obs(PhaseEnded(99, "offload", "pause", (ENGINE,), 0.1))
-    obs(TransitionEnded(99, "offload", (ENGINE,), 0.1, True))
+    obs(PhaseEnded(transition_id=99, transition="offload", phase="pause", engines=(ENGINE,), duration_s=0.1))
+    obs(TransitionEnded(transition_id=99, transition="offload", engines=(ENGINE,), duration_s=0.1, ok=True))
     assert exporter.get_finished_spans() == ()
     assert obs.in_flight == 0
 
@@ -416,16 +416,28 @@ def test_barrier_transition_and_phase_spans(provider: TracerProvider, exporter: 
     """A transition span holds one child span per phase; engines are attributes, failures are events."""
     obs = TracingObserver(provider)
     engines = ("http://127.0.0.1:30000", "http://127.0.0.2:30000")
-    obs(TransitionStarted(1, "offload", engines, 120.0))
-    obs(PhaseStarted(1, "offload", "pause", engines, 30.0))
-    obs(PhaseEnded(1, "offload", "pause", engines, 0.2))
-    obs(PhaseStarted(1, "offload", "flush", engines, 30.0))
+    obs(TransitionStarted(transition_id=1, transition="offload", engines=engines, deadline_s=120.0))
+    obs(PhaseStarted(transition_id=1, transition="offload", phase="pause", engines=engines, deadline_s=30.0))
+    obs(PhaseEnded(transition_id=1, transition="offload", phase="pause", engines=engines, duration_s=0.2))
+    obs(PhaseStarted(transition_id=1, transition="offload", phase="flush", engines=engines, deadline_s=30.0))
     failure = PhaseFailure(
-        engines[1], "ReadTimeout", "read timed out; Authorization: Bearer SECRET-abc; url http://u:pw@h:1/x?api_key=SECRET-q"
+        engine=engines[1],
+        error_type="ReadTimeout",
+        message="read timed out; Authorization: Bearer SECRET-abc; url http://u:pw@h:1/x?api_key=SECRET-q",
     )
-    obs(PhaseEnded(1, "offload", "flush", engines, 30.0, (failure,)))
-    obs(TransitionEnded(1, "offload", engines, 30.3, False, failed_phase="flush", rolled_back=(engines[0],),
-                        left_paused=(engines[1],)))  # fmt: skip
+    obs(PhaseEnded(transition_id=1, transition="offload", phase="flush", engines=engines, duration_s=30.0, failures=(failure,)))
+    obs(
+        TransitionEnded(
+            transition_id=1,
+            transition="offload",
+            engines=engines,
+            duration_s=30.3,
+            ok=False,
+            failed_phase="flush",
+            rolled_back=(engines[0],),
+            left_paused=(engines[1],),
+        )
+    )
     spans = {s.name: s for s in exporter.get_finished_spans()}
     transition = spans["barrier offload"]
     pause, flush = spans["barrier offload pause"], spans["barrier offload flush"]
@@ -457,9 +469,9 @@ def test_barrier_transition_and_phase_spans(provider: TracerProvider, exporter: 
 def test_transition_end_closes_open_phases(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """A phase still open when its transition ends is ended with status Error; no state is left."""
     obs = TracingObserver(provider)
-    obs(TransitionStarted(2, "onload", ("e",), None))
-    obs(PhaseStarted(2, "onload", "resume", ("e",), None))
-    obs(TransitionEnded(2, "onload", ("e",), 1.0, True))
+    obs(TransitionStarted(transition_id=2, transition="onload", engines=("e",), deadline_s=None))
+    obs(PhaseStarted(transition_id=2, transition="onload", phase="resume", engines=("e",), deadline_s=None))
+    obs(TransitionEnded(transition_id=2, transition="onload", engines=("e",), duration_s=1.0, ok=True))
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert spans["barrier onload resume"].status.status_code is StatusCode.ERROR
     assert spans["barrier onload"].status.status_code is StatusCode.UNSET
