@@ -1,75 +1,112 @@
 """controlplane-resilience: HTTP control planes that survive transient failure.
 
-The public API is what ``__all__`` lists. Transports live in
-``resilience.adapters`` (requests, SGLang, Ray), observers in
-``resilience.telemetry``, the SGLang emulator in ``resilience.testing``.
+The public API is what ``__all__`` lists: policies, errors, deadlines,
+budgets, the breaker's config, events and the testing switch, imported
+eagerly (standard library, requests and urllib3 only); the barrier
+orchestrator, the SGLang client and the requests transport are imported on
+first use (PEP 562), so ``import resilience`` pulls in no optional extra.
+
+Names for transport authors (``Retrier``, ``CallSpec``, ``AttemptResult``,
+``classify``, ``backoff_delay``, ``EndpointMatch``, ``CircuitBreaker``, ...)
+stay in their modules: ``resilience.retry``, ``resilience.classification``,
+``resilience.backoff``, ``resilience.policy``, ``resilience.breaker``.
 """
 
-from resilience._config import set_testing, testing_mode
-from resilience.backoff import backoff_delay, parse_retry_after
-from resilience.breaker import BreakerConfig, BreakerRegistry, BreakerState, CircuitBreaker
-from resilience.budget import RestartBudget, RestartBudgetError, RestartRecord, RetryBudget, RetryBudgetConfig, RetryBudgets
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from resilience._config import set_testing
+from resilience.breaker import BreakerConfig, BreakerState
+from resilience.budget import RestartBudget, RestartBudgetError, RestartRecord, RetryBudgetConfig
 from resilience.clock import Clock, FakeClock, SystemClock
 from resilience.deadline import Deadline, current_deadline
 from resilience.errors import (
     AmbiguousOutcome,
     CircuitOpen,
+    ConfigError,
     DeadlineExceeded,
     PolicyError,
     ResilienceError,
     RetriesExhausted,
     RetryBudgetExhausted,
 )
-from resilience.events import CallOutcome, Event, Observer, Outcome
-from resilience.outcome import AttemptRecord, Delivery, classify
-from resilience.policy import EndpointMatch, EndpointPolicy, PolicyTable, Probe, ProbeAnswer, ProbeContext, RetryPolicy
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.events import Event, Observer
+from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
+from resilience.policy import EndpointPolicy, PolicyTable, Probe, ProbeAnswer, ProbeContext, RetryPolicy
+from resilience.policy_files import load_policy_file
+
+if TYPE_CHECKING:
+    from resilience.adapters.requests import ResilientAdapter, resilient_session
+    from resilience.adapters.sglang import SGLangClient
+    from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed
 
 __version__ = "0.1.0"
+
+_LAZY: dict[str, str] = {
+    "EngineGroup": "resilience.barrier",
+    "Orchestrator": "resilience.barrier",
+    "PhaseFailed": "resilience.barrier",
+    "ResilientAdapter": "resilience.adapters.requests",
+    "SGLangClient": "resilience.adapters.sglang",
+    "resilient_session": "resilience.adapters.requests",
+}
+"""Names imported on first access, from the module that defines them."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'resilience' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AmbiguousOutcome",
     "AttemptRecord",
-    "AttemptResult",
     "BreakerConfig",
-    "BreakerRegistry",
     "BreakerState",
     "CallOutcome",
-    "CallSpec",
-    "CircuitBreaker",
     "CircuitOpen",
     "Clock",
+    "ConfigError",
     "Deadline",
     "DeadlineExceeded",
     "Delivery",
-    "EndpointMatch",
     "EndpointPolicy",
+    "EngineGroup",
     "Event",
     "FakeClock",
     "Observer",
+    "Orchestrator",
     "Outcome",
+    "PhaseFailed",
     "PolicyError",
     "PolicyTable",
     "Probe",
     "ProbeAnswer",
     "ProbeContext",
     "ResilienceError",
+    "ResilientAdapter",
     "RestartBudget",
     "RestartBudgetError",
     "RestartRecord",
-    "Retrier",
     "RetriesExhausted",
-    "RetryBudget",
     "RetryBudgetConfig",
     "RetryBudgetExhausted",
-    "RetryBudgets",
     "RetryPolicy",
+    "SGLangClient",
     "SystemClock",
     "__version__",
-    "backoff_delay",
-    "classify",
     "current_deadline",
-    "parse_retry_after",
+    "load_policy_file",
+    "resilient_session",
     "set_testing",
-    "testing_mode",
 ]

@@ -464,7 +464,8 @@ class Orchestrator:
             return {}
         names = tuple(n for n, _ in calls)
         deadline = tx.deadline.cap(self.deadlines.for_phase(phase))
-        emit(self.observers, PhaseStarted(tx.tid, tx.name, phase, names, deadline.remaining()))
+        started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, deadline_s=deadline.remaining())
+        emit(self.observers, started)
         t0 = time.monotonic()
         results: list[EngineResult] = self.fanout.call([(self._engines[n], kw) for n, kw in calls], method, deadline)
         failures: dict[str, BaseException] = {}
@@ -481,8 +482,9 @@ class Orchestrator:
             self._announce(name, before)
         duration = time.monotonic() - t0
         tx.phases.append(PhaseReport(phase, names, duration, max((r.duration_s for r in results), default=0.0)))
-        failed = tuple(PhaseFailure(n, type(e).__name__, short(e)) for n, e in failures.items())
-        emit(self.observers, PhaseEnded(tx.tid, tx.name, phase, names, duration, failed))
+        failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
+        ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, duration_s=duration, failures=failed)
+        emit(self.observers, ended)
         return failures
 
     def _settle(self, tx: _Transition, names: Sequence[str]) -> dict[str, str]:
@@ -520,19 +522,19 @@ class Orchestrator:
     def _announce(self, name: str, before: EngineState) -> None:
         after = self._know[name].state
         if after is not before:
-            emit(self.observers, EngineStateChanged(name, str(before), str(after)))
+            emit(self.observers, EngineStateChanged(engine=name, from_state=str(before), to_state=str(after)))
 
     def _hold(self, name: str, token: int, reason: str) -> None:
         k = self._know[name]
         if token not in k.holds:
             k.holds[token] = reason
-            emit(self.observers, HoldChanged(name, reason, True, _reasons(k)))
+            emit(self.observers, HoldChanged(engine=name, reason=reason, acquired=True, holds=_reasons(k)))
 
     def _unhold(self, name: str, token: int) -> None:
         k = self._know[name]
         reason = k.holds.pop(token, None)
         if reason is not None:
-            emit(self.observers, HoldChanged(name, reason, False, _reasons(k)))
+            emit(self.observers, HoldChanged(engine=name, reason=reason, acquired=False, holds=_reasons(k)))
 
     def _token(self, hold: HoldToken | str) -> HoldToken:
         if isinstance(hold, HoldToken):
@@ -580,7 +582,8 @@ class Orchestrator:
 
     def _begin(self, name: str, engines: Sequence[str]) -> _Transition:
         tx = _Transition(next(_ids), name, Deadline(self.deadlines.transition_s), tuple(engines))
-        emit(self.observers, TransitionStarted(tx.tid, name, tx.engines, self.deadlines.transition_s))
+        started = TransitionStarted(transition_id=tx.tid, transition=name, engines=tx.engines, deadline_s=self.deadlines.transition_s)
+        emit(self.observers, started)
         return tx
 
     def _end(
@@ -588,7 +591,8 @@ class Orchestrator:
     ) -> TransitionReport:
         duration = time.monotonic() - tx.started
         if ok:
-            emit(self.observers, TransitionEnded(tx.tid, tx.name, tx.engines, duration, True))
+            ended = TransitionEnded(transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=True)
+            emit(self.observers, ended)
         return TransitionReport(tx.name, duration, tuple(tx.phases), dict(held or {}), hold)
 
     def _error(
@@ -610,7 +614,16 @@ class Orchestrator:
         )
         emit(
             self.observers,
-            TransitionEnded(tx.tid, tx.name, tx.engines, time.monotonic() - tx.started, False, phase, tuple(rolled_back), tuple(left)),
+            TransitionEnded(
+                transition_id=tx.tid,
+                transition=tx.name,
+                engines=tx.engines,
+                duration_s=time.monotonic() - tx.started,
+                ok=False,
+                failed_phase=phase,
+                rolled_back=tuple(rolled_back),
+                left_paused=tuple(left),
+            ),
         )
         return err
 

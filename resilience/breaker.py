@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.errors import PolicyError
+from resilience.errors import require
 from resilience.events import BreakerTransitioned, Observer, emit
 
 __all__ = ["BreakerConfig", "BreakerRegistry", "BreakerState", "CircuitBreaker", "IllegalTransition", "Permit"]
@@ -90,8 +90,7 @@ class BreakerConfig:
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise PolicyError(f"BreakerConfig.{name} must be {rule}, but was {getattr(self, name)!r}")
+            require(ok, "BreakerConfig", name, rule, getattr(self, name))
 
         for name in ("failure_threshold", "window_size", "minimum_calls", "half_open_max_calls", "half_open_successes"):
             need(_count(getattr(self, name)), name, "an integer")

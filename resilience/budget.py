@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.errors import PolicyError
+from resilience.errors import ConfigError
 from resilience.events import Observer, RestartRecorded, emit
 
 __all__ = ["RestartBudget", "RestartBudgetError", "RestartRecord", "RetryBudget", "RetryBudgetConfig", "RetryBudgets"]
@@ -48,13 +48,13 @@ class RetryBudgetConfig:
         for name in ("ratio", "min_retries_per_second", "max_tokens"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise PolicyError(f"RetryBudgetConfig.{name} must be a finite number, but was {value!r}")
+                raise ConfigError(f"RetryBudgetConfig.{name} must be a finite number, but was {value!r}")
         if not 0 <= self.ratio <= 1:
-            raise PolicyError(f"RetryBudgetConfig.ratio must be within [0, 1], but was {self.ratio}")
+            raise ConfigError(f"RetryBudgetConfig.ratio must be within [0, 1], but was {self.ratio}")
         if self.min_retries_per_second < 0:
-            raise PolicyError(f"RetryBudgetConfig.min_retries_per_second must be >= 0, but was {self.min_retries_per_second}")
+            raise ConfigError(f"RetryBudgetConfig.min_retries_per_second must be >= 0, but was {self.min_retries_per_second}")
         if self.max_tokens < 1:
-            raise PolicyError(f"RetryBudgetConfig.max_tokens must be >= 1, but was {self.max_tokens}")
+            raise ConfigError(f"RetryBudgetConfig.max_tokens must be >= 1, but was {self.max_tokens}")
 
 
 class RetryBudget:
@@ -143,14 +143,14 @@ class RestartBudget:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise PolicyError(f"RestartBudget.limit must be an integer >= 0, but was {limit!r}")
+            raise ConfigError(f"RestartBudget.limit must be an integer >= 0, but was {limit!r}")
         if (
             not isinstance(planned_run_seconds, (int, float))
             or isinstance(planned_run_seconds, bool)
             or not math.isfinite(planned_run_seconds)
             or planned_run_seconds <= 0
         ):
-            raise PolicyError(f"RestartBudget.planned_run_seconds must be a finite number > 0, but was {planned_run_seconds!r}")
+            raise ConfigError(f"RestartBudget.planned_run_seconds must be a finite number > 0, but was {planned_run_seconds!r}")
         self.path = Path(path) if path is not None else None
         self._observers = tuple(observers)
         self._wall_clock = wall_clock
@@ -248,7 +248,7 @@ class RestartBudget:
     def record(self, cause: str, *, step: int | None = None) -> RestartRecord:
         """Record a restart the caller decided to take; persist it first, then announce it."""
         if not cause:
-            raise ValueError("RestartBudget.record: cause must be a non-empty string")
+            raise ConfigError("RestartBudget.record: cause must be a non-empty string")
         rec = RestartRecord(cause=cause, at=self._wall_clock(), step=step)
         with self._lock:
             self._state.restarts.append(rec)

@@ -12,6 +12,7 @@ import math
 from types import TracebackType
 
 from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.errors import ConfigError
 
 __all__ = ["Deadline", "current_deadline"]
 
@@ -30,7 +31,7 @@ class Deadline:
 
     def __init__(self, seconds: float | None, *, clock: Clock = SYSTEM_CLOCK) -> None:
         if seconds is not None and (math.isnan(seconds) or seconds < 0):
-            raise ValueError(f"Deadline seconds must be >= 0 or None, but was {seconds}")
+            raise ConfigError(f"Deadline seconds must be >= 0 or None, but was {seconds}")
         self._clock = clock
         self._expires_at = math.inf if seconds is None else clock.monotonic() + seconds
         self._token: contextvars.Token[Deadline | None] | None = None

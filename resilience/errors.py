@@ -1,32 +1,47 @@
-"""Errors raised by the retry loop.
+"""Errors: ``ConfigError`` for invalid values (with ``require``), and the errors the retry loop raises.
 
-Each subclasses the ``requests`` exception a plain-requests caller already
+Each retry-loop error subclasses the ``requests`` exception a plain-requests caller already
 catches, so code written for ``requests`` keeps working, and each carries the
 attempts taken (``.attempts``) and, where known, the last status.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import requests
 
-if TYPE_CHECKING:
-    from resilience.outcome import AttemptRecord
+from resilience.outcome import AttemptRecord
 
 __all__ = [
     "AmbiguousOutcome",
     "CircuitOpen",
+    "ConfigError",
     "DeadlineExceeded",
     "PolicyError",
     "ResilienceError",
     "RetriesExhausted",
     "RetryBudgetExhausted",
+    "require",
 ]
 
 
-class PolicyError(ValueError):
-    """A policy (or policy file) is invalid; the message names the field and the rule."""
+class ConfigError(ValueError):
+    """An invalid value (policy, policy file, breaker or budget config, deadline, fault plan).
+
+    The one error type for bad input; the message names the field and the rule
+    it broke. A ``ValueError``, so ``except ValueError`` keeps catching it.
+    """
+
+
+PolicyError = ConfigError
+"""The name policies have always raised; the same class as ``ConfigError``."""
+
+
+def require(ok: bool, owner: str, name: str, rule: str, value: object) -> None:
+    """Raise ``ConfigError("{owner}.{name} must be {rule}, but was {value!r}")`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{owner}.{name} must be {rule}, but was {value!r}")
 
 
 class ResilienceError(requests.exceptions.RequestException):

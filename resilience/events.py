@@ -13,11 +13,12 @@ never by a raw URL, header or body.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
+
+from resilience.outcome import CallOutcome, Outcome
 
 __all__ = [
     "AttemptEnded",
@@ -25,13 +26,11 @@ __all__ = [
     "BreakerRejected",
     "BreakerTransitioned",
     "CallEnded",
-    "CallOutcome",
     "CallStarted",
     "EngineStateChanged",
     "Event",
     "HoldChanged",
     "Observer",
-    "Outcome",
     "PhaseEnded",
     "PhaseFailure",
     "PhaseStarted",
@@ -47,39 +46,7 @@ __all__ = [
 log = logging.getLogger("resilience.events")
 
 
-class Outcome(enum.StrEnum):
-    """What one attempt means for the retry loop."""
-
-    SUCCESS = "success"
-    """A 2xx (or a status the policy accepts)."""
-    RETRYABLE = "retryable"
-    """A status in the policy's retry set, or a failure before the request was sent."""
-    AMBIGUOUS = "ambiguous"
-    """The server may have acted: read timeout, or a connection dropped after sending."""
-    FATAL = "fatal"
-    """Anything else (4xx, other 5xx): never retried."""
-
-
-class CallOutcome(enum.StrEnum):
-    """How one logical call (all its attempts) ended; a bounded metric label."""
-
-    SUCCESS = "success"
-    """Succeeded on the first attempt."""
-    RETRIED_SUCCESS = "retried_success"
-    """Succeeded after one or more retries: failures absorbed."""
-    FAILED = "failed"
-    """Ended with a non-success status or transport error handed to the caller."""
-    AMBIGUOUS = "ambiguous"
-    """Ended with ``AmbiguousOutcome``: the server may or may not have acted."""
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    """The deadline ran out before a success."""
-    CIRCUIT_OPEN = "circuit_open"
-    """Rejected by an open circuit breaker without touching the network."""
-    BUDGET_EXHAUSTED = "budget_exhausted"
-    """A retry was needed but the engine's retry budget was spent."""
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CallStarted:
     """A logical call (one ``Session.send`` / one client method) began."""
 
@@ -93,7 +60,7 @@ class CallStarted:
     """Seconds the whole call may take, or None when unbounded."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptStarted:
     """One attempt is about to be sent.
 
@@ -114,7 +81,7 @@ class AttemptStarted:
     carrier: MutableMapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptEnded:
     """One attempt finished, with its classification."""
 
@@ -133,7 +100,7 @@ class AttemptEnded:
     duration_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RetryScheduled:
     """The loop will retry after ``delay_s`` seconds."""
 
@@ -147,7 +114,7 @@ class RetryScheduled:
     delay_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CallEnded:
     """A logical call finished."""
 
@@ -164,7 +131,7 @@ class CallEnded:
     """The engine's retry-budget balance after the call, when a budget is in use."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BreakerTransitioned:
     """An engine's circuit breaker changed state (closed/open/half_open)."""
 
@@ -174,7 +141,7 @@ class BreakerTransitioned:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BreakerRejected:
     """A call failed fast because the engine's breaker is open."""
 
@@ -183,7 +150,7 @@ class BreakerRejected:
     engine: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RetryBudgetExhaustedEvent:
     """A retry was refused because the engine's retry budget is spent."""
 
@@ -193,7 +160,7 @@ class RetryBudgetExhaustedEvent:
     tokens: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeCompleted:
     """An ambiguous attempt was resolved by the endpoint's probe."""
 
@@ -204,7 +171,7 @@ class ProbeCompleted:
     """``done``, ``not_done`` or ``unknown``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransitionStarted:
     """A barrier transition (offload, onload, weight_sync) began."""
 
@@ -214,7 +181,7 @@ class TransitionStarted:
     deadline_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PhaseStarted:
     """One barrier phase (pause, flush, release, resume, continue, ...) began on these engines."""
 
@@ -225,7 +192,7 @@ class PhaseStarted:
     deadline_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PhaseFailure:
     """One engine's failure inside a phase."""
 
@@ -234,7 +201,7 @@ class PhaseFailure:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PhaseEnded:
     """A barrier phase ended: every engine acknowledged, or some failed."""
 
@@ -251,7 +218,7 @@ class PhaseEnded:
         return not self.failures
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransitionEnded:
     """A barrier transition ended."""
 
@@ -267,7 +234,7 @@ class TransitionEnded:
     """Engines that could not be rolled back and stay paused or released."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineStateChanged:
     """The orchestrator's view of one engine moved (serving, paused, flushed, released, resumed, dead)."""
 
@@ -276,7 +243,7 @@ class EngineStateChanged:
     to_state: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HoldChanged:
     """A pause hold was taken or released on an engine."""
 
@@ -287,7 +254,7 @@ class HoldChanged:
     """Every reason still holding the engine paused after this change."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RestartRecorded:
     """The caller recorded a restart in a ``RestartBudget``."""
 

@@ -1,7 +1,9 @@
-"""What one attempt means: success, retryable, ambiguous or fatal.
+"""What attempts and calls mean: ``Outcome``, ``CallOutcome``, ``Delivery`` and ``AttemptRecord``.
 
-The transport says what it knows (a status, or whether a failed request
-surely never left: ``Delivery``); ``classify`` applies the endpoint's policy.
+A leaf module (standard library only): events, errors, the retry loop and the
+transports all take these values from here. ``classify`` (in
+``resilience.classification``) maps a status or delivery to an ``Outcome``
+under an endpoint's policy.
 """
 
 from __future__ import annotations
@@ -9,10 +11,39 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from resilience.events import Outcome
-from resilience.policy import EndpointPolicy
+__all__ = ["AttemptRecord", "CallOutcome", "Delivery", "Outcome"]
 
-__all__ = ["AttemptRecord", "Delivery", "Outcome", "classify", "is_success_status"]
+
+class Outcome(enum.StrEnum):
+    """What one attempt means for the retry loop."""
+
+    SUCCESS = "success"
+    """A 2xx (or a status the policy accepts)."""
+    RETRYABLE = "retryable"
+    """A status in the policy's retry set, or a failure before the request was sent."""
+    AMBIGUOUS = "ambiguous"
+    """The server may have acted: read timeout, or a connection dropped after sending."""
+    FATAL = "fatal"
+    """Anything else (4xx, other 5xx): never retried."""
+
+
+class CallOutcome(enum.StrEnum):
+    """How one logical call (all its attempts) ended; a bounded metric label."""
+
+    SUCCESS = "success"
+    """Succeeded on the first attempt."""
+    RETRIED_SUCCESS = "retried_success"
+    """Succeeded after one or more retries: failures absorbed."""
+    FAILED = "failed"
+    """Ended with a non-success status or transport error handed to the caller."""
+    AMBIGUOUS = "ambiguous"
+    """Ended with ``AmbiguousOutcome``: the server may or may not have acted."""
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    """The deadline ran out before a success."""
+    CIRCUIT_OPEN = "circuit_open"
+    """Rejected by an open circuit breaker without touching the network."""
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    """A retry was needed but the engine's retry budget was spent."""
 
 
 class Delivery(enum.StrEnum):
@@ -40,37 +71,3 @@ class AttemptRecord:
     duration_s: float
     delay_s: float | None = None
     """The backoff slept after this attempt, or None when it was the last."""
-
-
-def is_success_status(policy: EndpointPolicy, status: int) -> bool:
-    """2xx, or a status the endpoint accepts."""
-    return 200 <= status < 300 or status in policy.accept_statuses
-
-
-def classify(
-    policy: EndpointPolicy,
-    *,
-    status: int | None,
-    delivery: Delivery,
-    retry_after: float | None = None,
-) -> Outcome:
-    """Classify one attempt under ``policy``.
-
-    - a 2xx or accepted status: SUCCESS;
-    - a status in ``retry.statuses`` (or 429 with Retry-After): RETRYABLE when
-      the endpoint is idempotent or explicitly retries statuses when it is not;
-      otherwise FATAL (the response is handed back as plain requests would);
-    - no response and never sent: RETRYABLE when ``retry.retry_before_send``;
-    - no response and maybe applied: AMBIGUOUS (the loop decides by idempotency);
-    - anything else: FATAL.
-    """
-    if status is not None:
-        if is_success_status(policy, status):
-            return Outcome.SUCCESS
-        gateway = status in policy.retry.statuses or (status == 429 and retry_after is not None and policy.retry.respect_retry_after)
-        if gateway and (policy.idempotent or policy.retry_statuses_if_not_idempotent):
-            return Outcome.RETRYABLE
-        return Outcome.FATAL
-    if delivery is Delivery.NOT_SENT:
-        return Outcome.RETRYABLE if policy.retry.retry_before_send else Outcome.FATAL
-    return Outcome.AMBIGUOUS

@@ -1,7 +1,7 @@
 """Policies: ``RetryPolicy``, ``EndpointPolicy`` and ``PolicyTable``.
 
 Policies are frozen values, validated when built: an invalid one raises
-``PolicyError`` naming the field and the rule. A ``PolicyTable`` routes
+``ConfigError`` naming the field and the rule. A ``PolicyTable`` routes
 ``METHOD /path/{template}`` to an ``EndpointPolicy``; the matched template is
 the endpoint's name in events, spans and metric labels, so label values stay
 bounded however many raw paths are called.
@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from resilience.errors import PolicyError
+from resilience.errors import ConfigError
+from resilience.errors import require as _require
 
 __all__ = [
     "DEFAULT_STATUSES",
@@ -41,11 +42,6 @@ IDEMPOTENT_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "PUT", "DELETE", 
 """Methods HTTP defines as idempotent (RFC 9110 9.2.2)."""
 
 
-def _require(ok: bool, owner: str, name: str, rule: str, value: object) -> None:
-    if not ok:
-        raise PolicyError(f"{owner}.{name} must be {rule}, but was {value!r}")
-
-
 def _finite_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -55,9 +51,9 @@ def _require_bool(owner: str, name: str, value: object) -> None:
 
 
 def _status_set(owner: str, name: str, value: object) -> frozenset[int]:
-    """``value`` as a frozenset of HTTP statuses, or PolicyError naming the field."""
+    """``value`` as a frozenset of HTTP statuses, or ConfigError naming the field."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (frozenset, set, list, tuple)):
-        raise PolicyError(f"{owner}.{name} must be a set of HTTP statuses (integers within 100-599), but was {value!r}")
+        raise ConfigError(f"{owner}.{name} must be a set of HTTP statuses (integers within 100-599), but was {value!r}")
     for status in value:
         _require(
             isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599,
@@ -190,7 +186,7 @@ class EndpointPolicy:
     def __post_init__(self) -> None:
         owner = "EndpointPolicy"
         if not isinstance(self.retry, RetryPolicy):
-            raise PolicyError(f"{owner}.retry must be a RetryPolicy, but was {self.retry!r}")
+            raise ConfigError(f"{owner}.retry must be a RetryPolicy, but was {self.retry!r}")
         for name in ("idempotent", "retry_statuses_if_not_idempotent", "raise_on_exhausted"):
             _require_bool(owner, name, getattr(self, name))
         for name in ("attempt_timeout_s", "deadline_s"):
@@ -205,7 +201,7 @@ class EndpointPolicy:
                 self.attempt_timeout_s,
             )
         if not (self.on_ambiguous == "raise" or callable(self.on_ambiguous)):
-            raise PolicyError(f"{owner}.on_ambiguous must be 'raise' or a probe callable, but was {self.on_ambiguous!r}")
+            raise ConfigError(f"{owner}.on_ambiguous must be 'raise' or a probe callable, but was {self.on_ambiguous!r}")
         object.__setattr__(self, "accept_statuses", _status_set(owner, "accept_statuses", self.accept_statuses))
 
     @classmethod
@@ -259,41 +255,41 @@ def _parse_methods(key: str, text: str) -> frozenset[str] | None:
     methods = text.upper().split("|")
     unknown = [m for m in methods if m not in HTTP_METHODS]
     if unknown or not methods:
-        raise PolicyError(
+        raise ConfigError(
             f"PolicyTable key {key!r}: method must be one of {', '.join(sorted(HTTP_METHODS))}, "
             f"several joined by '|', or *, but was {text!r}"
         )
     if len(set(methods)) != len(methods):
-        raise PolicyError(f"PolicyTable key {key!r}: method {text!r} names a method twice")
+        raise ConfigError(f"PolicyTable key {key!r}: method {text!r} names a method twice")
     return frozenset(methods)
 
 
 def _check_template(key: str, template: str) -> None:
     if not template.startswith("/"):
-        raise PolicyError(f"PolicyTable key {key!r}: path template must start with '/', but was {template!r}")
+        raise ConfigError(f"PolicyTable key {key!r}: path template must start with '/', but was {template!r}")
     if "?" in template or "#" in template:
-        raise PolicyError(
+        raise ConfigError(
             f"PolicyTable key {key!r}: path template must be a path without '?query' or '#fragment' "
             f"(matching ignores the query string, so it could never match), but was {template!r}"
         )
     rest = _TEMPLATE_VAR.sub("", template)
     if "{" in rest or "}" in rest:
-        raise PolicyError(
+        raise ConfigError(
             f"PolicyTable key {key!r}: path template has an unbalanced or invalid '{{name}}' (names are letters, digits, _): {template!r}"
         )
     names = [m.group(0) for m in _TEMPLATE_VAR.finditer(template)]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise PolicyError(f"PolicyTable key {key!r}: path template names {', '.join(twice)} more than once")
+        raise ConfigError(f"PolicyTable key {key!r}: path template names {', '.join(twice)} more than once")
 
 
 def parse_key(key: str) -> tuple[frozenset[str] | None, str]:
-    """A table key's methods (None for ``*``) and path template, validated; PolicyError naming the key otherwise."""
+    """A table key's methods (None for ``*``) and path template, validated; ConfigError naming the key otherwise."""
     if not isinstance(key, str):
-        raise PolicyError(f"PolicyTable keys must be strings like 'POST /pause_generation', but was {key!r}")
+        raise ConfigError(f"PolicyTable keys must be strings like 'POST /pause_generation', but was {key!r}")
     parts = key.split()
     if len(parts) != 2:
-        raise PolicyError(f"PolicyTable key {key!r} must be 'METHOD /path', e.g. 'POST /pause_generation'")
+        raise ConfigError(f"PolicyTable key {key!r} must be 'METHOD /path', e.g. 'POST /pause_generation'")
     methods = _parse_methods(key, parts[0])
     _check_template(key, parts[1])
     return methods, parts[1]
@@ -307,7 +303,7 @@ def template_shape(template: str) -> str:
 def _compile_route(key: str, policy: EndpointPolicy) -> _Route:
     methods, template = parse_key(key)
     if not isinstance(policy, EndpointPolicy):
-        raise PolicyError(f"PolicyTable[{key!r}] must be an EndpointPolicy, but was {policy!r}")
+        raise ConfigError(f"PolicyTable[{key!r}] must be an EndpointPolicy, but was {policy!r}")
     regex, pos = "", 0
     for m in _TEMPLATE_VAR.finditer(template):
         regex += re.escape(template[pos : m.start()]) + "[^/]+"
@@ -344,7 +340,7 @@ def _reject_overlaps(routes: tuple[_Route, ...]) -> None:
     for i, a in enumerate(routes):
         for b in routes[i + 1 :]:
             if _routes_overlap(a, b):
-                raise PolicyError(
+                raise ConfigError(
                     f"PolicyTable keys {a.key!r} and {b.key!r} overlap: a request can match both with equal precedence, "
                     "so which policy applies would depend on their order; merge them or split their methods"
                 )
@@ -410,20 +406,3 @@ class PolicyTable:
 
     def __repr__(self) -> str:
         return f"PolicyTable({sorted(self._entries)!r})"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "policy") -> PolicyTable:
-        """Build from a mapping ``{"defaults": {...}, "endpoints": {"POST /x": {...}}}`` (see ``resilience.policy_files``)."""
-        from resilience.policy_files import table_from_dict
-
-        return table_from_dict(data, source=source)
-
-    @classmethod
-    def load(cls, path: str, *, base: PolicyTable | None = None) -> PolicyTable:
-        """Load a TOML (``.toml``) or YAML (``.yaml``/``.yml``) policy file; errors name the file, field and rule.
-
-        With ``base``, the file's entries override the base entries they match, changing only the fields they name.
-        """
-        from resilience.policy_files import load_policy_file
-
-        return load_policy_file(path, base=base)

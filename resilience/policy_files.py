@@ -27,12 +27,12 @@ name keep the base policy, under their own key.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from resilience.errors import PolicyError
+from resilience._files import read_data_file
+from resilience.errors import ConfigError
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy, parse_key, template_shape
 
 __all__ = ["load_policy_file", "table_from_dict"]
@@ -44,7 +44,7 @@ _ENDPOINT_FIELDS = {f.name for f in dataclasses.fields(EndpointPolicy)} - {"retr
 def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(data) - allowed)
     if unknown:
-        raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
 
 
 def _fields_of(value: Any) -> dict[str, Any]:
@@ -53,18 +53,18 @@ def _fields_of(value: Any) -> dict[str, Any]:
 
 def _retry_from(data: Any, start: RetryPolicy, where: str) -> RetryPolicy:
     if not isinstance(data, Mapping):
-        raise PolicyError(f"{where}.retry must be a table/mapping, but was {data!r}")
+        raise ConfigError(f"{where}.retry must be a table/mapping, but was {data!r}")
     _check_keys(data, _RETRY_FIELDS, f"{where}.retry")
     try:
         return RetryPolicy(**{**_fields_of(start), **data})
-    except (PolicyError, TypeError) as exc:
-        raise PolicyError(f"{where}.retry: {exc}") from None
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"{where}.retry: {exc}") from None
 
 
 def _endpoint_from(data: Any, defaults: Mapping[str, Any], where: str, start: EndpointPolicy | None = None) -> EndpointPolicy:
     """An entry's policy: ``start`` (a base entry it overrides) or the defaults, then the fields it names."""
     if not isinstance(data, Mapping):
-        raise PolicyError(f"{where} must be a table/mapping, but was {data!r}")
+        raise ConfigError(f"{where} must be a table/mapping, but was {data!r}")
     _check_keys(data, _ENDPOINT_FIELDS | {"retry"}, where)
     if start is None:
         merged: dict[str, Any] = {**defaults, **data}
@@ -75,15 +75,15 @@ def _endpoint_from(data: Any, defaults: Mapping[str, Any], where: str, start: En
         merged = dict(data)
         base = start
     if merged.get("on_ambiguous", "raise") != "raise":
-        raise PolicyError(
+        raise ConfigError(
             f"{where}.on_ambiguous must be 'raise' in a file (probes are Python callables), but was {merged['on_ambiguous']!r}"
         )
     retry = _retry_from(merged.pop("retry"), base.retry, where) if "retry" in merged else base.retry
     fields = _fields_of(base) if start is not None else {}
     try:
         return EndpointPolicy(**{**fields, **merged, "retry": retry})
-    except (PolicyError, TypeError) as exc:
-        raise PolicyError(f"{where}: {exc}") from None
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _key(methods: frozenset[str] | None, template: str) -> str:
@@ -97,8 +97,8 @@ def _overlay(base: PolicyTable, endpoints: Mapping[str, Any], defaults: Mapping[
         where = f"{source}: endpoints[{key!r}]"
         try:
             methods, template = parse_key(key)
-        except PolicyError as exc:
-            raise PolicyError(f"{source}: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         covered: set[str] = set()
         replaced: list[tuple[str, EndpointPolicy]] = []
         for base_key, policy in entries:
@@ -134,17 +134,17 @@ def table_from_dict(data: Mapping[str, Any], *, source: str = "policy", base: Po
     With ``base``, the file's entries override the base entries they match (see the module docstring).
     """
     if not isinstance(data, Mapping):
-        raise PolicyError(f"{source}: top level must be a table/mapping, but was {type(data).__name__}")
+        raise ConfigError(f"{source}: top level must be a table/mapping, but was {type(data).__name__}")
     _check_keys(data, {"defaults", "endpoints"}, source)
     defaults = data.get("defaults", {})
     if not isinstance(defaults, Mapping):
-        raise PolicyError(f"{source}: defaults must be a table/mapping")
+        raise ConfigError(f"{source}: defaults must be a table/mapping")
     _check_keys(defaults, _ENDPOINT_FIELDS | {"retry"}, f"{source}: defaults")
     endpoints = data.get("endpoints", {})
     if not isinstance(endpoints, Mapping):
-        raise PolicyError(f"{source}: endpoints must be a table/mapping")
+        raise ConfigError(f"{source}: endpoints must be a table/mapping")
     if defaults and not endpoints:
-        raise PolicyError(
+        raise ConfigError(
             f"{source}: [defaults] apply only to the endpoints the file lists under [endpoints], and it lists none, "
             "so they would apply to nothing (requests no entry matches get EndpointPolicy.for_method); add endpoints"
         )
@@ -155,36 +155,16 @@ def table_from_dict(data: Mapping[str, Any], *, source: str = "policy", base: Po
             return PolicyTable(_overlay(base, endpoints, defaults, source))
         entries = {key: _endpoint_from(value, defaults, f"{source}: endpoints[{key!r}]") for key, value in endpoints.items()}
         return PolicyTable(entries)
-    except PolicyError as exc:
+    except ConfigError as exc:
         message = str(exc)
-        raise PolicyError(message if message.startswith(f"{source}:") else f"{source}: {message}") from None
+        raise ConfigError(message if message.startswith(f"{source}:") else f"{source}: {message}") from None
 
 
 def load_policy_file(path: str | Path, *, base: PolicyTable | None = None) -> PolicyTable:
-    """Load a TOML or YAML policy file into a ``PolicyTable`` (over ``base`` when given)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(f"{p}: cannot read policy file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{p}: not a text policy file (byte {exc.start} is not UTF-8); expected TOML or YAML text") from None
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".toml":
-            data: Any = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            import yaml
+    """Load a TOML (``.toml``) or YAML (``.yaml``/``.yml``) policy file into a ``PolicyTable``.
 
-            data = yaml.safe_load(text)
-            if data is None:
-                data = {}
-        else:
-            raise PolicyError(f"{p}: unknown policy file type {suffix!r}; use .toml, .yaml or .yml")
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{p}: invalid TOML: {exc}") from None
-    except PolicyError:
-        raise
-    except Exception as exc:  # yaml.YAMLError and friends; yaml is imported lazily
-        raise PolicyError(f"{p}: invalid YAML: {exc}") from None
-    return table_from_dict(data, source=str(p), base=base)
+    Errors name the file, field and rule. With ``base``, the file's entries override the base
+    entries they match, changing only the fields they name (see the module docstring).
+    """
+    data = read_data_file(path, what="policy file", error=ConfigError)
+    return table_from_dict(data, source=str(Path(path)), base=base)

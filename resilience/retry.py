@@ -55,6 +55,7 @@ from resilience import _config
 from resilience.backoff import backoff_delay
 from resilience.breaker import BreakerRegistry, CircuitBreaker, Permit
 from resilience.budget import RetryBudget, RetryBudgets
+from resilience.classification import classify
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline, current_deadline
 from resilience.errors import (
@@ -70,7 +71,6 @@ from resilience.events import (
     AttemptStarted,
     BreakerRejected,
     CallEnded,
-    CallOutcome,
     CallStarted,
     Observer,
     ProbeCompleted,
@@ -78,7 +78,7 @@ from resilience.events import (
     RetryScheduled,
     emit,
 )
-from resilience.outcome import AttemptRecord, Delivery, Outcome, classify
+from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
 from resilience.policy import EndpointMatch, ProbeAnswer, ProbeContext
 
 __all__ = ["AttemptResult", "CallSpec", "Retrier", "attempt_timeouts", "call_deadlines"]

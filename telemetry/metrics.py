@@ -80,12 +80,12 @@ from resilience.events import (
     BreakerTransitioned,
     CallEnded,
     HoldChanged,
-    Outcome,
     PhaseEnded,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
     TransitionEnded,
 )
+from resilience.outcome import Outcome
 
 from ._dispatch import Dispatcher
 from ._labels import scrub_engine, status_label, transport_label

@@ -1,74 +1,20 @@
-"""OpenTelemetry spans derived from resilience events.
+"""OpenTelemetry spans derived from resilience events: ``TracingObserver``.
 
-``TracingObserver`` turns the events of ``resilience.events`` into spans. It
-needs only ``opentelemetry-api``; without an SDK (or with a no-op provider)
-every span is non-recording and the cost is a few dictionary lookups.
+Turns the events of ``resilience.events`` into one INTERNAL span per logical
+call (``resilient {endpoint}``), one CLIENT span per attempt (``{method}
+{url.template}``, whose ``traceparent`` it injects into ``event.carrier``, the
+headers sent with that attempt) and INTERNAL spans per barrier transition and
+phase. The span tree, every attribute, and how it coexists with
+``opentelemetry-instrumentation-requests`` are in ``telemetry/METRICS.md``
+("Traces").
 
-Span tree of one logical call (one ``Session.send`` through ``ResilientAdapter``)::
-
-    POST /flush_cache   (requests instrumentation, CLIENT)      <- only when opentelemetry-instrumentation-requests is on
-    └── resilient POST /flush_cache   (INTERNAL: the logical call, all attempts)
-        ├── POST /flush_cache   (CLIENT, attempt 0)              <- traceparent of this span goes out with attempt 0
-        ├── POST /flush_cache   (CLIENT, http.request.resend_count=1)
-        └── POST /flush_cache   (CLIENT, http.request.resend_count=2)
-
-* Logical span (``SpanKind.INTERNAL``), named ``resilient {endpoint}``:
-  ``http.request.method``, ``url.template``, ``resilience.endpoint``,
-  ``resilience.engine``, ``resilience.deadline_s``; at the end
-  ``resilience.outcome`` (a ``CallOutcome``), ``resilience.attempts``,
-  ``http.response.status_code`` and, on failure, ``error.type``; status Error
-  unless the outcome is ``success`` or ``retried_success``. Backoff sleeps
-  (``resilience.backoff``), breaker rejections (``resilience.breaker_rejected``),
-  retry-budget refusals (``resilience.retry_budget_exhausted``) and probe answers
-  (``resilience.probe_completed``) are span events on it.
-* Attempt spans (``SpanKind.CLIENT``), named ``{method} {url.template}`` as the
-  HTTP client semantic conventions ask: ``http.request.method``,
-  ``server.address``, ``server.port``, ``url.template``,
-  ``http.request.resend_count`` (only on resends: 1, 2, ...),
-  ``http.response.status_code``, ``error.type`` (the status as a string, or
-  the exception class) and ``resilience.attempt_outcome``. Status Error on
-  any status >= 400 (the conventions' rule for CLIENT spans, which covers
-  5xx) and on transport errors. On ``AttemptStarted`` the attempt span's
-  context is injected (W3C ``traceparent`` with the default propagator) into
-  ``event.carrier``, the header mapping the transport sends with that
-  attempt, so a server span parents under the attempt that reached it.
-* Barrier spans: ``barrier {transition}`` per transition and
-  ``barrier {transition} {phase}`` per phase (a child of its transition), both
-  INTERNAL, with ``resilience.engines``; each failed engine of a phase is an
-  ``exception`` event (``exception.type``, a redacted ``exception.message``,
-  ``resilience.engine``) and sets status Error; the transition span records
-  ``resilience.failed_phase``, ``resilience.rolled_back`` and
-  ``resilience.left_paused``.
-
-Coexistence with ``opentelemetry-instrumentation-requests``: that
-instrumentation wraps ``Session.send`` in one CLIENT span covering every
-attempt, injects that span's ``traceparent`` and then sets the
-*suppress-HTTP-instrumentation* context key so that lower layers (urllib3) add
-no spans. We chose to keep it on, not to ask users to uninstrument:
-
-* our logical span is INTERNAL and parents under whatever span is current
-  when the call starts, so the requests span (when present) becomes its
-  parent; our attempt spans are the CLIENT spans the semantic conventions ask
-  for, one per attempt;
-* the suppress-HTTP key is deliberately *not* honoured: it is meant for
-  transport layers below an HTTP client span, and our attempt spans are the
-  per-attempt record that the outer span cannot give. The general
-  ``suppress_instrumentation`` key (used by exporters to hide their own
-  traffic) *is* honoured: a call that starts under it gets no spans at all;
-* our ``traceparent`` is injected after the requests instrumentation's, into
-  the per-attempt headers, so the server always sees the attempt span's id.
-
-Spans are started with explicit parents and never attached to the current
-context, so an event that never arrives cannot corrupt a thread's context.
-Per-call state is keyed by ``call_id`` and per-transition state by
-``transition_id``; both maps are guarded by a lock and entries are removed on
-``CallEnded`` / ``TransitionEnded`` (an attempt or phase span still open then
-is ended with it). The observer never raises: a failure is logged at WARNING
-on ``resilience.telemetry`` and the event is dropped.
-
-No attribute is ever read from ``AttemptStarted.carrier`` or from any header:
-events carry no credentials, and ``resilience.engine`` is stripped of URL
-user-info defensively.
+It needs only ``opentelemetry-api``: without an SDK every span is
+non-recording. Spans are started with explicit parents and never attached to
+the current context; per-call and per-transition state (keyed by ``call_id`` /
+``transition_id``, guarded by a lock) is dropped on ``CallEnded`` /
+``TransitionEnded``. The observer never raises (a failure is logged at WARNING
+on ``resilience.telemetry``) and reads nothing from ``carrier`` or any header;
+``resilience.engine`` is stripped of URL user-info.
 """
 
 from __future__ import annotations
@@ -91,9 +37,7 @@ from resilience.events import (
     AttemptStarted,
     BreakerRejected,
     CallEnded,
-    CallOutcome,
     CallStarted,
-    Outcome,
     PhaseEnded,
     PhaseStarted,
     ProbeCompleted,
@@ -102,6 +46,7 @@ from resilience.events import (
     TransitionEnded,
     TransitionStarted,
 )
+from resilience.outcome import CallOutcome, Outcome
 
 from ._dispatch import Dispatcher
 from ._labels import HTTP_METHODS, scrub_engine, scrub_message, url_template

@@ -32,9 +32,8 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _reset_testing_mode() -> Iterator[None]:
     """The testing switch never leaks from one test to the next."""
-    previous = resilience.set_testing(False)
-    yield
-    resilience.set_testing(previous.active, attempts=previous.attempts)
+    with resilience.set_testing(False):
+        yield
 
 
 def free_port() -> int:

@@ -19,13 +19,13 @@ def run_policies(args: argparse.Namespace) -> int:
     from resilience.adapters.sglang import SGLANG_POLICIES
     from resilience.cli.render import POLICY_COLUMNS, make_console, policy_rows, rich_table
     from resilience.errors import PolicyError
-    from resilience.policy import PolicyTable
+    from resilience.policy_files import load_policy_file
 
     if args.over_sglang and not args.file:
         raise CliError("--over-sglang needs --file", 2)
     if args.file:
         try:
-            table = PolicyTable.load(args.file, base=SGLANG_POLICIES if args.over_sglang else None)
+            table = load_policy_file(args.file, base=SGLANG_POLICIES if args.over_sglang else None)
         except PolicyError as exc:
             raise CliError(str(exc)) from None
         title = f"{args.file}{' over SGLANG_POLICIES' if args.over_sglang else ''}: valid, {plural(len(table), 'entry', 'entries')}"

@@ -14,23 +14,23 @@ per-path request sequence therefore give the same faults, however requests to
 (kind ``window``) are the one time-based kind: which requests fall inside a
 window depends on when they arrive.
 
-Standard library only; pyyaml is imported lazily to read YAML plans.
+Files are read by the core's loader (``resilience._files``); pyyaml is imported lazily for YAML plans.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import json
 import math
 import random
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
+
+from resilience._files import read_data_file
+from resilience.errors import ConfigError
 
 __all__ = [
     "AMBIGUOUS_PATHS",
@@ -95,7 +95,7 @@ AMBIGUOUS_PATHS: Final[tuple[str, ...]] = ("/release_memory_occupation", "/resum
 repetition (release, resume) or misreading (continue) crashes or endangers an engine."""
 
 
-class FaultPlanError(ValueError):
+class FaultPlanError(ConfigError):
     """A fault rule or plan (or plan file) is invalid; the message names the file, rule and field."""
 
 
@@ -321,30 +321,8 @@ class FaultPlan:
 
         Errors name the file, the rule (index, path, kind) and the field. YAML needs pyyaml.
         """
-        p = Path(path)
-        suffix = p.suffix.lower()
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise FaultPlanError(f"{p}: cannot read the plan: {exc.strerror or exc}") from None
-        try:
-            if suffix == ".toml":
-                data: Any = tomllib.loads(text)
-            elif suffix == ".json":
-                data = json.loads(text)
-            elif suffix in (".yaml", ".yml"):
-                try:
-                    yaml = importlib.import_module("yaml")
-                except ImportError:
-                    raise FaultPlanError(f"{p}: reading YAML plans needs pyyaml (pip install pyyaml)") from None
-                data = yaml.safe_load(text)
-            else:
-                raise FaultPlanError(f"{p}: unknown plan format {suffix!r}; use .toml, .yaml, .yml or .json")
-        except FaultPlanError:
-            raise
-        except Exception as exc:  # each parser has its own error type
-            raise FaultPlanError(f"{p}: not valid {suffix[1:].upper()}: {exc}") from None
-        return cls.from_dict(data, source=str(p))
+        data = read_data_file(path, what="fault plan", suffixes=(".toml", ".yaml", ".yml", ".json"), error=FaultPlanError)
+        return cls.from_dict(data, source=str(Path(path)))
 
     @classmethod
     def seed_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2, ambiguous: float = 0.0) -> FaultPlan:

@@ -12,9 +12,8 @@ from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestr
 from resilience.engine_outcome import outcome_of
 from resilience.engine_state import CallOutcome, EngineKnowledge, EngineState
 from resilience.errors import AmbiguousOutcome, RetriesExhausted
-from resilience.events import Outcome
 from resilience.fanout import EngineDied, EngineUnavailable, PhaseTimeout, ThreadFanOut
-from resilience.outcome import AttemptRecord, Delivery
+from resilience.outcome import AttemptRecord, Delivery, Outcome
 from tests.barrier.fake_engine import ALL, FakeEngine, Fault
 
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.05, flush_s=0.05, release_s=0.05, resume_s=0.05, continue_s=0.05)

@@ -53,7 +53,7 @@ CASES = [
     (["soak", "--steps", "x"], 2, "--steps: must be an integer >= 1, but was 'x'"),
     (["soak", "--way", "sideways"], 2, "invalid choice: 'sideways'"),
     (["soak", "--fault-plan", "plan.toml"], 1, "`probability` must be a number between 0 and 1, but was 3"),
-    (["soak", "--fault-plan", "missing.toml"], 1, "cannot read the plan"),
+    (["soak", "--fault-plan", "missing.toml"], 1, "cannot read fault plan"),
     (["probe"], 2, "the following arguments are required: URL"),
     (["probe", "engine-0:30000"], 2, "is not an http:// or https:// engine URL"),
     (["probe", "--timeout", "-1", "http://127.0.0.1:1"], 2, "--timeout: must be a finite number > 0"),

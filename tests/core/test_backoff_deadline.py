@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from resilience import Deadline, FakeClock, backoff_delay, current_deadline, parse_retry_after
+from resilience import Deadline, FakeClock, current_deadline
+from resilience.backoff import backoff_delay, parse_retry_after
 
 
 def test_full_jitter_bounds() -> None:

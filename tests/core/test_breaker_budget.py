@@ -7,17 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from resilience import (
-    BreakerConfig,
-    BreakerState,
-    CircuitBreaker,
-    FakeClock,
-    PolicyError,
-    RestartBudget,
-    RestartBudgetError,
-    RetryBudget,
-    RetryBudgetConfig,
-)
+from resilience import BreakerConfig, BreakerState, FakeClock, PolicyError, RestartBudget, RestartBudgetError, RetryBudgetConfig
+from resilience.breaker import CircuitBreaker
+from resilience.budget import RetryBudget
 from resilience.events import BreakerTransitioned, Event, RestartRecorded
 
 

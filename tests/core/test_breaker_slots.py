@@ -9,21 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resilience import (
-    AttemptResult,
-    BreakerConfig,
-    BreakerState,
-    CallSpec,
-    CircuitBreaker,
-    CircuitOpen,
-    Delivery,
-    EndpointPolicy,
-    FakeClock,
-    PolicyTable,
-    Retrier,
-    RetryPolicy,
-)
-from resilience.breaker import BreakerRegistry
+from resilience import BreakerConfig, BreakerState, CircuitOpen, Delivery, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
+from resilience.breaker import BreakerRegistry, CircuitBreaker
+from resilience.retry import AttemptResult, CallSpec, Retrier
 
 ENGINE = "http://127.0.0.1:1"
 CONFIG = BreakerConfig(failure_threshold=1, open_seconds=1.0, half_open_max_calls=1)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from resilience import EndpointPolicy, PolicyError, PolicyTable, RetryPolicy
+from resilience import EndpointPolicy, PolicyError, PolicyTable, RetryPolicy, load_policy_file
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_toml_file_loads(tmp_path: Path) -> None:
         '[defaults]\ndeadline_s = 60\n[endpoints."POST /pause_generation"]\nidempotent = true\n'
         "retry = { max_attempts = 5, statuses = [502, 503], base_s = 0.5 }\n"
     )
-    match = PolicyTable.load(str(f)).match("POST", "/pause_generation")
+    match = load_policy_file(str(f)).match("POST", "/pause_generation")
     assert match.policy.deadline_s == 60
     assert match.policy.retry.max_attempts == 5
     assert match.policy.retry.statuses == frozenset({502, 503})
@@ -82,7 +82,7 @@ def test_yaml_file_loads(tmp_path: Path) -> None:
     """A YAML file loads too."""
     f = tmp_path / "p.yaml"
     f.write_text("endpoints:\n  POST /release_memory_occupation:\n    idempotent: false\n    attempt_timeout_s: 30\n    deadline_s: 120\n")
-    policy = PolicyTable.load(str(f)).match("POST", "/release_memory_occupation").policy
+    policy = load_policy_file(str(f)).match("POST", "/release_memory_occupation").policy
     assert policy.idempotent is False and policy.attempt_timeout_s == 30
 
 
@@ -103,6 +103,6 @@ def test_bad_policy_file_names_file_field_and_rule(tmp_path: Path, text: str, fr
     f = tmp_path / "bad.toml"
     f.write_text(text)
     with pytest.raises(PolicyError) as info:
-        PolicyTable.load(str(f))
+        load_policy_file(str(f))
     assert fragment in str(info.value)
     assert "bad.toml" in str(info.value)

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from resilience import BreakerConfig, EndpointPolicy, PolicyError, PolicyTable, RestartBudget, RetryBudgetConfig, RetryPolicy
+from resilience import (
+    BreakerConfig,
+    EndpointPolicy,
+    PolicyError,
+    PolicyTable,
+    RestartBudget,
+    RetryBudgetConfig,
+    RetryPolicy,
+    load_policy_file,
+)
 from resilience.adapters.sglang import SGLANG_POLICIES
 
 
@@ -52,7 +61,7 @@ def test_wrong_types_rejected_in_files(tmp_path: Path, name: str, text: str, fra
     f = tmp_path / name
     f.write_text(text)
     with pytest.raises(PolicyError) as info:
-        PolicyTable.load(str(f))
+        load_policy_file(str(f))
     assert fragment in str(info.value) and name in str(info.value)
 
 
@@ -108,7 +117,7 @@ def test_override_starts_from_the_built_in_policy(tmp_path: Path) -> None:
     f = tmp_path / "p.toml"
     f.write_text('[defaults]\ndeadline_s = 20\n[endpoints."POST /release_memory_occupation"]\nretry = { max_attempts = 2 }\n')
     built_in = SGLANG_POLICIES.match("POST", "/release_memory_occupation").policy
-    table = PolicyTable.load(str(f), base=SGLANG_POLICIES)
+    table = load_policy_file(str(f), base=SGLANG_POLICIES)
     post = table.match("POST", "/release_memory_occupation")
     assert post.policy.retry.max_attempts == 2
     assert (post.policy.attempt_timeout_s, post.policy.deadline_s) == (built_in.attempt_timeout_s, built_in.deadline_s) == (120, 300)
@@ -118,7 +127,7 @@ def test_override_starts_from_the_built_in_policy(tmp_path: Path) -> None:
     new = table.match("POST", "/my_endpoint")
     assert new.endpoint == "POST *"  # the file adds nothing else
     f.write_text('[defaults]\ndeadline_s = 20\n[endpoints."POST /mine"]\nidempotent = true\n')
-    added = PolicyTable.load(str(f), base=SGLANG_POLICIES).match("POST", "/mine").policy
+    added = load_policy_file(str(f), base=SGLANG_POLICIES).match("POST", "/mine").policy
     assert added.deadline_s == 20 and added.idempotent is True  # a new entry gets the file's defaults
 
 
@@ -127,7 +136,7 @@ def test_defaults_without_endpoints_rejected(tmp_path: Path) -> None:
     f = tmp_path / "p.toml"
     f.write_text("[defaults]\ndeadline_s = 60\n")
     with pytest.raises(PolicyError, match=r"p.toml: \[defaults\] apply only to the endpoints .* it lists none"):
-        PolicyTable.load(str(f))
+        load_policy_file(str(f))
 
 
 def test_binary_file_named(tmp_path: Path) -> None:
@@ -135,4 +144,4 @@ def test_binary_file_named(tmp_path: Path) -> None:
     f = tmp_path / "p.toml"
     f.write_bytes(b"\x00\xff\xfe\x89PNG")
     with pytest.raises(PolicyError, match=r"p.toml: not a text policy file"):
-        PolicyTable.load(str(f))
+        load_policy_file(str(f))

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resilience import BreakerConfig, BreakerState, CircuitBreaker, FakeClock, PolicyError, RetryPolicy, backoff_delay
+from resilience import BreakerConfig, BreakerState, FakeClock, PolicyError, RetryPolicy
+from resilience.backoff import backoff_delay
+from resilience.breaker import CircuitBreaker
 
 
 @given(

@@ -9,19 +9,17 @@ import pytest
 import resilience
 from resilience import (
     AmbiguousOutcome,
-    AttemptResult,
     CallOutcome,
-    CallSpec,
     DeadlineExceeded,
     Delivery,
     EndpointPolicy,
     FakeClock,
     PolicyTable,
     ProbeAnswer,
-    Retrier,
     RetryPolicy,
 )
 from resilience.events import CallEnded, Event, RetryScheduled
+from resilience.retry import AttemptResult, CallSpec, Retrier
 
 ENGINE = "http://127.0.0.1:1"
 
@@ -171,10 +169,10 @@ def test_unreplayable_body_gets_one_attempt() -> None:
 
 
 def test_testing_mode_caps_attempts_and_skips_sleeps() -> None:
-    """resilience.testing_mode() removes backoff sleeps and caps attempts."""
+    """resilience.set_testing(True) removes backoff sleeps and caps attempts."""
     clock = FakeClock()
     policy = EndpointPolicy(retry=RetryPolicy(max_attempts=5))
-    with resilience.testing_mode(attempts=2):
+    with resilience.set_testing(True, attempts=2):
         resp, records = Retrier(clock=clock).run(spec(policy, "GET"), Script(status(502), status(502), status(200)))
     assert resp == "resp502" and len(records) == 2 and clock.sleeps == []
 
@@ -192,6 +190,6 @@ def test_outer_deadline_caps_call() -> None:
 def test_testing_mode_counts_refusals_against_max_attempts() -> None:
     """Testing mode has no sleeps, so refusals count as attempts instead of spinning until the deadline."""
     policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3), deadline_s=30, attempt_timeout_s=1)
-    with resilience.testing_mode(), pytest.raises(ConnectionRefusedError) as info:
+    with resilience.set_testing(True), pytest.raises(ConnectionRefusedError) as info:
         Retrier(clock=FakeClock()).run(spec(policy), Script(*[refused() for _ in range(10)]))
     assert len(info.value.attempts) == 3  # type: ignore[attr-defined]

@@ -21,15 +21,14 @@ from resilience.events import (
     BreakerRejected,
     BreakerTransitioned,
     CallEnded,
-    CallOutcome,
     HoldChanged,
-    Outcome,
     PhaseEnded,
     PhaseFailure,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
     TransitionEnded,
 )
+from resilience.outcome import CallOutcome, Outcome
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 
@@ -74,17 +73,60 @@ def value(text: str, name: str, **labels: str) -> float | None:
 
 def feed_everything(obs: MetricsObserver) -> None:
     """One event of every kind the observer counts."""
-    obs(CallEnded(1, "POST", "POST /flush_cache", ENGINE, CallOutcome.RETRIED_SUCCESS, 200, 2, 0.1, None, 8.5))
-    obs(AttemptEnded(1, 0, "POST", "POST /flush_cache", ENGINE, 502, Outcome.RETRYABLE, "502", True, 0.02))
-    obs(AttemptEnded(1, 1, "POST", "POST /flush_cache", ENGINE, 200, Outcome.SUCCESS, None, True, 0.003))
-    obs(RetryScheduled(1, 0, "POST /flush_cache", ENGINE, "status_502", 0.1))
-    obs(BreakerTransitioned(ENGINE, "closed", "open", "consecutive_failures"))
-    obs(BreakerRejected(2, "POST /flush_cache", ENGINE))
-    obs(RetryBudgetExhaustedEvent(3, "POST /flush_cache", ENGINE, 0.2))
-    obs(PhaseEnded(1, "offload", "flush", (ENGINE, "http://127.0.0.2:30000"), 1.5,
-                   (PhaseFailure(ENGINE, "ReadTimeout", "timed out"), PhaseFailure("http://127.0.0.2:30000", "X", "y"))))  # fmt: skip
-    obs(TransitionEnded(1, "offload", (ENGINE,), 2.0, False, failed_phase="flush"))
-    obs(HoldChanged(ENGINE, "offload", True, ("offload", "weight_sync")))
+    obs(
+        CallEnded(
+            call_id=1,
+            method="POST",
+            endpoint="POST /flush_cache",
+            engine=ENGINE,
+            outcome=CallOutcome.RETRIED_SUCCESS,
+            status=200,
+            attempts=2,
+            duration_s=0.1,
+            error_type=None,
+            retry_budget_tokens=8.5,
+        )
+    )
+    obs(
+        AttemptEnded(
+            call_id=1,
+            attempt=0,
+            method="POST",
+            endpoint="POST /flush_cache",
+            engine=ENGINE,
+            status=502,
+            outcome=Outcome.RETRYABLE,
+            error_type="502",
+            sent=True,
+            duration_s=0.02,
+        )
+    )
+    obs(
+        AttemptEnded(
+            call_id=1,
+            attempt=1,
+            method="POST",
+            endpoint="POST /flush_cache",
+            engine=ENGINE,
+            status=200,
+            outcome=Outcome.SUCCESS,
+            error_type=None,
+            sent=True,
+            duration_s=0.003,
+        )
+    )
+    obs(RetryScheduled(call_id=1, attempt=0, endpoint="POST /flush_cache", engine=ENGINE, reason="status_502", delay_s=0.1))
+    obs(BreakerTransitioned(engine=ENGINE, from_state="closed", to_state="open", reason="consecutive_failures"))
+    obs(BreakerRejected(call_id=2, endpoint="POST /flush_cache", engine=ENGINE))
+    obs(RetryBudgetExhaustedEvent(call_id=3, endpoint="POST /flush_cache", engine=ENGINE, tokens=0.2))
+    failures = (
+        PhaseFailure(engine=ENGINE, error_type="ReadTimeout", message="timed out"),
+        PhaseFailure(engine="http://127.0.0.2:30000", error_type="X", message="y"),
+    )
+    engines = (ENGINE, "http://127.0.0.2:30000")
+    obs(PhaseEnded(transition_id=1, transition="offload", phase="flush", engines=engines, duration_s=1.5, failures=failures))
+    obs(TransitionEnded(transition_id=1, transition="offload", engines=(ENGINE,), duration_s=2.0, ok=False, failed_phase="flush"))
+    obs(HoldChanged(engine=ENGINE, reason="offload", acquired=True, holds=("offload", "weight_sync")))
 
 
 def test_exposition_has_exactly_the_contract(tmp_path: pytest.TempPathFactory) -> None:
@@ -131,7 +173,20 @@ def test_event_counts(tmp_path: pytest.TempPathFactory) -> None:
 def test_attempt_duration_buckets_are_the_contract() -> None:
     """cpr_attempt_duration_seconds uses the contract's 15 buckets (plus +Inf)."""
     obs = MetricsObserver()
-    obs(AttemptEnded(1, 0, "GET", "GET /x", ENGINE, 200, Outcome.SUCCESS, None, True, 0.001))
+    obs(
+        AttemptEnded(
+            call_id=1,
+            attempt=0,
+            method="GET",
+            endpoint="GET /x",
+            engine=ENGINE,
+            status=200,
+            outcome=Outcome.SUCCESS,
+            error_type=None,
+            sent=True,
+            duration_s=0.001,
+        )
+    )
     text = generate_latest(obs.registry).decode()
     les = [dict(k[1])["le"] for k in samples(text) if k[0] == "cpr_attempt_duration_seconds_bucket"]
     assert sorted(float(le) for le in les) == [*ATTEMPT_BUCKETS, float("inf")]
@@ -142,7 +197,7 @@ def test_breaker_state_values() -> None:
     obs = MetricsObserver()
     text = ""
     for state, expected in (("open", 2), ("half_open", 1), ("closed", 0)):
-        obs(BreakerTransitioned(ENGINE, "x", state, "r"))
+        obs(BreakerTransitioned(engine=ENGINE, from_state="x", to_state=state, reason="r"))
         text = generate_latest(obs.registry).decode()
         assert value(text, "cpr_breaker_state", engine=ENGINE) == expected
     assert text
@@ -159,7 +214,20 @@ def test_transport_failures_get_bounded_status_labels() -> None:
         ("ChunkedEncodingError", True, Outcome.FATAL),
         ("WeirdError", True, Outcome.FATAL),
     ):
-        obs(AttemptEnded(1, 0, "GET", "GET /x", ENGINE, None, outcome, error_type, sent, 0.1))
+        obs(
+            AttemptEnded(
+                call_id=1,
+                attempt=0,
+                method="GET",
+                endpoint="GET /x",
+                engine=ENGINE,
+                status=None,
+                outcome=outcome,
+                error_type=error_type,
+                sent=sent,
+                duration_s=0.1,
+            )
+        )
     text = generate_latest(obs.registry).decode()
     got = {dict(k[1])["status"]: v for k, v in samples(text).items() if k[0] == "cpr_attempts_total"}
     assert got == {"connect_error": 2, "read_timeout": 1, "connection_reset": 2, "error": 1}
@@ -207,8 +275,34 @@ def test_distinct_raw_paths_stay_a_few_label_values() -> None:
     for i in range(10_000):
         method, path = raw_path(i)
         endpoint = TEMPLATES.match(method, path).endpoint
-        obs(AttemptEnded(i, 0, method, endpoint, ENGINE, 200, Outcome.SUCCESS, None, True, 0.001))
-        obs(CallEnded(i, method, endpoint, ENGINE, CallOutcome.SUCCESS, 200, 1, 0.001, None, None))
+        obs(
+            AttemptEnded(
+                call_id=i,
+                attempt=0,
+                method=method,
+                endpoint=endpoint,
+                engine=ENGINE,
+                status=200,
+                outcome=Outcome.SUCCESS,
+                error_type=None,
+                sent=True,
+                duration_s=0.001,
+            )
+        )
+        obs(
+            CallEnded(
+                call_id=i,
+                method=method,
+                endpoint=endpoint,
+                engine=ENGINE,
+                outcome=CallOutcome.SUCCESS,
+                status=200,
+                attempts=1,
+                duration_s=0.001,
+                error_type=None,
+                retry_budget_tokens=None,
+            )
+        )
     s = samples(generate_latest(obs.registry).decode())
     endpoints = {dict(labels)["endpoint"] for name, labels in s if "endpoint" in dict(labels)}
     assert endpoints == {"GET /v1/models/{model}", "POST /engines/{engine}/flush_cache", "GET /jobs/{job}/steps/{step}"}
@@ -232,7 +326,20 @@ def test_overflowing_label_values_become_other(caplog: pytest.LogCaptureFixture)
     obs = MetricsObserver(max_label_values=3)
     with caplog.at_level(logging.WARNING, logger="resilience.telemetry"):
         for i in range(10):
-            obs(CallEnded(i, "GET", f"GET /raw/{i}", ENGINE, CallOutcome.SUCCESS, 200, 1, 0.0, None, None))
+            obs(
+                CallEnded(
+                    call_id=i,
+                    method="GET",
+                    endpoint=f"GET /raw/{i}",
+                    engine=ENGINE,
+                    outcome=CallOutcome.SUCCESS,
+                    status=200,
+                    attempts=1,
+                    duration_s=0.0,
+                    error_type=None,
+                    retry_budget_tokens=None,
+                )
+            )
     got = {dict(k[1])["endpoint"]: v for k, v in samples(generate_latest(obs.registry).decode()).items()
            if k[0] == "cpr_requests_total"}  # fmt: skip
     assert got == {"GET /raw/0": 1, "GET /raw/1": 1, "GET /raw/2": 1, "other": 7}
@@ -242,7 +349,7 @@ def test_overflowing_label_values_become_other(caplog: pytest.LogCaptureFixture)
 def test_engine_user_info_never_becomes_a_label() -> None:
     """An engine with user-info is published without it."""
     obs = MetricsObserver()
-    obs(HoldChanged("http://u:SECRET@127.0.0.9:30000", "offload", True, ("offload",)))
+    obs(HoldChanged(engine="http://u:SECRET@127.0.0.9:30000", reason="offload", acquired=True, holds=("offload",)))
     text = generate_latest(obs.registry).decode()
     assert "SECRET" not in text
     assert value(text, "cpr_engines_held_paused", engine="http://127.0.0.9:30000") == 1
@@ -251,7 +358,18 @@ def test_engine_user_info_never_becomes_a_label() -> None:
 def test_observer_never_raises(caplog: pytest.LogCaptureFixture) -> None:
     """A failing metric operation is logged as a warning, never raised to the caller."""
     obs = MetricsObserver()
-    bad = AttemptEnded(1, 0, "GET", "GET /x", ENGINE, 200, Outcome.SUCCESS, None, True, "slow")  # type: ignore[arg-type]
+    bad = AttemptEnded(
+        call_id=1,
+        attempt=0,
+        method="GET",
+        endpoint="GET /x",
+        engine=ENGINE,
+        status=200,
+        outcome=Outcome.SUCCESS,
+        error_type=None,
+        sent=True,
+        duration_s="slow",
+    )  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="resilience.telemetry"):
         obs(bad)
     assert "MetricsObserver failed on AttemptEnded" in caplog.text
@@ -272,7 +390,7 @@ def test_registries_are_private_by_default() -> None:
 def test_metrics_server_binds_loopback_and_stops() -> None:
     """start_metrics_server binds 127.0.0.1 on a free port, serves the registry, and stops on close()."""
     obs = MetricsObserver()
-    obs(RetryScheduled(1, 0, "GET /x", ENGINE, "status_503", 0.1))
+    obs(RetryScheduled(call_id=1, attempt=0, endpoint="GET /x", engine=ENGINE, reason="status_503", delay_s=0.1))
     server, port = start_metrics_server(registry=obs.registry)
     try:
         assert port > 0
@@ -306,7 +424,9 @@ def test_healthy_real_calls_publish_zero_series(httpserver: HTTPServer) -> None:
     obs = MetricsObserver()
     session = resilient_session(PolicyTable({"POST /flush": EndpointPolicy(idempotent=True)}), observers=[obs])
     assert session.post(httpserver.url_for("/flush"), data=b"x", timeout=5).status_code == 200
-    obs(PhaseEnded(1, "offload", "pause", (ENGINE,), 0.1))  # a barrier phase that failed on no engine
+    obs(
+        PhaseEnded(transition_id=1, transition="offload", phase="pause", engines=(ENGINE,), duration_s=0.1)
+    )  # a barrier phase that failed on no engine
     text = scrape(obs)
     engine = f"http://{httpserver.host}:{httpserver.port}"
     assert value(text, "cpr_attempts_total", endpoint="POST /flush", engine=engine, status="200") == 1  # the call was counted
@@ -336,8 +456,21 @@ def test_declare_creates_every_pair_before_any_call() -> None:
 def test_first_sight_never_overwrites_an_open_breaker() -> None:
     """A breaker that opened before the engine's first attempt stays open (2), not reset to closed by the zero series."""
     obs = MetricsObserver()
-    obs(BreakerTransitioned(ENGINE, "closed", "open", "consecutive_failures"))
-    obs(AttemptEnded(1, 0, "GET", "GET /x", ENGINE, 200, Outcome.SUCCESS, None, True, 0.001))
+    obs(BreakerTransitioned(engine=ENGINE, from_state="closed", to_state="open", reason="consecutive_failures"))
+    obs(
+        AttemptEnded(
+            call_id=1,
+            attempt=0,
+            method="GET",
+            endpoint="GET /x",
+            engine=ENGINE,
+            status=200,
+            outcome=Outcome.SUCCESS,
+            error_type=None,
+            sent=True,
+            duration_s=0.001,
+        )
+    )
     obs.declare(engines=[ENGINE])
     assert value(scrape(obs), "cpr_breaker_state", engine=ENGINE) == 2
 
@@ -346,7 +479,20 @@ def test_zero_series_are_bounded_like_the_labels() -> None:
     """Past max_label_values engines no zero series is created for ``other`` (only real events may use it)."""
     obs = MetricsObserver(max_label_values=2)
     for i in range(6):
-        obs(AttemptEnded(i, 0, "GET", "GET /x", f"http://127.0.0.1:{i + 1}", 200, Outcome.SUCCESS, None, True, 0.001))
+        obs(
+            AttemptEnded(
+                call_id=i,
+                attempt=0,
+                method="GET",
+                endpoint="GET /x",
+                engine=f"http://127.0.0.1:{i + 1}",
+                status=200,
+                outcome=Outcome.SUCCESS,
+                error_type=None,
+                sent=True,
+                duration_s=0.001,
+            )
+        )
     obs.declare(engines=[f"http://127.0.0.1:{i}" for i in range(100, 110)])
     got = samples(scrape(obs))
     states = {dict(k[1])["engine"] for k in got if k[0] == "cpr_breaker_state"}

@@ -18,10 +18,8 @@ from resilience.events import (
     AttemptStarted,
     BreakerRejected,
     CallEnded,
-    CallOutcome,
     CallStarted,
     Event,
-    Outcome,
     PhaseEnded,
     PhaseFailure,
     PhaseStarted,
@@ -31,6 +29,7 @@ from resilience.events import (
     TransitionEnded,
     TransitionStarted,
 )
+from resilience.outcome import CallOutcome, Outcome
 from resilience.telemetry.tracing import TracingObserver
 
 ENGINE = "http://127.0.0.1:30000"
@@ -41,22 +40,62 @@ def call_events(
     call_id: int, statuses: list[int | None], *, endpoint: str = ENDPOINT, method: str = "POST"
 ) -> Iterator[tuple[Event, dict[str, str]]]:
     """The events of one call whose attempts answer ``statuses`` (None = read timeout), with each attempt's carrier."""
-    yield CallStarted(call_id, method, endpoint, ENGINE, 30.0), {}
+    yield CallStarted(call_id=call_id, method=method, endpoint=endpoint, engine=ENGINE, deadline_s=30.0), {}
     for n, status in enumerate(statuses):
         carrier: dict[str, str] = {}
-        yield AttemptStarted(call_id, n, method, endpoint, ENGINE, "127.0.0.1", 30000, 10.0, carrier), carrier
+        yield (
+            AttemptStarted(
+                call_id=call_id,
+                attempt=n,
+                method=method,
+                endpoint=endpoint,
+                engine=ENGINE,
+                server_address="127.0.0.1",
+                server_port=30000,
+                timeout_s=10.0,
+                carrier=carrier,
+            ),
+            carrier,
+        )
         ok = status is not None and status < 400
         outcome = Outcome.SUCCESS if ok else Outcome.RETRYABLE if status is not None else Outcome.AMBIGUOUS
         error_type = None if ok else ("ReadTimeout" if status is None else str(status))
-        yield AttemptEnded(call_id, n, method, endpoint, ENGINE, status, outcome, error_type, True, 0.01), {}
+        yield (
+            AttemptEnded(
+                call_id=call_id,
+                attempt=n,
+                method=method,
+                endpoint=endpoint,
+                engine=ENGINE,
+                status=status,
+                outcome=outcome,
+                error_type=error_type,
+                sent=True,
+                duration_s=0.01,
+            ),
+            {},
+        )
         if not ok and n + 1 < len(statuses):
             reason = "read_timeout" if status is None else f"status_{status}"
-            yield RetryScheduled(call_id, n, endpoint, ENGINE, reason, 0.005), {}
+            yield RetryScheduled(call_id=call_id, attempt=n, endpoint=endpoint, engine=ENGINE, reason=reason, delay_s=0.005), {}
     last = statuses[-1]
     success = last is not None and last < 400
     ended = (CallOutcome.RETRIED_SUCCESS if len(statuses) > 1 else CallOutcome.SUCCESS) if success else CallOutcome.FAILED
-    yield CallEnded(call_id, method, endpoint, ENGINE, ended, last, len(statuses), 0.05,
-                    None if success else "502", 7.5), {}  # fmt: skip
+    yield (
+        CallEnded(
+            call_id=call_id,
+            method=method,
+            endpoint=endpoint,
+            engine=ENGINE,
+            outcome=ended,
+            status=last,
+            attempts=len(statuses),
+            duration_s=0.05,
+            error_type=None if success else "502",
+            retry_budget_tokens=7.5,
+        ),
+        {},
+    )
 
 
 def run_call(obs: TracingObserver, call_id: int, statuses: list[int | None], **kw: str) -> list[dict[str, str]]:
@@ -185,11 +224,24 @@ def test_traceparent_is_the_attempt_span(provider: TracerProvider, exporter: InM
 def test_breaker_budget_and_probe_are_call_events(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """Breaker rejections, retry-budget refusals and probe answers are events on the logical span."""
     obs = TracingObserver(provider)
-    obs(CallStarted(9, "POST", ENDPOINT, ENGINE, None))
-    obs(ProbeCompleted(9, ENDPOINT, ENGINE, "not_done"))
-    obs(RetryBudgetExhaustedEvent(9, ENDPOINT, ENGINE, 0.4))
-    obs(BreakerRejected(9, ENDPOINT, ENGINE))
-    obs(CallEnded(9, "POST", ENDPOINT, ENGINE, CallOutcome.CIRCUIT_OPEN, None, 0, 0.0, "CircuitOpen", None))
+    obs(CallStarted(call_id=9, method="POST", endpoint=ENDPOINT, engine=ENGINE, deadline_s=None))
+    obs(ProbeCompleted(call_id=9, endpoint=ENDPOINT, engine=ENGINE, answer="not_done"))
+    obs(RetryBudgetExhaustedEvent(call_id=9, endpoint=ENDPOINT, engine=ENGINE, tokens=0.4))
+    obs(BreakerRejected(call_id=9, endpoint=ENDPOINT, engine=ENGINE))
+    obs(
+        CallEnded(
+            call_id=9,
+            method="POST",
+            endpoint=ENDPOINT,
+            engine=ENGINE,
+            outcome=CallOutcome.CIRCUIT_OPEN,
+            status=None,
+            attempts=0,
+            duration_s=0.0,
+            error_type="CircuitOpen",
+            retry_budget_tokens=None,
+        )
+    )
     [call] = exporter.get_finished_spans()
     assert [e.name for e in call.events] == [
         "resilience.probe_completed",
@@ -225,8 +277,21 @@ def test_unknown_method_is_other(provider: TracerProvider, exporter: InMemorySpa
 def test_engine_user_info_is_stripped(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """An engine string that carries user-info never reaches a span attribute with it."""
     obs = TracingObserver(provider)
-    obs(CallStarted(12, "GET", "GET /x", "http://admin:hunter2@127.0.0.1:30000", None))
-    obs(CallEnded(12, "GET", "GET /x", "http://admin:hunter2@127.0.0.1:30000", CallOutcome.SUCCESS, 200, 1, 0.0, None, None))
+    obs(CallStarted(call_id=12, method="GET", endpoint="GET /x", engine="http://admin:hunter2@127.0.0.1:30000", deadline_s=None))
+    obs(
+        CallEnded(
+            call_id=12,
+            method="GET",
+            endpoint="GET /x",
+            engine="http://admin:hunter2@127.0.0.1:30000",
+            outcome=CallOutcome.SUCCESS,
+            status=200,
+            attempts=1,
+            duration_s=0.0,
+            error_type=None,
+            retry_budget_tokens=None,
+        )
+    )
     [call] = exporter.get_finished_spans()
     assert call.attributes is not None and call.attributes["resilience.engine"] == "http://127.0.0.1:30000"
 
@@ -234,10 +299,35 @@ def test_engine_user_info_is_stripped(provider: TracerProvider, exporter: InMemo
 def test_call_ended_closes_an_open_attempt(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """An attempt still open when its call ends is ended (status Error) and no state is left behind."""
     obs = TracingObserver(provider)
-    obs(CallStarted(13, "POST", ENDPOINT, ENGINE, None))
-    obs(AttemptStarted(13, 0, "POST", ENDPOINT, ENGINE, "127.0.0.1", 30000, None, {}))
+    obs(CallStarted(call_id=13, method="POST", endpoint=ENDPOINT, engine=ENGINE, deadline_s=None))
+    obs(
+        AttemptStarted(
+            call_id=13,
+            attempt=0,
+            method="POST",
+            endpoint=ENDPOINT,
+            engine=ENGINE,
+            server_address="127.0.0.1",
+            server_port=30000,
+            timeout_s=None,
+            carrier={},
+        )
+    )
     assert obs.in_flight == 1
-    obs(CallEnded(13, "POST", ENDPOINT, ENGINE, CallOutcome.FAILED, None, 1, 0.0, "KeyboardInterrupt", None))
+    obs(
+        CallEnded(
+            call_id=13,
+            method="POST",
+            endpoint=ENDPOINT,
+            engine=ENGINE,
+            outcome=CallOutcome.FAILED,
+            status=None,
+            attempts=1,
+            duration_s=0.0,
+            error_type="KeyboardInterrupt",
+            retry_budget_tokens=None,
+        )
+    )
     attempt = by_kind(exporter.get_finished_spans(), SpanKind.CLIENT)[0]
     assert attempt.status.status_code is StatusCode.ERROR
     assert obs.in_flight == 0
@@ -246,12 +336,50 @@ def test_call_ended_closes_an_open_attempt(provider: TracerProvider, exporter: I
 def test_events_for_unknown_calls_are_ignored(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """Attempt, retry and end events of a call never started make no span and leave no state."""
     obs = TracingObserver(provider)
-    obs(AttemptStarted(99, 0, "GET", "GET /x", ENGINE, "127.0.0.1", 30000, None, {}))
-    obs(AttemptEnded(99, 0, "GET", "GET /x", ENGINE, 200, Outcome.SUCCESS, None, True, 0.0))
-    obs(RetryScheduled(99, 0, "GET /x", ENGINE, "status_502", 0.1))
-    obs(CallEnded(99, "GET", "GET /x", ENGINE, CallOutcome.SUCCESS, 200, 1, 0.0, None, None))
-    obs(PhaseEnded(99, "offload", "pause", (ENGINE,), 0.1))
-    obs(TransitionEnded(99, "offload", (ENGINE,), 0.1, True))
+    obs(
+        AttemptStarted(
+            call_id=99,
+            attempt=0,
+            method="GET",
+            endpoint="GET /x",
+            engine=ENGINE,
+            server_address="127.0.0.1",
+            server_port=30000,
+            timeout_s=None,
+            carrier={},
+        )
+    )
+    obs(
+        AttemptEnded(
+            call_id=99,
+            attempt=0,
+            method="GET",
+            endpoint="GET /x",
+            engine=ENGINE,
+            status=200,
+            outcome=Outcome.SUCCESS,
+            error_type=None,
+            sent=True,
+            duration_s=0.0,
+        )
+    )
+    obs(RetryScheduled(call_id=99, attempt=0, endpoint="GET /x", engine=ENGINE, reason="status_502", delay_s=0.1))
+    obs(
+        CallEnded(
+            call_id=99,
+            method="GET",
+            endpoint="GET /x",
+            engine=ENGINE,
+            outcome=CallOutcome.SUCCESS,
+            status=200,
+            attempts=1,
+            duration_s=0.0,
+            error_type=None,
+            retry_budget_tokens=None,
+        )
+    )
+    obs(PhaseEnded(transition_id=99, transition="offload", phase="pause", engines=(ENGINE,), duration_s=0.1))
+    obs(TransitionEnded(transition_id=99, transition="offload", engines=(ENGINE,), duration_s=0.1, ok=True))
     assert exporter.get_finished_spans() == ()
     assert obs.in_flight == 0
 
@@ -288,16 +416,28 @@ def test_barrier_transition_and_phase_spans(provider: TracerProvider, exporter: 
     """A transition span holds one child span per phase; engines are attributes, failures are events."""
     obs = TracingObserver(provider)
     engines = ("http://127.0.0.1:30000", "http://127.0.0.2:30000")
-    obs(TransitionStarted(1, "offload", engines, 120.0))
-    obs(PhaseStarted(1, "offload", "pause", engines, 30.0))
-    obs(PhaseEnded(1, "offload", "pause", engines, 0.2))
-    obs(PhaseStarted(1, "offload", "flush", engines, 30.0))
+    obs(TransitionStarted(transition_id=1, transition="offload", engines=engines, deadline_s=120.0))
+    obs(PhaseStarted(transition_id=1, transition="offload", phase="pause", engines=engines, deadline_s=30.0))
+    obs(PhaseEnded(transition_id=1, transition="offload", phase="pause", engines=engines, duration_s=0.2))
+    obs(PhaseStarted(transition_id=1, transition="offload", phase="flush", engines=engines, deadline_s=30.0))
     failure = PhaseFailure(
-        engines[1], "ReadTimeout", "read timed out; Authorization: Bearer SECRET-abc; url http://u:pw@h:1/x?api_key=SECRET-q"
+        engine=engines[1],
+        error_type="ReadTimeout",
+        message="read timed out; Authorization: Bearer SECRET-abc; url http://u:pw@h:1/x?api_key=SECRET-q",
     )
-    obs(PhaseEnded(1, "offload", "flush", engines, 30.0, (failure,)))
-    obs(TransitionEnded(1, "offload", engines, 30.3, False, failed_phase="flush", rolled_back=(engines[0],),
-                        left_paused=(engines[1],)))  # fmt: skip
+    obs(PhaseEnded(transition_id=1, transition="offload", phase="flush", engines=engines, duration_s=30.0, failures=(failure,)))
+    obs(
+        TransitionEnded(
+            transition_id=1,
+            transition="offload",
+            engines=engines,
+            duration_s=30.3,
+            ok=False,
+            failed_phase="flush",
+            rolled_back=(engines[0],),
+            left_paused=(engines[1],),
+        )
+    )
     spans = {s.name: s for s in exporter.get_finished_spans()}
     transition = spans["barrier offload"]
     pause, flush = spans["barrier offload pause"], spans["barrier offload flush"]
@@ -329,9 +469,9 @@ def test_barrier_transition_and_phase_spans(provider: TracerProvider, exporter: 
 def test_transition_end_closes_open_phases(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """A phase still open when its transition ends is ended with status Error; no state is left."""
     obs = TracingObserver(provider)
-    obs(TransitionStarted(2, "onload", ("e",), None))
-    obs(PhaseStarted(2, "onload", "resume", ("e",), None))
-    obs(TransitionEnded(2, "onload", ("e",), 1.0, True))
+    obs(TransitionStarted(transition_id=2, transition="onload", engines=("e",), deadline_s=None))
+    obs(PhaseStarted(transition_id=2, transition="onload", phase="resume", engines=("e",), deadline_s=None))
+    obs(TransitionEnded(transition_id=2, transition="onload", engines=("e",), duration_s=1.0, ok=True))
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert spans["barrier onload resume"].status.status_code is StatusCode.ERROR
     assert spans["barrier onload"].status.status_code is StatusCode.UNSET
@@ -376,10 +516,35 @@ class _ExplodingCarrier(dict[str, str]):
 def test_observer_never_raises(provider: TracerProvider, exporter: InMemorySpanExporter, caplog: pytest.LogCaptureFixture) -> None:
     """A failure inside the observer is logged as a warning, never raised to the retry loop."""
     obs = TracingObserver(provider)
-    obs(CallStarted(17, "GET", "GET /x", ENGINE, None))
+    obs(CallStarted(call_id=17, method="GET", endpoint="GET /x", engine=ENGINE, deadline_s=None))
     carrier: MutableMapping[str, str] = _ExplodingCarrier()
     with caplog.at_level(logging.WARNING, logger="resilience.telemetry"):
-        obs(AttemptStarted(17, 0, "GET", "GET /x", ENGINE, "127.0.0.1", 30000, None, carrier))
+        obs(
+            AttemptStarted(
+                call_id=17,
+                attempt=0,
+                method="GET",
+                endpoint="GET /x",
+                engine=ENGINE,
+                server_address="127.0.0.1",
+                server_port=30000,
+                timeout_s=None,
+                carrier=carrier,
+            )
+        )
     assert "TracingObserver failed on AttemptStarted" in caplog.text
-    obs(CallEnded(17, "GET", "GET /x", ENGINE, CallOutcome.FAILED, None, 1, 0.0, "RuntimeError", None))
+    obs(
+        CallEnded(
+            call_id=17,
+            method="GET",
+            endpoint="GET /x",
+            engine=ENGINE,
+            outcome=CallOutcome.FAILED,
+            status=None,
+            attempts=1,
+            duration_s=0.0,
+            error_type="RuntimeError",
+            retry_budget_tokens=None,
+        )
+    )
     assert obs.in_flight == 0

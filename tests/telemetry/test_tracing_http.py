@@ -111,7 +111,7 @@ def test_refused_connection_attempts(provider: TracerProvider, exporter: InMemor
         port = s.getsockname()[1]
     policies = PolicyTable({"GET /health": EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0.001, cap_s=0.01))})
     session = resilient_session(policies, observers=[TracingObserver(provider)])
-    with resilience.testing_mode(attempts=2), pytest.raises(requests.ConnectionError):  # refusals count only in testing mode
+    with resilience.set_testing(True, attempts=2), pytest.raises(requests.ConnectionError):  # refusals count only in testing mode
         session.get(f"http://127.0.0.1:{port}/health", timeout=2)
     call, attempts = ours(exporter.get_finished_spans())
     assert len(attempts) == 2

@@ -19,3 +19,23 @@ except resilience.AmbiguousOutcome as exc:
     attempts: tuple[resilience.AttemptRecord, ...] = exc.attempts
 except requests.RequestException:
     pass
+
+# The lazy top-level names type-check as the classes of their modules.
+lazy_session: requests.Session = resilience.resilient_session(table)
+lazy_adapter: resilience.ResilientAdapter = resilience.ResilientAdapter(table)
+group: resilience.EngineGroup = resilience.EngineGroup([])
+failed_type: type[RuntimeError] = resilience.PhaseFailed
+client_type: type[resilience.SGLangClient] = resilience.SGLangClient
+orchestrator_type: type[resilience.Orchestrator] = resilience.Orchestrator
+
+# Policy files load through a free function; bad values raise the one ConfigError (a ValueError).
+try:
+    loaded: PolicyTable = resilience.load_policy_file("policies.toml", base=table)
+except resilience.ConfigError as bad:
+    message: str = str(bad)
+policy_error: type[ValueError] = resilience.PolicyError
+
+# The one testing switch: a plain call, or a with-block that restores the previous mode.
+resilience.set_testing(True, attempts=2)
+with resilience.set_testing(False) as mode:
+    active: bool = mode.active

@@ -1,0 +1,152 @@
+"""The layout's import rules, checked on the source (AST), so a new module cannot quietly break them.
+
+- The library does not depend on its test tools: nothing under ``resilience/`` outside the CLI
+  (``resilience/cli/``, and the ``resilience/cli*.py`` modules until they move there) and
+  ``resilience/testing/`` imports ``resilience.testing``. ``adapters/`` and ``telemetry/`` are
+  ``resilience.adapters`` and ``resilience.telemetry`` (pyproject's package-dir), so they count.
+- The core (``resilience/`` without the CLI, ``testing/`` and the two symlinked folders) imports
+  neither ``resilience.adapters`` nor ``resilience.telemetry``; the package ``__init__`` alone
+  names adapter classes, and only for its lazy exports (PEP 562: imported on first access).
+- The core's modules import one another without a circle, counting imports inside functions
+  (which would hide a circle from the interpreter) and leaving out ``if TYPE_CHECKING:`` blocks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "resilience"
+
+
+def _module_name(path: Path) -> str:
+    """``resilience/...`` (or ``adapters/``, ``telemetry/``) file -> dotted module name."""
+    rel = path.relative_to(ROOT)
+    parts = list(rel.with_suffix("").parts)
+    if parts[0] in ("adapters", "telemetry"):
+        parts.insert(0, "resilience")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _files(folder: Path) -> list[Path]:
+    """Every ``.py`` file under ``folder``, not following the ``adapters``/``telemetry`` symlinks."""
+    return sorted(p for p in folder.rglob("*.py") if not any((ROOT / part).is_symlink() for part in p.relative_to(ROOT).parents))
+
+
+def _is_cli(module: str) -> bool:
+    parts = module.split(".")
+    return len(parts) > 1 and (parts[1] == "cli" or parts[1].startswith("cli_"))
+
+
+def _is_testing(module: str) -> bool:
+    parts = module.split(".")
+    return len(parts) > 1 and parts[1] == "testing"
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, *, type_checking: bool) -> Iterator[tuple[int, str]]:
+    """(line, module) for every import in the file, at any depth; ``type_checking=False`` skips ``if TYPE_CHECKING:`` bodies.
+
+    ``from resilience import x`` yields ``resilience.x`` (a submodule or a name; both are checked by prefix).
+    """
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> Iterator[tuple[int, str]]:
+        if isinstance(node, ast.If) and not type_checking and _is_type_checking(node.test):
+            for child in node.orelse:
+                yield from visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}"
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child)
+
+    yield from visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+
+
+def _library_files() -> list[Path]:
+    files = [*_files(PACKAGE), *_files(ROOT / "adapters"), *_files(ROOT / "telemetry")]
+    assert len(files) > 20, f"found only {len(files)} modules; is ROOT ({ROOT}) the repository?"
+    return files
+
+
+def _core_files() -> list[Path]:
+    files = [p for p in _files(PACKAGE) if not _is_cli(_module_name(p)) and not _is_testing(_module_name(p))]
+    names = {_module_name(p) for p in files}
+    assert {"resilience.retry", "resilience.policy", "resilience.outcome", "resilience.errors"} <= names, sorted(names)
+    return files
+
+
+def test_the_library_does_not_import_its_test_tools() -> None:
+    """Only the CLI and resilience.testing itself import resilience.testing."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in _library_files()
+        if not _is_cli(_module_name(path)) and not _is_testing(_module_name(path))
+        for line, target in _imports(path, type_checking=True)
+        if target == "resilience.testing" or target.startswith("resilience.testing.")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_core_imports_neither_adapters_nor_telemetry() -> None:
+    """The core stands alone; transports and observers build on it, never the other way round."""
+    layers = ("resilience.adapters", "resilience.telemetry")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in _core_files()
+        if path != PACKAGE / "__init__.py"  # the lazy exports (module names as strings, TYPE_CHECKING imports)
+        for line, target in _imports(path, type_checking=True)
+        if any(target == layer or target.startswith(layer + ".") for layer in layers)
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_core_has_no_import_circle() -> None:
+    """Following every runtime import (function-level ones too) between core modules never comes back."""
+    files = {_module_name(p): p for p in _core_files() if p.name != "__init__.py" or p.parent != PACKAGE}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        targets = set()
+        for _, target in _imports(path, type_checking=False):
+            # ``from resilience.x import y`` names resilience.x.y: walk up to the module that exists
+            while target and target not in files:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                targets.add(target)
+        graph[name] = targets
+    assert sum(map(len, graph.values())) > 20, graph
+
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            walk(node, [node])
+    assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
