@@ -30,13 +30,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
-__all__ = ["ALL_TAGS", "CallOutcome", "EngineKnowledge", "EngineState", "InFlight", "LateCall", "tags_of"]
+from resilience.barrier.engine import ALL_TAGS
 
-ALL_TAGS: Final[tuple[str, ...]] = ("kv_cache", "weights", "cuda_graph")
-"""What SGLang releases or resumes when ``tags`` is None or empty (``GPU_MEMORY_ALL_TYPES``)."""
-
+__all__ = ["CallOutcome", "EngineKnowledge", "EngineState", "InFlight", "LateCall", "tags_of"]
 
 class EngineState(enum.StrEnum):
     """A one-word summary of an engine's knowledge (for events, ``states()`` and messages)."""

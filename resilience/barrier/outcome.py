@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import requests
 
-from resilience.engine_state import CallOutcome
+from resilience.barrier.fanout import EngineDied, EngineUnavailable, PhaseTimeout
+from resilience.barrier.knowledge import CallOutcome
 from resilience.errors import AmbiguousOutcome
-from resilience.fanout import EngineDied, EngineUnavailable, PhaseTimeout
 from resilience.outcome import AttemptRecord, Delivery
 
 __all__ = ["is_engine_dead", "outcome_of"]
