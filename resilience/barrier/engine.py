@@ -35,29 +35,30 @@ CONTROL_METHODS: Final[tuple[ControlMethod, ...]] = get_args(ControlMethod)
 class ControlPlaneEngine(Protocol):
     """One engine as the barrier drives it (synchronous calls).
 
-    Each call may block until the engine answered, and should honour the
+    The barrier passes arguments by keyword, so their names are part of the
+    contract (mypy checks them). Each call may block until the engine answered, and should honour the
     ``resilience.Deadline`` in force in the caller's context (the fan-out runs
     each phase call under the phase deadline). An engine is known by its
     ``engine`` attribute (``scheme://host:port``), else its ``name``, else its repr.
     """
 
-    def pause_generation(self, mode: PauseMode = "abort") -> object:
+    def pause_generation(self, *, mode: PauseMode = "abort") -> object:
         """Stop admitting requests; ``mode`` says what happens to running ones."""
         ...
 
-    def flush_cache(self, deadline_s: float | None = None) -> object:
+    def flush_cache(self, *, deadline_s: float | None = None) -> object:
         """Flush the KV cache, waiting up to ``deadline_s`` (None = the engine's default) for the engine to be idle."""
         ...
 
-    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> object:
+    def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
         """Release GPU memory for ``tags`` (None = ``ALL_TAGS``); only on a paused, flushed engine."""
         ...
 
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> object:
+    def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
         """Occupy GPU memory again for ``tags`` (None = ``ALL_TAGS``); only for tags released."""
         ...
 
-    def continue_generation(self, torch_empty_cache: bool = True) -> object:
+    def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
         """Admit requests again; only when no memory is released."""
         ...
 
@@ -65,22 +66,22 @@ class ControlPlaneEngine(Protocol):
 class AsyncControlPlaneEngine(Protocol):
     """``ControlPlaneEngine`` with ``async`` calls (same names, arguments and meaning)."""
 
-    async def pause_generation(self, mode: PauseMode = "abort") -> object:
+    async def pause_generation(self, *, mode: PauseMode = "abort") -> object:
         """See ``ControlPlaneEngine.pause_generation``."""
         ...
 
-    async def flush_cache(self, deadline_s: float | None = None) -> object:
+    async def flush_cache(self, *, deadline_s: float | None = None) -> object:
         """See ``ControlPlaneEngine.flush_cache``."""
         ...
 
-    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> object:
+    async def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
         """See ``ControlPlaneEngine.release_memory_occupation``."""
         ...
 
-    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> object:
+    async def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
         """See ``ControlPlaneEngine.resume_memory_occupation``."""
         ...
 
-    async def continue_generation(self, torch_empty_cache: bool = True) -> object:
+    async def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
         """See ``ControlPlaneEngine.continue_generation``."""
         ...
