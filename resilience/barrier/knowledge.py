@@ -177,7 +177,7 @@ class EngineKnowledge:
     # -- folding outcomes in ----------------------------------------------------------------------
 
     def apply(self, method: str, kwargs: Mapping[str, Any], outcome: CallOutcome) -> None:
-        """Fold one call's outcome into the facts (the table in DESIGN.md "Stage 2")."""
+        """Fold one call's outcome into the facts: not applied changes nothing; maybe makes what the call touches unknown."""
         if outcome is CallOutcome.NOT_APPLIED:
             return
         maybe = outcome is CallOutcome.MAYBE

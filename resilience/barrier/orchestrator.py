@@ -6,19 +6,18 @@
 - weight sync: a hold over pause -> your update -> the hold released.
 
 Each phase goes to every engine at once through a ``FanOut``; the next phase
-starts only when every engine answered. Per engine the orchestrator keeps
-what it knows and what it knows it does not know (``engine_state``); every
-command is sent only when its precondition is known to hold (DESIGN.md,
-"Stage 2"): release only to a known paused and flushed engine for tags known
-not released; resume only for tags known released; continue only when nothing
-is released and no hold remains; pause and flush (safe to re-send) resolve an
-unknown "paused". A call whose outcome is ambiguous makes the facts it touches
-unknown; an engine with unknown released tags is quarantined until
-``reconcile`` or ``retire``. A call still running at its phase deadline is
-awaited before anything else goes to that engine, so no late command can undo
-a later one. A transition that returns has kept its promise; one that could
-not raises ``PhaseFailed`` naming every engine it failed on or skipped, and
-every engine not serving.
+starts only when every engine answered. Per engine the orchestrator keeps what
+it knows and what it knows it does not know (``knowledge``); every command is
+sent only when its precondition is known to hold: release only to a known
+paused and flushed engine for tags known not released; resume only for tags
+known released; continue only when nothing is released and no hold remains;
+pause and flush (safe to re-send) resolve an unknown "paused". A call whose
+outcome is ambiguous makes the facts it touches unknown; an engine with
+unknown released tags is quarantined until ``reconcile`` or ``retire``. A call
+still running at its phase deadline is awaited before anything else goes to
+that engine, so no late command can undo a later one. A transition that
+returns has kept its promise; one that could not raises ``PhaseFailed`` naming
+every engine it failed on or skipped, and every engine not serving.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a failed control call did to the engine: applied, not applied, or maybe (unknown).
 
-The barrier folds this into its knowledge of the engine (``engine_state``):
+The barrier folds this into its knowledge of the engine (``resilience.barrier.knowledge``):
 a "maybe" makes the facts the call touches unknown.
 """
 
