@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from resilience.barrier import BarrierBusy, EngineGroup, HoldToken, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.engine_state import EngineState
-from resilience.fanout import ThreadFanOut
+from resilience.barrier.fanout import ThreadFanOut
+from resilience.barrier.knowledge import EngineState
 from tests.barrier.fake_engine import ALL, FakeEngine, Fault
 
 EXAMPLES = int(os.environ.get("CPR_BARRIER_EXAMPLES", "500"))
