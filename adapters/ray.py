@@ -43,8 +43,9 @@ import ray.exceptions
 from resilience.adapters.requests import engine_of
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.sglang_types import ControlResult, FlushResult, Health, ModelInfo
+from resilience.barrier.engine import PauseMode
+from resilience.barrier.fanout import Calls, EngineDied, EngineResult, EngineUnavailable, PhaseTimeout, engine_name
 from resilience.deadline import Deadline, current_deadline
-from resilience.fanout import Calls, EngineDied, EngineResult, EngineUnavailable, PhaseTimeout, engine_name
 
 __all__ = [
     "DEFAULT_ACTOR_OPTIONS",
@@ -151,6 +152,53 @@ def _first_line(error: BaseException) -> str:
     return text[0][:200] if text else ""
 
 
+# -- the control calls, written once for the actor and the handle -------------------------------
+
+
+class _ClientCalls:
+    """``ControlPlaneEngine``'s five calls plus ``health`` and ``model_info``, each run by ``_forward`` as the
+    ``SGLangClient`` method of the same name: the actor runs it on its client, the handle in its actor."""
+
+    def _forward(self, method: str, kwargs: Mapping[str, Any]) -> Any:
+        """Run ``SGLangClient.<method>(**kwargs)`` where this object runs it, and return its value."""
+        raise NotImplementedError
+
+    def pause_generation(self, mode: PauseMode = "abort") -> ControlResult:
+        """Pause admission (``abort``, ``retract`` or ``in_place``)."""
+        result: ControlResult = self._forward("pause_generation", {"mode": mode})
+        return result
+
+    def flush_cache(self, deadline_s: float | None = None) -> FlushResult:
+        """Flush the radix cache, waiting up to ``deadline_s`` (None = the client's ``flush_deadline_s``) for idle."""
+        result: FlushResult = self._forward("flush_cache", {"deadline_s": deadline_s})
+        return result
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """Release GPU memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
+        result: ControlResult = self._forward("release_memory_occupation", {"tags": None if tags is None else list(tags)})
+        return result
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """Re-occupy memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
+        result: ControlResult = self._forward("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
+        return result
+
+    def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
+        """Reopen admission."""
+        result: ControlResult = self._forward("continue_generation", {"torch_empty_cache": torch_empty_cache})
+        return result
+
+    def health(self) -> Health:
+        """``/health``; ``paused_by_us`` at once for an engine the actor's client paused."""
+        result: Health = self._forward("health", {})
+        return result
+
+    def model_info(self) -> ModelInfo:
+        """``/model_info``, including the weight version."""
+        result: ModelInfo = self._forward("model_info", {})
+        return result
+
+
 # -- the actor ----------------------------------------------------------------------------------
 
 
@@ -162,7 +210,7 @@ class TimedValue:
     duration_s: float
 
 
-class _SGLangEngineActor:
+class _SGLangEngineActor(_ClientCalls):
     """The body of ``SGLangEngineActor``: one ``SGLangClient`` and the calls the orchestrator makes on it."""
 
     def __init__(self, base_url: str, client_kwargs: Mapping[str, Any] | None = None) -> None:
@@ -190,40 +238,8 @@ class _SGLangEngineActor:
         value = self.call(method, kwargs, deadline_s)
         return TimedValue(value, time.monotonic() - t0)
 
-    def pause_generation(self, mode: str = "abort") -> ControlResult:
-        """``SGLangClient.pause_generation``."""
-        result: ControlResult = self.call("pause_generation", {"mode": mode})
-        return result
-
-    def flush_cache(self, deadline_s: float | None = None) -> FlushResult:
-        """``SGLangClient.flush_cache``."""
-        result: FlushResult = self.call("flush_cache", {"deadline_s": deadline_s})
-        return result
-
-    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """``SGLangClient.release_memory_occupation``."""
-        result: ControlResult = self.call("release_memory_occupation", {"tags": tags})
-        return result
-
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """``SGLangClient.resume_memory_occupation``."""
-        result: ControlResult = self.call("resume_memory_occupation", {"tags": tags})
-        return result
-
-    def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
-        """``SGLangClient.continue_generation``."""
-        result: ControlResult = self.call("continue_generation", {"torch_empty_cache": torch_empty_cache})
-        return result
-
-    def health(self) -> Health:
-        """``SGLangClient.health`` (reports ``paused_by_us`` at once for an engine this actor paused)."""
-        result: Health = self.call("health")
-        return result
-
-    def model_info(self) -> ModelInfo:
-        """``SGLangClient.model_info``."""
-        result: ModelInfo = self.call("model_info")
-        return result
+    def _forward(self, method: str, kwargs: Mapping[str, Any]) -> Any:
+        return self.call(method, kwargs)
 
     def _method(self, method: str) -> Callable[..., Any]:
         if method.startswith("_") or method in _NOT_REMOTE:
@@ -263,7 +279,7 @@ def _cancel(ref: Any) -> None:
         pass
 
 
-class RayEngine:
+class RayEngine(_ClientCalls):
     """A driver-side handle of one engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
 
     ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the
@@ -298,40 +314,8 @@ class RayEngine:
         except (ray.exceptions.RayTaskError, *_ACTOR_GONE) as exc:
             raise _unwrap(exc, self.engine) from None
 
-    def pause_generation(self, mode: str = "abort") -> ControlResult:
-        """Pause admission (``abort``, ``retract`` or ``in_place``)."""
-        result: ControlResult = self.call("pause_generation", mode=mode)
-        return result
-
-    def flush_cache(self, deadline_s: float | None = None) -> FlushResult:
-        """Flush the radix cache, waiting up to ``deadline_s`` (None = the client's ``flush_deadline_s``) for idle."""
-        result: FlushResult = self.call("flush_cache", deadline_s=deadline_s)
-        return result
-
-    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """Release GPU memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
-        result: ControlResult = self.call("release_memory_occupation", tags=None if tags is None else list(tags))
-        return result
-
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """Re-occupy memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
-        result: ControlResult = self.call("resume_memory_occupation", tags=None if tags is None else list(tags))
-        return result
-
-    def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
-        """Reopen admission."""
-        result: ControlResult = self.call("continue_generation", torch_empty_cache=torch_empty_cache)
-        return result
-
-    def health(self) -> Health:
-        """``/health``; ``paused_by_us`` at once for an engine the actor's client paused."""
-        result: Health = self.call("health")
-        return result
-
-    def model_info(self) -> ModelInfo:
-        """``/model_info``, including the weight version."""
-        result: ModelInfo = self.call("model_info")
-        return result
+    def _forward(self, method: str, kwargs: Mapping[str, Any]) -> Any:
+        return self.call(method, **kwargs)
 
     def kill(self) -> None:
         """Kill the actor (not the engine); later calls raise ``EngineDied``."""

@@ -17,7 +17,7 @@ import json as jsonlib
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import requests
 
@@ -35,6 +35,7 @@ from resilience.adapters.sglang_types import (
     SGLangProtocolError,
     WeightUpdateResult,
 )
+from resilience.barrier.engine import ALL_TAGS, PauseMode
 from resilience.deadline import Deadline
 from resilience.events import Observer
 from resilience.policy import PolicyTable
@@ -57,9 +58,6 @@ __all__ = [
     "mount_sglang",
 ]
 
-PauseMode = Literal["abort", "retract", "in_place"]
-ALL_TAGS: tuple[str, ...] = ("kv_cache", "weights", "cuda_graph")
-"""The memory tags SGLang releases when ``tags`` is null or empty."""
 
 _NOT_IDLE = ("Timed out waiting for idle state", "Flush cache failed", "Another flush_cache is already in progress")
 _APPLIED_NOT_FLUSHED = "Weights were updated, but the cache was not flushed"

@@ -45,8 +45,8 @@ from _engines import FakeEngines
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
+from resilience.barrier.fanout import FanOut, SequentialFanOut, ThreadFanOut
 from resilience.deadline import Deadline
-from resilience.fanout import FanOut, SequentialFanOut, ThreadFanOut
 
 PHASES = 5
 """Phases of one offload + onload round: pause, flush, release, resume, continue."""

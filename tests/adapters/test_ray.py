@@ -30,11 +30,11 @@ pytest.importorskip("torch")
 from resilience.adapters.ray import RayEngine, RayFanOut, TimedValue, _unwrap, ray_engines
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.barrier.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
+from resilience.barrier.knowledge import CallOutcome
+from resilience.barrier.outcome import outcome_of
 from resilience.deadline import Deadline
-from resilience.engine_outcome import outcome_of
-from resilience.engine_state import CallOutcome
 from resilience.events import Event, PhaseEnded
-from resilience.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
 from resilience.outcome import Delivery
 from resilience.policy import EndpointPolicy, RetryPolicy
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from resilience.adapters.sglang import SGLangClient
-from resilience.fanout import FanOut, ThreadFanOut
+from resilience.barrier.fanout import FanOut, ThreadFanOut
 from resilience.policy import PolicyTable
 from tests.sglang.conftest import FAST_SGLANG
 

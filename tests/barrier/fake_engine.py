@@ -20,10 +20,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from resilience.barrier.engine import ALL_TAGS
+from resilience.barrier.fanout import EngineDied, EngineUnavailable
 from resilience.errors import AmbiguousOutcome
-from resilience.fanout import EngineDied, EngineUnavailable
 
-ALL = frozenset({"kv_cache", "weights", "cuda_graph"})
+ALL = frozenset(ALL_TAGS)
 LATE_LIMIT_S = 5.0
 """A late call lands on its own after this long if the test never lets it (a safety net, not a timing)."""
 

@@ -45,7 +45,7 @@ pytest.importorskip("torch")
 
 from resilience.adapters.sglang import ALL_TAGS, SGLANG_POLICIES, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.fanout import FanOut, ThreadFanOut
+from resilience.barrier.fanout import FanOut, ThreadFanOut
 from resilience.testing import fast_policies
 from resilience.testing.colocate import ColocateConfig, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle

@@ -9,11 +9,13 @@ import pytest
 import requests
 
 from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.engine_outcome import outcome_of
-from resilience.engine_state import CallOutcome, EngineKnowledge, EngineState
+from resilience.barrier.fanout import EngineDied, EngineUnavailable, PhaseTimeout, ThreadFanOut
+from resilience.barrier.knowledge import CallOutcome, EngineKnowledge, EngineState
+from resilience.barrier.outcome import outcome_of
+from resilience.clock import FakeClock
 from resilience.errors import AmbiguousOutcome, RetriesExhausted
-from resilience.fanout import EngineDied, EngineUnavailable, PhaseTimeout, ThreadFanOut
-from resilience.outcome import AttemptRecord, Delivery, Outcome
+from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
+from resilience.outcome import AttemptRecord, Delivery
 from tests.barrier.fake_engine import ALL, FakeEngine, Fault
 
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.05, flush_s=0.05, release_s=0.05, resume_s=0.05, continue_s=0.05)
@@ -249,4 +251,18 @@ def test_reconcile_and_retire_rules(fanout: ThreadFanOut) -> None:
     with pytest.raises(ValueError, match="retired"):
         orch.reconcile(engines[0], released=(), paused=False)
     assert list(orch.states()) == [engines[1].engine]
+    alive(engines)
+
+
+def test_the_injected_clock_times_transitions_and_phases(fanout: ThreadFanOut) -> None:
+    """Durations come from the orchestrator's ``clock``: a clock that never moves reports zero for every phase."""
+    engines = [FakeEngine(f"http://fake-{i}:30000") for i in range(2)]
+    seen: list[Event] = []
+    orch = Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=DEADLINES, observers=[seen.append], clock=FakeClock())
+    report = orch.offload()
+    assert [p.phase for p in report.phases] == ["pause", "flush", "release"]
+    assert report.duration_s == 0.0 and all(p.duration_s == 0.0 for p in report.phases)
+    ended = [e for e in seen if isinstance(e, (PhaseEnded, TransitionEnded))]
+    assert len(ended) == 4 and all(e.duration_s == 0.0 for e in ended)
+    assert orch.onload().duration_s == 0.0
     alive(engines)

@@ -23,10 +23,10 @@ except requests.RequestException:
 # The lazy top-level names type-check as the classes of their modules.
 lazy_session: requests.Session = resilience.resilient_session(table)
 lazy_adapter: resilience.ResilientAdapter = resilience.ResilientAdapter(table)
-group: resilience.EngineGroup = resilience.EngineGroup([])
+group: resilience.EngineGroup[resilience.SGLangClient] = resilience.EngineGroup([])
 failed_type: type[RuntimeError] = resilience.PhaseFailed
 client_type: type[resilience.SGLangClient] = resilience.SGLangClient
-orchestrator_type: type[resilience.Orchestrator] = resilience.Orchestrator
+orchestrator_type: type[resilience.Orchestrator[resilience.SGLangClient]] = resilience.Orchestrator
 
 # Policy files load through a free function; bad values raise the one ConfigError (a ValueError).
 try:

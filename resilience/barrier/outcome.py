@@ -1,6 +1,6 @@
 """What a failed control call did to the engine: applied, not applied, or maybe (unknown).
 
-The barrier folds this into its knowledge of the engine (``engine_state``):
+The barrier folds this into its knowledge of the engine (``resilience.barrier.knowledge``):
 a "maybe" makes the facts the call touches unknown.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import requests
 
-from resilience.engine_state import CallOutcome
+from resilience.barrier.fanout import EngineDied, EngineUnavailable, PhaseTimeout
+from resilience.barrier.knowledge import CallOutcome
 from resilience.errors import AmbiguousOutcome
-from resilience.fanout import EngineDied, EngineUnavailable, PhaseTimeout
 from resilience.outcome import AttemptRecord, Delivery
 
 __all__ = ["is_engine_dead", "outcome_of"]

@@ -6,32 +6,34 @@
 - weight sync: a hold over pause -> your update -> the hold released.
 
 Each phase goes to every engine at once through a ``FanOut``; the next phase
-starts only when every engine answered. Per engine the orchestrator keeps
-what it knows and what it knows it does not know (``engine_state``); every
-command is sent only when its precondition is known to hold (DESIGN.md,
-"Stage 2"): release only to a known paused and flushed engine for tags known
-not released; resume only for tags known released; continue only when nothing
-is released and no hold remains; pause and flush (safe to re-send) resolve an
-unknown "paused". A call whose outcome is ambiguous makes the facts it touches
-unknown; an engine with unknown released tags is quarantined until
-``reconcile`` or ``retire``. A call still running at its phase deadline is
-awaited before anything else goes to that engine, so no late command can undo
-a later one. A transition that returns has kept its promise; one that could
-not raises ``PhaseFailed`` naming every engine it failed on or skipped, and
-every engine not serving.
+starts only when every engine answered. Per engine the orchestrator keeps what
+it knows and what it knows it does not know (``knowledge``); every command is
+sent only when its precondition is known to hold: release only to a known
+paused and flushed engine for tags known not released; resume only for tags
+known released; continue only when nothing is released and no hold remains;
+pause and flush (safe to re-send) resolve an unknown "paused". A call whose
+outcome is ambiguous makes the facts it touches unknown; an engine with
+unknown released tags is quarantined until ``reconcile`` or ``retire``. A call
+still running at its phase deadline is awaited before anything else goes to
+that engine, so no late command can undo a later one. A transition that
+returns has kept its promise; one that could not raises ``PhaseFailed`` naming
+every engine it failed on or skipped, and every engine not serving.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
-from resilience.barrier_types import (
+from resilience.barrier.engine import ALL_TAGS, ControlMethod, ControlPlaneEngine, PauseMode
+from resilience.barrier.fanout import EngineResult, FanOut, ThreadFanOut, engine_name
+from resilience.barrier.knowledge import EngineKnowledge, EngineState, InFlight
+from resilience.barrier.outcome import is_engine_dead, outcome_of
+from resilience.barrier.types import (
     BarrierBusy,
     EngineGroup,
     EngineSkipped,
@@ -43,9 +45,8 @@ from resilience.barrier_types import (
     short,
 )
 from resilience.budget import RestartBudget
+from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline
-from resilience.engine_outcome import is_engine_dead, outcome_of
-from resilience.engine_state import ALL_TAGS, EngineKnowledge, EngineState, InFlight
 from resilience.events import (
     EngineStateChanged,
     HoldChanged,
@@ -57,20 +58,8 @@ from resilience.events import (
     TransitionStarted,
     emit,
 )
-from resilience.fanout import EngineResult, FanOut, ThreadFanOut, engine_name
 
-__all__ = [
-    "ALL_TAGS",
-    "BarrierBusy",
-    "EngineGroup",
-    "EngineSkipped",
-    "HoldToken",
-    "Orchestrator",
-    "PhaseDeadlines",
-    "PhaseFailed",
-    "PhaseReport",
-    "TransitionReport",
-]
+__all__ = ["Orchestrator"]
 
 OFFLOAD_HOLD = "offload"
 WEIGHT_SYNC_HOLD = "weight_sync"
@@ -79,30 +68,44 @@ _OFFLOAD_TOKEN = 0
 _ids = itertools.count(1)
 _tokens = itertools.count(1)
 Call = tuple[str, Mapping[str, Any]]
+E = TypeVar("E", bound=ControlPlaneEngine)
 
 
 @dataclass
 class _Transition:
+    """One running transition; ``held``/``hold`` are set by its body, ``report`` when it ended well."""
+
     tid: int
     name: str
     deadline: Deadline
     engines: tuple[str, ...]
-    started: float = field(default_factory=time.monotonic)
+    started: float
     phases: list[PhaseReport] = field(default_factory=list)
+    held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    hold: HoldToken | None = None
+    report: TransitionReport | None = None
+
+    def finished(self) -> TransitionReport:
+        """The report of this transition, which ended without raising."""
+        assert self.report is not None, f"transition {self.name} has not ended"
+        return self.report
 
 
-class Orchestrator:
+class Orchestrator(Generic[E]):
     """Drives phases across engine groups with owned pauses, explicit knowledge and rollback.
 
-    ``groups``: one ``EngineGroup`` or several. Engines are anything with the
-    ``SGLangClient`` control methods and an ``engine`` name (or Ray engine
-    handles through ``resilience.adapters.ray``); they are assumed serving with
+    ``groups``: one ``EngineGroup`` or several. Engines are anything that
+    satisfies ``ControlPlaneEngine`` and has an ``engine`` name
+    (``SGLangClient``, or Ray engine handles through
+    ``resilience.adapters.ray``); they are assumed serving with
     nothing released when the orchestrator is built (else ``reconcile`` them).
     ``fanout``: how a phase reaches the engines (default ``ThreadFanOut()``).
     ``deadlines``: the transition and phase limits. ``restart_budget``: when
     given, errors say what a restart would leave. ``rollback``: after a failed
     transition, resume what it released and continue engines where that is
-    known safe (default True).
+    known safe (default True). ``clock``: times transitions and phases and
+    sets their deadlines (default the system clock; waits on threads and
+    late calls use real time).
 
     Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
     concurrently with each other (each holds its own token), and ``offload``/
@@ -112,13 +115,14 @@ class Orchestrator:
 
     def __init__(
         self,
-        groups: EngineGroup | Sequence[EngineGroup],
+        groups: EngineGroup[E] | Sequence[EngineGroup[E]],
         *,
         fanout: FanOut | None = None,
         observers: Sequence[Observer] = (),
         deadlines: PhaseDeadlines | None = None,
         restart_budget: RestartBudget | None = None,
         rollback: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.groups = (groups,) if isinstance(groups, EngineGroup) else tuple(groups)
         self.fanout: FanOut = fanout if fanout is not None else ThreadFanOut()
@@ -126,7 +130,8 @@ class Orchestrator:
         self.deadlines = deadlines or PhaseDeadlines()
         self.restart_budget = restart_budget
         self.rollback = rollback
-        self._engines: dict[str, Any] = {}
+        self.clock = clock
+        self._engines: dict[str, E] = {}
         self._offloaded: list[str] = []
         for group in self.groups:
             for engine in group.engines:
@@ -155,7 +160,7 @@ class Orchestrator:
         with self._lock:
             return {n: _reasons(k) for n, k in self._know.items() if k.holds and n not in self._retired}
 
-    def paused_by_us(self, engine: Any) -> bool:
+    def paused_by_us(self, engine: str | E) -> bool:
         """True when the orchestrator keeps ``engine`` from serving (a hold, or a pause it sent).
 
         Its /health then hangs ~20 s and answers 503: not a fault. ``engine``:
@@ -167,7 +172,7 @@ class Orchestrator:
             k = self._know[name]
             return name not in self._retired and (bool(k.holds) or k.paused is not False)
 
-    def released_tags(self, engine: Any) -> frozenset[str]:
+    def released_tags(self, engine: str | E) -> frozenset[str]:
         """Memory tags known released on ``engine`` (name, URL or engine object)."""
         name = self._name_of(engine)
         with self._lock:
@@ -185,13 +190,13 @@ class Orchestrator:
 
     # -- recovery ----------------------------------------------------------------
 
-    def retire(self, engine: Any) -> None:
+    def retire(self, engine: str | E) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
         name = self._name_of(engine)
         with self._lock:
             self._retired.add(name)
 
-    def reconcile(self, engine: Any, *, released: Iterable[str] | None, paused: bool | None) -> None:
+    def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
 
         ``released``: the tags released on it now (``()`` for none; None keeps
@@ -249,43 +254,37 @@ class Orchestrator:
                 "so flush_cache fails and release would crash the engine"
             )
         wanted = _tags(tags, "offload")
-        with self._lock:
-            self._wait_for_bodies("offload")
-            names = self._active(self._offloaded)
-            tx = self._begin("offload", names)
-            try:
-                skipped = self._settle(tx, names)
-                live = [n for n in names if n not in skipped]
-                for n in live:
-                    self._hold(n, _OFFLOAD_TOKEN, OFFLOAD_HOLD)
-                to_pause = [n for n in live if self._know[n].paused is not True or self._know[n].pause_mode == "in_place"]
-                failed = self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
-                if failed:
-                    self._fail_before_release(tx, "pause", failed, live, skipped)
-                skipped.update({n: self._why_skipped(n) for n in live if self._know[n].quarantined})
-                todo = {n: wanted - self._know[n].released for n in live if n not in skipped}
-                todo = {n: missing for n, missing in todo.items() if missing}
-                for n in [n for n in todo if not self._know[n].may_flush()]:  # defensive: the pause phase makes this unreachable
-                    skipped[n] = f"not known paused ({self._know[n].why_not_serving()})"
-                    del todo[n]
-                to_flush = [n for n in todo if not self._know[n].flushed]
-                failed = self._phase(tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
-                if failed:
-                    self._fail_before_release(tx, "flush", failed, live, skipped)
-                calls: list[Call] = []
-                for n, missing in todo.items():
-                    if all(self._know[n].may_release(t) for t in missing):
-                        calls.append((n, {"tags": None if missing == frozenset(ALL_TAGS) else sorted(missing)}))
-                    else:  # defensive: the phases above make this unreachable
-                        skipped[n] = f"not known flushed ({self._know[n].why_not_serving()})"
-                failed = self._phase(tx, "release", "release_memory_occupation", calls)
-                if failed:
-                    self._fail_in_release(tx, failed, [c for c in calls if c[0] not in failed], live, skipped)
-                self._raise_if_skipped(tx, skipped)
-            except BaseException:
-                self._end(tx, ok=False)
-                raise
-            return self._end(tx, ok=True)
+        with self._transition("offload", self._offloaded, exclusive=True) as tx:
+            names = list(tx.engines)
+            skipped = self._settle(tx, names)
+            live = [n for n in names if n not in skipped]
+            for n in live:
+                self._hold(n, _OFFLOAD_TOKEN, OFFLOAD_HOLD)
+            to_pause = [n for n in live if self._know[n].paused is not True or self._know[n].pause_mode == "in_place"]
+            failed = self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+            if failed:
+                self._fail_before_release(tx, "pause", failed, live, skipped)
+            skipped.update({n: self._why_skipped(n) for n in live if self._know[n].quarantined})
+            todo = {n: wanted - self._know[n].released for n in live if n not in skipped}
+            todo = {n: missing for n, missing in todo.items() if missing}
+            for n in [n for n in todo if not self._know[n].may_flush()]:  # defensive: the pause phase makes this unreachable
+                skipped[n] = f"not known paused ({self._know[n].why_not_serving()})"
+                del todo[n]
+            to_flush = [n for n in todo if not self._know[n].flushed]
+            failed = self._phase(tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
+            if failed:
+                self._fail_before_release(tx, "flush", failed, live, skipped)
+            calls: list[Call] = []
+            for n, missing in todo.items():
+                if all(self._know[n].may_release(t) for t in missing):
+                    calls.append((n, {"tags": None if missing == frozenset(ALL_TAGS) else sorted(missing)}))
+                else:  # defensive: the phases above make this unreachable
+                    skipped[n] = f"not known flushed ({self._know[n].why_not_serving()})"
+            failed = self._phase(tx, "release", "release_memory_occupation", calls)
+            if failed:
+                self._fail_in_release(tx, failed, [c for c in calls if c[0] not in failed], live, skipped)
+            self._raise_if_skipped(tx, skipped)
+        return tx.finished()
 
     def onload(self, tags: Sequence[str] | None = None) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
@@ -297,33 +296,28 @@ class Orchestrator:
         and named in ``PhaseFailed``. Waits for running ``weight_sync`` bodies first.
         """
         wanted = _tags(tags, "onload")
-        with self._lock:
-            self._wait_for_bodies("onload")
-            names = self._active(self._offloaded)
-            tx = self._begin("onload", names)
-            try:
-                skipped = self._settle(tx, names)
-                skipped.update({n: self._why_skipped(n) for n in names if n not in skipped and self._know[n].quarantined})
-                live = [n for n in names if n not in skipped]
-                calls: list[Call] = []
-                for n in live:
-                    todo = wanted & self._know[n].released
-                    if todo:
-                        calls.append((n, {"tags": None if todo == frozenset(ALL_TAGS) else sorted(todo)}))
-                failed = self._phase(tx, "resume", "resume_memory_occupation", calls)
-                for n in live:
-                    if not self._know[n].released and not self._know[n].unknown:
-                        self._unhold(n, _OFFLOAD_TOKEN)
-                cont_failed = self._continue_ready(tx, live, "continue")
-                if failed or cont_failed:
-                    raise self._error(tx, "resume" if failed else "continue", {**self._skips(skipped), **failed, **cont_failed})
-                self._raise_if_skipped(tx, skipped)
-            except BaseException:
-                self._end(tx, ok=False)
-                raise
-            return self._end(tx, ok=True, held=self._held_among(live))
+        with self._transition("onload", self._offloaded, exclusive=True) as tx:
+            names = list(tx.engines)
+            skipped = self._settle(tx, names)
+            skipped.update({n: self._why_skipped(n) for n in names if n not in skipped and self._know[n].quarantined})
+            live = [n for n in names if n not in skipped]
+            calls: list[Call] = []
+            for n in live:
+                todo = wanted & self._know[n].released
+                if todo:
+                    calls.append((n, {"tags": None if todo == frozenset(ALL_TAGS) else sorted(todo)}))
+            failed = self._phase(tx, "resume", "resume_memory_occupation", calls)
+            for n in live:
+                if not self._know[n].released and not self._know[n].unknown:
+                    self._unhold(n, _OFFLOAD_TOKEN)
+            cont_failed = self._continue_ready(tx, live, "continue")
+            if failed or cont_failed:
+                raise self._error(tx, "resume" if failed else "continue", {**self._skips(skipped), **failed, **cont_failed})
+            self._raise_if_skipped(tx, skipped)
+            tx.held = self._held_among(live)
+        return tx.finished()
 
-    def pause(self, reason: str, mode: Literal["abort", "retract", "in_place"] = "retract") -> TransitionReport:
+    def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
 
         Returns the token in ``TransitionReport.hold``; pass it to ``unpause``.
@@ -339,9 +333,8 @@ class Orchestrator:
         that no other hold keeps paused and whose memory is back."""
         with self._lock:
             token = self._token(hold)
-            names = self._active(token.engines)
-            tx = self._begin(f"{token.reason}_end", names)
-            try:
+            with self._transition(f"{token.reason}_end", token.engines) as tx:
+                names = list(tx.engines)
                 for n in token.engines:
                     self._unhold(n, token.id)
                 skipped = self._settle(tx, names)
@@ -352,13 +345,11 @@ class Orchestrator:
                 if failed:
                     raise self._error(tx, "continue", {**self._skips(skipped), **failed})
                 self._raise_if_skipped(tx, skipped)
-            except BaseException:
-                self._end(tx, ok=False)
-                raise
-            return self._end(tx, ok=True, held=self._held_among(live))
+                tx.held = self._held_among(live)
+        return tx.finished()
 
     @contextmanager
-    def weight_sync(self, mode: Literal["abort", "retract", "in_place"] = "retract") -> Iterator[list[Any]]:
+    def weight_sync(self, mode: PauseMode = "retract") -> Iterator[list[E]]:
         """Hold every engine paused while the body updates weights; the hold (this sync's own token) is released on exit.
 
         Yields the engines (not retired), every one known paused. Re-entrant
@@ -383,32 +374,28 @@ class Orchestrator:
 
     # -- transition steps ----------------------------------------------------------
 
-    def _pause(self, reason: str, mode: str, *, body: bool) -> TransitionReport:
-        with self._lock:
-            names = self._active(list(self._engines))
-            tx = self._begin(reason, names)
-            try:
-                skipped = self._settle(tx, names)
-                skipped.update({n: self._why_skipped(n) for n in names if n not in skipped and self._know[n].quarantined})
-                if skipped:
-                    raise self._error(tx, "skipped", self._skips(skipped))
-                token = HoldToken(next(_tokens), reason, tuple(names))
+    def _pause(self, reason: str, mode: PauseMode, *, body: bool) -> TransitionReport:
+        with self._transition(reason, self._engines) as tx:
+            names = list(tx.engines)
+            skipped = self._settle(tx, names)
+            skipped.update({n: self._why_skipped(n) for n in names if n not in skipped and self._know[n].quarantined})
+            if skipped:
+                raise self._error(tx, "skipped", self._skips(skipped))
+            token = HoldToken(next(_tokens), reason, tuple(names))
+            for n in names:
+                self._hold(n, token.id, reason)
+            to_pause = [n for n in names if self._know[n].paused is not True]
+            failed = self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+            if failed:
                 for n in names:
-                    self._hold(n, token.id, reason)
-                to_pause = [n for n in names if self._know[n].paused is not True]
-                failed = self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
-                if failed:
-                    for n in names:
-                        self._unhold(n, token.id)
-                    rolled, rb_failed = self._rollback_continue(tx, names)
-                    raise self._error(tx, "pause", {**rb_failed, **failed}, rolled_back=rolled)
-                if body:
-                    me = threading.get_ident()
-                    self._bodies[me] = self._bodies.get(me, 0) + 1
-            except BaseException:
-                self._end(tx, ok=False)
-                raise
-            return self._end(tx, ok=True, hold=token)
+                    self._unhold(n, token.id)
+                rolled, rb_failed = self._rollback_continue(tx, names)
+                raise self._error(tx, "pause", {**rb_failed, **failed}, rolled_back=rolled)
+            if body:
+                me = threading.get_ident()
+                self._bodies[me] = self._bodies.get(me, 0) + 1
+            tx.hold = token
+        return tx.finished()
 
     def _fail_before_release(
         self, tx: _Transition, phase: str, failed: Mapping[str, BaseException], live: Sequence[str], skipped: Mapping[str, str]
@@ -458,7 +445,7 @@ class Orchestrator:
 
     # -- phases, late calls and knowledge ---------------------------------------------
 
-    def _phase(self, tx: _Transition, phase: str, method: str, calls: Sequence[Call]) -> dict[str, BaseException]:
+    def _phase(self, tx: _Transition, phase: str, method: ControlMethod, calls: Sequence[Call]) -> dict[str, BaseException]:
         """Run one phase on every engine at once, fold each outcome into its knowledge; return the failures."""
         if not calls:
             return {}
@@ -466,7 +453,7 @@ class Orchestrator:
         deadline = tx.deadline.cap(self.deadlines.for_phase(phase))
         started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, deadline_s=deadline.remaining())
         emit(self.observers, started)
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         results: list[EngineResult] = self.fanout.call([(self._engines[n], kw) for n, kw in calls], method, deadline)
         failures: dict[str, BaseException] = {}
         for (name, kwargs), result in zip(calls, results, strict=True):
@@ -480,7 +467,7 @@ class Orchestrator:
                 if is_engine_dead(result.error):
                     k.dead = f"{type(result.error).__name__} in {phase}"
             self._announce(name, before)
-        duration = time.monotonic() - t0
+        duration = self.clock.monotonic() - t0
         tx.phases.append(PhaseReport(phase, names, duration, max((r.duration_s for r in results), default=0.0)))
         failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
         ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, duration_s=duration, failures=failed)
@@ -560,7 +547,7 @@ class Orchestrator:
     def _active(self, names: Iterable[str]) -> list[str]:
         return [n for n in names if n not in self._retired]
 
-    def _name_of(self, engine: Any) -> str:
+    def _name_of(self, engine: str | E) -> str:
         """The name of an engine given by name, URL, or any engine object the orchestrator was built with."""
         if isinstance(engine, str):
             key = engine.rstrip("/")
@@ -580,20 +567,29 @@ class Orchestrator:
 
     # -- transitions' start, end and errors ---------------------------------------------
 
-    def _begin(self, name: str, engines: Sequence[str]) -> _Transition:
-        tx = _Transition(next(_ids), name, Deadline(self.deadlines.transition_s), tuple(engines))
-        started = TransitionStarted(transition_id=tx.tid, transition=name, engines=tx.engines, deadline_s=self.deadlines.transition_s)
-        emit(self.observers, started)
-        return tx
+    @contextmanager
+    def _transition(self, name: str, engines: Iterable[str], *, exclusive: bool = False) -> Iterator[_Transition]:
+        """One transition over the ``engines`` not retired, under the lock: announce it, let the body run, end it.
 
-    def _end(
-        self, tx: _Transition, *, ok: bool, held: Mapping[str, tuple[str, ...]] | None = None, hold: HoldToken | None = None
-    ) -> TransitionReport:
-        duration = time.monotonic() - tx.started
-        if ok:
+        ``exclusive`` (offload, onload): first wait for running ``weight_sync``
+        bodies (``BarrierBusy`` when they do not end in time; nothing is
+        announced then). A body that returns ends the transition well: its
+        ``TransitionEnded`` is emitted and ``tx.report`` set from ``tx.held``
+        and ``tx.hold``. A body that raises has announced its own end (a
+        ``PhaseFailed`` from ``_error``) or ends silently.
+        """
+        with self._lock:
+            if exclusive:
+                self._wait_for_bodies(name)
+            names = tuple(self._active(engines))
+            tx = _Transition(next(_ids), name, Deadline(self.deadlines.transition_s, clock=self.clock), names, self.clock.monotonic())
+            started = TransitionStarted(transition_id=tx.tid, transition=name, engines=tx.engines, deadline_s=self.deadlines.transition_s)
+            emit(self.observers, started)
+            yield tx
+            duration = self.clock.monotonic() - tx.started
             ended = TransitionEnded(transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=True)
             emit(self.observers, ended)
-        return TransitionReport(tx.name, duration, tuple(tx.phases), dict(held or {}), hold)
+            tx.report = TransitionReport(tx.name, duration, tuple(tx.phases), dict(tx.held), tx.hold)
 
     def _error(
         self, tx: _Transition, phase: str, failed: Mapping[str, BaseException], *, rolled_back: Sequence[str] = ()
@@ -612,13 +608,14 @@ class Orchestrator:
             restarts_remaining=None if budget is None else budget.remaining,
             restart_limit=None if budget is None else budget.limit,
         )
+        duration = self.clock.monotonic() - tx.started
         emit(
             self.observers,
             TransitionEnded(
                 transition_id=tx.tid,
                 transition=tx.name,
                 engines=tx.engines,
-                duration_s=time.monotonic() - tx.started,
+                duration_s=duration,
                 ok=False,
                 failed_phase=phase,
                 rolled_back=tuple(rolled_back),

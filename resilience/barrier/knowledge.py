@@ -30,13 +30,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
-__all__ = ["ALL_TAGS", "CallOutcome", "EngineKnowledge", "EngineState", "InFlight", "LateCall", "tags_of"]
+from resilience.barrier.engine import ALL_TAGS
 
-ALL_TAGS: Final[tuple[str, ...]] = ("kv_cache", "weights", "cuda_graph")
-"""What SGLang releases or resumes when ``tags`` is None or empty (``GPU_MEMORY_ALL_TYPES``)."""
-
+__all__ = ["CallOutcome", "EngineKnowledge", "EngineState", "InFlight", "LateCall", "tags_of"]
 
 class EngineState(enum.StrEnum):
     """A one-word summary of an engine's knowledge (for events, ``states()`` and messages)."""
@@ -179,7 +177,7 @@ class EngineKnowledge:
     # -- folding outcomes in ----------------------------------------------------------------------
 
     def apply(self, method: str, kwargs: Mapping[str, Any], outcome: CallOutcome) -> None:
-        """Fold one call's outcome into the facts (the table in DESIGN.md "Stage 2")."""
+        """Fold one call's outcome into the facts: not applied changes nothing; maybe makes what the call touches unknown."""
         if outcome is CallOutcome.NOT_APPLIED:
             return
         maybe = outcome is CallOutcome.MAYBE

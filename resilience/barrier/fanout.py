@@ -17,8 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from resilience.barrier.engine import ControlPlaneEngine
+from resilience.barrier.knowledge import LateCall
 from resilience.deadline import Deadline
-from resilience.engine_state import LateCall
 
 __all__ = [
     "Calls",
@@ -78,7 +79,7 @@ class EngineResult:
         return self.error is None
 
 
-def engine_name(engine: Any) -> str:
+def engine_name(engine: object) -> str:
     """The name an engine is known by: its ``engine`` attribute (``scheme://host:port``), else ``name``, else repr."""
     for attr in ("engine", "name"):
         value = getattr(engine, attr, None)
@@ -87,7 +88,7 @@ def engine_name(engine: Any) -> str:
     return repr(engine)
 
 
-Calls = Sequence[tuple[Any, Mapping[str, Any]]]
+Calls = Sequence[tuple[ControlPlaneEngine, Mapping[str, Any]]]
 """(engine, keyword arguments) pairs: one call each."""
 
 
@@ -99,7 +100,7 @@ class FanOut(Protocol):
         ...
 
 
-def _invoke(engine: Any, method: str, kwargs: Mapping[str, Any], deadline: Deadline) -> EngineResult:
+def _invoke(engine: ControlPlaneEngine, method: str, kwargs: Mapping[str, Any], deadline: Deadline) -> EngineResult:
     name = engine_name(engine)
     t0 = time.monotonic()
     if deadline.expired():

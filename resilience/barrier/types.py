@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic, TypeVar
 
-from resilience.fanout import engine_name
+from resilience.barrier.engine import ControlPlaneEngine
+from resilience.barrier.fanout import engine_name
 
 __all__ = [
     "BarrierBusy",
@@ -20,10 +21,16 @@ __all__ = [
 ]
 
 
-class EngineGroup:
-    """Engines that move together. ``needs_offload=False`` groups are skipped by offload and onload (they keep their memory)."""
+E = TypeVar("E", bound=ControlPlaneEngine)
 
-    def __init__(self, engines: Sequence[Any], needs_offload: bool = True, name: str | None = None) -> None:
+
+class EngineGroup(Generic[E]):
+    """Engines that move together. ``needs_offload=False`` groups are skipped by offload and onload (they keep their memory).
+
+    ``engines``: each satisfies ``ControlPlaneEngine``; their names must be unique. ``name``: for messages (default "group").
+    """
+
+    def __init__(self, engines: Sequence[E], needs_offload: bool = True, name: str | None = None) -> None:
         self.engines = tuple(engines)
         self.needs_offload = needs_offload
         self.name = name or "group"

@@ -1,0 +1,48 @@
+"""Type-checked (never run): every engine the barrier drives satisfies the engine contract.
+
+mypy checks the assignments below (``files`` in pyproject.toml); each ``type: ignore`` must
+stay needed (``warn_unused_ignores``), so the contract cannot silently go loose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from resilience.adapters.ray import RayEngine, _SGLangEngineActor
+from resilience.adapters.sglang import SGLangClient
+from resilience.barrier import AsyncControlPlaneEngine, ControlPlaneEngine, EngineGroup, Orchestrator, PauseMode
+
+
+def _engines(client: SGLangClient, actor: _SGLangEngineActor, handle: RayEngine) -> list[ControlPlaneEngine]:
+    return [client, actor, handle]
+
+
+def _typed_sync(client: SGLangClient) -> None:
+    orch = Orchestrator(EngineGroup([client]))
+    with orch.weight_sync() as engines:
+        kept: list[SGLangClient] = engines  # the orchestrator keeps the engines' own type
+        kept[0].begin_weight_update()
+
+
+class _AsyncEngine:
+    async def pause_generation(self, mode: PauseMode = "abort") -> None: ...
+    async def flush_cache(self, deadline_s: float | None = None) -> None: ...
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None: ...
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None: ...
+    async def continue_generation(self, torch_empty_cache: bool = True) -> None: ...
+
+
+class _MisspeltEngine:
+    """``tag`` for ``tags``: the fan-out calls by keyword, so this engine would fail at run time."""
+
+    def pause_generation(self, mode: PauseMode = "abort") -> None: ...
+    def flush_cache(self, deadline_s: float | None = None) -> None: ...
+    def release_memory_occupation(self, tag: Sequence[str] | None = None) -> None: ...
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None: ...
+    def continue_generation(self, torch_empty_cache: bool = True) -> None: ...
+
+
+async_engine: AsyncControlPlaneEngine = _AsyncEngine()
+misspelt: ControlPlaneEngine = _MisspeltEngine()  # type: ignore[assignment]
+not_an_engine: ControlPlaneEngine = object()  # type: ignore[assignment]
+async_is_not_sync_client: AsyncControlPlaneEngine = SGLangClient("http://127.0.0.1:1")  # type: ignore[assignment]
