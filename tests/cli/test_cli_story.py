@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ from resilience.testing.colocate import ColocateReport, StepProgress
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 
 TIMEOUT = 30
-PREFILL, DOUBLE, RESUME = range(3)
+PREFILL, DOUBLE, RESUME, BUSY = range(4)
 
 
 def _post(url: str, path: str, body: dict[str, object]) -> None:
@@ -30,8 +31,8 @@ def _post(url: str, path: str, body: dict[str, object]) -> None:
 
 @pytest.fixture(scope="module")
 def killed() -> Iterator[EmulatedFleet]:
-    """Three engines, each killed by one of SGLang's crash paths; stopped by PID after the module."""
-    with EmulatedFleet(3, EngineConfig(health_poll_seconds=0.05)) as fleet:
+    """Four engines, each killed by one of SGLang's crash paths; stopped by PID after the module."""
+    with EmulatedFleet(4, EngineConfig(health_poll_seconds=0.05)) as fleet:
         url = [e.url for e in fleet.engines]
         _post(url[PREFILL], "/flush_cache", {})
         _post(url[PREFILL], "/release_memory_occupation", {"tags": ["kv_cache"]})
@@ -39,6 +40,17 @@ def killed() -> Iterator[EmulatedFleet]:
         _post(url[DOUBLE], "/release_memory_occupation", {"tags": ["kv_cache"]})
         _post(url[DOUBLE], "/release_memory_occupation", {"tags": ["kv_cache"]})
         _post(url[RESUME], "/resume_memory_occupation", {"tags": ["weights"]})
+        busy = threading.Thread(target=_post, args=(url[BUSY], "/generate", {"text": "long", "sampling_params": {"max_new_tokens": 2000}}))
+        busy.start()
+        for _ in range(200):  # bounded: until the request is queued or running
+            state = fleet.engines[BUSY].state()
+            if state["running"] or state["waiting"]:
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError(f"the long /generate never queued: {state}")
+        _post(url[BUSY], "/release_memory_occupation", {"tags": ["kv_cache"]})  # SGLang's idle assert
+        busy.join(TIMEOUT)
         for engine in fleet.engines:
             assert engine.wait_exit(TIMEOUT) is not None, engine.log()
         yield fleet
@@ -47,7 +59,12 @@ def killed() -> Iterator[EmulatedFleet]:
 def test_each_crash_path_is_named(killed: EmulatedFleet) -> None:
     """A real engine's log gives one cause per death, in words: prefill after release, double release, bad resume."""
     got = [death_causes(e.log()) for e in killed.engines]
-    assert got == [["prefill scheduled after release"], ["release sent twice"], ["resume of memory that was not released"]]
+    assert got == [
+        ["prefill scheduled after release"],
+        ["release sent twice"],
+        ["resume of memory that was not released"],
+        ["release while requests were running"],
+    ]
 
 
 def test_a_log_without_a_death_has_no_cause(killed: EmulatedFleet) -> None:
