@@ -26,7 +26,7 @@ DASHBOARD: Final = GRAFANA_DIR / "dashboards" / "controlplane-resilience.json"
 RULES: Final = GRAFANA_DIR / "rules" / "controlplane-resilience.rules.yml"
 RULE_TESTS: Final = tuple(sorted((GRAFANA_DIR / "rules" / "tests").glob("*.test.yml")))
 
-#: The metric contract (DESIGN.md, Telemetry; telemetry/metrics.py): name -> (type, labels).
+#: The metric contract (telemetry/METRICS.md; telemetry/metrics.py): name -> (type, labels).
 #: Fixed: the exporter and grafana/ both use exactly these names.
 CONTRACT: Final[dict[str, tuple[str, frozenset[str]]]] = {
     "cpr_requests_total": ("counter", frozenset({"endpoint", "method", "outcome"})),
