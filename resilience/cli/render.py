@@ -83,7 +83,8 @@ def _outcome(report: ColocateReport) -> str:
 
 
 _ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
-    # one row per line: (label, cell of one run); the JSON report stores the same strings; its "way" key is the loop kind ("old" = baseline, "ours" = resilient).
+    # one row per line: (label, cell of one run); the JSON report stores the same strings.
+    # Its "way" key is the loop kind: "old" = baseline, "ours" = resilient.
     ("steps finished", lambda r: f"{r.steps_finished} of {r.steps_planned}"),
     ("failed steps", lambda r: f"{r.failed_steps} of {steps_run(r)} run"),
     ("restarts a controller would have triggered", lambda r: str(r.restarts)),
