@@ -17,10 +17,8 @@ from pytest_httpserver import HTTPServer
 from resilience.adapters.requests import resilient_session
 from resilience.budget import RestartBudget
 from resilience.events import (
-    AttemptEnded,
     BreakerRejected,
     BreakerTransitioned,
-    CallEnded,
     HoldChanged,
     PhaseEnded,
     PhaseFailure,
@@ -31,8 +29,7 @@ from resilience.events import (
 from resilience.outcome import CallOutcome, Outcome
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
-
-ENGINE = "http://127.0.0.1:30000"
+from tests.telemetry.events_factory import ENGINE, attempt_ended, call_ended
 
 CONTRACT = {
     "cpr_requests": ("counter", {"endpoint", "method", "outcome"}),
@@ -73,48 +70,10 @@ def value(text: str, name: str, **labels: str) -> float | None:
 
 def feed_everything(obs: MetricsObserver) -> None:
     """One event of every kind the observer counts."""
-    obs(
-        CallEnded(
-            call_id=1,
-            method="POST",
-            endpoint="POST /flush_cache",
-            engine=ENGINE,
-            outcome=CallOutcome.RETRIED_SUCCESS,
-            status=200,
-            attempts=2,
-            duration_s=0.1,
-            error_type=None,
-            retry_budget_tokens=8.5,
-        )
-    )
-    obs(
-        AttemptEnded(
-            call_id=1,
-            attempt=0,
-            method="POST",
-            endpoint="POST /flush_cache",
-            engine=ENGINE,
-            status=502,
-            outcome=Outcome.RETRYABLE,
-            error_type="502",
-            sent=True,
-            duration_s=0.02,
-        )
-    )
-    obs(
-        AttemptEnded(
-            call_id=1,
-            attempt=1,
-            method="POST",
-            endpoint="POST /flush_cache",
-            engine=ENGINE,
-            status=200,
-            outcome=Outcome.SUCCESS,
-            error_type=None,
-            sent=True,
-            duration_s=0.003,
-        )
-    )
+    ep = "POST /flush_cache"
+    obs(call_ended(method="POST", endpoint=ep, engine=ENGINE, outcome=CallOutcome.RETRIED_SUCCESS, attempts=2, retry_budget_tokens=8.5))
+    obs(attempt_ended(method="POST", endpoint=ep, engine=ENGINE, status=502, outcome=Outcome.RETRYABLE, error_type="502", duration_s=0.02))
+    obs(attempt_ended(method="POST", endpoint=ep, engine=ENGINE, attempt=1, status=200, duration_s=0.003))
     obs(RetryScheduled(call_id=1, attempt=0, endpoint="POST /flush_cache", engine=ENGINE, reason="status_502", delay_s=0.1))
     obs(BreakerTransitioned(engine=ENGINE, from_state="closed", to_state="open", reason="consecutive_failures"))
     obs(BreakerRejected(call_id=2, endpoint="POST /flush_cache", engine=ENGINE))
@@ -173,20 +132,7 @@ def test_event_counts(tmp_path: pytest.TempPathFactory) -> None:
 def test_attempt_duration_buckets_are_the_contract() -> None:
     """cpr_attempt_duration_seconds uses the contract's 15 buckets (plus +Inf)."""
     obs = MetricsObserver()
-    obs(
-        AttemptEnded(
-            call_id=1,
-            attempt=0,
-            method="GET",
-            endpoint="GET /x",
-            engine=ENGINE,
-            status=200,
-            outcome=Outcome.SUCCESS,
-            error_type=None,
-            sent=True,
-            duration_s=0.001,
-        )
-    )
+    obs(attempt_ended())
     text = generate_latest(obs.registry).decode()
     les = [dict(k[1])["le"] for k in samples(text) if k[0] == "cpr_attempt_duration_seconds_bucket"]
     assert sorted(float(le) for le in les) == [*ATTEMPT_BUCKETS, float("inf")]
@@ -214,20 +160,7 @@ def test_transport_failures_get_bounded_status_labels() -> None:
         ("ChunkedEncodingError", True, Outcome.FATAL),
         ("WeirdError", True, Outcome.FATAL),
     ):
-        obs(
-            AttemptEnded(
-                call_id=1,
-                attempt=0,
-                method="GET",
-                endpoint="GET /x",
-                engine=ENGINE,
-                status=None,
-                outcome=outcome,
-                error_type=error_type,
-                sent=sent,
-                duration_s=0.1,
-            )
-        )
+        obs(attempt_ended(status=None, outcome=outcome, error_type=error_type, sent=sent))
     text = generate_latest(obs.registry).decode()
     got = {dict(k[1])["status"]: v for k, v in samples(text).items() if k[0] == "cpr_attempts_total"}
     assert got == {"connect_error": 2, "read_timeout": 1, "connection_reset": 2, "error": 1}
@@ -275,34 +208,8 @@ def test_distinct_raw_paths_stay_a_few_label_values() -> None:
     for i in range(10_000):
         method, path = raw_path(i)
         endpoint = TEMPLATES.match(method, path).endpoint
-        obs(
-            AttemptEnded(
-                call_id=i,
-                attempt=0,
-                method=method,
-                endpoint=endpoint,
-                engine=ENGINE,
-                status=200,
-                outcome=Outcome.SUCCESS,
-                error_type=None,
-                sent=True,
-                duration_s=0.001,
-            )
-        )
-        obs(
-            CallEnded(
-                call_id=i,
-                method=method,
-                endpoint=endpoint,
-                engine=ENGINE,
-                outcome=CallOutcome.SUCCESS,
-                status=200,
-                attempts=1,
-                duration_s=0.001,
-                error_type=None,
-                retry_budget_tokens=None,
-            )
-        )
+        obs(attempt_ended(call_id=i, method=method, endpoint=endpoint))
+        obs(call_ended(call_id=i, method=method, endpoint=endpoint))
     s = samples(generate_latest(obs.registry).decode())
     endpoints = {dict(labels)["endpoint"] for name, labels in s if "endpoint" in dict(labels)}
     assert endpoints == {"GET /v1/models/{model}", "POST /engines/{engine}/flush_cache", "GET /jobs/{job}/steps/{step}"}
@@ -326,20 +233,7 @@ def test_overflowing_label_values_become_other(caplog: pytest.LogCaptureFixture)
     obs = MetricsObserver(max_label_values=3)
     with caplog.at_level(logging.WARNING, logger="resilience.telemetry"):
         for i in range(10):
-            obs(
-                CallEnded(
-                    call_id=i,
-                    method="GET",
-                    endpoint=f"GET /raw/{i}",
-                    engine=ENGINE,
-                    outcome=CallOutcome.SUCCESS,
-                    status=200,
-                    attempts=1,
-                    duration_s=0.0,
-                    error_type=None,
-                    retry_budget_tokens=None,
-                )
-            )
+            obs(call_ended(call_id=i, method="GET", endpoint=f"GET /raw/{i}"))
     got = {dict(k[1])["endpoint"]: v for k, v in samples(generate_latest(obs.registry).decode()).items()
            if k[0] == "cpr_requests_total"}  # fmt: skip
     assert got == {"GET /raw/0": 1, "GET /raw/1": 1, "GET /raw/2": 1, "other": 7}
@@ -358,18 +252,7 @@ def test_engine_user_info_never_becomes_a_label() -> None:
 def test_observer_never_raises(caplog: pytest.LogCaptureFixture) -> None:
     """A failing metric operation is logged as a warning, never raised to the caller."""
     obs = MetricsObserver()
-    bad = AttemptEnded(
-        call_id=1,
-        attempt=0,
-        method="GET",
-        endpoint="GET /x",
-        engine=ENGINE,
-        status=200,
-        outcome=Outcome.SUCCESS,
-        error_type=None,
-        sent=True,
-        duration_s="slow",
-    )  # type: ignore[arg-type]
+    bad = attempt_ended(duration_s="slow")  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="resilience.telemetry"):
         obs(bad)
     assert "MetricsObserver failed on AttemptEnded" in caplog.text
@@ -457,20 +340,7 @@ def test_first_sight_never_overwrites_an_open_breaker() -> None:
     """A breaker that opened before the engine's first attempt stays open (2), not reset to closed by the zero series."""
     obs = MetricsObserver()
     obs(BreakerTransitioned(engine=ENGINE, from_state="closed", to_state="open", reason="consecutive_failures"))
-    obs(
-        AttemptEnded(
-            call_id=1,
-            attempt=0,
-            method="GET",
-            endpoint="GET /x",
-            engine=ENGINE,
-            status=200,
-            outcome=Outcome.SUCCESS,
-            error_type=None,
-            sent=True,
-            duration_s=0.001,
-        )
-    )
+    obs(attempt_ended(engine=ENGINE, status=200, outcome=Outcome.SUCCESS))
     obs.declare(engines=[ENGINE])
     assert value(scrape(obs), "cpr_breaker_state", engine=ENGINE) == 2
 
@@ -479,20 +349,7 @@ def test_zero_series_are_bounded_like_the_labels() -> None:
     """Past max_label_values engines no zero series is created for ``other`` (only real events may use it)."""
     obs = MetricsObserver(max_label_values=2)
     for i in range(6):
-        obs(
-            AttemptEnded(
-                call_id=i,
-                attempt=0,
-                method="GET",
-                endpoint="GET /x",
-                engine=f"http://127.0.0.1:{i + 1}",
-                status=200,
-                outcome=Outcome.SUCCESS,
-                error_type=None,
-                sent=True,
-                duration_s=0.001,
-            )
-        )
+        obs(attempt_ended(call_id=i, engine=f"http://127.0.0.1:{i + 1}"))
     obs.declare(engines=[f"http://127.0.0.1:{i}" for i in range(100, 110)])
     got = samples(scrape(obs))
     states = {dict(k[1])["engine"] for k in got if k[0] == "cpr_breaker_state"}

@@ -14,10 +14,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from resilience.events import (
-    AttemptEnded,
     AttemptStarted,
     BreakerRejected,
-    CallEnded,
     CallStarted,
     Event,
     PhaseEnded,
@@ -31,8 +29,8 @@ from resilience.events import (
 )
 from resilience.outcome import CallOutcome, Outcome
 from resilience.telemetry.tracing import TracingObserver
+from tests.telemetry.events_factory import ENGINE, attempt_ended, attempt_started, call_ended
 
-ENGINE = "http://127.0.0.1:30000"
 ENDPOINT = "POST /flush_cache"
 
 
@@ -43,35 +41,16 @@ def call_events(
     yield CallStarted(call_id=call_id, method=method, endpoint=endpoint, engine=ENGINE, deadline_s=30.0), {}
     for n, status in enumerate(statuses):
         carrier: dict[str, str] = {}
-        yield (
-            AttemptStarted(
-                call_id=call_id,
-                attempt=n,
-                method=method,
-                endpoint=endpoint,
-                engine=ENGINE,
-                server_address="127.0.0.1",
-                server_port=30000,
-                timeout_s=10.0,
-                carrier=carrier,
-            ),
-            carrier,
+        started = attempt_started(
+            call_id=call_id, attempt=n, method=method, endpoint=endpoint, server_address="127.0.0.1", server_port=30000, carrier=carrier
         )
+        yield started, carrier
         ok = status is not None and status < 400
         outcome = Outcome.SUCCESS if ok else Outcome.RETRYABLE if status is not None else Outcome.AMBIGUOUS
         error_type = None if ok else ("ReadTimeout" if status is None else str(status))
         yield (
-            AttemptEnded(
-                call_id=call_id,
-                attempt=n,
-                method=method,
-                endpoint=endpoint,
-                engine=ENGINE,
-                status=status,
-                outcome=outcome,
-                error_type=error_type,
-                sent=True,
-                duration_s=0.01,
+            attempt_ended(
+                call_id=call_id, attempt=n, method=method, endpoint=endpoint, status=status, outcome=outcome, error_type=error_type
             ),
             {},
         )
@@ -81,18 +60,10 @@ def call_events(
     last = statuses[-1]
     success = last is not None and last < 400
     ended = (CallOutcome.RETRIED_SUCCESS if len(statuses) > 1 else CallOutcome.SUCCESS) if success else CallOutcome.FAILED
+    error_type = None if success else "502"
     yield (
-        CallEnded(
-            call_id=call_id,
-            method=method,
-            endpoint=endpoint,
-            engine=ENGINE,
-            outcome=ended,
-            status=last,
-            attempts=len(statuses),
-            duration_s=0.05,
-            error_type=None if success else "502",
-            retry_budget_tokens=7.5,
+        call_ended(
+            call_id=call_id, method=method, endpoint=endpoint, outcome=ended, status=last, attempts=len(statuses), error_type=error_type
         ),
         {},
     )
@@ -229,17 +200,8 @@ def test_breaker_budget_and_probe_are_call_events(provider: TracerProvider, expo
     obs(RetryBudgetExhaustedEvent(call_id=9, endpoint=ENDPOINT, engine=ENGINE, tokens=0.4))
     obs(BreakerRejected(call_id=9, endpoint=ENDPOINT, engine=ENGINE))
     obs(
-        CallEnded(
-            call_id=9,
-            method="POST",
-            endpoint=ENDPOINT,
-            engine=ENGINE,
-            outcome=CallOutcome.CIRCUIT_OPEN,
-            status=None,
-            attempts=0,
-            duration_s=0.0,
-            error_type="CircuitOpen",
-            retry_budget_tokens=None,
+        call_ended(
+            call_id=9, method="POST", endpoint=ENDPOINT, outcome=CallOutcome.CIRCUIT_OPEN, status=None, attempts=0, error_type="CircuitOpen"
         )
     )
     [call] = exporter.get_finished_spans()
@@ -278,20 +240,7 @@ def test_engine_user_info_is_stripped(provider: TracerProvider, exporter: InMemo
     """An engine string that carries user-info never reaches a span attribute with it."""
     obs = TracingObserver(provider)
     obs(CallStarted(call_id=12, method="GET", endpoint="GET /x", engine="http://admin:hunter2@127.0.0.1:30000", deadline_s=None))
-    obs(
-        CallEnded(
-            call_id=12,
-            method="GET",
-            endpoint="GET /x",
-            engine="http://admin:hunter2@127.0.0.1:30000",
-            outcome=CallOutcome.SUCCESS,
-            status=200,
-            attempts=1,
-            duration_s=0.0,
-            error_type=None,
-            retry_budget_tokens=None,
-        )
-    )
+    obs(call_ended(call_id=12, method="GET", endpoint="GET /x", engine="http://admin:hunter2@127.0.0.1:30000"))
     [call] = exporter.get_finished_spans()
     assert call.attributes is not None and call.attributes["resilience.engine"] == "http://127.0.0.1:30000"
 
@@ -300,34 +249,9 @@ def test_call_ended_closes_an_open_attempt(provider: TracerProvider, exporter: I
     """An attempt still open when its call ends is ended (status Error) and no state is left behind."""
     obs = TracingObserver(provider)
     obs(CallStarted(call_id=13, method="POST", endpoint=ENDPOINT, engine=ENGINE, deadline_s=None))
-    obs(
-        AttemptStarted(
-            call_id=13,
-            attempt=0,
-            method="POST",
-            endpoint=ENDPOINT,
-            engine=ENGINE,
-            server_address="127.0.0.1",
-            server_port=30000,
-            timeout_s=None,
-            carrier={},
-        )
-    )
+    obs(attempt_started(call_id=13, method="POST", endpoint=ENDPOINT))
     assert obs.in_flight == 1
-    obs(
-        CallEnded(
-            call_id=13,
-            method="POST",
-            endpoint=ENDPOINT,
-            engine=ENGINE,
-            outcome=CallOutcome.FAILED,
-            status=None,
-            attempts=1,
-            duration_s=0.0,
-            error_type="KeyboardInterrupt",
-            retry_budget_tokens=None,
-        )
-    )
+    obs(call_ended(call_id=13, method="POST", endpoint=ENDPOINT, outcome=CallOutcome.FAILED, status=None, error_type="KeyboardInterrupt"))
     attempt = by_kind(exporter.get_finished_spans(), SpanKind.CLIENT)[0]
     assert attempt.status.status_code is StatusCode.ERROR
     assert obs.in_flight == 0
@@ -336,48 +260,10 @@ def test_call_ended_closes_an_open_attempt(provider: TracerProvider, exporter: I
 def test_events_for_unknown_calls_are_ignored(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """Attempt, retry and end events of a call never started make no span and leave no state."""
     obs = TracingObserver(provider)
-    obs(
-        AttemptStarted(
-            call_id=99,
-            attempt=0,
-            method="GET",
-            endpoint="GET /x",
-            engine=ENGINE,
-            server_address="127.0.0.1",
-            server_port=30000,
-            timeout_s=None,
-            carrier={},
-        )
-    )
-    obs(
-        AttemptEnded(
-            call_id=99,
-            attempt=0,
-            method="GET",
-            endpoint="GET /x",
-            engine=ENGINE,
-            status=200,
-            outcome=Outcome.SUCCESS,
-            error_type=None,
-            sent=True,
-            duration_s=0.0,
-        )
-    )
+    obs(attempt_started(call_id=99))
+    obs(attempt_ended(call_id=99))
     obs(RetryScheduled(call_id=99, attempt=0, endpoint="GET /x", engine=ENGINE, reason="status_502", delay_s=0.1))
-    obs(
-        CallEnded(
-            call_id=99,
-            method="GET",
-            endpoint="GET /x",
-            engine=ENGINE,
-            outcome=CallOutcome.SUCCESS,
-            status=200,
-            attempts=1,
-            duration_s=0.0,
-            error_type=None,
-            retry_budget_tokens=None,
-        )
-    )
+    obs(call_ended(call_id=99))
     obs(PhaseEnded(transition_id=99, transition="offload", phase="pause", engines=(ENGINE,), duration_s=0.1))
     obs(TransitionEnded(transition_id=99, transition="offload", engines=(ENGINE,), duration_s=0.1, ok=True))
     assert exporter.get_finished_spans() == ()
@@ -519,32 +405,7 @@ def test_observer_never_raises(provider: TracerProvider, exporter: InMemorySpanE
     obs(CallStarted(call_id=17, method="GET", endpoint="GET /x", engine=ENGINE, deadline_s=None))
     carrier: MutableMapping[str, str] = _ExplodingCarrier()
     with caplog.at_level(logging.WARNING, logger="resilience.telemetry"):
-        obs(
-            AttemptStarted(
-                call_id=17,
-                attempt=0,
-                method="GET",
-                endpoint="GET /x",
-                engine=ENGINE,
-                server_address="127.0.0.1",
-                server_port=30000,
-                timeout_s=None,
-                carrier=carrier,
-            )
-        )
+        obs(attempt_started(call_id=17, method="GET", endpoint="GET /x", carrier=carrier))
     assert "TracingObserver failed on AttemptStarted" in caplog.text
-    obs(
-        CallEnded(
-            call_id=17,
-            method="GET",
-            endpoint="GET /x",
-            engine=ENGINE,
-            outcome=CallOutcome.FAILED,
-            status=None,
-            attempts=1,
-            duration_s=0.0,
-            error_type="RuntimeError",
-            retry_budget_tokens=None,
-        )
-    )
+    obs(call_ended(call_id=17, method="GET", endpoint="GET /x", outcome=CallOutcome.FAILED, status=None, error_type="RuntimeError"))
     assert obs.in_flight == 0
