@@ -28,6 +28,7 @@ from engines put back in order and a fresh ``Orchestrator``.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections import Counter
@@ -58,8 +59,8 @@ ATTEMPT_S = 1.0
 POLICIES = fast_policies(SGLANG_POLICIES, attempt_timeout_s=ATTEMPT_S, deadline_s=6.0)
 DEADLINES = PhaseDeadlines(transition_s=40, pause_s=10, flush_s=10, release_s=10, resume_s=10, continue_s=10)
 TIMEOUT = 10.0  # seconds: a bound no healthy loopback exchange reaches
-EXAMPLES = 12
-"""Random loops per fan-out in the default run (about 25 s each on a loaded 2-core machine)."""
+EXAMPLES = int(os.environ.get("CPR_AMBIGUOUS_HTTP_EXAMPLES", "12"))
+"""Random loops per fan-out: 12 in the default run (about 17-25 s each), more with ``CPR_AMBIGUOUS_HTTP_EXAMPLES``."""
 
 CONTROL = ("/pause_generation", "/flush_cache", "/release_memory_occupation", "/resume_memory_occupation", "/continue_generation")
 SAFE_TO_RESEND = ("/pause_generation", "/flush_cache", "/continue_generation")
