@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         "Each table is one run with the variants measured side by side, so ratios compare like with like; "
         "absolute times on these shared machines are noisy.\n"
     )
+    notes = ROOT / "benchmarks" / "NOTES.md"  # runs by hand (soaks) and how to read the tables: kept verbatim
+    if args.only is None and notes.is_file():
+        sections.append(notes.read_text(encoding="utf-8").strip())
     Path(args.out).write_text(header + "\n" + "\n\n".join(sections) + "\n", encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
