@@ -5,7 +5,12 @@ command, a table of side-by-side ratios). This runner executes them one after
 another on this machine, in a fresh process each, and writes their output,
 with the machine and the date, into ``BENCHMARKS.md`` at the repository root.
 
-    .venv/bin/python benchmarks/run_all.py [--only NAME ...] [--out BENCHMARKS.md]
+    .venv/bin/python benchmarks/run_all.py [--only NAME ...] [--out BENCHMARKS.md] [--quick]
+
+The full run takes about ten minutes on 2 cores. ``--quick`` passes ``--quick``
+to the benchmarks that take it (``QUICK``: small sizes, few repeats) for a
+fast check of the whole chain; write its output elsewhere (``--out``), its
+figures are not the ones to publish.
 """
 
 from __future__ import annotations
@@ -20,19 +25,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+QUICK = frozenset({"bench_async_overhead", "bench_async_soak", "bench_barrier_async"})
+"""The benchmarks that take ``--quick``."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="bench names (e.g. bench_barrier) to run; default all")
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="where to write the results")
+    parser.add_argument("--quick", action="store_true", help="pass --quick to the benchmarks that take it (QUICK)")
     args = parser.parse_args(argv)
     benches = sorted(p for p in (ROOT / "benchmarks").glob("bench_*.py") if args.only is None or p.stem in args.only)
     sections = []
     for bench in benches:
         print(f"running {bench.name} ...", file=sys.stderr, flush=True)
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, str(bench)], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        extra = ["--quick"] if args.quick and bench.stem in QUICK else []
+        proc = subprocess.run([sys.executable, str(bench), *extra], cwd=ROOT, capture_output=True, text=True, timeout=1800,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         took = time.monotonic() - t0
         body = proc.stdout.strip() if proc.returncode == 0 else f"**failed** (exit {proc.returncode}):\n\n```\n{proc.stderr[-2000:]}\n```"

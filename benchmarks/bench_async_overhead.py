@@ -1,0 +1,361 @@
+"""Per-call overhead of our httpx and aiohttp drivers vs the bare transport and the peer retry libraries.
+
+Run: ``python benchmarks/bench_async_overhead.py [--calls 300] [--rounds 12] [--quick]``
+
+A keep-alive HTTP/1.1 server (``_loopback.LoopbackServer``, asyncio, its own
+process so its CPU does not share the driver's GIL) answers every POST 200
+with a 2-byte body at once. Three transports, each with its own bare client
+and the same client wrapped by every retry layer measured here:
+
+- httpx sync: ``httpx.Client`` on ``HTTPTransport`` (bare), on our
+  ``ResilientTransport``, on httpx-retries' ``RetryTransport``, and the bare
+  client's call decorated with tenacity's ``@retry`` and ``@stamina.retry``;
+- httpx async: the same with ``AsyncClient``, ``AsyncHTTPTransport`` and our
+  ``AsyncResilientTransport``;
+- aiohttp: a bare ``ClientSession``, one with our ``ResilientMiddleware``,
+  aiohttp-retry's ``RetryClient``, tenacity and stamina decorating the call.
+
+Every variant has its own client and connection (warmed up first) and makes
+``--calls`` sequential successful POSTs per round (body read, status
+checked); the variants run interleaved in a shuffled order every round, all
+async ones on one event loop in the driver's main thread. The table reports,
+per variant, the median over rounds of the wall time per call and of the
+process's CPU time per call (``time.process_time``: all threads), and the
+median over rounds of its ratio to its transport's bare client measured in
+the same round (paired, which cancels most of the machine's drift).
+No observers are attached to ours. Targets: ours <= 1.10x the bare transport
+(wall), and below every peer in the same run.
+
+Progress goes to stderr, the markdown table to stdout; the server process is
+stopped whatever happens. Ours is skipped (and said so) where its adapter is
+not importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import aiohttp
+import httpx
+import stamina
+import tenacity
+from _loopback import LoopbackServer
+from aiohttp_retry import ExponentialRetry, RetryClient
+from httpx_retries import Retry, RetryTransport
+
+from resilience.policy import EndpointPolicy, PolicyTable
+
+POLICIES = PolicyTable({"POST /flush_cache": EndpointPolicy()})
+"""The route every call takes, with the default policy (4 attempts, 502/503/504 retried, 10 s per attempt)."""
+TARGET = 1.10
+"""Ours, wall per call, at most this times the bare transport."""
+PEER_ATTEMPTS = 3
+"""Attempts the peers are configured with (they never retry here: every answer is 200)."""
+BODY = b"{}"
+
+SyncRun = Callable[[int], None]
+AsyncRun = Callable[[int], Awaitable[None]]
+
+
+@dataclass
+class Variant:
+    """One client measured: its transport, its name, and how to make ``n`` sequential calls."""
+
+    transport: str
+    client: str
+    run: SyncRun | AsyncRun
+    is_async: bool
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    wall_ratio: list[float] = field(default_factory=list)
+    cpu_ratio: list[float] = field(default_factory=list)
+
+    @property
+    def bare(self) -> bool:
+        return self.client.startswith("bare")
+
+    @property
+    def ours(self) -> bool:
+        return self.client.startswith("ours")
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _check(status: int) -> None:
+    if status != 200:
+        raise RuntimeError(f"unexpected status {status}")
+
+
+def _tenacity(exc: type[BaseException]) -> Any:
+    """tenacity's decorator (sync or async alike): PEER_ATTEMPTS attempts on ``exc``, jittered exponential waits."""
+    return tenacity.retry(
+        stop=tenacity.stop_after_attempt(PEER_ATTEMPTS),
+        wait=tenacity.wait_exponential_jitter(multiplier=0.1, max=5),
+        retry=tenacity.retry_if_exception_type(exc),
+        reraise=True,
+    )
+
+
+def _sync_loop(call: Callable[[], None]) -> SyncRun:
+    def run(n: int) -> None:
+        for _ in range(n):
+            call()
+
+    return run
+
+
+def _async_loop(call: Callable[[], Awaitable[None]]) -> AsyncRun:
+    async def run(n: int) -> None:
+        for _ in range(n):
+            await call()
+
+    return run
+
+
+def httpx_sync_variants(url: str, skipped: list[str], closers: list[Callable[[], Any]]) -> list[Variant]:
+    """Bare, ours, httpx-retries, tenacity and stamina on ``httpx.Client``."""
+    clients: dict[str, httpx.Client] = {
+        "bare HTTPTransport": httpx.Client(transport=httpx.HTTPTransport()),
+        "httpx-retries RetryTransport": httpx.Client(
+            transport=RetryTransport(transport=httpx.HTTPTransport(), retry=Retry(total=PEER_ATTEMPTS - 1))
+        ),
+    }
+    try:
+        from resilience.adapters.httpx import ResilientTransport
+
+        clients["ours: ResilientTransport"] = httpx.Client(transport=ResilientTransport(POLICIES))
+    except ImportError as exc:
+        skipped.append(f"ours on httpx sync (resilience.adapters.httpx: {exc})")
+    closers.extend(c.close for c in clients.values())
+
+    def plain(client: httpx.Client) -> Callable[[], None]:
+        def call() -> None:
+            _check(client.post(url, content=BODY).status_code)
+
+        return call
+
+    bare = clients["bare HTTPTransport"]
+
+    def raising() -> None:
+        bare.post(url, content=BODY).raise_for_status()
+
+    variants = [Variant("httpx sync", name, _sync_loop(plain(c)), False) for name, c in clients.items()]
+    variants.append(Variant("httpx sync", "tenacity @retry", _sync_loop(_tenacity(httpx.HTTPError)(raising)), False))
+    variants.append(
+        Variant("httpx sync", "stamina @retry", _sync_loop(stamina.retry(on=httpx.HTTPError, attempts=PEER_ATTEMPTS)(raising)), False)
+    )
+    return variants
+
+
+def httpx_async_variants(url: str, skipped: list[str], closers: list[Callable[[], Any]]) -> list[Variant]:
+    """Bare, ours, httpx-retries, tenacity and stamina on ``httpx.AsyncClient``."""
+    clients: dict[str, httpx.AsyncClient] = {
+        "bare AsyncHTTPTransport": httpx.AsyncClient(transport=httpx.AsyncHTTPTransport()),
+        "httpx-retries RetryTransport": httpx.AsyncClient(
+            transport=RetryTransport(transport=httpx.AsyncHTTPTransport(), retry=Retry(total=PEER_ATTEMPTS - 1))
+        ),
+    }
+    try:
+        from resilience.adapters.httpx import AsyncResilientTransport
+
+        clients["ours: AsyncResilientTransport"] = httpx.AsyncClient(transport=AsyncResilientTransport(POLICIES))
+    except ImportError as exc:
+        skipped.append(f"ours on httpx async (resilience.adapters.httpx: {exc})")
+    closers.extend(c.aclose for c in clients.values())
+
+    def plain(client: httpx.AsyncClient) -> Callable[[], Awaitable[None]]:
+        async def call() -> None:
+            _check((await client.post(url, content=BODY)).status_code)
+
+        return call
+
+    bare = clients["bare AsyncHTTPTransport"]
+
+    async def raising() -> None:
+        (await bare.post(url, content=BODY)).raise_for_status()
+
+    variants = [Variant("httpx async", name, _async_loop(plain(c)), True) for name, c in clients.items()]
+    variants.append(Variant("httpx async", "tenacity @retry", _async_loop(_tenacity(httpx.HTTPError)(raising)), True))
+    variants.append(
+        Variant("httpx async", "stamina @retry", _async_loop(stamina.retry(on=httpx.HTTPError, attempts=PEER_ATTEMPTS)(raising)), True)
+    )
+    return variants
+
+
+def aiohttp_variants(url: str, skipped: list[str], closers: list[Callable[[], Any]]) -> list[Variant]:
+    """Bare, ours, aiohttp-retry, tenacity and stamina on ``aiohttp.ClientSession`` (call inside the running loop)."""
+    bare = aiohttp.ClientSession()
+    retry_client = RetryClient(client_session=aiohttp.ClientSession(), retry_options=ExponentialRetry(attempts=PEER_ATTEMPTS))
+    closers.extend([bare.close, retry_client.close])
+    ours: aiohttp.ClientSession | None = None
+    try:
+        from resilience.adapters.aiohttp import ResilientMiddleware
+
+        ours = aiohttp.ClientSession(middlewares=(ResilientMiddleware(POLICIES),))
+        closers.append(ours.close)
+    except ImportError as exc:
+        skipped.append(f"ours on aiohttp (resilience.adapters.aiohttp: {exc})")
+
+    def plain(session: aiohttp.ClientSession | RetryClient) -> Callable[[], Awaitable[None]]:
+        async def call() -> None:
+            async with session.post(url, data=BODY) as r:
+                await r.read()
+                _check(r.status)
+
+        return call
+
+    async def raising() -> None:
+        async with bare.post(url, data=BODY) as r:
+            await r.read()
+            r.raise_for_status()
+
+    variants = [Variant("aiohttp", "bare ClientSession", _async_loop(plain(bare)), True)]
+    if ours is not None:
+        variants.append(Variant("aiohttp", "ours: ResilientMiddleware", _async_loop(plain(ours)), True))
+    variants.append(Variant("aiohttp", "aiohttp-retry RetryClient", _async_loop(plain(retry_client)), True))
+    variants.append(Variant("aiohttp", "tenacity @retry", _async_loop(_tenacity(aiohttp.ClientError)(raising)), True))
+    variants.append(
+        Variant("aiohttp", "stamina @retry", _async_loop(stamina.retry(on=aiohttp.ClientError, attempts=PEER_ATTEMPTS)(raising)), True)
+    )
+    return variants
+
+
+def measure(loop: asyncio.AbstractEventLoop, v: Variant, n: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per call over ``n`` sequential calls."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    if v.is_async:
+        loop.run_until_complete(v.run(n))  # type: ignore[arg-type]
+    else:
+        v.run(n)
+    return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
+
+
+def table(variants: list[Variant], rounds: int, calls: int, elapsed: float, skipped: list[str]) -> str:
+    out = [
+        "## Async drivers: per-call overhead vs the bare transport and the peers (`benchmarks/bench_async_overhead.py`)",
+        "",
+        f"<!-- python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, load average at the end "
+        f"{os.getloadavg()[0]:.1f}; {rounds} rounds x {calls} calls per variant, interleaved; {elapsed:.1f} s -->",
+        "",
+        "| transport | client | wall per call, median (us) | min-max round (us) | CPU per call (us) | wall ratio to bare "
+        "| CPU ratio to bare | target |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    verdicts = []
+    for transport in dict.fromkeys(v.transport for v in variants):
+        group = [v for v in variants if v.transport == transport]
+        ours = next((v for v in group if v.ours), None)
+        ours_ratio = statistics.median(ours.wall_ratio) if ours else None
+        for v in group:
+            ratio = statistics.median(v.wall_ratio)
+            if v.bare:
+                target = "-"
+            elif v.ours:
+                target = f"<= {TARGET:.2f}x: {'met' if ratio <= TARGET else 'MISSED'}"
+            elif ours_ratio is not None:
+                target = f"ours below: {'yes' if ours_ratio < ratio else 'NO'}"
+            else:
+                target = "-"
+            out.append(
+                f"| {v.transport} | {v.client} | {statistics.median(v.wall) * 1e6:.0f} | {min(v.wall) * 1e6:.0f}-{max(v.wall) * 1e6:.0f} "
+                f"| {statistics.median(v.cpu) * 1e6:.0f} | {ratio:.2f}x | {statistics.median(v.cpu_ratio):.2f}x | {target} |"
+            )
+        if ours is not None and ours_ratio is not None:
+            peers = [v for v in group if not v.bare and not v.ours]
+            below = all(ours_ratio < statistics.median(p.wall_ratio) for p in peers)
+            verdicts.append(
+                f"{transport}: ours {ours_ratio:.2f}x ({'met' if ours_ratio <= TARGET else 'MISSED'}), "
+                f"{'below' if below else 'NOT below'} every peer ("
+                + ", ".join(f"{p.client} {statistics.median(p.wall_ratio):.2f}x" for p in peers)
+                + ")"
+            )
+    out.append("")
+    out.append(
+        "Ratios are the median over rounds of each variant's time over its transport's bare client in the same round; "
+        "CPU is the whole driver process's (`time.process_time`), server excluded. Peers are configured with "
+        f"{PEER_ATTEMPTS} attempts; no call is retried here (every answer is 200), so this is each layer's cost on the "
+        "success path."
+    )
+    out.append("")
+    if verdicts:
+        out.append(f"Target: ours <= {TARGET:.2f}x the bare transport (wall) and below every peer. " + "; ".join(verdicts) + ".")
+    for line in skipped:
+        out.append(f"Not measured: {line}.")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags, run the interleaved rounds, print the table."""
+    doc = __doc__ or ""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=300, help="sequential calls per variant per round (default 300)")
+    ap.add_argument("--rounds", type=int, default=12, help="interleaved rounds; medians over them are shown (default 12)")
+    ap.add_argument("--warmup", type=int, default=50, help="untimed calls per variant first (default 50)")
+    ap.add_argument("--quick", action="store_true", help="small run for development: 30 calls, 3 rounds, 10 warm-up")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.calls, args.rounds, args.warmup = 30, 3, 10
+    if args.calls < 1 or args.rounds < 1 or args.warmup < 0:
+        ap.error("--calls and --rounds must be >= 1, --warmup >= 0")
+
+    skipped: list[str] = []
+    closers: list[Callable[[], Any]] = []
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        with LoopbackServer() as server:
+            url = server.url + "/flush_cache"
+            variants = httpx_sync_variants(url, skipped, closers) + httpx_async_variants(url, skipped, closers)
+
+            async def make_aiohttp() -> list[Variant]:
+                return aiohttp_variants(url, skipped, closers)
+
+            variants += loop.run_until_complete(make_aiohttp())
+            progress(f"{len(variants)} variants; warming up ({args.warmup} calls each)")
+            for v in variants:
+                measure(loop, v, max(1, args.warmup))
+            bare = {v.transport: v for v in variants if v.bare}
+            rng = random.Random(1)
+            order = list(variants)
+            started = time.perf_counter()
+            for i in range(args.rounds):
+                rng.shuffle(order)
+                this_round: dict[str, tuple[float, float]] = {}
+                for v in order:
+                    this_round[v.client + "@" + v.transport] = measure(loop, v, args.calls)
+                for v in variants:
+                    wall, cpu = this_round[v.client + "@" + v.transport]
+                    b_wall, b_cpu = this_round[bare[v.transport].client + "@" + v.transport]
+                    v.wall.append(wall)
+                    v.cpu.append(cpu)
+                    v.wall_ratio.append(wall / b_wall)
+                    v.cpu_ratio.append(cpu / b_cpu)
+                progress(f"round {i + 1}/{args.rounds} done")
+            elapsed = time.perf_counter() - started
+    finally:
+        for close in closers:
+            result = close()
+            if asyncio.iscoroutine(result):
+                loop.run_until_complete(result)
+        loop.run_until_complete(asyncio.sleep(0.05))  # let aiohttp's transports finish closing
+        loop.close()
+    print(table(variants, args.rounds, args.calls, elapsed, skipped))
+
+
+if __name__ == "__main__":
+    main()

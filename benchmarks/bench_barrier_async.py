@@ -1,0 +1,362 @@
+"""Barrier on one event loop: offload + onload across N engines, AsyncFanOut vs ThreadFanOut vs raw aiohttp.
+
+Run: ``python benchmarks/bench_barrier_async.py [--latency 0.05] [--sizes 8,64,256] [--repeats 5] [--quick]``
+
+N fake SGLang engines listen on 127.0.0.1 (``benchmarks/_engines.py``: one
+asyncio loop in a child process, every control call answered after
+``--latency`` seconds). One round is ``offload()`` then ``onload()``: pause,
+flush, release, resume, continue, each phase sent to all N engines at once.
+Measured side by side, interleaved round by round in a shuffled order:
+
+- ``ThreadFanOut``: the sync ``Orchestrator`` with ``SGLangClient``s (requests);
+- ``AsyncFanOut``: the sync ``Orchestrator`` with ``AsyncFanOut`` (its own loop
+  thread) and ``AsyncSGLangClient``s (default transport);
+- ``AsyncOrchestrator``: ``await offload()`` / ``await onload()`` with
+  ``AsyncFanOut`` and ``AsyncSGLangClient``s, on the driver's own loop;
+- the raw aiohttp floor: the same five phases' POSTs (same paths and bodies)
+  as a bare ``asyncio.gather`` per phase on one ``aiohttp.ClientSession``
+  (unlimited connector, connections warmed), no resilience, no orchestrator.
+
+Each is shown against two floors: ``5 x latency`` (every phase as long as one
+engine's answer) and the raw-aiohttp round measured in the same run.
+Targets: AsyncFanOut within 1.15x of the raw-aiohttp floor at every N, and at
+least 4x faster than ThreadFanOut at N = 256. A variant whose module is not
+importable is skipped and named under the table. Progress goes to stderr, the
+markdown table to stdout; the engines' process and every client are closed
+whatever happens. ``--profile`` writes a cProfile of the AsyncOrchestrator
+rounds at the largest N (the loop runs in the driver's main thread, so the
+profile sees all of it) to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import platform
+import pstats
+import random
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import aiohttp
+from _engines import FakeEngines
+
+from resilience.adapters.sglang import SGLangClient
+from resilience.barrier import ALL_TAGS, EngineGroup, Orchestrator, PhaseDeadlines
+from resilience.barrier.fanout import ThreadFanOut
+
+PHASES = 5
+"""Phases of one offload + onload round: pause, flush, release, resume, continue."""
+DEADLINES = PhaseDeadlines(transition_s=600, pause_s=300, flush_s=300, release_s=300, resume_s=300, continue_s=300)
+"""Generous: a benchmark measures time, it must not fail a phase on a slow machine."""
+FLOOR = "raw aiohttp floor"
+TARGET_VS_FLOOR = 1.15
+TARGET_VS_THREADS = 4.0
+TARGET_VS_THREADS_N = 256
+RAW_PHASES: tuple[tuple[str, dict[str, Any] | None, dict[str, str] | None], ...] = (
+    ("/pause_generation", {"mode": "abort"}, None),
+    ("/flush_cache", None, {"timeout": "0.000"}),
+    ("/release_memory_occupation", {"tags": list(ALL_TAGS)}, None),
+    ("/resume_memory_occupation", {"tags": list(ALL_TAGS)}, None),
+    ("/continue_generation", {"torch_empty_cache": True}, None),
+)
+"""What the orchestrator's round sends each engine, phase by phase (path, JSON body, query)."""
+
+
+@dataclass
+class Variant:
+    """One way of running a round: ``run()`` is one timed offload + onload, sync or async."""
+
+    name: str
+    run: Callable[[], Any]
+    is_async: bool
+    close: Callable[[], Any]
+    rounds: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One measured (N, variant)."""
+
+    n: int
+    name: str
+    rounds: tuple[float, ...]
+    floor_ratio: float
+    """Median over repeats of this round over the raw-aiohttp round of the same repeat."""
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.rounds)
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+async def raw_floor(urls: list[str]) -> Variant:
+    """A bare ``asyncio.gather`` per phase on one session: the transport's own floor."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def post(url: str, path: str, body: dict[str, Any] | None, params: dict[str, str] | None) -> None:
+        async with session.post(url + path, json=body, params=params) as r:
+            await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{url}{path}: status {r.status}")
+
+    async def health(url: str) -> None:
+        async with session.get(url + "/health") as r:
+            await r.read()
+
+    await asyncio.gather(*(health(u) for u in urls))  # one warm connection per engine
+
+    async def round_() -> None:
+        for path, body, params in RAW_PHASES:
+            await asyncio.gather(*(post(u, path, body, params) for u in urls))
+
+    return Variant(FLOOR, round_, True, session.close)
+
+
+def thread_variant(urls: list[str]) -> Variant:
+    """The sync Orchestrator on ThreadFanOut with requests-based SGLangClients."""
+    clients = [SGLangClient(u) for u in urls]
+    fanout = ThreadFanOut()
+    orch = Orchestrator(EngineGroup(clients), fanout=fanout, deadlines=DEADLINES)
+    _warm_sync(fanout, clients)
+
+    def round_() -> None:
+        orch.offload()
+        orch.onload()
+
+    def close() -> None:
+        fanout.close()
+        for c in clients:
+            c.close()
+
+    return Variant("ThreadFanOut", round_, False, close)
+
+
+def _warm_sync(fanout: Any, engines: list[Any]) -> None:
+    from resilience.deadline import Deadline
+
+    for result in fanout.call([(e, {}) for e in engines], "health", Deadline(120)):
+        if result.error is not None:
+            raise RuntimeError(f"warm-up failed on {result.engine}: {result.error!r}")
+
+
+def _async_api() -> tuple[Any, Any, Any]:
+    """(AsyncFanOut, AsyncOrchestrator or None, AsyncSGLangClient); ImportError when they have not landed."""
+    try:
+        from resilience.barrier.fanout import AsyncFanOut  # type: ignore[attr-defined]
+    except ImportError:
+        from resilience.fanout import AsyncFanOut  # type: ignore[import-not-found,no-redef]
+    from resilience.adapters.sglang import AsyncSGLangClient  # type: ignore[attr-defined]
+
+    try:
+        from resilience.barrier import AsyncOrchestrator  # type: ignore[attr-defined]
+    except ImportError:
+        AsyncOrchestrator = None
+    return AsyncFanOut, AsyncOrchestrator, AsyncSGLangClient
+
+
+async def _aclose_all(clients: list[Any]) -> None:
+    for c in clients:
+        close = getattr(c, "aclose", None) or c.close
+        result = close()
+        if asyncio.iscoroutine(result):
+            await result
+
+
+def async_fanout_variant(urls: list[str], loop: asyncio.AbstractEventLoop) -> Variant:
+    """The sync Orchestrator on AsyncFanOut (its own loop thread) with AsyncSGLangClients."""
+    async_fanout, _, client_cls = _async_api()
+    fanout = async_fanout()
+    clients = [client_cls(u) for u in urls]
+    orch = Orchestrator(EngineGroup(clients), fanout=fanout, deadlines=DEADLINES)
+    _warm_sync(fanout, clients)
+
+    def round_() -> None:
+        orch.offload()
+        orch.onload()
+
+    def close() -> None:
+        # The clients' sessions live on the fan-out's loop: close them there, then the fan-out.
+        runner = getattr(fanout, "run", None)
+        if runner is not None:
+            runner(_aclose_all(clients))
+        fanout.close()
+
+    return Variant("AsyncFanOut (sync Orchestrator)", round_, False, close)
+
+
+async def async_orchestrator_variant(urls: list[str]) -> Variant:
+    """``AsyncOrchestrator`` with AsyncSGLangClients, on the driver's loop."""
+    _, async_orch, client_cls = _async_api()
+    if async_orch is None:
+        raise ImportError("resilience.barrier.AsyncOrchestrator")
+    clients = [client_cls(u) for u in urls]
+    orch = async_orch(EngineGroup(clients), deadlines=DEADLINES)
+    await asyncio.gather(*(c.health() for c in clients))
+
+    async def round_() -> None:
+        await orch.offload()
+        await orch.onload()
+
+    async def close() -> None:
+        await _aclose_all(clients)
+
+    return Variant("AsyncOrchestrator", round_, True, close)
+
+
+def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], profile: bool) -> list[Cell]:
+    """Start N engines, build every variant, time ``repeats`` interleaved rounds each, stop everything."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    variants: list[Variant] = []
+    profiler = cProfile.Profile() if profile else None
+    try:
+        with FakeEngines(n, latency_s) as engines:
+            urls = list(engines.urls)
+            variants.append(loop.run_until_complete(raw_floor(urls)))
+            variants.append(thread_variant(urls))
+            builders: list[tuple[str, Callable[[], Variant]]] = [
+                ("AsyncFanOut (sync Orchestrator)", lambda: async_fanout_variant(urls, loop)),
+                ("AsyncOrchestrator", lambda: loop.run_until_complete(async_orchestrator_variant(urls))),
+            ]
+            for name, build in builders:
+                try:
+                    variants.append(build())
+                except ImportError as exc:
+                    line = f"{name} ({exc})"
+                    if line not in skipped:
+                        skipped.append(line)
+            for v in variants:  # one untimed round each: lazy imports, first connections
+                _run(loop, v, None)
+            rng = random.Random(n)
+            order = list(variants)
+            for i in range(repeats):
+                rng.shuffle(order)
+                for v in order:
+                    v.rounds.append(_run(loop, v, profiler if v.name == "AsyncOrchestrator" else None))
+                progress(f"N={n} repeat {i + 1}/{repeats}: " + ", ".join(f"{v.name} {v.rounds[-1]:.3f} s" for v in variants))
+    finally:
+        for v in variants:
+            try:
+                result = v.close()
+                if asyncio.iscoroutine(result):
+                    loop.run_until_complete(result)
+            except Exception as exc:  # closing must not hide the measurement (or the error that ended it)
+                progress(f"closing {v.name} failed: {exc!r}")
+        loop.run_until_complete(asyncio.sleep(0.05))
+        loop.close()
+    if profiler is not None:
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(30)
+        print(f"--- cProfile of AsyncOrchestrator rounds at N={n} (sorted by own time) ---\n{buf.getvalue()}", file=sys.stderr)
+    floor = next(v for v in variants if v.name == FLOOR)
+    return [
+        Cell(n, v.name, tuple(v.rounds), statistics.median(r / f for r, f in zip(v.rounds, floor.rounds, strict=True)))
+        for v in variants
+    ]
+
+
+def _run(loop: asyncio.AbstractEventLoop, v: Variant, profiler: cProfile.Profile | None) -> float:
+    t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    try:
+        if v.is_async:
+            coro: Awaitable[Any] = v.run()
+            loop.run_until_complete(coro)
+        else:
+            v.run()
+    finally:
+        if profiler is not None:
+            profiler.disable()
+    return time.perf_counter() - t0
+
+
+def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str]) -> str:
+    ideal = PHASES * latency_s
+    out = [
+        "## Barrier on one event loop: AsyncFanOut vs ThreadFanOut vs raw aiohttp (`benchmarks/bench_barrier_async.py`)",
+        "",
+        f"<!-- python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, load average at the end "
+        f"{os.getloadavg()[0]:.1f}; latency {latency_s * 1e3:.0f} ms per control call; {repeats} interleaved rounds per cell -->",
+        "",
+        f"| N | variant | median round (s) | min-max (s) | ratio to {PHASES} x L ({ideal:.3f} s) | ratio to raw aiohttp | "
+        "speed-up over ThreadFanOut |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        threads = next((t for t in cells if t.n == c.n and t.name == "ThreadFanOut"), None)
+        speedup = f"{threads.median_s / c.median_s:.2f}x" if threads else "-"
+        out.append(
+            f"| {c.n} | {c.name} | {c.median_s:.3f} | {min(c.rounds):.3f}-{max(c.rounds):.3f} | {c.median_s / ideal:.2f}x "
+            f"| {c.floor_ratio:.2f}x | {speedup} |"
+        )
+    out.append("")
+    out.append(
+        "Ratio to raw aiohttp: the median over rounds of each round over the raw-aiohttp round of the same repeat (paired). "
+        "The floor sends the same POSTs (paths, bodies, query) but nothing else: no orchestrator, no retry core, no "
+        "per-engine state."
+    )
+    out.append("")
+    verdicts = []
+    for name in ("AsyncFanOut (sync Orchestrator)", "AsyncOrchestrator"):
+        mine = [c for c in cells if c.name == name]
+        if not mine:
+            continue
+        floor_cells = ", ".join(
+            f"N={c.n}: {c.floor_ratio:.2f}x ({'met' if c.floor_ratio <= TARGET_VS_FLOOR else 'MISSED'})" for c in mine
+        )
+        verdicts.append(f"{name} within {TARGET_VS_FLOOR}x of raw aiohttp: {floor_cells}")
+        big = next((c for c in mine if c.n == TARGET_VS_THREADS_N), None)
+        threads = next((c for c in cells if c.n == TARGET_VS_THREADS_N and c.name == "ThreadFanOut"), None)
+        if big and threads:
+            speedup = threads.median_s / big.median_s
+            verdicts.append(
+                f"{name} >= {TARGET_VS_THREADS:.0f}x faster than ThreadFanOut at N={TARGET_VS_THREADS_N}: "
+                f"{speedup:.2f}x ({'met' if speedup >= TARGET_VS_THREADS else 'MISSED'})"
+            )
+    for line in verdicts:
+        out.append(f"Target: {line}.")
+    for line in skipped:
+        out.append(f"Not measured: {line}.")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags, measure every N, print the table."""
+    doc = __doc__ or ""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--latency", type=float, default=0.05, help="seconds each fake engine sleeps before a control answer (default 0.05)")
+    ap.add_argument("--sizes", default="8,64,256", help="engine counts, comma-separated (default 8,64,256)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed rounds per variant and N, interleaved; medians shown (default 5)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the AsyncOrchestrator rounds at the largest N, to stderr")
+    ap.add_argument("--quick", action="store_true", help="small run for development: sizes 4,16, 2 repeats")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes, args.repeats = "4,16", 2
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if args.latency < 0 or args.repeats < 1 or not sizes or min(sizes) < 1:
+        ap.error("--latency must be >= 0, --repeats >= 1, --sizes positive integers")
+    cells: list[Cell] = []
+    skipped: list[str] = []
+    for n in sizes:
+        progress(f"N={n}: starting {n} fake engines, latency {args.latency * 1e3:.0f} ms")
+        cells += measure_size(n, args.latency, args.repeats, skipped, args.profile and n == max(sizes))
+    print(table(cells, args.latency, args.repeats, skipped))
+
+
+if __name__ == "__main__":
+    main()

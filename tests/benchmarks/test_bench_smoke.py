@@ -1,0 +1,130 @@
+"""Smoke test of the async benchmarks: each runs at tiny sizes and prints a table with the expected rows.
+
+No figure is judged here (speed targets belong to BENCHMARKS.md); only that each benchmark
+still runs end to end, measures every variant it should, and prints positive numbers.
+Each benchmark runs in its own process, as ``benchmarks/run_all.py`` runs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _run(script: str, *args: str) -> str:
+    """Run ``benchmarks/<script>`` with ``args``; its stdout (the markdown section)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _rows(markdown: str) -> list[list[str]]:
+    """The body rows of the first markdown table, as lists of cells."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    assert len(lines) >= 3, f"no table in:\n{markdown}"
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def _positive(cell: str) -> float:
+    match = NUMBER.search(cell)
+    assert match is not None, f"no number in {cell!r}"
+    value = float(match.group())
+    assert value > 0, f"{cell!r} is not positive"
+    return value
+
+
+def test_async_overhead_measures_every_client_of_every_transport() -> None:
+    """Bare, peers (and ours when its adapter is importable) per transport, each with positive times and ratios."""
+    rows = _rows(_run("bench_async_overhead.py", "--quick", "--calls", "5", "--rounds", "2", "--warmup", "2"))
+    got = {(r[0], r[1]) for r in rows}
+    expected = {
+        ("httpx sync", "bare HTTPTransport"),
+        ("httpx sync", "httpx-retries RetryTransport"),
+        ("httpx sync", "tenacity @retry"),
+        ("httpx sync", "stamina @retry"),
+        ("httpx async", "bare AsyncHTTPTransport"),
+        ("httpx async", "httpx-retries RetryTransport"),
+        ("httpx async", "tenacity @retry"),
+        ("httpx async", "stamina @retry"),
+        ("aiohttp", "bare ClientSession"),
+        ("aiohttp", "aiohttp-retry RetryClient"),
+        ("aiohttp", "tenacity @retry"),
+        ("aiohttp", "stamina @retry"),
+    }
+    if _has("resilience.adapters.httpx"):
+        expected |= {("httpx sync", "ours: ResilientTransport"), ("httpx async", "ours: AsyncResilientTransport")}
+    if _has("resilience.adapters.aiohttp"):
+        expected.add(("aiohttp", "ours: ResilientMiddleware"))
+    assert got == expected
+    for r in rows:
+        for cell in (r[2], r[4], r[5], r[6]):  # wall, CPU, wall ratio, CPU ratio
+            _positive(cell)
+        if r[1].startswith("bare"):
+            assert r[5] == "1.00x"
+
+
+def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
+    """Raw floor and ThreadFanOut (and the async fan-outs when they exist) at each N, positive rounds."""
+    rows = _rows(_run("bench_barrier_async.py", "--sizes", "2,3", "--repeats", "1", "--latency", "0.01"))
+    names = {"raw aiohttp floor", "ThreadFanOut"}
+    if _has("resilience.adapters.sglang") and _async_barrier_landed():
+        names |= {"AsyncFanOut (sync Orchestrator)", "AsyncOrchestrator"}
+    assert {(int(r[0]), r[1]) for r in rows} == {(n, name) for n in (2, 3) for name in names}
+    for r in rows:
+        assert _positive(r[2]) >= 4 * 0.01, f"a round of 4+ phases at 10 ms cannot take {r[2]} s"
+        _positive(r[4])
+        _positive(r[5])
+
+
+def _async_barrier_landed() -> bool:
+    import resilience.adapters.sglang as sglang
+    import resilience.barrier as barrier
+    import resilience.barrier.fanout as fanout
+
+    return hasattr(sglang, "AsyncSGLangClient") and hasattr(barrier, "AsyncOrchestrator") and hasattr(fanout, "AsyncFanOut")
+
+
+def test_async_soak_reports_every_driver() -> None:
+    """Each driver's soak row: calls counted, RSS positive, connections within the pool; ours answer every call 200."""
+    calls, fail_every = 40, 5
+    out = _run("bench_async_soak.py", "--calls", str(calls), "--warmup", "10", "--fail-every", str(fail_every), "--pool", "4")
+    rows = _rows(out)
+    drivers = {r[0] for r in rows}
+    expected = {"httpx sync, bare HTTPTransport", "httpx async, bare AsyncHTTPTransport", "aiohttp, bare ClientSession"}
+    if _has("resilience.adapters.httpx"):
+        expected |= {"httpx sync, ours: ResilientTransport", "httpx async, ours: AsyncResilientTransport"}
+    if _has("resilience.adapters.aiohttp"):
+        expected.add("aiohttp, ours: ResilientMiddleware")
+    assert drivers == expected
+    for r in rows:
+        ok, total = (int(x) for x in r[1].split("/"))
+        assert total == calls
+        if ", ours: " in r[0]:
+            assert ok == calls, f"{r[0]} surfaced a 502: {r}"
+        else:
+            assert 0 < ok < calls, f"the bare {r[0]} should see the server's 502s: {r}"
+        start, end = (float(x) for x in r[2].split("->"))
+        assert start > 0 and end > 0
+        connections, pool = (int(x) for x in NUMBER.findall(r[5]))
+        assert 1 <= connections <= pool == 4
