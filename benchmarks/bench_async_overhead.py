@@ -327,8 +327,14 @@ def main(argv: list[str] | None = None) -> None:
 
             variants += loop.run_until_complete(make_aiohttp())
             progress(f"{len(variants)} variants; warming up ({args.warmup} calls each)")
-            for v in variants:
-                measure(loop, v, max(1, args.warmup))
+            for v in list(variants):
+                try:
+                    measure(loop, v, max(1, args.warmup))
+                except Exception as exc:  # a broken layer is reported, the others still measured
+                    if v.bare:
+                        raise
+                    skipped.append(f"{v.transport}, {v.client} (failed: {exc!r})")
+                    variants.remove(v)
             bare = {v.transport: v for v in variants if v.bare}
             rng = random.Random(1)
             order = list(variants)

@@ -236,11 +236,18 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
                 try:
                     variants.append(build())
                 except ImportError as exc:
-                    line = f"{name} ({exc})"
-                    if line not in skipped:
-                        skipped.append(line)
-            for v in variants:  # one untimed round each: lazy imports, first connections
-                _run(loop, v, None)
+                    _note(skipped, f"{name} ({exc})")
+                except Exception as exc:  # a broken variant is reported, the others still measured
+                    _note(skipped, f"{name} at N={n} (failed to start: {exc!r})")
+            for v in list(variants):  # one untimed round each: lazy imports, first connections
+                try:
+                    _run(loop, v, None)
+                except Exception as exc:
+                    if v.name in (FLOOR, "ThreadFanOut"):
+                        raise
+                    _note(skipped, f"{v.name} at N={n} (failed: {exc!r})")
+                    variants.remove(v)
+                    _close(loop, v)
             rng = random.Random(n)
             order = list(variants)
             for i in range(repeats):
@@ -250,12 +257,7 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
                 progress(f"N={n} repeat {i + 1}/{repeats}: " + ", ".join(f"{v.name} {v.rounds[-1]:.3f} s" for v in variants))
     finally:
         for v in variants:
-            try:
-                result = v.close()
-                if asyncio.iscoroutine(result):
-                    loop.run_until_complete(result)
-            except Exception as exc:  # closing must not hide the measurement (or the error that ended it)
-                progress(f"closing {v.name} failed: {exc!r}")
+            _close(loop, v)
         loop.run_until_complete(asyncio.sleep(0.05))
         loop.close()
     if profiler is not None:
@@ -267,6 +269,20 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
         Cell(n, v.name, tuple(v.rounds), statistics.median(r / f for r, f in zip(v.rounds, floor.rounds, strict=True)))
         for v in variants
     ]
+
+
+def _note(skipped: list[str], line: str) -> None:
+    if line not in skipped:
+        skipped.append(line)
+
+
+def _close(loop: asyncio.AbstractEventLoop, v: Variant) -> None:
+    try:
+        result = v.close()
+        if asyncio.iscoroutine(result):
+            loop.run_until_complete(result)
+    except Exception as exc:  # closing must not hide the measurement (or the error that ended it)
+        progress(f"closing {v.name} failed: {exc!r}")
 
 
 def _run(loop: asyncio.AbstractEventLoop, v: Variant, profiler: cProfile.Profile | None) -> float:

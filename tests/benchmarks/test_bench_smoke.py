@@ -88,7 +88,7 @@ def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
     """Raw floor and ThreadFanOut (and the async fan-outs when they exist) at each N, positive rounds."""
     rows = _rows(_run("bench_barrier_async.py", "--sizes", "2,3", "--repeats", "1", "--latency", "0.01"))
     names = {"raw aiohttp floor", "ThreadFanOut"}
-    if _has("resilience.adapters.sglang") and _async_barrier_landed():
+    if _async_barrier_landed():
         names |= {"AsyncFanOut (sync Orchestrator)", "AsyncOrchestrator"}
     assert {(int(r[0]), r[1]) for r in rows} == {(n, name) for n in (2, 3) for name in names}
     for r in rows:
@@ -98,11 +98,11 @@ def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
 
 
 def _async_barrier_landed() -> bool:
+    """AsyncFanOut (``resilience.fanout``), AsyncOrchestrator and AsyncSGLangClient are all importable."""
     import resilience.adapters.sglang as sglang
     import resilience.barrier as barrier
-    import resilience.barrier.fanout as fanout
 
-    return hasattr(sglang, "AsyncSGLangClient") and hasattr(barrier, "AsyncOrchestrator") and hasattr(fanout, "AsyncFanOut")
+    return _has("resilience.fanout") and hasattr(sglang, "AsyncSGLangClient") and hasattr(barrier, "AsyncOrchestrator")
 
 
 def test_async_soak_reports_every_driver() -> None:
