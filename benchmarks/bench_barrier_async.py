@@ -15,7 +15,10 @@ Measured side by side, interleaved round by round in a shuffled order:
   ``AsyncFanOut`` and ``AsyncSGLangClient``s, on the driver's own loop;
 - the raw aiohttp floor: the same five phases' POSTs (same paths and bodies)
   as a bare ``asyncio.gather`` per phase on one ``aiohttp.ClientSession``
-  (unlimited connector, connections warmed), no resilience, no orchestrator.
+  (unlimited connector, connections warmed), no resilience, no orchestrator;
+- between the two, to show where time goes: the five phases as a bare
+  ``asyncio.gather`` of ``AsyncSGLangClient`` calls (client, middleware and
+  retry core; no orchestrator).
 
 Each is shown against two floors: ``5 x latency`` (every phase as long as one
 engine's answer) and the raw-aiohttp round measured in the same run.
@@ -60,6 +63,7 @@ PHASES = 5
 DEADLINES = PhaseDeadlines(transition_s=600, pause_s=300, flush_s=300, release_s=300, resume_s=300, continue_s=300)
 """Generous: a benchmark measures time, it must not fail a phase on a slow machine."""
 FLOOR = "raw aiohttp floor"
+CLIENT_GATHER = "AsyncSGLangClient gather (no orchestrator)"
 TARGET_VS_FLOOR = 1.15
 TARGET_VS_THREADS = 4.0
 TARGET_VS_THREADS_N = 256
@@ -198,6 +202,26 @@ def async_fanout_variant(urls: list[str], loop: asyncio.AbstractEventLoop) -> Va
     return Variant("AsyncFanOut (sync Orchestrator)", round_, False, close)
 
 
+async def client_gather_variant(urls: list[str]) -> Variant:
+    """The five phases as a bare ``asyncio.gather`` of ``AsyncSGLangClient`` calls: the client's cost without the orchestrator."""
+    from resilience.adapters.sglang import AsyncSGLangClient  # type: ignore[attr-defined]
+
+    clients = [AsyncSGLangClient(u) for u in urls]
+    await asyncio.gather(*(c.health() for c in clients))
+
+    async def round_() -> None:
+        await asyncio.gather(*(c.pause_generation("abort") for c in clients))
+        await asyncio.gather(*(c.flush_cache() for c in clients))
+        await asyncio.gather(*(c.release_memory_occupation(None) for c in clients))
+        await asyncio.gather(*(c.resume_memory_occupation(None) for c in clients))
+        await asyncio.gather(*(c.continue_generation() for c in clients))
+
+    async def close() -> None:
+        await _aclose_all(clients)
+
+    return Variant(CLIENT_GATHER, round_, True, close)
+
+
 async def async_orchestrator_variant(urls: list[str]) -> Variant:
     """``AsyncOrchestrator`` with AsyncSGLangClients, on the driver's loop."""
     _, async_orch, client_cls = _async_api()
@@ -229,6 +253,7 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
             variants.append(loop.run_until_complete(raw_floor(urls)))
             variants.append(thread_variant(urls))
             builders: list[tuple[str, Callable[[], Variant]]] = [
+                (CLIENT_GATHER, lambda: loop.run_until_complete(client_gather_variant(urls))),
                 ("AsyncFanOut (sync Orchestrator)", lambda: async_fanout_variant(urls, loop)),
                 ("AsyncOrchestrator", lambda: loop.run_until_complete(async_orchestrator_variant(urls))),
             ]

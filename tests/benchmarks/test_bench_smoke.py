@@ -7,6 +7,7 @@ Each benchmark runs in its own process, as ``benchmarks/run_all.py`` runs it.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import re
@@ -88,6 +89,8 @@ def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
     """Raw floor and ThreadFanOut (and the async fan-outs when they exist) at each N, positive rounds."""
     rows = _rows(_run("bench_barrier_async.py", "--sizes", "2,3", "--repeats", "1", "--latency", "0.01"))
     names = {"raw aiohttp floor", "ThreadFanOut"}
+    if _has_attr("resilience.adapters.sglang", "AsyncSGLangClient"):
+        names.add("AsyncSGLangClient gather (no orchestrator)")
     if _async_barrier_landed():
         names |= {"AsyncFanOut (sync Orchestrator)", "AsyncOrchestrator"}
     assert {(int(r[0]), r[1]) for r in rows} == {(n, name) for n in (2, 3) for name in names}
@@ -97,12 +100,17 @@ def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
         _positive(r[5])
 
 
+def _has_attr(module: str, name: str) -> bool:
+    return hasattr(importlib.import_module(module), name)
+
+
 def _async_barrier_landed() -> bool:
     """AsyncFanOut (``resilience.fanout``), AsyncOrchestrator and AsyncSGLangClient are all importable."""
-    import resilience.adapters.sglang as sglang
-    import resilience.barrier as barrier
-
-    return _has("resilience.fanout") and hasattr(sglang, "AsyncSGLangClient") and hasattr(barrier, "AsyncOrchestrator")
+    return (
+        _has("resilience.fanout")
+        and _has_attr("resilience.adapters.sglang", "AsyncSGLangClient")
+        and _has_attr("resilience.barrier", "AsyncOrchestrator")
+    )
 
 
 def test_async_soak_reports_every_driver() -> None:
