@@ -13,9 +13,17 @@ that returns has been applied, one that raises is judged by its error
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, Literal, Protocol, get_args
+from typing import Final, Literal, Protocol, TypeAlias, get_args
 
-__all__ = ["ALL_TAGS", "CONTROL_METHODS", "AsyncControlPlaneEngine", "ControlMethod", "ControlPlaneEngine", "PauseMode"]
+__all__ = [
+    "ALL_TAGS",
+    "CONTROL_METHODS",
+    "AnyEngine",
+    "AsyncControlPlaneEngine",
+    "ControlMethod",
+    "ControlPlaneEngine",
+    "PauseMode",
+]
 
 ALL_TAGS: Final[tuple[str, ...]] = ("kv_cache", "weights", "cuda_graph")
 """The memory tags SGLang releases or resumes when ``tags`` is None or empty (``GPU_MEMORY_ALL_TYPES``)."""
@@ -85,3 +93,7 @@ class AsyncControlPlaneEngine(Protocol):
     async def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
         """See ``ControlPlaneEngine.continue_generation``."""
         ...
+
+
+AnyEngine: TypeAlias = ControlPlaneEngine | AsyncControlPlaneEngine
+"""An engine with synchronous or ``async`` control calls (``ThreadFanOut`` drives the first kind, ``AsyncFanOut`` both)."""

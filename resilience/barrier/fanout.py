@@ -3,13 +3,15 @@
 ``ThreadFanOut`` (default) runs each engine's call on a bounded thread pool
 with the caller's context copied, so the phase Deadline caps every HTTP call
 made inside it. ``SequentialFanOut`` runs them one after another (a baseline
-for benchmarks). ``resilience.adapters.ray.RayFanOut`` does the same with Ray
-actors and ObjectRefs.
+for benchmarks). ``resilience.barrier.async_fanout.AsyncFanOut`` runs engines
+whose control calls are coroutines on one event loop, and
+``resilience.adapters.ray.RayFanOut`` does the same with Ray actors and ObjectRefs.
 """
 
 from __future__ import annotations
 
 import contextvars
+import inspect
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -17,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from resilience.barrier.engine import ControlPlaneEngine
+from resilience.barrier.engine import AnyEngine
 from resilience.barrier.knowledge import LateCall
 from resilience.deadline import Deadline
 
@@ -88,7 +90,7 @@ def engine_name(engine: object) -> str:
     return repr(engine)
 
 
-Calls = Sequence[tuple[ControlPlaneEngine, Mapping[str, Any]]]
+Calls = Sequence[tuple[AnyEngine, Mapping[str, Any]]]
 """(engine, keyword arguments) pairs: one call each."""
 
 
@@ -100,7 +102,7 @@ class FanOut(Protocol):
         ...
 
 
-def _invoke(engine: ControlPlaneEngine, method: str, kwargs: Mapping[str, Any], deadline: Deadline) -> EngineResult:
+def _invoke(engine: AnyEngine, method: str, kwargs: Mapping[str, Any], deadline: Deadline) -> EngineResult:
     name = engine_name(engine)
     t0 = time.monotonic()
     if deadline.expired():
@@ -110,6 +112,11 @@ def _invoke(engine: ControlPlaneEngine, method: str, kwargs: Mapping[str, Any], 
             value = getattr(engine, method)(**kwargs)
     except Exception as exc:
         return EngineResult(name, error=exc, duration_s=time.monotonic() - t0)
+    if inspect.isawaitable(value):  # an async engine: nothing was sent, and a coroutine is not an answer
+        if inspect.iscoroutine(value):
+            value.close()
+        error = TypeError(f"{name}.{method} is a coroutine function: drive async engines with AsyncFanOut, not a thread fan-out")
+        return EngineResult(name, error=error, duration_s=time.monotonic() - t0)
     return EngineResult(name, value=value, duration_s=time.monotonic() - t0)
 
 

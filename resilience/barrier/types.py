@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from resilience.barrier.engine import ControlPlaneEngine
+from resilience.barrier.engine import AnyEngine
 from resilience.barrier.fanout import engine_name
 
 __all__ = [
@@ -21,13 +21,14 @@ __all__ = [
 ]
 
 
-E = TypeVar("E", bound=ControlPlaneEngine)
+E = TypeVar("E", bound=AnyEngine)
 
 
 class EngineGroup(Generic[E]):
     """Engines that move together. ``needs_offload=False`` groups are skipped by offload and onload (they keep their memory).
 
-    ``engines``: each satisfies ``ControlPlaneEngine``; their names must be unique. ``name``: for messages (default "group").
+    ``engines``: each satisfies ``ControlPlaneEngine`` or ``AsyncControlPlaneEngine``; their names must be unique.
+    ``name``: for messages (default "group").
     """
 
     def __init__(self, engines: Sequence[E], needs_offload: bool = True, name: str | None = None) -> None:

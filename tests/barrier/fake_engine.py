@@ -11,10 +11,15 @@ torch_memory_saver) is recorded in ``crash`` instead:
 
 Faults are armed per (method): the next call of that method on this engine
 gets it. No sleeps: a "late" call blocks until the test lets it land.
+``FakeEngine``'s calls are synchronous (for ``ThreadFanOut``), ``AsyncFakeEngine``'s
+are coroutines (for ``AsyncFanOut`` and ``AsyncOrchestrator``); same state, faults
+and crash rules.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import threading
 from collections.abc import Callable, Sequence
@@ -56,7 +61,27 @@ class Refused(Exception):
         self.status = 500
 
 
-class FakeEngine:
+class _Landing:
+    """Where a late call waits until the test lets it land: a thread event, or an asyncio event on the call's loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop
+        self.thread_event = threading.Event()
+        self.async_event = asyncio.Event() if loop is not None else None
+
+    def set(self) -> None:
+        self.thread_event.set()
+        if self.loop is not None and self.async_event is not None and not self.loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self.loop.call_soon_threadsafe(self.async_event.set)
+
+    async def wait_async(self) -> None:
+        assert self.async_event is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.async_event.wait(), LATE_LIMIT_S)
+
+
+class _Fake:
     """One engine: paused, flushed, released tags; ``crash`` says why it would have died (None: alive)."""
 
     def __init__(self, name: str) -> None:
@@ -72,10 +97,12 @@ class FakeEngine:
         self.faults: dict[str, Fault] = {}
         self.fired: list[str] = []
         """``method:fault`` of every fault that hit a call (read by the test for coverage statistics)."""
-        self.landings: list[threading.Event] = []
+        self.landings: list[_Landing] = []
+        self.started: list[str] = []
+        """Every call that reached the engine, in order (a late one as soon as it starts)."""
 
     def __repr__(self) -> str:
-        return f"FakeEngine({self.engine!r})"
+        return f"{type(self).__name__}({self.engine!r})"
 
     # -- the test's side ---------------------------------------------------------------------
 
@@ -93,8 +120,8 @@ class FakeEngine:
         """Let every late call land."""
         with self._lock:
             landings, self.landings = self.landings, []
-        for event in landings:
-            event.set()
+        for landing in landings:
+            landing.set()
 
     @property
     def serving(self) -> bool:
@@ -121,8 +148,10 @@ class FakeEngine:
         if self.crash is None:
             self.crash = why
 
-    def _call(self, method: str, apply: Callable[[], None]) -> dict[str, Any]:
+    def _enter(self, method: str, loop: asyncio.AbstractEventLoop | None) -> tuple[Fault | None, _Landing | None]:
+        """A call arrives: take its fault; a late one gets a landing to wait on."""
         with self._lock:
+            self.started.append(method)
             fault = self.faults.pop(method, None)
             if fault is not None:
                 self.fired.append(f"{method}:{fault}")
@@ -130,10 +159,12 @@ class FakeEngine:
                 raise EngineDied(f"{self.engine} is down: {self.crash}")
             landing = None
             if fault in (Fault.LATE_APPLIED, Fault.LATE_FAILED):
-                landing = threading.Event()
+                landing = _Landing(loop)
                 self.landings.append(landing)
-        if landing is not None:
-            landing.wait(LATE_LIMIT_S)
+        return fault, landing
+
+    def _exit(self, method: str, fault: Fault | None, apply: Callable[[], None]) -> dict[str, Any]:
+        """The call (landed, if it was late) is applied or refused as its fault says."""
         if fault in (Fault.AMBIGUOUS_NOT_APPLIED,):
             raise AmbiguousOutcome(f"{self.engine} {method}: read timeout (not applied)", engine=self.engine)
         if fault is Fault.ACTOR_UNAVAILABLE:
@@ -150,22 +181,16 @@ class FakeEngine:
             raise EngineDied(f"{self.engine}: actor died after {method}")
         return {"engine": self.engine, "method": method}
 
-    def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
-        def apply() -> None:
-            if not self.paused:
-                self.flushed = False
-            self.paused = True
+    def _pause(self) -> None:
+        if not self.paused:
+            self.flushed = False
+        self.paused = True
 
-        return self._call("pause_generation", apply)
+    def _flush(self) -> None:
+        if self.paused:
+            self.flushed = True
 
-    def flush_cache(self, deadline_s: float | None = None) -> dict[str, Any]:
-        def apply() -> None:
-            if self.paused:
-                self.flushed = True
-
-        return self._call("flush_cache", apply)
-
-    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+    def _release(self, tags: Sequence[str] | None) -> Callable[[], None]:
         wanted = set(tags) if tags else set(ALL)
 
         def apply() -> None:
@@ -178,9 +203,9 @@ class FakeEngine:
             if self.sync_bodies:
                 self.violations.append("release while a weight_sync body runs")
 
-        return self._call("release_memory_occupation", apply)
+        return apply
 
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+    def _resume(self, tags: Sequence[str] | None) -> Callable[[], None]:
         wanted = set(tags) if tags else set(ALL)
 
         def apply() -> None:
@@ -191,13 +216,65 @@ class FakeEngine:
             if self.sync_bodies:
                 self.violations.append("resume while a weight_sync body runs")
 
-        return self._call("resume_memory_occupation", apply)
+        return apply
+
+    def _continue(self) -> None:
+        if self.released:
+            self._die(f"continue with {sorted(self.released)} released (prefill into freed memory)")
+        self.paused = False
+        self.flushed = False
+
+
+class FakeEngine(_Fake):
+    """A socket-free engine with synchronous control calls; a late call blocks its thread until the test lands it."""
+
+    def _call(self, method: str, apply: Callable[[], None]) -> dict[str, Any]:
+        fault, landing = self._enter(method, None)
+        if landing is not None:
+            landing.thread_event.wait(LATE_LIMIT_S)
+        return self._exit(method, fault, apply)
+
+    def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
+        return self._call("pause_generation", self._pause)
+
+    def flush_cache(self, deadline_s: float | None = None) -> dict[str, Any]:
+        return self._call("flush_cache", self._flush)
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+        return self._call("release_memory_occupation", self._release(tags))
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+        return self._call("resume_memory_occupation", self._resume(tags))
 
     def continue_generation(self, torch_empty_cache: bool = True) -> dict[str, Any]:
-        def apply() -> None:
-            if self.released:
-                self._die(f"continue with {sorted(self.released)} released (prefill into freed memory)")
-            self.paused = False
-            self.flushed = False
+        return self._call("continue_generation", self._continue)
 
-        return self._call("continue_generation", apply)
+
+class AsyncFakeEngine(_Fake):
+    """The same engine with ``async`` control calls; a late call awaits (on its own loop) until the test lands it."""
+
+    async def _call(self, method: str, apply: Callable[[], None]) -> dict[str, Any]:
+        fault, landing = self._enter(method, asyncio.get_running_loop())
+        await asyncio.sleep(0)  # a real client yields to the loop at least once per call
+        if landing is not None:
+            await landing.wait_async()
+        return self._exit(method, fault, apply)
+
+    async def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
+        return await self._call("pause_generation", self._pause)
+
+    async def flush_cache(self, deadline_s: float | None = None) -> dict[str, Any]:
+        return await self._call("flush_cache", self._flush)
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+        return await self._call("release_memory_occupation", self._release(tags))
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+        return await self._call("resume_memory_occupation", self._resume(tags))
+
+    async def continue_generation(self, torch_empty_cache: bool = True) -> dict[str, Any]:
+        return await self._call("continue_generation", self._continue)
+
+
+AnyFake = FakeEngine | AsyncFakeEngine
+"""Either kind of fake engine."""

@@ -1,0 +1,161 @@
+"""AsyncFanOut on socket-free async engines: one loop, ThreadFanOut's semantics for deadlines, late calls and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from resilience.barrier.async_fanout import TaskCall
+from resilience.barrier.fanout import PhaseTimeout, ThreadFanOut
+from resilience.barrier.knowledge import CallOutcome
+from resilience.barrier.outcome import outcome_of
+from resilience.deadline import Deadline, current_deadline
+from resilience.errors import AmbiguousOutcome
+from resilience.fanout import AsyncFanOut, EngineResult
+from tests.barrier.fake_engine import AsyncFakeEngine, Fault, Refused
+
+TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="none")
+
+
+@pytest.fixture
+def fanout() -> Iterator[AsyncFanOut]:
+    with AsyncFanOut() as f:
+        yield f
+
+
+def fakes(n: int) -> list[AsyncFakeEngine]:
+    return [AsyncFakeEngine(f"http://fake-{i}:30000") for i in range(n)]
+
+
+class Rendezvous:
+    """Engines that answer only once all ``n`` calls have started: a fan-out that runs them one at a time never finishes."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.arrived = 0
+        self.all_in: asyncio.Event | None = None
+        self.seen: list[tuple[str, float | None, str]] = []
+
+    def engine(self, name: str) -> Any:
+        outer = self
+
+        class Engine:
+            engine = name
+
+            async def pause_generation(self, *, mode: str = "abort") -> str:
+                if outer.all_in is None:
+                    outer.all_in = asyncio.Event()
+                outer.arrived += 1
+                deadline = current_deadline()
+                outer.seen.append((name, None if deadline is None else deadline.remaining(), TENANT.get()))
+                if outer.arrived == outer.n:
+                    outer.all_in.set()
+                await outer.all_in.wait()
+                return name
+
+        return Engine()
+
+
+def test_every_call_runs_at_once_under_the_phase_deadline_with_the_callers_context(fanout: AsyncFanOut) -> None:
+    """50 calls all start before any answers; each sees the phase Deadline and the caller's context variables."""
+    meet = Rendezvous(50)
+    engines = [meet.engine(f"e{i}") for i in range(50)]
+    token = TENANT.set("team-a")
+    try:
+        results = fanout.call([(e, {"mode": "retract"}) for e in engines], "pause_generation", Deadline(30))
+    finally:
+        TENANT.reset(token)
+    assert [r.engine for r in results] == [f"e{i}" for i in range(50)]
+    assert all(r.ok and r.value == r.engine for r in results), [r for r in results if not r.ok][:3]
+    assert len(meet.seen) == 50
+    assert all(remaining is not None and 0 < remaining <= 30 and tenant == "team-a" for _, remaining, tenant in meet.seen)
+
+
+def test_errors_are_each_engines_own(fanout: AsyncFanOut) -> None:
+    """A refusal and an ambiguous answer come back as that engine's error; the others' values are intact."""
+    engines = fakes(3)
+    engines[0].arm("flush_cache", Fault.FAILED)
+    engines[2].arm("flush_cache", Fault.AMBIGUOUS_APPLIED)
+    results = fanout.call([(e, {}) for e in engines], "flush_cache", Deadline(10))
+    assert isinstance(results[0].error, Refused) and results[1].ok and isinstance(results[2].error, AmbiguousOutcome)
+    assert results[1].value == {"engine": engines[1].engine, "method": "flush_cache"}
+    assert [outcome_of(r.error) for r in results] == [CallOutcome.NOT_APPLIED, CallOutcome.APPLIED, CallOutcome.MAYBE]
+
+
+def test_a_late_call_keeps_running_and_lands(fanout: AsyncFanOut) -> None:
+    """A call still running at the phase deadline is a PhaseTimeout (maybe sent) with a handle; it is not cancelled, and lands."""
+    engines = fakes(2)
+    engines[0].arm("pause_generation", Fault.LATE_APPLIED)
+    results = fanout.call([(e, {}) for e in engines], "pause_generation", Deadline(0.05))
+    late = results[0]
+    assert isinstance(late.error, PhaseTimeout) and late.error.maybe_sent and isinstance(late.late, TaskCall)
+    assert results[1].ok and engines[1].paused and not engines[0].paused
+    assert late.late.wait(0) == (False, None)
+    engines[0].land()
+    assert late.late.wait(10) == (True, None)
+    assert engines[0].paused  # applied when it landed: nothing cancelled it
+
+
+def test_a_call_queued_at_the_deadline_is_never_sent() -> None:
+    """With max_concurrency=1 and the first call late, the second is still queued at the deadline: not sent, and it says so."""
+    engines = fakes(2)
+    engines[0].arm("release_memory_occupation", Fault.LATE_APPLIED)
+    with AsyncFanOut(max_concurrency=1) as fanout:
+        results = fanout.call([(e, {"tags": None}) for e in engines], "release_memory_occupation", Deadline(0.05))
+        queued = results[1]
+        assert isinstance(queued.error, PhaseTimeout) and queued.error.maybe_sent is False and queued.late is None
+        assert outcome_of(queued.error) is CallOutcome.NOT_APPLIED
+        engines[0].land()
+        assert results[0].late is not None and results[0].late.wait(10)[0]
+    assert engines[1].started == [] and engines[0].started == ["release_memory_occupation"]
+
+
+def test_close_cancels_a_late_call_which_lands_as_maybe_applied() -> None:
+    """close() cancels what still runs; the late handle then says the call may have run (never "not applied")."""
+    engines = fakes(1)
+    engines[0].arm("resume_memory_occupation", Fault.LATE_APPLIED)
+    fanout = AsyncFanOut()
+    [result] = fanout.call([(engines[0], {})], "resume_memory_occupation", Deadline(0.05))
+    assert result.late is not None
+    fanout.close()
+    landed, error = result.late.wait(10)
+    assert landed and isinstance(error, PhaseTimeout) and error.maybe_sent
+    assert outcome_of(error) is CallOutcome.MAYBE
+
+
+def test_run_and_calls_from_the_loop_thread(fanout: AsyncFanOut) -> None:
+    """run() executes a coroutine on the fan-out's loop; a phase started from that loop's own thread is refused, not deadlocked."""
+
+    async def on_loop() -> tuple[bool, str]:
+        try:
+            fanout.call([(fakes(1)[0], {})], "pause_generation", Deadline(1))
+        except RuntimeError as err:
+            return asyncio.get_running_loop() is fanout.loop, str(err)
+        return False, "no error"
+
+    same_loop, message = fanout.run(on_loop(), timeout=10)
+    assert same_loop and "its own loop thread" in message
+
+
+def test_thread_fanout_refuses_async_engines_without_sending() -> None:
+    """ThreadFanOut given an async engine reports a TypeError (not applied) and never runs the coroutine."""
+    engine = fakes(1)[0]
+    pool = ThreadFanOut(max_workers=2)
+    try:
+        [result] = pool.call([(engine, {})], "pause_generation", Deadline(5))
+    finally:
+        pool.close()
+    assert isinstance(result, EngineResult) and isinstance(result.error, TypeError) and "AsyncFanOut" in str(result.error)
+    assert outcome_of(result.error) is CallOutcome.NOT_APPLIED and engine.started == [] and not engine.paused
+
+
+def test_bad_knobs_are_refused() -> None:
+    """max_concurrency below 1 and a negative close timeout are refused, naming the knob."""
+    with pytest.raises(ValueError, match="max_concurrency"):
+        AsyncFanOut(max_concurrency=0)
+    with pytest.raises(ValueError, match="close_timeout_s"):
+        AsyncFanOut(close_timeout_s=-1)
