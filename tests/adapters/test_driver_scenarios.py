@@ -25,13 +25,14 @@ from tests.adapters.drivers import DRIVERS, Driver
 from tests.servers import Hang, Reply, ScriptedServer, scripted
 
 QUICK = RetryPolicy(max_attempts=4, base_s=0.01, cap_s=0.05)
+SLOW = RetryPolicy(max_attempts=4, base_s=5, cap_s=5, jitter=0)
 POLICIES = PolicyTable(
     {
         "GET /flaky": EndpointPolicy(retry=QUICK, deadline_s=20, attempt_timeout_s=5),
         "POST /update": EndpointPolicy(idempotent=False, retry=QUICK, deadline_s=10, attempt_timeout_s=0.3),
         "GET /busy": EndpointPolicy(retry=QUICK, deadline_s=1.0, attempt_timeout_s=1.0),
         "GET /gateway": EndpointPolicy(retry=RetryPolicy(max_attempts=1), deadline_s=5, attempt_timeout_s=5),
-        "GET /slow-gateway": EndpointPolicy(retry=RetryPolicy(max_attempts=4, base_s=5, cap_s=5, jitter=0), deadline_s=60, attempt_timeout_s=5),
+        "GET /slow-gateway": EndpointPolicy(retry=SLOW, deadline_s=60, attempt_timeout_s=5),
     }
 )
 
