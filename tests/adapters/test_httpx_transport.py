@@ -7,6 +7,7 @@ the sync client is called from the test's event loop, which nothing else uses.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+import trustme
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pytest_httpserver import HTTPServer
@@ -440,6 +442,38 @@ async def test_closing_the_client_closes_the_wrapped_transport(drive: Drive, htt
     assert not inner.closed
     await drive.close()
     assert inner.closed
+
+
+@pytest.fixture(scope="module")
+def tls_server() -> Iterator[tuple[HTTPServer, ssl.SSLContext]]:
+    """A loopback HTTPS server with a certificate from a throwaway CA, and a client context trusting that CA."""
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    server = HTTPServer(host="127.0.0.1", port=0, ssl_context=server_ctx)
+    server.start()
+    try:
+        yield server, client_ctx
+    finally:
+        server.clear()
+        server.stop()
+
+
+@pytest.mark.asyncio
+async def test_untrusted_certificate_fails_at_once_unretried(drive: Drive, tls_server: tuple[HTTPServer, ssl.SSLContext]) -> None:
+    """verify= on the wrapped transport works; a certificate that fails verification raises ConnectError after one attempt."""
+    server, trusted = tls_server
+    server.expect_request("/secure").respond_with_data("tls ok")
+    inner = httpx.HTTPTransport(verify=trusted) if drive.kind == "sync" else httpx.AsyncHTTPTransport(verify=trusted)
+    assert (await drive(inner=inner).request("GET", server.url_for("/secure"))).text == "tls ok"
+    before = len(server.log)
+    seen = Recorder()
+    with pytest.raises(httpx.ConnectError) as info:
+        await drive(observers=[seen]).request("GET", server.url_for("/secure"))
+    assert len(seen.of(AttemptStarted)) == 1 and len(server.log) == before
+    assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
 
 
 # -- async only ----------------------------------------------------------------
