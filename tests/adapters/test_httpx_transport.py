@@ -7,6 +7,7 @@ the sync client is called from the test's event loop, which nothing else uses.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+import trustme
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pytest_httpserver import HTTPServer
@@ -442,6 +444,38 @@ async def test_closing_the_client_closes_the_wrapped_transport(drive: Drive, htt
     assert inner.closed
 
 
+@pytest.fixture(scope="module")
+def tls_server() -> Iterator[tuple[HTTPServer, ssl.SSLContext]]:
+    """A loopback HTTPS server with a certificate from a throwaway CA, and a client context trusting that CA."""
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    server = HTTPServer(host="127.0.0.1", port=0, ssl_context=server_ctx)
+    server.start()
+    try:
+        yield server, client_ctx
+    finally:
+        server.clear()
+        server.stop()
+
+
+@pytest.mark.asyncio
+async def test_untrusted_certificate_fails_at_once_unretried(drive: Drive, tls_server: tuple[HTTPServer, ssl.SSLContext]) -> None:
+    """verify= on the wrapped transport works; a certificate that fails verification raises ConnectError after one attempt."""
+    server, trusted = tls_server
+    server.expect_request("/secure").respond_with_data("tls ok")
+    inner = httpx.HTTPTransport(verify=trusted) if drive.kind == "sync" else httpx.AsyncHTTPTransport(verify=trusted)
+    assert (await drive(inner=inner).request("GET", server.url_for("/secure"))).text == "tls ok"
+    before = len(server.log)
+    seen = Recorder()
+    with pytest.raises(httpx.ConnectError) as info:
+        await drive(observers=[seen]).request("GET", server.url_for("/secure"))
+    assert len(seen.of(AttemptStarted)) == 1 and len(server.log) == before
+    assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+
+
 # -- async only ----------------------------------------------------------------
 
 
@@ -535,6 +569,9 @@ def test_bad_arguments_name_what_is_wrong() -> None:
 # -- the safety property ---------------------------------------------------------
 
 
+_LOST = {"read_timeout": httpx.ReadTimeout, "reset": httpx.ReadError, "dropped": httpx.RemoteProtocolError}
+
+
 class FaultTransport(httpx.BaseTransport):
     """A real transport that plays one fault per attempt: refuse before sending, or send for real and lose the answer."""
 
@@ -551,19 +588,58 @@ class FaultTransport(httpx.BaseTransport):
             return response
         response.read()
         response.close()
-        raise {"read_timeout": httpx.ReadTimeout, "reset": httpx.ReadError, "dropped": httpx.RemoteProtocolError}[fault]("lost (injected)")
+        raise _LOST[fault]("lost (injected)")
 
     def close(self) -> None:
         self.inner.close()
 
 
+class AsyncFaultTransport(httpx.AsyncBaseTransport):
+    """``FaultTransport`` for the async driver."""
+
+    def __init__(self, faults: list[str]) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.faults = faults
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        fault = self.faults.pop(0) if self.faults else "answer"
+        if fault == "refuse":
+            raise httpx.ConnectError("refused (injected)")
+        response = await self.inner.handle_async_request(request)
+        if fault == "answer":
+            return response
+        await response.aread()
+        await response.aclose()
+        raise _LOST[fault]("lost (injected)")
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _post_once(kind: str, url: str, policies: PolicyTable | None, faults: list[str]) -> None:
+    """One POST through the transport of ``kind`` whose wrapped transport plays ``faults``; raises what the caller would see."""
+    options: dict[str, Any] = {"breaker": None, "retry_budget": None, "clock": FakeClock()}
+    if kind == "sync":
+        with httpx.Client(transport=ResilientTransport(policies, transport=FaultTransport(faults), **options)) as client:
+            client.post(url, json={})
+        return
+
+    async def main() -> None:
+        transport = AsyncResilientTransport(policies, transport=AsyncFaultTransport(faults), **options)
+        async with httpx.AsyncClient(transport=transport) as client:
+            await client.post(url, json={})
+
+    asyncio.run(main())
+
+
 FAULTS = st.lists(st.sampled_from(["refuse", "read_timeout", "reset", "dropped", "answer"]), min_size=1, max_size=6)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(faults=FAULTS, explicit=st.booleans(), statuses=st.lists(st.sampled_from([200, 502, 503]), min_size=6, max_size=6))
 def test_non_idempotent_post_reaches_the_server_at_most_once(
-    httpserver: HTTPServer, faults: list[str], explicit: bool, statuses: list[int]
+    kind: str, httpserver: HTTPServer, faults: list[str], explicit: bool, statuses: list[int]
 ) -> None:
     """Whatever each attempt meets (refusal, lost answer, 502/503, 200), a non-idempotent POST reaches the server at most once,
     and a lost answer surfaces as AmbiguousOutcome (a table entry) or httpx's own error (no entry), never as a re-send."""
@@ -571,17 +647,15 @@ def test_non_idempotent_post_reaches_the_server_at_most_once(
     for status in statuses:
         httpserver.expect_ordered_request("/release").respond_with_data("", status=status)
     policies = table(POST__release=EndpointPolicy(idempotent=False, retry=ZERO, attempt_timeout_s=5, deadline_s=5)) if explicit else None
-    transport = ResilientTransport(policies, transport=FaultTransport(list(faults)), breaker=None, retry_budget=None, clock=FakeClock())
-    with httpx.Client(transport=transport) as client:
-        try:
-            client.post(httpserver.url_for("/release"), json={})
-            lost = False
-        except AmbiguousOutcome:
-            assert explicit
-            lost = True
-        except (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError) as exc:
-            assert not explicit and not isinstance(exc, resilience.ResilienceError)
-            lost = True
+    try:
+        _post_once(kind, httpserver.url_for("/release"), policies, list(faults))
+        lost = False
+    except AmbiguousOutcome:
+        assert explicit
+        lost = True
+    except (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError) as exc:
+        assert not explicit and not isinstance(exc, resilience.ResilienceError)
+        lost = True
     sent = len(httpserver.log)
     assert sent <= 1
     first_sent = next((f for f in faults if f != "refuse"), "answer")
