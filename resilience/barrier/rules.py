@@ -1,0 +1,611 @@
+"""The barrier's rules, once, for both orchestrators: per-engine knowledge, owned holds, and each transition as steps.
+
+A transition (offload, onload, a pause or its end) is written here as a
+generator that never does I/O: it decides what to send, *yields* a step that
+says so, and folds what came back into the knowledge before deciding the next.
+There are two kinds of step:
+
+- ``PhaseCall``: send ``method`` to these engines at once under ``deadline``;
+  the driver fills ``results`` (one ``EngineResult`` per engine).
+- ``SettleCall``: wait up to ``deadline`` for these late calls; the driver fills
+  ``landed`` with the ones that landed.
+
+``Orchestrator`` drives the steps with a ``FanOut`` on the caller's thread
+under one lock; ``AsyncOrchestrator`` awaits them on the caller's event loop,
+holding the lock only between steps. A driver that stops in the middle (an
+exception from its fan-out, the awaiting task cancelled) hands the step's
+results as far as they go back to ``_abandon``, which folds them in, so a
+call that may have been applied is never forgotten, and closes the generator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from resilience.barrier.engine import ALL_TAGS, AnyEngine, ControlMethod
+from resilience.barrier.fanout import EngineResult, engine_name
+from resilience.barrier.knowledge import EngineKnowledge, EngineState, InFlight, LateCall
+from resilience.barrier.outcome import is_engine_dead, outcome_of
+from resilience.barrier.types import (
+    EngineGroup,
+    EngineSkipped,
+    HoldToken,
+    PhaseDeadlines,
+    PhaseFailed,
+    PhaseReport,
+    TransitionReport,
+    short,
+)
+from resilience.budget import RestartBudget
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.deadline import Deadline
+from resilience.events import (
+    EngineStateChanged,
+    HoldChanged,
+    Observer,
+    PhaseEnded,
+    PhaseFailure,
+    PhaseStarted,
+    TransitionEnded,
+    TransitionStarted,
+    emit,
+)
+
+__all__ = ["OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "BarrierRules", "PhaseCall", "SettleCall", "Step", "Steps", "offload_args", "tags_arg"]
+
+OFFLOAD_HOLD = "offload"
+WEIGHT_SYNC_HOLD = "weight_sync"
+_OFFLOAD_TOKEN = 0
+"""The offload hold's id: one per engine, taken by offload and dropped once all its memory is back."""
+_ids = itertools.count(1)
+_tokens = itertools.count(1)
+Call = tuple[str, Mapping[str, Any]]
+E = TypeVar("E", bound=AnyEngine)
+T = TypeVar("T")
+
+
+@dataclass
+class _Transition:
+    """One running transition; ``held``/``hold`` are set by its body, ``report`` when it ended well; ``phase``: the step now."""
+
+    tid: int
+    name: str
+    deadline: Deadline
+    engines: tuple[str, ...]
+    started: float
+    phases: list[PhaseReport] = field(default_factory=list)
+    held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    hold: HoldToken | None = None
+    report: TransitionReport | None = None
+    phase: str = "start"
+
+    def finished(self) -> TransitionReport:
+        """The report of this transition, which ended without raising."""
+        assert self.report is not None, f"transition {self.name} has not ended"
+        return self.report
+
+
+@dataclass(eq=False)
+class PhaseCall(Generic[E]):
+    """A step: send ``method`` to every engine of ``engines`` (engine, kwargs) at once under ``deadline``.
+
+    The driver sets ``results``, one per engine in order (``FanOut.call``'s contract).
+    """
+
+    tx: _Transition
+    phase: str
+    method: ControlMethod
+    calls: tuple[Call, ...]
+    engines: list[tuple[E, Mapping[str, Any]]]
+    deadline: Deadline
+    started: float
+    results: list[EngineResult] | None = None
+    folded: bool = False
+
+
+@dataclass(eq=False)
+class SettleCall:
+    """A step: wait up to ``deadline`` for the late calls in ``late`` (engine name -> call).
+
+    The driver puts each one that landed in ``landed`` (name -> its error, or None).
+    """
+
+    late: dict[str, LateCall]
+    deadline: Deadline
+    landed: dict[str, BaseException | None] = field(default_factory=dict)
+
+
+Step = PhaseCall[Any] | SettleCall
+Steps = Generator[Step, None, T]
+"""A transition as steps: yields what to send or wait for, returns its result."""
+
+
+class BarrierRules(Generic[E]):
+    """What both orchestrators share: engines, knowledge, holds, queries, recovery, and the transitions as ``Steps``.
+
+    Not used alone: ``Orchestrator`` and ``AsyncOrchestrator`` drive its steps.
+    Its arguments are theirs (see ``Orchestrator``). ``_lock`` guards the
+    knowledge: queries take it; a driver holds it while a step is decided or
+    folded, never while waiting on an engine from an event loop.
+    """
+
+    def __init__(
+        self,
+        groups: EngineGroup[E] | Sequence[EngineGroup[E]],
+        *,
+        observers: Sequence[Observer] = (),
+        deadlines: PhaseDeadlines | None = None,
+        restart_budget: RestartBudget | None = None,
+        rollback: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.groups = (groups,) if isinstance(groups, EngineGroup) else tuple(groups)
+        self.observers = tuple(observers)
+        self.deadlines = deadlines or PhaseDeadlines()
+        self.restart_budget = restart_budget
+        self.rollback = rollback
+        self.clock = clock
+        self._engines: dict[str, E] = {}
+        self._offloaded: list[str] = []
+        for group in self.groups:
+            for engine in group.engines:
+                name = engine_name(engine)
+                if name in self._engines:
+                    raise ValueError(f"engine {name} appears in more than one group")
+                self._engines[name] = engine
+                if group.needs_offload:
+                    self._offloaded.append(name)
+        self._know = {name: EngineKnowledge(name) for name in self._engines}
+        self._retired: set[str] = set()
+        self._lock = threading.RLock()
+
+    # -- queries ---------------------------------------------------------------
+
+    def states(self) -> dict[str, EngineState]:
+        """Every engine's state (not retired ones) as the orchestrator knows it, in one word."""
+        with self._lock:
+            return {n: k.state for n, k in self._know.items() if n not in self._retired}
+
+    def held(self) -> dict[str, tuple[str, ...]]:
+        """The engines held paused on purpose, and by which reasons."""
+        with self._lock:
+            return {n: _reasons(k) for n, k in self._know.items() if k.holds and n not in self._retired}
+
+    def paused_by_us(self, engine: str | E) -> bool:
+        """True when the orchestrator keeps ``engine`` from serving (a hold, or a pause it sent).
+
+        Its /health then hangs ~20 s and answers 503: not a fault. ``engine``:
+        its name or URL, or any engine object the orchestrator was built with.
+        Raises ``KeyError`` naming an engine it does not drive.
+        """
+        name = self._name_of(engine)
+        with self._lock:
+            k = self._know[name]
+            return name not in self._retired and (bool(k.holds) or k.paused is not False)
+
+    def released_tags(self, engine: str | E) -> frozenset[str]:
+        """Memory tags known released on ``engine`` (name, URL or engine object)."""
+        name = self._name_of(engine)
+        with self._lock:
+            return frozenset(self._know[name].released)
+
+    def quarantined(self) -> dict[str, frozenset[str]]:
+        """Engines (not retired) whose released tags are unknown, with those tags: they need ``reconcile`` or ``retire``."""
+        with self._lock:
+            return {n: frozenset(k.unknown) for n, k in self._know.items() if k.unknown and n not in self._retired}
+
+    def not_serving(self) -> dict[str, str]:
+        """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""
+        with self._lock:
+            return {n: k.why_not_serving() for n, k in self._know.items() if n not in self._retired and not k.serving}
+
+    # -- recovery (the drivers call these under their own exclusion) -------------------
+
+    def _retire(self, engine: str | E) -> None:
+        name = self._name_of(engine)
+        with self._lock:
+            self._retired.add(name)
+
+    def _reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
+        name = self._name_of(engine)
+        tags = None if released is None else frozenset(released)
+        if tags is not None and not tags <= frozenset(ALL_TAGS):
+            raise ValueError(f"reconcile released must be a subset of {ALL_TAGS}, but was {sorted(tags)}")
+        if tags and paused is False:
+            raise ValueError(
+                f"reconcile {name}: released {sorted(tags)} with paused=False is a state SGLang crashes in (prefill into freed memory)"
+            )
+        if tags and name not in self._offloaded:
+            raise ValueError(f"reconcile {name}: released tags on an engine of a needs_offload=False group (nothing would resume them)")
+        with self._lock:
+            if name in self._retired:
+                raise ValueError(f"reconcile {name}: the engine was retired")
+            k = self._know[name]
+            if k.in_flight is not None:
+                landed, error = k.in_flight.call.wait(0)
+                if not landed:
+                    late = k.in_flight.method
+                    raise RuntimeError(f"reconcile {name}: a late {late} sent earlier is still running; reconcile after it lands")
+                self._land(name, error)
+            before = k.state
+            k.reconcile(released=tags, paused=paused)
+            if k.released or k.unknown:
+                self._hold(name, _OFFLOAD_TOKEN, OFFLOAD_HOLD)
+            else:
+                self._unhold(name, _OFFLOAD_TOKEN)
+            self._announce(name, before)
+
+    # -- transitions as steps --------------------------------------------------------
+
+    def _offload_steps(self, wanted: frozenset[str], mode: Literal["abort", "retract"]) -> Steps[TransitionReport]:
+        with self._transition("offload", self._offloaded) as tx:
+            names = list(tx.engines)
+            skipped = yield from self._settle(tx, names)
+            live = [n for n in names if n not in skipped]
+            for n in live:
+                self._hold(n, _OFFLOAD_TOKEN, OFFLOAD_HOLD)
+            to_pause = [n for n in live if self._know[n].paused is not True or self._know[n].pause_mode == "in_place"]
+            failed = yield from self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+            if failed:
+                raise (yield from self._fail_before_release(tx, "pause", failed, live, skipped))
+            skipped.update({n: self._why_skipped(n) for n in live if self._know[n].quarantined})
+            todo = {n: wanted - self._know[n].released for n in live if n not in skipped}
+            todo = {n: missing for n, missing in todo.items() if missing}
+            for n in [n for n in todo if not self._know[n].may_flush()]:  # defensive: the pause phase makes this unreachable
+                skipped[n] = f"not known paused ({self._know[n].why_not_serving()})"
+                del todo[n]
+            to_flush = [n for n in todo if not self._know[n].flushed]
+            failed = yield from self._phase(tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
+            if failed:
+                raise (yield from self._fail_before_release(tx, "flush", failed, live, skipped))
+            calls: list[Call] = []
+            for n, missing in todo.items():
+                if all(self._know[n].may_release(t) for t in missing):
+                    calls.append((n, {"tags": None if missing == frozenset(ALL_TAGS) else sorted(missing)}))
+                else:  # defensive: the phases above make this unreachable
+                    skipped[n] = f"not known flushed ({self._know[n].why_not_serving()})"
+            failed = yield from self._phase(tx, "release", "release_memory_occupation", calls)
+            if failed:
+                raise (yield from self._fail_in_release(tx, failed, [c for c in calls if c[0] not in failed], live, skipped))
+            self._raise_if_skipped(tx, skipped)
+        return tx.finished()
+
+    def _onload_steps(self, wanted: frozenset[str]) -> Steps[TransitionReport]:
+        with self._transition("onload", self._offloaded) as tx:
+            names = list(tx.engines)
+            skipped = yield from self._settle(tx, names)
+            skipped.update({n: self._why_skipped(n) for n in names if n not in skipped and self._know[n].quarantined})
+            live = [n for n in names if n not in skipped]
+            calls: list[Call] = []
+            for n in live:
+                todo = wanted & self._know[n].released
+                if todo:
+                    calls.append((n, {"tags": None if todo == frozenset(ALL_TAGS) else sorted(todo)}))
+            failed = yield from self._phase(tx, "resume", "resume_memory_occupation", calls)
+            for n in live:
+                if not self._know[n].released and not self._know[n].unknown:
+                    self._unhold(n, _OFFLOAD_TOKEN)
+            cont_failed = yield from self._continue_ready(tx, live, "continue")
+            if failed or cont_failed:
+                raise self._error(tx, "resume" if failed else "continue", {**self._skips(skipped), **failed, **cont_failed})
+            self._raise_if_skipped(tx, skipped)
+            tx.held = self._held_among(live)
+        return tx.finished()
+
+    def _pause_steps(self, reason: str, mode: str) -> Steps[TransitionReport]:
+        """Take a new hold named ``reason`` on every engine and pause the ones not known paused (``pause``, ``weight_sync``)."""
+        with self._transition(reason, self._engines) as tx:
+            names = list(tx.engines)
+            skipped = yield from self._settle(tx, names)
+            skipped.update({n: self._why_skipped(n) for n in names if n not in skipped and self._know[n].quarantined})
+            if skipped:
+                raise self._error(tx, "skipped", self._skips(skipped))
+            token = HoldToken(next(_tokens), reason, tuple(names))
+            for n in names:
+                self._hold(n, token.id, reason)
+            to_pause = [n for n in names if self._know[n].paused is not True]
+            try:
+                failed = yield from self._phase(tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+            except BaseException:  # abandoned mid-phase (cancelled, or the fan-out raised): nobody will own the token
+                for n in names:
+                    self._unhold(n, token.id)
+                raise
+            if failed:
+                for n in names:
+                    self._unhold(n, token.id)
+                rolled, rb_failed = yield from self._rollback_continue(tx, names)
+                raise self._error(tx, "pause", {**rb_failed, **failed}, rolled_back=rolled)
+            tx.hold = token
+        return tx.finished()
+
+    def _unpause_steps(self, hold: HoldToken | str) -> Steps[TransitionReport]:
+        """Release one hold; continue the engines it held that no other hold keeps paused and whose memory is back."""
+        token = self._token(hold)
+        with self._transition(f"{token.reason}_end", token.engines) as tx:
+            names = list(tx.engines)
+            for n in token.engines:
+                self._unhold(n, token.id)
+            skipped = yield from self._settle(tx, names)
+            live = [n for n in names if n not in skipped]
+            failed = yield from self._continue_ready(tx, live, "continue")
+            stuck = {n: self._why_skipped(n) for n in live if not self._know[n].holds and not self._know[n].serving and n not in failed}
+            skipped.update(stuck)
+            if failed:
+                raise self._error(tx, "continue", {**self._skips(skipped), **failed})
+            self._raise_if_skipped(tx, skipped)
+            tx.held = self._held_among(live)
+        return tx.finished()
+
+    def _fail_before_release(
+        self, tx: _Transition, phase: str, failed: Mapping[str, BaseException], live: Sequence[str], skipped: Mapping[str, str]
+    ) -> Steps[PhaseFailed]:
+        """Pause or flush failed: nothing was released by this offload, so engines holding nothing released are continued."""
+        for n in live:
+            if not self._know[n].released and not self._know[n].unknown:
+                self._unhold(n, _OFFLOAD_TOKEN)
+        rolled, rb_failed = yield from self._rollback_continue(tx, live)
+        return self._error(tx, phase, {**self._skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
+
+    def _fail_in_release(
+        self,
+        tx: _Transition,
+        failed: Mapping[str, BaseException],
+        applied: Sequence[Call],
+        live: Sequence[str],
+        skipped: Mapping[str, str],
+    ) -> Steps[PhaseFailed]:
+        """Release failed on some engines: resume what this offload released, continue every engine whose memory is all back.
+
+        An engine whose release may have been applied is quarantined (neither
+        resumed: a resume of an unreleased tag kills it; nor released again).
+        """
+        rolled: list[str] = []
+        rb_failed: dict[str, BaseException] = {}
+        if self.rollback:
+            rb_failed = yield from self._phase(tx, "rollback_resume", "resume_memory_occupation", applied)
+            for n in live:
+                if not self._know[n].released and not self._know[n].unknown:
+                    self._unhold(n, _OFFLOAD_TOKEN)
+            rolled, more = yield from self._rollback_continue(tx, live)
+            rb_failed.update(more)
+        return self._error(tx, "release", {**self._skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
+
+    def _rollback_continue(self, tx: _Transition, names: Sequence[str]) -> Steps[tuple[list[str], dict[str, BaseException]]]:
+        """Continue the engines among ``names`` that may be continued (not known serving, nothing released, no hold)."""
+        if not self.rollback:
+            return [], {}
+        ready = [n for n in names if self._know[n].may_continue()]
+        failed = yield from self._phase(tx, "rollback", "continue_generation", [(n, {}) for n in ready])
+        return [n for n in ready if n not in failed], failed
+
+    def _continue_ready(self, tx: _Transition, names: Sequence[str], phase: str) -> Steps[dict[str, BaseException]]:
+        ready = [n for n in names if self._know[n].may_continue()]
+        failed = yield from self._phase(tx, phase, "continue_generation", [(n, {}) for n in ready])
+        return failed
+
+    # -- phases, late calls and knowledge ---------------------------------------------
+
+    def _phase(self, tx: _Transition, phase: str, method: ControlMethod, calls: Sequence[Call]) -> Steps[dict[str, BaseException]]:
+        """One phase on every engine at once; each outcome is folded into its knowledge. Returns the failures."""
+        if not calls:
+            return {}
+        names = tuple(n for n, _ in calls)
+        deadline = tx.deadline.cap(self.deadlines.for_phase(phase))
+        started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, deadline_s=deadline.remaining())
+        emit(self.observers, started)
+        tx.phase = phase
+        step = PhaseCall(
+            tx, phase, method, tuple(calls), [(self._engines[n], kw) for n, kw in calls], deadline, self.clock.monotonic()
+        )
+        yield step
+        return self._fold(step)
+
+    def _fold(self, step: PhaseCall[Any]) -> dict[str, BaseException]:
+        """Fold a phase's results into the knowledge (once), report the phase; return the failures."""
+        assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
+        step.folded = True
+        tx, phase, method = step.tx, step.phase, step.method
+        failures: dict[str, BaseException] = {}
+        for (name, kwargs), result in zip(step.calls, step.results, strict=True):
+            k = self._know[name]
+            before = k.state
+            k.apply(method, kwargs, outcome_of(result.error))
+            if result.late is not None:
+                k.in_flight = InFlight(method, dict(kwargs), result.late)
+            if result.error is not None:
+                failures[name] = result.error
+                if is_engine_dead(result.error):
+                    k.dead = f"{type(result.error).__name__} in {phase}"
+            self._announce(name, before)
+        duration = self.clock.monotonic() - step.started
+        names = tuple(n for n, _ in step.calls)
+        tx.phases.append(PhaseReport(phase, names, duration, max((r.duration_s for r in step.results), default=0.0)))
+        failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
+        ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, duration_s=duration, failures=failed)
+        emit(self.observers, ended)
+        return failures
+
+    def _abandon(self, steps: Steps[Any], step: Step) -> None:
+        """The driver stopped inside ``step``: fold what it learnt (a call sent is never forgotten), then close the steps."""
+        if isinstance(step, PhaseCall) and step.results is not None and not step.folded:
+            self._fold(step)
+        steps.close()
+
+    def _settle(self, tx: _Transition, names: Sequence[str]) -> Steps[dict[str, str]]:
+        """Wait (up to the continue phase's limit) for calls still in flight; return the engines to skip, with why."""
+        late = {n: k.in_flight.call for n in names if (k := self._know[n]).in_flight is not None}
+        if late:
+            tx.phase = "settle"
+            step = SettleCall(late, tx.deadline.cap(self.deadlines.for_phase("settle")))
+            yield step
+            for n, error in step.landed.items():
+                self._land(n, error)
+        return {n: self._why_skipped(n) for n in names if self._know[n].dead is not None or self._know[n].in_flight is not None}
+
+    def _land(self, name: str, error: BaseException | None) -> None:
+        k = self._know[name]
+        before = k.state
+        k.land(outcome_of(error))
+        if error is not None and is_engine_dead(error):
+            k.dead = f"{type(error).__name__} after a late call"
+        self._announce(name, before)
+
+    def _why_skipped(self, name: str) -> str:
+        return f"skipped: {self._know[name].why_not_serving()}"
+
+    def _skips(self, skipped: Mapping[str, str]) -> dict[str, BaseException]:
+        return {n: EngineSkipped(f"{n} {why}") for n, why in skipped.items()}
+
+    def _raise_if_skipped(self, tx: _Transition, skipped: Mapping[str, str]) -> None:
+        if skipped:
+            raise self._error(tx, "skipped", self._skips(skipped))
+
+    def _announce(self, name: str, before: EngineState) -> None:
+        after = self._know[name].state
+        if after is not before:
+            emit(self.observers, EngineStateChanged(engine=name, from_state=str(before), to_state=str(after)))
+
+    def _hold(self, name: str, token: int, reason: str) -> None:
+        k = self._know[name]
+        if token not in k.holds:
+            k.holds[token] = reason
+            emit(self.observers, HoldChanged(engine=name, reason=reason, acquired=True, holds=_reasons(k)))
+
+    def _unhold(self, name: str, token: int) -> None:
+        k = self._know[name]
+        reason = k.holds.pop(token, None)
+        if reason is not None:
+            emit(self.observers, HoldChanged(engine=name, reason=reason, acquired=False, holds=_reasons(k)))
+
+    def _token(self, hold: HoldToken | str) -> HoldToken:
+        if isinstance(hold, HoldToken):
+            return hold
+        ids = {i for k in self._know.values() for i, r in k.holds.items() if r == hold and i != _OFFLOAD_TOKEN}
+        if not ids:
+            raise KeyError(f"unpause: no hold named {hold!r} is held")
+        latest = max(ids)
+        return HoldToken(latest, hold, tuple(n for n, k in self._know.items() if latest in k.holds))
+
+    def _held_among(self, names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        return {n: _reasons(self._know[n]) for n in names if self._know[n].holds}
+
+    def _active(self, names: Iterable[str]) -> list[str]:
+        return [n for n in names if n not in self._retired]
+
+    def _name_of(self, engine: str | E) -> str:
+        """The name of an engine given by name, URL, or any engine object the orchestrator was built with."""
+        if isinstance(engine, str):
+            key = engine.rstrip("/")
+            if key in self._engines:
+                return key
+            for name, candidate in self._engines.items():
+                if getattr(candidate, "base_url", None) == key:
+                    return name
+        else:
+            for name, candidate in self._engines.items():
+                if candidate is engine:
+                    return name
+            name = engine_name(engine)
+            if name in self._engines:
+                return name
+        raise KeyError(f"unknown engine {engine!r}: this orchestrator drives {', '.join(self._engines) or 'no engines'}")
+
+    # -- transitions' start, end and errors ---------------------------------------------
+
+    @contextmanager
+    def _transition(self, name: str, engines: Iterable[str]) -> Iterator[_Transition]:
+        """One transition over the ``engines`` not retired: announce it, let the body run, end it.
+
+        A body that returns ends the transition well: its ``TransitionEnded`` is
+        emitted and ``tx.report`` set from ``tx.held`` and ``tx.hold``. A body
+        that raises ``PhaseFailed`` has announced its own end (``_error``); any
+        other exception (the driver abandoned the steps: a cancelled task, a
+        fan-out that raised) ends it with ``ok=False`` and the step it was in.
+        """
+        names = tuple(self._active(engines))
+        tx = _Transition(next(_ids), name, Deadline(self.deadlines.transition_s, clock=self.clock), names, self.clock.monotonic())
+        started = TransitionStarted(transition_id=tx.tid, transition=name, engines=tx.engines, deadline_s=self.deadlines.transition_s)
+        emit(self.observers, started)
+        try:
+            yield tx
+        except PhaseFailed:
+            raise
+        except BaseException:
+            duration = self.clock.monotonic() - tx.started
+            left = tuple(self.not_serving())
+            ended = TransitionEnded(
+                transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=False, failed_phase=tx.phase,
+                left_paused=left,
+            )
+            emit(self.observers, ended)
+            raise
+        duration = self.clock.monotonic() - tx.started
+        ended = TransitionEnded(transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=True)
+        emit(self.observers, ended)
+        tx.report = TransitionReport(tx.name, duration, tuple(tx.phases), dict(tx.held), tx.hold)
+
+    def _error(
+        self, tx: _Transition, phase: str, failed: Mapping[str, BaseException], *, rolled_back: Sequence[str] = ()
+    ) -> PhaseFailed:
+        left = self.not_serving()
+        dead = [n for n in left if self._know[n].dead is not None]
+        budget = self.restart_budget
+        err = PhaseFailed(
+            tx.name,
+            phase,
+            failed,
+            rolled_back=rolled_back,
+            left_paused=left,
+            quarantined=sorted(self.quarantined()),
+            dead=dead,
+            restarts_remaining=None if budget is None else budget.remaining,
+            restart_limit=None if budget is None else budget.limit,
+        )
+        duration = self.clock.monotonic() - tx.started
+        emit(
+            self.observers,
+            TransitionEnded(
+                transition_id=tx.tid,
+                transition=tx.name,
+                engines=tx.engines,
+                duration_s=duration,
+                ok=False,
+                failed_phase=phase,
+                rolled_back=tuple(rolled_back),
+                left_paused=tuple(left),
+            ),
+        )
+        return err
+
+
+def _reasons(k: EngineKnowledge) -> tuple[str, ...]:
+    return tuple(sorted(set(k.holds.values())))
+
+
+def tags_arg(tags: Sequence[str] | None, transition: str) -> frozenset[str]:
+    """``tags`` as a set (None or empty: every tag), refusing a bare string and unknown tags with a message naming them."""
+    if isinstance(tags, str):
+        raise TypeError(f"{transition} tags must be a sequence of tag names, but was the string {tags!r}")
+    wanted = frozenset(tags) if tags else frozenset(ALL_TAGS)
+    unknown = wanted - frozenset(ALL_TAGS)
+    if unknown:
+        raise ValueError(
+            f"{transition} tags must be among {ALL_TAGS}, but got {sorted(unknown)} "
+            "(SGLang ignores an unknown tag on release, then dies of a KeyError on its resume)"
+        )
+    return wanted
+
+
+def offload_args(tags: Sequence[str] | None, mode: str) -> frozenset[str]:
+    """Check an offload's arguments before anything is sent; return the tags to release."""
+    if mode not in ("abort", "retract"):
+        raise ValueError(
+            f"offload pause mode must be 'abort' or 'retract', but was {mode!r}: 'in_place' keeps running requests' KV cache, "
+            "so flush_cache fails and release would crash the engine"
+        )
+    return tags_arg(tags, "offload")
