@@ -1,6 +1,6 @@
 """Per-call overhead of our httpx and aiohttp drivers vs the bare transport and the peer retry libraries.
 
-Run: ``python benchmarks/bench_async_overhead.py [--calls 300] [--rounds 12] [--quick]``
+Run: ``python benchmarks/bench_async_overhead.py [--calls 100] [--rounds 30] [--quick]``
 
 A keep-alive HTTP/1.1 server (``_loopback.LoopbackServer``, asyncio, its own
 process so its CPU does not share the driver's GIL) answers every POST 200
@@ -303,8 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the flags, run the interleaved rounds, print the table."""
     doc = __doc__ or ""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=300, help="sequential calls per variant per round (default 300)")
-    ap.add_argument("--rounds", type=int, default=12, help="interleaved rounds; medians over them are shown (default 12)")
+    ap.add_argument("--calls", type=int, default=100, help="sequential calls per variant per round (default 100)")
+    ap.add_argument("--rounds", type=int, default=30, help="interleaved rounds; medians over them are shown (default 30)")
     ap.add_argument("--warmup", type=int, default=50, help="untimed calls per variant first (default 50)")
     ap.add_argument("--quick", action="store_true", help="small run for development: 30 calls, 3 rounds, 10 warm-up")
     args = ap.parse_args(argv)
