@@ -50,6 +50,7 @@ outside the middleware: each hop is its own logical call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, cast
@@ -192,23 +193,28 @@ async def _send(handler: ClientHandlerType, request: ClientRequest, connect_s: f
 
 
 def _probe_response(request: ClientRequest) -> ClientResponse:
-    """The body-less 200 returned when a probe confirms that an ambiguous request was applied."""
+    """The body-less 200 returned when a probe confirms that an ambiguous request was applied.
+
+    Built with the session's response class; aiohttp 3.14 also wants the
+    request's stream writer (only its ``output_size`` is read), 3.12 does not.
+    """
 
     class _Sent:
         output_size = 0
 
-    response = request.response_class(
-        request.method,
-        request.url,
-        writer=None,
-        continue100=None,
-        timer=cast(Any, None),
-        request_info=request.request_info,
-        traces=[],
-        loop=asyncio.get_running_loop(),
-        session=request.session,
-        stream_writer=cast(Any, _Sent()),
-    )
+    kwargs: dict[str, Any] = {
+        "writer": None,
+        "continue100": None,
+        "timer": None,
+        "request_info": request.request_info,
+        "traces": [],
+        "loop": asyncio.get_running_loop(),
+        "session": request.session,
+    }
+    try:
+        response = request.response_class(request.method, request.url, stream_writer=cast(Any, _Sent()), **kwargs)
+    except TypeError:  # aiohttp before the stream_writer argument
+        response = request.response_class(request.method, request.url, **kwargs)
     response.status = 200
     response.reason = "Applied (confirmed by probe)"
     response._headers = CIMultiDictProxy(CIMultiDict())
@@ -216,6 +222,12 @@ def _probe_response(request: ClientRequest) -> ClientResponse:
     response._body = b""
     response.probe_confirmed = True  # type: ignore[attr-defined]
     return response
+
+
+@functools.lru_cache(maxsize=1024)
+def _engine(scheme: str, host: str, port: int | None) -> tuple[str, str, int]:
+    """``engine_of`` for an already parsed URL (one string per engine, not one parse per request)."""
+    return engine_of(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port or ''}")
 
 
 class ResilientMiddleware:
@@ -258,7 +270,7 @@ class ResilientMiddleware:
         """Run ``request`` as one logical call, calling ``handler`` once per attempt."""
         method = request.method.upper()
         url = str(request.url)
-        engine, host, port = engine_of(url)
+        engine, host, port = _engine(request.url.scheme, request.url.host or "", request.url.port)
         match = self.policies.match(method, request.url.path)
         spec = CallSpec(
             method,

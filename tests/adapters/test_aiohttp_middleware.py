@@ -335,6 +335,20 @@ async def test_per_request_client_timeout_is_still_enforced() -> None:
 
 
 @pytest.mark.asyncio
+async def test_session_total_timeout_bounds_the_whole_call_with_its_retries() -> None:
+    """ClientTimeout(total=...) covers every attempt and backoff: the call ends as aiohttp's TimeoutError before its attempts run out."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=10, base_s=0.2, cap_s=0.2, jitter=0), deadline_s=None)
+    async with serve(Reply(502, b"")) as srv:
+        mw = ResilientMiddleware(table(GET__x=policy), breaker=BreakerConfig(failure_threshold=1))
+        async with session(mw, timeout=aiohttp.ClientTimeout(total=0.5)) as s:
+            with pytest.raises(asyncio.TimeoutError) as info:
+                await s.get(f"{srv.url}/x")
+        assert 1 <= srv.count < 10
+    assert not isinstance(info.value, resilience.ResilienceError)
+    assert mw.retrier.breakers is not None and state(mw.retrier.breakers.get(srv.url)) is BreakerState.CLOSED  # ended neutrally
+
+
+@pytest.mark.asyncio
 async def test_entry_attempt_timeout_beats_a_longer_session_timeout() -> None:
     """An entry's attempt_timeout_s bounds each attempt even when the session allows far longer (the middleware's own clock)."""
     policy = EndpointPolicy(retry=FAST, attempt_timeout_s=SHORT_TIMEOUT, deadline_s=LONG_TIMEOUT)
