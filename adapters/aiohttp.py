@@ -288,6 +288,8 @@ class ResilientMiddleware:
             n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]
         ) -> AttemptResult[ClientResponse]:
             if n > 0:
+                if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
+                    raise RuntimeError("Session is closed")
                 await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
             if carrier:
                 request.headers.update(carrier)

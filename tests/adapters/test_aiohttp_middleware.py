@@ -7,6 +7,7 @@ import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -273,6 +274,34 @@ async def test_bytes_body_is_sent_whole_on_every_attempt() -> None:
         async with session(mw) as s, s.put(f"{srv.url}/weights", data=b"payload") as r:
             assert r.status == 200
         assert [h.body for h in srv.hits] == [b"payload", b"payload"]
+
+
+@pytest.mark.asyncio
+async def test_seekable_file_body_is_rewound_for_each_attempt(tmp_path: Path) -> None:
+    """A file body is replayed from where the first attempt started reading."""
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"header:payload")
+    async with serve(Reply(502, b""), Reply(200)) as srv:
+        mw = ResilientMiddleware(table(PUT__weights=EndpointPolicy(retry=FAST)))
+        with path.open("rb") as f:
+            f.seek(len(b"header:"))
+            async with session(mw) as s, s.put(f"{srv.url}/weights", data=f) as r:
+                assert r.status == 200 and len(r.attempts) == 2  # type: ignore[attr-defined]
+        assert [h.body for h in srv.hits] == [b"payload", b"payload"]
+
+
+@pytest.mark.asyncio
+async def test_closing_the_session_during_a_backoff_ends_the_call() -> None:
+    """A session closed while a call waits to retry ends the call as aiohttp ends calls on a closed session, sending nothing more."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=10, base_s=0.3, cap_s=0.3, jitter=0), deadline_s=None)
+    async with serve(Reply(502, b"")) as srv:
+        s = session(ResilientMiddleware(table(GET__x=policy), breaker=None))
+        call = asyncio.create_task(s.get(f"{srv.url}/x"))
+        await wait_for_hits(srv, 1)
+        await s.close()
+        with pytest.raises(RuntimeError, match="Session is closed"):
+            await call
+        assert srv.count == 1
 
 
 # -- deadlines and timeouts ---------------------------------------------------
