@@ -50,6 +50,7 @@ outside the middleware: each hop is its own logical call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, cast
@@ -60,20 +61,19 @@ from aiohttp.client import DEFAULT_TIMEOUT
 from aiohttp.payload import BytesPayload, IOBasePayload
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from resilience.adapters import _arun_shim
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters.requests import engine_of
 from resilience.backoff import parse_retry_after
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.errors import ResilienceError
+from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry import AttemptResult, CallSpec, Retrier
 
-__all__ = ["ResilientMiddleware"]
+__all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout"]
 
 _DEFAULT_BREAKER = BreakerConfig()
 _DEFAULT_BUDGET = RetryBudgetConfig()
@@ -91,10 +91,14 @@ _NOT_TRANSIENT: tuple[type[BaseException], ...] = (
     aiohttp.ServerFingerprintMismatch,
 )
 """Errors raised at once, never retried: a bad URL, TLS trouble, a pinned fingerprint that does not match."""
-_ERROR_TYPES: dict[type[ResilienceError], type[ResilienceError]] = {
-    cls.__mro__[1]: cls
-    for cls in (errors.DeadlineExceeded, errors.CircuitOpen, errors.AmbiguousOutcome, errors.RetryBudgetExhausted, errors.RetriesExhausted)
-}
+ERROR_TYPES = ErrorTypes(
+    deadline_exceeded=errors.DeadlineExceeded,
+    circuit_open=errors.CircuitOpen,
+    ambiguous=errors.AmbiguousOutcome,
+    budget_exhausted=errors.RetryBudgetExhausted,
+    retries_exhausted=errors.RetriesExhausted,
+)
+"""The classes the middleware's retry loop raises: ``aiohttp.ClientError`` subclasses of the core's errors."""
 
 
 def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] | None:
@@ -189,23 +193,28 @@ async def _send(handler: ClientHandlerType, request: ClientRequest, connect_s: f
 
 
 def _probe_response(request: ClientRequest) -> ClientResponse:
-    """The body-less 200 returned when a probe confirms that an ambiguous request was applied."""
+    """The body-less 200 returned when a probe confirms that an ambiguous request was applied.
+
+    Built with the session's response class; aiohttp 3.14 also wants the
+    request's stream writer (only its ``output_size`` is read), 3.12 does not.
+    """
 
     class _Sent:
         output_size = 0
 
-    response = request.response_class(
-        request.method,
-        request.url,
-        writer=None,
-        continue100=None,
-        timer=cast(Any, None),
-        request_info=request.request_info,
-        traces=[],
-        loop=asyncio.get_running_loop(),
-        session=request.session,
-        stream_writer=cast(Any, _Sent()),
-    )
+    kwargs: dict[str, Any] = {
+        "writer": None,
+        "continue100": None,
+        "timer": None,
+        "request_info": request.request_info,
+        "traces": [],
+        "loop": asyncio.get_running_loop(),
+        "session": request.session,
+    }
+    try:
+        response = request.response_class(request.method, request.url, stream_writer=cast(Any, _Sent()), **kwargs)
+    except TypeError:  # aiohttp before the stream_writer argument
+        response = request.response_class(request.method, request.url, **kwargs)
     response.status = 200
     response.reason = "Applied (confirmed by probe)"
     response._headers = CIMultiDictProxy(CIMultiDict())
@@ -213,6 +222,12 @@ def _probe_response(request: ClientRequest) -> ClientResponse:
     response._body = b""
     response.probe_confirmed = True  # type: ignore[attr-defined]
     return response
+
+
+@functools.lru_cache(maxsize=1024)
+def _engine(scheme: str, host: str, port: int | None) -> tuple[str, str, int]:
+    """``engine_of`` for an already parsed URL (one string per engine, not one parse per request)."""
+    return engine_of(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port or ''}")
 
 
 class ResilientMiddleware:
@@ -248,13 +263,14 @@ class ResilientMiddleware:
             observers=self.observers,
             clock=clock,
             rng=rng,
+            error_types=ERROR_TYPES,
         )
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         """Run ``request`` as one logical call, calling ``handler`` once per attempt."""
         method = request.method.upper()
         url = str(request.url)
-        engine, host, port = engine_of(url)
+        engine, host, port = _engine(request.url.scheme, request.url.host or "", request.url.port)
         match = self.policies.match(method, request.url.path)
         spec = CallSpec(
             method,
@@ -272,6 +288,8 @@ class ResilientMiddleware:
             n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]
         ) -> AttemptResult[ClientResponse]:
             if n > 0:
+                if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
+                    raise RuntimeError("Session is closed")
                 await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
             if carrier:
                 request.headers.update(carrier)
@@ -286,14 +304,7 @@ class ResilientMiddleware:
             retry_after = parse_retry_after(response.headers.get("Retry-After")) if response.status in (429, 503) else None
             return AttemptResult(response=response, status=response.status, retry_after=retry_after)
 
-        response, records = await _arun_shim.arun(
-            self.retrier,
-            spec,
-            attempt,
-            discard=_discard,
-            on_probe_done=lambda: _probe_response(request),
-            error_types=_ERROR_TYPES,
-        )
+        response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
         response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response

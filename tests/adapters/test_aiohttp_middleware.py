@@ -7,6 +7,7 @@ import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -30,6 +31,7 @@ from resilience import (
 from resilience.adapters.aiohttp import ResilientMiddleware, caller_timeout
 from resilience.adapters.aiohttp_errors import AmbiguousOutcome, CircuitOpen, DeadlineExceeded, RetryBudgetExhausted
 from resilience.breaker import CircuitBreaker
+from resilience.events import AttemptStarted, Event
 from tests.conftest import LONG_TIMEOUT, SHORT_TIMEOUT, free_port
 from tests.servers import Action, Drop, Hang, Reply
 
@@ -148,6 +150,23 @@ async def test_502_502_200_is_one_call_three_attempts_on_one_connection() -> Non
 
 
 @pytest.mark.asyncio
+async def test_carrier_headers_are_set_on_each_attempt() -> None:
+    """Headers an observer adds to AttemptStarted's carrier (trace context) go out on that attempt's request."""
+
+    def tracer(event: Event) -> None:
+        if isinstance(event, AttemptStarted):
+            event.carrier["traceparent"] = f"00-{event.call_id:032x}-{event.attempt + 1:016x}-01"
+
+    async with serve(Reply(503, b""), Reply(200, b"ok")) as srv:
+        mw = ResilientMiddleware(table(GET__x=EndpointPolicy(retry=FAST)), observers=[tracer])
+        async with session(mw) as s, s.get(f"{srv.url}/x") as r:
+            assert r.status == 200
+        sent = [h.headers.get("traceparent", "") for h in srv.hits]
+        assert len(sent) == 2 and [t[-19:] for t in sent] == [f"{1:016x}-01", f"{2:016x}-01"]
+        assert sent[0][:35] == sent[1][:35]  # one call, one trace id
+
+
+@pytest.mark.asyncio
 async def test_4xx_and_500_reach_the_caller_after_one_attempt() -> None:
     """Client errors and plain 500s are returned as they are, never retried."""
     async with serve(Reply(400, b"bad"), Reply(500, b"boom")) as srv:
@@ -257,6 +276,34 @@ async def test_bytes_body_is_sent_whole_on_every_attempt() -> None:
         assert [h.body for h in srv.hits] == [b"payload", b"payload"]
 
 
+@pytest.mark.asyncio
+async def test_seekable_file_body_is_rewound_for_each_attempt(tmp_path: Path) -> None:
+    """A file body is replayed from where the first attempt started reading."""
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"header:payload")
+    async with serve(Reply(502, b""), Reply(200)) as srv:
+        mw = ResilientMiddleware(table(PUT__weights=EndpointPolicy(retry=FAST)))
+        with path.open("rb") as f:
+            f.seek(len(b"header:"))
+            async with session(mw) as s, s.put(f"{srv.url}/weights", data=f) as r:
+                assert r.status == 200 and len(r.attempts) == 2  # type: ignore[attr-defined]
+        assert [h.body for h in srv.hits] == [b"payload", b"payload"]
+
+
+@pytest.mark.asyncio
+async def test_closing_the_session_during_a_backoff_ends_the_call() -> None:
+    """A session closed while a call waits to retry ends the call as aiohttp ends calls on a closed session, sending nothing more."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=10, base_s=0.3, cap_s=0.3, jitter=0), deadline_s=None)
+    async with serve(Reply(502, b"")) as srv:
+        s = session(ResilientMiddleware(table(GET__x=policy), breaker=None))
+        call = asyncio.create_task(s.get(f"{srv.url}/x"))
+        await wait_for_hits(srv, 1)
+        await s.close()
+        with pytest.raises(RuntimeError, match="Session is closed"):
+            await call
+        assert srv.count == 1
+
+
 # -- deadlines and timeouts ---------------------------------------------------
 
 
@@ -314,6 +361,20 @@ async def test_per_request_client_timeout_is_still_enforced() -> None:
                 assert await r.text() == "ok"
                 assert r.attempts[0].error_type == "SocketTimeoutError"  # type: ignore[attr-defined]
         assert srv.count == 2
+
+
+@pytest.mark.asyncio
+async def test_session_total_timeout_bounds_the_whole_call_with_its_retries() -> None:
+    """ClientTimeout(total=...) covers every attempt and backoff: the call ends as aiohttp's TimeoutError before its attempts run out."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=10, base_s=0.2, cap_s=0.2, jitter=0), deadline_s=None)
+    async with serve(Reply(502, b"")) as srv:
+        mw = ResilientMiddleware(table(GET__x=policy), breaker=BreakerConfig(failure_threshold=1))
+        async with session(mw, timeout=aiohttp.ClientTimeout(total=0.5)) as s:
+            with pytest.raises(asyncio.TimeoutError) as info:
+                await s.get(f"{srv.url}/x")
+        assert 1 <= srv.count < 10
+    assert not isinstance(info.value, resilience.ResilienceError)
+    assert mw.retrier.breakers is not None and state(mw.retrier.breakers.get(srv.url)) is BreakerState.CLOSED  # ended neutrally
 
 
 @pytest.mark.asyncio
@@ -388,6 +449,14 @@ async def test_retry_budget_stops_retries() -> None:
 # -- cancellation ---------------------------------------------------------------
 
 
+class PausingClock(FakeClock):
+    """A fake clock (time moves only when told) whose backoff sleeps really wait on the loop, so a test can cancel one."""
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        await asyncio.sleep(seconds)
+
+
 async def _half_open(mw: ResilientMiddleware, clock: FakeClock, s: aiohttp.ClientSession, url: str) -> CircuitBreaker:
     """Open the engine's breaker with one failed call, then let its wait pass: one probe slot free."""
     async with s.get(f"{url}/fail") as r:
@@ -411,18 +480,20 @@ def _cancel_table() -> PolicyTable:
 @pytest.mark.asyncio
 async def test_cancel_during_backoff_sends_nothing_more_and_returns_the_probe_slot() -> None:
     """A task cancelled in its backoff sleep re-raises CancelledError, sends no more attempts, and gives the half-open slot back."""
-    clock = FakeClock()
+    clock = PausingClock()
     mw = ResilientMiddleware(_cancel_table(), breaker=BreakerConfig(failure_threshold=1, open_seconds=10), clock=clock)
     async with serve(Reply(502, b""), Reply(502, b""), Reply(200, b"ok")) as srv, session(mw) as s:
         breaker = await _half_open(mw, clock, s, srv.url)
         call = asyncio.create_task(s.get(f"{srv.url}/slow"))  # takes the only probe slot, gets a 502, sleeps 30 s
         await wait_for_hits(srv, 2)
-        await asyncio.sleep(0.1)
+        async with asyncio.timeout(LONG_TIMEOUT):
+            while not clock.sleeps:  # the 502 was read: the call is in its 30 s backoff
+                await asyncio.sleep(0.01)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
         await asyncio.sleep(0.2)
-        assert srv.count == 2  # nothing more sent
+        assert srv.count == 2 and clock.sleeps == [30]  # nothing more sent
         assert state(breaker) is BreakerState.HALF_OPEN  # neither a failure (would reopen) nor a success
         async with s.get(f"{srv.url}/x") as r:  # the slot came back: this call is let in (else CircuitOpen)
             assert r.status == 200
