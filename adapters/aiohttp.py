@@ -60,20 +60,19 @@ from aiohttp.client import DEFAULT_TIMEOUT
 from aiohttp.payload import BytesPayload, IOBasePayload
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from resilience.adapters import _arun_shim
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters.requests import engine_of
 from resilience.backoff import parse_retry_after
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.errors import ResilienceError
+from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry import AttemptResult, CallSpec, Retrier
 
-__all__ = ["ResilientMiddleware"]
+__all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout"]
 
 _DEFAULT_BREAKER = BreakerConfig()
 _DEFAULT_BUDGET = RetryBudgetConfig()
@@ -91,10 +90,14 @@ _NOT_TRANSIENT: tuple[type[BaseException], ...] = (
     aiohttp.ServerFingerprintMismatch,
 )
 """Errors raised at once, never retried: a bad URL, TLS trouble, a pinned fingerprint that does not match."""
-_ERROR_TYPES: dict[type[ResilienceError], type[ResilienceError]] = {
-    cls.__mro__[1]: cls
-    for cls in (errors.DeadlineExceeded, errors.CircuitOpen, errors.AmbiguousOutcome, errors.RetryBudgetExhausted, errors.RetriesExhausted)
-}
+ERROR_TYPES = ErrorTypes(
+    deadline_exceeded=errors.DeadlineExceeded,
+    circuit_open=errors.CircuitOpen,
+    ambiguous=errors.AmbiguousOutcome,
+    budget_exhausted=errors.RetryBudgetExhausted,
+    retries_exhausted=errors.RetriesExhausted,
+)
+"""The classes the middleware's retry loop raises: ``aiohttp.ClientError`` subclasses of the core's errors."""
 
 
 def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] | None:
@@ -248,6 +251,7 @@ class ResilientMiddleware:
             observers=self.observers,
             clock=clock,
             rng=rng,
+            error_types=ERROR_TYPES,
         )
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
@@ -286,14 +290,7 @@ class ResilientMiddleware:
             retry_after = parse_retry_after(response.headers.get("Retry-After")) if response.status in (429, 503) else None
             return AttemptResult(response=response, status=response.status, retry_after=retry_after)
 
-        response, records = await _arun_shim.arun(
-            self.retrier,
-            spec,
-            attempt,
-            discard=_discard,
-            on_probe_done=lambda: _probe_response(request),
-            error_types=_ERROR_TYPES,
-        )
+        response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
         response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response

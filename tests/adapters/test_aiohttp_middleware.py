@@ -30,6 +30,7 @@ from resilience import (
 from resilience.adapters.aiohttp import ResilientMiddleware, caller_timeout
 from resilience.adapters.aiohttp_errors import AmbiguousOutcome, CircuitOpen, DeadlineExceeded, RetryBudgetExhausted
 from resilience.breaker import CircuitBreaker
+from resilience.events import AttemptStarted, Event
 from tests.conftest import LONG_TIMEOUT, SHORT_TIMEOUT, free_port
 from tests.servers import Action, Drop, Hang, Reply
 
@@ -145,6 +146,23 @@ async def test_502_502_200_is_one_call_three_attempts_on_one_connection() -> Non
         assert [a.status for a in attempts] == [502, 502, 200]
         assert all(a.delay_s is not None and 0 <= a.delay_s <= 0.05 for a in attempts[:2])
         assert srv.count == 3 and len({h.peer for h in srv.hits}) == 1
+
+
+@pytest.mark.asyncio
+async def test_carrier_headers_are_set_on_each_attempt() -> None:
+    """Headers an observer adds to AttemptStarted's carrier (trace context) go out on that attempt's request."""
+
+    def tracer(event: Event) -> None:
+        if isinstance(event, AttemptStarted):
+            event.carrier["traceparent"] = f"00-{event.call_id:032x}-{event.attempt + 1:016x}-01"
+
+    async with serve(Reply(503, b""), Reply(200, b"ok")) as srv:
+        mw = ResilientMiddleware(table(GET__x=EndpointPolicy(retry=FAST)), observers=[tracer])
+        async with session(mw) as s, s.get(f"{srv.url}/x") as r:
+            assert r.status == 200
+        sent = [h.headers.get("traceparent", "") for h in srv.hits]
+        assert len(sent) == 2 and [t[-19:] for t in sent] == [f"{1:016x}-01", f"{2:016x}-01"]
+        assert sent[0][:35] == sent[1][:35]  # one call, one trace id
 
 
 @pytest.mark.asyncio
@@ -388,6 +406,14 @@ async def test_retry_budget_stops_retries() -> None:
 # -- cancellation ---------------------------------------------------------------
 
 
+class PausingClock(FakeClock):
+    """A fake clock (time moves only when told) whose backoff sleeps really wait on the loop, so a test can cancel one."""
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        await asyncio.sleep(seconds)
+
+
 async def _half_open(mw: ResilientMiddleware, clock: FakeClock, s: aiohttp.ClientSession, url: str) -> CircuitBreaker:
     """Open the engine's breaker with one failed call, then let its wait pass: one probe slot free."""
     async with s.get(f"{url}/fail") as r:
@@ -411,18 +437,20 @@ def _cancel_table() -> PolicyTable:
 @pytest.mark.asyncio
 async def test_cancel_during_backoff_sends_nothing_more_and_returns_the_probe_slot() -> None:
     """A task cancelled in its backoff sleep re-raises CancelledError, sends no more attempts, and gives the half-open slot back."""
-    clock = FakeClock()
+    clock = PausingClock()
     mw = ResilientMiddleware(_cancel_table(), breaker=BreakerConfig(failure_threshold=1, open_seconds=10), clock=clock)
     async with serve(Reply(502, b""), Reply(502, b""), Reply(200, b"ok")) as srv, session(mw) as s:
         breaker = await _half_open(mw, clock, s, srv.url)
         call = asyncio.create_task(s.get(f"{srv.url}/slow"))  # takes the only probe slot, gets a 502, sleeps 30 s
         await wait_for_hits(srv, 2)
-        await asyncio.sleep(0.1)
+        async with asyncio.timeout(LONG_TIMEOUT):
+            while not clock.sleeps:  # the 502 was read: the call is in its 30 s backoff
+                await asyncio.sleep(0.01)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
         await asyncio.sleep(0.2)
-        assert srv.count == 2  # nothing more sent
+        assert srv.count == 2 and clock.sleeps == [30]  # nothing more sent
         assert state(breaker) is BreakerState.HALF_OPEN  # neither a failure (would reopen) nor a success
         async with s.get(f"{srv.url}/x") as r:  # the slot came back: this call is let in (else CircuitOpen)
             assert r.status == 200
