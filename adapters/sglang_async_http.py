@@ -10,7 +10,6 @@ that kind exists (or ``aiohttp_session`` builds one).
 from __future__ import annotations
 
 import codecs
-import importlib
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -142,8 +141,7 @@ def aiohttp_session(
     try:
         import aiohttp
 
-        # imported by name until the aiohttp driver lands on this branch (then: a plain import)
-        ResilientMiddleware = importlib.import_module("resilience.adapters.aiohttp").ResilientMiddleware
+        from resilience.adapters.aiohttp import ResilientMiddleware
     except ImportError as exc:  # pragma: no cover - the extra is in [all]
         raise ImportError(
             "AsyncSGLangClient's default transport needs aiohttp: pip install 'controlplane-resilience[aiohttp]' "

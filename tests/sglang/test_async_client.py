@@ -2,6 +2,7 @@
 
 Both transports run every scenario: the client's own aiohttp session (``ResilientMiddleware``),
 and an ``httpx.AsyncClient`` the caller passes with ``AsyncResilientTransport`` mounted.
+Engines: two shared by the module, plus at most two more per test (auth, faults, parity).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 from pytest_httpserver import HTTPServer
 
+from resilience.adapters.httpx import AsyncResilientTransport
 from resilience.adapters.sglang import (
     AsyncSGLangClient,
     ControlResult,
@@ -33,8 +34,10 @@ from resilience.adapters.sglang import (
     SGLangProtocolError,
 )
 from resilience.barrier.engine import ALL_TAGS, AsyncControlPlaneEngine
-from resilience.events import Event
+from resilience.events import Event, Observer, RetryScheduled
+from resilience.policy import PolicyTable
 from resilience.testing.emulator import EmulatedFleet
+from resilience.testing.faults import FaultPlan, FaultRule
 from tests.sglang.conftest import FAST_ENGINE, FAST_SGLANG
 
 TRANSPORTS = ("aiohttp", "httpx")
@@ -43,17 +46,21 @@ ADMIN_KEY = "sk-async-admin-8e07"
 
 
 @asynccontextmanager
-async def open_client(kind: str, url: str, events: list[Event] | None = None, **kwargs: Any) -> AsyncIterator[AsyncSGLangClient]:
-    """An AsyncSGLangClient over ``kind``, closed (with the session it was given) on exit."""
+async def open_client(
+    kind: str, url: str, events: list[Event] | None = None, policies: PolicyTable = FAST_SGLANG, **kwargs: Any
+) -> AsyncIterator[AsyncSGLangClient]:
+    """An AsyncSGLangClient over ``kind``: its own aiohttp session (the default), or an httpx.AsyncClient it is given."""
+    observers: list[Observer] = [events.append] if events is not None else []
     if kind == "aiohttp":
-        session: aiohttp.ClientSession | httpx.AsyncClient = aiohttp.ClientSession()
-    else:
-        session = httpx.AsyncClient(timeout=30.0)
-    try:
+        async with AsyncSGLangClient(url, policies=policies, observers=observers, flush_poll_s=0.05, **kwargs) as client:
+            yield client
+        assert client.session is None  # aclose closed its own session
+        return
+    transport = AsyncResilientTransport(policies, observers=observers)
+    async with httpx.AsyncClient(transport=transport) as session:
         async with AsyncSGLangClient(url, session=session, flush_poll_s=0.05, **kwargs) as client:
             yield client
-    finally:
-        await (session.close() if isinstance(session, aiohttp.ClientSession) else session.aclose())
+        assert client.session is session and not session.is_closed  # a session the caller passed stays open
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +108,38 @@ async def test_offload_onload_round_trip_typed(fleet: EmulatedFleet, kind: str) 
     new_flushes = calls_to(fleet, i, "/flush_cache")[flushes_before:]
     assert [c["query"] for c in new_flushes] == ["timeout=0.000"]
     assert fleet.engines[i].alive()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_502_run_is_absorbed_through_the_fault_proxy(kind: str) -> None:
+    """Two 502s from the proxy on pause, one on release: the calls succeed, each retry an event, the engine sees each call once."""
+    plan = FaultPlan(
+        seed=3,
+        rules=(
+            FaultRule("/pause_generation", "status_before", calls=frozenset({1, 2})),
+            FaultRule("/release_memory_occupation", "status_before", calls=frozenset({1})),
+        ),
+    )
+    events: list[Event] = []
+    with EmulatedFleet(1, FAST_ENGINE, fault_plan=plan) as faulty:
+        async with open_client(kind, faulty.urls[0], events) as client:
+            paused = await client.pause_generation(mode="abort")
+            await client.flush_cache()
+            released = await client.release_memory_occupation(tags=None)
+            await client.resume_memory_occupation(tags=None)
+            await client.continue_generation()
+        record = faulty.engines[0].record()["calls"]
+        assert faulty.engines[0].alive()
+    assert (paused.attempts, released.attempts) == (3, 2)
+    retries = [e for e in events if isinstance(e, RetryScheduled)]
+    assert [(e.endpoint, e.reason) for e in retries] == [("POST /pause_generation", "status_502")] * 2 + [
+        ("POST /release_memory_occupation", "status_502")
+    ]
+    assert [c["path"] for c in record if c["path"] in ("/pause_generation", "/release_memory_occupation")] == [
+        "/pause_generation",
+        "/release_memory_occupation",
+    ]
 
 
 @pytest.mark.asyncio
@@ -174,9 +213,10 @@ async def test_typed_reads(fleet: EmulatedFleet, kind: str) -> None:
 async def test_wrong_key_is_refused_and_never_shown(kind: str) -> None:
     """A wrong key raises SGLangAuthError naming which key was refused; no key appears in repr, str or args."""
     config = dataclasses.replace(FAST_ENGINE, api_key=API_KEY, admin_api_key=ADMIN_KEY)
+    events: list[Event] = []
     with EmulatedFleet(1, config) as fleet:
         url = fleet.urls[0]
-        async with open_client(kind, url, api_key="sk-wrong-api", admin_api_key="sk-wrong-admin") as client:
+        async with open_client(kind, url, events, api_key="sk-wrong-api", admin_api_key="sk-wrong-admin") as client:
             with pytest.raises(SGLangAuthError) as read_refused:
                 await client.model_info()
             with pytest.raises(SGLangAuthError) as admin_refused:
@@ -185,13 +225,14 @@ async def test_wrong_key_is_refused_and_never_shown(kind: str) -> None:
                 async for _ in client.generate_stream("x", sampling_params={"max_new_tokens": 1}):
                     pass
             assert (await client.health()).healthy  # probes take no key
-        async with open_client(kind, url, api_key=API_KEY, admin_api_key=ADMIN_KEY) as good:
+        async with open_client(kind, url, events, api_key=API_KEY, admin_api_key=ADMIN_KEY) as good:
             assert (await good.pause_generation(mode="abort")).attempts == 1
             assert (await good.continue_generation()).endpoint == "POST /continue_generation"
     assert (read_refused.value.key, admin_refused.value.key, stream_refused.value.key) == ("api_key", "admin_api_key", "api_key")
     assert read_refused.value.status == 401 and "GET /model_info" in str(read_refused.value)
     errors = (read_refused.value, admin_refused.value, stream_refused.value)
-    shown = [repr(client), repr(good), str(client), *(str(e) + repr(e.args) for e in errors)]
+    assert len(events) >= 10 and not [e for e in events if isinstance(e, RetryScheduled)]  # a refusal is never retried
+    shown = [repr(client), repr(good), str(client), *(str(e) + repr(e.args) for e in errors), *map(repr, events)]
     for secret in (API_KEY, ADMIN_KEY, "sk-wrong-api", "sk-wrong-admin"):
         assert not any(secret in text for text in shown), secret
     assert "api_key=***" in repr(client)
