@@ -70,7 +70,13 @@ class AsyncSGLangClient(SGLangClientState):
     left out: they configure only the client's own session.
 
     Close the own session with ``await client.aclose()`` or ``async with``; the
-    client opens a new one on its next use (in whichever loop runs it then).
+    client opens a new one on its next use (in whichever loop runs it then). The
+    own session belongs to the loop that opened it: a call from another loop while
+    that one is open raises RuntimeError; once that loop is closed, the client
+    opens a new session (aiohttp then warns that the old one was not closed).
+    Errors raised over the own aiohttp session carry no ``response``: aiohttp's
+    cannot be pickled, and errors travel pickled (Ray); the status and a body
+    excerpt are on the error itself.
     """
 
     def __init__(
@@ -163,10 +169,14 @@ class AsyncSGLangClient(SGLangClientState):
             )
             self._loop = loop
         elif self._owns_session and self._loop is not loop:
-            raise RuntimeError(
-                f"{self!r} opened its session in another event loop; aiohttp sessions belong to one loop: "
-                "await client.aclose() in that loop first, or use one client per loop"
-            )
+            if self._loop is not None and not self._loop.is_closed():
+                raise RuntimeError(
+                    f"{self!r} opened its session in another event loop, which is still open; an aiohttp session belongs "
+                    "to one loop: await client.aclose() in that loop first, or use one client per loop"
+                )
+            # the loop that opened the session is closed, and its connections with it: open a new session here
+            self._requester = None
+            return self._http()
         return self._requester
 
     async def _send(self, call: Call) -> Answer:
@@ -363,7 +373,7 @@ class AsyncSGLangClient(SGLangClientState):
         key_name, key = self._key_for(call.path)
         async with self._http().stream(call, self.base_url + call.path, auth_headers(key)) as reply:
             if reply.status >= 400:
-                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, getattr(reply, "response", None))
+                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response)
                 calls.require_ok(self.engine, raise_if_refused(self.engine, answer, key_name))
             async for line in reply.lines():
                 item = calls.sse_line(self.engine, call.endpoint, line)

@@ -33,6 +33,8 @@ class StreamedReply(Protocol):
 
     status: int
     attempts: int
+    response: Any
+    """The transport's response, put on errors as ``error.response``; None where it cannot be pickled (aiohttp)."""
 
     async def text(self) -> str:
         """The whole (remaining) body as text."""
@@ -82,19 +84,20 @@ def _split_lines(buffer: str) -> tuple[list[str], str]:
 
 class _AiohttpReply:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self.response = response
+        self._response = response
+        self.response = None  # an aiohttp ClientResponse cannot be pickled, and errors travel pickled (Ray)
         self.status = response.status
         self.attempts = _attempt_count(getattr(response, "attempts", None))
 
     async def text(self) -> str:
-        return await self.response.text(errors="replace")
+        return await self._response.text(errors="replace")
 
     async def lines(self) -> AsyncIterator[str]:
         # iter_any, not readline: one SSE chunk of a long generation can exceed aiohttp's line limit.
         # SSE is UTF-8 (WHATWG); the incremental decoder keeps a character split across chunks whole.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         rest = ""
-        async for chunk in self.response.content.iter_any():
+        async for chunk in self._response.content.iter_any():
             lines, rest = _split_lines(rest + decoder.decode(chunk))
             for line in lines:
                 yield line
@@ -115,7 +118,7 @@ class AiohttpRequester:
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         async with self.session.request(call.method, url, json=call.body, params=call.params, headers=headers) as response:
             reply = _AiohttpReply(response)
-            return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, response)
+            return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:

@@ -12,10 +12,12 @@ import dataclasses
 import functools
 import inspect
 import json
+import pickle
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from pytest_httpserver import HTTPServer
@@ -255,9 +257,43 @@ async def test_malformed_answer_shows_endpoint_status_and_excerpt(httpserver: HT
                 seen.append(chunk)
     text = str(info.value)
     assert "GET /model_info" in text and "HTTP 200" in text and "not JSON" in text and "gateway page" in text
+    shipped = pickle.loads(pickle.dumps(info.value))  # errors travel pickled (Ray): aiohttp's response stays behind
+    assert type(shipped) is SGLangProtocolError and str(shipped) == text and shipped.status == 200
     assert info.value.status == 200 and info.value.body_excerpt == "<html>gateway page</html>"
     assert [c.text for c in seen] == ["a"]
     assert "POST /generate" in str(stream_info.value) and "bad SSE chunk" in str(stream_info.value) and "oops" in str(stream_info.value)
+
+
+@pytest.mark.filterwarnings("ignore:Unclosed client session")
+def test_own_session_lifetime_pool_and_loop(httpserver: HTTPServer) -> None:
+    """The own session opens lazily in the running loop with the pool asked for; another open loop is refused; it reopens."""
+    httpserver.expect_request("/ready").respond_with_data("ok")
+    client = AsyncSGLangClient(httpserver.url_for("/").rstrip("/"), policies=FAST_SGLANG, limit_per_host=3)
+    assert client.session is None
+    shipped = pickle.loads(pickle.dumps(client))  # an unopened client travels (a Ray actor's argument)
+    assert repr(shipped) == repr(client) and shipped.session is None
+
+    async def use(close: bool) -> tuple[int, int]:
+        assert await client.ready()
+        session = client.session
+        assert isinstance(session, aiohttp.ClientSession) and isinstance(session.connector, aiohttp.TCPConnector)
+        sizes = session.connector.limit_per_host, session.connector.limit
+        if close:
+            await client.aclose()
+            assert session.closed and client.session is None
+        return sizes
+
+    assert asyncio.run(use(close=True)) == (3, 3)
+    first = asyncio.new_event_loop()
+    try:
+        assert first.run_until_complete(use(close=False)) == (3, 3)
+        with pytest.raises(RuntimeError, match="opened its session in another event loop, which is still open"):
+            asyncio.run(use(close=True))
+        first.run_until_complete(use(close=False))  # still its loop
+    finally:
+        first.close()
+    assert asyncio.run(use(close=True)) == (3, 3)  # the first loop is closed: a new session in this one
+    assert len(httpserver.log) == 4
 
 
 # -- parity with SGLangClient -------------------------------------------------------------------------
