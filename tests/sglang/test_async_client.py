@@ -420,6 +420,8 @@ def test_bad_arguments_are_named() -> None:
         AsyncSGLangClient("http://127.0.0.1:9", session=sync_session)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="session= and observers, retry_budget"):
         AsyncSGLangClient("http://127.0.0.1:9", session=httpx.AsyncClient(), observers=[events.append], retry_budget=None)
+    with pytest.raises(TypeError, match="breakr"):  # a misspelt middleware knob fails at once, not at the first call
+        AsyncSGLangClient("http://127.0.0.1:9", breakr=None)
     with pytest.raises(ValueError, match="limit_per_host must be an int >= 1, but was 0"):
         AsyncSGLangClient("http://127.0.0.1:9", limit_per_host=0)
     with pytest.raises(ValueError, match="pause mode must be"):
