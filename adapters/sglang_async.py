@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from resilience.adapters import sglang_calls as calls
-from resilience.adapters.sglang_async_http import AsyncRequester, aiohttp_session, requester_for
+from resilience.adapters.sglang_async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
 from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, auth_headers, raise_if_refused
 from resilience.adapters.sglang_policies import SGLANG_POLICIES
 from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
@@ -70,7 +70,13 @@ class AsyncSGLangClient(SGLangClientState):
     left out: they configure only the client's own session.
 
     Close the own session with ``await client.aclose()`` or ``async with``; the
-    client opens a new one on its next use (in whichever loop runs it then).
+    client opens a new one on its next use (in whichever loop runs it then). The
+    own session belongs to the loop that opened it: a call from another loop while
+    that one is open raises RuntimeError; once that loop is closed, the client
+    opens a new session (aiohttp then warns that the old one was not closed).
+    Errors raised over the own aiohttp session carry no ``response``: aiohttp's
+    cannot be pickled, and errors travel pickled (Ray); the status and a body
+    excerpt are on the error itself.
     """
 
     def __init__(
@@ -115,6 +121,11 @@ class AsyncSGLangClient(SGLangClientState):
         self._observers = tuple(observers)
         self._limit_per_host = limit_per_host
         self._middleware_kwargs = dict(middleware_kwargs)
+        # one middleware for every session the client opens: its breakers and budgets outlive an aclose()
+        self._middleware = None if session is not None else self._new_middleware()
+
+    def _new_middleware(self) -> Any:
+        return resilient_middleware(self._policies, observers=self._observers, middleware_kwargs=self._middleware_kwargs)
 
     @property
     def session(self) -> aiohttp.ClientSession | httpx.AsyncClient | None:
@@ -145,7 +156,13 @@ class AsyncSGLangClient(SGLangClientState):
         state = super().__getstate__()
         state["_requester"] = None
         state["_loop"] = None
+        state["_middleware"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild the lock and the middleware (fresh breakers and budgets) after unpickling."""
+        super().__setstate__(state)
+        self._middleware = self._new_middleware()
 
     # -- plumbing ------------------------------------------------------------
 
@@ -153,20 +170,17 @@ class AsyncSGLangClient(SGLangClientState):
         """The request helper; the client's own session is opened here, in the running loop."""
         loop = asyncio.get_running_loop()
         if self._requester is None:
-            self._requester = requester_for(
-                aiohttp_session(
-                    self._policies,
-                    observers=self._observers,
-                    limit_per_host=self._limit_per_host,
-                    middleware_kwargs=self._middleware_kwargs,
-                )
-            )
+            self._requester = requester_for(aiohttp_session(self._middleware, limit_per_host=self._limit_per_host))
             self._loop = loop
         elif self._owns_session and self._loop is not loop:
-            raise RuntimeError(
-                f"{self!r} opened its session in another event loop; aiohttp sessions belong to one loop: "
-                "await client.aclose() in that loop first, or use one client per loop"
-            )
+            if self._loop is not None and not self._loop.is_closed():
+                raise RuntimeError(
+                    f"{self!r} opened its session in another event loop, which is still open; an aiohttp session belongs "
+                    "to one loop: await client.aclose() in that loop first, or use one client per loop"
+                )
+            # the loop that opened the session is closed, and its connections with it: open a new session here
+            self._requester = None
+            return self._http()
         return self._requester
 
     async def _send(self, call: Call) -> Answer:
@@ -363,7 +377,7 @@ class AsyncSGLangClient(SGLangClientState):
         key_name, key = self._key_for(call.path)
         async with self._http().stream(call, self.base_url + call.path, auth_headers(key)) as reply:
             if reply.status >= 400:
-                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, getattr(reply, "response", None))
+                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response)
                 calls.require_ok(self.engine, raise_if_refused(self.engine, answer, key_name))
             async for line in reply.lines():
                 item = calls.sse_line(self.engine, call.endpoint, line)

@@ -10,7 +10,6 @@ that kind exists (or ``aiohttp_session`` builds one).
 from __future__ import annotations
 
 import codecs
-import importlib
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
     import aiohttp
     import httpx
 
-__all__ = ["AsyncRequester", "StreamedReply", "aiohttp_session", "requester_for"]
+__all__ = ["AsyncRequester", "StreamedReply", "aiohttp_session", "requester_for", "resilient_middleware"]
 
 
 class StreamedReply(Protocol):
@@ -34,6 +33,8 @@ class StreamedReply(Protocol):
 
     status: int
     attempts: int
+    response: Any
+    """The transport's response, put on errors as ``error.response``; None where it cannot be pickled (aiohttp)."""
 
     async def text(self) -> str:
         """The whole (remaining) body as text."""
@@ -83,19 +84,20 @@ def _split_lines(buffer: str) -> tuple[list[str], str]:
 
 class _AiohttpReply:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self.response = response
+        self._response = response
+        self.response = None  # an aiohttp ClientResponse cannot be pickled, and errors travel pickled (Ray)
         self.status = response.status
         self.attempts = _attempt_count(getattr(response, "attempts", None))
 
     async def text(self) -> str:
-        return await self.response.text(errors="replace")
+        return await self._response.text(errors="replace")
 
     async def lines(self) -> AsyncIterator[str]:
         # iter_any, not readline: one SSE chunk of a long generation can exceed aiohttp's line limit.
         # SSE is UTF-8 (WHATWG); the incremental decoder keeps a character split across chunks whole.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         rest = ""
-        async for chunk in self.response.content.iter_any():
+        async for chunk in self._response.content.iter_any():
             lines, rest = _split_lines(rest + decoder.decode(chunk))
             for line in lines:
                 yield line
@@ -116,7 +118,7 @@ class AiohttpRequester:
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         async with self.session.request(call.method, url, json=call.body, params=call.params, headers=headers) as response:
             reply = _AiohttpReply(response)
-            return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, response)
+            return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:
@@ -130,26 +132,27 @@ class AiohttpRequester:
         await self.session.close()
 
 
-def aiohttp_session(
-    policies: PolicyTable, *, observers: Sequence[Observer], limit_per_host: int, middleware_kwargs: Mapping[str, Any]
-) -> aiohttp.ClientSession:
-    """A new ``aiohttp.ClientSession`` with ``ResilientMiddleware(policies, ...)`` and a pool of ``limit_per_host`` connections.
+def resilient_middleware(policies: PolicyTable, *, observers: Sequence[Observer], middleware_kwargs: Mapping[str, Any]) -> Any:
+    """``ResilientMiddleware(policies, observers=..., **middleware_kwargs)``; a clear ImportError without aiohttp."""
+    try:
+        from resilience.adapters.aiohttp import ResilientMiddleware
+    except ImportError as exc:
+        raise ImportError(
+            "AsyncSGLangClient's default transport needs aiohttp: pip install 'controlplane-resilience[aiohttp]' "
+            "(or pass session=httpx.AsyncClient(transport=AsyncResilientTransport(...)))"
+        ) from exc
+    return ResilientMiddleware(policies, observers=observers, **middleware_kwargs)
+
+
+def aiohttp_session(middleware: Any, *, limit_per_host: int) -> aiohttp.ClientSession:
+    """A new ``aiohttp.ClientSession`` with ``middleware`` and a pool of ``limit_per_host`` connections.
 
     No session-wide timeout: each attempt is bounded by its endpoint policy's
     ``attempt_timeout_s`` and each call by its ``deadline_s`` (and any ``Deadline``
     in context). Must be called inside the event loop that will use it.
     """
-    try:
-        import aiohttp
+    import aiohttp
 
-        # imported by name until the aiohttp driver lands on this branch (then: a plain import)
-        ResilientMiddleware = importlib.import_module("resilience.adapters.aiohttp").ResilientMiddleware
-    except ImportError as exc:  # pragma: no cover - the extra is in [all]
-        raise ImportError(
-            "AsyncSGLangClient's default transport needs aiohttp: pip install 'controlplane-resilience[aiohttp]' "
-            "(or pass session=httpx.AsyncClient(transport=AsyncResilientTransport(...)))"
-        ) from exc
-    middleware = ResilientMiddleware(policies, observers=observers, **middleware_kwargs)
     connector = aiohttp.TCPConnector(limit=limit_per_host, limit_per_host=limit_per_host)
     return aiohttp.ClientSession(connector=connector, middlewares=(middleware,), timeout=aiohttp.ClientTimeout(total=None))
 
