@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Protocol
@@ -10,7 +11,11 @@ __all__ = ["Clock", "FakeClock", "SYSTEM_CLOCK", "SystemClock"]
 
 
 class Clock(Protocol):
-    """A monotonic clock with a sleep that matches it."""
+    """A monotonic clock with a sleep that matches it.
+
+    The async retry driver sleeps with the clock's ``asleep(seconds)``
+    coroutine when it has one (both clocks here do), else ``asyncio.sleep``.
+    """
 
     def monotonic(self) -> float:
         """Seconds on a monotonic scale; only differences mean anything."""
@@ -32,6 +37,11 @@ class SystemClock:
         """``time.sleep`` for positive values, nothing otherwise."""
         if seconds > 0:
             time.sleep(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        """``asyncio.sleep`` for positive values, nothing otherwise."""
+        if seconds > 0:
+            await asyncio.sleep(seconds)
 
 
 SYSTEM_CLOCK = SystemClock()
@@ -59,6 +69,11 @@ class FakeClock:
         with self._lock:
             self.sleeps.append(seconds)
             self._now += seconds
+
+    async def asleep(self, seconds: float) -> None:
+        """``sleep`` for coroutines: records and advances, then yields to the loop once."""
+        self.sleep(seconds)
+        await asyncio.sleep(0)
 
     def advance(self, seconds: float) -> None:
         """Move time forward without recording a sleep."""

@@ -7,6 +7,7 @@ attempts taken (``.attempts``) and, where known, the last status.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import requests
@@ -18,6 +19,7 @@ __all__ = [
     "CircuitOpen",
     "ConfigError",
     "DeadlineExceeded",
+    "ErrorTypes",
     "PolicyError",
     "ResilienceError",
     "RetriesExhausted",
@@ -94,3 +96,34 @@ class RetryBudgetExhausted(ResilienceError):
 
 class RetriesExhausted(ResilienceError, requests.exceptions.RetryError):
     """Every attempt failed and the policy asks for an error instead of the last response."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorTypes:
+    """The classes the retry loop raises, one per kind: a driver passes its own subclasses.
+
+    Each field defaults to the class of its name, and a replacement must
+    subclass that default, so ``except resilience.DeadlineExceeded`` catches
+    it from every driver while, say, the httpx driver's also is an
+    ``httpx.TimeoutException``. An invalid class raises ``ConfigError`` here.
+    """
+
+    deadline_exceeded: type[DeadlineExceeded] = DeadlineExceeded
+    """The call's deadline ended first (default ``DeadlineExceeded``)."""
+    circuit_open: type[CircuitOpen] = CircuitOpen
+    """The engine's breaker refused the attempt (default ``CircuitOpen``)."""
+    ambiguous: type[AmbiguousOutcome] = AmbiguousOutcome
+    """A non-idempotent call may have been applied (default ``AmbiguousOutcome``)."""
+    budget_exhausted: type[RetryBudgetExhausted] = RetryBudgetExhausted
+    """The engine's retry budget is spent (default ``RetryBudgetExhausted``)."""
+    retries_exhausted: type[RetriesExhausted] = RetriesExhausted
+    """Every attempt failed and the policy asks for an error (default ``RetriesExhausted``)."""
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            base = field.default
+            assert isinstance(base, type)
+            require(
+                isinstance(value, type) and issubclass(value, base), "ErrorTypes", field.name, f"a subclass of {base.__qualname__}", value
+            )

@@ -2,11 +2,14 @@
 
 Outermost first: deadline -> breaker check -> attempt (with its own
 timeout) -> classify -> budget check -> backoff -> next attempt. Each arrow is
-one named step below (``_admit``, ``_attempt``, ``_settle_ambiguous``,
-``_exhausted``, ``_next_delay``), so a driver for another transport gets every
-rule by supplying one function that makes a single attempt and reports what
-it saw; everything else is decided here, without sockets, on an injectable
-clock and random source.
+one named step of ``RetryCall`` (``resilience.retry_call``), a decision
+object that does no I/O and never sleeps: it answers "send attempt n with
+these timeouts and headers", "wait d seconds", "ask the probe", "return this
+response" or "raise this error". ``Retrier.run`` drives it with blocking
+calls (the requests and sync httpx drivers), ``Retrier.arun`` with
+coroutines (httpx async, aiohttp); a driver supplies one function that makes
+a single attempt and reports what it saw. Everything else is decided in the
+core, without sockets, on an injectable clock and random source.
 
 The rules every driver gets:
 
@@ -39,161 +42,47 @@ The rules every driver gets:
   admitted (``CircuitBreaker.admit``): a call that keeps retrying after the
   breaker went half-open needs a probe slot like any new call, and every exit
   (a verdict, a 4xx, an exception anywhere, KeyboardInterrupt in a backoff
-  sleep) gives the breaker its verdict or its slot back.
+  sleep, a cancelled task) gives the breaker its verdict or its slot back.
+- **Errors.** The loop's own errors are the classes of the ``Retrier``'s
+  ``ErrorTypes``: subclasses of ``resilience.errors``' classes that are also
+  the transport's own exception types (the httpx driver's
+  ``DeadlineExceeded`` is an ``httpx.TimeoutException``).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
+import asyncio
+import inspect
 import random
-from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Generic, NoReturn, TypeVar
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any, TypeVar
 
-from resilience import _config
-from resilience.backoff import backoff_delay
-from resilience.breaker import BreakerRegistry, CircuitBreaker, Permit
-from resilience.budget import RetryBudget, RetryBudgets
-from resilience.classification import classify
+from resilience.breaker import BreakerRegistry
+from resilience.budget import RetryBudgets
+from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.deadline import Deadline, current_deadline
-from resilience.errors import (
-    AmbiguousOutcome,
-    CircuitOpen,
-    DeadlineExceeded,
-    ResilienceError,
-    RetriesExhausted,
-    RetryBudgetExhausted,
-)
-from resilience.events import (
-    AttemptEnded,
-    AttemptStarted,
-    BreakerRejected,
-    CallEnded,
-    CallStarted,
-    Observer,
-    ProbeCompleted,
-    RetryBudgetExhaustedEvent,
-    RetryScheduled,
-    emit,
-)
-from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
-from resilience.policy import EndpointMatch, ProbeAnswer, ProbeContext
+from resilience.errors import ErrorTypes
+from resilience.events import Observer
+from resilience.outcome import AttemptRecord
+from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
 
-__all__ = ["AttemptResult", "CallSpec", "Retrier", "attempt_timeouts", "call_deadlines"]
+__all__ = ["AsyncAttempt", "Attempt", "AttemptResult", "CallSpec", "Retrier", "attempt_timeouts", "call_deadlines"]
 
 R = TypeVar("R")
-_call_ids = itertools.count(1)
-Timeouts = tuple[float | None, float | None]
-Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], "AttemptResult[R]"]
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptResult(Generic[R]):
-    """What the transport saw on one attempt."""
-
-    response: R | None = None
-    """The response object, when one came back."""
-    status: int | None = None
-    error: BaseException | None = None
-    """The transport error, when no response came back."""
-    delivery: Delivery = Delivery.RESPONDED
-    error_kind: str | None = None
-    """A bounded name for a transport error: ``connect_error``, ``connect_timeout``, ``read_timeout``, ``connection_reset``, ``error``."""
-    retry_after: float | None = None
-    """Seconds from a Retry-After header."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallSpec:
-    """One logical call as the loop needs to know it."""
-
-    method: str
-    url: str
-    """Used only for probes and error messages; never put in events."""
-    match: EndpointMatch
-    engine: str
-    server_address: str
-    server_port: int
-    request_timeout: Timeouts | None = None
-    """The caller's own (connect, read) timeout; ``(None, None)`` = no limit; None = the caller said nothing."""
-    request: Any = None
-    """Attached to raised errors as ``request=`` (requests convention)."""
-    replayable: bool = True
-    """False when the body cannot be sent twice (a pipe, a generator): exactly one attempt."""
-
-
-def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
-    """The (connect, read) timeout of the next attempt, ``cap_s`` being what is left of a deadline that caps attempts.
-
-    The explicit table entry's ``attempt_timeout_s`` when set, else the
-    caller's own timeout, else the default policy's. None = no limit.
-    """
-    policy = spec.match.policy
-    limit = policy.attempt_timeout_s
-    if spec.match.explicit and limit is not None:
-        pair: Timeouts = (limit, limit)
-    elif spec.request_timeout is not None:
-        pair = spec.request_timeout
-    else:
-        pair = (limit, limit)
-
-    def capped(value: float | None) -> float | None:
-        bound = min(math.inf if value is None else value, cap_s)
-        return None if math.isinf(bound) else bound
-
-    return capped(pair[0]), capped(pair[1])
-
-
-def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadline, Deadline]:
-    """``(hard, window)``: the deadline that caps attempts, and the one after which no retry starts.
-
-    The entry's ``deadline_s`` (or, when neither the entry nor the default sets
-    one, the sum of the caller's timeouts) is hard, and so is an outer
-    ``Deadline``. The default policy's ``deadline_s`` under a caller's own
-    timeout is only a retry window: it never cuts an attempt the caller bounded.
-    """
-    policy = spec.match.policy
-    outer = current_deadline()
-    outer_left = outer.remaining() if outer is not None and outer.bounded else None
-    seconds = policy.deadline_s
-    if seconds is None and spec.request_timeout is not None:
-        parts = [t for t in spec.request_timeout if t is not None]
-        seconds = sum(parts) if parts else None
-    own = Deadline(seconds, clock=clock).cap(outer_left)
-    if spec.match.explicit or spec.request_timeout is None:
-        return own, own
-    return Deadline(None, clock=clock).cap(outer_left), own
-
-
-@dataclass(slots=True)
-class _Call(Generic[R]):
-    spec: CallSpec
-    call_id: int
-    started: float
-    hard: Deadline
-    """Caps every attempt; DeadlineExceeded when it ends."""
-    window: Deadline
-    """No retry starts past it (the same object as ``hard`` unless the caller's timeout governs)."""
-    breaker: CircuitBreaker | None
-    budget: RetryBudget | None
-    records: list[AttemptRecord]
-    last: AttemptResult[R] | None = None
-    permit: Permit | None = None
-    ended: bool = False
-
-    @property
-    def sent(self) -> int:
-        """Attempts that may have reached the server."""
-        return sum(1 for r in self.records if r.delivery is not Delivery.NOT_SENT)
+Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], AttemptResult[R]]
+"""``attempt(n, (connect_s, read_s), headers)``: make attempt ``n``; report transport errors, never raise them."""
+AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[AttemptResult[R]]]
+"""The coroutine form of ``Attempt``."""
 
 
 class Retrier:
-    """Runs logical calls: shared breakers, budgets, observers, clock and random source.
+    """Runs logical calls: shared breakers, budgets, observers, clock, random source and error classes.
 
     ``breakers`` / ``budgets`` may be None to turn that strategy off.
-    ``rng`` returns floats in [0, 1) for jitter.
+    ``rng`` returns floats in [0, 1) for jitter. ``error_types``: the classes
+    the loop raises (default ``ErrorTypes()``, the requests-flavoured ones).
+    One ``Retrier`` serves threads and asyncio tasks at once.
     """
 
     def __init__(
@@ -204,12 +93,26 @@ class Retrier:
         observers: Sequence[Observer] = (),
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
+        error_types: ErrorTypes | None = None,
     ) -> None:
         self.breakers = breakers
         self.budgets = budgets
         self.observers = tuple(observers)
         self.clock = clock
         self.rng = rng
+        self.error_types = error_types if error_types is not None else ErrorTypes()
+
+    def begin(self, spec: CallSpec) -> RetryCall[Any]:
+        """The sans-IO decision object for one call (``resilience.retry_call``); ``run`` and ``arun`` drive it."""
+        return RetryCall.begin(
+            spec,
+            breaker=self.breakers.get(spec.engine) if self.breakers is not None else None,
+            budget=self.budgets.get(spec.engine) if self.budgets is not None else None,
+            observers=self.observers,
+            clock=self.clock,
+            rng=self.rng,
+            errors=self.error_types,
+        )
 
     def run(
         self,
@@ -219,389 +122,115 @@ class Retrier:
         discard: Callable[[R], None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        """Run one logical call; return the final response and the attempts taken.
+        """Run one logical call with blocking I/O; return the final response and the attempts taken.
 
         ``attempt(n, (connect_timeout, read_timeout), carrier)`` makes attempt
         ``n`` and must not raise for transport errors (it reports them).
         ``discard`` releases a response that will not be returned.
         ``on_probe_done`` builds the response to return when a probe says an
         ambiguous request was applied.
-        Raises the transport's last error, or a ``ResilienceError``.
+        Raises the transport's last error, or one of the ``error_types``.
         """
-        call: _Call[R] = self._start(spec)
+        call: RetryCall[R] = self.begin(spec)
         try:
-            return self._loop(call, attempt, discard, on_probe_done)
+            step: Send | Wait[R] | Probe | Return[R] | Raise[R] = call.next_step()
+            while True:
+                if isinstance(step, Send):
+                    step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+                elif isinstance(step, Wait):
+                    if step.discard is not None:
+                        discard(step.discard)
+                    if step.delay_s > 0:
+                        self.clock.sleep(step.delay_s)
+                    step = call.next_step()
+                elif isinstance(step, Probe):
+                    answer = _ask_probe(step.probe, step.context)
+                    step = call.probe_answered(answer, _confirmed(answer, on_probe_done))
+                else:
+                    if step.discard is not None:
+                        discard(step.discard)
+                    if isinstance(step, Return):
+                        return step.response, step.attempts
+                    raise step.error
         except BaseException as exc:
-            if not call.ended:  # an exception outside the verdicts (KeyboardInterrupt in a sleep, a failing discard)
-                self._end(call, CallOutcome.FAILED, type(exc).__qualname__, neutral=True)
+            call.abandon(exc)  # a no-op when the call ended on a verdict
             raise
 
-    def _loop(
+    async def arun(
         self,
-        call: _Call[R],
-        attempt: Attempt[R],
-        discard: Callable[[R], None],
-        on_probe_done: Callable[[], R] | None,
-    ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        n = 0
-        while True:
-            self._admit(call, discard)
-            result, outcome = self._attempt(call, n, attempt)
-            if outcome is Outcome.SUCCESS:
-                return self._succeed(call, result)
-            if outcome is Outcome.FATAL:
-                return self._give_back(call, result, CallOutcome.FAILED)
-            reason = _reason(result)
-            if outcome is Outcome.AMBIGUOUS and not call.spec.match.policy.idempotent:
-                if not call.spec.match.explicit and call.spec.match.policy.on_ambiguous == "raise":
-                    return self._give_back(call, result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
-                done = self._settle_ambiguous(call, n, result, reason, discard, on_probe_done)
-                if done is not None:
-                    return done
-                reason = "probe_not_done"
-            if self._exhausted(call, n):
-                return self._exhaust(call, result, reason, discard)
-            delay = self._next_delay(call, n, result, reason, discard)
-            if delay is None:  # the default retry window ended, or the deadline or budget stopped a refused call
-                return self._exhaust(call, result, reason, discard)
-            if result.response is not None:
-                discard(result.response)
-            if delay > 0:
-                self.clock.sleep(delay)
-            n += 1
-
-    # -- the steps -------------------------------------------------------
-
-    def _start(self, spec: CallSpec) -> _Call[R]:
-        hard, window = call_deadlines(spec, self.clock)
-        call: _Call[R] = _Call(
-            spec=spec,
-            call_id=next(_call_ids),
-            started=self.clock.monotonic(),
-            hard=hard,
-            window=window,
-            breaker=self.breakers.get(spec.engine) if self.breakers is not None else None,
-            budget=self.budgets.get(spec.engine) if self.budgets is not None else None,
-            records=[],
-        )
-        if self.observers:
-            emit(
-                self.observers,
-                CallStarted(
-                    call_id=call.call_id,
-                    method=spec.method,
-                    endpoint=spec.match.endpoint,
-                    engine=spec.engine,
-                    deadline_s=window.remaining() if window.bounded else None,
-                ),
-            )
-        if call.budget is not None:
-            call.budget.deposit()
-        return call
-
-    def _admit(self, call: _Call[R], discard: Callable[[R], None]) -> None:
-        """Before each attempt: time left, and the breaker's admission (a half-open breaker needs a probe slot)."""
-        if call.hard.remaining() <= 0:
-            self._fail(call, CallOutcome.DEADLINE_EXCEEDED, DeadlineExceeded, "deadline exceeded before attempt", discard)
-        breaker = call.breaker
-        if breaker is None:
-            return
-        permit = breaker.admit(call.permit)
-        if permit is None:
-            spec = call.spec
-            if self.observers:
-                emit(self.observers, BreakerRejected(call_id=call.call_id, endpoint=spec.match.endpoint, engine=spec.engine))
-            self._fail(
-                call, CallOutcome.CIRCUIT_OPEN, CircuitOpen, f"circuit open for {spec.engine} (retry in {breaker.retry_in():.2f}s)", discard
-            )
-        call.permit = permit
-
-    def _attempt(self, call: _Call[R], n: int, attempt: Attempt[R]) -> tuple[AttemptResult[R], Outcome]:
-        """Make attempt ``n``, classify it, record it and tell the observers."""
-        spec = call.spec
-        timeouts = attempt_timeouts(spec, call.hard.remaining())
-        carrier: dict[str, str] = {}
-        if self.observers:
-            emit(
-                self.observers,
-                AttemptStarted(
-                    call_id=call.call_id,
-                    attempt=n,
-                    method=spec.method,
-                    endpoint=spec.match.endpoint,
-                    engine=spec.engine,
-                    server_address=spec.server_address,
-                    server_port=spec.server_port,
-                    timeout_s=timeouts[1],
-                    carrier=carrier,
-                ),
-            )
-        t0 = self.clock.monotonic()
-        try:
-            result = attempt(n, timeouts, carrier)
-        except BaseException as exc:  # not a transport failure the loop handles: recorded, then run() ends the call
-            call.records.append(
-                AttemptRecord(n, None, Outcome.FATAL, Delivery.MAYBE_APPLIED, type(exc).__qualname__, self.clock.monotonic() - t0)
-            )
-            raise
-        duration = self.clock.monotonic() - t0
-        outcome = classify(spec.match.policy, status=result.status, delivery=result.delivery, retry_after=result.retry_after)
-        error_type = type(result.error).__qualname__ if result.error is not None else None
-        if self.observers:
-            emit(
-                self.observers,
-                AttemptEnded(
-                    call_id=call.call_id,
-                    attempt=n,
-                    method=spec.method,
-                    endpoint=spec.match.endpoint,
-                    engine=spec.engine,
-                    status=result.status,
-                    outcome=outcome,
-                    error_type=error_type or (str(result.status) if outcome is not Outcome.SUCCESS else None),
-                    sent=result.delivery is not Delivery.NOT_SENT,
-                    duration_s=duration,
-                ),
-            )
-        call.last = result
-        call.records.append(AttemptRecord(n, result.status, outcome, result.delivery, error_type, duration))
-        return result, outcome
-
-    def _settle_ambiguous(
-        self,
-        call: _Call[R],
-        n: int,
-        result: AttemptResult[R],
-        reason: str,
-        discard: Callable[[R], None],
-        on_probe_done: Callable[[], R] | None,
-    ) -> tuple[R, tuple[AttemptRecord, ...]] | None:
-        """A non-idempotent attempt may have been applied: the probe's answer, or ``AmbiguousOutcome``.
-
-        Returns the call's result when the probe says it was done, None when
-        the probe says it was not (the request may be sent again).
-        """
-        answer = self._probe(call, n, result)
-        if answer is ProbeAnswer.DONE and on_probe_done is not None:
-            if result.response is not None:
-                discard(result.response)
-            return self._succeed(call, AttemptResult(response=on_probe_done(), status=None))
-        if answer is ProbeAnswer.NOT_DONE:
-            return None
-        spec = call.spec
-        self._fail(
-            call,
-            CallOutcome.AMBIGUOUS,
-            AmbiguousOutcome,
-            f"{spec.match.endpoint} on {spec.engine} may have been applied ({reason}); not re-sent",
-            discard,
-        )
-
-    def _exhausted(self, call: _Call[R], n: int) -> bool:
-        """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` sent attempts.
-
-        Failures before sending do not count while a deadline bounds the call,
-        except in testing mode (no sleeps: they would spin until the deadline).
-        """
-        if not call.spec.replayable:
-            return True
-        testing = _config.current_testing()
-        if testing.attempts is not None and n + 1 >= testing.attempts:
-            return True
-        counted = call.sent if call.window.bounded and not testing.active else n + 1
-        return counted >= call.spec.match.policy.retry.max_attempts
-
-    def _exhaust(
-        self, call: _Call[R], result: AttemptResult[R], reason: str, discard: Callable[[R], None]
-    ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        """Out of attempts: the last response (as plain requests), the transport's own error, or ``RetriesExhausted``."""
-        if result.response is not None and not call.spec.match.policy.raise_on_exhausted:
-            return self._give_back(call, result, CallOutcome.FAILED)
-        spec = call.spec
-        self._fail(
-            call,
-            CallOutcome.FAILED,
-            RetriesExhausted,
-            f"{spec.match.endpoint} on {spec.engine}: {len(call.records)} attempts failed (last: {reason})",
-            discard,
-            reraise_transport=True,
-        )
-
-    def _next_delay(self, call: _Call[R], n: int, result: AttemptResult[R], reason: str, discard: Callable[[R], None]) -> float | None:
-        """The backoff before attempt ``n + 1``, once the deadline and the retry budget allow it; announced.
-
-        None when the next wait would pass the default retry window (not a hard
-        deadline), or when the deadline or the retry budget stops a call whose
-        last attempt never left (a refusal): the call then ends as exhausted,
-        as plain requests would, with the response or the transport's own error
-        (a refusal stays a ``ConnectionError``, so nobody mistakes a dead engine
-        for a slow one; the budget still announces itself as an event).
-        """
-        spec = call.spec
-        retry = spec.match.policy.retry
-        testing = _config.current_testing().active
-        delay = 0.0
-        if not testing:
-            delay = backoff_delay(
-                n + 1, base_s=retry.base_s, cap_s=retry.cap_s, multiplier=retry.multiplier, jitter=retry.jitter, rng=self.rng
-            )
-            if result.retry_after is not None and retry.respect_retry_after:
-                delay = min(result.retry_after, retry.retry_after_max_s)
-        refused = result.delivery is Delivery.NOT_SENT and result.error is not None
-        left = call.window.remaining()
-        if call.window.bounded and delay >= left:
-            if call.window is not call.hard or refused:
-                return None  # the caller gets what plain requests would: the response, or the refusal itself
-            self._fail(
-                call,
-                CallOutcome.DEADLINE_EXCEEDED,
-                DeadlineExceeded,
-                f"deadline exceeded: next wait {delay:.3f}s >= {left:.3f}s left (last: {reason})",
-                discard,
-            )
-        budget = call.budget
-        if budget is not None and not budget.try_withdraw():
-            if self.observers:
-                emit(
-                    self.observers,
-                    RetryBudgetExhaustedEvent(call_id=call.call_id, endpoint=spec.match.endpoint, engine=spec.engine, tokens=budget.tokens),
-                )
-            if refused:
-                return None
-            self._fail(
-                call,
-                CallOutcome.BUDGET_EXHAUSTED,
-                RetryBudgetExhausted,
-                f"retry budget of {spec.engine} exhausted (last: {reason})",
-                discard,
-            )
-        if self.observers:
-            emit(
-                self.observers,
-                RetryScheduled(
-                    call_id=call.call_id, attempt=n, endpoint=spec.match.endpoint, engine=spec.engine, reason=reason, delay_s=delay
-                ),
-            )
-        call.records[-1] = replace(call.records[-1], delay_s=delay)
-        return delay
-
-    # -- helpers ---------------------------------------------------------
-
-    def _probe(self, call: _Call[R], n: int, result: AttemptResult[R]) -> ProbeAnswer:
-        probe = call.spec.match.policy.on_ambiguous
-        if isinstance(probe, str):
-            return ProbeAnswer.UNKNOWN
-        spec = call.spec
-        ctx = ProbeContext(spec.method, spec.url, spec.match.endpoint, spec.engine, n, result.error, result.status)
-        try:
-            answer = ProbeAnswer(probe(ctx))
-        except Exception:  # a failing probe cannot tell: treat as unknown
-            answer = ProbeAnswer.UNKNOWN
-        if self.observers:
-            emit(self.observers, ProbeCompleted(call_id=call.call_id, endpoint=spec.match.endpoint, engine=spec.engine, answer=str(answer)))
-        return answer
-
-    @staticmethod
-    def _record_breaker(call: _Call[R], outcome: CallOutcome, neutral: bool) -> None:
-        """One verdict per logical call: retries that absorbed a failure do not count against the engine.
-
-        A success closes the count; a call that ended on transport errors or
-        retryable statuses is a failure; a fatal status (4xx, 500), a refusal
-        and an exception outside the transport are neutral: the slot goes back.
-        """
-        breaker, permit = call.breaker, call.permit
-        if breaker is None or permit is None:
-            return
-        last = call.records[-1] if call.records else None
-        if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
-            breaker.record_success(permit)
-        elif (
-            neutral
-            or outcome is CallOutcome.CIRCUIT_OPEN
-            or (last is not None and last.outcome is Outcome.FATAL and last.status is not None)
-        ):
-            breaker.release_probe(permit)
-        else:
-            breaker.record_failure(permit)
-
-    def _end(self, call: _Call[R], outcome: CallOutcome, error_type: str | None, *, neutral: bool = False) -> None:
-        call.ended = True
-        self._record_breaker(call, outcome, neutral)
-        if not self.observers:
-            return
-        spec = call.spec
-        emit(
-            self.observers,
-            CallEnded(
-                call_id=call.call_id,
-                method=spec.method,
-                endpoint=spec.match.endpoint,
-                engine=spec.engine,
-                outcome=outcome,
-                status=call.last.status if call.last is not None else None,
-                attempts=len(call.records),
-                duration_s=self.clock.monotonic() - call.started,
-                error_type=error_type,
-                retry_budget_tokens=call.budget.tokens if call.budget is not None else None,
-            ),
-        )
-
-    def _succeed(self, call: _Call[R], result: AttemptResult[R]) -> tuple[R, tuple[AttemptRecord, ...]]:
-        self._end(call, CallOutcome.RETRIED_SUCCESS if len(call.records) > 1 else CallOutcome.SUCCESS, None)
-        assert result.response is not None
-        return result.response, tuple(call.records)
-
-    def _give_back(self, call: _Call[R], result: AttemptResult[R], outcome: CallOutcome) -> tuple[R, tuple[AttemptRecord, ...]]:
-        if result.response is None:
-            assert result.error is not None
-            self._end(call, outcome, type(result.error).__qualname__)
-            _attach(result.error, tuple(call.records))
-            raise result.error
-        self._end(call, outcome, str(result.status))
-        return result.response, tuple(call.records)
-
-    def _fail(
-        self,
-        call: _Call[R],
-        outcome: CallOutcome,
-        error: type[ResilienceError],
-        message: str,
-        discard: Callable[[R], None],
+        spec: CallSpec,
+        attempt: AsyncAttempt[R],
         *,
-        reraise_transport: bool = False,
-    ) -> NoReturn:
-        last = call.last
-        records = tuple(call.records)
-        if reraise_transport and last is not None and last.response is None and last.error is not None:
-            self._end(call, outcome, type(last.error).__qualname__)
-            _attach(last.error, records)
-            raise last.error
-        self._end(call, outcome, error.__qualname__)
-        response = last.response if last is not None else None
-        if response is not None:
-            discard(response)
-        spec = call.spec
-        exc = error(
-            message,
-            endpoint=spec.match.endpoint,
-            engine=spec.engine,
-            attempts=records,
-            last_status=last.status if last is not None else None,
-            last_error=last.error if last is not None else None,
-            request=spec.request,
-            response=response,
-        )
-        raise exc from (last.error if last is not None else None)
+        discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
+        on_probe_done: Callable[[], R] | None = None,
+    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        """``run`` for coroutines: the same decisions, awaited attempts, backoff slept with the clock's ``asleep``.
+
+        ``discard`` may return an awaitable (``aclose``, ``release``). A sync
+        probe runs in a worker thread (it may do blocking I/O); a coroutine
+        probe is awaited. Cancelling the calling task ends the call at once,
+        neutral for the breaker (its slot goes back), and nothing more is sent.
+        """
+        asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
+        call: RetryCall[R] = self.begin(spec)
+        try:
+            step: Send | Wait[R] | Probe | Return[R] | Raise[R] = call.next_step()
+            while True:
+                if isinstance(step, Send):
+                    step = call.attempt_done(await attempt(step.attempt, step.timeouts, step.headers))
+                elif isinstance(step, Wait):
+                    if step.discard is not None:
+                        await _maybe_await(discard(step.discard))
+                    if step.delay_s > 0:
+                        await asleep(step.delay_s)
+                    step = call.next_step()
+                elif isinstance(step, Probe):
+                    answer = await _ask_probe_async(step.probe, step.context)
+                    step = call.probe_answered(answer, _confirmed(answer, on_probe_done))
+                else:
+                    if step.discard is not None:
+                        await _maybe_await(discard(step.discard))
+                    if isinstance(step, Return):
+                        return step.response, step.attempts
+                    raise step.error
+        except BaseException as exc:
+            call.abandon(exc)
+            raise
 
 
-def _reason(result: AttemptResult[Any]) -> str:
-    if result.status is not None:
-        return f"status_{result.status}"
-    return result.error_kind or "error"
-
-
-def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
+def _ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
+    """The probe's answer; a probe that fails (or answers with an awaitable here) cannot tell: unknown."""
     try:
-        error.attempts = records  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
+        answer = probe(context)
+    except Exception:
+        return None
+    if inspect.isawaitable(answer):
+        if inspect.iscoroutine(answer):
+            answer.close()
+        return None
+    return answer
+
+
+async def _ask_probe_async(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
+    try:
+        if inspect.iscoroutinefunction(probe):
+            return await probe(context)
+        answer = await asyncio.to_thread(probe, context)
+        if inspect.isawaitable(answer):
+            return await answer
+        return answer
+    except Exception:
+        return None
+
+
+def _confirmed(answer: object, on_probe_done: Callable[[], R] | None) -> R | None:
+    try:
+        done = ProbeAnswer(answer if isinstance(answer, str) else "") is ProbeAnswer.DONE
+    except ValueError:
+        return None
+    return on_probe_done() if done and on_probe_done is not None else None
+
+
+async def _maybe_await(value: Awaitable[None] | None) -> None:
+    if value is not None and inspect.isawaitable(value):
+        await value

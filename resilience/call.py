@@ -1,0 +1,103 @@
+"""One logical call as every driver describes it: ``CallSpec``, ``AttemptResult``, and the timeout rules.
+
+``CallSpec`` is what a transport knows before the first attempt;
+``AttemptResult`` is what it saw on one attempt. ``attempt_timeouts`` and
+``call_deadlines`` are the one place the timeout precedence rule lives (see
+``resilience.retry``), pure functions of the spec, the clock and any outer
+``Deadline``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.deadline import Deadline, current_deadline
+from resilience.outcome import Delivery
+from resilience.policy import EndpointMatch
+
+__all__ = ["AttemptResult", "CallSpec", "Timeouts", "attempt_timeouts", "call_deadlines"]
+
+R = TypeVar("R")
+Timeouts = tuple[float | None, float | None]
+"""(connect, read) seconds; None = no limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult(Generic[R]):
+    """What the transport saw on one attempt."""
+
+    response: R | None = None
+    """The response object, when one came back."""
+    status: int | None = None
+    error: BaseException | None = None
+    """The transport error, when no response came back."""
+    delivery: Delivery = Delivery.RESPONDED
+    error_kind: str | None = None
+    """A bounded name for a transport error: ``connect_error``, ``connect_timeout``, ``read_timeout``, ``connection_reset``, ``error``."""
+    retry_after: float | None = None
+    """Seconds from a Retry-After header."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One logical call as the loop needs to know it."""
+
+    method: str
+    url: str
+    """Used only for probes and error messages; never put in events."""
+    match: EndpointMatch
+    engine: str
+    server_address: str
+    server_port: int
+    request_timeout: Timeouts | None = None
+    """The caller's own (connect, read) timeout; ``(None, None)`` = no limit; None = the caller said nothing."""
+    request: Any = None
+    """Attached to raised errors as ``request=`` (requests convention)."""
+    replayable: bool = True
+    """False when the body cannot be sent twice (a pipe, a generator): exactly one attempt."""
+
+
+def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
+    """The (connect, read) timeout of the next attempt, ``cap_s`` being what is left of a deadline that caps attempts.
+
+    The explicit table entry's ``attempt_timeout_s`` when set, else the
+    caller's own timeout, else the default policy's. None = no limit.
+    """
+    policy = spec.match.policy
+    limit = policy.attempt_timeout_s
+    if spec.match.explicit and limit is not None:
+        pair: Timeouts = (limit, limit)
+    elif spec.request_timeout is not None:
+        pair = spec.request_timeout
+    else:
+        pair = (limit, limit)
+
+    def capped(value: float | None) -> float | None:
+        bound = min(math.inf if value is None else value, cap_s)
+        return None if math.isinf(bound) else bound
+
+    return capped(pair[0]), capped(pair[1])
+
+
+def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadline, Deadline]:
+    """``(hard, window)``: the deadline that caps attempts, and the one after which no retry starts.
+
+    The entry's ``deadline_s`` (or, when neither the entry nor the default sets
+    one, the sum of the caller's timeouts) is hard, and so is an outer
+    ``Deadline``. The default policy's ``deadline_s`` under a caller's own
+    timeout is only a retry window: it never cuts an attempt the caller bounded.
+    """
+    policy = spec.match.policy
+    outer = current_deadline()
+    outer_left = outer.remaining() if outer is not None and outer.bounded else None
+    seconds = policy.deadline_s
+    if seconds is None and spec.request_timeout is not None:
+        parts = [t for t in spec.request_timeout if t is not None]
+        seconds = sum(parts) if parts else None
+    own = Deadline(seconds, clock=clock).cap(outer_left)
+    if spec.match.explicit or spec.request_timeout is None:
+        return own, own
+    return Deadline(None, clock=clock).cap(outer_left), own

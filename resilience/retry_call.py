@@ -1,0 +1,502 @@
+"""``RetryCall``: the retry loop of one logical call as a decision object, with no I/O and no sleeps.
+
+A driver (requests, httpx, aiohttp; sync or async) asks it what to do and
+does it::
+
+    step = call.next_step()                  # Send(...) or Raise(...)
+    while True:
+        match step:
+            case Send():   step = call.attempt_done(<make the attempt, report it>)
+            case Wait():   <release step.discard>; <sleep step.delay_s>; step = call.next_step()
+            case Probe():  step = call.probe_answered(<run step.probe(step.context)>, ...)
+            case Return(): <release step.discard>; return step.response
+            case Raise():  <release step.discard>; raise step.error
+
+and calls ``call.abandon(exc)`` when anything else ends it (an exception in
+the attempt, a cancelled task, a KeyboardInterrupt in the sleep): the call
+then ends as neutral for the breaker, its slot goes back, and nothing more is
+sent. Breakers, budgets, deadlines, probes' verdicts and events all live
+here, so every driver follows the same rules (listed in ``resilience.retry``).
+Breakers and budgets take short thread locks and never wait on I/O while
+holding one, so one ``Retrier`` is safe from threads and from asyncio tasks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
+
+from resilience import _config
+from resilience.backoff import backoff_delay
+from resilience.breaker import CircuitBreaker, Permit
+from resilience.budget import RetryBudget
+from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines
+from resilience.classification import classify
+from resilience.clock import Clock
+from resilience.deadline import Deadline
+from resilience.errors import ErrorTypes, ResilienceError
+from resilience.events import (
+    AttemptEnded,
+    AttemptStarted,
+    BreakerRejected,
+    CallEnded,
+    CallStarted,
+    Observer,
+    ProbeCompleted,
+    RetryBudgetExhaustedEvent,
+    RetryScheduled,
+    emit,
+)
+from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
+from resilience.policy import ProbeAnswer, ProbeContext
+
+__all__ = ["Decision", "Probe", "Raise", "RetryCall", "Return", "Send", "Step", "Wait"]
+
+R = TypeVar("R")
+_call_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Make attempt ``attempt`` now, bounded by ``timeouts``, with ``headers`` added (trace context)."""
+
+    attempt: int
+    timeouts: Timeouts
+    """(connect, read) seconds for this attempt; None = no limit."""
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait(Generic[R]):
+    """Release ``discard`` (a response not returned), sleep ``delay_s``, then ask ``next_step()``."""
+
+    delay_s: float
+    discard: R | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Ask ``probe(context)`` whether the ambiguous attempt was applied, then report with ``probe_answered``."""
+
+    probe: Callable[[ProbeContext], Any]
+    """The policy's probe: returns a ``ProbeAnswer`` (or its string), possibly as an awaitable."""
+    context: ProbeContext
+
+
+@dataclass(frozen=True, slots=True)
+class Return(Generic[R]):
+    """The call is over: release ``discard`` when set, and return ``response``."""
+
+    response: R
+    attempts: tuple[AttemptRecord, ...]
+    discard: R | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Raise(Generic[R]):
+    """The call is over: release ``discard`` when set (it may also be ``error.response``), and raise ``error``."""
+
+    error: BaseException
+    discard: R | None = None
+
+
+Decision = Wait[R] | Probe | Return[R] | Raise[R]
+"""What ``attempt_done`` and ``probe_answered`` answer."""
+Step = Send | Raise[R]
+"""What ``next_step`` answers."""
+
+
+@dataclass(slots=True)
+class _InFlight:
+    attempt: int
+    started: float
+
+
+@dataclass(slots=True, eq=False)
+class RetryCall(Generic[R]):
+    """One logical call's state; build it with ``Retrier.begin(spec)``.
+
+    Not thread-safe on its own: one driver steps one call. The breaker, budget,
+    observers, clock, random source and error classes are the ``Retrier``'s.
+    """
+
+    spec: CallSpec
+    hard: Deadline
+    """Caps every attempt; the deadline-exceeded error when it ends."""
+    window: Deadline
+    """No retry starts past it (the same object as ``hard`` unless the caller's timeout governs)."""
+    breaker: CircuitBreaker | None
+    budget: RetryBudget | None
+    observers: tuple[Observer, ...]
+    clock: Clock
+    rng: Callable[[], float]
+    errors: ErrorTypes
+    call_id: int = field(default_factory=lambda: next(_call_ids))
+    started: float = 0.0
+    records: list[AttemptRecord] = field(default_factory=list)
+    last: AttemptResult[R] | None = None
+    permit: Permit | None = None
+    ended: bool = False
+    _in_flight: _InFlight | None = None
+    _next: int = 0
+    _released: bool = False
+    """The last response was already handed out for release (in a ``Wait``)."""
+
+    @classmethod
+    def begin(
+        cls,
+        spec: CallSpec,
+        *,
+        breaker: CircuitBreaker | None,
+        budget: RetryBudget | None,
+        observers: tuple[Observer, ...],
+        clock: Clock,
+        rng: Callable[[], float],
+        errors: ErrorTypes,
+    ) -> RetryCall[R]:
+        """Start the call: its deadlines, a deposit in the budget, ``CallStarted``."""
+        hard, window = call_deadlines(spec, clock)
+        call: RetryCall[R] = cls(spec, hard, window, breaker, budget, observers, clock, rng, errors, started=clock.monotonic())
+        if observers:
+            emit(
+                observers,
+                CallStarted(
+                    call_id=call.call_id,
+                    method=spec.method,
+                    endpoint=spec.match.endpoint,
+                    engine=spec.engine,
+                    deadline_s=window.remaining() if window.bounded else None,
+                ),
+            )
+        if budget is not None:
+            budget.deposit()
+        return call
+
+    @property
+    def sent(self) -> int:
+        """Attempts that may have reached the server."""
+        return sum(1 for r in self.records if r.delivery is not Delivery.NOT_SENT)
+
+    @property
+    def attempts(self) -> tuple[AttemptRecord, ...]:
+        """Every attempt so far."""
+        return tuple(self.records)
+
+    # -- the steps -------------------------------------------------------
+
+    def next_step(self) -> Step[R]:
+        """Before each attempt: time left and the breaker's admission, then the attempt's timeouts and headers."""
+        spec = self.spec
+        if self.hard.remaining() <= 0:
+            return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, "deadline exceeded before attempt")
+        if self.breaker is not None:
+            permit = self.breaker.admit(self.permit)
+            if permit is None:
+                if self.observers:
+                    emit(self.observers, BreakerRejected(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine))
+                message = f"circuit open for {spec.engine} (retry in {self.breaker.retry_in():.2f}s)"
+                return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message)
+            self.permit = permit
+        n = self._next
+        timeouts = attempt_timeouts(spec, self.hard.remaining())
+        carrier: dict[str, str] = {}
+        if self.observers:
+            emit(
+                self.observers,
+                AttemptStarted(
+                    call_id=self.call_id,
+                    attempt=n,
+                    method=spec.method,
+                    endpoint=spec.match.endpoint,
+                    engine=spec.engine,
+                    server_address=spec.server_address,
+                    server_port=spec.server_port,
+                    timeout_s=timeouts[1],
+                    carrier=carrier,
+                ),
+            )
+        self._in_flight = _InFlight(n, self.clock.monotonic())
+        return Send(n, timeouts, carrier)
+
+    def attempt_done(self, result: AttemptResult[R]) -> Decision[R]:
+        """What the transport saw on the attempt ``next_step`` asked for: classified, recorded, announced, decided."""
+        flight = self._in_flight
+        if flight is None:
+            raise RuntimeError("attempt_done() without a Send from next_step()")
+        self._in_flight = None
+        spec = self.spec
+        n = flight.attempt
+        duration = self.clock.monotonic() - flight.started
+        outcome = classify(spec.match.policy, status=result.status, delivery=result.delivery, retry_after=result.retry_after)
+        error_type = type(result.error).__qualname__ if result.error is not None else None
+        if self.observers:
+            emit(
+                self.observers,
+                AttemptEnded(
+                    call_id=self.call_id,
+                    attempt=n,
+                    method=spec.method,
+                    endpoint=spec.match.endpoint,
+                    engine=spec.engine,
+                    status=result.status,
+                    outcome=outcome,
+                    error_type=error_type or (str(result.status) if outcome is not Outcome.SUCCESS else None),
+                    sent=result.delivery is not Delivery.NOT_SENT,
+                    duration_s=duration,
+                ),
+            )
+        self.last = result
+        self._released = False
+        self.records.append(AttemptRecord(n, result.status, outcome, result.delivery, error_type, duration))
+        if outcome is Outcome.SUCCESS:
+            return self._succeed(result.response)
+        if outcome is Outcome.FATAL:
+            return self._give_back(result, CallOutcome.FAILED)
+        if outcome is Outcome.AMBIGUOUS and not spec.match.policy.idempotent:
+            probe = spec.match.policy.on_ambiguous
+            if isinstance(probe, str):
+                if not spec.match.explicit:
+                    return self._give_back(result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
+                return self._ambiguous(_reason(result))
+            context = ProbeContext(spec.method, spec.url, spec.match.endpoint, spec.engine, n, result.error, result.status)
+            return Probe(probe, context)
+        return self._retry_or_end(_reason(result))
+
+    def probe_answered(self, answer: object, confirmed: R | None = None) -> Decision[R]:
+        """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown).
+
+        ``confirmed``: the response to return when the answer is "done" (the
+        driver's stand-in for the lost answer); without one, "done" cannot be
+        returned and ends as ambiguous.
+        """
+        try:
+            verdict = ProbeAnswer(answer if isinstance(answer, str) else "")
+        except ValueError:
+            verdict = ProbeAnswer.UNKNOWN
+        spec = self.spec
+        if self.observers:
+            emit(
+                self.observers, ProbeCompleted(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, answer=str(verdict))
+            )
+        reason = _reason(self.last) if self.last is not None else "error"
+        stale = self.last.response if self.last is not None else None
+        if verdict is ProbeAnswer.DONE and confirmed is not None:
+            self._end(CallOutcome.RETRIED_SUCCESS if len(self.records) > 1 else CallOutcome.SUCCESS, None)
+            return Return(confirmed, self.attempts, discard=stale)
+        if verdict is ProbeAnswer.NOT_DONE:
+            return self._retry_or_end("probe_not_done")
+        return self._ambiguous(reason)
+
+    def abandon(self, exc: BaseException) -> None:
+        """Something outside the verdicts ended the call (an exception in the attempt, a cancelled task, an interrupt).
+
+        An attempt in flight is recorded as maybe applied; the call ends as
+        failed but neutral for the breaker (its slot goes back). A no-op on a
+        call already ended.
+        """
+        flight = self._in_flight
+        if flight is not None:
+            self._in_flight = None
+            duration = self.clock.monotonic() - flight.started
+            self.records.append(
+                AttemptRecord(flight.attempt, None, Outcome.FATAL, Delivery.MAYBE_APPLIED, type(exc).__qualname__, duration)
+            )
+        if not self.ended:
+            self._end(CallOutcome.FAILED, type(exc).__qualname__, neutral=True)
+
+    # -- decisions -------------------------------------------------------
+
+    def _retry_or_end(self, reason: str) -> Decision[R]:
+        """Another attempt after a backoff, or the end: out of attempts, past the window, or no budget."""
+        if self._exhausted():
+            return self._exhaust(reason)
+        delay = self._next_delay(reason)
+        if isinstance(delay, Raise):
+            return delay
+        if delay is None:  # the default retry window ended, or the deadline or budget stopped a refused call
+            return self._exhaust(reason)
+        self._next += 1
+        last = self.last
+        self._released = last is not None and last.response is not None
+        return Wait(delay, last.response if last is not None else None)
+
+    def _exhausted(self) -> bool:
+        """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` sent attempts.
+
+        Failures before sending do not count while a deadline bounds the call,
+        except in testing mode (no sleeps: they would spin until the deadline).
+        """
+        if not self.spec.replayable:
+            return True
+        n = self._next
+        testing = _config.current_testing()
+        if testing.attempts is not None and n + 1 >= testing.attempts:
+            return True
+        counted = self.sent if self.window.bounded and not testing.active else n + 1
+        return counted >= self.spec.match.policy.retry.max_attempts
+
+    def _exhaust(self, reason: str) -> Return[R] | Raise[R]:
+        """Out of attempts: the last response (as plain requests), the transport's own error, or retries-exhausted."""
+        last = self.last
+        assert last is not None
+        if last.response is not None and not self.spec.match.policy.raise_on_exhausted:
+            return self._give_back(last, CallOutcome.FAILED)
+        spec = self.spec
+        message = f"{spec.match.endpoint} on {spec.engine}: {len(self.records)} attempts failed (last: {reason})"
+        return self._fail(CallOutcome.FAILED, self.errors.retries_exhausted, message, reraise_transport=True)
+
+    def _ambiguous(self, reason: str) -> Raise[R]:
+        spec = self.spec
+        message = f"{spec.match.endpoint} on {spec.engine} may have been applied ({reason}); not re-sent"
+        return self._fail(CallOutcome.AMBIGUOUS, self.errors.ambiguous, message)
+
+    def _next_delay(self, reason: str) -> float | Raise[R] | None:
+        """The backoff before the next attempt, once the deadline and the retry budget allow it; announced.
+
+        None when the next wait would pass the default retry window (not a hard
+        deadline), or when the deadline or the retry budget stops a call whose
+        last attempt never left (a refusal): the call then ends as exhausted,
+        as plain requests would, with the response or the transport's own error
+        (a refusal stays a connection error, so nobody mistakes a dead engine
+        for a slow one; the budget still announces itself as an event).
+        """
+        spec = self.spec
+        result = self.last
+        assert result is not None
+        n = self._next
+        retry = spec.match.policy.retry
+        delay = 0.0
+        if not _config.current_testing().active:
+            delay = backoff_delay(
+                n + 1, base_s=retry.base_s, cap_s=retry.cap_s, multiplier=retry.multiplier, jitter=retry.jitter, rng=self.rng
+            )
+            if result.retry_after is not None and retry.respect_retry_after:
+                delay = min(result.retry_after, retry.retry_after_max_s)
+        refused = result.delivery is Delivery.NOT_SENT and result.error is not None
+        left = self.window.remaining()
+        if self.window.bounded and delay >= left:
+            if self.window is not self.hard or refused:
+                return None  # the caller gets what plain requests would: the response, or the refusal itself
+            message = f"deadline exceeded: next wait {delay:.3f}s >= {left:.3f}s left (last: {reason})"
+            return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, message)
+        budget = self.budget
+        if budget is not None and not budget.try_withdraw():
+            if self.observers:
+                emit(
+                    self.observers,
+                    RetryBudgetExhaustedEvent(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, tokens=budget.tokens),
+                )
+            if refused:
+                return None
+            message = f"retry budget of {spec.engine} exhausted (last: {reason})"
+            return self._fail(CallOutcome.BUDGET_EXHAUSTED, self.errors.budget_exhausted, message)
+        if self.observers:
+            emit(
+                self.observers,
+                RetryScheduled(
+                    call_id=self.call_id, attempt=n, endpoint=spec.match.endpoint, engine=spec.engine, reason=reason, delay_s=delay
+                ),
+            )
+        self.records[-1] = replace(self.records[-1], delay_s=delay)
+        return delay
+
+    # -- endings ---------------------------------------------------------
+
+    def _succeed(self, response: R | None) -> Return[R]:
+        self._end(CallOutcome.RETRIED_SUCCESS if len(self.records) > 1 else CallOutcome.SUCCESS, None)
+        assert response is not None
+        return Return(response, self.attempts)
+
+    def _give_back(self, result: AttemptResult[R], outcome: CallOutcome) -> Return[R] | Raise[R]:
+        """End with what the transport saw: its response, or its own error (with ``.attempts``)."""
+        if result.response is None:
+            assert result.error is not None
+            self._end(outcome, type(result.error).__qualname__)
+            _attach(result.error, self.attempts)
+            return Raise(result.error)
+        self._end(outcome, str(result.status))
+        return Return(result.response, self.attempts)
+
+    def _fail(self, outcome: CallOutcome, error: type[ResilienceError], message: str, *, reraise_transport: bool = False) -> Raise[R]:
+        last = self.last
+        records = self.attempts
+        if reraise_transport and last is not None and last.response is None and last.error is not None:
+            self._end(outcome, type(last.error).__qualname__)
+            _attach(last.error, records)
+            return Raise(last.error)
+        self._end(outcome, error.__qualname__)
+        response = last.response if last is not None else None
+        spec = self.spec
+        exc = error(
+            message,
+            endpoint=spec.match.endpoint,
+            engine=spec.engine,
+            attempts=records,
+            last_status=last.status if last is not None else None,
+            last_error=last.error if last is not None else None,
+            request=spec.request,
+            response=response,
+        )
+        if last is not None and last.error is not None:
+            exc.__cause__ = last.error  # as ``raise exc from last.error``
+            exc.__suppress_context__ = True
+        return Raise(exc, discard=None if self._released else response)
+
+    def _record_breaker(self, outcome: CallOutcome, neutral: bool) -> None:
+        """One verdict per logical call: retries that absorbed a failure do not count against the engine.
+
+        A success closes the count; a call that ended on transport errors or
+        retryable statuses is a failure; a fatal status (4xx, 500), a refusal
+        and an exception outside the transport are neutral: the slot goes back.
+        """
+        breaker, permit = self.breaker, self.permit
+        if breaker is None or permit is None:
+            return
+        last = self.records[-1] if self.records else None
+        if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
+            breaker.record_success(permit)
+        elif (
+            neutral
+            or outcome is CallOutcome.CIRCUIT_OPEN
+            or (last is not None and last.outcome is Outcome.FATAL and last.status is not None)
+        ):
+            breaker.release_probe(permit)
+        else:
+            breaker.record_failure(permit)
+
+    def _end(self, outcome: CallOutcome, error_type: str | None, *, neutral: bool = False) -> None:
+        self.ended = True
+        self._record_breaker(outcome, neutral)
+        if not self.observers:
+            return
+        spec = self.spec
+        emit(
+            self.observers,
+            CallEnded(
+                call_id=self.call_id,
+                method=spec.method,
+                endpoint=spec.match.endpoint,
+                engine=spec.engine,
+                outcome=outcome,
+                status=self.last.status if self.last is not None else None,
+                attempts=len(self.records),
+                duration_s=self.clock.monotonic() - self.started,
+                error_type=error_type,
+                retry_budget_tokens=self.budget.tokens if self.budget is not None else None,
+            ),
+        )
+
+
+def _reason(result: AttemptResult[Any]) -> str:
+    if result.status is not None:
+        return f"status_{result.status}"
+    return result.error_kind or "error"
+
+
+def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
+    try:
+        error.attempts = records  # type: ignore[attr-defined]
+    except AttributeError:
+        pass

@@ -1,0 +1,168 @@
+"""One scenario table, four drivers: requests, httpx, httpx async and aiohttp behave alike on a real loopback server.
+
+Each scenario runs against a ``ScriptedServer`` on 127.0.0.1 (``tests/servers.py``)
+and checks what the caller sees (status, attempts, the error's class, both the
+resilience class and the library's own) and what the server saw (how many
+requests arrived). The drivers share the sans-IO core, so a difference here is
+a driver bug.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import resilience
+from resilience.breaker import BreakerConfig, BreakerState
+from resilience.budget import RetryBudgetConfig
+from resilience.outcome import Delivery
+from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
+from tests.adapters.drivers import DRIVERS, Driver
+from tests.servers import Hang, Reply, ScriptedServer, scripted
+
+QUICK = RetryPolicy(max_attempts=4, base_s=0.01, cap_s=0.05)
+SLOW = RetryPolicy(max_attempts=4, base_s=5, cap_s=5, jitter=0)
+POLICIES = PolicyTable(
+    {
+        "GET /flaky": EndpointPolicy(retry=QUICK, deadline_s=20, attempt_timeout_s=5),
+        "POST /update": EndpointPolicy(idempotent=False, retry=QUICK, deadline_s=10, attempt_timeout_s=0.3),
+        "GET /busy": EndpointPolicy(retry=QUICK, deadline_s=1.0, attempt_timeout_s=1.0),
+        "GET /gateway": EndpointPolicy(retry=RetryPolicy(max_attempts=1), deadline_s=5, attempt_timeout_s=5),
+        "GET /slow-gateway": EndpointPolicy(retry=SLOW, deadline_s=60, attempt_timeout_s=5),
+    }
+)
+
+
+@pytest.fixture(params=DRIVERS)
+def driver_name(request: pytest.FixtureRequest) -> str:
+    name = str(request.param)
+    pytest.importorskip(f"resilience.adapters.{name.split('-')[0]}")  # TEMPORARY until the httpx/aiohttp drivers land
+    return name
+
+
+@pytest.fixture
+def driver(driver_name: str) -> Iterator[Driver]:
+    d = Driver(driver_name, POLICIES)
+    yield d
+    d.close()
+
+
+def test_a_run_of_502s_is_absorbed(driver: Driver) -> None:
+    with scripted(Reply(502), Reply(502), Reply(200)) as server:
+        answer = driver.call("GET", f"{server.url}/flaky")
+        assert answer.status == 200 and [a.status for a in answer.attempts] == [502, 502, 200]
+        assert server.count == 3
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_refused_then_up(driver: Driver) -> None:
+    """Connections refused until the server comes up 0.4 s later: the call succeeds, the refusals recorded as not sent."""
+    port = _closed_port()
+    servers: list[ScriptedServer] = []
+
+    def come_up() -> None:
+        time.sleep(0.4)
+        servers.append(ScriptedServer([Reply(200)], port=port).start())
+
+    starter = threading.Thread(target=come_up)
+    starter.start()
+    try:
+        answer = driver.call("GET", f"http://127.0.0.1:{port}/flaky")
+    finally:
+        starter.join()
+        for s in servers:
+            s.stop()
+    assert answer.status == 200
+    assert answer.attempts[0].delivery is Delivery.NOT_SENT and answer.attempts[-1].status == 200
+    assert len(answer.attempts) >= 2
+
+
+def test_read_timeout_after_sending_a_non_idempotent_post_is_sent_once(driver: Driver) -> None:
+    """The POST may have been applied: never re-sent, and the caller gets AmbiguousOutcome, also the library's own error."""
+    with scripted(Hang(3.0)) as server:
+        with pytest.raises(resilience.AmbiguousOutcome) as info:
+            driver.call("POST", f"{server.url}/update", json={"weights": 1})
+        assert server.count == 1
+    assert isinstance(info.value, driver.native)
+    assert len(info.value.attempts) == 1 and info.value.attempts[0].delivery is Delivery.MAYBE_APPLIED
+
+
+def test_retry_after_past_the_deadline_ends_the_call_at_once(driver: Driver) -> None:
+    """503 with Retry-After: 30 under a 1 s deadline: no 30 s wait, DeadlineExceeded (a timeout in the library's terms)."""
+    with scripted(Reply(503, headers={"Retry-After": "30"})) as server:
+        t0 = time.monotonic()
+        with pytest.raises(resilience.DeadlineExceeded) as info:
+            driver.call("GET", f"{server.url}/busy")
+        waited = time.monotonic() - t0
+        assert server.count == 1
+    assert isinstance(info.value, driver.native)
+    assert waited < 25, f"waited {waited:.1f}s: the Retry-After was not clamped to the deadline"
+
+
+def test_breaker_opens_on_a_dead_engine_and_refuses_without_sending(driver_name: str) -> None:
+    driver = Driver(driver_name, POLICIES, breaker=BreakerConfig(failure_threshold=2, minimum_calls=2, window_size=2, open_seconds=60))
+    try:
+        with scripted(Reply(502)) as server:
+            for _ in range(2):
+                assert driver.call("GET", f"{server.url}/gateway").status == 502  # exhausted: the last response, as plain clients
+            with pytest.raises(resilience.CircuitOpen) as info:
+                driver.call("GET", f"{server.url}/gateway")
+            assert server.count == 2
+        assert isinstance(info.value, driver.native)
+    finally:
+        driver.close()
+
+
+def test_retry_budget_stops_a_retry_storm(driver_name: str) -> None:
+    driver = Driver(driver_name, POLICIES, retry_budget=RetryBudgetConfig(ratio=0, min_retries_per_second=0, max_tokens=1))
+    try:
+        with scripted(Reply(502)) as server:
+            with pytest.raises(resilience.RetryBudgetExhausted) as info:
+                driver.call("GET", f"{server.url}/flaky")
+            assert server.count == 2  # the first attempt and the one retry the budget allowed
+        assert isinstance(info.value, driver.native)
+        assert [a.status for a in info.value.attempts] == [502, 502]
+    finally:
+        driver.close()
+
+
+def test_a_callers_timeout_is_honoured_on_a_default_policy_call(driver: Driver) -> None:
+    """A request no entry matches, with the caller's 0.3 s timeout: not overruled by the default 10 s attempt timeout."""
+    with scripted(Hang(5.0)) as server:
+        t0 = time.monotonic()
+        with pytest.raises(driver.native):
+            driver.call("GET", f"{server.url}/unlisted", timeout=0.3)
+        waited = time.monotonic() - t0
+    assert waited < 4.5, f"waited {waited:.1f}s for a call the caller bounded at 0.3 s per attempt"
+
+
+@pytest.mark.parametrize("driver_name", ["httpx-async", "aiohttp"])
+def test_cancelling_the_calling_task_in_a_backoff_sends_nothing_more_and_frees_the_slot(driver_name: str) -> None:
+    """The half-open probe call is cancelled during its 5 s backoff: one request only, the breaker's probe slot is free."""
+    driver = Driver(driver_name, POLICIES, breaker=BreakerConfig(failure_threshold=1, minimum_calls=1, window_size=1, open_seconds=0))
+    try:
+        with scripted(Reply(502)) as server:
+            breaker = driver.breakers.get(f"http://127.0.0.1:{server.port}")
+            breaker.record_failure()
+            assert breaker.state is BreakerState.HALF_OPEN
+            future = driver.start("GET", f"{server.url}/slow-gateway")
+            for _ in range(200):
+                if server.count:
+                    break
+                time.sleep(0.02)
+            time.sleep(0.2)
+            future.cancel()
+            time.sleep(0.3)
+            assert server.count == 1
+            assert breaker.state is BreakerState.HALF_OPEN and breaker.admit() is not None
+    finally:
+        driver.close()
