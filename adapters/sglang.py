@@ -13,16 +13,17 @@ was refused.
 
 from __future__ import annotations
 
-import json as jsonlib
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import requests
 
-from resilience.adapters.requests import ResilientAdapter, engine_of, resilient_session
-from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
+from resilience.adapters import sglang_calls as calls
+from resilience.adapters.requests import ResilientAdapter, resilient_session
+from resilience.adapters.sglang_async import AsyncSGLangClient
+from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, auth_headers, raise_if_refused
+from resilience.adapters.sglang_policies import SGLANG_POLICIES
 from resilience.adapters.sglang_types import (
     ControlResult,
     FlushResult,
@@ -42,6 +43,7 @@ from resilience.policy import PolicyTable
 
 __all__ = [
     "ALL_TAGS",
+    "AsyncSGLangClient",
     "ControlResult",
     "FlushResult",
     "GenerateResult",
@@ -57,10 +59,6 @@ __all__ = [
     "WeightUpdateResult",
     "mount_sglang",
 ]
-
-
-_NOT_IDLE = ("Timed out waiting for idle state", "Flush cache failed", "Another flush_cache is already in progress")
-_APPLIED_NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
 
 
 def mount_sglang(
@@ -81,7 +79,7 @@ def mount_sglang(
     return adapter
 
 
-class SGLangClient:
+class SGLangClient(SGLangClientState):
     """A client of one SGLang engine's HTTP control plane.
 
     ``base_url``: the engine (``http://127.0.0.1:30000``). ``session``: a
@@ -95,7 +93,9 @@ class SGLangClient:
     become idle (default 120 s, capped by any Deadline in context);
     ``flush_poll_s``: the pause between "not idle" answers (default 0.5 s).
     Other keyword arguments go to ``ResilientAdapter`` (``breaker``,
-    ``retry_budget``, ``clock``).
+    ``retry_budget``, ``clock``). ``AsyncSGLangClient`` is the same client with
+    coroutine methods; both build their requests and read the answers with
+    ``resilience.adapters.sglang_calls``.
     """
 
     def __init__(
@@ -111,32 +111,11 @@ class SGLangClient:
         flush_poll_s: float = 0.5,
         **adapter_kwargs: Any,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"SGLangClient base_url must start with http:// or https://, but was {base_url!r}")
-        self.base_url = base_url.rstrip("/")
-        self.engine = engine_of(self.base_url)[0]
+        super().__init__(
+            base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
+        )
         self._owns_session = session is None
         self.session = session if session is not None else resilient_session(policies, observers=observers, **adapter_kwargs)
-        self._api_key = api_key
-        self._admin_api_key = admin_api_key
-        self.flush_deadline_s = flush_deadline_s
-        self.flush_poll_s = flush_poll_s
-        self._lock = threading.Lock()
-        self._paused_mode: str | None = None
-        self._released: set[str] = set()
-
-    def __repr__(self) -> str:
-        keys = (", api_key=***" if self._api_key else "") + (", admin_api_key=***" if self._admin_api_key else "")
-        return f"SGLangClient({self.base_url!r}{keys})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Close the session if this client created it."""
@@ -149,113 +128,33 @@ class SGLangClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- state this client knows -------------------------------------------
-
-    @property
-    def paused_mode(self) -> str | None:
-        """The mode of the pause this client sent and has not continued, or None."""
-        return self._paused_mode
-
-    @property
-    def released_tags(self) -> frozenset[str]:
-        """Tags this client released and has not resumed (SGLang itself cannot tell)."""
-        with self._lock:
-            return frozenset(self._released)
-
     # -- plumbing ------------------------------------------------------------
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Mapping[str, str] | None = None,
-        stream: bool = False,
-        timeout: float | None = None,
-    ) -> requests.Response:
-        key_name, key = self._key_for(path)
-        headers = {"Authorization": f"Bearer {key}"} if key else None
+    def _response(self, call: Call, *, stream: bool = False) -> requests.Response:
+        """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``."""
+        key_name, key = self._key_for(call.path)
         response = self.session.request(
-            method, self.base_url + path, json=json, params=params, headers=headers, stream=stream, timeout=timeout
+            call.method, self.base_url + call.path, json=call.body, params=call.params, headers=auth_headers(key), stream=stream
         )
         if response.status_code in (401, 403):
-            raise SGLangAuthError(self.engine, f"{method} {path}", response.status_code, response.text, key=key_name, response=response)
+            raise_if_refused(self.engine, _answer(call, response), key_name)
         return response
 
-    def _key_for(self, path: str) -> tuple[str | None, str | None]:
-        """The key this route's SGLang auth level asks for, as (name, key); (None, None) = send none."""
-        if path.startswith(SGLANG_OPEN_PREFIXES):
-            return None, None
-        if path in SGLANG_ADMIN_PATHS and self._admin_api_key:
-            return "admin_api_key", self._admin_api_key
-        if self._api_key:
-            return "api_key", self._api_key
-        return None, None
-
-    def _ok(self, response: requests.Response, endpoint: str) -> requests.Response:
-        if not response.ok:
-            raise SGLangError(self.engine, endpoint, response.status_code, response.text, response=response)
-        return response
-
-    def _json(self, response: requests.Response, endpoint: str) -> Any:
-        self._ok(response, endpoint)
-        try:
-            return response.json()
-        except ValueError:
-            raise SGLangProtocolError(
-                self.engine, endpoint, response.status_code, response.text, detail="answer is not JSON", response=response
-            ) from None
-
-    def _control(self, path: str, body: Mapping[str, Any]) -> ControlResult:
-        endpoint = f"POST {path}"
-        response = self._ok(self._request("POST", path, json=dict(body)), endpoint)
-        message = ""
-        if response.content:
-            try:
-                data = response.json()
-            except ValueError:
-                data = None
-            if isinstance(data, dict):
-                message = str(data.get("message", ""))
-        return ControlResult(self.engine, endpoint, message, len(getattr(response, "attempts", ())) or 1)
-
-    def _weights(self, path: str, body: Mapping[str, Any]) -> WeightUpdateResult:
-        endpoint = f"POST {path}"
-        response = self._request("POST", path, json=dict(body))
-        if response.status_code == 400:
-            try:
-                data = response.json()
-            except ValueError:
-                data = None
-            if isinstance(data, dict) and data.get("success") is False:
-                message = str(data.get("message", ""))
-                if message.startswith(_APPLIED_NOT_FLUSHED):
-                    raise SGLangAppliedButRefused(
-                        self.engine, endpoint, 400, response.text, detail="weights applied, cache not flushed", response=response
-                    )
-                raise SGLangError(self.engine, endpoint, 400, response.text, detail=f"refused: {message}")
-        data = self._json(response, endpoint)
-        if not isinstance(data, dict) or "success" not in data:
-            raise SGLangProtocolError(self.engine, endpoint, response.status_code, response.text, detail="no 'success' field")
-        if not data["success"]:
-            raise SGLangError(self.engine, endpoint, response.status_code, response.text, detail=f"refused: {data.get('message', '')}")
-        return WeightUpdateResult(self.engine, endpoint, True, str(data.get("message", "")), data)
+    def _send(self, call: Call) -> Answer:
+        return _answer(call, self._response(call))
 
     # -- generation control --------------------------------------------------
 
     def pause_generation(self, mode: PauseMode = "abort") -> ControlResult:
         """Pause admission. ``abort`` answers in-flight requests as aborted; ``retract`` re-queues them; ``in_place`` keeps their KV."""
-        if mode not in ("abort", "retract", "in_place"):
-            raise ValueError(f"pause mode must be 'abort', 'retract' or 'in_place', but was {mode!r}")
-        result = self._control("/pause_generation", {"mode": mode})
-        self._paused_mode = mode
+        result = calls.control_result(self.engine, self._send(calls.pause_call(mode)))
+        self._note_paused(mode)
         return result
 
     def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
         """Reopen admission. SGLang's pause is one flag: the first continue wins (the orchestrator owns holds)."""
-        result = self._control("/continue_generation", {"torch_empty_cache": torch_empty_cache})
-        self._paused_mode = None
+        result = calls.control_result(self.engine, self._send(calls.continue_call(torch_empty_cache)))
+        self._note_paused(None)
         return result
 
     def flush_cache(self, deadline_s: float | None = None, *, wait_for_idle: bool | None = None) -> FlushResult:
@@ -268,61 +167,44 @@ class SGLangClient:
         "Timed out waiting for idle state."; ``?timeout=0`` flushes at once, ignoring the
         waiting queue as the release that follows does (``scheduler.py``, ``flush_cache``).
         """
-        endpoint = "POST /flush_cache"
-        wait = self._paused_mode is None if wait_for_idle is None else wait_for_idle
+        wait = self._flush_waits(wait_for_idle)
         with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
             polls = 0
             while True:
                 polls += 1
-                server_wait = max(0.0, min(deadline.remaining() - 1.0, 30.0)) if wait else 0.0
-                response = self._request("POST", "/flush_cache", params={"timeout": f"{server_wait:.3f}"})
-                if response.ok:
-                    return FlushResult(self.engine, response.text.strip(), polls)
-                not_idle = response.status_code == 400 and any(text in response.text for text in _NOT_IDLE)
-                if not not_idle:
-                    raise SGLangError(self.engine, endpoint, response.status_code, response.text, response=response)
-                if deadline.remaining() <= self.flush_poll_s:
-                    raise SGLangError(
-                        self.engine,
-                        endpoint,
-                        response.status_code,
-                        response.text,
-                        detail=f"still not idle after {polls} tries before the deadline",
-                        response=response,
-                    )
+                answer = self._send(calls.flush_call(calls.flush_server_wait(wait, deadline.remaining())))
+                result = calls.flush_outcome(self.engine, answer, polls=polls, remaining_s=deadline.remaining(), poll_s=self.flush_poll_s)
+                if result is not None:
+                    return result
                 time.sleep(self.flush_poll_s)
 
     def abort_request(self, rid: str | None = None, abort_all: bool = False) -> ControlResult:
         """Abort requests whose rid starts with ``rid``, or all of them."""
-        if rid is None and not abort_all:
-            raise ValueError("abort_request needs a rid or abort_all=True")
-        return self._control("/abort_request", {"rid": rid or "", "abort_all": abort_all})
+        return calls.control_result(self.engine, self._send(calls.abort_call(rid, abort_all)))
 
     # -- memory occupation ---------------------------------------------------
 
     def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
         """Release GPU memory for ``tags`` (None = kv_cache, weights and cuda_graph). Not re-sent once it may have been applied."""
-        result = self._control("/release_memory_occupation", {"tags": list(tags) if tags else None})
-        with self._lock:
-            self._released.update(tags or ALL_TAGS)
+        result = calls.control_result(self.engine, self._send(calls.memory_call("/release_memory_occupation", tags)))
+        self._note_released(tags)
         return result
 
     def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
         """Re-occupy memory for ``tags`` (None = all three). Not re-sent once it may have been applied."""
-        result = self._control("/resume_memory_occupation", {"tags": list(tags) if tags else None})
-        with self._lock:
-            self._released.difference_update(tags or ALL_TAGS)
+        result = calls.control_result(self.engine, self._send(calls.memory_call("/resume_memory_occupation", tags)))
+        self._note_resumed(tags)
         return result
 
     # -- weights ---------------------------------------------------------------
 
     def begin_weight_update(self, selector: str = "all") -> WeightUpdateResult:
         """Open a weight-update session (SGLang 0.5.23); 400 when one is already open."""
-        return self._weights("/begin_weight_update", {"selector": selector})
+        return calls.weights_result(self.engine, self._send(calls.begin_weight_update_call(selector)))
 
     def end_weight_update(self) -> WeightUpdateResult:
         """Close the weight-update session; 400 when none is open."""
-        return self._weights("/end_weight_update", {})
+        return calls.weights_result(self.engine, self._send(calls.end_weight_update_call()))
 
     def update_weights_from_tensor(
         self,
@@ -334,16 +216,14 @@ class SGLangClient:
         weight_version: str | None = None,
     ) -> WeightUpdateResult:
         """Load weights from serialized tensors (inside a begin/end session in 0.5.23)."""
-        body: dict[str, Any] = {
-            "serialized_named_tensors": list(serialized_named_tensors),
-            "flush_cache": flush_cache,
-            "abort_all_requests": abort_all_requests,
-        }
-        if load_format is not None:
-            body["load_format"] = load_format
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        return self._weights("/update_weights_from_tensor", body)
+        call = calls.update_weights_from_tensor_call(
+            serialized_named_tensors,
+            load_format=load_format,
+            flush_cache=flush_cache,
+            abort_all_requests=abort_all_requests,
+            weight_version=weight_version,
+        )
+        return calls.weights_result(self.engine, self._send(call))
 
     def update_weights_from_distributed(
         self,
@@ -356,31 +236,23 @@ class SGLangClient:
         weight_version: str | None = None,
     ) -> WeightUpdateResult:
         """Receive weights over the distributed group set up by ``init_weights_update_group``."""
-        body: dict[str, Any] = {
-            "names": list(names),
-            "dtypes": list(dtypes),
-            "shapes": [list(s) for s in shapes],
-            "group_name": group_name,
-            "flush_cache": flush_cache,
-        }
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        return self._weights("/update_weights_from_distributed", body)
+        call = calls.update_weights_from_distributed_call(
+            names, dtypes, shapes, group_name=group_name, flush_cache=flush_cache, weight_version=weight_version
+        )
+        return calls.weights_result(self.engine, self._send(call))
 
     def update_weights_from_disk(
         self, model_path: str, *, flush_cache: bool = True, weight_version: str | None = None, load_format: str | None = None
     ) -> WeightUpdateResult:
         """Load weights from a checkpoint path on the engine's machine."""
-        body: dict[str, Any] = {"model_path": model_path, "flush_cache": flush_cache}
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        if load_format is not None:
-            body["load_format"] = load_format
-        return self._weights("/update_weights_from_disk", body)
+        call = calls.update_weights_from_disk_call(
+            model_path, flush_cache=flush_cache, weight_version=weight_version, load_format=load_format
+        )
+        return calls.weights_result(self.engine, self._send(call))
 
     def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> WeightUpdateResult:
         """Set the weight version reported by ``/model_info`` and in generation meta_info."""
-        return self._weights("/update_weight_version", {"new_version": new_version, "abort_all_requests": abort_all_requests})
+        return calls.weights_result(self.engine, self._send(calls.update_weight_version_call(new_version, abort_all_requests)))
 
     def init_weights_update_group(
         self,
@@ -392,29 +264,20 @@ class SGLangClient:
         backend: str = "nccl",
     ) -> WeightUpdateResult:
         """Join the trainer's process group for distributed weight updates."""
-        return self._weights(
-            "/init_weights_update_group",
-            {
-                "master_address": master_address,
-                "master_port": master_port,
-                "rank_offset": rank_offset,
-                "world_size": world_size,
-                "group_name": group_name,
-                "backend": backend,
-            },
-        )
+        call = calls.init_weights_update_group_call(master_address, master_port, rank_offset, world_size, group_name, backend)
+        return calls.weights_result(self.engine, self._send(call))
 
     # -- reads -----------------------------------------------------------------
 
     def _health(self, path: str) -> Health:
         if self._paused_mode is not None:
-            return Health(self.engine, True, None, 0.0, paused_by_us=True)
+            return calls.paused_health(self.engine)
         t0 = time.monotonic()
         try:
-            response = self._request("GET", path)
+            answer = self._send(calls.read_call(path))
         except requests.RequestException as exc:
-            return Health(self.engine, False, None, time.monotonic() - t0, error=type(exc).__name__)
-        return Health(self.engine, response.ok, response.status_code, time.monotonic() - t0)
+            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
+        return calls.health_result(self.engine, answer, time.monotonic() - t0)
 
     def health(self) -> Health:
         """``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503)."""
@@ -426,38 +289,23 @@ class SGLangClient:
 
     def ready(self) -> bool:
         """``/ready``: True only when serving and not paused."""
-        return self._request("GET", "/ready").status_code == 200
+        return self._send(calls.read_call("/ready")).status == 200
 
     def server_info(self) -> dict[str, Any]:
         """``/server_info``: server args, internal states, version."""
-        data = self._json(self._request("GET", "/server_info"), "GET /server_info")
-        if not isinstance(data, dict):
-            raise SGLangProtocolError(self.engine, "GET /server_info", 200, str(data), detail="answer is not an object")
-        return data
+        return calls.server_info_result(self.engine, self._send(calls.read_call("/server_info")))
 
     def model_info(self) -> ModelInfo:
         """``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23)."""
-        endpoint = "GET /model_info"
-        data = self._json(self._request("GET", "/model_info"), endpoint)
-        if not isinstance(data, dict) or "model_path" not in data:
-            raise SGLangProtocolError(self.engine, endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field")
-        version = data.get("weight_version")
-        return ModelInfo(
-            self.engine, str(data["model_path"]), None if version is None else str(version), data.get("served_model_name"), data
-        )
+        return calls.model_info_result(self.engine, self._send(calls.read_call("/model_info")))
 
     def loads(self) -> dict[str, Any]:
         """``/v1/loads?include=core``: per-rank running and waiting requests."""
-        data = self._json(self._request("GET", "/v1/loads", params={"include": "core"}), "GET /v1/loads")
-        return data if isinstance(data, dict) else {"loads": data}
+        return calls.loads_result(self.engine, self._send(calls.read_call("/v1/loads")))
 
     def models(self) -> list[str]:
         """``/v1/models``: the served model ids."""
-        data = self._json(self._request("GET", "/v1/models"), "GET /v1/models")
-        try:
-            return [str(m["id"]) for m in data["data"]]
-        except (KeyError, TypeError):
-            raise SGLangProtocolError(self.engine, "GET /v1/models", 200, jsonlib.dumps(data)[:200], detail="no data[].id") from None
+        return calls.models_result(self.engine, self._send(calls.read_call("/v1/models")))
 
     # -- generation --------------------------------------------------------------
 
@@ -470,11 +318,8 @@ class SGLangClient:
         rid: str | None = None,
     ) -> GenerateResult:
         """``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``."""
-        body = self._generate_body(text, input_ids, sampling_params, rid, stream=False)
-        data = self._json(self._request("POST", "/generate", json=body), "POST /generate")
-        if not isinstance(data, dict):
-            raise SGLangProtocolError(self.engine, "POST /generate", 200, str(data)[:200], detail="answer is not an object")
-        return _generate_result(data)
+        call = calls.generate_call(text, input_ids, sampling_params, rid, stream=False)
+        return calls.generate_result(self.engine, self._send(call))
 
     def generate_stream(
         self,
@@ -485,44 +330,19 @@ class SGLangClient:
         rid: str | None = None,
     ) -> Iterator[GenerateResult]:
         """Streaming ``/generate``: yields the cumulative result of each SSE chunk until ``[DONE]``."""
-        body = self._generate_body(text, input_ids, sampling_params, rid, stream=True)
-        response = self._ok(self._request("POST", "/generate", json=body, stream=True), "POST /generate")
+        call = calls.generate_call(text, input_ids, sampling_params, rid, stream=True)
+        response = self._response(call, stream=True)
         with response:
+            if not response.ok:
+                calls.require_ok(self.engine, _answer(call, response))
             for line in response.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data:"):
-                    continue
-                payload = line[len("data:") :].strip()
-                if payload == "[DONE]":
+                item = calls.sse_line(self.engine, call.endpoint, line)
+                if item is calls.StreamEnd.DONE:
                     return
-                try:
-                    chunk = jsonlib.loads(payload)
-                except ValueError:
-                    raise SGLangProtocolError(self.engine, "POST /generate", 200, payload, detail="bad SSE chunk") from None
-                yield _generate_result(chunk)
-
-    @staticmethod
-    def _generate_body(
-        text: str | None, input_ids: Sequence[int] | None, sampling_params: Mapping[str, Any] | None, rid: str | None, *, stream: bool
-    ) -> dict[str, Any]:
-        if (text is None) == (input_ids is None):
-            raise ValueError("generate needs exactly one of text or input_ids")
-        body: dict[str, Any] = {"sampling_params": dict(sampling_params or {}), "stream": stream}
-        if text is not None:
-            body["text"] = text
-        else:
-            body["input_ids"] = list(input_ids or ())
-        if rid is not None:
-            body["rid"] = rid
-        return body
+                if item is not None:
+                    yield item
 
 
-def _generate_result(data: Mapping[str, Any]) -> GenerateResult:
-    meta = data.get("meta_info") or {}
-    finish = meta.get("finish_reason")
-    reason = finish.get("type") if isinstance(finish, dict) else finish
-    return GenerateResult(
-        text=str(data.get("text", "")),
-        output_ids=tuple(int(i) for i in data.get("output_ids") or ()),
-        finish_reason=None if reason is None else str(reason),
-        meta_info=meta,
-    )
+def _answer(call: Call, response: requests.Response) -> Answer:
+    """What ``response`` answered to ``call`` (reads the body)."""
+    return Answer(call.endpoint, response.status_code, response.text, len(getattr(response, "attempts", ())) or 1, response)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from resilience.adapters.ray import RayEngine, _SGLangEngineActor
-from resilience.adapters.sglang import SGLangClient
+from resilience.adapters.sglang import AsyncSGLangClient, SGLangClient
 from resilience.barrier import AsyncControlPlaneEngine, ControlPlaneEngine, EngineGroup, Orchestrator, PauseMode
 
 
@@ -46,3 +46,4 @@ async_engine: AsyncControlPlaneEngine = _AsyncEngine()
 misspelt: ControlPlaneEngine = _MisspeltEngine()  # type: ignore[assignment]
 not_an_engine: ControlPlaneEngine = object()  # type: ignore[assignment]
 async_is_not_sync_client: AsyncControlPlaneEngine = SGLangClient("http://127.0.0.1:1")  # type: ignore[assignment]
+async_client: AsyncControlPlaneEngine = AsyncSGLangClient("http://127.0.0.1:1")

@@ -1,0 +1,372 @@
+"""``ResilientTransport`` / ``AsyncResilientTransport``: the retry loop as an httpx transport.
+
+Mount it like any transport::
+
+    client = httpx.Client(transport=ResilientTransport(policies))
+    client = httpx.AsyncClient(mounts={"http://127.0.0.1:30000": AsyncResilientTransport(policies)})
+
+Each ``handle_request`` / ``handle_async_request`` is one logical call of the
+retry core (``Retrier.run`` / ``Retrier.arun``): the same rules as the
+requests adapter (deadlines, breaker, retry budget, ambiguity, probes,
+events). The wrapped transport (default ``httpx.HTTPTransport()`` /
+``httpx.AsyncHTTPTransport()``) makes each attempt; its own retries should
+stay off (``retries=0``, its default).
+
+- **Timeouts.** The caller's ``timeout=`` (the request's ``timeout``
+  extension) is the caller's own (connect, read) timeout for the core's one
+  precedence rule (``resilience.retry.attempt_timeouts``). Each attempt gets
+  the (connect, read) the core chose; its write timeout never exceeds that
+  read timeout nor its pool timeout that connect timeout (the caller's
+  smaller values are kept), so a deadline bounds every phase of an attempt.
+- **Bodies.** A body held in memory (``httpx.ByteStream``: ``content=`` bytes,
+  ``json=``, ``data=``) is sent again as it is; any other stream (a generator,
+  an async iterator, multipart files) gets exactly one attempt.
+- **Responses.** A response that will not be returned is read and closed
+  before the next attempt. The attempts taken are on
+  ``response.extensions["attempts"]`` (a tuple of ``AttemptRecord``), the
+  endpoint template on ``response.extensions["endpoint"]``; a raised error has
+  them as ``error.attempts``.
+- **Errors** are httpx exceptions (``resilience.adapters.httpx_errors``):
+  ``DeadlineExceeded`` is an ``httpx.TimeoutException``, ``CircuitOpen`` an
+  ``httpx.ConnectError``, the others ``httpx.TransportError``. When the
+  retries end on a transport error (a refusal past the deadline, say), the
+  transport's own error is raised, with ``.attempts``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import ssl
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from types import TracebackType
+
+import httpx
+
+from resilience.adapters.httpx_errors import ERROR_TYPES
+from resilience.adapters.requests import engine_of
+from resilience.backoff import parse_retry_after
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.errors import ConfigError, require
+from resilience.events import Observer
+from resilience.outcome import AttemptRecord, Delivery
+from resilience.policy import PolicyTable
+from resilience.retry import AttemptResult, CallSpec, Retrier
+
+__all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
+
+_DEFAULT_BREAKER = BreakerConfig()
+_DEFAULT_BUDGET = RetryBudgetConfig()
+Timeouts = tuple[float | None, float | None]
+
+_NOT_TRANSIENT = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
+"""Errors a retry cannot fix: a URL without ``http(s)://``, a request h11 refuses to write (bad header)."""
+
+
+def transport_failure(exc: httpx.TransportError) -> tuple[Delivery, str]:
+    """Did a failed attempt surely never reach the server? And a bounded name for it.
+
+    httpcore raises ``ConnectError`` / ``ConnectTimeout`` only while opening a
+    connection (TCP connect, refused or unreachable, or the TLS handshake),
+    ``PoolTimeout`` while waiting for one, and ``ProxyError`` when the proxy
+    refused the tunnel (CONNECT answered non-2xx, a SOCKS handshake): none of
+    them has written a byte of the request. A write or read failure on an open
+    connection (``WriteError``, ``ReadError``, ``RemoteProtocolError``
+    "Server disconnected without sending a response", a read or write
+    timeout) may come after the server got the request: httpcore does not
+    tell a reset before the request's first byte from one after it.
+    """
+    if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return Delivery.NOT_SENT, "connect_timeout"
+    if isinstance(exc, (httpx.ConnectError, httpx.ProxyError)):
+        return Delivery.NOT_SENT, "connect_error"
+    if isinstance(exc, (httpx.ReadTimeout, httpx.WriteTimeout)):
+        return Delivery.MAYBE_APPLIED, "read_timeout"
+    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)):
+        return Delivery.MAYBE_APPLIED, "connection_reset"
+    return Delivery.MAYBE_APPLIED, "error"
+
+
+def _not_transient(exc: httpx.TransportError) -> bool:
+    """Re-raised unretried: a bad URL or header, or a certificate that failed verification (a ``ConnectError`` by its cause)."""
+    if isinstance(exc, _NOT_TRANSIENT):
+        return True
+    cause: BaseException | None = exc
+    for _ in range(8):  # httpx error <- httpcore error <- ssl error
+        if cause is None:
+            return False
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _seconds(timeout: Mapping[str, object], key: str) -> float | None:
+    value = timeout.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"request.extensions['timeout'][{key!r}] must be a number of seconds >= 0 or None, but was {value!r}")
+    return float(value)
+
+
+def caller_timeout(request: httpx.Request) -> Timeouts | None:
+    """The caller's (connect, read) seconds from the request's ``timeout`` extension; None when it has none.
+
+    ``httpx.Client`` always sets one (its ``timeout=``, default 5 s); a
+    request built by hand and handed to the transport may have none, and then
+    the policy's ``attempt_timeout_s`` applies.
+    """
+    raw = request.extensions.get("timeout")
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"request.extensions['timeout'] must be a dict of connect/read/write/pool seconds, but was {raw!r}")
+    return _seconds(raw, "connect"), _seconds(raw, "read")
+
+
+def _at_most(value: object, bound: float | None) -> float | None:
+    own = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    smallest = min(math.inf if own is None else float(own), math.inf if bound is None else bound)
+    return None if math.isinf(smallest) else smallest
+
+
+def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mapping[str, str]) -> httpx.Request:
+    """The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream."""
+    connect, read = timeouts
+    own = request.extensions.get("timeout")
+    own = own if isinstance(own, Mapping) else {}
+    extensions = dict(request.extensions)
+    extensions["timeout"] = {
+        "connect": connect,
+        "read": read,
+        "write": _at_most(own.get("write"), read),
+        "pool": _at_most(own.get("pool"), connect),
+    }
+    attempt = httpx.Request(request.method, request.url, headers=request.headers, stream=request.stream, extensions=extensions)
+    if carrier:
+        attempt.headers.update(carrier)
+    return attempt
+
+
+def _responded(response: httpx.Response) -> AttemptResult[httpx.Response]:
+    status = response.status_code
+    retry_after = parse_retry_after(response.headers.get("Retry-After")) if status in (429, 503) else None
+    return AttemptResult(response=response, status=status, retry_after=retry_after)
+
+
+def _failed(exc: httpx.TransportError) -> AttemptResult[httpx.Response]:
+    delivery, kind = transport_failure(exc)
+    return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
+
+
+def _discard(response: httpx.Response) -> None:
+    """Read (so the connection goes back to the pool) and close a response that will not be returned."""
+    try:
+        response.read()
+    except (httpx.HTTPError, httpx.StreamError, OSError):
+        pass
+    finally:
+        response.close()
+
+
+async def _adiscard(response: httpx.Response) -> None:
+    """``_discard`` for an async response."""
+    try:
+        await response.aread()
+    except (httpx.HTTPError, httpx.StreamError, OSError):
+        pass
+    finally:
+        await response.aclose()
+
+
+class _Resilient:
+    """What both transports share: the policy table, the retry core, and turning a request into a ``CallSpec``."""
+
+    def __init__(
+        self,
+        owner: str,
+        policies: PolicyTable | None,
+        observers: Sequence[Observer],
+        breaker: BreakerConfig | None,
+        retry_budget: RetryBudgetConfig | None,
+        clock: Clock,
+        rng: Callable[[], float],
+    ) -> None:
+        require(policies is None or isinstance(policies, PolicyTable), owner, "policies", "a PolicyTable or None", policies)
+        require(breaker is None or isinstance(breaker, BreakerConfig), owner, "breaker", "a BreakerConfig or None", breaker)
+        budget_ok = retry_budget is None or isinstance(retry_budget, RetryBudgetConfig)
+        require(budget_ok, owner, "retry_budget", "a RetryBudgetConfig or None", retry_budget)
+        self.policies = policies if policies is not None else PolicyTable()
+        self.observers = tuple(observers)
+        self.breaker_config = breaker
+        self.retry_budget_config = retry_budget
+        self.retrier = Retrier(
+            breakers=None if breaker is None else BreakerRegistry(breaker, clock=clock, observers=self.observers),
+            budgets=None if retry_budget is None else RetryBudgets(retry_budget, clock=clock),
+            observers=self.observers,
+            clock=clock,
+            rng=rng,
+            error_types=ERROR_TYPES,
+        )
+
+    def _spec(self, request: httpx.Request) -> CallSpec:
+        url = request.url
+        method = request.method.upper()
+        engine, host, port = engine_of(str(url))
+        path = url.raw_path.partition(b"?")[0].decode("ascii")
+        return CallSpec(
+            method,
+            str(url),
+            self.policies.match(method, path),
+            engine,
+            host,
+            port,
+            request_timeout=caller_timeout(request),
+            request=request,
+            replayable=isinstance(request.stream, httpx.ByteStream),
+        )
+
+    @staticmethod
+    def _probe_done(request: httpx.Request) -> Callable[[], httpx.Response]:
+        """The response for "a probe confirmed the ambiguous call was applied": a 200 with an empty body."""
+        return lambda: httpx.Response(200, request=request, extensions={"reason_phrase": b"Applied (confirmed by probe)"})
+
+    @staticmethod
+    def _finish(response: httpx.Response, spec: CallSpec, records: tuple[AttemptRecord, ...]) -> httpx.Response:
+        response.extensions["attempts"] = records
+        response.extensions["endpoint"] = spec.match.endpoint
+        return response
+
+
+class ResilientTransport(_Resilient, httpx.BaseTransport):
+    """An ``httpx.BaseTransport`` that runs the resilience retry loop around a wrapped transport.
+
+    ``policies``: the ``PolicyTable`` routing requests (method + URL path) to
+    endpoint policies (default: an empty table, so ``EndpointPolicy.for_method``
+    applies). ``transport``: the transport that makes each attempt (default
+    ``httpx.HTTPTransport()``; pass one to set TLS, limits, a proxy).
+    ``observers``: receive every event (telemetry). ``breaker``: the circuit
+    breaker configuration per engine (default ``BreakerConfig()``; None turns
+    breaking off). ``retry_budget``: the retry budget per engine (default
+    ``RetryBudgetConfig()``; None turns it off). ``clock`` / ``rng``:
+    injectable time and jitter source.
+    """
+
+    def __init__(
+        self,
+        policies: PolicyTable | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        observers: Sequence[Observer] = (),
+        breaker: BreakerConfig | None = _DEFAULT_BREAKER,
+        retry_budget: RetryBudgetConfig | None = _DEFAULT_BUDGET,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        require(
+            transport is None or isinstance(transport, httpx.BaseTransport),
+            "ResilientTransport",
+            "transport",
+            "an httpx.BaseTransport (for an async one use AsyncResilientTransport)",
+            transport,
+        )
+        super().__init__("ResilientTransport", policies, observers, breaker, retry_budget, clock, rng)
+        self.transport = transport if transport is not None else httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` with the retry loop; the contract of ``httpx.BaseTransport.handle_request``."""
+        spec = self._spec(request)
+
+        def attempt(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[httpx.Response]:
+            try:
+                response = self.transport.handle_request(_attempt_request(request, timeouts, carrier))
+            except httpx.TransportError as exc:
+                if _not_transient(exc):
+                    raise
+                return _failed(exc)
+            return _responded(response)
+
+        response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=self._probe_done(request))
+        return self._finish(response, spec, records)
+
+    def close(self) -> None:
+        """Close the wrapped transport (``httpx.Client.close()`` calls it)."""
+        self.transport.close()
+
+    def __enter__(self) -> ResilientTransport:
+        self.transport.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        self.transport.__exit__(exc_type, exc_value, traceback)
+
+
+class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
+    """An ``httpx.AsyncBaseTransport`` that runs the resilience retry loop around a wrapped async transport.
+
+    The same arguments as ``ResilientTransport``; ``transport`` defaults to
+    ``httpx.AsyncHTTPTransport()``. Backoff waits are ``asyncio.sleep``; a
+    cancelled calling task ends the call without sending anything more and
+    gives its breaker slot back.
+    """
+
+    def __init__(
+        self,
+        policies: PolicyTable | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        observers: Sequence[Observer] = (),
+        breaker: BreakerConfig | None = _DEFAULT_BREAKER,
+        retry_budget: RetryBudgetConfig | None = _DEFAULT_BUDGET,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        require(
+            transport is None or isinstance(transport, httpx.AsyncBaseTransport),
+            "AsyncResilientTransport",
+            "transport",
+            "an httpx.AsyncBaseTransport (for a sync one use ResilientTransport)",
+            transport,
+        )
+        super().__init__("AsyncResilientTransport", policies, observers, breaker, retry_budget, clock, rng)
+        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` with the retry loop; the contract of ``httpx.AsyncBaseTransport.handle_async_request``."""
+        spec = self._spec(request)
+
+        async def attempt(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[httpx.Response]:
+            try:
+                response = await self.transport.handle_async_request(_attempt_request(request, timeouts, carrier))
+            except httpx.TransportError as exc:
+                if _not_transient(exc):
+                    raise
+                return _failed(exc)
+            return _responded(response)
+
+        response, records = await self.retrier.arun(spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request))
+        return self._finish(response, spec, records)
+
+    async def aclose(self) -> None:
+        """Close the wrapped transport (``httpx.AsyncClient.aclose()`` calls it)."""
+        await self.transport.aclose()
+
+    async def __aenter__(self) -> AsyncResilientTransport:
+        await self.transport.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.transport.__aexit__(exc_type, exc_value, traceback)
