@@ -1,16 +1,22 @@
 """The barrier: offload, onload and weight sync across engine groups, without ever killing an engine.
 
-- ``orchestrator``: ``Orchestrator``, the transitions and their rollback.
+- ``orchestrator``: ``Orchestrator``, the transitions driven from the caller's thread through a fan-out.
+- ``async_orchestrator``: ``AsyncOrchestrator``, the same transitions awaited on the caller's event loop.
+- ``rules``: the transitions themselves, as steps both orchestrators drive (one copy of the rules).
 - ``types``: its values and errors (``EngineGroup``, ``PhaseDeadlines``, reports, ``PhaseFailed``).
 - ``engine``: the engine contract (``ControlPlaneEngine``) and ``ALL_TAGS``.
 - ``knowledge``: what the orchestrator knows of each engine, and what it knows it does not know.
 - ``outcome``: what a failed call did to the engine (applied, not applied, maybe).
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
+- ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines.
 
-Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``.
+Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``; ``resilience.fanout``
+gathers the fan-outs.
 """
 
-from resilience.barrier.engine import ALL_TAGS, AsyncControlPlaneEngine, ControlPlaneEngine, PauseMode
+from resilience.barrier.async_fanout import AsyncFanOut
+from resilience.barrier.async_orchestrator import AsyncOrchestrator
+from resilience.barrier.engine import ALL_TAGS, AnyEngine, AsyncControlPlaneEngine, ControlPlaneEngine, PauseMode
 from resilience.barrier.fanout import (
     EngineDied,
     EngineResult,
@@ -35,7 +41,10 @@ from resilience.barrier.types import (
 
 __all__ = [
     "ALL_TAGS",
+    "AnyEngine",
     "AsyncControlPlaneEngine",
+    "AsyncFanOut",
+    "AsyncOrchestrator",
     "BarrierBusy",
     "ControlPlaneEngine",
     "EngineDied",

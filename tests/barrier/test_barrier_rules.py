@@ -1,39 +1,52 @@
-"""The barrier's rules, one at a time, on socket-free engines with SGLang's crash semantics (issue 9's seven defects)."""
+"""The barrier's rules, one at a time, on socket-free engines with SGLang's crash semantics (issue 9's seven defects).
+
+Every test that drives an orchestrator runs twice: ``ThreadFanOut`` over ``FakeEngine`` and ``AsyncFanOut`` over
+``AsyncFakeEngine`` (same state, faults and crash rules, with coroutine calls).
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
 
 from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.fanout import EngineDied, EngineUnavailable, PhaseTimeout, ThreadFanOut
+from resilience.barrier.async_fanout import AsyncFanOut
+from resilience.barrier.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
 from resilience.barrier.knowledge import CallOutcome, EngineKnowledge, EngineState
 from resilience.barrier.outcome import outcome_of
 from resilience.clock import FakeClock
 from resilience.errors import AmbiguousOutcome, RetriesExhausted
 from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
 from resilience.outcome import AttemptRecord, Delivery
-from tests.barrier.fake_engine import ALL, FakeEngine, Fault
+from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.05, flush_s=0.05, release_s=0.05, resume_s=0.05, continue_s=0.05)
 
 
-@pytest.fixture
-def fanout() -> Iterator[ThreadFanOut]:
-    pool = ThreadFanOut(max_workers=8)
+@pytest.fixture(params=["threads", "async"])
+def fanout(request: pytest.FixtureRequest) -> Iterator[ThreadFanOut | AsyncFanOut]:
+    """Each test on both fan-outs; ``fakes`` builds the engines that fan-out drives."""
+    pool = ThreadFanOut(max_workers=8) if request.param == "threads" else AsyncFanOut()
     yield pool
     pool.close()
 
 
-def make(fanout: ThreadFanOut, n: int = 2) -> tuple[list[FakeEngine], Orchestrator]:
-    engines = [FakeEngine(f"http://fake-{i}:30000") for i in range(n)]
+def fakes(fanout: FanOut, n: int) -> list[AnyFake]:
+    """``n`` fake engines of the kind ``fanout`` drives: synchronous for ThreadFanOut, async for AsyncFanOut."""
+    kind = AsyncFakeEngine if isinstance(fanout, AsyncFanOut) else FakeEngine
+    return [kind(f"http://fake-{i}:30000") for i in range(n)]
+
+
+def make(fanout: FanOut, n: int = 2) -> tuple[list[AnyFake], Orchestrator[Any]]:
+    engines = fakes(fanout, n)
     return engines, Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=DEADLINES)
 
 
-def alive(engines: list[FakeEngine]) -> None:
+def alive(engines: list[AnyFake]) -> None:
     for e in engines:
         assert e.crash is None and not e.violations, (e.engine, e.crash, e.violations)
 
@@ -74,7 +87,7 @@ def test_knowledge_table() -> None:
     assert k.paused is None and k.state is EngineState.UNKNOWN and k.may_continue()
 
 
-def test_defect_1_ambiguous_release_quarantines(fanout: ThreadFanOut) -> None:
+def test_defect_1_ambiguous_release_quarantines(fanout: FanOut) -> None:
     """An applied-then-ambiguous release is never released again nor continued: offload and onload name the engine instead."""
     engines, orch = make(fanout)
     engines[0].arm("release_memory_occupation", Fault.AMBIGUOUS_APPLIED)
@@ -93,7 +106,7 @@ def test_defect_1_ambiguous_release_quarantines(fanout: ThreadFanOut) -> None:
     assert all(e.serving for e in engines)
 
 
-def test_defect_2_ambiguous_resume_is_not_resumed_again(fanout: ThreadFanOut) -> None:
+def test_defect_2_ambiguous_resume_is_not_resumed_again(fanout: FanOut) -> None:
     """A resume that may have been applied is not retried by the next onload (a second resume is a KeyError in SGLang)."""
     engines, orch = make(fanout)
     orch.offload()
@@ -107,7 +120,7 @@ def test_defect_2_ambiguous_resume_is_not_resumed_again(fanout: ThreadFanOut) ->
     assert engines[0].serving and engines[1].paused and not engines[1].released
 
 
-def test_defect_3_failed_continue_is_not_hidden(fanout: ThreadFanOut) -> None:
+def test_defect_3_failed_continue_is_not_hidden(fanout: FanOut) -> None:
     """An engine whose continue failed is still offloaded by the next offload (its memory released), not skipped."""
     engines, orch = make(fanout)
     orch.offload()
@@ -120,7 +133,7 @@ def test_defect_3_failed_continue_is_not_hidden(fanout: ThreadFanOut) -> None:
     assert all(e.paused and e.released == set(ALL) for e in engines)
 
 
-def test_defect_4_ambiguous_continue_is_paused_again(fanout: ThreadFanOut) -> None:
+def test_defect_4_ambiguous_continue_is_paused_again(fanout: FanOut) -> None:
     """After an ambiguous continue, a weight sync pauses the engine again before its body runs."""
     engines, orch = make(fanout)
     with orch.weight_sync():
@@ -136,7 +149,7 @@ def test_defect_4_ambiguous_continue_is_paused_again(fanout: ThreadFanOut) -> No
     assert all(e.serving for e in engines)
 
 
-def test_defect_5_nested_and_concurrent_syncs_hold_their_own_tokens(fanout: ThreadFanOut) -> None:
+def test_defect_5_nested_and_concurrent_syncs_hold_their_own_tokens(fanout: FanOut) -> None:
     """The first sync to end does not reopen admission while another still holds its token (nested, or on another thread)."""
     engines, orch = make(fanout)
     with orch.weight_sync():
@@ -165,7 +178,7 @@ def test_defect_5_nested_and_concurrent_syncs_hold_their_own_tokens(fanout: Thre
     alive(engines)
 
 
-def test_defect_6_offload_waits_for_a_running_sync_body(fanout: ThreadFanOut) -> None:
+def test_defect_6_offload_waits_for_a_running_sync_body(fanout: FanOut) -> None:
     """offload() from another thread starts only after the weight sync body ended; from inside the body it is refused at once."""
     engines, orch = make(fanout)
     started, finish = threading.Event(), threading.Event()
@@ -193,9 +206,9 @@ def test_defect_6_offload_waits_for_a_running_sync_body(fanout: ThreadFanOut) ->
     assert all(e.serving for e in engines)
 
 
-def test_exclusion_gives_up_at_the_transition_deadline(fanout: ThreadFanOut) -> None:
+def test_exclusion_gives_up_at_the_transition_deadline(fanout: FanOut) -> None:
     """A body that outlives transition_s makes offload raise BarrierBusy, having sent nothing."""
-    engines = [FakeEngine("http://fake-0:30000")]
+    engines = fakes(fanout, 1)
     orch = Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=PhaseDeadlines(transition_s=0.05))
     started, finish = threading.Event(), threading.Event()
 
@@ -217,7 +230,7 @@ def test_exclusion_gives_up_at_the_transition_deadline(fanout: ThreadFanOut) -> 
     assert engines[0].serving
 
 
-def test_defect_7_a_late_pause_is_awaited_before_continue(fanout: ThreadFanOut) -> None:
+def test_defect_7_a_late_pause_is_awaited_before_continue(fanout: FanOut) -> None:
     """A pause still running at the phase deadline is awaited before the engine gets a continue: it is never paused with no hold."""
     engines, orch = make(fanout)
     engines[0].arm("pause_generation", Fault.LATE_APPLIED)
@@ -232,7 +245,7 @@ def test_defect_7_a_late_pause_is_awaited_before_continue(fanout: ThreadFanOut) 
     assert all(e.serving for e in engines) and orch.held() == {}
 
 
-def test_reconcile_and_retire_rules(fanout: ThreadFanOut) -> None:
+def test_reconcile_and_retire_rules(fanout: FanOut) -> None:
     """reconcile refuses impossible states and retired engines; a retired engine is never named or sent anything again."""
     engines, orch = make(fanout)
     with pytest.raises(ValueError, match="paused=False"):
@@ -254,9 +267,9 @@ def test_reconcile_and_retire_rules(fanout: ThreadFanOut) -> None:
     alive(engines)
 
 
-def test_the_injected_clock_times_transitions_and_phases(fanout: ThreadFanOut) -> None:
+def test_the_injected_clock_times_transitions_and_phases(fanout: FanOut) -> None:
     """Durations come from the orchestrator's ``clock``: a clock that never moves reports zero for every phase."""
-    engines = [FakeEngine(f"http://fake-{i}:30000") for i in range(2)]
+    engines = fakes(fanout, 2)
     seen: list[Event] = []
     orch = Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=DEADLINES, observers=[seen.append], clock=FakeClock())
     report = orch.offload()

@@ -1,0 +1,236 @@
+"""``AsyncOrchestrator``: the barrier for controllers that already run an event loop (AReaL-style).
+
+The same rules as ``Orchestrator`` (``resilience.barrier.rules``: one copy of
+every transition), driven with ``await``: each phase's calls are tasks on the
+caller's loop (``PhaseRun``), awaited together up to the phase deadline. The
+knowledge lock is a short thread lock taken while a step is decided or
+folded, never across an ``await``; transitions exclude each other with an
+``asyncio.Lock``.
+
+Cancelling the task that awaits a transition stops it from sending anything
+more. Calls already sent are not cancelled: each one that answered is folded
+in; each one still running is recorded as in flight (the engine's facts it
+touches are unknown) and keeps running until it lands, like a call that missed
+its phase deadline; the next transition waits for it first. Nothing the
+engines may have done is forgotten. A ``weight_sync`` whose body is cancelled
+still ends its hold on the way out (and continues the engines nothing else
+holds); cancelled again there, it drops the hold without sending anything more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+from resilience.barrier.async_fanout import PhaseRun, TaskCall
+from resilience.barrier.engine import AsyncControlPlaneEngine, PauseMode
+from resilience.barrier.knowledge import LateCall
+from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
+from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.budget import RestartBudget
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.events import Observer
+
+__all__ = ["AsyncOrchestrator"]
+
+A = TypeVar("A", bound=AsyncControlPlaneEngine)
+T = TypeVar("T")
+
+_IN_BODY: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("cpr_weight_sync_bodies", default=frozenset())
+"""Ids of the orchestrators whose ``weight_sync`` body the current task (or a task it started) runs in."""
+
+
+@dataclass
+class _LoopState:
+    """What is bound to the event loop the orchestrator runs on."""
+
+    loop: asyncio.AbstractEventLoop
+    lock: asyncio.Lock
+    idle: asyncio.Event
+    """Set while no ``weight_sync`` body runs."""
+    gate: asyncio.Semaphore | None
+
+
+class AsyncOrchestrator(BarrierRules[A]):
+    """``Orchestrator`` for an event loop: ``await offload()``, ``await onload()``, ``async with weight_sync()``.
+
+    ``groups``, ``observers``, ``deadlines``, ``restart_budget``, ``rollback``,
+    ``clock``: as for ``Orchestrator``. Engines satisfy ``AsyncControlPlaneEngine``
+    (``AsyncSGLangClient``); their calls run on the loop of the task that awaits
+    the transition, so use the orchestrator (and the engines) from one loop.
+    ``max_concurrency``: calls running at once within a phase (default None: all).
+
+    The queries (``states``, ``held``, ``paused_by_us``, ``released_tags``,
+    ``quarantined``, ``not_serving``) are plain methods, safe from any thread.
+    ``reconcile`` and ``retire`` are coroutines: they wait for a running
+    transition to end. Transitions run one at a time; ``weight_sync`` bodies may
+    overlap (each holds its own token); ``offload``/``onload`` wait for every
+    running body to end (up to ``transition_s``), else raise ``BarrierBusy``, and
+    raise it at once when awaited inside a body (by its task or a task it started).
+    """
+
+    def __init__(
+        self,
+        groups: EngineGroup[A] | Sequence[EngineGroup[A]],
+        *,
+        observers: Sequence[Observer] = (),
+        deadlines: PhaseDeadlines | None = None,
+        restart_budget: RestartBudget | None = None,
+        rollback: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
+        max_concurrency: int | None = None,
+    ) -> None:
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
+        super().__init__(groups, observers=observers, deadlines=deadlines, restart_budget=restart_budget, rollback=rollback, clock=clock)
+        self.max_concurrency = max_concurrency
+        self._bodies = 0
+        self._on: _LoopState | None = None
+
+    # -- recovery ----------------------------------------------------------------
+
+    async def retire(self, engine: str | A) -> None:
+        """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
+        async with self._loop_state().lock:
+            self._retire(engine)
+
+    async def reconcile(self, engine: str | A, *, released: Iterable[str] | None, paused: bool | None) -> None:
+        """Tell the orchestrator ``engine``'s real state; see ``Orchestrator.reconcile`` (the same rules and refusals)."""
+        async with self._loop_state().lock:
+            self._reconcile(engine, released=released, paused=paused)
+
+    # -- transitions -------------------------------------------------------------
+
+    async def offload(self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort") -> TransitionReport:
+        """Pause all offloaded engines, then flush all, then release ``tags`` (None = all); see ``Orchestrator.offload``."""
+        wanted = offload_args(tags, mode)
+        state = self._loop_state()
+        async with self._exclusive(state, "offload"):
+            return await self._run(self._offload_steps(wanted, mode), state)
+
+    async def onload(self, tags: Sequence[str] | None = None) -> TransitionReport:
+        """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``."""
+        wanted = tags_arg(tags, "onload")
+        state = self._loop_state()
+        async with self._exclusive(state, "onload"):
+            return await self._run(self._onload_steps(wanted), state)
+
+    async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
+        """Take a hold named ``reason`` on every engine and pause them; see ``Orchestrator.pause``."""
+        state = self._loop_state()
+        async with state.lock:
+            return await self._run(self._pause_steps(reason, mode), state)
+
+    async def unpause(self, hold: HoldToken | str) -> TransitionReport:
+        """Release one hold and continue the engines nothing else holds; see ``Orchestrator.unpause``."""
+        state = self._loop_state()
+        async with state.lock:
+            return await self._run(self._unpause_steps(hold), state)
+
+    @asynccontextmanager
+    async def weight_sync(self, mode: PauseMode = "retract") -> AsyncIterator[list[A]]:
+        """Hold every engine paused while the body updates weights; the hold is released on exit (see ``Orchestrator.weight_sync``)."""
+        state = self._loop_state()
+        async with state.lock:
+            report = await self._run(self._pause_steps(WEIGHT_SYNC_HOLD, mode), state)
+            self._bodies += 1
+            state.idle.clear()
+        token = report.hold
+        assert token is not None
+        inside = _IN_BODY.set(_IN_BODY.get() | {id(self)})
+        try:
+            yield [self._engines[n] for n in token.engines]
+        finally:
+            with contextlib.suppress(ValueError):  # exited in another context than entered: nothing to undo there
+                _IN_BODY.reset(inside)
+            self._bodies -= 1
+            if not self._bodies:
+                state.idle.set()
+            try:
+                await self.unpause(token)
+            except asyncio.CancelledError:  # cancelled again on the way out: the hold ends anyway, nothing more is sent
+                with self._lock:
+                    for n in token.engines:
+                        self._unhold(n, token.id)
+                raise
+
+    # -- the driver ------------------------------------------------------------------
+
+    def _loop_state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._on
+        if state is None or state.loop is not loop:
+            if state is not None and not state.loop.is_closed() and (state.lock.locked() or self._bodies):
+                raise RuntimeError("AsyncOrchestrator is in use on another event loop: drive it from one loop")
+            gate = None if self.max_concurrency is None else asyncio.Semaphore(self.max_concurrency)
+            state = _LoopState(loop, asyncio.Lock(), asyncio.Event(), gate)
+            if not self._bodies:
+                state.idle.set()
+            self._on = state
+        return state
+
+    @asynccontextmanager
+    async def _exclusive(self, state: _LoopState, transition: str) -> AsyncIterator[None]:
+        """Hold the transition lock with no ``weight_sync`` body running (waiting up to ``transition_s`` for them)."""
+        if id(self) in _IN_BODY.get():
+            raise BarrierBusy(f"{transition}() was awaited inside a weight_sync() body: it would wait for itself")
+        limit = self.deadlines.transition_s
+        ends = state.loop.time() + limit
+        while True:
+            await state.lock.acquire()
+            if not self._bodies:
+                break
+            state.lock.release()
+            try:
+                await asyncio.wait_for(state.idle.wait(), max(0.0, ends - state.loop.time()))
+            except TimeoutError:
+                raise BarrierBusy(
+                    f"{transition}() waited {limit} s for {self._bodies} weight_sync() body(ies) to end; none was sent anything"
+                ) from None
+        try:
+            yield
+        finally:
+            state.lock.release()
+
+    async def _run(self, steps: Steps[T], state: _LoopState) -> T:
+        """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold."""
+        try:
+            with self._lock:
+                step = next(steps)
+            while True:
+                try:
+                    await self._serve(step, state)
+                except BaseException:
+                    with self._lock:
+                        self._abandon(steps, step)
+                    raise
+                with self._lock:
+                    step = steps.send(None)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+    async def _serve(self, step: Step, state: _LoopState) -> None:
+        if isinstance(step, PhaseCall):
+            run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate)
+            try:
+                await run.wait()
+            finally:  # cancelled too: what was sent is read back (late calls keep running) for _abandon to fold
+                step.results = run.results()
+        elif isinstance(step, SettleCall):
+            timeout = max(0.0, step.deadline.remaining())
+            await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
+
+    @staticmethod
+    async def _settle_one(step: SettleCall, name: str, call: LateCall, timeout: float) -> None:
+        if isinstance(call, TaskCall):
+            landed, error = await call.wait_async(timeout)
+        else:  # a late call from elsewhere (not this loop's task): wait for it off the loop
+            landed, error = await asyncio.to_thread(call.wait, timeout)
+        if landed:
+            step.landed[name] = error
