@@ -86,6 +86,8 @@ class Variant:
     is_async: bool
     close: Callable[[], Any]
     rounds: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    """The driver process's CPU seconds (all threads) per round."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,8 @@ class Cell:
     rounds: tuple[float, ...]
     floor_ratio: float
     """Median over repeats of this round over the raw-aiohttp round of the same repeat."""
+    cpu_per_call_s: float
+    """Median over repeats of the driver's CPU seconds per round, over the round's engine calls (N x 5)."""
 
     @property
     def median_s(self) -> float:
@@ -278,7 +282,9 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
             for i in range(repeats):
                 rng.shuffle(order)
                 for v in order:
-                    v.rounds.append(_run(loop, v, profiler if v.name == "AsyncOrchestrator" else None))
+                    wall, cpu = _run(loop, v, profiler if v.name == "AsyncOrchestrator" else None)
+                    v.rounds.append(wall)
+                    v.cpu.append(cpu)
                 progress(f"N={n} repeat {i + 1}/{repeats}: " + ", ".join(f"{v.name} {v.rounds[-1]:.3f} s" for v in variants))
     finally:
         for v in variants:
@@ -291,7 +297,13 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
         print(f"--- cProfile of AsyncOrchestrator rounds at N={n} (sorted by own time) ---\n{buf.getvalue()}", file=sys.stderr)
     floor = next(v for v in variants if v.name == FLOOR)
     return [
-        Cell(n, v.name, tuple(v.rounds), statistics.median(r / f for r, f in zip(v.rounds, floor.rounds, strict=True)))
+        Cell(
+            n,
+            v.name,
+            tuple(v.rounds),
+            statistics.median(r / f for r, f in zip(v.rounds, floor.rounds, strict=True)),
+            statistics.median(v.cpu) / (n * PHASES),
+        )
         for v in variants
     ]
 
@@ -310,8 +322,9 @@ def _close(loop: asyncio.AbstractEventLoop, v: Variant) -> None:
         progress(f"closing {v.name} failed: {exc!r}")
 
 
-def _run(loop: asyncio.AbstractEventLoop, v: Variant, profiler: cProfile.Profile | None) -> float:
-    t0 = time.perf_counter()
+def _run(loop: asyncio.AbstractEventLoop, v: Variant, profiler: cProfile.Profile | None) -> tuple[float, float]:
+    """One round of ``v``: (wall, driver CPU) seconds."""
+    c0, t0 = time.process_time(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
     try:
@@ -323,7 +336,7 @@ def _run(loop: asyncio.AbstractEventLoop, v: Variant, profiler: cProfile.Profile
     finally:
         if profiler is not None:
             profiler.disable()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str]) -> str:
@@ -335,21 +348,23 @@ def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str])
         f"{os.getloadavg()[0]:.1f}; latency {latency_s * 1e3:.0f} ms per control call; {repeats} interleaved rounds per cell -->",
         "",
         f"| N | variant | median round (s) | min-max (s) | ratio to {PHASES} x L ({ideal:.3f} s) | ratio to raw aiohttp | "
-        "speed-up over ThreadFanOut |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "speed-up over ThreadFanOut | driver CPU per engine call (us) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         threads = next((t for t in cells if t.n == c.n and t.name == "ThreadFanOut"), None)
         speedup = f"{threads.median_s / c.median_s:.2f}x" if threads else "-"
         out.append(
             f"| {c.n} | {c.name} | {c.median_s:.3f} | {min(c.rounds):.3f}-{max(c.rounds):.3f} | {c.median_s / ideal:.2f}x "
-            f"| {c.floor_ratio:.2f}x | {speedup} |"
+            f"| {c.floor_ratio:.2f}x | {speedup} | {c.cpu_per_call_s * 1e6:.0f} |"
         )
     out.append("")
     out.append(
         "Ratio to raw aiohttp: the median over rounds of each round over the raw-aiohttp round of the same repeat (paired). "
         "The floor sends the same POSTs (paths, bodies, query) but nothing else: no orchestrator, no retry core, no "
-        "per-engine state."
+        "per-engine state. Driver CPU per engine call: the driver process's CPU time in a round (all its threads; "
+        f"`time.process_time`) over the N x {PHASES} calls the round makes; on 2 cores, N x {PHASES} x that is time the "
+        "round cannot overlap with anything else the driver does."
     )
     out.append("")
     verdicts = []
