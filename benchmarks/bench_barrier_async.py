@@ -1,6 +1,6 @@
 """Barrier on one event loop: offload + onload across N engines, AsyncFanOut vs ThreadFanOut vs raw aiohttp.
 
-Run: ``python benchmarks/bench_barrier_async.py [--latency 0.05] [--sizes 8,64,256] [--repeats 5] [--quick]``
+Run: ``python benchmarks/bench_barrier_async.py [--latency 0.05] [--sizes 8,64,256] [--repeats 5] [--gc on|freeze|off] [--quick]``
 
 N fake SGLang engines listen on 127.0.0.1 (``benchmarks/_engines.py``: one
 asyncio loop in a child process, every control call answered after
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import io
 import os
 import platform
@@ -245,8 +246,13 @@ async def async_orchestrator_variant(urls: list[str]) -> Variant:
     return Variant("AsyncOrchestrator", round_, True, close)
 
 
-def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], profile: bool) -> list[Cell]:
-    """Start N engines, build every variant, time ``repeats`` interleaved rounds each, stop everything."""
+def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], profile: bool, gc_mode: str = "on") -> list[Cell]:
+    """Start N engines, build every variant, time ``repeats`` interleaved rounds each, stop everything.
+
+    ``gc_mode``: ``on`` (Python's default), ``freeze`` (``gc.freeze()`` once every
+    variant is built: the clients, sessions and engines' objects leave the
+    collector's generations) or ``off`` (``gc.disable()`` for the rounds).
+    """
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     variants: list[Variant] = []
@@ -268,6 +274,11 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
                     _note(skipped, f"{name} ({exc})")
                 except Exception as exc:  # a broken variant is reported, the others still measured
                     _note(skipped, f"{name} at N={n} (failed to start: {exc!r})")
+            if gc_mode == "freeze":
+                gc.collect()
+                gc.freeze()
+            elif gc_mode == "off":
+                gc.disable()
             for v in list(variants):  # one untimed round each: lazy imports, first connections
                 try:
                     _run(loop, v, None)
@@ -287,6 +298,8 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
                     v.cpu.append(cpu)
                 progress(f"N={n} repeat {i + 1}/{repeats}: " + ", ".join(f"{v.name} {v.rounds[-1]:.3f} s" for v in variants))
     finally:
+        gc.unfreeze()
+        gc.enable()
         for v in variants:
             _close(loop, v)
         loop.run_until_complete(asyncio.sleep(0.05))
@@ -339,13 +352,14 @@ def _run(loop: asyncio.AbstractEventLoop, v: Variant, profiler: cProfile.Profile
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str]) -> str:
+def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str], gc_mode: str = "on") -> str:
     ideal = PHASES * latency_s
     out = [
         "## Barrier on one event loop: AsyncFanOut vs ThreadFanOut vs raw aiohttp (`benchmarks/bench_barrier_async.py`)",
         "",
         f"<!-- python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, load average at the end "
-        f"{os.getloadavg()[0]:.1f}; latency {latency_s * 1e3:.0f} ms per control call; {repeats} interleaved rounds per cell -->",
+        f"{os.getloadavg()[0]:.1f}; latency {latency_s * 1e3:.0f} ms per control call; {repeats} interleaved rounds per cell; "
+        f"garbage collector {gc_mode} -->",
         "",
         f"| N | variant | median round (s) | min-max (s) | ratio to {PHASES} x L ({ideal:.3f} s) | ratio to raw aiohttp | "
         "speed-up over ThreadFanOut | driver CPU per engine call (us) |",
@@ -399,6 +413,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", default="8,64,256", help="engine counts, comma-separated (default 8,64,256)")
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds per variant and N, interleaved; medians shown (default 5)")
     ap.add_argument("--profile", action="store_true", help="cProfile the AsyncOrchestrator rounds at the largest N, to stderr")
+    ap.add_argument(
+        "--gc",
+        choices=("on", "freeze", "off"),
+        default="on",
+        help="the garbage collector during the rounds: on (default, as users run), freeze (gc.freeze() after setup), off",
+    )
     ap.add_argument("--quick", action="store_true", help="small run for development: sizes 4,16, 2 repeats")
     args = ap.parse_args(argv)
     if args.quick:
@@ -410,8 +430,8 @@ def main(argv: list[str] | None = None) -> None:
     skipped: list[str] = []
     for n in sizes:
         progress(f"N={n}: starting {n} fake engines, latency {args.latency * 1e3:.0f} ms")
-        cells += measure_size(n, args.latency, args.repeats, skipped, args.profile and n == max(sizes))
-    print(table(cells, args.latency, args.repeats, skipped))
+        cells += measure_size(n, args.latency, args.repeats, skipped, args.profile and n == max(sizes), args.gc)
+    print(table(cells, args.latency, args.repeats, skipped, args.gc))
 
 
 if __name__ == "__main__":
