@@ -1,6 +1,6 @@
 """Barrier on one event loop: offload + onload across N engines, AsyncFanOut vs ThreadFanOut vs raw aiohttp.
 
-Run: ``python benchmarks/bench_barrier_async.py [--latency 0.05] [--sizes 8,64,256] [--repeats 5] [--gc on|freeze|off] [--quick]``
+Run: ``python benchmarks/bench_barrier_async.py [--latency 0.05] [--sizes 8,64,256] [--repeats 7] [--gc on|freeze|off] [--quick]``
 
 N fake SGLang engines listen on 127.0.0.1 (``benchmarks/_engines.py``: one
 asyncio loop in a child process, every control call answered after
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--latency", type=float, default=0.05, help="seconds each fake engine sleeps before a control answer (default 0.05)")
     ap.add_argument("--sizes", default="8,64,256", help="engine counts, comma-separated (default 8,64,256)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed rounds per variant and N, interleaved; medians shown (default 5)")
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds per variant and N, interleaved; medians shown (default 7)")
     ap.add_argument("--profile", action="store_true", help="cProfile the AsyncOrchestrator rounds at the largest N, to stderr")
     ap.add_argument(
         "--gc",
