@@ -13,7 +13,10 @@ and the same client wrapped by every retry layer measured here:
 - httpx async: the same with ``AsyncClient``, ``AsyncHTTPTransport`` and our
   ``AsyncResilientTransport``;
 - aiohttp: a bare ``ClientSession``, one with our ``ResilientMiddleware``,
-  aiohttp-retry's ``RetryClient``, tenacity and stamina decorating the call.
+  aiohttp-retry's ``RetryClient``, tenacity and stamina decorating the call;
+  and two diagnostic rows that split ours: the middleware with a policy
+  without attempt timeout or deadline (it then skips its timed send), and a
+  pass-through middleware (what aiohttp's middleware chain itself costs).
 
 Every variant has its own client and connection (warmed up first) and makes
 ``--calls`` sequential successful POSTs per round (body read, status
@@ -65,6 +68,10 @@ TARGET = 1.10
 PEER_ATTEMPTS = 3
 """Attempts the peers are configured with (they never retry here: every answer is 200)."""
 BODY = b"{}"
+UNTIMED = PolicyTable({"POST /flush_cache": EndpointPolicy(attempt_timeout_s=None, deadline_s=None)})
+"""The same route with no per-attempt timeout and no deadline: the middleware then skips its timed send."""
+DIAGNOSTIC = "diagnostic:"
+"""Rows that explain ours (not peers, no target)."""
 
 SyncRun = Callable[[int], None]
 AsyncRun = Callable[[int], Awaitable[None]]
@@ -86,6 +93,10 @@ class Variant:
     @property
     def bare(self) -> bool:
         return self.client.startswith("bare")
+
+    @property
+    def diagnostic(self) -> bool:
+        return self.client.startswith(DIAGNOSTIC)
 
     @property
     def ours(self) -> bool:
@@ -203,11 +214,19 @@ def aiohttp_variants(url: str, skipped: list[str], closers: list[Callable[[], An
     retry_client = RetryClient(client_session=aiohttp.ClientSession(), retry_options=ExponentialRetry(attempts=PEER_ATTEMPTS))
     closers.extend([bare.close, retry_client.close])
     ours: aiohttp.ClientSession | None = None
+    untimed: aiohttp.ClientSession | None = None
+
+    async def noop(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+        return await handler(request)  # type: ignore[no-any-return]
+
+    passthrough = aiohttp.ClientSession(middlewares=(noop,))
+    closers.append(passthrough.close)
     try:
         from resilience.adapters.aiohttp import ResilientMiddleware
 
         ours = aiohttp.ClientSession(middlewares=(ResilientMiddleware(POLICIES),))
-        closers.append(ours.close)
+        untimed = aiohttp.ClientSession(middlewares=(ResilientMiddleware(UNTIMED),))
+        closers.extend([ours.close, untimed.close])
     except ImportError as exc:
         skipped.append(f"ours on aiohttp (resilience.adapters.aiohttp: {exc})")
 
@@ -225,8 +244,12 @@ def aiohttp_variants(url: str, skipped: list[str], closers: list[Callable[[], An
             r.raise_for_status()
 
     variants = [Variant("aiohttp", "bare ClientSession", _async_loop(plain(bare)), True)]
-    if ours is not None:
+    if ours is not None and untimed is not None:
         variants.append(Variant("aiohttp", "ours: ResilientMiddleware", _async_loop(plain(ours)), True))
+        untimed_name = f"{DIAGNOSTIC} ours, policy without attempt timeout or deadline"
+        variants.append(Variant("aiohttp", untimed_name, _async_loop(plain(untimed)), True))
+    passthrough_name = f"{DIAGNOSTIC} a pass-through middleware (aiohttp's own cost)"
+    variants.append(Variant("aiohttp", passthrough_name, _async_loop(plain(passthrough)), True))
     variants.append(Variant("aiohttp", "aiohttp-retry RetryClient", _async_loop(plain(retry_client)), True))
     variants.append(Variant("aiohttp", "tenacity @retry", _async_loop(_tenacity(aiohttp.ClientError)(raising)), True))
     variants.append(
@@ -263,7 +286,7 @@ def table(variants: list[Variant], rounds: int, calls: int, elapsed: float, skip
         ours_ratio = statistics.median(ours.wall_ratio) if ours else None
         for v in group:
             ratio = statistics.median(v.wall_ratio)
-            if v.bare:
+            if v.bare or v.diagnostic:
                 target = "-"
             elif v.ours:
                 target = f"<= {TARGET:.2f}x: {'met' if ratio <= TARGET else 'MISSED'}"
@@ -276,7 +299,7 @@ def table(variants: list[Variant], rounds: int, calls: int, elapsed: float, skip
                 f"| {statistics.median(v.cpu) * 1e6:.0f} | {ratio:.2f}x | {statistics.median(v.cpu_ratio):.2f}x | {target} |"
             )
         if ours is not None and ours_ratio is not None:
-            peers = [v for v in group if not v.bare and not v.ours]
+            peers = [v for v in group if not v.bare and not v.ours and not v.diagnostic]
             below = all(ours_ratio < statistics.median(p.wall_ratio) for p in peers)
             verdicts.append(
                 f"{transport}: ours {ours_ratio:.2f}x ({'met' if ours_ratio <= TARGET else 'MISSED'}), "
