@@ -34,7 +34,7 @@ def is_engine_dead(error: BaseException) -> bool:
     if isinstance(error, EngineDied):
         return True
     attempts = _attempts(error)
-    connection_errors = (
+    connection_errors: tuple[type[BaseException], ...] = (
         ConnectionError, requests.ConnectionError, *_loaded("aiohttp", "ClientConnectionError"), *_loaded("httpx", "ConnectError")
     )
     if isinstance(error, connection_errors):
@@ -80,10 +80,14 @@ def outcome_of(error: BaseException | None) -> CallOutcome:
         return CallOutcome.MAYBE if any(a.delivery is Delivery.MAYBE_APPLIED for a in attempts) else CallOutcome.NOT_APPLIED
     if getattr(error, "response", None) is not None or isinstance(getattr(error, "status", None), int):
         return CallOutcome.NOT_APPLIED
-    if isinstance(error, (requests.ConnectTimeout, *_loaded("httpx", "ConnectError", "ConnectTimeout"),
-                          *_loaded("aiohttp", "ClientConnectorError"))):
+    not_sent: tuple[type[BaseException], ...] = (
+        requests.ConnectTimeout,
+        *_loaded("httpx", "ConnectError", "ConnectTimeout"),
+        *_loaded("aiohttp", "ClientConnectorError"),
+    )
+    if isinstance(error, not_sent):
         return CallOutcome.NOT_APPLIED
-    transport_errors = (
+    transport_errors: tuple[type[BaseException], ...] = (
         requests.Timeout,
         requests.ConnectionError,
         OSError,
