@@ -24,7 +24,8 @@ from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
 from resilience.outcome import AttemptRecord, Delivery
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 
-DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.05, flush_s=0.05, release_s=0.05, resume_s=0.05, continue_s=0.05)
+DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.3, flush_s=0.3, release_s=0.3, resume_s=0.3, continue_s=0.3)
+"""Phase limits a late call waits out (defect 7), long enough that no prompt call misses one on a loaded machine."""
 
 
 @pytest.fixture(params=["threads", "async"])
