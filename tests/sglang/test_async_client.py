@@ -36,6 +36,7 @@ from resilience.adapters.sglang import (
     SGLangProtocolError,
 )
 from resilience.barrier.engine import ALL_TAGS, AsyncControlPlaneEngine
+from resilience.deadline import current_deadline
 from resilience.events import Event, Observer, RetryScheduled
 from resilience.policy import PolicyTable
 from resilience.testing.emulator import EmulatedFleet
@@ -174,6 +175,28 @@ async def test_flush_cache_gives_up_at_its_deadline(fleet: EmulatedFleet, kind: 
         assert (await asyncio.wait_for(running, 30)).aborted
     text = str(info.value)
     assert client.engine in text and "POST /flush_cache" in text and "HTTP 400" in text and "still not idle" in text
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_cancelled_flush_sends_nothing_more(fleet: EmulatedFleet, kind: str) -> None:
+    """Cancelling the task of a polling flush ends it at once: CancelledError, no flush sent after, no deadline left behind."""
+    i = engine_for(fleet, kind)
+    async with open_client(kind, fleet.urls[i]) as client:
+        before = len(calls_to(fleet, i, "/flush_cache"))
+        running = asyncio.create_task(client.generate("long", sampling_params={"max_new_tokens": 4000}))
+        await asyncio.sleep(0.1)
+        flushing = asyncio.create_task(client.flush_cache(deadline_s=20, wait_for_idle=False))
+        await asyncio.sleep(0.4)
+        flushing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flushing
+        sent = len(calls_to(fleet, i, "/flush_cache")) - before
+        await asyncio.sleep(0.3)
+        assert current_deadline() is None
+        assert len(calls_to(fleet, i, "/flush_cache")) - before == sent >= 2
+        await client.abort_request(abort_all=True)
+        assert (await asyncio.wait_for(running, 30)).aborted
 
 
 @pytest.mark.asyncio
