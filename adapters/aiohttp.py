@@ -10,19 +10,20 @@ attempt, so everything aiohttp does per request (cookies, redirects, auth,
 ``raise_for_status``, trace configs) stays aiohttp's. Redirects are followed
 outside the middleware: each hop is its own logical call.
 
-- **Timeouts.** The caller's timeout the core sees is the session's
-  ``ClientTimeout`` (``timeout=`` of ``ClientSession``): connect =
-  ``sock_connect`` / ``connect`` (the smaller), read = ``sock_read``, else
-  ``total``; aiohttp's default (``DEFAULT_TIMEOUT``) counts as "the caller said
-  nothing", so the policy's ``attempt_timeout_s`` applies. aiohttp 3.14 does not
-  show a per-request ``timeout=`` to middlewares; aiohttp still enforces it
-  inside every attempt (``sock_connect``, ``sock_read``) and over the whole call
-  (``total``, which then ends the call as a plain ``asyncio.TimeoutError``).
-  Each attempt runs under the (connect, read) the core chose: ``connect`` until
-  aiohttp has sent the request, then ``read`` from then on, until the response
-  headers (one ``asyncio.timeout`` rescheduled once the request is seen sent;
-  checked every 10 ms). It fails as aiohttp would: ``ConnectionTimeoutError``
-  before sending, ``SocketTimeoutError`` after.
+- **Timeouts.** The caller's timeout is the request's ``ClientTimeout``
+  (``timeout=`` of the call, else of the session; ``request_timeout`` finds
+  it, since aiohttp does not hand it to middlewares): connect =
+  ``sock_connect`` / ``connect`` (the smaller; else ``total``), read =
+  ``sock_read`` (else ``total``). aiohttp's default (``DEFAULT_TIMEOUT``)
+  counts as "the caller said nothing", so the policy's ``attempt_timeout_s``
+  applies. aiohttp also enforces the caller's timeout itself, inside every
+  attempt and, for ``total``, over the whole call (which then ends as a plain
+  ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
+  core chose: ``connect`` until aiohttp has sent the request, then ``read``
+  from then on, until the response headers (one ``asyncio.timeout``
+  rescheduled once the request is seen sent; checked every 10 ms). It fails
+  as aiohttp would: ``ConnectionTimeoutError`` before sending,
+  ``SocketTimeoutError`` after.
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
   never reached the server (``NOT_SENT``); a read timeout, a disconnect, an
   ``OSError`` or a broken payload after sending may have been applied
@@ -44,7 +45,8 @@ outside the middleware: each hop is its own logical call.
   reason ``"Applied (confirmed by probe)"`` and ``probe_confirmed = True``.
 - **Cancellation.** A cancelled calling task (in an attempt or a backoff
   sleep) sends nothing more, gives the breaker its slot back and re-raises
-  ``CancelledError``.
+  ``CancelledError``. A session closed during a backoff ends the call with
+  aiohttp's ``RuntimeError("Session is closed")``.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry import AttemptResult, CallSpec, Retrier
 
-__all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout"]
+__all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
 
 _DEFAULT_BREAKER = BreakerConfig()
 _DEFAULT_BUDGET = RetryBudgetConfig()
@@ -114,6 +116,34 @@ def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] 
     connect = min(connects) if connects else total
     read = timeout.sock_read if timeout.sock_read is not None and timeout.sock_read > 0 else total
     return connect, read
+
+
+def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> ClientTimeout:
+    """The ``ClientTimeout`` aiohttp applies to this request: its own ``timeout=``, else the session's.
+
+    aiohttp (3.12 to 3.14) does not hand a middleware the request's timeout;
+    it keeps it (``real_timeout``) in the closure of the handler the
+    middlewares wrap. This walks the middleware chain (``next_h``) to it, and
+    falls back to the session's timeout when the closure is not shaped so.
+    """
+    fn: object = handler
+    for _ in range(64):  # a chain of middlewares, each closure holding the next handler
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        if code is None or cells is None:
+            break
+        names = dict(zip(code.co_freevars, cells, strict=False))
+        try:
+            if "real_timeout" in names:
+                found = names["real_timeout"].cell_contents
+                if isinstance(found, ClientTimeout):
+                    return found
+                break
+            if "next_h" not in names:
+                break
+            fn = names["next_h"].cell_contents
+        except ValueError:  # an empty cell
+            break
+    return request.session.timeout
 
 
 def _replayable(request: ClientRequest) -> bool:
@@ -279,7 +309,7 @@ class ResilientMiddleware:
             engine,
             host,
             port,
-            request_timeout=caller_timeout(request.session.timeout),
+            request_timeout=caller_timeout(request_timeout(request, handler)),
             request=request,
             replayable=_replayable(request),
         )
