@@ -46,7 +46,9 @@ outside the middleware: each hop is its own logical call.
 - **Cancellation.** A cancelled calling task (in an attempt or a backoff
   sleep) sends nothing more, gives the breaker its slot back and re-raises
   ``CancelledError``. A session closed during a backoff ends the call with
-  aiohttp's ``RuntimeError("Session is closed")``.
+  aiohttp's ``RuntimeError("Session is closed")``. aiohttp's own re-run of an
+  idempotent request that ended on a dropped connection is answered with the
+  same error at once (the call already retried it; see ``_GIVEN_UP``).
 """
 
 from __future__ import annotations
@@ -55,11 +57,12 @@ import asyncio
 import functools
 import random
 from collections.abc import Callable, MutableMapping, Sequence
+from contextvars import ContextVar
 from typing import Any, cast
 
 import aiohttp
 from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, ClientTimeout
-from aiohttp.client import DEFAULT_TIMEOUT
+from aiohttp.client import DEFAULT_TIMEOUT, IDEMPOTENT_METHODS
 from aiohttp.payload import BytesPayload, IOBasePayload
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -101,6 +104,18 @@ ERROR_TYPES = ErrorTypes(
     retries_exhausted=errors.RetriesExhausted,
 )
 """The classes the middleware's retry loop raises: ``aiohttp.ClientError`` subclasses of the core's errors."""
+
+
+_GIVEN_UP: ContextVar[tuple[object, BaseException] | None] = ContextVar("resilience_aiohttp_given_up", default=None)
+"""(the request's timer, the error) of this task's last call that ended on a dropped connection.
+
+aiohttp re-runs a whole idempotent request once, middlewares included, when
+it fails with ``ServerDisconnectedError`` or ``ClientOSError`` (its
+``retry_persistent_connection``, for a stale pooled connection). The logical
+call has already retried that failure under its policy, so the re-run
+re-raises the same error at once instead of starting a second call:
+``max_attempts`` stays the bound, and the breaker sees one failed call.
+"""
 
 
 def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] | None:
@@ -334,7 +349,18 @@ class ResilientMiddleware:
             retry_after = parse_retry_after(response.headers.get("Retry-After")) if response.status in (429, 503) else None
             return AttemptResult(response=response, status=response.status, retry_after=retry_after)
 
-        response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
+        timer = getattr(request, "_timer", None)  # one per session.request() call, shared by aiohttp's re-runs of it
+        given_up = _GIVEN_UP.get()
+        if given_up is not None:
+            _GIVEN_UP.set(None)
+            if timer is not None and given_up[0] is timer:
+                raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
+        try:
+            response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
+                _GIVEN_UP.set((timer, exc))
+            raise
         response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response

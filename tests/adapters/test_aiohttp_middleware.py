@@ -235,6 +235,21 @@ async def test_drop_after_send_on_non_idempotent_is_ambiguous() -> None:
 
 
 @pytest.mark.asyncio
+async def test_dropped_connections_on_a_get_cost_max_attempts_not_twice_that() -> None:
+    """aiohttp re-runs a GET that ended on a dropped connection; the call already retried it: max_attempts requests, one failure."""
+    mw = ResilientMiddleware(table(GET__x=EndpointPolicy(retry=FAST)), breaker=BreakerConfig(failure_threshold=2))
+    async with serve(Drop()) as srv:
+        async with session(mw) as s:
+            with pytest.raises(aiohttp.ServerDisconnectedError) as info:
+                await s.get(f"{srv.url}/x")
+            assert srv.count == 4 and len(info.value.attempts) == 4  # type: ignore[attr-defined]
+            assert mw.retrier.breakers is not None and state(mw.retrier.breakers.get(srv.url)) is BreakerState.CLOSED  # one failure of two
+            with pytest.raises(aiohttp.ServerDisconnectedError):  # the next call is a call of its own
+                await s.get(f"{srv.url}/x")
+            assert srv.count == 8 and state(mw.retrier.breakers.get(srv.url)) is BreakerState.OPEN
+
+
+@pytest.mark.asyncio
 async def test_idempotent_read_timeout_is_retried() -> None:
     """The same hang on an idempotent endpoint is retried and succeeds."""
     policy = EndpointPolicy(retry=FAST, attempt_timeout_s=SHORT_TIMEOUT, deadline_s=LONG_TIMEOUT)
