@@ -58,6 +58,7 @@ import functools
 import random
 from collections.abc import Callable, MutableMapping, Sequence
 from contextvars import ContextVar
+from types import CodeType
 from typing import Any, cast
 
 import aiohttp
@@ -144,21 +145,28 @@ def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> Clien
     fn: object = handler
     for _ in range(64):  # a chain of middlewares, each closure holding the next handler
         code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-        if code is None or cells is None:
+        if not isinstance(code, CodeType) or cells is None:
             break
-        names = dict(zip(code.co_freevars, cells, strict=False))
+        timeout_at, next_at = _closure_slots(code)
         try:
-            if "real_timeout" in names:
-                found = names["real_timeout"].cell_contents
+            if timeout_at >= 0:
+                found = cells[timeout_at].cell_contents
                 if isinstance(found, ClientTimeout):
                     return found
                 break
-            if "next_h" not in names:
+            if next_at < 0:
                 break
-            fn = names["next_h"].cell_contents
-        except ValueError:  # an empty cell
+            fn = cells[next_at].cell_contents
+        except (IndexError, ValueError):  # an empty cell
             break
     return request.session.timeout
+
+
+@functools.lru_cache(maxsize=64)
+def _closure_slots(code: CodeType) -> tuple[int, int]:
+    """Where a handler's closure keeps ``real_timeout`` and ``next_h`` (-1: not there)."""
+    names = code.co_freevars
+    return (names.index("real_timeout") if "real_timeout" in names else -1, names.index("next_h") if "next_h" in names else -1)
 
 
 def _replayable(request: ClientRequest) -> bool:
