@@ -1,0 +1,374 @@
+"""``ResilientMiddleware``: the retry loop as an aiohttp client middleware (aiohttp >= 3.12).
+
+Mount it on a session::
+
+    session = aiohttp.ClientSession(middlewares=(ResilientMiddleware(policies),))
+
+Each request through the session is one logical call of the core
+(``Retrier.arun``): the middleware calls aiohttp's ``handler(request)`` once per
+attempt, so everything aiohttp does per request (cookies, redirects, auth,
+``raise_for_status``, trace configs) stays aiohttp's. Redirects are followed
+outside the middleware: each hop is its own logical call.
+
+- **Timeouts.** The caller's timeout is the request's ``ClientTimeout``
+  (``timeout=`` of the call, else of the session; ``request_timeout`` finds
+  it, since aiohttp does not hand it to middlewares): connect =
+  ``sock_connect`` / ``connect`` (the smaller; else ``total``), read =
+  ``sock_read`` (else ``total``). aiohttp's default (``DEFAULT_TIMEOUT``)
+  counts as "the caller said nothing", so the policy's ``attempt_timeout_s``
+  applies. aiohttp also enforces the caller's timeout itself, inside every
+  attempt and, for ``total``, over the whole call (which then ends as a plain
+  ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
+  core chose: ``connect`` until aiohttp has sent the request, then ``read``
+  from then on, until the response headers (one ``asyncio.timeout``
+  rescheduled once the request is seen sent; checked every 10 ms). It fails
+  as aiohttp would: ``ConnectionTimeoutError`` before sending,
+  ``SocketTimeoutError`` after.
+- **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
+  never reached the server (``NOT_SENT``); a read timeout, a disconnect, an
+  ``OSError`` or a broken payload after sending may have been applied
+  (``MAYBE_APPLIED``). ``InvalidURL``, TLS and fingerprint errors are raised
+  at once, never retried.
+- **Bodies.** Bytes, text, JSON, form and seekable-file bodies are replayed;
+  any other payload (an async generator, a stream, multipart) gets exactly one
+  attempt. A response that will not be returned is read (up to 64 KiB, within
+  1 s) and released, so its connection goes back to the pool.
+- **Results.** The attempts a call took are on the response as
+  ``response.attempts`` (a tuple of ``AttemptRecord``; aiohttp's
+  ``ClientResponse`` has no extensions dict) and on raised errors as
+  ``error.attempts``. Errors are the ``aiohttp`` subclasses of
+  ``resilience.adapters.aiohttp_errors`` (``DeadlineExceeded`` is an
+  ``aiohttp.ServerTimeoutError``, ``CircuitOpen`` an
+  ``aiohttp.ClientConnectionError``, ``AmbiguousOutcome`` an
+  ``aiohttp.ClientError``, ...). When a probe confirms that an ambiguous request
+  was applied, the caller gets a body-less ``ClientResponse`` with status 200,
+  reason ``"Applied (confirmed by probe)"`` and ``probe_confirmed = True``.
+- **Cancellation.** A cancelled calling task (in an attempt or a backoff
+  sleep) sends nothing more, gives the breaker its slot back and re-raises
+  ``CancelledError``. A session closed during a backoff ends the call with
+  aiohttp's ``RuntimeError("Session is closed")``. aiohttp's own re-run of an
+  idempotent request that ended on a dropped connection is answered with the
+  same error at once (the call already retried it; see ``_GIVEN_UP``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import Callable, MutableMapping, Sequence
+from contextvars import ContextVar
+from types import CodeType
+from typing import Any, cast
+
+import aiohttp
+from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, ClientTimeout
+from aiohttp.client import DEFAULT_TIMEOUT, IDEMPOTENT_METHODS
+from aiohttp.payload import BytesPayload, IOBasePayload
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from resilience.adapters import aiohttp_errors as errors
+from resilience.adapters.requests import engine_of
+from resilience.backoff import parse_retry_after
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.errors import ErrorTypes
+from resilience.events import Observer
+from resilience.outcome import Delivery
+from resilience.policy import PolicyTable
+from resilience.retry import AttemptResult, CallSpec, Retrier
+
+__all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
+
+_DEFAULT_BREAKER = BreakerConfig()
+_DEFAULT_BUDGET = RetryBudgetConfig()
+_POLL_S = 0.01
+"""How often an attempt checks whether aiohttp has sent the request (the read clock starts then)."""
+_DRAIN_LIMIT = 64 * 1024
+"""A discarded response body up to this many bytes is read, so the connection can be reused."""
+_DRAIN_TIMEOUT_S = 1.0
+"""The longest a discarded response body is read before the connection is closed instead."""
+_NOT_TRANSIENT: tuple[type[BaseException], ...] = (
+    aiohttp.InvalidURL,
+    aiohttp.NonHttpUrlClientError,
+    aiohttp.ClientSSLError,
+    aiohttp.ClientConnectorCertificateError,
+    aiohttp.ServerFingerprintMismatch,
+)
+"""Errors raised at once, never retried: a bad URL, TLS trouble, a pinned fingerprint that does not match."""
+ERROR_TYPES = ErrorTypes(
+    deadline_exceeded=errors.DeadlineExceeded,
+    circuit_open=errors.CircuitOpen,
+    ambiguous=errors.AmbiguousOutcome,
+    budget_exhausted=errors.RetryBudgetExhausted,
+    retries_exhausted=errors.RetriesExhausted,
+)
+"""The classes the middleware's retry loop raises: ``aiohttp.ClientError`` subclasses of the core's errors."""
+
+
+_GIVEN_UP: ContextVar[tuple[object, BaseException] | None] = ContextVar("resilience_aiohttp_given_up", default=None)
+"""(the request's timer, the error) of this task's last call that ended on a dropped connection.
+
+aiohttp re-runs a whole idempotent request once, middlewares included, when
+it fails with ``ServerDisconnectedError`` or ``ClientOSError`` (its
+``retry_persistent_connection``, for a stale pooled connection). The logical
+call has already retried that failure under its policy, so the re-run
+re-raises the same error at once instead of starting a second call:
+``max_attempts`` stays the bound, and the breaker sees one failed call.
+"""
+
+
+def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] | None:
+    """The caller's (connect, read) seconds from an aiohttp ``ClientTimeout``; None for aiohttp's default.
+
+    connect: the smaller of ``sock_connect`` and ``connect`` (else ``total``);
+    read: ``sock_read`` (else ``total``). None inside the pair = no limit.
+    """
+    if timeout is DEFAULT_TIMEOUT:
+        return None
+    connects = [t for t in (timeout.sock_connect, timeout.connect) if t is not None and t > 0]
+    total = timeout.total if timeout.total is not None and timeout.total > 0 else None
+    connect = min(connects) if connects else total
+    read = timeout.sock_read if timeout.sock_read is not None and timeout.sock_read > 0 else total
+    return connect, read
+
+
+def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> ClientTimeout:
+    """The ``ClientTimeout`` aiohttp applies to this request: its own ``timeout=``, else the session's.
+
+    aiohttp (3.12 to 3.14) does not hand a middleware the request's timeout;
+    it keeps it (``real_timeout``) in the closure of the handler the
+    middlewares wrap. This walks the middleware chain (``next_h``) to it, and
+    falls back to the session's timeout when the closure is not shaped so.
+    """
+    fn: object = handler
+    for _ in range(64):  # a chain of middlewares, each closure holding the next handler
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        if not isinstance(code, CodeType) or cells is None:
+            break
+        timeout_at, next_at = _closure_slots(code)
+        try:
+            if timeout_at >= 0:
+                found = cells[timeout_at].cell_contents
+                if isinstance(found, ClientTimeout):
+                    return found
+                break
+            if next_at < 0:
+                break
+            fn = cells[next_at].cell_contents
+        except (IndexError, ValueError):  # an empty cell
+            break
+    return request.session.timeout
+
+
+@functools.lru_cache(maxsize=64)
+def _closure_slots(code: CodeType) -> tuple[int, int]:
+    """Where a handler's closure keeps ``real_timeout`` and ``next_h`` (-1: not there)."""
+    names = code.co_freevars
+    return (names.index("real_timeout") if "real_timeout" in names else -1, names.index("next_h") if "next_h" in names else -1)
+
+
+def _replayable(request: ClientRequest) -> bool:
+    """Bytes-like payloads (bytes, str, JSON, url-encoded forms) and seekable files can be sent again; nothing else."""
+    body = request.body
+    if isinstance(body, (bytes, BytesPayload)):
+        return True
+    if isinstance(body, IOBasePayload):
+        try:  # aiohttp rewinds a file to where the first attempt started reading, if it can seek
+            return not body.consumed and bool(getattr(body, "_value").seekable())  # noqa: B009 (no public accessor)
+        except (AttributeError, OSError, ValueError):
+            return False
+    return False
+
+
+def _transport_failure(exc: aiohttp.ClientError | OSError, sent: bool) -> tuple[Delivery, str]:
+    """Did a failed attempt surely never reach the server? And a bounded name for it (as the requests adapter names them)."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return Delivery.NOT_SENT, "connect_timeout"
+    if isinstance(exc, aiohttp.ClientConnectorError):  # refused, DNS, proxy refused
+        return Delivery.NOT_SENT, "connect_error"
+    if isinstance(exc, asyncio.TimeoutError):  # SocketTimeoutError, or another ServerTimeoutError
+        return (Delivery.MAYBE_APPLIED, "read_timeout") if sent else (Delivery.NOT_SENT, "connect_timeout")
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError, OSError)):
+        return Delivery.MAYBE_APPLIED, "connection_reset"
+    return Delivery.MAYBE_APPLIED, "error"
+
+
+async def _discard(response: ClientResponse) -> None:
+    """Read a small body (so the connection is reused) and release a response that will not be returned."""
+    try:
+        length = response.content_length
+        if length is not None and length <= _DRAIN_LIMIT:
+            async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+                await response.read()
+    except (aiohttp.ClientError, OSError):  # asyncio.TimeoutError is an OSError
+        pass
+    finally:
+        response.release()
+
+
+async def _send(handler: ClientHandlerType, request: ClientRequest, connect_s: float | None, read_s: float | None) -> ClientResponse:
+    """``handler(request)`` bounded by ``connect_s`` until the request is sent, then by ``read_s``.
+
+    "Sent" is ``request.response`` changing: aiohttp sets it in
+    ``ClientRequest.send`` once a connection is held and the request handed to
+    it. Raises aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
+    """
+    if connect_s is None and read_s is None:
+        return await handler(request)
+    loop = asyncio.get_running_loop()
+    before = request.response
+    start = loop.time()
+    try:
+        async with asyncio.timeout(None) as limit:
+
+            def check() -> None:
+                now = loop.time()
+                if request.response is not before:  # sent at most one poll ago: the read clock runs
+                    limit.reschedule(None if read_s is None else now + read_s)
+                elif connect_s is not None and now >= start + connect_s:
+                    limit.reschedule(now)
+                else:
+                    handle[0] = loop.call_later(_POLL_S if connect_s is None else min(_POLL_S, start + connect_s - now), check)
+
+            handle = [loop.call_later(_POLL_S if connect_s is None else min(_POLL_S, connect_s), check)]
+            try:
+                return await handler(request)
+            finally:
+                handle[0].cancel()
+    except TimeoutError as exc:
+        if not limit.expired():
+            raise  # aiohttp's own (a SocketTimeoutError, say): classified by the caller
+        if request.response is not before:
+            raise aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {request.url.origin()}") from exc
+        raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url.origin()}") from exc
+
+
+def _probe_response(request: ClientRequest) -> ClientResponse:
+    """The body-less 200 returned when a probe confirms that an ambiguous request was applied.
+
+    Built with the session's response class; aiohttp 3.14 also wants the
+    request's stream writer (only its ``output_size`` is read), 3.12 does not.
+    """
+
+    class _Sent:
+        output_size = 0
+
+    kwargs: dict[str, Any] = {
+        "writer": None,
+        "continue100": None,
+        "timer": None,
+        "request_info": request.request_info,
+        "traces": [],
+        "loop": asyncio.get_running_loop(),
+        "session": request.session,
+    }
+    try:
+        response = request.response_class(request.method, request.url, stream_writer=cast(Any, _Sent()), **kwargs)
+    except TypeError:  # aiohttp before the stream_writer argument
+        response = request.response_class(request.method, request.url, **kwargs)
+    response.status = 200
+    response.reason = "Applied (confirmed by probe)"
+    response._headers = CIMultiDictProxy(CIMultiDict())
+    response._raw_headers = ()
+    response._body = b""
+    response.probe_confirmed = True  # type: ignore[attr-defined]
+    return response
+
+
+@functools.lru_cache(maxsize=1024)
+def _engine(scheme: str, host: str, port: int | None) -> tuple[str, str, int]:
+    """``engine_of`` for an already parsed URL (one string per engine, not one parse per request)."""
+    return engine_of(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port or ''}")
+
+
+class ResilientMiddleware:
+    """An aiohttp client middleware that runs the resilience retry loop around every request.
+
+    ``policies``: the ``PolicyTable`` routing requests (method + URL path) to
+    endpoint policies (default: an empty table, so ``EndpointPolicy.for_method``
+    applies). ``observers``: receive every event (telemetry). ``breaker``: the
+    circuit breaker configuration per engine (``scheme://host:port``; None
+    turns breaking off). ``retry_budget``: the retry budget per engine (None
+    turns it off). ``clock`` / ``rng``: injectable time and jitter source
+    (backoff sleeps are ``asyncio.sleep``). One middleware may serve many
+    sessions and loops; its breakers and budgets are shared by all of them.
+    """
+
+    def __init__(
+        self,
+        policies: PolicyTable | None = None,
+        *,
+        observers: Sequence[Observer] = (),
+        breaker: BreakerConfig | None = _DEFAULT_BREAKER,
+        retry_budget: RetryBudgetConfig | None = _DEFAULT_BUDGET,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.policies = policies if policies is not None else PolicyTable()
+        self.observers = tuple(observers)
+        self.breaker_config = breaker
+        self.retry_budget_config = retry_budget
+        self.retrier = Retrier(
+            breakers=None if breaker is None else BreakerRegistry(breaker, clock=clock, observers=self.observers),
+            budgets=None if retry_budget is None else RetryBudgets(retry_budget, clock=clock),
+            observers=self.observers,
+            clock=clock,
+            rng=rng,
+            error_types=ERROR_TYPES,
+        )
+
+    async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
+        """Run ``request`` as one logical call, calling ``handler`` once per attempt."""
+        method = request.method.upper()
+        url = str(request.url)
+        engine, host, port = _engine(request.url.scheme, request.url.host or "", request.url.port)
+        match = self.policies.match(method, request.url.path)
+        spec = CallSpec(
+            method,
+            url,
+            match,
+            engine,
+            host,
+            port,
+            request_timeout=caller_timeout(request_timeout(request, handler)),
+            request=request,
+            replayable=_replayable(request),
+        )
+
+        async def attempt(
+            n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]
+        ) -> AttemptResult[ClientResponse]:
+            if n > 0:
+                if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
+                    raise RuntimeError("Session is closed")
+                await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
+            if carrier:
+                request.headers.update(carrier)
+            before = request.response
+            try:
+                response = await _send(handler, request, *timeouts)
+            except _NOT_TRANSIENT:
+                raise
+            except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
+                delivery, kind = _transport_failure(exc, sent=request.response is not before)
+                return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
+            retry_after = parse_retry_after(response.headers.get("Retry-After")) if response.status in (429, 503) else None
+            return AttemptResult(response=response, status=response.status, retry_after=retry_after)
+
+        timer = getattr(request, "_timer", None)  # one per session.request() call, shared by aiohttp's re-runs of it
+        given_up = _GIVEN_UP.get()
+        if given_up is not None:
+            _GIVEN_UP.set(None)
+            if timer is not None and given_up[0] is timer:
+                raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
+        try:
+            response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
+                _GIVEN_UP.set((timer, exc))
+            raise
+        response.attempts = records  # type: ignore[attr-defined]
+        response.endpoint = match.endpoint  # type: ignore[attr-defined]
+        return response
