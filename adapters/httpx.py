@@ -35,6 +35,7 @@ stay off (``retries=0``, its default).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import ssl
@@ -48,12 +49,13 @@ from resilience.adapters.requests import engine_of
 from resilience.backoff import parse_retry_after
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.call import AttemptResult, CallSpec
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry import Retrier
 
 __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
 
@@ -151,6 +153,12 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
     return attempt
 
 
+@functools.lru_cache(maxsize=1024)
+def _engine(scheme: str, netloc: bytes) -> tuple[str, str, int]:
+    """``engine_of`` for a URL's scheme and ``host:port`` (httpx's netloc holds no user-info), cached: one parse per engine."""
+    return engine_of(f"{scheme}://{netloc.decode('ascii')}")
+
+
 def _responded(response: httpx.Response) -> AttemptResult[httpx.Response]:
     status = response.status_code
     retry_after = parse_retry_after(response.headers.get("Retry-After")) if status in (429, 503) else None
@@ -215,7 +223,7 @@ class _Resilient:
     def _spec(self, request: httpx.Request) -> CallSpec:
         url = request.url
         method = request.method.upper()
-        engine, host, port = engine_of(str(url))
+        engine, host, port = _engine(url.scheme, url.netloc)
         path = url.raw_path.partition(b"?")[0].decode("ascii")
         return CallSpec(
             method,

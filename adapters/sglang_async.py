@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from resilience.adapters import sglang_calls as calls
-from resilience.adapters.sglang_async_http import AsyncRequester, aiohttp_session, requester_for
+from resilience.adapters.sglang_async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
 from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, auth_headers, raise_if_refused
 from resilience.adapters.sglang_policies import SGLANG_POLICIES
 from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
@@ -121,6 +121,11 @@ class AsyncSGLangClient(SGLangClientState):
         self._observers = tuple(observers)
         self._limit_per_host = limit_per_host
         self._middleware_kwargs = dict(middleware_kwargs)
+        # one middleware for every session the client opens: its breakers and budgets outlive an aclose()
+        self._middleware = None if session is not None else self._new_middleware()
+
+    def _new_middleware(self) -> Any:
+        return resilient_middleware(self._policies, observers=self._observers, middleware_kwargs=self._middleware_kwargs)
 
     @property
     def session(self) -> aiohttp.ClientSession | httpx.AsyncClient | None:
@@ -151,7 +156,13 @@ class AsyncSGLangClient(SGLangClientState):
         state = super().__getstate__()
         state["_requester"] = None
         state["_loop"] = None
+        state["_middleware"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild the lock and the middleware (fresh breakers and budgets) after unpickling."""
+        super().__setstate__(state)
+        self._middleware = self._new_middleware()
 
     # -- plumbing ------------------------------------------------------------
 
@@ -159,14 +170,7 @@ class AsyncSGLangClient(SGLangClientState):
         """The request helper; the client's own session is opened here, in the running loop."""
         loop = asyncio.get_running_loop()
         if self._requester is None:
-            self._requester = requester_for(
-                aiohttp_session(
-                    self._policies,
-                    observers=self._observers,
-                    limit_per_host=self._limit_per_host,
-                    middleware_kwargs=self._middleware_kwargs,
-                )
-            )
+            self._requester = requester_for(aiohttp_session(self._middleware, limit_per_host=self._limit_per_host))
             self._loop = loop
         elif self._owns_session and self._loop is not loop:
             if self._loop is not None and not self._loop.is_closed():

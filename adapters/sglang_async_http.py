@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import aiohttp
     import httpx
 
-__all__ = ["AsyncRequester", "StreamedReply", "aiohttp_session", "requester_for"]
+__all__ = ["AsyncRequester", "StreamedReply", "aiohttp_session", "requester_for", "resilient_middleware"]
 
 
 class StreamedReply(Protocol):
@@ -132,25 +132,27 @@ class AiohttpRequester:
         await self.session.close()
 
 
-def aiohttp_session(
-    policies: PolicyTable, *, observers: Sequence[Observer], limit_per_host: int, middleware_kwargs: Mapping[str, Any]
-) -> aiohttp.ClientSession:
-    """A new ``aiohttp.ClientSession`` with ``ResilientMiddleware(policies, ...)`` and a pool of ``limit_per_host`` connections.
+def resilient_middleware(policies: PolicyTable, *, observers: Sequence[Observer], middleware_kwargs: Mapping[str, Any]) -> Any:
+    """``ResilientMiddleware(policies, observers=..., **middleware_kwargs)``; a clear ImportError without aiohttp."""
+    try:
+        from resilience.adapters.aiohttp import ResilientMiddleware
+    except ImportError as exc:
+        raise ImportError(
+            "AsyncSGLangClient's default transport needs aiohttp: pip install 'controlplane-resilience[aiohttp]' "
+            "(or pass session=httpx.AsyncClient(transport=AsyncResilientTransport(...)))"
+        ) from exc
+    return ResilientMiddleware(policies, observers=observers, **middleware_kwargs)
+
+
+def aiohttp_session(middleware: Any, *, limit_per_host: int) -> aiohttp.ClientSession:
+    """A new ``aiohttp.ClientSession`` with ``middleware`` and a pool of ``limit_per_host`` connections.
 
     No session-wide timeout: each attempt is bounded by its endpoint policy's
     ``attempt_timeout_s`` and each call by its ``deadline_s`` (and any ``Deadline``
     in context). Must be called inside the event loop that will use it.
     """
-    try:
-        import aiohttp
+    import aiohttp
 
-        from resilience.adapters.aiohttp import ResilientMiddleware
-    except ImportError as exc:  # pragma: no cover - the extra is in [all]
-        raise ImportError(
-            "AsyncSGLangClient's default transport needs aiohttp: pip install 'controlplane-resilience[aiohttp]' "
-            "(or pass session=httpx.AsyncClient(transport=AsyncResilientTransport(...)))"
-        ) from exc
-    middleware = ResilientMiddleware(policies, observers=observers, **middleware_kwargs)
     connector = aiohttp.TCPConnector(limit=limit_per_host, limit_per_host=limit_per_host)
     return aiohttp.ClientSession(connector=connector, middlewares=(middleware,), timeout=aiohttp.ClientTimeout(total=None))
 
