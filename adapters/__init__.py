@@ -1,1 +1,1 @@
-"""Transports and integrations: ``resilience.adapters.requests``, ``.sglang``, ``.ray``."""
+"""Transports and integrations: ``resilience.adapters.requests``, ``.httpx``, ``.aiohttp``, ``.sglang``, ``.ray``."""

@@ -10,19 +10,20 @@ attempt, so everything aiohttp does per request (cookies, redirects, auth,
 ``raise_for_status``, trace configs) stays aiohttp's. Redirects are followed
 outside the middleware: each hop is its own logical call.
 
-- **Timeouts.** The caller's timeout the core sees is the session's
-  ``ClientTimeout`` (``timeout=`` of ``ClientSession``): connect =
-  ``sock_connect`` / ``connect`` (the smaller), read = ``sock_read``, else
-  ``total``; aiohttp's default (``DEFAULT_TIMEOUT``) counts as "the caller said
-  nothing", so the policy's ``attempt_timeout_s`` applies. aiohttp 3.14 does not
-  show a per-request ``timeout=`` to middlewares; aiohttp still enforces it
-  inside every attempt (``sock_connect``, ``sock_read``) and over the whole call
-  (``total``, which then ends the call as a plain ``asyncio.TimeoutError``).
-  Each attempt runs under the (connect, read) the core chose: ``connect`` until
-  aiohttp has sent the request, then ``read`` from then on, until the response
-  headers (one ``asyncio.timeout`` rescheduled once the request is seen sent;
-  checked every 10 ms). It fails as aiohttp would: ``ConnectionTimeoutError``
-  before sending, ``SocketTimeoutError`` after.
+- **Timeouts.** The caller's timeout is the request's ``ClientTimeout``
+  (``timeout=`` of the call, else of the session; ``request_timeout`` finds
+  it, since aiohttp does not hand it to middlewares): connect =
+  ``sock_connect`` / ``connect`` (the smaller; else ``total``), read =
+  ``sock_read`` (else ``total``). aiohttp's default (``DEFAULT_TIMEOUT``)
+  counts as "the caller said nothing", so the policy's ``attempt_timeout_s``
+  applies. aiohttp also enforces the caller's timeout itself, inside every
+  attempt and, for ``total``, over the whole call (which then ends as a plain
+  ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
+  core chose: ``connect`` until aiohttp has sent the request, then ``read``
+  from then on, until the response headers (one ``asyncio.timeout``
+  rescheduled once the request is seen sent; checked every 10 ms). It fails
+  as aiohttp would: ``ConnectionTimeoutError`` before sending,
+  ``SocketTimeoutError`` after.
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
   never reached the server (``NOT_SENT``); a read timeout, a disconnect, an
   ``OSError`` or a broken payload after sending may have been applied
@@ -44,7 +45,10 @@ outside the middleware: each hop is its own logical call.
   reason ``"Applied (confirmed by probe)"`` and ``probe_confirmed = True``.
 - **Cancellation.** A cancelled calling task (in an attempt or a backoff
   sleep) sends nothing more, gives the breaker its slot back and re-raises
-  ``CancelledError``.
+  ``CancelledError``. A session closed during a backoff ends the call with
+  aiohttp's ``RuntimeError("Session is closed")``. aiohttp's own re-run of an
+  idempotent request that ended on a dropped connection is answered with the
+  same error at once (the call already retried it; see ``_GIVEN_UP``).
 """
 
 from __future__ import annotations
@@ -53,11 +57,13 @@ import asyncio
 import functools
 import random
 from collections.abc import Callable, MutableMapping, Sequence
+from contextvars import ContextVar
+from types import CodeType
 from typing import Any, cast
 
 import aiohttp
 from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, ClientTimeout
-from aiohttp.client import DEFAULT_TIMEOUT
+from aiohttp.client import DEFAULT_TIMEOUT, IDEMPOTENT_METHODS
 from aiohttp.payload import BytesPayload, IOBasePayload
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -73,7 +79,7 @@ from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry import AttemptResult, CallSpec, Retrier
 
-__all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout"]
+__all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
 
 _DEFAULT_BREAKER = BreakerConfig()
 _DEFAULT_BUDGET = RetryBudgetConfig()
@@ -101,6 +107,18 @@ ERROR_TYPES = ErrorTypes(
 """The classes the middleware's retry loop raises: ``aiohttp.ClientError`` subclasses of the core's errors."""
 
 
+_GIVEN_UP: ContextVar[tuple[object, BaseException] | None] = ContextVar("resilience_aiohttp_given_up", default=None)
+"""(the request's timer, the error) of this task's last call that ended on a dropped connection.
+
+aiohttp re-runs a whole idempotent request once, middlewares included, when
+it fails with ``ServerDisconnectedError`` or ``ClientOSError`` (its
+``retry_persistent_connection``, for a stale pooled connection). The logical
+call has already retried that failure under its policy, so the re-run
+re-raises the same error at once instead of starting a second call:
+``max_attempts`` stays the bound, and the breaker sees one failed call.
+"""
+
+
 def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] | None:
     """The caller's (connect, read) seconds from an aiohttp ``ClientTimeout``; None for aiohttp's default.
 
@@ -114,6 +132,41 @@ def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] 
     connect = min(connects) if connects else total
     read = timeout.sock_read if timeout.sock_read is not None and timeout.sock_read > 0 else total
     return connect, read
+
+
+def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> ClientTimeout:
+    """The ``ClientTimeout`` aiohttp applies to this request: its own ``timeout=``, else the session's.
+
+    aiohttp (3.12 to 3.14) does not hand a middleware the request's timeout;
+    it keeps it (``real_timeout``) in the closure of the handler the
+    middlewares wrap. This walks the middleware chain (``next_h``) to it, and
+    falls back to the session's timeout when the closure is not shaped so.
+    """
+    fn: object = handler
+    for _ in range(64):  # a chain of middlewares, each closure holding the next handler
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        if not isinstance(code, CodeType) or cells is None:
+            break
+        timeout_at, next_at = _closure_slots(code)
+        try:
+            if timeout_at >= 0:
+                found = cells[timeout_at].cell_contents
+                if isinstance(found, ClientTimeout):
+                    return found
+                break
+            if next_at < 0:
+                break
+            fn = cells[next_at].cell_contents
+        except (IndexError, ValueError):  # an empty cell
+            break
+    return request.session.timeout
+
+
+@functools.lru_cache(maxsize=64)
+def _closure_slots(code: CodeType) -> tuple[int, int]:
+    """Where a handler's closure keeps ``real_timeout`` and ``next_h`` (-1: not there)."""
+    names = code.co_freevars
+    return (names.index("real_timeout") if "real_timeout" in names else -1, names.index("next_h") if "next_h" in names else -1)
 
 
 def _replayable(request: ClientRequest) -> bool:
@@ -279,7 +332,7 @@ class ResilientMiddleware:
             engine,
             host,
             port,
-            request_timeout=caller_timeout(request.session.timeout),
+            request_timeout=caller_timeout(request_timeout(request, handler)),
             request=request,
             replayable=_replayable(request),
         )
@@ -304,7 +357,18 @@ class ResilientMiddleware:
             retry_after = parse_retry_after(response.headers.get("Retry-After")) if response.status in (429, 503) else None
             return AttemptResult(response=response, status=response.status, retry_after=retry_after)
 
-        response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
+        timer = getattr(request, "_timer", None)  # one per session.request() call, shared by aiohttp's re-runs of it
+        given_up = _GIVEN_UP.get()
+        if given_up is not None:
+            _GIVEN_UP.set(None)
+            if timer is not None and given_up[0] is timer:
+                raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
+        try:
+            response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
+                _GIVEN_UP.set((timer, exc))
+            raise
         response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response

@@ -49,12 +49,13 @@ from resilience.adapters.requests import engine_of
 from resilience.backoff import parse_retry_after
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.call import AttemptResult, CallSpec
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry import Retrier
 
 __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
 

@@ -3,13 +3,16 @@
 The public API is what ``__all__`` lists: policies, errors, deadlines,
 budgets, the breaker's config, events and the testing switch, imported
 eagerly (standard library, requests and urllib3 only); the barrier
-orchestrator, the SGLang client and the requests transport are imported on
-first use (PEP 562), so ``import resilience`` pulls in no optional extra.
+orchestrators, the SGLang clients and the requests, httpx and aiohttp
+drivers are imported on first use (PEP 562), so ``import resilience`` pulls
+in no optional extra (httpx and aiohttp load only with their driver).
 
-Names for transport authors (``Retrier``, ``CallSpec``, ``AttemptResult``,
-``classify``, ``backoff_delay``, ``EndpointMatch``, ``CircuitBreaker``, ...)
-stay in their modules: ``resilience.retry``, ``resilience.classification``,
-``resilience.backoff``, ``resilience.policy``, ``resilience.breaker``.
+Names for transport authors (``Retrier``, ``RetryCall``, ``CallSpec``,
+``AttemptResult``, ``ErrorTypes``, ``classify``, ``backoff_delay``,
+``EndpointMatch``, ``CircuitBreaker``, ...) stay in their modules:
+``resilience.retry``, ``resilience.retry_call``, ``resilience.call``,
+``resilience.errors``, ``resilience.classification``, ``resilience.backoff``,
+``resilience.policy``, ``resilience.breaker``.
 """
 
 from __future__ import annotations
@@ -38,17 +41,24 @@ from resilience.policy import EndpointPolicy, PolicyTable, Probe, ProbeAnswer, P
 from resilience.policy_files import load_policy_file
 
 if TYPE_CHECKING:
+    from resilience.adapters.aiohttp import ResilientMiddleware
+    from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
     from resilience.adapters.requests import ResilientAdapter, resilient_session
-    from resilience.adapters.sglang import SGLangClient
-    from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed
+    from resilience.adapters.sglang import AsyncSGLangClient, SGLangClient
+    from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseFailed
 
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
+    "AsyncOrchestrator": "resilience.barrier",
+    "AsyncResilientTransport": "resilience.adapters.httpx",
+    "AsyncSGLangClient": "resilience.adapters.sglang",
     "EngineGroup": "resilience.barrier",
     "Orchestrator": "resilience.barrier",
     "PhaseFailed": "resilience.barrier",
     "ResilientAdapter": "resilience.adapters.requests",
+    "ResilientMiddleware": "resilience.adapters.aiohttp",
+    "ResilientTransport": "resilience.adapters.httpx",
     "SGLangClient": "resilience.adapters.sglang",
     "resilient_session": "resilience.adapters.requests",
 }
@@ -70,6 +80,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AmbiguousOutcome",
+    "AsyncOrchestrator",
+    "AsyncResilientTransport",
+    "AsyncSGLangClient",
     "AttemptRecord",
     "BreakerConfig",
     "BreakerState",
@@ -95,6 +108,8 @@ __all__ = [
     "ProbeContext",
     "ResilienceError",
     "ResilientAdapter",
+    "ResilientMiddleware",
+    "ResilientTransport",
     "RestartBudget",
     "RestartBudgetError",
     "RestartRecord",

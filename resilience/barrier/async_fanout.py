@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from resilience.barrier.engine import AnyEngine
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
 from resilience.deadline import Deadline
+from resilience.errors import ConfigError
 
 __all__ = ["AsyncFanOut", "PhaseRun", "TaskCall"]
 
@@ -192,9 +193,9 @@ class AsyncFanOut:
 
     def __init__(self, *, max_concurrency: int | None = None, close_timeout_s: float = 5.0) -> None:
         if max_concurrency is not None and max_concurrency < 1:
-            raise ValueError(f"AsyncFanOut max_concurrency must be >= 1 or None, but was {max_concurrency}")
+            raise ConfigError(f"AsyncFanOut max_concurrency must be >= 1 or None, but was {max_concurrency}")
         if not close_timeout_s >= 0:
-            raise ValueError(f"AsyncFanOut close_timeout_s must be >= 0, but was {close_timeout_s!r}")
+            raise ConfigError(f"AsyncFanOut close_timeout_s must be >= 0, but was {close_timeout_s!r}")
         self.max_concurrency = max_concurrency
         self.close_timeout_s = close_timeout_s
         self._lock = threading.Lock()

@@ -12,7 +12,10 @@ more. Calls already sent are not cancelled: each one that answered is folded
 in; each one still running is recorded as in flight (the engine's facts it
 touches are unknown) and keeps running until it lands, like a call that missed
 its phase deadline; the next transition waits for it first. Nothing the
-engines may have done is forgotten. A ``weight_sync`` whose body is cancelled
+engines may have done is forgotten. Holds stay as the transition left them:
+a cancelled offload keeps its "offload" hold on the engines it covered (the
+next ``onload`` or ``offload`` finishes the job); a cancelled pause of a
+``weight_sync`` or ``pause`` drops the hold nobody received. A ``weight_sync`` whose body is cancelled
 still ends its hold on the way out (and continues the engines nothing else
 holds); cancelled again there, it drops the hold without sending anything more.
 """
@@ -34,6 +37,7 @@ from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, 
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.errors import ConfigError
 from resilience.events import Observer
 
 __all__ = ["AsyncOrchestrator"]
@@ -86,7 +90,7 @@ class AsyncOrchestrator(BarrierRules[A]):
         max_concurrency: int | None = None,
     ) -> None:
         if max_concurrency is not None and max_concurrency < 1:
-            raise ValueError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
+            raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
         super().__init__(groups, observers=observers, deadlines=deadlines, restart_budget=restart_budget, rollback=rollback, clock=clock)
         self.max_concurrency = max_concurrency
         self._bodies = 0

@@ -6,6 +6,8 @@ a "maybe" makes the facts the call touches unknown.
 
 from __future__ import annotations
 
+import sys
+
 import requests
 
 from resilience.barrier.fanout import EngineDied, EngineUnavailable, PhaseTimeout
@@ -24,16 +26,28 @@ def _attempts(error: BaseException) -> tuple[AttemptRecord, ...]:
 
 
 def is_engine_dead(error: BaseException) -> bool:
-    """True when the error says the engine is gone: its actor died, or every attempt of the call was refused before sending.
+    """True when the error says the engine is gone: its actor died, or every attempt of the call was refused before sending
+    (a connection error of ``requests``, ``httpx`` or ``aiohttp`` with the retry loop's record).
 
     A ``CircuitOpen`` counts only when the call's own attempts were all refused (the breaker opened on them).
     """
     if isinstance(error, EngineDied):
         return True
     attempts = _attempts(error)
-    if isinstance(error, (ConnectionError, requests.ConnectionError)):
+    connection_errors: tuple[type[BaseException], ...] = (
+        ConnectionError, requests.ConnectionError, *_loaded("aiohttp", "ClientConnectionError"), *_loaded("httpx", "ConnectError")
+    )
+    if isinstance(error, connection_errors):
         return bool(attempts) and all(a.delivery is Delivery.NOT_SENT for a in attempts)
     return False
+
+
+def _loaded(module: str, *names: str) -> tuple[type[BaseException], ...]:
+    """Exception classes of an optional transport (httpx, aiohttp), if it is imported: an error can only be one of
+    them if it is. The core never imports a transport itself."""
+    mod = sys.modules.get(module)
+    classes = (getattr(mod, name, None) for name in names) if mod is not None else ()
+    return tuple(c for c in classes if isinstance(c, type) and issubclass(c, BaseException))
 
 
 def outcome_of(error: BaseException | None) -> CallOutcome:
@@ -48,8 +62,11 @@ def outcome_of(error: BaseException | None) -> CallOutcome:
       reset after sending), else NOT_APPLIED (every attempt was refused before
       sending or answered with an error status);
     - an error answer without a record (``response`` or ``status`` set): NOT_APPLIED;
-    - a connect timeout: NOT_APPLIED; any other transport error without a
-      record (``requests`` timeouts and connection errors, ``OSError``): MAYBE;
+    - a failure to connect (``requests.ConnectTimeout``, ``httpx.ConnectError``
+      and ``ConnectTimeout``, ``aiohttp.ClientConnectorError``): NOT_APPLIED; any
+      other transport error without a record (``requests`` timeouts and
+      connection errors, ``httpx.TransportError``, aiohttp's connection and
+      payload errors, ``OSError`` and ``TimeoutError``): MAYBE;
     - anything else (an error answer, bad input): NOT_APPLIED.
     """
     if error is None:
@@ -63,8 +80,20 @@ def outcome_of(error: BaseException | None) -> CallOutcome:
         return CallOutcome.MAYBE if any(a.delivery is Delivery.MAYBE_APPLIED for a in attempts) else CallOutcome.NOT_APPLIED
     if getattr(error, "response", None) is not None or isinstance(getattr(error, "status", None), int):
         return CallOutcome.NOT_APPLIED
-    if isinstance(error, requests.ConnectTimeout):
+    not_sent: tuple[type[BaseException], ...] = (
+        requests.ConnectTimeout,
+        *_loaded("httpx", "ConnectError", "ConnectTimeout"),
+        *_loaded("aiohttp", "ClientConnectorError"),
+    )
+    if isinstance(error, not_sent):
         return CallOutcome.NOT_APPLIED
-    if isinstance(error, (requests.Timeout, requests.ConnectionError, OSError)):
+    transport_errors: tuple[type[BaseException], ...] = (
+        requests.Timeout,
+        requests.ConnectionError,
+        OSError,
+        *_loaded("httpx", "TransportError"),
+        *_loaded("aiohttp", "ClientConnectionError", "ClientPayloadError"),
+    )
+    if isinstance(error, transport_errors):
         return CallOutcome.MAYBE
     return CallOutcome.NOT_APPLIED

@@ -28,7 +28,7 @@ from resilience import (
     RetryBudgetConfig,
     RetryPolicy,
 )
-from resilience.adapters.aiohttp import ResilientMiddleware, caller_timeout
+from resilience.adapters.aiohttp import ResilientMiddleware, caller_timeout, request_timeout
 from resilience.adapters.aiohttp_errors import AmbiguousOutcome, CircuitOpen, DeadlineExceeded, RetryBudgetExhausted
 from resilience.breaker import CircuitBreaker
 from resilience.events import AttemptStarted, Event
@@ -40,6 +40,15 @@ FAST = RetryPolicy(max_attempts=4, base_s=0.01, cap_s=0.05)
 
 def table(**entries: EndpointPolicy) -> PolicyTable:
     return PolicyTable({k.replace("__", " /"): v for k, v in entries.items()})
+
+
+@dataclass(frozen=True)
+class Late:
+    """Answer ``status`` after ``seconds``."""
+
+    seconds: float
+    status: int = 200
+    body: bytes = b"late"
 
 
 @dataclass
@@ -65,11 +74,12 @@ class WebScript:
 
 
 @asynccontextmanager
-async def serve(*script: Action, port: int = 0) -> AsyncIterator[WebScript]:
+async def serve(*script: Action | Late, port: int = 0) -> AsyncIterator[WebScript]:
     """An ``aiohttp.web`` server on 127.0.0.1 playing ``script`` (the last action repeats), stopped on exit.
 
-    ``Reply`` answers, ``Hang(s)`` reads the request and answers nothing for ``s`` seconds
-    (or until the server stops), ``Drop`` reads it and closes the connection unanswered.
+    ``Reply`` answers, ``Late(s, ...)`` answers after ``s`` seconds, ``Hang(s)`` reads the request
+    and answers nothing for ``s`` seconds (or until the server stops), ``Drop`` reads it and
+    closes the connection unanswered.
     """
     todo = list(script)
     stop = asyncio.Event()
@@ -82,13 +92,15 @@ async def serve(*script: Action, port: int = 0) -> AsyncIterator[WebScript]:
         action = todo.pop(0) if len(todo) > 1 else todo[0]
         if isinstance(action, Reply):
             return web.Response(status=action.status, body=action.body, headers=action.headers)
-        if isinstance(action, Hang):
+        if isinstance(action, (Hang, Late)):
             try:
                 await asyncio.wait_for(stop.wait(), action.seconds)
             except TimeoutError:
                 pass
-        assert request.transport is not None
-        request.transport.close()
+            if isinstance(action, Late):
+                return web.Response(status=action.status, body=action.body)
+        if request.transport is not None:  # None once the client gave up and closed it
+            request.transport.close()
         return web.Response(status=500)  # never reaches the client: the connection is closed
 
     app = web.Application()
@@ -223,6 +235,21 @@ async def test_drop_after_send_on_non_idempotent_is_ambiguous() -> None:
 
 
 @pytest.mark.asyncio
+async def test_dropped_connections_on_a_get_cost_max_attempts_not_twice_that() -> None:
+    """aiohttp re-runs a GET that ended on a dropped connection; the call already retried it: max_attempts requests, one failure."""
+    mw = ResilientMiddleware(table(GET__x=EndpointPolicy(retry=FAST)), breaker=BreakerConfig(failure_threshold=2))
+    async with serve(Drop()) as srv:
+        async with session(mw) as s:
+            with pytest.raises(aiohttp.ServerDisconnectedError) as info:
+                await s.get(f"{srv.url}/x")
+            assert srv.count == 4 and len(info.value.attempts) == 4  # type: ignore[attr-defined]
+            assert mw.retrier.breakers is not None and state(mw.retrier.breakers.get(srv.url)) is BreakerState.CLOSED  # one failure of two
+            with pytest.raises(aiohttp.ServerDisconnectedError):  # the next call is a call of its own
+                await s.get(f"{srv.url}/x")
+            assert srv.count == 8 and state(mw.retrier.breakers.get(srv.url)) is BreakerState.OPEN
+
+
+@pytest.mark.asyncio
 async def test_idempotent_read_timeout_is_retried() -> None:
     """The same hang on an idempotent endpoint is retried and succeeds."""
     policy = EndpointPolicy(retry=FAST, attempt_timeout_s=SHORT_TIMEOUT, deadline_s=LONG_TIMEOUT)
@@ -353,14 +380,42 @@ async def test_session_client_timeout_bounds_each_attempt() -> None:
 
 
 @pytest.mark.asyncio
-async def test_per_request_client_timeout_is_still_enforced() -> None:
-    """A per-request timeout= (which aiohttp does not show to middlewares) still bounds each attempt: aiohttp enforces it."""
-    async with serve(Hang(LONG_TIMEOUT), Reply(200, b"ok")) as srv:
-        async with session(ResilientMiddleware(breaker=None)) as s, asyncio.timeout(LONG_TIMEOUT):
-            async with s.get(f"{srv.url}/state", timeout=aiohttp.ClientTimeout(total=None, sock_read=SHORT_TIMEOUT)) as r:
-                assert await r.text() == "ok"
-                assert r.attempts[0].error_type == "SocketTimeoutError"  # type: ignore[attr-defined]
-        assert srv.count == 2
+async def test_per_request_client_timeout_is_the_callers_timeout() -> None:
+    """A per-request timeout= is the caller's word, as requests' timeout= is: it beats the default policy's shorter attempt timeout."""
+    default = PolicyTable(default=lambda method: EndpointPolicy(attempt_timeout_s=SHORT_TIMEOUT, retry=FAST))
+    async with serve(Late(SHORT_TIMEOUT + 0.3), Late(SHORT_TIMEOUT + 0.3), Reply(200, b"retried")) as srv:
+        async with session(ResilientMiddleware(default, breaker=None)) as s, asyncio.timeout(LONG_TIMEOUT):
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=LONG_TIMEOUT, sock_read=LONG_TIMEOUT)
+            async with s.get(f"{srv.url}/state", timeout=timeout) as r:
+                assert await r.text() == "late" and len(r.attempts) == 1  # type: ignore[attr-defined]
+            async with s.get(f"{srv.url}/state") as r:  # no timeout of its own: the policy's 0.5 s cuts the late answer
+                assert await r.text() == "retried" and len(r.attempts) == 2  # type: ignore[attr-defined]
+        assert srv.count == 3
+
+
+@pytest.mark.asyncio
+async def test_request_timeout_is_found_through_a_chain_of_middlewares() -> None:
+    """request_timeout() reads the request's own ClientTimeout wherever the middleware sits in the chain, else the session's."""
+    seen: list[aiohttp.ClientTimeout] = []
+
+    async def spy(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        seen.append(request_timeout(request, handler))
+        return await handler(request)
+
+    async def passthrough(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        return await handler(request)
+
+    own = aiohttp.ClientTimeout(total=None, sock_connect=1.5, sock_read=2.5)
+    default = aiohttp.ClientTimeout(total=9)
+    async with serve(Reply(200)) as srv:
+        for chain in ((spy,), (spy, passthrough), (passthrough, spy), (passthrough, spy, passthrough)):
+            async with aiohttp.ClientSession(middlewares=chain, timeout=default) as s:
+                async with s.get(f"{srv.url}/x", timeout=own) as r:
+                    assert r.status == 200
+                async with s.get(f"{srv.url}/x") as r:
+                    assert r.status == 200
+    assert len(seen) == 8
+    assert all(t is own for t in seen[0::2]) and all(t is default for t in seen[1::2])
 
 
 @pytest.mark.asyncio

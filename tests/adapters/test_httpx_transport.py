@@ -10,7 +10,7 @@ import asyncio
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from resilience.adapters.requests import engine_of
 from resilience.breaker import BreakerState
 from resilience.events import AttemptStarted, Event, RetryScheduled
 from resilience.policy import ProbeAnswer, ProbeContext
-from tests.conftest import SHORT_TIMEOUT, free_port
+from tests.conftest import LONG_TIMEOUT, SHORT_TIMEOUT, free_port
 from tests.servers import Hang, Reply, Reset, ScriptedServer, scripted
 
 FAST = RetryPolicy(max_attempts=4, base_s=0.01, cap_s=0.05)
@@ -54,6 +54,15 @@ class Recorder:
 
     def of(self, kind: type[Any]) -> list[Any]:
         return [e for e in self.events if isinstance(e, kind)]
+
+
+async def eventually(condition: Callable[[], bool], limit_s: float = LONG_TIMEOUT) -> None:
+    """Poll ``condition`` on the loop until it holds; fail after ``limit_s`` (a bound a healthy run never reaches)."""
+    for _ in range(int(limit_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition never held")
 
 
 class SeenTransport(httpx.HTTPTransport):
@@ -482,24 +491,21 @@ async def test_untrusted_certificate_fails_at_once_unretried(drive: Drive, tls_s
 @pytest.mark.asyncio
 async def test_cancelled_task_in_backoff_sends_nothing_more_and_returns_the_breaker_slot() -> None:
     """Cancelling the calling task during a backoff sleep ends the call: no more requests, the half-open probe slot is free again."""
-    clock = FakeClock()
     seen = Recorder()
     policies = table(
         GET__fail=EndpointPolicy(retry=RetryPolicy(max_attempts=1)),
         GET__x=EndpointPolicy(retry=RetryPolicy(max_attempts=5, base_s=20, cap_s=20, jitter=0.0), deadline_s=60, attempt_timeout_s=5),
     )
-    breaker_config = BreakerConfig(failure_threshold=1, open_seconds=10)
-    transport = AsyncResilientTransport(policies, breaker=breaker_config, clock=clock, observers=[seen])
+    breaker_config = BreakerConfig(failure_threshold=1, open_seconds=0.2)
+    transport = AsyncResilientTransport(policies, breaker=breaker_config, observers=[seen])  # the system clock: a real 20 s sleep
     with scripted(Reply(502, b"")) as srv:
         async with httpx.AsyncClient(transport=transport) as client:
             breaker = Caller("async", transport, client).breaker(srv.url)
             assert (await client.get(f"{srv.url}/fail")).status_code == 502  # one failed call opens it
             assert breaker.state is BreakerState.OPEN
-            clock.advance(10)
-            assert breaker.state is BreakerState.HALF_OPEN
+            await eventually(lambda: breaker.state is BreakerState.HALF_OPEN)
             task = asyncio.create_task(client.get(f"{srv.url}/x"))
-            while not seen.of(RetryScheduled):  # the call took the probe slot, saw its 502 and now sleeps 20 s
-                await asyncio.sleep(0.01)
+            await eventually(lambda: bool(seen.of(RetryScheduled)))  # the call took the probe slot, saw its 502 and sleeps 20 s
             await asyncio.sleep(0.05)
             assert srv.count == 2
             assert breaker.admit() is None  # the sleeping call holds the only probe slot

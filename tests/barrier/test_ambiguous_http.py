@@ -21,8 +21,9 @@ land (``FaultProxy.settle``) and checks, on the engines' real state:
 - a normal return keeps its promise (offload: paused with every tag released; onload:
   the tags back, and serving unless the orchestrator says it holds the engine).
 
-Both fan-outs run it: ``ThreadFanOut`` over ``SGLangClient`` and ``RayFanOut`` over engine
-actors. One small fleet and one set of proxies serve every example; each example starts
+Three fan-outs run it: ``ThreadFanOut`` over ``SGLangClient``, ``AsyncFanOut`` over
+``AsyncSGLangClient`` (aiohttp with the resilience middleware, one loop), and ``RayFanOut``
+over engine actors. One small fleet and one set of proxies serve every example; each example starts
 from engines put back in order and a fresh ``Orchestrator``.
 """
 
@@ -44,9 +45,10 @@ from hypothesis import strategies as st
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-from resilience.adapters.sglang import ALL_TAGS, SGLANG_POLICIES, SGLangClient
+from resilience.adapters.sglang import ALL_TAGS, SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.fanout import FanOut, ThreadFanOut
+from resilience.fanout import AsyncFanOut
 from resilience.testing import fast_policies
 from resilience.testing.colocate import ColocateConfig, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
@@ -116,7 +118,7 @@ class Rig:
         return self.by_name[name].state()
 
 
-@pytest.fixture(scope="module", params=["threads", "ray"])
+@pytest.fixture(scope="module", params=["threads", "async", "ray"])
 def rig(request: pytest.FixtureRequest, fleet: EmulatedFleet) -> Iterator[Rig]:
     """Proxies playing PLAN in front of the fleet, and the engines through them: clients, or Ray engine actors."""
     proxies = [FaultProxy(e.direct_url, PLAN, e.index, seen_limit=200) for e in fleet.engines]
@@ -128,6 +130,10 @@ def rig(request: pytest.FixtureRequest, fleet: EmulatedFleet) -> Iterator[Rig]:
         if request.param == "threads":
             engines = [SGLangClient(u, policies=POLICIES, flush_poll_s=0.05) for u in urls]
             make_fanout: Callable[[], FanOut] = ThreadFanOut
+        elif request.param == "async":  # one loop for the module: each client's session lives on it
+            shared = AsyncFanOut()
+            engines = [AsyncSGLangClient(u, policies=POLICIES, flush_poll_s=0.05) for u in urls]
+            make_fanout = lambda: shared  # noqa: E731
         else:
             request.getfixturevalue("ray_runtime")
             from resilience.adapters.ray import RayFanOut, ray_engines
@@ -138,7 +144,13 @@ def rig(request: pytest.FixtureRequest, fleet: EmulatedFleet) -> Iterator[Rig]:
         rig.by_name = {_name(engine): handle for engine, handle in zip(engines, fleet.engines, strict=True)}
         yield rig
     finally:
+        if request.param == "async":
+            for engine in engines:
+                shared.run(engine.aclose())
+            shared.close()
         for engine in engines:
+            if isinstance(engine, AsyncSGLangClient):
+                continue
             if hasattr(engine, "kill"):
                 engine.kill()
             elif hasattr(engine, "close"):

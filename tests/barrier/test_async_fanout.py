@@ -90,7 +90,7 @@ def test_a_late_call_keeps_running_and_lands(fanout: AsyncFanOut) -> None:
     """A call still running at the phase deadline is a PhaseTimeout (maybe sent) with a handle; it is not cancelled, and lands."""
     engines = fakes(2)
     engines[0].arm("pause_generation", Fault.LATE_APPLIED)
-    results = fanout.call([(e, {}) for e in engines], "pause_generation", Deadline(0.05))
+    results = fanout.call([(e, {}) for e in engines], "pause_generation", Deadline(0.3))
     late = results[0]
     assert isinstance(late.error, PhaseTimeout) and late.error.maybe_sent and isinstance(late.late, TaskCall)
     assert results[1].ok and engines[1].paused and not engines[0].paused
@@ -105,7 +105,7 @@ def test_a_call_queued_at_the_deadline_is_never_sent() -> None:
     engines = fakes(2)
     engines[0].arm("release_memory_occupation", Fault.LATE_APPLIED)
     with AsyncFanOut(max_concurrency=1) as fanout:
-        results = fanout.call([(e, {"tags": None}) for e in engines], "release_memory_occupation", Deadline(0.05))
+        results = fanout.call([(e, {"tags": None}) for e in engines], "release_memory_occupation", Deadline(0.3))
         queued = results[1]
         assert isinstance(queued.error, PhaseTimeout) and queued.error.maybe_sent is False and queued.late is None
         assert outcome_of(queued.error) is CallOutcome.NOT_APPLIED
@@ -119,7 +119,7 @@ def test_close_cancels_a_late_call_which_lands_as_maybe_applied() -> None:
     engines = fakes(1)
     engines[0].arm("resume_memory_occupation", Fault.LATE_APPLIED)
     fanout = AsyncFanOut()
-    [result] = fanout.call([(engines[0], {})], "resume_memory_occupation", Deadline(0.05))
+    [result] = fanout.call([(engines[0], {})], "resume_memory_occupation", Deadline(0.3))
     assert result.late is not None
     fanout.close()
     landed, error = result.late.wait(10)

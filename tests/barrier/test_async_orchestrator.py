@@ -20,7 +20,8 @@ from resilience.errors import AmbiguousOutcome
 from resilience.events import Event, TransitionEnded
 from tests.barrier.fake_engine import ALL, AsyncFakeEngine, Fault, Refused
 
-DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.5, flush_s=0.5, release_s=0.5, resume_s=0.5, continue_s=0.5)
+DEADLINES = PhaseDeadlines(transition_s=10.0, pause_s=3, flush_s=3, release_s=3, resume_s=3, continue_s=3)
+"""Phase limits no test reaches: a test cancels or lands its late calls itself (robust under load)."""
 OFFLOAD = ["pause_generation", "flush_cache", "release_memory_occupation"]
 ONLOAD = ["resume_memory_occupation", "continue_generation"]
 
@@ -245,3 +246,46 @@ def test_one_orchestrator_on_two_loops_one_after_the_other() -> None:
     assert all(e.serving for e in engines) and [e.started for e in engines] == [[*OFFLOAD, *ONLOAD]] * 2
     with pytest.raises(ValueError, match="max_concurrency"):
         AsyncOrchestrator(EngineGroup(engines), max_concurrency=0)
+
+
+@pytest.mark.asyncio
+async def test_cancelled_while_pausing_for_a_sync_drops_the_hold_nobody_received() -> None:
+    """A weight_sync cancelled while its pause runs: no token was handed out, so no engine stays held by it; the pause
+    still running is in flight, and once it landed an onload continues the engine it paused."""
+    engines, orch = make(2)
+    engines[0].arm("pause_generation", Fault.LATE_APPLIED)
+
+    async def sync() -> None:
+        async with orch.weight_sync():
+            raise AssertionError("the body must not run")
+
+    task = asyncio.create_task(sync())
+    await until(lambda: "pause_generation" in engines[0].started and engines[1].paused)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert orch.held() == {}
+    assert orch.states() == {engines[0].engine: EngineState.IN_FLIGHT, engines[1].engine: EngineState.PAUSED}
+    engines[0].land()
+    await until(lambda: engines[0].paused)
+    await orch.onload()  # lands the late pause, then continues both: nothing holds them
+    assert all(e.serving for e in engines) and set(orch.states().values()) == {EngineState.SERVING}
+    alive(engines)
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_offload_keeps_its_hold_until_onload() -> None:
+    """An offload cancelled after its pause phase leaves the engines paused and held by "offload"; onload ends it."""
+    engines, orch = make(2)
+    engines[1].arm("flush_cache", Fault.LATE_APPLIED)
+    task = asyncio.create_task(orch.offload())
+    await until(lambda: "flush_cache" in engines[1].started)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert orch.held() == {e.engine: ("offload",) for e in engines} and all(orch.paused_by_us(e) for e in engines)
+    assert not any(e.released for e in engines)
+    engines[1].land()
+    await orch.onload()
+    assert orch.held() == {} and all(e.serving for e in engines)
+    alive(engines)

@@ -16,7 +16,7 @@ examples above), ``Orchestrator`` over ``AsyncFanOut`` with ``AsyncFakeEngine``s
 and ``AsyncOrchestrator`` (driven on a loop thread through ``SyncFacade``) with
 one more rule: a transition whose awaiting task is cancelled part-way, after
 which the knowledge must still be true. ``CPR_BARRIER_ASYNC_EXAMPLES`` sets the
-examples of each async run (default 150).
+examples of each async run (default 200).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tests.barrier.async_facade import LoopThread, SyncFacade
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 
 EXAMPLES = int(os.environ.get("CPR_BARRIER_EXAMPLES", "500"))
-ASYNC_EXAMPLES = int(os.environ.get("CPR_BARRIER_ASYNC_EXAMPLES", "150"))
+ASYNC_EXAMPLES = int(os.environ.get("CPR_BARRIER_ASYNC_EXAMPLES", "200"))
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.02, flush_s=0.02, release_s=0.02, resume_s=0.02, continue_s=0.02)
 """Tiny phase limits: a "late" fault costs one phase limit of waiting; transitions get 5 s (exclusion waits)."""
 METHODS = ("pause_generation", "flush_cache", "release_memory_occupation", "resume_memory_occupation", "continue_generation")

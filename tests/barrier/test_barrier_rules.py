@@ -17,14 +17,15 @@ from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestr
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
 from resilience.barrier.knowledge import CallOutcome, EngineKnowledge, EngineState
-from resilience.barrier.outcome import outcome_of
+from resilience.barrier.outcome import is_engine_dead, outcome_of
 from resilience.clock import FakeClock
 from resilience.errors import AmbiguousOutcome, RetriesExhausted
 from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
 from resilience.outcome import AttemptRecord, Delivery
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 
-DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.05, flush_s=0.05, release_s=0.05, resume_s=0.05, continue_s=0.05)
+DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.3, flush_s=0.3, release_s=0.3, resume_s=0.3, continue_s=0.3)
+"""Phase limits a late call waits out (defect 7), long enough that no prompt call misses one on a loaded machine."""
 
 
 @pytest.fixture(params=["threads", "async"])
@@ -68,6 +69,24 @@ def test_outcome_of_each_kind_of_error() -> None:
     assert outcome_of(requests.ReadTimeout("read")) is CallOutcome.MAYBE
     assert outcome_of(requests.ConnectTimeout("connect")) is CallOutcome.NOT_APPLIED
     assert outcome_of(ValueError("bad mode")) is CallOutcome.NOT_APPLIED
+
+
+def test_outcome_of_async_transport_errors() -> None:
+    """httpx and aiohttp errors without the retry loop's record: failing to connect is "not applied", anything after is "maybe"."""
+    import aiohttp
+    import httpx
+
+    assert outcome_of(httpx.ConnectError("refused")) is CallOutcome.NOT_APPLIED
+    assert outcome_of(httpx.ConnectTimeout("connect")) is CallOutcome.NOT_APPLIED
+    for after in (httpx.ReadTimeout("read"), httpx.RemoteProtocolError("closed"), httpx.ReadError("reset")):
+        assert outcome_of(after) is CallOutcome.MAYBE, after
+    for after in (aiohttp.ServerDisconnectedError(), aiohttp.ClientPayloadError("cut"), aiohttp.ServerTimeoutError("read"), TimeoutError()):
+        assert outcome_of(after) is CallOutcome.MAYBE, after
+    refused = aiohttp.ClientConnectorError(aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 1, False, True, None, None, None),
+                                           OSError(111, "refused"))
+    assert outcome_of(refused) is CallOutcome.NOT_APPLIED
+    refused.attempts = (attempt(Delivery.NOT_SENT),)  # type: ignore[attr-defined]
+    assert is_engine_dead(refused) and not is_engine_dead(httpx.ConnectError("no record"))
 
 
 def test_knowledge_table() -> None:

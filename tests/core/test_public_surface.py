@@ -14,8 +14,14 @@ from resilience._config import current_testing
 from resilience.events import AttemptEnded, CallEnded
 from resilience.outcome import CallOutcome, Outcome
 
-LAZY = {"EngineGroup", "Orchestrator", "PhaseFailed", "ResilientAdapter", "SGLangClient", "resilient_session"}
-INTERNAL = {"Retrier", "CallSpec", "AttemptResult", "classify", "backoff_delay", "EndpointMatch", "CircuitBreaker", "testing_mode"}
+LAZY = {
+    "AsyncOrchestrator", "AsyncResilientTransport", "AsyncSGLangClient", "EngineGroup", "Orchestrator", "PhaseFailed",
+    "ResilientAdapter", "ResilientMiddleware", "ResilientTransport", "SGLangClient", "resilient_session",
+}  # fmt: skip
+INTERNAL = {
+    "Retrier", "RetryCall", "CallSpec", "AttemptResult", "ErrorTypes", "classify", "backoff_delay", "EndpointMatch", "CircuitBreaker",
+    "testing_mode",
+}  # fmt: skip
 
 
 def test_every_exported_name_resolves_and_internals_are_not_exported() -> None:
@@ -31,12 +37,17 @@ def test_every_exported_name_resolves_and_internals_are_not_exported() -> None:
 
 def test_lazy_names_are_the_defining_modules_objects() -> None:
     """The lazy exports are the very classes of their modules, not copies."""
+    from resilience.adapters.aiohttp import ResilientMiddleware
+    from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
     from resilience.adapters.requests import ResilientAdapter, resilient_session
-    from resilience.adapters.sglang import SGLangClient
-    from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed
+    from resilience.adapters.sglang import AsyncSGLangClient, SGLangClient
+    from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseFailed
 
     assert resilience.Orchestrator is Orchestrator and resilience.EngineGroup is EngineGroup and resilience.PhaseFailed is PhaseFailed
-    assert resilience.SGLangClient is SGLangClient
+    assert resilience.AsyncOrchestrator is AsyncOrchestrator
+    assert resilience.SGLangClient is SGLangClient and resilience.AsyncSGLangClient is AsyncSGLangClient
+    assert resilience.ResilientTransport is ResilientTransport and resilience.AsyncResilientTransport is AsyncResilientTransport
+    assert resilience.ResilientMiddleware is ResilientMiddleware
     assert resilience.ResilientAdapter is ResilientAdapter and resilience.resilient_session is resilient_session
 
 
@@ -47,7 +58,7 @@ def test_import_resilience_loads_no_adapter_barrier_or_extra() -> None:
         import sys
         import resilience
         loaded = sorted(m for m in sys.modules if m.startswith(("resilience.adapters", "resilience.barrier", "resilience.telemetry",
-                        "resilience.testing", "opentelemetry", "prometheus_client", "ray", "torch", "fastapi", "rich")))
+                        "resilience.testing", "opentelemetry", "prometheus_client", "ray", "torch", "fastapi", "rich", "httpx", "aiohttp")))
         print(len([m for m in sys.modules if m.startswith("resilience")]), loaded)
         resilience.Orchestrator
         print("resilience.barrier" in sys.modules)

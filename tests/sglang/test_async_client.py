@@ -36,6 +36,7 @@ from resilience.adapters.sglang import (
     SGLangProtocolError,
 )
 from resilience.barrier.engine import ALL_TAGS, AsyncControlPlaneEngine
+from resilience.deadline import current_deadline
 from resilience.events import Event, Observer, RetryScheduled
 from resilience.policy import PolicyTable
 from resilience.testing.emulator import EmulatedFleet
@@ -80,6 +81,14 @@ def calls_to(fleet: EmulatedFleet, i: int, path: str) -> list[dict[str, Any]]:
     return [c for c in fleet.engines[i].record()["calls"] if c["path"] == path]
 
 
+async def until_running(client: AsyncSGLangClient, seconds: float = 15.0) -> None:
+    """Wait (bounded) until the engine runs a request: a generation task started just before may still be on its way."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not any(rank["num_running_reqs"] for rank in (await client.loads())["loads"]):
+        assert asyncio.get_running_loop().time() < deadline, "the generation never started running"
+        await asyncio.sleep(0.02)
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", TRANSPORTS)
 async def test_offload_onload_round_trip_typed(fleet: EmulatedFleet, kind: str) -> None:
@@ -92,7 +101,7 @@ async def test_offload_onload_round_trip_typed(fleet: EmulatedFleet, kind: str) 
     async with open_client(kind, fleet.urls[i]) as client:
         flushes_before = len(calls_to(fleet, i, "/flush_cache"))
         straggler = asyncio.create_task(client.generate("straggler", sampling_params={"max_new_tokens": 400}))
-        await asyncio.sleep(0.2)
+        await until_running(client)
         paused = await client.pause_generation(mode="retract")
         assert paused == ControlResult(client.engine, "POST /pause_generation", "Generation paused successfully.", 1)
         assert client.paused_mode == "retract"
@@ -151,8 +160,8 @@ async def test_flush_cache_polls_while_not_idle(fleet: EmulatedFleet, kind: str)
     i = engine_for(fleet, kind)
     async with open_client(kind, fleet.urls[i]) as client:
         before = len(calls_to(fleet, i, "/flush_cache"))
-        running = asyncio.create_task(client.generate("busy", sampling_params={"max_new_tokens": 200}))
-        await asyncio.sleep(0.1)
+        running = asyncio.create_task(client.generate("busy", sampling_params={"max_new_tokens": 400}))
+        await until_running(client)
         flushed = await client.flush_cache(deadline_s=20, wait_for_idle=False)
         await asyncio.wait_for(running, 30)
     assert flushed.polls >= 2 and flushed.message.startswith("Cache flushed")
@@ -167,13 +176,37 @@ async def test_flush_cache_gives_up_at_its_deadline(fleet: EmulatedFleet, kind: 
     i = engine_for(fleet, kind)
     async with open_client(kind, fleet.urls[i]) as client:
         running = asyncio.create_task(client.generate("long", sampling_params={"max_new_tokens": 4000}))
-        await asyncio.sleep(0.1)
+        await until_running(client)
         with pytest.raises(SGLangError) as info:
             await client.flush_cache(deadline_s=1.0, wait_for_idle=False)
         await client.abort_request(abort_all=True)
         assert (await asyncio.wait_for(running, 30)).aborted
     text = str(info.value)
     assert client.engine in text and "POST /flush_cache" in text and "HTTP 400" in text and "still not idle" in text
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_cancelled_flush_sends_nothing_more(fleet: EmulatedFleet, kind: str) -> None:
+    """Cancelling the task of a polling flush ends it at once: CancelledError, no flush sent after, no deadline left behind."""
+    i = engine_for(fleet, kind)
+    async with open_client(kind, fleet.urls[i]) as client:
+        before = len(calls_to(fleet, i, "/flush_cache"))
+        running = asyncio.create_task(client.generate("long", sampling_params={"max_new_tokens": 4000}))
+        await until_running(client)
+        flushing = asyncio.create_task(client.flush_cache(deadline_s=20, wait_for_idle=False))
+        while len(calls_to(fleet, i, "/flush_cache")) - before < 2:  # bounded by the flush's own deadline
+            assert not flushing.done(), flushing
+            await asyncio.sleep(0.05)
+        flushing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flushing
+        sent = len(calls_to(fleet, i, "/flush_cache")) - before
+        await asyncio.sleep(0.3)
+        assert current_deadline() is None
+        assert len(calls_to(fleet, i, "/flush_cache")) - before == sent >= 2
+        await client.abort_request(abort_all=True)
+        assert (await asyncio.wait_for(running, 30)).aborted
 
 
 @pytest.mark.asyncio
