@@ -163,17 +163,11 @@ def _warm_sync(fanout: Any, engines: list[Any]) -> None:
 
 
 def _async_api() -> tuple[Any, Any, Any]:
-    """(AsyncFanOut, AsyncOrchestrator or None, AsyncSGLangClient); ImportError when they have not landed."""
-    try:
-        from resilience.barrier.fanout import AsyncFanOut  # type: ignore[attr-defined]
-    except ImportError:
-        from resilience.fanout import AsyncFanOut  # type: ignore[import-not-found,no-redef]
-    from resilience.adapters.sglang import AsyncSGLangClient  # type: ignore[attr-defined]
+    """(AsyncFanOut, AsyncOrchestrator, AsyncSGLangClient); ImportError (named under the table) without them."""
+    from resilience.adapters.sglang import AsyncSGLangClient
+    from resilience.barrier import AsyncOrchestrator
+    from resilience.fanout import AsyncFanOut
 
-    try:
-        from resilience.barrier import AsyncOrchestrator  # type: ignore[attr-defined]
-    except ImportError:
-        AsyncOrchestrator = None
     return AsyncFanOut, AsyncOrchestrator, AsyncSGLangClient
 
 
@@ -209,7 +203,7 @@ def async_fanout_variant(urls: list[str], loop: asyncio.AbstractEventLoop) -> Va
 
 async def client_gather_variant(urls: list[str]) -> Variant:
     """The five phases as a bare ``asyncio.gather`` of ``AsyncSGLangClient`` calls: the client's cost without the orchestrator."""
-    from resilience.adapters.sglang import AsyncSGLangClient  # type: ignore[attr-defined]
+    from resilience.adapters.sglang import AsyncSGLangClient
 
     clients = [AsyncSGLangClient(u) for u in urls]
     await asyncio.gather(*(c.health() for c in clients))
@@ -230,8 +224,6 @@ async def client_gather_variant(urls: list[str]) -> Variant:
 async def async_orchestrator_variant(urls: list[str]) -> Variant:
     """``AsyncOrchestrator`` with AsyncSGLangClients, on the driver's loop."""
     _, async_orch, client_cls = _async_api()
-    if async_orch is None:
-        raise ImportError("resilience.barrier.AsyncOrchestrator")
     clients = [client_cls(u) for u in urls]
     orch = async_orch(EngineGroup(clients), deadlines=DEADLINES)
     await asyncio.gather(*(c.health() for c in clients))
@@ -393,10 +385,10 @@ def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str],
         big = next((c for c in mine if c.n == TARGET_VS_THREADS_N), None)
         threads = next((c for c in cells if c.n == TARGET_VS_THREADS_N and c.name == "ThreadFanOut"), None)
         if big and threads:
-            speedup = threads.median_s / big.median_s
+            gain = threads.median_s / big.median_s
             verdicts.append(
                 f"{name} >= {TARGET_VS_THREADS:.0f}x faster than ThreadFanOut at N={TARGET_VS_THREADS_N}: "
-                f"{speedup:.2f}x ({'met' if speedup >= TARGET_VS_THREADS else 'MISSED'})"
+                f"{gain:.2f}x ({'met' if gain >= TARGET_VS_THREADS else 'MISSED'})"
             )
     for line in verdicts:
         out.append(f"Target: {line}.")
