@@ -90,6 +90,7 @@ class ConnectionSampler:
         self.port = port
         self.interval_s = interval_s
         self.max = 0
+        self._lock = threading.Lock()  # the sampler thread and the driver both count
         self._proc = psutil.Process()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="connection-sampler", daemon=True)
@@ -97,7 +98,8 @@ class ConnectionSampler:
     def count(self) -> int:
         """Connections now (any state) from this process to the server port; updates the maximum."""
         n = sum(1 for c in self._proc.net_connections(kind="tcp") if c.raddr and c.raddr.port == self.port)
-        self.max = max(self.max, n)
+        with self._lock:
+            self.max = max(self.max, n)
         return n
 
     def _loop(self) -> None:
