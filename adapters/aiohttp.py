@@ -20,8 +20,8 @@ outside the middleware: each hop is its own logical call.
   attempt and, for ``total``, over the whole call (which then ends as a plain
   ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
   core chose: ``connect`` until aiohttp has sent the request, then ``read``
-  from then on, until the response headers (one ``asyncio.timeout``
-  rescheduled once the request is seen sent; checked every 10 ms). It fails
+  from then on, until the response headers (one ``asyncio.timeout``,
+  rescheduled when aiohttp's ``ClientRequest.send`` returns). It fails
   as aiohttp would: ``ConnectionTimeoutError`` before sending,
   ``SocketTimeoutError`` after.
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
@@ -64,6 +64,7 @@ from typing import Any, cast
 import aiohttp
 from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, ClientTimeout
 from aiohttp.client import DEFAULT_TIMEOUT, IDEMPOTENT_METHODS
+from aiohttp.connector import Connection
 from aiohttp.payload import BytesPayload, IOBasePayload
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -83,8 +84,6 @@ __all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_time
 
 _DEFAULT_BREAKER = BreakerConfig()
 _DEFAULT_BUDGET = RetryBudgetConfig()
-_POLL_S = 0.01
-"""How often an attempt checks whether aiohttp has sent the request (the read clock starts then)."""
 _DRAIN_LIMIT = 64 * 1024
 """A discarded response body up to this many bytes is read, so the connection can be reused."""
 _DRAIN_TIMEOUT_S = 1.0
@@ -211,36 +210,35 @@ async def _discard(response: ClientResponse) -> None:
 async def _send(handler: ClientHandlerType, request: ClientRequest, connect_s: float | None, read_s: float | None) -> ClientResponse:
     """``handler(request)`` bounded by ``connect_s`` until the request is sent, then by ``read_s``.
 
-    "Sent" is ``request.response`` changing: aiohttp sets it in
-    ``ClientRequest.send`` once a connection is held and the request handed to
-    it. Raises aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
+    "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
+    and the request written to it): this attempt's ``send`` is wrapped to move
+    the limit then, so no timer polls. Raises aiohttp's
+    ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
     """
     if connect_s is None and read_s is None:
         return await handler(request)
     loop = asyncio.get_running_loop()
-    before = request.response
-    start = loop.time()
+    send = request.send
+    sent = False
     try:
-        async with asyncio.timeout(None) as limit:
+        async with asyncio.timeout_at(None if connect_s is None else loop.time() + connect_s) as limit:
 
-            def check() -> None:
-                now = loop.time()
-                if request.response is not before:  # sent at most one poll ago: the read clock runs
-                    limit.reschedule(None if read_s is None else now + read_s)
-                elif connect_s is not None and now >= start + connect_s:
-                    limit.reschedule(now)
-                else:
-                    handle[0] = loop.call_later(_POLL_S if connect_s is None else min(_POLL_S, start + connect_s - now), check)
+            async def send_then_read(conn: Connection) -> ClientResponse:
+                nonlocal sent
+                response = await send(conn)
+                sent = True
+                limit.reschedule(None if read_s is None else loop.time() + read_s)
+                return response
 
-            handle = [loop.call_later(_POLL_S if connect_s is None else min(_POLL_S, connect_s), check)]
+            request.send = send_then_read  # type: ignore[method-assign]
             try:
                 return await handler(request)
             finally:
-                handle[0].cancel()
+                del request.send  # back to the class's method
     except TimeoutError as exc:
         if not limit.expired():
             raise  # aiohttp's own (a SocketTimeoutError, say): classified by the caller
-        if request.response is not before:
+        if sent:
             raise aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {request.url.origin()}") from exc
         raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url.origin()}") from exc
 
