@@ -155,20 +155,31 @@ def _compare_fields(path: str, cls: str, theirs: Mapping[str, SourceField], mode
     return problems
 
 
-def client_endpoints(module: Any = None) -> set[tuple[str, str]]:
-    """Every ``(method, path)`` ``SGLangClient`` calls, read from its module's source by AST."""
-    if module is None:
-        from resilience.adapters import sglang as module
+def client_endpoints(*modules: Any) -> set[tuple[str, str]]:
+    """Every ``(method, path)`` the SGLang clients call, read from their modules' source by AST.
+
+    By default the sync and async clients and the pure functions both build
+    their requests with (``adapters/sglang.py``, ``sglang_async.py``,
+    ``sglang_calls.py``): a ``Call("METHOD", "/path", ...)``, and the helpers
+    whose method is fixed (``memory_call`` POSTs, ``read_call`` and
+    ``_health`` GET).
+    """
+    if not modules:
+        from resilience.adapters import sglang, sglang_async, sglang_calls
+
+        modules = (sglang, sglang_async, sglang_calls)
     found: set[tuple[str, str]] = set()
-    fixed = {"_control": "POST", "_weights": "POST", "_health": "GET"}
-    for node in ast.walk(ast.parse(inspect.getsource(module))):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-            continue
-        consts = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        if node.func.attr == "_request" and len(consts) >= 2 and consts[1].startswith("/"):
-            found.add((consts[0], consts[1]))
-        elif node.func.attr in fixed and consts and consts[0].startswith("/"):
-            found.add((fixed[node.func.attr], consts[0]))
+    fixed = {"memory_call": "POST", "read_call": "GET", "_health": "GET", "_control": "POST", "_weights": "POST"}
+    for module in modules:
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id if isinstance(node.func, ast.Name) else ""
+            consts = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if name in ("Call", "_request") and len(consts) >= 2 and consts[1].startswith("/"):
+                found.add((consts[0], consts[1]))
+            elif name in fixed and consts and consts[0].startswith("/"):
+                found.add((fixed[name], consts[0]))
     return found
 
 
