@@ -71,8 +71,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters.requests import engine_of
 from resilience.backoff import parse_retry_after
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.breaker import BreakerConfig
+from resilience.budget import RetryBudgetConfig
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
@@ -308,13 +308,8 @@ class ResilientMiddleware:
         self.observers = tuple(observers)
         self.breaker_config = breaker
         self.retry_budget_config = retry_budget
-        self.retrier = Retrier(
-            breakers=None if breaker is None else BreakerRegistry(breaker, clock=clock, observers=self.observers),
-            budgets=None if retry_budget is None else RetryBudgets(retry_budget, clock=clock),
-            observers=self.observers,
-            clock=clock,
-            rng=rng,
-            error_types=ERROR_TYPES,
+        self.retrier = Retrier.from_configs(
+            breaker=breaker, retry_budget=retry_budget, observers=self.observers, clock=clock, rng=rng, error_types=ERROR_TYPES
         )
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:

@@ -47,8 +47,8 @@ import httpx
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.requests import engine_of
 from resilience.backoff import parse_retry_after
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.breaker import BreakerConfig
+from resilience.budget import RetryBudgetConfig
 from resilience.call import AttemptResult, CallSpec
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError, require
@@ -211,13 +211,8 @@ class _Resilient:
         self.observers = tuple(observers)
         self.breaker_config = breaker
         self.retry_budget_config = retry_budget
-        self.retrier = Retrier(
-            breakers=None if breaker is None else BreakerRegistry(breaker, clock=clock, observers=self.observers),
-            budgets=None if retry_budget is None else RetryBudgets(retry_budget, clock=clock),
-            observers=self.observers,
-            clock=clock,
-            rng=rng,
-            error_types=ERROR_TYPES,
+        self.retrier = Retrier.from_configs(
+            breaker=breaker, retry_budget=retry_budget, observers=self.observers, clock=clock, rng=rng, error_types=ERROR_TYPES
         )
 
     def _spec(self, request: httpx.Request) -> CallSpec:

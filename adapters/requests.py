@@ -26,8 +26,8 @@ from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
 from resilience.backoff import parse_retry_after
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.breaker import BreakerConfig
+from resilience.budget import RetryBudgetConfig
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.events import Observer
 from resilience.outcome import Delivery
@@ -179,12 +179,8 @@ class ResilientAdapter(HTTPAdapter):
         clock = getattr(self, "_clock", SYSTEM_CLOCK)
         self._clock = clock
         self._rng = getattr(self, "_rng", random.random)
-        self.retrier = Retrier(
-            breakers=None if self.breaker_config is None else BreakerRegistry(self.breaker_config, clock=clock, observers=self.observers),
-            budgets=None if self.retry_budget_config is None else RetryBudgets(self.retry_budget_config, clock=clock),
-            observers=self.observers,
-            clock=clock,
-            rng=self._rng,
+        self.retrier = Retrier.from_configs(
+            breaker=self.breaker_config, retry_budget=self.retry_budget_config, observers=self.observers, clock=clock, rng=self._rng
         )
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -57,8 +57,8 @@ import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, TypeVar
 
-from resilience.breaker import BreakerRegistry
-from resilience.budget import RetryBudgets
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
@@ -101,6 +101,31 @@ class Retrier:
         self.clock = clock
         self.rng = rng
         self.error_types = error_types if error_types is not None else ErrorTypes()
+
+    @classmethod
+    def from_configs(
+        cls,
+        *,
+        breaker: BreakerConfig | None,
+        retry_budget: RetryBudgetConfig | None,
+        observers: Sequence[Observer] = (),
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
+        error_types: ErrorTypes | None = None,
+    ) -> Retrier:
+        """A ``Retrier`` with one breaker and one budget per engine, built from their configs (None = that strategy off).
+
+        What every driver's constructor does with its ``breaker=`` and ``retry_budget=`` arguments.
+        """
+        observers = tuple(observers)
+        return cls(
+            breakers=None if breaker is None else BreakerRegistry(breaker, clock=clock, observers=observers),
+            budgets=None if retry_budget is None else RetryBudgets(retry_budget, clock=clock),
+            observers=observers,
+            clock=clock,
+            rng=rng,
+            error_types=error_types,
+        )
 
     def begin(self, spec: CallSpec) -> RetryCall[Any]:
         """The sans-IO decision object for one call (``resilience.retry_call``); ``run`` and ``arun`` drive it."""
