@@ -227,6 +227,7 @@ def _done_probe(ctx: Any) -> str:
 
 
 _FAST = RetryPolicy(max_attempts=5, base_s=0, cap_s=0)
+_SLOW = RetryPolicy(base_s=1, cap_s=1, jitter=0)
 SEEDS: list[tuple[str, Scenario]] = [
     ("confirmed", (EndpointPolicy(idempotent=False, on_ambiguous=_done_probe), True, "POST", ["lost"], True)),
     ("RetryBudgetExhausted", (EndpointPolicy(retry=_FAST, deadline_s=30), True, "GET", ["502"] * 5, False)),
@@ -241,8 +242,18 @@ SEEDS: list[tuple[str, Scenario]] = [
         ),
     ),
     ("RetriesExhausted", (EndpointPolicy(retry=replace(_FAST, max_attempts=2), raise_on_exhausted=True), True, "GET", ["502"] * 2, False)),
+    (
+        "DeadlineExceeded",
+        (EndpointPolicy(retry=_SLOW, deadline_s=1.0, attempt_timeout_s=1), True, "GET", ["502"] * 4, False),
+    ),
+    ("TimeoutError", (EndpointPolicy(retry=replace(_FAST, max_attempts=2)), True, "GET", ["lost"] * 2, False)),
+    ("AmbiguousOutcome", (EndpointPolicy(idempotent=False), True, "POST", ["lost"], False)),
+    ("resp200", (EndpointPolicy(retry=_FAST), True, "GET", ["502", "200"], False)),
+    ("resp502", (EndpointPolicy(retry=replace(_FAST, max_attempts=2)), True, "GET", ["502"] * 2, False)),
+    ("resp500", (EndpointPolicy(retry=_FAST), True, "GET", ["500"], False)),
+    ("resp404", (EndpointPolicy(retry=_FAST), True, "GET", ["404"], False)),
 ]
-"""Rare endings, each reached for sure; the drawn scenarios add the breadth."""
+"""Every ending the loop has, each reached for sure (hypothesis may not draw a rare one); the drawn scenarios add the breadth."""
 
 
 def test_arun_decides_exactly_as_run() -> None:
