@@ -64,7 +64,7 @@ from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord
-from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.policy import ProbeContext
 from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
 
 __all__ = ["AsyncAttempt", "Attempt", "AttemptResult", "CallSpec", "Retrier", "attempt_timeouts", "call_deadlines"]
@@ -170,7 +170,7 @@ class Retrier:
                     step = call.next_step()
                 elif isinstance(step, Probe):
                     answer = _ask_probe(step.probe, step.context)
-                    step = call.probe_answered(answer, _confirmed(answer, on_probe_done))
+                    step = call.probe_answered(answer, on_probe_done)
                 else:
                     if step.discard is not None:
                         discard(step.discard)
@@ -211,7 +211,7 @@ class Retrier:
                     step = call.next_step()
                 elif isinstance(step, Probe):
                     answer = await _ask_probe_async(step.probe, step.context)
-                    step = call.probe_answered(answer, _confirmed(answer, on_probe_done))
+                    step = call.probe_answered(answer, on_probe_done)
                 else:
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
@@ -246,14 +246,6 @@ async def _ask_probe_async(probe: Callable[[ProbeContext], Any], context: ProbeC
         return answer
     except Exception:
         return None
-
-
-def _confirmed(answer: object, on_probe_done: Callable[[], R] | None) -> R | None:
-    try:
-        done = ProbeAnswer(answer if isinstance(answer, str) else "") is ProbeAnswer.DONE
-    except ValueError:
-        return None
-    return on_probe_done() if done and on_probe_done is not None else None
 
 
 async def _maybe_await(value: Awaitable[None] | None) -> None:

@@ -264,12 +264,12 @@ class RetryCall(Generic[R]):
             return Probe(probe, context)
         return self._retry_or_end(_reason(result))
 
-    def probe_answered(self, answer: object, confirmed: R | None = None) -> Decision[R]:
+    def probe_answered(self, answer: object, on_done: Callable[[], R] | None = None) -> Decision[R]:
         """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown).
 
-        ``confirmed``: the response to return when the answer is "done" (the
-        driver's stand-in for the lost answer); without one, "done" cannot be
-        returned and ends as ambiguous.
+        ``on_done`` builds the response to return when the answer is "done"
+        (the driver's stand-in for the lost answer; called only then); without
+        one, "done" cannot be returned and ends as ambiguous.
         """
         try:
             verdict = ProbeAnswer(answer if isinstance(answer, str) else "")
@@ -282,7 +282,8 @@ class RetryCall(Generic[R]):
             )
         reason = _reason(self.last) if self.last is not None else "error"
         stale = self.last.response if self.last is not None else None
-        if verdict is ProbeAnswer.DONE and confirmed is not None:
+        if verdict is ProbeAnswer.DONE and on_done is not None:
+            confirmed = on_done()
             self._end(CallOutcome.RETRIED_SUCCESS if len(self.records) > 1 else CallOutcome.SUCCESS, None)
             return Return(confirmed, self.attempts, discard=stale)
         if verdict is ProbeAnswer.NOT_DONE:
