@@ -70,15 +70,15 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters.requests import engine_of
-from resilience.backoff import parse_retry_after
 from resilience.breaker import BreakerConfig
 from resilience.budget import RetryBudgetConfig
+from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry import Retrier
 
 __all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
 
@@ -347,8 +347,7 @@ class ResilientMiddleware:
             except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
                 delivery, kind = _transport_failure(exc, sent=request.response is not before)
                 return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
-            retry_after = parse_retry_after(response.headers.get("Retry-After")) if response.status in (429, 503) else None
-            return AttemptResult(response=response, status=response.status, retry_after=retry_after)
+            return responded(response, response.status, response.headers.get("Retry-After"))
 
         timer = getattr(request, "_timer", None)  # one per session.request() call, shared by aiohttp's re-runs of it
         given_up = _GIVEN_UP.get()

@@ -46,10 +46,9 @@ import httpx
 
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.requests import engine_of
-from resilience.backoff import parse_retry_after
 from resilience.breaker import BreakerConfig
 from resilience.budget import RetryBudgetConfig
-from resilience.call import AttemptResult, CallSpec
+from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
@@ -157,12 +156,6 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
 def _engine(scheme: str, netloc: bytes) -> tuple[str, str, int]:
     """``engine_of`` for a URL's scheme and ``host:port`` (httpx's netloc holds no user-info), cached: one parse per engine."""
     return engine_of(f"{scheme}://{netloc.decode('ascii')}")
-
-
-def _responded(response: httpx.Response) -> AttemptResult[httpx.Response]:
-    status = response.status_code
-    retry_after = parse_retry_after(response.headers.get("Retry-After")) if status in (429, 503) else None
-    return AttemptResult(response=response, status=status, retry_after=retry_after)
 
 
 def _failed(exc: httpx.TransportError) -> AttemptResult[httpx.Response]:
@@ -290,7 +283,7 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
                 if _not_transient(exc):
                     raise
                 return _failed(exc)
-            return _responded(response)
+            return responded(response, response.status_code, response.headers.get("Retry-After"))
 
         response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=self._probe_done(request))
         return self._finish(response, spec, records)
@@ -353,7 +346,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
                 if _not_transient(exc):
                     raise
                 return _failed(exc)
-            return _responded(response)
+            return responded(response, response.status_code, response.headers.get("Retry-After"))
 
         response, records = await self.retrier.arun(spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request))
         return self._finish(response, spec, records)

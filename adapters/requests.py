@@ -25,14 +25,14 @@ from requests.utils import rewind_body
 from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
-from resilience.backoff import parse_retry_after
 from resilience.breaker import BreakerConfig
 from resilience.budget import RetryBudgetConfig
+from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry import Retrier
 
 __all__ = ["ResilientAdapter", "engine_of", "resilient_session", "resolve_timeout"]
 
@@ -251,8 +251,7 @@ class ResilientAdapter(HTTPAdapter):
             except requests.RequestException as exc:
                 delivery, kind = _transport_failure(exc)
                 return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
-            retry_after = parse_retry_after(response.headers.get("Retry-After")) if response.status_code in (429, 503) else None
-            return AttemptResult(response=response, status=response.status_code, retry_after=retry_after)
+            return responded(response, response.status_code, response.headers.get("Retry-After"))
 
         def probe_done() -> Response:
             resp = Response()

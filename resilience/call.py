@@ -13,12 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from resilience.backoff import parse_retry_after
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline, current_deadline
 from resilience.outcome import Delivery
 from resilience.policy import EndpointMatch
 
-__all__ = ["AttemptResult", "CallSpec", "Timeouts", "attempt_timeouts", "call_deadlines"]
+__all__ = ["AttemptResult", "CallSpec", "Timeouts", "attempt_timeouts", "call_deadlines", "responded"]
 
 R = TypeVar("R")
 Timeouts = tuple[float | None, float | None]
@@ -58,6 +59,16 @@ class CallSpec:
     """Attached to raised errors as ``request=`` (requests convention)."""
     replayable: bool = True
     """False when the body cannot be sent twice (a pipe, a generator): exactly one attempt."""
+
+
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+"""The statuses whose ``Retry-After`` header the loop reads (RFC 9110: it means something on 503, and on 429 by RFC 6585)."""
+
+
+def responded(response: R, status: int, retry_after: str | None) -> AttemptResult[R]:
+    """What a driver reports for an attempt that got a response: ``status``, and the ``Retry-After`` header's seconds on 429/503."""
+    seconds = parse_retry_after(retry_after) if status in RETRY_AFTER_STATUSES else None
+    return AttemptResult(response=response, status=status, retry_after=seconds)
 
 
 def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
