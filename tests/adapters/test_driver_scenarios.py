@@ -97,13 +97,12 @@ def test_read_timeout_after_sending_a_non_idempotent_post_is_sent_once(driver: D
 def test_retry_after_past_the_deadline_ends_the_call_at_once(driver: Driver) -> None:
     """503 with Retry-After: 30 under a 1 s deadline: no 30 s wait, DeadlineExceeded (a timeout in the library's terms)."""
     with scripted(Reply(503, headers={"Retry-After": "30"})) as server:
-        t0 = time.monotonic()
         with pytest.raises(resilience.DeadlineExceeded) as info:
             driver.call("GET", f"{server.url}/busy")
-        waited = time.monotonic() - t0
         assert server.count == 1
     assert isinstance(info.value, driver.native)
-    assert waited < 25, f"waited {waited:.1f}s: the Retry-After was not clamped to the deadline"
+    # decided at once from the 30 s wait it would need (a loop that slept first would fail "before attempt")
+    assert "next wait 30.000s" in str(info.value) and info.value.attempts[0].delay_s is None
 
 
 def test_breaker_opens_on_a_dead_engine_and_refuses_without_sending(driver_name: str) -> None:
@@ -136,11 +135,11 @@ def test_retry_budget_stops_a_retry_storm(driver_name: str) -> None:
 def test_a_callers_timeout_is_honoured_on_a_default_policy_call(driver: Driver) -> None:
     """A request no entry matches, with the caller's 0.3 s timeout: not overruled by the default 10 s attempt timeout."""
     with scripted(Hang(5.0)) as server:
-        t0 = time.monotonic()
-        with pytest.raises(driver.native):
+        with pytest.raises(driver.native) as info:
             driver.call("GET", f"{server.url}/unlisted", timeout=0.3)
-        waited = time.monotonic() - t0
-    assert waited < 4.5, f"waited {waited:.1f}s for a call the caller bounded at 0.3 s per attempt"
+    # every attempt ended on the caller's read timeout; under a 10 s attempt timeout the server's close after 5 s would end it
+    kinds = [a.error_type or "" for a in info.value.attempts]  # type: ignore[attr-defined]
+    assert kinds and all("Timeout" in kind for kind in kinds), kinds
 
 
 @pytest.mark.parametrize("driver_name", ["httpx-async", "aiohttp"])
