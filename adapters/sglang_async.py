@@ -37,6 +37,7 @@ from resilience.adapters.sglang_policies import SGLANG_POLICIES
 from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
+from resilience.errors import DeadlineExceeded
 from resilience.events import Observer
 from resilience.policy import PolicyTable
 
@@ -208,13 +209,24 @@ class AsyncSGLangClient(SGLangClientState):
         wait = self._flush_waits(wait_for_idle)
         with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
             polls = 0
+            last: Answer | None = None
             while True:
                 polls += 1
-                answer = await self._send(calls.flush_call(calls.flush_server_wait(wait, deadline.remaining())))
+                try:
+                    answer = await self._send(calls.flush_call(calls.flush_server_wait(wait, deadline.remaining())))
+                except DeadlineExceeded as exc:
+                    if last is None:
+                        raise
+                    raise calls.flush_gave_up(self.engine, last, polls - 1) from exc
                 result = calls.flush_outcome(self.engine, answer, polls=polls, remaining_s=deadline.remaining(), poll_s=self.flush_poll_s)
                 if result is not None:
                     return result
-                await asyncio.sleep(self.flush_poll_s)
+                last = answer
+                await self._pause_between_polls(self.flush_poll_s)
+
+    async def _pause_between_polls(self, seconds: float) -> None:
+        """Wait between "not idle" answers of ``flush_cache`` (a method so a test can play a stalled loop)."""
+        await asyncio.sleep(seconds)
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> ControlResult:
         """See ``SGLangClient.abort_request``."""

@@ -352,15 +352,25 @@ def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float
     if not not_idle:
         raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response)
     if remaining_s <= poll_s:
-        raise SGLangError(
-            engine,
-            answer.endpoint,
-            answer.status,
-            answer.text,
-            detail=f"still not idle after {polls} tries before the deadline",
-            response=answer.response,
-        )
+        raise flush_gave_up(engine, answer, polls)
     return None
+
+
+def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> SGLangError:
+    """The error of a flush whose deadline ended while the engine still answered "not idle".
+
+    Raised both when too little time is left for another poll and when the
+    deadline runs out during the pause before the next one (the transport's
+    ``DeadlineExceeded`` is then its cause): the caller learns the same thing.
+    """
+    return SGLangError(
+        engine,
+        last_not_idle.endpoint,
+        last_not_idle.status,
+        last_not_idle.text,
+        detail=f"still not idle after {polls} tries before the deadline",
+        response=last_not_idle.response,
+    )
 
 
 def health_result(engine: str, answer: Answer | None, latency_s: float, error: BaseException | None = None) -> Health:

@@ -37,6 +37,7 @@ from resilience.adapters.sglang import (
 )
 from resilience.barrier.engine import ALL_TAGS, AsyncControlPlaneEngine
 from resilience.deadline import current_deadline
+from resilience.errors import DeadlineExceeded
 from resilience.events import Event, Observer, RetryScheduled
 from resilience.policy import PolicyTable
 from resilience.testing.emulator import EmulatedFleet
@@ -50,18 +51,23 @@ ADMIN_KEY = "sk-async-admin-8e07"
 
 @asynccontextmanager
 async def open_client(
-    kind: str, url: str, events: list[Event] | None = None, policies: PolicyTable = FAST_SGLANG, **kwargs: Any
+    kind: str,
+    url: str,
+    events: list[Event] | None = None,
+    policies: PolicyTable = FAST_SGLANG,
+    client_class: type[AsyncSGLangClient] = AsyncSGLangClient,
+    **kwargs: Any,
 ) -> AsyncIterator[AsyncSGLangClient]:
     """An AsyncSGLangClient over ``kind``: its own aiohttp session (the default), or an httpx.AsyncClient it is given."""
     observers: list[Observer] = [events.append] if events is not None else []
     if kind == "aiohttp":
-        async with AsyncSGLangClient(url, policies=policies, observers=observers, flush_poll_s=0.05, **kwargs) as client:
+        async with client_class(url, policies=policies, observers=observers, flush_poll_s=0.05, **kwargs) as client:
             yield client
         assert client.session is None  # aclose closed its own session
         return
     transport = AsyncResilientTransport(policies, observers=observers)
     async with httpx.AsyncClient(transport=transport) as session:
-        async with AsyncSGLangClient(url, session=session, flush_poll_s=0.05, **kwargs) as client:
+        async with client_class(url, session=session, flush_poll_s=0.05, **kwargs) as client:
             yield client
         assert client.session is session and not session.is_closed  # a session the caller passed stays open
 
@@ -183,6 +189,34 @@ async def test_flush_cache_gives_up_at_its_deadline(fleet: EmulatedFleet, kind: 
         assert (await asyncio.wait_for(running, 30)).aborted
     text = str(info.value)
     assert client.engine in text and "POST /flush_cache" in text and "HTTP 400" in text and "still not idle" in text
+
+
+class StalledBetweenPolls(AsyncSGLangClient):
+    """A client whose loop stalls a whole second after each "not idle" answer, as on an overloaded machine."""
+
+    async def _pause_between_polls(self, seconds: float) -> None:
+        await asyncio.sleep(seconds + 1.0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_flush_stalled_past_its_deadline_still_says_not_idle(fleet: EmulatedFleet, kind: str) -> None:
+    """The deadline ending during the pause between polls gives the same "still not idle" error, the deadline as its cause.
+
+    CI once saw a bare ``DeadlineExceeded`` here: the pause before the next poll outlasted the flush's last 50 ms.
+    """
+    i = engine_for(fleet, kind)
+    async with open_client(kind, fleet.urls[i], client_class=StalledBetweenPolls) as client:
+        before = len(calls_to(fleet, i, "/flush_cache"))
+        running = asyncio.create_task(client.generate("long", sampling_params={"max_new_tokens": 4000}))
+        await until_running(client)
+        with pytest.raises(SGLangError) as info:
+            await client.flush_cache(deadline_s=0.5, wait_for_idle=False)
+        await client.abort_request(abort_all=True)
+        assert (await asyncio.wait_for(running, 30)).aborted
+    assert "HTTP 400" in str(info.value) and "still not idle after 1 tries" in str(info.value)
+    assert isinstance(info.value.__cause__, DeadlineExceeded)
+    assert len(calls_to(fleet, i, "/flush_cache")) - before == 1  # nothing sent once the deadline had passed
 
 
 @pytest.mark.asyncio

@@ -12,6 +12,7 @@ from pytest_httpserver import HTTPServer
 
 from resilience import AmbiguousOutcome
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError, SGLangProtocolError, mount_sglang
+from resilience.errors import DeadlineExceeded
 from resilience.events import Event, RetryScheduled
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultPlan, FaultRule
@@ -135,17 +136,49 @@ def test_flush_cache_waits_for_idle_within_deadline(fleet1: EmulatedFleet) -> No
     assert flushes and all("timeout=" in c["query"] for c in flushes)
 
 
+def until_running(client: SGLangClient, seconds: float = 15.0) -> None:
+    """Wait (bounded) until the engine runs a request: a generation thread started just before may still be on its way."""
+    end = time.monotonic() + seconds
+    while not any(rank["num_running_reqs"] for rank in client.loads()["loads"]):
+        assert time.monotonic() < end, "the generation never started running"
+        time.sleep(0.02)
+
+
 def test_flush_cache_gives_up_at_deadline_naming_engine(fleet1: EmulatedFleet) -> None:
     """A flush that never sees idle ends at its deadline with an error naming engine and endpoint."""
     client = SGLangClient(fleet1.urls[0], policies=FAST_SGLANG, flush_poll_s=0.05)
     t = threading.Thread(target=lambda: client.generate("longer", sampling_params={"max_new_tokens": 2000}))
     t.start()
-    time.sleep(0.1)
+    until_running(client)
     with pytest.raises(SGLangError) as info:
         client.flush_cache(deadline_s=1.5)
     assert client.engine in str(info.value) and "POST /flush_cache" in str(info.value) and "400" in str(info.value)
     client.abort_request(abort_all=True)
     t.join(10)
+
+
+class StalledBetweenPolls(SGLangClient):
+    """A client whose thread stalls a whole second after each "not idle" answer, as on an overloaded machine."""
+
+    def _pause_between_polls(self, seconds: float) -> None:
+        time.sleep(seconds + 1.0)
+
+
+def test_flush_stalled_past_its_deadline_still_says_not_idle(fleet1: EmulatedFleet) -> None:
+    """The deadline ending during the pause between polls gives the "still not idle" error, the deadline as its cause."""
+    client = StalledBetweenPolls(fleet1.urls[0], policies=FAST_SGLANG, flush_poll_s=0.05)
+    before = len([c for c in fleet1.engines[0].record()["calls"] if c["path"] == "/flush_cache"])
+    t = threading.Thread(target=lambda: client.generate("longer", sampling_params={"max_new_tokens": 2000}))
+    t.start()
+    until_running(client)
+    with pytest.raises(SGLangError) as info:
+        client.flush_cache(deadline_s=0.5, wait_for_idle=False)
+    client.abort_request(abort_all=True)
+    t.join(10)
+    assert "HTTP 400" in str(info.value) and "still not idle after 1 tries" in str(info.value)
+    assert isinstance(info.value.__cause__, DeadlineExceeded)
+    flushes = [c for c in fleet1.engines[0].record()["calls"] if c["path"] == "/flush_cache"]
+    assert len(flushes) - before == 1  # nothing sent once the deadline had passed
 
 
 def test_typed_reads_and_weight_version(fleet1: EmulatedFleet) -> None:
