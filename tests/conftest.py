@@ -43,6 +43,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses every connection for the whole test.
+
+    The socket stays bound without listening, so the kernel answers each connect
+    with a reset and no other process (a Ray worker, a server of a test running
+    beside this one) can take the port meanwhile, as it could after ``free_port()``.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
 def require_tool(name: str) -> str:
     """The path of an executable; skip without it, or fail when CI=true (CI must install it)."""
     path = shutil.which(name)

@@ -38,7 +38,6 @@ from resilience.events import Event, PhaseEnded
 from resilience.outcome import Delivery
 from resilience.policy import EndpointPolicy, RetryPolicy
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
-from tests.conftest import free_port
 
 CONFIG = EngineConfig(
     token_rate=100.0,
@@ -285,7 +284,9 @@ def test_a_dead_actor_is_engine_died(serving: EmulatedFleet) -> None:
     assert isinstance(result.error, EngineDied) and engines[0].engine in str(result.error)
 
 
-def test_an_engine_refusing_connections_is_dead_with_its_attempts(serving: EmulatedFleet, actors: list[RayEngine]) -> None:
+def test_an_engine_refusing_connections_is_dead_with_its_attempts(
+    serving: EmulatedFleet, actors: list[RayEngine], refusing_port: int
+) -> None:
     """Connection refused inside the actor reaches the barrier as the client's error with its attempts (all not sent): a dead engine."""
     fast = SGLANG_POLICIES.with_entries(  # refusals are retried until the deadline (issue 10), so a short one
         {
@@ -294,7 +295,7 @@ def test_an_engine_refusing_connections_is_dead_with_its_attempts(serving: Emula
             )
         }
     )
-    [gone] = ray_engines([f"http://127.0.0.1:{free_port()}"], client_kwargs={"policies": fast})
+    [gone] = ray_engines([f"http://127.0.0.1:{refusing_port}"], client_kwargs={"policies": fast})
     try:
         orch = Orchestrator(EngineGroup([actors[0], gone]), fanout=RayFanOut())
         with pytest.raises(PhaseFailed) as info:

@@ -123,25 +123,25 @@ def test_read_timeout_on_release_is_never_resent() -> None:
         assert len(releases) == 1
 
 
-def test_flush_cache_waits_for_idle_within_deadline(fleet1: EmulatedFleet) -> None:
-    """flush_cache keeps asking while requests run, passing SGLang's ?timeout=, and succeeds once idle."""
-    client = SGLangClient(fleet1.urls[0], policies=FAST_SGLANG, flush_poll_s=0.05)
-    t = threading.Thread(target=lambda: client.generate("long", sampling_params={"max_new_tokens": 200}))
-    t.start()
-    time.sleep(0.1)
-    result = client.flush_cache(deadline_s=10)
-    t.join(10)
-    assert result.message.startswith("Cache flushed")
-    flushes = [c for c in fleet1.engines[0].record()["calls"] if c["path"] == "/flush_cache"]
-    assert flushes and all("timeout=" in c["query"] for c in flushes)
-
-
 def until_running(client: SGLangClient, seconds: float = 15.0) -> None:
     """Wait (bounded) until the engine runs a request: a generation thread started just before may still be on its way."""
     end = time.monotonic() + seconds
     while not any(rank["num_running_reqs"] for rank in client.loads()["loads"]):
         assert time.monotonic() < end, "the generation never started running"
         time.sleep(0.02)
+
+
+def test_flush_cache_waits_for_idle_within_deadline(fleet1: EmulatedFleet) -> None:
+    """flush_cache keeps asking while requests run, passing SGLang's ?timeout=, and succeeds once idle."""
+    client = SGLangClient(fleet1.urls[0], policies=FAST_SGLANG, flush_poll_s=0.05)
+    t = threading.Thread(target=lambda: client.generate("long", sampling_params={"max_new_tokens": 1000}))
+    t.start()
+    until_running(client)
+    result = client.flush_cache(deadline_s=10)
+    t.join(10)
+    assert result.message.startswith("Cache flushed")
+    flushes = [c for c in fleet1.engines[0].record()["calls"] if c["path"] == "/flush_cache"]
+    assert flushes and all("timeout=" in c["query"] for c in flushes)
 
 
 def test_flush_cache_gives_up_at_deadline_naming_engine(fleet1: EmulatedFleet) -> None:
@@ -219,7 +219,7 @@ def test_aborted_generation_is_reported(fleet1: EmulatedFleet) -> None:
     out: list[object] = []
     t = threading.Thread(target=lambda: out.append(client.generate("x", sampling_params={"max_new_tokens": 2000})))
     t.start()
-    time.sleep(0.2)
+    until_running(client)
     SGLangClient(fleet1.urls[0], policies=FAST_SGLANG).pause_generation("abort")
     t.join(10)
     assert len(out) == 1 and out[0].aborted  # type: ignore[attr-defined]
