@@ -223,13 +223,13 @@ async def test_refused_then_up_succeeds_for_a_post(drive: Drive, later_server: A
 
 
 @pytest.mark.asyncio
-async def test_refused_past_the_deadline_raises_the_connect_error_itself(drive: Drive) -> None:
+async def test_refused_past_the_deadline_raises_the_connect_error_itself(drive: Drive, refusing_port: int) -> None:
     """When the deadline ends the retries on a refusal, the caller gets httpx's own ConnectError, with the attempts."""
     retry = RetryPolicy(max_attempts=2, base_s=0.02, cap_s=0.05)
     policy = EndpointPolicy(idempotent=False, retry=retry, attempt_timeout_s=0.3, deadline_s=0.3)
     caller = drive(table(POST__release=policy), breaker=None, retry_budget=None)
     with pytest.raises(httpx.ConnectError) as info:
-        await caller.request("POST", f"http://127.0.0.1:{free_port()}/release", json={})
+        await caller.request("POST", f"http://127.0.0.1:{refusing_port}/release", json={})
     assert not isinstance(info.value, resilience.ResilienceError)
     attempts = info.value.attempts  # type: ignore[attr-defined]
     assert len(attempts) > 2 and {a.delivery for a in attempts} == {Delivery.NOT_SENT}

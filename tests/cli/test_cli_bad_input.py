@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.cli.cpr_testlib import error_lines, run_cpr
-from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +73,10 @@ CASES = [
 
 @pytest.mark.parametrize(("args", "code", "fragment"), CASES, ids=[" ".join(c[0]) or "(none)" for c in CASES])
 def test_bad_input_is_one_line_and_non_zero(
-    workdir: Path, busy_port: int, dead_pid: int, args: list[str], code: int, fragment: str
+    workdir: Path, busy_port: int, dead_pid: int, refusing_port: int, args: list[str], code: int, fragment: str
 ) -> None:
     """Each bad input: the documented exit status, one line on stderr naming the problem, no traceback."""
-    free = free_port()
+    free = refusing_port
     argv = [a.format(busy=busy_port, free=free, dead=dead_pid) for a in args]
     result = run_cpr(*argv, cwd=workdir, timeout=90)
     assert result.returncode == code, (result.stdout, result.stderr)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import socket
 
 import pytest
 import requests
@@ -26,15 +25,12 @@ POLICIES = PolicyTable({
 })  # fmt: skip
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_secrets_appear_in_no_span_metric_or_log(
-    httpserver: HTTPServer, provider: TracerProvider, exporter: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+    httpserver: HTTPServer,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    caplog: pytest.LogCaptureFixture,
+    refusing_port: int,
 ) -> None:
     """A bearer token and a URL user-info API key, through retries and a refused connection, leave no trace anywhere."""
     for status in (502, 200, 503, 200):
@@ -47,7 +43,7 @@ def test_secrets_appear_in_no_span_metric_or_log(
     assert session.post(f"{base}/flush", headers={"Authorization": f"Bearer {BEARER}"}, timeout=5).status_code == 200
     assert session.post(f"{with_userinfo}/flush", timeout=5).status_code == 200
     with pytest.raises(requests.ConnectionError):
-        session.get(f"http://apikey:{API_KEY}@127.0.0.1:{free_port()}/health",
+        session.get(f"http://apikey:{API_KEY}@127.0.0.1:{refusing_port}/health",
                     headers={"Authorization": f"Bearer {BEARER}"}, timeout=2)  # fmt: skip
     httpserver.check_assertions()
 
