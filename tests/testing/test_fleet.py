@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
@@ -55,6 +55,25 @@ def port_refuses(url: str) -> bool:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     with socket.socket() as s:
         return s.connect_ex((host, int(port))) != 0
+
+
+def none_of_ours_listens(url: str, ours: Iterable[int]) -> bool:
+    """The dead engine's port refuses, or whoever listens on it now is none of ``ours`` (the fleet's processes).
+
+    A freed port is anyone's: a Ray worker or another server may bind it between the
+    death and this check, so "refuses" alone would fail for someone else's socket.
+    """
+    if port_refuses(url):
+        return True
+    port = int(url.rsplit(":", 1)[1])
+    listeners = psutil.net_connections(kind="tcp")
+    holders = {c.pid for c in listeners if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    return not holders & set(ours)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it now."""
+    return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
 
 
 def gone(pid: int) -> bool:
@@ -152,9 +171,10 @@ def test_one_engines_death_ends_that_process_alone_and_restart_brings_it_back(
     others = [e for e in fleet.engines if e is not handle]
     before = {e.index: e.pid for e in fleet.engines}
     url = handle.url
+    tree = process_tree(before[victim])
     expected = DEATHS[death](handle, pool)
     assert handle.wait_exit(TIMEOUT) == expected, handle.log()
-    assert gone(before[victim]) and port_refuses(url)
+    assert gone(before[victim]) and none_of_ours_listens(url, tree)
     assert psutil.Process(fleet.zygote_pid).is_running()
     for other in others:
         assert other.pid == before[other.index]
@@ -191,11 +211,13 @@ def test_progress_then_a_killed_zygote_takes_its_engines_with_it_and_stop_leaves
         assert [r for r, _ in seen] == sorted({r for r, _ in seen}) and {n for _, n in seen} == {3}
         zygote, pids, urls = f.zygote_pid, f.pids, f.urls
         assert zygote is not None and all(generate(url, 1).status_code == 200 for url in urls)
+        tree = process_tree(zygote)
+        assert set(pids) <= set(tree)
         os.kill(zygote, signal.SIGKILL)
         for handle in f.engines:
             assert handle.wait_exit(TIMEOUT) is not None
-        wait_for(lambda: all(gone(pid) for pid in pids))
-        assert all(port_refuses(url) for url in urls)
+        wait_for(lambda: all(gone(pid) for pid in tree))  # no orphan: every process of the fleet ended
+        assert all(none_of_ours_listens(url, tree) for url in urls)
         with pytest.raises(EmulatorStartError, match="zygote"):
             f.engines[0].restart(timeout=TIMEOUT)
     finally:
@@ -234,13 +256,14 @@ def test_chaos_on_64_forked_engines_kills_only_the_victims(pool: ThreadPoolExecu
     with EmulatedFleet(64, CONFIG) as f:
         pids = f.pids
         assert len(set(pids)) == 64
+        trees = [pid for index in victims for pid in process_tree(pids[index])]
         for index, death in zip(victims, deaths, strict=True):
             handle = f.engines[index]
             assert handle.wait_exit(0) is None
             expected = death(handle, pool)
             assert handle.wait_exit(TIMEOUT) == expected, handle.log()
         assert [e.index for e in f.engines if not e.alive()] == victims
-        assert all(port_refuses(f.engines[i].url) for i in victims)
+        assert all(none_of_ours_listens(f.engines[i].url, trees) for i in victims)
         survivors = [e for e in f.engines if e.index not in victims]
         answers = list(pool.map(lambda e: generate(e.url, 1).status_code, survivors))
         assert len(answers) == 58 and set(answers) == {200}
