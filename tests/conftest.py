@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 import resilience
@@ -41,6 +42,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_refuses(url: str) -> bool:
+    """True when a connect to ``url``'s host and port fails (nothing listens there now)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) != 0
+
+
+def none_of_ours_listens(url: str, ours: Iterable[int]) -> bool:
+    """A dead server's port refuses, or whoever listens on it now is none of ``ours`` (the processes that served it).
+
+    A freed port is anyone's: a Ray worker or another server may bind it between the
+    death and the check, so "refuses" alone would fail on someone else's socket.
+    """
+    if port_refuses(url):
+        return True
+    port = int(url.rsplit(":", 1)[1])
+    listeners = psutil.net_connections(kind="tcp")
+    holders = {c.pid for c in listeners if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    return not holders & set(ours)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it now."""
+    return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
@@ -11,14 +10,9 @@ import pytest
 import requests
 
 from tests.cli.cpr_testlib import CPR, run_cpr
+from tests.conftest import none_of_ours_listens, process_tree
 
 N = 3
-
-
-def port_refuses(url: str) -> bool:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    with socket.socket() as s:
-        return s.connect_ex((host, int(port))) != 0
 
 
 def test_emulate_engines_prints_progress_and_one_url_per_engine_then_stops_them_all(tmp_path: Path) -> None:
@@ -43,10 +37,12 @@ def test_emulate_engines_prints_progress_and_one_url_per_engine_then_stops_them_
             pids = {session.get(url + "/_emulator/state", timeout=10).json()["pid"] for url in urls}
             assert len(pids) == N and proc.pid not in pids  # N processes of their own
             assert all(session.get(url + "/health", timeout=10).status_code == 200 for url in urls)
+        tree = process_tree(proc.pid)
+        assert pids <= set(tree)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert f"engines ready {N}/{N}" in proc.stderr.read()
-        assert all(port_refuses(url) for url in urls)
+        assert all(none_of_ours_listens(url, tree) for url in urls)
     finally:
         if proc.poll() is None:
             proc.kill()

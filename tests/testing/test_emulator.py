@@ -24,6 +24,7 @@ pytest.importorskip("torch")
 
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig, EngineHandle
 from resilience.testing.emulator.server import main
+from tests.conftest import none_of_ours_listens, process_tree
 
 CONFIG = EngineConfig(
     token_rate=100.0,
@@ -100,12 +101,6 @@ def wait_dead(handle: EngineHandle) -> int:
     code = handle.wait_exit(TIMEOUT)
     assert code is not None, "the engine should have died"
     return code
-
-
-def answer_port_closed(url: str) -> bool:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    with socket.socket() as s:
-        return s.connect_ex((host, int(port))) != 0
 
 
 # ----- generation --------------------------------------------------------------------
@@ -423,12 +418,13 @@ def test_offload_with_pause_first_survives_a_straggler(engine: EngineHandle, htt
 def test_bug_b_release_without_pause_then_straggler_kills_engine(fleet: EmulatedFleet, http: requests.Session) -> None:
     """Bug B: flush + release with no pause, then a straggler /generate is prefilled into the freed pool: the engine dies."""
     handle = fleet.engines[BUG_B]
+    tree = process_tree(handle.pid)
     assert http.post(handle.url + "/flush_cache", timeout=TIMEOUT).status_code == 200
     assert http.post(handle.url + "/release_memory_occupation", json={"tags": ["kv_cache"]}, timeout=TIMEOUT).status_code == 200
     with pytest.raises(requests.ConnectionError):
         generate(handle.url, 3)
     assert wait_dead(handle) == -9
-    assert answer_port_closed(handle.url)
+    assert none_of_ours_listens(handle.url, tree)
     log = handle.log()
     assert "Scheduler hit an exception" in log and "RuntimeError" in log and "write_prefill" in log
 
@@ -500,6 +496,7 @@ def test_fleet_with_fault_plan_proxies_and_leaves_no_process() -> None:
 
     with EmulatedFleet(2, CONFIG, fault_plan=FaultPlan(seed=0)) as f:
         pids = f.pids
+        ours = [os.getpid(), *(pid for engine in pids for pid in process_tree(engine))]  # the proxies run in this process
         assert f.urls != f.direct_urls
         with requests.Session() as session:
             session.trust_env = False
@@ -509,7 +506,7 @@ def test_fleet_with_fault_plan_proxies_and_leaves_no_process() -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert all(answer_port_closed(url) for url in f.direct_urls + f.urls)
+    assert all(none_of_ours_listens(url, ours) for url in f.direct_urls + f.urls)
 
 
 def test_fleet_that_fails_to_start_stops_every_engine() -> None:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
@@ -20,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig, EngineHandle
+from tests.conftest import none_of_ours_listens, process_tree
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -49,31 +49,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.02)
-
-
-def port_refuses(url: str) -> bool:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    with socket.socket() as s:
-        return s.connect_ex((host, int(port))) != 0
-
-
-def none_of_ours_listens(url: str, ours: Iterable[int]) -> bool:
-    """The dead engine's port refuses, or whoever listens on it now is none of ``ours`` (the fleet's processes).
-
-    A freed port is anyone's: a Ray worker or another server may bind it between the
-    death and this check, so "refuses" alone would fail for someone else's socket.
-    """
-    if port_refuses(url):
-        return True
-    port = int(url.rsplit(":", 1)[1])
-    listeners = psutil.net_connections(kind="tcp")
-    holders = {c.pid for c in listeners if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
-    return not holders & set(ours)
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process under it now."""
-    return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
 
 
 def gone(pid: int) -> bool:
