@@ -207,6 +207,67 @@ async def _discard(response: ClientResponse) -> None:
         response.release()
 
 
+class _AttemptTimer:
+    """The one timer of a timed attempt: ``connect_s`` until aiohttp has sent the request, then ``read_s`` from then on.
+
+    One ``loop.call_at`` handle, armed at the connect limit; ``sent()`` moves
+    the limit to ``read_s`` from now, and re-arms the handle only when that is
+    earlier than where it is armed (a later limit is checked when the handle
+    fires, which re-arms it). On expiry it cancels the attempt's task, as
+    ``asyncio.timeout`` would, and ``_send`` turns that cancellation into a
+    timeout error (a cancellation from anywhere else stays one).
+    """
+
+    __slots__ = ("_cancelling", "_handle", "_loop", "_read_s", "_task", "expired", "limit_at", "sent_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], connect_s: float | None, read_s: float | None) -> None:
+        self._loop = loop
+        self._task = task
+        self._read_s = read_s
+        self._cancelling = task.cancelling()
+        self.expired = False
+        self.sent_at: float | None = None
+        self.limit_at = None if connect_s is None else loop.time() + connect_s
+        """The loop time at which the attempt times out now (None: no limit)."""
+        self._handle = None if self.limit_at is None else loop.call_at(self.limit_at, self._fire)
+
+    def sent(self) -> None:
+        """The request was written: from now on the read limit applies."""
+        now = self._loop.time()
+        self.sent_at = now
+        self.limit_at = None if self._read_s is None else now + self._read_s
+        handle = self._handle
+        if handle is not None and (self.limit_at is None or self.limit_at < handle.when()):
+            handle.cancel()
+            self._handle = None
+        if self._handle is None and self.limit_at is not None:
+            self._handle = self._loop.call_at(self.limit_at, self._fire)
+
+    def _fire(self) -> None:
+        handle, self._handle = self._handle, None
+        limit = self.limit_at
+        if limit is None:
+            return
+        if handle is not None and limit > handle.when():  # the limit moved later when the request was sent
+            self._handle = self._loop.call_at(limit, self._fire)
+            return
+        self.expired = True
+        self._task.cancel()
+
+    def stop(self) -> bool:
+        """Disarm, once; True when the timer cancelled the task and no other cancellation is pending (a timeout then).
+
+        A timer that fired takes its cancellation back (``uncancel``), as ``asyncio.timeout`` does on exit.
+        """
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if not self.expired:
+            return False
+        self.expired = False
+        return self._task.uncancel() <= self._cancelling
+
+
 async def _send(handler: ClientHandlerType, request: ClientRequest, connect_s: float | None, read_s: float | None) -> ClientResponse:
     """``handler(request)`` bounded by ``connect_s`` until the request is sent, then by ``read_s``.
 
@@ -217,30 +278,29 @@ async def _send(handler: ClientHandlerType, request: ClientRequest, connect_s: f
     """
     if connect_s is None and read_s is None:
         return await handler(request)
-    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    if task is None:  # not in a task (no middleware runs so): nothing to cancel on expiry
+        raise RuntimeError("ResilientMiddleware must run inside an asyncio task")
+    timer = _AttemptTimer(asyncio.get_running_loop(), task, connect_s, read_s)
     send = request.send
-    sent = False
+
+    async def send_then_read(conn: Connection) -> ClientResponse:
+        response = await send(conn)
+        timer.sent()
+        return response
+
+    request.send = send_then_read  # type: ignore[method-assign]
     try:
-        async with asyncio.timeout_at(None if connect_s is None else loop.time() + connect_s) as limit:
-
-            async def send_then_read(conn: Connection) -> ClientResponse:
-                nonlocal sent
-                response = await send(conn)
-                sent = True
-                limit.reschedule(None if read_s is None else loop.time() + read_s)
-                return response
-
-            request.send = send_then_read  # type: ignore[method-assign]
-            try:
-                return await handler(request)
-            finally:
-                del request.send  # back to the class's method
-    except TimeoutError as exc:
-        if not limit.expired():
-            raise  # aiohttp's own (a SocketTimeoutError, say): classified by the caller
-        if sent:
+        return await handler(request)
+    except asyncio.CancelledError as exc:
+        if not timer.stop():
+            raise  # not this attempt's limit: the caller's cancellation
+        if timer.sent_at is not None:
             raise aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {request.url.origin()}") from exc
         raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url.origin()}") from exc
+    finally:
+        timer.stop()  # a no-op after the ``except`` above
+        del request.send  # back to the class's method
 
 
 def _probe_response(request: ClientRequest) -> ClientResponse:
