@@ -56,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from types import CodeType
 from typing import Any, cast
@@ -76,9 +76,10 @@ from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
-from resilience.outcome import Delivery
+from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import Retrier
+from resilience.retry import Retrier, ask_probe_async
+from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
 
 __all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
 
@@ -390,25 +391,6 @@ class ResilientMiddleware:
             replayable=_replayable(request),
         )
 
-        async def attempt(
-            n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]
-        ) -> AttemptResult[ClientResponse]:
-            if n > 0:
-                if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
-                    raise RuntimeError("Session is closed")
-                await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
-            if carrier:
-                request.headers.update(carrier)
-            before = request.response
-            try:
-                response = await _send(handler, request, *timeouts)
-            except _NOT_TRANSIENT:
-                raise
-            except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
-                delivery, kind = _transport_failure(exc, sent=request.response is not before)
-                return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
-            return responded(response, response.status, response.headers.get("Retry-After"))
-
         timer = getattr(request, "_timer", None)  # one per session.request() call, shared by aiohttp's re-runs of it
         given_up = _GIVEN_UP.get()
         if given_up is not None:
@@ -416,7 +398,7 @@ class ResilientMiddleware:
             if timer is not None and given_up[0] is timer:
                 raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
         try:
-            response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
+            response, records = await self._run(spec, request, handler)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
                 _GIVEN_UP.set((timer, exc))
@@ -424,3 +406,54 @@ class ResilientMiddleware:
         response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response
+
+    async def _run(
+        self, spec: CallSpec, request: ClientRequest, handler: ClientHandlerType
+    ) -> tuple[ClientResponse, tuple[AttemptRecord, ...]]:
+        """``Retrier.arun`` for this middleware: the same steps of the core, with the attempt inline (no closure per call)."""
+        retrier = self.retrier
+        asleep: Callable[[float], Awaitable[None]] = getattr(retrier.clock, "asleep", asyncio.sleep)
+        call: RetryCall[ClientResponse] = retrier.begin(spec)
+        try:
+            step: Send | Wait[ClientResponse] | Probe | Return[ClientResponse] | Raise[ClientResponse] = call.next_step()
+            while True:
+                if isinstance(step, Send):
+                    step = call.attempt_done(await _attempt(handler, request, step))
+                elif isinstance(step, Wait):
+                    if step.discard is not None:
+                        await _discard(step.discard)
+                    if step.delay_s > 0:
+                        await asleep(step.delay_s)
+                    step = call.next_step()
+                elif isinstance(step, Probe):
+                    answer = await ask_probe_async(step.probe, step.context)
+                    step = call.probe_answered(answer, lambda: _probe_response(request))
+                else:
+                    if step.discard is not None:
+                        await _discard(step.discard)
+                    if isinstance(step, Return):
+                        return step.response, step.attempts
+                    raise step.error
+        except BaseException as exc:
+            call.abandon(exc)  # a no-op when the call ended on a verdict
+            raise
+
+
+async def _attempt(handler: ClientHandlerType, request: ClientRequest, send: Send) -> AttemptResult[ClientResponse]:
+    """One attempt: ``handler(request)`` under the attempt's timeouts, with its headers; transport errors reported, not raised."""
+    if send.attempt > 0:
+        if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
+            raise RuntimeError("Session is closed")
+        await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
+    if send.headers:
+        request.headers.update(send.headers)
+    before = request.response
+    connect_s, read_s = send.timeouts
+    try:
+        response = await _send(handler, request, connect_s, read_s)
+    except _NOT_TRANSIENT:
+        raise
+    except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
+        delivery, kind = _transport_failure(exc, sent=request.response is not before)
+        return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
+    return responded(response, response.status, response.headers.get("Retry-After"))
