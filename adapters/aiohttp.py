@@ -76,7 +76,7 @@ from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
-from resilience.outcome import AttemptRecord, Delivery
+from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry import Retrier, ask_probe_async
 from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
@@ -211,43 +211,55 @@ async def _discard(response: ClientResponse) -> None:
 class _AttemptTimer:
     """The one timer of a timed attempt: ``connect_s`` until aiohttp has sent the request, then ``read_s`` from then on.
 
-    One ``loop.call_at`` handle, armed at the connect limit; ``sent()`` moves
-    the limit to ``read_s`` from now, and re-arms the handle only when that is
-    earlier than where it is armed (a later limit is checked when the handle
-    fires, which re-arms it). On expiry it cancels the attempt's task, as
-    ``asyncio.timeout`` would, and ``_send`` turns that cancellation into a
-    timeout error (a cancellation from anywhere else stays one).
+    "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
+    and the request written to it): ``arm`` wraps this attempt's ``send`` to
+    move the limit then, so no timer polls. One ``loop.call_at`` handle, armed
+    at the connect limit; sending moves the limit to ``read_s`` from then, and
+    re-arms the handle at once only when that is earlier (a later limit is
+    checked when the handle fires, which re-arms it). On expiry it cancels the
+    attempt's task, as ``asyncio.timeout`` would; ``stop`` takes that
+    cancellation back and says whether it was this timer's (a cancellation from
+    anywhere else stays one), and ``error`` is the aiohttp error to raise then:
+    ``ConnectionTimeoutError`` before sending, ``SocketTimeoutError`` after.
     """
 
-    __slots__ = ("_cancelling", "_handle", "_loop", "_read_s", "_task", "expired", "limit_at", "sent_at")
+    __slots__ = ("_cancelling", "_handle", "_loop", "_read_s", "_send", "_task", "expired", "limit_at", "sent")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], connect_s: float | None, read_s: float | None) -> None:
-        self._loop = loop
-        self._task = task
+    def __init__(self, request: ClientRequest, connect_s: float | None, read_s: float | None) -> None:
+        task = asyncio.current_task()
+        if task is None:  # a middleware always runs in a task; nothing to cancel on expiry otherwise
+            raise RuntimeError("ResilientMiddleware must run inside an asyncio task")
+        self._loop = loop = task.get_loop()
+        self._task: asyncio.Task[Any] | None = task
         self._read_s = read_s
         self._cancelling = task.cancelling()
         self.expired = False
-        self.sent_at: float | None = None
+        self.sent = False
         self.limit_at = None if connect_s is None else loop.time() + connect_s
         """The loop time at which the attempt times out now (None: no limit)."""
         self._handle = None if self.limit_at is None else loop.call_at(self.limit_at, self._fire)
+        self._send = request.send
+        request.send = self._send_then_read  # type: ignore[method-assign]
 
-    def sent(self) -> None:
-        """The request was written: from now on the read limit applies."""
-        now = self._loop.time()
-        self.sent_at = now
-        self.limit_at = None if self._read_s is None else now + self._read_s
+    async def _send_then_read(self, conn: Connection) -> ClientResponse:
+        response = await self._send(conn)
+        self._on_sent()
+        return response
+
+    def _on_sent(self) -> None:
+        self.sent = True
+        self.limit_at = None if self._read_s is None else self._loop.time() + self._read_s
         handle = self._handle
         if handle is not None and (self.limit_at is None or self.limit_at < handle.when()):
             handle.cancel()
-            self._handle = None
-        if self._handle is None and self.limit_at is not None:
+            self._handle = handle = None
+        if handle is None and self.limit_at is not None:
             self._handle = self._loop.call_at(self.limit_at, self._fire)
 
     def _fire(self) -> None:
         handle, self._handle = self._handle, None
         limit = self.limit_at
-        if limit is None:
+        if limit is None or self._task is None:
             return
         if handle is not None and limit > handle.when():  # the limit moved later when the request was sent
             self._handle = self._loop.call_at(limit, self._fire)
@@ -255,53 +267,28 @@ class _AttemptTimer:
         self.expired = True
         self._task.cancel()
 
-    def stop(self) -> bool:
-        """Disarm, once; True when the timer cancelled the task and no other cancellation is pending (a timeout then).
+    def stop(self, request: ClientRequest) -> bool:
+        """Disarm and give ``request`` its own ``send`` back, once; True when this timer cancelled the task (a timeout).
 
-        A timer that fired takes its cancellation back (``uncancel``), as ``asyncio.timeout`` does on exit.
+        A timer that fired takes its cancellation back (``uncancel``), as
+        ``asyncio.timeout`` does on exit; True only when no other
+        cancellation of the task is pending.
         """
+        task = self._task
+        if task is None:
+            return False
+        self._task = None
+        del request.send  # back to the class's method
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        if not self.expired:
-            return False
-        self.expired = False
-        return self._task.uncancel() <= self._cancelling
+        return self.expired and task.uncancel() <= self._cancelling
 
-
-async def _send(handler: ClientHandlerType, request: ClientRequest, connect_s: float | None, read_s: float | None) -> ClientResponse:
-    """``handler(request)`` bounded by ``connect_s`` until the request is sent, then by ``read_s``.
-
-    "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
-    and the request written to it): this attempt's ``send`` is wrapped to move
-    the limit then, so no timer polls. Raises aiohttp's
-    ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
-    """
-    if connect_s is None and read_s is None:
-        return await handler(request)
-    task = asyncio.current_task()
-    if task is None:  # not in a task (no middleware runs so): nothing to cancel on expiry
-        raise RuntimeError("ResilientMiddleware must run inside an asyncio task")
-    timer = _AttemptTimer(asyncio.get_running_loop(), task, connect_s, read_s)
-    send = request.send
-
-    async def send_then_read(conn: Connection) -> ClientResponse:
-        response = await send(conn)
-        timer.sent()
-        return response
-
-    request.send = send_then_read  # type: ignore[method-assign]
-    try:
-        return await handler(request)
-    except asyncio.CancelledError as exc:
-        if not timer.stop():
-            raise  # not this attempt's limit: the caller's cancellation
-        if timer.sent_at is not None:
-            raise aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {request.url.origin()}") from exc
-        raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url.origin()}") from exc
-    finally:
-        timer.stop()  # a no-op after the ``except`` above
-        del request.send  # back to the class's method
+    def error(self, request: ClientRequest) -> aiohttp.ServerTimeoutError:
+        """What aiohttp raises for this limit: a read timeout once sent, a connection timeout before."""
+        if self.sent:
+            return aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {request.url.origin()}")
+        return aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url.origin()}")
 
 
 def _probe_response(request: ClientRequest) -> ClientResponse:
@@ -397,50 +384,49 @@ class ResilientMiddleware:
             _GIVEN_UP.set(None)
             if timer is not None and given_up[0] is timer:
                 raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
-        try:
-            response, records = await self._run(spec, request, handler)
+        retrier = self.retrier
+        asleep: Callable[[float], Awaitable[None]] = getattr(retrier.clock, "asleep", asyncio.sleep)
+        call: RetryCall[ClientResponse] = retrier.begin(spec)
+        try:  # the steps of the core, as ``Retrier.arun`` takes them, with the attempt inline (no closure per call)
+            try:
+                step: Send | Wait[ClientResponse] | Probe | Return[ClientResponse] | Raise[ClientResponse] = call.next_step()
+                while True:
+                    if isinstance(step, Send):
+                        step = call.attempt_done(await _attempt(handler, request, step))
+                    elif isinstance(step, Wait):
+                        if step.discard is not None:
+                            await _discard(step.discard)
+                        if step.delay_s > 0:
+                            await asleep(step.delay_s)
+                        step = call.next_step()
+                    elif isinstance(step, Probe):
+                        answer = await ask_probe_async(step.probe, step.context)
+                        step = call.probe_answered(answer, lambda: _probe_response(request))
+                    else:
+                        if step.discard is not None:
+                            await _discard(step.discard)
+                        if isinstance(step, Return):
+                            break
+                        raise step.error
+            except BaseException as exc:
+                call.abandon(exc)  # a no-op when the call ended on a verdict
+                raise
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
                 _GIVEN_UP.set((timer, exc))
             raise
-        response.attempts = records  # type: ignore[attr-defined]
+        response = step.response
+        response.attempts = step.attempts  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response
 
-    async def _run(
-        self, spec: CallSpec, request: ClientRequest, handler: ClientHandlerType
-    ) -> tuple[ClientResponse, tuple[AttemptRecord, ...]]:
-        """``Retrier.arun`` for this middleware: the same steps of the core, with the attempt inline (no closure per call)."""
-        retrier = self.retrier
-        asleep: Callable[[float], Awaitable[None]] = getattr(retrier.clock, "asleep", asyncio.sleep)
-        call: RetryCall[ClientResponse] = retrier.begin(spec)
-        try:
-            step: Send | Wait[ClientResponse] | Probe | Return[ClientResponse] | Raise[ClientResponse] = call.next_step()
-            while True:
-                if isinstance(step, Send):
-                    step = call.attempt_done(await _attempt(handler, request, step))
-                elif isinstance(step, Wait):
-                    if step.discard is not None:
-                        await _discard(step.discard)
-                    if step.delay_s > 0:
-                        await asleep(step.delay_s)
-                    step = call.next_step()
-                elif isinstance(step, Probe):
-                    answer = await ask_probe_async(step.probe, step.context)
-                    step = call.probe_answered(answer, lambda: _probe_response(request))
-                else:
-                    if step.discard is not None:
-                        await _discard(step.discard)
-                    if isinstance(step, Return):
-                        return step.response, step.attempts
-                    raise step.error
-        except BaseException as exc:
-            call.abandon(exc)  # a no-op when the call ended on a verdict
-            raise
-
 
 async def _attempt(handler: ClientHandlerType, request: ClientRequest, send: Send) -> AttemptResult[ClientResponse]:
-    """One attempt: ``handler(request)`` under the attempt's timeouts, with its headers; transport errors reported, not raised."""
+    """One attempt: ``handler(request)`` bounded by the attempt's (connect, read) timeouts (see ``_AttemptTimer``), with its headers.
+
+    Transport errors are reported, not raised; a limit that ends the attempt
+    is aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
+    """
     if send.attempt > 0:
         if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
             raise RuntimeError("Session is closed")
@@ -449,8 +435,20 @@ async def _attempt(handler: ClientHandlerType, request: ClientRequest, send: Sen
         request.headers.update(send.headers)
     before = request.response
     connect_s, read_s = send.timeouts
+    timer = None if connect_s is None and read_s is None else _AttemptTimer(request, connect_s, read_s)
     try:
-        response = await _send(handler, request, connect_s, read_s)
+        try:
+            response = await handler(request)
+        except (asyncio.CancelledError, TimeoutError) as exc:
+            if timer is None:
+                raise
+            ours = timer.stop(request)
+            if not timer.expired or (isinstance(exc, asyncio.CancelledError) and not ours):
+                raise  # not this attempt's limit: the caller's cancellation, or aiohttp's own timeout
+            raise timer.error(request) from exc
+        finally:
+            if timer is not None:
+                timer.stop(request)  # a no-op after the ``except`` above
     except _NOT_TRANSIENT:
         raise
     except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
