@@ -127,7 +127,7 @@ class RetryCall(Generic[R]):
     clock: Clock
     rng: Callable[[], float]
     errors: ErrorTypes
-    call_id: int = 0
+    call_id: int = field(default_factory=lambda: next(_call_ids))
     started: float = 0.0
     records: list[AttemptRecord] = field(default_factory=list)
     last: AttemptResult[R] | None = None
