@@ -110,7 +110,7 @@ def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadlin
     if seconds is None and spec.request_timeout is not None:
         parts = [t for t in spec.request_timeout if t is not None]
         seconds = sum(parts) if parts else None
-    own = Deadline(seconds, clock=clock).cap(outer_left)
+    own = Deadline(seconds, clock=clock)._cap_own(outer_left)  # one object per deadline: a call builds these on every request
     if spec.match.explicit or spec.request_timeout is None:
         return own, own
-    return Deadline(None, clock=clock).cap(outer_left), own
+    return Deadline(None, clock=clock)._cap_own(outer_left), own
