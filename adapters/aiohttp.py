@@ -56,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from types import CodeType
 from typing import Any, cast
@@ -78,7 +78,8 @@ from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import Retrier
+from resilience.retry import Retrier, ask_probe_async
+from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
 
 __all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
 
@@ -207,40 +208,87 @@ async def _discard(response: ClientResponse) -> None:
         response.release()
 
 
-async def _send(handler: ClientHandlerType, request: ClientRequest, connect_s: float | None, read_s: float | None) -> ClientResponse:
-    """``handler(request)`` bounded by ``connect_s`` until the request is sent, then by ``read_s``.
+class _AttemptTimer:
+    """The one timer of a timed attempt: ``connect_s`` until aiohttp has sent the request, then ``read_s`` from then on.
 
     "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
-    and the request written to it): this attempt's ``send`` is wrapped to move
-    the limit then, so no timer polls. Raises aiohttp's
-    ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
+    and the request written to it): ``arm`` wraps this attempt's ``send`` to
+    move the limit then, so no timer polls. One ``loop.call_at`` handle, armed
+    at the connect limit; sending moves the limit to ``read_s`` from then, and
+    re-arms the handle at once only when that is earlier (a later limit is
+    checked when the handle fires, which re-arms it). On expiry it cancels the
+    attempt's task, as ``asyncio.timeout`` would; ``stop`` takes that
+    cancellation back and says whether it was this timer's (a cancellation from
+    anywhere else stays one), and ``error`` is the aiohttp error to raise then:
+    ``ConnectionTimeoutError`` before sending, ``SocketTimeoutError`` after.
     """
-    if connect_s is None and read_s is None:
-        return await handler(request)
-    loop = asyncio.get_running_loop()
-    send = request.send
-    sent = False
-    try:
-        async with asyncio.timeout_at(None if connect_s is None else loop.time() + connect_s) as limit:
 
-            async def send_then_read(conn: Connection) -> ClientResponse:
-                nonlocal sent
-                response = await send(conn)
-                sent = True
-                limit.reschedule(None if read_s is None else loop.time() + read_s)
-                return response
+    __slots__ = ("_cancelling", "_handle", "_loop", "_read_s", "_send", "_task", "expired", "limit_at", "sent")
 
-            request.send = send_then_read  # type: ignore[method-assign]
-            try:
-                return await handler(request)
-            finally:
-                del request.send  # back to the class's method
-    except TimeoutError as exc:
-        if not limit.expired():
-            raise  # aiohttp's own (a SocketTimeoutError, say): classified by the caller
-        if sent:
-            raise aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {request.url.origin()}") from exc
-        raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url.origin()}") from exc
+    def __init__(self, request: ClientRequest, connect_s: float | None, read_s: float | None) -> None:
+        task = asyncio.current_task()
+        if task is None:  # a middleware always runs in a task; nothing to cancel on expiry otherwise
+            raise RuntimeError("ResilientMiddleware must run inside an asyncio task")
+        self._loop = loop = task.get_loop()
+        self._task: asyncio.Task[Any] | None = task
+        self._read_s = read_s
+        self._cancelling = task.cancelling()
+        self.expired = False
+        self.sent = False
+        self.limit_at = None if connect_s is None else loop.time() + connect_s
+        """The loop time at which the attempt times out now (None: no limit)."""
+        self._handle = None if self.limit_at is None else loop.call_at(self.limit_at, self._fire)
+        self._send = request.send
+        request.send = self._send_then_read  # type: ignore[method-assign]
+
+    async def _send_then_read(self, conn: Connection) -> ClientResponse:
+        response = await self._send(conn)
+        self._on_sent()
+        return response
+
+    def _on_sent(self) -> None:
+        self.sent = True
+        self.limit_at = None if self._read_s is None else self._loop.time() + self._read_s
+        handle = self._handle
+        if handle is not None and (self.limit_at is None or self.limit_at < handle.when()):
+            handle.cancel()
+            self._handle = handle = None
+        if handle is None and self.limit_at is not None:
+            self._handle = self._loop.call_at(self.limit_at, self._fire)
+
+    def _fire(self) -> None:
+        handle, self._handle = self._handle, None
+        limit = self.limit_at
+        if limit is None or self._task is None:
+            return
+        if handle is not None and limit > handle.when():  # the limit moved later when the request was sent
+            self._handle = self._loop.call_at(limit, self._fire)
+            return
+        self.expired = True
+        self._task.cancel()
+
+    def stop(self, request: ClientRequest) -> bool:
+        """Disarm and give ``request`` its own ``send`` back, once; True when this timer cancelled the task (a timeout).
+
+        A timer that fired takes its cancellation back (``uncancel``), as
+        ``asyncio.timeout`` does on exit; True only when no other
+        cancellation of the task is pending.
+        """
+        task = self._task
+        if task is None:
+            return False
+        self._task = None
+        del request.send  # back to the class's method
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        return self.expired and task.uncancel() <= self._cancelling
+
+    def error(self, request: ClientRequest) -> aiohttp.ServerTimeoutError:
+        """What aiohttp raises for this limit: a read timeout once sent, a connection timeout before."""
+        if self.sent:
+            return aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {request.url.origin()}")
+        return aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url.origin()}")
 
 
 def _probe_response(request: ClientRequest) -> ClientResponse:
@@ -330,37 +378,80 @@ class ResilientMiddleware:
             replayable=_replayable(request),
         )
 
-        async def attempt(
-            n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]
-        ) -> AttemptResult[ClientResponse]:
-            if n > 0:
-                if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
-                    raise RuntimeError("Session is closed")
-                await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
-            if carrier:
-                request.headers.update(carrier)
-            before = request.response
-            try:
-                response = await _send(handler, request, *timeouts)
-            except _NOT_TRANSIENT:
-                raise
-            except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
-                delivery, kind = _transport_failure(exc, sent=request.response is not before)
-                return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
-            return responded(response, response.status, response.headers.get("Retry-After"))
-
         timer = getattr(request, "_timer", None)  # one per session.request() call, shared by aiohttp's re-runs of it
         given_up = _GIVEN_UP.get()
         if given_up is not None:
             _GIVEN_UP.set(None)
             if timer is not None and given_up[0] is timer:
                 raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
-        try:
-            response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=lambda: _probe_response(request))
+        retrier = self.retrier
+        asleep: Callable[[float], Awaitable[None]] = getattr(retrier.clock, "asleep", asyncio.sleep)
+        call: RetryCall[ClientResponse] = retrier.begin(spec)
+        try:  # the steps of the core, as ``Retrier.arun`` takes them, with the attempt inline (no closure per call)
+            try:
+                step: Send | Wait[ClientResponse] | Probe | Return[ClientResponse] | Raise[ClientResponse] = call.next_step()
+                while True:
+                    if isinstance(step, Send):
+                        step = call.attempt_done(await _attempt(handler, request, step))
+                    elif isinstance(step, Wait):
+                        if step.discard is not None:
+                            await _discard(step.discard)
+                        if step.delay_s > 0:
+                            await asleep(step.delay_s)
+                        step = call.next_step()
+                    elif isinstance(step, Probe):
+                        answer = await ask_probe_async(step.probe, step.context)
+                        step = call.probe_answered(answer, lambda: _probe_response(request))
+                    else:
+                        if step.discard is not None:
+                            await _discard(step.discard)
+                        if isinstance(step, Return):
+                            break
+                        raise step.error
+            except BaseException as exc:
+                call.abandon(exc)  # a no-op when the call ended on a verdict
+                raise
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
                 _GIVEN_UP.set((timer, exc))
             raise
-        response.attempts = records  # type: ignore[attr-defined]
+        response = step.response
+        response.attempts = step.attempts  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response
+
+
+async def _attempt(handler: ClientHandlerType, request: ClientRequest, send: Send) -> AttemptResult[ClientResponse]:
+    """One attempt: ``handler(request)`` bounded by the attempt's (connect, read) timeouts (see ``_AttemptTimer``), with its headers.
+
+    Transport errors are reported, not raised; a limit that ends the attempt
+    is aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
+    """
+    if send.attempt > 0:
+        if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
+            raise RuntimeError("Session is closed")
+        await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
+    if send.headers:
+        request.headers.update(send.headers)
+    before = request.response
+    connect_s, read_s = send.timeouts
+    timer = None if connect_s is None and read_s is None else _AttemptTimer(request, connect_s, read_s)
+    try:
+        try:
+            response = await handler(request)
+        except (asyncio.CancelledError, TimeoutError) as exc:
+            if timer is None:
+                raise
+            ours = timer.stop(request)
+            if not timer.expired or (isinstance(exc, asyncio.CancelledError) and not ours):
+                raise  # not this attempt's limit: the caller's cancellation, or aiohttp's own timeout
+            raise timer.error(request) from exc
+        finally:
+            if timer is not None:
+                timer.stop(request)  # a no-op after the ``except`` above
+    except _NOT_TRANSIENT:
+        raise
+    except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
+        delivery, kind = _transport_failure(exc, sent=request.response is not before)
+        return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
+    return responded(response, response.status, response.headers.get("Retry-After"))

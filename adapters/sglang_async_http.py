@@ -117,8 +117,9 @@ class AiohttpRequester:
 
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         async with self.session.request(call.method, url, json=call.body, params=call.params, headers=headers) as response:
-            reply = _AiohttpReply(response)
-            return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response)
+            # what ``_AiohttpReply`` reads, without building one: no response on the answer (it cannot be pickled)
+            attempts = _attempt_count(getattr(response, "attempts", None))
+            return Answer(call.endpoint, response.status, await response.text(errors="replace"), attempts, None)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:

@@ -128,6 +128,8 @@ class CircuitBreaker:
         self._half_open_in_flight = 0
         self._half_open_ok = 0
         self._epoch = 0
+        self._closed_permit = Permit(0, probe=False)
+        """The permit of every call let in during the current period while closed (one object per period)."""
 
     @property
     def state(self) -> BreakerState:
@@ -165,7 +167,7 @@ class CircuitBreaker:
             if permit is not None and permit.epoch == self._epoch:
                 granted = permit
             elif self._state is BreakerState.CLOSED:
-                granted = Permit(self._epoch, probe=False)
+                granted = self._closed_permit
             elif self._state is BreakerState.OPEN:
                 granted = None
             elif self._half_open_in_flight < self.config.half_open_max_calls:
@@ -181,7 +183,7 @@ class CircuitBreaker:
 
     def record_success(self, permit: Permit | None = None) -> None:
         """Count a success (of the call holding ``permit``; a stale permit counts nothing)."""
-        pending: list[BreakerTransitioned] = []
+        event: BreakerTransitioned | None = None
         with self._lock:
             if self._stale(permit):
                 pass
@@ -189,11 +191,12 @@ class CircuitBreaker:
                 self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
                 self._half_open_ok += 1
                 if self._half_open_ok >= self.config.half_open_successes:
-                    pending.append(self._move(BreakerState.CLOSED, "half-open probes succeeded"))
+                    event = self._move(BreakerState.CLOSED, "half-open probes succeeded")
             else:
                 self._consecutive = 0
                 self._window.append(True)
-        self._announce(pending)
+        if event is not None:
+            self._announce((event,))
 
     def record_failure(self, permit: Permit | None = None) -> None:
         """Count a failure (transport error or retryable status; a stale ``permit`` counts nothing)."""
@@ -223,10 +226,10 @@ class CircuitBreaker:
             if self._state is BreakerState.HALF_OPEN and not self._stale(permit) and (permit is None or permit.probe):
                 self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
 
-    def _maybe_half_open(self) -> list[BreakerTransitioned]:
+    def _maybe_half_open(self) -> Sequence[BreakerTransitioned]:
         if self._state is BreakerState.OPEN and self._clock.monotonic() - self._opened_at >= self.config.open_seconds:
             return [self._move(BreakerState.HALF_OPEN, "open wait elapsed")]
-        return []
+        return ()
 
     def _move(self, to: BreakerState, reason: str) -> BreakerTransitioned:
         if (self._state, to) not in _ALLOWED:
@@ -234,6 +237,7 @@ class CircuitBreaker:
         event = BreakerTransitioned(engine=self.name, from_state=str(self._state), to_state=str(to), reason=reason)
         self._state = to
         self._epoch += 1
+        self._closed_permit = Permit(self._epoch, probe=False)
         if to is BreakerState.OPEN:
             self._opened_at = self._clock.monotonic()
         elif to is BreakerState.HALF_OPEN:
@@ -244,7 +248,7 @@ class CircuitBreaker:
             self._window.clear()
         return event
 
-    def _announce(self, events: list[BreakerTransitioned]) -> None:
+    def _announce(self, events: Sequence[BreakerTransitioned]) -> None:
         for event in events:
             emit(self._observers, event)
 

@@ -77,20 +77,22 @@ def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
     The explicit table entry's ``attempt_timeout_s`` when set, else the
     caller's own timeout, else the default policy's. None = no limit.
     """
-    policy = spec.match.policy
-    limit = policy.attempt_timeout_s
-    if spec.match.explicit and limit is not None:
-        pair: Timeouts = (limit, limit)
+    match = spec.match
+    limit = match.policy.attempt_timeout_s
+    if match.template != "*" and limit is not None:  # an explicit entry's own limit
+        connect: float | None = limit
+        read: float | None = limit
     elif spec.request_timeout is not None:
-        pair = spec.request_timeout
+        connect, read = spec.request_timeout
     else:
-        pair = (limit, limit)
+        connect = read = limit
+    return _capped(connect, cap_s), _capped(read, cap_s)
 
-    def capped(value: float | None) -> float | None:
-        bound = min(math.inf if value is None else value, cap_s)
-        return None if math.isinf(bound) else bound
 
-    return capped(pair[0]), capped(pair[1])
+def _capped(value: float | None, cap_s: float) -> float | None:
+    """``value`` (None = no limit) at most ``cap_s``; None when both are unbounded."""
+    bound = cap_s if value is None or cap_s < value else value
+    return None if bound == math.inf else bound
 
 
 def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadline, Deadline]:
@@ -108,7 +110,7 @@ def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadlin
     if seconds is None and spec.request_timeout is not None:
         parts = [t for t in spec.request_timeout if t is not None]
         seconds = sum(parts) if parts else None
-    own = Deadline(seconds, clock=clock).cap(outer_left)
+    own = Deadline(seconds, clock=clock)._cap_own(outer_left)  # one object per deadline: a call builds these on every request
     if spec.match.explicit or spec.request_timeout is None:
         return own, own
-    return Deadline(None, clock=clock).cap(outer_left), own
+    return Deadline(None, clock=clock)._cap_own(outer_left), own

@@ -66,6 +66,12 @@ class Deadline:
             return self
         return Deadline._at(min(self._expires_at, self._clock.monotonic() + seconds), self._clock)
 
+    def _cap_own(self, seconds: float | None) -> Deadline:
+        """``cap`` without a new object, for a deadline its caller just built and nobody else holds yet."""
+        if seconds is not None:
+            self._expires_at = min(self._expires_at, self._clock.monotonic() + seconds)
+        return self
+
     def child(self, seconds: float | None) -> Deadline:
         """A deadline of ``seconds`` from now, never later than this one (alias of ``cap``)."""
         return self.cap(seconds)

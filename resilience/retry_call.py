@@ -108,12 +108,6 @@ Step = Send | Raise[R]
 """What ``next_step`` answers."""
 
 
-@dataclass(slots=True)
-class _InFlight:
-    attempt: int
-    started: float
-
-
 @dataclass(slots=True, eq=False)
 class RetryCall(Generic[R]):
     """One logical call's state; build it with ``Retrier.begin(spec)``.
@@ -139,7 +133,10 @@ class RetryCall(Generic[R]):
     last: AttemptResult[R] | None = None
     permit: Permit | None = None
     ended: bool = False
-    _in_flight: _InFlight | None = None
+    _in_flight: bool = False
+    """An attempt asked for by ``next_step`` has not been reported yet."""
+    _flight_started: float = 0.0
+    """When that attempt started (clock reading)."""
     _next: int = 0
     _released: bool = False
     """The last response was already handed out for release (in a ``Wait``)."""
@@ -158,7 +155,7 @@ class RetryCall(Generic[R]):
     ) -> RetryCall[R]:
         """Start the call: its deadlines, a deposit in the budget, ``CallStarted``."""
         hard, window = call_deadlines(spec, clock)
-        call: RetryCall[R] = cls(spec, hard, window, breaker, budget, observers, clock, rng, errors, started=clock.monotonic())
+        call: RetryCall[R] = cls(spec, hard, window, breaker, budget, observers, clock, rng, errors, next(_call_ids), clock.monotonic())
         if observers:
             emit(
                 observers,
@@ -189,7 +186,8 @@ class RetryCall(Generic[R]):
     def next_step(self) -> Step[R]:
         """Before each attempt: time left and the breaker's admission, then the attempt's timeouts and headers."""
         spec = self.spec
-        if self.hard.remaining() <= 0:
+        left = self.hard.remaining()
+        if left <= 0:
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, "deadline exceeded before attempt")
         if self.breaker is not None:
             permit = self.breaker.admit(self.permit)
@@ -200,7 +198,7 @@ class RetryCall(Generic[R]):
                 return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message)
             self.permit = permit
         n = self._next
-        timeouts = attempt_timeouts(spec, self.hard.remaining())
+        timeouts = attempt_timeouts(spec, left if self.breaker is None else self.hard.remaining())
         carrier: dict[str, str] = {}
         if self.observers:
             emit(
@@ -217,18 +215,18 @@ class RetryCall(Generic[R]):
                     carrier=carrier,
                 ),
             )
-        self._in_flight = _InFlight(n, self.clock.monotonic())
+        self._in_flight = True
+        self._flight_started = self.clock.monotonic()
         return Send(n, timeouts, carrier)
 
     def attempt_done(self, result: AttemptResult[R]) -> Decision[R]:
         """What the transport saw on the attempt ``next_step`` asked for: classified, recorded, announced, decided."""
-        flight = self._in_flight
-        if flight is None:
+        if not self._in_flight:
             raise RuntimeError("attempt_done() without a Send from next_step()")
-        self._in_flight = None
+        self._in_flight = False
         spec = self.spec
-        n = flight.attempt
-        duration = self.clock.monotonic() - flight.started
+        n = self._next
+        duration = self.clock.monotonic() - self._flight_started
         outcome = classify(spec.match.policy, status=result.status, delivery=result.delivery, retry_after=result.retry_after)
         error_type = type(result.error).__qualname__ if result.error is not None else None
         if self.observers:
@@ -297,13 +295,10 @@ class RetryCall(Generic[R]):
         failed but neutral for the breaker (its slot goes back). A no-op on a
         call already ended.
         """
-        flight = self._in_flight
-        if flight is not None:
-            self._in_flight = None
-            duration = self.clock.monotonic() - flight.started
-            self.records.append(
-                AttemptRecord(flight.attempt, None, Outcome.FATAL, Delivery.MAYBE_APPLIED, type(exc).__qualname__, duration)
-            )
+        if self._in_flight:
+            self._in_flight = False
+            duration = self.clock.monotonic() - self._flight_started
+            self.records.append(AttemptRecord(self._next, None, Outcome.FATAL, Delivery.MAYBE_APPLIED, type(exc).__qualname__, duration))
         if not self.ended:
             self._end(CallOutcome.FAILED, type(exc).__qualname__, neutral=True)
 

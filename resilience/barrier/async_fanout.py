@@ -145,7 +145,10 @@ class PhaseRun:
         self.method = method
         self.deadline = deadline
         self.calls = [_Call(engine, method, kwargs) for engine, kwargs in calls]
-        self.tasks = [asyncio.create_task(_invoke(c, deadline, gate), name=f"cpr-{method}-{c.name}") for c in self.calls]
+        self.tasks = [
+            asyncio.create_task(_invoke_now(c, deadline) if gate is None else _invoke(c, deadline, gate), name=f"cpr-{method}-{c.name}")
+            for c in self.calls
+        ]
 
     async def wait(self) -> None:
         """Until every call answered or the phase deadline passed (the tasks are never cancelled by this)."""

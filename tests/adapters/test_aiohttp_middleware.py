@@ -446,6 +446,19 @@ async def test_entry_attempt_timeout_beats_a_longer_session_timeout() -> None:
 
 
 @pytest.mark.asyncio
+async def test_read_limit_runs_from_sending_not_from_the_connect_limit() -> None:
+    """Once sent, an attempt waits ``sock_read`` from then on, past where the shorter connect limit would have ended it."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=1), attempt_timeout_s=None, deadline_s=None)
+    async with serve(Late(0.3, 200, b"ok")) as srv:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=0.1, sock_read=LONG_TIMEOUT)
+        async with session(ResilientMiddleware(table(GET__state=policy)), timeout=timeout) as s, asyncio.timeout(2 * LONG_TIMEOUT):
+            async with s.get(f"{srv.url}/state") as r:
+                assert await r.text() == "ok"
+                assert len(r.attempts) == 1  # type: ignore[attr-defined]
+        assert srv.count == 1
+
+
+@pytest.mark.asyncio
 async def test_connect_that_never_completes_is_not_sent_and_retried_until_the_deadline() -> None:
     """A connection never accepted times out before sending: NOT_SENT (even for a POST), retried, then aiohttp's own error."""
     policy = EndpointPolicy(
