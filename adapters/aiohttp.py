@@ -56,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from contextvars import ContextVar
 from types import CodeType
 from typing import Any, cast
@@ -72,14 +72,13 @@ from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters.requests import engine_of
 from resilience.breaker import BreakerConfig
 from resilience.budget import RetryBudgetConfig
-from resilience.call import AttemptResult, CallSpec, responded
+from resilience.call import AttemptResult, CallSpec, Timeouts, responded
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import Retrier, ask_probe_async
-from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
+from resilience.retry import Retrier
 
 __all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
 
@@ -384,57 +383,35 @@ class ResilientMiddleware:
             _GIVEN_UP.set(None)
             if timer is not None and given_up[0] is timer:
                 raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
-        retrier = self.retrier
-        asleep: Callable[[float], Awaitable[None]] = getattr(retrier.clock, "asleep", asyncio.sleep)
-        call: RetryCall[ClientResponse] = retrier.begin(spec)
-        try:  # the steps of the core, as ``Retrier.arun`` takes them, with the attempt inline (no closure per call)
-            try:
-                step: Send | Wait[ClientResponse] | Probe | Return[ClientResponse] | Raise[ClientResponse] = call.next_step()
-                while True:
-                    if isinstance(step, Send):
-                        step = call.attempt_done(await _attempt(handler, request, step))
-                    elif isinstance(step, Wait):
-                        if step.discard is not None:
-                            await _discard(step.discard)
-                        if step.delay_s > 0:
-                            await asleep(step.delay_s)
-                        step = call.next_step()
-                    elif isinstance(step, Probe):
-                        answer = await ask_probe_async(step.probe, step.context)
-                        step = call.probe_answered(answer, lambda: _probe_response(request))
-                    else:
-                        if step.discard is not None:
-                            await _discard(step.discard)
-                        if isinstance(step, Return):
-                            break
-                        raise step.error
-            except BaseException as exc:
-                call.abandon(exc)  # a no-op when the call ended on a verdict
-                raise
+        try:
+            attempt = functools.partial(_attempt, handler, request)
+            probe_done = functools.partial(_probe_response, request)
+            response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=probe_done)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
                 _GIVEN_UP.set((timer, exc))
             raise
-        response = step.response
-        response.attempts = step.attempts  # type: ignore[attr-defined]
+        response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response
 
 
-async def _attempt(handler: ClientHandlerType, request: ClientRequest, send: Send) -> AttemptResult[ClientResponse]:
+async def _attempt(
+    handler: ClientHandlerType, request: ClientRequest, n: int, timeouts: Timeouts, headers: MutableMapping[str, str]
+) -> AttemptResult[ClientResponse]:
     """One attempt: ``handler(request)`` bounded by the attempt's (connect, read) timeouts (see ``_AttemptTimer``), with its headers.
 
     Transport errors are reported, not raised; a limit that ends the attempt
     is aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
     """
-    if send.attempt > 0:
+    if n > 0:
         if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
             raise RuntimeError("Session is closed")
         await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
-    if send.headers:
-        request.headers.update(send.headers)
+    if headers:
+        request.headers.update(headers)
     before = request.response
-    connect_s, read_s = send.timeouts
+    connect_s, read_s = timeouts
     timer = None if connect_s is None and read_s is None else _AttemptTimer(request, connect_s, read_s)
     try:
         try:
