@@ -210,7 +210,7 @@ class Retrier:
                         await asleep(step.delay_s)
                     step = call.next_step()
                 elif isinstance(step, Probe):
-                    answer = await ask_probe_async(step.probe, step.context)
+                    answer = await _ask_probe_async(step.probe, step.context)
                     step = call.probe_answered(answer, on_probe_done)
                 else:
                     if step.discard is not None:
@@ -236,7 +236,7 @@ def _ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> o
     return answer
 
 
-async def ask_probe_async(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
+async def _ask_probe_async(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
     """The probe's answer on an event loop: a coroutine probe awaited, a sync one in a worker thread; a failing one: unknown."""
     try:
         if inspect.iscoroutinefunction(probe):
