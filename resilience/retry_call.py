@@ -188,6 +188,13 @@ class RetryCall(Generic[R]):
         spec = self.spec
         left = self.hard.remaining()
         if left <= 0:
+            last = self.last
+            if last is not None and last.delivery is Delivery.NOT_SENT and last.error is not None:
+                # A backoff after a refusal that overslept the deadline (a busy machine): end as when the wait did
+                # not fit (``_next_delay``), so a refusal stays a connection error, whatever the scheduler did.
+                refusal = self._exhaust(_reason(last))
+                assert isinstance(refusal, Raise)  # no response to hand back: the refusal itself is raised
+                return refusal
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, "deadline exceeded before attempt")
         if self.breaker is not None:
             permit = self.breaker.admit(self.permit)

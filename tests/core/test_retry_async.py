@@ -86,6 +86,27 @@ def test_retry_call_asks_the_probe_and_takes_its_answer() -> None:
     assert isinstance(end, Raise) and isinstance(end.error, resilience.AmbiguousOutcome)
 
 
+@pytest.mark.parametrize("first", ["refused", "502"])
+def test_a_backoff_that_oversleeps_the_deadline_ends_as_a_wait_that_did_not_fit(first: str) -> None:
+    """A busy machine sleeps past the deadline: a refusal still ends as the transport's own error with its attempts,
+    a 502 as DeadlineExceeded, the same endings as when the next wait does not fit (CI once saw a refusal end as
+    "deadline exceeded before attempt")."""
+    clock = FakeClock()
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.1), attempt_timeout_s=1.0, deadline_s=1.0)
+    call = Retrier(clock=clock).begin(spec(policy, "GET"))
+    assert isinstance(call.next_step(), Send)
+    first_result = refused() if first == "refused" else status(502)
+    wait = call.attempt_done(first_result)
+    assert isinstance(wait, Wait) and 0 < wait.delay_s < 1.0
+    clock.advance(1.5)  # the backoff sleep ran past the deadline
+    end = call.next_step()
+    assert isinstance(end, Raise) and call.ended
+    if first == "refused":
+        assert end.error is first_result.error and len(end.error.attempts) == 1  # type: ignore[attr-defined]
+    else:
+        assert isinstance(end.error, DeadlineExceeded) and "before attempt" in str(end.error)
+
+
 def test_attempt_done_without_a_send_is_refused() -> None:
     call = Retrier(clock=FakeClock()).begin(spec(EndpointPolicy()))
     with pytest.raises(RuntimeError, match="without a Send"):
