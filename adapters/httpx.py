@@ -48,12 +48,12 @@ from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.requests import engine_of
 from resilience.breaker import BreakerConfig
 from resilience.budget import RetryBudgetConfig
-from resilience.call import AttemptResult, CallSpec, responded
+from resilience.call import RETRY_AFTER_STATUSES, AttemptResult, CallSpec, responded
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
-from resilience.policy import PolicyTable
+from resilience.policy import EndpointMatch, PolicyTable
 from resilience.retry import Retrier
 
 __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
@@ -61,6 +61,10 @@ __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "t
 _DEFAULT_BREAKER = BreakerConfig()
 _DEFAULT_BUDGET = RetryBudgetConfig()
 Timeouts = tuple[float | None, float | None]
+_Route = tuple[str, EndpointMatch, str, str, int]
+"""(method, policy match, engine, server address, server port) of a request's method and URL."""
+_ROUTE_CACHE_SIZE = 1024
+"""Routes each transport remembers (URLs with ids in their path would otherwise grow it without bound)."""
 
 _NOT_TRANSIENT = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 """Errors a retry cannot fix: a URL without ``http(s)://``, a request h11 refuses to write (bad header)."""
@@ -129,6 +133,9 @@ def caller_timeout(request: httpx.Request) -> Timeouts | None:
 
 
 def _at_most(value: object, bound: float | None) -> float | None:
+    if type(value) is float and type(bound) is float:  # the usual case: httpx.Client sets every phase
+        smallest = bound if bound < value else value
+        return None if math.isinf(smallest) else smallest
     own = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     smallest = min(math.inf if own is None else float(own), math.inf if bound is None else bound)
     return None if math.isinf(smallest) else smallest
@@ -137,16 +144,13 @@ def _at_most(value: object, bound: float | None) -> float | None:
 def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mapping[str, str]) -> httpx.Request:
     """The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream."""
     connect, read = timeouts
+    # httpx.Request copies the headers and the extensions: the caller's request keeps its own
+    attempt = httpx.Request(request.method, request.url, headers=request.headers, stream=request.stream, extensions=request.extensions)
     own = request.extensions.get("timeout")
-    own = own if isinstance(own, Mapping) else {}
-    extensions = dict(request.extensions)
-    extensions["timeout"] = {
-        "connect": connect,
-        "read": read,
-        "write": _at_most(own.get("write"), read),
-        "pool": _at_most(own.get("pool"), connect),
-    }
-    attempt = httpx.Request(request.method, request.url, headers=request.headers, stream=request.stream, extensions=extensions)
+    write = pool = None
+    if isinstance(own, Mapping):
+        write, pool = own.get("write"), own.get("pool")
+    attempt.extensions["timeout"] = {"connect": connect, "read": read, "write": _at_most(write, read), "pool": _at_most(pool, connect)}
     if carrier:
         attempt.headers.update(carrier)
     return attempt
@@ -207,16 +211,24 @@ class _Resilient:
         self.retrier = Retrier.from_configs(
             breaker=breaker, retry_budget=retry_budget, observers=self.observers, clock=clock, rng=rng, error_types=ERROR_TYPES
         )
+        self._route_cache: dict[tuple[str, str], _Route] = {}
+        """(method, URL less its query) -> ``_route``'s answer; cleared when it holds ``_ROUTE_CACHE_SIZE``."""
 
     def _spec(self, request: httpx.Request) -> CallSpec:
         url = request.url
-        method = request.method.upper()
-        engine, host, port = _engine(url.scheme, url.netloc)
-        path = url.raw_path.partition(b"?")[0].decode("ascii")
+        text = str(url)
+        key = (request.method, text.partition("?")[0])
+        route = self._route_cache.get(key)
+        if route is None:
+            route = self._route(request.method, url)
+            if len(self._route_cache) >= _ROUTE_CACHE_SIZE:
+                self._route_cache.clear()
+            self._route_cache[key] = route
+        method, match, engine, host, port = route
         return CallSpec(
             method,
-            str(url),
-            self.policies.match(method, path),
+            text,
+            match,
             engine,
             host,
             port,
@@ -224,6 +236,13 @@ class _Resilient:
             request=request,
             replayable=isinstance(request.stream, httpx.ByteStream),
         )
+
+    def _route(self, method: str, url: httpx.URL) -> _Route:
+        """What a request's method and URL (less its query) decide: the method, policy match and engine."""
+        method = method.upper()
+        engine, host, port = _engine(url.scheme, url.netloc)
+        path = url.raw_path.partition(b"?")[0].decode("ascii")
+        return method, self.policies.match(method, path), engine, host, port
 
     @staticmethod
     def _probe_done(request: httpx.Request) -> Callable[[], httpx.Response]:
@@ -283,7 +302,8 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
                 if _not_transient(exc):
                     raise
                 return _failed(exc)
-            return responded(response, response.status_code, response.headers.get("Retry-After"))
+            status = response.status_code
+            return responded(response, status, response.headers.get("Retry-After") if status in RETRY_AFTER_STATUSES else None)
 
         response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=self._probe_done(request))
         return self._finish(response, spec, records)
@@ -346,7 +366,8 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
                 if _not_transient(exc):
                     raise
                 return _failed(exc)
-            return responded(response, response.status_code, response.headers.get("Retry-After"))
+            status = response.status_code
+            return responded(response, status, response.headers.get("Retry-After") if status in RETRY_AFTER_STATUSES else None)
 
         response, records = await self.retrier.arun(spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request))
         return self._finish(response, spec, records)

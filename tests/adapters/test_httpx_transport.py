@@ -401,6 +401,37 @@ async def test_table_entry_timeout_wins_and_caps_write_and_pool(drive: Drive, ht
 
 
 @pytest.mark.asyncio
+async def test_each_call_keeps_its_own_route_engine_and_timeouts(drive: Drive) -> None:
+    """Calls repeated over one transport (its routes remembered) keep their own endpoint, engine and attempt timeouts.
+
+    The query string does not change the route, the method's case does not
+    either, another method or port does; the caller's own request keeps its
+    timeout extension (each attempt gets a copy).
+    """
+    recorder = Recorder()
+    inner = drive.seen_transport()
+    caller = drive(table(POST__flush=EndpointPolicy(attempt_timeout_s=2.0, deadline_s=None)), inner=inner, observers=[recorder])
+    with scripted(Reply(200, b"a")) as one, scripted(Reply(200, b"b")) as two:
+        asked = [
+            ("POST", f"{one.url}/flush?x=1", "POST /flush", one.port),
+            ("post", f"{one.url}/flush?x=2", "POST /flush", one.port),
+            ("GET", f"{one.url}/flush", "GET *", one.port),
+            ("POST", f"{two.url}/flush", "POST /flush", two.port),
+            ("POST", f"{one.url}/other", "POST *", one.port),
+        ]
+        for method, url, endpoint, port in asked * 2:
+            r = await caller.request(method, url, timeout=30.0)
+            assert r.extensions["endpoint"] == endpoint
+            started = recorder.of(AttemptStarted)[-1]
+            assert (started.endpoint, started.server_port, started.engine) == (endpoint, port, engine_of(url)[0])
+            assert r.request.extensions["timeout"] == {"connect": 30.0, "read": 30.0, "write": 30.0, "pool": 30.0}
+            explicit = endpoint == "POST /flush"
+            expected = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0} if explicit else r.request.extensions["timeout"]
+            assert inner.timeouts[-1] == expected
+        assert (one.count, two.count) == (8, 2)
+
+
+@pytest.mark.asyncio
 async def test_mounts_per_host_leave_other_hosts_plain(drive: Drive, httpserver: HTTPServer) -> None:
     """Mounted on one host with mounts=, the transport retries that host's 502s; another host gets plain httpx (its 502, once)."""
     httpserver.expect_ordered_request("/x").respond_with_data("", status=502)
