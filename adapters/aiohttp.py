@@ -20,8 +20,8 @@ outside the middleware: each hop is its own logical call.
   attempt and, for ``total``, over the whole call (which then ends as a plain
   ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
   core chose: ``connect`` until aiohttp has sent the request, then ``read``
-  from then on, until the response headers (one ``asyncio.timeout``,
-  rescheduled when aiohttp's ``ClientRequest.send`` returns). It fails
+  from then on, until the response headers (one ``loop.call_at`` timer per
+  attempt, moved when aiohttp's ``ClientRequest.send`` returns). It fails
   as aiohttp would: ``ConnectionTimeoutError`` before sending,
   ``SocketTimeoutError`` after.
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
