@@ -211,8 +211,8 @@ class _AttemptTimer:
     """The one timer of a timed attempt: ``connect_s`` until aiohttp has sent the request, then ``read_s`` from then on.
 
     "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
-    and the request written to it): ``arm`` wraps this attempt's ``send`` to
-    move the limit then, so no timer polls. One ``loop.call_at`` handle, armed
+    and the request written to it): building the timer wraps this attempt's
+    ``send`` to move the limit then, so no timer polls. One ``loop.call_at`` handle, armed
     at the connect limit; sending moves the limit to ``read_s`` from then, and
     re-arms the handle at once only when that is earlier (a later limit is
     checked when the handle fires, which re-arms it). On expiry it cancels the
