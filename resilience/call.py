@@ -79,7 +79,7 @@ def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
     """
     match = spec.match
     limit = match.policy.attempt_timeout_s
-    if match.template != "*" and limit is not None:  # an explicit entry's own limit
+    if match.explicit and limit is not None:  # an explicit entry's own limit
         connect: float | None = limit
         read: float | None = limit
     elif spec.request_timeout is not None:
