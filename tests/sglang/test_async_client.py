@@ -87,6 +87,15 @@ def calls_to(fleet: EmulatedFleet, i: int, path: str) -> list[dict[str, Any]]:
     return [c for c in fleet.engines[i].record()["calls"] if c["path"] == path]
 
 
+async def until_idle(client: AsyncSGLangClient, seconds: float = 15.0) -> None:
+    """Wait (bounded) until the engine runs and queues nothing: a request the test before aborted may still count as
+    running for a moment after its answer, and ``until_running`` would take it for the one this test starts next."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while any(rank["num_running_reqs"] or rank["num_waiting_reqs"] for rank in (await client.loads())["loads"]):
+        assert asyncio.get_running_loop().time() < deadline, "the engine never became idle"
+        await asyncio.sleep(0.02)
+
+
 async def until_running(client: AsyncSGLangClient, seconds: float = 15.0) -> None:
     """Wait (bounded) until the engine runs a request: a generation task started just before may still be on its way."""
     deadline = asyncio.get_running_loop().time() + seconds
@@ -106,6 +115,7 @@ async def test_offload_onload_round_trip_typed(fleet: EmulatedFleet, kind: str) 
     i = engine_for(fleet, kind)
     async with open_client(kind, fleet.urls[i]) as client:
         flushes_before = len(calls_to(fleet, i, "/flush_cache"))
+        await until_idle(client)
         straggler = asyncio.create_task(client.generate("straggler", sampling_params={"max_new_tokens": 400}))
         await until_running(client)
         paused = await client.pause_generation(mode="retract")
@@ -166,6 +176,7 @@ async def test_flush_cache_polls_while_not_idle(fleet: EmulatedFleet, kind: str)
     i = engine_for(fleet, kind)
     async with open_client(kind, fleet.urls[i]) as client:
         before = len(calls_to(fleet, i, "/flush_cache"))
+        await until_idle(client)
         running = asyncio.create_task(client.generate("busy", sampling_params={"max_new_tokens": 400}))
         await until_running(client)
         flushed = await client.flush_cache(deadline_s=20, wait_for_idle=False)
@@ -194,6 +205,7 @@ async def test_flush_cache_gives_up_at_its_deadline(fleet: EmulatedFleet, kind: 
     i = engine_for(fleet, kind)
     async with open_client(kind, fleet.urls[i], client_class=StalledBetweenPolls if stalled else AsyncSGLangClient) as client:
         before = len(calls_to(fleet, i, "/flush_cache"))
+        await until_idle(client)
         running = asyncio.create_task(client.generate("long", sampling_params={"max_new_tokens": 4000}))
         await until_running(client)
         with pytest.raises(SGLangError) as info:
@@ -214,6 +226,7 @@ async def test_cancelled_flush_sends_nothing_more(fleet: EmulatedFleet, kind: st
     i = engine_for(fleet, kind)
     async with open_client(kind, fleet.urls[i]) as client:
         before = len(calls_to(fleet, i, "/flush_cache"))
+        await until_idle(client)
         running = asyncio.create_task(client.generate("long", sampling_params={"max_new_tokens": 4000}))
         await until_running(client)
         flushing = asyncio.create_task(client.flush_cache(deadline_s=20, wait_for_idle=False))

@@ -123,6 +123,15 @@ def test_read_timeout_on_release_is_never_resent() -> None:
         assert len(releases) == 1
 
 
+def until_idle(client: SGLangClient, seconds: float = 15.0) -> None:
+    """Wait (bounded) until the engine runs and queues nothing: a request the test before aborted may still count as
+    running for a moment after its answer, and ``until_running`` would take it for the one this test starts next."""
+    end = time.monotonic() + seconds
+    while any(rank["num_running_reqs"] or rank["num_waiting_reqs"] for rank in client.loads()["loads"]):
+        assert time.monotonic() < end, "the engine never became idle"
+        time.sleep(0.02)
+
+
 def until_running(client: SGLangClient, seconds: float = 15.0) -> None:
     """Wait (bounded) until the engine runs a request: a generation thread started just before may still be on its way."""
     end = time.monotonic() + seconds
@@ -134,6 +143,7 @@ def until_running(client: SGLangClient, seconds: float = 15.0) -> None:
 def test_flush_cache_waits_for_idle_within_deadline(fleet1: EmulatedFleet) -> None:
     """flush_cache keeps asking while requests run, passing SGLang's ?timeout=, and succeeds once idle."""
     client = SGLangClient(fleet1.urls[0], policies=FAST_SGLANG, flush_poll_s=0.05)
+    until_idle(client)
     t = threading.Thread(target=lambda: client.generate("long", sampling_params={"max_new_tokens": 1000}))
     t.start()
     until_running(client)
@@ -147,6 +157,7 @@ def test_flush_cache_waits_for_idle_within_deadline(fleet1: EmulatedFleet) -> No
 def test_flush_cache_gives_up_at_deadline_naming_engine(fleet1: EmulatedFleet) -> None:
     """A flush that never sees idle ends at its deadline with an error naming engine and endpoint."""
     client = SGLangClient(fleet1.urls[0], policies=FAST_SGLANG, flush_poll_s=0.05)
+    until_idle(client)
     t = threading.Thread(target=lambda: client.generate("longer", sampling_params={"max_new_tokens": 2000}))
     t.start()
     until_running(client)
@@ -168,6 +179,7 @@ def test_flush_stalled_past_its_deadline_still_says_not_idle(fleet1: EmulatedFle
     """The deadline ending during the pause between polls gives the "still not idle" error, the deadline as its cause."""
     client = StalledBetweenPolls(fleet1.urls[0], policies=FAST_SGLANG, flush_poll_s=0.05)
     before = len([c for c in fleet1.engines[0].record()["calls"] if c["path"] == "/flush_cache"])
+    until_idle(client)
     t = threading.Thread(target=lambda: client.generate("longer", sampling_params={"max_new_tokens": 2000}))
     t.start()
     until_running(client)
@@ -217,6 +229,7 @@ def test_aborted_generation_is_reported(fleet1: EmulatedFleet) -> None:
     """A pause in abort mode answers in-flight generation with finish_reason abort."""
     client = SGLangClient(fleet1.urls[0], policies=FAST_SGLANG)
     out: list[object] = []
+    until_idle(client)
     t = threading.Thread(target=lambda: out.append(client.generate("x", sampling_params={"max_new_tokens": 2000})))
     t.start()
     until_running(client)
