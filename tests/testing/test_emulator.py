@@ -71,7 +71,8 @@ def engine(fleet: EmulatedFleet, http: requests.Session) -> Iterator[EngineHandl
         http.post(handle.url + "/resume_memory_occupation", json={"tags": released}, timeout=TIMEOUT)
     if handle.state()["weight_update_session_open"]:
         http.post(handle.url + "/end_weight_update", json={}, timeout=TIMEOUT)
-    wait_for(lambda: handle.state()["in_flight"] == 0 and handle.state()["waiting_at_pause_gate"] == 0)
+    # the scheduler may count an aborted request as running a moment after its answer: wait for that too
+    wait_for(lambda: (state := handle.state())["in_flight"] == 0 and state["waiting_at_pause_gate"] == 0 and state["running"] == 0)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
