@@ -431,4 +431,4 @@ async def _attempt(
     except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
         delivery, kind = _transport_failure(exc, sent=request.response is not before)
         return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
-    return responded(response, response.status, response.headers.get("Retry-After"))
+    return responded(response, response.status, response.headers)

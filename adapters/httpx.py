@@ -48,7 +48,7 @@ from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.requests import engine_of
 from resilience.breaker import BreakerConfig
 from resilience.budget import RetryBudgetConfig
-from resilience.call import RETRY_AFTER_STATUSES, AttemptResult, CallSpec, responded
+from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
@@ -302,8 +302,7 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
                 if _not_transient(exc):
                     raise
                 return _failed(exc)
-            status = response.status_code
-            return responded(response, status, response.headers.get("Retry-After") if status in RETRY_AFTER_STATUSES else None)
+            return responded(response, response.status_code, response.headers)
 
         response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=self._probe_done(request))
         return self._finish(response, spec, records)
@@ -366,8 +365,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
                 if _not_transient(exc):
                     raise
                 return _failed(exc)
-            status = response.status_code
-            return responded(response, status, response.headers.get("Retry-After") if status in RETRY_AFTER_STATUSES else None)
+            return responded(response, response.status_code, response.headers)
 
         response, records = await self.retrier.arun(spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request))
         return self._finish(response, spec, records)

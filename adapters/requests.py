@@ -251,7 +251,7 @@ class ResilientAdapter(HTTPAdapter):
             except requests.RequestException as exc:
                 delivery, kind = _transport_failure(exc)
                 return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
-            return responded(response, response.status_code, response.headers.get("Retry-After"))
+            return responded(response, response.status_code, response.headers)
 
         def probe_done() -> Response:
             resp = Response()

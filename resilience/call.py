@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -65,9 +66,13 @@ RETRY_AFTER_STATUSES = frozenset({429, 503})
 """The statuses whose ``Retry-After`` header the loop reads (RFC 9110: it means something on 503, and on 429 by RFC 6585)."""
 
 
-def responded(response: R, status: int, retry_after: str | None) -> AttemptResult[R]:
-    """What a driver reports for an attempt that got a response: ``status``, and the ``Retry-After`` header's seconds on 429/503."""
-    seconds = parse_retry_after(retry_after) if status in RETRY_AFTER_STATUSES else None
+def responded(response: R, status: int, headers: Mapping[str, str]) -> AttemptResult[R]:
+    """What a driver reports for an attempt that got a response: ``status``, and the ``Retry-After`` header's seconds on 429/503.
+
+    ``headers`` is the response's header mapping (requests, httpx and aiohttp all
+    look names up case-insensitively); it is read only on those two statuses.
+    """
+    seconds = parse_retry_after(headers.get("Retry-After")) if status in RETRY_AFTER_STATUSES else None
     return AttemptResult(response=response, status=status, retry_after=seconds)
 
 
