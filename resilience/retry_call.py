@@ -186,10 +186,9 @@ class RetryCall(Generic[R]):
     def next_step(self) -> Step[R]:
         """Before each attempt: time left and the breaker's admission, then the attempt's timeouts and headers."""
         spec = self.spec
-        left = self.hard.remaining()
-        if left <= 0:
+        if self.hard.remaining() <= 0:
             last = self.last
-            if last is not None and last.delivery is Delivery.NOT_SENT and last.error is not None:
+            if last is not None and _refused(last):
                 # A backoff after a refusal that overslept the deadline (a busy machine): end as when the wait did
                 # not fit (``_next_delay``), so a refusal stays a connection error, whatever the scheduler did.
                 refusal = self._exhaust(_reason(last))
@@ -205,7 +204,7 @@ class RetryCall(Generic[R]):
                 return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message)
             self.permit = permit
         n = self._next
-        timeouts = attempt_timeouts(spec, left if self.breaker is None else self.hard.remaining())
+        timeouts = attempt_timeouts(spec, self.hard.remaining())
         carrier: dict[str, str] = {}
         if self.observers:
             emit(
@@ -377,7 +376,7 @@ class RetryCall(Generic[R]):
             )
             if result.retry_after is not None and retry.respect_retry_after:
                 delay = min(result.retry_after, retry.retry_after_max_s)
-        refused = result.delivery is Delivery.NOT_SENT and result.error is not None
+        refused = _refused(result)
         left = self.window.remaining()
         if self.window.bounded and delay >= left:
             if self.window is not self.hard or refused:
@@ -490,6 +489,11 @@ class RetryCall(Generic[R]):
                 retry_budget_tokens=self.budget.tokens if self.budget is not None else None,
             ),
         )
+
+
+def _refused(result: AttemptResult[Any]) -> bool:
+    """The attempt never left (a refused connection, say): a deadline or budget that stops the call then ends it with that error."""
+    return result.delivery is Delivery.NOT_SENT and result.error is not None
 
 
 def _reason(result: AttemptResult[Any]) -> str:
