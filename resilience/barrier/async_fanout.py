@@ -55,15 +55,14 @@ class _Call:
         self.started = False
 
 
-async def _invoke(call: _Call, deadline: Deadline, gate: asyncio.Semaphore | None) -> EngineResult:
+async def _invoke_gated(call: _Call, deadline: Deadline, gate: asyncio.Semaphore) -> EngineResult:
+    """``_invoke`` once ``gate`` (the fan-out's concurrency limit) lets the call in."""
+    async with gate:
+        return await _invoke(call, deadline)
+
+
+async def _invoke(call: _Call, deadline: Deadline) -> EngineResult:
     """Call the engine under the phase deadline; every ``Exception`` becomes the result's error (as ``fanout._invoke``)."""
-    if gate is not None:
-        async with gate:
-            return await _invoke_now(call, deadline)
-    return await _invoke_now(call, deadline)
-
-
-async def _invoke_now(call: _Call, deadline: Deadline) -> EngineResult:
     t0 = time.monotonic()
     if deadline.expired():
         return EngineResult(call.name, error=PhaseTimeout(f"no time left for {call.method}", maybe_sent=False))
@@ -146,7 +145,7 @@ class PhaseRun:
         self.deadline = deadline
         self.calls = [_Call(engine, method, kwargs) for engine, kwargs in calls]
         self.tasks = [
-            asyncio.create_task(_invoke_now(c, deadline) if gate is None else _invoke(c, deadline, gate), name=f"cpr-{method}-{c.name}")
+            asyncio.create_task(_invoke(c, deadline) if gate is None else _invoke_gated(c, deadline, gate), name=f"cpr-{method}-{c.name}")
             for c in self.calls
         ]
 
