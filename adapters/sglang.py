@@ -38,8 +38,10 @@ from resilience.adapters.sglang_types import (
 )
 from resilience.barrier.engine import ALL_TAGS, PauseMode
 from resilience.deadline import Deadline
-from resilience.errors import DeadlineExceeded
+from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
+from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
 __all__ = [
@@ -93,6 +95,15 @@ class SGLangClient(SGLangClientState):
     ``flush_deadline_s``: how long ``flush_cache`` waits for the engine to
     become idle (default 120 s, capped by any Deadline in context);
     ``flush_poll_s``: the pause between "not idle" answers (default 0.5 s).
+    ``memory_probe``: a ``resilience.MemoryProbe`` the own session's release and
+    resume entries ask before re-sending after a gateway status or an ambiguous
+    failure (``sglang_policies(memory_probe=...)``: a call it proves applied
+    returns as applied, with ``ControlResult.confirmed_by_probe``); default None.
+    With a ``session``, mount ``with_memory_probe(policies, probe)`` on it instead.
+    A control call whose every attempt got a gateway status is followed by a
+    ``GET /model_info`` within what is left of its deadline; when that fails too
+    the call raises ``resilience.barrier.EngineDied`` (``.attempts`` = the call's
+    record, caused by the ``SGLangError`` it would have raised).
     Other keyword arguments go to ``ResilientAdapter`` (``breaker``,
     ``retry_budget``, ``clock``). ``AsyncSGLangClient`` is the same client with
     coroutine methods; both build their requests and read the answers with
@@ -110,12 +121,15 @@ class SGLangClient(SGLangClientState):
         observers: Sequence[Observer] = (),
         flush_deadline_s: float = 120.0,
         flush_poll_s: float = 0.5,
+        memory_probe: MemoryProbe | None = None,
         **adapter_kwargs: Any,
     ) -> None:
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
+        policies = self._with_probe(policies, memory_probe, session is not None)
         self._owns_session = session is None
+        self._policies = policies
         self.session = session if session is not None else resilient_session(policies, observers=observers, **adapter_kwargs)
 
     def close(self) -> None:
@@ -142,7 +156,32 @@ class SGLangClient(SGLangClientState):
         return response
 
     def _send(self, call: Call) -> Answer:
-        return _answer(call, self._response(call))
+        deadline = calls.call_deadline(self._policies, call)
+        try:
+            answer = _answer(call, self._response(call))
+        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
+            records = calls.gateway_error_records(exc)
+            if calls.needs_liveness_check(call, None, records):
+                self._check_alive(call.endpoint, records, exc, deadline)
+            raise
+        if calls.needs_liveness_check(call, answer.status, answer.records):
+            self._check_alive(answer.endpoint, answer.records, calls.answer_error(self.engine, answer), deadline)
+        return answer
+
+    def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
+        """``GET /model_info`` within what is left of the call's deadline; ``EngineDied`` (from ``original``) when nothing answers it."""
+        left = deadline.remaining()
+        if left <= 0:
+            return  # no time left to check: the call's own error stands
+        error: BaseException | None = None
+        try:
+            with Deadline(left):
+                self.model_info()
+        except (requests.RequestException, ResilienceError, OSError) as exc:  # SGLangError is a RequestException
+            error = exc
+        if calls.liveness_verdict(error) is False:
+            assert error is not None
+            raise calls.engine_died(self.engine, endpoint, records, original, error)
 
     # -- generation control --------------------------------------------------
 
@@ -357,4 +396,6 @@ class SGLangClient(SGLangClientState):
 
 def _answer(call: Call, response: requests.Response) -> Answer:
     """What ``response`` answered to ``call`` (reads the body)."""
-    return Answer(call.endpoint, response.status_code, response.text, len(getattr(response, "attempts", ())) or 1, response)
+    records = calls.attempt_records(getattr(response, "attempts", None))
+    confirmed = response.status_code == 200 and response.reason == calls.PROBE_CONFIRMED_REASON and bool(records)
+    return Answer(call.endpoint, response.status_code, response.text, len(records) or 1, response, records, confirmed)

@@ -34,11 +34,13 @@ from resilience.adapters import sglang_calls as calls
 from resilience.adapters.sglang_async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
 from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, auth_headers, raise_if_refused
 from resilience.adapters.sglang_policies import SGLANG_POLICIES
-from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
+from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, SGLangError, WeightUpdateResult
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
-from resilience.errors import DeadlineExceeded
+from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
+from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
 if TYPE_CHECKING:
@@ -68,7 +70,8 @@ class AsyncSGLangClient(SGLangClientState):
     concurrent calls beyond it wait for a connection). Other keyword arguments go
     to ``ResilientMiddleware`` (``breaker``, ``retry_budget``, ``clock``). With a
     ``session``, ``policies``, ``observers``, ``limit_per_host`` and those must be
-    left out: they configure only the client's own session.
+    left out: they configure only the client's own session. ``memory_probe``
+    (default None) and the dead-engine check behind a proxy: as in ``SGLangClient``.
 
     Close the own session with ``await client.aclose()`` or ``async with``; the
     client opens a new one on its next use (in whichever loop runs it then). The
@@ -92,11 +95,13 @@ class AsyncSGLangClient(SGLangClientState):
         flush_deadline_s: float = 120.0,
         flush_poll_s: float = 0.5,
         limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
+        memory_probe: MemoryProbe | None = None,
         **middleware_kwargs: Any,
     ) -> None:
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
+        policies = self._with_probe(policies, memory_probe, session is not None)
         if session is not None:
             given = [
                 name
@@ -185,10 +190,36 @@ class AsyncSGLangClient(SGLangClientState):
         return self._requester
 
     async def _send(self, call: Call) -> Answer:
-        """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``."""
+        """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""
         key_name, key = self._key_for(call.path)
-        answer = await self._http().send(call, self.base_url + call.path, auth_headers(key))
-        return raise_if_refused(self.engine, answer, key_name)
+        deadline = calls.call_deadline(self._policies, call)
+        try:
+            answer = await self._http().send(call, self.base_url + call.path, auth_headers(key))
+        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
+            records = calls.gateway_error_records(exc)
+            if calls.needs_liveness_check(call, None, records):
+                await self._check_alive(call.endpoint, records, exc, deadline)
+            raise
+        raise_if_refused(self.engine, answer, key_name)
+        if calls.needs_liveness_check(call, answer.status, answer.records):
+            await self._check_alive(answer.endpoint, answer.records, calls.answer_error(self.engine, answer), deadline)
+        return answer
+
+    async def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
+        """See ``SGLangClient._check_alive``: ``GET /model_info`` within what is left of the call's deadline."""
+        left = deadline.remaining()
+        if left <= 0:
+            return
+        error: BaseException | None = None
+        failures: tuple[type[BaseException], ...] = (*self._http().errors, SGLangError, ResilienceError, OSError)
+        try:
+            with Deadline(left):
+                await self.model_info()
+        except failures as exc:
+            error = exc
+        if calls.liveness_verdict(error) is False:
+            assert error is not None
+            raise calls.engine_died(self.engine, endpoint, records, original, error)
 
     # -- generation control --------------------------------------------------
 

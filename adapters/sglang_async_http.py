@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 
-from resilience.adapters.sglang_calls import Answer, Call
+from resilience.adapters.sglang_calls import PROBE_CONFIRMED_REASON, Answer, Call, attempt_records
 from resilience.events import Observer
 from resilience.policy import PolicyTable
 
@@ -119,7 +119,10 @@ class AiohttpRequester:
         async with self.session.request(call.method, url, json=call.body, params=call.params, headers=headers) as response:
             # what ``_AiohttpReply`` reads, without building one: no response on the answer (it cannot be pickled)
             attempts = _attempt_count(getattr(response, "attempts", None))
-            return Answer(call.endpoint, response.status, await response.text(errors="replace"), attempts, None)
+            records = attempt_records(getattr(response, "attempts", None))
+            confirmed = bool(getattr(response, "probe_confirmed", False)) and response.reason == PROBE_CONFIRMED_REASON
+            text = await response.text(errors="replace")
+            return Answer(call.endpoint, response.status, text, attempts, None, records, confirmed)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:
@@ -188,7 +191,9 @@ class HttpxRequester:
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         response = await self.client.request(call.method, url, json=call.body, params=call.params, headers=headers)
         reply = _HttpxReply(response)
-        return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, response)
+        records = attempt_records(response.extensions.get("attempts"))
+        confirmed = response.status_code == 200 and response.reason_phrase == PROBE_CONFIRMED_REASON and bool(records)
+        return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, response, records, confirmed)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:

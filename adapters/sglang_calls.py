@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilience.adapters.requests import engine_of
-from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES
+from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, with_memory_probe
 from resilience.adapters.sglang_types import (
     ControlResult,
     FlushResult,
@@ -32,20 +32,35 @@ from resilience.adapters.sglang_types import (
     WeightUpdateResult,
 )
 from resilience.barrier.engine import ALL_TAGS
+from resilience.barrier.fanout import EngineDied
+from resilience.deadline import Deadline, current_deadline
+from resilience.errors import CircuitOpen, ResilienceError
+from resilience.memory_probe import MemoryProbe
+from resilience.outcome import AttemptRecord
+from resilience.policy import PolicyTable
 
 __all__ = [
+    "GATEWAY_STATUSES",
+    "PROBE_CONFIRMED_REASON",
     "Answer",
     "Call",
     "SGLangClientState",
     "StreamEnd",
+    "answer_error",
+    "attempt_records",
+    "call_deadline",
     "control_result",
+    "engine_died",
+    "gateway_error_records",
     "flush_outcome",
     "flush_server_wait",
     "generate_result",
     "health_result",
     "json_of",
+    "liveness_verdict",
     "model_info_result",
     "models_result",
+    "needs_liveness_check",
     "raise_if_refused",
     "require_ok",
     "server_info_result",
@@ -94,11 +109,29 @@ class Answer:
     text: str
     attempts: int = 1
     response: Any = None
+    records: tuple[AttemptRecord, ...] = ()
+    """The retry loop's record of each attempt (empty when the session has no resilience layer)."""
+    confirmed_by_probe: bool = False
+    """True when the engine's own answer was lost and the transport's memory probe proved the call applied."""
 
     @property
     def ok(self) -> bool:
         """True for a status below 400 (``requests.Response.ok``)."""
         return self.status < 400
+
+
+PROBE_CONFIRMED_REASON = "Applied (confirmed by probe)"
+"""The reason phrase of the body-less 200 every driver returns when a probe proved a lost call applied."""
+
+GATEWAY_STATUSES: frozenset[int] = frozenset({502, 503, 504})
+"""Statuses a front end answers when it got nothing (usable) from the engine."""
+
+
+def attempt_records(value: object) -> tuple[AttemptRecord, ...]:
+    """The ``AttemptRecord`` tuple a resilience layer put on a response (``.attempts``, httpx's extension); () otherwise."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and all(isinstance(r, AttemptRecord) for r in value):
+        return tuple(value)
+    return ()
 
 
 class StreamEnd(enum.Enum):
@@ -317,7 +350,7 @@ def control_result(engine: str, answer: Answer) -> ControlResult:
     require_ok(engine, answer)
     data = _object_or_none(answer.text) if answer.text else None
     message = str(data.get("message", "")) if data is not None else ""
-    return ControlResult(engine, answer.endpoint, message, answer.attempts)
+    return ControlResult(engine, answer.endpoint, message, answer.attempts, confirmed_by_probe=answer.confirmed_by_probe)
 
 
 def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
@@ -454,6 +487,77 @@ def sse_line(engine: str, endpoint: str, line: str) -> GenerateResult | StreamEn
     return generate_chunk(chunk)
 
 
+# -- is an engine behind a proxy dead? ----------------------------------------------------
+
+
+def call_deadline(policies: PolicyTable, call: Call) -> Deadline:
+    """The deadline ``call`` runs under: its policy's ``deadline_s`` from now, capped by any ``Deadline`` in context."""
+    seconds = policies.match(call.method, call.path).policy.deadline_s
+    outer = current_deadline()
+    return outer.cap(seconds) if outer is not None else Deadline(seconds)
+
+
+def needs_liveness_check(call: Call, status: int | None, records: Sequence[AttemptRecord]) -> bool:
+    """A control call whose every attempt got a gateway status: the front end may stand in front of a dead engine.
+
+    ``status``: the answer's status (None when the call raised); ``records``: its attempts. A call that
+    raised needs a record of them; an answer without one (no resilience layer) counts as its one attempt.
+    """
+    if call.path not in SGLANG_ADMIN_PATHS or (status is not None and status not in GATEWAY_STATUSES):
+        return False
+    if status is None and not records:
+        return False
+    return all(r.status in GATEWAY_STATUSES for r in records)
+
+
+def gateway_error_records(error: BaseException) -> tuple[AttemptRecord, ...]:
+    """The attempts on an error the retry loop raised (deadline, budget, retries exhausted); () for any other error."""
+    return attempt_records(getattr(error, "attempts", None)) if isinstance(error, ResilienceError) else ()
+
+
+def liveness_verdict(check_error: BaseException | None) -> bool | None:
+    """What ``GET /model_info`` says of the engine: True = it answers, False = dead, None = not checked.
+
+    SGLang's HTTP process answers ``/model_info`` from the tokenizer manager's own
+    fields without asking the scheduler (0.5.23 ``sglang/srt/entrypoints/http_server.py``,
+    ``model_info()``), which is why the router recipe checks a held engine with it.
+    Any answer other than a gateway status (200, or even a 401/404/500) means something
+    behind the front end answers: alive. A gateway status, a transport error or the
+    deadline running out means nothing does: dead. An open circuit breaker sent nothing:
+    not checked.
+    """
+    if check_error is None:
+        return True
+    if isinstance(check_error, CircuitOpen):
+        return None
+    if isinstance(check_error, SGLangError):
+        return check_error.status not in GATEWAY_STATUSES
+    return False
+
+
+def answer_error(engine: str, answer: Answer) -> SGLangError:
+    """The ``SGLangError`` an error answer raises."""
+    return SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response)
+
+
+def engine_died(
+    engine: str, endpoint: str, records: Sequence[AttemptRecord], original: BaseException, check_error: BaseException
+) -> EngineDied:
+    """The ``EngineDied`` for a control call answered only by gateway statuses whose ``/model_info`` check failed too.
+
+    ``.attempts`` is the call's record; its cause is ``original``, the error the call would have raised.
+    """
+    statuses = ", ".join(str(r.status) for r in records) or str(getattr(original, "status", "?"))
+    died = EngineDied(
+        f"{engine}: every attempt of {endpoint} got a gateway status ({statuses}) and GET /model_info failed too "
+        f"({type(check_error).__name__}): nothing behind the front end answers, the engine is gone"
+    )
+    died.attempts = tuple(records)  # type: ignore[attr-defined]
+    died.__cause__ = original
+    died.__suppress_context__ = True
+    return died
+
+
 # -- what a client remembers -------------------------------------------------------------
 
 
@@ -491,6 +595,17 @@ class SGLangClientState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+    def _with_probe(self, policies: PolicyTable, memory_probe: MemoryProbe | None, has_session: bool) -> PolicyTable:
+        """The own session's table: ``policies`` with ``memory_probe`` asked on release and resume (None = as given)."""
+        if memory_probe is None:
+            return policies
+        if has_session:
+            raise TypeError(
+                f"{type(self).__name__} got session= and memory_probe=: the probe configures only the client's own session; "
+                "mount with_memory_probe(policies, probe) (resilience.adapters.sglang_policies) on the session you pass instead"
+            )
+        return with_memory_probe(policies, memory_probe)
 
     @property
     def paused_mode(self) -> str | None:
