@@ -70,6 +70,7 @@ def test_fleet_probe_is_a_memory_probe_and_starts_empty(fleet: EmulatedFleet) ->
     for engine in fleet.engines:
         assert probe.released_tags(engine.url) == frozenset() == probe.released_tags(engine.direct_url)
         assert probe.released_tags(engine.url + "/") == frozenset()
+        assert engine.record()["dropped"] == 0  # the record's bound (record.MAX_CALLS) is far away
 
 
 def _legal_ops(draw: st.DrawFn) -> list[tuple[int, str, list[str] | None]]:
