@@ -276,7 +276,7 @@ def _pid_runs(pid: int) -> bool:
 
 @dataclass(eq=False)
 class NvmlMemoryProbe:
-    """A ``resilience.MemoryProbe`` from NVML's per-process memory of each engine's schedulers on this node.
+    """A ``resilience.memory_probe.MemoryProbe`` from NVML's per-process memory of each engine's schedulers on this node.
 
     ``engines``: engine name (``scheme://host:port``, as the barrier and the transport
     name it) -> ``EngineGpu``. ``thresholds``: the matching tolerance (default

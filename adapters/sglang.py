@@ -95,7 +95,7 @@ class SGLangClient(SGLangClientState):
     ``flush_deadline_s``: how long ``flush_cache`` waits for the engine to
     become idle (default 120 s, capped by any Deadline in context);
     ``flush_poll_s``: the pause between "not idle" answers (default 0.5 s).
-    ``memory_probe``: a ``resilience.MemoryProbe`` the own session's release and
+    ``memory_probe``: a ``resilience.memory_probe.MemoryProbe`` the own session's release and
     resume entries ask before re-sending after a gateway status or an ambiguous
     failure (``sglang_policies(memory_probe=...)``: a call it proves applied
     returns as applied, with ``ControlResult.confirmed_by_probe``); default None.

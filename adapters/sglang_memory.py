@@ -66,13 +66,15 @@ def requested_tags(body: bytes | None) -> frozenset[str] | None:
 class MemoryProbeCheck:
     """A ``resilience.policy.Probe`` for SGLang's release and resume calls, answered from ``memory_probe``.
 
-    ``memory_probe``: any ``resilience.MemoryProbe`` (NVML on the engine's node, the
+    ``memory_probe``: any ``resilience.memory_probe.MemoryProbe`` (NVML on the engine's node, the
     emulator's side channel). A probe that raises counts as "cannot prove" (unknown).
     """
 
     def __init__(self, memory_probe: MemoryProbe) -> None:
         if not isinstance(memory_probe, MemoryProbe):
-            raise TypeError(f"memory_probe must have released_tags(engine) (a resilience.MemoryProbe), but was {memory_probe!r}")
+            raise TypeError(
+                f"memory_probe must have released_tags(engine) (a resilience.memory_probe.MemoryProbe), but was {memory_probe!r}"
+            )
         self.memory_probe = memory_probe
         """The probe asked."""
 

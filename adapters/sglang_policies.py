@@ -24,7 +24,7 @@ this table raised the deaths from 1 to 5 (AReaL) and from 0 to 3 (verl) in 25
 cycles each. Two ways out, per deployment:
 
 - ``sglang_policies(memory_probe=probe)``: before re-sending a release or resume
-  after a gateway status or an ambiguous failure, ask a ``resilience.MemoryProbe``
+  after a gateway status or an ambiguous failure, ask a ``resilience.memory_probe.MemoryProbe``
   (NVML on the engine's node, ``resilience.adapters.nvml``; the emulator's own
   truth, ``resilience.testing.EmulatorMemoryProbe``) whether it was applied.
   Applied: the call returns as applied, with a body-less 200 whose reason is

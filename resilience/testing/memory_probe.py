@@ -52,7 +52,7 @@ def _canonical(engine: str) -> str:
 
 
 class EmulatorMemoryProbe:
-    """A ``resilience.MemoryProbe`` over the emulated engines publishing into ``state_dir``.
+    """A ``resilience.memory_probe.MemoryProbe`` over the emulated engines publishing into ``state_dir``.
 
     ``state_dir``: the folder given to the engines as ``--memory-state-dir``.
     ``aliases``: other names of an engine (a proxy's URL) mapped to the engine's own
