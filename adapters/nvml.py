@@ -302,6 +302,19 @@ class NvmlMemoryProbe:
         if self.reader is None:
             self.reader = NvmlReader()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the lock, and without the default reader (it holds NVML's module): rebuilt on unpickling."""
+        with self._lock:
+            learnt = dict(self._learnt)
+        reader = None if isinstance(self.reader, NvmlReader) else self.reader
+        return {"engines": dict(self.engines), "thresholds": self.thresholds, "reader": reader, "learnt": learnt}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.engines, self.thresholds, self.reader = state["engines"], state["thresholds"], state["reader"]
+        self._learnt, self._lock = dict(state["learnt"]), threading.Lock()
+        if self.reader is None:
+            self.reader = NvmlReader()
+
     def _read(self, gpu: EngineGpu) -> int | None:
         if not all(_pid_runs(pid) for pid in gpu.pids):
             return None

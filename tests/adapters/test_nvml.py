@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -126,6 +127,21 @@ def test_a_dead_pid_an_unreadable_nvml_or_a_failing_reader_prove_nothing() -> No
     gpu = EngineGpu(pids=(1,), tag_bytes=TAGS, serving_bytes=SERVING)
     assert NvmlMemoryProbe({ENGINE: gpu}, reader=Readings(None)).released_tags(ENGINE) is None
     assert NvmlMemoryProbe({ENGINE: gpu}, reader=broken).released_tags(ENGINE) is None
+
+
+def serving_reader(_pids: Sequence[int]) -> int | None:
+    """A picklable reader: the engine serves, nothing released."""
+    return SERVING
+
+
+def test_the_probe_travels_pickled_with_what_it_learnt() -> None:
+    """A probe (inside a client's policy table, say) pickles for Ray: engines, thresholds, reader and baselines kept."""
+    engines = {ENGINE: EngineGpu(pids=(1,), tag_bytes=TAGS)}
+    probe = NvmlMemoryProbe(engines, thresholds=NvmlThresholds(tolerance_bytes=2 * GiB), reader=serving_reader)
+    probe.learn(ENGINE)
+    copy = pickle.loads(pickle.dumps(probe))
+    assert copy.serving_bytes(ENGINE) == SERVING and copy.thresholds.tolerance_bytes == 2 * GiB
+    assert copy.released_tags(ENGINE) == frozenset()
 
 
 def test_tag_sizes_from_sglangs_loads_answer() -> None:
