@@ -99,3 +99,17 @@ def test_async_client_names_a_dead_engine_behind_the_proxy_too(fleet: EmulatedFl
     dead_error, live_error = asyncio.run(run())
     assert isinstance(dead_error, EngineDied) and {a.status for a in dead_error.attempts} == {502}  # type: ignore[attr-defined]
     assert isinstance(live_error, SGLangError) and live_error.status == 502
+
+
+def test_the_barrier_names_the_engine_dead_behind_its_proxy(fleet: EmulatedFleet) -> None:
+    """Issue 19 item 10 end to end: an offload over a killed engine behind its proxy fails naming it dead, not "paused"."""
+    from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+
+    fleet.engines[0].kill()
+    client = SGLangClient(fleet.urls[0], policies=FAST_SGLANG, flush_poll_s=0.05)
+    deadlines = PhaseDeadlines(transition_s=30, pause_s=10, flush_s=10, release_s=10, resume_s=10, continue_s=10)
+    orch = Orchestrator(EngineGroup([client]), deadlines=deadlines)
+    with pytest.raises(PhaseFailed) as caught:
+        orch.offload()
+    assert list(caught.value.dead) == [client.engine]
+    assert "dead" in caught.value.left_paused[client.engine]
