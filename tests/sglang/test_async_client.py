@@ -486,7 +486,7 @@ def test_bad_arguments_are_named() -> None:
     events: list[Event] = []
     with httpx.Client() as sync_session, pytest.raises(TypeError, match=r"an httpx\.AsyncClient, but was a httpx\.Client"):
         AsyncSGLangClient("http://127.0.0.1:9", session=sync_session)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="session= and observers, retry_budget"):
+    with pytest.raises(TypeError, match="session= and observers=, retry_budget="):
         AsyncSGLangClient("http://127.0.0.1:9", session=httpx.AsyncClient(), observers=[events.append], retry_budget=None)
     with pytest.raises(TypeError, match="breakr"):  # a misspelt middleware knob fails at once, not at the first call
         AsyncSGLangClient("http://127.0.0.1:9", breakr=None)
