@@ -328,7 +328,9 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
                 return _failed(exc)
             return responded(response, response.status_code, response.headers)
 
-        response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=self._probe_done(request), never_sent=_never_sent_unretried)
+        response, records = self.retrier.run(
+            spec, attempt, discard=_discard, on_probe_done=self._probe_done(request), never_sent=_never_sent_unretried
+        )
         return self._finish(response, spec, records)
 
     def close(self) -> None:
@@ -402,7 +404,9 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
                 return _failed(exc)
             return responded(response, response.status_code, response.headers)
 
-        response, records = await self.retrier.arun(spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request), never_sent=_never_sent_unretried)
+        response, records = await self.retrier.arun(
+            spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request), never_sent=_never_sent_unretried
+        )
         return self._finish(response, spec, records)
 
     async def aclose(self) -> None:

@@ -212,11 +212,11 @@ class ResilientAdapter(HTTPAdapter):
 
     def __init__(
         self,
-        policies: PolicyTable | None | Unset = UNSET,
+        policies: PolicyTable | Unset | None = UNSET,
         *,
         observers: Sequence[Observer] | Unset = UNSET,
-        breaker: BreakerConfig | BreakerRegistry | None | Unset = UNSET,
-        retry_budget: RetryBudgetConfig | RetryBudgets | None | Unset = UNSET,
+        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
+        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
         clock: Clock | Unset = UNSET,
         rng: Callable[[], float] | Unset = UNSET,
         config: DriverConfig | None = None,
@@ -347,7 +347,7 @@ class ResilientAdapter(HTTPAdapter):
 
 
 def resilient_session(
-    policies: PolicyTable | None | Unset = UNSET,
+    policies: PolicyTable | Unset | None = UNSET,
     *,
     observers: Sequence[Observer] | Unset = UNSET,
     session: requests.Session | None = None,

@@ -22,7 +22,15 @@ import requests
 from resilience.adapters import sglang_calls as calls
 from resilience.adapters.requests import ResilientAdapter, resilient_session
 from resilience.adapters.sglang_async import AsyncSGLangClient
-from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, answer_records, auth_headers, own_driver_kwargs, raise_if_refused
+from resilience.adapters.sglang_calls import (
+    Answer,
+    Call,
+    SGLangClientState,
+    answer_records,
+    auth_headers,
+    own_driver_kwargs,
+    raise_if_refused,
+)
 from resilience.adapters.sglang_policies import SGLANG_POLICIES
 from resilience.adapters.sglang_types import (
     ControlResult,

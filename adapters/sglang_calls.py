@@ -302,7 +302,9 @@ def flush_server_wait(wait_for_idle: bool, remaining_s: float) -> float:
 def raise_if_refused(engine: str, answer: Answer, key_name: str | None) -> Answer:
     """Raise ``SGLangAuthError`` on a 401/403 (never retried), naming which key was sent, never the key."""
     if answer.status in (401, 403):
-        raise SGLangAuthError(engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response, attempts=answer.records)
+        raise SGLangAuthError(
+            engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response, attempts=answer.records
+        )
     return answer
 
 
@@ -320,7 +322,13 @@ def json_of(engine: str, answer: Answer) -> Any:
         return jsonlib.loads(answer.text)
     except ValueError:
         raise SGLangProtocolError(
-            engine, answer.endpoint, answer.status, answer.text, detail="answer is not JSON", response=answer.response, attempts=answer.records
+            engine,
+            answer.endpoint,
+            answer.status,
+            answer.text,
+            detail="answer is not JSON",
+            response=answer.response,
+            attempts=answer.records,
         ) from None
 
 
@@ -426,7 +434,9 @@ def model_info_result(engine: str, answer: Answer) -> ModelInfo:
     """``/model_info`` with its weight version."""
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "model_path" not in data:
-        raise SGLangProtocolError(engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field", attempts=answer.records)
+        raise SGLangProtocolError(
+            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field", attempts=answer.records
+        )
     version = data.get("weight_version")
     return ModelInfo(engine, str(data["model_path"]), None if version is None else str(version), data.get("served_model_name"), data)
 
@@ -443,7 +453,9 @@ def models_result(engine: str, answer: Answer) -> list[str]:
     try:
         return [str(m["id"]) for m in data["data"]]
     except (KeyError, TypeError):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id", attempts=answer.records) from None
+        raise SGLangProtocolError(
+            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id", attempts=answer.records
+        ) from None
 
 
 def generate_result(engine: str, answer: Answer) -> GenerateResult:
@@ -482,7 +494,9 @@ def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord
     except ValueError:
         raise SGLangProtocolError(engine, endpoint, 200, payload, detail="bad SSE chunk", attempts=answer_records(records, 200)) from None
     if not isinstance(chunk, dict):
-        raise SGLangProtocolError(engine, endpoint, 200, payload, detail="SSE chunk is not an object", attempts=answer_records(records, 200))
+        raise SGLangProtocolError(
+            engine, endpoint, 200, payload, detail="SSE chunk is not an object", attempts=answer_records(records, 200)
+        )
     return generate_chunk(chunk)
 
 
