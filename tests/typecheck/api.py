@@ -41,8 +41,13 @@ with resilience.set_testing(False) as mode:
     active: bool = mode.active
 
 # One DriverConfig for every driver; the delivery record of an error through the one accessor.
-seen: list[resilience.Event] = []
-config: resilience.DriverConfig = resilience.DriverConfig(policies=table, observers=(seen.append,), breaker=None)
+
+
+def watch(event: resilience.Event) -> None:
+    """An observer."""
+
+
+config: resilience.DriverConfig = resilience.DriverConfig(policies=table, observers=(watch,), breaker=None)
 shared: ResilientAdapter = ResilientAdapter(config=config)
 shared_session: requests.Session = resilient_session(config=config)
 conflict: type[resilience.ConfigError] = resilience.ConfigConflict
