@@ -114,11 +114,34 @@ class DriverConfig:
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle the settings, not the state: the copy builds fresh breakers and budgets of the same configurations."""
-        return (
-            DriverConfig,
-            (self.policies, tuple(self.observers), self.breaker_config, self.retry_budget_config, self.clock, self.rng),
-        )
+        """Pickle the settings, not the state: the copy builds fresh breakers and budgets of the same configurations.
+
+        The default clock and random source travel as "the default" (None), so a
+        copy uses its own process's: a pickled ``random.random`` would carry a
+        copy of the generator's state, and every copy would draw the same jitter.
+        """
+        clock = None if self.clock is SYSTEM_CLOCK else self.clock
+        rng = None if self.rng is random.random else self.rng
+        return (_rebuilt, (self.policies, tuple(self.observers), self.breaker_config, self.retry_budget_config, clock, rng))
+
+
+def _rebuilt(
+    policies: PolicyTable,
+    observers: tuple[Observer, ...],
+    breaker: BreakerConfig | None,
+    retry_budget: RetryBudgetConfig | None,
+    clock: Clock | None,
+    rng: Callable[[], float] | None,
+) -> DriverConfig:
+    """A pickled ``DriverConfig`` again (None clock / rng: this process's defaults)."""
+    return DriverConfig(
+        policies=policies,
+        observers=observers,
+        breaker=breaker,
+        retry_budget=retry_budget,
+        clock=SYSTEM_CLOCK if clock is None else clock,
+        rng=random.random if rng is None else rng,
+    )
 
 
 def _validate(owner: str, policies: object, observers: object, breaker: object, retry_budget: object, clock: object, rng: object) -> None:

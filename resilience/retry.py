@@ -115,7 +115,9 @@ class Retrier:
     ) -> Retrier:
         """A ``Retrier`` with one breaker and one budget per engine, built from their configs (None = that strategy off).
 
-        What every driver's constructor does with its ``breaker=`` and ``retry_budget=`` arguments.
+        A ``Retrier`` of its own state; the drivers build theirs with
+        ``DriverConfig.retrier`` (``resilience.driver_config``), whose breakers
+        and budgets every driver built from one config shares.
         """
         observers = tuple(observers)
         return cls(

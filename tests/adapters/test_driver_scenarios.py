@@ -10,6 +10,7 @@ a driver bug.
 from __future__ import annotations
 
 import pickle
+import random
 import socket
 import ssl
 import threading
@@ -27,6 +28,7 @@ import resilience
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
+from resilience.clock import SYSTEM_CLOCK
 from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict, ConfigError
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
@@ -394,6 +396,8 @@ def test_a_pickled_config_keeps_its_settings_with_fresh_state() -> None:
     copy = pickle.loads(pickle.dumps(config))
     assert copy.breaker_config == breaker and copy.budgets is None and copy.policies.match("GET", "/flaky").explicit
     assert copy.breakers is not config.breakers and copy.breakers.states() == {}
+    # the default random source is this process's own (a pickled one would replay the same jitter in every copy)
+    assert copy.rng is random.random and copy.clock is SYSTEM_CLOCK
 
 
 @pytest.mark.parametrize("client", ["sync", "async"])
