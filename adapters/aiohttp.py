@@ -102,9 +102,13 @@ _NOT_TRANSIENT: tuple[type[BaseException], ...] = (
 Each is raised before the request is written (``_never_sent_unretried``)."""
 
 
+_SESSION_CLOSED = "Session is closed"
+"""What aiohttp raises for a closed session, and what ``_attempt`` raises, before sending, for one closed during a backoff."""
+
+
 def _never_sent_unretried(exc: BaseException) -> bool:
-    """One of ``_NOT_TRANSIENT``: raised by aiohttp before a byte of the request left (recorded as not sent)."""
-    return isinstance(exc, _NOT_TRANSIENT)
+    """Raised before a byte of the request left (recorded as not sent): one of ``_NOT_TRANSIENT``, or ``_attempt``'s closed session."""
+    return isinstance(exc, _NOT_TRANSIENT) or (type(exc) is RuntimeError and exc.args == (_SESSION_CLOSED,))
 
 ERROR_TYPES = ErrorTypes(
     deadline_exceeded=errors.DeadlineExceeded,
@@ -447,7 +451,7 @@ async def _attempt(
     """
     if n > 0:
         if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
-            raise RuntimeError("Session is closed")
+            raise RuntimeError(_SESSION_CLOSED)
         await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
     if headers:
         request.headers.update(headers)

@@ -69,7 +69,8 @@ class DriverConfig:
     """Receive every event, in this order (telemetry); kept as a tuple (default: none)."""
     breaker: BreakerConfig | BreakerRegistry | None = DEFAULT_BREAKER
     """The circuit breaker per engine: a ``BreakerConfig`` (a registry is built from it), a
-    ``BreakerRegistry`` to share with other code, or None for no breaking (default ``BreakerConfig()``)."""
+    ``BreakerRegistry`` to share with other code (it keeps its own clock and observers), or None for no
+    breaking (default ``BreakerConfig()``)."""
     retry_budget: RetryBudgetConfig | RetryBudgets | None = DEFAULT_BUDGET
     """The retry budget per engine: a ``RetryBudgetConfig``, a ``RetryBudgets`` to share, or None for no
     budget (default ``RetryBudgetConfig()``)."""
