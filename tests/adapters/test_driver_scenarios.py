@@ -5,6 +5,12 @@ and checks what the caller sees (status, attempts, the error's class, both the
 resilience class and the library's own) and what the server saw (how many
 requests arrived). The drivers share the sans-IO core, so a difference here is
 a driver bug.
+
+Two families run on every driver too: the delivery record each error carries
+(``resilience.outcome.attempts_of``: refused, connect timeout, TLS handshake
+and certificate, full pool, read timeout, reset, statuses, breaker refusal),
+and one ``DriverConfig`` shared by all four (and its conflicts with the old
+keywords, for the drivers and both SGLang clients).
 """
 
 from __future__ import annotations
