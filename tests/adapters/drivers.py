@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +24,7 @@ import requests
 
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig
+from resilience.events import Observer
 from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
@@ -47,11 +48,17 @@ class Driver:
     """One client of one library with the resilience layer mounted; ``call`` blocks until the answer."""
 
     def __init__(
-        self, name: str, policies: PolicyTable, *, breaker: BreakerConfig | None = None, retry_budget: RetryBudgetConfig | None = None
+        self,
+        name: str,
+        policies: PolicyTable,
+        *,
+        breaker: BreakerConfig | None = None,
+        retry_budget: RetryBudgetConfig | None = None,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self.name = name
         self.native = NATIVE_ERRORS[name]
-        self._kwargs: dict[str, Any] = {"breaker": breaker, "retry_budget": retry_budget}
+        self._kwargs: dict[str, Any] = {"breaker": breaker, "retry_budget": retry_budget, "observers": observers}
         self._policies = policies
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

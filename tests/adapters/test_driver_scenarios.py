@@ -19,10 +19,11 @@ import pytest
 import resilience
 from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
+from resilience.events import AttemptStarted, Event
 from resilience.outcome import Delivery
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from tests.adapters.drivers import DRIVERS, Driver
-from tests.servers import Hang, Reply, ScriptedServer, scripted
+from tests.servers import Hang, Late, Reply, ScriptedServer, scripted
 
 QUICK = RetryPolicy(max_attempts=4, base_s=0.01, cap_s=0.05)
 SLOW = RetryPolicy(max_attempts=4, base_s=5, cap_s=5, jitter=0)
@@ -33,6 +34,10 @@ POLICIES = PolicyTable(
         "GET /busy": EndpointPolicy(retry=QUICK, deadline_s=1.0, attempt_timeout_s=1.0),
         "GET /gateway": EndpointPolicy(retry=RetryPolicy(max_attempts=1), deadline_s=5, attempt_timeout_s=5),
         "GET /slow-gateway": EndpointPolicy(retry=SLOW, deadline_s=60, attempt_timeout_s=5),
+        # as a new user writes them: one names no timeout, the other names a short one
+        "POST /release": EndpointPolicy(idempotent=False),
+        "POST /release-named": EndpointPolicy(idempotent=False, attempt_timeout_s=0.5),
+        "GET /read-named": EndpointPolicy(attempt_timeout_s=3),
     }
 )
 
@@ -140,6 +145,49 @@ def test_a_callers_timeout_is_honoured_on_a_default_policy_call(driver: Driver) 
     # every attempt ended on the caller's read timeout; under a 10 s attempt timeout the server's close after 5 s would end it
     kinds = [a.error_type or "" for a in info.value.attempts]  # type: ignore[attr-defined]
     assert kinds and all("Timeout" in kind for kind in kinds), kinds
+
+
+def test_an_entry_that_names_no_timeout_keeps_the_callers_short_one(driver: Driver) -> None:
+    """``EndpointPolicy(idempotent=False)``, the caller's 0.5 s, an answer after 2 s: AmbiguousOutcome, sent once, not a 200.
+
+    The entry's default 10 s attempt timeout is not its author's word, so the caller's timeout bounds the attempt.
+    """
+    with scripted(Late(2.0)) as server:
+        with pytest.raises(resilience.AmbiguousOutcome) as info:
+            driver.call("POST", f"{server.url}/release", json={}, timeout=0.5)
+        assert server.count == 1
+    assert isinstance(info.value, driver.native)
+    [attempt] = info.value.attempts
+    assert attempt.delivery is Delivery.MAYBE_APPLIED and "Timeout" in (attempt.error_type or "")
+
+
+def test_an_entry_that_names_its_timeout_wins_over_the_callers_longer_one(driver: Driver) -> None:
+    """``attempt_timeout_s=0.5`` named by the entry, the caller's 5 s, an answer after 2 s: the entry's limit ends the attempt."""
+    with scripted(Late(2.0)) as server:
+        with pytest.raises(resilience.AmbiguousOutcome) as info:
+            driver.call("POST", f"{server.url}/release-named", json={}, timeout=5)
+        assert server.count == 1
+    assert isinstance(info.value, driver.native)
+    assert [a.delivery for a in info.value.attempts] == [Delivery.MAYBE_APPLIED]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "caller_s", "attempt_s"),
+    [
+        ("POST", "/release", 60.0, 60.0),  # the caller's 60 s on a slow release is no longer cut to the unnamed 10 s
+        ("GET", "/read-named", 60.0, 3.0),  # a named 3 s still wins over it
+    ],
+)
+def test_the_attempt_gets_the_timeout_the_rule_chose(driver_name: str, method: str, path: str, caller_s: float, attempt_s: float) -> None:
+    """The read timeout each attempt was given (``AttemptStarted.timeout_s``): the caller's over an unnamed entry, a named entry's over the caller's."""
+    seen: list[Event] = []
+    driver = Driver(driver_name, POLICIES, observers=[seen.append])
+    try:
+        with scripted(Reply(200)) as server:
+            assert driver.call(method, f"{server.url}{path}", json={} if method == "POST" else None, timeout=caller_s).status == 200
+    finally:
+        driver.close()
+    assert [e.timeout_s for e in seen if isinstance(e, AttemptStarted)] == [pytest.approx(attempt_s)]
 
 
 @pytest.mark.parametrize("driver_name", ["httpx-async", "aiohttp"])
