@@ -179,7 +179,7 @@ def test_an_entry_that_names_its_timeout_wins_over_the_callers_longer_one(driver
     ],
 )
 def test_the_attempt_gets_the_timeout_the_rule_chose(driver_name: str, method: str, path: str, caller_s: float, attempt_s: float) -> None:
-    """The read timeout each attempt was given (``AttemptStarted.timeout_s``): the caller's over an unnamed entry, a named entry's over the caller's."""
+    """Each attempt's read timeout (``AttemptStarted.timeout_s``): the caller's over an unnamed entry, a named entry's over the caller's."""
     seen: list[Event] = []
     driver = Driver(driver_name, POLICIES, observers=[seen.append])
     try:
