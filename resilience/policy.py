@@ -23,6 +23,7 @@ from resilience.errors import require as _require
 
 __all__ = [
     "DEFAULT_ATTEMPT_TIMEOUT_S",
+    "DEFAULT_CONNECT_WINDOW_S",
     "DEFAULT_DEADLINE_S",
     "DEFAULT_STATUSES",
     "HTTP_METHODS",
@@ -66,6 +67,8 @@ class UnnamedSeconds(float):
         return float.__repr__(self)
 
 
+DEFAULT_CONNECT_WINDOW_S: float = 5.0
+"""``RetryPolicy.connect_window_s``: how long a call that never connected keeps retrying refusals (see its docstring for why 5 s)."""
 DEFAULT_ATTEMPT_TIMEOUT_S: float = UnnamedSeconds(10.0)
 """``EndpointPolicy.attempt_timeout_s`` when the entry does not name it: 10 s, yielding to the caller's own timeout."""
 DEFAULT_DEADLINE_S: float = UnnamedSeconds(30.0)
@@ -108,13 +111,35 @@ class RetryPolicy:
     """Attempts that may reach the server, the first included. 1 = never re-send.
 
     Failures before sending (connection refused, connect timeout) do not
-    count: they are retried with backoff until the call's deadline, since the
-    server cannot have acted. Only a call with no deadline at all counts them
-    too. A body that cannot be replayed always gets one attempt."""
+    count: the server cannot have acted, so they are retried with backoff,
+    for ``connect_window_s`` while the call has never connected, and until
+    the call's deadline once it has. Only a call with no deadline at all
+    counts them too. A body that cannot be replayed always gets one attempt."""
     statuses: frozenset[int] = DEFAULT_STATUSES
     """Statuses that are retried (default 502, 503, 504). 429 is retried only with a Retry-After header."""
     retry_before_send: bool = True
     """Retry failures that happened before the request was sent (connection refused, connect timeout). Safe for any method."""
+    connect_window_s: float | None = DEFAULT_CONNECT_WINDOW_S
+    """How long a call that has never connected keeps retrying, seconds from its start. Default 5 s.
+
+    While every attempt of the call failed before sending (refused, DNS,
+    connect timeout), no new attempt starts once this window is over: the call
+    fails with the refusal itself (the transport's connection error, with
+    ``.attempts``), and the engine's breaker opens at once, so the next call
+    fails fast with ``CircuitOpen`` until a half-open attempt connects. An
+    engine that starts listening within the window is reached as usual. It is
+    separate from ``deadline_s``: once an attempt has reached the server,
+    refusals are retried until the deadline (an engine that answered a moment
+    ago is restarting, not mistyped). An attempt already connecting keeps its
+    own connect timeout. None = no window: refusals are retried until the
+    deadline.
+
+    Why 5 s: an engine's HTTP front end that is coming up listens within
+    seconds, and a memory swap (tens of seconds) never closes the port: it
+    answers slowly or with 502/503, which ``deadline_s`` governs. A port that
+    still refuses after 5 s is a dead engine or a mistyped URL; an engine
+    restarted from scratch takes minutes (the seed's global restart: about 8),
+    far past any call's deadline."""
     base_s: float = 0.1
     """Ceiling of the first backoff, seconds."""
     cap_s: float = 5.0
@@ -143,6 +168,8 @@ class RetryPolicy:
         for name in ("base_s", "cap_s", "retry_after_max_s"):
             value = getattr(self, name)
             _require(_finite_number(value) and value >= 0, owner, name, "a finite number >= 0", value)
+        window = self.connect_window_s
+        _require(window is None or (_finite_number(window) and window > 0), owner, "connect_window_s", "a number > 0 or None", window)
         _require(self.cap_s >= self.base_s, owner, "cap_s", f">= base_s ({self.base_s})", self.cap_s)
         _require(_finite_number(self.multiplier) and self.multiplier >= 1, owner, "multiplier", "a number >= 1", self.multiplier)
         _require(_finite_number(self.jitter) and 0 <= self.jitter <= 1, owner, "jitter", "within [0, 1]", self.jitter)

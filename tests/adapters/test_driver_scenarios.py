@@ -9,23 +9,30 @@ a driver bug.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
+import aiohttp
+import httpx
 import pytest
+import requests
 
 import resilience
 from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
-from resilience.events import AttemptStarted, Event
+from resilience.errors import ResilienceError
+from resilience.events import AttemptStarted, EngineRefused, Event
 from resilience.outcome import Delivery
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from tests.adapters.drivers import DRIVERS, Driver
 from tests.servers import Hang, Late, Reply, ScriptedServer, scripted
 
 QUICK = RetryPolicy(max_attempts=4, base_s=0.01, cap_s=0.05)
+BRIEF = RetryPolicy(base_s=0.05, cap_s=0.2)
 SLOW = RetryPolicy(max_attempts=4, base_s=5, cap_s=5, jitter=0)
 POLICIES = PolicyTable(
     {
@@ -38,8 +45,18 @@ POLICIES = PolicyTable(
         "POST /release": EndpointPolicy(idempotent=False),
         "POST /release-named": EndpointPolicy(idempotent=False, attempt_timeout_s=0.5),
         "GET /read-named": EndpointPolicy(attempt_timeout_s=3),
+        # a 20 s deadline, but a call that never connects gives up after its window
+        "GET /starting": EndpointPolicy(retry=replace(BRIEF, connect_window_s=5.0), deadline_s=20, attempt_timeout_s=5),
+        "GET /dead": EndpointPolicy(retry=replace(BRIEF, connect_window_s=1.0), deadline_s=20, attempt_timeout_s=5),
     }
 )
+REFUSALS: dict[str, type[BaseException]] = {
+    "requests": requests.exceptions.ConnectionError,
+    "httpx": httpx.ConnectError,
+    "httpx-async": httpx.ConnectError,
+    "aiohttp": aiohttp.ClientConnectorError,
+}
+"""What each library raises for a refused connection: the call ends with exactly that."""
 
 
 @pytest.fixture(params=DRIVERS)
@@ -67,19 +84,23 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_refused_then_up(driver: Driver) -> None:
-    """Connections refused until the server comes up 0.4 s later: the call succeeds, the refusals recorded as not sent."""
-    port = _closed_port()
-    servers: list[ScriptedServer] = []
-
+def _up_later(port: int, after_s: float, servers: list[ScriptedServer]) -> threading.Thread:
     def come_up() -> None:
-        time.sleep(0.4)
+        time.sleep(after_s)
         servers.append(ScriptedServer([Reply(200)], port=port).start())
 
     starter = threading.Thread(target=come_up)
     starter.start()
+    return starter
+
+
+def test_refused_then_up_within_the_connect_window(driver: Driver) -> None:
+    """Connections refused until the server comes up 0.4 s later, inside the 5 s window: the call succeeds, refusals not sent."""
+    port = _closed_port()
+    servers: list[ScriptedServer] = []
+    starter = _up_later(port, 0.4, servers)
     try:
-        answer = driver.call("GET", f"http://127.0.0.1:{port}/flaky")
+        answer = driver.call("GET", f"http://127.0.0.1:{port}/starting")
     finally:
         starter.join()
         for s in servers:
@@ -87,6 +108,51 @@ def test_refused_then_up(driver: Driver) -> None:
     assert answer.status == 200
     assert answer.attempts[0].delivery is Delivery.NOT_SENT and answer.attempts[-1].status == 200
     assert len(answer.attempts) >= 2
+
+
+def test_a_dead_port_fails_with_the_refusal_after_the_window(driver: Driver, refusing_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens: the library's own connection error after the 1 s window (of a 20 s deadline), with every attempt not sent.
+
+    The first refusal is logged once at WARNING, naming the engine and how long the call keeps trying.
+    """
+    engine = f"http://127.0.0.1:{refusing_port}"
+    with caplog.at_level(logging.WARNING, logger="resilience.retry"), pytest.raises(REFUSALS[driver.name]) as info:
+        driver.call("GET", f"{engine}/dead")
+    assert not isinstance(info.value, ResilienceError)  # the refusal itself, not a deadline or a breaker error
+    attempts = info.value.attempts  # type: ignore[attr-defined]
+    assert len(attempts) >= 2 and all(a.delivery is Delivery.NOT_SENT for a in attempts)
+    assert attempts[-1].delay_s is None and sum(a.delay_s or 0 for a in attempts) < 1.0  # no attempt was started past the window
+    warnings = [r.getMessage() for r in caplog.records if r.name == "resilience.retry"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{engine} refused GET /dead (")
+    assert "retrying for up to 1.0 s" in warnings[0]
+
+
+def test_after_a_whole_window_refused_the_next_call_fails_fast_until_a_half_open_attempt_connects(driver_name: str) -> None:
+    """One call refused for its window opens the breaker: the next gets CircuitOpen unsent; once up, the half-open call closes it."""
+    seen: list[Event] = []
+    driver = Driver(driver_name, POLICIES, breaker=BreakerConfig(open_seconds=0.5), observers=[seen.append])
+    port = _closed_port()
+    url = f"http://127.0.0.1:{port}/dead"
+    servers: list[ScriptedServer] = []
+    try:
+        with pytest.raises(REFUSALS[driver_name]):
+            driver.call("GET", url)
+        with pytest.raises(resilience.CircuitOpen) as info:
+            driver.call("GET", url)
+        assert isinstance(info.value, driver.native) and info.value.attempts == ()
+        assert [e.engine for e in seen if isinstance(e, EngineRefused)] == [f"http://127.0.0.1:{port}"]  # one per refused call
+        servers.append(ScriptedServer([Reply(200)], port=port).start())
+        breaker = driver.breakers.get(f"http://127.0.0.1:{port}")
+        for _ in range(200):  # the 0.5 s open wait, polled
+            if breaker.state is BreakerState.HALF_OPEN:
+                break
+            time.sleep(0.02)
+        assert driver.call("GET", url).status == 200
+        assert breaker.state is BreakerState.CLOSED
+    finally:
+        driver.close()
+        for s in servers:
+            s.stop()
 
 
 def test_read_timeout_after_sending_a_non_idempotent_post_is_sent_once(driver: Driver) -> None:
