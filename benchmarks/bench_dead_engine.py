@@ -13,8 +13,9 @@ call, as a new user would write it, with the library's defaults:
 - ``offload``: ``Orchestrator(EngineGroup([SGLangClient(url)])).offload()``
 - ``second``: a second ``pause_generation()`` on the same client right after the first (the breaker's turn)
 
-The markdown table (call, what it ended with, attempts, wall seconds) goes to
-stdout, progress to stderr. Issue 20's figures before the connect window:
+A markdown section (heading, command, table of call, what it ended with,
+attempts, wall seconds) goes to stdout, for ``run_all.py``; progress and the
+library's WARNING lines to stderr. Issue 20's figures before the connect window:
 178.6 s, 29.7 s, 28.6 s, 88.6 s.
 """
 
@@ -99,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         held.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{held.getsockname()[1]}"
         rows = measure(url, which)
+    print("## A dead or mistyped engine: how long until the call fails\n")
+    print("`.venv/bin/python benchmarks/bench_dead_engine.py`: each call as a new user writes it, with the defaults, against a")
+    print("loopback port held bound without listening (every connect refused). The connect window (`RetryPolicy.connect_window_s`,")
+    print("5 s by default and in the SGLang preset) bounds a call that never connected; the breaker then fails the next call fast.")
+    print("Before the window (issue 20): 178.6 s, 29.7 s, 28.6 s and 88.6 s for the first four rows.\n")
     print("| call | ended with | attempts | wall s |")
     print("|---|---|---:|---:|")
     for label, ended, attempts, wall in rows:
