@@ -15,12 +15,16 @@ The rules every driver gets:
 
 - **Attempts.** ``RetryPolicy.max_attempts`` bounds the attempts that may have
   reached the server. Failures before sending (connection refused, connect
-  timeout: ``Delivery.NOT_SENT``) are retried with backoff until the call's
-  deadline, for any method; only a call with no deadline at all counts them
-  against ``max_attempts`` too. When the deadline or the retry budget ends
-  the retries on a refusal, the caller gets the refusal itself (the
-  transport's own error, with ``.attempts``): an unreachable engine reads as
-  one, never as a timeout. A body that cannot be replayed
+  timeout: ``Delivery.NOT_SENT``) are retried with backoff, for any method:
+  for ``RetryPolicy.connect_window_s`` while the call has never connected,
+  until the call's deadline once it has; only a call with no deadline at all
+  counts them against ``max_attempts`` too. When the window, the deadline or
+  the retry budget ends the retries on a refusal, the caller gets the
+  refusal itself (the transport's own error, with ``.attempts``): an
+  unreachable engine reads as one, never as a timeout. A call's first
+  refusal is logged once at WARNING (``resilience.retry``) and announced as
+  ``EngineRefused``; a call refused for its whole window opens the engine's
+  breaker at once. A body that cannot be replayed
   (``CallSpec.replayable=False``) gets exactly one attempt.
 - **Timeouts** (one precedence rule): each attempt's (connect, read) timeout is
   the matched table entry's ``attempt_timeout_s`` when the entry *names* it
