@@ -39,3 +39,8 @@ policy_error: type[ValueError] = resilience.PolicyError
 resilience.set_testing(True, attempts=2)
 with resilience.set_testing(False) as mode:
     active: bool = mode.active
+
+# Whether an entry named its timeouts (the caller's own timeout wins where it did not); the connect window.
+named: bool = EndpointPolicy(attempt_timeout_s=5).named("attempt_timeout_s") and not EndpointPolicy().named("deadline_s")
+window: float | None = RetryPolicy(connect_window_s=5.0).connect_window_s
+refused_event: type[object] = resilience.events.EngineRefused
