@@ -76,3 +76,36 @@ def test_importing_the_middleware_on_an_aiohttp_whose_internals_differ_fails_lou
 def test_parse_version(text: str, parsed: tuple[int, int]) -> None:
     """Major and minor of a version string; none found reads as (0, 0), which the check refuses."""
     assert parse_version(text) == parsed
+
+
+class _TimedRequest(aiohttp.ClientRequest):
+    """A request class with the public ``timeout`` aiohttp 3.15 adds (aio-libs/aiohttp#13176): a fixed one, to tell it apart."""
+
+    TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=1.25, sock_read=3.75)
+
+    @property
+    def timeout(self) -> aiohttp.ClientTimeout:
+        return self.TIMEOUT
+
+
+@pytest.mark.asyncio
+async def test_request_timeout_prefers_the_public_property_where_aiohttp_has_one() -> None:
+    """A ``ClientRequest`` with a ``timeout`` property (``request_class=``, aiohttp's own seam): read it, not the closure cells."""
+    from resilience.adapters.aiohttp import request_timeout
+    from tests.servers import Reply, scripted
+
+    seen: list[aiohttp.ClientTimeout] = []
+
+    async def spy(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        seen.append(request_timeout(request, handler))
+        return await handler(request)
+
+    with scripted(Reply(200)) as server:
+        async with aiohttp.ClientSession(middlewares=(spy,), request_class=_TimedRequest) as plain:
+            async with plain.get(f"{server.url}/x", timeout=aiohttp.ClientTimeout(total=9)) as r:
+                assert r.status == 200
+        async with aiohttp.ClientSession(middlewares=(spy,)) as session:
+            own = aiohttp.ClientTimeout(total=9)
+            async with session.get(f"{server.url}/x", timeout=own) as r:
+                assert r.status == 200
+    assert seen[0] is _TimedRequest.TIMEOUT and seen[1] is own
