@@ -138,6 +138,7 @@ def _invoke(engine: AnyEngine, method: str, kwargs: Mapping[str, Any], deadline:
         if inspect.iscoroutine(value):
             value.close()
         error = TypeError(f"{name}.{method} is a coroutine function: drive async engines with AsyncFanOut, not a thread fan-out")
+        error.attempts = ()  # type: ignore[attr-defined]  # the fan-out's record: no attempt was made (nothing sent)
         return EngineResult(name, error=error, duration_s=time.monotonic() - t0)
     return EngineResult(name, value=value, duration_s=time.monotonic() - t0)
 
