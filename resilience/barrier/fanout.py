@@ -143,6 +143,23 @@ def _invoke(engine: AnyEngine, method: str, kwargs: Mapping[str, Any], deadline:
     return EngineResult(name, value=value, duration_s=time.monotonic() - t0)
 
 
+def _run_into(
+    future: Future[EngineResult],
+    context: contextvars.Context,
+    engine: AnyEngine,
+    method: str,
+    kwargs: Mapping[str, Any],
+    deadline: Deadline,
+) -> None:
+    """On a pool thread: run the call into ``future`` unless it was cancelled first (then the call never starts)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(context.run(_invoke, engine, method, kwargs, deadline))
+    except BaseException as exc:  # SystemExit and the like from the engine's call: the caller re-raises it
+        future.set_exception(exc)
+
+
 class FutureCall:
     """A ``LateCall`` over a ``Future`` of an ``EngineResult`` (what ``ThreadFanOut`` hands back for a late call)."""
 
@@ -196,10 +213,10 @@ class ThreadFanOut:
             return []
         pool = self._executor()
         seconds = deadline.remaining() if deadline.bounded else None
-        futures: list[Future[EngineResult]] = []
+        futures: list[Future[EngineResult]] = [Future() for _ in calls]  # each exists before its call can start
         try:
-            for engine, kwargs in calls:
-                futures.append(pool.submit(contextvars.copy_context().run, _invoke, engine, method, kwargs, deadline))
+            for (engine, kwargs), future in zip(calls, futures, strict=True):
+                pool.submit(_run_into, future, contextvars.copy_context(), engine, method, kwargs, deadline)
             wait(futures, timeout=seconds)
         except BaseException as exc:
             attach_results(exc, self._read(calls, futures, method, "interrupted"))
@@ -216,11 +233,10 @@ class ThreadFanOut:
     def _read(calls: Calls, futures: Sequence[Future[EngineResult]], method: str, why: str) -> list[EngineResult | None]:
         """One result per call, as things stand: answered, never sent, late (with a handle), or None (raised a BaseException)."""
         results: list[EngineResult | None] = []
-        for i, (engine, _kwargs) in enumerate(calls):
+        for (engine, _kwargs), future in zip(calls, futures, strict=True):
             name = engine_name(engine)
-            future = futures[i] if i < len(futures) else None
-            if future is None or future.cancelled():
-                results.append(EngineResult(name, error=PhaseTimeout(f"{method} never submitted ({why})", maybe_sent=False)))
+            if future.cancelled():
+                results.append(EngineResult(name, error=PhaseTimeout(f"{method} never started ({why})", maybe_sent=False)))
             elif future.done():
                 results.append(None if future.exception() is not None else future.result())
             elif future.cancel():  # not started yet: it will never reach the engine

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -102,7 +102,10 @@ class SyncFacade:
 
         def failed_on_entry(task: Future[None]) -> None:
             if not entered.done():
-                error = None if task.cancelled() else task.exception()
+                if task.cancelled():  # cancelled on entry (an interrupt hook): the caller sees the cancellation
+                    entered.set_exception(CancelledError("weight_sync was cancelled on entry"))
+                    return
+                error = task.exception()
                 entered.set_exception(error or RuntimeError("weight_sync ended before its body"))
 
         task = self.loop.submit(hold())
