@@ -43,7 +43,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from resilience.barrier.async_fanout import engine_problem
 from resilience.barrier.engine import ALL_TAGS, AnyEngine, ControlMethod
 from resilience.barrier.fanout import EngineResult, engine_name, interrupted_results
 from resilience.barrier.knowledge import EngineKnowledge, EngineState, LateCall, tags_of
@@ -184,9 +183,6 @@ class BarrierRules(Generic[E]):
                 name = engine_name(engine)
                 if name in self._engines:
                     raise ValueError(f"engine {name} appears in more than one group")
-                problem = engine_problem(engine)
-                if problem is not None:
-                    raise TypeError(f"{type(self).__name__} cannot drive engine {problem} (group {group.name!r})")
                 self._engines[name] = engine
                 if group.needs_offload:
                     self._offloaded.append(name)
