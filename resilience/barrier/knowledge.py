@@ -249,15 +249,16 @@ class EngineKnowledge:
         """The facts a call may change, as a value."""
         return Facts(self.paused, self.flushed, self.pause_mode, frozenset(self.released), frozenset(self.unknown))
 
-    def mark(self, method: str, kwargs: Mapping[str, Any]) -> None:
+    def mark(self, method: str, kwargs: Mapping[str, Any]) -> Pending:
         """Write-ahead: ``method(**kwargs)`` is about to be sent. Its facts become what "maybe applied" leaves.
 
         ``pending`` keeps them as they were, and is set first: an interruption
         between the two steps leaves a mark that ``abandon`` completes.
         """
         self.abandon()
-        self.pending = Pending(method, dict(kwargs), self.facts())
+        pending = self.pending = Pending(method, dict(kwargs), self.facts())
         self.apply(method, kwargs, Effect.MAYBE)
+        return pending
 
     def settle(self, effect: Effect) -> None:
         """The ``pending`` call had ``effect``: refine its facts from "maybe" to what it really did, then drop the mark."""

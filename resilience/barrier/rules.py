@@ -45,7 +45,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from resilience.barrier.engine import ALL_TAGS, AnyEngine, ControlMethod
 from resilience.barrier.fanout import EngineResult, engine_name, interrupted_results
-from resilience.barrier.knowledge import EngineKnowledge, EngineState, LateCall, tags_of
+from resilience.barrier.knowledge import EngineKnowledge, EngineState, LateCall, Pending, tags_of
 from resilience.barrier.outcome import effect_of, is_engine_dead
 from resilience.barrier.types import (
     EngineGroup,
@@ -123,6 +123,8 @@ class PhaseCall(Generic[E]):
     started: float
     before: Mapping[str, EngineState] = field(default_factory=dict)
     """Each engine's state before the write-ahead mark (``EngineStateChanged`` reports the net change at the fold)."""
+    marks: dict[str, Pending] = field(default_factory=dict)
+    """Each engine's write-ahead mark for this step: only these are settled by its results."""
     results: list[EngineResult] | None = None
     folded: bool = False
 
@@ -449,12 +451,12 @@ class BarrierRules(Generic[E]):
         emit(self.observers, started)
         tx.phase = phase
         before = {n: self._know[n].state for n in names}
-        for n, kwargs in calls:
-            self._know[n].mark(method, kwargs)
-        self._persist(names)
         step = PhaseCall(
             tx, phase, method, tuple(calls), [(self._engines[n], kw) for n, kw in calls], deadline, self.clock.monotonic(), before
         )
+        for n, kwargs in calls:
+            step.marks[n] = self._know[n].mark(method, kwargs)
+        self._persist(names)
         yield step
         assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
         return self._fold(step, step.results)
@@ -485,11 +487,13 @@ class BarrierRules(Generic[E]):
         failures: dict[str, BaseException] = {}
         for (name, _kwargs), result in zip(step.calls, results, strict=True):
             k = self._know[name]
+            mine = k.pending is not None and k.pending is step.marks.get(name)  # a later step's mark is not this step's to settle
             if result is None:
-                k.abandon()
+                if mine:
+                    k.abandon()
                 failures[name] = _Interrupted(f"{name}: the phase was interrupted while {method} ran; it may have been applied")
                 continue
-            if k.pending is not None:
+            if mine:
                 if result.late is not None:
                     k.late(result.late)
                 else:
@@ -519,7 +523,7 @@ class BarrierRules(Generic[E]):
                 if results is None or len(results) != len(step.calls):
                     results = [None] * len(step.calls)
                 if step.folded:
-                    if any(self._know[n].pending is not None for n, _ in step.calls):
+                    if any(self._know[n].pending is step.marks.get(n) for n, _ in step.calls):
                         self._fold_knowledge(step, results)
                 else:
                     self._fold(step, results)
