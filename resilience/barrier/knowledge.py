@@ -9,7 +9,8 @@ An engine's state is not one label but a few facts, each known or unknown:
 - ``released``: tags known released; ``unknown``: tags that may or may not be
   released (an ambiguous release or resume). An engine with unknown tags is
   *quarantined*: no release, resume or continue is sent to it until the caller
-  reconciles it (``Orchestrator.reconcile``) or retires it. Nothing SGLang 0.5.23
+  reconciles it (``Orchestrator.reconcile``), a ``MemoryProbe`` proves its tags,
+  or it is retired. Nothing SGLang 0.5.23
   answers can tell which tags are released: the scheduler keeps them in
   ``WeightUpdater.offload_tags`` (``sglang/srt/managers/scheduler_components/weight_updater.py``,
   ``release_memory_occupation``) and no endpoint reads that set; ``/server_info``'s

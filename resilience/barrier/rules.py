@@ -270,6 +270,7 @@ class BarrierRules(Generic[E]):
                     raise RuntimeError(f"reconcile {name}: a late {late} sent earlier is still running; reconcile after it lands")
                 before = k.state
                 self._land(name, error)
+                self._persist((name,))
                 self._announce(name, before)
             kept = (k.released | k.unknown) if tags is None else set()
             if kept and paused is False:
@@ -503,11 +504,11 @@ class BarrierRules(Generic[E]):
                 if is_engine_dead(result.error) and k.dead is None:
                     k.dead = f"{type(result.error).__name__} in {phase}"
         names = tuple(n for n, _ in step.calls)
+        self._persist(names)
         calls = dict(step.calls)
-        for name in self._probe(names):
+        for name in self._probe(names):  # each engine it settles is persisted on its own
             if name in failures and self._done(self._know[name], method, calls[name]):
                 del failures[name]  # the probe proves the call did what it was sent for
-        self._persist(names)
         return failures
 
     def _abandon(self, steps: Steps[Any], step: Step, error: BaseException | None = None) -> None:
