@@ -147,7 +147,7 @@ def test_a_dropped_tail_is_cut_off_so_later_records_are_not_lost_behind_it(tmp_p
     journal.commit(_know(paused=True), ENGINES, "pause outcome")
     journal.close()
     with open(path, "ab") as fh:
-        fh.write(b"deadbeef {\"k\":\"st")  # a record torn by a crash
+        fh.write(b'deadbeef {"k":"st')  # a record torn by a crash
     again = Journal(path)
     recovery, known, _ = again.open(ENGINES)
     assert recovery.dropped is not None and known[ENGINES[0]].paused is True
