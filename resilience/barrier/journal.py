@@ -29,10 +29,11 @@ import os
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore
-from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore, unframe
+from resilience.barrier.knowledge import Effect, EngineKnowledge
 from resilience.budget import RestartBudget, RestartRecord
 
 __all__ = [
@@ -42,12 +43,15 @@ __all__ = [
     "JournalError",
     "JournalMismatch",
     "Recovery",
+    "Resumed",
     "facts_of",
     "knowledge_from",
     "open_journal",
 ]
 
 FORMAT = "controlplane-resilience/barrier-journal"
+OFFLOAD_TOKEN = 0
+"""The offload hold's id (``resilience.barrier.rules``): it belongs to whichever controller runs, so it has no owner."""
 _VERSION = 1
 _LOG = logging.getLogger("resilience.barrier.journal")
 
@@ -70,15 +74,25 @@ def facts_of(k: EngineKnowledge, *, retired: bool = False) -> dict[str, Any]:
         "unknown": sorted(k.unknown),
         "dead": k.dead,
         "holds": {str(i): r for i, r in sorted(k.holds.items())},
-        "in_flight": None if k.in_flight is None else k.in_flight.method,
+        "in_flight": _in_flight(k),
         "retired": retired,
     }
 
 
+def _in_flight(k: EngineKnowledge) -> dict[str, Any] | None:
+    call = k.in_flight if k.in_flight is not None else k.pending
+    return None if call is None else {"method": call.method, "kwargs": dict(call.kwargs)}
+
+
 def knowledge_from(name: str, facts: Mapping[str, Any]) -> EngineKnowledge:
-    """The knowledge a journal's facts describe; a call that was in flight is gone with its process (its facts stay unknown)."""
+    """The knowledge a journal's facts describe.
+
+    A call that was in flight is gone with its process; its facts were already written as "maybe applied"
+    before it was sent, and are made so again here (a maybe is idempotent), so a record written by an
+    older writer, or one cut short between the mark and its record, can never read as "not applied".
+    """
     paused = facts.get("paused")
-    return EngineKnowledge(
+    k = EngineKnowledge(
         name,
         paused=paused if paused is None else bool(paused),
         flushed=bool(facts.get("flushed", False)),
@@ -88,6 +102,10 @@ def knowledge_from(name: str, facts: Mapping[str, Any]) -> EngineKnowledge:
         dead=facts.get("dead"),
         holds={int(i): str(r) for i, r in dict(facts.get("holds", {})).items()},
     )
+    call = facts.get("in_flight")
+    if isinstance(call, Mapping):
+        k.apply(str(call.get("method")), dict(call.get("kwargs") or {}), Effect.MAYBE)
+    return k
 
 
 @dataclass(frozen=True)
@@ -121,6 +139,17 @@ class Recovery:
         if self.orphaned_holds:
             parts.append("holds whose owner is gone: " + ", ".join(f"{n} {'; '.join(h)}" for n, h in sorted(self.orphaned_holds.items())))
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What ``Journal.open`` read: the ``Recovery`` report, each engine's knowledge (engines with no record are left out),
+    the retired engines, and the restart budget's state (None when the journal never saw one)."""
+
+    recovery: Recovery
+    knowledge: Mapping[str, EngineKnowledge] = field(default_factory=dict)
+    retired: frozenset[str] = frozenset()
+    budget: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -198,8 +227,15 @@ class Journal:
         """Where the journal lives."""
         return self.store.name
 
-    def open(self, engines: Sequence[str]) -> tuple[Recovery, dict[str, EngineKnowledge], dict[str, dict[str, Any]]]:
-        """Read the journal for ``engines``: (recovery, knowledge of each engine found, retired flags and budget).
+    @staticmethod
+    def read_only(path: str | os.PathLike[str]) -> dict[str, EngineKnowledge]:
+        """What a controller started on the journal file at ``path`` would know of each engine now, read without its lock."""
+        loaded = unframe(Path(path).read_bytes(), str(path))
+        folded = _fold(loaded.records, str(path))
+        return {n: knowledge_from(n, f) for n, f in folded.facts.items()}
+
+    def open(self, engines: Sequence[str]) -> Resumed:
+        """Read the journal for ``engines``: what it recovered, each engine's knowledge, the retired ones, the budget.
 
         A new journal gets its header. A journal for other engines raises ``JournalMismatch`` naming
         the difference; a torn tail is described in ``Recovery.dropped`` (and logged), then cut off.
@@ -214,7 +250,7 @@ class Journal:
             else:
                 self.store.append(_dump(header))
             self._written = 1
-            return Recovery(self.store.name, dropped=loaded.dropped), {}, {}
+            return Resumed(Recovery(self.store.name, dropped=loaded.dropped))
         folded = _fold(loaded.records, self.store.name)
         assert folded.engines is not None
         if sorted(folded.engines) != sorted(engines):
@@ -230,7 +266,7 @@ class Journal:
         if loaded.dropped:
             _LOG.warning("%s", loaded.dropped)
         knowledge = {n: knowledge_from(n, f) for n, f in folded.facts.items()}
-        in_flight = {n: str(f["in_flight"]) for n, f in folded.facts.items() if f.get("in_flight")}
+        in_flight = {n: str(f["in_flight"].get("method")) for n, f in folded.facts.items() if isinstance(f.get("in_flight"), Mapping)}
         orphaned: dict[str, tuple[str, ...]] = {}
         for n, k in knowledge.items():
             gone = []
@@ -240,9 +276,6 @@ class Journal:
                     gone.append(f"{reason} (pid {owner.get('pid')} on {owner.get('host')}, gone)")
             if gone:
                 orphaned[n] = tuple(gone)
-        extras = {n: {"retired": bool(f.get("retired"))} for n, f in folded.facts.items()}
-        if folded.budget is not None:
-            extras["__budget__"] = folded.budget
         recovery = Recovery(
             self.store.name,
             resumed=True,
@@ -259,7 +292,8 @@ class Journal:
             self._written = len(loaded.records)
         if in_flight or orphaned:
             _LOG.warning("%s", recovery.summary())
-        return recovery, knowledge, extras
+        retired = frozenset(n for n, f in folded.facts.items() if f.get("retired"))
+        return Resumed(recovery, knowledge, retired, folded.budget)
 
     def commit(
         self,
@@ -279,7 +313,7 @@ class Journal:
         owners: dict[str, dict[str, Any]] = {}
         for n in names:
             for token in know[n].holds:
-                if str(token) not in self._owners:
+                if token != OFFLOAD_TOKEN and str(token) not in self._owners:
                     owners[str(token)] = self._owners[str(token)] = _me()
         budget_state = _budget_state(budget)
         budget_changed = budget_state is not None and budget_state != self._budget

@@ -83,8 +83,8 @@ def test_a_controller_killed_outright_leaves_the_journal_usable(tmp_path: Path) 
 
 def test_a_journal_resumes_knowledge_holds_and_the_restart_budget(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j")
-    recovery, known, _ = journal.open(ENGINES)
-    assert not recovery.resumed and known == {}
+    resumed = journal.open(ENGINES)
+    assert not resumed.recovery.resumed and resumed.knowledge == {}
     know = _know(paused=True, flushed=True)
     know[ENGINES[0]].released = {"kv_cache"}
     know[ENGINES[1]].unknown = {"weights"}
@@ -95,14 +95,15 @@ def test_a_journal_resumes_knowledge_holds_and_the_restart_budget(tmp_path: Path
     journal.close()
 
     again = Journal(tmp_path / "j")
-    recovery, known, extras = again.open(list(reversed(ENGINES)))
+    resumed = again.open(list(reversed(ENGINES)))
     again.close()
+    recovery, known = resumed.recovery, resumed.knowledge
     assert recovery.resumed and recovery.records == 2 and recovery.dropped is None
     assert known[ENGINES[0]].released == {"kv_cache"} and known[ENGINES[0]].paused is True
     assert known[ENGINES[1]].unknown == {"weights"} and known[ENGINES[1]].holds == {7: "weight_sync"}
     assert recovery.orphaned_holds == {}  # the owner (this process) is alive
     assert str(recovery.states[ENGINES[1]]) == "quarantined"
-    assert extras["__budget__"]["restarts"][0]["cause"] == "oom"
+    assert resumed.budget is not None and resumed.budget["restarts"][0]["cause"] == "oom"
 
 
 def test_a_hold_whose_owner_process_is_gone_is_named(tmp_path: Path) -> None:
@@ -116,7 +117,7 @@ def test_a_hold_whose_owner_process_is_gone_is_named(tmp_path: Path) -> None:
     )
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "j"), *ENGINES], timeout=60, check=True)
     journal = Journal(tmp_path / "j")
-    recovery, _, _ = journal.open(ENGINES)
+    recovery = journal.open(ENGINES).recovery
     journal.close()
     assert set(recovery.orphaned_holds) == set(ENGINES)
     assert all("weight_sync (pid" in h[0] and "gone" in h[0] for h in recovery.orphaned_holds.values())
@@ -149,14 +150,16 @@ def test_a_dropped_tail_is_cut_off_so_later_records_are_not_lost_behind_it(tmp_p
     with open(path, "ab") as fh:
         fh.write(b'deadbeef {"k":"st')  # a record torn by a crash
     again = Journal(path)
-    recovery, known, _ = again.open(ENGINES)
+    resumed = again.open(ENGINES)
+    recovery, known = resumed.recovery, resumed.knowledge
     assert recovery.dropped is not None and known[ENGINES[0]].paused is True
     know = _know(paused=False)
     again.commit(know, ENGINES, "continue outcome")
     again.close()
     third = Journal(path)
-    recovery, known, _ = third.open(ENGINES)
+    resumed = third.open(ENGINES)
     third.close()
+    recovery, known = resumed.recovery, resumed.knowledge
     assert recovery.dropped is None and known[ENGINES[0]].paused is False
 
 
@@ -170,7 +173,7 @@ def test_compaction_keeps_what_the_journal_knows(tmp_path: Path) -> None:
     lines = (tmp_path / "j").read_bytes().count(b"\n")
     assert lines < 4
     again = Journal(tmp_path / "j")
-    _, known, _ = again.open(ENGINES)
+    known = again.open(ENGINES).knowledge
     again.close()
     assert known[ENGINES[0]].paused is False  # step 8
 
@@ -194,7 +197,8 @@ def test_the_ray_kv_store_keeps_records_across_store_objects(ray_runtime: Any) -
     for i in range(4):
         journal.commit(_know(paused=bool(i % 2)), ENGINES, f"step {i}")
     again = Journal(RayKVJournalStore(key))
-    recovery, known, _ = again.open(ENGINES)
+    resumed = again.open(ENGINES)
+    recovery, known = resumed.recovery, resumed.knowledge
     assert recovery.resumed and recovery.records >= 2
     assert known[ENGINES[0]].paused is True  # step 3
     assert again.name == f"ray-kv://controlplane-resilience/{key}"
