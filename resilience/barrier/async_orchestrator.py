@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from typing import Literal, TypeVar
 
 from resilience.barrier.async_fanout import PhaseRun, TaskCall
 from resilience.barrier.engine import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
+from resilience.barrier.journal import Journal
+from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.knowledge import LateCall
 from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
@@ -70,7 +73,8 @@ class AsyncOrchestrator(BarrierRules[A]):
     (``AsyncSGLangClient``); their calls run on the loop of the task that awaits
     the transition, so use the orchestrator (and the engines) from one loop.
     ``max_concurrency``: calls running at once within a phase (default None: all).
-    ``memory_probe``: as for ``Orchestrator``. An engine whose control calls are
+    ``memory_probe``, ``journal``: as for ``Orchestrator`` (the journal's
+    writes are short blocking fsyncs on the loop's thread). An engine whose control calls are
     not coroutines (it would block the loop) or that lacks one is refused here
     with a ``TypeError`` naming it.
 
@@ -94,6 +98,7 @@ class AsyncOrchestrator(BarrierRules[A]):
         clock: Clock = SYSTEM_CLOCK,
         max_concurrency: int | None = None,
         memory_probe: MemoryProbe | None = None,
+        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
@@ -105,6 +110,7 @@ class AsyncOrchestrator(BarrierRules[A]):
             rollback=rollback,
             clock=clock,
             memory_probe=memory_probe,
+            journal=journal,
         )
         for name, engine in self._engines.items():
             for method in CONTROL_METHODS:
@@ -116,6 +122,7 @@ class AsyncOrchestrator(BarrierRules[A]):
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
+        self._resume()
 
     # -- recovery ----------------------------------------------------------------
 

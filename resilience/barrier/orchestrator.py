@@ -35,6 +35,7 @@ this module drives them from the caller's thread, through a ``FanOut``.
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,6 +44,8 @@ from typing import Literal, TypeVar
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.engine import AnyEngine, PauseMode
 from resilience.barrier.fanout import FanOut, ThreadFanOut
+from resilience.barrier.journal import Journal
+from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.budget import RestartBudget
@@ -87,6 +90,12 @@ class Orchestrator(BarrierRules[E]):
     ``reconcile``). An engine the fan-out cannot drive (a control method
     missing, coroutine calls on a thread fan-out, a plain engine on
     ``RayFanOut``) is refused here with a ``TypeError`` naming it.
+    ``journal``: a path (or a ``Journal``, or a ``JournalStore`` such as
+    ``RayKVJournalStore``) where the knowledge is written before each command
+    is sent and after each answer, so that a new orchestrator on the same
+    journal resumes it after a crash (``resilience.barrier.journal``; default
+    None: knowledge lives in memory only). ``recovery`` then says what was
+    resumed; ``close()`` lets go of the journal.
 
     Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
     concurrently with each other (each holds its own token), and ``offload``/
@@ -105,6 +114,7 @@ class Orchestrator(BarrierRules[E]):
         rollback: bool = True,
         clock: Clock = SYSTEM_CLOCK,
         memory_probe: MemoryProbe | None = None,
+        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(
             groups,
@@ -114,11 +124,13 @@ class Orchestrator(BarrierRules[E]):
             rollback=rollback,
             clock=clock,
             memory_probe=memory_probe,
+            journal=journal,
         )
         self.fanout: FanOut = fanout if fanout is not None else default_fanout(self._engines.values())
         check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
         if check is not None:  # the fan-out says which engines it can drive, before anything is sent
             check(self._engines.values())
+        self._resume()
         self._bodies_ended = threading.Condition(self._lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""

@@ -37,6 +37,7 @@ prove it leaves the quarantine as it is.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -45,6 +46,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from resilience.barrier.engine import ALL_TAGS, AnyEngine, ControlMethod
 from resilience.barrier.fanout import EngineResult, engine_name, interrupted_results
+from resilience.barrier.journal import OFFLOAD_TOKEN, Journal, Recovery, open_journal, restore_budget
+from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.knowledge import EngineKnowledge, EngineState, LateCall, Pending, tags_of
 from resilience.barrier.outcome import effect_of, is_engine_dead
 from resilience.barrier.types import (
@@ -77,10 +80,19 @@ __all__ = ["OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "BarrierRules", "PhaseCall", "Set
 
 OFFLOAD_HOLD = "offload"
 WEIGHT_SYNC_HOLD = "weight_sync"
-_OFFLOAD_TOKEN = 0
+_OFFLOAD_TOKEN = OFFLOAD_TOKEN
 """The offload hold's id: one per engine, taken by offload and dropped once all its memory is back."""
 _ids = itertools.count(1)
 _tokens = itertools.count(1)
+_tokens_lock = threading.Lock()
+
+
+def _reserve_tokens(past: int) -> None:
+    """Hand out hold ids above ``past`` from now on (a journal resumed holds up to that id)."""
+    global _tokens
+    with _tokens_lock:
+        nxt = next(_tokens)
+        _tokens = itertools.count(max(nxt, past + 1))
 Call = tuple[str, Mapping[str, Any]]
 E = TypeVar("E", bound=AnyEngine)
 T = TypeVar("T")
@@ -165,6 +177,7 @@ class BarrierRules(Generic[E]):
         rollback: bool = True,
         clock: Clock = SYSTEM_CLOCK,
         memory_probe: MemoryProbe | None = None,
+        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
         self.groups = (groups,) if isinstance(groups, EngineGroup) else tuple(groups)
         for group in self.groups:
@@ -191,6 +204,36 @@ class BarrierRules(Generic[E]):
         self._know = {name: EngineKnowledge(name) for name in self._engines}
         self._retired: set[str] = set()
         self._lock = threading.RLock()
+        self._label = "start"
+        self._journal_arg = journal
+        self.journal: Journal | None = None
+        self.recovery: Recovery | None = None
+        """What the journal gave back when the orchestrator started (None without a journal)."""
+
+    def _resume(self) -> None:
+        """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements and
+        restart budget it kept. Each orchestrator calls this last in its constructor."""
+        if self._journal_arg is None:
+            return
+        journal = open_journal(self._journal_arg)
+        try:
+            resumed = journal.open(list(self._engines))
+        except BaseException:
+            journal.close()
+            raise
+        self.journal, self.recovery = journal, resumed.recovery
+        self._know.update(resumed.knowledge)
+        self._retired.update(resumed.retired)
+        self.restart_budget = restore_budget(self.restart_budget, resumed.budget)
+        _reserve_tokens(max((i for k in resumed.knowledge.values() for i in k.holds), default=0))
+        for name, k in resumed.knowledge.items():
+            if k.state is not EngineState.SERVING:
+                emit(self.observers, EngineStateChanged(engine=name, from_state=str(EngineState.SERVING), to_state=str(k.state)))
+
+    def close(self) -> None:
+        """Let go of the journal (its lock), if there is one. The orchestrator sends nothing more afterwards."""
+        if self.journal is not None:
+            self.journal.close()
 
     # -- queries ---------------------------------------------------------------
 
@@ -237,8 +280,14 @@ class BarrierRules(Generic[E]):
     def _persist(self, names: Collection[str]) -> None:
         """The knowledge of ``names`` changed; called before any command that depends on it is sent.
 
-        A no-op here; a durable journal implements it (every knowledge change goes through a caller of this hook).
+        With a journal, the facts of ``names`` that changed are written durably before this returns (every
+        knowledge change goes through a caller of this hook); without one, nothing happens.
         """
+        if self.journal is None or not names:
+            return
+        pending = sorted({k.pending.method for n in names if (k := self._know[n]).pending is not None})
+        why = f"{self._label}: sending {', '.join(pending)}" if pending else self._label
+        self.journal.commit(self._know, names, why, retired=self._retired, budget=self.restart_budget)
 
     # -- recovery (the drivers call these under their own exclusion) -------------------
 
@@ -246,6 +295,7 @@ class BarrierRules(Generic[E]):
         name = self._name_of(engine)
         with self._lock:
             self._retired.add(name)
+            self._label = "retire"
             self._persist((name,))
 
     def _reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
@@ -282,6 +332,7 @@ class BarrierRules(Generic[E]):
             before = k.state
             k.abandon()
             k.reconcile(released=tags, paused=paused)
+            self._label = "reconcile"
             self._persist((name,))
             if k.released or k.unknown:
                 self._hold(name, _OFFLOAD_TOKEN, OFFLOAD_HOLD)
@@ -451,6 +502,7 @@ class BarrierRules(Generic[E]):
         started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, deadline_s=deadline.remaining())
         emit(self.observers, started)
         tx.phase = phase
+        self._label = f"{tx.name} {phase}"
         before = {n: self._know[n].state for n in names}
         step = PhaseCall(
             tx, phase, method, tuple(calls), [(self._engines[n], kw) for n, kw in calls], deadline, self.clock.monotonic(), before
@@ -681,6 +733,7 @@ class BarrierRules(Generic[E]):
         """
         names = tuple(self._active(engines))
         tx = _Transition(next(_ids), name, Deadline(self.deadlines.transition_s, clock=self.clock), names, self.clock.monotonic())
+        self._label = name
         started = TransitionStarted(transition_id=tx.tid, transition=name, engines=tx.engines, deadline_s=self.deadlines.transition_s)
         emit(self.observers, started)
         try:
