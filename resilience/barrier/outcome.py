@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from resilience.barrier.fanout import EngineDied, PhaseTimeout
+from resilience.barrier.fanout import EngineDied, EngineNotDriven, PhaseTimeout
 from resilience.barrier.knowledge import Effect
 from resilience.barrier.types import EngineSkipped
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
@@ -32,7 +32,7 @@ def effect_of(error: BaseException | None) -> Effect:
 
     - no error: APPLIED;
     - the barrier's own ``PhaseTimeout(maybe_sent=False)`` (the call never
-      started) and ``EngineSkipped`` (nothing was sent): NOT_APPLIED;
+      started), ``EngineSkipped`` and ``EngineNotDriven`` (nothing was sent): NOT_APPLIED;
     - no driver record at all (``EngineDied``, ``EngineUnavailable``, a
       ``PhaseTimeout`` of a call that may have started, any error no driver
       wrote, such as a fan-out's or an engine's own bug; an empty record,
@@ -51,7 +51,7 @@ def effect_of(error: BaseException | None) -> Effect:
     """
     if error is None:
         return Effect.APPLIED
-    if isinstance(error, EngineSkipped) or (isinstance(error, PhaseTimeout) and not error.maybe_sent):
+    if isinstance(error, (EngineSkipped, EngineNotDriven)) or (isinstance(error, PhaseTimeout) and not error.maybe_sent):
         return Effect.NOT_APPLIED
     attempts = attempts_of(error)
     if attempts is None:
