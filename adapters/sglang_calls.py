@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilience.adapters.requests import engine_of
-from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, with_memory_probe
+from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang_types import (
     ControlResult,
     FlushResult,
@@ -34,9 +34,11 @@ from resilience.adapters.sglang_types import (
 from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import EngineDied
 from resilience.deadline import Deadline, current_deadline
-from resilience.errors import CircuitOpen, ResilienceError
+from resilience.driver_config import UNSET, DriverConfig, Unset
+from resilience.errors import CircuitOpen, ConfigConflict, ResilienceError
+from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
-from resilience.outcome import AttemptRecord
+from resilience.outcome import AttemptRecord, Delivery, Outcome, attempts_of
 from resilience.policy import PolicyTable
 
 __all__ = [
@@ -47,7 +49,7 @@ __all__ = [
     "SGLangClientState",
     "StreamEnd",
     "answer_error",
-    "attempt_records",
+    "answer_records",
     "call_deadline",
     "control_result",
     "engine_died",
@@ -61,6 +63,9 @@ __all__ = [
     "model_info_result",
     "models_result",
     "needs_liveness_check",
+    "own_driver_kwargs",
+    "own_policies",
+    "probed_config",
     "raise_if_refused",
     "require_ok",
     "server_info_result",
@@ -101,7 +106,9 @@ class Answer:
     """What the engine answered: ``status``, the body as ``text``, and the ``attempts`` the call took.
 
     ``response``: the transport's own response object, put on raised errors as
-    ``error.response`` (None = none); never read here.
+    ``error.response`` (None = none); never read here. ``records``: the
+    transport's delivery record of the call (``AttemptRecord``s), put on raised
+    errors as ``error.attempts``; ``answer_records`` fills it in.
     """
 
     endpoint: str
@@ -110,7 +117,6 @@ class Answer:
     attempts: int = 1
     response: Any = None
     records: tuple[AttemptRecord, ...] = ()
-    """The retry loop's record of each attempt (empty when the session has no resilience layer)."""
     confirmed_by_probe: bool = False
     """True when the engine's own answer was lost and the transport's memory probe proved the call applied."""
 
@@ -127,11 +133,23 @@ GATEWAY_STATUSES: frozenset[int] = frozenset({502, 503, 504})
 """Statuses a front end answers when it got nothing (usable) from the engine."""
 
 
-def attempt_records(value: object) -> tuple[AttemptRecord, ...]:
-    """The ``AttemptRecord`` tuple a resilience layer put on a response (``.attempts``, httpx's extension); () otherwise."""
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and all(isinstance(r, AttemptRecord) for r in value):
-        return tuple(value)
-    return ()
+def answer_records(value: object, status: int, reason: str | None = None) -> tuple[tuple[AttemptRecord, ...], bool]:
+    """The delivery record of an answer, and whether a memory probe confirmed it: ``(records, confirmed_by_probe)``.
+
+    ``value``: what the transport put on its response (``.attempts``, httpx's
+    ``extensions["attempts"]``); ``status`` / ``reason``: the response's status
+    and reason phrase (None = not known). The records are the transport's (a
+    non-empty tuple of ``AttemptRecord``), else one attempt that got
+    ``status``: a session without the resilience layer records nothing, and
+    the answer itself proves that one attempt reached the engine and was
+    answered. ``confirmed_by_probe`` is True only for the layer's own "applied"
+    answer: a 200 with ``PROBE_CONFIRMED_REASON`` that carries the layer's
+    record (an engine or proxy answering that phrase itself is not believed).
+    """
+    if isinstance(value, tuple) and value and all(isinstance(r, AttemptRecord) for r in value):
+        return value, status == 200 and reason == PROBE_CONFIRMED_REASON
+    outcome = Outcome.SUCCESS if status < 400 else Outcome.FATAL
+    return (AttemptRecord(0, status, outcome, Delivery.RESPONDED, None, 0.0),), False
 
 
 class StreamEnd(enum.Enum):
@@ -315,14 +333,16 @@ def flush_server_wait(wait_for_idle: bool, remaining_s: float) -> float:
 def raise_if_refused(engine: str, answer: Answer, key_name: str | None) -> Answer:
     """Raise ``SGLangAuthError`` on a 401/403 (never retried), naming which key was sent, never the key."""
     if answer.status in (401, 403):
-        raise SGLangAuthError(engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response)
+        raise SGLangAuthError(
+            engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response, attempts=answer.records
+        )
     return answer
 
 
 def require_ok(engine: str, answer: Answer) -> Answer:
     """``answer`` when its status is below 400, else ``SGLangError`` with the status and a body excerpt."""
     if not answer.ok:
-        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response)
+        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
     return answer
 
 
@@ -333,7 +353,13 @@ def json_of(engine: str, answer: Answer) -> Any:
         return jsonlib.loads(answer.text)
     except ValueError:
         raise SGLangProtocolError(
-            engine, answer.endpoint, answer.status, answer.text, detail="answer is not JSON", response=answer.response
+            engine,
+            answer.endpoint,
+            answer.status,
+            answer.text,
+            detail="answer is not JSON",
+            response=answer.response,
+            attempts=answer.records,
         ) from None
 
 
@@ -362,14 +388,22 @@ def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
             message = str(data.get("message", ""))
             if message.startswith(APPLIED_NOT_FLUSHED):
                 raise SGLangAppliedButRefused(
-                    engine, endpoint, 400, answer.text, detail="weights applied, cache not flushed", response=answer.response
+                    engine,
+                    endpoint,
+                    400,
+                    answer.text,
+                    detail="weights applied, cache not flushed",
+                    response=answer.response,
+                    attempts=answer.records,
                 )
-            raise SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}")
+            raise SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}", attempts=answer.records)
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "success" not in data:
-        raise SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail="no 'success' field")
+        raise SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail="no 'success' field", attempts=answer.records)
     if not data["success"]:
-        raise SGLangError(engine, endpoint, answer.status, answer.text, detail=f"refused: {data.get('message', '')}")
+        raise SGLangError(
+            engine, endpoint, answer.status, answer.text, detail=f"refused: {data.get('message', '')}", attempts=answer.records
+        )
     return WeightUpdateResult(engine, endpoint, True, str(data.get("message", "")), data)
 
 
@@ -383,7 +417,7 @@ def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float
         return FlushResult(engine, answer.text.strip(), polls)
     not_idle = answer.status == 400 and any(text in answer.text for text in NOT_IDLE)
     if not not_idle:
-        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response)
+        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
     if remaining_s <= poll_s:
         raise flush_gave_up(engine, answer, polls)
     return None
@@ -403,6 +437,7 @@ def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> SGLangError
         last_not_idle.text,
         detail=f"still not idle after {polls} tries before the deadline",
         response=last_not_idle.response,
+        attempts=last_not_idle.records,
     )
 
 
@@ -422,7 +457,7 @@ def server_info_result(engine: str, answer: Answer) -> dict[str, Any]:
     """``/server_info``: a JSON object."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail="answer is not an object")
+        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail="answer is not an object", attempts=answer.records)
     return data
 
 
@@ -430,7 +465,9 @@ def model_info_result(engine: str, answer: Answer) -> ModelInfo:
     """``/model_info`` with its weight version."""
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "model_path" not in data:
-        raise SGLangProtocolError(engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field")
+        raise SGLangProtocolError(
+            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field", attempts=answer.records
+        )
     version = data.get("weight_version")
     return ModelInfo(engine, str(data["model_path"]), None if version is None else str(version), data.get("served_model_name"), data)
 
@@ -447,14 +484,16 @@ def models_result(engine: str, answer: Answer) -> list[str]:
     try:
         return [str(m["id"]) for m in data["data"]]
     except (KeyError, TypeError):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id") from None
+        raise SGLangProtocolError(
+            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id", attempts=answer.records
+        ) from None
 
 
 def generate_result(engine: str, answer: Answer) -> GenerateResult:
     """A non-streaming ``/generate`` answer."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail="answer is not an object")
+        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail="answer is not an object", attempts=answer.records)
     return generate_chunk(data)
 
 
@@ -471,8 +510,11 @@ def generate_chunk(data: Mapping[str, Any]) -> GenerateResult:
     )
 
 
-def sse_line(engine: str, endpoint: str, line: str) -> GenerateResult | StreamEnd | None:
-    """One line of a streaming ``/generate``: a result, ``StreamEnd.DONE`` at ``[DONE]``, None for other lines."""
+def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord, ...] = ()) -> GenerateResult | StreamEnd | None:
+    """One line of a streaming ``/generate``: a result, ``StreamEnd.DONE`` at ``[DONE]``, None for other lines.
+
+    ``records``: the stream's delivery record, put on a protocol error (default: the one 200 that opened the stream).
+    """
     if not line or not line.startswith("data:"):
         return None
     payload = line[len("data:") :].strip()
@@ -481,10 +523,12 @@ def sse_line(engine: str, endpoint: str, line: str) -> GenerateResult | StreamEn
     try:
         chunk = jsonlib.loads(payload)
     except ValueError:
-        raise SGLangProtocolError(engine, endpoint, 200, payload, detail="bad SSE chunk") from None
-    if not isinstance(chunk, dict):
-        raise SGLangProtocolError(engine, endpoint, 200, payload, detail="SSE chunk is not an object")
-    return generate_chunk(chunk)
+        detail = "bad SSE chunk"
+    else:
+        if isinstance(chunk, dict):
+            return generate_chunk(chunk)
+        detail = "SSE chunk is not an object"
+    raise SGLangProtocolError(engine, endpoint, 200, payload, detail=detail, attempts=answer_records(records, 200)[0])
 
 
 # -- is an engine behind a proxy dead? ----------------------------------------------------
@@ -512,7 +556,7 @@ def needs_liveness_check(call: Call, status: int | None, records: Sequence[Attem
 
 def gateway_error_records(error: BaseException) -> tuple[AttemptRecord, ...]:
     """The attempts on an error the retry loop raised (deadline, budget, retries exhausted); () for any other error."""
-    return attempt_records(getattr(error, "attempts", None)) if isinstance(error, ResilienceError) else ()
+    return (attempts_of(error) or ()) if isinstance(error, ResilienceError) else ()
 
 
 def liveness_verdict(check_error: BaseException | None) -> bool | None:
@@ -537,7 +581,7 @@ def liveness_verdict(check_error: BaseException | None) -> bool | None:
 
 def answer_error(engine: str, answer: Answer) -> SGLangError:
     """The ``SGLangError`` an error answer raises."""
-    return SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response)
+    return SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
 
 
 def engine_died(
@@ -556,6 +600,93 @@ def engine_died(
     died.__cause__ = original
     died.__suppress_context__ = True
     return died
+
+
+# -- the client's own transport ------------------------------------------------------------
+
+DRIVER_KEYWORDS = ("policies", "observers", "breaker", "retry_budget", "clock", "rng")
+"""The keywords a ``DriverConfig`` holds: given with ``config=``, they conflict."""
+
+
+def own_driver_kwargs(
+    owner: str,
+    *,
+    session: object,
+    config: DriverConfig | None,
+    policies: PolicyTable | Unset,
+    observers: Sequence[Observer] | Unset,
+    extra: Mapping[str, Any],
+    own_session_only: Sequence[str] = (),
+    memory_probe: MemoryProbe | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments of the driver a client builds for its own session, checked the same way for both clients.
+
+    ``policies`` left ``UNSET`` is ``SGLANG_POLICIES`` (or the config's
+    policies). ``extra``: the driver's other keywords the caller gave
+    (``breaker``, ``retry_budget``, ``clock``, pool sizes); ``own_session_only``:
+    names of the client's own-session settings the caller gave (``limit_per_host``).
+    ``memory_probe`` (None = none): asked on the table's release and resume
+    entries (``with_memory_probe``); with ``config``, the client gets a copy
+    of the config whose policies ask it (``probed_config``: same observers,
+    and the same per-engine breakers and budgets, still shared).
+    With a ``session``, none of them applies, so any of them (``config`` and
+    ``memory_probe`` included) raises ``ConfigConflict`` naming them; so does
+    ``config`` with any keyword it already holds. Returns {} when a session is given.
+    """
+    given = [name for name, value in (("policies", policies), ("observers", observers)) if value is not UNSET]
+    given += ["memory_probe"] if memory_probe is not None else []
+    given += [*own_session_only, *sorted(extra)]
+    if session is not None:
+        named = (["config"] if config is not None else []) + given
+        if named:
+            probe_hint = " (with_memory_probe(policies, probe) from resilience.adapters.sglang_policies for the probe)"
+            raise ConfigConflict(
+                f"{owner} got session= and {', '.join(n + '=' for n in named)}: those configure only the client's own "
+                f"session; mount the resilience layer on the session you pass instead{probe_hint if memory_probe else ''}"
+            )
+        return {}
+    if config is not None:
+        clash = [name for name in given if name in DRIVER_KEYWORDS]
+        if clash:
+            raise ConfigConflict(
+                f"{owner} got config= and {', '.join(n + '=' for n in clash)}: the DriverConfig already holds "
+                f"{'that' if len(clash) == 1 else 'those'}; pass one or the other"
+            )
+        return {"config": config if memory_probe is None else probed_config(config, memory_probe), **extra}
+    table = SGLANG_POLICIES if isinstance(policies, Unset) else policies
+    return {
+        "policies": table if memory_probe is None else with_memory_probe(table, memory_probe),
+        "observers": () if isinstance(observers, Unset) else observers,
+        **extra,
+    }
+
+
+def probed_config(config: DriverConfig, memory_probe: MemoryProbe) -> DriverConfig:
+    """``config`` with ``memory_probe`` asked on its policies' release and resume entries (``with_memory_probe``).
+
+    A new ``DriverConfig`` over the same observers, clock and random source, and
+    the same per-engine breakers and budgets (handed over as the registries
+    themselves, so what this client sees still opens the breaker every other
+    driver of ``config`` uses). A config whose policies have no release or
+    resume entry is refused (``ValueError``): build it with ``policies=SGLANG_POLICIES``.
+    """
+    return DriverConfig(
+        policies=with_memory_probe(config.policies, memory_probe),
+        observers=config.observers,
+        breaker=config.breakers,
+        retry_budget=config.budgets,
+        clock=config.clock,
+        rng=config.rng,
+    )
+
+
+def own_policies(driver_kwargs: Mapping[str, Any]) -> PolicyTable:
+    """The table the client's own session routes by (``own_driver_kwargs``' answer); ``SGLANG_POLICIES`` with a session of the caller's."""
+    config = driver_kwargs.get("config")
+    if isinstance(config, DriverConfig):
+        return config.policies
+    table = driver_kwargs.get("policies", SGLANG_POLICIES)
+    return table if isinstance(table, PolicyTable) else SGLANG_POLICIES
 
 
 # -- what a client remembers -------------------------------------------------------------
@@ -595,17 +726,6 @@ class SGLangClientState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-
-    def _with_probe(self, policies: PolicyTable, memory_probe: MemoryProbe | None, has_session: bool) -> PolicyTable:
-        """The own session's table: ``policies`` with ``memory_probe`` asked on release and resume (None = as given)."""
-        if memory_probe is None:
-            return policies
-        if has_session:
-            raise TypeError(
-                f"{type(self).__name__} got session= and memory_probe=: the probe configures only the client's own session; "
-                "mount with_memory_probe(policies, probe) (resilience.adapters.sglang_policies) on the session you pass instead"
-            )
-        return with_memory_probe(policies, memory_probe)
 
     @property
     def paused_mode(self) -> str | None:

@@ -15,23 +15,29 @@ The rules every driver gets:
 
 - **Attempts.** ``RetryPolicy.max_attempts`` bounds the attempts that may have
   reached the server. Failures before sending (connection refused, connect
-  timeout: ``Delivery.NOT_SENT``) are retried with backoff until the call's
-  deadline, for any method; only a call with no deadline at all counts them
-  against ``max_attempts`` too. When the deadline or the retry budget ends
-  the retries on a refusal, the caller gets the refusal itself (the
-  transport's own error, with ``.attempts``): an unreachable engine reads as
-  one, never as a timeout. A body that cannot be replayed
+  timeout: ``Delivery.NOT_SENT``) are retried with backoff, for any method:
+  for ``RetryPolicy.connect_window_s`` while the call has never connected,
+  until the call's deadline once it has; only a call with no deadline at all
+  counts them against ``max_attempts`` too. When the window, the deadline or
+  the retry budget ends the retries on a refusal, the caller gets the
+  refusal itself (the transport's own error, with ``.attempts``): an
+  unreachable engine reads as one, never as a timeout. A call's first
+  refusal is logged once at WARNING (``resilience.retry``) and announced as
+  ``EngineRefused``; a call refused for its whole window opens the engine's
+  breaker at once. A body that cannot be replayed
   (``CallSpec.replayable=False``) gets exactly one attempt.
 - **Timeouts** (one precedence rule): each attempt's (connect, read) timeout is
-  the explicit table entry's ``attempt_timeout_s`` when it sets one; else the
-  caller's own timeout (``CallSpec.request_timeout``, e.g. requests'
-  ``timeout=``; ``(None, None)`` = wait as long as it takes); else the default
-  policy's ``attempt_timeout_s``. A deadline caps attempt timeouts when it was
-  set for this endpoint (an entry's ``deadline_s``) or by the caller (an outer
-  ``Deadline``). The default policy's ``deadline_s`` never shortens a timeout
-  the caller gave: it only bounds how long retries are started, and when it
-  ends the caller gets what plain requests would have given (the last
-  response or the transport's own error).
+  the matched table entry's ``attempt_timeout_s`` when the entry *names* it
+  (``EndpointPolicy.named``: given in Python or in a policy file, not left at
+  its default); else the caller's own timeout (``CallSpec.request_timeout``,
+  e.g. requests' ``timeout=``; ``(None, None)`` = wait as long as it takes);
+  else the policy's ``attempt_timeout_s`` (an entry's default or the default
+  policy's). A deadline caps attempt timeouts when it was named for this
+  endpoint (an entry's ``deadline_s``), when the caller gave no timeout, or
+  when the caller set it (an outer ``Deadline``). A ``deadline_s`` nobody
+  named never shortens a timeout the caller gave: it only bounds how long
+  retries are started, and when it ends the caller gets what plain requests
+  would have given (the last response or the transport's own error).
 - **Ambiguity.** A non-idempotent attempt that may have been applied is never
   re-sent blindly: a table entry's ``on_ambiguous`` probes or raises
   ``AmbiguousOutcome``; a request no entry matches gets the transport's own
@@ -67,7 +73,7 @@ from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts,
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
-from resilience.outcome import AttemptRecord
+from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
 from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
 
@@ -119,7 +125,9 @@ class Retrier:
     ) -> Retrier:
         """A ``Retrier`` with one breaker and one budget per engine, built from their configs (None = that strategy off).
 
-        What every driver's constructor does with its ``breaker=`` and ``retry_budget=`` arguments.
+        A ``Retrier`` of its own state; the drivers build theirs with
+        ``DriverConfig.retrier`` (``resilience.driver_config``), whose breakers
+        and budgets every driver built from one config shares.
         """
         observers = tuple(observers)
         return cls(
@@ -150,6 +158,7 @@ class Retrier:
         *,
         discard: Callable[[R], None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """Run one logical call with blocking I/O; return the final response and the attempts taken.
 
@@ -158,7 +167,13 @@ class Retrier:
         ``discard`` releases a response that will not be returned.
         ``on_probe_done`` builds the response to return when a probe says an
         ambiguous request was applied.
-        Raises the transport's last error, or one of the ``error_types``.
+        ``never_sent(exc)``: the driver's proof that an error its attempt
+        raised (one never retried: a TLS failure, a bad URL) came before the
+        request left; the attempt is then recorded as ``NOT_SENT``, else as
+        ``MAYBE_APPLIED`` (default: no proof).
+        Raises the transport's last error, or one of the ``error_types``; an
+        ``Exception`` raised out of an attempt carries the call's record as
+        ``.attempts`` too (``resilience.outcome.attempts_of``).
         """
         call: RetryCall[R] = self.begin(spec)
         try:
@@ -182,7 +197,7 @@ class Retrier:
                         return step.response, step.attempts
                     raise step.error
         except BaseException as exc:
-            call.abandon(exc)  # a no-op when the call ended on a verdict
+            _abandon(call, exc, never_sent)  # a no-op when the call ended on a verdict
             raise
 
     async def arun(
@@ -192,6 +207,7 @@ class Retrier:
         *,
         discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """``run`` for coroutines: the same decisions, awaited attempts, backoff slept with the clock's ``asleep``.
 
@@ -223,8 +239,28 @@ class Retrier:
                         return step.response, step.attempts
                     raise step.error
         except BaseException as exc:
-            call.abandon(exc)
+            _abandon(call, exc, never_sent)
             raise
+
+
+def _abandon(call: RetryCall[Any], exc: BaseException, never_sent: Callable[[BaseException], bool]) -> None:
+    """End ``call`` on ``exc`` (see ``RetryCall.abandon``) and write its record on ``exc`` when it is an error without one.
+
+    Interrupts (``KeyboardInterrupt``, ``SystemExit``, ``CancelledError``) get
+    no record: they are not the transport's answer. ``never_sent`` is asked
+    only about an exception raised out of an attempt in flight.
+    """
+    in_flight = call.in_flight
+    try:
+        unsent = in_flight and isinstance(exc, Exception) and never_sent(exc)
+    except Exception:
+        unsent = False  # a predicate that fails proves nothing
+    call.abandon(exc, delivery=Delivery.NOT_SENT if unsent else Delivery.MAYBE_APPLIED)
+    if isinstance(exc, Exception) and call.records and not getattr(exc, "attempts", None):
+        try:
+            exc.attempts = call.attempts  # type: ignore[attr-defined]
+        except AttributeError:  # an exception class with __slots__
+            pass
 
 
 def _ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:

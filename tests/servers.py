@@ -1,7 +1,8 @@
 """A small scripted HTTP server on 127.0.0.1 for slow answers and dropped connections.
 
 Each request pops the next action of the script (the last one repeats):
-``Reply(status, body, headers)``, ``Hang(seconds)`` (read the request, answer
+``Reply(status, body, headers)``, ``Late(seconds, status)`` (answer after
+``seconds``), ``Hang(seconds)`` (read the request, answer
 nothing for ``seconds`` then close), ``Drop()`` (read the request, close the
 socket without an answer), ``Reset()`` (close with RST).
 """
@@ -25,6 +26,12 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Late:
+    seconds: float = 2.0
+    status: int = 200
+
+
+@dataclass(frozen=True)
 class Hang:
     seconds: float = 2.0
 
@@ -39,7 +46,7 @@ class Reset:
     pass
 
 
-Action = Reply | Hang | Drop | Reset
+Action = Reply | Late | Hang | Drop | Reset
 
 
 @dataclass
@@ -72,6 +79,11 @@ class ScriptedServer:
                 with owner._lock:
                     owner.seen.append(Seen(self.command, self.path, dict(self.headers), body))
                     action = owner.script.pop(0) if len(owner.script) > 1 else owner.script[0]
+                if isinstance(action, Late):
+                    if owner._stop.wait(action.seconds):
+                        self.close_connection = True
+                        return
+                    action = Reply(action.status)
                 if isinstance(action, Reply):
                     self.send_response(action.status)
                     for k, v in action.headers.items():
@@ -120,3 +132,28 @@ def scripted(*script: Action, port: int = 0) -> Iterator[ScriptedServer]:
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def silent_listener(*, full: bool) -> Iterator[int]:
+    """A loopback port that listens and never accepts; yields the port, closes every socket after the block.
+
+    ``full=False``: the kernel completes the TCP handshake (the backlog has
+    room) and nothing ever answers: a TLS handshake on it hangs. ``full=True``:
+    ``listen(0)`` with one connection parked in the backlog, so Linux drops
+    every further SYN: a connect to it times out.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    parked: list[socket.socket] = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = int(listener.getsockname()[1])
+        if full:
+            filler = socket.create_connection(("127.0.0.1", port), timeout=5)
+            parked.append(filler)
+        yield port
+    finally:
+        for s in parked:
+            s.close()
+        listener.close()

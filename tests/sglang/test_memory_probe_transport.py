@@ -25,6 +25,8 @@ from resilience.adapters.requests import resilient_session
 from resilience.adapters.sglang import AsyncSGLangClient, SGLangClient, SGLangError
 from resilience.adapters.sglang_policies import SGLANG_POLICIES, SGLANG_STRICT_POLICIES, sglang_policies, with_memory_probe
 from resilience.barrier.fanout import EngineDied
+from resilience.driver_config import DriverConfig
+from resilience.errors import ConfigConflict
 from resilience.events import Event, ProbeCompleted
 from resilience.outcome import Outcome
 from resilience.policy import PolicyTable
@@ -43,7 +45,7 @@ PLAN = FaultPlan(
     ),
 )
 """Each engine's first release and first resume are applied by the engine and answered 502 by the proxy."""
-SCENARIOS = ("no_probe", "probe", "bare_session", "strict", "aiohttp_probe", "httpx_probe", "aiohttp_no_probe")
+SCENARIOS = ("no_probe", "probe", "bare_session", "strict", "aiohttp_probe", "httpx_probe", "aiohttp_no_probe", "config_probe")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +114,30 @@ def test_with_the_probe_release_and_resume_return_as_applied_and_nothing_dies(fl
         ("POST /release_memory_occupation", "done"),
         ("POST /resume_memory_occupation", "done"),
     ]
+
+
+def test_memory_probe_with_a_shared_config_asks_the_probe_and_keeps_the_shared_breakers(fleet: EmulatedFleet) -> None:
+    """SGLangClient(config=..., memory_probe=...): the config's policies ask the probe; its breakers and budgets stay shared."""
+    i = engine(fleet, "config_probe")
+    url = fleet.urls[i]
+    prepare(url)
+    events: list[Event] = []
+    config = DriverConfig(policies=FAST_SGLANG, observers=(events.append,))
+    with SGLangClient(url, config=config, memory_probe=fleet.memory_probe()) as client:
+        own = client.session.get_adapter(url).driver_config  # type: ignore[attr-defined]
+        assert own is not config and own.breakers is config.breakers and own.budgets is config.budgets
+        assert own.observers == config.observers and config.policies is FAST_SGLANG  # the caller's config is not changed
+        released = client.release_memory_occupation()
+        resumed = client.resume_memory_occupation()
+        client.continue_generation()
+    assert released.confirmed_by_probe and resumed.confirmed_by_probe
+    assert fleet.engines[i].alive()
+    assert memory_calls(fleet, i) == ["/release_memory_occupation", "/resume_memory_occupation"]
+    assert [e.answer for e in events if isinstance(e, ProbeCompleted)] == ["done", "done"]
+    with pytest.raises(ValueError, match="has no /release_memory_occupation or /resume_memory_occupation entry"):
+        SGLangClient(url, config=DriverConfig(), memory_probe=fleet.memory_probe())
+    with pytest.raises(ValueError, match="has no /release_memory_occupation or /resume_memory_occupation entry"):
+        AsyncSGLangClient(url, config=DriverConfig(), memory_probe=fleet.memory_probe())
 
 
 def test_a_bare_requests_session_with_the_table_mounted_gets_the_same_safety(fleet: EmulatedFleet) -> None:
@@ -199,10 +225,12 @@ def test_presets_and_knobs_are_checked() -> None:
         sglang_policies(memory_probe=object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="has no /release_memory_occupation or /resume_memory_occupation entry"):
         with_memory_probe(PolicyTable({}), probe)
-    with requests.Session() as session, pytest.raises(TypeError, match="session= and memory_probe="):
+    with requests.Session() as session, pytest.raises(ConfigConflict, match=r"session= and memory_probe=: .*with_memory_probe"):
         SGLangClient("http://127.0.0.1:9", session=session, memory_probe=probe)
-    with pytest.raises(TypeError, match="session= and memory_probe="):
-        AsyncSGLangClient("http://127.0.0.1:9", session=httpx.AsyncClient(), memory_probe=probe)
+    with pytest.raises(ConfigConflict, match=r"AsyncSGLangClient got session= and policies=, memory_probe=: "):
+        AsyncSGLangClient("http://127.0.0.1:9", session=httpx.AsyncClient(), policies=SGLANG_POLICIES, memory_probe=probe)
+    with pytest.raises(ConfigConflict, match=r"got config= and policies=: the DriverConfig already holds that"):
+        SGLangClient("http://127.0.0.1:9", config=DriverConfig(policies=SGLANG_POLICIES), policies=SGLANG_POLICIES, memory_probe=probe)
     swap: dict[str, Any] = {k: p for k, p in sglang_policies(strict=True).entries.items() if "memory_occupation" in k}
     assert swap and all(not p.retry_statuses_if_not_idempotent for p in swap.values())
     assert all(SGLANG_POLICIES.entries[k].retry_statuses_if_not_idempotent for k in swap)

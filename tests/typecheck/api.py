@@ -53,3 +53,25 @@ tags: frozenset[str] | None = emulator_probe.released_tags("http://127.0.0.1:1")
 probed: PolicyTable = sglang_policies(memory_probe=emulator_probe, strict=False)
 strict: PolicyTable = with_memory_probe(SGLANG_STRICT_POLICIES, nvml_probe)
 confirmed: bool = SGLangClient("http://127.0.0.1:1", memory_probe=emulator_probe).release_memory_occupation().confirmed_by_probe
+
+# One DriverConfig for every driver; the delivery record of an error through the one accessor.
+
+
+def watch(event: resilience.Event) -> None:
+    """An observer."""
+
+
+config: resilience.DriverConfig = resilience.DriverConfig(policies=table, observers=(watch,), breaker=None)
+shared: ResilientAdapter = ResilientAdapter(config=config)
+shared_session: requests.Session = resilient_session(config=config)
+conflict: type[resilience.ConfigError] = resilience.ConfigConflict
+try:
+    shared_session.get("http://127.0.0.1:1/x")
+except requests.RequestException as failed:
+    record: tuple[resilience.AttemptRecord, ...] | None = resilience.attempts_of(failed)
+    never_left: bool = record is not None and all(r.delivery is resilience.Delivery.NOT_SENT for r in record)
+
+# Whether an entry named its timeouts (the caller's own timeout wins where it did not); the connect window.
+named: bool = EndpointPolicy(attempt_timeout_s=5).named("attempt_timeout_s") and not EndpointPolicy().named("deadline_s")
+window: float | None = RetryPolicy(connect_window_s=5.0).connect_window_s
+refused_event: type[object] = resilience.events.EngineRefused
