@@ -48,7 +48,9 @@ def _attempts(value: object) -> int | None:
     attempts = getattr(value, "attempts", None)
     if attempts is None and isinstance(value, BaseException):
         attempts = getattr(value.__cause__, "attempts", None)
-    return len(attempts) if isinstance(attempts, tuple) else None
+    if not isinstance(attempts, tuple):
+        return None
+    return sum(1 for a in attempts if getattr(a, "error_type", None) != "CircuitOpen")  # a breaker's refusal sent nothing
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[object, float]:
