@@ -84,7 +84,7 @@ from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.call import AttemptResult, CallSpec, Timeouts, responded
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
+from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
@@ -374,7 +374,7 @@ def _engine(scheme: str, host: str, port: int | None) -> tuple[str, str, int]:
     return engine_of(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port or ''}")
 
 
-class ResilientMiddleware:
+class ResilientMiddleware(ConfigViews):
     """An aiohttp client middleware that runs the resilience retry loop around every request.
 
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
@@ -413,26 +413,6 @@ class ResilientMiddleware:
             rng=rng,
         )
         self.retrier = self.driver_config.retrier(ERROR_TYPES)
-
-    @property
-    def policies(self) -> PolicyTable:
-        """The config's policy table."""
-        return self.driver_config.policies
-
-    @property
-    def observers(self) -> tuple[Observer, ...]:
-        """The config's observers."""
-        return tuple(self.driver_config.observers)
-
-    @property
-    def breaker_config(self) -> BreakerConfig | None:
-        """The config's breaker configuration (None: breaking is off)."""
-        return self.driver_config.breaker_config
-
-    @property
-    def retry_budget_config(self) -> RetryBudgetConfig | None:
-        """The config's retry budget configuration (None: no budget)."""
-        return self.driver_config.retry_budget_config
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         """Run ``request`` as one logical call, calling ``handler`` once per attempt."""

@@ -52,7 +52,7 @@ from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
+from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
@@ -195,7 +195,7 @@ async def _adiscard(response: httpx.Response) -> None:
         await response.aclose()
 
 
-class _Resilient:
+class _Resilient(ConfigViews):
     """What both transports share: the configuration, the retry core, and turning a request into a ``CallSpec``."""
 
     def __init__(self, owner: str, config: DriverConfig) -> None:
@@ -203,26 +203,6 @@ class _Resilient:
         self.retrier = config.retrier(ERROR_TYPES)
         self._route_cache: dict[tuple[str, str], _Route] = {}
         """(method, URL less its query) -> ``_route``'s answer; cleared when it holds ``_ROUTE_CACHE_SIZE``."""
-
-    @property
-    def policies(self) -> PolicyTable:
-        """The config's policy table."""
-        return self.driver_config.policies
-
-    @property
-    def observers(self) -> tuple[Observer, ...]:
-        """The config's observers."""
-        return tuple(self.driver_config.observers)
-
-    @property
-    def breaker_config(self) -> BreakerConfig | None:
-        """The config's breaker configuration (None: breaking is off)."""
-        return self.driver_config.breaker_config
-
-    @property
-    def retry_budget_config(self) -> RetryBudgetConfig | None:
-        """The config's retry budget configuration (None: no budget)."""
-        return self.driver_config.retry_budget_config
 
     def _spec(self, request: httpx.Request) -> CallSpec:
         url = request.url

@@ -40,7 +40,7 @@ from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
+from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
@@ -200,7 +200,7 @@ def _body_rewindable(request: PreparedRequest) -> bool:
     return isinstance(position, int) and not isinstance(position, bool)
 
 
-class ResilientAdapter(HTTPAdapter):
+class ResilientAdapter(ConfigViews, HTTPAdapter):
     """An ``HTTPAdapter`` that runs the resilience retry loop around every send.
 
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
@@ -244,26 +244,6 @@ class ResilientAdapter(HTTPAdapter):
         self._closed = False
         self._build_retrier()
         super().__init__(max_retries=0, **kwargs)
-
-    @property
-    def policies(self) -> PolicyTable:
-        """The config's policy table."""
-        return self.driver_config.policies
-
-    @property
-    def observers(self) -> tuple[Observer, ...]:
-        """The config's observers."""
-        return tuple(self.driver_config.observers)
-
-    @property
-    def breaker_config(self) -> BreakerConfig | None:
-        """The config's breaker configuration (None: breaking is off)."""
-        return self.driver_config.breaker_config
-
-    @property
-    def retry_budget_config(self) -> RetryBudgetConfig | None:
-        """The config's retry budget configuration (None: no budget)."""
-        return self.driver_config.retry_budget_config
 
     def _build_retrier(self) -> None:
         self.retrier = self.driver_config.retrier(ERROR_TYPES)

@@ -34,7 +34,7 @@ from resilience.events import Observer
 from resilience.policy import PolicyTable
 from resilience.retry import Retrier
 
-__all__ = ["DEFAULT_BREAKER", "DEFAULT_BUDGET", "UNSET", "DriverConfig", "Unset", "driver_config"]
+__all__ = ["DEFAULT_BREAKER", "DEFAULT_BUDGET", "UNSET", "ConfigViews", "DriverConfig", "Unset", "driver_config"]
 
 DEFAULT_BREAKER: Final = BreakerConfig()
 """The breaker every driver gets unless told otherwise: ``BreakerConfig()``'s defaults."""
@@ -221,3 +221,29 @@ def driver_config(
     jitter = random.random if isinstance(rng, Unset) else rng
     _validate(owner, table, watchers, breakers, budget, time_source, jitter)
     return DriverConfig(policies=table, observers=watchers, breaker=breakers, retry_budget=budget, clock=time_source, rng=jitter)
+
+
+class ConfigViews:
+    """What every driver shows of its ``DriverConfig`` (``self.driver_config``), read-only: one definition for all drivers."""
+
+    driver_config: DriverConfig
+
+    @property
+    def policies(self) -> PolicyTable:
+        """The config's policy table."""
+        return self.driver_config.policies
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The config's observers."""
+        return tuple(self.driver_config.observers)
+
+    @property
+    def breaker_config(self) -> BreakerConfig | None:
+        """The config's breaker configuration (None: breaking is off)."""
+        return self.driver_config.breaker_config
+
+    @property
+    def retry_budget_config(self) -> RetryBudgetConfig | None:
+        """The config's retry budget configuration (None: no budget)."""
+        return self.driver_config.retry_budget_config
