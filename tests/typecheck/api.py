@@ -56,3 +56,8 @@ try:
 except requests.RequestException as failed:
     record: tuple[resilience.AttemptRecord, ...] | None = resilience.attempts_of(failed)
     never_left: bool = record is not None and all(r.delivery is resilience.Delivery.NOT_SENT for r in record)
+
+# Whether an entry named its timeouts (the caller's own timeout wins where it did not); the connect window.
+named: bool = EndpointPolicy(attempt_timeout_s=5).named("attempt_timeout_s") and not EndpointPolicy().named("deadline_s")
+window: float | None = RetryPolicy(connect_window_s=5.0).connect_window_s
+refused_event: type[object] = resilience.events.EngineRefused
