@@ -1,6 +1,6 @@
 """Our own code's CPU on a successful call, without sockets: the retry core alone, and each driver over a canned transport.
 
-Run: ``python benchmarks/micro_success_path.py [--calls 20000] [--repeats 7]``
+Run: ``python benchmarks/micro_success_path.py [--calls 20000] [--repeats 7] [--observers none|metrics|tracing|both]``
 
 No server and no network: what is left is what our layer adds to a call.
 
@@ -14,6 +14,10 @@ No server and no network: what is left is what our layer adds to a call.
 - ``aiohttp``: ``ResilientMiddleware`` called with a real ``ClientRequest``
   and a handler that returns a canned response, minus that handler alone
   (no timed send runs: the handler never calls ``ClientRequest.send``).
+
+``--observers`` attaches, to every driver and the core (default ``none``):
+``metrics`` (``MetricsObserver``), ``tracing`` (``TracingObserver`` on the
+API's no-op provider: no SDK) or ``both``.
 
 Each figure is the best (smallest) of ``--repeats`` timings of ``--calls``
 sequential calls, in microseconds of wall time per call, on one thread. The
@@ -46,6 +50,8 @@ from resilience.policy import EndpointPolicy, PolicyTable
 from resilience.retry import Retrier
 
 POLICIES = PolicyTable({"POST /flush_cache": EndpointPolicy()})
+OBSERVERS: list[Any] = []
+"""What ``--observers`` attaches (set in ``main``)."""
 URL = "http://127.0.0.1:9/flush_cache"
 """Never dialled: every transport here is canned."""
 
@@ -65,7 +71,7 @@ def abest(loop: asyncio.AbstractEventLoop, repeats: int, calls: int, run: Callab
 
 
 def core(repeats: int, calls: int, loop: asyncio.AbstractEventLoop) -> dict[str, float]:
-    retrier = Retrier.from_configs(breaker=BreakerConfig(), retry_budget=RetryBudgetConfig(), error_types=ERROR_TYPES)
+    retrier = Retrier.from_configs(breaker=BreakerConfig(), retry_budget=RetryBudgetConfig(), observers=OBSERVERS, error_types=ERROR_TYPES)
     match = POLICIES.match("POST", "/flush_cache")
     response = object()
     headers: dict[str, str] = {}
@@ -108,7 +114,7 @@ class _CannedResilient(ResilientAdapter, _CannedAdapter):
 
 def requests_row(repeats: int, calls: int) -> float:
     prepared = requests.Request("POST", URL, data=b"{}").prepare()
-    bare, ours = _CannedAdapter(), _CannedResilient(POLICIES)
+    bare, ours = _CannedAdapter(), _CannedResilient(POLICIES, observers=OBSERVERS)
 
     def loop(adapter: requests.adapters.HTTPAdapter) -> Callable[[int], None]:
         def run(n: int) -> None:
@@ -132,8 +138,8 @@ class _ACanned(httpx.AsyncBaseTransport):
 
 def httpx_rows(repeats: int, calls: int, loop: asyncio.AbstractEventLoop) -> dict[str, float]:
     request = httpx.Client().build_request("POST", URL, content=b"{}")
-    inner, ours = _Canned(), ResilientTransport(POLICIES, transport=_Canned())
-    ainner, aours = _ACanned(), AsyncResilientTransport(POLICIES, transport=_ACanned())
+    inner, ours = _Canned(), ResilientTransport(POLICIES, transport=_Canned(), observers=OBSERVERS)
+    ainner, aours = _ACanned(), AsyncResilientTransport(POLICIES, transport=_ACanned(), observers=OBSERVERS)
 
     def loop_(t: httpx.BaseTransport) -> Callable[[int], None]:
         def run(n: int) -> None:
@@ -166,7 +172,7 @@ def aiohttp_row(repeats: int, calls: int, loop: asyncio.AbstractEventLoop) -> fl
         return session, request
 
     session, request = loop.run_until_complete(build())
-    middleware = ResilientMiddleware(POLICIES)
+    middleware = ResilientMiddleware(POLICIES, observers=OBSERVERS)
 
     async def handler(req: aiohttp.ClientRequest) -> Any:
         return _Response()
@@ -189,7 +195,18 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--calls", type=int, default=20000, help="sequential calls per timing (default 20000)")
     ap.add_argument("--repeats", type=int, default=7, help="timings; the best is shown (default 7)")
+    ap.add_argument("--observers", choices=("none", "metrics", "tracing", "both"), default="none", help="observers on ours (default none)")
     args = ap.parse_args(argv)
+    if args.observers in ("metrics", "both"):
+        from resilience.telemetry.metrics import MetricsObserver
+
+        OBSERVERS.append(MetricsObserver())
+    if args.observers in ("tracing", "both"):
+        from opentelemetry import trace
+
+        from resilience.telemetry.tracing import TracingObserver
+
+        OBSERVERS.append(TracingObserver(trace.NoOpTracerProvider()))
     loop = asyncio.new_event_loop()
     try:
         rows = core(args.repeats, args.calls, loop)
@@ -198,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         rows["aiohttp"] = aiohttp_row(args.repeats, args.calls, loop)
     finally:
         loop.close()
-    print("| our code on a successful call | us per call |")
+    print(f"| our code on a successful call (observers: {args.observers}) | us per call |")
     print("|---|---:|")
     for name, value in rows.items():
         print(f"| ours: {name} | {value:.1f} |")
