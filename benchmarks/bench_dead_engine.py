@@ -48,7 +48,10 @@ def _attempts(value: object) -> int | None:
     attempts = getattr(value, "attempts", None)
     if attempts is None and isinstance(value, BaseException):
         attempts = getattr(value.__cause__, "attempts", None)
-    return len(attempts) if isinstance(attempts, tuple) else None
+    if not isinstance(attempts, tuple):
+        return None
+    # attempts made: a breaker's refusal is written on the record as one unsent entry (error_type CircuitOpen), not an attempt
+    return sum(1 for a in attempts if getattr(a, "error_type", None) != "CircuitOpen")
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[object, float]:
