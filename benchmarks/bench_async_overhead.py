@@ -1,12 +1,16 @@
-"""Per-call overhead of our httpx and aiohttp drivers vs the bare transport and the peer retry libraries.
+"""Per-call overhead of our four drivers (requests, httpx sync and async, aiohttp) vs the bare transport and the peer retry libraries.
 
 Run: ``python benchmarks/bench_async_overhead.py [--calls 100] [--rounds 30] [--quick]``
 
 A keep-alive HTTP/1.1 server (``_loopback.LoopbackServer``, asyncio, its own
 process so its CPU does not share the driver's GIL) answers every POST 200
-with a 2-byte body at once. Three transports, each with its own bare client
+with a 2-byte body at once. Four transports, each with its own bare client
 and the same client wrapped by every retry layer measured here:
 
+- requests: a ``requests.Session`` on a bare ``HTTPAdapter`` (no retries), on
+  our ``ResilientAdapter``, on an ``HTTPAdapter`` with urllib3's ``Retry``
+  (the library's own retries), and the bare session's call decorated with
+  tenacity's ``@retry`` and ``@stamina.retry``;
 - httpx sync: ``httpx.Client`` on ``HTTPTransport`` (bare), on our
   ``ResilientTransport``, on httpx-retries' ``RetryTransport``, and the bare
   client's call decorated with tenacity's ``@retry`` and ``@stamina.retry``;
@@ -25,9 +29,13 @@ async ones on one event loop in the driver's main thread. The table reports,
 per variant, the median over rounds of the wall time per call and of the
 process's CPU time per call (``time.process_time``: all threads), and the
 median over rounds of its ratio to its transport's bare client measured in
-the same round (paired, which cancels most of the machine's drift).
-No observers are attached to ours. Targets: ours <= 1.10x the bare transport
-(wall), and below every peer in the same run.
+the same round (paired, which cancels most of the machine's drift), with the
+min-max of that ratio over the rounds: the run's noise. No observers are
+attached to ours. Targets: ours <= 1.05x the bare transport (wall), and no
+worse than the cheapest peer on the same transport within the noise: ours'
+median ratio at most the upper quartile of that peer's round ratios (the
+min-max is printed too; on a shared machine it spans far more than any layer
+costs).
 
 Progress goes to stderr, the markdown table to stdout; the server process is
 stopped whatever happens. Ours is skipped (and said so) where its adapter is
@@ -53,17 +61,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp
 import httpx
+import requests
+import requests.adapters
 import stamina
 import tenacity
 from _loopback import LoopbackServer
 from aiohttp_retry import ExponentialRetry, RetryClient
 from httpx_retries import Retry, RetryTransport
+from urllib3.util.retry import Retry as Urllib3Retry
 
 from resilience.policy import EndpointPolicy, PolicyTable
 
 POLICIES = PolicyTable({"POST /flush_cache": EndpointPolicy()})
 """The route every call takes, with the default policy (4 attempts, 502/503/504 retried, 10 s per attempt)."""
-TARGET = 1.10
+TARGET = 1.05
 """Ours, wall per call, at most this times the bare transport."""
 PEER_ATTEMPTS = 3
 """Attempts the peers are configured with (they never retry here: every answer is 200)."""
@@ -136,6 +147,45 @@ def _async_loop(call: Callable[[], Awaitable[None]]) -> AsyncRun:
             await call()
 
     return run
+
+
+def requests_variants(url: str, skipped: list[str], closers: list[Callable[[], Any]]) -> list[Variant]:
+    """Bare, ours, urllib3's Retry, tenacity and stamina on ``requests.Session``."""
+
+    def session(adapter: requests.adapters.HTTPAdapter) -> requests.Session:
+        s = requests.Session()
+        s.trust_env = False
+        s.mount("http://", adapter)
+        closers.append(s.close)
+        return s
+
+    sessions: dict[str, requests.Session] = {
+        "bare HTTPAdapter": session(requests.adapters.HTTPAdapter(max_retries=0)),
+        "urllib3 Retry on HTTPAdapter": session(requests.adapters.HTTPAdapter(max_retries=Urllib3Retry(total=PEER_ATTEMPTS - 1))),
+    }
+    try:
+        from resilience.adapters.requests import ResilientAdapter
+
+        sessions["ours: ResilientAdapter"] = session(ResilientAdapter(POLICIES))
+    except ImportError as exc:
+        skipped.append(f"ours on requests (resilience.adapters.requests: {exc})")
+
+    def plain(s: requests.Session) -> Callable[[], None]:
+        def call() -> None:
+            _check(s.post(url, data=BODY, timeout=5).status_code)
+
+        return call
+
+    bare = sessions["bare HTTPAdapter"]
+
+    def raising() -> None:
+        bare.post(url, data=BODY, timeout=5).raise_for_status()
+
+    variants = [Variant("requests", name, _sync_loop(plain(s)), False) for name, s in sessions.items()]
+    variants.append(Variant("requests", "tenacity @retry", _sync_loop(_tenacity(requests.RequestException)(raising)), False))
+    stamina_retry = stamina.retry(on=requests.RequestException, attempts=PEER_ATTEMPTS)
+    variants.append(Variant("requests", "stamina @retry", _sync_loop(stamina_retry(raising)), False))
+    return variants
 
 
 def httpx_sync_variants(url: str, skipped: list[str], closers: list[Callable[[], Any]]) -> list[Variant]:
@@ -268,45 +318,55 @@ def measure(loop: asyncio.AbstractEventLoop, v: Variant, n: int) -> tuple[float,
     return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
 
 
+def _upper_quartile(values: list[float]) -> float:
+    """The 75th percentile (the largest value when there are fewer than two)."""
+    return statistics.quantiles(values, n=4)[2] if len(values) >= 2 else max(values)
+
+
 def table(variants: list[Variant], rounds: int, calls: int, elapsed: float, skipped: list[str]) -> str:
     out = [
-        "## Async drivers: per-call overhead vs the bare transport and the peers (`benchmarks/bench_async_overhead.py`)",
+        "## HTTP drivers: per-call overhead vs the bare transport and the peers (`benchmarks/bench_async_overhead.py`)",
         "",
         f"<!-- python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, load average at the end "
         f"{os.getloadavg()[0]:.1f}; {rounds} rounds x {calls} calls per variant, interleaved; {elapsed:.1f} s -->",
         "",
         "| transport | client | wall per call, median (us) | min-max round (us) | CPU per call (us) | wall ratio to bare "
-        "| CPU ratio to bare | target |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| min-max ratio over rounds | CPU ratio to bare | target |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     verdicts = []
     for transport in dict.fromkeys(v.transport for v in variants):
         group = [v for v in variants if v.transport == transport]
         ours = next((v for v in group if v.ours), None)
         ours_ratio = statistics.median(ours.wall_ratio) if ours else None
+        peers = [v for v in group if not v.bare and not v.ours and not v.diagnostic]
+        cheapest = min(peers, key=lambda p: statistics.median(p.wall_ratio)) if peers else None
         for v in group:
             ratio = statistics.median(v.wall_ratio)
             if v.bare or v.diagnostic:
                 target = "-"
             elif v.ours:
                 target = f"<= {TARGET:.2f}x: {'met' if ratio <= TARGET else 'MISSED'}"
-            elif ours_ratio is not None:
-                target = f"ours below: {'yes' if ours_ratio < ratio else 'NO'}"
+            elif ours_ratio is not None and v is cheapest:
+                target = f"cheapest peer; ours within its noise: {'yes' if ours_ratio <= _upper_quartile(v.wall_ratio) else 'NO'}"
             else:
                 target = "-"
             out.append(
                 f"| {v.transport} | {v.client} | {statistics.median(v.wall) * 1e6:.0f} | {min(v.wall) * 1e6:.0f}-{max(v.wall) * 1e6:.0f} "
-                f"| {statistics.median(v.cpu) * 1e6:.0f} | {ratio:.2f}x | {statistics.median(v.cpu_ratio):.2f}x | {target} |"
+                f"| {statistics.median(v.cpu) * 1e6:.0f} | {ratio:.2f}x | {min(v.wall_ratio):.2f}-{max(v.wall_ratio):.2f} "
+                f"| {statistics.median(v.cpu_ratio):.2f}x | {target} |"
             )
         if ours is not None and ours_ratio is not None:
-            peers = [v for v in group if not v.bare and not v.ours and not v.diagnostic]
-            below = all(ours_ratio < statistics.median(p.wall_ratio) for p in peers)
-            verdicts.append(
-                f"{transport}: ours {ours_ratio:.2f}x ({'met' if ours_ratio <= TARGET else 'MISSED'}), "
-                f"{'below' if below else 'NOT below'} every peer ("
-                + ", ".join(f"{p.client} {statistics.median(p.wall_ratio):.2f}x" for p in peers)
-                + ")"
-            )
+            verdict = f"{transport}: ours {ours_ratio:.2f}x ({'met' if ours_ratio <= TARGET else 'MISSED'})"
+            if cheapest is not None:
+                c_ratio, c_q3 = statistics.median(cheapest.wall_ratio), _upper_quartile(cheapest.wall_ratio)
+                within = ours_ratio <= c_q3
+                spread = f"{min(cheapest.wall_ratio):.2f}-{max(cheapest.wall_ratio):.2f}"
+                verdict += (
+                    f", cheapest peer {cheapest.client} {c_ratio:.2f}x (upper quartile {c_q3:.2f}, rounds {spread}): "
+                    f"{'within its noise' if within else 'NOT within its noise'}"
+                )
+            verdicts.append(verdict)
     out.append("")
     out.append(
         "Ratios are the median over rounds of each variant's time over its transport's bare client in the same round; "
@@ -316,7 +376,10 @@ def table(variants: list[Variant], rounds: int, calls: int, elapsed: float, skip
     )
     out.append("")
     if verdicts:
-        out.append(f"Target: ours <= {TARGET:.2f}x the bare transport (wall) and below every peer. " + "; ".join(verdicts) + ".")
+        out.append(
+            f"Target: ours <= {TARGET:.2f}x the bare transport (wall), and no worse than the cheapest peer within the noise "
+            "(ours' median ratio at most the upper quartile of that peer's round ratios). " + "; ".join(verdicts) + "."
+        )
     for line in skipped:
         out.append(f"Not measured: {line}.")
     return "\n".join(out)
@@ -343,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with LoopbackServer() as server:
             url = server.url + "/flush_cache"
-            variants = httpx_sync_variants(url, skipped, closers) + httpx_async_variants(url, skipped, closers)
+            variants = requests_variants(url, skipped, closers) + httpx_sync_variants(url, skipped, closers)
+            variants += httpx_async_variants(url, skipped, closers)
 
             async def make_aiohttp() -> list[Variant]:
                 return aiohttp_variants(url, skipped, closers)

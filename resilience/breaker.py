@@ -184,6 +184,16 @@ class CircuitBreaker:
         self._announce(pending)
         return granted
 
+    def admit_closed(self) -> Permit | None:
+        """``admit()`` for a new call when the breaker is closed (the same permit), else None with nothing changed.
+
+        The success fast path asks this (``resilience.first_attempt``): a
+        breaker that is not closed is left to ``admit``, which may refuse the
+        call or hand it a half-open probe slot.
+        """
+        with self._lock:
+            return self._closed_permit if self._state is BreakerState.CLOSED else None
+
     def _stale(self, permit: Permit | None) -> bool:
         return permit is not None and permit.epoch != self._epoch
 

@@ -73,6 +73,7 @@ from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts,
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
+from resilience.first_attempt import NO_HEADERS, FirstAttempt
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
 from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
@@ -151,6 +152,15 @@ class Retrier:
             errors=self.error_types,
         )
 
+    def _first(self, spec: CallSpec) -> FirstAttempt[Any]:
+        """The fast path's start of a call nobody observes (``resilience.first_attempt``)."""
+        return FirstAttempt(
+            spec,
+            self.breakers.get(spec.engine) if self.breakers is not None else None,
+            self.budgets.get(spec.engine) if self.budgets is not None else None,
+            self.clock,
+        )
+
     def run(
         self,
         spec: CallSpec,
@@ -175,9 +185,24 @@ class Retrier:
         ``Exception`` raised out of an attempt carries the call's record as
         ``.attempts`` too (``resilience.outcome.attempts_of``).
         """
-        call: RetryCall[R] = self.begin(spec)
+        call: RetryCall[R]
+        result: AttemptResult[R] | None = None
+        if self.observers:
+            call = self.begin(spec)
+        else:  # nobody observes: the first attempt without a RetryCall (resilience.first_attempt)
+            first: FirstAttempt[R] = self._first(spec)
+            if first.timeouts is not None:
+                try:
+                    result = attempt(0, first.timeouts, NO_HEADERS)
+                except BaseException as exc:
+                    _abandon(first.take_over(self.rng, self.error_types, in_flight=True), exc, never_sent)
+                    raise
+                done = first.finish(result)
+                if done is not None:
+                    return done
+            call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
         try:
-            step: Send | Wait[R] | Probe | Return[R] | Raise[R] = call.next_step()
+            step: Send | Wait[R] | Probe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
             while True:
                 if isinstance(step, Send):
                     step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
@@ -217,9 +242,24 @@ class Retrier:
         neutral for the breaker (its slot goes back), and nothing more is sent.
         """
         asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
-        call: RetryCall[R] = self.begin(spec)
+        call: RetryCall[R]
+        result: AttemptResult[R] | None = None
+        if self.observers:
+            call = self.begin(spec)
+        else:  # nobody observes: the first attempt without a RetryCall (resilience.first_attempt)
+            first: FirstAttempt[R] = self._first(spec)
+            if first.timeouts is not None:
+                try:
+                    result = await attempt(0, first.timeouts, NO_HEADERS)
+                except BaseException as exc:
+                    _abandon(first.take_over(self.rng, self.error_types, in_flight=True), exc, never_sent)
+                    raise
+                done = first.finish(result)
+                if done is not None:
+                    return done
+            call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
         try:
-            step: Send | Wait[R] | Probe | Return[R] | Raise[R] = call.next_step()
+            step: Send | Wait[R] | Probe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
             while True:
                 if isinstance(step, Send):
                     step = call.attempt_done(await attempt(step.attempt, step.timeouts, step.headers))

@@ -55,9 +55,9 @@ class Driver:
         *,
         breaker: BreakerConfig | None = None,
         retry_budget: RetryBudgetConfig | None = None,
+        observers: Sequence[Observer] = (),
         config: DriverConfig | None = None,
         pool: int | None = None,
-        observers: Sequence[Observer] = (),
     ) -> None:
         """``config``: build the layer from this ``DriverConfig`` alone (then ``policies``, ``breaker``,
         ``retry_budget`` and ``observers`` must be left out). ``pool``: at most this many connections per engine (the
