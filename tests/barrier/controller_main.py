@@ -1,0 +1,143 @@
+"""A controller process for the crash-consistency tests: transitions on emulated engines, one JSON line per event.
+
+    python tests/barrier/controller_main.py --seed S --transitions N [--journal PATH] [--ops offload,train]
+                                            [--final] [--probe] URL...
+
+It drives the engines at ``URL...`` (emulated SGLang engines that outlive it) through an
+``Orchestrator`` over ``SGLangClient``s, on ``--journal PATH`` when given (else a fresh
+orchestrator that knows nothing: the baseline). The test SIGKILLs it at random moments,
+calls in flight included, and starts the next one on the same journal.
+
+- ``--ops``: the transitions to run, comma-separated, from ``offload``, ``onload``,
+  ``weight_sync`` and ``train`` (sleeps ``--train-s``: a window where a kill lands after a
+  transition returned). Without it: ``--transitions`` random ones drawn with ``--seed``.
+- ``--final``: end the run as a training job ends: release holds whose owner is gone
+  (``unpause`` by reason), then ``onload()``; up to three rounds.
+- ``--probe``: pass the emulator's memory probe (``resilience.testing``) as ``memory_probe=``.
+
+Stdout, one JSON object per line, flushed: ``{"event": "ready"}`` once the orchestrator is
+built (the journal read); ``{"event": "begin", "i", "op"}`` before each transition;
+``{"event": "end", "i", "op", "ok", ...}`` after it (``ok`` false: ``error``, ``quarantined``,
+``dead``, ``left_paused``, from ``PhaseFailed``); ``{"event": "final", "ok", ...}`` with
+``--final``. A ``PhaseFailed`` never stops the run: the next transition is tried, as a
+training loop would. Anything else ends the process with a traceback (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient
+from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.testing import fast_policies
+
+POLICIES = fast_policies(SGLANG_POLICIES, attempt_timeout_s=2.0, deadline_s=6.0)
+"""SGLANG_POLICIES' decisions, with waits sized for emulated engines on loopback."""
+DEADLINES = PhaseDeadlines(transition_s=30, pause_s=10, flush_s=10, release_s=10, resume_s=10, continue_s=10)
+OPS = ("offload", "onload", "weight_sync")
+WEIGHTS = (0.4, 0.4, 0.2)
+"""How often each random transition is drawn."""
+
+
+def emit(**fields: Any) -> None:
+    """One JSON line on stdout, flushed at once (the test reads them while this process runs)."""
+    sys.stdout.write(json.dumps(fields, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def failed(exc: PhaseFailed) -> dict[str, Any]:
+    """What a PhaseFailed names, as JSON fields."""
+    return {
+        "ok": False,
+        "error": " ".join(str(exc).split())[:600],
+        "failures": sorted(exc.failures),
+        "quarantined": sorted(exc.quarantined),
+        "dead": sorted(exc.dead),
+        "left_paused": dict(exc.left_paused),
+    }
+
+
+def run_op(orch: Orchestrator, op: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One transition; returns the JSON fields of its end."""
+    if op == "train":
+        time.sleep(args.train_s)
+        return {"ok": True}
+    try:
+        if op == "offload":
+            orch.offload(mode="abort")
+        elif op == "onload":
+            report = orch.onload()
+            return {"ok": True, "held": {k: list(v) for k, v in report.held.items()}}
+        elif op == "weight_sync":
+            with orch.weight_sync(mode="retract"):
+                time.sleep(args.body_s)  # the weight update: a window where a kill lands inside the body
+        else:
+            raise ValueError(f"unknown op {op!r}")
+    except PhaseFailed as exc:
+        return failed(exc)
+    return {"ok": True}
+
+
+def finish(orch: Orchestrator) -> dict[str, Any]:
+    """Bring every engine back to serving: release holds whose owner is gone, then onload (three rounds at most)."""
+    result: dict[str, Any] = {"ok": False, "error": "not run"}
+    for _ in range(3):
+        try:
+            for reason in sorted({r for reasons in orch.held().values() for r in reasons}):
+                try:
+                    orch.unpause(reason)
+                except KeyError:  # the offload's own hold: onload ends it
+                    continue
+            report = orch.onload()
+            return {"ok": True, "held": {k: list(v) for k, v in report.held.items()}, "not_serving": orch.not_serving()}
+        except PhaseFailed as exc:
+            result = failed(exc)
+            if exc.quarantined or exc.dead:  # nothing more this controller can prove
+                break
+    return result
+
+
+def build(args: argparse.Namespace) -> Orchestrator:
+    clients = [SGLangClient(url, policies=POLICIES, flush_poll_s=0.05) for url in args.urls]
+    extra: dict[str, Any] = {}
+    if args.journal:
+        extra["journal"] = args.journal
+    if args.probe:
+        from resilience.testing import EmulatorMemoryProbe  # type: ignore[attr-defined]  # lands with the probe branch
+
+        extra["memory_probe"] = EmulatorMemoryProbe()
+    return Orchestrator(EngineGroup(clients), deadlines=DEADLINES, **extra)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="controller_main", description=__doc__.split("\n", 1)[0])
+    parser.add_argument("urls", nargs="+", help="the engines' URLs")
+    parser.add_argument("--journal", default=None, help="the journal file (default: none, a fresh orchestrator)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the random transitions (default 0)")
+    parser.add_argument("--transitions", type=int, default=6, help="random transitions to run (default 6)")
+    parser.add_argument("--ops", default=None, help="comma-separated transitions instead of random ones")
+    parser.add_argument("--final", action="store_true", help="end with unpause of orphan holds and onload")
+    parser.add_argument("--probe", action="store_true", help="reconcile through the emulator's memory probe")
+    parser.add_argument("--train-s", type=float, default=30.0, help="how long a 'train' op sleeps (default 30)")
+    parser.add_argument("--body-s", type=float, default=0.2, help="how long a weight_sync body runs (default 0.2)")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    ops = args.ops.split(",") if args.ops else rng.choices(OPS, WEIGHTS, k=args.transitions)
+    orch = build(args)
+    emit(event="ready", states={k: str(v) for k, v in orch.states().items()}, quarantined=sorted(orch.quarantined()))
+    for i, op in enumerate(ops):
+        emit(event="begin", i=i, op=op)
+        emit(event="end", i=i, op=op, **run_op(orch, op, args))
+    if args.final:
+        emit(event="final", **finish(orch))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
