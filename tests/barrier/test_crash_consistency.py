@@ -34,9 +34,7 @@ from tests.barrier.crash_rig import Controller, Traffic, crash_causes, health, p
 N_ENGINES = 3
 SWAP_S = 0.15
 """How long each release or resume holds an engine's scheduler: the window where a kill cuts a call in flight."""
-CONFIG = EngineConfig(
-    token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=SWAP_S
-)
+CONFIG = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=SWAP_S)
 ROUNDS = int(os.environ.get("CPR_CRASH_ROUNDS", "6"))
 """Controllers SIGKILLed at random moments before the last one runs to its end."""
 KILL_WINDOW_S = 0.5
