@@ -1,7 +1,7 @@
 """A controller process for the crash-consistency tests: transitions on emulated engines, one JSON line per event.
 
     python tests/barrier/controller_main.py --seed S --transitions N [--journal PATH] [--ops offload,train]
-                                            [--final] [--probe] URL...
+                                            [--final] [--probe-dir DIR] URL...
 
 It drives the engines at ``URL...`` (emulated SGLang engines that outlive it) through an
 ``Orchestrator`` over ``SGLangClient``s, on ``--journal PATH`` when given (else a fresh
@@ -13,7 +13,8 @@ calls in flight included, and starts the next one on the same journal.
   transition returned). Without it: ``--transitions`` random ones drawn with ``--seed``.
 - ``--final``: end the run as a training job ends: release holds whose owner is gone
   (``unpause`` by reason), then ``onload()``; up to three rounds.
-- ``--probe``: pass the emulator's memory probe (``resilience.testing``) as ``memory_probe=``.
+- ``--probe-dir DIR``: pass the emulator's memory probe over the engines' ``--memory-state-dir``
+  (``resilience.testing.memory_probe``, a side channel, not HTTP) as ``memory_probe=``.
 
 Stdout, one JSON object per line, flushed: ``{"event": "ready"}`` once the orchestrator is
 built (the journal read); ``{"event": "begin", "i", "op"}`` before each transition;
@@ -108,10 +109,10 @@ def build(args: argparse.Namespace) -> Orchestrator:
     extra: dict[str, Any] = {}
     if args.journal:
         extra["journal"] = args.journal
-    if args.probe:
-        from resilience.testing import EmulatorMemoryProbe  # type: ignore[attr-defined]  # lands with the probe branch
+    if args.probe_dir:
+        from resilience.testing.memory_probe import EmulatorMemoryProbe
 
-        extra["memory_probe"] = EmulatorMemoryProbe()
+        extra["memory_probe"] = EmulatorMemoryProbe(args.probe_dir)
     return Orchestrator(EngineGroup(clients), deadlines=DEADLINES, **extra)
 
 
@@ -123,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--transitions", type=int, default=6, help="random transitions to run (default 6)")
     parser.add_argument("--ops", default=None, help="comma-separated transitions instead of random ones")
     parser.add_argument("--final", action="store_true", help="end with unpause of orphan holds and onload")
-    parser.add_argument("--probe", action="store_true", help="reconcile through the emulator's memory probe")
+    parser.add_argument("--probe-dir", default=None, help="reconcile through the emulator's memory probe on this state folder")
     parser.add_argument("--train-s", type=float, default=30.0, help="how long a 'train' op sleeps (default 30)")
     parser.add_argument("--body-s", type=float, default=0.2, help="how long a weight_sync body runs (default 0.2)")
     args = parser.parse_args(argv)

@@ -22,6 +22,7 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,7 +104,7 @@ def _check_alive(fleet: EmulatedFleet, since: list[int], traffic: Traffic, log: 
     assert traffic.counts["error"] == 0, f"traffic errors {traffic.errors} after {log}"
 
 
-def _check_final(fleet: EmulatedFleet, final: dict[str, object] | None, log: list[str]) -> None:
+def _check_final(fleet: EmulatedFleet, final: dict[str, Any] | None, log: list[str]) -> None:
     """The last controller reached an end: a normal return with every engine serving, or a PhaseFailed naming every engine not serving."""
     assert final is not None, f"the last controller printed no final line after {log}"
     urls = {e.direct_url: e for e in fleet.engines}
@@ -111,14 +112,14 @@ def _check_final(fleet: EmulatedFleet, final: dict[str, object] | None, log: lis
     if final["ok"]:
         assert not not_serving, f"the final onload returned but {sorted(not_serving)} do not serve; {final}; {log}"
     else:
-        named = set(final["left_paused"]) | set(final["quarantined"]) | set(final["dead"])  # type: ignore[call-overload]
+        named = set(final["left_paused"]) | set(final["quarantined"]) | set(final["dead"])
         assert not_serving <= named, f"PhaseFailed left {sorted(not_serving - named)} unnamed: {final}; {log}"
     for url, engine in urls.items():
         state = engine.state()
         assert state["paused"] or not state["released_tags"], f"{url} serves with {state['released_tags']} released; {log}"
 
 
-def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int, *extra: str) -> None:
+def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int, *extra: str) -> dict[str, Any]:
     journal = str(tmp_path / "barrier.journal")
     rng = random.Random(seed)
     since = _logs_at(engines)
@@ -145,12 +146,21 @@ def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int
         _check_final(engines, final, log)
     assert traffic.counts["answered"] > 0, traffic.counts  # the engines really served between the controllers
     assert any("mid-transition" in line for line in log), log  # kills cut transitions, not only the gaps between them
+    assert final is not None
+    return final
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkilled_controllers_on_one_journal_never_kill_an_engine(engines: EmulatedFleet, tmp_path: Path, seed: int) -> None:
     """Controllers SIGKILLed at random moments, each new one on the same journal: no engine dies and the last one ends."""
     _crash_rounds(engines, tmp_path, seed, ROUNDS)
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_with_the_memory_probe_the_last_controller_brings_every_engine_back(engines: EmulatedFleet, tmp_path: Path, seed: int) -> None:
+    """The same kills, controllers with the emulator's memory probe: what a kill left unknown is asked, and the end is a normal return."""
+    final = _crash_rounds(engines, tmp_path, seed, ROUNDS, "--probe-dir", str(engines.memory_state_dir))
+    assert final["ok"] is True, final
 
 
 def test_restart_after_offload_resumes_from_the_journal(engines: EmulatedFleet, tmp_path: Path) -> None:
