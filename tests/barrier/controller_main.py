@@ -1,7 +1,7 @@
 """A controller process for the crash-consistency tests: transitions on emulated engines, one JSON line per event.
 
     python tests/barrier/controller_main.py --seed S --transitions N [--journal PATH] [--ops offload,train]
-                                            [--final] [--probe-dir DIR] URL...
+                                            [--final] [--probe-dir DIR] [--async] URL...
 
 It drives the engines at ``URL...`` (emulated SGLang engines that outlive it) through an
 ``Orchestrator`` over ``SGLangClient``s, on ``--journal PATH`` when given (else a fresh
@@ -13,6 +13,8 @@ calls in flight included, and starts the next one on the same journal.
   transition returned). Without it: ``--transitions`` random ones drawn with ``--seed``.
 - ``--final``: end the run as a training job ends: release holds whose owner is gone
   (``unpause`` by reason), then ``onload()``; up to three rounds.
+- ``--async``: ``AsyncOrchestrator`` over ``AsyncSGLangClient`` (aiohttp) instead of ``Orchestrator``
+  over ``SGLangClient``.
 - ``--probe-dir DIR``: pass the emulator's memory probe over the engines' ``--memory-state-dir``
   (``resilience.testing.memory_probe``, a side channel, not HTTP) as ``memory_probe=``.
 
@@ -27,6 +29,8 @@ training loop would. Anything else ends the process with a traceback (exit 1).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
 import json
 import random
 import sys
@@ -34,13 +38,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient
-from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
+from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.testing import fast_policies
 
 POLICIES = fast_policies(SGLANG_POLICIES, attempt_timeout_s=2.0, deadline_s=6.0)
 """SGLANG_POLICIES' decisions, with waits sized for emulated engines on loopback."""
 DEADLINES = PhaseDeadlines(transition_s=30, pause_s=10, flush_s=10, release_s=10, resume_s=10, continue_s=10)
+AnyOrchestrator = Orchestrator[Any] | AsyncOrchestrator[Any]
 OPS = ("offload", "onload", "weight_sync")
 WEIGHTS = (0.4, 0.4, 0.2)
 """How often each random transition is drawn."""
@@ -64,20 +69,29 @@ def failed(exc: PhaseFailed) -> dict[str, Any]:
     }
 
 
-def run_op(orch: Orchestrator, op: str, args: argparse.Namespace) -> dict[str, Any]:
+async def _done(value: Any) -> Any:
+    """The value of a sync call, or the awaited value of an async one (both orchestrators share this driver)."""
+    return await value if inspect.isawaitable(value) else value
+
+
+async def run_op(orch: AnyOrchestrator, op: str, args: argparse.Namespace) -> dict[str, Any]:
     """One transition; returns the JSON fields of its end."""
     if op == "train":
-        time.sleep(args.train_s)
+        await asyncio.sleep(args.train_s)
         return {"ok": True}
     try:
         if op == "offload":
-            orch.offload(mode="abort")
+            await _done(orch.offload(mode="abort"))
         elif op == "onload":
-            report = orch.onload()
+            report = await _done(orch.onload())
             return {"ok": True, "held": {k: list(v) for k, v in report.held.items()}}
-        elif op == "weight_sync":
-            with orch.weight_sync(mode="retract"):
-                time.sleep(args.body_s)  # the weight update: a window where a kill lands inside the body
+        elif op == "weight_sync":  # the body is the weight update: a window where a kill lands inside it
+            if isinstance(orch, AsyncOrchestrator):
+                async with orch.weight_sync(mode="retract"):
+                    await asyncio.sleep(args.body_s)
+            else:
+                with orch.weight_sync(mode="retract"):
+                    time.sleep(args.body_s)
         else:
             raise ValueError(f"unknown op {op!r}")
     except PhaseFailed as exc:
@@ -85,17 +99,17 @@ def run_op(orch: Orchestrator, op: str, args: argparse.Namespace) -> dict[str, A
     return {"ok": True}
 
 
-def finish(orch: Orchestrator) -> dict[str, Any]:
+async def finish(orch: AnyOrchestrator) -> dict[str, Any]:
     """Bring every engine back to serving: release holds whose owner is gone, then onload (three rounds at most)."""
     result: dict[str, Any] = {"ok": False, "error": "not run"}
     for _ in range(3):
         try:
             for reason in sorted({r for reasons in orch.held().values() for r in reasons}):
                 try:
-                    orch.unpause(reason)
+                    await _done(orch.unpause(reason))
                 except KeyError:  # the offload's own hold: onload ends it
                     continue
-            report = orch.onload()
+            report = await _done(orch.onload())
             return {"ok": True, "held": {k: list(v) for k, v in report.held.items()}, "not_serving": orch.not_serving()}
         except PhaseFailed as exc:
             result = failed(exc)
@@ -104,8 +118,8 @@ def finish(orch: Orchestrator) -> dict[str, Any]:
     return result
 
 
-def build(args: argparse.Namespace) -> Orchestrator:
-    clients = [SGLangClient(url, policies=POLICIES, flush_poll_s=0.05) for url in args.urls]
+def build(args: argparse.Namespace) -> tuple[AnyOrchestrator, list[Any]]:
+    """The orchestrator (on the journal, with the probe, when asked) and its clients."""
     extra: dict[str, Any] = {}
     if args.journal:
         extra["journal"] = args.journal
@@ -113,7 +127,28 @@ def build(args: argparse.Namespace) -> Orchestrator:
         from resilience.testing.memory_probe import EmulatorMemoryProbe
 
         extra["memory_probe"] = EmulatorMemoryProbe(args.probe_dir)
-    return Orchestrator(EngineGroup(clients), deadlines=DEADLINES, **extra)
+    if args.use_async:
+        aclients = [AsyncSGLangClient(url, policies=POLICIES, flush_poll_s=0.05) for url in args.urls]
+        return AsyncOrchestrator(EngineGroup(aclients), deadlines=DEADLINES, **extra), list(aclients)
+    clients = [SGLangClient(url, policies=POLICIES, flush_poll_s=0.05) for url in args.urls]
+    return Orchestrator(EngineGroup(clients), deadlines=DEADLINES, **extra), list(clients)
+
+
+async def run(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    ops = args.ops.split(",") if args.ops else rng.choices(OPS, WEIGHTS, k=args.transitions)
+    orch, clients = build(args)
+    emit(event="ready", states={k: str(v) for k, v in orch.states().items()}, quarantined=sorted(orch.quarantined()))
+    try:
+        for i, op in enumerate(ops):
+            emit(event="begin", i=i, op=op)
+            emit(event="end", i=i, op=op, **(await run_op(orch, op, args)))
+        if args.final:
+            emit(event="final", **(await finish(orch)))
+    finally:
+        for client in clients:
+            await _done(client.aclose() if isinstance(client, AsyncSGLangClient) else client.close())
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,17 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--probe-dir", default=None, help="reconcile through the emulator's memory probe on this state folder")
     parser.add_argument("--train-s", type=float, default=30.0, help="how long a 'train' op sleeps (default 30)")
     parser.add_argument("--body-s", type=float, default=0.2, help="how long a weight_sync body runs (default 0.2)")
+    parser.add_argument("--async", dest="use_async", action="store_true", help="AsyncOrchestrator over AsyncSGLangClient")
     args = parser.parse_args(argv)
-    rng = random.Random(args.seed)
-    ops = args.ops.split(",") if args.ops else rng.choices(OPS, WEIGHTS, k=args.transitions)
-    orch = build(args)
-    emit(event="ready", states={k: str(v) for k, v in orch.states().items()}, quarantined=sorted(orch.quarantined()))
-    for i, op in enumerate(ops):
-        emit(event="begin", i=i, op=op)
-        emit(event="end", i=i, op=op, **run_op(orch, op, args))
-    if args.final:
-        emit(event="final", **finish(orch))
-    return 0
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

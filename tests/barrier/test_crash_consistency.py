@@ -150,10 +150,12 @@ def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int
     return final
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_sigkilled_controllers_on_one_journal_never_kill_an_engine(engines: EmulatedFleet, tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "orchestrator"), [(1, "Orchestrator"), (2, "AsyncOrchestrator")])
+def test_sigkilled_controllers_on_one_journal_never_kill_an_engine(
+    engines: EmulatedFleet, tmp_path: Path, seed: int, orchestrator: str
+) -> None:
     """Controllers SIGKILLed at random moments, each new one on the same journal: no engine dies and the last one ends."""
-    _crash_rounds(engines, tmp_path, seed, ROUNDS)
+    _crash_rounds(engines, tmp_path, seed, ROUNDS, *(("--async",) if orchestrator == "AsyncOrchestrator" else ()))
 
 
 @pytest.mark.parametrize("seed", [3])
