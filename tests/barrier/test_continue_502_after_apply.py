@@ -22,6 +22,7 @@ from resilience.adapters.sglang import ALL_TAGS, SGLANG_POLICIES, SGLangClient
 from resilience.barrier import EngineGroup, EngineState, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.testing import fast_policies
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.faults import FaultPlan, FaultProxy, FaultRule
 from tests.barrier.crash_rig import HTTP_TIMEOUT, Traffic, crash_causes, health, put_in_order
 
@@ -82,7 +83,7 @@ def test_continue_answered_502_after_apply_is_not_taken_for_paused(fleet: Emulat
             except PhaseFailed as exc:
                 onload_error = exc
             for proxy in proxies:
-                assert proxy.settle(HTTP_TIMEOUT)
+                assert proxy.settle(HTTP_TIMEOUT, paths=CONTROL_PATHS)  # generation held at a paused gate is not waited for
             assert proxies[LYING].injected_count(502) >= 1  # the lie was told
             state = fleet.engines[LYING].state()
             assert not state["paused"] and not state["released_tags"], state  # the continue was applied: it serves
@@ -98,7 +99,7 @@ def test_continue_answered_502_after_apply_is_not_taken_for_paused(fleet: Emulat
             except PhaseFailed as exc:
                 offload_error = exc
             for proxy in proxies:
-                assert proxy.settle(HTTP_TIMEOUT)
+                assert proxy.settle(HTTP_TIMEOUT, paths=CONTROL_PATHS)  # generation held at a paused gate is not waited for
             dead = [(e.index, crash_causes(e)) for e in fleet.engines if not e.alive()]
             assert not dead, f"the offload after the lie killed engines: {dead}; {offload_error}"
             sent = _calls_since(fleet, LYING, seq)
