@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["AttemptRecord", "CallOutcome", "Delivery", "Outcome"]
+__all__ = ["AttemptRecord", "CallOutcome", "Delivery", "Outcome", "attempts_of"]
 
 
 class Outcome(enum.StrEnum):
@@ -71,3 +71,11 @@ class AttemptRecord:
     duration_s: float
     delay_s: float | None = None
     """The backoff slept after this attempt, or None when it was the last."""
+
+
+def attempts_of(error: BaseException) -> tuple[AttemptRecord, ...] | None:
+    """The driver's record of the attempts behind ``error`` (on the error, or on the response it carries); None: no record."""
+    attempts = getattr(error, "attempts", None)
+    if attempts is None:
+        attempts = getattr(getattr(error, "response", None), "attempts", None)
+    return tuple(attempts) if attempts is not None else None

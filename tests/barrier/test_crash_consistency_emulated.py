@@ -1,0 +1,211 @@
+"""Crash consistency on real emulated engines: a controller may die at any instant, and no engine dies.
+
+Three emulated engines (``EmulatedFleet``, each its own process, children of the test and not
+of any controller) take generation traffic the whole time (``crash_rig.Traffic``). Controller
+processes (``controller_main.py``) run transitions on them and are SIGKILLed at random moments,
+calls in flight included (the engines' swaps take ``SWAP_S``, and kills land up to
+``KILL_WINDOW_S`` after a transition began). Each new controller starts on the same journal.
+
+- With the journal: no engine ever dies (alive, ``/health`` answers, nothing in its crash log),
+  and the last controller runs to an end: a normal return, or ``PhaseFailed`` naming every
+  engine that is not serving.
+- Without it (a fresh controller each restart, as before Barrier v3): an offload, a kill while
+  training, and the next controller's offload release the engines' memory a second time; the
+  engines die. That test asserts the deaths: the rig can see the failure it guards against.
+
+``CPR_CRASH_ROUNDS`` sets the random kills of the long run (default 6, under a minute).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("torch")
+
+from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from tests.barrier.crash_rig import Controller, Traffic, crash_causes, health, put_in_order
+
+N_ENGINES = 3
+SWAP_S = 0.15
+"""How long each release or resume holds an engine's scheduler: the window where a kill cuts a call in flight."""
+CONFIG = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=SWAP_S)
+ROUNDS = int(os.environ.get("CPR_CRASH_ROUNDS", "6"))
+"""Controllers SIGKILLed at random moments before the last one runs to its end."""
+KILL_WINDOW_S = 0.5
+"""A kill lands uniformly within this many seconds after the chosen transition began."""
+READY_S = 60.0
+"""Seconds a controller may take to import, read its journal and print ``ready`` (a loaded CI box)."""
+FINAL_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[EmulatedFleet]:
+    """Three emulated engines for the module; they outlive every controller (the fleet stops them by PID)."""
+    with EmulatedFleet(N_ENGINES, CONFIG) as f:
+        yield f
+
+
+@pytest.fixture
+def engines(fleet: EmulatedFleet) -> Iterator[EmulatedFleet]:
+    """The fleet, every engine alive and serving with all its memory at the start of the test."""
+    put_in_order(fleet)
+    yield fleet
+
+
+def _logs_at(fleet: EmulatedFleet) -> list[int]:
+    return [len(e.log()) for e in fleet.engines]
+
+
+def _new_causes(fleet: EmulatedFleet, since: list[int]) -> dict[int, list[str]]:
+    """Per engine, what killed it since ``since`` (its log length then); engines that never crashed left out."""
+    from resilience.cli.story import death_causes
+
+    out = {}
+    for engine, start in zip(fleet.engines, since, strict=True):
+        causes = death_causes(engine.log()[start:])
+        if causes:
+            out[engine.index] = causes
+    return out
+
+
+def _releases(fleet: EmulatedFleet) -> list[int]:
+    """Per engine, the releases it received so far (its server-side record)."""
+    return [sum(1 for c in e.record()["calls"] if c["path"] == "/release_memory_occupation") for e in fleet.engines]
+
+
+def _kill_at_random(controller: Controller, rng: random.Random, transitions: int) -> str:
+    """SIGKILL the controller a random moment after a random transition began; says where it landed."""
+    target = rng.randrange(transitions)
+    begun = controller.wait_for("ready", READY_S) is not None and controller.wait_for("begin", READY_S, i=target) is not None
+    if not begun:  # it ended (or failed) before: nothing to kill
+        controller.wait(READY_S)
+        return "ended before the kill"
+    delay = rng.uniform(0.0, KILL_WINDOW_S)
+    line = controller.next_line(delay)  # returns early when the transition ends; then kill at once
+    controller.kill()
+    where = "after it ended" if line is not None and line.get("event") == "end" else "mid-transition"
+    return f"kill {where} ({line.get('op') if line else 'in flight'} {target})"
+
+
+def _check_alive(fleet: EmulatedFleet, since: list[int], traffic: Traffic, log: list[str]) -> None:
+    """No engine died: its process runs, /health answers, its crash log is empty, and traffic met no refused connection."""
+    causes = _new_causes(fleet, since)
+    dead = [e.index for e in fleet.engines if not e.alive()]
+    assert not dead and not causes, f"engines died: {dead} causes {causes} after {log}"
+    statuses = [health(e) for e in fleet.engines]
+    assert all(s is not None for s in statuses), f"/health did not answer: {statuses} after {log}"
+    assert traffic.counts["error"] == 0, f"traffic errors {traffic.errors} after {log}"
+
+
+def _check_final(fleet: EmulatedFleet, final: dict[str, Any] | None, log: list[str]) -> None:
+    """The last controller reached an end: a normal return with every engine serving, or a PhaseFailed naming every engine not serving."""
+    assert final is not None, f"the last controller printed no final line after {log}"
+    urls = {e.direct_url: e for e in fleet.engines}
+    not_serving = {url for url, e in urls.items() if e.state()["paused"] or e.state()["released_tags"]}
+    if final["ok"]:
+        assert not not_serving, f"the final onload returned but {sorted(not_serving)} do not serve; {final}; {log}"
+    else:
+        named = set(final["left_paused"]) | set(final["quarantined"]) | set(final["dead"])
+        assert not_serving <= named, f"PhaseFailed left {sorted(not_serving - named)} unnamed: {final}; {log}"
+    for url, engine in urls.items():
+        state = engine.state()
+        assert state["paused"] or not state["released_tags"], f"{url} serves with {state['released_tags']} released; {log}"
+
+
+def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int, *extra: str) -> dict[str, Any]:
+    journal = str(tmp_path / "barrier.journal")
+    rng = random.Random(seed)
+    since = _logs_at(engines)
+    log: list[str] = []
+    with Traffic(engines.direct_urls) as traffic:
+        for n in range(rounds):
+            controller = Controller(engines.direct_urls, "--journal", journal, "--seed", str(seed * 1000 + n), "--transitions", "4", *extra)
+            try:
+                log.append(f"round {n}: {_kill_at_random(controller, rng, 4)}")
+                log.extend(f"  {line}" for line in controller.seen if line.get("event") == "end" and not line.get("ok"))
+            finally:
+                controller.kill()
+            assert "Traceback" not in controller.stderr, controller.stderr
+            _check_alive(engines, since, traffic, log)
+        last = Controller(engines.direct_urls, "--journal", journal, "--seed", str(seed), "--transitions", "2", "--final", *extra)
+        try:
+            rc = last.wait(FINAL_S)
+        finally:
+            last.kill()
+        assert rc == 0, last.stderr
+        final = next((line for line in last.seen if line.get("event") == "final"), None)
+        log.append(f"final: {final}")
+        _check_alive(engines, since, traffic, log)
+        _check_final(engines, final, log)
+    assert traffic.counts["answered"] > 0, traffic.counts  # the engines really served between the controllers
+    assert any("mid-transition" in line for line in log), log  # kills cut transitions, not only the gaps between them
+    assert final is not None
+    return final
+
+
+@pytest.mark.parametrize(("seed", "orchestrator"), [(1, "Orchestrator"), (2, "AsyncOrchestrator")])
+def test_sigkilled_controllers_on_one_journal_never_kill_an_engine(
+    engines: EmulatedFleet, tmp_path: Path, seed: int, orchestrator: str
+) -> None:
+    """Controllers SIGKILLed at random moments, each new one on the same journal: no engine dies and the last one ends."""
+    _crash_rounds(engines, tmp_path, seed, ROUNDS, *(("--async",) if orchestrator == "AsyncOrchestrator" else ()))
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_with_the_memory_probe_the_last_controller_brings_every_engine_back(engines: EmulatedFleet, tmp_path: Path, seed: int) -> None:
+    """The same kills, controllers with the emulator's memory probe: what a kill left unknown is asked, and the end is a normal return."""
+    final = _crash_rounds(engines, tmp_path, seed, ROUNDS, "--probe-dir", str(engines.memory_state_dir))
+    assert final["ok"] is True, final
+
+
+def test_restart_after_offload_resumes_from_the_journal(engines: EmulatedFleet, tmp_path: Path) -> None:
+    """Offload, a kill while training, a new controller on the journal: its offload sends no second release; its onload serves."""
+    journal = str(tmp_path / "barrier.journal")
+    since, releases_before = _logs_at(engines), _releases(engines)
+    with Traffic(engines.direct_urls) as traffic:
+        first = Controller(engines.direct_urls, "--journal", journal, "--ops", "offload,train")
+        try:
+            assert first.wait_for("end", READY_S, op="offload") is not None, first.stderr
+        finally:
+            first.kill()
+        second = Controller(engines.direct_urls, "--journal", journal, "--ops", "offload,onload")
+        try:
+            assert second.wait(FINAL_S) == 0, second.stderr
+        finally:
+            second.kill()
+        ends = [line for line in second.seen if line.get("event") == "end"]
+        assert [(e["op"], e["ok"]) for e in ends] == [("offload", True), ("onload", True)], ends
+        _check_alive(engines, since, traffic, [str(ends)])
+    sent = [after - before for before, after in zip(releases_before, _releases(engines), strict=True)]
+    assert sent == [1] * N_ENGINES, sent  # one release per engine: the restarted offload knew it was done
+    for engine in engines.engines:
+        state = engine.state()
+        assert not state["paused"] and not state["released_tags"], state
+
+
+def test_without_a_journal_a_restarted_controller_releases_twice_and_kills_the_engines(engines: EmulatedFleet) -> None:
+    """The baseline: offload, a kill while training, a fresh controller's offload: every engine dies of a second release."""
+    since = _logs_at(engines)
+    first = Controller(engines.direct_urls, "--ops", "offload,train")
+    try:
+        assert first.wait_for("end", READY_S, op="offload") is not None, first.stderr
+    finally:
+        first.kill()
+    second = Controller(engines.direct_urls, "--ops", "offload")
+    try:
+        second.wait(FINAL_S)
+    finally:
+        second.kill()
+    for engine in engines.engines:
+        engine.wait_exit(10.0)
+    causes = _new_causes(engines, since)
+    assert {i: c for i, c in causes.items()} == {e.index: ["release sent twice"] for e in engines.engines}, (causes, second.seen)
+    assert not any(e.alive() for e in engines.engines)
+    assert all(crash_causes(e) for e in engines.engines)
