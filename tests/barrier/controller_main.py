@@ -11,8 +11,8 @@ calls in flight included, and starts the next one on the same journal.
 - ``--ops``: the transitions to run, comma-separated, from ``offload``, ``onload``,
   ``weight_sync`` and ``train`` (sleeps ``--train-s``: a window where a kill lands after a
   transition returned). Without it: ``--transitions`` random ones drawn with ``--seed``.
-- ``--final``: end the run as a training job ends: release holds whose owner is gone
-  (``unpause`` by reason), then ``onload()``; up to three rounds.
+- ``--final``: end the run as a training job ends: release the holds a dead controller left
+  (``unpause`` by reason, one token at a time), then ``onload()``; up to three rounds.
 - ``--async``: ``AsyncOrchestrator`` over ``AsyncSGLangClient`` (aiohttp) instead of ``Orchestrator``
   over ``SGLangClient``.
 - ``--probe-dir DIR``: pass the emulator's memory probe over the engines' ``--memory-state-dir``
@@ -20,6 +20,7 @@ calls in flight included, and starts the next one on the same journal.
 
 Stdout, one JSON object per line, flushed: ``{"event": "ready"}`` once the orchestrator is
 built (the journal read); ``{"event": "begin", "i", "op"}`` before each transition;
+``{"event": "phase", "transition", "phase", "engines"}`` as each phase starts;
 ``{"event": "end", "i", "op", "ok", ...}`` after it (``ok`` false: ``error``, ``quarantined``,
 ``dead``, ``left_paused``, from ``PhaseFailed``); ``{"event": "final", "ok", ...}`` with
 ``--final``. A ``PhaseFailed`` never stops the run: the next transition is tried, as a
@@ -40,6 +41,8 @@ from typing import Any
 
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.barrier.rules import OFFLOAD_HOLD
+from resilience.events import Event, PhaseStarted
 from resilience.testing import fast_policies
 
 POLICIES = fast_policies(SGLANG_POLICIES, attempt_timeout_s=2.0, deadline_s=6.0)
@@ -49,12 +52,20 @@ AnyOrchestrator = Orchestrator[Any] | AsyncOrchestrator[Any]
 OPS = ("offload", "onload", "weight_sync")
 WEIGHTS = (0.4, 0.4, 0.2)
 """How often each random transition is drawn."""
+_MAX_HOLDS = 64
+"""Bound on the orphaned holds one controller releases at its end."""
 
 
 def emit(**fields: Any) -> None:
     """One JSON line on stdout, flushed at once (the test reads them while this process runs)."""
     sys.stdout.write(json.dumps(fields, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
+
+
+def announce(event: Event) -> None:
+    """Observer: a ``phase`` line as each phase is handed to the fan-out (the test may kill the process right then)."""
+    if isinstance(event, PhaseStarted):
+        emit(event="phase", transition=event.transition, phase=event.phase, engines=list(event.engines))
 
 
 def failed(exc: PhaseFailed) -> dict[str, Any]:
@@ -99,18 +110,27 @@ async def run_op(orch: AnyOrchestrator, op: str, args: argparse.Namespace) -> di
     return {"ok": True}
 
 
+async def release_orphans(orch: AnyOrchestrator) -> list[str]:
+    """Release every hold a dead controller left (by reason, latest first; the offload's own hold is onload's); bounded."""
+    released: list[str] = []
+    for _ in range(_MAX_HOLDS):
+        reasons = sorted({r for reasons in orch.held().values() for r in reasons} - {OFFLOAD_HOLD})
+        if not reasons:
+            break
+        await _done(orch.unpause(reasons[0]))
+        released.append(reasons[0])
+    return released
+
+
 async def finish(orch: AnyOrchestrator) -> dict[str, Any]:
     """Bring every engine back to serving: release holds whose owner is gone, then onload (three rounds at most)."""
     result: dict[str, Any] = {"ok": False, "error": "not run"}
     for _ in range(3):
         try:
-            for reason in sorted({r for reasons in orch.held().values() for r in reasons}):
-                try:
-                    await _done(orch.unpause(reason))
-                except KeyError:  # the offload's own hold: onload ends it
-                    continue
+            orphans = await release_orphans(orch)
             report = await _done(orch.onload())
-            return {"ok": True, "held": {k: list(v) for k, v in report.held.items()}, "not_serving": orch.not_serving()}
+            held = {k: list(v) for k, v in report.held.items()}
+            return {"ok": True, "held": held, "not_serving": orch.not_serving(), "orphans_released": orphans}
         except PhaseFailed as exc:
             result = failed(exc)
             if exc.quarantined or exc.dead:  # nothing more this controller can prove
@@ -129,16 +149,23 @@ def build(args: argparse.Namespace) -> tuple[AnyOrchestrator, list[Any]]:
         extra["memory_probe"] = EmulatorMemoryProbe(args.probe_dir)
     if args.use_async:
         aclients = [AsyncSGLangClient(url, policies=POLICIES, flush_poll_s=0.05) for url in args.urls]
-        return AsyncOrchestrator(EngineGroup(aclients), deadlines=DEADLINES, **extra), list(aclients)
+        return AsyncOrchestrator(EngineGroup(aclients), deadlines=DEADLINES, observers=[announce], **extra), list(aclients)
     clients = [SGLangClient(url, policies=POLICIES, flush_poll_s=0.05) for url in args.urls]
-    return Orchestrator(EngineGroup(clients), deadlines=DEADLINES, **extra), list(clients)
+    return Orchestrator(EngineGroup(clients), deadlines=DEADLINES, observers=[announce], **extra), list(clients)
 
 
 async def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     ops = args.ops.split(",") if args.ops else rng.choices(OPS, WEIGHTS, k=args.transitions)
     orch, clients = build(args)
-    emit(event="ready", states={k: str(v) for k, v in orch.states().items()}, quarantined=sorted(orch.quarantined()))
+    recovery = orch.recovery
+    emit(
+        event="ready",
+        states={k: str(v) for k, v in orch.states().items()},
+        quarantined=sorted(orch.quarantined()),
+        recovery=None if recovery is None else str(recovery),
+        orphaned_holds=None if recovery is None else {k: list(v) for k, v in recovery.orphaned_holds.items()},
+    )
     try:
         for i, op in enumerate(ops):
             emit(event="begin", i=i, op=op)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,17 +82,42 @@ def _releases(fleet: EmulatedFleet) -> list[int]:
 
 
 def _kill_at_random(controller: Controller, rng: random.Random, transitions: int) -> str:
-    """SIGKILL the controller a random moment after a random transition began; says where it landed."""
-    target = rng.randrange(transitions)
-    begun = controller.wait_for("ready", READY_S) is not None and controller.wait_for("begin", READY_S, i=target) is not None
-    if not begun:  # it ended (or failed) before: nothing to kill
+    """SIGKILL the controller at a random moment; says where it landed.
+
+    Two times in three, while a phase's calls are in flight: a random moment within ``SWAP_S`` after
+    the k-th phase began (k drawn from 0-5). Else a random moment within ``KILL_WINDOW_S`` after a
+    random transition began (between calls, or after it ended).
+    """
+    if controller.wait_for("ready", READY_S) is None:
+        controller.wait(READY_S)
+        return "ended before ready"
+    if rng.random() < 2 / 3:
+        target, window = rng.randrange(6), SWAP_S
+        line: dict[str, Any] | None = None
+        for _ in range(target + 1):
+            line = controller.wait_for("phase", READY_S)
+            if line is None:
+                break
+        where = f"{line['transition']}:{line['phase']}" if line is not None else None
+    else:
+        index, window = rng.randrange(transitions), KILL_WINDOW_S
+        line = controller.wait_for("begin", READY_S, i=index)
+        where = f"{line['op']} {index}" if line is not None else None
+    if line is None:  # it ended (or failed) first: nothing to kill
         controller.wait(READY_S)
         return "ended before the kill"
-    delay = rng.uniform(0.0, KILL_WINDOW_S)
-    line = controller.next_line(delay)  # returns early when the transition ends; then kill at once
+    deadline = time.monotonic() + rng.uniform(0.0, window)
+    ended = False
+    for _ in range(1000):  # lines that arrive before the kill: did the transition end first?
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        seen = controller.next_line(left)
+        if seen is None:
+            break
+        ended = ended or seen.get("event") == "end"
     controller.kill()
-    where = "after it ended" if line is not None and line.get("event") == "end" else "mid-transition"
-    return f"kill {where} ({line.get('op') if line else 'in flight'} {target})"
+    return f"kill {'after the transition ended' if ended else 'mid-transition'} ({where})"
 
 
 def _check_alive(fleet: EmulatedFleet, since: list[int], traffic: Traffic, log: list[str]) -> None:
