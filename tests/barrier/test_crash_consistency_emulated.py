@@ -8,12 +8,15 @@ calls in flight included (the engines' swaps take ``SWAP_S``, and kills land up 
 
 - With the journal: no engine ever dies (alive, ``/health`` answers, nothing in its crash log),
   and the last controller runs to an end: a normal return, or ``PhaseFailed`` naming every
-  engine that is not serving.
+  engine that is not serving. Without a memory probe, a kill during a release leaves it "maybe
+  applied" and the engines quarantined; with the emulator's probe (a side channel, not HTTP) the
+  controllers ask it, and the last one returns normally with every engine serving. Both
+  orchestrators run it (``--async``).
 - Without it (a fresh controller each restart, as before Barrier v3): an offload, a kill while
   training, and the next controller's offload release the engines' memory a second time; the
   engines die. That test asserts the deaths: the rig can see the failure it guards against.
 
-``CPR_CRASH_ROUNDS`` sets the random kills of the long run (default 6, under a minute).
+``CPR_CRASH_ROUNDS`` sets the random kills per test (default 8: the file runs in under a minute; 50 for a long run).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ N_ENGINES = 3
 SWAP_S = 0.15
 """How long each release or resume holds an engine's scheduler: the window where a kill cuts a call in flight."""
 CONFIG = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=SWAP_S)
-ROUNDS = int(os.environ.get("CPR_CRASH_ROUNDS", "6"))
+ROUNDS = int(os.environ.get("CPR_CRASH_ROUNDS", "8"))
 """Controllers SIGKILLed at random moments before the last one runs to its end."""
 KILL_WINDOW_S = 0.5
 """A kill lands uniformly within this many seconds after the chosen transition began."""
@@ -81,6 +84,15 @@ def _releases(fleet: EmulatedFleet) -> list[int]:
     return [sum(1 for c in e.record()["calls"] if c["path"] == "/release_memory_occupation") for e in fleet.engines]
 
 
+def _kill_in_release(controller: Controller, rng: random.Random) -> str:
+    """SIGKILL the controller a random moment within ``SWAP_S`` after its first release phase began (the engines swap)."""
+    line = controller.wait_for("phase", READY_S, phase="release")
+    assert line is not None, f"no release phase: {controller.seen} {controller.stderr}"
+    controller.next_line(rng.uniform(0.0, SWAP_S))  # the release's own end comes after SWAP_S at the earliest
+    controller.kill()
+    return "kill mid-transition (offload:release)"
+
+
 def _kill_at_random(controller: Controller, rng: random.Random, transitions: int) -> str:
     """SIGKILL the controller at a random moment; says where it landed.
 
@@ -120,13 +132,17 @@ def _kill_at_random(controller: Controller, rng: random.Random, transitions: int
     return f"kill {'after the transition ended' if ended else 'mid-transition'} ({where})"
 
 
-def _check_alive(fleet: EmulatedFleet, since: list[int], traffic: Traffic, log: list[str]) -> None:
-    """No engine died: its process runs, /health answers, its crash log is empty, and traffic met no refused connection."""
+def _check_alive(fleet: EmulatedFleet, since: list[int], traffic: Traffic, log: list[str], *, health_too: bool = False) -> None:
+    """No engine died: its process runs, its crash log is empty, traffic met no refused connection; ``health_too``: /health answers.
+
+    ``/health`` on a paused engine hangs ``health_hang_seconds`` and answers 503 (SGLang's behaviour): an answer, asked at the end.
+    """
     causes = _new_causes(fleet, since)
     dead = [e.index for e in fleet.engines if not e.alive()]
     assert not dead and not causes, f"engines died: {dead} causes {causes} after {log}"
-    statuses = [health(e) for e in fleet.engines]
-    assert all(s is not None for s in statuses), f"/health did not answer: {statuses} after {log}"
+    if health_too:
+        statuses = [health(e) for e in fleet.engines]
+        assert all(s is not None for s in statuses), f"/health did not answer: {statuses} after {log}"
     assert traffic.counts["error"] == 0, f"traffic errors {traffic.errors} after {log}"
 
 
@@ -151,6 +167,12 @@ def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int
     since = _logs_at(engines)
     log: list[str] = []
     with Traffic(engines.direct_urls) as traffic:
+        first = Controller(engines.direct_urls, "--journal", journal, "--ops", "offload,onload", *extra)
+        try:  # the first kill always lands while a release is in flight: its outcome is what the journal must not forget
+            log.append(f"round first: {_kill_in_release(first, rng)}")
+        finally:
+            first.kill()
+        _check_alive(engines, since, traffic, log)
         for n in range(rounds):
             controller = Controller(engines.direct_urls, "--journal", journal, "--seed", str(seed * 1000 + n), "--transitions", "4", *extra)
             try:
@@ -168,7 +190,7 @@ def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int
         assert rc == 0, last.stderr
         final = next((line for line in last.seen if line.get("event") == "final"), None)
         log.append(f"final: {final}")
-        _check_alive(engines, since, traffic, log)
+        _check_alive(engines, since, traffic, log, health_too=True)
         _check_final(engines, final, log)
     assert traffic.counts["answered"] > 0, traffic.counts  # the engines really served between the controllers
     assert any("mid-transition" in line for line in log), log  # kills cut transitions, not only the gaps between them
@@ -176,18 +198,23 @@ def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int
     return final
 
 
-@pytest.mark.parametrize(("seed", "orchestrator"), [(1, "Orchestrator"), (2, "AsyncOrchestrator")])
-def test_sigkilled_controllers_on_one_journal_never_kill_an_engine(
+def test_sigkilled_controllers_on_one_journal_never_kill_an_engine(engines: EmulatedFleet, tmp_path: Path) -> None:
+    """Controllers SIGKILLed at random moments on one journal, no probe: no engine dies; the last names what it cannot prove.
+
+    The first kill lands while every engine releases: those releases stay "maybe applied" in the journal, so every
+    later controller skips the engines as quarantined (it sends them nothing), and the last one's PhaseFailed names them.
+    """
+    final = _crash_rounds(engines, tmp_path, 1, ROUNDS)
+    assert final["ok"] is False and set(final["quarantined"]) == set(engines.direct_urls), final
+
+
+@pytest.mark.parametrize(("seed", "orchestrator"), [(3, "Orchestrator"), (4, "AsyncOrchestrator")])
+def test_with_the_memory_probe_the_last_controller_brings_every_engine_back(
     engines: EmulatedFleet, tmp_path: Path, seed: int, orchestrator: str
 ) -> None:
-    """Controllers SIGKILLed at random moments, each new one on the same journal: no engine dies and the last one ends."""
-    _crash_rounds(engines, tmp_path, seed, ROUNDS, *(("--async",) if orchestrator == "AsyncOrchestrator" else ()))
-
-
-@pytest.mark.parametrize("seed", [3])
-def test_with_the_memory_probe_the_last_controller_brings_every_engine_back(engines: EmulatedFleet, tmp_path: Path, seed: int) -> None:
     """The same kills, controllers with the emulator's memory probe: what a kill left unknown is asked, and the end is a normal return."""
-    final = _crash_rounds(engines, tmp_path, seed, ROUNDS, "--probe-dir", str(engines.memory_state_dir))
+    flags = ("--probe-dir", str(engines.memory_state_dir), *(("--async",) if orchestrator == "AsyncOrchestrator" else ()))
+    final = _crash_rounds(engines, tmp_path, seed, ROUNDS, *flags)
     assert final["ok"] is True, final
 
 
@@ -208,7 +235,7 @@ def test_restart_after_offload_resumes_from_the_journal(engines: EmulatedFleet, 
             second.kill()
         ends = [line for line in second.seen if line.get("event") == "end"]
         assert [(e["op"], e["ok"]) for e in ends] == [("offload", True), ("onload", True)], ends
-        _check_alive(engines, since, traffic, [str(ends)])
+        _check_alive(engines, since, traffic, [str(ends)], health_too=True)
     sent = [after - before for before, after in zip(releases_before, _releases(engines), strict=True)]
     assert sent == [1] * N_ENGINES, sent  # one release per engine: the restarted offload knew it was done
     for engine in engines.engines:
