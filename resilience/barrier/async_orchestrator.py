@@ -114,9 +114,9 @@ class AsyncOrchestrator(BarrierRules[A]):
         )
         for name, engine in self._engines.items():
             for method in CONTROL_METHODS:
-                if not inspect.iscoroutinefunction(getattr(engine, method)):
+                if not inspect.iscoroutinefunction(getattr(engine, method, None)):
                     raise TypeError(
-                        f"AsyncOrchestrator cannot drive engine {name}: its {method} is not a coroutine function "
+                        f"AsyncOrchestrator cannot drive engine {name}: its {method} is missing or not a coroutine function "
                         "(it would block the event loop; drive synchronous engines with Orchestrator)"
                     )
         self.max_concurrency = max_concurrency

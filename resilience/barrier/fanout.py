@@ -117,7 +117,15 @@ Calls = Sequence[tuple[AnyEngine, Mapping[str, Any]]]
 
 
 class FanOut(Protocol):
-    """Calls ``method(**kwargs)`` on every engine at once and waits until all answered or the deadline passed."""
+    """Calls ``method(**kwargs)`` on every engine at once and waits until all answered or the deadline passed.
+
+    Two optional parts the ``Orchestrator`` uses when a fan-out has them:
+    ``check_engines(engines)``, called when the orchestrator is built, raises
+    ``TypeError`` naming an engine the fan-out cannot drive; and a fan-out
+    interrupted part-way (KeyboardInterrupt, SystemExit) may hang what it read
+    so far on the error (``attach_results``), else every call of the phase
+    counts as "maybe applied".
+    """
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """One result per (engine, kwargs) pair, in the order given."""

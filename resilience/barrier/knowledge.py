@@ -9,7 +9,8 @@ An engine's state is not one label but a few facts, each known or unknown:
 - ``released``: tags known released; ``unknown``: tags that may or may not be
   released (an ambiguous release or resume). An engine with unknown tags is
   *quarantined*: no release, resume or continue is sent to it until the caller
-  reconciles it (``Orchestrator.reconcile``) or retires it. Nothing SGLang 0.5.23
+  reconciles it (``Orchestrator.reconcile``), a ``MemoryProbe`` proves its tags,
+  or it is retired. Nothing SGLang 0.5.23
   answers can tell which tags are released: the scheduler keeps them in
   ``WeightUpdater.offload_tags`` (``sglang/srt/managers/scheduler_components/weight_updater.py``,
   ``release_memory_occupation``) and no endpoint reads that set; ``/server_info``'s
@@ -249,15 +250,16 @@ class EngineKnowledge:
         """The facts a call may change, as a value."""
         return Facts(self.paused, self.flushed, self.pause_mode, frozenset(self.released), frozenset(self.unknown))
 
-    def mark(self, method: str, kwargs: Mapping[str, Any]) -> None:
+    def mark(self, method: str, kwargs: Mapping[str, Any]) -> Pending:
         """Write-ahead: ``method(**kwargs)`` is about to be sent. Its facts become what "maybe applied" leaves.
 
         ``pending`` keeps them as they were, and is set first: an interruption
         between the two steps leaves a mark that ``abandon`` completes.
         """
         self.abandon()
-        self.pending = Pending(method, dict(kwargs), self.facts())
+        pending = self.pending = Pending(method, dict(kwargs), self.facts())
         self.apply(method, kwargs, Effect.MAYBE)
+        return pending
 
     def settle(self, effect: Effect) -> None:
         """The ``pending`` call had ``effect``: refine its facts from "maybe" to what it really did, then drop the mark."""

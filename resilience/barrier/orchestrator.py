@@ -19,6 +19,15 @@ that engine, so no late command can undo a later one. A transition that
 returns has kept its promise; one that could not raises ``PhaseFailed`` naming
 every engine it failed on or skipped, and every engine not serving.
 
+Knowledge is write-ahead: before a phase goes to the fan-out, the facts each
+call may change are marked in flight, and only an answer, or the driver's
+record that the request never left, settles them. A KeyboardInterrupt, a
+SystemExit raised in a worker, a fan-out or an observer raising: each leaves
+those facts unknown, never forgotten (the fan-outs hand back what they read
+so far on the error, so calls still running are waited for later). With a
+``memory_probe``, an engine whose tags became unknown is reconciled from the
+probe instead of staying quarantined.
+
 The rules live in ``resilience.barrier.rules`` (shared with ``AsyncOrchestrator``);
 this module drives them from the caller's thread, through a ``FanOut``.
 """

@@ -44,12 +44,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from resilience.barrier.async_fanout import engine_problem
 from resilience.barrier.engine import ALL_TAGS, AnyEngine, ControlMethod
 from resilience.barrier.fanout import EngineResult, engine_name, interrupted_results
 from resilience.barrier.journal import OFFLOAD_TOKEN, Journal, Recovery, open_journal, restore_budget
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.knowledge import EngineKnowledge, EngineState, LateCall, tags_of
+from resilience.barrier.knowledge import EngineKnowledge, EngineState, LateCall, Pending, tags_of
 from resilience.barrier.outcome import effect_of, is_engine_dead
 from resilience.barrier.types import (
     EngineGroup,
@@ -136,6 +135,8 @@ class PhaseCall(Generic[E]):
     started: float
     before: Mapping[str, EngineState] = field(default_factory=dict)
     """Each engine's state before the write-ahead mark (``EngineStateChanged`` reports the net change at the fold)."""
+    marks: dict[str, Pending] = field(default_factory=dict)
+    """Each engine's write-ahead mark for this step: only these are settled by its results."""
     results: list[EngineResult] | None = None
     folded: bool = False
 
@@ -197,9 +198,6 @@ class BarrierRules(Generic[E]):
                 name = engine_name(engine)
                 if name in self._engines:
                     raise ValueError(f"engine {name} appears in more than one group")
-                problem = engine_problem(engine)
-                if problem is not None:
-                    raise TypeError(f"{type(self).__name__} cannot drive engine {problem} (group {group.name!r})")
                 self._engines[name] = engine
                 if group.needs_offload:
                     self._offloaded.append(name)
@@ -322,6 +320,7 @@ class BarrierRules(Generic[E]):
                     raise RuntimeError(f"reconcile {name}: a late {late} sent earlier is still running; reconcile after it lands")
                 before = k.state
                 self._land(name, error)
+                self._persist((name,))
                 self._announce(name, before)
             kept = (k.released | k.unknown) if tags is None else set()
             if kept and paused is False:
@@ -505,12 +504,12 @@ class BarrierRules(Generic[E]):
         tx.phase = phase
         self._label = f"{tx.name} {phase}"
         before = {n: self._know[n].state for n in names}
-        for n, kwargs in calls:
-            self._know[n].mark(method, kwargs)
-        self._persist(names)
         step = PhaseCall(
             tx, phase, method, tuple(calls), [(self._engines[n], kw) for n, kw in calls], deadline, self.clock.monotonic(), before
         )
+        for n, kwargs in calls:
+            step.marks[n] = self._know[n].mark(method, kwargs)
+        self._persist(names)
         yield step
         assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
         return self._fold(step, step.results)
@@ -541,11 +540,13 @@ class BarrierRules(Generic[E]):
         failures: dict[str, BaseException] = {}
         for (name, _kwargs), result in zip(step.calls, results, strict=True):
             k = self._know[name]
+            mine = k.pending is not None and k.pending is step.marks.get(name)  # a later step's mark is not this step's to settle
             if result is None:
-                k.abandon()
+                if mine:
+                    k.abandon()
                 failures[name] = _Interrupted(f"{name}: the phase was interrupted while {method} ran; it may have been applied")
                 continue
-            if k.pending is not None:
+            if mine:
                 if result.late is not None:
                     k.late(result.late)
                 else:
@@ -555,11 +556,11 @@ class BarrierRules(Generic[E]):
                 if is_engine_dead(result.error) and k.dead is None:
                     k.dead = f"{type(result.error).__name__} in {phase}"
         names = tuple(n for n, _ in step.calls)
+        self._persist(names)
         calls = dict(step.calls)
-        for name in self._probe(names):
+        for name in self._probe(names):  # each engine it settles is persisted on its own
             if name in failures and self._done(self._know[name], method, calls[name]):
                 del failures[name]  # the probe proves the call did what it was sent for
-        self._persist(names)
         return failures
 
     def _abandon(self, steps: Steps[Any], step: Step, error: BaseException | None = None) -> None:
@@ -575,7 +576,7 @@ class BarrierRules(Generic[E]):
                 if results is None or len(results) != len(step.calls):
                     results = [None] * len(step.calls)
                 if step.folded:
-                    if any(self._know[n].pending is not None for n, _ in step.calls):
+                    if any(self._know[n].pending is step.marks.get(n) for n, _ in step.calls):
                         self._fold_knowledge(step, results)
                 else:
                     self._fold(step, results)

@@ -145,13 +145,6 @@ class TruthProbe:
         return self.engines[engine].snapshot()[2]
 
 
-def _signal_main() -> None:
-    """An interrupt hook: Ctrl-C reaches the caller's (main) thread; raised in place when the call runs there."""
-    if threading.current_thread() is threading.main_thread():
-        raise KeyboardInterrupt("interrupted in the main thread")
-    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
-
 INTERRUPTED_BY = (KeyboardInterrupt, SystemExit, asyncio.CancelledError, concurrent.futures.CancelledError, Boom, FanOutBroke)
 """What a rule with an interrupt catches (a transition that returned or raised PhaseFailed is checked as usual)."""
 
@@ -176,7 +169,10 @@ class BarrierMachine(RuleBasedStateMachine):
         self.interrupted = 0
         signal.signal(signal.SIGINT, signal.default_int_handler)
         self.orch: Any = Orchestrator(self.groups(), fanout=self.fanout, deadlines=DEADLINES, observers=[self.observe])
-        self.use_hook(_signal_main)
+        self.in_transition = False
+        """True while the rule that draws interrupts runs its first transition: only then may a hook interrupt the caller
+        (a late call's hook firing later would interrupt the test itself)."""
+        self.use_hook(self.signal_main)
         self.retired: set[str] = set()
         self.tokens: list[HoldToken | None] = []
         """One entry per ``pause`` rule run, None when it failed: preconditions must not depend on timing
@@ -190,6 +186,18 @@ class BarrierMachine(RuleBasedStateMachine):
     """What its observers may raise."""
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def signal_main(self) -> None:
+        """An interrupt hook: Ctrl-C reaches the caller's (main) thread; raised in place when the call runs there."""
+        if threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt("interrupted in the main thread")
+        if self.in_transition:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    def cancel_transition(self) -> None:
+        """An interrupt hook for ``AsyncOrchestrator``: cancel the task awaiting the transition."""
+        if self.in_transition and isinstance(self.orch, SyncFacade):
+            self.orch.cancel_current()
 
     def use_hook(self, hook: Any) -> None:
         for e in self.engines:
@@ -235,12 +243,14 @@ class BarrierMachine(RuleBasedStateMachine):
         return how the first one ended."""
         with self.armed(faults):
             try:
+                self.in_transition = True
                 self.transition(which)
                 outcome = "finished"
             except INTERRUPTED_BY as exc:
                 outcome = type(exc).__name__
                 self.interrupted += 1
             finally:
+                self.in_transition = False
                 self.bomb = None
                 if isinstance(self.fanout, FlakyFanOut):
                     self.fanout.armed = None
@@ -653,7 +663,7 @@ class AsyncFanOutMachine(BarrierMachine):
         super().__init__()
         self.fanout.close()
         self.engines = [AsyncFakeEngine(f"http://fake-{i}:30000") for i in range(3)]
-        self.use_hook(_signal_main)
+        self.use_hook(self.signal_main)
         self.fanout = AsyncFanOut()
         self.orch = Orchestrator(self.groups(), fanout=self.fanout, deadlines=DEADLINES, observers=[self.observe])
 
@@ -672,7 +682,7 @@ class AsyncOrchestratorMachine(BarrierMachine):
         self.loop = LoopThread()
         self.async_orch = AsyncOrchestrator(self.groups(), deadlines=DEADLINES, observers=[self.observe])
         self.orch = SyncFacade(self.async_orch, self.loop)
-        self.use_hook(self.orch.cancel_current)  # an interrupt cancels the task awaiting the transition
+        self.use_hook(self.cancel_transition)  # an interrupt cancels the task awaiting the transition
 
     INTERRUPTS = (Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER)
     BOMBS = (Boom,)  # a KeyboardInterrupt raised on the loop thread would stop the loop, not the transition
