@@ -26,6 +26,7 @@ from resilience.deadline import Deadline
 __all__ = [
     "Calls",
     "EngineDied",
+    "EngineNotDriven",
     "EngineResult",
     "EngineUnavailable",
     "FanOut",
@@ -50,6 +51,10 @@ class EngineDied(ConnectionError):
 
 class EngineUnavailable(ConnectionError):
     """The engine's actor is unreachable for now (Ray's ``ActorUnavailableError``); the call may have run."""
+
+
+class EngineNotDriven(TypeError):
+    """The fan-out cannot drive this engine (a coroutine method on a thread fan-out): it sent nothing."""
 
 
 class PhaseTimeout(TimeoutError):
@@ -145,8 +150,7 @@ def _invoke(engine: AnyEngine, method: str, kwargs: Mapping[str, Any], deadline:
     if inspect.isawaitable(value):  # an async engine: nothing was sent, and a coroutine is not an answer
         if inspect.iscoroutine(value):
             value.close()
-        error = TypeError(f"{name}.{method} is a coroutine function: drive async engines with AsyncFanOut, not a thread fan-out")
-        error.attempts = ()  # type: ignore[attr-defined]  # the fan-out's record: no attempt was made (nothing sent)
+        error = EngineNotDriven(f"{name}.{method} is a coroutine function: drive async engines with AsyncFanOut, not a thread fan-out")
         return EngineResult(name, error=error, duration_s=time.monotonic() - t0)
     return EngineResult(name, value=value, duration_s=time.monotonic() - t0)
 

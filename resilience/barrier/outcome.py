@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from resilience.barrier.fanout import EngineDied, PhaseTimeout
+from resilience.barrier.fanout import EngineDied, EngineNotDriven, PhaseTimeout
 from resilience.barrier.knowledge import Effect
 from resilience.barrier.types import EngineSkipped
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
@@ -32,10 +32,11 @@ def effect_of(error: BaseException | None) -> Effect:
 
     - no error: APPLIED;
     - the barrier's own ``PhaseTimeout(maybe_sent=False)`` (the call never
-      started) and ``EngineSkipped`` (nothing was sent): NOT_APPLIED;
+      started), ``EngineSkipped`` and ``EngineNotDriven`` (nothing was sent): NOT_APPLIED;
     - no driver record at all (``EngineDied``, ``EngineUnavailable``, a
       ``PhaseTimeout`` of a call that may have started, any error no driver
-      wrote, such as a fan-out's or an engine's own bug): MAYBE. This is the
+      wrote, such as a fan-out's or an engine's own bug; an empty record,
+      which ``attempts_of`` reads as none): MAYBE. This is the
       conservative reading: without the driver's word that the request never
       left, it may have been applied;
     - any attempt ``MAYBE_APPLIED`` (read timeout, reset after sending): MAYBE;
@@ -45,13 +46,12 @@ def effect_of(error: BaseException | None) -> Effect:
     - any attempt ``RESPONDED`` with a status that is not an error (below 400:
       the engine answered, and the driver raised anyway): MAYBE;
     - otherwise every attempt was ``NOT_SENT`` (refused, connect timeout, DNS,
-      TLS, a full local pool, an open breaker; also an empty record: no attempt
-      was made) or answered with the engine's own error status (4xx, other 5xx):
+      TLS, a full local pool, an open breaker) or answered with the engine's own error status (4xx, other 5xx):
       NOT_APPLIED.
     """
     if error is None:
         return Effect.APPLIED
-    if isinstance(error, EngineSkipped) or (isinstance(error, PhaseTimeout) and not error.maybe_sent):
+    if isinstance(error, (EngineSkipped, EngineNotDriven)) or (isinstance(error, PhaseTimeout) and not error.maybe_sent):
         return Effect.NOT_APPLIED
     attempts = attempts_of(error)
     if attempts is None:
@@ -70,9 +70,13 @@ def _may_have_applied(attempt: AttemptRecord) -> bool:
 
 
 def is_engine_dead(error: BaseException) -> bool:
-    """True when the error says the engine is gone: ``EngineDied`` (its actor died), or a non-empty driver record whose
-    every attempt was ``NOT_SENT`` (refused before sending, each time)."""
+    """True when the error says the engine is gone: ``EngineDied`` (its actor died), or a driver record with at least
+    one real attempt whose every attempt was ``NOT_SENT`` (refused before sending, each time).
+
+    A breaker's refusal is recorded as a ``NOT_SENT`` entry with ``error_type="CircuitOpen"``; it proves nothing
+    was sent, not that the engine is gone (the breaker may have opened on gateway 502s), so it is left out here.
+    """
     if isinstance(error, EngineDied):
         return True
-    attempts = attempts_of(error) or ()
+    attempts = [a for a in attempts_of(error) or () if a.error_type != "CircuitOpen"]
     return bool(attempts) and all(a.delivery is Delivery.NOT_SENT for a in attempts)

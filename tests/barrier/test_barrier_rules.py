@@ -90,7 +90,8 @@ def test_effect_of_reads_only_the_driver_record() -> None:
     assert effect_of(on_response) is Effect.MAYBE
     assert effect_of(with_record(ValueError("2xx, bad body"), attempt(Delivery.RESPONDED, 200))) is Effect.MAYBE
     assert effect_of(with_record(ValueError("engine said no"), attempt(Delivery.RESPONDED, 400))) is Effect.NOT_APPLIED
-    assert effect_of(RetriesExhausted("no attempt was made", attempts=())) is Effect.NOT_APPLIED
+    # an empty record is no record (attempts_of gives None): nothing proves the request never left
+    assert effect_of(RetriesExhausted("no attempt was made", attempts=())) is Effect.MAYBE
 
 
 def test_effect_and_death_never_depend_on_the_library() -> None:
@@ -107,6 +108,18 @@ def test_effect_and_death_never_depend_on_the_library() -> None:
     assert is_engine_dead(EngineDied("gone")) and not is_engine_dead(RetriesExhausted("x", attempts=()))
     behind_proxy = with_record(ValueError("502"), attempt(Delivery.RESPONDED, 502))
     assert effect_of(behind_proxy) is Effect.MAYBE and not is_engine_dead(behind_proxy)
+
+
+def test_a_breaker_refusal_is_not_applied_but_never_proves_the_engine_dead() -> None:
+    """The drivers record an open breaker as one NOT_SENT entry named CircuitOpen: nothing was sent, but the breaker may have
+    opened on 502s, so only the call's real refusals (if any) can say the engine is gone."""
+    from resilience.errors import CircuitOpen
+
+    breaker = AttemptRecord(0, None, Outcome.RETRYABLE, Delivery.NOT_SENT, "CircuitOpen", 0.0)
+    only_breaker = CircuitOpen("circuit open", attempts=(breaker,))
+    assert effect_of(only_breaker) is Effect.NOT_APPLIED and not is_engine_dead(only_breaker)
+    refused_then_open = CircuitOpen("circuit open", attempts=(attempt(Delivery.NOT_SENT), breaker))
+    assert effect_of(refused_then_open) is Effect.NOT_APPLIED and is_engine_dead(refused_then_open)
 
 
 def test_knowledge_table() -> None:
