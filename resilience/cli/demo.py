@@ -59,6 +59,8 @@ class _Results:
     reports: dict[str, ColocateReport] = field(default_factory=dict)
     timelines: dict[str, StepTimeline] = field(default_factory=dict)
     totals: dict[str, dict[str, float]] = field(default_factory=dict)
+    restarts: dict[str, ColocateReport] = field(default_factory=dict)
+    """Per loop, the controller-restart step's own report (``FleetRunner.run_controller_restart``)."""
     causes: dict[str, list[str]] = field(default_factory=dict)
     """Per loop, what killed each engine that died in it (from the engines' logs), oldest first."""
 
@@ -106,7 +108,7 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
                     on_proxies=attach,
                 )
             out.causes[kind] = [c for old, new in zip(logs_before, _logs(runner), strict=True) for c in death_causes(new[len(old) :])]
-            restart = runner.run_controller_restart(kind, observers=telemetry.observers)
+            restart = out.restarts[kind] = runner.run_controller_restart(kind, observers=telemetry.observers)
             run.report.controller_restarts = restart.controller_restarts
             run.report.controller_restart_deaths = restart.engine_deaths
             out.reports[kind] = run.report  # finished: from here on a Ctrl-C still writes its report
@@ -169,6 +171,7 @@ def run_demo(args: argparse.Namespace) -> int:
         "fault_plan": plan.to_dict(),
         "ways": {kind: out.reports[kind].to_dict() for kind, _ in done},
         "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
+        "controller_restart": {kind: out.restarts[kind].to_dict() for kind, _ in done if kind in out.restarts},
         "story": told,
         "table": {"columns": columns, "rows": rows},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},

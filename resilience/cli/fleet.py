@@ -47,9 +47,18 @@ DEMO_ENGINE = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_pol
 
 
 CONTROLLER_RESTART = ColocateConfig(
-    steps=1, seed=0, rollout_requests=1, stragglers=0, max_new_tokens=4, train_s=0.05, restart_limit=0, controller_crash_step=0
+    steps=1,
+    seed=0,
+    rollout_requests=1,
+    stragglers=0,
+    max_new_tokens=4,
+    train_s=0.05,
+    restart_limit=0,
+    baseline_flush_polls=100,
+    controller_crash_step=0,
 )
-"""The demo's controller-restart scenario: one step whose controller dies while the engines train."""
+"""The demo's controller-restart scenario: one step whose controller dies while the engines train (the baseline's
+flush polled up to 5 s: engines its run just restarted may still be warming up on a loaded machine)."""
 
 DEMO_AMBIGUOUS = 0.02
 """Chance that a release, resume or continue of ``cpr demo``/``cpr soak`` is cut after the engine acted

@@ -104,7 +104,7 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
 
     # one more step per way whose controller dies while training: the old way's fresh one releases again and kills every engine,
     # ours resumes from its journal
-    assert (old["controller_restarts"], ours["controller_restarts"]) == (1, 1)
+    assert (old["controller_restarts"], ours["controller_restarts"]) == (1, 1), data["controller_restart"]
     assert (old["controller_restart_deaths"], ours["controller_restart_deaths"]) == (4, 0)
     restart_row = table["controller killed while training; its successor"]
     assert restart_row == ["fresh: 4 engines died", "from the journal: 0 engines died"]
