@@ -165,8 +165,8 @@ class SGLangInstrumentor:
         self._fresh_state()
 
     def _fresh_state(self) -> None:
-        observers = self.observers
-        self.breakers = None if self.breaker_config is None else BreakerRegistry(self.breaker_config, clock=self._clock, observers=observers)
+        breaker, observers = self.breaker_config, self.observers
+        self.breakers = None if breaker is None else BreakerRegistry(breaker, clock=self._clock, observers=observers)
         """One breaker per engine, shared by every attached driver (None: breaking off)."""
         self.budgets = None if self.retry_budget_config is None else RetryBudgets(self.retry_budget_config, clock=self._clock)
         """One retry budget per engine, shared by every attached driver (None: budgets off)."""
@@ -336,6 +336,7 @@ class SGLangInstrumentor:
     def _transport(self, inner: Any, asynchronous: bool) -> Any:
         """``inner`` wrapped once in a resilient httpx transport with this instrumentor's shared state."""
         from resilience.adapters import httpx as ours
+        from resilience.adapters.httpx_errors import ERROR_TYPES
 
         slot = "_resilience_instrumented"
         held = getattr(inner, slot, None)
@@ -343,7 +344,7 @@ class SGLangInstrumentor:
             return held[1]
         cls = ours.AsyncResilientTransport if asynchronous else ours.ResilientTransport
         wrapper = cls(self.policies, transport=inner, observers=self.observers, breaker=None, retry_budget=None)
-        wrapper.retrier = self.retrier(ours.ERROR_TYPES)
+        wrapper.retrier = self.retrier(ERROR_TYPES)
         try:
             setattr(inner, slot, (self, wrapper))
         except AttributeError:  # a transport with __slots__: a fresh wrapper per request (the state is shared anyway)

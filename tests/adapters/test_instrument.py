@@ -198,7 +198,7 @@ def test_probe_settles_the_outer_retry(library: str, instrumented: Callable[...,
 def test_the_outer_loops_next_call_asks_the_probe_before_sending(
     library: str, second: ProbeAnswer, sends: int, asks: int, instrumented: Callable[..., SGLangInstrumentor]
 ) -> None:
-    """The call's own probe cannot tell (the call raises); the framework's re-send asks it again first: "done" sends nothing, "not done" sends."""
+    """The call's own probe cannot tell (the call raises); the framework's re-send asks again: "done" sends nothing, "not done" sends."""
     answers = [ProbeAnswer.UNKNOWN, second]
     asked: list[ProbeContext] = []
 
