@@ -76,7 +76,9 @@ logger = logging.getLogger(__name__)
 FRAMEWORKS: tuple[str, ...] = ("areal", "verl")
 MOUNTS: tuple[str, ...] = ("shipped", "middleware", "probe", "strict")
 PLANS: tuple[str, ...] = ("transient", "after")
-RIG_ENGINE_CONFIG = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=0.01)
+RIG_ENGINE_CONFIG = EngineConfig(
+    token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=0.01
+)
 """Quick swaps and short health hangs: the rig measures decisions, not waits."""
 VERL_VERSION = "0.9.1"
 AREAL_VERSION = "1.0.4"
@@ -90,7 +92,7 @@ class FrameworkMissing(RuntimeError):
 
 
 def fault_plan(plan: str, seed: int, *, rate: float = 0.4, after: float = 0.3) -> FaultPlan:
-    """The rig's plans: ``transient`` (502s before forwarding, at most 5 in a row per path) and ``after`` (plus 502s after forwarding on release and resume)."""
+    """The rig's plans: ``transient`` and ``after`` (see the module docstring); ``rate`` and ``after`` are the two probabilities."""
     if plan not in PLANS:
         raise ValueError(f"`plan` must be one of {PLANS}, but was {plan!r}")
     rules: list[FaultRule] = []
