@@ -338,3 +338,43 @@ def test_bad_libraries_and_window_are_refused() -> None:
         SGLangInstrumentor(["127.0.0.1"], libraries=("urllib",))
     with pytest.raises(ConfigError, match="window_s"):
         SGLangInstrumentor(["127.0.0.1"], window_s=0)
+
+
+def test_every_ray_worker_process_instruments_itself(ray_runtime: object) -> None:
+    """Shipped to two Ray actors by pickle and instrumented in each (twice: idempotent), every worker's own loop stays bounded."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def __init__(self, inst: SGLangInstrumentor) -> None:
+            self.inst = inst.instrument()
+            assert inst.instrument() is self.inst  # a second call in the same process changes nothing
+
+        def release(self, url: str, tries: int) -> tuple[int, bool, bool]:
+            import os
+
+            import requests
+
+            from resilience.adapters.requests import ResilientAdapter
+
+            failed = 0
+            for _ in range(tries):  # the framework's own loop, as requests_framework (not importable in a worker)
+                try:
+                    failed += requests.post(url, json={}, timeout=5).status_code == 502
+                except requests.RequestException:  # the ledger refuses what our attempts already spent
+                    failed += 1
+            adapter = requests.Session().get_adapter(url)
+            return os.getpid(), failed == tries, isinstance(adapter, ResilientAdapter)
+
+    with scripted(Reply(502, b"")) as server:
+        inst = SGLangInstrumentor([server.url], policies=table())
+        workers = [Worker.remote(inst) for _ in range(2)]  # type: ignore[attr-defined]
+        try:
+            answers = ray.get([w.release.remote(server.url + PAUSE, OUTER) for w in workers], timeout=120)
+        finally:
+            for w in workers:
+                ray.kill(w)
+        assert len({pid for pid, _, _ in answers}) == 2
+        assert all(failed and ours for _, failed, ours in answers)
+        assert posts(server, PAUSE) == 2 * MAX
+        assert not inst.instrumented and SGLangInstrumentor.active() is None  # the driver's process was never patched
