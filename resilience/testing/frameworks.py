@@ -43,6 +43,7 @@ over their direct URLs), as a restarted job would find fresh engines.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import importlib.util
 import logging
 import sys
@@ -193,12 +194,12 @@ def load_verl_http_engine() -> types.ModuleType:
 
 def _areal_engine(urls: Sequence[str]) -> Any:
     try:
-        from areal.api.cli_args import InferenceEngineConfig
-        from areal.engine.sglang_remote import RemoteSGLangEngine
+        cli_args: Any = importlib.import_module("areal.api.cli_args")  # untyped: read as Any
+        remote: Any = importlib.import_module("areal.engine.sglang_remote")
     except ImportError as exc:
         raise FrameworkMissing(f"AReaL {AREAL_VERSION} is not importable ({exc}): run scripts/setup.sh") from exc
-    config = InferenceEngineConfig(backend=f"sglang:d{len(urls)}", request_retries=3, request_timeout=3600, pause_grace_period=0.0)
-    engine = RemoteSGLangEngine(config)
+    config = cli_args.InferenceEngineConfig(backend=f"sglang:d{len(urls)}", request_retries=3, request_timeout=3600, pause_grace_period=0.0)
+    engine = remote.RemoteSGLangEngine(config)
     engine._engine.addresses = [u.split("://", 1)[1] for u in urls]  # what initialize(addr=...) sets, without its rollout workers
     return engine
 
