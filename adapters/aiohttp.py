@@ -28,7 +28,11 @@ outside the middleware: each hop is its own logical call.
   never reached the server (``NOT_SENT``); a read timeout, a disconnect, an
   ``OSError`` or a broken payload after sending may have been applied
   (``MAYBE_APPLIED``). ``InvalidURL``, TLS and fingerprint errors are raised
-  at once, never retried.
+  at once, never retried, and recorded as not sent: aiohttp raises them
+  before the request is written (the URL is checked first; TLS and a pinned
+  fingerprint are checked by the connector while it opens the connection).
+  A full pool (``TCPConnector(limit=...)``) waits within the connect limit and
+  then fails as a connect timeout: not sent.
 - **Bodies.** Bytes, text, JSON, form and seekable-file bodies are replayed;
   any other payload (an async generator, a stream, multipart) gets exactly one
   attempt. A response that will not be returned is read (up to 64 KiB, within
@@ -36,7 +40,8 @@ outside the middleware: each hop is its own logical call.
 - **Results.** The attempts a call took are on the response as
   ``response.attempts`` (a tuple of ``AttemptRecord``; aiohttp's
   ``ClientResponse`` has no extensions dict) and on raised errors as
-  ``error.attempts``. Errors are the ``aiohttp`` subclasses of
+  ``error.attempts`` (``resilience.outcome.attempts_of`` reads either).
+  Errors are the ``aiohttp`` subclasses of
   ``resilience.adapters.aiohttp_errors`` (``DeadlineExceeded`` is an
   ``aiohttp.ServerTimeoutError``, ``CircuitOpen`` an
   ``aiohttp.ClientConnectionError``, ``AmbiguousOutcome`` an
@@ -55,7 +60,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 from collections.abc import Callable, MutableMapping, Sequence
 from contextvars import ContextVar
 from types import CodeType
@@ -70,20 +74,18 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters.requests import engine_of
-from resilience.breaker import BreakerConfig
-from resilience.budget import RetryBudgetConfig
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.call import AttemptResult, CallSpec, Timeouts, responded
-from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.clock import Clock
+from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import Retrier
 
 __all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
 
-_DEFAULT_BREAKER = BreakerConfig()
-_DEFAULT_BUDGET = RetryBudgetConfig()
 _DRAIN_LIMIT = 64 * 1024
 """A discarded response body up to this many bytes is read, so the connection can be reused."""
 _DRAIN_TIMEOUT_S = 1.0
@@ -95,7 +97,19 @@ _NOT_TRANSIENT: tuple[type[BaseException], ...] = (
     aiohttp.ClientConnectorCertificateError,
     aiohttp.ServerFingerprintMismatch,
 )
-"""Errors raised at once, never retried: a bad URL, TLS trouble, a pinned fingerprint that does not match."""
+"""Errors raised at once, never retried: a bad URL, TLS trouble, a pinned fingerprint that does not match.
+
+Each is raised before the request is written (``_never_sent_unretried``)."""
+
+
+_SESSION_CLOSED = "Session is closed"
+"""What aiohttp raises for a closed session, and what ``_attempt`` raises, before sending, for one closed during a backoff."""
+
+
+def _never_sent_unretried(exc: BaseException) -> bool:
+    """Raised before a byte of the request left (recorded as not sent): one of ``_NOT_TRANSIENT``, or ``_attempt``'s closed session."""
+    return isinstance(exc, _NOT_TRANSIENT) or (type(exc) is RuntimeError and exc.args == (_SESSION_CLOSED,))
+
 ERROR_TYPES = ErrorTypes(
     deadline_exceeded=errors.DeadlineExceeded,
     circuit_open=errors.CircuitOpen,
@@ -331,33 +345,62 @@ def _engine(scheme: str, host: str, port: int | None) -> tuple[str, str, int]:
 class ResilientMiddleware:
     """An aiohttp client middleware that runs the resilience retry loop around every request.
 
-    ``policies``: the ``PolicyTable`` routing requests (method + URL path) to
-    endpoint policies (default: an empty table, so ``EndpointPolicy.for_method``
-    applies). ``observers``: receive every event (telemetry). ``breaker``: the
-    circuit breaker configuration per engine (``scheme://host:port``; None
-    turns breaking off). ``retry_budget``: the retry budget per engine (None
-    turns it off). ``clock`` / ``rng``: injectable time and jitter source
-    (backoff sleeps are ``asyncio.sleep``). One middleware may serve many
-    sessions and loops; its breakers and budgets are shared by all of them.
+    ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
+    budgets per engine, ``scheme://host:port``, included). Or, instead, its
+    parts: ``policies`` (the ``PolicyTable`` routing requests, method + URL
+    path, to endpoint policies; default an empty table, so
+    ``EndpointPolicy.for_method`` applies), ``observers`` (receive every
+    event), ``breaker`` (the circuit breaker per engine; default
+    ``BreakerConfig()``, None turns breaking off), ``retry_budget`` (the
+    retry budget per engine; default ``RetryBudgetConfig()``, None turns it
+    off), ``clock`` / ``rng`` (injectable time and jitter source; backoff
+    sleeps are ``asyncio.sleep``); ``config`` with any of them raises
+    ``ConfigConflict``. One middleware may serve many sessions and loops; its
+    breakers and budgets are shared by all of them.
     """
 
     def __init__(
         self,
-        policies: PolicyTable | None = None,
+        policies: PolicyTable | Unset | None = UNSET,
         *,
-        observers: Sequence[Observer] = (),
-        breaker: BreakerConfig | None = _DEFAULT_BREAKER,
-        retry_budget: RetryBudgetConfig | None = _DEFAULT_BUDGET,
-        clock: Clock = SYSTEM_CLOCK,
-        rng: Callable[[], float] = random.random,
+        observers: Sequence[Observer] | Unset = UNSET,
+        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
+        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
+        clock: Clock | Unset = UNSET,
+        rng: Callable[[], float] | Unset = UNSET,
+        config: DriverConfig | None = None,
     ) -> None:
-        self.policies = policies if policies is not None else PolicyTable()
-        self.observers = tuple(observers)
-        self.breaker_config = breaker
-        self.retry_budget_config = retry_budget
-        self.retrier = Retrier.from_configs(
-            breaker=breaker, retry_budget=retry_budget, observers=self.observers, clock=clock, rng=rng, error_types=ERROR_TYPES
+        self.driver_config = driver_config(
+            "ResilientMiddleware",
+            config,
+            policies=policies,
+            observers=observers,
+            breaker=breaker,
+            retry_budget=retry_budget,
+            clock=clock,
+            rng=rng,
         )
+        self.retrier = self.driver_config.retrier(ERROR_TYPES)
+
+    @property
+    def policies(self) -> PolicyTable:
+        """The config's policy table."""
+        return self.driver_config.policies
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The config's observers."""
+        return tuple(self.driver_config.observers)
+
+    @property
+    def breaker_config(self) -> BreakerConfig | None:
+        """The config's breaker configuration (None: breaking is off)."""
+        return self.driver_config.breaker_config
+
+    @property
+    def retry_budget_config(self) -> RetryBudgetConfig | None:
+        """The config's retry budget configuration (None: no budget)."""
+        return self.driver_config.retry_budget_config
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         """Run ``request`` as one logical call, calling ``handler`` once per attempt."""
@@ -386,7 +429,9 @@ class ResilientMiddleware:
         try:
             attempt = functools.partial(_attempt, handler, request)
             probe_done = functools.partial(_probe_response, request)
-            response, records = await self.retrier.arun(spec, attempt, discard=_discard, on_probe_done=probe_done)
+            response, records = await self.retrier.arun(
+                spec, attempt, discard=_discard, on_probe_done=probe_done, never_sent=_never_sent_unretried
+            )
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
                 _GIVEN_UP.set((timer, exc))
@@ -406,7 +451,7 @@ async def _attempt(
     """
     if n > 0:
         if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
-            raise RuntimeError("Session is closed")
+            raise RuntimeError(_SESSION_CLOSED)
         await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
     if headers:
         request.headers.update(headers)

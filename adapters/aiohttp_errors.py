@@ -11,9 +11,9 @@ keeps working, with ``.attempts``, ``.endpoint``, ``.last_status``) and the
 - ``AmbiguousOutcome``, ``RetryBudgetExhausted`` and ``RetriesExhausted`` are
   ``aiohttp.ClientError``.
 
-The core errors subclass ``requests.RequestException`` (an ``OSError``), and some
-aiohttp bases are ``OSError`` too; the MRO is consistent and ``str(err)`` is the
-message alone (one positional argument, never ``OSError``'s ``[Errno]`` form).
+Some aiohttp bases are ``OSError``s (``ServerTimeoutError`` is an
+``asyncio.TimeoutError``); ``str(err)`` is the message alone (one positional
+argument, never ``OSError``'s ``[Errno]`` form).
 """
 
 from __future__ import annotations

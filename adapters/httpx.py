@@ -30,14 +30,16 @@ stay off (``retries=0``, its default).
   ``DeadlineExceeded`` is an ``httpx.TimeoutException``, ``CircuitOpen`` an
   ``httpx.ConnectError``, the others ``httpx.TransportError``. When the
   retries end on a transport error (a refusal past the deadline, say), the
-  transport's own error is raised, with ``.attempts``.
+  transport's own error is raised, with ``.attempts``; so is an error raised
+  unretried (``resilience.outcome.attempts_of`` reads the record).
+- **Configuration**: ``config=DriverConfig(...)`` (shared with other drivers,
+  per-engine breakers and budgets included), or its parts as keywords.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import random
 import ssl
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from types import TracebackType
@@ -46,20 +48,18 @@ import httpx
 
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.requests import engine_of
-from resilience.breaker import BreakerConfig
-from resilience.budget import RetryBudgetConfig
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.call import AttemptResult, CallSpec, responded
-from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.clock import Clock
+from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import EndpointMatch, PolicyTable
-from resilience.retry import Retrier
 
 __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
 
-_DEFAULT_BREAKER = BreakerConfig()
-_DEFAULT_BUDGET = RetryBudgetConfig()
 Timeouts = tuple[float | None, float | None]
 _Route = tuple[str, EndpointMatch, str, str, int]
 """(method, policy match, engine, server address, server port) of a request's method and URL."""
@@ -106,6 +106,14 @@ def _not_transient(exc: httpx.TransportError) -> bool:
             return True
         cause = cause.__cause__ or cause.__context__
     return False
+
+
+def _never_sent_unretried(exc: BaseException) -> bool:
+    """For an error raised unretried: a URL without ``http(s)://`` (nothing opened) or a ``ConnectError`` (the TLS handshake).
+
+    A ``LocalProtocolError`` may come while the body is written, after the headers: no proof.
+    """
+    return isinstance(exc, (httpx.UnsupportedProtocol, httpx.ConnectError))
 
 
 def _seconds(timeout: Mapping[str, object], key: str) -> float | None:
@@ -188,31 +196,33 @@ async def _adiscard(response: httpx.Response) -> None:
 
 
 class _Resilient:
-    """What both transports share: the policy table, the retry core, and turning a request into a ``CallSpec``."""
+    """What both transports share: the configuration, the retry core, and turning a request into a ``CallSpec``."""
 
-    def __init__(
-        self,
-        owner: str,
-        policies: PolicyTable | None,
-        observers: Sequence[Observer],
-        breaker: BreakerConfig | None,
-        retry_budget: RetryBudgetConfig | None,
-        clock: Clock,
-        rng: Callable[[], float],
-    ) -> None:
-        require(policies is None or isinstance(policies, PolicyTable), owner, "policies", "a PolicyTable or None", policies)
-        require(breaker is None or isinstance(breaker, BreakerConfig), owner, "breaker", "a BreakerConfig or None", breaker)
-        budget_ok = retry_budget is None or isinstance(retry_budget, RetryBudgetConfig)
-        require(budget_ok, owner, "retry_budget", "a RetryBudgetConfig or None", retry_budget)
-        self.policies = policies if policies is not None else PolicyTable()
-        self.observers = tuple(observers)
-        self.breaker_config = breaker
-        self.retry_budget_config = retry_budget
-        self.retrier = Retrier.from_configs(
-            breaker=breaker, retry_budget=retry_budget, observers=self.observers, clock=clock, rng=rng, error_types=ERROR_TYPES
-        )
+    def __init__(self, owner: str, config: DriverConfig) -> None:
+        self.driver_config = config
+        self.retrier = config.retrier(ERROR_TYPES)
         self._route_cache: dict[tuple[str, str], _Route] = {}
         """(method, URL less its query) -> ``_route``'s answer; cleared when it holds ``_ROUTE_CACHE_SIZE``."""
+
+    @property
+    def policies(self) -> PolicyTable:
+        """The config's policy table."""
+        return self.driver_config.policies
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The config's observers."""
+        return tuple(self.driver_config.observers)
+
+    @property
+    def breaker_config(self) -> BreakerConfig | None:
+        """The config's breaker configuration (None: breaking is off)."""
+        return self.driver_config.breaker_config
+
+    @property
+    def retry_budget_config(self) -> RetryBudgetConfig | None:
+        """The config's retry budget configuration (None: no budget)."""
+        return self.driver_config.retry_budget_config
 
     def _spec(self, request: httpx.Request) -> CallSpec:
         url = request.url
@@ -259,27 +269,31 @@ class _Resilient:
 class ResilientTransport(_Resilient, httpx.BaseTransport):
     """An ``httpx.BaseTransport`` that runs the resilience retry loop around a wrapped transport.
 
-    ``policies``: the ``PolicyTable`` routing requests (method + URL path) to
-    endpoint policies (default: an empty table, so ``EndpointPolicy.for_method``
-    applies). ``transport``: the transport that makes each attempt (default
+    ``transport``: the transport that makes each attempt (default
     ``httpx.HTTPTransport()``; pass one to set TLS, limits, a proxy).
-    ``observers``: receive every event (telemetry). ``breaker``: the circuit
-    breaker configuration per engine (default ``BreakerConfig()``; None turns
-    breaking off). ``retry_budget``: the retry budget per engine (default
-    ``RetryBudgetConfig()``; None turns it off). ``clock`` / ``rng``:
-    injectable time and jitter source.
+    ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
+    budgets per engine included). Or, instead, its parts: ``policies`` (the
+    ``PolicyTable`` routing requests, method + URL path, to endpoint
+    policies; default an empty table, so ``EndpointPolicy.for_method``
+    applies), ``observers`` (receive every event), ``breaker`` (the circuit
+    breaker per engine; default ``BreakerConfig()``, None turns breaking
+    off), ``retry_budget`` (the retry budget per engine; default
+    ``RetryBudgetConfig()``, None turns it off), ``clock`` / ``rng``
+    (injectable time and jitter source); ``config`` with any of them raises
+    ``ConfigConflict``.
     """
 
     def __init__(
         self,
-        policies: PolicyTable | None = None,
+        policies: PolicyTable | Unset | None = UNSET,
         *,
         transport: httpx.BaseTransport | None = None,
-        observers: Sequence[Observer] = (),
-        breaker: BreakerConfig | None = _DEFAULT_BREAKER,
-        retry_budget: RetryBudgetConfig | None = _DEFAULT_BUDGET,
-        clock: Clock = SYSTEM_CLOCK,
-        rng: Callable[[], float] = random.random,
+        observers: Sequence[Observer] | Unset = UNSET,
+        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
+        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
+        clock: Clock | Unset = UNSET,
+        rng: Callable[[], float] | Unset = UNSET,
+        config: DriverConfig | None = None,
     ) -> None:
         require(
             transport is None or isinstance(transport, httpx.BaseTransport),
@@ -288,7 +302,17 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
             "an httpx.BaseTransport (for an async one use AsyncResilientTransport)",
             transport,
         )
-        super().__init__("ResilientTransport", policies, observers, breaker, retry_budget, clock, rng)
+        config = driver_config(
+            "ResilientTransport",
+            config,
+            policies=policies,
+            observers=observers,
+            breaker=breaker,
+            retry_budget=retry_budget,
+            clock=clock,
+            rng=rng,
+        )
+        super().__init__("ResilientTransport", config)
         self.transport = transport if transport is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -304,7 +328,9 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
                 return _failed(exc)
             return responded(response, response.status_code, response.headers)
 
-        response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=self._probe_done(request))
+        response, records = self.retrier.run(
+            spec, attempt, discard=_discard, on_probe_done=self._probe_done(request), never_sent=_never_sent_unretried
+        )
         return self._finish(response, spec, records)
 
     def close(self) -> None:
@@ -335,14 +361,15 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
 
     def __init__(
         self,
-        policies: PolicyTable | None = None,
+        policies: PolicyTable | Unset | None = UNSET,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        observers: Sequence[Observer] = (),
-        breaker: BreakerConfig | None = _DEFAULT_BREAKER,
-        retry_budget: RetryBudgetConfig | None = _DEFAULT_BUDGET,
-        clock: Clock = SYSTEM_CLOCK,
-        rng: Callable[[], float] = random.random,
+        observers: Sequence[Observer] | Unset = UNSET,
+        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
+        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
+        clock: Clock | Unset = UNSET,
+        rng: Callable[[], float] | Unset = UNSET,
+        config: DriverConfig | None = None,
     ) -> None:
         require(
             transport is None or isinstance(transport, httpx.AsyncBaseTransport),
@@ -351,7 +378,17 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
             "an httpx.AsyncBaseTransport (for a sync one use ResilientTransport)",
             transport,
         )
-        super().__init__("AsyncResilientTransport", policies, observers, breaker, retry_budget, clock, rng)
+        config = driver_config(
+            "AsyncResilientTransport",
+            config,
+            policies=policies,
+            observers=observers,
+            breaker=breaker,
+            retry_budget=retry_budget,
+            clock=clock,
+            rng=rng,
+        )
+        super().__init__("AsyncResilientTransport", config)
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -367,7 +404,9 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
                 return _failed(exc)
             return responded(response, response.status_code, response.headers)
 
-        response, records = await self.retrier.arun(spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request))
+        response, records = await self.retrier.arun(
+            spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request), never_sent=_never_sent_unretried
+        )
         return self._finish(response, spec, records)
 
     async def aclose(self) -> None:

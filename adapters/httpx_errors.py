@@ -11,10 +11,8 @@ Each class subclasses both the ``resilience`` error of its name (so
   ``RequestError`` / ``HTTPError`` blocks around a send already catch.
 
 ``err.request`` is the ``httpx.Request`` of the call (the transport always
-passes it, and ``httpx.Client`` sets it again, as for its own errors). The two
-bases type ``request`` differently (requests: an attribute, httpx: a property
-that raises when unset); at run time requests' ``__init__`` assigns it through
-httpx's property, so both readings agree, and mypy's complaint is silenced.
+passes it, and ``httpx.Client`` sets it again, as for its own errors): the core
+error's ``__init__`` assigns it through httpx's ``request`` property.
 """
 
 from __future__ import annotations
@@ -27,23 +25,23 @@ from resilience.errors import ErrorTypes
 __all__ = ["ERROR_TYPES", "AmbiguousOutcome", "CircuitOpen", "DeadlineExceeded", "RetriesExhausted", "RetryBudgetExhausted"]
 
 
-class DeadlineExceeded(errors.DeadlineExceeded, httpx.TimeoutException):  # type: ignore[misc]  # `request`: see the module docstring
+class DeadlineExceeded(errors.DeadlineExceeded, httpx.TimeoutException):
     """The call's deadline ran out (or the next wait would pass it) before a success; an ``httpx.TimeoutException``."""
 
 
-class CircuitOpen(errors.CircuitOpen, httpx.ConnectError):  # type: ignore[misc]  # `request`: see the module docstring
+class CircuitOpen(errors.CircuitOpen, httpx.ConnectError):
     """Not sent: the engine's circuit breaker is open; an ``httpx.ConnectError``."""
 
 
-class AmbiguousOutcome(errors.AmbiguousOutcome, httpx.TransportError):  # type: ignore[misc]  # `request`: see the module docstring
+class AmbiguousOutcome(errors.AmbiguousOutcome, httpx.TransportError):
     """A non-idempotent request may have been acted on and was not re-sent; an ``httpx.TransportError``."""
 
 
-class RetryBudgetExhausted(errors.RetryBudgetExhausted, httpx.TransportError):  # type: ignore[misc]  # `request`: see the module docstring
+class RetryBudgetExhausted(errors.RetryBudgetExhausted, httpx.TransportError):
     """A retry was needed but the engine's retry budget is spent; an ``httpx.TransportError``."""
 
 
-class RetriesExhausted(errors.RetriesExhausted, httpx.TransportError):  # type: ignore[misc]  # `request`: see the module docstring
+class RetriesExhausted(errors.RetriesExhausted, httpx.TransportError):
     """Every attempt failed and the policy asks for an error; an ``httpx.TransportError``."""
 
 

@@ -8,12 +8,21 @@ redirects, auth, cookies, proxies, ``verify``, streaming and the three shapes
 of ``timeout=``.
 
 The attempts a call took are on the response as ``response.attempts`` (a
-tuple of ``AttemptRecord``) and on raised errors as ``error.attempts``.
+tuple of ``AttemptRecord``) and on raised errors as ``error.attempts``
+(``resilience.outcome.attempts_of`` reads either). The loop's own errors are
+``resilience.adapters.requests_errors``' classes: ``requests`` exceptions too.
+
+Delivery: a refused or failed new connection, a connect timeout and a TLS
+handshake that failed or timed out (the error's traceback passes through
+urllib3's ``HTTPConnection.connect``, which runs before a byte of the request
+is written) never left (``NOT_SENT``); a read timeout or a connection error on
+an open connection may have been applied (``MAYBE_APPLIED``). requests gives
+urllib3 no pool timeout, so a full pool (``pool_block=True``) waits for a
+connection instead of failing.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -22,23 +31,26 @@ import requests
 from requests.adapters import HTTPAdapter
 from requests.models import PreparedRequest, Response
 from requests.utils import rewind_body
+from urllib3.connection import HTTPConnection
 from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
-from resilience.breaker import BreakerConfig
-from resilience.budget import RetryBudgetConfig
+from resilience.adapters.requests_errors import ERROR_TYPES
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.call import AttemptResult, CallSpec, responded
-from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.clock import Clock
+from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
-from resilience.retry import Retrier
 
 __all__ = ["ResilientAdapter", "engine_of", "resilient_session", "resolve_timeout"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_DEFAULT_BREAKER = BreakerConfig()
-_DEFAULT_BUDGET = RetryBudgetConfig()
+_CONNECT_CODE = HTTPConnection.connect.__code__
+"""urllib3's ``HTTPConnection.connect``: TCP connect (and for HTTPS, in the subclass's override, the TLS handshake)."""
+_CONNECT_CODES: frozenset[object] = frozenset({_CONNECT_CODE, *(c.connect.__code__ for c in HTTPConnection.__subclasses__())})
 TimeoutArg = float | tuple[float | None, float | None] | Urllib3Timeout | None
 
 
@@ -103,14 +115,56 @@ def _never_sent(exc: BaseException) -> bool:
     return False
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what requests and urllib3 wrap in it: args, ``reason``, causes and contexts (bounded)."""
+    seen: dict[int, BaseException] = {}
+    todo: list[object] = [exc]
+    while todo and len(seen) < 32:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen[id(item)] = item
+        todo.extend(a for a in item.args if isinstance(a, BaseException))
+        todo.extend([getattr(item, "reason", None), item.__cause__, item.__context__])
+    return list(seen.values())
+
+
+def _in_connect(exc: BaseException) -> bool:
+    """The failure happened while urllib3 opened the connection (TCP connect or TLS handshake): no byte of the request left.
+
+    urllib3 opens a connection in ``HTTPConnection.connect`` (``HTTPSConnection.connect``
+    adds the handshake) before it writes the request (``connectionpool._make_request``:
+    ``_validate_conn`` first, then ``conn.request``); an error raised from inside it has
+    that frame in its traceback. A handshake timeout is otherwise reported as a read timeout.
+    """
+    for item in _chain(exc):
+        tb = item.__traceback__
+        for _ in range(256):
+            if tb is None:
+                break
+            if tb.tb_frame.f_code in _CONNECT_CODES:
+                return True
+            tb = tb.tb_next
+    return False
+
+
+def _never_sent_unretried(exc: BaseException) -> bool:
+    """For an error raised out of an attempt unretried: a bad URL or scheme (nothing opened), or a failed TLS handshake."""
+    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema)):
+        return True
+    return isinstance(exc, requests.exceptions.SSLError) and _in_connect(exc)
+
+
 def _transport_failure(exc: requests.RequestException) -> tuple[Delivery, str]:
     """Did a failed attempt surely never reach the server? And a bounded name for it."""
     if isinstance(exc, requests.exceptions.ConnectTimeout):
         return Delivery.NOT_SENT, "connect_timeout"
     if isinstance(exc, requests.exceptions.ReadTimeout):
+        if _in_connect(exc):  # the TLS handshake timed out: urllib3 calls it a read timeout
+            return Delivery.NOT_SENT, "connect_timeout"
         return Delivery.MAYBE_APPLIED, "read_timeout"
     if isinstance(exc, requests.exceptions.ConnectionError):
-        if _never_sent(exc):
+        if _never_sent(exc) or _in_connect(exc):
             return Delivery.NOT_SENT, "connect_error"
         return Delivery.MAYBE_APPLIED, "connection_reset"
     return Delivery.MAYBE_APPLIED, "error"
@@ -141,47 +195,70 @@ def _body_rewindable(request: PreparedRequest) -> bool:
 class ResilientAdapter(HTTPAdapter):
     """An ``HTTPAdapter`` that runs the resilience retry loop around every send.
 
-    ``policies``: the ``PolicyTable`` routing requests to endpoint policies
-    (default: an empty table, so ``EndpointPolicy.for_method`` applies).
-    ``observers``: receive every event (telemetry). ``breaker``: the circuit
-    breaker configuration per engine (None turns breaking off).
-    ``retry_budget``: the retry budget per engine (None turns it off).
-    ``clock`` / ``rng``: injectable time and jitter source. Other keyword
-    arguments go to ``HTTPAdapter`` (``pool_connections``, ``pool_maxsize``,
-    ``pool_block``); ``max_retries`` is always 0: this adapter owns the loop.
+    ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
+    budgets per engine included). Or, instead, its parts: ``policies`` (the
+    ``PolicyTable`` routing requests to endpoint policies; default an empty
+    table, so ``EndpointPolicy.for_method`` applies), ``observers`` (receive
+    every event), ``breaker`` (the circuit breaker per engine; default
+    ``BreakerConfig()``, None turns breaking off), ``retry_budget`` (the retry
+    budget per engine; default ``RetryBudgetConfig()``, None turns it off),
+    ``clock`` / ``rng`` (injectable time and jitter source); ``config`` with
+    any of them raises ``ConfigConflict``. Other keyword arguments go to
+    ``HTTPAdapter`` (``pool_connections``, ``pool_maxsize``, ``pool_block``);
+    ``max_retries`` is always 0: this adapter owns the loop.
     """
 
-    __attrs__ = [*HTTPAdapter.__attrs__, "policies", "observers", "breaker_config", "retry_budget_config"]  # noqa: RUF012
+    __attrs__ = [*HTTPAdapter.__attrs__, "driver_config"]  # noqa: RUF012
 
     def __init__(
         self,
-        policies: PolicyTable | None = None,
+        policies: PolicyTable | Unset | None = UNSET,
         *,
-        observers: Sequence[Observer] = (),
-        breaker: BreakerConfig | None = _DEFAULT_BREAKER,
-        retry_budget: RetryBudgetConfig | None = _DEFAULT_BUDGET,
-        clock: Clock = SYSTEM_CLOCK,
-        rng: Callable[[], float] = random.random,
+        observers: Sequence[Observer] | Unset = UNSET,
+        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
+        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
+        clock: Clock | Unset = UNSET,
+        rng: Callable[[], float] | Unset = UNSET,
+        config: DriverConfig | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.pop("max_retries", None)
-        self.policies = policies if policies is not None else PolicyTable()
-        self.observers = tuple(observers)
-        self.breaker_config = breaker
-        self.retry_budget_config = retry_budget
-        self._clock = clock
-        self._rng = rng
+        self.driver_config = driver_config(
+            "ResilientAdapter",
+            config,
+            policies=policies,
+            observers=observers,
+            breaker=breaker,
+            retry_budget=retry_budget,
+            clock=clock,
+            rng=rng,
+        )
         self._closed = False
         self._build_retrier()
         super().__init__(max_retries=0, **kwargs)
 
+    @property
+    def policies(self) -> PolicyTable:
+        """The config's policy table."""
+        return self.driver_config.policies
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The config's observers."""
+        return tuple(self.driver_config.observers)
+
+    @property
+    def breaker_config(self) -> BreakerConfig | None:
+        """The config's breaker configuration (None: breaking is off)."""
+        return self.driver_config.breaker_config
+
+    @property
+    def retry_budget_config(self) -> RetryBudgetConfig | None:
+        """The config's retry budget configuration (None: no budget)."""
+        return self.driver_config.retry_budget_config
+
     def _build_retrier(self) -> None:
-        clock = getattr(self, "_clock", SYSTEM_CLOCK)
-        self._clock = clock
-        self._rng = getattr(self, "_rng", random.random)
-        self.retrier = Retrier.from_configs(
-            breaker=self.breaker_config, retry_budget=self.retry_budget_config, observers=self.observers, clock=clock, rng=self._rng
-        )
+        self.retrier = self.driver_config.retrier(ERROR_TYPES)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild the pool, breakers and budgets after unpickling (Ray ships sessions this way)."""
@@ -263,23 +340,23 @@ class ResilientAdapter(HTTPAdapter):
             resp.connection = self
             return resp
 
-        response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=probe_done)
+        response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=probe_done, never_sent=_never_sent_unretried)
         response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response
 
 
 def resilient_session(
-    policies: PolicyTable | None = None,
+    policies: PolicyTable | Unset | None = UNSET,
     *,
-    observers: Sequence[Observer] = (),
+    observers: Sequence[Observer] | Unset = UNSET,
     session: requests.Session | None = None,
     prefixes: Sequence[str] = ("http://", "https://"),
     **adapter_kwargs: Any,
 ) -> requests.Session:
     """A ``requests.Session`` (new, or the one given) with a ``ResilientAdapter`` mounted on ``prefixes``.
 
-    Keyword arguments go to ``ResilientAdapter`` (``breaker``, ``retry_budget``, ``clock``, ...).
+    Keyword arguments go to ``ResilientAdapter`` (``config``, or ``breaker``, ``retry_budget``, ``clock``, ...).
     """
     s = session if session is not None else requests.Session()
     adapter = ResilientAdapter(policies, observers=observers, **adapter_kwargs)

@@ -22,7 +22,15 @@ import requests
 from resilience.adapters import sglang_calls as calls
 from resilience.adapters.requests import ResilientAdapter, resilient_session
 from resilience.adapters.sglang_async import AsyncSGLangClient
-from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, auth_headers, raise_if_refused
+from resilience.adapters.sglang_calls import (
+    Answer,
+    Call,
+    SGLangClientState,
+    answer_records,
+    auth_headers,
+    own_driver_kwargs,
+    raise_if_refused,
+)
 from resilience.adapters.sglang_policies import SGLANG_POLICIES
 from resilience.adapters.sglang_types import (
     ControlResult,
@@ -38,6 +46,7 @@ from resilience.adapters.sglang_types import (
 )
 from resilience.barrier.engine import ALL_TAGS, PauseMode
 from resilience.deadline import Deadline
+from resilience.driver_config import UNSET, DriverConfig, Unset
 from resilience.errors import DeadlineExceeded
 from resilience.events import Observer
 from resilience.policy import PolicyTable
@@ -66,15 +75,20 @@ def mount_sglang(
     session: requests.Session,
     base_urls: Sequence[str],
     *,
-    policies: PolicyTable = SGLANG_POLICIES,
-    observers: Sequence[Observer] = (),
+    policies: PolicyTable | Unset = UNSET,
+    observers: Sequence[Observer] | Unset = UNSET,
+    config: DriverConfig | None = None,
     **adapter_kwargs: Any,
 ) -> ResilientAdapter:
     """Mount one ``ResilientAdapter`` with SGLang policies on ``session`` for each engine URL; returns it.
 
     Existing code keeps its session and its calls; only the transport changes.
+    ``policies`` defaults to ``SGLANG_POLICIES``; ``config=DriverConfig(...)``
+    instead shares one configuration (and its per-engine breakers and budgets)
+    with other drivers, and conflicts with ``policies`` and the others it holds.
     """
-    adapter = ResilientAdapter(policies, observers=observers, **adapter_kwargs)
+    kwargs = own_driver_kwargs("mount_sglang", session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
+    adapter = ResilientAdapter(**kwargs)
     for url in base_urls:
         session.mount(url.rstrip("/") + "/", adapter)
     return adapter
@@ -93,10 +107,18 @@ class SGLangClient(SGLangClientState):
     ``flush_deadline_s``: how long ``flush_cache`` waits for the engine to
     become idle (default 120 s, capped by any Deadline in context);
     ``flush_poll_s``: the pause between "not idle" answers (default 0.5 s).
-    Other keyword arguments go to ``ResilientAdapter`` (``breaker``,
-    ``retry_budget``, ``clock``). ``AsyncSGLangClient`` is the same client with
-    coroutine methods; both build their requests and read the answers with
-    ``resilience.adapters.sglang_calls``.
+    ``policies`` (default ``SGLANG_POLICIES``), ``observers`` (default none)
+    and other keyword arguments (``breaker``, ``retry_budget``, ``clock``,
+    ``pool_maxsize``, ...) go to the own session's ``ResilientAdapter``; or
+    ``config=DriverConfig(...)`` (its policies are used: build it with
+    ``policies=SGLANG_POLICIES``) shares one configuration and its per-engine
+    breakers and budgets with other clients and drivers. With a ``session``,
+    all of those must be left out (``ConfigConflict`` names them): they
+    configure only the client's own session. ``AsyncSGLangClient`` is the
+    same client with coroutine methods; both build their requests and read
+    the answers with ``resilience.adapters.sglang_calls``.
+
+    Errors carry the call's delivery record (``resilience.outcome.attempts_of``).
     """
 
     def __init__(
@@ -104,19 +126,23 @@ class SGLangClient(SGLangClientState):
         base_url: str,
         session: requests.Session | None = None,
         api_key: str | None = None,
-        policies: PolicyTable = SGLANG_POLICIES,
+        policies: PolicyTable | Unset = UNSET,
         *,
         admin_api_key: str | None = None,
-        observers: Sequence[Observer] = (),
+        observers: Sequence[Observer] | Unset = UNSET,
         flush_deadline_s: float = 120.0,
         flush_poll_s: float = 0.5,
+        config: DriverConfig | None = None,
         **adapter_kwargs: Any,
     ) -> None:
+        kwargs = own_driver_kwargs(
+            "SGLangClient", session=session, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+        )
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
         self._owns_session = session is None
-        self.session = session if session is not None else resilient_session(policies, observers=observers, **adapter_kwargs)
+        self.session = session if session is not None else resilient_session(**kwargs)
 
     def close(self) -> None:
         """Close the session if this client created it."""
@@ -348,7 +374,7 @@ class SGLangClient(SGLangClientState):
             if not response.ok:
                 calls.require_ok(self.engine, _answer(call, response))
             for line in response.iter_lines(decode_unicode=True):
-                item = calls.sse_line(self.engine, call.endpoint, line)
+                item = calls.sse_line(self.engine, call.endpoint, line, getattr(response, "attempts", ()))
                 if item is calls.StreamEnd.DONE:
                     return
                 if item is not None:
@@ -357,4 +383,5 @@ class SGLangClient(SGLangClientState):
 
 def _answer(call: Call, response: requests.Response) -> Answer:
     """What ``response`` answered to ``call`` (reads the body)."""
-    return Answer(call.endpoint, response.status_code, response.text, len(getattr(response, "attempts", ())) or 1, response)
+    records = answer_records(getattr(response, "attempts", None), response.status_code)
+    return Answer(call.endpoint, response.status_code, response.text, len(records), response, records)

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.adapters import sglang_calls as calls
 from resilience.adapters.sglang_async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
-from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, auth_headers, raise_if_refused
-from resilience.adapters.sglang_policies import SGLANG_POLICIES
+from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, auth_headers, own_driver_kwargs, raise_if_refused
 from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
+from resilience.driver_config import UNSET, DriverConfig, Unset
 from resilience.errors import DeadlineExceeded
 from resilience.events import Observer
 from resilience.policy import PolicyTable
@@ -66,9 +66,14 @@ class AsyncSGLangClient(SGLangClientState):
     (default 0.5 s): as in ``SGLangClient.flush_cache``. ``limit_per_host``: the
     own session's connection pool size (default ``DEFAULT_LIMIT_PER_HOST`` = 100;
     concurrent calls beyond it wait for a connection). Other keyword arguments go
-    to ``ResilientMiddleware`` (``breaker``, ``retry_budget``, ``clock``). With a
-    ``session``, ``policies``, ``observers``, ``limit_per_host`` and those must be
-    left out: they configure only the client's own session.
+    to ``ResilientMiddleware`` (``breaker``, ``retry_budget``, ``clock``); or
+    ``config=DriverConfig(...)`` (its policies are used: build it with
+    ``policies=SGLANG_POLICIES``) shares one configuration and its per-engine
+    breakers and budgets with other clients and drivers. With a ``session``,
+    ``policies``, ``observers``, ``config``, ``limit_per_host`` and those must be
+    left out (``ConfigConflict`` names them, as ``SGLangClient`` does): they
+    configure only the client's own session. Errors carry the call's delivery
+    record (``resilience.outcome.attempts_of``).
 
     Close the own session with ``await client.aclose()`` or ``async with``; the
     client opens a new one on its next use (in whichever loop runs it then). The
@@ -85,48 +90,41 @@ class AsyncSGLangClient(SGLangClientState):
         base_url: str,
         session: aiohttp.ClientSession | httpx.AsyncClient | None = None,
         api_key: str | None = None,
-        policies: PolicyTable = SGLANG_POLICIES,
+        policies: PolicyTable | Unset = UNSET,
         *,
         admin_api_key: str | None = None,
-        observers: Sequence[Observer] = (),
+        observers: Sequence[Observer] | Unset = UNSET,
         flush_deadline_s: float = 120.0,
         flush_poll_s: float = 0.5,
         limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
+        config: DriverConfig | None = None,
         **middleware_kwargs: Any,
     ) -> None:
+        own = ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
+        driver_kwargs = own_driver_kwargs(
+            "AsyncSGLangClient",
+            session=session,
+            config=config,
+            policies=policies,
+            observers=observers,
+            extra=middleware_kwargs,
+            own_session_only=own,
+        )
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
-        if session is not None:
-            given = [
-                name
-                for name, unset in (
-                    ("policies", policies is SGLANG_POLICIES),
-                    ("observers", not observers),
-                    ("limit_per_host", limit_per_host == DEFAULT_LIMIT_PER_HOST),
-                )
-                if not unset
-            ]
-            given += sorted(middleware_kwargs)
-            if given:
-                raise TypeError(
-                    f"AsyncSGLangClient got session= and {', '.join(given)}: those configure only the client's own session; "
-                    "mount the resilience layer on the session you pass instead"
-                )
         if isinstance(limit_per_host, bool) or not isinstance(limit_per_host, int) or limit_per_host < 1:
             raise ValueError(f"AsyncSGLangClient limit_per_host must be an int >= 1, but was {limit_per_host!r}")
         self._owns_session = session is None
         self._requester: AsyncRequester | None = None if session is None else requester_for(session)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._policies = policies
-        self._observers = tuple(observers)
         self._limit_per_host = limit_per_host
-        self._middleware_kwargs = dict(middleware_kwargs)
+        self._middleware_kwargs = driver_kwargs
         # one middleware for every session the client opens: its breakers and budgets outlive an aclose()
         self._middleware = None if session is not None else self._new_middleware()
 
     def _new_middleware(self) -> Any:
-        return resilient_middleware(self._policies, observers=self._observers, middleware_kwargs=self._middleware_kwargs)
+        return resilient_middleware(self._middleware_kwargs)
 
     @property
     def session(self) -> aiohttp.ClientSession | httpx.AsyncClient | None:
@@ -389,10 +387,10 @@ class AsyncSGLangClient(SGLangClientState):
         key_name, key = self._key_for(call.path)
         async with self._http().stream(call, self.base_url + call.path, auth_headers(key)) as reply:
             if reply.status >= 400:
-                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response)
+                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response, reply.records)
                 calls.require_ok(self.engine, raise_if_refused(self.engine, answer, key_name))
             async for line in reply.lines():
-                item = calls.sse_line(self.engine, call.endpoint, line)
+                item = calls.sse_line(self.engine, call.endpoint, line, reply.records)
                 if item is calls.StreamEnd.DONE:
                     return
                 if item is not None:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import codecs
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 
-from resilience.adapters.sglang_calls import Answer, Call
-from resilience.events import Observer
-from resilience.policy import PolicyTable
+from resilience.adapters.sglang_calls import Answer, Call, answer_records
+from resilience.outcome import AttemptRecord
 
 if TYPE_CHECKING:
     import aiohttp
@@ -33,6 +32,8 @@ class StreamedReply(Protocol):
 
     status: int
     attempts: int
+    records: tuple[AttemptRecord, ...]
+    """The call's delivery record (``sglang_calls.answer_records``)."""
     response: Any
     """The transport's response, put on errors as ``error.response``; None where it cannot be pickled (aiohttp)."""
 
@@ -64,15 +65,6 @@ class AsyncRequester(Protocol):
         ...
 
 
-def _attempt_count(value: object) -> int:
-    """How many attempts a resilience layer recorded (a sequence of records, or a count); 1 when it recorded none."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return max(value, 1)
-    if isinstance(value, Sequence):
-        return len(value) or 1
-    return 1
-
-
 def _split_lines(buffer: str) -> tuple[list[str], str]:
     """Whole lines of ``buffer`` (``\\r\\n`` or ``\\n`` endings stripped) and what is left after the last newline."""
     *lines, rest = buffer.split("\n")
@@ -87,7 +79,8 @@ class _AiohttpReply:
         self._response = response
         self.response = None  # an aiohttp ClientResponse cannot be pickled, and errors travel pickled (Ray)
         self.status = response.status
-        self.attempts = _attempt_count(getattr(response, "attempts", None))
+        self.records = answer_records(getattr(response, "attempts", None), response.status)
+        self.attempts = len(self.records)
 
     async def text(self) -> str:
         return await self._response.text(errors="replace")
@@ -118,8 +111,8 @@ class AiohttpRequester:
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         async with self.session.request(call.method, url, json=call.body, params=call.params, headers=headers) as response:
             # what ``_AiohttpReply`` reads, without building one: no response on the answer (it cannot be pickled)
-            attempts = _attempt_count(getattr(response, "attempts", None))
-            return Answer(call.endpoint, response.status, await response.text(errors="replace"), attempts, None)
+            records = answer_records(getattr(response, "attempts", None), response.status)
+            return Answer(call.endpoint, response.status, await response.text(errors="replace"), len(records), None, records)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:
@@ -133,8 +126,8 @@ class AiohttpRequester:
         await self.session.close()
 
 
-def resilient_middleware(policies: PolicyTable, *, observers: Sequence[Observer], middleware_kwargs: Mapping[str, Any]) -> Any:
-    """``ResilientMiddleware(policies, observers=..., **middleware_kwargs)``; a clear ImportError without aiohttp."""
+def resilient_middleware(middleware_kwargs: Mapping[str, Any]) -> Any:
+    """``ResilientMiddleware(**middleware_kwargs)``; a clear ImportError without aiohttp."""
     try:
         from resilience.adapters.aiohttp import ResilientMiddleware
     except ImportError as exc:
@@ -142,7 +135,7 @@ def resilient_middleware(policies: PolicyTable, *, observers: Sequence[Observer]
             "AsyncSGLangClient's default transport needs aiohttp: pip install 'controlplane-resilience[aiohttp]' "
             "(or pass session=httpx.AsyncClient(transport=AsyncResilientTransport(...)))"
         ) from exc
-    return ResilientMiddleware(policies, observers=observers, **middleware_kwargs)
+    return ResilientMiddleware(**middleware_kwargs)
 
 
 def aiohttp_session(middleware: Any, *, limit_per_host: int) -> aiohttp.ClientSession:
@@ -165,7 +158,8 @@ class _HttpxReply:
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
         self.status = response.status_code
-        self.attempts = _attempt_count(response.extensions.get("attempts"))
+        self.records = answer_records(response.extensions.get("attempts"), response.status_code)
+        self.attempts = len(self.records)
 
     async def text(self) -> str:
         await self.response.aread()
@@ -188,7 +182,7 @@ class HttpxRequester:
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         response = await self.client.request(call.method, url, json=call.body, params=call.params, headers=headers)
         reply = _HttpxReply(response)
-        return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, response)
+        return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, response, reply.records)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilience.adapters.requests import engine_of
-from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES
+from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
 from resilience.adapters.sglang_types import (
     ControlResult,
     FlushResult,
@@ -32,6 +32,11 @@ from resilience.adapters.sglang_types import (
     WeightUpdateResult,
 )
 from resilience.barrier.engine import ALL_TAGS
+from resilience.driver_config import UNSET, DriverConfig, Unset
+from resilience.errors import ConfigConflict
+from resilience.events import Observer
+from resilience.outcome import AttemptRecord, Delivery, Outcome
+from resilience.policy import PolicyTable
 
 __all__ = [
     "Answer",
@@ -86,7 +91,9 @@ class Answer:
     """What the engine answered: ``status``, the body as ``text``, and the ``attempts`` the call took.
 
     ``response``: the transport's own response object, put on raised errors as
-    ``error.response`` (None = none); never read here.
+    ``error.response`` (None = none); never read here. ``records``: the
+    transport's delivery record of the call (``AttemptRecord``s), put on raised
+    errors as ``error.attempts``; ``answer_records`` fills it in.
     """
 
     endpoint: str
@@ -94,11 +101,24 @@ class Answer:
     text: str
     attempts: int = 1
     response: Any = None
+    records: tuple[AttemptRecord, ...] = ()
 
     @property
     def ok(self) -> bool:
         """True for a status below 400 (``requests.Response.ok``)."""
         return self.status < 400
+
+
+def answer_records(value: object, status: int) -> tuple[AttemptRecord, ...]:
+    """The delivery record of an answer: the transport's (a tuple of ``AttemptRecord``), else one attempt that got ``status``.
+
+    A session without the resilience layer records nothing; the answer itself
+    proves that one attempt reached the engine and was answered.
+    """
+    if isinstance(value, tuple) and value and all(isinstance(r, AttemptRecord) for r in value):
+        return value
+    outcome = Outcome.SUCCESS if status < 400 else Outcome.FATAL
+    return (AttemptRecord(0, status, outcome, Delivery.RESPONDED, None, 0.0),)
 
 
 class StreamEnd(enum.Enum):
@@ -282,14 +302,16 @@ def flush_server_wait(wait_for_idle: bool, remaining_s: float) -> float:
 def raise_if_refused(engine: str, answer: Answer, key_name: str | None) -> Answer:
     """Raise ``SGLangAuthError`` on a 401/403 (never retried), naming which key was sent, never the key."""
     if answer.status in (401, 403):
-        raise SGLangAuthError(engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response)
+        raise SGLangAuthError(
+            engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response, attempts=answer.records
+        )
     return answer
 
 
 def require_ok(engine: str, answer: Answer) -> Answer:
     """``answer`` when its status is below 400, else ``SGLangError`` with the status and a body excerpt."""
     if not answer.ok:
-        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response)
+        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
     return answer
 
 
@@ -300,7 +322,13 @@ def json_of(engine: str, answer: Answer) -> Any:
         return jsonlib.loads(answer.text)
     except ValueError:
         raise SGLangProtocolError(
-            engine, answer.endpoint, answer.status, answer.text, detail="answer is not JSON", response=answer.response
+            engine,
+            answer.endpoint,
+            answer.status,
+            answer.text,
+            detail="answer is not JSON",
+            response=answer.response,
+            attempts=answer.records,
         ) from None
 
 
@@ -329,14 +357,22 @@ def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
             message = str(data.get("message", ""))
             if message.startswith(APPLIED_NOT_FLUSHED):
                 raise SGLangAppliedButRefused(
-                    engine, endpoint, 400, answer.text, detail="weights applied, cache not flushed", response=answer.response
+                    engine,
+                    endpoint,
+                    400,
+                    answer.text,
+                    detail="weights applied, cache not flushed",
+                    response=answer.response,
+                    attempts=answer.records,
                 )
-            raise SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}")
+            raise SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}", attempts=answer.records)
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "success" not in data:
-        raise SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail="no 'success' field")
+        raise SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail="no 'success' field", attempts=answer.records)
     if not data["success"]:
-        raise SGLangError(engine, endpoint, answer.status, answer.text, detail=f"refused: {data.get('message', '')}")
+        raise SGLangError(
+            engine, endpoint, answer.status, answer.text, detail=f"refused: {data.get('message', '')}", attempts=answer.records
+        )
     return WeightUpdateResult(engine, endpoint, True, str(data.get("message", "")), data)
 
 
@@ -350,7 +386,7 @@ def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float
         return FlushResult(engine, answer.text.strip(), polls)
     not_idle = answer.status == 400 and any(text in answer.text for text in NOT_IDLE)
     if not not_idle:
-        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response)
+        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
     if remaining_s <= poll_s:
         raise flush_gave_up(engine, answer, polls)
     return None
@@ -370,6 +406,7 @@ def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> SGLangError
         last_not_idle.text,
         detail=f"still not idle after {polls} tries before the deadline",
         response=last_not_idle.response,
+        attempts=last_not_idle.records,
     )
 
 
@@ -389,7 +426,7 @@ def server_info_result(engine: str, answer: Answer) -> dict[str, Any]:
     """``/server_info``: a JSON object."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail="answer is not an object")
+        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail="answer is not an object", attempts=answer.records)
     return data
 
 
@@ -397,7 +434,9 @@ def model_info_result(engine: str, answer: Answer) -> ModelInfo:
     """``/model_info`` with its weight version."""
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "model_path" not in data:
-        raise SGLangProtocolError(engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field")
+        raise SGLangProtocolError(
+            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field", attempts=answer.records
+        )
     version = data.get("weight_version")
     return ModelInfo(engine, str(data["model_path"]), None if version is None else str(version), data.get("served_model_name"), data)
 
@@ -414,14 +453,16 @@ def models_result(engine: str, answer: Answer) -> list[str]:
     try:
         return [str(m["id"]) for m in data["data"]]
     except (KeyError, TypeError):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id") from None
+        raise SGLangProtocolError(
+            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id", attempts=answer.records
+        ) from None
 
 
 def generate_result(engine: str, answer: Answer) -> GenerateResult:
     """A non-streaming ``/generate`` answer."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail="answer is not an object")
+        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail="answer is not an object", attempts=answer.records)
     return generate_chunk(data)
 
 
@@ -438,8 +479,11 @@ def generate_chunk(data: Mapping[str, Any]) -> GenerateResult:
     )
 
 
-def sse_line(engine: str, endpoint: str, line: str) -> GenerateResult | StreamEnd | None:
-    """One line of a streaming ``/generate``: a result, ``StreamEnd.DONE`` at ``[DONE]``, None for other lines."""
+def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord, ...] = ()) -> GenerateResult | StreamEnd | None:
+    """One line of a streaming ``/generate``: a result, ``StreamEnd.DONE`` at ``[DONE]``, None for other lines.
+
+    ``records``: the stream's delivery record, put on a protocol error (default: the one 200 that opened the stream).
+    """
     if not line or not line.startswith("data:"):
         return None
     payload = line[len("data:") :].strip()
@@ -448,10 +492,63 @@ def sse_line(engine: str, endpoint: str, line: str) -> GenerateResult | StreamEn
     try:
         chunk = jsonlib.loads(payload)
     except ValueError:
-        raise SGLangProtocolError(engine, endpoint, 200, payload, detail="bad SSE chunk") from None
+        raise SGLangProtocolError(engine, endpoint, 200, payload, detail="bad SSE chunk", attempts=answer_records(records, 200)) from None
     if not isinstance(chunk, dict):
-        raise SGLangProtocolError(engine, endpoint, 200, payload, detail="SSE chunk is not an object")
+        raise SGLangProtocolError(
+            engine, endpoint, 200, payload, detail="SSE chunk is not an object", attempts=answer_records(records, 200)
+        )
     return generate_chunk(chunk)
+
+
+# -- the client's own transport ------------------------------------------------------------
+
+DRIVER_KEYWORDS = ("policies", "observers", "breaker", "retry_budget", "clock", "rng")
+"""The keywords a ``DriverConfig`` holds: given with ``config=``, they conflict."""
+
+
+def own_driver_kwargs(
+    owner: str,
+    *,
+    session: object,
+    config: DriverConfig | None,
+    policies: PolicyTable | Unset,
+    observers: Sequence[Observer] | Unset,
+    extra: Mapping[str, Any],
+    own_session_only: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The keyword arguments of the driver a client builds for its own session, checked the same way for both clients.
+
+    ``policies`` left ``UNSET`` is ``SGLANG_POLICIES`` (or the config's
+    policies). ``extra``: the driver's other keywords the caller gave
+    (``breaker``, ``retry_budget``, ``clock``, pool sizes); ``own_session_only``:
+    names of the client's own-session settings the caller gave (``limit_per_host``).
+    With a ``session``, none of them applies, so any of them (``config``
+    included) raises ``ConfigConflict`` naming them; so does ``config`` with
+    any keyword it already holds. Returns {} when a session is given.
+    """
+    given = [name for name, value in (("policies", policies), ("observers", observers)) if value is not UNSET]
+    given += [*own_session_only, *sorted(extra)]
+    if session is not None:
+        named = (["config"] if config is not None else []) + given
+        if named:
+            raise ConfigConflict(
+                f"{owner} got session= and {', '.join(n + '=' for n in named)}: those configure only the client's own "
+                "session; mount the resilience layer on the session you pass instead"
+            )
+        return {}
+    if config is not None:
+        clash = [name for name in given if name in DRIVER_KEYWORDS]
+        if clash:
+            raise ConfigConflict(
+                f"{owner} got config= and {', '.join(n + '=' for n in clash)}: the DriverConfig already holds "
+                f"{'that' if len(clash) == 1 else 'those'}; pass one or the other"
+            )
+        return {"config": config, **extra}
+    return {
+        "policies": SGLANG_POLICIES if isinstance(policies, Unset) else policies,
+        "observers": () if isinstance(observers, Unset) else observers,
+        **extra,
+    }
 
 
 # -- what a client remembers -------------------------------------------------------------

@@ -8,6 +8,8 @@ from typing import Any
 
 import requests
 
+from resilience.outcome import AttemptRecord, attempts_of
+
 __all__ = [
     "ControlResult",
     "FlushResult",
@@ -33,20 +35,46 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
 
 
 class SGLangError(requests.exceptions.RequestException):
-    """An SGLang endpoint answered with an error. Names the engine, endpoint, status and a body excerpt."""
+    """An SGLang endpoint answered with an error. Names the engine, endpoint, status and a body excerpt.
 
-    def __init__(self, engine: str, endpoint: str, status: int | None, body: str, *, detail: str = "", **kwargs: Any) -> None:
+    ``attempts``: the delivery record of the call (``resilience.outcome.attempts_of``
+    reads it): the transport's, else read from ``response=``, else empty. The
+    clients always pass one: an answer came back, so its last attempt is at
+    least ``RESPONDED`` with ``status``. It survives pickling (Ray).
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        endpoint: str,
+        status: int | None,
+        body: str,
+        *,
+        detail: str = "",
+        attempts: tuple[AttemptRecord, ...] = (),
+        **kwargs: Any,
+    ) -> None:
         self.engine = engine
         self.endpoint = endpoint
         self.status = status
         self.body_excerpt = excerpt(body)
         what = f"HTTP {status}" + (f": {detail}" if detail else "") if status is not None else detail or "no response"
         super().__init__(f"{engine} {endpoint}: {what}; body: {self.body_excerpt!r}", **kwargs)
+        self.attempts = attempts or _response_attempts(self.response)
 
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Rebuild from the message and attributes (Ray and multiprocessing ship errors pickled)."""
         return (_rebuild_error, (type(self), self.args, self.__dict__))
+
+
+def _response_attempts(response: object) -> tuple[AttemptRecord, ...]:
+    """The record a driver put on ``response`` (requests, aiohttp: ``.attempts``; httpx: ``.extensions``), else ()."""
+    if response is None:
+        return ()
+    holder = Exception()
+    holder.response = response  # type: ignore[attr-defined]  # where attempts_of looks for a response
+    return attempts_of(holder) or ()
 
 
 def _rebuild_error(cls: type[SGLangError], args: tuple[Any, ...], state: dict[str, Any]) -> SGLangError:

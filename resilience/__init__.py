@@ -1,11 +1,12 @@
 """controlplane-resilience: HTTP control planes that survive transient failure.
 
 The public API is what ``__all__`` lists: policies, errors, deadlines,
-budgets, the breaker's config, events and the testing switch, imported
-eagerly (standard library, requests and urllib3 only); the barrier
+budgets, the breaker's config, the drivers' shared ``DriverConfig``, events,
+the delivery record's reader ``attempts_of`` and the testing switch, imported
+eagerly (standard library only: no transport library); the barrier
 orchestrators, the SGLang clients and the requests, httpx and aiohttp
 drivers are imported on first use (PEP 562), so ``import resilience`` pulls
-in no optional extra (httpx and aiohttp load only with their driver).
+in no optional extra (requests, httpx and aiohttp load only with their driver).
 
 Names for transport authors (``Retrier``, ``RetryCall``, ``CallSpec``,
 ``AttemptResult``, ``ErrorTypes``, ``classify``, ``backoff_delay``,
@@ -25,9 +26,11 @@ from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RestartBudget, RestartBudgetError, RestartRecord, RetryBudgetConfig
 from resilience.clock import Clock, FakeClock, SystemClock
 from resilience.deadline import Deadline, current_deadline
+from resilience.driver_config import DriverConfig
 from resilience.errors import (
     AmbiguousOutcome,
     CircuitOpen,
+    ConfigConflict,
     ConfigError,
     DeadlineExceeded,
     PolicyError,
@@ -36,7 +39,7 @@ from resilience.errors import (
     RetryBudgetExhausted,
 )
 from resilience.events import Event, Observer
-from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
+from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome, attempts_of
 from resilience.policy import EndpointPolicy, PolicyTable, Probe, ProbeAnswer, ProbeContext, RetryPolicy
 from resilience.policy_files import load_policy_file
 
@@ -89,10 +92,12 @@ __all__ = [
     "CallOutcome",
     "CircuitOpen",
     "Clock",
+    "ConfigConflict",
     "ConfigError",
     "Deadline",
     "DeadlineExceeded",
     "Delivery",
+    "DriverConfig",
     "EndpointPolicy",
     "EngineGroup",
     "Event",
@@ -120,6 +125,7 @@ __all__ = [
     "SGLangClient",
     "SystemClock",
     "__version__",
+    "attempts_of",
     "current_deadline",
     "load_policy_file",
     "resilient_session",

@@ -1,8 +1,11 @@
 """Errors: ``ConfigError`` for invalid values (with ``require``), and the errors the retry loop raises.
 
-Each retry-loop error subclasses the ``requests`` exception a plain-requests caller already
-catches, so code written for ``requests`` keeps working, and each carries the
-attempts taken (``.attempts``) and, where known, the last status.
+The retry loop's errors carry the attempts taken (``.attempts``: the delivery
+record ``resilience.outcome.attempts_of`` reads) and, where known, the last
+status. They belong to no transport library: each driver raises subclasses
+that are also its library's own exceptions (``resilience.adapters.requests_errors``,
+``httpx_errors``, ``aiohttp_errors``), passed to the loop as ``ErrorTypes``, so
+code written for that library keeps catching what it caught.
 """
 
 from __future__ import annotations
@@ -10,13 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-import requests
-
 from resilience.outcome import AttemptRecord
 
 __all__ = [
     "AmbiguousOutcome",
     "CircuitOpen",
+    "ConfigConflict",
     "ConfigError",
     "DeadlineExceeded",
     "ErrorTypes",
@@ -36,6 +38,15 @@ class ConfigError(ValueError):
     """
 
 
+class ConfigConflict(ConfigError, TypeError):
+    """Arguments that cannot be given together (``session=`` with ``policies=``, ``config=`` with ``breaker=``).
+
+    The message names every argument in the conflict. A ``ConfigError`` (bad
+    input), and a ``TypeError``, what Python raises for arguments that do not
+    fit a signature, so ``except TypeError`` keeps catching it too.
+    """
+
+
 PolicyError = ConfigError
 """The name policies have always raised; the same class as ``ConfigError``."""
 
@@ -46,12 +57,15 @@ def require(ok: bool, owner: str, name: str, rule: str, value: object) -> None:
         raise ConfigError(f"{owner}.{name} must be {rule}, but was {value!r}")
 
 
-class ResilienceError(requests.exceptions.RequestException):
+class ResilienceError(Exception):
     """Base of the errors the retry loop raises itself.
 
     ``endpoint`` is the policy template, ``engine`` the target, ``attempts``
-    the record of every attempt taken, ``last_status`` the last HTTP status
-    seen (or None).
+    the record of every attempt taken (a breaker's refusal included),
+    ``last_status`` the last HTTP status seen (or None), ``last_error`` the
+    last transport error (or None), ``request`` / ``response`` the driver's
+    request and the last response (or None), as requests names them.
+    ``str(err)`` is the message alone; the error pickles with its attributes.
     """
 
     def __init__(
@@ -63,9 +77,14 @@ class ResilienceError(requests.exceptions.RequestException):
         attempts: tuple[AttemptRecord, ...] = (),
         last_status: int | None = None,
         last_error: BaseException | None = None,
-        **kwargs: Any,
+        request: Any = None,
+        response: Any = None,
     ) -> None:
-        super().__init__(message, **kwargs)
+        super().__init__(message)
+        if request is None and response is not None:
+            request = getattr(response, "request", None)
+        self.request = request  # through httpx's ``request`` property on the httpx driver's classes
+        self.response = response
         self.endpoint = endpoint
         self.engine = engine
         self.attempts = attempts
@@ -73,11 +92,11 @@ class ResilienceError(requests.exceptions.RequestException):
         self.last_error = last_error
 
 
-class DeadlineExceeded(ResilienceError, requests.exceptions.Timeout):
+class DeadlineExceeded(ResilienceError):
     """The call's deadline ran out (or the next wait would pass it) before a success."""
 
 
-class CircuitOpen(ResilienceError, requests.exceptions.ConnectionError):
+class CircuitOpen(ResilienceError):
     """Not sent: the engine's circuit breaker is open."""
 
 
@@ -94,7 +113,7 @@ class RetryBudgetExhausted(ResilienceError):
     """A retry was needed but the engine's retry budget is spent."""
 
 
-class RetriesExhausted(ResilienceError, requests.exceptions.RetryError):
+class RetriesExhausted(ResilienceError):
     """Every attempt failed and the policy asks for an error instead of the last response."""
 
 

@@ -1,17 +1,21 @@
-"""What attempts and calls mean: ``Outcome``, ``CallOutcome``, ``Delivery`` and ``AttemptRecord``.
+"""What attempts and calls mean: ``Outcome``, ``CallOutcome``, ``Delivery``, ``AttemptRecord`` and ``attempts_of``.
 
 A leaf module (standard library only): events, errors, the retry loop and the
 transports all take these values from here. ``classify`` (in
 ``resilience.classification``) maps a status or delivery to an ``Outcome``
-under an endpoint's policy.
+under an endpoint's policy. ``attempts_of`` is the one way to read what a
+driver wrote down about a call that raised: whoever needs to know whether a
+failed call may have reached the engine (the barrier) asks it, never the
+exception's library or class.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["AttemptRecord", "CallOutcome", "Delivery", "Outcome"]
+__all__ = ["AttemptRecord", "CallOutcome", "Delivery", "Outcome", "attempts_of"]
 
 
 class Outcome(enum.StrEnum):
@@ -50,11 +54,13 @@ class Delivery(enum.StrEnum):
     """How far a request got."""
 
     NOT_SENT = "not_sent"
-    """It surely never reached the server (connection refused, DNS, connect timeout, breaker)."""
+    """The driver has proof it never left: connection refused, DNS failure, connect timeout, TLS handshake failure,
+    a full local pool, an open breaker."""
     MAYBE_APPLIED = "maybe_applied"
-    """It may have reached the server and been acted on (read timeout, reset after sending)."""
+    """It may have reached the server and been acted on (read timeout, reset after sending, anything unproven)."""
     RESPONDED = "responded"
-    """A response with a status came back."""
+    """A response with a status came back (``AttemptRecord.status``). Which statuses prove nothing was applied is
+    the reader's rule: a gateway's 502/503/504 may come after the request was handed on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +77,36 @@ class AttemptRecord:
     duration_s: float
     delay_s: float | None = None
     """The backoff slept after this attempt, or None when it was the last."""
+
+
+def attempts_of(error: BaseException) -> tuple[AttemptRecord, ...] | None:
+    """The delivery record a driver wrote for the call that ended with ``error``; None when no driver wrote one.
+
+    Every error a driver of this package raises after at least one attempt,
+    or on a breaker's refusal, carries a non-empty record: on the error
+    (``error.attempts``: the retry loop's errors, the transport's own errors
+    it re-raises, ``SGLangError``), or on the response it carries
+    (``error.response.attempts`` for requests and aiohttp,
+    ``error.response.extensions["attempts"]`` for httpx). An error no driver
+    wrote a record on (a bug in the caller, an error from another library,
+    an interrupt) gives None: what the call did is then unknown. The cause
+    chain is not followed: a record belongs to the error it was written on.
+    """
+    records = _records(getattr(error, "attempts", None))
+    if records is not None:
+        return records
+    response = getattr(error, "response", None)
+    if response is None:
+        return None
+    records = _records(getattr(response, "attempts", None))
+    if records is not None:
+        return records
+    extensions = getattr(response, "extensions", None)
+    return _records(extensions.get("attempts")) if isinstance(extensions, Mapping) else None
+
+
+def _records(value: object) -> tuple[AttemptRecord, ...] | None:
+    """``value`` when it is a non-empty tuple of ``AttemptRecord``, else None."""
+    if isinstance(value, tuple) and value and all(isinstance(item, AttemptRecord) for item in value):
+        return value
+    return None

@@ -63,7 +63,7 @@ from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts,
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
-from resilience.outcome import AttemptRecord
+from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
 from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
 
@@ -115,7 +115,9 @@ class Retrier:
     ) -> Retrier:
         """A ``Retrier`` with one breaker and one budget per engine, built from their configs (None = that strategy off).
 
-        What every driver's constructor does with its ``breaker=`` and ``retry_budget=`` arguments.
+        A ``Retrier`` of its own state; the drivers build theirs with
+        ``DriverConfig.retrier`` (``resilience.driver_config``), whose breakers
+        and budgets every driver built from one config shares.
         """
         observers = tuple(observers)
         return cls(
@@ -146,6 +148,7 @@ class Retrier:
         *,
         discard: Callable[[R], None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """Run one logical call with blocking I/O; return the final response and the attempts taken.
 
@@ -154,7 +157,13 @@ class Retrier:
         ``discard`` releases a response that will not be returned.
         ``on_probe_done`` builds the response to return when a probe says an
         ambiguous request was applied.
-        Raises the transport's last error, or one of the ``error_types``.
+        ``never_sent(exc)``: the driver's proof that an error its attempt
+        raised (one never retried: a TLS failure, a bad URL) came before the
+        request left; the attempt is then recorded as ``NOT_SENT``, else as
+        ``MAYBE_APPLIED`` (default: no proof).
+        Raises the transport's last error, or one of the ``error_types``; an
+        ``Exception`` raised out of an attempt carries the call's record as
+        ``.attempts`` too (``resilience.outcome.attempts_of``).
         """
         call: RetryCall[R] = self.begin(spec)
         try:
@@ -178,7 +187,7 @@ class Retrier:
                         return step.response, step.attempts
                     raise step.error
         except BaseException as exc:
-            call.abandon(exc)  # a no-op when the call ended on a verdict
+            _abandon(call, exc, never_sent)  # a no-op when the call ended on a verdict
             raise
 
     async def arun(
@@ -188,6 +197,7 @@ class Retrier:
         *,
         discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """``run`` for coroutines: the same decisions, awaited attempts, backoff slept with the clock's ``asleep``.
 
@@ -219,8 +229,28 @@ class Retrier:
                         return step.response, step.attempts
                     raise step.error
         except BaseException as exc:
-            call.abandon(exc)
+            _abandon(call, exc, never_sent)
             raise
+
+
+def _abandon(call: RetryCall[Any], exc: BaseException, never_sent: Callable[[BaseException], bool]) -> None:
+    """End ``call`` on ``exc`` (see ``RetryCall.abandon``) and write its record on ``exc`` when it is an error without one.
+
+    Interrupts (``KeyboardInterrupt``, ``SystemExit``, ``CancelledError``) get
+    no record: they are not the transport's answer. ``never_sent`` is asked
+    only about an exception raised out of an attempt in flight.
+    """
+    in_flight = call.in_flight
+    try:
+        unsent = in_flight and isinstance(exc, Exception) and never_sent(exc)
+    except Exception:
+        unsent = False  # a predicate that fails proves nothing
+    call.abandon(exc, delivery=Delivery.NOT_SENT if unsent else Delivery.MAYBE_APPLIED)
+    if isinstance(exc, Exception) and call.records and not getattr(exc, "attempts", None):
+        try:
+            exc.attempts = call.attempts  # type: ignore[attr-defined]
+        except AttributeError:  # an exception class with __slots__
+            pass
 
 
 def _ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:

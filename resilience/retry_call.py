@@ -201,7 +201,9 @@ class RetryCall(Generic[R]):
                 if self.observers:
                     emit(self.observers, BreakerRejected(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine))
                 message = f"circuit open for {spec.engine} (retry in {self.breaker.retry_in():.2f}s)"
-                return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message)
+                # the error's record ends with the refused attempt (not sent); events count only attempts made
+                refused = AttemptRecord(self._next, None, Outcome.RETRYABLE, Delivery.NOT_SENT, self.errors.circuit_open.__qualname__, 0.0)
+                return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message, refused=refused)
             self.permit = permit
         n = self._next
         timeouts = attempt_timeouts(spec, self.hard.remaining())
@@ -294,17 +296,23 @@ class RetryCall(Generic[R]):
             return self._retry_or_end("probe_not_done")
         return self._ambiguous(reason)
 
-    def abandon(self, exc: BaseException) -> None:
+    @property
+    def in_flight(self) -> bool:
+        """An attempt asked for by ``next_step`` has not been reported yet."""
+        return self._in_flight
+
+    def abandon(self, exc: BaseException, *, delivery: Delivery = Delivery.MAYBE_APPLIED) -> None:
         """Something outside the verdicts ended the call (an exception in the attempt, a cancelled task, an interrupt).
 
-        An attempt in flight is recorded as maybe applied; the call ends as
-        failed but neutral for the breaker (its slot goes back). A no-op on a
-        call already ended.
+        An attempt in flight is recorded with ``delivery``: maybe applied
+        unless the driver has proof it never left (``NOT_SENT``: a TLS
+        handshake that failed, say); the call ends as failed but neutral for
+        the breaker (its slot goes back). A no-op on a call already ended.
         """
         if self._in_flight:
             self._in_flight = False
             duration = self.clock.monotonic() - self._flight_started
-            self.records.append(AttemptRecord(self._next, None, Outcome.FATAL, Delivery.MAYBE_APPLIED, type(exc).__qualname__, duration))
+            self.records.append(AttemptRecord(self._next, None, Outcome.FATAL, delivery, type(exc).__qualname__, duration))
         if not self.ended:
             self._end(CallOutcome.FAILED, type(exc).__qualname__, neutral=True)
 
@@ -421,9 +429,18 @@ class RetryCall(Generic[R]):
         self._end(outcome, str(result.status))
         return Return(result.response, self.attempts)
 
-    def _fail(self, outcome: CallOutcome, error: type[ResilienceError], message: str, *, reraise_transport: bool = False) -> Raise[R]:
+    def _fail(
+        self,
+        outcome: CallOutcome,
+        error: type[ResilienceError],
+        message: str,
+        *,
+        reraise_transport: bool = False,
+        refused: AttemptRecord | None = None,
+    ) -> Raise[R]:
+        """End with one of the loop's own errors (or the transport's last one); ``refused``: a breaker's refusal, added to its record."""
         last = self.last
-        records = self.attempts
+        records = self.attempts if refused is None else (*self.attempts, refused)
         if reraise_transport and last is not None and last.response is None and last.error is not None:
             self._end(outcome, type(last.error).__qualname__)
             _attach(last.error, records)

@@ -120,3 +120,28 @@ def scripted(*script: Action, port: int = 0) -> Iterator[ScriptedServer]:
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def silent_listener(*, full: bool) -> Iterator[int]:
+    """A loopback port that listens and never accepts; yields the port, closes every socket after the block.
+
+    ``full=False``: the kernel completes the TCP handshake (the backlog has
+    room) and nothing ever answers: a TLS handshake on it hangs. ``full=True``:
+    ``listen(0)`` with one connection parked in the backlog, so Linux drops
+    every further SYN: a connect to it times out.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    parked: list[socket.socket] = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = int(listener.getsockname()[1])
+        if full:
+            filler = socket.create_connection(("127.0.0.1", port), timeout=5)
+            parked.append(filler)
+        yield port
+    finally:
+        for s in parked:
+            s.close()
+        listener.close()

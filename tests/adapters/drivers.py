@@ -24,6 +24,7 @@ import requests
 
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig
+from resilience.driver_config import DriverConfig
 from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
@@ -47,12 +48,26 @@ class Driver:
     """One client of one library with the resilience layer mounted; ``call`` blocks until the answer."""
 
     def __init__(
-        self, name: str, policies: PolicyTable, *, breaker: BreakerConfig | None = None, retry_budget: RetryBudgetConfig | None = None
+        self,
+        name: str,
+        policies: PolicyTable | None = None,
+        *,
+        breaker: BreakerConfig | None = None,
+        retry_budget: RetryBudgetConfig | None = None,
+        config: DriverConfig | None = None,
+        pool: int | None = None,
     ) -> None:
+        """``config``: build the layer from this ``DriverConfig`` alone (then ``policies``, ``breaker`` and
+        ``retry_budget`` must be left out). ``pool``: at most this many connections per engine (the
+        library's own pool limit; None = its default)."""
         self.name = name
         self.native = NATIVE_ERRORS[name]
-        self._kwargs: dict[str, Any] = {"breaker": breaker, "retry_budget": retry_budget}
-        self._policies = policies
+        if config is not None:
+            assert policies is None and breaker is None and retry_budget is None, "config= holds those"
+            self._kwargs: dict[str, Any] = {"config": config}
+        else:
+            self._kwargs = {"policies": policies, "breaker": breaker, "retry_budget": retry_budget}
+        self._pool = pool
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: Any = None
@@ -61,13 +76,16 @@ class Driver:
         if name == "requests":
             from resilience.adapters.requests import ResilientAdapter
 
-            self.layer = ResilientAdapter(policies, **self._kwargs)
+            pooling = {} if pool is None else {"pool_connections": 1, "pool_maxsize": pool, "pool_block": True}
+            self.layer = ResilientAdapter(**self._kwargs, **pooling)
             self._client = requests.Session()
             self._client.mount("http://", self.layer)
+            self._client.mount("https://", self.layer)
         elif name == "httpx":
             from resilience.adapters.httpx import ResilientTransport
 
-            self.layer = ResilientTransport(policies, **self._kwargs)
+            inner = None if pool is None else httpx.HTTPTransport(limits=httpx.Limits(max_connections=pool))
+            self.layer = ResilientTransport(transport=inner, **self._kwargs)
             self._client = httpx.Client(transport=self.layer)
         else:
             self._loop = asyncio.new_event_loop()
@@ -79,13 +97,16 @@ class Driver:
         if self.name == "httpx-async":
             from resilience.adapters.httpx import AsyncResilientTransport
 
-            self.layer = AsyncResilientTransport(self._policies, **self._kwargs)
+            pool = self._pool
+            inner = None if pool is None else httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=pool))
+            self.layer = AsyncResilientTransport(transport=inner, **self._kwargs)
             self._client = httpx.AsyncClient(transport=self.layer)
         else:
             from resilience.adapters.aiohttp import ResilientMiddleware
 
-            self.layer = ResilientMiddleware(self._policies, **self._kwargs)
-            self._client = aiohttp.ClientSession(middlewares=(self.layer,))
+            self.layer = ResilientMiddleware(**self._kwargs)
+            connector = None if self._pool is None else aiohttp.TCPConnector(limit=self._pool)
+            self._client = aiohttp.ClientSession(middlewares=(self.layer,), connector=connector)
 
     @property
     def breakers(self) -> BreakerRegistry:

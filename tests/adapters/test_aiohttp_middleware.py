@@ -326,9 +326,11 @@ async def test_closing_the_session_during_a_backoff_ends_the_call() -> None:
         call = asyncio.create_task(s.get(f"{srv.url}/x"))
         await wait_for_hits(srv, 1)
         await s.close()
-        with pytest.raises(RuntimeError, match="Session is closed"):
+        with pytest.raises(RuntimeError, match="Session is closed") as info:
             await call
         assert srv.count == 1
+    records = resilience.attempts_of(info.value)  # the 502, then the attempt the closed session stopped before sending
+    assert records is not None and [(r.status, r.delivery) for r in records] == [(502, Delivery.RESPONDED), (None, Delivery.NOT_SENT)]
 
 
 # -- deadlines and timeouts ---------------------------------------------------

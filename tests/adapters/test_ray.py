@@ -35,7 +35,7 @@ from resilience.barrier.knowledge import CallOutcome
 from resilience.barrier.outcome import outcome_of
 from resilience.deadline import Deadline
 from resilience.events import Event, PhaseEnded
-from resilience.outcome import Delivery
+from resilience.outcome import Delivery, attempts_of
 from resilience.policy import EndpointPolicy, RetryPolicy
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
 
@@ -270,6 +270,9 @@ def test_errors_raised_in_the_actor_arrive_as_themselves(serving: EmulatedFleet,
     assert not isinstance(info.value, ray.exceptions.RayTaskError)
     [result] = RayFanOut().call([(engine, {})], "end_weight_update", Deadline(TIMEOUT))
     assert isinstance(result.error, SGLangError) and result.error.status == 400
+    for error in (info.value, result.error):  # the delivery record crossed Ray with the error
+        records = attempts_of(error)
+        assert records and (records[-1].delivery, records[-1].status) == (Delivery.RESPONDED, 400), error
     assert engine.model_info().model_path == CONFIG.model_path
 
 
@@ -304,8 +307,8 @@ def test_an_engine_refusing_connections_is_dead_with_its_attempts(
         assert err.phase == "pause" and set(err.failures) == {gone.engine} and err.dead == (gone.engine,)
         cause = err.failures[gone.engine]
         assert isinstance(cause, requests.ConnectionError) and not isinstance(cause, ray.exceptions.RayError)
-        attempts = cause.attempts  # type: ignore[attr-defined]
-        assert len(attempts) >= 2 and all(a.delivery is Delivery.NOT_SENT for a in attempts)
+        attempts = attempts_of(cause)
+        assert attempts is not None and len(attempts) >= 2 and all(a.delivery is Delivery.NOT_SENT for a in attempts)
         assert err.rolled_back == (actors[0].engine,) and not serving.engines[0].state()["paused"]
     finally:
         drop_engines([gone])
@@ -320,6 +323,8 @@ def test_the_phase_deadline_caps_http_calls_inside_the_actor(local_ray: None, hu
             ray.get(engines[0].actor.call.remote("continue_generation", {}, 0.5), timeout=TIMEOUT)
         assert time.monotonic() - t0 < TIMEOUT
         assert isinstance(info.value.cause, requests.Timeout), repr(info.value.cause)
+        records = attempts_of(info.value.cause)  # crossed Ray: the engine read the call and never answered
+        assert records and records[0].delivery is Delivery.MAYBE_APPLIED, records
     finally:
         drop_engines(engines)
 

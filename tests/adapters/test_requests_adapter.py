@@ -173,9 +173,20 @@ def test_retry_budget_stops_retries_and_floor_allows_quiet_engine() -> None:
 
 
 def test_errors_catchable_as_requests_exceptions_and_from_resilience() -> None:
-    """Every error the adapter raises is a requests.RequestException and importable from resilience."""
-    for exc in (resilience.DeadlineExceeded, resilience.CircuitOpen, resilience.AmbiguousOutcome, resilience.RetryBudgetExhausted):
-        assert issubclass(exc, requests.RequestException)
+    """Every error the adapter raises is the requests exception a plain-requests caller catches and the resilience class."""
+    from resilience.adapters import requests_errors
+
+    pairs = [
+        (requests_errors.DeadlineExceeded, resilience.DeadlineExceeded, requests.Timeout),
+        (requests_errors.CircuitOpen, resilience.CircuitOpen, requests.ConnectionError),
+        (requests_errors.AmbiguousOutcome, resilience.AmbiguousOutcome, requests.RequestException),
+        (requests_errors.RetryBudgetExhausted, resilience.RetryBudgetExhausted, requests.RequestException),
+        (requests_errors.RetriesExhausted, resilience.RetriesExhausted, requests.exceptions.RetryError),
+    ]
+    for ours, core, native in pairs:
+        assert issubclass(ours, core) and issubclass(ours, native), ours
+        assert not issubclass(core, requests.RequestException), core  # the core belongs to no transport
+    assert ResilientAdapter().retrier.error_types == requests_errors.ERROR_TYPES
 
 
 def test_pickled_adapter_works() -> None:

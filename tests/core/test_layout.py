@@ -150,3 +150,19 @@ def test_the_core_has_no_import_circle() -> None:
         if node not in state:
             walk(node, [node])
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+TRANSPORTS = ("requests", "urllib3", "httpx", "httpcore", "aiohttp")
+"""The HTTP libraries only the drivers (``resilience.adapters``) import."""
+
+
+def test_the_core_imports_no_transport_library() -> None:
+    """The core (retry loop, errors, barrier) imports no HTTP library, not even lazily: what a call did is the
+    drivers' delivery record (``resilience.outcome.attempts_of``), never an exception's library."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in _core_files()
+        for line, target in _imports(path, type_checking=False)
+        if target.split(".")[0] in TRANSPORTS
+    ]
+    assert not offenders, "\n".join(offenders)

@@ -52,13 +52,14 @@ def test_lazy_names_are_the_defining_modules_objects() -> None:
 
 
 def test_import_resilience_loads_no_adapter_barrier_or_extra() -> None:
-    """``import resilience`` alone imports neither the lazy modules nor any optional extra (fresh interpreter)."""
+    """``import resilience`` alone imports neither the lazy modules nor any optional extra nor any transport (fresh interpreter)."""
     code = textwrap.dedent(
         """
         import sys
         import resilience
         loaded = sorted(m for m in sys.modules if m.startswith(("resilience.adapters", "resilience.barrier", "resilience.telemetry",
-                        "resilience.testing", "opentelemetry", "prometheus_client", "ray", "torch", "fastapi", "rich", "httpx", "aiohttp")))
+                        "resilience.testing", "opentelemetry", "prometheus_client", "ray", "torch", "fastapi", "rich", "httpx", "aiohttp",
+                        "requests", "urllib3")))
         print(len([m for m in sys.modules if m.startswith("resilience")]), loaded)
         resilience.Orchestrator
         print("resilience.barrier" in sys.modules)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
 import pytest
 
@@ -193,3 +193,78 @@ def test_testing_mode_counts_refusals_against_max_attempts() -> None:
     with resilience.set_testing(True), pytest.raises(ConnectionRefusedError) as info:
         Retrier(clock=FakeClock()).run(spec(policy), Script(*[refused() for _ in range(10)]))
     assert len(info.value.attempts) == 3  # type: ignore[attr-defined]
+
+
+class _Unretried(Exception):
+    """A driver's error raised out of an attempt, never retried (a TLS failure, say)."""
+
+
+def _raise_after(*results: AttemptResult[str], error: BaseException) -> Callable[..., AttemptResult[str]]:
+    """An attempt function that plays ``results``, then raises ``error``."""
+    script = list(results)
+
+    def attempt(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[str]:
+        if not script:
+            raise error
+        return script.pop(0)
+
+    return attempt
+
+
+@pytest.mark.parametrize("proof", [False, True])
+def test_an_error_raised_out_of_an_attempt_carries_the_calls_record(proof: bool) -> None:
+    """A 502, then the attempt raises: the error carries both attempts; the raised one NOT_SENT only on the driver's proof."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=0, cap_s=0), deadline_s=30)
+    error = _Unretried("certificate verify failed")
+    script = _raise_after(status(502), error=error)
+    with pytest.raises(_Unretried):
+        Retrier(clock=FakeClock()).run(spec(policy, "GET"), script, never_sent=lambda e: proof)
+    records = resilience.attempts_of(error)
+    assert records is not None and [(r.status, r.delivery) for r in records] == [
+        (502, Delivery.RESPONDED),
+        (None, Delivery.NOT_SENT if proof else Delivery.MAYBE_APPLIED),
+    ]
+    assert records[-1].error_type == "_Unretried"
+
+
+def test_an_interrupt_gets_no_record_and_a_failing_proof_proves_nothing() -> None:
+    """KeyboardInterrupt is not the transport's answer (no record); a never_sent predicate that raises counts as no proof."""
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=0, cap_s=0), deadline_s=30)
+    interrupt = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        Retrier(clock=FakeClock()).run(spec(policy, "GET"), _raise_after(error=interrupt), never_sent=lambda e: True)
+    assert resilience.attempts_of(interrupt) is None
+
+    def broken(_e: BaseException) -> bool:
+        raise RuntimeError("no proof")
+
+    error = _Unretried("x")
+    with pytest.raises(_Unretried):
+        Retrier(clock=FakeClock()).run(spec(policy, "GET"), _raise_after(error=error), never_sent=broken)
+    assert [r.delivery for r in resilience.attempts_of(error) or ()] == [Delivery.MAYBE_APPLIED]
+
+
+def test_attempts_of_reads_the_error_then_its_response_and_nothing_else() -> None:
+    """The record on the error, else on its response (an attribute, or httpx's extensions); empty or foreign values are None."""
+    from resilience.outcome import AttemptRecord, Outcome
+
+    record = (AttemptRecord(0, 503, Outcome.RETRYABLE, Delivery.RESPONDED, None, 0.1),)
+
+    class Response:
+        def __init__(self, **attrs: object) -> None:
+            self.__dict__.update(attrs)
+
+    def error(**attrs: object) -> Exception:
+        exc = Exception("x")
+        exc.__dict__.update(attrs)
+        return exc
+
+    assert resilience.attempts_of(error(attempts=record)) == record
+    assert resilience.attempts_of(error(response=Response(attempts=record))) == record
+    assert resilience.attempts_of(error(response=Response(extensions={"attempts": record}))) == record
+    assert resilience.attempts_of(error(attempts=(), response=Response(attempts=record))) == record
+    for empty in (error(), error(attempts=()), error(attempts=3), error(attempts=("x",)), error(response=Response())):
+        assert resilience.attempts_of(empty) is None
+    caused = error()
+    caused.__cause__ = error(attempts=record)
+    assert resilience.attempts_of(caused) is None  # a record belongs to the error it was written on

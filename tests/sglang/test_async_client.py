@@ -39,6 +39,7 @@ from resilience.barrier.engine import ALL_TAGS, AsyncControlPlaneEngine
 from resilience.deadline import current_deadline
 from resilience.errors import DeadlineExceeded
 from resilience.events import Event, Observer, RetryScheduled
+from resilience.outcome import Delivery, attempts_of
 from resilience.policy import PolicyTable
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultPlan, FaultRule
@@ -327,6 +328,8 @@ async def test_malformed_answer_shows_endpoint_status_and_excerpt(httpserver: HT
     assert "GET /model_info" in text and "HTTP 200" in text and "not JSON" in text and "gateway page" in text
     shipped = pickle.loads(pickle.dumps(info.value))  # errors travel pickled (Ray): aiohttp's response stays behind
     assert type(shipped) is SGLangProtocolError and str(shipped) == text and shipped.status == 200
+    for error in (info.value, shipped, stream_info.value):  # the delivery record survives pickling, aiohttp's or httpx's
+        assert [(r.delivery, r.status) for r in attempts_of(error) or ()] == [(Delivery.RESPONDED, 200)], error
     assert info.value.status == 200 and info.value.body_excerpt == "<html>gateway page</html>"
     assert [c.text for c in seen] == ["a"]
     assert "POST /generate" in str(stream_info.value) and "bad SSE chunk" in str(stream_info.value) and "oops" in str(stream_info.value)
@@ -486,7 +489,7 @@ def test_bad_arguments_are_named() -> None:
     events: list[Event] = []
     with httpx.Client() as sync_session, pytest.raises(TypeError, match=r"an httpx\.AsyncClient, but was a httpx\.Client"):
         AsyncSGLangClient("http://127.0.0.1:9", session=sync_session)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="session= and observers, retry_budget"):
+    with pytest.raises(TypeError, match="session= and observers=, retry_budget="):
         AsyncSGLangClient("http://127.0.0.1:9", session=httpx.AsyncClient(), observers=[events.append], retry_budget=None)
     with pytest.raises(TypeError, match="breakr"):  # a misspelt middleware knob fails at once, not at the first call
         AsyncSGLangClient("http://127.0.0.1:9", breakr=None)

@@ -14,6 +14,7 @@ from resilience import AmbiguousOutcome
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError, SGLangProtocolError, mount_sglang
 from resilience.errors import DeadlineExceeded
 from resilience.events import Event, RetryScheduled
+from resilience.outcome import Delivery, attempts_of
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultPlan, FaultRule
 from tests.sglang.conftest import FAST_ENGINE, FAST_SGLANG
@@ -210,6 +211,8 @@ def test_weight_update_session_errors_are_clear(fleet1: EmulatedFleet) -> None:
     with pytest.raises(SGLangError) as info:
         client.end_weight_update()
     assert "POST /end_weight_update" in str(info.value) and client.engine in str(info.value)
+    records = attempts_of(info.value)  # the refusal's delivery record: answered 400, so it reached the engine
+    assert records and (records[-1].delivery, records[-1].status) == (Delivery.RESPONDED, 400)
     assert client.begin_weight_update().success
     assert client.end_weight_update().success
 
@@ -247,6 +250,18 @@ def test_malformed_answer_shows_endpoint_status_and_excerpt(httpserver: HTTPServ
     text = str(info.value)
     assert "GET /model_info" in text and "HTTP 200" in text and "not JSON" in text
     assert "gateway page" in text
+    assert [(r.delivery, r.status) for r in attempts_of(info.value) or ()] == [(Delivery.RESPONDED, 200)]
+
+
+def test_errors_over_a_plain_session_carry_a_record_too(httpserver: HTTPServer) -> None:
+    """A session without the resilience layer records nothing; the client writes the one answered attempt itself."""
+    httpserver.expect_request("/pause_generation").respond_with_data("busy", status=503)
+    with requests.Session() as session:
+        client = SGLangClient(httpserver.url_for("/").rstrip("/"), session=session)
+        with pytest.raises(SGLangError) as info:
+            client.pause_generation()
+    assert [(r.attempt, r.delivery, r.status) for r in attempts_of(info.value) or ()] == [(0, Delivery.RESPONDED, 503)]
+    assert len(httpserver.log) == 1
 
 
 def test_api_key_in_bearer_header_only(httpserver: HTTPServer) -> None:

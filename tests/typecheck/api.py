@@ -39,3 +39,20 @@ policy_error: type[ValueError] = resilience.PolicyError
 resilience.set_testing(True, attempts=2)
 with resilience.set_testing(False) as mode:
     active: bool = mode.active
+
+# One DriverConfig for every driver; the delivery record of an error through the one accessor.
+
+
+def watch(event: resilience.Event) -> None:
+    """An observer."""
+
+
+config: resilience.DriverConfig = resilience.DriverConfig(policies=table, observers=(watch,), breaker=None)
+shared: ResilientAdapter = ResilientAdapter(config=config)
+shared_session: requests.Session = resilient_session(config=config)
+conflict: type[resilience.ConfigError] = resilience.ConfigConflict
+try:
+    shared_session.get("http://127.0.0.1:1/x")
+except requests.RequestException as failed:
+    record: tuple[resilience.AttemptRecord, ...] | None = resilience.attempts_of(failed)
+    never_left: bool = record is not None and all(r.delivery is resilience.Delivery.NOT_SENT for r in record)
