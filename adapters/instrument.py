@@ -50,17 +50,17 @@ instruments every Ray worker process of the job when it starts.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from resilience.adapters.sglang_policies import SGLANG_POLICIES
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.clock import Clock
+from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, ErrorTypes
 from resilience.events import Observer
 from resilience.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
@@ -112,68 +112,71 @@ class SGLangInstrumentor:
 
     ``engines``: URLs (``http://10.0.0.5:30000``: that host and port; a URL
     without a port means the scheme's default), ``host:port``, or bare hosts
-    (every port of that host). ``policies``: the table every attached driver
-    uses (default ``SGLANG_POLICIES``). ``observers``: receive every event.
-    ``breaker`` / ``retry_budget``: one breaker and one budget per engine,
-    shared by every attached driver (defaults ``BreakerConfig()`` /
-    ``RetryBudgetConfig()``; None turns that strategy off). ``window_s``: how
-    long an engine+endpoint's attempts are remembered across calls after the
-    last one (default 30 s; see ``resilience.ledger``). ``libraries``: which
-    of ``LIBRARIES`` to patch (default: each one installed; naming one that is
-    not installed is an error at ``instrument``). ``clock`` / ``rng``:
-    injectable time and jitter source.
+    (every port of that host). ``config``: a ``DriverConfig`` every attached
+    driver is built from (its policies, observers, clock, random source, and
+    its one breaker and one retry budget per engine, shared by them all);
+    default one built from the keywords: ``policies`` (default
+    ``SGLANG_POLICIES``), ``observers``, ``breaker`` / ``retry_budget``
+    (defaults ``BreakerConfig()`` / ``RetryBudgetConfig()``; None turns that
+    strategy off), ``clock`` / ``rng``. ``config`` with any of those raises
+    ``ConfigConflict``. ``window_s``: how long an engine+endpoint's attempts
+    are remembered across calls after the last one (default 30 s; see
+    ``resilience.ledger``). ``libraries``: which of ``LIBRARIES`` to patch
+    (default: each one installed; naming one that is not installed is an
+    error at ``instrument``).
     """
-
-    _FIELDS: ClassVar[tuple[str, ...]] = ("engines", "policies", "libraries", "window_s")
 
     def __init__(
         self,
         engines: Sequence[str],
         *,
-        policies: PolicyTable = SGLANG_POLICIES,
-        observers: Sequence[Observer] = (),
-        breaker: BreakerConfig | None = BreakerConfig(),  # noqa: B008 (a frozen value)
-        retry_budget: RetryBudgetConfig | None = RetryBudgetConfig(),  # noqa: B008 (a frozen value)
+        config: DriverConfig | None = None,
+        policies: PolicyTable | Unset = UNSET,
+        observers: Sequence[Observer] | Unset = UNSET,
+        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
+        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
+        clock: Clock | Unset = UNSET,
+        rng: Callable[[], float] | Unset = UNSET,
         window_s: float = DEFAULT_WINDOW_S,
         libraries: Collection[str] | None = None,
-        clock: Clock = SYSTEM_CLOCK,
-        rng: Callable[[], float] = random.random,
     ) -> None:
         if isinstance(engines, str) or not isinstance(engines, Sequence) or not engines:
             raise ConfigError(f"SGLangInstrumentor.engines must be a non-empty sequence of URLs or hosts, but was {engines!r}")
-        if not isinstance(policies, PolicyTable):
-            raise ConfigError(f"SGLangInstrumentor.policies must be a PolicyTable, but was {policies!r}")
         if libraries is not None:
             unknown = sorted(set(libraries) - set(LIBRARIES))
             if isinstance(libraries, str) or unknown or not libraries:
                 raise ConfigError(f"SGLangInstrumentor.libraries must be a non-empty subset of {LIBRARIES}, but was {libraries!r}")
+        if config is None and isinstance(policies, Unset):
+            policies = SGLANG_POLICIES
+        self.config: DriverConfig = driver_config(
+            "SGLangInstrumentor",
+            config,
+            policies=policies,
+            observers=observers,
+            breaker=breaker,
+            retry_budget=retry_budget,
+            clock=clock,
+            rng=rng,
+        )
+        """What every attached driver is built from; its breakers and budgets are the per-engine state they share."""
         self.engines: tuple[str, ...] = tuple(engines)
         """The engines as given."""
         self._targets = tuple(_Target.parse(e) for e in self.engines)
-        self.policies = policies
-        self.observers = tuple(observers)
-        self.breaker_config = breaker
-        self.retry_budget_config = retry_budget
         self.libraries: tuple[str, ...] | None = None if libraries is None else tuple(lib for lib in LIBRARIES if lib in libraries)
         """The libraries asked for (None: each one installed)."""
-        self._clock = clock
-        self._rng = rng
-        self.ledger = AttemptLedger(window_s, clock=clock)
+        self.ledger = AttemptLedger(window_s, clock=self.config.clock)
         """Attempts per engine and endpoint across calls, shared by every attached driver."""
         self.window_s = self.ledger.window_s
         self._state_lock = threading.RLock()
-        self._fresh_state()
-
-    def _fresh_state(self) -> None:
-        breaker, observers = self.breaker_config, self.observers
-        self.breakers = None if breaker is None else BreakerRegistry(breaker, clock=self._clock, observers=observers)
-        """One breaker per engine, shared by every attached driver (None: breaking off)."""
-        self.budgets = None if self.retry_budget_config is None else RetryBudgets(self.retry_budget_config, clock=self._clock)
-        """One retry budget per engine, shared by every attached driver (None: budgets off)."""
         self._retriers: dict[int, LedgerRetrier] = {}
         self._requests_adapter: Any = None
         self._aiohttp_middleware: Any = None
         self._patches: list[tuple[type, str, Any]] = []
+
+    @property
+    def policies(self) -> PolicyTable:
+        """The table every attached driver uses (the config's)."""
+        return self.config.policies
 
     # -- identity, pickling ---------------------------------------------
 
@@ -183,20 +186,9 @@ class SGLangInstrumentor:
             self.policies is other.policies or dict(self.policies.entries) == dict(other.policies.entries)
         )
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Settings only: the process that unpickles it has its own patches, breakers and ledger."""
-        return {
-            "engines": self.engines,
-            "policies": self.policies,
-            "observers": self.observers,
-            "breaker": self.breaker_config,
-            "retry_budget": self.retry_budget_config,
-            "window_s": self.window_s,
-            "libraries": self.libraries,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state.pop("engines"), **state)  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Settings only (the config pickles as its settings): the process that unpickles it has its own patches and state."""
+        return (_rebuilt, (self.engines, self.config, self.window_s, self.libraries))
 
     def __repr__(self) -> str:
         return f"SGLangInstrumentor({list(self.engines)!r}, libraries={self.libraries!r}, window_s={self.window_s:g})"
@@ -284,13 +276,14 @@ class SGLangInstrumentor:
             with self._state_lock:
                 retrier = self._retriers.get(key)
                 if retrier is None:
+                    config = self.config
                     retrier = LedgerRetrier(
                         self.ledger,
-                        breakers=self.breakers,
-                        budgets=self.budgets,
-                        observers=self.observers,
-                        clock=self._clock,
-                        rng=self._rng,
+                        breakers=config.breakers,
+                        budgets=config.budgets,
+                        observers=tuple(config.observers),
+                        clock=config.clock,
+                        rng=config.rng,
                         error_types=error_types,
                     )
                     self._retriers[key] = retrier
@@ -316,7 +309,7 @@ class SGLangInstrumentor:
 
             with self._state_lock:
                 if self._requests_adapter is None:
-                    adapter = ResilientAdapter(self.policies, observers=self.observers, breaker=None, retry_budget=None)
+                    adapter = ResilientAdapter(config=self.config)
                     adapter.retrier = self.retrier(adapter.retrier.error_types)
                     self._requests_adapter = adapter
         return self._requests_adapter
@@ -328,7 +321,7 @@ class SGLangInstrumentor:
 
             with self._state_lock:
                 if self._aiohttp_middleware is None:
-                    middleware = ResilientMiddleware(self.policies, observers=self.observers, breaker=None, retry_budget=None)
+                    middleware = ResilientMiddleware(config=self.config)
                     middleware.retrier = self.retrier(ERROR_TYPES)
                     self._aiohttp_middleware = middleware
         return self._aiohttp_middleware
@@ -343,13 +336,18 @@ class SGLangInstrumentor:
         if held is not None and held[0] is self:
             return held[1]
         cls = ours.AsyncResilientTransport if asynchronous else ours.ResilientTransport
-        wrapper = cls(self.policies, transport=inner, observers=self.observers, breaker=None, retry_budget=None)
+        wrapper = cls(transport=inner, config=self.config)
         wrapper.retrier = self.retrier(ERROR_TYPES)
         try:
             setattr(inner, slot, (self, wrapper))
         except AttributeError:  # a transport with __slots__: a fresh wrapper per request (the state is shared anyway)
             pass
         return wrapper
+
+
+def _rebuilt(engines: tuple[str, ...], config: DriverConfig, window_s: float, libraries: tuple[str, ...] | None) -> SGLangInstrumentor:
+    """An unpickled ``SGLangInstrumentor``: not active in this process until its ``instrument()``."""
+    return SGLangInstrumentor(engines, config=config, window_s=window_s, libraries=libraries)
 
 
 def _lib(owner: type) -> str:

@@ -50,7 +50,7 @@ from resilience.classification import is_success_status
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError, ErrorTypes, ResilienceError
 from resilience.events import Observer
-from resilience.outcome import AttemptRecord, Delivery
+from resilience.outcome import AttemptRecord, Delivery, Outcome
 from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry import AsyncAttempt, Attempt, Retrier, _ask_probe, _ask_probe_async
 
@@ -229,7 +229,15 @@ class LedgerRetrier(Retrier):
 
     @staticmethod
     def _error(kind: type[ResilienceError], spec: CallSpec, message: str, entry: LedgerEntry) -> ResilienceError:
-        return kind(message, endpoint=spec.match.endpoint, engine=spec.engine, attempts=(), last_status=entry.last_status)
+        """A refusal before sending, with its one-line record: nothing left, but an earlier attempt left unresolved stays "maybe applied".
+
+        ``resilience.outcome.attempts_of`` readers (the barrier) must not take a
+        refusal that follows an unanswered release for proof that nothing was released.
+        """
+        delivery = Delivery.NOT_SENT if entry.unresolved is None else Delivery.MAYBE_APPLIED
+        outcome = Outcome.RETRYABLE if entry.unresolved is None else Outcome.AMBIGUOUS
+        record = AttemptRecord(0, None, outcome, delivery, kind.__qualname__, 0.0)
+        return kind(message, endpoint=spec.match.endpoint, engine=spec.engine, attempts=(record,), last_status=entry.last_status)
 
     # -- the drivers' entry points ----------------------------------------
 
@@ -240,6 +248,7 @@ class LedgerRetrier(Retrier):
         *,
         discard: Callable[[R], None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted."""
         admission = self._admit(spec)
@@ -252,13 +261,15 @@ class LedgerRetrier(Retrier):
         def counted(n: int, timeouts: Timeouts, headers: Any) -> AttemptResult[R]:
             try:
                 result = attempt(n, timeouts, headers)
-            except BaseException:
-                self.ledger.record_abandoned(spec)
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) and never_sent(exc)):
+                    self.ledger.record_abandoned(spec)
                 raise
             self.ledger.record(spec, result)
             return result
 
-        return super().run(run_spec, counted, discard=discard, on_probe_done=self._clearing(spec, on_probe_done))
+        done = self._clearing(spec, on_probe_done)
+        return super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
 
     async def arun(
         self,
@@ -267,6 +278,7 @@ class LedgerRetrier(Retrier):
         *,
         discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """``Retrier.arun`` from the ledger; a sync probe runs in a worker thread."""
         admission = self._admit(spec)
@@ -279,13 +291,15 @@ class LedgerRetrier(Retrier):
         async def counted(n: int, timeouts: Timeouts, headers: Any) -> AttemptResult[R]:
             try:
                 result = await attempt(n, timeouts, headers)
-            except BaseException:
-                self.ledger.record_abandoned(spec)
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) and never_sent(exc)):
+                    self.ledger.record_abandoned(spec)
                 raise
             self.ledger.record(spec, result)
             return result
 
-        return await super().arun(run_spec, counted, discard=discard, on_probe_done=self._clearing(spec, on_probe_done))
+        done = self._clearing(spec, on_probe_done)
+        return await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
 
     def _settle(self, spec: CallSpec, admission: _Admission, on_probe_done: Callable[[], R] | None) -> CallSpec | R:
         """The spec to run, or the "applied" response; raises a refusal."""

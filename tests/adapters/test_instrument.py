@@ -378,3 +378,15 @@ def test_every_ray_worker_process_instruments_itself(ray_runtime: object) -> Non
         assert all(failed and ours for _, failed, ours in answers)
         assert posts(server, PAUSE) == 2 * MAX
         assert not inst.instrumented and SGLangInstrumentor.active() is None  # the driver's process was never patched
+
+
+def test_one_driver_config_for_every_attached_driver(instrumented: Callable[..., SGLangInstrumentor]) -> None:
+    """Given a ``DriverConfig``, every attached driver is built from it and shares its breakers; a keyword beside it is refused."""
+    config = resilience.DriverConfig(policies=table())
+    with scripted(Reply(502, b"")) as server:
+        inst = instrumented([server.url], config=config)
+        adapter = requests.Session().get_adapter(server.url)
+        assert inst.config is config and adapter.driver_config is config
+        assert inst.retrier(adapter.retrier.error_types).breakers is config.breakers
+    with pytest.raises(resilience.ConfigConflict, match="policies="):
+        SGLangInstrumentor(["127.0.0.1"], config=config, policies=table())

@@ -10,6 +10,7 @@ from resilience import AmbiguousOutcome, Delivery, EndpointPolicy, FakeClock, Po
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.errors import ConfigError, RetriesExhausted, RetryBudgetExhausted
 from resilience.ledger import AttemptLedger, LedgerRetrier
+from resilience.outcome import attempts_of
 from resilience.policy import ProbeContext
 from resilience.retry import AttemptResult, CallSpec
 
@@ -98,9 +99,10 @@ def test_an_unresolved_release_is_not_re_sent_without_a_probe() -> None:
     r, transport = retrier(clock), Transport(lost())
     with pytest.raises(AmbiguousOutcome):
         r.run(spec(RELEASE), transport)
-    with pytest.raises(AmbiguousOutcome, match="earlier call's attempt may have been applied"):
+    with pytest.raises(AmbiguousOutcome, match="earlier call's attempt may have been applied") as refused:
         r.run(spec(RELEASE), transport)
     assert transport.sends == 1
+    assert [a.delivery for a in attempts_of(refused.value) or ()] == [Delivery.MAYBE_APPLIED]  # never proof of "not released"
     strict = EndpointPolicy(retry=QUICK, idempotent=False, deadline_s=30)
     gateway = Transport(bad_gateway())
     r.run(spec(strict, "/s"), gateway)  # handed back, not re-sent: the strict choice
