@@ -310,24 +310,30 @@ class SeedResult:
         return sum(len(c.died) for c in self.cycles)
 
 
-def _settled(fleet: EmulatedFleet) -> bool:
+def _state(engine: Any) -> dict[str, Any] | None:
+    """The engine's state over its direct URL, or None when it is dead (a crash can land just after the cycle)."""
+    if engine.alive():
+        try:
+            state: dict[str, Any] = engine.state()
+            return state
+        except requests.RequestException:
+            pass
+    engine.wait_exit(2.0)
+    return None
+
+
+def _settled(states: Sequence[dict[str, Any] | None]) -> bool:
     """Every engine alive, serving (not paused) and with nothing released."""
-    for engine in fleet.engines:
-        if not engine.alive():
-            return False
-        state = engine.state()
-        if state.get("paused") or state.get("released_tags"):
-            return False
-    return True
+    return all(s is not None and not s.get("paused") and not s.get("released_tags") for s in states)
 
 
 def _put_back(fleet: EmulatedFleet) -> None:
     """Dead engines restarted; live ones resumed and continued over their direct URLs (bypassing the proxies)."""
     for engine in fleet.engines:
-        if not engine.alive():
+        state = _state(engine)
+        if state is None:
             engine.restart()
             continue
-        state = engine.state()
         released = state.get("released_tags") or []
         if released:
             requests.post(engine.direct_url + "/resume_memory_occupation", json={"tags": list(released)}, timeout=_HTTP_TIMEOUT)
@@ -359,8 +365,9 @@ def run_seed(framework: str, plan: str, mount: str, seed: int, *, cycles: int = 
                     now = sum(1 for r in engine.proxy.seen if r.path == _SWAP_PATHS[0])
                     result.most_releases = max(result.most_releases, now - releases[engine.index])
                     releases[engine.index] = now
-            died = tuple(e.index for e in fleet.engines if e.index in alive_before and not e.alive())
-            ok = error is None and _settled(fleet)
+            states = [_state(e) for e in fleet.engines]
+            died = tuple(e.index for e, st in zip(fleet.engines, states, strict=True) if e.index in alive_before and st is None)
+            ok = error is None and _settled(states)
             result.cycles.append(CycleResult(ok, error, died))
             if not ok:
                 _put_back(fleet)
