@@ -120,7 +120,7 @@ class SGLangInstrumentor:
     (defaults ``BreakerConfig()`` / ``RetryBudgetConfig()``; None turns that
     strategy off), ``clock`` / ``rng``. ``config`` with any of those raises
     ``ConfigConflict``. ``window_s``: how long an engine+endpoint's attempts
-    are remembered across calls after the last one (default 30 s; see
+    are remembered across calls after the last one (default 10 s; see
     ``resilience.ledger``). ``libraries``: which of ``LIBRARIES`` to patch
     (default: each one installed; naming one that is not installed is an
     error at ``instrument``).

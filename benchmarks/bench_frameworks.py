@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -39,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.cycles < 1:
         parser.error("--seeds and --cycles must be >= 1")
-    logging.disable(logging.WARNING)  # the frameworks log every retry
+    logging.disable(logging.WARNING)
+    out = os.fdopen(os.dup(1), "w")  # the table; AReaL logs every retry to stdout through its own handlers
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)
     started = time.monotonic()
     rows = []
     for framework in args.frameworks:
@@ -57,16 +61,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {framework} {plan} {mount}: {cells[-1]} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
             rows.append((framework, plan, cells, most))
     command = " ".join(["benchmarks/bench_frameworks.py", *(argv if argv is not None else sys.argv[1:])]).strip()
-    print("## Real framework client code behind FaultProxy\n")
-    print(f"`{command}`: AReaL's and verl's own offload/onload cycles on 3 emulated engines, completed cycles and")
-    print("engines killed per mount (`resilience.testing.frameworks`; the README's framework recipes explain the columns).\n")
+    print("## Real framework client code behind FaultProxy\n", file=out)
+    print(f"`{command}`: AReaL's and verl's own offload/onload cycles on 3 emulated engines, completed cycles and", file=out)
+    print("engines killed per mount (`resilience.testing.frameworks`; the README's framework recipes explain the columns).\n", file=out)
     header = " | ".join(f"{_TITLES[m]}: cycles / deaths" for m in args.mounts)
-    print(f"| framework, plan | {header} | most releases per engine and cycle (mount) |")
-    print("|---|" + "---|" * (len(args.mounts) + 1))
+    print(f"| framework, plan | {header} | most releases per engine and cycle (mount) |", file=out)
+    print("|---|" + "---|" * (len(args.mounts) + 1), file=out)
     for framework, plan, cells, most in rows:
         name = {"areal": "AReaL 1.0.4", "verl": "verl 0.9.1"}[framework]
-        print(f"| {name}, {_PLAN_TITLES[plan]} | " + " | ".join(cells) + f" | {most if 'middleware' in args.mounts else '-'} |")
-    print(f"\n{args.seeds} seeds x {args.cycles} cycles x 3 engines per cell; {time.monotonic() - started:.0f} s in all.")
+        print(f"| {name}, {_PLAN_TITLES[plan]} | " + " | ".join(cells) + f" | {most if 'middleware' in args.mounts else '-'} |", file=out)
+    print(f"\n{args.seeds} seeds x {args.cycles} cycles x 3 engines per cell; {time.monotonic() - started:.0f} s in all.", file=out)
+    out.flush()
     return 0
 
 

@@ -25,7 +25,7 @@ left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
   "unknown" (or no probe) follows the preset: a gateway status is re-sent only
   when the policy sets ``retry_statuses_if_not_idempotent`` (the seed's
   trade-off), a transport ambiguity never (``AmbiguousOutcome``).
-- **Window.** An entry is forgotten ``window_s`` seconds (default 30) after its
+- **Window.** An entry is forgotten ``window_s`` seconds (default 10) after its
   last attempt: a framework's loop re-sends within seconds; a later call is a
   new decision of its caller.
 
@@ -57,8 +57,12 @@ from resilience.retry import AsyncAttempt, Attempt, Retrier, _ask_probe, _ask_pr
 __all__ = ["DEFAULT_WINDOW_S", "AttemptLedger", "LedgerEntry", "LedgerRetrier"]
 
 R = TypeVar("R")
-DEFAULT_WINDOW_S = 30.0
-"""Seconds after its last attempt that an engine+endpoint's record is kept (a framework's retry loop re-sends within seconds)."""
+DEFAULT_WINDOW_S = 10.0
+"""Seconds after its last attempt that an engine+endpoint's record is kept.
+
+A framework's own loop re-sends within seconds (AReaL 1 s later, verl 2 s then
+4 s); a call later than this is a new decision of its caller, which a longer
+window would refuse for having failed before."""
 Unresolved = Literal["status", "transport"] | None
 """Why the last attempt left a call unresolved: a gateway status, a transport failure after sending, or None (it was answered)."""
 
@@ -81,7 +85,7 @@ class AttemptLedger:
     """Per (engine, endpoint template): attempts spent by recent calls that did not succeed.
 
     ``window_s``: seconds an entry is kept after its last attempt (default
-    ``DEFAULT_WINDOW_S``, 30; must be > 0). ``clock``: its time source.
+    ``DEFAULT_WINDOW_S``, 10; must be > 0). ``clock``: its time source.
     """
 
     def __init__(self, window_s: float = DEFAULT_WINDOW_S, *, clock: Clock = SYSTEM_CLOCK) -> None:

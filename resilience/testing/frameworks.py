@@ -49,7 +49,7 @@ import logging
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -346,7 +346,8 @@ def run_seed(framework: str, plan: str, mount: str, seed: int, *, cycles: int = 
     if framework not in FRAMEWORKS:
         raise ValueError(f"`framework` must be one of {FRAMEWORKS}, but was {framework!r}")
     result = SeedResult(framework, plan, mount, seed)
-    with EmulatedFleet(engines, RIG_ENGINE_CONFIG, fault_plan=fault_plan(plan, seed)) as fleet, mounted(mount, fleet, fast=fast):
+    with EmulatedFleet(engines, RIG_ENGINE_CONFIG, fault_plan=fault_plan(plan, seed)) as fleet, ExitStack() as mounts:
+        mounts.enter_context(mounted(mount, fleet, fast=fast))
         client = _areal_engine(fleet.urls) if framework == "areal" else _verl_adapters(fleet.urls, retry_delay=0.2 if fast else 2.0)
         cycle = areal_cycle if framework == "areal" else verl_cycle
         releases = [0] * engines
@@ -369,8 +370,10 @@ def run_seed(framework: str, plan: str, mount: str, seed: int, *, cycles: int = 
             died = tuple(e.index for e, st in zip(fleet.engines, states, strict=True) if e.index in alive_before and st is None)
             ok = error is None and _settled(states)
             result.cycles.append(CycleResult(ok, error, died))
-            if not ok:
+            if not ok:  # a restarted job: engines put back, a fresh process's mount (no breaker or ledger carried over)
                 _put_back(fleet)
+                mounts.close()
+                mounts.enter_context(mounted(mount, fleet, fast=fast))
         for engine in fleet.engines:
             if engine.proxy is not None:
                 for seen in engine.proxy.seen:
