@@ -1,4 +1,9 @@
-"""``ResilientMiddleware``: the retry loop as an aiohttp client middleware (aiohttp >= 3.12).
+"""``ResilientMiddleware``: the retry loop as an aiohttp client middleware (aiohttp 3.12 to 3.14).
+
+Importing it checks the aiohttp internals it reads (``_aiohttp_compat``): an
+aiohttp without client middlewares, or one whose internals differ, raises
+``ImportError`` naming its version; a newer one with the same internals runs,
+with a ``RuntimeWarning``.
 
 Mount it on a session::
 
@@ -63,16 +68,17 @@ import functools
 from collections.abc import Callable, MutableMapping, Sequence
 from contextvars import ContextVar
 from types import CodeType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
-from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, ClientTimeout
+from aiohttp import ClientRequest, ClientResponse, ClientTimeout
 from aiohttp.client import DEFAULT_TIMEOUT, IDEMPOTENT_METHODS
 from aiohttp.connector import Connection
 from aiohttp.payload import BytesPayload, IOBasePayload
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from resilience.adapters import aiohttp_errors as errors
+from resilience.adapters._aiohttp_compat import check, internals_missing
 from resilience.adapters.requests import engine_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
@@ -83,6 +89,11 @@ from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
+
+if TYPE_CHECKING:
+    from aiohttp import ClientHandlerType
+
+check(aiohttp.__version__, internals_missing(aiohttp))  # an aiohttp whose internals differ fails here, naming its version
 
 __all__ = ["ERROR_TYPES", "ResilientMiddleware", "caller_timeout", "request_timeout"]
 
@@ -150,11 +161,18 @@ def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] 
 def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> ClientTimeout:
     """The ``ClientTimeout`` aiohttp applies to this request: its own ``timeout=``, else the session's.
 
-    aiohttp (3.12 to 3.14) does not hand a middleware the request's timeout;
-    it keeps it (``real_timeout``) in the closure of the handler the
-    middlewares wrap. This walks the middleware chain (``next_h``) to it, and
-    falls back to the session's timeout when the closure is not shaped so.
+    Where aiohttp has the public ``ClientRequest.timeout`` (3.15 and later:
+    aio-libs/aiohttp#13176, #13211), that. aiohttp 3.12 to 3.14 does not hand a
+    middleware the request's timeout; it keeps it (``real_timeout``) in the
+    closure of the handler the middlewares wrap (``client.py``,
+    ``_connect_and_send_request``). This walks the middleware chain
+    (``client_middlewares.py``, ``next_h``) to it, and falls back to the
+    session's timeout when the closure is not shaped so. ``_aiohttp_compat``
+    checks at import that those cells are there.
     """
+    public = getattr(request, "timeout", None)
+    if isinstance(public, ClientTimeout):
+        return public
     fn: object = handler
     for _ in range(64):  # a chain of middlewares, each closure holding the next handler
         code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
@@ -193,6 +211,16 @@ def _replayable(request: ClientRequest) -> bool:
         except (AttributeError, OSError, ValueError):
             return False
     return False
+
+
+async def _body_bytes(request: ClientRequest) -> bytes | None:
+    """The body as bytes for a probe (``CallSpec.body``): bytes and bytes-like payloads (JSON, text, forms); else None."""
+    body = request.body
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, BytesPayload):
+        return await body.as_bytes()  # a bytes payload reads its own value: nothing is consumed
+    return None
 
 
 def _transport_failure(exc: aiohttp.ClientError | OSError, sent: bool) -> tuple[Delivery, str]:
@@ -309,6 +337,10 @@ def _probe_response(request: ClientRequest) -> ClientResponse:
 
     Built with the session's response class; aiohttp 3.14 also wants the
     request's stream writer (only its ``output_size`` is read), 3.12 does not.
+    aiohttp has no public way to build a response that never met a connection:
+    the headers and body that ``start()`` would set are written to the
+    attributes its ``headers``, ``raw_headers`` and ``read()`` return
+    (``_aiohttp_compat`` checks at import that they still do).
     """
 
     class _Sent:
@@ -418,9 +450,12 @@ class ResilientMiddleware:
             request_timeout=caller_timeout(request_timeout(request, handler)),
             request=request,
             replayable=_replayable(request),
+            body=None if isinstance(match.policy.on_ambiguous, str) else await _body_bytes(request),  # only probes read it
         )
 
-        timer = getattr(request, "_timer", None)  # one per session.request() call, shared by aiohttp's re-runs of it
+        # one per session.request() call, shared by aiohttp's re-runs of it (client.py builds each re-run's ClientRequest with
+        # the same ``timer=``); no public attribute tells a re-run apart, so ``_aiohttp_compat`` checks this one at import
+        timer = getattr(request, "_timer", None)
         given_up = _GIVEN_UP.get()
         if given_up is not None:
             _GIVEN_UP.set(None)

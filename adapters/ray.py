@@ -33,7 +33,7 @@ import copyreg
 import inspect
 import pickle
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -455,19 +455,24 @@ class RayFanOut:
     def __init__(self, *, cancel_late: bool = True) -> None:
         self.cancel_late = cancel_late
 
+    def check_engines(self, engines: Iterable[object]) -> None:
+        """Refuse an engine without a Ray actor (``TypeError`` naming it); ``call`` checks every engine of a phase before it
+        sends anything, and the ``Orchestrator`` checks them all when it is built."""
+        for engine in engines:
+            actor = getattr(engine, "actor", None)
+            if actor is None or getattr(actor, "timed_call", None) is None:
+                raise TypeError(f"RayFanOut needs engines with a Ray engine actor (see ray_engines), but {engine_name(engine)} has none")
+
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """One result per (engine, kwargs) pair, in the order given."""
         if not calls:
             return []
+        self.check_engines(engine for engine, _ in calls)  # every engine of the phase, before anything is sent
         seconds = deadline.remaining() if deadline.bounded else None
         names = [engine_name(engine) for engine, _ in calls]
         t0 = time.monotonic()
-        refs: list[Any] = []
-        for (engine, kwargs), name in zip(calls, names, strict=True):
-            actor = getattr(engine, "actor", None)
-            if actor is None:
-                raise TypeError(f"RayFanOut needs engines with a Ray actor (see ray_engines), but {name} has none")
-            refs.append(actor.timed_call.remote(method, dict(kwargs), seconds))
+        actors: list[Any] = [getattr(engine, "actor", None) for engine, _ in calls]
+        refs: list[Any] = [actor.timed_call.remote(method, dict(kw), seconds) for actor, (_, kw) in zip(actors, calls, strict=True)]
         _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=seconds, fetch_local=True)
         waited = time.monotonic() - t0
         late = set(not_ready)

@@ -6,7 +6,9 @@ rate over the last ``window_size`` calls reaches ``failure_rate_threshold``
 ``open_seconds``; then half-open, it lets ``half_open_max_calls`` probes
 through: ``half_open_successes`` successes close it, one failure opens it
 again. Only transport errors and retryable statuses count as failures; a
-4xx is the caller's fault and does not.
+4xx is the caller's fault and does not. A call that was refused for its whole
+connect window (``RetryPolicy.connect_window_s``: the engine never accepted a
+connection) opens it at once (``record_unreachable``), whatever the counts.
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ class BreakerConfig:
     """Probe calls let through at once while half-open."""
     half_open_successes: int = 1
     """Successful probes that close the breaker."""
+    open_on_unreachable: bool = True
+    """Open at once when a call was refused for its whole ``connect_window_s`` (a dead or mistyped engine), so the next
+    call fails fast with ``CircuitOpen`` instead of waiting out its own window. False: such a call counts as one failure."""
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -103,6 +108,7 @@ class BreakerConfig:
         need(self.open_seconds >= 0, "open_seconds", ">= 0")
         need(self.half_open_max_calls >= 1, "half_open_max_calls", ">= 1")
         need(1 <= self.half_open_successes, "half_open_successes", ">= 1")
+        need(isinstance(self.open_on_unreachable, bool), "open_on_unreachable", "true or false")
 
 
 class CircuitBreaker:
@@ -218,6 +224,26 @@ class CircuitBreaker:
                     pending.append(
                         self._move(BreakerState.OPEN, f"failure rate {failures}/{len(self._window)} >= {cfg.failure_rate_threshold}")
                     )
+        self._announce(pending)
+
+    def record_unreachable(self, permit: Permit | None = None, *, window_s: float | None = None) -> None:
+        """A call was refused for its whole connect window (``window_s`` seconds): open now, closed or half-open.
+
+        With ``open_on_unreachable=False`` it counts as one failure instead. A
+        stale ``permit`` counts nothing; an open breaker stays as it is.
+        """
+        if not self.config.open_on_unreachable:
+            self.record_failure(permit)
+            return
+        pending: list[BreakerTransitioned] = []
+        with self._lock:
+            if self._stale(permit):
+                pass
+            elif self._state is not BreakerState.OPEN:
+                if self._state is BreakerState.HALF_OPEN:
+                    self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+                held = "" if window_s is None else f" for {window_s:g} s"
+                pending.append(self._move(BreakerState.OPEN, f"connections refused{held}: nothing listens"))
         self._announce(pending)
 
     def release_probe(self, permit: Permit | None = None) -> None:

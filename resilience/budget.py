@@ -261,6 +261,20 @@ class RestartBudget:
         emit(self._observers, RestartRecorded(cause=cause, step=step, used=used, limit=limit))
         return rec
 
+    def restore(self, records: Sequence[RestartRecord]) -> int:
+        """Add the restarts in ``records`` that this budget lacks (a journal's copy, after a controller restart); returns how many.
+
+        Nothing is announced (they were announced when they happened); the file, when there is one, is rewritten.
+        """
+        with self._lock:
+            known = set(self._state.restarts)
+            new = [r for r in records if r not in known]
+            if new:
+                self._state.restarts.extend(new)
+                self._state.restarts.sort(key=lambda r: r.at)
+                self._save()
+            return len(new)
+
     def causes(self) -> dict[str, int]:
         """Restarts per cause."""
         counts: dict[str, int] = {}

@@ -60,6 +60,9 @@ class CallSpec:
     """Attached to raised errors as ``request=`` (requests convention)."""
     replayable: bool = True
     """False when the body cannot be sent twice (a pipe, a generator): exactly one attempt."""
+    body: bytes | None = None
+    """The request body, when the driver holds it as bytes; handed to probes (``ProbeContext.body``), never put in events.
+    None = no body, or one the driver cannot read without consuming it."""
 
 
 RETRY_AFTER_STATUSES = frozenset({429, 503})
@@ -79,18 +82,21 @@ def responded(response: R, status: int, headers: Mapping[str, str]) -> AttemptRe
 def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
     """The (connect, read) timeout of the next attempt, ``cap_s`` being what is left of a deadline that caps attempts.
 
-    The explicit table entry's ``attempt_timeout_s`` when set, else the
-    caller's own timeout, else the default policy's. None = no limit.
+    The matched table entry's ``attempt_timeout_s`` when the entry names it
+    (``EndpointPolicy.named``); else the caller's own timeout; else the
+    policy's value (an entry's default, or the default policy's). None = no
+    limit. So an entry that never named a timeout never overrules the caller.
     """
     match = spec.match
-    limit = match.policy.attempt_timeout_s
-    if match.explicit and limit is not None:  # an explicit entry's own limit
+    policy = match.policy
+    limit = policy.attempt_timeout_s
+    if limit is not None and match.explicit and policy.named("attempt_timeout_s"):  # the entry's own word
         connect: float | None = limit
         read: float | None = limit
     elif spec.request_timeout is not None:
         connect, read = spec.request_timeout
     else:
-        connect = read = limit
+        connect = read = None if limit is None else float(limit)
     return _capped(connect, cap_s), _capped(read, cap_s)
 
 
@@ -103,12 +109,15 @@ def _capped(value: float | None, cap_s: float) -> float | None:
 def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadline, Deadline]:
     """``(hard, window)``: the deadline that caps attempts, and the one after which no retry starts.
 
-    The entry's ``deadline_s`` (or, when neither the entry nor the default sets
-    one, the sum of the caller's timeouts) is hard, and so is an outer
-    ``Deadline``. The default policy's ``deadline_s`` under a caller's own
-    timeout is only a retry window: it never cuts an attempt the caller bounded.
+    The policy's ``deadline_s`` (or, when it is None, the sum of the caller's
+    timeouts) is hard when a table entry names it or when the caller gave no
+    timeout of its own; an outer ``Deadline`` is always hard. A ``deadline_s``
+    nobody named (an entry's default, the default policy's) under a caller's
+    own timeout is only a retry window: it never cuts an attempt the caller
+    bounded.
     """
-    policy = spec.match.policy
+    match = spec.match
+    policy = match.policy
     outer = current_deadline()
     outer_left = outer.remaining() if outer is not None and outer.bounded else None
     seconds = policy.deadline_s
@@ -116,6 +125,6 @@ def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadlin
         parts = [t for t in spec.request_timeout if t is not None]
         seconds = sum(parts) if parts else None
     own = Deadline(seconds, clock=clock)._cap_own(outer_left)  # one object per deadline: a call builds these on every request
-    if spec.match.explicit or spec.request_timeout is None:
+    if spec.request_timeout is None or (match.explicit and policy.named("deadline_s")):
         return own, own
     return Deadline(None, clock=clock)._cap_own(outer_left), own

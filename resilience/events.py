@@ -27,6 +27,7 @@ __all__ = [
     "BreakerTransitioned",
     "CallEnded",
     "CallStarted",
+    "EngineRefused",
     "EngineStateChanged",
     "Event",
     "HoldChanged",
@@ -161,6 +162,24 @@ class RetryBudgetExhaustedEvent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EngineRefused:
+    """A call's first attempt that failed before sending (connection refused, DNS, connect timeout), announced once per call.
+
+    Emitted when the call will keep trying; the same moment is logged once at
+    WARNING on ``resilience.retry``.
+    """
+
+    call_id: int
+    endpoint: str
+    engine: str
+    """``scheme://host:port``: never a path, query or credentials."""
+    error_type: str
+    """``type(exc).__qualname__`` of the transport's error."""
+    retry_for_s: float | None
+    """The longest the call keeps trying: what is left of ``RetryPolicy.connect_window_s`` or the deadline, the sooner; None = unbounded."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeCompleted:
     """An ambiguous attempt was resolved by the endpoint's probe."""
 
@@ -278,6 +297,7 @@ Event: TypeAlias = (
     | BreakerTransitioned
     | BreakerRejected
     | RetryBudgetExhaustedEvent
+    | EngineRefused
     | ProbeCompleted
     | TransitionStarted
     | PhaseStarted

@@ -9,6 +9,7 @@ bounded however many raw paths are called.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import math
@@ -21,6 +22,9 @@ from resilience.errors import ConfigError
 from resilience.errors import require as _require
 
 __all__ = [
+    "DEFAULT_ATTEMPT_TIMEOUT_S",
+    "DEFAULT_CONNECT_WINDOW_S",
+    "DEFAULT_DEADLINE_S",
     "DEFAULT_STATUSES",
     "HTTP_METHODS",
     "IDEMPOTENT_METHODS",
@@ -31,6 +35,7 @@ __all__ = [
     "ProbeAnswer",
     "ProbeContext",
     "RetryPolicy",
+    "UnnamedSeconds",
     "parse_key",
     "template_shape",
 ]
@@ -40,6 +45,36 @@ DEFAULT_STATUSES: frozenset[int] = frozenset({502, 503, 504})
 
 IDEMPOTENT_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
 """Methods HTTP defines as idempotent (RFC 9110 9.2.2)."""
+
+
+class UnnamedSeconds(float):
+    """A number of seconds that a policy's author left at its default, rather than naming it.
+
+    It reads as its number (``EndpointPolicy().attempt_timeout_s == 10.0``);
+    its type is what marks it. ``EndpointPolicy.named`` tells the two apart:
+    the caller's own timeout beats an unnamed value and loses to a named one
+    (``resilience.call.attempt_timeouts``). It survives ``dataclasses.replace``,
+    pickling and policy files, so a table built in Python and the same table
+    loaded from TOML or YAML decide alike.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"UnnamedSeconds({float.__repr__(self)})"
+
+    def __str__(self) -> str:
+        return float.__repr__(self)
+
+
+DEFAULT_CONNECT_WINDOW_S: float = 5.0
+"""``RetryPolicy.connect_window_s``: how long a call that never connected keeps retrying refusals (see its docstring for why 5 s)."""
+DEFAULT_ATTEMPT_TIMEOUT_S: float = UnnamedSeconds(10.0)
+"""``EndpointPolicy.attempt_timeout_s`` when the entry does not name it: 10 s, yielding to the caller's own timeout."""
+DEFAULT_DEADLINE_S: float = UnnamedSeconds(30.0)
+"""``EndpointPolicy.deadline_s`` when the entry does not name it: 30 s, only a retry window under the caller's own timeout."""
+TimeField = Literal["attempt_timeout_s", "deadline_s"]
+_TIME_FIELDS: tuple[TimeField, ...] = ("attempt_timeout_s", "deadline_s")
 
 
 def _finite_number(value: object) -> bool:
@@ -76,13 +111,35 @@ class RetryPolicy:
     """Attempts that may reach the server, the first included. 1 = never re-send.
 
     Failures before sending (connection refused, connect timeout) do not
-    count: they are retried with backoff until the call's deadline, since the
-    server cannot have acted. Only a call with no deadline at all counts them
-    too. A body that cannot be replayed always gets one attempt."""
+    count: the server cannot have acted, so they are retried with backoff,
+    for ``connect_window_s`` while the call has never connected, and until
+    the call's deadline once it has. Only a call with no deadline at all
+    counts them too. A body that cannot be replayed always gets one attempt."""
     statuses: frozenset[int] = DEFAULT_STATUSES
     """Statuses that are retried (default 502, 503, 504). 429 is retried only with a Retry-After header."""
     retry_before_send: bool = True
     """Retry failures that happened before the request was sent (connection refused, connect timeout). Safe for any method."""
+    connect_window_s: float | None = DEFAULT_CONNECT_WINDOW_S
+    """How long a call that has never connected keeps retrying, seconds from its start. Default 5 s.
+
+    While every attempt of the call failed before sending (refused, DNS,
+    connect timeout), no new attempt starts once this window is over: the call
+    fails with the refusal itself (the transport's connection error, with
+    ``.attempts``), and the engine's breaker opens at once, so the next call
+    fails fast with ``CircuitOpen`` until a half-open attempt connects. An
+    engine that starts listening within the window is reached as usual. It is
+    separate from ``deadline_s``: once an attempt has reached the server,
+    refusals are retried until the deadline (an engine that answered a moment
+    ago is restarting, not mistyped). An attempt already connecting keeps its
+    own connect timeout. None = no window: refusals are retried until the
+    deadline.
+
+    Why 5 s: an engine's HTTP front end that is coming up listens within
+    seconds, and a memory swap (tens of seconds) never closes the port: it
+    answers slowly or with 502/503, which ``deadline_s`` governs. A port that
+    still refuses after 5 s is a dead engine or a mistyped URL; an engine
+    restarted from scratch takes minutes (the seed's global restart: about 8),
+    far past any call's deadline."""
     base_s: float = 0.1
     """Ceiling of the first backoff, seconds."""
     cap_s: float = 5.0
@@ -111,6 +168,8 @@ class RetryPolicy:
         for name in ("base_s", "cap_s", "retry_after_max_s"):
             value = getattr(self, name)
             _require(_finite_number(value) and value >= 0, owner, name, "a finite number >= 0", value)
+        window = self.connect_window_s
+        _require(window is None or (_finite_number(window) and window > 0), owner, "connect_window_s", "a number > 0 or None", window)
         _require(self.cap_s >= self.base_s, owner, "cap_s", f">= base_s ({self.base_s})", self.cap_s)
         _require(_finite_number(self.multiplier) and self.multiplier >= 1, owner, "multiplier", "a number >= 1", self.multiplier)
         _require(_finite_number(self.jitter) and 0 <= self.jitter <= 1, owner, "jitter", "within [0, 1]", self.jitter)
@@ -129,15 +188,22 @@ class ProbeAnswer(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ProbeContext:
-    """What a probe is told about the ambiguous attempt."""
+    """What a probe is told about the attempt it judges: an ambiguous failure, or a gateway status on a non-idempotent endpoint."""
 
     method: str
     url: str
     endpoint: str
+    """``METHOD /template`` of the table entry."""
     engine: str
+    """``scheme://host:port`` of the server (the name a ``MemoryProbe`` is asked about)."""
     attempt: int
+    """0 for the first attempt, then the resend count."""
     error: BaseException | None
+    """The transport error of an ambiguous failure (None after a status)."""
     status: int | None
+    """The gateway status answered (502/503/504), or None after an ambiguous failure."""
+    body: bytes | None = None
+    """The request body when the driver held it as bytes (``CallSpec.body``), else None. May hold secrets: never log it."""
 
 
 class Probe(Protocol):
@@ -154,20 +220,24 @@ class EndpointPolicy:
     """When and how to retry."""
     idempotent: bool = True
     """Repeating the request has the same effect as sending it once. False: never re-sent once it may have reached the server."""
-    attempt_timeout_s: float | None = 10.0
-    """Connect and read timeout of each attempt, seconds (capped by what is left of the deadline).
+    attempt_timeout_s: float | None = DEFAULT_ATTEMPT_TIMEOUT_S
+    """Connect and read timeout of each attempt, seconds (capped by what is left of the deadline). Default 10 s.
 
-    Precedence: a table entry's value beats the caller's own timeout (requests'
-    ``timeout=``); the default policy's value applies only when the caller gave
-    none (requests always gives one: its None means "wait"). None = no
-    per-attempt limit from the policy."""
-    deadline_s: float | None = 30.0
-    """Total time for all attempts and waits, seconds; failures before sending are retried until it ends.
+    Precedence: a value the table entry *names* (``EndpointPolicy(attempt_timeout_s=5)``,
+    or ``attempt_timeout_s = 5`` in a policy file, ``[defaults]`` included) beats
+    the caller's own timeout (requests' ``timeout=``, httpx's, aiohttp's
+    ``ClientTimeout``). A value left at the default, and the default policy's,
+    applies only when the caller gave none (requests always gives one: its
+    None means "wait"). None = no per-attempt limit from the policy."""
+    deadline_s: float | None = DEFAULT_DEADLINE_S
+    """Total time for all attempts and waits, seconds. Default 30 s.
 
-    A table entry's deadline caps each attempt. The default policy's only bounds
-    how long retries start when the caller gave its own timeout (it never cuts
-    an attempt the caller bounded). None = no policy deadline (the caller's
-    timeouts, summed, or an outer Deadline may still bound the call)."""
+    A deadline the table entry names caps each attempt. One left at the
+    default (and the default policy's) only bounds how long retries start when
+    the caller gave its own timeout: it never cuts an attempt the caller
+    bounded. None = no policy deadline (the caller's timeouts, summed, or an
+    outer Deadline may still bound the call). Refusals (nothing listens) are
+    retried only for ``retry.connect_window_s`` of it."""
     retry_statuses_if_not_idempotent: bool = False
     """On a non-idempotent endpoint, treat the retry statuses (502/503/504) as retryable anyway.
 
@@ -175,7 +245,11 @@ class EndpointPolicy:
     on is safe to repeat, one given after handing it on is not. Default False.
     """
     on_ambiguous: Literal["raise"] | Probe = "raise"
-    """What to do when a non-idempotent attempt may have been applied: ``"raise"`` (``AmbiguousOutcome``) or a probe."""
+    """What to do when a non-idempotent attempt may have been applied: ``"raise"`` (``AmbiguousOutcome``) or a probe.
+
+    A probe is also asked after a gateway status (``retry.statuses``) on this
+    endpoint when it is not idempotent, before anything is re-sent; its
+    "unknown" then falls back to ``retry_statuses_if_not_idempotent``."""
     raise_on_exhausted: bool = False
     """After the last attempt got a retryable status.
 
@@ -192,17 +266,34 @@ class EndpointPolicy:
         for name in ("attempt_timeout_s", "deadline_s"):
             value = getattr(self, name)
             _require(value is None or (_finite_number(value) and value > 0), owner, name, "a number > 0 or None", value)
-        if self.attempt_timeout_s is not None and self.deadline_s is not None:
+        # an unnamed attempt timeout is simply capped by a shorter deadline; a named one above the deadline is a mistake
+        if self.attempt_timeout_s is not None and self.deadline_s is not None and self.named("attempt_timeout_s"):
             _require(
                 self.attempt_timeout_s <= self.deadline_s,
                 owner,
                 "attempt_timeout_s",
-                f"<= deadline_s ({self.deadline_s})",
+                f"<= deadline_s ({self.deadline_s}{'' if self.named('deadline_s') else ', its default: name a longer one'})",
                 self.attempt_timeout_s,
             )
         if not (self.on_ambiguous == "raise" or callable(self.on_ambiguous)):
             raise ConfigError(f"{owner}.on_ambiguous must be 'raise' or a probe callable, but was {self.on_ambiguous!r}")
         object.__setattr__(self, "accept_statuses", _status_set(owner, "accept_statuses", self.accept_statuses))
+
+    def named(self, name: TimeField) -> bool:
+        """Whether the policy's author named ``name`` rather than leaving it at its default (an ``UnnamedSeconds``)."""
+        if name not in _TIME_FIELDS:
+            raise ConfigError(f"EndpointPolicy.named takes one of {', '.join(_TIME_FIELDS)}, but was {name!r}")
+        return type(getattr(self, name)) is not UnnamedSeconds
+
+    def __eq__(self, other: object) -> bool:
+        """Field by field, and a named value never equals the same number left unnamed (they decide differently)."""
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, EndpointPolicy)
+        return _compared(self) == _compared(other)
+
+    def __hash__(self) -> int:
+        return hash(_compared(self))
 
     @classmethod
     def for_method(cls, method: str) -> EndpointPolicy:
@@ -213,6 +304,11 @@ class EndpointPolicy:
         before sending.
         """
         return _DEFAULT_IDEMPOTENT if method.upper() in IDEMPOTENT_METHODS else _DEFAULT_UNSAFE
+
+
+def _compared(policy: EndpointPolicy) -> tuple[object, ...]:
+    """Every field's value, then which time fields were named."""
+    return (*(getattr(policy, f.name) for f in dataclasses.fields(policy)), *(policy.named(name) for name in _TIME_FIELDS))
 
 
 _DEFAULT_IDEMPOTENT = EndpointPolicy()

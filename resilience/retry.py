@@ -15,27 +15,37 @@ The rules every driver gets:
 
 - **Attempts.** ``RetryPolicy.max_attempts`` bounds the attempts that may have
   reached the server. Failures before sending (connection refused, connect
-  timeout: ``Delivery.NOT_SENT``) are retried with backoff until the call's
-  deadline, for any method; only a call with no deadline at all counts them
-  against ``max_attempts`` too. When the deadline or the retry budget ends
-  the retries on a refusal, the caller gets the refusal itself (the
-  transport's own error, with ``.attempts``): an unreachable engine reads as
-  one, never as a timeout. A body that cannot be replayed
+  timeout: ``Delivery.NOT_SENT``) are retried with backoff, for any method:
+  for ``RetryPolicy.connect_window_s`` while the call has never connected,
+  until the call's deadline once it has; only a call with no deadline at all
+  counts them against ``max_attempts`` too. When the window, the deadline or
+  the retry budget ends the retries on a refusal, the caller gets the
+  refusal itself (the transport's own error, with ``.attempts``): an
+  unreachable engine reads as one, never as a timeout. A call's first
+  refusal is logged once at WARNING (``resilience.retry``) and announced as
+  ``EngineRefused``; a call refused for its whole window opens the engine's
+  breaker at once. A body that cannot be replayed
   (``CallSpec.replayable=False``) gets exactly one attempt.
 - **Timeouts** (one precedence rule): each attempt's (connect, read) timeout is
-  the explicit table entry's ``attempt_timeout_s`` when it sets one; else the
-  caller's own timeout (``CallSpec.request_timeout``, e.g. requests'
-  ``timeout=``; ``(None, None)`` = wait as long as it takes); else the default
-  policy's ``attempt_timeout_s``. A deadline caps attempt timeouts when it was
-  set for this endpoint (an entry's ``deadline_s``) or by the caller (an outer
-  ``Deadline``). The default policy's ``deadline_s`` never shortens a timeout
-  the caller gave: it only bounds how long retries are started, and when it
-  ends the caller gets what plain requests would have given (the last
-  response or the transport's own error).
+  the matched table entry's ``attempt_timeout_s`` when the entry *names* it
+  (``EndpointPolicy.named``: given in Python or in a policy file, not left at
+  its default); else the caller's own timeout (``CallSpec.request_timeout``,
+  e.g. requests' ``timeout=``; ``(None, None)`` = wait as long as it takes);
+  else the policy's ``attempt_timeout_s`` (an entry's default or the default
+  policy's). A deadline caps attempt timeouts when it was named for this
+  endpoint (an entry's ``deadline_s``), when the caller gave no timeout, or
+  when the caller set it (an outer ``Deadline``). A ``deadline_s`` nobody
+  named never shortens a timeout the caller gave: it only bounds how long
+  retries are started, and when it ends the caller gets what plain requests
+  would have given (the last response or the transport's own error).
 - **Ambiguity.** A non-idempotent attempt that may have been applied is never
   re-sent blindly: a table entry's ``on_ambiguous`` probes or raises
   ``AmbiguousOutcome``; a request no entry matches gets the transport's own
   error (a ``ReadTimeout``, say), exactly as plain requests would raise it.
+  A gateway status (the policy's retry statuses) on a non-idempotent entry
+  that has a probe asks the probe too before anything is re-sent: a front end
+  may answer 502 after handing the request on. "Done" returns as applied,
+  "not done" re-sends, "unknown" does what the entry does without a probe.
 - **Breaker.** It judges logical calls, not attempts: a call whose failures
   the retries absorbed counts as a success, so a flaky gateway in front of a
   healthy engine never opens it, while a dead engine does. Every attempt is

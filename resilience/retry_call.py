@@ -24,6 +24,7 @@ holding one, so one ``Retrier`` is safe from threads and from asyncio tasks.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
@@ -43,6 +44,7 @@ from resilience.events import (
     BreakerRejected,
     CallEnded,
     CallStarted,
+    EngineRefused,
     Observer,
     ProbeCompleted,
     RetryBudgetExhaustedEvent,
@@ -56,6 +58,7 @@ __all__ = ["Decision", "Probe", "Raise", "RetryCall", "Return", "Send", "Step", 
 
 R = TypeVar("R")
 _call_ids = itertools.count(1)
+log = logging.getLogger("resilience.retry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,10 @@ class RetryCall(Generic[R]):
     _next: int = 0
     _released: bool = False
     """The last response was already handed out for release (in a ``Wait``)."""
+    _warned: bool = False
+    """The call's first refusal was announced (logged and ``EngineRefused``)."""
+    _unreachable: bool = False
+    """The connect window ended the call: refused for all of it, so the breaker opens."""
 
     @classmethod
     def begin(
@@ -258,6 +265,9 @@ class RetryCall(Generic[R]):
         self.records.append(AttemptRecord(n, result.status, outcome, result.delivery, error_type, duration))
         if outcome is Outcome.SUCCESS:
             return self._succeed(result.response)
+        gateway_probe = _gateway_probe(spec, result)
+        if gateway_probe is not None:  # a gateway status on a non-idempotent endpoint: the front end may have handed it on first
+            return Probe(gateway_probe, self._probe_context(result))
         if outcome is Outcome.FATAL:
             return self._give_back(result, CallOutcome.FAILED)
         if outcome is Outcome.AMBIGUOUS and not spec.match.policy.idempotent:
@@ -266,13 +276,20 @@ class RetryCall(Generic[R]):
                 if not spec.match.explicit:
                     return self._give_back(result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
                 return self._ambiguous(_reason(result))
-            context = ProbeContext(spec.method, spec.url, spec.match.endpoint, spec.engine, n, result.error, result.status)
-            return Probe(probe, context)
+            return Probe(probe, self._probe_context(result))
         return self._retry_or_end(_reason(result))
+
+    def _probe_context(self, result: AttemptResult[R]) -> ProbeContext:
+        spec = self.spec
+        return ProbeContext(spec.method, spec.url, spec.match.endpoint, spec.engine, self._next, result.error, result.status, spec.body)
 
     def probe_answered(self, answer: object, on_done: Callable[[], R] | None = None) -> Decision[R]:
         """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown).
 
+        "done" returns as applied, "not done" re-sends (while attempts are left).
+        "unknown" after an ambiguous failure raises ``AmbiguousOutcome``; after a
+        gateway status it does what the endpoint does without a probe: re-send
+        when ``retry_statuses_if_not_idempotent``, else hand the status back.
         ``on_done`` builds the response to return when the answer is "done"
         (the driver's stand-in for the lost answer; called only then); without
         one, "done" cannot be returned and ends as ambiguous.
@@ -294,6 +311,11 @@ class RetryCall(Generic[R]):
             return Return(confirmed, self.attempts, discard=stale)
         if verdict is ProbeAnswer.NOT_DONE:
             return self._retry_or_end("probe_not_done")
+        last = self.last
+        if last is not None and last.status is not None:  # a gateway status: the endpoint's own choice, as without a probe
+            if spec.match.policy.retry_statuses_if_not_idempotent:
+                return self._retry_or_end(reason)
+            return self._give_back(last, CallOutcome.FAILED)
         return self._ambiguous(reason)
 
     @property
@@ -329,8 +351,41 @@ class RetryCall(Generic[R]):
             return self._exhaust(reason)
         self._next += 1
         last = self.last
+        if not self._warned and last is not None and _refused(last):
+            self._announce_refusal(last)
         self._released = last is not None and last.response is not None
         return Wait(delay, last.response if last is not None else None)
+
+    def _never_connected(self) -> bool:
+        """Every attempt so far failed before sending: the engine has not accepted one connection in this call."""
+        return all(r.delivery is Delivery.NOT_SENT for r in self.records)
+
+    def _connect_window_left(self) -> float | None:
+        """Seconds left of ``connect_window_s`` while the call has never connected; None when the window does not apply."""
+        window = self.spec.match.policy.retry.connect_window_s
+        if window is None or not self._never_connected():
+            return None
+        return max(0.0, window - (self.clock.monotonic() - self.started))
+
+    def _announce_refusal(self, result: AttemptResult[R]) -> None:
+        """The call's first refusal, once: a WARNING naming the engine and how long the call keeps trying, and ``EngineRefused``."""
+        self._warned = True
+        spec = self.spec
+        bounds = [b for b in (self._connect_window_left(), self.window.remaining() if self.window.bounded else None) if b is not None]
+        retry_for = min(bounds) if bounds else None
+        error_type = type(result.error).__qualname__
+        log.warning(
+            "%s refused %s (%s); retrying for up to %s, then the call fails with this error",
+            spec.engine,
+            spec.match.endpoint,
+            error_type,
+            "no limit (no deadline)" if retry_for is None else f"{retry_for:.1f} s",
+        )
+        if self.observers:
+            event = EngineRefused(
+                call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, error_type=error_type, retry_for_s=retry_for
+            )
+            emit(self.observers, event)
 
     def _exhausted(self) -> bool:
         """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` sent attempts.
@@ -366,8 +421,9 @@ class RetryCall(Generic[R]):
         """The backoff before the next attempt, once the deadline and the retry budget allow it; announced.
 
         None when the next wait would pass the default retry window (not a hard
-        deadline), or when the deadline or the retry budget stops a call whose
-        last attempt never left (a refusal): the call then ends as exhausted,
+        deadline), when a call that never connected would start its next
+        attempt past ``connect_window_s``, or when the deadline or the retry
+        budget stops a call whose last attempt never left (a refusal): the call then ends as exhausted,
         as plain requests would, with the response or the transport's own error
         (a refusal stays a connection error, so nobody mistakes a dead engine
         for a slow one; the budget still announces itself as an event).
@@ -385,6 +441,11 @@ class RetryCall(Generic[R]):
             if result.retry_after is not None and retry.respect_retry_after:
                 delay = min(result.retry_after, retry.retry_after_max_s)
         refused = _refused(result)
+        if refused:
+            window_left = self._connect_window_left()
+            if window_left is not None and delay >= window_left:
+                self._unreachable = True  # refused for the whole connect window: a dead or mistyped engine
+                return None
         left = self.window.remaining()
         if self.window.bounded and delay >= left:
             if self.window is not self.hard or refused:
@@ -466,9 +527,11 @@ class RetryCall(Generic[R]):
     def _record_breaker(self, outcome: CallOutcome, neutral: bool) -> None:
         """One verdict per logical call: retries that absorbed a failure do not count against the engine.
 
-        A success closes the count; a call that ended on transport errors or
-        retryable statuses is a failure; a fatal status (4xx, 500), a refusal
-        and an exception outside the transport are neutral: the slot goes back.
+        A success closes the count; a call refused for its whole connect
+        window opens the breaker at once (``record_unreachable``); a call that
+        ended on other transport errors or retryable statuses is a failure; a
+        fatal status (4xx, 500), the breaker's own refusal and an exception
+        outside the transport are neutral: the slot goes back.
         """
         breaker, permit = self.breaker, self.permit
         if breaker is None or permit is None:
@@ -482,6 +545,8 @@ class RetryCall(Generic[R]):
             or (last is not None and last.outcome is Outcome.FATAL and last.status is not None)
         ):
             breaker.release_probe(permit)
+        elif self._unreachable:
+            breaker.record_unreachable(permit, window_s=self.spec.match.policy.retry.connect_window_s)
         else:
             breaker.record_failure(permit)
 
@@ -506,6 +571,19 @@ class RetryCall(Generic[R]):
                 retry_budget_tokens=self.budget.tokens if self.budget is not None else None,
             ),
         )
+
+
+def _gateway_probe(spec: CallSpec, result: AttemptResult[Any]) -> Callable[[ProbeContext], Any] | None:
+    """The probe to ask about a gateway status (the policy's retry statuses) on a non-idempotent table entry; None = none.
+
+    The status may come from a front end that handed the request on (it was
+    applied) or from one that did not; the probe tells which before anything is re-sent.
+    """
+    policy = spec.match.policy
+    probe = policy.on_ambiguous
+    if isinstance(probe, str) or result.status not in policy.retry.statuses or policy.idempotent or not spec.match.explicit:
+        return None
+    return probe
 
 
 def _refused(result: AttemptResult[Any]) -> bool:

@@ -1,7 +1,8 @@
 """A small scripted HTTP server on 127.0.0.1 for slow answers and dropped connections.
 
 Each request pops the next action of the script (the last one repeats):
-``Reply(status, body, headers)``, ``Hang(seconds)`` (read the request, answer
+``Reply(status, body, headers)``, ``Late(seconds, status)`` (answer after
+``seconds``), ``Hang(seconds)`` (read the request, answer
 nothing for ``seconds`` then close), ``Drop()`` (read the request, close the
 socket without an answer), ``Reset()`` (close with RST).
 """
@@ -25,6 +26,12 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Late:
+    seconds: float = 2.0
+    status: int = 200
+
+
+@dataclass(frozen=True)
 class Hang:
     seconds: float = 2.0
 
@@ -39,7 +46,7 @@ class Reset:
     pass
 
 
-Action = Reply | Hang | Drop | Reset
+Action = Reply | Late | Hang | Drop | Reset
 
 
 @dataclass
@@ -72,6 +79,11 @@ class ScriptedServer:
                 with owner._lock:
                     owner.seen.append(Seen(self.command, self.path, dict(self.headers), body))
                     action = owner.script.pop(0) if len(owner.script) > 1 else owner.script[0]
+                if isinstance(action, Late):
+                    if owner._stop.wait(action.seconds):
+                        self.close_connection = True
+                        return
+                    action = Reply(action.status)
                 if isinstance(action, Reply):
                     self.send_response(action.status)
                     for k, v in action.headers.items():

@@ -6,7 +6,7 @@
 - ``types``: its values and errors (``EngineGroup``, ``PhaseDeadlines``, reports, ``PhaseFailed``).
 - ``engine``: the engine contract (``ControlPlaneEngine``) and ``ALL_TAGS``.
 - ``knowledge``: what the orchestrator knows of each engine, and what it knows it does not know.
-- ``outcome``: what a failed call did to the engine (applied, not applied, maybe).
+- ``outcome``: what a call did to the engine (``Effect``: applied, not applied, maybe), from the driver's record only.
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
 - ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines.
 
@@ -26,7 +26,7 @@ from resilience.barrier.fanout import (
     SequentialFanOut,
     ThreadFanOut,
 )
-from resilience.barrier.knowledge import EngineState
+from resilience.barrier.knowledge import Effect, EngineState
 from resilience.barrier.orchestrator import Orchestrator
 from resilience.barrier.types import (
     BarrierBusy,
@@ -47,6 +47,7 @@ __all__ = [
     "AsyncOrchestrator",
     "BarrierBusy",
     "ControlPlaneEngine",
+    "Effect",
     "EngineDied",
     "EngineGroup",
     "EngineResult",

@@ -27,17 +27,17 @@ import contextvars
 import inspect
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
-from resilience.barrier.engine import AnyEngine
-from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
+from resilience.barrier.engine import CONTROL_METHODS, AnyEngine
+from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, engine_name
 from resilience.deadline import Deadline
 from resilience.errors import ConfigError
 
-__all__ = ["AsyncFanOut", "PhaseRun", "TaskCall"]
+__all__ = ["AsyncFanOut", "PhaseRun", "TaskCall", "engine_problem"]
 
 T = TypeVar("T")
 
@@ -172,6 +172,29 @@ class PhaseRun:
         return results
 
 
+class _Slot:
+    """Where ``AsyncFanOut.call`` finds its phase on the loop when the caller is interrupted (read and set on the loop thread)."""
+
+    __slots__ = ("abandoned", "run")
+
+    def __init__(self) -> None:
+        self.run: PhaseRun | None = None
+        self.abandoned = False
+
+
+def _unsent(calls: Calls, method: str) -> list[EngineResult]:
+    why = f"{method} not sent: the phase was interrupted"
+    return [EngineResult(engine_name(e), error=PhaseTimeout(why, maybe_sent=False)) for e, _ in calls]
+
+
+def engine_problem(engine: object) -> str | None:
+    """Why ``engine`` cannot be driven at all (a control method missing), or None."""
+    for method in CONTROL_METHODS:
+        if not callable(getattr(engine, method, None)):
+            return f"{engine_name(engine)}: it has no {method}() method"
+    return None
+
+
 class AsyncFanOut:
     """A ``FanOut`` that runs each phase's calls as tasks on one event loop, owned by a thread of its own.
 
@@ -263,14 +286,56 @@ class AsyncFanOut:
 
     # -- FanOut ----------------------------------------------------------------------------
 
+    def check_engines(self, engines: Iterable[object]) -> None:
+        """Refuse an engine with a control method missing: ``TypeError`` naming it (coroutine and plain calls both run here)."""
+        for engine in engines:
+            problem = engine_problem(engine)
+            if problem is not None:
+                raise TypeError(f"AsyncFanOut cannot drive {problem}")
+
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
-        """Run the call on every engine at once on the loop; engines past the deadline get ``PhaseTimeout``."""
+        """Run the call on every engine at once on the loop; engines past the deadline get ``PhaseTimeout``.
+
+        Interrupted while it waits (``KeyboardInterrupt`` in the caller's
+        thread), it reads the phase back on the loop (up to ``close_timeout_s``),
+        attaches it to the error (``interrupted_results``: running calls come
+        back late with their handle, queued ones as never sent) and re-raises.
+        """
         if not calls:
             return []
-        return self._submit(self._phase(calls, method, deadline), contextvars.copy_context()).result()
+        slot = _Slot()
+        future = self._submit(self._phase(calls, method, deadline, slot), contextvars.copy_context())
+        try:
+            return future.result()
+        except BaseException as exc:
+            self._read_back(exc, slot, calls, method)
+            raise
 
-    async def _phase(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+    def _read_back(self, exc: BaseException, slot: _Slot, calls: Calls, method: str) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        read: Future[list[EngineResult]] = Future()
+
+        def on_loop() -> None:
+            slot.abandoned = True
+            try:
+                read.set_result(slot.run.results() if slot.run is not None else _unsent(calls, method))
+            except BaseException as error:  # handed to the waiting thread
+                read.set_exception(error)
+
+        try:
+            loop.call_soon_threadsafe(on_loop)
+            attach_results(exc, read.result(self.close_timeout_s))
+        except Exception:  # the loop is gone or too slow: nothing attached, the barrier stays pessimistic
+            pass
+
+    async def _phase(self, calls: Calls, method: str, deadline: Deadline, slot: _Slot | None = None) -> list[EngineResult]:
+        if slot is not None and slot.abandoned:  # the caller was interrupted before the phase started: nothing is sent
+            return _unsent(calls, method)
         run = PhaseRun(calls, method, deadline, gate=self._gate)
+        if slot is not None:
+            slot.run = run
         try:
             await run.wait()
         except asyncio.CancelledError:  # close() during the phase: report every call as it stands, late ones with a handle

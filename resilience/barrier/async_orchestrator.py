@@ -25,13 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from resilience.barrier.async_fanout import PhaseRun, TaskCall
-from resilience.barrier.engine import AsyncControlPlaneEngine, PauseMode
+from resilience.barrier.engine import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
+from resilience.barrier.journal import Journal
+from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.knowledge import LateCall
 from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
@@ -39,6 +43,7 @@ from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError
 from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
 
 __all__ = ["AsyncOrchestrator"]
 
@@ -68,6 +73,10 @@ class AsyncOrchestrator(BarrierRules[A]):
     (``AsyncSGLangClient``); their calls run on the loop of the task that awaits
     the transition, so use the orchestrator (and the engines) from one loop.
     ``max_concurrency``: calls running at once within a phase (default None: all).
+    ``memory_probe``, ``journal``: as for ``Orchestrator`` (the journal's
+    writes are short blocking fsyncs on the loop's thread). An engine whose control calls are
+    not coroutines (it would block the loop) or that lacks one is refused here
+    with a ``TypeError`` naming it.
 
     The queries (``states``, ``held``, ``paused_by_us``, ``released_tags``,
     ``quarantined``, ``not_serving``) are plain methods, safe from any thread.
@@ -88,13 +97,32 @@ class AsyncOrchestrator(BarrierRules[A]):
         rollback: bool = True,
         clock: Clock = SYSTEM_CLOCK,
         max_concurrency: int | None = None,
+        memory_probe: MemoryProbe | None = None,
+        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
-        super().__init__(groups, observers=observers, deadlines=deadlines, restart_budget=restart_budget, rollback=rollback, clock=clock)
+        super().__init__(
+            groups,
+            observers=observers,
+            deadlines=deadlines,
+            restart_budget=restart_budget,
+            rollback=rollback,
+            clock=clock,
+            memory_probe=memory_probe,
+            journal=journal,
+        )
+        for name, engine in self._engines.items():
+            for method in CONTROL_METHODS:
+                if not inspect.iscoroutinefunction(getattr(engine, method, None)):
+                    raise TypeError(
+                        f"AsyncOrchestrator cannot drive engine {name}: its {method} is missing or not a coroutine function "
+                        "(it would block the event loop; drive synchronous engines with Orchestrator)"
+                    )
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
+        self._resume()
 
     # -- recovery ----------------------------------------------------------------
 
@@ -202,22 +230,27 @@ class AsyncOrchestrator(BarrierRules[A]):
             state.lock.release()
 
     async def _run(self, steps: Steps[T], state: _LoopState) -> T:
-        """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold."""
+        """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.
+
+        Whatever stops it (cancellation, an observer raising while a step is
+        folded), the last step is handed to ``_abandon``.
+        """
+        step: Step | None = None
         try:
             with self._lock:
                 step = next(steps)
             while True:
-                try:
-                    await self._serve(step, state)
-                except BaseException:
-                    with self._lock:
-                        self._abandon(steps, step)
-                    raise
+                await self._serve(step, state)
                 with self._lock:
                     step = steps.send(None)
         except StopIteration as stop:
             result: T = stop.value
             return result
+        except BaseException as exc:
+            if step is not None:
+                with self._lock:
+                    self._abandon(steps, step, exc)
+            raise
 
     async def _serve(self, step: Step, state: _LoopState) -> None:
         if isinstance(step, PhaseCall):

@@ -14,18 +14,19 @@ import contextvars
 import inspect
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from resilience.barrier.engine import AnyEngine
+from resilience.barrier.engine import CONTROL_METHODS, AnyEngine
 from resilience.barrier.knowledge import LateCall
 from resilience.deadline import Deadline
 
 __all__ = [
     "Calls",
     "EngineDied",
+    "EngineNotDriven",
     "EngineResult",
     "EngineUnavailable",
     "FanOut",
@@ -33,7 +34,10 @@ __all__ = [
     "PhaseTimeout",
     "SequentialFanOut",
     "ThreadFanOut",
+    "attach_results",
     "engine_name",
+    "interrupted_results",
+    "sync_engine_problem",
 ]
 
 
@@ -47,6 +51,10 @@ class EngineDied(ConnectionError):
 
 class EngineUnavailable(ConnectionError):
     """The engine's actor is unreachable for now (Ray's ``ActorUnavailableError``); the call may have run."""
+
+
+class EngineNotDriven(TypeError):
+    """The fan-out cannot drive this engine (a coroutine method on a thread fan-out): it sent nothing."""
 
 
 class PhaseTimeout(TimeoutError):
@@ -81,6 +89,25 @@ class EngineResult:
         return self.error is None
 
 
+_RESULTS_ATTR = "cpr_phase_results"
+
+
+def attach_results(error: BaseException, results: Sequence[EngineResult | None]) -> None:
+    """Hang what a fan-out read back on the ``error`` that interrupted it (``interrupted_results`` reads it)."""
+    try:
+        setattr(error, _RESULTS_ATTR, list(results))
+    except (AttributeError, TypeError):  # an exception class with __slots__: the results are lost, the barrier stays pessimistic
+        pass
+
+
+def interrupted_results(error: BaseException) -> list[EngineResult | None] | None:
+    """The results a fan-out read back when ``error`` (KeyboardInterrupt, SystemExit, ...) interrupted its phase, one per
+    call in order: an answer, a call never sent, a late call with its handle, or None (unknown: it may have been applied).
+    None when the fan-out attached nothing (then every call of the phase may have been applied)."""
+    results = getattr(error, _RESULTS_ATTR, None)
+    return list(results) if isinstance(results, list) else None
+
+
 def engine_name(engine: object) -> str:
     """The name an engine is known by: its ``engine`` attribute (``scheme://host:port``), else ``name``, else repr."""
     for attr in ("engine", "name"):
@@ -95,7 +122,15 @@ Calls = Sequence[tuple[AnyEngine, Mapping[str, Any]]]
 
 
 class FanOut(Protocol):
-    """Calls ``method(**kwargs)`` on every engine at once and waits until all answered or the deadline passed."""
+    """Calls ``method(**kwargs)`` on every engine at once and waits until all answered or the deadline passed.
+
+    Two optional parts the ``Orchestrator`` uses when a fan-out has them:
+    ``check_engines(engines)``, called when the orchestrator is built, raises
+    ``TypeError`` naming an engine the fan-out cannot drive; and a fan-out
+    interrupted part-way (KeyboardInterrupt, SystemExit) may hang what it read
+    so far on the error (``attach_results``), else every call of the phase
+    counts as "maybe applied".
+    """
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """One result per (engine, kwargs) pair, in the order given."""
@@ -115,9 +150,26 @@ def _invoke(engine: AnyEngine, method: str, kwargs: Mapping[str, Any], deadline:
     if inspect.isawaitable(value):  # an async engine: nothing was sent, and a coroutine is not an answer
         if inspect.iscoroutine(value):
             value.close()
-        error = TypeError(f"{name}.{method} is a coroutine function: drive async engines with AsyncFanOut, not a thread fan-out")
+        error = EngineNotDriven(f"{name}.{method} is a coroutine function: drive async engines with AsyncFanOut, not a thread fan-out")
         return EngineResult(name, error=error, duration_s=time.monotonic() - t0)
     return EngineResult(name, value=value, duration_s=time.monotonic() - t0)
+
+
+def _run_into(
+    future: Future[EngineResult],
+    context: contextvars.Context,
+    engine: AnyEngine,
+    method: str,
+    kwargs: Mapping[str, Any],
+    deadline: Deadline,
+) -> None:
+    """On a pool thread: run the call into ``future`` unless it was cancelled first (then the call never starts)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(context.run(_invoke, engine, method, kwargs, deadline))
+    except BaseException as exc:  # SystemExit and the like from the engine's call: the caller re-raises it
+        future.set_exception(exc)
 
 
 class FutureCall:
@@ -131,6 +183,11 @@ class FutureCall:
         wait([self.future], timeout=timeout)
         if not self.future.done():
             return False, None
+        if self.future.cancelled():
+            return True, PhaseTimeout("a late call was cancelled before it started", maybe_sent=False)
+        error = self.future.exception()
+        if error is not None:  # a BaseException (SystemExit, ...) inside the engine's call: it may have been applied
+            return True, error
         return True, self.future.result().error
 
 
@@ -156,26 +213,55 @@ class ThreadFanOut:
             return self._pool
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
-        """Run the call on every engine concurrently; engines past the deadline get ``PhaseTimeout``."""
+        """Run the call on every engine concurrently; engines past the deadline get ``PhaseTimeout``.
+
+        Interrupted while it waits (``KeyboardInterrupt`` reaches the caller's
+        thread), or when an engine's call raised a ``BaseException`` that is not
+        an ``Exception`` (``SystemExit`` on a worker), it re-raises that error
+        with the results read so far attached (``interrupted_results``): calls
+        still running come back late with their handle, so none is forgotten.
+        """
         if not calls:
             return []
         pool = self._executor()
         seconds = deadline.remaining() if deadline.bounded else None
-        futures: list[Future[EngineResult]] = [
-            pool.submit(contextvars.copy_context().run, _invoke, engine, method, kwargs, deadline) for engine, kwargs in calls
-        ]
-        wait(futures, timeout=seconds)
-        results = []
+        futures: list[Future[EngineResult]] = [Future() for _ in calls]  # each exists before its call can start
+        try:
+            for (engine, kwargs), future in zip(calls, futures, strict=True):
+                pool.submit(_run_into, future, contextvars.copy_context(), engine, method, kwargs, deadline)
+            wait(futures, timeout=seconds)
+        except BaseException as exc:
+            attach_results(exc, self._read(calls, futures, method, "interrupted"))
+            raise
+        results = self._read(calls, futures, method, "no answer")
+        for future in futures:
+            error = None if future.cancelled() or not future.done() else future.exception()
+            if error is not None:  # not an Exception (_invoke returns those): SystemExit or the like, from a worker
+                attach_results(error, results)
+                raise error
+        return [r for r in results if r is not None]
+
+    @staticmethod
+    def _read(calls: Calls, futures: Sequence[Future[EngineResult]], method: str, why: str) -> list[EngineResult | None]:
+        """One result per call, as things stand: answered, never sent, late (with a handle), or None (raised a BaseException)."""
+        results: list[EngineResult | None] = []
         for (engine, _kwargs), future in zip(calls, futures, strict=True):
-            if future.done():
-                results.append(future.result())
+            name = engine_name(engine)
+            if future.cancelled():
+                results.append(EngineResult(name, error=PhaseTimeout(f"{method} never started ({why})", maybe_sent=False)))
+            elif future.done():
+                results.append(None if future.exception() is not None else future.result())
             elif future.cancel():  # not started yet: it will never reach the engine
-                unsent = PhaseTimeout(f"{method} not started before the phase deadline", maybe_sent=False)
-                results.append(EngineResult(engine_name(engine), error=unsent))
+                unsent = PhaseTimeout(f"{method} not started before the phase deadline ({why})", maybe_sent=False)
+                results.append(EngineResult(name, error=unsent))
             else:  # running: it may still land; the orchestrator waits for it before sending anything else
-                timeout = PhaseTimeout(f"no answer to {method} before the phase deadline")
-                results.append(EngineResult(engine_name(engine), error=timeout, late=FutureCall(future)))
+                timeout = PhaseTimeout(f"{why} to {method} before the phase deadline")
+                results.append(EngineResult(name, error=timeout, late=FutureCall(future)))
         return results
+
+    def check_engines(self, engines: Iterable[object]) -> None:
+        """Refuse an engine this fan-out cannot drive (a missing control method, coroutine calls): ``TypeError`` naming it."""
+        _check_sync(self, engines)
 
     def close(self) -> None:
         """Stop the pool's threads (running calls finish on their own deadline)."""
@@ -186,14 +272,51 @@ class ThreadFanOut:
 
 
 class SequentialFanOut:
-    """One engine after another: the baseline a barrier's fan-out is compared with."""
+    """One engine after another: the baseline a barrier's fan-out is compared with.
+
+    Interrupted inside one engine's call (``KeyboardInterrupt``, ``SystemExit``),
+    it re-raises with the results so far attached (``interrupted_results``):
+    that call unknown, the ones after it never sent.
+    """
+
+    def check_engines(self, engines: Iterable[object]) -> None:
+        """Refuse an engine this fan-out cannot drive (a missing control method, coroutine calls): ``TypeError`` naming it."""
+        _check_sync(self, engines)
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """Run the call on each engine in turn, each capped by what is left of the deadline."""
-        results = []
-        for engine, kwargs in calls:
-            if deadline.expired():
-                results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no time left for {method}", maybe_sent=False)))
-                continue
-            results.append(_invoke(engine, method, kwargs, deadline))
+        results: list[EngineResult] = []
+        current = 0
+        try:
+            for i, (engine, kwargs) in enumerate(calls):
+                current = i
+                if deadline.expired():
+                    results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no time left for {method}", maybe_sent=False)))
+                    continue
+                results.append(_invoke(engine, method, kwargs, deadline))
+        except BaseException as exc:
+            partial: list[EngineResult | None] = [*results]
+            for j in range(len(results), len(calls)):
+                unsent = PhaseTimeout(f"{method} not sent: the phase was interrupted", maybe_sent=False)
+                partial.append(None if j <= current else EngineResult(engine_name(calls[j][0]), error=unsent))
+            attach_results(exc, partial)
+            raise
         return results
+
+
+def sync_engine_problem(engine: object) -> str | None:
+    """Why a thread or sequential fan-out cannot drive ``engine`` (a missing control method, coroutine calls), or None."""
+    for method in CONTROL_METHODS:
+        fn = getattr(engine, method, None)
+        if not callable(fn):
+            return f"{engine_name(engine)} has no {method}() method"
+        if inspect.iscoroutinefunction(fn):
+            return f"{engine_name(engine)}.{method} is a coroutine function: drive async engines with AsyncFanOut or AsyncOrchestrator"
+    return None
+
+
+def _check_sync(fanout: object, engines: Iterable[object]) -> None:
+    for engine in engines:
+        problem = sync_engine_problem(engine)
+        if problem is not None:
+            raise TypeError(f"{type(fanout).__name__} cannot drive {problem}")

@@ -9,7 +9,8 @@ An engine's state is not one label but a few facts, each known or unknown:
 - ``released``: tags known released; ``unknown``: tags that may or may not be
   released (an ambiguous release or resume). An engine with unknown tags is
   *quarantined*: no release, resume or continue is sent to it until the caller
-  reconciles it (``Orchestrator.reconcile``) or retires it. Nothing SGLang 0.5.23
+  reconciles it (``Orchestrator.reconcile``), a ``MemoryProbe`` proves its tags,
+  or it is retired. Nothing SGLang 0.5.23
   answers can tell which tags are released: the scheduler keeps them in
   ``WeightUpdater.offload_tags`` (``sglang/srt/managers/scheduler_components/weight_updater.py``,
   ``release_memory_occupation``) and no endpoint reads that set; ``/server_info``'s
@@ -19,6 +20,14 @@ An engine's state is not one label but a few facts, each known or unknown:
 - ``in_flight``: a call still running past its phase deadline. Nothing is sent
   to the engine until it lands (it could undo a later command), and the facts it
   touches stay unknown until then.
+
+Knowledge is *write-ahead*: before a call is handed to a fan-out, ``mark``
+puts the facts it may change where a "maybe applied" would leave them (a
+release's tags unknown, a continue's "paused" unknown) and keeps what they
+were in ``pending``. Only an answer, or the driver's proof that the request
+never left, settles them (``settle``), refining field by field in an order
+where every intermediate state is still true: an interruption at any instant
+leaves the facts unknown, never forgotten.
 
 Each command's precondition (``may_*``) must be *known* to hold before it is
 sent; ``apply`` folds a call's outcome into the facts. Pure bookkeeping: no I/O,
@@ -34,7 +43,7 @@ from typing import Any, Protocol
 
 from resilience.barrier.engine import ALL_TAGS
 
-__all__ = ["CallOutcome", "EngineKnowledge", "EngineState", "InFlight", "LateCall", "tags_of"]
+__all__ = ["Effect", "EngineKnowledge", "EngineState", "Facts", "InFlight", "LateCall", "Pending", "tags_of"]
 
 class EngineState(enum.StrEnum):
     """A one-word summary of an engine's knowledge (for events, ``states()`` and messages)."""
@@ -52,13 +61,13 @@ class EngineState(enum.StrEnum):
     QUARANTINED = "quarantined"
     """Some tags may or may not be released: needs ``reconcile`` or ``retire``."""
     IN_FLIGHT = "in_flight"
-    """A call is still running past its phase deadline."""
+    """A call is still running (past its phase deadline, or its phase is under way)."""
     DEAD = "dead"
     """Stopped answering."""
 
 
-class CallOutcome(enum.StrEnum):
-    """What one control call did to the engine."""
+class Effect(enum.StrEnum):
+    """What one control call did to the engine, as far as the barrier can tell (``resilience.barrier.outcome.effect_of``)."""
 
     APPLIED = "applied"
     NOT_APPLIED = "not_applied"
@@ -87,6 +96,34 @@ class InFlight:
     method: str
     kwargs: Mapping[str, Any]
     call: LateCall
+    before: Facts
+    """The facts before the call was sent (what "not applied" restores)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """The facts one call may change, as a value: ``paused``, ``flushed``, ``pause_mode``, ``released``, ``unknown``."""
+
+    paused: bool | None
+    flushed: bool
+    pause_mode: str | None
+    released: frozenset[str]
+    unknown: frozenset[str]
+
+    def after(self, method: str, kwargs: Mapping[str, Any], effect: Effect) -> Facts:
+        """The facts once ``method(**kwargs)`` had ``effect`` on an engine with these facts."""
+        k = EngineKnowledge("", self.paused, self.flushed, self.pause_mode, set(self.released), set(self.unknown))
+        k.apply(method, kwargs, effect)
+        return k.facts()
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A call marked in flight by ``EngineKnowledge.mark``: what it is, and the facts before it."""
+
+    method: str
+    kwargs: Mapping[str, Any]
+    before: Facts
 
 
 @dataclass
@@ -102,6 +139,8 @@ class EngineKnowledge:
     unknown: set[str] = field(default_factory=set)
     dead: str | None = None
     in_flight: InFlight | None = None
+    pending: Pending | None = None
+    """A call marked in flight (write-ahead) and not settled yet; its facts are already where a "maybe" leaves them."""
     holds: dict[int, str] = field(default_factory=dict)
     """Hold token id -> reason; the engine must stay paused while any remains."""
 
@@ -143,7 +182,7 @@ class EngineKnowledge:
         """A one-word summary (dead, in flight and quarantined first)."""
         if self.dead is not None:
             return EngineState.DEAD
-        if self.in_flight is not None:
+        if self.in_flight is not None or self.pending is not None:
             return EngineState.IN_FLIGHT
         if self.unknown:
             return EngineState.QUARANTINED
@@ -162,6 +201,8 @@ class EngineKnowledge:
             parts.append(f"dead ({self.dead})")
         if self.in_flight is not None:
             parts.append(f"a late {self.in_flight.method} is still in flight")
+        elif self.pending is not None:
+            parts.append(f"a {self.pending.method} is in flight")
         if self.unknown:
             parts.append(f"quarantined: may have released {', '.join(sorted(self.unknown))} (reconcile or retire it)")
         if self.released:
@@ -176,11 +217,11 @@ class EngineKnowledge:
 
     # -- folding outcomes in ----------------------------------------------------------------------
 
-    def apply(self, method: str, kwargs: Mapping[str, Any], outcome: CallOutcome) -> None:
+    def apply(self, method: str, kwargs: Mapping[str, Any], outcome: Effect) -> None:
         """Fold one call's outcome into the facts: not applied changes nothing; maybe makes what the call touches unknown."""
-        if outcome is CallOutcome.NOT_APPLIED:
+        if outcome is Effect.NOT_APPLIED:
             return
-        maybe = outcome is CallOutcome.MAYBE
+        maybe = outcome is Effect.MAYBE
         if method == "pause_generation":
             if not maybe:
                 if self.paused is not True:
@@ -205,25 +246,65 @@ class EngineKnowledge:
             elif self.paused is True:
                 self.paused, self.pause_mode = None, None
 
-    def land(self, outcome: CallOutcome) -> InFlight | None:
-        """The in-flight call landed with ``outcome``: resolve what its timeout left unknown. Returns the call."""
-        late, self.in_flight = self.in_flight, None
+    def facts(self) -> Facts:
+        """The facts a call may change, as a value."""
+        return Facts(self.paused, self.flushed, self.pause_mode, frozenset(self.released), frozenset(self.unknown))
+
+    def mark(self, method: str, kwargs: Mapping[str, Any]) -> Pending:
+        """Write-ahead: ``method(**kwargs)`` is about to be sent. Its facts become what "maybe applied" leaves.
+
+        ``pending`` keeps them as they were, and is set first: an interruption
+        between the two steps leaves a mark that ``abandon`` completes.
+        """
+        self.abandon()
+        pending = self.pending = Pending(method, dict(kwargs), self.facts())
+        self.apply(method, kwargs, Effect.MAYBE)
+        return pending
+
+    def settle(self, effect: Effect) -> None:
+        """The ``pending`` call had ``effect``: refine its facts from "maybe" to what it really did, then drop the mark."""
+        pending = self.pending
+        if pending is None:
+            return
+        self._refine(pending.before.after(pending.method, pending.kwargs, effect))
+        self.pending = None
+
+    def late(self, call: LateCall) -> None:
+        """The ``pending`` call missed its phase deadline and is still running: it becomes ``in_flight`` (its facts stay "maybe")."""
+        pending = self.pending
+        assert pending is not None, f"{self.name}: no call marked in flight"
+        self.in_flight = InFlight(pending.method, pending.kwargs, call, pending.before)
+        self.pending = None
+
+    def land(self, effect: Effect) -> InFlight | None:
+        """The in-flight call landed with ``effect``: resolve what its timeout left unknown. Returns the call."""
+        late = self.in_flight
         if late is None:
             return None
-        method, kwargs = late.method, late.kwargs
-        if outcome is CallOutcome.APPLIED and method in ("release_memory_occupation", "resume_memory_occupation"):
-            tags = tags_of(kwargs)
-            self.unknown.difference_update(tags)
-            if method == "release_memory_occupation":
-                self.released.update(tags)
-        elif outcome is CallOutcome.NOT_APPLIED and method in ("release_memory_occupation", "resume_memory_occupation"):
-            tags = tags_of(kwargs)
-            self.unknown.difference_update(tags)
-            if method == "resume_memory_occupation":
-                self.released.update(tags)
-        elif outcome is CallOutcome.APPLIED:
-            self.apply(method, kwargs, outcome)
+        self._refine(late.before.after(late.method, late.kwargs, effect))
+        self.in_flight = None
         return late
+
+    def abandon(self) -> None:
+        """The ``pending`` call's outcome will never be known (its driver stopped): its facts stay "maybe", the mark goes."""
+        pending = self.pending
+        if pending is not None:
+            self.apply(pending.method, pending.kwargs, Effect.MAYBE)  # idempotent: completes a mark an interruption cut short
+            self.pending = None
+
+    def _refine(self, target: Facts) -> None:
+        """Move the facts to ``target``, a refinement of what a "maybe" left: tags become known first, leave ``unknown`` last.
+
+        Each step is one assignment or one set operation, and each intermediate
+        state is true, so an interruption between two of them forgets nothing.
+        """
+        self.unknown.update(target.unknown)
+        self.released.update(target.released)
+        self.pause_mode = target.pause_mode
+        self.paused = target.paused
+        self.flushed = target.flushed
+        self.released.intersection_update(target.released)
+        self.unknown.intersection_update(target.unknown)
 
     def reconcile(self, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """The caller's word on the engine's real state: ``released`` (None = leave tags as they are), ``paused``."""

@@ -19,6 +19,15 @@ that engine, so no late command can undo a later one. A transition that
 returns has kept its promise; one that could not raises ``PhaseFailed`` naming
 every engine it failed on or skipped, and every engine not serving.
 
+Knowledge is write-ahead: before a phase goes to the fan-out, the facts each
+call may change are marked in flight, and only an answer, or the driver's
+record that the request never left, settles them. A KeyboardInterrupt, a
+SystemExit raised in a worker, a fan-out or an observer raising: each leaves
+those facts unknown, never forgotten (the fan-outs hand back what they read
+so far on the error, so calls still running are waited for later). With a
+``memory_probe``, an engine whose tags became unknown is reconciled from the
+probe instead of staying quarantined.
+
 The rules live in ``resilience.barrier.rules`` (shared with ``AsyncOrchestrator``);
 this module drives them from the caller's thread, through a ``FanOut``.
 """
@@ -26,19 +35,23 @@ this module drives them from the caller's thread, through a ``FanOut``.
 from __future__ import annotations
 
 import inspect
+import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal, TypeVar
 
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.engine import AnyEngine, PauseMode
 from resilience.barrier.fanout import FanOut, ThreadFanOut
+from resilience.barrier.journal import Journal
+from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
 
 __all__ = ["Orchestrator", "default_fanout"]
 
@@ -69,7 +82,20 @@ class Orchestrator(BarrierRules[E]):
     transition, resume what it released and continue engines where that is
     known safe (default True). ``clock``: times transitions and phases and
     sets their deadlines (default the system clock; waits on threads and
-    late calls use real time).
+    late calls use real time). ``memory_probe``: a ``MemoryProbe`` that proves
+    which tags are released on an engine; an engine whose tags became unknown
+    (an ambiguous release or resume) is reconciled from it right after the
+    phase and again at the start of the next transition (default None: such
+    an engine stays quarantined and named in ``PhaseFailed`` until
+    ``reconcile``). An engine the fan-out cannot drive (a control method
+    missing, coroutine calls on a thread fan-out, a plain engine on
+    ``RayFanOut``) is refused here with a ``TypeError`` naming it.
+    ``journal``: a path (or a ``Journal``, or a ``JournalStore`` such as
+    ``RayKVJournalStore``) where the knowledge is written before each command
+    is sent and after each answer, so that a new orchestrator on the same
+    journal resumes it after a crash (``resilience.barrier.journal``; default
+    None: knowledge lives in memory only). ``recovery`` then says what was
+    resumed; ``close()`` lets go of the journal.
 
     Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
     concurrently with each other (each holds its own token), and ``offload``/
@@ -87,9 +113,24 @@ class Orchestrator(BarrierRules[E]):
         restart_budget: RestartBudget | None = None,
         rollback: bool = True,
         clock: Clock = SYSTEM_CLOCK,
+        memory_probe: MemoryProbe | None = None,
+        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(groups, observers=observers, deadlines=deadlines, restart_budget=restart_budget, rollback=rollback, clock=clock)
+        super().__init__(
+            groups,
+            observers=observers,
+            deadlines=deadlines,
+            restart_budget=restart_budget,
+            rollback=rollback,
+            clock=clock,
+            memory_probe=memory_probe,
+            journal=journal,
+        )
         self.fanout: FanOut = fanout if fanout is not None else default_fanout(self._engines.values())
+        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
+        if check is not None:  # the fan-out says which engines it can drive, before anything is sent
+            check(self._engines.values())
+        self._resume()
         self._bodies_ended = threading.Condition(self._lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""
@@ -107,8 +148,9 @@ class Orchestrator(BarrierRules[E]):
         what is known and leaves unknown tags unknown). ``paused``: True, False,
         or None when you do not know (the next transition that needs it paused
         pauses it again, which is safe). This lifts the quarantine and a "dead"
-        mark. An engine with released memory cannot be serving: ``released``
-        with ``paused=False`` is refused. Refused too while a call sent to it
+        mark. An engine with released memory cannot be serving: ``paused=False``
+        is refused with released tags, and with ``released=None`` on an engine
+        with tags known released or unknown (each a state SGLang crashes in). Refused too while a call sent to it
         earlier is still running (reconcile after it lands: it could change the
         state you report).
         """
@@ -192,19 +234,24 @@ class Orchestrator(BarrierRules[E]):
     # -- the driver ------------------------------------------------------------------
 
     def _run(self, steps: Steps[T]) -> T:
-        """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting."""
+        """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.
+
+        Whatever stops it (the fan-out raising, an interruption, an observer
+        raising while a step is folded), the last step is handed to ``_abandon``.
+        """
+        step: Step | None = None
         try:
             step = next(steps)
             while True:
-                try:
-                    self._serve(step)
-                except BaseException:
-                    self._abandon(steps, step)
-                    raise
+                self._serve(step)
                 step = steps.send(None)
         except StopIteration as stop:
             result: T = stop.value
             return result
+        except BaseException as exc:
+            if step is not None:
+                self._abandon(steps, step, exc)
+            raise
 
     def _serve(self, step: Step) -> None:
         if isinstance(step, PhaseCall):

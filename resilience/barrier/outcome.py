@@ -1,99 +1,82 @@
-"""What a failed control call did to the engine: applied, not applied, or maybe (unknown).
+"""What a control call did to the engine, read from the driver's record only: applied, not applied, or maybe.
 
-The barrier folds this into its knowledge of the engine (``resilience.barrier.knowledge``):
-a "maybe" makes the facts the call touches unknown.
+The barrier never looks at an exception's library or type to decide this:
+every driver (the requests, httpx and aiohttp transports, the SGLang clients,
+the Ray adapter) attaches the record of its attempts to the errors it raises
+(``resilience.outcome.attempts_of``: ``AttemptRecord``s with a ``Delivery``).
+The only errors judged by what they are are the barrier's own:
+``PhaseTimeout``, ``EngineSkipped`` and ``EngineDied``.
+
+The barrier folds the ``Effect`` into its knowledge of the engine
+(``resilience.barrier.knowledge``): a "maybe" makes the facts the call
+touches unknown.
 """
 
 from __future__ import annotations
 
-import sys
+from typing import Final
 
-import requests
+from resilience.barrier.fanout import EngineDied, EngineNotDriven, PhaseTimeout
+from resilience.barrier.knowledge import Effect
+from resilience.barrier.types import EngineSkipped
+from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
-from resilience.barrier.fanout import EngineDied, EngineUnavailable, PhaseTimeout
-from resilience.barrier.knowledge import CallOutcome
-from resilience.errors import AmbiguousOutcome
-from resilience.outcome import AttemptRecord, Delivery
+__all__ = ["GATEWAY_STATUSES", "effect_of", "is_engine_dead"]
 
-__all__ = ["is_engine_dead", "outcome_of"]
+GATEWAY_STATUSES: Final = frozenset({502, 503, 504})
+"""Statuses a proxy or gateway may answer *after* it forwarded the request: the engine may have applied the call."""
 
 
-def _attempts(error: BaseException) -> tuple[AttemptRecord, ...]:
-    """The retry loop's record, on the error or on the response it carries."""
-    response = getattr(error, "response", None)
-    attempts: tuple[AttemptRecord, ...] = getattr(error, "attempts", None) or getattr(response, "attempts", None) or ()
-    return attempts
+def effect_of(error: BaseException | None) -> Effect:
+    """The effect of a call that ended with ``error`` (None: it returned).
+
+    - no error: APPLIED;
+    - the barrier's own ``PhaseTimeout(maybe_sent=False)`` (the call never
+      started), ``EngineSkipped`` and ``EngineNotDriven`` (nothing was sent): NOT_APPLIED;
+    - no driver record at all (``EngineDied``, ``EngineUnavailable``, a
+      ``PhaseTimeout`` of a call that may have started, any error no driver
+      wrote, such as a fan-out's or an engine's own bug; an empty record,
+      which ``attempts_of`` reads as none): MAYBE. This is the
+      conservative reading: without the driver's word that the request never
+      left, it may have been applied;
+    - any attempt ``MAYBE_APPLIED`` (read timeout, reset after sending): MAYBE;
+    - any attempt ``RESPONDED`` with a gateway status (502, 503, 504: a proxy
+      may answer it after forwarding), whatever the transport's retry policy
+      did with it: MAYBE;
+    - any attempt ``RESPONDED`` with a status that is not an error (below 400:
+      the engine answered, and the driver raised anyway): MAYBE;
+    - otherwise every attempt was ``NOT_SENT`` (refused, connect timeout, DNS,
+      TLS, a full local pool, an open breaker) or answered with the engine's own error status (4xx, other 5xx):
+      NOT_APPLIED.
+    """
+    if error is None:
+        return Effect.APPLIED
+    if isinstance(error, (EngineSkipped, EngineNotDriven)) or (isinstance(error, PhaseTimeout) and not error.maybe_sent):
+        return Effect.NOT_APPLIED
+    attempts = attempts_of(error)
+    if attempts is None:
+        return Effect.MAYBE
+    return Effect.MAYBE if any(_may_have_applied(a) for a in attempts) else Effect.NOT_APPLIED
+
+
+def _may_have_applied(attempt: AttemptRecord) -> bool:
+    """One attempt may have reached the engine and been acted on."""
+    if attempt.delivery is Delivery.NOT_SENT:
+        return False
+    if attempt.delivery is Delivery.MAYBE_APPLIED:
+        return True
+    status = attempt.status
+    return status is None or status < 400 or status in GATEWAY_STATUSES
 
 
 def is_engine_dead(error: BaseException) -> bool:
-    """True when the error says the engine is gone: its actor died, or every attempt of the call was refused before sending
-    (a connection error of ``requests``, ``httpx`` or ``aiohttp`` with the retry loop's record).
+    """True when the error says the engine is gone: ``EngineDied`` (its actor died), or a driver record with at least
+    one real attempt whose every attempt was ``NOT_SENT`` (refused before sending, each time).
 
-    A ``CircuitOpen`` counts only when the call's own attempts were all refused (the breaker opened on them).
+    A breaker's refusal is recorded as a ``NOT_SENT`` entry with ``error_type="CircuitOpen"``; it proves nothing
+    was sent, not that the engine is gone (the breaker may have opened on gateway 502s), so it is left out here.
     """
     if isinstance(error, EngineDied):
         return True
-    attempts = _attempts(error)
-    connection_errors: tuple[type[BaseException], ...] = (
-        ConnectionError, requests.ConnectionError, *_loaded("aiohttp", "ClientConnectionError"), *_loaded("httpx", "ConnectError")
-    )
-    if isinstance(error, connection_errors):
-        return bool(attempts) and all(a.delivery is Delivery.NOT_SENT for a in attempts)
-    return False
-
-
-def _loaded(module: str, *names: str) -> tuple[type[BaseException], ...]:
-    """Exception classes of an optional transport (httpx, aiohttp), if it is imported: an error can only be one of
-    them if it is. The core never imports a transport itself."""
-    mod = sys.modules.get(module)
-    classes = (getattr(mod, name, None) for name in names) if mod is not None else ()
-    return tuple(c for c in classes if isinstance(c, type) and issubclass(c, BaseException))
-
-
-def outcome_of(error: BaseException | None) -> CallOutcome:
-    """The effect of a call that ended with ``error`` (None: it succeeded).
-
-    - no error: APPLIED;
-    - ``PhaseTimeout``: MAYBE, unless the call surely never started (``maybe_sent=False``);
-    - ``AmbiguousOutcome``, a dead or unavailable Ray actor (``EngineDied``,
-      ``EngineUnavailable``: Ray says such a call may have run): MAYBE;
-    - an error that records its attempts (the retry loop's, on the error or its
-      response): MAYBE when any attempt may have been applied (read timeout,
-      reset after sending), else NOT_APPLIED (every attempt was refused before
-      sending or answered with an error status);
-    - an error answer without a record (``response`` or ``status`` set): NOT_APPLIED;
-    - a failure to connect (``requests.ConnectTimeout``, ``httpx.ConnectError``
-      and ``ConnectTimeout``, ``aiohttp.ClientConnectorError``): NOT_APPLIED; any
-      other transport error without a record (``requests`` timeouts and
-      connection errors, ``httpx.TransportError``, aiohttp's connection and
-      payload errors, ``OSError`` and ``TimeoutError``): MAYBE;
-    - anything else (an error answer, bad input): NOT_APPLIED.
-    """
-    if error is None:
-        return CallOutcome.APPLIED
-    if isinstance(error, PhaseTimeout):
-        return CallOutcome.MAYBE if error.maybe_sent else CallOutcome.NOT_APPLIED
-    if isinstance(error, (AmbiguousOutcome, EngineDied, EngineUnavailable)):
-        return CallOutcome.MAYBE
-    attempts = _attempts(error)
-    if attempts:
-        return CallOutcome.MAYBE if any(a.delivery is Delivery.MAYBE_APPLIED for a in attempts) else CallOutcome.NOT_APPLIED
-    if getattr(error, "response", None) is not None or isinstance(getattr(error, "status", None), int):
-        return CallOutcome.NOT_APPLIED
-    not_sent: tuple[type[BaseException], ...] = (
-        requests.ConnectTimeout,
-        *_loaded("httpx", "ConnectError", "ConnectTimeout"),
-        *_loaded("aiohttp", "ClientConnectorError"),
-    )
-    if isinstance(error, not_sent):
-        return CallOutcome.NOT_APPLIED
-    transport_errors: tuple[type[BaseException], ...] = (
-        requests.Timeout,
-        requests.ConnectionError,
-        OSError,
-        *_loaded("httpx", "TransportError"),
-        *_loaded("aiohttp", "ClientConnectionError", "ClientPayloadError"),
-    )
-    if isinstance(error, transport_errors):
-        return CallOutcome.MAYBE
-    return CallOutcome.NOT_APPLIED
+    attempts = [a for a in attempts_of(error) or () if a.error_type != "CircuitOpen"]
+    return bool(attempts) and all(a.delivery is Delivery.NOT_SENT for a in attempts)

@@ -12,25 +12,44 @@ There are two kinds of step:
 
 ``Orchestrator`` drives the steps with a ``FanOut`` on the caller's thread
 under one lock; ``AsyncOrchestrator`` awaits them on the caller's event loop,
-holding the lock only between steps. A driver that stops in the middle (an
-exception from its fan-out, the awaiting task cancelled) hands the step's
-results as far as they go back to ``_abandon``, which folds them in, so a
-call that may have been applied is never forgotten, and closes the generator.
+holding the lock only between steps.
+
+Knowledge is write-ahead: before a ``PhaseCall`` is yielded, each engine's
+facts the call may change are marked in flight (``EngineKnowledge.mark``:
+where a "maybe applied" would leave them), and only an answer, or the
+driver's record that the request never left, settles them. A driver that
+stops in the middle (KeyboardInterrupt, SystemExit, a cancelled task, a
+fan-out that raised, an observer raising anything) hands the step's results
+as far as they go back to ``_abandon``, which folds them in; every call it has
+no answer for stays "maybe", so nothing that may have been applied is ever
+forgotten. Observers are told after the knowledge changed (every engine of a
+phase is folded first), so nothing they raise can undo it.
+
+Every change of the knowledge goes through a place that calls ``_persist``
+with the engines it touched, before any command that depends on it is sent.
+
+With a ``MemoryProbe``, an engine whose released tags became unknown (an
+ambiguous release or resume) is reconciled from the probe right after the
+fold, and again at the start of the next transition; a probe that cannot
+prove it leaves the quarantine as it is.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from resilience.barrier.engine import ALL_TAGS, AnyEngine, ControlMethod
-from resilience.barrier.fanout import EngineResult, engine_name
-from resilience.barrier.knowledge import EngineKnowledge, EngineState, InFlight, LateCall
-from resilience.barrier.outcome import is_engine_dead, outcome_of
+from resilience.barrier.fanout import EngineResult, engine_name, interrupted_results
+from resilience.barrier.journal import OFFLOAD_TOKEN, Journal, Recovery, open_journal, restore_budget
+from resilience.barrier.journal_store import JournalStore
+from resilience.barrier.knowledge import EngineKnowledge, EngineState, LateCall, Pending, tags_of
+from resilience.barrier.outcome import effect_of, is_engine_dead
 from resilience.barrier.types import (
     EngineGroup,
     EngineSkipped,
@@ -55,15 +74,25 @@ from resilience.events import (
     TransitionStarted,
     emit,
 )
+from resilience.memory_probe import MemoryProbe
 
 __all__ = ["OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "BarrierRules", "PhaseCall", "SettleCall", "Step", "Steps", "offload_args", "tags_arg"]
 
 OFFLOAD_HOLD = "offload"
 WEIGHT_SYNC_HOLD = "weight_sync"
-_OFFLOAD_TOKEN = 0
+_OFFLOAD_TOKEN = OFFLOAD_TOKEN
 """The offload hold's id: one per engine, taken by offload and dropped once all its memory is back."""
 _ids = itertools.count(1)
 _tokens = itertools.count(1)
+_tokens_lock = threading.Lock()
+
+
+def _reserve_tokens(past: int) -> None:
+    """Hand out hold ids above ``past`` from now on (a journal resumed holds up to that id)."""
+    global _tokens
+    with _tokens_lock:
+        nxt = next(_tokens)
+        _tokens = itertools.count(max(nxt, past + 1))
 Call = tuple[str, Mapping[str, Any]]
 E = TypeVar("E", bound=AnyEngine)
 T = TypeVar("T")
@@ -104,6 +133,10 @@ class PhaseCall(Generic[E]):
     engines: list[tuple[E, Mapping[str, Any]]]
     deadline: Deadline
     started: float
+    before: Mapping[str, EngineState] = field(default_factory=dict)
+    """Each engine's state before the write-ahead mark (``EngineStateChanged`` reports the net change at the fold)."""
+    marks: dict[str, Pending] = field(default_factory=dict)
+    """Each engine's write-ahead mark for this step: only these are settled by its results."""
     results: list[EngineResult] | None = None
     folded: bool = False
 
@@ -143,8 +176,16 @@ class BarrierRules(Generic[E]):
         restart_budget: RestartBudget | None = None,
         rollback: bool = True,
         clock: Clock = SYSTEM_CLOCK,
+        memory_probe: MemoryProbe | None = None,
+        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
         self.groups = (groups,) if isinstance(groups, EngineGroup) else tuple(groups)
+        for group in self.groups:
+            if not isinstance(group, EngineGroup):
+                raise TypeError(f"{type(self).__name__} groups must be EngineGroup objects, but got {group!r}")
+        if memory_probe is not None and not isinstance(memory_probe, MemoryProbe):
+            raise TypeError(f"{type(self).__name__} memory_probe must have released_tags(engine), but was {memory_probe!r}")
+        self.memory_probe = memory_probe
         self.observers = tuple(observers)
         self.deadlines = deadlines or PhaseDeadlines()
         self.restart_budget = restart_budget
@@ -163,6 +204,36 @@ class BarrierRules(Generic[E]):
         self._know = {name: EngineKnowledge(name) for name in self._engines}
         self._retired: set[str] = set()
         self._lock = threading.RLock()
+        self._label = "start"
+        self._journal_arg = journal
+        self.journal: Journal | None = None
+        self.recovery: Recovery | None = None
+        """What the journal gave back when the orchestrator started (None without a journal)."""
+
+    def _resume(self) -> None:
+        """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements and
+        restart budget it kept. Each orchestrator calls this last in its constructor."""
+        if self._journal_arg is None:
+            return
+        journal = open_journal(self._journal_arg)
+        try:
+            resumed = journal.open(list(self._engines))
+        except BaseException:
+            journal.close()
+            raise
+        self.journal, self.recovery = journal, resumed.recovery
+        self._know.update(resumed.knowledge)
+        self._retired.update(resumed.retired)
+        self.restart_budget = restore_budget(self.restart_budget, resumed.budget)
+        _reserve_tokens(max((i for k in resumed.knowledge.values() for i in k.holds), default=0))
+        for name, k in resumed.knowledge.items():
+            if k.state is not EngineState.SERVING:
+                emit(self.observers, EngineStateChanged(engine=name, from_state=str(EngineState.SERVING), to_state=str(k.state)))
+
+    def close(self) -> None:
+        """Let go of the journal (its lock), if there is one. The orchestrator sends nothing more afterwards."""
+        if self.journal is not None:
+            self.journal.close()
 
     # -- queries ---------------------------------------------------------------
 
@@ -204,12 +275,28 @@ class BarrierRules(Generic[E]):
         with self._lock:
             return {n: k.why_not_serving() for n, k in self._know.items() if n not in self._retired and not k.serving}
 
+    # -- the journal's hook ------------------------------------------------------------
+
+    def _persist(self, names: Collection[str]) -> None:
+        """The knowledge of ``names`` changed; called before any command that depends on it is sent.
+
+        With a journal, the facts of ``names`` that changed are written durably before this returns (every
+        knowledge change goes through a caller of this hook); without one, nothing happens.
+        """
+        if self.journal is None or not names:
+            return
+        pending = sorted({k.pending.method for n in names if (k := self._know[n]).pending is not None})
+        why = f"{self._label}: sending {', '.join(pending)}" if pending else self._label
+        self.journal.commit(self._know, names, why, retired=self._retired, budget=self.restart_budget)
+
     # -- recovery (the drivers call these under their own exclusion) -------------------
 
     def _retire(self, engine: str | E) -> None:
         name = self._name_of(engine)
         with self._lock:
             self._retired.add(name)
+            self._label = "retire"
+            self._persist((name,))
 
     def _reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         name = self._name_of(engine)
@@ -231,9 +318,22 @@ class BarrierRules(Generic[E]):
                 if not landed:
                     late = k.in_flight.method
                     raise RuntimeError(f"reconcile {name}: a late {late} sent earlier is still running; reconcile after it lands")
+                before = k.state
                 self._land(name, error)
+                self._persist((name,))
+                self._announce(name, before)
+            kept = (k.released | k.unknown) if tags is None else set()
+            if kept and paused is False:
+                raise ValueError(
+                    f"reconcile {name}: released=None keeps {sorted(kept)} released or unknown, and memory released with "
+                    "paused=False is a state SGLang crashes in (prefill into freed memory); pass released=() after you "
+                    "checked that nothing is released"
+                )
             before = k.state
+            k.abandon()
             k.reconcile(released=tags, paused=paused)
+            self._label = "reconcile"
+            self._persist((name,))
             if k.released or k.unknown:
                 self._hold(name, _OFFLOAD_TOKEN, OFFLOAD_HOLD)
             else:
@@ -391,7 +491,10 @@ class BarrierRules(Generic[E]):
     # -- phases, late calls and knowledge ---------------------------------------------
 
     def _phase(self, tx: _Transition, phase: str, method: ControlMethod, calls: Sequence[Call]) -> Steps[dict[str, BaseException]]:
-        """One phase on every engine at once; each outcome is folded into its knowledge. Returns the failures."""
+        """One phase on every engine at once; each outcome is folded into its knowledge. Returns the failures.
+
+        Write-ahead: each engine's facts are marked in flight (and persisted) before the step is yielded.
+        """
         if not calls:
             return {}
         names = tuple(n for n, _ in calls)
@@ -399,61 +502,160 @@ class BarrierRules(Generic[E]):
         started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, deadline_s=deadline.remaining())
         emit(self.observers, started)
         tx.phase = phase
+        self._label = f"{tx.name} {phase}"
+        before = {n: self._know[n].state for n in names}
         step = PhaseCall(
-            tx, phase, method, tuple(calls), [(self._engines[n], kw) for n, kw in calls], deadline, self.clock.monotonic()
+            tx, phase, method, tuple(calls), [(self._engines[n], kw) for n, kw in calls], deadline, self.clock.monotonic(), before
         )
+        for n, kwargs in calls:
+            step.marks[n] = self._know[n].mark(method, kwargs)
+        self._persist(names)
         yield step
-        return self._fold(step)
-
-    def _fold(self, step: PhaseCall[Any]) -> dict[str, BaseException]:
-        """Fold a phase's results into the knowledge (once), report the phase; return the failures."""
         assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
+        return self._fold(step, step.results)
+
+    def _fold(self, step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
+        """Fold a phase's results into the knowledge, then report it (once); return the failures.
+
+        Every engine is folded, the memory probe asked and the change persisted
+        before any observer hears of it, so nothing an observer raises undoes it.
+        """
         step.folded = True
-        tx, phase, method = step.tx, step.phase, step.method
-        failures: dict[str, BaseException] = {}
-        for (name, kwargs), result in zip(step.calls, step.results, strict=True):
-            k = self._know[name]
-            before = k.state
-            k.apply(method, kwargs, outcome_of(result.error))
-            if result.late is not None:
-                k.in_flight = InFlight(method, dict(kwargs), result.late)
-            if result.error is not None:
-                failures[name] = result.error
-                if is_engine_dead(result.error):
-                    k.dead = f"{type(result.error).__name__} in {phase}"
-            self._announce(name, before)
+        failures = self._fold_knowledge(step, results)
+        tx, phase, names = step.tx, step.phase, tuple(n for n, _ in step.calls)
         duration = self.clock.monotonic() - step.started
-        names = tuple(n for n, _ in step.calls)
-        tx.phases.append(PhaseReport(phase, names, duration, max((r.duration_s for r in step.results), default=0.0)))
+        durations = [r.duration_s for r in results if r is not None]
+        tx.phases.append(PhaseReport(phase, names, duration, max(durations, default=0.0)))
+        for name in names:
+            self._announce(name, step.before.get(name, self._know[name].state))
         failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
         ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=phase, engines=names, duration_s=duration, failures=failed)
         emit(self.observers, ended)
         return failures
 
-    def _abandon(self, steps: Steps[Any], step: Step) -> None:
-        """The driver stopped inside ``step``: fold what it learnt (a call sent is never forgotten), then close the steps."""
-        if isinstance(step, PhaseCall) and step.results is not None and not step.folded:
-            self._fold(step)
-        steps.close()
+    def _fold_knowledge(self, step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
+        """Settle each engine's write-ahead mark from its result (engines already settled are left alone: safe to redo after
+        an interruption); ask the probe; persist. A None result is a call whose outcome will never be known: it stays "maybe"."""
+        method, phase = step.method, step.phase
+        failures: dict[str, BaseException] = {}
+        for (name, _kwargs), result in zip(step.calls, results, strict=True):
+            k = self._know[name]
+            mine = k.pending is not None and k.pending is step.marks.get(name)  # a later step's mark is not this step's to settle
+            if result is None:
+                if mine:
+                    k.abandon()
+                failures[name] = _Interrupted(f"{name}: the phase was interrupted while {method} ran; it may have been applied")
+                continue
+            if mine:
+                if result.late is not None:
+                    k.late(result.late)
+                else:
+                    k.settle(effect_of(result.error))
+            if result.error is not None:
+                failures[name] = result.error
+                if is_engine_dead(result.error) and k.dead is None:
+                    k.dead = f"{type(result.error).__name__} in {phase}"
+        names = tuple(n for n, _ in step.calls)
+        self._persist(names)
+        calls = dict(step.calls)
+        for name in self._probe(names):  # each engine it settles is persisted on its own
+            if name in failures and self._done(self._know[name], method, calls[name]):
+                del failures[name]  # the probe proves the call did what it was sent for
+        return failures
+
+    def _abandon(self, steps: Steps[Any], step: Step, error: BaseException | None = None) -> None:
+        """The driver stopped inside ``step`` (``error``): fold what it learnt, leave the rest "maybe", then close the steps.
+
+        Also after an interruption inside the fold itself: engines already folded are left as they are.
+        """
+        try:
+            if isinstance(step, PhaseCall):
+                results: Sequence[EngineResult | None] | None = step.results
+                if results is None and error is not None:
+                    results = interrupted_results(error)
+                if results is None or len(results) != len(step.calls):
+                    results = [None] * len(step.calls)
+                if step.folded:
+                    if any(self._know[n].pending is step.marks.get(n) for n, _ in step.calls):
+                        self._fold_knowledge(step, results)
+                else:
+                    self._fold(step, results)
+        finally:
+            steps.close()
+
+    @staticmethod
+    def _done(k: EngineKnowledge, method: str, kwargs: Mapping[str, Any]) -> bool:
+        """The knowledge proves ``method(**kwargs)`` took effect (a release's tags released, a resume's back)."""
+        tags = tags_of(kwargs)
+        if method == "release_memory_occupation":
+            return tags <= k.released and not k.unknown and k.dead is None
+        if method == "resume_memory_occupation":
+            return not (tags & (k.released | k.unknown)) and k.dead is None
+        return False
+
+    def _probe(self, names: Iterable[str]) -> list[str]:
+        """Reconcile from the memory probe every engine among ``names`` whose tags are unknown; return those it settled."""
+        probe = self.memory_probe
+        if probe is None:
+            return []
+        settled: list[str] = []
+        for name in names:
+            k = self._know[name]
+            if not k.unknown or k.in_flight is not None or k.pending is not None or name in self._retired:
+                continue
+            released = self._ask(probe, name)
+            if released is None:
+                continue
+            k.released.update(k.unknown & released)  # known first, then no longer unknown
+            k.unknown.clear()
+            self._persist((name,))
+            if not k.released:
+                self._unhold(name, _OFFLOAD_TOKEN)
+            settled.append(name)
+        return settled
+
+    @staticmethod
+    def _ask(probe: MemoryProbe, name: str) -> frozenset[str] | None:
+        """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags that do not exist)."""
+        try:
+            answer = probe.released_tags(name)
+        except Exception:  # a probe that fails proves nothing: the quarantine stays
+            return None
+        if not isinstance(answer, (set, frozenset)) or not answer <= frozenset(ALL_TAGS):
+            return None
+        return frozenset(answer)
 
     def _settle(self, tx: _Transition, names: Sequence[str]) -> Steps[dict[str, str]]:
-        """Wait (up to the continue phase's limit) for calls still in flight; return the engines to skip, with why."""
+        """Start of a transition: drop marks an interruption left, wait (up to the continue phase's limit) for calls still in
+        flight, ask the memory probe about quarantined engines; return the engines to skip, with why."""
+        stale = [n for n in names if self._know[n].pending is not None]
+        for n in stale:
+            self._know[n].abandon()
+        if stale:
+            self._persist(stale)
         late = {n: k.in_flight.call for n in names if (k := self._know[n]).in_flight is not None}
         if late:
             tx.phase = "settle"
             step = SettleCall(late, tx.deadline.cap(self.deadlines.for_phase("settle")))
             yield step
+            before = {n: self._know[n].state for n in step.landed}
             for n, error in step.landed.items():
                 self._land(n, error)
+            if step.landed:
+                self._persist(tuple(step.landed))
+            for n in before:
+                self._announce(n, before[n])
+        before = {n: self._know[n].state for n in names}
+        for n in self._probe(names):
+            self._announce(n, before[n])
         return {n: self._why_skipped(n) for n in names if self._know[n].dead is not None or self._know[n].in_flight is not None}
 
     def _land(self, name: str, error: BaseException | None) -> None:
+        """Fold a late call that landed (the caller persists and announces)."""
         k = self._know[name]
-        before = k.state
-        k.land(outcome_of(error))
+        k.land(effect_of(error))
         if error is not None and is_engine_dead(error):
             k.dead = f"{type(error).__name__} after a late call"
-        self._announce(name, before)
 
     def _why_skipped(self, name: str) -> str:
         return f"skipped: {self._know[name].why_not_serving()}"
@@ -474,12 +676,14 @@ class BarrierRules(Generic[E]):
         k = self._know[name]
         if token not in k.holds:
             k.holds[token] = reason
+            self._persist((name,))
             emit(self.observers, HoldChanged(engine=name, reason=reason, acquired=True, holds=_reasons(k)))
 
     def _unhold(self, name: str, token: int) -> None:
         k = self._know[name]
         reason = k.holds.pop(token, None)
         if reason is not None:
+            self._persist((name,))
             emit(self.observers, HoldChanged(engine=name, reason=reason, acquired=False, holds=_reasons(k)))
 
     def _token(self, hold: HoldToken | str) -> HoldToken:
@@ -529,6 +733,7 @@ class BarrierRules(Generic[E]):
         """
         names = tuple(self._active(engines))
         tx = _Transition(next(_ids), name, Deadline(self.deadlines.transition_s, clock=self.clock), names, self.clock.monotonic())
+        self._label = name
         started = TransitionStarted(transition_id=tx.tid, transition=name, engines=tx.engines, deadline_s=self.deadlines.transition_s)
         emit(self.observers, started)
         try:
@@ -581,6 +786,10 @@ class BarrierRules(Generic[E]):
             ),
         )
         return err
+
+
+class _Interrupted(RuntimeError):
+    """The failure of a call whose phase was interrupted before its answer was read: it may have been applied."""
 
 
 def _reasons(k: EngineKnowledge) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ Subcommands::
     cpr emulate     run emulated SGLang engines (for your own tests): one, or --engines N
     cpr policies    print the effective policy table; validate a policy file
     cpr dashboards  regenerate (or --check) grafana/ from the grafana.dashboard generator
+    cpr journal     show a barrier journal (what a restarted controller would resume from)
 
 Bad input to any subcommand is one line on stderr and a non-zero exit (2 for
 bad arguments), never a traceback. Heavy imports (rich, matplotlib, torch,
@@ -35,6 +36,7 @@ _EXAMPLES = """examples:
   cpr demo --timeline timeline.png           ... and draw one offload/onload across engines (.png or .html)
   cpr soak --engines 8 --steps 1000          a long run of ours; is memory flat?
   cpr probe http://127.0.0.1:30000 http://127.0.0.1:30001 --timeout 3
+  cpr journal show run.journal               what a restarted controller would resume from
   cpr policies --file my-policies.toml       validate a policy file and show its table
   cpr emulate --port 30000                   one emulated SGLang engine for your own tests
   cpr emulate --engines 64                   64 engines forked from one process, their URLs printed as a list
@@ -120,6 +122,19 @@ def _add_dashboards(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs from a fresh generation")
 
 
+def _add_journal(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    p = sub.add_parser(
+        "journal",
+        help="show a barrier journal: its records and what a restarted controller would resume from",
+        description="Read a barrier journal (Orchestrator(..., journal=PATH)) without taking its lock: every record "
+        "(why it was written, each engine's state and facts), then each engine as a controller started on it would know it.",
+    )
+    jsub = p.add_subparsers(dest="journal_command", metavar="ACTION", parser_class=OneLineParser, required=True)
+    show = jsub.add_parser("show", help="print the journal's records and the engines' last state")
+    show.add_argument("path", metavar="PATH", help="the journal file")
+    show.add_argument("--last", type=positive_int, default=None, metavar="N", help="only the last N rows of records (default: all)")
+
+
 def build_parser() -> OneLineParser:
     """The ``cpr`` argument parser (``emulate`` passes its arguments to the emulator's own parser)."""
     parser = OneLineParser(
@@ -137,6 +152,7 @@ def build_parser() -> OneLineParser:
     sub.add_parser("emulate", help="run emulated SGLang engines: one, or --engines N (see cpr emulate --help)", add_help=False)
     _add_policies(sub)
     _add_dashboards(sub)
+    _add_journal(sub)
     return parser
 
 
@@ -161,6 +177,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from resilience.cli.dashboards import run_dashboards
 
         return run_dashboards(args)
+    if args.command == "journal":
+        from resilience.cli.journal import run_journal
+
+        return run_journal(args)
     raise CliError(f"unknown command {args.command!r}", 2)
 
 

@@ -165,6 +165,9 @@ def policy_rows(table: PolicyTable) -> list[list[str]]:
             notes.append("raises when exhausted")
         if policy.accept_statuses:
             notes.append("accepts " + "/".join(str(s) for s in sorted(policy.accept_statuses)))
+        unnamed = [name for name in ("attempt_timeout_s", "deadline_s") if not policy.named(name)]
+        if unnamed:
+            notes.append(f"{' and '.join(unnamed)} not named: the caller's timeout wins")
         rows.append(
             [
                 key,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +25,7 @@ import requests
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig
 from resilience.driver_config import DriverConfig
+from resilience.events import Observer
 from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
@@ -56,17 +57,18 @@ class Driver:
         retry_budget: RetryBudgetConfig | None = None,
         config: DriverConfig | None = None,
         pool: int | None = None,
+        observers: Sequence[Observer] = (),
     ) -> None:
-        """``config``: build the layer from this ``DriverConfig`` alone (then ``policies``, ``breaker`` and
-        ``retry_budget`` must be left out). ``pool``: at most this many connections per engine (the
+        """``config``: build the layer from this ``DriverConfig`` alone (then ``policies``, ``breaker``,
+        ``retry_budget`` and ``observers`` must be left out). ``pool``: at most this many connections per engine (the
         library's own pool limit; None = its default)."""
         self.name = name
         self.native = NATIVE_ERRORS[name]
         if config is not None:
-            assert policies is None and breaker is None and retry_budget is None, "config= holds those"
+            assert policies is None and breaker is None and retry_budget is None and not observers, "config= holds those"
             self._kwargs: dict[str, Any] = {"config": config}
         else:
-            self._kwargs = {"policies": policies, "breaker": breaker, "retry_budget": retry_budget}
+            self._kwargs = {"policies": policies, "breaker": breaker, "retry_budget": retry_budget, "observers": observers}
         self._pool = pool
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -15,6 +15,7 @@ keywords, for the drivers and both SGLang clients).
 
 from __future__ import annotations
 
+import logging
 import pickle
 import random
 import socket
@@ -23,7 +24,9 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
+import aiohttp
 import httpx
 import pytest
 import requests
@@ -36,13 +39,15 @@ from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
 from resilience.clock import SYSTEM_CLOCK
 from resilience.driver_config import DriverConfig
-from resilience.errors import ConfigConflict, ConfigError
+from resilience.errors import ConfigConflict, ConfigError, ResilienceError
+from resilience.events import AttemptStarted, EngineRefused, Event
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from tests.adapters.drivers import DRIVERS, Driver
-from tests.servers import Hang, Reply, Reset, ScriptedServer, scripted, silent_listener
+from tests.servers import Hang, Late, Reply, Reset, ScriptedServer, scripted, silent_listener
 
 QUICK = RetryPolicy(max_attempts=4, base_s=0.01, cap_s=0.05)
+BRIEF = RetryPolicy(base_s=0.05, cap_s=0.2)
 SLOW = RetryPolicy(max_attempts=4, base_s=5, cap_s=5, jitter=0)
 POLICIES = PolicyTable(
     {
@@ -54,9 +59,23 @@ POLICIES = PolicyTable(
         "POST /unsent": EndpointPolicy(idempotent=False, retry=QUICK, deadline_s=1.0, attempt_timeout_s=0.3),
         "GET /strict": EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0.01, cap_s=0.01), raise_on_exhausted=True),
         "GET /hold": EndpointPolicy(retry=RetryPolicy(max_attempts=1), deadline_s=10, attempt_timeout_s=5),
+        # as a new user writes them: one names no timeout, the other names a short one
+        "POST /release": EndpointPolicy(idempotent=False),
+        "POST /release-named": EndpointPolicy(idempotent=False, attempt_timeout_s=0.5),
+        "GET /read-named": EndpointPolicy(attempt_timeout_s=3),
+        # a 20 s deadline, but a call that never connects gives up after its window
+        "GET /starting": EndpointPolicy(retry=replace(BRIEF, connect_window_s=5.0), deadline_s=20, attempt_timeout_s=5),
+        "GET /dead": EndpointPolicy(retry=replace(BRIEF, connect_window_s=1.0), deadline_s=20, attempt_timeout_s=5),
     }
 )
 """``POST /unsent`` is not idempotent, and re-sent only on the driver's proof that no attempt left."""
+REFUSALS: dict[str, type[BaseException]] = {
+    "requests": requests.exceptions.ConnectionError,
+    "httpx": httpx.ConnectError,
+    "httpx-async": httpx.ConnectError,
+    "aiohttp": aiohttp.ClientConnectorError,
+}
+"""What each library raises for a refused connection: the call ends with exactly that."""
 
 
 @pytest.fixture(params=DRIVERS)
@@ -84,19 +103,23 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_refused_then_up(driver: Driver) -> None:
-    """Connections refused until the server comes up 0.4 s later: the call succeeds, the refusals recorded as not sent."""
-    port = _closed_port()
-    servers: list[ScriptedServer] = []
-
+def _up_later(port: int, after_s: float, servers: list[ScriptedServer]) -> threading.Thread:
     def come_up() -> None:
-        time.sleep(0.4)
+        time.sleep(after_s)
         servers.append(ScriptedServer([Reply(200)], port=port).start())
 
     starter = threading.Thread(target=come_up)
     starter.start()
+    return starter
+
+
+def test_refused_then_up_within_the_connect_window(driver: Driver) -> None:
+    """Connections refused until the server comes up 0.4 s later, inside the 5 s window: the call succeeds, refusals not sent."""
+    port = _closed_port()
+    servers: list[ScriptedServer] = []
+    starter = _up_later(port, 0.4, servers)
     try:
-        answer = driver.call("GET", f"http://127.0.0.1:{port}/flaky")
+        answer = driver.call("GET", f"http://127.0.0.1:{port}/starting")
     finally:
         starter.join()
         for s in servers:
@@ -104,6 +127,52 @@ def test_refused_then_up(driver: Driver) -> None:
     assert answer.status == 200
     assert answer.attempts[0].delivery is Delivery.NOT_SENT and answer.attempts[-1].status == 200
     assert len(answer.attempts) >= 2
+
+
+def test_a_dead_port_fails_with_the_refusal_after_the_window(driver: Driver, refusing_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens: the library's own connection error after the 1 s window (of a 20 s deadline), with every attempt not sent.
+
+    The first refusal is logged once at WARNING, naming the engine and how long the call keeps trying.
+    """
+    engine = f"http://127.0.0.1:{refusing_port}"
+    with caplog.at_level(logging.WARNING, logger="resilience.retry"), pytest.raises(REFUSALS[driver.name]) as info:
+        driver.call("GET", f"{engine}/dead")
+    assert not isinstance(info.value, ResilienceError)  # the refusal itself, not a deadline or a breaker error
+    attempts = info.value.attempts  # type: ignore[attr-defined]
+    assert len(attempts) >= 2 and all(a.delivery is Delivery.NOT_SENT for a in attempts)
+    assert attempts[-1].delay_s is None and sum(a.delay_s or 0 for a in attempts) < 1.0  # no attempt was started past the window
+    warnings = [r.getMessage() for r in caplog.records if r.name == "resilience.retry"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{engine} refused GET /dead (")
+    assert "retrying for up to 1.0 s" in warnings[0]
+
+
+def test_after_a_whole_window_refused_the_next_call_fails_fast_until_a_half_open_attempt_connects(driver_name: str) -> None:
+    """One call refused for its window opens the breaker: the next gets CircuitOpen unsent; once up, the half-open call closes it."""
+    seen: list[Event] = []
+    driver = Driver(driver_name, POLICIES, breaker=BreakerConfig(open_seconds=0.5), observers=[seen.append])
+    port = _closed_port()
+    url = f"http://127.0.0.1:{port}/dead"
+    servers: list[ScriptedServer] = []
+    try:
+        with pytest.raises(REFUSALS[driver_name]):
+            driver.call("GET", url)
+        with pytest.raises(resilience.CircuitOpen) as info:
+            driver.call("GET", url)
+        assert isinstance(info.value, driver.native)
+        assert [(a.delivery, a.error_type) for a in info.value.attempts] == [(Delivery.NOT_SENT, "CircuitOpen")]  # nothing was sent
+        assert [e.engine for e in seen if isinstance(e, EngineRefused)] == [f"http://127.0.0.1:{port}"]  # one per refused call
+        servers.append(ScriptedServer([Reply(200)], port=port).start())
+        breaker = driver.breakers.get(f"http://127.0.0.1:{port}")
+        for _ in range(200):  # the 0.5 s open wait, polled
+            if breaker.state is BreakerState.HALF_OPEN:
+                break
+            time.sleep(0.02)
+        assert driver.call("GET", url).status == 200
+        assert breaker.state is BreakerState.CLOSED
+    finally:
+        driver.close()
+        for s in servers:
+            s.stop()
 
 
 def test_read_timeout_after_sending_a_non_idempotent_post_is_sent_once(driver: Driver) -> None:
@@ -162,6 +231,49 @@ def test_a_callers_timeout_is_honoured_on_a_default_policy_call(driver: Driver) 
     # every attempt ended on the caller's read timeout; under a 10 s attempt timeout the server's close after 5 s would end it
     kinds = [a.error_type or "" for a in info.value.attempts]  # type: ignore[attr-defined]
     assert kinds and all("Timeout" in kind for kind in kinds), kinds
+
+
+def test_an_entry_that_names_no_timeout_keeps_the_callers_short_one(driver: Driver) -> None:
+    """``EndpointPolicy(idempotent=False)``, the caller's 0.5 s, an answer after 2 s: AmbiguousOutcome, sent once, not a 200.
+
+    The entry's default 10 s attempt timeout is not its author's word, so the caller's timeout bounds the attempt.
+    """
+    with scripted(Late(2.0)) as server:
+        with pytest.raises(resilience.AmbiguousOutcome) as info:
+            driver.call("POST", f"{server.url}/release", json={}, timeout=0.5)
+        assert server.count == 1
+    assert isinstance(info.value, driver.native)
+    [attempt] = info.value.attempts
+    assert attempt.delivery is Delivery.MAYBE_APPLIED and "Timeout" in (attempt.error_type or "")
+
+
+def test_an_entry_that_names_its_timeout_wins_over_the_callers_longer_one(driver: Driver) -> None:
+    """``attempt_timeout_s=0.5`` named by the entry, the caller's 5 s, an answer after 2 s: the entry's limit ends the attempt."""
+    with scripted(Late(2.0)) as server:
+        with pytest.raises(resilience.AmbiguousOutcome) as info:
+            driver.call("POST", f"{server.url}/release-named", json={}, timeout=5)
+        assert server.count == 1
+    assert isinstance(info.value, driver.native)
+    assert [a.delivery for a in info.value.attempts] == [Delivery.MAYBE_APPLIED]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "caller_s", "attempt_s"),
+    [
+        ("POST", "/release", 60.0, 60.0),  # the caller's 60 s on a slow release is no longer cut to the unnamed 10 s
+        ("GET", "/read-named", 60.0, 3.0),  # a named 3 s still wins over it
+    ],
+)
+def test_the_attempt_gets_the_timeout_the_rule_chose(driver_name: str, method: str, path: str, caller_s: float, attempt_s: float) -> None:
+    """Each attempt's read timeout (``AttemptStarted.timeout_s``): the caller's over an unnamed entry, a named entry's over the caller's."""
+    seen: list[Event] = []
+    driver = Driver(driver_name, POLICIES, observers=[seen.append])
+    try:
+        with scripted(Reply(200)) as server:
+            assert driver.call(method, f"{server.url}{path}", json={} if method == "POST" else None, timeout=caller_s).status == 200
+    finally:
+        driver.close()
+    assert [e.timeout_s for e in seen if isinstance(e, AttemptStarted)] == [pytest.approx(attempt_s)]
 
 
 @pytest.mark.parametrize("driver_name", ["httpx-async", "aiohttp"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -55,18 +55,32 @@ class SyncFacade:
     def __init__(self, orch: AsyncOrchestrator[Any], loop: LoopThread) -> None:
         self.orch = orch
         self.loop = loop
+        self.current: asyncio.Task[Any] | None = None
+        """The task awaiting the latest transition (what ``cancel_current`` cancels)."""
+
+    def cancel_current(self) -> None:
+        """Cancel the task awaiting the transition now running (call it on the loop: an engine's interrupt hook)."""
+        if self.current is not None:
+            self.current.cancel()
+
+    async def _tracked(self, coro: Coroutine[Any, Any, T]) -> T:
+        self.current = asyncio.current_task()
+        return await coro
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run(self._tracked(coro))
 
     def offload(self, tags: Sequence[str] | None = None, mode: Any = "abort") -> TransitionReport:
-        return self.loop.run(self.orch.offload(tags, mode))
+        return self._run(self.orch.offload(tags, mode))
 
     def onload(self, tags: Sequence[str] | None = None) -> TransitionReport:
-        return self.loop.run(self.orch.onload(tags))
+        return self._run(self.orch.onload(tags))
 
     def pause(self, reason: str, mode: Any = "retract") -> TransitionReport:
-        return self.loop.run(self.orch.pause(reason, mode))
+        return self._run(self.orch.pause(reason, mode))
 
     def unpause(self, hold: HoldToken | str) -> TransitionReport:
-        return self.loop.run(self.orch.unpause(hold))
+        return self._run(self.orch.unpause(hold))
 
     def reconcile(self, engine: Any, *, released: Any, paused: bool | None) -> None:
         self.loop.run(self.orch.reconcile(engine, released=released, paused=paused))
@@ -80,6 +94,7 @@ class SyncFacade:
         leave = threading.Event()
 
         async def hold() -> None:
+            self.current = asyncio.current_task()
             async with self.orch.weight_sync(mode) as engines:
                 entered.set_result(engines)
                 while not leave.is_set():  # the body runs on the caller's thread
@@ -87,7 +102,10 @@ class SyncFacade:
 
         def failed_on_entry(task: Future[None]) -> None:
             if not entered.done():
-                error = None if task.cancelled() else task.exception()
+                if task.cancelled():  # cancelled on entry (an interrupt hook): the caller sees the cancellation
+                    entered.set_exception(CancelledError("weight_sync was cancelled on entry"))
+                    return
+                error = task.exception()
                 entered.set_exception(error or RuntimeError("weight_sync ended before its body"))
 
         task = self.loop.submit(hold())

@@ -10,7 +10,13 @@ torch_memory_saver) is recorded in ``crash`` instead:
 - weights pushed into released weight memory.
 
 Faults are armed per (method): the next call of that method on this engine
-gets it. No sleeps: a "late" call blocks until the test lets it land.
+gets it. No sleeps: a "late" call blocks until the test lets it land. Every
+error a fault raises carries the record a driver would attach
+(``.attempts``: ``AttemptRecord``s), except a dead or unavailable Ray actor,
+for which no driver writes one. An interrupt fault calls the engine's
+``interrupt`` hook (default: raise ``KeyboardInterrupt`` in the calling thread,
+or ``asyncio.CancelledError`` in an async call); a test sets it to reach the
+caller's thread (a signal) or the awaiting task (``cancel``).
 ``FakeEngine``'s calls are synchronous (for ``ThreadFanOut``), ``AsyncFakeEngine``'s
 are coroutines (for ``AsyncFanOut`` and ``AsyncOrchestrator``); same state, faults
 and crash rules.
@@ -28,6 +34,7 @@ from typing import Any
 from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import EngineDied, EngineUnavailable
 from resilience.errors import AmbiguousOutcome
+from resilience.outcome import AttemptRecord, Delivery, Outcome
 
 ALL = frozenset(ALL_TAGS)
 LATE_LIMIT_S = 5.0
@@ -51,6 +58,35 @@ class Fault(enum.StrEnum):
     """Applied, then the Ray actor holding the engine died (``EngineDied``)."""
     ACTOR_UNAVAILABLE = "actor_unavailable"
     """Not applied; Ray cannot reach the actor (``EngineUnavailable``)."""
+    APPLIED_THEN_502 = "applied_then_502"
+    """Applied, then a proxy answered 502 (the record: RESPONDED 502)."""
+    APPLIED_THEN_504 = "applied_then_504"
+    """Applied, then a proxy answered 504 (the record: RESPONDED 504)."""
+    GATEWAY_NOT_FORWARDED = "gateway_not_forwarded"
+    """Not applied: a proxy answered 502 without forwarding (the record cannot tell: RESPONDED 502)."""
+    CONNECTION_REFUSED = "connection_refused"
+    """Not applied: the connection was refused (the record: NOT_SENT)."""
+    INTERRUPT_BEFORE = "interrupt_before"
+    """The ``interrupt`` hook fires before the engine applied the call; if it returns, the call lands late and is applied."""
+    INTERRUPT_AFTER = "interrupt_after"
+    """Applied, then the ``interrupt`` hook fires; if it returns, the call answers normally."""
+    SYSTEM_EXIT_BEFORE = "system_exit_before"
+    """``SystemExit`` raised inside the call before the engine applied it."""
+    SYSTEM_EXIT_AFTER = "system_exit_after"
+    """Applied, then ``SystemExit`` raised inside the call."""
+
+
+INTERRUPTS = frozenset({Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER, Fault.SYSTEM_EXIT_BEFORE, Fault.SYSTEM_EXIT_AFTER})
+"""The faults that raise a ``BaseException`` (or fire the interrupt hook) inside the call."""
+
+
+def record(delivery: Delivery, status: int | None = None, error_type: str | None = None) -> tuple[AttemptRecord, ...]:
+    """A one-attempt record, as a driver attaches it."""
+    if delivery is Delivery.MAYBE_APPLIED:
+        outcome = Outcome.AMBIGUOUS
+    else:
+        outcome = Outcome.RETRYABLE if status in (None, 502, 503, 504) else Outcome.FATAL
+    return (AttemptRecord(0, status, outcome, delivery, error_type, 0.0),)
 
 
 class Refused(Exception):
@@ -59,6 +95,20 @@ class Refused(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.status = 500
+        self.attempts = record(Delivery.RESPONDED, 500)
+
+
+class Answered(Exception):
+    """An error answer with the driver's record: ``status`` and ``attempts`` (a gateway's 502/504, a refused connection)."""
+
+    def __init__(self, message: str, status: int | None, attempts: tuple[AttemptRecord, ...]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.attempts = attempts
+
+
+def _keyboard_interrupt() -> None:
+    raise KeyboardInterrupt("fake engine: interrupted")
 
 
 class _Landing:
@@ -100,6 +150,8 @@ class _Fake:
         self.landings: list[_Landing] = []
         self.started: list[str] = []
         """Every call that reached the engine, in order (a late one as soon as it starts)."""
+        self.interrupt: Callable[[], None] = _keyboard_interrupt
+        """What an interrupt fault does: raise here (the default), or reach another thread or task and return."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.engine!r})"
@@ -158,27 +210,49 @@ class _Fake:
             if self.crash is not None:
                 raise EngineDied(f"{self.engine} is down: {self.crash}")
             landing = None
-            if fault in (Fault.LATE_APPLIED, Fault.LATE_FAILED):
+            if fault in (Fault.LATE_APPLIED, Fault.LATE_FAILED, Fault.INTERRUPT_BEFORE):
                 landing = _Landing(loop)
                 self.landings.append(landing)
         return fault, landing
 
+    def _before(self, method: str, fault: Fault | None) -> None:
+        """Before the call is applied: an interrupt fault fires."""
+        if fault is Fault.INTERRUPT_BEFORE:
+            self.interrupt()
+        elif fault is Fault.SYSTEM_EXIT_BEFORE:
+            raise SystemExit(f"{self.engine} {method}: SystemExit before applying")
+
     def _exit(self, method: str, fault: Fault | None, apply: Callable[[], None]) -> dict[str, Any]:
         """The call (landed, if it was late) is applied or refused as its fault says."""
-        if fault in (Fault.AMBIGUOUS_NOT_APPLIED,):
-            raise AmbiguousOutcome(f"{self.engine} {method}: read timeout (not applied)", engine=self.engine)
+        if fault is Fault.AMBIGUOUS_NOT_APPLIED:
+            raise AmbiguousOutcome(
+                f"{self.engine} {method}: read timeout (not applied)", engine=self.engine, attempts=record(Delivery.MAYBE_APPLIED)
+            )
         if fault is Fault.ACTOR_UNAVAILABLE:
             raise EngineUnavailable(f"{self.engine} {method}: actor unavailable")
         if fault in (Fault.FAILED, Fault.LATE_FAILED):
             raise Refused(f"{self.engine} {method}: HTTP 500")
+        if fault is Fault.GATEWAY_NOT_FORWARDED:
+            raise Answered(f"{self.engine} {method}: HTTP 502 from the proxy (not forwarded)", 502, record(Delivery.RESPONDED, 502))
+        if fault is Fault.CONNECTION_REFUSED:
+            raise Answered(f"{self.engine} {method}: connection refused", None, record(Delivery.NOT_SENT, None, "ConnectionError"))
         with self._lock:
             if self.crash is not None:
                 raise EngineDied(f"{self.engine} is down: {self.crash}")
             apply()
         if fault is Fault.AMBIGUOUS_APPLIED:
-            raise AmbiguousOutcome(f"{self.engine} {method}: read timeout (applied)", engine=self.engine)
+            raise AmbiguousOutcome(
+                f"{self.engine} {method}: read timeout (applied)", engine=self.engine, attempts=record(Delivery.MAYBE_APPLIED)
+            )
         if fault is Fault.ACTOR_DIED:
             raise EngineDied(f"{self.engine}: actor died after {method}")
+        if fault in (Fault.APPLIED_THEN_502, Fault.APPLIED_THEN_504):
+            status = 502 if fault is Fault.APPLIED_THEN_502 else 504
+            raise Answered(f"{self.engine} {method}: HTTP {status} from the proxy (applied)", status, record(Delivery.RESPONDED, status))
+        if fault is Fault.INTERRUPT_AFTER:
+            self.interrupt()
+        elif fault is Fault.SYSTEM_EXIT_AFTER:
+            raise SystemExit(f"{self.engine} {method}: SystemExit after applying")
         return {"engine": self.engine, "method": method}
 
     def _pause(self) -> None:
@@ -230,6 +304,7 @@ class FakeEngine(_Fake):
 
     def _call(self, method: str, apply: Callable[[], None]) -> dict[str, Any]:
         fault, landing = self._enter(method, None)
+        self._before(method, fault)
         if landing is not None:
             landing.thread_event.wait(LATE_LIMIT_S)
         return self._exit(method, fault, apply)
@@ -251,11 +326,19 @@ class FakeEngine(_Fake):
 
 
 class AsyncFakeEngine(_Fake):
-    """The same engine with ``async`` control calls; a late call awaits (on its own loop) until the test lands it."""
+    """The same engine with ``async`` control calls; a late call awaits (on its own loop) until the test lands it.
+
+    Its default ``interrupt`` raises ``asyncio.CancelledError`` inside the call (the call's task ends cancelled).
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.interrupt = _cancelled
 
     async def _call(self, method: str, apply: Callable[[], None]) -> dict[str, Any]:
         fault, landing = self._enter(method, asyncio.get_running_loop())
         await asyncio.sleep(0)  # a real client yields to the loop at least once per call
+        self._before(method, fault)
         if landing is not None:
             await landing.wait_async()
         return self._exit(method, fault, apply)
@@ -274,6 +357,10 @@ class AsyncFakeEngine(_Fake):
 
     async def continue_generation(self, torch_empty_cache: bool = True) -> dict[str, Any]:
         return await self._call("continue_generation", self._continue)
+
+
+def _cancelled() -> None:
+    raise asyncio.CancelledError("fake engine: cancelled")
 
 
 AnyFake = FakeEngine | AsyncFakeEngine

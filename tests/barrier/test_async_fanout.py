@@ -11,8 +11,8 @@ import pytest
 
 from resilience.barrier.async_fanout import TaskCall
 from resilience.barrier.fanout import PhaseTimeout, ThreadFanOut
-from resilience.barrier.knowledge import CallOutcome
-from resilience.barrier.outcome import outcome_of
+from resilience.barrier.knowledge import Effect
+from resilience.barrier.outcome import effect_of
 from resilience.deadline import Deadline, current_deadline
 from resilience.errors import AmbiguousOutcome
 from resilience.fanout import AsyncFanOut, EngineResult
@@ -83,7 +83,7 @@ def test_errors_are_each_engines_own(fanout: AsyncFanOut) -> None:
     results = fanout.call([(e, {}) for e in engines], "flush_cache", Deadline(10))
     assert isinstance(results[0].error, Refused) and results[1].ok and isinstance(results[2].error, AmbiguousOutcome)
     assert results[1].value == {"engine": engines[1].engine, "method": "flush_cache"}
-    assert [outcome_of(r.error) for r in results] == [CallOutcome.NOT_APPLIED, CallOutcome.APPLIED, CallOutcome.MAYBE]
+    assert [effect_of(r.error) for r in results] == [Effect.NOT_APPLIED, Effect.APPLIED, Effect.MAYBE]
 
 
 def test_a_late_call_keeps_running_and_lands(fanout: AsyncFanOut) -> None:
@@ -108,7 +108,7 @@ def test_a_call_queued_at_the_deadline_is_never_sent() -> None:
         results = fanout.call([(e, {"tags": None}) for e in engines], "release_memory_occupation", Deadline(0.3))
         queued = results[1]
         assert isinstance(queued.error, PhaseTimeout) and queued.error.maybe_sent is False and queued.late is None
-        assert outcome_of(queued.error) is CallOutcome.NOT_APPLIED
+        assert effect_of(queued.error) is Effect.NOT_APPLIED
         engines[0].land()
         assert results[0].late is not None and results[0].late.wait(10)[0]
     assert engines[1].started == [] and engines[0].started == ["release_memory_occupation"]
@@ -124,7 +124,7 @@ def test_close_cancels_a_late_call_which_lands_as_maybe_applied() -> None:
     fanout.close()
     landed, error = result.late.wait(10)
     assert landed and isinstance(error, PhaseTimeout) and error.maybe_sent
-    assert outcome_of(error) is CallOutcome.MAYBE
+    assert effect_of(error) is Effect.MAYBE
 
 
 def test_run_and_calls_from_the_loop_thread(fanout: AsyncFanOut) -> None:
@@ -150,7 +150,7 @@ def test_thread_fanout_refuses_async_engines_without_sending() -> None:
     finally:
         pool.close()
     assert isinstance(result, EngineResult) and isinstance(result.error, TypeError) and "AsyncFanOut" in str(result.error)
-    assert outcome_of(result.error) is CallOutcome.NOT_APPLIED and engine.started == [] and not engine.paused
+    assert effect_of(result.error) is Effect.NOT_APPLIED and engine.started == [] and not engine.paused
 
 
 def test_bad_knobs_are_refused() -> None:

@@ -8,21 +8,32 @@ SGLang's crash semantics, through offload (all tags and some), onload (all and
 offload or onload from another thread during the body), user holds,
 reconcile and retire; any call may be armed with a fault (applied then
 ambiguous, ambiguous and not applied, refused, late past the phase deadline,
-a dead or unavailable Ray actor). ``CPR_BARRIER_EXAMPLES`` sets the number of
-examples (default 500).
+a dead or unavailable Ray actor, applied then a proxy's 502 or 504, a proxy's 502
+without forwarding, a refused connection).
+
+Barrier v3's faults (issue 19) come on top, each followed by more transitions
+(the caller keeps going): an interrupt before or after the engine applied a call
+(KeyboardInterrupt reaching the caller's thread, SystemExit inside a worker's
+call, the awaiting task cancelled), observers that raise a BaseException, and a
+fan-out that raises part-way. A fourth run has a memory probe over the fakes'
+true state, answering for some engines only.
+
+``CPR_BARRIER_EXAMPLES`` sets the number of examples of each synchronous run
+(default 200), ``CPR_BARRIER_ASYNC_EXAMPLES`` those of each async run (default 80).
 
 The same machine runs three ways: ``Orchestrator`` over ``ThreadFanOut`` (the
 examples above), ``Orchestrator`` over ``AsyncFanOut`` with ``AsyncFakeEngine``s,
 and ``AsyncOrchestrator`` (driven on a loop thread through ``SyncFacade``) with
 one more rule: a transition whose awaiting task is cancelled part-way, after
-which the knowledge must still be true. ``CPR_BARRIER_ASYNC_EXAMPLES`` sets the
-examples of each async run (default 200).
+which the knowledge must still be true.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+import signal
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -35,13 +46,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from resilience.barrier import AsyncOrchestrator, BarrierBusy, EngineGroup, HoldToken, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
-from resilience.barrier.fanout import ThreadFanOut
+from resilience.barrier.fanout import Calls, EngineResult, SequentialFanOut, ThreadFanOut
 from resilience.barrier.knowledge import EngineState
+from resilience.deadline import Deadline
+from resilience.events import Event
 from tests.barrier.async_facade import LoopThread, SyncFacade
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 
-EXAMPLES = int(os.environ.get("CPR_BARRIER_EXAMPLES", "500"))
-ASYNC_EXAMPLES = int(os.environ.get("CPR_BARRIER_ASYNC_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("CPR_BARRIER_EXAMPLES", "200"))
+ASYNC_EXAMPLES = int(os.environ.get("CPR_BARRIER_ASYNC_EXAMPLES", "80"))
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.02, flush_s=0.02, release_s=0.02, resume_s=0.02, continue_s=0.02)
 """Tiny phase limits: a "late" fault costs one phase limit of waiting; transitions get 5 s (exclusion waits)."""
 METHODS = ("pause_generation", "flush_cache", "release_memory_occupation", "resume_memory_occupation", "continue_generation")
@@ -54,6 +67,10 @@ _FAULT_WEIGHTS = {
     Fault.LATE_FAILED: 1,
     Fault.ACTOR_DIED: 1,
     Fault.ACTOR_UNAVAILABLE: 1,
+    Fault.APPLIED_THEN_502: 2,
+    Fault.APPLIED_THEN_504: 1,
+    Fault.GATEWAY_NOT_FORWARDED: 1,
+    Fault.CONNECTION_REFUSED: 1,
 }
 FAULTS = st.lists(
     st.tuples(
@@ -63,6 +80,74 @@ FAULTS = st.lists(
     ),
     max_size=3,
 ).map(lambda faults: {(i, method): fault for i, method, fault in faults})
+_PROMPT = {f: w for f, w in _FAULT_WEIGHTS.items() if f not in (Fault.LATE_APPLIED, Fault.LATE_FAILED)}
+PROMPT_FAULTS = st.lists(
+    st.tuples(
+        st.sampled_from([0, 1, 0, 1, 2]),
+        st.sampled_from([m for m, w in zip(METHODS, _METHOD_WEIGHTS, strict=True) for _ in range(w)]),
+        st.sampled_from([f for f, w in _PROMPT.items() for _ in range(w)]),
+    ),
+    max_size=3,
+).map(lambda faults: {(i, method): fault for i, method, fault in faults})
+"""FAULTS without late calls: for a fan-out that raises and loses its late handles (no barrier can wait for those)."""
+TRANSITIONS = st.sampled_from(["offload", "onload", "onload_weights", "weight_sync", "step", "pause"])
+METHODS_OF = {
+    "offload": ("pause_generation", "flush_cache", "release_memory_occupation"),
+    "onload": ("resume_memory_occupation", "continue_generation"),
+    "onload_weights": ("resume_memory_occupation", "continue_generation"),
+    "weight_sync": ("pause_generation", "continue_generation"),
+    "step": METHODS,
+    "pause": ("pause_generation",),
+}
+"""The calls each transition may send: where an interrupt fault is placed, so that it fires."""
+
+
+class Boom(BaseException):
+    """What a misbehaving observer raises: not an ``Exception``, so ``emit`` does not swallow it."""
+
+
+class FanOutBroke(RuntimeError):
+    """What ``FlakyFanOut`` raises part-way."""
+
+
+class FlakyFanOut:
+    """A fan-out that, when armed, sends the phase to its first ``k`` calls (through ``inner``), then raises and loses the answers."""
+
+    def __init__(self, inner: ThreadFanOut | SequentialFanOut) -> None:
+        self.inner = inner
+        self.armed: int | None = None
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        k, self.armed = self.armed, None
+        if k is None:
+            return self.inner.call(calls, method, deadline)
+        if k:
+            self.inner.call(list(calls)[:k], method, deadline)
+        raise FanOutBroke(f"fan-out broke after sending {method} to {min(k, len(calls))} of {len(calls)} engines")
+
+    def close(self) -> None:
+        if isinstance(self.inner, ThreadFanOut):
+            self.inner.close()
+
+
+class TruthProbe:
+    """A ``MemoryProbe`` over the fakes' true state, answering only for the engines in ``answers`` (None for the others)."""
+
+    def __init__(self, engines: list[AnyFake]) -> None:
+        self.engines = {e.engine: e for e in engines}
+        self.answers: set[str] = set()
+        self.asked = 0
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        self.asked += 1
+        if engine not in self.answers:
+            return None
+        return self.engines[engine].snapshot()[2]
+
+
+INTERRUPTED_BY = (KeyboardInterrupt, SystemExit, asyncio.CancelledError, concurrent.futures.CancelledError, Boom, FanOutBroke)
+"""What a rule with an interrupt catches (a transition that returned or raised PhaseFailed is checked as usual)."""
+
 """Per rule: which engine's next call of which method goes wrong, and how. Weighted towards the calls that kill an
 engine when repeated (release, resume), towards the offloaded engines 0 and 1, and towards "applied, then ambiguous";
 "late" faults cost a phase limit of real time, so they are drawn less."""
@@ -78,8 +163,16 @@ class BarrierMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.engines: list[AnyFake] = [FakeEngine(f"http://fake-{i}:30000") for i in range(3)]
-        self.fanout: ThreadFanOut | AsyncFanOut = ThreadFanOut(max_workers=32)
-        self.orch: Any = Orchestrator(self.groups(), fanout=self.fanout, deadlines=DEADLINES)
+        self.fanout: Any = FlakyFanOut(ThreadFanOut(max_workers=32))
+        self.bomb: tuple[int, type[BaseException]] | None = None
+        """Armed by ``observer_raises``: the observer raises this after so many more events."""
+        self.interrupted = 0
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.orch: Any = Orchestrator(self.groups(), fanout=self.fanout, deadlines=DEADLINES, observers=[self.observe])
+        self.in_transition = False
+        """True while the rule that draws interrupts runs its first transition: only then may a hook interrupt the caller
+        (a late call's hook firing later would interrupt the test itself)."""
+        self.use_hook(self.signal_main)
         self.retired: set[str] = set()
         self.tokens: list[HoldToken | None] = []
         """One entry per ``pause`` rule run, None when it failed: preconditions must not depend on timing
@@ -87,7 +180,86 @@ class BarrierMachine(RuleBasedStateMachine):
         self.threads: list[threading.Thread] = []
         self.failures: list[str] = []
 
+    INTERRUPTS: tuple[Fault, ...] = (Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER, Fault.SYSTEM_EXIT_BEFORE, Fault.SYSTEM_EXIT_AFTER)
+    """The interrupt faults this machine draws (KeyboardInterrupt to the main thread, SystemExit in a worker)."""
+    BOMBS: tuple[type[BaseException], ...] = (Boom, KeyboardInterrupt)
+    """What its observers may raise."""
+
     # -- helpers ------------------------------------------------------------------------------
+
+    def signal_main(self) -> None:
+        """An interrupt hook: Ctrl-C reaches the caller's (main) thread; raised in place when the call runs there."""
+        if threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt("interrupted in the main thread")
+        if self.in_transition:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    def cancel_transition(self) -> None:
+        """An interrupt hook for ``AsyncOrchestrator``: cancel the task awaiting the transition."""
+        if self.in_transition and isinstance(self.orch, SyncFacade):
+            self.orch.cancel_current()
+
+    def use_hook(self, hook: Any) -> None:
+        for e in self.engines:
+            e.interrupt = hook
+
+    def observe(self, event: Event) -> None:
+        """The orchestrator's observer: raises when ``observer_raises`` armed it."""
+        if self.bomb is not None:
+            left, kind = self.bomb
+            self.bomb = (left - 1, kind) if left else None
+            if not left:
+                raise kind(f"observer raised on {type(event).__name__}")
+
+    def transition(self, which: str) -> None:
+        """One transition (or the README's colocate step); a PhaseFailed is checked, an interruption propagates."""
+        try:
+            if which == "offload":
+                self.orch.offload()
+            elif which == "onload":
+                self.orch.onload()
+            elif which == "onload_weights":
+                self.orch.onload(tags=["weights"])
+            elif which == "weight_sync":
+                with self.orch.weight_sync():
+                    self.body("interrupted sync")
+            elif which == "pause":
+                if len(self.tokens) < 2:
+                    report = self.orch.pause("user")
+                    self.tokens.append(report.hold)
+            else:
+                self.orch.offload()
+                self.orch.onload(tags=["weights"])
+                with self.orch.weight_sync():
+                    self.body("interrupted step")
+                self.orch.onload()
+        except PhaseFailed as err:
+            self.check_named(err)
+        except BarrierBusy:
+            pass
+
+    def interrupted_then_go_on(self, which: str, then: str, faults: Mapping[tuple[int, str], Fault]) -> str:
+        """Run ``which`` with ``faults`` armed, expecting an interruption, then keep going with ``then`` (nothing armed);
+        return how the first one ended."""
+        with self.armed(faults):
+            try:
+                self.in_transition = True
+                self.transition(which)
+                outcome = "finished"
+            except INTERRUPTED_BY as exc:
+                outcome = type(exc).__name__
+                self.interrupted += 1
+            finally:
+                self.in_transition = False
+                self.bomb = None
+                if isinstance(self.fanout, FlakyFanOut):
+                    self.fanout.armed = None
+        self.settle_interrupts()
+        self.transition(then)  # the caller keeps going: the next transition must not kill an engine either
+        return outcome
+
+    def settle_interrupts(self) -> None:
+        """Nothing to do for threads: a KeyboardInterrupt was raised where the signal reached the main thread."""
 
     def groups(self) -> list[EngineGroup[Any]]:
         """Engines 0 and 1 offloaded, engine 2 in a needs_offload=False group."""
@@ -350,6 +522,30 @@ class BarrierMachine(RuleBasedStateMachine):
         for e in self.engines:
             e.land()
 
+    @rule(which=TRANSITIONS, then=TRANSITIONS, i=st.sampled_from([0, 1, 0, 1, 2]), how=st.data(), faults=FAULTS)
+    def interrupted(self, which: str, then: str, i: int, how: st.DataObject, faults: dict[tuple[int, str], Fault]) -> None:
+        """An interrupt before or after one engine applied one call, with other faults; then the caller keeps going."""
+        method = how.draw(st.sampled_from(METHODS_OF[which]), label="method")
+        interrupt = how.draw(st.sampled_from(self.INTERRUPTS), label="interrupt")
+        outcome = self.interrupted_then_go_on(which, then, {**faults, (i, method): interrupt})
+        event(f"interrupted {which} ({interrupt}): {outcome}")
+
+    @rule(which=TRANSITIONS, then=TRANSITIONS, after=st.integers(0, 14), how=st.data(), faults=FAULTS)
+    def observer_raises(self, which: str, then: str, after: int, how: st.DataObject, faults: dict[tuple[int, str], Fault]) -> None:
+        """An observer raises a BaseException on some event of a transition; then the caller keeps going."""
+        self.bomb = (after, how.draw(st.sampled_from(self.BOMBS), label="bomb"))
+        outcome = self.interrupted_then_go_on(which, then, faults)
+        event(f"observer raised in {which}: {outcome}")
+
+    @rule(which=TRANSITIONS, then=TRANSITIONS, k=st.integers(0, 3), faults=PROMPT_FAULTS)
+    def fanout_raises(self, which: str, then: str, k: int, faults: dict[tuple[int, str], Fault]) -> None:
+        """The fan-out sends a phase to its first ``k`` engines, then raises (losing the answers); then the caller keeps going."""
+        if not isinstance(self.fanout, FlakyFanOut):
+            return
+        self.fanout.armed = k
+        outcome = self.interrupted_then_go_on(which, then, faults)
+        event(f"fan-out raised in {which}: {outcome}")
+
     # -- invariants --------------------------------------------------------------------------------
 
     @invariant()
@@ -405,15 +601,71 @@ BarrierMachine.TestCase.settings = settings(max_examples=EXAMPLES, **SETTINGS)  
 TestBarrierProperties = BarrierMachine.TestCase
 
 
+class SequentialMachine(BarrierMachine):
+    """The same machine over ``SequentialFanOut``: every call runs on the caller's (main) thread, where interrupts are raised.
+
+    No late faults: a call that blocks blocks the caller itself (no phase deadline can cut it short there).
+    """
+
+    @contextmanager
+    def armed(self, faults: Mapping[tuple[int, str], Fault]) -> Iterator[None]:
+        with super().armed({k: f for k, f in faults.items() if f not in (Fault.LATE_APPLIED, Fault.LATE_FAILED)}):
+            yield
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fanout.close()
+        self.fanout = FlakyFanOut(SequentialFanOut())
+        self.orch = Orchestrator(self.groups(), fanout=self.fanout, deadlines=DEADLINES, observers=[self.observe])
+
+
+SequentialMachine.TestCase.settings = settings(max_examples=EXAMPLES, **SETTINGS)  # type: ignore[arg-type]
+TestBarrierPropertiesSequential = SequentialMachine.TestCase
+
+
+class ProbeMachine(BarrierMachine):
+    """The thread machine with a ``MemoryProbe`` over the fakes' true state, answering only for the engines a rule picked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probe = TruthProbe(self.engines)
+        self.orch = Orchestrator(self.groups(), fanout=self.fanout, deadlines=DEADLINES, observers=[self.observe], memory_probe=self.probe)
+
+    @rule(i=st.integers(0, 2), answers=st.booleans())
+    def probe_answers(self, i: int, answers: bool) -> None:
+        """The probe can (or can no longer) prove engine ``i``'s memory."""
+        (self.probe.answers.add if answers else self.probe.answers.discard)(self.engines[i].engine)
+
+    @rule(i=st.integers(0, 1), faults=FAULTS)
+    def probe_lifts_the_quarantine(self, i: int, faults: dict[tuple[int, str], Fault]) -> None:
+        """Once the probe can prove engine ``i``'s memory, the next transition reconciles it: it is no longer quarantined
+        (unless a call to it is still in flight), with no human in the loop."""
+        name = self.engines[i].engine
+        was = name in self.orch.quarantined()
+        self.probe.answers.add(name)
+        with self.armed(faults):
+            self.transition("onload")
+        if self.orch.states().get(name) is not EngineState.IN_FLIGHT:
+            assert name not in self.orch.quarantined(), (name, self.orch.not_serving())
+        event(f"probe: {'lifted a quarantine' if was else 'nothing quarantined'}")
+
+
+ProbeMachine.TestCase.settings = settings(max_examples=EXAMPLES, **SETTINGS)  # type: ignore[arg-type]
+TestBarrierPropertiesWithProbe = ProbeMachine.TestCase
+
+
 class AsyncFanOutMachine(BarrierMachine):
-    """The same machine: ``Orchestrator`` over ``AsyncFanOut``, engines with coroutine calls."""
+    """The same machine: ``Orchestrator`` over ``AsyncFanOut``, engines with coroutine calls (Ctrl-C reaches the main thread)."""
+
+    INTERRUPTS = (Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER)  # a SystemExit on the loop thread would stop the loop itself
 
     def __init__(self) -> None:
         super().__init__()
         self.fanout.close()
         self.engines = [AsyncFakeEngine(f"http://fake-{i}:30000") for i in range(3)]
+        self.use_hook(self.signal_main)
         self.fanout = AsyncFanOut()
-        self.orch = Orchestrator(self.groups(), fanout=self.fanout, deadlines=DEADLINES)
+        self.orch = Orchestrator(self.groups(), fanout=self.fanout, deadlines=DEADLINES, observers=[self.observe])
 
 
 AsyncFanOutMachine.TestCase.settings = settings(max_examples=ASYNC_EXAMPLES, **SETTINGS)  # type: ignore[arg-type]
@@ -428,8 +680,12 @@ class AsyncOrchestratorMachine(BarrierMachine):
         self.fanout.close()
         self.engines = [AsyncFakeEngine(f"http://fake-{i}:30000") for i in range(3)]
         self.loop = LoopThread()
-        self.async_orch = AsyncOrchestrator(self.groups(), deadlines=DEADLINES)
+        self.async_orch = AsyncOrchestrator(self.groups(), deadlines=DEADLINES, observers=[self.observe])
         self.orch = SyncFacade(self.async_orch, self.loop)
+        self.use_hook(self.cancel_transition)  # an interrupt cancels the task awaiting the transition
+
+    INTERRUPTS = (Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER)
+    BOMBS = (Boom,)  # a KeyboardInterrupt raised on the loop thread would stop the loop, not the transition
 
     @rule(
         which=st.sampled_from(["offload", "onload", "weights_onload", "weight_sync", "step"]),

@@ -16,10 +16,10 @@ import requests
 from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.knowledge import CallOutcome, EngineKnowledge, EngineState
-from resilience.barrier.outcome import is_engine_dead, outcome_of
+from resilience.barrier.knowledge import Effect, EngineKnowledge, EngineState
+from resilience.barrier.outcome import effect_of, is_engine_dead
 from resilience.clock import FakeClock
-from resilience.errors import AmbiguousOutcome, RetriesExhausted
+from resilience.errors import RetriesExhausted
 from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
 from resilience.outcome import AttemptRecord, Delivery
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
@@ -52,57 +52,90 @@ def alive(engines: list[AnyFake]) -> None:
         assert e.crash is None and not e.violations, (e.engine, e.crash, e.violations)
 
 
-def attempt(delivery: Delivery) -> AttemptRecord:
-    return AttemptRecord(0, None, Outcome.AMBIGUOUS, delivery, "ReadTimeout", 0.1)
+def attempt(delivery: Delivery, status: int | None = None) -> AttemptRecord:
+    return AttemptRecord(0, status, Outcome.AMBIGUOUS, delivery, "ReadTimeout", 0.1)
 
 
-def test_outcome_of_each_kind_of_error() -> None:
-    """Ambiguous answers, timeouts after sending and dead or unavailable actors are "maybe"; refusals are "not applied"."""
-    assert outcome_of(None) is CallOutcome.APPLIED
-    assert outcome_of(AmbiguousOutcome("read timeout")) is CallOutcome.MAYBE
-    assert outcome_of(PhaseTimeout("late")) is CallOutcome.MAYBE
-    assert outcome_of(PhaseTimeout("queued", maybe_sent=False)) is CallOutcome.NOT_APPLIED
-    assert outcome_of(EngineDied("actor died")) is CallOutcome.MAYBE
-    assert outcome_of(EngineUnavailable("actor unavailable")) is CallOutcome.MAYBE
-    assert outcome_of(RetriesExhausted("x", attempts=(attempt(Delivery.MAYBE_APPLIED), attempt(Delivery.RESPONDED)))) is CallOutcome.MAYBE
-    assert outcome_of(RetriesExhausted("x", attempts=(attempt(Delivery.NOT_SENT), attempt(Delivery.RESPONDED)))) is CallOutcome.NOT_APPLIED
-    assert outcome_of(requests.ReadTimeout("read")) is CallOutcome.MAYBE
-    assert outcome_of(requests.ConnectTimeout("connect")) is CallOutcome.NOT_APPLIED
-    assert outcome_of(ValueError("bad mode")) is CallOutcome.NOT_APPLIED
+class _Response:
+    """A response as the drivers hand it back: the record rides on it."""
+
+    def __init__(self, *attempts: AttemptRecord) -> None:
+        self.attempts = attempts
 
 
-def test_outcome_of_async_transport_errors() -> None:
-    """httpx and aiohttp errors without the retry loop's record: failing to connect is "not applied", anything after is "maybe"."""
+def with_record(error: BaseException, *attempts: AttemptRecord) -> BaseException:
+    error.attempts = attempts  # type: ignore[attr-defined]
+    return error
+
+
+def test_effect_of_reads_only_the_driver_record() -> None:
+    """No error: applied. The barrier's own "never started" and skips: not applied. A record with an attempt that may have
+    been applied, or a gateway status, or no record at all: maybe. Every attempt not sent, or the engine's own error: not applied."""
+    assert effect_of(None) is Effect.APPLIED
+    assert effect_of(PhaseTimeout("queued", maybe_sent=False)) is Effect.NOT_APPLIED
+    assert effect_of(EngineSkipped("skipped")) is Effect.NOT_APPLIED
+    bare_status = ValueError("HTTP 500, no record")
+    bare_status.status = 500  # type: ignore[attr-defined]
+    for no_record in (PhaseTimeout("late"), EngineDied("actor died"), EngineUnavailable("unavailable"), ValueError("bug"), bare_status):
+        assert effect_of(no_record) is Effect.MAYBE, no_record  # conservative: nobody said the request never left
+    maybe = RetriesExhausted("x", attempts=(attempt(Delivery.MAYBE_APPLIED), attempt(Delivery.RESPONDED, 500)))
+    assert effect_of(maybe) is Effect.MAYBE
+    assert effect_of(RetriesExhausted("x", attempts=(attempt(Delivery.NOT_SENT), attempt(Delivery.RESPONDED, 500)))) is Effect.NOT_APPLIED
+    for gateway in (502, 503, 504):  # a proxy may answer these after it forwarded: whatever the retry policy did with them
+        after = RetriesExhausted("x", attempts=(attempt(Delivery.RESPONDED, gateway), attempt(Delivery.RESPONDED, 500)))
+        assert effect_of(after) is Effect.MAYBE, gateway
+    on_response = with_record(ValueError("x"))
+    del on_response.attempts  # type: ignore[attr-defined]
+    on_response.response = _Response(attempt(Delivery.RESPONDED, 504))  # type: ignore[attr-defined]
+    assert effect_of(on_response) is Effect.MAYBE
+    assert effect_of(with_record(ValueError("2xx, bad body"), attempt(Delivery.RESPONDED, 200))) is Effect.MAYBE
+    assert effect_of(with_record(ValueError("engine said no"), attempt(Delivery.RESPONDED, 400))) is Effect.NOT_APPLIED
+    # an empty record is no record (attempts_of gives None): nothing proves the request never left
+    assert effect_of(RetriesExhausted("no attempt was made", attempts=())) is Effect.MAYBE
+
+
+def test_effect_and_death_never_depend_on_the_library() -> None:
+    """The same transport error reads as its record says: maybe without one, not applied (and dead) when every attempt was refused."""
     import aiohttp
     import httpx
 
-    assert outcome_of(httpx.ConnectError("refused")) is CallOutcome.NOT_APPLIED
-    assert outcome_of(httpx.ConnectTimeout("connect")) is CallOutcome.NOT_APPLIED
-    for after in (httpx.ReadTimeout("read"), httpx.RemoteProtocolError("closed"), httpx.ReadError("reset")):
-        assert outcome_of(after) is CallOutcome.MAYBE, after
-    for after in (aiohttp.ServerDisconnectedError(), aiohttp.ClientPayloadError("cut"), aiohttp.ServerTimeoutError("read"), TimeoutError()):
-        assert outcome_of(after) is CallOutcome.MAYBE, after
-    refused = aiohttp.ClientConnectorError(aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 1, False, True, None, None, None),
-                                           OSError(111, "refused"))
-    assert outcome_of(refused) is CallOutcome.NOT_APPLIED
-    refused.attempts = (attempt(Delivery.NOT_SENT),)  # type: ignore[attr-defined]
-    assert is_engine_dead(refused) and not is_engine_dead(httpx.ConnectError("no record"))
+    for error in (requests.ConnectTimeout("connect"), httpx.ConnectError("refused"), OSError(111, "refused"), TimeoutError()):
+        assert effect_of(error) is Effect.MAYBE and not is_engine_dead(error), error
+        refused = with_record(error, attempt(Delivery.NOT_SENT), attempt(Delivery.NOT_SENT))
+        assert effect_of(refused) is Effect.NOT_APPLIED and is_engine_dead(refused), error
+    reset = with_record(aiohttp.ServerDisconnectedError(), attempt(Delivery.NOT_SENT), attempt(Delivery.MAYBE_APPLIED))
+    assert effect_of(reset) is Effect.MAYBE and not is_engine_dead(reset)
+    assert is_engine_dead(EngineDied("gone")) and not is_engine_dead(RetriesExhausted("x", attempts=()))
+    behind_proxy = with_record(ValueError("502"), attempt(Delivery.RESPONDED, 502))
+    assert effect_of(behind_proxy) is Effect.MAYBE and not is_engine_dead(behind_proxy)
+
+
+def test_a_breaker_refusal_is_not_applied_but_never_proves_the_engine_dead() -> None:
+    """The drivers record an open breaker as one NOT_SENT entry named CircuitOpen: nothing was sent, but the breaker may have
+    opened on 502s, so only the call's real refusals (if any) can say the engine is gone."""
+    from resilience.errors import CircuitOpen
+
+    breaker = AttemptRecord(0, None, Outcome.RETRYABLE, Delivery.NOT_SENT, "CircuitOpen", 0.0)
+    only_breaker = CircuitOpen("circuit open", attempts=(breaker,))
+    assert effect_of(only_breaker) is Effect.NOT_APPLIED and not is_engine_dead(only_breaker)
+    refused_then_open = CircuitOpen("circuit open", attempts=(attempt(Delivery.NOT_SENT), breaker))
+    assert effect_of(refused_then_open) is Effect.NOT_APPLIED and is_engine_dead(refused_then_open)
 
 
 def test_knowledge_table() -> None:
     """A maybe-applied release or resume makes its tags unknown (quarantine); a maybe continue makes "paused" unknown."""
     k = EngineKnowledge("e")
-    k.apply("pause_generation", {"mode": "abort"}, CallOutcome.APPLIED)
-    k.apply("flush_cache", {}, CallOutcome.APPLIED)
+    k.apply("pause_generation", {"mode": "abort"}, Effect.APPLIED)
+    k.apply("flush_cache", {}, Effect.APPLIED)
     assert k.may_release("kv_cache") and k.state is EngineState.FLUSHED
-    k.apply("release_memory_occupation", {"tags": ["kv_cache"]}, CallOutcome.MAYBE)
+    k.apply("release_memory_occupation", {"tags": ["kv_cache"]}, Effect.MAYBE)
     assert k.quarantined and not k.may_release("weights") and not k.may_resume("kv_cache") and not k.may_continue()
     k.reconcile(released=["kv_cache"], paused=True)
     assert k.may_resume("kv_cache") and not k.may_release("kv_cache")
-    k.apply("resume_memory_occupation", {"tags": None}, CallOutcome.MAYBE)
+    k.apply("resume_memory_occupation", {"tags": None}, Effect.MAYBE)
     assert k.unknown == set(ALL) and k.released == set()
     k.reconcile(released=(), paused=True)
-    k.apply("continue_generation", {}, CallOutcome.MAYBE)
+    k.apply("continue_generation", {}, Effect.MAYBE)
     assert k.paused is None and k.state is EngineState.UNKNOWN and k.may_continue()
 
 

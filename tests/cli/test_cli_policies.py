@@ -85,3 +85,14 @@ def test_unusable_files_are_one_line_naming_the_file(tmp_path: Path, name: str, 
     assert result.returncode == 1
     [line] = error_lines(result.stderr)
     assert fragment in line and "UnicodeDecodeError" not in line
+
+
+def test_rows_say_when_the_callers_timeout_wins() -> None:
+    """An entry that names no timeout is marked (the caller's timeout wins); one that names both is not."""
+    from resilience.cli.render import policy_rows
+    from resilience.policy import EndpointPolicy, PolicyTable
+
+    table = PolicyTable({"POST /a": EndpointPolicy(idempotent=False), "POST /b": EndpointPolicy(attempt_timeout_s=5, deadline_s=20)})
+    notes = {row[0]: row[-1] for row in policy_rows(table)}
+    assert "attempt_timeout_s and deadline_s not named: the caller's timeout wins" in notes["POST /a"]
+    assert "not named" not in notes["POST /b"]

@@ -1,0 +1,369 @@
+"""The barrier's journal: what the orchestrator knows of each engine, written where it outlives the controller.
+
+``Orchestrator(groups, journal=PATH)`` (and ``AsyncOrchestrator``) writes a
+record before each command is sent, with the facts that command may change
+already marked unknown (the write-ahead intent), and another once its outcome
+is folded in; also on every hold, reconcile and retire. A new orchestrator
+started on the same journal resumes every engine's knowledge from the last
+complete record. A call that was in flight when the controller died is then
+"maybe applied", because its intent record said so before it was sent. Holds
+come back with their owners, and an owner process that is gone is named
+(``Recovery.orphaned_holds``). So do the restart budget's records.
+
+A record is one JSON object (framed and checksummed by the store,
+``resilience.barrier.journal_store``):
+
+- ``{"k": "header", "format": ..., "version": 1, "engines": [...]}``: first, once;
+- ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``:
+  the facts of the engines that changed, ``why`` says which step wrote it.
+
+The journal is compacted (rewritten as a header and one full state record)
+every ``compact_after`` records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore, unframe
+from resilience.barrier.knowledge import Effect, EngineKnowledge
+from resilience.budget import RestartBudget, RestartRecord
+
+__all__ = [
+    "FORMAT",
+    "Journal",
+    "JournalBusy",
+    "JournalError",
+    "JournalMismatch",
+    "Recovery",
+    "Resumed",
+    "facts_of",
+    "knowledge_from",
+    "open_journal",
+]
+
+FORMAT = "controlplane-resilience/barrier-journal"
+OFFLOAD_TOKEN = 0
+"""The offload hold's id (``resilience.barrier.rules``): it belongs to whichever controller runs, so it has no owner."""
+_VERSION = 1
+_LOG = logging.getLogger("resilience.barrier.journal")
+
+
+class JournalMismatch(JournalError):
+    """The journal was written for other engines than the ones the orchestrator was given."""
+
+
+def _me() -> dict[str, Any]:
+    return {"host": os.uname().nodename, "pid": os.getpid()}
+
+
+def facts_of(k: EngineKnowledge, *, retired: bool = False) -> dict[str, Any]:
+    """An engine's knowledge as JSON-ready facts (a late call becomes the name of its method)."""
+    return {
+        "paused": k.paused,
+        "flushed": k.flushed,
+        "pause_mode": k.pause_mode,
+        "released": sorted(k.released),
+        "unknown": sorted(k.unknown),
+        "dead": k.dead,
+        "holds": {str(i): r for i, r in sorted(k.holds.items())},
+        "in_flight": _in_flight(k),
+        "retired": retired,
+    }
+
+
+def _in_flight(k: EngineKnowledge) -> dict[str, Any] | None:
+    call = k.in_flight if k.in_flight is not None else k.pending
+    return None if call is None else {"method": call.method, "kwargs": dict(call.kwargs)}
+
+
+def knowledge_from(name: str, facts: Mapping[str, Any]) -> EngineKnowledge:
+    """The knowledge a journal's facts describe.
+
+    A call that was in flight is gone with its process; its facts were already written as "maybe applied"
+    before it was sent, and are made so again here (a maybe is idempotent), so a record written by an
+    older writer, or one cut short between the mark and its record, can never read as "not applied".
+    """
+    paused = facts.get("paused")
+    k = EngineKnowledge(
+        name,
+        paused=paused if paused is None else bool(paused),
+        flushed=bool(facts.get("flushed", False)),
+        pause_mode=facts.get("pause_mode"),
+        released=set(facts.get("released", ())),
+        unknown=set(facts.get("unknown", ())),
+        dead=facts.get("dead"),
+        holds={int(i): str(r) for i, r in dict(facts.get("holds", {})).items()},
+    )
+    call = facts.get("in_flight")
+    if isinstance(call, Mapping):
+        k.apply(str(call.get("method")), dict(call.get("kwargs") or {}), Effect.MAYBE)
+    return k
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What an orchestrator found in its journal when it started.
+
+    ``resumed``: False for a new (empty) journal. ``records``: complete records read.
+    ``dropped``: what a torn or corrupt tail was (None when none). ``in_flight``: engine ->
+    the call that was in flight when the last controller stopped (now "maybe applied").
+    ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``);
+    they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
+    """
+
+    store: str
+    resumed: bool = False
+    records: int = 0
+    dropped: str | None = None
+    in_flight: Mapping[str, str] = field(default_factory=dict)
+    orphaned_holds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    states: Mapping[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One paragraph for a person."""
+        if not self.resumed:
+            return f"journal {self.store}: new"
+        parts = [f"journal {self.store}: resumed from {self.records} record(s)"]
+        if self.dropped:
+            parts.append(self.dropped)
+        if self.in_flight:
+            parts.append("in flight at the last stop (maybe applied): " + ", ".join(f"{n} {m}" for n, m in sorted(self.in_flight.items())))
+        if self.orphaned_holds:
+            parts.append("holds whose owner is gone: " + ", ".join(f"{n} {'; '.join(h)}" for n, h in sorted(self.orphaned_holds.items())))
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What ``Journal.open`` read: the ``Recovery`` report, each engine's knowledge (engines with no record are left out),
+    the retired engines, and the restart budget's state (None when the journal never saw one)."""
+
+    recovery: Recovery
+    knowledge: Mapping[str, EngineKnowledge] = field(default_factory=dict)
+    retired: frozenset[str] = frozenset()
+    budget: Mapping[str, Any] | None = None
+
+
+@dataclass
+class _Folded:
+    engines: list[str] | None = None
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    owners: dict[str, dict[str, Any]] = field(default_factory=dict)
+    budget: dict[str, Any] | None = None
+
+
+def _fold(payloads: Iterable[bytes], where: str) -> _Folded:
+    out = _Folded()
+    for i, payload in enumerate(payloads):
+        try:
+            rec = json.loads(payload)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise JournalError(f"journal {where}: record {i} passes its checksum but is not JSON ({exc})") from exc
+        if i == 0:
+            if not isinstance(rec, dict) or rec.get("k") != "header" or rec.get("format") != FORMAT:
+                raise JournalError(f"journal {where} is not a {FORMAT} journal (its first record is not our header); refusing to use it")
+            if rec.get("version") != _VERSION:
+                raise JournalError(f"journal {where} has version {rec.get('version')!r}, expected {_VERSION}")
+            out.engines = [str(e) for e in rec.get("engines", [])]
+            continue
+        if rec.get("k") != "state":
+            raise JournalError(f"journal {where}: record {i} has unknown kind {rec.get('k')!r}")
+        for name, facts in dict(rec.get("engines", {})).items():
+            out.facts[name] = dict(facts)
+        out.owners.update(dict(rec.get("owners", {})))
+        if rec.get("budget") is not None:
+            out.budget = dict(rec["budget"])
+    return out
+
+
+def read_journal(store: JournalStore) -> tuple[_Folded, int, str | None]:
+    """Fold a store's records (for ``cpr journal show``); (folded, records, dropped)."""
+    loaded = store.load()
+    return _fold(loaded.records, store.name), len(loaded.records), loaded.dropped
+
+
+def _alive(owner: Mapping[str, Any]) -> bool | None:
+    """True/False when the owner process is known alive/gone on this host; None when it lives on another host."""
+    if owner.get("host") != os.uname().nodename:
+        return None
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, KeyError, ValueError, TypeError):
+        return True
+    return True
+
+
+class Journal:
+    """The barrier's durable knowledge, over a ``JournalStore``.
+
+    ``store``: where the records live (a path gives a ``FileJournalStore``).
+    ``compact_after``: records written before the journal is rewritten as one
+    snapshot (default 2000; each record holds only the engines that changed).
+    """
+
+    def __init__(self, store: JournalStore | str | os.PathLike[str], *, compact_after: int = 2000) -> None:
+        if compact_after < 2:
+            raise JournalError(f"Journal.compact_after must be >= 2, but was {compact_after!r}")
+        self.store: JournalStore = store if isinstance(store, JournalStore) else FileJournalStore(store)
+        self.compact_after = compact_after
+        self._engines: tuple[str, ...] = ()
+        self._written = 0
+        self._owners: dict[str, dict[str, Any]] = {}
+        self._budget: dict[str, Any] | None = None
+        self._last: dict[str, dict[str, Any]] = {}
+
+    @property
+    def name(self) -> str:
+        """Where the journal lives."""
+        return self.store.name
+
+    @staticmethod
+    def read_only(path: str | os.PathLike[str]) -> dict[str, EngineKnowledge]:
+        """What a controller started on the journal file at ``path`` would know of each engine now, read without its lock."""
+        loaded = unframe(Path(path).read_bytes(), str(path))
+        folded = _fold(loaded.records, str(path))
+        return {n: knowledge_from(n, f) for n, f in folded.facts.items()}
+
+    def open(self, engines: Sequence[str]) -> Resumed:
+        """Read the journal for ``engines``: what it recovered, each engine's knowledge, the retired ones, the budget.
+
+        A new journal gets its header. A journal for other engines raises ``JournalMismatch`` naming
+        the difference; a torn tail is described in ``Recovery.dropped`` (and logged), then cut off.
+        """
+        self._engines = tuple(engines)
+        loaded = self.store.load()
+        if not loaded.records:
+            header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(engines), "t": time.time(), "by": _me()}
+            if loaded.dropped:
+                _LOG.warning("%s", loaded.dropped)
+                self.store.rewrite([_dump(header)])
+            else:
+                self.store.append(_dump(header))
+            self._written = 1
+            return Resumed(Recovery(self.store.name, dropped=loaded.dropped))
+        folded = _fold(loaded.records, self.store.name)
+        assert folded.engines is not None
+        if sorted(folded.engines) != sorted(engines):
+            missing = sorted(set(folded.engines) - set(engines))
+            extra = sorted(set(engines) - set(folded.engines))
+            raise JournalMismatch(
+                f"journal {self.store.name} was written for other engines: it names {len(folded.engines)} "
+                f"({'not given: ' + ', '.join(missing) if missing else 'all given'}; "
+                f"{'not in the journal: ' + ', '.join(extra) if extra else 'none new'}). "
+                "Use a new journal for a new fleet, or give the orchestrator the engines the journal knows."
+            )
+        self._owners, self._budget = folded.owners, folded.budget
+        if loaded.dropped:
+            _LOG.warning("%s", loaded.dropped)
+        knowledge = {n: knowledge_from(n, f) for n, f in folded.facts.items()}
+        in_flight = {n: str(f["in_flight"].get("method")) for n, f in folded.facts.items() if isinstance(f.get("in_flight"), Mapping)}
+        orphaned: dict[str, tuple[str, ...]] = {}
+        for n, k in knowledge.items():
+            gone = []
+            for token, reason in sorted(k.holds.items()):
+                owner = self._owners.get(str(token))
+                if owner is not None and _alive(owner) is False:
+                    gone.append(f"{reason} (pid {owner.get('pid')} on {owner.get('host')}, gone)")
+            if gone:
+                orphaned[n] = tuple(gone)
+        recovery = Recovery(
+            self.store.name,
+            resumed=True,
+            records=len(loaded.records),
+            dropped=loaded.dropped,
+            in_flight=in_flight,
+            orphaned_holds=orphaned,
+            states={n: str(k.state) for n, k in knowledge.items()},
+        )
+        self._last = {n: dict(f) for n, f in folded.facts.items()}
+        if loaded.dropped or len(loaded.records) >= self.compact_after:
+            self._compact()
+        else:
+            self._written = len(loaded.records)
+        if in_flight or orphaned:
+            _LOG.warning("%s", recovery.summary())
+        retired = frozenset(n for n, f in folded.facts.items() if f.get("retired"))
+        return Resumed(recovery, knowledge, retired, folded.budget)
+
+    def commit(
+        self,
+        know: Mapping[str, EngineKnowledge],
+        names: Collection[str],
+        why: str,
+        *,
+        retired: Collection[str] = (),
+        budget: RestartBudget | None = None,
+    ) -> None:
+        """Write the facts of ``names`` (those that changed since the last record) durably, with ``why``."""
+        changed: dict[str, dict[str, Any]] = {}
+        for n in names:
+            facts = facts_of(know[n], retired=n in retired)
+            if self._last.get(n) != facts:
+                changed[n] = facts
+        owners: dict[str, dict[str, Any]] = {}
+        for n in names:
+            for token in know[n].holds:
+                if token != OFFLOAD_TOKEN and str(token) not in self._owners:
+                    owners[str(token)] = self._owners[str(token)] = _me()
+        budget_state = _budget_state(budget)
+        budget_changed = budget_state is not None and budget_state != self._budget
+        if not changed and not owners and not budget_changed:
+            return
+        rec: dict[str, Any] = {"k": "state", "t": time.time(), "why": why, "engines": changed}
+        if owners:
+            rec["owners"] = owners
+        if budget_changed:
+            rec["budget"] = self._budget = budget_state
+        self.store.append(_dump(rec))
+        self._last.update(changed)
+        self._written += 1
+        if self._written >= self.compact_after:
+            self._compact()
+
+    def _compact(self) -> None:
+        header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(self._engines), "t": time.time(), "by": _me()}
+        snapshot: dict[str, Any] = {"k": "state", "t": time.time(), "why": "compacted", "engines": self._last, "owners": self._owners}
+        if self._budget is not None:
+            snapshot["budget"] = self._budget
+        self.store.rewrite([_dump(header), _dump(snapshot)])
+        self._written = 2
+
+    def close(self) -> None:
+        """Let go of the store."""
+        self.store.close()
+
+
+def _budget_state(budget: RestartBudget | None) -> dict[str, Any] | None:
+    if budget is None:
+        return None
+    return {"limit": budget.limit, "restarts": [{"cause": r.cause, "at": r.at, "step": r.step} for r in budget.records]}
+
+
+def restore_budget(budget: RestartBudget | None, state: Mapping[str, Any] | None) -> RestartBudget | None:
+    """The restart budget a journal recorded: merged into ``budget`` (restarts it lacks), or built from the journal."""
+    if state is None:
+        return budget
+    records = [RestartRecord(cause=str(r["cause"]), at=float(r["at"]), step=r.get("step")) for r in state.get("restarts", [])]
+    if budget is None:
+        budget = RestartBudget(int(state.get("limit", 3)))
+    budget.restore(records)
+    return budget
+
+
+def open_journal(journal: Journal | JournalStore | str | os.PathLike[str]) -> Journal:
+    """A ``Journal`` from what an orchestrator was given: a journal, a store, or a path."""
+    return journal if isinstance(journal, Journal) else Journal(journal)
+
+
+def _dump(rec: Mapping[str, Any]) -> bytes:
+    return json.dumps(rec, separators=(",", ":"), sort_keys=True).encode()
