@@ -189,10 +189,8 @@ class LedgerRetrier(Retrier):
         if entry.unresolved is not None and not policy.idempotent:
             probe = policy.on_ambiguous
             if callable(probe):
-                # The body (the tags a release or resume names) rides along where ProbeContext and CallSpec carry one.
-                body: dict[str, Any] = {"body": getattr(spec, "body", None)} if "body" in ProbeContext.__dataclass_fields__ else {}
-                endpoint = spec.match.endpoint
-                context = ProbeContext(spec.method, spec.url, endpoint, spec.engine, entry.spent, None, entry.last_status, **body)
+                endpoint = spec.match.endpoint  # the body names the tags a release or resume asks for (MemoryProbeCheck reads them)
+                context = ProbeContext(spec.method, spec.url, endpoint, spec.engine, entry.spent, None, entry.last_status, spec.body)
                 return _Admission(probe=probe, context=context)
             return self._preset_choice(spec, entry)
         return self._cut(spec, entry)

@@ -211,6 +211,7 @@ def test_the_outer_loops_next_call_asks_the_probe_before_sending(
         status, _ = FRAMEWORKS[library](server.url + RELEASE)
         assert status == 200
         assert posts(server, RELEASE) == sends and len(asked) == asks
+        assert asked[1].body == b"{}"  # the repeat's probe sees the body (a memory probe reads the tags there)
 
 
 def test_other_hosts_stay_plain(instrumented: Callable[..., SGLangInstrumentor]) -> None:
