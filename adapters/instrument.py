@@ -42,9 +42,10 @@ settled through the policy's probe (a memory probe) before it goes out again.
 there: calling it again with an equal instrumentor (same engines, policies,
 libraries, window) is a no-op, a different one raises ``RuntimeError`` until
 the first is undone. An instrumentor pickles as its settings (Ray ships it to
-workers that way), is not active in the process that unpickles it, and is
-callable: ``ray.init(runtime_env={"worker_process_setup_hook": instrumentor})``
-instruments every Ray worker process of the job when it starts.
+actors that way) and is not active in the process that unpickles it: call its
+``instrument()`` where each worker process starts (an actor's ``__init__``;
+``tests/adapters/test_instrument.py`` does so on real Ray actors). It is
+callable too (``instrumentor()`` = ``instrument()``), for hooks that take one.
 """
 
 from __future__ import annotations
