@@ -19,4 +19,18 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first, pinned to the local CPU build, so nothing pulls a CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e '.[dev]'
+.venv/bin/python -m pip install -q -e '.[dev,frameworks]'
+# Real framework client code for tests/frameworks (CI=true fails those tests without it):
+# AReaL without its dependencies (they pull sglang, vllm and a CUDA torch; the light ones its
+# control path imports are the [frameworks] extra), and verl's http_server_engine.py from its wheel.
+.venv/bin/python -c "import areal" 2>/dev/null || .venv/bin/python -m pip install -q --no-deps areal==1.0.4
+VERL_SRC=${CPR_VERL_SOURCE:-$HOME/.cache/cpr/verl}
+if [ ! -f "$VERL_SRC/verl/workers/rollout/sglang_rollout/http_server_engine.py" ]; then
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps verl==0.9.1 -d "$tmp"
+  mkdir -p "$VERL_SRC"
+  .venv/bin/python -m zipfile -e "$tmp"/verl-0.9.1-py3-none-any.whl "$tmp/unpacked"
+  mkdir -p "$VERL_SRC/verl/workers/rollout/sglang_rollout"
+  cp "$tmp/unpacked/verl/workers/rollout/sglang_rollout/http_server_engine.py" "$VERL_SRC/verl/workers/rollout/sglang_rollout/"
+  rm -rf "$tmp"
+fi

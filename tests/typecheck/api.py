@@ -6,7 +6,9 @@ import requests
 
 import resilience
 from resilience import EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.requests import ResilientAdapter, resilient_session
+from resilience.ledger import AttemptLedger, LedgerEntry
 
 table: PolicyTable = PolicyTable({"POST /pause_generation": EndpointPolicy(retry=RetryPolicy(max_attempts=3))})
 session: requests.Session = resilient_session(table)
@@ -75,3 +77,12 @@ except requests.RequestException as failed:
 named: bool = EndpointPolicy(attempt_timeout_s=5).named("attempt_timeout_s") and not EndpointPolicy().named("deadline_s")
 window: float | None = RetryPolicy(connect_window_s=5.0).connect_window_s
 refused_event: type[object] = resilience.events.EngineRefused
+
+# The instrumentor (adapters/instrument.py) and the ledger under it (resilience/ledger.py).
+
+instrumentor: SGLangInstrumentor = SGLangInstrumentor(["http://127.0.0.1:30000", "10.0.0.6"], window_s=10.0).instrument()
+instrumented_by_config: SGLangInstrumentor = SGLangInstrumentor(["10.0.0.7:30000"], config=resilience.DriverConfig(policies=table))
+now_active: SGLangInstrumentor | None = SGLangInstrumentor.active()
+is_on: bool = instrumentor.instrumented and instrumentor.matches_url("http://127.0.0.1:30000/pause_generation")
+entry: LedgerEntry | None = AttemptLedger(10.0).get("http://127.0.0.1:30000", "POST /release_memory_occupation")
+instrumentor.uninstrument()

@@ -1,0 +1,443 @@
+"""``SGLangInstrumentor``: our drivers on the requests, httpx and aiohttp clients other code creates, for given engines.
+
+In the manner of OpenTelemetry's client instrumentors: one call patches the
+libraries' client classes, so code that knows nothing of us (a framework's
+``aiohttp.ClientSession`` per fan-out, verl's module-level ``requests.post``)
+goes through the retry loop for the engines named, and through plain
+library code for every other host::
+
+    from resilience.adapters.instrument import SGLangInstrumentor
+
+    SGLangInstrumentor(["http://10.0.0.5:30000", "10.0.0.6"]).instrument()   # URLs, host:port or hosts
+    ...                                                                       # the framework runs as shipped
+    SGLangInstrumentor.active().uninstrument()                                # everything back as it was
+
+What is patched (``uninstrument`` puts each back):
+
+- requests: ``Session.get_adapter``. A URL of an engine gets one shared
+  ``ResilientAdapter`` (``requests.post`` builds a ``Session`` too, so it is covered).
+- httpx: ``Client._transport_for_url`` and ``AsyncClient._transport_for_url``
+  (private, in httpx 0.23 to 0.28; ``instrument`` fails at once, naming it, where
+  it is missing). An engine's transport is wrapped once in a ``ResilientTransport``
+  or ``AsyncResilientTransport``, so the client's own limits, TLS and proxy stay.
+- aiohttp: ``ClientSession.__init__`` adds one middleware to each new session,
+  after the session's own; it runs ``ResilientMiddleware`` for engine URLs and
+  passes every other request through. Sessions built before ``instrument`` are
+  not touched (as OpenTelemetry's aiohttp instrumentor); after ``uninstrument``
+  the middleware of sessions still open passes everything through.
+
+**No double mount.** A session that already carries our driver for that URL
+(``mount_sglang``, a ``ResilientAdapter``/``ResilientTransport`` of its own, a
+``ResilientMiddleware`` among its middlewares) keeps it and gets nothing more.
+
+**One state per engine.** Every driver the instrumentor attaches shares one
+breaker and one retry budget per engine and one ``AttemptLedger``
+(``resilience.ledger``): a framework's own retry loop on top of ours starts
+each new call with the attempts its earlier calls left, so theirs and ours
+together stay within the endpoint's ``max_attempts`` and the engine's retry
+budget, and a non-idempotent call whose last attempt was left unresolved is
+settled through the policy's probe (a memory probe) before it goes out again.
+
+**Processes.** The patches are per process and ``instrument`` is idempotent
+there: calling it again with an equal instrumentor (same engines, policies,
+libraries, window) is a no-op, a different one raises ``RuntimeError`` until
+the first is undone. An instrumentor pickles as its settings (Ray ships it to
+actors that way) and is not active in the process that unpickles it: call its
+``instrument()`` where each worker process starts (an actor's ``__init__``;
+``tests/adapters/test_instrument.py`` does so on real Ray actors). It is
+callable too (``instrumentor()`` = ``instrument()``), for hooks that take one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from resilience.adapters.sglang_policies import SGLANG_POLICIES
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.clock import Clock
+from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
+from resilience.errors import ConfigError, ErrorTypes
+from resilience.events import Observer
+from resilience.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
+from resilience.policy import PolicyTable
+
+__all__ = ["LIBRARIES", "SGLangInstrumentor"]
+
+logger = logging.getLogger(__name__)
+
+LIBRARIES: tuple[str, ...] = ("requests", "httpx", "aiohttp")
+"""The client libraries an instrumentor can patch."""
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+_LOCK = threading.RLock()
+_ACTIVE: SGLangInstrumentor | None = None
+"""The instrumentor whose patches are in place in this process, or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One engine as given: a host, and a port unless any port of that host is meant."""
+
+    host: str
+    port: int | None
+
+    @classmethod
+    def parse(cls, text: object) -> _Target:
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(f"SGLangInstrumentor.engines must hold URLs, 'host:port' or hosts, but held {text!r}")
+        raw = text.strip()
+        try:
+            parts = urlsplit(raw if "://" in raw else f"//{raw}")
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError(f"SGLangInstrumentor.engines: {raw!r} is not a URL, 'host:port' or host ({exc})") from None
+        if not parts.hostname:
+            raise ConfigError(f"SGLangInstrumentor.engines: {raw!r} names no host")
+        if parts.path not in ("", "/") or parts.query:
+            raise ConfigError(f"SGLangInstrumentor.engines: {raw!r} must name an engine (scheme://host:port), not a path or query")
+        if port is None and "://" in raw:
+            port = _DEFAULT_PORTS.get(parts.scheme.lower())
+        return cls(parts.hostname.lower(), port)
+
+    def matches(self, host: str, port: int | None) -> bool:
+        return host == self.host and (self.port is None or port == self.port)
+
+
+class SGLangInstrumentor:
+    """Attaches the resilience drivers to the requests, httpx and aiohttp clients of this process, for ``engines`` only.
+
+    ``engines``: URLs (``http://10.0.0.5:30000``: that host and port; a URL
+    without a port means the scheme's default), ``host:port``, or bare hosts
+    (every port of that host). ``config``: a ``DriverConfig`` every attached
+    driver is built from (its policies, observers, clock, random source, and
+    its one breaker and one retry budget per engine, shared by them all);
+    default one built from the keywords: ``policies`` (default
+    ``SGLANG_POLICIES``), ``observers``, ``breaker`` / ``retry_budget``
+    (defaults ``BreakerConfig()`` / ``RetryBudgetConfig()``; None turns that
+    strategy off), ``clock`` / ``rng``. ``config`` with any of those raises
+    ``ConfigConflict``. ``window_s``: how long an engine+endpoint's attempts
+    are remembered across calls after the last one (default 10 s; see
+    ``resilience.ledger``). ``libraries``: which of ``LIBRARIES`` to patch
+    (default: each one installed; naming one that is not installed is an
+    error at ``instrument``).
+    """
+
+    def __init__(
+        self,
+        engines: Sequence[str],
+        *,
+        config: DriverConfig | None = None,
+        policies: PolicyTable | Unset = UNSET,
+        observers: Sequence[Observer] | Unset = UNSET,
+        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
+        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
+        clock: Clock | Unset = UNSET,
+        rng: Callable[[], float] | Unset = UNSET,
+        window_s: float = DEFAULT_WINDOW_S,
+        libraries: Collection[str] | None = None,
+    ) -> None:
+        if isinstance(engines, str) or not isinstance(engines, Sequence) or not engines:
+            raise ConfigError(f"SGLangInstrumentor.engines must be a non-empty sequence of URLs or hosts, but was {engines!r}")
+        if libraries is not None:
+            unknown = sorted(set(libraries) - set(LIBRARIES))
+            if isinstance(libraries, str) or unknown or not libraries:
+                raise ConfigError(f"SGLangInstrumentor.libraries must be a non-empty subset of {LIBRARIES}, but was {libraries!r}")
+        if config is None and isinstance(policies, Unset):
+            policies = SGLANG_POLICIES
+        self.config: DriverConfig = driver_config(
+            "SGLangInstrumentor",
+            config,
+            policies=policies,
+            observers=observers,
+            breaker=breaker,
+            retry_budget=retry_budget,
+            clock=clock,
+            rng=rng,
+        )
+        """What every attached driver is built from; its breakers and budgets are the per-engine state they share."""
+        self.engines: tuple[str, ...] = tuple(engines)
+        """The engines as given."""
+        self._targets = tuple(_Target.parse(e) for e in self.engines)
+        self.libraries: tuple[str, ...] | None = None if libraries is None else tuple(lib for lib in LIBRARIES if lib in libraries)
+        """The libraries asked for (None: each one installed)."""
+        self.ledger = AttemptLedger(window_s, clock=self.config.clock)
+        """Attempts per engine and endpoint across calls, shared by every attached driver."""
+        self.window_s = self.ledger.window_s
+        self._state_lock = threading.RLock()
+        self._retriers: dict[int, LedgerRetrier] = {}
+        self._requests_adapter: Any = None
+        self._aiohttp_middleware: Any = None
+        self._patches: list[tuple[type, str, Any]] = []
+
+    @property
+    def policies(self) -> PolicyTable:
+        """The table every attached driver uses (the config's)."""
+        return self.config.policies
+
+    # -- identity, pickling ---------------------------------------------
+
+    def same_settings(self, other: SGLangInstrumentor) -> bool:
+        """Whether ``other`` would mount the same thing: equal engines, policies, libraries and window."""
+        return self._targets == other._targets and self.libraries == other.libraries and self.window_s == other.window_s and (
+            self.policies is other.policies or dict(self.policies.entries) == dict(other.policies.entries)
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Settings only (the config pickles as its settings): the process that unpickles it has its own patches and state."""
+        return (_rebuilt, (self.engines, self.config, self.window_s, self.libraries))
+
+    def __repr__(self) -> str:
+        return f"SGLangInstrumentor({list(self.engines)!r}, libraries={self.libraries!r}, window_s={self.window_s:g})"
+
+    # -- the process's instrumentation ---------------------------------------
+
+    @staticmethod
+    def active() -> SGLangInstrumentor | None:
+        """The instrumentor whose patches are in place in this process, or None."""
+        return _ACTIVE
+
+    @property
+    def instrumented(self) -> bool:
+        """Whether this instrumentor's patches are in place in this process."""
+        return _ACTIVE is self
+
+    def instrument(self) -> SGLangInstrumentor:
+        """Patch the libraries in this process; returns the active instrumentor (this one, or an equal one already active).
+
+        Idempotent: a second call, or a call on an equal instrumentor, changes
+        nothing. Raises ``RuntimeError`` while a different instrumentor is
+        active, and ``ConfigError`` for a named library that is not installed
+        or an httpx without the method patched.
+        """
+        global _ACTIVE
+        with _LOCK:
+            current = _ACTIVE
+            if current is not None:
+                if current is self or current.same_settings(self):
+                    return current
+                raise RuntimeError(f"{current!r} is already active in this process; call its uninstrument() first")
+            patches = self._plan_patches()
+            for owner, name, replacement in patches:
+                original = owner.__dict__[name]
+                self._patches.append((owner, name, original))
+                setattr(owner, name, replacement)
+            _ACTIVE = self
+            logger.info("instrumented %s for %d engine(s)", ", ".join(sorted({_lib(o) for o, _, _ in patches})), len(self._targets))
+            return self
+
+    def uninstrument(self) -> None:
+        """Undo this instrumentor's patches (a no-op when it is not the active one); open aiohttp sessions pass through."""
+        global _ACTIVE
+        with _LOCK:
+            if _ACTIVE is not self:
+                return
+            for owner, name, original in reversed(self._patches):
+                setattr(owner, name, original)
+            self._patches.clear()
+            _ACTIVE = None
+
+    def __call__(self) -> None:
+        """``instrument()``, for hooks that take a callable (Ray's ``worker_process_setup_hook``)."""
+        self.instrument()
+
+    def __enter__(self) -> SGLangInstrumentor:
+        return self.instrument()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstrument()
+
+    # -- matching and drivers ---------------------------------------------
+
+    def matches(self, host: str | None, port: int | None) -> bool:
+        """Whether a request to ``host`` and ``port`` goes to one of the engines."""
+        if not host:
+            return False
+        host = host.lower().strip("[]")
+        return any(t.matches(host, port) for t in self._targets)
+
+    def matches_url(self, url: str) -> bool:
+        """``matches`` for a URL string (its scheme's default port when it names none)."""
+        try:
+            parts = urlsplit(url)
+            port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower())
+        except ValueError:
+            return False
+        return self.matches(parts.hostname, port)
+
+    def retrier(self, error_types: ErrorTypes) -> LedgerRetrier:
+        """The retry driver for one library's error classes: this instrumentor's breakers, budgets and ledger."""
+        key = id(error_types)
+        retrier = self._retriers.get(key)
+        if retrier is None:
+            with self._state_lock:
+                retrier = self._retriers.get(key)
+                if retrier is None:
+                    config = self.config
+                    retrier = LedgerRetrier(
+                        self.ledger,
+                        breakers=config.breakers,
+                        budgets=config.budgets,
+                        observers=tuple(config.observers),
+                        clock=config.clock,
+                        rng=config.rng,
+                        error_types=error_types,
+                    )
+                    self._retriers[key] = retrier
+        return retrier
+
+    def _plan_patches(self) -> list[tuple[type, str, Any]]:
+        """(class, attribute, replacement) for every library asked for and installed; raises for what cannot be patched."""
+        import importlib.util
+
+        patches: list[tuple[type, str, Any]] = []
+        for lib in LIBRARIES:
+            installed = importlib.util.find_spec(lib) is not None
+            if self.libraries is not None and lib in self.libraries and not installed:
+                raise ConfigError(f"SGLangInstrumentor.libraries names {lib!r}, which is not installed")
+            if installed and (self.libraries is None or lib in self.libraries):
+                patches += _PATCHERS[lib](self)
+        return patches
+
+    def _adapter(self) -> Any:
+        """The one ``ResilientAdapter`` every requests session gets for the engines."""
+        if self._requests_adapter is None:
+            from resilience.adapters.requests import ResilientAdapter
+
+            with self._state_lock:
+                if self._requests_adapter is None:
+                    adapter = ResilientAdapter(config=self.config)
+                    adapter.retrier = self.retrier(adapter.retrier.error_types)
+                    self._requests_adapter = adapter
+        return self._requests_adapter
+
+    def _middleware(self) -> Any:
+        """The one ``ResilientMiddleware`` the aiohttp sessions' gate runs for the engines."""
+        if self._aiohttp_middleware is None:
+            from resilience.adapters.aiohttp import ERROR_TYPES, ResilientMiddleware
+
+            with self._state_lock:
+                if self._aiohttp_middleware is None:
+                    middleware = ResilientMiddleware(config=self.config)
+                    middleware.retrier = self.retrier(ERROR_TYPES)
+                    self._aiohttp_middleware = middleware
+        return self._aiohttp_middleware
+
+    def _transport(self, inner: Any, asynchronous: bool) -> Any:
+        """``inner`` wrapped once in a resilient httpx transport with this instrumentor's shared state."""
+        from resilience.adapters import httpx as ours
+        from resilience.adapters.httpx_errors import ERROR_TYPES
+
+        slot = "_resilience_instrumented"
+        held = getattr(inner, slot, None)
+        if held is not None and held[0] is self:
+            return held[1]
+        cls = ours.AsyncResilientTransport if asynchronous else ours.ResilientTransport
+        wrapper = cls(transport=inner, config=self.config)
+        wrapper.retrier = self.retrier(ERROR_TYPES)
+        try:
+            setattr(inner, slot, (self, wrapper))
+        except AttributeError:  # a transport with __slots__: a fresh wrapper per request (the state is shared anyway)
+            pass
+        return wrapper
+
+
+def _rebuilt(engines: tuple[str, ...], config: DriverConfig, window_s: float, libraries: tuple[str, ...] | None) -> SGLangInstrumentor:
+    """An unpickled ``SGLangInstrumentor``: not active in this process until its ``instrument()``."""
+    return SGLangInstrumentor(engines, config=config, window_s=window_s, libraries=libraries)
+
+
+def _lib(owner: type) -> str:
+    return owner.__module__.partition(".")[0]
+
+
+def _requests_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+    import requests
+
+    from resilience.adapters.requests import ResilientAdapter
+
+    original = requests.Session.__dict__["get_adapter"]
+
+    def get_adapter(self: requests.Session, url: str) -> Any:
+        mounted = original(self, url)
+        active = _ACTIVE
+        if active is None or isinstance(mounted, ResilientAdapter) or not active.matches_url(url):
+            return mounted
+        return active._adapter()
+
+    get_adapter.__doc__ = original.__doc__
+    get_adapter.__wrapped__ = original  # type: ignore[attr-defined]
+    return [(requests.Session, "get_adapter", get_adapter)]
+
+
+def _httpx_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+    import httpx
+
+    from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
+
+    patches: list[tuple[type, str, Any]] = []
+    for cls, asynchronous in ((httpx.Client, False), (httpx.AsyncClient, True)):
+        original = cls.__dict__.get("_transport_for_url")
+        if original is None:
+            raise ConfigError(
+                f"httpx {httpx.__version__}: {cls.__name__}._transport_for_url is gone (httpx 0.23 to 0.28 have it); "
+                "the httpx instrumentation cannot attach; pass libraries=('requests', 'aiohttp') or mount "
+                "ResilientTransport on your clients"
+            )
+
+        def transport_for_url(self: Any, url: httpx.URL, _original: Any = original, _async: bool = asynchronous) -> Any:
+            transport = _original(self, url)
+            active = _ACTIVE
+            if active is None or isinstance(transport, (ResilientTransport, AsyncResilientTransport)):
+                return transport
+            port = url.port or _DEFAULT_PORTS.get(url.scheme)
+            if not active.matches(url.host, port):
+                return transport
+            return active._transport(transport, _async)
+
+        transport_for_url.__wrapped__ = original  # type: ignore[attr-defined]
+        patches.append((cls, "_transport_for_url", transport_for_url))
+    return patches
+
+
+class _Gate:
+    """The middleware the instrumented ``ClientSession.__init__`` adds: ours for engine URLs, a pass-through for the rest."""
+
+    async def __call__(self, request: Any, handler: Any) -> Any:
+        active = _ACTIVE
+        url = request.url
+        if active is None or not active.matches(url.host, url.port):
+            return await handler(request)
+        return await active._middleware()(request, handler)
+
+
+_GATE = _Gate()
+
+
+def _aiohttp_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+    import aiohttp
+
+    from resilience.adapters.aiohttp import ResilientMiddleware
+
+    original = aiohttp.ClientSession.__dict__["__init__"]
+
+    def __init__(self: aiohttp.ClientSession, *args: Any, **kwargs: Any) -> None:
+        if _ACTIVE is not None:
+            middlewares = tuple(kwargs.get("middlewares") or ())
+            if not any(isinstance(m, (ResilientMiddleware, _Gate)) for m in middlewares):
+                kwargs["middlewares"] = (*middlewares, _GATE)
+        original(self, *args, **kwargs)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return [(aiohttp.ClientSession, "__init__", __init__)]
+
+
+_PATCHERS: dict[str, Callable[[SGLangInstrumentor], list[tuple[type, str, Any]]]] = {
+    "requests": _requests_patches,
+    "httpx": _httpx_patches,
+    "aiohttp": _aiohttp_patches,
+}

@@ -1,0 +1,79 @@
+"""Real frameworks' colocate cycles behind FaultProxy: cycles completed and engines killed, per mount.
+
+    .venv/bin/python benchmarks/bench_frameworks.py                 # 5 seeds x 5 cycles, every row and column
+    .venv/bin/python benchmarks/bench_frameworks.py --seeds 2 --cycles 2 --frameworks verl
+
+Rows: framework x fault plan (``resilience.testing.frameworks``: ``transient`` =
+502s answered by the proxy, never forwarded; ``after`` = the same plus 502s
+after forwarding on release and resume). Columns: as shipped, under
+``SGLangInstrumentor`` with ``SGLANG_POLICIES`` ("mount"), with the emulator's
+memory probe in those policies ("mount + probe"), and with
+``SGLANG_STRICT_POLICIES`` ("strict"). Each cell is completed cycles / cycles,
+then engines killed; the last column is the most releases one engine got in
+one cycle under the mount. Every seed runs on a fresh fleet of 3 engines. The
+frameworks keep their own waits (AReaL: 1 s between tries; verl's
+``retry_delay`` set to 0.2 s); our backoffs are shortened (``fast_policies``).
+Prints a markdown table; figures go in BENCHMARKS.md and the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from resilience.testing.frameworks import FRAMEWORKS, MOUNTS, PLANS, SeedResult, run_seed
+
+_TITLES = {"shipped": "as shipped", "middleware": "mount", "probe": "mount + probe", "strict": "strict preset"}
+_PLAN_TITLES = {"transient": "transient 502s (answered by the proxy)", "after": "plus 502s after forwarding on release/resume"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per cell (default 5)")
+    parser.add_argument("--cycles", type=int, default=5, help="cycles per seed (default 5)")
+    parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
+    parser.add_argument("--mounts", nargs="+", choices=MOUNTS, default=list(MOUNTS))
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.cycles < 1:
+        parser.error("--seeds and --cycles must be >= 1")
+    logging.disable(logging.WARNING)
+    out = os.fdopen(os.dup(1), "w")  # the table; AReaL logs every retry to stdout through its own handlers
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)
+    started = time.monotonic()
+    rows = []
+    for framework in args.frameworks:
+        for plan in args.plans:
+            cells = []
+            most = 0
+            for mount in args.mounts:
+                seeds = range(1, args.seeds + 1)
+                results: list[SeedResult] = [run_seed(framework, plan, mount, seed, cycles=args.cycles) for seed in seeds]
+                done = sum(r.completed for r in results)
+                deaths = sum(r.deaths for r in results)
+                cells.append(f"{done}/{args.seeds * args.cycles}, {deaths}")
+                if mount == "middleware":
+                    most = max(r.most_releases for r in results)
+                print(f"  {framework} {plan} {mount}: {cells[-1]} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+            rows.append((framework, plan, cells, most))
+    command = " ".join(["benchmarks/bench_frameworks.py", *(argv if argv is not None else sys.argv[1:])]).strip()
+    print("## Real framework client code behind FaultProxy\n", file=out)
+    print(f"`{command}`: AReaL's and verl's own offload/onload cycles on 3 emulated engines, completed cycles and", file=out)
+    print("engines killed per mount (`resilience.testing.frameworks`; the README's framework recipes explain the columns).\n", file=out)
+    header = " | ".join(f"{_TITLES[m]}: cycles / deaths" for m in args.mounts)
+    print(f"| framework, plan | {header} | most releases per engine and cycle (mount) |", file=out)
+    print("|---|" + "---|" * (len(args.mounts) + 1), file=out)
+    for framework, plan, cells, most in rows:
+        name = {"areal": "AReaL 1.0.4", "verl": "verl 0.9.1"}[framework]
+        print(f"| {name}, {_PLAN_TITLES[plan]} | " + " | ".join(cells) + f" | {most if 'middleware' in args.mounts else '-'} |", file=out)
+    print(f"\n{args.seeds} seeds x {args.cycles} cycles x 3 engines per cell; {time.monotonic() - started:.0f} s in all.", file=out)
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,332 @@
+"""``AttemptLedger`` and ``LedgerRetrier``: one engine+endpoint's attempts counted across calls.
+
+A framework that has its own retry loop (AReaL's ``arequest_with_retry``: 3
+tries, 1 s apart; verl's ``_make_async_request``: 3 tries, 2 s then 4 s) sends
+a new logical call after ours gave up, and each call would get the policy's
+``max_attempts`` again: AReaL's 3 tries times our 6 attempts sent up to 17
+releases to one engine in one cycle. The ledger remembers, per engine and
+endpoint template, what recent calls spent and whether the last attempt was
+left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
+
+- **Attempts.** The attempts that may have reached the engine (``Delivery`` other
+  than ``NOT_SENT``) in calls that did not succeed are counted; a call starts
+  with ``max_attempts`` minus that count, and one with nothing left is refused
+  before sending (``RetriesExhausted``, the driver's own class). A success, or a
+  probe that confirms the call was applied, clears the count.
+- **Budget.** The first attempt of a call that repeats a failed one is a retry
+  for the engine's retry budget: it takes a token, and none left refuses the
+  call (``RetryBudgetExhausted``).
+- **Unresolved non-idempotent calls.** When the last attempt on a
+  non-idempotent endpoint ended without an answer that settles it (a gateway
+  status 502/503/504, a read timeout or a connection dropped after sending),
+  the next call asks the endpoint's probe first (``EndpointPolicy.on_ambiguous``
+  when it is a callable, e.g. the memory probe of ``sglang_policies``): "done"
+  returns the driver's "applied" response without sending, "not done" sends,
+  "unknown" (or no probe) follows the preset: a gateway status is re-sent only
+  when the policy sets ``retry_statuses_if_not_idempotent`` (the seed's
+  trade-off), a transport ambiguity never (``AmbiguousOutcome``).
+- **Window.** An entry is forgotten ``window_s`` seconds (default 10) after its
+  last attempt: a framework's loop re-sends within seconds; a later call is a
+  new decision of its caller.
+
+Thread-safe (one lock, never held across I/O); one ledger serves every driver
+of a process (``resilience.adapters.instrument.SGLangInstrumentor`` shares one
+across requests, httpx and aiohttp).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypeVar
+
+from resilience.breaker import BreakerRegistry
+from resilience.budget import RetryBudgets
+from resilience.call import AttemptResult, CallSpec, Timeouts
+from resilience.classification import is_success_status
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.errors import ConfigError, ErrorTypes, ResilienceError
+from resilience.events import Observer
+from resilience.outcome import AttemptRecord, Delivery, Outcome
+from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.retry import AsyncAttempt, Attempt, Retrier, _ask_probe, _ask_probe_async
+
+__all__ = ["DEFAULT_WINDOW_S", "AttemptLedger", "LedgerEntry", "LedgerRetrier"]
+
+R = TypeVar("R")
+DEFAULT_WINDOW_S = 10.0
+"""Seconds after its last attempt that an engine+endpoint's record is kept.
+
+A framework's own loop re-sends within seconds (AReaL 1 s later, verl 2 s then
+4 s); a call later than this is a new decision of its caller, which a longer
+window would refuse for having failed before."""
+Unresolved = Literal["status", "transport"] | None
+"""Why the last attempt left a call unresolved: a gateway status, a transport failure after sending, or None (it was answered)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """What recent calls on one engine and endpoint left behind."""
+
+    spent: int
+    """Attempts that may have reached the engine, in calls that did not succeed."""
+    unresolved: Unresolved
+    """Why the last attempt settled nothing (None: it was answered)."""
+    last_status: int | None
+    """The last attempt's status, when it got one."""
+    at: float
+    """Clock reading of the last attempt's report."""
+
+
+class AttemptLedger:
+    """Per (engine, endpoint template): attempts spent by recent calls that did not succeed.
+
+    ``window_s``: seconds an entry is kept after its last attempt (default
+    ``DEFAULT_WINDOW_S``, 10; must be > 0). ``clock``: its time source.
+    """
+
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not (window_s > 0 and math.isfinite(window_s)):
+            raise ConfigError(f"AttemptLedger.window_s must be a finite number of seconds > 0, but was {window_s!r}")
+        self.window_s = float(window_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str], LedgerEntry] = {}
+
+    def get(self, engine: str, endpoint: str) -> LedgerEntry | None:
+        """The live entry of ``engine`` and ``endpoint``, or None (never written, cleared, or older than the window)."""
+        key = (engine, endpoint)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and self._clock.monotonic() - entry.at > self.window_s:
+                del self._entries[key]
+                return None
+            return entry
+
+    def clear(self, engine: str, endpoint: str) -> None:
+        """Forget ``engine`` and ``endpoint``: a call there succeeded."""
+        with self._lock:
+            self._entries.pop((engine, endpoint), None)
+
+    def record(self, spec: CallSpec, result: AttemptResult[Any]) -> None:
+        """Count one attempt's report: a success clears, an attempt that may have arrived is counted, a refusal is not."""
+        policy = spec.match.policy
+        status = result.status
+        if status is not None and is_success_status(policy, status):
+            self.clear(spec.engine, spec.match.endpoint)
+            return
+        if status is None and result.delivery is Delivery.NOT_SENT:
+            return
+        unresolved: Unresolved
+        if status is None:
+            unresolved = "transport"
+        elif status in policy.retry.statuses:
+            unresolved = "status"
+        else:
+            unresolved = None
+        self._add(spec, unresolved, status)
+
+    def record_abandoned(self, spec: CallSpec) -> None:
+        """An attempt ended by an exception outside the transport (a cancelled task, an interrupt): maybe applied."""
+        self._add(spec, "transport", None)
+
+    def _add(self, spec: CallSpec, unresolved: Unresolved, status: int | None) -> None:
+        key = (spec.engine, spec.match.endpoint)
+        now = self._clock.monotonic()
+        with self._lock:
+            entry = self._entries.get(key)
+            spent = entry.spent if entry is not None and now - entry.at <= self.window_s else 0
+            self._entries[key] = LedgerEntry(spent + 1, unresolved, status, now)
+
+
+@dataclass(frozen=True, slots=True)
+class _Admission:
+    """What the ledger decided before a call: send it (with what is left), answer "applied", or refuse."""
+
+    spec: CallSpec | None = None
+    """The call to run, its ``max_attempts`` cut to what is left; None when it is not sent."""
+    applied: bool = False
+    """The probe says an earlier call was applied: return the driver's "applied" response."""
+    error: ResilienceError | None = None
+    """Refused before sending."""
+    probe: Callable[[ProbeContext], Any] | None = None
+    """A probe to ask before deciding (then ``decide_after_probe``)."""
+    context: ProbeContext | None = None
+
+
+class LedgerRetrier(Retrier):
+    """A ``Retrier`` whose calls start from an ``AttemptLedger``: a caller's own retry loop cannot multiply the attempts.
+
+    ``ledger``: the shared ledger (several ``LedgerRetrier``s, one per driver
+    library, share one, with one ``BreakerRegistry`` and one ``RetryBudgets``).
+    The other arguments are ``Retrier``'s.
+    """
+
+    def __init__(
+        self,
+        ledger: AttemptLedger,
+        *,
+        breakers: BreakerRegistry | None = None,
+        budgets: RetryBudgets | None = None,
+        observers: Sequence[Observer] = (),
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
+        error_types: ErrorTypes | None = None,
+    ) -> None:
+        super().__init__(breakers=breakers, budgets=budgets, observers=observers, clock=clock, rng=rng, error_types=error_types)
+        self.ledger = ledger
+
+    # -- admission (no I/O but the probe) --------------------------------
+
+    def _admit(self, spec: CallSpec) -> _Admission:
+        entry = self.ledger.get(spec.engine, spec.match.endpoint)
+        if entry is None:
+            return _Admission(spec=spec)
+        policy = spec.match.policy
+        if entry.unresolved is not None and not policy.idempotent:
+            probe = policy.on_ambiguous
+            if callable(probe):
+                endpoint = spec.match.endpoint  # the body names the tags a release or resume asks for (MemoryProbeCheck reads them)
+                context = ProbeContext(spec.method, spec.url, endpoint, spec.engine, entry.spent, None, entry.last_status, spec.body)
+                return _Admission(probe=probe, context=context)
+            return self._preset_choice(spec, entry)
+        return self._cut(spec, entry)
+
+    def _after_probe(self, spec: CallSpec, answer: object) -> _Admission:
+        try:
+            verdict = ProbeAnswer(answer if isinstance(answer, str) else "")
+        except ValueError:
+            verdict = ProbeAnswer.UNKNOWN
+        entry = self.ledger.get(spec.engine, spec.match.endpoint)
+        if entry is None or verdict is ProbeAnswer.DONE:
+            return _Admission(spec=spec, applied=verdict is ProbeAnswer.DONE)
+        if verdict is ProbeAnswer.NOT_DONE:
+            return self._cut(spec, entry)
+        return self._preset_choice(spec, entry)
+
+    def _preset_choice(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
+        """No probe could tell: a gateway status is re-sent only under ``retry_statuses_if_not_idempotent``; anything else never."""
+        if entry.unresolved == "status" and spec.match.policy.retry_statuses_if_not_idempotent:
+            return self._cut(spec, entry)
+        why = f"status_{entry.last_status}" if entry.unresolved == "status" else "no answer after sending"
+        message = (
+            f"{spec.match.endpoint} on {spec.engine}: an earlier call's attempt may have been applied ({why}); not re-sent"
+        )
+        return _Admission(error=self._error(self.error_types.ambiguous, spec, message, entry))
+
+    def _cut(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
+        policy = spec.match.policy
+        left = policy.retry.max_attempts - entry.spent
+        if left <= 0:
+            message = (
+                f"{spec.match.endpoint} on {spec.engine}: {entry.spent} attempts already spent by earlier calls "
+                f"within {self.ledger.window_s:g}s (max_attempts={policy.retry.max_attempts}); not sent"
+            )
+            return _Admission(error=self._error(self.error_types.retries_exhausted, spec, message, entry))
+        if self.budgets is not None and not self.budgets.get(spec.engine).try_withdraw():
+            message = f"retry budget of {spec.engine} exhausted ({spec.match.endpoint} repeats a failed call); not sent"
+            return _Admission(error=self._error(self.error_types.budget_exhausted, spec, message, entry))
+        retry = replace(policy.retry, max_attempts=left)
+        return _Admission(spec=replace(spec, match=replace(spec.match, policy=replace(policy, retry=retry))))
+
+    @staticmethod
+    def _error(kind: type[ResilienceError], spec: CallSpec, message: str, entry: LedgerEntry) -> ResilienceError:
+        """A refusal before sending, with its one-line record: nothing left, but an earlier attempt left unresolved stays "maybe applied".
+
+        ``resilience.outcome.attempts_of`` readers (the barrier) must not take a
+        refusal that follows an unanswered release for proof that nothing was released.
+        """
+        delivery = Delivery.NOT_SENT if entry.unresolved is None else Delivery.MAYBE_APPLIED
+        outcome = Outcome.RETRYABLE if entry.unresolved is None else Outcome.AMBIGUOUS
+        record = AttemptRecord(0, None, outcome, delivery, kind.__qualname__, 0.0)
+        return kind(message, endpoint=spec.match.endpoint, engine=spec.engine, attempts=(record,), last_status=entry.last_status)
+
+    # -- the drivers' entry points ----------------------------------------
+
+    def run(
+        self,
+        spec: CallSpec,
+        attempt: Attempt[R],
+        *,
+        discard: Callable[[R], None] = lambda _r: None,
+        on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
+    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted."""
+        admission = self._admit(spec)
+        if admission.probe is not None and admission.context is not None:
+            admission = self._after_probe(spec, _ask_probe(admission.probe, admission.context))
+        run_spec = self._settle(spec, admission, on_probe_done)
+        if not isinstance(run_spec, CallSpec):
+            return run_spec, ()
+
+        def counted(n: int, timeouts: Timeouts, headers: Any) -> AttemptResult[R]:
+            try:
+                result = attempt(n, timeouts, headers)
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) and never_sent(exc)):
+                    self.ledger.record_abandoned(spec)
+                raise
+            self.ledger.record(spec, result)
+            return result
+
+        done = self._clearing(spec, on_probe_done)
+        return super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+
+    async def arun(
+        self,
+        spec: CallSpec,
+        attempt: AsyncAttempt[R],
+        *,
+        discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
+        on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
+    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        """``Retrier.arun`` from the ledger; a sync probe runs in a worker thread."""
+        admission = self._admit(spec)
+        if admission.probe is not None and admission.context is not None:
+            admission = self._after_probe(spec, await _ask_probe_async(admission.probe, admission.context))
+        run_spec = self._settle(spec, admission, on_probe_done)
+        if not isinstance(run_spec, CallSpec):
+            return run_spec, ()
+
+        async def counted(n: int, timeouts: Timeouts, headers: Any) -> AttemptResult[R]:
+            try:
+                result = await attempt(n, timeouts, headers)
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) and never_sent(exc)):
+                    self.ledger.record_abandoned(spec)
+                raise
+            self.ledger.record(spec, result)
+            return result
+
+        done = self._clearing(spec, on_probe_done)
+        return await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+
+    def _settle(self, spec: CallSpec, admission: _Admission, on_probe_done: Callable[[], R] | None) -> CallSpec | R:
+        """The spec to run, or the "applied" response; raises a refusal."""
+        if admission.error is not None:
+            raise admission.error
+        if admission.applied:
+            if on_probe_done is None:
+                message = f"{spec.match.endpoint} on {spec.engine}: the probe says an earlier call was applied; not re-sent"
+                raise self.error_types.ambiguous(message, endpoint=spec.match.endpoint, engine=spec.engine)
+            self.ledger.clear(spec.engine, spec.match.endpoint)
+            return on_probe_done()
+        assert admission.spec is not None
+        return admission.spec
+
+    def _clearing(self, spec: CallSpec, on_probe_done: Callable[[], R] | None) -> Callable[[], R] | None:
+        """``on_probe_done`` that also clears the ledger: a probe inside the call confirmed it was applied."""
+        if on_probe_done is None:
+            return None
+
+        def done() -> R:
+            self.ledger.clear(spec.engine, spec.match.endpoint)
+            return on_probe_done()
+
+        return done
+

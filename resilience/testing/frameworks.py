@@ -1,0 +1,381 @@
+"""Real RL frameworks' own client code, unmodified, driving emulated SGLang engines behind ``FaultProxy``.
+
+A rig for ``tests/frameworks`` and ``benchmarks/bench_frameworks.py``. Two
+frameworks, each doing its own offload/onload cycle the way its trainer does:
+
+- **AReaL 1.0.4** (``pip install --no-deps areal==1.0.4`` plus its light
+  control-path deps, ``scripts/setup.sh``): ``RemoteSGLangEngine`` built on the
+  engines' addresses. One cycle is ``PPOTrainer._offload_rollout`` then
+  ``_onload_rollout`` (``areal/trainer/rl_trainer.py``): ``pause_generation()``,
+  ``offload()``; then ``onload()`` and, whatever it raised,
+  ``continue_generation()``, the first error re-raised. Each call fans out with
+  one ``aiohttp.ClientSession`` and ``arequest_with_retry``
+  (``areal/infra/utils/http.py``: ``request_retries`` = 3 tries, 1 s apart, on
+  any error).
+- **verl 0.9.1** ``AsyncHttpServerAdapter``
+  (``verl/workers/rollout/sglang_rollout/http_server_engine.py``, taken from the
+  wheel and loaded by path; its ``sglang`` imports are stubbed, see
+  ``load_verl_http_engine``), one per engine, ``launch_server=False``. One cycle
+  is what ``ServerAdapter.release`` / ``resume`` / ``update_weights`` send
+  (``sglang_rollout.py``): release ``["kv_cache", "weights"]``, resume
+  ``["weights"]``, ``flush_cache()``, resume ``["kv_cache"]``, every engine at
+  once. verl retries timeouts and refusals 3 times (2 s, 4 s), any HTTP status
+  never; its flush loop gives up silently.
+
+Mounts (``MOUNTS``): ``shipped`` (nothing of ours), and ``SGLangInstrumentor``
+over ``SGLANG_POLICIES`` (``middleware``), over
+``sglang_policies(memory_probe=<the emulator's probe>)`` (``probe``), and over
+``SGLANG_STRICT_POLICIES`` (``strict``). The frameworks' own waits are theirs;
+our backoffs are shortened (``fast_policies``: the same decisions, less waiting).
+
+Plans (``PLANS``): ``transient``, 502s answered by the proxy without forwarding
+(probability ``rate`` on pause, continue, flush, release and resume, at most 5
+in a row per path, so a client with 6 attempts always gets through); ``after``,
+the same plus 502s *after* forwarding on release and resume (probability
+``after``): the engine acted, the client sees a gateway error.
+
+A cycle **completes** when the framework's cycle returned and every engine is
+alive, serving, with nothing released. After a cycle that did not complete,
+the engines are put back (dead ones restarted, others resumed and continued
+over their direct URLs), as a restarted job would find fresh engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from resilience.testing.faultplan import FaultPlan, FaultRule
+
+__all__ = [
+    "FRAMEWORKS",
+    "MOUNTS",
+    "PLANS",
+    "RIG_ENGINE_CONFIG",
+    "CycleResult",
+    "FrameworkMissing",
+    "SeedResult",
+    "fault_plan",
+    "load_verl_http_engine",
+    "run_seed",
+]
+
+logger = logging.getLogger(__name__)
+
+FRAMEWORKS: tuple[str, ...] = ("areal", "verl")
+MOUNTS: tuple[str, ...] = ("shipped", "middleware", "probe", "strict")
+PLANS: tuple[str, ...] = ("transient", "after")
+RIG_ENGINE_CONFIG = EngineConfig(
+    token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=0.01
+)
+"""Quick swaps and short health hangs: the rig measures decisions, not waits."""
+VERL_VERSION = "0.9.1"
+AREAL_VERSION = "1.0.4"
+_SWAP_PATHS = ("/release_memory_occupation", "/resume_memory_occupation")
+_TRANSIENT_PATHS = ("/pause_generation", "/continue_generation", "/flush_cache", *_SWAP_PATHS)
+_HTTP_TIMEOUT = 10.0
+
+
+class FrameworkMissing(RuntimeError):
+    """The framework's package (or wheel) is not installed here; the message says how to install it."""
+
+
+def fault_plan(plan: str, seed: int, *, rate: float = 0.4, after: float = 0.3) -> FaultPlan:
+    """The rig's plans: ``transient`` and ``after`` (see the module docstring); ``rate`` and ``after`` are the two probabilities."""
+    if plan not in PLANS:
+        raise ValueError(f"`plan` must be one of {PLANS}, but was {plan!r}")
+    rules: list[FaultRule] = []
+    if plan == "after":
+        rules += [FaultRule(p, "status_after", probability=after) for p in _SWAP_PATHS]
+    rules += [FaultRule(p, "status_before", probability=rate) for p in _TRANSIENT_PATHS]
+    return FaultPlan(seed=seed, rules=tuple(rules), max_streak=5)
+
+
+# -- verl: http_server_engine.py by path, sglang stubbed --------------------------------
+
+
+def _verl_source() -> Path:
+    """``http_server_engine.py`` of an installed verl, else of the verl wheel in the cache (``scripts/setup.sh`` puts it there)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            path = Path(root) / "workers/rollout/sglang_rollout/http_server_engine.py"
+            if path.exists():
+                return path
+    import os
+
+    cache = Path(os.environ.get("CPR_VERL_SOURCE", "~/.cache/cpr/verl")).expanduser()
+    path = cache / "verl/workers/rollout/sglang_rollout/http_server_engine.py"
+    if path.exists():
+        return path
+    raise FrameworkMissing(
+        f"verl {VERL_VERSION}'s http_server_engine.py is not here: run scripts/setup.sh (it unpacks "
+        f"`pip download --no-deps verl=={VERL_VERSION}` into ~/.cache/cpr/verl), or set CPR_VERL_SOURCE"
+    )
+
+
+class _ServerArgs:
+    """Stands for ``sglang.srt.server_args.ServerArgs``: the control path reads ``host``, ``port`` and ``node_rank`` only."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 30000, node_rank: int = 0, **kwargs: Any) -> None:
+        self.host, self.port, self.node_rank = host, port, node_rank
+        self.extra = kwargs
+
+
+def _never_called(name: str) -> Callable[..., Any]:
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"the rig's stub of sglang's {name} was called: only the control path is driven")
+
+    return stub
+
+
+def load_verl_http_engine() -> types.ModuleType:
+    """verl's ``http_server_engine`` module, loaded by path, with stubs for the ``sglang`` names it imports.
+
+    Stubbed: ``EngineBase`` (a base class), ``launch_server`` and
+    ``kill_process_tree`` (never called with ``launch_server=False``),
+    ``UpdateWeightsFromTensorReqInput`` (weight pushes only), and ``ServerArgs``
+    (a record of ``host``, ``port`` and ``node_rank``, what ``__init__`` reads).
+    The stubs live only in the module's own namespace: ``sys.modules`` gets no
+    ``sglang``. Everything the control path runs is verl's code, unmodified.
+    """
+    name = "cpr_verl_http_server_engine"
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    path = _verl_source()
+    stubs = {
+        "sglang": types.ModuleType("sglang"),
+        "sglang.srt": types.ModuleType("sglang.srt"),
+        "sglang.srt.entrypoints": types.ModuleType("sglang.srt.entrypoints"),
+        "sglang.srt.entrypoints.EngineBase": types.ModuleType("sglang.srt.entrypoints.EngineBase"),
+        "sglang.srt.entrypoints.http_server": types.ModuleType("sglang.srt.entrypoints.http_server"),
+        "sglang.srt.managers": types.ModuleType("sglang.srt.managers"),
+        "sglang.srt.managers.io_struct": types.ModuleType("sglang.srt.managers.io_struct"),
+        "sglang.srt.server_args": types.ModuleType("sglang.srt.server_args"),
+        "sglang.srt.utils": types.ModuleType("sglang.srt.utils"),
+    }
+    stubs["sglang.srt.entrypoints.EngineBase"].EngineBase = type("EngineBase", (), {})  # type: ignore[attr-defined]
+    stubs["sglang.srt.entrypoints.http_server"].launch_server = _never_called("launch_server")  # type: ignore[attr-defined]
+    stubs["sglang.srt.managers.io_struct"].UpdateWeightsFromTensorReqInput = type("UpdateWeightsFromTensorReqInput", (), {})  # type: ignore[attr-defined]
+    stubs["sglang.srt.server_args"].ServerArgs = _ServerArgs  # type: ignore[attr-defined]
+    stubs["sglang.srt.utils"].kill_process_tree = _never_called("kill_process_tree")  # type: ignore[attr-defined]
+    saved = {k: sys.modules.get(k) for k in stubs}
+    sys.modules.update(stubs)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = value
+    sys.modules[name] = module
+    return module
+
+
+# -- the two frameworks' cycles ---------------------------------------------------------
+
+
+def _areal_engine(urls: Sequence[str]) -> Any:
+    try:
+        cli_args: Any = importlib.import_module("areal.api.cli_args")  # untyped: read as Any
+        remote: Any = importlib.import_module("areal.engine.sglang_remote")
+    except ImportError as exc:
+        raise FrameworkMissing(f"AReaL {AREAL_VERSION} is not importable ({exc}): run scripts/setup.sh") from exc
+    config = cli_args.InferenceEngineConfig(backend=f"sglang:d{len(urls)}", request_retries=3, request_timeout=3600, pause_grace_period=0.0)
+    engine = remote.RemoteSGLangEngine(config)
+    engine._engine.addresses = [u.split("://", 1)[1] for u in urls]  # what initialize(addr=...) sets, without its rollout workers
+    return engine
+
+
+def areal_cycle(engine: Any) -> None:
+    """``PPOTrainer._offload_rollout`` then ``_onload_rollout``'s HTTP calls (``areal/trainer/rl_trainer.py``)."""
+    engine.pause_generation()
+    engine.offload()
+    error: BaseException | None = None
+    try:
+        engine.onload()
+    except Exception as exc:
+        error = exc
+    try:
+        engine.continue_generation()
+    except Exception as exc:
+        error = error or exc
+    if error is not None:
+        raise error
+
+
+def _verl_adapters(urls: Sequence[str], retry_delay: float) -> list[Any]:
+    module = load_verl_http_engine()
+    adapters = []
+    for url in urls:
+        host, port = url.split("://", 1)[1].rsplit(":", 1)
+        adapters.append(module.AsyncHttpServerAdapter(host=host, port=int(port), launch_server=False, retry_delay=retry_delay))
+    return adapters
+
+
+def verl_cycle(adapters: Sequence[Any]) -> None:
+    """``ServerAdapter.release``, ``resume(["weights"])``, ``update_weights``' flush, ``resume(["kv_cache"])`` on every engine at once."""
+
+    async def each(step: Callable[[Any], Any]) -> None:
+        results = await asyncio.gather(*(step(a) for a in adapters), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def cycle() -> None:
+        await each(lambda a: a.release_memory_occupation(tags=["kv_cache", "weights"]))
+        await each(lambda a: a.resume_memory_occupation(tags=["weights"]))
+        await each(lambda a: a.flush_cache())
+        await each(lambda a: a.resume_memory_occupation(tags=["kv_cache"]))
+
+    asyncio.run(cycle())
+
+
+# -- mounts -----------------------------------------------------------------------------
+
+
+@contextmanager
+def mounted(mount: str, fleet: EmulatedFleet, *, fast: bool = True) -> Iterator[Any]:
+    """Our mount for ``mount`` (``MOUNTS``) over the fleet's proxy URLs, undone on exit; yields the instrumentor or None."""
+    if mount not in MOUNTS:
+        raise ValueError(f"`mount` must be one of {MOUNTS}, but was {mount!r}")
+    if mount == "shipped":
+        yield None
+        return
+    from resilience.adapters import sglang_policies as presets
+    from resilience.adapters.instrument import SGLangInstrumentor
+    from resilience.testing.policies import fast_policies
+
+    table = presets.SGLANG_STRICT_POLICIES if mount == "strict" else presets.SGLANG_POLICIES
+    if fast:
+        table = fast_policies(table)
+    if mount == "probe":
+        table = presets.with_memory_probe(table, fleet.memory_probe())
+    inst = SGLangInstrumentor(fleet.urls, policies=table).instrument()
+    try:
+        yield inst
+    finally:
+        inst.uninstrument()
+
+
+# -- one seed ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """One cycle: did it complete, what the framework raised, which engines died in it."""
+
+    completed: bool
+    error: str | None
+    died: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class SeedResult:
+    """One seed's cycles on a fresh fleet."""
+
+    framework: str
+    plan: str
+    mount: str
+    seed: int
+    cycles: list[CycleResult] = field(default_factory=list)
+    sends: dict[str, int] = field(default_factory=dict)
+    """Requests the proxies saw per path (every engine, every cycle)."""
+    most_releases: int = 0
+    """The most ``/release_memory_occupation`` requests one engine got in one cycle."""
+
+    @property
+    def completed(self) -> int:
+        return sum(c.completed for c in self.cycles)
+
+    @property
+    def deaths(self) -> int:
+        return sum(len(c.died) for c in self.cycles)
+
+
+def _state(engine: Any) -> dict[str, Any] | None:
+    """The engine's state over its direct URL, or None when it is dead (a crash can land just after the cycle)."""
+    if engine.alive():
+        try:
+            state: dict[str, Any] = engine.state()
+            return state
+        except requests.RequestException:
+            pass
+    engine.wait_exit(2.0)
+    return None
+
+
+def _settled(states: Sequence[dict[str, Any] | None]) -> bool:
+    """Every engine alive, serving (not paused) and with nothing released."""
+    return all(s is not None and not s.get("paused") and not s.get("released_tags") for s in states)
+
+
+def _put_back(fleet: EmulatedFleet) -> None:
+    """Dead engines restarted; live ones resumed and continued over their direct URLs (bypassing the proxies)."""
+    for engine in fleet.engines:
+        state = _state(engine)
+        if state is None:
+            engine.restart()
+            continue
+        released = state.get("released_tags") or []
+        if released:
+            requests.post(engine.direct_url + "/resume_memory_occupation", json={"tags": list(released)}, timeout=_HTTP_TIMEOUT)
+        if state.get("paused") or released:
+            requests.post(engine.direct_url + "/continue_generation", json={}, timeout=_HTTP_TIMEOUT)
+
+
+def run_seed(framework: str, plan: str, mount: str, seed: int, *, cycles: int = 5, engines: int = 3, fast: bool = True) -> SeedResult:
+    """``cycles`` of ``framework``'s own cycle on a fresh fleet of ``engines`` behind proxies playing ``plan`` with ``seed``."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"`framework` must be one of {FRAMEWORKS}, but was {framework!r}")
+    result = SeedResult(framework, plan, mount, seed)
+    with EmulatedFleet(engines, RIG_ENGINE_CONFIG, fault_plan=fault_plan(plan, seed)) as fleet, ExitStack() as mounts:
+        mounts.enter_context(mounted(mount, fleet, fast=fast))
+        client = _areal_engine(fleet.urls) if framework == "areal" else _verl_adapters(fleet.urls, retry_delay=0.2 if fast else 2.0)
+        cycle = areal_cycle if framework == "areal" else verl_cycle
+        releases = [0] * engines
+        for _ in range(cycles):
+            alive_before = {e.index for e in fleet.engines if e.alive()}
+            error: str | None = None
+            try:
+                cycle(client)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            for engine in fleet.engines:
+                if engine.proxy is not None:
+                    engine.proxy.settle(timeout=5.0)
+            for engine in fleet.engines:
+                if engine.proxy is not None:
+                    now = sum(1 for r in engine.proxy.seen if r.path == _SWAP_PATHS[0])
+                    result.most_releases = max(result.most_releases, now - releases[engine.index])
+                    releases[engine.index] = now
+            states = [_state(e) for e in fleet.engines]
+            died = tuple(e.index for e, st in zip(fleet.engines, states, strict=True) if e.index in alive_before and st is None)
+            ok = error is None and _settled(states)
+            result.cycles.append(CycleResult(ok, error, died))
+            if not ok:  # a restarted job: engines put back, a fresh process's mount (no breaker or ledger carried over)
+                _put_back(fleet)
+                mounts.close()
+                mounts.enter_context(mounted(mount, fleet, fast=fast))
+        for engine in fleet.engines:
+            if engine.proxy is not None:
+                for seen in engine.proxy.seen:
+                    result.sends[seen.path] = result.sends.get(seen.path, 0) + 1
+    return result
