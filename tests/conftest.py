@@ -115,3 +115,10 @@ def ray_runtime() -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run tests/frameworks last: importing AReaL 1.0.4 rewires the process's logging (``areal.utils.logging.getLogger``
+    replaces ``logging.Logger.root`` and ``.manager`` and runs ``dictConfig`` with ``disable_existing_loggers``), and
+    the rig's ``_keeping_logging`` cannot undo all of it, so tests that read log records must not run after it."""
+    items.sort(key=lambda item: "tests/frameworks/" in item.nodeid.replace("\\", "/"))

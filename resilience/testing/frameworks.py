@@ -43,6 +43,7 @@ over their direct URLs), as a restarted job would find fresh engines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -192,20 +193,45 @@ def load_verl_http_engine() -> types.ModuleType:
 # -- the two frameworks' cycles ---------------------------------------------------------
 
 
-def _areal_engine(urls: Sequence[str]) -> Any:
+@contextlib.contextmanager
+def _keeping_logging() -> Iterator[None]:
+    """Put back the process's logging as it was after the block: AReaL's ``areal.utils.logging.getLogger`` (called at
+    import and when an engine is built) replaces ``logging.Logger.root`` and ``logging.Logger.manager`` and runs
+    ``dictConfig`` with ``disable_existing_loggers``, so every logger made afterwards would bypass the real root
+    logger (its handlers, pytest's capture). A rig must leave logging as it found it."""
+    root, manager = logging.Logger.root, logging.Logger.manager
+    loggers = [lg for lg in manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    before = [(lg, lg.level, lg.propagate, lg.disabled, lg.parent, list(lg.handlers)) for lg in [root, *loggers]]
     try:
-        cli_args: Any = importlib.import_module("areal.api.cli_args")  # untyped: read as Any
-        remote: Any = importlib.import_module("areal.engine.sglang_remote")
-    except ImportError as exc:
-        raise FrameworkMissing(f"AReaL {AREAL_VERSION} is not importable ({exc}): run scripts/setup.sh") from exc
-    config = cli_args.InferenceEngineConfig(backend=f"sglang:d{len(urls)}", request_retries=3, request_timeout=3600, pause_grace_period=0.0)
-    engine = remote.RemoteSGLangEngine(config)
+        yield
+    finally:
+        logging.Logger.root, logging.Logger.manager = root, manager
+        for lg, level, propagate, disabled, parent, handlers in before:
+            lg.level, lg.propagate, lg.disabled, lg.parent, lg.handlers = level, propagate, disabled, parent, handlers
+
+
+def _areal_engine(urls: Sequence[str]) -> Any:
+    with _keeping_logging():
+        try:
+            cli_args: Any = importlib.import_module("areal.api.cli_args")  # untyped: read as Any
+            remote: Any = importlib.import_module("areal.engine.sglang_remote")
+        except ImportError as exc:
+            raise FrameworkMissing(f"AReaL {AREAL_VERSION} is not importable ({exc}): run scripts/setup.sh") from exc
+        config = cli_args.InferenceEngineConfig(
+            backend=f"sglang:d{len(urls)}", request_retries=3, request_timeout=3600, pause_grace_period=0.0
+        )
+        engine = remote.RemoteSGLangEngine(config)
     engine._engine.addresses = [u.split("://", 1)[1] for u in urls]  # what initialize(addr=...) sets, without its rollout workers
     return engine
 
 
 def areal_cycle(engine: Any) -> None:
     """``PPOTrainer._offload_rollout`` then ``_onload_rollout``'s HTTP calls (``areal/trainer/rl_trainer.py``)."""
+    with _keeping_logging():
+        _areal_cycle(engine)
+
+
+def _areal_cycle(engine: Any) -> None:
     engine.pause_generation()
     engine.offload()
     error: BaseException | None = None
