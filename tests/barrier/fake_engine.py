@@ -149,6 +149,8 @@ class _Fake:
         """``method:fault`` of every fault that hit a call (read by the test for coverage statistics)."""
         self.landings: list[_Landing] = []
         self.started: list[str] = []
+        self._running = 0
+        self._idle = threading.Condition(self._lock)
         """Every call that reached the engine, in order (a late one as soon as it starts)."""
         self.interrupt: Callable[[], None] = _keyboard_interrupt
         """What an interrupt fault does: raise here (the default), or reach another thread or task and return."""
@@ -167,6 +169,17 @@ class _Fake:
         """Drop faults not used."""
         with self._lock:
             self.faults.clear()
+
+    def wait_idle(self, timeout: float = LATE_LIMIT_S) -> bool:
+        """Wait until no call is being carried out (a landed late call has applied): what a person reconciling from the
+        engine's real state must wait for. True when idle."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def _finished(self) -> None:
+        with self._idle:
+            self._running -= 1
+            self._idle.notify_all()
 
     def land(self) -> None:
         """Let every late call land."""
@@ -209,6 +222,7 @@ class _Fake:
                 self.fired.append(f"{method}:{fault}")
             if self.crash is not None:
                 raise EngineDied(f"{self.engine} is down: {self.crash}")
+            self._running += 1  # settled by _finished when the call ends
             landing = None
             if fault in (Fault.LATE_APPLIED, Fault.LATE_FAILED, Fault.INTERRUPT_BEFORE):
                 landing = _Landing(loop)
@@ -304,10 +318,13 @@ class FakeEngine(_Fake):
 
     def _call(self, method: str, apply: Callable[[], None]) -> dict[str, Any]:
         fault, landing = self._enter(method, None)
-        self._before(method, fault)
-        if landing is not None:
-            landing.thread_event.wait(LATE_LIMIT_S)
-        return self._exit(method, fault, apply)
+        try:
+            self._before(method, fault)
+            if landing is not None:
+                landing.thread_event.wait(LATE_LIMIT_S)
+            return self._exit(method, fault, apply)
+        finally:
+            self._finished()
 
     def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
         return self._call("pause_generation", self._pause)
@@ -337,11 +354,14 @@ class AsyncFakeEngine(_Fake):
 
     async def _call(self, method: str, apply: Callable[[], None]) -> dict[str, Any]:
         fault, landing = self._enter(method, asyncio.get_running_loop())
-        await asyncio.sleep(0)  # a real client yields to the loop at least once per call
-        self._before(method, fault)
-        if landing is not None:
-            await landing.wait_async()
-        return self._exit(method, fault, apply)
+        try:
+            await asyncio.sleep(0)  # a real client yields to the loop at least once per call
+            self._before(method, fault)
+            if landing is not None:
+                await landing.wait_async()
+            return self._exit(method, fault, apply)
+        finally:
+            self._finished()
 
     async def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
         return await self._call("pause_generation", self._pause)

@@ -93,6 +93,8 @@ def back_to_serving(orch: Orchestrator[Any], engines: list[AnyFake]) -> None:
             named(err, engines)
             for e in engines:
                 e.land()
+            for e in engines:  # what you check must be the engine's state once its calls have ended
+                assert e.wait_idle(), f"{e.engine}: a call is still being carried out"
             for name in err.quarantined:
                 engine = next(e for e in engines if e.engine == name)
                 paused, _, released = engine.snapshot()
