@@ -213,6 +213,16 @@ def _replayable(request: ClientRequest) -> bool:
     return False
 
 
+async def _body_bytes(request: ClientRequest) -> bytes | None:
+    """The body as bytes for a probe (``CallSpec.body``): bytes and bytes-like payloads (JSON, text, forms); else None."""
+    body = request.body
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, BytesPayload):
+        return await body.as_bytes()  # a bytes payload reads its own value: nothing is consumed
+    return None
+
+
 def _transport_failure(exc: aiohttp.ClientError | OSError, sent: bool) -> tuple[Delivery, str]:
     """Did a failed attempt surely never reach the server? And a bounded name for it (as the requests adapter names them)."""
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
@@ -440,6 +450,7 @@ class ResilientMiddleware:
             request_timeout=caller_timeout(request_timeout(request, handler)),
             request=request,
             replayable=_replayable(request),
+            body=None if isinstance(match.policy.on_ambiguous, str) else await _body_bytes(request),  # only probes read it
         )
 
         # one per session.request() call, shared by aiohttp's re-runs of it (client.py builds each re-run's ClientRequest with

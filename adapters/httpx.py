@@ -245,6 +245,7 @@ class _Resilient:
             request_timeout=caller_timeout(request),
             request=request,
             replayable=isinstance(request.stream, httpx.ByteStream),
+            body=request.content if isinstance(request.stream, httpx.ByteStream) else None,  # read at build time: no I/O
         )
 
     def _route(self, method: str, url: httpx.URL) -> _Route:

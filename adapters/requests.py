@@ -179,6 +179,14 @@ def _discard(response: Response) -> None:
     response.close()
 
 
+def _body_bytes(request: PreparedRequest) -> bytes | None:
+    """The body as bytes for a probe (``CallSpec.body``): bytes and text as they are sent; a file or generator: None."""
+    body = request.body
+    if isinstance(body, bytes):
+        return body
+    return body.encode("utf-8") if isinstance(body, str) else None
+
+
 def _body_rewindable(request: PreparedRequest) -> bool:
     """Bytes, text and files whose position requests could record (an int) can be sent again.
 
@@ -302,6 +310,7 @@ class ResilientAdapter(HTTPAdapter):
             request_timeout=_timeout_pair(resolve_timeout(timeout)),
             request=request,
             replayable=_body_rewindable(request),
+            body=_body_bytes(request),
         )
 
         def attempt(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[Response]:

@@ -29,6 +29,7 @@ from resilience.adapters.sglang_calls import (
     answer_records,
     auth_headers,
     own_driver_kwargs,
+    own_policies,
     raise_if_refused,
 )
 from resilience.adapters.sglang_policies import SGLANG_POLICIES
@@ -47,8 +48,10 @@ from resilience.adapters.sglang_types import (
 from resilience.barrier.engine import ALL_TAGS, PauseMode
 from resilience.deadline import Deadline
 from resilience.driver_config import UNSET, DriverConfig, Unset
-from resilience.errors import DeadlineExceeded
+from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
+from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
 __all__ = [
@@ -112,11 +115,23 @@ class SGLangClient(SGLangClientState):
     ``pool_maxsize``, ...) go to the own session's ``ResilientAdapter``; or
     ``config=DriverConfig(...)`` (its policies are used: build it with
     ``policies=SGLANG_POLICIES``) shares one configuration and its per-engine
-    breakers and budgets with other clients and drivers. With a ``session``,
-    all of those must be left out (``ConfigConflict`` names them): they
-    configure only the client's own session. ``AsyncSGLangClient`` is the
-    same client with coroutine methods; both build their requests and read
-    the answers with ``resilience.adapters.sglang_calls``.
+    breakers and budgets with other clients and drivers.
+    ``memory_probe``: a ``resilience.memory_probe.MemoryProbe`` the own session's release and
+    resume entries ask before re-sending after a gateway status or an ambiguous
+    failure (``sglang_policies(memory_probe=...)``: a call it proves applied
+    returns as applied, with ``ControlResult.confirmed_by_probe``); default None.
+    With ``config=``, the client uses a copy of the config whose policies ask
+    the probe (``sglang_calls.probed_config``: the same per-engine breakers and
+    budgets, still shared). With a ``session``, all of those (``memory_probe``
+    included) must be left out (``ConfigConflict`` names them): they configure
+    only the client's own session; mount ``with_memory_probe(policies, probe)``
+    on your session instead.
+    A control call whose every attempt got a gateway status is followed by a
+    ``GET /model_info`` within what is left of its deadline; when that fails too
+    the call raises ``resilience.barrier.EngineDied`` (``.attempts`` = the call's
+    record, caused by the ``SGLangError`` it would have raised).
+    ``AsyncSGLangClient`` is the same client with coroutine methods; both build
+    their requests and read the answers with ``resilience.adapters.sglang_calls``.
 
     Errors carry the call's delivery record (``resilience.outcome.attempts_of``).
     """
@@ -133,15 +148,23 @@ class SGLangClient(SGLangClientState):
         flush_deadline_s: float = 120.0,
         flush_poll_s: float = 0.5,
         config: DriverConfig | None = None,
+        memory_probe: MemoryProbe | None = None,
         **adapter_kwargs: Any,
     ) -> None:
         kwargs = own_driver_kwargs(
-            "SGLangClient", session=session, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+            "SGLangClient",
+            session=session,
+            config=config,
+            policies=policies,
+            observers=observers,
+            extra=adapter_kwargs,
+            memory_probe=memory_probe,
         )
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
         self._owns_session = session is None
+        self._policies = own_policies(kwargs)
         self.session = session if session is not None else resilient_session(**kwargs)
 
     def close(self) -> None:
@@ -168,7 +191,32 @@ class SGLangClient(SGLangClientState):
         return response
 
     def _send(self, call: Call) -> Answer:
-        return _answer(call, self._response(call))
+        deadline = calls.call_deadline(self._policies, call)
+        try:
+            answer = _answer(call, self._response(call))
+        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
+            records = calls.gateway_error_records(exc)
+            if calls.needs_liveness_check(call, None, records):
+                self._check_alive(call.endpoint, records, exc, deadline)
+            raise
+        if calls.needs_liveness_check(call, answer.status, answer.records):
+            self._check_alive(answer.endpoint, answer.records, calls.answer_error(self.engine, answer), deadline)
+        return answer
+
+    def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
+        """``GET /model_info`` within what is left of the call's deadline; ``EngineDied`` (from ``original``) when nothing answers it."""
+        left = deadline.remaining()
+        if left <= 0:
+            return  # no time left to check: the call's own error stands
+        error: BaseException | None = None
+        try:
+            with Deadline(left):
+                self.model_info()
+        except (requests.RequestException, ResilienceError, OSError) as exc:  # SGLangError is a RequestException
+            error = exc
+        if calls.liveness_verdict(error) is False:
+            assert error is not None
+            raise calls.engine_died(self.engine, endpoint, records, original, error)
 
     # -- generation control --------------------------------------------------
 
@@ -383,5 +431,5 @@ class SGLangClient(SGLangClientState):
 
 def _answer(call: Call, response: requests.Response) -> Answer:
     """What ``response`` answered to ``call`` (reads the body)."""
-    records = answer_records(getattr(response, "attempts", None), response.status_code)
-    return Answer(call.endpoint, response.status_code, response.text, len(records), response, records)
+    records, confirmed = answer_records(getattr(response, "attempts", None), response.status_code, response.reason)
+    return Answer(call.endpoint, response.status_code, response.text, len(records), response, records, confirmed)

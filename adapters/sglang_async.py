@@ -32,13 +32,23 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.adapters import sglang_calls as calls
 from resilience.adapters.sglang_async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
-from resilience.adapters.sglang_calls import Answer, Call, SGLangClientState, auth_headers, own_driver_kwargs, raise_if_refused
-from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
+from resilience.adapters.sglang_calls import (
+    Answer,
+    Call,
+    SGLangClientState,
+    auth_headers,
+    own_driver_kwargs,
+    own_policies,
+    raise_if_refused,
+)
+from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, SGLangError, WeightUpdateResult
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
 from resilience.driver_config import UNSET, DriverConfig, Unset
-from resilience.errors import DeadlineExceeded
+from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
+from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
 if TYPE_CHECKING:
@@ -70,10 +80,12 @@ class AsyncSGLangClient(SGLangClientState):
     ``config=DriverConfig(...)`` (its policies are used: build it with
     ``policies=SGLANG_POLICIES``) shares one configuration and its per-engine
     breakers and budgets with other clients and drivers. With a ``session``,
-    ``policies``, ``observers``, ``config``, ``limit_per_host`` and those must be
-    left out (``ConfigConflict`` names them, as ``SGLangClient`` does): they
-    configure only the client's own session. Errors carry the call's delivery
-    record (``resilience.outcome.attempts_of``).
+    ``policies``, ``observers``, ``config``, ``memory_probe``, ``limit_per_host``
+    and those must be left out (``ConfigConflict`` names them, as ``SGLangClient``
+    does): they configure only the client's own session. ``memory_probe``
+    (default None, also with ``config=``) and the dead-engine check behind a
+    proxy: as in ``SGLangClient``. Errors carry the call's delivery record
+    (``resilience.outcome.attempts_of``).
 
     Close the own session with ``await client.aclose()`` or ``async with``; the
     client opens a new one on its next use (in whichever loop runs it then). The
@@ -98,6 +110,7 @@ class AsyncSGLangClient(SGLangClientState):
         flush_poll_s: float = 0.5,
         limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
         config: DriverConfig | None = None,
+        memory_probe: MemoryProbe | None = None,
         **middleware_kwargs: Any,
     ) -> None:
         own = ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
@@ -109,6 +122,7 @@ class AsyncSGLangClient(SGLangClientState):
             observers=observers,
             extra=middleware_kwargs,
             own_session_only=own,
+            memory_probe=memory_probe,
         )
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
@@ -120,6 +134,7 @@ class AsyncSGLangClient(SGLangClientState):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._limit_per_host = limit_per_host
         self._middleware_kwargs = driver_kwargs
+        self._policies = own_policies(driver_kwargs)
         # one middleware for every session the client opens: its breakers and budgets outlive an aclose()
         self._middleware = None if session is not None else self._new_middleware()
 
@@ -183,10 +198,36 @@ class AsyncSGLangClient(SGLangClientState):
         return self._requester
 
     async def _send(self, call: Call) -> Answer:
-        """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``."""
+        """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""
         key_name, key = self._key_for(call.path)
-        answer = await self._http().send(call, self.base_url + call.path, auth_headers(key))
-        return raise_if_refused(self.engine, answer, key_name)
+        deadline = calls.call_deadline(self._policies, call)
+        try:
+            answer = await self._http().send(call, self.base_url + call.path, auth_headers(key))
+        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
+            records = calls.gateway_error_records(exc)
+            if calls.needs_liveness_check(call, None, records):
+                await self._check_alive(call.endpoint, records, exc, deadline)
+            raise
+        raise_if_refused(self.engine, answer, key_name)
+        if calls.needs_liveness_check(call, answer.status, answer.records):
+            await self._check_alive(answer.endpoint, answer.records, calls.answer_error(self.engine, answer), deadline)
+        return answer
+
+    async def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
+        """See ``SGLangClient._check_alive``: ``GET /model_info`` within what is left of the call's deadline."""
+        left = deadline.remaining()
+        if left <= 0:
+            return
+        error: BaseException | None = None
+        failures: tuple[type[BaseException], ...] = (*self._http().errors, SGLangError, ResilienceError, OSError)
+        try:
+            with Deadline(left):
+                await self.model_info()
+        except failures as exc:
+            error = exc
+        if calls.liveness_verdict(error) is False:
+            assert error is not None
+            raise calls.engine_died(self.engine, endpoint, records, original, error)
 
     # -- generation control --------------------------------------------------
 

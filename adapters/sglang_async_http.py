@@ -79,7 +79,7 @@ class _AiohttpReply:
         self._response = response
         self.response = None  # an aiohttp ClientResponse cannot be pickled, and errors travel pickled (Ray)
         self.status = response.status
-        self.records = answer_records(getattr(response, "attempts", None), response.status)
+        self.records, _ = answer_records(getattr(response, "attempts", None), response.status)
         self.attempts = len(self.records)
 
     async def text(self) -> str:
@@ -111,8 +111,9 @@ class AiohttpRequester:
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         async with self.session.request(call.method, url, json=call.body, params=call.params, headers=headers) as response:
             # what ``_AiohttpReply`` reads, without building one: no response on the answer (it cannot be pickled)
-            records = answer_records(getattr(response, "attempts", None), response.status)
-            return Answer(call.endpoint, response.status, await response.text(errors="replace"), len(records), None, records)
+            records, confirmed = answer_records(getattr(response, "attempts", None), response.status, response.reason)
+            text = await response.text(errors="replace")
+            return Answer(call.endpoint, response.status, text, len(records), None, records, confirmed)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:
@@ -158,7 +159,7 @@ class _HttpxReply:
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
         self.status = response.status_code
-        self.records = answer_records(response.extensions.get("attempts"), response.status_code)
+        self.records, self.confirmed = answer_records(response.extensions.get("attempts"), response.status_code, response.reason_phrase)
         self.attempts = len(self.records)
 
     async def text(self) -> str:
@@ -182,7 +183,7 @@ class HttpxRequester:
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         response = await self.client.request(call.method, url, json=call.body, params=call.params, headers=headers)
         reply = _HttpxReply(response)
-        return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, response, reply.records)
+        return Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, response, reply.records, reply.confirmed)
 
     @asynccontextmanager
     async def _stream(self, call: Call, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:

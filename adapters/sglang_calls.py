@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilience.adapters.requests import engine_of
-from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
+from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang_types import (
     ControlResult,
     FlushResult,
@@ -32,25 +32,40 @@ from resilience.adapters.sglang_types import (
     WeightUpdateResult,
 )
 from resilience.barrier.engine import ALL_TAGS
+from resilience.barrier.fanout import EngineDied
+from resilience.deadline import Deadline, current_deadline
 from resilience.driver_config import UNSET, DriverConfig, Unset
-from resilience.errors import ConfigConflict
+from resilience.errors import CircuitOpen, ConfigConflict, ResilienceError
 from resilience.events import Observer
-from resilience.outcome import AttemptRecord, Delivery, Outcome
+from resilience.memory_probe import MemoryProbe
+from resilience.outcome import AttemptRecord, Delivery, Outcome, attempts_of
 from resilience.policy import PolicyTable
 
 __all__ = [
+    "GATEWAY_STATUSES",
+    "PROBE_CONFIRMED_REASON",
     "Answer",
     "Call",
     "SGLangClientState",
     "StreamEnd",
+    "answer_error",
+    "answer_records",
+    "call_deadline",
     "control_result",
+    "engine_died",
+    "gateway_error_records",
     "flush_outcome",
     "flush_server_wait",
     "generate_result",
     "health_result",
     "json_of",
+    "liveness_verdict",
     "model_info_result",
     "models_result",
+    "needs_liveness_check",
+    "own_driver_kwargs",
+    "own_policies",
+    "probed_config",
     "raise_if_refused",
     "require_ok",
     "server_info_result",
@@ -102,6 +117,8 @@ class Answer:
     attempts: int = 1
     response: Any = None
     records: tuple[AttemptRecord, ...] = ()
+    confirmed_by_probe: bool = False
+    """True when the engine's own answer was lost and the transport's memory probe proved the call applied."""
 
     @property
     def ok(self) -> bool:
@@ -109,16 +126,30 @@ class Answer:
         return self.status < 400
 
 
-def answer_records(value: object, status: int) -> tuple[AttemptRecord, ...]:
-    """The delivery record of an answer: the transport's (a tuple of ``AttemptRecord``), else one attempt that got ``status``.
+PROBE_CONFIRMED_REASON = "Applied (confirmed by probe)"
+"""The reason phrase of the body-less 200 every driver returns when a probe proved a lost call applied."""
 
-    A session without the resilience layer records nothing; the answer itself
-    proves that one attempt reached the engine and was answered.
+GATEWAY_STATUSES: frozenset[int] = frozenset({502, 503, 504})
+"""Statuses a front end answers when it got nothing (usable) from the engine."""
+
+
+def answer_records(value: object, status: int, reason: str | None = None) -> tuple[tuple[AttemptRecord, ...], bool]:
+    """The delivery record of an answer, and whether a memory probe confirmed it: ``(records, confirmed_by_probe)``.
+
+    ``value``: what the transport put on its response (``.attempts``, httpx's
+    ``extensions["attempts"]``); ``status`` / ``reason``: the response's status
+    and reason phrase (None = not known). The records are the transport's (a
+    non-empty tuple of ``AttemptRecord``), else one attempt that got
+    ``status``: a session without the resilience layer records nothing, and
+    the answer itself proves that one attempt reached the engine and was
+    answered. ``confirmed_by_probe`` is True only for the layer's own "applied"
+    answer: a 200 with ``PROBE_CONFIRMED_REASON`` that carries the layer's
+    record (an engine or proxy answering that phrase itself is not believed).
     """
     if isinstance(value, tuple) and value and all(isinstance(r, AttemptRecord) for r in value):
-        return value
+        return value, status == 200 and reason == PROBE_CONFIRMED_REASON
     outcome = Outcome.SUCCESS if status < 400 else Outcome.FATAL
-    return (AttemptRecord(0, status, outcome, Delivery.RESPONDED, None, 0.0),)
+    return (AttemptRecord(0, status, outcome, Delivery.RESPONDED, None, 0.0),), False
 
 
 class StreamEnd(enum.Enum):
@@ -345,7 +376,7 @@ def control_result(engine: str, answer: Answer) -> ControlResult:
     require_ok(engine, answer)
     data = _object_or_none(answer.text) if answer.text else None
     message = str(data.get("message", "")) if data is not None else ""
-    return ControlResult(engine, answer.endpoint, message, answer.attempts)
+    return ControlResult(engine, answer.endpoint, message, answer.attempts, confirmed_by_probe=answer.confirmed_by_probe)
 
 
 def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
@@ -492,12 +523,83 @@ def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord
     try:
         chunk = jsonlib.loads(payload)
     except ValueError:
-        raise SGLangProtocolError(engine, endpoint, 200, payload, detail="bad SSE chunk", attempts=answer_records(records, 200)) from None
-    if not isinstance(chunk, dict):
-        raise SGLangProtocolError(
-            engine, endpoint, 200, payload, detail="SSE chunk is not an object", attempts=answer_records(records, 200)
-        )
-    return generate_chunk(chunk)
+        detail = "bad SSE chunk"
+    else:
+        if isinstance(chunk, dict):
+            return generate_chunk(chunk)
+        detail = "SSE chunk is not an object"
+    raise SGLangProtocolError(engine, endpoint, 200, payload, detail=detail, attempts=answer_records(records, 200)[0])
+
+
+# -- is an engine behind a proxy dead? ----------------------------------------------------
+
+
+def call_deadline(policies: PolicyTable, call: Call) -> Deadline:
+    """The deadline ``call`` runs under: its policy's ``deadline_s`` from now, capped by any ``Deadline`` in context."""
+    seconds = policies.match(call.method, call.path).policy.deadline_s
+    outer = current_deadline()
+    return outer.cap(seconds) if outer is not None else Deadline(seconds)
+
+
+def needs_liveness_check(call: Call, status: int | None, records: Sequence[AttemptRecord]) -> bool:
+    """A control call whose every attempt got a gateway status: the front end may stand in front of a dead engine.
+
+    ``status``: the answer's status (None when the call raised); ``records``: its attempts. A call that
+    raised needs a record of them; an answer without one (no resilience layer) counts as its one attempt.
+    """
+    if call.path not in SGLANG_ADMIN_PATHS or (status is not None and status not in GATEWAY_STATUSES):
+        return False
+    if status is None and not records:
+        return False
+    return all(r.status in GATEWAY_STATUSES for r in records)
+
+
+def gateway_error_records(error: BaseException) -> tuple[AttemptRecord, ...]:
+    """The attempts on an error the retry loop raised (deadline, budget, retries exhausted); () for any other error."""
+    return (attempts_of(error) or ()) if isinstance(error, ResilienceError) else ()
+
+
+def liveness_verdict(check_error: BaseException | None) -> bool | None:
+    """What ``GET /model_info`` says of the engine: True = it answers, False = dead, None = not checked.
+
+    SGLang's HTTP process answers ``/model_info`` from the tokenizer manager's own
+    fields without asking the scheduler (0.5.23 ``sglang/srt/entrypoints/http_server.py``,
+    ``model_info()``), which is why the router recipe checks a held engine with it.
+    Any answer other than a gateway status (200, or even a 401/404/500) means something
+    behind the front end answers: alive. A gateway status, a transport error or the
+    deadline running out means nothing does: dead. An open circuit breaker sent nothing:
+    not checked.
+    """
+    if check_error is None:
+        return True
+    if isinstance(check_error, CircuitOpen):
+        return None
+    if isinstance(check_error, SGLangError):
+        return check_error.status not in GATEWAY_STATUSES
+    return False
+
+
+def answer_error(engine: str, answer: Answer) -> SGLangError:
+    """The ``SGLangError`` an error answer raises."""
+    return SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+
+
+def engine_died(
+    engine: str, endpoint: str, records: Sequence[AttemptRecord], original: BaseException, check_error: BaseException
+) -> EngineDied:
+    """The ``EngineDied`` for a control call answered only by gateway statuses whose ``/model_info`` check failed too.
+
+    ``.attempts`` is the call's record; its cause is ``original``, the error the call would have raised.
+    """
+    statuses = ", ".join(str(r.status) for r in records) or str(getattr(original, "status", "?"))
+    died = EngineDied(
+        f"{engine}: every attempt of {endpoint} got a gateway status ({statuses}) and GET /model_info failed too "
+        f"({type(check_error).__name__}): nothing behind the front end answers, the engine is gone"
+    )
+    died.attempts = tuple(records)  # type: ignore[attr-defined]
+    died.__cause__ = original
+    died.__suppress_context__ = True
+    return died
 
 
 # -- the client's own transport ------------------------------------------------------------
@@ -515,6 +617,7 @@ def own_driver_kwargs(
     observers: Sequence[Observer] | Unset,
     extra: Mapping[str, Any],
     own_session_only: Sequence[str] = (),
+    memory_probe: MemoryProbe | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of the driver a client builds for its own session, checked the same way for both clients.
 
@@ -522,18 +625,24 @@ def own_driver_kwargs(
     policies). ``extra``: the driver's other keywords the caller gave
     (``breaker``, ``retry_budget``, ``clock``, pool sizes); ``own_session_only``:
     names of the client's own-session settings the caller gave (``limit_per_host``).
-    With a ``session``, none of them applies, so any of them (``config``
-    included) raises ``ConfigConflict`` naming them; so does ``config`` with
-    any keyword it already holds. Returns {} when a session is given.
+    ``memory_probe`` (None = none): asked on the table's release and resume
+    entries (``with_memory_probe``); with ``config``, the client gets a copy
+    of the config whose policies ask it (``probed_config``: same observers,
+    and the same per-engine breakers and budgets, still shared).
+    With a ``session``, none of them applies, so any of them (``config`` and
+    ``memory_probe`` included) raises ``ConfigConflict`` naming them; so does
+    ``config`` with any keyword it already holds. Returns {} when a session is given.
     """
     given = [name for name, value in (("policies", policies), ("observers", observers)) if value is not UNSET]
+    given += ["memory_probe"] if memory_probe is not None else []
     given += [*own_session_only, *sorted(extra)]
     if session is not None:
         named = (["config"] if config is not None else []) + given
         if named:
+            probe_hint = " (with_memory_probe(policies, probe) from resilience.adapters.sglang_policies for the probe)"
             raise ConfigConflict(
                 f"{owner} got session= and {', '.join(n + '=' for n in named)}: those configure only the client's own "
-                "session; mount the resilience layer on the session you pass instead"
+                f"session; mount the resilience layer on the session you pass instead{probe_hint if memory_probe else ''}"
             )
         return {}
     if config is not None:
@@ -543,12 +652,41 @@ def own_driver_kwargs(
                 f"{owner} got config= and {', '.join(n + '=' for n in clash)}: the DriverConfig already holds "
                 f"{'that' if len(clash) == 1 else 'those'}; pass one or the other"
             )
-        return {"config": config, **extra}
+        return {"config": config if memory_probe is None else probed_config(config, memory_probe), **extra}
+    table = SGLANG_POLICIES if isinstance(policies, Unset) else policies
     return {
-        "policies": SGLANG_POLICIES if isinstance(policies, Unset) else policies,
+        "policies": table if memory_probe is None else with_memory_probe(table, memory_probe),
         "observers": () if isinstance(observers, Unset) else observers,
         **extra,
     }
+
+
+def probed_config(config: DriverConfig, memory_probe: MemoryProbe) -> DriverConfig:
+    """``config`` with ``memory_probe`` asked on its policies' release and resume entries (``with_memory_probe``).
+
+    A new ``DriverConfig`` over the same observers, clock and random source, and
+    the same per-engine breakers and budgets (handed over as the registries
+    themselves, so what this client sees still opens the breaker every other
+    driver of ``config`` uses). A config whose policies have no release or
+    resume entry is refused (``ValueError``): build it with ``policies=SGLANG_POLICIES``.
+    """
+    return DriverConfig(
+        policies=with_memory_probe(config.policies, memory_probe),
+        observers=config.observers,
+        breaker=config.breakers,
+        retry_budget=config.budgets,
+        clock=config.clock,
+        rng=config.rng,
+    )
+
+
+def own_policies(driver_kwargs: Mapping[str, Any]) -> PolicyTable:
+    """The table the client's own session routes by (``own_driver_kwargs``' answer); ``SGLANG_POLICIES`` with a session of the caller's."""
+    config = driver_kwargs.get("config")
+    if isinstance(config, DriverConfig):
+        return config.policies
+    table = driver_kwargs.get("policies", SGLANG_POLICIES)
+    return table if isinstance(table, PolicyTable) else SGLANG_POLICIES
 
 
 # -- what a client remembers -------------------------------------------------------------

@@ -130,6 +130,8 @@ class ControlResult:
     message: str = ""
     attempts: int = 1
     """Attempts the call took (retries absorbed = attempts - 1)."""
+    confirmed_by_probe: bool = False
+    """True when the engine's answer was lost (a gateway status, a timeout) and the memory probe proved the call applied."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,9 @@ class CallSpec:
     """Attached to raised errors as ``request=`` (requests convention)."""
     replayable: bool = True
     """False when the body cannot be sent twice (a pipe, a generator): exactly one attempt."""
+    body: bytes | None = None
+    """The request body, when the driver holds it as bytes; handed to probes (``ProbeContext.body``), never put in events.
+    None = no body, or one the driver cannot read without consuming it."""
 
 
 RETRY_AFTER_STATUSES = frozenset({429, 503})

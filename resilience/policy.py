@@ -188,15 +188,22 @@ class ProbeAnswer(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ProbeContext:
-    """What a probe is told about the ambiguous attempt."""
+    """What a probe is told about the attempt it judges: an ambiguous failure, or a gateway status on a non-idempotent endpoint."""
 
     method: str
     url: str
     endpoint: str
+    """``METHOD /template`` of the table entry."""
     engine: str
+    """``scheme://host:port`` of the server (the name a ``MemoryProbe`` is asked about)."""
     attempt: int
+    """0 for the first attempt, then the resend count."""
     error: BaseException | None
+    """The transport error of an ambiguous failure (None after a status)."""
     status: int | None
+    """The gateway status answered (502/503/504), or None after an ambiguous failure."""
+    body: bytes | None = None
+    """The request body when the driver held it as bytes (``CallSpec.body``), else None. May hold secrets: never log it."""
 
 
 class Probe(Protocol):
@@ -238,7 +245,11 @@ class EndpointPolicy:
     on is safe to repeat, one given after handing it on is not. Default False.
     """
     on_ambiguous: Literal["raise"] | Probe = "raise"
-    """What to do when a non-idempotent attempt may have been applied: ``"raise"`` (``AmbiguousOutcome``) or a probe."""
+    """What to do when a non-idempotent attempt may have been applied: ``"raise"`` (``AmbiguousOutcome``) or a probe.
+
+    A probe is also asked after a gateway status (``retry.statuses``) on this
+    endpoint when it is not idempotent, before anything is re-sent; its
+    "unknown" then falls back to ``retry_statuses_if_not_idempotent``."""
     raise_on_exhausted: bool = False
     """After the last attempt got a retryable status.
 

@@ -42,6 +42,10 @@ The rules every driver gets:
   re-sent blindly: a table entry's ``on_ambiguous`` probes or raises
   ``AmbiguousOutcome``; a request no entry matches gets the transport's own
   error (a ``ReadTimeout``, say), exactly as plain requests would raise it.
+  A gateway status (the policy's retry statuses) on a non-idempotent entry
+  that has a probe asks the probe too before anything is re-sent: a front end
+  may answer 502 after handing the request on. "Done" returns as applied,
+  "not done" re-sends, "unknown" does what the entry does without a probe.
 - **Breaker.** It judges logical calls, not attempts: a call whose failures
   the retries absorbed counts as a success, so a flaky gateway in front of a
   healthy engine never opens it, while a dead engine does. Every attempt is

@@ -265,6 +265,9 @@ class RetryCall(Generic[R]):
         self.records.append(AttemptRecord(n, result.status, outcome, result.delivery, error_type, duration))
         if outcome is Outcome.SUCCESS:
             return self._succeed(result.response)
+        gateway_probe = _gateway_probe(spec, result)
+        if gateway_probe is not None:  # a gateway status on a non-idempotent endpoint: the front end may have handed it on first
+            return Probe(gateway_probe, self._probe_context(result))
         if outcome is Outcome.FATAL:
             return self._give_back(result, CallOutcome.FAILED)
         if outcome is Outcome.AMBIGUOUS and not spec.match.policy.idempotent:
@@ -273,13 +276,20 @@ class RetryCall(Generic[R]):
                 if not spec.match.explicit:
                     return self._give_back(result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
                 return self._ambiguous(_reason(result))
-            context = ProbeContext(spec.method, spec.url, spec.match.endpoint, spec.engine, n, result.error, result.status)
-            return Probe(probe, context)
+            return Probe(probe, self._probe_context(result))
         return self._retry_or_end(_reason(result))
+
+    def _probe_context(self, result: AttemptResult[R]) -> ProbeContext:
+        spec = self.spec
+        return ProbeContext(spec.method, spec.url, spec.match.endpoint, spec.engine, self._next, result.error, result.status, spec.body)
 
     def probe_answered(self, answer: object, on_done: Callable[[], R] | None = None) -> Decision[R]:
         """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown).
 
+        "done" returns as applied, "not done" re-sends (while attempts are left).
+        "unknown" after an ambiguous failure raises ``AmbiguousOutcome``; after a
+        gateway status it does what the endpoint does without a probe: re-send
+        when ``retry_statuses_if_not_idempotent``, else hand the status back.
         ``on_done`` builds the response to return when the answer is "done"
         (the driver's stand-in for the lost answer; called only then); without
         one, "done" cannot be returned and ends as ambiguous.
@@ -301,6 +311,11 @@ class RetryCall(Generic[R]):
             return Return(confirmed, self.attempts, discard=stale)
         if verdict is ProbeAnswer.NOT_DONE:
             return self._retry_or_end("probe_not_done")
+        last = self.last
+        if last is not None and last.status is not None:  # a gateway status: the endpoint's own choice, as without a probe
+            if spec.match.policy.retry_statuses_if_not_idempotent:
+                return self._retry_or_end(reason)
+            return self._give_back(last, CallOutcome.FAILED)
         return self._ambiguous(reason)
 
     @property
@@ -556,6 +571,19 @@ class RetryCall(Generic[R]):
                 retry_budget_tokens=self.budget.tokens if self.budget is not None else None,
             ),
         )
+
+
+def _gateway_probe(spec: CallSpec, result: AttemptResult[Any]) -> Callable[[ProbeContext], Any] | None:
+    """The probe to ask about a gateway status (the policy's retry statuses) on a non-idempotent table entry; None = none.
+
+    The status may come from a front end that handed the request on (it was
+    applied) or from one that did not; the probe tells which before anything is re-sent.
+    """
+    policy = spec.match.policy
+    probe = policy.on_ambiguous
+    if isinstance(probe, str) or result.status not in policy.retry.statuses or policy.idempotent or not spec.match.explicit:
+        return None
+    return probe
 
 
 def _refused(result: AttemptResult[Any]) -> bool:

@@ -254,14 +254,20 @@ def test_malformed_answer_shows_endpoint_status_and_excerpt(httpserver: HTTPServ
 
 
 def test_errors_over_a_plain_session_carry_a_record_too(httpserver: HTTPServer) -> None:
-    """A session without the resilience layer records nothing; the client writes the one answered attempt itself."""
+    """A session without the resilience layer records nothing; the client writes the one answered attempt itself.
+
+    That one attempt got a gateway status, so the client checks ``GET /model_info`` (the dead-behind-a-proxy
+    check); the engine answers it, and the 503's own error stands, with its record.
+    """
     httpserver.expect_request("/pause_generation").respond_with_data("busy", status=503)
+    httpserver.expect_request("/model_info").respond_with_json({"model_path": "m"})
     with requests.Session() as session:
         client = SGLangClient(httpserver.url_for("/").rstrip("/"), session=session)
         with pytest.raises(SGLangError) as info:
             client.pause_generation()
+    assert type(info.value) is SGLangError and info.value.status == 503
     assert [(r.attempt, r.delivery, r.status) for r in attempts_of(info.value) or ()] == [(0, Delivery.RESPONDED, 503)]
-    assert len(httpserver.log) == 1
+    assert [request.path for request, _ in httpserver.log] == ["/pause_generation", "/model_info"]
 
 
 def test_api_key_in_bearer_header_only(httpserver: HTTPServer) -> None:

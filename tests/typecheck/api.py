@@ -40,6 +40,20 @@ resilience.set_testing(True, attempts=2)
 with resilience.set_testing(False) as mode:
     active: bool = mode.active
 
+# Memory probes: the protocol, the two shipped probes, and the tables and clients that ask them.
+from resilience.adapters.nvml import EngineGpu, NvmlMemoryProbe  # noqa: E402
+from resilience.adapters.sglang import SGLangClient  # noqa: E402
+from resilience.adapters.sglang_policies import SGLANG_STRICT_POLICIES, sglang_policies, with_memory_probe  # noqa: E402
+from resilience.memory_probe import MemoryProbe  # noqa: E402
+from resilience.testing import EmulatorMemoryProbe  # noqa: E402
+
+emulator_probe: MemoryProbe = EmulatorMemoryProbe("/tmp/state", aliases={"http://127.0.0.1:2": "http://127.0.0.1:1"})
+nvml_probe: MemoryProbe = NvmlMemoryProbe({"http://10.0.0.5:30000": EngineGpu(pids=(1,), tag_bytes={"kv_cache": 1})}, reader=lambda _p: 0)
+tags: frozenset[str] | None = emulator_probe.released_tags("http://127.0.0.1:1")
+probed: PolicyTable = sglang_policies(memory_probe=emulator_probe, strict=False)
+strict: PolicyTable = with_memory_probe(SGLANG_STRICT_POLICIES, nvml_probe)
+confirmed: bool = SGLangClient("http://127.0.0.1:1", memory_probe=emulator_probe).release_memory_occupation().confirmed_by_probe
+
 # One DriverConfig for every driver; the delivery record of an error through the one accessor.
 
 

@@ -18,10 +18,17 @@ Debug routes (not SGLang's, never behind a key): ``GET /_emulator/state`` answer
 {"readers", "writer_active", "waiting_writers"}, "waiting_at_pause_gate", "running",
 "waiting", "released_tags", "allocated_bytes": {tag: bytes}, "counts": {"completed",
 "aborted", "retracted", "prefilled"}}``. ``GET /_emulator/record`` answers
-``{"calls": [...], "state": {...}}``; each call (every route but ``/generate`` and
+``{"calls": [...], "dropped": n, "state": {...}}``; ``calls`` holds the last 2048 calls
+(``record.MAX_CALLS``; ``dropped`` counts the older ones, so a long soak keeps engine
+memory flat), each call (every route but ``/generate`` and
 ``/_emulator/*``, in arrival order) is ``{"seq", "method", "path", "query", "body"
 (parsed JSON, raw text, or None), "status" (None until answered), "received_ns",
 "answered_ns"}`` with ``time.monotonic_ns()`` stamps, comparable across processes.
+
+Memory truth, for ``resilience.testing.EmulatorMemoryProbe``: an engine started with
+``--memory-state-dir DIR`` (every engine of an ``EmulatedFleet`` is) keeps
+``DIR/engine-<port>.json`` up to date with its released tags, a side channel outside
+SGLang's routes (``memory_state.py``).
 """
 
 from __future__ import annotations

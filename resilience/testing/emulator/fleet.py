@@ -35,6 +35,7 @@ from .processes import EmulatorStartError, EngineProcess, ExecLauncher, Launcher
 
 if TYPE_CHECKING:
     from resilience.testing.faults import FaultPlan, FaultProxy
+    from resilience.testing.memory_probe import EmulatorMemoryProbe
 
 __all__ = ["DEFAULT_STARTUP_TIMEOUT", "EmulatedFleet", "EmulatorStartError", "EngineHandle", "StartMethod"]
 
@@ -240,6 +241,9 @@ class EmulatedFleet:
     ``host``: the address every engine binds (default 127.0.0.1). ``base_port``: 0
     (default) lets each engine pick a free port; P puts engine i on port P + i.
     ``log_level``: uvicorn's log level in every engine (default ``"warning"``).
+    ``memory_state_dir``: where every engine publishes the tags it has released
+    (``--memory-state-dir``, read by :meth:`memory_probe`); None (default) = a
+    ``memory`` folder in the fleet's log folder.
     """
 
     def __init__(
@@ -255,6 +259,7 @@ class EmulatedFleet:
         host: str = "127.0.0.1",
         base_port: int = 0,
         log_level: str = "warning",
+        memory_state_dir: str | Path | None = None,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`n` must be an integer >= 1, but was {n!r}")
@@ -278,7 +283,14 @@ class EmulatedFleet:
         self._log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="cpr-emulator-"))
         self._zygote = Zygote(self._log_dir) if start_method == "zygote" else None
         launcher: Launcher = self._zygote if self._zygote is not None else ExecLauncher()
-        extra = (*(("--host", host) if host != "127.0.0.1" else ()), *(("--log-level", log_level) if log_level != "warning" else ()))
+        self.memory_state_dir = Path(memory_state_dir) if memory_state_dir is not None else self._log_dir / "memory"
+        """The folder where the engines publish their released tags (see :meth:`memory_probe`)."""
+        extra = (
+            *(("--host", host) if host != "127.0.0.1" else ()),
+            *(("--log-level", log_level) if log_level != "warning" else ()),
+            "--memory-state-dir",
+            str(self.memory_state_dir),
+        )
         self.engines: list[EngineHandle] = [
             EngineHandle(i, self.config, self._log_dir, extra, launcher, port=base_port + i if base_port else 0) for i in range(n)
         ]
@@ -311,6 +323,18 @@ class EmulatedFleet:
     def zygote_pid(self) -> int | None:
         """PID of the zygote the engines are forked from (None with ``start_method="spawn"`` or before start)."""
         return self._zygote.pid if self._zygote is not None and self._started else None
+
+    def memory_probe(self) -> EmulatorMemoryProbe:
+        """A ``MemoryProbe`` over these engines' own truth, under their direct URLs and (once started) their proxies' URLs.
+
+        It reads the side channel (``--memory-state-dir``), never an HTTP route; it
+        answers None for an engine that is dead, restarting, or carrying out a
+        release or resume right now. See ``resilience.testing.memory_probe``.
+        """
+        from resilience.testing.memory_probe import EmulatorMemoryProbe
+
+        aliases = {e.proxy.url: e.direct_url for e in self.engines if e.proxy is not None}
+        return EmulatorMemoryProbe(self.memory_state_dir, aliases=aliases)
 
     def start(self, on_ready: Callable[[int], None] | None = None) -> EmulatedFleet:
         """Start every engine in parallel and wait for all READY; on any failure stop all and raise.

@@ -144,6 +144,6 @@ def info_router(engine: Engine) -> APIRouter:
 
     @router.get("/_emulator/record")
     async def emulator_record() -> Response:
-        return JSONResponse({"calls": engine.record.calls(), "state": engine.state()})
+        return JSONResponse({"calls": engine.record.calls(), "dropped": engine.record.dropped, "state": engine.state()})
 
     return router

@@ -4,16 +4,21 @@ Each call gets an entry when its request arrives and is completed when its answe
 has been written. Times are ``time.monotonic_ns()``, which is system-wide on Linux,
 so tests can order the calls of several engine processes against their own clock.
 ``/generate`` (data plane) and ``/_emulator/*`` (the record itself) are not recorded.
+
+The record keeps the last ``MAX_CALLS`` calls (a ``deque``), so an engine that serves
+a 1000-step soak keeps a flat memory; ``seq`` keeps counting over the calls dropped,
+and ``dropped`` says how many were.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["CallRecord", "RecordMiddleware"]
+__all__ = ["MAX_CALLS", "CallRecord", "RecordMiddleware"]
 
 Scope = MutableMapping[str, Any]
 ASGIMessage = MutableMapping[str, Any]
@@ -25,16 +30,29 @@ _UNRECORDED_PATHS = ("/generate",)
 _UNRECORDED_PREFIX = "/_emulator/"
 
 
-class CallRecord:
-    """Every control call this engine received, in arrival order."""
+MAX_CALLS = 2048
+"""Calls a ``CallRecord`` keeps by default: the oldest go first (about 1 MB per engine at most; a colocate step makes ~10)."""
 
-    def __init__(self) -> None:
-        self._calls: list[dict[str, Any]] = []
+
+class CallRecord:
+    """The last ``max_calls`` control calls this engine received (default ``MAX_CALLS``), in arrival order."""
+
+    def __init__(self, max_calls: int = MAX_CALLS) -> None:
+        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
+            raise ValueError(f"`max_calls` must be an integer >= 1, but was {max_calls!r}")
+        self._calls: deque[dict[str, Any]] = deque(maxlen=max_calls)
+        self._seq = 0
+
+    @property
+    def dropped(self) -> int:
+        """How many of the oldest calls are no longer kept."""
+        return self._seq - len(self._calls)
 
     def begin(self, method: str, path: str, query: str) -> dict[str, Any]:
         """Add the entry of a call that just arrived; the caller fills body, status and answered_ns."""
+        seq, self._seq = self._seq, self._seq + 1
         entry: dict[str, Any] = {
-            "seq": len(self._calls),
+            "seq": seq,
             "method": method,
             "path": path,
             "query": query,

@@ -37,6 +37,7 @@ from typing import Any
 from . import crash
 from .allocator import TokenAllocator
 from .config import EngineConfig
+from .memory_state import MemoryStateWriter
 from .messages import (
     HEALTH_CHECK_RID_PREFIX,
     AbortRequests,
@@ -92,10 +93,14 @@ class Scheduler:
         self.load_snapshot: dict[str, Any] = self._loads()
         """The latest published load numbers (replaced whole, so readers on other threads see one snapshot)."""
         self._snapshot_at = 0.0
+        self.memory_state: MemoryStateWriter | None = None
+        """Where the released tags are published for ``EmulatorMemoryProbe`` (set before :meth:`start`); None = nowhere."""
 
     # ----- called from other threads -------------------------------------------------
     def start(self) -> None:
-        """Start the scheduler thread."""
+        """Start the scheduler thread (publishing the memory state first, when there is a writer)."""
+        if self.memory_state is not None:
+            self.memory_state.started(self.released_tags())
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
@@ -106,7 +111,14 @@ class Scheduler:
 
     def submit(self, message: Message) -> None:
         """Queue a message for the scheduler thread (thread-safe, never blocks)."""
+        if self.memory_state is not None and isinstance(message, (ReleaseMemory, ResumeMemory)):
+            self.memory_state.call_began()  # before it can run: a reader never sees the change unannounced
         self._inbox.put(message)
+
+    def released_tags(self) -> list[str]:
+        """The tags recorded as released (SGLang's ``offload_tags``): known ones in SGLang's order, then unknown ones sorted."""
+        tags = set(self.offload_tags)
+        return [t for t in ALL_TAGS if t in tags] + sorted(tags - set(ALL_TAGS))
 
     def snapshot(self) -> dict[str, Any]:
         """A racy but safe read of the scheduler's numbers (for the debug routes)."""
@@ -114,7 +126,7 @@ class Scheduler:
             "scheduler_paused": self.engine_paused,
             "running": len(self.running),
             "waiting": len(self.waiting),
-            "released_tags": [t for t in ALL_TAGS if t in self.offload_tags] + sorted(self.offload_tags - set(ALL_TAGS)),
+            "released_tags": self.released_tags(),
             "allocated_bytes": self._pools.allocated_bytes(),
             "counts": {k: self.counts[k] for k in ("completed", "aborted", "retracted", "prefilled")},
         }
@@ -181,9 +193,11 @@ class Scheduler:
             return None
         if isinstance(message, ReleaseMemory):
             self._release(message.tags)
+            self._memory_call_ended()
             return None
         if isinstance(message, ResumeMemory):
             self._resume(message.tags)
+            self._memory_call_ended()
             return None
         if isinstance(message, LoadWeights):
             return self._load_weights(message)
@@ -275,6 +289,11 @@ class Scheduler:
             if tag in tags and self._config.memory_saver:
                 self._pools.resume(tag)
         time.sleep(self._config.swap_seconds)
+
+    def _memory_call_ended(self) -> None:
+        """Publish the tags after a release or resume was carried out, before it is answered (a crash never gets here)."""
+        if self.memory_state is not None:
+            self.memory_state.call_ended(self.released_tags())
 
     # ----- weights ----------------------------------------------------------------
     def _load_weights(self, message: LoadWeights) -> tuple[bool, str]:

@@ -46,8 +46,20 @@ class ProgressPrinter:
             self._write(f"engines ready {ready}/{total}")
 
 
-def serve_fleet(n: int, config: EngineConfig, *, host: str, port: int, startup_timeout: float, log_level: str = "warning") -> int:
+def serve_fleet(
+    n: int,
+    config: EngineConfig,
+    *,
+    host: str,
+    port: int,
+    startup_timeout: float,
+    log_level: str = "warning",
+    memory_state_dir: str | None = None,
+) -> int:
     """Start ``n`` engines (on ``port``, ``port + 1``, ... or free ports when ``port`` is 0), serve until a signal.
+
+    ``memory_state_dir``: where every engine publishes its released tags (``--memory-state-dir``); None = the
+    fleet's own folder, removed at exit.
 
     Returns 0 after a signal, 1 when the fleet did not start (the first failing engine's log on stderr).
     """
@@ -58,7 +70,14 @@ def serve_fleet(n: int, config: EngineConfig, *, host: str, port: int, startup_t
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     fleet = EmulatedFleet(
-        n, config, startup_timeout=startup_timeout, progress=ProgressPrinter(), host=host, base_port=port, log_level=log_level
+        n,
+        config,
+        startup_timeout=startup_timeout,
+        progress=ProgressPrinter(),
+        host=host,
+        base_port=port,
+        log_level=log_level,
+        memory_state_dir=memory_state_dir,
     )
     try:
         try:

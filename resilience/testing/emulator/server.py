@@ -56,6 +56,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="exit when the process PID (the parent) is gone, so a killed test run leaves no engine behind",
     )
     parser.add_argument(
+        "--memory-state-dir",
+        default=None,
+        metavar="DIR",
+        help="keep DIR/engine-<port>.json up to date with the tags this engine has released, for "
+        "resilience.testing.EmulatorMemoryProbe (a side channel, not an HTTP route; default: none)",
+    )
+    parser.add_argument(
         "--engines",
         type=int,
         default=1,
@@ -177,7 +184,13 @@ def main(
         if args.exit_with_parent is not None:
             _watch_parent(args.exit_with_parent)
         return serve_fleet(
-            args.engines, config, host=args.host, port=args.port, startup_timeout=args.startup_timeout, log_level=args.log_level
+            args.engines,
+            config,
+            host=args.host,
+            port=args.port,
+            startup_timeout=args.startup_timeout,
+            log_level=args.log_level,
+            memory_state_dir=args.memory_state_dir,
         )
     try:
         sock = _bind(args.host, args.port)
@@ -187,7 +200,7 @@ def main(
     if args.exit_with_parent is not None:
         _watch_parent(args.exit_with_parent)
     try:
-        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured)
+        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
     finally:
         sock.close()
 
@@ -206,6 +219,7 @@ def _serve(
     on_ready: Callable[[str], None],
     app_factory: AppFactory | None,
     logging_configured: bool,
+    memory_state_dir: str | None = None,
 ) -> int:
     import torch
     import uvicorn
@@ -213,7 +227,11 @@ def _serve(
     torch.set_num_threads(1)
     port = sock.getsockname()[1]
     url = _url(host, port)
-    app, _engine = (app_factory or _default_factory)(config, host, port)
+    app, engine = (app_factory or _default_factory)(config, host, port)
+    if memory_state_dir is not None:
+        from .memory_state import MemoryStateWriter
+
+        engine.scheduler.memory_state = MemoryStateWriter(memory_state_dir, port)  # published when the scheduler starts
 
     class ReadyServer(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

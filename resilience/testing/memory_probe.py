@@ -1,0 +1,99 @@
+"""``EmulatorMemoryProbe``: the emulator's own truth about released memory, read through its side channel.
+
+Each emulated engine started with ``--memory-state-dir DIR`` (every engine of an
+``EmulatedFleet`` is; ``cpr emulate --memory-state-dir DIR`` for your own) keeps
+``DIR/engine-<port>.json`` up to date (``resilience.testing.emulator.memory_state``
+says why a file, and what it holds). This probe reads it: the tags released on an
+engine right now, exactly as its scheduler recorded them, or None when it cannot
+prove them. It never asks the engine over HTTP, so the SGLang contract holds and a
+hung engine can still be read.
+
+    fleet = EmulatedFleet(3, fault_plan=plan).start()
+    probe = fleet.memory_probe()                 # proxy URLs and direct URLs both known
+    probe.released_tags(fleet.urls[0])           # frozenset() while serving
+
+    probe = EmulatorMemoryProbe("/tmp/state")    # engines of ``cpr emulate --memory-state-dir /tmp/state``
+
+None, for an engine:
+
+- that has no file in the folder (an engine this probe does not know);
+- whose process is gone, or is not the one that wrote the file (a dead engine, a
+  restart on the same port still coming up, a recycled PID);
+- that is carrying out a release or resume right now (the answer would be stale
+  the moment it is read).
+
+Standard library only (no torch): it runs in any process, a controller's included.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from resilience.testing.emulator.memory_state import process_start_ticks, read_state, state_path
+
+__all__ = ["EmulatorMemoryProbe"]
+
+
+def _port_of(engine: str) -> int | None:
+    """The port of an engine name (``scheme://host:port``, a trailing path allowed); None when it names none."""
+    try:
+        return urlsplit(engine).port
+    except ValueError:
+        return None
+
+
+def _canonical(engine: str) -> str:
+    """``scheme://host:port`` of a URL, so ``http://127.0.0.1:8000/`` and ``http://127.0.0.1:8000`` are one engine."""
+    parts = urlsplit(engine)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+class EmulatorMemoryProbe:
+    """A ``resilience.memory_probe.MemoryProbe`` over the emulated engines publishing into ``state_dir``.
+
+    ``state_dir``: the folder given to the engines as ``--memory-state-dir``.
+    ``aliases``: other names of an engine (a proxy's URL) mapped to the engine's own
+    URL (default none: engines are known by their own ``http://host:port``). Engines
+    are told apart by port, so one folder serves the engines of one machine.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str], *, aliases: Mapping[str, str] | None = None) -> None:
+        if not isinstance(state_dir, (str, os.PathLike)) or not str(state_dir):
+            raise ValueError(f"`state_dir` must be a folder path, but was {state_dir!r}")
+        self.state_dir = Path(state_dir)
+        """The folder the engines publish into."""
+        self._aliases: dict[str, str] = {}
+        for alias, target in (aliases or {}).items():
+            if _port_of(target) is None:
+                raise ValueError(f"`aliases[{alias!r}]` must be an engine URL with a port, but was {target!r}")
+            self._aliases[_canonical(alias)] = target
+
+    def __repr__(self) -> str:
+        return f"EmulatorMemoryProbe({str(self.state_dir)!r}, aliases={len(self._aliases)})"
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        """The tags released on ``engine`` now (its URL, or an alias), or None when this probe cannot prove them."""
+        if not isinstance(engine, str):
+            return None
+        target = self._aliases.get(_canonical(engine), engine)
+        port = _port_of(target)
+        if port is None:
+            return None
+        state = read_state(state_path(self.state_dir, port))
+        if state is None:
+            return None
+        pid, ticks = state.get("pid"), state.get("start_ticks")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return None
+        running = process_start_ticks(pid)
+        if running is None or (ticks is not None and running != ticks):
+            return None  # dead, or the PID now belongs to another process
+        if state.get("pending") != 0:
+            return None
+        tags = state.get("released_tags")
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            return None
+        return frozenset(tags)
