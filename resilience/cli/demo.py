@@ -7,7 +7,12 @@ the engine acted on release, resume and continue), so the same seed gives the sa
 whichever run comes first. The resilient loop runs first, on the fresh fleet; the baseline
 runs second and, once its restart budget is spent, leaves the engines it
 killed dead (the run is over and the fleet is stopped next), which saves one
-round of engine restarts. The table shows the baseline first. A
+round of engine restarts. After its run, each loop plays one more step on the
+fleet, without faults, whose controller dies while the engines train
+(``FleetRunner.run_controller_restart``): the baseline's new controller starts
+fresh and releases the engines' memory again, which kills them (the baseline
+plays it last, so they are left dead); ours resumes from the journal. The
+table shows the baseline first. A
 MetricsObserver (served on 127.0.0.1) and, optionally, a TracingObserver are
 attached to both runs.
 """
@@ -36,7 +41,7 @@ __all__ = ["LOOPS", "RUN_ORDER", "run_demo"]
 LOOPS: tuple[tuple[LoopKind, str], ...] = ((BASELINE, "old way"), (RESILIENT, "ours"))
 """The two loops (the baseline, the resilient one) in table order, with their column titles."""
 RUN_ORDER: tuple[LoopKind, ...] = (RESILIENT, BASELINE)
-"""The order the loops run in: the baseline last, so its final engine deaths need no restart."""
+"""The order the loops run in: the baseline last, so the engines its controller restart kills need no restart."""
 
 
 def _chain(*callbacks: Callable[[StepProgress], None]) -> Callable[[StepProgress], None]:
@@ -54,6 +59,8 @@ class _Results:
     reports: dict[str, ColocateReport] = field(default_factory=dict)
     timelines: dict[str, StepTimeline] = field(default_factory=dict)
     totals: dict[str, dict[str, float]] = field(default_factory=dict)
+    restarts: dict[str, ColocateReport] = field(default_factory=dict)
+    """Per loop, the controller-restart step's own report (``FleetRunner.run_controller_restart``)."""
     causes: dict[str, list[str]] = field(default_factory=dict)
     """Per loop, what killed each engine that died in it (from the engines' logs), oldest first."""
 
@@ -99,11 +106,13 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
                     budget=budget,
                     progress=progress,
                     on_proxies=attach,
-                    last=kind == RUN_ORDER[-1],
                 )
+            out.causes[kind] = [c for old, new in zip(logs_before, _logs(runner), strict=True) for c in death_causes(new[len(old) :])]
+            restart = out.restarts[kind] = runner.run_controller_restart(kind, observers=telemetry.observers)
+            run.report.controller_restarts = restart.controller_restarts
+            run.report.controller_restart_deaths = restart.engine_deaths
             out.reports[kind] = run.report  # finished: from here on a Ctrl-C still writes its report
             ui.run_ended(title, run.report)
-            out.causes[kind] = [c for old, new in zip(logs_before, _logs(runner), strict=True) for c in death_causes(new[len(old) :])]
             after = metric_totals(telemetry.metrics.registry)  # counters: this run's share; restarts: its budget
             out.totals[kind] = {k: after[k] - (0 if k.startswith("cpr_restart") else before[k]) for k in after}
             if recorder.captured is not None:
@@ -142,7 +151,8 @@ def run_demo(args: argparse.Namespace) -> int:
     caption = (
         f"{args.engines} engines, {args.steps} steps, seed {args.seed}: 502s (and resets) on every per-step control call, "
         f"slow swaps; a reset or read timeout after the engine acted on each engine's first release and on {DEMO_AMBIGUOUS:.0%} "
-        "of releases, resumes and continues; restart budget 3 (the seed's max_global_restart)"
+        "of releases, resumes and continues; restart budget 3 (the seed's max_global_restart). Then one step more, "
+        "without faults, whose controller dies while the engines train and a new one runs it again from its offload"
     )
     console = make_console()
     heading = "cpr demo: colocated RL steps, the old way and ours" + (" (interrupted: finished ways only)" if interrupted else "")
@@ -161,6 +171,7 @@ def run_demo(args: argparse.Namespace) -> int:
         "fault_plan": plan.to_dict(),
         "ways": {kind: out.reports[kind].to_dict() for kind, _ in done},
         "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
+        "controller_restart": {kind: out.restarts[kind].to_dict() for kind, _ in done if kind in out.restarts},
         "story": told,
         "table": {"columns": columns, "rows": rows},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},

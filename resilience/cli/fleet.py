@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 __all__ = [
+    "CONTROLLER_RESTART",
     "DEMO_AMBIGUOUS",
     "DEMO_ENGINE",
     "SOAK_STATUS_AFTER",
@@ -46,6 +47,20 @@ PROXY_RECORDS = 200
 DEMO_ENGINE = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05)
 """Engines time-scaled like the demo policies: fast decoding and 50 ms polls (SGLang polls every second)."""
 
+
+CONTROLLER_RESTART = ColocateConfig(
+    steps=1,
+    seed=0,
+    rollout_requests=1,
+    stragglers=0,
+    max_new_tokens=4,
+    train_s=0.05,
+    restart_limit=0,
+    baseline_flush_polls=100,
+    controller_crash_step=0,
+)
+"""The demo's controller-restart scenario: one step whose controller dies while the engines train (the baseline's
+flush polled up to 5 s: engines its run just restarted may still be warming up on a loaded machine)."""
 
 DEMO_AMBIGUOUS = 0.02
 """Chance that a release, resume or continue of ``cpr demo``/``cpr soak`` is cut after the engine acted
@@ -179,6 +194,22 @@ class FleetRunner:
             for proxy in proxies:
                 proxy.stop()
         return FleetRun(report, proxies)
+
+    def run_controller_restart(self, kind: LoopKind, *, observers: Sequence[Observer] = ()) -> ColocateReport:
+        """One colocate step of ``kind`` whose controller dies while the engines train (no faults, no proxies).
+
+        A new controller runs the step again from its offload: the baseline's knows nothing and releases
+        again, which kills the engines (they are left dead: call this last on a fleet, or restart them);
+        ours starts on the dead one's journal. Its ``controller_restarts`` and ``engine_deaths`` tell the story.
+        """
+        return run_colocate(
+            self.fleet,
+            CONTROLLER_RESTART,
+            kind,
+            observers=observers,
+            restart_budget=RestartBudget(0),
+            recover_when_spent=False,
+        )
 
 
 # -- telemetry --------------------------------------------------------------------------------

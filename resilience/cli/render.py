@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from resilience.cli.common import need
+from resilience.cli.common import need, plural
 from resilience.cli.story import per_step, steps_run
 from resilience.policy import EndpointPolicy, PolicyTable
 
@@ -82,19 +82,29 @@ def _outcome(report: ColocateReport) -> str:
     return f"ran all {planned} steps, {report.failed_steps} failed" + ("; restart budget spent" if spent else "")
 
 
+def _controller_restarts(report: ColocateReport) -> str:
+    """How the controller that replaced one killed while training started (fresh, or from the journal), and what that cost."""
+    if not report.controller_restarts:
+        return _NONE
+    how = "fresh" if report.way == "old" else "from the journal"
+    times = "" if report.controller_restarts == 1 else f" ({report.controller_restarts} restarts)"
+    return f"{how}: {plural(report.controller_restart_deaths, 'engine')} died{times}"
+
+
 _ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
     # one row per line: (label, cell of one run); the JSON report stores the same strings.
     # Its "way" key is the loop kind: "old" = baseline, "ours" = resilient.
     ("steps finished", lambda r: f"{r.steps_finished} of {r.steps_planned}"),
     ("failed steps", lambda r: f"{r.failed_steps} of {steps_run(r)} run"),
     ("restarts a controller would have triggered", lambda r: str(r.restarts)),
+    ("controller killed while training; its successor", _controller_restarts),
     ("restart budget left", lambda r: f"{r.restart_budget_left} of {r.restart_limit}"),
     ("engine deaths", lambda r: per_step(r.engine_deaths, r)),
     ("502s seen", lambda r: per_step(r.http_502_seen, r)),
     ("502s absorbed by retries", lambda r: per_step(r.http_502_absorbed, r)),
     ("ambiguous faults (reset/timeout after the engine acted)", lambda r: per_step(r.ambiguous_faults_seen, r)),
     ("engines quarantined (memory state unknown)", lambda r: str(r.engines_quarantined) if r.way == "ours" else _NONE),
-    ("engines reconciled from their memory state", lambda r: str(r.engines_reconciled) if r.way == "ours" else _NONE),
+    ("engines reconciled (truth: emulator memory probe)", lambda r: str(r.engines_reconciled) if r.way == "ours" else _NONE),
     ("requests aborted/retracted and re-run", lambda r: per_step(r.requests_aborted_rerun, r)),
     ("requests lost", lambda r: per_step(r.requests_lost, r)),
     *((f"{label} p50 / p99 (s)", lambda r, key=key: _phase_cell(r, key)) for key, label in PHASES),

@@ -9,34 +9,43 @@ been applied (a reset or a read timeout after sending), the baseline does what
 verl does with every control call (re-send it on a connection error or a
 timeout, 3 attempts), which kills an engine whose release or resume had been
 applied; the resilient loop raises ``AmbiguousOutcome``, the orchestrator quarantines the
-engine, and this driver reconciles it from the engine's real memory state (see
-``_Loop._reconcile``) and runs the transition again. A failed step is what makes a
+engine, and this driver reconciles it from the emulator's memory probe (a side channel,
+as NVML would be on a GPU node; see ``_Loop._reconcile``) and runs the transition again. A failed step is what makes a
 controller trigger a global restart: it is recorded in a ``RestartBudget``,
 engines are put back in order (dead ones restarted), and the run goes on
-until the budget is spent. ``cpr demo``, ``cpr soak`` and the chaos tests
-drive this loop.
+until the budget is spent. With ``ColocateConfig.controller_crash_step`` the
+controller dies once while the engines train and a new one runs that step again
+from its offload: the baseline's new controller knows nothing and releases
+again (the engines die, torch_memory_saver's ``exit(1)``); ours starts on the
+dead one's journal (``Orchestrator(journal=...)``) and knows the offload is done.
+``cpr demo``, ``cpr soak`` and the chaos tests drive this loop.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.barrier.journal_store import FileJournalStore
 from resilience.budget import RestartBudget
 from resilience.events import Event, Observer, RetryScheduled
 from resilience.policy import PolicyTable
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.faultplan import CONTROL_PATHS
+from resilience.testing.memory_probe import EmulatorMemoryProbe
 from resilience.testing.policies import fast_policies
 
 if TYPE_CHECKING:
@@ -98,6 +107,10 @@ class ColocateConfig:
     """Restarts the run may take (the seed's max_global_restart)."""
     baseline_flush_polls: int = 20
     """The baseline's flush loop: tries, 0.05 s apart (slime polls 60 times, 1 s apart)."""
+    controller_crash_step: int | None = None
+    """The step (0-based) at which the controller dies while the engines train, after its offload returned;
+    a new controller starts and runs that step again from its offload, not knowing how far it got. The
+    baseline's new controller knows nothing; ours resumes from its journal. None (default): never."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "rollout_requests", "stragglers", "max_new_tokens", "baseline_flush_polls"):
@@ -105,6 +118,9 @@ class ColocateConfig:
                 raise ValueError(f"ColocateConfig.{name} must be >= 0, but was {getattr(self, name)}")
         if self.restart_limit < 0:
             raise ValueError(f"ColocateConfig.restart_limit must be >= 0, but was {self.restart_limit}")
+        crash = self.controller_crash_step
+        if crash is not None and (isinstance(crash, bool) or not isinstance(crash, int) or crash < 0):
+            raise ValueError(f"ColocateConfig.controller_crash_step must be None or a step >= 0, but was {crash!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +161,11 @@ class ColocateReport:
     engines_quarantined: int = 0
     """Times the orchestrator quarantined an engine (its released memory unknown); the resilient loop only."""
     engines_reconciled: int = 0
-    """Quarantined engines this driver reconciled from the engine's real memory state; the resilient loop only."""
+    """Quarantined engines this driver reconciled from the emulator's memory probe (a side channel); the resilient loop only."""
+    controller_restarts: int = 0
+    """Times the controller died while the engines trained and a new one took over (``controller_crash_step``)."""
+    controller_restart_deaths: int = 0
+    """Engines that died in the step a new controller ran again after a controller restart."""
     requests_aborted_rerun: int = 0
     requests_lost: int = 0
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
@@ -204,6 +224,14 @@ def _baseline_control(session: requests.Session, url: str, body: dict[str, Any])
     raise AssertionError("unreachable")
 
 
+def _bare_session() -> requests.Session:
+    """The baseline's session: no proxy from the environment, a pool for every engine's calls at once."""
+    session = requests.Session()
+    session.trust_env = False
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
+    return session
+
+
 class _Loop:
     def __init__(
         self,
@@ -226,18 +254,35 @@ class _Loop:
         self.pool = ThreadPoolExecutor(
             max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{kind}"
         )
-        self.bare = requests.Session()
-        self.bare.trust_env = False
-        self.bare.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
+        self.bare = _bare_session()
         self._policies, self._client_observers = policies, (*observers, self.counter)
         self.clients = self._new_clients()
         self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
         self.proxy_of = {client.engine: proxy for client, proxy in zip(self.clients, proxies, strict=False) if proxy is not None}
-        self.orch = Orchestrator(
-            EngineGroup(self.clients),
-            observers=observers,
-            deadlines=_DEADLINES,
-            restart_budget=budget,
+        self.probe = EmulatorMemoryProbe(fleet.memory_state_dir, aliases={name: h.direct_url for name, h in self.handles.items()})
+        """Where ``_reconcile`` learns a quarantined engine's released tags: the emulator's side channel, not HTTP."""
+        self._journal_dir = Path(tempfile.mkdtemp(prefix="cpr-journal-")) if config.controller_crash_step is not None else None
+        self._journal: FileJournalStore | None = None
+        self._journals = 0
+        self.restarted_controller_in: int | None = None
+        """The step a new controller ran again after the old one died (``controller_crash_step``), once it did."""
+        self.orch = self._orchestrator(observers, new_journal=True)
+
+    def _orchestrator(self, observers: Sequence[Observer], *, new_journal: bool) -> Orchestrator[SGLangClient]:
+        """An Orchestrator over the current clients; on a journal when the run restarts its controller.
+
+        ``new_journal``: start a new journal file (the first controller, or after a global restart put every
+        engine in order), else reopen the current one (a controller restart: the new one resumes from it).
+        """
+        if self._journal_dir is None:
+            return Orchestrator(EngineGroup(self.clients), observers=observers, deadlines=_DEADLINES, restart_budget=self.budget)
+        if self._journal is not None:
+            self._journal.close()  # the controller is gone: so is its lock on the journal
+        if new_journal:
+            self._journals += 1
+        self._journal = FileJournalStore(self._journal_dir / f"barrier-{self._journals}.journal")
+        return Orchestrator(
+            EngineGroup(self.clients), observers=observers, deadlines=_DEADLINES, restart_budget=self.budget, journal=self._journal
         )
 
     def _new_clients(self) -> list[SGLangClient]:
@@ -339,13 +384,16 @@ class _Loop:
                 self._reconcile(names)
 
     def _reconcile(self, names: Sequence[str]) -> None:
-        """Tell the orchestrator each quarantined engine's real memory state, read from the engine itself.
+        """Tell the orchestrator each quarantined engine's released memory, asked of a memory probe.
 
-        A real controller checks the engine's memory on its own (torch_memory_saver's regions, or the
-        GPU's used memory against the model's footprint); here the emulator's ``/_emulator/state`` is
-        that check. It is read once the calls still in flight to the engine have landed
-        (``FaultProxy.settle``): a release whose client saw a reset finishes a moment later. The
-        orchestrator refuses while a call it sent is still running; then this reads again, for at most 10 s.
+        A real controller asks a ``MemoryProbe`` too (NVML's per-process GPU memory on the engine's
+        node, ``resilience.adapters.nvml``); here it is the emulator's own truth through its side channel
+        (``EmulatorMemoryProbe``: each engine publishes its released tags to a state file), never an
+        HTTP route. The probe answers None while a release or resume is being carried out (a release
+        whose client saw a reset finishes a moment later), and the orchestrator refuses while a call it
+        sent is still running: then this asks again, for at most 10 s. An engine with memory released is
+        paused (one that served would have died at its next prefill); with none released, whether it is
+        paused is left unknown, and the next transition that needs it paused pauses it again (safe).
         """
         for name in names:
             deadline = time.monotonic() + 10.0
@@ -353,9 +401,11 @@ class _Loop:
                 proxy = self.proxy_of.get(name)
                 if proxy is not None:  # control calls only: generation held at a paused engine's gate is not waited for
                     proxy.settle(paths=CONTROL_PATHS)
-                state = self.handles[name].state()
+                released = self.probe.released_tags(name)
                 try:
-                    self.orch.reconcile(name, released=state["released_tags"], paused=bool(state["paused"]))
+                    if released is None:
+                        raise RuntimeError(f"the memory probe cannot prove {name}'s released tags yet")
+                    self.orch.reconcile(name, released=released, paused=True if released else None)
                     break
                 except RuntimeError:
                     if time.monotonic() > deadline:
@@ -376,15 +426,21 @@ class _Loop:
         ]
         try:
             if self.kind == BASELINE:
-                self._timed("offload", self._baseline_offload)
-                time.sleep(cfg.train_s)
-                self._timed("onload", self._baseline_onload)
-                self._timed("weight_sync", lambda: self._baseline_weight_sync(f"v{n}"))
-            else:
-                self._timed("offload", lambda: self._resilient(lambda: self.orch.offload(mode="abort")))
-                time.sleep(cfg.train_s)
-                self._timed("onload", lambda: self._resilient(self.orch.onload))
-                self._timed("weight_sync", lambda: self._resilient(lambda: self._resilient_weight_sync(f"v{n}")))
+                offload: Callable[[], None] = self._baseline_offload
+                onload: Callable[[], None] = self._baseline_onload
+                sync: Callable[[], None] = lambda: self._baseline_weight_sync(f"v{n}")  # noqa: E731
+            else:  # self.orch is read when each runs: a controller restart replaces it
+                offload = lambda: self._resilient(lambda: self.orch.offload(mode="abort"))  # noqa: E731
+                onload = lambda: self._resilient(self.orch.onload)  # noqa: E731
+                sync = lambda: self._resilient(lambda: self._resilient_weight_sync(f"v{n}"))  # noqa: E731
+            self._timed("offload", offload)
+            if n == cfg.controller_crash_step:
+                time.sleep(cfg.train_s)  # the controller dies while the engines train
+                self._controller_restart(n)
+                self._timed("offload", offload)  # the new controller runs the step again from its offload
+            time.sleep(cfg.train_s)
+            self._timed("onload", onload)
+            self._timed("weight_sync", sync)
         finally:
             lost = sum(1 for f in stragglers if f.result(timeout=120) == "lost")
             self.report.requests_lost += lost
@@ -427,16 +483,35 @@ class _Loop:
         for client in self.clients:  # a global restart starts the controller afresh: new clients, new orchestrator
             client.close()
         self.clients = self._new_clients()
-        self.orch = Orchestrator(
-            EngineGroup(self.clients), observers=self.orch.observers, deadlines=self.orch.deadlines, restart_budget=self.budget
-        )
+        self.orch = self._orchestrator(self.orch.observers, new_journal=True)  # every engine in order: nothing to resume
         return len(dead)
+
+    def _controller_restart(self, n: int) -> None:
+        """The controller dies while the engines train, and a new one takes over; the engines keep their state.
+
+        The baseline's new controller is a new process that knows nothing (a new session). Ours is one too
+        (new clients, a new Orchestrator), started on the dead one's journal: it resumes what the old one knew.
+        """
+        self.report.controller_restarts += 1
+        self.restarted_controller_in = n
+        if self.kind == BASELINE:
+            self.bare.close()
+            self.bare = _bare_session()
+            return
+        for client in self.clients:
+            client.close()
+        self.clients = self._new_clients()
+        self.orch = self._orchestrator(self.orch.observers, new_journal=False)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.bare.close()
         for client in self.clients:
             client.close()
+        if self._journal is not None:
+            self._journal.close()
+        if self._journal_dir is not None:
+            shutil.rmtree(self._journal_dir, ignore_errors=True)
 
 
 def _injected_502s(proxies: Sequence[FaultProxy | None]) -> int:
@@ -502,6 +577,8 @@ def run_colocate(
             else:
                 deaths = loop.recover()
             report.engine_deaths += deaths
+            if loop.restarted_controller_in == n:
+                report.controller_restart_deaths += deaths
             if error is None and deaths == 0:
                 report.steps_finished += 1
             else:

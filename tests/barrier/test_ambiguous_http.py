@@ -268,10 +268,7 @@ class Caller:
 
 def quarantined(orch: Orchestrator, exc: PhaseFailed) -> list[str]:
     """The engines the orchestrator quarantined (unknown released tags): the caller must reconcile or retire them."""
-    names = getattr(exc, "quarantined", None)
-    if names is None:
-        pytest.skip("the barrier's knowledge model (PhaseFailed.quarantined, Orchestrator.reconcile) is not merged yet")
-    return sorted(names)
+    return sorted(exc.quarantined)
 
 
 def reconcile(rig: Rig, orch: Orchestrator, name: str) -> tuple[frozenset[str], bool]:
@@ -280,16 +277,13 @@ def reconcile(rig: Rig, orch: Orchestrator, name: str) -> tuple[frozenset[str], 
     The orchestrator refuses while a call it sent the engine earlier still runs (it could change the
     state read): then let it land, read again and retry, bounded.
     """
-    method = getattr(orch, "reconcile", None)
-    if method is None:
-        pytest.skip("the barrier's knowledge model (Orchestrator.reconcile) is not merged yet")
     deadline = time.monotonic() + TIMEOUT
     while True:
         rig.settle()
         state = rig.state(name)
         released, paused = frozenset(state["released_tags"]), bool(state["paused"])
         try:
-            method(name, released=released, paused=paused)
+            orch.reconcile(name, released=released, paused=paused)
             return released, paused
         except RuntimeError as exc:
             if "still running" not in str(exc) or time.monotonic() > deadline:
@@ -351,8 +345,6 @@ def test_ambiguous_faults_over_http_never_kill_an_engine(rig: Rig, ops: list[str
 
 def test_the_faults_happened(rig: Rig) -> None:
     """The loops above really met ambiguous faults of every kind (runs after them: same module, same proxies)."""
-    if not hasattr(Orchestrator, "reconcile"):
-        pytest.skip("the loops above skip until the barrier's knowledge model (Orchestrator.reconcile) is merged")
     counts: dict[str, int] = {}
     for proxy in rig.proxies:
         for key, n in proxy.counts().items():

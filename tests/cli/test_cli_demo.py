@@ -99,8 +99,15 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
         with_rate("ours", ours["ambiguous_faults_seen"]),
     ]
     assert table["engines quarantined (memory state unknown)"] == ["-", str(ours["engines_quarantined"])]
-    assert table["engines reconciled from their memory state"] == ["-", str(ours["engines_reconciled"])]
+    assert table["engines reconciled (truth: emulator memory probe)"] == ["-", str(ours["engines_reconciled"])]
     assert ours["engines_reconciled"] == ours["engines_quarantined"]
+
+    # one more step per way whose controller dies while training: the old way's fresh one releases again and kills every engine,
+    # ours resumes from its journal
+    assert (old["controller_restarts"], ours["controller_restarts"]) == (1, 1), data["controller_restart"]
+    assert (old["controller_restart_deaths"], ours["controller_restart_deaths"]) == (4, 0)
+    restart_row = table["controller killed while training; its successor"]
+    assert restart_row == ["fresh: 4 engines died", "from the journal: 0 engines died"]
 
     assert old["engine_deaths"] + old["restarts"] > 0
     assert (ours["engine_deaths"], ours["restarts"], ours["failed_steps"], ours["requests_lost"]) == (0, 0, 0, 0)
