@@ -144,9 +144,10 @@ def soak_rows(report: ColocateReport) -> list[list[str]]:
             f"{report.controller_restarts} ({report.controller_kills} mid-phase)",
         ],
         [
-            "reconciles: from the memory probe / restarts that needed none",
+            "reconciles by the barrier: from the memory probe / restarts that needed none",
             f"{report.reconciles_probe} / {report.restarts_clean}",
         ],
+        ["releases and resumes whose 502/504/reset the client settled from the memory probe", str(report.probe_verdicts)],
     ]
 
 
