@@ -11,6 +11,7 @@ pytest.importorskip("rich")
 pytest.importorskip("psutil")
 pytest.importorskip("torch")
 
+from benchmarks.soak_notes import section
 from tests.cli.cpr_testlib import run_cpr, table_rows
 
 
@@ -46,6 +47,8 @@ def test_soak_kills_the_controller_mid_phase_and_resumes_from_the_journal_with_n
     table = {row[0]: row[1:] for row in table_rows(result.stdout)}
     assert table["controller restarts: killed inside a phase, a new controller on the journal"] == ["2 (2 mid-phase)"]
     assert data["verdict"]["no_deaths"] and data["verdict"]["no_failed_steps"] and data["verdict"]["no_requests_lost"]
+    notes = section(data, None, "2026-12-01")  # benchmarks/soak_notes.py: the NOTES.md section from this report
+    assert "| engine deaths | 0 |" in notes and "| controller restarts (killed mid-phase) | 2 (2) |" in notes
 
 
 def test_soak_old_way_dies_on_the_same_seed(tmp_path: Path) -> None:
