@@ -15,6 +15,7 @@ from resilience.adapters.sglang import SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator
 from resilience.barrier.fanout import EngineResult
 from resilience.deadline import Deadline
+from resilience.testing.colocate import ColocateConfig
 from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
 from resilience.testing.counting_probe import CountingProbe
 from resilience.testing.emulator import EmulatedFleet
@@ -95,3 +96,16 @@ def test_a_bad_kill_point_names_its_field(field: str, bad: object) -> None:
     kwargs: dict[str, object] = {"phase": 0, "after_s": 0.0, field: bad}
     with pytest.raises(ValueError, match=rf"KillPoint\.{field} must be"):
         KillPoint(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_controller_kill_every_must_be_a_number_of_steps(bad: object) -> None:
+    """ColocateConfig.controller_kill_every: None or an int >= 1; anything else is refused, naming the field."""
+    with pytest.raises(ValueError, match=r"controller_kill_every must be None or a number of steps >= 1, but was"):
+        ColocateConfig(controller_kill_every=bad)  # type: ignore[arg-type]
+
+
+def test_kills_at_names_every_kth_step() -> None:
+    """controller_kill_every=3 kills in the 3rd, 6th, 9th step (0-based 2, 5, 8); None never."""
+    assert [n for n in range(10) if ColocateConfig(controller_kill_every=3).kills_at(n)] == [2, 5, 8]
+    assert not any(ColocateConfig().kills_at(n) for n in range(10))
