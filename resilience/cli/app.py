@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 import resilience
-from resilience.cli.common import CliError, OneLineParser, port_number, positive_float, positive_int
+from resilience.cli.common import CliError, OneLineParser, non_negative_int, port_number, positive_float, positive_int
 
 __all__ = ["build_parser", "main"]
 
@@ -76,6 +76,14 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the faults and straggler timing (default: %(default)s)")
     p.add_argument("--fault-plan", metavar="FILE", help="a fault plan (.toml, .yaml, .json) instead of the demo plan")
     p.add_argument("--way", choices=("ours", "old"), default="ours", help="which loop to run (default: %(default)s)")
+    p.add_argument(
+        "--restart-every",
+        type=non_negative_int,
+        default=50,
+        metavar="K",
+        help="kill the controller every K steps, inside a seeded phase, and start a new one on its journal; 0 = never "
+        "(default: %(default)s)",
+    )
     p.add_argument("--report", default="cpr-soak-report.json", metavar="FILE", help="JSON report (default: %(default)s)")
 
 

@@ -58,6 +58,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, but was {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, but was {value}")
+    return value
+
+
 def port_number(text: str) -> int:
     """argparse type: a TCP port 0..65535 (0 = pick a free one)."""
     try:

@@ -31,10 +31,12 @@ __all__ = [
     "CONTROLLER_RESTART",
     "DEMO_AMBIGUOUS",
     "DEMO_ENGINE",
+    "SOAK_STATUS_AFTER",
     "FleetRun",
     "FleetRunner",
     "Telemetry",
     "demo_plan",
+    "soak_plan",
     "metric_totals",
     "start_telemetry",
 ]
@@ -75,6 +77,27 @@ def demo_plan(seed: int) -> FaultPlan:
     base = FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)
     first = FaultRule("/release_memory_occupation", "drop_after", calls={1})
     return FaultPlan(seed=base.seed, rules=(first, *base.rules), max_streak=base.max_streak)
+
+
+SOAK_STATUS_AFTER = 0.02
+"""Chance that a release, resume or continue of ``cpr soak`` is answered 502 after the engine applied it (504 half as
+often): ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS, status_after=...)``."""
+
+
+def soak_plan(seed: int) -> FaultPlan:
+    """The plan ``cpr soak`` plays by default: :func:`demo_plan`'s faults plus gateway statuses after the engine applied.
+
+    ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS, status_after=SOAK_STATUS_AFTER)``; as in the demo the
+    first release of every engine is reset once sent, and besides its first resume is answered 502 and its first
+    continue 504 after the engine acted, so a run of a few steps meets each new case.
+    """
+    base = FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS, status_after=SOAK_STATUS_AFTER)
+    first = (
+        FaultRule("/release_memory_occupation", "drop_after", calls={1}),
+        FaultRule("/resume_memory_occupation", "status_after", status=502, calls={1}),
+        FaultRule("/continue_generation", "status_after", status=504, calls={1}),
+    )
+    return FaultPlan(seed=base.seed, rules=(*first, *base.rules), max_streak=base.max_streak)
 
 
 @dataclass

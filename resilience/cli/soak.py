@@ -9,8 +9,17 @@ the engines, forked from one zygote and sharing its pages, by PSS, the zygote
 included (``/proc/PID/smaps_rollup``; summed RSS would count the shared pages
 once per engine). An engine that was restarted is sampled under its new PID.
 Test-harness memory counts too: each fault proxy keeps its latest requests and
-faults (bounded), and each emulated engine a record of every control call
-(small, but it grows with the run).
+faults (bounded), and each emulated engine a bounded record of its control calls.
+
+The default fault plan is :func:`~resilience.cli.fleet.soak_plan`: the demo's
+faults plus 502/504 answered after the engine applied a release, resume or
+continue. Every ``--restart-every`` steps (default 50) the resilient loop's
+controller is killed inside a seeded phase with its calls on the wire
+(``resilience.testing.controller_kill``) and a new one starts on its journal;
+quarantined engines are reconciled through the emulator's memory probe only
+(``EmulatorMemoryProbe``: the side channel a GPU node's NVML is), never by
+reading the emulator's state over HTTP. The table ends with the soak's verdict:
+zero deaths, zero failed steps, zero requests lost, memory flat.
 """
 
 from __future__ import annotations
@@ -27,12 +36,12 @@ from typing import Any
 
 from resilience.budget import RestartBudget
 from resilience.cli.common import CliError, check_output_file, need, plural, write_json
-from resilience.cli.fleet import FleetRunner, demo_plan
+from resilience.cli.fleet import FleetRunner, soak_plan
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.testing.colocate import BASELINE, ColocateConfig, StepProgress
+from resilience.testing.colocate import BASELINE, ColocateConfig, ColocateReport, StepProgress
 from resilience.testing.faults import FaultPlan, FaultPlanError
 
-__all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak"]
+__all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak", "soak_verdict"]
 
 FLAT_GROWTH = 0.05
 """Growth of mean memory still called flat, as a fraction: 5 % (the 10 % of steps after warm-up -> the last 10 %)."""
@@ -112,8 +121,38 @@ def _memory_cell(verdict: dict[str, Any]) -> str:
     return f"{verdict['first_mb']:.1f} -> {verdict['last_mb']:.1f} MB ({verdict['growth_pct']:+.1f} %, {flat})"
 
 
+def soak_verdict(report: ColocateReport, memory: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
+    """The soak's end criteria: no engine died, no step failed, no request was lost, engine PSS flat (None: not sampled)."""
+    return {
+        "no_deaths": report.engine_deaths == 0,
+        "no_failed_steps": report.failed_steps == 0,
+        "no_requests_lost": report.requests_lost == 0,
+        "engines_flat": memory["engines"]["flat"],
+    }
+
+
+def _verdict_cell(verdict: dict[str, bool | None]) -> str:
+    missed = [name.replace("_", " ") for name, ok in verdict.items() if ok is False]
+    return "met" if not missed else "missed: " + ", ".join(missed)
+
+
+def soak_rows(report: ColocateReport) -> list[list[str]]:
+    """The soak's own rows after the comparison table's: controller restarts and how quarantined engines were reconciled."""
+    return [
+        [
+            "controller restarts: killed inside a phase, a new controller on the journal",
+            f"{report.controller_restarts} ({report.controller_kills} mid-phase)",
+        ],
+        [
+            "reconciles by the barrier: from the memory probe / restarts that needed none",
+            f"{report.reconciles_probe} / {report.restarts_clean}",
+        ],
+        ["releases and resumes whose 502/504/reset the client settled from the memory probe", str(report.probe_verdicts)],
+    ]
+
+
 def run_soak(args: argparse.Namespace) -> int:
-    """Run the soak from parsed arguments; exit 0 when no step failed, 1 otherwise."""
+    """Run the soak from parsed arguments; exit 0 when no step failed, no engine died and no request was lost, else 1."""
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     if args.fault_plan:
         try:
@@ -121,9 +160,9 @@ def run_soak(args: argparse.Namespace) -> int:
         except FaultPlanError as exc:
             raise CliError(f"bad --fault-plan: {exc}") from None
     else:
-        plan = demo_plan(args.seed)
+        plan = soak_plan(args.seed)
     need("psutil", "cli", "cpr soak")
-    config = ColocateConfig(steps=args.steps, seed=args.seed)
+    config = ColocateConfig(steps=args.steps, seed=args.seed, controller_kill_every=args.restart_every or None)
     title = "old way" if args.way == BASELINE else "ours"  # --way names the loop: "old" (the baseline) or "ours"
     t_start = time.monotonic()
     with RunProgress() as ui:
@@ -151,15 +190,22 @@ def run_soak(args: argparse.Namespace) -> int:
     steps = sampler.samples[1:]  # the samples taken after each step
     memory = {"self": memory_verdict(steps, "self_mb"), "engines": memory_verdict(steps, "engines_mb")}
     rows = comparison_rows([report])
+    rows.extend(soak_rows(report))
     rows.append(["RSS, this process: clients + fault proxies (after warm-up -> last 10 % of steps)", _memory_cell(memory["self"])])
     rows.append(["PSS, engines and their zygote together (after warm-up -> last 10 % of steps)", _memory_cell(memory["engines"])])
+    verdict = soak_verdict(report, memory)
+    rows.append(["end criteria: no deaths, no failed steps, no requests lost, engine PSS flat", _verdict_cell(verdict)])
     columns = ["", title]
     console = make_console()
-    caption = f"{args.engines} engines, {args.steps} steps, seed {args.seed}, fault plan: {args.fault_plan or 'seed_like + ambiguous'}"
+    every = f"every {args.restart_every} steps" if args.restart_every else "never"
+    caption = (
+        f"{args.engines} engines, {args.steps} steps, seed {args.seed}, controller killed {every}, "
+        f"fault plan: {args.fault_plan or 'seed_like + ambiguous + status_after'}"
+    )
     console.print(rich_table("cpr soak", columns, rows, caption=caption))
     console.print(
         f"note: this process also runs the fault proxies ({proxy_records} request records at the end, bounded); "
-        "the first 10 % of steps are warm-up and not compared; the engines keep a record of every control call.",
+        "the first 10 % of steps are warm-up and not compared; the engines keep a bounded record of their control calls.",
         markup=False,
         highlight=False,
     )
@@ -169,6 +215,8 @@ def run_soak(args: argparse.Namespace) -> int:
         "engines": args.engines,
         "steps": args.steps,
         "way": args.way,
+        "restart_every": args.restart_every,
+        "verdict": verdict,
         "fault_plan": plan.to_dict(),
         "fault_plan_file": args.fault_plan,
         "ways": {args.way: report.to_dict()},
@@ -178,4 +226,4 @@ def run_soak(args: argparse.Namespace) -> int:
     }
     write_json(report_path, data)
     console.print(f"report: {report_path}", markup=False, highlight=False)
-    return 0 if report.failed_steps == 0 and report.engine_deaths == 0 else 1
+    return 0 if report.failed_steps == 0 and report.engine_deaths == 0 and report.requests_lost == 0 else 1

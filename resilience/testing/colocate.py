@@ -18,6 +18,11 @@ controller dies once while the engines train and a new one runs that step again
 from its offload: the baseline's new controller knows nothing and releases
 again (the engines die, torch_memory_saver's ``exit(1)``); ours starts on the
 dead one's journal (``Orchestrator(journal=...)``) and knows the offload is done.
+With ``ColocateConfig.controller_kill_every`` the resilient loop's controller is
+killed every K steps inside a seeded phase, its calls on the wire
+(``resilience.testing.controller_kill``), and a new one starts on a copy of the
+journal as it was at the kill; the engines it left unknown are reconciled from
+the memory probe (``Orchestrator(memory_probe=...)``, then ``_Loop._reconcile``).
 ``cpr demo``, ``cpr soak`` and the chaos tests drive this loop.
 """
 
@@ -29,7 +34,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -39,10 +44,13 @@ import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.journal_store import FileJournalStore
+from resilience.barrier.rules import WEIGHT_SYNC_HOLD
 from resilience.budget import RestartBudget
-from resilience.events import Event, Observer, RetryScheduled
+from resilience.events import AttemptEnded, CallEnded, Event, Observer
+from resilience.outcome import CallOutcome
 from resilience.policy import PolicyTable
+from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
+from resilience.testing.counting_probe import CountingProbe
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.memory_probe import EmulatorMemoryProbe
@@ -111,6 +119,11 @@ class ColocateConfig:
     """The step (0-based) at which the controller dies while the engines train, after its offload returned;
     a new controller starts and runs that step again from its offload, not knowing how far it got. The
     baseline's new controller knows nothing; ours resumes from its journal. None (default): never."""
+    controller_kill_every: int | None = None
+    """Every this many steps (the K-th, 2K-th, ... step) the controller dies: ours inside a seeded phase of the step,
+    with that phase's calls sent (``KillSwitchFanOut``), and a new controller on the journal as it was at that
+    instant runs the transition again; the baseline's after its offload, as with ``controller_crash_step``.
+    None (default): never."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "rollout_requests", "stragglers", "max_new_tokens", "baseline_flush_polls"):
@@ -121,6 +134,14 @@ class ColocateConfig:
         crash = self.controller_crash_step
         if crash is not None and (isinstance(crash, bool) or not isinstance(crash, int) or crash < 0):
             raise ValueError(f"ColocateConfig.controller_crash_step must be None or a step >= 0, but was {crash!r}")
+        every = self.controller_kill_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ValueError(f"ColocateConfig.controller_kill_every must be None or a number of steps >= 1, but was {every!r}")
+
+    def kills_at(self, step: int) -> bool:
+        """Whether the controller is killed in ``step`` (0-based) by ``controller_kill_every``."""
+        every = self.controller_kill_every
+        return every is not None and step % every == every - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +187,15 @@ class ColocateReport:
     """Times the controller died while the engines trained and a new one took over (``controller_crash_step``)."""
     controller_restart_deaths: int = 0
     """Engines that died in the step a new controller ran again after a controller restart."""
+    controller_kills: int = 0
+    """Of ``controller_restarts``, the kills inside a phase with its calls on the wire (``controller_kill_every``)."""
+    restarts_clean: int = 0
+    """Controller kills after which the journal left no engine's memory unknown: no reconcile was needed."""
+    reconciles_probe: int = 0
+    """Engines whose unknown released memory the barrier reconciled from the memory probe (its own probing and ``_reconcile``'s)."""
+    probe_verdicts: int = 0
+    """Releases and resumes whose client settled a gateway status or a reset from the memory probe (applied or not) instead
+    of re-sending blindly; the resilient loop only."""
     requests_aborted_rerun: int = 0
     requests_lost: int = 0
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
@@ -194,16 +224,27 @@ class ColocateReport:
 
 
 class _Counter:
-    """Counts retries after a 502 (absorbed) from the retry loop's events."""
+    """Counts the 502s absorbed from the retry loop's events: each 502 answer inside a call that ended well.
+
+    A 502 is absorbed by a retry (``status_502``), or, on a release or resume whose client asks the memory
+    probe, by the probe's verdict: "done" ends the call as applied, "not done" re-sends it (``probe_not_done``).
+    """
 
     def __init__(self) -> None:
         self.absorbed = 0
+        self._pending: dict[int, int] = {}
+        """call_id -> its 502 answers so far (removed when the call ends: bounded by the calls in flight)."""
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, RetryScheduled) and event.reason == "status_502":
+        if isinstance(event, AttemptEnded) and event.status == 502:
             with self._lock:
-                self.absorbed += 1
+                self._pending[event.call_id] = self._pending.get(event.call_id, 0) + 1
+        elif isinstance(event, CallEnded):
+            with self._lock:
+                n = self._pending.pop(event.call_id, 0)
+                if event.outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
+                    self.absorbed += n
 
 
 def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeout: float = 30.0) -> requests.Response:
@@ -232,6 +273,26 @@ def _bare_session() -> requests.Session:
     return session
 
 
+class _SettledProbe:
+    """A memory probe read once the control calls on the wire to the engine have landed (``FaultProxy.settle``).
+
+    A release whose client saw a reset right after sending (``drop_after``) may reach the engine after
+    the barrier asked its probe, which would then prove "nothing released" a moment too early; a real
+    controller's NVML probe shares that race, and waits out the call's deadline. The proxies see the
+    calls still in flight, so this waits for exactly them (10 s at most; then it proves nothing: None).
+    """
+
+    def __init__(self, inner: EmulatorMemoryProbe, proxies: Mapping[str, FaultProxy]) -> None:
+        self.inner, self.proxies = inner, proxies
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        """The inner probe's answer once nothing is in flight to ``engine``'s control routes; None when that takes over 10 s."""
+        proxy = self.proxies.get(engine)
+        if proxy is not None and not proxy.settle(paths=CONTROL_PATHS):
+            return None
+        return self.inner.released_tags(engine)
+
+
 class _Loop:
     def __init__(
         self,
@@ -256,38 +317,66 @@ class _Loop:
         )
         self.bare = _bare_session()
         self._policies, self._client_observers = policies, (*observers, self.counter)
+        self.proxy_of: dict[str, FaultProxy] = {}
+        aliases = {u: h.direct_url for u, h in zip(self.urls, fleet.engines, strict=True)}
+        settled = _SettledProbe(EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases), self.proxy_of)
+        self.probe = CountingProbe(settled)
+        """Where the orchestrator and ``_reconcile`` learn an engine's released tags: the emulator's side channel, not HTTP."""
+        self.client_probe = CountingProbe(settled)
+        """The same, asked by the clients' release and resume before re-sending after a gateway status or a reset."""
         self.clients = self._new_clients()
         self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
-        self.proxy_of = {client.engine: proxy for client, proxy in zip(self.clients, proxies, strict=False) if proxy is not None}
-        self.probe = EmulatorMemoryProbe(fleet.memory_state_dir, aliases={name: h.direct_url for name, h in self.handles.items()})
-        """Where ``_reconcile`` learns a quarantined engine's released tags: the emulator's side channel, not HTTP."""
-        self._journal_dir = Path(tempfile.mkdtemp(prefix="cpr-journal-")) if config.controller_crash_step is not None else None
-        self._journal: FileJournalStore | None = None
+        self.proxy_of.update({client.engine: proxy for client, proxy in zip(self.clients, proxies, strict=False) if proxy is not None})
+        restarts = config.controller_crash_step is not None or config.controller_kill_every is not None
+        self._journal_dir = Path(tempfile.mkdtemp(prefix="cpr-journal-")) if restarts else None
         self._journals = 0
+        self._journal_path = self._new_journal_path()
+        self._snapshot: Path | None = None
+        self.fanout = KillSwitchFanOut(on_kill=self._snapshot_journal)
+        """Every orchestrator's fan-out; armed in the steps ``controller_kill_every`` names."""
+        self.kill_rng = random.Random(f"{config.seed}:kill")
+        """Where each kill lands (phase, delay): its own stream, so kills do not move the stragglers."""
+        self._old_clients: list[SGLangClient] = []
         self.restarted_controller_in: int | None = None
         """The step a new controller ran again after the old one died (``controller_crash_step``), once it did."""
-        self.orch = self._orchestrator(observers, new_journal=True)
+        self.orch = self._orchestrator(observers)
 
-    def _orchestrator(self, observers: Sequence[Observer], *, new_journal: bool) -> Orchestrator[SGLangClient]:
-        """An Orchestrator over the current clients; on a journal when the run restarts its controller.
-
-        ``new_journal``: start a new journal file (the first controller, or after a global restart put every
-        engine in order), else reopen the current one (a controller restart: the new one resumes from it).
-        """
+    def _new_journal_path(self) -> Path | None:
+        """A fresh journal file in the run's folder (None when the run restarts no controller: knowledge in memory)."""
         if self._journal_dir is None:
-            return Orchestrator(EngineGroup(self.clients), observers=observers, deadlines=_DEADLINES, restart_budget=self.budget)
-        if self._journal is not None:
-            self._journal.close()  # the controller is gone: so is its lock on the journal
-        if new_journal:
-            self._journals += 1
-        self._journal = FileJournalStore(self._journal_dir / f"barrier-{self._journals}.journal")
+            return None
+        self._journals += 1
+        return self._journal_dir / f"barrier-{self._journals}.journal"
+
+    def _orchestrator(self, observers: Sequence[Observer]) -> Orchestrator[SGLangClient]:
+        """An Orchestrator over the current clients on ``self._journal_path``, with the memory probe and the kill switch."""
         return Orchestrator(
-            EngineGroup(self.clients), observers=observers, deadlines=_DEADLINES, restart_budget=self.budget, journal=self._journal
+            EngineGroup(self.clients),
+            observers=observers,
+            deadlines=_DEADLINES,
+            restart_budget=self.budget,
+            fanout=self.fanout,
+            memory_probe=self.probe,
+            journal=self._journal_path,
         )
+
+    def _snapshot_journal(self) -> None:
+        """At the instant of a kill: copy the journal as it is, what a killed process leaves on disk (the next controller's)."""
+        path = self._new_journal_path()
+        if path is not None and self._journal_path is not None:
+            shutil.copyfile(self._journal_path, path)
+        self._snapshot = path
 
     def _new_clients(self) -> list[SGLangClient]:
         return [
-            SGLangClient(u, policies=self._policies, observers=self._client_observers, flush_poll_s=0.05, pool_maxsize=64)
+            SGLangClient(
+                u,
+                policies=self._policies,
+                observers=self._client_observers,
+                flush_poll_s=0.05,
+                pool_maxsize=64,
+                memory_probe=self.client_probe,
+            )
             for u in self.urls
         ]
 
@@ -367,7 +456,15 @@ class _Loop:
             list(self.pool.map(one, engines))
 
     def _resilient(self, transition: Callable[[], object]) -> None:
-        """Run one of the resilient loop's transitions; after a PhaseFailed that quarantined engines, reconcile them and run it again.
+        """Run one of the resilient loop's transitions (see ``_rounds``); killed inside it, a new controller runs it again."""
+        try:
+            self._rounds(transition)
+        except ControllerKilled:
+            self._controller_killed()
+            self._rounds(transition)
+
+    def _rounds(self, transition: Callable[[], object]) -> None:
+        """Run a transition; after a PhaseFailed that quarantined engines, reconcile them and run it again.
 
         Gives up (re-raises) when an engine died, when nothing was quarantined (the failure is not about
         unknown memory), or after ``_RECONCILE_ROUNDS`` runs: then the step fails, as before.
@@ -424,6 +521,9 @@ class _Loop:
             for i in engines
             for k in range(cfg.stragglers)
         ]
+        kill = cfg.kills_at(n)
+        if kill and self.kind != BASELINE:  # any of the step's phases (offload 3, onload 2, weight sync 2), 0-50 ms in
+            self.fanout.arm(KillPoint(phase=self.kill_rng.randrange(7), after_s=round(self.kill_rng.uniform(0.0, 0.05), 4)))
         try:
             if self.kind == BASELINE:
                 offload: Callable[[], None] = self._baseline_offload
@@ -431,10 +531,10 @@ class _Loop:
                 sync: Callable[[], None] = lambda: self._baseline_weight_sync(f"v{n}")  # noqa: E731
             else:  # self.orch is read when each runs: a controller restart replaces it
                 offload = lambda: self._resilient(lambda: self.orch.offload(mode="abort"))  # noqa: E731
-                onload = lambda: self._resilient(self.orch.onload)  # noqa: E731
+                onload = lambda: self._resilient(lambda: self.orch.onload())  # noqa: E731
                 sync = lambda: self._resilient(lambda: self._resilient_weight_sync(f"v{n}"))  # noqa: E731
             self._timed("offload", offload)
-            if n == cfg.controller_crash_step:
+            if n == cfg.controller_crash_step or (kill and self.kind == BASELINE):
                 time.sleep(cfg.train_s)  # the controller dies while the engines train
                 self._controller_restart(n)
                 self._timed("offload", offload)  # the new controller runs the step again from its offload
@@ -442,8 +542,12 @@ class _Loop:
             self._timed("onload", onload)
             self._timed("weight_sync", sync)
         finally:
+            self.fanout.disarm()  # a kill point the step did not reach (a step with fewer phases) is not carried over
             lost = sum(1 for f in stragglers if f.result(timeout=120) == "lost")
             self.report.requests_lost += lost
+            for client in self._old_clients:  # a dead controller's clients: closed once its stragglers are in
+                client.close()
+            self._old_clients.clear()
 
     # -- recovery: what a global restart does here ------------------------------------------
 
@@ -483,8 +587,41 @@ class _Loop:
         for client in self.clients:  # a global restart starts the controller afresh: new clients, new orchestrator
             client.close()
         self.clients = self._new_clients()
-        self.orch = self._orchestrator(self.orch.observers, new_journal=True)  # every engine in order: nothing to resume
+        self._replace_orchestrator(self._new_journal_path())  # every engine in order: nothing to resume
         return len(dead)
+
+    def _replace_orchestrator(self, journal: Path | None) -> None:
+        """Let go of the old orchestrator's journal and build a new one (over ``self.clients``) on ``journal``."""
+        old, observers = self.orch, self.orch.observers
+        old.close()
+        if old.journal is not None and self._journal_path is not None and self._journal_path != journal:
+            self._journal_path.unlink(missing_ok=True)  # one journal file at a time on disk
+        self._journal_path = journal
+        self.orch = self._orchestrator(observers)
+
+    def _controller_killed(self) -> None:
+        """The controller died inside a phase (``KillSwitchFanOut``); a new one takes over on the journal's copy from that instant.
+
+        What the dead one sent still lands: the new controller starts once those calls ended (a dead
+        process sends nothing more, but its requests on the wire reach the engines). It has new clients and
+        knows only what the copy says: a call in flight at the kill is "maybe applied", and an engine whose
+        tags it leaves unknown is reconciled from the memory probe (the orchestrator's own, then
+        ``_reconcile``). A weight-sync hold the dead one took is released by the new one (it knows the owner
+        is gone; the owner's PID here is this process's, so the journal cannot tell).
+        """
+        self.report.controller_restarts += 1
+        self.report.controller_kills += 1
+        self.fanout.drain(30.0)
+        self._old_clients.extend(self.clients)  # stragglers may still be generating through them
+        self.clients = self._new_clients()
+        self._replace_orchestrator(self._snapshot)
+        self._snapshot = None
+        for _ in range(8):  # bounded: one unpause per hold the dead controller left
+            if not any(WEIGHT_SYNC_HOLD in reasons for reasons in self.orch.held().values()):
+                break
+            self._rounds(lambda: self.orch.unpause(WEIGHT_SYNC_HOLD))
+        if not self.orch.quarantined():
+            self.report.restarts_clean += 1
 
     def _controller_restart(self, n: int) -> None:
         """The controller dies while the engines train, and a new one takes over; the engines keep their state.
@@ -501,15 +638,15 @@ class _Loop:
         for client in self.clients:
             client.close()
         self.clients = self._new_clients()
-        self.orch = self._orchestrator(self.orch.observers, new_journal=False)
+        self._replace_orchestrator(self._journal_path)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.bare.close()
-        for client in self.clients:
+        for client in [*self.clients, *self._old_clients]:
             client.close()
-        if self._journal is not None:
-            self._journal.close()
+        self.orch.close()
+        self.fanout.close()
         if self._journal_dir is not None:
             shutil.rmtree(self._journal_dir, ignore_errors=True)
 
@@ -611,5 +748,7 @@ def run_colocate(
     report.http_502_seen = _injected_502s(counted) - before_502
     report.ambiguous_faults_seen = _injected_ambiguous(counted) - before_ambiguous
     report.http_502_absorbed = loop.counter.absorbed
+    report.reconciles_probe = loop.probe.proved
+    report.probe_verdicts = loop.client_probe.proved
     report.wall_s = time.monotonic() - t0
     return report

@@ -325,7 +325,9 @@ class FaultPlan:
         return cls.from_dict(data, source=str(Path(path)))
 
     @classmethod
-    def seed_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2, ambiguous: float = 0.0) -> FaultPlan:
+    def seed_like(
+        cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2, ambiguous: float = 0.0, status_after: float = 0.0
+    ) -> FaultPlan:
         """The faults of the second seed's Bug A: transient 502s on the per-step control calls.
 
         - ``status_before`` 502 (empty body, not forwarded) with probability ``rate`` on every
@@ -346,14 +348,23 @@ class FaultPlan:
           ``ambiguous / 4`` (held at most 30 s; the client's read timeout ends it first).
           A client that re-sends release or resume after them kills the engine; a correct
           one raises ``AmbiguousOutcome`` and the orchestrator quarantines the engine.
+        - ``status_after`` (default 0 = none): a gateway status *after* the engine applied the call on
+          :data:`AMBIGUOUS_PATHS`, tried after the ambiguous faults: ``status_after`` 502 with probability
+          ``status_after`` and 504 with probability ``status_after / 2`` (the front end timed out on an
+          engine that answered late). The client sees a status, not a reset: one that reads a 5xx as "not
+          applied" and re-sends release or resume kills the engine; the barrier reads the driver's record
+          (sent, so maybe applied) and asks its memory probe.
         """
-        for name, value in (("rate", rate), ("ambiguous", ambiguous)):
+        for name, value in (("rate", rate), ("ambiguous", ambiguous), ("status_after", status_after)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise _fail(name, "a number between 0 and 1", value)
         rules: list[FaultRule] = []
         if ambiguous:
             rules += [FaultRule(p, "drop_after", probability=ambiguous) for p in AMBIGUOUS_PATHS]
             rules += [FaultRule(p, "hang_after", probability=ambiguous / 4, delay=30.0) for p in AMBIGUOUS_PATHS]
+        if status_after:
+            rules += [FaultRule(p, "status_after", status=502, probability=status_after) for p in AMBIGUOUS_PATHS]
+            rules += [FaultRule(p, "status_after", status=504, probability=status_after / 2) for p in AMBIGUOUS_PATHS]
         rules += [FaultRule(p, "status_before", probability=rate) for p in CONTROL_PATHS]
         rules += [FaultRule(p, "reset_before", probability=rate / 10) for p in _IDEMPOTENT_CONTROL]
         rules.append(FaultRule("/resume_memory_occupation", "latency", probability=0.5, delay=slow_swap))

@@ -51,6 +51,7 @@ CASES = [
     (["demo", "--traces", "jaeger"], 2, "invalid choice: 'jaeger'"),
     (["soak", "--steps", "x"], 2, "--steps: must be an integer >= 1, but was 'x'"),
     (["soak", "--way", "sideways"], 2, "invalid choice: 'sideways'"),
+    (["soak", "--restart-every", "-1"], 2, "--restart-every: must be an integer >= 0, but was -1"),
     (["soak", "--fault-plan", "plan.toml"], 1, "`probability` must be a number between 0 and 1, but was 3"),
     (["soak", "--fault-plan", "missing.toml"], 1, "cannot read fault plan"),
     (["probe"], 2, "the following arguments are required: URL"),

@@ -112,7 +112,9 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     assert old["engine_deaths"] + old["restarts"] > 0
     assert (ours["engine_deaths"], ours["restarts"], ours["failed_steps"], ours["requests_lost"]) == (0, 0, 0, 0)
     assert ours["http_502_seen"] > 0 and ours["http_502_absorbed"] == ours["http_502_seen"]
-    assert data["metrics"]["per_way"]["ours"]["cpr_retries_total{reason=status_502}"] == ours["http_502_absorbed"]
+    # a 502 on a release or resume is settled by the clients' memory probe ("done": applied, no retry; "not done":
+    # re-sent as probe_not_done), the others by a retry: the status_502 retries are at most the 502s absorbed
+    assert 0 < data["metrics"]["per_way"]["ours"]["cpr_retries_total{reason=status_502}"] <= ours["http_502_absorbed"]
     assert data["metrics"]["per_way"]["old"]["cpr_restarts_total"] == old["restarts"]
     assert [s["way"] for s in data["timeline"]["steps"]] == ["old way", "ours"]
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,19 +11,50 @@ pytest.importorskip("rich")
 pytest.importorskip("psutil")
 pytest.importorskip("torch")
 
+from benchmarks.soak_notes import section
 from tests.cli.cpr_testlib import run_cpr, table_rows
 
 
 def test_soak_completes_with_zero_deaths_and_a_memory_report(tmp_path: Path) -> None:
-    """2 engines, 5 steps ours: exit 0, zero deaths, RSS sampled after every step, JSON == table."""
+    """2 engines, 5 steps ours (no kill before step 50): exit 0, zero deaths and losses, RSS sampled after every step, JSON == table."""
     result = run_cpr("soak", "--engines", "2", "--steps", "5", "--seed", "3", "--report", "soak.json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert "starting 2 emulated engines: 2 of 2 (engine " in result.stderr  # engines started out of N
     data = json.loads((tmp_path / "soak.json").read_text())
     ours = data["ways"]["ours"]
-    assert (ours["steps_finished"], ours["engine_deaths"], ours["failed_steps"]) == (5, 0, 0)
+    assert (ours["steps_finished"], ours["engine_deaths"], ours["failed_steps"], ours["requests_lost"]) == (5, 0, 0, 0), ours["failures"]
+    assert ours["controller_kills"] == 0 and data["restart_every"] == 50
     assert [s["step"] for s in data["memory"]["samples"]] == [0, 1, 2, 3, 4, 5]
     assert all(s["self_mb"] > 0 and s["engines_mb"] > 0 for s in data["memory"]["samples"])
     assert isinstance(data["memory"]["engines"]["flat"], bool)
     assert table_rows(result.stdout) == data["table"]["rows"]
+
+
+def test_soak_kills_the_controller_mid_phase_and_resumes_from_the_journal_with_no_death(tmp_path: Path) -> None:
+    """--restart-every 2 on 4 steps: two controllers killed inside a phase, each successor on the journal; no death,
+    no failed step, no request lost, and the table says so."""
+    result = run_cpr(
+        "soak", "--engines", "2", "--steps", "4", "--seed", "3", "--restart-every", "2", "--report", "soak.json", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "soak.json").read_text())
+    ours = data["ways"]["ours"]
+    assert (ours["controller_restarts"], ours["controller_kills"]) == (2, 2), ours["failures"]
+    assert (ours["engine_deaths"], ours["failed_steps"], ours["requests_lost"]) == (0, 0, 0), ours["failures"]
+    assert ours["probe_verdicts"] >= 2  # the first release of every engine is reset once sent: only the probe proves it
+    assert "resumed from" in result.stderr  # the journal's recovery line, once per successor
+    table = {row[0]: row[1:] for row in table_rows(result.stdout)}
+    assert table["controller restarts: killed inside a phase, a new controller on the journal"] == ["2 (2 mid-phase)"]
+    assert data["verdict"]["no_deaths"] and data["verdict"]["no_failed_steps"] and data["verdict"]["no_requests_lost"]
+    notes = section(data, None, "2026-12-01")  # benchmarks/soak_notes.py: the NOTES.md section from this report
+    assert "| engine deaths | 0 |" in notes and "| controller restarts (killed mid-phase) | 2 (2) |" in notes
+
+
+def test_soak_old_way_dies_on_the_same_seed(tmp_path: Path) -> None:
+    """--way old on 2 steps of the same plan: engines die (it re-sends the release whose reset came after sending); exit 1."""
+    result = run_cpr("soak", "--engines", "2", "--steps", "2", "--seed", "3", "--way", "old", "--report", "old.json", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    old = json.loads((tmp_path / "old.json").read_text())["ways"]["old"]
+    assert old["engine_deaths"] > 0
+    assert "missed: no deaths" in " ".join(row[1] for row in table_rows(result.stdout))

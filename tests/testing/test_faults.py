@@ -662,3 +662,22 @@ def test_records_bounded_counts_exact_with_ambiguous_kinds(upstream: Upstream, s
         assert proxy.counts() == {"drop_after:-:/d": 7, "hang_after:-:/h": 4}
         assert proxy.injected_count() == 11 and proxy.injected_count(502) == 0
         assert (upstream.count("/d"), upstream.count("/h")) == (9, 6)
+
+
+def test_seed_like_status_after_adds_gateway_statuses_after_the_engine_applied() -> None:
+    """seed_like(status_after=p): status_after 502 (p) and 504 (p/2) on release, resume and continue, after the ambiguous faults."""
+    p = FaultPlan.seed_like(seed=3, ambiguous=0.1, status_after=0.2)
+    ambiguous = FaultPlan.seed_like(seed=3, ambiguous=0.1).rules
+    n_amb = 2 * len(AMBIGUOUS_PATHS)
+    added = p.rules[n_amb : n_amb + 2 * len(AMBIGUOUS_PATHS)]
+    assert p.rules[:n_amb] == ambiguous[:n_amb] and p.rules[n_amb + len(added) :] == ambiguous[n_amb:]
+    assert {(r.path, r.kind, r.answer_status, r.probability) for r in added} == {
+        *((path, "status_after", 502, 0.2) for path in AMBIGUOUS_PATHS),
+        *((path, "status_after", 504, 0.1) for path in AMBIGUOUS_PATHS),
+    }
+    decider = FaultDecider(p, 0)
+    seen = Counter((d.kind, d.status) for _ in range(300) for d in (decider.decide(path) for path in AMBIGUOUS_PATHS))
+    assert seen[("status_after", 502)] > 0 and seen[("status_after", 504)] > 0
+    assert FaultPlan.seed_like(seed=3, status_after=0.0).rules == FaultPlan.seed_like(seed=3).rules
+    with pytest.raises(FaultPlanError, match=r"`status_after` must be a number between 0 and 1, but was -0\.1"):
+        FaultPlan.seed_like(seed=3, status_after=-0.1)

@@ -1,0 +1,98 @@
+"""Print the markdown section of ``benchmarks/NOTES.md`` for a ``cpr soak`` run by hand, from its JSON reports.
+
+The 1000-step soak takes about 40 minutes here, too long for ``run_all.py``, so it runs on demand and its
+figures are kept in ``NOTES.md`` (which ``run_all.py`` copies into BENCHMARKS.md verbatim):
+
+    cpr soak --engines 8 --steps 1000 --seed 3 --report ours.json
+    cpr soak --engines 8 --steps 1000 --seed 3 --way old --report old.json
+    .venv/bin/python benchmarks/soak_notes.py ours.json old.json [--date YYYY-MM-DD]
+
+``ours.json`` is the resilient loop's report; ``old.json`` (optional) the naive sequence's on the same seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _load(path: str) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"soak_notes: cannot read the soak report {path!r}: {exc}") from None
+    if data.get("command") != "soak" or len(data.get("ways", {})) != 1:
+        raise SystemExit(f"soak_notes: {path!r} is not a `cpr soak` report (no 'command': 'soak' with one way)")
+    return data
+
+
+def _mem(v: dict[str, Any]) -> str:
+    if v.get("first_mb") is None:
+        return "-"
+    return f"{v['first_mb']:.1f} -> {v['last_mb']:.1f} MB ({v['growth_pct']:+.1f} %, {'flat' if v['flat'] else 'growing'})"
+
+
+def _p50(r: dict[str, Any], phase: str) -> str:
+    p = r.get("phase_latency_s", {}).get(phase, {}).get("p50")
+    return "-" if p is None else f"{p:.2f}"
+
+
+def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str) -> str:
+    """The section: a heading with the command, one table with a column per way, and the verdict."""
+    reports = [("ours", ours)] + ([("old way", old)] if old is not None else [])
+    ways = [(name, d, next(iter(d["ways"].values()))) for name, d in reports]
+    minutes = f"{ours['wall_s'] / 60:.0f}"
+    head = (
+        f"### Soak with controller kills (`cpr soak --engines {ours['engines']} --steps {ours['steps']} --seed {ours['seed']}`, "
+        f"{date}: about {minutes} minutes)\n\n"
+        f"The default soak plan (`soak_plan`: the demo's faults plus 502/504 after the engine applied a release, resume or "
+        f"continue), the controller killed inside a seeded phase every {ours.get('restart_every')} steps and a new one started "
+        "on its journal as it was at the kill; reconciles through the emulator's memory probe only. The old way: "
+        f"`--way old` on the same seed (it stops once its restart budget is spent).\n"
+    )
+    rows: list[tuple[str, list[str]]] = [
+        ("steps finished / failed", [f"{r['steps_finished']} / {r['failed_steps']}" for _, _, r in ways]),
+        ("engine deaths", [str(r["engine_deaths"]) for _, _, r in ways]),
+        ("requests lost", [str(r["requests_lost"]) for _, _, r in ways]),
+        ("global restarts (budget left)", [f"{r['restarts']} ({r['restart_budget_left']} of {r['restart_limit']})" for _, _, r in ways]),
+        ("controller restarts (killed mid-phase)", [f"{r['controller_restarts']} ({r.get('controller_kills', 0)})" for _, _, r in ways]),
+        (
+            "barrier reconciles from the probe / restarts needing none",
+            [f"{r.get('reconciles_probe', 0)} / {r.get('restarts_clean', 0)}" for _, _, r in ways],
+        ),
+        ("releases/resumes settled by the clients' probe", [str(r.get("probe_verdicts", 0)) for _, _, r in ways]),
+        ("502s seen / absorbed", [f"{r['http_502_seen']:,} / {r['http_502_absorbed']:,}" for _, _, r in ways]),
+        ("faults after the engine acted", [f"{r['ambiguous_faults_seen']:,}" for _, _, r in ways]),
+        ("PSS, engines + zygote (after warm-up -> last 10 %)", [_mem(d["memory"]["engines"]) for _, d, _ in ways]),
+        ("RSS, this process (same windows)", [_mem(d["memory"]["self"]) for _, d, _ in ways]),
+        (
+            "offload / onload / weight sync p50 (s)",
+            [" / ".join(_p50(r, p) for p in ("offload", "onload", "weight_sync")) for _, _, r in ways],
+        ),
+        ("wall time", [f"{d['wall_s'] / 60:.1f} min" for _, d, _ in ways]),
+    ]
+    lines = ["| measure | " + " | ".join(n for n, _, _ in ways) + " |", "|---|" + "---:|" * len(ways)]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
+    verdict = ours.get("verdict", {})
+    missed = [k.replace("_", " ") for k, ok in verdict.items() if ok is False]
+    met = "met (zero deaths, zero failed steps, zero requests lost, engine PSS flat)."
+    tail = "\nEnd criteria (ours): " + (met if not missed else "missed: " + ", ".join(missed) + ".")
+    return head + "\n" + "\n".join(lines) + "\n" + tail + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ours", help="the resilient loop's `cpr soak --report` JSON")
+    parser.add_argument("old", nargs="?", help="the naive sequence's (`--way old`) on the same seed")
+    parser.add_argument("--date", default=str(datetime.date.today()), help="the run's date (default: today)")
+    args = parser.parse_args(argv)
+    sys.stdout.write(section(_load(args.ours), _load(args.old) if args.old else None, args.date))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
