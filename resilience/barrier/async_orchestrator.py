@@ -37,7 +37,7 @@ from resilience.barrier.engine import CONTROL_METHODS, AsyncControlPlaneEngine, 
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.knowledge import LateCall
-from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
+from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, WaitCall, offload_args, tags_arg
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
@@ -262,6 +262,8 @@ class AsyncOrchestrator(BarrierRules[A]):
         elif isinstance(step, SettleCall):
             timeout = max(0.0, step.deadline.remaining())
             await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
+        elif isinstance(step, WaitCall):
+            await _asleep(self.clock, max(0.0, step.deadline.remaining()))
 
     @staticmethod
     async def _settle_one(step: SettleCall, name: str, call: LateCall, timeout: float) -> None:
@@ -271,3 +273,12 @@ class AsyncOrchestrator(BarrierRules[A]):
             landed, error = await asyncio.to_thread(call.wait, timeout)
         if landed:
             step.landed[name] = error
+
+
+async def _asleep(clock: Clock, seconds: float) -> None:
+    """Sleep on ``clock``: its ``asleep`` coroutine when it has one (``Clock``'s contract), else ``asyncio.sleep``."""
+    asleep = getattr(clock, "asleep", None)
+    if asleep is not None:
+        await asleep(seconds)
+    elif seconds > 0:
+        await asyncio.sleep(seconds)

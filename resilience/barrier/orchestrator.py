@@ -46,7 +46,7 @@ from resilience.barrier.engine import AnyEngine, PauseMode
 from resilience.barrier.fanout import FanOut, ThreadFanOut
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
+from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, WaitCall, offload_args, tags_arg
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
@@ -261,6 +261,8 @@ class Orchestrator(BarrierRules[E]):
                 landed, error = call.wait(max(0.0, step.deadline.remaining()))
                 if landed:
                     step.landed[name] = error
+        elif isinstance(step, WaitCall):
+            self.clock.sleep(max(0.0, step.deadline.remaining()))
 
     def _wait_for_bodies(self, transition: str) -> None:
         """Exclusion: wait (up to ``transition_s``) until no ``weight_sync`` body runs; called under the lock."""

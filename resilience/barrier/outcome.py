@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Final
 
 from resilience.barrier.fanout import EngineDied, EngineNotDriven, PhaseTimeout
-from resilience.barrier.knowledge import Effect
+from resilience.barrier.knowledge import Doubt, Effect
 from resilience.barrier.types import EngineSkipped
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
-__all__ = ["GATEWAY_STATUSES", "effect_of", "is_engine_dead"]
+__all__ = ["ANSWERED_FOR", "GATEWAY_STATUSES", "doubt_of", "effect_of", "is_engine_dead"]
 
 GATEWAY_STATUSES: Final = frozenset({502, 503, 504})
 """Statuses a proxy or gateway may answer *after* it forwarded the request: the engine may have applied the call."""
@@ -57,6 +57,32 @@ def effect_of(error: BaseException | None) -> Effect:
     if attempts is None:
         return Effect.MAYBE
     return Effect.MAYBE if any(_may_have_applied(a) for a in attempts) else Effect.NOT_APPLIED
+
+
+ANSWERED_FOR: Final = frozenset({502, 503})
+"""Gateway statuses after which the request is not on its way any more: the gateway answered for it (it never forwarded
+it, or the engine had answered). After a 504, a reset or a read timeout it may still be (``MemoryProbeCheck``'s rule)."""
+
+
+def doubt_of(method: str, error: BaseException | None, since: float) -> Doubt:
+    """Why a call that ended with ``error`` and had a "maybe" effect leaves its tags unknown, and whether its request may
+    still be on its way: yes unless every attempt that may have reached the engine was answered 502 or 503 (None: the
+    call's answer was never read, an interruption)."""
+    if error is None:
+        return Doubt(method, True, "interrupted before its answer was read", since)
+    attempts = attempts_of(error)
+    if attempts is None:
+        return Doubt(method, True, f"no delivery record ({type(error).__name__})", since)
+    maybe = [a for a in attempts if _may_have_applied(a)]
+    in_transit = [a for a in maybe if not (a.delivery is Delivery.RESPONDED and a.status in ANSWERED_FOR)]
+    if not in_transit:
+        return Doubt(method, False, f"HTTP {maybe[-1].status if maybe else '?'} from a gateway", since)
+    last = in_transit[-1]
+    if last.delivery is Delivery.MAYBE_APPLIED:
+        what = f"sent, then no answer ({last.error_type or 'reset or read timeout'})"
+    else:
+        what = f"HTTP {last.status}" if last.status is not None else "an answer with no status"
+    return Doubt(method, True, what, since)
 
 
 def _may_have_applied(attempt: AttemptRecord) -> bool:

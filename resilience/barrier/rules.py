@@ -3,12 +3,14 @@
 A transition (offload, onload, a pause or its end) is written here as a
 generator that never does I/O: it decides what to send, *yields* a step that
 says so, and folds what came back into the knowledge before deciding the next.
-There are two kinds of step:
+There are three kinds of step:
 
 - ``PhaseCall``: send ``method`` to these engines at once under ``deadline``;
   the driver fills ``results`` (one ``EngineResult`` per engine).
 - ``SettleCall``: wait up to ``deadline`` for these late calls; the driver fills
   ``landed`` with the ones that landed.
+- ``WaitCall``: wait until ``deadline`` has passed (what is left of the grace of a
+  release or resume that may still be on its way, before the probe is asked again).
 
 ``Orchestrator`` drives the steps with a ``FanOut`` on the caller's thread
 under one lock; ``AsyncOrchestrator`` awaits them on the caller's event loop,
@@ -31,7 +33,15 @@ with the engines it touched, before any command that depends on it is sent.
 With a ``MemoryProbe``, an engine whose released tags became unknown (an
 ambiguous release or resume) is reconciled from the probe right after the
 fold, and again at the start of the next transition; a probe that cannot
-prove it leaves the quarantine as it is.
+prove it leaves the quarantine as it is. Its answer is trusted as the
+transport's ``MemoryProbeCheck`` trusts it: "applied" at once; "as before"
+at once only after a 502 or 503 (the gateway answered for the request), and
+after a request that may still be on its way (the knowledge's ``Doubt``:
+a reset or read timeout after sending, a 504, no delivery record, an
+interruption) only once ``PhaseDeadlines.in_transit_s`` has passed, which the
+start of the next transition waits out (up to its settle limit) before it
+asks again. Else a release that lands just after the probe said "not
+released" would be released again, and SGLang dies of the double release.
 """
 
 from __future__ import annotations
@@ -48,8 +58,8 @@ from resilience.barrier.engine import ALL_TAGS, AnyEngine, ControlMethod
 from resilience.barrier.fanout import EngineResult, engine_name, interrupted_results
 from resilience.barrier.journal import OFFLOAD_TOKEN, Journal, Recovery, open_journal, restore_budget
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.knowledge import EngineKnowledge, EngineState, LateCall, Pending, tags_of
-from resilience.barrier.outcome import effect_of, is_engine_dead
+from resilience.barrier.knowledge import RELEASE, RESUME, Doubt, Effect, EngineKnowledge, EngineState, LateCall, Pending, tags_of
+from resilience.barrier.outcome import doubt_of, effect_of, is_engine_dead
 from resilience.barrier.types import (
     EngineGroup,
     EngineSkipped,
@@ -76,7 +86,18 @@ from resilience.events import (
 )
 from resilience.memory_probe import MemoryProbe
 
-__all__ = ["OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "BarrierRules", "PhaseCall", "SettleCall", "Step", "Steps", "offload_args", "tags_arg"]
+__all__ = [
+    "OFFLOAD_HOLD",
+    "WEIGHT_SYNC_HOLD",
+    "BarrierRules",
+    "PhaseCall",
+    "SettleCall",
+    "Step",
+    "Steps",
+    "WaitCall",
+    "offload_args",
+    "tags_arg",
+]
 
 OFFLOAD_HOLD = "offload"
 WEIGHT_SYNC_HOLD = "weight_sync"
@@ -153,7 +174,14 @@ class SettleCall:
     landed: dict[str, BaseException | None] = field(default_factory=dict)
 
 
-Step = PhaseCall[Any] | SettleCall
+@dataclass(eq=False)
+class WaitCall:
+    """A step: wait until ``deadline`` has passed (the driver sleeps on the orchestrator's clock), then hand back."""
+
+    deadline: Deadline
+
+
+Step = PhaseCall[Any] | SettleCall | WaitCall
 Steps = Generator[Step, None, T]
 """A transition as steps: yields what to send or wait for, returns its result."""
 
@@ -222,6 +250,10 @@ class BarrierRules(Generic[E]):
             journal.close()
             raise
         self.journal, self.recovery = journal, resumed.recovery
+        now = self.clock.monotonic()
+        for k in resumed.knowledge.values():  # a dead controller's requests may still be on their way: the grace starts again
+            if k.doubt is not None:
+                k.doubt = Doubt(k.doubt.method, k.doubt.in_transit, k.doubt.delivery, now)
         self._know.update(resumed.knowledge)
         self._retired.update(resumed.retired)
         self.restart_budget = restore_budget(self.restart_budget, resumed.budget)
@@ -544,13 +576,17 @@ class BarrierRules(Generic[E]):
             if result is None:
                 if mine:
                     k.abandon()
+                    self._doubt(k, method, None)
                 failures[name] = _Interrupted(f"{name}: the phase was interrupted while {method} ran; it may have been applied")
                 continue
             if mine:
                 if result.late is not None:
                     k.late(result.late)
                 else:
-                    k.settle(effect_of(result.error))
+                    effect = effect_of(result.error)
+                    k.settle(effect)
+                    if effect is Effect.MAYBE:
+                        self._doubt(k, method, result.error)
             if result.error is not None:
                 failures[name] = result.error
                 if is_engine_dead(result.error) and k.dead is None:
@@ -583,6 +619,12 @@ class BarrierRules(Generic[E]):
         finally:
             steps.close()
 
+    def _doubt(self, k: EngineKnowledge, method: str, error: BaseException | None) -> None:
+        """A release or resume had a "maybe" effect and left ``k``'s tags unknown: keep why, and whether its request may
+        still be on its way (``error`` None: its answer was never read). The caller persists."""
+        if method in (RELEASE, RESUME) and k.unknown:
+            k.doubt = doubt_of(method, error, self.clock.monotonic())
+
     @staticmethod
     def _done(k: EngineKnowledge, method: str, kwargs: Mapping[str, Any]) -> bool:
         """The knowledge proves ``method(**kwargs)`` took effect (a release's tags released, a resume's back)."""
@@ -593,8 +635,13 @@ class BarrierRules(Generic[E]):
             return not (tags & (k.released | k.unknown)) and k.dead is None
         return False
 
-    def _probe(self, names: Iterable[str]) -> list[str]:
-        """Reconcile from the memory probe every engine among ``names`` whose tags are unknown; return those it settled."""
+    def _probe(self, names: Iterable[str], waiting: dict[str, float] | None = None) -> list[str]:
+        """Reconcile from the memory probe every engine among ``names`` whose tags are unknown; return those it settled.
+
+        An answer is trusted when it proves the call applied, when the request is not on its way (``Doubt.in_transit``
+        False: a 502/503), or once the grace (``PhaseDeadlines.in_transit_for``) has passed since the answer; else the
+        engine stays quarantined, and ``waiting`` (when given) gets the seconds of grace left for it.
+        """
         probe = self.memory_probe
         if probe is None:
             return []
@@ -606,13 +653,28 @@ class BarrierRules(Generic[E]):
             released = self._ask(probe, name)
             if released is None:
                 continue
+            left = self._grace_left(k, released)
+            if left > 0:
+                if waiting is not None:
+                    waiting[name] = left
+                continue
             k.released.update(k.unknown & released)  # known first, then no longer unknown
             k.unknown.clear()
+            k.doubt = None
             self._persist((name,))
             if not k.released:
                 self._unhold(name, _OFFLOAD_TOKEN)
             settled.append(name)
         return settled
+
+    def _grace_left(self, k: EngineKnowledge, released: frozenset[str]) -> float:
+        """Seconds before the probe's answer ``released`` may be trusted for ``k`` (0: now)."""
+        doubt = k.doubt
+        if doubt is None:  # unknown tags with no record of why (cannot happen through the rules): trusted as before
+            return 0.0
+        if not doubt.in_transit or doubt.proves_applied(frozenset(k.unknown), released):
+            return 0.0
+        return max(0.0, doubt.since + self.deadlines.in_transit_for(doubt.method) - self.clock.monotonic())
 
     @staticmethod
     def _ask(probe: MemoryProbe, name: str) -> frozenset[str] | None:
@@ -630,7 +692,10 @@ class BarrierRules(Generic[E]):
         flight, ask the memory probe about quarantined engines; return the engines to skip, with why."""
         stale = [n for n in names if self._know[n].pending is not None]
         for n in stale:
-            self._know[n].abandon()
+            k = self._know[n]
+            method = k.pending.method if k.pending is not None else ""
+            k.abandon()
+            self._doubt(k, method, None)
         if stale:
             self._persist(stale)
         late = {n: k.in_flight.call for n in names if (k := self._know[n]).in_flight is not None}
@@ -646,14 +711,24 @@ class BarrierRules(Generic[E]):
             for n in before:
                 self._announce(n, before[n])
         before = {n: self._know[n].state for n in names}
-        for n in self._probe(names):
+        waiting: dict[str, float] = {}
+        settled = self._probe(names, waiting)
+        cap = tx.deadline.cap(self.deadlines.for_phase("settle"))
+        if waiting and max(waiting.values()) <= cap.remaining():  # a request may still be on its way: wait it out, ask again
+            tx.phase = "settle"
+            yield WaitCall(tx.deadline.cap(max(waiting.values())))
+            settled += self._probe(waiting)
+        for n in settled:
             self._announce(n, before[n])
         return {n: self._why_skipped(n) for n in names if self._know[n].dead is not None or self._know[n].in_flight is not None}
 
     def _land(self, name: str, error: BaseException | None) -> None:
         """Fold a late call that landed (the caller persists and announces)."""
         k = self._know[name]
-        k.land(effect_of(error))
+        effect = effect_of(error)
+        late = k.land(effect)
+        if late is not None and effect is Effect.MAYBE:
+            self._doubt(k, late.method, error)
         if error is not None and is_engine_dead(error):
             k.dead = f"{type(error).__name__} after a late call"
 
