@@ -76,7 +76,7 @@ class EngineState(enum.StrEnum):
 
 
 class Effect(enum.StrEnum):
-    """What one control call did to the engine, as far as the barrier can tell (``resilience.barrier.outcome.effect_of``)."""
+    """What one control call did to the engine, as far as the barrier can tell (``resilience.barrier.effect.effect_of``)."""
 
     APPLIED = "applied"
     NOT_APPLIED = "not_applied"

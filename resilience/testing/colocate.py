@@ -44,7 +44,7 @@ import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.rules import WEIGHT_SYNC_HOLD
+from resilience.barrier.holds import WEIGHT_SYNC_HOLD
 from resilience.budget import RestartBudget
 from resilience.events import AttemptEnded, CallEnded, Event, Observer
 from resilience.outcome import CallOutcome

@@ -2,7 +2,7 @@
 
 Write-ahead knowledge (an interrupt at any point leaves what a call touches unknown, never forgotten), observers told
 after the knowledge changed, the effect of a call read from the driver's record (a gateway status after the engine
-applied is "maybe"), the memory probe's auto-reconcile, the ``_persist`` hook, and the checks made before anything is sent.
+applied is "maybe"), the memory probe's auto-reconcile, the ``BarrierRules.persist`` hook, and the checks made before anything is sent.
 """
 
 from __future__ import annotations
@@ -373,18 +373,22 @@ def test_a_memory_probe_must_answer_released_tags() -> None:
         Orchestrator(EngineGroup([FakeEngine("http://fake-0:30000")]), memory_probe=object())  # type: ignore[arg-type]
 
 
-# -- the _persist hook -------------------------------------------------------------------------------------------
+# -- the persist hook --------------------------------------------------------------------------------------------
 
 
 class Journaled(Orchestrator[Any]):
-    """Records, at each ``_persist``, the state of the engines it names (what a journal would write)."""
+    """Records, at each ``persist`` of the rules it holds, the state of the engines it names (what a journal would write)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.persisted: list[dict[str, EngineState]] = []
         super().__init__(*args, **kwargs)
+        rules, write = self.rules, self.rules.persist
 
-    def _persist(self, names: Collection[str]) -> None:
-        self.persisted.append({n: self._know[n].state for n in names})
+        def persist(names: Collection[str]) -> None:
+            self.persisted.append({n: rules.know[n].state for n in names})
+            write(names)
+
+        rules.persist = persist  # type: ignore[method-assign]
 
 
 class Checked(FakeEngine):
@@ -402,7 +406,7 @@ class Checked(FakeEngine):
 
 
 def test_every_call_is_persisted_in_flight_before_it_is_sent_and_its_outcome_after() -> None:
-    """``_persist`` is called with the engine marked in flight before each call reaches it, and with what it knows after."""
+    """``persist`` is called with the engine marked in flight before each call reaches it, and with what it knows after."""
     engines = [Checked(f"http://fake-{i}:30000") for i in range(2)]
     orch = Journaled(EngineGroup(engines), fanout=SequentialFanOut(), deadlines=DEADLINES)
     for e in engines:

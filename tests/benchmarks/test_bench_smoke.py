@@ -155,9 +155,9 @@ def _has_attr(module: str, name: str) -> bool:
 
 
 def _async_barrier_landed() -> bool:
-    """AsyncFanOut (``resilience.fanout``), AsyncOrchestrator and AsyncSGLangClient are all importable."""
+    """AsyncFanOut (``resilience.barrier.async_fanout``), AsyncOrchestrator and AsyncSGLangClient are all importable."""
     return (
-        _has("resilience.fanout")
+        _has("resilience.barrier.async_fanout")
         and _has_attr("resilience.adapters.sglang", "AsyncSGLangClient")
         and _has_attr("resilience.barrier", "AsyncOrchestrator")
     )
