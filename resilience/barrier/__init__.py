@@ -12,6 +12,7 @@
 - ``types``: its values and errors (``EngineGroup``, ``PhaseDeadlines``, reports, ``PhaseFailed``).
 - ``engine``: the engine contract (``ControlPlaneEngine``) and ``ALL_TAGS``.
 - ``knowledge``: what the orchestrator knows of each engine, and what it knows it does not know.
+- ``kinds``: each engine kind's control rules as one table (``EngineRules``; ``SGLANG_RULES``), looked up per engine.
 - ``effect``: what a call did to the engine (``Effect``: applied, not applied, maybe), from the driver's record only.
 - ``journal``, ``journal_store``: the knowledge written where it outlives the controller.
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).

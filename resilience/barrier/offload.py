@@ -1,4 +1,5 @@
-"""Offload as steps: pause (all) -> flush (all) -> release (all), each only where its precondition is known to hold.
+"""Offload as steps: pause (all) -> flush (all) -> release (all), each only where its precondition is known to hold
+(the engine kind's table, ``resilience.barrier.kinds``, says what each call needs).
 
 A failure before the release continues the engines back (nothing was
 released); a failed release resumes what this offload released and continues
@@ -34,15 +35,17 @@ def offload_steps(rules: BarrierRules[Any], wanted: frozenset[str], mode: Litera
         live = [n for n in names if n not in skipped]
         for n in live:
             hold(rules, n, OFFLOAD_TOKEN, OFFLOAD_HOLD)
-        to_pause = [n for n in live if know[n].paused is not True or know[n].pause_mode == "in_place"]
+        to_pause = [
+            n for n in live if (know[n].paused is not True or know[n].pause_mode == "in_place") and rules.allows(n, "pause_generation")
+        ]
         failed = yield from phase(rules, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
         if failed:
             raise (yield from _fail_before_release(rules, tx, "pause", failed, live, skipped))
         skipped.update({n: rules.why_skipped(n) for n in live if know[n].quarantined})
         todo = {n: wanted - know[n].released for n in live if n not in skipped}
         todo = {n: missing for n, missing in todo.items() if missing}
-        for n in [n for n in todo if not know[n].may_flush()]:  # defensive: the pause phase makes this unreachable
-            skipped[n] = f"not known paused ({know[n].why_not_serving()})"
+        for n in [n for n in todo if not rules.allows(n, "flush_cache")]:  # defensive: the pause phase makes this unreachable
+            skipped[n] = f"not allowed a flush ({rules.kinds[n].calls['flush_cache'].needs_text}): {know[n].why_not_serving()}"
             del todo[n]
         to_flush = [n for n in todo if not know[n].flushed]
         failed = yield from phase(rules, tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
@@ -50,10 +53,11 @@ def offload_steps(rules: BarrierRules[Any], wanted: frozenset[str], mode: Litera
             raise (yield from _fail_before_release(rules, tx, "flush", failed, live, skipped))
         calls: list[Call] = []
         for n, missing in todo.items():
-            if all(know[n].may_release(t) for t in missing):
+            if rules.allows(n, "release_memory_occupation", missing):
                 calls.append((n, {"tags": None if missing == frozenset(ALL_TAGS) else sorted(missing)}))
-            else:  # defensive: the phases above make this unreachable
-                skipped[n] = f"not known flushed ({know[n].why_not_serving()})"
+            else:  # defensive for SGLang's rules: the phases above make this unreachable
+                needs = rules.kinds[n].calls["release_memory_occupation"].needs_text
+                skipped[n] = f"not allowed a release of {sorted(missing)} ({needs}): {know[n].why_not_serving()}"
         failed = yield from phase(rules, tx, "release", "release_memory_occupation", calls)
         if failed:
             raise (yield from _fail_in_release(rules, tx, failed, [c for c in calls if c[0] not in failed], live, skipped))

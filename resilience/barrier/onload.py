@@ -1,8 +1,9 @@
 """Onload as steps: resume what is released, then continue the engines whose memory is all back and that nothing holds.
 
 Also the continue phases the other transitions end with (``continue_ready``,
-and ``rollback_continue`` after a failure): continue is sent only where
-``EngineKnowledge.may_continue`` holds (nothing released or unknown, no hold).
+and ``rollback_continue`` after a failure): continue is sent only where the
+engine kind's table allows it (``resilience.barrier.kinds``; SGLang's: nothing
+released or unknown, not known serving, and no hold, since it reopens everyone's pause).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def onload_steps(rules: BarrierRules[Any], wanted: frozenset[str]) -> Steps[Tran
         calls: list[Call] = []
         for n in live:
             todo = wanted & know[n].released
-            if todo:
+            if todo and rules.allows(n, "resume_memory_occupation", todo):
                 calls.append((n, {"tags": None if todo == frozenset(ALL_TAGS) else sorted(todo)}))
         failed = yield from phase(rules, tx, "resume", "resume_memory_occupation", calls)
         for n in live:
@@ -49,7 +50,7 @@ def onload_steps(rules: BarrierRules[Any], wanted: frozenset[str]) -> Steps[Tran
 
 def continue_ready(rules: BarrierRules[Any], tx: Transition, names: Sequence[str], name: str) -> Steps[dict[str, BaseException]]:
     """Continue (phase ``name``) the engines among ``names`` that may be continued; return the failures."""
-    ready = [n for n in names if rules.know[n].may_continue()]
+    ready = [n for n in names if rules.allows(n, "continue_generation")]
     failed = yield from phase(rules, tx, name, "continue_generation", [(n, {}) for n in ready])
     return failed
 
@@ -59,6 +60,6 @@ def rollback_continue(rules: BarrierRules[Any], tx: Transition, names: Sequence[
     no hold), when ``rollback`` is on; return those continued and the failures."""
     if not rules.rollback:
         return [], {}
-    ready = [n for n in names if rules.know[n].may_continue()]
+    ready = [n for n in names if rules.allows(n, "continue_generation")]
     failed = yield from phase(rules, tx, "rollback", "continue_generation", [(n, {}) for n in ready])
     return [n for n in ready if n not in failed], failed

@@ -33,7 +33,7 @@ def pause_steps(rules: BarrierRules[Any], reason: str, mode: str) -> Steps[Trans
         token = new_token(reason, names)
         for n in names:
             hold(rules, n, token.id, reason)
-        to_pause = [n for n in names if know[n].paused is not True]
+        to_pause = [n for n in names if know[n].paused is not True and rules.allows(n, "pause_generation")]
         try:
             failed = yield from phase(rules, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
         except BaseException:  # abandoned mid-phase (cancelled, or the fan-out raised): nobody will own the token

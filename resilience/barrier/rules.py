@@ -34,10 +34,11 @@ import threading
 from collections.abc import Collection, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from resilience.barrier.engine import AnyEngine
+from resilience.barrier.engine import AnyEngine, ControlMethod
 from resilience.barrier.fanout import engine_name
 from resilience.barrier.journal import Journal, Recovery
 from resilience.barrier.journal_store import JournalStore
+from resilience.barrier.kinds import EngineRules, rules_of
 from resilience.barrier.knowledge import EngineKnowledge, EngineState
 from resilience.barrier.types import EngineGroup, PhaseDeadlines
 from resilience.budget import RestartBudget
@@ -97,6 +98,8 @@ class BarrierRules(Generic[E]):
                 self.engines[name] = engine
                 if group.needs_offload:
                     self.offloaded.append(name)
+        self.kinds: dict[str, EngineRules] = {name: rules_of(engine) for name, engine in self.engines.items()}
+        """Name -> its engine kind's control rules (``resilience.barrier.kinds``: SGLang's unless the engine says otherwise)."""
         self.know = {name: EngineKnowledge(name) for name in self.engines}
         self.retired: set[str] = set()
         self.lock = threading.RLock()
@@ -166,6 +169,10 @@ class BarrierRules(Generic[E]):
         pending = sorted({k.pending.method for n in names if (k := self.know[n]).pending is not None})
         why = f"{self.label}: sending {', '.join(pending)}" if pending else self.label
         self.journal.commit(self.know, names, why, retired=self.retired, budget=self.restart_budget)
+
+    def allows(self, name: str, method: ControlMethod, tags: frozenset[str] = frozenset()) -> bool:
+        """``method`` (naming ``tags``) may be sent to ``name`` now, by its engine kind's table (``EngineRules.allows``)."""
+        return self.kinds[name].allows(self.know[name], method, tags)
 
     def announce(self, name: str, before: EngineState) -> None:
         """Tell the observers that ``name``'s state changed from ``before`` (nothing when it did not)."""
