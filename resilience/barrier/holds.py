@@ -2,7 +2,7 @@
 
 An engine must stay paused while any hold remains (``EngineKnowledge.holds``,
 token id -> reason). Offload takes the "offload" hold (one per engine, id
-``OFFLOAD_TOKEN``), dropped once all its memory is back; ``pause`` and
+``resilience.barrier.journal.OFFLOAD_TOKEN``), dropped once all its memory is back; ``pause`` and
 ``weight_sync`` take a hold with a new token each (``new_token``).
 """
 
@@ -18,7 +18,7 @@ from resilience.barrier.rules import BarrierRules, reasons
 from resilience.barrier.types import HoldToken
 from resilience.events import HoldChanged, emit
 
-__all__ = ["OFFLOAD_HOLD", "OFFLOAD_TOKEN", "WEIGHT_SYNC_HOLD", "held_among", "hold", "new_token", "reserve_tokens", "token_of", "unhold"]
+__all__ = ["OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "held_among", "hold", "new_token", "reserve_tokens", "token_of", "unhold"]
 
 OFFLOAD_HOLD = "offload"
 """The offload hold's reason."""

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fold import phase
-from resilience.barrier.holds import OFFLOAD_HOLD, OFFLOAD_TOKEN, hold, unhold
+from resilience.barrier.holds import OFFLOAD_HOLD, hold, unhold
+from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.onload import rollback_continue
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import settle

@@ -13,7 +13,8 @@ from typing import Any
 
 from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fold import phase
-from resilience.barrier.holds import OFFLOAD_TOKEN, held_among, unhold
+from resilience.barrier.holds import held_among, unhold
+from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import settle
 from resilience.barrier.steps import Call, Steps, Transition

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from resilience.barrier.engine import ALL_TAGS, AnyEngine
-from resilience.barrier.holds import OFFLOAD_HOLD, OFFLOAD_TOKEN, hold, reserve_tokens, unhold
-from resilience.barrier.journal import open_journal, restore_budget
+from resilience.barrier.holds import OFFLOAD_HOLD, hold, reserve_tokens, unhold
+from resilience.barrier.journal import OFFLOAD_TOKEN, open_journal, restore_budget
 from resilience.barrier.knowledge import Doubt, EngineState
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import land

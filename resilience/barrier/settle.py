@@ -22,7 +22,8 @@ from typing import Any
 
 from resilience.barrier.effect import doubt_of, effect_of, is_engine_dead
 from resilience.barrier.engine import ALL_TAGS
-from resilience.barrier.holds import OFFLOAD_TOKEN, unhold
+from resilience.barrier.holds import unhold
+from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.steps import SettleCall, Steps, Transition, WaitCall
