@@ -15,7 +15,7 @@ An engine's state is not one label but a few facts, each known or unknown:
   ``WeightUpdater.offload_tags`` (``sglang/srt/managers/scheduler_components/weight_updater.py``,
   ``release_memory_occupation``) and no endpoint reads that set; ``/server_info``'s
   ``memory_usage`` holds static sizes (``scheduler_components/internal_state.py``,
-  ``_add_memory_usage``). See the README's recovery section.
+  ``_add_memory_usage``). See docs/failure-and-recovery.md.
 - ``dead``: why the engine stopped answering, or None.
 - ``in_flight``: a call still running past its phase deadline. Nothing is sent
   to the engine until it lands (it could undo a later command), and the facts it
