@@ -11,8 +11,8 @@ in no optional extra (requests, httpx and aiohttp load only with their driver).
 Names for transport authors (``Retrier``, ``RetryCall``, ``CallSpec``,
 ``AttemptResult``, ``ErrorTypes``, ``classify``, ``backoff_delay``,
 ``EndpointMatch``, ``CircuitBreaker``, ...) stay in their modules:
-``resilience.retry``, ``resilience.retry_call``, ``resilience.call``,
-``resilience.errors``, ``resilience.classification``, ``resilience.backoff``,
+``resilience.retry.retrier``, ``resilience.retry.call``, ``resilience.retry.spec``,
+``resilience.errors``, ``resilience.backoff``,
 ``resilience.policy``, ``resilience.breaker``.
 """
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from resilience import BreakerConfig, BreakerState, CircuitOpen, Delivery, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
 from resilience.breaker import BreakerRegistry, CircuitBreaker
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 CONFIG = BreakerConfig(failure_threshold=1, open_seconds=1.0, half_open_max_calls=1)

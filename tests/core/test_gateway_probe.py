@@ -9,7 +9,8 @@ import pytest
 from resilience import AmbiguousOutcome, Delivery, EndpointPolicy, FakeClock, PolicyTable, ProbeAnswer, RetryPolicy
 from resilience.events import Event, ProbeCompleted
 from resilience.policy import ProbeContext
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 FAST = RetryPolicy(max_attempts=3, base_s=0, cap_s=0)

@@ -12,7 +12,7 @@ from resilience.errors import ConfigError, RetriesExhausted, RetryBudgetExhauste
 from resilience.ledger import AttemptLedger, LedgerRetrier
 from resilience.outcome import attempts_of
 from resilience.policy import ProbeContext
-from resilience.retry import AttemptResult, CallSpec
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 QUICK = RetryPolicy(max_attempts=3, base_s=0.0, cap_s=0.0)

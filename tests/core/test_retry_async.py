@@ -27,8 +27,9 @@ from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.errors import ConfigError, DeadlineExceeded, ErrorTypes
 from resilience.events import CallEnded, Event
 from resilience.outcome import CallOutcome
-from resilience.retry import AttemptResult, CallSpec, Retrier
-from resilience.retry_call import Probe, Raise, Return, Send, Wait
+from resilience.retry.call import AskProbe, Raise, Return, Send, Wait
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 Timeouts = tuple[float | None, float | None]
@@ -72,16 +73,16 @@ def test_retry_call_decides_without_io() -> None:
 
 
 def test_retry_call_asks_the_probe_and_takes_its_answer() -> None:
-    """A lost non-idempotent attempt with a probe: Probe, then "not done" allows one more Send."""
+    """A lost non-idempotent attempt with a probe: AskProbe, then "not done" allows one more Send."""
     policy = EndpointPolicy(idempotent=False, on_ambiguous=lambda ctx: ProbeAnswer.NOT_DONE, retry=RetryPolicy(base_s=0, cap_s=0))
     call = Retrier(clock=FakeClock()).begin(spec(policy))
     call.next_step()
     probe = call.attempt_done(lost())
-    assert isinstance(probe, Probe) and probe.context.endpoint == "POST /x" and probe.context.attempt == 0
+    assert isinstance(probe, AskProbe) and probe.context.endpoint == "POST /x" and probe.context.attempt == 0
     assert isinstance(call.probe_answered(probe.probe(probe.context)), Wait)
     call.next_step()
     probe = call.attempt_done(lost())
-    assert isinstance(probe, Probe)
+    assert isinstance(probe, AskProbe)
     end = call.probe_answered("not an answer")
     assert isinstance(end, Raise) and isinstance(end.error, resilience.AmbiguousOutcome)
 

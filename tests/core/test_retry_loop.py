@@ -19,7 +19,8 @@ from resilience import (
     RetryPolicy,
 )
 from resilience.events import CallEnded, Event, RetryScheduled
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from resilience import Deadline, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy, load_policy_file
-from resilience.call import CallSpec, Timeouts, attempt_timeouts, call_deadlines
-from resilience.classification import classify
 from resilience.outcome import Delivery, Outcome
 from resilience.policy import DEFAULT_ATTEMPT_TIMEOUT_S, UnnamedSeconds
+from resilience.retry.spec import CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
 
 ENGINE = "http://127.0.0.1:1"
 
