@@ -8,6 +8,8 @@
   names adapter classes, and only for its lazy exports (PEP 562: imported on first access).
 - The core's modules import one another without a circle, counting imports inside functions
   (which would hide a circle from the interpreter) and leaving out ``if TYPE_CHECKING:`` blocks.
+- ``tests/core`` mirrors the core: each test module there is ``test_<module>.py`` (or
+  ``test_<module>_<topic>.py``) beside the path of the one module it tests, never two modules in one file.
 - One import path per name: a core module's ``__all__`` lists only names it defines (a package's
   ``__init__`` may gather its package's names; ``resilience/retry/__init__.py`` defines nothing).
 """
@@ -91,9 +93,8 @@ def _library_files() -> list[Path]:
 def _core_files() -> list[Path]:
     files = [p for p in _files(PACKAGE) if not _is_cli(_module_name(p)) and not _is_testing(_module_name(p))]
     names = {_module_name(p) for p in files}
-    assert {"resilience.retry.retrier", "resilience.retry.call", "resilience.policy", "resilience.outcome", "resilience.errors"} <= names, sorted(
-        names
-    )
+    expected = {"resilience.retry.retrier", "resilience.retry.call", "resilience.policy", "resilience.outcome", "resilience.errors"}
+    assert expected <= names, sorted(names)
     return files
 
 
@@ -218,3 +219,31 @@ def test_the_retry_package_file_defines_and_imports_nothing() -> None:
     body = tree.body[1:] if tree.body and isinstance(tree.body[0], ast.Expr) else tree.body
     assert ast.get_docstring(tree), "the package docstring is the map of the retry core"
     assert not body, [ast.dump(node)[:80] for node in body]
+
+
+TESTS = ROOT / "tests" / "core"
+CROSS_CUTTING = frozenset({"test_layout.py", "test_without_extras.py", "test_public_surface.py"})
+"""Test modules about the whole package (its import rules, its extras, ``resilience/__init__.py``'s surface), not one module."""
+
+
+def test_tests_core_mirrors_the_core() -> None:
+    """``tests/core/<dir>/test_<module>[_<topic>].py`` tests ``resilience/<dir>/<module>.py``, and only that one module."""
+    offenders = []
+    mirrored = 0
+    for test in sorted(TESTS.rglob("test_*.py")):
+        if test.parent == TESTS and test.name in CROSS_CUTTING:
+            continue
+        folder = PACKAGE / test.parent.relative_to(TESTS)
+        modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"} if folder.is_dir() else set()
+        words = test.stem.removeprefix("test_").split("_")
+        # the longest leading run of words that names a module; what follows is a topic, never another module
+        subject = next(("_".join(words[:n]) for n in range(len(words), 0, -1) if "_".join(words[:n]) in modules), None)
+        rest = test.stem.removeprefix("test_").removeprefix(subject or "").strip("_")
+        if subject is None:
+            offenders.append(f"{test.relative_to(ROOT)}: no module {folder.relative_to(ROOT)}/<name>.py for it")
+        elif any(rest == m or rest.startswith(m + "_") for m in modules if m != subject):
+            offenders.append(f"{test.relative_to(ROOT)}: pairs {subject} with another module ({rest})")
+        else:
+            mirrored += 1
+    assert mirrored >= 10, mirrored
+    assert not offenders, "\n".join(offenders)

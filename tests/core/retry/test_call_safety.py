@@ -1,4 +1,7 @@
-"""Safety of the retry loop: breaker slots always come back, sent attempts stay bounded, maybe-applied calls are not re-sent."""
+"""``resilience.retry.call``: the loop's safety properties.
+
+Breaker slots always come back, sent attempts stay bounded, maybe-applied calls are not re-sent.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A gateway status on a non-idempotent entry asks its probe before anything is re-sent (the retry core, without sockets)."""
+"""``resilience.retry.call``: a gateway status on a non-idempotent entry asks its probe before anything is re-sent (no sockets)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Circuit breaker state machine, retry budget and restart budget."""
+"""``resilience.budget``: the retry budget (spend, floor, deposits) and the restart budget's file."""
 
 from __future__ import annotations
 
@@ -7,58 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from resilience import BreakerConfig, BreakerState, FakeClock, PolicyError, RestartBudget, RestartBudgetError, RetryBudgetConfig
-from resilience.breaker import CircuitBreaker
+from resilience import FakeClock, RestartBudget, RestartBudgetError, RetryBudgetConfig
 from resilience.budget import RetryBudget
-from resilience.events import BreakerTransitioned, Event, RestartRecorded
-
-
-def test_consecutive_failures_open_then_half_open_then_close() -> None:
-    """Consecutive failures open the breaker; after the wait one probe passes; its success closes it."""
-    clock = FakeClock()
-    seen: list[Event] = []
-    b = CircuitBreaker("http://e:1", BreakerConfig(failure_threshold=3, open_seconds=2), clock=clock, observers=[seen.append])
-    for _ in range(3):
-        assert b.allow()
-        b.record_failure()
-    assert b.state is BreakerState.OPEN
-    assert not b.allow()
-    clock.advance(2)
-    assert b.allow()  # the half-open probe
-    assert not b.allow()  # only one at a time
-    b.record_success()
-    assert b.state is BreakerState.CLOSED
-    assert [(e.from_state, e.to_state) for e in seen if isinstance(e, BreakerTransitioned)] == [
-        ("closed", "open"),
-        ("open", "half_open"),
-        ("half_open", "closed"),
-    ]
-
-
-def test_half_open_failure_reopens() -> None:
-    """A failed half-open probe opens the breaker again for a full wait."""
-    clock = FakeClock()
-    b = CircuitBreaker("e", BreakerConfig(failure_threshold=1, open_seconds=1), clock=clock)
-    b.record_failure()
-    clock.advance(1)
-    assert b.allow()
-    b.record_failure()
-    assert b.state is BreakerState.OPEN
-    assert b.retry_in() == pytest.approx(1)
-
-
-def test_failure_rate_trigger() -> None:
-    """The failure-rate window opens the breaker even without a long consecutive run."""
-    b = CircuitBreaker("e", BreakerConfig(failure_threshold=0, failure_rate_threshold=0.5, window_size=4, minimum_calls=4))
-    for ok in (True, False, True, False):
-        (b.record_success if ok else b.record_failure)()
-    assert b.state is BreakerState.OPEN
-
-
-def test_breaker_config_validated() -> None:
-    """Invalid breaker settings name the field."""
-    with pytest.raises(PolicyError, match=r"BreakerConfig\.failure_rate_threshold must be within"):
-        BreakerConfig(failure_rate_threshold=0)
+from resilience.events import Event, RestartRecorded
 
 
 def test_retry_budget_spends_and_floor_refills() -> None:

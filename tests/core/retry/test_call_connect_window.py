@@ -1,4 +1,7 @@
-"""A call that never connects: retried for ``connect_window_s``, then the refusal itself, one warning, and an open breaker."""
+"""``resilience.retry.call``: a call that never connects.
+
+It is retried for ``connect_window_s``, then ends with the refusal itself, one warning, and an open breaker.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Backoff bounds, Retry-After parsing and deadlines shared through a contextvar."""
+"""``resilience.deadline``: deadlines shared through a contextvar, capped by the one in force, never negative."""
 
 from __future__ import annotations
 
@@ -7,22 +7,6 @@ import threading
 import pytest
 
 from resilience import Deadline, FakeClock, current_deadline
-from resilience.backoff import backoff_delay, parse_retry_after
-
-
-def test_full_jitter_bounds() -> None:
-    """Full jitter draws within [0, min(cap, base * mult**(n-1))]."""
-    assert backoff_delay(1, base_s=0.5, cap_s=10, multiplier=2, jitter=1.0, rng=lambda: 0.0) == 0.0
-    assert backoff_delay(3, base_s=0.5, cap_s=10, multiplier=2, jitter=1.0, rng=lambda: 0.999) == pytest.approx(1.998)
-    assert backoff_delay(30, base_s=0.5, cap_s=10, multiplier=2, jitter=0.0) == 10
-
-
-def test_retry_after_forms() -> None:
-    """Retry-After takes delta-seconds or an HTTP date; junk is ignored."""
-    assert parse_retry_after("3") == 3.0
-    assert parse_retry_after("nonsense") is None
-    assert parse_retry_after(None) is None
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=lambda: 1445412470.0) == pytest.approx(10.0)
 
 
 def test_deadline_context_caps_inner() -> None:
