@@ -6,13 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resilience import (
-    BreakerConfig,
-    BreakerState,
-    FakeClock,
-    PolicyError,
-)
-from resilience.breaker import CircuitBreaker
+from resilience import BreakerConfig
+from resilience.breaker import BreakerState, CircuitBreaker
+from resilience.clock import FakeClock
+from resilience.errors import PolicyError
 from resilience.events import BreakerTransitioned, Event
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from resilience import FakeClock, RestartBudget, RestartBudgetError, RetryBudgetConfig
-from resilience.budget import RetryBudget
+from resilience import RetryBudgetConfig
+from resilience.budget import RestartBudget, RestartBudgetError, RetryBudget
+from resilience.clock import FakeClock
 from resilience.events import Event, RestartRecorded
 
 

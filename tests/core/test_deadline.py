@@ -6,7 +6,9 @@ import threading
 
 import pytest
 
-from resilience import Deadline, FakeClock, current_deadline
+from resilience import Deadline
+from resilience.clock import FakeClock
+from resilience.deadline import current_deadline
 
 
 def test_deadline_context_caps_inner() -> None:

@@ -6,12 +6,13 @@ from collections.abc import MutableMapping
 
 import pytest
 
-from resilience import AmbiguousOutcome, Delivery, EndpointPolicy, FakeClock, PolicyTable, ProbeAnswer, RetryPolicy
+from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.clock import FakeClock
 from resilience.errors import ConfigError, RetriesExhausted, RetryBudgetExhausted
 from resilience.ledger import AttemptLedger, LedgerRetrier
-from resilience.outcome import attempts_of
-from resilience.policy import ProbeContext
+from resilience.outcome import Delivery, attempts_of
+from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"

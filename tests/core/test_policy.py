@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resilience import (
-    BreakerConfig,
-    EndpointPolicy,
-    PolicyError,
-    PolicyTable,
-    RestartBudget,
-    RetryBudgetConfig,
-    RetryPolicy,
-)
+from resilience import BreakerConfig, EndpointPolicy, PolicyTable, RetryBudgetConfig, RetryPolicy
+from resilience.budget import RestartBudget
+from resilience.errors import PolicyError
 from resilience.policy import DEFAULT_ATTEMPT_TIMEOUT_S, UnnamedSeconds
 
 

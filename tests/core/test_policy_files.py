@@ -6,13 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from resilience import (
-    EndpointPolicy,
-    PolicyError,
-    PolicyTable,
-    load_policy_file,
-)
+from resilience import EndpointPolicy, PolicyTable, load_policy_file
 from resilience.adapters.sglang import SGLANG_POLICIES
+from resilience.errors import PolicyError
 
 
 def test_toml_file_loads(tmp_path: Path) -> None:

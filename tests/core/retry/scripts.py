@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping
 
-from resilience import Delivery, EndpointPolicy, PolicyTable
+from resilience import EndpointPolicy, PolicyTable
+from resilience.outcome import Delivery
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 
 ENGINE = "http://127.0.0.1:1"

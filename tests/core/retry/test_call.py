@@ -17,18 +17,11 @@ import pytest
 
 import resilience
 import resilience.retry.call as call_module
-from resilience import (
-    AmbiguousOutcome,
-    CallOutcome,
-    DeadlineExceeded,
-    Delivery,
-    EndpointPolicy,
-    FakeClock,
-    PolicyTable,
-    ProbeAnswer,
-    RetryPolicy,
-)
+from resilience import AmbiguousOutcome, DeadlineExceeded, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.clock import FakeClock
 from resilience.events import CallEnded, Event, RetryScheduled
+from resilience.outcome import CallOutcome, Delivery, attempts_of
+from resilience.policy import ProbeAnswer
 from resilience.retry.call import AskProbe, Raise, Return, Send, Wait
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
@@ -264,7 +257,7 @@ def test_an_error_raised_out_of_an_attempt_carries_the_calls_record(proof: bool)
     script = _raise_after(status(502), error=error)
     with pytest.raises(_Unretried):
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), script, never_sent=lambda e: proof)
-    records = resilience.attempts_of(error)
+    records = attempts_of(error)
     assert records is not None and [(r.status, r.delivery) for r in records] == [
         (502, Delivery.RESPONDED),
         (None, Delivery.NOT_SENT if proof else Delivery.MAYBE_APPLIED),
@@ -278,7 +271,7 @@ def test_an_interrupt_gets_no_record_and_a_failing_proof_proves_nothing() -> Non
     interrupt = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), _raise_after(error=interrupt), never_sent=lambda e: True)
-    assert resilience.attempts_of(interrupt) is None
+    assert attempts_of(interrupt) is None
 
     def broken(_e: BaseException) -> bool:
         raise RuntimeError("no proof")
@@ -286,7 +279,7 @@ def test_an_interrupt_gets_no_record_and_a_failing_proof_proves_nothing() -> Non
     error = _Unretried("x")
     with pytest.raises(_Unretried):
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), _raise_after(error=error), never_sent=broken)
-    assert [r.delivery for r in resilience.attempts_of(error) or ()] == [Delivery.MAYBE_APPLIED]
+    assert [r.delivery for r in attempts_of(error) or ()] == [Delivery.MAYBE_APPLIED]
 
 
 def test_attempts_of_reads_the_error_then_its_response_and_nothing_else() -> None:
@@ -304,15 +297,15 @@ def test_attempts_of_reads_the_error_then_its_response_and_nothing_else() -> Non
         exc.__dict__.update(attrs)
         return exc
 
-    assert resilience.attempts_of(error(attempts=record)) == record
-    assert resilience.attempts_of(error(response=Response(attempts=record))) == record
-    assert resilience.attempts_of(error(response=Response(extensions={"attempts": record}))) == record
-    assert resilience.attempts_of(error(attempts=(), response=Response(attempts=record))) == record
+    assert attempts_of(error(attempts=record)) == record
+    assert attempts_of(error(response=Response(attempts=record))) == record
+    assert attempts_of(error(response=Response(extensions={"attempts": record}))) == record
+    assert attempts_of(error(attempts=(), response=Response(attempts=record))) == record
     for empty in (error(), error(attempts=()), error(attempts=3), error(attempts=("x",)), error(response=Response())):
-        assert resilience.attempts_of(empty) is None
+        assert attempts_of(empty) is None
     caused = error()
     caused.__cause__ = error(attempts=record)
-    assert resilience.attempts_of(caused) is None  # a record belongs to the error it was written on
+    assert attempts_of(caused) is None  # a record belongs to the error it was written on
 
 
 def test_the_loop_in_the_docstring_is_the_one_run_uses() -> None:

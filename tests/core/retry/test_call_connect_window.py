@@ -10,8 +10,9 @@ from collections.abc import MutableMapping
 
 import pytest
 
-from resilience import CircuitOpen, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
+from resilience import CircuitOpen, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.breaker import BreakerConfig, BreakerRegistry, BreakerState
+from resilience.clock import FakeClock
 from resilience.events import BreakerTransitioned, EngineRefused, Event
 from resilience.outcome import Delivery
 from resilience.retry.retrier import Retrier

@@ -6,9 +6,11 @@ from collections.abc import MutableMapping
 
 import pytest
 
-from resilience import AmbiguousOutcome, Delivery, EndpointPolicy, FakeClock, PolicyTable, ProbeAnswer, RetryPolicy
+from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.clock import FakeClock
 from resilience.events import Event, ProbeCompleted
-from resilience.policy import ProbeContext
+from resilience.outcome import Delivery
+from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
 

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resilience import BreakerConfig, BreakerState, CircuitOpen, Delivery, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
-from resilience.breaker import BreakerRegistry, CircuitBreaker
+from resilience import BreakerConfig, CircuitOpen, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.breaker import BreakerRegistry, BreakerState, CircuitBreaker
+from resilience.clock import FakeClock
+from resilience.outcome import Delivery
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
 

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
-from resilience import Delivery, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
+from resilience import EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
+from resilience.clock import FakeClock
 from resilience.deadline import Deadline
 from resilience.events import Event
+from resilience.outcome import Delivery
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
 

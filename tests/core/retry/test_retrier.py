@@ -20,13 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import resilience
-from resilience import Delivery, EndpointPolicy, FakeClock, ProbeAnswer, RetryPolicy
+from resilience import EndpointPolicy, RetryPolicy
 from resilience.breaker import BreakerConfig, BreakerRegistry, BreakerState
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.errors import ConfigError, DeadlineExceeded, ErrorTypes
+from resilience.clock import FakeClock
+from resilience.errors import ConfigError, DeadlineExceeded, ErrorTypes, RetryBudgetExhausted
 from resilience.events import CallEnded, Event
-from resilience.outcome import CallOutcome
+from resilience.outcome import CallOutcome, Delivery
+from resilience.policy import ProbeAnswer
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 from tests.core.retry.scripts import ENGINE, lost, refused, spec, status
@@ -349,7 +350,7 @@ def test_one_retrier_serves_threads_and_tasks_at_once() -> None:
             try:
                 retrier.run(spec(policy, "GET"), script())
                 note("ok")
-            except resilience.RetryBudgetExhausted:
+            except RetryBudgetExhausted:
                 note("budget")
 
     async def one() -> None:
@@ -362,7 +363,7 @@ def test_one_retrier_serves_threads_and_tasks_at_once() -> None:
         try:
             await retrier.arun(spec(policy, "GET"), attempt)
             note("ok")
-        except resilience.RetryBudgetExhausted:
+        except RetryBudgetExhausted:
             note("budget")
 
     async def async_worker() -> None:

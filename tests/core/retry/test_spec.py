@@ -12,7 +12,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from resilience import Deadline, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
+from resilience import Deadline, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.clock import FakeClock
 from resilience.outcome import Delivery, Outcome
 from resilience.retry.spec import CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
 
