@@ -1,10 +1,29 @@
-"""One logical call as every driver describes it: ``CallSpec``, ``AttemptResult``, and the timeout rules.
+"""What a driver tells the loop about one call and each attempt, and the two rules decided from that alone.
 
 ``CallSpec`` is what a transport knows before the first attempt;
-``AttemptResult`` is what it saw on one attempt. ``attempt_timeouts`` and
-``call_deadlines`` are the one place the timeout precedence rule lives (see
-``resilience.retry``), pure functions of the spec, the clock and any outer
-``Deadline``.
+``AttemptResult`` (built with ``responded`` when a response came back) is
+what it saw on one attempt. Three pure functions decide from them, with no
+I/O and no state, and are the only place their rules live:
+
+- **Timeouts** (one precedence rule; ``attempt_timeouts``, ``call_deadlines``):
+  each attempt's (connect, read) timeout is the matched table entry's
+  ``attempt_timeout_s`` when the entry *names* it (``EndpointPolicy.named``:
+  given in Python or in a policy file, not left at its default); else the
+  caller's own timeout (``CallSpec.request_timeout``, e.g. requests'
+  ``timeout=``; ``(None, None)`` = wait as long as it takes); else the
+  policy's ``attempt_timeout_s`` (an entry's default or the default
+  policy's). A deadline caps attempt timeouts when it was named for this
+  endpoint (an entry's ``deadline_s``), when the caller gave no timeout, or
+  when the caller set it (an outer ``Deadline``). A ``deadline_s`` nobody
+  named never shortens a timeout the caller gave: it only bounds how long
+  retries are started, and when it ends the caller gets what plain requests
+  would have given (the last response or the transport's own error).
+- **Classification** (``classify``): a 2xx or accepted status is a success; a
+  gateway status (the policy's retry statuses, or 429 with Retry-After) is
+  retryable on an idempotent endpoint (or one that retries statuses anyway),
+  else handed back; a failure before sending (``Delivery.NOT_SENT``) is
+  retryable; one that may have been applied is ambiguous; anything else is
+  fatal. What the loop does with each class is ``resilience.retry.call``'s.
 """
 
 from __future__ import annotations
@@ -17,10 +36,20 @@ from typing import Any, Generic, TypeVar
 from resilience.backoff import parse_retry_after
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline, current_deadline
-from resilience.outcome import Delivery
-from resilience.policy import EndpointMatch
+from resilience.outcome import Delivery, Outcome
+from resilience.policy import EndpointMatch, EndpointPolicy
 
-__all__ = ["AttemptResult", "CallSpec", "Timeouts", "attempt_timeouts", "call_deadlines", "responded"]
+__all__ = [
+    "RETRY_AFTER_STATUSES",
+    "AttemptResult",
+    "CallSpec",
+    "Timeouts",
+    "attempt_timeouts",
+    "call_deadlines",
+    "classify",
+    "is_success_status",
+    "responded",
+]
 
 R = TypeVar("R")
 Timeouts = tuple[float | None, float | None]
@@ -124,7 +153,43 @@ def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadlin
     if seconds is None and spec.request_timeout is not None:
         parts = [t for t in spec.request_timeout if t is not None]
         seconds = sum(parts) if parts else None
-    own = Deadline(seconds, clock=clock)._cap_own(outer_left)  # one object per deadline: a call builds these on every request
+    own = Deadline.capped(seconds, outer_left, clock=clock)  # one object per deadline: a call builds these on every request
     if spec.request_timeout is None or (match.explicit and policy.named("deadline_s")):
         return own, own
-    return Deadline(None, clock=clock)._cap_own(outer_left), own
+    return Deadline.capped(None, outer_left, clock=clock), own
+
+
+def is_success_status(policy: EndpointPolicy, status: int) -> bool:
+    """2xx, or a status the endpoint accepts (``EndpointPolicy.accept_statuses``)."""
+    return 200 <= status < 300 or status in policy.accept_statuses
+
+
+def classify(
+    policy: EndpointPolicy,
+    *,
+    status: int | None,
+    delivery: Delivery,
+    retry_after: float | None = None,
+) -> Outcome:
+    """Classify one attempt under ``policy``.
+
+    - a 2xx or accepted status: SUCCESS;
+    - a status in ``retry.statuses`` (or 429 with Retry-After, when
+      ``retry.respect_retry_after``): RETRYABLE when the endpoint is
+      idempotent or explicitly retries statuses when it is not
+      (``retry_statuses_if_not_idempotent``); otherwise FATAL (the response is
+      handed back as plain requests would);
+    - any other status: FATAL;
+    - no response and never sent: RETRYABLE when ``retry.retry_before_send``, else FATAL;
+    - no response and maybe applied: AMBIGUOUS (the loop decides by idempotency).
+    """
+    if status is not None:
+        if is_success_status(policy, status):
+            return Outcome.SUCCESS
+        gateway = status in policy.retry.statuses or (status == 429 and retry_after is not None and policy.retry.respect_retry_after)
+        if gateway and (policy.idempotent or policy.retry_statuses_if_not_idempotent):
+            return Outcome.RETRYABLE
+        return Outcome.FATAL
+    if delivery is Delivery.NOT_SENT:
+        return Outcome.RETRYABLE if policy.retry.retry_before_send else Outcome.FATAL
+    return Outcome.AMBIGUOUS

@@ -1,4 +1,7 @@
-"""Safety of the retry loop: breaker slots always come back, sent attempts stay bounded, maybe-applied calls are not re-sent."""
+"""``resilience.retry.call``: the loop's safety properties.
+
+Breaker slots always come back, sent attempts stay bounded, maybe-applied calls are not re-sent.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resilience import BreakerConfig, BreakerState, CircuitOpen, Delivery, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
-from resilience.breaker import BreakerRegistry, CircuitBreaker
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience import BreakerConfig, CircuitOpen, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.breaker import BreakerRegistry, BreakerState, CircuitBreaker
+from resilience.clock import FakeClock
+from resilience.outcome import Delivery
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 CONFIG = BreakerConfig(failure_threshold=1, open_seconds=1.0, half_open_max_calls=1)

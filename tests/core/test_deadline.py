@@ -1,4 +1,4 @@
-"""Backoff bounds, Retry-After parsing and deadlines shared through a contextvar."""
+"""``resilience.deadline``: deadlines shared through a contextvar, capped by the one in force, never negative."""
 
 from __future__ import annotations
 
@@ -6,23 +6,9 @@ import threading
 
 import pytest
 
-from resilience import Deadline, FakeClock, current_deadline
-from resilience.backoff import backoff_delay, parse_retry_after
-
-
-def test_full_jitter_bounds() -> None:
-    """Full jitter draws within [0, min(cap, base * mult**(n-1))]."""
-    assert backoff_delay(1, base_s=0.5, cap_s=10, multiplier=2, jitter=1.0, rng=lambda: 0.0) == 0.0
-    assert backoff_delay(3, base_s=0.5, cap_s=10, multiplier=2, jitter=1.0, rng=lambda: 0.999) == pytest.approx(1.998)
-    assert backoff_delay(30, base_s=0.5, cap_s=10, multiplier=2, jitter=0.0) == 10
-
-
-def test_retry_after_forms() -> None:
-    """Retry-After takes delta-seconds or an HTTP date; junk is ignored."""
-    assert parse_retry_after("3") == 3.0
-    assert parse_retry_after("nonsense") is None
-    assert parse_retry_after(None) is None
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=lambda: 1445412470.0) == pytest.approx(10.0)
+from resilience import Deadline
+from resilience.clock import FakeClock
+from resilience.deadline import current_deadline
 
 
 def test_deadline_context_caps_inner() -> None:
@@ -52,3 +38,18 @@ def test_negative_deadline_rejected() -> None:
     """A deadline cannot be negative."""
     with pytest.raises(ValueError, match="must be >= 0"):
         Deadline(-1)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "cap_s", "left"),
+    [(5.0, None, 5.0), (5.0, 2.0, 2.0), (2.0, 5.0, 2.0), (None, 3.0, 3.0), (None, None, None), (0.0, 1.0, 0.0)],
+)
+def test_capped_ends_at_the_earlier_of_its_length_and_the_cap(seconds: float | None, cap_s: float | None, left: float | None) -> None:
+    """``Deadline.capped(s, cap)`` is ``Deadline(s).cap(cap)`` in one object: the earlier end; None for both never ends."""
+    clock = FakeClock()
+    deadline = Deadline.capped(seconds, cap_s, clock=clock)
+    assert (deadline.remaining() if deadline.bounded else None) == left
+    same = Deadline(seconds, clock=clock).cap(cap_s)
+    assert deadline.expires_at == same.expires_at
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Deadline.capped(-1.0, 5.0, clock=clock)

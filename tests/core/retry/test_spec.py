@@ -1,18 +1,21 @@
-"""The pure rules of one call, driven directly: ``attempt_timeouts``, ``call_deadlines``, ``classify``, and what "named" means."""
+"""``resilience.retry.spec``: the pure rules of one call, driven directly: ``attempt_timeouts``, ``call_deadlines``, ``classify``.
+
+Each rule as a table of cases, then the properties that hold for every policy, caller timeout and cap drawn.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import pickle
-from pathlib import Path
+import math
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
-from resilience import Deadline, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy, load_policy_file
-from resilience.call import CallSpec, Timeouts, attempt_timeouts, call_deadlines
-from resilience.classification import classify
+from resilience import Deadline, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.clock import FakeClock
 from resilience.outcome import Delivery, Outcome
-from resilience.policy import DEFAULT_ATTEMPT_TIMEOUT_S, UnnamedSeconds
+from resilience.retry.spec import CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
 
 ENGINE = "http://127.0.0.1:1"
 
@@ -21,73 +24,6 @@ def spec(policy: EndpointPolicy | None, caller: Timeouts | None, method: str = "
     """A call to ``/x``: matched by an entry holding ``policy``, or by no entry (the default policy) when None."""
     table = PolicyTable() if policy is None else PolicyTable({f"{method} /x": policy})
     return CallSpec(method, f"{ENGINE}/x", table.match(method, "/x"), ENGINE, "127.0.0.1", 1, request_timeout=caller)
-
-
-# -- what "named" means ------------------------------------------------------
-
-
-def test_a_default_left_alone_is_unnamed_and_a_given_one_is_named_even_at_the_same_number() -> None:
-    """``EndpointPolicy()`` names neither time field; ``attempt_timeout_s=10`` names it, though the number is the default's."""
-    plain, given = EndpointPolicy(), EndpointPolicy(attempt_timeout_s=10.0)
-    assert plain.attempt_timeout_s == 10.0 and plain.deadline_s == 30.0
-    assert not plain.named("attempt_timeout_s") and not plain.named("deadline_s")
-    assert given.named("attempt_timeout_s") and not given.named("deadline_s")
-    assert plain != given  # they decide differently, so they are not equal
-    assert EndpointPolicy(attempt_timeout_s=None).named("attempt_timeout_s")
-
-
-def test_unnamed_survives_replace_and_pickle() -> None:
-    """``replace`` of another field and a pickle round trip keep a default unnamed (Ray ships policies by pickle)."""
-    base = EndpointPolicy(idempotent=False)
-    changed = dataclasses.replace(base, deadline_s=60)
-    assert not changed.named("attempt_timeout_s") and changed.named("deadline_s")
-    back = pickle.loads(pickle.dumps(base))
-    assert back == base and hash(back) == hash(base) and not back.named("attempt_timeout_s")
-    assert type(pickle.loads(pickle.dumps(DEFAULT_ATTEMPT_TIMEOUT_S))) is UnnamedSeconds
-
-
-def test_named_rejects_other_fields() -> None:
-    """``named`` answers only for the two time fields and says so."""
-    with pytest.raises(ValueError, match=r"EndpointPolicy\.named takes one of attempt_timeout_s, deadline_s, but was 'idempotent'"):
-        EndpointPolicy().named("idempotent")  # type: ignore[arg-type]
-
-
-def test_an_unnamed_attempt_timeout_is_capped_by_a_shorter_named_deadline_not_rejected() -> None:
-    """``deadline_s=5`` alone is valid (the unnamed 10 s attempt timeout yields); a named 10 s over it is still a mistake."""
-    assert EndpointPolicy(deadline_s=5).deadline_s == 5
-    with pytest.raises(ValueError, match=r"attempt_timeout_s must be <= deadline_s \(30.0, its default: name a longer one\)"):
-        EndpointPolicy(attempt_timeout_s=60)
-
-
-@pytest.mark.parametrize("suffix", ["toml", "yaml"])
-def test_files_and_python_agree_on_what_is_named(tmp_path: Path, suffix: str) -> None:
-    """A file entry naming only ``idempotent`` equals the Python ``EndpointPolicy(idempotent=False)``; ``[defaults]`` name."""
-    path = tmp_path / f"p.{suffix}"
-    if suffix == "toml":
-        path.write_text('[endpoints."POST /a"]\nidempotent = false\n[endpoints."POST /b"]\nattempt_timeout_s = 10\n')
-    else:
-        path.write_text("endpoints:\n  POST /a:\n    idempotent: false\n  POST /b:\n    attempt_timeout_s: 10\n")
-    table = load_policy_file(path)
-    assert table.entries["POST /a"] == EndpointPolicy(idempotent=False)
-    assert not table.entries["POST /a"].named("attempt_timeout_s")
-    assert table.entries["POST /b"] == EndpointPolicy(attempt_timeout_s=10)
-    with_defaults = tmp_path / f"d.{suffix}"
-    if suffix == "toml":
-        with_defaults.write_text('[defaults]\ndeadline_s = 60\n[endpoints."POST /a"]\nidempotent = false\n')
-    else:
-        with_defaults.write_text("defaults:\n  deadline_s: 60\nendpoints:\n  POST /a:\n    idempotent: false\n")
-    entry = load_policy_file(with_defaults).entries["POST /a"]
-    assert entry.named("deadline_s") and not entry.named("attempt_timeout_s")
-
-
-def test_an_overlay_entry_keeps_the_base_entrys_named_fields() -> None:
-    """Over a base table, a file entry that changes only ``idempotent`` keeps the base's named timeout named."""
-    from resilience.policy_files import table_from_dict
-
-    base = PolicyTable({"POST /a": EndpointPolicy(attempt_timeout_s=3), "POST /b": EndpointPolicy()})
-    table = table_from_dict({"endpoints": {"POST /a": {"idempotent": False}, "POST /b": {"idempotent": False}}}, base=base)
-    assert table.entries["POST /a"].named("attempt_timeout_s") and table.entries["POST /a"].attempt_timeout_s == 3
-    assert not table.entries["POST /b"].named("attempt_timeout_s")
 
 
 # -- attempt_timeouts ----------------------------------------------------------
@@ -204,3 +140,113 @@ def test_classify_follows_its_rules(
 ) -> None:
     """Each rule of ``classify``'s docstring, one row each: success, gateway statuses, 429, never sent, maybe applied."""
     assert classify(policy, status=status, delivery=delivery, retry_after=retry_after) is outcome
+
+
+# -- properties: what holds for every policy, caller timeout, cap and outer deadline drawn ----------
+
+SECONDS = st.sampled_from([0.5, 1.0, 2.0, 10.0, 30.0, 60.0])
+CAPS = st.sampled_from([math.inf, 0.0, 0.3, 1.0, 5.0, 100.0])
+
+
+@st.composite
+def time_policies(draw: st.DrawFn) -> EndpointPolicy | None:
+    """A table entry naming any of its two time fields (or leaving them at their defaults), or None: no entry matched."""
+    if draw(st.booleans()):
+        return None
+    kwargs: dict[str, object] = {"idempotent": draw(st.booleans())}
+    if draw(st.booleans()):
+        kwargs["attempt_timeout_s"] = draw(st.none() | SECONDS)
+    if draw(st.booleans()):
+        kwargs["deadline_s"] = draw(st.none() | SECONDS)
+    try:
+        return EndpointPolicy(**kwargs)  # type: ignore[arg-type]
+    except ValueError:  # a named attempt timeout over the deadline: not a policy anyone can build
+        assume(False)
+        raise
+
+
+CALLER_TIMEOUTS = st.none() | st.tuples(st.none() | SECONDS, st.none() | SECONDS)
+
+
+def _bound(value: float | None) -> float:
+    return math.inf if value is None else value
+
+
+@given(policy=time_policies(), caller=CALLER_TIMEOUTS, cap=CAPS)
+def test_attempt_timeouts_precedence_then_the_cap(policy: EndpointPolicy | None, caller: Timeouts | None, cap: float) -> None:
+    """Precedence picks the limit (a named entry timeout, else the caller's, else the policy's); the cap applies last, to each part."""
+    call = spec(policy, caller)
+    uncapped = attempt_timeouts(call)
+    if policy is not None and policy.named("attempt_timeout_s") and policy.attempt_timeout_s is not None:
+        assert uncapped == (policy.attempt_timeout_s, policy.attempt_timeout_s)
+    elif caller is not None:
+        assert uncapped == caller
+    capped = attempt_timeouts(call, cap)
+    for before, after in zip(uncapped, capped, strict=True):
+        expected = min(_bound(before), cap)
+        assert _bound(after) == expected and (after is None) == (expected == math.inf)
+
+
+@given(policy=time_policies(), caller=CALLER_TIMEOUTS, outer=st.none() | SECONDS)
+def test_call_deadlines_never_let_a_retry_start_after_attempts_must_stop(
+    policy: EndpointPolicy | None, caller: Timeouts | None, outer: float | None
+) -> None:
+    """The retry window ends no later than the hard deadline; an outer deadline caps both; hard and window are one unless the
+    caller's own timeout governs an unnamed ``deadline_s``; a set ``deadline_s`` bounds the window."""
+    clock = FakeClock()
+    call = spec(policy, caller)
+    if outer is None:
+        hard, window = call_deadlines(call, clock)
+    else:
+        with Deadline(outer, clock=clock):
+            hard, window = call_deadlines(call, clock)
+    assert window.remaining() <= hard.remaining()
+    if outer is not None:
+        assert hard.remaining() <= outer and window.remaining() <= outer
+    named = policy is not None and policy.named("deadline_s")
+    assert (hard is window) == (caller is None or named)
+    if hard is not window:
+        assert hard.remaining() == (math.inf if outer is None else outer)
+    deadline_s = call.match.policy.deadline_s
+    if deadline_s is not None:
+        assert window.remaining() <= deadline_s
+
+
+STATUSES = st.sampled_from([200, 204, 299, 404, 409, 429, 500, 502, 503, 504]) | st.integers(100, 599)
+
+
+@st.composite
+def class_policies(draw: st.DrawFn) -> EndpointPolicy:
+    """The fields ``classify`` reads, each drawn."""
+    return EndpointPolicy(
+        retry=RetryPolicy(
+            statuses=draw(st.frozensets(st.sampled_from([500, 502, 503, 504, 429]), min_size=1)),
+            respect_retry_after=draw(st.booleans()),
+            retry_before_send=draw(st.booleans()),
+        ),
+        idempotent=draw(st.booleans()),
+        retry_statuses_if_not_idempotent=draw(st.booleans()),
+        accept_statuses=draw(st.frozensets(st.sampled_from([404, 409, 502]))),
+    )
+
+
+@given(policy=class_policies(), status=st.none() | STATUSES, delivery=st.sampled_from(list(Delivery)), retry_after=st.none() | SECONDS)
+def test_classify_reads_a_status_before_anything_else(
+    policy: EndpointPolicy, status: int | None, delivery: Delivery, retry_after: float | None
+) -> None:
+    """A status decides alone (never ambiguous, the delivery ignored; success exactly for 2xx and accepted ones; retryable only
+    where the endpoint may re-send); without one, only the delivery and ``retry_before_send`` decide, idempotency never."""
+    outcome = classify(policy, status=status, delivery=delivery, retry_after=retry_after)
+    if status is not None:
+        assert outcome is not Outcome.AMBIGUOUS
+        assert all(classify(policy, status=status, delivery=d, retry_after=retry_after) is outcome for d in Delivery)
+        assert (outcome is Outcome.SUCCESS) == (200 <= status < 300 or status in policy.accept_statuses)
+        if outcome is Outcome.RETRYABLE:
+            assert policy.idempotent or policy.retry_statuses_if_not_idempotent
+    else:
+        flipped = dataclasses.replace(policy, idempotent=not policy.idempotent)
+        assert classify(flipped, status=None, delivery=delivery, retry_after=retry_after) is outcome
+        if delivery is Delivery.NOT_SENT:
+            assert outcome is (Outcome.RETRYABLE if policy.retry.retry_before_send else Outcome.FATAL)
+        else:
+            assert outcome is Outcome.AMBIGUOUS

@@ -1,4 +1,4 @@
-"""A gateway status on a non-idempotent entry asks its probe before anything is re-sent (the retry core, without sockets)."""
+"""``resilience.retry.call``: a gateway status on a non-idempotent entry asks its probe before anything is re-sent (no sockets)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ from collections.abc import MutableMapping
 
 import pytest
 
-from resilience import AmbiguousOutcome, Delivery, EndpointPolicy, FakeClock, PolicyTable, ProbeAnswer, RetryPolicy
+from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.clock import FakeClock
 from resilience.events import Event, ProbeCompleted
-from resilience.policy import ProbeContext
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.outcome import Delivery
+from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 FAST = RetryPolicy(max_attempts=3, base_s=0, cap_s=0)

@@ -1,24 +1,77 @@
-"""``RetryCall``: the retry loop of one logical call as a decision object, with no I/O and no sleeps.
+"""``RetryCall``: one logical call's retry loop as a decision object, with no I/O and no sleeps; the rules it applies.
 
-A driver (requests, httpx, aiohttp; sync or async) asks it what to do and
-does it::
+A driver asks it what to do and does it. ``Retrier.run`` and ``Retrier.arun``
+(``resilience.retry.retrier``) are this loop (``ask_probe`` is that module's; ``arun``
+awaits the attempt, the sleep and the probe), the sync one as written there::
 
-    step = call.next_step()                  # Send(...) or Raise(...)
+    step = call.next_step()                  # Send or Raise (after a fast-path first attempt: attempt_done)
     while True:
-        match step:
-            case Send():   step = call.attempt_done(<make the attempt, report it>)
-            case Wait():   <release step.discard>; <sleep step.delay_s>; step = call.next_step()
-            case Probe():  step = call.probe_answered(<run step.probe(step.context)>, ...)
-            case Return(): <release step.discard>; return step.response
-            case Raise():  <release step.discard>; raise step.error
+        if isinstance(step, Send):           # make attempt step.attempt with step.timeouts and step.headers
+            step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+        elif isinstance(step, Wait):         # a backoff: release the response not returned, sleep, ask again
+            if step.discard is not None:
+                discard(step.discard)
+            if step.delay_s > 0:
+                clock.sleep(step.delay_s)
+            step = call.next_step()
+        elif isinstance(step, AskProbe):     # was the ambiguous attempt applied?
+            answer = ask_probe(step.probe, step.context)
+            step = call.probe_answered(answer, on_probe_done)
+        else:                                # Return or Raise: the call is over
+            if step.discard is not None:
+                discard(step.discard)
+            if isinstance(step, Return):
+                return step.response, step.attempts
+            raise step.error
 
 and calls ``call.abandon(exc)`` when anything else ends it (an exception in
 the attempt, a cancelled task, a KeyboardInterrupt in the sleep): the call
 then ends as neutral for the breaker, its slot goes back, and nothing more is
-sent. Breakers, budgets, deadlines, probes' verdicts and events all live
-here, so every driver follows the same rules (listed in ``resilience.retry``).
-Breakers and budgets take short thread locks and never wait on I/O while
-holding one, so one ``Retrier`` is safe from threads and from asyncio tasks.
+sent. Breakers and budgets take short thread locks and never wait on I/O
+while holding one, so one ``Retrier`` is safe from threads and from asyncio
+tasks. What each attempt's timeouts are and what its result means (success,
+retryable, ambiguous, fatal) are ``resilience.retry.spec``'s rules; what the
+call does next is decided here, by these rules:
+
+- **Attempts** (``_exhausted``, ``_next_delay``, ``_announce_refusal``).
+  ``RetryPolicy.max_attempts`` bounds the attempts that may have reached the
+  server. Failures before sending (connection refused, connect timeout:
+  ``Delivery.NOT_SENT``) are retried with backoff, for any method: for
+  ``RetryPolicy.connect_window_s`` while the call has never connected, until
+  the call's deadline once it has; only a call with no deadline at all counts
+  them against ``max_attempts`` too. When the window, the deadline or the
+  retry budget ends the retries on a refusal, the caller gets the refusal
+  itself (the transport's own error, with ``.attempts``): an unreachable
+  engine reads as one, never as a timeout. A call's first refusal is logged
+  once at WARNING (``resilience.retry``) and announced as ``EngineRefused``;
+  a call refused for its whole window opens the engine's breaker at once. A
+  body that cannot be replayed (``CallSpec.replayable=False``) gets exactly
+  one attempt. Backoff is ``resilience.backoff.backoff_delay`` (or a 429/503's
+  Retry-After, capped), and each wait must fit the deadline and be paid for
+  from the engine's retry budget (``resilience.budget``).
+- **Ambiguity** (``attempt_done``, ``probe_answered``). A non-idempotent
+  attempt that may have been applied is never re-sent blindly: a table
+  entry's ``on_ambiguous`` probes or raises ``AmbiguousOutcome``; a request
+  no entry matches gets the transport's own error (a ``ReadTimeout``, say),
+  exactly as plain requests would raise it. A gateway status (the policy's
+  retry statuses) on a non-idempotent entry that has a probe asks the probe
+  too before anything is re-sent: a front end may answer 502 after handing
+  the request on. "Done" returns as applied, "not done" re-sends, "unknown"
+  does what the entry does without a probe.
+- **Breaker** (``next_step``, ``_record_breaker``). It judges logical calls,
+  not attempts: a call whose failures the retries absorbed counts as a
+  success, so a flaky gateway in front of a healthy engine never opens it,
+  while a dead engine does. Every attempt is admitted
+  (``CircuitBreaker.admit``): a call that keeps retrying after the breaker
+  went half-open needs a probe slot like any new call, and every exit (a
+  verdict, a 4xx, an exception anywhere, KeyboardInterrupt in a backoff
+  sleep, a cancelled task) gives the breaker its verdict or its slot back.
+- **Errors** (``_fail``, ``_give_back``). The loop's own errors are the
+  classes of the ``Retrier``'s ``ErrorTypes``: subclasses of
+  ``resilience.errors``' classes that are also the transport's own exception
+  types (the httpx driver's ``DeadlineExceeded`` is an
+  ``httpx.TimeoutException``). Every error carries the call's record as
+  ``.attempts`` (``resilience.outcome.attempts_of``).
 """
 
 from __future__ import annotations
@@ -33,8 +86,6 @@ from resilience import _config
 from resilience.backoff import backoff_delay
 from resilience.breaker import CircuitBreaker, Permit
 from resilience.budget import RetryBudget
-from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines
-from resilience.classification import classify
 from resilience.clock import Clock
 from resilience.deadline import Deadline
 from resilience.errors import ErrorTypes, ResilienceError
@@ -53,8 +104,9 @@ from resilience.events import (
 )
 from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
 from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
 
-__all__ = ["Decision", "Probe", "Raise", "RetryCall", "Return", "Send", "Step", "Wait"]
+__all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Wait"]
 
 R = TypeVar("R")
 _call_ids = itertools.count(1)
@@ -80,7 +132,7 @@ class Wait(Generic[R]):
 
 
 @dataclass(frozen=True, slots=True)
-class Probe:
+class AskProbe:
     """Ask ``probe(context)`` whether the ambiguous attempt was applied, then report with ``probe_answered``."""
 
     probe: Callable[[ProbeContext], Any]
@@ -105,9 +157,9 @@ class Raise(Generic[R]):
     discard: R | None = None
 
 
-Decision = Wait[R] | Probe | Return[R] | Raise[R]
+Decision = Wait[R] | AskProbe | Return[R] | Raise[R]
 """What ``attempt_done`` and ``probe_answered`` answer."""
-Step = Send | Raise[R]
+NextStep = Send | Raise[R]
 """What ``next_step`` answers."""
 
 
@@ -190,7 +242,7 @@ class RetryCall(Generic[R]):
 
     # -- the steps -------------------------------------------------------
 
-    def next_step(self) -> Step[R]:
+    def next_step(self) -> NextStep[R]:
         """Before each attempt: time left and the breaker's admission, then the attempt's timeouts and headers."""
         spec = self.spec
         if self.hard.remaining() <= 0:
@@ -267,7 +319,7 @@ class RetryCall(Generic[R]):
             return self._succeed(result.response)
         gateway_probe = _gateway_probe(spec, result)
         if gateway_probe is not None:  # a gateway status on a non-idempotent endpoint: the front end may have handed it on first
-            return Probe(gateway_probe, self._probe_context(result))
+            return AskProbe(gateway_probe, self._probe_context(result))
         if outcome is Outcome.FATAL:
             return self._give_back(result, CallOutcome.FAILED)
         if outcome is Outcome.AMBIGUOUS and not spec.match.policy.idempotent:
@@ -276,7 +328,7 @@ class RetryCall(Generic[R]):
                 if not spec.match.explicit:
                     return self._give_back(result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
                 return self._ambiguous(_reason(result))
-            return Probe(probe, self._probe_context(result))
+            return AskProbe(probe, self._probe_context(result))
         return self._retry_or_end(_reason(result))
 
     def _probe_context(self, result: AttemptResult[R]) -> ProbeContext:

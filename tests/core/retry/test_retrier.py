@@ -1,4 +1,4 @@
-"""The sans-IO core: ``RetryCall`` decisions, ``Retrier.arun`` against ``Retrier.run``, cancellation, error classes.
+"""``resilience.retry.retrier``: ``Retrier.run`` and ``Retrier.arun`` drive one ``RetryCall`` alike; cancellation, probes, error classes.
 
 No sockets: scripted transports and a fake clock. The parity property is the
 claim that matters: for any script of what the transport saw, under any of
@@ -20,100 +20,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import resilience
-from resilience import Delivery, EndpointPolicy, FakeClock, PolicyTable, ProbeAnswer, RetryPolicy
+from resilience import EndpointPolicy, RetryPolicy
 from resilience.breaker import BreakerConfig, BreakerRegistry, BreakerState
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.errors import ConfigError, DeadlineExceeded, ErrorTypes
+from resilience.clock import FakeClock
+from resilience.errors import ConfigError, DeadlineExceeded, ErrorTypes, RetryBudgetExhausted
 from resilience.events import CallEnded, Event
-from resilience.outcome import CallOutcome
-from resilience.retry import AttemptResult, CallSpec, Retrier
-from resilience.retry_call import Probe, Raise, Return, Send, Wait
-
-ENGINE = "http://127.0.0.1:1"
-Timeouts = tuple[float | None, float | None]
-
-
-def spec(policy: EndpointPolicy, method: str = "POST", *, explicit: bool = True) -> CallSpec:
-    table = PolicyTable({f"{method} /x": policy}) if explicit else PolicyTable(default=lambda _method: policy)
-    return CallSpec(method, f"{ENGINE}/x", table.match(method, "/x"), ENGINE, "127.0.0.1", 1)
-
-
-def status(code: int, retry_after: float | None = None) -> AttemptResult[str]:
-    return AttemptResult(response=f"resp{code}", status=code, retry_after=retry_after)
-
-
-def refused() -> AttemptResult[str]:
-    return AttemptResult(error=ConnectionRefusedError("refused"), delivery=Delivery.NOT_SENT, error_kind="connect_error")
-
-
-def lost() -> AttemptResult[str]:
-    return AttemptResult(error=TimeoutError("read"), delivery=Delivery.MAYBE_APPLIED, error_kind="read_timeout")
-
-
-# -- the decision object, step by step ----------------------------------------
-
-
-def test_retry_call_decides_without_io() -> None:
-    """502 then 200: Send, Wait (with the 502 to release), Send, Return; the sleep is the driver's to do."""
-    clock = FakeClock()
-    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=0.5, cap_s=1, jitter=0), deadline_s=30, attempt_timeout_s=5)
-    call = Retrier(clock=clock).begin(spec(policy))
-    first = call.next_step()
-    assert isinstance(first, Send) and first.attempt == 0 and first.timeouts == (5, 5)
-    wait = call.attempt_done(status(502))
-    assert isinstance(wait, Wait) and wait.discard == "resp502" and wait.delay_s == pytest.approx(0.5)
-    assert clock.sleeps == []  # the core never sleeps
-    second = call.next_step()
-    assert isinstance(second, Send) and second.attempt == 1
-    done = call.attempt_done(status(200))
-    assert isinstance(done, Return) and done.response == "resp200" and [a.status for a in done.attempts] == [502, 200]
-    assert call.ended
-
-
-def test_retry_call_asks_the_probe_and_takes_its_answer() -> None:
-    """A lost non-idempotent attempt with a probe: Probe, then "not done" allows one more Send."""
-    policy = EndpointPolicy(idempotent=False, on_ambiguous=lambda ctx: ProbeAnswer.NOT_DONE, retry=RetryPolicy(base_s=0, cap_s=0))
-    call = Retrier(clock=FakeClock()).begin(spec(policy))
-    call.next_step()
-    probe = call.attempt_done(lost())
-    assert isinstance(probe, Probe) and probe.context.endpoint == "POST /x" and probe.context.attempt == 0
-    assert isinstance(call.probe_answered(probe.probe(probe.context)), Wait)
-    call.next_step()
-    probe = call.attempt_done(lost())
-    assert isinstance(probe, Probe)
-    end = call.probe_answered("not an answer")
-    assert isinstance(end, Raise) and isinstance(end.error, resilience.AmbiguousOutcome)
-
-
-@pytest.mark.parametrize("first", ["refused", "502"])
-def test_a_backoff_that_oversleeps_the_deadline_ends_as_a_wait_that_did_not_fit(first: str) -> None:
-    """A busy machine sleeps past the deadline: a refusal still ends as the transport's own error with its attempts,
-    a 502 as DeadlineExceeded, the same endings as when the next wait does not fit (CI once saw a refusal end as
-    "deadline exceeded before attempt")."""
-    clock = FakeClock()
-    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.1), attempt_timeout_s=1.0, deadline_s=1.0)
-    call = Retrier(clock=clock).begin(spec(policy, "GET"))
-    assert isinstance(call.next_step(), Send)
-    first_result = refused() if first == "refused" else status(502)
-    wait = call.attempt_done(first_result)
-    assert isinstance(wait, Wait) and 0 < wait.delay_s < 1.0
-    clock.advance(1.5)  # the backoff sleep ran past the deadline
-    end = call.next_step()
-    assert isinstance(end, Raise) and call.ended
-    if first == "refused":
-        assert end.error is first_result.error and len(end.error.attempts) == 1  # type: ignore[attr-defined]
-    else:
-        assert isinstance(end.error, DeadlineExceeded) and "before attempt" in str(end.error)
-
-
-def test_attempt_done_without_a_send_is_refused() -> None:
-    call = Retrier(clock=FakeClock()).begin(spec(EndpointPolicy()))
-    with pytest.raises(RuntimeError, match="without a Send"):
-        call.attempt_done(status(200))
-
-
-# -- run and arun are the same loop -------------------------------------------
+from resilience.outcome import CallOutcome, Delivery
+from resilience.policy import ProbeAnswer
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
+from tests.core.retry.scripts import ENGINE, lost, refused, spec, status
 
 RESULTS = {
     "200": lambda: status(200),
@@ -248,7 +165,11 @@ def _done_probe(ctx: Any) -> str:
 
 
 _FAST = RetryPolicy(max_attempts=5, base_s=0, cap_s=0)
+
+
 _SLOW = RetryPolicy(base_s=1, cap_s=1, jitter=0)
+
+
 SEEDS: list[tuple[str, Scenario]] = [
     ("confirmed", (EndpointPolicy(idempotent=False, on_ambiguous=_done_probe), True, "POST", ["lost"], True)),
     ("RetryBudgetExhausted", (EndpointPolicy(retry=_FAST, deadline_s=30), True, "GET", ["502"] * 5, False)),
@@ -301,8 +222,6 @@ def test_arun_decides_exactly_as_run() -> None:
     assert expected <= set(endings), f"endings never drawn: {sorted(expected - set(endings))} (drawn: {dict(endings)})"
     assert sum(endings.values()) > 50, dict(endings)
 
-
-# -- cancellation and interrupts ----------------------------------------------
 
 GATEWAY_POLICY = EndpointPolicy(retry=RetryPolicy(max_attempts=5, base_s=10, cap_s=10, jitter=0), deadline_s=120)
 
@@ -384,9 +303,6 @@ async def test_async_probe_is_awaited_and_sync_probe_runs_off_the_loop() -> None
     assert threads and loop_thread not in threads
 
 
-# -- error classes --------------------------------------------------------------
-
-
 class FancyDeadline(DeadlineExceeded):
     """A driver's own deadline error (say, also an httpx.TimeoutException)."""
 
@@ -400,9 +316,6 @@ def test_error_types_are_the_drivers_subclasses() -> None:
     assert info.value.endpoint == "GET /x" and len(info.value.attempts) >= 1
     with pytest.raises(ConfigError, match=r"ErrorTypes.circuit_open must be a subclass of CircuitOpen"):
         ErrorTypes(circuit_open=FancyDeadline)  # type: ignore[arg-type]
-
-
-# -- one Retrier from threads and tasks at once ---------------------------------
 
 
 def test_one_retrier_serves_threads_and_tasks_at_once() -> None:
@@ -437,7 +350,7 @@ def test_one_retrier_serves_threads_and_tasks_at_once() -> None:
             try:
                 retrier.run(spec(policy, "GET"), script())
                 note("ok")
-            except resilience.RetryBudgetExhausted:
+            except RetryBudgetExhausted:
                 note("budget")
 
     async def one() -> None:
@@ -450,7 +363,7 @@ def test_one_retrier_serves_threads_and_tasks_at_once() -> None:
         try:
             await retrier.arun(spec(policy, "GET"), attempt)
             note("ok")
-        except resilience.RetryBudgetExhausted:
+        except RetryBudgetExhausted:
             note("budget")
 
     async def async_worker() -> None:

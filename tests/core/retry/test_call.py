@@ -1,48 +1,90 @@
-"""The retry loop without sockets: a scripted transport, a fake clock and recorded sleeps."""
+"""``resilience.retry.call``: ``RetryCall``'s decisions and the rules written beside them.
+
+No sockets: scripted attempt results (``tests/core/retry/scripts.py``) and a
+fake clock. First the decision object stepped by hand, then the rules on
+attempts, deadlines, ambiguity and errors driven through ``Retrier.run`` (the
+driver adds nothing to them: ``test_retrier.py`` proves ``arun`` decides
+alike). The connect window, the gateway probe and the breaker's slots have
+files of their own (``test_call_*.py``).
+"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, MutableMapping
 
 import pytest
 
 import resilience
-from resilience import (
-    AmbiguousOutcome,
-    CallOutcome,
-    DeadlineExceeded,
-    Delivery,
-    EndpointPolicy,
-    FakeClock,
-    PolicyTable,
-    ProbeAnswer,
-    RetryPolicy,
-)
+import resilience.retry.call as call_module
+from resilience import AmbiguousOutcome, DeadlineExceeded, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.clock import FakeClock
 from resilience.events import CallEnded, Event, RetryScheduled
-from resilience.retry import AttemptResult, CallSpec, Retrier
-
-ENGINE = "http://127.0.0.1:1"
-
-
-def spec(policy: EndpointPolicy, method: str = "POST") -> CallSpec:
-    match = PolicyTable({f"{method} /x": policy}).match(method, "/x")
-    return CallSpec(method, f"{ENGINE}/x", match, ENGINE, "127.0.0.1", 1)
+from resilience.outcome import CallOutcome, Delivery, attempts_of
+from resilience.policy import ProbeAnswer
+from resilience.retry.call import AskProbe, Raise, Return, Send, Wait
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
+from tests.core.retry.scripts import ENGINE, Script, lost, refused, spec, status
 
 
-class Script:
-    """Plays AttemptResults in order and records the timeouts it was given."""
+def test_retry_call_decides_without_io() -> None:
+    """502 then 200: Send, Wait (with the 502 to release), Send, Return; the sleep is the driver's to do."""
+    clock = FakeClock()
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=0.5, cap_s=1, jitter=0), deadline_s=30, attempt_timeout_s=5)
+    call = Retrier(clock=clock).begin(spec(policy))
+    first = call.next_step()
+    assert isinstance(first, Send) and first.attempt == 0 and first.timeouts == (5, 5)
+    wait = call.attempt_done(status(502))
+    assert isinstance(wait, Wait) and wait.discard == "resp502" and wait.delay_s == pytest.approx(0.5)
+    assert clock.sleeps == []  # the core never sleeps
+    second = call.next_step()
+    assert isinstance(second, Send) and second.attempt == 1
+    done = call.attempt_done(status(200))
+    assert isinstance(done, Return) and done.response == "resp200" and [a.status for a in done.attempts] == [502, 200]
+    assert call.ended
 
-    def __init__(self, *results: AttemptResult[str]) -> None:
-        self.results = list(results)
-        self.timeouts: list[tuple[float | None, float | None]] = []
 
-    def __call__(self, n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[str]:
-        self.timeouts.append(timeouts)
-        return self.results.pop(0)
+def test_retry_call_asks_the_probe_and_takes_its_answer() -> None:
+    """A lost non-idempotent attempt with a probe: AskProbe, then "not done" allows one more Send."""
+    policy = EndpointPolicy(idempotent=False, on_ambiguous=lambda ctx: ProbeAnswer.NOT_DONE, retry=RetryPolicy(base_s=0, cap_s=0))
+    call = Retrier(clock=FakeClock()).begin(spec(policy))
+    call.next_step()
+    probe = call.attempt_done(lost())
+    assert isinstance(probe, AskProbe) and probe.context.endpoint == "POST /x" and probe.context.attempt == 0
+    assert isinstance(call.probe_answered(probe.probe(probe.context)), Wait)
+    call.next_step()
+    probe = call.attempt_done(lost())
+    assert isinstance(probe, AskProbe)
+    end = call.probe_answered("not an answer")
+    assert isinstance(end, Raise) and isinstance(end.error, resilience.AmbiguousOutcome)
 
 
-def status(code: int, retry_after: float | None = None) -> AttemptResult[str]:
-    return AttemptResult(response=f"resp{code}", status=code, retry_after=retry_after)
+@pytest.mark.parametrize("first", ["refused", "502"])
+def test_a_backoff_that_oversleeps_the_deadline_ends_as_a_wait_that_did_not_fit(first: str) -> None:
+    """A busy machine sleeps past the deadline: a refusal still ends as the transport's own error with its attempts,
+    a 502 as DeadlineExceeded, the same endings as when the next wait does not fit (CI once saw a refusal end as
+    "deadline exceeded before attempt")."""
+    clock = FakeClock()
+    policy = EndpointPolicy(retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.1), attempt_timeout_s=1.0, deadline_s=1.0)
+    call = Retrier(clock=clock).begin(spec(policy, "GET"))
+    assert isinstance(call.next_step(), Send)
+    first_result = refused() if first == "refused" else status(502)
+    wait = call.attempt_done(first_result)
+    assert isinstance(wait, Wait) and 0 < wait.delay_s < 1.0
+    clock.advance(1.5)  # the backoff sleep ran past the deadline
+    end = call.next_step()
+    assert isinstance(end, Raise) and call.ended
+    if first == "refused":
+        assert end.error is first_result.error and len(end.error.attempts) == 1  # type: ignore[attr-defined]
+    else:
+        assert isinstance(end.error, DeadlineExceeded) and "before attempt" in str(end.error)
+
+
+def test_attempt_done_without_a_send_is_refused() -> None:
+    call = Retrier(clock=FakeClock()).begin(spec(EndpointPolicy()))
+    with pytest.raises(RuntimeError, match="without a Send"):
+        call.attempt_done(status(200))
 
 
 def test_502_502_200_sleeps_within_backoff_bounds() -> None:
@@ -123,10 +165,6 @@ def test_last_transport_error_is_reraised_with_attempts() -> None:
     with pytest.raises(ConnectionResetError) as info:
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), Script(fail, fail))
     assert len(info.value.attempts) == 2  # type: ignore[attr-defined]
-
-
-def refused() -> AttemptResult[str]:
-    return AttemptResult(error=ConnectionRefusedError("refused"), delivery=Delivery.NOT_SENT, error_kind="connect_error")
 
 
 def test_failures_before_sending_retried_until_the_deadline_not_max_attempts() -> None:
@@ -219,7 +257,7 @@ def test_an_error_raised_out_of_an_attempt_carries_the_calls_record(proof: bool)
     script = _raise_after(status(502), error=error)
     with pytest.raises(_Unretried):
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), script, never_sent=lambda e: proof)
-    records = resilience.attempts_of(error)
+    records = attempts_of(error)
     assert records is not None and [(r.status, r.delivery) for r in records] == [
         (502, Delivery.RESPONDED),
         (None, Delivery.NOT_SENT if proof else Delivery.MAYBE_APPLIED),
@@ -233,7 +271,7 @@ def test_an_interrupt_gets_no_record_and_a_failing_proof_proves_nothing() -> Non
     interrupt = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), _raise_after(error=interrupt), never_sent=lambda e: True)
-    assert resilience.attempts_of(interrupt) is None
+    assert attempts_of(interrupt) is None
 
     def broken(_e: BaseException) -> bool:
         raise RuntimeError("no proof")
@@ -241,7 +279,7 @@ def test_an_interrupt_gets_no_record_and_a_failing_proof_proves_nothing() -> Non
     error = _Unretried("x")
     with pytest.raises(_Unretried):
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), _raise_after(error=error), never_sent=broken)
-    assert [r.delivery for r in resilience.attempts_of(error) or ()] == [Delivery.MAYBE_APPLIED]
+    assert [r.delivery for r in attempts_of(error) or ()] == [Delivery.MAYBE_APPLIED]
 
 
 def test_attempts_of_reads_the_error_then_its_response_and_nothing_else() -> None:
@@ -259,12 +297,26 @@ def test_attempts_of_reads_the_error_then_its_response_and_nothing_else() -> Non
         exc.__dict__.update(attrs)
         return exc
 
-    assert resilience.attempts_of(error(attempts=record)) == record
-    assert resilience.attempts_of(error(response=Response(attempts=record))) == record
-    assert resilience.attempts_of(error(response=Response(extensions={"attempts": record}))) == record
-    assert resilience.attempts_of(error(attempts=(), response=Response(attempts=record))) == record
+    assert attempts_of(error(attempts=record)) == record
+    assert attempts_of(error(response=Response(attempts=record))) == record
+    assert attempts_of(error(response=Response(extensions={"attempts": record}))) == record
+    assert attempts_of(error(attempts=(), response=Response(attempts=record))) == record
     for empty in (error(), error(attempts=()), error(attempts=3), error(attempts=("x",)), error(response=Response())):
-        assert resilience.attempts_of(empty) is None
+        assert attempts_of(empty) is None
     caused = error()
     caused.__cause__ = error(attempts=record)
-    assert resilience.attempts_of(caused) is None  # a record belongs to the error it was written on
+    assert attempts_of(caused) is None  # a record belongs to the error it was written on
+
+
+def test_the_loop_in_the_docstring_is_the_one_run_uses() -> None:
+    """``resilience.retry.call``'s docstring shows ``Retrier.run``'s loop: each of its code lines is a line of ``run``, in order."""
+    doc = call_module.__doc__ or ""
+    block = doc.split("::\n", 1)[1].split("\n\n", 1)[0]
+    shown = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    shown = [line.replace("clock.sleep", "self.clock.sleep") for line in shown if line]
+    assert len(shown) > 10, shown
+    body = [line.strip() for line in inspect.getsource(Retrier.run).splitlines()]
+    at = 0
+    for line in shown[1:]:  # the first line starts the call (run may begin on the fast path: attempt_done)
+        assert line in body[at:], f"{line!r} is not in Retrier.run (after line {at})"
+        at = body.index(line, at) + 1

@@ -1,62 +1,15 @@
-"""The retry loop of one logical call, independent of any transport.
+"""``Retrier``: runs one logical call's ``RetryCall`` with real I/O, sync (``run``) or async (``arun``).
 
-Outermost first: deadline -> breaker check -> attempt (with its own
-timeout) -> classify -> budget check -> backoff -> next attempt. Each arrow is
-one named step of ``RetryCall`` (``resilience.retry_call``), a decision
-object that does no I/O and never sleeps: it answers "send attempt n with
-these timeouts and headers", "wait d seconds", "ask the probe", "return this
-response" or "raise this error". ``Retrier.run`` drives it with blocking
-calls (the requests and sync httpx drivers), ``Retrier.arun`` with
-coroutines (httpx async, aiohttp); a driver supplies one function that makes
-a single attempt and reports what it saw. Everything else is decided in the
-core, without sockets, on an injectable clock and random source.
-
-The rules every driver gets:
-
-- **Attempts.** ``RetryPolicy.max_attempts`` bounds the attempts that may have
-  reached the server. Failures before sending (connection refused, connect
-  timeout: ``Delivery.NOT_SENT``) are retried with backoff, for any method:
-  for ``RetryPolicy.connect_window_s`` while the call has never connected,
-  until the call's deadline once it has; only a call with no deadline at all
-  counts them against ``max_attempts`` too. When the window, the deadline or
-  the retry budget ends the retries on a refusal, the caller gets the
-  refusal itself (the transport's own error, with ``.attempts``): an
-  unreachable engine reads as one, never as a timeout. A call's first
-  refusal is logged once at WARNING (``resilience.retry``) and announced as
-  ``EngineRefused``; a call refused for its whole window opens the engine's
-  breaker at once. A body that cannot be replayed
-  (``CallSpec.replayable=False``) gets exactly one attempt.
-- **Timeouts** (one precedence rule): each attempt's (connect, read) timeout is
-  the matched table entry's ``attempt_timeout_s`` when the entry *names* it
-  (``EndpointPolicy.named``: given in Python or in a policy file, not left at
-  its default); else the caller's own timeout (``CallSpec.request_timeout``,
-  e.g. requests' ``timeout=``; ``(None, None)`` = wait as long as it takes);
-  else the policy's ``attempt_timeout_s`` (an entry's default or the default
-  policy's). A deadline caps attempt timeouts when it was named for this
-  endpoint (an entry's ``deadline_s``), when the caller gave no timeout, or
-  when the caller set it (an outer ``Deadline``). A ``deadline_s`` nobody
-  named never shortens a timeout the caller gave: it only bounds how long
-  retries are started, and when it ends the caller gets what plain requests
-  would have given (the last response or the transport's own error).
-- **Ambiguity.** A non-idempotent attempt that may have been applied is never
-  re-sent blindly: a table entry's ``on_ambiguous`` probes or raises
-  ``AmbiguousOutcome``; a request no entry matches gets the transport's own
-  error (a ``ReadTimeout``, say), exactly as plain requests would raise it.
-  A gateway status (the policy's retry statuses) on a non-idempotent entry
-  that has a probe asks the probe too before anything is re-sent: a front end
-  may answer 502 after handing the request on. "Done" returns as applied,
-  "not done" re-sends, "unknown" does what the entry does without a probe.
-- **Breaker.** It judges logical calls, not attempts: a call whose failures
-  the retries absorbed counts as a success, so a flaky gateway in front of a
-  healthy engine never opens it, while a dead engine does. Every attempt is
-  admitted (``CircuitBreaker.admit``): a call that keeps retrying after the
-  breaker went half-open needs a probe slot like any new call, and every exit
-  (a verdict, a 4xx, an exception anywhere, KeyboardInterrupt in a backoff
-  sleep, a cancelled task) gives the breaker its verdict or its slot back.
-- **Errors.** The loop's own errors are the classes of the ``Retrier``'s
-  ``ErrorTypes``: subclasses of ``resilience.errors``' classes that are also
-  the transport's own exception types (the httpx driver's
-  ``DeadlineExceeded`` is an ``httpx.TimeoutException``).
+The ``Retrier`` holds what calls share (breakers and budgets per engine,
+observers, the clock, the random source, the error classes); each call is a
+``RetryCall`` (``resilience.retry.call``: the decisions and their rules) that
+this module drives, with blocking calls (the requests and sync httpx
+drivers) or coroutines (httpx async, aiohttp). A driver supplies one function
+that makes a single attempt and reports what it saw (an ``AttemptResult``,
+``resilience.retry.spec``); everything else is decided in the core, without
+sockets, on an injectable clock and random source. A call nobody observes
+starts on the success fast path (``resilience.retry.first_attempt``), which
+hands anything but a first-attempt success to the ``RetryCall``.
 """
 
 from __future__ import annotations
@@ -69,16 +22,16 @@ from typing import Any, TypeVar
 
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
-from resilience.first_attempt import NO_HEADERS, FirstAttempt
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
-from resilience.retry_call import Probe, Raise, RetryCall, Return, Send, Wait
+from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
+from resilience.retry.first_attempt import NO_HEADERS, FirstAttempt
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 
-__all__ = ["AsyncAttempt", "Attempt", "AttemptResult", "CallSpec", "Retrier", "attempt_timeouts", "call_deadlines"]
+__all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
 
 R = TypeVar("R")
 Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], AttemptResult[R]]
@@ -141,7 +94,7 @@ class Retrier:
         )
 
     def begin(self, spec: CallSpec) -> RetryCall[Any]:
-        """The sans-IO decision object for one call (``resilience.retry_call``); ``run`` and ``arun`` drive it."""
+        """The sans-IO decision object for one call (``resilience.retry.call``); ``run`` and ``arun`` drive it."""
         return RetryCall.begin(
             spec,
             breaker=self.breakers.get(spec.engine) if self.breakers is not None else None,
@@ -153,7 +106,7 @@ class Retrier:
         )
 
     def _first(self, spec: CallSpec) -> FirstAttempt[Any]:
-        """The fast path's start of a call nobody observes (``resilience.first_attempt``)."""
+        """The fast path's start of a call nobody observes (``resilience.retry.first_attempt``)."""
         return FirstAttempt(
             spec,
             self.breakers.get(spec.engine) if self.breakers is not None else None,
@@ -189,7 +142,7 @@ class Retrier:
         result: AttemptResult[R] | None = None
         if self.observers:
             call = self.begin(spec)
-        else:  # nobody observes: the first attempt without a RetryCall (resilience.first_attempt)
+        else:  # nobody observes: the first attempt without a RetryCall (resilience.retry.first_attempt)
             first: FirstAttempt[R] = self._first(spec)
             if first.timeouts is not None:
                 try:
@@ -202,7 +155,7 @@ class Retrier:
                     return done
             call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
         try:
-            step: Send | Wait[R] | Probe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
+            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
             while True:
                 if isinstance(step, Send):
                     step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
@@ -212,8 +165,8 @@ class Retrier:
                     if step.delay_s > 0:
                         self.clock.sleep(step.delay_s)
                     step = call.next_step()
-                elif isinstance(step, Probe):
-                    answer = _ask_probe(step.probe, step.context)
+                elif isinstance(step, AskProbe):
+                    answer = ask_probe(step.probe, step.context)
                     step = call.probe_answered(answer, on_probe_done)
                 else:
                     if step.discard is not None:
@@ -246,7 +199,7 @@ class Retrier:
         result: AttemptResult[R] | None = None
         if self.observers:
             call = self.begin(spec)
-        else:  # nobody observes: the first attempt without a RetryCall (resilience.first_attempt)
+        else:  # nobody observes: the first attempt without a RetryCall (resilience.retry.first_attempt)
             first: FirstAttempt[R] = self._first(spec)
             if first.timeouts is not None:
                 try:
@@ -259,7 +212,7 @@ class Retrier:
                     return done
             call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
         try:
-            step: Send | Wait[R] | Probe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
+            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
             while True:
                 if isinstance(step, Send):
                     step = call.attempt_done(await attempt(step.attempt, step.timeouts, step.headers))
@@ -269,8 +222,8 @@ class Retrier:
                     if step.delay_s > 0:
                         await asleep(step.delay_s)
                     step = call.next_step()
-                elif isinstance(step, Probe):
-                    answer = await _ask_probe_async(step.probe, step.context)
+                elif isinstance(step, AskProbe):
+                    answer = await ask_probe_async(step.probe, step.context)
                     step = call.probe_answered(answer, on_probe_done)
                 else:
                     if step.discard is not None:
@@ -303,8 +256,11 @@ def _abandon(call: RetryCall[Any], exc: BaseException, never_sent: Callable[[Bas
             pass
 
 
-def _ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
-    """The probe's answer; a probe that fails (or answers with an awaitable here) cannot tell: unknown."""
+def ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
+    """Ask ``probe`` from blocking code (``run``, the ledger): its answer, for ``RetryCall.probe_answered``.
+
+    A probe that fails (or answers with an awaitable here) cannot tell: unknown (None).
+    """
     try:
         answer = probe(context)
     except Exception:
@@ -316,8 +272,11 @@ def _ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> o
     return answer
 
 
-async def _ask_probe_async(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
-    """The probe's answer on an event loop: a coroutine probe awaited, a sync one in a worker thread; a failing one: unknown."""
+async def ask_probe_async(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
+    """``ask_probe`` on an event loop (``arun``, the ledger): a coroutine probe awaited, a sync one in a worker thread.
+
+    A probe that fails cannot tell: unknown (None).
+    """
     try:
         if inspect.iscoroutinefunction(probe):
             return await probe(context)

@@ -12,7 +12,7 @@ would have. Anything else (no time left, a breaker that is not closed, a
 failed attempt, an exception out of the attempt) hands the call to a
 ``RetryCall`` built from this state (``take_over``), which decides from there
 as if it had run from the start: one set of rules, the fast path only skips
-work. ``tests/core/test_first_attempt.py`` proves the records, errors and
+work. ``tests/core/retry/test_first_attempt.py`` proves the records, errors and
 breaker verdicts are the same either way.
 """
 
@@ -22,14 +22,13 @@ from typing import Any, Generic, TypeVar
 
 from resilience.breaker import CircuitBreaker, Permit
 from resilience.budget import RetryBudget
-from resilience.call import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines
-from resilience.classification import classify
 from resilience.clock import Clock
 from resilience.errors import ErrorTypes
 from resilience.outcome import AttemptRecord, Outcome
-from resilience.retry_call import RetryCall
+from resilience.retry.call import RetryCall
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
 
-__all__ = ["FirstAttempt"]
+__all__ = ["NO_HEADERS", "FirstAttempt"]
 
 R = TypeVar("R")
 NO_HEADERS: dict[str, str] = {}

@@ -1,4 +1,7 @@
-"""A call that never connects: retried for ``connect_window_s``, then the refusal itself, one warning, and an open breaker."""
+"""``resilience.retry.call``: a call that never connects.
+
+It is retried for ``connect_window_s``, then ends with the refusal itself, one warning, and an open breaker.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,13 @@ from collections.abc import MutableMapping
 
 import pytest
 
-from resilience import CircuitOpen, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
+from resilience import CircuitOpen, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.breaker import BreakerConfig, BreakerRegistry, BreakerState
+from resilience.clock import FakeClock
 from resilience.events import BreakerTransitioned, EngineRefused, Event
 from resilience.outcome import Delivery
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 FAST = RetryPolicy(max_attempts=4, base_s=0.5, cap_s=0.5, jitter=0, connect_window_s=2.0)

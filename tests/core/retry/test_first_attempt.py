@@ -1,4 +1,4 @@
-"""The success fast path (``resilience.first_attempt``) decides exactly as the ``RetryCall`` does.
+"""The success fast path (``resilience.retry.first_attempt``) decides exactly as the ``RetryCall`` does.
 
 A ``Retrier`` with no observers starts every call on the fast path; one with
 an observer runs the ``RetryCall`` from the start. Each scenario runs both
@@ -17,12 +17,15 @@ from typing import Any
 
 import pytest
 
-from resilience import Delivery, EndpointPolicy, FakeClock, PolicyTable, RetryPolicy
+from resilience import EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
+from resilience.clock import FakeClock
 from resilience.deadline import Deadline
 from resilience.events import Event
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.outcome import Delivery
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 QUICK = RetryPolicy(max_attempts=3, base_s=0.01, cap_s=0.02, jitter=0)
@@ -166,7 +169,7 @@ def test_a_spent_outer_deadline_fails_alike_before_any_attempt(mode: str) -> Non
 
 def test_the_fast_path_is_taken_only_without_observers(monkeypatch: pytest.MonkeyPatch) -> None:
     """With an observer every call builds its RetryCall from the start (events need it); without, a success builds none."""
-    import resilience.retry_call as retry_call
+    import resilience.retry.call as retry_call
 
     built: list[object] = []
     original: Callable[..., Any] = retry_call.RetryCall.__init__
