@@ -24,8 +24,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from resilience.adapters.sglang import SGLANG_POLICIES
-from resilience.adapters.sglang_policies import SGLANG_OPEN_PREFIXES
+from resilience.adapters.sglang import SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
 from resilience.cli.common import CliError, plural
 from resilience.cli.render import describe_policy, make_console, rich_table
 

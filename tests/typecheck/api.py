@@ -48,8 +48,12 @@ with resilience.set_testing(False) as mode:
 
 # Memory probes: the protocol, the two shipped probes, and the tables and clients that ask them.
 from resilience.adapters.nvml import EngineGpu, NvmlMemoryProbe  # noqa: E402
-from resilience.adapters.sglang import SGLangClient  # noqa: E402
-from resilience.adapters.sglang_policies import SGLANG_STRICT_POLICIES, sglang_policies, with_memory_probe  # noqa: E402
+from resilience.adapters.sglang import (  # noqa: E402
+    SGLANG_STRICT_POLICIES,
+    SGLangClient,
+    sglang_policies,
+    with_memory_probe,
+)
 from resilience.memory_probe import MemoryProbe  # noqa: E402
 from resilience.testing import EmulatorMemoryProbe  # noqa: E402
 

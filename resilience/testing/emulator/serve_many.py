@@ -17,7 +17,7 @@ from types import FrameType
 
 from .config import EngineConfig
 from .fleet import EmulatedFleet, EmulatorStartError
-from .server import READY_PREFIX
+from .ready import READY_PREFIX
 
 __all__ = ["ProgressPrinter", "serve_fleet"]
 

@@ -19,19 +19,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
+from .ready import print_ready
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from .engine import Engine
 
-__all__ = ["READY_PREFIX", "AppFactory", "build_parser", "main", "print_ready"]
+__all__ = ["AppFactory", "build_parser", "main"]
 
 AppFactory = Callable[[EngineConfig, str, int], "tuple[FastAPI, Engine]"]
 """Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
-
-READY_PREFIX = "EMULATOR READY "
-"""Start of the line printed on stdout when the engine serves; the URL follows."""
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -126,11 +124,6 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def print_ready(url: str) -> None:
-    """The default ``on_ready``: print ``EMULATOR READY <url>`` on stdout."""
-    print(f"{READY_PREFIX}{url}", flush=True)
 
 
 def main(

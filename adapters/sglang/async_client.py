@@ -2,7 +2,7 @@
 
 Same endpoints, policies (``SGLANG_POLICIES``), typed results and errors, key
 rules and ``flush_cache`` semantics as ``SGLangClient``: both build their
-requests and read the answers with ``resilience.adapters.sglang_calls``; only
+requests and read the answers with ``resilience.adapters.sglang.calls``; only
 the sending differs. It satisfies ``resilience.barrier.AsyncControlPlaneEngine``.
 
 Transport. By default each client opens its own ``aiohttp.ClientSession`` with
@@ -30,18 +30,20 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from resilience.adapters import sglang_calls as calls
-from resilience.adapters.sglang_async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
-from resilience.adapters.sglang_calls import (
-    Answer,
-    Call,
-    SGLangClientState,
-    auth_headers,
-    own_driver_kwargs,
-    own_policies,
-    raise_if_refused,
+from resilience.adapters.sglang import calls, liveness
+from resilience.adapters.sglang.async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
+from resilience.adapters.sglang.calls import Answer, Call, auth_headers, raise_if_refused
+from resilience.adapters.sglang.own_session import own_driver_kwargs, own_policies
+from resilience.adapters.sglang.results import (
+    ControlResult,
+    FlushResult,
+    GenerateResult,
+    Health,
+    ModelInfo,
+    SGLangError,
+    WeightUpdateResult,
 )
-from resilience.adapters.sglang_types import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, SGLangError, WeightUpdateResult
+from resilience.adapters.sglang.state import SGLangClientState
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
 from resilience.driver_config import UNSET, DriverConfig, Unset
@@ -200,17 +202,17 @@ class AsyncSGLangClient(SGLangClientState):
     async def _send(self, call: Call) -> Answer:
         """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""
         key_name, key = self._key_for(call.path)
-        deadline = calls.call_deadline(self._policies, call)
+        deadline = liveness.call_deadline(self._policies, call)
         try:
             answer = await self._http().send(call, self.base_url + call.path, auth_headers(key))
         except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
-            records = calls.gateway_error_records(exc)
-            if calls.needs_liveness_check(call, None, records):
+            records = liveness.gateway_error_records(exc)
+            if liveness.needs_liveness_check(call, None, records):
                 await self._check_alive(call.endpoint, records, exc, deadline)
             raise
         raise_if_refused(self.engine, answer, key_name)
-        if calls.needs_liveness_check(call, answer.status, answer.records):
-            await self._check_alive(answer.endpoint, answer.records, calls.answer_error(self.engine, answer), deadline)
+        if liveness.needs_liveness_check(call, answer.status, answer.records):
+            await self._check_alive(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
         return answer
 
     async def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
@@ -225,26 +227,29 @@ class AsyncSGLangClient(SGLangClientState):
                 await self.model_info()
         except failures as exc:
             error = exc
-        if calls.liveness_verdict(error) is False:
+        if liveness.liveness_verdict(error) is False:
             assert error is not None
-            raise calls.engine_died(self.engine, endpoint, records, original, error)
+            raise liveness.engine_died(self.engine, endpoint, records, original, error)
 
     # -- generation control --------------------------------------------------
 
     async def pause_generation(self, mode: PauseMode = "abort") -> ControlResult:
-        """See ``SGLangClient.pause_generation``."""
+        """Pause admission. ``abort`` answers in-flight requests as aborted; ``retract`` re-queues them; ``in_place`` keeps their KV."""
         result = calls.control_result(self.engine, await self._send(calls.pause_call(mode)))
         self._note_paused(mode)
         return result
 
     async def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
-        """See ``SGLangClient.continue_generation``."""
+        """Reopen admission. SGLang's pause is one flag: the first continue wins (the orchestrator owns holds)."""
         result = calls.control_result(self.engine, await self._send(calls.continue_call(torch_empty_cache)))
         self._note_paused(None)
         return result
 
     async def flush_cache(self, deadline_s: float | None = None, *, wait_for_idle: bool | None = None) -> FlushResult:
-        """See ``SGLangClient.flush_cache``: asks again on "not idle" until ``deadline_s``, ``?timeout=0`` after our own pause."""
+        """Flush the radix cache, asking again on "not idle" answers until ``deadline_s`` (default ``flush_deadline_s``).
+
+        ``wait_for_idle``: as in ``SGLangClient.flush_cache`` (by default ``?timeout=0`` after this client's own pause).
+        """
         wait = self._flush_waits(wait_for_idle)
         with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
             polls = 0
@@ -268,19 +273,19 @@ class AsyncSGLangClient(SGLangClientState):
         await asyncio.sleep(seconds)
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> ControlResult:
-        """See ``SGLangClient.abort_request``."""
+        """Abort requests whose rid starts with ``rid``, or all of them."""
         return calls.control_result(self.engine, await self._send(calls.abort_call(rid, abort_all)))
 
     # -- memory occupation ---------------------------------------------------
 
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """See ``SGLangClient.release_memory_occupation``."""
+        """Release GPU memory for ``tags`` (None = kv_cache, weights and cuda_graph). Not re-sent once it may have been applied."""
         result = calls.control_result(self.engine, await self._send(calls.memory_call("/release_memory_occupation", tags)))
         self._note_released(tags)
         return result
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """See ``SGLangClient.resume_memory_occupation``."""
+        """Re-occupy memory for ``tags`` (None = all three). Not re-sent once it may have been applied."""
         result = calls.control_result(self.engine, await self._send(calls.memory_call("/resume_memory_occupation", tags)))
         self._note_resumed(tags)
         return result
@@ -288,11 +293,11 @@ class AsyncSGLangClient(SGLangClientState):
     # -- weights ---------------------------------------------------------------
 
     async def begin_weight_update(self, selector: str = "all") -> WeightUpdateResult:
-        """See ``SGLangClient.begin_weight_update``."""
+        """Open a weight-update session (SGLang 0.5.23); 400 when one is already open."""
         return calls.weights_result(self.engine, await self._send(calls.begin_weight_update_call(selector)))
 
     async def end_weight_update(self) -> WeightUpdateResult:
-        """See ``SGLangClient.end_weight_update``."""
+        """Close the weight-update session; 400 when none is open."""
         return calls.weights_result(self.engine, await self._send(calls.end_weight_update_call()))
 
     async def update_weights_from_tensor(
@@ -304,7 +309,7 @@ class AsyncSGLangClient(SGLangClientState):
         abort_all_requests: bool = False,
         weight_version: str | None = None,
     ) -> WeightUpdateResult:
-        """See ``SGLangClient.update_weights_from_tensor``."""
+        """Load weights from serialized tensors (inside a begin/end session in 0.5.23)."""
         call = calls.update_weights_from_tensor_call(
             serialized_named_tensors,
             load_format=load_format,
@@ -324,7 +329,7 @@ class AsyncSGLangClient(SGLangClientState):
         flush_cache: bool = True,
         weight_version: str | None = None,
     ) -> WeightUpdateResult:
-        """See ``SGLangClient.update_weights_from_distributed``."""
+        """Receive weights over the distributed group set up by ``init_weights_update_group``."""
         call = calls.update_weights_from_distributed_call(
             names, dtypes, shapes, group_name=group_name, flush_cache=flush_cache, weight_version=weight_version
         )
@@ -333,14 +338,14 @@ class AsyncSGLangClient(SGLangClientState):
     async def update_weights_from_disk(
         self, model_path: str, *, flush_cache: bool = True, weight_version: str | None = None, load_format: str | None = None
     ) -> WeightUpdateResult:
-        """See ``SGLangClient.update_weights_from_disk``."""
+        """Load weights from a checkpoint path on the engine's machine."""
         call = calls.update_weights_from_disk_call(
             model_path, flush_cache=flush_cache, weight_version=weight_version, load_format=load_format
         )
         return calls.weights_result(self.engine, await self._send(call))
 
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> WeightUpdateResult:
-        """See ``SGLangClient.update_weight_version``."""
+        """Set the weight version reported by ``/model_info`` and in generation meta_info."""
         return calls.weights_result(self.engine, await self._send(calls.update_weight_version_call(new_version, abort_all_requests)))
 
     async def init_weights_update_group(
@@ -352,7 +357,7 @@ class AsyncSGLangClient(SGLangClientState):
         group_name: str = "weight_update_group",
         backend: str = "nccl",
     ) -> WeightUpdateResult:
-        """See ``SGLangClient.init_weights_update_group``."""
+        """Join the trainer's process group for distributed weight updates."""
         call = calls.init_weights_update_group_call(master_address, master_port, rank_offset, world_size, group_name, backend)
         return calls.weights_result(self.engine, await self._send(call))
 
@@ -370,31 +375,31 @@ class AsyncSGLangClient(SGLangClientState):
         return calls.health_result(self.engine, answer, time.monotonic() - t0)
 
     async def health(self) -> Health:
-        """See ``SGLangClient.health`` (an engine this client paused reports ``paused_by_us`` without being asked)."""
+        """``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503)."""
         return await self._health("/health")
 
     async def health_generate(self) -> Health:
-        """See ``SGLangClient.health_generate``."""
+        """``/health_generate`` (runs a one-token generation), with the same paused-by-us rule."""
         return await self._health("/health_generate")
 
     async def ready(self) -> bool:
-        """See ``SGLangClient.ready``."""
+        """``/ready``: True only when serving and not paused."""
         return (await self._send(calls.read_call("/ready"))).status == 200
 
     async def server_info(self) -> dict[str, Any]:
-        """See ``SGLangClient.server_info``."""
+        """``/server_info``: server args, internal states, version."""
         return calls.server_info_result(self.engine, await self._send(calls.read_call("/server_info")))
 
     async def model_info(self) -> ModelInfo:
-        """See ``SGLangClient.model_info``."""
+        """``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23)."""
         return calls.model_info_result(self.engine, await self._send(calls.read_call("/model_info")))
 
     async def loads(self) -> dict[str, Any]:
-        """See ``SGLangClient.loads``."""
+        """``/v1/loads?include=core``: per-rank running and waiting requests."""
         return calls.loads_result(self.engine, await self._send(calls.read_call("/v1/loads")))
 
     async def models(self) -> list[str]:
-        """See ``SGLangClient.models``."""
+        """``/v1/models``: the served model ids."""
         return calls.models_result(self.engine, await self._send(calls.read_call("/v1/models")))
 
     # -- generation --------------------------------------------------------------
@@ -407,7 +412,7 @@ class AsyncSGLangClient(SGLangClientState):
         sampling_params: Mapping[str, Any] | None = None,
         rid: str | None = None,
     ) -> GenerateResult:
-        """See ``SGLangClient.generate``."""
+        """``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``."""
         call = calls.generate_call(text, input_ids, sampling_params, rid, stream=False)
         return calls.generate_result(self.engine, await self._send(call))
 
@@ -419,7 +424,7 @@ class AsyncSGLangClient(SGLangClientState):
         sampling_params: Mapping[str, Any] | None = None,
         rid: str | None = None,
     ) -> AsyncIterator[GenerateResult]:
-        """Streaming ``/generate`` as an async iterator: the cumulative result of each SSE chunk until ``[DONE]``.
+        """Streaming ``/generate``: yields the cumulative result of each SSE chunk until ``[DONE]``.
 
         Leaving the loop early leaves the response open until the iterator is
         closed: wrap it in ``contextlib.aclosing`` to close it at once.

@@ -4,22 +4,21 @@ No I/O here. A client method builds a ``Call`` (method, path, JSON body, query),
 its transport turns the engine's answer into an ``Answer`` (status, text,
 attempts), and a parser here turns that into a typed result or raises the
 typed error. The sync and async clients differ only in how they send, so they
-cannot drift apart. ``SGLangClientState`` holds what both remember (keys, the
-pause this client sent, the tags it released).
+cannot drift apart. ``methods.py`` lists every client method with its route and
+result; ``state.py`` holds what both clients remember; ``liveness.py`` decides
+whether an engine behind a proxy is dead.
 """
 
 from __future__ import annotations
 
 import enum
 import json as jsonlib
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resilience.adapters.requests import engine_of
-from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES, with_memory_probe
-from resilience.adapters.sglang_types import (
+from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES
+from resilience.adapters.sglang.results import (
     ControlResult,
     FlushResult,
     GenerateResult,
@@ -32,40 +31,27 @@ from resilience.adapters.sglang_types import (
     WeightUpdateResult,
 )
 from resilience.barrier.engine import ALL_TAGS
-from resilience.barrier.fanout import EngineDied
-from resilience.deadline import Deadline, current_deadline
-from resilience.driver_config import UNSET, DriverConfig, Unset
-from resilience.errors import CircuitOpen, ConfigConflict, ResilienceError
-from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
-from resilience.outcome import AttemptRecord, Delivery, Outcome, attempts_of
-from resilience.policy import PolicyTable
+from resilience.outcome import AttemptRecord, Delivery, Outcome
 
 __all__ = [
     "GATEWAY_STATUSES",
     "PROBE_CONFIRMED_REASON",
     "Answer",
     "Call",
-    "SGLangClientState",
     "StreamEnd",
-    "answer_error",
     "answer_records",
-    "call_deadline",
+    "auth_headers",
     "control_result",
-    "engine_died",
-    "gateway_error_records",
+    "flush_gave_up",
     "flush_outcome",
     "flush_server_wait",
     "generate_result",
     "health_result",
     "json_of",
-    "liveness_verdict",
+    "key_for",
     "model_info_result",
     "models_result",
-    "needs_liveness_check",
-    "own_driver_kwargs",
-    "own_policies",
-    "probed_config",
+    "paused_health",
     "raise_if_refused",
     "require_ok",
     "server_info_result",
@@ -529,230 +515,3 @@ def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord
             return generate_chunk(chunk)
         detail = "SSE chunk is not an object"
     raise SGLangProtocolError(engine, endpoint, 200, payload, detail=detail, attempts=answer_records(records, 200)[0])
-
-
-# -- is an engine behind a proxy dead? ----------------------------------------------------
-
-
-def call_deadline(policies: PolicyTable, call: Call) -> Deadline:
-    """The deadline ``call`` runs under: its policy's ``deadline_s`` from now, capped by any ``Deadline`` in context."""
-    seconds = policies.match(call.method, call.path).policy.deadline_s
-    outer = current_deadline()
-    return outer.cap(seconds) if outer is not None else Deadline(seconds)
-
-
-def needs_liveness_check(call: Call, status: int | None, records: Sequence[AttemptRecord]) -> bool:
-    """A control call whose every attempt got a gateway status: the front end may stand in front of a dead engine.
-
-    ``status``: the answer's status (None when the call raised); ``records``: its attempts. A call that
-    raised needs a record of them; an answer without one (no resilience layer) counts as its one attempt.
-    """
-    if call.path not in SGLANG_ADMIN_PATHS or (status is not None and status not in GATEWAY_STATUSES):
-        return False
-    if status is None and not records:
-        return False
-    return all(r.status in GATEWAY_STATUSES for r in records)
-
-
-def gateway_error_records(error: BaseException) -> tuple[AttemptRecord, ...]:
-    """The attempts on an error the retry loop raised (deadline, budget, retries exhausted); () for any other error."""
-    return (attempts_of(error) or ()) if isinstance(error, ResilienceError) else ()
-
-
-def liveness_verdict(check_error: BaseException | None) -> bool | None:
-    """What ``GET /model_info`` says of the engine: True = it answers, False = dead, None = not checked.
-
-    SGLang's HTTP process answers ``/model_info`` from the tokenizer manager's own
-    fields without asking the scheduler (0.5.23 ``sglang/srt/entrypoints/http_server.py``,
-    ``model_info()``), which is why the router recipe checks a held engine with it.
-    Any answer other than a gateway status (200, or even a 401/404/500) means something
-    behind the front end answers: alive. A gateway status, a transport error or the
-    deadline running out means nothing does: dead. An open circuit breaker sent nothing:
-    not checked.
-    """
-    if check_error is None:
-        return True
-    if isinstance(check_error, CircuitOpen):
-        return None
-    if isinstance(check_error, SGLangError):
-        return check_error.status not in GATEWAY_STATUSES
-    return False
-
-
-def answer_error(engine: str, answer: Answer) -> SGLangError:
-    """The ``SGLangError`` an error answer raises."""
-    return SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
-
-
-def engine_died(
-    engine: str, endpoint: str, records: Sequence[AttemptRecord], original: BaseException, check_error: BaseException
-) -> EngineDied:
-    """The ``EngineDied`` for a control call answered only by gateway statuses whose ``/model_info`` check failed too.
-
-    ``.attempts`` is the call's record; its cause is ``original``, the error the call would have raised.
-    """
-    statuses = ", ".join(str(r.status) for r in records) or str(getattr(original, "status", "?"))
-    died = EngineDied(
-        f"{engine}: every attempt of {endpoint} got a gateway status ({statuses}) and GET /model_info failed too "
-        f"({type(check_error).__name__}): nothing behind the front end answers, the engine is gone"
-    )
-    died.attempts = tuple(records)  # type: ignore[attr-defined]
-    died.__cause__ = original
-    died.__suppress_context__ = True
-    return died
-
-
-# -- the client's own transport ------------------------------------------------------------
-
-DRIVER_KEYWORDS = ("policies", "observers", "breaker", "retry_budget", "clock", "rng")
-"""The keywords a ``DriverConfig`` holds: given with ``config=``, they conflict."""
-
-
-def own_driver_kwargs(
-    owner: str,
-    *,
-    session: object,
-    config: DriverConfig | None,
-    policies: PolicyTable | Unset,
-    observers: Sequence[Observer] | Unset,
-    extra: Mapping[str, Any],
-    own_session_only: Sequence[str] = (),
-    memory_probe: MemoryProbe | None = None,
-) -> dict[str, Any]:
-    """The keyword arguments of the driver a client builds for its own session, checked the same way for both clients.
-
-    ``policies`` left ``UNSET`` is ``SGLANG_POLICIES`` (or the config's
-    policies). ``extra``: the driver's other keywords the caller gave
-    (``breaker``, ``retry_budget``, ``clock``, pool sizes); ``own_session_only``:
-    names of the client's own-session settings the caller gave (``limit_per_host``).
-    ``memory_probe`` (None = none): asked on the table's release and resume
-    entries (``with_memory_probe``); with ``config``, the client gets a copy
-    of the config whose policies ask it (``probed_config``: same observers,
-    and the same per-engine breakers and budgets, still shared).
-    With a ``session``, none of them applies, so any of them (``config`` and
-    ``memory_probe`` included) raises ``ConfigConflict`` naming them; so does
-    ``config`` with any keyword it already holds. Returns {} when a session is given.
-    """
-    given = [name for name, value in (("policies", policies), ("observers", observers)) if value is not UNSET]
-    given += ["memory_probe"] if memory_probe is not None else []
-    given += [*own_session_only, *sorted(extra)]
-    if session is not None:
-        named = (["config"] if config is not None else []) + given
-        if named:
-            probe_hint = " (with_memory_probe(policies, probe) from resilience.adapters.sglang_policies for the probe)"
-            raise ConfigConflict(
-                f"{owner} got session= and {', '.join(n + '=' for n in named)}: those configure only the client's own "
-                f"session; mount the resilience layer on the session you pass instead{probe_hint if memory_probe else ''}"
-            )
-        return {}
-    if config is not None:
-        clash = [name for name in given if name in DRIVER_KEYWORDS]
-        if clash:
-            raise ConfigConflict(
-                f"{owner} got config= and {', '.join(n + '=' for n in clash)}: the DriverConfig already holds "
-                f"{'that' if len(clash) == 1 else 'those'}; pass one or the other"
-            )
-        return {"config": config if memory_probe is None else probed_config(config, memory_probe), **extra}
-    table = SGLANG_POLICIES if isinstance(policies, Unset) else policies
-    return {
-        "policies": table if memory_probe is None else with_memory_probe(table, memory_probe),
-        "observers": () if isinstance(observers, Unset) else observers,
-        **extra,
-    }
-
-
-def probed_config(config: DriverConfig, memory_probe: MemoryProbe) -> DriverConfig:
-    """``config`` with ``memory_probe`` asked on its policies' release and resume entries (``with_memory_probe``).
-
-    A new ``DriverConfig`` over the same observers, clock and random source, and
-    the same per-engine breakers and budgets (handed over as the registries
-    themselves, so what this client sees still opens the breaker every other
-    driver of ``config`` uses). A config whose policies have no release or
-    resume entry is refused (``ValueError``): build it with ``policies=SGLANG_POLICIES``.
-    """
-    return DriverConfig(
-        policies=with_memory_probe(config.policies, memory_probe),
-        observers=config.observers,
-        breaker=config.breakers,
-        retry_budget=config.budgets,
-        clock=config.clock,
-        rng=config.rng,
-    )
-
-
-def own_policies(driver_kwargs: Mapping[str, Any]) -> PolicyTable:
-    """The table the client's own session routes by (``own_driver_kwargs``' answer); ``SGLANG_POLICIES`` with a session of the caller's."""
-    config = driver_kwargs.get("config")
-    if isinstance(config, DriverConfig):
-        return config.policies
-    table = driver_kwargs.get("policies", SGLANG_POLICIES)
-    return table if isinstance(table, PolicyTable) else SGLANG_POLICIES
-
-
-# -- what a client remembers -------------------------------------------------------------
-
-
-class SGLangClientState:
-    """What both SGLang clients hold and remember: the engine, the keys, the pause sent, the tags released.
-
-    ``base_url``: the engine (``http://127.0.0.1:30000``). ``api_key`` / ``admin_api_key``:
-    SGLang's ``--api-key`` / ``--admin-api-key`` (default None), kept out of repr and
-    errors. ``flush_deadline_s`` (default 120 s) / ``flush_poll_s`` (default 0.5 s):
-    ``flush_cache``'s wait for idle and the pause between "not idle" answers.
-    """
-
-    def __init__(
-        self, base_url: str, *, api_key: str | None, admin_api_key: str | None, flush_deadline_s: float, flush_poll_s: float
-    ) -> None:
-        self.base_url = check_base_url(base_url, type(self).__name__)
-        self.engine = engine_of(self.base_url)[0]
-        self._api_key = api_key
-        self._admin_api_key = admin_api_key
-        self.flush_deadline_s = flush_deadline_s
-        self.flush_poll_s = flush_poll_s
-        self._lock = threading.Lock()
-        self._paused_mode: str | None = None
-        self._released: set[str] = set()
-
-    def __repr__(self) -> str:
-        keys = (", api_key=***" if self._api_key else "") + (", admin_api_key=***" if self._admin_api_key else "")
-        return f"{type(self).__name__}({self.base_url!r}{keys})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    @property
-    def paused_mode(self) -> str | None:
-        """The mode of the pause this client sent and has not continued, or None."""
-        return self._paused_mode
-
-    @property
-    def released_tags(self) -> frozenset[str]:
-        """Tags this client released and has not resumed (SGLang itself cannot tell)."""
-        with self._lock:
-            return frozenset(self._released)
-
-    def _key_for(self, path: str) -> tuple[str | None, str | None]:
-        """The key this route's SGLang auth level asks for, as (name, key); (None, None) = send none."""
-        return key_for(path, self._api_key, self._admin_api_key)
-
-    def _flush_waits(self, wait_for_idle: bool | None) -> bool:
-        """Whether a flush passes the remaining time as ``?timeout=``: by default only when this client has not paused."""
-        return self._paused_mode is None if wait_for_idle is None else wait_for_idle
-
-    def _note_paused(self, mode: str | None) -> None:
-        self._paused_mode = mode
-
-    def _note_released(self, tags: Sequence[str] | None) -> None:
-        with self._lock:
-            self._released.update(memory_tags(tags))
-
-    def _note_resumed(self, tags: Sequence[str] | None) -> None:
-        with self._lock:
-            self._released.difference_update(memory_tags(tags))

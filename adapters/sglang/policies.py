@@ -30,7 +30,7 @@ cycles each. Two ways out, per deployment:
   Applied: the call returns as applied, with a body-less 200 whose reason is
   ``"Applied (confirmed by probe)"`` (``.attempts`` shows the gateway status).
   Not applied (after a 502/503): re-sent. Cannot tell: as this table without a
-  probe. ``adapters/sglang_memory.py`` has the exact rules.
+  probe. ``adapters/sglang/memory_check.py`` has the exact rules.
 - ``SGLANG_STRICT_POLICIES`` (``sglang_policies(strict=True)``): release and resume
   are never re-sent on a gateway status alone; the status is handed back
   (``SGLangClient`` raises ``SGLangError`` with it). That gives up the seed's fix
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from resilience.adapters.sglang_memory import RELEASE_PATH, RESUME_PATH, MemoryProbeCheck
+from resilience.adapters.sglang.memory_check import RELEASE_PATH, RESUME_PATH, MemoryProbeCheck
 from resilience.memory_probe import MemoryProbe
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy, parse_key
 

@@ -19,33 +19,13 @@ from typing import Any
 
 import requests
 
-from resilience.adapters import sglang_calls as calls
 from resilience.adapters.requests import ResilientAdapter, resilient_session
-from resilience.adapters.sglang_async import AsyncSGLangClient
-from resilience.adapters.sglang_calls import (
-    Answer,
-    Call,
-    SGLangClientState,
-    answer_records,
-    auth_headers,
-    own_driver_kwargs,
-    own_policies,
-    raise_if_refused,
-)
-from resilience.adapters.sglang_policies import SGLANG_POLICIES
-from resilience.adapters.sglang_types import (
-    ControlResult,
-    FlushResult,
-    GenerateResult,
-    Health,
-    ModelInfo,
-    SGLangAppliedButRefused,
-    SGLangAuthError,
-    SGLangError,
-    SGLangProtocolError,
-    WeightUpdateResult,
-)
-from resilience.barrier.engine import ALL_TAGS, PauseMode
+from resilience.adapters.sglang import calls, liveness
+from resilience.adapters.sglang.calls import Answer, Call, answer_records, auth_headers, raise_if_refused
+from resilience.adapters.sglang.own_session import own_driver_kwargs, own_policies
+from resilience.adapters.sglang.results import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
+from resilience.adapters.sglang.state import SGLangClientState
+from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
 from resilience.driver_config import UNSET, DriverConfig, Unset
 from resilience.errors import DeadlineExceeded, ResilienceError
@@ -54,24 +34,7 @@ from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
-__all__ = [
-    "ALL_TAGS",
-    "AsyncSGLangClient",
-    "ControlResult",
-    "FlushResult",
-    "GenerateResult",
-    "Health",
-    "ModelInfo",
-    "PauseMode",
-    "SGLANG_POLICIES",
-    "SGLangAppliedButRefused",
-    "SGLangAuthError",
-    "SGLangClient",
-    "SGLangError",
-    "SGLangProtocolError",
-    "WeightUpdateResult",
-    "mount_sglang",
-]
+__all__ = ["SGLangClient", "mount_sglang"]
 
 
 def mount_sglang(
@@ -121,7 +84,7 @@ class SGLangClient(SGLangClientState):
     failure (``sglang_policies(memory_probe=...)``: a call it proves applied
     returns as applied, with ``ControlResult.confirmed_by_probe``); default None.
     With ``config=``, the client uses a copy of the config whose policies ask
-    the probe (``sglang_calls.probed_config``: the same per-engine breakers and
+    the probe (``own_session.probed_config``: the same per-engine breakers and
     budgets, still shared). With a ``session``, all of those (``memory_probe``
     included) must be left out (``ConfigConflict`` names them): they configure
     only the client's own session; mount ``with_memory_probe(policies, probe)``
@@ -131,7 +94,7 @@ class SGLangClient(SGLangClientState):
     the call raises ``resilience.barrier.EngineDied`` (``.attempts`` = the call's
     record, caused by the ``SGLangError`` it would have raised).
     ``AsyncSGLangClient`` is the same client with coroutine methods; both build
-    their requests and read the answers with ``resilience.adapters.sglang_calls``.
+    their requests and read the answers with ``resilience.adapters.sglang.calls``.
 
     Errors carry the call's delivery record (``resilience.outcome.attempts_of``).
     """
@@ -191,16 +154,16 @@ class SGLangClient(SGLangClientState):
         return response
 
     def _send(self, call: Call) -> Answer:
-        deadline = calls.call_deadline(self._policies, call)
+        deadline = liveness.call_deadline(self._policies, call)
         try:
             answer = _answer(call, self._response(call))
         except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
-            records = calls.gateway_error_records(exc)
-            if calls.needs_liveness_check(call, None, records):
+            records = liveness.gateway_error_records(exc)
+            if liveness.needs_liveness_check(call, None, records):
                 self._check_alive(call.endpoint, records, exc, deadline)
             raise
-        if calls.needs_liveness_check(call, answer.status, answer.records):
-            self._check_alive(answer.endpoint, answer.records, calls.answer_error(self.engine, answer), deadline)
+        if liveness.needs_liveness_check(call, answer.status, answer.records):
+            self._check_alive(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
         return answer
 
     def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
@@ -214,9 +177,9 @@ class SGLangClient(SGLangClientState):
                 self.model_info()
         except (requests.RequestException, ResilienceError, OSError) as exc:  # SGLangError is a RequestException
             error = exc
-        if calls.liveness_verdict(error) is False:
+        if liveness.liveness_verdict(error) is False:
             assert error is not None
-            raise calls.engine_died(self.engine, endpoint, records, original, error)
+            raise liveness.engine_died(self.engine, endpoint, records, original, error)
 
     # -- generation control --------------------------------------------------
 

@@ -32,15 +32,14 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
+from resilience.barrier.engine import ALL_TAGS
 from resilience.memory_probe import MemoryProbe
 from resilience.policy import ProbeAnswer, ProbeContext
 
-__all__ = ["ALL_MEMORY_TAGS", "RELEASE_PATH", "RESUME_PATH", "MemoryProbeCheck", "requested_tags"]
+__all__ = ["RELEASE_PATH", "RESUME_PATH", "MemoryProbeCheck", "requested_tags"]
 
 RELEASE_PATH = "/release_memory_occupation"
 RESUME_PATH = "/resume_memory_occupation"
-ALL_MEMORY_TAGS: frozenset[str] = frozenset({"kv_cache", "weights", "cuda_graph"})
-"""SGLang's ``GPU_MEMORY_ALL_TYPES``: what a release or resume with no tags touches."""
 _NOT_APPLIED_TRUSTED: frozenset[int] = frozenset({502, 503})
 """Statuses after which "the tags are as before" is taken to mean the call will not be applied later."""
 
@@ -57,7 +56,7 @@ def requested_tags(body: bytes | None) -> frozenset[str] | None:
         return None
     tags = data.get("tags")
     if tags is None or tags == []:
-        return ALL_MEMORY_TAGS
+        return frozenset(ALL_TAGS)
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         return None
     return frozenset(tags)

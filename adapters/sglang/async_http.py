@@ -1,7 +1,7 @@
 """The request helper under ``AsyncSGLangClient``: one small interface, an aiohttp and an httpx implementation.
 
 ``requester_for(session)`` wraps an ``aiohttp.ClientSession`` or an
-``httpx.AsyncClient``; both send a ``sglang_calls.Call`` and give back an
+``httpx.AsyncClient``; both send a ``calls.Call`` and give back an
 ``Answer`` (status, text, attempts), or stream its lines. Nothing here decides
 what an answer means. Neither aiohttp nor httpx is imported until a session of
 that kind exists (or ``aiohttp_session`` builds one).
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 
-from resilience.adapters.sglang_calls import Answer, Call, answer_records
+from resilience.adapters.sglang.calls import Answer, Call, answer_records
 from resilience.outcome import AttemptRecord
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class StreamedReply(Protocol):
     status: int
     attempts: int
     records: tuple[AttemptRecord, ...]
-    """The call's delivery record (``sglang_calls.answer_records``)."""
+    """The call's delivery record (``calls.answer_records``)."""
     response: Any
     """The transport's response, put on errors as ``error.response``; None where it cannot be pickled (aiohttp)."""
 
