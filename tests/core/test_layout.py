@@ -222,7 +222,7 @@ def test_the_retry_package_file_defines_and_imports_nothing() -> None:
 
 
 TESTS = ROOT / "tests" / "core"
-CROSS_CUTTING = frozenset({"test_layout.py", "test_without_extras.py", "test_public_surface.py"})
+CROSS_CUTTING = frozenset({"test_layout.py", "test_layout_emulator.py", "test_without_extras.py", "test_public_surface.py"})
 """Test modules about the whole package (its import rules, its extras, ``resilience/__init__.py``'s surface), not one module."""
 
 
