@@ -11,21 +11,33 @@ Subcommands::
     cpr journal     show a barrier journal (what a restarted controller would resume from)
 
 Bad input to any subcommand is one line on stderr and a non-zero exit (2 for
-bad arguments), never a traceback. Heavy imports (rich, matplotlib, torch,
+bad arguments), never a traceback. Abbreviated flags are refused. A closed output
+pipe (``cpr demo | head -2``) ends the command quietly with status 141, what a shell
+reports for a program that SIGPIPE ended (see :data:`CLOSED_PIPE_EXIT`). Heavy imports (rich, matplotlib, torch,
 telemetry) happen inside the subcommand that needs them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 import resilience
 from resilience.cli.common import CliError, OneLineParser, non_negative_int, port_number, positive_float, positive_int
 
-__all__ = ["build_parser", "main"]
+__all__ = ["CLOSED_PIPE_EXIT", "build_parser", "main"]
+
+CLOSED_PIPE_EXIT = 128 + signal.SIGPIPE
+"""Exit status when the reader of stdout or stderr went away (``cpr demo | head -2``): 141.
+
+Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError; the Python docs' note on
+SIGPIPE exits 1, which reads as a failure of the command itself. 141 (128 + SIGPIPE) is what a shell
+reports for ``yes | head -1`` and every other tool that SIGPIPE ends: a pipeline with
+``set -o pipefail`` treats ``cpr`` as it treats them, and no message is printed (there is no one to read it)."""
 
 _DEMO_SEED = 1
 """The demo's default seed (any seed tells the same story; the same seed injects the same faults)."""
@@ -192,8 +204,27 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise CliError(f"unknown command {args.command!r}", 2)
 
 
+def _quiet_after_closed_pipe() -> int:
+    """Point stdout and stderr at /dev/null (so the interpreter's last flush has nowhere to fail) and return 141."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # a stream without a file descriptor
+                os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+    return CLOSED_PIPE_EXIT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``cpr`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    """Run ``cpr`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status (141 when the output pipe closed)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _quiet_after_closed_pipe()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["emulate"]:
         from resilience.cli.emulate import run_emulate
@@ -218,10 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away: main() ends quietly
+        raise
     except Exception as exc:  # a bug or an environment problem: still one line, the traceback only on request
         if os.environ.get("CPR_DEBUG"):
             raise
         text = " ".join(str(exc).split())[:300]
         print(f"{prog}: error: {type(exc).__name__}: {text} (set CPR_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
-

@@ -7,6 +7,7 @@ two always say the same thing. rich is imported lazily (the ``[cli]`` extra).
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 import time
@@ -44,14 +45,22 @@ _NONE = "-"
 
 
 def make_console(*, stderr: bool = False) -> Console:
-    """A rich Console; on a pipe or file it is 160 columns wide and colourless, so tables never wrap in logs."""
-    console_mod = need("rich.console", "cli", "this command")
+    """A rich Console; on a pipe or file it is 160 columns wide and colourless, so tables never wrap in logs.
+
+    A closed pipe raises BrokenPipeError out of the print (``cpr``'s ``main`` ends quietly with 141);
+    rich's own reaction would be ``SystemExit(1)``, which reads as a failure and skips nothing less.
+    """
+    need("rich.console", "cli", "this command")
+    from rich.console import Console as RichConsole
+
+    class PipeConsole(RichConsole):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is written through this console
+            raise BrokenPipeError(errno.EPIPE, "the reader of this output went away")
+
     stream = sys.stderr if stderr else sys.stdout
     terminal = stream.isatty()
-    console: Console = console_mod.Console(
-        file=stream, width=None if terminal else 160, no_color=not terminal, highlight=False, soft_wrap=False
-    )
-    return console
+    return PipeConsole(file=stream, width=None if terminal else 160, no_color=not terminal, highlight=False, soft_wrap=False)
 
 
 def short_error(error: str | None) -> str | None:
