@@ -85,8 +85,14 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     )
     p.add_argument("--engines", type=positive_int, default=8, help="emulated engines (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=100, help="colocate steps (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the faults and straggler timing (default: %(default)s)")
-    p.add_argument("--fault-plan", metavar="FILE", help="a fault plan (.toml, .yaml, .json) instead of the demo plan")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the faults and straggler timing; with --fault-plan, of the straggler timing only (the plan has its "
+        "own seed) (default: 0, or the --fault-plan's seed)",
+    )
+    p.add_argument("--fault-plan", metavar="FILE", help="a fault plan (.toml, .yaml, .json) instead of the soak's own plan")
     p.add_argument("--way", choices=("ours", "old"), default="ours", help="which loop to run (default: %(default)s)")
     p.add_argument(
         "--restart-every",
