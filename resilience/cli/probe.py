@@ -226,8 +226,10 @@ def run_probe(args: argparse.Namespace) -> int:
         console.print(probe.line(), markup=False, highlight=False, soft_wrap=True)
     columns = ["check", *(urlsplit(p.url).netloc for p in probes)]
     rows = [[f"GET {check.path}", *(p.results[check.name].cell() for p in probes)] for check in CHECKS]
-    title = f"cpr probe: {plural(len(probes), 'engine')}, one attempt per check, {args.timeout:g} s timeout"
-    console.print(rich_table(title, columns, rows))
+    # the heading is a line of its own: as a table title it would wrap at the table's width (narrow for one engine)
+    heading = f"cpr probe: {plural(len(probes), 'engine')}, one attempt per check, {args.timeout:g} s timeout"
+    console.print(heading, markup=False, highlight=False, soft_wrap=True)
+    console.print(rich_table(None, columns, rows))
     console.print("policy a client applies (SGLANG_POLICIES):", markup=False, highlight=False)
     for paths, description in policy_groups():
         console.print(f"  {paths}: {description}", markup=False, highlight=False, soft_wrap=True)

@@ -128,9 +128,11 @@ def comparison_rows(reports: Sequence[ColocateReport]) -> list[list[str]]:
 
 
 def rich_table(
-    title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, wrap: Sequence[int] = ()
+    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, wrap: Sequence[int] = ()
 ) -> Table:
     """A rich Table: left-aligned labels first, right-aligned values; the columns in ``wrap`` (left-aligned) take the room left.
+
+    ``title``: shown above the table, wrapped at the table's width; None = no title.
 
     Cells wrap rather than being cut when the console is too narrow.
     """
