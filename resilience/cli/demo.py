@@ -28,6 +28,7 @@ from pathlib import Path
 
 from resilience.budget import RestartBudget
 from resilience.cli.common import CliError, check_output_file, plural, write_json
+from resilience.cli.errors_text import short_error
 from resilience.cli.fleet import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.cli.story import death_causes, story
@@ -85,9 +86,11 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
             budget = RestartBudget(config.restart_limit)
             telemetry.metrics.publish_restart_budget(budget)
             recorder = TimelineRecorder(title, runner.fleet)
+            labels: dict[str, str] = {}  # base URL -> "engine i": how a failed step's line names engines
 
-            def attach(proxies: list[FaultProxy], recorder: TimelineRecorder = recorder) -> None:
+            def attach(proxies: list[FaultProxy], recorder: TimelineRecorder = recorder, labels: dict[str, str] = labels) -> None:
                 recorder.attach(proxies)
+                labels.update(runner.labels(proxies))
                 # the breaker panel says "closed" (and the rare-event counters 0) before the first call
                 telemetry.metrics.declare(engines=[p.url for p in proxies], endpoints=[key for key, _ in demo_policies()])
 
@@ -98,7 +101,10 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
                 ui.note(title, text)
 
             with StepWatch(runner.fleet, say) as watch:
-                progress = _chain(watch, ui.run_progress(title, config.steps, budget_note), recorder)
+                def relabel(_p: StepProgress, recorder: TimelineRecorder = recorder, labels: dict[str, str] = labels) -> None:
+                    labels.update(runner.labels(recorder.proxies))  # a restarted engine may serve on a new port
+
+                progress = _chain(watch, relabel, ui.run_progress(title, config.steps, budget_note, labels), recorder)
                 run = runner.run(
                     kind,
                     config,
@@ -188,5 +194,6 @@ def run_demo(args: argparse.Namespace) -> int:
     resilient = out.reports[RESILIENT]
     if resilient.failed_steps or resilient.engine_deaths:
         failed, deaths = plural(resilient.failed_steps, "step"), plural(resilient.engine_deaths, "engine death")
-        raise CliError(f"ours failed {failed} with {deaths}: {resilient.failures[:1]}")
+        first = short_error(resilient.failures[0]) if resilient.failures else "no error recorded"
+        raise CliError(f"ours failed {failed} with {deaths}; the first: {first}")
     return 0

@@ -149,6 +149,16 @@ class FleetRunner:
         """The engine processes' PIDs right now (a restarted engine has a new one)."""
         return [e.pid for e in self.fleet.engines]
 
+    def labels(self, proxies: Sequence[FaultProxy] = ()) -> dict[str, str]:
+        """``{base URL: "engine i"}`` for each engine's own URL and its proxy's (``proxies`` in engine order): how
+        ``short_error`` names engines. Read again after a restart: a restarted engine may serve on a new port."""
+        from resilience.cli.errors_text import engine_labels
+
+        urls = {e.index: [e.direct_url] for e in self.fleet.engines}
+        for i, proxy in enumerate(proxies):
+            urls[i].append(proxy.url)
+        return engine_labels(urls)
+
     def memory_pids(self) -> list[int]:
         """Every process the engines cost memory in: the engines and the zygote they are forked from."""
         zygote = self.fleet.zygote_pid

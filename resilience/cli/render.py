@@ -8,13 +8,13 @@ two always say the same thing. rich is imported lazily (the ``[cli]`` extra).
 from __future__ import annotations
 
 import errno
-import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from resilience.cli.common import need, plural
+from resilience.cli.errors_text import short_error
 from resilience.cli.story import per_step, steps_run
 from resilience.policy import EndpointPolicy, PolicyTable
 
@@ -35,7 +35,6 @@ __all__ = [
     "policy_rows",
     "rich_table",
     "seconds",
-    "short_error",
 ]
 
 PHASES: tuple[tuple[str, str], ...] = (("offload", "offload"), ("onload", "onload"), ("weight_sync", "weight sync"))
@@ -61,14 +60,6 @@ def make_console(*, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     terminal = stream.isatty()
     return PipeConsole(file=stream, width=None if terminal else 160, no_color=not terminal, highlight=False, soft_wrap=False)
-
-
-def short_error(error: str | None) -> str | None:
-    """A step's error for a progress line: no ``step N:`` prefix, ``on /path`` instead of the whole URL."""
-    if error is None:
-        return None
-    text = re.sub(r"^step \d+: ", "", error)
-    return re.sub(r"(?: for url:)? https?://[^/\s]+(/\S*)?", lambda m: f" on {m.group(1) or '/'}", text)
 
 
 def seconds(value: float | None, digits: int = 3) -> str:
@@ -298,8 +289,14 @@ class RunProgress:
         elif text:
             self.print(f"{name}: {text}")
 
-    def run_progress(self, name: str, steps: int, extra: Callable[[], str] | None = None) -> Callable[[StepProgress], None]:
-        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``)."""
+    def run_progress(
+        self, name: str, steps: int, extra: Callable[[], str] | None = None, labels: Mapping[str, str] | None = None
+    ) -> Callable[[StepProgress], None]:
+        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``).
+
+        ``labels``: ``{base URL: "engine i"}`` (read at each step: the caller may fill it once the run's proxies
+        exist); a failed step's error names its engines by them (``short_error``). None = by ``host:port``.
+        """
         task_id: TaskID | None = None
         if self._progress is not None:
             task_id = self._progress.add_task(name, total=steps, info="")
@@ -313,9 +310,9 @@ class RunProgress:
             if self._progress is not None and task_id is not None:
                 self._progress.update(task_id, completed=p.step, info=info)
                 if not p.ok:
-                    self.print(f"{name}: step {p.step} failed: {short_error(p.error)}")
+                    self.print(f"{name}: step {p.step} failed: {short_error(p.error, labels)}")
             else:
-                verdict = "ok" if p.ok else f"FAILED: {short_error(p.error)}"
+                verdict = "ok" if p.ok else f"FAILED: {short_error(p.error, labels)}"
                 self.print(f"{name}: step {p.step}/{p.steps} {verdict} ({info})")
 
         return on_step

@@ -39,7 +39,7 @@ from resilience.cli.common import CliError, check_output_file, need, plural, wri
 from resilience.cli.fleet import FleetRunner, soak_plan
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.testing.colocate import BASELINE, ColocateConfig, ColocateReport, StepProgress
-from resilience.testing.faults import FaultPlan, FaultPlanError
+from resilience.testing.faults import FaultPlan, FaultPlanError, FaultProxy
 
 __all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak", "seed_caption", "soak_verdict"]
 
@@ -190,14 +190,17 @@ def run_soak(args: argparse.Namespace) -> int:
                 last = sampler.samples[-1]
                 return f"rss self {last['self_mb']:.0f} MB, pss engines {last['engines_mb']:.0f} MB"
 
-            show = ui.run_progress(title, config.steps, rss_note)
+            labels: dict[str, str] = {}  # base URL -> "engine i": how a failed step's line names engines
+            show = ui.run_progress(title, config.steps, rss_note, labels)
+            proxies: list[FaultProxy] = []
 
             def on_step(p: StepProgress) -> None:
                 sampler.sample(p.step)
+                labels.update(runner.labels(proxies))  # a restarted engine may serve on a new port
                 show(p)
 
             budget = RestartBudget(config.restart_limit)
-            run = runner.run(args.way, config, budget=budget, progress=on_step, last=True)
+            run = runner.run(args.way, config, budget=budget, progress=on_step, last=True, on_proxies=proxies.extend)
             report = run.report
             ui.run_ended(title, report)
             proxy_records = sum(len(proxy.seen) for proxy in run.proxies)

@@ -651,6 +651,10 @@ class _Loop:
             shutil.rmtree(self._journal_dir, ignore_errors=True)
 
 
+_ERROR_CHARS = 2000
+"""Characters of a failed step's error kept in ``ColocateReport.failures`` (a PhaseFailed names every engine's cause)."""
+
+
 def _injected_502s(proxies: Sequence[FaultProxy | None]) -> int:
     return sum(proxy.injected_count(502) for proxy in proxies if proxy is not None)
 
@@ -706,7 +710,8 @@ def run_colocate(
                 loop.step(n)
             except Exception as exc:
                 cause = type(exc).__name__
-                error = f"step {n}: {cause}: {' '.join(str(exc).split())[:300]}"
+                text = " ".join(str(exc).split())  # whole (a display cuts it between clauses), bounded for a long soak's report
+                error = f"step {n}: {cause}: {text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 4] + ' ...'}"
             ended_ns = time.monotonic_ns()
             dead_now = sum(1 for e in fleet.engines if not e.alive())
             if (error or dead_now) and budget.remaining == 0 and not recover_when_spent:
