@@ -31,7 +31,7 @@ from resilience.cli.common import CliError, check_output_file, plural, write_jso
 from resilience.cli.errors_text import short_error
 from resilience.cli.fleet import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli.story import death_causes, story
+from resilience.cli.story import death_causes, rates_note, story
 from resilience.cli.timeline import StepTimeline, TimelineRecorder, write_timeline
 from resilience.cli.watch import StepWatch
 from resilience.testing.colocate import BASELINE, RESILIENT, ColocateConfig, ColocateReport, LoopKind, StepProgress, demo_policies
@@ -163,6 +163,9 @@ def run_demo(args: argparse.Namespace) -> int:
     console = make_console()
     heading = "cpr demo: colocated RL steps, the old way and ours" + (" (interrupted: finished ways only)" if interrupted else "")
     console.print(rich_table(heading, columns, rows, caption=caption))
+    note = rates_note({kind: out.reports[kind] for kind, _ in done}, dict(LOOPS))
+    if note:
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     console.print(told, markup=False, highlight=False, soft_wrap=True)
     drawn = [out.timelines[kind] for kind, _ in done if kind in out.timelines]
     if timeline_path is not None and drawn:
@@ -179,6 +182,7 @@ def run_demo(args: argparse.Namespace) -> int:
         "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
         "controller_restart": {kind: out.restarts[kind].to_dict() for kind, _ in done if kind in out.restarts},
         "story": told,
+        "rates_note": note,
         "table": {"columns": columns, "rows": rows},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},
         "traces": args.traces,

@@ -94,6 +94,7 @@ def _controller_restarts(report: ColocateReport) -> str:
 _ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
     # one row per line: (label, cell of one run); the JSON report stores the same strings.
     # Its "way" key is the loop kind: "old" = baseline, "ours" = resilient.
+    ("steps run (the per-step rates below divide by these)", lambda r: f"{steps_run(r)} of {r.steps_planned}"),
     ("steps finished", lambda r: f"{r.steps_finished} of {r.steps_planned}"),
     ("failed steps", lambda r: f"{r.failed_steps} of {steps_run(r)} run"),
     ("restarts a controller would have triggered", lambda r: str(r.restarts)),
@@ -102,13 +103,18 @@ _ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
     ("engine deaths", lambda r: per_step(r.engine_deaths, r)),
     ("502s seen", lambda r: per_step(r.http_502_seen, r)),
     ("502s absorbed by retries", lambda r: per_step(r.http_502_absorbed, r)),
+    ("calls re-sent after a 502", lambda r: per_step(r.retried_502, r)),
+    ("calls re-sent after a reset or timeout", lambda r: per_step(r.resent_after_error, r)),
     ("ambiguous faults (reset/timeout after the engine acted)", lambda r: per_step(r.ambiguous_faults_seen, r)),
     ("engines quarantined (memory state unknown)", lambda r: str(r.engines_quarantined) if r.way == "ours" else _NONE),
     ("engines reconciled (truth: emulator memory probe)", lambda r: str(r.engines_reconciled) if r.way == "ours" else _NONE),
     ("requests aborted/retracted and re-run", lambda r: per_step(r.requests_aborted_rerun, r)),
     ("requests lost", lambda r: per_step(r.requests_lost, r)),
     *((f"{label} p50 / p99 (s)", lambda r, key=key: _phase_cell(r, key)) for key, label in PHASES),
-    ("wall time (s)", lambda r: f"{r.wall_s:.1f}"),
+    (
+        "wall time (s): total (per step run)",
+        lambda r: f"{r.wall_s:.1f} ({r.wall_s / steps_run(r):.2f}/step)" if steps_run(r) else f"{r.wall_s:.1f}",
+    ),
     ("outcome", _outcome),
 )
 
