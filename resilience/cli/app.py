@@ -71,7 +71,15 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         "--traces",
         choices=("off", "console", "otlp"),
         default="off",
-        help="OpenTelemetry spans: console (stderr) or otlp (endpoint from OTEL_EXPORTER_OTLP_* variables); default off",
+        help="OpenTelemetry spans: console (one JSON object per span per line, into --traces-file, not into the progress) "
+        "or otlp (to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318; "
+        "an unreachable collector is an error before the run); default off",
+    )
+    p.add_argument(
+        "--traces-file",
+        default="cpr-demo-spans.jsonl",
+        metavar="FILE",
+        help="where --traces console writes its spans, one JSON object per line (default: %(default)s)",
     )
     p.add_argument("--timeline", metavar="FILE", help="draw the offload/onload timeline across engines: .png or .html")
 

@@ -133,23 +133,29 @@ def run_demo(args: argparse.Namespace) -> int:
     """
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     timeline_path = check_output_file(Path(args.timeline), "--timeline", (".png", ".html", ".htm")) if args.timeline else None
+    spans_path = check_output_file(Path(args.traces_file), "--traces-file") if args.traces == "console" else None
     plan = demo_plan(args.seed)
     t_start = time.monotonic()
-    telemetry: Telemetry = start_telemetry(args.metrics_port, args.traces)
+    telemetry: Telemetry = start_telemetry(args.metrics_port, args.traces, spans_path)
     out = _Results()
     interrupted = False
+    said: list[str] = []
     try:
         with RunProgress() as ui:
             ui.print(f"metrics: {telemetry.metrics_url} (served while the demo runs)")
-            if args.traces != "off":
-                ui.print(f"traces: {args.traces}")
+            if args.traces == "console":
+                ui.print(f"traces: one JSON object per span into {spans_path} (not into this progress)")
+            elif args.traces == "otlp":
+                from resilience.cli.traces import otlp_endpoint
+
+                ui.print(f"traces: OTLP to {otlp_endpoint().split('?', 1)[0]} (a collector answered)")
             _run_loops(args, ui, telemetry, plan, out)
     except KeyboardInterrupt:
         if not out.reports:
             raise
         interrupted = True
     finally:
-        telemetry.close()
+        said = telemetry.close()
     done = out.done()
     rows = comparison_rows([out.reports[kind] for kind, _ in done])
     columns = ["", *(title for _, title in done)]
@@ -171,6 +177,8 @@ def run_demo(args: argparse.Namespace) -> int:
     if timeline_path is not None and drawn:
         write_timeline(timeline_path, drawn)
         console.print(f"timeline: {timeline_path}", markup=False, highlight=False)
+    for line in said:  # traces: how many spans went where
+        console.print(line, markup=False, highlight=False)
     data = {
         "command": "demo",
         "seed": args.seed,
@@ -186,6 +194,7 @@ def run_demo(args: argparse.Namespace) -> int:
         "table": {"columns": columns, "rows": rows},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},
         "traces": args.traces,
+        "traces_file": str(spans_path) if spans_path is not None else None,
         "timeline": {"file": str(timeline_path) if timeline_path and drawn else None, "steps": [t.to_dict() for t in drawn]},
         "wall_s": round(time.monotonic() - t_start, 3),
     }

@@ -151,9 +151,10 @@ def rates_note(reports: Mapping[str, ColocateReport], titles: Mapping[str, str])
         title, n = titles.get(kind, kind), ran[kind]
         name = title[:1].upper() + title[1:]
         if report.failed_steps and report.failed_steps == n:
-            early = "" if report.phase_seconds.get("weight_sync") else ", none of them finishing its weight sync"
+            early = "" if report.phase_seconds.get("weight_sync") else " before finishing a weight sync"
+            steps = "its one step" if n == 1 else f"all {n} of its steps"
             parts.append(
-                f"{name}'s {plural(n, 'step')} all failed at their first error{early}, "
+                f"{name} failed {steps} at the first error{early}, "
                 f"so its {report.wall_s / n:.2f} s per step is the time to fail, not to train."
             )
         elif report.failed_steps:
@@ -168,5 +169,7 @@ def rates_note(reports: Mapping[str, ColocateReport], titles: Mapping[str, str])
                 if count
             ]
             paid = f", {' and '.join(extras)} included" if extras else ""
-            parts.append(f"{name} finished each of its {n} steps in {report.wall_s / n:.2f} s on average{paid}.")
+            steps = "its one step" if n == 1 else f"each of its {n} steps"
+            average = " on average" if n > 1 else ""
+            parts.append(f"{name} finished {steps} in {report.wall_s / n:.2f} s{average}{paid}.")
     return " ".join(p for p in parts if p)

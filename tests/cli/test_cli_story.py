@@ -136,7 +136,7 @@ def test_rates_note_says_why_the_per_step_figures_differ() -> None:
     note = rates_note({"old": old, "ours": ours}, {"old": "old way", "ours": "ours"})
     assert note == (
         "The per-step rates divide by the steps each way ran: old way 4 (its restart budget was spent), ours 20. "
-        "Old way's 4 steps all failed at their first error, none of them finishing its weight sync, so its 0.33 s per "
+        "Old way failed all 4 of its steps at the first error before finishing a weight sync, so its 0.33 s per "
         "step is the time to fail, not to train. "
         "Ours finished each of its 20 steps in 2.39 s on average, retries' backoff and re-run requests included."
     )
