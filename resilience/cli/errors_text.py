@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-__all__ = ["ERROR_LIMIT", "clip", "engine_labels", "label_urls", "short_error"]
+__all__ = ["ERROR_LIMIT", "clip", "engine_labels", "label_urls", "safe_url", "short_error"]
 
 ERROR_LIMIT = 240
 """Characters of a step's error a progress line shows at most (the JSON report keeps the loop's whole text)."""
@@ -38,6 +38,14 @@ def _base(url: str) -> str | None:
         return None
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def safe_url(url: str) -> str:
+    """``url`` as it may be shown: no ``user:password@``, no query, no fragment (a name that is no URL: as it is)."""
+    base = _base(url)
+    if base is None:
+        return url
+    return base + urlsplit(url).path
 
 
 def engine_labels(urls: Mapping[int, list[str]]) -> dict[str, str]:

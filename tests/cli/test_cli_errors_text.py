@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resilience.cli.errors_text import clip, engine_labels, label_urls, short_error
+from resilience.cli.errors_text import clip, engine_labels, label_urls, safe_url, short_error
 
 E3 = "http://127.0.0.1:40123"
 LABELS = engine_labels({3: [E3, "http://127.0.0.1:39001"], 4: ["http://127.0.0.1:40124/"]})
@@ -81,3 +81,10 @@ def test_a_text_that_is_one_parenthesis_is_closed_after_its_cut() -> None:
 def test_no_error_stays_none() -> None:
     """A step without an error has no error line."""
     assert short_error(None) is None
+
+
+def test_safe_url_keeps_scheme_host_port_and_path_only() -> None:
+    """What cpr probe and cpr journal show of a URL: no user:password@, query or fragment; a plain name as it is."""
+    assert safe_url("http://ops:pw@127.0.0.1:31003/v1?token=t#f") == "http://127.0.0.1:31003/v1"
+    assert safe_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000"
+    assert safe_url("engine-a") == "engine-a"
