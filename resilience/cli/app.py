@@ -25,9 +25,11 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import get_args
 
 import resilience
 from resilience.cli.common import CliError, OneLineParser, non_negative_int, port_number, positive_float, positive_int
+from resilience.testing.faultplan import FaultKind
 
 __all__ = ["CLOSED_PIPE_EXIT", "build_parser", "main"]
 
@@ -52,6 +54,8 @@ _EXAMPLES = """examples:
   cpr policies --file my-policies.toml       validate a policy file and show its table
   cpr emulate --port 30000                   one emulated SGLang engine for your own tests
   cpr emulate --engines 64                   64 engines forked from one process, their URLs printed as a list
+  cpr emulate --engines 4 --fault-plan plan.yaml
+                                             4 engines, each behind a fault proxy playing plan.yaml (the proxies' URLs printed)
 """
 
 
@@ -100,7 +104,13 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="seed of the faults and straggler timing; with --fault-plan, of the straggler timing only (the plan has its "
         "own seed) (default: 0, or the --fault-plan's seed)",
     )
-    p.add_argument("--fault-plan", metavar="FILE", help="a fault plan (.toml, .yaml, .json) instead of the soak's own plan")
+    p.add_argument(
+        "--fault-plan",
+        metavar="FILE",
+        help="a fault plan instead of the soak's own: .toml, .yaml or .json with `seed`, optional `max_streak` and `rules`, "
+        f"each rule a `path` and a `kind` ({', '.join(get_args(FaultKind))}) with its fields "
+        "(see resilience.testing.faults.FaultRule)",
+    )
     p.add_argument("--way", choices=("ours", "old"), default="ours", help="which loop to run (default: %(default)s)")
     p.add_argument(
         "--restart-every",
