@@ -161,7 +161,8 @@ def run_demo(args: argparse.Namespace) -> int:
     columns = ["", *(title for _, title in done)]
     told = story({kind: out.reports[kind] for kind, _ in done}, out.causes, dict(LOOPS))
     caption = (
-        f"{args.engines} engines, {args.steps} steps, seed {args.seed}: 502s (and resets) on every per-step control call, "
+        f"{plural(args.engines, 'engine')}, {plural(args.steps, 'step')}, seed {args.seed}: "
+        "502s (and resets) on every per-step control call, "
         f"slow swaps; a reset or read timeout after the engine acted on each engine's first release and on {DEMO_AMBIGUOUS:.0%} "
         "of releases, resumes and continues; restart budget 3 (the seed's max_global_restart). Then one step more, "
         "without faults, whose controller dies while the engines train and a new one runs it again from its offload"

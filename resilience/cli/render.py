@@ -78,8 +78,9 @@ def _outcome(report: ColocateReport) -> str:
     if report.stopped_early:
         return f"stopped at step {run} of {planned}: restart budget spent"
     if report.failed_steps == 0:
-        return f"all {planned} steps finished"
-    return f"ran all {planned} steps, {report.failed_steps} failed" + ("; restart budget spent" if spent else "")
+        return "its one step finished" if planned == 1 else f"all {planned} steps finished"
+    ran = "its one step failed" if planned == 1 else f"ran all {planned} steps, {report.failed_steps} failed"
+    return ran + ("; restart budget spent" if spent else "")
 
 
 def _controller_restarts(report: ColocateReport) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,9 @@ def test_soak_old_way_dies_on_the_same_seed(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     old = json.loads((tmp_path / "old.json").read_text())["ways"]["old"]
     assert old["engine_deaths"] > 0
+    failed = [line for line in result.stderr.splitlines() if " FAILED: " in line]  # the progress line of a failed step
+    assert failed, result.stderr
+    assert all(re.search(r"\bengine \d\b", line) and "http://" not in line and " on / " not in line for line in failed), failed
     assert "missed: no deaths" in " ".join(row[1] for row in table_rows(result.stdout))
 
 
