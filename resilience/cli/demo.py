@@ -28,7 +28,7 @@ from pathlib import Path
 
 from resilience.budget import RestartBudget
 from resilience.cli.common import CliError, check_output_file, plural, write_json
-from resilience.cli.errors_text import short_error
+from resilience.cli.errors_text import safe_url, short_error
 from resilience.cli.fleet import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.cli.story import death_causes, rates_note, story
@@ -148,7 +148,7 @@ def run_demo(args: argparse.Namespace) -> int:
             elif args.traces == "otlp":
                 from resilience.cli.traces import otlp_endpoint
 
-                ui.print(f"traces: OTLP to {otlp_endpoint().split('?', 1)[0]} (a collector answered)")
+                ui.print(f"traces: OTLP to {safe_url(otlp_endpoint())} (a collector answered)")
             _run_loops(args, ui, telemetry, plan, out)
     except KeyboardInterrupt:
         if not out.reports:

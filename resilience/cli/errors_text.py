@@ -43,8 +43,8 @@ def _base(url: str) -> str | None:
 def safe_url(url: str) -> str:
     """``url`` as it may be shown: no ``user:password@``, no query, no fragment (a name that is no URL: as it is)."""
     base = _base(url)
-    if base is None:
-        return url
+    if base is None:  # not a URL, or one whose port does not parse: still no credentials, query or fragment
+        return re.sub(r"//[^/@\s]*@", "//", url).split("?", 1)[0].split("#", 1)[0]
     return base + urlsplit(url).path
 
 

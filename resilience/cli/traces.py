@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from resilience.cli.common import CliError, need
+from resilience.cli.errors_text import safe_url
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -51,14 +52,6 @@ def otlp_endpoint(environ: dict[str, str] | None = None) -> str:
     return base.rstrip("/") + "/v1/traces" if base else DEFAULT_OTLP_TRACES
 
 
-def _shown(url: str) -> str:
-    """``url`` without credentials, query or fragment (what error lines may show of an endpoint)."""
-    parts = urlsplit(url)
-    host = parts.hostname or "?"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
-
-
 def check_collector(endpoint: str, timeout: float = COLLECTOR_CONNECT_S) -> None:
     """Open (and close) one TCP connection to ``endpoint``'s host and port; a :class:`CliError` when nothing answers.
 
@@ -69,9 +62,9 @@ def check_collector(endpoint: str, timeout: float = COLLECTOR_CONNECT_S) -> None
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
-        raise CliError(f"--traces otlp: the endpoint {_shown(endpoint)!r} has an invalid port", 2) from None
+        raise CliError(f"--traces otlp: the endpoint {safe_url(endpoint)!r} has an invalid port", 2) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise CliError(f"--traces otlp: the endpoint {_shown(endpoint)!r} is not an http:// or https:// URL", 2)
+        raise CliError(f"--traces otlp: the endpoint {safe_url(endpoint)!r} is not an http:// or https:// URL", 2)
     try:
         with socket.create_connection((parts.hostname, port), timeout=timeout):
             return
@@ -80,7 +73,7 @@ def check_collector(endpoint: str, timeout: float = COLLECTOR_CONNECT_S) -> None
         if isinstance(exc, TimeoutError):
             why = f"no connection in {timeout:g} s"
     raise CliError(
-        f"--traces otlp: no OTLP collector answers at {_shown(endpoint)} ({why}); start one, point "
+        f"--traces otlp: no OTLP collector answers at {safe_url(endpoint)} ({why}); start one, point "
         "OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT at yours, or use --traces console or off"
     )
 
@@ -161,7 +154,7 @@ def tracer_provider(kind: str, spans_file: Path | None, say: Callable[[str], Non
         check_collector(endpoint)
         otlp = need("opentelemetry.exporter.otlp.proto.http.trace_exporter", "otel", "--traces otlp")
         inner = otlp.OTLPSpanExporter(endpoint=endpoint)
-        where = _shown(endpoint)
+        where = safe_url(endpoint)
         for name in _SDK_LOGGERS:  # the one line of OnceExporter replaces the SDK's line per failed batch
             logging.getLogger(name).setLevel(logging.CRITICAL)
     exporter = once_exporter(inner, where, say)

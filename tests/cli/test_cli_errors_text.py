@@ -88,3 +88,4 @@ def test_safe_url_keeps_scheme_host_port_and_path_only() -> None:
     assert safe_url("http://ops:pw@127.0.0.1:31003/v1?token=t#f") == "http://127.0.0.1:31003/v1"
     assert safe_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000"
     assert safe_url("engine-a") == "engine-a"
+    assert safe_url("http://ops:pw@127.0.0.1:99999/v1/traces?k=v") == "http://127.0.0.1:99999/v1/traces"  # a bad port too
