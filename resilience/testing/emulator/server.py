@@ -37,6 +37,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog or "python -m resilience.testing.emulator",
         description="Run emulated SGLang engines (control plane and crash semantics) on the CPU: one, or N with --engines N.",
+        allow_abbrev=False,  # an abbreviation must not silently stand for another flag (--engine for --engines)
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default: 0)")
