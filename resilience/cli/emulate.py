@@ -74,8 +74,8 @@ def run_emulate(argv: Sequence[str]) -> int:
 def _serve_behind_proxies(args: argparse.Namespace, config: EngineConfig) -> int:
     """Start ``args.engines`` engines and a fault proxy in front of each; serve until SIGINT/SIGTERM."""
     from resilience.testing.emulator import EmulatedFleet, EmulatorStartError
+    from resilience.testing.emulator.ready import READY_PREFIX
     from resilience.testing.emulator.serve_many import ProgressPrinter
-    from resilience.testing.emulator.server import READY_PREFIX
     from resilience.testing.faults import FaultPlan, FaultPlanError, FaultProxy
 
     try:
