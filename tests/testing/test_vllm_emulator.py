@@ -1,8 +1,9 @@
 """The vLLM emulator, dev mode on: real engine processes, real HTTP on 127.0.0.1, ``requests`` as the client.
 
-One module-scoped fleet (forked from the shared zygote) serves every test. Engine 0
-survives every test (each test leaves it awake, unpaused, idle, with intact weights);
-engines 1 and 2 are each killed by one crash test. Each behaviour names the vLLM
+One module-scoped fleet (forked from the shared zygote, each engine behind the shared
+fault proxy) serves every test. Engine 0 survives every test (each test leaves it
+awake, unpaused, idle, with intact weights); engines 1 and 2 are each killed by one
+crash test; the plan's faults touch engine 3 alone. Each behaviour names the vLLM
 0.33.0 source line it follows (paths under ``vllm/``).
 """
 
@@ -21,17 +22,26 @@ pytest.importorskip("uvicorn")
 
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.emulator.vllm import VLLMEngineConfig, expected_completion
+from resilience.testing.faults import FaultPlan, FaultRule
 
 CONFIG = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=100.0)
 LONG = 2000  # max_tokens of a request that stays in flight for 20 s at 100 tokens/s
 TIMEOUT = 10.0  # seconds: a bound no healthy loopback exchange reaches
-SURVIVOR, CRASH_RESUME_ASLEEP, CRASH_HALF_AWAKE = range(3)
+SURVIVOR, CRASH_RESUME_ASLEEP, CRASH_HALF_AWAKE, PROXIED = range(4)
 PROMPT = "the quick brown fox"
+PLAN = FaultPlan(
+    seed=7,
+    rules=(
+        FaultRule("/sleep", "status_after", engines=frozenset({PROXIED}), calls=frozenset({1})),
+        FaultRule("/wake_up", "reset_before", engines=frozenset({PROXIED}), calls=frozenset({1})),
+        FaultRule("/update_weights", "drop_after", engines=frozenset({PROXIED}), calls=frozenset({1})),
+    ),
+)
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[EmulatedFleet]:
-    with EmulatedFleet(3, CONFIG) as f:
+    with EmulatedFleet(4, CONFIG, PLAN) as f:
         yield f
 
 
@@ -316,11 +326,11 @@ def test_control_calls_are_recorded_and_completions_are_not(engine: EngineHandle
 
 def test_resume_while_asleep_lets_a_request_onto_slept_memory_and_the_engine_dies(fleet: EmulatedFleet, http: requests.Session) -> None:
     """/resume does not look at sleeping tags (core.py l.2235, l.985): the next forward is an illegal memory access."""
-    victim = fleet.engines[CRASH_RESUME_ASLEEP]
-    http.post(victim.url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
-    assert http.post(victim.url + "/resume", timeout=TIMEOUT).json() == {"status": "resumed"}
+    victim = fleet.engines[CRASH_RESUME_ASLEEP]  # straight to it: through the proxy a dead engine is a 502
+    http.post(victim.direct_url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
+    assert http.post(victim.direct_url + "/resume", timeout=TIMEOUT).json() == {"status": "resumed"}
     with pytest.raises(requests.ConnectionError):
-        complete(http, victim.url)
+        complete(http, victim.direct_url)
     assert victim.wait_exit(TIMEOUT) == -9
     assert "illegal memory access" in victim.log()
     assert fleet.engines[SURVIVOR].alive()
@@ -331,16 +341,53 @@ def test_weights_woken_and_kv_cache_asleep_then_resume_kills_the_engine(
 ) -> None:
     """vllm#44395: wake(weights), then a forward onto the slept KV cache once /resume reopens scheduling."""
     victim = fleet.engines[CRASH_HALF_AWAKE]
-    http.post(victim.url + "/sleep", params={"level": 2}, timeout=TIMEOUT)
-    http.post(victim.url + "/wake_up", params={"tags": "weights"}, timeout=TIMEOUT)
-    queued = pool.submit(complete, http, victim.url)
+    http.post(victim.direct_url + "/sleep", params={"level": 2}, timeout=TIMEOUT)
+    http.post(victim.direct_url + "/wake_up", params={"tags": "weights"}, timeout=TIMEOUT)
+    queued = pool.submit(complete, http, victim.direct_url)
     wait_for(lambda: victim.state()["waiting"] == 1)  # the scheduler stays paused while kv_cache sleeps (core.py l.1051-1055)
     assert victim.alive() and not queued.done()
     try:
-        http.post(victim.url + "/resume", timeout=TIMEOUT)
+        http.post(victim.direct_url + "/resume", timeout=TIMEOUT)
     except requests.ConnectionError:
         pass  # the queued request may kill the engine before the answer is out
     with pytest.raises(requests.ConnectionError):
         queued.result(timeout=TIMEOUT)
     assert victim.wait_exit(TIMEOUT) == -9
     assert "slept kv_cache" in victim.log()
+
+
+def test_behind_the_fault_proxy_a_re_sent_sleep_or_wake_is_harmless(fleet: EmulatedFleet, http: requests.Session) -> None:
+    """The shared fault proxy in front of a vLLM engine: a 502 after the sleep, a reset before the wake, both re-sent.
+
+    Sleep and wake are idempotent on vLLM (abstract.py l.400-403, l.413-415), so the repeats are no-ops; the
+    memory probe (the shared side channel) reads the sleeping tags the engine really has.
+    """
+    proxied = fleet.engines[PROXIED]
+    assert proxied.proxy is not None and proxied.url != proxied.direct_url
+    probe = fleet.memory_probe()
+    assert probe.released_tags(proxied.url) == frozenset()
+    ambiguous = http.post(proxied.url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
+    assert ambiguous.status_code == 502  # the engine slept, the client cannot know
+    assert probe.released_tags(proxied.url) == frozenset({"weights", "kv_cache"})
+    assert http.post(proxied.url + "/sleep", params={"level": 1}, timeout=TIMEOUT).json() == {"status": "sleeping", "level": 1}
+    with pytest.raises(requests.ConnectionError):
+        http.post(proxied.url + "/wake_up", timeout=TIMEOUT)  # reset before forwarding: the engine saw nothing
+    assert proxied.state()["sleeping_tags"] == ["kv_cache", "weights"]
+    assert http.post(proxied.url + "/wake_up", timeout=TIMEOUT).json() == {"status": "awake", "tags": None}
+    assert probe.released_tags(proxied.direct_url) == frozenset()
+    assert [f.kind for f in proxied.proxy.injected] == ["status_after", "reset_before"]
+    assert proxied.alive()
+
+
+def test_behind_the_fault_proxy_an_update_lost_after_sending_was_applied(fleet: EmulatedFleet, http: requests.Session) -> None:
+    """``drop_after`` on /update_weights: the chunk was loaded though the client saw a reset (not idempotent: gpu_worker.py l.1590)."""
+    proxied = fleet.engines[PROXIED]
+    assert proxied.proxy is not None
+    http.post(proxied.url + "/init_weight_transfer_engine", json={"init_info": {}}, timeout=TIMEOUT)
+    http.post(proxied.url + "/start_weight_update", timeout=TIMEOUT)
+    with pytest.raises(requests.ConnectionError):
+        http.post(proxied.url + "/update_weights", json={"update_info": {"names": ["w"]}}, timeout=TIMEOUT)
+    proxied.proxy.settle()
+    assert proxied.state()["update_chunks"] == 1
+    http.post(proxied.url + "/finish_weight_update", json={"weight_version": "step-9"}, timeout=TIMEOUT)
+    assert http.get(proxied.url + "/weight_info", timeout=TIMEOUT).json() == {"weight_version": "step-9"}

@@ -409,6 +409,7 @@ class EngineCore:
             "weights_discarded": self.weights_discarded,
             "transfer_initialized": self.transfer_initialized,
             "weight_update_active": self.weight_update_active,
+            "update_chunks": self.update_chunks,
             "running": len(self.running),
             "waiting": len(self.waiting),
             "counts": dict(self.counts),
