@@ -97,7 +97,7 @@ def in_flight(pool: ThreadPoolExecutor, http: requests.Session, handle: EngineHa
 
 
 def test_version_health_and_a_completion(engine: EngineHandle, http: requests.Session) -> None:
-    """``/version`` is 0.33.0 (serve/instrumentator/basic.py l.86); the text follows the weights' version."""
+    """``/version`` is 0.33.0 (serve/instrumentator/basic.py l.53); the text follows the weights' version."""
     assert http.get(engine.url + "/version", timeout=TIMEOUT).json() == {"version": "0.33.0"}
     health = http.get(engine.url + "/health", timeout=TIMEOUT)
     assert (health.status_code, health.content) == (200, b"")  # serve/instrumentator/health.py l.30
@@ -153,7 +153,7 @@ def test_level_0_pauses_only_and_scheduling_wakes_it(engine: EngineHandle, http:
 
 
 def test_is_sleeping_while_merely_paused_and_a_wake_up_clears_the_pause(engine: EngineHandle, http: requests.Session) -> None:
-    """is_sleeping = paused or asleep (core.py l.1076-1078); a wake on an awake engine resumes it (l.1053-1055, abstract.py l.414)."""
+    """is_sleeping = paused or asleep (core.py l.1078-1078); a wake on an awake engine resumes it (l.1053-1055, abstract.py l.414)."""
     assert http.post(engine.url + "/pause", params={"mode": "keep"}, timeout=TIMEOUT).json() == {"status": "paused"}
     assert http.get(engine.url + "/is_sleeping", timeout=TIMEOUT).json() == {"is_sleeping": True}
     assert engine.state()["sleeping_tags"] == []
@@ -213,7 +213,7 @@ def test_a_request_while_asleep_waits_for_the_wake(engine: EngineHandle, http: r
 
 
 def test_reset_prefix_cache_is_false_while_blocks_are_held(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
-    """``{"success": false}`` while running requests hold blocks (serve/dev/cache/api_router.py l.96-109, scheduler.py l.3212)."""
+    """``{"success": false}`` while running requests hold blocks (serve/dev/cache/api_router.py l.31-44, scheduler.py l.3212)."""
     assert http.post(engine.url + "/reset_prefix_cache", timeout=TIMEOUT).json() == {"success": True}
     running = in_flight(pool, http, engine)
     held = http.post(engine.url + "/reset_prefix_cache", timeout=TIMEOUT)
@@ -222,7 +222,7 @@ def test_reset_prefix_cache_is_false_while_blocks_are_held(engine: EngineHandle,
     assert preempting.json() == {"success": True}  # scheduler.py l.3194-3204: running requests preempted first
     assert http.post(engine.url + "/abort_requests", json={}, timeout=TIMEOUT).json() == {"status": "aborted", "aborted": 1}
     assert running.result(timeout=TIMEOUT).json()["choices"][0]["finish_reason"] == "abort"
-    for path in ("/reset_mm_cache", "/reset_encoder_cache"):  # l.112-129: empty 200
+    for path in ("/reset_mm_cache", "/reset_encoder_cache"):  # l.47-64: empty 200
         answer = http.post(engine.url + path, timeout=TIMEOUT)
         assert (answer.status_code, answer.content) == (200, b"")
 
@@ -310,7 +310,8 @@ def test_query_parameters_are_validated_as_vllm_validates_them(engine: EngineHan
         assert answer.json()["error"]["code"] == 400
     assert http.get(engine.url + "/get_world_size", params={"include_dp": "false"}, timeout=TIMEOUT).json() == {"world_size": 1}
     missing = http.post(engine.url + "/collective_rpc", json={}, timeout=TIMEOUT)
-    assert (missing.status_code, missing.json()["error"]["message"]) == (400, "Missing 'method' in request body")  # dev/__init__.py l.38-42
+    # serve/dev/rpc/api_router.py l.37-42
+    assert (missing.status_code, missing.json()["error"]["message"]) == (400, "Missing 'method' in request body")
     assert engine.state()["pause_state"] == "unpaused"
 
 
@@ -359,7 +360,7 @@ def test_weights_woken_and_kv_cache_asleep_then_resume_kills_the_engine(
 def test_behind_the_fault_proxy_a_re_sent_sleep_or_wake_is_harmless(fleet: EmulatedFleet, http: requests.Session) -> None:
     """The shared fault proxy in front of a vLLM engine: a 502 after the sleep, a reset before the wake, both re-sent.
 
-    Sleep and wake are idempotent on vLLM (abstract.py l.400-403, l.413-415), so the repeats are no-ops; the
+    Sleep and wake are idempotent on vLLM (abstract.py l.400-403, l.412-415), so the repeats are no-ops; the
     memory probe (the shared side channel) reads the sleeping tags the engine really has.
     """
     proxied = fleet.engines[PROXIED]
@@ -380,7 +381,7 @@ def test_behind_the_fault_proxy_a_re_sent_sleep_or_wake_is_harmless(fleet: Emula
 
 
 def test_behind_the_fault_proxy_an_update_lost_after_sending_was_applied(fleet: EmulatedFleet, http: requests.Session) -> None:
-    """``drop_after`` on /update_weights: the chunk was loaded though the client saw a reset (not idempotent: gpu_worker.py l.1590)."""
+    """``drop_after`` on /update_weights: the chunk was loaded though the client saw a reset (not idempotent: gpu_worker.py l.1592)."""
     proxied = fleet.engines[PROXIED]
     assert proxied.proxy is not None
     http.post(proxied.url + "/init_weight_transfer_engine", json={"init_info": {}}, timeout=TIMEOUT)

@@ -23,7 +23,7 @@ tick. Paths and lines below are vLLM 0.33.0's (``vllm/...``).
   ``Executor.wake_up`` (abstract.py l.413) does nothing when nothing sleeps, and
   nothing at all when one of the tags is not asleep (l.416-422); the scheduler
   resumes whenever nothing sleeps any more, also when nothing slept (l.1053-1055).
-- ``is_sleeping`` (l.1076) = scheduler paused or any tag asleep.
+- ``is_sleeping`` (l.1078) = scheduler paused or any tag asleep.
 - With ``--enable-sleep-mode`` the slept memory is really gone (cumem unmaps it):
   a step that runs a request while any tag sleeps, or a weight load into slept
   weights, is an illegal memory access (``crash.py``). Level 2 discards the weights
@@ -236,7 +236,7 @@ class EngineCore:
             self._memory_call_ended()
 
     def _executor_wake(self, tags: list[str] | None) -> None:
-        """``Executor.wake_up`` (abstract.py l.413-435)."""
+        """``Executor.wake_up`` (abstract.py l.412-435)."""
         if not self.sleeping_tags:
             log.warning("Executor is not sleeping.")
             return
@@ -253,7 +253,7 @@ class EngineCore:
         self.sleeping_tags -= woken
 
     def is_sleeping(self) -> bool:
-        """``/is_sleeping``: paused or any tag asleep (``EngineCore.is_sleeping`` l.1076)."""
+        """``/is_sleeping``: paused or any tag asleep (``EngineCore.is_sleeping`` l.1078)."""
         return self.is_paused() or bool(self.sleeping_tags)
 
     def release_kv_cache_memory(self) -> None:
@@ -300,7 +300,7 @@ class EngineCore:
             raise UtilityError(method, "Weight transfer not configured. Please set weight_transfer_config to enable weight transfer.")
 
     def init_weight_transfer_engine(self, init_info: dict[str, object]) -> None:
-        """``Worker.init_weight_transfer_engine`` (l.1518); re-creating the group is allowed."""
+        """``Worker.init_weight_transfer_engine`` (l.1519); re-creating the group is allowed."""
         self._check_transfer("init_weight_transfer_engine")
         self.transfer_initialized = True
 
@@ -325,11 +325,11 @@ class EngineCore:
         self.update_chunks = 0
 
     def update_weights(self, update_info: object) -> None:
-        """``Worker.update_weights`` (l.1590): needs a session; loading into slept weights is an illegal access."""
+        """``Worker.update_weights`` (l.1592): needs a session; loading into slept weights is an illegal access."""
         self._check_transfer("update_weights")
         if not self.weight_update_active:
             raise UtilityError("update_weights", "start_weight_update must be called before update_weights.")
-        if not self.transfer_initialized:  # the backend has no group to receive on: the exception ends the session (l.1621)
+        if not self.transfer_initialized:  # the backend has no group to receive on: the exception ends the session (l.1624)
             self.weight_update_active = False
             raise UtilityError("update_weights", f"{self._backend_class()} is not initialized; call init_weight_transfer_engine first.")
         if self._memory_gone(("weights",)):

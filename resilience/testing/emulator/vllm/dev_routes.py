@@ -3,7 +3,7 @@
 Each endpoint keeps the signature of its original (route, method, parameters, defaults,
 constraints), so the contract check (``contract.py``) can compare them by AST:
 ``vllm/entrypoints/serve/dev/sleep/api_router.py``, ``dev/cache/api_router.py``,
-``dev/__init__.py`` (``/collective_rpc``) and ``dev/server_info/api_router.py``.
+``dev/rpc/api_router.py`` (``/collective_rpc``) and ``dev/server_info/api_router.py``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def cache_router(core: EngineCore) -> APIRouter:
 
 
 def rpc_router(core: EngineCore) -> APIRouter:
-    """``serve/dev/__init__.py`` (``/collective_rpc``, l.23-59); the emulator knows a few worker methods."""
+    """``serve/dev/rpc/api_router.py`` (``/collective_rpc``, l.23-59); the emulator knows a few worker methods."""
     router = APIRouter()
 
     @router.post("/collective_rpc")
@@ -117,7 +117,7 @@ def _run_worker_method(core: EngineCore, method: str, args: list[str], kwargs: d
 
 
 def server_info_router(core: EngineCore) -> APIRouter:
-    """``serve/dev/server_info/api_router.py`` (l.106)."""
+    """``serve/dev/server_info/api_router.py`` (l.43)."""
     router = APIRouter()
 
     @router.get("/server_info")
@@ -133,7 +133,7 @@ def server_info_router(core: EngineCore) -> APIRouter:
         }
         server_info = {
             "vllm_config": str(as_json) if config_format == "text" else as_json,
-            # l.93: the env dump leaves out every name with KEY in it
+            # l.30: the env dump leaves out every name with KEY in it
             "vllm_env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_") and "KEY" not in k},
             "system_env": {"os": platform.platform(), "python_version": sys.version.split()[0]},
         }

@@ -135,6 +135,7 @@ def rl_router(core: EngineCore) -> APIRouter:
         raw_request: Request,
         include_dp: bool = Query(True),
     ) -> JSONResponse:
-        return JSONResponse(content={"world_size": 1})  # one worker, no data parallelism
+        world_size = 1  # one worker, no data parallelism: TP * PP (* DP) = 1 either way (l.285-288)
+        return JSONResponse(content={"world_size": world_size})
 
     return router
