@@ -202,6 +202,42 @@ def test_pause_keep_queues_new_requests_until_resume(engine: EngineHandle, http:
     assert (answer.status_code, answer.json()["choices"][0]["text"]) == (200, expected_completion(PROMPT, "default", 4))
 
 
+def test_sleep_modes_with_a_request_in_flight(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
+    """Sleep pauses first (core.py l.1005-1008): abort aborts it, wait lets it finish before sleeping, keep preempts and freezes it."""
+    aborted = in_flight(pool, http, engine)
+    assert http.post(engine.url + "/sleep", params={"level": 1, "mode": "abort"}, timeout=TIMEOUT).status_code == 200
+    assert aborted.result(timeout=TIMEOUT).json()["choices"][0]["finish_reason"] == "abort"
+    http.post(engine.url + "/wake_up", timeout=TIMEOUT)
+
+    drained = in_flight(pool, http, engine, max_tokens=50)  # 0.5 s at 100 tokens/s
+    slept = http.post(engine.url + "/sleep", params={"level": 1, "mode": "wait"}, timeout=TIMEOUT)  # returns once drained
+    assert slept.json() == {"status": "sleeping", "level": 1}
+    assert drained.done() and drained.result().json()["choices"][0]["finish_reason"] == "length"
+    assert engine.state()["sleeping_tags"] == ["kv_cache", "weights"]
+    http.post(engine.url + "/wake_up", timeout=TIMEOUT)
+
+    kept = in_flight(pool, http, engine, max_tokens=30)
+    assert http.post(engine.url + "/sleep", params={"level": 1, "mode": "keep"}, timeout=TIMEOUT).status_code == 200
+    state = engine.state()  # level >= 1 clears the caches: the running request is preempted (l.948-952, l.932-946)
+    assert (state["pause_state"], state["running"], state["waiting"], state["counts"]["preempted"] >= 1) == ("paused_all", 0, 1, True)
+    assert not kept.done()
+    assert http.post(engine.url + "/wake_up", timeout=TIMEOUT).json()["status"] == "awake"
+    answer = kept.result(timeout=TIMEOUT).json()["choices"][0]
+    assert (answer["finish_reason"], answer["text"]) == ("length", expected_completion(PROMPT, "default", 30))
+
+
+def test_abort_requests_by_id_leaves_the_others_running(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
+    """``/abort_requests`` with ids aborts those, without pausing (rl/online/api_router.py l.97-136); "aborted" counts the ids sent."""
+    other = in_flight(pool, http, engine)
+    mine = pool.submit(complete, http, engine.url, LONG, headers={"X-Request-Id": "mine"}, timeout=60.0)
+    wait_for(lambda: engine.state()["running"] == 2)
+    answer = http.post(engine.url + "/abort_requests", json={"request_ids": ["mine", "unknown"]}, timeout=TIMEOUT)
+    assert answer.json() == {"status": "aborted", "aborted": 2}
+    finished = mine.result(timeout=TIMEOUT).json()
+    assert (finished["id"], finished["choices"][0]["finish_reason"]) == ("cmpl-mine", "abort")
+    assert engine.state()["running"] == 1 and not other.done() and engine.state()["pause_state"] == "unpaused"
+
+
 def test_a_request_while_asleep_waits_for_the_wake(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
     """Sleep pauses without rejecting (core.py l.2228-2230: only pause_generation rejects): a request hangs until the wake."""
     http.post(engine.url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
