@@ -26,22 +26,7 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .vllm.server import VLLMAppFactory
 
-__all__ = [
-    "ENGINE_KINDS",
-    "READY_PREFIX",
-    "AppFactory",
-    "bind_listener",
-    "build_parser",
-    "engine_kind",
-    "listen_url",
-    "main",
-    "parent_problem",
-    "print_ready",
-    "watch_parent",
-]
-
-ENGINE_KINDS = ("sglang", "vllm")
-"""The engines the emulator reproduces (``--engine``): SGLang 0.5.23 (the default) or vLLM 0.33.0 (``emulator/vllm/``)."""
+__all__ = ["READY_PREFIX", "AppFactory", "build_parser", "main", "print_ready"]
 
 AppFactory = Callable[[EngineConfig, str, int], "tuple[FastAPI, Engine]"]
 """Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
@@ -282,6 +267,13 @@ def _serve(
     )
     ReadyServer(uv_config).run(sockets=[sock])
     return 0
+
+
+# the engine switch and the plumbing the vLLM entry (``vllm/server.py``) shares with this one
+__all__ += ["ENGINE_KINDS", "bind_listener", "engine_kind", "listen_url", "parent_problem", "watch_parent"]
+
+ENGINE_KINDS = ("sglang", "vllm")
+"""The engines the emulator reproduces (``--engine``): SGLang 0.5.23 (the default) or vLLM 0.33.0 (``emulator/vllm/``)."""
 
 
 def engine_kind(argv: Sequence[str]) -> str:
