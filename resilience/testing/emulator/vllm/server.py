@@ -30,7 +30,7 @@ VLLMAppFactory = Callable[[VLLMEngineConfig, str, int], "tuple[FastAPI, Any]"]
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line: ``--engine vllm``, the process flags, and vLLM's own flags (``config.py``)."""
     parser = argparse.ArgumentParser(
-        prog=prog or "python -m resilience.testing.emulator --engine vllm",
+        prog=prog or "python -m resilience.testing.emulator",
         description="Run emulated vLLM 0.33.0 engines (control plane, sleep mode and its crashes) on the CPU. "
         "The dev and RL routes exist only with VLLM_SERVER_DEV_MODE=1, as in vLLM.",
     )
