@@ -3,7 +3,7 @@
 One module-scoped fleet (forked from the shared zygote, each engine behind the shared
 fault proxy) serves every test. Engine 0 survives every test (each test leaves it
 awake, unpaused, idle, with intact weights); engines 1 and 2 are each killed by one
-crash test; the plan's faults touch engine 3 alone. Each behaviour names the vLLM
+crash test; the plan's faults touch engine 3 alone; engine 4 is wedged by a re-sent weight chunk. Each behaviour names the vLLM
 0.33.0 source line it follows (paths under ``vllm/``).
 """
 
@@ -27,7 +27,7 @@ from resilience.testing.faults import FaultPlan, FaultRule
 CONFIG = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=100.0)
 LONG = 2000  # max_tokens of a request that stays in flight for 20 s at 100 tokens/s
 TIMEOUT = 10.0  # seconds: a bound no healthy loopback exchange reaches
-SURVIVOR, CRASH_RESUME_ASLEEP, CRASH_HALF_AWAKE, PROXIED = range(4)
+SURVIVOR, CRASH_RESUME_ASLEEP, CRASH_HALF_AWAKE, PROXIED, WEDGED = range(5)
 PROMPT = "the quick brown fox"
 PLAN = FaultPlan(
     seed=7,
@@ -41,7 +41,7 @@ PLAN = FaultPlan(
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[EmulatedFleet]:
-    with EmulatedFleet(4, CONFIG, PLAN) as f:
+    with EmulatedFleet(5, CONFIG, PLAN) as f:
         yield f
 
 
@@ -278,10 +278,9 @@ def test_weight_session_state_machine(engine: EngineHandle, http: requests.Sessi
     assert second.status_code == 500 and "already active" in second.json()["error"]["message"]
     busy = http.post(url + "/shutdown_weight_transfer_engine", timeout=TIMEOUT)
     assert busy.status_code == 500 and "during a weight update" in busy.text  # gpu_worker.py l.1535-1538
-    for _ in range(2):
-        assert http.post(url + "/update_weights", json={"update_info": {"names": ["w"]}}, timeout=TIMEOUT).json() == {
-            "message": "Weights updated"
-        }
+    for layer in range(2):  # two different chunks (the same one twice would wedge the engine: the last test)
+        chunk = {"update_info": {"names": [f"layer.{layer}"]}}
+        assert http.post(url + "/update_weights", json=chunk, timeout=TIMEOUT).json() == {"message": "Weights updated"}
     finished = http.post(url + "/finish_weight_update", json={"weight_version": "step-1"}, timeout=TIMEOUT)
     assert finished.json() == {"message": "Weight update finished"}
     assert http.get(url + "/weight_info", timeout=TIMEOUT).json() == {"weight_version": "step-1"}
@@ -428,3 +427,27 @@ def test_behind_the_fault_proxy_an_update_lost_after_sending_was_applied(fleet: 
     assert proxied.state()["update_chunks"] == 1
     http.post(proxied.url + "/finish_weight_update", json={"weight_version": "step-9"}, timeout=TIMEOUT)
     assert http.get(proxied.url + "/weight_info", timeout=TIMEOUT).json() == {"weight_version": "step-9"}
+
+
+def test_a_re_sent_weight_chunk_wedges_the_engine_while_health_stays_200(fleet: EmulatedFleet, http: requests.Session) -> None:
+    """prime-rl#3599: the same ``/update_weights`` again waits for a broadcast that never comes (vllm-control-plane.md 4.5);
+    every call that needs the EngineCore hangs behind it, completions too, while /health answers 200."""
+    victim = fleet.engines[WEDGED]
+    url = victim.direct_url
+    http.post(url + "/init_weight_transfer_engine", json={"init_info": {}}, timeout=TIMEOUT)
+    http.post(url + "/start_weight_update", timeout=TIMEOUT)
+    chunk = {"update_info": {"names": ["layer.0"], "dtype_names": ["bfloat16"], "shapes": [[2, 2]]}}
+    assert http.post(url + "/update_weights", json=chunk, timeout=TIMEOUT).json() == {"message": "Weights updated"}
+    other = {"update_info": {"names": ["layer.1"], "dtype_names": ["bfloat16"], "shapes": [[2, 2]]}}
+    assert http.post(url + "/update_weights", json=other, timeout=TIMEOUT).status_code == 200  # another chunk: fine
+    with pytest.raises(requests.ReadTimeout):
+        http.post(url + "/update_weights", json=other, timeout=0.5)  # the same chunk again
+    assert victim.state()["wedged"] is True
+    for method, path in (("GET", "/is_paused"), ("POST", "/finish_weight_update"), ("POST", "/sleep")):
+        with pytest.raises(requests.ReadTimeout):
+            http.request(method, url + path, json={}, timeout=0.5)
+    with pytest.raises(requests.ReadTimeout):
+        complete(http, url, timeout=0.5)
+    assert http.get(url + "/health", timeout=TIMEOUT).status_code == 200
+    assert http.get(url + "/get_world_size", timeout=TIMEOUT).json() == {"world_size": 1}  # read from the config
+    assert victim.alive()

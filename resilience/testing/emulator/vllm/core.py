@@ -32,6 +32,12 @@ tick. Paths and lines below are vLLM 0.33.0's (``vllm/...``).
 - The weight session is per worker (``v1/worker/gpu_worker.py`` l.1542-1650): a failed
   call raises :class:`UtilityError` and the engine lives (a utility failure, ``v1/engine/core.py``
   l.1850: HTTP 500).
+- ``/update_weights`` over NCCL is a collective with the trainer (``vllm-control-plane.md`` 4.5,
+  code reading; prime-rl#3599): a re-sent chunk (the same ``update_info`` again in one session)
+  waits for a broadcast that never comes. The engine is then *wedged*: that call never answers,
+  the EngineCore's loop is stuck in it, so no request is stepped and every call that needs the
+  core (all dev and RL routes but ``/abort_requests``, ``/get_world_size``, ``/server_info``)
+  hangs; ``/health`` still answers 200 (``AsyncLLM.check_health`` only looks for a dead core).
 """
 
 from __future__ import annotations
@@ -122,6 +128,9 @@ class EngineCore:
         self.transfer_initialized = False
         self.weight_update_active = False
         self.update_chunks = 0
+        self._last_update: object | None = None
+        self.wedged = False
+        """A re-sent ``/update_weights`` waits for a broadcast that never comes: the core is stuck for good."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -323,6 +332,7 @@ class EngineCore:
             )
         self.weight_update_active = True
         self.update_chunks = 0
+        self._last_update = None
 
     def update_weights(self, update_info: object) -> None:
         """``Worker.update_weights`` (l.1592): needs a session; loading into slept weights is an illegal access."""
@@ -334,6 +344,11 @@ class EngineCore:
             raise UtilityError("update_weights", f"{self._backend_class()} is not initialized; call init_weight_transfer_engine first.")
         if self._memory_gone(("weights",)):
             die_of_illegal_memory_access("a weight update loaded into slept weights")
+        if self._last_update is not None and update_info == self._last_update:
+            log.error("update_weights: the same chunk again; its NCCL broadcast from the trainer never comes (the core waits for good)")
+            self.wedged = True
+            return
+        self._last_update = update_info
         self.update_chunks += 1
 
     def finish_weight_update(self, weight_version: str | None) -> None:
@@ -372,9 +387,16 @@ class EngineCore:
         backend = self.config.weight_transfer_backend or "nccl"
         return {"nccl": "NCCLWeightTransferEngine", "ipc": "IPCWeightTransferEngine"}.get(backend, f"{backend} engine")
 
+    async def utility_gate(self) -> None:
+        """Wait forever once the core is wedged (a call that needs the EngineCore never gets its turn); else return at once."""
+        if self.wedged:
+            await asyncio.Event().wait()  # never set: the request is cancelled when the client or the server goes
+
     # ----- the scheduler step ---------------------------------------------------------
     def step(self, seconds: float) -> None:
         """One scheduler step of ``seconds``: admit (only ``UNPAUSED``), decode, finish, complete pauses."""
+        if self.wedged:
+            return  # the busy loop is stuck in the collective
         if self.pause_state is PauseState.PAUSED_ALL:
             return  # scheduler.py l.723: no token budget
         if self.pause_state is PauseState.UNPAUSED:
@@ -410,6 +432,7 @@ class EngineCore:
             "transfer_initialized": self.transfer_initialized,
             "weight_update_active": self.weight_update_active,
             "update_chunks": self.update_chunks,
+            "wedged": self.wedged,
             "running": len(self.running),
             "waiting": len(self.waiting),
             "counts": dict(self.counts),

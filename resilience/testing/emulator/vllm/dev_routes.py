@@ -15,17 +15,18 @@ import sys
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from .core import EngineCore, PauseMode, UtilityError
+from .rl_routes import engine_core_gate
 
 __all__ = ["dev_routers"]
 
 
 def sleep_router(core: EngineCore) -> APIRouter:
     """``serve/dev/sleep/api_router.py``."""
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.post("/sleep")  # l.26
     async def sleep(
@@ -58,7 +59,7 @@ def sleep_router(core: EngineCore) -> APIRouter:
 
 def cache_router(core: EngineCore) -> APIRouter:
     """``serve/dev/cache/api_router.py``."""
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.post("/reset_prefix_cache")  # l.20
     async def reset_prefix_cache(
@@ -82,7 +83,7 @@ def cache_router(core: EngineCore) -> APIRouter:
 
 def rpc_router(core: EngineCore) -> APIRouter:
     """``serve/dev/rpc/api_router.py`` (``/collective_rpc``, l.23-59); the emulator knows a few worker methods."""
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.post("/collective_rpc")
     async def collective_rpc(raw_request: Request) -> Response:
@@ -118,7 +119,7 @@ def _run_worker_method(core: EngineCore, method: str, args: list[str], kwargs: d
 
 def server_info_router(core: EngineCore) -> APIRouter:
     """``serve/dev/server_info/api_router.py`` (l.43)."""
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.get("/server_info")
     async def show_server_info(
