@@ -311,6 +311,9 @@ def test_level_2_leaves_garbage_weights_that_still_answer_200(engine: EngineHand
     http.post(url + "/update_weights", json={"update_info": {"names": ["w"]}}, timeout=TIMEOUT)
     http.post(url + "/finish_weight_update", json={"weight_version": "step-2"}, timeout=TIMEOUT)
     assert complete(http, url).json()["choices"][0]["text"] == expected_completion(PROMPT, "step-2", 4)
+    reset = http.post(url + "/weight_checker", json={"action": "reset"}, timeout=TIMEOUT)
+    assert reset.json() == {"status": "reset"}  # rl/online/api_router.py l.240-242: reset_weights zeroes them (gpu_worker.py l.393)
+    assert complete(http, url).json()["choices"][0]["text"] != expected_completion(PROMPT, "step-2", 4)
 
 
 def test_release_kv_cache_memory_needs_a_completed_pause_and_resident_memory(engine: EngineHandle, http: requests.Session) -> None:

@@ -54,7 +54,7 @@ from typing import Literal, get_args
 from ..memory_state import MemoryStateWriter
 from .config import VLLMEngineConfig
 from .crash import die_of_illegal_memory_access
-from .text import garbage_content, token, weights_content
+from .text import ZERO_CONTENT, garbage_content, token, weights_content
 
 __all__ = ["SLEEP_TAGS", "EngineCore", "EnginePausedError", "PauseMode", "PauseState", "Request", "UtilityError"]
 
@@ -372,6 +372,13 @@ class EngineCore:
         if self._memory_gone(("weights",)):
             die_of_illegal_memory_access("reload_weights loaded into slept weights")
         self.weights = weights_content(self.config.weight_version)
+        self.weights_discarded = False
+
+    def zero_weights(self) -> None:
+        """``collective_rpc("reset_weights")`` = ``zero_weights(model)`` (``gpu_worker.py`` l.393-394): every weight is 0."""
+        if self._memory_gone(("weights",)):
+            die_of_illegal_memory_access("reset_weights wrote into slept weights")
+        self.weights = ZERO_CONTENT
         self.weights_discarded = False
 
     def weight_checksums(self) -> dict[str, str]:

@@ -107,9 +107,15 @@ def rpc_router(core: EngineCore) -> APIRouter:
 
 
 def _run_worker_method(core: EngineCore, method: str, args: list[str], kwargs: dict[str, str], timeout: float | None) -> list[Any]:
-    """One result per worker (one worker here). ``reload_weights`` reloads the checkpoint; unknown names fail as vLLM's would."""
+    """One result per worker (one worker here); unknown method names fail as vLLM's would.
+
+    ``reload_weights`` loads the checkpoint again, ``reset_weights`` zeroes the weights (``gpu_worker.py`` l.393),
+    ``compute_weight_checksums`` answers the checksums; ``synchronize_device`` and the cache resets do nothing here.
+    """
     if method == "reload_weights":
         core.reload_weights()
+    elif method == "reset_weights":
+        core.zero_weights()
     elif method == "compute_weight_checksums":
         return [core.weight_checksums()]
     elif method not in ("synchronize_device", "reset_mm_cache", "reset_encoder_cache"):

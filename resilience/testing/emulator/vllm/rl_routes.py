@@ -137,6 +137,7 @@ def rl_router(core: EngineCore) -> APIRouter:
         baseline: Annotated[dict[str, str] | None, Body(embed=True)] = None,
     ) -> JSONResponse:
         if action == "reset":
+            core.zero_weights()  # l.240-242: collective_rpc("reset_weights") zeroes every weight (gpu_worker.py l.393)
             return JSONResponse(content={"status": "reset"})
         if action == "compare" and baseline is None:
             raise HTTPException(status_code=HTTPStatus.BAD_REQUEST.value, detail="action='compare' requires a 'baseline' object")
