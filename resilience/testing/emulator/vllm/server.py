@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..listen import bind_listener, listen_url, parent_problem, watch_parent
 from ..ready import print_ready
-from ..server import bind_listener, listen_url, parent_problem, watch_parent
 from .config import ENGINE_KIND, VLLMEngineConfig, add_vllm_arguments, vllm_config_from_namespace
 
 if TYPE_CHECKING:
