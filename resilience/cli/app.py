@@ -251,6 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["emulate"]:
+        from resilience.testing.emulator.server import engine_kind
+
+        if engine_kind(args_list[1:]) == "vllm":
+            from resilience.cli.emulate_vllm import run_emulate_vllm
+
+            return run_emulate_vllm(args_list[1:])
         from resilience.cli.emulate import run_emulate
 
         return run_emulate(args_list[1:])
