@@ -78,7 +78,7 @@ CASES = [
     (["emulate", "--fault-plan", "plan.toml"], 1, "cpr emulate: error: bad --fault-plan:"),
     (["emulate", "--fault-plan", "missing.toml"], 1, "cannot read fault plan"),
     (["emulate", "--fault-plan", "plan.toml", "--host", "0.0.0.0"], 2, "--fault-plan: not with --host"),
-    (["emulate", "--engine", "2"], 2, "cpr emulate: error: unrecognized arguments: --engine 2"),
+    (["emulate", "--engine", "2"], 2, "cpr emulate: error: argument --engine: invalid choice: '2'"),
     (["emulate", "--token-r", "5"], 2, "cpr emulate: error: unrecognized arguments: --token-r 5"),
     (["--vers"], 2, "unrecognized arguments: --vers"),
 ]
