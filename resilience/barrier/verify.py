@@ -61,8 +61,15 @@ class EngineCheck(Protocol):
     engines the transition left serving.
     """
 
-    name: str
-    needs_serving: bool
+    @property
+    def name(self) -> str:
+        """What the check verifies, for messages."""
+        ...
+
+    @property
+    def needs_serving(self) -> bool:
+        """True when its read needs a serving engine."""
+        ...
 
     def request(self, engine: object) -> tuple[str, Mapping[str, Any]]:
         """The engine method to call and its keyword arguments; ``TypeError`` when this engine has no such read."""
@@ -87,8 +94,8 @@ class CheckFailed(RuntimeError):
 class VerificationFailed(PhaseFailed):
     """A transition did its work, but engines failed the checks after it (phase ``"verify"``).
 
-    ``failures``: each failing engine with its first ``CheckFailed``;
-    ``mismatches``: every ``CheckFailed``, in check order; ``report``: the
+    ``failures`` (and ``by_engine``, typed so): each failing engine with its
+    first ``CheckFailed``; ``mismatches``: every ``CheckFailed``, in check order; ``report``: the
     transition's own ``TransitionReport`` (what it did before the checks; for a weight sync, the end of its hold).
     """
 
@@ -101,6 +108,7 @@ class VerificationFailed(PhaseFailed):
         **kwargs: Any,
     ) -> None:
         self.mismatches = tuple(mismatches)
+        self.by_engine: dict[str, CheckFailed] = dict(failures)
         self.report = report
         super().__init__(transition, "verify", failures, **kwargs)
 

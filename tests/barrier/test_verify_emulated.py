@@ -76,7 +76,7 @@ def test_a_weight_sync_that_missed_one_engine_fails_naming_it(clients: list[SGLa
     missed = clients[1].engine
     assert isinstance(err, PhaseFailed) and err.phase == "verify" and err.transition == "weight_sync"
     assert list(err.failures) == [missed]
-    miss = err.failures[missed]
+    miss = err.by_engine[missed]
     assert isinstance(miss, CheckFailed) and (miss.expected, miss.got) == ("v2", "v1")
     assert missed in str(err) and "'v2'" in str(err)
     assert err.left_paused == {} and err.report.transition == "weight_sync_end"  # the hold ended: both serve again
@@ -91,7 +91,7 @@ def test_a_canary_that_does_not_match_fails_naming_the_engine(clients: list[SGLa
     with pytest.raises(VerificationFailed) as info:
         orch.onload(verify=CanaryCheck(PROMPT, wrong, max_tokens=TOKENS))
     assert list(info.value.failures) == [clients[1].engine]
-    assert info.value.failures[clients[1].engine].got == good
+    assert info.value.by_engine[clients[1].engine].got == good
 
 
 def test_engines_left_held_get_the_version_check_but_no_canary(clients: list[SGLangClient]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from resilience.adapters.vllm import VLLMApi, VLLMVersionError, calls
+from resilience.adapters.vllm import VLLMApi, VLLMProtocolError, VLLMVersionError, calls
 from resilience.adapters.vllm.calls import Reply, gate
 from resilience.adapters.vllm.versions import parse_version
 
@@ -94,7 +94,7 @@ def test_sleep_and_wake_answers_are_json_in_033_and_empty_before() -> None:
     empty = Reply("POST /sleep", 200, "")
     assert sleep.read(ENGINE, V030, empty).level == 1
     assert calls.wake_up(["weights"]).read(ENGINE, V030, Reply("POST /wake_up", 200, "")).awake is None
-    with pytest.raises(calls.VLLMProtocolError, match="not a JSON object"):
+    with pytest.raises(VLLMProtocolError, match="not a JSON object"):
         sleep.read(ENGINE, V033, empty)
 
 
