@@ -45,7 +45,7 @@ from resilience.adapters.vllm.types import (
     WeightCheck,
     WeightInfo,
 )
-from resilience.adapters.vllm.versions import MODE_PARAMS, VLLMApi, format_version
+from resilience.adapters.vllm.versions import MODE_PARAMS, NEWEST, Version, VLLMApi, format_version
 from resilience.outcome import AttemptRecord
 
 __all__ = [
@@ -282,14 +282,21 @@ def _command(engine: str, api: VLLMApi | None, reply: Reply) -> CommandResult:
     return CommandResult(engine, reply.endpoint, str(message), reply.attempts)
 
 
-def _strict_command(expected: str, field_name: str = "message") -> Callable[[str, VLLMApi | None, Reply], CommandResult]:
-    """A reader that wants ``{field_name: ...}`` (0.33.0 always sends it); the value is kept as the message."""
+def _strict_command(
+    expected: str, field_name: str = "message", *, lenient_before: Version | None = None
+) -> Callable[[str, VLLMApi | None, Reply], CommandResult]:
+    """A reader that wants ``{field_name: ...}`` (0.33.0 sends ``expected`` there); the value is kept as the message.
+
+    ``lenient_before``: releases older than this are read as ``_command`` reads (any JSON object, or an
+    empty 200), since what they answered was not read (default None: strict on every release).
+    """
 
     def read(engine: str, api: VLLMApi | None, reply: Reply) -> CommandResult:
+        if lenient_before is not None and api is not None and not api.at_least(lenient_before):
+            return _command(engine, api, reply)
         data = json_object(engine, reply, required=(field_name,))
         return CommandResult(engine, reply.endpoint, str(data[field_name]), reply.attempts)
 
-    read.__doc__ = f"Wants {{{field_name!r}: ...}} (0.33.0 sends {expected!r})."
     return read
 
 
@@ -397,13 +404,13 @@ def pause(mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) ->
             params += (("clear_cache", _flag(clear_cache)),)
         return Request(r, params)
 
-    return Plan(r, build, _command)
+    return Plan(r, build, _strict_command("paused", "status", lenient_before=NEWEST))
 
 
 def resume() -> Plan[CommandResult]:
     """``POST /resume``: reopens scheduling for everyone (pause is one shared state, ``v1/core/sched/scheduler.py`` l.3073)."""
     r = route("resume")
-    return Plan(r, _fixed(r), _command)
+    return Plan(r, _fixed(r), _strict_command("resumed", "status", lenient_before=NEWEST))
 
 
 def is_paused() -> Plan[bool]:

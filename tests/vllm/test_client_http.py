@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -22,12 +23,14 @@ from resilience.adapters.vllm import (
     VLLMDevModeOff,
     VLLMError,
     VLLMRefused,
+    mount_vllm,
 )
+from resilience.errors import ConfigConflict
 from resilience.events import Event, RetryScheduled
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.emulator.vllm import VLLMEngineConfig, expected_completion
 from resilience.testing.faultplan import FaultPlan, FaultRule
-from tests.vllm.conftest import TRANSPORTS, do, open_vllm
+from tests.vllm.conftest import FAST_VLLM, TRANSPORTS, do, open_vllm
 
 CONFIG = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=200.0)
 PROMPT = "the quick brown fox"
@@ -209,3 +212,17 @@ async def test_the_async_client_own_session_serves_a_fan_out(engine: EngineHandl
     async with AsyncVLLMClient(engine.direct_url) as client:
         answers = await asyncio.gather(*(client.is_paused() for _ in range(20)))
         assert answers == [False] * 20 and client.api is not None and client.api.text == "0.33.0"
+
+
+def test_mount_vllm_on_a_session_your_code_already_uses(engine: EngineHandle) -> None:
+    """``mount_vllm`` puts the resilience layer on an existing session; a client on it takes no own-session settings."""
+    with requests.Session() as session:
+        session.trust_env = False
+        mount_vllm(session, [engine.direct_url], policies=FAST_VLLM)
+        client = VLLMClient(engine.direct_url, session=session)
+        assert client.is_paused() is False and client.pause("keep").attempts == 1
+        assert client.resume().message == "resumed"
+        with pytest.raises(ConfigConflict, match="policies="):
+            VLLMClient(engine.direct_url, session=session, policies=FAST_VLLM)
+        client.close()  # not its session: left open
+        assert session.get(engine.direct_url + "/health", timeout=10).status_code == 200

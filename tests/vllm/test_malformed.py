@@ -103,3 +103,31 @@ async def test_success_false_on_a_route_that_may_not_retry_it_is_raised_at_once(
             await do(client, "update_weight_version", "v2")
     assert info.value.polls == 1 and '"success": false' in str(info.value)
     assert [req.path for req, _ in httpserver.log] == ["/version", "/update_weight_version"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_an_older_server_gets_requests_in_its_own_dialect(httpserver: HTTPServer, kind: str) -> None:
+    """0.30.0: ``mode`` is sent, sleep/wake answer empty 200s; 0.14.0: pause sends ``wait_for_inflight_requests`` and the
+    weight session (0.23.0) is refused without sending. The server sees exactly these query strings."""
+    serve_version(httpserver, "0.30.0")
+    httpserver.expect_request("/sleep", method="POST").respond_with_data("")
+    httpserver.expect_request("/wake_up", method="POST").respond_with_data("")
+    async with open_vllm(kind, url(httpserver)) as client:
+        assert (await do(client, "sleep", 2, "keep")).level == 2
+        woke = await do(client, "wake_up", ["weights", "kv_cache"])
+        assert (woke.awake, woke.tags) == (None, ("weights", "kv_cache"))
+    sent = [(req.path, req.query_string.decode()) for req, _ in httpserver.log]
+    assert sent == [("/version", ""), ("/sleep", "level=2&mode=keep"), ("/wake_up", "tags=weights&tags=kv_cache")]
+
+    httpserver.clear()
+    serve_version(httpserver, "0.14.0")
+    httpserver.expect_request("/pause", method="POST").respond_with_json({"status": "paused"})
+    async with open_vllm(kind, url(httpserver)) as old:
+        assert (await do(old, "pause", "wait")).message == "paused"
+        with pytest.raises(VLLMVersionError, match="has no POST /start_weight_update"):
+            await do(old, "start_weight_update")
+        with pytest.raises(VLLMVersionError, match="takes no mode="):
+            await do(old, "sleep", 1, "abort")
+    sent = [(req.path, req.query_string.decode()) for req, _ in httpserver.log]
+    assert sent == [("/version", ""), ("/pause", "wait_for_inflight_requests=true")]
