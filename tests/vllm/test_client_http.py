@@ -9,6 +9,7 @@ Each behaviour names the vLLM 0.33.0 line it follows (paths under ``vllm/``).
 from __future__ import annotations
 
 import asyncio
+import pickle
 from collections.abc import Iterator
 
 import pytest
@@ -226,3 +227,20 @@ def test_mount_vllm_on_a_session_your_code_already_uses(engine: EngineHandle) ->
             VLLMClient(engine.direct_url, session=session, policies=FAST_VLLM)
         client.close()  # not its session: left open
         assert session.get(engine.direct_url + "/health", timeout=10).status_code == 200
+
+
+def test_pickled_clients_keep_their_engine_and_api_and_still_work(engine: EngineHandle) -> None:
+    """Ray ships clients pickled: each copy keeps the engine and the learned API, opens its own transport and answers."""
+    with VLLMClient(engine.direct_url, policies=FAST_VLLM, api_key="sk-pickled") as client:
+        client.version()
+        copy = pickle.loads(pickle.dumps(client))
+    assert copy.api is not None and copy.api.text == "0.33.0" and "sk-pickled" not in repr(copy)
+    assert copy.is_paused() is False
+    copy.close()
+    acopy = pickle.loads(pickle.dumps(AsyncVLLMClient(engine.direct_url, policies=FAST_VLLM)))
+
+    async def use() -> bool:
+        async with acopy:
+            return await acopy.is_sleeping()
+
+    assert asyncio.run(use()) is False
