@@ -8,10 +8,12 @@ Layout (one job per module):
 - ``versions``: ``GET /version`` read into a ``VLLMApi`` (the drift: ``mode``
   since 0.17, the weight session since 0.23, JSON sleep/wake bodies and no
   ``wait_for_inflight_requests`` in 0.33) and the supported range.
-- ``calls``: one ``Plan`` per client method (what to send for a release, how
-  to read the answer); no I/O, shared by both clients.
+- ``plans``: one ``Plan`` per client method (what to send for a release, how
+  to read the answer); ``calls``: the values a plan is made of and the rules
+  every answer goes through (dev mode, refusals, the version gate). No I/O in
+  either; both clients share them.
 - ``client`` / ``async_client``: the two clients, one line per method over
-  ``calls`` (pinned to ``ROUTES`` and to each other by ``tests/vllm/test_route_table.py``).
+  ``plans`` (pinned to ``ROUTES`` and to each other by ``tests/vllm/test_route_table.py``).
 - ``types``: typed results and the errors (``VLLMError``, ``VLLMDevModeOff``,
   ``VLLMRefused``, ``VLLMVersionError``, ``VLLMProtocolError``, ``VLLMAuthError``).
 

@@ -2,7 +2,7 @@
 
 Same routes, policies (``VLLM_POLICIES``), typed results, errors and version
 rules as ``VLLMClient``: both build their requests and read the answers with
-``resilience.adapters.vllm.calls``; only the sending differs.
+``resilience.adapters.vllm.plans``; only the sending differs.
 
 Transport. By default the client opens its own ``aiohttp.ClientSession`` with
 ``resilience.adapters.aiohttp.ResilientMiddleware`` on first use, inside the
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from resilience.adapters.vllm import calls
+from resilience.adapters.vllm import calls, plans
 from resilience.adapters.vllm._async_http import AsyncSender, sender_for
 from resilience.adapters.vllm._shared import aiohttp_session, driver_kwargs, policies_of
 from resilience.adapters.vllm.calls import Plan, Reply, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
@@ -189,7 +189,7 @@ class AsyncVLLMClient(VLLMClientState):
         http = self._http()
         t0 = time.monotonic()
         try:
-            reply = await self._send(calls.health().build(self.engine, None))
+            reply = await self._send(plans.health().build(self.engine, None))
         except http.errors as exc:
             return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
         return calls.health_result(self.engine, reply, time.monotonic() - t0)
@@ -203,22 +203,22 @@ class AsyncVLLMClient(VLLMClientState):
         (``abort``). Idempotent: a second sleep is a no-op on the executor, so it is re-sent after a timeout.
         After level 2 the weights are garbage until updated: completions still answer 200, but wrong.
         """
-        return await self._run(calls.sleep(level, mode))
+        return await self._run(plans.sleep(level, mode))
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> WakeResult:
         """``POST /wake_up?tags=...``: None = every tag. A tag that is not asleep makes the whole call a no-op (``awake`` False).
 
         A full wake (no tags) also ends a pause, whoever took it; idempotent otherwise, so re-sent after a timeout.
         """
-        return await self._run(calls.wake_up(tags))
+        return await self._run(plans.wake_up(tags))
 
     async def is_sleeping(self) -> bool:
         """``GET /is_sleeping``: true while asleep, and also while merely paused (vLLM reports both the same)."""
-        return await self._run(calls.is_sleeping())
+        return await self._run(plans.is_sleeping())
 
     async def release_kv_cache_memory(self) -> CommandResult:
         """``POST /release_kv_cache_memory`` (0.33.0): only after a completed pause; never re-sent (a second call answers 500)."""
-        return await self._run(calls.release_kv_cache_memory())
+        return await self._run(plans.release_kv_cache_memory())
 
     # -- generation control ----------------------------------------------------------
 
@@ -228,19 +228,19 @@ class AsyncVLLMClient(VLLMClientState):
         New requests get 503 during ``abort``/``wait`` pauses and queue during ``keep``. ``clear_cache`` None
         = the server's default (true). Idempotent (the last mode wins). Pause is one shared state.
         """
-        return await self._run(calls.pause(mode, clear_cache))
+        return await self._run(plans.pause(mode, clear_cache))
 
     async def resume(self) -> CommandResult:
         """``POST /resume``: reopens scheduling for everyone, and even while asleep (no guard in 0.33.0)."""
-        return await self._run(calls.resume())
+        return await self._run(plans.resume())
 
     async def is_paused(self) -> bool:
         """``GET /is_paused``."""
-        return await self._run(calls.is_paused())
+        return await self._run(plans.is_paused())
 
     async def abort_requests(self, request_ids: Sequence[str] | None = None) -> AbortResult:
         """``POST /abort_requests``: abort these requests (None = all) without pausing."""
-        return await self._run(calls.abort_requests(request_ids))
+        return await self._run(plans.abort_requests(request_ids))
 
     # -- caches ----------------------------------------------------------------------
 
@@ -254,15 +254,15 @@ class AsyncVLLMClient(VLLMClientState):
     ) -> CacheReset:
         """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
         until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""
-        return await self._run(calls.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
+        return await self._run(plans.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
 
     async def reset_mm_cache(self) -> CommandResult:
         """``POST /reset_mm_cache``."""
-        return await self._run(calls.reset_mm_cache())
+        return await self._run(plans.reset_mm_cache())
 
     async def reset_encoder_cache(self) -> CommandResult:
         """``POST /reset_encoder_cache``."""
-        return await self._run(calls.reset_encoder_cache())
+        return await self._run(plans.reset_encoder_cache())
 
     # -- workers ---------------------------------------------------------------------
 
@@ -270,63 +270,63 @@ class AsyncVLLMClient(VLLMClientState):
         self, method: str, args: Sequence[str] = (), kwargs: Mapping[str, str] | None = None, timeout: float | None = None
     ) -> RpcResult:
         """``POST /collective_rpc``: run a worker method everywhere (string arguments only). Never re-sent once it may have arrived."""
-        return await self._run(calls.collective_rpc(method, args, kwargs, timeout))
+        return await self._run(plans.collective_rpc(method, args, kwargs, timeout))
 
     async def server_info(self, config_format: Literal["text", "json"] = "text") -> dict[str, Any]:
         """``GET /server_info``: the config and environment dump."""
-        return await self._run(calls.server_info(config_format))
+        return await self._run(plans.server_info(config_format))
 
     # -- weight transfer ------------------------------------------------------------------
 
     async def init_weight_transfer_engine(self, init_info: Mapping[str, Any]) -> CommandResult:
         """``POST /init_weight_transfer_engine`` (once per trainer connection). Never re-sent once it may have arrived."""
-        return await self._run(calls.init_weight_transfer_engine(init_info))
+        return await self._run(plans.init_weight_transfer_engine(init_info))
 
     async def shutdown_weight_transfer_engine(self) -> CommandResult:
         """``POST /shutdown_weight_transfer_engine`` (0.33.0)."""
-        return await self._run(calls.shutdown_weight_transfer_engine())
+        return await self._run(plans.shutdown_weight_transfer_engine())
 
     async def start_weight_update(self) -> CommandResult:
         """``POST /start_weight_update`` (0.23.0+): opens the update session. Never re-sent once it may have arrived."""
-        return await self._run(calls.start_weight_update())
+        return await self._run(plans.start_weight_update())
 
     async def start_draft_weight_update(self) -> CommandResult:
         """``POST /start_draft_weight_update`` (0.33.0)."""
-        return await self._run(calls.start_draft_weight_update())
+        return await self._run(plans.start_draft_weight_update())
 
     async def update_weights(self, update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> CommandResult:
         """``POST /update_weights``: one chunk. **Never re-sent once it may have arrived**; ask ``weight_info`` instead."""
-        return await self._run(calls.update_weights(update_info))
+        return await self._run(plans.update_weights(update_info))
 
     async def finish_weight_update(self, weight_version: str | None = None) -> CommandResult:
         """``POST /finish_weight_update``: closes the session and sets the reported version. Never re-sent once it may have arrived."""
-        return await self._run(calls.finish_weight_update(weight_version))
+        return await self._run(plans.finish_weight_update(weight_version))
 
     async def update_weight_version(self, new_version: str) -> WeightInfo:
         """``POST /update_weight_version`` (0.27.0+): set the version ``weight_info`` reports."""
-        return await self._run(calls.update_weight_version(new_version))
+        return await self._run(plans.update_weight_version(new_version))
 
     async def weight_info(self) -> WeightInfo:
         """``GET /weight_info`` (0.27.0+): the weight version the engine reports."""
-        return await self._run(calls.weight_info())
+        return await self._run(plans.weight_info())
 
     async def weight_checker(self, action: WeightCheckerAction, baseline: Mapping[str, str] | None = None) -> WeightCheck:
         """``POST /weight_checker`` (0.33.0): ``checksum``, ``compare`` with ``baseline``, or ``reset`` (zeroes the weights)."""
-        return await self._run(calls.weight_checker(action, baseline))
+        return await self._run(plans.weight_checker(action, baseline))
 
     async def get_world_size(self, include_dp: bool = True) -> int:
         """``GET /get_world_size``."""
-        return await self._run(calls.get_world_size(include_dp))
+        return await self._run(plans.get_world_size(include_dp))
 
     # -- always mounted ------------------------------------------------------------------
 
     async def version(self) -> VLLMApi:
         """``GET /version``: the server's release, kept as the API every later request is built for."""
-        return self._remember(await self._run(calls.version()))
+        return self._remember(await self._run(plans.version()))
 
     async def models(self) -> list[str]:
         """``GET /v1/models``: the served model ids."""
-        return await self._run(calls.models())
+        return await self._run(plans.models())
 
     async def complete(
         self,
@@ -339,4 +339,4 @@ class AsyncVLLMClient(VLLMClientState):
         extra: Mapping[str, Any] | None = None,
     ) -> CompletionResult:
         """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
-        return await self._run(calls.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))
+        return await self._run(plans.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))
