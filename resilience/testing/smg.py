@@ -33,9 +33,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
+
+if TYPE_CHECKING:
+    from resilience.adapters.smg import GatewayHealthSettings
 
 __all__ = ["GatewayHealth", "SmgGateway", "SmgStartError", "smg_available"]
 
@@ -83,6 +86,12 @@ class GatewayHealth:
     def ejection_window_s(self) -> float:
         """Seconds of failing probes (each up to ``timeout_s``) before a held-paused worker is ``failed``: 4 x threshold rounds."""
         return 4 * self.failure_threshold * (self.interval_s + self.timeout_s)
+
+    def settings(self) -> GatewayHealthSettings:
+        """The same settings as ``resilience.adapters.smg.SmgRouter`` takes them (what it restores on release)."""
+        from resilience.adapters.smg import GatewayHealthSettings
+
+        return GatewayHealthSettings(self.timeout_s, self.interval_s, self.failure_threshold, self.success_threshold)
 
     def args(self) -> list[str]:
         """The ``smg launch`` flags for these settings."""
