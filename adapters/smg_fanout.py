@@ -1,0 +1,370 @@
+"""SmgFanOut: the barrier's phases through an smg gateway's ``/v1/rl`` fan-out, for trainers that reach only the gateway.
+
+Each phase is one ``POST /v1/rl/engine/{path}?selector=id in (...)`` (smg
+1.13.0 with ``--enable-rl``), naming exactly the phase's engines by their
+gateway worker ids (engines whose calls carry different arguments go in one
+fan-out each, concurrently). smg answers 200 (all succeeded) or 207 (some
+failed) with ``results`` (an engine's own answer: ``status``, ``body``) and
+``failed`` (``error``, ``message``, maybe ``status``). Each engine's
+:class:`~resilience.barrier.fanout.EngineResult` carries a delivery record
+(``resilience.outcome.AttemptRecord``), so the barrier's ``effect_of`` reads it
+like any driver's:
+
+- a result with a 2xx: the call's value (``ControlResult``, ``FlushResult``), APPLIED;
+- a result with the engine's error status (an engine refusal, 4xx or 5xx):
+  RESPONDED with that status; a 502/503/504 (a proxy between the gateway and
+  the engine may answer it after forwarding) is MAYBE, anything else NOT_APPLIED;
+- a ``failed`` entry: ``no_control_endpoint`` and other refusals before
+  sending are NOT_SENT; ``upstream_unreachable`` (reqwest's "error sending
+  request" covers a refused connect and a reset after sending alike), an
+  expired ``--rl-control-timeout-secs`` and anything else are MAYBE_APPLIED;
+  one with a ``status`` is that answer (RESPONDED);
+- an engine the gateway's answer does not mention: MAYBE.
+
+When **the gateway itself** fails, nothing says what reached the engines:
+a 5xx or a body that is not the fan-out's (a 502 from a proxy in front of
+smg), a reset or a read timeout after the request was sent: every engine of
+that call is MAYBE (its touched facts unknown). A connection the gateway
+refused, or its own 4xx refusal (``no_workers_match``, a bad selector),
+proves nothing was fanned out: :class:`GatewayRefused` (an ``EngineSkipped``),
+NOT_APPLIED, and never read as the engine being dead.
+
+``flush_cache`` asks SGLang to wait for idle (``?timeout=``) and, while
+engines answer 400 (not idle yet), asks those again until the phase deadline.
+Every HTTP request is bounded by the phase deadline (or ``timeout_s``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from resilience.adapters.sglang_types import ControlResult, FlushResult
+from resilience.barrier.engine import PauseMode
+from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
+from resilience.barrier.types import EngineSkipped
+from resilience.deadline import Deadline, current_deadline
+from resilience.outcome import AttemptRecord, Delivery, Outcome
+
+__all__ = ["GatewayRefused", "SmgEngine", "SmgFanOut", "SmgWorkerError"]
+
+_NOT_SENT_ERRORS = frozenset({"no_control_endpoint", "worker_not_found", "bad_request", "invalid_path"})
+"""``failed[].error`` codes smg gives before it sends anything to the engine."""
+_FLUSH_WAIT_S = 2.0
+"""Seconds SGLang waits for idle on one ``flush_cache`` (its ``?timeout=``), capped by the phase deadline."""
+
+
+class SmgWorkerError(ConnectionError):
+    """One engine's call through the gateway did not succeed; ``attempts`` is its delivery record (one attempt)."""
+
+    def __init__(self, message: str, record: AttemptRecord) -> None:
+        super().__init__(message)
+        self.attempts = (record,)
+
+
+class GatewayRefused(EngineSkipped):
+    """The gateway refused the call before fanning it out (connection refused, its own 4xx): nothing reached the engine."""
+
+
+def _record(delivery: Delivery, status: int | None, duration_s: float, error_type: str | None = None) -> AttemptRecord:
+    if delivery is Delivery.RESPONDED and status is not None and status < 400:
+        outcome = Outcome.SUCCESS
+    elif delivery is Delivery.MAYBE_APPLIED:
+        outcome = Outcome.AMBIGUOUS
+    else:
+        outcome = Outcome.FATAL
+    return AttemptRecord(0, status, outcome, delivery, error_type, duration_s)
+
+
+def _request(method: str, kwargs: Mapping[str, Any], flush_wait_s: float) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(engine path, JSON body, query) for one barrier control call, as ``SGLangClient`` sends it."""
+    if method == "pause_generation":
+        return "pause_generation", {"mode": kwargs.get("mode", "abort")}, {}
+    if method == "continue_generation":
+        return "continue_generation", {"torch_empty_cache": bool(kwargs.get("torch_empty_cache", True))}, {}
+    if method in ("release_memory_occupation", "resume_memory_occupation"):
+        tags = kwargs.get("tags")
+        return method, {"tags": list(tags) if tags else None}, {}
+    if method == "flush_cache":
+        return "flush_cache", {}, {"timeout": f"{flush_wait_s:.3f}"}
+    raise ValueError(f"SmgFanOut cannot send {method!r}: not a barrier control call")
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """One engine's outcome inside one fan-out: a success body, or an error."""
+
+    status: int | None
+    body: Any = None
+    error: BaseException | None = None
+
+
+class SmgFanOut:
+    """Sends each phase through the gateway at ``gateway_url`` (see the module docstring).
+
+    - ``gateway_url``: the smg gateway (``http://127.0.0.1:PORT``), launched with ``--enable-rl``.
+    - ``api_key``: the gateway's key (``--api-key``), sent as a bearer token; never logged.
+    - ``worker_urls``: engine name -> the URL the gateway knows it by, when they differ; default the same.
+    - ``timeout_s``: the HTTP timeout of a call when the phase deadline is unbounded (default 630: past smg's
+      own ``--rl-control-timeout-secs`` default of 600, so smg's answer comes first).
+    - ``max_workers``: concurrent fan-out calls at most (engines with different arguments; default 8).
+    """
+
+    def __init__(
+        self,
+        gateway_url: str,
+        *,
+        api_key: str | None = None,
+        worker_urls: Mapping[str, str] | None = None,
+        timeout_s: float = 630.0,
+        max_workers: int = 8,
+    ) -> None:
+        if not gateway_url.startswith(("http://", "https://")):
+            raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"`timeout_s` must be > 0 seconds, but was {timeout_s!r}")
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ValueError(f"`max_workers` must be an integer >= 1, but was {max_workers!r}")
+        self.gateway_url = gateway_url.rstrip("/")
+        self._aliases = dict(worker_urls or {})
+        self._timeout = timeout_s
+        self._session = requests.Session()
+        self._session.trust_env = False
+        if api_key:
+            self._session.headers["Authorization"] = f"Bearer {api_key}"
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="smg-fanout")
+        self._ids: dict[str, str] = {}  # gateway URL -> worker id
+        self._ids_lock = threading.Lock()
+        self.gateway_calls = 0
+        """Fan-out requests sent to the gateway so far."""
+
+    # -- engines -------------------------------------------------------------------
+
+    def engines(self, urls: Iterable[str]) -> list[SmgEngine]:
+        """One :class:`SmgEngine` per engine URL, for ``EngineGroup``: its calls go through this gateway."""
+        return [SmgEngine(url, self) for url in urls]
+
+    def check_engines(self, engines: Iterable[object]) -> None:
+        """Called by the Orchestrator: every engine must be a worker of the gateway (``GET /v1/rl/workers``)."""
+        self._refresh_ids()
+        for engine in engines:
+            name = engine_name(engine)
+            if self._aliases.get(name, name) not in self._ids:
+                raise TypeError(f"{name} is not a worker of the gateway {self.gateway_url} (GET /v1/rl/workers does not list it)")
+
+    def _refresh_ids(self) -> None:
+        response = self._session.get(f"{self.gateway_url}/v1/rl/workers", timeout=min(self._timeout, 10.0))
+        response.raise_for_status()
+        ids = {str(w["url"]): str(w["id"]) for w in response.json().get("workers", [])}
+        with self._ids_lock:
+            self._ids = ids
+
+    def _worker_id(self, name: str) -> str | None:
+        url = self._aliases.get(name, name)
+        with self._ids_lock:
+            known = self._ids.get(url)
+        if known is None:
+            try:
+                self._refresh_ids()
+            except (requests.RequestException, ValueError):
+                return None
+            with self._ids_lock:
+                known = self._ids.get(url)
+        return known
+
+    # -- a phase -------------------------------------------------------------------
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        """One result per (engine, kwargs) pair, in the order given; engines with equal kwargs share one fan-out."""
+        names = [engine_name(engine) for engine, _ in calls]
+        batches: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+        for i, (_, kwargs) in enumerate(calls):
+            key = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
+            batches.setdefault(key, []).append(i)
+        results: list[EngineResult | None] = [None] * len(calls)
+
+        def run(indices: list[int]) -> None:
+            kwargs = calls[indices[0]][1]
+            for i, result in zip(indices, self._phase([names[i] for i in indices], method, kwargs, deadline), strict=True):
+                results[i] = result
+
+        groups = list(batches.values())
+        if len(groups) == 1:
+            run(groups[0])
+        else:
+            for future in [self._pool.submit(run, g) for g in groups]:
+                future.result()
+        lost = PhaseTimeout("no answer", maybe_sent=True)
+        return [r if r is not None else EngineResult(n, error=lost) for r, n in zip(results, names, strict=True)]
+
+    def _phase(self, names: Sequence[str], method: str, kwargs: Mapping[str, Any], deadline: Deadline) -> list[EngineResult]:
+        t0 = time.monotonic()
+        ids: dict[str, str] = {}
+        results: dict[str, EngineResult] = {}
+        for name in names:
+            worker_id = self._worker_id(name)
+            if worker_id is None:
+                results[name] = EngineResult(name, error=GatewayRefused(f"{name}: the gateway has no worker for it; nothing was sent"))
+            else:
+                ids[name] = worker_id
+        polls = 0
+        pending = dict(ids)
+        while pending:
+            if deadline.expired():
+                for name in pending:
+                    results[name] = EngineResult(name, error=PhaseTimeout(f"no time left for {method}", maybe_sent=polls > 0))
+                break
+            polls += 1
+            remaining = deadline.remaining() if deadline.bounded else None
+            flush_wait = min(_FLUSH_WAIT_S, max(0.0, (remaining or _FLUSH_WAIT_S) - 0.5))
+            answers = self._fan_out(list(pending.values()), method, kwargs, remaining, flush_wait)
+            retry: dict[str, str] = {}
+            for name, worker_id in pending.items():
+                answer = answers.get(worker_id)
+                duration = time.monotonic() - t0
+                if answer is None:
+                    record = _record(Delivery.MAYBE_APPLIED, None, duration, "NotInAnswer")
+                    error: BaseException = SmgWorkerError(f"{name}: the gateway's answer to {method} does not mention it", record)
+                    results[name] = EngineResult(name, error=error, duration_s=duration)
+                elif answer.error is None:
+                    results[name] = EngineResult(name, value=self._value(name, method, answer.body, polls), duration_s=duration)
+                elif method == "flush_cache" and answer.status == 400 and not deadline.expired():
+                    retry[name] = worker_id  # SGLang: not idle yet; ask again
+                    results[name] = EngineResult(name, error=answer.error, duration_s=duration)
+                else:
+                    results[name] = EngineResult(name, error=answer.error, duration_s=duration)
+            pending = retry
+            if pending:
+                time.sleep(0.05)
+        return [results[n] for n in names]
+
+    def _value(self, name: str, method: str, body: Any, polls: int) -> object:
+        message = body.get("message", "") if isinstance(body, dict) else (body if isinstance(body, str) else "")
+        if method == "flush_cache":
+            return FlushResult(name, str(message).strip(), polls)
+        return ControlResult(name, f"/{method}", str(message))
+
+    def _fan_out(
+        self, worker_ids: Sequence[str], method: str, kwargs: Mapping[str, Any], remaining: float | None, flush_wait_s: float
+    ) -> dict[str, _Answer]:
+        """One ``POST /v1/rl/engine/{path}`` naming ``worker_ids``; an answer per worker id (every one on a gateway failure)."""
+        path, body, query = _request(method, kwargs, flush_wait_s)
+        params = {**query, "selector": f"id in ({','.join(worker_ids)})"}
+        timeout = self._timeout if remaining is None else max(0.05, remaining)
+        t0 = time.monotonic()
+        self.gateway_calls += 1
+        try:
+            response = self._session.post(f"{self.gateway_url}/v1/rl/engine/{path}", json=body, params=params, timeout=timeout)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            if isinstance(exc, requests.ConnectTimeout) or (
+                isinstance(exc, requests.ConnectionError) and not isinstance(exc, requests.ReadTimeout) and _refused(exc)
+            ):
+                refused = f"gateway refused {method}: {type(exc).__name__}; nothing was sent"
+                return {w: _Answer(None, error=GatewayRefused(refused)) for w in worker_ids}
+            record = _record(Delivery.MAYBE_APPLIED, None, time.monotonic() - t0, type(exc).__name__)
+            lost = f"gateway lost during {method}: {type(exc).__name__}"
+            return {w: _Answer(None, error=SmgWorkerError(lost, record)) for w in worker_ids}
+        duration = time.monotonic() - t0
+        payload = _json(response)
+        if response.status_code in (200, 207) and isinstance(payload, dict) and "results" in payload:
+            return self._per_worker(payload, method, duration)
+        if 400 <= response.status_code < 500 and isinstance(payload, dict) and "error" in payload:
+            why = f"gateway refused {method} ({response.status_code} {payload.get('error')}); nothing was sent"
+            return {w: _Answer(response.status_code, error=GatewayRefused(why)) for w in worker_ids}
+        record = _record(Delivery.MAYBE_APPLIED, None, duration, f"Gateway{response.status_code}")
+        why = f"gateway answered {response.status_code} to {method} without per-engine results: each may have applied it"
+        return {w: _Answer(response.status_code, error=SmgWorkerError(why, record)) for w in worker_ids}
+
+    def _per_worker(self, payload: Mapping[str, Any], method: str, duration: float) -> dict[str, _Answer]:
+        answers: dict[str, _Answer] = {}
+        for worker_id, result in (payload.get("results") or {}).items():
+            status = int(result.get("status", 0))
+            if 200 <= status < 300:
+                answers[worker_id] = _Answer(status, body=result.get("body"))
+            else:
+                record = _record(Delivery.RESPONDED, status, duration)
+                answers[worker_id] = _Answer(status, error=SmgWorkerError(f"{method} answered {status} through the gateway", record))
+        for failure in payload.get("failed") or []:
+            worker_id = str(failure.get("worker_id", ""))
+            code = str(failure.get("error", ""))
+            status = failure.get("status")
+            if isinstance(status, int):
+                record = _record(Delivery.RESPONDED, status, duration, code or None)
+            elif code in _NOT_SENT_ERRORS:
+                record = _record(Delivery.NOT_SENT, None, duration, code)
+            else:
+                record = _record(Delivery.MAYBE_APPLIED, None, duration, code or "unknown")
+            error = SmgWorkerError(f"{method} failed through the gateway: {code}", record)
+            answers[worker_id] = _Answer(status if isinstance(status, int) else None, error=error)
+        return answers
+
+    def close(self) -> None:
+        """Stop the pool and close the HTTP session."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._session.close()
+
+
+def _refused(exc: requests.ConnectionError) -> bool:
+    """True when the connection to the gateway was refused (nothing sent), as opposed to lost after sending."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    for _ in range(8):  # bounded walk down the cause chain
+        if cause is None or id(cause) in seen:
+            return False
+        seen.add(id(cause))
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        nested = cause.args[0] if cause.args and isinstance(cause.args[0], BaseException) else None
+        reason = getattr(cause, "reason", None)
+        cause = reason if isinstance(reason, BaseException) else nested or cause.__cause__ or cause.__context__
+    return False
+
+
+def _json(response: requests.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+class SmgEngine:
+    """One engine the barrier drives through the gateway: its name is its URL; each call is a one-engine fan-out."""
+
+    def __init__(self, url: str, fanout: SmgFanOut) -> None:
+        self.engine = url
+        self._fanout = fanout
+
+    def __repr__(self) -> str:
+        return f"SmgEngine({self.engine!r})"
+
+    def _one(self, method: str, kwargs: Mapping[str, Any]) -> object:
+        result = self._fanout.call([(self, kwargs)], method, current_deadline() or Deadline(None))
+        if result[0].error is not None:
+            raise result[0].error
+        return result[0].value
+
+    def pause_generation(self, *, mode: PauseMode = "abort") -> object:
+        """``pause_generation`` through the gateway."""
+        return self._one("pause_generation", {"mode": mode})
+
+    def flush_cache(self, *, deadline_s: float | None = None) -> object:
+        """``flush_cache`` through the gateway (asked again while the engine is not idle, up to the deadline)."""
+        return self._one("flush_cache", {})
+
+    def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
+        """``release_memory_occupation`` through the gateway."""
+        return self._one("release_memory_occupation", {"tags": tags})
+
+    def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
+        """``resume_memory_occupation`` through the gateway."""
+        return self._one("resume_memory_occupation", {"tags": tags})
+
+    def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
+        """``continue_generation`` through the gateway."""
+        return self._one("continue_generation", {"torch_empty_cache": torch_empty_cache})
