@@ -31,6 +31,10 @@ NOT_APPLIED, and never read as the engine being dead.
 
 ``flush_cache`` asks SGLang to wait for idle (``?timeout=``) and, while
 engines answer 400 (not idle yet), asks those again until the phase deadline.
+The idempotent calls (pause, flush, continue: sending one twice does no harm)
+are sent again, up to ``retries`` times, to the engines whose answer was a
+maybe (a 502/503/504, unreachable, timed out); release and resume never are
+(a second release or resume crashes SGLang): their maybe goes to the barrier.
 Every HTTP request is bounded by the phase deadline (or ``timeout_s``).
 """
 
@@ -48,6 +52,7 @@ import requests
 from resilience.adapters.sglang_types import ControlResult, FlushResult
 from resilience.barrier.engine import PauseMode
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
+from resilience.barrier.outcome import GATEWAY_STATUSES
 from resilience.barrier.types import EngineSkipped
 from resilience.deadline import Deadline, current_deadline
 from resilience.outcome import AttemptRecord, Delivery, Outcome
@@ -56,6 +61,8 @@ __all__ = ["GatewayRefused", "SmgEngine", "SmgFanOut", "SmgWorkerError"]
 
 _NOT_SENT_ERRORS = frozenset({"no_control_endpoint", "worker_not_found", "bad_request", "invalid_path"})
 """``failed[].error`` codes smg gives before it sends anything to the engine."""
+_IDEMPOTENT = frozenset({"pause_generation", "flush_cache", "continue_generation"})
+"""The calls SmgFanOut sends again after a maybe (``resilience.testing.faultplan``'s idempotent control calls)."""
 _FLUSH_WAIT_S = 2.0
 """Seconds SGLang waits for idle on one ``flush_cache`` (its ``?timeout=``), capped by the phase deadline."""
 
@@ -114,6 +121,8 @@ class SmgFanOut:
     - ``timeout_s``: the HTTP timeout of a call when the phase deadline is unbounded (default 630: past smg's
       own ``--rl-control-timeout-secs`` default of 600, so smg's answer comes first).
     - ``max_workers``: concurrent fan-out calls at most (engines with different arguments; default 8).
+    - ``retries``: times an idempotent call (pause, flush, continue) is sent again to an engine whose answer was a
+      maybe (default 2; 0 = never); ``backoff_s`` apart (default 0.05).
     """
 
     def __init__(
@@ -124,6 +133,8 @@ class SmgFanOut:
         worker_urls: Mapping[str, str] | None = None,
         timeout_s: float = 630.0,
         max_workers: int = 8,
+        retries: int = 2,
+        backoff_s: float = 0.05,
     ) -> None:
         if not gateway_url.startswith(("http://", "https://")):
             raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
@@ -131,6 +142,12 @@ class SmgFanOut:
             raise ValueError(f"`timeout_s` must be > 0 seconds, but was {timeout_s!r}")
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"`max_workers` must be an integer >= 1, but was {max_workers!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"`retries` must be an integer >= 0, but was {retries!r}")
+        if not backoff_s >= 0:
+            raise ValueError(f"`backoff_s` must be >= 0 seconds, but was {backoff_s!r}")
+        self._retries = retries
+        self._backoff = backoff_s
         self.gateway_url = gateway_url.rstrip("/")
         self._aliases = dict(worker_urls or {})
         self._timeout = timeout_s
@@ -214,6 +231,7 @@ class SmgFanOut:
             else:
                 ids[name] = worker_id
         polls = 0
+        resends: dict[str, int] = {}
         pending = dict(ids)
         while pending:
             if deadline.expired():
@@ -237,11 +255,15 @@ class SmgFanOut:
                 elif method == "flush_cache" and answer.status == 400 and not deadline.expired():
                     retry[name] = worker_id  # SGLang: not idle yet; ask again
                     results[name] = EngineResult(name, error=answer.error, duration_s=duration)
+                elif method in _IDEMPOTENT and _maybe(answer.error) and resends.get(name, 0) < self._retries:
+                    resends[name] = resends.get(name, 0) + 1
+                    retry[name] = worker_id  # idempotent: sending it again is safe
+                    results[name] = EngineResult(name, error=answer.error, duration_s=duration)
                 else:
                     results[name] = EngineResult(name, error=answer.error, duration_s=duration)
             pending = retry
             if pending:
-                time.sleep(0.05)
+                time.sleep(self._backoff if resends else 0.05)
         return [results[n] for n in names]
 
     def _value(self, name: str, method: str, body: Any, polls: int) -> object:
@@ -308,6 +330,14 @@ class SmgFanOut:
         """Stop the pool and close the HTTP session."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()
+
+
+def _maybe(error: BaseException) -> bool:
+    """An answer that may or may not have been applied: a gateway status, or no answer (unreachable, timed out, lost)."""
+    if not isinstance(error, SmgWorkerError):
+        return False
+    record = error.attempts[0]
+    return record.delivery is Delivery.MAYBE_APPLIED or record.status in GATEWAY_STATUSES
 
 
 def _refused(exc: requests.ConnectionError) -> bool:

@@ -38,7 +38,7 @@ PLAN = FaultPlan(
         # the engine never sees this resume, but a 502 cannot say so
         FaultRule(path="/resume_memory_occupation", kind="status_before", engines=frozenset({FLAKY}), calls=frozenset({1})),
         # past --rl-control-timeout-secs
-        FaultRule(path="/pause_generation", kind="hang", engines=frozenset({HANGS}), calls=frozenset({1}), delay=5.0),
+        FaultRule(path="/pause_generation", kind="hang", engines=frozenset({HANGS}), calls=frozenset({1, 2}), delay=5.0),
     ),
 )
 
@@ -148,15 +148,22 @@ def test_a_gateway_that_refuses_the_connection_sent_nothing_and_no_engine_is_cal
     fanout.close()
 
 
-def test_rl_control_timeout_expiring_is_a_maybe_for_that_engine_only(stack: tuple[EmulatedFleet, SmgGateway]) -> None:
+def test_rl_control_timeout_expiring_is_a_maybe_for_that_engine_only_and_an_idempotent_call_is_sent_again(
+    stack: tuple[EmulatedFleet, SmgGateway],
+) -> None:
     fleet, gateway = stack
-    fanout = SmgFanOut(gateway.url)
-    engines = fanout.engines([fleet.urls[CLEAN_A], fleet.urls[HANGS]])
-    results = fanout.call([(e, {"mode": "abort"}) for e in engines], "pause_generation", Deadline(10.0))
+    once = SmgFanOut(gateway.url, retries=0)
+    engines = once.engines([fleet.urls[CLEAN_A], fleet.urls[HANGS]])
+    results = once.call([(e, {"mode": "abort"}) for e in engines], "pause_generation", Deadline(10.0))
     assert results[0].ok
     assert isinstance(results[1].error, SmgWorkerError) and "upstream_timeout" in str(results[1].error)
     assert effect_of(results[1].error) is Effect.MAYBE
-    assert fanout.gateway_calls == 1
-    cleanup = fanout.call([(e, {"torch_empty_cache": True}) for e in engines], "continue_generation", Deadline(10.0))
+    assert once.gateway_calls == 1
+    again = SmgFanOut(gateway.url)  # pause is idempotent: sent again to the engine whose answer timed out
+    results = again.call([(e, {"mode": "abort"}) for e in engines], "pause_generation", Deadline(10.0))
+    assert all(r.ok for r in results), results
+    assert again.gateway_calls == 2
+    cleanup = again.call([(e, {"torch_empty_cache": True}) for e in engines], "continue_generation", Deadline(10.0))
     assert all(r.ok for r in cleanup), cleanup
-    fanout.close()
+    once.close()
+    again.close()
