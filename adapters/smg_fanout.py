@@ -34,7 +34,12 @@ engines answer 400 (not idle yet), asks those again until the phase deadline.
 The idempotent calls (pause, flush, continue: sending one twice does no harm)
 are sent again, up to ``retries`` times, to the engines whose answer was a
 maybe (a 502/503/504, unreachable, timed out); release and resume never are
-(a second release or resume crashes SGLang): their maybe goes to the barrier.
+(a second release or resume crashes SGLang): their maybe goes to the barrier,
+unless a ``memory_probe`` (``resilience.memory_probe.MemoryProbe``) proves it,
+by ``resilience.adapters.sglang_memory``'s rules: all the call's tags in the
+state it asked for = applied (``ControlResult.confirmed_by_probe``); all still as
+before, after an engine's 502 or 503 = not applied, sent again (up to
+``retries``); anything else (a 504, no answer, partly) stays a maybe.
 Every HTTP request is bounded by the phase deadline (or ``timeout_s``).
 """
 
@@ -49,12 +54,14 @@ from typing import Any
 
 import requests
 
+from resilience.adapters.sglang_calls import memory_tags
 from resilience.adapters.sglang_types import ControlResult, FlushResult
 from resilience.barrier.engine import PauseMode
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
 from resilience.barrier.outcome import GATEWAY_STATUSES
 from resilience.barrier.types import EngineSkipped
 from resilience.deadline import Deadline, current_deadline
+from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord, Delivery, Outcome
 
 __all__ = ["GatewayRefused", "SmgEngine", "SmgFanOut", "SmgWorkerError"]
@@ -63,6 +70,7 @@ _NOT_SENT_ERRORS = frozenset({"no_control_endpoint", "worker_not_found", "bad_re
 """``failed[].error`` codes smg gives before it sends anything to the engine."""
 _IDEMPOTENT = frozenset({"pause_generation", "flush_cache", "continue_generation"})
 """The calls SmgFanOut sends again after a maybe (``resilience.testing.faultplan``'s idempotent control calls)."""
+_MEMORY = frozenset({"release_memory_occupation", "resume_memory_occupation"})
 _FLUSH_WAIT_S = 2.0
 """Seconds SGLang waits for idle on one ``flush_cache`` (its ``?timeout=``), capped by the phase deadline."""
 
@@ -121,6 +129,8 @@ class SmgFanOut:
     - ``timeout_s``: the HTTP timeout of a call when the phase deadline is unbounded (default 630: past smg's
       own ``--rl-control-timeout-secs`` default of 600, so smg's answer comes first).
     - ``max_workers``: concurrent fan-out calls at most (engines with different arguments; default 8).
+    - ``memory_probe``: proves a release or resume whose answer was a maybe applied (or, after a 502/503, not
+      applied: then sent again); default None (every such maybe goes to the barrier).
     - ``retries``: times an idempotent call (pause, flush, continue) is sent again to an engine whose answer was a
       maybe (default 2; 0 = never); ``backoff_s`` apart (default 0.05).
     """
@@ -135,6 +145,7 @@ class SmgFanOut:
         max_workers: int = 8,
         retries: int = 2,
         backoff_s: float = 0.05,
+        memory_probe: MemoryProbe | None = None,
     ) -> None:
         if not gateway_url.startswith(("http://", "https://")):
             raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
@@ -147,6 +158,11 @@ class SmgFanOut:
         if not backoff_s >= 0:
             raise ValueError(f"`backoff_s` must be >= 0 seconds, but was {backoff_s!r}")
         self._retries = retries
+        self._probe = memory_probe
+        self.absorbed_502 = 0
+        """502 answers (from the engine side of the gateway) inside phase calls that ended well for that engine."""
+        self.probe_verdicts = 0
+        """Releases and resumes whose maybe the memory probe settled (applied, or not applied and sent again)."""
         self._backoff = backoff_s
         self.gateway_url = gateway_url.rstrip("/")
         self._aliases = dict(worker_urls or {})
@@ -232,6 +248,7 @@ class SmgFanOut:
                 ids[name] = worker_id
         polls = 0
         resends: dict[str, int] = {}
+        seen_502: dict[str, int] = {}
         pending = dict(ids)
         while pending:
             if deadline.expired():
@@ -246,6 +263,8 @@ class SmgFanOut:
             for name, worker_id in pending.items():
                 answer = answers.get(worker_id)
                 duration = time.monotonic() - t0
+                if answer is not None and answer.status == 502:
+                    seen_502[name] = seen_502.get(name, 0) + 1
                 if answer is None:
                     record = _record(Delivery.MAYBE_APPLIED, None, duration, "NotInAnswer")
                     error: BaseException = SmgWorkerError(f"{name}: the gateway's answer to {method} does not mention it", record)
@@ -255,6 +274,18 @@ class SmgFanOut:
                 elif method == "flush_cache" and answer.status == 400 and not deadline.expired():
                     retry[name] = worker_id  # SGLang: not idle yet; ask again
                     results[name] = EngineResult(name, error=answer.error, duration_s=duration)
+                elif method in _MEMORY and _maybe(answer.error) and (verdict := self._verdict(name, method, kwargs, answer)) is not None:
+                    if verdict:
+                        self.probe_verdicts += 1
+                        value = ControlResult(name, f"/{method}", "applied (the memory probe proved it)", confirmed_by_probe=True)
+                        results[name] = EngineResult(name, value=value, duration_s=duration)
+                    elif resends.get(name, 0) < self._retries:
+                        self.probe_verdicts += 1
+                        resends[name] = resends.get(name, 0) + 1
+                        retry[name] = worker_id  # proved not applied after a 502/503: sending it again is safe
+                        results[name] = EngineResult(name, error=answer.error, duration_s=duration)
+                    else:
+                        results[name] = EngineResult(name, error=answer.error, duration_s=duration)
                 elif method in _IDEMPOTENT and _maybe(answer.error) and resends.get(name, 0) < self._retries:
                     resends[name] = resends.get(name, 0) + 1
                     retry[name] = worker_id  # idempotent: sending it again is safe
@@ -264,7 +295,28 @@ class SmgFanOut:
             pending = retry
             if pending:
                 time.sleep(self._backoff if resends else 0.05)
+        self.absorbed_502 += sum(n for name, n in seen_502.items() if results[name].ok)
         return [results[n] for n in names]
+
+    def _verdict(self, name: str, method: str, kwargs: Mapping[str, Any], answer: _Answer) -> bool | None:
+        """The memory probe's word on a release or resume that got a maybe: True applied, False not applied (after a
+        502/503 only), None unknown (no probe, no proof, partly, or an answer after which the call may still land)."""
+        if self._probe is None:
+            return None
+        try:
+            released = self._probe.released_tags(name)
+        except Exception:  # a probe that fails proves nothing
+            return None
+        if released is None:
+            return None
+        tags = frozenset(memory_tags(kwargs.get("tags")))
+        now_released, now_active = tags <= released, not (tags & released)
+        applied, as_before = (now_released, now_active) if method == "release_memory_occupation" else (now_active, now_released)
+        if applied:
+            return True
+        if as_before and answer.status in (502, 503):
+            return False
+        return None
 
     def _value(self, name: str, method: str, body: Any, polls: int) -> object:
         message = body.get("message", "") if isinstance(body, dict) else (body if isinstance(body, str) else "")

@@ -28,15 +28,15 @@ from tests.smg.conftest import gateway_for
 
 HEALTH = GatewayHealth(interval_s=5, timeout_s=2)
 CONFIG = EngineConfig(health_poll_seconds=0.05, health_hang_seconds=3.0)
-CLEAN_A, CLEAN_B, FLAKY, HANGS = range(4)
+CLEAN_A, CLEAN_B, FLAKY, HANGS, PROBED = range(5)
 ALL = ("kv_cache", "weights", "cuda_graph")
 PLAN = FaultPlan(
     seed=0,
     rules=(
         # the engine releases, the gateway sees a 502 from the proxy in between: it may have been applied
-        FaultRule(path="/release_memory_occupation", kind="status_after", engines=frozenset({FLAKY}), calls=frozenset({1})),
+        FaultRule(path="/release_memory_occupation", kind="status_after", engines=frozenset({FLAKY, PROBED}), calls=frozenset({1})),
         # the engine never sees this resume, but a 502 cannot say so
-        FaultRule(path="/resume_memory_occupation", kind="status_before", engines=frozenset({FLAKY}), calls=frozenset({1})),
+        FaultRule(path="/resume_memory_occupation", kind="status_before", engines=frozenset({FLAKY, PROBED}), calls=frozenset({1})),
         # past --rl-control-timeout-secs
         FaultRule(path="/pause_generation", kind="hang", engines=frozenset({HANGS}), calls=frozenset({1, 2}), delay=5.0),
     ),
@@ -45,7 +45,7 @@ PLAN = FaultPlan(
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[EmulatedFleet, SmgGateway]]:
-    with EmulatedFleet(4, CONFIG, fault_plan=PLAN) as fleet, gateway_for(fleet.urls, HEALTH, rl_control_timeout_s=2) as gateway:
+    with EmulatedFleet(5, CONFIG, fault_plan=PLAN) as fleet, gateway_for(fleet.urls, HEALTH, rl_control_timeout_s=2) as gateway:
         yield fleet, gateway
 
 
@@ -100,6 +100,19 @@ def test_502s_between_gateway_and_engine_leave_its_touched_facts_unknown_until_r
     orch.onload()
     assert orch.states()[url] == EngineState.SERVING
     assert _released(fleet, FLAKY) == frozenset()
+    fanout.close()
+
+
+def test_a_memory_probe_settles_those_502s_in_the_fanout_applied_or_sent_again(stack: tuple[EmulatedFleet, SmgGateway]) -> None:
+    fleet, gateway = stack
+    fanout = SmgFanOut(gateway.url, memory_probe=fleet.memory_probe())
+    orch, (url,) = _orchestrator(fanout, fleet, PROBED)
+    orch.offload()  # the 502 after the release: the probe proves it applied
+    assert orch.states()[url] == EngineState.RELEASED
+    orch.onload()  # the 502 before the resume: the probe proves it not applied, and it is sent again
+    assert orch.states()[url] == EngineState.SERVING
+    assert _released(fleet, PROBED) == frozenset()
+    assert fanout.probe_verdicts == 2
     fanout.close()
 
 
