@@ -17,7 +17,7 @@ import sys
 from resilience.cli.fleet import demo_plan
 from resilience.testing.colocate import ColocateConfig, StepProgress
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
-from resilience.testing.smg_colocate import PEER_WAYS, run_smg_colocate, ways
+from resilience.testing.smg_colocate import PEER_WAYS, peer_rows, run_smg_colocate, ways
 
 
 def _progress(p: StepProgress) -> None:
@@ -54,24 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     print("`/v1/rl` fan-out through the gateway.\n")
     print("| | " + " | ".join(titles[w] for w in chosen) + " |")
     print("|---|" + "---:|" * len(chosen))
-    rows = [
-        ("steps finished", lambda r: f"{r.steps_finished}/{r.steps_planned}"),
-        ("failed steps", lambda r: str(r.failed_steps)),
-        ("engine deaths", lambda r: str(r.engine_deaths)),
-        ("restarts", lambda r: f"{r.restarts}" + (" (budget spent)" if r.stopped_early else "")),
-        ("502s injected", lambda r: str(r.http_502_seen)),
-        ("502s absorbed by our retries", lambda r: str(r.http_502_absorbed)),
-        ("engines quarantined, reconciled", lambda r: f"{r.engines_quarantined}, {r.engines_reconciled}"),
-        ("releases/resumes settled by SmgFanOut's memory probe", lambda r: str(r.probe_verdicts)),
-        ("wall s", lambda r: f"{r.wall_s:.1f}"),
-    ]
-    for label, cell in rows:
-        print(f"| {label} | " + " | ".join(cell(reports[w]) for w in chosen) + " |")
+    for row in peer_rows([reports[w] for w in chosen]):
+        print("| " + " | ".join(row) + " |")
     first = {w: reports[w].failures[0] for w in chosen if reports[w].failures}
     if first:
         print("\nFirst failure per way:\n")
         for way, failure in first.items():
             print(f"- {titles[way]}: `{failure[:200]}`")
+    print("\nsmg's client fails a step at the first fault it meets (it has no retries), before any call it could repeat, so its")
+    print("engines do not die here: each failed step is a restart, until the budget is spent. What can kill an engine is")
+    print("`paused()` itself: it sends `continue_generation` on the way out whatever its body did, and a body that released memory")
+    print("leaves an engine serving with no KV cache, which dies at its next prefill (`tests/smg/test_smg_peer.py`).")
     return 0
 
 

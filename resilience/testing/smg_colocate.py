@@ -51,7 +51,7 @@ from resilience.testing.faultproxy import FaultProxy
 from resilience.testing.memory_probe import EmulatorMemoryProbe
 from resilience.testing.smg import GatewayHealth, SmgGateway
 
-__all__ = ["PEER_WAYS", "PeerWay", "run_smg_colocate"]
+__all__ = ["PEER_WAYS", "PeerWay", "peer_rows", "run_smg_colocate", "ways"]
 
 PeerWay = Literal["smg", "ours", "ours-smg"]
 PEER_WAYS: Final[tuple[tuple[PeerWay, str], ...]] = (("smg", "smg's client"), ("ours", "ours direct"), ("ours-smg", "ours via SmgFanOut"))
@@ -321,18 +321,6 @@ def run_smg_colocate(
     return report
 
 
-def gateway_502s(metrics_text: str) -> float:
-    """The 502s smg counted from its upstreams, read from its Prometheus text (``smg_*`` samples with ``status_code="502"``)."""
-    total = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith("smg_") and 'status_code="502"' in line:
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
-    return total
-
-
 def ways(names: Sequence[str] | None = None) -> list[PeerWay]:
     """The ways named (all of them, in table order, by default); a clear error for an unknown name."""
     known = [w for w, _ in PEER_WAYS]
@@ -342,3 +330,21 @@ def ways(names: Sequence[str] | None = None) -> list[PeerWay]:
     if bad:
         raise ValueError(f"unknown way(s) {bad}: the ways are {known}")
     return [w for w in known if w in names]
+
+
+_ROWS: Final[tuple[tuple[str, Callable[[ColocateReport], str]], ...]] = (
+    ("steps finished", lambda r: f"{r.steps_finished}/{r.steps_planned}"),
+    ("failed steps", lambda r: str(r.failed_steps)),
+    ("engine deaths", lambda r: str(r.engine_deaths)),
+    ("restarts", lambda r: f"{r.restarts}" + (" (budget spent)" if r.stopped_early else "")),
+    ("502s injected", lambda r: str(r.http_502_seen)),
+    ("502s absorbed by our retries", lambda r: str(r.http_502_absorbed)),
+    ("engines quarantined, reconciled", lambda r: f"{r.engines_quarantined}, {r.engines_reconciled}"),
+    ("releases/resumes settled by SmgFanOut's memory probe", lambda r: str(r.probe_verdicts)),
+    ("wall s", lambda r: f"{r.wall_s:.1f}"),
+)
+
+
+def peer_rows(reports: Sequence[ColocateReport]) -> list[list[str]]:
+    """The side-by-side table's rows, ``[label, one cell per report...]`` (``cpr demo --router smg`` and the benchmark)."""
+    return [[label, *(cell(r) for r in reports)] for label, cell in _ROWS]
