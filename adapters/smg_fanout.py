@@ -184,7 +184,8 @@ class SmgFanOut:
         return [SmgEngine(url, self) for url in urls]
 
     def check_engines(self, engines: Iterable[object]) -> None:
-        """Called by the Orchestrator: every engine must be a worker of the gateway (``GET /v1/rl/workers``)."""
+        """Called by the Orchestrator: every engine must be a worker of the gateway (``GET /v1/rl/workers``), else
+        ``TypeError`` naming it; ``ConnectionError`` when the gateway does not answer."""
         self._refresh_ids()
         for engine in engines:
             name = engine_name(engine)
@@ -192,11 +193,19 @@ class SmgFanOut:
                 raise TypeError(f"{name} is not a worker of the gateway {self.gateway_url} (GET /v1/rl/workers does not list it)")
 
     def _refresh_ids(self) -> None:
-        response = self._session.get(f"{self.gateway_url}/v1/rl/workers", timeout=min(self._timeout, 10.0))
-        response.raise_for_status()
+        try:
+            response = self._session.get(f"{self.gateway_url}/v1/rl/workers", timeout=min(self._timeout, 10.0))
+            response.raise_for_status()
+        except requests.RequestException as exc:
+            raise ConnectionError(f"cannot list the workers of the gateway {self.gateway_url} (GET /v1/rl/workers): {exc}") from exc
         ids = {str(w["url"]): str(w["id"]) for w in response.json().get("workers", [])}
         with self._ids_lock:
             self._ids = ids
+
+    def _forget(self) -> None:
+        """Drop the cached worker ids: the next call asks the gateway again."""
+        with self._ids_lock:
+            self._ids = {}
 
     def _worker_id(self, name: str) -> str | None:
         url = self._aliases.get(name, name)
@@ -205,7 +214,7 @@ class SmgFanOut:
         if known is None:
             try:
                 self._refresh_ids()
-            except (requests.RequestException, ValueError):
+            except (ConnectionError, ValueError):
                 return None
             with self._ids_lock:
                 known = self._ids.get(url)
@@ -271,7 +280,7 @@ class SmgFanOut:
                     results[name] = EngineResult(name, error=error, duration_s=duration)
                 elif answer.error is None:
                     results[name] = EngineResult(name, value=self._value(name, method, answer.body, polls), duration_s=duration)
-                elif method == "flush_cache" and answer.status == 400 and not deadline.expired():
+                elif method == "flush_cache" and _engine_status(answer) == 400 and not deadline.expired():
                     retry[name] = worker_id  # SGLang: not idle yet; ask again
                     results[name] = EngineResult(name, error=answer.error, duration_s=duration)
                 elif method in _MEMORY and _maybe(answer.error) and (verdict := self._verdict(name, method, kwargs, answer)) is not None:
@@ -332,7 +341,8 @@ class SmgFanOut:
         params = {**query, "selector": f"id in ({','.join(worker_ids)})"}
         timeout = self._timeout if remaining is None else max(0.05, remaining)
         t0 = time.monotonic()
-        self.gateway_calls += 1
+        with self._ids_lock:
+            self.gateway_calls += 1
         try:
             response = self._session.post(f"{self.gateway_url}/v1/rl/engine/{path}", json=body, params=params, timeout=timeout)
         except (requests.ConnectionError, requests.Timeout) as exc:
@@ -347,8 +357,16 @@ class SmgFanOut:
         duration = time.monotonic() - t0
         payload = _json(response)
         if response.status_code in (200, 207) and isinstance(payload, dict) and "results" in payload:
-            return self._per_worker(payload, method, duration)
+            answers = self._per_worker(payload, method, duration)
+            missing = [w for w in worker_ids if w not in answers]
+            if missing and len(answers) == int(payload.get("total", -1)):  # smg answers every worker it selected
+                self._forget()  # an id it no longer has (a worker removed, registered again): learn them anew
+                why = f"gateway has no worker with this id any more; {method} was not sent to it"
+                answers.update({w: _Answer(None, error=GatewayRefused(why)) for w in missing})
+            return answers
         if 400 <= response.status_code < 500 and isinstance(payload, dict) and "error" in payload:
+            if payload.get("error") in ("no_workers_match", "worker_not_found"):
+                self._forget()
             why = f"gateway refused {method} ({response.status_code} {payload.get('error')}); nothing was sent"
             return {w: _Answer(response.status_code, error=GatewayRefused(why)) for w in worker_ids}
         record = _record(Delivery.MAYBE_APPLIED, None, duration, f"Gateway{response.status_code}")
@@ -382,6 +400,11 @@ class SmgFanOut:
         """Stop the pool and close the HTTP session."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()
+
+
+def _engine_status(answer: _Answer) -> int | None:
+    """The status the engine side answered (through the gateway), or None (no answer, or the gateway's own refusal)."""
+    return answer.status if isinstance(answer.error, SmgWorkerError) else None
 
 
 def _maybe(error: BaseException) -> bool:

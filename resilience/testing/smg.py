@@ -167,7 +167,11 @@ class SmgGateway:
         self._startup_timeout = startup_timeout
         self._progress = progress
         self._own_log = log_path is None
-        self.log_path = Path(log_path) if log_path is not None else Path(tempfile.mkstemp(prefix="cpr-smg-", suffix=".log")[1])
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="cpr-smg-", suffix=".log")
+            os.close(fd)
+            log_path = name
+        self.log_path = Path(log_path)
         """Where smg's stdout and stderr go."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._session = requests.Session()

@@ -90,7 +90,12 @@ class _Run:
             proxy.start()
         self.urls = [p.url for p in self.proxies]
         self.gateway = SmgGateway(self.urls, health=GATEWAY_HEALTH, rl_control_timeout_s=RL_TIMEOUT_S)
-        self.gateway.start()
+        try:
+            self.gateway.start()
+        except BaseException:
+            for proxy in self.proxies:
+                proxy.stop()
+            raise
         aliases = {p.url: e.direct_url for p, e in zip(self.proxies, fleet.engines, strict=True)}
         self.probe = EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases)
         self.absorbed = _Absorbed()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 pytest.importorskip("torch")
 
@@ -180,3 +181,25 @@ def test_rl_control_timeout_expiring_is_a_maybe_for_that_engine_only_and_an_idem
     assert all(r.ok for r in cleanup), cleanup
     once.close()
     again.close()
+
+
+def test_a_worker_registered_again_under_a_new_id_is_refused_once_then_found(stack: tuple[EmulatedFleet, SmgGateway]) -> None:
+    """The gateway forgot the id SmgFanOut had cached: nothing is sent (refused, not a maybe), and the next call uses the new id."""
+    fleet, gateway = stack
+    url = fleet.urls[CLEAN_B]
+    fanout = SmgFanOut(gateway.url)
+    (engine,) = fanout.engines([url])
+    fanout.check_engines([engine])
+    old = gateway.worker(url)
+    assert old is not None
+    worker = f"{gateway.url}/workers/{old['id']}"
+    requests.patch(worker, json={"health": {"drain_settle_secs": 0}}, timeout=5).raise_for_status()  # no 5 s drain
+    requests.delete(worker, timeout=5).raise_for_status()
+    assert gateway.wait_status(url, lambda s: s is None, 10) is None
+    gateway.add_worker(url)
+    assert gateway.wait_status(url, lambda s: s is not None, 10) is not None  # listed under its new id (ready or not yet)
+    (refused,) = fanout.call([(engine, {})], "flush_cache", Deadline(5.0))
+    assert isinstance(refused.error, GatewayRefused) and effect_of(refused.error) is Effect.NOT_APPLIED
+    (flushed,) = fanout.call([(engine, {})], "flush_cache", Deadline(5.0))
+    assert flushed.ok, flushed
+    fanout.close()
