@@ -15,10 +15,10 @@ pytest.importorskip("torch")
 
 def test_demo_router_smg_prints_the_three_ways_and_ours_finishes_every_step(tmp_path: Path) -> None:
     require_smg()
-    proc = run_cpr("demo", "--router", "smg", "--engines", "1", "--steps", "2", "--report", "r.json", cwd=tmp_path)
+    proc = run_cpr("demo", "--router", "smg", "--engines", "1", "--steps", "1", "--report", "r.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r[0]: r[1:] for r in table_rows(proc.stdout)}
-    assert rows["steps finished"][1:] == ["2/2", "2/2"]
+    assert rows["steps finished"][1:] == ["1/1", "1/1"]
     assert rows["engine deaths"][1:] == ["0", "0"]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["router"] == "smg"

@@ -46,7 +46,7 @@ def test_every_listener_of_the_gateway_is_on_loopback(fleet_and_gateway: tuple[E
 
 def test_a_gateway_whose_worker_never_answers_fails_to_start_in_bounded_time_with_its_log(refusing_port: int) -> None:
     """A worker whose port refuses never registers: the bounded wait gives up, says why, and the gateway is stopped."""
-    gateway = SmgGateway([f"http://127.0.0.1:{refusing_port}"], health=GatewayHealth(interval_s=1, timeout_s=1), startup_timeout=3)
-    with pytest.raises(SmgStartError, match=r"did not register .* within 3 s"):
+    gateway = SmgGateway([f"http://127.0.0.1:{refusing_port}"], health=GatewayHealth(interval_s=1, timeout_s=1), startup_timeout=2)
+    with pytest.raises(SmgStartError, match=r"did not register .* within 2 s"):
         gateway.start()
     assert gateway._proc is not None and gateway._proc.returncode is not None
