@@ -16,12 +16,15 @@ import pytest
 from resilience.testing.smg import GatewayHealth, SmgGateway, smg_available
 
 
-def require_smg() -> None:
-    """Skip without smg, or fail when CI=true (CI installs the [smg] extra)."""
+def require_smg(*, module: bool = False) -> None:
+    """Skip without smg, or fail when CI=true (CI installs the [smg] extra).
+
+    ``module``: called at a test module's top, before it imports ``smg`` (skips the whole module).
+    """
     if not smg_available():
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("smg is required on CI: pip install 'controlplane-resilience[smg]'")
-        pytest.skip("smg not installed (the [smg] extra)")
+            pytest.fail("smg is required on CI: pip install 'controlplane-resilience[smg]'", pytrace=False)
+        pytest.skip("smg not installed (the [smg] extra)", allow_module_level=module)
 
 
 def _progress(ready: int, n: int) -> None:
