@@ -45,6 +45,7 @@ Every HTTP request is bounded by the phase deadline (or ``timeout_s``).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,8 +62,9 @@ from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_
 from resilience.barrier.outcome import GATEWAY_STATUSES
 from resilience.barrier.types import EngineSkipped
 from resilience.deadline import Deadline, current_deadline
+from resilience.events import AttemptEnded, CallEnded, CallStarted, Observer, RetryScheduled, emit
 from resilience.memory_probe import MemoryProbe
-from resilience.outcome import AttemptRecord, Delivery, Outcome
+from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
 
 __all__ = ["GatewayRefused", "SmgEngine", "SmgFanOut", "SmgWorkerError"]
 
@@ -131,6 +133,9 @@ class SmgFanOut:
     - ``max_workers``: concurrent fan-out calls at most (engines with different arguments; default 8).
     - ``memory_probe``: proves a release or resume whose answer was a maybe applied (or, after a 502/503, not
       applied: then sent again); default None (every such maybe goes to the barrier).
+    - ``observers``: told of each engine's call as our drivers tell theirs (``CallStarted``, ``AttemptEnded`` per
+      answer, ``RetryScheduled`` per re-send, ``CallEnded``; endpoint ``POST /{path}``), so ``MetricsObserver``
+      counts the 502s the gateway relayed and the ones re-sending absorbed; default none.
     - ``retries``: times an idempotent call (pause, flush, continue) is sent again to an engine whose answer was a
       maybe (default 2; 0 = never); ``backoff_s`` apart (default 0.05).
     """
@@ -146,6 +151,7 @@ class SmgFanOut:
         retries: int = 2,
         backoff_s: float = 0.05,
         memory_probe: MemoryProbe | None = None,
+        observers: Sequence[Observer] = (),
     ) -> None:
         if not gateway_url.startswith(("http://", "https://")):
             raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
@@ -159,6 +165,7 @@ class SmgFanOut:
             raise ValueError(f"`backoff_s` must be >= 0 seconds, but was {backoff_s!r}")
         self._retries = retries
         self._probe = memory_probe
+        self._observers = tuple(observers)
         self.absorbed_502 = 0
         """502 answers (from the engine side of the gateway) inside phase calls that ended well for that engine."""
         self.probe_verdicts = 0
@@ -259,6 +266,11 @@ class SmgFanOut:
         resends: dict[str, int] = {}
         seen_502: dict[str, int] = {}
         pending = dict(ids)
+        endpoint = f"POST /{_request(method, kwargs, 0.0)[0]}"
+        calls = {name: _Track(next(_CALL_IDS)) for name in ids} if self._observers else {}
+        for name, track in calls.items():
+            limit = deadline.remaining() if deadline.bounded else None
+            emit(self._observers, CallStarted(call_id=track.call_id, method="POST", endpoint=endpoint, engine=name, deadline_s=limit))
         while pending:
             if deadline.expired():
                 for name in pending:
@@ -267,6 +279,7 @@ class SmgFanOut:
             polls += 1
             remaining = deadline.remaining() if deadline.bounded else None
             flush_wait = min(_FLUSH_WAIT_S, max(0.0, (remaining or _FLUSH_WAIT_S) - 0.5))
+            sent_at = time.monotonic()
             answers = self._fan_out(list(pending.values()), method, kwargs, remaining, flush_wait)
             retry: dict[str, str] = {}
             for name, worker_id in pending.items():
@@ -301,9 +314,15 @@ class SmgFanOut:
                     results[name] = EngineResult(name, error=answer.error, duration_s=duration)
                 else:
                     results[name] = EngineResult(name, error=answer.error, duration_s=duration)
+                if name in calls:
+                    calls[name].attempt(self._observers, endpoint, name, answers.get(worker_id), time.monotonic() - sent_at)
+                    if name in retry and not (method == "flush_cache" and _engine_status(answers[worker_id]) == 400):
+                        calls[name].retry(self._observers, endpoint, name, answers[worker_id], self._backoff)
             pending = retry
             if pending:
                 time.sleep(self._backoff if resends else 0.05)
+        for name, track in calls.items():
+            track.end(self._observers, endpoint, name, results[name], time.monotonic() - t0)
         self.absorbed_502 += sum(n for name, n in seen_502.items() if results[name].ok)
         return [results[n] for n in names]
 
@@ -400,6 +419,81 @@ class SmgFanOut:
         """Stop the pool and close the HTTP session."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()
+
+
+_CALL_IDS = itertools.count(1 << 40)
+"""Call ids of the events SmgFanOut emits (far above the retry loop's own, so the two never meet)."""
+
+
+@dataclass(slots=True)
+class _Track:
+    """One engine's call inside one phase, as events: its id, attempts so far, and the last answer."""
+
+    call_id: int
+    attempts: int = 0
+
+    def attempt(self, observers: Sequence[Observer], endpoint: str, engine: str, answer: _Answer | None, duration: float) -> None:
+        error = None if answer is None else answer.error
+        record = error.attempts[0] if isinstance(error, SmgWorkerError) else None
+        status = None if answer is None else answer.status
+        if answer is not None and error is None:
+            outcome, sent, error_type = Outcome.SUCCESS, True, None
+        elif isinstance(error, GatewayRefused):
+            outcome, sent, error_type = Outcome.RETRYABLE, False, type(error).__name__
+        else:
+            outcome = record.outcome if record is not None else Outcome.AMBIGUOUS
+            sent = record is None or record.delivery is not Delivery.NOT_SENT
+            error_type = (record.error_type if record is not None else None) or (str(status) if status else "NotInAnswer")
+        emit(
+            observers,
+            AttemptEnded(
+                call_id=self.call_id,
+                attempt=self.attempts,
+                method="POST",
+                endpoint=endpoint,
+                engine=engine,
+                status=status,
+                outcome=outcome,
+                error_type=error_type,
+                sent=sent,
+                duration_s=duration,
+            ),
+        )
+        self.attempts += 1
+
+    def retry(self, observers: Sequence[Observer], endpoint: str, engine: str, answer: _Answer, delay: float) -> None:
+        reason = f"status_{answer.status}" if answer.status is not None else "read_timeout"
+        emit(
+            observers,
+            RetryScheduled(call_id=self.call_id, attempt=self.attempts - 1, endpoint=endpoint, engine=engine, reason=reason, delay_s=delay),
+        )
+
+    def end(self, observers: Sequence[Observer], endpoint: str, engine: str, result: EngineResult, duration: float) -> None:
+        error = result.error
+        if error is None:
+            outcome = CallOutcome.SUCCESS if self.attempts <= 1 else CallOutcome.RETRIED_SUCCESS
+        elif isinstance(error, PhaseTimeout):
+            outcome = CallOutcome.DEADLINE_EXCEEDED
+        elif _maybe(error):
+            outcome = CallOutcome.AMBIGUOUS
+        else:
+            outcome = CallOutcome.FAILED
+        status = error.attempts[0].status if isinstance(error, SmgWorkerError) else (None if error is not None else 200)
+        emit(
+            observers,
+            CallEnded(
+                call_id=self.call_id,
+                method="POST",
+                endpoint=endpoint,
+                engine=engine,
+                outcome=outcome,
+                status=status,
+                attempts=self.attempts,
+                duration_s=duration,
+                error_type=None if error is None else type(error).__name__,
+                retry_budget_tokens=None,
+            ),
+        )
 
 
 def _engine_status(answer: _Answer) -> int | None:

@@ -19,6 +19,8 @@ from prometheus_client import generate_latest
 
 from grafana.dashboard.external import SMG_METRICS
 from resilience.adapters.sglang import SGLangClient
+from resilience.adapters.smg_fanout import SmgFanOut
+from resilience.deadline import Deadline
 from resilience.telemetry.metrics import MetricsObserver
 from resilience.testing.colocate import demo_policies
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
@@ -28,7 +30,10 @@ from tests.smg.conftest import gateway_for
 
 PLAN = FaultPlan(
     seed=0,
-    rules=tuple(FaultRule(path=p, kind="status_before", calls=frozenset({1})) for p in ("/flush_cache", "/generate", "/pause_generation")),
+    rules=(
+        FaultRule(path="/flush_cache", kind="status_before", calls=frozenset({1, 2})),
+        *(FaultRule(path=p, kind="status_before", calls=frozenset({1})) for p in ("/generate", "/pause_generation")),
+    ),
 )
 
 
@@ -62,3 +67,13 @@ def test_smg_and_our_exporter_both_expose_the_502s_the_gateway_row_selects(stack
     ours = _samples(generate_latest(observer.registry).decode())
     assert any(s.startswith("cpr_attempts_total{") and 'status="502"' in s for s in ours)
     assert any(s.startswith("cpr_retries_total{") and 'reason="status_502"' in s for s in ours)
+
+    through = MetricsObserver()  # SmgFanOut tells its observers the same events: the gateway relayed a 502, we re-sent
+    fanout = SmgFanOut(gateway.url, observers=[through])
+    (flushed,) = fanout.call([(fanout.engines(fleet.urls)[0], {})], "flush_cache", Deadline(10.0))
+    assert flushed.ok and fanout.absorbed_502 == 1
+    fanned = _samples(generate_latest(through.registry).decode())
+    assert any(s.startswith("cpr_attempts_total{") and "POST /flush_cache" in s and 'status="502"' in s for s in fanned)
+    assert any(s.startswith("cpr_retries_total{") and 'reason="status_502"' in s for s in fanned)
+    assert any(s.startswith("cpr_requests_total{") and 'outcome="retried_success"' in s for s in fanned)
+    fanout.close()
