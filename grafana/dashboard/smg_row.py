@@ -26,8 +26,9 @@ def smg_row(builder: dashboard_builders.Dashboard, ids: PanelIds) -> dashboard_b
             "502s: seen by the gateway, absorbed by us",
             "Left, smg's view: control calls its /v1/rl routes proxied that the engine side answered with an error "
             "(upstream_error: a 502 from a proxy between gateway and engine counts here), and 502s its data plane got "
-            "from engines. Right, ours: attempts answered 502 and the retries scheduled after one (absorbed unless "
-            "the call still failed: see Retries). A gap between the two is what a trainer behind the gateway sees.",
+            "from engines. Ours: attempts answered 502 and the retries scheduled after one (absorbed unless the call "
+            "still failed: see Retries), from our drivers and from SmgFanOut (its observers), which sends the "
+            "barrier's phases through the gateway: there the gateway's 502s and ours are the same answers.",
             units.RequestsPerSecond,
             [
                 query(f'sum(rate(smg_rl_control_calls_total{{result="upstream_error"}}{RATE}))', "gateway: /v1/rl engine errors", "A"),
