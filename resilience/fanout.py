@@ -7,7 +7,8 @@
 - ``FanOut``: the protocol they satisfy; ``EngineResult``: one engine's answer to one phase call.
 
 They live in ``resilience.barrier.fanout`` and ``resilience.barrier.async_fanout``; Ray's is
-``resilience.adapters.ray.RayFanOut``.
+``resilience.adapters.ray.RayFanOut``, and the smg gateway's (each phase one ``/v1/rl`` fan-out) is
+``resilience.adapters.smg_fanout.SmgFanOut``.
 """
 
 from resilience.barrier.async_fanout import AsyncFanOut

@@ -48,6 +48,7 @@ _DEMO_SEED = 1
 _EXAMPLES = """examples:
   cpr demo                                   8 engines, 20 steps, the old way and ours side by side
   cpr demo --timeline timeline.png           ... and draw one offload/onload across engines (.png or .html)
+  cpr demo --router smg                      behind a real smg gateway: smg's own client vs ours
   cpr soak --engines 8 --steps 1000          a long run of ours; is memory flat?
   cpr probe http://127.0.0.1:30000 http://127.0.0.1:30001 --timeout 3
   cpr journal show run.journal               what a restarted controller would resume from
@@ -86,6 +87,13 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="where --traces console writes its spans, one JSON object per line (default: %(default)s)",
     )
     p.add_argument("--timeline", metavar="FILE", help="draw the offload/onload timeline across engines: .png or .html")
+    p.add_argument(
+        "--router",
+        choices=("none", "smg"),
+        default="none",
+        help="smg: run the steps behind a real smg gateway, smg's own client vs ours direct and through SmgFanOut "
+        "(needs the [smg] extra); default none",
+    )
 
 
 def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:

@@ -131,6 +131,10 @@ def run_demo(args: argparse.Namespace) -> int:
     On Ctrl-C after a run finished, the table, report (and timeline) of the finished runs are still
     written, and the exit status is 130.
     """
+    if getattr(args, "router", "none") == "smg":
+        from resilience.cli.demo_smg import run_smg_demo
+
+        return run_smg_demo(args)
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     timeline_path = check_output_file(Path(args.timeline), "--timeline", (".png", ".html", ".htm")) if args.timeline else None
     spans_path = check_output_file(Path(args.traces_file), "--traces-file") if args.traces == "console" else None
