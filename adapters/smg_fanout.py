@@ -36,7 +36,7 @@ are sent again, up to ``retries`` times, to the engines whose answer was a
 maybe (a 502/503/504, unreachable, timed out); release and resume never are
 (a second release or resume crashes SGLang): their maybe goes to the barrier,
 unless a ``memory_probe`` (``resilience.memory_probe.MemoryProbe``) proves it,
-by ``resilience.adapters.sglang_memory``'s rules: all the call's tags in the
+by ``resilience.adapters.sglang.memory_check``'s rules: all the call's tags in the
 state it asked for = applied (``ControlResult.confirmed_by_probe``); all still as
 before, after an engine's 502 or 503 = not applied, sent again (up to
 ``retries``); anything else (a 504, no answer, partly) stays a maybe.
@@ -55,8 +55,8 @@ from typing import Any
 
 import requests
 
-from resilience.adapters.sglang_calls import memory_tags
-from resilience.adapters.sglang_types import ControlResult, FlushResult
+from resilience.adapters.sglang import ControlResult, FlushResult
+from resilience.adapters.sglang.calls import memory_tags
 from resilience.barrier.engine import PauseMode
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
 from resilience.barrier.outcome import GATEWAY_STATUSES
