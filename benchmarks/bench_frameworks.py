@@ -13,7 +13,7 @@ then engines killed; the last column is the most releases one engine got in
 one cycle under the mount. Every seed runs on a fresh fleet of 3 engines. The
 frameworks keep their own waits (AReaL: 1 s between tries; verl's
 ``retry_delay`` set to 0.2 s); our backoffs are shortened (``fast_policies``).
-Prints a markdown table; figures go in BENCHMARKS.md and the README.
+Prints a markdown table; figures go in BENCHMARKS.md and docs/frameworks.md.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["benchmarks/bench_frameworks.py", *(argv if argv is not None else sys.argv[1:])]).strip()
     print("## Real framework client code behind FaultProxy\n", file=out)
     print(f"`{command}`: AReaL's and verl's own offload/onload cycles on 3 emulated engines, completed cycles and", file=out)
-    print("engines killed per mount (`resilience.testing.frameworks`; the README's framework recipes explain the columns).\n", file=out)
+    print("engines killed per mount (`resilience.testing.frameworks`; docs/frameworks.md explains the columns).\n", file=out)
     header = " | ".join(f"{_TITLES[m]}: cycles / deaths" for m in args.mounts)
     print(f"| framework, plan | {header} | most releases per engine and cycle (mount) |", file=out)
     print("|---|" + "---|" * (len(args.mounts) + 1), file=out)

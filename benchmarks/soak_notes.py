@@ -1,13 +1,15 @@
 """Print the markdown section of ``benchmarks/NOTES.md`` for a ``cpr soak`` run by hand, from its JSON reports.
 
-The 1000-step soak takes about 40 minutes here, too long for ``run_all.py``, so it runs on demand and its
-figures are kept in ``NOTES.md`` (which ``run_all.py`` copies into BENCHMARKS.md verbatim):
+The 1000-step soak takes about 30-40 minutes here, too long for ``run_all.py``, so it runs on demand and its
+figures are kept in ``NOTES.md`` (BENCHMARKS.md points there):
 
-    cpr soak --engines 8 --steps 1000 --seed 3 --report ours.json
-    cpr soak --engines 8 --steps 1000 --seed 3 --way old --report old.json
-    .venv/bin/python benchmarks/soak_notes.py ours.json old.json [--date YYYY-MM-DD]
+    .venv/bin/cpr soak --engines 8 --steps 1000 --seed 3 --report ours.json
+    .venv/bin/cpr soak --engines 8 --steps 1000 --seed 3 --way old --report old.json
+    .venv/bin/python benchmarks/soak_notes.py ours.json old.json [--date YYYY-MM-DD] [--commit REV]
 
 ``ours.json`` is the resilient loop's report; ``old.json`` (optional) the naive sequence's on the same seed.
+The section ends with the commands that rerun it and the commit they ran on (``--commit``; default: this
+checkout's ``HEAD``), so a stranger can repeat the run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,13 +44,40 @@ def _p50(r: dict[str, Any], phase: str) -> str:
     return "-" if p is None else f"{p:.2f}"
 
 
-def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str) -> str:
-    """The section: a heading with the command, one table with a column per way, and the verdict."""
+def _commands(ours: dict[str, Any], old: dict[str, Any] | None, commit: str | None) -> str:
+    """The line that says how to rerun the section: each way's ``cpr soak`` command, the report script, the commit."""
+    args = f"--engines {ours['engines']} --steps {ours['steps']} --seed {ours['seed']}"
+    if ours.get("restart_every") not in (None, 50):
+        args += f" --restart-every {ours['restart_every']}"
+    if ours.get("fault_plan_file"):
+        args += f" --fault-plan {ours['fault_plan_file']}"
+    cmds = [f"`.venv/bin/cpr soak {args} --report ours.json`"]
+    if old is not None:
+        cmds.append(f"`.venv/bin/cpr soak {args} --way old --report old.json`")
+    script = "`.venv/bin/python benchmarks/soak_notes.py ours.json" + (" old.json`" if old is not None else "`")
+    at = f", at commit `{commit}`" if commit else ""
+    return f"- Commands: {' and '.join(cmds)}{at}; {script} printed the table."
+
+
+def _head_commit() -> str | None:
+    """This checkout's ``HEAD``, abbreviated, or None outside a git checkout."""
+    try:
+        argv = ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str, commit: str | None = None) -> str:
+    """The section: a heading with the command, one table with a column per way, the verdict and how to rerun it."""
     reports = [("ours", ours)] + ([("old way", old)] if old is not None else [])
     ways = [(name, d, next(iter(d["ways"].values()))) for name, d in reports]
     minutes = f"{ours['wall_s'] / 60:.0f}"
     head = (
-        f"### Soak with controller kills (`cpr soak --engines {ours['engines']} --steps {ours['steps']} --seed {ours['seed']}`, "
+        f"## Soak with controller kills (`cpr soak --engines {ours['engines']} --steps {ours['steps']} --seed {ours['seed']}`, "
         f"{date}: about {minutes} minutes)\n\n"
         f"The default soak plan (`soak_plan`: the demo's faults plus 502/504 after the engine applied a release, resume or "
         f"continue), the controller killed inside a seeded phase every {ours.get('restart_every')} steps and a new one started "
@@ -81,7 +111,7 @@ def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str) -> str:
     missed = [k.replace("_", " ") for k, ok in verdict.items() if ok is False]
     met = "met (zero deaths, zero failed steps, zero requests lost, engine PSS flat)."
     tail = "\nEnd criteria (ours): " + (met if not missed else "missed: " + ", ".join(missed) + ".")
-    return head + "\n" + "\n".join(lines) + "\n" + tail + "\n"
+    return head + "\n" + "\n".join(lines) + "\n" + tail + "\n\n" + _commands(ours, old, commit) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("ours", help="the resilient loop's `cpr soak --report` JSON")
     parser.add_argument("old", nargs="?", help="the naive sequence's (`--way old`) on the same seed")
     parser.add_argument("--date", default=str(datetime.date.today()), help="the run's date (default: today)")
+    parser.add_argument("--commit", default=None, help="the commit the soak ran on (default: this checkout's HEAD)")
     args = parser.parse_args(argv)
-    sys.stdout.write(section(_load(args.ours), _load(args.old) if args.old else None, args.date))
+    commit = args.commit if args.commit is not None else _head_commit()
+    sys.stdout.write(section(_load(args.ours), _load(args.old) if args.old else None, args.date, commit))
     return 0
 
 

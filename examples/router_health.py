@@ -21,7 +21,7 @@ orchestrator knows it by):
 :class:`HealthMonitor` applies it the way sgl-model-gateway's checker does:
 checks every engine, counts consecutive failures, and ejects an engine at
 ``failure_threshold``; a success resets the count. Run one in your trainer,
-where the orchestrator lives, and let it drive the router (see the README's
+where the orchestrator lives, and let it drive the router (see docs/routers.md,
 "Health monitors and routers").
 """
 

@@ -18,6 +18,7 @@
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
 - ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines
   (imported from there: ``from resilience.barrier.async_fanout import AsyncFanOut``).
+- ``verify``: checks after a transition (``WeightVersionCheck``, ``CanaryCheck``): "a 200 that isn't healthy" fails it.
 
 Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``.
 """
@@ -45,6 +46,7 @@ from resilience.barrier.types import (
     PhaseReport,
     TransitionReport,
 )
+from resilience.barrier.verify import CanaryCheck, CheckFailed, EngineCheck, VerificationFailed, WeightVersionCheck
 
 __all__ = [
     "ALL_TAGS",
@@ -52,8 +54,11 @@ __all__ = [
     "AsyncControlPlaneEngine",
     "AsyncOrchestrator",
     "BarrierBusy",
+    "CanaryCheck",
+    "CheckFailed",
     "ControlPlaneEngine",
     "Effect",
+    "EngineCheck",
     "EngineDied",
     "EngineGroup",
     "EngineResult",
@@ -71,4 +76,6 @@ __all__ = [
     "SequentialFanOut",
     "ThreadFanOut",
     "TransitionReport",
+    "VerificationFailed",
+    "WeightVersionCheck",
 ]

@@ -15,7 +15,7 @@ An engine's state is not one label but a few facts, each known or unknown:
   ``WeightUpdater.offload_tags`` (``sglang/srt/managers/scheduler_components/weight_updater.py``,
   ``release_memory_occupation``) and no endpoint reads that set; ``/server_info``'s
   ``memory_usage`` holds static sizes (``scheduler_components/internal_state.py``,
-  ``_add_memory_usage``). See the README's recovery section.
+  ``_add_memory_usage``). See docs/failure-and-recovery.md.
 - ``doubt``: why the ``unknown`` tags are unknown (``Doubt``): which call left
   them so and how its request ended. After a reset or read timeout after
   sending, a 504, no delivery record or an interruption, the request may still

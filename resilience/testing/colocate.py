@@ -46,7 +46,7 @@ from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangCl
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.holds import WEIGHT_SYNC_HOLD
 from resilience.budget import RestartBudget
-from resilience.events import AttemptEnded, CallEnded, Event, Observer
+from resilience.events import AttemptEnded, CallEnded, Event, Observer, RetryScheduled
 from resilience.outcome import CallOutcome
 from resilience.policy import PolicyTable
 from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
@@ -198,6 +198,13 @@ class ColocateReport:
     probe_verdicts: int = 0
     """Releases and resumes whose client settled a gateway status or a reset from the memory probe (applied or not) instead
     of re-sending blindly; the resilient loop only."""
+    retried_502: int = 0
+    """Calls re-sent after a 502: ours from its retry events (``status_502``); the baseline only re-sends
+    ``update_weights_from_tensor`` on a gateway status (the seed's ``_make_request(max_attempts=3)``)."""
+    resent_after_error: int = 0
+    """Calls re-sent after a connection error, reset or read timeout: ours from its retry events (an idempotent call, or
+    one that never reached the engine); the baseline re-sends any control call so (verl's 3 attempts), whether or not
+    the engine had acted on it."""
     requests_aborted_rerun: int = 0
     requests_lost: int = 0
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
@@ -234,11 +241,16 @@ class _Counter:
 
     def __init__(self) -> None:
         self.absorbed = 0
+        self.retries: dict[str, int] = {}
+        """Retries by reason (``RetryScheduled.reason``: ``status_502``, ``connection_reset``, ...)."""
         self._pending: dict[int, int] = {}
         """call_id -> its 502 answers so far (removed when the call ends: bounded by the calls in flight)."""
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
+        if isinstance(event, RetryScheduled):
+            with self._lock:
+                self.retries[event.reason] = self.retries.get(event.reason, 0) + 1
         if isinstance(event, AttemptEnded) and event.status == 502:
             with self._lock:
                 self._pending[event.call_id] = self._pending.get(event.call_id, 0) + 1
@@ -255,7 +267,32 @@ def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeou
     return r
 
 
-def _baseline_control(session: requests.Session, url: str, body: dict[str, Any]) -> requests.Response:
+_TRANSPORT_REASONS = frozenset({"connect_error", "read_timeout", "connection_reset"})
+"""Retry reasons of a transport failure (no HTTP answer): what ``resent_after_error`` counts of ours."""
+
+
+class _BaselineResends:
+    """What the baseline re-sent (it has no retry events to count them by); thread-safe."""
+
+    def __init__(self) -> None:
+        self.after_error = 0
+        """Control calls re-sent after a connection error or timeout."""
+        self.after_502 = 0
+        """``update_weights_from_tensor`` calls re-sent after a 502."""
+        self.absorbed_502 = 0
+        """502s followed by a good answer to the same call."""
+        self._lock = threading.Lock()
+
+    def add(self, *, after_error: int = 0, after_502: int = 0, absorbed_502: int = 0) -> None:
+        with self._lock:
+            self.after_error += after_error
+            self.after_502 += after_502
+            self.absorbed_502 += absorbed_502
+
+
+def _baseline_control(
+    session: requests.Session, url: str, body: dict[str, Any], resends: _BaselineResends | None = None
+) -> requests.Response:
     """The baseline's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
     for attempt in range(_BASELINE_ATTEMPTS):
         try:
@@ -263,6 +300,8 @@ def _baseline_control(session: requests.Session, url: str, body: dict[str, Any])
         except (requests.ConnectionError, requests.Timeout):
             if attempt == _BASELINE_ATTEMPTS - 1:
                 raise
+            if resends is not None:
+                resends.add(after_error=1)
             time.sleep(0.05)
     raise AssertionError("unreachable")
 
@@ -292,6 +331,7 @@ class _Loop:
         self.rng = random.Random(f"{config.seed}:{kind}")
         self.budget = budget
         self.counter = _Counter()
+        self.resends = _BaselineResends()
         self._count_lock = threading.Lock()
         self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
         self.pool = ThreadPoolExecutor(
@@ -405,25 +445,32 @@ class _Loop:
                 time.sleep(0.05)
             else:
                 raise TimeoutError(f"{url}: timeout while flushing cache")
-            _baseline_control(self.bare, f"{url}/release_memory_occupation", {"tags": None})
+            _baseline_control(self.bare, f"{url}/release_memory_occupation", {"tags": None}, self.resends)
 
         list(self.pool.map(one, self.urls))
 
     def _baseline_onload(self) -> None:
-        list(self.pool.map(lambda u: _baseline_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.urls))
+        list(
+            self.pool.map(lambda u: _baseline_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}, self.resends), self.urls)
+        )
 
     def _baseline_weight_sync(self, version: str) -> None:
         def one(url: str) -> None:
-            _baseline_control(self.bare, f"{url}/pause_generation", {})
+            _baseline_control(self.bare, f"{url}/pause_generation", {}, self.resends)
             _json_post(self.bare, f"{url}/begin_weight_update", {"selector": "all"})
+            got_502 = 0
             for attempt in range(3):  # the seed's _make_request(max_attempts=3) on this one call
                 r = self.bare.post(f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": version})
                 if r.status_code not in (502, 503, 504) or attempt == 2:
                     r.raise_for_status()
+                    self.resends.add(absorbed_502=got_502)
                     break
+                if r.status_code == 502:
+                    got_502 += 1
+                    self.resends.add(after_502=1)
                 time.sleep(0.05)
             _json_post(self.bare, f"{url}/end_weight_update", {})
-            _baseline_control(self.bare, f"{url}/continue_generation", {})
+            _baseline_control(self.bare, f"{url}/continue_generation", {}, self.resends)
 
         list(self.pool.map(one, self.urls))
 
@@ -633,6 +680,10 @@ class _Loop:
             shutil.rmtree(self._journal_dir, ignore_errors=True)
 
 
+_ERROR_CHARS = 2000
+"""Characters of a failed step's error kept in ``ColocateReport.failures`` (a PhaseFailed names every engine's cause)."""
+
+
 def _injected_502s(proxies: Sequence[FaultProxy | None]) -> int:
     return sum(proxy.injected_count(502) for proxy in proxies if proxy is not None)
 
@@ -688,7 +739,8 @@ def run_colocate(
                 loop.step(n)
             except Exception as exc:
                 cause = type(exc).__name__
-                error = f"step {n}: {cause}: {' '.join(str(exc).split())[:300]}"
+                text = " ".join(str(exc).split())  # whole (a display cuts it between clauses), bounded for a long soak's report
+                error = f"step {n}: {cause}: {text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 4] + ' ...'}"
             ended_ns = time.monotonic_ns()
             dead_now = sum(1 for e in fleet.engines if not e.alive())
             if (error or dead_now) and budget.remaining == 0 and not recover_when_spent:
@@ -729,7 +781,9 @@ def run_colocate(
         loop.close()
     report.http_502_seen = _injected_502s(counted) - before_502
     report.ambiguous_faults_seen = _injected_ambiguous(counted) - before_ambiguous
-    report.http_502_absorbed = loop.counter.absorbed
+    report.http_502_absorbed = loop.counter.absorbed + loop.resends.absorbed_502
+    report.retried_502 = loop.counter.retries.get("status_502", 0) + loop.resends.after_502
+    report.resent_after_error = sum(n for why, n in loop.counter.retries.items() if why in _TRANSPORT_REASONS) + loop.resends.after_error
     report.reconciles_probe = loop.probe.proved
     report.probe_verdicts = loop.client_probe.proved
     report.wall_s = time.monotonic() - t0

@@ -222,7 +222,7 @@ class BarrierMachine(RuleBasedStateMachine):
                 raise kind(f"observer raised on {type(event).__name__}")
 
     def transition(self, which: str) -> None:
-        """One transition (or the README's colocate step); a PhaseFailed is checked, an interruption propagates."""
+        """One transition (or the docs' colocate step, docs/barrier.md); a PhaseFailed is checked, an interruption propagates."""
         try:
             if which == "offload":
                 self.orch.offload()
@@ -337,7 +337,7 @@ class BarrierMachine(RuleBasedStateMachine):
 
     @rule(faults=FAULTS)
     def colocate_step(self, faults: dict[tuple[int, str], Fault]) -> None:
-        """One training step as the README's recipe writes it: offload, onload weights, weight sync, onload the rest."""
+        """One training step as docs/barrier.md's recipe writes it: offload, onload weights, weight sync, onload the rest."""
         with self.armed(faults):
             try:
                 self.orch.offload()

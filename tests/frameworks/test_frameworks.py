@@ -1,7 +1,7 @@
 """Real framework client code (AReaL 1.0.4, verl 0.9.1), unmodified, on emulated engines behind ``FaultProxy``.
 
 Each test runs one framework's own offload/onload cycle (``resilience.testing.frameworks``)
-for two cycles on three engines, under ``SGLangInstrumentor`` as the README's recipes
+for two cycles on three engines, under ``SGLangInstrumentor`` as docs/frameworks.md's recipes
 mount it. The full 5 seeds x 5 cycles table is ``benchmarks/bench_frameworks.py``.
 
 The frameworks are installed by ``scripts/setup.sh`` (``areal==1.0.4 --no-deps`` and its

@@ -14,12 +14,16 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from .config import EngineConfig
 from .fleet import EmulatedFleet, EmulatorStartError
-from .server import READY_PREFIX
+from .ready import READY_PREFIX
 
 __all__ = ["ProgressPrinter", "serve_fleet"]
+
+if TYPE_CHECKING:
+    from .vllm.config import VLLMEngineConfig
 
 _WATCH_S = 0.5
 _LOG_TAIL_LINES = 5
@@ -48,7 +52,7 @@ class ProgressPrinter:
 
 def serve_fleet(
     n: int,
-    config: EngineConfig,
+    config: EngineConfig | VLLMEngineConfig,
     *,
     host: str,
     port: int,

@@ -9,29 +9,24 @@ port in use fails fast with a one-line error.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import socket
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
+from .ready import print_ready
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from .engine import Engine
+    from .vllm.server import VLLMAppFactory
 
-__all__ = ["READY_PREFIX", "AppFactory", "build_parser", "main", "print_ready"]
+__all__ = ["AppFactory", "build_parser", "main"]
 
 AppFactory = Callable[[EngineConfig, str, int], "tuple[FastAPI, Engine]"]
 """Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
-
-READY_PREFIX = "EMULATOR READY "
-"""Start of the line printed on stdout when the engine serves; the URL follows."""
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -39,6 +34,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog or "python -m resilience.testing.emulator",
         description="Run emulated SGLang engines (control plane and crash semantics) on the CPU: one, or N with --engines N.",
+        allow_abbrev=False,  # an abbreviation must not silently stand for another flag (--engine for --engines)
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_KINDS,
+        default="sglang",
+        help="which engine to emulate; `--engine vllm --help` lists vLLM's flags (default: sglang)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default: 0)")
@@ -81,56 +83,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Start a daemon thread that SIGTERMs this process once ``parent_pid`` is no longer its parent."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:  # ends when the parent dies (we are re-parented)
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="emulator-parent-watch", daemon=True).start()
-
-
-def _parent_problem(pid: int) -> str | None:
-    """Why ``--exit-with-parent PID`` cannot work (no such process, or not our parent), or None when it can.
-
-    The watch compares ``os.getppid()`` with PID, so any other PID would end the engine at once, silently.
-    """
-    if pid <= 0:
-        return f"must be a process ID > 0, but was {pid}"
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return "no process with that PID is running"
-    except PermissionError:
-        pass  # it exists (owned by someone else)
-    if os.getppid() != pid:
-        return f"that process is not this engine's parent (the parent is {os.getppid()})"
-    return None
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def print_ready(url: str) -> None:
-    """The default ``on_ready``: print ``EMULATOR READY <url>`` on stdout."""
-    print(f"{READY_PREFIX}{url}", flush=True)
 
 
 def main(
@@ -153,6 +107,15 @@ def main(
     default logging configuration is in place already (a zygote's child inherits it),
     so it is not applied again (only the level is); default False.
     """
+    from .listen import bind_listener, parent_problem, watch_parent
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if engine_kind(argv) == "vllm":
+        from .vllm.server import main as vllm_main
+
+        # a factory handed to this entry (the zygote's child) builds the app of the kind its argv names
+        factory = cast("VLLMAppFactory | None", app_factory)
+        return vllm_main(argv, prog=prog, on_ready=on_ready, app_factory=factory, logging_configured=logging_configured)
     parser = build_parser(prog)
     try:
         args = parser.parse_args(argv)
@@ -168,7 +131,7 @@ def main(
         print(f"{error} `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
         return 2
     if args.exit_with_parent is not None:
-        problem = _parent_problem(args.exit_with_parent)
+        problem = parent_problem(args.exit_with_parent)
         if problem:
             print(f"{error} --exit-with-parent {args.exit_with_parent}: {problem}", file=sys.stderr)
             return 2
@@ -182,7 +145,7 @@ def main(
         from .serve_many import serve_fleet
 
         if args.exit_with_parent is not None:
-            _watch_parent(args.exit_with_parent)
+            watch_parent(args.exit_with_parent)
         return serve_fleet(
             args.engines,
             config,
@@ -193,12 +156,12 @@ def main(
             memory_state_dir=args.memory_state_dir,
         )
     try:
-        sock = _bind(args.host, args.port)
+        sock = bind_listener(args.host, args.port)
     except OSError as exc:
         print(f"{error} cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     if args.exit_with_parent is not None:
-        _watch_parent(args.exit_with_parent)
+        watch_parent(args.exit_with_parent)
     try:
         return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
     finally:
@@ -253,3 +216,18 @@ def _serve(
     )
     ReadyServer(uv_config).run(sockets=[sock])
     return 0
+
+
+# the engine switch: ``--engine vllm`` hands the whole command line to ``vllm/server.py``
+__all__ += ["ENGINE_KINDS", "engine_kind"]
+
+ENGINE_KINDS = ("sglang", "vllm")
+"""The engines the emulator reproduces (``--engine``): SGLang 0.5.23 (the default) or vLLM 0.33.0 (``emulator/vllm/``)."""
+
+
+def engine_kind(argv: Sequence[str]) -> str:
+    """The ``--engine`` that ``argv`` asks for (``"sglang"`` when absent; an unknown kind is left to the parser's error)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--engine", default="sglang")
+    known, _ = pre.parse_known_args(list(argv))
+    return str(known.engine)
