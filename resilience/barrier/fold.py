@@ -1,10 +1,15 @@
 """One phase as a step: each engine's facts marked in flight (write-ahead, persisted), then its results folded in.
 
-``phase`` yields the ``PhaseCall``; when the driver hands it back, ``fold``
-settles each engine's mark from its result (``effect_of``: applied, not
-applied, maybe), asks the memory probe (``settle.probe``), persists, and only
-then tells the observers. A driver that stopped inside a step calls
-``abandon``: what it learnt is folded, the rest stays "maybe".
+``phase`` yields the ``PhaseCall``; when the driver hands it back, its
+results are folded: each engine's mark is settled from its result
+(``effect_of``: applied, not applied, maybe), the memory probe is asked
+(``settle.probe``), the change persisted; while the probe's "as before" is
+not trusted yet (a request that may still be on its way), the phase polls it
+(``settle.poll``: it yields ``WaitCall``s) until it proves the call applied or
+the grace has passed; and only then are the observers told. A driver that
+stopped inside a step calls ``abandon``: what it learnt is folded (``fold``,
+which never waits), the rest stays "maybe"; one stopped while the phase polled
+leaves the engines it polled for quarantined, with their doubt.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from resilience.barrier.engine import ControlMethod
 from resilience.barrier.fanout import EngineResult, interrupted_results
 from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge, tags_of
 from resilience.barrier.rules import BarrierRules
-from resilience.barrier.settle import doubt, probe
+from resilience.barrier.settle import doubt, poll, probe
 from resilience.barrier.steps import Call, PhaseCall, Step, Steps, Transition
 from resilience.barrier.types import PhaseReport, short
 from resilience.events import PhaseEnded, PhaseFailure, PhaseStarted, emit
@@ -52,17 +57,35 @@ def phase(
     rules.persist(names)
     yield step
     assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
-    return fold(rules, step, step.results)
+    step.folded = True
+    waiting: dict[str, float] = {}
+    failures = _fold_knowledge(rules, step, step.results, waiting)
+    try:
+        if waiting:  # the probe's "as before" is not trusted yet: ask again until it proves applied or the grace passed
+            settled = yield from poll(rules, waiting, step.deadline)
+            _drop_done(rules, step, failures, settled)
+    finally:  # reported once, also when the poll is interrupted (the knowledge is already folded and persisted)
+        _report(rules, step, step.results, failures)
+    return failures
 
 
 def fold(rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
-    """Fold a phase's results into the knowledge, then report it (once); return the failures.
+    """Fold a phase's results into the knowledge, then report it (once); return the failures. Never waits (the probe is
+    asked once): what ``abandon`` uses.
 
     Every engine is folded, the memory probe asked and the change persisted
     before any observer hears of it, so nothing an observer raises undoes it.
     """
     step.folded = True
     failures = _fold_knowledge(rules, step, results)
+    _report(rules, step, results, failures)
+    return failures
+
+
+def _report(
+    rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
+) -> None:
+    """Tell the observers what the folded phase did: its ``PhaseReport``, each engine's state change, ``PhaseEnded``."""
     tx, names = step.tx, tuple(n for n, _ in step.calls)
     duration = rules.clock.monotonic() - step.started
     durations = [r.duration_s for r in results if r is not None]
@@ -72,12 +95,17 @@ def fold(rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[Engin
     failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
     ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
     emit(rules.observers, ended)
-    return failures
 
 
-def _fold_knowledge(rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
+def _fold_knowledge(
+    rules: BarrierRules[Any],
+    step: PhaseCall[Any],
+    results: Sequence[EngineResult | None],
+    waiting: dict[str, float] | None = None,
+) -> dict[str, BaseException]:
     """Settle each engine's write-ahead mark from its result (engines already settled are left alone: safe to redo after
-    an interruption); ask the probe; persist. A None result is a call whose outcome will never be known: it stays "maybe"."""
+    an interruption); ask the probe; persist. A None result is a call whose outcome will never be known: it stays "maybe".
+    ``waiting`` (when given) gets the engines whose probe answer is not trusted yet, with the grace left (``settle.probe``)."""
     method = step.method
     failures: dict[str, BaseException] = {}
     for (name, _kwargs), result in zip(step.calls, results, strict=True):
@@ -103,11 +131,16 @@ def _fold_knowledge(rules: BarrierRules[Any], step: PhaseCall[Any], results: Seq
                 k.dead = f"{type(result.error).__name__} in {step.phase}"
     names = tuple(n for n, _ in step.calls)
     rules.persist(names)
-    calls = dict(step.calls)
-    for name in probe(rules, names):  # each engine it settles is persisted on its own
-        if name in failures and _done(rules.know[name], method, calls[name]):
-            del failures[name]  # the probe proves the call did what it was sent for
+    _drop_done(rules, step, failures, probe(rules, names, waiting))  # each engine it settles is persisted on its own
     return failures
+
+
+def _drop_done(rules: BarrierRules[Any], step: PhaseCall[Any], failures: dict[str, BaseException], settled: Sequence[str]) -> None:
+    """Drop from ``failures`` each engine among ``settled`` (by the probe) whose call the knowledge now proves done."""
+    calls = dict(step.calls)
+    for name in settled:
+        if name in failures and _done(rules.know[name], step.method, calls[name]):
+            del failures[name]  # the probe proves the call did what it was sent for
 
 
 def abandon(rules: BarrierRules[Any], steps: Steps[Any], step: Step, error: BaseException | None = None) -> None:

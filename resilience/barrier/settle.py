@@ -9,16 +9,27 @@ trusts it: "applied" at once; "as before" at once only after a 502 or 503
 (the gateway answered for the request), and after a request that may still
 be on its way (the knowledge's ``Doubt``: a reset or read timeout after
 sending, a 504, no delivery record, an interruption) only once
-``PhaseDeadlines.in_transit_s`` has passed, which the start of the next
-transition waits out (up to its settle limit) before it asks again. Else a
-release that lands just after the probe said "not released" would be released
-again, and SGLang dies of the double release.
+``PhaseDeadlines.in_transit_s`` has passed. Else a release that lands just
+after the probe said "not released" would be released again, and SGLang dies
+of the double release.
+
+While such an answer is not trusted yet, the probe is polled (``poll``: a
+``WaitCall`` of ``PhaseDeadlines.probe_poll_s`` on the orchestrator's clock,
+then ask again), right after the phase that sent the call (up to that phase's
+deadline) and at the start of the next transition (up to its settle limit):
+until it proves the call applied (settled at once), or the grace has passed
+("as before" trusted). A release is slow to apply (torch_memory_saver's pause
+frees the memory; the emulator too), so the probe right after a reset often
+answers "not released yet"; a short wait proves it applied instead of leaving
+the engine quarantined. Whatever stops the wait (an interruption, a cancelled
+task) leaves the engine quarantined with its doubt, as it was before the wait.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from resilience.barrier.effect import doubt_of, effect_of, is_engine_dead
 from resilience.barrier.engine import ALL_TAGS
@@ -27,15 +38,19 @@ from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.steps import SettleCall, Steps, Transition, WaitCall
+from resilience.deadline import Deadline
 from resilience.memory_probe import MemoryProbe
 
-__all__ = ["doubt", "land", "probe", "settle"]
+__all__ = ["doubt", "land", "poll", "probe", "settle"]
+
+_GRACE_EPSILON_S: Final = 1e-6
+"""Grace left below this counts as passed (a clock summed from sleeps may stop a hair short of the end)."""
 
 
 def settle(rules: BarrierRules[Any], tx: Transition, names: Sequence[str]) -> Steps[dict[str, str]]:
     """Start of a transition: drop marks an interruption left, wait (up to the continue phase's limit) for calls still in
-    flight, ask the memory probe about quarantined engines (waiting out a grace first, when that is what keeps it from
-    being trusted); return the engines to skip, with why."""
+    flight, ask the memory probe about quarantined engines (polling it while a grace keeps its "as before" from being
+    trusted, up to the settle limit: ``poll``); return the engines to skip, with why."""
     know = rules.know
     stale = [n for n in names if know[n].pending is not None]
     for n in stale:
@@ -60,11 +75,9 @@ def settle(rules: BarrierRules[Any], tx: Transition, names: Sequence[str]) -> St
     before = {n: know[n].state for n in names}
     waiting: dict[str, float] = {}
     settled = probe(rules, names, waiting)
-    cap = tx.deadline.cap(rules.deadlines.for_phase("settle"))
-    if waiting and max(waiting.values()) <= cap.remaining():  # a request may still be on its way: wait it out, ask again
+    if waiting:  # a request may still be on its way: ask again until it proves applied or the grace has passed
         tx.phase = "settle"
-        yield WaitCall(tx.deadline.cap(max(waiting.values())))
-        settled += probe(rules, waiting)
+        settled += yield from poll(rules, waiting, tx.deadline.cap(rules.deadlines.for_phase("settle")))
     for n in settled:
         rules.announce(n, before[n])
     return {n: rules.why_skipped(n) for n in names if know[n].dead is not None or know[n].in_flight is not None}
@@ -121,6 +134,33 @@ def probe(rules: BarrierRules[Any], names: Iterable[str], waiting: dict[str, flo
     return settled
 
 
+def poll(rules: BarrierRules[Any], waiting: dict[str, float], deadline: Deadline) -> Steps[list[str]]:
+    """Ask the memory probe again, every ``PhaseDeadlines.probe_poll_s``, about the engines in ``waiting`` (name -> grace
+    left, as ``probe`` fills it) until each is settled (proved applied, or the grace passed and "as before" is trusted),
+    the probe cannot prove it any more, or ``deadline`` has passed; return those settled. ``waiting`` is left with the
+    engines still waiting.
+
+    Each wait is a ``WaitCall`` (the driver sleeps on the orchestrator's clock, on its thread or without blocking its
+    event loop), so an interruption can only come while nothing is being decided: it closes these steps and leaves
+    every engine still waiting quarantined, with its doubt, as ``probe`` left it. Bounded: at most one wait per
+    ``probe_poll_s`` of the smaller of the longest grace left and ``deadline`` (plus one for rounding).
+    """
+    every = rules.deadlines.probe_poll_s
+    settled: list[str] = []
+    limit = min(max(waiting.values(), default=0.0), deadline.remaining())
+    polls = math.ceil(limit / every) + 1 if limit > 0 else 0
+    for _ in range(polls):
+        left = min(max(waiting.values(), default=0.0), deadline.remaining())
+        if left <= 0:
+            break
+        yield WaitCall(deadline.cap(min(every, left)))
+        again: dict[str, float] = {}
+        settled += probe(rules, list(waiting), again)
+        waiting.clear()
+        waiting.update(again)
+    return settled
+
+
 def _grace_left(rules: BarrierRules[Any], k: EngineKnowledge, released: frozenset[str]) -> float:
     """Seconds before the probe's answer ``released`` may be trusted for ``k`` (0: now)."""
     why = k.doubt
@@ -128,7 +168,8 @@ def _grace_left(rules: BarrierRules[Any], k: EngineKnowledge, released: frozense
         return 0.0
     if not why.in_transit or why.proves_applied(frozenset(k.unknown), released):
         return 0.0
-    return max(0.0, why.since + rules.deadlines.in_transit_for(why.method) - rules.clock.monotonic())
+    left = why.since + rules.deadlines.in_transit_for(why.method) - rules.clock.monotonic()
+    return left if left > _GRACE_EPSILON_S else 0.0
 
 
 def _ask(memory_probe: MemoryProbe, name: str) -> frozenset[str] | None:

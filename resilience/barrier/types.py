@@ -66,12 +66,19 @@ class PhaseDeadlines:
     The start of each transition waits out what is left of it, up to the settle limit (``continue_s``), and asks
     again. Default None: the deadline of the call's own phase (``release_s`` or ``resume_s``), the longest the
     barrier lets such a call run. 0 trusts the probe at once (the race this closes comes back)."""
+    probe_poll_s: float = 0.05
+    """While a probe's "as before" is not trusted yet (the grace above), how often it is asked again, on the
+    orchestrator's clock: right after the phase that sent the ambiguous call (up to that phase's deadline) and at
+    the start of the next transition (up to the settle limit), until it proves the call applied or the grace has
+    passed. Default 0.05 s: an engine's release or resume applies within milliseconds to a few seconds."""
 
     def __post_init__(self) -> None:
         for name in ("transition_s", "pause_s", "flush_s", "release_s", "resume_s", "continue_s"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"PhaseDeadlines.{name} must be > 0, but was {value!r}")
+        if not self.probe_poll_s > 0:
+            raise ValueError(f"PhaseDeadlines.probe_poll_s must be > 0, but was {self.probe_poll_s!r}")
         if self.in_transit_s is not None and not self.in_transit_s >= 0:
             raise ValueError(f"PhaseDeadlines.in_transit_s must be >= 0 or None, but was {self.in_transit_s!r}")
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import EngineDied, EngineUnavailable
+from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import AmbiguousOutcome
 from resilience.outcome import AttemptRecord, Delivery, Outcome
 
@@ -78,6 +79,11 @@ class Fault(enum.StrEnum):
     """The connection drops right after sending (``AmbiguousOutcome``, the record: MAYBE_APPLIED) while the request is still
     on its way: it reaches the engine, and is applied, only at the next ``deliver()``: after the memory probe answered
     (the probes in these tests call it), at the engine's next call (a later request arrives after it), or at ``land()``."""
+    APPLIES_LATER = "applies_later"
+    """The connection drops right after sending (``AmbiguousOutcome``, the record: MAYBE_APPLIED) and the engine applies
+    the call ``apply_after_s`` seconds later on the engine's ``clock`` (a release that takes time to free memory, as
+    torch_memory_saver's pause does): seen from the next observation (``snapshot``, ``serving``) once due, or at once
+    at the engine's next call (served after it), ``wait_idle`` or ``land()``."""
 
 
 INTERRUPTS = frozenset({Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER, Fault.SYSTEM_EXIT_BEFORE, Fault.SYSTEM_EXIT_AFTER})
@@ -154,6 +160,12 @@ class _Fake:
         self.landings: list[_Landing] = []
         self.deliveries: list[Callable[[], None]] = []
         """Calls on their way to the engine (``Fault.DELIVERED_LATE``), applied in order by ``deliver``."""
+        self.clock: Clock = SYSTEM_CLOCK
+        """The engine's clock: when a ``Fault.APPLIES_LATER`` call is applied (a test shares its ``FakeClock``)."""
+        self.apply_after_s = 0.3
+        """How long after its answer a ``Fault.APPLIES_LATER`` call is applied."""
+        self.applying: list[tuple[float, Callable[[], None]]] = []
+        """``Fault.APPLIES_LATER`` calls being applied: (clock time when applied, apply), in order."""
         self.started: list[str] = []
         self._running = 0
         self._idle = threading.Condition(self._lock)
@@ -177,8 +189,9 @@ class _Fake:
             self.faults.clear()
 
     def wait_idle(self, timeout: float = LATE_LIMIT_S) -> bool:
-        """Wait until no call is being carried out (a landed late call has applied) and none is on its way (``deliver``):
-        what a person reconciling from the engine's real state must wait for. True when idle."""
+        """Wait until no call is being carried out (a landed late call has applied, a slow one too) and none is on its
+        way (``deliver``): what a person reconciling from the engine's real state must wait for. True when idle."""
+        self._apply_slow(everything=True)
         with self._idle:
             return self._idle.wait_for(lambda: self._running == 0 and not self.deliveries, timeout)
 
@@ -188,7 +201,8 @@ class _Fake:
             self._idle.notify_all()
 
     def land(self) -> None:
-        """Let every late call land, and every delivery on its way arrive."""
+        """Let every late call land, every slow one apply, and every delivery on its way arrive."""
+        self._apply_slow(everything=True)
         self.deliver()
         with self._lock:
             landings, self.landings = self.landings, []
@@ -204,14 +218,25 @@ class _Fake:
                     apply()
             self._idle.notify_all()
 
+    def _apply_slow(self, *, everything: bool = False) -> None:
+        """Apply the ``Fault.APPLIES_LATER`` calls whose time has come (``everything``: all of them, in order)."""
+        with self._lock:
+            now = self.clock.monotonic()
+            while self.applying and (everything or self.applying[0][0] <= now):
+                _, apply = self.applying.pop(0)
+                if self.crash is None:
+                    apply()
+
     @property
     def serving(self) -> bool:
         """Not paused, nothing released."""
+        self._apply_slow()
         with self._lock:
             return not self.paused and not self.released
 
     def snapshot(self) -> tuple[bool, bool, frozenset[str]]:
         """(paused, flushed, released) at once."""
+        self._apply_slow()
         with self._lock:
             return self.paused, self.flushed, frozenset(self.released)
 
@@ -230,7 +255,9 @@ class _Fake:
             self.crash = why
 
     def _enter(self, method: str, loop: asyncio.AbstractEventLoop | None) -> tuple[Fault | None, _Landing | None]:
-        """A call arrives (after the requests still on their way: ``deliver``): take its fault; a late one gets a landing to wait on."""
+        """A call arrives (after the requests still on their way, ``deliver``, and the slow ones being applied): take its
+        fault; a late one gets a landing to wait on."""
+        self._apply_slow(everything=True)
         self.deliver()
         with self._lock:
             self.started.append(method)
@@ -267,6 +294,14 @@ class _Fake:
             raise Answered(f"{self.engine} {method}: HTTP 502 from the proxy (not forwarded)", 502, record(Delivery.RESPONDED, 502))
         if fault is Fault.CONNECTION_REFUSED:
             raise Answered(f"{self.engine} {method}: connection refused", None, record(Delivery.NOT_SENT, None, "ConnectionError"))
+        if fault is Fault.APPLIES_LATER:
+            with self._lock:
+                self.applying.append((self.clock.monotonic() + self.apply_after_s, apply))
+            raise AmbiguousOutcome(
+                f"{self.engine} {method}: connection reset after sending (applies in {self.apply_after_s} s)",
+                engine=self.engine,
+                attempts=record(Delivery.MAYBE_APPLIED),
+            )
         if fault is Fault.DELIVERED_LATE:
             with self._lock:
                 self.deliveries.append(apply)
