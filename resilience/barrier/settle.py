@@ -106,7 +106,9 @@ def probe(rules: BarrierRules[Any], names: Iterable[str], waiting: dict[str, flo
 
     An answer is trusted when it proves the call applied, when the request is not on its way (``Doubt.in_transit``
     False: a 502/503), or once the grace (``PhaseDeadlines.in_transit_for``) has passed since the answer; else the
-    engine stays quarantined, and ``waiting`` (when given) gets the seconds of grace left for it.
+    engine stays quarantined, and ``waiting`` (when given) gets the seconds of grace left for it. So does an engine
+    whose probe cannot prove it now (None: the emulator's probe while a release is being carried out) while its
+    request may still be on its way and the grace has not passed.
     """
     memory_probe = rules.memory_probe
     if memory_probe is None:
@@ -117,9 +119,11 @@ def probe(rules: BarrierRules[Any], names: Iterable[str], waiting: dict[str, flo
         if not k.unknown or k.in_flight is not None or k.pending is not None or name in rules.retired:
             continue
         released = _ask(memory_probe, name)
-        if released is None:
-            continue
         left = _grace_left(rules, k, released)
+        if released is None:  # cannot prove it now (a release being carried out): worth asking again within the grace
+            if waiting is not None and left > 0:
+                waiting[name] = left
+            continue
         if left > 0:
             if waiting is not None:
                 waiting[name] = left
@@ -137,8 +141,8 @@ def probe(rules: BarrierRules[Any], names: Iterable[str], waiting: dict[str, flo
 def poll(rules: BarrierRules[Any], waiting: dict[str, float], deadline: Deadline) -> Steps[list[str]]:
     """Ask the memory probe again, every ``PhaseDeadlines.probe_poll_s``, about the engines in ``waiting`` (name -> grace
     left, as ``probe`` fills it) until each is settled (proved applied, or the grace passed and "as before" is trusted),
-    the probe cannot prove it any more, or ``deadline`` has passed; return those settled. ``waiting`` is left with the
-    engines still waiting.
+    or ``deadline`` has passed; return those settled. ``waiting`` is left with the engines still waiting (a probe that
+    still cannot prove it once the grace has passed drops out: the engine stays quarantined).
 
     Each wait is a ``WaitCall`` (the driver sleeps on the orchestrator's clock, on its thread or without blocking its
     event loop), so an interruption can only come while nothing is being decided: it closes these steps and leaves
@@ -161,12 +165,13 @@ def poll(rules: BarrierRules[Any], waiting: dict[str, float], deadline: Deadline
     return settled
 
 
-def _grace_left(rules: BarrierRules[Any], k: EngineKnowledge, released: frozenset[str]) -> float:
-    """Seconds before the probe's answer ``released`` may be trusted for ``k`` (0: now)."""
+def _grace_left(rules: BarrierRules[Any], k: EngineKnowledge, released: frozenset[str] | None) -> float:
+    """Seconds before the probe's answer ``released`` may be trusted for ``k`` (0: now; for None, no answer: the seconds
+    its request may still be on its way, 0 when it is not)."""
     why = k.doubt
     if why is None:  # unknown tags with no record of why (cannot happen through the rules): trusted as before
         return 0.0
-    if not why.in_transit or why.proves_applied(frozenset(k.unknown), released):
+    if not why.in_transit or (released is not None and why.proves_applied(frozenset(k.unknown), released)):
         return 0.0
     left = why.since + rules.deadlines.in_transit_for(why.method) - rules.clock.monotonic()
     return left if left > _GRACE_EPSILON_S else 0.0

@@ -40,6 +40,14 @@ class TruthProbe:
         return self.engines[engine].snapshot()[2]
 
 
+class BusyProbe(TruthProbe):
+    """Answers None ("cannot prove it now") while a call is being carried out, as the emulator's probe does."""
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        released = super().released_tags(engine)
+        return None if self.engines[engine].applying else released
+
+
 class InterruptingClock(FakeClock):
     """A ``FakeClock`` whose ``at``-th sleep is interrupted: KeyboardInterrupt in the thread, or the sleeping task cancelled."""
 
@@ -97,6 +105,19 @@ def test_a_release_that_applies_after_its_reset_ends_the_offload_ok(fanout: Thre
     alive(engines)
     assert all(e.serving for e in engines)
     again.close()
+
+
+def test_a_probe_that_cannot_prove_it_while_the_release_is_carried_out_is_asked_again(fanout: ThreadFanOut) -> None:
+    clock = FakeClock()
+    engines = fakes(clock)
+    probe = BusyProbe(engines)
+    orch = Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=DEADLINES, clock=clock, memory_probe=probe)
+    engines[2].arm(RELEASE, Fault.APPLIES_LATER)
+    orch.offload()
+    assert orch.quarantined() == {} and orch.states() == dict.fromkeys((e.engine for e in engines), EngineState.RELEASED)
+    assert 0.3 - 1e-9 <= sum(clock.sleeps) < GRACE_S
+    assert engines[2].started.count(RELEASE) == 1
+    alive(engines)
 
 
 def test_the_async_orchestrator_polls_without_blocking_its_loop() -> None:
