@@ -62,7 +62,11 @@ ASYNC_EXAMPLES = int(os.environ.get("CPR_BARRIER_ASYNC_EXAMPLES", "80"))
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.02, flush_s=0.02, release_s=0.02, resume_s=0.02, continue_s=0.02, in_transit_s=0.1)
 """Tiny phase limits: a "late" fault costs one phase limit of waiting; transitions get 5 s (exclusion waits). A request
 that may be on its way has 0.1 s of grace: far more than the fold takes to ask the probe under load (a delivery lands at
-that first question), and more than the settle limit, so no transition waits it out (it stays quarantined till then)."""
+that first question), and more than the phase and settle limits, so a phase or a transition's start polls the probe only
+up to its own limit (the engine stays quarantined till the grace passed or the probe proved it applied)."""
+APPLY_AFTER_S = 0.01
+"""How long after its answer a ``Fault.APPLIES_LATER`` call is applied: well within the grace (a call applied after the
+grace passed is what the grace assumes never happens)."""
 METHODS = ("pause_generation", "flush_cache", "release_memory_occupation", "resume_memory_occupation", "continue_generation")
 _METHOD_WEIGHTS = (1, 1, 3, 3, 2)
 _FAULT_WEIGHTS = {
@@ -78,6 +82,7 @@ _FAULT_WEIGHTS = {
     Fault.GATEWAY_NOT_FORWARDED: 1,
     Fault.CONNECTION_REFUSED: 1,
     Fault.DELIVERED_LATE: 2,
+    Fault.APPLIES_LATER: 2,
 }
 FAULTS = st.lists(
     st.tuples(
@@ -282,6 +287,7 @@ class BarrierMachine(RuleBasedStateMachine):
     @contextmanager
     def armed(self, faults: Mapping[tuple[int, str], Fault]) -> Iterator[None]:
         for (i, method), fault in faults.items():
+            self.engines[i].apply_after_s = APPLY_AFTER_S
             self.engines[i].arm(method, fault)
         try:
             yield
