@@ -63,9 +63,10 @@ class PhaseDeadlines:
     """How long after an ambiguous release or resume whose request may still be on its way (a reset or read timeout
     after sending, a 504, no delivery record, an interruption) a memory probe's "as before" is trusted: until then a
     late arrival could still apply it, so the engine stays quarantined (the probe's "applied" is trusted at once).
-    The start of each transition waits out what is left of it, up to the settle limit (``continue_s``), and asks
-    again. Default None: the deadline of the call's own phase (``release_s`` or ``resume_s``), the longest the
-    barrier lets such a call run. 0 trusts the probe at once (the race this closes comes back)."""
+    Meanwhile the probe is asked again every ``probe_poll_s``: right after the phase that sent the call (up to that
+    phase's deadline) and at the start of the next transition (up to the settle limit, ``continue_s``). Default
+    None: the deadline of the call's own phase (``release_s`` or ``resume_s``), the longest the barrier lets such a
+    call run. 0 trusts the probe at once (the race this closes comes back)."""
     probe_poll_s: float = 0.05
     """While a probe's "as before" is not trusted yet (the grace above), how often it is asked again, on the
     orchestrator's clock: right after the phase that sent the ambiguous call (up to that phase's deadline) and at
