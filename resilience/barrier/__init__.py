@@ -9,6 +9,7 @@
 - ``outcome``: what a call did to the engine (``Effect``: applied, not applied, maybe), from the driver's record only.
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
 - ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines.
+- ``verify``: checks after a transition (``WeightVersionCheck``, ``CanaryCheck``): "a 200 that isn't healthy" fails it.
 
 Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``; ``resilience.fanout``
 gathers the fan-outs.
@@ -38,6 +39,7 @@ from resilience.barrier.types import (
     PhaseReport,
     TransitionReport,
 )
+from resilience.barrier.verify import CanaryCheck, CheckFailed, EngineCheck, VerificationFailed, WeightVersionCheck
 
 __all__ = [
     "ALL_TAGS",
@@ -46,8 +48,11 @@ __all__ = [
     "AsyncFanOut",
     "AsyncOrchestrator",
     "BarrierBusy",
+    "CanaryCheck",
+    "CheckFailed",
     "ControlPlaneEngine",
     "Effect",
+    "EngineCheck",
     "EngineDied",
     "EngineGroup",
     "EngineResult",
@@ -65,4 +70,6 @@ __all__ = [
     "SequentialFanOut",
     "ThreadFanOut",
     "TransitionReport",
+    "VerificationFailed",
+    "WeightVersionCheck",
 ]

@@ -34,13 +34,16 @@ from typing import Literal, TypeVar
 
 from resilience.barrier.async_fanout import PhaseRun, TaskCall
 from resilience.barrier.engine import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
+from resilience.barrier.fanout import Calls, EngineResult
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.knowledge import LateCall
 from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.verify import EngineCheck, averify
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.deadline import Deadline
 from resilience.errors import ConfigError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
@@ -145,12 +148,13 @@ class AsyncOrchestrator(BarrierRules[A]):
         async with self._exclusive(state, "offload"):
             return await self._run(self._offload_steps(wanted, mode), state)
 
-    async def onload(self, tags: Sequence[str] | None = None) -> TransitionReport:
-        """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``."""
+    async def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
+        """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``
+        (``verify`` too)."""
         wanted = tags_arg(tags, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            return await self._run(self._onload_steps(wanted), state)
+            return await self._verified("onload", await self._run(self._onload_steps(wanted), state), verify, self._offloaded, state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine and pause them; see ``Orchestrator.pause``."""
@@ -165,8 +169,9 @@ class AsyncOrchestrator(BarrierRules[A]):
             return await self._run(self._unpause_steps(hold), state)
 
     @asynccontextmanager
-    async def weight_sync(self, mode: PauseMode = "retract") -> AsyncIterator[list[A]]:
-        """Hold every engine paused while the body updates weights; the hold is released on exit (see ``Orchestrator.weight_sync``)."""
+    async def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> AsyncIterator[list[A]]:
+        """Hold every engine paused while the body updates weights; the hold is released on exit (see ``Orchestrator.weight_sync``,
+        ``verify`` too)."""
         state = self._loop_state()
         async with state.lock:
             report = await self._run(self._pause_steps(WEIGHT_SYNC_HOLD, mode), state)
@@ -184,12 +189,34 @@ class AsyncOrchestrator(BarrierRules[A]):
             if not self._bodies:
                 state.idle.set()
             try:
-                await self.unpause(token)
+                ended = await self.unpause(token)
             except asyncio.CancelledError:  # cancelled again on the way out: the hold ends anyway, nothing more is sent
                 with self._lock:
                     for n in token.engines:
                         self._unhold(n, token.id)
                 raise
+        await self._verified("weight_sync", ended, verify, token.engines, state)  # only after a body that returned
+
+    async def _verified(
+        self,
+        transition: str,
+        report: TransitionReport,
+        checks: EngineCheck | Sequence[EngineCheck],
+        names: Iterable[str],
+        state: _LoopState,
+    ) -> TransitionReport:
+        """``report`` once ``checks`` passed on the engines ``names`` (not retired), read as one phase of tasks per read."""
+        if not checks:
+            return report
+
+        async def send(calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+            run = PhaseRun(calls, method, deadline, gate=state.gate)
+            await run.wait()
+            return run.results()
+
+        engines = {n: self._engines[n] for n in names if n not in self._retired}
+        deadline_s = self.deadlines.for_phase("verify")
+        return await averify(transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s)
 
     # -- the driver ------------------------------------------------------------------
 

@@ -48,6 +48,8 @@ from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.verify import EngineCheck
+from resilience.barrier.verify import verify as verify_engines
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.events import Observer
@@ -173,7 +175,7 @@ class Orchestrator(BarrierRules[E]):
             self._wait_for_bodies("offload")
             return self._run(self._offload_steps(wanted, mode))
 
-    def onload(self, tags: Sequence[str] | None = None) -> TransitionReport:
+    def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
 
         Returns only when every offloaded engine (not retired) serves, or is
@@ -181,11 +183,14 @@ class Orchestrator(BarrierRules[E]):
         weight sync) and named in ``TransitionReport.held``. Idempotent.
         Engines that are dead, quarantined or busy with a late call are skipped
         and named in ``PhaseFailed``. Waits for running ``weight_sync`` bodies first.
+        ``verify``: checks asked of every offloaded engine afterwards
+        (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``;
+        default none); a mismatch raises ``VerificationFailed`` naming the engine.
         """
         wanted = tags_arg(tags, "onload")
         with self._lock:
             self._wait_for_bodies("onload")
-            return self._run(self._onload_steps(wanted))
+            return self._verified("onload", self._run(self._onload_steps(wanted)), verify, self._offloaded)
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -206,7 +211,7 @@ class Orchestrator(BarrierRules[E]):
             return self._run(self._unpause_steps(hold))
 
     @contextmanager
-    def weight_sync(self, mode: PauseMode = "retract") -> Iterator[list[E]]:
+    def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> Iterator[list[E]]:
         """Hold every engine paused while the body updates weights; the hold (this sync's own token) is released on exit.
 
         Yields the engines (not retired), every one known paused. Re-entrant
@@ -214,6 +219,9 @@ class Orchestrator(BarrierRules[E]):
         and admission reopens only when the last one ends (and memory is back:
         inside an offloaded window the engines stay paused until onload).
         ``offload``/``onload`` never run while a body runs: they wait for it.
+        ``verify``: checks asked of the synced engines once the body returned and
+        the hold ended (``resilience.barrier.verify``; default none); a mismatch
+        raises ``VerificationFailed`` naming the engine.
         """
         me = threading.get_ident()
         with self._lock:
@@ -229,7 +237,20 @@ class Orchestrator(BarrierRules[E]):
                 if not self._bodies[me]:
                     del self._bodies[me]
                 self._bodies_ended.notify_all()
-            self.unpause(token)
+            ended = self.unpause(token)
+        self._verified("weight_sync", ended, verify, token.engines)  # only after a body that returned
+
+    def _verified(
+        self, transition: str, report: TransitionReport, checks: EngineCheck | Sequence[EngineCheck], names: Iterable[str]
+    ) -> TransitionReport:
+        """``report`` once ``checks`` passed on the engines ``names`` (not retired), read through the fan-out."""
+        if not checks:
+            return report
+        engines = {n: self._engines[n] for n in names if n not in self._retired}
+        deadline_s = self.deadlines.for_phase("verify")
+        return verify_engines(
+            transition, report, checks, engines, not_serving=self.not_serving(), send=self.fanout.call, deadline_s=deadline_s
+        )
 
     # -- the driver ------------------------------------------------------------------
 
@@ -270,4 +291,3 @@ class Orchestrator(BarrierRules[E]):
         if not self._bodies_ended.wait_for(lambda: not self._bodies, timeout=limit):
             running = sum(self._bodies.values())
             raise BarrierBusy(f"{transition}() waited {limit} s for {running} weight_sync() body(ies) to end; none was sent anything")
-

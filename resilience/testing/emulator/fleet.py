@@ -32,6 +32,7 @@ import requests
 from .config import EngineConfig
 from .forkserver import Zygote
 from .processes import EmulatorStartError, EngineProcess, ExecLauncher, Launcher
+from .vllm.config import VLLMEngineConfig
 
 if TYPE_CHECKING:
     from resilience.testing.faults import FaultPlan, FaultProxy
@@ -54,7 +55,7 @@ class EngineHandle:
     def __init__(
         self,
         index: int,
-        config: EngineConfig,
+        config: EngineConfig | VLLMEngineConfig,
         log_dir: Path,
         extra_args: Sequence[str] = (),
         launcher: Launcher | None = None,
@@ -249,7 +250,7 @@ class EmulatedFleet:
     def __init__(
         self,
         n: int,
-        config: EngineConfig | None = None,
+        config: EngineConfig | VLLMEngineConfig | None = None,
         fault_plan: FaultPlan | None = None,
         *,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
@@ -271,8 +272,8 @@ class EmulatedFleet:
             raise ValueError(f"`startup_timeout` must be > 0 seconds, but was {startup_timeout!r}")
         if start_method not in ("zygote", "spawn"):
             raise ValueError(f"`start_method` must be 'zygote' or 'spawn', but was {start_method!r}")
-        self.config = config if config is not None else EngineConfig()
-        """The configuration every engine runs with."""
+        self.config: EngineConfig | VLLMEngineConfig = config if config is not None else EngineConfig()
+        """The configuration every engine runs with; its type picks the engine (a ``VLLMEngineConfig``: vLLM 0.33.0)."""
         self.fault_plan = fault_plan
         """The fault plan of the proxies, or None (no proxies)."""
         self.start_method: StartMethod = start_method

@@ -79,15 +79,20 @@ def _parse_body(raw: bytes) -> Any:
 
 
 class RecordMiddleware:
-    """ASGI middleware that writes each recorded call into a :class:`CallRecord`."""
+    """ASGI middleware that writes each recorded call into a :class:`CallRecord`.
 
-    def __init__(self, app: ASGIApp, record: CallRecord) -> None:
+    ``unrecorded``: the data-plane paths left out (default ``("/generate",)``, SGLang's;
+    the vLLM emulator passes ``("/v1/completions",)``); ``/_emulator/*`` is never recorded.
+    """
+
+    def __init__(self, app: ASGIApp, record: CallRecord, unrecorded: tuple[str, ...] = _UNRECORDED_PATHS) -> None:
         self._app = app
         self._record = record
+        self._unrecorded = unrecorded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or path in _UNRECORDED_PATHS or path.startswith(_UNRECORDED_PREFIX):
+        if scope["type"] != "http" or path in self._unrecorded or path.startswith(_UNRECORDED_PREFIX):
             await self._app(scope, receive, send)
             return
         entry = self._record.begin(scope["method"], path, scope.get("query_string", b"").decode("latin-1"))

@@ -18,6 +18,7 @@ from types import FrameType
 from .config import EngineConfig
 from .fleet import EmulatedFleet, EmulatorStartError
 from .server import READY_PREFIX
+from .vllm.config import VLLMEngineConfig
 
 __all__ = ["ProgressPrinter", "serve_fleet"]
 
@@ -48,7 +49,7 @@ class ProgressPrinter:
 
 def serve_fleet(
     n: int,
-    config: EngineConfig,
+    config: EngineConfig | VLLMEngineConfig,
     *,
     host: str,
     port: int,

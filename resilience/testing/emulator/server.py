@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
 
@@ -24,8 +24,24 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from .engine import Engine
+    from .vllm.server import VLLMAppFactory
 
-__all__ = ["READY_PREFIX", "AppFactory", "build_parser", "main", "print_ready"]
+__all__ = [
+    "ENGINE_KINDS",
+    "READY_PREFIX",
+    "AppFactory",
+    "bind_listener",
+    "build_parser",
+    "engine_kind",
+    "listen_url",
+    "main",
+    "parent_problem",
+    "print_ready",
+    "watch_parent",
+]
+
+ENGINE_KINDS = ("sglang", "vllm")
+"""The engines the emulator reproduces (``--engine``): SGLang 0.5.23 (the default) or vLLM 0.33.0 (``emulator/vllm/``)."""
 
 AppFactory = Callable[[EngineConfig, str, int], "tuple[FastAPI, Engine]"]
 """Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
@@ -39,6 +55,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog or "python -m resilience.testing.emulator",
         description="Run emulated SGLang engines (control plane and crash semantics) on the CPU: one, or N with --engines N.",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_KINDS,
+        default="sglang",
+        help="which engine to emulate; `--engine vllm --help` lists vLLM's flags (default: sglang)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default: 0)")
@@ -153,6 +175,13 @@ def main(
     default logging configuration is in place already (a zygote's child inherits it),
     so it is not applied again (only the level is); default False.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if engine_kind(argv) == "vllm":
+        from .vllm.server import main as vllm_main
+
+        # a factory handed to this entry (the zygote's child) builds the app of the kind its argv names
+        factory = cast("VLLMAppFactory | None", app_factory)
+        return vllm_main(argv, prog=prog, on_ready=on_ready, app_factory=factory, logging_configured=logging_configured)
     parser = build_parser(prog)
     try:
         args = parser.parse_args(argv)
@@ -253,3 +282,31 @@ def _serve(
     )
     ReadyServer(uv_config).run(sockets=[sock])
     return 0
+
+
+def engine_kind(argv: Sequence[str]) -> str:
+    """The ``--engine`` that ``argv`` asks for (``"sglang"`` when absent; an unknown kind is left to the parser's error)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--engine", default="sglang")
+    known, _ = pre.parse_known_args(list(argv))
+    return str(known.engine)
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening, inheritable socket on ``host:port`` (0 picks a free port); OSError when it cannot bind."""
+    return _bind(host, port)
+
+
+def listen_url(host: str, port: int) -> str:
+    """``http://host:port`` (IPv6 hosts in brackets)."""
+    return _url(host, port)
+
+
+def watch_parent(parent_pid: int) -> None:
+    """SIGTERM this process once ``parent_pid`` is no longer its parent (a daemon thread)."""
+    _watch_parent(parent_pid)
+
+
+def parent_problem(pid: int) -> str | None:
+    """Why ``--exit-with-parent PID`` cannot work, or None when it can."""
+    return _parent_problem(pid)

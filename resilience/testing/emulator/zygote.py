@@ -54,15 +54,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from .config import EngineConfig
-    from .engine import Engine
-
 __all__ = ["main"]
 
 _PARENT_POLL_S = 0.5
 _READ_CHUNK = 1 << 16
 _PR_SET_PDEATHSIG = 1
-_Template = tuple["FastAPI", "Engine"]
+_Template = tuple["FastAPI", Any]
+"""A never-started app and its engine (an SGLang ``Engine`` or a vLLM ``VLLMEngine``)."""
 
 
 def _emit(fd: int, event: dict[str, Any]) -> None:
@@ -79,6 +77,7 @@ def _warm() -> None:
     import uvicorn.loops.auto  # imported at a server's startup otherwise
 
     from . import app as _app_module  # noqa: F401  (FastAPI, starlette, pydantic and the routes)
+    from .vllm import app as _vllm_app_module  # noqa: F401  (the vLLM engine's routes)
 
     torch.set_num_threads(1)  # before any parallel op: the intra-op pool is never started here
 
@@ -90,16 +89,34 @@ def _warm() -> None:
     gc.collect()
 
 
-def _template_key(argv: Sequence[str]) -> tuple[EngineConfig, str] | None:
+def _template_key(argv: Sequence[str]) -> tuple[Any, str] | None:
     """The configuration and host that ``argv`` asks for; None when the flags are bad (the child reports them)."""
     from .config import config_from_namespace
-    from .server import build_parser
+    from .server import build_parser, engine_kind
+
+    if engine_kind(argv) == "vllm":
+        from .vllm.server import template_key
+
+        return template_key(argv)
 
     try:
         args, _unknown = build_parser().parse_known_args(list(argv))
         return config_from_namespace(args), args.host
     except (SystemExit, ValueError):
         return None
+
+
+def _create_app(config: Any, host: str, port: int) -> _Template:
+    """The app and engine of ``config``'s kind: an SGLang ``EngineConfig`` or a ``VLLMEngineConfig``."""
+    from .vllm.config import VLLMEngineConfig
+
+    if isinstance(config, VLLMEngineConfig):
+        from .vllm.app import create_app as create_vllm_app
+
+        return create_vllm_app(config, host=host, port=port)
+    from .app import create_app
+
+    return create_app(config, host=host, port=port)
 
 
 def _die_with_parent(zygote_pid: int) -> None:
@@ -143,11 +160,9 @@ def _child(command: dict[str, Any], zygote_pid: int, close: Sequence[int], templ
             _emit(report, {"ev": "ready", "id": ident, "url": url})
             os.close(report)
 
-        def from_template(config: EngineConfig, host: str, port: int) -> _Template:
+        def from_template(config: Any, host: str, port: int) -> _Template:
             if template is None:
-                from .app import create_app
-
-                return create_app(config, host=host, port=port)
+                return _create_app(config, host, port)
             app, engine = template
             engine.port = port  # the only field that differs between copies (``/server_info`` reports it)
             return app, engine
@@ -175,7 +190,7 @@ class _Server:
     def __init__(self, parent_pid: int | None) -> None:
         self._parent_pid = parent_pid
         self._children: dict[int, int] = {}
-        self._templates: dict[tuple[EngineConfig, str], _Template] = {}
+        self._templates: dict[tuple[Any, str], _Template] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -238,10 +253,8 @@ class _Server:
         if key is None:
             return None
         if key not in self._templates:
-            from .app import create_app
-
             config, host = key
-            app, engine = create_app(config, host=host, port=0)
+            app, engine = _create_app(config, host, 0)
             app.middleware_stack = app.build_middleware_stack()  # what starlette builds on the first request
             self._templates[key] = (app, engine)
         return self._templates[key]

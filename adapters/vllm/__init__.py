@@ -1,0 +1,86 @@
+"""vLLM engines: ``VLLMClient`` and ``AsyncVLLMClient``, one method per control route of vLLM 0.33.0.
+
+Layout (one job per module):
+
+- ``routes``: the one route table (``ROUTES``): method, path, first release, dev
+  mode, idempotence, refusal retries, policy and the 0.33.0 source line of
+  each route; ``VLLM_POLICIES`` is derived from it.
+- ``versions``: ``GET /version`` read into a ``VLLMApi`` (the drift: ``mode``
+  since 0.17, the weight session since 0.23, JSON sleep/wake bodies and no
+  ``wait_for_inflight_requests`` in 0.33) and the supported range.
+- ``plans``: one ``Plan`` per client method (what to send for a release, how
+  to read the answer); ``calls``: the values a plan is made of and the rules
+  every answer goes through (dev mode, refusals, the version gate). No I/O in
+  either; both clients share them.
+- ``client`` / ``async_client``: the two clients, one line per method over
+  ``plans`` (pinned to ``ROUTES`` and to each other by ``tests/vllm/test_route_table.py``).
+- ``types``: typed results and the errors (``VLLMError``, ``VLLMDevModeOff``,
+  ``VLLMRefused``, ``VLLMVersionError``, ``VLLMProtocolError``, ``VLLMAuthError``).
+
+What vLLM does differently from SGLang, and how the clients handle it
+(``shared/reference/vllm-control-plane.md``):
+
+- Control routes exist only with ``VLLM_SERVER_DEV_MODE=1``; a 404 on one
+  raises ``VLLMDevModeOff`` saying so. ``--api-key`` guards only ``/v1``
+  routes: the key is sent there and nowhere else.
+- Parameters are query strings (``/sleep?level=1&mode=abort``,
+  ``/wake_up?tags=weights&tags=kv_cache``).
+- Sleep and wake are idempotent, so ``VLLM_POLICIES`` re-sends them after a
+  timeout or a gateway status; ``/update_weights`` and the session routes are
+  never re-sent once they may have arrived.
+- ``/reset_prefix_cache`` may answer 200 ``{"success": false}``: asked again
+  until its deadline, then ``VLLMRefused``; never returned as a success.
+"""
+
+from resilience.adapters.vllm.async_client import AsyncVLLMClient
+from resilience.adapters.vllm.calls import VLLMPauseMode, WeightCheckerAction
+from resilience.adapters.vllm.client import VLLMClient, mount_vllm
+from resilience.adapters.vllm.routes import ROUTES, VLLM_POLICIES, Route
+from resilience.adapters.vllm.types import (
+    AbortResult,
+    CacheReset,
+    CommandResult,
+    CompletionResult,
+    RpcResult,
+    SleepResult,
+    VLLMAuthError,
+    VLLMDevModeOff,
+    VLLMError,
+    VLLMHealth,
+    VLLMProtocolError,
+    VLLMRefused,
+    VLLMVersionError,
+    WakeResult,
+    WeightCheck,
+    WeightInfo,
+)
+from resilience.adapters.vllm.versions import SUPPORTED, VLLMApi
+
+__all__ = [
+    "ROUTES",
+    "SUPPORTED",
+    "VLLM_POLICIES",
+    "AbortResult",
+    "AsyncVLLMClient",
+    "CacheReset",
+    "CommandResult",
+    "CompletionResult",
+    "Route",
+    "RpcResult",
+    "SleepResult",
+    "VLLMApi",
+    "VLLMAuthError",
+    "VLLMClient",
+    "VLLMDevModeOff",
+    "VLLMError",
+    "VLLMHealth",
+    "VLLMPauseMode",
+    "VLLMProtocolError",
+    "VLLMRefused",
+    "VLLMVersionError",
+    "WakeResult",
+    "WeightCheck",
+    "WeightCheckerAction",
+    "WeightInfo",
+    "mount_vllm",
+]

@@ -1,0 +1,342 @@
+"""``AsyncVLLMClient``: ``VLLMClient`` with coroutine methods, for controllers that run an event loop.
+
+Same routes, policies (``VLLM_POLICIES``), typed results, errors and version
+rules as ``VLLMClient``: both build their requests and read the answers with
+``resilience.adapters.vllm.plans``; only the sending differs.
+
+Transport. By default the client opens its own ``aiohttp.ClientSession`` with
+``resilience.adapters.aiohttp.ResilientMiddleware`` on first use, inside the
+running event loop (an aiohttp session belongs to the loop that made it), as
+``AsyncSGLangClient`` does. A session you pass (``aiohttp.ClientSession`` with
+``ResilientMiddleware(VLLM_POLICIES)``, or ``httpx.AsyncClient`` with
+``AsyncResilientTransport(VLLM_POLICIES)``) is used as is and never closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from resilience.adapters.vllm import calls, plans
+from resilience.adapters.vllm._async_http import AsyncSender, sender_for
+from resilience.adapters.vllm._shared import aiohttp_session, driver_kwargs, policies_of
+from resilience.adapters.vllm.calls import Plan, Reply, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
+from resilience.adapters.vllm.state import VLLMClientState
+from resilience.adapters.vllm.types import (
+    AbortResult,
+    CacheReset,
+    CommandResult,
+    CompletionResult,
+    RpcResult,
+    SleepResult,
+    VLLMHealth,
+    VLLMRefused,
+    WakeResult,
+    WeightCheck,
+    WeightInfo,
+)
+from resilience.adapters.vllm.versions import VLLMApi
+from resilience.deadline import Deadline
+from resilience.driver_config import UNSET, DriverConfig, Unset
+from resilience.events import Observer
+from resilience.policy import PolicyTable
+
+if TYPE_CHECKING:
+    import aiohttp
+    import httpx
+
+__all__ = ["DEFAULT_LIMIT_PER_HOST", "AsyncVLLMClient"]
+
+T = TypeVar("T")
+
+DEFAULT_LIMIT_PER_HOST = 100
+"""Connections the client's own session keeps open to its engine at most."""
+
+
+class AsyncVLLMClient(VLLMClientState):
+    """A client of one vLLM server's HTTP control plane, with ``async`` methods.
+
+    ``base_url``, ``api_key``, ``api_version``, ``policies`` (default
+    ``VLLM_POLICIES``), ``observers``, ``config``: as ``VLLMClient``. ``session``:
+    an ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` with your resilience
+    layer mounted (default None = the client's own aiohttp session, opened on
+    first use). ``limit_per_host``: the own session's pool size (default 100).
+    Other keyword arguments go to ``ResilientMiddleware`` (``breaker``,
+    ``retry_budget``, ``clock``). With a ``session``, the settings of the own
+    session must be left out (``ConfigConflict`` names them). Close the own
+    session with ``await client.aclose()`` or ``async with``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        session: aiohttp.ClientSession | httpx.AsyncClient | None = None,
+        api_key: str | None = None,
+        policies: PolicyTable | Unset = UNSET,
+        *,
+        observers: Sequence[Observer] | Unset = UNSET,
+        config: DriverConfig | None = None,
+        api_version: str | None = None,
+        limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
+        **middleware_kwargs: Any,
+    ) -> None:
+        own = ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
+        kwargs = driver_kwargs(
+            "AsyncVLLMClient",
+            session=session,
+            config=config,
+            policies=policies,
+            observers=observers,
+            extra=middleware_kwargs,
+            own_session_only=own,
+        )
+        super().__init__(base_url, api_key=api_key, api_version=api_version)
+        if isinstance(limit_per_host, bool) or not isinstance(limit_per_host, int) or limit_per_host < 1:
+            raise ValueError(f"AsyncVLLMClient limit_per_host must be an int >= 1, but was {limit_per_host!r}")
+        self._owns_session = session is None
+        self._sender: AsyncSender | None = None if session is None else sender_for(session)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._limit_per_host = limit_per_host
+        self._middleware_kwargs = kwargs
+        self._policies = policies_of(kwargs)
+        self._middleware: Any = None
+
+    async def aclose(self) -> None:
+        """Close the client's own session (a session you passed stays open). The next call opens a new one."""
+        sender, self._sender = self._sender, None
+        self._loop = None
+        if sender is not None:
+            if self._owns_session:
+                await sender.aclose()
+            else:
+                self._sender = sender
+
+    async def __aenter__(self) -> AsyncVLLMClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the session (an open session cannot travel); an unpickled client opens its own."""
+        if not self._owns_session:
+            raise TypeError("an AsyncVLLMClient with a session you passed cannot be pickled; pass none to let it open its own")
+        state = super().__getstate__()
+        state.update(_sender=None, _loop=None, _middleware=None)
+        return state
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _http(self) -> AsyncSender:
+        """The sender; the client's own session is opened here, in the running loop."""
+        loop = asyncio.get_running_loop()
+        if self._sender is not None and self._owns_session and self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                raise RuntimeError(
+                    f"{self!r} opened its session in another event loop, which is still open: await client.aclose() there first"
+                )
+            self._sender = None
+        if self._sender is None:
+            if self._middleware is None:  # one middleware for every own session: its breakers and budgets outlive aclose()
+                from resilience.adapters.aiohttp import ResilientMiddleware
+
+                self._middleware = ResilientMiddleware(**self._middleware_kwargs)
+            self._sender = sender_for(aiohttp_session(self._middleware, limit_per_host=self._limit_per_host))
+            self._loop = loop
+        return self._sender
+
+    async def _send(self, request: Request, polls: int = 1) -> Reply:
+        r = request.route
+        return await self._http().send(request, self.base_url + r.path, key_header(r.path, self._api_key), polls)
+
+    async def _api_for(self, plan: Plan[Any]) -> VLLMApi | None:
+        """See ``VLLMClient._api_for``."""
+        if not plan.route.versioned:
+            return None
+        api = self._api if self._api is not None else await self.version()
+        self._gated(plan, api)
+        return api
+
+    async def _run(self, plan: Plan[T]) -> T:
+        """See ``VLLMClient._run``."""
+        api = await self._api_for(plan)
+        request = plan.build(self.engine, api)
+        if plan.refusal_deadline_s is None:
+            result: T = self._read(plan, api, await self._send(request))
+            return result
+        with Deadline(plan.refusal_deadline_s) as deadline:
+            polls = 0
+            while True:
+                polls += 1
+                try:
+                    answer: T = self._read(plan, api, await self._send(request, polls))
+                    return answer
+                except VLLMRefused as refused:
+                    wait = refusal_wait(plan, refused, deadline.remaining())
+                    if wait is None:
+                        raise
+                await self._pause_between_polls(wait)
+
+    async def _pause_between_polls(self, seconds: float) -> None:
+        """Wait between two refusals."""
+        await asyncio.sleep(seconds)
+
+    async def health(self) -> VLLMHealth:
+        """See ``VLLMClient.health``: never raises."""
+        http = self._http()
+        t0 = time.monotonic()
+        try:
+            reply = await self._send(plans.health().build(self.engine, None))
+        except http.errors as exc:
+            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
+        return calls.health_result(self.engine, reply, time.monotonic() - t0)
+
+    # -- memory ------------------------------------------------------------------
+
+    async def sleep(self, level: int = 1, mode: VLLMPauseMode | None = None) -> SleepResult:
+        """``POST /sleep``: level 0 pauses scheduling, 1 offloads weights and drops the KV cache, 2 drops both.
+
+        ``mode``: what happens to running requests (``abort``, ``wait``, ``keep``); None = the server's default
+        (``abort``). Idempotent: a second sleep is a no-op on the executor, so it is re-sent after a timeout.
+        After level 2 the weights are garbage until updated: completions still answer 200, but wrong.
+        """
+        return await self._run(plans.sleep(level, mode))
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> WakeResult:
+        """``POST /wake_up?tags=...``: None = every tag. A tag that is not asleep makes the whole call a no-op (``awake`` False).
+
+        A full wake (no tags) also ends a pause, whoever took it; idempotent otherwise, so re-sent after a timeout.
+        """
+        return await self._run(plans.wake_up(tags))
+
+    async def is_sleeping(self) -> bool:
+        """``GET /is_sleeping``: true while asleep, and also while merely paused (vLLM reports both the same)."""
+        return await self._run(plans.is_sleeping())
+
+    async def release_kv_cache_memory(self) -> CommandResult:
+        """``POST /release_kv_cache_memory`` (0.33.0): only after a completed pause; never re-sent (a second call answers 500)."""
+        return await self._run(plans.release_kv_cache_memory())
+
+    # -- generation control ----------------------------------------------------------
+
+    async def pause(self, mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) -> CommandResult:
+        """``POST /pause``: ``abort`` (default) aborts running requests, ``wait`` drains them, ``keep`` freezes them.
+
+        New requests get 503 during ``abort``/``wait`` pauses and queue during ``keep``. ``clear_cache`` None
+        = the server's default (true). Idempotent (the last mode wins). Pause is one shared state.
+        """
+        return await self._run(plans.pause(mode, clear_cache))
+
+    async def resume(self) -> CommandResult:
+        """``POST /resume``: reopens scheduling for everyone, and even while asleep (no guard in 0.33.0)."""
+        return await self._run(plans.resume())
+
+    async def is_paused(self) -> bool:
+        """``GET /is_paused``."""
+        return await self._run(plans.is_paused())
+
+    async def abort_requests(self, request_ids: Sequence[str] | None = None) -> AbortResult:
+        """``POST /abort_requests``: abort these requests (None = all) without pausing."""
+        return await self._run(plans.abort_requests(request_ids))
+
+    # -- caches ----------------------------------------------------------------------
+
+    async def reset_prefix_cache(
+        self,
+        reset_running_requests: bool = False,
+        reset_external: bool = False,
+        *,
+        deadline_s: float | None = None,
+        poll_s: float = 0.5,
+    ) -> CacheReset:
+        """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
+        until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""
+        return await self._run(plans.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
+
+    async def reset_mm_cache(self) -> CommandResult:
+        """``POST /reset_mm_cache``."""
+        return await self._run(plans.reset_mm_cache())
+
+    async def reset_encoder_cache(self) -> CommandResult:
+        """``POST /reset_encoder_cache``."""
+        return await self._run(plans.reset_encoder_cache())
+
+    # -- workers ---------------------------------------------------------------------
+
+    async def collective_rpc(
+        self, method: str, args: Sequence[str] = (), kwargs: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> RpcResult:
+        """``POST /collective_rpc``: run a worker method everywhere (string arguments only). Never re-sent once it may have arrived."""
+        return await self._run(plans.collective_rpc(method, args, kwargs, timeout))
+
+    async def server_info(self, config_format: Literal["text", "json"] = "text") -> dict[str, Any]:
+        """``GET /server_info``: the config and environment dump."""
+        return await self._run(plans.server_info(config_format))
+
+    # -- weight transfer ------------------------------------------------------------------
+
+    async def init_weight_transfer_engine(self, init_info: Mapping[str, Any]) -> CommandResult:
+        """``POST /init_weight_transfer_engine`` (once per trainer connection). Never re-sent once it may have arrived."""
+        return await self._run(plans.init_weight_transfer_engine(init_info))
+
+    async def shutdown_weight_transfer_engine(self) -> CommandResult:
+        """``POST /shutdown_weight_transfer_engine`` (0.33.0)."""
+        return await self._run(plans.shutdown_weight_transfer_engine())
+
+    async def start_weight_update(self) -> CommandResult:
+        """``POST /start_weight_update`` (0.23.0+): opens the update session. Never re-sent once it may have arrived."""
+        return await self._run(plans.start_weight_update())
+
+    async def start_draft_weight_update(self) -> CommandResult:
+        """``POST /start_draft_weight_update`` (0.33.0)."""
+        return await self._run(plans.start_draft_weight_update())
+
+    async def update_weights(self, update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> CommandResult:
+        """``POST /update_weights``: one chunk. **Never re-sent once it may have arrived**; ask ``weight_info`` instead."""
+        return await self._run(plans.update_weights(update_info))
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> CommandResult:
+        """``POST /finish_weight_update``: closes the session and sets the reported version. Never re-sent once it may have arrived."""
+        return await self._run(plans.finish_weight_update(weight_version))
+
+    async def update_weight_version(self, new_version: str) -> WeightInfo:
+        """``POST /update_weight_version`` (0.27.0+): set the version ``weight_info`` reports."""
+        return await self._run(plans.update_weight_version(new_version))
+
+    async def weight_info(self) -> WeightInfo:
+        """``GET /weight_info`` (0.27.0+): the weight version the engine reports."""
+        return await self._run(plans.weight_info())
+
+    async def weight_checker(self, action: WeightCheckerAction, baseline: Mapping[str, str] | None = None) -> WeightCheck:
+        """``POST /weight_checker`` (0.33.0): ``checksum``, ``compare`` with ``baseline``, or ``reset`` (zeroes the weights)."""
+        return await self._run(plans.weight_checker(action, baseline))
+
+    async def get_world_size(self, include_dp: bool = True) -> int:
+        """``GET /get_world_size``."""
+        return await self._run(plans.get_world_size(include_dp))
+
+    # -- always mounted ------------------------------------------------------------------
+
+    async def version(self) -> VLLMApi:
+        """``GET /version``: the server's release, kept as the API every later request is built for."""
+        return self._remember(await self._run(plans.version()))
+
+    async def models(self) -> list[str]:
+        """``GET /v1/models``: the served model ids."""
+        return await self._run(plans.models())
+
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        model: str | None = None,
+        seed: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> CompletionResult:
+        """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
+        return await self._run(plans.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))

@@ -1,0 +1,323 @@
+"""``VLLMClient``: one method per control route of vLLM 0.33.0, each with its route's policy, over requests.
+
+Every call goes through a ``requests.Session`` with a ``ResilientAdapter``
+mounted with ``VLLM_POLICIES`` (or the session you pass: ``mount_vllm`` adds
+the adapter to a session your code already uses). Before the first call whose
+request depends on the server's release, the client asks ``GET /version`` once
+and builds every request for that release (``resilience.adapters.vllm.versions``);
+a release outside the supported range is named in a ``VLLMVersionError``, and
+a route the release lacks is refused without sending anything.
+
+Results are typed; errors (``VLLMError`` and its subclasses) name the engine,
+endpoint, status and a short body excerpt. A 404 on a control route raises
+``VLLMDevModeOff`` (the server runs without ``VLLM_SERVER_DEV_MODE=1``); a 200
+``{"success": false}`` raises ``VLLMRefused`` after the route's own retries.
+The API key goes only to the ``/v1`` routes vLLM guards with it, in a Bearer
+header, and nowhere else (not repr, errors, events or spans).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+import requests
+
+from resilience.adapters.requests import ResilientAdapter, resilient_session
+from resilience.adapters.vllm import calls, plans
+from resilience.adapters.vllm._shared import answer_records, driver_kwargs, policies_of
+from resilience.adapters.vllm.calls import Plan, Reply, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
+from resilience.adapters.vllm.state import VLLMClientState
+from resilience.adapters.vllm.types import (
+    AbortResult,
+    CacheReset,
+    CommandResult,
+    CompletionResult,
+    RpcResult,
+    SleepResult,
+    VLLMHealth,
+    VLLMRefused,
+    WakeResult,
+    WeightCheck,
+    WeightInfo,
+)
+from resilience.adapters.vllm.versions import VLLMApi
+from resilience.deadline import Deadline
+from resilience.driver_config import UNSET, DriverConfig, Unset
+from resilience.errors import ResilienceError
+from resilience.events import Observer
+from resilience.policy import PolicyTable
+
+__all__ = ["VLLMClient", "mount_vllm"]
+
+T = TypeVar("T")
+
+
+def mount_vllm(
+    session: requests.Session,
+    base_urls: Sequence[str],
+    *,
+    policies: PolicyTable | Unset = UNSET,
+    observers: Sequence[Observer] | Unset = UNSET,
+    config: DriverConfig | None = None,
+    **adapter_kwargs: Any,
+) -> ResilientAdapter:
+    """Mount one ``ResilientAdapter`` with ``VLLM_POLICIES`` (default) on ``session`` for each engine URL; returns it.
+
+    ``config=DriverConfig(...)`` instead shares one configuration (and its per-engine breakers and budgets)
+    with other drivers, and conflicts with ``policies`` and the others it holds.
+    """
+    kwargs = driver_kwargs("mount_vllm", session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
+    adapter = ResilientAdapter(**kwargs)
+    for url in base_urls:
+        session.mount(url.rstrip("/") + "/", adapter)
+    return adapter
+
+
+class VLLMClient(VLLMClientState):
+    """A client of one vLLM server's HTTP control plane (``vllm serve`` with ``VLLM_SERVER_DEV_MODE=1``).
+
+    ``base_url``: the server (``http://127.0.0.1:8000``). ``session``: a session
+    to use as is (mount the adapter on it with ``mount_vllm``); default a new
+    resilient session with ``policies`` (default ``VLLM_POLICIES``) and
+    ``observers`` (default none); other keyword arguments (``breaker``,
+    ``retry_budget``, ``clock``, ``pool_maxsize``, ...) go to its
+    ``ResilientAdapter``, or ``config=DriverConfig(...)`` (build it with
+    ``policies=VLLM_POLICIES``) shares one configuration with other drivers.
+    With a ``session``, all of those must be left out (``ConfigConflict`` names them).
+    ``api_key``: vLLM's ``--api-key``, sent only to ``/v1`` routes (default None).
+    ``api_version``: the server's release when known (default None = ask ``GET /version`` once).
+
+    ``AsyncVLLMClient`` is the same client with coroutine methods; both build their
+    requests and read the answers with ``resilience.adapters.vllm.plans``, one plan
+    per route of ``resilience.adapters.vllm.routes.ROUTES``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        session: requests.Session | None = None,
+        api_key: str | None = None,
+        policies: PolicyTable | Unset = UNSET,
+        *,
+        observers: Sequence[Observer] | Unset = UNSET,
+        config: DriverConfig | None = None,
+        api_version: str | None = None,
+        **adapter_kwargs: Any,
+    ) -> None:
+        kwargs = driver_kwargs("VLLMClient", session=session, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
+        super().__init__(base_url, api_key=api_key, api_version=api_version)
+        self._owns_session = session is None
+        self._policies = policies_of(kwargs)
+        self.session = session if session is not None else resilient_session(**kwargs)
+
+    def close(self) -> None:
+        """Close the session if this client created it."""
+        if self._owns_session:
+            self.session.close()
+
+    def __enter__(self) -> VLLMClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _send(self, request: Request, polls: int = 1) -> Reply:
+        r = request.route
+        headers = key_header(r.path, self._api_key)
+        response = self.session.request(
+            r.method, self.base_url + r.path, params=list(request.params) or None, json=request.body, headers=headers
+        )
+        records, _ = answer_records(getattr(response, "attempts", None), response.status_code, response.reason)
+        return Reply(r.endpoint, response.status_code, response.text, records, response, polls)
+
+    def _api_for(self, plan: Plan[Any]) -> VLLMApi | None:
+        """The server's API, learned once (``GET /version``) for a versioned route; the call refused when it cannot take it."""
+        if not plan.route.versioned:
+            return None
+        api = self._api if self._api is not None else self.version()
+        self._gated(plan, api)
+        return api
+
+    def _run(self, plan: Plan[T]) -> T:
+        """Send ``plan`` and read its answer; a refusal is asked again as its route allows (``calls.refusal_wait``)."""
+        api = self._api_for(plan)
+        request = plan.build(self.engine, api)
+        if plan.refusal_deadline_s is None:
+            result: T = self._read(plan, api, self._send(request))
+            return result
+        with Deadline(plan.refusal_deadline_s) as deadline:
+            polls = 0
+            while True:
+                polls += 1
+                try:
+                    answer: T = self._read(plan, api, self._send(request, polls))
+                    return answer
+                except VLLMRefused as refused:
+                    wait = refusal_wait(plan, refused, deadline.remaining())
+                    if wait is None:
+                        raise
+                self._pause_between_polls(wait)
+
+    def _pause_between_polls(self, seconds: float) -> None:
+        """Wait between two refusals (a method so a test can play a stalled machine)."""
+        time.sleep(seconds)
+
+    def health(self) -> VLLMHealth:
+        """``GET /health``; never raises. 200 = the engine core lives (paused and asleep engines answer 200 too); 503 = dead."""
+        t0 = time.monotonic()
+        try:
+            reply = self._send(plans.health().build(self.engine, None))
+        except (requests.RequestException, ResilienceError) as exc:
+            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
+        return calls.health_result(self.engine, reply, time.monotonic() - t0)
+
+    # -- memory ------------------------------------------------------------------
+
+    def sleep(self, level: int = 1, mode: VLLMPauseMode | None = None) -> SleepResult:
+        """``POST /sleep``: level 0 pauses scheduling, 1 offloads weights and drops the KV cache, 2 drops both.
+
+        ``mode``: what happens to running requests (``abort``, ``wait``, ``keep``); None = the server's default
+        (``abort``). Idempotent: a second sleep is a no-op on the executor, so it is re-sent after a timeout.
+        After level 2 the weights are garbage until updated: completions still answer 200, but wrong.
+        """
+        return self._run(plans.sleep(level, mode))
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> WakeResult:
+        """``POST /wake_up?tags=...``: None = every tag. A tag that is not asleep makes the whole call a no-op (``awake`` False).
+
+        A full wake (no tags) also ends a pause, whoever took it; idempotent otherwise, so re-sent after a timeout.
+        """
+        return self._run(plans.wake_up(tags))
+
+    def is_sleeping(self) -> bool:
+        """``GET /is_sleeping``: true while asleep, and also while merely paused (vLLM reports both the same)."""
+        return self._run(plans.is_sleeping())
+
+    def release_kv_cache_memory(self) -> CommandResult:
+        """``POST /release_kv_cache_memory`` (0.33.0): only after a completed pause; never re-sent (a second call answers 500)."""
+        return self._run(plans.release_kv_cache_memory())
+
+    # -- generation control ----------------------------------------------------------
+
+    def pause(self, mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) -> CommandResult:
+        """``POST /pause``: ``abort`` (default) aborts running requests, ``wait`` drains them, ``keep`` freezes them.
+
+        New requests get 503 during ``abort``/``wait`` pauses and queue during ``keep``. ``clear_cache`` None
+        = the server's default (true). Idempotent (the last mode wins). Pause is one shared state.
+        """
+        return self._run(plans.pause(mode, clear_cache))
+
+    def resume(self) -> CommandResult:
+        """``POST /resume``: reopens scheduling for everyone, and even while asleep (no guard in 0.33.0)."""
+        return self._run(plans.resume())
+
+    def is_paused(self) -> bool:
+        """``GET /is_paused``."""
+        return self._run(plans.is_paused())
+
+    def abort_requests(self, request_ids: Sequence[str] | None = None) -> AbortResult:
+        """``POST /abort_requests``: abort these requests (None = all) without pausing."""
+        return self._run(plans.abort_requests(request_ids))
+
+    # -- caches ----------------------------------------------------------------------
+
+    def reset_prefix_cache(
+        self,
+        reset_running_requests: bool = False,
+        reset_external: bool = False,
+        *,
+        deadline_s: float | None = None,
+        poll_s: float = 0.5,
+    ) -> CacheReset:
+        """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
+        until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""
+        return self._run(plans.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
+
+    def reset_mm_cache(self) -> CommandResult:
+        """``POST /reset_mm_cache``."""
+        return self._run(plans.reset_mm_cache())
+
+    def reset_encoder_cache(self) -> CommandResult:
+        """``POST /reset_encoder_cache``."""
+        return self._run(plans.reset_encoder_cache())
+
+    # -- workers ---------------------------------------------------------------------
+
+    def collective_rpc(
+        self, method: str, args: Sequence[str] = (), kwargs: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> RpcResult:
+        """``POST /collective_rpc``: run a worker method everywhere (string arguments only). Never re-sent once it may have arrived."""
+        return self._run(plans.collective_rpc(method, args, kwargs, timeout))
+
+    def server_info(self, config_format: Literal["text", "json"] = "text") -> dict[str, Any]:
+        """``GET /server_info``: the config and environment dump."""
+        return self._run(plans.server_info(config_format))
+
+    # -- weight transfer ------------------------------------------------------------------
+
+    def init_weight_transfer_engine(self, init_info: Mapping[str, Any]) -> CommandResult:
+        """``POST /init_weight_transfer_engine`` (once per trainer connection). Never re-sent once it may have arrived."""
+        return self._run(plans.init_weight_transfer_engine(init_info))
+
+    def shutdown_weight_transfer_engine(self) -> CommandResult:
+        """``POST /shutdown_weight_transfer_engine`` (0.33.0)."""
+        return self._run(plans.shutdown_weight_transfer_engine())
+
+    def start_weight_update(self) -> CommandResult:
+        """``POST /start_weight_update`` (0.23.0+): opens the update session. Never re-sent once it may have arrived."""
+        return self._run(plans.start_weight_update())
+
+    def start_draft_weight_update(self) -> CommandResult:
+        """``POST /start_draft_weight_update`` (0.33.0)."""
+        return self._run(plans.start_draft_weight_update())
+
+    def update_weights(self, update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> CommandResult:
+        """``POST /update_weights``: one chunk. **Never re-sent once it may have arrived**; ask ``weight_info`` instead."""
+        return self._run(plans.update_weights(update_info))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> CommandResult:
+        """``POST /finish_weight_update``: closes the session and sets the reported version. Never re-sent once it may have arrived."""
+        return self._run(plans.finish_weight_update(weight_version))
+
+    def update_weight_version(self, new_version: str) -> WeightInfo:
+        """``POST /update_weight_version`` (0.27.0+): set the version ``weight_info`` reports."""
+        return self._run(plans.update_weight_version(new_version))
+
+    def weight_info(self) -> WeightInfo:
+        """``GET /weight_info`` (0.27.0+): the weight version the engine reports."""
+        return self._run(plans.weight_info())
+
+    def weight_checker(self, action: WeightCheckerAction, baseline: Mapping[str, str] | None = None) -> WeightCheck:
+        """``POST /weight_checker`` (0.33.0): ``checksum``, ``compare`` with ``baseline``, or ``reset`` (zeroes the weights)."""
+        return self._run(plans.weight_checker(action, baseline))
+
+    def get_world_size(self, include_dp: bool = True) -> int:
+        """``GET /get_world_size``."""
+        return self._run(plans.get_world_size(include_dp))
+
+    # -- always mounted ------------------------------------------------------------------
+
+    def version(self) -> VLLMApi:
+        """``GET /version``: the server's release, kept as the API every later request is built for."""
+        return self._remember(self._run(plans.version()))
+
+    def models(self) -> list[str]:
+        """``GET /v1/models``: the served model ids."""
+        return self._run(plans.models())
+
+    def complete(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        model: str | None = None,
+        seed: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> CompletionResult:
+        """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
+        return self._run(plans.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))

@@ -1,0 +1,240 @@
+"""Typed results and errors of ``VLLMClient`` and ``AsyncVLLMClient``.
+
+Every error is a ``VLLMError`` (a ``requests.RequestException``, as the SGLang
+client's are): it names the engine, the endpoint, the status and a short body
+excerpt, and carries the call's delivery record (``resilience.outcome.attempts_of``).
+No error, repr or result holds an API key: vLLM's bodies never echo one, and
+the client puts the key only in the ``Authorization`` header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from resilience.outcome import AttemptRecord, attempts_of
+
+__all__ = [
+    "AbortResult",
+    "CacheReset",
+    "CommandResult",
+    "CompletionResult",
+    "RpcResult",
+    "SleepResult",
+    "VLLMAuthError",
+    "VLLMDevModeOff",
+    "VLLMError",
+    "VLLMHealth",
+    "VLLMProtocolError",
+    "VLLMRefused",
+    "VLLMVersionError",
+    "WakeResult",
+    "WeightCheck",
+    "WeightInfo",
+    "excerpt",
+]
+
+EXCERPT_CHARS = 200
+"""How much of a body an error message shows."""
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """A one-line, bounded excerpt of a response body."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class VLLMError(requests.exceptions.RequestException):
+    """A vLLM endpoint answered with an error, or an answer the API does not promise.
+
+    ``engine``, ``endpoint`` (``"POST /sleep"``), ``status`` (None = no answer,
+    or nothing was sent) and ``body_excerpt`` are attributes and in the message.
+    ``attempts``: the call's delivery record (empty when nothing was sent).
+    Survives pickling (Ray ships errors pickled).
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        endpoint: str,
+        status: int | None,
+        body: str,
+        *,
+        detail: str = "",
+        attempts: tuple[AttemptRecord, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        self.engine = engine
+        self.endpoint = endpoint
+        self.status = status
+        self.body_excerpt = excerpt(body)
+        what = (f"HTTP {status}" + (f": {detail}" if detail else "")) if status is not None else (detail or "no response")
+        super().__init__(f"{engine} {endpoint}: {what}; body: {self.body_excerpt!r}", **kwargs)
+        self.attempts = attempts or _response_attempts(self.response)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuild from the message and attributes."""
+        return (_rebuild_error, (type(self), self.args, self.__dict__))
+
+
+def _response_attempts(response: object) -> tuple[AttemptRecord, ...]:
+    if response is None:
+        return ()
+    holder = Exception()
+    holder.response = response  # type: ignore[attr-defined]  # where attempts_of looks for a response
+    return attempts_of(holder) or ()
+
+
+def _rebuild_error(cls: type[VLLMError], args: tuple[Any, ...], state: dict[str, Any]) -> VLLMError:
+    err = cls.__new__(cls)
+    requests.exceptions.RequestException.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
+class VLLMProtocolError(VLLMError):
+    """A 2xx answer whose body is not what vLLM 0.33.0 sends (not JSON, a field missing or of the wrong type)."""
+
+
+class VLLMDevModeOff(VLLMError):
+    """404 on a control route: the server runs without ``VLLM_SERVER_DEV_MODE=1``, so none of them is mounted.
+
+    vLLM mounts ``/sleep``, ``/wake_up``, ``/pause``, the weight routes and the rest only in dev mode
+    (``entrypoints/launchers/api_server/routers.py`` l.46-53). Never retried: restart the server with it.
+    """
+
+
+class VLLMRefused(VLLMError):
+    """A 200 whose body says the engine did not do it (``{"success": false}``, e.g. ``/reset_prefix_cache`` while
+    blocks are held, ``serve/dev/cache/api_router.py`` l.31-44). Raised after the route's own retries; never a success.
+
+    ``polls``: how many times it was asked.
+    """
+
+    polls: int = 1
+
+
+class VLLMAuthError(VLLMError):
+    """401: the server refused the API key (or its absence) on a ``/v1`` route. Never retried; the key is named, never shown.
+
+    vLLM checks ``--api-key`` only for paths under ``/v1``, ``/v2``, ``/inference``, ``/cohere``
+    (``serve/middleware/authenticate.py`` l.11, l.59): control routes are not protected by it.
+    """
+
+
+class VLLMVersionError(VLLMError):
+    """The server's version is outside the supported range, or lacks the route or parameter asked for.
+
+    Nothing was sent for the call that raised it (``status`` is the ``/version`` answer's, or None).
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """A control call's answer: ``status`` or ``message`` from its JSON body ("paused", "Weights updated"); "" for an empty 200."""
+
+    engine: str
+    endpoint: str
+    message: str = ""
+    attempts: int = 1
+    """Attempts the call took (retries absorbed = attempts - 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SleepResult:
+    """``/sleep``: the level the engine reports sleeping at (the level sent, before 0.33.0's JSON answer)."""
+
+    engine: str
+    level: int
+    attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WakeResult:
+    """``/wake_up``: ``awake`` True when every tag is resident, False when some are still asleep.
+
+    None before 0.33.0 (an empty 200 says nothing). A wake of a tag that is not asleep wakes nothing,
+    not even the other tags of the call, and answers ``awake`` False (``v1/executor/abstract.py`` l.416-422).
+    ``tags``: the tags the server says it woke (None = all).
+    """
+
+    engine: str
+    awake: bool | None
+    tags: tuple[str, ...] | None
+    attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AbortResult:
+    """``/abort_requests``: how many requests the engine aborted."""
+
+    engine: str
+    aborted: int
+    attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReset:
+    """``/reset_prefix_cache`` succeeded after ``polls`` asks (``{"success": false}`` answers before it were retried)."""
+
+    engine: str
+    polls: int
+
+
+@dataclass(frozen=True, slots=True)
+class RpcResult:
+    """``/collective_rpc``: one result per worker, or None for an empty 200 (the method returned None)."""
+
+    engine: str
+    results: tuple[Any, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class WeightInfo:
+    """``/weight_info``: the weight version the engine reports (None = never set)."""
+
+    engine: str
+    weight_version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WeightCheck:
+    """``/weight_checker``: ``checksums`` (action checksum), ``match``/``mismatches`` (compare), or neither (reset)."""
+
+    engine: str
+    action: str
+    checksums: Mapping[str, str] | None = None
+    match: bool | None = None
+    mismatches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMHealth:
+    """One ``/health``: 200 means the engine core is alive, not that it serves (paused and asleep engines answer 200).
+
+    ``status`` None = no answer (``error`` names the transport error's type). vLLM answers 503 only when the
+    engine is dead (``serve/instrumentator/health.py`` l.29-33).
+    """
+
+    engine: str
+    healthy: bool
+    status: int | None
+    latency_s: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionResult:
+    """``/v1/completions`` (non-streaming): the first choice's text and finish reason ("abort" after an abort pause)."""
+
+    text: str
+    finish_reason: str | None
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def aborted(self) -> bool:
+        """True when the request was aborted (a pause or sleep in ``abort`` mode, or ``/abort_requests``)."""
+        return self.finish_reason == "abort"

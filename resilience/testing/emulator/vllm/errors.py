@@ -1,0 +1,64 @@
+"""vLLM 0.33.0's error bodies and exception handlers (``vllm/entrypoints/serve/exception_handling/``).
+
+Every error is ``{"error": {"message", "type", "param", "code"}}`` (``ErrorResponse``,
+``serve/engine/protocol.py`` l.79-87): a FastAPI ``HTTPException`` keeps its status
+with the status phrase as type (``handlers/http.py``); a validation error is **400**
+(``handlers/validation.py`` l.149, not FastAPI's 422); ``ValueError``/``TypeError``
+are 400 ``BadRequestError``, any other exception 500 ``InternalServerError``
+(``error_response.py`` l.80-96). Starlette's own 404/405 for an unknown route keep
+``{"detail": ...}``: the handler is registered for FastAPI's subclass only
+(``register.py`` l.27), so with dev mode off a control route is a plain 404.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from .core import EnginePausedError, UtilityError
+
+__all__ = ["error_body", "install_exception_handlers"]
+
+
+def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
+    """``ErrorResponse(error=ErrorInfo(...)).model_dump()``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    phrase = HTTPStatus(exc.status_code).phrase
+    return JSONResponse(error_body(str(exc.detail), phrase, exc.status_code), status_code=exc.status_code)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    label = "error" if len(errors) == 1 else "errors"
+    message = f"{len(errors)} validation {label}:\n" + "".join(
+        f"  {{'type': {e.get('type')!r}, 'loc': {'.'.join(str(p) for p in e.get('loc', ()))!r}, 'msg': {e.get('msg')!r}}}\n"
+        for e in errors[:10]
+    )
+    param = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else None
+    return JSONResponse(error_body(message.rstrip(), "BadRequestError", 400, param), status_code=400)
+
+
+async def _exception(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, EnginePausedError):  # RetryableRequestError -> 503 ServiceUnavailableError (error_response.py l.60-67)
+        return JSONResponse(error_body(str(exc), "ServiceUnavailableError", 503), status_code=503)
+    if isinstance(exc, ValueError | TypeError | OverflowError):
+        return JSONResponse(error_body(str(exc), "BadRequestError", 400), status_code=400)
+    return JSONResponse(error_body(str(exc), "InternalServerError", 500), status_code=500)
+
+
+def install_exception_handlers(app: FastAPI) -> None:
+    """The handlers of ``init_exception_handler`` (``register.py`` l.26-42)."""
+    app.add_exception_handler(HTTPException, _http_exception)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    # the engine's own errors by class, so they stay in ExceptionMiddleware (no re-raise, no traceback in the log)
+    for exc_type in (EnginePausedError, UtilityError, ValueError, TypeError, OverflowError, Exception):
+        app.add_exception_handler(exc_type, _exception)

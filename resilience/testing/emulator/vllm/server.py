@@ -1,0 +1,171 @@
+"""Process entry of one emulated vLLM engine: ``python -m resilience.testing.emulator --engine vllm [flags]``.
+
+Flags are vLLM's where vLLM has them (``config.py``). Binds the socket first (port 0
+picks a free one), prints ``EMULATOR READY http://<host>:<port>`` once uvicorn serves,
+and serves until SIGINT/SIGTERM or until the engine dies of an illegal memory access
+(``crash.py``). ``--engines N`` forks N engines from one zygote (the shared fleet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..server import bind_listener, listen_url, parent_problem, print_ready, watch_parent
+from .config import ENGINE_KIND, VLLMEngineConfig, add_vllm_arguments, vllm_config_from_namespace
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["VLLMAppFactory", "build_parser", "main", "template_key"]
+
+VLLMAppFactory = Callable[[VLLMEngineConfig, str, int], "tuple[FastAPI, Any]"]
+"""Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line: ``--engine vllm``, the process flags, and vLLM's own flags (``config.py``)."""
+    parser = argparse.ArgumentParser(
+        prog=prog or "python -m resilience.testing.emulator --engine vllm",
+        description="Run emulated vLLM 0.33.0 engines (control plane, sleep mode and its crashes) on the CPU. "
+        "The dev and RL routes exist only with VLLM_SERVER_DEV_MODE=1, as in vLLM.",
+    )
+    parser.add_argument("--engine", choices=[ENGINE_KIND], required=True, help="vllm: emulate vLLM 0.33.0")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default: 0)")
+    parser.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level"
+    )
+    parser.add_argument("--exit-with-parent", type=int, default=None, metavar="PID", help="exit when the process PID is gone")
+    parser.add_argument(
+        "--memory-state-dir",
+        default=None,
+        metavar="DIR",
+        help="keep DIR/engine-<port>.json up to date with the tags asleep (the shared side channel; default: none)",
+    )
+    parser.add_argument("--engines", type=int, default=1, metavar="N", help="run N engines forked from one zygote (default: 1)")
+    parser.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS", help="with --engines N > 1 (default: 600)")
+    add_vllm_arguments(parser)
+    return parser
+
+
+def template_key(argv: Sequence[str]) -> tuple[VLLMEngineConfig, str] | None:
+    """The configuration and host ``argv`` asks for (the zygote's template key); None when the flags are bad."""
+    try:
+        args, _unknown = build_parser().parse_known_args(list(argv))
+        return vllm_config_from_namespace(args), args.host
+    except (SystemExit, ValueError):
+        return None
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = None,
+    on_ready: Callable[[str], None] = print_ready,
+    app_factory: VLLMAppFactory | None = None,
+    logging_configured: bool = False,
+) -> int:
+    """Run one engine (or N with ``--engines N``) until SIGINT/SIGTERM; returns the exit status (2: bad flags, 1: bind failed).
+
+    The keywords mean what they mean for the SGLang entry (``emulator/server.py`` ``main``).
+    """
+    parser = build_parser(prog)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    error = f"{parser.prog}: error:"
+    try:
+        config = vllm_config_from_namespace(args)
+        config.resolved_dev_mode()  # a bad VLLM_SERVER_DEV_MODE is named now, not at the first request
+    except ValueError as exc:
+        print(f"{error} {exc}", file=sys.stderr)
+        return 2
+    if not 0 <= args.port <= 65535:
+        print(f"{error} `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
+        return 2
+    if args.exit_with_parent is not None:
+        problem = parent_problem(args.exit_with_parent)
+        if problem:
+            print(f"{error} --exit-with-parent {args.exit_with_parent}: {problem}", file=sys.stderr)
+            return 2
+    if args.engines < 1 or (args.port and args.port + args.engines - 1 > 65535):
+        print(f"{error} `--engines` must be >= 1 and fit ports {args.port}.. below 65536, but was {args.engines}", file=sys.stderr)
+        return 2
+    if not args.startup_timeout > 0:
+        print(f"{error} `--startup-timeout` must be > 0 seconds, but was {args.startup_timeout}", file=sys.stderr)
+        return 2
+    if args.engines > 1:
+        from ..serve_many import serve_fleet
+
+        if args.exit_with_parent is not None:
+            watch_parent(args.exit_with_parent)
+        return serve_fleet(
+            args.engines,
+            config,
+            host=args.host,
+            port=args.port,
+            startup_timeout=args.startup_timeout,
+            log_level=args.log_level,
+            memory_state_dir=args.memory_state_dir,
+        )
+    try:
+        sock = bind_listener(args.host, args.port)
+    except OSError as exc:
+        print(f"{error} cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if args.exit_with_parent is not None:
+        watch_parent(args.exit_with_parent)
+    try:
+        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
+    finally:
+        sock.close()
+
+
+def _serve(
+    sock: socket.socket,
+    host: str,
+    config: VLLMEngineConfig,
+    log_level: str,
+    on_ready: Callable[[str], None],
+    app_factory: VLLMAppFactory | None,
+    logging_configured: bool,
+    memory_state_dir: str | None,
+) -> int:
+    import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
+
+    port = sock.getsockname()[1]
+    url = listen_url(host, port)
+    if app_factory is None:
+        from .app import create_app
+
+        app, engine = create_app(config, host=host, port=port)
+    else:
+        app, engine = app_factory(config, host, port)
+    if memory_state_dir is not None:
+        from ..memory_state import MemoryStateWriter
+
+        engine.core.memory_state = MemoryStateWriter(memory_state_dir, port)  # published when the app starts
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                on_ready(url)
+
+    uv_config = uvicorn.Config(
+        app,
+        log_config=None if logging_configured else LOGGING_CONFIG,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=5,
+    )
+    ReadyServer(uv_config).run(sockets=[sock])
+    return 0
