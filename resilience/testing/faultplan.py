@@ -35,6 +35,8 @@ from resilience.errors import ConfigError
 __all__ = [
     "AMBIGUOUS_PATHS",
     "CONTROL_PATHS",
+    "VLLM_AMBIGUOUS_PATHS",
+    "VLLM_CONTROL_PATHS",
     "Decision",
     "FaultDecider",
     "FaultKind",
@@ -43,9 +45,7 @@ __all__ = [
     "FaultRule",
 ]
 
-FaultKind = Literal[
-    "status_before", "status_after", "reset_before", "reset_after", "drop_after", "hang_after", "latency", "hang", "window"
-]
+FaultKind = Literal["status_before", "status_after", "reset_before", "reset_after", "drop_after", "hang_after", "latency", "hang", "window"]
 """What a rule does to a request it selects.
 
 - ``status_before``: answer ``status`` (empty body) without forwarding; the engine never sees it.
@@ -93,6 +93,26 @@ _IDEMPOTENT_CONTROL: Final = ("/pause_generation", "/continue_generation", "/flu
 AMBIGUOUS_PATHS: Final[tuple[str, ...]] = ("/release_memory_occupation", "/resume_memory_occupation", "/continue_generation")
 """Where ``FaultPlan.seed_like(..., ambiguous=p)`` puts faults after the engine acted: the calls whose
 repetition (release, resume) or misreading (continue) crashes or endangers an engine."""
+
+
+VLLM_CONTROL_PATHS: Final[tuple[str, ...]] = (
+    "/pause",
+    "/resume",
+    "/sleep",
+    "/wake_up",
+    "/reset_prefix_cache",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+)
+"""The control calls of vLLM 0.33.0's RL transaction (RFC #48310): pause, sleep, wake, the weight session, cache reset, resume."""
+
+_VLLM_IDEMPOTENT_CONTROL: Final = ("/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache")
+"""vLLM's memory and pause transitions: a repeat is a no-op (``vllm-control-plane.md`` section 5)."""
+
+VLLM_AMBIGUOUS_PATHS: Final[tuple[str, ...]] = ("/sleep", "/wake_up", "/update_weights", "/finish_weight_update")
+"""Where ``FaultPlan.vllm_like(..., ambiguous=p)`` puts faults after the engine acted: the memory transitions
+(settled by re-sending them) and the weight calls (never re-sent: ``/update_weights`` is a collective)."""
 
 
 class FaultPlanError(ConfigError):
@@ -368,6 +388,32 @@ class FaultPlan:
         rules += [FaultRule(p, "status_before", probability=rate) for p in CONTROL_PATHS]
         rules += [FaultRule(p, "reset_before", probability=rate / 10) for p in _IDEMPOTENT_CONTROL]
         rules.append(FaultRule("/resume_memory_occupation", "latency", probability=0.5, delay=slow_swap))
+        return cls(seed=seed, rules=tuple(rules), max_streak=2)
+
+    @classmethod
+    def vllm_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2, ambiguous: float = 0.0) -> FaultPlan:
+        """:meth:`seed_like`'s faults on vLLM 0.33.0's control calls (:data:`VLLM_CONTROL_PATHS`).
+
+        - ``status_before`` 502 (not forwarded) with probability ``rate`` on every path of
+          :data:`VLLM_CONTROL_PATHS`; ``reset_before`` with probability ``rate / 10`` on the
+          idempotent ones (pause, resume, sleep, wake_up, reset_prefix_cache).
+        - ``latency`` of ``slow_swap`` seconds (default 0.2) on half the ``/wake_up`` calls.
+        - ``ambiguous`` (default 0 = none): ``drop_after`` with probability ``ambiguous`` and
+          ``hang_after`` with ``ambiguous / 4`` (held at most 30 s) on :data:`VLLM_AMBIGUOUS_PATHS`,
+          tried first. A re-sent sleep or wake is harmless on vLLM; a re-sent ``/update_weights``
+          is not (a collective with the trainer), nor a re-sent ``/finish_weight_update`` (500).
+        - ``max_streak=2``: never more than two failures in a row per path.
+        """
+        for name, value in (("rate", rate), ("ambiguous", ambiguous)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise _fail(name, "a number between 0 and 1", value)
+        rules: list[FaultRule] = []
+        if ambiguous:
+            rules += [FaultRule(p, "drop_after", probability=ambiguous) for p in VLLM_AMBIGUOUS_PATHS]
+            rules += [FaultRule(p, "hang_after", probability=ambiguous / 4, delay=30.0) for p in VLLM_AMBIGUOUS_PATHS]
+        rules += [FaultRule(p, "status_before", probability=rate) for p in VLLM_CONTROL_PATHS]
+        rules += [FaultRule(p, "reset_before", probability=rate / 10) for p in _VLLM_IDEMPOTENT_CONTROL]
+        rules.append(FaultRule("/wake_up", "latency", probability=0.5, delay=slow_swap))
         return cls(seed=seed, rules=tuple(rules), max_streak=2)
 
     @classmethod

@@ -18,6 +18,8 @@ from __future__ import annotations
 from resilience.testing.faultplan import (
     AMBIGUOUS_PATHS,
     CONTROL_PATHS,
+    VLLM_AMBIGUOUS_PATHS,
+    VLLM_CONTROL_PATHS,
     Decision,
     FaultDecider,
     FaultKind,
@@ -39,4 +41,6 @@ __all__ = [
     "FaultRule",
     "InjectedFault",
     "SeenRequest",
+    "VLLM_AMBIGUOUS_PATHS",
+    "VLLM_CONTROL_PATHS",
 ]

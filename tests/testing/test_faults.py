@@ -18,6 +18,8 @@ import requests
 from resilience.testing.faults import (
     AMBIGUOUS_PATHS,
     CONTROL_PATHS,
+    VLLM_AMBIGUOUS_PATHS,
+    VLLM_CONTROL_PATHS,
     FaultDecider,
     FaultPlan,
     FaultPlanError,
@@ -439,6 +441,26 @@ def test_seed_like_fails_plain_client_and_spares_retrying_client() -> None:
     kinds = {r.kind for r in p.rules}
     assert kinds == {"status_before", "reset_before", "latency"}
     assert all(r.path not in ("/release_memory_occupation", "/resume_memory_occupation") for r in p.rules if r.kind == "reset_before")
+
+
+def test_vllm_like_fails_plain_client_spares_retrying_client_and_resets_only_idempotent_calls() -> None:
+    """vllm_like: seed_like's faults on vLLM's control calls; resets only where a repeat is a no-op; ambiguous faults first."""
+    p = FaultPlan.vllm_like(seed=1234)
+    plain, retrying = FaultDecider(p, 0), FaultDecider(p, 0)
+    failing = {"status_before", "reset_before"}
+    assert sum(plain.decide(path).kind in failing for _ in range(30) for path in VLLM_CONTROL_PATHS) > 0
+    for _ in range(30):
+        for path in VLLM_CONTROL_PATHS:
+            assert any(retrying.decide(path).kind not in failing for _ in range(3))
+    assert {r.path for r in p.rules if r.kind == "status_before"} == set(VLLM_CONTROL_PATHS)
+    assert {r.path for r in p.rules if r.kind == "reset_before"} == {"/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache"}
+    ambiguous = FaultPlan.vllm_like(seed=3, ambiguous=0.2)
+    added = [r for r in ambiguous.rules if r.kind in ("drop_after", "hang_after")]
+    assert ambiguous.rules[: len(added)] == tuple(added) and {r.path for r in added} == set(VLLM_AMBIGUOUS_PATHS)
+    assert "/update_weights" in VLLM_AMBIGUOUS_PATHS
+    assert ambiguous.rules[len(added) :] == FaultPlan.vllm_like(seed=3).rules
+    with pytest.raises(FaultPlanError, match=r"`rate` must be a number between 0 and 1, but was -1"):
+        FaultPlan.vllm_like(seed=3, rate=-1)
 
 
 def test_seed_like_ambiguous_adds_faults_after_the_engine_acted_on_release_resume_continue() -> None:

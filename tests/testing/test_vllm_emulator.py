@@ -1,8 +1,9 @@
 """The vLLM emulator, dev mode on: real engine processes, real HTTP on 127.0.0.1, ``requests`` as the client.
 
-One module-scoped fleet (forked from the shared zygote) serves every test. Engine 0
-survives every test (each test leaves it awake, unpaused, idle, with intact weights);
-engines 1 and 2 are each killed by one crash test. Each behaviour names the vLLM
+One module-scoped fleet (forked from the shared zygote, each engine behind the shared
+fault proxy) serves every test. Engine 0 survives every test (each test leaves it
+awake, unpaused, idle, with intact weights); engines 1 and 2 are each killed by one
+crash test; the plan's faults touch engine 3 alone; engine 4 is wedged by a re-sent weight chunk. Each behaviour names the vLLM
 0.33.0 source line it follows (paths under ``vllm/``).
 """
 
@@ -21,17 +22,26 @@ pytest.importorskip("uvicorn")
 
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.emulator.vllm import VLLMEngineConfig, expected_completion
+from resilience.testing.faults import FaultPlan, FaultRule
 
 CONFIG = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=100.0)
 LONG = 2000  # max_tokens of a request that stays in flight for 20 s at 100 tokens/s
 TIMEOUT = 10.0  # seconds: a bound no healthy loopback exchange reaches
-SURVIVOR, CRASH_RESUME_ASLEEP, CRASH_HALF_AWAKE = range(3)
+SURVIVOR, CRASH_RESUME_ASLEEP, CRASH_HALF_AWAKE, PROXIED, WEDGED = range(5)
 PROMPT = "the quick brown fox"
+PLAN = FaultPlan(
+    seed=7,
+    rules=(
+        FaultRule("/sleep", "status_after", engines=frozenset({PROXIED}), calls=frozenset({1})),
+        FaultRule("/wake_up", "reset_before", engines=frozenset({PROXIED}), calls=frozenset({1})),
+        FaultRule("/update_weights", "drop_after", engines=frozenset({PROXIED}), calls=frozenset({1})),
+    ),
+)
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[EmulatedFleet]:
-    with EmulatedFleet(3, CONFIG) as f:
+    with EmulatedFleet(5, CONFIG, PLAN) as f:
         yield f
 
 
@@ -87,7 +97,7 @@ def in_flight(pool: ThreadPoolExecutor, http: requests.Session, handle: EngineHa
 
 
 def test_version_health_and_a_completion(engine: EngineHandle, http: requests.Session) -> None:
-    """``/version`` is 0.33.0 (serve/instrumentator/basic.py l.86); the text follows the weights' version."""
+    """``/version`` is 0.33.0 (serve/instrumentator/basic.py l.53); the text follows the weights' version."""
     assert http.get(engine.url + "/version", timeout=TIMEOUT).json() == {"version": "0.33.0"}
     health = http.get(engine.url + "/health", timeout=TIMEOUT)
     assert (health.status_code, health.content) == (200, b"")  # serve/instrumentator/health.py l.30
@@ -143,7 +153,7 @@ def test_level_0_pauses_only_and_scheduling_wakes_it(engine: EngineHandle, http:
 
 
 def test_is_sleeping_while_merely_paused_and_a_wake_up_clears_the_pause(engine: EngineHandle, http: requests.Session) -> None:
-    """is_sleeping = paused or asleep (core.py l.1076-1078); a wake on an awake engine resumes it (l.1053-1055, abstract.py l.414)."""
+    """is_sleeping = paused or asleep (core.py l.1078-1078); a wake on an awake engine resumes it (l.1053-1055, abstract.py l.414)."""
     assert http.post(engine.url + "/pause", params={"mode": "keep"}, timeout=TIMEOUT).json() == {"status": "paused"}
     assert http.get(engine.url + "/is_sleeping", timeout=TIMEOUT).json() == {"is_sleeping": True}
     assert engine.state()["sleeping_tags"] == []
@@ -192,6 +202,42 @@ def test_pause_keep_queues_new_requests_until_resume(engine: EngineHandle, http:
     assert (answer.status_code, answer.json()["choices"][0]["text"]) == (200, expected_completion(PROMPT, "default", 4))
 
 
+def test_sleep_modes_with_a_request_in_flight(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
+    """Sleep pauses first (core.py l.1005-1008): abort aborts it, wait lets it finish before sleeping, keep preempts and freezes it."""
+    aborted = in_flight(pool, http, engine)
+    assert http.post(engine.url + "/sleep", params={"level": 1, "mode": "abort"}, timeout=TIMEOUT).status_code == 200
+    assert aborted.result(timeout=TIMEOUT).json()["choices"][0]["finish_reason"] == "abort"
+    http.post(engine.url + "/wake_up", timeout=TIMEOUT)
+
+    drained = in_flight(pool, http, engine, max_tokens=50)  # 0.5 s at 100 tokens/s
+    slept = http.post(engine.url + "/sleep", params={"level": 1, "mode": "wait"}, timeout=TIMEOUT)  # returns once drained
+    assert slept.json() == {"status": "sleeping", "level": 1}
+    assert drained.done() and drained.result().json()["choices"][0]["finish_reason"] == "length"
+    assert engine.state()["sleeping_tags"] == ["kv_cache", "weights"]
+    http.post(engine.url + "/wake_up", timeout=TIMEOUT)
+
+    kept = in_flight(pool, http, engine, max_tokens=30)
+    assert http.post(engine.url + "/sleep", params={"level": 1, "mode": "keep"}, timeout=TIMEOUT).status_code == 200
+    state = engine.state()  # level >= 1 clears the caches: the running request is preempted (l.948-952, l.932-946)
+    assert (state["pause_state"], state["running"], state["waiting"], state["counts"]["preempted"] >= 1) == ("paused_all", 0, 1, True)
+    assert not kept.done()
+    assert http.post(engine.url + "/wake_up", timeout=TIMEOUT).json()["status"] == "awake"
+    answer = kept.result(timeout=TIMEOUT).json()["choices"][0]
+    assert (answer["finish_reason"], answer["text"]) == ("length", expected_completion(PROMPT, "default", 30))
+
+
+def test_abort_requests_by_id_leaves_the_others_running(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
+    """``/abort_requests`` with ids aborts those, without pausing (rl/online/api_router.py l.97-136); "aborted" counts the ids sent."""
+    other = in_flight(pool, http, engine)
+    mine = pool.submit(complete, http, engine.url, LONG, headers={"X-Request-Id": "mine"}, timeout=60.0)
+    wait_for(lambda: engine.state()["running"] == 2)
+    answer = http.post(engine.url + "/abort_requests", json={"request_ids": ["mine", "unknown"]}, timeout=TIMEOUT)
+    assert answer.json() == {"status": "aborted", "aborted": 2}
+    finished = mine.result(timeout=TIMEOUT).json()
+    assert (finished["id"], finished["choices"][0]["finish_reason"]) == ("cmpl-mine", "abort")
+    assert engine.state()["running"] == 1 and not other.done() and engine.state()["pause_state"] == "unpaused"
+
+
 def test_a_request_while_asleep_waits_for_the_wake(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
     """Sleep pauses without rejecting (core.py l.2228-2230: only pause_generation rejects): a request hangs until the wake."""
     http.post(engine.url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
@@ -203,7 +249,7 @@ def test_a_request_while_asleep_waits_for_the_wake(engine: EngineHandle, http: r
 
 
 def test_reset_prefix_cache_is_false_while_blocks_are_held(engine: EngineHandle, http: requests.Session, pool: ThreadPoolExecutor) -> None:
-    """``{"success": false}`` while running requests hold blocks (serve/dev/cache/api_router.py l.96-109, scheduler.py l.3212)."""
+    """``{"success": false}`` while running requests hold blocks (serve/dev/cache/api_router.py l.31-44, scheduler.py l.3212)."""
     assert http.post(engine.url + "/reset_prefix_cache", timeout=TIMEOUT).json() == {"success": True}
     running = in_flight(pool, http, engine)
     held = http.post(engine.url + "/reset_prefix_cache", timeout=TIMEOUT)
@@ -212,7 +258,7 @@ def test_reset_prefix_cache_is_false_while_blocks_are_held(engine: EngineHandle,
     assert preempting.json() == {"success": True}  # scheduler.py l.3194-3204: running requests preempted first
     assert http.post(engine.url + "/abort_requests", json={}, timeout=TIMEOUT).json() == {"status": "aborted", "aborted": 1}
     assert running.result(timeout=TIMEOUT).json()["choices"][0]["finish_reason"] == "abort"
-    for path in ("/reset_mm_cache", "/reset_encoder_cache"):  # l.112-129: empty 200
+    for path in ("/reset_mm_cache", "/reset_encoder_cache"):  # l.47-64: empty 200
         answer = http.post(engine.url + path, timeout=TIMEOUT)
         assert (answer.status_code, answer.content) == (200, b"")
 
@@ -232,10 +278,9 @@ def test_weight_session_state_machine(engine: EngineHandle, http: requests.Sessi
     assert second.status_code == 500 and "already active" in second.json()["error"]["message"]
     busy = http.post(url + "/shutdown_weight_transfer_engine", timeout=TIMEOUT)
     assert busy.status_code == 500 and "during a weight update" in busy.text  # gpu_worker.py l.1535-1538
-    for _ in range(2):
-        assert http.post(url + "/update_weights", json={"update_info": {"names": ["w"]}}, timeout=TIMEOUT).json() == {
-            "message": "Weights updated"
-        }
+    for layer in range(2):  # two different chunks (the same one twice would wedge the engine: the last test)
+        chunk = {"update_info": {"names": [f"layer.{layer}"]}}
+        assert http.post(url + "/update_weights", json=chunk, timeout=TIMEOUT).json() == {"message": "Weights updated"}
     finished = http.post(url + "/finish_weight_update", json={"weight_version": "step-1"}, timeout=TIMEOUT)
     assert finished.json() == {"message": "Weight update finished"}
     assert http.get(url + "/weight_info", timeout=TIMEOUT).json() == {"weight_version": "step-1"}
@@ -266,6 +311,9 @@ def test_level_2_leaves_garbage_weights_that_still_answer_200(engine: EngineHand
     http.post(url + "/update_weights", json={"update_info": {"names": ["w"]}}, timeout=TIMEOUT)
     http.post(url + "/finish_weight_update", json={"weight_version": "step-2"}, timeout=TIMEOUT)
     assert complete(http, url).json()["choices"][0]["text"] == expected_completion(PROMPT, "step-2", 4)
+    reset = http.post(url + "/weight_checker", json={"action": "reset"}, timeout=TIMEOUT)
+    assert reset.json() == {"status": "reset"}  # rl/online/api_router.py l.240-242: reset_weights zeroes them (gpu_worker.py l.393)
+    assert complete(http, url).json()["choices"][0]["text"] != expected_completion(PROMPT, "step-2", 4)
 
 
 def test_release_kv_cache_memory_needs_a_completed_pause_and_resident_memory(engine: EngineHandle, http: requests.Session) -> None:
@@ -300,7 +348,8 @@ def test_query_parameters_are_validated_as_vllm_validates_them(engine: EngineHan
         assert answer.json()["error"]["code"] == 400
     assert http.get(engine.url + "/get_world_size", params={"include_dp": "false"}, timeout=TIMEOUT).json() == {"world_size": 1}
     missing = http.post(engine.url + "/collective_rpc", json={}, timeout=TIMEOUT)
-    assert (missing.status_code, missing.json()["error"]["message"]) == (400, "Missing 'method' in request body")  # dev/__init__.py l.38-42
+    # serve/dev/rpc/api_router.py l.37-42
+    assert (missing.status_code, missing.json()["error"]["message"]) == (400, "Missing 'method' in request body")
     assert engine.state()["pause_state"] == "unpaused"
 
 
@@ -316,11 +365,11 @@ def test_control_calls_are_recorded_and_completions_are_not(engine: EngineHandle
 
 def test_resume_while_asleep_lets_a_request_onto_slept_memory_and_the_engine_dies(fleet: EmulatedFleet, http: requests.Session) -> None:
     """/resume does not look at sleeping tags (core.py l.2235, l.985): the next forward is an illegal memory access."""
-    victim = fleet.engines[CRASH_RESUME_ASLEEP]
-    http.post(victim.url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
-    assert http.post(victim.url + "/resume", timeout=TIMEOUT).json() == {"status": "resumed"}
+    victim = fleet.engines[CRASH_RESUME_ASLEEP]  # straight to it: through the proxy a dead engine is a 502
+    http.post(victim.direct_url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
+    assert http.post(victim.direct_url + "/resume", timeout=TIMEOUT).json() == {"status": "resumed"}
     with pytest.raises(requests.ConnectionError):
-        complete(http, victim.url)
+        complete(http, victim.direct_url)
     assert victim.wait_exit(TIMEOUT) == -9
     assert "illegal memory access" in victim.log()
     assert fleet.engines[SURVIVOR].alive()
@@ -331,16 +380,77 @@ def test_weights_woken_and_kv_cache_asleep_then_resume_kills_the_engine(
 ) -> None:
     """vllm#44395: wake(weights), then a forward onto the slept KV cache once /resume reopens scheduling."""
     victim = fleet.engines[CRASH_HALF_AWAKE]
-    http.post(victim.url + "/sleep", params={"level": 2}, timeout=TIMEOUT)
-    http.post(victim.url + "/wake_up", params={"tags": "weights"}, timeout=TIMEOUT)
-    queued = pool.submit(complete, http, victim.url)
+    http.post(victim.direct_url + "/sleep", params={"level": 2}, timeout=TIMEOUT)
+    http.post(victim.direct_url + "/wake_up", params={"tags": "weights"}, timeout=TIMEOUT)
+    queued = pool.submit(complete, http, victim.direct_url)
     wait_for(lambda: victim.state()["waiting"] == 1)  # the scheduler stays paused while kv_cache sleeps (core.py l.1051-1055)
     assert victim.alive() and not queued.done()
     try:
-        http.post(victim.url + "/resume", timeout=TIMEOUT)
+        http.post(victim.direct_url + "/resume", timeout=TIMEOUT)
     except requests.ConnectionError:
         pass  # the queued request may kill the engine before the answer is out
     with pytest.raises(requests.ConnectionError):
         queued.result(timeout=TIMEOUT)
     assert victim.wait_exit(TIMEOUT) == -9
     assert "slept kv_cache" in victim.log()
+
+
+def test_behind_the_fault_proxy_a_re_sent_sleep_or_wake_is_harmless(fleet: EmulatedFleet, http: requests.Session) -> None:
+    """The shared fault proxy in front of a vLLM engine: a 502 after the sleep, a reset before the wake, both re-sent.
+
+    Sleep and wake are idempotent on vLLM (abstract.py l.400-403, l.412-415), so the repeats are no-ops; the
+    memory probe (the shared side channel) reads the sleeping tags the engine really has.
+    """
+    proxied = fleet.engines[PROXIED]
+    assert proxied.proxy is not None and proxied.url != proxied.direct_url
+    probe = fleet.memory_probe()
+    assert probe.released_tags(proxied.url) == frozenset()
+    ambiguous = http.post(proxied.url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
+    assert ambiguous.status_code == 502  # the engine slept, the client cannot know
+    assert probe.released_tags(proxied.url) == frozenset({"weights", "kv_cache"})
+    assert http.post(proxied.url + "/sleep", params={"level": 1}, timeout=TIMEOUT).json() == {"status": "sleeping", "level": 1}
+    with pytest.raises(requests.ConnectionError):
+        http.post(proxied.url + "/wake_up", timeout=TIMEOUT)  # reset before forwarding: the engine saw nothing
+    assert proxied.state()["sleeping_tags"] == ["kv_cache", "weights"]
+    assert http.post(proxied.url + "/wake_up", timeout=TIMEOUT).json() == {"status": "awake", "tags": None}
+    assert probe.released_tags(proxied.direct_url) == frozenset()
+    assert [f.kind for f in proxied.proxy.injected] == ["status_after", "reset_before"]
+    assert proxied.alive()
+
+
+def test_behind_the_fault_proxy_an_update_lost_after_sending_was_applied(fleet: EmulatedFleet, http: requests.Session) -> None:
+    """``drop_after`` on /update_weights: the chunk was loaded though the client saw a reset (not idempotent: gpu_worker.py l.1592)."""
+    proxied = fleet.engines[PROXIED]
+    assert proxied.proxy is not None
+    http.post(proxied.url + "/init_weight_transfer_engine", json={"init_info": {}}, timeout=TIMEOUT)
+    http.post(proxied.url + "/start_weight_update", timeout=TIMEOUT)
+    with pytest.raises(requests.ConnectionError):
+        http.post(proxied.url + "/update_weights", json={"update_info": {"names": ["w"]}}, timeout=TIMEOUT)
+    proxied.proxy.settle()
+    assert proxied.state()["update_chunks"] == 1
+    http.post(proxied.url + "/finish_weight_update", json={"weight_version": "step-9"}, timeout=TIMEOUT)
+    assert http.get(proxied.url + "/weight_info", timeout=TIMEOUT).json() == {"weight_version": "step-9"}
+
+
+def test_a_re_sent_weight_chunk_wedges_the_engine_while_health_stays_200(fleet: EmulatedFleet, http: requests.Session) -> None:
+    """prime-rl#3599: the same ``/update_weights`` again waits for a broadcast that never comes (vllm-control-plane.md 4.5);
+    every call that needs the EngineCore hangs behind it, completions too, while /health answers 200."""
+    victim = fleet.engines[WEDGED]
+    url = victim.direct_url
+    http.post(url + "/init_weight_transfer_engine", json={"init_info": {}}, timeout=TIMEOUT)
+    http.post(url + "/start_weight_update", timeout=TIMEOUT)
+    chunk = {"update_info": {"names": ["layer.0"], "dtype_names": ["bfloat16"], "shapes": [[2, 2]]}}
+    assert http.post(url + "/update_weights", json=chunk, timeout=TIMEOUT).json() == {"message": "Weights updated"}
+    other = {"update_info": {"names": ["layer.1"], "dtype_names": ["bfloat16"], "shapes": [[2, 2]]}}
+    assert http.post(url + "/update_weights", json=other, timeout=TIMEOUT).status_code == 200  # another chunk: fine
+    with pytest.raises(requests.ReadTimeout):
+        http.post(url + "/update_weights", json=other, timeout=0.5)  # the same chunk again
+    assert victim.state()["wedged"] is True
+    for method, path in (("GET", "/is_paused"), ("POST", "/finish_weight_update"), ("POST", "/sleep")):
+        with pytest.raises(requests.ReadTimeout):
+            http.request(method, url + path, json={}, timeout=0.5)
+    with pytest.raises(requests.ReadTimeout):
+        complete(http, url, timeout=0.5)
+    assert http.get(url + "/health", timeout=TIMEOUT).status_code == 200
+    assert http.get(url + "/get_world_size", timeout=TIMEOUT).json() == {"world_size": 1}  # read from the config
+    assert victim.alive()

@@ -64,7 +64,7 @@ def http() -> Iterator[requests.Session]:
 
 
 def test_without_dev_mode_every_control_route_is_a_plain_404(plain: EngineHandle, http: requests.Session) -> None:
-    """launchers/api_server/routers.py l.183-190: dev and RL routers only with VLLM_SERVER_DEV_MODE."""
+    """launchers/api_server/routers.py l.46-53: dev and RL routers only with VLLM_SERVER_DEV_MODE."""
     for method, path in CONTROL:
         answer = http.request(method, plain.url + path, timeout=TIMEOUT)
         assert (answer.status_code, answer.json()) == (404, {"detail": "Not Found"}), (method, path)

@@ -1,4 +1,8 @@
-"""An SGLang engine emulator on the CPU: SGLang 0.5.23's control plane and crash semantics.
+"""An SGLang engine emulator on the CPU: SGLang 0.5.23's control plane and crash semantics (and vLLM 0.33.0's).
+
+vLLM engines (``vllm/``): give the fleet a :class:`VLLMEngineConfig` (the config's type
+picks the engine), ``EmulatedFleet(2, VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True))``,
+or run ``cpr emulate --engine vllm``; see ``resilience.testing.emulator.vllm``.
 
 Each engine is a real HTTP server (FastAPI + uvicorn) in its own process, with a
 scheduler thread, an admission queue, KV memory that is really freed on release, the
@@ -36,5 +40,16 @@ from __future__ import annotations
 from .config import SGLANG_VERSION, EngineConfig
 from .fleet import EmulatedFleet, EmulatorStartError, EngineHandle
 from .server import main
+from .vllm import VLLM_VERSION, VLLMEngineConfig, expected_completion
 
-__all__ = ["SGLANG_VERSION", "EmulatedFleet", "EmulatorStartError", "EngineConfig", "EngineHandle", "main"]
+__all__ = [
+    "SGLANG_VERSION",
+    "VLLM_VERSION",
+    "EmulatedFleet",
+    "EmulatorStartError",
+    "EngineConfig",
+    "EngineHandle",
+    "VLLMEngineConfig",
+    "expected_completion",
+    "main",
+]

@@ -232,6 +232,10 @@ ProgressCallback = Callable[[int, int], None]
 class EmulatedFleet:
     """N emulated SGLang engines in their own processes; a context manager that always cleans up.
 
+    ``config``: every engine's configuration (default ``EngineConfig()``); its type picks the
+    engine: a :class:`~resilience.testing.emulator.vllm.VLLMEngineConfig` runs vLLM 0.33.0
+    engines (``--engine vllm``), through the same zygote, proxies, memory probe and restarts.
+
     ``fault_plan``: when given, a :class:`resilience.testing.faults.FaultProxy` runs in
     front of each engine and :attr:`urls` are the proxies' URLs (:attr:`direct_urls`
     bypass them). ``startup_timeout`` bounds the wait for all engines' READY (the

@@ -14,13 +14,16 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from .config import EngineConfig
 from .fleet import EmulatedFleet, EmulatorStartError
 from .server import READY_PREFIX
-from .vllm.config import VLLMEngineConfig
 
 __all__ = ["ProgressPrinter", "serve_fleet"]
+
+if TYPE_CHECKING:
+    from .vllm.config import VLLMEngineConfig
 
 _WATCH_S = 0.5
 _LOG_TAIL_LINES = 5

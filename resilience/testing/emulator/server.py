@@ -9,12 +9,8 @@ port in use fails fast with a one-line error.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import socket
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -26,22 +22,7 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .vllm.server import VLLMAppFactory
 
-__all__ = [
-    "ENGINE_KINDS",
-    "READY_PREFIX",
-    "AppFactory",
-    "bind_listener",
-    "build_parser",
-    "engine_kind",
-    "listen_url",
-    "main",
-    "parent_problem",
-    "print_ready",
-    "watch_parent",
-]
-
-ENGINE_KINDS = ("sglang", "vllm")
-"""The engines the emulator reproduces (``--engine``): SGLang 0.5.23 (the default) or vLLM 0.33.0 (``emulator/vllm/``)."""
+__all__ = ["READY_PREFIX", "AppFactory", "build_parser", "main", "print_ready"]
 
 AppFactory = Callable[[EngineConfig, str, int], "tuple[FastAPI, Engine]"]
 """Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
@@ -103,49 +84,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Start a daemon thread that SIGTERMs this process once ``parent_pid`` is no longer its parent."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:  # ends when the parent dies (we are re-parented)
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="emulator-parent-watch", daemon=True).start()
-
-
-def _parent_problem(pid: int) -> str | None:
-    """Why ``--exit-with-parent PID`` cannot work (no such process, or not our parent), or None when it can.
-
-    The watch compares ``os.getppid()`` with PID, so any other PID would end the engine at once, silently.
-    """
-    if pid <= 0:
-        return f"must be a process ID > 0, but was {pid}"
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return "no process with that PID is running"
-    except PermissionError:
-        pass  # it exists (owned by someone else)
-    if os.getppid() != pid:
-        return f"that process is not this engine's parent (the parent is {os.getppid()})"
-    return None
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -175,6 +113,8 @@ def main(
     default logging configuration is in place already (a zygote's child inherits it),
     so it is not applied again (only the level is); default False.
     """
+    from .listen import bind_listener, parent_problem, watch_parent
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if engine_kind(argv) == "vllm":
         from .vllm.server import main as vllm_main
@@ -197,7 +137,7 @@ def main(
         print(f"{error} `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
         return 2
     if args.exit_with_parent is not None:
-        problem = _parent_problem(args.exit_with_parent)
+        problem = parent_problem(args.exit_with_parent)
         if problem:
             print(f"{error} --exit-with-parent {args.exit_with_parent}: {problem}", file=sys.stderr)
             return 2
@@ -211,7 +151,7 @@ def main(
         from .serve_many import serve_fleet
 
         if args.exit_with_parent is not None:
-            _watch_parent(args.exit_with_parent)
+            watch_parent(args.exit_with_parent)
         return serve_fleet(
             args.engines,
             config,
@@ -222,12 +162,12 @@ def main(
             memory_state_dir=args.memory_state_dir,
         )
     try:
-        sock = _bind(args.host, args.port)
+        sock = bind_listener(args.host, args.port)
     except OSError as exc:
         print(f"{error} cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     if args.exit_with_parent is not None:
-        _watch_parent(args.exit_with_parent)
+        watch_parent(args.exit_with_parent)
     try:
         return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
     finally:
@@ -284,29 +224,16 @@ def _serve(
     return 0
 
 
+# the engine switch: ``--engine vllm`` hands the whole command line to ``vllm/server.py``
+__all__ += ["ENGINE_KINDS", "engine_kind"]
+
+ENGINE_KINDS = ("sglang", "vllm")
+"""The engines the emulator reproduces (``--engine``): SGLang 0.5.23 (the default) or vLLM 0.33.0 (``emulator/vllm/``)."""
+
+
 def engine_kind(argv: Sequence[str]) -> str:
     """The ``--engine`` that ``argv`` asks for (``"sglang"`` when absent; an unknown kind is left to the parser's error)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--engine", default="sglang")
     known, _ = pre.parse_known_args(list(argv))
     return str(known.engine)
-
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    """A listening, inheritable socket on ``host:port`` (0 picks a free port); OSError when it cannot bind."""
-    return _bind(host, port)
-
-
-def listen_url(host: str, port: int) -> str:
-    """``http://host:port`` (IPv6 hosts in brackets)."""
-    return _url(host, port)
-
-
-def watch_parent(parent_pid: int) -> None:
-    """SIGTERM this process once ``parent_pid`` is no longer its parent (a daemon thread)."""
-    _watch_parent(parent_pid)
-
-
-def parent_problem(pid: int) -> str | None:
-    """Why ``--exit-with-parent PID`` cannot work, or None when it can."""
-    return _parent_problem(pid)

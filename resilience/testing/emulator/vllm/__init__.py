@@ -11,7 +11,8 @@ Debug routes (not vLLM's, never behind a key): ``GET /_emulator/state`` answers
 ``{"pid", "version", "engine": "vllm", "dev_mode", "sleep_mode", "pause_state"
 ("unpaused" | "paused_new" | "paused_all"), "reject_new_requests", "sleeping_tags",
 "weight_version", "weights" (the content: "weights:<version>" or "garbage:<n>"),
-"weights_discarded", "transfer_initialized", "weight_update_active", "running",
+"weights_discarded", "transfer_initialized", "weight_update_active", "update_chunks"
+(of the session open or last closed), "running",
 "waiting", "counts": {"completed", "aborted", "rejected", "preempted"}}``;
 ``GET /_emulator/record`` answers ``{"calls", "dropped", "state"}`` as the SGLang
 emulator's does (``/v1/completions`` is not recorded). With ``--memory-state-dir``

@@ -1,8 +1,8 @@
 """The FastAPI application of one emulated vLLM engine, mounted as ``register_api_routers`` mounts vLLM's.
 
-``vllm/entrypoints/launchers/api_server/routers.py`` l.149-190: the serve routers
+``vllm/entrypoints/launchers/api_server/routers.py`` l.12-53: the serve routers
 always; the dev routers and the RL router only when ``VLLM_SERVER_DEV_MODE`` is set
-(l.183), so without it every control route is a plain 404. The ``--api-key``
+(l.46), so without it every control route is a plain 404. The ``--api-key``
 middleware is added only when a key is set, and guards ``/v1...`` only (``auth.py``).
 """
 

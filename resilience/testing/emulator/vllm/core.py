@@ -23,7 +23,7 @@ tick. Paths and lines below are vLLM 0.33.0's (``vllm/...``).
   ``Executor.wake_up`` (abstract.py l.413) does nothing when nothing sleeps, and
   nothing at all when one of the tags is not asleep (l.416-422); the scheduler
   resumes whenever nothing sleeps any more, also when nothing slept (l.1053-1055).
-- ``is_sleeping`` (l.1076) = scheduler paused or any tag asleep.
+- ``is_sleeping`` (l.1078) = scheduler paused or any tag asleep.
 - With ``--enable-sleep-mode`` the slept memory is really gone (cumem unmaps it):
   a step that runs a request while any tag sleeps, or a weight load into slept
   weights, is an illegal memory access (``crash.py``). Level 2 discards the weights
@@ -32,6 +32,12 @@ tick. Paths and lines below are vLLM 0.33.0's (``vllm/...``).
 - The weight session is per worker (``v1/worker/gpu_worker.py`` l.1542-1650): a failed
   call raises :class:`UtilityError` and the engine lives (a utility failure, ``v1/engine/core.py``
   l.1850: HTTP 500).
+- ``/update_weights`` over NCCL is a collective with the trainer (``vllm-control-plane.md`` 4.5,
+  code reading; prime-rl#3599): a re-sent chunk (the same ``update_info`` again in one session)
+  waits for a broadcast that never comes. The engine is then *wedged*: that call never answers,
+  the EngineCore's loop is stuck in it, so no request is stepped and every call that needs the
+  core (all dev and RL routes but ``/abort_requests``, ``/get_world_size``, ``/server_info``)
+  hangs; ``/health`` still answers 200 (``AsyncLLM.check_health`` only looks for a dead core).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from typing import Literal, get_args
 from ..memory_state import MemoryStateWriter
 from .config import VLLMEngineConfig
 from .crash import die_of_illegal_memory_access
-from .text import garbage_content, token, weights_content
+from .text import ZERO_CONTENT, garbage_content, token, weights_content
 
 __all__ = ["SLEEP_TAGS", "EngineCore", "EnginePausedError", "PauseMode", "PauseState", "Request", "UtilityError"]
 
@@ -122,6 +128,9 @@ class EngineCore:
         self.transfer_initialized = False
         self.weight_update_active = False
         self.update_chunks = 0
+        self._last_update: object | None = None
+        self.wedged = False
+        """A re-sent ``/update_weights`` waits for a broadcast that never comes: the core is stuck for good."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -236,7 +245,7 @@ class EngineCore:
             self._memory_call_ended()
 
     def _executor_wake(self, tags: list[str] | None) -> None:
-        """``Executor.wake_up`` (abstract.py l.413-435)."""
+        """``Executor.wake_up`` (abstract.py l.412-435)."""
         if not self.sleeping_tags:
             log.warning("Executor is not sleeping.")
             return
@@ -253,7 +262,7 @@ class EngineCore:
         self.sleeping_tags -= woken
 
     def is_sleeping(self) -> bool:
-        """``/is_sleeping``: paused or any tag asleep (``EngineCore.is_sleeping`` l.1076)."""
+        """``/is_sleeping``: paused or any tag asleep (``EngineCore.is_sleeping`` l.1078)."""
         return self.is_paused() or bool(self.sleeping_tags)
 
     def release_kv_cache_memory(self) -> None:
@@ -300,7 +309,7 @@ class EngineCore:
             raise UtilityError(method, "Weight transfer not configured. Please set weight_transfer_config to enable weight transfer.")
 
     def init_weight_transfer_engine(self, init_info: dict[str, object]) -> None:
-        """``Worker.init_weight_transfer_engine`` (l.1518); re-creating the group is allowed."""
+        """``Worker.init_weight_transfer_engine`` (l.1519); re-creating the group is allowed."""
         self._check_transfer("init_weight_transfer_engine")
         self.transfer_initialized = True
 
@@ -323,17 +332,23 @@ class EngineCore:
             )
         self.weight_update_active = True
         self.update_chunks = 0
+        self._last_update = None
 
     def update_weights(self, update_info: object) -> None:
-        """``Worker.update_weights`` (l.1590): needs a session; loading into slept weights is an illegal access."""
+        """``Worker.update_weights`` (l.1592): needs a session; loading into slept weights is an illegal access."""
         self._check_transfer("update_weights")
         if not self.weight_update_active:
             raise UtilityError("update_weights", "start_weight_update must be called before update_weights.")
-        if not self.transfer_initialized:  # the backend has no group to receive on: the exception ends the session (l.1621)
+        if not self.transfer_initialized:  # the backend has no group to receive on: the exception ends the session (l.1624)
             self.weight_update_active = False
             raise UtilityError("update_weights", f"{self._backend_class()} is not initialized; call init_weight_transfer_engine first.")
         if self._memory_gone(("weights",)):
             die_of_illegal_memory_access("a weight update loaded into slept weights")
+        if self._last_update is not None and update_info == self._last_update:
+            log.error("update_weights: the same chunk again; its NCCL broadcast from the trainer never comes (the core waits for good)")
+            self.wedged = True
+            return
+        self._last_update = update_info
         self.update_chunks += 1
 
     def finish_weight_update(self, weight_version: str | None) -> None:
@@ -359,6 +374,13 @@ class EngineCore:
         self.weights = weights_content(self.config.weight_version)
         self.weights_discarded = False
 
+    def zero_weights(self) -> None:
+        """``collective_rpc("reset_weights")`` = ``zero_weights(model)`` (``gpu_worker.py`` l.393-394): every weight is 0."""
+        if self._memory_gone(("weights",)):
+            die_of_illegal_memory_access("reset_weights wrote into slept weights")
+        self.weights = ZERO_CONTENT
+        self.weights_discarded = False
+
     def weight_checksums(self) -> dict[str, str]:
         """``compute_weight_checksums``: one checksum per parameter, from the weights' content; reading slept weights is fatal."""
         if self._memory_gone(("weights",)):
@@ -372,9 +394,16 @@ class EngineCore:
         backend = self.config.weight_transfer_backend or "nccl"
         return {"nccl": "NCCLWeightTransferEngine", "ipc": "IPCWeightTransferEngine"}.get(backend, f"{backend} engine")
 
+    async def utility_gate(self) -> None:
+        """Wait forever once the core is wedged (a call that needs the EngineCore never gets its turn); else return at once."""
+        if self.wedged:
+            await asyncio.Event().wait()  # never set: the request is cancelled when the client or the server goes
+
     # ----- the scheduler step ---------------------------------------------------------
     def step(self, seconds: float) -> None:
         """One scheduler step of ``seconds``: admit (only ``UNPAUSED``), decode, finish, complete pauses."""
+        if self.wedged:
+            return  # the busy loop is stuck in the collective
         if self.pause_state is PauseState.PAUSED_ALL:
             return  # scheduler.py l.723: no token budget
         if self.pause_state is PauseState.UNPAUSED:
@@ -409,6 +438,8 @@ class EngineCore:
             "weights_discarded": self.weights_discarded,
             "transfer_initialized": self.transfer_initialized,
             "weight_update_active": self.weight_update_active,
+            "update_chunks": self.update_chunks,
+            "wedged": self.wedged,
             "running": len(self.running),
             "waiting": len(self.waiting),
             "counts": dict(self.counts),

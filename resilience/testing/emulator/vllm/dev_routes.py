@@ -3,7 +3,7 @@
 Each endpoint keeps the signature of its original (route, method, parameters, defaults,
 constraints), so the contract check (``contract.py``) can compare them by AST:
 ``vllm/entrypoints/serve/dev/sleep/api_router.py``, ``dev/cache/api_router.py``,
-``dev/__init__.py`` (``/collective_rpc``) and ``dev/server_info/api_router.py``.
+``dev/rpc/api_router.py`` (``/collective_rpc``) and ``dev/server_info/api_router.py``.
 """
 
 from __future__ import annotations
@@ -15,17 +15,18 @@ import sys
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from .core import EngineCore, PauseMode, UtilityError
+from .rl_routes import engine_core_gate
 
 __all__ = ["dev_routers"]
 
 
 def sleep_router(core: EngineCore) -> APIRouter:
     """``serve/dev/sleep/api_router.py``."""
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.post("/sleep")  # l.26
     async def sleep(
@@ -58,7 +59,7 @@ def sleep_router(core: EngineCore) -> APIRouter:
 
 def cache_router(core: EngineCore) -> APIRouter:
     """``serve/dev/cache/api_router.py``."""
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.post("/reset_prefix_cache")  # l.20
     async def reset_prefix_cache(
@@ -81,8 +82,8 @@ def cache_router(core: EngineCore) -> APIRouter:
 
 
 def rpc_router(core: EngineCore) -> APIRouter:
-    """``serve/dev/__init__.py`` (``/collective_rpc``, l.23-59); the emulator knows a few worker methods."""
-    router = APIRouter()
+    """``serve/dev/rpc/api_router.py`` (``/collective_rpc``, l.23-59); the emulator knows a few worker methods."""
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.post("/collective_rpc")
     async def collective_rpc(raw_request: Request) -> Response:
@@ -106,9 +107,15 @@ def rpc_router(core: EngineCore) -> APIRouter:
 
 
 def _run_worker_method(core: EngineCore, method: str, args: list[str], kwargs: dict[str, str], timeout: float | None) -> list[Any]:
-    """One result per worker (one worker here). ``reload_weights`` reloads the checkpoint; unknown names fail as vLLM's would."""
+    """One result per worker (one worker here); unknown method names fail as vLLM's would.
+
+    ``reload_weights`` loads the checkpoint again, ``reset_weights`` zeroes the weights (``gpu_worker.py`` l.393),
+    ``compute_weight_checksums`` answers the checksums; ``synchronize_device`` and the cache resets do nothing here.
+    """
     if method == "reload_weights":
         core.reload_weights()
+    elif method == "reset_weights":
+        core.zero_weights()
     elif method == "compute_weight_checksums":
         return [core.weight_checksums()]
     elif method not in ("synchronize_device", "reset_mm_cache", "reset_encoder_cache"):
@@ -117,8 +124,8 @@ def _run_worker_method(core: EngineCore, method: str, args: list[str], kwargs: d
 
 
 def server_info_router(core: EngineCore) -> APIRouter:
-    """``serve/dev/server_info/api_router.py`` (l.106)."""
-    router = APIRouter()
+    """``serve/dev/server_info/api_router.py`` (l.43)."""
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.get("/server_info")
     async def show_server_info(
@@ -133,7 +140,7 @@ def server_info_router(core: EngineCore) -> APIRouter:
         }
         server_info = {
             "vllm_config": str(as_json) if config_format == "text" else as_json,
-            # l.93: the env dump leaves out every name with KEY in it
+            # l.30: the env dump leaves out every name with KEY in it
             "vllm_env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_") and "KEY" not in k},
             "system_env": {"os": platform.platform(), "python_version": sys.version.split()[0]},
         }

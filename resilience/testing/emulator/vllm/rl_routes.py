@@ -7,15 +7,31 @@ are that file's), so the contract check can compare them by AST.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, HTTPException, Query, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
 from .core import EngineCore, PauseMode
 
-__all__ = ["rl_router"]
+__all__ = ["engine_core_gate", "rl_router"]
+
+_NO_CORE_CALL = frozenset({"/abort_requests", "/get_world_size", "/server_info"})
+"""Routes that answer without waiting for the EngineCore: an abort is sent without a reply
+(``AsyncLLM.abort``), the world size and the server info are read from the config."""
+
+
+def engine_core_gate(core: EngineCore) -> Callable[[Request], Awaitable[None]]:
+    """A router dependency: a route that needs the EngineCore waits forever once the core is wedged (``core.py``)."""
+
+    async def gate(request: Request) -> None:
+        if request.url.path not in _NO_CORE_CALL:
+            await core.utility_gate()
+
+    return gate
+
 
 WeightTransferUpdatePayload = dict[str, Any] | list[dict[str, Any]]
 """``vllm/distributed/weight_transfer/base.py``: backend-specific update info, or one per global worker rank."""
@@ -23,7 +39,7 @@ WeightTransferUpdatePayload = dict[str, Any] | list[dict[str, Any]]
 
 def rl_router(core: EngineCore) -> APIRouter:
     """``register_rl_api_routers`` (``rl/factories.py``): the one RL router."""
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.post("/pause")  # l.31
     async def pause_generation(
@@ -91,6 +107,7 @@ def rl_router(core: EngineCore) -> APIRouter:
         update_info: Annotated[WeightTransferUpdatePayload, Body(embed=True)],
     ) -> JSONResponse:
         core.update_weights(update_info)
+        await core.utility_gate()  # a re-sent chunk wedged the core: this call never answers
         return JSONResponse(content={"message": "Weights updated"})
 
     @router.post("/finish_weight_update")  # l.207
@@ -120,6 +137,7 @@ def rl_router(core: EngineCore) -> APIRouter:
         baseline: Annotated[dict[str, str] | None, Body(embed=True)] = None,
     ) -> JSONResponse:
         if action == "reset":
+            core.zero_weights()  # l.240-242: collective_rpc("reset_weights") zeroes every weight (gpu_worker.py l.393)
             return JSONResponse(content={"status": "reset"})
         if action == "compare" and baseline is None:
             raise HTTPException(status_code=HTTPStatus.BAD_REQUEST.value, detail="action='compare' requires a 'baseline' object")
@@ -135,6 +153,7 @@ def rl_router(core: EngineCore) -> APIRouter:
         raw_request: Request,
         include_dp: bool = Query(True),
     ) -> JSONResponse:
-        return JSONResponse(content={"world_size": 1})  # one worker, no data parallelism
+        world_size = 1  # one worker, no data parallelism: TP * PP (* DP) = 1 either way (l.285-288)
+        return JSONResponse(content={"world_size": world_size})
 
     return router

@@ -3,7 +3,7 @@
 - ``/health`` (``serve/instrumentator/health.py`` l.22): 200 with an empty body, also
   while paused or asleep; 503 only for a dead engine, which the emulator never is (its
   death ends the process).
-- ``/version`` (``serve/instrumentator/basic.py`` l.86): ``{"version": "0.33.0"}``.
+- ``/version`` (``serve/instrumentator/basic.py`` l.53): ``{"version": "0.33.0"}``.
 - ``/v1/completions``: the OpenAI completion, non-streaming. Its text comes from the
   weights the engine holds (``text.py``). An abort answers 200 with
   ``finish_reason: "abort"``; during an abort/wait pause a new request is 503

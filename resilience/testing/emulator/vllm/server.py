@@ -14,7 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..server import bind_listener, listen_url, parent_problem, print_ready, watch_parent
+from ..listen import bind_listener, listen_url, parent_problem, watch_parent
+from ..ready import print_ready
 from .config import ENGINE_KIND, VLLMEngineConfig, add_vllm_arguments, vllm_config_from_namespace
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ VLLMAppFactory = Callable[[VLLMEngineConfig, str, int], "tuple[FastAPI, Any]"]
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line: ``--engine vllm``, the process flags, and vLLM's own flags (``config.py``)."""
     parser = argparse.ArgumentParser(
-        prog=prog or "python -m resilience.testing.emulator --engine vllm",
+        prog=prog or "python -m resilience.testing.emulator",
         description="Run emulated vLLM 0.33.0 engines (control plane, sleep mode and its crashes) on the CPU. "
         "The dev and RL routes exist only with VLLM_SERVER_DEV_MODE=1, as in vLLM.",
     )

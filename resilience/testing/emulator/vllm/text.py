@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["VOCAB", "count_tokens", "expected_completion", "garbage_content", "token", "weights_content"]
+__all__ = ["VOCAB", "ZERO_CONTENT", "count_tokens", "expected_completion", "garbage_content", "token", "weights_content"]
 
 VOCAB = (
     " alpha", " bravo", " charlie", " delta", " echo", " foxtrot", " golf", " hotel",
     " india", " juliet", " kilo", " lima", " mike", " november", " oscar", " papa",
 )  # fmt: skip
 """The words an emulated engine generates, one per token."""
+
+
+ZERO_CONTENT = "zeros"
+"""The content of weights zeroed by ``/weight_checker {"action": "reset"}`` (``collective_rpc("reset_weights")``)."""
 
 
 def weights_content(version: str) -> str:
