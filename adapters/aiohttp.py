@@ -82,13 +82,13 @@ from resilience.adapters._aiohttp_compat import check, internals_missing
 from resilience.adapters.requests import engine_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.call import AttemptResult, CallSpec, Timeouts, responded
 from resilience.clock import Clock
 from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, responded
 
 if TYPE_CHECKING:
     from aiohttp import ClientHandlerType

@@ -14,7 +14,7 @@ stay off (``retries=0``, its default).
 
 - **Timeouts.** The caller's ``timeout=`` (the request's ``timeout``
   extension) is the caller's own (connect, read) timeout for the core's one
-  precedence rule (``resilience.retry.attempt_timeouts``). Each attempt gets
+  precedence rule (``resilience.retry.spec.attempt_timeouts``). Each attempt gets
   the (connect, read) the core chose; its write timeout never exceeds that
   read timeout nor its pool timeout that connect timeout (the caller's
   smaller values are kept), so a deadline bounds every phase of an attempt.
@@ -50,13 +50,13 @@ from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.requests import engine_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import Clock
 from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import EndpointMatch, PolicyTable
+from resilience.retry.spec import AttemptResult, CallSpec, responded
 
 __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from resilience.adapters.sglang_policies import SGLANG_POLICIES
+from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock

@@ -36,7 +36,7 @@ noise, so states that differ only in it answer None. A reading taken while a
 release or resume is under way (memory between two states) answers None, or, if it
 happens to match a state, that state: NVML cannot see a call queued in the scheduler.
 The transport trusts "not applied" only after a 502/503 for that reason
-(``resilience.adapters.sglang_memory``).
+(``resilience.adapters.sglang.memory_check``).
 
 None also when: the engine is not configured here; a PID is not running, or NVML
 lists none of them on any GPU (a dead engine); NVML cannot be initialised or read;

@@ -41,8 +41,7 @@ import ray
 import ray.exceptions
 
 from resilience.adapters.requests import engine_of
-from resilience.adapters.sglang import SGLangClient
-from resilience.adapters.sglang_types import ControlResult, FlushResult, Health, ModelInfo
+from resilience.adapters.sglang import ControlResult, FlushResult, Health, ModelInfo, SGLangClient
 from resilience.barrier.engine import PauseMode
 from resilience.barrier.fanout import Calls, EngineDied, EngineResult, EngineUnavailable, PhaseTimeout, engine_name
 from resilience.deadline import Deadline, current_deadline

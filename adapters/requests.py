@@ -38,12 +38,12 @@ from urllib3.util import Timeout as Urllib3Timeout
 from resilience.adapters.requests_errors import ERROR_TYPES
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.call import AttemptResult, CallSpec, responded
 from resilience.clock import Clock
 from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
+from resilience.retry.spec import AttemptResult, CallSpec, responded
 
 __all__ = ["ResilientAdapter", "engine_of", "resilient_session", "resolve_timeout"]
 

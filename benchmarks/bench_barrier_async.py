@@ -178,7 +178,7 @@ def _async_api() -> tuple[Any, Any, Any]:
     """(AsyncFanOut, AsyncOrchestrator, AsyncSGLangClient); ImportError (named under the table) without them."""
     from resilience.adapters.sglang import AsyncSGLangClient
     from resilience.barrier import AsyncOrchestrator
-    from resilience.fanout import AsyncFanOut
+    from resilience.barrier.async_fanout import AsyncFanOut
 
     return AsyncFanOut, AsyncOrchestrator, AsyncSGLangClient
 

@@ -45,9 +45,9 @@ from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.requests_errors import ERROR_TYPES
 from resilience.breaker import BreakerConfig
 from resilience.budget import RetryBudgetConfig
-from resilience.call import AttemptResult, CallSpec, responded
 from resilience.policy import EndpointPolicy, PolicyTable
-from resilience.retry import Retrier
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec, responded
 
 POLICIES = PolicyTable({"POST /flush_cache": EndpointPolicy()})
 OBSERVERS: list[Any] = []

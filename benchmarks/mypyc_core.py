@@ -1,6 +1,6 @@
 """Would a compiled core pay? The sans-IO modules built with mypyc in a scratch copy, measured against the pure-Python ones.
 
-Run: ``python benchmarks/mypyc_core.py [--modules call,classification,...] [--runs 3]``
+Run: ``python benchmarks/mypyc_core.py [--modules retry/spec,retry/call,...] [--runs 3]``
 
 Copies this checkout's ``resilience`` package (and its ``adapters`` and
 ``telemetry`` folders) into a temporary folder, compiles the named core
@@ -23,7 +23,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = "outcome,classification,deadline,backoff,call,retry_call,first_attempt,retry"
+DEFAULT = "outcome,deadline,backoff,retry/spec,retry/call,retry/first_attempt,retry/retrier"
 """The sans-IO modules of the success path (``resilience/<name>.py``).
 
 ``breaker`` and ``budget`` are left out: they define exceptions that subclass builtins, which mypyc does not compile."""
@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mypyc build failed (exit {build.returncode}):\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}")
             return 1
         check = subprocess.run(
-            [sys.executable, "-c", "import resilience.retry_call as m; print(m.__file__)"],
+            [sys.executable, "-c", "import resilience.retry.call as m; print(m.__file__)"],
             cwd=scratch,
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": str(scratch)},
         )
-        print(f"compiled: {', '.join(modules)}; resilience.retry_call imported from {check.stdout.strip() or check.stderr[-500:]}")
+        print(f"compiled: {', '.join(modules)}; resilience.retry.call imported from {check.stdout.strip() or check.stderr[-500:]}")
         for i in range(args.runs):
             for name, path in (("pure Python", ROOT), ("mypyc", scratch)):
                 proc = subprocess.run(

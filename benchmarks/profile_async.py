@@ -62,7 +62,7 @@ def category(frame: str) -> str:
         return "ours: aiohttp middleware"
     if re.search(r"adapters/(sglang|requests)", path):
         return "ours: SGLang client, requests adapter"
-    if "barrier/" in path or path.endswith("resilience/fanout.py"):
+    if "barrier/" in path:
         return "ours: orchestrator, fan-out"
     if path.startswith(("resilience/", "adapters/", "telemetry/")):
         return "ours: retry core (retry, call, breaker, budget, deadline, policy, events)"

@@ -1,19 +1,36 @@
 """controlplane-resilience: HTTP control planes that survive transient failure.
 
-The public API is what ``__all__`` lists: policies, errors, deadlines,
-budgets, the breaker's config, the drivers' shared ``DriverConfig``, events,
-the delivery record's reader ``attempts_of`` and the testing switch, imported
-eagerly (standard library only: no transport library); the barrier
-orchestrators, the SGLang clients and the requests, httpx and aiohttp
-drivers are imported on first use (PEP 562), so ``import resilience`` pulls
-in no optional extra (requests, httpx and aiohttp load only with their driver).
+The top level holds what a user reaches for in the first hour, and nothing
+else (``__all__``):
 
-Names for transport authors (``Retrier``, ``RetryCall``, ``CallSpec``,
-``AttemptResult``, ``ErrorTypes``, ``classify``, ``backoff_delay``,
-``EndpointMatch``, ``CircuitBreaker``, ...) stay in their modules:
-``resilience.retry``, ``resilience.retry_call``, ``resilience.call``,
-``resilience.errors``, ``resilience.classification``, ``resilience.backoff``,
-``resilience.policy``, ``resilience.breaker``.
+- a resilient transport for the HTTP library in use: ``resilient_session`` /
+  ``ResilientAdapter`` (requests), ``ResilientTransport`` /
+  ``AsyncResilientTransport`` (httpx), ``ResilientMiddleware`` (aiohttp);
+- the SGLang engine clients, ``SGLangClient`` and ``AsyncSGLangClient``;
+- the barrier: ``Orchestrator``, ``AsyncOrchestrator``, ``EngineGroup`` and
+  its failure, ``PhaseFailed``;
+- policies: ``PolicyTable``, ``EndpointPolicy``, ``RetryPolicy``,
+  ``BreakerConfig``, ``RetryBudgetConfig``, ``load_policy_file``;
+- ``Deadline``, and the errors a caller catches: ``ResilienceError`` (their
+  base), ``AmbiguousOutcome``, ``CircuitOpen``, ``DeadlineExceeded``,
+  ``RetriesExhausted`` and ``ConfigError`` (a bad value);
+- the testing switch ``set_testing``.
+
+Everything else is imported from its module, its one path: what an attempt or
+a call did (``resilience.outcome``: ``attempts_of``, ``Delivery``,
+``AttemptRecord``, ``Outcome``, ``CallOutcome``), events and observers
+(``resilience.events``), probes (``resilience.policy``: ``Probe``,
+``ProbeAnswer``, ``ProbeContext``), clocks (``resilience.clock``), the
+restart budget (``resilience.budget``), the drivers' shared ``DriverConfig``
+(``resilience.driver_config``), the other errors (``resilience.errors``), and
+the retry core for transport authors (``resilience.retry``: ``Retrier``,
+``RetryCall``, ``CallSpec``, ``AttemptResult``, ``classify``, ...).
+
+The policies, ``Deadline``, the errors and the switch are imported eagerly
+(standard library only: no transport library); the transports, the SGLang
+clients and the barrier on first use (PEP 562), so ``import resilience``
+pulls in no optional extra (requests, httpx and aiohttp load only with their
+driver).
 """
 
 from __future__ import annotations
@@ -22,25 +39,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from resilience._config import set_testing
-from resilience.breaker import BreakerConfig, BreakerState
-from resilience.budget import RestartBudget, RestartBudgetError, RestartRecord, RetryBudgetConfig
-from resilience.clock import Clock, FakeClock, SystemClock
-from resilience.deadline import Deadline, current_deadline
-from resilience.driver_config import DriverConfig
-from resilience.errors import (
-    AmbiguousOutcome,
-    CircuitOpen,
-    ConfigConflict,
-    ConfigError,
-    DeadlineExceeded,
-    PolicyError,
-    ResilienceError,
-    RetriesExhausted,
-    RetryBudgetExhausted,
-)
-from resilience.events import Event, Observer
-from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome, attempts_of
-from resilience.policy import EndpointPolicy, PolicyTable, Probe, ProbeAnswer, ProbeContext, RetryPolicy
+from resilience.breaker import BreakerConfig
+from resilience.budget import RetryBudgetConfig
+from resilience.deadline import Deadline
+from resilience.errors import AmbiguousOutcome, CircuitOpen, ConfigError, DeadlineExceeded, ResilienceError, RetriesExhausted
+from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.policy_files import load_policy_file
 
 if TYPE_CHECKING:
@@ -82,52 +85,35 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AmbiguousOutcome",
-    "AsyncOrchestrator",
+    # transports
     "AsyncResilientTransport",
-    "AsyncSGLangClient",
-    "AttemptRecord",
-    "BreakerConfig",
-    "BreakerState",
-    "CallOutcome",
-    "CircuitOpen",
-    "Clock",
-    "ConfigConflict",
-    "ConfigError",
-    "Deadline",
-    "DeadlineExceeded",
-    "Delivery",
-    "DriverConfig",
-    "EndpointPolicy",
-    "EngineGroup",
-    "Event",
-    "FakeClock",
-    "Observer",
-    "Orchestrator",
-    "Outcome",
-    "PhaseFailed",
-    "PolicyError",
-    "PolicyTable",
-    "Probe",
-    "ProbeAnswer",
-    "ProbeContext",
-    "ResilienceError",
     "ResilientAdapter",
     "ResilientMiddleware",
     "ResilientTransport",
-    "RestartBudget",
-    "RestartBudgetError",
-    "RestartRecord",
-    "RetriesExhausted",
-    "RetryBudgetConfig",
-    "RetryBudgetExhausted",
-    "RetryPolicy",
-    "SGLangClient",
-    "SystemClock",
-    "__version__",
-    "attempts_of",
-    "current_deadline",
-    "load_policy_file",
     "resilient_session",
+    # SGLang engines and the barrier
+    "AsyncOrchestrator",
+    "AsyncSGLangClient",
+    "EngineGroup",
+    "Orchestrator",
+    "PhaseFailed",
+    "SGLangClient",
+    # policies and deadlines
+    "BreakerConfig",
+    "Deadline",
+    "EndpointPolicy",
+    "PolicyTable",
+    "RetryBudgetConfig",
+    "RetryPolicy",
+    "load_policy_file",
+    # errors
+    "AmbiguousOutcome",
+    "CircuitOpen",
+    "ConfigError",
+    "DeadlineExceeded",
+    "ResilienceError",
+    "RetriesExhausted",
+    # testing
     "set_testing",
+    "__version__",
 ]

@@ -187,7 +187,7 @@ class CircuitBreaker:
     def admit_closed(self) -> Permit | None:
         """``admit()`` for a new call when the breaker is closed (the same permit), else None with nothing changed.
 
-        The success fast path asks this (``resilience.first_attempt``): a
+        The success fast path asks this (``resilience.retry.first_attempt``): a
         breaker that is not closed is left to ``admit``, which may refuse the
         call or hand it a half-open probe slot.
         """

@@ -32,7 +32,7 @@ from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigConflict, ErrorTypes, require
 from resilience.events import Observer
 from resilience.policy import PolicyTable
-from resilience.retry import Retrier
+from resilience.retry.retrier import Retrier
 
 __all__ = ["DEFAULT_BREAKER", "DEFAULT_BUDGET", "UNSET", "ConfigViews", "DriverConfig", "Unset", "driver_config"]
 

@@ -45,14 +45,13 @@ from typing import Any, Literal, TypeVar
 
 from resilience.breaker import BreakerRegistry
 from resilience.budget import RetryBudgets
-from resilience.call import AttemptResult, CallSpec, Timeouts
-from resilience.classification import is_success_status
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError, ErrorTypes, ResilienceError
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery, Outcome
 from resilience.policy import ProbeAnswer, ProbeContext
-from resilience.retry import AsyncAttempt, Attempt, Retrier, _ask_probe, _ask_probe_async
+from resilience.retry.retrier import AsyncAttempt, Attempt, Retrier, ask_probe, ask_probe_async
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, is_success_status
 
 __all__ = ["DEFAULT_WINDOW_S", "AttemptLedger", "LedgerEntry", "LedgerRetrier"]
 
@@ -258,7 +257,7 @@ class LedgerRetrier(Retrier):
         """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted."""
         admission = self._admit(spec)
         if admission.probe is not None and admission.context is not None:
-            admission = self._after_probe(spec, _ask_probe(admission.probe, admission.context))
+            admission = self._after_probe(spec, ask_probe(admission.probe, admission.context))
         run_spec = self._settle(spec, admission, on_probe_done)
         if not isinstance(run_spec, CallSpec):
             return run_spec, ()
@@ -288,7 +287,7 @@ class LedgerRetrier(Retrier):
         """``Retrier.arun`` from the ledger; a sync probe runs in a worker thread."""
         admission = self._admit(spec)
         if admission.probe is not None and admission.context is not None:
-            admission = self._after_probe(spec, await _ask_probe_async(admission.probe, admission.context))
+            admission = self._after_probe(spec, await ask_probe_async(admission.probe, admission.context))
         run_spec = self._settle(spec, admission, on_probe_done)
         if not isinstance(run_spec, CallSpec):
             return run_spec, ()

@@ -2,7 +2,7 @@
 
 A leaf module (standard library only): events, errors, the retry loop and the
 transports all take these values from here. ``classify`` (in
-``resilience.classification``) maps a status or delivery to an ``Outcome``
+``resilience.retry.spec``) maps a status or delivery to an ``Outcome``
 under an endpoint's policy. ``attempts_of`` is the one way to read what a
 driver wrote down about a call that raised: whoever needs to know whether a
 failed call may have reached the engine (the barrier) asks it, never the

@@ -53,7 +53,7 @@ class UnnamedSeconds(float):
     It reads as its number (``EndpointPolicy().attempt_timeout_s == 10.0``);
     its type is what marks it. ``EndpointPolicy.named`` tells the two apart:
     the caller's own timeout beats an unnamed value and loses to a named one
-    (``resilience.call.attempt_timeouts``). It survives ``dataclasses.replace``,
+    (``resilience.retry.spec.attempt_timeouts``). It survives ``dataclasses.replace``,
     pickling and policy files, so a table built in Python and the same table
     loaded from TOML or YAML decide alike.
     """

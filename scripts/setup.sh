@@ -21,6 +21,9 @@ fi
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
 # [docs]: MkDocs, Material and mkdocstrings, pinned, for scripts/test.sh's strict docs build.
 .venv/bin/python -m pip install -q -e '.[dev,docs,frameworks]'
+# [dev] pulls [all], which has [smg] (the smg gateway for tests/smg: CI=true fails them without it); checked here
+# because a wheel that did not install (no wheel for this platform) must stop the setup, not skip the tests.
+.venv/bin/python -c "import smg.rl" || { echo "setup: smg (the [smg] extra) did not install" >&2; exit 1; }
 # Real framework client code for tests/frameworks (CI=true fails those tests without it):
 # AReaL without its dependencies (they pull sglang, vllm and a CUDA torch; the light ones its
 # control path imports are the [frameworks] extra), and verl's http_server_engine.py from its wheel.

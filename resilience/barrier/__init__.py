@@ -2,20 +2,27 @@
 
 - ``orchestrator``: ``Orchestrator``, the transitions driven from the caller's thread through a fan-out.
 - ``async_orchestrator``: ``AsyncOrchestrator``, the same transitions awaited on the caller's event loop.
-- ``rules``: the transitions themselves, as steps both orchestrators drive (one copy of the rules).
+- ``rules``: ``BarrierRules``, what each orchestrator holds: the engines, their knowledge, the journal, queries
+  (``view``: the public surface both orchestrators answer from it).
+- ``steps``: what a transition yields to its driver (``PhaseCall``, ``SettleCall``, ``WaitCall``).
+- ``offload``, ``onload``, ``pauses``: the transitions as steps (one copy, both orchestrators);
+  ``fold``: one phase marked, sent and folded in; ``settle``: a transition's start (late calls, the
+  memory probe); ``holds``: owned holds; ``recovery``: reconcile, retire, the journal resumed;
+  ``transition``: a transition's events and ``PhaseFailed``; ``args``: argument checks.
 - ``types``: its values and errors (``EngineGroup``, ``PhaseDeadlines``, reports, ``PhaseFailed``).
 - ``engine``: the engine contract (``ControlPlaneEngine``) and ``ALL_TAGS``.
 - ``knowledge``: what the orchestrator knows of each engine, and what it knows it does not know.
-- ``outcome``: what a call did to the engine (``Effect``: applied, not applied, maybe), from the driver's record only.
+- ``kinds``: each engine kind's control rules as one table (``EngineRules``; ``SGLANG_RULES``), looked up per engine.
+- ``effect``: what a call did to the engine (``Effect``: applied, not applied, maybe), from the driver's record only.
+- ``journal``, ``journal_store``: the knowledge written where it outlives the controller.
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
-- ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines.
+- ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines
+  (imported from there: ``from resilience.barrier.async_fanout import AsyncFanOut``).
 - ``verify``: checks after a transition (``WeightVersionCheck``, ``CanaryCheck``): "a 200 that isn't healthy" fails it.
 
-Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``; ``resilience.fanout``
-gathers the fan-outs.
+Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``.
 """
 
-from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.async_orchestrator import AsyncOrchestrator
 from resilience.barrier.engine import ALL_TAGS, AnyEngine, AsyncControlPlaneEngine, ControlPlaneEngine, PauseMode
 from resilience.barrier.fanout import (
@@ -45,7 +52,6 @@ __all__ = [
     "ALL_TAGS",
     "AnyEngine",
     "AsyncControlPlaneEngine",
-    "AsyncFanOut",
     "AsyncOrchestrator",
     "BarrierBusy",
     "CanaryCheck",

@@ -1,7 +1,8 @@
 """``AsyncOrchestrator``: the barrier for controllers that already run an event loop (AReaL-style).
 
-The same rules as ``Orchestrator`` (``resilience.barrier.rules``: one copy of
-every transition), driven with ``await``: each phase's calls are tasks on the
+The same rules as ``Orchestrator`` (it holds a ``BarrierRules`` too, and the
+transitions are written once as steps in ``resilience.barrier.offload``/``onload``/``pauses``),
+driven with ``await``: each phase's calls are tasks on the
 caller's loop (``PhaseRun``), awaited together up to the phase deadline. The
 knowledge lock is a short thread lock taken while a step is decided or
 folded, never across an ``await``; transitions exclude each other with an
@@ -32,15 +33,24 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+from resilience.barrier.args import offload_args, tags_arg
 from resilience.barrier.async_fanout import PhaseRun, TaskCall
 from resilience.barrier.engine import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
 from resilience.barrier.fanout import Calls, EngineResult
+from resilience.barrier.fold import abandon
+from resilience.barrier.holds import WEIGHT_SYNC_HOLD, unhold
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.knowledge import LateCall
-from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
+from resilience.barrier.offload import offload_steps
+from resilience.barrier.onload import onload_steps
+from resilience.barrier.pauses import pause_steps, unpause_steps
+from resilience.barrier.recovery import reconcile, resume, retire
+from resilience.barrier.rules import BarrierRules
+from resilience.barrier.steps import PhaseCall, SettleCall, Step, Steps, WaitCall
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.barrier.verify import EngineCheck, averify
+from resilience.barrier.view import BarrierView
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline
@@ -68,7 +78,7 @@ class _LoopState:
     gate: asyncio.Semaphore | None
 
 
-class AsyncOrchestrator(BarrierRules[A]):
+class AsyncOrchestrator(BarrierView[A]):
     """``Orchestrator`` for an event loop: ``await offload()``, ``await onload()``, ``async with weight_sync()``.
 
     ``groups``, ``observers``, ``deadlines``, ``restart_budget``, ``rollback``,
@@ -88,6 +98,8 @@ class AsyncOrchestrator(BarrierRules[A]):
     overlap (each holds its own token); ``offload``/``onload`` wait for every
     running body to end (up to ``transition_s``), else raise ``BarrierBusy``, and
     raise it at once when awaited inside a body (by its task or a task it started).
+
+    It holds its rules (``rules``, a ``BarrierRules``), as ``Orchestrator`` does.
     """
 
     def __init__(
@@ -105,8 +117,9 @@ class AsyncOrchestrator(BarrierRules[A]):
     ) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
-        super().__init__(
+        self.rules: BarrierRules[A] = BarrierRules(
             groups,
+            owner="AsyncOrchestrator",
             observers=observers,
             deadlines=deadlines,
             restart_budget=restart_budget,
@@ -115,7 +128,7 @@ class AsyncOrchestrator(BarrierRules[A]):
             memory_probe=memory_probe,
             journal=journal,
         )
-        for name, engine in self._engines.items():
+        for name, engine in self.rules.engines.items():
             for method in CONTROL_METHODS:
                 if not inspect.iscoroutinefunction(getattr(engine, method, None)):
                     raise TypeError(
@@ -125,19 +138,19 @@ class AsyncOrchestrator(BarrierRules[A]):
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
-        self._resume()
+        resume(self.rules)
 
     # -- recovery ----------------------------------------------------------------
 
     async def retire(self, engine: str | A) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
         async with self._loop_state().lock:
-            self._retire(engine)
+            retire(self.rules, engine)
 
     async def reconcile(self, engine: str | A, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state; see ``Orchestrator.reconcile`` (the same rules and refusals)."""
         async with self._loop_state().lock:
-            self._reconcile(engine, released=released, paused=paused)
+            reconcile(self.rules, engine, released=released, paused=paused)
 
     # -- transitions -------------------------------------------------------------
 
@@ -146,7 +159,7 @@ class AsyncOrchestrator(BarrierRules[A]):
         wanted = offload_args(tags, mode)
         state = self._loop_state()
         async with self._exclusive(state, "offload"):
-            return await self._run(self._offload_steps(wanted, mode), state)
+            return await self._run(offload_steps(self.rules, wanted, mode), state)
 
     async def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``
@@ -154,19 +167,20 @@ class AsyncOrchestrator(BarrierRules[A]):
         wanted = tags_arg(tags, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            return await self._verified("onload", await self._run(self._onload_steps(wanted), state), verify, self._offloaded, state)
+            report = await self._run(onload_steps(self.rules, wanted), state)
+            return await self._verified("onload", report, verify, self.rules.offloaded, state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine and pause them; see ``Orchestrator.pause``."""
         state = self._loop_state()
         async with state.lock:
-            return await self._run(self._pause_steps(reason, mode), state)
+            return await self._run(pause_steps(self.rules, reason, mode), state)
 
     async def unpause(self, hold: HoldToken | str) -> TransitionReport:
         """Release one hold and continue the engines nothing else holds; see ``Orchestrator.unpause``."""
         state = self._loop_state()
         async with state.lock:
-            return await self._run(self._unpause_steps(hold), state)
+            return await self._run(unpause_steps(self.rules, hold), state)
 
     @asynccontextmanager
     async def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> AsyncIterator[list[A]]:
@@ -174,14 +188,14 @@ class AsyncOrchestrator(BarrierRules[A]):
         ``verify`` too)."""
         state = self._loop_state()
         async with state.lock:
-            report = await self._run(self._pause_steps(WEIGHT_SYNC_HOLD, mode), state)
+            report = await self._run(pause_steps(self.rules, WEIGHT_SYNC_HOLD, mode), state)
             self._bodies += 1
             state.idle.clear()
         token = report.hold
         assert token is not None
         inside = _IN_BODY.set(_IN_BODY.get() | {id(self)})
         try:
-            yield [self._engines[n] for n in token.engines]
+            yield [self.rules.engines[n] for n in token.engines]
         finally:
             with contextlib.suppress(ValueError):  # exited in another context than entered: nothing to undo there
                 _IN_BODY.reset(inside)
@@ -191,9 +205,9 @@ class AsyncOrchestrator(BarrierRules[A]):
             try:
                 ended = await self.unpause(token)
             except asyncio.CancelledError:  # cancelled again on the way out: the hold ends anyway, nothing more is sent
-                with self._lock:
+                with self.rules.lock:
                     for n in token.engines:
-                        self._unhold(n, token.id)
+                        unhold(self.rules, n, token.id)
                 raise
         await self._verified("weight_sync", ended, verify, token.engines, state)  # only after a body that returned
 
@@ -214,7 +228,7 @@ class AsyncOrchestrator(BarrierRules[A]):
             await run.wait()
             return run.results()
 
-        engines = {n: self._engines[n] for n in names if n not in self._retired}
+        engines = {n: self.rules.engines[n] for n in names if n not in self.rules.retired}
         deadline_s = self.deadlines.for_phase("verify")
         return await averify(transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s)
 
@@ -260,23 +274,23 @@ class AsyncOrchestrator(BarrierRules[A]):
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.
 
         Whatever stops it (cancellation, an observer raising while a step is
-        folded), the last step is handed to ``_abandon``.
+        folded), the last step is handed to ``fold.abandon``.
         """
         step: Step | None = None
         try:
-            with self._lock:
+            with self.rules.lock:
                 step = next(steps)
             while True:
                 await self._serve(step, state)
-                with self._lock:
+                with self.rules.lock:
                     step = steps.send(None)
         except StopIteration as stop:
             result: T = stop.value
             return result
         except BaseException as exc:
             if step is not None:
-                with self._lock:
-                    self._abandon(steps, step, exc)
+                with self.rules.lock:
+                    abandon(self.rules, steps, step, exc)
             raise
 
     async def _serve(self, step: Step, state: _LoopState) -> None:
@@ -289,6 +303,8 @@ class AsyncOrchestrator(BarrierRules[A]):
         elif isinstance(step, SettleCall):
             timeout = max(0.0, step.deadline.remaining())
             await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
+        elif isinstance(step, WaitCall):
+            await _asleep(self.clock, max(0.0, step.deadline.remaining()))
 
     @staticmethod
     async def _settle_one(step: SettleCall, name: str, call: LateCall, timeout: float) -> None:
@@ -298,3 +314,12 @@ class AsyncOrchestrator(BarrierRules[A]):
             landed, error = await asyncio.to_thread(call.wait, timeout)
         if landed:
             step.landed[name] = error
+
+
+async def _asleep(clock: Clock, seconds: float) -> None:
+    """Sleep on ``clock``: its ``asleep`` coroutine when it has one (``Clock``'s contract), else ``asyncio.sleep``."""
+    asleep = getattr(clock, "asleep", None)
+    if asleep is not None:
+        await asleep(seconds)
+    elif seconds > 0:
+        await asyncio.sleep(seconds)

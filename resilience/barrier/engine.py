@@ -6,7 +6,7 @@ so does any object with these methods, named and typed as here (a test fake,
 your own client). ``AsyncControlPlaneEngine`` is the same contract with
 ``async`` methods. The barrier reads nothing from what a call returns: a call
 that returns has been applied, one that raises is judged by its error
-(``resilience.barrier.outcome``). The names follow SGLang 0.5.23's HTTP routes
+(``resilience.barrier.effect``). The names follow SGLang 0.5.23's HTTP routes
 (``sglang/srt/entrypoints/http_server.py``).
 """
 

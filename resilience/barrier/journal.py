@@ -17,6 +17,11 @@ A record is one JSON object (framed and checksummed by the store,
 - ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``:
   the facts of the engines that changed, ``why`` says which step wrote it.
 
+An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}``
+in its facts (why they are unknown, ``knowledge.Doubt``). The key is optional, so
+version 1 stays: a reader without it ignores it, and a record without it (an older
+writer) reads as a doubt whose request may still be on its way (the safe reading).
+
 The journal is compacted (rewritten as a header and one full state record)
 every ``compact_after`` records.
 """
@@ -33,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore, unframe
-from resilience.barrier.knowledge import Effect, EngineKnowledge
+from resilience.barrier.knowledge import Doubt, Effect, EngineKnowledge
 from resilience.budget import RestartBudget, RestartRecord
 
 __all__ = [
@@ -65,8 +70,8 @@ def _me() -> dict[str, Any]:
 
 
 def facts_of(k: EngineKnowledge, *, retired: bool = False) -> dict[str, Any]:
-    """An engine's knowledge as JSON-ready facts (a late call becomes the name of its method)."""
-    return {
+    """An engine's knowledge as JSON-ready facts (a late call becomes the name of its method; a doubt, when tags are unknown)."""
+    facts: dict[str, Any] = {
         "paused": k.paused,
         "flushed": k.flushed,
         "pause_mode": k.pause_mode,
@@ -77,6 +82,9 @@ def facts_of(k: EngineKnowledge, *, retired: bool = False) -> dict[str, Any]:
         "in_flight": _in_flight(k),
         "retired": retired,
     }
+    if k.unknown and k.doubt is not None:
+        facts["doubt"] = {"method": k.doubt.method, "in_transit": k.doubt.in_transit, "delivery": k.doubt.delivery}
+    return facts
 
 
 def _in_flight(k: EngineKnowledge) -> dict[str, Any] | None:
@@ -102,9 +110,18 @@ def knowledge_from(name: str, facts: Mapping[str, Any]) -> EngineKnowledge:
         dead=facts.get("dead"),
         holds={int(i): str(r) for i, r in dict(facts.get("holds", {})).items()},
     )
+    doubt = facts.get("doubt")
+    if isinstance(doubt, Mapping):
+        method = doubt.get("method")
+        k.doubt = Doubt(None if method is None else str(method), bool(doubt.get("in_transit", True)), str(doubt.get("delivery", "")))
     call = facts.get("in_flight")
     if isinstance(call, Mapping):
-        k.apply(str(call.get("method")), dict(call.get("kwargs") or {}), Effect.MAYBE)
+        method = str(call.get("method"))
+        k.apply(method, dict(call.get("kwargs") or {}), Effect.MAYBE)
+        if k.unknown and method in ("release_memory_occupation", "resume_memory_occupation"):
+            k.doubt = Doubt(method, True, "in flight when the last controller stopped")
+    if k.unknown and k.doubt is None:
+        k.doubt = Doubt(None, True, "unknown in a journal that kept no reason")
     return k
 
 

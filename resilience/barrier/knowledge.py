@@ -16,6 +16,13 @@ An engine's state is not one label but a few facts, each known or unknown:
   ``release_memory_occupation``) and no endpoint reads that set; ``/server_info``'s
   ``memory_usage`` holds static sizes (``scheduler_components/internal_state.py``,
   ``_add_memory_usage``). See docs/failure-and-recovery.md.
+- ``doubt``: why the ``unknown`` tags are unknown (``Doubt``): which call left
+  them so and how its request ended. After a reset or read timeout after
+  sending, a 504, no delivery record or an interruption, the request may still
+  be on its way or running (``in_transit``): a memory probe's "as before" is
+  trusted only once ``PhaseDeadlines.in_transit_s`` has passed; its "applied"
+  at once. After a gateway's 502 or 503 the gateway answered for it: both are
+  trusted at once (the rule of ``adapters/sglang_memory.py``'s ``MemoryProbeCheck``).
 - ``dead``: why the engine stopped answering, or None.
 - ``in_flight``: a call still running past its phase deadline. Nothing is sent
   to the engine until it lands (it could undo a later command), and the facts it
@@ -43,7 +50,9 @@ from typing import Any, Protocol
 
 from resilience.barrier.engine import ALL_TAGS
 
-__all__ = ["Effect", "EngineKnowledge", "EngineState", "Facts", "InFlight", "LateCall", "Pending", "tags_of"]
+__all__ = ["Doubt", "Effect", "EngineKnowledge", "EngineState", "Facts", "InFlight", "LateCall", "Pending", "tags_of"]
+
+RELEASE, RESUME = "release_memory_occupation", "resume_memory_occupation"
 
 class EngineState(enum.StrEnum):
     """A one-word summary of an engine's knowledge (for events, ``states()`` and messages)."""
@@ -67,7 +76,7 @@ class EngineState(enum.StrEnum):
 
 
 class Effect(enum.StrEnum):
-    """What one control call did to the engine, as far as the barrier can tell (``resilience.barrier.outcome.effect_of``)."""
+    """What one control call did to the engine, as far as the barrier can tell (``resilience.barrier.effect.effect_of``)."""
 
     APPLIED = "applied"
     NOT_APPLIED = "not_applied"
@@ -118,6 +127,33 @@ class Facts:
 
 
 @dataclass(frozen=True, slots=True)
+class Doubt:
+    """Why an engine's ``unknown`` tags are unknown: the call that left them so, and how its request ended.
+
+    ``method``: the release or resume (None: not known, e.g. a journal written before doubts were kept).
+    ``in_transit``: the request may still be on its way or running (a reset or read timeout after sending,
+    a 504, no delivery record, an interruption, a controller that died with it in flight); False only
+    when a gateway's 502 or 503 answered for every attempt that may have reached the engine.
+    ``delivery``: that, in words. ``since``: the orchestrator clock's ``monotonic()`` when the answer
+    came (for a journal resumed: when it was resumed, so the grace starts again).
+    """
+
+    method: str | None
+    in_transit: bool
+    delivery: str
+    since: float = 0.0
+
+    def proves_applied(self, unknown: frozenset[str], released: frozenset[str]) -> bool:
+        """A probe that says ``released`` proves the call was applied (a release's tags all released, a resume's all back):
+        trusted at once, since nothing on its way can undo that."""
+        if self.method == RELEASE:
+            return unknown <= released
+        if self.method == RESUME:
+            return not unknown & released
+        return False
+
+
+@dataclass(frozen=True, slots=True)
 class Pending:
     """A call marked in flight by ``EngineKnowledge.mark``: what it is, and the facts before it."""
 
@@ -138,6 +174,8 @@ class EngineKnowledge:
     released: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)
     dead: str | None = None
+    doubt: Doubt | None = None
+    """Why ``unknown`` is not empty (meaningless once it is); see ``Doubt``."""
     in_flight: InFlight | None = None
     pending: Pending | None = None
     """A call marked in flight (write-ahead) and not settled yet; its facts are already where a "maybe" leaves them."""
@@ -205,6 +243,9 @@ class EngineKnowledge:
             parts.append(f"a {self.pending.method} is in flight")
         if self.unknown:
             parts.append(f"quarantined: may have released {', '.join(sorted(self.unknown))} (reconcile or retire it)")
+            doubt = self.doubt
+            if doubt is not None and doubt.in_transit:
+                parts.append(f"its {doubt.method or 'last call'} may still be on its way ({doubt.delivery})")
         if self.released:
             parts.append(f"released {', '.join(sorted(self.released))}")
         if self.paused is None:
@@ -309,5 +350,5 @@ class EngineKnowledge:
     def reconcile(self, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """The caller's word on the engine's real state: ``released`` (None = leave tags as they are), ``paused``."""
         if released is not None:
-            self.released, self.unknown = set(released), set()
+            self.released, self.unknown, self.doubt = set(released), set(), None
         self.paused, self.flushed, self.pause_mode, self.dead = paused, False, None, None

@@ -28,8 +28,10 @@ so far on the error, so calls still running are waited for later). With a
 ``memory_probe``, an engine whose tags became unknown is reconciled from the
 probe instead of staying quarantined.
 
-The rules live in ``resilience.barrier.rules`` (shared with ``AsyncOrchestrator``);
-this module drives them from the caller's thread, through a ``FanOut``.
+The orchestrator holds its rules (``BarrierRules``, ``.rules``: the engines and
+what it knows of them) and drives the transitions, written once as steps in
+``resilience.barrier.offload``/``onload``/``pauses`` (shared with
+``AsyncOrchestrator``), from the caller's thread, through a ``FanOut``.
 """
 
 from __future__ import annotations
@@ -41,15 +43,24 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal, TypeVar
 
+from resilience.barrier.args import offload_args, tags_arg
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.engine import AnyEngine, PauseMode
 from resilience.barrier.fanout import FanOut, ThreadFanOut
+from resilience.barrier.fold import abandon
+from resilience.barrier.holds import WEIGHT_SYNC_HOLD
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.rules import WEIGHT_SYNC_HOLD, BarrierRules, PhaseCall, SettleCall, Step, Steps, offload_args, tags_arg
+from resilience.barrier.offload import offload_steps
+from resilience.barrier.onload import onload_steps
+from resilience.barrier.pauses import pause_steps, unpause_steps
+from resilience.barrier.recovery import reconcile, resume, retire
+from resilience.barrier.rules import BarrierRules
+from resilience.barrier.steps import PhaseCall, SettleCall, Step, Steps, WaitCall
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.barrier.verify import EngineCheck
 from resilience.barrier.verify import verify as verify_engines
+from resilience.barrier.view import BarrierView
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.events import Observer
@@ -68,7 +79,7 @@ def default_fanout(engines: Iterable[object]) -> FanOut:
     return ThreadFanOut()
 
 
-class Orchestrator(BarrierRules[E]):
+class Orchestrator(BarrierView[E]):
     """Drives phases across engine groups with owned pauses, explicit knowledge and rollback.
 
     ``groups``: one ``EngineGroup`` or several. Engines are anything that
@@ -99,6 +110,9 @@ class Orchestrator(BarrierRules[E]):
     None: knowledge lives in memory only). ``recovery`` then says what was
     resumed; ``close()`` lets go of the journal.
 
+    It holds its rules (``rules``, a ``BarrierRules``); the queries and the
+    attributes above read them (``BarrierView``).
+
     Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
     concurrently with each other (each holds its own token), and ``offload``/
     ``onload`` wait for every running body to end (up to ``transition_s``)
@@ -118,8 +132,9 @@ class Orchestrator(BarrierRules[E]):
         memory_probe: MemoryProbe | None = None,
         journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(
+        self.rules: BarrierRules[E] = BarrierRules(
             groups,
+            owner="Orchestrator",
             observers=observers,
             deadlines=deadlines,
             restart_budget=restart_budget,
@@ -128,12 +143,13 @@ class Orchestrator(BarrierRules[E]):
             memory_probe=memory_probe,
             journal=journal,
         )
-        self.fanout: FanOut = fanout if fanout is not None else default_fanout(self._engines.values())
+        engines = self.rules.engines
+        self.fanout: FanOut = fanout if fanout is not None else default_fanout(engines.values())
         check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
         if check is not None:  # the fan-out says which engines it can drive, before anything is sent
-            check(self._engines.values())
-        self._resume()
-        self._bodies_ended = threading.Condition(self._lock)
+            check(engines.values())
+        resume(self.rules)
+        self._bodies_ended = threading.Condition(self.rules.lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""
 
@@ -141,7 +157,7 @@ class Orchestrator(BarrierRules[E]):
 
     def retire(self, engine: str | E) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
-        self._retire(engine)
+        retire(self.rules, engine)
 
     def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
@@ -156,7 +172,7 @@ class Orchestrator(BarrierRules[E]):
         earlier is still running (reconcile after it lands: it could change the
         state you report).
         """
-        self._reconcile(engine, released=released, paused=paused)
+        reconcile(self.rules, engine, released=released, paused=paused)
 
     # -- transitions -------------------------------------------------------------
 
@@ -171,9 +187,9 @@ class Orchestrator(BarrierRules[E]):
         so flush would fail. Waits for running ``weight_sync`` bodies first.
         """
         wanted = offload_args(tags, mode)
-        with self._lock:
+        with self.rules.lock:
             self._wait_for_bodies("offload")
-            return self._run(self._offload_steps(wanted, mode))
+            return self._run(offload_steps(self.rules, wanted, mode))
 
     def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
@@ -188,9 +204,9 @@ class Orchestrator(BarrierRules[E]):
         default none); a mismatch raises ``VerificationFailed`` naming the engine.
         """
         wanted = tags_arg(tags, "onload")
-        with self._lock:
+        with self.rules.lock:
             self._wait_for_bodies("onload")
-            return self._verified("onload", self._run(self._onload_steps(wanted)), verify, self._offloaded)
+            return self._verified("onload", self._run(onload_steps(self.rules, wanted)), verify, self.rules.offloaded)
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -201,14 +217,14 @@ class Orchestrator(BarrierRules[E]):
         quarantined or busy with a late call; on a failed pause the hold is
         released and the engines it paused are continued where safe.
         """
-        with self._lock:
-            return self._run(self._pause_steps(reason, mode))
+        with self.rules.lock:
+            return self._run(pause_steps(self.rules, reason, mode))
 
     def unpause(self, hold: HoldToken | str) -> TransitionReport:
         """Release one hold (a token from ``pause``, or the latest hold with that reason); continue the engines it held
         that no other hold keeps paused and whose memory is back."""
-        with self._lock:
-            return self._run(self._unpause_steps(hold))
+        with self.rules.lock:
+            return self._run(unpause_steps(self.rules, hold))
 
     @contextmanager
     def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> Iterator[list[E]]:
@@ -224,15 +240,15 @@ class Orchestrator(BarrierRules[E]):
         raises ``VerificationFailed`` naming the engine.
         """
         me = threading.get_ident()
-        with self._lock:
-            report = self._run(self._pause_steps(WEIGHT_SYNC_HOLD, mode))
+        with self.rules.lock:
+            report = self._run(pause_steps(self.rules, WEIGHT_SYNC_HOLD, mode))
             self._bodies[me] = self._bodies.get(me, 0) + 1
         token = report.hold
         assert token is not None
         try:
-            yield [self._engines[n] for n in token.engines]
+            yield [self.rules.engines[n] for n in token.engines]
         finally:
-            with self._lock:
+            with self.rules.lock:
                 self._bodies[me] -= 1
                 if not self._bodies[me]:
                     del self._bodies[me]
@@ -246,7 +262,7 @@ class Orchestrator(BarrierRules[E]):
         """``report`` once ``checks`` passed on the engines ``names`` (not retired), read through the fan-out."""
         if not checks:
             return report
-        engines = {n: self._engines[n] for n in names if n not in self._retired}
+        engines = {n: self.rules.engines[n] for n in names if n not in self.rules.retired}
         deadline_s = self.deadlines.for_phase("verify")
         return verify_engines(
             transition, report, checks, engines, not_serving=self.not_serving(), send=self.fanout.call, deadline_s=deadline_s
@@ -258,7 +274,7 @@ class Orchestrator(BarrierRules[E]):
         """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.
 
         Whatever stops it (the fan-out raising, an interruption, an observer
-        raising while a step is folded), the last step is handed to ``_abandon``.
+        raising while a step is folded), the last step is handed to ``fold.abandon``.
         """
         step: Step | None = None
         try:
@@ -271,7 +287,7 @@ class Orchestrator(BarrierRules[E]):
             return result
         except BaseException as exc:
             if step is not None:
-                self._abandon(steps, step, exc)
+                abandon(self.rules, steps, step, exc)
             raise
 
     def _serve(self, step: Step) -> None:
@@ -282,6 +298,8 @@ class Orchestrator(BarrierRules[E]):
                 landed, error = call.wait(max(0.0, step.deadline.remaining()))
                 if landed:
                     step.landed[name] = error
+        elif isinstance(step, WaitCall):
+            self.clock.sleep(max(0.0, step.deadline.remaining()))
 
     def _wait_for_bodies(self, transition: str) -> None:
         """Exclusion: wait (up to ``transition_s``) until no ``weight_sync`` body runs; called under the lock."""

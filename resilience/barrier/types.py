@@ -59,12 +59,32 @@ class PhaseDeadlines:
     release_s: float = 150.0
     resume_s: float = 150.0
     continue_s: float = 60.0
+    in_transit_s: float | None = None
+    """How long after an ambiguous release or resume whose request may still be on its way (a reset or read timeout
+    after sending, a 504, no delivery record, an interruption) a memory probe's "as before" is trusted: until then a
+    late arrival could still apply it, so the engine stays quarantined (the probe's "applied" is trusted at once).
+    The start of each transition waits out what is left of it, up to the settle limit (``continue_s``), and asks
+    again. Default None: the deadline of the call's own phase (``release_s`` or ``resume_s``), the longest the
+    barrier lets such a call run. 0 trusts the probe at once (the race this closes comes back)."""
 
     def __post_init__(self) -> None:
         for name in ("transition_s", "pause_s", "flush_s", "release_s", "resume_s", "continue_s"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"PhaseDeadlines.{name} must be > 0, but was {value!r}")
+        if self.in_transit_s is not None and not self.in_transit_s >= 0:
+            raise ValueError(f"PhaseDeadlines.in_transit_s must be >= 0 or None, but was {self.in_transit_s!r}")
+
+    def in_transit_for(self, method: str | None) -> float:
+        """The grace of a release or resume that may still be on its way (``in_transit_s``; None: its phase's deadline,
+        the longer of the two when the method is not known)."""
+        if self.in_transit_s is not None:
+            return float(self.in_transit_s)
+        if method == "release_memory_occupation":
+            return float(self.release_s)
+        if method == "resume_memory_occupation":
+            return float(self.resume_s)
+        return float(max(self.release_s, self.resume_s))
 
     def for_phase(self, phase: str) -> float:
         """The cap of one phase (rollback and settle phases use the continue cap)."""

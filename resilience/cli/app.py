@@ -11,21 +11,35 @@ Subcommands::
     cpr journal     show a barrier journal (what a restarted controller would resume from)
 
 Bad input to any subcommand is one line on stderr and a non-zero exit (2 for
-bad arguments), never a traceback. Heavy imports (rich, matplotlib, torch,
+bad arguments), never a traceback. Abbreviated flags are refused. A closed output
+pipe (``cpr demo | head -2``) ends the command quietly with status 141, what a shell
+reports for a program that SIGPIPE ended (see :data:`CLOSED_PIPE_EXIT`). Heavy imports (rich, matplotlib, torch,
 telemetry) happen inside the subcommand that needs them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from typing import get_args
 
 import resilience
 from resilience.cli.common import CliError, OneLineParser, non_negative_int, port_number, positive_float, positive_int
+from resilience.testing.faultplan import FaultKind
 
-__all__ = ["build_parser", "main"]
+__all__ = ["CLOSED_PIPE_EXIT", "build_parser", "main"]
+
+CLOSED_PIPE_EXIT = 128 + signal.SIGPIPE
+"""Exit status when the reader of stdout or stderr went away (``cpr demo | head -2``): 141.
+
+Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError; the Python docs' note on
+SIGPIPE exits 1, which reads as a failure of the command itself. 141 (128 + SIGPIPE) is what a shell
+reports for ``yes | head -1`` and every other tool that SIGPIPE ends: a pipeline with
+``set -o pipefail`` treats ``cpr`` as it treats them, and no message is printed (there is no one to read it)."""
 
 _DEMO_SEED = 1
 """The demo's default seed (any seed tells the same story; the same seed injects the same faults)."""
@@ -34,12 +48,15 @@ _DEMO_SEED = 1
 _EXAMPLES = """examples:
   cpr demo                                   8 engines, 20 steps, the old way and ours side by side
   cpr demo --timeline timeline.png           ... and draw one offload/onload across engines (.png or .html)
+  cpr demo --router smg                      behind a real smg gateway: smg's own client vs ours
   cpr soak --engines 8 --steps 1000          a long run of ours; is memory flat?
   cpr probe http://127.0.0.1:30000 http://127.0.0.1:30001 --timeout 3
   cpr journal show run.journal               what a restarted controller would resume from
   cpr policies --file my-policies.toml       validate a policy file and show its table
   cpr emulate --port 30000                   one emulated SGLang engine for your own tests
   cpr emulate --engines 64                   64 engines forked from one process, their URLs printed as a list
+  cpr emulate --engines 4 --fault-plan plan.yaml
+                                             4 engines, each behind a fault proxy playing plan.yaml (the proxies' URLs printed)
 """
 
 
@@ -59,9 +76,24 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         "--traces",
         choices=("off", "console", "otlp"),
         default="off",
-        help="OpenTelemetry spans: console (stderr) or otlp (endpoint from OTEL_EXPORTER_OTLP_* variables); default off",
+        help="OpenTelemetry spans: console (one JSON object per span per line, into --traces-file, not into the progress) "
+        "or otlp (to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318; "
+        "an unreachable collector is an error before the run); default off",
+    )
+    p.add_argument(
+        "--traces-file",
+        default="cpr-demo-spans.jsonl",
+        metavar="FILE",
+        help="where --traces console writes its spans, one JSON object per line (default: %(default)s)",
     )
     p.add_argument("--timeline", metavar="FILE", help="draw the offload/onload timeline across engines: .png or .html")
+    p.add_argument(
+        "--router",
+        choices=("none", "smg"),
+        default="none",
+        help="smg: run the steps behind a real smg gateway, smg's own client vs ours direct and through SmgFanOut "
+        "(needs the [smg] extra); default none",
+    )
 
 
 def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
@@ -73,8 +105,20 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     )
     p.add_argument("--engines", type=positive_int, default=8, help="emulated engines (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=100, help="colocate steps (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the faults and straggler timing (default: %(default)s)")
-    p.add_argument("--fault-plan", metavar="FILE", help="a fault plan (.toml, .yaml, .json) instead of the demo plan")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the faults and straggler timing; with --fault-plan, of the straggler timing only (the plan has its "
+        "own seed) (default: 0, or the --fault-plan's seed)",
+    )
+    p.add_argument(
+        "--fault-plan",
+        metavar="FILE",
+        help="a fault plan instead of the soak's own: .toml, .yaml or .json with `seed`, optional `max_streak` and `rules`, "
+        f"each rule a `path` and a `kind` ({', '.join(get_args(FaultKind))}) with its fields "
+        "(see resilience.testing.faults.FaultRule)",
+    )
     p.add_argument("--way", choices=("ours", "old"), default="ours", help="which loop to run (default: %(default)s)")
     p.add_argument(
         "--restart-every",
@@ -192,10 +236,35 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise CliError(f"unknown command {args.command!r}", 2)
 
 
+def _quiet_after_closed_pipe() -> int:
+    """Point stdout and stderr at /dev/null (so the interpreter's last flush has nowhere to fail) and return 141."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # a stream without a file descriptor
+                os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+    return CLOSED_PIPE_EXIT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``cpr`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    """Run ``cpr`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status (141 when the output pipe closed)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _quiet_after_closed_pipe()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["emulate"]:
+        from resilience.testing.emulator.server import engine_kind
+
+        if engine_kind(args_list[1:]) == "vllm":
+            from resilience.cli.emulate_vllm import run_emulate_vllm
+
+            return run_emulate_vllm(args_list[1:])
         from resilience.cli.emulate import run_emulate
 
         return run_emulate(args_list[1:])
@@ -218,10 +287,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away: main() ends quietly
+        raise
     except Exception as exc:  # a bug or an environment problem: still one line, the traceback only on request
         if os.environ.get("CPR_DEBUG"):
             raise
         text = " ".join(str(exc).split())[:300]
         print(f"{prog}: error: {type(exc).__name__}: {text} (set CPR_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
-

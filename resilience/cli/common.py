@@ -40,7 +40,16 @@ class CliError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (``prog: error: ... (see prog --help)``), exit 2."""
+    """An ArgumentParser whose errors are one line (``prog: error: ... (see prog --help)``), exit 2.
+
+    Abbreviated long flags are refused (``allow_abbrev=False`` unless asked): ``cpr demo --engine 2``
+    must not quietly run as ``--engines 2``, and a flag added later must not change what an old
+    abbreviation meant.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print one line on stderr and exit 2 (argparse prints the usage too; that is noise here)."""

@@ -28,9 +28,10 @@ from pathlib import Path
 
 from resilience.budget import RestartBudget
 from resilience.cli.common import CliError, check_output_file, plural, write_json
+from resilience.cli.errors_text import safe_url, short_error
 from resilience.cli.fleet import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli.story import death_causes, story
+from resilience.cli.story import death_causes, rates_note, story
 from resilience.cli.timeline import StepTimeline, TimelineRecorder, write_timeline
 from resilience.cli.watch import StepWatch
 from resilience.testing.colocate import BASELINE, RESILIENT, ColocateConfig, ColocateReport, LoopKind, StepProgress, demo_policies
@@ -85,9 +86,11 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
             budget = RestartBudget(config.restart_limit)
             telemetry.metrics.publish_restart_budget(budget)
             recorder = TimelineRecorder(title, runner.fleet)
+            labels: dict[str, str] = {}  # base URL -> "engine i": how a failed step's line names engines
 
-            def attach(proxies: list[FaultProxy], recorder: TimelineRecorder = recorder) -> None:
+            def attach(proxies: list[FaultProxy], recorder: TimelineRecorder = recorder, labels: dict[str, str] = labels) -> None:
                 recorder.attach(proxies)
+                labels.update(runner.labels(proxies))
                 # the breaker panel says "closed" (and the rare-event counters 0) before the first call
                 telemetry.metrics.declare(engines=[p.url for p in proxies], endpoints=[key for key, _ in demo_policies()])
 
@@ -98,7 +101,10 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
                 ui.note(title, text)
 
             with StepWatch(runner.fleet, say) as watch:
-                progress = _chain(watch, ui.run_progress(title, config.steps, budget_note), recorder)
+                def relabel(_p: StepProgress, recorder: TimelineRecorder = recorder, labels: dict[str, str] = labels) -> None:
+                    labels.update(runner.labels(recorder.proxies))  # a restarted engine may serve on a new port
+
+                progress = _chain(watch, relabel, ui.run_progress(title, config.steps, budget_note, labels), recorder)
                 run = runner.run(
                     kind,
                     config,
@@ -125,31 +131,42 @@ def run_demo(args: argparse.Namespace) -> int:
     On Ctrl-C after a run finished, the table, report (and timeline) of the finished runs are still
     written, and the exit status is 130.
     """
+    if getattr(args, "router", "none") == "smg":
+        from resilience.cli.demo_smg import run_smg_demo
+
+        return run_smg_demo(args)
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     timeline_path = check_output_file(Path(args.timeline), "--timeline", (".png", ".html", ".htm")) if args.timeline else None
+    spans_path = check_output_file(Path(args.traces_file), "--traces-file") if args.traces == "console" else None
     plan = demo_plan(args.seed)
     t_start = time.monotonic()
-    telemetry: Telemetry = start_telemetry(args.metrics_port, args.traces)
+    telemetry: Telemetry = start_telemetry(args.metrics_port, args.traces, spans_path)
     out = _Results()
     interrupted = False
+    said: list[str] = []
     try:
         with RunProgress() as ui:
             ui.print(f"metrics: {telemetry.metrics_url} (served while the demo runs)")
-            if args.traces != "off":
-                ui.print(f"traces: {args.traces}")
+            if args.traces == "console":
+                ui.print(f"traces: one JSON object per span into {spans_path} (not into this progress)")
+            elif args.traces == "otlp":
+                from resilience.cli.traces import otlp_endpoint
+
+                ui.print(f"traces: OTLP to {safe_url(otlp_endpoint())} (a collector answered)")
             _run_loops(args, ui, telemetry, plan, out)
     except KeyboardInterrupt:
         if not out.reports:
             raise
         interrupted = True
     finally:
-        telemetry.close()
+        said = telemetry.close()
     done = out.done()
     rows = comparison_rows([out.reports[kind] for kind, _ in done])
     columns = ["", *(title for _, title in done)]
     told = story({kind: out.reports[kind] for kind, _ in done}, out.causes, dict(LOOPS))
     caption = (
-        f"{args.engines} engines, {args.steps} steps, seed {args.seed}: 502s (and resets) on every per-step control call, "
+        f"{plural(args.engines, 'engine')}, {plural(args.steps, 'step')}, seed {args.seed}: "
+        "502s (and resets) on every per-step control call, "
         f"slow swaps; a reset or read timeout after the engine acted on each engine's first release and on {DEMO_AMBIGUOUS:.0%} "
         "of releases, resumes and continues; restart budget 3 (the seed's max_global_restart). Then one step more, "
         "without faults, whose controller dies while the engines train and a new one runs it again from its offload"
@@ -157,11 +174,16 @@ def run_demo(args: argparse.Namespace) -> int:
     console = make_console()
     heading = "cpr demo: colocated RL steps, the old way and ours" + (" (interrupted: finished ways only)" if interrupted else "")
     console.print(rich_table(heading, columns, rows, caption=caption))
+    note = rates_note({kind: out.reports[kind] for kind, _ in done}, dict(LOOPS))
+    if note:
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     console.print(told, markup=False, highlight=False, soft_wrap=True)
     drawn = [out.timelines[kind] for kind, _ in done if kind in out.timelines]
     if timeline_path is not None and drawn:
         write_timeline(timeline_path, drawn)
         console.print(f"timeline: {timeline_path}", markup=False, highlight=False)
+    for line in said:  # traces: how many spans went where
+        console.print(line, markup=False, highlight=False)
     data = {
         "command": "demo",
         "seed": args.seed,
@@ -173,9 +195,11 @@ def run_demo(args: argparse.Namespace) -> int:
         "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
         "controller_restart": {kind: out.restarts[kind].to_dict() for kind, _ in done if kind in out.restarts},
         "story": told,
+        "rates_note": note,
         "table": {"columns": columns, "rows": rows},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},
         "traces": args.traces,
+        "traces_file": str(spans_path) if spans_path is not None else None,
         "timeline": {"file": str(timeline_path) if timeline_path and drawn else None, "steps": [t.to_dict() for t in drawn]},
         "wall_s": round(time.monotonic() - t_start, 3),
     }
@@ -188,5 +212,6 @@ def run_demo(args: argparse.Namespace) -> int:
     resilient = out.reports[RESILIENT]
     if resilient.failed_steps or resilient.engine_deaths:
         failed, deaths = plural(resilient.failed_steps, "step"), plural(resilient.engine_deaths, "engine death")
-        raise CliError(f"ours failed {failed} with {deaths}: {resilient.failures[:1]}")
+        first = short_error(resilient.failures[0]) if resilient.failures else "no error recorded"
+        raise CliError(f"ours failed {failed} with {deaths}; the first: {first}")
     return 0

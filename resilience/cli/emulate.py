@@ -1,56 +1,137 @@
-"""``cpr emulate``: run emulated SGLang engines, checking the arguments with the emulator's own parser first."""
+"""``cpr emulate``: run emulated SGLang engines, checking the arguments with the emulator's own parser first.
+
+Without ``--fault-plan`` the emulator serves as ``python -m resilience.testing.emulator`` does. With
+``--fault-plan FILE`` each engine gets a :class:`~resilience.testing.faults.FaultProxy` on 127.0.0.1
+in front of it, playing the plan: the ``EMULATOR READY <url>`` lines on stdout give the proxies' URLs
+(what a client under test should use), and stderr lists each engine's own URL beside its proxy's.
+``--port P`` then puts the proxies on P, P+1, ... (the engines take free ports). SIGINT or SIGTERM
+stops the proxies, then the engines, by PID.
+"""
 
 from __future__ import annotations
 
+import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
 
-from resilience.cli.common import OneLineParser
+from resilience.cli.common import OneLineParser, plural
+
+if TYPE_CHECKING:
+    from resilience.testing.emulator import EngineConfig
 
 __all__ = ["run_emulate"]
 
+_WATCH_S = 0.5
+"""How often the proxied fleet looks for engines that died (each is reported once)."""
 
-def run_emulate(argv: Sequence[str]) -> int:
-    """Check ``argv`` with the emulator's own parser (errors in one line, exit 2), then hand over to it."""
-    from resilience.testing.emulator.server import engine_kind
 
-    if engine_kind(argv) == "vllm":
-        return _run_vllm_emulate(argv)
-    from resilience.testing.emulator import main as emulator_main
-    from resilience.testing.emulator.config import config_from_namespace
+def _parser() -> argparse.ArgumentParser:
     from resilience.testing.emulator.server import build_parser as emulator_parser
 
     parser = emulator_parser("cpr emulate")
     parser.__class__ = OneLineParser  # same parser, one-line errors
+    parser.add_argument(
+        "--fault-plan",
+        metavar="FILE",
+        help="put a fault proxy on 127.0.0.1 in front of each engine, playing the fault plan FILE (.toml, .yaml, .json: "
+        "a seed and rules, see resilience.testing.faults.FaultPlan); the READY lines then give the proxies' URLs and "
+        "--port P puts the proxies on P, P+1, ... (default: no proxy)",
+    )
+    return parser
+
+
+def run_emulate(argv: Sequence[str]) -> int:
+    """Check ``argv`` with the emulator's own parser (errors in one line, exit 2), then hand over to it (or serve behind proxies)."""
+    from resilience.testing.emulator import main as emulator_main
+    from resilience.testing.emulator.config import config_from_namespace
+
+    parser = _parser()
     try:
         args = parser.parse_args(list(argv))
-        config_from_namespace(args)
+        config = config_from_namespace(args)
         if not 0 <= args.port <= 65535:
             parser.error(f"argument --port: must be a port number 0..65535, but was {args.port}")
+        if args.fault_plan is not None:
+            for flag, given in (("--host", args.host != "127.0.0.1"), ("--exit-with-parent", args.exit_with_parent is not None)):
+                if given:
+                    parser.error(f"argument --fault-plan: not with {flag} (the proxied engines serve on 127.0.0.1 until a signal)")
+            if args.engines < 1 or (args.port and args.port + args.engines - 1 > 65535):
+                parser.error(f"argument --engines: must be >= 1 and fit ports {args.port}.. below 65536, but was {args.engines}")
     except SystemExit as exc:  # --help, or a one-line argument error
         return exc.code if isinstance(exc.code, int) else 0
     except ValueError as exc:
         print(f"cpr emulate: error: {exc}", file=sys.stderr)
         return 2
-    return emulator_main(list(argv), prog="cpr emulate")
+    if args.fault_plan is None:
+        return emulator_main(list(argv), prog="cpr emulate")
+    return _serve_behind_proxies(args, config)
 
 
-def _run_vllm_emulate(argv: Sequence[str]) -> int:
-    """``cpr emulate --engine vllm``: the vLLM emulator's own parser and flags (vLLM's names), errors in one line, exit 2."""
-    from resilience.testing.emulator.server import main as emulator_main
-    from resilience.testing.emulator.vllm.config import vllm_config_from_namespace
-    from resilience.testing.emulator.vllm.server import build_parser
+def _serve_behind_proxies(args: argparse.Namespace, config: EngineConfig) -> int:
+    """Start ``args.engines`` engines and a fault proxy in front of each; serve until SIGINT/SIGTERM."""
+    from resilience.testing.emulator import EmulatedFleet, EmulatorStartError
+    from resilience.testing.emulator.ready import READY_PREFIX
+    from resilience.testing.emulator.serve_many import ProgressPrinter
+    from resilience.testing.faults import FaultPlan, FaultPlanError, FaultProxy
 
-    parser = build_parser("cpr emulate")
-    parser.__class__ = OneLineParser  # same parser, one-line errors
     try:
-        args = parser.parse_args(list(argv))
-        vllm_config_from_namespace(args).resolved_dev_mode()  # a bad VLLM_SERVER_DEV_MODE is named too
-        if not 0 <= args.port <= 65535:
-            parser.error(f"argument --port: must be a port number 0..65535, but was {args.port}")
-    except SystemExit as exc:  # --help, or a one-line argument error
-        return exc.code if isinstance(exc.code, int) else 0
-    except ValueError as exc:
-        print(f"cpr emulate: error: {exc}", file=sys.stderr)
-        return 2
-    return emulator_main(list(argv), prog="cpr emulate")
+        plan = FaultPlan.load(args.fault_plan)
+    except FaultPlanError as exc:
+        print(f"cpr emulate: error: bad --fault-plan: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def on_signal(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    fleet = EmulatedFleet(
+        args.engines,
+        config,
+        startup_timeout=args.startup_timeout,
+        progress=ProgressPrinter(),
+        log_level=args.log_level,
+        memory_state_dir=args.memory_state_dir,
+    )
+    proxies: list[FaultProxy] = []
+    try:
+        try:
+            fleet.start()
+        except EmulatorStartError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"cpr emulate: error: the engines did not start: {first}", file=sys.stderr)
+            return 1
+        for engine in fleet.engines:
+            proxy = FaultProxy(engine.direct_url, plan, engine.index, port=args.port + engine.index if args.port else 0)
+            proxies.append(proxy)
+            try:
+                proxy.start()
+            except OSError as exc:
+                print(f"cpr emulate: error: cannot listen on 127.0.0.1:{args.port + engine.index}: {exc.strerror or exc}", file=sys.stderr)
+                return 1
+        rules = plural(len(plan.rules), "rule")
+        print(f"fault plan {args.fault_plan}: seed {plan.seed}, {rules}", file=sys.stderr)
+        for engine, proxy in zip(fleet.engines, proxies, strict=True):
+            print(f"engine {engine.index}: {engine.direct_url} behind fault proxy {proxy.url}", file=sys.stderr)
+        for proxy in proxies:
+            print(f"{READY_PREFIX}{proxy.url}")
+        sys.stdout.flush()
+        reported: set[int] = set()
+        while not stop.wait(_WATCH_S):  # until SIGINT/SIGTERM
+            for engine in fleet.engines:
+                if engine.index not in reported and not engine.alive():
+                    reported.add(engine.index)
+                    print(f"engine {engine.index} ({engine.direct_url}) exited with {engine.returncode}", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        try:
+            for proxy in proxies:
+                proxy.stop()
+        finally:
+            fleet.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

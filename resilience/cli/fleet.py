@@ -10,10 +10,10 @@ again when a run ends. Everything started here is stopped by PID on exit.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +149,16 @@ class FleetRunner:
         """The engine processes' PIDs right now (a restarted engine has a new one)."""
         return [e.pid for e in self.fleet.engines]
 
+    def labels(self, proxies: Sequence[FaultProxy] = ()) -> dict[str, str]:
+        """``{base URL: "engine i"}`` for each engine's own URL and its proxy's (``proxies`` in engine order): how
+        ``short_error`` names engines. Read again after a restart: a restarted engine may serve on a new port."""
+        from resilience.cli.errors_text import engine_labels
+
+        urls = {e.index: [e.direct_url] for e in self.fleet.engines}
+        for i, proxy in enumerate(proxies):
+            urls[i].append(proxy.url)
+        return engine_labels(urls)
+
     def memory_pids(self) -> list[int]:
         """Every process the engines cost memory in: the engines and the zygote they are forked from."""
         zygote = self.fleet.zygote_pid
@@ -215,16 +225,6 @@ class FleetRunner:
 # -- telemetry --------------------------------------------------------------------------------
 
 
-class _CurrentStderr:
-    """A stream that writes to whatever ``sys.stderr`` is now (rich's live display swaps it)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-
 @dataclass
 class Telemetry:
     """The observers of a run and what must be stopped afterwards."""
@@ -235,40 +235,38 @@ class Telemetry:
     """The ``MetricsObserver`` (its ``registry`` is served at :attr:`metrics_url`)."""
     metrics_url: str
     """``http://127.0.0.1:<port>/metrics``."""
-    _closers: list[Callable[[], None]]
+    _closers: list[Callable[[], str | None]]
 
-    def close(self) -> None:
-        """Flush traces and stop the metrics server; every closer runs even when one fails."""
-        errors = []
+    def close(self) -> list[str]:
+        """Flush traces and stop the metrics server; every closer runs even when one fails.
+
+        Returns what the closers had to say (``traces: 1830 spans written to ...``), for the caller to print.
+        """
+        errors, said = [], []
         for closer in reversed(self._closers):
             try:
-                closer()
+                line = closer()
             except Exception as exc:  # a collector that went away must not hide the run's result
                 errors.append(exc)
+                continue
+            if line:
+                said.append(line)
         self._closers.clear()
         if errors:
             print(f"warning: telemetry shutdown: {type(errors[0]).__name__}: {errors[0]}", file=sys.stderr)
+        return said
 
 
-def _tracer_provider(kind: str) -> tuple[Any, Callable[[], None]]:
-    sdk_trace = need("opentelemetry.sdk.trace", "otel", "--traces")
-    export = need("opentelemetry.sdk.trace.export", "otel", "--traces")
-    resources = need("opentelemetry.sdk.resources", "otel", "--traces")
-    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "cpr"}
-    provider = sdk_trace.TracerProvider(resource=resources.Resource.create(attributes))
-    if kind == "console":
-        exporter = export.ConsoleSpanExporter(out=_CurrentStderr())
-    else:  # otlp: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, _HEADERS, _TIMEOUT are read by the exporter itself
-        otlp = need("opentelemetry.exporter.otlp.proto.http.trace_exporter", "otel", "--traces otlp")
-        exporter = otlp.OTLPSpanExporter()
-    provider.add_span_processor(export.BatchSpanProcessor(exporter))
-    return provider, provider.shutdown
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
-def start_telemetry(metrics_port: int, traces: str) -> Telemetry:
+def start_telemetry(metrics_port: int, traces: str, spans_file: Path | None = None) -> Telemetry:
     """A ``MetricsObserver`` served on 127.0.0.1:``metrics_port`` and, unless ``traces == "off"``, a ``TracingObserver``.
 
-    A port in use is a :class:`CliError`; nothing is left running when this raises.
+    ``traces``: ``"console"`` writes one JSON span per line into ``spans_file``; ``"otlp"`` exports to the
+    configured collector, checked first (``resilience.cli.traces``). A port in use or no collector is a
+    :class:`CliError`; nothing is left running when this raises.
     """
     need("prometheus_client", "metrics", "serving /metrics")
     from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
@@ -278,14 +276,18 @@ def start_telemetry(metrics_port: int, traces: str) -> Telemetry:
         server = start_metrics_server(metrics_port, "127.0.0.1", registry=metrics.registry)
     except OSError as exc:
         raise CliError(f"cannot serve /metrics on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
-    closers: list[Callable[[], None]] = [server.close]
+    def stop_server() -> None:
+        server.close()
+
+    closers: list[Callable[[], str | None]] = [stop_server]
     observers: list[Observer] = [metrics]
     if traces != "off":
         try:
             need("opentelemetry.trace", "otel", "--traces")
+            from resilience.cli.traces import tracer_provider
             from resilience.telemetry.tracing import TracingObserver
 
-            provider, shutdown = _tracer_provider(traces)
+            provider, shutdown = tracer_provider(traces, spans_file, _to_stderr)
         except BaseException:
             server.close()
             raise

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from resilience.cli.common import CliError
+from resilience.cli.errors_text import safe_url
 
 __all__ = ["run_journal"]
 
@@ -57,7 +58,7 @@ def run_journal(args: argparse.Namespace) -> int:
             final[name] = facts
             state = str(knowledge_from(name, facts).state)
             stamp = time.strftime("%H:%M:%S", time.localtime(rec.get("t", 0)))
-            rows.append([str(i), stamp, str(rec.get("why", "")), name, state, _facts_cell(facts)])
+            rows.append([str(i), stamp, str(rec.get("why", "")), safe_url(name), state, _facts_cell(facts)])
     shown = rows[-args.last :] if args.last else rows
     by = header.get("by", {})
     title = (
@@ -66,8 +67,8 @@ def run_journal(args: argparse.Namespace) -> int:
         + (f" (last {len(shown)} of {len(rows)} rows)" if len(shown) < len(rows) else "")
     )
     console.print(rich_table(title, ["#", "time", "why", "engine", "state", "facts"], shown, wrap=[-1]))
-    now = [[n, str(knowledge_from(n, f).state), _facts_cell(f)] for n, f in sorted(final.items())]
-    never = [[n, "serving", "no record yet"] for n in header.get("engines", []) if n not in final]
+    now = [[safe_url(n), str(knowledge_from(n, f).state), _facts_cell(f)] for n, f in sorted(final.items())]
+    never = [[safe_url(n), "serving", "no record yet"] for n in header.get("engines", []) if n not in final]
     console.print(rich_table("what a controller started on this journal would know", ["engine", "state", "facts"], now + never, wrap=[-1]))
     if loaded.dropped:
         console.print(f"note: {loaded.dropped}")

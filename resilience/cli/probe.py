@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 
 import requests
 
-from resilience.adapters.sglang import SGLANG_POLICIES
-from resilience.adapters.sglang_policies import SGLANG_OPEN_PREFIXES
+from resilience.adapters.sglang import SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
 from resilience.cli.common import CliError, plural
+from resilience.cli.errors_text import safe_url
 from resilience.cli.render import describe_policy, make_console, rich_table
 
 __all__ = ["CHECKS", "Check", "CheckResult", "EngineProbe", "policy_groups", "probe_engines", "run_probe"]
@@ -97,7 +97,7 @@ class EngineProbe:
         """One line: OK/FAIL, the URL, and what was learnt."""
         r = self.results
         if all(x.unreachable for x in r.values()):
-            return f"FAIL  {self.url}  unreachable: {r['health'].error}"
+            return f"FAIL  {safe_url(self.url)}  unreachable: {r['health'].error}"
         parts = []
         health = r["health"]
         if health.ok:
@@ -131,7 +131,7 @@ class EngineProbe:
             parts.append(f"sglang {server.data.get('version', '?')}")
         else:
             parts.append(f"/server_info: {server.cell()}")
-        return f"{'OK  ' if self.healthy else 'FAIL'}  {self.url}  " + "; ".join(parts)
+        return f"{'OK  ' if self.healthy else 'FAIL'}  {safe_url(self.url)}  " + "; ".join(parts)
 
 
 def _first_load(data: Any) -> dict[str, Any] | None:
@@ -224,16 +224,18 @@ def run_probe(args: argparse.Namespace) -> int:
     console = make_console()
     for probe in probes:
         console.print(probe.line(), markup=False, highlight=False, soft_wrap=True)
-    columns = ["check", *(urlsplit(p.url).netloc for p in probes)]
+    columns = ["check", *(safe_url(p.url).split("://", 1)[1].rstrip("/") for p in probes)]  # host:port, no credentials
     rows = [[f"GET {check.path}", *(p.results[check.name].cell() for p in probes)] for check in CHECKS]
-    title = f"cpr probe: {plural(len(probes), 'engine')}, one attempt per check, {args.timeout:g} s timeout"
-    console.print(rich_table(title, columns, rows))
+    # the heading is a line of its own: as a table title it would wrap at the table's width (narrow for one engine)
+    heading = f"cpr probe: {plural(len(probes), 'engine')}, one attempt per check, {args.timeout:g} s timeout"
+    console.print(heading, markup=False, highlight=False, soft_wrap=True)
+    console.print(rich_table(None, columns, rows))
     console.print("policy a client applies (SGLANG_POLICIES):", markup=False, highlight=False)
     for paths, description in policy_groups():
         console.print(f"  {paths}: {description}", markup=False, highlight=False, soft_wrap=True)
     healthy = sum(p.healthy for p in probes)
     console.print(f"{healthy} of {plural(len(probes), 'engine')} healthy", markup=False, highlight=False)
-    sick = [p.url for p in probes if not p.healthy]
+    sick = [safe_url(p.url) for p in probes if not p.healthy]
     if sick:
         print(f"cpr probe: {len(sick)} of {plural(len(probes), 'engine')} not healthy: {', '.join(sick)}", file=sys.stderr)
     return 0 if not sick else 1

@@ -7,13 +7,14 @@ two always say the same thing. rich is imported lazily (the ``[cli]`` extra).
 
 from __future__ import annotations
 
-import re
+import errno
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from resilience.cli.common import need, plural
+from resilience.cli.errors_text import short_error
 from resilience.cli.story import per_step, steps_run
 from resilience.policy import EndpointPolicy, PolicyTable
 
@@ -34,7 +35,6 @@ __all__ = [
     "policy_rows",
     "rich_table",
     "seconds",
-    "short_error",
 ]
 
 PHASES: tuple[tuple[str, str], ...] = (("offload", "offload"), ("onload", "onload"), ("weight_sync", "weight sync"))
@@ -44,22 +44,22 @@ _NONE = "-"
 
 
 def make_console(*, stderr: bool = False) -> Console:
-    """A rich Console; on a pipe or file it is 160 columns wide and colourless, so tables never wrap in logs."""
-    console_mod = need("rich.console", "cli", "this command")
+    """A rich Console; on a pipe or file it is 160 columns wide and colourless, so tables never wrap in logs.
+
+    A closed pipe raises BrokenPipeError out of the print (``cpr``'s ``main`` ends quietly with 141);
+    rich's own reaction would be ``SystemExit(1)``, which reads as a failure and skips nothing less.
+    """
+    need("rich.console", "cli", "this command")
+    from rich.console import Console as RichConsole
+
+    class PipeConsole(RichConsole):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is written through this console
+            raise BrokenPipeError(errno.EPIPE, "the reader of this output went away")
+
     stream = sys.stderr if stderr else sys.stdout
     terminal = stream.isatty()
-    console: Console = console_mod.Console(
-        file=stream, width=None if terminal else 160, no_color=not terminal, highlight=False, soft_wrap=False
-    )
-    return console
-
-
-def short_error(error: str | None) -> str | None:
-    """A step's error for a progress line: no ``step N:`` prefix, ``on /path`` instead of the whole URL."""
-    if error is None:
-        return None
-    text = re.sub(r"^step \d+: ", "", error)
-    return re.sub(r"(?: for url:)? https?://[^/\s]+(/\S*)?", lambda m: f" on {m.group(1) or '/'}", text)
+    return PipeConsole(file=stream, width=None if terminal else 160, no_color=not terminal, highlight=False, soft_wrap=False)
 
 
 def seconds(value: float | None, digits: int = 3) -> str:
@@ -78,8 +78,9 @@ def _outcome(report: ColocateReport) -> str:
     if report.stopped_early:
         return f"stopped at step {run} of {planned}: restart budget spent"
     if report.failed_steps == 0:
-        return f"all {planned} steps finished"
-    return f"ran all {planned} steps, {report.failed_steps} failed" + ("; restart budget spent" if spent else "")
+        return "its one step finished" if planned == 1 else f"all {planned} steps finished"
+    ran = "its one step failed" if planned == 1 else f"ran all {planned} steps, {report.failed_steps} failed"
+    return ran + ("; restart budget spent" if spent else "")
 
 
 def _controller_restarts(report: ColocateReport) -> str:
@@ -94,6 +95,7 @@ def _controller_restarts(report: ColocateReport) -> str:
 _ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
     # one row per line: (label, cell of one run); the JSON report stores the same strings.
     # Its "way" key is the loop kind: "old" = baseline, "ours" = resilient.
+    ("steps run (the per-step rates below divide by these)", lambda r: f"{steps_run(r)} of {r.steps_planned}"),
     ("steps finished", lambda r: f"{r.steps_finished} of {r.steps_planned}"),
     ("failed steps", lambda r: f"{r.failed_steps} of {steps_run(r)} run"),
     ("restarts a controller would have triggered", lambda r: str(r.restarts)),
@@ -102,13 +104,18 @@ _ROWS: tuple[tuple[str, Callable[[ColocateReport], str]], ...] = (
     ("engine deaths", lambda r: per_step(r.engine_deaths, r)),
     ("502s seen", lambda r: per_step(r.http_502_seen, r)),
     ("502s absorbed by retries", lambda r: per_step(r.http_502_absorbed, r)),
+    ("calls re-sent after a 502", lambda r: per_step(r.retried_502, r)),
+    ("calls re-sent after a reset or timeout", lambda r: per_step(r.resent_after_error, r)),
     ("ambiguous faults (reset/timeout after the engine acted)", lambda r: per_step(r.ambiguous_faults_seen, r)),
     ("engines quarantined (memory state unknown)", lambda r: str(r.engines_quarantined) if r.way == "ours" else _NONE),
     ("engines reconciled (truth: emulator memory probe)", lambda r: str(r.engines_reconciled) if r.way == "ours" else _NONE),
     ("requests aborted/retracted and re-run", lambda r: per_step(r.requests_aborted_rerun, r)),
     ("requests lost", lambda r: per_step(r.requests_lost, r)),
     *((f"{label} p50 / p99 (s)", lambda r, key=key: _phase_cell(r, key)) for key, label in PHASES),
-    ("wall time (s)", lambda r: f"{r.wall_s:.1f}"),
+    (
+        "wall time (s): total (per step run)",
+        lambda r: f"{r.wall_s:.1f} ({r.wall_s / steps_run(r):.2f}/step)" if steps_run(r) else f"{r.wall_s:.1f}",
+    ),
     ("outcome", _outcome),
 )
 
@@ -119,9 +126,11 @@ def comparison_rows(reports: Sequence[ColocateReport]) -> list[list[str]]:
 
 
 def rich_table(
-    title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, wrap: Sequence[int] = ()
+    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, wrap: Sequence[int] = ()
 ) -> Table:
     """A rich Table: left-aligned labels first, right-aligned values; the columns in ``wrap`` (left-aligned) take the room left.
+
+    ``title``: shown above the table, wrapped at the table's width; None = no title.
 
     Cells wrap rather than being cut when the console is too narrow.
     """
@@ -287,8 +296,14 @@ class RunProgress:
         elif text:
             self.print(f"{name}: {text}")
 
-    def run_progress(self, name: str, steps: int, extra: Callable[[], str] | None = None) -> Callable[[StepProgress], None]:
-        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``)."""
+    def run_progress(
+        self, name: str, steps: int, extra: Callable[[], str] | None = None, labels: Mapping[str, str] | None = None
+    ) -> Callable[[StepProgress], None]:
+        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``).
+
+        ``labels``: ``{base URL: "engine i"}`` (read at each step: the caller may fill it once the run's proxies
+        exist); a failed step's error names its engines by them (``short_error``). None = by ``host:port``.
+        """
         task_id: TaskID | None = None
         if self._progress is not None:
             task_id = self._progress.add_task(name, total=steps, info="")
@@ -302,9 +317,9 @@ class RunProgress:
             if self._progress is not None and task_id is not None:
                 self._progress.update(task_id, completed=p.step, info=info)
                 if not p.ok:
-                    self.print(f"{name}: step {p.step} failed: {short_error(p.error)}")
+                    self.print(f"{name}: step {p.step} failed: {short_error(p.error, labels)}")
             else:
-                verdict = "ok" if p.ok else f"FAILED: {short_error(p.error)}"
+                verdict = "ok" if p.ok else f"FAILED: {short_error(p.error, labels)}"
                 self.print(f"{name}: step {p.step}/{p.steps} {verdict} ({info})")
 
         return on_step

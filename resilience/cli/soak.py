@@ -39,9 +39,9 @@ from resilience.cli.common import CliError, check_output_file, need, plural, wri
 from resilience.cli.fleet import FleetRunner, soak_plan
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.testing.colocate import BASELINE, ColocateConfig, ColocateReport, StepProgress
-from resilience.testing.faults import FaultPlan, FaultPlanError
+from resilience.testing.faults import FaultPlan, FaultPlanError, FaultProxy
 
-__all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak", "soak_verdict"]
+__all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak", "seed_caption", "soak_verdict"]
 
 FLAT_GROWTH = 0.05
 """Growth of mean memory still called flat, as a fraction: 5 % (the 10 % of steps after warm-up -> the last 10 %)."""
@@ -151,6 +151,19 @@ def soak_rows(report: ColocateReport) -> list[list[str]]:
     ]
 
 
+def seed_caption(seed: int, plan_seed: int, *, from_file: bool, given: bool) -> str:
+    """How the caption names the seeds: ``seed 7 (the fault plan's)``, ``seed 3, fault plan seed 7`` or ``seed 3``.
+
+    ``seed``: the loop's (straggler timing); ``plan_seed``: the fault plan's; ``from_file``: the plan came from
+    ``--fault-plan``; ``given``: ``--seed`` was on the command line.
+    """
+    if not from_file:
+        return f"seed {seed}"
+    if not given:
+        return f"seed {seed} (the fault plan's)"
+    return f"seed {seed}" if seed == plan_seed else f"seed {seed} (stragglers), fault plan seed {plan_seed}"
+
+
 def run_soak(args: argparse.Namespace) -> int:
     """Run the soak from parsed arguments; exit 0 when no step failed, no engine died and no request was lost, else 1."""
     report_path = check_output_file(Path(args.report), "--report", (".json",))
@@ -160,9 +173,10 @@ def run_soak(args: argparse.Namespace) -> int:
         except FaultPlanError as exc:
             raise CliError(f"bad --fault-plan: {exc}") from None
     else:
-        plan = soak_plan(args.seed)
+        plan = soak_plan(args.seed or 0)
+    seed = args.seed if args.seed is not None else plan.seed  # with a plan file and no --seed: the plan's, for everything
     need("psutil", "cli", "cpr soak")
-    config = ColocateConfig(steps=args.steps, seed=args.seed, controller_kill_every=args.restart_every or None)
+    config = ColocateConfig(steps=args.steps, seed=seed, controller_kill_every=args.restart_every or None)
     title = "old way" if args.way == BASELINE else "ours"  # --way names the loop: "old" (the baseline) or "ours"
     t_start = time.monotonic()
     with RunProgress() as ui:
@@ -176,14 +190,17 @@ def run_soak(args: argparse.Namespace) -> int:
                 last = sampler.samples[-1]
                 return f"rss self {last['self_mb']:.0f} MB, pss engines {last['engines_mb']:.0f} MB"
 
-            show = ui.run_progress(title, config.steps, rss_note)
+            labels: dict[str, str] = {}  # base URL -> "engine i": how a failed step's line names engines
+            show = ui.run_progress(title, config.steps, rss_note, labels)
+            proxies: list[FaultProxy] = []
 
             def on_step(p: StepProgress) -> None:
                 sampler.sample(p.step)
+                labels.update(runner.labels(proxies))  # a restarted engine may serve on a new port
                 show(p)
 
             budget = RestartBudget(config.restart_limit)
-            run = runner.run(args.way, config, budget=budget, progress=on_step, last=True)
+            run = runner.run(args.way, config, budget=budget, progress=on_step, last=True, on_proxies=proxies.extend)
             report = run.report
             ui.run_ended(title, report)
             proxy_records = sum(len(proxy.seen) for proxy in run.proxies)
@@ -198,8 +215,10 @@ def run_soak(args: argparse.Namespace) -> int:
     columns = ["", title]
     console = make_console()
     every = f"every {args.restart_every} steps" if args.restart_every else "never"
+    seeds = seed_caption(seed, plan.seed, from_file=bool(args.fault_plan), given=args.seed is not None)
     caption = (
-        f"{args.engines} engines, {args.steps} steps, seed {args.seed}, controller killed {every}, "
+        f"{plural(args.engines, 'engine')}, {plural(args.steps, 'step')}, {seeds}, "
+        f"controller killed {every}, "
         f"fault plan: {args.fault_plan or 'seed_like + ambiguous + status_after'}"
     )
     console.print(rich_table("cpr soak", columns, rows, caption=caption))
@@ -211,7 +230,8 @@ def run_soak(args: argparse.Namespace) -> int:
     )
     data = {
         "command": "soak",
-        "seed": args.seed,
+        "seed": seed,
+        "fault_plan_seed": plan.seed,
         "engines": args.engines,
         "steps": args.steps,
         "way": args.way,

@@ -20,7 +20,7 @@ from resilience.cli.common import plural
 if TYPE_CHECKING:
     from resilience.testing.colocate import ColocateReport
 
-__all__ = ["death_causes", "per_step", "steps_run", "story"]
+__all__ = ["death_causes", "per_step", "rates_note", "steps_run", "story"]
 
 _SCHEDULER_DEATH = "Scheduler hit an exception:"
 _MEMORY_SAVER = "[torch_memory_saver.cpp]"
@@ -95,8 +95,14 @@ def _side(name: str, report: ColocateReport, causes: Sequence[str]) -> str:
         absorbed = ", all absorbed by retries"
     elif report.http_502_absorbed:
         absorbed = f", {report.http_502_absorbed} of {report.http_502_seen} absorbed by retries"
+    elif report.retried_502:
+        absorbed = f", re-sent {plural(report.retried_502, 'call')} after one and absorbed none"
     else:
-        absorbed = ", none retried"
+        absorbed = ", and retried none of them"
+    if report.resent_after_error:
+        absorbed += f"; it re-sent {plural(report.resent_after_error, 'call')} after a connection reset or timeout"
+        if report.way == "old":
+            absorbed += ", not knowing whether the engine had acted"
     if report.engine_deaths:
         why = f" ({_causes_text(causes)})" if causes else ""
         deaths = f"; {plural(report.engine_deaths, 'engine')} died{why}"
@@ -122,3 +128,48 @@ def story(reports: Mapping[str, ColocateReport], causes: Mapping[str, Sequence[s
         title = titles.get(kind, kind)
         parts.append(_side(title[:1].upper() + title[1:], report, causes.get(kind, ())) + ".")
     return " ".join(parts)
+
+
+def rates_note(reports: Mapping[str, ColocateReport], titles: Mapping[str, str]) -> str:
+    """Why the per-step rates and wall times of the ways differ, from what they did (empty for one way).
+
+    The ways ran different numbers of steps (the baseline stops once its restart budget is spent), a
+    failed step ends at its first error (so it is short), and a finished one of ours includes its retries'
+    backoff and the aborted requests it re-ran.
+    """
+    if len(reports) < 2:
+        return ""
+    ran = {kind: steps_run(r) for kind, r in reports.items()}
+    parts = []
+    if len(set(ran.values())) > 1:
+        counts = ", ".join(
+            f"{titles.get(kind, kind)} {n}" + (" (its restart budget was spent)" if r.stopped_early else "")
+            for (kind, r), n in zip(reports.items(), ran.values(), strict=True)
+        )
+        parts.append(f"The per-step rates divide by the steps each way ran: {counts}.")
+    for kind, report in reports.items():
+        title, n = titles.get(kind, kind), ran[kind]
+        name = title[:1].upper() + title[1:]
+        if report.failed_steps and report.failed_steps == n:
+            early = "" if report.phase_seconds.get("weight_sync") else " before finishing a weight sync"
+            steps = "its one step" if n == 1 else f"all {n} of its steps"
+            parts.append(
+                f"{name} failed {steps} at the first error{early}, "
+                f"so its {report.wall_s / n:.2f} s per step is the time to fail, not to train."
+            )
+        elif report.failed_steps:
+            parts.append(f"{report.failed_steps} of {name}'s {n} steps failed at their first error, which shortens its average.")
+        elif n:
+            extras = [
+                what
+                for what, count in (
+                    ("retries' backoff", report.retried_502 + report.resent_after_error),
+                    ("re-run requests", report.requests_aborted_rerun),
+                )
+                if count
+            ]
+            paid = f", {' and '.join(extras)} included" if extras else ""
+            steps = "its one step" if n == 1 else f"each of its {n} steps"
+            average = " on average" if n > 1 else ""
+            parts.append(f"{name} finished {steps} in {report.wall_s / n:.2f} s{average}{paid}.")
+    return " ".join(p for p in parts if p)

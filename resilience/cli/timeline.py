@@ -27,12 +27,13 @@ from typing import Any, Literal
 import requests
 
 from resilience.cli.common import CliError, need
+from resilience.cli.errors_text import clip
 from resilience.cli.story import death_causes
 from resilience.testing.colocate import StepProgress
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultProxy
 
-__all__ = ["PHASE_OF_PATH", "Bar", "Mark", "StepTimeline", "TimelineRecorder", "draw_figure", "write_timeline"]
+__all__ = ["PHASE_OF_PATH", "Bar", "Mark", "StepTimeline", "TimelineRecorder", "draw_figure", "mark_kind", "write_timeline"]
 
 PHASE_OF_PATH: dict[str, str] = {
     "/pause_generation": "pause",
@@ -56,7 +57,7 @@ _COLORS = {
     "weight sync": "#cab2d6",
     "abort": "#bdbdbd",
 }
-MarkKind = Literal["502", "reset", "retry", "died"]
+MarkKind = Literal["502", "5xx", "reset", "no answer", "retry", "died"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,11 @@ class Bar:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A 502 or reset the client got, a retry that followed one, or an engine's death (seconds from t0)."""
+    """What the client got instead of an answer, a retry that followed it, or an engine's death (seconds from t0).
+
+    ``502``, ``5xx`` (503/504), ``reset``, ``no answer`` (the proxy held the call: the client waits out its read
+    timeout, however long the engine took), ``retry``, ``died``.
+    """
 
     engine: int
     t_s: float
@@ -107,9 +112,7 @@ class StepTimeline:
         """
         if self.ok:
             return f"{self.way}, step {self.step}: ok"
-        got = self.error or "failed"
-        if len(got) > 110:
-            got = got[:107] + "..."
+        got = clip(self.error or "failed", 110)  # cut between clauses, never inside a parenthesis
         if not self.died:
             return f"{self.way}, step {self.step}: {got}"
         by_cause: dict[str, list[int]] = {}
@@ -130,6 +133,44 @@ class StepTimeline:
         start = max(releases)
         resumes = [b.start_s for b in self.bars if b.phase == "resume" and b.start_s >= start]
         return (start, min(resumes)) if resumes else None
+
+    def segments(self) -> list[tuple[str, float, float]]:
+        """The step's transitions as ``(label, start, end)`` s, for a step that reached its training pause.
+
+        A colocate step pauses and continues the engines twice: the offload (pause, flush, release) and the
+        onload (resume, continue) frame the training pause, then the weight sync pauses them again (mode
+        ``retract``), updates the weights and continues them. The weight sync starts at the first pause or
+        weight-sync call after the onload's resumes. Empty when there is no training pause to split at.
+        """
+        gap = self.training_gap()
+        if gap is None or not self.bars:
+            return []
+        first, last = min(b.start_s for b in self.bars), max(b.end_s for b in self.bars)
+        after = [b.start_s for b in self.bars if b.start_s > gap[1] and b.phase in ("pause", "weight sync")]
+        sync = min(after) if after else last
+        out = [(self._label("offload", first, gap[0]), first, gap[0]), ("training (memory released)", gap[0], gap[1])]
+        out.append((self._label("onload", gap[1], sync), gap[1], sync))
+        if after:
+            out.append((self._label("weight sync: paused again", sync, last), sync, last))
+        return out
+
+    def _label(self, name: str, start: float, end: float) -> str:
+        """``name``, and why it took long: an engine ran its release or resume more than once, or a call got no answer."""
+        runs = max(
+            (
+                sum(1 for b in self.bars if b.engine == i and b.phase == phase and start <= b.start_s <= end)
+                for i in range(self.engines)
+                for phase in ("release", "resume")
+            ),
+            default=0,
+        )
+        said = name
+        if runs >= 2:
+            said += f", {runs} rounds: run again after its engines' memory was reconciled"
+        held = sorted({PHASE_OF_PATH.get(m.path, m.path) for m in self.marks if m.kind == "no answer" and start <= m.t_s <= end})
+        if held:
+            said += f" (no answer to a {' or '.join(held)}: it waits out the read timeout)"
+        return said
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -222,8 +263,9 @@ class TimelineRecorder:
             if key in failed_before:
                 tl.marks.append(Mark(i, sec(s.t_ns), "retry", s.path))
                 failed_before.discard(key)
-            if s.client_status == 502 or s.fault in ("reset_before", "reset_after", "drop_after"):
-                tl.marks.append(Mark(i, sec(s.t_ns), "502" if s.client_status == 502 else "reset", s.path))
+            kind = mark_kind(s.client_status, s.fault)
+            if kind is not None:
+                tl.marks.append(Mark(i, sec(s.t_ns), kind, s.path))
                 failed_before.add(key)
             if i in died and s.fault is None:
                 tl.ticks.append(Mark(i, sec(s.t_ns), "died", s.path))
@@ -233,6 +275,19 @@ class TimelineRecorder:
             causes = death_causes(self.fleet.engines[i].log())
             tl.causes.append(causes[-1] if causes else "")  # the engine restarted since: its latest death is this one
         return tl
+
+
+def mark_kind(client_status: int | None, fault: str | None) -> MarkKind | None:
+    """How a request the proxy saw is marked: what the client got instead of a good answer (None: nothing to mark)."""
+    if client_status == 502:
+        return "502"
+    if client_status in (503, 504) and fault is not None:
+        return "5xx"
+    if fault in ("reset_before", "reset_after", "drop_after"):
+        return "reset"
+    if fault in ("hang_after", "hang"):
+        return "no answer"
+    return None
 
 
 # -- drawing ------------------------------------------------------------------------------------
@@ -245,7 +300,7 @@ def draw_figure(timelines: Sequence[StepTimeline]) -> Any:
     plt = need("matplotlib.pyplot", "cli", "--timeline")
     patches = need("matplotlib.patches", "cli", "--timeline")
     lines = need("matplotlib.lines", "cli", "--timeline")
-    heights = [max(2.2, 0.42 * t.engines + 1.3) for t in timelines]
+    heights = [max(2.2, 0.42 * (t.engines + (1.3 if t.segments() else 0)) + 1.3) for t in timelines]
     fig, axes = plt.subplots(
         len(timelines), 1, figsize=(12, sum(heights)), squeeze=False, sharex=True, gridspec_kw={"height_ratios": heights}
     )
@@ -254,9 +309,13 @@ def draw_figure(timelines: Sequence[StepTimeline]) -> Any:
         gap = tl.training_gap()
         if gap is not None:  # the training pause: engines released, the trainer has the GPU
             ax.axvspan(gap[0], gap[1], color="#fff3bf", zorder=0)
-            ax.text(
-                (gap[0] + gap[1]) / 2, -0.45, "training\n(memory released)", ha="center", va="top", fontsize=8, color="#7a6000"
-            )
+        segments = tl.segments()
+        lane = tl.engines - 0.25  # rows below the engines naming the step's transitions, never over a bar
+        for k, (label, start, end) in enumerate(segments):
+            y = lane + (0.5 if k % 2 else 0.0)  # neighbours alternate between two heights: narrow ones do not collide
+            color = "#7a6000" if label.startswith("training") else "#444444"
+            ax.plot([start, end], [y, y], color=color, linewidth=1.2, solid_capstyle="butt")
+            ax.text((start + end) / 2, y + 0.06, label, ha="center", va="top", fontsize=7.5, color=color)
         for bar in tl.bars:
             failed = any(s is None or s >= 400 for s in bar.statuses)
             ax.broken_barh(
@@ -271,6 +330,8 @@ def draw_figure(timelines: Sequence[StepTimeline]) -> Any:
             ax.plot([tick.t_s, tick.t_s], [tick.engine - 0.32, tick.engine + 0.32], color=color, linewidth=3, solid_capstyle="butt")
         style = {
             "502": {"marker": "x", "color": "#d62728", "s": 60, "linewidths": 2},
+            "5xx": {"marker": "x", "color": "#ff7f0e", "s": 60, "linewidths": 2},
+            "no answer": {"marker": "o", "facecolors": "none", "edgecolors": "#6a3d9a", "s": 70, "linewidths": 1.6},
             "reset": {"marker": "|", "color": "#000000", "s": 120, "linewidths": 2},
             "retry": {"marker": ">", "color": "#2ca02c", "s": 40},
             "died": {"marker": "X", "color": "#7f0000", "s": 160},
@@ -284,7 +345,7 @@ def draw_figure(timelines: Sequence[StepTimeline]) -> Any:
                 ax.annotate("died", (m.t_s, m.engine), xytext=(6, -4), textcoords="offset points", color="#7f0000", fontsize=8)
         ax.set_yticks(range(tl.engines))
         ax.set_yticklabels([f"engine {i}" for i in range(tl.engines)])
-        ax.set_ylim(tl.engines - 0.5, -0.5)
+        ax.set_ylim(tl.engines - 0.5 + (1.3 if segments else 0.0), -0.5)
         ax.set_xlim(-0.03 * right, 1.06 * right)  # one time axis for every panel
         ax.tick_params(axis="x", labelbottom=True)
         ax.set_title(tl.title, loc="left", fontsize=10, color="#222222" if tl.ok else "#b30000")
@@ -298,8 +359,12 @@ def draw_figure(timelines: Sequence[StepTimeline]) -> Any:
         handles.append(patches.Patch(facecolor="#fff3bf", label="training (memory released)"))
     handles += [
         lines.Line2D([], [], marker="x", color="#d62728", linestyle="", markeredgewidth=2, label="502 to the client"),
+        lines.Line2D([], [], marker="x", color="#ff7f0e", linestyle="", markeredgewidth=2, label="503/504 to the client"),
+        lines.Line2D(
+            [], [], marker="o", markerfacecolor="none", color="#6a3d9a", linestyle="", label="no answer: the client waits out its timeout"
+        ),
         lines.Line2D([], [], marker="|", color="#000000", linestyle="", markersize=10, label="connection reset"),
-        lines.Line2D([], [], marker=">", color="#2ca02c", linestyle="", label="retry after a 502/reset"),
+        lines.Line2D([], [], marker=">", color="#2ca02c", linestyle="", label="retry after one of these"),
         lines.Line2D([], [], marker="X", color="#7f0000", linestyle="", markersize=9, label="engine died"),
         patches.Patch(facecolor="white", edgecolor="#b30000", linewidth=1.4, label="phase with an error answer"),
         lines.Line2D([], [], color="#777777", linewidth=3, label="call to an engine that died (arrival)"),
@@ -318,7 +383,7 @@ def _html(timelines: Sequence[StepTimeline], svg: str) -> str:
                 f"<tr><td>{html.escape(tl.way)}</td><td>{tl.step}</td><td>{m.engine}</td><td>{m.t_s:.3f}</td>"
                 f"<td>{html.escape(m.kind)}</td><td>{html.escape(m.path)}</td></tr>"
             )
-    table = "\n".join(rows) or '<tr><td colspan="6">no 502s, resets, retries or deaths in these steps</td></tr>'
+    table = "\n".join(rows) or '<tr><td colspan="6">no error answers, resets, held calls, retries or deaths in these steps</td></tr>'
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>cpr timeline</title>
 <style>body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}} table{{border-collapse:collapse}}

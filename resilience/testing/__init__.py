@@ -1,7 +1,8 @@
-"""Tools for users' own test suites: the SGLang emulator, fault plans and proxy, fast policies, a fake clock.
+"""Tools for users' own test suites: the SGLang and vLLM emulators, fault plans and proxy, fast policies, a fake clock.
 
 ``resilience.testing.emulator`` needs the ``[emulator]`` extra (FastAPI,
-uvicorn, torch: only the engine processes import them);
+uvicorn, torch: only the engine processes import them; a vLLM engine,
+``EmulatedFleet(n, VLLMEngineConfig(...))``, imports no torch itself, the zygote that forks it does);
 ``resilience.testing.faults`` is standard library only. Importing this
 package itself is cheap: ``EmulatorMemoryProbe`` (the emulator's memory truth,
 read through its side channel) is imported on first access.

@@ -34,7 +34,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -44,9 +44,9 @@ import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.rules import WEIGHT_SYNC_HOLD
+from resilience.barrier.holds import WEIGHT_SYNC_HOLD
 from resilience.budget import RestartBudget
-from resilience.events import AttemptEnded, CallEnded, Event, Observer
+from resilience.events import AttemptEnded, CallEnded, Event, Observer, RetryScheduled
 from resilience.outcome import CallOutcome
 from resilience.policy import PolicyTable
 from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
@@ -67,7 +67,9 @@ BASELINE: Final = "old"
 """The baseline loop: bare ``requests`` as the seeds' "before" code calls the engines."""
 RESILIENT: Final = "ours"
 """The resilient loop: ``SGLangClient`` + ``Orchestrator``."""
-_DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
+_DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20, in_transit_s=5)
+"""``in_transit_s``: an emulated engine applies a control call within milliseconds of its arrival, and the proxy hands a
+request on at once; 5 s covers a loaded machine without waiting out a 20 s phase limit after every ambiguous reset."""
 CONTROL_TIMEOUT_S = 3.0
 """Seconds each attempt of a pause, continue, release or resume may take in demo and soak runs, both loops
 (time-scaled: SGLANG_POLICIES allow 30-120 s; an emulated control call answers in milliseconds)."""
@@ -196,6 +198,13 @@ class ColocateReport:
     probe_verdicts: int = 0
     """Releases and resumes whose client settled a gateway status or a reset from the memory probe (applied or not) instead
     of re-sending blindly; the resilient loop only."""
+    retried_502: int = 0
+    """Calls re-sent after a 502: ours from its retry events (``status_502``); the baseline only re-sends
+    ``update_weights_from_tensor`` on a gateway status (the seed's ``_make_request(max_attempts=3)``)."""
+    resent_after_error: int = 0
+    """Calls re-sent after a connection error, reset or read timeout: ours from its retry events (an idempotent call, or
+    one that never reached the engine); the baseline re-sends any control call so (verl's 3 attempts), whether or not
+    the engine had acted on it."""
     requests_aborted_rerun: int = 0
     requests_lost: int = 0
     garbage_completions: int = 0
@@ -234,11 +243,16 @@ class _Counter:
 
     def __init__(self) -> None:
         self.absorbed = 0
+        self.retries: dict[str, int] = {}
+        """Retries by reason (``RetryScheduled.reason``: ``status_502``, ``connection_reset``, ...)."""
         self._pending: dict[int, int] = {}
         """call_id -> its 502 answers so far (removed when the call ends: bounded by the calls in flight)."""
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
+        if isinstance(event, RetryScheduled):
+            with self._lock:
+                self.retries[event.reason] = self.retries.get(event.reason, 0) + 1
         if isinstance(event, AttemptEnded) and event.status == 502:
             with self._lock:
                 self._pending[event.call_id] = self._pending.get(event.call_id, 0) + 1
@@ -255,7 +269,32 @@ def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeou
     return r
 
 
-def _baseline_control(session: requests.Session, url: str, body: dict[str, Any]) -> requests.Response:
+_TRANSPORT_REASONS = frozenset({"connect_error", "read_timeout", "connection_reset"})
+"""Retry reasons of a transport failure (no HTTP answer): what ``resent_after_error`` counts of ours."""
+
+
+class _BaselineResends:
+    """What the baseline re-sent (it has no retry events to count them by); thread-safe."""
+
+    def __init__(self) -> None:
+        self.after_error = 0
+        """Control calls re-sent after a connection error or timeout."""
+        self.after_502 = 0
+        """``update_weights_from_tensor`` calls re-sent after a 502."""
+        self.absorbed_502 = 0
+        """502s followed by a good answer to the same call."""
+        self._lock = threading.Lock()
+
+    def add(self, *, after_error: int = 0, after_502: int = 0, absorbed_502: int = 0) -> None:
+        with self._lock:
+            self.after_error += after_error
+            self.after_502 += after_502
+            self.absorbed_502 += absorbed_502
+
+
+def _baseline_control(
+    session: requests.Session, url: str, body: dict[str, Any], resends: _BaselineResends | None = None
+) -> requests.Response:
     """The baseline's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
     for attempt in range(_BASELINE_ATTEMPTS):
         try:
@@ -263,6 +302,8 @@ def _baseline_control(session: requests.Session, url: str, body: dict[str, Any])
         except (requests.ConnectionError, requests.Timeout):
             if attempt == _BASELINE_ATTEMPTS - 1:
                 raise
+            if resends is not None:
+                resends.add(after_error=1)
             time.sleep(0.05)
     raise AssertionError("unreachable")
 
@@ -273,26 +314,6 @@ def _bare_session() -> requests.Session:
     session.trust_env = False
     session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
     return session
-
-
-class _SettledProbe:
-    """A memory probe read once the control calls on the wire to the engine have landed (``FaultProxy.settle``).
-
-    A release whose client saw a reset right after sending (``drop_after``) may reach the engine after
-    the barrier asked its probe, which would then prove "nothing released" a moment too early; a real
-    controller's NVML probe shares that race, and waits out the call's deadline. The proxies see the
-    calls still in flight, so this waits for exactly them (10 s at most; then it proves nothing: None).
-    """
-
-    def __init__(self, inner: EmulatorMemoryProbe, proxies: Mapping[str, FaultProxy]) -> None:
-        self.inner, self.proxies = inner, proxies
-
-    def released_tags(self, engine: str) -> frozenset[str] | None:
-        """The inner probe's answer once nothing is in flight to ``engine``'s control routes; None when that takes over 10 s."""
-        proxy = self.proxies.get(engine)
-        if proxy is not None and not proxy.settle(paths=CONTROL_PATHS):
-            return None
-        return self.inner.released_tags(engine)
 
 
 class _Loop:
@@ -312,6 +333,7 @@ class _Loop:
         self.rng = random.Random(f"{config.seed}:{kind}")
         self.budget = budget
         self.counter = _Counter()
+        self.resends = _BaselineResends()
         self._count_lock = threading.Lock()
         self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
         self.pool = ThreadPoolExecutor(
@@ -321,10 +343,10 @@ class _Loop:
         self._policies, self._client_observers = policies, (*observers, self.counter)
         self.proxy_of: dict[str, FaultProxy] = {}
         aliases = {u: h.direct_url for u, h in zip(self.urls, fleet.engines, strict=True)}
-        settled = _SettledProbe(EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases), self.proxy_of)
-        self.probe = CountingProbe(settled)
+        truth = EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases)
+        self.probe = CountingProbe(truth)
         """Where the orchestrator and ``_reconcile`` learn an engine's released tags: the emulator's side channel, not HTTP."""
-        self.client_probe = CountingProbe(settled)
+        self.client_probe = CountingProbe(truth)
         """The same, asked by the clients' release and resume before re-sending after a gateway status or a reset."""
         self.clients = self._new_clients()
         self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
@@ -425,25 +447,32 @@ class _Loop:
                 time.sleep(0.05)
             else:
                 raise TimeoutError(f"{url}: timeout while flushing cache")
-            _baseline_control(self.bare, f"{url}/release_memory_occupation", {"tags": None})
+            _baseline_control(self.bare, f"{url}/release_memory_occupation", {"tags": None}, self.resends)
 
         list(self.pool.map(one, self.urls))
 
     def _baseline_onload(self) -> None:
-        list(self.pool.map(lambda u: _baseline_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}), self.urls))
+        list(
+            self.pool.map(lambda u: _baseline_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}, self.resends), self.urls)
+        )
 
     def _baseline_weight_sync(self, version: str) -> None:
         def one(url: str) -> None:
-            _baseline_control(self.bare, f"{url}/pause_generation", {})
+            _baseline_control(self.bare, f"{url}/pause_generation", {}, self.resends)
             _json_post(self.bare, f"{url}/begin_weight_update", {"selector": "all"})
+            got_502 = 0
             for attempt in range(3):  # the seed's _make_request(max_attempts=3) on this one call
                 r = self.bare.post(f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": version})
                 if r.status_code not in (502, 503, 504) or attempt == 2:
                     r.raise_for_status()
+                    self.resends.add(absorbed_502=got_502)
                     break
+                if r.status_code == 502:
+                    got_502 += 1
+                    self.resends.add(after_502=1)
                 time.sleep(0.05)
             _json_post(self.bare, f"{url}/end_weight_update", {})
-            _baseline_control(self.bare, f"{url}/continue_generation", {})
+            _baseline_control(self.bare, f"{url}/continue_generation", {}, self.resends)
 
         list(self.pool.map(one, self.urls))
 
@@ -653,6 +682,10 @@ class _Loop:
             shutil.rmtree(self._journal_dir, ignore_errors=True)
 
 
+_ERROR_CHARS = 2000
+"""Characters of a failed step's error kept in ``ColocateReport.failures`` (a PhaseFailed names every engine's cause)."""
+
+
 def _injected_502s(proxies: Sequence[FaultProxy | None]) -> int:
     return sum(proxy.injected_count(502) for proxy in proxies if proxy is not None)
 
@@ -708,7 +741,8 @@ def run_colocate(
                 loop.step(n)
             except Exception as exc:
                 cause = type(exc).__name__
-                error = f"step {n}: {cause}: {' '.join(str(exc).split())[:300]}"
+                text = " ".join(str(exc).split())  # whole (a display cuts it between clauses), bounded for a long soak's report
+                error = f"step {n}: {cause}: {text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 4] + ' ...'}"
             ended_ns = time.monotonic_ns()
             dead_now = sum(1 for e in fleet.engines if not e.alive())
             if (error or dead_now) and budget.remaining == 0 and not recover_when_spent:
@@ -749,7 +783,9 @@ def run_colocate(
         loop.close()
     report.http_502_seen = _injected_502s(counted) - before_502
     report.ambiguous_faults_seen = _injected_ambiguous(counted) - before_ambiguous
-    report.http_502_absorbed = loop.counter.absorbed
+    report.http_502_absorbed = loop.counter.absorbed + loop.resends.absorbed_502
+    report.retried_502 = loop.counter.retries.get("status_502", 0) + loop.resends.after_502
+    report.resent_after_error = sum(n for why, n in loop.counter.retries.items() if why in _TRANSPORT_REASONS) + loop.resends.after_error
     report.reconciles_probe = loop.probe.proved
     report.probe_verdicts = loop.client_probe.proved
     report.wall_s = time.monotonic() - t0

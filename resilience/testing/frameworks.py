@@ -285,8 +285,8 @@ def mounted(mount: str, fleet: EmulatedFleet, *, fast: bool = True) -> Iterator[
     if mount == "shipped":
         yield None
         return
-    from resilience.adapters import sglang_policies as presets
     from resilience.adapters.instrument import SGLangInstrumentor
+    from resilience.adapters.sglang import policies as presets
     from resilience.testing.policies import fast_policies
 
     table = presets.SGLANG_STRICT_POLICIES if mount == "strict" else presets.SGLANG_POLICIES

@@ -16,22 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import resilience
-from resilience import (
-    BreakerConfig,
-    BreakerState,
-    Delivery,
-    EndpointPolicy,
-    FakeClock,
-    PolicyTable,
-    ProbeAnswer,
-    ProbeContext,
-    RetryBudgetConfig,
-    RetryPolicy,
-)
+import resilience.errors
+from resilience import BreakerConfig, EndpointPolicy, PolicyTable, RetryBudgetConfig, RetryPolicy
 from resilience.adapters.aiohttp import ResilientMiddleware, caller_timeout, request_timeout
 from resilience.adapters.aiohttp_errors import AmbiguousOutcome, CircuitOpen, DeadlineExceeded, RetryBudgetExhausted
-from resilience.breaker import CircuitBreaker
+from resilience.breaker import BreakerState, CircuitBreaker
+from resilience.clock import FakeClock
 from resilience.events import AttemptStarted, Event
+from resilience.outcome import Delivery, attempts_of
+from resilience.policy import ProbeAnswer, ProbeContext
 from tests.conftest import LONG_TIMEOUT, SHORT_TIMEOUT, free_port
 from tests.servers import Action, Drop, Hang, Reply
 
@@ -329,7 +322,7 @@ async def test_closing_the_session_during_a_backoff_ends_the_call() -> None:
         with pytest.raises(RuntimeError, match="Session is closed") as info:
             await call
         assert srv.count == 1
-    records = resilience.attempts_of(info.value)  # the 502, then the attempt the closed session stopped before sending
+    records = attempts_of(info.value)  # the 502, then the attempt the closed session stopped before sending
     assert records is not None and [(r.status, r.delivery) for r in records] == [(502, Delivery.RESPONDED), (None, Delivery.NOT_SENT)]
 
 
@@ -599,7 +592,7 @@ def test_errors_are_aiohttp_and_resilience_errors_with_readable_messages() -> No
         (DeadlineExceeded, resilience.DeadlineExceeded, aiohttp.ServerTimeoutError),
         (CircuitOpen, resilience.CircuitOpen, aiohttp.ClientConnectionError),
         (AmbiguousOutcome, resilience.AmbiguousOutcome, aiohttp.ClientError),
-        (RetryBudgetExhausted, resilience.RetryBudgetExhausted, aiohttp.ClientError),
+        (RetryBudgetExhausted, resilience.errors.RetryBudgetExhausted, aiohttp.ClientError),
     ]
     for cls, core, aio in pairs:
         err = cls("POST /x on http://127.0.0.1:1 failed", endpoint="POST /x", engine="http://127.0.0.1:1", attempts=(), request=None)

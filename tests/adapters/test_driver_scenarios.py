@@ -39,7 +39,7 @@ from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
 from resilience.clock import SYSTEM_CLOCK
 from resilience.driver_config import DriverConfig
-from resilience.errors import ConfigConflict, ConfigError, ResilienceError
+from resilience.errors import ConfigConflict, ConfigError, ResilienceError, RetryBudgetExhausted
 from resilience.events import AttemptStarted, EngineRefused, Event
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
@@ -214,7 +214,7 @@ def test_retry_budget_stops_a_retry_storm(driver_name: str) -> None:
     driver = Driver(driver_name, POLICIES, retry_budget=RetryBudgetConfig(ratio=0, min_retries_per_second=0, max_tokens=1))
     try:
         with scripted(Reply(502)) as server:
-            with pytest.raises(resilience.RetryBudgetExhausted) as info:
+            with pytest.raises(RetryBudgetExhausted) as info:
                 driver.call("GET", f"{server.url}/flaky")
             assert server.count == 2  # the first attempt and the one retry the budget allowed
         assert isinstance(info.value, driver.native)
@@ -438,7 +438,7 @@ def test_an_error_pickles_with_its_record(driver_name: str) -> None:
     driver = Driver(driver_name, POLICIES, retry_budget=RetryBudgetConfig(ratio=0, min_retries_per_second=0, max_tokens=1))
     try:
         with scripted(Reply(502)) as server:
-            with pytest.raises(resilience.RetryBudgetExhausted) as info:
+            with pytest.raises(RetryBudgetExhausted) as info:
                 driver.call("GET", f"{server.url}/flaky")
     finally:
         driver.close()

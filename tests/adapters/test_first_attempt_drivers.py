@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import resilience.retry_call as retry_call
+import resilience.retry.call as retry_call
 from resilience.events import AttemptEnded, AttemptStarted, CallEnded, CallStarted, Event
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from tests.adapters.drivers import DRIVERS, Driver

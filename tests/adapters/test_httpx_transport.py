@@ -23,12 +23,15 @@ from hypothesis import strategies as st
 from pytest_httpserver import HTTPServer
 
 import resilience
-from resilience import BreakerConfig, Delivery, EndpointPolicy, FakeClock, PolicyTable, RetryBudgetConfig, RetryPolicy
+import resilience.errors
+from resilience import BreakerConfig, EndpointPolicy, PolicyTable, RetryBudgetConfig, RetryPolicy
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport, transport_failure
 from resilience.adapters.httpx_errors import AmbiguousOutcome, CircuitOpen, DeadlineExceeded, RetriesExhausted, RetryBudgetExhausted
 from resilience.adapters.requests import engine_of
 from resilience.breaker import BreakerState
+from resilience.clock import FakeClock
 from resilience.events import AttemptStarted, Event, RetryScheduled
+from resilience.outcome import Delivery
 from resilience.policy import ProbeAnswer, ProbeContext
 from tests.conftest import LONG_TIMEOUT, SHORT_TIMEOUT, free_port
 from tests.servers import Hang, Reply, Reset, ScriptedServer, scripted
@@ -357,7 +360,7 @@ async def test_retry_budget_exhausted_is_an_httpx_transport_error(drive: Drive) 
         caller = drive(table(GET__x=policy), breaker=None, retry_budget=budget, clock=clock)
         with pytest.raises(httpx.TransportError) as info:
             await caller.request("GET", f"{srv.url}/x")
-        assert isinstance(info.value, RetryBudgetExhausted) and isinstance(info.value, resilience.RetryBudgetExhausted)
+        assert isinstance(info.value, RetryBudgetExhausted) and isinstance(info.value, resilience.errors.RetryBudgetExhausted)
         assert srv.count == 3  # the first attempt and two tokens
         clock.advance(1.0)
         with pytest.raises(RetryBudgetExhausted):
@@ -560,7 +563,7 @@ def test_error_classes_are_both_httpx_and_resilience_errors() -> None:
         (DeadlineExceeded, resilience.DeadlineExceeded, httpx.TimeoutException),
         (CircuitOpen, resilience.CircuitOpen, httpx.ConnectError),
         (AmbiguousOutcome, resilience.AmbiguousOutcome, httpx.TransportError),
-        (RetryBudgetExhausted, resilience.RetryBudgetExhausted, httpx.TransportError),
+        (RetryBudgetExhausted, resilience.errors.RetryBudgetExhausted, httpx.TransportError),
         (RetriesExhausted, resilience.RetriesExhausted, httpx.TransportError),
     ]
     request = httpx.Request("POST", "http://127.0.0.1:9/x")

@@ -23,7 +23,8 @@ import resilience
 from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.sglang import mount_sglang
-from resilience.errors import ConfigError
+from resilience.driver_config import DriverConfig
+from resilience.errors import ConfigConflict, ConfigError
 from resilience.policy import EndpointPolicy, PolicyTable, ProbeAnswer, ProbeContext, RetryPolicy
 from tests.servers import Hang, Reply, ScriptedServer, scripted
 
@@ -383,11 +384,11 @@ def test_every_ray_worker_process_instruments_itself(ray_runtime: object) -> Non
 
 def test_one_driver_config_for_every_attached_driver(instrumented: Callable[..., SGLangInstrumentor]) -> None:
     """Given a ``DriverConfig``, every attached driver is built from it and shares its breakers; a keyword beside it is refused."""
-    config = resilience.DriverConfig(policies=table())
+    config = DriverConfig(policies=table())
     with scripted(Reply(502, b"")) as server:
         inst = instrumented([server.url], config=config)
         adapter = requests.Session().get_adapter(server.url)
         assert inst.config is config and adapter.driver_config is config
         assert inst.retrier(adapter.retrier.error_types).breakers is config.breakers
-    with pytest.raises(resilience.ConfigConflict, match="policies="):
+    with pytest.raises(ConfigConflict, match="policies="):
         SGLangInstrumentor(["127.0.0.1"], config=config, policies=table())

@@ -17,15 +17,15 @@ from resilience import (
     BreakerConfig,
     CircuitOpen,
     DeadlineExceeded,
-    Delivery,
     EndpointPolicy,
-    FakeClock,
     PolicyTable,
     RetryBudgetConfig,
-    RetryBudgetExhausted,
     RetryPolicy,
 )
 from resilience.adapters.requests import ResilientAdapter, resilient_session
+from resilience.clock import FakeClock
+from resilience.errors import RetryBudgetExhausted
+from resilience.outcome import Delivery
 from tests.conftest import SHORT_TIMEOUT, free_port
 from tests.servers import Hang, Reply, Reset, scripted
 
@@ -180,7 +180,7 @@ def test_errors_catchable_as_requests_exceptions_and_from_resilience() -> None:
         (requests_errors.DeadlineExceeded, resilience.DeadlineExceeded, requests.Timeout),
         (requests_errors.CircuitOpen, resilience.CircuitOpen, requests.ConnectionError),
         (requests_errors.AmbiguousOutcome, resilience.AmbiguousOutcome, requests.RequestException),
-        (requests_errors.RetryBudgetExhausted, resilience.RetryBudgetExhausted, requests.RequestException),
+        (requests_errors.RetryBudgetExhausted, RetryBudgetExhausted, requests.RequestException),
         (requests_errors.RetriesExhausted, resilience.RetriesExhausted, requests.exceptions.RetryError),
     ]
     for ours, core, native in pairs:

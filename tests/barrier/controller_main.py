@@ -41,7 +41,7 @@ from typing import Any
 
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.rules import OFFLOAD_HOLD
+from resilience.barrier.holds import OFFLOAD_HOLD
 from resilience.events import Event, PhaseStarted
 from resilience.testing import fast_policies
 

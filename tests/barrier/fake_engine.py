@@ -74,6 +74,10 @@ class Fault(enum.StrEnum):
     """``SystemExit`` raised inside the call before the engine applied it."""
     SYSTEM_EXIT_AFTER = "system_exit_after"
     """Applied, then ``SystemExit`` raised inside the call."""
+    DELIVERED_LATE = "delivered_late"
+    """The connection drops right after sending (``AmbiguousOutcome``, the record: MAYBE_APPLIED) while the request is still
+    on its way: it reaches the engine, and is applied, only at the next ``deliver()``: after the memory probe answered
+    (the probes in these tests call it), at the engine's next call (a later request arrives after it), or at ``land()``."""
 
 
 INTERRUPTS = frozenset({Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER, Fault.SYSTEM_EXIT_BEFORE, Fault.SYSTEM_EXIT_AFTER})
@@ -148,6 +152,8 @@ class _Fake:
         self.fired: list[str] = []
         """``method:fault`` of every fault that hit a call (read by the test for coverage statistics)."""
         self.landings: list[_Landing] = []
+        self.deliveries: list[Callable[[], None]] = []
+        """Calls on their way to the engine (``Fault.DELIVERED_LATE``), applied in order by ``deliver``."""
         self.started: list[str] = []
         self._running = 0
         self._idle = threading.Condition(self._lock)
@@ -171,10 +177,10 @@ class _Fake:
             self.faults.clear()
 
     def wait_idle(self, timeout: float = LATE_LIMIT_S) -> bool:
-        """Wait until no call is being carried out (a landed late call has applied): what a person reconciling from the
-        engine's real state must wait for. True when idle."""
+        """Wait until no call is being carried out (a landed late call has applied) and none is on its way (``deliver``):
+        what a person reconciling from the engine's real state must wait for. True when idle."""
         with self._idle:
-            return self._idle.wait_for(lambda: self._running == 0, timeout)
+            return self._idle.wait_for(lambda: self._running == 0 and not self.deliveries, timeout)
 
     def _finished(self) -> None:
         with self._idle:
@@ -182,11 +188,21 @@ class _Fake:
             self._idle.notify_all()
 
     def land(self) -> None:
-        """Let every late call land."""
+        """Let every late call land, and every delivery on its way arrive."""
+        self.deliver()
         with self._lock:
             landings, self.landings = self.landings, []
         for landing in landings:
             landing.set()
+
+    def deliver(self) -> None:
+        """The requests still on their way (``Fault.DELIVERED_LATE``) reach the engine now and are applied, in order."""
+        with self._lock:
+            deliveries, self.deliveries = self.deliveries, []
+            for apply in deliveries:
+                if self.crash is None:
+                    apply()
+            self._idle.notify_all()
 
     @property
     def serving(self) -> bool:
@@ -214,7 +230,8 @@ class _Fake:
             self.crash = why
 
     def _enter(self, method: str, loop: asyncio.AbstractEventLoop | None) -> tuple[Fault | None, _Landing | None]:
-        """A call arrives: take its fault; a late one gets a landing to wait on."""
+        """A call arrives (after the requests still on their way: ``deliver``): take its fault; a late one gets a landing to wait on."""
+        self.deliver()
         with self._lock:
             self.started.append(method)
             fault = self.faults.pop(method, None)
@@ -250,6 +267,14 @@ class _Fake:
             raise Answered(f"{self.engine} {method}: HTTP 502 from the proxy (not forwarded)", 502, record(Delivery.RESPONDED, 502))
         if fault is Fault.CONNECTION_REFUSED:
             raise Answered(f"{self.engine} {method}: connection refused", None, record(Delivery.NOT_SENT, None, "ConnectionError"))
+        if fault is Fault.DELIVERED_LATE:
+            with self._lock:
+                self.deliveries.append(apply)
+            raise AmbiguousOutcome(
+                f"{self.engine} {method}: connection reset after sending (still on its way)",
+                engine=self.engine,
+                attempts=record(Delivery.MAYBE_APPLIED),
+            )
         with self._lock:
             if self.crash is not None:
                 raise EngineDied(f"{self.engine} is down: {self.crash}")

@@ -45,10 +45,11 @@ from hypothesis import strategies as st
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-from resilience.adapters.sglang import ALL_TAGS, SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
+from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.barrier.async_fanout import AsyncFanOut
+from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import FanOut, ThreadFanOut
-from resilience.fanout import AsyncFanOut
 from resilience.testing import fast_policies
 from resilience.testing.colocate import ColocateConfig, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle

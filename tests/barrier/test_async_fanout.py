@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from resilience.barrier.async_fanout import TaskCall
-from resilience.barrier.fanout import PhaseTimeout, ThreadFanOut
+from resilience.barrier.async_fanout import AsyncFanOut, TaskCall
+from resilience.barrier.effect import effect_of
+from resilience.barrier.fanout import EngineResult, PhaseTimeout, ThreadFanOut
 from resilience.barrier.knowledge import Effect
-from resilience.barrier.outcome import effect_of
 from resilience.deadline import Deadline, current_deadline
 from resilience.errors import AmbiguousOutcome
-from resilience.fanout import AsyncFanOut, EngineResult
 from tests.barrier.fake_engine import AsyncFakeEngine, Fault, Refused
 
 TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="none")

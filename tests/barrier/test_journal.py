@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseFailed, SequentialFanOut
+from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed, SequentialFanOut
 from resilience.barrier.journal import JournalMismatch
 from resilience.barrier.knowledge import EngineState
 from resilience.budget import RestartBudget
 from tests.barrier.fake_engine import AsyncFakeEngine, FakeEngine, Fault
 
 NAMES = ["http://127.0.0.1:40001", "http://127.0.0.1:40002", "http://127.0.0.1:40003"]
+SHORT_GRACE = PhaseDeadlines(in_transit_s=0.1)
+"""A release the dead controller left in flight may still be on its way: the probe's "not released" is trusted after 0.1 s."""
 
 
 class TruthProbe:
@@ -89,8 +91,10 @@ def test_a_controller_interrupted_mid_release_leaves_the_call_maybe_applied_for_
     second.close()
     alive(engines)
 
-    third = Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "j", memory_probe=TruthProbe(engines))
-    third.onload()  # the probe settles what the interrupted release did
+    third = Orchestrator(
+        EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "j", memory_probe=TruthProbe(engines), deadlines=SHORT_GRACE
+    )
+    third.onload()  # the probe settles what the interrupted release did (a "not released" once the grace is waited out)
     alive(engines)
     assert all(e.serving for e in engines)
     third.close()
@@ -124,8 +128,10 @@ def test_a_controller_killed_outright_mid_release_leaves_the_release_in_flight(t
     assert list(failed.value.quarantined) == NAMES
     alive(engines)
     orch.close()
-    probed = Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "j", memory_probe=TruthProbe(engines))
-    probed.onload()
+    probed = Orchestrator(
+        EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "j", memory_probe=TruthProbe(engines), deadlines=SHORT_GRACE
+    )
+    probed.onload()  # engine 3's release never left: its "not released" is trusted once the grace is waited out
     alive(engines)
     assert all(e.serving for e in engines)
     probed.close()

@@ -7,8 +7,6 @@ Each benchmark runs in its own process, as ``benchmarks/run_all.py`` runs it.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import re
 import subprocess
@@ -17,13 +15,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
-
-
-def _has(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def _run(script: str, *args: str) -> str:
@@ -56,7 +47,7 @@ def _positive(cell: str) -> float:
 
 
 def test_async_overhead_measures_every_client_of_every_transport() -> None:
-    """Bare, peers (and ours when its adapter is importable) per transport, each with positive times and ratios."""
+    """Bare, peers and ours per transport, each with positive times and ratios."""
     rows = _rows(_run("bench_async_overhead.py", "--quick", "--calls", "5", "--rounds", "2", "--warmup", "2"))
     got = {(r[0], r[1]) for r in rows}
     expected = {
@@ -77,12 +68,12 @@ def test_async_overhead_measures_every_client_of_every_transport() -> None:
         ("aiohttp", "aiohttp-retry RetryClient"),
         ("aiohttp", "tenacity @retry"),
         ("aiohttp", "stamina @retry"),
+        ("httpx sync", "ours: ResilientTransport"),
+        ("httpx async", "ours: AsyncResilientTransport"),
+        ("aiohttp", "diagnostic: a pass-through middleware (aiohttp's own cost)"),
+        ("aiohttp", "ours: ResilientMiddleware"),
+        ("aiohttp", "diagnostic: ours, policy without attempt timeout or deadline"),
     }
-    if _has("resilience.adapters.httpx"):
-        expected |= {("httpx sync", "ours: ResilientTransport"), ("httpx async", "ours: AsyncResilientTransport")}
-    expected.add(("aiohttp", "diagnostic: a pass-through middleware (aiohttp's own cost)"))
-    if _has("resilience.adapters.aiohttp"):
-        expected |= {("aiohttp", "ours: ResilientMiddleware"), ("aiohttp", "diagnostic: ours, policy without attempt timeout or deadline")}
     assert got == expected
     for r in rows:
         for cell in (r[2], r[4], r[5], r[6], r[7]):  # wall, CPU, wall ratio, its min-max over rounds, CPU ratio
@@ -168,13 +159,16 @@ def test_soak_notes_section_says_how_to_rerun_it() -> None:
 
 
 def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
-    """Raw floor and ThreadFanOut (and the async fan-outs when they exist) at each N, positive rounds."""
+    """Raw floor, ThreadFanOut, the async client's gather and the async fan-outs at each N, positive rounds."""
     rows = _rows(_run("bench_barrier_async.py", "--sizes", "2,3", "--repeats", "1", "--latency", "0.01"))
-    names = {"raw aiohttp floor", "ThreadFanOut"}
-    if _has_attr("resilience.adapters.sglang", "AsyncSGLangClient"):
-        names.add("AsyncSGLangClient gather (no orchestrator)")
-    if _async_barrier_landed():
-        names |= {"AsyncFanOut (sync Orchestrator)", "AsyncOrchestrator", "AsyncOrchestrator, one shared session"}
+    names = {
+        "raw aiohttp floor",
+        "ThreadFanOut",
+        "AsyncSGLangClient gather (no orchestrator)",
+        "AsyncFanOut (sync Orchestrator)",
+        "AsyncOrchestrator",
+        "AsyncOrchestrator, one shared session",
+    }
     assert {(int(r[0]), r[1]) for r in rows} == {(n, name) for n in (2, 3) for name in names}
     for r in rows:
         assert _positive(r[2]) >= 4 * 0.01, f"a round of 4+ phases at 10 ms cannot take {r[2]} s"
@@ -183,30 +177,20 @@ def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
         _positive(r[7])  # driver CPU per engine call
 
 
-def _has_attr(module: str, name: str) -> bool:
-    return hasattr(importlib.import_module(module), name)
-
-
-def _async_barrier_landed() -> bool:
-    """AsyncFanOut (``resilience.fanout``), AsyncOrchestrator and AsyncSGLangClient are all importable."""
-    return (
-        _has("resilience.fanout")
-        and _has_attr("resilience.adapters.sglang", "AsyncSGLangClient")
-        and _has_attr("resilience.barrier", "AsyncOrchestrator")
-    )
-
-
 def test_async_soak_reports_every_driver() -> None:
     """Each driver's soak row: calls counted, RSS positive, connections within the pool; ours answer every call 200."""
     calls, fail_every = 40, 5
     out = _run("bench_async_soak.py", "--calls", str(calls), "--warmup", "10", "--fail-every", str(fail_every), "--pool", "4")
     rows = _rows(out)
     drivers = {r[0] for r in rows}
-    expected = {"httpx sync, bare HTTPTransport", "httpx async, bare AsyncHTTPTransport", "aiohttp, bare ClientSession"}
-    if _has("resilience.adapters.httpx"):
-        expected |= {"httpx sync, ours: ResilientTransport", "httpx async, ours: AsyncResilientTransport"}
-    if _has("resilience.adapters.aiohttp"):
-        expected.add("aiohttp, ours: ResilientMiddleware")
+    expected = {
+        "httpx sync, bare HTTPTransport",
+        "httpx async, bare AsyncHTTPTransport",
+        "aiohttp, bare ClientSession",
+        "httpx sync, ours: ResilientTransport",
+        "httpx async, ours: AsyncResilientTransport",
+        "aiohttp, ours: ResilientMiddleware",
+    }
     assert drivers == expected
     for r in rows:
         ok, total = (int(x) for x in r[1].split("/"))

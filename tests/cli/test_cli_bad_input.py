@@ -69,6 +69,18 @@ CASES = [
     (["policies", "--over-sglang"], 2, "--over-sglang needs --file"),
     (["dashboards", "--out", "file.txt"], 2, "is not a folder"),
     (["dashboards", "--chek"], 2, "unrecognized arguments: --chek"),
+    # abbreviations are refused: --engine is not --engines, --step not --steps
+    (["demo", "--engine", "2"], 2, "cpr demo: error: unrecognized arguments: --engine 2"),
+    (["soak", "--step", "3"], 2, "cpr soak: error: unrecognized arguments: --step 3"),
+    (["probe", "--time", "3", "http://127.0.0.1:1"], 2, "cpr probe: error: unrecognized arguments: --time "),
+    (["policies", "--fil", "bad.toml"], 2, "unrecognized arguments: --fil bad.toml"),
+    (["journal", "show", "x", "--la", "2"], 2, "unrecognized arguments: --la 2"),
+    (["emulate", "--fault-plan", "plan.toml"], 1, "cpr emulate: error: bad --fault-plan:"),
+    (["emulate", "--fault-plan", "missing.toml"], 1, "cannot read fault plan"),
+    (["emulate", "--fault-plan", "plan.toml", "--host", "0.0.0.0"], 2, "--fault-plan: not with --host"),
+    (["emulate", "--engine", "2"], 2, "cpr emulate: error: argument --engine: invalid choice: '2'"),
+    (["emulate", "--token-r", "5"], 2, "cpr emulate: error: unrecognized arguments: --token-r 5"),
+    (["--vers"], 2, "unrecognized arguments: --vers"),
 ]
 
 

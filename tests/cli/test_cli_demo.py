@@ -78,6 +78,19 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     assert table["502s seen"] == [with_rate("old", old["http_502_seen"]), with_rate("ours", ours["http_502_seen"])]
     assert table["502s absorbed by retries"] == [with_rate("old", old["http_502_absorbed"]), with_rate("ours", ours["http_502_absorbed"])]
     assert table["steps finished"] == [f"{old['steps_finished']} of {STEPS}", f"{STEPS} of {STEPS}"]
+    # the rates' denominators are in the table, and the note under it says why the ways' figures differ
+    assert table["steps run (the per-step rates below divide by these)"] == [f"{ran['old']} of {STEPS}", f"{STEPS} of {STEPS}"]
+    assert table["calls re-sent after a reset or timeout"] == [
+        with_rate("old", old["resent_after_error"]),
+        with_rate("ours", ours["resent_after_error"]),
+    ]
+    assert table["wall time (s): total (per step run)"][1] == f"{ours['wall_s']:.1f} ({ours['wall_s'] / STEPS:.2f}/step)"
+    assert data["rates_note"] and data["rates_note"] in " ".join(stdout.split())
+    assert f"Ours finished each of its {STEPS} steps in {ours['wall_s'] / STEPS:.2f} s on average" in data["rates_note"]
+    # the story's words follow what happened: a way that re-sent after resets is not "none retried"
+    if old["resent_after_error"]:
+        assert f"it re-sent {old['resent_after_error']} call" in data["story"]
+    assert "none retried" not in data["story"]
     assert table["failed steps"] == [f"{old['failed_steps']} of {ran['old']} run", f"0 of {STEPS} run"]
     assert table["restart budget left"][1] == "3 of 3"
     # the story: one sentence per side, the baseline's engine deaths named by their cause (from the engines' logs)

@@ -54,3 +54,16 @@ def test_show_names_a_torn_tail_and_a_file_that_is_not_a_journal(tmp_path: Path)
     ]
     missing = run_cpr("journal", "show", str(tmp_path / "nope"), cwd=tmp_path)
     assert missing.returncode == 1 and "cannot read journal" in missing.stderr
+
+
+def test_show_keeps_credentials_and_query_tokens_of_engine_names_out(tmp_path: Path) -> None:
+    """An engine named by a URL with user:password@ and ?token=: shown as scheme://host:port/path only."""
+    secret = "http://ops:hunter2@127.0.0.1:31003/?token=tok-123"
+    journal = Journal(tmp_path / "run.journal")
+    journal.open([secret])
+    journal.commit({secret: EngineKnowledge(secret, paused=True)}, [secret], "pause outcome")
+    journal.close()
+    out = run_cpr("journal", "show", str(tmp_path / "run.journal"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "hunter2" not in out.stdout and "tok-123" not in out.stdout and "ops:" not in out.stdout
+    assert "http://127.0.0.1:31003/" in " ".join(out.stdout.split())

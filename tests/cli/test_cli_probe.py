@@ -81,3 +81,20 @@ def test_probe_only_reads(fleet: EmulatedFleet, tmp_path: Path) -> None:
     run_cpr("probe", fleet.urls[HEALTHY], "--timeout", str(TIMEOUT), cwd=tmp_path, timeout=60)
     calls = fleet.engines[HEALTHY].record()["calls"]
     assert calls and {c["method"] for c in calls} == {"GET"}
+
+
+def test_probe_heading_is_one_whole_line(refusing_port: int, tmp_path: Path) -> None:
+    """The heading does not wrap mid-phrase at a one-engine table's width: it is a line of its own."""
+    result = run_cpr("probe", f"http://127.0.0.1:{refusing_port}", "--timeout", "1", cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "cpr probe: 1 engine, one attempt per check, 1 s timeout" in result.stdout.splitlines()
+
+
+def test_probe_shows_no_credentials_or_query_tokens(refusing_port: int, tmp_path: Path) -> None:
+    """A URL with user:password@ and ?token=: its lines, table and summary name host:port only."""
+    url = f"http://ops:hunter2@127.0.0.1:{refusing_port}/?token=tok-123"
+    result = run_cpr("probe", url, "--timeout", "1", cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.stderr
+    for text in (result.stdout, result.stderr):
+        assert "hunter2" not in text and "tok-123" not in text and "ops:" not in text
+    assert f"127.0.0.1:{refusing_port}" in result.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ pytest.importorskip("psutil")
 pytest.importorskip("torch")
 
 from benchmarks.soak_notes import section
+from resilience.cli.soak import seed_caption
 from tests.cli.cpr_testlib import run_cpr, table_rows
 
 
@@ -57,4 +59,28 @@ def test_soak_old_way_dies_on_the_same_seed(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     old = json.loads((tmp_path / "old.json").read_text())["ways"]["old"]
     assert old["engine_deaths"] > 0
+    failed = [line for line in result.stderr.splitlines() if " FAILED: " in line]  # the progress line of a failed step
+    assert failed, result.stderr
+    assert all(re.search(r"\bengine \d\b", line) and "http://" not in line and " on / " not in line for line in failed), failed
     assert "missed: no deaths" in " ".join(row[1] for row in table_rows(result.stdout))
+
+
+def test_soak_caption_names_the_fault_plans_seed(tmp_path: Path) -> None:
+    """--fault-plan with `seed: 7` and no --seed: the caption and the report say seed 7 (not the flag's default 0)."""
+    pytest.importorskip("yaml")
+    (tmp_path / "plan.yaml").write_text("seed: 7\nrules:\n  - {path: /flush_cache, kind: status_before, status: 502, calls: [1]}\n")
+    result = run_cpr(
+        "soak", "--engines", "1", "--steps", "1", "--restart-every", "0", "--fault-plan", "plan.yaml", "--report", "s.json", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "1 engine, 1 step, seed 7 (the fault plan's), controller killed never" in " ".join(result.stdout.split())
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert (data["seed"], data["fault_plan_seed"]) == (7, 7)
+
+
+def test_seed_caption_says_which_seed_is_whose() -> None:
+    """Without a plan file one seed; with one, the plan's unless --seed differs, then both."""
+    assert seed_caption(0, 0, from_file=False, given=False) == "seed 0"
+    assert seed_caption(7, 7, from_file=True, given=False) == "seed 7 (the fault plan's)"
+    assert seed_caption(7, 7, from_file=True, given=True) == "seed 7"
+    assert seed_caption(3, 7, from_file=True, given=True) == "seed 3 (stragglers), fault plan seed 7"

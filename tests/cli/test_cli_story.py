@@ -11,7 +11,7 @@ import requests
 
 pytest.importorskip("torch")
 
-from resilience.cli.story import death_causes, per_step, story
+from resilience.cli.story import death_causes, per_step, rates_note, story
 from resilience.cli.watch import StepWatch
 from resilience.testing.colocate import ColocateReport, StepProgress
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
@@ -104,7 +104,40 @@ def test_rates_are_per_step_run() -> None:
     assert per_step(ours.http_502_seen, ours) == "480 (24.0/step)"
     told = story({"old": old, "ours": ours}, {"old": ["prefill scheduled after release"] * 4}, {"old": "old way", "ours": "ours"})
     assert told == (
-        "Old way met 4.8 502s per step, none retried; 4 engines died (prefill scheduled after release x4), "
+        "Old way met 4.8 502s per step, and retried none of them; 4 engines died (prefill scheduled after release x4), "
         "and its restart budget (3) was spent after 4 steps. "
         "Ours met 24.0 502s per step, all absorbed by retries; no engine died, and it finished 20 of 20 steps with no restart."
     )
+
+
+def test_the_story_says_what_each_way_re_sent() -> None:
+    """A way that re-sent calls after resets is not told as 'none retried': the count comes from what it did."""
+    old = _report("old", 20, 0, 4, 17, 17, 0)
+    old.resent_after_error = 9
+    ours = _report("ours", 20, 20, 0, 0, 474, 474)
+    ours.retried_502, ours.resent_after_error = 470, 3
+    told = story({"old": old, "ours": ours}, {}, {"old": "old way", "ours": "ours"})
+    assert told.startswith(
+        "Old way met 4.2 502s per step, and retried none of them; it re-sent 9 calls after a connection reset or timeout, "
+        "not knowing whether the engine had acted; 17 engines died"
+    )
+    assert "Ours met 23.7 502s per step, all absorbed by retries; it re-sent 3 calls after a connection reset or timeout; no" in told
+    old.retried_502 = 2
+    assert "Old way met 4.2 502s per step, re-sent 2 calls after one and absorbed none;" in story({"old": old}, {}, {"old": "old way"})
+
+
+def test_rates_note_says_why_the_per_step_figures_differ() -> None:
+    """Different step counts, a way whose steps all failed (time to fail), and what ours' finished steps include."""
+    old = _report("old", 20, 0, 4, 17, 17, 0)
+    old.stopped_early, old.wall_s = "restart budget spent at step 3", 1.3
+    ours = _report("ours", 20, 20, 0, 0, 474, 474)
+    ours.wall_s, ours.retried_502, ours.requests_aborted_rerun = 47.7, 470, 17
+    ours.phase_seconds = {"weight_sync": [0.2] * 20}
+    note = rates_note({"old": old, "ours": ours}, {"old": "old way", "ours": "ours"})
+    assert note == (
+        "The per-step rates divide by the steps each way ran: old way 4 (its restart budget was spent), ours 20. "
+        "Old way failed all 4 of its steps at the first error before finishing a weight sync, so its 0.33 s per "
+        "step is the time to fail, not to train. "
+        "Ours finished each of its 20 steps in 2.39 s on average, retries' backoff and re-run requests included."
+    )
+    assert rates_note({"ours": ours}, {"ours": "ours"}) == ""

@@ -6,13 +6,14 @@ from collections.abc import MutableMapping
 
 import pytest
 
-from resilience import AmbiguousOutcome, Delivery, EndpointPolicy, FakeClock, PolicyTable, ProbeAnswer, RetryPolicy
+from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.clock import FakeClock
 from resilience.errors import ConfigError, RetriesExhausted, RetryBudgetExhausted
 from resilience.ledger import AttemptLedger, LedgerRetrier
-from resilience.outcome import attempts_of
-from resilience.policy import ProbeContext
-from resilience.retry import AttemptResult, CallSpec
+from resilience.outcome import Delivery, attempts_of
+from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.retry.spec import AttemptResult, CallSpec
 
 ENGINE = "http://127.0.0.1:1"
 QUICK = RetryPolicy(max_attempts=3, base_s=0.0, cap_s=0.0)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 import resilience
 from resilience import _config
 from resilience._config import current_testing
+from resilience.errors import PolicyError
 from resilience.events import AttemptEnded, CallEnded
 from resilience.outcome import CallOutcome, Outcome
 
@@ -18,21 +22,51 @@ LAZY = {
     "AsyncOrchestrator", "AsyncResilientTransport", "AsyncSGLangClient", "EngineGroup", "Orchestrator", "PhaseFailed",
     "ResilientAdapter", "ResilientMiddleware", "ResilientTransport", "SGLangClient", "resilient_session",
 }  # fmt: skip
-INTERNAL = {
-    "Retrier", "RetryCall", "CallSpec", "AttemptResult", "ErrorTypes", "classify", "backoff_delay", "EndpointMatch", "CircuitBreaker",
-    "testing_mode",
-}  # fmt: skip
+ELSEWHERE = {
+    "resilience.outcome": {"AttemptRecord", "CallOutcome", "Delivery", "Outcome", "attempts_of"},
+    "resilience.events": {"Event", "Observer"},
+    "resilience.policy": {"Probe", "ProbeAnswer", "ProbeContext", "EndpointMatch"},
+    "resilience.clock": {"Clock", "FakeClock", "SystemClock"},
+    "resilience.budget": {"RestartBudget", "RestartBudgetError", "RestartRecord"},
+    "resilience.breaker": {"BreakerState", "CircuitBreaker"},
+    "resilience.errors": {"ConfigConflict", "PolicyError", "RetryBudgetExhausted", "ErrorTypes"},
+    "resilience.deadline": {"current_deadline"},
+    "resilience.driver_config": {"DriverConfig"},
+    "resilience.backoff": {"backoff_delay"},
+    "resilience.retry.retrier": {"Retrier"},
+    "resilience.retry.call": {"RetryCall"},
+    "resilience.retry.spec": {"CallSpec", "AttemptResult", "classify"},
+}
+"""Names a user meets after the first hour, or a transport author's: each only at its module, its one import path."""
+SURFACE_PROOF = Path(__file__).resolve().parents[1] / "typecheck" / "surface.py"
 
 
-def test_every_exported_name_resolves_and_internals_are_not_exported() -> None:
-    """Each name of ``__all__`` is an attribute (lazy ones included); transport-author names are not exported."""
-    assert len(resilience.__all__) > 30 and len(set(resilience.__all__)) == len(resilience.__all__)
+def test_the_top_level_is_what_a_user_needs_first_and_each_name_resolves() -> None:
+    """``__all__`` is short and resolves (lazy names included); the rest is reachable only from its module."""
+    assert len(set(resilience.__all__)) == len(resilience.__all__) <= 30, resilience.__all__
     missing = [name for name in resilience.__all__ if getattr(resilience, name, None) is None]
     assert not missing
     assert LAZY <= set(resilience.__all__) and LAZY <= set(dir(resilience))
-    assert not INTERNAL & set(resilience.__all__)
+    for module, names in ELSEWHERE.items():
+        assert not names & set(resilience.__all__), names & set(resilience.__all__)
+        defined = importlib.import_module(module)
+        assert all(hasattr(defined, name) for name in names), (module, sorted(n for n in names if not hasattr(defined, n)))
     with pytest.raises(AttributeError, match="no attribute 'Retrier'"):
         _ = resilience.Retrier  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no attribute 'attempts_of'"):
+        _ = resilience.attempts_of  # type: ignore[attr-defined]
+
+
+def test_every_exported_name_is_proven_by_the_typecheck_file() -> None:
+    """Each name of ``__all__`` is used as ``resilience.<name>`` in ``tests/typecheck/surface.py``, which mypy checks."""
+    tree = ast.parse(SURFACE_PROOF.read_text(encoding="utf-8"))
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "resilience"
+    }
+    assert not set(resilience.__all__) - used, f"exported but never used in {SURFACE_PROOF.name}: {sorted(set(resilience.__all__) - used)}"
+    assert not used - set(resilience.__all__), f"used there but not exported: {sorted(used - set(resilience.__all__))}"
 
 
 def test_lazy_names_are_the_defining_modules_objects() -> None:
@@ -94,7 +128,7 @@ def test_set_testing_rejects_bad_attempts(attempts: object) -> None:
     with pytest.raises(resilience.ConfigError, match=r"set_testing.attempts must be an integer >= 1 or None"):
         resilience.set_testing(True, attempts=attempts)  # type: ignore[arg-type]
     assert current_testing() == _config.TestingMode()
-    assert issubclass(resilience.ConfigError, ValueError) and resilience.PolicyError is resilience.ConfigError
+    assert issubclass(resilience.ConfigError, ValueError) and PolicyError is resilience.ConfigError
 
 
 def test_events_with_many_fields_are_keyword_only() -> None:

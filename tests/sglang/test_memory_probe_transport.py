@@ -22,8 +22,15 @@ import requests
 
 from resilience.adapters.httpx import AsyncResilientTransport
 from resilience.adapters.requests import resilient_session
-from resilience.adapters.sglang import AsyncSGLangClient, SGLangClient, SGLangError
-from resilience.adapters.sglang_policies import SGLANG_POLICIES, SGLANG_STRICT_POLICIES, sglang_policies, with_memory_probe
+from resilience.adapters.sglang import (
+    SGLANG_POLICIES,
+    SGLANG_STRICT_POLICIES,
+    AsyncSGLangClient,
+    SGLangClient,
+    SGLangError,
+    sglang_policies,
+    with_memory_probe,
+)
 from resilience.barrier.fanout import EngineDied
 from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict

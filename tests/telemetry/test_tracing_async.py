@@ -12,7 +12,8 @@ from opentelemetry.trace import SpanKind
 
 from resilience.outcome import Delivery
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
-from resilience.retry import AttemptResult, CallSpec, Retrier
+from resilience.retry.retrier import Retrier
+from resilience.retry.spec import AttemptResult, CallSpec
 from resilience.telemetry.tracing import TracingObserver
 
 ENGINE = "http://127.0.0.1:30000"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_POLICIES
+from resilience.adapters.sglang import SGLANG_ADMIN_PATHS, SGLANG_POLICIES
 from resilience.testing.emulator import EngineConfig
 from resilience.testing.emulator.contract import INTERNAL_FIELDS, SUBSET_BODIES, client_endpoints, emulator_routes
 from resilience.testing.emulator.routes import iter_routes

@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 from fastapi import APIRouter, FastAPI
 
-from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
+from resilience.adapters.sglang import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
 from resilience.testing.emulator import EngineConfig
 from resilience.testing.emulator.app import create_app
 from resilience.testing.emulator.contract import (

@@ -19,6 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig, EngineHandle
+from resilience.testing.emulator.ready import READY_PREFIX, print_ready, ready_url
+from resilience.testing.faults import FaultPlan
 from tests.conftest import none_of_ours_listens, process_tree
 
 pytest.importorskip("fastapi")
@@ -206,6 +208,47 @@ def test_spawn_start_method_runs_a_fresh_interpreter_per_engine() -> None:
         assert f.zygote_pid is None
         assert psutil.Process(f.pids[0]).ppid() == os.getpid()
         assert_serves(f.engines[0])
+
+
+def test_an_engine_handle_puts_a_proxy_in_front_and_lets_go_by_its_public_methods() -> None:
+    """start_proxy: url goes through the proxy (direct_url still reaches the engine), one proxy per engine; stop_proxy
+    stops it (idempotent); close() ends the process, keeps the log readable after the log folder is gone, and is idempotent."""
+    f = EmulatedFleet(1, CONFIG)
+    try:
+        f.start()
+        handle = f.engines[0]
+        direct = handle.url
+        proxy = handle.start_proxy(FaultPlan(seed=0))
+        assert handle.proxy is proxy and handle.url == proxy.url != direct == handle.direct_url
+        assert generate(handle.url, 1).status_code == 200
+        with pytest.raises(RuntimeError, match=r"engine 0 already has a fault proxy in front of it"):
+            handle.start_proxy(FaultPlan(seed=0))
+        handle.stop_proxy()
+        handle.stop_proxy()
+        with pytest.raises(requests.ConnectionError):
+            generate(handle.url, 1)
+        with session() as s:  # a double release, straight to the engine: it dies and says why on stderr
+            assert s.post(direct + "/release_memory_occupation", json={"tags": ["kv_cache"]}, timeout=TIMEOUT).status_code == 200
+            with pytest.raises(requests.ConnectionError):
+                s.post(direct + "/release_memory_occupation", json={"tags": ["kv_cache"]}, timeout=TIMEOUT)
+        assert handle.wait_exit(TIMEOUT) == 1
+        pid, log = handle.pid, handle.log()
+        assert "Cannot pause allocation that is not active" in log, log
+        handle.close()
+        assert not handle.alive() and gone(pid)
+        handle.close()
+    finally:
+        f.stop()
+    assert not f.memory_state_dir.parent.exists()  # the fleet removed its own log folder
+    assert handle.log() == log
+
+
+def test_the_ready_line_is_printed_and_read_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """print_ready writes the line ready_url reads (whitespace and the newline ignored); any other line is not one."""
+    print_ready("http://127.0.0.1:30000")
+    line = capsys.readouterr().out
+    assert line == f"{READY_PREFIX}http://127.0.0.1:30000\n" and ready_url(line) == "http://127.0.0.1:30000"
+    assert ready_url("INFO: Uvicorn running on http://127.0.0.1:30000") is None and ready_url("") is None
 
 
 def test_bad_start_method_is_named() -> None:

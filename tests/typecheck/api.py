@@ -8,7 +8,11 @@ import resilience
 from resilience import EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.requests import ResilientAdapter, resilient_session
+from resilience.driver_config import DriverConfig
+from resilience.errors import ConfigConflict, PolicyError
+from resilience.events import Event
 from resilience.ledger import AttemptLedger, LedgerEntry
+from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
 table: PolicyTable = PolicyTable({"POST /pause_generation": EndpointPolicy(retry=RetryPolicy(max_attempts=3))})
 session: requests.Session = resilient_session(table)
@@ -18,7 +22,7 @@ with resilience.Deadline(5.0) as d:
 try:
     session.post("http://127.0.0.1:1/pause_generation", json={})
 except resilience.AmbiguousOutcome as exc:
-    attempts: tuple[resilience.AttemptRecord, ...] = exc.attempts
+    attempts: tuple[AttemptRecord, ...] = exc.attempts
 except requests.RequestException:
     pass
 
@@ -35,7 +39,7 @@ try:
     loaded: PolicyTable = resilience.load_policy_file("policies.toml", base=table)
 except resilience.ConfigError as bad:
     message: str = str(bad)
-policy_error: type[ValueError] = resilience.PolicyError
+policy_error: type[ValueError] = PolicyError
 
 # The one testing switch: a plain call, or a with-block that restores the previous mode.
 resilience.set_testing(True, attempts=2)
@@ -44,8 +48,12 @@ with resilience.set_testing(False) as mode:
 
 # Memory probes: the protocol, the two shipped probes, and the tables and clients that ask them.
 from resilience.adapters.nvml import EngineGpu, NvmlMemoryProbe  # noqa: E402
-from resilience.adapters.sglang import SGLangClient  # noqa: E402
-from resilience.adapters.sglang_policies import SGLANG_STRICT_POLICIES, sglang_policies, with_memory_probe  # noqa: E402
+from resilience.adapters.sglang import (  # noqa: E402
+    SGLANG_STRICT_POLICIES,
+    SGLangClient,
+    sglang_policies,
+    with_memory_probe,
+)
 from resilience.memory_probe import MemoryProbe  # noqa: E402
 from resilience.testing import EmulatorMemoryProbe  # noqa: E402
 
@@ -59,19 +67,19 @@ confirmed: bool = SGLangClient("http://127.0.0.1:1", memory_probe=emulator_probe
 # One DriverConfig for every driver; the delivery record of an error through the one accessor.
 
 
-def watch(event: resilience.Event) -> None:
+def watch(event: Event) -> None:
     """An observer."""
 
 
-config: resilience.DriverConfig = resilience.DriverConfig(policies=table, observers=(watch,), breaker=None)
+config: DriverConfig = DriverConfig(policies=table, observers=(watch,), breaker=None)
 shared: ResilientAdapter = ResilientAdapter(config=config)
 shared_session: requests.Session = resilient_session(config=config)
-conflict: type[resilience.ConfigError] = resilience.ConfigConflict
+conflict: type[resilience.ConfigError] = ConfigConflict
 try:
     shared_session.get("http://127.0.0.1:1/x")
 except requests.RequestException as failed:
-    record: tuple[resilience.AttemptRecord, ...] | None = resilience.attempts_of(failed)
-    never_left: bool = record is not None and all(r.delivery is resilience.Delivery.NOT_SENT for r in record)
+    record: tuple[AttemptRecord, ...] | None = attempts_of(failed)
+    never_left: bool = record is not None and all(r.delivery is Delivery.NOT_SENT for r in record)
 
 # Whether an entry named its timeouts (the caller's own timeout wins where it did not); the connect window.
 named: bool = EndpointPolicy(attempt_timeout_s=5).named("attempt_timeout_s") and not EndpointPolicy().named("deadline_s")
@@ -81,7 +89,7 @@ refused_event: type[object] = resilience.events.EngineRefused
 # The instrumentor (adapters/instrument.py) and the ledger under it (resilience/ledger.py).
 
 instrumentor: SGLangInstrumentor = SGLangInstrumentor(["http://127.0.0.1:30000", "10.0.0.6"], window_s=10.0).instrument()
-instrumented_by_config: SGLangInstrumentor = SGLangInstrumentor(["10.0.0.7:30000"], config=resilience.DriverConfig(policies=table))
+instrumented_by_config: SGLangInstrumentor = SGLangInstrumentor(["10.0.0.7:30000"], config=DriverConfig(policies=table))
 now_active: SGLangInstrumentor | None = SGLangInstrumentor.active()
 is_on: bool = instrumentor.instrumented and instrumentor.matches_url("http://127.0.0.1:30000/pause_generation")
 entry: LedgerEntry | None = AttemptLedger(10.0).get("http://127.0.0.1:30000", "POST /release_memory_occupation")

@@ -47,3 +47,26 @@ misspelt: ControlPlaneEngine = _MisspeltEngine()  # type: ignore[assignment]
 not_an_engine: ControlPlaneEngine = object()  # type: ignore[assignment]
 async_is_not_sync_client: AsyncControlPlaneEngine = SGLangClient("http://127.0.0.1:1")  # type: ignore[assignment]
 async_client: AsyncControlPlaneEngine = AsyncSGLangClient("http://127.0.0.1:1")
+
+
+def _held_rules(client: SGLangClient, async_client: AsyncSGLangClient) -> None:
+    """Both orchestrators hold their rules; the attributes users read keep their types (``BarrierView``)."""
+    from typing import assert_type
+
+    from resilience.barrier import AsyncOrchestrator, PhaseDeadlines
+    from resilience.barrier.journal import Journal, Recovery
+    from resilience.barrier.rules import BarrierRules
+    from resilience.events import Observer
+    from resilience.memory_probe import MemoryProbe
+
+    orch = Orchestrator(EngineGroup([client]))
+    aorch = AsyncOrchestrator(EngineGroup([async_client]))
+    assert_type(orch.rules, BarrierRules[SGLangClient])
+    assert_type(aorch.rules, BarrierRules[AsyncSGLangClient])
+    assert_type(orch.recovery, Recovery | None)
+    assert_type(aorch.journal, Journal | None)
+    assert_type(orch.memory_probe, MemoryProbe | None)
+    assert_type(aorch.deadlines, PhaseDeadlines)
+    assert_type(orch.observers, tuple[Observer, ...])
+    orch.observers = ()  # settable, as before
+    orch.rollback = "no"  # type: ignore[assignment]

@@ -6,12 +6,17 @@ This module imports neither torch nor FastAPI: the fleet (the test side) uses it
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
 import math
+import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SGLANG_VERSION", "EngineConfig", "add_config_arguments", "config_from_namespace"]
+__all__ = ["SGLANG_VERSION", "EngineConfig", "add_config_arguments", "config_from_namespace", "field_docs", "field_help"]
 
 SGLANG_VERSION = "0.5.23"
 """The SGLang release whose control plane the emulator reproduces."""
@@ -155,8 +160,72 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string literal right below its annotation), whitespace folded, by name.
+
+    Read from the class's source, so ``--help`` and the docstrings cannot drift apart; a field without
+    one (or a class whose source is not installed) is simply missing from the result.
+    """
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0]
+    if not isinstance(body, ast.ClassDef):
+        return {}
+    docs: dict[str, str] = {}
+    for node, after in zip(body.body, body.body[1:], strict=False):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            text = " ".join(after.value.value.split())
+            docs[node.target.id] = re.sub(r"``([^`]+)``", r"\1", text)  # plain text: --help shows no reST
+    return docs
+
+
+def _unit(name: str) -> str | None:
+    """The unit of an EngineConfig field, read from its name (None: a count, a name or a switch)."""
+    if name.endswith("_seconds"):
+        return "seconds"
+    if name == "token_rate":
+        return "tokens per second"
+    if name.endswith("_tokens") or name == "context_length":
+        return "tokens"
+    return None
+
+
+def _metavar(name: str, default: Any) -> str:
+    """The placeholder ``--help`` shows for a field's value: its unit for numbers, its name otherwise."""
+    unit = _unit(name)
+    if unit == "seconds":
+        return "SECONDS"
+    if unit == "tokens per second":
+        return "TOKENS_PER_S"
+    if unit == "tokens":
+        return "TOKENS"
+    if isinstance(default, int):
+        return "N"
+    return name.upper()
+
+
+def field_help(name: str) -> str:
+    """The ``--help`` text of EngineConfig field ``name``: what it means (its docstring), its unit and its default."""
+    spec = next((f for f in dataclasses.fields(EngineConfig) if f.name == name), None)
+    if spec is None:
+        raise ValueError(f"`name` must be an EngineConfig field, but was {name!r}")
+    meaning = field_docs(EngineConfig).get(name, f"EngineConfig.{name}")
+    unit = _unit(name)
+    default = "none" if spec.default is None else ("on" if spec.default is True else "off" if spec.default is False else repr(spec.default))
+    said = f"in {unit}; default: {default}" if unit else f"default: {default}"
+    return f"{meaning} ({said})".replace("%", "%%")  # argparse formats help with %
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one ``--kebab-case`` flag per EngineConfig field, each defaulting to the field's default."""
+    """Add one ``--kebab-case`` flag per EngineConfig field, each defaulting to the field's default.
+
+    Each flag's help is :func:`field_help`: the field's docstring, its unit and its default.
+    """
     for spec in dataclasses.fields(EngineConfig):
         default: Any = spec.default
         if isinstance(default, bool):
@@ -165,7 +234,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                 dest=spec.name,
                 action=argparse.BooleanOptionalAction,
                 default=default,
-                help=f"EngineConfig.{spec.name} (default: {default!r})",
+                help=field_help(spec.name),
             )
             continue
         kind: type = str if default is None else type(default)
@@ -174,8 +243,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             dest=spec.name,
             type=kind,
             default=default,
-            metavar=spec.name.upper(),
-            help=f"EngineConfig.{spec.name} (default: {default!r})",
+            metavar=_metavar(spec.name, default),
+            help=field_help(spec.name),
         )
 
 

@@ -159,16 +159,19 @@ def client_endpoints(*modules: Any) -> set[tuple[str, str]]:
     """Every ``(method, path)`` the SGLang clients call, read from their modules' source by AST.
 
     By default the sync and async clients and the pure functions both build
-    their requests with (``adapters/sglang.py``, ``sglang_async.py``,
-    ``sglang_calls.py``): a ``Call("METHOD", "/path", ...)``, and the helpers
+    their requests with (``adapters/sglang/client.py``, ``async_client.py``,
+    ``calls.py``): a ``Call("METHOD", "/path", ...)``, and the helpers
     whose method is fixed (``memory_call`` POSTs, ``read_call`` and
-    ``_health`` GET).
+    ``_health`` GET); and every route of the clients' method table
+    (``adapters/sglang/methods.py``, ``METHODS``).
     """
-    if not modules:
-        from resilience.adapters import sglang, sglang_async, sglang_calls
-
-        modules = (sglang, sglang_async, sglang_calls)
     found: set[tuple[str, str]] = set()
+    if not modules:
+        from resilience.adapters.sglang import async_client, calls, client
+        from resilience.adapters.sglang.methods import METHODS
+
+        modules = (client, async_client, calls)
+        found.update((m.http, m.path) for m in METHODS)
     fixed = {"memory_call": "POST", "read_call": "GET", "_health": "GET", "_control": "POST", "_weights": "POST"}
     for module in modules:
         for node in ast.walk(ast.parse(inspect.getsource(module))):
@@ -233,7 +236,7 @@ def check(wheel: Any, app: Any = None) -> ContractReport:
     Raises AssertionError when a compared set is empty or implausibly small: a check
     over nothing would pass whatever the emulator did.
     """
-    from resilience.adapters.sglang_policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
+    from resilience.adapters.sglang import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
 
     sglang = read_surface(wheel)
     if app is None:

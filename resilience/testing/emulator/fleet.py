@@ -194,6 +194,42 @@ class EngineHandle:
         if self._proc is not None:
             self._proc.join()
 
+    def close(self) -> None:
+        """Let the engine go for good: stop its process if it runs (:meth:`stop`), keep its log, close its inspection session.
+
+        :meth:`log` then answers from memory (the fleet may delete its log folder);
+        :meth:`record` and :meth:`state` open a new connection if called again.
+        Stops no fault proxy (:meth:`stop_proxy`). Idempotent.
+        """
+        if self._proc is not None and self.alive():
+            self.stop()
+        self._join_reader()
+        if self._final_log is None:
+            self._final_log = self.log()
+        self._session.close()
+
+    # ----- fault proxy ------------------------------------------------------------------
+    def start_proxy(self, plan: FaultPlan) -> FaultProxy:
+        """Start a :class:`resilience.testing.faults.FaultProxy` with ``plan`` in front of this engine, and return it.
+
+        From then on :attr:`url` is the proxy's URL (:attr:`direct_url` still reaches the
+        engine) and :attr:`proxy` is the proxy. The engine must be READY; one proxy per
+        engine (a second call raises RuntimeError). :meth:`stop_proxy` stops it.
+        """
+        from resilience.testing.faults import FaultProxy  # lazy: only engines behind a fault plan need it
+
+        if self._proxy is not None:
+            raise RuntimeError(f"engine {self.index} already has a fault proxy in front of it ({self._proxy.url})")
+        proxy = FaultProxy(self.direct_url, plan, self.index)
+        self._proxy = proxy  # before start(): a start that fails half way is still stopped by stop_proxy()
+        proxy.start()
+        return proxy
+
+    def stop_proxy(self) -> None:
+        """Stop the fault proxy in front of this engine, if any (:attr:`url` keeps naming it: calls then fail). Idempotent."""
+        if self._proxy is not None:
+            self._proxy.stop()
+
     # ----- inspection -------------------------------------------------------------
     def record(self) -> dict[str, Any]:
         """``GET /_emulator/record``: ``{"calls": [...], "state": {...}}`` (see the package docs for the fields)."""
@@ -219,10 +255,6 @@ class EngineHandle:
             if path.exists():
                 parts.append(path.read_text(encoding="utf-8", errors="replace"))
         return "".join(parts)
-
-    def _freeze_log(self) -> None:
-        self._final_log = self.log()
-        self._session.close()
 
 
 ProgressCallback = Callable[[int, int], None]
@@ -392,12 +424,8 @@ class EmulatedFleet:
         pending[0].wait_ready(deadline)  # past the deadline: raises with the first missing engine's log
 
     def _start_proxies(self, plan: FaultPlan) -> None:
-        from resilience.testing.faults import FaultProxy  # lazy: only fleets with a fault plan need it
-
         for engine in self.engines:
-            proxy = FaultProxy(engine.direct_url, plan, engine.index)
-            engine._proxy = proxy
-            proxy.start()
+            engine.start_proxy(plan)
 
     def stop(self) -> None:
         """Stop proxies, then every engine by PID (SIGTERM, bounded wait, SIGKILL), then the zygote. Idempotent."""
@@ -406,8 +434,7 @@ class EmulatedFleet:
         self._stopped = True
         try:
             for engine in self.engines:
-                if engine.proxy is not None:
-                    engine.proxy.stop()
+                engine.stop_proxy()
         finally:
             try:
                 for engine in self.engines:
@@ -416,8 +443,7 @@ class EmulatedFleet:
                 for engine in self.engines:
                     if engine.wait_exit(max(0.0, deadline - time.monotonic())) is None:
                         engine.kill()
-                    engine._join_reader()
-                    engine._freeze_log()
+                    engine.close()
             finally:
                 if self._zygote is not None:
                     self._zygote.close()

@@ -47,16 +47,19 @@ class ForkedProcess:
         self._pid: int | None = None
         self._returncode: int | None = None
 
-    # called by the zygote's reader thread
-    def _on_spawned(self, pid: int) -> None:
+    # -- what the zygote reports (its reader thread calls these; so does a launch that found the zygote gone) --
+    def note_spawned(self, pid: int) -> None:
+        """The zygote forked this engine as process ``pid``: :attr:`pid` answers from now on."""
         self._pid = pid
         self._spawned.set()
 
-    def _on_ready(self, url: str) -> None:
+    def note_ready(self, url: str) -> None:
+        """The engine serves at ``url``: sets :attr:`url` and :attr:`ready`."""
         self.url = url
         self.ready.set()
 
-    def _on_exit(self, code: int) -> None:
+    def note_exit(self, code: int) -> None:
+        """The engine ended with exit status ``code`` (or was never forked: then 1); :meth:`poll` returns it from now on."""
         self._returncode = code
         self._spawned.set()
         self._exited.set()
@@ -79,7 +82,7 @@ class ForkedProcess:
     def _check_orphan(self) -> None:
         """The zygote is gone: our child was re-parented; it counts as ended once it no longer runs."""
         if self._pid is None or not _runs(self._pid):
-            self._on_exit(_ORPHAN_STATUS if self._pid is not None else 1)
+            self.note_exit(_ORPHAN_STATUS if self._pid is not None else 1)
 
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
@@ -194,7 +197,7 @@ class Zygote:
                 stdin.flush()
         except (OSError, ValueError, RuntimeError) as exc:  # a closed or broken pipe: the zygote is gone
             stderr.write_text(f"the engines' zygote is gone, no engine forked: {exc!r}\n", encoding="utf-8")
-            process._on_exit(1)
+            process.note_exit(1)
         return process
 
     def _read(self, stream: IO[bytes]) -> None:
@@ -223,13 +226,13 @@ class Zygote:
         if process is None:
             return
         if kind == "spawned":
-            process._on_spawned(event["pid"])
+            process.note_spawned(event["pid"])
         elif kind == "ready":
-            process._on_ready(event["url"])
+            process.note_ready(event["url"])
         elif kind == "exit":
-            process._on_exit(int(event["code"]))
+            process.note_exit(int(event["code"]))
         elif kind == "failed":  # the zygote wrote the reason into the engine's stderr log
-            process._on_exit(1)
+            process.note_exit(1)
 
     def log(self) -> str:
         """The zygote's own stderr (import errors, tracebacks)."""

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
-from .server import READY_PREFIX
+from .ready import ready_url
 
 __all__ = ["EmulatorStartError", "EngineProcess", "ExecLauncher", "ExecProcess", "Launcher"]
 
@@ -93,9 +93,9 @@ class ExecProcess:
             for line in iter(stream.readline, b""):  # ends at EOF, when the process exits
                 out.write(line)
                 out.flush()
-                text = line.decode("utf-8", errors="replace").strip()
-                if not self.ready.is_set() and text.startswith(READY_PREFIX):
-                    self.url = text[len(READY_PREFIX) :]
+                url = None if self.ready.is_set() else ready_url(line.decode("utf-8", errors="replace"))
+                if url is not None:
+                    self.url = url
                     self.ready.set()
         stream.close()
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .config import EngineConfig
 from .fleet import EmulatedFleet, EmulatorStartError
-from .server import READY_PREFIX
+from .ready import READY_PREFIX
 
 __all__ = ["ProgressPrinter", "serve_fleet"]
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
+from .ready import print_ready
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -22,13 +23,10 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .vllm.server import VLLMAppFactory
 
-__all__ = ["READY_PREFIX", "AppFactory", "build_parser", "main", "print_ready"]
+__all__ = ["AppFactory", "build_parser", "main"]
 
 AppFactory = Callable[[EngineConfig, str, int], "tuple[FastAPI, Engine]"]
 """Builds one engine's app: ``factory(config, host, port) -> (app, engine)`` (default: ``app.create_app``)."""
-
-READY_PREFIX = "EMULATOR READY "
-"""Start of the line printed on stdout when the engine serves; the URL follows."""
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -36,6 +34,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog or "python -m resilience.testing.emulator",
         description="Run emulated SGLang engines (control plane and crash semantics) on the CPU: one, or N with --engines N.",
+        allow_abbrev=False,  # an abbreviation must not silently stand for another flag (--engine for --engines)
     )
     parser.add_argument(
         "--engine",
@@ -86,11 +85,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def print_ready(url: str) -> None:
-    """The default ``on_ready``: print ``EMULATOR READY <url>`` on stdout."""
-    print(f"{READY_PREFIX}{url}", flush=True)
 
 
 def main(

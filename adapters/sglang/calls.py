@@ -1,0 +1,517 @@
+"""What an SGLang client sends, and what the answers mean: shared by ``SGLangClient`` and ``AsyncSGLangClient``.
+
+No I/O here. A client method builds a ``Call`` (method, path, JSON body, query),
+its transport turns the engine's answer into an ``Answer`` (status, text,
+attempts), and a parser here turns that into a typed result or raises the
+typed error. The sync and async clients differ only in how they send, so they
+cannot drift apart. ``methods.py`` lists every client method with its route and
+result; ``state.py`` holds what both clients remember; ``liveness.py`` decides
+whether an engine behind a proxy is dead.
+"""
+
+from __future__ import annotations
+
+import enum
+import json as jsonlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES
+from resilience.adapters.sglang.results import (
+    ControlResult,
+    FlushResult,
+    GenerateResult,
+    Health,
+    ModelInfo,
+    SGLangAppliedButRefused,
+    SGLangAuthError,
+    SGLangError,
+    SGLangProtocolError,
+    WeightUpdateResult,
+)
+from resilience.barrier.engine import ALL_TAGS
+from resilience.outcome import AttemptRecord, Delivery, Outcome
+
+__all__ = [
+    "GATEWAY_STATUSES",
+    "PROBE_CONFIRMED_REASON",
+    "Answer",
+    "Call",
+    "StreamEnd",
+    "answer_records",
+    "auth_headers",
+    "control_result",
+    "flush_gave_up",
+    "flush_outcome",
+    "flush_server_wait",
+    "generate_result",
+    "health_result",
+    "json_of",
+    "key_for",
+    "model_info_result",
+    "models_result",
+    "paused_health",
+    "raise_if_refused",
+    "require_ok",
+    "server_info_result",
+    "sse_line",
+    "weights_result",
+]
+
+NOT_IDLE = ("Timed out waiting for idle state", "Flush cache failed", "Another flush_cache is already in progress")
+"""``/flush_cache`` 400 answers that mean "busy, ask again" (``scheduler.py``, ``flush_wrapper.py``)."""
+
+APPLIED_NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
+"""The start of a weight update's 400 message when the weights were loaded but the cache flush was refused."""
+
+FLUSH_SERVER_WAIT_CAP_S = 30.0
+"""The longest ``?timeout=`` a flush asks SGLang to wait for idle in one request."""
+
+
+# -- the two values that cross the transport ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request to send: ``method``, ``path``, a JSON ``body`` (None = no body) and query ``params``."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+    params: Mapping[str, str] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """``"POST /pause_generation"``: how errors and results name the call."""
+        return f"{self.method} {self.path}"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the engine answered: ``status``, the body as ``text``, and the ``attempts`` the call took.
+
+    ``response``: the transport's own response object, put on raised errors as
+    ``error.response`` (None = none); never read here. ``records``: the
+    transport's delivery record of the call (``AttemptRecord``s), put on raised
+    errors as ``error.attempts``; ``answer_records`` fills it in.
+    """
+
+    endpoint: str
+    status: int
+    text: str
+    attempts: int = 1
+    response: Any = None
+    records: tuple[AttemptRecord, ...] = ()
+    confirmed_by_probe: bool = False
+    """True when the engine's own answer was lost and the transport's memory probe proved the call applied."""
+
+    @property
+    def ok(self) -> bool:
+        """True for a status below 400 (``requests.Response.ok``)."""
+        return self.status < 400
+
+
+PROBE_CONFIRMED_REASON = "Applied (confirmed by probe)"
+"""The reason phrase of the body-less 200 every driver returns when a probe proved a lost call applied."""
+
+GATEWAY_STATUSES: frozenset[int] = frozenset({502, 503, 504})
+"""Statuses a front end answers when it got nothing (usable) from the engine."""
+
+
+def answer_records(value: object, status: int, reason: str | None = None) -> tuple[tuple[AttemptRecord, ...], bool]:
+    """The delivery record of an answer, and whether a memory probe confirmed it: ``(records, confirmed_by_probe)``.
+
+    ``value``: what the transport put on its response (``.attempts``, httpx's
+    ``extensions["attempts"]``); ``status`` / ``reason``: the response's status
+    and reason phrase (None = not known). The records are the transport's (a
+    non-empty tuple of ``AttemptRecord``), else one attempt that got
+    ``status``: a session without the resilience layer records nothing, and
+    the answer itself proves that one attempt reached the engine and was
+    answered. ``confirmed_by_probe`` is True only for the layer's own "applied"
+    answer: a 200 with ``PROBE_CONFIRMED_REASON`` that carries the layer's
+    record (an engine or proxy answering that phrase itself is not believed).
+    """
+    if isinstance(value, tuple) and value and all(isinstance(r, AttemptRecord) for r in value):
+        return value, status == 200 and reason == PROBE_CONFIRMED_REASON
+    outcome = Outcome.SUCCESS if status < 400 else Outcome.FATAL
+    return (AttemptRecord(0, status, outcome, Delivery.RESPONDED, None, 0.0),), False
+
+
+class StreamEnd(enum.Enum):
+    """``sse_line``'s answer for the ``data: [DONE]`` line."""
+
+    DONE = "[DONE]"
+
+
+# -- what to send ----------------------------------------------------------------
+
+
+def check_base_url(base_url: str, owner: str) -> str:
+    """``base_url`` without a trailing slash; a clear error naming ``owner`` when it is not http(s)."""
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise ValueError(f"{owner} base_url must start with http:// or https://, but was {base_url!r}")
+    return base_url.rstrip("/")
+
+
+def key_for(path: str, api_key: str | None, admin_api_key: str | None) -> tuple[str | None, str | None]:
+    """The key this route's SGLang auth level asks for, as (name, key); (None, None) = send none."""
+    if path.startswith(SGLANG_OPEN_PREFIXES):
+        return None, None
+    if path in SGLANG_ADMIN_PATHS and admin_api_key:
+        return "admin_api_key", admin_api_key
+    if api_key:
+        return "api_key", api_key
+    return None, None
+
+
+def auth_headers(key: str | None) -> dict[str, str] | None:
+    """The ``Authorization: Bearer`` header for ``key``, or None."""
+    return {"Authorization": f"Bearer {key}"} if key else None
+
+
+def pause_call(mode: str) -> Call:
+    """``POST /pause_generation``; ``mode`` must be abort, retract or in_place."""
+    if mode not in ("abort", "retract", "in_place"):
+        raise ValueError(f"pause mode must be 'abort', 'retract' or 'in_place', but was {mode!r}")
+    return Call("POST", "/pause_generation", {"mode": mode})
+
+
+def continue_call(torch_empty_cache: bool) -> Call:
+    """``POST /continue_generation``."""
+    return Call("POST", "/continue_generation", {"torch_empty_cache": torch_empty_cache})
+
+
+def flush_call(server_wait_s: float) -> Call:
+    """``POST /flush_cache?timeout=`` with the seconds SGLang itself waits for idle (0 = flush now or refuse)."""
+    return Call("POST", "/flush_cache", params={"timeout": f"{server_wait_s:.3f}"})
+
+
+def abort_call(rid: str | None, abort_all: bool) -> Call:
+    """``POST /abort_request`` for requests whose rid starts with ``rid``, or all."""
+    if rid is None and not abort_all:
+        raise ValueError("abort_request needs a rid or abort_all=True")
+    return Call("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
+
+
+def memory_call(path: str, tags: Sequence[str] | None) -> Call:
+    """``POST /release_memory_occupation`` or ``/resume_memory_occupation`` for ``tags`` (None = all)."""
+    return Call("POST", path, {"tags": list(tags) if tags else None})
+
+
+def memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
+    """The tags a release or resume of ``tags`` touches (None or empty = ``ALL_TAGS``)."""
+    return tuple(tags) if tags else ALL_TAGS
+
+
+def begin_weight_update_call(selector: str) -> Call:
+    """``POST /begin_weight_update`` (SGLang 0.5.23's weight-update session)."""
+    return Call("POST", "/begin_weight_update", {"selector": selector})
+
+
+def end_weight_update_call() -> Call:
+    """``POST /end_weight_update``."""
+    return Call("POST", "/end_weight_update", {})
+
+
+def update_weight_version_call(new_version: str, abort_all_requests: bool) -> Call:
+    """``POST /update_weight_version``."""
+    return Call("POST", "/update_weight_version", {"new_version": new_version, "abort_all_requests": abort_all_requests})
+
+
+def update_weights_from_tensor_call(
+    serialized_named_tensors: Sequence[str],
+    *,
+    load_format: str | None,
+    flush_cache: bool,
+    abort_all_requests: bool,
+    weight_version: str | None,
+) -> Call:
+    """``POST /update_weights_from_tensor``."""
+    body: dict[str, Any] = {
+        "serialized_named_tensors": list(serialized_named_tensors),
+        "flush_cache": flush_cache,
+        "abort_all_requests": abort_all_requests,
+    }
+    if load_format is not None:
+        body["load_format"] = load_format
+    if weight_version is not None:
+        body["weight_version"] = weight_version
+    return Call("POST", "/update_weights_from_tensor", body)
+
+
+def update_weights_from_distributed_call(
+    names: Sequence[str],
+    dtypes: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    *,
+    group_name: str,
+    flush_cache: bool,
+    weight_version: str | None,
+) -> Call:
+    """``POST /update_weights_from_distributed``."""
+    body: dict[str, Any] = {
+        "names": list(names),
+        "dtypes": list(dtypes),
+        "shapes": [list(s) for s in shapes],
+        "group_name": group_name,
+        "flush_cache": flush_cache,
+    }
+    if weight_version is not None:
+        body["weight_version"] = weight_version
+    return Call("POST", "/update_weights_from_distributed", body)
+
+
+def update_weights_from_disk_call(model_path: str, *, flush_cache: bool, weight_version: str | None, load_format: str | None) -> Call:
+    """``POST /update_weights_from_disk``."""
+    body: dict[str, Any] = {"model_path": model_path, "flush_cache": flush_cache}
+    if weight_version is not None:
+        body["weight_version"] = weight_version
+    if load_format is not None:
+        body["load_format"] = load_format
+    return Call("POST", "/update_weights_from_disk", body)
+
+
+def init_weights_update_group_call(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+) -> Call:
+    """``POST /init_weights_update_group``."""
+    body = {
+        "master_address": master_address,
+        "master_port": master_port,
+        "rank_offset": rank_offset,
+        "world_size": world_size,
+        "group_name": group_name,
+        "backend": backend,
+    }
+    return Call("POST", "/init_weights_update_group", body)
+
+
+def generate_call(
+    text: str | None, input_ids: Sequence[int] | None, sampling_params: Mapping[str, Any] | None, rid: str | None, *, stream: bool
+) -> Call:
+    """``POST /generate`` with exactly one of ``text`` or ``input_ids``."""
+    if (text is None) == (input_ids is None):
+        raise ValueError("generate needs exactly one of text or input_ids")
+    body: dict[str, Any] = {"sampling_params": dict(sampling_params or {}), "stream": stream}
+    if text is not None:
+        body["text"] = text
+    else:
+        body["input_ids"] = list(input_ids or ())
+    if rid is not None:
+        body["rid"] = rid
+    return Call("POST", "/generate", body)
+
+
+def read_call(path: str) -> Call:
+    """A GET of one of the read routes (``/health``, ``/ready``, ``/server_info``, ``/model_info``, ``/v1/models``, ``/v1/loads``)."""
+    return Call("GET", path, params={"include": "core"} if path == "/v1/loads" else None)
+
+
+def flush_server_wait(wait_for_idle: bool, remaining_s: float) -> float:
+    """The ``?timeout=`` of the next flush: 1 s less than what is left, at most 30 s; 0 when not waiting."""
+    return max(0.0, min(remaining_s - 1.0, FLUSH_SERVER_WAIT_CAP_S)) if wait_for_idle else 0.0
+
+
+# -- what the answer means -------------------------------------------------------------
+
+
+def raise_if_refused(engine: str, answer: Answer, key_name: str | None) -> Answer:
+    """Raise ``SGLangAuthError`` on a 401/403 (never retried), naming which key was sent, never the key."""
+    if answer.status in (401, 403):
+        raise SGLangAuthError(
+            engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response, attempts=answer.records
+        )
+    return answer
+
+
+def require_ok(engine: str, answer: Answer) -> Answer:
+    """``answer`` when its status is below 400, else ``SGLangError`` with the status and a body excerpt."""
+    if not answer.ok:
+        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+    return answer
+
+
+def json_of(engine: str, answer: Answer) -> Any:
+    """The JSON body of a successful answer; ``SGLangProtocolError`` when it is not JSON."""
+    require_ok(engine, answer)
+    try:
+        return jsonlib.loads(answer.text)
+    except ValueError:
+        raise SGLangProtocolError(
+            engine,
+            answer.endpoint,
+            answer.status,
+            answer.text,
+            detail="answer is not JSON",
+            response=answer.response,
+            attempts=answer.records,
+        ) from None
+
+
+def _object_or_none(text: str) -> dict[str, Any] | None:
+    try:
+        data = jsonlib.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def control_result(engine: str, answer: Answer) -> ControlResult:
+    """A control call's answer: its ``message`` when the body is a JSON object that has one."""
+    require_ok(engine, answer)
+    data = _object_or_none(answer.text) if answer.text else None
+    message = str(data.get("message", "")) if data is not None else ""
+    return ControlResult(engine, answer.endpoint, message, answer.attempts, confirmed_by_probe=answer.confirmed_by_probe)
+
+
+def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
+    """A weight-update answer ``{"success", "message"}``; a refusal raises, an applied-but-refused update says so."""
+    endpoint = answer.endpoint
+    if answer.status == 400:
+        data = _object_or_none(answer.text)
+        if data is not None and data.get("success") is False:
+            message = str(data.get("message", ""))
+            if message.startswith(APPLIED_NOT_FLUSHED):
+                raise SGLangAppliedButRefused(
+                    engine,
+                    endpoint,
+                    400,
+                    answer.text,
+                    detail="weights applied, cache not flushed",
+                    response=answer.response,
+                    attempts=answer.records,
+                )
+            raise SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}", attempts=answer.records)
+    data = json_of(engine, answer)
+    if not isinstance(data, dict) or "success" not in data:
+        raise SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail="no 'success' field", attempts=answer.records)
+    if not data["success"]:
+        raise SGLangError(
+            engine, endpoint, answer.status, answer.text, detail=f"refused: {data.get('message', '')}", attempts=answer.records
+        )
+    return WeightUpdateResult(engine, endpoint, True, str(data.get("message", "")), data)
+
+
+def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float, poll_s: float) -> FlushResult | None:
+    """A flush's answer: the result when flushed, None to ask again after ``poll_s``, else raise.
+
+    "Not idle" answers (400 with one of ``NOT_IDLE``) are asked again while more
+    than ``poll_s`` of the flush deadline is left; any other error raises at once.
+    """
+    if answer.ok:
+        return FlushResult(engine, answer.text.strip(), polls)
+    not_idle = answer.status == 400 and any(text in answer.text for text in NOT_IDLE)
+    if not not_idle:
+        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+    if remaining_s <= poll_s:
+        raise flush_gave_up(engine, answer, polls)
+    return None
+
+
+def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> SGLangError:
+    """The error of a flush whose deadline ended while the engine still answered "not idle".
+
+    Raised both when too little time is left for another poll and when the
+    deadline runs out during the pause before the next one (the transport's
+    ``DeadlineExceeded`` is then its cause): the caller learns the same thing.
+    """
+    return SGLangError(
+        engine,
+        last_not_idle.endpoint,
+        last_not_idle.status,
+        last_not_idle.text,
+        detail=f"still not idle after {polls} tries before the deadline",
+        response=last_not_idle.response,
+        attempts=last_not_idle.records,
+    )
+
+
+def health_result(engine: str, answer: Answer | None, latency_s: float, error: BaseException | None = None) -> Health:
+    """A health check: the answer's status, or the transport error's type name when none came."""
+    if answer is None:
+        return Health(engine, False, None, latency_s, error=type(error).__name__ if error is not None else "no response")
+    return Health(engine, answer.ok, answer.status, latency_s)
+
+
+def paused_health(engine: str) -> Health:
+    """What ``health()`` reports for an engine this client paused (without asking: /health would hang)."""
+    return Health(engine, True, None, 0.0, paused_by_us=True)
+
+
+def server_info_result(engine: str, answer: Answer) -> dict[str, Any]:
+    """``/server_info``: a JSON object."""
+    data = json_of(engine, answer)
+    if not isinstance(data, dict):
+        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail="answer is not an object", attempts=answer.records)
+    return data
+
+
+def model_info_result(engine: str, answer: Answer) -> ModelInfo:
+    """``/model_info`` with its weight version."""
+    data = json_of(engine, answer)
+    if not isinstance(data, dict) or "model_path" not in data:
+        raise SGLangProtocolError(
+            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field", attempts=answer.records
+        )
+    version = data.get("weight_version")
+    return ModelInfo(engine, str(data["model_path"]), None if version is None else str(version), data.get("served_model_name"), data)
+
+
+def loads_result(engine: str, answer: Answer) -> dict[str, Any]:
+    """``/v1/loads``: the object, or ``{"loads": ...}`` around anything else."""
+    data = json_of(engine, answer)
+    return data if isinstance(data, dict) else {"loads": data}
+
+
+def models_result(engine: str, answer: Answer) -> list[str]:
+    """``/v1/models``: the ``data[].id`` list."""
+    data = json_of(engine, answer)
+    try:
+        return [str(m["id"]) for m in data["data"]]
+    except (KeyError, TypeError):
+        raise SGLangProtocolError(
+            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id", attempts=answer.records
+        ) from None
+
+
+def generate_result(engine: str, answer: Answer) -> GenerateResult:
+    """A non-streaming ``/generate`` answer."""
+    data = json_of(engine, answer)
+    if not isinstance(data, dict):
+        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail="answer is not an object", attempts=answer.records)
+    return generate_chunk(data)
+
+
+def generate_chunk(data: Mapping[str, Any]) -> GenerateResult:
+    """One ``/generate`` output object (a whole answer, or one SSE chunk) as a ``GenerateResult``."""
+    meta = data.get("meta_info") or {}
+    finish = meta.get("finish_reason")
+    reason = finish.get("type") if isinstance(finish, dict) else finish
+    return GenerateResult(
+        text=str(data.get("text", "")),
+        output_ids=tuple(int(i) for i in data.get("output_ids") or ()),
+        finish_reason=None if reason is None else str(reason),
+        meta_info=meta,
+    )
+
+
+def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord, ...] = ()) -> GenerateResult | StreamEnd | None:
+    """One line of a streaming ``/generate``: a result, ``StreamEnd.DONE`` at ``[DONE]``, None for other lines.
+
+    ``records``: the stream's delivery record, put on a protocol error (default: the one 200 that opened the stream).
+    """
+    if not line or not line.startswith("data:"):
+        return None
+    payload = line[len("data:") :].strip()
+    if payload == StreamEnd.DONE.value:
+        return StreamEnd.DONE
+    try:
+        chunk = jsonlib.loads(payload)
+    except ValueError:
+        detail = "bad SSE chunk"
+    else:
+        if isinstance(chunk, dict):
+            return generate_chunk(chunk)
+        detail = "SSE chunk is not an object"
+    raise SGLangProtocolError(engine, endpoint, 200, payload, detail=detail, attempts=answer_records(records, 200)[0])

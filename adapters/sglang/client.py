@@ -1,0 +1,398 @@
+"""``SGLangClient``: one method per SGLang control endpoint, each with the right policy.
+
+Every call goes through a session with a ``ResilientAdapter`` mounted with
+``SGLANG_POLICIES`` (or the session you pass: use ``mount_sglang`` to add the
+adapter to a session your code already uses). Results are typed; errors name
+the engine, endpoint, status and a short body excerpt. Keys follow SGLang's auth
+levels (``utils/auth.py``): admin routes get the admin key when one is given, else
+the API key; other routes get the API key; ``/health*``, ``/ready*`` and ``/metrics*``
+get none. A key goes in a Bearer header and nowhere else (not in repr, errors,
+events, spans or metrics); a 401/403 is never retried and the error says which key
+was refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import requests
+
+from resilience.adapters.requests import ResilientAdapter, resilient_session
+from resilience.adapters.sglang import calls, liveness
+from resilience.adapters.sglang.calls import Answer, Call, answer_records, auth_headers, raise_if_refused
+from resilience.adapters.sglang.own_session import own_driver_kwargs, own_policies
+from resilience.adapters.sglang.results import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
+from resilience.adapters.sglang.state import SGLangClientState
+from resilience.barrier.engine import PauseMode
+from resilience.deadline import Deadline
+from resilience.driver_config import UNSET, DriverConfig, Unset
+from resilience.errors import DeadlineExceeded, ResilienceError
+from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
+from resilience.outcome import AttemptRecord
+from resilience.policy import PolicyTable
+
+__all__ = ["SGLangClient", "mount_sglang"]
+
+
+def mount_sglang(
+    session: requests.Session,
+    base_urls: Sequence[str],
+    *,
+    policies: PolicyTable | Unset = UNSET,
+    observers: Sequence[Observer] | Unset = UNSET,
+    config: DriverConfig | None = None,
+    **adapter_kwargs: Any,
+) -> ResilientAdapter:
+    """Mount one ``ResilientAdapter`` with SGLang policies on ``session`` for each engine URL; returns it.
+
+    Existing code keeps its session and its calls; only the transport changes.
+    ``policies`` defaults to ``SGLANG_POLICIES``; ``config=DriverConfig(...)``
+    instead shares one configuration (and its per-engine breakers and budgets)
+    with other drivers, and conflicts with ``policies`` and the others it holds.
+    """
+    kwargs = own_driver_kwargs("mount_sglang", session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
+    adapter = ResilientAdapter(**kwargs)
+    for url in base_urls:
+        session.mount(url.rstrip("/") + "/", adapter)
+    return adapter
+
+
+class SGLangClient(SGLangClientState):
+    """A client of one SGLang engine's HTTP control plane.
+
+    ``base_url``: the engine (``http://127.0.0.1:30000``). ``session``: a
+    session to use as is (mount the adapter on it with ``mount_sglang``);
+    default a new resilient session with ``policies`` and ``observers``.
+    ``api_key``: SGLang's ``--api-key``, sent as ``Authorization: Bearer`` to normal
+    routes, and to admin routes when no ``admin_api_key`` is given (default None).
+    ``admin_api_key``: SGLang's ``--admin-api-key``, sent to admin routes (pause,
+    continue, flush, abort, release, resume, weight updates) (default None).
+    ``flush_deadline_s``: how long ``flush_cache`` waits for the engine to
+    become idle (default 120 s, capped by any Deadline in context);
+    ``flush_poll_s``: the pause between "not idle" answers (default 0.5 s).
+    ``policies`` (default ``SGLANG_POLICIES``), ``observers`` (default none)
+    and other keyword arguments (``breaker``, ``retry_budget``, ``clock``,
+    ``pool_maxsize``, ...) go to the own session's ``ResilientAdapter``; or
+    ``config=DriverConfig(...)`` (its policies are used: build it with
+    ``policies=SGLANG_POLICIES``) shares one configuration and its per-engine
+    breakers and budgets with other clients and drivers.
+    ``memory_probe``: a ``resilience.memory_probe.MemoryProbe`` the own session's release and
+    resume entries ask before re-sending after a gateway status or an ambiguous
+    failure (``sglang_policies(memory_probe=...)``: a call it proves applied
+    returns as applied, with ``ControlResult.confirmed_by_probe``); default None.
+    With ``config=``, the client uses a copy of the config whose policies ask
+    the probe (``own_session.probed_config``: the same per-engine breakers and
+    budgets, still shared). With a ``session``, all of those (``memory_probe``
+    included) must be left out (``ConfigConflict`` names them): they configure
+    only the client's own session; mount ``with_memory_probe(policies, probe)``
+    on your session instead.
+    A control call whose every attempt got a gateway status is followed by a
+    ``GET /model_info`` within what is left of its deadline; when that fails too
+    the call raises ``resilience.barrier.EngineDied`` (``.attempts`` = the call's
+    record, caused by the ``SGLangError`` it would have raised).
+    ``AsyncSGLangClient`` is the same client with coroutine methods; both build
+    their requests and read the answers with ``resilience.adapters.sglang.calls``.
+
+    Errors carry the call's delivery record (``resilience.outcome.attempts_of``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        session: requests.Session | None = None,
+        api_key: str | None = None,
+        policies: PolicyTable | Unset = UNSET,
+        *,
+        admin_api_key: str | None = None,
+        observers: Sequence[Observer] | Unset = UNSET,
+        flush_deadline_s: float = 120.0,
+        flush_poll_s: float = 0.5,
+        config: DriverConfig | None = None,
+        memory_probe: MemoryProbe | None = None,
+        **adapter_kwargs: Any,
+    ) -> None:
+        kwargs = own_driver_kwargs(
+            "SGLangClient",
+            session=session,
+            config=config,
+            policies=policies,
+            observers=observers,
+            extra=adapter_kwargs,
+            memory_probe=memory_probe,
+        )
+        super().__init__(
+            base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
+        )
+        self._owns_session = session is None
+        self._policies = own_policies(kwargs)
+        self.session = session if session is not None else resilient_session(**kwargs)
+
+    def close(self) -> None:
+        """Close the session if this client created it."""
+        if self._owns_session:
+            self.session.close()
+
+    def __enter__(self) -> SGLangClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _response(self, call: Call, *, stream: bool = False) -> requests.Response:
+        """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``."""
+        key_name, key = self._key_for(call.path)
+        response = self.session.request(
+            call.method, self.base_url + call.path, json=call.body, params=call.params, headers=auth_headers(key), stream=stream
+        )
+        if response.status_code in (401, 403):
+            raise_if_refused(self.engine, _answer(call, response), key_name)
+        return response
+
+    def _send(self, call: Call) -> Answer:
+        deadline = liveness.call_deadline(self._policies, call)
+        try:
+            answer = _answer(call, self._response(call))
+        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
+            records = liveness.gateway_error_records(exc)
+            if liveness.needs_liveness_check(call, None, records):
+                self._check_alive(call.endpoint, records, exc, deadline)
+            raise
+        if liveness.needs_liveness_check(call, answer.status, answer.records):
+            self._check_alive(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
+        return answer
+
+    def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
+        """``GET /model_info`` within what is left of the call's deadline; ``EngineDied`` (from ``original``) when nothing answers it."""
+        left = deadline.remaining()
+        if left <= 0:
+            return  # no time left to check: the call's own error stands
+        error: BaseException | None = None
+        try:
+            with Deadline(left):
+                self.model_info()
+        except (requests.RequestException, ResilienceError, OSError) as exc:  # SGLangError is a RequestException
+            error = exc
+        if liveness.liveness_verdict(error) is False:
+            assert error is not None
+            raise liveness.engine_died(self.engine, endpoint, records, original, error)
+
+    # -- generation control --------------------------------------------------
+
+    def pause_generation(self, mode: PauseMode = "abort") -> ControlResult:
+        """Pause admission. ``abort`` answers in-flight requests as aborted; ``retract`` re-queues them; ``in_place`` keeps their KV."""
+        result = calls.control_result(self.engine, self._send(calls.pause_call(mode)))
+        self._note_paused(mode)
+        return result
+
+    def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
+        """Reopen admission. SGLang's pause is one flag: the first continue wins (the orchestrator owns holds)."""
+        result = calls.control_result(self.engine, self._send(calls.continue_call(torch_empty_cache)))
+        self._note_paused(None)
+        return result
+
+    def flush_cache(self, deadline_s: float | None = None, *, wait_for_idle: bool | None = None) -> FlushResult:
+        """Flush the radix cache, asking again on "not idle" answers until ``deadline_s`` (default ``flush_deadline_s``).
+
+        ``wait_for_idle``: pass the remaining time as SGLang's ``?timeout=`` so the engine itself
+        waits to be idle. None (default) = only when this client has not paused the engine.
+        On a paused engine SGLang's timed wait (``flush_wrapper.py``) counts re-queued requests
+        as work that never drains while paused, so after a ``retract`` pause it can only answer
+        "Timed out waiting for idle state."; ``?timeout=0`` flushes at once, ignoring the
+        waiting queue as the release that follows does (``scheduler.py``, ``flush_cache``).
+        """
+        wait = self._flush_waits(wait_for_idle)
+        with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
+            polls = 0
+            last: Answer | None = None
+            while True:
+                polls += 1
+                try:
+                    answer = self._send(calls.flush_call(calls.flush_server_wait(wait, deadline.remaining())))
+                except DeadlineExceeded as exc:
+                    if last is None:
+                        raise
+                    raise calls.flush_gave_up(self.engine, last, polls - 1) from exc
+                result = calls.flush_outcome(self.engine, answer, polls=polls, remaining_s=deadline.remaining(), poll_s=self.flush_poll_s)
+                if result is not None:
+                    return result
+                last = answer
+                self._pause_between_polls(self.flush_poll_s)
+
+    def _pause_between_polls(self, seconds: float) -> None:
+        """Wait between "not idle" answers of ``flush_cache`` (a method so a test can play a stalled machine)."""
+        time.sleep(seconds)
+
+    def abort_request(self, rid: str | None = None, abort_all: bool = False) -> ControlResult:
+        """Abort requests whose rid starts with ``rid``, or all of them."""
+        return calls.control_result(self.engine, self._send(calls.abort_call(rid, abort_all)))
+
+    # -- memory occupation ---------------------------------------------------
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """Release GPU memory for ``tags`` (None = kv_cache, weights and cuda_graph). Not re-sent once it may have been applied."""
+        result = calls.control_result(self.engine, self._send(calls.memory_call("/release_memory_occupation", tags)))
+        self._note_released(tags)
+        return result
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """Re-occupy memory for ``tags`` (None = all three). Not re-sent once it may have been applied."""
+        result = calls.control_result(self.engine, self._send(calls.memory_call("/resume_memory_occupation", tags)))
+        self._note_resumed(tags)
+        return result
+
+    # -- weights ---------------------------------------------------------------
+
+    def begin_weight_update(self, selector: str = "all") -> WeightUpdateResult:
+        """Open a weight-update session (SGLang 0.5.23); 400 when one is already open."""
+        return calls.weights_result(self.engine, self._send(calls.begin_weight_update_call(selector)))
+
+    def end_weight_update(self) -> WeightUpdateResult:
+        """Close the weight-update session; 400 when none is open."""
+        return calls.weights_result(self.engine, self._send(calls.end_weight_update_call()))
+
+    def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: Sequence[str],
+        *,
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        weight_version: str | None = None,
+    ) -> WeightUpdateResult:
+        """Load weights from serialized tensors (inside a begin/end session in 0.5.23)."""
+        call = calls.update_weights_from_tensor_call(
+            serialized_named_tensors,
+            load_format=load_format,
+            flush_cache=flush_cache,
+            abort_all_requests=abort_all_requests,
+            weight_version=weight_version,
+        )
+        return calls.weights_result(self.engine, self._send(call))
+
+    def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> WeightUpdateResult:
+        """Receive weights over the distributed group set up by ``init_weights_update_group``."""
+        call = calls.update_weights_from_distributed_call(
+            names, dtypes, shapes, group_name=group_name, flush_cache=flush_cache, weight_version=weight_version
+        )
+        return calls.weights_result(self.engine, self._send(call))
+
+    def update_weights_from_disk(
+        self, model_path: str, *, flush_cache: bool = True, weight_version: str | None = None, load_format: str | None = None
+    ) -> WeightUpdateResult:
+        """Load weights from a checkpoint path on the engine's machine."""
+        call = calls.update_weights_from_disk_call(
+            model_path, flush_cache=flush_cache, weight_version=weight_version, load_format=load_format
+        )
+        return calls.weights_result(self.engine, self._send(call))
+
+    def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> WeightUpdateResult:
+        """Set the weight version reported by ``/model_info`` and in generation meta_info."""
+        return calls.weights_result(self.engine, self._send(calls.update_weight_version_call(new_version, abort_all_requests)))
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> WeightUpdateResult:
+        """Join the trainer's process group for distributed weight updates."""
+        call = calls.init_weights_update_group_call(master_address, master_port, rank_offset, world_size, group_name, backend)
+        return calls.weights_result(self.engine, self._send(call))
+
+    # -- reads -----------------------------------------------------------------
+
+    def _health(self, path: str) -> Health:
+        if self._paused_mode is not None:
+            return calls.paused_health(self.engine)
+        t0 = time.monotonic()
+        try:
+            answer = self._send(calls.read_call(path))
+        except requests.RequestException as exc:
+            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
+        return calls.health_result(self.engine, answer, time.monotonic() - t0)
+
+    def health(self) -> Health:
+        """``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503)."""
+        return self._health("/health")
+
+    def health_generate(self) -> Health:
+        """``/health_generate`` (runs a one-token generation), with the same paused-by-us rule."""
+        return self._health("/health_generate")
+
+    def ready(self) -> bool:
+        """``/ready``: True only when serving and not paused."""
+        return self._send(calls.read_call("/ready")).status == 200
+
+    def server_info(self) -> dict[str, Any]:
+        """``/server_info``: server args, internal states, version."""
+        return calls.server_info_result(self.engine, self._send(calls.read_call("/server_info")))
+
+    def model_info(self) -> ModelInfo:
+        """``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23)."""
+        return calls.model_info_result(self.engine, self._send(calls.read_call("/model_info")))
+
+    def loads(self) -> dict[str, Any]:
+        """``/v1/loads?include=core``: per-rank running and waiting requests."""
+        return calls.loads_result(self.engine, self._send(calls.read_call("/v1/loads")))
+
+    def models(self) -> list[str]:
+        """``/v1/models``: the served model ids."""
+        return calls.models_result(self.engine, self._send(calls.read_call("/v1/models")))
+
+    # -- generation --------------------------------------------------------------
+
+    def generate(
+        self,
+        text: str | None = None,
+        *,
+        input_ids: Sequence[int] | None = None,
+        sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None,
+    ) -> GenerateResult:
+        """``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``."""
+        call = calls.generate_call(text, input_ids, sampling_params, rid, stream=False)
+        return calls.generate_result(self.engine, self._send(call))
+
+    def generate_stream(
+        self,
+        text: str | None = None,
+        *,
+        input_ids: Sequence[int] | None = None,
+        sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None,
+    ) -> Iterator[GenerateResult]:
+        """Streaming ``/generate``: yields the cumulative result of each SSE chunk until ``[DONE]``."""
+        call = calls.generate_call(text, input_ids, sampling_params, rid, stream=True)
+        response = self._response(call, stream=True)
+        with response:
+            if not response.ok:
+                calls.require_ok(self.engine, _answer(call, response))
+            for line in response.iter_lines(decode_unicode=True):
+                item = calls.sse_line(self.engine, call.endpoint, line, getattr(response, "attempts", ()))
+                if item is calls.StreamEnd.DONE:
+                    return
+                if item is not None:
+                    yield item
+
+
+def _answer(call: Call, response: requests.Response) -> Answer:
+    """What ``response`` answered to ``call`` (reads the body)."""
+    records, confirmed = answer_records(getattr(response, "attempts", None), response.status_code, response.reason)
+    return Answer(call.endpoint, response.status_code, response.text, len(records), response, records, confirmed)

@@ -1,0 +1,78 @@
+"""``SGLangClientState``: what both SGLang clients hold and remember (keys, the pause sent, the tags released)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from resilience.adapters.requests import engine_of
+from resilience.adapters.sglang.calls import check_base_url, key_for, memory_tags
+
+__all__ = ["SGLangClientState"]
+
+
+class SGLangClientState:
+    """What both SGLang clients hold and remember: the engine, the keys, the pause sent, the tags released.
+
+    ``base_url``: the engine (``http://127.0.0.1:30000``). ``api_key`` / ``admin_api_key``:
+    SGLang's ``--api-key`` / ``--admin-api-key`` (default None), kept out of repr and
+    errors. ``flush_deadline_s`` (default 120 s) / ``flush_poll_s`` (default 0.5 s):
+    ``flush_cache``'s wait for idle and the pause between "not idle" answers.
+    """
+
+    def __init__(
+        self, base_url: str, *, api_key: str | None, admin_api_key: str | None, flush_deadline_s: float, flush_poll_s: float
+    ) -> None:
+        self.base_url = check_base_url(base_url, type(self).__name__)
+        self.engine = engine_of(self.base_url)[0]
+        self._api_key = api_key
+        self._admin_api_key = admin_api_key
+        self.flush_deadline_s = flush_deadline_s
+        self.flush_poll_s = flush_poll_s
+        self._lock = threading.Lock()
+        self._paused_mode: str | None = None
+        self._released: set[str] = set()
+
+    def __repr__(self) -> str:
+        keys = (", api_key=***" if self._api_key else "") + (", admin_api_key=***" if self._admin_api_key else "")
+        return f"{type(self).__name__}({self.base_url!r}{keys})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def paused_mode(self) -> str | None:
+        """The mode of the pause this client sent and has not continued, or None."""
+        return self._paused_mode
+
+    @property
+    def released_tags(self) -> frozenset[str]:
+        """Tags this client released and has not resumed (SGLang itself cannot tell)."""
+        with self._lock:
+            return frozenset(self._released)
+
+    def _key_for(self, path: str) -> tuple[str | None, str | None]:
+        """The key this route's SGLang auth level asks for, as (name, key); (None, None) = send none."""
+        return key_for(path, self._api_key, self._admin_api_key)
+
+    def _flush_waits(self, wait_for_idle: bool | None) -> bool:
+        """Whether a flush passes the remaining time as ``?timeout=``: by default only when this client has not paused."""
+        return self._paused_mode is None if wait_for_idle is None else wait_for_idle
+
+    def _note_paused(self, mode: str | None) -> None:
+        self._paused_mode = mode
+
+    def _note_released(self, tags: Sequence[str] | None) -> None:
+        with self._lock:
+            self._released.update(memory_tags(tags))
+
+    def _note_resumed(self, tags: Sequence[str] | None) -> None:
+        with self._lock:
+            self._released.difference_update(memory_tags(tags))

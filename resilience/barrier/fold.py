@@ -1,0 +1,141 @@
+"""One phase as a step: each engine's facts marked in flight (write-ahead, persisted), then its results folded in.
+
+``phase`` yields the ``PhaseCall``; when the driver hands it back, ``fold``
+settles each engine's mark from its result (``effect_of``: applied, not
+applied, maybe), asks the memory probe (``settle.probe``), persists, and only
+then tells the observers. A driver that stopped inside a step calls
+``abandon``: what it learnt is folded, the rest stays "maybe".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from resilience.barrier.effect import effect_of, is_engine_dead
+from resilience.barrier.engine import ControlMethod
+from resilience.barrier.fanout import EngineResult, interrupted_results
+from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge, tags_of
+from resilience.barrier.rules import BarrierRules
+from resilience.barrier.settle import doubt, probe
+from resilience.barrier.steps import Call, PhaseCall, Step, Steps, Transition
+from resilience.barrier.types import PhaseReport, short
+from resilience.events import PhaseEnded, PhaseFailure, PhaseStarted, emit
+
+__all__ = ["Interrupted", "abandon", "fold", "phase"]
+
+
+class Interrupted(RuntimeError):
+    """The failure of a call whose phase was interrupted before its answer was read: it may have been applied."""
+
+
+def phase(
+    rules: BarrierRules[Any], tx: Transition, name: str, method: ControlMethod, calls: Sequence[Call]
+) -> Steps[dict[str, BaseException]]:
+    """One phase (``name``) on every engine at once; each outcome is folded into its knowledge. Returns the failures.
+
+    Write-ahead: each engine's facts are marked in flight (and persisted) before the step is yielded.
+    """
+    if not calls:
+        return {}
+    names = tuple(n for n, _ in calls)
+    deadline = tx.deadline.cap(rules.deadlines.for_phase(name))
+    started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=name, engines=names, deadline_s=deadline.remaining())
+    emit(rules.observers, started)
+    tx.phase = name
+    rules.label = f"{tx.name} {name}"
+    before = {n: rules.know[n].state for n in names}
+    engines = [(rules.engines[n], kw) for n, kw in calls]
+    step = PhaseCall(tx, name, method, tuple(calls), engines, deadline, rules.clock.monotonic(), before)
+    for n, kwargs in calls:
+        step.marks[n] = rules.know[n].mark(method, kwargs)
+    rules.persist(names)
+    yield step
+    assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
+    return fold(rules, step, step.results)
+
+
+def fold(rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
+    """Fold a phase's results into the knowledge, then report it (once); return the failures.
+
+    Every engine is folded, the memory probe asked and the change persisted
+    before any observer hears of it, so nothing an observer raises undoes it.
+    """
+    step.folded = True
+    failures = _fold_knowledge(rules, step, results)
+    tx, names = step.tx, tuple(n for n, _ in step.calls)
+    duration = rules.clock.monotonic() - step.started
+    durations = [r.duration_s for r in results if r is not None]
+    tx.phases.append(PhaseReport(step.phase, names, duration, max(durations, default=0.0)))
+    for name in names:
+        rules.announce(name, step.before.get(name, rules.know[name].state))
+    failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
+    ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
+    emit(rules.observers, ended)
+    return failures
+
+
+def _fold_knowledge(rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
+    """Settle each engine's write-ahead mark from its result (engines already settled are left alone: safe to redo after
+    an interruption); ask the probe; persist. A None result is a call whose outcome will never be known: it stays "maybe"."""
+    method = step.method
+    failures: dict[str, BaseException] = {}
+    for (name, _kwargs), result in zip(step.calls, results, strict=True):
+        k = rules.know[name]
+        mine = k.pending is not None and k.pending is step.marks.get(name)  # a later step's mark is not this step's to settle
+        if result is None:
+            if mine:
+                k.abandon()
+                doubt(rules, k, method, None)
+            failures[name] = Interrupted(f"{name}: the phase was interrupted while {method} ran; it may have been applied")
+            continue
+        if mine:
+            if result.late is not None:
+                k.late(result.late)
+            else:
+                effect = effect_of(result.error)
+                k.settle(effect)
+                if effect is Effect.MAYBE:
+                    doubt(rules, k, method, result.error)
+        if result.error is not None:
+            failures[name] = result.error
+            if is_engine_dead(result.error) and k.dead is None:
+                k.dead = f"{type(result.error).__name__} in {step.phase}"
+    names = tuple(n for n, _ in step.calls)
+    rules.persist(names)
+    calls = dict(step.calls)
+    for name in probe(rules, names):  # each engine it settles is persisted on its own
+        if name in failures and _done(rules.know[name], method, calls[name]):
+            del failures[name]  # the probe proves the call did what it was sent for
+    return failures
+
+
+def abandon(rules: BarrierRules[Any], steps: Steps[Any], step: Step, error: BaseException | None = None) -> None:
+    """The driver stopped inside ``step`` (``error``): fold what it learnt, leave the rest "maybe", then close the steps.
+
+    Also after an interruption inside the fold itself: engines already folded are left as they are.
+    """
+    try:
+        if isinstance(step, PhaseCall):
+            results: Sequence[EngineResult | None] | None = step.results
+            if results is None and error is not None:
+                results = interrupted_results(error)
+            if results is None or len(results) != len(step.calls):
+                results = [None] * len(step.calls)
+            if step.folded:
+                if any(rules.know[n].pending is step.marks.get(n) for n, _ in step.calls):
+                    _fold_knowledge(rules, step, results)
+            else:
+                fold(rules, step, results)
+    finally:
+        steps.close()
+
+
+def _done(k: EngineKnowledge, method: str, kwargs: Mapping[str, Any]) -> bool:
+    """The knowledge proves ``method(**kwargs)`` took effect (a release's tags released, a resume's back)."""
+    tags = tags_of(kwargs)
+    if method == RELEASE:
+        return tags <= k.released and not k.unknown and k.dead is None
+    if method == RESUME:
+        return not (tags & (k.released | k.unknown)) and k.dead is None
+    return False

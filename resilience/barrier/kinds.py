@@ -1,0 +1,188 @@
+"""Each engine kind's control rules, written down as one table per engine kind (issue 22 §4), over one knowledge model.
+
+The barrier has a single knowledge model (``resilience.barrier.knowledge``:
+what is known paused, flushed, released, unknown, held). What differs between
+engine kinds is the rules each control call follows, and each kind writes them
+down as one ``EngineRules`` table, a row (``CallRule``) per control method:
+
+- ``needs``: what must be *known* before the call is sent (a predicate over the
+  engine's knowledge and the tags the call names), and ``needs_text``, the same
+  in words;
+- ``on_ambiguous``: what an answer that may or may not have been applied does
+  (``QUARANTINE``: what it touches becomes unknown and nothing that depends on
+  it is sent until a memory probe or the caller proves it; ``RESEND``: it
+  becomes unknown and the next transition that needs it sends the call again,
+  because repeating it is harmless);
+- ``reopens_everyone``: the call ends every pause on the engine, everyone's, so
+  it is sent only once no hold remains.
+
+The transitions ask ``BarrierRules.allows(engine, method, tags)``, which looks the
+engine's table up (``rules_of``: the engine's ``control_rules`` attribute, else
+``SGLANG_RULES``). ``SGLANG_RULES`` is exactly what the barrier did before the
+table existed.
+
+SGLang 0.5.23, as its source says (``sglang/srt/managers/scheduler_components/weight_updater.py``,
+torch_memory_saver): a second release of a tag exits the process (``exit(1)``), a
+resume of a tag not released dies of a ``KeyError`` (``offload_tags.remove``), a
+release needs an idle scheduler (paused and flushed), and ``continue_generation``
+reopens scheduling for every client, whoever paused it.
+
+How a second table plugs in (vLLM, issue 22; not written here):
+
+1. Write ``VLLM_RULES = EngineRules("vllm", {...}, source=...)`` with a ``CallRule``
+   for each of the five control methods the barrier sends (the engine's client maps
+   them to its own routes: ``/pause``, ``/sleep``, ``/wake_up``, ``/resume``...),
+   citing the engine's source for each rule.
+2. Give the engine's client class ``control_rules = VLLM_RULES``: groups may then
+   mix kinds, each engine looked up on its own.
+3. What the knowledge model cannot yet do is refused when the table is built
+   (``SUPPORTED``): a ``RESEND`` release or resume (vLLM's idempotent sleep and
+   wake) needs "tags unknown, but safe to send again" in ``EngineKnowledge``,
+   which is the knowledge model's part of that issue; add it there, then to
+   ``SUPPORTED``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from resilience.barrier.engine import CONTROL_METHODS, ControlMethod
+from resilience.barrier.fanout import engine_name
+from resilience.barrier.knowledge import EngineKnowledge
+
+__all__ = ["SGLANG_RULES", "SUPPORTED", "CallRule", "EngineRules", "OnAmbiguous", "rules_of"]
+
+
+class OnAmbiguous(enum.StrEnum):
+    """What an ambiguous answer (maybe applied) to a call does."""
+
+    QUARANTINE = "quarantine"
+    """What the call touches becomes unknown, and nothing that depends on it is sent until it is proven (a probe, the caller)."""
+    RESEND = "resend"
+    """What the call touches becomes unknown, and the next transition that needs it sends the call again (harmless to repeat)."""
+
+
+Needs = Callable[[EngineKnowledge, frozenset[str]], bool]
+"""A call's precondition: (the engine's knowledge, the tags the call names) -> known to hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallRule:
+    """One control method's rules on one engine kind: what it needs, what an ambiguous answer does, whom it reopens."""
+
+    needs: Needs
+    needs_text: str
+    on_ambiguous: OnAmbiguous
+    reopens_everyone: bool = False
+    """True when the call ends every pause on the engine, whoever took it: sent only once no hold remains."""
+    why: str = ""
+    """Where the rule comes from (the engine's source), for the table a person reads."""
+
+
+SUPPORTED: Final[Mapping[str, frozenset[OnAmbiguous]]] = {
+    "pause_generation": frozenset({OnAmbiguous.RESEND}),
+    "flush_cache": frozenset({OnAmbiguous.RESEND}),
+    "release_memory_occupation": frozenset({OnAmbiguous.QUARANTINE}),
+    "resume_memory_occupation": frozenset({OnAmbiguous.QUARANTINE}),
+    "continue_generation": frozenset({OnAmbiguous.RESEND}),
+}
+"""What the one knowledge model can do with an ambiguous answer, per method (``EngineKnowledge.apply``): an unknown
+"paused" or "flushed" is resolved by sending again; unknown tags are quarantined."""
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """One engine kind's table: a ``CallRule`` for every control method the barrier sends.
+
+    ``kind``: the engine kind's name (for messages). ``calls``: method -> its rule, one for each of
+    ``CONTROL_METHODS``. ``source``: the engine version and files the rules were read from. A table
+    that misses a method, or asks for what the knowledge model cannot do (``SUPPORTED``), is refused
+    with a ``ValueError`` naming it.
+    """
+
+    kind: str
+    calls: Mapping[ControlMethod, CallRule]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        missing = [m for m in CONTROL_METHODS if m not in self.calls]
+        extra = sorted(set(self.calls) - set(CONTROL_METHODS))
+        if missing or extra:
+            raise ValueError(f"{self.kind} rules must have one row per control method: missing {missing}, unknown {extra}")
+        for method, rule in self.calls.items():
+            if rule.on_ambiguous not in SUPPORTED[method]:
+                raise ValueError(
+                    f"{self.kind} rules: {method} on_ambiguous={rule.on_ambiguous} is not something the knowledge model can do "
+                    f"yet (it can: {', '.join(sorted(SUPPORTED[method]))}); see resilience.barrier.kinds"
+                )
+
+    def allows(self, k: EngineKnowledge, method: ControlMethod, tags: frozenset[str] = frozenset()) -> bool:
+        """``method`` (naming ``tags``) may be sent to an engine with knowledge ``k``: its precondition is known to hold,
+        and a call that reopens everyone's pause finds no hold left."""
+        rule = self.calls[method]
+        return rule.needs(k, tags) and not (rule.reopens_everyone and k.holds)
+
+    def table(self) -> str:
+        """The rules as a Markdown table (what the docs show)."""
+        rows = [f"| {self.kind} call | needs (known before sending) | ambiguous answer | reopens everyone's pause |", "|---|---|---|---|"]
+        for method in CONTROL_METHODS:
+            rule = self.calls[method]
+            rows.append(f"| `{method}` | {rule.needs_text} | {rule.on_ambiguous} | {'yes' if rule.reopens_everyone else 'no'} |")
+        return "\n".join(rows)
+
+
+def _all_tags(predicate: Callable[[EngineKnowledge, str], bool]) -> Needs:
+    return lambda k, tags: all(predicate(k, t) for t in tags)
+
+
+SGLANG_RULES: Final = EngineRules(
+    "sglang",
+    {
+        "pause_generation": CallRule(
+            lambda k, _tags: k.reachable,
+            "alive, no call in flight (a pause is safe to repeat)",
+            OnAmbiguous.RESEND,
+            why="pause_generation on a paused scheduler only pauses it again",
+        ),
+        "flush_cache": CallRule(
+            lambda k, _tags: k.may_flush(),
+            "known paused",
+            OnAmbiguous.RESEND,
+            why="flush_cache fails while requests run; repeating it is harmless",
+        ),
+        "release_memory_occupation": CallRule(
+            _all_tags(EngineKnowledge.may_release),
+            "known paused and flushed, not quarantined, each tag known not released",
+            OnAmbiguous.QUARANTINE,
+            why="the scheduler asserts it is idle; a second release of a tag: torch_memory_saver exit(1)",
+        ),
+        "resume_memory_occupation": CallRule(
+            _all_tags(EngineKnowledge.may_resume),
+            "not quarantined, each tag known released",
+            OnAmbiguous.QUARANTINE,
+            why="a resume of a tag not released: KeyError in offload_tags.remove, the server dies",
+        ),
+        "continue_generation": CallRule(
+            lambda k, _tags: k.may_continue(),
+            "nothing released or unknown, not known serving, no hold left",
+            OnAmbiguous.RESEND,
+            reopens_everyone=True,
+            why="continue_generation reopens scheduling for every client; onto released memory the next prefill crashes",
+        ),
+    },
+    source="sglang 0.5.23: srt/managers/scheduler_components/weight_updater.py, torch_memory_saver",
+)
+"""SGLang's control rules: exactly the barrier's behaviour before the tables existed."""
+
+
+def rules_of(engine: object) -> EngineRules:
+    """The table of ``engine``'s kind: its ``control_rules`` attribute, else ``SGLANG_RULES``; anything else is refused."""
+    table = getattr(engine, "control_rules", None)
+    if table is None:
+        return SGLANG_RULES
+    if not isinstance(table, EngineRules):
+        raise TypeError(f"engine {engine_name(engine)}: control_rules must be a resilience.barrier.kinds.EngineRules, but was {table!r}")
+    return table

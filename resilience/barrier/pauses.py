@@ -1,0 +1,69 @@
+"""A pause and its end as steps: ``pause`` and ``weight_sync`` take an owned hold and pause; ``unpause`` drops it.
+
+Each pause takes a hold with a new token on every engine (all groups);
+its end drops that one hold and continues the engines no other hold keeps
+paused and whose memory is back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resilience.barrier.fold import phase
+from resilience.barrier.holds import held_among, hold, new_token, token_of, unhold
+from resilience.barrier.onload import continue_ready, rollback_continue
+from resilience.barrier.rules import BarrierRules
+from resilience.barrier.settle import settle
+from resilience.barrier.steps import Steps
+from resilience.barrier.transition import error, raise_if_skipped, skips, transition
+from resilience.barrier.types import HoldToken, TransitionReport
+
+__all__ = ["pause_steps", "unpause_steps"]
+
+
+def pause_steps(rules: BarrierRules[Any], reason: str, mode: str) -> Steps[TransitionReport]:
+    """Take a new hold named ``reason`` on every engine and pause the ones not known paused (``pause``, ``weight_sync``)."""
+    with transition(rules, reason, rules.engines) as tx:
+        know = rules.know
+        names = list(tx.engines)
+        skipped = yield from settle(rules, tx, names)
+        skipped.update({n: rules.why_skipped(n) for n in names if n not in skipped and know[n].quarantined})
+        if skipped:
+            raise error(rules, tx, "skipped", skips(skipped))
+        token = new_token(reason, names)
+        for n in names:
+            hold(rules, n, token.id, reason)
+        to_pause = [n for n in names if know[n].paused is not True and rules.allows(n, "pause_generation")]
+        try:
+            failed = yield from phase(rules, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+        except BaseException:  # abandoned mid-phase (cancelled, or the fan-out raised): nobody will own the token
+            for n in names:
+                unhold(rules, n, token.id)
+            raise
+        if failed:
+            for n in names:
+                unhold(rules, n, token.id)
+            rolled, rb_failed = yield from rollback_continue(rules, tx, names)
+            raise error(rules, tx, "pause", {**rb_failed, **failed}, rolled_back=rolled)
+        tx.hold = token
+    return tx.finished()
+
+
+def unpause_steps(rules: BarrierRules[Any], held: HoldToken | str) -> Steps[TransitionReport]:
+    """Release one hold; continue the engines it held that no other hold keeps paused and whose memory is back."""
+    token = token_of(rules, held)
+    with transition(rules, f"{token.reason}_end", token.engines) as tx:
+        know = rules.know
+        names = list(tx.engines)
+        for n in token.engines:
+            unhold(rules, n, token.id)
+        skipped = yield from settle(rules, tx, names)
+        live = [n for n in names if n not in skipped]
+        failed = yield from continue_ready(rules, tx, live, "continue")
+        stuck = {n: rules.why_skipped(n) for n in live if not know[n].holds and not know[n].serving and n not in failed}
+        skipped.update(stuck)
+        if failed:
+            raise error(rules, tx, "continue", {**skips(skipped), **failed})
+        raise_if_skipped(rules, tx, skipped)
+        tx.held = held_among(rules, live)
+    return tx.finished()

@@ -1,0 +1,110 @@
+"""``BarrierView``: what both orchestrators answer from the rules they hold, the queries and the attributes users read.
+
+``Orchestrator`` and ``AsyncOrchestrator`` each hold a ``BarrierRules``
+(``.rules``) and drive the transitions' steps over it; this view is the one
+place their shared public surface is written: ``states``, ``held``,
+``paused_by_us``, ``released_tags``, ``quarantined``, ``not_serving``,
+``close``, and the attributes ``groups``, ``observers``, ``deadlines``,
+``restart_budget``, ``rollback``, ``clock``, ``memory_probe``, ``journal``
+and ``recovery``, each read from (and set on) the rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar, overload
+
+from resilience.barrier.engine import AnyEngine
+from resilience.barrier.journal import Journal, Recovery
+from resilience.barrier.knowledge import EngineState
+from resilience.barrier.rules import BarrierRules
+from resilience.barrier.types import EngineGroup, PhaseDeadlines
+from resilience.budget import RestartBudget
+from resilience.clock import Clock
+from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
+
+__all__ = ["BarrierView"]
+
+E = TypeVar("E", bound=AnyEngine)
+V = TypeVar("V")
+
+
+class _OnRules(Generic[V]):
+    """An orchestrator attribute that lives on its rules: read there, and set there."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, view: None, owner: type | None = None) -> _OnRules[V]: ...
+
+    @overload
+    def __get__(self, view: BarrierView[Any], owner: type | None = None) -> V: ...
+
+    def __get__(self, view: BarrierView[Any] | None, owner: type | None = None) -> V | _OnRules[V]:
+        if view is None:
+            return self
+        value: V = getattr(view.rules, self.name)
+        return value
+
+    def __set__(self, view: BarrierView[Any], value: V) -> None:
+        setattr(view.rules, self.name, value)
+
+
+class BarrierView(Generic[E]):
+    """The queries and attributes both orchestrators share, answered by the ``BarrierRules`` they hold (``rules``)."""
+
+    rules: BarrierRules[E]
+    """The engines, their knowledge and the journal: set by the orchestrator's constructor."""
+
+    groups: _OnRules[tuple[EngineGroup[E], ...]] = _OnRules()
+    """The engine groups, as given."""
+    observers: _OnRules[tuple[Observer, ...]] = _OnRules()
+    """Who is told of transitions, phases, state and hold changes."""
+    deadlines: _OnRules[PhaseDeadlines] = _OnRules()
+    """The transition and phase limits."""
+    restart_budget: _OnRules[RestartBudget | None] = _OnRules()
+    """The restart budget errors report (resumed from the journal, when there is one)."""
+    rollback: _OnRules[bool] = _OnRules()
+    """Whether a failed transition resumes what it released and continues engines where that is known safe."""
+    clock: _OnRules[Clock] = _OnRules()
+    """What times transitions and phases and sets their deadlines."""
+    memory_probe: _OnRules[MemoryProbe | None] = _OnRules()
+    """The ``MemoryProbe`` quarantined engines are reconciled from (None: none)."""
+    journal: _OnRules[Journal | None] = _OnRules()
+    """The journal the knowledge is written to (None: in memory only)."""
+    recovery: _OnRules[Recovery | None] = _OnRules()
+    """What the journal gave back when the orchestrator started (None without a journal)."""
+
+    def close(self) -> None:
+        """Let go of the journal (its lock), if there is one. The orchestrator sends nothing more afterwards."""
+        self.rules.close()
+
+    def states(self) -> dict[str, EngineState]:
+        """Every engine's state (not retired ones) as the orchestrator knows it, in one word."""
+        return self.rules.states()
+
+    def held(self) -> dict[str, tuple[str, ...]]:
+        """The engines held paused on purpose, and by which reasons."""
+        return self.rules.held()
+
+    def paused_by_us(self, engine: str | E) -> bool:
+        """True when the orchestrator keeps ``engine`` from serving (a hold, or a pause it sent).
+
+        Its /health then hangs ~20 s and answers 503: not a fault. ``engine``:
+        its name or URL, or any engine object the orchestrator was built with.
+        Raises ``KeyError`` naming an engine it does not drive.
+        """
+        return self.rules.paused_by_us(engine)
+
+    def released_tags(self, engine: str | E) -> frozenset[str]:
+        """Memory tags known released on ``engine`` (name, URL or engine object)."""
+        return self.rules.released_tags(engine)
+
+    def quarantined(self) -> dict[str, frozenset[str]]:
+        """Engines (not retired) whose released tags are unknown, with those tags: they need ``reconcile`` or ``retire``."""
+        return self.rules.quarantined()
+
+    def not_serving(self) -> dict[str, str]:
+        """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""
+        return self.rules.not_serving()

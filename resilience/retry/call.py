@@ -1,0 +1,656 @@
+"""``RetryCall``: one logical call's retry loop as a decision object, with no I/O and no sleeps; the rules it applies.
+
+A driver asks it what to do and does it. ``Retrier.run`` and ``Retrier.arun``
+(``resilience.retry.retrier``) are this loop (``ask_probe`` is that module's; ``arun``
+awaits the attempt, the sleep and the probe), the sync one as written there::
+
+    step = call.next_step()                  # Send or Raise (after a fast-path first attempt: attempt_done)
+    while True:
+        if isinstance(step, Send):           # make attempt step.attempt with step.timeouts and step.headers
+            step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+        elif isinstance(step, Wait):         # a backoff: release the response not returned, sleep, ask again
+            if step.discard is not None:
+                discard(step.discard)
+            if step.delay_s > 0:
+                clock.sleep(step.delay_s)
+            step = call.next_step()
+        elif isinstance(step, AskProbe):     # was the ambiguous attempt applied?
+            answer = ask_probe(step.probe, step.context)
+            step = call.probe_answered(answer, on_probe_done)
+        else:                                # Return or Raise: the call is over
+            if step.discard is not None:
+                discard(step.discard)
+            if isinstance(step, Return):
+                return step.response, step.attempts
+            raise step.error
+
+and calls ``call.abandon(exc)`` when anything else ends it (an exception in
+the attempt, a cancelled task, a KeyboardInterrupt in the sleep): the call
+then ends as neutral for the breaker, its slot goes back, and nothing more is
+sent. Breakers and budgets take short thread locks and never wait on I/O
+while holding one, so one ``Retrier`` is safe from threads and from asyncio
+tasks. What each attempt's timeouts are and what its result means (success,
+retryable, ambiguous, fatal) are ``resilience.retry.spec``'s rules; what the
+call does next is decided here, by these rules:
+
+- **Attempts** (``_exhausted``, ``_next_delay``, ``_announce_refusal``).
+  ``RetryPolicy.max_attempts`` bounds the attempts that may have reached the
+  server. Failures before sending (connection refused, connect timeout:
+  ``Delivery.NOT_SENT``) are retried with backoff, for any method: for
+  ``RetryPolicy.connect_window_s`` while the call has never connected, until
+  the call's deadline once it has; only a call with no deadline at all counts
+  them against ``max_attempts`` too. When the window, the deadline or the
+  retry budget ends the retries on a refusal, the caller gets the refusal
+  itself (the transport's own error, with ``.attempts``): an unreachable
+  engine reads as one, never as a timeout. A call's first refusal is logged
+  once at WARNING (``resilience.retry``) and announced as ``EngineRefused``;
+  a call refused for its whole window opens the engine's breaker at once. A
+  body that cannot be replayed (``CallSpec.replayable=False``) gets exactly
+  one attempt. Backoff is ``resilience.backoff.backoff_delay`` (or a 429/503's
+  Retry-After, capped), and each wait must fit the deadline and be paid for
+  from the engine's retry budget (``resilience.budget``).
+- **Ambiguity** (``attempt_done``, ``probe_answered``). A non-idempotent
+  attempt that may have been applied is never re-sent blindly: a table
+  entry's ``on_ambiguous`` probes or raises ``AmbiguousOutcome``; a request
+  no entry matches gets the transport's own error (a ``ReadTimeout``, say),
+  exactly as plain requests would raise it. A gateway status (the policy's
+  retry statuses) on a non-idempotent entry that has a probe asks the probe
+  too before anything is re-sent: a front end may answer 502 after handing
+  the request on. "Done" returns as applied, "not done" re-sends, "unknown"
+  does what the entry does without a probe.
+- **Breaker** (``next_step``, ``_record_breaker``). It judges logical calls,
+  not attempts: a call whose failures the retries absorbed counts as a
+  success, so a flaky gateway in front of a healthy engine never opens it,
+  while a dead engine does. Every attempt is admitted
+  (``CircuitBreaker.admit``): a call that keeps retrying after the breaker
+  went half-open needs a probe slot like any new call, and every exit (a
+  verdict, a 4xx, an exception anywhere, KeyboardInterrupt in a backoff
+  sleep, a cancelled task) gives the breaker its verdict or its slot back.
+- **Errors** (``_fail``, ``_give_back``). The loop's own errors are the
+  classes of the ``Retrier``'s ``ErrorTypes``: subclasses of
+  ``resilience.errors``' classes that are also the transport's own exception
+  types (the httpx driver's ``DeadlineExceeded`` is an
+  ``httpx.TimeoutException``). Every error carries the call's record as
+  ``.attempts`` (``resilience.outcome.attempts_of``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
+
+from resilience import _config
+from resilience.backoff import backoff_delay
+from resilience.breaker import CircuitBreaker, Permit
+from resilience.budget import RetryBudget
+from resilience.clock import Clock
+from resilience.deadline import Deadline
+from resilience.errors import ErrorTypes, ResilienceError
+from resilience.events import (
+    AttemptEnded,
+    AttemptStarted,
+    BreakerRejected,
+    CallEnded,
+    CallStarted,
+    EngineRefused,
+    Observer,
+    ProbeCompleted,
+    RetryBudgetExhaustedEvent,
+    RetryScheduled,
+    emit,
+)
+from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
+from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
+
+__all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Wait"]
+
+R = TypeVar("R")
+_call_ids = itertools.count(1)
+log = logging.getLogger("resilience.retry")
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Make attempt ``attempt`` now, bounded by ``timeouts``, with ``headers`` added (trace context)."""
+
+    attempt: int
+    timeouts: Timeouts
+    """(connect, read) seconds for this attempt; None = no limit."""
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait(Generic[R]):
+    """Release ``discard`` (a response not returned), sleep ``delay_s``, then ask ``next_step()``."""
+
+    delay_s: float
+    discard: R | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AskProbe:
+    """Ask ``probe(context)`` whether the ambiguous attempt was applied, then report with ``probe_answered``."""
+
+    probe: Callable[[ProbeContext], Any]
+    """The policy's probe: returns a ``ProbeAnswer`` (or its string), possibly as an awaitable."""
+    context: ProbeContext
+
+
+@dataclass(frozen=True, slots=True)
+class Return(Generic[R]):
+    """The call is over: release ``discard`` when set, and return ``response``."""
+
+    response: R
+    attempts: tuple[AttemptRecord, ...]
+    discard: R | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Raise(Generic[R]):
+    """The call is over: release ``discard`` when set (it may also be ``error.response``), and raise ``error``."""
+
+    error: BaseException
+    discard: R | None = None
+
+
+Decision = Wait[R] | AskProbe | Return[R] | Raise[R]
+"""What ``attempt_done`` and ``probe_answered`` answer."""
+NextStep = Send | Raise[R]
+"""What ``next_step`` answers."""
+
+
+@dataclass(slots=True, eq=False)
+class RetryCall(Generic[R]):
+    """One logical call's state; build it with ``Retrier.begin(spec)``.
+
+    Not thread-safe on its own: one driver steps one call. The breaker, budget,
+    observers, clock, random source and error classes are the ``Retrier``'s.
+    """
+
+    spec: CallSpec
+    hard: Deadline
+    """Caps every attempt; the deadline-exceeded error when it ends."""
+    window: Deadline
+    """No retry starts past it (the same object as ``hard`` unless the caller's timeout governs)."""
+    breaker: CircuitBreaker | None
+    budget: RetryBudget | None
+    observers: tuple[Observer, ...]
+    clock: Clock
+    rng: Callable[[], float]
+    errors: ErrorTypes
+    call_id: int = field(default_factory=lambda: next(_call_ids))
+    started: float = 0.0
+    records: list[AttemptRecord] = field(default_factory=list)
+    last: AttemptResult[R] | None = None
+    permit: Permit | None = None
+    ended: bool = False
+    _in_flight: bool = False
+    """An attempt asked for by ``next_step`` has not been reported yet."""
+    _flight_started: float = 0.0
+    """When that attempt started (clock reading)."""
+    _next: int = 0
+    _released: bool = False
+    """The last response was already handed out for release (in a ``Wait``)."""
+    _warned: bool = False
+    """The call's first refusal was announced (logged and ``EngineRefused``)."""
+    _unreachable: bool = False
+    """The connect window ended the call: refused for all of it, so the breaker opens."""
+
+    @classmethod
+    def begin(
+        cls,
+        spec: CallSpec,
+        *,
+        breaker: CircuitBreaker | None,
+        budget: RetryBudget | None,
+        observers: tuple[Observer, ...],
+        clock: Clock,
+        rng: Callable[[], float],
+        errors: ErrorTypes,
+    ) -> RetryCall[R]:
+        """Start the call: its deadlines, a deposit in the budget, ``CallStarted``."""
+        hard, window = call_deadlines(spec, clock)
+        call: RetryCall[R] = cls(spec, hard, window, breaker, budget, observers, clock, rng, errors, next(_call_ids), clock.monotonic())
+        if observers:
+            emit(
+                observers,
+                CallStarted(
+                    call_id=call.call_id,
+                    method=spec.method,
+                    endpoint=spec.match.endpoint,
+                    engine=spec.engine,
+                    deadline_s=window.remaining() if window.bounded else None,
+                ),
+            )
+        if budget is not None:
+            budget.deposit()
+        return call
+
+    @property
+    def sent(self) -> int:
+        """Attempts that may have reached the server."""
+        return sum(1 for r in self.records if r.delivery is not Delivery.NOT_SENT)
+
+    @property
+    def attempts(self) -> tuple[AttemptRecord, ...]:
+        """Every attempt so far."""
+        return tuple(self.records)
+
+    # -- the steps -------------------------------------------------------
+
+    def next_step(self) -> NextStep[R]:
+        """Before each attempt: time left and the breaker's admission, then the attempt's timeouts and headers."""
+        spec = self.spec
+        if self.hard.remaining() <= 0:
+            last = self.last
+            if last is not None and _refused(last):
+                # A backoff after a refusal that overslept the deadline (a busy machine): end as when the wait did
+                # not fit (``_next_delay``), so a refusal stays a connection error, whatever the scheduler did.
+                refusal = self._exhaust(_reason(last))
+                assert isinstance(refusal, Raise)  # no response to hand back: the refusal itself is raised
+                return refusal
+            return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, "deadline exceeded before attempt")
+        if self.breaker is not None:
+            permit = self.breaker.admit(self.permit)
+            if permit is None:
+                if self.observers:
+                    emit(self.observers, BreakerRejected(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine))
+                message = f"circuit open for {spec.engine} (retry in {self.breaker.retry_in():.2f}s)"
+                # the error's record ends with the refused attempt (not sent); events count only attempts made
+                refused = AttemptRecord(self._next, None, Outcome.RETRYABLE, Delivery.NOT_SENT, self.errors.circuit_open.__qualname__, 0.0)
+                return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message, refused=refused)
+            self.permit = permit
+        n = self._next
+        timeouts = attempt_timeouts(spec, self.hard.remaining())
+        carrier: dict[str, str] = {}
+        if self.observers:
+            emit(
+                self.observers,
+                AttemptStarted(
+                    call_id=self.call_id,
+                    attempt=n,
+                    method=spec.method,
+                    endpoint=spec.match.endpoint,
+                    engine=spec.engine,
+                    server_address=spec.server_address,
+                    server_port=spec.server_port,
+                    timeout_s=timeouts[1],
+                    carrier=carrier,
+                ),
+            )
+        self._in_flight = True
+        self._flight_started = self.clock.monotonic()
+        return Send(n, timeouts, carrier)
+
+    def attempt_done(self, result: AttemptResult[R]) -> Decision[R]:
+        """What the transport saw on the attempt ``next_step`` asked for: classified, recorded, announced, decided."""
+        if not self._in_flight:
+            raise RuntimeError("attempt_done() without a Send from next_step()")
+        self._in_flight = False
+        spec = self.spec
+        n = self._next
+        duration = self.clock.monotonic() - self._flight_started
+        outcome = classify(spec.match.policy, status=result.status, delivery=result.delivery, retry_after=result.retry_after)
+        error_type = type(result.error).__qualname__ if result.error is not None else None
+        if self.observers:
+            emit(
+                self.observers,
+                AttemptEnded(
+                    call_id=self.call_id,
+                    attempt=n,
+                    method=spec.method,
+                    endpoint=spec.match.endpoint,
+                    engine=spec.engine,
+                    status=result.status,
+                    outcome=outcome,
+                    error_type=error_type or (str(result.status) if outcome is not Outcome.SUCCESS else None),
+                    sent=result.delivery is not Delivery.NOT_SENT,
+                    duration_s=duration,
+                ),
+            )
+        self.last = result
+        self._released = False
+        self.records.append(AttemptRecord(n, result.status, outcome, result.delivery, error_type, duration))
+        if outcome is Outcome.SUCCESS:
+            return self._succeed(result.response)
+        gateway_probe = _gateway_probe(spec, result)
+        if gateway_probe is not None:  # a gateway status on a non-idempotent endpoint: the front end may have handed it on first
+            return AskProbe(gateway_probe, self._probe_context(result))
+        if outcome is Outcome.FATAL:
+            return self._give_back(result, CallOutcome.FAILED)
+        if outcome is Outcome.AMBIGUOUS and not spec.match.policy.idempotent:
+            probe = spec.match.policy.on_ambiguous
+            if isinstance(probe, str):
+                if not spec.match.explicit:
+                    return self._give_back(result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
+                return self._ambiguous(_reason(result))
+            return AskProbe(probe, self._probe_context(result))
+        return self._retry_or_end(_reason(result))
+
+    def _probe_context(self, result: AttemptResult[R]) -> ProbeContext:
+        spec = self.spec
+        return ProbeContext(spec.method, spec.url, spec.match.endpoint, spec.engine, self._next, result.error, result.status, spec.body)
+
+    def probe_answered(self, answer: object, on_done: Callable[[], R] | None = None) -> Decision[R]:
+        """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown).
+
+        "done" returns as applied, "not done" re-sends (while attempts are left).
+        "unknown" after an ambiguous failure raises ``AmbiguousOutcome``; after a
+        gateway status it does what the endpoint does without a probe: re-send
+        when ``retry_statuses_if_not_idempotent``, else hand the status back.
+        ``on_done`` builds the response to return when the answer is "done"
+        (the driver's stand-in for the lost answer; called only then); without
+        one, "done" cannot be returned and ends as ambiguous.
+        """
+        try:
+            verdict = ProbeAnswer(answer if isinstance(answer, str) else "")
+        except ValueError:
+            verdict = ProbeAnswer.UNKNOWN
+        spec = self.spec
+        if self.observers:
+            emit(
+                self.observers, ProbeCompleted(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, answer=str(verdict))
+            )
+        reason = _reason(self.last) if self.last is not None else "error"
+        stale = self.last.response if self.last is not None else None
+        if verdict is ProbeAnswer.DONE and on_done is not None:
+            confirmed = on_done()
+            self._end(CallOutcome.RETRIED_SUCCESS if len(self.records) > 1 else CallOutcome.SUCCESS, None)
+            return Return(confirmed, self.attempts, discard=stale)
+        if verdict is ProbeAnswer.NOT_DONE:
+            return self._retry_or_end("probe_not_done")
+        last = self.last
+        if last is not None and last.status is not None:  # a gateway status: the endpoint's own choice, as without a probe
+            if spec.match.policy.retry_statuses_if_not_idempotent:
+                return self._retry_or_end(reason)
+            return self._give_back(last, CallOutcome.FAILED)
+        return self._ambiguous(reason)
+
+    @property
+    def in_flight(self) -> bool:
+        """An attempt asked for by ``next_step`` has not been reported yet."""
+        return self._in_flight
+
+    def abandon(self, exc: BaseException, *, delivery: Delivery = Delivery.MAYBE_APPLIED) -> None:
+        """Something outside the verdicts ended the call (an exception in the attempt, a cancelled task, an interrupt).
+
+        An attempt in flight is recorded with ``delivery``: maybe applied
+        unless the driver has proof it never left (``NOT_SENT``: a TLS
+        handshake that failed, say); the call ends as failed but neutral for
+        the breaker (its slot goes back). A no-op on a call already ended.
+        """
+        if self._in_flight:
+            self._in_flight = False
+            duration = self.clock.monotonic() - self._flight_started
+            self.records.append(AttemptRecord(self._next, None, Outcome.FATAL, delivery, type(exc).__qualname__, duration))
+        if not self.ended:
+            self._end(CallOutcome.FAILED, type(exc).__qualname__, neutral=True)
+
+    # -- decisions -------------------------------------------------------
+
+    def _retry_or_end(self, reason: str) -> Decision[R]:
+        """Another attempt after a backoff, or the end: out of attempts, past the window, or no budget."""
+        if self._exhausted():
+            return self._exhaust(reason)
+        delay = self._next_delay(reason)
+        if isinstance(delay, Raise):
+            return delay
+        if delay is None:  # the default retry window ended, or the deadline or budget stopped a refused call
+            return self._exhaust(reason)
+        self._next += 1
+        last = self.last
+        if not self._warned and last is not None and _refused(last):
+            self._announce_refusal(last)
+        self._released = last is not None and last.response is not None
+        return Wait(delay, last.response if last is not None else None)
+
+    def _never_connected(self) -> bool:
+        """Every attempt so far failed before sending: the engine has not accepted one connection in this call."""
+        return all(r.delivery is Delivery.NOT_SENT for r in self.records)
+
+    def _connect_window_left(self) -> float | None:
+        """Seconds left of ``connect_window_s`` while the call has never connected; None when the window does not apply."""
+        window = self.spec.match.policy.retry.connect_window_s
+        if window is None or not self._never_connected():
+            return None
+        return max(0.0, window - (self.clock.monotonic() - self.started))
+
+    def _announce_refusal(self, result: AttemptResult[R]) -> None:
+        """The call's first refusal, once: a WARNING naming the engine and how long the call keeps trying, and ``EngineRefused``."""
+        self._warned = True
+        spec = self.spec
+        bounds = [b for b in (self._connect_window_left(), self.window.remaining() if self.window.bounded else None) if b is not None]
+        retry_for = min(bounds) if bounds else None
+        error_type = type(result.error).__qualname__
+        log.warning(
+            "%s refused %s (%s); retrying for up to %s, then the call fails with this error",
+            spec.engine,
+            spec.match.endpoint,
+            error_type,
+            "no limit (no deadline)" if retry_for is None else f"{retry_for:.1f} s",
+        )
+        if self.observers:
+            event = EngineRefused(
+                call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, error_type=error_type, retry_for_s=retry_for
+            )
+            emit(self.observers, event)
+
+    def _exhausted(self) -> bool:
+        """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` sent attempts.
+
+        Failures before sending do not count while a deadline bounds the call,
+        except in testing mode (no sleeps: they would spin until the deadline).
+        """
+        if not self.spec.replayable:
+            return True
+        n = self._next
+        testing = _config.current_testing()
+        if testing.attempts is not None and n + 1 >= testing.attempts:
+            return True
+        counted = self.sent if self.window.bounded and not testing.active else n + 1
+        return counted >= self.spec.match.policy.retry.max_attempts
+
+    def _exhaust(self, reason: str) -> Return[R] | Raise[R]:
+        """Out of attempts: the last response (as plain requests), the transport's own error, or retries-exhausted."""
+        last = self.last
+        assert last is not None
+        if last.response is not None and not self.spec.match.policy.raise_on_exhausted:
+            return self._give_back(last, CallOutcome.FAILED)
+        spec = self.spec
+        message = f"{spec.match.endpoint} on {spec.engine}: {len(self.records)} attempts failed (last: {reason})"
+        return self._fail(CallOutcome.FAILED, self.errors.retries_exhausted, message, reraise_transport=True)
+
+    def _ambiguous(self, reason: str) -> Raise[R]:
+        spec = self.spec
+        message = f"{spec.match.endpoint} on {spec.engine} may have been applied ({reason}); not re-sent"
+        return self._fail(CallOutcome.AMBIGUOUS, self.errors.ambiguous, message)
+
+    def _next_delay(self, reason: str) -> float | Raise[R] | None:
+        """The backoff before the next attempt, once the deadline and the retry budget allow it; announced.
+
+        None when the next wait would pass the default retry window (not a hard
+        deadline), when a call that never connected would start its next
+        attempt past ``connect_window_s``, or when the deadline or the retry
+        budget stops a call whose last attempt never left (a refusal): the call then ends as exhausted,
+        as plain requests would, with the response or the transport's own error
+        (a refusal stays a connection error, so nobody mistakes a dead engine
+        for a slow one; the budget still announces itself as an event).
+        """
+        spec = self.spec
+        result = self.last
+        assert result is not None
+        n = self._next
+        retry = spec.match.policy.retry
+        delay = 0.0
+        if not _config.current_testing().active:
+            delay = backoff_delay(
+                n + 1, base_s=retry.base_s, cap_s=retry.cap_s, multiplier=retry.multiplier, jitter=retry.jitter, rng=self.rng
+            )
+            if result.retry_after is not None and retry.respect_retry_after:
+                delay = min(result.retry_after, retry.retry_after_max_s)
+        refused = _refused(result)
+        if refused:
+            window_left = self._connect_window_left()
+            if window_left is not None and delay >= window_left:
+                self._unreachable = True  # refused for the whole connect window: a dead or mistyped engine
+                return None
+        left = self.window.remaining()
+        if self.window.bounded and delay >= left:
+            if self.window is not self.hard or refused:
+                return None  # the caller gets what plain requests would: the response, or the refusal itself
+            message = f"deadline exceeded: next wait {delay:.3f}s >= {left:.3f}s left (last: {reason})"
+            return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, message)
+        budget = self.budget
+        if budget is not None and not budget.try_withdraw():
+            if self.observers:
+                emit(
+                    self.observers,
+                    RetryBudgetExhaustedEvent(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, tokens=budget.tokens),
+                )
+            if refused:
+                return None
+            message = f"retry budget of {spec.engine} exhausted (last: {reason})"
+            return self._fail(CallOutcome.BUDGET_EXHAUSTED, self.errors.budget_exhausted, message)
+        if self.observers:
+            emit(
+                self.observers,
+                RetryScheduled(
+                    call_id=self.call_id, attempt=n, endpoint=spec.match.endpoint, engine=spec.engine, reason=reason, delay_s=delay
+                ),
+            )
+        self.records[-1] = replace(self.records[-1], delay_s=delay)
+        return delay
+
+    # -- endings ---------------------------------------------------------
+
+    def _succeed(self, response: R | None) -> Return[R]:
+        self._end(CallOutcome.RETRIED_SUCCESS if len(self.records) > 1 else CallOutcome.SUCCESS, None)
+        assert response is not None
+        return Return(response, self.attempts)
+
+    def _give_back(self, result: AttemptResult[R], outcome: CallOutcome) -> Return[R] | Raise[R]:
+        """End with what the transport saw: its response, or its own error (with ``.attempts``)."""
+        if result.response is None:
+            assert result.error is not None
+            self._end(outcome, type(result.error).__qualname__)
+            _attach(result.error, self.attempts)
+            return Raise(result.error)
+        self._end(outcome, str(result.status))
+        return Return(result.response, self.attempts)
+
+    def _fail(
+        self,
+        outcome: CallOutcome,
+        error: type[ResilienceError],
+        message: str,
+        *,
+        reraise_transport: bool = False,
+        refused: AttemptRecord | None = None,
+    ) -> Raise[R]:
+        """End with one of the loop's own errors (or the transport's last one); ``refused``: a breaker's refusal, added to its record."""
+        last = self.last
+        records = self.attempts if refused is None else (*self.attempts, refused)
+        if reraise_transport and last is not None and last.response is None and last.error is not None:
+            self._end(outcome, type(last.error).__qualname__)
+            _attach(last.error, records)
+            return Raise(last.error)
+        self._end(outcome, error.__qualname__)
+        response = last.response if last is not None else None
+        spec = self.spec
+        exc = error(
+            message,
+            endpoint=spec.match.endpoint,
+            engine=spec.engine,
+            attempts=records,
+            last_status=last.status if last is not None else None,
+            last_error=last.error if last is not None else None,
+            request=spec.request,
+            response=response,
+        )
+        if last is not None and last.error is not None:
+            exc.__cause__ = last.error  # as ``raise exc from last.error``
+            exc.__suppress_context__ = True
+        return Raise(exc, discard=None if self._released else response)
+
+    def _record_breaker(self, outcome: CallOutcome, neutral: bool) -> None:
+        """One verdict per logical call: retries that absorbed a failure do not count against the engine.
+
+        A success closes the count; a call refused for its whole connect
+        window opens the breaker at once (``record_unreachable``); a call that
+        ended on other transport errors or retryable statuses is a failure; a
+        fatal status (4xx, 500), the breaker's own refusal and an exception
+        outside the transport are neutral: the slot goes back.
+        """
+        breaker, permit = self.breaker, self.permit
+        if breaker is None or permit is None:
+            return
+        last = self.records[-1] if self.records else None
+        if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
+            breaker.record_success(permit)
+        elif (
+            neutral
+            or outcome is CallOutcome.CIRCUIT_OPEN
+            or (last is not None and last.outcome is Outcome.FATAL and last.status is not None)
+        ):
+            breaker.release_probe(permit)
+        elif self._unreachable:
+            breaker.record_unreachable(permit, window_s=self.spec.match.policy.retry.connect_window_s)
+        else:
+            breaker.record_failure(permit)
+
+    def _end(self, outcome: CallOutcome, error_type: str | None, *, neutral: bool = False) -> None:
+        self.ended = True
+        self._record_breaker(outcome, neutral)
+        if not self.observers:
+            return
+        spec = self.spec
+        emit(
+            self.observers,
+            CallEnded(
+                call_id=self.call_id,
+                method=spec.method,
+                endpoint=spec.match.endpoint,
+                engine=spec.engine,
+                outcome=outcome,
+                status=self.last.status if self.last is not None else None,
+                attempts=len(self.records),
+                duration_s=self.clock.monotonic() - self.started,
+                error_type=error_type,
+                retry_budget_tokens=self.budget.tokens if self.budget is not None else None,
+            ),
+        )
+
+
+def _gateway_probe(spec: CallSpec, result: AttemptResult[Any]) -> Callable[[ProbeContext], Any] | None:
+    """The probe to ask about a gateway status (the policy's retry statuses) on a non-idempotent table entry; None = none.
+
+    The status may come from a front end that handed the request on (it was
+    applied) or from one that did not; the probe tells which before anything is re-sent.
+    """
+    policy = spec.match.policy
+    probe = policy.on_ambiguous
+    if isinstance(probe, str) or result.status not in policy.retry.statuses or policy.idempotent or not spec.match.explicit:
+        return None
+    return probe
+
+
+def _refused(result: AttemptResult[Any]) -> bool:
+    """The attempt never left (a refused connection, say): a deadline or budget that stops the call then ends it with that error."""
+    return result.delivery is Delivery.NOT_SENT and result.error is not None
+
+
+def _reason(result: AttemptResult[Any]) -> str:
+    if result.status is not None:
+        return f"status_{result.status}"
+    return result.error_kind or "error"
+
+
+def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
+    try:
+        error.attempts = records  # type: ignore[attr-defined]
+    except AttributeError:
+        pass

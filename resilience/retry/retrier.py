@@ -1,0 +1,293 @@
+"""``Retrier``: runs one logical call's ``RetryCall`` with real I/O, sync (``run``) or async (``arun``).
+
+The ``Retrier`` holds what calls share (breakers and budgets per engine,
+observers, the clock, the random source, the error classes); each call is a
+``RetryCall`` (``resilience.retry.call``: the decisions and their rules) that
+this module drives, with blocking calls (the requests and sync httpx
+drivers) or coroutines (httpx async, aiohttp). A driver supplies one function
+that makes a single attempt and reports what it saw (an ``AttemptResult``,
+``resilience.retry.spec``); everything else is decided in the core, without
+sockets, on an injectable clock and random source. A call nobody observes
+starts on the success fast path (``resilience.retry.first_attempt``), which
+hands anything but a first-attempt success to the ``RetryCall``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any, TypeVar
+
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.errors import ErrorTypes
+from resilience.events import Observer
+from resilience.outcome import AttemptRecord, Delivery
+from resilience.policy import ProbeContext
+from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
+from resilience.retry.first_attempt import NO_HEADERS, FirstAttempt
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
+
+__all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
+
+R = TypeVar("R")
+Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], AttemptResult[R]]
+"""``attempt(n, (connect_s, read_s), headers)``: make attempt ``n``; report transport errors, never raise them."""
+AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[AttemptResult[R]]]
+"""The coroutine form of ``Attempt``."""
+
+
+class Retrier:
+    """Runs logical calls: shared breakers, budgets, observers, clock, random source and error classes.
+
+    ``breakers`` / ``budgets`` may be None to turn that strategy off.
+    ``rng`` returns floats in [0, 1) for jitter. ``error_types``: the classes
+    the loop raises (default ``ErrorTypes()``, the requests-flavoured ones).
+    One ``Retrier`` serves threads and asyncio tasks at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        breakers: BreakerRegistry | None = None,
+        budgets: RetryBudgets | None = None,
+        observers: Sequence[Observer] = (),
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
+        error_types: ErrorTypes | None = None,
+    ) -> None:
+        self.breakers = breakers
+        self.budgets = budgets
+        self.observers = tuple(observers)
+        self.clock = clock
+        self.rng = rng
+        self.error_types = error_types if error_types is not None else ErrorTypes()
+
+    @classmethod
+    def from_configs(
+        cls,
+        *,
+        breaker: BreakerConfig | None,
+        retry_budget: RetryBudgetConfig | None,
+        observers: Sequence[Observer] = (),
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
+        error_types: ErrorTypes | None = None,
+    ) -> Retrier:
+        """A ``Retrier`` with one breaker and one budget per engine, built from their configs (None = that strategy off).
+
+        A ``Retrier`` of its own state; the drivers build theirs with
+        ``DriverConfig.retrier`` (``resilience.driver_config``), whose breakers
+        and budgets every driver built from one config shares.
+        """
+        observers = tuple(observers)
+        return cls(
+            breakers=None if breaker is None else BreakerRegistry(breaker, clock=clock, observers=observers),
+            budgets=None if retry_budget is None else RetryBudgets(retry_budget, clock=clock),
+            observers=observers,
+            clock=clock,
+            rng=rng,
+            error_types=error_types,
+        )
+
+    def begin(self, spec: CallSpec) -> RetryCall[Any]:
+        """The sans-IO decision object for one call (``resilience.retry.call``); ``run`` and ``arun`` drive it."""
+        return RetryCall.begin(
+            spec,
+            breaker=self.breakers.get(spec.engine) if self.breakers is not None else None,
+            budget=self.budgets.get(spec.engine) if self.budgets is not None else None,
+            observers=self.observers,
+            clock=self.clock,
+            rng=self.rng,
+            errors=self.error_types,
+        )
+
+    def _first(self, spec: CallSpec) -> FirstAttempt[Any]:
+        """The fast path's start of a call nobody observes (``resilience.retry.first_attempt``)."""
+        return FirstAttempt(
+            spec,
+            self.breakers.get(spec.engine) if self.breakers is not None else None,
+            self.budgets.get(spec.engine) if self.budgets is not None else None,
+            self.clock,
+        )
+
+    def run(
+        self,
+        spec: CallSpec,
+        attempt: Attempt[R],
+        *,
+        discard: Callable[[R], None] = lambda _r: None,
+        on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
+    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        """Run one logical call with blocking I/O; return the final response and the attempts taken.
+
+        ``attempt(n, (connect_timeout, read_timeout), carrier)`` makes attempt
+        ``n`` and must not raise for transport errors (it reports them).
+        ``discard`` releases a response that will not be returned.
+        ``on_probe_done`` builds the response to return when a probe says an
+        ambiguous request was applied.
+        ``never_sent(exc)``: the driver's proof that an error its attempt
+        raised (one never retried: a TLS failure, a bad URL) came before the
+        request left; the attempt is then recorded as ``NOT_SENT``, else as
+        ``MAYBE_APPLIED`` (default: no proof).
+        Raises the transport's last error, or one of the ``error_types``; an
+        ``Exception`` raised out of an attempt carries the call's record as
+        ``.attempts`` too (``resilience.outcome.attempts_of``).
+        """
+        call: RetryCall[R]
+        result: AttemptResult[R] | None = None
+        if self.observers:
+            call = self.begin(spec)
+        else:  # nobody observes: the first attempt without a RetryCall (resilience.retry.first_attempt)
+            first: FirstAttempt[R] = self._first(spec)
+            if first.timeouts is not None:
+                try:
+                    result = attempt(0, first.timeouts, NO_HEADERS)
+                except BaseException as exc:
+                    _abandon(first.take_over(self.rng, self.error_types, in_flight=True), exc, never_sent)
+                    raise
+                done = first.finish(result)
+                if done is not None:
+                    return done
+            call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
+        try:
+            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
+            while True:
+                if isinstance(step, Send):
+                    step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+                elif isinstance(step, Wait):
+                    if step.discard is not None:
+                        discard(step.discard)
+                    if step.delay_s > 0:
+                        self.clock.sleep(step.delay_s)
+                    step = call.next_step()
+                elif isinstance(step, AskProbe):
+                    answer = ask_probe(step.probe, step.context)
+                    step = call.probe_answered(answer, on_probe_done)
+                else:
+                    if step.discard is not None:
+                        discard(step.discard)
+                    if isinstance(step, Return):
+                        return step.response, step.attempts
+                    raise step.error
+        except BaseException as exc:
+            _abandon(call, exc, never_sent)  # a no-op when the call ended on a verdict
+            raise
+
+    async def arun(
+        self,
+        spec: CallSpec,
+        attempt: AsyncAttempt[R],
+        *,
+        discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
+        on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False,
+    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        """``run`` for coroutines: the same decisions, awaited attempts, backoff slept with the clock's ``asleep``.
+
+        ``discard`` may return an awaitable (``aclose``, ``release``). A sync
+        probe runs in a worker thread (it may do blocking I/O); a coroutine
+        probe is awaited. Cancelling the calling task ends the call at once,
+        neutral for the breaker (its slot goes back), and nothing more is sent.
+        """
+        asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
+        call: RetryCall[R]
+        result: AttemptResult[R] | None = None
+        if self.observers:
+            call = self.begin(spec)
+        else:  # nobody observes: the first attempt without a RetryCall (resilience.retry.first_attempt)
+            first: FirstAttempt[R] = self._first(spec)
+            if first.timeouts is not None:
+                try:
+                    result = await attempt(0, first.timeouts, NO_HEADERS)
+                except BaseException as exc:
+                    _abandon(first.take_over(self.rng, self.error_types, in_flight=True), exc, never_sent)
+                    raise
+                done = first.finish(result)
+                if done is not None:
+                    return done
+            call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
+        try:
+            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
+            while True:
+                if isinstance(step, Send):
+                    step = call.attempt_done(await attempt(step.attempt, step.timeouts, step.headers))
+                elif isinstance(step, Wait):
+                    if step.discard is not None:
+                        await _maybe_await(discard(step.discard))
+                    if step.delay_s > 0:
+                        await asleep(step.delay_s)
+                    step = call.next_step()
+                elif isinstance(step, AskProbe):
+                    answer = await ask_probe_async(step.probe, step.context)
+                    step = call.probe_answered(answer, on_probe_done)
+                else:
+                    if step.discard is not None:
+                        await _maybe_await(discard(step.discard))
+                    if isinstance(step, Return):
+                        return step.response, step.attempts
+                    raise step.error
+        except BaseException as exc:
+            _abandon(call, exc, never_sent)
+            raise
+
+
+def _abandon(call: RetryCall[Any], exc: BaseException, never_sent: Callable[[BaseException], bool]) -> None:
+    """End ``call`` on ``exc`` (see ``RetryCall.abandon``) and write its record on ``exc`` when it is an error without one.
+
+    Interrupts (``KeyboardInterrupt``, ``SystemExit``, ``CancelledError``) get
+    no record: they are not the transport's answer. ``never_sent`` is asked
+    only about an exception raised out of an attempt in flight.
+    """
+    in_flight = call.in_flight
+    try:
+        unsent = in_flight and isinstance(exc, Exception) and never_sent(exc)
+    except Exception:
+        unsent = False  # a predicate that fails proves nothing
+    call.abandon(exc, delivery=Delivery.NOT_SENT if unsent else Delivery.MAYBE_APPLIED)
+    if isinstance(exc, Exception) and call.records and not getattr(exc, "attempts", None):
+        try:
+            exc.attempts = call.attempts  # type: ignore[attr-defined]
+        except AttributeError:  # an exception class with __slots__
+            pass
+
+
+def ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
+    """Ask ``probe`` from blocking code (``run``, the ledger): its answer, for ``RetryCall.probe_answered``.
+
+    A probe that fails (or answers with an awaitable here) cannot tell: unknown (None).
+    """
+    try:
+        answer = probe(context)
+    except Exception:
+        return None
+    if inspect.isawaitable(answer):
+        if inspect.iscoroutine(answer):
+            answer.close()
+        return None
+    return answer
+
+
+async def ask_probe_async(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:
+    """``ask_probe`` on an event loop (``arun``, the ledger): a coroutine probe awaited, a sync one in a worker thread.
+
+    A probe that fails cannot tell: unknown (None).
+    """
+    try:
+        if inspect.iscoroutinefunction(probe):
+            return await probe(context)
+        answer = await asyncio.to_thread(probe, context)
+        if inspect.isawaitable(answer):
+            return await answer
+        return answer
+    except Exception:
+        return None
+
+
+async def _maybe_await(value: Awaitable[None] | None) -> None:
+    if value is not None and inspect.isawaitable(value):
+        await value

@@ -1,0 +1,195 @@
+"""What a driver tells the loop about one call and each attempt, and the two rules decided from that alone.
+
+``CallSpec`` is what a transport knows before the first attempt;
+``AttemptResult`` (built with ``responded`` when a response came back) is
+what it saw on one attempt. Three pure functions decide from them, with no
+I/O and no state, and are the only place their rules live:
+
+- **Timeouts** (one precedence rule; ``attempt_timeouts``, ``call_deadlines``):
+  each attempt's (connect, read) timeout is the matched table entry's
+  ``attempt_timeout_s`` when the entry *names* it (``EndpointPolicy.named``:
+  given in Python or in a policy file, not left at its default); else the
+  caller's own timeout (``CallSpec.request_timeout``, e.g. requests'
+  ``timeout=``; ``(None, None)`` = wait as long as it takes); else the
+  policy's ``attempt_timeout_s`` (an entry's default or the default
+  policy's). A deadline caps attempt timeouts when it was named for this
+  endpoint (an entry's ``deadline_s``), when the caller gave no timeout, or
+  when the caller set it (an outer ``Deadline``). A ``deadline_s`` nobody
+  named never shortens a timeout the caller gave: it only bounds how long
+  retries are started, and when it ends the caller gets what plain requests
+  would have given (the last response or the transport's own error).
+- **Classification** (``classify``): a 2xx or accepted status is a success; a
+  gateway status (the policy's retry statuses, or 429 with Retry-After) is
+  retryable on an idempotent endpoint (or one that retries statuses anyway),
+  else handed back; a failure before sending (``Delivery.NOT_SENT``) is
+  retryable; one that may have been applied is ambiguous; anything else is
+  fatal. What the loop does with each class is ``resilience.retry.call``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from resilience.backoff import parse_retry_after
+from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.deadline import Deadline, current_deadline
+from resilience.outcome import Delivery, Outcome
+from resilience.policy import EndpointMatch, EndpointPolicy
+
+__all__ = [
+    "RETRY_AFTER_STATUSES",
+    "AttemptResult",
+    "CallSpec",
+    "Timeouts",
+    "attempt_timeouts",
+    "call_deadlines",
+    "classify",
+    "is_success_status",
+    "responded",
+]
+
+R = TypeVar("R")
+Timeouts = tuple[float | None, float | None]
+"""(connect, read) seconds; None = no limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult(Generic[R]):
+    """What the transport saw on one attempt."""
+
+    response: R | None = None
+    """The response object, when one came back."""
+    status: int | None = None
+    error: BaseException | None = None
+    """The transport error, when no response came back."""
+    delivery: Delivery = Delivery.RESPONDED
+    error_kind: str | None = None
+    """A bounded name for a transport error: ``connect_error``, ``connect_timeout``, ``read_timeout``, ``connection_reset``, ``error``."""
+    retry_after: float | None = None
+    """Seconds from a Retry-After header."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One logical call as the loop needs to know it."""
+
+    method: str
+    url: str
+    """Used only for probes and error messages; never put in events."""
+    match: EndpointMatch
+    engine: str
+    server_address: str
+    server_port: int
+    request_timeout: Timeouts | None = None
+    """The caller's own (connect, read) timeout; ``(None, None)`` = no limit; None = the caller said nothing."""
+    request: Any = None
+    """Attached to raised errors as ``request=`` (requests convention)."""
+    replayable: bool = True
+    """False when the body cannot be sent twice (a pipe, a generator): exactly one attempt."""
+    body: bytes | None = None
+    """The request body, when the driver holds it as bytes; handed to probes (``ProbeContext.body``), never put in events.
+    None = no body, or one the driver cannot read without consuming it."""
+
+
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+"""The statuses whose ``Retry-After`` header the loop reads (RFC 9110: it means something on 503, and on 429 by RFC 6585)."""
+
+
+def responded(response: R, status: int, headers: Mapping[str, str]) -> AttemptResult[R]:
+    """What a driver reports for an attempt that got a response: ``status``, and the ``Retry-After`` header's seconds on 429/503.
+
+    ``headers`` is the response's header mapping (requests, httpx and aiohttp all
+    look names up case-insensitively); it is read only on those two statuses.
+    """
+    seconds = parse_retry_after(headers.get("Retry-After")) if status in RETRY_AFTER_STATUSES else None
+    return AttemptResult(response=response, status=status, retry_after=seconds)
+
+
+def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
+    """The (connect, read) timeout of the next attempt, ``cap_s`` being what is left of a deadline that caps attempts.
+
+    The matched table entry's ``attempt_timeout_s`` when the entry names it
+    (``EndpointPolicy.named``); else the caller's own timeout; else the
+    policy's value (an entry's default, or the default policy's). None = no
+    limit. So an entry that never named a timeout never overrules the caller.
+    """
+    match = spec.match
+    policy = match.policy
+    limit = policy.attempt_timeout_s
+    if limit is not None and match.explicit and policy.named("attempt_timeout_s"):  # the entry's own word
+        connect: float | None = limit
+        read: float | None = limit
+    elif spec.request_timeout is not None:
+        connect, read = spec.request_timeout
+    else:
+        connect = read = None if limit is None else float(limit)
+    return _capped(connect, cap_s), _capped(read, cap_s)
+
+
+def _capped(value: float | None, cap_s: float) -> float | None:
+    """``value`` (None = no limit) at most ``cap_s``; None when both are unbounded."""
+    bound = cap_s if value is None or cap_s < value else value
+    return None if bound == math.inf else bound
+
+
+def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadline, Deadline]:
+    """``(hard, window)``: the deadline that caps attempts, and the one after which no retry starts.
+
+    The policy's ``deadline_s`` (or, when it is None, the sum of the caller's
+    timeouts) is hard when a table entry names it or when the caller gave no
+    timeout of its own; an outer ``Deadline`` is always hard. A ``deadline_s``
+    nobody named (an entry's default, the default policy's) under a caller's
+    own timeout is only a retry window: it never cuts an attempt the caller
+    bounded.
+    """
+    match = spec.match
+    policy = match.policy
+    outer = current_deadline()
+    outer_left = outer.remaining() if outer is not None and outer.bounded else None
+    seconds = policy.deadline_s
+    if seconds is None and spec.request_timeout is not None:
+        parts = [t for t in spec.request_timeout if t is not None]
+        seconds = sum(parts) if parts else None
+    own = Deadline.capped(seconds, outer_left, clock=clock)  # one object per deadline: a call builds these on every request
+    if spec.request_timeout is None or (match.explicit and policy.named("deadline_s")):
+        return own, own
+    return Deadline.capped(None, outer_left, clock=clock), own
+
+
+def is_success_status(policy: EndpointPolicy, status: int) -> bool:
+    """2xx, or a status the endpoint accepts (``EndpointPolicy.accept_statuses``)."""
+    return 200 <= status < 300 or status in policy.accept_statuses
+
+
+def classify(
+    policy: EndpointPolicy,
+    *,
+    status: int | None,
+    delivery: Delivery,
+    retry_after: float | None = None,
+) -> Outcome:
+    """Classify one attempt under ``policy``.
+
+    - a 2xx or accepted status: SUCCESS;
+    - a status in ``retry.statuses`` (or 429 with Retry-After, when
+      ``retry.respect_retry_after``): RETRYABLE when the endpoint is
+      idempotent or explicitly retries statuses when it is not
+      (``retry_statuses_if_not_idempotent``); otherwise FATAL (the response is
+      handed back as plain requests would);
+    - any other status: FATAL;
+    - no response and never sent: RETRYABLE when ``retry.retry_before_send``, else FATAL;
+    - no response and maybe applied: AMBIGUOUS (the loop decides by idempotency).
+    """
+    if status is not None:
+        if is_success_status(policy, status):
+            return Outcome.SUCCESS
+        gateway = status in policy.retry.statuses or (status == 429 and retry_after is not None and policy.retry.respect_retry_after)
+        if gateway and (policy.idempotent or policy.retry_statuses_if_not_idempotent):
+            return Outcome.RETRYABLE
+        return Outcome.FATAL
+    if delivery is Delivery.NOT_SENT:
+        return Outcome.RETRYABLE if policy.retry.retry_before_send else Outcome.FATAL
+    return Outcome.AMBIGUOUS

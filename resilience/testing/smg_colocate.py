@@ -1,0 +1,355 @@
+"""The colocate sequence behind a real smg gateway, three ways side by side: smg's own client, ours direct, ours through smg.
+
+Each run starts fresh fault proxies (one per engine, in front of its
+``direct_url``, all playing the same plan: the same seed gives the same
+faults to every way) and a fresh smg gateway (:class:`SmgGateway`) whose
+workers are those proxies. Each step: rollout (generation through the
+gateway), offload, a training pause, onload, weight sync
+(``update_weights_from_disk``). The three ways differ only in their control plane:
+
+- ``"smg"`` (the peer): smg's own Python client, ``smg.rl.RL.fanout`` for each
+  phase (pause, flush, release; resume, continue) and ``smg.rl.paused`` around
+  the weight update, as smg's docstring shows. No retries (the client has
+  none); a ``FanoutError`` fails the step. ``paused()`` always sends
+  ``continue_generation`` on the way out, also after a body that failed
+  part-way, and whatever the body did: a body that released memory gets a
+  continue on an engine with memory released (SGLang crashes at its next
+  prefill).
+- ``"ours"``: ``SGLangClient`` + ``Orchestrator``, straight to the engines
+  (through the same proxies), as ``resilience.testing.colocate`` runs it.
+- ``"ours-smg"``: the ``Orchestrator`` with :class:`~resilience.adapters.smg_fanout.SmgFanOut`:
+  each phase one ``/v1/rl`` fan-out through the same gateway.
+
+Both of ours retry a transition after a ``PhaseFailed`` that quarantined
+engines (reconciled from the emulator's memory probe, a side channel, as in
+``colocate``), at most 3 times. A failed step, or an engine that died, is a
+restart: dead engines are restarted, live ones put back in order, and the
+run goes on until the restart budget is spent. The report is a
+``ColocateReport`` (steps finished, failed steps, engine deaths, restarts, 502s
+injected and absorbed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Final, Literal
+
+import requests
+
+from resilience.adapters.sglang import SGLangClient
+from resilience.adapters.smg_fanout import SmgEngine, SmgFanOut
+from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.budget import RestartBudget
+from resilience.events import AttemptEnded, CallEnded, Event
+from resilience.outcome import CallOutcome
+from resilience.policy import PolicyTable
+from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, demo_policies
+from resilience.testing.emulator import EmulatedFleet, EngineHandle
+from resilience.testing.faultplan import CONTROL_PATHS, FaultPlan
+from resilience.testing.faultproxy import FaultProxy
+from resilience.testing.memory_probe import EmulatorMemoryProbe
+from resilience.testing.smg import GatewayHealth, SmgGateway
+
+__all__ = ["PEER_WAYS", "PeerWay", "peer_rows", "run_smg_colocate", "ways"]
+
+PeerWay = Literal["smg", "ours", "ours-smg"]
+PEER_WAYS: Final[tuple[tuple[PeerWay, str], ...]] = (("smg", "smg's client"), ("ours", "ours direct"), ("ours-smg", "ours via SmgFanOut"))
+"""The three ways in table order, with their column titles."""
+GATEWAY_HEALTH: Final = GatewayHealth(interval_s=1, timeout_s=1, failure_threshold=3, success_threshold=1)
+"""The gateway's health settings in these runs (short, so a restarted engine is ready again within seconds)."""
+RL_TIMEOUT_S: Final = 3
+"""``--rl-control-timeout-secs``: as ``colocate.CONTROL_TIMEOUT_S``, every control attempt's bound."""
+_DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
+_ROUNDS = 3
+_SELECTOR = "engine=sglang"
+
+
+class _Absorbed:
+    """502 answers inside calls that ended well (our direct clients' retries)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._pending: dict[int, int] = {}
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, AttemptEnded) and event.status == 502:
+            self._pending[event.call_id] = self._pending.get(event.call_id, 0) + 1
+        elif isinstance(event, CallEnded):
+            n = self._pending.pop(event.call_id, 0)
+            if event.outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
+                self.count += n
+
+
+class _Run:
+    def __init__(self, fleet: EmulatedFleet, config: ColocateConfig, way: PeerWay, plan: FaultPlan, policies: PolicyTable) -> None:
+        self.fleet, self.config, self.way, self.policies = fleet, config, way, policies
+        self.report = ColocateReport(way, config.steps, restart_limit=config.restart_limit, restart_budget_left=config.restart_limit)
+        self.proxies = [FaultProxy(e.direct_url, plan, e.index) for e in fleet.engines]
+        for proxy in self.proxies:
+            proxy.start()
+        self.urls = [p.url for p in self.proxies]
+        self.gateway = SmgGateway(self.urls, health=GATEWAY_HEALTH, rl_control_timeout_s=RL_TIMEOUT_S)
+        try:
+            self.gateway.start()
+        except BaseException:
+            for proxy in self.proxies:
+                proxy.stop()
+            raise
+        aliases = {p.url: e.direct_url for p, e in zip(self.proxies, fleet.engines, strict=True)}
+        self.probe = EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases)
+        self.absorbed = _Absorbed()
+        self.session = requests.Session()
+        self.session.trust_env = False
+        self.clients: list[SGLangClient] = []
+        self.fanout: SmgFanOut | None = None
+        self.orch: Orchestrator[SGLangClient] | Orchestrator[SmgEngine] | None = None
+        self._new_controller()
+
+    # -- controllers ---------------------------------------------------------------------
+
+    def _new_controller(self) -> None:
+        """A fresh controller (after a restart too): new clients or fan-out, a new orchestrator; the peer has neither."""
+        self._close_controller()
+        if self.way == "ours":
+            probe = self._settled_probe()
+            observers = (self.absorbed,)
+            self.clients = [
+                SGLangClient(u, policies=self.policies, observers=observers, flush_poll_s=0.05, memory_probe=probe) for u in self.urls
+            ]
+            self.orch = Orchestrator(EngineGroup(self.clients), deadlines=_DEADLINES, memory_probe=self._settled_probe())
+        elif self.way == "ours-smg":
+            self.fanout = SmgFanOut(self.gateway.url, timeout_s=RL_TIMEOUT_S + 5.0, memory_probe=self._settled_probe())
+            self.orch = Orchestrator(
+                EngineGroup(self.fanout.engines(self.urls)), fanout=self.fanout, deadlines=_DEADLINES, memory_probe=self._settled_probe()
+            )
+
+    def _settled_probe(self) -> _SettledProbe:
+        return _SettledProbe(self.probe, {p.url: p for p in self.proxies})
+
+    def _close_controller(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.clients = []
+        if self.fanout is not None:
+            self.report.probe_verdicts += self.fanout.probe_verdicts
+            self.absorbed.count += self.fanout.absorbed_502
+            self.fanout.close()
+            self.fanout = None
+
+    # -- one step --------------------------------------------------------------------------
+
+    def _rollout(self, n: int) -> None:
+        body = {"sampling_params": {"max_new_tokens": self.config.max_new_tokens}}
+        for i in range(self.config.rollout_requests * len(self.urls)):
+            for _ in range(50):  # bounded: a gateway without a ready worker (an engine restarting) answers 503
+                r = self.session.post(f"{self.gateway.url}/generate", json={**body, "text": f"s{n}-r{i}"}, timeout=60)
+                if r.status_code != 503:
+                    break
+                time.sleep(0.1)
+            r.raise_for_status()
+
+    def step(self, n: int) -> None:
+        self._rollout(n)
+        if self.way == "smg":
+            self._peer_step(n)
+            return
+        assert self.orch is not None
+        orch = self.orch
+        self._rounds(lambda: orch.offload(mode="abort"))
+        time.sleep(self.config.train_s)
+        self._rounds(orch.onload)
+        self._rounds(lambda: self._our_weight_sync(n))
+
+    def _peer_step(self, n: int) -> None:
+        from smg.rl import RL, paused
+
+        rl = RL(self.gateway.url, timeout=RL_TIMEOUT_S + 5.0)
+        rl.fanout("pause_generation", {"mode": "abort"}, selector=_SELECTOR)
+        rl.fanout("flush_cache", {}, selector=_SELECTOR)
+        rl.fanout("release_memory_occupation", {"tags": None}, selector=_SELECTOR)
+        time.sleep(self.config.train_s)
+        rl.fanout("resume_memory_occupation", {"tags": None}, selector=_SELECTOR)
+        rl.fanout("continue_generation", {}, selector=_SELECTOR)
+        with paused(rl, _SELECTOR, mode="retract"):
+            rl.fanout("update_weights_from_disk", {"model_path": "emulated/sglang-model", "weight_version": f"v{n}"}, selector=_SELECTOR)
+
+    def _our_weight_sync(self, n: int) -> None:
+        assert self.orch is not None
+        with self.orch.weight_sync(mode="retract") as engines:
+            if self.way == "ours":
+                for client in engines:
+                    assert isinstance(client, SGLangClient)
+                    client.update_weights_from_disk("emulated/sglang-model", weight_version=f"v{n}")
+            else:
+                from smg.rl import RL
+
+                RL(self.gateway.url, timeout=RL_TIMEOUT_S + 5.0).fanout(
+                    "update_weights_from_disk", {"model_path": "emulated/sglang-model", "weight_version": f"v{n}"}, selector=_SELECTOR
+                )
+
+    def _rounds(self, transition: Callable[[], object]) -> None:
+        """Run a transition; after a PhaseFailed that quarantined engines, reconcile them from the probe and run it again."""
+        assert self.orch is not None
+        for round_ in range(1, _ROUNDS + 1):
+            try:
+                transition()
+                return
+            except PhaseFailed as exc:
+                names = sorted(set(exc.quarantined) | set(self.orch.quarantined()))
+                if exc.dead or round_ == _ROUNDS:
+                    raise
+                self.report.engines_quarantined += len(names)
+                for name in names:
+                    self._reconcile(name)
+
+    def _reconcile(self, name: str) -> None:
+        assert self.orch is not None
+        deadline = time.monotonic() + 10.0
+        for _ in range(200):  # bounded by the deadline
+            proxy = next((p for p in self.proxies if p.url == name), None)
+            if proxy is not None:
+                proxy.settle(paths=CONTROL_PATHS)
+            released = self.probe.released_tags(name)
+            try:
+                if released is None:
+                    raise RuntimeError(f"the memory probe cannot prove {name}'s released tags yet")
+                self.orch.reconcile(name, released=released, paused=True if released else None)
+                self.report.engines_reconciled += 1
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Restart dead engines, put live ones back in order, start a new controller; returns the deaths found."""
+        dead = [e for e in self.fleet.engines if not e.alive()]
+        for engine in dead:
+            engine.stop()
+            engine.spawn()
+        ready_by = time.monotonic() + 120
+        for engine in dead:
+            engine.wait_ready(ready_by)
+        for engine in self.fleet.engines:
+            if engine not in dead:
+                self._put_in_order(engine)
+        self._new_controller()
+        for url in self.urls:  # a restarted engine: the gateway makes it ready again after a good probe
+            self.gateway.wait_status(url, lambda s: s == "ready", 30.0)
+        return len(dead)
+
+    def _put_in_order(self, engine: EngineHandle) -> None:
+        state = engine.state()
+        if state.get("released_tags"):
+            self.session.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
+        if state.get("paused"):
+            self.session.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
+
+    def close(self) -> None:
+        self._close_controller()
+        self.session.close()
+        self.gateway.stop()
+        for proxy in self.proxies:
+            proxy.stop()
+
+
+class _SettledProbe:
+    """The emulator's memory truth, read once the engine's proxy has no control call in flight (a late effect lands first)."""
+
+    def __init__(self, inner: EmulatorMemoryProbe, proxies: dict[str, FaultProxy]) -> None:
+        self._inner, self._proxies = inner, proxies
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        proxy = self._proxies.get(engine)
+        if proxy is not None and not proxy.settle(timeout=10.0, paths=CONTROL_PATHS):
+            return None
+        return self._inner.released_tags(engine)
+
+
+def run_smg_colocate(
+    fleet: EmulatedFleet,
+    config: ColocateConfig,
+    way: PeerWay,
+    plan: FaultPlan,
+    *,
+    policies: PolicyTable | None = None,
+    progress: Callable[[StepProgress], None] | None = None,
+) -> ColocateReport:
+    """Run ``config.steps`` steps of ``way`` (``"smg"``, ``"ours"``, ``"ours-smg"``) on ``fleet`` behind a fresh smg and proxies.
+
+    ``plan``: the faults between the gateway (and our direct clients) and the engines. ``policies``: our clients'
+    (default ``demo_policies()``). ``progress``: told after each step. Stops early when the restart budget is spent.
+    """
+    if way not in dict(PEER_WAYS):
+        raise ValueError(f"`way` must be one of {[w for w, _ in PEER_WAYS]}, but was {way!r}")
+    budget = RestartBudget(config.restart_limit)
+    run = _Run(fleet, config, way, plan, policies if policies is not None else demo_policies())
+    report = run.report
+    t0 = time.monotonic()
+    try:
+        for n in range(config.steps):
+            error: str | None = None
+            cause = "engine death"
+            try:
+                run.step(n)
+            except Exception as exc:
+                cause = type(exc).__name__
+                error = f"step {n}: {cause}: {' '.join(str(exc).split())[:300]}"
+            dead_now = sum(1 for e in fleet.engines if not e.alive())
+            deaths = run.recover() if (error or dead_now) else 0
+            report.engine_deaths += deaths
+            if error is None and deaths == 0:
+                report.steps_finished += 1
+            else:
+                report.failed_steps += 1
+                report.failures.append(error or f"step {n}: {deaths} engine(s) died")
+                if budget.remaining == 0:
+                    report.stopped_early = f"restart budget spent at step {n}: the run is over"
+                else:
+                    budget.record(cause, step=n)
+                    report.restarts += 1
+            report.restart_budget_left = budget.remaining
+            if progress is not None:
+                ok = error is None and deaths == 0
+                failure = None if ok else report.failures[-1]
+                progress(StepProgress(way, n + 1, config.steps, ok, report.restarts, report.engine_deaths, failure))
+            if report.stopped_early:
+                break
+    finally:
+        run.close()  # first: the last controller's fan-out adds what it absorbed
+        report.http_502_seen = sum(p.injected_count(502) for p in run.proxies)
+        report.http_502_absorbed = run.absorbed.count
+        report.wall_s = time.monotonic() - t0
+    return report
+
+
+def ways(names: Sequence[str] | None = None) -> list[PeerWay]:
+    """The ways named (all of them, in table order, by default); a clear error for an unknown name."""
+    known = [w for w, _ in PEER_WAYS]
+    if names is None:
+        return known
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"unknown way(s) {bad}: the ways are {known}")
+    return [w for w in known if w in names]
+
+
+_ROWS: Final[tuple[tuple[str, Callable[[ColocateReport], str]], ...]] = (
+    ("steps finished", lambda r: f"{r.steps_finished}/{r.steps_planned}"),
+    ("failed steps", lambda r: str(r.failed_steps)),
+    ("engine deaths", lambda r: str(r.engine_deaths)),
+    ("restarts", lambda r: f"{r.restarts}" + (" (budget spent)" if r.stopped_early else "")),
+    ("502s injected", lambda r: str(r.http_502_seen)),
+    ("502s absorbed by our retries", lambda r: str(r.http_502_absorbed)),
+    ("engines quarantined, reconciled", lambda r: f"{r.engines_quarantined}, {r.engines_reconciled}"),
+    ("releases/resumes settled by SmgFanOut's memory probe", lambda r: str(r.probe_verdicts)),
+    ("wall s", lambda r: f"{r.wall_s:.1f}"),
+)
+
+
+def peer_rows(reports: Sequence[ColocateReport]) -> list[list[str]]:
+    """The side-by-side table's rows, ``[label, one cell per report...]`` (``cpr demo --router smg`` and the benchmark)."""
+    return [[label, *(cell(r) for r in reports)] for label, cell in _ROWS]

@@ -1,0 +1,84 @@
+"""``resilience.breaker``: the circuit breaker's state machine (scripted, and as a property) and its config checks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resilience import BreakerConfig
+from resilience.breaker import BreakerState, CircuitBreaker
+from resilience.clock import FakeClock
+from resilience.errors import PolicyError
+from resilience.events import BreakerTransitioned, Event
+
+
+def test_consecutive_failures_open_then_half_open_then_close() -> None:
+    """Consecutive failures open the breaker; after the wait one probe passes; its success closes it."""
+    clock = FakeClock()
+    seen: list[Event] = []
+    b = CircuitBreaker("http://e:1", BreakerConfig(failure_threshold=3, open_seconds=2), clock=clock, observers=[seen.append])
+    for _ in range(3):
+        assert b.allow()
+        b.record_failure()
+    assert b.state is BreakerState.OPEN
+    assert not b.allow()
+    clock.advance(2)
+    assert b.allow()  # the half-open probe
+    assert not b.allow()  # only one at a time
+    b.record_success()
+    assert b.state is BreakerState.CLOSED
+    assert [(e.from_state, e.to_state) for e in seen if isinstance(e, BreakerTransitioned)] == [
+        ("closed", "open"),
+        ("open", "half_open"),
+        ("half_open", "closed"),
+    ]
+
+
+def test_half_open_failure_reopens() -> None:
+    """A failed half-open probe opens the breaker again for a full wait."""
+    clock = FakeClock()
+    b = CircuitBreaker("e", BreakerConfig(failure_threshold=1, open_seconds=1), clock=clock)
+    b.record_failure()
+    clock.advance(1)
+    assert b.allow()
+    b.record_failure()
+    assert b.state is BreakerState.OPEN
+    assert b.retry_in() == pytest.approx(1)
+
+
+def test_failure_rate_trigger() -> None:
+    """The failure-rate window opens the breaker even without a long consecutive run."""
+    b = CircuitBreaker("e", BreakerConfig(failure_threshold=0, failure_rate_threshold=0.5, window_size=4, minimum_calls=4))
+    for ok in (True, False, True, False):
+        (b.record_success if ok else b.record_failure)()
+    assert b.state is BreakerState.OPEN
+
+
+def test_breaker_config_validated() -> None:
+    """Invalid breaker settings name the field."""
+    with pytest.raises(PolicyError, match=r"BreakerConfig\.failure_rate_threshold must be within"):
+        BreakerConfig(failure_rate_threshold=0)
+
+
+@settings(max_examples=200)
+@given(ops=st.lists(st.sampled_from(["ok", "fail", "allow", "wait"]), max_size=60), threshold=st.integers(1, 5))
+def test_breaker_state_machine_invariants(ops: list[str], threshold: int) -> None:
+    """Whatever happens, an open breaker rejects until the wait, and only allowed transitions occur."""
+    clock = FakeClock()
+    b = CircuitBreaker("e", BreakerConfig(failure_threshold=threshold, open_seconds=1, minimum_calls=20, window_size=20), clock=clock)
+    for op in ops:
+        before = b.state
+        if op == "ok":
+            b.record_success()
+        elif op == "fail":
+            b.record_failure()
+        elif op == "wait":
+            clock.advance(1)
+        else:
+            allowed = b.allow()
+            if before is BreakerState.OPEN and b.retry_in() > 0:
+                assert not allowed
+            if before is BreakerState.CLOSED:
+                assert allowed
+        assert b.state in set(BreakerState)

@@ -1,0 +1,55 @@
+"""``resilience.deadline``: deadlines shared through a contextvar, capped by the one in force, never negative."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from resilience import Deadline
+from resilience.clock import FakeClock
+from resilience.deadline import current_deadline
+
+
+def test_deadline_context_caps_inner() -> None:
+    """An outer deadline caps an inner, longer one; leaving restores the outer."""
+    clock = FakeClock()
+    with Deadline(5, clock=clock) as outer:
+        with Deadline(60, clock=clock) as inner:
+            assert inner.remaining() == pytest.approx(5)
+            assert current_deadline() is inner
+        assert current_deadline() is outer
+        clock.advance(6)
+        assert outer.expired()
+    assert current_deadline() is None
+
+
+def test_deadline_not_shared_with_new_threads() -> None:
+    """A plain new thread starts without the caller's deadline (fan-outs copy the context on purpose)."""
+    seen: list[object] = []
+    with Deadline(5):
+        t = threading.Thread(target=lambda: seen.append(current_deadline()))
+        t.start()
+        t.join()
+    assert seen == [None]
+
+
+def test_negative_deadline_rejected() -> None:
+    """A deadline cannot be negative."""
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Deadline(-1)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "cap_s", "left"),
+    [(5.0, None, 5.0), (5.0, 2.0, 2.0), (2.0, 5.0, 2.0), (None, 3.0, 3.0), (None, None, None), (0.0, 1.0, 0.0)],
+)
+def test_capped_ends_at_the_earlier_of_its_length_and_the_cap(seconds: float | None, cap_s: float | None, left: float | None) -> None:
+    """``Deadline.capped(s, cap)`` is ``Deadline(s).cap(cap)`` in one object: the earlier end; None for both never ends."""
+    clock = FakeClock()
+    deadline = Deadline.capped(seconds, cap_s, clock=clock)
+    assert (deadline.remaining() if deadline.bounded else None) == left
+    same = Deadline(seconds, clock=clock).cap(cap_s)
+    assert deadline.expires_at == same.expires_at
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Deadline.capped(-1.0, 5.0, clock=clock)
