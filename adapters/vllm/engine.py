@@ -39,8 +39,8 @@ l.1053-1055, also on an awake engine) and ``/resume`` reopens scheduling
 whoever paused it and even while asleep (l.985, l.2235): the barrier sends
 neither while anyone else holds a pause, nor ``/resume`` while a tag sleeps.
 
-``engine_kind`` (``"vllm"``) tells the barrier which rules table applies;
-``tags`` are the memory tags the engine has. The weight-transfer session
+``control_rules`` (``resilience.barrier.kinds.VLLM_RULES``) tells the barrier
+which table applies; ``tags`` are the memory tags the engine has. The weight-transfer session
 (``start_weight_update`` ...) is on ``client``, and ``push_weights`` runs one
 (``resilience.adapters.vllm.weights``).
 """
@@ -56,6 +56,7 @@ from resilience.adapters.vllm.client import VLLMClient
 from resilience.adapters.vllm.types import CommandResult, SleepResult, WakeResult
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.adapters.vllm.weights import WeightPush, apush_weights, push_weights
+from resilience.barrier.kinds import VLLM_RULES
 
 __all__ = ["VLLM_PAUSE_MODES", "VLLM_TAGS", "AsyncVLLMEngine", "VLLMEngine", "sleep_args", "wake_args"]
 
@@ -129,7 +130,7 @@ class VLLMEngine:
     discarded: the weights are garbage until a weight update).
     """
 
-    engine_kind: Final = "vllm"
+    control_rules: Final = VLLM_RULES
     tags: Final = VLLM_TAGS
 
     def __init__(self, client: VLLMClient | str, *, sleep_level: int = 1, **client_kwargs: Any) -> None:
@@ -191,7 +192,7 @@ class VLLMEngine:
 class AsyncVLLMEngine:
     """``VLLMEngine`` with ``async`` calls, over an ``AsyncVLLMClient`` (same arguments and meaning)."""
 
-    engine_kind: Final = "vllm"
+    control_rules: Final = VLLM_RULES
     tags: Final = VLLM_TAGS
 
     def __init__(self, client: AsyncVLLMClient | str, *, sleep_level: int = 1, **client_kwargs: Any) -> None:

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from resilience.barrier.effect import doubt_of, effect_of, is_engine_dead
-from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.holds import unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge
@@ -103,7 +102,7 @@ def probe(rules: BarrierRules[Any], names: Iterable[str], waiting: dict[str, flo
         k = rules.know[name]
         if not k.unknown or k.in_flight is not None or k.pending is not None or name in rules.retired:
             continue
-        released = _ask(memory_probe, name)
+        released = _ask(memory_probe, name, k.memory.all_tags)
         if released is None:
             continue
         left = _grace_left(rules, k, released)
@@ -131,12 +130,12 @@ def _grace_left(rules: BarrierRules[Any], k: EngineKnowledge, released: frozense
     return max(0.0, why.since + rules.deadlines.in_transit_for(why.method) - rules.clock.monotonic())
 
 
-def _ask(memory_probe: MemoryProbe, name: str) -> frozenset[str] | None:
-    """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags that do not exist)."""
+def _ask(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset[str] | None:
+    """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags the engine does not have)."""
     try:
         answer = memory_probe.released_tags(name)
     except Exception:  # a probe that fails proves nothing: the quarantine stays
         return None
-    if not isinstance(answer, (set, frozenset)) or not answer <= frozenset(ALL_TAGS):
+    if not isinstance(answer, (set, frozenset)) or not answer <= tags:
         return None
     return frozenset(answer)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+from resilience.barrier.kinds import VLLM_RULES
 from tests.barrier.fake_engine import AsyncFakeEngine, FakeEngine
 
 VLLM = frozenset(("weights", "kv_cache"))
@@ -35,7 +36,7 @@ VLLM = frozenset(("weights", "kv_cache"))
 class _VLLMSemantics:
     """The state changes of the five calls on vLLM; mixed into ``FakeEngine``/``AsyncFakeEngine`` (their faults and locks)."""
 
-    engine_kind = "vllm"
+    control_rules = VLLM_RULES
     tags = ("weights", "kv_cache")
 
     engine: str
