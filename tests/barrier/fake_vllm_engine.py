@@ -17,8 +17,9 @@ No route reports which tags sleep; the fake keeps them in ``released`` for the t
 What kills a real engine is recorded in ``crash``: scheduling reopened while a tag sleeps (a queued
 request is scheduled onto slept memory: the illegal memory access of vllm#44395/#15483), and weights
 pushed into slept weights. What breaks a promise is recorded in ``violations``: scheduling reopened
-while the test holds a pause (``held``: a user hold or a weight-sync body the test runs; a ``/resume``
-or a completing wake ends it for everyone), and a sleep or wake during a weight-sync body.
+while a pause is held (``held``: the user holds the test took; ``sync_bodies``: weight-sync bodies
+running; a ``/resume`` or a completing wake ends a pause for everyone), and a sleep or wake during a
+weight-sync body.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class _VLLMSemantics:
         """The scheduler is UNPAUSED (``resume_scheduler``): fatal with a tag asleep, a violation while the test holds a pause."""
         if self.released:
             self._die(f"{why} with {sorted(self.released)} asleep: a queued request was scheduled onto slept memory")
-        if self.held:
-            self.violations.append(f"{why} reopened scheduling while a pause was held ({self.held})")
+        if self.held or self.sync_bodies:
+            self.violations.append(f"{why} reopened scheduling while a pause was held ({self.held} user, {self.sync_bodies} weight sync)")
         self.paused = False
         self.flushed = False
 
