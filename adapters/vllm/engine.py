@@ -53,7 +53,7 @@ from typing import Any, Final, Literal
 from resilience.adapters.vllm.async_client import AsyncVLLMClient
 from resilience.adapters.vllm.calls import VLLMPauseMode
 from resilience.adapters.vllm.client import VLLMClient
-from resilience.adapters.vllm.types import CommandResult, SleepResult, WakeResult
+from resilience.adapters.vllm.types import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.adapters.vllm.weights import WeightPush, apush_weights, push_weights
 from resilience.barrier.kinds import VLLM_RULES
@@ -184,9 +184,15 @@ class VLLMEngine:
         """One weight-transfer session: start, ``update_weights`` per chunk, finish with ``version`` (``weights.push_weights``)."""
         return push_weights(self.client, chunks, version=version, expected=expected)
 
-    def weight_version(self) -> str | None:
-        """``GET /weight_info``'s version (what ``WeightVersionCheck`` compares)."""
-        return self.client.weight_info().weight_version
+    def weight_info(self) -> WeightInfo:
+        """``GET /weight_info`` (what ``resilience.barrier.verify.WeightVersionCheck`` reads)."""
+        return self.client.weight_info()
+
+    def complete(
+        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, extra: Mapping[str, Any] | None = None
+    ) -> CompletionResult:
+        """``POST /v1/completions`` (what ``resilience.barrier.verify.CanaryCheck`` sends)."""
+        return self.client.complete(prompt, max_tokens=max_tokens, temperature=temperature, extra=extra)
 
 
 class AsyncVLLMEngine:
@@ -246,6 +252,12 @@ class AsyncVLLMEngine:
         """See ``VLLMEngine.push_weights``."""
         return await apush_weights(self.client, chunks, version=version, expected=expected)
 
-    async def weight_version(self) -> str | None:
-        """See ``VLLMEngine.weight_version``."""
-        return (await self.client.weight_info()).weight_version
+    async def weight_info(self) -> WeightInfo:
+        """See ``VLLMEngine.weight_info``."""
+        return await self.client.weight_info()
+
+    async def complete(
+        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, extra: Mapping[str, Any] | None = None
+    ) -> CompletionResult:
+        """See ``VLLMEngine.complete``."""
+        return await self.client.complete(prompt, max_tokens=max_tokens, temperature=temperature, extra=extra)
