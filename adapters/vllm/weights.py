@@ -5,17 +5,24 @@ The session (``v1/worker/gpu_worker.py`` l.1542-1650, reference section 4.5) is
 None of the three is idempotent, and ``VLLM_POLICIES`` sends each at most once
 once it may have arrived. What an answer that was lost means, and what is done:
 
-- an ambiguous ``start``: sent again. A session already open answers 500
-  "start_weight_update called while a weight update is already active", which
-  proves the first start arrived (the engine lives; a utility failure, core.py
-  l.1850); a 200 means it had not.
-- an ambiguous ``update_weights``: **never sent again** (a re-send of an NCCL
-  collective queues behind the first and waits for a broadcast that never
-  comes, prime-rl #3599). With ``expected`` checksums the session is finished
-  and ``/weight_checker`` compares the engine's weights with them: a match
-  settles it; otherwise ``WeightPushAmbiguous`` names the engine and chunk.
-- an ambiguous ``finish``: ``/weight_info`` is asked; the pushed version there
-  proves it arrived; otherwise the session is still open and it is sent again.
+- an ambiguous ``start``: sent again (at most ``RESENDS`` times). A session
+  already open answers 500 "start_weight_update called while a weight update is
+  already active", which proves the first start arrived (the engine lives; a
+  utility failure, core.py l.1850); a 200 means it had not.
+- an ambiguous ``update_weights``: **never sent again in that session** (a
+  re-send of an NCCL collective queues behind the first and waits for a
+  broadcast that never comes, prime-rl #3599). With ``expected`` checksums the
+  session is finished and ``/weight_checker`` compares the engine's weights with
+  them: a match settles it; a mismatch proves the push did not land, and a new
+  session pushes it again (at most ``sessions`` in all). Without them, or when
+  every session is spent, ``WeightPushAmbiguous`` names the engine and chunk.
+- an ambiguous ``finish``: sent again (at most ``RESENDS`` times): a 200 closes
+  the session, a 500 "finish_weight_update called without a matching
+  start_weight_update" proves the first one had (``/weight_info`` cannot tell:
+  a finish labels the weights with its version even when no chunk arrived).
+  After a lost ``update_weights`` the session is finished without a version,
+  and the version is set (``/update_weight_version``) only once
+  ``/weight_checker`` matched, so an engine never reports a version it lacks.
 
 A chunk is whatever your backend's ``update_info`` is (``{"names": ..., ...}`` for NCCL).
 """
@@ -33,9 +40,12 @@ if TYPE_CHECKING:
     from resilience.adapters.vllm.async_client import AsyncVLLMClient
     from resilience.adapters.vllm.client import VLLMClient
 
-__all__ = ["WeightPush", "WeightPushAmbiguous", "WeightPushFailed", "apush_weights", "maybe_applied", "push_weights"]
+__all__ = ["RESENDS", "WeightPush", "WeightPushAmbiguous", "WeightPushFailed", "apush_weights", "maybe_applied", "push_weights"]
 
 _ALREADY_ACTIVE = "already active"
+_NO_SESSION = "without a matching start"
+RESENDS = 3
+"""How many times an ambiguous ``start`` or ``finish`` is sent again (each re-send may itself be answered ambiguously)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +90,18 @@ def maybe_applied(error: BaseException) -> bool:
     return False
 
 
+def _no_session(error: BaseException) -> bool:
+    """A finish answered 500 "finish_weight_update called without a matching start_weight_update": the session is closed."""
+    return isinstance(error, VLLMError) and error.status == 500 and _NO_SESSION in str(error)
+
+
 def _already_active(error: BaseException) -> bool:
     return isinstance(error, VLLMError) and error.status == 500 and _ALREADY_ACTIVE in str(error)
 
 
-def _check(chunks: Sequence[Mapping[str, Any]], version: str) -> list[Mapping[str, Any]]:
+def _check(chunks: Sequence[Mapping[str, Any]], version: str, sessions: int) -> list[Mapping[str, Any]]:
+    if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
+        raise ValueError(f"push_weights sessions must be an int >= 1, but was {sessions!r}")
     if not isinstance(version, str) or not version:
         raise ValueError(f"push_weights version must be a non-empty string, but was {version!r}")
     out = list(chunks)
@@ -94,107 +111,184 @@ def _check(chunks: Sequence[Mapping[str, Any]], version: str) -> list[Mapping[st
 
 
 def push_weights(
-    client: VLLMClient, chunks: Sequence[Mapping[str, Any]], *, version: str, expected: Mapping[str, str] | None = None
+    client: VLLMClient,
+    chunks: Sequence[Mapping[str, Any]],
+    *,
+    version: str,
+    expected: Mapping[str, str] | None = None,
+    sessions: int = 3,
 ) -> WeightPush:
     """Run one session on ``client``: start, one ``/update_weights`` per chunk, finish with ``version``.
 
-    ``expected``: the checksums ``/weight_checker`` should report once the push
-    applied (settles a lost ``update_weights`` answer; default None: surfaced).
-    Raises ``WeightPushFailed`` (a call refused) or ``WeightPushAmbiguous``.
+    ``expected``: the checksums ``/weight_checker`` reports once the push applied (settles a lost
+    ``update_weights`` answer; default None: it is surfaced). ``sessions``: sessions at most, when a lost
+    answer was proven not applied (default 3). Raises ``WeightPushFailed`` (a call refused) or
+    ``WeightPushAmbiguous``.
     """
-    todo = _check(chunks, version)
+    todo = _check(chunks, version, sessions)
     settled: list[str] = []
+    for session in range(1, sessions + 1):
+        _start(client, settled)
+        lost = None
+        for i, chunk in enumerate(todo):
+            try:
+                client.update_weights(chunk)
+            except Exception as exc:
+                if not maybe_applied(exc):
+                    raise WeightPushFailed(client.engine, f"update_weights chunk {i}", exc) from exc
+                if expected is None:
+                    raise WeightPushAmbiguous(client.engine, i, exc, "no expected checksums to compare") from exc
+                lost = (i, exc)
+                break
+        if lost is None:
+            _finish(client, version, settled)
+            return WeightPush(client.engine, version, len(todo), tuple(settled))
+        _finish(client, None, settled)  # closes the session without labelling weights that may be the old ones
+        assert expected is not None
+        check = client.weight_checker("compare", baseline=expected)
+        if check.match:
+            client.update_weight_version(version)
+            settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
+            return WeightPush(client.engine, version, len(todo), tuple(settled))
+        if session == sessions:
+            detail = f"/weight_checker mismatches {list(check.mismatches)} after {sessions} session(s)"
+            raise WeightPushAmbiguous(client.engine, lost[0], lost[1], detail) from lost[1]
+        settled.append(f"update_weights chunk {lost[0]}: /weight_checker proved it missing; pushed again in a new session")
+    raise AssertionError("unreachable")
+
+
+def _start(client: VLLMClient, settled: list[str]) -> None:
     try:
         client.start_weight_update()
+        return
     except Exception as exc:
         if not maybe_applied(exc):
             raise WeightPushFailed(client.engine, "start", exc) from exc
+        last: BaseException = exc
+    for _ in range(RESENDS):
         try:
             client.start_weight_update()
         except Exception as again:
-            if not _already_active(again):
+            if _already_active(again):
+                break
+            if not maybe_applied(again):
                 raise WeightPushFailed(client.engine, "start (sent again)", again) from again
-        settled.append("start: sent again")
-    for i, chunk in enumerate(todo):
-        try:
-            client.update_weights(chunk)
-        except Exception as exc:
-            if not maybe_applied(exc):
-                raise WeightPushFailed(client.engine, f"update_weights chunk {i}", exc) from exc
-            if expected is None:
-                raise WeightPushAmbiguous(client.engine, i, exc, "no expected checksums to compare") from exc
-            _finish(client, version, settled)
-            check = client.weight_checker("compare", baseline=expected)
-            if not check.match:
-                raise WeightPushAmbiguous(client.engine, i, exc, f"/weight_checker mismatches: {list(check.mismatches)}") from exc
-            settled.append(f"update_weights chunk {i}: /weight_checker matched")
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
-    _finish(client, version, settled)
-    return WeightPush(client.engine, version, len(todo), tuple(settled))
+            last = again
+            continue
+        break
+    else:
+        raise WeightPushFailed(client.engine, f"start (sent {RESENDS + 1} times, every answer lost)", last) from last
+    settled.append("start: sent again")
 
 
-def _finish(client: VLLMClient, version: str, settled: list[str]) -> None:
+def _finish(client: VLLMClient, version: str | None, settled: list[str]) -> None:
     try:
         client.finish_weight_update(version)
+        return
     except Exception as exc:
         if not maybe_applied(exc):
             raise WeightPushFailed(client.engine, "finish", exc) from exc
-        if client.weight_info().weight_version == version:
-            settled.append("finish: /weight_info has the version")
-            return
+        last: BaseException = exc
+    for _ in range(RESENDS):
         try:
             client.finish_weight_update(version)
         except Exception as again:
-            raise WeightPushFailed(client.engine, "finish (sent again)", again) from again
+            if _no_session(again):
+                settled.append("finish: sent again; the engine had closed the session")
+                return
+            if not maybe_applied(again):
+                raise WeightPushFailed(client.engine, "finish (sent again)", again) from again
+            last = again
+            continue
         settled.append("finish: sent again")
+        return
+    raise WeightPushFailed(client.engine, f"finish (sent {RESENDS + 1} times, every answer lost)", last) from last
 
 
 async def apush_weights(
-    client: AsyncVLLMClient, chunks: Sequence[Mapping[str, Any]], *, version: str, expected: Mapping[str, str] | None = None
+    client: AsyncVLLMClient,
+    chunks: Sequence[Mapping[str, Any]],
+    *,
+    version: str,
+    expected: Mapping[str, str] | None = None,
+    sessions: int = 3,
 ) -> WeightPush:
-    """``push_weights`` on an ``AsyncVLLMClient`` (same rules)."""
-    todo = _check(chunks, version)
+    """``push_weights`` on an ``AsyncVLLMClient`` (same rules and arguments)."""
+    todo = _check(chunks, version, sessions)
     settled: list[str] = []
+    for session in range(1, sessions + 1):
+        await _astart(client, settled)
+        lost = None
+        for i, chunk in enumerate(todo):
+            try:
+                await client.update_weights(chunk)
+            except Exception as exc:
+                if not maybe_applied(exc):
+                    raise WeightPushFailed(client.engine, f"update_weights chunk {i}", exc) from exc
+                if expected is None:
+                    raise WeightPushAmbiguous(client.engine, i, exc, "no expected checksums to compare") from exc
+                lost = (i, exc)
+                break
+        if lost is None:
+            await _afinish(client, version, settled)
+            return WeightPush(client.engine, version, len(todo), tuple(settled))
+        await _afinish(client, None, settled)  # closes the session without labelling weights that may be the old ones
+        assert expected is not None
+        check = await client.weight_checker("compare", baseline=expected)
+        if check.match:
+            await client.update_weight_version(version)
+            settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
+            return WeightPush(client.engine, version, len(todo), tuple(settled))
+        if session == sessions:
+            detail = f"/weight_checker mismatches {list(check.mismatches)} after {sessions} session(s)"
+            raise WeightPushAmbiguous(client.engine, lost[0], lost[1], detail) from lost[1]
+        settled.append(f"update_weights chunk {lost[0]}: /weight_checker proved it missing; pushed again in a new session")
+    raise AssertionError("unreachable")
+
+
+async def _astart(client: AsyncVLLMClient, settled: list[str]) -> None:
     try:
         await client.start_weight_update()
+        return
     except Exception as exc:
         if not maybe_applied(exc):
             raise WeightPushFailed(client.engine, "start", exc) from exc
+        last: BaseException = exc
+    for _ in range(RESENDS):
         try:
             await client.start_weight_update()
         except Exception as again:
-            if not _already_active(again):
+            if _already_active(again):
+                break
+            if not maybe_applied(again):
                 raise WeightPushFailed(client.engine, "start (sent again)", again) from again
-        settled.append("start: sent again")
-    for i, chunk in enumerate(todo):
-        try:
-            await client.update_weights(chunk)
-        except Exception as exc:
-            if not maybe_applied(exc):
-                raise WeightPushFailed(client.engine, f"update_weights chunk {i}", exc) from exc
-            if expected is None:
-                raise WeightPushAmbiguous(client.engine, i, exc, "no expected checksums to compare") from exc
-            await _afinish(client, version, settled)
-            check = await client.weight_checker("compare", baseline=expected)
-            if not check.match:
-                raise WeightPushAmbiguous(client.engine, i, exc, f"/weight_checker mismatches: {list(check.mismatches)}") from exc
-            settled.append(f"update_weights chunk {i}: /weight_checker matched")
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
-    await _afinish(client, version, settled)
-    return WeightPush(client.engine, version, len(todo), tuple(settled))
+            last = again
+            continue
+        break
+    else:
+        raise WeightPushFailed(client.engine, f"start (sent {RESENDS + 1} times, every answer lost)", last) from last
+    settled.append("start: sent again")
 
 
-async def _afinish(client: AsyncVLLMClient, version: str, settled: list[str]) -> None:
+async def _afinish(client: AsyncVLLMClient, version: str | None, settled: list[str]) -> None:
     try:
         await client.finish_weight_update(version)
+        return
     except Exception as exc:
         if not maybe_applied(exc):
             raise WeightPushFailed(client.engine, "finish", exc) from exc
-        if (await client.weight_info()).weight_version == version:
-            settled.append("finish: /weight_info has the version")
-            return
+        last: BaseException = exc
+    for _ in range(RESENDS):
         try:
             await client.finish_weight_update(version)
         except Exception as again:
-            raise WeightPushFailed(client.engine, "finish (sent again)", again) from again
+            if _no_session(again):
+                settled.append("finish: sent again; the engine had closed the session")
+                return
+            if not maybe_applied(again):
+                raise WeightPushFailed(client.engine, "finish (sent again)", again) from again
+            last = again
+            continue
         settled.append("finish: sent again")
+        return
+    raise WeightPushFailed(client.engine, f"finish (sent {RESENDS + 1} times, every answer lost)", last) from last

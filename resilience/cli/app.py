@@ -94,6 +94,13 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="smg: run the steps behind a real smg gateway, smg's own client vs ours direct and through SmgFanOut "
         "(needs the [smg] extra); default none",
     )
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="vllm: emulated vLLM 0.33.0 engines, SkyRL's sequence (bare gather, no retry, no timeout) against ours; "
+        "default sglang",
+    )
 
 
 def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:

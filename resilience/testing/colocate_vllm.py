@@ -52,7 +52,9 @@ from resilience.events import Observer
 from resilience.policy import PolicyTable
 from resilience.testing.colocate import BASELINE, ColocateConfig, ColocateReport, LoopKind, StepProgress, _Counter, _injected_ambiguous
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
-from resilience.testing.emulator.vllm import expected_completion
+from resilience.testing.emulator.vllm import expected_checksums
+from resilience.testing.emulator.vllm.text import token, weights_content
+from resilience.testing.faultplan import VLLM_CONTROL_PATHS
 from resilience.testing.policies import fast_policies
 
 if TYPE_CHECKING:
@@ -65,22 +67,47 @@ SKYRL_SLEEP_LEVEL: Final = 2
 OLD_WAY_CAP_S: Final = 10.0
 """SkyRL's control calls have no timeout; the demo cuts one after this many seconds (counted as a failed step)."""
 CONTROL_TIMEOUT_S: Final = 3.0
-"""Seconds each attempt of ours may take on the memory and pause routes in demo runs (time-scaled)."""
+"""Seconds each attempt of ours may take on the control routes of the RL transaction in demo runs (time-scaled)."""
 RECONCILE_ROUNDS: Final = 3
 """How many times ours runs one transition that failed."""
 _DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
-_SCALED = ("/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache")
-_PAUSED_RETRY_S = 10.0
+_SCALED = (
+    "/pause",
+    "/resume",
+    "/sleep",
+    "/wake_up",
+    "/reset_prefix_cache",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/weight_checker",
+    "/update_weight_version",
+)
+_PAUSED_RETRY_S = 30.0
 """How long a straggler keeps re-submitting while the engine answers 503 (an abort pause's back-pressure)."""
 _BASE_VERSION = "default"
+COMPLETION_TIMEOUT_S: Final = 10.0
+"""Seconds a completion may take in both ways (an emulated one takes milliseconds; one queued at a sleeping engine hangs)."""
 
 
 def vllm_demo_policies() -> PolicyTable:
-    """VLLM_POLICIES' decisions with backoffs scaled down 10x and the memory and pause routes capped at ``CONTROL_TIMEOUT_S``."""
+    """VLLM_POLICIES' decisions with backoffs scaled down 10x and the control routes of the RL transaction capped at
+    ``CONTROL_TIMEOUT_S`` a try (an emulated call answers in milliseconds; what is re-sent and what never is stays VLLM_POLICIES')."""
     table = fast_policies(VLLM_POLICIES, base_s=0.05, cap_s=0.4)
     scaled = {k: replace(p, attempt_timeout_s=CONTROL_TIMEOUT_S) for k, p in table.entries.items() if k.split(" ", 1)[1] in _SCALED}
     assert len(scaled) == len(_SCALED), f"VLLM_POLICIES routes changed: {sorted(scaled)}"
     return table.with_entries(scaled)
+
+
+def _intact(text: str, prompt: str, versions: Sequence[str]) -> bool:
+    """``text`` is what intact weights give: one version's tokens, or (a request kept across a weight update) the first
+    tokens from one version and the rest from another."""
+    words = [" " + w for w in text.split(" ")[1:]]
+    wanted = {v: [token(weights_content(v), prompt, i) for i in range(len(words))] for v in versions}
+    for k in range(len(words) + 1):
+        if any(t[:k] == words[:k] for t in wanted.values()) and any(t[k:] == words[k:] for t in wanted.values()):
+            return True
+    return False
 
 
 class _SkyRL:
@@ -119,8 +146,10 @@ class _VLLMLoop:
         budget: RestartBudget,
         policies: PolicyTable,
         urls: Sequence[str],
+        proxies: Sequence[FaultProxy | None] = (),
     ) -> None:
         self.fleet, self.config, self.kind, self.urls = fleet, config, kind, list(urls)
+        self.proxies = {i: p for i, p in enumerate(proxies) if p is not None}
         self.rng = random.Random(f"{config.seed}:{kind}:vllm")
         self.budget = budget
         self.counter = _Counter()
@@ -157,9 +186,8 @@ class _VLLMLoop:
         while True:
             try:
                 if self.kind == BASELINE:
-                    r = self.bare.post(
-                        f"{self.urls[i]}/v1/completions", json={"prompt": prompt, "max_tokens": self.config.max_new_tokens}, timeout=60
-                    )
+                    body = {"prompt": prompt, "max_tokens": self.config.max_new_tokens}
+                    r = self.bare.post(f"{self.urls[i]}/v1/completions", json=body, timeout=COMPLETION_TIMEOUT_S)
                     r.raise_for_status()
                     choice = r.json()["choices"][0]
                     return choice["text"], choice.get("finish_reason")
@@ -182,7 +210,7 @@ class _VLLMLoop:
                 with self._lock:
                     self.report.requests_aborted_rerun += 1
                 continue
-            if not any(text == expected_completion(prompt, v, self.config.max_new_tokens) for v in list(self.versions)):
+            if not _intact(text, prompt, list(self.versions)):
                 with self._lock:
                     self.report.garbage_completions += 1
             return "done"
@@ -210,7 +238,12 @@ class _VLLMLoop:
 
     def _ours_sync(self, version: str) -> None:
         with self.orch.weight_sync(mode="retract") as engines:
-            list(self.pool.map(lambda e: e.push_weights([{"names": ["w"], "version": version}], version=version), engines))
+            expected = expected_checksums(version)  # what the trainer knows of the weights it pushes
+
+            def push(e: VLLMEngine) -> object:
+                return e.push_weights([{"names": ["w"], "version": version}], version=version, expected=expected)
+
+            list(self.pool.map(push, engines))
 
     def step(self, n: int) -> None:
         cfg, version = self.config, f"v{n}"
@@ -247,6 +280,9 @@ class _VLLMLoop:
     # -- recovery: a global restart ------------------------------------------------------
 
     def _put_in_order(self, engine: EngineHandle) -> None:
+        proxy = self.proxies.get(engine.index)
+        if proxy is not None:  # a control call reset after sending may still be landing: read the state once it has
+            proxy.settle(paths=VLLM_CONTROL_PATHS)
         state, url = engine.state(), engine.direct_url
         if state.get("weight_update_active"):
             self.bare.post(f"{url}/finish_weight_update", json={}, timeout=30)
@@ -309,7 +345,7 @@ def run_colocate_vllm(
         raise ValueError(f"`proxies` must hold one proxy per engine ({len(fleet.engines)}), but held {len(proxies)}")
     counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
     urls = [p.url for p in proxies] if proxies is not None else fleet.urls
-    loop = _VLLMLoop(fleet, config, kind, observers, budget, policies if policies is not None else vllm_demo_policies(), urls)
+    loop = _VLLMLoop(fleet, config, kind, observers, budget, policies if policies is not None else vllm_demo_policies(), urls, counted)
     report = loop.report
     before, before_ambiguous = sum(p.injected_count(502) for p in counted if p is not None), _injected_ambiguous(counted)
     t0 = time.monotonic()

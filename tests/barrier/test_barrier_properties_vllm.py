@@ -22,14 +22,13 @@ from typing import Any
 from hypothesis import event, settings
 from hypothesis.stateful import invariant, rule
 
-from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator
+from resilience.barrier import AsyncOrchestrator, Orchestrator, PhaseFailed
 from resilience.barrier.fanout import ThreadFanOut
+from resilience.barrier.kinds import rules_for
 from resilience.barrier.knowledge import EngineState
 from tests.barrier.async_facade import LoopThread, SyncFacade
 from tests.barrier.fake_engine import AnyFake, FakeEngine, Fault
 from tests.barrier.fake_vllm_engine import AsyncFakeVLLMEngine, FakeVLLMEngine
-from resilience.barrier import PhaseFailed
-from resilience.barrier.kinds import rules_for
 from tests.barrier.test_barrier_properties import (
     DEADLINES,
     FAULTS,
