@@ -19,10 +19,10 @@ once it may have arrived. What an answer that was lost means, and what is done:
 - an ambiguous ``finish``: sent again (at most ``RESENDS`` times): a 200 closes
   the session, a 500 "finish_weight_update called without a matching
   start_weight_update" proves the first one had (``/weight_info`` cannot tell:
-  a finish labels the weights with its version even when no chunk arrived).
-  After a lost ``update_weights`` the session is finished without a version,
-  and the version is set (``/update_weight_version``) only once
-  ``/weight_checker`` matched, so an engine never reports a version it lacks.
+  a finish labels the weights with its version even when no chunk arrived,
+  so after a lost ``update_weights`` only ``/weight_checker`` tells; when it
+  never matches, ``WeightPushAmbiguous`` says so, and the engine may report the
+  version while holding other weights: verify with a canary, or push again).
 
 A chunk is whatever your backend's ``update_info`` is (``{"names": ..., ...}`` for NCCL).
 """
@@ -143,11 +143,10 @@ def push_weights(
         if lost is None:
             _finish(client, version, settled)
             return WeightPush(client.engine, version, len(todo), tuple(settled))
-        _finish(client, None, settled)  # closes the session without labelling weights that may be the old ones
+        _finish(client, version, settled)
         assert expected is not None
         check = client.weight_checker("compare", baseline=expected)
         if check.match:
-            client.update_weight_version(version)
             settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
             return WeightPush(client.engine, version, len(todo), tuple(settled))
         if session == sessions:
@@ -232,11 +231,10 @@ async def apush_weights(
         if lost is None:
             await _afinish(client, version, settled)
             return WeightPush(client.engine, version, len(todo), tuple(settled))
-        await _afinish(client, None, settled)  # closes the session without labelling weights that may be the old ones
+        await _afinish(client, version, settled)
         assert expected is not None
         check = await client.weight_checker("compare", baseline=expected)
         if check.match:
-            await client.update_weight_version(version)
             settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
             return WeightPush(client.engine, version, len(todo), tuple(settled))
         if session == sessions:

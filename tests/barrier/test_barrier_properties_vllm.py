@@ -24,7 +24,7 @@ from hypothesis.stateful import invariant, rule
 
 from resilience.barrier import AsyncOrchestrator, Orchestrator, PhaseFailed
 from resilience.barrier.fanout import ThreadFanOut
-from resilience.barrier.kinds import rules_for
+from resilience.barrier.kinds import rules_of
 from resilience.barrier.knowledge import EngineState
 from tests.barrier.async_facade import LoopThread, SyncFacade
 from tests.barrier.fake_engine import AnyFake, FakeEngine, Fault
@@ -92,7 +92,7 @@ class VLLMMachine(BarrierMachine):
                 self.check_named(err)
                 return
         for e in self.active(offloaded_only=True):
-            table = rules_for(e)
+            table = rules_of(e).memory
             wanted = (set(tags) if tags else set(table.tags)) & set(table.tags)
             paused, _, released = e.snapshot()
             assert paused and wanted <= released, f"offload returned but {e.engine} is paused={paused} released={sorted(released)}"
@@ -110,7 +110,7 @@ class VLLMMachine(BarrierMachine):
         for e in self.active(offloaded_only=True):
             assert e.serving or e.engine in report.held, f"onload returned but {e.engine} neither serves nor is named held: {e.snapshot()}"
             others = set(report.held.get(e.engine, ())) - {"offload"}
-            if tags is None and not (rules_for(e).last_wake_resumes and others):
+            if tags is None and not (rules_of(e).memory.last_wake_resumes and others):
                 assert not e.snapshot()[2], f"onload of everything returned but {e.engine} still has memory released"
             if e.snapshot()[2] and others:
                 event("the last wake was held back by another hold")

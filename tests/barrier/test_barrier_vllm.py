@@ -13,7 +13,7 @@ from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseF
 from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import ThreadFanOut
 from resilience.barrier.journal import Journal, JournalMismatch
-from resilience.barrier.kinds import SGLANG_RULES, VLLM_RULES, rules_for
+from resilience.barrier.kinds import SGLANG_RULES, VLLM_RULES, EngineRules, rules_of
 from resilience.barrier.knowledge import EngineState
 from tests.barrier.fake_engine import FakeEngine, Fault
 from tests.barrier.fake_vllm_engine import VLLM, FakeVLLMEngine
@@ -36,14 +36,12 @@ def sound(*engines: FakeEngine) -> None:
 
 
 def test_each_engine_has_its_kinds_table() -> None:
-    """``engine_kind`` picks the table; an engine without one is SGLang; an unknown kind is refused, naming it."""
-    assert rules_for(FakeVLLMEngine("a")) is VLLM_RULES and rules_for(FakeEngine("b")) is SGLANG_RULES
-
-    class Other:
-        engine_kind = "trt"
-
-    with pytest.raises(ValueError, match="'trt'"):
-        rules_for(Other())
+    """``control_rules`` picks the table; an engine without one is SGLang; a table whose release and resume disagree with
+    its memory model is refused, naming it."""
+    assert rules_of(FakeVLLMEngine("a")) is VLLM_RULES and rules_of(FakeEngine("b")) is SGLANG_RULES
+    assert VLLM_RULES.memory.resend and not SGLANG_RULES.memory.resend
+    with pytest.raises(ValueError, match="disagrees with its memory model"):
+        EngineRules("mixed-up", dict(SGLANG_RULES.calls), memory=VLLM_RULES.memory)
 
 
 def test_offload_sleeps_without_a_flush_and_onload_wakes_weights_then_kv_cache() -> None:
@@ -230,7 +228,7 @@ def test_the_journal_keeps_a_vllm_engines_knowledge_and_kind(tmp_path: object) -
     orch.close()
     again = Orchestrator(EngineGroup(engines), fanout=ThreadFanOut(), deadlines=DEADLINES, journal=path)
     k = again.rules.know[engines[0].engine]
-    assert k.rules is VLLM_RULES and k.released == {"kv_cache"} and k.paused is True
+    assert k.memory is VLLM_RULES.memory and k.released == {"kv_cache"} and k.paused is True
     again.onload()
     sound(*engines)
     assert engines[0].serving
