@@ -50,7 +50,16 @@ from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseF
 from resilience.budget import RestartBudget
 from resilience.events import Observer
 from resilience.policy import PolicyTable
-from resilience.testing.colocate import BASELINE, ColocateConfig, ColocateReport, LoopKind, StepProgress, _Counter, _injected_ambiguous
+from resilience.testing.colocate import (
+    _TRANSPORT_REASONS,
+    BASELINE,
+    ColocateConfig,
+    ColocateReport,
+    LoopKind,
+    StepProgress,
+    _Counter,
+    _injected_ambiguous,
+)
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.emulator.vllm import expected_checksums
 from resilience.testing.emulator.vllm.text import token, weights_content
@@ -384,6 +393,8 @@ def run_colocate_vllm(
         loop.close()
     report.http_502_seen = sum(p.injected_count(502) for p in counted if p is not None) - before
     report.http_502_absorbed = loop.counter.absorbed
+    report.retried_502 = loop.counter.retries.get("status_502", 0)
+    report.resent_after_error = sum(n for why, n in loop.counter.retries.items() if why in _TRANSPORT_REASONS)
     report.ambiguous_faults_seen = _injected_ambiguous(counted) - before_ambiguous
     report.wall_s = time.monotonic() - t0
     return report

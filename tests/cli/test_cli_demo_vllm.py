@@ -1,0 +1,35 @@
+"""``cpr demo --engine vllm`` end to end, briefly: emulated vLLM engines behind fault proxies on 127.0.0.1, SkyRL's way and ours."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rich")
+pytest.importorskip("fastapi")
+
+from tests.cli.cpr_testlib import run_cpr, table_rows
+
+STEPS = 3
+
+
+def test_vllm_demo_ours_finishes_every_step_and_the_report_matches_the_table(tmp_path: Path) -> None:
+    """2 engines, 3 steps, seed 1: ours finishes every step without an engine death or a garbage completion; the old
+    way (no retry) fails steps on the first 502s; the JSON report holds the table printed."""
+    done = run_cpr("demo", "--engine", "vllm", "--engines", "2", "--steps", str(STEPS), "--seed", "1", "--report", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["engine"] == "vllm" and data["table"]["columns"] == ["", "old way (SkyRL)", "ours"]
+    rows = table_rows(done.stdout)
+    assert rows == data["table"]["rows"]
+    ours, old = data["ways"]["ours"], data["ways"]["old"]
+    assert ours["steps_finished"] == STEPS and ours["engine_deaths"] == 0 and ours["garbage_completions"] == 0
+    assert ours["http_502_seen"] > 0 and ours["http_502_absorbed"] > 0
+    assert old["failed_steps"] > 0 and old["http_502_absorbed"] == 0
+
+
+def test_vllm_demo_refuses_the_sglang_demos_options(tmp_path: Path) -> None:
+    done = run_cpr("demo", "--engine", "vllm", "--timeline", "t.png", cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "does not take --timeline" in done.stderr
