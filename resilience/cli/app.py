@@ -130,10 +130,17 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p.add_argument(
         "--restart-every",
         type=non_negative_int,
-        default=50,
+        default=None,
         metavar="K",
         help="kill the controller every K steps, inside a seeded phase, and start a new one on its journal; 0 = never "
-        "(default: %(default)s)",
+        "(default: 50; with --engine vllm: 0, the only value it takes)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="vllm: emulated vLLM 0.33.0 engines and cpr demo --engine vllm's loop and faults (no controller kills); "
+        "default sglang",
     )
     p.add_argument("--report", default="cpr-soak-report.json", metavar="FILE", help="JSON report (default: %(default)s)")
 

@@ -25,12 +25,15 @@ from resilience.cli.fleet import DEMO_AMBIGUOUS
 from resilience.cli.render import comparison_rows, make_console, rich_table
 from resilience.cli.story import per_step
 from resilience.testing.colocate import BASELINE, RESILIENT, ColocateConfig, ColocateReport, StepProgress
+from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faults import FaultPlan, FaultProxy, FaultRule
 
-__all__ = ["VLLM_LOOPS", "run_vllm_demo", "vllm_demo_plan"]
+__all__ = ["VLLM_DEMO_ENGINE", "VLLM_LOOPS", "run_vllm_demo", "vllm_demo_plan"]
 
 VLLM_LOOPS = ((BASELINE, "old way (SkyRL)"), (RESILIENT, "ours"))
 """The two loops in table order, with their column titles."""
+VLLM_DEMO_ENGINE = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=400.0)
+"""The demo's and the soak's vLLM engines: dev mode (the control routes), sleep mode (slept memory is gone), NCCL weight transfer."""
 
 
 def vllm_demo_plan(seed: int) -> FaultPlan:
@@ -50,16 +53,14 @@ def run_vllm_demo(args: argparse.Namespace) -> int:
     """Run both ways from parsed ``cpr demo`` arguments (``--engines``, ``--steps``, ``--seed``, ``--report``)."""
     from resilience.testing.colocate_vllm import OLD_WAY_CAP_S, SKYRL_SLEEP_LEVEL, run_colocate_vllm
     from resilience.testing.emulator import EmulatedFleet
-    from resilience.testing.emulator.vllm import VLLMEngineConfig
 
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     plan = vllm_demo_plan(args.seed)
     config = ColocateConfig(steps=args.steps, seed=args.seed)
-    engine = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=400.0)
     t0 = time.monotonic()
     reports: dict[str, ColocateReport] = {}
     print(f"starting {plural(args.engines, 'emulated vLLM engine')}", file=sys.stderr, flush=True)
-    with EmulatedFleet(args.engines, engine) as fleet:
+    with EmulatedFleet(args.engines, VLLM_DEMO_ENGINE) as fleet:
         for kind in (RESILIENT, BASELINE):
             proxies = [FaultProxy(e.direct_url, plan, e.index) for e in fleet.engines]
             for proxy in proxies:

@@ -33,3 +33,15 @@ def test_vllm_demo_ours_finishes_every_step_and_the_report_matches_the_table(tmp
 def test_vllm_demo_refuses_the_sglang_demos_options(tmp_path: Path) -> None:
     done = run_cpr("demo", "--engine", "vllm", "--timeline", "t.png", cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and "does not take --timeline" in done.stderr
+
+
+def test_vllm_soak_runs_ours_and_meets_its_end_criteria(tmp_path: Path) -> None:
+    """``cpr soak --engine vllm``: ours on emulated vLLM engines under the demo's vLLM faults, no controller kills."""
+    done = run_cpr("soak", "--engine", "vllm", "--engines", "2", "--steps", "3", "--report", "s.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["engine"] == "vllm" and data["restart_every"] == 0
+    ours = data["ways"]["ours"]
+    assert ours["steps_finished"] == 3 and ours["engine_deaths"] == 0 and ours["requests_lost"] == 0
+    refused = run_cpr("soak", "--engine", "vllm", "--restart-every", "5", cwd=tmp_path, timeout=60)
+    assert refused.returncode == 2 and "--restart-every takes only 0" in refused.stderr
