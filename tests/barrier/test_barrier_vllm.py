@@ -235,3 +235,33 @@ def test_the_journal_keeps_a_vllm_engines_knowledge_and_kind(tmp_path: object) -
     again.close()
     with pytest.raises(JournalMismatch, match="vllm engine"):
         Journal(path).open([engines[0].engine])
+
+
+def test_the_fakes_flag_what_the_vllm_rules_must_never_send() -> None:
+    """The property tests can fail: a /resume while asleep kills a fake vLLM engine (a queued request on slept memory); a
+    full wake of an awake, paused engine, or a /resume, while a pause is held breaks that pause (a violation)."""
+    asleep = FakeVLLMEngine("http://vllm-a:8000")
+    asleep.pause_generation()
+    asleep.release_memory_occupation()
+    asleep.continue_generation()
+    assert asleep.crash is not None and "slept memory" in asleep.crash
+    held = FakeVLLMEngine("http://vllm-b:8000")
+    held.pause_generation()
+    held.held = 1
+    held.resume_memory_occupation(tags=None)  # nothing asleep: vLLM's wake resumes the scheduler anyway (core.py l.1053)
+    assert not held.paused and held.violations and "reopened scheduling" in held.violations[0]
+    partial = FakeVLLMEngine("http://vllm-c:8000")
+    partial.pause_generation()
+    partial.release_memory_occupation()
+    partial.resume_memory_occupation(tags=["kv_cache"])
+    partial.resume_memory_occupation(tags=["kv_cache"])  # not asleep any more: the whole call is a no-op
+    assert partial.released == {"weights"} and partial.paused and partial.crash is None
+
+
+def test_a_bare_vllm_client_is_refused_naming_the_engine_class_to_use() -> None:
+    """``Orchestrator(EngineGroup([VLLMClient(u)]))``: the client has vLLM's routes, not the barrier's calls; the error
+    says to wrap it in ``VLLMEngine``. Nothing is sent (the URL is never dialled)."""
+    from resilience.adapters.vllm import VLLMClient
+
+    with pytest.raises(TypeError, match="VLLMEngine"):
+        Orchestrator(EngineGroup([VLLMClient("http://127.0.0.1:9")]), fanout=ThreadFanOut())
