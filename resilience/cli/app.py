@@ -160,6 +160,13 @@ def _add_probe(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="seconds per check; a paused engine's /health hangs ~20 s (default: %(default)s)",
     )
     p.add_argument("--api-key-env", metavar="VAR", help="send the API key in environment variable VAR as a Bearer token")
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="vllm: check vLLM servers instead: /health, /version, /is_paused, /is_sleeping, /weight_info "
+        "(none is guarded by vLLM's --api-key, so no key is sent); default sglang",
+    )
 
 
 def _add_policies(sub: argparse._SubParsersAction[OneLineParser]) -> None:

@@ -1,4 +1,4 @@
-"""``cpr demo --engine vllm`` end to end, briefly: emulated vLLM engines behind fault proxies on 127.0.0.1, SkyRL's way and ours."""
+"""``cpr demo``, ``cpr soak`` and ``cpr probe`` with ``--engine vllm``, end to end and briefly, on emulated vLLM engines on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -45,3 +45,22 @@ def test_vllm_soak_runs_ours_and_meets_its_end_criteria(tmp_path: Path) -> None:
     assert ours["steps_finished"] == 3 and ours["engine_deaths"] == 0 and ours["requests_lost"] == 0
     refused = run_cpr("soak", "--engine", "vllm", "--restart-every", "5", cwd=tmp_path, timeout=60)
     assert refused.returncode == 2 and "--restart-every takes only 0" in refused.stderr
+
+
+def test_vllm_probe_says_paused_asleep_and_dev_mode_off(tmp_path: Path) -> None:
+    """An asleep engine, one without dev mode, and a dead URL: /health is 200 for the first two (vLLM's /health does not
+    see a pause or a sleep), the control routes' 404 is named as dev mode off, the dead one fails the probe."""
+    from resilience.adapters.vllm import VLLMClient
+    from resilience.testing.emulator import EmulatedFleet
+    from resilience.testing.emulator.vllm import VLLMEngineConfig
+
+    with EmulatedFleet(1, VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True)) as on, EmulatedFleet(1, VLLMEngineConfig()) as off:
+        with VLLMClient(on.urls[0]) as client:
+            client.sleep(1)
+        done = run_cpr("probe", "--engine", "vllm", on.urls[0], off.urls[0], "http://127.0.0.1:9", cwd=tmp_path, timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("OK") and "asleep" in lines[0] and "weights 'default'" in lines[0]
+    assert lines[1].startswith("OK") and "dev mode off" in lines[1]
+    assert lines[2].startswith("FAIL") and "connection refused" in lines[2]
+    assert "1 of 3 engines not healthy" in done.stderr
