@@ -39,7 +39,7 @@ from typing import Any
 
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore, unframe
 from resilience.barrier.knowledge import Doubt, Effect, EngineKnowledge
-from resilience.barrier.memory_model import SGLANG_MEMORY, MemoryModel
+from resilience.barrier.memory_model import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
 from resilience.budget import RestartBudget, RestartRecord
 
 __all__ = [
@@ -95,13 +95,16 @@ def _in_flight(k: EngineKnowledge) -> dict[str, Any] | None:
     return None if call is None else {"method": call.method, "kwargs": dict(call.kwargs)}
 
 
-def knowledge_from(name: str, facts: Mapping[str, Any], memory: MemoryModel = SGLANG_MEMORY) -> EngineKnowledge:
+def knowledge_from(name: str, facts: Mapping[str, Any], memory: MemoryModel | None = None) -> EngineKnowledge:
     """The knowledge a journal's facts describe.
 
+    ``memory``: the engine's memory model (default: the kind the facts name, else SGLang's).
     A call that was in flight is gone with its process; its facts were already written as "maybe applied"
     before it was sent, and are made so again here (a maybe is idempotent), so a record written by an
     older writer, or one cut short between the mark and its record, can never read as "not applied".
     """
+    if memory is None:  # the kind the facts name (``cpr journal show``); SGLang's when they name none
+        memory = MEMORY_MODELS.get(str(facts.get("kind", SGLANG_MEMORY.kind)), SGLANG_MEMORY)
     paused = facts.get("paused")
     k = EngineKnowledge(
         name,

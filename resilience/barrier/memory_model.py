@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from resilience.barrier.engine import ALL_TAGS
 
-__all__ = ["RESEND_ROUNDS", "SGLANG_MEMORY", "VLLM_MEMORY", "MemoryModel"]
+__all__ = ["MEMORY_MODELS", "RESEND_ROUNDS", "SGLANG_MEMORY", "VLLM_MEMORY", "MemoryModel"]
 
 RESEND_ROUNDS: Final = 2
 """How many times a transition re-sends, at once, a release or resume whose effect was ambiguous on a ``resend`` kind
@@ -103,3 +103,6 @@ VLLM_MEMORY: Final = MemoryModel(
 )
 """vLLM 0.33.0 driven through ``resilience.adapters.vllm.VLLMEngine`` (``v1/engine/core.py`` l.993-1055,
 ``v1/executor/abstract.py`` l.400-422)."""
+
+MEMORY_MODELS: Final[Mapping[str, MemoryModel]] = {m.kind: m for m in (SGLANG_MEMORY, VLLM_MEMORY)}
+"""Every memory model, by kind (what a journal's ``kind`` names)."""

@@ -12,7 +12,7 @@ import pytest
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import ThreadFanOut
-from resilience.barrier.journal import Journal, JournalMismatch
+from resilience.barrier.journal import Journal, JournalMismatch, knowledge_from
 from resilience.barrier.kinds import SGLANG_RULES, VLLM_RULES, EngineRules, rules_of
 from resilience.barrier.knowledge import EngineState
 from tests.barrier.fake_engine import FakeEngine, Fault
@@ -235,6 +235,8 @@ def test_the_journal_keeps_a_vllm_engines_knowledge_and_kind(tmp_path: object) -
     again.close()
     with pytest.raises(JournalMismatch, match="vllm engine"):
         Journal(path).open([engines[0].engine])
+    shown = knowledge_from(engines[0].engine, {"paused": True, "unknown": ["weights"], "kind": "vllm"})
+    assert shown.state is EngineState.UNSETTLED  # what cpr journal show reads: the facts' own kind
 
 
 def test_the_fakes_flag_what_the_vllm_rules_must_never_send() -> None:
