@@ -14,6 +14,9 @@ Layout (one job per module):
   either; both clients share them.
 - ``client`` / ``async_client``: the two clients, one line per method over
   ``plans`` (pinned to ``ROUTES`` and to each other by ``tests/vllm/test_route_table.py``).
+- ``engine``: ``VLLMEngine`` / ``AsyncVLLMEngine``, a server as the barrier
+  drives it (pause, flush, release = sleep, resume = wake one tag, continue = resume).
+- ``weights``: ``push_weights``, one weight-transfer session with each route's idempotence.
 - ``types``: typed results and the errors (``VLLMError``, ``VLLMDevModeOff``,
   ``VLLMRefused``, ``VLLMVersionError``, ``VLLMProtocolError``, ``VLLMAuthError``).
 
@@ -35,6 +38,7 @@ What vLLM does differently from SGLang, and how the clients handle it
 from resilience.adapters.vllm.async_client import AsyncVLLMClient
 from resilience.adapters.vllm.calls import VLLMPauseMode, WeightCheckerAction
 from resilience.adapters.vllm.client import VLLMClient, mount_vllm
+from resilience.adapters.vllm.engine import VLLM_PAUSE_MODES, VLLM_TAGS, AsyncVLLMEngine, VLLMEngine
 from resilience.adapters.vllm.routes import ROUTES, VLLM_POLICIES, Route
 from resilience.adapters.vllm.types import (
     AbortResult,
@@ -55,13 +59,17 @@ from resilience.adapters.vllm.types import (
     WeightInfo,
 )
 from resilience.adapters.vllm.versions import SUPPORTED, VLLMApi
+from resilience.adapters.vllm.weights import WeightPush, WeightPushAmbiguous, WeightPushFailed, apush_weights, push_weights
 
 __all__ = [
     "ROUTES",
     "SUPPORTED",
+    "VLLM_PAUSE_MODES",
     "VLLM_POLICIES",
+    "VLLM_TAGS",
     "AbortResult",
     "AsyncVLLMClient",
+    "AsyncVLLMEngine",
     "CacheReset",
     "CommandResult",
     "CompletionResult",
@@ -72,6 +80,7 @@ __all__ = [
     "VLLMAuthError",
     "VLLMClient",
     "VLLMDevModeOff",
+    "VLLMEngine",
     "VLLMError",
     "VLLMHealth",
     "VLLMPauseMode",
@@ -82,5 +91,10 @@ __all__ = [
     "WeightCheck",
     "WeightCheckerAction",
     "WeightInfo",
+    "WeightPush",
+    "WeightPushAmbiguous",
+    "WeightPushFailed",
+    "apush_weights",
     "mount_vllm",
+    "push_weights",
 ]

@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from resilience.barrier.engine import CONTROL_METHODS, AnyEngine
-from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, engine_name
+from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, engine_name, vllm_hint
 from resilience.deadline import Deadline
 from resilience.errors import ConfigError
 
@@ -191,7 +191,7 @@ def engine_problem(engine: object) -> str | None:
     """Why ``engine`` cannot be driven at all (a control method missing), or None."""
     for method in CONTROL_METHODS:
         if not callable(getattr(engine, method, None)):
-            return f"{engine_name(engine)}: it has no {method}() method"
+            return f"{engine_name(engine)}: it has no {method}() method{vllm_hint(engine)}"
     return None
 
 

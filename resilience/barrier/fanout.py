@@ -38,6 +38,7 @@ __all__ = [
     "engine_name",
     "interrupted_results",
     "sync_engine_problem",
+    "vllm_hint",
 ]
 
 
@@ -304,12 +305,19 @@ class SequentialFanOut:
         return results
 
 
+def vllm_hint(engine: object) -> str:
+    """A hint for a vLLM client given as an engine (it has vLLM's routes, not the barrier's calls)."""
+    if callable(getattr(engine, "sleep", None)) and callable(getattr(engine, "wake_up", None)):
+        return " (a vLLM client? the barrier drives resilience.adapters.vllm.VLLMEngine(client) / AsyncVLLMEngine(client))"
+    return ""
+
+
 def sync_engine_problem(engine: object) -> str | None:
     """Why a thread or sequential fan-out cannot drive ``engine`` (a missing control method, coroutine calls), or None."""
     for method in CONTROL_METHODS:
         fn = getattr(engine, method, None)
         if not callable(fn):
-            return f"{engine_name(engine)} has no {method}() method"
+            return f"{engine_name(engine)} has no {method}() method{vllm_hint(engine)}"
         if inspect.iscoroutinefunction(fn):
             return f"{engine_name(engine)}.{method} is a coroutine function: drive async engines with AsyncFanOut or AsyncOrchestrator"
     return None

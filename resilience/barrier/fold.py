@@ -20,7 +20,7 @@ from typing import Any
 from resilience.barrier.effect import effect_of, is_engine_dead
 from resilience.barrier.engine import ControlMethod
 from resilience.barrier.fanout import EngineResult, interrupted_results
-from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge, tags_of
+from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import doubt, poll, probe
 from resilience.barrier.steps import Call, PhaseCall, Step, Steps, Transition
@@ -166,9 +166,8 @@ def abandon(rules: BarrierRules[Any], steps: Steps[Any], step: Step, error: Base
 
 def _done(k: EngineKnowledge, method: str, kwargs: Mapping[str, Any]) -> bool:
     """The knowledge proves ``method(**kwargs)`` took effect (a release's tags released, a resume's back)."""
-    tags = tags_of(kwargs)
     if method == RELEASE:
-        return tags <= k.released and not k.unknown and k.dead is None
+        return k.memory.release_tags(kwargs) <= k.released and not k.unknown and k.dead is None
     if method == RESUME:
-        return not (tags & (k.released | k.unknown)) and k.dead is None
+        return not (k.memory.resume_tags(kwargs) & (k.released | k.unknown)) and k.dead is None
     return False

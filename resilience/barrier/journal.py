@@ -39,6 +39,7 @@ from typing import Any
 
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore, unframe
 from resilience.barrier.knowledge import Doubt, Effect, EngineKnowledge
+from resilience.barrier.memory_model import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
 from resilience.budget import RestartBudget, RestartRecord
 
 __all__ = [
@@ -82,6 +83,8 @@ def facts_of(k: EngineKnowledge, *, retired: bool = False) -> dict[str, Any]:
         "in_flight": _in_flight(k),
         "retired": retired,
     }
+    if k.memory.kind != SGLANG_MEMORY.kind:  # SGLang's facts keep the shape they always had (no "kind": SGLang)
+        facts["kind"] = k.memory.kind
     if k.unknown and k.doubt is not None:
         facts["doubt"] = {"method": k.doubt.method, "in_transit": k.doubt.in_transit, "delivery": k.doubt.delivery}
     return facts
@@ -92,13 +95,16 @@ def _in_flight(k: EngineKnowledge) -> dict[str, Any] | None:
     return None if call is None else {"method": call.method, "kwargs": dict(call.kwargs)}
 
 
-def knowledge_from(name: str, facts: Mapping[str, Any]) -> EngineKnowledge:
+def knowledge_from(name: str, facts: Mapping[str, Any], memory: MemoryModel | None = None) -> EngineKnowledge:
     """The knowledge a journal's facts describe.
 
+    ``memory``: the engine's memory model (default: the kind the facts name, else SGLang's).
     A call that was in flight is gone with its process; its facts were already written as "maybe applied"
     before it was sent, and are made so again here (a maybe is idempotent), so a record written by an
     older writer, or one cut short between the mark and its record, can never read as "not applied".
     """
+    if memory is None:  # the kind the facts name (``cpr journal show``); SGLang's when they name none
+        memory = MEMORY_MODELS.get(str(facts.get("kind", SGLANG_MEMORY.kind)), SGLANG_MEMORY)
     paused = facts.get("paused")
     k = EngineKnowledge(
         name,
@@ -109,6 +115,7 @@ def knowledge_from(name: str, facts: Mapping[str, Any]) -> EngineKnowledge:
         unknown=set(facts.get("unknown", ())),
         dead=facts.get("dead"),
         holds={int(i): str(r) for i, r in dict(facts.get("holds", {})).items()},
+        memory=memory,
     )
     doubt = facts.get("doubt")
     if isinstance(doubt, Mapping):
@@ -251,12 +258,15 @@ class Journal:
         folded = _fold(loaded.records, str(path))
         return {n: knowledge_from(n, f) for n, f in folded.facts.items()}
 
-    def open(self, engines: Sequence[str]) -> Resumed:
+    def open(self, engines: Sequence[str], kinds: Mapping[str, MemoryModel] | None = None) -> Resumed:
         """Read the journal for ``engines``: what it recovered, each engine's knowledge, the retired ones, the budget.
 
+        ``kinds``: each engine's memory model (``resilience.barrier.memory_model``; default SGLang's for all): the knowledge
+        is rebuilt with it, and an engine journaled as another kind raises ``JournalMismatch``.
         A new journal gets its header. A journal for other engines raises ``JournalMismatch`` naming
         the difference; a torn tail is described in ``Recovery.dropped`` (and logged), then cut off.
         """
+        kinds = kinds or {}
         self._engines = tuple(engines)
         loaded = self.store.load()
         if not loaded.records:
@@ -282,7 +292,11 @@ class Journal:
         self._owners, self._budget = folded.owners, folded.budget
         if loaded.dropped:
             _LOG.warning("%s", loaded.dropped)
-        knowledge = {n: knowledge_from(n, f) for n, f in folded.facts.items()}
+        for n, f in folded.facts.items():
+            written, now = str(f.get("kind", SGLANG_MEMORY.kind)), kinds.get(n, SGLANG_MEMORY).kind
+            if written != now:
+                raise JournalMismatch(f"journal {self.store.name}: engine {n} was journaled as a {written} engine, but is a {now} engine")
+        knowledge = {n: knowledge_from(n, f, kinds.get(n, SGLANG_MEMORY)) for n, f in folded.facts.items()}
         in_flight = {n: str(f["in_flight"].get("method")) for n, f in folded.facts.items() if isinstance(f.get("in_flight"), Mapping)}
         orphaned: dict[str, tuple[str, ...]] = {}
         for n, k in knowledge.items():

@@ -27,19 +27,31 @@ resume of a tag not released dies of a ``KeyError`` (``offload_tags.remove``), a
 release needs an idle scheduler (paused and flushed), and ``continue_generation``
 reopens scheduling for every client, whoever paused it.
 
-How a second table plugs in (vLLM, issue 22; not written here):
+Each table also holds its kind's ``MemoryModel`` (``resilience.barrier.memory_model``):
+what a release and a resume do to the facts (the tags, whether a release names
+them or sleeps them all, whether it needs a flush, whether it pauses, whether a
+wake names one tag and whether the last one resumes). The knowledge model folds
+each call through it, and the transitions read it (``resilience.barrier.memory``).
 
-1. Write ``VLLM_RULES = EngineRules("vllm", {...}, source=...)`` with a ``CallRule``
-   for each of the five control methods the barrier sends (the engine's client maps
-   them to its own routes: ``/pause``, ``/sleep``, ``/wake_up``, ``/resume``...),
-   citing the engine's source for each rule.
-2. Give the engine's client class ``control_rules = VLLM_RULES``: groups may then
-   mix kinds, each engine looked up on its own.
-3. What the knowledge model cannot yet do is refused when the table is built
-   (``SUPPORTED``): a ``RESEND`` release or resume (vLLM's idempotent sleep and
-   wake) needs "tags unknown, but safe to send again" in ``EngineKnowledge``,
-   which is the knowledge model's part of that issue; add it there, then to
-   ``SUPPORTED``.
+vLLM 0.33.0 (``VLLM_RULES``, the calls as ``resilience.adapters.vllm.VLLMEngine``
+sends them; reference: ``shared/reference/vllm-control-plane.md``):
+
+- pause = ``/pause``, flush = ``/reset_prefix_cache`` (+ mm, encoder caches),
+  release = ``/sleep?level=1&mode=keep`` (both tags), resume = ``/wake_up?tags=T``
+  (one tag), continue = ``/resume``;
+- an ambiguous sleep or wake is settled by sending it again (``RESEND``: a second
+  sleep and a wake of an awake tag are no-ops), no quarantine;
+- ``/resume`` (continue) and a wake that leaves nothing asleep reopen everyone's
+  pause (``v1/engine/core.py`` l.985, l.1053): continue is sent only with no hold
+  left and nothing asleep or unknown; the last wake only with no hold but the
+  offload's (``memory.resume_phases``), else that tag stays asleep and the engine
+  is reported held;
+- tags are tracked here, client-side: no vLLM route reports which tags sleep.
+- An ambiguous ``/update_weights`` is not a barrier call: ``resilience.adapters.vllm.weights``
+  never re-sends it, asks ``/weight_checker``, or surfaces it.
+
+A third kind: write its ``EngineRules`` (a ``CallRule`` per control method and its
+``MemoryModel``), and give its engine class ``control_rules = THAT_TABLE``.
 """
 
 from __future__ import annotations
@@ -52,8 +64,9 @@ from typing import Final
 from resilience.barrier.engine import CONTROL_METHODS, ControlMethod
 from resilience.barrier.fanout import engine_name
 from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.memory_model import SGLANG_MEMORY, VLLM_MEMORY, MemoryModel
 
-__all__ = ["SGLANG_RULES", "SUPPORTED", "CallRule", "EngineRules", "OnAmbiguous", "rules_of"]
+__all__ = ["SGLANG_RULES", "SUPPORTED", "VLLM_RULES", "CallRule", "EngineRules", "OnAmbiguous", "rules_of"]
 
 
 class OnAmbiguous(enum.StrEnum):
@@ -85,12 +98,13 @@ class CallRule:
 SUPPORTED: Final[Mapping[str, frozenset[OnAmbiguous]]] = {
     "pause_generation": frozenset({OnAmbiguous.RESEND}),
     "flush_cache": frozenset({OnAmbiguous.RESEND}),
-    "release_memory_occupation": frozenset({OnAmbiguous.QUARANTINE}),
-    "resume_memory_occupation": frozenset({OnAmbiguous.QUARANTINE}),
+    "release_memory_occupation": frozenset({OnAmbiguous.QUARANTINE, OnAmbiguous.RESEND}),
+    "resume_memory_occupation": frozenset({OnAmbiguous.QUARANTINE, OnAmbiguous.RESEND}),
     "continue_generation": frozenset({OnAmbiguous.RESEND}),
 }
 """What the one knowledge model can do with an ambiguous answer, per method (``EngineKnowledge.apply``): an unknown
-"paused" or "flushed" is resolved by sending again; unknown tags are quarantined."""
+"paused" or "flushed" is resolved by sending again; unknown tags are quarantined, or (a ``MemoryModel`` with ``resend``)
+settled by sending the release or resume again. A table's release and resume rules must agree with its memory model."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,8 @@ class EngineRules:
     kind: str
     calls: Mapping[ControlMethod, CallRule]
     source: str = ""
+    memory: MemoryModel = SGLANG_MEMORY
+    """What a release and a resume do to the facts (``resilience.barrier.memory_model``)."""
 
     def __post_init__(self) -> None:
         missing = [m for m in CONTROL_METHODS if m not in self.calls]
@@ -117,6 +133,13 @@ class EngineRules:
                 raise ValueError(
                     f"{self.kind} rules: {method} on_ambiguous={rule.on_ambiguous} is not something the knowledge model can do "
                     f"yet (it can: {', '.join(sorted(SUPPORTED[method]))}); see resilience.barrier.kinds"
+                )
+        want = OnAmbiguous.RESEND if self.memory.resend else OnAmbiguous.QUARANTINE
+        for method in ("release_memory_occupation", "resume_memory_occupation"):
+            if self.calls[method].on_ambiguous is not want:
+                raise ValueError(
+                    f"{self.kind} rules: {method} on_ambiguous={self.calls[method].on_ambiguous} disagrees with its memory model "
+                    f"(resend={self.memory.resend}): the knowledge would {want} instead"
                 )
 
     def allows(self, k: EngineKnowledge, method: ControlMethod, tags: frozenset[str] = frozenset()) -> bool:
@@ -176,6 +199,46 @@ SGLANG_RULES: Final = EngineRules(
     source="sglang 0.5.23: srt/managers/scheduler_components/weight_updater.py, torch_memory_saver",
 )
 """SGLang's control rules: exactly the barrier's behaviour before the tables existed."""
+
+VLLM_RULES: Final = EngineRules(
+    "vllm",
+    {
+        "pause_generation": CallRule(
+            lambda k, _tags: k.reachable,
+            "alive, no call in flight (/pause is safe to repeat: the last mode wins)",
+            OnAmbiguous.RESEND,
+            why="rl/online/api_router.py l.31: pause is one shared state, overwritten (scheduler.py l.3073)",
+        ),
+        "flush_cache": CallRule(
+            lambda k, _tags: k.may_flush(),
+            "known paused",
+            OnAmbiguous.RESEND,
+            why="/reset_prefix_cache answers success false while blocks are held; repeating it is harmless",
+        ),
+        "release_memory_occupation": CallRule(
+            _all_tags(EngineKnowledge.may_release),
+            "known paused, each tag known not released or unknown (a sleep sleeps both tags; no flush needed)",
+            OnAmbiguous.RESEND,
+            why="core.py l.993: sleep pauses, clears the caches at level >= 1; abstract.py l.400: a second sleep is a no-op",
+        ),
+        "resume_memory_occupation": CallRule(
+            _all_tags(EngineKnowledge.may_resume),
+            "each tag known released or unknown; one tag per call; the last one only with no hold but the offload's",
+            OnAmbiguous.RESEND,
+            why="abstract.py l.416-422: a tag not asleep makes the whole wake a no-op; core.py l.1053: the last wake resumes",
+        ),
+        "continue_generation": CallRule(
+            lambda k, _tags: k.may_continue(),
+            "nothing released or unknown, not known serving, no hold left",
+            OnAmbiguous.RESEND,
+            reopens_everyone=True,
+            why="core.py l.985/l.2235: /resume reopens scheduling for everyone, even while asleep (no guard)",
+        ),
+    },
+    source="vllm 0.33.0: v1/engine/core.py, v1/executor/abstract.py, entrypoints/rl/online/api_router.py",
+    memory=VLLM_MEMORY,
+)
+"""vLLM 0.33.0's control rules, the calls as ``resilience.adapters.vllm.VLLMEngine`` sends them."""
 
 
 def rules_of(engine: object) -> EngineRules:

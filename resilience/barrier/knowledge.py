@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from resilience.barrier.engine import ALL_TAGS
+from resilience.barrier.memory_model import SGLANG_MEMORY, MemoryModel
 
 __all__ = ["Doubt", "Effect", "EngineKnowledge", "EngineState", "Facts", "InFlight", "LateCall", "Pending", "tags_of"]
 
@@ -69,6 +70,9 @@ class EngineState(enum.StrEnum):
     """Whether it is paused is unknown (nothing released)."""
     QUARANTINED = "quarantined"
     """Some tags may or may not be released: needs ``reconcile`` or ``retire``."""
+    UNSETTLED = "unsettled"
+    """Some tags may or may not be released, on an engine whose release and resume are safe to re-send (vLLM): the next
+    transition settles them by re-sending its call."""
     IN_FLIGHT = "in_flight"
     """A call is still running (past its phase deadline, or its phase is under way)."""
     DEAD = "dead"
@@ -84,10 +88,10 @@ class Effect(enum.StrEnum):
     """It may or may not have taken effect (ambiguous answer, timeout or reset after sending, dead actor)."""
 
 
-def tags_of(kwargs: Mapping[str, Any]) -> frozenset[str]:
-    """The tags a release/resume call names (None or empty = all three, as in SGLang)."""
+def tags_of(kwargs: Mapping[str, Any], all_tags: frozenset[str] = frozenset(ALL_TAGS)) -> frozenset[str]:
+    """The tags a release/resume call names (None or empty = ``all_tags``, default SGLang's three)."""
     tags = kwargs.get("tags")
-    return frozenset(tags) if tags else frozenset(ALL_TAGS)
+    return frozenset(tags) if tags else all_tags
 
 
 class LateCall(Protocol):
@@ -119,9 +123,9 @@ class Facts:
     released: frozenset[str]
     unknown: frozenset[str]
 
-    def after(self, method: str, kwargs: Mapping[str, Any], effect: Effect) -> Facts:
-        """The facts once ``method(**kwargs)`` had ``effect`` on an engine with these facts."""
-        k = EngineKnowledge("", self.paused, self.flushed, self.pause_mode, set(self.released), set(self.unknown))
+    def after(self, method: str, kwargs: Mapping[str, Any], effect: Effect, memory: MemoryModel = SGLANG_MEMORY) -> Facts:
+        """The facts once ``method(**kwargs)`` had ``effect`` on an engine of ``memory``'s kind with these facts."""
+        k = EngineKnowledge("", self.paused, self.flushed, self.pause_mode, set(self.released), set(self.unknown), memory=memory)
         k.apply(method, kwargs, effect)
         return k.facts()
 
@@ -181,13 +185,18 @@ class EngineKnowledge:
     """A call marked in flight (write-ahead) and not settled yet; its facts are already where a "maybe" leaves them."""
     holds: dict[int, str] = field(default_factory=dict)
     """Hold token id -> reason; the engine must stay paused while any remains."""
+    memory: MemoryModel = SGLANG_MEMORY
+    """The engine kind's memory semantics (``resilience.barrier.memory_model``): what each release and resume does to these facts."""
 
     # -- predicates: a command is sent only when its precondition is known to hold -----------------
 
     @property
     def quarantined(self) -> bool:
-        """Some tags may or may not be released: no release, resume or continue until reconciled."""
-        return bool(self.unknown)
+        """Some tags may or may not be released, on a kind where re-sending kills: no release, resume or continue until reconciled.
+
+        On a ``resend`` kind (vLLM) unknown tags are settled by re-sending the transition's own call instead.
+        """
+        return bool(self.unknown) and not self.memory.resend
 
     @property
     def reachable(self) -> bool:
@@ -199,16 +208,18 @@ class EngineKnowledge:
         return self.reachable and self.paused is True
 
     def may_release(self, tag: str) -> bool:
-        """Known paused and flushed, not quarantined, ``tag`` known not released."""
-        return self.reachable and not self.quarantined and self.paused is True and self.flushed and tag not in self.released
+        """Known paused (and flushed, where the kind needs it), not quarantined, ``tag`` known not released."""
+        flushed = self.flushed or not self.memory.flush_before_release
+        return self.reachable and not self.quarantined and self.paused is True and flushed and tag not in self.released
 
     def may_resume(self, tag: str) -> bool:
-        """``tag`` known released, not quarantined."""
-        return self.reachable and not self.quarantined and tag in self.released
+        """``tag`` known released (or unknown, on a kind where a resume is safe to re-send), not quarantined."""
+        resend = self.memory.resend and tag in self.unknown
+        return self.reachable and not self.quarantined and (tag in self.released or resend)
 
     def may_continue(self) -> bool:
-        """Nothing released (known), no hold left, and not known serving already."""
-        return self.reachable and not self.quarantined and not self.released and not self.holds and self.paused is not False
+        """Nothing released or unknown, no hold left, and not known serving already."""
+        return self.reachable and not self.unknown and not self.released and not self.holds and self.paused is not False
 
     @property
     def serving(self) -> bool:
@@ -223,7 +234,7 @@ class EngineKnowledge:
         if self.in_flight is not None or self.pending is not None:
             return EngineState.IN_FLIGHT
         if self.unknown:
-            return EngineState.QUARANTINED
+            return EngineState.QUARANTINED if self.quarantined else EngineState.UNSETTLED
         if self.released:
             return EngineState.RELEASED
         if self.paused is None:
@@ -241,11 +252,13 @@ class EngineKnowledge:
             parts.append(f"a late {self.in_flight.method} is still in flight")
         elif self.pending is not None:
             parts.append(f"a {self.pending.method} is in flight")
-        if self.unknown:
+        if self.quarantined:
             parts.append(f"quarantined: may have released {', '.join(sorted(self.unknown))} (reconcile or retire it)")
-            doubt = self.doubt
-            if doubt is not None and doubt.in_transit:
-                parts.append(f"its {doubt.method or 'last call'} may still be on its way ({doubt.delivery})")
+        elif self.unknown:
+            parts.append(f"may have released {', '.join(sorted(self.unknown))} (the next transition re-sends its call)")
+        doubt = self.doubt
+        if self.unknown and doubt is not None and doubt.in_transit:
+            parts.append(f"its {doubt.method or 'last call'} may still be on its way ({doubt.delivery})")
         if self.released:
             parts.append(f"released {', '.join(sorted(self.released))}")
         if self.paused is None:
@@ -274,12 +287,23 @@ class EngineKnowledge:
             if not maybe:
                 self.flushed = True
         elif method == "release_memory_occupation":
-            (self.unknown if maybe else self.released).update(tags_of(kwargs))
-        elif method == "resume_memory_occupation":
-            tags = tags_of(kwargs)
-            self.released.difference_update(tags)
+            tags = self.memory.release_tags(kwargs)
             if maybe:
-                self.unknown.update(tags)
+                self.unknown.update(tags - self.released)
+            else:
+                self.released.update(tags)
+                self.unknown.difference_update(tags)
+            if self.memory.release_pauses and self.paused is not True:  # the release paused the engine itself
+                self.paused, self.flushed = (None, False) if maybe else (True, False)
+        elif method == "resume_memory_occupation":
+            tags = self.memory.resume_tags(kwargs)
+            self.released.difference_update(tags)
+            (self.unknown.update if maybe else self.unknown.difference_update)(tags)
+            if self.memory.last_wake_resumes and not self.released:  # nothing known released: the wake may have resumed
+                if not maybe and not self.unknown:
+                    self.paused, self.flushed, self.pause_mode = False, False, None
+                elif self.paused is True:
+                    self.paused, self.pause_mode = None, None
         elif method == "continue_generation":
             self.flushed = False
             if not maybe:
@@ -307,7 +331,7 @@ class EngineKnowledge:
         pending = self.pending
         if pending is None:
             return
-        self._refine(pending.before.after(pending.method, pending.kwargs, effect))
+        self._refine(pending.before.after(pending.method, pending.kwargs, effect, self.memory))
         self.pending = None
 
     def late(self, call: LateCall) -> None:
@@ -322,7 +346,7 @@ class EngineKnowledge:
         late = self.in_flight
         if late is None:
             return None
-        self._refine(late.before.after(late.method, late.kwargs, effect))
+        self._refine(late.before.after(late.method, late.kwargs, effect, self.memory))
         self.in_flight = None
         return late
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fold import phase
 from resilience.barrier.holds import OFFLOAD_HOLD, hold, unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN
+from resilience.barrier.memory import resend, resume_phases, to_release
 from resilience.barrier.onload import rollback_continue
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import settle
@@ -43,23 +43,24 @@ def offload_steps(rules: BarrierRules[Any], wanted: frozenset[str], mode: Litera
         if failed:
             raise (yield from _fail_before_release(rules, tx, "pause", failed, live, skipped))
         skipped.update({n: rules.why_skipped(n) for n in live if know[n].quarantined})
-        todo = {n: wanted - know[n].released for n in live if n not in skipped}
+        todo = {n: to_release(know[n], wanted) for n in live if n not in skipped}
         todo = {n: missing for n, missing in todo.items() if missing}
         for n in [n for n in todo if not rules.allows(n, "flush_cache")]:  # defensive: the pause phase makes this unreachable
             skipped[n] = f"not allowed a flush ({rules.kinds[n].calls['flush_cache'].needs_text}): {know[n].why_not_serving()}"
             del todo[n]
-        to_flush = [n for n in todo if not know[n].flushed]
+        to_flush = [n for n in todo if know[n].memory.flush_before_release and not know[n].flushed]
         failed = yield from phase(rules, tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
         if failed:
             raise (yield from _fail_before_release(rules, tx, "flush", failed, live, skipped))
         calls: list[Call] = []
         for n, missing in todo.items():
             if rules.allows(n, "release_memory_occupation", missing):
-                calls.append((n, {"tags": None if missing == frozenset(ALL_TAGS) else sorted(missing)}))
-            else:  # defensive for SGLang's rules: the phases above make this unreachable
+                calls.append((n, know[n].memory.release_kwargs(missing)))
+            else:  # defensive: the phases above make this unreachable
                 needs = rules.kinds[n].calls["release_memory_occupation"].needs_text
                 skipped[n] = f"not allowed a release of {sorted(missing)} ({needs}): {know[n].why_not_serving()}"
         failed = yield from phase(rules, tx, "release", "release_memory_occupation", calls)
+        failed = yield from resend(rules, tx, "release", "release_memory_occupation", calls, failed)
         if failed:
             raise (yield from _fail_in_release(rules, tx, failed, [c for c in calls if c[0] not in failed], live, skipped))
         raise_if_skipped(rules, tx, skipped)
@@ -92,13 +93,15 @@ def _fail_in_release(
 ) -> Steps[PhaseFailed]:
     """Release failed on some engines: resume what this offload released, continue every engine whose memory is all back.
 
-    An engine whose release may have been applied is quarantined (neither
-    resumed: a resume of an unreleased tag kills it; nor released again).
+    An engine whose release may have been applied is quarantined on SGLang (neither resumed: a resume of an
+    unreleased tag kills it; nor released again); on vLLM the re-sends have already been tried.
     """
     rolled: list[str] = []
     rb_failed: dict[str, BaseException] = {}
     if rules.rollback:
-        rb_failed = yield from phase(rules, tx, "rollback_resume", "resume_memory_occupation", applied)
+        know = rules.know
+        wants = {n: know[n].memory.release_tags(kw) & know[n].released for n, kw in applied}
+        rb_failed = yield from resume_phases(rules, tx, "rollback_resume", wants)
         for n in live:
             if not rules.know[n].released and not rules.know[n].unknown:
                 unhold(rules, n, OFFLOAD_TOKEN)

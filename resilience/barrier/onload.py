@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fold import phase
 from resilience.barrier.holds import held_among, unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN
+from resilience.barrier.memory import resume_phases, to_resume
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import settle
-from resilience.barrier.steps import Call, Steps, Transition
+from resilience.barrier.steps import Steps, Transition
 from resilience.barrier.transition import error, raise_if_skipped, skips, transition
 from resilience.barrier.types import TransitionReport
 
@@ -32,12 +32,7 @@ def onload_steps(rules: BarrierRules[Any], wanted: frozenset[str]) -> Steps[Tran
         skipped = yield from settle(rules, tx, names)
         skipped.update({n: rules.why_skipped(n) for n in names if n not in skipped and know[n].quarantined})
         live = [n for n in names if n not in skipped]
-        calls: list[Call] = []
-        for n in live:
-            todo = wanted & know[n].released
-            if todo and rules.allows(n, "resume_memory_occupation", todo):
-                calls.append((n, {"tags": None if todo == frozenset(ALL_TAGS) else sorted(todo)}))
-        failed = yield from phase(rules, tx, "resume", "resume_memory_occupation", calls)
+        failed = yield from resume_phases(rules, tx, "resume", {n: to_resume(know[n], wanted) for n in live})
         for n in live:
             if not know[n].released and not know[n].unknown:
                 unhold(rules, n, OFFLOAD_TOKEN)

@@ -27,7 +27,8 @@ def pause_steps(rules: BarrierRules[Any], reason: str, mode: str) -> Steps[Trans
         know = rules.know
         names = list(tx.engines)
         skipped = yield from settle(rules, tx, names)
-        skipped.update({n: rules.why_skipped(n) for n in names if n not in skipped and know[n].quarantined})
+        # quarantined, or unsettled (vLLM: its next offload or onload re-sends): a body must not run on memory that may be released
+        skipped.update({n: rules.why_skipped(n) for n in names if n not in skipped and know[n].unknown})
         if skipped:
             raise error(rules, tx, "skipped", skips(skipped))
         token = new_token(reason, names)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from resilience.barrier.engine import ALL_TAGS, AnyEngine
+from resilience.barrier.engine import AnyEngine
 from resilience.barrier.holds import OFFLOAD_HOLD, hold, reserve_tokens, unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN, open_journal, restore_budget
 from resilience.barrier.knowledge import Doubt, EngineState
@@ -29,7 +29,7 @@ def resume(rules: BarrierRules[Any]) -> None:
         return
     journal = open_journal(rules.journal_arg)
     try:
-        resumed = journal.open(list(rules.engines))
+        resumed = journal.open(list(rules.engines), kinds={n: k.memory for n, k in rules.know.items()})
     except BaseException:
         journal.close()
         raise
@@ -60,8 +60,9 @@ def reconcile(rules: BarrierRules[E], engine: str | E, *, released: Iterable[str
     """The caller's word on ``engine``'s real state (see ``Orchestrator.reconcile``), refused where SGLang would crash."""
     name = rules.name_of(engine)
     tags = None if released is None else frozenset(released)
-    if tags is not None and not tags <= frozenset(ALL_TAGS):
-        raise ValueError(f"reconcile released must be a subset of {ALL_TAGS}, but was {sorted(tags)}")
+    kind = rules.know[name].memory
+    if tags is not None and not tags <= kind.all_tags:
+        raise ValueError(f"reconcile released must be a subset of {kind.tags} ({kind.kind} engine {name}), but was {sorted(tags)}")
     if tags and paused is False:
         raise ValueError(
             f"reconcile {name}: released {sorted(tags)} with paused=False is a state SGLang crashes in (prefill into freed memory)"

@@ -100,7 +100,7 @@ class BarrierRules(Generic[E]):
                     self.offloaded.append(name)
         self.kinds: dict[str, EngineRules] = {name: rules_of(engine) for name, engine in self.engines.items()}
         """Name -> its engine kind's control rules (``resilience.barrier.kinds``: SGLang's unless the engine says otherwise)."""
-        self.know = {name: EngineKnowledge(name) for name in self.engines}
+        self.know = {name: EngineKnowledge(name, memory=self.kinds[name].memory) for name in self.engines}
         self.retired: set[str] = set()
         self.lock = threading.RLock()
         self.label = "start"
@@ -147,9 +147,17 @@ class BarrierRules(Generic[E]):
             return frozenset(self.know[name].released)
 
     def quarantined(self) -> dict[str, frozenset[str]]:
-        """Engines (not retired) whose released tags are unknown, with those tags: they need ``reconcile`` or ``retire``."""
+        """Engines (not retired) whose released tags are unknown, with those tags: they need ``reconcile`` or ``retire``.
+
+        Engines of a kind whose calls are re-sent instead (vLLM) are not quarantined; ``unsettled`` names theirs.
+        """
         with self.lock:
-            return {n: frozenset(k.unknown) for n, k in self.know.items() if k.unknown and n not in self.retired}
+            return {n: frozenset(k.unknown) for n, k in self.know.items() if k.quarantined and n not in self.retired}
+
+    def unsettled(self) -> dict[str, frozenset[str]]:
+        """Engines (not retired) with unknown released tags that the next transition settles by re-sending (vLLM), with those tags."""
+        with self.lock:
+            return {n: frozenset(k.unknown) for n, k in self.know.items() if k.unknown and not k.quarantined and n not in self.retired}
 
     def not_serving(self) -> dict[str, str]:
         """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""

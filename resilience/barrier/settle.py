@@ -32,7 +32,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from resilience.barrier.effect import doubt_of, effect_of, is_engine_dead
-from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.holds import unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge
@@ -118,7 +117,7 @@ def probe(rules: BarrierRules[Any], names: Iterable[str], waiting: dict[str, flo
         k = rules.know[name]
         if not k.unknown or k.in_flight is not None or k.pending is not None or name in rules.retired:
             continue
-        released = _ask(memory_probe, name)
+        released = _ask(memory_probe, name, k.memory.all_tags)
         left = _grace_left(rules, k, released)
         if released is None:  # cannot prove it now (a release being carried out): worth asking again within the grace
             if waiting is not None and left > 0:
@@ -177,12 +176,12 @@ def _grace_left(rules: BarrierRules[Any], k: EngineKnowledge, released: frozense
     return left if left > _GRACE_EPSILON_S else 0.0
 
 
-def _ask(memory_probe: MemoryProbe, name: str) -> frozenset[str] | None:
-    """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags that do not exist)."""
+def _ask(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset[str] | None:
+    """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags the engine does not have)."""
     try:
         answer = memory_probe.released_tags(name)
     except Exception:  # a probe that fails proves nothing: the quarantine stays
         return None
-    if not isinstance(answer, (set, frozenset)) or not answer <= frozenset(ALL_TAGS):
+    if not isinstance(answer, (set, frozenset)) or not answer <= tags:
         return None
     return frozenset(answer)

@@ -105,6 +105,10 @@ class BarrierView(Generic[E]):
         """Engines (not retired) whose released tags are unknown, with those tags: they need ``reconcile`` or ``retire``."""
         return self.rules.quarantined()
 
+    def unsettled(self) -> dict[str, frozenset[str]]:
+        """Engines (not retired) whose unknown released tags the next transition settles by re-sending (vLLM), with those tags."""
+        return self.rules.unsettled()
+
     def not_serving(self) -> dict[str, str]:
         """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""
         return self.rules.not_serving()

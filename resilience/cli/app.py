@@ -94,6 +94,13 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="smg: run the steps behind a real smg gateway, smg's own client vs ours direct and through SmgFanOut "
         "(needs the [smg] extra); default none",
     )
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="vllm: emulated vLLM 0.33.0 engines, SkyRL's sequence (bare gather, no retry, no timeout) against ours; "
+        "default sglang",
+    )
 
 
 def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
@@ -123,10 +130,17 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p.add_argument(
         "--restart-every",
         type=non_negative_int,
-        default=50,
+        default=None,
         metavar="K",
         help="kill the controller every K steps, inside a seeded phase, and start a new one on its journal; 0 = never "
-        "(default: %(default)s)",
+        "(default: 50; with --engine vllm: 0, the only value it takes)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="vllm: emulated vLLM 0.33.0 engines and cpr demo --engine vllm's loop and faults (no controller kills); "
+        "default sglang",
     )
     p.add_argument("--report", default="cpr-soak-report.json", metavar="FILE", help="JSON report (default: %(default)s)")
 
@@ -146,6 +160,13 @@ def _add_probe(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="seconds per check; a paused engine's /health hangs ~20 s (default: %(default)s)",
     )
     p.add_argument("--api-key-env", metavar="VAR", help="send the API key in environment variable VAR as a Bearer token")
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="vllm: check vLLM servers instead: /health, /version, /is_paused, /is_sleeping, /weight_info "
+        "(none is guarded by vLLM's --api-key, so no key is sent); default sglang",
+    )
 
 
 def _add_policies(sub: argparse._SubParsersAction[OneLineParser]) -> None:

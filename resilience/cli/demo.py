@@ -125,12 +125,26 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
                 out.timelines[kind] = recorder.captured
 
 
+def _vllm_demo(args: argparse.Namespace) -> int:
+    """``--engine vllm``: refuses the options that apply to the SGLang demo only, then runs ``demo_vllm``."""
+    unsupported = [flag for flag, given in (("--timeline", args.timeline), ("--traces", args.traces != "off")) if given]
+    if getattr(args, "router", "none") != "none":
+        unsupported.append("--router")
+    if unsupported:
+        raise CliError(f"cpr demo --engine vllm does not take {', '.join(unsupported)} (the SGLang demo's options)", 2)
+    from resilience.cli.demo_vllm import run_vllm_demo
+
+    return run_vllm_demo(args)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo from parsed arguments; returns the exit status (0 when ours finished every step).
 
     On Ctrl-C after a run finished, the table, report (and timeline) of the finished runs are still
     written, and the exit status is 130.
     """
+    if getattr(args, "engine", "sglang") == "vllm":
+        return _vllm_demo(args)
     if getattr(args, "router", "none") == "smg":
         from resilience.cli.demo_smg import run_smg_demo
 

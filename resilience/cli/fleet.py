@@ -22,6 +22,7 @@ from resilience.cli.common import CliError, need
 from resilience.events import Observer
 from resilience.testing.colocate import ColocateConfig, ColocateReport, LoopKind, StepProgress, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig
+from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faults import FaultPlan, FaultProxy, FaultRule
 
 if TYPE_CHECKING:
@@ -116,7 +117,11 @@ class FleetRunner:
     """
 
     def __init__(
-        self, engines: int, plan: FaultPlan, config: EngineConfig = DEMO_ENGINE, on_ready: Callable[[int], None] | None = None
+        self,
+        engines: int,
+        plan: FaultPlan,
+        config: EngineConfig | VLLMEngineConfig = DEMO_ENGINE,
+        on_ready: Callable[[int], None] | None = None,
     ) -> None:
         self.on_ready = on_ready
         """Called with an engine's index once it serves, while entering (start-up progress); None = silent."""
@@ -200,6 +205,32 @@ class FleetRunner:
                 proxies=proxies,
                 recover_when_spent=not last,
             )
+        finally:
+            for proxy in proxies:
+                proxy.stop()
+        return FleetRun(report, proxies)
+
+    def run_vllm(
+        self,
+        kind: LoopKind,
+        config: ColocateConfig,
+        *,
+        budget: RestartBudget | None = None,
+        progress: Callable[[StepProgress], None] | None = None,
+        on_proxies: Callable[[list[FaultProxy]], None] | None = None,
+    ) -> FleetRun:
+        """``run`` on a fleet of vLLM engines (``VLLMEngineConfig``): the loop of ``resilience.testing.colocate_vllm``
+        (``"old"``: SkyRL's sequence, ``"ours"``) through fresh proxies playing ``plan``."""
+        from resilience.testing.colocate_vllm import run_colocate_vllm
+
+        proxies = [FaultProxy(e.direct_url, self.plan, e.index, seen_limit=PROXY_RECORDS) for e in self.fleet.engines]
+        self._proxies.extend(proxies)
+        for proxy in proxies:
+            proxy.start()
+        if on_proxies is not None:
+            on_proxies(proxies)
+        try:
+            report = run_colocate_vllm(self.fleet, config, kind, restart_budget=budget, progress=progress, proxies=proxies)
         finally:
             for proxy in proxies:
                 proxy.stop()

@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -159,9 +159,11 @@ def _why(exc: requests.RequestException, timeout: float) -> tuple[str, bool]:
     return type(exc).__name__, False
 
 
-def _run_check(url: str, check: Check, timeout: float, headers: Mapping[str, str], out: dict[str, CheckResult]) -> None:
-    if check.path.startswith(SGLANG_OPEN_PREFIXES):
-        headers = {}  # SGLang asks no key there: do not spread it
+def _run_check(
+    url: str, check: Check, timeout: float, headers: Mapping[str, str], out: dict[str, CheckResult], keyed: Callable[[str], bool]
+) -> None:
+    if not keyed(check.path):
+        headers = {}  # the engine asks no key there: do not spread it
     t0 = time.monotonic()
     try:
         with requests.Session() as session:
@@ -180,14 +182,27 @@ def _run_check(url: str, check: Check, timeout: float, headers: Mapping[str, str
     out[check.name] = CheckResult(check, response.status_code, latency, data, key_sent="Authorization" in headers)
 
 
-def probe_engines(urls: Sequence[str], timeout: float, api_key: str | None = None) -> list[EngineProbe]:
-    """Run every check against every engine concurrently; return within about ``2 * timeout + 1`` seconds."""
+def _sglang_keyed(path: str) -> bool:
+    return not path.startswith(SGLANG_OPEN_PREFIXES)
+
+
+def probe_engines(
+    urls: Sequence[str],
+    timeout: float,
+    api_key: str | None = None,
+    checks: Sequence[Check] = CHECKS,
+    keyed: Callable[[str], bool] = _sglang_keyed,
+) -> list[EngineProbe]:
+    """Run every check (default ``CHECKS``, SGLang's) against every engine concurrently; return within about
+    ``2 * timeout + 1`` seconds. ``keyed``: whether the API key goes to a path (default: SGLang's guarded ones)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     outs: list[dict[str, CheckResult]] = [{} for _ in urls]
     threads = [
-        threading.Thread(target=_run_check, args=(url, check, timeout, headers, out), name=f"cpr-probe-{check.name}", daemon=True)
+        threading.Thread(
+            target=_run_check, args=(url, check, timeout, headers, out, keyed), name=f"cpr-probe-{check.name}", daemon=True
+        )
         for url, out in zip(urls, outs, strict=True)
-        for check in CHECKS
+        for check in checks
     ]
     for t in threads:
         t.start()
@@ -196,7 +211,7 @@ def probe_engines(urls: Sequence[str], timeout: float, api_key: str | None = Non
         t.join(max(0.0, deadline - time.monotonic()))
     probes = []
     for url, out in zip(urls, outs, strict=True):
-        results = {c.name: out.get(c.name) or CheckResult(c, error=f"no answer in {timeout:g} s") for c in CHECKS}
+        results = {c.name: out.get(c.name) or CheckResult(c, error=f"no answer in {timeout:g} s") for c in checks}
         probes.append(EngineProbe(url, timeout, results))
     return probes
 
@@ -220,6 +235,10 @@ def run_probe(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise CliError(f"--api-key-env {args.api_key_env}: that environment variable is not set", 2)
+    if getattr(args, "engine", "sglang") == "vllm":
+        from resilience.cli.probe_vllm import run_vllm_probe
+
+        return run_vllm_probe(urls, args.timeout)
     probes = probe_engines(urls, args.timeout, api_key)
     console = make_console()
     for probe in probes:

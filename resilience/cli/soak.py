@@ -36,17 +36,20 @@ from typing import Any
 
 from resilience.budget import RestartBudget
 from resilience.cli.common import CliError, check_output_file, need, plural, write_json
-from resilience.cli.fleet import FleetRunner, soak_plan
+from resilience.cli.demo_vllm import VLLM_DEMO_ENGINE, vllm_demo_plan
+from resilience.cli.fleet import DEMO_ENGINE, FleetRunner, soak_plan
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
 from resilience.testing.colocate import BASELINE, ColocateConfig, ColocateReport, StepProgress
 from resilience.testing.faults import FaultPlan, FaultPlanError, FaultProxy
 
-__all__ = ["FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak", "seed_caption", "soak_verdict"]
+__all__ = ["DEFAULT_RESTART_EVERY", "FLAT_GROWTH", "RssSampler", "memory_verdict", "run_soak", "seed_caption", "soak_verdict"]
 
 FLAT_GROWTH = 0.05
 """Growth of mean memory still called flat, as a fraction: 5 % (the 10 % of steps after warm-up -> the last 10 %)."""
 
 _MB = 1024 * 1024
+DEFAULT_RESTART_EVERY = 50
+"""``--restart-every``'s value when it is not given (SGLang engines; vLLM's loop kills no controller)."""
 
 
 def _pss_bytes(pid: int) -> int | None:
@@ -167,21 +170,29 @@ def seed_caption(seed: int, plan_seed: int, *, from_file: bool, given: bool) -> 
 def run_soak(args: argparse.Namespace) -> int:
     """Run the soak from parsed arguments; exit 0 when no step failed, no engine died and no request was lost, else 1."""
     report_path = check_output_file(Path(args.report), "--report", (".json",))
+    vllm = getattr(args, "engine", "sglang") == "vllm"
+    restart_every = args.restart_every if args.restart_every is not None else (0 if vllm else DEFAULT_RESTART_EVERY)
+    if vllm and restart_every:
+        raise CliError("cpr soak --engine vllm does not kill the controller: --restart-every takes only 0 there", 2)
     if args.fault_plan:
         try:
             plan = FaultPlan.load(args.fault_plan)
         except FaultPlanError as exc:
             raise CliError(f"bad --fault-plan: {exc}") from None
+    elif vllm:
+        plan = vllm_demo_plan(args.seed or 0)
     else:
         plan = soak_plan(args.seed or 0)
     seed = args.seed if args.seed is not None else plan.seed  # with a plan file and no --seed: the plan's, for everything
     need("psutil", "cli", "cpr soak")
-    config = ColocateConfig(steps=args.steps, seed=seed, controller_kill_every=args.restart_every or None)
+    config = ColocateConfig(steps=args.steps, seed=seed, controller_kill_every=restart_every or None)
     title = "old way" if args.way == BASELINE else "ours"  # --way names the loop: "old" (the baseline) or "ours"
     t_start = time.monotonic()
     with RunProgress() as ui:
-        started = ui.counter(f"starting {plural(args.engines, 'emulated engine')}", args.engines)
-        with FleetRunner(args.engines, plan, on_ready=started) as runner:
+        what = "emulated vLLM engine" if vllm else "emulated engine"
+        started = ui.counter(f"starting {plural(args.engines, what)}", args.engines)
+        engine = VLLM_DEMO_ENGINE if vllm else DEMO_ENGINE
+        with FleetRunner(args.engines, plan, engine, on_ready=started) as runner:
             ui.print(f"engines ready: pids {' '.join(map(str, runner.pids()))}")
             sampler = RssSampler(runner.memory_pids)
             sampler.sample(0)
@@ -200,7 +211,10 @@ def run_soak(args: argparse.Namespace) -> int:
                 show(p)
 
             budget = RestartBudget(config.restart_limit)
-            run = runner.run(args.way, config, budget=budget, progress=on_step, last=True, on_proxies=proxies.extend)
+            if vllm:
+                run = runner.run_vllm(args.way, config, budget=budget, progress=on_step, on_proxies=proxies.extend)
+            else:
+                run = runner.run(args.way, config, budget=budget, progress=on_step, last=True, on_proxies=proxies.extend)
             report = run.report
             ui.run_ended(title, report)
             proxy_records = sum(len(proxy.seen) for proxy in run.proxies)
@@ -214,12 +228,13 @@ def run_soak(args: argparse.Namespace) -> int:
     rows.append(["end criteria: no deaths, no failed steps, no requests lost, engine PSS flat", _verdict_cell(verdict)])
     columns = ["", title]
     console = make_console()
-    every = f"every {args.restart_every} steps" if args.restart_every else "never"
+    every = f"every {restart_every} steps" if restart_every else "never"
     seeds = seed_caption(seed, plan.seed, from_file=bool(args.fault_plan), given=args.seed is not None)
     caption = (
         f"{plural(args.engines, 'engine')}, {plural(args.steps, 'step')}, {seeds}, "
         f"controller killed {every}, "
-        f"fault plan: {args.fault_plan or 'seed_like + ambiguous + status_after'}"
+        f"fault plan: {args.fault_plan or ('vllm_like + ambiguous' if vllm else 'seed_like + ambiguous + status_after')}"
+        + (", vLLM 0.33.0 engines" if vllm else "")
     )
     console.print(rich_table("cpr soak", columns, rows, caption=caption))
     console.print(
@@ -235,7 +250,8 @@ def run_soak(args: argparse.Namespace) -> int:
         "engines": args.engines,
         "steps": args.steps,
         "way": args.way,
-        "restart_every": args.restart_every,
+        "restart_every": restart_every,
+        "engine": "vllm" if vllm else "sglang",
         "verdict": verdict,
         "fault_plan": plan.to_dict(),
         "fault_plan_file": args.fault_plan,

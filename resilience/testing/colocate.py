@@ -207,6 +207,8 @@ class ColocateReport:
     the engine had acted on it."""
     requests_aborted_rerun: int = 0
     requests_lost: int = 0
+    garbage_completions: int = 0
+    """Completions answered 200 with text no intact weights give (vLLM after a level-2 sleep woken without an update); vLLM runs only."""
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     stopped_early: str | None = None

@@ -69,8 +69,9 @@ CASES = [
     (["policies", "--over-sglang"], 2, "--over-sglang needs --file"),
     (["dashboards", "--out", "file.txt"], 2, "is not a folder"),
     (["dashboards", "--chek"], 2, "unrecognized arguments: --chek"),
-    # abbreviations are refused: --engine is not --engines, --step not --steps
-    (["demo", "--engine", "2"], 2, "cpr demo: error: unrecognized arguments: --engine 2"),
+    # abbreviations are refused: --engine is not --engines (it is the engine kind), --step not --steps
+    (["demo", "--engine", "2"], 2, "cpr demo: error: argument --engine: invalid choice: '2'"),
+    (["demo", "--engin", "2"], 2, "cpr demo: error: unrecognized arguments: --engin 2"),
     (["soak", "--step", "3"], 2, "cpr soak: error: unrecognized arguments: --step 3"),
     (["probe", "--time", "3", "http://127.0.0.1:1"], 2, "cpr probe: error: unrecognized arguments: --time "),
     (["policies", "--fil", "bad.toml"], 2, "unrecognized arguments: --fil bad.toml"),

@@ -38,3 +38,16 @@ def _verify(client: SGLangClient) -> None:
     orch.onload(verify=["v1"])  # type: ignore[list-item]
     with orch.weight_sync(verify=checks):
         pass
+
+
+def _barrier_engines(url: str) -> None:
+    """``VLLMEngine`` satisfies the barrier's engine contract (``AsyncVLLMEngine`` the async one); a bare client does not."""
+    from resilience.adapters.vllm import AsyncVLLMEngine, VLLMEngine
+    from resilience.barrier import AsyncControlPlaneEngine, ControlPlaneEngine
+
+    engine: ControlPlaneEngine = VLLMEngine(url)
+    async_engine: AsyncControlPlaneEngine = AsyncVLLMEngine(url)
+    bare: ControlPlaneEngine = VLLMClient(url)  # type: ignore[assignment]
+    mixed: list[EngineGroup[ControlPlaneEngine]] = [EngineGroup([engine]), EngineGroup([SGLangClient(url)])]
+    Orchestrator(mixed)  # an SGLang fleet and a vLLM one in one orchestrator
+    del async_engine, bare

@@ -25,6 +25,6 @@ Importing this package imports neither FastAPI nor uvicorn.
 from __future__ import annotations
 
 from .config import DEV_MODE_ENV, VLLM_VERSION, VLLMEngineConfig
-from .text import expected_completion
+from .text import expected_checksums, expected_completion
 
-__all__ = ["DEV_MODE_ENV", "VLLM_VERSION", "VLLMEngineConfig", "expected_completion"]
+__all__ = ["DEV_MODE_ENV", "VLLM_VERSION", "VLLMEngineConfig", "expected_checksums", "expected_completion"]

@@ -54,7 +54,7 @@ from typing import Literal, get_args
 from ..memory_state import MemoryStateWriter
 from .config import VLLMEngineConfig
 from .crash import die_of_illegal_memory_access
-from .text import ZERO_CONTENT, garbage_content, token, weights_content
+from .text import ZERO_CONTENT, garbage_content, token, weight_checksums, weights_content
 
 __all__ = ["SLEEP_TAGS", "EngineCore", "EnginePausedError", "PauseMode", "PauseState", "Request", "UtilityError"]
 
@@ -385,10 +385,7 @@ class EngineCore:
         """``compute_weight_checksums``: one checksum per parameter, from the weights' content; reading slept weights is fatal."""
         if self._memory_gone(("weights",)):
             die_of_illegal_memory_access("compute_weight_checksums read slept weights")
-        import hashlib
-
-        names = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
-        return {name: hashlib.sha256(f"{self.weights}\x00{name}".encode()).hexdigest()[:16] for name in names}
+        return weight_checksums(self.weights)
 
     def _backend_class(self) -> str:
         backend = self.config.weight_transfer_backend or "nccl"

@@ -14,7 +14,18 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["VOCAB", "ZERO_CONTENT", "count_tokens", "expected_completion", "garbage_content", "token", "weights_content"]
+__all__ = [
+    "PARAMETERS",
+    "VOCAB",
+    "ZERO_CONTENT",
+    "count_tokens",
+    "expected_checksums",
+    "expected_completion",
+    "garbage_content",
+    "token",
+    "weight_checksums",
+    "weights_content",
+]
 
 VOCAB = (
     " alpha", " bravo", " charlie", " delta", " echo", " foxtrot", " golf", " hotel",
@@ -47,6 +58,20 @@ def expected_completion(prompt: str, weight_version: str, max_tokens: int) -> st
     """The text intact weights of ``weight_version`` answer to ``prompt`` with ``max_tokens`` tokens."""
     content = weights_content(weight_version)
     return "".join(token(content, prompt, i) for i in range(max_tokens))
+
+
+PARAMETERS = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
+"""The parameters an emulated engine's ``/weight_checker`` reports a checksum for."""
+
+
+def weight_checksums(content: str) -> dict[str, str]:
+    """The ``/weight_checker`` checksums of weights holding ``content`` (one per parameter of ``PARAMETERS``)."""
+    return {name: hashlib.sha256(f"{content}\x00{name}".encode()).hexdigest()[:16] for name in PARAMETERS}
+
+
+def expected_checksums(weight_version: str) -> dict[str, str]:
+    """The checksums intact weights of ``weight_version`` have: what a trainer that pushed them expects."""
+    return weight_checksums(weights_content(weight_version))
 
 
 def count_tokens(text: str) -> int:

@@ -1,0 +1,400 @@
+"""The colocated RL loop on emulated vLLM engines: SkyRL's sequence (``"old"``) against the barrier (``"ours"``).
+
+Each step: rollout (completions on every engine, plus stragglers that arrive
+around the offload), offload, a training pause, then onload and weight sync,
+and a check of every completion against the text intact weights give
+(``expected_completion``): "a 200 that isn't healthy" is counted.
+
+The old way is SkyRL's colocated sequence (``field-2026.md``; SkyRL
+``workers/worker_dispatch.py`` ~l.645-710, ``trainer.py`` l.381, and
+``inference_servers/remote_inference_client.py``): after generation
+``/sleep?level=2`` on every server, then ``/wake_up?tags=weights``, the weight
+broadcast (here the native session: start, update, finish), then
+``/wake_up?tags=kv_cache``. Each phase is a bare ``asyncio.gather`` of one
+aiohttp POST per server (``_call_all_servers``): no retry, no timeout (SkyRL's
+``ClientTimeout(total=None)``; capped here at ``OLD_WAY_CAP_S`` so that a hung
+call ends the run's step instead of the run, and counted as hung), and the
+first error propagates without saying which server failed while the others
+keep running.
+
+Ours is ``Orchestrator(EngineGroup([VLLMEngine(u), ...]))`` with the vLLM rules:
+``offload()`` (pause -> sleep level 1), ``onload(tags=["weights"])``, a
+``weight_sync()`` whose body runs ``push_weights`` per engine, ``onload()``
+(wake kv_cache, which resumes). A transition that fails is run again, at most
+``RECONCILE_ROUNDS`` times (vLLM's sleep and wake are idempotent, nothing is
+quarantined).
+
+A failed step is a global restart, as in ``resilience.testing.colocate``: dead
+engines restarted, live ones put in order (woken, resumed, an open weight
+session finished), and the run goes on until the restart budget is spent. An
+engine slept at level 2 and woken by that recovery holds garbage weights until
+the next weight update, and answers 200 (verl #7904): ``garbage_completions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final
+
+import aiohttp
+import requests
+
+from resilience.adapters.vllm import VLLM_POLICIES, VLLMClient, VLLMEngine, VLLMError
+from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.budget import RestartBudget
+from resilience.events import Observer
+from resilience.policy import PolicyTable
+from resilience.testing.colocate import (
+    _TRANSPORT_REASONS,
+    BASELINE,
+    ColocateConfig,
+    ColocateReport,
+    LoopKind,
+    StepProgress,
+    _Counter,
+    _injected_ambiguous,
+)
+from resilience.testing.emulator import EmulatedFleet, EngineHandle
+from resilience.testing.emulator.vllm import expected_checksums
+from resilience.testing.emulator.vllm.text import token, weights_content
+from resilience.testing.faultplan import VLLM_CONTROL_PATHS
+from resilience.testing.policies import fast_policies
+
+if TYPE_CHECKING:
+    from resilience.testing.faults import FaultProxy
+
+__all__ = ["OLD_WAY_CAP_S", "SKYRL_SLEEP_LEVEL", "run_colocate_vllm", "vllm_demo_policies"]
+
+SKYRL_SLEEP_LEVEL: Final = 2
+"""SkyRL's default sleep level (forced to 1 only with LoRA-only syncs)."""
+OLD_WAY_CAP_S: Final = 10.0
+"""SkyRL's control calls have no timeout; the demo cuts one after this many seconds (counted as a failed step)."""
+CONTROL_TIMEOUT_S: Final = 3.0
+"""Seconds each attempt of ours may take on the control routes of the RL transaction in demo runs (time-scaled)."""
+RECONCILE_ROUNDS: Final = 3
+"""How many times ours runs one transition that failed."""
+_DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
+_SCALED = (
+    "/pause",
+    "/resume",
+    "/sleep",
+    "/wake_up",
+    "/reset_prefix_cache",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/weight_checker",
+    "/update_weight_version",
+)
+_PAUSED_RETRY_S = 30.0
+"""How long a straggler keeps re-submitting while the engine answers 503 (an abort pause's back-pressure)."""
+_BASE_VERSION = "default"
+COMPLETION_TIMEOUT_S: Final = 10.0
+"""Seconds a completion may take in both ways (an emulated one takes milliseconds; one queued at a sleeping engine hangs)."""
+
+
+def vllm_demo_policies() -> PolicyTable:
+    """VLLM_POLICIES' decisions with backoffs scaled down 10x and the control routes of the RL transaction capped at
+    ``CONTROL_TIMEOUT_S`` a try (an emulated call answers in milliseconds; what is re-sent and what never is stays VLLM_POLICIES')."""
+    table = fast_policies(VLLM_POLICIES, base_s=0.05, cap_s=0.4)
+    scaled = {k: replace(p, attempt_timeout_s=CONTROL_TIMEOUT_S) for k, p in table.entries.items() if k.split(" ", 1)[1] in _SCALED}
+    assert len(scaled) == len(_SCALED), f"VLLM_POLICIES routes changed: {sorted(scaled)}"
+    return table.with_entries(scaled)
+
+
+def _intact(text: str, prompt: str, versions: Sequence[str]) -> bool:
+    """``text`` is what intact weights give: one version's tokens, or (a request kept across a weight update) the first
+    tokens from one version and the rest from another."""
+    words = [" " + w for w in text.split(" ")[1:]]
+    wanted = {v: [token(weights_content(v), prompt, i) for i in range(len(words))] for v in versions}
+    for k in range(len(words) + 1):
+        if any(t[:k] == words[:k] for t in wanted.values()) and any(t[k:] == words[k:] for t in wanted.values()):
+            return True
+    return False
+
+
+class _SkyRL:
+    """SkyRL's control fan-out: one aiohttp session, no timeout (capped), no retry, a bare ``asyncio.gather``."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = list(urls)
+
+    async def _call_server(self, session: aiohttp.ClientSession, url: str, path: str, json: Any = None) -> None:
+        async with session.post(f"{url}{path}", json=json) as r:
+            r.raise_for_status()
+
+    async def _call_all(self, path: str, json: Any = None) -> None:
+        timeout = aiohttp.ClientTimeout(total=OLD_WAY_CAP_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await asyncio.gather(*(self._call_server(session, u, path, json) for u in self.urls))
+
+    def call_all(self, path: str, json: Any = None) -> None:
+        """POST ``path`` to every server at once; the first error propagates (which server: lost)."""
+        asyncio.run(self._call_all(path, json))
+
+    def weight_sync(self, version: str) -> None:
+        """The broadcast of one version: start, one update, finish (each a bare gather)."""
+        self.call_all("/start_weight_update")
+        self.call_all("/update_weights", {"update_info": {"names": ["w"], "version": version}})
+        self.call_all("/finish_weight_update", {"weight_version": version})
+
+
+class _VLLMLoop:
+    def __init__(
+        self,
+        fleet: EmulatedFleet,
+        config: ColocateConfig,
+        kind: LoopKind,
+        observers: Sequence[Observer],
+        budget: RestartBudget,
+        policies: PolicyTable,
+        urls: Sequence[str],
+        proxies: Sequence[FaultProxy | None] = (),
+    ) -> None:
+        self.fleet, self.config, self.kind, self.urls = fleet, config, kind, list(urls)
+        self.proxies = {i: p for i, p in enumerate(proxies) if p is not None}
+        self.rng = random.Random(f"{config.seed}:{kind}:vllm")
+        self.budget = budget
+        self.counter = _Counter()
+        self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
+        self.pool = ThreadPoolExecutor(max(4, len(self.urls) * (config.stragglers + config.rollout_requests + 1)))
+        self.bare = requests.Session()
+        self.bare.trust_env = False
+        self.skyrl = _SkyRL(self.urls)
+        self._policies, self._observers = policies, (*observers, self.counter)
+        self._orch_observers = observers
+        self.versions = {_BASE_VERSION}
+        self._lock = threading.Lock()
+        self.stragglers: list[Future[str]] = []
+        self.engines = self._new_engines()
+        self.orch = self._orchestrator()
+        self._init_transfer()
+
+    def _new_engines(self) -> list[VLLMEngine]:
+        return [VLLMEngine(VLLMClient(u, policies=self._policies, observers=self._observers, api_version="0.33.0")) for u in self.urls]
+
+    def _orchestrator(self) -> Orchestrator[VLLMEngine]:
+        return Orchestrator(EngineGroup(self.engines), observers=self._orch_observers, deadlines=_DEADLINES, restart_budget=self.budget)
+
+    def _init_transfer(self) -> None:
+        """Each server's weight-transfer group, once (SkyRL: ``/init_weight_transfer_engine`` per server at start)."""
+        for handle in self.fleet.engines:
+            self.bare.post(f"{handle.direct_url}/init_weight_transfer_engine", json={"init_info": {"rank_offset": 0}}, timeout=30)
+
+    # -- generation ------------------------------------------------------------------------
+
+    def _complete(self, i: int, prompt: str) -> tuple[str, str | None]:
+        """One completion on engine ``i``: (text, finish reason); 503 answers (a pause's back-pressure) are re-submitted."""
+        give_up = time.monotonic() + _PAUSED_RETRY_S
+        while True:
+            try:
+                if self.kind == BASELINE:
+                    body = {"prompt": prompt, "max_tokens": self.config.max_new_tokens}
+                    r = self.bare.post(f"{self.urls[i]}/v1/completions", json=body, timeout=COMPLETION_TIMEOUT_S)
+                    r.raise_for_status()
+                    choice = r.json()["choices"][0]
+                    return choice["text"], choice.get("finish_reason")
+                out = self.engines[i].client.complete(prompt, max_tokens=self.config.max_new_tokens)
+                return out.text, out.finish_reason
+            except (requests.HTTPError, VLLMError) as exc:
+                status = getattr(getattr(exc, "response", None), "status_code", None) or getattr(exc, "status", None)
+                if status != 503 or time.monotonic() > give_up:
+                    raise
+                time.sleep(0.05)
+
+    def _checked(self, i: int, prompt: str) -> str:
+        """A completion, re-submitted when aborted (as rollouts do); counts garbage (a 200 no intact weights give)."""
+        for _ in range(3):
+            try:
+                text, finish = self._complete(i, prompt)
+            except requests.RequestException:
+                return "lost"
+            if finish == "abort":
+                with self._lock:
+                    self.report.requests_aborted_rerun += 1
+                continue
+            if not _intact(text, prompt, list(self.versions)):
+                with self._lock:
+                    self.report.garbage_completions += 1
+            return "done"
+        return "lost"
+
+    def _straggler(self, i: int, delay: float, prompt: str) -> str:
+        time.sleep(delay)
+        return self._checked(i, prompt)
+
+    # -- the two ways ----------------------------------------------------------------------
+
+    def _timed(self, phase: str, fn: Callable[[], object]) -> None:
+        t0 = time.monotonic()
+        fn()
+        self.report.phase_seconds.setdefault(phase, []).append(time.monotonic() - t0)
+
+    def _ours(self, transition: Callable[[], object]) -> None:
+        for round_ in range(1, RECONCILE_ROUNDS + 1):
+            try:
+                transition()
+                return
+            except PhaseFailed as exc:
+                if exc.dead or round_ == RECONCILE_ROUNDS:
+                    raise
+
+    def _ours_sync(self, version: str) -> None:
+        with self.orch.weight_sync(mode="retract") as engines:
+            expected = expected_checksums(version)  # what the trainer knows of the weights it pushes
+
+            def push(e: VLLMEngine) -> object:
+                return e.push_weights([{"names": ["w"], "version": version}], version=version, expected=expected)
+
+            list(self.pool.map(push, engines))
+
+    def step(self, n: int) -> None:
+        cfg, version = self.config, f"v{n}"
+        engines = range(len(self.urls))
+        rollout = [self.pool.submit(self._checked, i, f"s{n}-e{i}-r{k}") for i in engines for k in range(cfg.rollout_requests)]
+        for f in rollout:
+            f.result(timeout=120)
+        stragglers = [
+            self.pool.submit(self._straggler, i, self.rng.uniform(0, cfg.straggler_window_s), f"s{n}-e{i}-late{k}")
+            for i in engines
+            for k in range(cfg.stragglers)
+        ]
+        self.stragglers = stragglers
+        if self.kind == BASELINE:
+            self._timed("offload", lambda: self.skyrl.call_all(f"/sleep?level={SKYRL_SLEEP_LEVEL}"))
+            time.sleep(cfg.train_s)
+            self._timed("onload", lambda: self.skyrl.call_all("/wake_up?tags=weights"))
+            self.versions.add(version)
+            self._timed("weight_sync", lambda: self.skyrl.weight_sync(version))
+            self._timed("onload", lambda: self.skyrl.call_all("/wake_up?tags=kv_cache"))
+        else:
+            self._timed("offload", lambda: self._ours(self.orch.offload))
+            time.sleep(cfg.train_s)
+            self._timed("onload", lambda: self._ours(lambda: self.orch.onload(tags=["weights"])))
+            self.versions.add(version)
+            self._timed("weight_sync", lambda: self._ours(lambda: self._ours_sync(version)))
+            self._timed("onload", lambda: self._ours(self.orch.onload))
+
+    def collect(self) -> None:
+        """Wait for the step's stragglers, once the engines are in order (requests queued at a sleeping engine hang until its wake)."""
+        stragglers, self.stragglers = self.stragglers, []
+        self.report.requests_lost += sum(1 for f in stragglers if f.result(timeout=120) == "lost")
+
+    # -- recovery: a global restart ------------------------------------------------------
+
+    def _put_in_order(self, engine: EngineHandle) -> None:
+        proxy = self.proxies.get(engine.index)
+        if proxy is not None:  # a control call reset after sending may still be landing: read the state once it has
+            proxy.settle(paths=VLLM_CONTROL_PATHS)
+        state, url = engine.state(), engine.direct_url
+        if state.get("weight_update_active"):
+            self.bare.post(f"{url}/finish_weight_update", json={}, timeout=30)
+        if state.get("sleeping_tags"):
+            self.bare.post(f"{url}/wake_up", timeout=30)
+        if state.get("pause_state") != "unpaused":
+            self.bare.post(f"{url}/resume", timeout=30)
+
+    def recover(self) -> int:
+        """Restart dead engines, put live ones in order, start the controller afresh; returns deaths found."""
+        dead = [e for e in self.fleet.engines if not e.alive()]
+        for engine in dead:
+            engine.stop()
+            engine.spawn()
+        ready_by = time.monotonic() + 120
+        for engine in dead:
+            engine.wait_ready(ready_by)
+        for engine in self.fleet.engines:
+            if engine not in dead:
+                try:
+                    self._put_in_order(engine)
+                except requests.RequestException:
+                    if engine.wait_exit(5.0) is None:
+                        raise
+                    engine.restart()
+                    dead.append(engine)
+        for e in self.engines:
+            e.close()
+        self.engines = self._new_engines()
+        self.orch = self._orchestrator()
+        self._init_transfer()
+        return len(dead)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.bare.close()
+        for e in self.engines:
+            e.close()
+
+
+def run_colocate_vllm(
+    fleet: EmulatedFleet,
+    config: ColocateConfig,
+    kind: LoopKind,
+    *,
+    observers: Sequence[Observer] = (),
+    restart_budget: RestartBudget | None = None,
+    policies: PolicyTable | None = None,
+    progress: Callable[[StepProgress], None] | None = None,
+    proxies: Sequence[FaultProxy] | None = None,
+) -> ColocateReport:
+    """Run ``config.steps`` steps of the loop ``kind`` (``"old"``: SkyRL's sequence, ``"ours"``) on a vLLM ``fleet``.
+
+    ``proxies``: one fault proxy per engine to send every call through (default: the fleet's own URLs).
+    ``policies``: ours' policy table (default ``vllm_demo_policies()``). Stops early when the restart budget is spent.
+    The fleet's engines must run with ``VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend=...)``.
+    """
+    budget = restart_budget if restart_budget is not None else RestartBudget(config.restart_limit)
+    if proxies is not None and len(proxies) != len(fleet.engines):
+        raise ValueError(f"`proxies` must hold one proxy per engine ({len(fleet.engines)}), but held {len(proxies)}")
+    counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
+    urls = [p.url for p in proxies] if proxies is not None else fleet.urls
+    loop = _VLLMLoop(fleet, config, kind, observers, budget, policies if policies is not None else vllm_demo_policies(), urls, counted)
+    report = loop.report
+    before, before_ambiguous = sum(p.injected_count(502) for p in counted if p is not None), _injected_ambiguous(counted)
+    t0 = time.monotonic()
+    try:
+        for n in range(config.steps):
+            error: str | None = None
+            cause = "engine death"
+            started_ns = time.monotonic_ns()
+            try:
+                loop.step(n)
+            except Exception as exc:
+                cause = type(exc).__name__
+                error = f"step {n}: {cause}: {' '.join(str(exc).split())[:300]}"
+            ended_ns = time.monotonic_ns()
+            deaths = loop.recover()
+            loop.collect()
+            report.engine_deaths += deaths
+            if error is None and deaths == 0:
+                report.steps_finished += 1
+            else:
+                report.failed_steps += 1
+                report.failures.append(error or f"step {n}: {deaths} engine(s) died")
+                if budget.remaining == 0:
+                    report.stopped_early = f"restart budget spent at step {n}: the run is over"
+                else:
+                    budget.record(cause, step=n)
+                    report.restarts += 1
+            report.restart_budget_left = budget.remaining
+            if progress is not None:
+                ok = error is None and deaths == 0
+                last = report.failures[-1] if not ok else None
+                progress(StepProgress(kind, n + 1, config.steps, ok, report.restarts, report.engine_deaths, last, started_ns, ended_ns))
+            if report.stopped_early:
+                break
+    finally:
+        loop.close()
+    report.http_502_seen = sum(p.injected_count(502) for p in counted if p is not None) - before
+    report.http_502_absorbed = loop.counter.absorbed
+    report.retried_502 = loop.counter.retries.get("status_502", 0)
+    report.resent_after_error = sum(n for why, n in loop.counter.retries.items() if why in _TRANSPORT_REASONS)
+    report.ambiguous_faults_seen = _injected_ambiguous(counted) - before_ambiguous
+    report.wall_s = time.monotonic() - t0
+    return report
