@@ -28,10 +28,24 @@ PAUSE_502 = FaultPlan(seed=10, rules=(FaultRule("/pause_generation", "status_bef
 """Engine 1's proxy answers every pause with 502 without forwarding it; engine 0's proxy passes everything."""
 
 
-@pytest.fixture
-def fleet() -> Iterator[EmulatedFleet]:
+@pytest.fixture(scope="module")
+def shared_fleet() -> Iterator[EmulatedFleet]:
+    """Two engines behind their proxies for the whole module (one fleet start instead of one per test)."""
     with EmulatedFleet(2, FAST_ENGINE, fault_plan=PAUSE_502) as f:
         yield f
+
+
+@pytest.fixture
+def fleet(shared_fleet: EmulatedFleet) -> Iterator[EmulatedFleet]:
+    """The module's fleet with every engine alive: one a test killed is restarted first (same port, fresh state).
+
+    No test leaves an engine paused or released (engine 1's pauses never reach it), so a live engine is as a new one;
+    the proxies stay, so a test reads only what its own calls added to them (the counts before it, subtracted).
+    """
+    for engine in shared_fleet.engines:
+        if not engine.alive():
+            engine.restart()
+    yield shared_fleet
 
 
 def model_info_calls(fleet: EmulatedFleet, i: int) -> int:
@@ -40,6 +54,7 @@ def model_info_calls(fleet: EmulatedFleet, i: int) -> int:
 
 def test_a_killed_engine_behind_the_proxy_is_named_dead_with_the_calls_attempts(fleet: EmulatedFleet) -> None:
     """SGLangClient.pause_generation on a killed engine: EngineDied, caused by the 502 SGLangError, within the phase deadline."""
+    seen_before = len(fleet.engines[0].proxy.seen)  # type: ignore[union-attr]
     fleet.engines[0].kill()
     with SGLangClient(fleet.urls[0], policies=FAST_SGLANG) as client, Deadline(10), pytest.raises(EngineDied) as caught:
         client.pause_generation("abort")
@@ -49,18 +64,19 @@ def test_a_killed_engine_behind_the_proxy_is_named_dead_with_the_calls_attempts(
     assert {a.status for a in attempts} == {502}
     assert isinstance(died.__cause__, SGLangError) and died.__cause__.status == 502
     assert "POST /pause_generation" in str(died) and "GET /model_info failed too" in str(died)
-    seen = fleet.engines[0].proxy.seen  # type: ignore[union-attr]
+    seen = fleet.engines[0].proxy.seen[seen_before:]  # type: ignore[union-attr]
     assert any(s.path == "/model_info" and s.upstream_error == "ConnectionRefusedError" for s in seen)
 
 
 def test_a_live_engine_whose_route_answers_502_keeps_the_original_error(fleet: EmulatedFleet) -> None:
     """Every pause answered 502 by the proxy, /model_info answered by the engine: SGLangError 502, not EngineDied."""
+    checks_before = model_info_calls(fleet, 1)
     with SGLangClient(fleet.urls[1], policies=FAST_SGLANG) as client:
         with pytest.raises(SGLangError, match="HTTP 502") as caught:
             client.pause_generation("abort")
         assert not isinstance(caught.value, EngineDied)
         assert client.continue_generation().message == "Generation continued successfully."  # never paused: harmless
-    assert model_info_calls(fleet, 1) == 1 and fleet.engines[1].alive()
+    assert model_info_calls(fleet, 1) == checks_before + 1 and fleet.engines[1].alive()
 
 
 def test_a_call_ended_by_its_deadline_on_502s_is_checked_with_the_time_left(fleet: EmulatedFleet) -> None:
