@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psutil
@@ -88,6 +89,21 @@ def refusing_port() -> Iterator[int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield int(s.getsockname()[1])
+
+
+@contextmanager
+def port_held(url: str) -> Iterator[None]:
+    """Keep the port of ``url``'s dead server refusing for the block: bound (SO_REUSEADDR: past its TIME_WAITs), never listening.
+
+    A freed port is anyone's: while a client retries a refused connect (SGLANG_POLICIES' connect window: 5 s),
+    another test's engine or proxy (the other xdist worker's, or another run's) may bind it, answer, and the dead
+    engine would look alive. Bound here, the kernel resets each connect, and no automatic bind (port 0) picks it.
+    """
+    port = int(url.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        yield
 
 
 def require_tool(name: str) -> str:
