@@ -10,4 +10,8 @@ bash scripts/setup.sh
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site"
-.venv/bin/python -m pytest "$@"
+# The suite on CPR_TEST_WORKERS pytest-xdist workers (default 2: most tests wait on engines, sockets and
+# subprocesses, so two workers overlap those waits even on 2 cores). tests/conftest.py schedules it safely
+# (each module whole on one worker, the Ray modules as one unit, tests/frameworks last). CPR_TEST_WORKERS=0
+# runs it in this one process. Arguments go on to pytest (after -n, so a later -n wins).
+.venv/bin/python -m pytest -n "${CPR_TEST_WORKERS:-2}" "$@"

@@ -19,6 +19,7 @@ from resilience.events import Event, PhaseEnded, TransitionEnded
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultPlan, FaultRule
 from tests.barrier.conftest import Backend
+from tests.conftest import port_held
 from tests.sglang.conftest import FAST_ENGINE, FAST_SGLANG
 
 
@@ -128,7 +129,7 @@ def test_one_dead_engine_named_others_continue(backend: Backend) -> None:
                             deadlines=PhaseDeadlines(transition_s=30, pause_s=20), restart_budget=budget)
         fleet.engines[5].kill()
         t0 = time.monotonic()
-        with pytest.raises(PhaseFailed) as info:
+        with port_held(fleet.urls[5]), pytest.raises(PhaseFailed) as info:  # no other server takes the dead one's port meanwhile
             orch.offload()
         assert time.monotonic() - t0 < 30
         err = info.value

@@ -18,8 +18,19 @@ FAST_SGLANG: PolicyTable = fast_policies(SGLANG_POLICIES, attempt_timeout_s=5.0,
 """SGLANG_POLICIES' decisions with test-sized waits."""
 
 
-@pytest.fixture
-def fleet1() -> Iterator[EmulatedFleet]:
-    """One fresh engine (tests may kill it)."""
+@pytest.fixture(scope="module")
+def one_engine_fleet() -> Iterator[EmulatedFleet]:
+    """One engine for the whole module: :func:`fleet1` hands it out fresh to each test."""
     with EmulatedFleet(1, FAST_ENGINE) as fleet:
         yield fleet
+
+
+@pytest.fixture
+def fleet1(one_engine_fleet: EmulatedFleet) -> Iterator[EmulatedFleet]:
+    """One fresh engine (tests may kill it, or leave it paused, released or mid-flush).
+
+    The module's one fleet, its engine restarted after each test (same port, a fresh process: fresh state and
+    record), so a module starts one fleet (a zygote importing torch) instead of one per test.
+    """
+    yield one_engine_fleet
+    one_engine_fleet.engines[0].restart()

@@ -212,7 +212,9 @@ def test_sleep_modes_with_a_request_in_flight(engine: EngineHandle, http: reques
     drained = in_flight(pool, http, engine, max_tokens=50)  # 0.5 s at 100 tokens/s
     slept = http.post(engine.url + "/sleep", params={"level": 1, "mode": "wait"}, timeout=TIMEOUT)  # returns once drained
     assert slept.json() == {"status": "sleeping", "level": 1}
-    assert drained.done() and drained.result().json()["choices"][0]["finish_reason"] == "length"
+    # finished in full before the wake below: an engine asleep generates nothing, so it ran to its end before sleeping
+    # (read with a timeout: the client thread may still be reading the answer the engine sent before /sleep returned)
+    assert drained.result(timeout=TIMEOUT).json()["choices"][0]["finish_reason"] == "length"
     assert engine.state()["sleeping_tags"] == ["kv_cache", "weights"]
     http.post(engine.url + "/wake_up", timeout=TIMEOUT)
 
