@@ -25,8 +25,9 @@ outside the middleware: each hop is its own logical call.
   attempt and, for ``total``, over the whole call (which then ends as a plain
   ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
   core chose: ``connect`` until aiohttp has sent the request, then ``read``
-  from then on, until the response headers (one ``loop.call_at`` timer per
-  attempt, moved when aiohttp's ``ClientRequest.send`` returns). It fails
+  from then on, until the response headers (the limit moves when aiohttp's
+  ``ClientRequest.send`` returns; one ``loop.call_at`` handle per event loop
+  watches every attempt's limit, ``_Timers``). It fails
   as aiohttp would: ``ConnectionTimeoutError`` before sending,
   ``SocketTimeoutError`` after.
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
@@ -65,6 +66,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
+import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from contextvars import ContextVar
 from types import CodeType
@@ -249,22 +252,94 @@ async def _discard(response: ClientResponse) -> None:
         response.release()
 
 
+class _Timers:
+    """The attempt timers of one event loop, behind one ``loop.call_at`` handle armed at the earliest limit it knows.
+
+    Each timed attempt used to arm and cancel a ``loop.call_at`` handle of its
+    own; on a loop doing I/O that is a ``TimerHandle`` built, pushed on the
+    loop's heap and compared there in Python (``TimerHandle.__lt__``) until it
+    pops, cancelled, long after the attempt (most attempts end well inside
+    their limit). Here an attempt joins a set (``add``), moves its limit in
+    place (``moved``) and leaves the set (``discard``); the handle is re-armed
+    only when a limit comes earlier than the one it is armed at. When it
+    fires, every attempt whose limit has come expires (its task is
+    cancelled, as ``asyncio.timeout`` would) and the handle is armed at the
+    next limit, if any: a limit that moved later is checked then. A stopped
+    attempt leaves the handle armed (it fires once, finds nothing, and stays
+    off). One per loop (``_timers_of``); only its loop's thread touches it.
+    """
+
+    __slots__ = ("_at", "_handle", "_loop", "timers")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)  # a loop's scheduled handle holds this object: no strong reference back
+        self._at = math.inf
+        self._handle: asyncio.TimerHandle | None = None
+        self.timers: set[_AttemptTimer] = set()
+
+    def owned_by(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return self._loop() is loop
+
+    def moved(self, loop: asyncio.AbstractEventLoop, limit_at: float | None) -> None:
+        """A timer's limit is now ``limit_at`` (None: none): arm the handle there when that is earlier than where it is."""
+        if limit_at is not None and limit_at < self._at:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._at = limit_at
+            self._handle = loop.call_at(limit_at, self._fire)
+
+    def _fire(self) -> None:
+        at, self._at, self._handle = self._at, math.inf, None
+        loop = self._loop()
+        if loop is None:
+            return
+        following = math.inf
+        for timer in tuple(self.timers):
+            limit = timer.limit_at
+            if limit is None or timer.expired:
+                continue
+            if limit <= at:  # due: the loop runs a handle at its time (within the clock's resolution)
+                timer.expire()
+            elif limit < following:
+                following = limit
+        if following < math.inf:
+            self.moved(loop, following)
+
+
+_LAST_TIMERS: _Timers | None = None
+"""The ``_Timers`` looked up last (one loop per thread is the common case: no dictionary lookup then)."""
+_TIMERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Timers] = weakref.WeakKeyDictionary()
+"""Each loop's ``_Timers``; it goes with its loop."""
+
+
+def _timers_of(loop: asyncio.AbstractEventLoop) -> _Timers:
+    """``loop``'s ``_Timers``, made on first use."""
+    global _LAST_TIMERS
+    timers = _LAST_TIMERS
+    if timers is not None and timers.owned_by(loop):
+        return timers
+    timers = _TIMERS.get(loop)
+    if timers is None:
+        timers = _TIMERS[loop] = _Timers(loop)
+    _LAST_TIMERS = timers
+    return timers
+
+
 class _AttemptTimer:
-    """The one timer of a timed attempt: ``connect_s`` until aiohttp has sent the request, then ``read_s`` from then on.
+    """The limit of a timed attempt: ``connect_s`` until aiohttp has sent the request, then ``read_s`` from then on.
 
     "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
     and the request written to it): building the timer wraps this attempt's
-    ``send`` to move the limit then, so no timer polls. One ``loop.call_at`` handle, armed
-    at the connect limit; sending moves the limit to ``read_s`` from then, and
-    re-arms the handle at once only when that is earlier (a later limit is
-    checked when the handle fires, which re-arms it). On expiry it cancels the
-    attempt's task, as ``asyncio.timeout`` would; ``stop`` takes that
-    cancellation back and says whether it was this timer's (a cancellation from
-    anywhere else stays one), and ``error`` is the aiohttp error to raise then:
-    ``ConnectionTimeoutError`` before sending, ``SocketTimeoutError`` after.
+    ``send`` to move the limit then, so no timer polls. The limit is watched
+    by the loop's ``_Timers`` (one ``loop.call_at`` handle for all the
+    attempts on the loop). On expiry it cancels the attempt's task, as
+    ``asyncio.timeout`` would; ``stop`` takes that cancellation back and says
+    whether it was this timer's (a cancellation from anywhere else stays one),
+    and ``error`` is the aiohttp error to raise then: ``ConnectionTimeoutError``
+    before sending, ``SocketTimeoutError`` after.
     """
 
-    __slots__ = ("_cancelling", "_handle", "_loop", "_read_s", "_send", "_task", "expired", "limit_at", "sent")
+    __slots__ = ("_cancelling", "_loop", "_read_s", "_send", "_task", "_timers", "expired", "limit_at", "sent")
 
     def __init__(self, request: ClientRequest, connect_s: float | None, read_s: float | None) -> None:
         task = asyncio.current_task()
@@ -278,7 +353,9 @@ class _AttemptTimer:
         self.sent = False
         self.limit_at = None if connect_s is None else loop.time() + connect_s
         """The loop time at which the attempt times out now (None: no limit)."""
-        self._handle = None if self.limit_at is None else loop.call_at(self.limit_at, self._fire)
+        self._timers = timers = _timers_of(loop)
+        timers.timers.add(self)
+        timers.moved(loop, self.limit_at)
         self._send = request.send
         request.send = self._send_then_read  # type: ignore[method-assign]
 
@@ -290,26 +367,17 @@ class _AttemptTimer:
     def _on_sent(self) -> None:
         self.sent = True
         self.limit_at = None if self._read_s is None else self._loop.time() + self._read_s
-        handle = self._handle
-        if handle is not None and (self.limit_at is None or self.limit_at < handle.when()):
-            handle.cancel()
-            self._handle = handle = None
-        if handle is None and self.limit_at is not None:
-            self._handle = self._loop.call_at(self.limit_at, self._fire)
+        if self._task is not None:
+            self._timers.moved(self._loop, self.limit_at)
 
-    def _fire(self) -> None:
-        handle, self._handle = self._handle, None
-        limit = self.limit_at
-        if limit is None or self._task is None:
-            return
-        if handle is not None and limit > handle.when():  # the limit moved later when the request was sent
-            self._handle = self._loop.call_at(limit, self._fire)
-            return
-        self.expired = True
-        self._task.cancel()
+    def expire(self) -> None:
+        """The limit has come (``_Timers``): cancel the attempt's task."""
+        if self._task is not None:
+            self.expired = True
+            self._task.cancel()
 
     def stop(self, request: ClientRequest) -> bool:
-        """Disarm and give ``request`` its own ``send`` back, once; True when this timer cancelled the task (a timeout).
+        """Leave the loop's timers and give ``request`` its own ``send`` back, once; True when this timer cancelled the task (a timeout).
 
         A timer that fired takes its cancellation back (``uncancel``), as
         ``asyncio.timeout`` does on exit; True only when no other
@@ -320,9 +388,7 @@ class _AttemptTimer:
             return False
         self._task = None
         del request.send  # back to the class's method
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._timers.timers.discard(self)
         return self.expired and task.uncancel() <= self._cancelling
 
     def error(self, request: ClientRequest) -> aiohttp.ServerTimeoutError:

@@ -150,18 +150,32 @@ def _at_most(value: object, bound: float | None) -> float | None:
 
 
 def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mapping[str, str]) -> httpx.Request:
-    """The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream."""
+    """The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream.
+
+    A shallow copy of ``request`` (``httpx.Request.__init__`` would rebuild the
+    URL, headers and stream: about 6 us a call): its own ``extensions`` dict,
+    and its own headers only when the carrier adds some. Otherwise it shares
+    the caller's headers object, as a bare transport would get the caller's
+    request itself; the caller's request keeps its own extensions and headers.
+    """
     connect, read = timeouts
-    # httpx.Request copies the headers and the extensions: the caller's request keeps its own
-    attempt = httpx.Request(request.method, request.url, headers=request.headers, stream=request.stream, extensions=request.extensions)
+    attempt = _new_request(httpx.Request)
+    attempt.__dict__.update(request.__dict__)
     own = request.extensions.get("timeout")
     write = pool = None
     if isinstance(own, Mapping):
         write, pool = own.get("write"), own.get("pool")
-    attempt.extensions["timeout"] = {"connect": connect, "read": read, "write": _at_most(write, read), "pool": _at_most(pool, connect)}
+    attempt.extensions = {
+        **request.extensions,
+        "timeout": {"connect": connect, "read": read, "write": _at_most(write, read), "pool": _at_most(pool, connect)},
+    }
     if carrier:
+        attempt.headers = request.headers.copy()
         attempt.headers.update(carrier)
     return attempt
+
+
+_new_request = httpx.Request.__new__
 
 
 @functools.lru_cache(maxsize=1024)

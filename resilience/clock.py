@@ -29,9 +29,8 @@ class Clock(Protocol):
 class SystemClock:
     """The real clock: ``time.monotonic`` and ``time.sleep``."""
 
-    def monotonic(self) -> float:
-        """Seconds from ``time.monotonic``."""
-        return time.monotonic()
+    monotonic = staticmethod(time.monotonic)
+    """Seconds from ``time.monotonic`` (the function itself: the retry core reads the clock several times a call)."""
 
     def sleep(self, seconds: float) -> None:
         """``time.sleep`` for positive values, nothing otherwise."""

@@ -15,6 +15,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from resilience._frozen import quick_init
+
 __all__ = ["AttemptRecord", "CallOutcome", "Delivery", "Outcome", "attempts_of"]
 
 
@@ -63,6 +65,7 @@ class Delivery(enum.StrEnum):
     the reader's rule: a gateway's 502/503/504 may come after the request was handed on."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AttemptRecord:
     """One attempt as it happened; ``.attempts`` on responses and errors is a tuple of these."""

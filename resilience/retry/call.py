@@ -83,6 +83,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from resilience import _config
+from resilience._frozen import quick_init
 from resilience.backoff import backoff_delay
 from resilience.breaker import CircuitBreaker, Permit
 from resilience.budget import RetryBudget
@@ -113,6 +114,7 @@ _call_ids = itertools.count(1)
 log = logging.getLogger("resilience.retry")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Send:
     """Make attempt ``attempt`` now, bounded by ``timeouts``, with ``headers`` added (trace context)."""
@@ -123,6 +125,7 @@ class Send:
     headers: dict[str, str]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Wait(Generic[R]):
     """Release ``discard`` (a response not returned), sleep ``delay_s``, then ask ``next_step()``."""
@@ -140,6 +143,7 @@ class AskProbe:
     context: ProbeContext
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Return(Generic[R]):
     """The call is over: release ``discard`` when set, and return ``response``."""
@@ -149,6 +153,7 @@ class Return(Generic[R]):
     discard: R | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Raise(Generic[R]):
     """The call is over: release ``discard`` when set (it may also be ``error.response``), and raise ``error``."""

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from resilience._frozen import quick_init
 from resilience.backoff import parse_retry_after
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline, current_deadline
@@ -56,6 +57,7 @@ Timeouts = tuple[float | None, float | None]
 """(connect, read) seconds; None = no limit."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AttemptResult(Generic[R]):
     """What the transport saw on one attempt."""
@@ -72,6 +74,7 @@ class AttemptResult(Generic[R]):
     """Seconds from a Retry-After header."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CallSpec:
     """One logical call as the loop needs to know it."""

@@ -454,6 +454,36 @@ async def test_read_limit_runs_from_sending_not_from_the_connect_limit() -> None
 
 
 @pytest.mark.asyncio
+async def test_attempts_on_one_loop_each_keep_their_own_limit() -> None:
+    """One loop watches every attempt's limit: a short limit started after a long one still cuts its attempt, the long one is not cut.
+
+    Concurrent calls on one loop, one session each: a long read limit first, then a short one whose attempt
+    hangs past it, then the long one's server answers late but within its limit.
+    """
+    once = RetryPolicy(max_attempts=1)
+    long_policy = EndpointPolicy(retry=once, attempt_timeout_s=LONG_TIMEOUT, deadline_s=None)
+    short_policy = EndpointPolicy(retry=once, attempt_timeout_s=0.2, deadline_s=None)
+    async with serve(Late(0.6, 200, b"ok")) as slow, serve(Hang(LONG_TIMEOUT)) as hang:
+        async with (
+            session(ResilientMiddleware(table(GET__a=long_policy), breaker=None, retry_budget=None)) as long_s,
+            session(ResilientMiddleware(table(GET__b=short_policy), breaker=None, retry_budget=None)) as short_s,
+            asyncio.timeout(2 * LONG_TIMEOUT),
+        ):
+
+            async def long_call() -> bytes:
+                async with long_s.get(f"{slow.url}/a") as r:
+                    return await r.read()
+
+            started = asyncio.create_task(long_call())
+            await wait_for_hits(slow, 1)  # the long limit is armed first
+            with pytest.raises(aiohttp.SocketTimeoutError) as info:
+                await short_s.get(f"{hang.url}/b")
+            assert not started.done()  # cut at its own limit, not at the long one's
+            assert await started == b"ok"
+    assert [a.error_type for a in info.value.attempts] == ["SocketTimeoutError"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
 async def test_connect_that_never_completes_is_not_sent_and_retried_until_the_deadline() -> None:
     """A connection never accepted times out before sending: NOT_SENT (even for a POST), retried, then aiohttp's own error."""
     policy = EndpointPolicy(

@@ -209,6 +209,7 @@ async def test_502_502_200_is_one_call_three_attempts(drive: Drive, httpserver: 
     delays = [e.delay_s for e in seen.of(RetryScheduled)]
     assert len(delays) == 2 and all(0 <= d <= 0.05 for d in delays)
     assert [req.headers.get("x-carrier") for req, _ in httpserver.log] == ["attempt-0", "attempt-1", "attempt-2"]
+    assert "x-carrier" not in r.request.headers  # each attempt's carrier went on a copy: the caller's request keeps its own headers
     httpserver.check_assertions()
 
 
