@@ -6,13 +6,16 @@ vLLM one (``vllm/server.py``) without either importing the other.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 
-__all__ = ["bind_listener", "listen_url", "parent_problem", "watch_parent"]
+__all__ = ["bind_listener", "listen_url", "parent_problem", "serve_entry", "watch_parent"]
 
 
 def watch_parent(parent_pid: int) -> None:
@@ -62,3 +65,43 @@ def bind_listener(host: str, port: int) -> socket.socket:
 def listen_url(host: str, port: int) -> str:
     """``http://host:port`` (IPv6 hosts in brackets)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve_entry(
+    args: argparse.Namespace, error: str, serve_one: Callable[[socket.socket], int], serve_many: Callable[[], int]
+) -> int:
+    """The checks and the start every engine entry shares, once its config is read from ``args``; the exit status.
+
+    ``args`` carries ``host``, ``port``, ``engines``, ``startup_timeout`` and ``exit_with_parent``; ``error`` begins
+    each error line (``"<prog>: error:"``). Bad values print one line and give 2; then ``serve_many()`` runs a fleet
+    (``--engines`` > 1), or ``serve_one(sock)`` serves on the bound port (1 when it cannot be bound).
+    """
+    if not 0 <= args.port <= 65535:
+        print(f"{error} `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
+        return 2
+    if args.exit_with_parent is not None:
+        problem = parent_problem(args.exit_with_parent)
+        if problem:
+            print(f"{error} --exit-with-parent {args.exit_with_parent}: {problem}", file=sys.stderr)
+            return 2
+    if args.engines < 1 or (args.port and args.port + args.engines - 1 > 65535):
+        print(f"{error} `--engines` must be >= 1 and fit ports {args.port}.. below 65536, but was {args.engines}", file=sys.stderr)
+        return 2
+    if not args.startup_timeout > 0:
+        print(f"{error} `--startup-timeout` must be > 0 seconds, but was {args.startup_timeout}", file=sys.stderr)
+        return 2
+    if args.engines > 1:
+        if args.exit_with_parent is not None:
+            watch_parent(args.exit_with_parent)
+        return serve_many()
+    try:
+        sock = bind_listener(args.host, args.port)
+    except OSError as exc:
+        print(f"{error} cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if args.exit_with_parent is not None:
+        watch_parent(args.exit_with_parent)
+    try:
+        return serve_one(sock)
+    finally:
+        sock.close()

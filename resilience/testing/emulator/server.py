@@ -107,7 +107,7 @@ def main(
     default logging configuration is in place already (a zygote's child inherits it),
     so it is not applied again (only the level is); default False.
     """
-    from .listen import bind_listener, parent_problem, watch_parent
+    from .listen import serve_entry
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if engine_kind(argv) == "vllm":
@@ -127,25 +127,10 @@ def main(
     except ValueError as exc:
         print(f"{error} {exc}", file=sys.stderr)
         return 2
-    if not 0 <= args.port <= 65535:
-        print(f"{error} `--port` must be in 0..65535, but was {args.port}", file=sys.stderr)
-        return 2
-    if args.exit_with_parent is not None:
-        problem = parent_problem(args.exit_with_parent)
-        if problem:
-            print(f"{error} --exit-with-parent {args.exit_with_parent}: {problem}", file=sys.stderr)
-            return 2
-    if args.engines < 1 or (args.port and args.port + args.engines - 1 > 65535):
-        print(f"{error} `--engines` must be >= 1 and fit ports {args.port}.. below 65536, but was {args.engines}", file=sys.stderr)
-        return 2
-    if not args.startup_timeout > 0:
-        print(f"{error} `--startup-timeout` must be > 0 seconds, but was {args.startup_timeout}", file=sys.stderr)
-        return 2
-    if args.engines > 1:
+
+    def serve_many() -> int:
         from .serve_many import serve_fleet
 
-        if args.exit_with_parent is not None:
-            watch_parent(args.exit_with_parent)
         return serve_fleet(
             args.engines,
             config,
@@ -155,17 +140,13 @@ def main(
             log_level=args.log_level,
             memory_state_dir=args.memory_state_dir,
         )
-    try:
-        sock = bind_listener(args.host, args.port)
-    except OSError as exc:
-        print(f"{error} cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    if args.exit_with_parent is not None:
-        watch_parent(args.exit_with_parent)
-    try:
+
+    def serve_one(sock: socket.socket) -> int:
+
         return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
-    finally:
-        sock.close()
+
+
+    return serve_entry(args, error, serve_one, serve_many)
 
 
 def _default_factory(config: EngineConfig, host: str, port: int) -> tuple[FastAPI, Engine]:
