@@ -97,7 +97,11 @@ def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str, commit:
         ("releases/resumes settled by the clients' probe", [str(r.get("probe_verdicts", 0)) for _, _, r in ways]),
         ("502s seen / absorbed", [f"{r['http_502_seen']:,} / {r['http_502_absorbed']:,}" for _, _, r in ways]),
         ("faults after the engine acted", [f"{r['ambiguous_faults_seen']:,}" for _, _, r in ways]),
-        ("PSS, engines + zygote (after warm-up -> last 10 %)", [_mem(d["memory"]["engines"]) for _, d, _ in ways]),
+        (
+            "anonymous PSS, engines + zygote (after warm-up -> last 10 %; judged)",
+            [_mem(d["memory"].get("engines_anon", {})) for _, d, _ in ways],
+        ),
+        ("PSS with shared-library pages (same windows; not judged)", [_mem(d["memory"]["engines"]) for _, d, _ in ways]),
         ("RSS, this process (same windows)", [_mem(d["memory"]["self"]) for _, d, _ in ways]),
         (
             "offload / onload / weight sync p50 (s)",
@@ -109,7 +113,7 @@ def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str, commit:
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
     verdict = ours.get("verdict", {})
     missed = [k.replace("_", " ") for k, ok in verdict.items() if ok is False]
-    met = "met (zero deaths, zero failed steps, zero requests lost, engine PSS flat)."
+    met = "met (zero deaths, zero failed steps, zero requests lost, the engines' anonymous PSS flat)."
     tail = "\nEnd criteria (ours): " + (met if not missed else "missed: " + ", ".join(missed) + ".")
     return head + "\n" + "\n".join(lines) + "\n" + tail + "\n\n" + _commands(ours, old, commit) + "\n"
 
