@@ -44,6 +44,19 @@ def _p50(r: dict[str, Any], phase: str) -> str:
     return "-" if p is None else f"{p:.2f}"
 
 
+def _engine_memory_rows(ways: list[tuple[str, dict[str, Any], dict[str, Any]]], anon_judged: bool) -> list[tuple[str, list[str]]]:
+    """The engines' memory rows: the anonymous PSS (judged) and the whole PSS (not judged: its shared-library pages are
+    split with unrelated processes); a report without the anonymous PSS has one row, the whole PSS, which it judged."""
+    whole = [_mem(d["memory"]["engines"]) for _, d, _ in ways]
+    if not anon_judged:
+        return [("PSS, engines + zygote (after warm-up -> last 10 %; judged)", whole)]
+    anon = [_mem(d["memory"].get("engines_anon", {})) for _, d, _ in ways]
+    return [
+        ("anonymous PSS, engines + zygote (after warm-up -> last 10 %; judged)", anon),
+        ("PSS with shared-library pages (same windows; not judged)", whole),
+    ]
+
+
 def _commands(ours: dict[str, Any], old: dict[str, Any] | None, commit: str | None) -> str:
     """The line that says how to rerun the section: each way's ``cpr soak`` command, the report script, the commit."""
     args = f"--engines {ours['engines']} --steps {ours['steps']} --seed {ours['seed']}"
@@ -84,6 +97,7 @@ def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str, commit:
         "on its journal as it was at the kill; reconciles through the emulator's memory probe only. The old way: "
         f"`--way old` on the same seed (it stops once its restart budget is spent).\n"
     )
+    anon_judged = "engines_anon" in ours.get("memory", {})  # a report from before the anonymous PSS judged the whole PSS
     rows: list[tuple[str, list[str]]] = [
         ("steps finished / failed", [f"{r['steps_finished']} / {r['failed_steps']}" for _, _, r in ways]),
         ("engine deaths", [str(r["engine_deaths"]) for _, _, r in ways]),
@@ -97,7 +111,7 @@ def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str, commit:
         ("releases/resumes settled by the clients' probe", [str(r.get("probe_verdicts", 0)) for _, _, r in ways]),
         ("502s seen / absorbed", [f"{r['http_502_seen']:,} / {r['http_502_absorbed']:,}" for _, _, r in ways]),
         ("faults after the engine acted", [f"{r['ambiguous_faults_seen']:,}" for _, _, r in ways]),
-        ("PSS, engines + zygote (after warm-up -> last 10 %)", [_mem(d["memory"]["engines"]) for _, d, _ in ways]),
+        *_engine_memory_rows(ways, anon_judged),
         ("RSS, this process (same windows)", [_mem(d["memory"]["self"]) for _, d, _ in ways]),
         (
             "offload / onload / weight sync p50 (s)",
@@ -109,7 +123,8 @@ def section(ours: dict[str, Any], old: dict[str, Any] | None, date: str, commit:
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
     verdict = ours.get("verdict", {})
     missed = [k.replace("_", " ") for k, ok in verdict.items() if ok is False]
-    met = "met (zero deaths, zero failed steps, zero requests lost, engine PSS flat)."
+    flat = "the engines' anonymous PSS flat" if anon_judged else "engine PSS flat"
+    met = f"met (zero deaths, zero failed steps, zero requests lost, {flat})."
     tail = "\nEnd criteria (ours): " + (met if not missed else "missed: " + ", ".join(missed) + ".")
     return head + "\n" + "\n".join(lines) + "\n" + tail + "\n\n" + _commands(ours, old, commit) + "\n"
 

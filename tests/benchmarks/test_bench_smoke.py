@@ -158,6 +158,28 @@ def test_soak_notes_section_says_how_to_rerun_it() -> None:
     assert "--way old --report old.json" in last and "commit `abc1234`" in last
 
 
+def test_soak_notes_names_the_memory_each_report_judged() -> None:
+    """A report with the engines' anonymous PSS: that row is judged and the whole PSS is not; an older report without it
+    judged the whole PSS, and its section says so."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import soak_notes
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    way = {"steps_finished": 3, "failed_steps": 0, "engine_deaths": 0, "requests_lost": 0, "restarts": 0, "restart_budget_left": 3,
+           "restart_limit": 3, "controller_restarts": 0, "http_502_seen": 1, "http_502_absorbed": 1, "ambiguous_faults_seen": 0}
+    mem = {"first_mb": 100.0, "last_mb": 101.0, "growth_pct": 1.0, "flat": True}
+    verdict = {"no_deaths": True, "no_failed_steps": True, "no_requests_lost": True, "engines_flat": True}
+    report = {"engines": 2, "steps": 3, "seed": 5, "restart_every": 0, "wall_s": 60.0, "verdict": verdict, "ways": {"ours": way}}
+    new = soak_notes.section({**report, "memory": {"engines": mem, "engines_anon": mem, "self": mem}}, None, "2026-12-01", "abc1234")
+    assert "| anonymous PSS, engines + zygote (after warm-up -> last 10 %; judged) | 100.0 -> 101.0 MB (+1.0 %, flat) |" in new
+    assert "| PSS with shared-library pages (same windows; not judged) |" in new
+    assert "the engines' anonymous PSS flat)." in new
+    old = soak_notes.section({**report, "memory": {"engines": mem, "self": mem}}, None, "2026-11-30", "abc1234")
+    assert "anonymous" not in old and "| PSS, engines + zygote (after warm-up -> last 10 %; judged) |" in old
+    assert "engine PSS flat)." in old
+
+
 def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
     """Raw floor, ThreadFanOut, the async client's gather and the async fan-outs at each N, positive rounds."""
     rows = _rows(_run("bench_barrier_async.py", "--sizes", "2,3", "--repeats", "1", "--latency", "0.01"))

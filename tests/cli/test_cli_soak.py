@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -13,7 +14,8 @@ pytest.importorskip("psutil")
 pytest.importorskip("torch")
 
 from benchmarks.soak_notes import section
-from resilience.cli.soak import seed_caption
+from resilience.cli.soak import memory_verdict, pss_bytes, seed_caption, soak_verdict
+from resilience.testing.colocate import ColocateReport
 from tests.cli.cpr_testlib import run_cpr, table_rows
 
 
@@ -28,8 +30,9 @@ def test_soak_completes_with_zero_deaths_and_a_memory_report(tmp_path: Path) -> 
     assert (ours["steps_finished"], ours["engine_deaths"], ours["failed_steps"], ours["requests_lost"]) == (5, 0, 0, 0), ours["failures"]
     assert ours["controller_kills"] == 0 and data["restart_every"] == 50
     assert [s["step"] for s in data["memory"]["samples"]] == [0, 1, 2, 3, 4, 5]
-    assert all(s["self_mb"] > 0 and s["engines_mb"] > 0 for s in data["memory"]["samples"])
+    assert all(s["self_mb"] > 0 and 0 < s["engines_anon_mb"] <= s["engines_mb"] for s in data["memory"]["samples"])
     assert isinstance(data["memory"]["engines"]["flat"], bool)
+    assert data["verdict"]["engines_flat"] is data["memory"]["engines_anon"]["flat"]  # judged on the anonymous PSS
     assert table_rows(result.stdout) == data["table"]["rows"]
 
 
@@ -84,3 +87,24 @@ def test_seed_caption_says_which_seed_is_whose() -> None:
     assert seed_caption(7, 7, from_file=True, given=False) == "seed 7 (the fault plan's)"
     assert seed_caption(7, 7, from_file=True, given=True) == "seed 7"
     assert seed_caption(3, 7, from_file=True, given=True) == "seed 3 (stragglers), fault plan seed 7"
+
+
+def test_pss_reads_the_whole_and_the_anonymous_part_of_a_live_process() -> None:
+    """This process's smaps_rollup: PSS and its anonymous part, both positive, the part no larger than the whole."""
+    pss = pss_bytes(os.getpid())
+    assert pss is not None
+    whole, anon = pss
+    assert 0 < anon <= whole
+
+
+def test_engines_are_judged_flat_on_anonymous_pss_not_on_shared_library_pages() -> None:
+    """Whole PSS that grows 20 % while the anonymous part stays flat (another process stopped mapping the same
+    libraries) is flat; anonymous PSS that grows 20 % is not, whatever the whole does."""
+    report = ColocateReport(way="ours", steps_planned=30)
+    steps = [{"step": float(i), "engines_mb": 100.0 + (20.0 if i > 20 else 0.0), "engines_anon_mb": 80.0} for i in range(30)]
+    memory = {"engines": memory_verdict(steps, "engines_mb"), "engines_anon": memory_verdict(steps, "engines_anon_mb")}
+    assert memory["engines"]["flat"] is False
+    assert soak_verdict(report, memory)["engines_flat"] is True
+    leaking = [{**s, "engines_mb": 100.0, "engines_anon_mb": 80.0 + (16.0 if s["step"] > 20 else 0.0)} for s in steps]
+    memory = {"engines": memory_verdict(leaking, "engines_mb"), "engines_anon": memory_verdict(leaking, "engines_anon_mb")}
+    assert soak_verdict(report, memory)["engines_flat"] is False
