@@ -59,7 +59,17 @@ from resilience.testing.policies import fast_policies
 if TYPE_CHECKING:
     from resilience.testing.faults import FaultProxy
 
-__all__ = ["BASELINE", "RESILIENT", "ColocateConfig", "ColocateReport", "LoopKind", "StepProgress", "demo_policies", "run_colocate"]
+__all__ = [
+    "BASELINE",
+    "RESILIENT",
+    "ColocateConfig",
+    "ColocateReport",
+    "LoopKind",
+    "StepProgress",
+    "demo_policies",
+    "run_colocate",
+    "score_step",
+]
 
 LoopKind = Literal["old", "ours"]
 """Which loop runs: :data:`BASELINE` or :data:`RESILIENT` (the values name the runs in reports and in ``cpr soak --way``)."""
@@ -698,6 +708,24 @@ def _injected_ambiguous(proxies: Sequence[FaultProxy | None]) -> int:
     return sum(n for p in proxies if p is not None for key, n in p.counts().items() if key.split(":", 1)[0] in _AMBIGUOUS_KINDS)
 
 
+def score_step(report: ColocateReport, budget: RestartBudget, n: int, error: str | None, deaths: int, cause: str) -> None:
+    """Count step ``n`` in ``report``: finished when it raised nothing (``error`` None) and no engine died, else failed
+    and named in ``report.failures``; a failed step spends one restart of ``budget`` (recorded with ``cause``), or ends
+    the run (``report.stopped_early``) once the budget is spent. Every colocate loop (SGLang, vLLM, behind smg) scores
+    its steps here, so their tables count alike."""
+    if error is None and deaths == 0:
+        report.steps_finished += 1
+    else:
+        report.failed_steps += 1
+        report.failures.append(error or f"step {n}: {deaths} engine(s) died")
+        if budget.remaining == 0:
+            report.stopped_early = f"restart budget spent at step {n}: the run is over"
+        else:
+            budget.record(cause, step=n)
+            report.restarts += 1
+    report.restart_budget_left = budget.remaining
+
+
 def run_colocate(
     fleet: EmulatedFleet,
     config: ColocateConfig,
@@ -752,17 +780,7 @@ def run_colocate(
             report.engine_deaths += deaths
             if loop.restarted_controller_in == n:
                 report.controller_restart_deaths += deaths
-            if error is None and deaths == 0:
-                report.steps_finished += 1
-            else:
-                report.failed_steps += 1
-                report.failures.append(error or f"step {n}: {deaths} engine(s) died")
-                if budget.remaining == 0:
-                    report.stopped_early = f"restart budget spent at step {n}: the run is over"
-                else:
-                    budget.record(cause, step=n)
-                    report.restarts += 1
-            report.restart_budget_left = budget.remaining
+            score_step(report, budget, n, error, deaths, cause)
             if progress is not None:
                 progress(
                     StepProgress(

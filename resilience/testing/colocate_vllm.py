@@ -59,6 +59,7 @@ from resilience.testing.colocate import (
     StepProgress,
     _Counter,
     _injected_ambiguous,
+    score_step,
 )
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.emulator.vllm import expected_checksums
@@ -372,17 +373,7 @@ def run_colocate_vllm(
             deaths = loop.recover()
             loop.collect()
             report.engine_deaths += deaths
-            if error is None and deaths == 0:
-                report.steps_finished += 1
-            else:
-                report.failed_steps += 1
-                report.failures.append(error or f"step {n}: {deaths} engine(s) died")
-                if budget.remaining == 0:
-                    report.stopped_early = f"restart budget spent at step {n}: the run is over"
-                else:
-                    budget.record(cause, step=n)
-                    report.restarts += 1
-            report.restart_budget_left = budget.remaining
+            score_step(report, budget, n, error, deaths, cause)
             if progress is not None:
                 ok = error is None and deaths == 0
                 last = report.failures[-1] if not ok else None

@@ -44,7 +44,7 @@ from resilience.budget import RestartBudget
 from resilience.events import AttemptEnded, CallEnded, Event
 from resilience.outcome import CallOutcome
 from resilience.policy import PolicyTable
-from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, demo_policies
+from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, demo_policies, score_step
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
 from resilience.testing.faultplan import CONTROL_PATHS, FaultPlan
 from resilience.testing.faultproxy import FaultProxy
@@ -301,17 +301,7 @@ def run_smg_colocate(
             dead_now = sum(1 for e in fleet.engines if not e.alive())
             deaths = run.recover() if (error or dead_now) else 0
             report.engine_deaths += deaths
-            if error is None and deaths == 0:
-                report.steps_finished += 1
-            else:
-                report.failed_steps += 1
-                report.failures.append(error or f"step {n}: {deaths} engine(s) died")
-                if budget.remaining == 0:
-                    report.stopped_early = f"restart budget spent at step {n}: the run is over"
-                else:
-                    budget.record(cause, step=n)
-                    report.restarts += 1
-            report.restart_budget_left = budget.remaining
+            score_step(report, budget, n, error, deaths, cause)
             if progress is not None:
                 ok = error is None and deaths == 0
                 failure = None if ok else report.failures[-1]
