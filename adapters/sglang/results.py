@@ -6,9 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
-
-from resilience.outcome import AttemptRecord, attempts_of
+from resilience.adapters.answer_error import EngineAnswerError
 
 __all__ = [
     "ControlResult",
@@ -21,20 +19,9 @@ __all__ = [
     "SGLangError",
     "SGLangProtocolError",
     "WeightUpdateResult",
-    "excerpt",
 ]
 
-EXCERPT_CHARS = 200
-"""How much of a body an error message shows."""
-
-
-def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    """A one-line, bounded excerpt of a response body."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-class SGLangError(requests.exceptions.RequestException):
+class SGLangError(EngineAnswerError):
     """An SGLang endpoint answered with an error. Names the engine, endpoint, status and a body excerpt.
 
     ``attempts``: the delivery record of the call (``resilience.outcome.attempts_of``
@@ -42,46 +29,6 @@ class SGLangError(requests.exceptions.RequestException):
     clients always pass one: an answer came back, so its last attempt is at
     least ``RESPONDED`` with ``status``. It survives pickling (Ray).
     """
-
-    def __init__(
-        self,
-        engine: str,
-        endpoint: str,
-        status: int | None,
-        body: str,
-        *,
-        detail: str = "",
-        attempts: tuple[AttemptRecord, ...] = (),
-        **kwargs: Any,
-    ) -> None:
-        self.engine = engine
-        self.endpoint = endpoint
-        self.status = status
-        self.body_excerpt = excerpt(body)
-        what = f"HTTP {status}" + (f": {detail}" if detail else "") if status is not None else detail or "no response"
-        super().__init__(f"{engine} {endpoint}: {what}; body: {self.body_excerpt!r}", **kwargs)
-        self.attempts = attempts or _response_attempts(self.response)
-
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Rebuild from the message and attributes (Ray and multiprocessing ship errors pickled)."""
-        return (_rebuild_error, (type(self), self.args, self.__dict__))
-
-
-def _response_attempts(response: object) -> tuple[AttemptRecord, ...]:
-    """The record a driver put on ``response`` (requests, aiohttp: ``.attempts``; httpx: ``.extensions``), else ()."""
-    if response is None:
-        return ()
-    holder = Exception()
-    holder.response = response  # type: ignore[attr-defined]  # where attempts_of looks for a response
-    return attempts_of(holder) or ()
-
-
-def _rebuild_error(cls: type[SGLangError], args: tuple[Any, ...], state: dict[str, Any]) -> SGLangError:
-    err = cls.__new__(cls)
-    requests.exceptions.RequestException.__init__(err, *args)
-    err.__dict__.update(state)
-    return err
 
 
 class SGLangProtocolError(SGLangError):
