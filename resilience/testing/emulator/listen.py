@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["bind_listener", "listen_url", "parent_problem", "serve_entry", "watch_parent"]
+__all__ = ["bind_listener", "listen_url", "parent_problem", "run_app", "serve_entry", "watch_parent"]
 
 
 def watch_parent(parent_pid: int) -> None:
@@ -105,3 +105,32 @@ def serve_entry(
         return serve_one(sock)
     finally:
         sock.close()
+
+
+def run_app(app: object, sock: socket.socket, url: str, on_ready: Callable[[str], None], log_level: str, logging_configured: bool) -> int:
+    """Serve ``app`` with uvicorn on the bound ``sock`` until SIGINT/SIGTERM; ``on_ready(url)`` once it serves; 0.
+
+    ``logging_configured``: uvicorn's logging configuration is in place already (a zygote's child inherits it), so
+    it is not applied again (dictConfig walks every logger of the process: in a forked engine that copies megabytes
+    of shared pages); only ``log_level`` is.
+    """
+    import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                on_ready(url)
+
+    uv_config = uvicorn.Config(
+        app,  # type: ignore[arg-type]  # an ASGI app (FastAPI)
+        log_config=None if logging_configured else LOGGING_CONFIG,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=5,
+    )
+    ReadyServer(uv_config).run(sockets=[sock])
+    return 0

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
+from .listen import listen_url, run_app, serve_entry
 from .ready import print_ready
 
 if TYPE_CHECKING:
@@ -83,10 +84,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -107,8 +104,6 @@ def main(
     default logging configuration is in place already (a zygote's child inherits it),
     so it is not applied again (only the level is); default False.
     """
-    from .listen import serve_entry
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if engine_kind(argv) == "vllm":
         from .vllm.server import main as vllm_main
@@ -166,37 +161,17 @@ def _serve(
     memory_state_dir: str | None = None,
 ) -> int:
     import torch
-    import uvicorn
 
     torch.set_num_threads(1)
     port = sock.getsockname()[1]
-    url = _url(host, port)
+    url = listen_url(host, port)
     app, engine = (app_factory or _default_factory)(config, host, port)
     if memory_state_dir is not None:
         from .memory_state import MemoryStateWriter
 
         engine.scheduler.memory_state = MemoryStateWriter(memory_state_dir, port)  # published when the scheduler starts
 
-    class ReadyServer(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                on_ready(url)
-
-    from uvicorn.config import LOGGING_CONFIG
-
-    uv_config = uvicorn.Config(
-        app,
-        # dictConfig walks every logger of the process: in a forked engine that copies megabytes of shared pages
-        log_config=None if logging_configured else LOGGING_CONFIG,
-        log_level=log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-        timeout_keep_alive=5,
-    )
-    ReadyServer(uv_config).run(sockets=[sock])
-    return 0
+    return run_app(app, sock, url, on_ready, log_level, logging_configured)
 
 
 # the engine switch: ``--engine vllm`` hands the whole command line to ``vllm/server.py``

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..listen import listen_url, serve_entry
+from ..listen import listen_url, run_app, serve_entry
 from ..ready import print_ready
 from .config import ENGINE_KIND, VLLMEngineConfig, add_vllm_arguments, vllm_config_from_namespace
 
@@ -118,8 +118,6 @@ def _serve(
     logging_configured: bool,
     memory_state_dir: str | None,
 ) -> int:
-    import uvicorn
-    from uvicorn.config import LOGGING_CONFIG
 
     port = sock.getsockname()[1]
     url = listen_url(host, port)
@@ -134,20 +132,4 @@ def _serve(
 
         engine.core.memory_state = MemoryStateWriter(memory_state_dir, port)  # published when the app starts
 
-    class ReadyServer(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                on_ready(url)
-
-    uv_config = uvicorn.Config(
-        app,
-        log_config=None if logging_configured else LOGGING_CONFIG,
-        log_level=log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-        timeout_keep_alive=5,
-    )
-    ReadyServer(uv_config).run(sockets=[sock])
-    return 0
+    return run_app(app, sock, url, on_ready, log_level, logging_configured)
