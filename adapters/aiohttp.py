@@ -79,10 +79,11 @@ from aiohttp.client import DEFAULT_TIMEOUT, IDEMPOTENT_METHODS
 from aiohttp.connector import Connection
 from aiohttp.payload import BytesPayload, IOBasePayload
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters._aiohttp_compat import check, internals_missing
-from resilience.adapters.requests import engine_of
+from resilience.adapters.routing import Route, RouteCache, engine_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
@@ -434,10 +435,13 @@ def _probe_response(request: ClientRequest) -> ClientResponse:
     return response
 
 
-@functools.lru_cache(maxsize=1024)
-def _engine(scheme: str, host: str, port: int | None) -> tuple[str, str, int]:
-    """``engine_of`` for an already parsed URL (one string per engine, not one parse per request)."""
-    return engine_of(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port or ''}")
+def _route(policies: PolicyTable, method: str, url: str) -> Route:
+    """``route_of`` for aiohttp: the path as yarl decodes it (``URL.path``), which is what the table matched before."""
+    parsed = URL(url)
+    host = parsed.host or ""
+    method = method.upper()
+    engine, host, port = engine_of(f"{parsed.scheme}://{f'[{host}]' if ':' in host else host}:{parsed.port or ''}")
+    return method, policies.match(method, parsed.path), engine, host, port
 
 
 class ResilientMiddleware(ConfigViews):
@@ -479,13 +483,12 @@ class ResilientMiddleware(ConfigViews):
             rng=rng,
         )
         self.retrier = self.driver_config.retrier(ERROR_TYPES)
+        self._routes = RouteCache()
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         """Run ``request`` as one logical call, calling ``handler`` once per attempt."""
-        method = request.method.upper()
         url = str(request.url)
-        engine, host, port = _engine(request.url.scheme, request.url.host or "", request.url.port)
-        match = self.policies.match(method, request.url.path)
+        method, match, engine, host, port = self._routes.route(self.driver_config.policies, request.method, url, _route)
         spec = CallSpec(
             method,
             url,

@@ -38,7 +38,6 @@ stay off (``retries=0``, its default).
 
 from __future__ import annotations
 
-import functools
 import math
 import ssl
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
@@ -47,7 +46,7 @@ from types import TracebackType
 import httpx
 
 from resilience.adapters.httpx_errors import ERROR_TYPES
-from resilience.adapters.requests import engine_of
+from resilience.adapters.routing import Route, RouteCache, engine_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
@@ -55,16 +54,12 @@ from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, dr
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
-from resilience.policy import EndpointMatch, PolicyTable
+from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, responded
 
 __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
 
 Timeouts = tuple[float | None, float | None]
-_Route = tuple[str, EndpointMatch, str, str, int]
-"""(method, policy match, engine, server address, server port) of a request's method and URL."""
-_ROUTE_CACHE_SIZE = 1024
-"""Routes each transport remembers (URLs with ids in their path would otherwise grow it without bound)."""
 
 _NOT_TRANSIENT = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 """Errors a retry cannot fix: a URL without ``http(s)://``, a request h11 refuses to write (bad header)."""
@@ -178,10 +173,12 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
 _new_request = httpx.Request.__new__
 
 
-@functools.lru_cache(maxsize=1024)
-def _engine(scheme: str, netloc: bytes) -> tuple[str, str, int]:
-    """``engine_of`` for a URL's scheme and ``host:port`` (httpx's netloc holds no user-info), cached: one parse per engine."""
-    return engine_of(f"{scheme}://{netloc.decode('ascii')}")
+def _route(policies: PolicyTable, method: str, url: str) -> Route:
+    """``route_of`` for httpx: the path as httpx sends it (``raw_path``, less its query), not re-parsed from text."""
+    parsed = httpx.URL(url)
+    method = method.upper()
+    engine, host, port = engine_of(f"{parsed.scheme}://{parsed.netloc.decode('ascii')}")
+    return method, policies.match(method, parsed.raw_path.partition(b"?")[0].decode("ascii")), engine, host, port
 
 
 def _failed(exc: httpx.TransportError) -> AttemptResult[httpx.Response]:
@@ -215,20 +212,14 @@ class _Resilient(ConfigViews):
     def __init__(self, owner: str, config: DriverConfig) -> None:
         self.driver_config = config
         self.retrier = config.retrier(ERROR_TYPES)
-        self._route_cache: dict[tuple[str, str], _Route] = {}
-        """(method, URL less its query) -> ``_route``'s answer; cleared when it holds ``_ROUTE_CACHE_SIZE``."""
+        self._routes = RouteCache()
 
     def _spec(self, request: httpx.Request) -> CallSpec:
         url = request.url
         text = str(url)
-        key = (request.method, text.partition("?")[0])
-        route = self._route_cache.get(key)
-        if route is None:
-            route = self._route(request.method, url)
-            if len(self._route_cache) >= _ROUTE_CACHE_SIZE:
-                self._route_cache.clear()
-            self._route_cache[key] = route
-        method, match, engine, host, port = route
+        method, match, engine, host, port = self._routes.route(self.driver_config.policies, request.method, text, _route)
+        stream = request.stream
+        replayable = isinstance(stream, httpx.ByteStream)
         return CallSpec(
             method,
             text,
@@ -238,16 +229,9 @@ class _Resilient(ConfigViews):
             port,
             request_timeout=caller_timeout(request),
             request=request,
-            replayable=isinstance(request.stream, httpx.ByteStream),
-            body=request.content if isinstance(request.stream, httpx.ByteStream) else None,  # read at build time: no I/O
+            replayable=replayable,
+            body=request.content if replayable else None,  # read at build time: no I/O
         )
-
-    def _route(self, method: str, url: httpx.URL) -> _Route:
-        """What a request's method and URL (less its query) decide: the method, policy match and engine."""
-        method = method.upper()
-        engine, host, port = _engine(url.scheme, url.netloc)
-        path = url.raw_path.partition(b"?")[0].decode("ascii")
-        return method, self.policies.match(method, path), engine, host, port
 
     @staticmethod
     def _probe_done(request: httpx.Request) -> Callable[[], httpx.Response]:

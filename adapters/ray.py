@@ -40,7 +40,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from resilience.adapters.requests import engine_of
+from resilience.adapters.routing import engine_of
 from resilience.adapters.sglang import ControlResult, FlushResult, Health, ModelInfo, SGLangClient
 from resilience.barrier.engine import PauseMode
 from resilience.barrier.fanout import Calls, EngineDied, EngineResult, EngineUnavailable, PhaseTimeout, engine_name

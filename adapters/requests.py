@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -36,6 +35,7 @@ from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
 from resilience.adapters.requests_errors import ERROR_TYPES
+from resilience.adapters.routing import RouteCache, route_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
@@ -45,23 +45,14 @@ from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, responded
 
-__all__ = ["ResilientAdapter", "engine_of", "resilient_session", "resolve_timeout"]
+__all__ = ["ResilientAdapter", "resilient_session", "resolve_timeout"]
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 _CONNECT_CODE = HTTPConnection.connect.__code__
 """urllib3's ``HTTPConnection.connect``: TCP connect (and for HTTPS, in the subclass's override, the TLS handshake)."""
 _CONNECT_CODES: frozenset[object] = frozenset({_CONNECT_CODE, *(c.connect.__code__ for c in HTTPConnection.__subclasses__())})
+_SECONDS = (int, float)
+"""The classes of a ``timeout=`` taken as one number for both limits without building a urllib3 ``Timeout`` (not ``bool``)."""
 TimeoutArg = float | tuple[float | None, float | None] | Urllib3Timeout | None
-
-
-def engine_of(url: str) -> tuple[str, str, int]:
-    """``(scheme://host:port, host, port)`` of a URL, without user-info, path or query."""
-    parts = urlsplit(url)
-    scheme = (parts.scheme or "http").lower()
-    host = parts.hostname or ""
-    port = parts.port or _DEFAULT_PORTS.get(scheme, 0)
-    shown = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{shown}:{port}", host, port
 
 
 def resolve_timeout(timeout: object) -> Urllib3Timeout:
@@ -242,6 +233,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
             rng=rng,
         )
         self._closed = False
+        self._routes = RouteCache()
         self._build_retrier()
         super().__init__(max_retries=0, **kwargs)
 
@@ -251,6 +243,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild the pool, breakers and budgets after unpickling (Ray ships sessions this way)."""
         super().__setstate__(state)  # type: ignore[misc]
+        self._routes = RouteCache()
         self._build_retrier()
 
     def close(self) -> None:
@@ -276,10 +269,14 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         """Send ``request`` with the retry loop; same contract as ``HTTPAdapter.send``."""
         self._closed = False
         url = request.url or ""
-        method = (request.method or "GET").upper()
-        engine, host, port = engine_of(url)
-        match = self.policies.match(method, urlsplit(url).path)
+        method, match, engine, host, port = self._routes.route(self.driver_config.policies, request.method or "GET", url, route_of)
         # requests' timeout= always has a meaning (None = wait as long as it takes), so it is always the caller's word.
+        if timeout is None:
+            pair: tuple[float | None, float | None] = (None, None)
+        elif timeout.__class__ in _SECONDS and timeout > 0:  # a plain number urllib3 accepts (NaN, <= 0 and bools take the long way)
+            pair = (float(timeout), float(timeout))
+        else:
+            pair = _timeout_pair(resolve_timeout(timeout))
         spec = CallSpec(
             method,
             url,
@@ -287,7 +284,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
             engine,
             host,
             port,
-            request_timeout=_timeout_pair(resolve_timeout(timeout)),
+            request_timeout=pair,
             request=request,
             replayable=_body_rewindable(request),
             body=_body_bytes(request),

@@ -63,7 +63,7 @@ class RetryBudget:
     def __init__(self, config: RetryBudgetConfig | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config or RetryBudgetConfig()
         self._clock = clock
-        self._tokens = self.config.max_tokens
+        self._max = self._tokens = self.config.max_tokens
         self._at = clock.monotonic()
         self._lock = threading.Lock()
 
@@ -82,6 +82,8 @@ class RetryBudget:
 
     def deposit(self) -> None:
         """Credit one logical call's ``ratio``."""
+        if self._tokens >= self._max:  # full: a refill or a deposit would be capped to the same balance
+            return
         with self._lock:
             self._refill()
             self._tokens = min(self.config.max_tokens, self._tokens + self.config.ratio)

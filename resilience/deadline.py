@@ -37,9 +37,12 @@ class Deadline:
         self._token: contextvars.Token[Deadline | None] | None = None
 
     @classmethod
-    def _at(cls, expires_at: float, clock: Clock) -> Deadline:
-        d = cls(None, clock=clock)
+    def at(cls, expires_at: float, clock: Clock = SYSTEM_CLOCK) -> Deadline:
+        """The deadline that ends when ``clock`` reads ``expires_at`` (``inf``: never ends)."""
+        d = cls.__new__(cls)
+        d._clock = clock
         d._expires_at = expires_at
+        d._token = None
         return d
 
     @classmethod
@@ -78,7 +81,7 @@ class Deadline:
         """A deadline ending at the earlier of this one and ``seconds`` from now."""
         if seconds is None:
             return self
-        return Deadline._at(min(self._expires_at, self._clock.monotonic() + seconds), self._clock)
+        return Deadline.at(min(self._expires_at, self._clock.monotonic() + seconds), self._clock)
 
     def child(self, seconds: float | None) -> Deadline:
         """A deadline of ``seconds`` from now, never later than this one (alias of ``cap``)."""

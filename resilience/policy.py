@@ -328,6 +328,19 @@ class EndpointMatch:
     template: str
     """The path template alone (``/pause_generation``), or ``*``: the ``url.template`` attribute."""
     policy: EndpointPolicy
+    own_timeout_s: float | None = field(init=False, repr=False, compare=False)
+    """The entry's own ``attempt_timeout_s`` when a table entry matched and named one (it then overrules the caller's); else None.
+
+    Derived from ``policy`` once per route (the retry core reads it on every call: ``resilience.retry.spec.attempt_timeouts``)."""
+    own_deadline: bool = field(init=False, repr=False, compare=False)
+    """True when a table entry matched and named ``deadline_s`` (it then caps attempts the caller bounded); derived once."""
+
+    def __post_init__(self) -> None:
+        explicit = self.template != "*"
+        limit = self.policy.attempt_timeout_s
+        named = explicit and limit is not None and self.policy.named("attempt_timeout_s")
+        object.__setattr__(self, "own_timeout_s", float(limit) if named and limit is not None else None)
+        object.__setattr__(self, "own_deadline", explicit and self.policy.named("deadline_s"))
 
     @property
     def explicit(self) -> bool:

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from resilience.adapters.requests import engine_of
+from resilience.adapters.routing import engine_of
 from resilience.adapters.sglang.calls import check_base_url, key_for, memory_tags
 
 __all__ = ["SGLangClientState"]

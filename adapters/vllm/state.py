@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from resilience.adapters.requests import engine_of
+from resilience.adapters.routing import engine_of
 from resilience.adapters.vllm._shared import check_base_url
 from resilience.adapters.vllm.calls import Plan, Reply, check_reply, gate, key_header
 from resilience.adapters.vllm.versions import VLLMApi

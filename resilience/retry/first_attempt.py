@@ -23,10 +23,11 @@ from typing import Any, Generic, TypeVar
 from resilience.breaker import CircuitBreaker, Permit
 from resilience.budget import RetryBudget
 from resilience.clock import Clock
+from resilience.deadline import Deadline
 from resilience.errors import ErrorTypes
 from resilience.outcome import AttemptRecord, Outcome
 from resilience.retry.call import RetryCall
-from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, deadline_times, is_success_status
 
 __all__ = ["NO_HEADERS", "FirstAttempt"]
 
@@ -41,23 +42,25 @@ class FirstAttempt(Generic[R]):
     ``timeouts`` is the first attempt's (connect, read) when it may go out
     now, or None when the ``RetryCall`` must decide first (the deadline has
     passed, or the breaker is not closed: it may refuse, or take a
-    half-open probe slot).
+    half-open probe slot). The call's deadlines are kept as clock readings
+    (``deadline_times``); their ``Deadline`` objects are built only by
+    ``take_over``.
     """
 
-    __slots__ = ("breaker", "budget", "clock", "hard", "permit", "spec", "started", "timeouts", "window")
+    __slots__ = ("breaker", "budget", "clock", "hard_at", "permit", "spec", "started", "timeouts", "window_at")
 
     def __init__(self, spec: CallSpec, breaker: CircuitBreaker | None, budget: RetryBudget | None, clock: Clock) -> None:
         self.spec = spec
         self.breaker = breaker
         self.budget = budget
         self.clock = clock
-        self.hard, self.window = call_deadlines(spec, clock)
+        self.started = now = clock.monotonic()
+        self.window_at, self.hard_at = window_at, hard_at = deadline_times(spec, now)
         if budget is not None:
             budget.deposit()
-        self.started = clock.monotonic()
         self.permit: Permit | None = None
         self.timeouts: Timeouts | None = None
-        left = self.hard.remaining()
+        left = (window_at if hard_at is None else hard_at) - now
         if left > 0:
             permit = breaker.admit_closed() if breaker is not None else None
             if breaker is None or permit is not None:
@@ -67,29 +70,25 @@ class FirstAttempt(Generic[R]):
     def finish(self, result: AttemptResult[R]) -> tuple[R, tuple[AttemptRecord, ...]] | None:
         """The call's answer when the first attempt succeeded (the breaker told); None when the ``RetryCall`` must decide."""
         status = result.status
-        if status is None or result.response is None:
-            return None
-        delivery = result.delivery
-        outcome = classify(self.spec.match.policy, status=status, delivery=delivery, retry_after=result.retry_after)
-        if outcome is not Outcome.SUCCESS:
-            return None
-        error = result.error
-        record = AttemptRecord(
-            0, status, outcome, delivery, type(error).__qualname__ if error is not None else None, self.clock.monotonic() - self.started
-        )
+        response = result.response
+        if status is None or response is None or not is_success_status(self.spec.match.policy, status):
+            return None  # not ``classify``'s SUCCESS: its first rule is ``is_success_status``
+        error = None if result.error is None else type(result.error).__qualname__
+        record = AttemptRecord(0, status, Outcome.SUCCESS, result.delivery, error, self.clock.monotonic() - self.started)
         if self.breaker is not None:
             self.breaker.record_success(self.permit)
-        return result.response, (record,)
+        return response, (record,)
 
     def take_over(self, rng: Any, errors: ErrorTypes, *, in_flight: bool) -> RetryCall[R]:
         """The ``RetryCall`` that decides from here: the same deadlines, deposit and admission; the attempt in flight when ``in_flight``.
 
         Only for a ``Retrier`` with no observers (no ``CallStarted`` was announced).
         """
+        window = Deadline.at(self.window_at, self.clock)
         return RetryCall(
             self.spec,
-            self.hard,
-            self.window,
+            window if self.hard_at is None else Deadline.at(self.hard_at, self.clock),
+            window,
             self.breaker,
             self.budget,
             (),

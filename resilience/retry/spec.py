@@ -48,6 +48,7 @@ __all__ = [
     "attempt_timeouts",
     "call_deadlines",
     "classify",
+    "deadline_times",
     "is_success_status",
     "responded",
 ]
@@ -120,15 +121,17 @@ def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
     limit. So an entry that never named a timeout never overrules the caller.
     """
     match = spec.match
-    policy = match.policy
-    limit = policy.attempt_timeout_s
-    if limit is not None and match.explicit and policy.named("attempt_timeout_s"):  # the entry's own word
-        connect: float | None = limit
-        read: float | None = limit
+    own = match.own_timeout_s  # the entry's own word (``EndpointMatch.own_timeout_s``)
+    if own is not None:
+        connect: float | None = own
+        read: float | None = own
     elif spec.request_timeout is not None:
         connect, read = spec.request_timeout
     else:
+        limit = match.policy.attempt_timeout_s
         connect = read = None if limit is None else float(limit)
+    if cap_s == math.inf:
+        return connect, read
     return _capped(connect, cap_s), _capped(read, cap_s)
 
 
@@ -148,18 +151,37 @@ def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadlin
     own timeout is only a retry window: it never cuts an attempt the caller
     bounded.
     """
-    match = spec.match
-    policy = match.policy
+    window_at, hard_at = deadline_times(spec, clock.monotonic())
+    window = Deadline.at(window_at, clock)
+    return (window, window) if hard_at is None else (Deadline.at(hard_at, clock), window)
+
+
+def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
+    """``call_deadlines`` as clock readings for a call starting at ``now``: ``(window_at, hard_at)``, ``inf`` = never.
+
+    ``hard_at`` is None when the hard deadline is the window itself (one
+    ``Deadline``: it caps attempts and ends the retries alike); a number when
+    the window only bounds retries (the caller bounded the attempts and no
+    entry named ``deadline_s``). The rule itself, without objects: the
+    success fast path (``resilience.retry.first_attempt``) reads these and
+    builds the ``Deadline`` objects only when a ``RetryCall`` takes over.
+    """
+    rt = spec.request_timeout
+    seconds = spec.match.policy.deadline_s
+    if seconds is None and rt is not None:
+        connect, read = rt
+        if connect is not None or read is not None:
+            seconds = (connect or 0.0) + (read or 0.0)
+    own_at = math.inf if seconds is None else now + seconds
     outer = current_deadline()
-    outer_left = outer.remaining() if outer is not None and outer.bounded else None
-    seconds = policy.deadline_s
-    if seconds is None and spec.request_timeout is not None:
-        parts = [t for t in spec.request_timeout if t is not None]
-        seconds = sum(parts) if parts else None
-    own = Deadline.capped(seconds, outer_left, clock=clock)  # one object per deadline: a call builds these on every request
-    if spec.request_timeout is None or (match.explicit and policy.named("deadline_s")):
-        return own, own
-    return Deadline.capped(None, outer_left, clock=clock), own
+    outer_at = math.inf
+    if outer is not None and outer.bounded:
+        outer_at = now + outer.remaining()  # on the outer deadline's own clock, as ``Deadline.cap`` reads it
+        if outer_at < own_at:
+            own_at = outer_at
+    if rt is None or spec.match.own_deadline:
+        return own_at, None
+    return own_at, outer_at
 
 
 def is_success_status(policy: EndpointPolicy, status: int) -> bool:

@@ -27,7 +27,7 @@ import resilience.errors
 from resilience import BreakerConfig, EndpointPolicy, PolicyTable, RetryBudgetConfig, RetryPolicy
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport, transport_failure
 from resilience.adapters.httpx_errors import AmbiguousOutcome, CircuitOpen, DeadlineExceeded, RetriesExhausted, RetryBudgetExhausted
-from resilience.adapters.requests import engine_of
+from resilience.adapters.routing import engine_of
 from resilience.breaker import BreakerState
 from resilience.clock import FakeClock
 from resilience.events import AttemptStarted, Event, RetryScheduled

@@ -33,6 +33,26 @@ def test_retry_budget_deposits_per_call() -> None:
     assert budget.try_withdraw()
 
 
+def test_a_deposit_into_a_full_budget_changes_nothing_later() -> None:
+    """A full bucket skips the deposit (and its refill); a later withdrawal refills to the same balance as if it had not."""
+    clock = FakeClock()
+    config = RetryBudgetConfig(ratio=0.5, min_retries_per_second=0.5, max_tokens=2)
+    skipped, twin = RetryBudget(config, clock=clock), RetryBudget(config, clock=clock)
+    for _ in range(3):
+        clock.advance(1.0)
+        skipped.deposit()  # full: nothing to do
+    twin._refill()  # what a deposit under the lock would have done, at the last reading
+    clock.advance(1.0)
+    assert skipped.try_withdraw() and twin.try_withdraw()
+    assert skipped.tokens == twin.tokens == 1.0
+    skipped.deposit()  # no longer full: credited under the lock
+    twin.deposit()
+    assert skipped.tokens == twin.tokens == 1.5
+    assert skipped.try_withdraw() and twin.try_withdraw()
+    clock.advance(0.5)
+    assert skipped.tokens == twin.tokens == 0.75
+
+
 def test_restart_budget_persists_across_processes(tmp_path: Path) -> None:
     """The record survives a new RestartBudget on the same file (the restart it counts)."""
     path = tmp_path / "restarts.json"

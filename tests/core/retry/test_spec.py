@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from resilience import Deadline, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.clock import FakeClock
 from resilience.outcome import Delivery, Outcome
-from resilience.retry.spec import CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
+from resilience.retry.spec import CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify, deadline_times
 
 ENGINE = "http://127.0.0.1:1"
 
@@ -250,3 +250,52 @@ def test_classify_reads_a_status_before_anything_else(
             assert outcome is (Outcome.RETRYABLE if policy.retry.retry_before_send else Outcome.FATAL)
         else:
             assert outcome is Outcome.AMBIGUOUS
+
+
+# -- deadline_times ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "caller", "outer", "expected"),
+    [
+        # the caller bounded the attempts and no entry named a deadline: the window only bounds retries
+        (EndpointPolicy(), (60.0, 60.0), None, (130.0, math.inf)),
+        (EndpointPolicy(), (60.0, 60.0), 4.0, (104.0, 104.0)),
+        # the caller said nothing, or an entry named the deadline: one deadline for both (hard_at None)
+        (EndpointPolicy(), None, None, (130.0, None)),
+        (EndpointPolicy(deadline_s=12), (60.0, 60.0), None, (112.0, None)),
+        (EndpointPolicy(deadline_s=12), (60.0, 60.0), 4.0, (104.0, None)),
+        # no deadline anywhere: the caller's timeouts summed, or never
+        (EndpointPolicy(deadline_s=None, attempt_timeout_s=None), (1.0, None), None, (101.0, None)),  # a named None
+        (EndpointPolicy(deadline_s=None, attempt_timeout_s=None), (None, None), None, (math.inf, None)),
+        (EndpointPolicy(attempt_timeout_s=None), (1.0, None), None, (130.0, math.inf)),
+    ],
+)
+def test_deadline_times_are_call_deadlines_as_readings(
+    policy: EndpointPolicy, caller: Timeouts | None, outer: float | None, expected: tuple[float, float | None]
+) -> None:
+    """``(window_at, hard_at)`` at ``now`` = 100; ``call_deadlines`` builds one object for both exactly when ``hard_at`` is None."""
+    clock = FakeClock(100.0)
+    call = spec(policy, caller)
+    if outer is None:
+        times = deadline_times(call, 100.0)
+        hard, window = call_deadlines(call, clock)
+    else:
+        with Deadline(outer, clock=clock):
+            times = deadline_times(call, 100.0)
+            hard, window = call_deadlines(call, clock)
+    assert times == expected
+    assert window.expires_at == expected[0]
+    assert (hard is window) == (expected[1] is None)
+    assert hard.expires_at == (expected[0] if expected[1] is None else expected[1])
+
+
+def test_a_match_derives_its_timing_rules_once() -> None:
+    """``EndpointMatch.own_timeout_s`` / ``own_deadline``: what an entry named, never the defaults nor the default policy's."""
+    table = PolicyTable({"POST /named": EndpointPolicy(attempt_timeout_s=2, deadline_s=9), "POST /unnamed": EndpointPolicy()})
+    named, unnamed, default = table.match("POST", "/named"), table.match("POST", "/unnamed"), table.match("POST", "/other")
+    assert (named.own_timeout_s, named.own_deadline) == (2.0, True)
+    assert (unnamed.own_timeout_s, unnamed.own_deadline) == (None, False)
+    assert (default.own_timeout_s, default.own_deadline) == (None, False)
+    assert type(named.own_timeout_s) is float
+    assert named == dataclasses.replace(named)  # derived fields take no part in equality and are rebuilt by replace

@@ -1,0 +1,71 @@
+"""``resilience.adapters.routing``: a URL's engine, and the per-driver cache of what a request's method and URL decide."""
+
+from __future__ import annotations
+
+import pytest
+
+from resilience import EndpointPolicy, PolicyTable
+from resilience.adapters.routing import ROUTE_CACHE_SIZE, Route, RouteCache, engine_of, route_of
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://127.0.0.1:30000/pause_generation?x=1", ("http://127.0.0.1:30000", "127.0.0.1", 30000)),
+        ("HTTPS://user:secret@Example.org/x", ("https://example.org:443", "example.org", 443)),
+        ("http://[::1]/x", ("http://[::1]:80", "::1", 80)),
+    ],
+)
+def test_engine_of_drops_user_info_path_and_query(url: str, expected: tuple[str, str, int]) -> None:
+    assert engine_of(url) == expected
+
+
+class Counting:
+    """``route_of``, counting how often the cache asked it."""
+
+    def __init__(self) -> None:
+        self.built: list[tuple[str, str]] = []
+
+    def __call__(self, policies: PolicyTable, method: str, url: str) -> Route:
+        self.built.append((method, url))
+        return route_of(policies, method, url)
+
+
+TABLE = PolicyTable({"POST /release_memory_occupation": EndpointPolicy(idempotent=False, attempt_timeout_s=5)})
+
+
+def test_one_parse_per_method_and_url_less_its_query() -> None:
+    cache, build = RouteCache(), Counting()
+    url = "http://127.0.0.1:1/release_memory_occupation"
+    first = cache.route(TABLE, "post", url + "?tags=kv_cache", build)
+    again = cache.route(TABLE, "post", url + "?tags=weights", build)
+    other = cache.route(TABLE, "get", url, build)
+    assert first is again
+    assert len(build.built) == 2
+    method, match, engine, host, port = first
+    assert (method, match.endpoint, match.own_timeout_s, engine, host, port) == (
+        "POST",
+        "POST /release_memory_occupation",
+        5.0,
+        "http://127.0.0.1:1",
+        "127.0.0.1",
+        1,
+    )
+    assert other[1].endpoint == "GET *"
+
+
+def test_another_table_starts_over() -> None:
+    cache, build = RouteCache(), Counting()
+    url = "http://127.0.0.1:1/release_memory_occupation"
+    assert cache.route(TABLE, "POST", url, build)[1].policy.idempotent is False
+    assert cache.route(PolicyTable(), "POST", url, build)[1].endpoint == "POST *"
+    assert len(build.built) == 2
+
+
+def test_bounded_a_full_cache_is_emptied() -> None:
+    cache, build = RouteCache(), Counting()
+    for i in range(ROUTE_CACHE_SIZE + 5):
+        cache.route(TABLE, "GET", f"http://127.0.0.1:1/item/{i}", build)
+    assert len(cache._routes) == 5  # emptied once at ROUTE_CACHE_SIZE, then refilled
+    cache.route(TABLE, "GET", f"http://127.0.0.1:1/item/{ROUTE_CACHE_SIZE + 4}", build)
+    assert len(build.built) == ROUTE_CACHE_SIZE + 5  # the last URL was still cached
