@@ -147,6 +147,9 @@ def _at_most(value: object, bound: float | None) -> float | None:
 def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mapping[str, str]) -> httpx.Request:
     """The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream.
 
+    When the core's timeouts are the caller's own and no header is added, the
+    caller's request itself (nothing to copy).
+
     A shallow copy of ``request`` (``httpx.Request.__init__`` would rebuild the
     URL, headers and stream: about 6 us a call): its own ``extensions`` dict,
     and its own headers only when the carrier adds some. Otherwise it shares
@@ -154,16 +157,16 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
     request itself; the caller's request keeps its own extensions and headers.
     """
     connect, read = timeouts
-    attempt = _new_request(httpx.Request)
-    attempt.__dict__.update(request.__dict__)
     own = request.extensions.get("timeout")
     write = pool = None
     if isinstance(own, Mapping):
         write, pool = own.get("write"), own.get("pool")
-    attempt.extensions = {
-        **request.extensions,
-        "timeout": {"connect": connect, "read": read, "write": _at_most(write, read), "pool": _at_most(pool, connect)},
-    }
+    write, pool = _at_most(write, read), _at_most(pool, connect)
+    if not carrier and own == {"connect": connect, "read": read, "write": write, "pool": pool}:
+        return request  # the caller's own timeouts are the attempt's (the usual case): send its request, as a bare transport would
+    attempt = _new_request(httpx.Request)
+    attempt.__dict__.update(request.__dict__)
+    attempt.extensions = {**request.extensions, "timeout": {"connect": connect, "read": read, "write": write, "pool": pool}}
     if carrier:
         attempt.headers = request.headers.copy()
         attempt.headers.update(carrier)

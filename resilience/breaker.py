@@ -130,6 +130,9 @@ class CircuitBreaker:
         self._state = BreakerState.CLOSED
         self._window: deque[bool] = deque(maxlen=self.config.window_size)
         self._consecutive = 0
+        self._clean = 0
+        """Successes counted since the last failure or close: at ``_clean_full`` the window holds only successes."""
+        self._clean_full = max(1, self.config.window_size)
         self._opened_at = 0.0
         self._half_open_in_flight = 0
         self._half_open_ok = 0
@@ -191,14 +194,16 @@ class CircuitBreaker:
         breaker that is not closed is left to ``admit``, which may refuse the
         call or hand it a half-open probe slot.
         """
-        with self._lock:
-            return self._closed_permit if self._state is BreakerState.CLOSED else None
+        permit = self._closed_permit  # read without the lock: a move in between changes the epoch, and then None
+        return permit if self._state is BreakerState.CLOSED and permit.epoch == self._epoch else None
 
     def _stale(self, permit: Permit | None) -> bool:
         return permit is not None and permit.epoch != self._epoch
 
     def record_success(self, permit: Permit | None = None) -> None:
         """Count a success (of the call holding ``permit``; a stale permit counts nothing)."""
+        if permit is self._closed_permit and self._clean >= self._clean_full and self._state is BreakerState.CLOSED:
+            return  # closed, and the window holds only successes: one more changes nothing (no lock taken)
         event: BreakerTransitioned | None = None
         with self._lock:
             if self._stale(permit):
@@ -211,6 +216,7 @@ class CircuitBreaker:
             else:
                 self._consecutive = 0
                 self._window.append(True)
+                self._clean += 1
         if event is not None:
             self._announce((event,))
 
@@ -224,6 +230,7 @@ class CircuitBreaker:
                 self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
                 pending.append(self._move(BreakerState.OPEN, "half-open probe failed"))
             elif self._state is BreakerState.CLOSED:
+                self._clean = 0
                 self._consecutive += 1
                 self._window.append(False)
                 cfg = self.config
@@ -281,6 +288,7 @@ class CircuitBreaker:
             self._half_open_ok = 0
         else:
             self._consecutive = 0
+            self._clean = 0
             self._window.clear()
         return event
 

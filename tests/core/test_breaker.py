@@ -82,3 +82,51 @@ def test_breaker_state_machine_invariants(ops: list[str], threshold: int) -> Non
             if before is BreakerState.CLOSED:
                 assert allowed
         assert b.state in set(BreakerState)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(st.sampled_from(["admit", "ok", "fail", "wait"]), max_size=60),
+    window=st.integers(min_value=1, max_value=5),
+)
+def test_a_success_into_a_clean_window_skips_nothing_that_counts(ops: list[str], window: int) -> None:
+    """``record_success`` without the lock (closed, the window all successes) ends where the locked path would.
+
+    The twin never takes the shortcut (``_clean_full`` out of reach); both see the same calls, in the
+    same order, with the permit the fast path's ``admit_closed`` (or ``admit``) handed out.
+    """
+    config = BreakerConfig(
+        failure_threshold=3, window_size=window, minimum_calls=min(2, window), failure_rate_threshold=0.5, open_seconds=1.0
+    )
+    clock = FakeClock()
+    fast, twin = CircuitBreaker("e", config, clock=clock), CircuitBreaker("e", config, clock=clock)
+    twin._clean_full = 10**9
+    permits: dict[int, object] = {}
+    for op in ops:
+        if op == "wait":
+            clock.advance(1.5)
+        elif op == "admit":
+            for i, b in enumerate((fast, twin)):
+                permits[i] = b.admit_closed() or b.admit()
+        else:
+            for i, b in enumerate((fast, twin)):
+                permit = permits.get(i)
+                (b.record_success if op == "ok" else b.record_failure)(permit)  # type: ignore[arg-type]
+        assert (fast.state, list(fast._window), fast._consecutive) == (twin.state, list(twin._window), twin._consecutive)
+
+
+def test_a_clean_closed_window_counts_a_success_without_the_lock() -> None:
+    """Once the window holds only successes, ``admit_closed`` and ``record_success`` do not wait for the lock; a failure ends that."""
+    import threading
+
+    breaker = CircuitBreaker("e", BreakerConfig(window_size=2, minimum_calls=1), clock=FakeClock())
+    for _ in range(2):
+        breaker.record_success(breaker.admit_closed())
+    done = threading.Event()
+    with breaker._lock:  # held: the locked path would wait here
+        worker = threading.Thread(target=lambda: (breaker.record_success(breaker.admit_closed()), done.set()))
+        worker.start()
+        worker.join(timeout=10)
+        assert done.is_set()
+    breaker.record_failure(breaker.admit_closed())
+    assert breaker._clean == 0 and list(breaker._window) == [True, False]
