@@ -7,9 +7,9 @@ this module drives, with blocking calls (the requests and sync httpx
 drivers) or coroutines (httpx async, aiohttp). A driver supplies one function
 that makes a single attempt and reports what it saw (an ``AttemptResult``,
 ``resilience.retry.spec``); everything else is decided in the core, without
-sockets, on an injectable clock and random source. A call nobody observes
-starts on the success fast path (``resilience.retry.first_attempt``), which
-hands anything but a first-attempt success to the ``RetryCall``.
+sockets, on an injectable clock and random source. Each call starts on the
+success fast path (``resilience.retry.first_attempt``), which hands anything
+but a first-attempt success to the ``RetryCall``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
 from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
-from resilience.retry.first_attempt import NO_HEADERS, FirstAttempt
+from resilience.retry.first_attempt import FirstAttempt
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 
 __all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
@@ -46,7 +46,8 @@ class Retrier:
     ``breakers`` / ``budgets`` may be None to turn that strategy off.
     ``rng`` returns floats in [0, 1) for jitter. ``error_types``: the classes
     the loop raises (default ``ErrorTypes()``, the requests-flavoured ones).
-    One ``Retrier`` serves threads and asyncio tasks at once.
+    One ``Retrier`` serves threads and asyncio tasks at once. ``fast_path``:
+    see the attribute (default True).
     """
 
     def __init__(
@@ -58,7 +59,12 @@ class Retrier:
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
         error_types: ErrorTypes | None = None,
+        fast_path: bool = True,
     ) -> None:
+        self.fast_path = fast_path
+        """Start each call on the success fast path (``resilience.retry.first_attempt``); False runs every call through a
+        ``RetryCall`` from the start. The answers, records, events and breaker verdicts are the same either way (a test
+        compares them); False is for that comparison and for stepping through the loop. Default True."""
         self.breakers = breakers
         self.budgets = budgets
         self.observers = tuple(observers)
@@ -76,6 +82,7 @@ class Retrier:
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
         error_types: ErrorTypes | None = None,
+        fast_path: bool = True,
     ) -> Retrier:
         """A ``Retrier`` with one breaker and one budget per engine, built from their configs (None = that strategy off).
 
@@ -91,6 +98,7 @@ class Retrier:
             clock=clock,
             rng=rng,
             error_types=error_types,
+            fast_path=fast_path,
         )
 
     def begin(self, spec: CallSpec) -> RetryCall[Any]:
@@ -106,12 +114,13 @@ class Retrier:
         )
 
     def _first(self, spec: CallSpec) -> FirstAttempt[Any]:
-        """The fast path's start of a call nobody observes (``resilience.retry.first_attempt``)."""
+        """The fast path's start of a call (``resilience.retry.first_attempt``)."""
         return FirstAttempt(
             spec,
             self.breakers.get(spec.engine) if self.breakers is not None else None,
             self.budgets.get(spec.engine) if self.budgets is not None else None,
             self.clock,
+            self.observers,
         )
 
     def run(
@@ -140,13 +149,11 @@ class Retrier:
         """
         call: RetryCall[R]
         result: AttemptResult[R] | None = None
-        if self.observers:
-            call = self.begin(spec)
-        else:  # nobody observes: the first attempt without a RetryCall (resilience.retry.first_attempt)
+        if self.fast_path:  # the first attempt without a RetryCall (resilience.retry.first_attempt)
             first: FirstAttempt[R] = self._first(spec)
             if first.timeouts is not None:
                 try:
-                    result = attempt(0, first.timeouts, NO_HEADERS)
+                    result = attempt(0, first.timeouts, first.headers)
                 except BaseException as exc:
                     _abandon(first.take_over(self.rng, self.error_types, in_flight=True), exc, never_sent)
                     raise
@@ -154,6 +161,8 @@ class Retrier:
                 if done is not None:
                     return done
             call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
+        else:
+            call = self.begin(spec)
         try:
             step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
             while True:
@@ -197,13 +206,11 @@ class Retrier:
         asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
         call: RetryCall[R]
         result: AttemptResult[R] | None = None
-        if self.observers:
-            call = self.begin(spec)
-        else:  # nobody observes: the first attempt without a RetryCall (resilience.retry.first_attempt)
+        if self.fast_path:  # the first attempt without a RetryCall (resilience.retry.first_attempt)
             first: FirstAttempt[R] = self._first(spec)
             if first.timeouts is not None:
                 try:
-                    result = await attempt(0, first.timeouts, NO_HEADERS)
+                    result = await attempt(0, first.timeouts, first.headers)
                 except BaseException as exc:
                     _abandon(first.take_over(self.rng, self.error_types, in_flight=True), exc, never_sent)
                     raise
@@ -211,6 +218,8 @@ class Retrier:
                 if done is not None:
                     return done
             call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
+        else:
+            call = self.begin(spec)
         try:
             step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
             while True:

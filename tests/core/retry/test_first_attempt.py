@@ -1,17 +1,20 @@
 """The success fast path (``resilience.retry.first_attempt``) decides exactly as the ``RetryCall`` does.
 
-A ``Retrier`` with no observers starts every call on the fast path; one with
-an observer runs the ``RetryCall`` from the start. Each scenario runs both
-ways on twin retriers (same fake clock start, same policies, fresh breakers
-and budgets) and compares what the caller gets (the response or the error
-class and message), the delivery record (durations included: the clock is
-fake), the timeouts each attempt was given, the breaker's state and counts,
-and the budget's balance. Sync (``run``) and async (``arun``) alike.
+A ``Retrier`` starts every call on the fast path; ``Retrier(fast_path=False)``
+runs the ``RetryCall`` from the start. Each scenario runs both ways on twin
+retriers (same fake clock start, same policies, fresh breakers and budgets),
+without observers and with one, and compares what the caller gets (the
+response or the error class and message), the delivery record (durations
+included: the clock is fake), the timeouts and headers each attempt was
+given, the breaker's state and counts, the budget's balance, and every event
+the observer saw (call ids aside: each call takes the next one). Sync
+(``run``) and async (``arun``) alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -22,7 +25,7 @@ from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
 from resilience.clock import FakeClock
 from resilience.deadline import Deadline
-from resilience.events import Event
+from resilience.events import AttemptStarted, Event
 from resilience.outcome import Delivery
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
@@ -80,14 +83,38 @@ class Script:
         return step
 
 
-def twins(clock_start: float = 1000.0, **kwargs: Any) -> tuple[Retrier, Retrier, list[Event]]:
-    """(fast, observed, the observed one's events): the same configuration, one with an observer."""
+def twins(clock_start: float = 1000.0, *, observed: bool = False, **kwargs: Any) -> tuple[Retrier, Retrier, list[Event], list[Event]]:
+    """(fast, slow, the fast one's events, the slow one's): the same configuration, observed when ``observed``."""
     kwargs.setdefault("breaker", BreakerConfig())
     kwargs.setdefault("retry_budget", RetryBudgetConfig())
-    seen: list[Event] = []
-    fast = Retrier.from_configs(clock=FakeClock(clock_start), rng=lambda: 0.5, **kwargs)
-    observed = Retrier.from_configs(clock=FakeClock(clock_start), rng=lambda: 0.5, observers=[seen.append], **kwargs)
-    return fast, observed, seen
+    fast_seen: list[Event] = []
+    slow_seen: list[Event] = []
+
+    def tracer(seen: list[Event]) -> Callable[[Event], None]:
+        def observe(event: Event) -> None:
+            seen.append(event)
+            if isinstance(event, AttemptStarted):
+                event.carrier["traceparent"] = f"attempt-{event.attempt}"  # what a tracing observer adds
+
+        return observe
+
+    def observers(seen: list[Event]) -> list[Callable[[Event], None]]:
+        return [tracer(seen)] if observed else []
+
+    fast = Retrier.from_configs(clock=FakeClock(clock_start), rng=lambda: 0.5, observers=observers(fast_seen), **kwargs)
+    slow = Retrier.from_configs(clock=FakeClock(clock_start), rng=lambda: 0.5, observers=observers(slow_seen), fast_path=False, **kwargs)
+    assert fast.fast_path and not slow.fast_path
+    return fast, slow, fast_seen, slow_seen
+
+
+def same_events(fast: list[Event], slow: list[Event]) -> bool:
+    """The same events in the same order, each call's id replaced by its rank."""
+
+    def ranked(events: list[Event]) -> list[Event]:
+        ids: dict[int, int] = {}
+        return [dataclasses.replace(e, call_id=ids.setdefault(e.call_id, len(ids))) if hasattr(e, "call_id") else e for e in events]  # type: ignore[call-arg]
+
+    return ranked(fast) == ranked(slow)
 
 
 def spec(policy: EndpointPolicy, request_timeout: tuple[float | None, float | None] | None = (2.0, 3.0)) -> CallSpec:
@@ -113,7 +140,7 @@ def outcome(retrier: Retrier, call_spec: CallSpec, steps: list[AttemptResult[str
         got["returned"] = (response, records)
     except Exception as exc:
         got["raised"] = (type(exc), str(exc), getattr(exc, "attempts", None))
-    got["attempts"] = [(n, t) for n, t, _ in script.seen]
+    got["attempts"] = script.seen
     breaker = retrier.breakers.get(ENGINE) if retrier.breakers is not None else None
     if breaker is not None:
         got["breaker"] = (breaker.state, breaker._consecutive, list(breaker._window), breaker._half_open_in_flight)
@@ -122,26 +149,32 @@ def outcome(retrier: Retrier, call_spec: CallSpec, steps: list[AttemptResult[str
     return got
 
 
+@pytest.mark.parametrize("observed", [False, True], ids=["unobserved", "observed"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_the_fast_path_and_the_retry_call_give_the_same_answer_record_and_state(name: str, mode: str) -> None:
+def test_the_fast_path_and_the_retry_call_give_the_same_answer_record_and_state(name: str, mode: str, observed: bool) -> None:
     policy, steps = SCENARIOS[name]
-    fast, observed, events = twins()
+    fast, slow, fast_events, slow_events = twins(observed=observed)
     timeout = None if name == "no deadline, no timeout" else (2.0, 3.0)
     a = outcome(fast, spec(policy, timeout), list(steps), mode)
-    b = outcome(observed, spec(policy, timeout), list(steps), mode)
+    b = outcome(slow, spec(policy, timeout), list(steps), mode)
     assert a == b
-    assert events, "the observed twin ran the RetryCall (it announced the call)"
+    assert same_events(fast_events, slow_events)
+    if observed:
+        assert [type(e).__name__ for e in slow_events][:2] == ["CallStarted", "AttemptStarted"]
+        assert type(slow_events[-1]).__name__ == "CallEnded"
+        assert all(headers == {"traceparent": f"attempt-{n}"} for n, _, headers in a["attempts"])
 
 
+@pytest.mark.parametrize("observed", [False, True], ids=["unobserved", "observed"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("state", ["open", "half-open"])
-def test_a_breaker_that_is_not_closed_decides_on_both_paths_alike(state: str, mode: str) -> None:
+def test_a_breaker_that_is_not_closed_decides_on_both_paths_alike(state: str, mode: str, observed: bool) -> None:
     """Open: refused unsent with CircuitOpen; half-open: one probe slot taken, and the success closes it."""
     config = BreakerConfig(failure_threshold=1, open_seconds=10.0)
-    fast, observed, _ = twins(breaker=config, retry_budget=RetryBudgetConfig())
+    fast, slow, fast_events, slow_events = twins(breaker=config, retry_budget=RetryBudgetConfig(), observed=observed)
     results = []
-    for retrier in (fast, observed):
+    for retrier in (fast, slow):
         clock = retrier.clock
         assert isinstance(clock, FakeClock) and retrier.breakers is not None
         breaker = retrier.breakers.get(ENGINE)
@@ -151,24 +184,28 @@ def test_a_breaker_that_is_not_closed_decides_on_both_paths_alike(state: str, mo
             clock.advance(10.0)
         results.append(outcome(retrier, spec(EndpointPolicy(retry=QUICK)), [ok()], mode))
     assert results[0] == results[1]
+    assert same_events(fast_events, slow_events)
     if state == "open":
         assert results[0]["raised"][0].__name__ == "CircuitOpen" and results[0]["attempts"] == []
     else:
         assert results[0]["breaker"][0] is BreakerState.CLOSED
 
 
+@pytest.mark.parametrize("observed", [False, True], ids=["unobserved", "observed"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_spent_outer_deadline_fails_alike_before_any_attempt(mode: str) -> None:
-    fast, observed, _ = twins()
+def test_a_spent_outer_deadline_fails_alike_before_any_attempt(mode: str, observed: bool) -> None:
+    fast, slow, fast_events, slow_events = twins(observed=observed)
     results = []
-    for retrier in (fast, observed):
+    for retrier in (fast, slow):
         with Deadline(0.0, clock=retrier.clock):
             results.append(outcome(retrier, spec(EndpointPolicy(retry=QUICK)), [ok()], mode))
     assert results[0] == results[1] and results[0]["attempts"] == [] and "raised" in results[0]
+    assert same_events(fast_events, slow_events)
 
 
-def test_the_fast_path_is_taken_only_without_observers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With an observer every call builds its RetryCall from the start (events need it); without, a success builds none."""
+@pytest.mark.parametrize("observed", [False, True], ids=["unobserved", "observed"])
+def test_a_first_attempt_success_builds_no_retry_call(monkeypatch: pytest.MonkeyPatch, observed: bool) -> None:
+    """Observed or not, a success builds no RetryCall; a failed first attempt hands over to one; ``fast_path=False``: one a call."""
     import resilience.retry.call as retry_call
 
     built: list[object] = []
@@ -179,10 +216,11 @@ def test_the_fast_path_is_taken_only_without_observers(monkeypatch: pytest.Monke
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(retry_call.RetryCall, "__init__", counting)
-    fast, observed, events = twins()
+    fast, slow, fast_events, _ = twins(observed=observed)
     outcome(fast, spec(EndpointPolicy(retry=QUICK)), [ok()], "sync")
     assert built == []
+    assert [type(e).__name__ for e in fast_events] == (["CallStarted", "AttemptStarted", "AttemptEnded", "CallEnded"] if observed else [])
     outcome(fast, spec(EndpointPolicy(retry=QUICK)), [ok(502), ok()], "sync")
     assert len(built) == 1  # a failed first attempt hands over to a RetryCall
-    outcome(observed, spec(EndpointPolicy(retry=QUICK)), [ok()], "sync")
-    assert len(built) == 2 and type(events[0]).__name__ == "CallStarted"
+    outcome(slow, spec(EndpointPolicy(retry=QUICK)), [ok()], "sync")
+    assert len(built) == 2
