@@ -9,7 +9,10 @@ phase. The span tree, every attribute, and how it coexists with
 ("Traces").
 
 It needs only ``opentelemetry-api``: without an SDK every span is
-non-recording. Spans are started with explicit parents and never attached to
+non-recording, and a call whose span has no valid context (no SDK, or a
+provider that makes nothing) keeps no span tree at all: its attempts start
+no spans and inject only the caller's baggage, if any (a trace id never
+existed to propagate). Spans are started with explicit parents and never attached to
 the current context; per-call and per-transition state (keyed by ``call_id`` /
 ``transition_id``, guarded by a lock) is dropped on ``CallEnded`` /
 ``TransitionEnded``. The observer never raises (a failure is logged at WARNING
@@ -25,7 +28,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from opentelemetry import trace
+from opentelemetry import baggage, trace
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
 from opentelemetry.propagate import get_global_textmap
 from opentelemetry.propagators.textmap import TextMapPropagator
@@ -130,6 +133,8 @@ class TracingObserver(Dispatcher):
         self._propagator = propagator
         self._lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
+        self._untraced: set[int] = set()
+        """Calls whose span came back invalid (no SDK, or a provider that makes nothing): no span tree is kept for them."""
         self._transitions: dict[int, _Transition] = {}
         self._engines: dict[str, str] = {}
         self._call_cache: dict[tuple[str, str, str], tuple[str, Mapping[str, AttributeValue]]] = {}
@@ -152,9 +157,9 @@ class TracingObserver(Dispatcher):
 
     @property
     def in_flight(self) -> int:
-        """Calls plus transitions whose spans are still open (0 once every call and transition ended)."""
+        """Calls (traced or not) plus transitions still open (0 once every call and transition ended)."""
         with self._lock:
-            return len(self._calls) + len(self._transitions)
+            return len(self._calls) + len(self._untraced) + len(self._transitions)
 
     # -- helpers -----------------------------------------------------------------
 
@@ -220,6 +225,9 @@ class TracingObserver(Dispatcher):
         if ev.deadline_s is not None:
             attrs = {**attrs, "resilience.deadline_s": ev.deadline_s}
         span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+        if not span.get_span_context().is_valid:  # nothing records, and no trace id to propagate: skip the call's tree
+            self._untraced.add(ev.call_id)
+            return
         call = _Call(span)
         with self._lock:
             stale = self._calls.pop(ev.call_id, None)
@@ -230,6 +238,8 @@ class TracingObserver(Dispatcher):
     def _attempt_started(self, ev: AttemptStarted) -> None:
         call = self._calls.get(ev.call_id)
         if call is None:
+            if ev.call_id in self._untraced and baggage.get_all():  # no span, but the caller's baggage still travels
+                (self._propagator or get_global_textmap()).inject(ev.carrier)
             return
         if call.attempt is not None:  # the previous attempt never ended: close it
             call.attempt.end()
@@ -290,6 +300,9 @@ class TracingObserver(Dispatcher):
             call.span.add_event("resilience.probe_completed", {"resilience.probe.answer": ev.answer})
 
     def _call_ended(self, ev: CallEnded) -> None:
+        if ev.call_id in self._untraced:
+            self._untraced.discard(ev.call_id)
+            return
         with self._lock:
             call = self._calls.pop(ev.call_id, None)
         if call is not None:

@@ -409,3 +409,34 @@ def test_observer_never_raises(provider: TracerProvider, exporter: InMemorySpanE
     assert "TracingObserver failed on AttemptStarted" in caplog.text
     obs(call_ended(call_id=17, method="GET", endpoint="GET /x", outcome=CallOutcome.FAILED, status=None, error_type="RuntimeError"))
     assert obs.in_flight == 0
+
+
+def test_without_an_sdk_a_call_keeps_no_span_tree_and_sends_only_baggage() -> None:
+    """The API's no-op provider: no traceparent, nothing left in flight; the caller's baggage is still injected.
+
+    A sampled-out SDK span (valid context, not recording) is not this case: its traceparent travels (see
+    ``test_traceparent_is_the_attempt_span`` for the recording one).
+    """
+    from opentelemetry import baggage
+
+    obs = TracingObserver(trace.NoOpTracerProvider())
+    assert run_call(obs, 21, [502, 200]) == [{}, {}]
+    assert obs.in_flight == 0
+    token = otel_context.attach(baggage.set_baggage("tenant", "rl-7"))
+    try:
+        carriers = run_call(obs, 22, [200])
+    finally:
+        otel_context.detach(token)
+    assert carriers == [{"baggage": "tenant=rl-7"}]
+    assert obs.in_flight == 0
+
+
+def test_a_sampled_out_call_still_propagates_its_trace_id(exporter: InMemorySpanExporter) -> None:
+    """An SDK that samples the call out (valid context, not recording) keeps the tree: the attempt's traceparent goes out."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    obs = TracingObserver(TracerProvider(sampler=ALWAYS_OFF))
+    (carrier,) = run_call(obs, 23, [200])
+    flags = int(carrier["traceparent"].rsplit("-", 1)[1], 16)
+    assert flags & 1 == 0  # a trace id, not sampled
+    assert obs.in_flight == 0
