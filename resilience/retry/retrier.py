@@ -20,8 +20,8 @@ import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, TypeVar
 
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
+from resilience.breaker import BreakerConfig, BreakerRegistry, CircuitBreaker
+from resilience.budget import RetryBudget, RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
@@ -34,6 +34,8 @@ from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 __all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
 
 R = TypeVar("R")
+_ENGINES_KEPT = 4096
+"""Engines whose breaker and budget a ``Retrier`` keeps at hand; past that it asks the registries each call."""
 Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], AttemptResult[R]]
 """``attempt(n, (connect_s, read_s), headers)``: make attempt ``n``; report transport errors, never raise them."""
 AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[AttemptResult[R]]]
@@ -71,6 +73,8 @@ class Retrier:
         self.clock = clock
         self.rng = rng
         self.error_types = error_types if error_types is not None else ErrorTypes()
+        self._engines: dict[str, tuple[CircuitBreaker | None, RetryBudget | None]] = {}
+        """engine -> (its breaker, its budget), as the registries hand them out; at most ``_ENGINES_KEPT``."""
 
     @classmethod
     def from_configs(
@@ -115,13 +119,15 @@ class Retrier:
 
     def _first(self, spec: CallSpec) -> FirstAttempt[Any]:
         """The fast path's start of a call (``resilience.retry.first_attempt``)."""
-        return FirstAttempt(
-            spec,
-            self.breakers.get(spec.engine) if self.breakers is not None else None,
-            self.budgets.get(spec.engine) if self.budgets is not None else None,
-            self.clock,
-            self.observers,
-        )
+        parts = self._engines.get(spec.engine)
+        if parts is None:  # registries never forget an engine, so its breaker and budget can be kept here
+            parts = (
+                self.breakers.get(spec.engine) if self.breakers is not None else None,
+                self.budgets.get(spec.engine) if self.budgets is not None else None,
+            )
+            if len(self._engines) < _ENGINES_KEPT:
+                self._engines[spec.engine] = parts
+        return FirstAttempt(spec, parts[0], parts[1], self.clock, self.observers)
 
     def run(
         self,
