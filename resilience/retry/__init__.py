@@ -14,8 +14,9 @@ Read them in this order; each name has one import path, its module's
    to the code that applies them.
 3. ``resilience.retry.retrier``: ``Retrier``, which holds what calls share and
    drives a ``RetryCall`` with real I/O (``run``, ``arun``).
-4. ``resilience.retry.first_attempt``: the success fast path of a call nobody
-   observes; it skips work only, never a rule.
+4. ``resilience.retry.first_attempt``: the success fast path every call starts
+   on (observed or not: it announces the same events); it skips work only,
+   never a rule.
 
 The parts each call consults stay in their own modules, shared with the rest
 of the library: ``resilience.policy`` (what the caller asked for),
