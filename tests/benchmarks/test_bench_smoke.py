@@ -225,3 +225,14 @@ def test_async_soak_reports_every_driver() -> None:
         assert start > 0 and end > 0
         connections, pool = (int(x) for x in NUMBER.findall(r[6]))
         assert 1 <= connections <= pool == 4
+
+
+def test_insitu_own_time_measures_ours_and_the_timing_layers_on_every_driver() -> None:
+    """Four transports, each with the timing layers alone and with ours between them; every figure positive."""
+    rows = _rows(_run("insitu_own_time.py", "--calls", "50", "--rounds", "1"))
+    seen = {(r[0], r[1]) for r in rows}
+    transports = ("requests", "httpx sync", "httpx async", "aiohttp")
+    assert seen == {(t, who) for t in transports for who in ("bare (the timing layers alone)", "ours")}
+    for row in rows:
+        _positive(row[2])
+        _positive(row[3])
