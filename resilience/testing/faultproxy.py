@@ -321,13 +321,13 @@ class FaultProxy:
         self._url = f"http://{host}:{port}"
         self._thread_prefix = f"faultproxy-e{self.engine_index}-{port}"
         server.timeout = _POLL
-        self._accept_thread = threading.Thread(target=self._accept_loop, name=f"{self._thread_prefix}-accept", daemon=True)
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, args=(server,), name=f"{self._thread_prefix}-accept", daemon=True
+        )
         self._accept_thread.start()
         return self._url
 
-    def _accept_loop(self) -> None:
-        server = self._server
-        assert server is not None
+    def _accept_loop(self, server: _Server) -> None:
         while not self._stopping.is_set():  # each turn waits at most _POLL seconds
             try:
                 server.handle_request()
@@ -346,8 +346,9 @@ class FaultProxy:
             self._stopping.set()
             server, self._server = self._server, None
         deadline = time.monotonic() + timeout
-        if self._accept_thread is not None:
-            self._accept_thread.join(max(0.0, deadline - time.monotonic()))
+        accept = self._accept_thread
+        if accept is not None and accept.ident is not None:  # an interrupt may come between building it and starting it
+            accept.join(max(0.0, deadline - time.monotonic()))
         if server is not None:
             server.server_close()
         with self._lock:

@@ -703,3 +703,30 @@ def test_seed_like_status_after_adds_gateway_statuses_after_the_engine_applied()
     assert FaultPlan.seed_like(seed=3, status_after=0.0).rules == FaultPlan.seed_like(seed=3).rules
     with pytest.raises(FaultPlanError, match=r"`status_after` must be a number between 0 and 1, but was -0\.1"):
         FaultPlan.seed_like(seed=3, status_after=-0.1)
+
+
+def test_an_interrupt_between_building_and_starting_the_accept_thread_still_stops_cleanly(
+    upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C can land inside ``start()`` after the listener is bound: ``stop()`` then closes it without joining an unstarted thread."""
+    original = threading.Thread.start
+
+    def interrupted(self: threading.Thread) -> None:
+        if self.name.endswith("-accept"):
+            raise KeyboardInterrupt
+        original(self)
+
+    proxy = FaultProxy(upstream.url, plan())
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        proxy.start()
+    monkeypatch.undo()
+    port = int(proxy.url.rsplit(":", 1)[1])
+    proxy.stop()  # no "cannot join thread before it is started"
+    probe = socket.socket()
+    try:
+        probe.settimeout(TIMEOUT)
+        with pytest.raises(ConnectionRefusedError):
+            probe.connect(("127.0.0.1", port))
+    finally:
+        probe.close()
