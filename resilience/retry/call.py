@@ -107,7 +107,19 @@ from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
 from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
 
-__all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Wait"]
+__all__ = [
+    "AskProbe",
+    "Decision",
+    "NextStep",
+    "Raise",
+    "RetryCall",
+    "Return",
+    "Send",
+    "Wait",
+    "attempt_ended",
+    "attempt_started",
+    "call_ended",
+]
 
 R = TypeVar("R")
 _call_ids = itertools.count(1)
@@ -273,20 +285,7 @@ class RetryCall(Generic[R]):
         timeouts = attempt_timeouts(spec, self.hard.remaining())
         carrier: dict[str, str] = {}
         if self.observers:
-            emit(
-                self.observers,
-                AttemptStarted(
-                    call_id=self.call_id,
-                    attempt=n,
-                    method=spec.method,
-                    endpoint=spec.match.endpoint,
-                    engine=spec.engine,
-                    server_address=spec.server_address,
-                    server_port=spec.server_port,
-                    timeout_s=timeouts[1],
-                    carrier=carrier,
-                ),
-            )
+            emit(self.observers, attempt_started(self.call_id, spec, n, timeouts, carrier))
         self._in_flight = True
         self._flight_started = self.clock.monotonic()
         return Send(n, timeouts, carrier)
@@ -302,21 +301,7 @@ class RetryCall(Generic[R]):
         outcome = classify(spec.match.policy, status=result.status, delivery=result.delivery, retry_after=result.retry_after)
         error_type = type(result.error).__qualname__ if result.error is not None else None
         if self.observers:
-            emit(
-                self.observers,
-                AttemptEnded(
-                    call_id=self.call_id,
-                    attempt=n,
-                    method=spec.method,
-                    endpoint=spec.match.endpoint,
-                    engine=spec.engine,
-                    status=result.status,
-                    outcome=outcome,
-                    error_type=error_type or (str(result.status) if outcome is not Outcome.SUCCESS else None),
-                    sent=result.delivery is not Delivery.NOT_SENT,
-                    duration_s=duration,
-                ),
-            )
+            emit(self.observers, attempt_ended(self.call_id, spec, n, result, outcome, error_type, duration))
         self.last = result
         self._released = False
         self.records.append(AttemptRecord(n, result.status, outcome, result.delivery, error_type, duration))
@@ -612,22 +597,9 @@ class RetryCall(Generic[R]):
         self._record_breaker(outcome, neutral)
         if not self.observers:
             return
-        spec = self.spec
-        emit(
-            self.observers,
-            CallEnded(
-                call_id=self.call_id,
-                method=spec.method,
-                endpoint=spec.match.endpoint,
-                engine=spec.engine,
-                outcome=outcome,
-                status=self.last.status if self.last is not None else None,
-                attempts=len(self.records),
-                duration_s=self.clock.monotonic() - self.started,
-                error_type=error_type,
-                retry_budget_tokens=self.budget.tokens if self.budget is not None else None,
-            ),
-        )
+        status = self.last.status if self.last is not None else None
+        duration = self.clock.monotonic() - self.started
+        emit(self.observers, call_ended(self.call_id, self.spec, outcome, status, len(self.records), duration, error_type, self.budget))
 
 
 def _gateway_probe(spec: CallSpec, result: AttemptResult[Any]) -> Callable[[ProbeContext], Any] | None:
@@ -659,3 +631,64 @@ def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
         error.attempts = records  # type: ignore[attr-defined]
     except AttributeError:
         pass
+
+
+# -- the events of one call, built one way for the RetryCall and the fast path (resilience.retry.first_attempt) --
+
+
+def attempt_started(call_id: int, spec: CallSpec, n: int, timeouts: Timeouts, carrier: dict[str, str]) -> AttemptStarted:
+    """``AttemptStarted`` of attempt ``n``, whose headers observers fill through ``carrier``."""
+    return AttemptStarted(
+        call_id=call_id,
+        attempt=n,
+        method=spec.method,
+        endpoint=spec.match.endpoint,
+        engine=spec.engine,
+        server_address=spec.server_address,
+        server_port=spec.server_port,
+        timeout_s=timeouts[1],
+        carrier=carrier,
+    )
+
+
+def attempt_ended(
+    call_id: int, spec: CallSpec, n: int, result: AttemptResult[Any], outcome: Outcome, error_type: str | None, duration_s: float
+) -> AttemptEnded:
+    """``AttemptEnded`` of attempt ``n``: its error type, or on a failed status the status itself."""
+    return AttemptEnded(
+        call_id=call_id,
+        attempt=n,
+        method=spec.method,
+        endpoint=spec.match.endpoint,
+        engine=spec.engine,
+        status=result.status,
+        outcome=outcome,
+        error_type=error_type or (str(result.status) if outcome is not Outcome.SUCCESS else None),
+        sent=result.delivery is not Delivery.NOT_SENT,
+        duration_s=duration_s,
+    )
+
+
+def call_ended(
+    call_id: int,
+    spec: CallSpec,
+    outcome: CallOutcome,
+    status: int | None,
+    attempts: int,
+    duration_s: float,
+    error_type: str | None,
+    budget: RetryBudget | None,
+) -> CallEnded:
+    """``CallEnded``, with the engine's retry-budget balance read now (when a budget is in use)."""
+    return CallEnded(
+        call_id=call_id,
+        method=spec.method,
+        endpoint=spec.match.endpoint,
+        engine=spec.engine,
+        outcome=outcome,
+        status=status,
+        attempts=attempts,
+        duration_s=duration_s,
+        error_type=error_type,
+        retry_budget_tokens=budget.tokens if budget is not None else None,
+    )

@@ -29,9 +29,9 @@ from resilience.budget import RetryBudget
 from resilience.clock import Clock
 from resilience.deadline import Deadline
 from resilience.errors import ErrorTypes
-from resilience.events import AttemptEnded, AttemptStarted, CallEnded, CallStarted, Observer, emit
-from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
-from resilience.retry.call import RetryCall, _call_ids
+from resilience.events import CallStarted, Observer, emit
+from resilience.outcome import AttemptRecord, CallOutcome, Outcome
+from resilience.retry.call import RetryCall, _call_ids, attempt_ended, attempt_started, call_ended
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, deadline_times, is_success_status
 
 __all__ = ["NO_HEADERS", "FirstAttempt"]
@@ -106,7 +106,7 @@ class FirstAttempt(Generic[R]):
                 if observers:  # as ``RetryCall.next_step``
                     carrier: dict[str, str] = {}
                     self.headers = carrier
-                    emit(observers, _attempt_started(self.call_id, spec, timeouts, carrier))
+                    emit(observers, attempt_started(self.call_id, spec, 0, timeouts, carrier))
                     self.flight = clock.monotonic()
 
     def finish(self, result: AttemptResult[R]) -> tuple[R, tuple[AttemptRecord, ...]] | None:
@@ -121,13 +121,12 @@ class FirstAttempt(Generic[R]):
         record = AttemptRecord(0, status, Outcome.SUCCESS, result.delivery, error, clock.monotonic() - self.flight)
         observers = self.observers
         if observers:  # as ``RetryCall.attempt_done``
-            sent = result.delivery is not Delivery.NOT_SENT
-            emit(observers, _attempt_ended(self.call_id, spec, status, error, sent, record.duration_s))
+            emit(observers, attempt_ended(self.call_id, spec, 0, result, Outcome.SUCCESS, error, record.duration_s))
         if self.breaker is not None:
             self.breaker.record_success(self.permit)
         if observers:  # as ``RetryCall._end``
-            tokens = self.budget.tokens if self.budget is not None else None
-            emit(observers, _call_ended(self.call_id, spec, status, clock.monotonic() - self.started, tokens))
+            duration = clock.monotonic() - self.started
+            emit(observers, call_ended(self.call_id, spec, CallOutcome.SUCCESS, status, 1, duration, None, self.budget))
         return response, (record,)
 
     def take_over(self, rng: Any, errors: ErrorTypes, *, in_flight: bool) -> RetryCall[R]:
@@ -155,46 +154,3 @@ class FirstAttempt(Generic[R]):
             call.call_id = self.call_id
         return call
 
-
-def _attempt_started(call_id: int, spec: CallSpec, timeouts: Timeouts, carrier: dict[str, str]) -> AttemptStarted:
-    return AttemptStarted(
-        call_id=call_id,
-        attempt=0,
-        method=spec.method,
-        endpoint=spec.match.endpoint,
-        engine=spec.engine,
-        server_address=spec.server_address,
-        server_port=spec.server_port,
-        timeout_s=timeouts[1],
-        carrier=carrier,
-    )
-
-
-def _attempt_ended(call_id: int, spec: CallSpec, status: int, error: str | None, sent: bool, duration_s: float) -> AttemptEnded:
-    return AttemptEnded(
-        call_id=call_id,
-        attempt=0,
-        method=spec.method,
-        endpoint=spec.match.endpoint,
-        engine=spec.engine,
-        status=status,
-        outcome=Outcome.SUCCESS,
-        error_type=error,
-        sent=sent,
-        duration_s=duration_s,
-    )
-
-
-def _call_ended(call_id: int, spec: CallSpec, status: int, duration_s: float, tokens: float | None) -> CallEnded:
-    return CallEnded(
-        call_id=call_id,
-        method=spec.method,
-        endpoint=spec.match.endpoint,
-        engine=spec.engine,
-        outcome=CallOutcome.SUCCESS,
-        status=status,
-        attempts=1,
-        duration_s=duration_s,
-        error_type=None,
-        retry_budget_tokens=tokens,
-    )
