@@ -77,6 +77,21 @@ def resolve_timeout(timeout: object) -> Urllib3Timeout:
     return Urllib3Timeout(connect=cast(Any, timeout), read=cast(Any, timeout))
 
 
+_URLLIB3_TIMEOUTS: dict[tuple[float | None, float | None], Urllib3Timeout] = {}
+"""One urllib3 ``Timeout`` per (connect, read) pair seen, at most 64 (emptied when full): urllib3 clones the one it is
+handed before it times anything (``HTTPConnectionPool._get_timeout``), so one object serves every attempt."""
+
+
+def _urllib3_timeout(timeouts: tuple[float | None, float | None]) -> Urllib3Timeout:
+    """The urllib3 ``Timeout`` of an attempt's (connect, read) seconds (None = no limit)."""
+    found = _URLLIB3_TIMEOUTS.get(timeouts)
+    if found is None:
+        if len(_URLLIB3_TIMEOUTS) >= 64:
+            _URLLIB3_TIMEOUTS.clear()
+        found = _URLLIB3_TIMEOUTS[timeouts] = Urllib3Timeout(connect=timeouts[0], read=timeouts[1])
+    return found
+
+
 def _timeout_pair(timeout: Urllib3Timeout) -> tuple[float | None, float | None]:
     """The caller's (connect, read) seconds; None = no limit (also for urllib3's "socket default")."""
 
@@ -297,12 +312,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
                 request.headers.update(carrier)
             try:
                 response = super(ResilientAdapter, self).send(
-                    request,
-                    stream=stream,
-                    timeout=cast(Any, Urllib3Timeout(connect=timeouts[0], read=timeouts[1])),
-                    verify=verify,
-                    cert=cert,
-                    proxies=proxies,
+                    request, stream=stream, timeout=cast(Any, _urllib3_timeout(timeouts)), verify=verify, cert=cert, proxies=proxies
                 )
             except (
                 requests.exceptions.SSLError,
