@@ -287,7 +287,7 @@ class AsyncOrchestrator(BarrierView[A]):
         collector stays paused from here until it returns (at most ``gc_pause_s``).
         """
         step: Step | None = None
-        collector = pause_collector(self.gc_pause_s, state.loop)
+        collector = pause_collector(self.gc_pause_s)
         try:
             with self.rules.lock:
                 step = next(steps)

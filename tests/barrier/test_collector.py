@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,12 @@ DEADLINES = PhaseDeadlines(transition_s=10.0, pause_s=3, flush_s=3, release_s=3,
 
 @pytest.fixture(autouse=True)
 def collector_enabled() -> Iterator[None]:
-    """Each test starts with the collector on, and leaves it as it found it (a failing test must not leave it off)."""
+    """Each test starts with the collector on and no pause held (an earlier test's fan-out may still linger, bounded), and
+    leaves it as it found it (a failing test must not leave it off)."""
+    for _ in range(1000):
+        if not collector_paused_by_us():
+            break
+        time.sleep(0.01)
     was = gc.isenabled()
     gc.enable()
     yield
@@ -49,7 +55,7 @@ def watching(n: int) -> list[Watching]:
 @pytest.mark.asyncio
 async def test_a_pause_is_held_until_its_end_and_end_is_idempotent() -> None:
     """The collector is off from ``pause_collector`` until ``end()``; a second ``end()`` changes nothing."""
-    pause = pause_collector(DEFAULT_GC_PAUSE_S, asyncio.get_running_loop())
+    pause = pause_collector(DEFAULT_GC_PAUSE_S)
     assert pause.held and not gc.isenabled() and collector_paused_by_us()
     pause.end()
     assert not pause.held and gc.isenabled() and not collector_paused_by_us()
@@ -60,28 +66,68 @@ async def test_a_pause_is_held_until_its_end_and_end_is_idempotent() -> None:
 @pytest.mark.asyncio
 async def test_overlapping_pauses_give_the_collector_back_when_the_last_ends() -> None:
     """Two phases at once: the collector stays off until both let go, in either order."""
-    loop = asyncio.get_running_loop()
-    first, second = pause_collector(5.0, loop), pause_collector(5.0, loop)
+    first, second = pause_collector(5.0), pause_collector(5.0)
     first.end()
     assert not gc.isenabled()
     second.end()
     assert gc.isenabled()
 
 
-@pytest.mark.asyncio
-async def test_a_pause_ends_by_itself_at_its_bound() -> None:
-    """A phase that outlasts its bound gives the collector back then, while it still runs (its timer fires first)."""
-    pause = pause_collector(0.01, asyncio.get_running_loop())
+def until_collector_runs(turns: int = 2000) -> None:
+    """Wait (bounded: 20 s) for the watchdog to give the collector back; fail if it never does."""
+    for _ in range(turns):
+        if gc.isenabled():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the collector is still paused")
+
+
+def test_a_pause_ends_by_itself_at_its_bound() -> None:
+    """A phase that outlasts its bound gives the collector back then, while it still runs (the watchdog ends it)."""
+    pause = pause_collector(0.01)
     assert not gc.isenabled()
-    await asyncio.sleep(0.2)  # the loop runs the 0.01 s timer before it ends this later sleep
-    assert not pause.held and gc.isenabled()
+    until_collector_runs()
+    assert not pause.held
+
+
+def test_a_pause_whose_loop_stopped_still_ends() -> None:
+    """A phase on a loop that stopped running mid-phase (its task never resumed, its timers never fire) still gives the
+    collector back."""
+    loop = asyncio.new_event_loop()
+
+    async def phase_forever() -> None:
+        pause_collector(0.05)
+        await asyncio.Event().wait()
+
+    try:
+        task = loop.create_task(phase_forever())
+        loop.run_until_complete(asyncio.sleep(0))  # the phase took its pause; the loop then stops running
+        assert not gc.isenabled() and not task.done()
+        until_collector_runs()
+        task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+    finally:
+        loop.close()
+
+
+def test_end_after_lingers_but_never_past_the_bound() -> None:
+    """``end_after`` keeps the pause a while longer, and a linger longer than the bound still ends at the bound."""
+    pause = pause_collector(0.05)
+    pause.end_after(60.0)  # capped at the 0.05 s bound
+    assert not gc.isenabled()
+    until_collector_runs()
+    pause = pause_collector(60.0)
+    pause.end_after(0.01)
+    assert not gc.isenabled()
+    until_collector_runs()
+    pause.end()
 
 
 @pytest.mark.asyncio
 async def test_a_collector_disabled_before_is_left_disabled() -> None:
     """A process that runs without automatic collection keeps running without it."""
     gc.disable()
-    pause = pause_collector(5.0, asyncio.get_running_loop())
+    pause = pause_collector(5.0)
     assert not collector_paused_by_us()
     pause.end()
     assert not gc.isenabled()
@@ -91,7 +137,7 @@ async def test_a_collector_disabled_before_is_left_disabled() -> None:
 @pytest.mark.asyncio
 async def test_a_pause_of_zero_leaves_the_collector_alone() -> None:
     """``max_s = 0`` pauses nothing."""
-    pause = pause_collector(0.0, asyncio.get_running_loop())
+    pause = pause_collector(0.0)
     assert not pause.held and gc.isenabled()
 
 
@@ -149,9 +195,10 @@ def test_async_fanout_pauses_on_its_loop_and_gives_back() -> None:
     with AsyncFanOut() as fanout:
         orch = Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=DEADLINES)
         orch.offload()
-        assert gc.isenabled()
+        until_collector_runs()  # after a linger for the fold (FOLD_LINGER_S)
         orch.onload()
-    assert gc.isenabled() and all(e.collector_on == [False] * 5 for e in engines)
+    until_collector_runs()  # closed: the watchdog ends what lingered
+    assert all(e.collector_on == [False] * 5 for e in engines)
     engines = watching(1)
     with AsyncFanOut(gc_pause_s=0) as fanout:
         Orchestrator(EngineGroup(engines), fanout=fanout, deadlines=DEADLINES).offload()
