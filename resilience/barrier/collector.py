@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import os
 import threading
 import time
@@ -47,6 +48,8 @@ _ids = itertools.count()
 _ours = False
 """True while the collector is disabled because of a pause (it was enabled when the first one came)."""
 _watchdog: threading.Thread | None = None
+_wakes_at = math.inf
+"""When the watchdog looks next (inf: when woken): a pause ending later needs no wake-up (no thread switch per phase)."""
 
 
 def _resume_if_free() -> None:
@@ -58,17 +61,15 @@ def _resume_if_free() -> None:
 
 def _watch() -> None:
     """The watchdog thread: ends every pause at its bound, whatever became of the loop or thread that took it."""
+    global _wakes_at
     with _cond:
         while True:
-            if not _holds:
-                _cond.wait()
-                continue
             now = time.monotonic()
             for hold in [h for h, ends in _holds.items() if ends <= now]:
                 del _holds[hold]
             _resume_if_free()
-            if _holds:
-                _cond.wait(min(_holds.values()) - now)
+            _wakes_at = min(_holds.values(), default=math.inf)
+            _cond.wait(None if math.isinf(_wakes_at) else _wakes_at - now)
 
 
 def _take(max_s: float) -> tuple[int, float]:
@@ -82,7 +83,8 @@ def _take(max_s: float) -> tuple[int, float]:
         if _watchdog is None:
             _watchdog = threading.Thread(target=_watch, name="cpr-gc-pause-watchdog", daemon=True)
             _watchdog.start()
-        _cond.notify()
+        elif ends < _wakes_at:
+            _cond.notify()
         return hold, ends
 
 
@@ -96,15 +98,17 @@ def _move(hold: int, ends: float | None) -> None:
             _resume_if_free()
         else:
             _holds[hold] = ends
-            _cond.notify()
+            if ends < _wakes_at:
+                _cond.notify()
 
 
 def _after_fork_in_child() -> None:
     """A forked child has no watchdog and holds no pause of its parent's: start clean, the collector as it was before."""
-    global _cond, _watchdog, _ours
+    global _cond, _watchdog, _ours, _wakes_at
     _cond = threading.Condition()
     _holds.clear()
     _watchdog = None
+    _wakes_at = math.inf
     if _ours:
         _ours = False
         gc.enable()
