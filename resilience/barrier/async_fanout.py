@@ -346,8 +346,10 @@ class AsyncFanOut:
         if not calls:
             return []
         slot = _Slot()
-        future = self._submit(self._phase(calls, method, deadline, slot), contextvars.copy_context())
         try:
+            # the submit is inside the try: an interrupt that lands in it once the phase is queued on the loop (its
+            # self-pipe write, say) must still mark the phase abandoned, or the phase would run unseen
+            future = self._submit(self._phase(calls, method, deadline, slot), contextvars.copy_context())
             return future.result()
         except BaseException as exc:
             self._read_back(exc, slot, calls, method)
@@ -355,7 +357,7 @@ class AsyncFanOut:
 
     def _read_back(self, exc: BaseException, slot: _Slot, calls: Calls, method: str) -> None:
         loop = self._loop
-        if loop is None or loop.is_closed():
+        if loop is None or loop.is_closed() or self._thread is threading.current_thread():  # on the loop: it cannot answer
             return
         read: Future[list[EngineResult]] = Future()
 
