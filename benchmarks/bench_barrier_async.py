@@ -6,7 +6,11 @@ N fake SGLang engines listen on 127.0.0.1 (``benchmarks/_engines.py``: one
 asyncio loop in a child process, every control call answered after
 ``--latency`` seconds). One round is ``offload()`` then ``onload()``: pause,
 flush, release, resume, continue, each phase sent to all N engines at once.
-Measured side by side, interleaved round by round in a shuffled order:
+Each variant runs in a driver process of its own, so the garbage collector
+walks only that variant's objects (in one shared process, every full
+collection walked all six variants' clients, and the variant that pauses the
+collector least paid most). The variants take turns, one round each at a time,
+in an order shuffled every repeat:
 
 - ``ThreadFanOut``: the sync ``Orchestrator`` with ``SGLangClient``s (requests);
 - ``AsyncFanOut``: the sync ``Orchestrator`` with ``AsyncFanOut`` (its own loop
@@ -15,7 +19,7 @@ Measured side by side, interleaved round by round in a shuffled order:
   ``AsyncFanOut`` and ``AsyncSGLangClient``s, on the driver's own loop, built
   as a user builds it by default: ``AsyncOrchestrator(EngineGroup(
   [AsyncSGLangClient(u) for u in urls]))``, each client on its own default
-  session;
+  session, every other setting left at its default (the plain-default row);
 - the same with one aiohttp session (and its ``ResilientMiddleware``) shared
   by all clients, to show what a shared session would change;
 - the raw aiohttp floor: the same five phases' POSTs (same paths and bodies)
@@ -30,13 +34,13 @@ engine's answer) and the raw-aiohttp round measured in the same run.
 Targets: AsyncFanOut and AsyncOrchestrator within 1.15x of the raw-aiohttp
 floor at every N; ThreadFanOut's row is kept for comparison (its speed-up
 column), with no target. Every size needs about 6 x N file descriptors in the
-driver and as many in the engines' process: the benchmark raises its soft
+drivers and as many in the engines' process: the benchmark raises its soft
 limit (``RLIMIT_NOFILE``) toward the hard one when that is short, and says so
 in the table's comment line. A variant whose module is not
 importable is skipped and named under the table. Progress goes to stderr, the
 markdown table to stdout; the engines' process and every client are closed
 whatever happens. ``--profile`` writes a cProfile of the AsyncOrchestrator
-rounds at the largest N (the loop runs in the driver's main thread, so the
+rounds at the largest N (the loop runs in its driver's main thread, so the
 profile sees all of it) to stderr.
 """
 
@@ -47,16 +51,19 @@ import asyncio
 import cProfile
 import gc
 import io
+import multiprocessing
 import os
 import platform
 import pstats
 import random
 import resource
+import signal
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +86,7 @@ TARGET_VS_FLOOR = 1.15
 AORCH = "AsyncOrchestrator"
 SHARED = "AsyncOrchestrator, one shared session"
 FDS_PER_ENGINE = 8
-"""File descriptors the driver may hold per engine: a connection per variant (six) and a margin (sockets, pipes, epoll)."""
+"""File descriptors a process may hold per engine: the engines' one connection per variant (six), a listening socket, a margin."""
 RAW_PHASES: tuple[tuple[str, dict[str, Any] | None, dict[str, str] | None], ...] = (
     ("/pause_generation", {"mode": "abort"}, None),
     ("/flush_cache", None, {"timeout": "0.000"}),
@@ -272,69 +279,149 @@ async def shared_session_variant(urls: list[str]) -> Variant:
     return Variant(SHARED, round_, True, session.close)
 
 
-def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], profile: bool, gc_mode: str = "on") -> list[Cell]:
-    """Start N engines, build every variant, time ``repeats`` interleaved rounds each, stop everything.
+ROUND_TIMEOUT_S = 600.0
+"""The longest the benchmark waits for one variant's process to build, warm up or run a round."""
+BUILDERS: dict[str, Callable[[list[str], asyncio.AbstractEventLoop], Variant]] = {
+    FLOOR: lambda urls, loop: loop.run_until_complete(raw_floor(urls)),
+    "ThreadFanOut": lambda urls, loop: thread_variant(urls),
+    CLIENT_GATHER: lambda urls, loop: loop.run_until_complete(client_gather_variant(urls)),
+    "AsyncFanOut (sync Orchestrator)": async_fanout_variant,
+    AORCH: lambda urls, loop: loop.run_until_complete(async_orchestrator_variant(urls)),
+    SHARED: lambda urls, loop: loop.run_until_complete(shared_session_variant(urls)),
+}
+"""Each variant's builder, by the name its row has: run in the variant's own driver process."""
 
-    ``gc_mode``: ``on`` (Python's default), ``freeze`` (``gc.freeze()`` once every
-    variant is built: the clients, sessions and engines' objects leave the
-    collector's generations) or ``off`` (``gc.disable()`` for the rounds).
+
+def _driver(name: str, n: int, urls: list[str], gc_mode: str, profile: bool, conn: Connection) -> None:
+    """One variant's driver process: build it, run one untimed round, then one timed round per ``"round"`` message.
+
+    Answers ``("ready", None)``, ``("skip", why)`` or ``("failed", why)`` once
+    built and warmed up, then ``("round", (wall, cpu))`` per round; any other
+    message (or the parent's end closing) closes the variant and ends it.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C stops us through its pipe
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    variants: list[Variant] = []
     profiler = cProfile.Profile() if profile else None
+    variant: Variant | None = None
     try:
-        with FakeEngines(n, latency_s) as engines:
-            urls = list(engines.urls)
-            variants.append(loop.run_until_complete(raw_floor(urls)))
-            variants.append(thread_variant(urls))
-            builders: list[tuple[str, Callable[[], Variant]]] = [
-                (CLIENT_GATHER, lambda: loop.run_until_complete(client_gather_variant(urls))),
-                ("AsyncFanOut (sync Orchestrator)", lambda: async_fanout_variant(urls, loop)),
-                (AORCH, lambda: loop.run_until_complete(async_orchestrator_variant(urls))),
-                (SHARED, lambda: loop.run_until_complete(shared_session_variant(urls))),
-            ]
-            for name, build in builders:
-                try:
-                    variants.append(build())
-                except ImportError as exc:
-                    _note(skipped, f"{name} ({exc})")
-                except Exception as exc:  # a broken variant is reported, the others still measured
-                    _note(skipped, f"{name} at N={n} (failed to start: {exc!r})")
-            if gc_mode == "freeze":
-                gc.collect()
-                gc.freeze()
-            elif gc_mode == "off":
-                gc.disable()
-            for v in list(variants):  # one untimed round each: lazy imports, first connections
-                try:
-                    _run(loop, v, None)
-                except Exception as exc:
-                    if v.name in (FLOOR, "ThreadFanOut"):
-                        raise
-                    _note(skipped, f"{v.name} at N={n} (failed: {exc!r})")
-                    variants.remove(v)
-                    _close(loop, v)
-            rng = random.Random(n)
-            order = list(variants)
-            for i in range(repeats):
-                rng.shuffle(order)
-                for v in order:
-                    wall, cpu = _run(loop, v, profiler if v.name == AORCH else None)
-                    v.rounds.append(wall)
-                    v.cpu.append(cpu)
-                progress(f"N={n} repeat {i + 1}/{repeats}: " + ", ".join(f"{v.name} {v.rounds[-1]:.3f} s" for v in variants))
+        try:
+            variant = BUILDERS[name](urls, loop)
+        except ImportError as exc:
+            conn.send(("skip", f"{name} ({exc})"))
+            return
+        except Exception as exc:  # a broken variant is reported, the others still measured
+            conn.send(("skip", f"{name} at N={n} (failed to start: {exc!r})"))
+            return
+        if gc_mode == "freeze":
+            gc.collect()
+            gc.freeze()
+        elif gc_mode == "off":
+            gc.disable()
+        try:
+            _run(loop, variant, None)  # one untimed round: lazy imports, first connections
+        except Exception as exc:
+            conn.send(("failed", f"{name} at N={n} (failed: {exc!r})"))
+            return
+        conn.send(("ready", None))
+        while conn.poll(ROUND_TIMEOUT_S) and conn.recv() == "round":
+            conn.send(("round", _run(loop, variant, profiler)))
+    except (EOFError, OSError):
+        pass  # the parent went away: close and end
     finally:
         gc.unfreeze()
         gc.enable()
-        for v in variants:
-            _close(loop, v)
+        if variant is not None:
+            _close(loop, variant)
         loop.run_until_complete(asyncio.sleep(0.05))
         loop.close()
+        conn.close()
     if profiler is not None:
         buf = io.StringIO()
         pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(30)
-        print(f"--- cProfile of AsyncOrchestrator rounds at N={n} (sorted by own time) ---\n{buf.getvalue()}", file=sys.stderr)
+        print(f"--- cProfile of {name} rounds at N={n} (sorted by own time) ---\n{buf.getvalue()}", file=sys.stderr)
+
+
+class _Process:
+    """A variant's driver process and our end of its pipe."""
+
+    def __init__(self, ctx: Any, name: str, n: int, urls: list[str], gc_mode: str, profile: bool) -> None:
+        self.name = name
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_driver, args=(name, n, urls, gc_mode, profile, child), name=f"bench-driver-{name}", daemon=True)
+        self.proc.start()
+        child.close()
+
+    def ask(self, message: str | None) -> tuple[str, Any]:
+        """Send ``message`` (None: send nothing) and wait (bounded) for the answer."""
+        if message is not None:
+            self.conn.send(message)
+        if not self.conn.poll(ROUND_TIMEOUT_S):
+            raise RuntimeError(f"{self.name}: no answer within {ROUND_TIMEOUT_S} s")
+        try:
+            answer: tuple[str, Any] = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"{self.name}: its driver process exited (code {self.proc.exitcode})") from None
+        return answer
+
+    def stop(self) -> None:
+        """Ask the process to close its variant, then wait, terminate and kill it by PID. Idempotent."""
+        try:
+            self.conn.send("stop")
+        except (OSError, ValueError):
+            pass
+        self.conn.close()
+        for end in (None, self.proc.terminate, self.proc.kill):
+            if end is not None and self.proc.is_alive():
+                end()
+            self.proc.join(30.0 if end is None else 5.0)
+
+
+def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], profile: bool, gc_mode: str = "on") -> list[Cell]:
+    """Start N engines, one driver process per variant, time ``repeats`` interleaved rounds each, stop everything.
+
+    Each variant runs in a process of its own (spawned, so it holds only its own
+    objects and the imports), so the garbage collector's work in one variant's
+    round does not grow with the other variants' clients and sessions: in one
+    shared process, each full collection walked all six variants' objects, and
+    the floor, which does not pause the collector, paid for everyone's. Only one
+    variant runs at a time; the order is shuffled every repeat.
+
+    ``gc_mode``: ``on`` (Python's default), ``freeze`` (``gc.freeze()`` once the
+    variant is built: its clients, sessions and the imports leave the
+    collector's generations) or ``off`` (``gc.disable()`` for the rounds).
+    ``profile``: cProfile the AsyncOrchestrator rounds (printed to stderr by its process).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    procs: list[_Process] = []
+    variants: list[Variant] = []
+    with FakeEngines(n, latency_s) as engines:
+        urls = list(engines.urls)
+        try:
+            procs = [_Process(ctx, name, n, urls, gc_mode, profile and name == AORCH) for name in BUILDERS]
+            live: list[_Process] = []
+            for proc in procs:
+                kind, detail = proc.ask(None)
+                if kind == "ready":
+                    live.append(proc)
+                    variants.append(Variant(proc.name, lambda: None, False, lambda: None))
+                elif proc.name in (FLOOR, "ThreadFanOut"):
+                    raise RuntimeError(f"{proc.name} could not run: {detail}")
+                else:
+                    _note(skipped, detail)
+            by_name = {v.name: v for v in variants}
+            rng = random.Random(n)
+            order = list(live)
+            for i in range(repeats):
+                rng.shuffle(order)
+                for proc in order:
+                    kind, (wall, cpu) = proc.ask("round")
+                    by_name[proc.name].rounds.append(wall)
+                    by_name[proc.name].cpu.append(cpu)
+                progress(f"N={n} repeat {i + 1}/{repeats}: " + ", ".join(f"{v.name} {v.rounds[-1]:.3f} s" for v in variants))
+        finally:
+            for proc in procs:
+                proc.stop()
     floor = next(v for v in variants if v.name == FLOOR)
     return [
         Cell(
@@ -399,8 +486,8 @@ def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str],
         "## Barrier on one event loop: AsyncFanOut vs ThreadFanOut vs raw aiohttp (`benchmarks/bench_barrier_async.py`)",
         "",
         f"<!-- python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, load average at the end "
-        f"{os.getloadavg()[0]:.1f}; latency {latency_s * 1e3:.0f} ms per control call; {repeats} interleaved rounds per cell; "
-        f"garbage collector {gc_mode}; file descriptors: "
+        f"{os.getloadavg()[0]:.1f}; latency {latency_s * 1e3:.0f} ms per control call; {repeats} interleaved rounds per cell, "
+        f"one driver process per variant; garbage collector {gc_mode}; file descriptors: "
         f"{fds or f'soft limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, enough'} -->",
         "",
         f"| N | variant | median round (s) | min-max (s) | ratio to {PHASES} x L ({ideal:.3f} s) | ratio to raw aiohttp | "
@@ -418,7 +505,9 @@ def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str],
     out.append(
         "Ratio to raw aiohttp: the median over rounds of each round over the raw-aiohttp round of the same repeat (paired). "
         "The floor sends the same POSTs (paths, bodies, query) but nothing else: no orchestrator, no retry core, no "
-        "per-engine state. Driver CPU per engine call: the driver process's CPU time in a round (all its threads; "
+        "per-engine state. The AsyncOrchestrator row is what a user gets by default: `AsyncOrchestrator(EngineGroup("
+        "[AsyncSGLangClient(u) for u in urls]))`, each client on its own session, nothing else set. "
+        "Driver CPU per engine call: the variant's driver process's CPU time in a round (all its threads; "
         f"`time.process_time`) over the N x {PHASES} calls the round makes; on 2 cores, N x {PHASES} x that is time the "
         "round cannot overlap with anything else the driver does."
     )

@@ -1,6 +1,6 @@
 """Where a barrier round's CPU goes: one variant of ``bench_barrier_async`` alone, optionally under py-spy.
 
-Run: ``python benchmarks/profile_async.py VARIANT [--n 256] [--rounds 8] [--gc on|freeze|off] [--pyspy]``
+Run: ``python benchmarks/profile_async.py VARIANT [--n 256] [--rounds 8] [--gc on|freeze|off] [--gc-stats] [--pyspy]``
 
 VARIANT is one of ``floor`` (raw aiohttp), ``threads`` (ThreadFanOut),
 ``gather`` (AsyncSGLangClient calls gathered, no orchestrator), ``fanout``
@@ -12,8 +12,13 @@ record`` (all threads, 400 Hz; ``pip install py-spy``) and splits the samples
 taken in the rounds by where they fell: the asyncio loop, aiohttp's own code,
 our retry core, the aiohttp middleware, the SGLang client, the orchestrator,
 json, threads, other; each share is also shown as microseconds of the
-measured CPU per engine call. Not run by ``run_all.py``: a tool for reading
-the ``bench_barrier_async`` table.
+measured CPU per engine call. With ``--gc-stats`` it also prints the garbage
+collector's collections per round, by generation, and the time they took
+(``gc.callbacks``). py-spy's default mode stops the process to sample it, and
+the stop lands where it makes a system call: lines that call
+``asyncio.get_running_loop()`` (a ``getpid()`` on Python 3.11) read several
+times their cost; compare such lines with ``timeit`` before believing them.
+Not run by ``run_all.py``: a tool for reading the ``bench_barrier_async`` table.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,8 +89,33 @@ def split(raw: Path) -> collections.Counter[str]:
     return counts
 
 
-def measure(variant: str, n: int, rounds: int, gc_mode: str) -> tuple[float, float]:
-    """(median wall, median driver CPU) seconds per round."""
+class GcStats:
+    """Collections and the seconds they took, by generation, while ``on`` (a ``gc.callbacks`` entry)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.on = False
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            generation = info["generation"]
+            self.count[generation] += 1
+            self.seconds[generation] += time.perf_counter() - self._t0
+
+    def line(self, rounds: int) -> str:
+        return "collections per round: " + ", ".join(
+            f"gen{g} {self.count[g] / rounds:.1f} ({self.seconds[g] / rounds * 1e3:.1f} ms)" for g in range(3)
+        )
+
+
+def measure(variant: str, n: int, rounds: int, gc_mode: str, stats: GcStats | None = None) -> tuple[float, float]:
+    """(median wall, median driver CPU) seconds per round; ``stats`` (if given) counts the rounds' collections."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     with FakeEngines(n, 0.05) as engines:
@@ -104,8 +135,14 @@ def measure(variant: str, n: int, rounds: int, gc_mode: str) -> tuple[float, flo
             elif gc_mode == "off":
                 gc.disable()
             bench._run(loop, v, None)
+            if stats is not None:
+                gc.callbacks.append(stats)
+                stats.on = True
             results = [bench._run(loop, v, None) for _ in range(rounds)]
         finally:
+            if stats is not None:
+                stats.on = False
+                gc.callbacks.remove(stats)
             gc.enable()
             bench._close(loop, v)
     loop.close()
@@ -120,16 +157,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=256, help="fake engines (default 256)")
     ap.add_argument("--rounds", type=int, default=8, help="timed rounds (default 8)")
     ap.add_argument("--gc", choices=("on", "freeze", "off"), default="on", help="the garbage collector in the rounds (default on)")
+    ap.add_argument("--gc-stats", action="store_true", help="print the collector's collections per round and their time")
     ap.add_argument("--pyspy", action="store_true", help="run under py-spy and split the samples by category")
     args = ap.parse_args(argv)
     if args.n < 1 or args.rounds < 1:
         ap.error("--n and --rounds must be >= 1")
     calls = args.n * bench.PHASES
     if not args.pyspy:
-        wall, cpu = measure(args.variant, args.n, args.rounds, args.gc)
+        stats = GcStats() if args.gc_stats else None
+        wall, cpu = measure(args.variant, args.n, args.rounds, args.gc, stats)
         print(f"{_RESULT} {wall} {cpu}")
         print(f"{args.variant} N={args.n} gc {args.gc}: wall {wall:.3f} s, driver CPU {cpu:.3f} s per round, "
               f"{cpu / calls * 1e6:.0f} us CPU per engine call")  # fmt: skip
+        if stats is not None:
+            print(stats.line(args.rounds))
         return
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     with tempfile.TemporaryDirectory() as tmp:

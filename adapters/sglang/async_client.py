@@ -202,16 +202,18 @@ class AsyncSGLangClient(SGLangClientState):
     async def _send(self, call: Call) -> Answer:
         """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""
         key_name, key = self._key_for(call.path)
-        deadline = liveness.call_deadline(self._policies, call)
+        started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
         try:
             answer = await self._http().send(call, self.base_url + call.path, auth_headers(key))
         except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
             records = liveness.gateway_error_records(exc)
             if liveness.needs_liveness_check(call, None, records):
+                deadline = liveness.call_deadline(self._policies, call, started_at)
                 await self._check_alive(call.endpoint, records, exc, deadline)
             raise
         raise_if_refused(self.engine, answer, key_name)
         if liveness.needs_liveness_check(call, answer.status, answer.records):
+            deadline = liveness.call_deadline(self._policies, call, started_at)
             await self._check_alive(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
         return answer
 

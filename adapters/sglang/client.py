@@ -154,16 +154,17 @@ class SGLangClient(SGLangClientState):
         return response
 
     def _send(self, call: Call) -> Answer:
-        deadline = liveness.call_deadline(self._policies, call)
+        started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
         try:
             answer = _answer(call, self._response(call))
         except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
             records = liveness.gateway_error_records(exc)
             if liveness.needs_liveness_check(call, None, records):
-                self._check_alive(call.endpoint, records, exc, deadline)
+                self._check_alive(call.endpoint, records, exc, liveness.call_deadline(self._policies, call, started_at))
             raise
         if liveness.needs_liveness_check(call, answer.status, answer.records):
-            self._check_alive(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
+            error = liveness.answer_error(self.engine, answer)
+            self._check_alive(answer.endpoint, answer.records, error, liveness.call_deadline(self._policies, call, started_at))
         return answer
 
     def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:

@@ -6,6 +6,7 @@ and these functions decide when to ask and what the answer means.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from resilience.adapters.sglang.calls import GATEWAY_STATUSES, Answer, Call
@@ -20,9 +21,17 @@ from resilience.policy import PolicyTable
 __all__ = ["answer_error", "call_deadline", "engine_died", "gateway_error_records", "liveness_verdict", "needs_liveness_check"]
 
 
-def call_deadline(policies: PolicyTable, call: Call) -> Deadline:
-    """The deadline ``call`` runs under: its policy's ``deadline_s`` from now, capped by any ``Deadline`` in context."""
+def call_deadline(policies: PolicyTable, call: Call, started_at: float | None = None) -> Deadline:
+    """The deadline ``call`` runs under: its policy's ``deadline_s`` from its start, capped by any ``Deadline`` in context.
+
+    ``started_at``: the ``time.monotonic()`` reading when the call started
+    (None = now). A client reads the clock when it sends and builds this only
+    when it needs it, after a gateway status (a success never looks the policy
+    up for it).
+    """
     seconds = policies.match(call.method, call.path).policy.deadline_s
+    if seconds is not None and started_at is not None:
+        seconds = max(0.0, seconds - (time.monotonic() - started_at))
     outer = current_deadline()
     return outer.cap(seconds) if outer is not None else Deadline(seconds)
 

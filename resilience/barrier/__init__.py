@@ -18,6 +18,7 @@
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
 - ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines
   (imported from there: ``from resilience.barrier.async_fanout import AsyncFanOut``).
+- ``collector``: Python's garbage collector paused (bounded) while an async fan-out's phase runs.
 - ``verify``: checks after a transition (``WeightVersionCheck``, ``CanaryCheck``): "a 200 that isn't healthy" fails it.
 
 Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``.

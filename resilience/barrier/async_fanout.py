@@ -32,6 +32,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
+from resilience.barrier.collector import DEFAULT_GC_PAUSE_S, check_gc_pause, pause_collector
 from resilience.barrier.engine import CONTROL_METHODS, AnyEngine
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, engine_name, vllm_hint
 from resilience.deadline import Deadline
@@ -40,6 +41,10 @@ from resilience.errors import ConfigError
 __all__ = ["AsyncFanOut", "PhaseRun", "TaskCall", "engine_problem"]
 
 T = TypeVar("T")
+
+FOLD_LINGER_S = 0.25
+"""How long ``AsyncFanOut`` keeps the collector paused after a phase, while the caller's thread folds its results in
+(at N = 1024 the fold takes tens of ms here; the collections it would trigger walk the phase's results)."""
 
 
 class _Call:
@@ -137,25 +142,55 @@ class PhaseRun:
     (``PhaseTimeout(maybe_sent=False)``); one still running keeps running and is
     reported late (``PhaseTimeout`` with a ``TaskCall``), never cancelled, so what
     it does is learnt when it lands. ``gate``: a semaphore bounding the calls
-    running at once (None: no bound).
+    running at once (None: no bound). ``gc_pause_s``: the longest Python's
+    automatic garbage collection stays paused for the phase, from the tasks'
+    creation until ``wait`` returns (``resilience.barrier.collector``; default
+    ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
+    ``linger_s``: how much longer the pause lasts once ``wait`` returned, so
+    that the caller folds the results in before the collector runs again
+    (default 0; at most ``gc_pause_s``).
     """
 
-    def __init__(self, calls: Calls, method: str, deadline: Deadline, *, gate: asyncio.Semaphore | None = None) -> None:
+    def __init__(
+        self,
+        calls: Calls,
+        method: str,
+        deadline: Deadline,
+        *,
+        gate: asyncio.Semaphore | None = None,
+        gc_pause_s: float = DEFAULT_GC_PAUSE_S,
+        linger_s: float = 0.0,
+    ) -> None:
         self.method = method
         self.deadline = deadline
+        self._linger_s = min(linger_s, gc_pause_s)
+        self._waited = False
         self.calls = [_Call(engine, method, kwargs) for engine, kwargs in calls]
-        self.tasks = [
-            asyncio.create_task(_invoke(c, deadline) if gate is None else _invoke_gated(c, deadline, gate), name=f"cpr-{method}-{c.name}")
-            for c in self.calls
-        ]
+        self._pause = pause_collector(gc_pause_s if self.calls else 0.0)
+        try:
+            self.tasks = [
+                asyncio.create_task(
+                    _invoke(c, deadline) if gate is None else _invoke_gated(c, deadline, gate), name=f"cpr-{method}-{c.name}"
+                )
+                for c in self.calls
+            ]
+        except BaseException:
+            self._pause.end()
+            raise
 
     async def wait(self) -> None:
         """Until every call answered or the phase deadline passed (the tasks are never cancelled by this)."""
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=self.deadline.remaining() if self.deadline.bounded else None)
+        try:
+            if self.tasks:
+                await asyncio.wait(self.tasks, timeout=self.deadline.remaining() if self.deadline.bounded else None)
+        finally:
+            self._waited = True
+            self._pause.end_after(self._linger_s)
 
     def results(self) -> list[EngineResult]:
         """One result per call, in the order given: answered, not sent, or late."""
+        if not self._waited:  # read without waiting (the caller was cancelled): the phase is over for the collector too
+            self._pause.end()
         results = []
         for call, task in zip(self.calls, self.tasks, strict=True):
             if task.done() and not task.cancelled():
@@ -213,16 +248,23 @@ class AsyncFanOut:
     ``max_concurrency``: calls running at once (default None: all of a phase at
     once, the point of one loop; a bound makes the rest queue, and those still
     queued at the deadline are not sent). ``close_timeout_s``: how long ``close``
-    waits for tasks it cancels to end (default 5.0).
+    waits for tasks it cancels to end (default 5.0). ``gc_pause_s``: the longest
+    Python's automatic garbage collection stays paused during a phase, from its
+    tasks' creation until they all answered (``resilience.barrier.collector``:
+    what a phase allocates stays alive until it ends, so collecting then frees
+    nothing; default ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
+    The pause lasts ``FOLD_LINGER_S`` (0.25 s) past the phase's end, while the
+    calling thread folds the results in (the next phase's pause takes over).
     """
 
-    def __init__(self, *, max_concurrency: int | None = None, close_timeout_s: float = 5.0) -> None:
+    def __init__(self, *, max_concurrency: int | None = None, close_timeout_s: float = 5.0, gc_pause_s: float = DEFAULT_GC_PAUSE_S) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncFanOut max_concurrency must be >= 1 or None, but was {max_concurrency}")
         if not close_timeout_s >= 0:
             raise ConfigError(f"AsyncFanOut close_timeout_s must be >= 0, but was {close_timeout_s!r}")
         self.max_concurrency = max_concurrency
         self.close_timeout_s = close_timeout_s
+        self.gc_pause_s = check_gc_pause("AsyncFanOut", gc_pause_s)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -304,8 +346,10 @@ class AsyncFanOut:
         if not calls:
             return []
         slot = _Slot()
-        future = self._submit(self._phase(calls, method, deadline, slot), contextvars.copy_context())
         try:
+            # the submit is inside the try: an interrupt that lands in it once the phase is queued on the loop (its
+            # self-pipe write, say) must still mark the phase abandoned, or the phase would run unseen
+            future = self._submit(self._phase(calls, method, deadline, slot), contextvars.copy_context())
             return future.result()
         except BaseException as exc:
             self._read_back(exc, slot, calls, method)
@@ -313,7 +357,7 @@ class AsyncFanOut:
 
     def _read_back(self, exc: BaseException, slot: _Slot, calls: Calls, method: str) -> None:
         loop = self._loop
-        if loop is None or loop.is_closed():
+        if loop is None or loop.is_closed() or self._thread is threading.current_thread():  # on the loop: it cannot answer
             return
         read: Future[list[EngineResult]] = Future()
 
@@ -333,7 +377,7 @@ class AsyncFanOut:
     async def _phase(self, calls: Calls, method: str, deadline: Deadline, slot: _Slot | None = None) -> list[EngineResult]:
         if slot is not None and slot.abandoned:  # the caller was interrupted before the phase started: nothing is sent
             return _unsent(calls, method)
-        run = PhaseRun(calls, method, deadline, gate=self._gate)
+        run = PhaseRun(calls, method, deadline, gate=self._gate, gc_pause_s=self.gc_pause_s, linger_s=FOLD_LINGER_S)
         if slot is not None:
             slot.run = run
         try:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
 from resilience.barrier.async_fanout import AsyncFanOut, TaskCall
 from resilience.barrier.effect import effect_of
-from resilience.barrier.fanout import EngineResult, PhaseTimeout, ThreadFanOut
+from resilience.barrier.fanout import EngineResult, PhaseTimeout, ThreadFanOut, interrupted_results
 from resilience.barrier.knowledge import Effect
 from resilience.deadline import Deadline, current_deadline
 from resilience.errors import AmbiguousOutcome
@@ -158,3 +158,35 @@ def test_bad_knobs_are_refused() -> None:
         AsyncFanOut(max_concurrency=0)
     with pytest.raises(ValueError, match="close_timeout_s"):
         AsyncFanOut(close_timeout_s=-1)
+
+
+T = TypeVar("T")
+
+
+class InterruptedOnceQueued(AsyncFanOut):
+    """Ctrl-C landing in ``call`` just after its phase was queued on the loop (in the loop's self-pipe write, say): once."""
+
+    armed = True
+
+    def _submit(self, coro: Coroutine[Any, Any, T], context: contextvars.Context | None = None) -> Any:
+        future = super()._submit(coro, context)
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt("interrupted once the phase was queued")
+        return future
+
+
+def test_an_interrupt_once_the_phase_is_queued_sends_nothing_and_says_so() -> None:
+    """The phase was already queued on the loop when the interrupt came: it is abandoned before it starts (no engine gets
+    the call) and the error carries every call as never sent, so the orchestrator's knowledge stays true."""
+    engines = fakes(2)
+    with InterruptedOnceQueued() as fanout:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            fanout.call([(e, {}) for e in engines], "pause_generation", Deadline(5.0))
+        results = interrupted_results(caught.value)
+        assert results is not None and len(results) == 2
+        for result in results:
+            assert result is not None and isinstance(result.error, PhaseTimeout) and result.error.maybe_sent is False
+        fanout.run(asyncio.sleep(0))  # the queued phase has run by now (it found itself abandoned)
+        fanout.run(asyncio.sleep(0))
+    assert [e.started for e in engines] == [[], []] and not any(e.paused for e in engines)
