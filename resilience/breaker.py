@@ -132,7 +132,7 @@ class CircuitBreaker:
         self._consecutive = 0
         self._clean = 0
         """Successes counted since the last failure or close: at ``_clean_full`` the window holds only successes."""
-        self._clean_full = max(1, self.config.window_size)
+        self._clean_full = self.config.window_size  # >= 1 (BreakerConfig checks)
         self._opened_at = 0.0
         self._half_open_in_flight = 0
         self._half_open_ok = 0

@@ -71,7 +71,7 @@ class RetryBudget:
         now = self._clock.monotonic()
         elapsed = max(0.0, now - self._at)
         self._at = now
-        self._tokens = min(self.config.max_tokens, self._tokens + elapsed * self.config.min_retries_per_second)
+        self._tokens = min(self._max, self._tokens + elapsed * self.config.min_retries_per_second)
 
     @property
     def tokens(self) -> float:
@@ -86,7 +86,7 @@ class RetryBudget:
             return
         with self._lock:
             self._refill()
-            self._tokens = min(self.config.max_tokens, self._tokens + self.config.ratio)
+            self._tokens = min(self._max, self._tokens + self.config.ratio)
 
     def try_withdraw(self) -> bool:
         """Take one token for a retry; False (and nothing taken) when under one token."""

@@ -45,20 +45,6 @@ class Deadline:
         d._token = None
         return d
 
-    @classmethod
-    def capped(cls, seconds: float | None, cap_s: float | None, *, clock: Clock = SYSTEM_CLOCK) -> Deadline:
-        """``Deadline(seconds, clock=clock).cap(cap_s)`` as one object: the earlier of ``seconds`` and ``cap_s`` from now.
-
-        ``seconds``: the deadline's own length (None = never ends; must be >= 0).
-        ``cap_s``: an outer limit, e.g. what is left of a deadline in force
-        (None = no cap). The retry loop builds its deadlines with this on every
-        call (``resilience.retry.spec.call_deadlines``).
-        """
-        deadline = cls(seconds, clock=clock)
-        if cap_s is not None:
-            deadline._expires_at = min(deadline._expires_at, clock.monotonic() + cap_s)
-        return deadline
-
     @property
     def expires_at(self) -> float:
         """The clock reading at which the deadline ends (``inf`` for none)."""

@@ -336,11 +336,10 @@ class EndpointMatch:
     """True when a table entry matched and named ``deadline_s`` (it then caps attempts the caller bounded); derived once."""
 
     def __post_init__(self) -> None:
-        explicit = self.template != "*"
         limit = self.policy.attempt_timeout_s
-        named = explicit and limit is not None and self.policy.named("attempt_timeout_s")
+        named = limit is not None and self.explicit and self.policy.named("attempt_timeout_s")
         object.__setattr__(self, "own_timeout_s", float(limit) if named and limit is not None else None)
-        object.__setattr__(self, "own_deadline", explicit and self.policy.named("deadline_s"))
+        object.__setattr__(self, "own_deadline", self.explicit and self.policy.named("deadline_s"))
 
     @property
     def explicit(self) -> bool:

@@ -119,6 +119,7 @@ __all__ = [
     "attempt_ended",
     "attempt_started",
     "call_ended",
+    "call_started",
 ]
 
 R = TypeVar("R")
@@ -199,7 +200,8 @@ class RetryCall(Generic[R]):
     clock: Clock
     rng: Callable[[], float]
     errors: ErrorTypes
-    call_id: int = field(default_factory=lambda: next(_call_ids))
+    call_id: int = 0
+    """Announced with every event of the call (``RetryCall.begin`` draws the next one; the fast path hands its own over)."""
     started: float = 0.0
     records: list[AttemptRecord] = field(default_factory=list)
     last: AttemptResult[R] | None = None
@@ -233,16 +235,7 @@ class RetryCall(Generic[R]):
         hard, window = call_deadlines(spec, clock)
         call: RetryCall[R] = cls(spec, hard, window, breaker, budget, observers, clock, rng, errors, next(_call_ids), clock.monotonic())
         if observers:
-            emit(
-                observers,
-                CallStarted(
-                    call_id=call.call_id,
-                    method=spec.method,
-                    endpoint=spec.match.endpoint,
-                    engine=spec.engine,
-                    deadline_s=window.remaining() if window.bounded else None,
-                ),
-            )
+            emit(observers, call_started(call.call_id, spec, window.remaining() if window.bounded else None))
         if budget is not None:
             budget.deposit()
         return call
@@ -634,6 +627,11 @@ def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
 
 
 # -- the events of one call, built one way for the RetryCall and the fast path (resilience.retry.first_attempt) --
+
+
+def call_started(call_id: int, spec: CallSpec, deadline_s: float | None) -> CallStarted:
+    """``CallStarted``, with the seconds the whole call may take (None: unbounded)."""
+    return CallStarted(call_id=call_id, method=spec.method, endpoint=spec.match.endpoint, engine=spec.engine, deadline_s=deadline_s)
 
 
 def attempt_started(call_id: int, spec: CallSpec, n: int, timeouts: Timeouts, carrier: dict[str, str]) -> AttemptStarted:

@@ -29,9 +29,9 @@ from resilience.budget import RetryBudget
 from resilience.clock import Clock
 from resilience.deadline import Deadline
 from resilience.errors import ErrorTypes
-from resilience.events import CallStarted, Observer, emit
+from resilience.events import Observer, emit
 from resilience.outcome import AttemptRecord, CallOutcome, Outcome
-from resilience.retry.call import RetryCall, _call_ids, attempt_ended, attempt_started, call_ended
+from resilience.retry.call import RetryCall, _call_ids, attempt_ended, attempt_started, call_ended, call_started
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, deadline_times, is_success_status
 
 __all__ = ["NO_HEADERS", "FirstAttempt"]
@@ -89,8 +89,7 @@ class FirstAttempt(Generic[R]):
         if observers:  # as ``RetryCall.begin``
             self.call_id = next(_call_ids)
             left_s = None if window_at == math.inf else max(0.0, window_at - clock.monotonic())
-            endpoint = spec.match.endpoint
-            emit(observers, CallStarted(call_id=self.call_id, method=spec.method, endpoint=endpoint, engine=spec.engine, deadline_s=left_s))
+            emit(observers, call_started(self.call_id, spec, left_s))
         if budget is not None:
             budget.deposit()
         self.permit: Permit | None = None
@@ -149,8 +148,7 @@ class FirstAttempt(Generic[R]):
             permit=self.permit,
             _in_flight=in_flight,
             _flight_started=self.flight,
+            call_id=self.call_id,
         )
-        if self.observers:
-            call.call_id = self.call_id
         return call
 

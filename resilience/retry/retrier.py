@@ -107,10 +107,11 @@ class Retrier:
 
     def begin(self, spec: CallSpec) -> RetryCall[Any]:
         """The sans-IO decision object for one call (``resilience.retry.call``); ``run`` and ``arun`` drive it."""
+        breaker, budget = self._parts(spec.engine)
         return RetryCall.begin(
             spec,
-            breaker=self.breakers.get(spec.engine) if self.breakers is not None else None,
-            budget=self.budgets.get(spec.engine) if self.budgets is not None else None,
+            breaker=breaker,
+            budget=budget,
             observers=self.observers,
             clock=self.clock,
             rng=self.rng,
@@ -119,15 +120,20 @@ class Retrier:
 
     def _first(self, spec: CallSpec) -> FirstAttempt[Any]:
         """The fast path's start of a call (``resilience.retry.first_attempt``)."""
-        parts = self._engines.get(spec.engine)
-        if parts is None:  # registries never forget an engine, so its breaker and budget can be kept here
+        breaker, budget = self._parts(spec.engine)
+        return FirstAttempt(spec, breaker, budget, self.clock, self.observers)
+
+    def _parts(self, engine: str) -> tuple[CircuitBreaker | None, RetryBudget | None]:
+        """``engine``'s breaker and budget (None: that strategy is off); the registries never forget one, so they are kept."""
+        parts = self._engines.get(engine)
+        if parts is None:
             parts = (
-                self.breakers.get(spec.engine) if self.breakers is not None else None,
-                self.budgets.get(spec.engine) if self.budgets is not None else None,
+                self.breakers.get(engine) if self.breakers is not None else None,
+                self.budgets.get(engine) if self.budgets is not None else None,
             )
             if len(self._engines) < _ENGINES_KEPT:
-                self._engines[spec.engine] = parts
-        return FirstAttempt(spec, parts[0], parts[1], self.clock, self.observers)
+                self._engines[engine] = parts
+        return parts
 
     def run(
         self,

@@ -2,8 +2,10 @@
 
 ``CallSpec`` is what a transport knows before the first attempt;
 ``AttemptResult`` (built with ``responded`` when a response came back) is
-what it saw on one attempt. Three pure functions decide from them, with no
-I/O and no state, and are the only place their rules live:
+what it saw on one attempt. The functions below decide from them (and, for
+deadlines, the clock and the ``Deadline`` in force), with no I/O, and are
+the only place their rules live; the success fast path
+(``resilience.retry.first_attempt``) calls them too:
 
 - **Timeouts** (one precedence rule; ``attempt_timeouts``, ``call_deadlines``):
   each attempt's (connect, read) timeout is the matched table entry's

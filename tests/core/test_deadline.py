@@ -44,12 +44,18 @@ def test_negative_deadline_rejected() -> None:
     ("seconds", "cap_s", "left"),
     [(5.0, None, 5.0), (5.0, 2.0, 2.0), (2.0, 5.0, 2.0), (None, 3.0, 3.0), (None, None, None), (0.0, 1.0, 0.0)],
 )
-def test_capped_ends_at_the_earlier_of_its_length_and_the_cap(seconds: float | None, cap_s: float | None, left: float | None) -> None:
-    """``Deadline.capped(s, cap)`` is ``Deadline(s).cap(cap)`` in one object: the earlier end; None for both never ends."""
+def test_cap_ends_at_the_earlier_of_its_length_and_the_cap(seconds: float | None, cap_s: float | None, left: float | None) -> None:
+    """``Deadline(s).cap(cap)``: the earlier end; None for both never ends."""
     clock = FakeClock()
-    deadline = Deadline.capped(seconds, cap_s, clock=clock)
+    deadline = Deadline(seconds, clock=clock).cap(cap_s)
     assert (deadline.remaining() if deadline.bounded else None) == left
-    same = Deadline(seconds, clock=clock).cap(cap_s)
-    assert deadline.expires_at == same.expires_at
-    with pytest.raises(ValueError, match="must be >= 0"):
-        Deadline.capped(-1.0, 5.0, clock=clock)
+
+
+def test_at_ends_at_a_clock_reading() -> None:
+    """``Deadline.at(t, clock)`` ends when ``clock`` reads ``t``; ``inf`` never ends."""
+    clock = FakeClock(100.0)
+    deadline = Deadline.at(104.0, clock)
+    assert deadline.expires_at == 104.0 and deadline.remaining() == 4.0
+    clock.advance(5.0)
+    assert deadline.expired()
+    assert not Deadline.at(float("inf"), clock).bounded

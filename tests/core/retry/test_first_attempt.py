@@ -66,6 +66,27 @@ SCENARIOS: dict[str, tuple[EndpointPolicy, list[AttemptResult[str] | BaseExcepti
 }
 
 
+EXPECTED: dict[str, str] = {
+    "success": "response 200",
+    "accepted status": "response 404",
+    "fatal 4xx": "response 400",
+    "502 then 200": "response 200",
+    "502 until exhausted": "response 502",
+    "502 until exhausted, raising": "RetriesExhausted",
+    "refused then 200": "response 200",
+    "reset on a POST": "AmbiguousOutcome",
+    "reset on a GET then 200": "response 200",
+    "exception out of the attempt": "Boom",
+    "exception on the retry": "Boom",
+    "no deadline, no timeout": "response 200",
+}
+"""What the caller gets in each scenario: the response returned, or the class raised (both paths must give it)."""
+
+
+def got(result: dict[str, Any]) -> str:
+    return str(result["returned"][0]) if "returned" in result else result["raised"][0].__name__
+
+
 class Script:
     """Plays results (or raises exceptions) in order, advancing the fake clock; records each attempt's timeouts."""
 
@@ -158,9 +179,11 @@ def test_the_fast_path_and_the_retry_call_give_the_same_answer_record_and_state(
     timeout = None if name == "no deadline, no timeout" else (2.0, 3.0)
     a = outcome(fast, spec(policy, timeout), list(steps), mode)
     b = outcome(slow, spec(policy, timeout), list(steps), mode)
+    assert got(a) == EXPECTED[name]
     assert a == b
     assert same_events(fast_events, slow_events)
     if observed:
+        assert fast_events
         assert [type(e).__name__ for e in slow_events][:2] == ["CallStarted", "AttemptStarted"]
         assert type(slow_events[-1]).__name__ == "CallEnded"
         assert all(headers == {"traceparent": f"attempt-{n}"} for n, _, headers in a["attempts"])
@@ -185,6 +208,7 @@ def test_a_breaker_that_is_not_closed_decides_on_both_paths_alike(state: str, mo
         results.append(outcome(retrier, spec(EndpointPolicy(retry=QUICK)), [ok()], mode))
     assert results[0] == results[1]
     assert same_events(fast_events, slow_events)
+    assert bool(fast_events) == observed
     if state == "open":
         assert results[0]["raised"][0].__name__ == "CircuitOpen" and results[0]["attempts"] == []
     else:
@@ -201,6 +225,7 @@ def test_a_spent_outer_deadline_fails_alike_before_any_attempt(mode: str, observ
             results.append(outcome(retrier, spec(EndpointPolicy(retry=QUICK)), [ok()], mode))
     assert results[0] == results[1] and results[0]["attempts"] == [] and "raised" in results[0]
     assert same_events(fast_events, slow_events)
+    assert bool(fast_events) == observed
 
 
 @pytest.mark.parametrize("observed", [False, True], ids=["unobserved", "observed"])
