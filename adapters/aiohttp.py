@@ -483,12 +483,12 @@ class ResilientMiddleware(ConfigViews):
             rng=rng,
         )
         self.retrier = self.driver_config.retrier(ERROR_TYPES)
-        self._routes = RouteCache()
+        self._routes = RouteCache(self.driver_config.policies, _route)
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         """Run ``request`` as one logical call, calling ``handler`` once per attempt."""
         url = str(request.url)
-        method, match, engine, host, port = self._routes.route(self.driver_config.policies, request.method, url, _route)
+        method, match, engine, host, port = self._routes.route(request.method, url)
         spec = CallSpec(
             method,
             url,

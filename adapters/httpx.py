@@ -215,12 +215,12 @@ class _Resilient(ConfigViews):
     def __init__(self, owner: str, config: DriverConfig) -> None:
         self.driver_config = config
         self.retrier = config.retrier(ERROR_TYPES)
-        self._routes = RouteCache()
+        self._routes = RouteCache(self.driver_config.policies, _route)
 
     def _spec(self, request: httpx.Request) -> CallSpec:
         url = request.url
         text = str(url)
-        method, match, engine, host, port = self._routes.route(self.driver_config.policies, request.method, text, _route)
+        method, match, engine, host, port = self._routes.route(request.method, text)
         stream = request.stream
         replayable = isinstance(stream, httpx.ByteStream)
         return CallSpec(

@@ -23,6 +23,7 @@ connection instead of failing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, cast
 
@@ -77,19 +78,14 @@ def resolve_timeout(timeout: object) -> Urllib3Timeout:
     return Urllib3Timeout(connect=cast(Any, timeout), read=cast(Any, timeout))
 
 
-_URLLIB3_TIMEOUTS: dict[tuple[float | None, float | None], Urllib3Timeout] = {}
-"""One urllib3 ``Timeout`` per (connect, read) pair seen, at most 64 (emptied when full): urllib3 clones the one it is
-handed before it times anything (``HTTPConnectionPool._get_timeout``), so one object serves every attempt."""
-
-
+@functools.lru_cache(maxsize=64)
 def _urllib3_timeout(timeouts: tuple[float | None, float | None]) -> Urllib3Timeout:
-    """The urllib3 ``Timeout`` of an attempt's (connect, read) seconds (None = no limit)."""
-    found = _URLLIB3_TIMEOUTS.get(timeouts)
-    if found is None:
-        if len(_URLLIB3_TIMEOUTS) >= 64:
-            _URLLIB3_TIMEOUTS.clear()
-        found = _URLLIB3_TIMEOUTS[timeouts] = Urllib3Timeout(connect=timeouts[0], read=timeouts[1])
-    return found
+    """The urllib3 ``Timeout`` of an attempt's (connect, read) seconds (None = no limit), one per pair seen.
+
+    urllib3 clones the one it is handed before it times anything (``HTTPConnectionPool._get_timeout``), so one
+    object serves every attempt.
+    """
+    return Urllib3Timeout(connect=timeouts[0], read=timeouts[1])
 
 
 def _timeout_pair(timeout: Urllib3Timeout) -> tuple[float | None, float | None]:
@@ -248,7 +244,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
             rng=rng,
         )
         self._closed = False
-        self._routes = RouteCache()
+        self._routes = RouteCache(self.driver_config.policies, route_of)
         self._build_retrier()
         super().__init__(max_retries=0, **kwargs)
 
@@ -258,7 +254,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild the pool, breakers and budgets after unpickling (Ray ships sessions this way)."""
         super().__setstate__(state)  # type: ignore[misc]
-        self._routes = RouteCache()
+        self._routes = RouteCache(self.driver_config.policies, route_of)
         self._build_retrier()
 
     def close(self) -> None:
@@ -284,7 +280,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         """Send ``request`` with the retry loop; same contract as ``HTTPAdapter.send``."""
         self._closed = False
         url = request.url or ""
-        method, match, engine, host, port = self._routes.route(self.driver_config.policies, request.method or "GET", url, route_of)
+        method, match, engine, host, port = self._routes.route(request.method or "GET", url)
         # requests' timeout= always has a meaning (None = wait as long as it takes), so it is always the caller's word.
         if timeout is None:
             pair: tuple[float | None, float | None] = (None, None)

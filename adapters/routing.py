@@ -7,7 +7,7 @@ URLs over and over, so the drivers keep those answers per (method, URL less
 its query string) and parse a URL only the first time they see it. The cache
 is bounded (``ROUTE_CACHE_SIZE`` entries; it is emptied when full, so a caller
 that sends to unbounded distinct paths costs a parse per call, never memory),
-and it is keyed to one ``PolicyTable``: handed another table, it starts over.
+and it holds the answers of one ``PolicyTable``, the driver's.
 """
 
 from __future__ import annotations
@@ -39,31 +39,29 @@ Route = tuple[str, EndpointMatch, str, str, int]
 
 
 class RouteCache:
-    """(method, URL less its query) -> ``Route``, for one ``PolicyTable`` at a time; one per driver instance.
+    """(method, URL less its query) -> ``Route`` under one ``PolicyTable``; one per driver instance.
 
-    ``route(policies, method, url, build)``: the cached answer, or
-    ``build(policies, method, url)``'s, kept. Reads and writes of a dict are atomic
-    under the GIL, so threads and event loops share it without a lock (two
-    that miss at once both build the same answer).
+    ``build(policies, method, url)`` works out a ``Route`` the first time a
+    (method, URL) is seen. A driver's table never changes (its
+    ``DriverConfig`` is frozen), so the cache is built with it. Reads and
+    writes of a dict are atomic under the GIL, so threads and event loops
+    share it without a lock (two that miss at once both build the same answer).
     """
 
-    __slots__ = ("_policies", "_routes")
+    __slots__ = ("_build", "_policies", "_routes")
 
-    def __init__(self) -> None:
-        self._policies: PolicyTable | None = None
+    def __init__(self, policies: PolicyTable, build: Callable[[PolicyTable, str, str], Route]) -> None:
+        self._policies = policies
+        self._build = build
         self._routes: dict[tuple[str, str], Route] = {}
 
-    def route(self, policies: PolicyTable, method: str, url: str, build: Callable[[PolicyTable, str, str], Route]) -> Route:
-        """The ``Route`` of ``method`` on ``url`` under ``policies``; the URL's query, if any, is not part of the key."""
+    def route(self, method: str, url: str) -> Route:
+        """The ``Route`` of ``method`` on ``url``; the URL's query, if any, is not part of the key."""
         key = (method, url.partition("?")[0])
-        if policies is self._policies:
-            found = self._routes.get(key)
-            if found is not None:
-                return found
-        else:
-            self._routes = {}
-            self._policies = policies
-        answer = build(policies, method, url)
+        found = self._routes.get(key)
+        if found is not None:
+            return found
+        answer = self._build(self._policies, method, url)
         if len(self._routes) >= ROUTE_CACHE_SIZE:
             self._routes = {}
         self._routes[key] = answer

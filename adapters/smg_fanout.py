@@ -365,9 +365,7 @@ class SmgFanOut:
         try:
             response = self._session.post(f"{self.gateway_url}/v1/rl/engine/{path}", json=body, params=params, timeout=timeout)
         except (requests.ConnectionError, requests.Timeout) as exc:
-            if isinstance(exc, requests.ConnectTimeout) or (
-                isinstance(exc, requests.ConnectionError) and not isinstance(exc, requests.ReadTimeout) and _refused(exc)
-            ):
+            if isinstance(exc, requests.ConnectTimeout) or (isinstance(exc, requests.ConnectionError) and _refused(exc)):
                 refused = f"gateway refused {method}: {type(exc).__name__}; nothing was sent"
                 return {w: _Answer(None, error=GatewayRefused(refused)) for w in worker_ids}
             record = _record(Delivery.MAYBE_APPLIED, None, time.monotonic() - t0, type(exc).__name__)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import requests
 
 from resilience.adapters.sglang.calls import Answer, Call, answer_records
+from resilience.errors import ResilienceError
 from resilience.outcome import AttemptRecord
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class AiohttpRequester:
         import aiohttp
 
         self.session = session
-        self.errors: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError, requests.RequestException)
+        self.errors: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError, requests.RequestException, ResilienceError)
 
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         async with self.session.request(call.method, url, json=call.body, params=call.params, headers=headers) as response:
@@ -178,7 +179,7 @@ class HttpxRequester:
         import httpx
 
         self.client = client
-        self.errors: tuple[type[BaseException], ...] = (httpx.HTTPError, TimeoutError, requests.RequestException)
+        self.errors: tuple[type[BaseException], ...] = (httpx.HTTPError, TimeoutError, requests.RequestException, ResilienceError)
 
     async def send(self, call: Call, url: str, headers: Mapping[str, str] | None) -> Answer:
         response = await self.client.request(call.method, url, json=call.body, params=call.params, headers=headers)

@@ -20,7 +20,7 @@ from resilience.driver_config import DriverConfig, Unset
 from resilience.events import Observer
 from resilience.policy import PolicyTable
 
-__all__ = ["aiohttp_session", "answer_records", "check_base_url", "driver_kwargs", "policies_of"]
+__all__ = ["aiohttp_session", "answer_records", "check_base_url", "driver_kwargs"]
 
 
 def driver_kwargs(
@@ -45,12 +45,3 @@ def driver_kwargs(
     if isinstance(policies, Unset) and "policies" in kwargs:
         kwargs["policies"] = VLLM_POLICIES
     return kwargs
-
-
-def policies_of(kwargs: Mapping[str, Any]) -> PolicyTable:
-    """The table the client's own session routes by; ``VLLM_POLICIES`` with a session of the caller's."""
-    config = kwargs.get("config")
-    if isinstance(config, DriverConfig):
-        return config.policies
-    table = kwargs.get("policies", VLLM_POLICIES)
-    return table if isinstance(table, PolicyTable) else VLLM_POLICIES

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from resilience.adapters.vllm import calls, plans
 from resilience.adapters.vllm._async_http import AsyncSender, sender_for
-from resilience.adapters.vllm._shared import aiohttp_session, driver_kwargs, policies_of
+from resilience.adapters.vllm._shared import aiohttp_session, driver_kwargs
 from resilience.adapters.vllm.calls import Plan, Reply, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
 from resilience.adapters.vllm.state import VLLMClientState
 from resilience.adapters.vllm.types import (
@@ -101,7 +101,6 @@ class AsyncVLLMClient(VLLMClientState):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._limit_per_host = limit_per_host
         self._middleware_kwargs = kwargs
-        self._policies = policies_of(kwargs)
         self._middleware: Any = None
 
     async def aclose(self) -> None:

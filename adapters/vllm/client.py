@@ -26,7 +26,7 @@ import requests
 
 from resilience.adapters.requests import ResilientAdapter, resilient_session
 from resilience.adapters.vllm import calls, plans
-from resilience.adapters.vllm._shared import answer_records, driver_kwargs, policies_of
+from resilience.adapters.vllm._shared import answer_records, driver_kwargs
 from resilience.adapters.vllm.calls import Plan, Reply, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
 from resilience.adapters.vllm.state import VLLMClientState
 from resilience.adapters.vllm.types import (
@@ -109,7 +109,6 @@ class VLLMClient(VLLMClientState):
         kwargs = driver_kwargs("VLLMClient", session=session, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
         super().__init__(base_url, api_key=api_key, api_version=api_version)
         self._owns_session = session is None
-        self._policies = policies_of(kwargs)
         self.session = session if session is not None else resilient_session(**kwargs)
 
     def close(self) -> None:

@@ -57,10 +57,11 @@ from resilience.adapters.vllm.types import CommandResult, CompletionResult, Slee
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.adapters.vllm.weights import WeightPush, apush_weights, push_weights
 from resilience.barrier.kinds import VLLM_RULES
+from resilience.barrier.memory_model import VLLM_MEMORY
 
 __all__ = ["VLLM_PAUSE_MODES", "VLLM_TAGS", "AsyncVLLMEngine", "VLLMEngine", "sleep_args", "wake_args"]
 
-VLLM_TAGS: Final[tuple[str, ...]] = ("weights", "kv_cache")
+VLLM_TAGS: Final[tuple[str, ...]] = VLLM_MEMORY.tags
 """vLLM's sleep tags (``v1/executor/abstract.py`` l.36), in the order a wake brings them back (RFC #48310: weights first)."""
 
 VLLM_PAUSE_MODES: Final[Mapping[str, tuple[VLLMPauseMode, bool]]] = {

@@ -49,10 +49,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from resilience._frozen import quick_init
-from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.memory_model import SGLANG_MEMORY, MemoryModel
 
-__all__ = ["Doubt", "Effect", "EngineKnowledge", "EngineState", "Facts", "InFlight", "LateCall", "Pending", "tags_of"]
+__all__ = ["Doubt", "Effect", "EngineKnowledge", "EngineState", "Facts", "InFlight", "LateCall", "Pending"]
 
 RELEASE, RESUME = "release_memory_occupation", "resume_memory_occupation"
 
@@ -87,12 +86,6 @@ class Effect(enum.StrEnum):
     NOT_APPLIED = "not_applied"
     MAYBE = "maybe"
     """It may or may not have taken effect (ambiguous answer, timeout or reset after sending, dead actor)."""
-
-
-def tags_of(kwargs: Mapping[str, Any], all_tags: frozenset[str] = frozenset(ALL_TAGS)) -> frozenset[str]:
-    """The tags a release/resume call names (None or empty = ``all_tags``, default SGLang's three)."""
-    tags = kwargs.get("tags")
-    return frozenset(tags) if tags else all_tags
 
 
 class LateCall(Protocol):

@@ -25,7 +25,7 @@ field                      SGLang 0.5.23                                  vLLM 0
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from resilience.barrier.engine import ALL_TAGS
@@ -56,11 +56,11 @@ class MemoryModel:
     """A resume names one tag per call (a call naming a tag not released does nothing at all)."""
     last_wake_resumes: bool
     """A resume that leaves nothing released reopens scheduling, like a continue."""
+    all_tags: frozenset[str] = field(init=False, repr=False, compare=False)
+    """``tags`` as a set (derived once: read several times per engine per phase)."""
 
-    @property
-    def all_tags(self) -> frozenset[str]:
-        """``tags`` as a set."""
-        return frozenset(self.tags)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "all_tags", frozenset(self.tags))
 
     def release_tags(self, kwargs: Mapping[str, Any]) -> frozenset[str]:
         """The tags a release call with ``kwargs`` releases (None or empty: all of them)."""

@@ -12,8 +12,9 @@ but one. ``Orchestrator.onload(verify=...)`` and ``Orchestrator.weight_sync(veri
 - ``CanaryCheck(prompt, expected)``: a greedy completion of ``prompt`` equals
   the reference the caller gives (vLLM ``/v1/completions``, SGLang ``/generate``).
 
-The checks are reads, sent like a phase through the orchestrator's own fan-out
-(every engine at once, under the ``verify`` deadline: ``PhaseDeadlines.continue_s``).
+The checks are reads, sent through the orchestrator's own fan-out: each
+(check, method) group to all its engines at once, the groups one after another,
+all under one ``verify`` deadline (``PhaseDeadlines.continue_s``).
 They run after the transition's own work: the engines stay where it put them.
 A check that needs a serving engine (the canary) is not sent to engines the
 transition left held or not serving (a paused engine would hold or refuse it).
@@ -283,7 +284,8 @@ def verify(
     """Run ``checks`` on ``engines`` through ``send`` (a fan-out's ``call``); ``report`` when all pass, else ``VerificationFailed``.
 
     ``not_serving``: the orchestrator's engines that do not serve, with why (checks
-    that need serving skip them; the error names them). ``deadline_s``: for all reads together.
+    that need serving skip them; when another check fails, the error names them too).
+    ``deadline_s``: for all reads together.
     """
     reads, mismatches = _plan(_checked(checks), engines, [n for n in engines if n not in not_serving])
     deadline = Deadline(deadline_s)

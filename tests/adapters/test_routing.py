@@ -35,11 +35,12 @@ TABLE = PolicyTable({"POST /release_memory_occupation": EndpointPolicy(idempoten
 
 
 def test_one_parse_per_method_and_url_less_its_query() -> None:
-    cache, build = RouteCache(), Counting()
+    build = Counting()
+    cache = RouteCache(TABLE, build)
     url = "http://127.0.0.1:1/release_memory_occupation"
-    first = cache.route(TABLE, "post", url + "?tags=kv_cache", build)
-    again = cache.route(TABLE, "post", url + "?tags=weights", build)
-    other = cache.route(TABLE, "get", url, build)
+    first = cache.route("post", url + "?tags=kv_cache")
+    again = cache.route("post", url + "?tags=weights")
+    other = cache.route("get", url)
     assert first is again
     assert len(build.built) == 2
     method, match, engine, host, port = first
@@ -54,18 +55,11 @@ def test_one_parse_per_method_and_url_less_its_query() -> None:
     assert other[1].endpoint == "GET *"
 
 
-def test_another_table_starts_over() -> None:
-    cache, build = RouteCache(), Counting()
-    url = "http://127.0.0.1:1/release_memory_occupation"
-    assert cache.route(TABLE, "POST", url, build)[1].policy.idempotent is False
-    assert cache.route(PolicyTable(), "POST", url, build)[1].endpoint == "POST *"
-    assert len(build.built) == 2
-
-
 def test_bounded_a_full_cache_is_emptied() -> None:
-    cache, build = RouteCache(), Counting()
+    build = Counting()
+    cache = RouteCache(TABLE, build)
     for i in range(ROUTE_CACHE_SIZE + 5):
-        cache.route(TABLE, "GET", f"http://127.0.0.1:1/item/{i}", build)
+        cache.route("GET", f"http://127.0.0.1:1/item/{i}")
     assert len(cache._routes) == 5  # emptied once at ROUTE_CACHE_SIZE, then refilled
-    cache.route(TABLE, "GET", f"http://127.0.0.1:1/item/{ROUTE_CACHE_SIZE + 4}", build)
+    cache.route("GET", f"http://127.0.0.1:1/item/{ROUTE_CACHE_SIZE + 4}")
     assert len(build.built) == ROUTE_CACHE_SIZE + 5  # the last URL was still cached

@@ -30,10 +30,15 @@ def collector_enabled() -> Iterator[None]:
         time.sleep(0.01)
     was = gc.isenabled()
     gc.enable()
-    yield
-    assert not collector_paused_by_us(), "a pause outlived its test"
-    if not was:
-        gc.disable()
+    try:
+        yield
+    finally:
+        outlived = collector_paused_by_us()
+        if was:
+            gc.enable()
+        else:
+            gc.disable()
+    assert not outlived, "a pause outlived its test"
 
 
 class Watching(AsyncFakeEngine):
