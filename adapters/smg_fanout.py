@@ -540,8 +540,9 @@ class SmgEngine:
     def __repr__(self) -> str:
         return f"SmgEngine({self.engine!r})"
 
-    def _one(self, method: str, kwargs: Mapping[str, Any]) -> object:
-        result = self._fanout.call([(self, kwargs)], method, current_deadline() or Deadline(None))
+    def _one(self, method: str, kwargs: Mapping[str, Any], deadline: Deadline | None = None) -> object:
+        """``method`` on this engine alone, under ``deadline`` (default: the one in force, else none)."""
+        result = self._fanout.call([(self, kwargs)], method, deadline or current_deadline() or Deadline(None))
         if result[0].error is not None:
             raise result[0].error
         return result[0].value
@@ -552,7 +553,7 @@ class SmgEngine:
 
     def flush_cache(self, *, deadline_s: float | None = None) -> object:
         """``flush_cache`` through the gateway (asked again while the engine is not idle, up to the deadline)."""
-        return self._one("flush_cache", {})
+        return self._one("flush_cache", {}, (current_deadline() or Deadline(None)).cap(deadline_s))
 
     def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
         """``release_memory_occupation`` through the gateway."""

@@ -1,0 +1,40 @@
+"""``SmgEngine``: each call is a one-engine fan-out, under the deadline the call names or the one in force."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resilience.adapters.smg_fanout import SmgEngine, SmgFanOut
+from resilience.barrier.fanout import Calls, EngineResult
+from resilience.deadline import Deadline
+
+
+class Noting(SmgFanOut):
+    """An ``SmgFanOut`` that notes each call's method and deadline and answers it without a gateway."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9")  # never dialled: ``call`` is replaced
+        self.seen: list[tuple[str, float]] = []
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        self.seen.append((method, deadline.remaining()))
+        return [EngineResult(engine=engine.engine, value="ok") for engine, _ in calls]  # type: ignore[attr-defined]
+
+
+def test_flush_cache_runs_under_its_own_deadline_capped_by_the_one_in_force() -> None:
+    fanout = Noting()
+    engine = SmgEngine("http://127.0.0.1:30000", fanout)
+    try:
+        assert engine.flush_cache(deadline_s=2.0) == "ok"
+        with Deadline(0.5):
+            engine.flush_cache(deadline_s=30.0)
+            engine.flush_cache()
+        engine.pause_generation()
+    finally:
+        fanout.close()
+    methods = [m for m, _ in fanout.seen]
+    left: list[Any] = [s for _, s in fanout.seen]
+    assert methods == ["flush_cache", "flush_cache", "flush_cache", "pause_generation"]
+    assert 1.0 < left[0] <= 2.0  # its own 2 s (it was ignored before: no deadline at all)
+    assert 0 < left[1] <= 0.5 and 0 < left[2] <= 0.5  # the outer 0.5 s caps a longer one, and serves when none is named
+    assert left[3] == float("inf")
