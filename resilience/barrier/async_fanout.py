@@ -359,6 +359,20 @@ class AsyncFanOut:
         loop = self._loop
         if loop is None or loop.is_closed() or self._thread is threading.current_thread():  # on the loop: it cannot answer
             return
+        try:
+            read = self._queue_read_back(loop, slot, calls, method)
+            attach_results(exc, read.result(self.close_timeout_s))
+        except Exception:  # the loop is gone or too slow: nothing attached, the barrier stays pessimistic
+            pass
+
+    def _queue_read_back(
+        self, loop: asyncio.AbstractEventLoop, slot: _Slot, calls: Calls, method: str
+    ) -> Future[list[EngineResult]]:
+        """Queue, on the loop, the marking of the phase as abandoned and the reading of its results; their future.
+
+        Whichever of the phase's start and this runs first on the loop decides: the phase not started yet never starts
+        (every call comes back not sent); one that started is read as it stands (answered, late or not sent).
+        """
         read: Future[list[EngineResult]] = Future()
 
         def on_loop() -> None:
@@ -368,11 +382,8 @@ class AsyncFanOut:
             except BaseException as error:  # handed to the waiting thread
                 read.set_exception(error)
 
-        try:
-            loop.call_soon_threadsafe(on_loop)
-            attach_results(exc, read.result(self.close_timeout_s))
-        except Exception:  # the loop is gone or too slow: nothing attached, the barrier stays pessimistic
-            pass
+        loop.call_soon_threadsafe(on_loop)
+        return read
 
     async def _phase(self, calls: Calls, method: str, deadline: Deadline, slot: _Slot | None = None) -> list[EngineResult]:
         if slot is not None and slot.abandoned:  # the caller was interrupted before the phase started: nothing is sent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -164,7 +165,34 @@ T = TypeVar("T")
 
 
 class InterruptedOnceQueued(AsyncFanOut):
-    """Ctrl-C landing in ``call`` just after its phase was queued on the loop (in the loop's self-pipe write, say): once."""
+    """Ctrl-C landing in ``call`` just after its phase was queued on the loop, before the loop thread ran it: once.
+
+    In life the interrupt lands in the loop's self-pipe write, so the loop is not woken until the read-back's own write
+    wakes it. Here the loop is held busy by a callback queued first, until the read-back is queued behind the phase's
+    start: the loop then runs the start, the read-back, and only then the phase's first step.
+    """
+
+    armed = True
+    hold: threading.Event | None = None
+
+    def _submit(self, coro: Coroutine[Any, Any, T], context: contextvars.Context | None = None) -> Any:
+        if not self.armed:
+            return super()._submit(coro, context)
+        self.armed = False
+        self.hold = threading.Event()
+        self._start().call_soon_threadsafe(self.hold.wait, 10.0)  # the loop is busy until the read-back is queued
+        super()._submit(coro, context)
+        raise KeyboardInterrupt("interrupted once the phase was queued")
+
+    def _queue_read_back(self, loop: asyncio.AbstractEventLoop, *args: Any) -> Any:
+        read = super()._queue_read_back(loop, *args)
+        if self.hold is not None:
+            self.hold.set()
+        return read
+
+
+class InterruptedOnceRun(AsyncFanOut):
+    """Ctrl-C landing in ``call`` after its phase was queued *and* the loop ran it to its end (the other side of the race)."""
 
     armed = True
 
@@ -172,7 +200,8 @@ class InterruptedOnceQueued(AsyncFanOut):
         future = super()._submit(coro, context)
         if self.armed:
             self.armed = False
-            raise KeyboardInterrupt("interrupted once the phase was queued")
+            future.result(10.0)  # the phase has run and every engine answered
+            raise KeyboardInterrupt("interrupted once the phase had run")
         return future
 
 
@@ -190,3 +219,17 @@ def test_an_interrupt_once_the_phase_is_queued_sends_nothing_and_says_so() -> No
         fanout.run(asyncio.sleep(0))  # the queued phase has run by now (it found itself abandoned)
         fanout.run(asyncio.sleep(0))
     assert [e.started for e in engines] == [[], []] and not any(e.paused for e in engines)
+
+
+def test_an_interrupt_after_the_phase_ran_reports_what_the_engines_did() -> None:
+    """The loop ran the whole phase before the interrupt was read back: the error carries each engine's answer, so the
+    orchestrator learns that every engine paused (nothing is reported as not sent)."""
+    engines = fakes(2)
+    with InterruptedOnceRun() as fanout:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            fanout.call([(e, {}) for e in engines], "pause_generation", Deadline(5.0))
+        results = interrupted_results(caught.value)
+    assert results is not None and len(results) == 2
+    for engine, result in zip(engines, results, strict=True):
+        assert result is not None and result.error is None and result.value == {"engine": engine.engine, "method": "pause_generation"}
+    assert [e.started for e in engines] == [["pause_generation"], ["pause_generation"]] and all(e.paused for e in engines)
