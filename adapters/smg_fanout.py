@@ -56,7 +56,7 @@ from typing import Any
 import requests
 
 from resilience.adapters.sglang import ControlResult, FlushResult
-from resilience.adapters.sglang.calls import memory_tags
+from resilience.adapters.sglang.calls import Call, continue_call, flush_call, memory_call, memory_tags, pause_call
 from resilience.barrier.effect import GATEWAY_STATUSES
 from resilience.barrier.engine import PauseMode
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
@@ -99,17 +99,17 @@ def _record(delivery: Delivery, status: int | None, duration_s: float, error_typ
     return AttemptRecord(0, status, outcome, delivery, error_type, duration_s)
 
 
-def _request(method: str, kwargs: Mapping[str, Any], flush_wait_s: float) -> tuple[str, dict[str, Any], dict[str, str]]:
-    """(engine path, JSON body, query) for one barrier control call, as ``SGLangClient`` sends it."""
+def _request(method: str, kwargs: Mapping[str, Any], flush_wait_s: float) -> Call:
+    """The engine call one barrier control call is, built as ``SGLangClient`` builds it (its checks included: a pause
+    mode SGLang does not know is refused before anything is sent)."""
     if method == "pause_generation":
-        return "pause_generation", {"mode": kwargs.get("mode", "abort")}, {}
+        return pause_call(kwargs.get("mode", "abort"))
     if method == "continue_generation":
-        return "continue_generation", {"torch_empty_cache": bool(kwargs.get("torch_empty_cache", True))}, {}
+        return continue_call(bool(kwargs.get("torch_empty_cache", True)))
     if method in ("release_memory_occupation", "resume_memory_occupation"):
-        tags = kwargs.get("tags")
-        return method, {"tags": list(tags) if tags else None}, {}
+        return memory_call(f"/{method}", kwargs.get("tags"))
     if method == "flush_cache":
-        return "flush_cache", {}, {"timeout": f"{flush_wait_s:.3f}"}
+        return flush_call(flush_wait_s)
     raise ValueError(f"SmgFanOut cannot send {method!r}: not a barrier control call")
 
 
@@ -183,6 +183,8 @@ class SmgFanOut:
         self._ids_lock = threading.Lock()
         self.gateway_calls = 0
         """Fan-out requests sent to the gateway so far."""
+        self._counts_lock = threading.Lock()
+        """Guards the three counters: phases with different arguments run on the pool's threads at once."""
 
     # -- engines -------------------------------------------------------------------
 
@@ -254,6 +256,7 @@ class SmgFanOut:
 
     def _phase(self, names: Sequence[str], method: str, kwargs: Mapping[str, Any], deadline: Deadline) -> list[EngineResult]:
         t0 = time.monotonic()
+        endpoint = _request(method, kwargs, 0.0).endpoint  # first: a call SGLang would refuse is never sent, nor are ids asked for
         ids: dict[str, str] = {}
         results: dict[str, EngineResult] = {}
         for name in names:
@@ -262,11 +265,10 @@ class SmgFanOut:
                 results[name] = EngineResult(name, error=GatewayRefused(f"{name}: the gateway has no worker for it; nothing was sent"))
             else:
                 ids[name] = worker_id
-        polls = 0
+        polls = verdicts = 0
         resends: dict[str, int] = {}
         seen_502: dict[str, int] = {}
         pending = dict(ids)
-        endpoint = f"POST /{_request(method, kwargs, 0.0)[0]}"
         calls = {name: _Track(next(_CALL_IDS)) for name in ids} if self._observers else {}
         for name, track in calls.items():
             limit = deadline.remaining() if deadline.bounded else None
@@ -298,11 +300,11 @@ class SmgFanOut:
                     results[name] = EngineResult(name, error=answer.error, duration_s=duration)
                 elif method in _MEMORY and _maybe(answer.error) and (verdict := self._verdict(name, method, kwargs, answer)) is not None:
                     if verdict:
-                        self.probe_verdicts += 1
+                        verdicts += 1
                         value = ControlResult(name, f"/{method}", "applied (the memory probe proved it)", confirmed_by_probe=True)
                         results[name] = EngineResult(name, value=value, duration_s=duration)
                     elif resends.get(name, 0) < self._retries:
-                        self.probe_verdicts += 1
+                        verdicts += 1
                         resends[name] = resends.get(name, 0) + 1
                         retry[name] = worker_id  # proved not applied after a 502/503: sending it again is safe
                         results[name] = EngineResult(name, error=answer.error, duration_s=duration)
@@ -323,7 +325,9 @@ class SmgFanOut:
                 time.sleep(self._backoff if resends else 0.05)
         for name, track in calls.items():
             track.end(self._observers, endpoint, name, results[name], time.monotonic() - t0)
-        self.absorbed_502 += sum(n for name, n in seen_502.items() if results[name].ok)
+        with self._counts_lock:
+            self.absorbed_502 += sum(n for name, n in seen_502.items() if results[name].ok)
+            self.probe_verdicts += verdicts
         return [results[n] for n in names]
 
     def _verdict(self, name: str, method: str, kwargs: Mapping[str, Any], answer: _Answer) -> bool | None:
@@ -356,11 +360,12 @@ class SmgFanOut:
         self, worker_ids: Sequence[str], method: str, kwargs: Mapping[str, Any], remaining: float | None, flush_wait_s: float
     ) -> dict[str, _Answer]:
         """One ``POST /v1/rl/engine/{path}`` naming ``worker_ids``; an answer per worker id (every one on a gateway failure)."""
-        path, body, query = _request(method, kwargs, flush_wait_s)
-        params = {**query, "selector": f"id in ({','.join(worker_ids)})"}
+        call = _request(method, kwargs, flush_wait_s)
+        path, body = call.path.lstrip("/"), {} if call.body is None else call.body  # smg's RL routes take a JSON body
+        params = {**(call.params or {}), "selector": f"id in ({','.join(worker_ids)})"}
         timeout = self._timeout if remaining is None else max(0.05, remaining)
         t0 = time.monotonic()
-        with self._ids_lock:
+        with self._counts_lock:
             self.gateway_calls += 1
         try:
             response = self._session.post(f"{self.gateway_url}/v1/rl/engine/{path}", json=body, params=params, timeout=timeout)

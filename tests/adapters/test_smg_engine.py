@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from resilience.adapters.smg_fanout import SmgEngine, SmgFanOut
 from resilience.barrier.fanout import Calls, EngineResult
 from resilience.deadline import Deadline
@@ -38,3 +40,15 @@ def test_flush_cache_runs_under_its_own_deadline_capped_by_the_one_in_force() ->
     assert 1.0 < left[0] <= 2.0  # its own 2 s (it was ignored before: no deadline at all)
     assert 0 < left[1] <= 0.5 and 0 < left[2] <= 0.5  # the outer 0.5 s caps a longer one, and serves when none is named
     assert left[3] == float("inf")
+
+
+def test_a_pause_mode_sglang_does_not_know_is_refused_before_anything_is_sent() -> None:
+    """The fan-out builds its calls with ``SGLangClient``'s own builders, so their checks hold through the gateway too."""
+    fanout = SmgFanOut("http://127.0.0.1:9")  # never dialled: the mode is refused first
+    engine = SmgEngine("http://127.0.0.1:30000", fanout)
+    try:
+        with pytest.raises(ValueError, match="pause mode must be 'abort', 'retract' or 'in_place', but was 'bogus'"):
+            engine.pause_generation(mode="bogus")  # type: ignore[arg-type]
+    finally:
+        fanout.close()
+    assert fanout.gateway_calls == 0
