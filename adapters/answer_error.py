@@ -6,13 +6,14 @@ record (``attempts``, read by ``resilience.outcome.attempts_of``) and one pickli
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import requests
 
 from resilience.outcome import AttemptRecord, attempts_of
 
-__all__ = ["EXCERPT_CHARS", "EngineAnswerError", "excerpt"]
+__all__ = ["EXCERPT_CHARS", "EngineAnswerError", "excerpt", "parse_object"]
 
 EXCERPT_CHARS = 200
 """How much of a body an error message shows."""
@@ -22,6 +23,15 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     """A one-line, bounded excerpt of a response body."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def parse_object(text: str) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object; None when it is not JSON, or JSON but not an object."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 class EngineAnswerError(requests.exceptions.RequestException):

@@ -46,7 +46,7 @@ from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, responded
 
-__all__ = ["ResilientAdapter", "resilient_session", "resolve_timeout"]
+__all__ = ["ResilientAdapter", "exception_chain", "resilient_session", "resolve_timeout"]
 
 _CONNECT_CODE = HTTPConnection.connect.__code__
 """urllib3's ``HTTPConnection.connect``: TCP connect (and for HTTPS, in the subclass's override, the TLS handshake)."""
@@ -117,7 +117,7 @@ def _never_sent(exc: BaseException) -> bool:
     return False
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def exception_chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and what requests and urllib3 wrap in it: args, ``reason``, causes and contexts (bounded)."""
     seen: dict[int, BaseException] = {}
     todo: list[object] = [exc]
@@ -139,7 +139,7 @@ def _in_connect(exc: BaseException) -> bool:
     ``_validate_conn`` first, then ``conn.request``); an error raised from inside it has
     that frame in its traceback. A handshake timeout is otherwise reported as a read timeout.
     """
-    for item in _chain(exc):
+    for item in exception_chain(exc):
         tb = item.__traceback__
         for _ in range(256):
             if tb is None:

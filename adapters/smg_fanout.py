@@ -55,6 +55,7 @@ from typing import Any
 
 import requests
 
+from resilience.adapters.requests import exception_chain
 from resilience.adapters.sglang import ControlResult, FlushResult
 from resilience.adapters.sglang.calls import Call, continue_call, flush_call, memory_call, memory_tags, pause_call
 from resilience.barrier.effect import GATEWAY_STATUSES
@@ -514,18 +515,7 @@ def _maybe(error: BaseException) -> bool:
 
 def _refused(exc: requests.ConnectionError) -> bool:
     """True when the connection to the gateway was refused (nothing sent), as opposed to lost after sending."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    for _ in range(8):  # bounded walk down the cause chain
-        if cause is None or id(cause) in seen:
-            return False
-        seen.add(id(cause))
-        if isinstance(cause, ConnectionRefusedError):
-            return True
-        nested = cause.args[0] if cause.args and isinstance(cause.args[0], BaseException) else None
-        reason = getattr(cause, "reason", None)
-        cause = reason if isinstance(reason, BaseException) else nested or cause.__cause__ or cause.__context__
-    return False
+    return any(isinstance(cause, ConnectionRefusedError) for cause in exception_chain(exc))
 
 
 def _json(response: requests.Response) -> Any:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilience._frozen import quick_init
+from resilience.adapters.answer_error import parse_object
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES
 from resilience.adapters.sglang.results import (
     ControlResult,
@@ -352,18 +353,10 @@ def json_of(engine: str, answer: Answer) -> Any:
         ) from None
 
 
-def _object_or_none(text: str) -> dict[str, Any] | None:
-    try:
-        data = jsonlib.loads(text)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def control_result(engine: str, answer: Answer) -> ControlResult:
     """A control call's answer: its ``message`` when the body is a JSON object that has one."""
     require_ok(engine, answer)
-    data = _object_or_none(answer.text) if answer.text else None
+    data = parse_object(answer.text) if answer.text else None
     message = str(data.get("message", "")) if data is not None else ""
     return ControlResult(engine, answer.endpoint, message, answer.attempts, confirmed_by_probe=answer.confirmed_by_probe)
 
@@ -372,7 +365,7 @@ def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
     """A weight-update answer ``{"success", "message"}``; a refusal raises, an applied-but-refused update says so."""
     endpoint = answer.endpoint
     if answer.status == 400:
-        data = _object_or_none(answer.text)
+        data = parse_object(answer.text)
         if data is not None and data.get("success") is False:
             message = str(data.get("message", ""))
             if message.startswith(APPLIED_NOT_FLUSHED):

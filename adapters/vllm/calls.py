@@ -20,11 +20,11 @@ Every reply goes through ``check_reply`` first:
 
 from __future__ import annotations
 
-import json as jsonlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, get_args
 
+from resilience.adapters.answer_error import parse_object
 from resilience.adapters.vllm.routes import Route
 from resilience.adapters.vllm.types import (
     CommandResult,
@@ -204,14 +204,6 @@ def malformed(engine: str, reply: Reply, detail: str) -> VLLMProtocolError:
     return VLLMProtocolError(engine, reply.endpoint, reply.status, reply.text, detail=detail, attempts=reply.records)
 
 
-def _object_or_none(text: str) -> dict[str, Any] | None:
-    try:
-        data = jsonlib.loads(text)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def check_reply(engine: str, r: Route, api: VLLMApi | None, reply: Reply, *, key_sent: bool = False) -> Reply:
     """``reply`` when it is a success; else the typed error (see the module docstring for the rules)."""
     common = {"response": reply.response, "attempts": reply.records}
@@ -229,7 +221,7 @@ def check_reply(engine: str, r: Route, api: VLLMApi | None, reply: Reply, *, key
         raise VLLMDevModeOff(engine, reply.endpoint, 404, reply.text, detail=detail, **common)
     if reply.status >= 400:
         raise VLLMError(engine, reply.endpoint, reply.status, reply.text, **common)
-    data = _object_or_none(reply.text) if reply.text else None
+    data = parse_object(reply.text) if reply.text else None
     if data is not None and data.get("success") is False:
         refused = VLLMRefused(engine, reply.endpoint, reply.status, reply.text, detail=_refusal_detail(r, reply.polls), **common)
         refused.polls = reply.polls
@@ -254,7 +246,7 @@ def refusal_wait(plan: Plan[Any], refused: VLLMRefused, remaining_s: float) -> f
 
 def json_object(engine: str, reply: Reply, *, required: Sequence[str] = ()) -> dict[str, Any]:
     """The reply's JSON object; ``VLLMProtocolError`` when it is not one or lacks a ``required`` field."""
-    data = _object_or_none(reply.text)
+    data = parse_object(reply.text)
     if data is None:
         raise malformed(engine, reply, "answer is not a JSON object")
     missing = [name for name in required if name not in data]
