@@ -34,8 +34,6 @@ from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 __all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
 
 R = TypeVar("R")
-_ENGINES_KEPT = 4096
-"""Engines whose breaker and budget a ``Retrier`` keeps at hand; past that it asks the registries each call."""
 Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], AttemptResult[R]]
 """``attempt(n, (connect_s, read_s), headers)``: make attempt ``n``; report transport errors, never raise them."""
 AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[AttemptResult[R]]]
@@ -73,8 +71,6 @@ class Retrier:
         self.clock = clock
         self.rng = rng
         self.error_types = error_types if error_types is not None else ErrorTypes()
-        self._engines: dict[str, tuple[CircuitBreaker | None, RetryBudget | None]] = {}
-        """engine -> (its breaker, its budget), as the registries hand them out; at most ``_ENGINES_KEPT``."""
 
     @classmethod
     def from_configs(
@@ -124,16 +120,11 @@ class Retrier:
         return FirstAttempt(spec, breaker, budget, self.clock, self.observers)
 
     def _parts(self, engine: str) -> tuple[CircuitBreaker | None, RetryBudget | None]:
-        """``engine``'s breaker and budget (None: that strategy is off); the registries never forget one, so they are kept."""
-        parts = self._engines.get(engine)
-        if parts is None:
-            parts = (
-                self.breakers.get(engine) if self.breakers is not None else None,
-                self.budgets.get(engine) if self.budgets is not None else None,
-            )
-            if len(self._engines) < _ENGINES_KEPT:
-                self._engines[engine] = parts
-        return parts
+        """``engine``'s breaker and budget from the registries (None: that strategy is off)."""
+        return (
+            self.breakers.get(engine) if self.breakers is not None else None,
+            self.budgets.get(engine) if self.budgets is not None else None,
+        )
 
     def run(
         self,
