@@ -148,7 +148,9 @@ class PhaseRun:
     ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
     ``linger_s``: how much longer the pause lasts once ``wait`` returned, so
     that the caller folds the results in before the collector runs again
-    (default 0; at most ``gc_pause_s``).
+    (default 0; never past the pause's bound). Interrupted while it creates
+    the tasks, it cancels those it made (none has started: the constructor
+    runs on the loop) and re-raises, so the phase sent nothing.
     """
 
     def __init__(
@@ -163,18 +165,18 @@ class PhaseRun:
     ) -> None:
         self.method = method
         self.deadline = deadline
-        self._linger_s = min(linger_s, gc_pause_s)
+        self._linger_s = linger_s  # ``end_after`` keeps it within the pause's bound
         self._waited = False
         self.calls = [_Call(engine, method, kwargs) for engine, kwargs in calls]
         self._pause = pause_collector(gc_pause_s if self.calls else 0.0)
+        self.tasks: list[asyncio.Task[EngineResult]] = []
         try:
-            self.tasks = [
-                asyncio.create_task(
-                    _invoke(c, deadline) if gate is None else _invoke_gated(c, deadline, gate), name=f"cpr-{method}-{c.name}"
-                )
-                for c in self.calls
-            ]
-        except BaseException:
+            for c in self.calls:
+                coro = _invoke(c, deadline) if gate is None else _invoke_gated(c, deadline, gate)
+                self.tasks.append(asyncio.create_task(coro, name=f"cpr-{method}-{c.name}"))
+        except BaseException:  # an interrupt while the tasks are made: none has run yet (this runs on the loop), so none will
+            for task in self.tasks:
+                task.cancel()
             self._pause.end()
             raise
 

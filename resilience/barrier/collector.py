@@ -49,7 +49,9 @@ _ours = False
 """True while the collector is disabled because of a pause (it was enabled when the first one came)."""
 _watchdog: threading.Thread | None = None
 _wakes_at = math.inf
-"""When the watchdog looks next (inf: when woken): a pause ending later needs no wake-up (no thread switch per phase)."""
+"""When the watchdog looks next (inf: when woken): a hold ending later than that needs no wake-up."""
+_paused_at = 0.0
+"""When the current pause began (read while ``_ours``): no hold taken during it ends later than this plus its bound."""
 
 
 def _resume_if_free() -> None:
@@ -73,17 +75,27 @@ def _watch() -> None:
 
 
 def _take(max_s: float) -> tuple[int, float]:
-    global _ours, _watchdog
+    """Register a hold ending ``max_s`` from now, capped so that no pause outlasts its own start by more than ``max_s``.
+
+    The order makes every interruption safe: the watchdog runs before anything is taken (if it cannot start, this
+    raises and nothing is taken); the hold is registered before the collector is disabled (whatever lands after, the
+    watchdog ends the hold and enables the collector again); ``_ours`` is set before ``gc.disable()``.
+    """
+    global _ours, _watchdog, _paused_at
     with _cond:
-        if not _holds and gc.isenabled():
-            gc.disable()
-            _ours = True
-        hold, ends = next(_ids), time.monotonic() + max_s
-        _holds[hold] = ends
         if _watchdog is None:
-            _watchdog = threading.Thread(target=_watch, name="cpr-gc-pause-watchdog", daemon=True)
-            _watchdog.start()
-        elif ends < _wakes_at:
+            watchdog = threading.Thread(target=_watch, name="cpr-gc-pause-watchdog", daemon=True)
+            watchdog.start()
+            _watchdog = watchdog
+        now = time.monotonic()
+        if not _ours:
+            _paused_at = now
+        hold, ends = next(_ids), _paused_at + max_s  # holds back to back never chain a pause past its bound
+        _holds[hold] = ends
+        if len(_holds) == 1 and gc.isenabled():
+            _ours = True
+            gc.disable()
+        if ends < _wakes_at:
             _cond.notify()
         return hold, ends
 
@@ -160,16 +172,26 @@ def pause_collector(max_s: float) -> CollectorPause:
     ``max_s``: the bound in seconds; 0 (or less) pauses nothing and returns a
     hold that is already let go. A watchdog thread (one per process, started
     with the first pause) ends each pause at its bound, so a pause whose loop
-    stopped, or whose task was never resumed, still ends.
+    stopped, or whose task was never resumed, still ends. Holds taken while the
+    collector is already paused end no later than that pause's start plus their
+    own bound, so phases back to back never keep it paused longer than the
+    longest bound among them; once it runs again, the next phase pauses it anew.
+    When the watchdog cannot be started, nothing is paused.
     """
     if not max_s > 0:
         return CollectorPause(None, 0.0)
-    hold, ends = _take(max_s)
+    try:
+        hold, ends = _take(max_s)
+    except RuntimeError:  # no thread for the watchdog ("can't start new thread", interpreter shutdown): no pause
+        return CollectorPause(None, 0.0)
     return CollectorPause(hold, ends)
 
 
 def check_gc_pause(owner: str, gc_pause_s: float) -> float:
-    """``gc_pause_s`` as a float when it is a number >= 0; a ``ConfigError`` naming ``owner`` otherwise."""
-    if isinstance(gc_pause_s, bool) or not isinstance(gc_pause_s, (int, float)) or not gc_pause_s >= 0:
-        raise ConfigError(f"{owner} gc_pause_s must be a number of seconds >= 0 (0 = leave the collector alone), but was {gc_pause_s!r}")
+    """``gc_pause_s`` as a float when it is a finite number >= 0 (a pause is always bounded); a ``ConfigError`` naming
+    ``owner`` otherwise."""
+    if isinstance(gc_pause_s, bool) or not isinstance(gc_pause_s, (int, float)) or not 0 <= gc_pause_s < math.inf:
+        raise ConfigError(
+            f"{owner} gc_pause_s must be a finite number of seconds >= 0 (0 = leave the collector alone), but was {gc_pause_s!r}"
+        )
     return float(gc_pause_s)

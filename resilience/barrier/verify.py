@@ -218,14 +218,17 @@ class _Read:
     calls: Calls
 
 
-def _plan(checks: Sequence[EngineCheck], engines: Mapping[str, AnyEngine], serving: Sequence[str]) -> tuple[list[_Read], list[CheckFailed]]:
-    """The reads to send (one per check and method) and the engines a check cannot read at all."""
+def _plan(
+    checks: Sequence[EngineCheck], engines: Mapping[str, AnyEngine], not_serving: Mapping[str, str]
+) -> tuple[list[_Read], list[CheckFailed]]:
+    """The reads to send (one per check and method; a check that needs serving skips ``not_serving``) and the engines a
+    check cannot read at all."""
     reads: list[_Read] = []
     unreadable: list[CheckFailed] = []
     for check in checks:
         groups: dict[str, list[tuple[AnyEngine, Mapping[str, Any]]]] = {}
         for name, engine in engines.items():
-            if check.needs_serving and name not in serving:
+            if check.needs_serving and name in not_serving:
                 continue
             try:
                 method, kwargs = check.request(engine)
@@ -287,7 +290,7 @@ def verify(
     that need serving skip them; when another check fails, the error names them too).
     ``deadline_s``: for all reads together.
     """
-    reads, mismatches = _plan(_checked(checks), engines, [n for n in engines if n not in not_serving])
+    reads, mismatches = _plan(_checked(checks), engines, not_serving)
     deadline = Deadline(deadline_s)
     for read in reads:
         mismatches.extend(_judge(read, send(read.calls, read.method, deadline)))
@@ -305,7 +308,7 @@ async def averify(
     deadline_s: float,
 ) -> TransitionReport:
     """``verify`` on an event loop (``send`` awaits the reads)."""
-    reads, mismatches = _plan(_checked(checks), engines, [n for n in engines if n not in not_serving])
+    reads, mismatches = _plan(_checked(checks), engines, not_serving)
     deadline = Deadline(deadline_s)
     for read in reads:
         mismatches.extend(_judge(read, await send(read.calls, read.method, deadline)))

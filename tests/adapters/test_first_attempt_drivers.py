@@ -92,8 +92,6 @@ def test_the_fast_path_gives_the_answer_record_and_events_the_retry_call_gives(
         kinds = [type(e) for e in events[0]]
         assert kinds[0] is CallStarted and kinds[-1] is CallEnded
         assert kinds.count(AttemptStarted) == kinds.count(AttemptEnded) == len(replies)
-    else:
-        assert events == [[], []]
 
 
 @pytest.mark.parametrize("driver_name", DRIVERS)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from resilience.barrier.async_fanout import AsyncFanOut, TaskCall
+from resilience.barrier.async_fanout import AsyncFanOut, PhaseRun, TaskCall
 from resilience.barrier.effect import effect_of
 from resilience.barrier.fanout import EngineResult, PhaseTimeout, ThreadFanOut, interrupted_results
 from resilience.barrier.knowledge import Effect
@@ -233,3 +233,33 @@ def test_an_interrupt_after_the_phase_ran_reports_what_the_engines_did() -> None
     for engine, result in zip(engines, results, strict=True):
         assert result is not None and result.error is None and result.value == {"engine": engine.engine, "method": "pause_generation"}
     assert [e.started for e in engines] == [["pause_generation"], ["pause_generation"]] and all(e.paused for e in engines)
+
+
+def test_an_interrupt_while_the_phase_makes_its_tasks_sends_nothing() -> None:
+    """Ctrl-C between two of a phase's task creations (here: the loop's task factory raising on the second): the task
+    already made is cancelled before it ever runs, so no engine gets the call and "nothing sent" is true."""
+    engines = fakes(3)
+    loop = asyncio.new_event_loop()
+    made: list[asyncio.Task[Any]] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        if made:
+            coro.close()
+            raise KeyboardInterrupt("interrupted while the phase made its tasks")
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        made.append(task)
+        return task
+
+    async def phase() -> None:
+        asyncio.get_running_loop().set_task_factory(factory)  # type: ignore[arg-type]  # from here on: the phase's tasks
+        PhaseRun([(e, {}) for e in engines], "pause_generation", Deadline(5.0))
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(phase())  # the phase coroutine itself runs in the loop's first task
+        loop.set_task_factory(None)
+        loop.run_until_complete(asyncio.sleep(0.01))
+    finally:
+        loop.close()
+    assert len(made) == 1 and made[0].cancelled()
+    assert [e.started for e in engines] == [[], [], []] and not any(e.paused for e in engines)

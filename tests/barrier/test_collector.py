@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines
+from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, collector
 from resilience.barrier.async_fanout import AsyncFanOut, PhaseRun
 from resilience.barrier.collector import DEFAULT_GC_PAUSE_S, collector_paused_by_us, pause_collector
 from resilience.deadline import Deadline
 from resilience.errors import ConfigError
 from tests.barrier.fake_engine import AsyncFakeEngine, Fault
+from tests.barrier.test_async_orchestrator import until
 
 DEADLINES = PhaseDeadlines(transition_s=10.0, pause_s=3, flush_s=3, release_s=3, resume_s=3, continue_s=3)
 
@@ -89,7 +90,7 @@ def until_collector_runs(turns: int = 2000) -> None:
 
 def test_a_pause_ends_by_itself_at_its_bound() -> None:
     """A phase that outlasts its bound gives the collector back then, while it still runs (the watchdog ends it)."""
-    pause = pause_collector(0.01)
+    pause = pause_collector(0.5)  # long enough that a stalled test thread still finds it held
     assert not gc.isenabled()
     until_collector_runs()
     assert not pause.held
@@ -101,7 +102,7 @@ def test_a_pause_whose_loop_stopped_still_ends() -> None:
     loop = asyncio.new_event_loop()
 
     async def phase_forever() -> None:
-        pause_collector(0.05)
+        pause_collector(0.5)
         await asyncio.Event().wait()
 
     try:
@@ -115,14 +116,44 @@ def test_a_pause_whose_loop_stopped_still_ends() -> None:
         loop.close()
 
 
+def test_holds_back_to_back_never_chain_a_pause_past_its_bound() -> None:
+    """A hold taken while the collector is paused ends no later than that pause's start plus its bound: phases that
+    keep overlapping (each starting inside the last one's linger) cannot keep the collector off for good."""
+    first = pause_collector(60.0)
+    time.sleep(0.05)
+    second = pause_collector(60.0)
+    first.end()
+    assert second._bound == first._bound  # the pause's own start plus 60 s, not 60 s from the second hold
+    second.end()
+    assert gc.isenabled()
+    third = pause_collector(60.0)  # the collector ran again: a new pause, with a bound of its own
+    assert third._bound > first._bound
+    third.end()
+
+
+def test_no_watchdog_no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the watchdog thread cannot start (no threads left, interpreter shutdown), nothing is paused: a pause that
+    only the watchdog could end at its bound is never taken."""
+
+    class NoThread(collector.threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(collector, "_watchdog", None)
+    monkeypatch.setattr(collector.threading, "Thread", NoThread)
+    pause = pause_collector(60.0)
+    assert not pause.held and gc.isenabled() and not collector_paused_by_us()
+    assert collector._holds == {}
+
+
 def test_end_after_lingers_but_never_past_the_bound() -> None:
     """``end_after`` keeps the pause a while longer, and a linger longer than the bound still ends at the bound."""
-    pause = pause_collector(0.05)
-    pause.end_after(60.0)  # capped at the 0.05 s bound
+    pause = pause_collector(0.5)
+    pause.end_after(60.0)  # capped at the 0.5 s bound
     assert not gc.isenabled()
     until_collector_runs()
     pause = pause_collector(60.0)
-    pause.end_after(0.01)
+    pause.end_after(0.5)
     assert not gc.isenabled()
     until_collector_runs()
     pause.end()
@@ -170,10 +201,7 @@ async def test_a_cancelled_transition_gives_the_collector_back() -> None:
     engines[0].arm("release_memory_occupation", Fault.LATE_APPLIED)
     orch = AsyncOrchestrator(EngineGroup(engines), deadlines=DEADLINES)
     task = asyncio.create_task(orch.offload())
-    for _ in range(10_000):
-        if "release_memory_occupation" in engines[0].started:
-            break
-        await asyncio.sleep(0)
+    await until(lambda: "release_memory_occupation" in engines[0].started)
     assert not gc.isenabled()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -210,9 +238,9 @@ def test_async_fanout_pauses_on_its_loop_and_gives_back() -> None:
     assert engines[0].collector_on == [True] * 3
 
 
-@pytest.mark.parametrize("bad", [-1, float("nan"), "2", True, None])
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "2", True, None])
 def test_a_bad_gc_pause_is_refused_naming_the_knob(bad: object) -> None:
-    """A negative, NaN or non-number ``gc_pause_s`` is a ``ConfigError`` naming it, on both."""
+    """A negative, NaN, infinite (an unbounded pause) or non-number ``gc_pause_s`` is a ``ConfigError`` naming it, on both."""
     with pytest.raises(ConfigError, match="gc_pause_s"):
         AsyncFanOut(gc_pause_s=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="AsyncOrchestrator gc_pause_s"):
