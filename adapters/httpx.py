@@ -46,7 +46,7 @@ from types import TracebackType
 import httpx
 
 from resilience.adapters.httpx_errors import ERROR_TYPES
-from resilience.adapters.routing import Route, RouteCache, engine_of
+from resilience.adapters.routing import RouteCache, route_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
@@ -176,14 +176,6 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
 _new_request = httpx.Request.__new__
 
 
-def _route(policies: PolicyTable, method: str, url: str) -> Route:
-    """``route_of`` for httpx: the path as httpx sends it (``raw_path``, less its query), not re-parsed from text."""
-    parsed = httpx.URL(url)
-    method = method.upper()
-    engine, host, port = engine_of(f"{parsed.scheme}://{parsed.netloc.decode('ascii')}")
-    return method, policies.match(method, parsed.raw_path.partition(b"?")[0].decode("ascii")), engine, host, port
-
-
 def _failed(exc: httpx.TransportError) -> AttemptResult[httpx.Response]:
     delivery, kind = transport_failure(exc)
     return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
@@ -215,7 +207,7 @@ class _Resilient(ConfigViews):
     def __init__(self, owner: str, config: DriverConfig) -> None:
         self.driver_config = config
         self.retrier = config.retrier(ERROR_TYPES)
-        self._routes = RouteCache(self.driver_config.policies, _route)
+        self._routes = RouteCache(self.driver_config.policies, route_of)  # str(httpx.URL) is already percent-encoded
 
     def _spec(self, request: httpx.Request) -> CallSpec:
         url = request.url

@@ -88,6 +88,19 @@ def _urllib3_timeout(timeouts: tuple[float | None, float | None]) -> Urllib3Time
     return Urllib3Timeout(connect=timeouts[0], read=timeouts[1])
 
 
+def _caller_pair(timeout: object) -> tuple[float | None, float | None]:
+    """requests' ``timeout=`` as the caller's (connect, read) seconds; always the caller's word (None = no limit).
+
+    A plain positive number needs no urllib3 ``Timeout``; anything else (NaN, <= 0, bools, pairs, ``Timeout``
+    objects) goes through ``resolve_timeout``, which raises requests' own errors for invalid shapes.
+    """
+    if timeout is None:
+        return None, None
+    if timeout.__class__ in _SECONDS and timeout > 0:  # int or float (not bool)
+        return float(timeout), float(timeout)
+    return _timeout_pair(resolve_timeout(timeout))
+
+
 def _timeout_pair(timeout: Urllib3Timeout) -> tuple[float | None, float | None]:
     """The caller's (connect, read) seconds; None = no limit (also for urllib3's "socket default")."""
 
@@ -281,13 +294,6 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         self._closed = False
         url = request.url or ""
         method, match, engine, host, port = self._routes.route(request.method or "GET", url)
-        # requests' timeout= always has a meaning (None = wait as long as it takes), so it is always the caller's word.
-        if timeout is None:
-            pair: tuple[float | None, float | None] = (None, None)
-        elif timeout.__class__ in _SECONDS and timeout > 0:  # a plain number urllib3 accepts (NaN, <= 0 and bools take the long way)
-            pair = (float(timeout), float(timeout))
-        else:
-            pair = _timeout_pair(resolve_timeout(timeout))
         spec = CallSpec(
             method,
             url,
@@ -295,7 +301,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
             engine,
             host,
             port,
-            request_timeout=pair,
+            request_timeout=_caller_pair(timeout),
             request=request,
             replayable=_body_rewindable(request),
             body=_body_bytes(request),

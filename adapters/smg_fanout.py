@@ -62,7 +62,7 @@ from resilience.barrier.effect import GATEWAY_STATUSES
 from resilience.barrier.engine import PauseMode
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
 from resilience.barrier.types import EngineSkipped
-from resilience.deadline import Deadline, current_deadline
+from resilience.deadline import Deadline
 from resilience.events import AttemptEnded, CallEnded, CallStarted, Observer, RetryScheduled, emit
 from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
@@ -535,9 +535,13 @@ class SmgEngine:
     def __repr__(self) -> str:
         return f"SmgEngine({self.engine!r})"
 
-    def _one(self, method: str, kwargs: Mapping[str, Any], deadline: Deadline | None = None) -> object:
-        """``method`` on this engine alone, under ``deadline`` (default: the one in force, else none)."""
-        result = self._fanout.call([(self, kwargs)], method, deadline or current_deadline() or Deadline(None))
+    def _one(self, method: str, kwargs: Mapping[str, Any], deadline_s: float | None = None) -> object:
+        """``method`` on this engine alone, within ``deadline_s`` (None: no limit of its own) and the deadline in force.
+
+        A negative or NaN ``deadline_s`` is a ``ConfigError``, as for ``SGLangClient`` (``Deadline`` checks it).
+        """
+        with Deadline(deadline_s) as deadline:  # capped by the deadline in force, if any
+            result = self._fanout.call([(self, kwargs)], method, deadline)
         if result[0].error is not None:
             raise result[0].error
         return result[0].value
@@ -548,7 +552,7 @@ class SmgEngine:
 
     def flush_cache(self, *, deadline_s: float | None = None) -> object:
         """``flush_cache`` through the gateway (asked again while the engine is not idle, up to the deadline)."""
-        return self._one("flush_cache", {}, (current_deadline() or Deadline(None)).cap(deadline_s))
+        return self._one("flush_cache", {}, deadline_s)
 
     def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
         """``release_memory_occupation`` through the gateway."""

@@ -223,7 +223,7 @@ class AsyncSGLangClient(SGLangClientState):
         if left <= 0:
             return
         error: BaseException | None = None
-        failures: tuple[type[BaseException], ...] = (*self._http().errors, SGLangError, ResilienceError, OSError)
+        failures: tuple[type[BaseException], ...] = (*self._http().errors, SGLangError, OSError)  # errors: ResilienceError too
         try:
             with Deadline(left):
                 await self.model_info()

@@ -21,16 +21,15 @@ from resilience.policy import PolicyTable
 __all__ = ["answer_error", "call_deadline", "engine_died", "gateway_error_records", "liveness_verdict", "needs_liveness_check"]
 
 
-def call_deadline(policies: PolicyTable, call: Call, started_at: float | None = None) -> Deadline:
+def call_deadline(policies: PolicyTable, call: Call, started_at: float) -> Deadline:
     """The deadline ``call`` runs under: its policy's ``deadline_s`` from its start, capped by any ``Deadline`` in context.
 
-    ``started_at``: the ``time.monotonic()`` reading when the call started
-    (None = now). A client reads the clock when it sends and builds this only
-    when it needs it, after a gateway status (a success never looks the policy
-    up for it).
+    ``started_at``: the ``time.monotonic()`` reading when the call started. A
+    client reads the clock when it sends and builds this only when it needs
+    it, after a gateway status (a success never looks the policy up for it).
     """
     seconds = policies.match(call.method, call.path).policy.deadline_s
-    if seconds is not None and started_at is not None:
+    if seconds is not None:
         seconds = max(0.0, seconds - (time.monotonic() - started_at))
     outer = current_deadline()
     return outer.cap(seconds) if outer is not None else Deadline(seconds)
