@@ -38,6 +38,7 @@ from resilience.adapters.sglang.results import (
     SGLangAuthError,
     SGLangError,
     SGLangProtocolError,
+    SGLangWeightsReleased,
     WeightUpdateResult,
 )
 
@@ -59,6 +60,7 @@ __all__ = [
     "SGLangClient",
     "SGLangError",
     "SGLangProtocolError",
+    "SGLangWeightsReleased",
     "WeightUpdateResult",
     "mount_sglang",
     "sglang_policies",

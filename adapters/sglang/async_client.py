@@ -201,6 +201,7 @@ class AsyncSGLangClient(SGLangClientState):
 
     async def _send(self, call: Call) -> Answer:
         """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""
+        self._refuse_if_released(call)
         key_name, key = self._key_for(call.path)
         started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
         try:
@@ -346,8 +347,14 @@ class AsyncSGLangClient(SGLangClientState):
         )
         return calls.weights_result(self.engine, await self._send(call))
 
-    async def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> WeightUpdateResult:
-        """Set the weight version reported by ``/model_info`` and in generation meta_info."""
+    async def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> WeightUpdateResult:
+        """Set the weight version reported by ``/model_info`` and in generation meta_info.
+
+        ``abort_all_requests``: abort every running request first. SGLang's own default is true
+        (0.5.23 ``srt/managers/io_struct.py`` l.2155-2159 ``UpdateWeightVersionReqInput.abort_all_requests: bool = True``,
+        acted on in ``srt/entrypoints/http_server.py`` l.1533-1534), which aborted ~65 requests per update in
+        miles #2589; this client sends false unless you ask (default False).
+        """
         return calls.weights_result(self.engine, await self._send(calls.update_weight_version_call(new_version, abort_all_requests)))
 
     async def init_weights_update_group(

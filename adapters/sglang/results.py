@@ -8,6 +8,7 @@ from typing import Any
 
 from resilience._frozen import quick_init
 from resilience.adapters.answer_error import EngineAnswerError
+from resilience.adapters.weights_resident import WeightsNotResident
 
 __all__ = [
     "ControlResult",
@@ -19,6 +20,7 @@ __all__ = [
     "SGLangAuthError",
     "SGLangError",
     "SGLangProtocolError",
+    "SGLangWeightsReleased",
     "WeightUpdateResult",
 ]
 
@@ -34,6 +36,11 @@ class SGLangError(EngineAnswerError):
 
 class SGLangProtocolError(SGLangError):
     """An SGLang endpoint answered 2xx with a body that is not what the API promises."""
+
+
+class SGLangWeightsReleased(WeightsNotResident, SGLangError):
+    """Not sent: a weight update (``calls.WEIGHT_PATHS``) to an engine whose ``weights`` this client released and has
+    not resumed; SGLang 0.5.23 would write into the freed memory and die. ``resume_memory_occupation(["weights"])`` first."""
 
 
 class SGLangAuthError(SGLangError):

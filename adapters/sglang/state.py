@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from resilience.adapters.routing import engine_of
-from resilience.adapters.sglang.calls import check_base_url, key_for, memory_tags
+from resilience.adapters.sglang.calls import WEIGHT_PATHS, Call, check_base_url, key_for, memory_tags
+from resilience.adapters.sglang.results import SGLangWeightsReleased
 
 __all__ = ["SGLangClientState"]
 
@@ -65,6 +66,12 @@ class SGLangClientState:
     def _flush_waits(self, wait_for_idle: bool | None) -> bool:
         """Whether a flush passes the remaining time as ``?timeout=``: by default only when this client has not paused."""
         return self._paused_mode is None if wait_for_idle is None else wait_for_idle
+
+    def _refuse_if_released(self, call: Call) -> None:
+        """``SGLangWeightsReleased``, before anything is sent, for a weight call while this client has ``weights`` released."""
+        if call.path in WEIGHT_PATHS and "weights" in self.released_tags:
+            state = "released (this client's release_memory_occupation answered, and no resume of them since)"
+            raise SGLangWeightsReleased(self.engine, call.endpoint, state, "resume_memory_occupation(['weights'])")
 
     def _note_paused(self, mode: str | None) -> None:
         self._paused_mode = mode

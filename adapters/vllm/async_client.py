@@ -161,18 +161,19 @@ class AsyncVLLMClient(VLLMClientState):
 
     async def _run(self, plan: Plan[T]) -> T:
         """See ``VLLMClient._run``."""
+        self._refuse_if_asleep(plan)
         api = await self._api_for(plan)
         request = plan.build(self.engine, api)
         if plan.refusal_deadline_s is None:
             result: T = self._read(plan, api, await self._send(request))
-            return result
+            return self._noted(result)
         with Deadline(plan.refusal_deadline_s) as deadline:
             polls = 0
             while True:
                 polls += 1
                 try:
                     answer: T = self._read(plan, api, await self._send(request, polls))
-                    return answer
+                    return self._noted(answer)
                 except VLLMRefused as refused:
                     wait = refusal_wait(plan, refused, deadline.remaining())
                     if wait is None:

@@ -142,19 +142,24 @@ class VLLMClient(VLLMClientState):
         return api
 
     def _run(self, plan: Plan[T]) -> T:
-        """Send ``plan`` and read its answer; a refusal is asked again as its route allows (``calls.refusal_wait``)."""
+        """Send ``plan`` and read its answer; a refusal is asked again as its route allows (``calls.refusal_wait``).
+
+        A call that needs the weights while this client knows them asleep is refused first, unsent
+        (``VLLMWeightsAsleep``); a sleep or wake answer updates ``weights_asleep``.
+        """
+        self._refuse_if_asleep(plan)
         api = self._api_for(plan)
         request = plan.build(self.engine, api)
         if plan.refusal_deadline_s is None:
             result: T = self._read(plan, api, self._send(request))
-            return result
+            return self._noted(result)
         with Deadline(plan.refusal_deadline_s) as deadline:
             polls = 0
             while True:
                 polls += 1
                 try:
                     answer: T = self._read(plan, api, self._send(request, polls))
-                    return answer
+                    return self._noted(answer)
                 except VLLMRefused as refused:
                     wait = refusal_wait(plan, refused, deadline.remaining())
                     if wait is None:

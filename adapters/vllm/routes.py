@@ -85,6 +85,10 @@ class Route:
     request or its answer depends on the server's release, so the client learns
     it (``GET /version``) before the first such call. ``policy``: its retry
     policy in ``VLLM_POLICIES``. ``source``: where vLLM 0.33.0 defines it.
+    ``needs_weights``: the call reads or writes the weights, so both clients refuse it unsent
+    (``VLLMWeightsAsleep``) while they know the weights asleep: a load into slept weights is an
+    illegal memory access that kills the EngineCore (vLLM #57853 / #57854; 0.33.0's
+    ``v1/worker/gpu_worker.py`` l.1559-1650 has no guard). Default False.
     """
 
     name: str
@@ -96,6 +100,7 @@ class Route:
     dev_mode_since: Version | None = OLDEST
     refusals_retried: bool = False
     versioned: bool = True
+    needs_weights: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -135,13 +140,13 @@ _TABLE: Final[tuple[Route, ...]] = (
     # weight transfer (rl/online)
     Route("init_weight_transfer_engine", "POST", "/init_weight_transfer_engine", _ONCE, f"{_RL} l.162", since=WEIGHT_TRANSFER),
     Route("shutdown_weight_transfer_engine", "POST", "/shutdown_weight_transfer_engine", _ONCE, f"{_RL} l.174", since=_V033),
-    Route("start_weight_update", "POST", "/start_weight_update", _ONCE, f"{_RL} l.181", since=WEIGHT_SESSION),
-    Route("start_draft_weight_update", "POST", "/start_draft_weight_update", _ONCE, f"{_RL} l.188", since=_V033),
-    Route("update_weights", "POST", "/update_weights", _UPDATE, f"{_RL} l.195", since=WEIGHT_TRANSFER),
-    Route("finish_weight_update", "POST", "/finish_weight_update", _ONCE, f"{_RL} l.207", since=WEIGHT_SESSION),
+    Route("start_weight_update", "POST", "/start_weight_update", _ONCE, f"{_RL} l.181", since=WEIGHT_SESSION, needs_weights=True),
+    Route("start_draft_weight_update", "POST", "/start_draft_weight_update", _ONCE, f"{_RL} l.188", since=_V033, needs_weights=True),
+    Route("update_weights", "POST", "/update_weights", _UPDATE, f"{_RL} l.195", since=WEIGHT_TRANSFER, needs_weights=True),
+    Route("finish_weight_update", "POST", "/finish_weight_update", _ONCE, f"{_RL} l.207", since=WEIGHT_SESSION, needs_weights=True),
     Route("update_weight_version", "POST", "/update_weight_version", _CONTROL, f"{_RL} l.217", since=WEIGHT_VERSION_ROUTES),
     Route("weight_info", "GET", "/weight_info", _READ, f"{_RL} l.226", since=WEIGHT_VERSION_ROUTES),
-    Route("weight_checker", "POST", "/weight_checker", _CHECKER, f"{_RL} l.232", since=_V033),
+    Route("weight_checker", "POST", "/weight_checker", _CHECKER, f"{_RL} l.232", since=_V033, needs_weights=True),
     Route("get_world_size", "GET", "/get_world_size", _READ, f"{_RL} l.269", since=_V033),
     # always mounted
     Route("health", "GET", "/health", _READ, "entrypoints/serve/instrumentator/health.py l.22", dev_mode_since=None, versioned=False),

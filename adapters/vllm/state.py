@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from resilience.adapters.routing import engine_of
 from resilience.adapters.vllm._shared import check_base_url
 from resilience.adapters.vllm.calls import Plan, Reply, check_reply, gate, key_header
+from resilience.adapters.vllm.types import SleepResult, VLLMWeightsAsleep, WakeResult
 from resilience.adapters.vllm.versions import VLLMApi
 
 __all__ = ["VLLMClientState"]
+
+T = TypeVar("T")
 
 
 class VLLMClientState:
@@ -20,6 +23,9 @@ class VLLMClientState:
     ``GET /version`` is sent; default None = asked once, before the first call
     whose request or answer depends on it (``Route.versioned``). ``version()``
     asks again and keeps the new answer (after an upgrade or a restart).
+
+    It also remembers whether it put the weights to sleep (``weights_asleep``), and refuses, unsent, a call
+    that needs them meanwhile (``Route.needs_weights``: ``VLLMWeightsAsleep``).
     """
 
     def __init__(self, base_url: str, *, api_key: str | None, api_version: str | None) -> None:
@@ -28,6 +34,7 @@ class VLLMClientState:
         self._api_key = api_key
         self._api: VLLMApi | None = None if api_version is None else VLLMApi.of(api_version)
         self._lock = threading.Lock()
+        self._asleep_level: int | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r}{', api_key=***' if self._api_key else ''})"
@@ -45,6 +52,36 @@ class VLLMClientState:
     def api(self) -> VLLMApi | None:
         """The server's API as last learned (``version()``, or ``api_version=``); None before."""
         return self._api
+
+    @property
+    def weights_asleep(self) -> bool:
+        """This client's ``/sleep`` at level 1 or 2 was answered, and no ``/wake_up`` that woke the weights since.
+
+        A wake wakes them when it answers ``awake``, names no tags (every tag), or names ``weights`` alone (with
+        ``scheduling``, which vLLM drops: ``v1/engine/core.py`` l.1041-1043). Other wakes leave it as it was: a wake
+        naming a tag that is not asleep wakes nothing (``v1/executor/abstract.py`` l.416-422). Only what this
+        client sent and read counts: a sleep whose answer was lost, or another client's, is not known here
+        (``Orchestrator.weight_sync`` refuses engines whose weights it knows released, or may have).
+        """
+        return self._asleep_level is not None
+
+    def _refuse_if_asleep(self, plan: Plan[Any]) -> None:
+        """``VLLMWeightsAsleep``, before anything is sent, for a call that needs the weights while they sleep."""
+        level = self._asleep_level
+        if plan.route.needs_weights and level is not None:
+            state = f"asleep (this client's POST /sleep?level={level} was answered, and no wake_up of the weights since)"
+            raise VLLMWeightsAsleep(self.engine, plan.route.endpoint, state, 'wake_up(["weights"])')
+
+    def _noted(self, result: T) -> T:
+        """``result``, after folding what a sleep or wake answer says about the weights into ``weights_asleep``."""
+        if isinstance(result, SleepResult):
+            if result.level >= 1:
+                self._asleep_level = result.level
+        elif isinstance(result, WakeResult):
+            named = None if result.tags is None else set(result.tags) - {"scheduling"}
+            if result.awake or named is None or named == {"weights"}:
+                self._asleep_level = None
+        return result
 
     def _remember(self, api: VLLMApi) -> VLLMApi:
         self._api = api

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resilience.adapters.answer_error import EngineAnswerError
+from resilience.adapters.weights_resident import WeightsNotResident
 
 __all__ = [
     "AbortResult",
@@ -29,6 +30,7 @@ __all__ = [
     "VLLMProtocolError",
     "VLLMRefused",
     "VLLMVersionError",
+    "VLLMWeightsAsleep",
     "WakeResult",
     "WeightCheck",
     "WeightInfo",
@@ -78,6 +80,16 @@ class VLLMVersionError(VLLMError):
     """The server's version is outside the supported range, or lacks the route or parameter asked for.
 
     Nothing was sent for the call that raised it (``status`` is the ``/version`` answer's, or None).
+    """
+
+
+class VLLMWeightsAsleep(WeightsNotResident, VLLMError):
+    """Not sent: a call that reads or writes the weights (``Route.needs_weights``) while this client knows them asleep.
+
+    The client knows it from its own calls: a ``/sleep`` at level 1 or 2 answered 200, and no ``/wake_up`` since
+    that woke the weights (a full wake, a wake of ``weights`` alone, or one that answered ``awake``). vLLM 0.33.0's
+    ``GET /is_sleeping`` cannot tell: it is true while merely paused and after ``wake_up(["weights"])`` with the KV
+    cache still asleep (``v1/engine/core.py`` l.1078), the two states a weight update is meant for.
     """
 
 

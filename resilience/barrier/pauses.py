@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from resilience.barrier.fold import phase
-from resilience.barrier.holds import held_among, hold, new_token, token_of, unhold
+from resilience.barrier.holds import WEIGHT_SYNC_HOLD, held_among, hold, new_token, token_of, unhold
 from resilience.barrier.onload import continue_ready, rollback_continue
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import settle
@@ -29,6 +29,8 @@ def pause_steps(rules: BarrierRules[Any], reason: str, mode: str) -> Steps[Trans
         skipped = yield from settle(rules, tx, names)
         # quarantined, or unsettled (vLLM: its next offload or onload re-sends): a body must not run on memory that may be released
         skipped.update({n: rules.why_skipped(n) for n in names if n not in skipped and know[n].unknown})
+        if reason == WEIGHT_SYNC_HOLD:  # a weight update into released weights kills the engine: refused, nothing sent
+            skipped.update({n: why for n in names if n not in skipped and (why := rules.why_no_weight_sync(n))})
         if skipped:
             raise error(rules, tx, "skipped", skips(skipped))
         token = new_token(reason, names)

@@ -192,6 +192,18 @@ class BarrierRules(Generic[E]):
         """Why a transition skips ``name``, for ``EngineSkipped``."""
         return f"skipped: {self.know[name].why_not_serving()}"
 
+    def why_no_weight_sync(self, name: str) -> str:
+        """Why a weight sync must not start on ``name`` (its ``weights`` are known released), or "" when nothing stops it.
+
+        A weight update into released or slept weights kills the engine (vLLM #57853 / #57854: the EngineCore
+        segfaults; smg #2529), and neither SGLang 0.5.23 nor vLLM 0.33.0 refuses it itself, so ``weight_sync``
+        refuses the whole sync before pausing anyone (weights that may be released are refused as unknown).
+        """
+        k = self.know[name]
+        if "weights" not in k.released:
+            return ""
+        return f"refused: its weights are released (state {k.state}); a weight update would kill it: onload(tags=['weights']) first"
+
     def active(self, names: Iterable[str]) -> list[str]:
         """``names`` without the retired engines."""
         return [n for n in names if n not in self.retired]

@@ -90,6 +90,7 @@ def test_weight_sync_inside_offload_does_not_reopen_admission(fleet4: EmulatedFl
     orch = Orchestrator(EngineGroup(engines), fanout=fanout())
     t0 = time.monotonic_ns()
     orch.offload()
+    orch.onload(tags=["weights"])  # a sync into released weights is refused (test_weight_sync_refused_while_weights_released)
     with orch.weight_sync():
         assert orch.held()[engines[0].engine] == ("offload", "weight_sync")
     assert all(requests.get(f"{u}/ready", timeout=5).status_code == 503 for u in fleet4.urls)

@@ -250,6 +250,7 @@ def test_defect_6_offload_waits_for_a_running_sync_body(fanout: FanOut) -> None:
     order.append("offload done")
     thread.join(5)
     assert order == ["body ended", "offload done"]
+    orch.onload(tags=["weights"])  # a sync into released weights is refused
     with orch.weight_sync():
         with pytest.raises(BarrierBusy, match="same thread"):
             orch.onload()

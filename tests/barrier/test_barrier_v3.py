@@ -413,11 +413,11 @@ def test_every_call_is_persisted_in_flight_before_it_is_sent_and_its_outcome_aft
         e.orch = orch
     orch.offload()
     assert orch.persisted[-1] == {e.engine: EngineState.RELEASED for e in engines}
-    with orch.weight_sync():
+    with pytest.raises(PhaseFailed, match="weights are released"), orch.weight_sync():
         pass
     orch.onload()
     assert orch.persisted[-1] == {e.engine: EngineState.SERVING for e in engines}
-    assert all(e.seen_in_flight == 5 for e in engines)  # pause, flush, release; resume, continue (the sync sent nothing)
+    assert all(e.seen_in_flight == 5 for e in engines)  # pause, flush, release; resume, continue (the refused sync sent nothing)
     orch.retire(engines[1])
     assert orch.persisted[-1] == {engines[1].engine: EngineState.SERVING}
 

@@ -34,6 +34,7 @@ from resilience.adapters.sglang import (
     SGLangClient,
     SGLangError,
     SGLangProtocolError,
+    SGLangWeightsReleased,
 )
 from resilience.barrier.engine import ALL_TAGS, AsyncControlPlaneEngine
 from resilience.deadline import current_deadline
@@ -277,6 +278,24 @@ async def test_typed_reads(fleet: EmulatedFleet, kind: str) -> None:
         info = await client.model_info()
         assert isinstance(info, ModelInfo) and info.weight_version == f"v-{kind}"
         assert "version" in await client.server_info()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_weight_update_into_released_weights_is_refused_unsent(fleet: EmulatedFleet, kind: str) -> None:
+    """As SGLangClient: after its own release of the weights, a weight route is refused unsent (it would kill the engine)."""
+    i = engine_for(fleet, kind)
+    before = len(calls_to(fleet, i, "/update_weights_from_disk"))
+    async with open_client(kind, fleet.urls[i]) as client:
+        await client.pause_generation("retract")
+        await client.release_memory_occupation(["weights"])
+        with pytest.raises(SGLangWeightsReleased) as info:
+            await client.update_weights_from_disk("emulated/sglang-model")
+        assert client.engine in str(info.value) and "POST /update_weights_from_disk" in str(info.value)
+        assert len(calls_to(fleet, i, "/update_weights_from_disk")) == before and fleet.engines[i].alive()
+        await client.resume_memory_occupation(["weights"])
+        assert (await client.update_weights_from_disk("emulated/sglang-model")).success
+        await client.continue_generation()
 
 
 @pytest.mark.asyncio

@@ -11,7 +11,15 @@ import requests
 from pytest_httpserver import HTTPServer
 
 from resilience import AmbiguousOutcome
-from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError, SGLangProtocolError, mount_sglang
+from resilience.adapters.sglang import (
+    GenerateResult,
+    SGLANG_POLICIES,
+    SGLangClient,
+    SGLangError,
+    SGLangProtocolError,
+    SGLangWeightsReleased,
+    mount_sglang,
+)
 from resilience.errors import DeadlineExceeded
 from resilience.events import Event, RetryScheduled
 from resilience.outcome import Delivery, attempts_of
@@ -215,6 +223,56 @@ def test_weight_update_session_errors_are_clear(fleet1: EmulatedFleet) -> None:
     assert records and (records[-1].delivery, records[-1].status) == (Delivery.RESPONDED, 400)
     assert client.begin_weight_update().success
     assert client.end_weight_update().success
+
+
+def test_update_weight_version_leaves_running_requests_alone_unless_asked(fleet1: EmulatedFleet) -> None:
+    """miles #2589: SGLang 0.5.23 aborts every running request on /update_weight_version by default (io_struct.py
+    l.2159, http_server.py l.1533); the client sends ``abort_all_requests: false`` unless the caller asks for true."""
+    client = SGLangClient(fleet1.urls[0], policies=FAST_SGLANG)
+    out: list[GenerateResult] = []
+    until_idle(client)
+    t = threading.Thread(target=lambda: out.append(client.generate("x", sampling_params={"max_new_tokens": 2000})))
+    t.start()
+    until_running(client)
+    assert client.update_weight_version("v3").success
+    assert any(rank["num_running_reqs"] for rank in client.loads()["loads"]) and not out  # still generating
+    sent = [c for c in fleet1.engines[0].record()["calls"] if c["path"] == "/update_weight_version"]
+    assert sent[-1]["body"]["abort_all_requests"] is False
+    assert client.update_weight_version("v4", abort_all_requests=True).success
+    t.join(10)
+    assert len(out) == 1 and out[0].aborted
+    assert client.model_info().weight_version == "v4"
+
+
+def test_a_weight_update_into_released_weights_is_refused_unsent(fleet1: EmulatedFleet) -> None:
+    """smg #2529 / vLLM #57853: a weight load into freed weights kills the engine (SGLang 0.5.23's weight_updater.py
+    never looks at offload_tags). After its own release the client refuses every weight route unsent, naming the engine
+    and the state; a resume of the weights lifts it. The same request sent bare kills the emulated engine."""
+    url = fleet1.urls[0]
+    client = SGLangClient(url, policies=FAST_SGLANG)
+    client.pause_generation("retract")
+    client.release_memory_occupation(["weights"])
+    refused = [
+        lambda: client.update_weights_from_disk("emulated/sglang-model"),
+        lambda: client.update_weights_from_tensor(["t"]),
+        lambda: client.update_weights_from_distributed(["w"], ["bfloat16"], [[1]]),
+        client.begin_weight_update,
+        client.end_weight_update,
+    ]
+    for call in refused:
+        with pytest.raises(SGLangWeightsReleased) as info:
+            call()
+        assert client.engine in str(info.value) and "weights are released" in str(info.value) and info.value.status is None
+        assert isinstance(info.value, SGLangError) and attempts_of(info.value)[0].delivery is Delivery.NOT_SENT  # type: ignore[index]
+    weight_paths = {"/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed"}
+    assert not [c for c in fleet1.engines[0].record()["calls"] if c["path"] in weight_paths | {"/begin_weight_update"}]
+    assert fleet1.engines[0].alive() and client.update_weight_version("label-only").success  # no weights touched: sent
+    client.resume_memory_occupation(["weights"])
+    assert client.update_weights_from_disk("emulated/sglang-model", weight_version="v5").success
+    client.release_memory_occupation(["weights"])
+    with pytest.raises(requests.ConnectionError):
+        requests.post(f"{url}/update_weights_from_disk", json={"model_path": "emulated/sglang-model"}, timeout=10)
+    assert wait_dead(fleet1)  # what the client kept away: the scheduler wrote into the freed weights
 
 
 def test_paused_engine_health_reports_paused_by_us(fleet1: EmulatedFleet) -> None:
