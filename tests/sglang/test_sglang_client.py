@@ -12,8 +12,8 @@ from pytest_httpserver import HTTPServer
 
 from resilience import AmbiguousOutcome
 from resilience.adapters.sglang import (
-    GenerateResult,
     SGLANG_POLICIES,
+    GenerateResult,
     SGLangClient,
     SGLangError,
     SGLangProtocolError,

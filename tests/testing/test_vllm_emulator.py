@@ -3,7 +3,8 @@
 One module-scoped fleet (forked from the shared zygote, each engine behind the shared
 fault proxy) serves every test. Engine 0 survives every test (each test leaves it
 awake, unpaused, idle, with intact weights); engines 1 and 2 are each killed by one
-crash test; the plan's faults touch engine 3 alone; engine 4 is wedged by a re-sent weight chunk. Each behaviour names the vLLM
+crash test; the plan's faults touch engine 3 alone; engine 4 is wedged by a re-sent weight chunk; engine 5 dies of a weight
+update while asleep. Each behaviour names the vLLM
 0.33.0 source line it follows (paths under ``vllm/``).
 """
 
@@ -27,7 +28,7 @@ from resilience.testing.faults import FaultPlan, FaultRule
 CONFIG = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=100.0)
 LONG = 2000  # max_tokens of a request that stays in flight for 20 s at 100 tokens/s
 TIMEOUT = 10.0  # seconds: a bound no healthy loopback exchange reaches
-SURVIVOR, CRASH_RESUME_ASLEEP, CRASH_HALF_AWAKE, PROXIED, WEDGED = range(5)
+SURVIVOR, CRASH_RESUME_ASLEEP, CRASH_HALF_AWAKE, PROXIED, WEDGED, CRASH_WEIGHTS_ASLEEP = range(6)
 PROMPT = "the quick brown fox"
 PLAN = FaultPlan(
     seed=7,
@@ -41,7 +42,7 @@ PLAN = FaultPlan(
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[EmulatedFleet]:
-    with EmulatedFleet(5, CONFIG, PLAN) as f:
+    with EmulatedFleet(6, CONFIG, PLAN) as f:
         yield f
 
 
@@ -395,6 +396,22 @@ def test_weights_woken_and_kv_cache_asleep_then_resume_kills_the_engine(
         queued.result(timeout=TIMEOUT)
     assert victim.wait_exit(TIMEOUT) == -9
     assert "slept kv_cache" in victim.log()
+
+
+def test_a_weight_update_while_the_weights_sleep_kills_the_engine(fleet: EmulatedFleet, http: requests.Session) -> None:
+    """vLLM #57853 / #57854: 0.33.0's ``Worker.update_weights`` (gpu_worker.py l.1592) never looks at the sleep state, and
+    the load into unmapped weights segfaults the EngineCore; until then /health answers 200 and the session opens."""
+    victim = fleet.engines[CRASH_WEIGHTS_ASLEEP]
+    url = victim.direct_url
+    http.post(url + "/init_weight_transfer_engine", json={"init_info": {}}, timeout=TIMEOUT)
+    http.post(url + "/sleep", params={"level": 1}, timeout=TIMEOUT)
+    assert http.get(url + "/health", timeout=TIMEOUT).status_code == 200
+    assert http.post(url + "/start_weight_update", timeout=TIMEOUT).json() == {"message": "Weight update started"}
+    with pytest.raises(requests.ConnectionError):
+        http.post(url + "/update_weights", json={"update_info": {"names": ["w"]}}, timeout=TIMEOUT)
+    assert victim.wait_exit(TIMEOUT) == -9
+    assert "a weight update loaded into slept weights" in victim.log() and "illegal memory access" in victim.log()
+    assert fleet.engines[SURVIVOR].alive()
 
 
 def test_behind_the_fault_proxy_a_re_sent_sleep_or_wake_is_harmless(fleet: EmulatedFleet, http: requests.Session) -> None:

@@ -24,6 +24,7 @@ from resilience.adapters.vllm import (
     VLLMDevModeOff,
     VLLMError,
     VLLMRefused,
+    VLLMWeightsAsleep,
     mount_vllm,
 )
 from resilience.errors import ConfigConflict
@@ -127,6 +128,39 @@ async def test_the_weight_session_and_the_version_it_sets(engine: EngineHandle, 
         assert (await do(client, "update_weight_version", "default")).weight_version == "default"
         assert await do(client, "get_world_size") >= 1
     assert engine.alive()
+
+
+WEIGHT_CALLS = (
+    ("start_weight_update", ()),
+    ("update_weights", ({"names": ["w"]},)),
+    ("finish_weight_update", ("v-never",)),
+    ("weight_checker", ("checksum",)),
+)
+"""The calls that read or write the weights (``Route.needs_weights``), with arguments."""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_weight_call_while_the_weights_sleep_is_refused_unsent(engine: EngineHandle, kind: str) -> None:
+    """vLLM #57853 / #57854: a weight load into slept weights segfaults the EngineCore (0.33.0's gpu_worker.py l.1559-1650 has
+    no guard; test_vllm_emulator plays it). After its own sleep the client refuses each weight call unsent, naming the engine
+    and the state; a wake of kv_cache alone keeps the refusal, a wake of the weights lifts it."""
+    async with open_vllm(kind, engine.direct_url) as client:
+        sent = {path: calls_to(engine, path) for path in ("/start_weight_update", "/update_weights", "/weight_checker")}
+        assert not client.weights_asleep
+        await do(client, "sleep", 1)
+        assert client.weights_asleep
+        for method, args in WEIGHT_CALLS:
+            with pytest.raises(VLLMWeightsAsleep) as refused:
+                await do(client, method, *args)
+            assert client.engine in str(refused.value) and f"/{method}" in str(refused.value) and "asleep" in refused.value.state
+            assert isinstance(refused.value, VLLMError) and refused.value.status is None
+        assert {path: calls_to(engine, path) for path in sent} == sent and engine.alive()
+        await do(client, "wake_up", ["kv_cache"])
+        assert client.weights_asleep  # the weights still sleep
+        await do(client, "wake_up", ["weights"])
+        assert not client.weights_asleep
+        assert (await do(client, "weight_checker", "checksum")).checksums
 
 
 @pytest.mark.asyncio
