@@ -219,6 +219,9 @@ def check_reply(engine: str, r: Route, api: VLLMApi | None, reply: Reply, *, key
             "start it with VLLM_SERVER_DEV_MODE=1 (the control routes answer 404 otherwise)"
         )
         raise VLLMDevModeOff(engine, reply.endpoint, 404, reply.text, detail=detail, **common)
+    if reply.status == 404 and r.mounted_by is not None:
+        detail = f"vLLM mounts {r.path} only with {r.mounted_by} and this server runs without it"
+        raise VLLMError(engine, reply.endpoint, 404, reply.text, detail=detail, **common)
     if reply.status >= 400:
         raise VLLMError(engine, reply.endpoint, reply.status, reply.text, **common)
     data = parse_object(reply.text) if reply.text else None

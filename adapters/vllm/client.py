@@ -28,12 +28,15 @@ from resilience.adapters.requests import ResilientAdapter, resilient_session
 from resilience.adapters.vllm import calls, plans
 from resilience.adapters.vllm._shared import answer_records, driver_kwargs
 from resilience.adapters.vllm.calls import Plan, Reply, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
+from resilience.adapters.vllm.plans import FaultInstruction
 from resilience.adapters.vllm.state import VLLMClientState
 from resilience.adapters.vllm.types import (
     AbortResult,
     CacheReset,
     CommandResult,
     CompletionResult,
+    FaultToleranceAccepted,
+    FaultToleranceStatus,
     RpcResult,
     SleepResult,
     VLLMHealth,
@@ -302,6 +305,22 @@ class VLLMClient(VLLMClientState):
     def get_world_size(self, include_dp: bool = True) -> int:
         """``GET /get_world_size``."""
         return self._run(plans.get_world_size(include_dp))
+
+    # -- fault tolerance ---------------------------------------------------------------------
+
+    def fault_tolerance_apply(
+        self, instruction: FaultInstruction = "retry", params: Mapping[str, Any] | None = None
+    ) -> FaultToleranceAccepted:
+        """``POST /fault_tolerance/apply`` (0.33.0, with ``--enable-fault-tolerance``): answered 202 at once, the recovery after.
+
+        ``instruction``: ``retry`` (the only one 0.33.0 takes) recovers an engine whose busy loop raised and waits
+        (``unhealthy``); poll ``fault_tolerance_status`` for the outcome. Never re-sent once it may have arrived.
+        """
+        return self._run(plans.fault_tolerance_apply(instruction, params))
+
+    def fault_tolerance_status(self) -> FaultToleranceStatus:
+        """``GET /fault_tolerance/status`` (0.33.0, with ``--enable-fault-tolerance``): each engine core's state."""
+        return self._run(plans.fault_tolerance_status())
 
     # -- always mounted ------------------------------------------------------------------
 

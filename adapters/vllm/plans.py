@@ -40,6 +40,9 @@ from resilience.adapters.vllm.types import (
     CacheReset,
     CommandResult,
     CompletionResult,
+    EngineFaultState,
+    FaultToleranceAccepted,
+    FaultToleranceStatus,
     RpcResult,
     SleepResult,
     VLLMHealth,
@@ -48,6 +51,10 @@ from resilience.adapters.vllm.types import (
     WeightInfo,
 )
 from resilience.adapters.vllm.versions import NEWEST, VLLMApi
+
+FaultInstruction = Literal["retry"]
+"""The instructions ``POST /fault_tolerance/apply`` takes in 0.33.0 (``_ALLOWED_INSTRUCTIONS``,
+``entrypoints/serve/fault_tolerance/api_router.py`` l.20; vLLM's main adds ``pause``)."""
 
 # -- memory: /sleep, /wake_up, /is_sleeping, /release_kv_cache_memory -------------------------------
 
@@ -373,6 +380,47 @@ def get_world_size(include_dp: bool = True) -> Plan[int]:
         return int(typed_field(engine, reply, json_object(engine, reply, required=("world_size",)), "world_size", int))
 
     return Plan(r, fixed(r, (("include_dp", flag(include_dp)),)), read)
+
+
+# -- fault tolerance: /fault_tolerance/apply, /fault_tolerance/status (with --enable-fault-tolerance) ---------
+
+
+def fault_tolerance_apply(instruction: FaultInstruction = "retry", params: Mapping[str, Any] | None = None) -> Plan[FaultToleranceAccepted]:
+    """``POST /fault_tolerance/apply`` with ``{"instruction": ..., "params": {...}}``: 202 at once, the recovery after.
+
+    ``instruction``: ``retry`` (the only one 0.33.0 takes). ``params``: the instruction's (default none).
+    """
+    r = route("fault_tolerance_apply")
+    if instruction not in get_args(FaultInstruction):
+        raise ValueError(f"fault_tolerance_apply instruction must be one of {list(get_args(FaultInstruction))}, but was {instruction!r}")
+    if params is not None and not isinstance(params, Mapping):
+        raise TypeError(f"fault_tolerance_apply params must be a mapping or None, but was {params!r}")
+    body: dict[str, Any] = {"instruction": instruction, "params": dict(params or {})}
+
+    def read(engine: str, api: VLLMApi | None, reply: Reply) -> FaultToleranceAccepted:
+        data = json_object(engine, reply, required=("request_id",))
+        request_id = typed_field(engine, reply, data, "request_id", str)
+        return FaultToleranceAccepted(engine, request_id, str(data.get("message", "")), reply.attempts)
+
+    return Plan(r, fixed(r, body=body), read)
+
+
+def fault_tolerance_status() -> Plan[FaultToleranceStatus]:
+    """``GET /fault_tolerance/status``: ``{"schema_version": 1, "total_engines": n, "engines": [{"id", "status", ...}]}``."""
+    r = route("fault_tolerance_status")
+
+    def read(engine: str, api: VLLMApi | None, reply: Reply) -> FaultToleranceStatus:
+        data = json_object(engine, reply, required=("engines",))
+        entries = typed_field(engine, reply, data, "engines", list)
+        states: list[EngineFaultState] = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), int) or not isinstance(entry.get("status"), str):
+                raise malformed(engine, reply, "an 'engines' entry is not an object with an int 'id' and a string 'status'")
+            optional = {k: None if entry.get(k) is None else str(entry[k]) for k in ("fault_info", "last_ft_request_id", "ft_error")}
+            states.append(EngineFaultState(entry["id"], entry["status"], **optional))
+        return FaultToleranceStatus(engine, tuple(states), reply.attempts)
+
+    return Plan(r, fixed(r), read)
 
 
 # -- always mounted ------------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ Idempotence, from the 0.33.0 source (reference section 5):
   gateway status is handed back. So are the session routes (a second
   ``/start_weight_update`` or ``/finish_weight_update`` answers 500),
   ``/init_weight_transfer_engine`` (it re-creates the NCCL group),
-  ``/release_kv_cache_memory`` (a second call answers 500) and
-  ``/collective_rpc`` (an arbitrary worker method).
+  ``/release_kv_cache_memory`` (a second call answers 500),
+  ``/collective_rpc`` (an arbitrary worker method) and ``/fault_tolerance/apply``
+  (a ``retry`` runs a collective recovery in the background: a second one while
+  the first runs would race it; once it is done, the engine rejects it).
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class Route:
     (``VLLMWeightsAsleep``) while they know the weights asleep: a load into slept weights is an
     illegal memory access that kills the EngineCore (vLLM #57853 / #57854; 0.33.0's
     ``v1/worker/gpu_worker.py`` l.1559-1650 has no guard). Default False.
+    ``mounted_by``: the server flag that mounts the route (None = mounted by default or in dev
+    mode): a 404 there names the flag.
     """
 
     name: str
@@ -101,6 +105,7 @@ class Route:
     refusals_retried: bool = False
     versioned: bool = True
     needs_weights: bool = False
+    mounted_by: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -116,6 +121,8 @@ class Route:
 _SLEEP = "entrypoints/serve/dev/sleep/api_router.py"
 _CACHE = "entrypoints/serve/dev/cache/api_router.py"
 _RL = "entrypoints/rl/online/api_router.py"
+_FT = "entrypoints/serve/fault_tolerance/api_router.py"
+_FT_FLAG = "--enable-fault-tolerance"
 
 _TABLE: Final[tuple[Route, ...]] = (
     # routes whose first release the reference does not establish are marked since 0.33.0 (read there): an
@@ -148,6 +155,15 @@ _TABLE: Final[tuple[Route, ...]] = (
     Route("weight_info", "GET", "/weight_info", _READ, f"{_RL} l.226", since=WEIGHT_VERSION_ROUTES),
     Route("weight_checker", "POST", "/weight_checker", _CHECKER, f"{_RL} l.232", since=_V033, needs_weights=True),
     Route("get_world_size", "GET", "/get_world_size", _READ, f"{_RL} l.269", since=_V033),
+    # fault tolerance (serve/fault_tolerance, mounted with --enable-fault-tolerance, dev mode or not)
+    Route(
+        "fault_tolerance_apply", "POST", "/fault_tolerance/apply", _ONCE, f"{_FT} l.37", since=_V033, dev_mode_since=None,
+        mounted_by=_FT_FLAG,
+    ),
+    Route(
+        "fault_tolerance_status", "GET", "/fault_tolerance/status", _READ, f"{_FT} l.93", since=_V033, dev_mode_since=None,
+        mounted_by=_FT_FLAG,
+    ),
     # always mounted
     Route("health", "GET", "/health", _READ, "entrypoints/serve/instrumentator/health.py l.22", dev_mode_since=None, versioned=False),
     Route("version", "GET", "/version", _READ, "entrypoints/serve/instrumentator/basic.py l.53", dev_mode_since=None, versioned=False),

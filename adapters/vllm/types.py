@@ -21,6 +21,9 @@ __all__ = [
     "CacheReset",
     "CommandResult",
     "CompletionResult",
+    "EngineFaultState",
+    "FaultToleranceAccepted",
+    "FaultToleranceStatus",
     "RpcResult",
     "SleepResult",
     "VLLMAuthError",
@@ -170,6 +173,50 @@ class WeightCheck:
     checksums: Mapping[str, str] | None = None
     match: bool | None = None
     mismatches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FaultToleranceAccepted:
+    """``POST /fault_tolerance/apply``'s 202: the instruction was taken; its recovery runs after the answer, in the background.
+
+    ``request_id``: the id ``fault_tolerance_status`` names in ``last_ft_request_id`` when the instruction failed
+    (``entrypoints/serve/fault_tolerance/api_router.py`` l.54-70). Poll ``fault_tolerance_status`` for the outcome.
+    """
+
+    engine: str
+    request_id: str
+    message: str = ""
+    attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFaultState:
+    """One engine core in ``GET /fault_tolerance/status`` (``v1/engine/core_client.py`` l.1177-1182, l.1449-1466).
+
+    ``status``: ``healthy``, ``unhealthy`` (its busy loop raised and waits for an instruction) or ``dead``.
+    ``fault_info``: the exception's type while unhealthy. ``last_ft_request_id``/``ft_error``: the last
+    instruction that failed on it, and why (None when none did).
+    """
+
+    id: int
+    status: str
+    fault_info: str | None = None
+    last_ft_request_id: str | None = None
+    ft_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FaultToleranceStatus:
+    """``GET /fault_tolerance/status``: every engine core this server's client manages."""
+
+    engine: str
+    engines: tuple[EngineFaultState, ...]
+    attempts: int = 1
+
+    @property
+    def healthy(self) -> bool:
+        """Every engine core reports ``healthy``."""
+        return all(e.status == "healthy" for e in self.engines)
 
 
 @dataclass(frozen=True, slots=True)

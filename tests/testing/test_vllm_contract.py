@@ -28,11 +28,13 @@ from resilience.testing.emulator.vllm.contract import (
     app_paths,
     check,
     compare_bodies,
+    compare_fault_tolerance,
     compare_mounting,
     compare_params,
     compare_routes,
     compare_serve_routes,
     emulator_control_routes,
+    emulator_fault_tolerance_routes,
 )
 from resilience.testing.emulator.vllm.source import HAND, REQUIRED, Param, RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
 from tests.conftest import free_port
@@ -192,6 +194,27 @@ def test_mounting_and_serve_routes_compare(
     served = (dev - {("GET", "/health")}) | {("POST", "/health")}
     problems = compare_serve_routes(surface, served, ("/v1",))
     assert len(problems) == 2 and "route /health: methods ['POST']" in problems[0] and "--api-key guards ('/v1',)" in problems[1]
+
+
+def test_the_fault_tolerance_routes_compare_and_mount_only_with_the_flag(surface: VllmSurface) -> None:
+    """0.33.0 has POST /fault_tolerance/apply and GET /fault_tolerance/status (serve/fault_tolerance/api_router.py), mounted
+    under ``enable_fault_tolerance`` (launchers/api_server/routers.py l.85-90): the emulator's match them, mounted only with
+    ``enable_fault_tolerance``; a doctored side, and an emulator that mounts them always, are each reported."""
+    ours = emulator_fault_tolerance_routes()
+    assert set(surface.fault_tolerance) == set(ours) == {"/fault_tolerance/apply", "/fault_tolerance/status"}
+    assert "register_fault_tolerance_api_router" in surface.fault_tolerance_gated
+    accepted = (("message", "Request accepted; poll /fault_tolerance/status for updates."), ("request_id", "*"))
+    assert surface.fault_tolerance["/fault_tolerance/apply"].bodies == frozenset({accepted})
+    on = app_paths(create_app(VLLMEngineConfig(dev_mode=False, enable_fault_tolerance=True))[0])
+    off = app_paths(create_app(VLLMEngineConfig(dev_mode=True))[0])
+    assert compare_fault_tolerance(surface, ours, on, off) == []
+    doctored = {"/fault_tolerance/apply": dataclasses.replace(ours["/fault_tolerance/apply"], bodies=frozenset({(("status", "ok"),)}))}
+    problems = compare_fault_tolerance(surface, doctored, on, on)
+    assert any("/fault_tolerance/status: vLLM 0.33.0 has it" in p for p in problems)
+    assert any("the emulator answers {'status': 'ok'}, vLLM never does" in p for p in problems)
+    assert any("fault tolerance off: the emulator's app serves POST /fault_tolerance/apply" in p for p in problems)
+    ungated = dataclasses.replace(surface, fault_tolerance_gated=frozenset())
+    assert any("enable_fault_tolerance" in p for p in compare_fault_tolerance(ungated, ours, on, off))
 
 
 def test_a_doctored_vllm_source_fails_the_check(wheel: Path, ours: dict[str, RouteSpec]) -> None:

@@ -51,6 +51,7 @@ def test_the_policy_table_is_the_route_table() -> None:
         "init_weight_transfer_engine",
         "release_kv_cache_memory",
         "collective_rpc",
+        "fault_tolerance_apply",
     ],
 )
 def test_calls_that_must_not_repeat_are_never_resent_once_they_may_have_arrived(name: str) -> None:

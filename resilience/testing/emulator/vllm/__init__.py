@@ -4,7 +4,7 @@ Each engine is a real HTTP server (FastAPI + uvicorn) in its own process, starte
 like the SGLang emulator's (``python -m resilience.testing.emulator --engine vllm``,
 or forked by the shared zygote fleet), with vLLM's own flags (``--enable-sleep-mode``,
 ``--weight-transfer-config '{"backend": "nccl"}'``, ``--api-key``, ``--host``,
-``--port``) and ``VLLM_SERVER_DEV_MODE`` read from the environment. ``core.py`` says
+``--port``, ``--enable-fault-tolerance``) and ``VLLM_SERVER_DEV_MODE`` read from the environment. ``core.py`` says
 which semantics are reproduced, each with its line in vLLM 0.33.0's source.
 
 Debug routes (not vLLM's, never behind a key): ``GET /_emulator/state`` answers
@@ -12,10 +12,12 @@ Debug routes (not vLLM's, never behind a key): ``GET /_emulator/state`` answers
 ("unpaused" | "paused_new" | "paused_all"), "reject_new_requests", "sleeping_tags",
 "weight_version", "weights" (the content: "weights:<version>" or "garbage:<n>"),
 "weights_discarded", "transfer_initialized", "weight_update_active", "update_chunks"
-(of the session open or last closed), "running",
+(of the session open or last closed), "wedged", "fault_tolerance" (None when off, else "healthy" |
+"unhealthy"), "running",
 "waiting", "counts": {"completed", "aborted", "rejected", "preempted"}}``;
 ``GET /_emulator/record`` answers ``{"calls", "dropped", "state"}`` as the SGLang
-emulator's does (``/v1/completions`` is not recorded). With ``--memory-state-dir``
+emulator's does (``/v1/completions`` is not recorded); ``POST /_emulator/fault?error_type=...`` makes the
+busy loop raise (``fault_tolerance.py``: the engine dies, or waits for ``retry`` with fault tolerance on). With ``--memory-state-dir``
 the engine publishes its sleeping tags as ``released_tags`` in the shared side
 channel (``emulator/memory_state.py``).
 

@@ -2,7 +2,8 @@
 
 ``vllm/entrypoints/launchers/api_server/routers.py`` l.12-53: the serve routers
 always; the dev routers and the RL router only when ``VLLM_SERVER_DEV_MODE`` is set
-(l.46), so without it every control route is a plain 404. The ``--api-key``
+(l.46), so without it every control route is a plain 404; the fault-tolerance routes only with
+``--enable-fault-tolerance`` (l.85-90). The ``--api-key``
 middleware is added only when a key is set, and guards ``/v1...`` only (``auth.py``).
 """
 
@@ -25,6 +26,7 @@ from .core import EngineCore
 from .crash import log_line
 from .dev_routes import dev_routers
 from .errors import install_exception_handlers
+from .ft_routes import ft_router
 from .rl_routes import rl_router
 from .serve_routes import debug_router, serve_router
 
@@ -87,6 +89,8 @@ def create_app(config: VLLMEngineConfig, *, host: str = "127.0.0.1", port: int =
         for router in dev_routers(core):
             app.include_router(router)
         app.include_router(rl_router(core))
+    if core.fault_tolerance is not None:  # routers.py l.85-90: with --enable-fault-tolerance, dev mode or not
+        app.include_router(ft_router(core.fault_tolerance))
     app.include_router(debug_router(core, engine.record, dev_mode))
     if config.api_key:
         app.add_middleware(AuthenticationMiddleware, tokens=[config.api_key])

@@ -94,8 +94,17 @@ class VLLMEngineConfig:
     weight_version: str = "default"
     """The initial weight version (``v1/engine/core.py`` l.147: ``self._weight_version = "default"``)."""
 
+    enable_fault_tolerance: bool = False
+    """vLLM's ``--enable-fault-tolerance`` (default off, as in vLLM): mounts ``POST /fault_tolerance/apply`` and
+    ``GET /fault_tolerance/status`` (``entrypoints/launchers/api_server/routers.py`` l.85-90), and a fault of the
+    busy loop (``POST /_emulator/fault``) waits for ``retry`` instead of killing the engine (``fault_tolerance.py``)."""
+
+    engine_recovery_timeout_s: float = 120.0
+    """How long a faulted engine waits for an instruction before it dies: vLLM's
+    ``--fault-tolerance-config '{"engine_recovery_timeout_sec": ...}'`` (``config/fault_tolerance.py``, default 120)."""
+
     def __post_init__(self) -> None:
-        for name in ("token_rate", "tick_seconds"):
+        for name in ("token_rate", "tick_seconds", "engine_recovery_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"`{name}` must be a finite number > 0, but was {value!r}")
@@ -103,7 +112,7 @@ class VLLMEngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be an integer >= 1, but was {value!r}")
-        for name in ("enable_sleep_mode",):
+        for name in ("enable_sleep_mode", "enable_fault_tolerance"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"`{name}` must be True or False, but was {getattr(self, name)!r}")
         if self.dev_mode is not None and not isinstance(self.dev_mode, bool):
@@ -132,8 +141,8 @@ class VLLMEngineConfig:
             value = getattr(self, spec.name)
             if value == spec.default:
                 continue
-            if spec.name == "enable_sleep_mode":
-                argv.append("--enable-sleep-mode")
+            if spec.name in ("enable_sleep_mode", "enable_fault_tolerance"):
+                argv.append("--" + spec.name.replace("_", "-"))
             elif spec.name == "weight_transfer_backend":
                 argv += ["--weight-transfer-config", json.dumps({"backend": value})]
             elif spec.name == "dev_mode":
@@ -186,6 +195,13 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tick-seconds", type=float, default=d.tick_seconds, help=f"scheduler step (default: {d.tick_seconds})")
     parser.add_argument("--weight-version", default=d.weight_version, help=f"initial weight version (default: {d.weight_version})")
+    parser.add_argument("--enable-fault-tolerance", action="store_true", help="vLLM's --enable-fault-tolerance (default: off)")
+    parser.add_argument(
+        "--engine-recovery-timeout-s",
+        type=float,
+        default=d.engine_recovery_timeout_s,
+        help=f"seconds a faulted engine waits for an instruction (default: {d.engine_recovery_timeout_s:g})",
+    )
 
 
 def vllm_config_from_namespace(ns: argparse.Namespace) -> VLLMEngineConfig:
@@ -203,4 +219,6 @@ def vllm_config_from_namespace(ns: argparse.Namespace) -> VLLMEngineConfig:
         default_max_tokens=ns.default_max_tokens,
         tick_seconds=ns.tick_seconds,
         weight_version=ns.weight_version,
+        enable_fault_tolerance=ns.enable_fault_tolerance,
+        engine_recovery_timeout_s=ns.engine_recovery_timeout_s,
     )

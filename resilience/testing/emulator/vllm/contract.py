@@ -21,7 +21,10 @@ Compared, in both directions:
   :data:`DEV_MODE_READER`; the emulator's dev-mode app serves exactly the control routes
   (plus the always-mounted ones and ``/_emulator/*``) and its plain app none of them;
 - the always-mounted routes the emulator serves exist in vLLM with the same methods,
-  and the ``--api-key`` prefixes are vLLM's.
+  and the ``--api-key`` prefixes are vLLM's;
+- the fault-tolerance routes (``serve/fault_tolerance/api_router.py``): paths, methods, parameters
+  and answers as above, and the mounting: vLLM registers them under ``enable_fault_tolerance``, the
+  emulator serves them exactly when ``enable_fault_tolerance`` is on (dev mode or not).
 """
 
 from __future__ import annotations
@@ -42,11 +45,13 @@ __all__ = [
     "app_paths",
     "check",
     "compare_bodies",
+    "compare_fault_tolerance",
     "compare_mounting",
     "compare_params",
     "compare_routes",
     "compare_serve_routes",
     "emulator_control_routes",
+    "emulator_fault_tolerance_routes",
 ]
 
 DEV_MODE_READER = '"VLLM_SERVER_DEV_MODE": lambda: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0"))),'
@@ -59,6 +64,8 @@ SERVE_PATHS = ("/health", "/version", "/v1/models", "/v1/completions")
 MIN_CONTROL_ROUTES, MAX_CONTROL_ROUTES = 20, 40
 MIN_PARAMS = 12
 MIN_ALL_ROUTES = 50
+FT_REGISTRY = "register_fault_tolerance_api_router"
+"""What ``register_api_routers`` calls under ``if getattr(args, "enable_fault_tolerance", False):`` (routers.py l.85-90)."""
 
 
 def emulator_control_routes() -> dict[str, RouteSpec]:
@@ -69,6 +76,13 @@ def emulator_control_routes() -> dict[str, RouteSpec]:
     for module in (dev_routes, rl_routes):
         found.update(routes_in_source(inspect.getsource(module), module.__name__))
     return found
+
+
+def emulator_fault_tolerance_routes() -> dict[str, RouteSpec]:
+    """The emulator's fault-tolerance routes, read from its source by AST."""
+    from . import ft_routes
+
+    return routes_in_source(inspect.getsource(ft_routes), ft_routes.__name__)
 
 
 def compare_routes(vllm: Mapping[str, RouteSpec], ours: Mapping[str, RouteSpec]) -> list[str]:
@@ -168,6 +182,25 @@ def compare_serve_routes(surface: VllmSurface, served: set[tuple[str, str]], gua
     return problems
 
 
+def compare_fault_tolerance(
+    surface: VllmSurface,
+    ours: Mapping[str, RouteSpec],
+    ft_app_paths: set[tuple[str, str]],
+    plain_app_paths: set[tuple[str, str]],
+) -> list[str]:
+    """The fault-tolerance routes as the control routes are compared, and mounted only with ``enable_fault_tolerance``."""
+    theirs = surface.fault_tolerance
+    problems = compare_routes(theirs, ours) + compare_params(theirs, ours) + compare_bodies(theirs, ours)
+    if FT_REGISTRY not in surface.fault_tolerance_gated:
+        problems.append(f"vLLM's register_api_routers does not call {FT_REGISTRY} under `if ... enable_fault_tolerance ...:`")
+    wanted = {(m, r.path) for r in ours.values() for m in r.methods}
+    for method, path in sorted(wanted - ft_app_paths):
+        problems.append(f"fault tolerance on: the emulator's app does not serve {method} {path}")
+    for method, path in sorted(wanted & plain_app_paths):
+        problems.append(f"fault tolerance off: the emulator's app serves {method} {path} (vLLM answers 404)")
+    return problems
+
+
 @dataclass(frozen=True, slots=True)
 class VllmContractReport:
     """What :func:`check` compared (sizes) and every difference it found."""
@@ -191,6 +224,8 @@ def check(wheel: str | Path) -> VllmContractReport:
     ours = emulator_control_routes()
     dev_paths = app_paths(create_app(VLLMEngineConfig(dev_mode=True))[0])
     plain_paths = app_paths(create_app(VLLMEngineConfig(dev_mode=False))[0])
+    ft_paths = app_paths(create_app(VLLMEngineConfig(dev_mode=False, enable_fault_tolerance=True))[0])
+    ft_ours = emulator_fault_tolerance_routes()
     sizes = {
         "vllm_control_routes": len(surface.control),
         "emulator_control_routes": len(ours),
@@ -201,6 +236,8 @@ def check(wheel: str | Path) -> VllmContractReport:
         "emulator_bodies": sum(len(r.bodies) for r in ours.values()),
         "vllm_all_routes": len(surface.all_routes),
         "emulator_app_routes": len(dev_paths),
+        "vllm_fault_tolerance_routes": len(surface.fault_tolerance),
+        "emulator_fault_tolerance_routes": len(ft_ours),
     }
     for name in ("vllm_control_routes", "emulator_control_routes"):
         assert MIN_CONTROL_ROUTES <= sizes[name] <= MAX_CONTROL_ROUTES, f"contract: {name} has {sizes[name]} entries, not a plausible size"
@@ -211,6 +248,8 @@ def check(wheel: str | Path) -> VllmContractReport:
     assert sizes["vllm_control_modules"] >= 5, f"contract: vLLM's registries import {sizes['vllm_control_modules']} router modules"
     assert sizes["vllm_all_routes"] >= MIN_ALL_ROUTES, f"contract: vLLM's entrypoints have {sizes['vllm_all_routes']} routes"
     assert surface.guarded_prefix and surface.dev_mode_gated, "contract: the auth prefixes or the dev-mode gate were not found"
+    ft_routes = sizes["vllm_fault_tolerance_routes"]
+    assert ft_routes == 2, f"contract: vLLM's fault-tolerance router has {ft_routes} routes, not apply and status"
     problems = [] if surface.version == VLLM_VERSION else [f"the wheel is vLLM {surface.version}, the emulator reproduces {VLLM_VERSION}"]
     problems += (
         compare_routes(surface.control, ours)
@@ -218,5 +257,6 @@ def check(wheel: str | Path) -> VllmContractReport:
         + compare_bodies(surface.control, ours)
         + compare_mounting(surface, ours, dev_paths, plain_paths)
         + compare_serve_routes(surface, dev_paths, GUARDED_PREFIX)
+        + compare_fault_tolerance(surface, ft_ours, ft_paths, dev_paths)
     )
     return VllmContractReport(surface.version, sizes, tuple(problems))

@@ -53,7 +53,8 @@ from typing import Literal, get_args
 
 from ..memory_state import MemoryStateWriter
 from .config import VLLMEngineConfig
-from .crash import die_of_illegal_memory_access
+from .crash import die_of_engine_error, die_of_illegal_memory_access
+from .fault_tolerance import FaultTolerance
 from .text import ZERO_CONTENT, garbage_content, token, weight_checksums, weights_content
 
 __all__ = ["SLEEP_TAGS", "EngineCore", "EnginePausedError", "PauseMode", "PauseState", "Request", "UtilityError"]
@@ -131,6 +132,8 @@ class EngineCore:
         self._last_update: object | None = None
         self.wedged = False
         """A re-sent ``/update_weights`` waits for a broadcast that never comes: the core is stuck for good."""
+        self.fault_tolerance = FaultTolerance(config.engine_recovery_timeout_s) if config.enable_fault_tolerance else None
+        """``--enable-fault-tolerance``: the sentinel that keeps a faulted busy loop waiting for ``retry`` (None = off)."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -392,15 +395,32 @@ class EngineCore:
         return {"nccl": "NCCLWeightTransferEngine", "ipc": "IPCWeightTransferEngine"}.get(backend, f"{backend} engine")
 
     async def utility_gate(self) -> None:
-        """Wait forever once the core is wedged (a call that needs the EngineCore never gets its turn); else return at once."""
+        """Wait forever once the core is wedged (a call that needs the EngineCore never gets its turn), and while a fault
+        waits for recovery (``fault_tolerance.py``); else return at once."""
+        if self.fault_tolerance is not None:
+            await self.fault_tolerance.wait_until_healthy()
         if self.wedged:
             await asyncio.Event().wait()  # never set: the request is cancelled when the client or the server goes
+
+    # ----- faults ---------------------------------------------------------------------
+    def fault(self, error_type: str = "RuntimeError") -> None:
+        """The busy loop raises ``error_type`` now: without fault tolerance the engine dies; with it every request is
+        aborted (``EngineCoreSentinel.on_fault``, ``engine_core_sentinel.py`` l.82-104) and the core waits for ``retry``."""
+        if self.fault_tolerance is None:
+            die_of_engine_error(error_type)
+        self.abort(None)
+        self.fault_tolerance.on_fault(error_type)
 
     # ----- the scheduler step ---------------------------------------------------------
     def step(self, seconds: float) -> None:
         """One scheduler step of ``seconds``: admit (only ``UNPAUSED``), decode, finish, complete pauses."""
         if self.wedged:
             return  # the busy loop is stuck in the collective
+        ft = self.fault_tolerance
+        if ft is not None and ft.unhealthy:
+            if ft.timed_out():  # fault_tolerant_wrapper: "[FT] No recovery within %ds timeout.", then the error is raised
+                die_of_engine_error(ft.fault_info or "RuntimeError", f"no recovery within {ft.recovery_timeout_s:g} s")
+            return  # the busy loop waits for an instruction
         if self.pause_state is PauseState.PAUSED_ALL:
             return  # scheduler.py l.723: no token budget
         if self.pause_state is PauseState.UNPAUSED:
@@ -437,6 +457,7 @@ class EngineCore:
             "weight_update_active": self.weight_update_active,
             "update_chunks": self.update_chunks,
             "wedged": self.wedged,
+            "fault_tolerance": None if self.fault_tolerance is None else self.fault_tolerance.status,
             "running": len(self.running),
             "waiting": len(self.waiting),
             "counts": dict(self.counts),

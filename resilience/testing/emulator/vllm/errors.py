@@ -39,12 +39,17 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     label = "error" if len(errors) == 1 else "errors"
-    message = f"{len(errors)} validation {label}:\n" + "".join(
-        f"  {{'type': {e.get('type')!r}, 'loc': {'.'.join(str(p) for p in e.get('loc', ()))!r}, 'msg': {e.get('msg')!r}}}\n"
-        for e in errors[:10]
-    )
-    param = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else None
+    message = f"{len(errors)} validation {label}:\n" + "".join(f"  {_format_error(e)}\n" for e in errors[:10])
+    first = errors[0] if errors else None
+    param = ".".join(str(p) for p in first.get("loc", ())) if isinstance(first, dict) else None
     return JSONResponse(error_body(message.rstrip(), "BadRequestError", 400, param), status_code=400)
+
+
+def _format_error(e: object) -> str:
+    """One error of the message; a plain string (``validate_json_request``'s) as it is (``handlers/validation.py`` _format_error)."""
+    if not isinstance(e, dict):
+        return str(e)
+    return f"{{'type': {e.get('type')!r}, 'loc': {'.'.join(str(p) for p in e.get('loc', ()))!r}, 'msg': {e.get('msg')!r}}}"
 
 
 async def _exception(request: Request, exc: Exception) -> JSONResponse:

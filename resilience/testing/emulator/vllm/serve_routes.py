@@ -91,7 +91,7 @@ def serve_router(core: EngineCore) -> APIRouter:
 
 
 def debug_router(core: EngineCore, record: CallRecord, dev_mode: bool) -> APIRouter:
-    """``GET /_emulator/state`` and ``GET /_emulator/record`` (not vLLM's)."""
+    """``GET /_emulator/state``, ``GET /_emulator/record`` and ``POST /_emulator/fault`` (not vLLM's)."""
     router = APIRouter()
 
     def state() -> dict[str, Any]:
@@ -100,6 +100,12 @@ def debug_router(core: EngineCore, record: CallRecord, dev_mode: bool) -> APIRou
 
     @router.get("/_emulator/state")
     async def emulator_state() -> JSONResponse:
+        return JSONResponse(state())
+
+    @router.post("/_emulator/fault")
+    async def emulator_fault(error_type: str = "RuntimeError") -> JSONResponse:
+        """The busy loop raises ``error_type`` now (``EngineCore.fault``): without fault tolerance the engine dies."""
+        core.fault(error_type)
         return JSONResponse(state())
 
     @router.get("/_emulator/record")

@@ -52,6 +52,8 @@ _RL_REGISTRY = "vllm/entrypoints/rl/factories.py"
 _MOUNT = "vllm/entrypoints/launchers/api_server/routers.py"
 _AUTH = "vllm/entrypoints/serve/middleware/authenticate.py"
 _ENVS = "vllm/envs.py"
+FAULT_TOLERANCE_ROUTER = "vllm/entrypoints/serve/fault_tolerance/api_router.py"
+"""Where 0.33.0 defines ``/fault_tolerance/apply`` and ``/fault_tolerance/status``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,10 @@ class VllmSurface:
     """The source of ``VLLM_SERVER_DEV_MODE``'s reader in ``envs.py``."""
     guarded_prefix: tuple[str, ...]
     """``GUARDED_PREFIX`` of the ``--api-key`` middleware."""
+    fault_tolerance: Mapping[str, RouteSpec] = field(default_factory=dict)
+    """The fault-tolerance routes (``FAULT_TOLERANCE_ROUTER``), by path."""
+    fault_tolerance_gated: frozenset[str] = frozenset()
+    """The calls found under ``if ... enable_fault_tolerance ...:`` in ``register_api_routers``."""
 
 
 def _literal(node: ast.expr | None) -> Any:
@@ -266,11 +272,12 @@ def _imported_modules(tree: ast.Module, function: str, base: str) -> list[str]:
     return [_relative_module(base, n) for n in ast.walk(node) if isinstance(n, ast.ImportFrom) and n.level >= 1]
 
 
-def _gated_calls(tree: ast.Module) -> frozenset[str]:
+def _gated_calls(tree: ast.Module, marker: str = "VLLM_SERVER_DEV_MODE") -> frozenset[str]:
+    """The plain calls under an ``if`` of ``register_api_routers`` whose test names ``marker``."""
     node = _function(tree, "register_api_routers")
     gated: set[str] = set()
     for branch in ast.walk(node) if node is not None else ():
-        if isinstance(branch, ast.If) and "VLLM_SERVER_DEV_MODE" in ast.unparse(branch.test):
+        if isinstance(branch, ast.If) and marker in ast.unparse(branch.test):
             for inner in ast.walk(ast.Module(body=branch.body, type_ignores=[])):
                 if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name):
                     gated.add(inner.func.id)
@@ -320,4 +327,6 @@ def read_vllm_surface(wheel: str | Path) -> VllmSurface:
             dev_mode_gated=_gated_calls(ast.parse(source(_MOUNT))),
             dev_mode_env=env_line,
             guarded_prefix=prefix,
+            fault_tolerance=routes_in_source(source(FAULT_TOLERANCE_ROUTER), FAULT_TOLERANCE_ROUTER),
+            fault_tolerance_gated=_gated_calls(ast.parse(source(_MOUNT)), "enable_fault_tolerance"),
         )
