@@ -235,6 +235,8 @@ class Orchestrator(BarrierView[E]):
         and admission reopens only when the last one ends (and memory is back:
         inside an offloaded window the engines stay paused until onload).
         ``offload``/``onload`` never run while a body runs: they wait for it.
+        Refused (``PhaseFailed``, nothing sent, the body never runs) while an engine's
+        weights are released: a weight update into them would kill it (``onload(tags=["weights"])`` first).
         ``verify``: checks asked of the synced engines once the body returned and
         the hold ended (``resilience.barrier.verify``; default none); a mismatch
         raises ``VerificationFailed`` naming the engine.

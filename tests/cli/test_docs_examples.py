@@ -3,7 +3,8 @@
 The README's shape is pinned (install line and first example on its first screen, in the issue's
 order, a few hundred lines at most), its first example is run as a user pastes it (a fresh
 interpreter, two emulated engines behind fault proxies) and must print what the README says it
-prints. The docs pages' streaming and emulator examples run against real emulated engines. Every
+prints. The docs pages' streaming, emulator, weight-update and fault-tolerance examples run against real
+emulated engines. Every
 relative link in the README, CONTRIBUTING.md and benchmarks/NOTES.md must name a file that exists;
 links inside docs/ are checked by ``mkdocs build --strict`` (scripts/test.sh).
 """
@@ -179,3 +180,47 @@ def test_fault_plan_example_is_documented_and_loads() -> None:
     assert FaultPlan.from_dict(yaml.safe_load(yaml_text)) == plan
     documented = _section(page, "## `FaultPlan` and `FaultRule`")
     assert [f for f in sorted(fields) if f"| `{f}` |" not in documented] == []
+
+
+def _run_example(page: str, heading: str, url: str, placeholder: str) -> str:
+    """Run the one Python block under ``heading`` of ``docs/<page>`` with ``placeholder`` (its server URL) set to ``url``; its stdout."""
+    [(_, code)] = _blocks(_section((DOCS / page).read_text(encoding="utf-8"), heading), "python")
+    assert f'"{placeholder}"' in code
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code.replace(placeholder, url), f"docs/{page}", "exec"), {})
+    return printed.getvalue()
+
+
+def test_sglang_weight_update_example_runs_and_the_refused_update_is_never_sent(engine_url: str) -> None:
+    """docs/sglang.md's weight-update example: the update into released weights is refused unsent, the engine lives."""
+    import requests
+
+    out = _run_example("sglang.md", "## Weight updates", engine_url, "http://127.0.0.1:30000")
+    assert "released" in out and engine_url.split("//")[1] in out
+    calls = requests.get(engine_url + "/_emulator/record", timeout=10).json()["calls"]
+    assert len([c for c in calls if c["path"] == "/update_weights_from_disk"]) == 1  # only the one after the resume
+
+
+@pytest.fixture(scope="module")
+def vllm_url() -> Iterator[str]:
+    pytest.importorskip("fastapi")
+    from resilience.testing.emulator import EmulatedFleet
+    from resilience.testing.emulator.vllm import VLLMEngineConfig
+
+    config = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, enable_fault_tolerance=True, weight_transfer_backend="nccl")
+    with EmulatedFleet(1, config) as fleet:
+        yield fleet.engines[0].direct_url
+
+
+def test_vllm_weights_asleep_and_fault_tolerance_examples_run(vllm_url: str) -> None:
+    """docs/vllm.md's two examples: the refused update leaves the engine alive and awake; the retry recovers a faulted engine."""
+    import requests
+
+    out = _run_example("vllm.md", "## A weight update while the weights sleep", vllm_url, "http://127.0.0.1:8000")
+    assert "asleep" in out
+    state = requests.get(vllm_url + "/_emulator/state", timeout=10).json()
+    assert (state["sleeping_tags"], state["pause_state"], state["update_chunks"]) == ([], "unpaused", 0)
+    requests.post(vllm_url + "/_emulator/fault", timeout=10).raise_for_status()
+    out = _run_example("vllm.md", "## Fault tolerance (`--enable-fault-tolerance`)", vllm_url, "http://127.0.0.1:8000")
+    assert out.strip() == "[(0, 'healthy', None)]"
