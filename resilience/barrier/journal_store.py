@@ -407,9 +407,11 @@ class RayKVJournalStore:
     One writer at a time, without a lock (a lock in the KV would outlive a controller killed outright, and the Ray
     restart that needs the journal would find it taken): every record is put only if its slot is still empty
     (``overwrite=False``, atomic in the GCS), and a compaction first takes the old generation's next slot with a
-    seal and links the new generation only if no link exists. So a second controller on the key may open it, but
-    the first write of whichever is behind finds its slot taken and raises ``JournalBusy`` before the command it
-    announces is sent; their records never interleave.
+    seal and links the new generation only if no link exists; after each put the store checks that its generation
+    has no link yet (a compaction deletes the old generation's slots). So a second controller on the key may open
+    it, but the first write of whichever is behind finds its slot taken, or its generation compacted, and raises
+    ``JournalBusy`` before the command it announces is sent; their records never interleave. Each append is one
+    put and one get.
     """
 
     def __init__(self, key: str, *, namespace: str = "controlplane-resilience", kv: Any = None) -> None:
@@ -520,6 +522,8 @@ class RayKVJournalStore:
             raise JournalError(f"journal {self.name}: the put of record {self._seq} failed ({exc}); the record is not durable") from exc
         if not ours:
             raise self._busy(f"record {self._seq}'s slot was taken")
+        if self._get(f"{self.key}/next/{self._generation}".encode()) is not None:  # compacted past (its old slots deleted)
+            raise self._busy(f"generation {self._generation} was compacted by another controller")
         self._doubt = None
         self._seq += 1
 
@@ -541,7 +545,8 @@ class RayKVJournalStore:
         except JournalError:
             raise
         except Exception as exc:
-            raise JournalError(f"journal {self.name}: compaction failed ({exc}); the journal is as it was (the next write ends it)") from exc
+            what = f"compaction failed ({exc}); the journal is as it was (the next write ends it)"
+            raise JournalError(f"journal {self.name}: {what}") from exc
         if not linked:
             raise self._busy(f"generation {old} was compacted by another controller")
         self._generation, self._seq, self._sealed, self._doubt = new, len(records), None, None
