@@ -8,14 +8,19 @@ started on the same journal resumes every engine's knowledge from the last
 complete record. A call that was in flight when the controller died is then
 "maybe applied", because its intent record said so before it was sent. Holds
 come back with their owners, and an owner process that is gone is named
-(``Recovery.orphaned_holds``). So do the restart budget's records.
+(``Recovery.orphaned_holds``). So do the restart budget's records. A record is
+durable when ``commit`` returns; a commit that raises wrote nothing that counts
+(its facts, owners and budget are written again by the next commit).
 
 A record is one JSON object (framed and checksummed by the store,
 ``resilience.barrier.journal_store``):
 
 - ``{"k": "header", "format": ..., "version": 1, "engines": [...]}``: first, once;
 - ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``:
-  the facts of the engines that changed, ``why`` says which step wrote it.
+  the facts of the engines that changed, ``why`` says which step wrote it. An owner is
+  ``{"host", "pid", "id", "start", "boot"}``: a random id of the process, its start time and the
+  boot id tell it from a later process with the same PID (owners of older writers have host and
+  PID only, and are judged by the PID).
 
 An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}``
 in its facts (why they are unknown, ``knowledge.Doubt``). The key is optional, so
@@ -167,9 +172,10 @@ class Recovery:
     """What an orchestrator found in its journal when it started.
 
     ``resumed``: False for a new (empty) journal. ``records``: complete records read.
-    ``dropped``: what a torn or corrupt tail was (None when none). ``in_flight``: engine ->
+    ``dropped``: what a torn last record was (None when none; a corrupt record refuses the open). ``in_flight``: engine ->
     the call that was in flight when the last controller stopped (now "maybe applied").
-    ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``);
+    ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``: no
+    process has that PID, or the one that has it is another process: another start, boot or id);
     they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
     """
 
@@ -316,8 +322,10 @@ class Journal:
 
         ``kinds``: each engine's memory model (``resilience.barrier.memory_model``; default SGLang's for all): the knowledge
         is rebuilt with it, and an engine journaled as another kind raises ``JournalMismatch``.
-        A new journal gets its header. A journal for other engines raises ``JournalMismatch`` naming
-        the difference; a torn tail is described in ``Recovery.dropped`` (and logged), then cut off.
+        An empty or missing journal gets its header (written whole, by the store's atomic rewrite). A
+        journal for other engines raises ``JournalMismatch`` naming the difference; a torn last record is
+        described in ``Recovery.dropped`` (and logged), then cut off; a damaged record anywhere else, or a
+        non-empty file that does not start with our header, raises ``JournalError`` and is left as it was.
         """
         kinds = kinds or {}
         self._engines = tuple(engines)
