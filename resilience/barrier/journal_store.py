@@ -430,7 +430,7 @@ class RayKVJournalStore:
                 f"journal {self.name} was written by an older version (its records hang from {key}/head); "
                 "this version reads journals whose generations are linked by key/next: use a new key"
             )
-        self.load()
+        self._loaded = False
 
     def _get(self, key: bytes) -> bytes | None:
         try:
@@ -495,7 +495,7 @@ class RayKVJournalStore:
             raise JournalError(f"journal {self.name} is corrupt: it links to generation {generation}, which has no records")
         self._generation, self._seq = generation, len(keys)
         self._sealed = records if sealed else None
-        self._doubt = None
+        self._doubt, self._loaded = None, True
         return Loaded(tuple(records))
 
     def _busy(self, what: str) -> JournalBusy:
@@ -506,6 +506,8 @@ class RayKVJournalStore:
 
     def append(self, record: bytes) -> None:
         """Put one record in the next empty slot (durable once the GCS acknowledged it); a taken slot raises ``JournalBusy``."""
+        if not self._loaded:  # the slots follow the records read
+            self.load()
         if self._sealed is not None:  # a compaction sealed the generation and stopped before linking the new one: finish it
             self.rewrite(self._sealed)
         framed = frame(record)
@@ -529,6 +531,8 @@ class RayKVJournalStore:
 
     def rewrite(self, records: Sequence[bytes]) -> None:
         """Seal the live generation, write a new one, and link it (the link is the atomic switch); then delete the old one."""
+        if not self._loaded:
+            self.load()
         old = self._generation
         new = f"{int(old.split('.')[0]) + 1}.{self._token}"
         try:
