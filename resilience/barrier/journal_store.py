@@ -252,6 +252,11 @@ class FileJournalStore:
             raise JournalBusy(
                 f"journal {self._shown} is open in another controller ({holder}); one controller writes a journal at a time"
             ) from None
+        except OSError as exc:  # ENOLCK and the like: a file system without flock (some network ones)
+            raise JournalError(
+                f"journal {self._shown}: cannot lock {self.path}.lock ({exc.strerror or exc}); the journal's folder must be "
+                "on a file system that supports flock (a local disk), since the lock is what keeps a second controller out"
+            ) from exc
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, _holder(), 0)
 
