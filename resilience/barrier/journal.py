@@ -8,14 +8,19 @@ started on the same journal resumes every engine's knowledge from the last
 complete record. A call that was in flight when the controller died is then
 "maybe applied", because its intent record said so before it was sent. Holds
 come back with their owners, and an owner process that is gone is named
-(``Recovery.orphaned_holds``). So do the restart budget's records.
+(``Recovery.orphaned_holds``). So do the restart budget's records. A record is
+durable when ``commit`` returns; a commit that raises wrote nothing that counts
+(its facts, owners and budget are written again by the next commit).
 
 A record is one JSON object (framed and checksummed by the store,
 ``resilience.barrier.journal_store``):
 
 - ``{"k": "header", "format": ..., "version": 1, "engines": [...]}``: first, once;
 - ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``:
-  the facts of the engines that changed, ``why`` says which step wrote it.
+  the facts of the engines that changed, ``why`` says which step wrote it. An owner is
+  ``{"host", "pid", "id", "start", "boot"}``: a random id of the process, its start time and the
+  boot id tell it from a later process with the same PID (owners of older writers have host and
+  PID only, and are judged by the PID).
 
 An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}``
 in its facts (why they are unknown, ``knowledge.Doubt``). The key is optional, so
@@ -31,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,8 +72,37 @@ class JournalMismatch(JournalError):
     """The journal was written for other engines than the ones the orchestrator was given."""
 
 
+_PROCESS_IDS: dict[int, str] = {}
+"""A random id per process (keyed by PID, so a forked child gets its own): which process wrote a hold, beyond its PID."""
+
+
+def _process_id() -> str:
+    return _PROCESS_IDS.setdefault(os.getpid(), secrets.token_hex(8))
+
+
+def _boot_id() -> str | None:
+    """The kernel's boot id (Linux), None where there is none: a PID from before a reboot names another process."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22; Linux), None where unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
+    return fields[19] if len(fields) > 19 else None
+
+
 def _me() -> dict[str, Any]:
-    return {"host": os.uname().nodename, "pid": os.getpid()}
+    """Who writes: host and PID, and what tells this process from a later one with the same PID on the same host
+    (a restarted container's controller is PID 1 again): a random id, the process's start time, the boot id."""
+    pid = os.getpid()
+    return {"host": os.uname().nodename, "pid": pid, "id": _process_id(), "start": _started(pid), "boot": _boot_id()}
 
 
 def facts_of(k: EngineKnowledge, *, retired: bool = False) -> dict[str, Any]:
@@ -137,9 +172,10 @@ class Recovery:
     """What an orchestrator found in its journal when it started.
 
     ``resumed``: False for a new (empty) journal. ``records``: complete records read.
-    ``dropped``: what a torn or corrupt tail was (None when none). ``in_flight``: engine ->
+    ``dropped``: what a torn last record was (None when none; a corrupt record refuses the open). ``in_flight``: engine ->
     the call that was in flight when the last controller stopped (now "maybe applied").
-    ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``);
+    ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``: no
+    process has that PID, or the one that has it is another process: another start, boot or id);
     they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
     """
 
@@ -198,8 +234,9 @@ def _fold(payloads: Iterable[bytes], where: str) -> _Folded:
                 raise JournalError(f"journal {where} has version {rec.get('version')!r}, expected {_VERSION}")
             out.engines = [str(e) for e in rec.get("engines", [])]
             continue
-        if rec.get("k") != "state":
-            raise JournalError(f"journal {where}: record {i} has unknown kind {rec.get('k')!r}")
+        if not isinstance(rec, dict) or rec.get("k") != "state":
+            kind = rec.get("k") if isinstance(rec, dict) else type(rec).__name__
+            raise JournalError(f"journal {where}: record {i} has unknown kind {kind!r}")
         for name, facts in dict(rec.get("engines", {})).items():
             out.facts[name] = dict(facts)
         out.owners.update(dict(rec.get("owners", {})))
@@ -215,16 +252,38 @@ def read_journal(store: JournalStore) -> tuple[_Folded, int, str | None]:
 
 
 def _alive(owner: Mapping[str, Any]) -> bool | None:
-    """True/False when the owner process is known alive/gone on this host; None when it lives on another host."""
+    """True/False when the owner process is known alive/gone on this host; None when it lives on another host.
+
+    An owner is this process when its id is this process's. An owner with this process's PID and another id
+    is gone (a predecessor that had the same PID: a restarted container's PID 1). Another PID is gone when no
+    process has it, or when the one that has it started at another time or before another boot (the PID was
+    reused). An owner written before owners had ids (host and PID only) is judged by its PID alone.
+    """
     if owner.get("host") != os.uname().nodename:
         return None
     try:
-        os.kill(int(owner["pid"]), 0)
+        pid = int(owner["pid"])
+    except (KeyError, ValueError, TypeError):
+        return True
+    if "id" in owner:
+        if owner["id"] == _process_id() and pid == os.getpid():
+            return True
+        if pid == os.getpid():
+            return False
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, KeyError, ValueError, TypeError):
-        return True
-    return True
+    except PermissionError:
+        pass
+    boot, start = owner.get("boot"), owner.get("start")
+    if boot is not None and _boot_id() not in (None, boot):
+        return False
+    return not (start is not None and _started(pid) not in (None, start))
+
+
+def _gone(owner: Mapping[str, Any]) -> str:
+    return f"pid {owner.get('pid')} on {owner.get('host')}, gone"
 
 
 class Journal:
@@ -263,21 +322,24 @@ class Journal:
 
         ``kinds``: each engine's memory model (``resilience.barrier.memory_model``; default SGLang's for all): the knowledge
         is rebuilt with it, and an engine journaled as another kind raises ``JournalMismatch``.
-        A new journal gets its header. A journal for other engines raises ``JournalMismatch`` naming
-        the difference; a torn tail is described in ``Recovery.dropped`` (and logged), then cut off.
+        An empty or missing journal gets its header (written whole, by the store's atomic rewrite). A
+        journal for other engines raises ``JournalMismatch`` naming the difference; a torn last record is
+        described in ``Recovery.dropped`` (and logged), then cut off; a damaged record anywhere else, or a
+        non-empty file that does not start with our header, raises ``JournalError`` and is left as it was.
         """
         kinds = kinds or {}
         self._engines = tuple(engines)
         loaded = self.store.load()
         if not loaded.records:
+            if loaded.dropped:  # our header is written whole (a rewrite): bytes without one are not a journal
+                raise JournalError(
+                    f"journal {self.store.name} is not a {FORMAT} journal: it holds no complete record ({loaded.dropped}); "
+                    "refusing to use it, and the file is left as it was. Give journal= a new file, or an empty one"
+                )
             header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(engines), "t": time.time(), "by": _me()}
-            if loaded.dropped:
-                _LOG.warning("%s", loaded.dropped)
-                self.store.rewrite([_dump(header)])
-            else:
-                self.store.append(_dump(header))
+            self.store.rewrite([_dump(header)])  # atomic: a crash leaves no file or a whole header, never a torn one
             self._written = 1
-            return Resumed(Recovery(self.store.name, dropped=loaded.dropped))
+            return Resumed(Recovery(self.store.name))
         folded = _fold(loaded.records, self.store.name)
         assert folded.engines is not None
         if sorted(folded.engines) != sorted(engines):
@@ -304,7 +366,7 @@ class Journal:
             for token, reason in sorted(k.holds.items()):
                 owner = self._owners.get(str(token))
                 if owner is not None and _alive(owner) is False:
-                    gone.append(f"{reason} (pid {owner.get('pid')} on {owner.get('host')}, gone)")
+                    gone.append(f"{reason} ({_gone(owner)})")
             if gone:
                 orphaned[n] = tuple(gone)
         recovery = Recovery(
@@ -345,7 +407,7 @@ class Journal:
         for n in names:
             for token in know[n].holds:
                 if token != OFFLOAD_TOKEN and str(token) not in self._owners:
-                    owners[str(token)] = self._owners[str(token)] = _me()
+                    owners[str(token)] = _me()
         budget_state = _budget_state(budget)
         budget_changed = budget_state is not None and budget_state != self._budget
         if not changed and not owners and not budget_changed:
@@ -354,12 +416,18 @@ class Journal:
         if owners:
             rec["owners"] = owners
         if budget_changed:
-            rec["budget"] = self._budget = budget_state
-        self.store.append(_dump(rec))
+            rec["budget"] = budget_state
+        self.store.append(_dump(rec))  # raises when the record is not durable: then nothing below is marked written
         self._last.update(changed)
+        self._owners.update(owners)
+        if budget_changed:
+            self._budget = budget_state
         self._written += 1
         if self._written >= self.compact_after:
-            self._compact()
+            try:
+                self._compact()
+            except JournalError as exc:  # the record above is durable; the journal is as it was, and compacts next time
+                _LOG.warning("%s", exc)
 
     def _compact(self) -> None:
         header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(self._engines), "t": time.time(), "by": _me()}

@@ -37,7 +37,7 @@ def _facts_cell(facts: dict[str, Any]) -> str:
 def run_journal(args: argparse.Namespace) -> int:
     """Print ``args.path``'s records (``--last N`` of them) and the engines' final state; exit 1 when it cannot be read."""
     from resilience.barrier.journal import FORMAT, knowledge_from
-    from resilience.barrier.journal_store import unframe
+    from resilience.barrier.journal_store import JournalCorrupt, unframe
     from resilience.cli.render import make_console, rich_table
 
     path = Path(args.path)
@@ -45,10 +45,17 @@ def run_journal(args: argparse.Namespace) -> int:
         data = path.read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read journal {path}: {exc.strerror or exc}") from None
-    loaded = unframe(data, str(path))
-    records = [json.loads(r) for r in loaded.records]
-    if not records or records[0].get("k") != "header" or records[0].get("format") != FORMAT:
-        raise CliError(f"{path} is not a barrier journal (no {FORMAT} header)")
+    not_ours = CliError(f"{path} is not a barrier journal (no {FORMAT} header)")
+    try:
+        loaded = unframe(data, str(path))
+    except JournalCorrupt as exc:  # a damaged record that is not a torn tail: named, as a controller would refuse it
+        raise (not_ours if exc.record == 0 else CliError(str(exc))) from None
+    try:
+        records = [json.loads(r) for r in loaded.records]
+    except ValueError:
+        raise not_ours from None
+    if not records or not isinstance(records[0], dict) or records[0].get("k") != "header" or records[0].get("format") != FORMAT:
+        raise not_ours
     header = records[0]
     console = make_console()
     rows: list[list[str]] = []

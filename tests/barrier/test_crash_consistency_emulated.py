@@ -262,3 +262,62 @@ def test_without_a_journal_a_restarted_controller_releases_twice_and_kills_the_e
     assert {i: c for i, c in causes.items()} == {e.index: ["release sent twice"] for e in engines.engines}, (causes, second.seen)
     assert not any(e.alive() for e in engines.engines)
     assert all(crash_causes(e) for e in engines.engines)
+
+
+def _release_record_offset(journal: Path) -> tuple[int, int]:
+    """(length of the header line, offset of the release's write-ahead record) in a journal an offload wrote."""
+    lines = journal.read_bytes().splitlines(keepends=True)
+    offset = 0
+    for line in lines:
+        if b"sending release_memory_occupation" in line:
+            return len(lines[0]), offset
+        offset += len(line)
+    raise AssertionError(f"no release write-ahead record in {journal}: {lines}")
+
+
+def test_a_disk_that_fills_inside_the_releases_write_ahead_record_stops_the_controller_before_the_release(
+    engines: EmulatedFleet, tmp_path: Path
+) -> None:
+    """A real short write (RLIMIT_FSIZE set on the controller, 40 bytes into the release's write-ahead record): the record is
+    cut back and not counted, so no release leaves; the next controller's offload releases once and its onload serves.
+
+    Barrier v3 ignored ``os.write``'s count: the torn record counted as written, the releases went out, and the next
+    controller (the torn tail dropped, "flushed" resumed) released a second time: every engine died.
+    """
+    import resource
+
+    dry = tmp_path / "dry.journal"
+    first = Controller(engines.direct_urls, "--journal", str(dry), "--ops", "offload")
+    try:
+        assert first.wait(FINAL_S) == 0, first.stderr
+    finally:
+        first.kill()
+    dry_header, dry_release = _release_record_offset(dry)
+    put_in_order(engines)
+    since, releases_before = _logs_at(engines), _releases(engines)
+    journal = tmp_path / "barrier.journal"
+    with Traffic(engines.direct_urls) as traffic:
+        limited = Controller(engines.direct_urls, "--journal", str(journal), "--ops", "train,offload", "--train-s", "2")
+        try:
+            assert limited.wait_for("ready", READY_S) is not None, limited.stderr
+            limit = journal.stat().st_size - dry_header + dry_release + 40  # the same records before it, give or take a digit
+            resource.prlimit(limited.proc.pid, resource.RLIMIT_FSIZE, (limit, limit))
+            assert limited.wait_for("begin", READY_S, op="offload") is not None, limited.stderr
+            rc = limited.wait(FINAL_S)
+        finally:
+            limited.kill()
+        early = [after - before for before, after in zip(releases_before, _releases(engines), strict=True)]
+        size = journal.stat().st_size
+        second = Controller(engines.direct_urls, "--journal", str(journal), "--ops", "offload,onload")
+        try:
+            second.wait(FINAL_S)
+        finally:
+            second.kill()
+        ends = [line for line in second.seen if line.get("event") == "end"]
+        _check_alive(engines, since, traffic, [f"releases before the second controller: {early}", str(ends)], health_too=True)
+        assert [(e["op"], e["ok"]) for e in ends] == [("offload", True), ("onload", True)], (ends, second.stderr)
+    assert early == [0] * N_ENGINES, "a release left although its write-ahead record was not durable"
+    assert rc != 0 and "JournalError" in limited.stderr and "not durable" in limited.stderr, (rc, limited.stderr[-2000:])
+    assert size < limit  # cut back to the record before the release's
+    sent = [after - before for before, after in zip(releases_before, _releases(engines), strict=True)]
+    assert sent == [1] * N_ENGINES, sent

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed, SequentialFanOut
-from resilience.barrier.journal import JournalMismatch
+from resilience.barrier.journal import JournalBusy, JournalError, JournalMismatch
 from resilience.barrier.knowledge import EngineState
 from resilience.budget import RestartBudget
 from tests.barrier.fake_engine import AsyncFakeEngine, FakeEngine, Fault
@@ -217,3 +217,35 @@ def test_every_record_is_written_before_the_command_it_announces(tmp_path: Path)
     orch.offload()
     orch.close()
     assert seen == [EngineState.QUARANTINED] * 3  # a controller resumed at that instant would not release again
+
+
+def test_a_second_controller_on_a_symlink_to_the_journal_is_refused_so_nothing_is_released_twice(tmp_path: Path) -> None:
+    """``current.journal -> run-42.journal``, a controller on each name: the second is refused (v3 opened it, believed
+    "serving" and released the first's released engines again)."""
+    (tmp_path / "current.journal").symlink_to("run-42.journal")
+    engines = [FakeEngine(n) for n in NAMES]
+    first = Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "run-42.journal")
+    first.offload()
+    try:
+        with pytest.raises(JournalBusy, match="is open in another controller"):
+            Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "current.journal")
+    finally:
+        first.close()
+    second = Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "current.journal")
+    assert second.states() == dict.fromkeys(NAMES, EngineState.RELEASED)  # the same journal, once the first let go
+    second.onload()
+    second.close()
+    alive(engines)
+
+
+def test_an_orchestrator_given_a_file_that_is_not_a_journal_refuses_and_leaves_it(tmp_path: Path) -> None:
+    """``journal=`` at a YAML config: JournalError, the config as it was, and the lock let go."""
+    config = tmp_path / "train.yaml"
+    config.write_text("engines: 3\njournal: run.journal\n")
+    before = config.read_bytes()
+    engines = [FakeEngine(n) for n in NAMES]
+    with pytest.raises(JournalError, match="not a barrier journal"):
+        Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=config)
+    assert config.read_bytes() == before
+    with pytest.raises(JournalError, match="not a barrier journal"):  # refused again, not held (JournalBusy) by the first
+        Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=config)
