@@ -39,7 +39,10 @@ def phase(
 ) -> Steps[dict[str, BaseException]]:
     """One phase (``name``) on every engine at once; each outcome is folded into its knowledge. Returns the failures.
 
-    Write-ahead: each engine's facts are marked in flight (and persisted) before the step is yielded.
+    Write-ahead: each engine's facts are marked in flight (and persisted) before the step is yielded. When that
+    record cannot be written (``persist`` raises: ``ENOSPC``, ``EIO``), the step is never yielded, so no call leaves:
+    the marks are settled as not applied and the error goes on (the same orchestrator's next transition starts from
+    the facts as they were, nothing quarantined).
     """
     if not calls:
         return {}
@@ -54,7 +57,11 @@ def phase(
     step = PhaseCall(tx, name, method, tuple(calls), engines, deadline, rules.clock.monotonic(), before)
     for n, kwargs in calls:
         step.marks[n] = rules.know[n].mark(method, kwargs)
-    rules.persist(names)
+    try:
+        rules.persist(names)
+    except BaseException:  # the write-ahead was not written (a full disk): nothing is sent, so nothing was applied
+        _unmark(rules, step)
+        raise
     yield step
     assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
     step.folded = True
@@ -67,6 +74,15 @@ def phase(
     finally:  # reported once, also when the poll is interrupted (the knowledge is already folded and persisted)
         _report(rules, step, step.results, failures)
     return failures
+
+
+def _unmark(rules: BarrierRules[Any], step: PhaseCall[Any]) -> None:
+    """The step's write-ahead could not be persisted, so its calls are never sent: settle each mark as not applied (the
+    facts go back to what they were; the journal still holds them so, its last record being the one before)."""
+    for n, _kwargs in step.calls:
+        k = rules.know[n]
+        if k.pending is not None and k.pending is step.marks.get(n):
+            k.settle(Effect.NOT_APPLIED)
 
 
 def fold(rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
