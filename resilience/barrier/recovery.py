@@ -99,6 +99,8 @@ def reconcile(rules: BarrierRules[E], engine: str | E, *, released: Iterable[str
         before = k.state
         k.abandon()
         k.reconcile(released=tags, paused=paused)
+        rules.unchecked.discard(name)  # the caller's word, not the journal's, from now on
+        rules.repause.discard(name)
         rules.label = "reconcile"
         rules.persist((name,))
         if k.released or k.unknown:

@@ -78,9 +78,14 @@ def _serving(engine: EngineHandle) -> bool:
     return not state["paused"] and not state["released_tags"]
 
 
+def _calls(engine: EngineHandle, path: str) -> int:
+    """The calls to ``path`` that ``engine``'s current process received (its server-side record)."""
+    return sum(1 for c in engine.record()["calls"] if c["path"] == path)
+
+
 def _releases(engine: EngineHandle) -> int:
-    """The releases ``engine``'s current process received (its server-side record)."""
-    return sum(1 for c in engine.record()["calls"] if c["path"] == "/release_memory_occupation")
+    """The releases ``engine``'s current process received."""
+    return _calls(engine, "/release_memory_occupation")
 
 
 def _clients(fleet: EmulatedFleet) -> list[SGLangClient]:
@@ -155,12 +160,19 @@ def test_the_failing_store_is_a_journal_store(tmp_path: Path) -> None:
 # -- item: an engine restarted while no controller watched ---------------------------------------------------
 
 
-@pytest.mark.parametrize("probe", [True, False], ids=["with-probe", "without-probe"])
-def test_an_engine_restarted_while_the_controller_was_dead_is_taken_as_new(engines: EmulatedFleet, tmp_path: Path, probe: bool) -> None:
+@pytest.mark.parametrize(
+    ("probe", "use_async"),
+    [(True, False), (False, False), (False, True)],
+    ids=["with-probe", "without-probe", "without-probe-async"],
+)
+def test_an_engine_restarted_while_the_controller_was_dead_is_taken_as_new(
+    engines: EmulatedFleet, tmp_path: Path, probe: bool, use_async: bool
+) -> None:
     """Offload; SIGKILL the controller; restart engine 0 (fresh, same URL); a new controller's onload resumes engine 1
-    only, takes engine 0 as new (named in its report), and no engine dies; afterwards both serve."""
+    only, takes engine 0 as new (named in its report), and no engine dies; afterwards both serve. Without the probe
+    the engine's own ``/ready`` tells, on threads and on an event loop (``AsyncOrchestrator``)."""
     journal = str(tmp_path / "barrier.journal")
-    flags = ("--probe-dir", str(engines.memory_state_dir)) if probe else ()
+    flags = (*(("--probe-dir", str(engines.memory_state_dir)) if probe else ()), *(("--async",) if use_async else ()))
     urls = engines.direct_urls
     first = Controller(urls, "--journal", journal, "--ops", "offload,train", "--train-s", "60", *flags)
     try:
@@ -321,3 +333,49 @@ def test_a_weight_sync_whose_hold_record_failed_leaves_no_hold(engines: Emulated
         assert all(not k.holds for k in resumed.knowledge.values()), resumed.knowledge
     finally:
         again.close()
+
+
+# -- the same on vLLM: /is_paused tells ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_fleet() -> Iterator[EmulatedFleet]:
+    """Two emulated vLLM 0.33.0 engines with sleep mode, for the module."""
+    from resilience.testing.emulator.vllm import VLLMEngineConfig
+
+    with EmulatedFleet(2, VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, token_rate=400.0)) as f:
+        yield f
+
+
+def test_a_restarted_vllm_engine_is_taken_as_new_by_its_is_paused_answer(vllm_fleet: EmulatedFleet, tmp_path: Path) -> None:
+    """Offload two vLLM engines on a journal, let the controller go, restart engine 0: the next controller's onload
+    takes engine 0 as new (it answers ``/is_paused`` false while the journal says asleep) and wakes engine 1 only."""
+    from resilience.adapters.vllm import VLLMEngine
+    from tests.vllm.conftest import FAST_VLLM
+
+    path = tmp_path / "barrier.journal"
+    made = [VLLMEngine(u, policies=FAST_VLLM) for u in vllm_fleet.direct_urls]
+    try:
+        first = Orchestrator(EngineGroup(made), deadlines=DEADLINES, journal=path)
+        try:
+            first.offload()
+        finally:
+            first.close()  # its journal says both engines are asleep
+        vllm_fleet.engines[0].restart()
+        wakes_before = [_calls(e, "/wake_up") for e in vllm_fleet.engines]
+        second = Orchestrator(EngineGroup(made), deadlines=DEADLINES, journal=path)
+        try:
+            report = second.onload()
+            assert list(report.replaced) == [made[0].engine], report.replaced
+            assert second.not_serving() == {}
+        finally:
+            second.close()
+        wakes = [_calls(e, "/wake_up") - b for e, b in zip(vllm_fleet.engines, wakes_before, strict=True)]
+        assert wakes[0] == 0 and wakes[1] >= 1, wakes
+        for e in vllm_fleet.engines:
+            assert e.alive(), e.log()
+            state = e.state()
+            assert (state["pause_state"], state["sleeping_tags"]) == ("unpaused", []), state
+    finally:
+        for engine in made:
+            engine.close()
