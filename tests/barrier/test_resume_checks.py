@@ -28,13 +28,16 @@ pytest.importorskip("torch")
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
-from resilience.barrier.engine import PauseMode
+from resilience.barrier.engine import CONTROL_METHODS, PauseMode
+from resilience.barrier.fanout import Calls, EngineResult, ThreadFanOut
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore, JournalStore, Loaded
 from resilience.barrier.knowledge import EngineKnowledge
 from resilience.cli.story import death_causes
+from resilience.deadline import Deadline
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
 from tests.barrier.crash_rig import Controller, Traffic, put_in_order
+from tests.barrier.fake_engine import FakeEngine
 from tests.sglang.conftest import FAST_SGLANG
 
 CONFIG = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=0.05)
@@ -379,3 +382,41 @@ def test_a_restarted_vllm_engine_is_taken_as_new_by_its_is_paused_answer(vllm_fl
     finally:
         for engine in made:
             engine.close()
+
+
+# -- a fan-out that cannot send the read ----------------------------------------------------------------------------
+
+
+class _ReadyFake(FakeEngine):
+    """A fake SGLang engine with ``ready`` (``/ready``: 200 only when not paused)."""
+
+    def ready(self) -> bool:
+        return not self.paused
+
+
+class _ControlCallsOnly(ThreadFanOut):
+    """A fan-out that sends the five control calls only, as the smg gateway's does: any other raises, for the phase."""
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        if method not in CONTROL_METHODS:
+            raise ValueError(f"cannot send {method!r}: not a barrier control call")
+        return super().call(calls, method, deadline)
+
+
+def test_a_fan_out_that_cannot_send_the_read_leaves_the_journal_standing(tmp_path: Path) -> None:
+    """Socket-free: the read raises in the fan-out; the onload goes on with the journal's knowledge (it resumes both
+    engines, which really were released), and nothing is taken as new."""
+    path = tmp_path / "barrier.journal"
+    fakes = [_ReadyFake("http://fake-0:1"), _ReadyFake("http://fake-1:1")]
+    first = Orchestrator(EngineGroup(fakes), deadlines=DEADLINES, journal=path)
+    try:
+        first.offload()
+    finally:
+        first.close()
+    second = Orchestrator(EngineGroup(fakes), deadlines=DEADLINES, journal=path, fanout=_ControlCallsOnly())
+    try:
+        report = second.onload()
+    finally:
+        second.close()
+    assert report.replaced == {}
+    assert all(f.crash is None and f.serving for f in fakes), [f.crash for f in fakes]
