@@ -59,8 +59,8 @@ def phase(
         step.marks[n] = rules.know[n].mark(method, kwargs)
     try:
         rules.persist(names)
-    except BaseException:  # the write-ahead was not written (a full disk): nothing is sent, so nothing was applied
-        _unmark(rules, step)
+    except BaseException as exc:  # the write-ahead was not written (a full disk): nothing is sent, so nothing was applied
+        _unmark(rules, step, exc)
         raise
     yield step
     assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
@@ -76,13 +76,19 @@ def phase(
     return failures
 
 
-def _unmark(rules: BarrierRules[Any], step: PhaseCall[Any]) -> None:
-    """The step's write-ahead could not be persisted, so its calls are never sent: settle each mark as not applied (the
-    facts go back to what they were; the journal still holds them so, its last record being the one before)."""
+def _unmark(rules: BarrierRules[Any], step: PhaseCall[Any], error: BaseException) -> None:
+    """The step's write-ahead could not be persisted (``error``), so its calls are never sent: settle each mark as not
+    applied (the facts go back to what they were; the journal still holds them so, its last record being the one
+    before), then end the phase for the observers (``PhaseEnded``, every engine failed with ``error``)."""
     for n, _kwargs in step.calls:
         k = rules.know[n]
         if k.pending is not None and k.pending is step.marks.get(n):
             k.settle(Effect.NOT_APPLIED)
+    tx, names = step.tx, tuple(n for n, _ in step.calls)
+    failed = tuple(PhaseFailure(engine=n, error_type=type(error).__name__, message=short(error)) for n in names)
+    duration = rules.clock.monotonic() - step.started
+    ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
+    emit(rules.observers, ended)
 
 
 def fold(rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:

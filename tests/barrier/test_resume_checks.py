@@ -7,7 +7,8 @@
   offload pauses and flushes it again before the release, also when the engine has no read that tells
   (an engine object with only the five control calls).
 - A write-ahead record that could not be written (``ENOSPC`` from the journal store) sends nothing
-  and marks nothing "maybe": the same controller's next onload and offload work, nothing quarantined.
+  and marks nothing "maybe": the same controller's next onload and offload work, nothing quarantined (its
+  phase ends for the observers with the error).
 - A ``weight_sync`` whose hold record could not be written leaves no hold behind: after the next
   offload and onload every engine serves.
 
@@ -35,6 +36,7 @@ from resilience.barrier.journal_store import FileJournalStore, JournalStore, Loa
 from resilience.barrier.knowledge import EngineKnowledge
 from resilience.cli.story import death_causes
 from resilience.deadline import Deadline
+from resilience.events import Event, PhaseEnded
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
 from tests.barrier.crash_rig import Controller, Traffic, put_in_order
 from tests.barrier.fake_engine import FakeEngine
@@ -269,12 +271,15 @@ def test_a_release_whose_write_ahead_failed_is_not_maybe_sent(engines: EmulatedF
     store = FailingStore(tmp_path / "barrier.journal", _release_write_ahead)
     clients = _clients(engines)
     since, released_before = _logs_at(engines), [_releases(e) for e in engines.engines]
-    orch = Orchestrator(EngineGroup(clients), deadlines=DEADLINES, journal=store)
+    events: list[Event] = []
+    orch = Orchestrator(EngineGroup(clients), deadlines=DEADLINES, journal=store, observers=[events.append])
     try:
         with pytest.raises(OSError) as info:
             orch.offload()
         assert info.value.errno == errno.ENOSPC and len(store.failed) == 1
         assert [_releases(e) for e in engines.engines] == released_before  # no release left
+        ended = [e for e in events if isinstance(e, PhaseEnded) and e.phase == "release"]
+        assert len(ended) == 1 and {f.error_type for f in ended[0].failures} == {"OSError"}  # the phase ended for observers
         assert orch.quarantined() == {}
         orch.onload()
         assert orch.not_serving() == {}
