@@ -189,6 +189,10 @@ class VLLMEngine:
         """``GET /weight_info`` (what ``resilience.barrier.verify.WeightVersionCheck`` reads)."""
         return self.client.weight_info()
 
+    def is_paused(self) -> bool:
+        """``GET /is_paused`` (paused or asleep: True). What a controller that resumed a journal asks (``VLLM_RULES.serving_read``)."""
+        return self.client.is_paused()
+
     def complete(
         self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, extra: Mapping[str, Any] | None = None
     ) -> CompletionResult:
@@ -256,6 +260,10 @@ class AsyncVLLMEngine:
     async def weight_info(self) -> WeightInfo:
         """See ``VLLMEngine.weight_info``."""
         return await self.client.weight_info()
+
+    async def is_paused(self) -> bool:
+        """See ``VLLMEngine.is_paused``."""
+        return await self.client.is_paused()
 
     async def complete(
         self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, extra: Mapping[str, Any] | None = None

@@ -4,10 +4,11 @@
 - ``async_orchestrator``: ``AsyncOrchestrator``, the same transitions awaited on the caller's event loop.
 - ``rules``: ``BarrierRules``, what each orchestrator holds: the engines, their knowledge, the journal, queries
   (``view``: the public surface both orchestrators answer from it).
-- ``steps``: what a transition yields to its driver (``PhaseCall``, ``SettleCall``, ``WaitCall``).
+- ``steps``: what a transition yields to its driver (``PhaseCall``, ``SettleCall``, ``WaitCall``, ``ReadCall``).
 - ``offload``, ``onload``, ``pauses``: the transitions as steps (one copy, both orchestrators);
   ``fold``: one phase marked, sent and folded in; ``settle``: a transition's start (late calls, the
   memory probe); ``holds``: owned holds; ``recovery``: reconcile, retire, the journal resumed;
+  ``resume_check``: a resumed journal checked against the engines (a fresh process is a new engine);
   ``transition``: a transition's events and ``PhaseFailed``; ``args``: argument checks.
 - ``types``: its values and errors (``EngineGroup``, ``PhaseDeadlines``, reports, ``PhaseFailed``).
 - ``engine``: the engine contract (``ControlPlaneEngine``) and ``ALL_TAGS``.

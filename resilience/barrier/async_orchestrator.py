@@ -48,7 +48,7 @@ from resilience.barrier.onload import onload_steps
 from resilience.barrier.pauses import pause_steps, unpause_steps
 from resilience.barrier.recovery import reconcile, resume, retire
 from resilience.barrier.rules import BarrierRules
-from resilience.barrier.steps import PhaseCall, SettleCall, Step, Steps, WaitCall
+from resilience.barrier.steps import PhaseCall, ReadCall, SettleCall, Step, Steps, WaitCall
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.barrier.verify import EngineCheck, averify
 from resilience.barrier.view import BarrierView
@@ -318,6 +318,14 @@ class AsyncOrchestrator(BarrierView[A]):
             await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
         elif isinstance(step, WaitCall):
             await _asleep(self.clock, max(0.0, step.deadline.remaining()))
+        elif isinstance(step, ReadCall):
+            run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
+            try:
+                await run.wait()
+            except Exception as exc:  # the answers are unknown (ReadCall); a cancellation goes on up
+                step.error = exc
+            else:
+                step.results = run.results()
 
     @staticmethod
     async def _settle_one(step: SettleCall, name: str, call: LateCall, timeout: float) -> None:

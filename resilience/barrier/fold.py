@@ -39,7 +39,10 @@ def phase(
 ) -> Steps[dict[str, BaseException]]:
     """One phase (``name``) on every engine at once; each outcome is folded into its knowledge. Returns the failures.
 
-    Write-ahead: each engine's facts are marked in flight (and persisted) before the step is yielded.
+    Write-ahead: each engine's facts are marked in flight (and persisted) before the step is yielded. When that
+    record cannot be written (``persist`` raises: ``ENOSPC``, ``EIO``), the step is never yielded, so no call leaves:
+    the marks are settled as not applied and the error goes on (the same orchestrator's next transition starts from
+    the facts as they were, nothing quarantined).
     """
     if not calls:
         return {}
@@ -54,7 +57,11 @@ def phase(
     step = PhaseCall(tx, name, method, tuple(calls), engines, deadline, rules.clock.monotonic(), before)
     for n, kwargs in calls:
         step.marks[n] = rules.know[n].mark(method, kwargs)
-    rules.persist(names)
+    try:
+        rules.persist(names)
+    except BaseException as exc:  # the write-ahead was not written (a full disk): nothing is sent, so nothing was applied
+        _unmark(rules, step, exc)
+        raise
     yield step
     assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
     step.folded = True
@@ -67,6 +74,21 @@ def phase(
     finally:  # reported once, also when the poll is interrupted (the knowledge is already folded and persisted)
         _report(rules, step, step.results, failures)
     return failures
+
+
+def _unmark(rules: BarrierRules[Any], step: PhaseCall[Any], error: BaseException) -> None:
+    """The step's write-ahead could not be persisted (``error``), so its calls are never sent: settle each mark as not
+    applied (the facts go back to what they were; the journal still holds them so, its last record being the one
+    before), then end the phase for the observers (``PhaseEnded``, every engine failed with ``error``)."""
+    for n, _kwargs in step.calls:
+        k = rules.know[n]
+        if k.pending is not None and k.pending is step.marks.get(n):
+            k.settle(Effect.NOT_APPLIED)
+    tx, names = step.tx, tuple(n for n, _ in step.calls)
+    failed = tuple(PhaseFailure(engine=n, error_type=type(error).__name__, message=short(error)) for n in names)
+    duration = rules.clock.monotonic() - step.started
+    ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
+    emit(rules.observers, ended)
 
 
 def fold(rules: BarrierRules[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:

@@ -43,11 +43,17 @@ def reserve_tokens(past: int) -> None:
 
 
 def hold(rules: BarrierRules[Any], name: str, token: int, reason: str) -> None:
-    """Take hold ``token`` (``reason``) on ``name``, persisted, then announced; nothing when it is held already."""
+    """Take hold ``token`` (``reason``) on ``name``, persisted, then announced; nothing when it is held already.
+
+    A record that could not be written (``persist`` raised) takes the hold back out of memory before the error goes on."""
     k = rules.know[name]
     if token not in k.holds:
         k.holds[token] = reason
-        rules.persist((name,))
+        try:
+            rules.persist((name,))
+        except BaseException:  # not written (a full disk): no hold in memory either, or nobody would ever end it
+            k.holds.pop(token, None)
+            raise
         emit(rules.observers, HoldChanged(engine=name, reason=reason, acquired=True, holds=reasons(k)))
 
 

@@ -66,7 +66,7 @@ from resilience.barrier.fanout import engine_name
 from resilience.barrier.knowledge import EngineKnowledge
 from resilience.barrier.memory_model import SGLANG_MEMORY, VLLM_MEMORY, MemoryModel
 
-__all__ = ["SGLANG_RULES", "SUPPORTED", "VLLM_RULES", "CallRule", "EngineRules", "OnAmbiguous", "rules_of"]
+__all__ = ["SGLANG_RULES", "SUPPORTED", "VLLM_RULES", "CallRule", "EngineRules", "OnAmbiguous", "ServingRead", "rules_of"]
 
 
 class OnAmbiguous(enum.StrEnum):
@@ -93,6 +93,21 @@ class CallRule:
     """True when the call ends every pause on the engine, whoever took it: sent only once no hold remains."""
     why: str = ""
     """Where the rule comes from (the engine's source), for the table a person reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServingRead:
+    """A read an engine kind answers that can prove the engine serves right now (not paused): how a controller that
+    resumed a journal tells a fresh process (a restart while no controller watched) from the engine the journal knew.
+
+    ``method``: the engine object's method to call (no arguments; a read, safe to send at any time). ``proves_serving``:
+    True when its answer proves the engine is not paused (any other answer, or an error, proves nothing).
+    ``why``: where the rule comes from (the engine's source).
+    """
+
+    method: str
+    proves_serving: Callable[[object], bool]
+    why: str = ""
 
 
 SUPPORTED: Final[Mapping[str, frozenset[OnAmbiguous]]] = {
@@ -122,6 +137,9 @@ class EngineRules:
     source: str = ""
     memory: MemoryModel = SGLANG_MEMORY
     """What a release and a resume do to the facts (``resilience.barrier.memory_model``)."""
+    serving_read: ServingRead | None = None
+    """The read that proves an engine of this kind serves (``ServingRead``); None (default): the kind has none, and a
+    journal's "paused" or "released" is checked by the memory probe alone (``resilience.barrier.recovery``)."""
 
     def __post_init__(self) -> None:
         missing = [m for m in CONTROL_METHODS if m not in self.calls]
@@ -197,6 +215,12 @@ SGLANG_RULES: Final = EngineRules(
         ),
     },
     source="sglang 0.5.23: srt/managers/scheduler_components/weight_updater.py, torch_memory_saver",
+    serving_read=ServingRead(
+        "ready",
+        lambda answer: answer is True,
+        why="sglang 0.5.23 srt/entrypoints/http_server.py /ready: 200 only when tokenizer_manager.is_ready(), that is "
+        "not is_pause and healthy (srt/managers/tokenizer_manager.py); a fresh process starts with is_pause False",
+    ),
 )
 """SGLang's control rules: exactly the barrier's behaviour before the tables existed."""
 
@@ -237,6 +261,12 @@ VLLM_RULES: Final = EngineRules(
     },
     source="vllm 0.33.0: v1/engine/core.py, v1/executor/abstract.py, entrypoints/rl/online/api_router.py",
     memory=VLLM_MEMORY,
+    serving_read=ServingRead(
+        "is_paused",
+        lambda answer: answer is False,
+        why="vllm 0.33.0 entrypoints/rl/online/api_router.py /is_paused: scheduler.pause_state != UNPAUSED; /sleep pauses "
+        "the scheduler first (v1/engine/core.py l.993), so a paused or asleep engine answers True, a fresh one False",
+    ),
 )
 """vLLM 0.33.0's control rules, the calls as ``resilience.adapters.vllm.VLLMEngine`` sends them."""
 

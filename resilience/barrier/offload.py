@@ -1,6 +1,10 @@
 """Offload as steps: pause (all) -> flush (all) -> release (all), each only where its precondition is known to hold
 (the engine kind's table, ``resilience.barrier.kinds``, says what each call needs).
 
+After a journal was resumed, an engine it calls paused is paused and flushed again
+before its release (``resume_check.pause_again``): the journal's "paused" may belong
+to a process that is gone, and both calls are safe to repeat.
+
 A failure before the release continues the engines back (nothing was
 released); a failed release resumes what this offload released and continues
 every engine whose memory is all back. An engine whose release may have been
@@ -18,6 +22,7 @@ from resilience.barrier.holds import OFFLOAD_HOLD, hold, unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.memory import resend, resume_phases, to_release
 from resilience.barrier.onload import rollback_continue
+from resilience.barrier.resume_check import pause_again, paused_again
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import settle
 from resilience.barrier.steps import Call, Steps, Transition
@@ -36,10 +41,14 @@ def offload_steps(rules: BarrierRules[Any], wanted: frozenset[str], mode: Litera
         live = [n for n in names if n not in skipped]
         for n in live:
             hold(rules, n, OFFLOAD_TOKEN, OFFLOAD_HOLD)
+        again = pause_again(rules, live)
         to_pause = [
-            n for n in live if (know[n].paused is not True or know[n].pause_mode == "in_place") and rules.allows(n, "pause_generation")
+            n
+            for n in live
+            if (know[n].paused is not True or know[n].pause_mode == "in_place" or n in again) and rules.allows(n, "pause_generation")
         ]
         failed = yield from phase(rules, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+        paused_again(rules, [n for n in again if n in to_pause], failed)
         if failed:
             raise (yield from _fail_before_release(rules, tx, "pause", failed, live, skipped))
         skipped.update({n: rules.why_skipped(n) for n in live if know[n].quarantined})

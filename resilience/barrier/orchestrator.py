@@ -56,7 +56,7 @@ from resilience.barrier.onload import onload_steps
 from resilience.barrier.pauses import pause_steps, unpause_steps
 from resilience.barrier.recovery import reconcile, resume, retire
 from resilience.barrier.rules import BarrierRules
-from resilience.barrier.steps import PhaseCall, SettleCall, Step, Steps, WaitCall
+from resilience.barrier.steps import PhaseCall, ReadCall, SettleCall, Step, Steps, WaitCall
 from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.barrier.verify import EngineCheck
 from resilience.barrier.verify import verify as verify_engines
@@ -302,6 +302,11 @@ class Orchestrator(BarrierView[E]):
                     step.landed[name] = error
         elif isinstance(step, WaitCall):
             self.clock.sleep(max(0.0, step.deadline.remaining()))
+        elif isinstance(step, ReadCall):
+            try:
+                step.results = self.fanout.call(step.engines, step.method, step.deadline)
+            except Exception as exc:  # a fan-out that cannot send this read: the answers are unknown (ReadCall)
+                step.error = exc
 
     def _wait_for_bodies(self, transition: str) -> None:
         """Exclusion: wait (up to ``transition_s``) until no ``weight_sync`` body runs; called under the lock."""

@@ -2,16 +2,22 @@
 
 Each pause takes a hold with a new token on every engine (all groups);
 its end drops that one hold and continues the engines no other hold keeps
-paused and whose memory is back.
+paused and whose memory is back. The holds are taken inside the ``try`` that
+drops them on failure: a hold whose record could not be written (a full disk)
+is dropped with the others, never left without a body to end it. After a
+journal was resumed, engines it calls paused are paused again
+(``resume_check.pause_again``).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from resilience.barrier.fold import phase
 from resilience.barrier.holds import WEIGHT_SYNC_HOLD, held_among, hold, new_token, token_of, unhold
 from resilience.barrier.onload import continue_ready, rollback_continue
+from resilience.barrier.resume_check import pause_again, paused_again
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import settle
 from resilience.barrier.steps import Steps
@@ -19,6 +25,8 @@ from resilience.barrier.transition import error, raise_if_skipped, skips, transi
 from resilience.barrier.types import HoldToken, TransitionReport
 
 __all__ = ["pause_steps", "unpause_steps"]
+
+_LOG = logging.getLogger("resilience.barrier.pauses")
 
 
 def pause_steps(rules: BarrierRules[Any], reason: str, mode: str) -> Steps[TransitionReport]:
@@ -34,15 +42,16 @@ def pause_steps(rules: BarrierRules[Any], reason: str, mode: str) -> Steps[Trans
         if skipped:
             raise error(rules, tx, "skipped", skips(skipped))
         token = new_token(reason, names)
-        for n in names:
-            hold(rules, n, token.id, reason)
-        to_pause = [n for n in names if know[n].paused is not True and rules.allows(n, "pause_generation")]
         try:
-            failed = yield from phase(rules, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
-        except BaseException:  # abandoned mid-phase (cancelled, or the fan-out raised): nobody will own the token
             for n in names:
-                unhold(rules, n, token.id)
+                hold(rules, n, token.id, reason)
+            again = pause_again(rules, names)
+            to_pause = [n for n in names if (know[n].paused is not True or n in again) and rules.allows(n, "pause_generation")]
+            failed = yield from phase(rules, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+        except BaseException:  # a hold not written, abandoned mid-phase (cancelled, the fan-out raised): nobody will own the token
+            _drop(rules, names, token.id)
             raise
+        paused_again(rules, [n for n in again if n in to_pause], failed)
         if failed:
             for n in names:
                 unhold(rules, n, token.id)
@@ -50,6 +59,17 @@ def pause_steps(rules: BarrierRules[Any], reason: str, mode: str) -> Steps[Trans
             raise error(rules, tx, "pause", {**rb_failed, **failed}, rolled_back=rolled)
         tx.hold = token
     return tx.finished()
+
+
+def _drop(rules: BarrierRules[Any], names: list[str], token: int) -> None:
+    """Drop hold ``token`` on every engine of ``names`` (on a failure path: the caller raises its own error). Each is
+    dropped in memory even when writing another's record fails; a record not written leaves the hold in the journal,
+    where the next controller names it orphaned (``Recovery.orphaned_holds``): it keeps an engine paused, never kills it."""
+    for n in names:
+        try:
+            unhold(rules, n, token)
+        except Exception:  # the record of a dropped hold could not be written (a full disk): drop the others all the same
+            _LOG.warning("hold %s on %s dropped, but its record could not be written", token, n, exc_info=True)
 
 
 def unpause_steps(rules: BarrierRules[Any], held: HoldToken | str) -> Steps[TransitionReport]:

@@ -1,5 +1,9 @@
 """Recovery: the journal taken up at start (``resume``), the caller's word on an engine (``reconcile``), ``retire``.
 
+A resumed journal is checked against the engines at the next transition's start
+(``resilience.barrier.resume_check``): an engine replaced by a fresh process while
+no controller watched is taken as a new engine, never as the journal's.
+
 The orchestrators call these under their own exclusion (``reconcile`` and
 ``retire`` of ``AsyncOrchestrator`` wait for a running transition to end).
 """
@@ -13,6 +17,7 @@ from resilience.barrier.engine import AnyEngine
 from resilience.barrier.holds import OFFLOAD_HOLD, hold, reserve_tokens, unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN, open_journal, restore_budget
 from resilience.barrier.knowledge import Doubt, EngineState
+from resilience.barrier.resume_check import mark_resumed
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import land
 from resilience.events import EngineStateChanged, emit
@@ -24,7 +29,8 @@ E = TypeVar("E", bound=AnyEngine)
 
 def resume(rules: BarrierRules[Any]) -> None:
     """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements and
-    restart budget it kept. Each orchestrator calls this last in its constructor."""
+    restart budget it kept; the engines it calls paused or released are checked at the next transition's start
+    (``resume_check``). Each orchestrator calls this last in its constructor."""
     if rules.journal_arg is None:
         return
     journal = open_journal(rules.journal_arg)
@@ -40,6 +46,7 @@ def resume(rules: BarrierRules[Any]) -> None:
             k.doubt = Doubt(k.doubt.method, k.doubt.in_transit, k.doubt.delivery, now)
     rules.know.update(resumed.knowledge)
     rules.retired.update(resumed.retired)
+    mark_resumed(rules, resumed.knowledge)
     rules.restart_budget = restore_budget(rules.restart_budget, resumed.budget)
     reserve_tokens(max((i for k in resumed.knowledge.values() for i in k.holds), default=0))
     for name, k in resumed.knowledge.items():
@@ -92,6 +99,8 @@ def reconcile(rules: BarrierRules[E], engine: str | E, *, released: Iterable[str
         before = k.state
         k.abandon()
         k.reconcile(released=tags, paused=paused)
+        rules.unchecked.discard(name)  # the caller's word, not the journal's, from now on
+        rules.repause.discard(name)
         rules.label = "reconcile"
         rules.persist((name,))
         if k.released or k.unknown:

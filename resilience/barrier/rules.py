@@ -110,6 +110,14 @@ class BarrierRules(Generic[E]):
         self.journal: Journal | None = None
         self.recovery: Recovery | None = None
         """What the journal gave back when the orchestrator started (None without a journal)."""
+        self.unchecked: set[str] = set()
+        """Engines the resumed journal calls paused or released that no transition has checked yet against what can be
+        read (the memory probe, the engine's ``ServingRead``): the next transition's start does (``recovery.recheck``)."""
+        self.repause: set[str] = set()
+        """Engines the resumed journal calls paused, with nothing released, that this orchestrator has not paused itself
+        yet: the next offload or pause sends pause (and offload flush) to them again, both safe to repeat."""
+        self.replaced: dict[str, str] = {}
+        """Engines found replaced by a fresh process since the journal was written, with what showed it (``recovery``)."""
 
     def close(self) -> None:
         """Let go of the journal (its lock), if there is one. The orchestrator sends nothing more afterwards."""

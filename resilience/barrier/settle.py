@@ -35,10 +35,10 @@ from resilience.barrier.effect import doubt_of, effect_of, is_engine_dead
 from resilience.barrier.holds import unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge
+from resilience.barrier.resume_check import ask, recheck
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.steps import SettleCall, Steps, Transition, WaitCall
 from resilience.deadline import Deadline
-from resilience.memory_probe import MemoryProbe
 
 __all__ = ["doubt", "land", "poll", "probe", "settle"]
 
@@ -47,10 +47,12 @@ _GRACE_EPSILON_S: Final = 1e-6
 
 
 def settle(rules: BarrierRules[Any], tx: Transition, names: Sequence[str]) -> Steps[dict[str, str]]:
-    """Start of a transition: drop marks an interruption left, wait (up to the continue phase's limit) for calls still in
-    flight, ask the memory probe about quarantined engines (polling it while a grace keeps its "as before" from being
-    trusted, up to the settle limit: ``poll``); return the engines to skip, with why."""
+    """Start of a transition: check what a resumed journal says against the engines (``resume_check.recheck``: a fresh
+    process is taken as a new engine), drop marks an interruption left, wait (up to the continue phase's limit) for calls
+    still in flight, ask the memory probe about quarantined engines (polling it while a grace keeps its "as before" from
+    being trusted, up to the settle limit: ``poll``); return the engines to skip, with why."""
     know = rules.know
+    yield from recheck(rules, tx, names)
     stale = [n for n in names if know[n].pending is not None]
     for n in stale:
         k = know[n]
@@ -117,7 +119,7 @@ def probe(rules: BarrierRules[Any], names: Iterable[str], waiting: dict[str, flo
         k = rules.know[name]
         if not k.unknown or k.in_flight is not None or k.pending is not None or name in rules.retired:
             continue
-        released = _ask(memory_probe, name, k.memory.all_tags)
+        released = ask(memory_probe, name, k.memory.all_tags)
         left = _grace_left(rules, k, released)
         if released is None:  # cannot prove it now (a release being carried out): worth asking again within the grace
             if waiting is not None and left > 0:
@@ -175,13 +177,3 @@ def _grace_left(rules: BarrierRules[Any], k: EngineKnowledge, released: frozense
     left = why.since + rules.deadlines.in_transit_for(why.method) - rules.clock.monotonic()
     return left if left > _GRACE_EPSILON_S else 0.0
 
-
-def _ask(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset[str] | None:
-    """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags the engine does not have)."""
-    try:
-        answer = memory_probe.released_tags(name)
-    except Exception:  # a probe that fails proves nothing: the quarantine stays
-        return None
-    if not isinstance(answer, (set, frozenset)) or not answer <= tags:
-        return None
-    return frozenset(answer)

@@ -11,6 +11,9 @@ kinds of step:
   ``landed`` with the ones that landed.
 - ``WaitCall``: wait until ``deadline`` has passed (what is left of the grace of a
   release or resume that may still be on its way, before the probe is asked again).
+- ``ReadCall``: send a read (no control call: nothing is marked in flight) to these
+  engines at once; a fan-out that cannot send it sets ``error`` instead of raising
+  (the engines' answers are then unknown, and nothing else changes).
 
 ``Orchestrator`` drives the steps with a ``FanOut`` on the caller's thread;
 ``AsyncOrchestrator`` awaits them on the caller's event loop.
@@ -28,7 +31,7 @@ from resilience.barrier.knowledge import EngineState, LateCall, Pending
 from resilience.barrier.types import HoldToken, PhaseReport, TransitionReport
 from resilience.deadline import Deadline
 
-__all__ = ["Call", "PhaseCall", "SettleCall", "Step", "Steps", "Transition", "WaitCall"]
+__all__ = ["Call", "PhaseCall", "ReadCall", "SettleCall", "Step", "Steps", "Transition", "WaitCall"]
 
 Call = tuple[str, Mapping[str, Any]]
 """One engine's call in a phase: (engine name, kwargs)."""
@@ -48,6 +51,8 @@ class Transition:
     phases: list[PhaseReport] = field(default_factory=list)
     held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     hold: HoldToken | None = None
+    replaced: dict[str, str] = field(default_factory=dict)
+    """Engines this transition found replaced by a fresh process since the journal was written, with why (``recovery``)."""
     report: TransitionReport | None = None
     phase: str = "start"
 
@@ -98,6 +103,22 @@ class WaitCall:
     deadline: Deadline
 
 
-Step = PhaseCall[Any] | SettleCall | WaitCall
+@dataclass(eq=False)
+class ReadCall(Generic[E]):
+    """A step: send the read ``method`` (no arguments) to every engine of ``engines`` at once under ``deadline``.
+
+    The driver sets ``results``, one per engine in order, or ``error`` when the fan-out raised (a fan-out that cannot
+    send this read, a gateway's): a read proves nothing then, and the transition goes on.
+    """
+
+    method: str
+    calls: tuple[Call, ...]
+    engines: list[tuple[E, Mapping[str, Any]]]
+    deadline: Deadline
+    results: list[EngineResult] | None = None
+    error: Exception | None = None
+
+
+Step = PhaseCall[Any] | SettleCall | WaitCall | ReadCall[Any]
 Steps = Generator[Step, None, T]
 """A transition as steps: yields what to send or wait for, returns its result."""

@@ -48,7 +48,7 @@ def transition(rules: BarrierRules[Any], name: str, engines: Iterable[str]) -> I
         raise
     duration = clock.monotonic() - tx.started
     emit(rules.observers, TransitionEnded(transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=True))
-    tx.report = TransitionReport(tx.name, duration, tuple(tx.phases), dict(tx.held), tx.hold)
+    tx.report = TransitionReport(tx.name, duration, tuple(tx.phases), dict(tx.held), tx.hold, dict(tx.replaced))
 
 
 def error(

@@ -129,6 +129,10 @@ class TransitionReport:
     ``held``: engines the transition left paused on purpose, each with the
     reasons that hold it (an onload inside a weight sync, a partial onload).
     ``hold``: the token a ``pause`` took, else None.
+    ``replaced``: engines this transition found replaced by a fresh process since the journal it resumed was
+    written (a restart while no controller watched), each with what showed it; they were taken as new engines,
+    serving with nothing released and not paused by the orchestrator, never as the journal's
+    (``resilience.barrier.recovery``). Empty (default) otherwise.
     """
 
     transition: str
@@ -136,6 +140,7 @@ class TransitionReport:
     phases: tuple[PhaseReport, ...] = ()
     held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     hold: HoldToken | None = None
+    replaced: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ideal_s(self) -> float:

@@ -21,7 +21,8 @@ calls in flight included, and starts the next one on the same journal.
 Stdout, one JSON object per line, flushed: ``{"event": "ready"}`` once the orchestrator is
 built (the journal read); ``{"event": "begin", "i", "op"}`` before each transition;
 ``{"event": "phase", "transition", "phase", "engines"}`` as each phase starts;
-``{"event": "end", "i", "op", "ok", ...}`` after it (``ok`` false: ``error``, ``quarantined``,
+``{"event": "end", "i", "op", "ok", ...}`` after it (offload and onload: ``replaced``, the engines
+taken as fresh processes, from ``TransitionReport.replaced``; ``ok`` false: ``error``, ``quarantined``,
 ``dead``, ``left_paused``, from ``PhaseFailed``); ``{"event": "final", "ok", ...}`` with
 ``--final``. A ``PhaseFailed`` never stops the run: the next transition is tried, as a
 training loop would. Anything else ends the process with a traceback (exit 1).
@@ -92,10 +93,11 @@ async def run_op(orch: AnyOrchestrator, op: str, args: argparse.Namespace) -> di
         return {"ok": True}
     try:
         if op == "offload":
-            await _done(orch.offload(mode="abort"))
+            report = await _done(orch.offload(mode="abort"))
+            return {"ok": True, "replaced": dict(report.replaced)}
         elif op == "onload":
             report = await _done(orch.onload())
-            return {"ok": True, "held": {k: list(v) for k, v in report.held.items()}}
+            return {"ok": True, "held": {k: list(v) for k, v in report.held.items()}, "replaced": dict(report.replaced)}
         elif op == "weight_sync":  # the body is the weight update: a window where a kill lands inside it
             if isinstance(orch, AsyncOrchestrator):
                 async with orch.weight_sync(mode="retract"):
