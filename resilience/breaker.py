@@ -190,7 +190,7 @@ class CircuitBreaker:
     def admit_closed(self) -> Permit | None:
         """``admit()`` for a new call when the breaker is closed (the same permit), else None with nothing changed.
 
-        The success fast path asks this (``resilience.retry.first_attempt``): a
+        A call's first admission asks this (``RetryCall.next_step``): a
         breaker that is not closed is left to ``admit``, which may refuse the
         call or hand it a half-open probe slot.
         """

@@ -18,7 +18,6 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
-from resilience._frozen import quick_init
 from resilience.outcome import CallOutcome, Outcome
 
 __all__ = [
@@ -48,7 +47,6 @@ __all__ = [
 log = logging.getLogger("resilience.events")
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallStarted:
     """A logical call (one ``Session.send`` / one client method) began."""
@@ -63,7 +61,6 @@ class CallStarted:
     """Seconds the whole call may take, or None when unbounded."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptStarted:
     """One attempt is about to be sent.
@@ -85,7 +82,6 @@ class AttemptStarted:
     carrier: MutableMapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptEnded:
     """One attempt finished, with its classification."""
@@ -105,7 +101,6 @@ class AttemptEnded:
     duration_s: float
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryScheduled:
     """The loop will retry after ``delay_s`` seconds."""
@@ -120,7 +115,6 @@ class RetryScheduled:
     delay_s: float
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallEnded:
     """A logical call finished."""
