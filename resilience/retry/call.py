@@ -95,13 +95,9 @@ from resilience.budget import RetryBudget
 from resilience.clock import Clock
 from resilience.errors import ErrorTypes, ResilienceError
 from resilience.events import (
-    AttemptEnded,
-    AttemptStarted,
     BreakerRejected,
-    CallEnded,
-    CallStarted,
+    CallObserver,
     EngineRefused,
-    Observer,
     ProbeCompleted,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
@@ -116,6 +112,7 @@ __all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "
 R = TypeVar("R")
 _call_ids = itertools.count(1)
 log = logging.getLogger("resilience.retry")
+_events_log = logging.getLogger("resilience.events")
 _INF = math.inf
 
 
@@ -211,7 +208,7 @@ class RetryCall(Generic[R]):
         spec: CallSpec,
         breaker: CircuitBreaker | None,
         budget: RetryBudget | None,
-        observers: tuple[Observer, ...],
+        observers: tuple[CallObserver, ...],
         clock: Clock,
         rng: Callable[[], float],
         errors: ErrorTypes,
@@ -250,8 +247,12 @@ class RetryCall(Generic[R]):
         if observers:
             self.call_id = next(_call_ids)
             deadline_s = None if window_at == _INF else max(0.0, window_at - clock.monotonic())
-            endpoint, engine = spec.match.endpoint, spec.engine
-            emit(observers, CallStarted(call_id=self.call_id, method=spec.method, endpoint=endpoint, engine=engine, deadline_s=deadline_s))
+            call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
+            for observer in observers:
+                try:
+                    observer.call_started(call_id, method, endpoint, engine, deadline_s)
+                except Exception:  # an observer must never break a control call
+                    _failed(observer, "call_started")
         if budget is not None:
             budget.deposit()
 
@@ -305,7 +306,13 @@ class RetryCall(Generic[R]):
         self._in_flight = True
         if self.observers:
             headers = {}
-            emit(self.observers, _attempt_started(self.call_id, spec, n, timeouts, headers))
+            call_id, method, endpoint, engine, timeout_s = self.call_id, spec.method, spec.match.endpoint, spec.engine, timeouts[1]
+            address, port = spec.server_address, spec.server_port
+            for observer in self.observers:
+                try:
+                    observer.attempt_started(call_id, n, method, endpoint, engine, address, port, timeout_s, headers)
+                except Exception:
+                    _failed(observer, "attempt_started")
             self._flight_started = clock.monotonic()
         elif n:
             self._flight_started = clock.monotonic()
@@ -324,7 +331,14 @@ class RetryCall(Generic[R]):
         outcome = classify(policy, status=status, delivery=result.delivery, retry_after=result.retry_after)
         error_type = type(result.error).__qualname__ if result.error is not None else None
         if self.observers:
-            emit(self.observers, _attempt_ended(self.call_id, spec, n, result, outcome, error_type, duration))
+            shown = error_type or (str(status) if outcome is not Outcome.SUCCESS else None)  # a failed status names itself
+            sent = result.delivery is not Delivery.NOT_SENT
+            call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
+            for observer in self.observers:
+                try:
+                    observer.attempt_ended(call_id, n, method, endpoint, engine, status, outcome, shown, sent, duration)
+                except Exception:
+                    _failed(observer, "attempt_ended")
         self.last = result
         self._released = False
         record = AttemptRecord(n, status, outcome, result.delivery, error_type, duration)
@@ -639,21 +653,14 @@ class RetryCall(Generic[R]):
         status = last.status if last is not None else None
         attempts = len(self.records) if self.records is not None else (0 if last is None else 1)
         duration = self.clock.monotonic() - self.started
-        budget = self.budget
+        tokens = self.budget.tokens if self.budget is not None else None  # the balance after the call
         spec = self.spec
-        event = CallEnded(
-            call_id=self.call_id,
-            method=spec.method,
-            endpoint=spec.match.endpoint,
-            engine=spec.engine,
-            outcome=outcome,
-            status=status,
-            attempts=attempts,
-            duration_s=duration,
-            error_type=error_type,
-            retry_budget_tokens=budget.tokens if budget is not None else None,
-        )
-        emit(self.observers, event)
+        call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
+        for observer in self.observers:
+            try:
+                observer.call_ended(call_id, method, endpoint, engine, outcome, status, attempts, duration, error_type, tokens)
+            except Exception:
+                _failed(observer, "call_ended")
 
 
 def _gateway_probe(spec: CallSpec, result: AttemptResult[Any]) -> Callable[[ProbeContext], Any] | None:
@@ -687,34 +694,6 @@ def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
         pass
 
 
-def _attempt_started(call_id: int, spec: CallSpec, n: int, timeouts: Timeouts, carrier: dict[str, str]) -> AttemptStarted:
-    """``AttemptStarted`` of attempt ``n``, whose headers observers fill through ``carrier``."""
-    return AttemptStarted(
-        call_id=call_id,
-        attempt=n,
-        method=spec.method,
-        endpoint=spec.match.endpoint,
-        engine=spec.engine,
-        server_address=spec.server_address,
-        server_port=spec.server_port,
-        timeout_s=timeouts[1],
-        carrier=carrier,
-    )
-
-
-def _attempt_ended(
-    call_id: int, spec: CallSpec, n: int, result: AttemptResult[Any], outcome: Outcome, error_type: str | None, duration_s: float
-) -> AttemptEnded:
-    """``AttemptEnded`` of attempt ``n``: its error type, or on a failed status the status itself."""
-    return AttemptEnded(
-        call_id=call_id,
-        attempt=n,
-        method=spec.method,
-        endpoint=spec.match.endpoint,
-        engine=spec.engine,
-        status=result.status,
-        outcome=outcome,
-        error_type=error_type or (str(result.status) if outcome is not Outcome.SUCCESS else None),
-        sent=result.delivery is not Delivery.NOT_SENT,
-        duration_s=duration_s,
-    )
+def _failed(observer: CallObserver, moment: str) -> None:
+    """Log (never raise) an observer's failure, as ``resilience.events.emit`` does."""
+    _events_log.exception("observer %r failed on %s", observer, moment)

@@ -25,7 +25,7 @@ from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
-from resilience.events import Observer
+from resilience.events import Observer, call_observer
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
 from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
@@ -62,6 +62,8 @@ class Retrier:
         self.breakers = breakers
         self.budgets = budgets
         self.observers = tuple(observers)
+        self._call_observers = tuple(call_observer(o) for o in self.observers)
+        """The observers as ``CallObserver``s (a plain callable wrapped): what each ``RetryCall`` announces to."""
         self.clock = clock
         self.rng = rng
         self.error_types = error_types if error_types is not None else ErrorTypes()
@@ -100,7 +102,7 @@ class Retrier:
             spec,
             breakers.get(spec.engine) if breakers is not None else None,
             budgets.get(spec.engine) if budgets is not None else None,
-            self.observers,
+            self._call_observers,
             self.clock,
             self.rng,
             self.error_types,
