@@ -45,12 +45,12 @@ from types import TracebackType
 
 import httpx
 
+from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery

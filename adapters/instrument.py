@@ -57,12 +57,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from resilience.adapters.driver_config import UNSET, DriverConfig, Unset, driver_config
 from resilience.adapters.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, ErrorTypes
 from resilience.events import Observer
 from resilience.policy import PolicyTable

@@ -82,7 +82,7 @@ class Retrier:
         """A ``Retrier`` with one breaker and one budget per engine, built from their configs (None = that strategy off).
 
         A ``Retrier`` of its own state; the drivers build theirs with
-        ``DriverConfig.retrier`` (``resilience.driver_config``), whose breakers
+        ``DriverConfig.retrier`` (``resilience.adapters.driver_config``), whose breakers
         and budgets every driver built from one config shares.
         """
         observers = tuple(observers)

@@ -31,7 +31,7 @@ ELSEWHERE = {
     "resilience.breaker": {"BreakerState", "CircuitBreaker"},
     "resilience.errors": {"ConfigConflict", "PolicyError", "RetryBudgetExhausted", "ErrorTypes"},
     "resilience.deadline": {"current_deadline"},
-    "resilience.driver_config": {"DriverConfig"},
+    "resilience.adapters.driver_config": {"DriverConfig"},
     "resilience.backoff": {"backoff_delay"},
     "resilience.retry.retrier": {"Retrier"},
     "resilience.retry.call": {"RetryCall"},

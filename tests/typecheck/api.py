@@ -6,10 +6,10 @@ import requests
 
 import resilience
 from resilience import EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.ledger import AttemptLedger, LedgerEntry
 from resilience.adapters.requests import ResilientAdapter, resilient_session
-from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict, PolicyError
 from resilience.events import Event
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
