@@ -100,8 +100,8 @@ class Retrier:
         breakers, budgets = self.breakers, self.budgets
         return RetryCall(
             spec,
-            breakers.get(spec.engine) if breakers is not None else None,
-            budgets.get(spec.engine) if budgets is not None else None,
+            breakers.by_engine[spec.engine] if breakers is not None else None,
+            budgets.by_engine[spec.engine] if budgets is not None else None,
             self._call_observers,
             self.clock,
             self.rng,
