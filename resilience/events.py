@@ -356,90 +356,35 @@ class CallObserver:
         """A logical call began (``CallStarted``)."""
         self(CallStarted(call_id=call_id, method=method, endpoint=endpoint, engine=engine, deadline_s=deadline_s))
 
-    def attempt_started(
-        self,
-        call_id: int,
-        attempt: int,
-        method: str,
-        endpoint: str,
-        engine: str,
-        server_address: str,
-        server_port: int,
-        timeout_s: float | None,
-        carrier: MutableMapping[str, str],
-    ) -> None:
+    def attempt_started(  # the fields of AttemptStarted, in order
+        self, call_id: int, attempt: int, method: str, endpoint: str, engine: str,
+        server_address: str, server_port: int, timeout_s: float | None, carrier: MutableMapping[str, str],
+    ) -> None:  # fmt: skip
         """An attempt is about to be sent (``AttemptStarted``); headers added to ``carrier`` go with it."""
-        self(
-            AttemptStarted(
-                call_id=call_id,
-                attempt=attempt,
-                method=method,
-                endpoint=endpoint,
-                engine=engine,
-                server_address=server_address,
-                server_port=server_port,
-                timeout_s=timeout_s,
-                carrier=carrier,
-            )
-        )
+        self(AttemptStarted(
+            call_id=call_id, attempt=attempt, method=method, endpoint=endpoint, engine=engine,
+            server_address=server_address, server_port=server_port, timeout_s=timeout_s, carrier=carrier,
+        ))  # fmt: skip
 
-    def attempt_ended(
-        self,
-        call_id: int,
-        attempt: int,
-        method: str,
-        endpoint: str,
-        engine: str,
-        status: int | None,
-        outcome: Outcome,
-        error_type: str | None,
-        sent: bool,
-        duration_s: float,
-    ) -> None:
+    def attempt_ended(  # the fields of AttemptEnded, in order
+        self, call_id: int, attempt: int, method: str, endpoint: str, engine: str,
+        status: int | None, outcome: Outcome, error_type: str | None, sent: bool, duration_s: float,
+    ) -> None:  # fmt: skip
         """An attempt finished, with its classification (``AttemptEnded``)."""
-        self(
-            AttemptEnded(
-                call_id=call_id,
-                attempt=attempt,
-                method=method,
-                endpoint=endpoint,
-                engine=engine,
-                status=status,
-                outcome=outcome,
-                error_type=error_type,
-                sent=sent,
-                duration_s=duration_s,
-            )
-        )
+        self(AttemptEnded(
+            call_id=call_id, attempt=attempt, method=method, endpoint=endpoint, engine=engine,
+            status=status, outcome=outcome, error_type=error_type, sent=sent, duration_s=duration_s,
+        ))  # fmt: skip
 
-    def call_ended(
-        self,
-        call_id: int,
-        method: str,
-        endpoint: str,
-        engine: str,
-        outcome: CallOutcome,
-        status: int | None,
-        attempts: int,
-        duration_s: float,
-        error_type: str | None,
-        retry_budget_tokens: float | None,
-    ) -> None:
+    def call_ended(  # the fields of CallEnded, in order
+        self, call_id: int, method: str, endpoint: str, engine: str, outcome: CallOutcome, status: int | None,
+        attempts: int, duration_s: float, error_type: str | None, retry_budget_tokens: float | None,
+    ) -> None:  # fmt: skip
         """A logical call finished (``CallEnded``)."""
-        self(
-            CallEnded(
-                call_id=call_id,
-                method=method,
-                endpoint=endpoint,
-                engine=engine,
-                outcome=outcome,
-                status=status,
-                attempts=attempts,
-                duration_s=duration_s,
-                error_type=error_type,
-                retry_budget_tokens=retry_budget_tokens,
-            )
-        )
+        self(CallEnded(
+            call_id=call_id, method=method, endpoint=endpoint, engine=engine, outcome=outcome, status=status,
+            attempts=attempts, duration_s=duration_s, error_type=error_type, retry_budget_tokens=retry_budget_tokens,
+        ))  # fmt: skip
 
     def replay(self, event: Event) -> None:
         """Hand ``event`` to the method of its moment (a per-call event to its per-call method), else to ``self(event)``.

@@ -179,27 +179,8 @@ class RetryCall(Generic[R]):
     """
 
     __slots__ = (
-        "_flight_started",
-        "_in_flight",
-        "_next",
-        "_released",
-        "_unreachable",
-        "_warned",
-        "breaker",
-        "budget",
-        "call_id",
-        "clock",
-        "ended",
-        "errors",
-        "hard_at",
-        "last",
-        "observers",
-        "permit",
-        "records",
-        "rng",
-        "spec",
-        "started",
-        "window_at",
+        "_flight_started", "_in_flight", "_next", "_released", "_unreachable", "_warned", "breaker", "budget", "call_id", "clock",
+        "ended", "errors", "hard_at", "last", "observers", "permit", "records", "rng", "spec", "started", "window_at",
         "window_only",
     )
 
