@@ -314,7 +314,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
                 request.headers.update(carrier)
             try:
                 response = super(ResilientAdapter, self).send(
-                    request, stream=stream, timeout=cast(Any, _urllib3_timeout(timeouts)), verify=verify, cert=cert, proxies=proxies
+                    request, stream=stream, timeout=_urllib3_timeout(timeouts), verify=verify, cert=cert, proxies=proxies  # type: ignore[arg-type]
                 )
             except (
                 requests.exceptions.SSLError,
