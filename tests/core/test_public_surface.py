@@ -24,7 +24,7 @@ LAZY = {
 }  # fmt: skip
 ELSEWHERE = {
     "resilience.outcome": {"AttemptRecord", "CallOutcome", "Delivery", "Outcome", "attempts_of"},
-    "resilience.events": {"Event", "Observer"},
+    "resilience.events": {"CallObserver", "Event", "Observer"},
     "resilience.policy": {"Probe", "ProbeAnswer", "ProbeContext", "EndpointMatch"},
     "resilience.clock": {"Clock", "FakeClock", "SystemClock"},
     "resilience.budget": {"RestartBudget", "RestartBudgetError", "RestartRecord"},
