@@ -83,11 +83,11 @@ from yarl import URL
 
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters._aiohttp_compat import check, internals_missing
+from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.adapters.routing import Route, RouteCache, engine_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.errors import ErrorTypes
 from resilience.events import Observer
 from resilience.outcome import Delivery

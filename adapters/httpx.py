@@ -45,15 +45,15 @@ from types import TracebackType
 
 import httpx
 
+from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
-from resilience.outcome import AttemptRecord, Delivery
+from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, responded
 
@@ -130,6 +130,14 @@ def caller_timeout(request: httpx.Request) -> Timeouts | None:
     raw = request.extensions.get("timeout")
     if raw is None:
         return None
+    if type(raw) is dict:  # the usual case, ``httpx.Timeout.as_dict()``: two floats >= 0 need no other check
+        try:
+            connect, read = raw["connect"], raw["read"]
+        except KeyError:
+            pass
+        else:
+            if type(connect) is float and type(read) is float and connect >= 0 and read >= 0:
+                return connect, read
     if not isinstance(raw, Mapping):
         raise ConfigError(f"request.extensions['timeout'] must be a dict of connect/read/write/pool seconds, but was {raw!r}")
     return _seconds(raw, "connect"), _seconds(raw, "read")
@@ -158,6 +166,13 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
     """
     connect, read = timeouts
     own = request.extensions.get("timeout")
+    if not carrier and type(own) is dict and type(connect) is float and type(read) is float and connect < math.inf and read < math.inf:
+        try:  # the usual case: the attempt's timeouts are the caller's own, every phase set (``httpx.Timeout.as_dict()``)
+            same = own["connect"] == connect and own["read"] == read and own["write"] <= read and own["pool"] <= connect
+        except (KeyError, TypeError):
+            same = False
+        if same:
+            return request
     write = pool = None
     if isinstance(own, Mapping):
         write, pool = own.get("write"), own.get("pool")
@@ -229,15 +244,9 @@ class _Resilient(ConfigViews):
         )
 
     @staticmethod
-    def _probe_done(request: httpx.Request) -> Callable[[], httpx.Response]:
+    def _probe_done(request: httpx.Request) -> httpx.Response:
         """The response for "a probe confirmed the ambiguous call was applied": a 200 with an empty body."""
-        return lambda: httpx.Response(200, request=request, extensions={"reason_phrase": b"Applied (confirmed by probe)"})
-
-    @staticmethod
-    def _finish(response: httpx.Response, spec: CallSpec, records: tuple[AttemptRecord, ...]) -> httpx.Response:
-        response.extensions["attempts"] = records
-        response.extensions["endpoint"] = spec.match.endpoint
-        return response
+        return httpx.Response(200, request=request, extensions={"reason_phrase": b"Applied (confirmed by probe)"})
 
 
 class ResilientTransport(_Resilient, httpx.BaseTransport):
@@ -303,9 +312,12 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
             return responded(response, response.status_code, response.headers)
 
         response, records = self.retrier.run(
-            spec, attempt, discard=_discard, on_probe_done=self._probe_done(request), never_sent=_never_sent_unretried
+            spec, attempt, discard=_discard, on_probe_done=lambda: self._probe_done(request), never_sent=_never_sent_unretried
         )
-        return self._finish(response, spec, records)
+        extensions = response.extensions
+        extensions["attempts"] = records
+        extensions["endpoint"] = spec.match.endpoint
+        return response
 
     def close(self) -> None:
         """Close the wrapped transport (``httpx.Client.close()`` calls it)."""
@@ -379,9 +391,12 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
             return responded(response, response.status_code, response.headers)
 
         response, records = await self.retrier.arun(
-            spec, attempt, discard=_adiscard, on_probe_done=self._probe_done(request), never_sent=_never_sent_unretried
+            spec, attempt, discard=_adiscard, on_probe_done=lambda: self._probe_done(request), never_sent=_never_sent_unretried
         )
-        return self._finish(response, spec, records)
+        extensions = response.extensions
+        extensions["attempts"] = records
+        extensions["endpoint"] = spec.match.endpoint
+        return response
 
     async def aclose(self) -> None:
         """Close the wrapped transport (``httpx.AsyncClient.aclose()`` calls it)."""

@@ -32,7 +32,7 @@ What is patched (``uninstrument`` puts each back):
 
 **One state per engine.** Every driver the instrumentor attaches shares one
 breaker and one retry budget per engine and one ``AttemptLedger``
-(``resilience.ledger``): a framework's own retry loop on top of ours starts
+(``resilience.adapters.ledger``): a framework's own retry loop on top of ours starts
 each new call with the attempts its earlier calls left, so theirs and ours
 together stay within the endpoint's ``max_attempts`` and the engine's retry
 budget, and a non-idempotent call whose last attempt was left unresolved is
@@ -57,14 +57,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from resilience.adapters.driver_config import UNSET, DriverConfig, Unset, driver_config
+from resilience.adapters.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, ErrorTypes
 from resilience.events import Observer
-from resilience.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
 from resilience.policy import PolicyTable
 
 __all__ = ["LIBRARIES", "SGLangInstrumentor"]
@@ -122,7 +122,7 @@ class SGLangInstrumentor:
     strategy off), ``clock`` / ``rng``. ``config`` with any of those raises
     ``ConfigConflict``. ``window_s``: how long an engine+endpoint's attempts
     are remembered across calls after the last one (default 10 s; see
-    ``resilience.ledger``). ``libraries``: which of ``LIBRARIES`` to patch
+    ``resilience.adapters.ledger``). ``libraries``: which of ``LIBRARIES`` to patch
     (default: each one installed; naming one that is not installed is an
     error at ``instrument``).
     """

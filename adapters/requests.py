@@ -35,12 +35,12 @@ from urllib3.connection import HTTPConnection
 from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
+from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.adapters.requests_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
-from resilience.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
@@ -314,7 +314,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
                 request.headers.update(carrier)
             try:
                 response = super(ResilientAdapter, self).send(
-                    request, stream=stream, timeout=cast(Any, _urllib3_timeout(timeouts)), verify=verify, cert=cert, proxies=proxies
+                    request, stream=stream, timeout=_urllib3_timeout(timeouts), verify=verify, cert=cert, proxies=proxies  # type: ignore[arg-type]
                 )
             except (
                 requests.exceptions.SSLError,

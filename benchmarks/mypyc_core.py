@@ -23,7 +23,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = "outcome,deadline,backoff,retry/spec,retry/call,retry/first_attempt,retry/retrier"
+DEFAULT = "outcome,deadline,backoff,retry/spec,retry/call,retry/retrier"
 """The sans-IO modules of the success path (``resilience/<name>.py``).
 
 ``breaker`` and ``budget`` are left out: they define exceptions that subclass builtins, which mypyc does not compile."""

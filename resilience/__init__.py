@@ -22,7 +22,7 @@ a call did (``resilience.outcome``: ``attempts_of``, ``Delivery``,
 (``resilience.events``), probes (``resilience.policy``: ``Probe``,
 ``ProbeAnswer``, ``ProbeContext``), clocks (``resilience.clock``), the
 restart budget (``resilience.budget``), the drivers' shared ``DriverConfig``
-(``resilience.driver_config``), the other errors (``resilience.errors``), and
+(``resilience.adapters.driver_config``), the other errors (``resilience.errors``), and
 the retry core for transport authors (``resilience.retry``: ``Retrier``,
 ``RetryCall``, ``CallSpec``, ``AttemptResult``, ``classify``, ...).
 

@@ -24,6 +24,7 @@ from typing import Final
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import require
 from resilience.events import BreakerTransitioned, Observer, emit
+from resilience.per_engine import PerEngine
 
 __all__ = ["BreakerConfig", "BreakerRegistry", "BreakerState", "CircuitBreaker", "IllegalTransition", "Permit"]
 
@@ -190,7 +191,7 @@ class CircuitBreaker:
     def admit_closed(self) -> Permit | None:
         """``admit()`` for a new call when the breaker is closed (the same permit), else None with nothing changed.
 
-        The success fast path asks this (``resilience.retry.first_attempt``): a
+        A call's first admission asks this (``RetryCall.next_step``): a
         breaker that is not closed is left to ``admit``, which may refuse the
         call or hand it a half-open probe slot.
         """
@@ -310,21 +311,16 @@ class BreakerRegistry:
         self.config = config or BreakerConfig()
         self._clock = clock
         self._observers = tuple(observers)
-        self._lock = threading.Lock()
-        self._breakers: dict[str, CircuitBreaker] = {}
+        self.by_engine: PerEngine[CircuitBreaker] = PerEngine(
+            lambda engine: CircuitBreaker(engine, self.config, clock=self._clock, observers=self._observers)
+        )
+        """``engine -> its breaker``, made on first lookup (``by_engine[engine]``: what ``get`` answers)."""
 
     def get(self, engine: str) -> CircuitBreaker:
         """The breaker for ``engine`` (``scheme://host:port``)."""
-        breaker = self._breakers.get(engine)
-        if breaker is None:
-            with self._lock:
-                breaker = self._breakers.setdefault(
-                    engine, CircuitBreaker(engine, self.config, clock=self._clock, observers=self._observers)
-                )
-        return breaker
+        return self.by_engine[engine]
 
     def states(self) -> dict[str, BreakerState]:
         """Every known engine's breaker state."""
-        with self._lock:
-            breakers = list(self._breakers.values())
+        breakers = list(self.by_engine.values())  # one C call under the GIL: a consistent copy
         return {b.name: b.state for b in breakers}

@@ -28,6 +28,7 @@ from typing import Any
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError
 from resilience.events import Observer, RestartRecorded, emit
+from resilience.per_engine import PerEngine
 
 __all__ = ["RestartBudget", "RestartBudgetError", "RestartRecord", "RetryBudget", "RetryBudgetConfig", "RetryBudgets"]
 
@@ -291,13 +292,9 @@ class RetryBudgets:
     def __init__(self, config: RetryBudgetConfig | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config or RetryBudgetConfig()
         self._clock = clock
-        self._lock = threading.Lock()
-        self._budgets: dict[str, RetryBudget] = {}
+        self.by_engine: PerEngine[RetryBudget] = PerEngine(lambda _engine: RetryBudget(self.config, clock=self._clock))
+        """``engine -> its budget``, made on first lookup (``by_engine[engine]``: what ``get`` answers)."""
 
     def get(self, engine: str) -> RetryBudget:
         """The budget of ``engine``."""
-        budget = self._budgets.get(engine)
-        if budget is None:
-            with self._lock:
-                budget = self._budgets.setdefault(engine, RetryBudget(self.config, clock=self._clock))
-        return budget
+        return self.by_engine[engine]

@@ -1,10 +1,18 @@
-"""Typed events and the ``Observer`` protocol.
+"""Typed events, and the one observer interface (``CallObserver``) that hears them.
 
 Every decision the retry loop, the breaker, the budgets and the barrier
-orchestrator take is announced as one frozen event. Telemetry (spans,
-metrics, logs) is derived from these events only; it is never sprinkled
-through the retry loop. With no observer attached, emitting costs a tuple
-check.
+orchestrator take is announced to the observers. The four moments of every
+call (``call_started``, ``attempt_started``, ``attempt_ended``,
+``call_ended``) come as plain values, to ``CallObserver``'s methods of those
+names; every other moment (a retry scheduled, a breaker's move, a barrier
+phase) comes as one frozen event, to ``observer(event)``. ``CallObserver``'s
+own four methods build the event of their moment and hand it to
+``self(event)``: an observer that wants events only (a log, a recorder, or any
+plain callable, which ``call_observer`` wraps) gets every moment as an event,
+while one that counts or traces overrides the four methods and no event object
+is built for them. Telemetry (spans, metrics, logs) is derived from these
+moments only; it is never sprinkled through the retry loop. With no observer
+attached, announcing costs a tuple check.
 
 Events never carry credentials: they name an endpoint by its policy
 template (``POST /pause_generation``) and an engine by ``scheme://host:port``,
@@ -14,11 +22,10 @@ never by a raw URL, header or body.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
-from resilience._frozen import quick_init
 from resilience.outcome import CallOutcome, Outcome
 
 __all__ = [
@@ -27,6 +34,7 @@ __all__ = [
     "BreakerRejected",
     "BreakerTransitioned",
     "CallEnded",
+    "CallObserver",
     "CallStarted",
     "EngineRefused",
     "EngineStateChanged",
@@ -42,13 +50,13 @@ __all__ = [
     "RetryScheduled",
     "TransitionEnded",
     "TransitionStarted",
+    "call_observer",
     "emit",
 ]
 
 log = logging.getLogger("resilience.events")
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallStarted:
     """A logical call (one ``Session.send`` / one client method) began."""
@@ -63,7 +71,6 @@ class CallStarted:
     """Seconds the whole call may take, or None when unbounded."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptStarted:
     """One attempt is about to be sent.
@@ -85,7 +92,6 @@ class AttemptStarted:
     carrier: MutableMapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptEnded:
     """One attempt finished, with its classification."""
@@ -105,7 +111,6 @@ class AttemptEnded:
     duration_s: float
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryScheduled:
     """The loop will retry after ``delay_s`` seconds."""
@@ -120,7 +125,6 @@ class RetryScheduled:
     delay_s: float
 
 
-@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallEnded:
     """A logical call finished."""
@@ -316,9 +320,113 @@ Event: TypeAlias = (
 
 
 class Observer(Protocol):
-    """Receives every event. An observer that raises is logged, never propagated."""
+    """Anything called with each event (``observer(event)``): a ``CallObserver``, or a plain callable such as ``list.append``.
+
+    An observer that raises is logged, never propagated.
+    """
 
     def __call__(self, event: Event) -> None: ...
+
+
+class CallObserver:
+    """The observer interface: every call's four moments as plain values, every other moment as an event.
+
+    Subclass it and override what you need; each method must return quickly
+    and never block. The four per-call methods are called in this order for
+    each logical call (``call_id`` ties them together; attempts are numbered
+    from 0): ``call_started`` once, then per attempt ``attempt_started`` and
+    ``attempt_ended``, then ``call_ended`` once. Their arguments are the
+    fields of ``CallStarted``, ``AttemptStarted``, ``AttemptEnded`` and
+    ``CallEnded``, in the same order (see each for its meaning), and the
+    default of each builds that event and hands it to ``self(event)``: an
+    observer that overrides ``__call__`` alone hears every moment as an event.
+    ``__call__`` (default: ignore) receives every other event (retries,
+    refusals, probes, breakers, budgets, barrier transitions) and any
+    per-call event another producer emits as an object. The core calls an
+    observer only when one is attached, and logs (never raises) what one
+    raises.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, event: Event) -> None:
+        """Every moment not announced through the per-call methods; default: ignore it."""
+
+    def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
+        """A logical call began (``CallStarted``)."""
+        self(CallStarted(call_id=call_id, method=method, endpoint=endpoint, engine=engine, deadline_s=deadline_s))
+
+    def attempt_started(  # the fields of AttemptStarted, in order
+        self, call_id: int, attempt: int, method: str, endpoint: str, engine: str,
+        server_address: str, server_port: int, timeout_s: float | None, carrier: MutableMapping[str, str],
+    ) -> None:  # fmt: skip
+        """An attempt is about to be sent (``AttemptStarted``); headers added to ``carrier`` go with it."""
+        self(AttemptStarted(
+            call_id=call_id, attempt=attempt, method=method, endpoint=endpoint, engine=engine,
+            server_address=server_address, server_port=server_port, timeout_s=timeout_s, carrier=carrier,
+        ))  # fmt: skip
+
+    def attempt_ended(  # the fields of AttemptEnded, in order
+        self, call_id: int, attempt: int, method: str, endpoint: str, engine: str,
+        status: int | None, outcome: Outcome, error_type: str | None, sent: bool, duration_s: float,
+    ) -> None:  # fmt: skip
+        """An attempt finished, with its classification (``AttemptEnded``)."""
+        self(AttemptEnded(
+            call_id=call_id, attempt=attempt, method=method, endpoint=endpoint, engine=engine,
+            status=status, outcome=outcome, error_type=error_type, sent=sent, duration_s=duration_s,
+        ))  # fmt: skip
+
+    def call_ended(  # the fields of CallEnded, in order
+        self, call_id: int, method: str, endpoint: str, engine: str, outcome: CallOutcome, status: int | None,
+        attempts: int, duration_s: float, error_type: str | None, retry_budget_tokens: float | None,
+    ) -> None:  # fmt: skip
+        """A logical call finished (``CallEnded``)."""
+        self(CallEnded(
+            call_id=call_id, method=method, endpoint=endpoint, engine=engine, outcome=outcome, status=status,
+            attempts=attempts, duration_s=duration_s, error_type=error_type, retry_budget_tokens=retry_budget_tokens,
+        ))  # fmt: skip
+
+    def replay(self, event: Event) -> None:
+        """Hand ``event`` to the method of its moment (a per-call event to its per-call method), else to ``self(event)``.
+
+        For an observer that overrides the per-call methods and still receives
+        per-call events as objects from other producers (its ``__call__``
+        passes them here).
+        """
+        e = event
+        if isinstance(e, CallStarted):
+            self.call_started(e.call_id, e.method, e.endpoint, e.engine, e.deadline_s)
+        elif isinstance(e, AttemptStarted):
+            addr, port = e.server_address, e.server_port
+            self.attempt_started(e.call_id, e.attempt, e.method, e.endpoint, e.engine, addr, port, e.timeout_s, e.carrier)
+        elif isinstance(e, AttemptEnded):
+            status, outcome = e.status, e.outcome
+            self.attempt_ended(e.call_id, e.attempt, e.method, e.endpoint, e.engine, status, outcome, e.error_type, e.sent, e.duration_s)
+        elif isinstance(e, CallEnded):
+            tokens = e.retry_budget_tokens
+            self.call_ended(e.call_id, e.method, e.endpoint, e.engine, e.outcome, e.status, e.attempts, e.duration_s, e.error_type, tokens)
+        else:
+            self(e)
+
+
+class _Events(CallObserver):
+    """A plain callable as a ``CallObserver``: every moment reaches it as an event."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[Event], None]) -> None:
+        self._fn = fn
+
+    def __call__(self, event: Event) -> None:
+        self._fn(event)
+
+    def __repr__(self) -> str:
+        return f"call_observer({self._fn!r})"
+
+
+def call_observer(observer: Observer) -> CallObserver:
+    """``observer`` itself when it is a ``CallObserver``; else a ``CallObserver`` that hands it every moment as an event."""
+    return observer if isinstance(observer, CallObserver) else _Events(observer)
 
 
 def emit(observers: Iterable[Observer], event: Event) -> None:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
-
-from resilience._frozen import quick_init
+from typing import NamedTuple
 
 __all__ = ["AttemptRecord", "CallOutcome", "Delivery", "Outcome", "attempts_of"]
 
@@ -65,10 +63,8 @@ class Delivery(enum.StrEnum):
     the reader's rule: a gateway's 502/503/504 may come after the request was handed on."""
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class AttemptRecord:
-    """One attempt as it happened; ``.attempts`` on responses and errors is a tuple of these."""
+class AttemptRecord(NamedTuple):
+    """One attempt as it happened; ``.attempts`` on responses and errors is a tuple of these (immutable, by name)."""
 
     attempt: int
     """0 for the first attempt, then the resend count."""

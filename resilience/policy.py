@@ -334,12 +334,20 @@ class EndpointMatch:
     Derived from ``policy`` once per route (the retry core reads it on every call: ``resilience.retry.spec.attempt_timeouts``)."""
     own_deadline: bool = field(init=False, repr=False, compare=False)
     """True when a table entry matched and named ``deadline_s`` (it then caps attempts the caller bounded); derived once."""
+    fallback_timeout_s: float | None = field(init=False, repr=False, compare=False)
+    """The policy's ``attempt_timeout_s`` as a plain float (None = no limit): the attempt timeout when neither the entry
+    named one nor the caller gave one; derived once."""
+    deadline_s: float | None = field(init=False, repr=False, compare=False)
+    """The policy's ``deadline_s`` as a plain float (None = none); derived once."""
 
     def __post_init__(self) -> None:
         limit = self.policy.attempt_timeout_s
         named = limit is not None and self.explicit and self.policy.named("attempt_timeout_s")
         object.__setattr__(self, "own_timeout_s", float(limit) if named and limit is not None else None)
         object.__setattr__(self, "own_deadline", self.explicit and self.policy.named("deadline_s"))
+        object.__setattr__(self, "fallback_timeout_s", None if limit is None else float(limit))
+        deadline = self.policy.deadline_s
+        object.__setattr__(self, "deadline_s", None if deadline is None else float(deadline))
 
     @property
     def explicit(self) -> bool:

@@ -55,9 +55,12 @@ pair. These series use the same bounded label values (an ``other`` label is
 never pre-created), so they add at most ``max_label_values`` engines and
 ``max_label_values`` squared pairs.
 
-Per event the observer does one type lookup, one cache lookup of the labelled
-child and the metric operation itself (two for ``AttemptEnded``: the counter
-and the histogram). It never raises: a failure is logged at WARNING on
+Per call it takes its moments as plain values (``CallObserver``): at an
+attempt's end and at the call's end, one lookup of the series (found once per
+endpoint and engine, then cached) and one lock around plain additions
+(``telemetry/_hot.py``: the four per-call families are counted there and
+published at scrape time); other events go by one type lookup to their
+labelled child. It never raises: a failure is logged at WARNING on
 ``resilience.telemetry``.
 """
 
@@ -65,7 +68,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, Final, NamedTuple
 from wsgiref.simple_server import WSGIServer
 
@@ -85,9 +88,10 @@ from resilience.events import (
     RetryScheduled,
     TransitionEnded,
 )
-from resilience.outcome import Outcome
+from resilience.outcome import CallOutcome, Outcome
 
 from ._dispatch import Dispatcher
+from ._hot import Counted, HotMetrics, Timed
 from ._labels import scrub_engine, status_label, transport_label
 
 __all__ = [
@@ -160,7 +164,7 @@ class _RestartBudgetCollector:
 
 
 class MetricsObserver(Dispatcher):
-    """An ``Observer`` that counts resilience events as Prometheus metrics (names: module docstring).
+    """A ``CallObserver`` that counts every call's moments and the other events as Prometheus metrics (names: module docstring).
 
     ``registry``: where the metrics are registered. Default None: a fresh
     ``CollectorRegistry`` owned by this observer (``.registry``); pass
@@ -191,18 +195,8 @@ class MetricsObserver(Dispatcher):
         """The registry the metrics live in; serve it with ``start_metrics_server(registry=...)``."""
         self.max_label_values = max_label_values
         r = self.registry
-        self._m_requests = Counter(
-            "cpr_requests", "Logical calls by endpoint template, method and outcome.",
-            ["endpoint", "method", "outcome"], registry=r,
-        )  # fmt: skip
-        self._m_attempts = Counter(
-            "cpr_attempts", "Attempts by endpoint template, engine and HTTP status (or transport error).",
-            ["endpoint", "engine", "status"], registry=r,
-        )  # fmt: skip
-        self._m_attempt_duration = Histogram(
-            "cpr_attempt_duration_seconds", "Duration of one attempt, by endpoint template.",
-            ["endpoint"], buckets=ATTEMPT_DURATION_BUCKETS, registry=r,
-        )  # fmt: skip
+        self._hot = HotMetrics(ATTEMPT_DURATION_BUCKETS)  # the four per-call families (telemetry/_hot.py)
+        r.register(self._hot)
         self._m_retries = Counter("cpr_retries", "Retries scheduled, by endpoint template and reason.", ["endpoint", "reason"], registry=r)
         self._m_breaker_state = Gauge(
             "cpr_breaker_state", "Circuit breaker state per engine: 0 closed, 1 half_open, 2 open.", ["engine"],
@@ -210,9 +204,6 @@ class MetricsObserver(Dispatcher):
         )  # fmt: skip
         self._m_breaker_rejections = Counter(
             "cpr_breaker_rejections", "Calls failed fast by an open breaker.", ["endpoint", "engine"], registry=r
-        )
-        self._m_retry_budget_tokens = Gauge(
-            "cpr_retry_budget_tokens", "Retry-budget balance per engine after the latest call.", ["engine"], registry=r
         )
         self._m_retry_budget_exhausted = Counter(
             "cpr_retry_budget_exhausted", "Retries refused because the engine's retry budget was spent.",
@@ -242,16 +233,16 @@ class MetricsObserver(Dispatcher):
         self._breaker_seen: set[str] = set()  # engine labels whose cpr_breaker_state exists
         self._declared_endpoints: set[str] = set()  # endpoint labels given to declare()
         self._declared_engines: set[str] = set()  # engine labels given to declare()
-        # (labels...) -> labelled child; filled on first sight, read without a lock afterwards.
-        self._c_requests: dict[tuple[Any, ...], Any] = {}
-        self._c_attempts: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        # raw key -> series or labelled child; filled on first sight, read without a lock afterwards.
+        self._c_requests: dict[tuple[Any, ...], Counted] = {}
+        self._c_attempts: dict[tuple[Any, ...], tuple[Counted, Timed]] = {}
         self._c_retries: dict[tuple[str, str], Any] = {}
         self._c_rejections: dict[tuple[str, str], Any] = {}
         self._c_exhausted: dict[tuple[str, str], Any] = {}
-        self._c_tokens: dict[str, Any] = {}
+        self._c_tokens: dict[str, Counted] = {}
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
-            CallEnded: self._call_ended,
-            AttemptEnded: self._attempt_ended,
+            CallEnded: self.replay,
+            AttemptEnded: self.replay,
             RetryScheduled: self._retry_scheduled,
             BreakerTransitioned: self._breaker_transitioned,
             BreakerRejected: self._breaker_rejected,
@@ -341,45 +332,89 @@ class MetricsObserver(Dispatcher):
 
     # -- handlers ------------------------------------------------------------------
 
-    def _call_ended(self, ev: CallEnded) -> None:
-        key = (ev.endpoint, ev.method, ev.outcome)
-        child = self._c_requests.get(key)
-        if child is None:
-            child = self._m_requests.labels(self._endpoint(ev.endpoint), ev.method, ev.outcome.value)
-            _remember(self._c_requests, key, child)
-        child.inc()
-        tokens = ev.retry_budget_tokens
-        if tokens is not None:
-            gauge = self._c_tokens.get(ev.engine)
-            if gauge is None:
-                engine = self._engine(ev.engine)
-                gauge = self._m_retry_budget_tokens.labels(engine)
-                _remember(self._c_tokens, ev.engine, gauge)
-                self._init_engine(engine)
-            gauge.set(tokens)
+    def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
+        """Nothing to count."""
 
-    def _attempt_ended(self, ev: AttemptEnded) -> None:
-        status = ev.status
-        if status is not None:
-            key: tuple[Any, ...] = (ev.endpoint, ev.engine, status)
-        else:
-            key = (ev.endpoint, ev.engine, None, ev.error_type, ev.sent, ev.outcome)
-        pair = self._c_attempts.get(key)
-        if pair is None:
-            if status is not None:
-                label = status_label(status)
-            else:
-                label = transport_label(ev.error_type, sent=ev.sent, ambiguous=ev.outcome is Outcome.AMBIGUOUS)
-            endpoint, engine = self._endpoint(ev.endpoint), self._engine(ev.engine)
-            pair = (
-                self._m_attempts.labels(endpoint, engine, label),
-                self._m_attempt_duration.labels(endpoint),
-            )
-            _remember(self._c_attempts, key, pair)
-            self._init_engine(engine)  # first sight of this key: the engine's zero series exist from now on
-            self._init_pair(endpoint, engine)
-        pair[0].inc()
-        pair[1].observe(ev.duration_s)
+    def attempt_started(
+        self,
+        call_id: int,
+        attempt: int,
+        method: str,
+        endpoint: str,
+        engine: str,
+        server_address: str,
+        server_port: int,
+        timeout_s: float | None,
+        carrier: MutableMapping[str, str],
+    ) -> None:
+        """Nothing to count."""
+
+    def call_ended(
+        self,
+        call_id: int,
+        method: str,
+        endpoint: str,
+        engine: str,
+        outcome: CallOutcome,
+        status: int | None,
+        attempts: int,
+        duration_s: float,
+        error_type: str | None,
+        retry_budget_tokens: float | None,
+    ) -> None:
+        """``cpr_requests_total`` by one; ``cpr_retry_budget_tokens`` set to the balance, when a budget is in use."""
+        try:
+            try:
+                series = self._c_requests[endpoint, method, outcome]
+            except KeyError:
+                series = self._hot.counted(self._hot.requests, (self._endpoint(endpoint), method, outcome.value))
+                _remember(self._c_requests, (endpoint, method, outcome), series)
+            gauge = None
+            if retry_budget_tokens is not None:
+                try:
+                    gauge = self._c_tokens[engine]
+                except KeyError:
+                    label = self._engine(engine)
+                    gauge = self._hot.counted(self._hot.tokens, (label,))
+                    _remember(self._c_tokens, engine, gauge)
+                    self._init_engine(label)
+            with self._hot.lock:
+                series.value += 1.0
+                if gauge is not None and retry_budget_tokens is not None:
+                    gauge.value = retry_budget_tokens
+        except Exception:
+            log.warning("MetricsObserver failed on CallEnded", exc_info=True)
+
+    def attempt_ended(
+        self,
+        call_id: int,
+        attempt: int,
+        method: str,
+        endpoint: str,
+        engine: str,
+        status: int | None,
+        outcome: Outcome,
+        error_type: str | None,
+        sent: bool,
+        duration_s: float,
+    ) -> None:
+        """``cpr_attempts_total`` by one and the duration in ``cpr_attempt_duration_seconds``; the zero series on first sight."""
+        try:
+            key: tuple[Any, ...] = (endpoint, engine, status) if status is not None else (endpoint, engine, None, error_type, sent, outcome)
+            try:
+                counter, timed = self._c_attempts[key]
+            except KeyError:
+                ambiguous = outcome is Outcome.AMBIGUOUS
+                label = status_label(status) if status is not None else transport_label(error_type, sent=sent, ambiguous=ambiguous)
+                endpoint_label, engine_label = self._endpoint(endpoint), self._engine(engine)
+                counter = self._hot.counted(self._hot.attempts, (endpoint_label, engine_label, label))
+                timed = self._hot.timed((endpoint_label,))
+                _remember(self._c_attempts, key, (counter, timed))
+                self._init_engine(engine_label)  # first sight of this key: the engine's zero series exist from now on
+                self._init_pair(endpoint_label, engine_label)
+            self._hot.observe(counter, timed, duration_s)
+        except Exception:
+            log.warning("MetricsObserver failed on AttemptEnded", exc_info=True)
 
     def _retry_scheduled(self, ev: RetryScheduled) -> None:
         key = (ev.endpoint, ev.reason)

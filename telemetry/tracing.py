@@ -1,6 +1,7 @@
 """OpenTelemetry spans derived from resilience events: ``TracingObserver``.
 
-Turns the events of ``resilience.events`` into one INTERNAL span per logical
+Turns every call's moments (``resilience.events.CallObserver``'s plain
+values) and the barrier's events into one INTERNAL span per logical
 call (``resilient {endpoint}``), one CLIENT span per attempt (``{method}
 {url.template}``, whose ``traceparent`` it injects into ``event.carrier``, the
 headers sent with that attempt) and INTERNAL spans per barrier transition and
@@ -10,7 +11,8 @@ phase. The span tree, every attribute, and how it coexists with
 
 It needs only ``opentelemetry-api``: without an SDK every span is
 non-recording, and a call whose span has no valid context (no SDK, or a
-provider that makes nothing) keeps no span tree at all: its attempts start
+provider that makes nothing; with the API's ``NoOpTracerProvider`` given,
+no span is even started) keeps no span tree at all: its attempts start
 no spans and inject only the caller's baggage, if any (a trace id never
 existed to propagate). Spans are started with explicit parents and never attached to
 the current context; per-call and per-transition state (keyed by ``call_id`` /
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -32,7 +34,7 @@ from opentelemetry import baggage, trace
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
 from opentelemetry.propagate import get_global_textmap
 from opentelemetry.propagators.textmap import TextMapPropagator
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from resilience.events import (
@@ -108,7 +110,7 @@ def _version() -> str | None:
 
 
 class TracingObserver(Dispatcher):
-    """An ``Observer`` that records resilience events as OpenTelemetry spans.
+    """A ``CallObserver`` that records every call's moments and the barrier's events as OpenTelemetry spans.
 
     ``tracer_provider``: the provider spans come from. Default None: the global
     provider (``opentelemetry.trace.set_tracer_provider``), looked up lazily,
@@ -130,6 +132,9 @@ class TracingObserver(Dispatcher):
         propagator: TextMapPropagator | None = None,
     ) -> None:
         self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, _version(), tracer_provider=tracer_provider)
+        self._noop = type(self._tracer) is NoOpTracer
+        """The provider makes no spans, ever (the API's ``NoOpTracerProvider``): a call keeps no state at all, and its
+        attempts inject only the caller's baggage. A global provider is looked up per call, so an SDK set later counts."""
         self._propagator = propagator
         self._lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
@@ -140,14 +145,14 @@ class TracingObserver(Dispatcher):
         self._call_cache: dict[tuple[str, str, str], tuple[str, Mapping[str, AttributeValue]]] = {}
         self._attempt_cache: dict[tuple[str, str, str, int], tuple[str, Mapping[str, AttributeValue]]] = {}
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
-            CallStarted: self._call_started,
-            AttemptStarted: self._attempt_started,
-            AttemptEnded: self._attempt_ended,
+            CallStarted: self.replay,
+            AttemptStarted: self.replay,
+            AttemptEnded: self.replay,
             RetryScheduled: self._retry_scheduled,
             BreakerRejected: self._breaker_rejected,
             RetryBudgetExhaustedEvent: self._budget_exhausted,
             ProbeCompleted: self._probe_completed,
-            CallEnded: self._call_ended,
+            CallEnded: self.replay,
             TransitionStarted: self._transition_started,
             PhaseStarted: self._phase_started,
             PhaseEnded: self._phase_ended,
@@ -198,16 +203,16 @@ class TracingObserver(Dispatcher):
                 self._call_cache[key] = static
         return static
 
-    def _attempt_static(self, ev: AttemptStarted) -> tuple[str, Mapping[str, AttributeValue]]:
+    def _attempt_static(self, method: str, endpoint: str, address: str, port: int) -> tuple[str, Mapping[str, AttributeValue]]:
         """Name and start attributes of a first attempt; computed once per (method, endpoint, server)."""
-        key = (ev.method, ev.endpoint, ev.server_address, ev.server_port)
+        key = (method, endpoint, address, port)
         static = self._attempt_cache.get(key)
         if static is None:
             attrs: dict[str, AttributeValue] = {}
-            name = self._method_attrs(ev.method, attrs)
-            attrs[SERVER_ADDRESS] = ev.server_address
-            attrs[SERVER_PORT] = ev.server_port
-            template = url_template(ev.endpoint)
+            name = self._method_attrs(method, attrs)
+            attrs[SERVER_ADDRESS] = address
+            attrs[SERVER_PORT] = port
+            template = url_template(endpoint)
             if template is not None:
                 attrs[URL_TEMPLATE] = template
                 name = f"{name} {template}"
@@ -218,56 +223,94 @@ class TracingObserver(Dispatcher):
 
     # -- logical calls -----------------------------------------------------------
 
-    def _call_started(self, ev: CallStarted) -> None:
-        if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+    def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
+        """The call's INTERNAL span, unless instrumentation is suppressed or the span is not valid (then no tree is kept)."""
+        if self._noop:
             return
-        name, attrs = self._call_static(ev.method, ev.endpoint, ev.engine)
-        if ev.deadline_s is not None:
-            attrs = {**attrs, "resilience.deadline_s": ev.deadline_s}
-        span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
-        if not span.get_span_context().is_valid:  # nothing records, and no trace id to propagate: skip the call's tree
-            self._untraced.add(ev.call_id)
-            return
-        call = _Call(span)
-        with self._lock:
-            stale = self._calls.pop(ev.call_id, None)
-            self._calls[ev.call_id] = call
-        if stale is not None:  # a call id reused before its CallEnded: close the orphan
-            self._close_call(stale, None)
+        try:
+            if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+                return
+            name, attrs = self._call_static(method, endpoint, engine)
+            if deadline_s is not None:
+                attrs = {**attrs, "resilience.deadline_s": deadline_s}
+            span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+            if not span.get_span_context().is_valid:  # nothing records, and no trace id to propagate: skip the call's tree
+                self._untraced.add(call_id)
+                return
+            call = _Call(span)
+            with self._lock:
+                stale = self._calls.pop(call_id, None)
+                self._calls[call_id] = call
+            if stale is not None:  # a call id reused before its CallEnded: close the orphan
+                self._close_call(stale, None)
+        except Exception:
+            log.warning("TracingObserver failed on CallStarted", exc_info=True)
 
-    def _attempt_started(self, ev: AttemptStarted) -> None:
-        call = self._calls.get(ev.call_id)
-        if call is None:
-            if ev.call_id in self._untraced and baggage.get_all():  # no span, but the caller's baggage still travels
-                (self._propagator or get_global_textmap()).inject(ev.carrier)
-            return
-        if call.attempt is not None:  # the previous attempt never ended: close it
-            call.attempt.end()
-        name, attrs = self._attempt_static(ev)
-        if ev.attempt:
-            attrs = {**attrs, HTTP_REQUEST_RESEND_COUNT: ev.attempt}
-        span = self._tracer.start_span(name, context=call.ctx, kind=SpanKind.CLIENT, attributes=attrs)
-        call.attempt = span
-        (self._propagator or get_global_textmap()).inject(ev.carrier, context=trace.set_span_in_context(span))
+    def attempt_started(
+        self,
+        call_id: int,
+        attempt: int,
+        method: str,
+        endpoint: str,
+        engine: str,
+        server_address: str,
+        server_port: int,
+        timeout_s: float | None,
+        carrier: MutableMapping[str, str],
+    ) -> None:
+        """The attempt's CLIENT span under the call's, its context injected into ``carrier``; untraced: the baggage only."""
+        try:
+            call = self._calls.get(call_id)
+            if call is None:
+                if (self._noop or call_id in self._untraced) and baggage.get_all():  # no span: the caller's baggage still travels
+                    (self._propagator or get_global_textmap()).inject(carrier)
+                return
+            if call.attempt is not None:  # the previous attempt never ended: close it
+                call.attempt.end()
+            name, attrs = self._attempt_static(method, endpoint, server_address, server_port)
+            if attempt:
+                attrs = {**attrs, HTTP_REQUEST_RESEND_COUNT: attempt}
+            span = self._tracer.start_span(name, context=call.ctx, kind=SpanKind.CLIENT, attributes=attrs)
+            call.attempt = span
+            (self._propagator or get_global_textmap()).inject(carrier, context=trace.set_span_in_context(span))
+        except Exception:
+            log.warning("TracingObserver failed on AttemptStarted", exc_info=True)
 
-    def _attempt_ended(self, ev: AttemptEnded) -> None:
-        call = self._calls.get(ev.call_id)
-        if call is None or call.attempt is None:
+    def attempt_ended(
+        self,
+        call_id: int,
+        attempt: int,
+        method: str,
+        endpoint: str,
+        engine: str,
+        status: int | None,
+        outcome: Outcome,
+        error_type: str | None,
+        sent: bool,
+        duration_s: float,
+    ) -> None:
+        """End the attempt's span: its status, and on a failure its outcome and error type."""
+        if self._noop:
             return
-        span, call.attempt = call.attempt, None
-        status = ev.status
-        if status is not None and status < 400 and ev.outcome is Outcome.SUCCESS:
-            span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
+        try:
+            call = self._calls.get(call_id)
+            if call is None or call.attempt is None:
+                return
+            span, call.attempt = call.attempt, None
+            if status is not None and status < 400 and outcome is Outcome.SUCCESS:
+                span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
+                span.end()
+                return
+            attrs: dict[str, AttributeValue] = {"resilience.attempt_outcome": outcome.value}
+            if status is not None:
+                attrs[HTTP_RESPONSE_STATUS_CODE] = status
+            attrs[ERROR_TYPE] = error_type or (str(status) if status is not None else "_OTHER")
+            span.set_attributes(attrs)
+            if status is None or status >= 400:
+                span.set_status(Status(StatusCode.ERROR))
             span.end()
-            return
-        attrs: dict[str, AttributeValue] = {"resilience.attempt_outcome": ev.outcome.value}
-        if status is not None:
-            attrs[HTTP_RESPONSE_STATUS_CODE] = status
-        attrs[ERROR_TYPE] = ev.error_type or (str(status) if status is not None else "_OTHER")
-        span.set_attributes(attrs)
-        if status is None or status >= 400:
-            span.set_status(Status(StatusCode.ERROR))
-        span.end()
+        except Exception:
+            log.warning("TracingObserver failed on AttemptEnded", exc_info=True)
 
     def _retry_scheduled(self, ev: RetryScheduled) -> None:
         call = self._calls.get(ev.call_id)
@@ -299,30 +342,49 @@ class TracingObserver(Dispatcher):
         if call is not None:
             call.span.add_event("resilience.probe_completed", {"resilience.probe.answer": ev.answer})
 
-    def _call_ended(self, ev: CallEnded) -> None:
-        if ev.call_id in self._untraced:
-            self._untraced.discard(ev.call_id)
+    def call_ended(
+        self,
+        call_id: int,
+        method: str,
+        endpoint: str,
+        engine: str,
+        outcome: CallOutcome,
+        status: int | None,
+        attempts: int,
+        duration_s: float,
+        error_type: str | None,
+        retry_budget_tokens: float | None,
+    ) -> None:
+        """End the call's span with its outcome; the call's state is dropped."""
+        if self._noop:
             return
-        with self._lock:
-            call = self._calls.pop(ev.call_id, None)
-        if call is not None:
-            self._close_call(call, ev)
+        try:
+            if call_id in self._untraced:
+                self._untraced.discard(call_id)
+                return
+            with self._lock:
+                call = self._calls.pop(call_id, None)
+            if call is not None:
+                self._close_call(call, (outcome, status, attempts, error_type))
+        except Exception:
+            log.warning("TracingObserver failed on CallEnded", exc_info=True)
 
-    def _close_call(self, call: _Call, ev: CallEnded | None) -> None:
+    def _close_call(self, call: _Call, ended: tuple[CallOutcome, int | None, int, str | None] | None) -> None:
         if call.attempt is not None:
             call.attempt.set_status(Status(StatusCode.ERROR, "attempt still open when the call ended"))
             call.attempt.end()
             call.attempt = None
         span = call.span
-        if ev is None:
+        if ended is None:
             span.set_status(Status(StatusCode.ERROR, "call ended without CallEnded"))
         else:
-            attrs: dict[str, AttributeValue] = {"resilience.outcome": ev.outcome.value, "resilience.attempts": ev.attempts}
-            if ev.status is not None:
-                attrs[HTTP_RESPONSE_STATUS_CODE] = ev.status
-            if ev.outcome not in _OK_CALL_OUTCOMES:
-                attrs[ERROR_TYPE] = ev.error_type or ev.outcome.value
-                span.set_status(Status(StatusCode.ERROR, ev.outcome.value))
+            outcome, status, attempts, error_type = ended
+            attrs: dict[str, AttributeValue] = {"resilience.outcome": outcome.value, "resilience.attempts": attempts}
+            if status is not None:
+                attrs[HTTP_RESPONSE_STATUS_CODE] = status
+            if outcome not in _OK_CALL_OUTCOMES:
+                attrs[ERROR_TYPE] = error_type or outcome.value
+                span.set_status(Status(StatusCode.ERROR, outcome.value))
             span.set_attributes(attrs)
         span.end()
 

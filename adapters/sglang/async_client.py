@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.sglang import calls, liveness
 from resilience.adapters.sglang.async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
 from resilience.adapters.sglang.calls import Answer, Call, auth_headers, raise_if_refused
@@ -46,7 +47,6 @@ from resilience.adapters.sglang.results import (
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
-from resilience.driver_config import UNSET, DriverConfig, Unset
 from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resilience._frozen import quick_init
 from resilience.adapters.answer_error import parse_object
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES
 from resilience.adapters.sglang.results import (
@@ -89,7 +88,6 @@ FLUSH_SERVER_WAIT_CAP_S = 30.0
 # -- the two values that cross the transport ----------------------------------------
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Call:
     """One request to send: ``method``, ``path``, a JSON ``body`` (None = no body) and query ``params``."""
@@ -105,7 +103,6 @@ class Call:
         return f"{self.method} {self.path}"
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What the engine answered: ``status``, the body as ``text``, and the ``attempts`` the call took.

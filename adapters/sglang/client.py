@@ -19,6 +19,7 @@ from typing import Any
 
 import requests
 
+from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.requests import ResilientAdapter, resilient_session
 from resilience.adapters.sglang import calls, liveness
 from resilience.adapters.sglang.calls import Answer, Call, answer_records, auth_headers, raise_if_refused
@@ -27,7 +28,6 @@ from resilience.adapters.sglang.results import ControlResult, FlushResult, Gener
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
-from resilience.driver_config import UNSET, DriverConfig, Unset
 from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
-from resilience.driver_config import UNSET, DriverConfig, Unset
 from resilience.errors import ConfigConflict
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe

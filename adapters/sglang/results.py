@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilience._frozen import quick_init
 from resilience.adapters.answer_error import EngineAnswerError
 from resilience.adapters.weights_resident import WeightsNotResident
 
@@ -76,7 +75,6 @@ class SGLangAppliedButRefused(SGLangError):
     """Always True: the weights changed on the engine."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class ControlResult:
     """The answer of a control call (pause, continue, begin/end weight update, abort, release, resume)."""
@@ -90,7 +88,6 @@ class ControlResult:
     """True when the engine's answer was lost (a gateway status, a timeout) and the memory probe proved the call applied."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class FlushResult:
     """``flush_cache`` finished: how many times it asked and what SGLang said last."""

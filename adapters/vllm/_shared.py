@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from resilience.adapters.driver_config import DriverConfig, Unset
 from resilience.adapters.sglang.async_http import aiohttp_session
 from resilience.adapters.sglang.calls import answer_records, check_base_url
 from resilience.adapters.sglang.own_session import own_driver_kwargs
 from resilience.adapters.vllm.routes import VLLM_POLICIES
-from resilience.driver_config import DriverConfig, Unset
 from resilience.events import Observer
 from resilience.policy import PolicyTable
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.vllm import calls, plans
 from resilience.adapters.vllm._async_http import AsyncSender, sender_for
 from resilience.adapters.vllm._shared import aiohttp_session, driver_kwargs
@@ -43,7 +44,6 @@ from resilience.adapters.vllm.types import (
 )
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.deadline import Deadline
-from resilience.driver_config import UNSET, DriverConfig, Unset
 from resilience.events import Observer
 from resilience.policy import PolicyTable
 

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 
 import requests
 
+from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.requests import ResilientAdapter, resilient_session
 from resilience.adapters.vllm import calls, plans
 from resilience.adapters.vllm._shared import answer_records, driver_kwargs
@@ -47,7 +48,6 @@ from resilience.adapters.vllm.types import (
 )
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.deadline import Deadline
-from resilience.driver_config import UNSET, DriverConfig, Unset
 from resilience.errors import ResilienceError
 from resilience.events import Observer
 from resilience.policy import PolicyTable

@@ -19,7 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from resilience._frozen import quick_init
 from resilience.barrier.engine import CONTROL_METHODS, AnyEngine
 from resilience.barrier.knowledge import LateCall
 from resilience.deadline import Deadline
@@ -71,7 +70,6 @@ class PhaseTimeout(TimeoutError):
         self.maybe_sent = maybe_sent
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class EngineResult:
     """One engine's answer to one phase call.

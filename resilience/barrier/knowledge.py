@@ -48,7 +48,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from resilience._frozen import quick_init
 from resilience.barrier.memory_model import SGLANG_MEMORY, MemoryModel
 
 __all__ = ["Doubt", "Effect", "EngineKnowledge", "EngineState", "Facts", "InFlight", "LateCall", "Pending"]
@@ -107,7 +106,6 @@ class InFlight:
     """The facts before the call was sent (what "not applied" restores)."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Facts:
     """The facts one call may change, as a value: ``paused``, ``flushed``, ``pause_mode``, ``released``, ``unknown``."""
@@ -152,7 +150,6 @@ class Doubt:
         return False
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Pending:
     """A call marked in flight by ``EngineKnowledge.mark``: what it is, and the facts before it."""

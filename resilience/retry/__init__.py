@@ -1,4 +1,4 @@
-"""The retry core: one logical call, from what a driver knows to what the caller gets, in four modules.
+"""The retry core: one logical call, from what a driver knows to what the caller gets, in three modules.
 
 Read them in this order; each name has one import path, its module's
 (this package file defines and re-exports nothing):
@@ -13,10 +13,8 @@ Read them in this order; each name has one import path, its module's
    ``Raise``): the rules on attempts, ambiguity, the breaker and errors, next
    to the code that applies them.
 3. ``resilience.retry.retrier``: ``Retrier``, which holds what calls share and
-   drives a ``RetryCall`` with real I/O (``run``, ``arun``).
-4. ``resilience.retry.first_attempt``: the success fast path every call starts
-   on (observed or not: it announces the same events); it skips work only,
-   never a rule.
+   drives a ``RetryCall`` with real I/O (``run``, ``arun``: one loop each, and
+   a first-attempt success builds nothing it does not hand back).
 
 The parts each call consults stay in their own modules, shared with the rest
 of the library: ``resilience.policy`` (what the caller asked for),

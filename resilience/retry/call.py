@@ -4,10 +4,14 @@ A driver asks it what to do and does it. ``Retrier.run`` and ``Retrier.arun``
 (``resilience.retry.retrier``) are this loop (``ask_probe`` is that module's; ``arun``
 awaits the attempt, the sleep and the probe), the sync one as written there::
 
-    step = call.next_step()                  # Send or Raise (after a fast-path first attempt: attempt_done)
+    step = call.next_step()                  # Send or Raise
     while True:
         if isinstance(step, Send):           # make attempt step.attempt with step.timeouts and step.headers
             step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+        elif isinstance(step, Return):       # the call is over: release what is not returned, return
+            if step.discard is not None:
+                discard(step.discard)
+            return step.response, step.attempts
         elif isinstance(step, Wait):         # a backoff: release the response not returned, sleep, ask again
             if step.discard is not None:
                 discard(step.discard)
@@ -15,16 +19,17 @@ awaits the attempt, the sleep and the probe), the sync one as written there::
                 clock.sleep(step.delay_s)
             step = call.next_step()
         elif isinstance(step, AskProbe):     # was the ambiguous attempt applied?
-            answer = ask_probe(step.probe, step.context)
-            step = call.probe_answered(answer, on_probe_done)
-        else:                                # Return or Raise: the call is over
+            step = call.probe_answered(ask_probe(step.probe, step.context), on_probe_done)
+        else:                                # Raise: the call is over
             if step.discard is not None:
                 discard(step.discard)
-            if isinstance(step, Return):
-                return step.response, step.attempts
             raise step.error
 
-and calls ``call.abandon(exc)`` when anything else ends it (an exception in
+A call that succeeds on its first attempt builds only what it hands back
+(the ``Send``, its one ``AttemptRecord``, the ``Return``): the deadlines are
+clock readings, the record list is made on the first failure, and the
+first admission takes a closed breaker's shared permit without its lock.
+The driver calls ``call.abandon(exc)`` when anything else ends it (an exception in
 the attempt, a cancelled task, a KeyboardInterrupt in the sleep): the call
 then ends as neutral for the breaker, its slot goes back, and nothing more is
 sent. Breakers and budgets take short thread locks and never wait on I/O
@@ -78,26 +83,21 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from resilience import _config
-from resilience._frozen import quick_init
 from resilience.backoff import backoff_delay
 from resilience.breaker import CircuitBreaker, Permit
 from resilience.budget import RetryBudget
 from resilience.clock import Clock
-from resilience.deadline import Deadline
 from resilience.errors import ErrorTypes, ResilienceError
 from resilience.events import (
-    AttemptEnded,
-    AttemptStarted,
     BreakerRejected,
-    CallEnded,
-    CallStarted,
+    CallObserver,
     EngineRefused,
-    Observer,
     ProbeCompleted,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
@@ -105,30 +105,18 @@ from resilience.events import (
 )
 from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
 from resilience.policy import ProbeAnswer, ProbeContext
-from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, classify, deadline_times
 
-__all__ = [
-    "AskProbe",
-    "Decision",
-    "NextStep",
-    "Raise",
-    "RetryCall",
-    "Return",
-    "Send",
-    "Wait",
-    "attempt_ended",
-    "attempt_started",
-    "call_ended",
-    "call_started",
-]
+__all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Wait"]
 
 R = TypeVar("R")
 _call_ids = itertools.count(1)
 log = logging.getLogger("resilience.retry")
+_events_log = logging.getLogger("resilience.events")
+_INF = math.inf
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Send:
     """Make attempt ``attempt`` now, bounded by ``timeouts``, with ``headers`` added (trace context)."""
 
@@ -138,8 +126,7 @@ class Send:
     headers: dict[str, str]
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Wait(Generic[R]):
     """Release ``discard`` (a response not returned), sleep ``delay_s``, then ask ``next_step()``."""
 
@@ -147,7 +134,7 @@ class Wait(Generic[R]):
     discard: R | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AskProbe:
     """Ask ``probe(context)`` whether the ambiguous attempt was applied, then report with ``probe_answered``."""
 
@@ -156,8 +143,7 @@ class AskProbe:
     context: ProbeContext
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Return(Generic[R]):
     """The call is over: release ``discard`` when set, and return ``response``."""
 
@@ -166,8 +152,7 @@ class Return(Generic[R]):
     discard: R | None = None
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Raise(Generic[R]):
     """The call is over: release ``discard`` when set (it may also be ``error.response``), and raise ``error``."""
 
@@ -179,83 +164,103 @@ Decision = Wait[R] | AskProbe | Return[R] | Raise[R]
 """What ``attempt_done`` and ``probe_answered`` answer."""
 NextStep = Send | Raise[R]
 """What ``next_step`` answers."""
+NO_HEADERS: dict[str, str] = {}
+"""The header carrier of an unobserved attempt: nobody adds to it (drivers only read it)."""
 
 
-@dataclass(slots=True, eq=False)
 class RetryCall(Generic[R]):
-    """One logical call's state; build it with ``Retrier.begin(spec)``.
+    """One logical call's state; build it with ``Retrier.begin(spec)`` (which hands it the ``Retrier``'s parts).
 
     Not thread-safe on its own: one driver steps one call. The breaker, budget,
     observers, clock, random source and error classes are the ``Retrier``'s.
+    Building it starts the call: its deadlines (clock readings: ``hard_at``
+    caps every attempt, no retry starts past ``window_at``; ``inf`` = never),
+    a deposit in the budget, ``CallStarted`` when observed.
     """
 
-    spec: CallSpec
-    hard: Deadline
-    """Caps every attempt; the deadline-exceeded error when it ends."""
-    window: Deadline
-    """No retry starts past it (the same object as ``hard`` unless the caller's timeout governs)."""
-    breaker: CircuitBreaker | None
-    budget: RetryBudget | None
-    observers: tuple[Observer, ...]
-    clock: Clock
-    rng: Callable[[], float]
-    errors: ErrorTypes
-    call_id: int = 0
-    """Announced with every event of the call (``RetryCall.begin`` draws the next one; the fast path hands its own over)."""
-    started: float = 0.0
-    records: list[AttemptRecord] = field(default_factory=list)
-    last: AttemptResult[R] | None = None
-    permit: Permit | None = None
-    ended: bool = False
-    _in_flight: bool = False
-    """An attempt asked for by ``next_step`` has not been reported yet."""
-    _flight_started: float = 0.0
-    """When that attempt started (clock reading)."""
-    _next: int = 0
-    _released: bool = False
-    """The last response was already handed out for release (in a ``Wait``)."""
-    _warned: bool = False
-    """The call's first refusal was announced (logged and ``EngineRefused``)."""
-    _unreachable: bool = False
-    """The connect window ended the call: refused for all of it, so the breaker opens."""
+    __slots__ = (
+        "_flight_started", "_in_flight", "_next", "_released", "_unreachable", "_warned", "breaker", "budget", "call_id", "clock",
+        "ended", "errors", "hard_at", "last", "observers", "permit", "records", "rng", "spec", "started", "window_at",
+        "window_only",
+    )
 
-    @classmethod
-    def begin(
-        cls,
+    def __init__(
+        self,
         spec: CallSpec,
-        *,
         breaker: CircuitBreaker | None,
         budget: RetryBudget | None,
-        observers: tuple[Observer, ...],
+        observers: tuple[CallObserver, ...],
         clock: Clock,
         rng: Callable[[], float],
         errors: ErrorTypes,
-    ) -> RetryCall[R]:
-        """Start the call: its deadlines, a deposit in the budget, ``CallStarted``."""
-        hard, window = call_deadlines(spec, clock)
-        call: RetryCall[R] = cls(spec, hard, window, breaker, budget, observers, clock, rng, errors, next(_call_ids), clock.monotonic())
+    ) -> None:
+        self.spec = spec
+        self.breaker = breaker
+        self.budget = budget
+        self.observers = observers
+        self.clock = clock
+        self.rng = rng
+        self.errors = errors
+        self.started = now = clock.monotonic()
+        window_at, hard_at = deadline_times(spec, now)
+        self.window_at = window_at
+        self.window_only = hard_at is not None
+        """The window only bounds retries: the caller bounded the attempts, and no entry named ``deadline_s``."""
+        self.hard_at = window_at if hard_at is None else hard_at
+        self.records: list[AttemptRecord] | None = None
+        """Every attempt so far, once there are two or a failure (a first-attempt success never builds the list)."""
+        self.last: AttemptResult[R] | None = None
+        self.permit: Permit | None = None
+        self.ended = False
+        self._in_flight = False
+        """An attempt asked for by ``next_step`` has not been reported yet."""
+        self._flight_started = now
+        """When that attempt started (clock reading)."""
+        self._next = 0
+        self._released = False
+        """The last response was already handed out for release (in a ``Wait``)."""
+        self._warned = False
+        """The call's first refusal was announced (logged and ``EngineRefused``)."""
+        self._unreachable = False
+        """The connect window ended the call: refused for all of it, so the breaker opens."""
+        self.call_id = 0
+        """Announced with every event of the call (0 when nobody observes)."""
         if observers:
-            emit(observers, call_started(call.call_id, spec, window.remaining() if window.bounded else None))
+            self.call_id = next(_call_ids)
+            deadline_s = None if window_at == _INF else max(0.0, window_at - clock.monotonic())
+            call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
+            for observer in observers:
+                try:
+                    observer.call_started(call_id, method, endpoint, engine, deadline_s)
+                except Exception:  # an observer must never break a control call
+                    _failed(observer, "call_started")
         if budget is not None:
             budget.deposit()
-        return call
 
     @property
     def sent(self) -> int:
         """Attempts that may have reached the server."""
-        return sum(1 for r in self.records if r.delivery is not Delivery.NOT_SENT)
+        return sum(1 for r in self.attempts if r.delivery is not Delivery.NOT_SENT)
 
     @property
     def attempts(self) -> tuple[AttemptRecord, ...]:
         """Every attempt so far."""
-        return tuple(self.records)
+        return () if self.records is None else tuple(self.records)
+
+    @property
+    def in_flight(self) -> bool:
+        """An attempt asked for by ``next_step`` has not been reported yet."""
+        return self._in_flight
 
     # -- the steps -------------------------------------------------------
 
     def next_step(self) -> NextStep[R]:
         """Before each attempt: time left and the breaker's admission, then the attempt's timeouts and headers."""
         spec = self.spec
-        if self.hard.remaining() <= 0:
+        clock = self.clock
+        n = self._next
+        left = self.hard_at - (self.started if n == 0 else clock.monotonic())  # the first attempt goes as the call starts
+        if left <= 0:
             last = self.last
             if last is not None and _refused(last):
                 # A backoff after a refusal that overslept the deadline (a busy machine): end as when the wait did
@@ -264,24 +269,35 @@ class RetryCall(Generic[R]):
                 assert isinstance(refusal, Raise)  # no response to hand back: the refusal itself is raised
                 return refusal
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, "deadline exceeded before attempt")
-        if self.breaker is not None:
-            permit = self.breaker.admit(self.permit)
+        breaker = self.breaker
+        if breaker is not None:
+            permit = breaker.admit_closed() if self.permit is None else None  # a closed breaker's shared permit, lock-free
+            if permit is None:
+                permit = breaker.admit(self.permit)
             if permit is None:
                 if self.observers:
                     emit(self.observers, BreakerRejected(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine))
-                message = f"circuit open for {spec.engine} (retry in {self.breaker.retry_in():.2f}s)"
+                message = f"circuit open for {spec.engine} (retry in {breaker.retry_in():.2f}s)"
                 # the error's record ends with the refused attempt (not sent); events count only attempts made
-                refused = AttemptRecord(self._next, None, Outcome.RETRYABLE, Delivery.NOT_SENT, self.errors.circuit_open.__qualname__, 0.0)
+                refused = AttemptRecord(n, None, Outcome.RETRYABLE, Delivery.NOT_SENT, self.errors.circuit_open.__qualname__, 0.0)
                 return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message, refused=refused)
             self.permit = permit
-        n = self._next
-        timeouts = attempt_timeouts(spec, self.hard.remaining())
-        carrier: dict[str, str] = {}
-        if self.observers:
-            emit(self.observers, attempt_started(self.call_id, spec, n, timeouts, carrier))
+        timeouts = attempt_timeouts(spec, left)
+        headers = NO_HEADERS
         self._in_flight = True
-        self._flight_started = self.clock.monotonic()
-        return Send(n, timeouts, carrier)
+        if self.observers:
+            headers = {}
+            call_id, method, endpoint, engine, timeout_s = self.call_id, spec.method, spec.match.endpoint, spec.engine, timeouts[1]
+            address, port = spec.server_address, spec.server_port
+            for observer in self.observers:
+                try:
+                    observer.attempt_started(call_id, n, method, endpoint, engine, address, port, timeout_s, headers)
+                except Exception:
+                    _failed(observer, "attempt_started")
+            self._flight_started = clock.monotonic()
+        elif n:
+            self._flight_started = clock.monotonic()
+        return Send(n, timeouts, headers)
 
     def attempt_done(self, result: AttemptResult[R]) -> Decision[R]:
         """What the transport saw on the attempt ``next_step`` asked for: classified, recorded, announced, decided."""
@@ -289,15 +305,36 @@ class RetryCall(Generic[R]):
             raise RuntimeError("attempt_done() without a Send from next_step()")
         self._in_flight = False
         spec = self.spec
+        policy = spec.match.policy
         n = self._next
         duration = self.clock.monotonic() - self._flight_started
-        outcome = classify(spec.match.policy, status=result.status, delivery=result.delivery, retry_after=result.retry_after)
+        status = result.status
+        outcome = classify(policy, status=status, delivery=result.delivery, retry_after=result.retry_after)
         error_type = type(result.error).__qualname__ if result.error is not None else None
         if self.observers:
-            emit(self.observers, attempt_ended(self.call_id, spec, n, result, outcome, error_type, duration))
+            shown = error_type or (str(status) if outcome is not Outcome.SUCCESS else None)  # a failed status names itself
+            sent = result.delivery is not Delivery.NOT_SENT
+            call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
+            for observer in self.observers:
+                try:
+                    observer.attempt_ended(call_id, n, method, endpoint, engine, status, outcome, shown, sent, duration)
+                except Exception:
+                    _failed(observer, "attempt_ended")
         self.last = result
         self._released = False
-        self.records.append(AttemptRecord(n, result.status, outcome, result.delivery, error_type, duration))
+        record = AttemptRecord(n, status, outcome, result.delivery, error_type, duration)
+        if outcome is Outcome.SUCCESS and self.records is None:  # the common case: one record, no list
+            self.ended = True
+            if self.breaker is not None:
+                self.breaker.record_success(self.permit)  # as ``_record_breaker`` decides for a success
+            if self.observers:
+                self._announce_end(CallOutcome.SUCCESS, None)
+            assert result.response is not None
+            return Return(result.response, (record,))
+        if self.records is None:
+            self.records = [record]
+        else:
+            self.records.append(record)
         if outcome is Outcome.SUCCESS:
             return self._succeed(result.response)
         gateway_probe = _gateway_probe(spec, result)
@@ -305,8 +342,8 @@ class RetryCall(Generic[R]):
             return AskProbe(gateway_probe, self._probe_context(result))
         if outcome is Outcome.FATAL:
             return self._give_back(result, CallOutcome.FAILED)
-        if outcome is Outcome.AMBIGUOUS and not spec.match.policy.idempotent:
-            probe = spec.match.policy.on_ambiguous
+        if outcome is Outcome.AMBIGUOUS and not policy.idempotent:
+            probe = policy.on_ambiguous
             if isinstance(probe, str):
                 if not spec.match.explicit:
                     return self._give_back(result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
@@ -338,25 +375,20 @@ class RetryCall(Generic[R]):
             emit(
                 self.observers, ProbeCompleted(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, answer=str(verdict))
             )
-        reason = _reason(self.last) if self.last is not None else "error"
-        stale = self.last.response if self.last is not None else None
+        last = self.last
+        reason = _reason(last) if last is not None else "error"
+        stale = last.response if last is not None else None
         if verdict is ProbeAnswer.DONE and on_done is not None:
             confirmed = on_done()
-            self._end(CallOutcome.RETRIED_SUCCESS if len(self.records) > 1 else CallOutcome.SUCCESS, None)
+            self._end(CallOutcome.RETRIED_SUCCESS if len(self.attempts) > 1 else CallOutcome.SUCCESS, None)
             return Return(confirmed, self.attempts, discard=stale)
         if verdict is ProbeAnswer.NOT_DONE:
             return self._retry_or_end("probe_not_done")
-        last = self.last
         if last is not None and last.status is not None:  # a gateway status: the endpoint's own choice, as without a probe
             if spec.match.policy.retry_statuses_if_not_idempotent:
                 return self._retry_or_end(reason)
             return self._give_back(last, CallOutcome.FAILED)
         return self._ambiguous(reason)
-
-    @property
-    def in_flight(self) -> bool:
-        """An attempt asked for by ``next_step`` has not been reported yet."""
-        return self._in_flight
 
     def abandon(self, exc: BaseException, *, delivery: Delivery = Delivery.MAYBE_APPLIED) -> None:
         """Something outside the verdicts ended the call (an exception in the attempt, a cancelled task, an interrupt).
@@ -369,7 +401,10 @@ class RetryCall(Generic[R]):
         if self._in_flight:
             self._in_flight = False
             duration = self.clock.monotonic() - self._flight_started
-            self.records.append(AttemptRecord(self._next, None, Outcome.FATAL, delivery, type(exc).__qualname__, duration))
+            record = AttemptRecord(self._next, None, Outcome.FATAL, delivery, type(exc).__qualname__, duration)
+            if self.records is None:
+                self.records = []
+            self.records.append(record)
         if not self.ended:
             self._end(CallOutcome.FAILED, type(exc).__qualname__, neutral=True)
 
@@ -393,7 +428,7 @@ class RetryCall(Generic[R]):
 
     def _never_connected(self) -> bool:
         """Every attempt so far failed before sending: the engine has not accepted one connection in this call."""
-        return all(r.delivery is Delivery.NOT_SENT for r in self.records)
+        return all(r.delivery is Delivery.NOT_SENT for r in self.attempts)
 
     def _connect_window_left(self) -> float | None:
         """Seconds left of ``connect_window_s`` while the call has never connected; None when the window does not apply."""
@@ -406,7 +441,8 @@ class RetryCall(Generic[R]):
         """The call's first refusal, once: a WARNING naming the engine and how long the call keeps trying, and ``EngineRefused``."""
         self._warned = True
         spec = self.spec
-        bounds = [b for b in (self._connect_window_left(), self.window.remaining() if self.window.bounded else None) if b is not None]
+        window = None if self.window_at == _INF else max(0.0, self.window_at - self.clock.monotonic())
+        bounds = [b for b in (self._connect_window_left(), window) if b is not None]
         retry_for = min(bounds) if bounds else None
         error_type = type(result.error).__qualname__
         log.warning(
@@ -434,7 +470,7 @@ class RetryCall(Generic[R]):
         testing = _config.current_testing()
         if testing.attempts is not None and n + 1 >= testing.attempts:
             return True
-        counted = self.sent if self.window.bounded and not testing.active else n + 1
+        counted = self.sent if self.window_at != _INF and not testing.active else n + 1
         return counted >= self.spec.match.policy.retry.max_attempts
 
     def _exhaust(self, reason: str) -> Return[R] | Raise[R]:
@@ -444,7 +480,7 @@ class RetryCall(Generic[R]):
         if last.response is not None and not self.spec.match.policy.raise_on_exhausted:
             return self._give_back(last, CallOutcome.FAILED)
         spec = self.spec
-        message = f"{spec.match.endpoint} on {spec.engine}: {len(self.records)} attempts failed (last: {reason})"
+        message = f"{spec.match.endpoint} on {spec.engine}: {len(self.attempts)} attempts failed (last: {reason})"
         return self._fail(CallOutcome.FAILED, self.errors.retries_exhausted, message, reraise_transport=True)
 
     def _ambiguous(self, reason: str) -> Raise[R]:
@@ -481,9 +517,9 @@ class RetryCall(Generic[R]):
             if window_left is not None and delay >= window_left:
                 self._unreachable = True  # refused for the whole connect window: a dead or mistyped engine
                 return None
-        left = self.window.remaining()
-        if self.window.bounded and delay >= left:
-            if self.window is not self.hard or refused:
+        left = max(0.0, self.window_at - self.clock.monotonic())
+        if self.window_at != _INF and delay >= left:
+            if self.window_only or refused:
                 return None  # the caller gets what plain requests would: the response, or the refusal itself
             message = f"deadline exceeded: next wait {delay:.3f}s >= {left:.3f}s left (last: {reason})"
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, message)
@@ -505,13 +541,15 @@ class RetryCall(Generic[R]):
                     call_id=self.call_id, attempt=n, endpoint=spec.match.endpoint, engine=spec.engine, reason=reason, delay_s=delay
                 ),
             )
-        self.records[-1] = replace(self.records[-1], delay_s=delay)
+        records = self.records
+        assert records is not None
+        records[-1] = records[-1]._replace(delay_s=delay)
         return delay
 
     # -- endings ---------------------------------------------------------
 
     def _succeed(self, response: R | None) -> Return[R]:
-        self._end(CallOutcome.RETRIED_SUCCESS if len(self.records) > 1 else CallOutcome.SUCCESS, None)
+        self._end(CallOutcome.RETRIED_SUCCESS if len(self.attempts) > 1 else CallOutcome.SUCCESS, None)
         assert response is not None
         return Return(response, self.attempts)
 
@@ -571,7 +609,7 @@ class RetryCall(Generic[R]):
         breaker, permit = self.breaker, self.permit
         if breaker is None or permit is None:
             return
-        last = self.records[-1] if self.records else None
+        last = self.records[-1] if self.records else None  # None on a first-attempt success too: it succeeded
         if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
             breaker.record_success(permit)
         elif (
@@ -588,11 +626,22 @@ class RetryCall(Generic[R]):
     def _end(self, outcome: CallOutcome, error_type: str | None, *, neutral: bool = False) -> None:
         self.ended = True
         self._record_breaker(outcome, neutral)
-        if not self.observers:
-            return
-        status = self.last.status if self.last is not None else None
+        if self.observers:
+            self._announce_end(outcome, error_type)
+
+    def _announce_end(self, outcome: CallOutcome, error_type: str | None) -> None:
+        last = self.last
+        status = last.status if last is not None else None
+        attempts = len(self.records) if self.records is not None else (0 if last is None else 1)
         duration = self.clock.monotonic() - self.started
-        emit(self.observers, call_ended(self.call_id, self.spec, outcome, status, len(self.records), duration, error_type, self.budget))
+        tokens = self.budget.tokens if self.budget is not None else None  # the balance after the call
+        spec = self.spec
+        call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
+        for observer in self.observers:
+            try:
+                observer.call_ended(call_id, method, endpoint, engine, outcome, status, attempts, duration, error_type, tokens)
+            except Exception:
+                _failed(observer, "call_ended")
 
 
 def _gateway_probe(spec: CallSpec, result: AttemptResult[Any]) -> Callable[[ProbeContext], Any] | None:
@@ -626,67 +675,6 @@ def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
         pass
 
 
-# -- the events of one call, built one way for the RetryCall and the fast path (resilience.retry.first_attempt) --
-
-
-def call_started(call_id: int, spec: CallSpec, deadline_s: float | None) -> CallStarted:
-    """``CallStarted``, with the seconds the whole call may take (None: unbounded)."""
-    return CallStarted(call_id=call_id, method=spec.method, endpoint=spec.match.endpoint, engine=spec.engine, deadline_s=deadline_s)
-
-
-def attempt_started(call_id: int, spec: CallSpec, n: int, timeouts: Timeouts, carrier: dict[str, str]) -> AttemptStarted:
-    """``AttemptStarted`` of attempt ``n``, whose headers observers fill through ``carrier``."""
-    return AttemptStarted(
-        call_id=call_id,
-        attempt=n,
-        method=spec.method,
-        endpoint=spec.match.endpoint,
-        engine=spec.engine,
-        server_address=spec.server_address,
-        server_port=spec.server_port,
-        timeout_s=timeouts[1],
-        carrier=carrier,
-    )
-
-
-def attempt_ended(
-    call_id: int, spec: CallSpec, n: int, result: AttemptResult[Any], outcome: Outcome, error_type: str | None, duration_s: float
-) -> AttemptEnded:
-    """``AttemptEnded`` of attempt ``n``: its error type, or on a failed status the status itself."""
-    return AttemptEnded(
-        call_id=call_id,
-        attempt=n,
-        method=spec.method,
-        endpoint=spec.match.endpoint,
-        engine=spec.engine,
-        status=result.status,
-        outcome=outcome,
-        error_type=error_type or (str(result.status) if outcome is not Outcome.SUCCESS else None),
-        sent=result.delivery is not Delivery.NOT_SENT,
-        duration_s=duration_s,
-    )
-
-
-def call_ended(
-    call_id: int,
-    spec: CallSpec,
-    outcome: CallOutcome,
-    status: int | None,
-    attempts: int,
-    duration_s: float,
-    error_type: str | None,
-    budget: RetryBudget | None,
-) -> CallEnded:
-    """``CallEnded``, with the engine's retry-budget balance read now (when a budget is in use)."""
-    return CallEnded(
-        call_id=call_id,
-        method=spec.method,
-        endpoint=spec.match.endpoint,
-        engine=spec.engine,
-        outcome=outcome,
-        status=status,
-        attempts=attempts,
-        duration_s=duration_s,
-        error_type=error_type,
-        retry_budget_tokens=budget.tokens if budget is not None else None,
-    )
+def _failed(observer: CallObserver, moment: str) -> None:
+    """Log (never raise) an observer's failure, as ``resilience.events.emit`` does."""
+    _events_log.exception("observer %r failed on %s", observer, moment)

@@ -7,9 +7,10 @@ this module drives, with blocking calls (the requests and sync httpx
 drivers) or coroutines (httpx async, aiohttp). A driver supplies one function
 that makes a single attempt and reports what it saw (an ``AttemptResult``,
 ``resilience.retry.spec``); everything else is decided in the core, without
-sockets, on an injectable clock and random source. Each call starts on the
-success fast path (``resilience.retry.first_attempt``), which hands anything
-but a first-attempt success to the ``RetryCall``.
+sockets, on an injectable clock and random source. ``run`` and ``arun`` are
+the same loop, line for line (``RetryCall``'s docstring holds it and the
+rules); a first-attempt success costs the ``RetryCall`` nothing it does not
+hand back.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, TypeVar
 
-from resilience.breaker import BreakerConfig, BreakerRegistry, CircuitBreaker
-from resilience.budget import RetryBudget, RetryBudgetConfig, RetryBudgets
+from resilience.breaker import BreakerConfig, BreakerRegistry
+from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
-from resilience.events import Observer
+from resilience.events import Observer, call_observer
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
 from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
-from resilience.retry.first_attempt import FirstAttempt
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 
 __all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
@@ -46,8 +46,7 @@ class Retrier:
     ``breakers`` / ``budgets`` may be None to turn that strategy off.
     ``rng`` returns floats in [0, 1) for jitter. ``error_types``: the classes
     the loop raises (default ``ErrorTypes()``, the requests-flavoured ones).
-    One ``Retrier`` serves threads and asyncio tasks at once. ``fast_path``:
-    see the attribute (default True).
+    One ``Retrier`` serves threads and asyncio tasks at once.
     """
 
     def __init__(
@@ -59,15 +58,12 @@ class Retrier:
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
         error_types: ErrorTypes | None = None,
-        fast_path: bool = True,
     ) -> None:
-        self.fast_path = fast_path
-        """Start each call on the success fast path (``resilience.retry.first_attempt``); False runs every call through a
-        ``RetryCall`` from the start. The answers, records, events and breaker verdicts are the same either way (a test
-        compares them); False is for that comparison and for stepping through the loop. Default True."""
         self.breakers = breakers
         self.budgets = budgets
         self.observers = tuple(observers)
+        self._call_observers = tuple(call_observer(o) for o in self.observers)
+        """The observers as ``CallObserver``s (a plain callable wrapped): what each ``RetryCall`` announces to."""
         self.clock = clock
         self.rng = rng
         self.error_types = error_types if error_types is not None else ErrorTypes()
@@ -82,12 +78,11 @@ class Retrier:
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
         error_types: ErrorTypes | None = None,
-        fast_path: bool = True,
     ) -> Retrier:
         """A ``Retrier`` with one breaker and one budget per engine, built from their configs (None = that strategy off).
 
         A ``Retrier`` of its own state; the drivers build theirs with
-        ``DriverConfig.retrier`` (``resilience.driver_config``), whose breakers
+        ``DriverConfig.retrier`` (``resilience.adapters.driver_config``), whose breakers
         and budgets every driver built from one config shares.
         """
         observers = tuple(observers)
@@ -98,32 +93,19 @@ class Retrier:
             clock=clock,
             rng=rng,
             error_types=error_types,
-            fast_path=fast_path,
         )
 
     def begin(self, spec: CallSpec) -> RetryCall[Any]:
-        """The sans-IO decision object for one call (``resilience.retry.call``); ``run`` and ``arun`` drive it."""
-        breaker, budget = self._parts(spec.engine)
-        return RetryCall.begin(
+        """Start one call: the sans-IO decision object (``resilience.retry.call``) that ``run`` and ``arun`` drive."""
+        breakers, budgets = self.breakers, self.budgets
+        return RetryCall(
             spec,
-            breaker=breaker,
-            budget=budget,
-            observers=self.observers,
-            clock=self.clock,
-            rng=self.rng,
-            errors=self.error_types,
-        )
-
-    def _first(self, spec: CallSpec) -> FirstAttempt[Any]:
-        """The fast path's start of a call (``resilience.retry.first_attempt``)."""
-        breaker, budget = self._parts(spec.engine)
-        return FirstAttempt(spec, breaker, budget, self.clock, self.observers)
-
-    def _parts(self, engine: str) -> tuple[CircuitBreaker | None, RetryBudget | None]:
-        """``engine``'s breaker and budget from the registries (None: that strategy is off)."""
-        return (
-            self.breakers.get(engine) if self.breakers is not None else None,
-            self.budgets.get(engine) if self.budgets is not None else None,
+            breakers.by_engine[spec.engine] if breakers is not None else None,
+            budgets.by_engine[spec.engine] if budgets is not None else None,
+            self._call_observers,
+            self.clock,
+            self.rng,
+            self.error_types,
         )
 
     def run(
@@ -150,27 +132,16 @@ class Retrier:
         ``Exception`` raised out of an attempt carries the call's record as
         ``.attempts`` too (``resilience.outcome.attempts_of``).
         """
-        call: RetryCall[R]
-        result: AttemptResult[R] | None = None
-        if self.fast_path:  # the first attempt without a RetryCall (resilience.retry.first_attempt)
-            first: FirstAttempt[R] = self._first(spec)
-            if first.timeouts is not None:
-                try:
-                    result = attempt(0, first.timeouts, first.headers)
-                except BaseException as exc:
-                    _abandon(first.take_over(self.rng, self.error_types, in_flight=True), exc, never_sent)
-                    raise
-                done = first.finish(result)
-                if done is not None:
-                    return done
-            call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
-        else:
-            call = self.begin(spec)
+        call: RetryCall[R] = self.begin(spec)
         try:
-            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
+            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
             while True:
                 if isinstance(step, Send):
                     step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+                elif isinstance(step, Return):
+                    if step.discard is not None:
+                        discard(step.discard)
+                    return step.response, step.attempts
                 elif isinstance(step, Wait):
                     if step.discard is not None:
                         discard(step.discard)
@@ -178,13 +149,10 @@ class Retrier:
                         self.clock.sleep(step.delay_s)
                     step = call.next_step()
                 elif isinstance(step, AskProbe):
-                    answer = ask_probe(step.probe, step.context)
-                    step = call.probe_answered(answer, on_probe_done)
+                    step = call.probe_answered(ask_probe(step.probe, step.context), on_probe_done)
                 else:
                     if step.discard is not None:
                         discard(step.discard)
-                    if isinstance(step, Return):
-                        return step.response, step.attempts
                     raise step.error
         except BaseException as exc:
             _abandon(call, exc, never_sent)  # a no-op when the call ended on a verdict
@@ -206,42 +174,27 @@ class Retrier:
         probe is awaited. Cancelling the calling task ends the call at once,
         neutral for the breaker (its slot goes back), and nothing more is sent.
         """
-        asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
-        call: RetryCall[R]
-        result: AttemptResult[R] | None = None
-        if self.fast_path:  # the first attempt without a RetryCall (resilience.retry.first_attempt)
-            first: FirstAttempt[R] = self._first(spec)
-            if first.timeouts is not None:
-                try:
-                    result = await attempt(0, first.timeouts, first.headers)
-                except BaseException as exc:
-                    _abandon(first.take_over(self.rng, self.error_types, in_flight=True), exc, never_sent)
-                    raise
-                done = first.finish(result)
-                if done is not None:
-                    return done
-            call = first.take_over(self.rng, self.error_types, in_flight=result is not None)
-        else:
-            call = self.begin(spec)
+        call: RetryCall[R] = self.begin(spec)
         try:
-            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step() if result is None else call.attempt_done(result)
+            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
             while True:
                 if isinstance(step, Send):
                     step = call.attempt_done(await attempt(step.attempt, step.timeouts, step.headers))
+                elif isinstance(step, Return):
+                    if step.discard is not None:
+                        await _maybe_await(discard(step.discard))
+                    return step.response, step.attempts
                 elif isinstance(step, Wait):
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
                     if step.delay_s > 0:
-                        await asleep(step.delay_s)
+                        await getattr(self.clock, "asleep", asyncio.sleep)(step.delay_s)
                     step = call.next_step()
                 elif isinstance(step, AskProbe):
-                    answer = await ask_probe_async(step.probe, step.context)
-                    step = call.probe_answered(answer, on_probe_done)
+                    step = call.probe_answered(await ask_probe_async(step.probe, step.context), on_probe_done)
                 else:
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
-                    if isinstance(step, Return):
-                        return step.response, step.attempts
                     raise step.error
         except BaseException as exc:
             _abandon(call, exc, never_sent)

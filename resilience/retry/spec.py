@@ -4,8 +4,7 @@
 ``AttemptResult`` (built with ``responded`` when a response came back) is
 what it saw on one attempt. The functions below decide from them (and, for
 deadlines, the clock and the ``Deadline`` in force), with no I/O, and are
-the only place their rules live; the success fast path
-(``resilience.retry.first_attempt``) calls them too:
+the only place their rules live (``RetryCall`` calls them):
 
 - **Timeouts** (one precedence rule; ``attempt_timeouts``, ``call_deadlines``):
   each attempt's (connect, read) timeout is the matched table entry's
@@ -35,7 +34,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from resilience._frozen import quick_init
 from resilience.backoff import parse_retry_after
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline, current_deadline
@@ -60,10 +58,9 @@ Timeouts = tuple[float | None, float | None]
 """(connect, read) seconds; None = no limit."""
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AttemptResult(Generic[R]):
-    """What the transport saw on one attempt."""
+    """What the transport saw on one attempt (the driver's report: built once, read by the core, never changed)."""
 
     response: R | None = None
     """The response object, when one came back."""
@@ -77,10 +74,9 @@ class AttemptResult(Generic[R]):
     """Seconds from a Retry-After header."""
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallSpec:
-    """One logical call as the loop needs to know it."""
+    """One logical call as the loop needs to know it (the driver's word: built once per call, never changed)."""
 
     method: str
     url: str
@@ -123,24 +119,17 @@ def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
     limit. So an entry that never named a timeout never overrules the caller.
     """
     match = spec.match
-    own = match.own_timeout_s  # the entry's own word (``EndpointMatch.own_timeout_s``)
+    own = match.own_timeout_s  # the entry's own word, derived once per route (``EndpointMatch.own_timeout_s``)
     if own is not None:
         connect: float | None = own
         read: float | None = own
     elif spec.request_timeout is not None:
         connect, read = spec.request_timeout
     else:
-        limit = match.policy.attempt_timeout_s
-        connect = read = None if limit is None else float(limit)
+        connect = read = match.fallback_timeout_s
     if cap_s == math.inf:
         return connect, read
-    return _capped(connect, cap_s), _capped(read, cap_s)
-
-
-def _capped(value: float | None, cap_s: float) -> float | None:
-    """``value`` (None = no limit) at most ``cap_s``; None when both are unbounded."""
-    bound = cap_s if value is None or cap_s < value else value
-    return None if bound == math.inf else bound
+    return (cap_s if connect is None or cap_s < connect else connect), (cap_s if read is None or cap_s < read else read)
 
 
 def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadline, Deadline]:
@@ -164,12 +153,11 @@ def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
     ``hard_at`` is None when the hard deadline is the window itself (one
     ``Deadline``: it caps attempts and ends the retries alike); a number when
     the window only bounds retries (the caller bounded the attempts and no
-    entry named ``deadline_s``). The rule itself, without objects: the
-    success fast path (``resilience.retry.first_attempt``) reads these and
-    builds the ``Deadline`` objects only when a ``RetryCall`` takes over.
+    entry named ``deadline_s``). The rule itself, without objects: a
+    ``RetryCall`` keeps these readings and builds no ``Deadline``.
     """
     rt = spec.request_timeout
-    seconds = spec.match.policy.deadline_s
+    seconds = spec.match.deadline_s
     if seconds is None and rt is not None:
         connect, read = rt
         if connect is not None or read is not None:
@@ -211,7 +199,7 @@ def classify(
     - no response and maybe applied: AMBIGUOUS (the loop decides by idempotency).
     """
     if status is not None:
-        if is_success_status(policy, status):
+        if 200 <= status < 300 or status in policy.accept_statuses:  # ``is_success_status``, inline: every call asks
             return Outcome.SUCCESS
         gateway = status in policy.retry.statuses or (status == 429 and retry_after is not None and policy.retry.respect_retry_after)
         if gateway and (policy.idempotent or policy.retry_statuses_if_not_idempotent):

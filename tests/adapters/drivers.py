@@ -22,9 +22,9 @@ import aiohttp
 import httpx
 import requests
 
+from resilience.adapters.driver_config import DriverConfig
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig
-from resilience.driver_config import DriverConfig
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable

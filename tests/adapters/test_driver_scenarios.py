@@ -34,11 +34,11 @@ import trustme
 from pytest_httpserver import HTTPServer
 
 import resilience
+from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.breaker import BreakerConfig, BreakerState
 from resilience.budget import RetryBudgetConfig
 from resilience.clock import SYSTEM_CLOCK
-from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict, ConfigError, ResilienceError, RetryBudgetExhausted
 from resilience.events import AttemptStarted, EngineRefused, Event
 from resilience.outcome import AttemptRecord, Delivery, attempts_of

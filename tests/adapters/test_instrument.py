@@ -20,10 +20,10 @@ import pytest
 import requests
 
 import resilience
+from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.sglang import mount_sglang
-from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict, ConfigError
 from resilience.policy import EndpointPolicy, PolicyTable, ProbeAnswer, ProbeContext, RetryPolicy
 from tests.servers import Hang, Reply, ScriptedServer, scripted

@@ -107,6 +107,20 @@ def test_telemetry_overhead_measures_ours_and_the_official_instrumentation_on_ev
             assert r[7] == "-"
 
 
+def test_calls_counts_every_variant_of_every_driver_and_judges_ours() -> None:
+    """Bare, floor and ours (two ways) per driver, each a positive count; ours adds calls and says its verdict."""
+    rows = _rows(_run("bench_calls.py", "--repeats", "2"))
+    variants = {"bare", "floor: a do-nothing layer", "ours, no observers", "ours + metrics + tracing (API, no SDK)"}
+    assert {(r[0], r[1]) for r in rows} == {(d, v) for d in ("requests", "httpx sync", "httpx async", "aiohttp") for v in variants}
+    for r in rows:
+        _positive(r[2])
+        if r[1].startswith("ours"):
+            _positive(r[3])  # our layer does some work on a success
+            assert "met" in r[4] or "MISSED" in r[4]
+        else:
+            assert r[4] == "-"
+
+
 def test_run_all_only_replaces_the_named_sections_and_keeps_the_rest(tmp_path: Path) -> None:
     """A partial run into a full BENCHMARKS.md swaps exactly its sections, says so under the header, and keeps the others."""
     sys.path.insert(0, str(ROOT / "benchmarks"))

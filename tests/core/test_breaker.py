@@ -93,7 +93,7 @@ def test_a_success_into_a_clean_window_skips_nothing_that_counts(ops: list[str],
     """``record_success`` without the lock (closed, the window all successes) ends where the locked path would.
 
     The twin never takes the shortcut (``_clean_full`` out of reach); both see the same calls, in the
-    same order, with the permit the fast path's ``admit_closed`` (or ``admit``) handed out.
+    same order, with the permit a first admission's ``admit_closed`` (or ``admit``) handed out.
     """
     config = BreakerConfig(
         failure_threshold=3, window_size=window, minimum_calls=min(2, window), failure_rate_threshold=0.5, open_seconds=1.0

@@ -6,6 +6,9 @@
 - The core (``resilience/`` without the CLI, ``testing/`` and the two symlinked folders) imports
   neither ``resilience.adapters`` nor ``resilience.telemetry``; the package ``__init__`` alone
   names adapter classes, and only for its lazy exports (PEP 562: imported on first access).
+- The core's top level (``resilience/*.py``: policy, outcome, events, breaker, budget, deadline, ...) is
+  the layer under the retry core: it imports nothing from ``resilience.retry`` (what drives calls, the
+  drivers' ``DriverConfig`` and the attempt ledger, lives in ``adapters/``).
 - The core's modules import one another without a circle, counting imports inside functions
   (which would hide a circle from the interpreter) and leaving out ``if TYPE_CHECKING:`` blocks.
 - ``tests/core`` mirrors the core: each test module there is ``test_<module>.py`` (or
@@ -120,6 +123,19 @@ def test_the_core_imports_neither_adapters_nor_telemetry() -> None:
         for line, target in _imports(path, type_checking=True)
         if any(target == layer or target.startswith(layer + ".") for layer in layers)
     ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_core_top_level_imports_nothing_from_the_retry_core() -> None:
+    """``resilience/*.py`` sits under ``resilience/retry/``: the retry core imports it, never the other way round."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.name != "__init__.py"  # the package's map names retry modules in its docstring only
+        for line, target in _imports(path, type_checking=True)
+        if target == "resilience.retry" or target.startswith("resilience.retry.")
+    ]
+    assert len(sorted(PACKAGE.glob("*.py"))) > 10
     assert not offenders, "\n".join(offenders)
 
 

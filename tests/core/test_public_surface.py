@@ -24,14 +24,14 @@ LAZY = {
 }  # fmt: skip
 ELSEWHERE = {
     "resilience.outcome": {"AttemptRecord", "CallOutcome", "Delivery", "Outcome", "attempts_of"},
-    "resilience.events": {"Event", "Observer"},
+    "resilience.events": {"CallObserver", "Event", "Observer"},
     "resilience.policy": {"Probe", "ProbeAnswer", "ProbeContext", "EndpointMatch"},
     "resilience.clock": {"Clock", "FakeClock", "SystemClock"},
     "resilience.budget": {"RestartBudget", "RestartBudgetError", "RestartRecord"},
     "resilience.breaker": {"BreakerState", "CircuitBreaker"},
     "resilience.errors": {"ConfigConflict", "PolicyError", "RetryBudgetExhausted", "ErrorTypes"},
     "resilience.deadline": {"current_deadline"},
-    "resilience.driver_config": {"DriverConfig"},
+    "resilience.adapters.driver_config": {"DriverConfig"},
     "resilience.backoff": {"backoff_delay"},
     "resilience.retry.retrier": {"Retrier"},
     "resilience.retry.call": {"RetryCall"},

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import requests
 
+from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import AsyncResilientTransport
 from resilience.adapters.requests import resilient_session
 from resilience.adapters.sglang import (
@@ -32,7 +33,6 @@ from resilience.adapters.sglang import (
     with_memory_probe,
 )
 from resilience.barrier.fanout import EngineDied
-from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict
 from resilience.events import Event, ProbeCompleted
 from resilience.outcome import Outcome

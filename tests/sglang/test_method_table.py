@@ -22,9 +22,9 @@ import httpx
 import pytest
 import requests
 
+from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.adapters.sglang.methods import METHODS, Method
-from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict
 from resilience.testing import fast_policies
 

@@ -422,7 +422,7 @@ def test_without_an_sdk_a_call_keeps_no_span_tree_and_sends_only_baggage() -> No
     obs = TracingObserver(trace.NoOpTracerProvider())
     events = list(call_events(21, [502, 200]))
     obs(events[0][0])  # CallStarted
-    assert obs._calls == {} and obs._untraced == {21}  # no span tree kept for it
+    assert obs._calls == {} and obs.in_flight == 0  # no span tree kept for it: the no-op provider keeps no state at all
     for event, _ in events[1:]:
         obs(event)
     assert [c for e, c in events if isinstance(e, AttemptStarted)] == [{}, {}]

@@ -6,12 +6,12 @@ import requests
 
 import resilience
 from resilience import EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.instrument import SGLangInstrumentor
+from resilience.adapters.ledger import AttemptLedger, LedgerEntry
 from resilience.adapters.requests import ResilientAdapter, resilient_session
-from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict, PolicyError
 from resilience.events import Event
-from resilience.ledger import AttemptLedger, LedgerEntry
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
 table: PolicyTable = PolicyTable({"POST /pause_generation": EndpointPolicy(retry=RetryPolicy(max_attempts=3))})
@@ -86,7 +86,7 @@ named: bool = EndpointPolicy(attempt_timeout_s=5).named("attempt_timeout_s") and
 window: float | None = RetryPolicy(connect_window_s=5.0).connect_window_s
 refused_event: type[object] = resilience.events.EngineRefused
 
-# The instrumentor (adapters/instrument.py) and the ledger under it (resilience/ledger.py).
+# The instrumentor (adapters/instrument.py) and the ledger under it (adapters/ledger.py).
 
 instrumentor: SGLangInstrumentor = SGLangInstrumentor(["http://127.0.0.1:30000", "10.0.0.6"], window_s=10.0).instrument()
 instrumented_by_config: SGLangInstrumentor = SGLangInstrumentor(["10.0.0.7:30000"], config=DriverConfig(policies=table))

@@ -317,6 +317,6 @@ def test_the_loop_in_the_docstring_is_the_one_run_uses() -> None:
     assert len(shown) > 10, shown
     body = [line.strip() for line in inspect.getsource(Retrier.run).splitlines()]
     at = 0
-    for line in shown[1:]:  # the first line starts the call (run may begin on the fast path: attempt_done)
+    for line in shown[1:]:  # the first line starts the call
         assert line in body[at:], f"{line!r} is not in Retrier.run (after line {at})"
         at = body.index(line, at) + 1

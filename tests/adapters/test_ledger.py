@@ -7,10 +7,10 @@ from collections.abc import MutableMapping
 import pytest
 
 from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.adapters.ledger import AttemptLedger, LedgerRetrier
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import FakeClock
 from resilience.errors import ConfigError, RetriesExhausted, RetryBudgetExhausted
-from resilience.ledger import AttemptLedger, LedgerRetrier
 from resilience.outcome import Delivery, attempts_of
 from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.spec import AttemptResult, CallSpec

@@ -1,0 +1,98 @@
+"""``resilience.events``: the one observer interface, ``CallObserver``: plain values for each call's moments, events for the rest."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from resilience import EndpointPolicy, RetryPolicy
+from resilience.clock import FakeClock
+from resilience.events import AttemptEnded, AttemptStarted, CallEnded, CallObserver, CallStarted, Event, RetryScheduled, call_observer
+from resilience.outcome import CallOutcome, Outcome
+from resilience.retry.retrier import Retrier
+from tests.core.retry.scripts import ENGINE, Script, spec, status
+
+POLICY = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=0.1, cap_s=0.1, jitter=0))
+
+
+class Values(CallObserver):
+    """Takes the per-call moments as values; records every event it is handed."""
+
+    def __init__(self) -> None:
+        self.moments: list[tuple[object, ...]] = []
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
+        self.moments.append(("call_started", method, endpoint, engine))
+
+    def attempt_started(self, call_id: int, attempt: int, *args: object) -> None:  # type: ignore[override]
+        self.moments.append(("attempt_started", attempt))
+
+    def attempt_ended(self, call_id: int, attempt: int, method: str, endpoint: str, engine: str, status: int | None, *rest: object) -> None:  # type: ignore[override]
+        self.moments.append(("attempt_ended", attempt, status, rest[0]))
+
+    def call_ended(self, call_id: int, method: str, endpoint: str, engine: str, outcome: CallOutcome, *rest: object) -> None:  # type: ignore[override]
+        self.moments.append(("call_ended", outcome, rest[0], rest[1]))  # status, attempts
+
+
+def run(observer: object) -> None:
+    retrier = Retrier(clock=FakeClock(), observers=[observer])  # type: ignore[list-item]
+    response, records = retrier.run(spec(POLICY, "GET"), Script(status(502), status(200)))
+    assert response == "resp200" and len(records) == 2
+
+
+def test_an_observer_of_values_gets_each_moment_as_values_and_no_per_call_event() -> None:
+    """502 then 200: the four moments in order as values; ``__call__`` hears only the retry, never a per-call event."""
+    obs = Values()
+    run(obs)
+    assert obs.moments == [
+        ("call_started", "GET", "GET /x", ENGINE),
+        ("attempt_started", 0),
+        ("attempt_ended", 0, 502, Outcome.RETRYABLE),
+        ("attempt_started", 1),
+        ("attempt_ended", 1, 200, Outcome.SUCCESS),
+        ("call_ended", CallOutcome.RETRIED_SUCCESS, 200, 2),
+    ]
+    assert [type(e) for e in obs.events] == [RetryScheduled]
+
+
+def test_a_plain_callable_hears_every_moment_as_an_event() -> None:
+    seen: list[Event] = []
+    run(seen.append)
+    kinds = [type(e) for e in seen]
+    assert kinds == [CallStarted, AttemptStarted, AttemptEnded, RetryScheduled, AttemptStarted, AttemptEnded, CallEnded]
+    ended = seen[-1]
+    assert isinstance(ended, CallEnded) and ended.attempts == 2 and ended.outcome is CallOutcome.RETRIED_SUCCESS
+    assert isinstance(seen[2], AttemptEnded) and seen[2].error_type == "502"  # a failed status names itself
+
+
+def test_call_observer_wraps_a_callable_once_and_keeps_an_observer() -> None:
+    obs = Values()
+    assert call_observer(obs) is obs
+    seen: list[Event] = []
+    wrapped = call_observer(seen.append)
+    wrapped.call_started(1, "GET", "GET /x", ENGINE, None)
+    assert seen == [CallStarted(call_id=1, method="GET", endpoint="GET /x", engine=ENGINE, deadline_s=None)]
+
+
+def test_replay_hands_a_per_call_event_to_its_method() -> None:
+    """A per-call event made by another producer reaches an observer of values through ``replay``; other events go to ``__call__``."""
+    obs = Values()
+    obs.replay(CallStarted(call_id=1, method="POST", endpoint="POST /x", engine=ENGINE, deadline_s=2.0))
+    retry = RetryScheduled(call_id=1, attempt=0, endpoint="POST /x", engine=ENGINE, reason="status_502", delay_s=0.1)
+    obs.replay(retry)
+    assert obs.moments == [("call_started", "POST", "POST /x", ENGINE)] and obs.events == [retry]
+
+
+def test_an_observer_that_raises_is_logged_and_the_call_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(CallObserver):
+        def attempt_ended(self, *args: object) -> None:  # type: ignore[override]
+            raise RuntimeError("boom")
+
+    with caplog.at_level(logging.ERROR, logger="resilience.events"):
+        run(Broken())
+    assert caplog.text.count("failed on attempt_ended") == 2
