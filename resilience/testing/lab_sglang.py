@@ -10,7 +10,7 @@ verl does with every control call (re-send it on a connection error or a
 timeout, 3 attempts), which kills an engine whose release or resume had been
 applied; the resilient loop raises ``AmbiguousOutcome``, the orchestrator quarantines the
 engine, and this driver reconciles it from the emulator's memory probe (a side channel,
-as NVML would be on a GPU node; see ``_Loop._reconcile``) and runs the transition again. A failed step is what makes a
+as NVML would be on a GPU node; see ``SGLangLab._reconcile``) and runs the transition again. A failed step is what makes a
 controller trigger a global restart: it is recorded in a ``RestartBudget``,
 engines are put back in order (dead ones restarted), and the run goes on
 until the budget is spent. With ``ColocateConfig.controller_crash_step`` the
@@ -22,7 +22,7 @@ With ``ColocateConfig.controller_kill_every`` the resilient loop's controller is
 killed every K steps inside a seeded phase, its calls on the wire
 (``resilience.testing.controller_kill``), and a new one starts on a copy of the
 journal as it was at the kill; the engines it left unknown are reconciled from
-the memory probe (``Orchestrator(memory_probe=...)``, then ``_Loop._reconcile``).
+the memory probe (``Orchestrator(memory_probe=...)``, then ``SGLangLab._reconcile``).
 ``cpr demo``, ``cpr soak`` and the chaos tests drive this loop.
 """
 
