@@ -29,9 +29,6 @@ from typing import TYPE_CHECKING, Final, Literal
 from resilience.budget import RestartBudget
 from resilience.events import Observer
 from resilience.testing.lab import ColocateReport, Lab, LabSetup, StopClock
-from resilience.testing.lab_sglang import SGLangLab
-from resilience.testing.lab_smg import PEER_WAYS, SmgLab
-from resilience.testing.lab_vllm import VLLMLab
 
 if TYPE_CHECKING:
     from resilience.policy import PolicyTable
@@ -47,13 +44,26 @@ Route = Literal["direct", "smg"]
 """How the control plane reaches them: straight to each engine (through its fault proxy), or behind an smg gateway."""
 ENGINES: Final[tuple[EngineKind, ...]] = ("sglang", "vllm")
 ROUTES: Final[tuple[Route, ...]] = ("direct", "smg")
-_LABS: Final[dict[tuple[str, str], Callable[[LabSetup], Lab]]] = {
-    ("sglang", "direct"): SGLangLab,
-    ("vllm", "direct"): VLLMLab,
-    ("sglang", "smg"): SmgLab,
-}
-"""The lab of each (engine kind, route) pair; vLLM behind smg is not offered (smg 1.13.0 fans out SGLang's routes)."""
-_WAYS: Final[dict[str, tuple[str, ...]]] = {"direct": ("old", "ours"), "smg": tuple(w for w, _ in PEER_WAYS)}
+_LABS: Final = frozenset({("sglang", "direct"), ("vllm", "direct"), ("sglang", "smg")})
+"""The (engine kind, route) pairs with a lab; vLLM behind smg is not offered (smg 1.13.0 fans out SGLang's routes)."""
+_WAYS: Final[dict[str, tuple[str, ...]]] = {"direct": ("old", "ours"), "smg": ("smg", "ours", "ours-smg")}
+"""The ways of each route (behind smg: ``lab_smg.PEER_WAYS``' names, in table order)."""
+
+
+def _lab(engine: str, route: str) -> Callable[[LabSetup], Lab]:
+    """The lab class of a pair of ``_LABS``, imported when first asked for (a run imports only its own engine's client
+    stack: a soak's process stays as small as its loop)."""
+    if (engine, route) == ("sglang", "direct"):
+        from resilience.testing.lab_sglang import SGLangLab
+
+        return SGLangLab
+    if engine == "vllm":
+        from resilience.testing.lab_vllm import VLLMLab
+
+        return VLLMLab
+    from resilience.testing.lab_smg import SmgLab
+
+    return SmgLab
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +205,7 @@ def run_colocate(
     engines). False saves those restarts when the caller stops the fleet next; the deaths are still counted.
     Default True.
     """
-    make = _LABS.get((engine, route))
-    if make is None:
+    if (engine, route) not in _LABS:
         raise ValueError(f"no colocate lab for engine {engine!r} on route {route!r}: there are {sorted(_LABS)}")
     if way not in _WAYS[route]:
         raise ValueError(f"`way` must be one of {list(_WAYS[route])} on route {route!r}, but was {way!r}")
@@ -206,7 +215,7 @@ def run_colocate(
         raise ValueError("route 'smg' takes a `plan` (its run starts its own proxies) and no `proxies`")
     budget = restart_budget if restart_budget is not None else RestartBudget(config.restart_limit)
     clock = StopClock()
-    lab = make(LabSetup(fleet, config, way, observers, budget, clock, policies, proxies, plan))
+    lab = _lab(engine, route)(LabSetup(fleet, config, way, observers, budget, clock, policies, proxies, plan))
     report, counted = lab.report, lab.counted
     before_502, before_ambiguous = _injected_502s(counted), _injected_ambiguous(counted)
     t0 = time.monotonic()

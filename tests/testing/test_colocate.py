@@ -54,3 +54,11 @@ def test_a_stopped_clock_ends_a_sleep_in_progress_and_every_later_one() -> None:
     assert clock.stopped
     with pytest.raises(LabStopped):
         clock.sleep(0.0)
+
+
+def test_the_smg_route_offers_the_peer_table_ways_in_order() -> None:
+    """run_colocate's ways behind smg are lab_smg's PEER_WAYS (the table's columns), in the same order."""
+    from resilience.testing import colocate
+    from resilience.testing.lab_smg import PEER_WAYS
+
+    assert colocate._WAYS["smg"] == tuple(way for way, _ in PEER_WAYS)
