@@ -4,9 +4,9 @@ Run: ``.venv/bin/python benchmarks/bench_smg_peer.py [--engines 4] [--steps 10] 
 
 One emulated fleet; each way gets fresh fault proxies playing ``demo_plan(seed)`` (``cpr demo``'s plan: 502s and
 resets on every per-step control call, resets after the engine acted on releases, resumes and continues) and a fresh
-smg 1.13.0 in front of them (``resilience.testing.smg_colocate``). A markdown section (heading, command, table of steps
-finished, failed steps, engine deaths, restarts, 502s injected and absorbed, wall seconds) goes to stdout, for
-``run_all.py``; progress to stderr.
+smg 1.13.0 in front of them (``run_colocate(..., route="smg")``: ``resilience.testing.lab_smg``). A markdown section
+(heading, command, table of steps finished, failed steps, engine deaths, restarts, 502s injected and absorbed, wall
+seconds) goes to stdout, for ``run_all.py``; progress to stderr.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import argparse
 import sys
 
 from resilience.cli.fleet import demo_plan
-from resilience.testing.colocate import ColocateConfig, StepProgress
+from resilience.testing.colocate import ColocateConfig, StepProgress, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
-from resilience.testing.smg_colocate import PEER_WAYS, peer_rows, run_smg_colocate, ways
+from resilience.testing.lab_smg import PEER_WAYS, peer_rows, ways
 
 
 def _progress(p: StepProgress) -> None:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = {}
     with EmulatedFleet(args.engines, EngineConfig(health_poll_seconds=0.05)) as fleet:
         for way in chosen:
-            reports[way] = run_smg_colocate(fleet, config, way, plan, progress=_progress)
+            reports[way] = run_colocate(fleet, config, way, route="smg", plan=plan, progress=_progress)
     titles = dict(PEER_WAYS)
     print("## The colocate sequence behind smg: smg's own client vs ours (`benchmarks/bench_smg_peer.py`)\n")
     print(f"`.venv/bin/python benchmarks/bench_smg_peer.py --engines {args.engines} --steps {args.steps} --seed {args.seed}`: each way")

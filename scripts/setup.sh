@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh Debian machine: Prometheus
 # (promtool + server, for the alerting tests) and the virtualenv in .venv.
-# Idempotent: a second run only checks.
+# Idempotent: a second run only checks. The Python steps stamp .venv with the hash of pyproject.toml and this
+# script; while the stamp matches and the packages they install are found (ours from this checkout), pip is not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,29 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+STAMP=.venv/.cpr-setup-stamp
+WANT=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+VERL_SRC=${CPR_VERL_SOURCE:-$HOME/.cache/cpr/verl}
+installed() {  # the stamp matches, and everything the steps below install is there, resilience from this checkout
+  [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] \
+    && [ -f "$VERL_SRC/verl/workers/rollout/sglang_rollout/http_server_engine.py" ] \
+    && .venv/bin/python - <<'PY' 2>/dev/null
+import importlib.util
+import pathlib
+import sys
+
+# found, not imported (importing torch alone takes seconds): the [dev,docs,frameworks] extras, torch, AReaL
+missing = [name for name in ("areal", "mkdocs", "pytest", "smg", "torch") if importlib.util.find_spec(name) is None]
+ours = importlib.util.find_spec("resilience")
+here = ours is not None and ours.origin is not None and pathlib.Path(ours.origin).resolve().parent == pathlib.Path("resilience").resolve()
+sys.exit(bool(missing) or not here)
+PY
+}
+if installed; then
+  echo "setup: .venv is up to date with pyproject.toml ($STAMP): nothing installed"
+  exit 0
+fi
+rm -f "$STAMP"
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first, pinned to the local CPU build, so nothing pulls a CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
@@ -28,7 +52,6 @@ fi
 # AReaL without its dependencies (they pull sglang, vllm and a CUDA torch; the light ones its
 # control path imports are the [frameworks] extra), and verl's http_server_engine.py from its wheel.
 .venv/bin/python -c "import areal" 2>/dev/null || .venv/bin/python -m pip install -q --no-deps areal==1.0.4
-VERL_SRC=${CPR_VERL_SOURCE:-$HOME/.cache/cpr/verl}
 if [ ! -f "$VERL_SRC/verl/workers/rollout/sglang_rollout/http_server_engine.py" ]; then
   tmp=$(mktemp -d)
   .venv/bin/python -m pip download -q --no-deps verl==0.9.1 -d "$tmp"
@@ -38,3 +61,4 @@ if [ ! -f "$VERL_SRC/verl/workers/rollout/sglang_rollout/http_server_engine.py" 
   cp "$tmp/unpacked/verl/workers/rollout/sglang_rollout/http_server_engine.py" "$VERL_SRC/verl/workers/rollout/sglang_rollout/"
   rm -rf "$tmp"
 fi
+echo "$WANT" > "$STAMP"

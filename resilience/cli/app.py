@@ -280,15 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["emulate"]:
+        from resilience.cli.emulate import run_emulate, run_emulate_vllm
         from resilience.testing.emulator.server import engine_kind
 
-        if engine_kind(args_list[1:]) == "vllm":
-            from resilience.cli.emulate_vllm import run_emulate_vllm
-
-            return run_emulate_vllm(args_list[1:])
-        from resilience.cli.emulate import run_emulate
-
-        return run_emulate(args_list[1:])
+        return (run_emulate_vllm if engine_kind(args_list[1:]) == "vllm" else run_emulate)(args_list[1:])
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(args_list)

@@ -1,20 +1,30 @@
-"""``cpr demo``: the colocate loop on emulated engines under the seed's faults, baseline ("old way") and resilient ("ours").
+"""``cpr demo``: colocated RL steps on emulated engines under the seed's faults, the old way and ours, side by side.
 
-One fleet of emulated engines serves both runs (each engine imports torch, so
-starting a fleet is the slow part); each run goes through fresh fault proxies
-playing ``demo_plan(seed)`` (the seed's faults plus resets and read timeouts after
-the engine acted on release, resume and continue), so the same seed gives the same faults
-whichever run comes first. The resilient loop runs first, on the fresh fleet; the baseline
-runs second and, once its restart budget is spent, leaves the engines it
-killed dead (the run is over and the fleet is stopped next), which saves one
-round of engine restarts. After its run, each loop plays one more step on the
-fleet, without faults, whose controller dies while the engines train
-(``FleetRunner.run_controller_restart``): the baseline's new controller starts
-fresh and releases the engines' memory again, which kills them (the baseline
-plays it last, so they are left dead); ours resumes from the journal. The
-table shows the baseline first. A
-MetricsObserver (served on 127.0.0.1) and, optionally, a TracingObserver are
-attached to both runs.
+One module for every engine kind and route (``resilience.testing.colocate.run_colocate`` runs them all):
+
+- ``--engine sglang`` (default): one fleet of emulated SGLang engines serves both runs (each engine
+  imports torch, so starting a fleet is the slow part); each run goes through fresh fault proxies
+  playing ``demo_plan(seed)`` (the seed's faults plus resets and read timeouts after the engine acted on
+  release, resume and continue), so the same seed gives the same faults whichever run comes first. The
+  resilient loop runs first, on the fresh fleet; the baseline runs second and, once its restart budget
+  is spent, leaves the engines it killed dead (the run is over and the fleet is stopped next), which
+  saves one round of engine restarts. After its run, each loop plays one more step on the fleet, without
+  faults, whose controller dies while the engines train (``FleetRunner.run_controller_restart``): the
+  baseline's new controller starts fresh and releases the engines' memory again, which kills them (the
+  baseline plays it last, so they are left dead); ours resumes from the journal. The table shows the
+  baseline first. A MetricsObserver (served on 127.0.0.1) and, optionally, a TracingObserver are attached
+  to both runs.
+- ``--engine vllm``: emulated vLLM 0.33.0 engines under ``vllm_demo_plan(seed)``; the old way is SkyRL's
+  colocated sequence (sleep level 2, wake weights, broadcast, wake kv_cache; a bare ``asyncio.gather``
+  per phase, no retry, no timeout), ours the barrier with the vLLM rules. The table adds the completions
+  that came back 200 from garbage weights.
+- ``--router smg``: the steps behind a real smg 1.13.0 gateway (a fresh one and fresh proxies per run),
+  smg's own client against ours direct and ours through ``SmgFanOut``. Needs the ``[smg]`` extra.
+
+``--engines`` is bounded before anything starts by what this machine holds (``fleet.engines_bound``: its
+available memory and this process's file-descriptor limit). SIGINT (Ctrl-C, or ``kill -INT`` to this
+process alone) stops the demo within about a second: the run stops retrying, every engine is stopped by
+PID, and the finished runs' table and report are still written (exit status 130).
 """
 
 from __future__ import annotations
@@ -29,15 +39,27 @@ from pathlib import Path
 from resilience.budget import RestartBudget
 from resilience.cli.common import CliError, check_output_file, plural, write_json
 from resilience.cli.errors_text import safe_url, short_error
-from resilience.cli.fleet import DEMO_AMBIGUOUS, FleetRunner, Telemetry, demo_plan, metric_totals, start_telemetry
+from resilience.cli.fleet import (
+    DEMO_AMBIGUOUS,
+    VLLM_DEMO_ENGINE,
+    FleetRunner,
+    Telemetry,
+    check_engines,
+    demo_plan,
+    metric_totals,
+    start_telemetry,
+    vllm_demo_plan,
+)
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli.story import death_causes, rates_note, story
+from resilience.cli.story import death_causes, per_step, rates_note, story
 from resilience.cli.timeline import StepTimeline, TimelineRecorder, write_timeline
 from resilience.cli.watch import StepWatch
-from resilience.testing.colocate import BASELINE, RESILIENT, ColocateConfig, ColocateReport, LoopKind, StepProgress, demo_policies
+from resilience.testing.colocate import ColocateConfig, StepProgress, run_colocate
 from resilience.testing.faults import FaultPlan, FaultProxy
+from resilience.testing.lab import BASELINE, RESILIENT, ColocateReport, LoopKind
+from resilience.testing.lab_sglang import demo_policies
 
-__all__ = ["LOOPS", "RUN_ORDER", "run_demo"]
+__all__ = ["LOOPS", "RUN_ORDER", "VLLM_LOOPS", "run_demo"]
 
 LOOPS: tuple[tuple[LoopKind, str], ...] = ((BASELINE, "old way"), (RESILIENT, "ours"))
 """The two loops (the baseline, the resilient one) in table order, with their column titles."""
@@ -125,30 +147,32 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
                 out.timelines[kind] = recorder.captured
 
 
-def _vllm_demo(args: argparse.Namespace) -> int:
-    """``--engine vllm``: refuses the options that apply to the SGLang demo only, then runs ``demo_vllm``."""
-    unsupported = [flag for flag, given in (("--timeline", args.timeline), ("--traces", args.traces != "off")) if given]
-    if getattr(args, "router", "none") != "none":
-        unsupported.append("--router")
-    if unsupported:
-        raise CliError(f"cpr demo --engine vllm does not take {', '.join(unsupported)} (the SGLang demo's options)", 2)
-    from resilience.cli.demo_vllm import run_vllm_demo
-
-    return run_vllm_demo(args)
-
-
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo from parsed arguments; returns the exit status (0 when ours finished every step).
+
+    ``--engine vllm`` refuses the options of the SGLang demo only (``--timeline``, ``--traces``, ``--router``), and
+    ``--engines`` beyond ``fleet.engines_bound()`` is refused: both with exit status 2, before anything starts.
 
     On Ctrl-C after a run finished, the table, report (and timeline) of the finished runs are still
     written, and the exit status is 130.
     """
-    if getattr(args, "engine", "sglang") == "vllm":
+    engine, router = getattr(args, "engine", "sglang"), getattr(args, "router", "none")
+    if engine == "vllm":
+        unsupported = [flag for flag, given in (("--timeline", args.timeline), ("--traces", args.traces != "off")) if given]
+        if router != "none":
+            unsupported.append("--router")
+        if unsupported:
+            raise CliError(f"cpr demo --engine vllm does not take {', '.join(unsupported)} (the SGLang demo's options)", 2)
+    check_engines(args.engines, "--engines")
+    if engine == "vllm":
         return _vllm_demo(args)
-    if getattr(args, "router", "none") == "smg":
-        from resilience.cli.demo_smg import run_smg_demo
+    if router == "smg":
+        return _smg_demo(args)
+    return _sglang_demo(args)
 
-        return run_smg_demo(args)
+
+def _sglang_demo(args: argparse.Namespace) -> int:
+    """The SGLang demo (the module docstring's first case) from parsed arguments."""
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     timeline_path = check_output_file(Path(args.timeline), "--timeline", (".png", ".html", ".htm")) if args.timeline else None
     spans_path = check_output_file(Path(args.traces_file), "--traces-file") if args.traces == "console" else None
@@ -228,4 +252,114 @@ def run_demo(args: argparse.Namespace) -> int:
         failed, deaths = plural(resilient.failed_steps, "step"), plural(resilient.engine_deaths, "engine death")
         first = short_error(resilient.failures[0]) if resilient.failures else "no error recorded"
         raise CliError(f"ours failed {failed} with {deaths}; the first: {first}")
+    return 0
+
+
+def _progress(p: StepProgress) -> None:
+    mark = "ok" if p.ok else f"failed: {p.error}"
+    print(f"{p.way}: step {p.step}/{p.steps} {mark}", file=sys.stderr, flush=True)
+
+
+def _write_report(path: Path, data: dict[str, object], t0: float) -> None:
+    data["wall_s"] = round(time.monotonic() - t0, 3)
+    write_json(path, data)
+    make_console().print(f"report: {path} ({data['wall_s']:.0f} s in all)", markup=False, highlight=False)
+
+
+VLLM_LOOPS = ((BASELINE, "old way (SkyRL)"), (RESILIENT, "ours"))
+"""The vLLM demo's two loops in table order, with their column titles."""
+
+
+def _vllm_demo(args: argparse.Namespace) -> int:
+    """``--engine vllm``: both ways on emulated vLLM engines, each through fresh proxies playing ``vllm_demo_plan(seed)``."""
+    from resilience.testing.emulator import EmulatedFleet
+    from resilience.testing.lab_vllm import OLD_WAY_CAP_S, SKYRL_SLEEP_LEVEL
+
+    report_path = check_output_file(Path(args.report), "--report", (".json",))
+    plan = vllm_demo_plan(args.seed)
+    config = ColocateConfig(steps=args.steps, seed=args.seed)
+    t0 = time.monotonic()
+    reports: dict[str, ColocateReport] = {}
+    print(f"starting {plural(args.engines, 'emulated vLLM engine')}", file=sys.stderr, flush=True)
+    with EmulatedFleet(args.engines, VLLM_DEMO_ENGINE) as fleet:
+        for kind in (RESILIENT, BASELINE):
+            proxies = [FaultProxy(e.direct_url, plan, e.index) for e in fleet.engines]
+            for proxy in proxies:
+                proxy.start()
+            try:
+                reports[kind] = run_colocate(fleet, config, kind, engine="vllm", progress=_progress, proxies=proxies)
+            finally:
+                for proxy in proxies:
+                    proxy.stop()
+    columns = ["", *(title for _, title in VLLM_LOOPS)]
+    ordered = [reports[kind] for kind, _ in VLLM_LOOPS]
+    rows = comparison_rows(ordered)
+    rows.insert(-1, ["completions answered 200 from garbage weights", *(per_step(r.garbage_completions, r) for r in ordered)])
+    caption = (
+        f"{args.engines} vLLM 0.33.0 engines (emulated), {args.steps} steps, seed {args.seed}: 502s on every control call of "
+        f"the RL transaction, a reset after each engine's first sleep, resets and hangs after the engine acted on "
+        f"{DEMO_AMBIGUOUS:.0%} of sleeps, wakes and weight calls; restart budget 3. The old way is SkyRL's: sleep level "
+        f"{SKYRL_SLEEP_LEVEL}, wake weights, broadcast, wake kv_cache, each phase a bare asyncio.gather with no retry and no "
+        f"timeout (cut here after {OLD_WAY_CAP_S:g} s); ours is the barrier with the vLLM rules (sleep level 1)"
+    )
+    make_console().print(rich_table("cpr demo --engine vllm: SkyRL's sequence and ours", columns, rows, caption=caption))
+    data: dict[str, object] = {
+        "command": "demo",
+        "engine": "vllm",
+        "seed": args.seed,
+        "engines": args.engines,
+        "steps": args.steps,
+        "fault_plan": plan.to_dict(),
+        "ways": {kind: reports[kind].to_dict() for kind, _ in VLLM_LOOPS},
+        "table": {"columns": columns, "rows": rows},
+    }
+    _write_report(report_path, data, t0)
+    ours = reports[RESILIENT]
+    if ours.failed_steps or ours.engine_deaths:
+        failed, deaths = plural(ours.failed_steps, "step"), plural(ours.engine_deaths, "engine death")
+        raise CliError(f"ours failed {failed} with {deaths}: {ours.failures[:1]}")
+    return 0
+
+
+def _smg_demo(args: argparse.Namespace) -> int:
+    """``--router smg``: the three ways behind a fresh smg gateway each (``resilience.testing.lab_smg``); exit status 0
+    when both of ours finished every step with no engine death."""
+    from resilience.testing.smg import smg_available
+
+    if not smg_available():
+        raise CliError("cpr demo --router smg needs smg: pip install 'controlplane-resilience[smg]'", 2)
+    from resilience.testing.emulator import EmulatedFleet, EngineConfig
+    from resilience.testing.lab_smg import PEER_WAYS, peer_rows
+
+    report_path = check_output_file(Path(args.report), "--report", (".json",))
+    plan = demo_plan(args.seed)
+    config = ColocateConfig(steps=args.steps, seed=args.seed, stragglers=0)
+    t0 = time.monotonic()
+    reports: dict[str, ColocateReport] = {}
+    print(f"starting {plural(args.engines, 'emulated engine')}", file=sys.stderr, flush=True)
+    with EmulatedFleet(args.engines, EngineConfig(health_poll_seconds=0.05)) as fleet:
+        for way, _ in PEER_WAYS:
+            reports[way] = run_colocate(fleet, config, way, route="smg", plan=plan, progress=_progress)
+    columns = ["", *(title for _, title in PEER_WAYS)]
+    rows = peer_rows([reports[w] for w, _ in PEER_WAYS])
+    caption = (
+        f"{args.engines} engines, {args.steps} steps, seed {args.seed}, behind smg 1.13.0: cpr demo's faults between the gateway "
+        "and the engines; smg's client is RL.fanout per phase and smg.rl.paused around the weight update (no retries; "
+        "paused() sends continue on the way out, also after a body that released memory); restart budget 3"
+    )
+    make_console().print(rich_table("cpr demo --router smg: smg's own client vs ours", columns, rows, caption=caption))
+    data: dict[str, object] = {
+        "command": "demo",
+        "router": "smg",
+        "seed": args.seed,
+        "engines": args.engines,
+        "steps": args.steps,
+        "fault_plan": plan.to_dict(),
+        "ways": {way: reports[way].to_dict() for way, _ in PEER_WAYS},
+        "table": {"columns": columns, "rows": rows},
+    }
+    _write_report(report_path, data, t0)
+    bad = [w for w in ("ours", "ours-smg") if reports[w].failed_steps or reports[w].engine_deaths]
+    if bad:
+        raise CliError(f"{', '.join(bad)} failed: {[reports[w].failures[:1] for w in bad]}")
     return 0

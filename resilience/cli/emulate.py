@@ -1,4 +1,10 @@
-"""``cpr emulate``: run emulated SGLang engines, checking the arguments with the emulator's own parser first.
+"""``cpr emulate``: run emulated SGLang (or, with ``--engine vllm``, vLLM 0.33.0) engines, checking the arguments with
+the emulator's own parser first.
+
+With ``--engine vllm`` the flags are vLLM's where vLLM has them (``--enable-sleep-mode``,
+``--weight-transfer-config``, ``--api-key``, ``--host``, ``--port``), ``VLLM_SERVER_DEV_MODE`` comes
+from the environment, and ``--engines N`` forks N engines from the shared zygote
+(``resilience.testing.emulator.vllm``); ``--fault-plan`` is the SGLang engines' only.
 
 Without ``--fault-plan`` the emulator serves as ``python -m resilience.testing.emulator`` does. With
 ``--fault-plan FILE`` each engine gets a :class:`~resilience.testing.faults.FaultProxy` on 127.0.0.1
@@ -23,7 +29,7 @@ from resilience.cli.common import OneLineParser, plural
 if TYPE_CHECKING:
     from resilience.testing.emulator import EngineConfig
 
-__all__ = ["run_emulate"]
+__all__ = ["run_emulate", "run_emulate_vllm"]
 
 _WATCH_S = 0.5
 """How often the proxied fleet looks for engines that died (each is reported once)."""
@@ -135,3 +141,24 @@ def _serve_behind_proxies(args: argparse.Namespace, config: EngineConfig) -> int
             fleet.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def run_emulate_vllm(argv: Sequence[str]) -> int:
+    """Check ``argv`` (which holds ``--engine vllm``) with the vLLM emulator's parser (one-line errors, exit 2), then serve."""
+    from resilience.testing.emulator.server import main as emulator_main
+    from resilience.testing.emulator.vllm.config import vllm_config_from_namespace
+    from resilience.testing.emulator.vllm.server import build_parser
+
+    parser = build_parser("cpr emulate")
+    parser.__class__ = OneLineParser  # same parser, one-line errors
+    try:
+        args = parser.parse_args(list(argv))
+        vllm_config_from_namespace(args).resolved_dev_mode()  # a bad VLLM_SERVER_DEV_MODE is named too
+        if not 0 <= args.port <= 65535:
+            parser.error(f"argument --port: must be a port number 0..65535, but was {args.port}")
+    except SystemExit as exc:  # --help, or a one-line argument error
+        return exc.code if isinstance(exc.code, int) else 0
+    except ValueError as exc:
+        print(f"cpr emulate: error: {exc}", file=sys.stderr)
+        return 2
+    return emulator_main(list(argv), prog="cpr emulate")

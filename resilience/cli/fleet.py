@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from resilience.budget import RestartBudget
 from resilience.cli.common import CliError, need
 from resilience.events import Observer
-from resilience.testing.colocate import ColocateConfig, ColocateReport, LoopKind, StepProgress, run_colocate
+from resilience.testing.colocate import ColocateConfig, EngineKind, StepProgress, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError, EngineConfig
 from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faults import FaultPlan, FaultProxy, FaultRule
+from resilience.testing.lab import ColocateReport, LoopKind
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -32,12 +33,19 @@ __all__ = [
     "CONTROLLER_RESTART",
     "DEMO_AMBIGUOUS",
     "DEMO_ENGINE",
+    "ENGINE_FDS",
+    "ENGINE_MEMORY_MIB",
+    "VLLM_DEMO_ENGINE",
     "SOAK_STATUS_AFTER",
     "FleetRun",
+    "EnginesBound",
     "FleetRunner",
     "Telemetry",
+    "check_engines",
     "demo_plan",
+    "engines_bound",
     "soak_plan",
+    "vllm_demo_plan",
     "metric_totals",
     "start_telemetry",
 ]
@@ -80,6 +88,18 @@ def demo_plan(seed: int) -> FaultPlan:
     return FaultPlan(seed=base.seed, rules=(first, *base.rules), max_streak=base.max_streak)
 
 
+VLLM_DEMO_ENGINE = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=400.0)
+"""The demo's and the soak's vLLM engines: dev mode (the control routes), sleep mode (slept memory is gone), NCCL weight transfer."""
+
+
+def vllm_demo_plan(seed: int) -> FaultPlan:
+    """``FaultPlan.vllm_like(seed, ambiguous=DEMO_AMBIGUOUS)``, and the first ``/sleep`` of every engine reset once sent
+    (the engine sleeps; the client sees no answer), so every run meets the ambiguous case at its first offload."""
+    base = FaultPlan.vllm_like(seed, ambiguous=DEMO_AMBIGUOUS)
+    first = FaultRule("/sleep", "drop_after", calls=frozenset({1}))
+    return FaultPlan(seed=base.seed, rules=(first, *base.rules), max_streak=base.max_streak)
+
+
 SOAK_STATUS_AFTER = 0.02
 """Chance that a release, resume or continue of ``cpr soak`` is answered 502 after the engine applied it (504 half as
 often): ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS, status_after=...)``."""
@@ -99,6 +119,71 @@ def soak_plan(seed: int) -> FaultPlan:
         FaultRule("/continue_generation", "status_after", status=504, calls={1}),
     )
     return FaultPlan(seed=base.seed, rules=(*first, *base.rules), max_streak=base.max_streak)
+
+
+ENGINE_MEMORY_MIB = 24
+"""Memory one emulated engine of a cpr run costs, MiB: its PSS after one use (BENCHMARKS.md, "Emulated fleet": 4600 MiB
+for 256 engines, 18 MiB each) plus its share of this process (its proxy, clients, threads), rounded up."""
+ENGINE_FDS = 32
+"""File descriptors one engine of a cpr run holds open in this process: its proxy's listener, the connections of its
+rollout, stragglers and control calls on both sides of the proxy, its pipes (about 14 measured at 4 engines), doubled."""
+_RESERVED_FDS = 64
+"""Descriptors kept for everything else (the interpreter, /metrics, the report, the emulator's zygote)."""
+
+
+@dataclass(frozen=True)
+class EnginesBound:
+    """How many emulated engines this machine holds for a cpr run, and what bounds it."""
+
+    engines: int
+    """The most engines: the smaller of the two bounds below."""
+    by_memory: int
+    """``MemAvailable`` (``/proc/meminfo``) over ``ENGINE_MEMORY_MIB``; a large number where it cannot be read."""
+    by_fds: int
+    """This process's soft ``RLIMIT_NOFILE``, less ``_RESERVED_FDS``, over ``ENGINE_FDS``."""
+    memory_mib: int | None
+    """Available memory read, MiB (None: not readable here)."""
+    fd_limit: int | None
+    """The soft descriptor limit (None: unlimited or not readable)."""
+
+
+def _available_mib() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def engines_bound() -> EnginesBound:
+    """The engines this machine holds now: available memory and this process's file-descriptor limit."""
+    import resource
+
+    unbounded = 1 << 20
+    memory = _available_mib()
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fds = None if soft == resource.RLIM_INFINITY else int(soft)
+    by_memory = unbounded if memory is None else memory // ENGINE_MEMORY_MIB
+    by_fds = unbounded if fds is None else max(0, fds - _RESERVED_FDS) // ENGINE_FDS
+    return EnginesBound(min(by_memory, by_fds), by_memory, by_fds, memory, fds)
+
+
+def check_engines(engines: int, flag: str) -> None:
+    """Refuse (a :class:`CliError`, exit status 2) more engines than :func:`engines_bound` allows, naming the bound."""
+    bound = engines_bound()
+    if engines <= bound.engines:
+        return
+    reasons = []
+    if bound.by_memory < engines:
+        reasons.append(f"memory: {bound.memory_mib} MiB available / {ENGINE_MEMORY_MIB} MiB per engine = {bound.by_memory}")
+    if bound.by_fds < engines:
+        reasons.append(
+            f"file descriptors: limit {bound.fd_limit} (ulimit -n) less {_RESERVED_FDS} / {ENGINE_FDS} per engine = {bound.by_fds}"
+        )
+    raise CliError(f"{flag} {engines} is more than this machine holds: at most {bound.engines} ({'; '.join(reasons)})", 2)
 
 
 @dataclass
@@ -174,6 +259,7 @@ class FleetRunner:
         kind: LoopKind,
         config: ColocateConfig,
         *,
+        engine: EngineKind = "sglang",
         observers: Sequence[Observer] = (),
         budget: RestartBudget | None = None,
         progress: Callable[[StepProgress], None] | None = None,
@@ -181,6 +267,8 @@ class FleetRunner:
         last: bool = False,
     ) -> FleetRun:
         """Run the colocate loop ``kind`` (``"old"``: the baseline, ``"ours"``: the resilient loop) through fresh proxies.
+
+        ``engine``: the fleet's engine kind, ``"sglang"`` (default) or ``"vllm"`` (a fleet of ``VLLM_DEMO_ENGINE``).
 
         ``on_proxies`` sees the proxies before the first step.
 
@@ -199,38 +287,13 @@ class FleetRunner:
                 self.fleet,
                 config,
                 kind,
+                engine=engine,
                 observers=observers,
                 restart_budget=budget,
                 progress=progress,
                 proxies=proxies,
                 recover_when_spent=not last,
             )
-        finally:
-            for proxy in proxies:
-                proxy.stop()
-        return FleetRun(report, proxies)
-
-    def run_vllm(
-        self,
-        kind: LoopKind,
-        config: ColocateConfig,
-        *,
-        budget: RestartBudget | None = None,
-        progress: Callable[[StepProgress], None] | None = None,
-        on_proxies: Callable[[list[FaultProxy]], None] | None = None,
-    ) -> FleetRun:
-        """``run`` on a fleet of vLLM engines (``VLLMEngineConfig``): the loop of ``resilience.testing.colocate_vllm``
-        (``"old"``: SkyRL's sequence, ``"ours"``) through fresh proxies playing ``plan``."""
-        from resilience.testing.colocate_vllm import run_colocate_vllm
-
-        proxies = [FaultProxy(e.direct_url, self.plan, e.index, seen_limit=PROXY_RECORDS) for e in self.fleet.engines]
-        self._proxies.extend(proxies)
-        for proxy in proxies:
-            proxy.start()
-        if on_proxies is not None:
-            on_proxies(proxies)
-        try:
-            report = run_colocate_vllm(self.fleet, config, kind, restart_budget=budget, progress=progress, proxies=proxies)
         finally:
             for proxy in proxies:
                 proxy.stop()

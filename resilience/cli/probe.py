@@ -1,13 +1,18 @@
-"""``cpr probe URL...``: read-only checks of SGLang engines, all at once, each bounded in time.
+"""``cpr probe URL...``: read-only checks of SGLang (or, with ``--engine vllm``, vLLM) engines, all at once, each bounded in time.
 
-Per engine: ``GET /health``, ``/ready``, ``/model_info`` (weight version),
-``/v1/loads?include=core`` and ``/server_info``, one attempt each with a short
+SGLang, per engine: ``GET /health``, ``/ready``, ``/model_info`` (weight version),
+``/v1/loads?include=core`` and ``/server_info``. vLLM 0.33.0: ``GET /health``, ``/version``,
+``/is_paused``, ``/is_sleeping`` and ``/weight_info``. One attempt each with a short
 timeout, never retried and never anything that changes the engine (no pause,
 flush or release). A paused SGLang engine's ``/health`` hangs about 20 s: the
 probe gives up after ``--timeout`` and says so ("no answer in 3 s (paused?)").
-Every engine and every check runs in its own daemon thread; the whole probe
-ends after at most about twice the timeout. Exit 0 only when every engine is
-healthy.
+What vLLM answers differently (``shared/reference/vllm-control-plane.md``): ``/health``
+stays 200 while the engine is paused or asleep (503 only when the engine core is dead);
+the control routes answer 404 without ``VLLM_SERVER_DEV_MODE=1`` (said so);
+``/is_sleeping`` is true while merely paused; no route says which tags sleep; ``--api-key``
+guards only ``/v1`` routes, so no key is sent. Every engine and every check runs in its own
+daemon thread; the whole probe ends after at most about twice the timeout. Exit 0 only
+when every engine is healthy.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ from urllib.parse import urlsplit
 import requests
 
 from resilience.adapters.sglang import SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
+from resilience.adapters.vllm import VLLM_POLICIES
 from resilience.cli.common import CliError, plural
 from resilience.cli.errors_text import safe_url
 from resilience.cli.render import describe_policy, make_console, rich_table
+from resilience.policy import PolicyTable
 
-__all__ = ["CHECKS", "Check", "CheckResult", "EngineProbe", "policy_groups", "probe_engines", "run_probe"]
+__all__ = ["CHECKS", "VLLM_CHECKS", "Check", "CheckResult", "EngineProbe", "policy_groups", "probe_engines", "run_probe", "vllm_line"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,16 @@ CHECKS: tuple[Check, ...] = (
     Check("server_info", "/server_info"),
 )
 """What ``cpr probe`` asks each engine, in table order; all GETs."""
+
+
+VLLM_CHECKS: tuple[Check, ...] = (
+    Check("health", "/health"),
+    Check("version", "/version"),
+    Check("is_paused", "/is_paused"),
+    Check("is_sleeping", "/is_sleeping"),
+    Check("weight_info", "/weight_info"),
+)
+"""What ``cpr probe --engine vllm`` asks each engine, in table order; all GETs, none behind vLLM's API key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +149,56 @@ class EngineProbe:
         else:
             parts.append(f"/server_info: {server.cell()}")
         return f"{'OK  ' if self.healthy else 'FAIL'}  {safe_url(self.url)}  " + "; ".join(parts)
+
+
+def _flag(result: CheckResult, key: str) -> bool | None:
+    data = result.data
+    if result.ok and isinstance(data, dict) and isinstance(data.get(key), bool):
+        return bool(data[key])
+    return None
+
+
+def vllm_line(probe: EngineProbe) -> str:
+    """One line: OK/FAIL, the URL, and what was learnt (dev mode, paused, asleep, weights)."""
+    r = probe.results
+    if all(x.unreachable for x in r.values()):
+        return f"FAIL  {safe_url(probe.url)}  unreachable: {r['health'].error}"
+    parts = []
+    health = r["health"]
+    if health.ok:
+        parts.append(f"alive ({health.status} in {health.latency_s or 0:.2f} s; also while paused or asleep)")
+    elif health.status == 503:
+        parts.append("/health answered 503: the engine core is dead")
+    else:
+        parts.append(f"/health: {health.cell()}")
+    version = r["version"]
+    if version.ok and isinstance(version.data, dict):
+        parts.append(f"vllm {version.data.get('version', '?')}")
+    else:
+        parts.append(f"/version: {version.cell()}")
+    paused, sleeping = r["is_paused"], r["is_sleeping"]
+    if paused.status == 404 or sleeping.status == 404:
+        parts.append("control routes 404: dev mode off (VLLM_SERVER_DEV_MODE=1 not set)")
+    else:
+        is_paused, is_sleeping = _flag(paused, "is_paused"), _flag(sleeping, "is_sleeping")
+        if is_paused is None:
+            parts.append(f"/is_paused: {paused.cell()}")
+        else:
+            parts.append("paused" if is_paused else "not paused")
+        if is_sleeping is None:
+            parts.append(f"/is_sleeping: {sleeping.cell()}")
+        elif is_sleeping and not is_paused:
+            parts.append("asleep")
+        elif is_sleeping:
+            parts.append("asleep or paused (vLLM cannot tell which)")
+        else:
+            parts.append("awake")
+        info = r["weight_info"]
+        if info.ok and isinstance(info.data, dict):
+            parts.append(f"weights {info.data.get('weight_version')!r}")
+        else:
+            parts.append(f"/weight_info: {info.cell()}")
+    return f"{'OK  ' if probe.healthy else 'FAIL'}  {safe_url(probe.url)}  " + "; ".join(parts)
 
 
 def _first_load(data: Any) -> dict[str, Any] | None:
@@ -235,22 +302,26 @@ def run_probe(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise CliError(f"--api-key-env {args.api_key_env}: that environment variable is not set", 2)
-    if getattr(args, "engine", "sglang") == "vllm":
-        from resilience.cli.probe_vllm import run_vllm_probe
-
-        return run_vllm_probe(urls, args.timeout)
-    probes = probe_engines(urls, args.timeout, api_key)
+    vllm = getattr(args, "engine", "sglang") == "vllm"
+    line: Callable[[EngineProbe], str]
+    if vllm:  # vLLM's --api-key guards only /v1 routes: no check here sends it
+        checks, line, table, name = VLLM_CHECKS, vllm_line, VLLM_POLICIES, "VLLM_POLICIES"
+        probes = probe_engines(urls, args.timeout, None, VLLM_CHECKS, keyed=lambda _path: False)
+    else:
+        checks, line, table, name = CHECKS, EngineProbe.line, SGLANG_POLICIES, "SGLANG_POLICIES"
+        probes = probe_engines(urls, args.timeout, api_key)
     console = make_console()
     for probe in probes:
-        console.print(probe.line(), markup=False, highlight=False, soft_wrap=True)
+        console.print(line(probe), markup=False, highlight=False, soft_wrap=True)
     columns = ["check", *(safe_url(p.url).split("://", 1)[1].rstrip("/") for p in probes)]  # host:port, no credentials
-    rows = [[f"GET {check.path}", *(p.results[check.name].cell() for p in probes)] for check in CHECKS]
+    rows = [[f"GET {check.path}", *(p.results[check.name].cell() for p in probes)] for check in checks]
     # the heading is a line of its own: as a table title it would wrap at the table's width (narrow for one engine)
-    heading = f"cpr probe: {plural(len(probes), 'engine')}, one attempt per check, {args.timeout:g} s timeout"
+    command = "cpr probe --engine vllm" if vllm else "cpr probe"
+    heading = f"{command}: {plural(len(probes), 'engine')}, one attempt per check, {args.timeout:g} s timeout"
     console.print(heading, markup=False, highlight=False, soft_wrap=True)
     console.print(rich_table(None, columns, rows))
-    console.print("policy a client applies (SGLANG_POLICIES):", markup=False, highlight=False)
-    for paths, description in policy_groups():
+    console.print(f"policy a client applies ({name}):", markup=False, highlight=False)
+    for paths, description in policy_groups(checks, table):
         console.print(f"  {paths}: {description}", markup=False, highlight=False, soft_wrap=True)
     healthy = sum(p.healthy for p in probes)
     console.print(f"{healthy} of {plural(len(probes), 'engine')} healthy", markup=False, highlight=False)
@@ -260,9 +331,9 @@ def run_probe(args: argparse.Namespace) -> int:
     return 0 if not sick else 1
 
 
-def policy_groups() -> list[tuple[str, str]]:
-    """The policy SGLANG_POLICIES applies to each check, once per distinct policy: ``("GET /ready, /v1/loads", "...")``."""
+def policy_groups(checks: Sequence[Check] = CHECKS, table: PolicyTable = SGLANG_POLICIES) -> list[tuple[str, str]]:
+    """The policy ``table`` applies to each of ``checks``, once per distinct policy: ``("GET /ready, /v1/loads", "...")``."""
     groups: dict[str, list[str]] = {}
-    for check in CHECKS:
-        groups.setdefault(describe_policy(SGLANG_POLICIES.match("GET", check.path).policy), []).append(check.path)
+    for check in checks:
+        groups.setdefault(describe_policy(table.match("GET", check.path).policy), []).append(check.path)
     return [(f"GET {', '.join(paths)}", description) for description, paths in groups.items()]

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
     from rich.table import Table
 
-    from resilience.testing.colocate import ColocateReport, StepProgress
+    from resilience.testing.colocate import StepProgress
+    from resilience.testing.lab import ColocateReport
 
 __all__ = [
     "PHASES",

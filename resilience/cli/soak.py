@@ -44,11 +44,11 @@ from typing import Any
 
 from resilience.budget import RestartBudget
 from resilience.cli.common import CliError, check_output_file, need, plural, write_json
-from resilience.cli.demo_vllm import VLLM_DEMO_ENGINE, vllm_demo_plan
-from resilience.cli.fleet import DEMO_ENGINE, FleetRunner, soak_plan
+from resilience.cli.fleet import DEMO_ENGINE, VLLM_DEMO_ENGINE, FleetRunner, check_engines, soak_plan, vllm_demo_plan
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.testing.colocate import BASELINE, ColocateConfig, ColocateReport, StepProgress
+from resilience.testing.colocate import ColocateConfig, EngineKind, StepProgress
 from resilience.testing.faults import FaultPlan, FaultPlanError, FaultProxy
+from resilience.testing.lab import BASELINE, ColocateReport
 
 __all__ = ["DEFAULT_RESTART_EVERY", "FLAT_GROWTH", "RssSampler", "memory_verdict", "pss_bytes", "run_soak", "seed_caption", "soak_verdict"]
 
@@ -190,6 +190,7 @@ def seed_caption(seed: int, plan_seed: int, *, from_file: bool, given: bool) -> 
 def run_soak(args: argparse.Namespace) -> int:
     """Run the soak from parsed arguments; exit 0 when no step failed, no engine died and no request was lost, else 1."""
     report_path = check_output_file(Path(args.report), "--report", (".json",))
+    check_engines(args.engines, "--engines")
     vllm = getattr(args, "engine", "sglang") == "vllm"
     restart_every = args.restart_every if args.restart_every is not None else (0 if vllm else DEFAULT_RESTART_EVERY)
     if vllm and restart_every:
@@ -231,10 +232,8 @@ def run_soak(args: argparse.Namespace) -> int:
                 show(p)
 
             budget = RestartBudget(config.restart_limit)
-            if vllm:
-                run = runner.run_vllm(args.way, config, budget=budget, progress=on_step, on_proxies=proxies.extend)
-            else:
-                run = runner.run(args.way, config, budget=budget, progress=on_step, last=True, on_proxies=proxies.extend)
+            kind: EngineKind = "vllm" if vllm else "sglang"  # vLLM's loop recovers after every step, the last too (stragglers)
+            run = runner.run(args.way, config, engine=kind, budget=budget, progress=on_step, last=not vllm, on_proxies=proxies.extend)
             report = run.report
             ui.run_ended(title, report)
             proxy_records = sum(len(proxy.seen) for proxy in run.proxies)

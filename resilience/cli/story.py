@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from resilience.cli.common import plural
 
 if TYPE_CHECKING:
-    from resilience.testing.colocate import ColocateReport
+    from resilience.testing.lab import ColocateReport
 
 __all__ = ["death_causes", "per_step", "rates_note", "steps_run", "story"]
 

@@ -1,108 +1,69 @@
-"""A colocated RL training loop on emulated engines, run as the baseline (``"old"``) or the resilient loop (``"ours"``).
+"""The colocate comparison: one loop of RL steps on emulated engines, for every engine kind and route, the old way and ours.
 
-Each step: rollout (generation on every engine, plus stragglers that arrive
-around the offload), offload, a training pause, onload, weight sync. The
-baseline is the seeds' "before" code: bare ``requests`` calls with
-``raise_for_status()``, flush then release with no pause, a bare weight sync.
-The resilient loop is ``SGLangClient`` + ``Orchestrator``. Where a control call may have
-been applied (a reset or a read timeout after sending), the baseline does what
-verl does with every control call (re-send it on a connection error or a
-timeout, 3 attempts), which kills an engine whose release or resume had been
-applied; the resilient loop raises ``AmbiguousOutcome``, the orchestrator quarantines the
-engine, and this driver reconciles it from the emulator's memory probe (a side channel,
-as NVML would be on a GPU node; see ``_Loop._reconcile``) and runs the transition again. A failed step is what makes a
-controller trigger a global restart: it is recorded in a ``RestartBudget``,
-engines are put back in order (dead ones restarted), and the run goes on
-until the budget is spent. With ``ColocateConfig.controller_crash_step`` the
-controller dies once while the engines train and a new one runs that step again
-from its offload: the baseline's new controller knows nothing and releases
-again (the engines die, torch_memory_saver's ``exit(1)``); ours starts on the
-dead one's journal (``Orchestrator(journal=...)``) and knows the offload is done.
-With ``ColocateConfig.controller_kill_every`` the resilient loop's controller is
-killed every K steps inside a seeded phase, its calls on the wire
-(``resilience.testing.controller_kill``), and a new one starts on a copy of the
-journal as it was at the kill; the engines it left unknown are reconciled from
-the memory probe (``Orchestrator(memory_probe=...)``, then ``_Loop._reconcile``).
-``cpr demo``, ``cpr soak`` and the chaos tests drive this loop.
+``run_colocate(fleet, config, way, engine=..., route=...)`` runs ``config.steps`` steps of one way and
+scores them alike whatever runs them: a step that raised, or in which an engine died, is a failed step
+and spends one restart of the run's ``RestartBudget`` (the seed's max_global_restart), after which the
+lab puts the fleet back in order (dead engines restarted) and the run goes on until the budget is spent.
+What a step is comes from the lab of the engine kind and route (:class:`~resilience.testing.lab.Lab`):
+
+- ``engine="sglang", route="direct"``: ``resilience.testing.lab_sglang`` (the seeds' "before" code, bare
+  ``requests``, against ``SGLangClient`` + ``Orchestrator``; controller restarts and kills on the journal);
+- ``engine="vllm", route="direct"``: ``resilience.testing.lab_vllm`` (SkyRL's colocated sequence against the
+  barrier with the vLLM rules);
+- ``engine="sglang", route="smg"``: ``resilience.testing.lab_smg`` (behind a real smg gateway: smg's own
+  client, ours direct, ours through ``SmgFanOut``).
+
+An interrupt (Ctrl-C, or SIGINT sent to this process alone) ends the run within about a second: the
+run's :class:`~resilience.testing.lab.StopClock` is stopped, so no lab thread keeps retrying, the lab
+closes without waiting for calls in flight, and the interrupt propagates. ``cpr demo``, ``cpr soak``, the
+benchmarks and the chaos tests drive this loop.
 """
 
 from __future__ import annotations
 
-import random
-import shutil
-import statistics
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal
 
-import requests
-
-from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
-from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.holds import WEIGHT_SYNC_HOLD
 from resilience.budget import RestartBudget
-from resilience.events import AttemptEnded, CallEnded, Event, Observer, RetryScheduled
-from resilience.outcome import CallOutcome
-from resilience.policy import PolicyTable
-from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
-from resilience.testing.counting_probe import CountingProbe
-from resilience.testing.emulator import EmulatedFleet, EngineHandle
-from resilience.testing.faultplan import CONTROL_PATHS
-from resilience.testing.memory_probe import EmulatorMemoryProbe
-from resilience.testing.policies import fast_policies
+from resilience.events import Observer
+from resilience.testing.lab import ColocateReport, Lab, LabSetup, StopClock
 
 if TYPE_CHECKING:
+    from resilience.policy import PolicyTable
+    from resilience.testing.emulator import EmulatedFleet
+    from resilience.testing.faultplan import FaultPlan
     from resilience.testing.faults import FaultProxy
 
-__all__ = [
-    "BASELINE",
-    "RESILIENT",
-    "ColocateConfig",
-    "ColocateReport",
-    "LoopKind",
-    "StepProgress",
-    "demo_policies",
-    "run_colocate",
-    "score_step",
-]
+__all__ = ["ENGINES", "ROUTES", "ColocateConfig", "EngineKind", "Route", "StepProgress", "run_colocate", "score_step"]
 
-LoopKind = Literal["old", "ours"]
-"""Which loop runs: :data:`BASELINE` or :data:`RESILIENT` (the values name the runs in reports and in ``cpr soak --way``)."""
-BASELINE: Final = "old"
-"""The baseline loop: bare ``requests`` as the seeds' "before" code calls the engines."""
-RESILIENT: Final = "ours"
-"""The resilient loop: ``SGLangClient`` + ``Orchestrator``."""
-_DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20, in_transit_s=5)
-"""``in_transit_s``: an emulated engine applies a control call within milliseconds of its arrival, and the proxy hands a
-request on at once; 5 s covers a loaded machine without waiting out a 20 s phase limit after every ambiguous reset."""
-CONTROL_TIMEOUT_S = 3.0
-"""Seconds each attempt of a pause, continue, release or resume may take in demo and soak runs, both loops
-(time-scaled: SGLANG_POLICIES allow 30-120 s; an emulated control call answers in milliseconds)."""
-_SCALED_ROUTES = ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation")
-_BASELINE_ATTEMPTS = 3
-"""The baseline's attempts on a connection error or a timeout: verl's ``max_attempts=3`` (statuses are not retried)."""
-_RECONCILE_ROUNDS = 3
-"""How many times the resilient loop runs one transition, reconciling the engines it quarantined in between."""
+EngineKind = Literal["sglang", "vllm"]
+"""The emulated engines a run drives."""
+Route = Literal["direct", "smg"]
+"""How the control plane reaches them: straight to each engine (through its fault proxy), or behind an smg gateway."""
+ENGINES: Final[tuple[EngineKind, ...]] = ("sglang", "vllm")
+ROUTES: Final[tuple[Route, ...]] = ("direct", "smg")
+_LABS: Final = frozenset({("sglang", "direct"), ("vllm", "direct"), ("sglang", "smg")})
+"""The (engine kind, route) pairs with a lab; vLLM behind smg is not offered (smg 1.13.0 fans out SGLang's routes)."""
+_WAYS: Final[dict[str, tuple[str, ...]]] = {"direct": ("old", "ours"), "smg": ("smg", "ours", "ours-smg")}
+"""The ways of each route (behind smg: ``lab_smg.PEER_WAYS``' names, in table order)."""
 
 
-def demo_policies() -> PolicyTable:
-    """SGLANG_POLICIES' decisions with backoffs scaled down 10x and control attempts capped at ``CONTROL_TIMEOUT_S``.
+def _lab(engine: str, route: str) -> Callable[[LabSetup], Lab]:
+    """The lab class of a pair of ``_LABS``, imported when first asked for (a run imports only its own engine's client
+    stack: a soak's process stays as small as its loop)."""
+    if (engine, route) == ("sglang", "direct"):
+        from resilience.testing.lab_sglang import SGLangLab
 
-    Demo and soak runs are time-scaled; what is retried and what is never re-sent is SGLANG_POLICIES'.
-    """
-    table = fast_policies(SGLANG_POLICIES, base_s=0.05, cap_s=0.4)
-    scaled = {
-        key: replace(policy, attempt_timeout_s=CONTROL_TIMEOUT_S)
-        for key, policy in table.entries.items()
-        if any(key.endswith(" " + route) for route in _SCALED_ROUTES)
-    }
-    assert len(scaled) == len(_SCALED_ROUTES), f"SGLANG_POLICIES routes changed: {sorted(scaled)}"
-    return table.with_entries(scaled)
+        return SGLangLab
+    if engine == "vllm":
+        from resilience.testing.lab_vllm import VLLMLab
+
+        return VLLMLab
+    from resilience.testing.lab_smg import SmgLab
+
+    return SmgLab
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +122,7 @@ class StepProgress:
     """Told to the progress callback after each step."""
 
     way: str
-    """The loop that ran the step: ``"old"`` (:data:`BASELINE`) or ``"ours"`` (:data:`RESILIENT`)."""
+    """The way that ran the step (``ColocateReport.way``)."""
     step: int
     steps: int
     ok: bool
@@ -174,533 +135,15 @@ class StepProgress:
     """``time.monotonic_ns()`` when the step's last call returned, before any recovery, or None."""
 
 
-@dataclass
-class ColocateReport:
-    """What a run did; the side-by-side table and the JSON report are made of these fields."""
-
-    way: str
-    """The loop that ran: ``"old"`` (:data:`BASELINE`) or ``"ours"`` (:data:`RESILIENT`); a key of the JSON report."""
-    steps_planned: int
-    steps_finished: int = 0
-    failed_steps: int = 0
-    restarts: int = 0
-    restart_limit: int = 3
-    restart_budget_left: int = 3
-    engine_deaths: int = 0
-    http_502_seen: int = 0
-    http_502_absorbed: int = 0
-    ambiguous_faults_seen: int = 0
-    """Faults injected after the engine acted (reset once sent, never answered, 502 or reset after the answer)."""
-    engines_quarantined: int = 0
-    """Times the orchestrator quarantined an engine (its released memory unknown); the resilient loop only."""
-    engines_reconciled: int = 0
-    """Quarantined engines this driver reconciled from the emulator's memory probe (a side channel); the resilient loop only."""
-    controller_restarts: int = 0
-    """Times the controller died while the engines trained and a new one took over (``controller_crash_step``)."""
-    controller_restart_deaths: int = 0
-    """Engines that died in the step a new controller ran again after a controller restart."""
-    controller_kills: int = 0
-    """Of ``controller_restarts``, the kills inside a phase with its calls on the wire (``controller_kill_every``)."""
-    restarts_clean: int = 0
-    """Controller kills after which the journal left no engine's memory unknown: no reconcile was needed."""
-    reconciles_probe: int = 0
-    """Engines whose unknown released memory the barrier reconciled from the memory probe (its own probing and ``_reconcile``'s)."""
-    probe_verdicts: int = 0
-    """Releases and resumes whose client settled a gateway status or a reset from the memory probe (applied or not) instead
-    of re-sending blindly; the resilient loop only."""
-    retried_502: int = 0
-    """Calls re-sent after a 502: ours from its retry events (``status_502``); the baseline only re-sends
-    ``update_weights_from_tensor`` on a gateway status (the seed's ``_make_request(max_attempts=3)``)."""
-    resent_after_error: int = 0
-    """Calls re-sent after a connection error, reset or read timeout: ours from its retry events (an idempotent call, or
-    one that never reached the engine); the baseline re-sends any control call so (verl's 3 attempts), whether or not
-    the engine had acted on it."""
-    requests_aborted_rerun: int = 0
-    requests_lost: int = 0
-    garbage_completions: int = 0
-    """Completions answered 200 with text no intact weights give (vLLM after a level-2 sleep woken without an update); vLLM runs only."""
-    phase_seconds: dict[str, list[float]] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    stopped_early: str | None = None
-    wall_s: float = 0.0
-
-    def percentile(self, phase: str, q: float) -> float | None:
-        """The ``q`` quantile (0-1) of a phase's durations, or None without samples."""
-        values = sorted(self.phase_seconds.get(phase, []))
-        if not values:
-            return None
-        if len(values) == 1:
-            return values[0]
-        return float(statistics.quantiles(values, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))])
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, with p50/p99 per phase."""
-        data = asdict(self)
-        data["phase_latency_s"] = {
-            phase: {"p50": self.percentile(phase, 0.5), "p99": self.percentile(phase, 0.99), "n": len(v)}
-            for phase, v in self.phase_seconds.items()
-        }
-        del data["phase_seconds"]
-        return data
-
-
-class _Counter:
-    """Counts the 502s absorbed from the retry loop's events: each 502 answer inside a call that ended well.
-
-    A 502 is absorbed by a retry (``status_502``), or, on a release or resume whose client asks the memory
-    probe, by the probe's verdict: "done" ends the call as applied, "not done" re-sends it (``probe_not_done``).
-    """
-
-    def __init__(self) -> None:
-        self.absorbed = 0
-        self.retries: dict[str, int] = {}
-        """Retries by reason (``RetryScheduled.reason``: ``status_502``, ``connection_reset``, ...)."""
-        self._pending: dict[int, int] = {}
-        """call_id -> its 502 answers so far (removed when the call ends: bounded by the calls in flight)."""
-        self._lock = threading.Lock()
-
-    def __call__(self, event: Event) -> None:
-        if isinstance(event, RetryScheduled):
-            with self._lock:
-                self.retries[event.reason] = self.retries.get(event.reason, 0) + 1
-        if isinstance(event, AttemptEnded) and event.status == 502:
-            with self._lock:
-                self._pending[event.call_id] = self._pending.get(event.call_id, 0) + 1
-        elif isinstance(event, CallEnded):
-            with self._lock:
-                n = self._pending.pop(event.call_id, 0)
-                if event.outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
-                    self.absorbed += n
-
-
-def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeout: float = 30.0) -> requests.Response:
-    r = session.post(url, json=body, timeout=timeout)
-    r.raise_for_status()
-    return r
-
-
-_TRANSPORT_REASONS = frozenset({"connect_error", "read_timeout", "connection_reset"})
-"""Retry reasons of a transport failure (no HTTP answer): what ``resent_after_error`` counts of ours."""
-
-
-class _BaselineResends:
-    """What the baseline re-sent (it has no retry events to count them by); thread-safe."""
-
-    def __init__(self) -> None:
-        self.after_error = 0
-        """Control calls re-sent after a connection error or timeout."""
-        self.after_502 = 0
-        """``update_weights_from_tensor`` calls re-sent after a 502."""
-        self.absorbed_502 = 0
-        """502s followed by a good answer to the same call."""
-        self._lock = threading.Lock()
-
-    def add(self, *, after_error: int = 0, after_502: int = 0, absorbed_502: int = 0) -> None:
-        with self._lock:
-            self.after_error += after_error
-            self.after_502 += after_502
-            self.absorbed_502 += absorbed_502
-
-
-def _baseline_control(
-    session: requests.Session, url: str, body: dict[str, Any], resends: _BaselineResends | None = None
-) -> requests.Response:
-    """The baseline's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
-    for attempt in range(_BASELINE_ATTEMPTS):
-        try:
-            return _json_post(session, url, body, timeout=CONTROL_TIMEOUT_S)
-        except (requests.ConnectionError, requests.Timeout):
-            if attempt == _BASELINE_ATTEMPTS - 1:
-                raise
-            if resends is not None:
-                resends.add(after_error=1)
-            time.sleep(0.05)
-    raise AssertionError("unreachable")
-
-
-def _bare_session() -> requests.Session:
-    """The baseline's session: no proxy from the environment, a pool for every engine's calls at once."""
-    session = requests.Session()
-    session.trust_env = False
-    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
-    return session
-
-
-class _Loop:
-    def __init__(
-        self,
-        fleet: EmulatedFleet,
-        config: ColocateConfig,
-        kind: LoopKind,
-        observers: Sequence[Observer],
-        budget: RestartBudget,
-        policies: PolicyTable,
-        urls: Sequence[str] | None = None,
-        proxies: Sequence[FaultProxy | None] = (),
-    ) -> None:
-        self.fleet, self.config, self.kind = fleet, config, kind
-        self.urls = list(urls) if urls is not None else fleet.urls
-        self.rng = random.Random(f"{config.seed}:{kind}")
-        self.budget = budget
-        self.counter = _Counter()
-        self.resends = _BaselineResends()
-        self._count_lock = threading.Lock()
-        self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
-        self.pool = ThreadPoolExecutor(
-            max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{kind}"
-        )
-        self.bare = _bare_session()
-        self._policies, self._client_observers = policies, (*observers, self.counter)
-        self.proxy_of: dict[str, FaultProxy] = {}
-        aliases = {u: h.direct_url for u, h in zip(self.urls, fleet.engines, strict=True)}
-        truth = EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases)
-        self.probe = CountingProbe(truth)
-        """Where the orchestrator and ``_reconcile`` learn an engine's released tags: the emulator's side channel, not HTTP."""
-        self.client_probe = CountingProbe(truth)
-        """The same, asked by the clients' release and resume before re-sending after a gateway status or a reset."""
-        self.clients = self._new_clients()
-        self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
-        self.proxy_of.update({client.engine: proxy for client, proxy in zip(self.clients, proxies, strict=False) if proxy is not None})
-        restarts = config.controller_crash_step is not None or config.controller_kill_every is not None
-        self._journal_dir = Path(tempfile.mkdtemp(prefix="cpr-journal-")) if restarts else None
-        self._journals = 0
-        self._journal_path = self._new_journal_path()
-        self._snapshot: Path | None = None
-        self.fanout = KillSwitchFanOut(on_kill=self._snapshot_journal)
-        """Every orchestrator's fan-out; armed in the steps ``controller_kill_every`` names."""
-        self.kill_rng = random.Random(f"{config.seed}:kill")
-        """Where each kill lands (phase, delay): its own stream, so kills do not move the stragglers."""
-        self._old_clients: list[SGLangClient] = []
-        self.restarted_controller_in: int | None = None
-        """The step a new controller ran again after the old one died (``controller_crash_step``), once it did."""
-        self.orch = self._orchestrator(observers)
-
-    def _new_journal_path(self) -> Path | None:
-        """A fresh journal file in the run's folder (None when the run restarts no controller: knowledge in memory)."""
-        if self._journal_dir is None:
-            return None
-        self._journals += 1
-        return self._journal_dir / f"barrier-{self._journals}.journal"
-
-    def _orchestrator(self, observers: Sequence[Observer]) -> Orchestrator[SGLangClient]:
-        """An Orchestrator over the current clients on ``self._journal_path``, with the memory probe and the kill switch."""
-        return Orchestrator(
-            EngineGroup(self.clients),
-            observers=observers,
-            deadlines=_DEADLINES,
-            restart_budget=self.budget,
-            fanout=self.fanout,
-            memory_probe=self.probe,
-            journal=self._journal_path,
-        )
-
-    def _snapshot_journal(self) -> None:
-        """At the instant of a kill: copy the journal as it is, what a killed process leaves on disk (the next controller's)."""
-        path = self._new_journal_path()
-        if path is not None and self._journal_path is not None:
-            shutil.copyfile(self._journal_path, path)
-        self._snapshot = path
-
-    def _new_clients(self) -> list[SGLangClient]:
-        return [
-            SGLangClient(
-                u,
-                policies=self._policies,
-                observers=self._client_observers,
-                flush_poll_s=0.05,
-                pool_maxsize=64,
-                memory_probe=self.client_probe,
-            )
-            for u in self.urls
-        ]
-
-    # -- generation ------------------------------------------------------------------
-
-    def _generate(self, i: int, tag: str) -> GenerateResult | None:
-        body = {"text": tag, "sampling_params": {"max_new_tokens": self.config.max_new_tokens}}
-        if self.kind == BASELINE:
-            r = self.bare.post(f"{self.urls[i]}/generate", json=body, timeout=60)
-            r.raise_for_status()
-            data = r.json()
-            finish = (data.get("meta_info") or {}).get("finish_reason") or {}
-            return GenerateResult(
-                data.get("text", ""), (), finish.get("type") if isinstance(finish, dict) else finish, data.get("meta_info", {})
-            )
-        return self.clients[i].generate(tag, sampling_params={"max_new_tokens": self.config.max_new_tokens})
-
-    def _straggler(self, i: int, delay: float, tag: str) -> str:
-        time.sleep(delay)
-        for _ in range(3):  # an aborted request is re-submitted by the rollout, as RL rollouts do
-            try:
-                out = self._generate(i, tag)
-            except requests.RequestException:
-                return "lost"
-            if out is None or not out.aborted:
-                return "done"
-            with self._count_lock:  # stragglers run on many threads
-                self.report.requests_aborted_rerun += 1
-        return "lost"
-
-    # -- the two loops -----------------------------------------------------------------
-
-    def _timed(self, phase: str, fn: Callable[[], object]) -> None:
-        t0 = time.monotonic()
-        fn()
-        self.report.phase_seconds.setdefault(phase, []).append(time.monotonic() - t0)
-
-    def _baseline_offload(self) -> None:
-        def one(url: str) -> None:
-            for _ in range(self.config.baseline_flush_polls):  # slime/Relax: poll flush until it says flushed
-                r = self.bare.get(f"{url}/flush_cache", timeout=30)
-                if r.status_code == 200:
-                    break
-                time.sleep(0.05)
-            else:
-                raise TimeoutError(f"{url}: timeout while flushing cache")
-            _baseline_control(self.bare, f"{url}/release_memory_occupation", {"tags": None}, self.resends)
-
-        list(self.pool.map(one, self.urls))
-
-    def _baseline_onload(self) -> None:
-        list(
-            self.pool.map(lambda u: _baseline_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}, self.resends), self.urls)
-        )
-
-    def _baseline_weight_sync(self, version: str) -> None:
-        def one(url: str) -> None:
-            _baseline_control(self.bare, f"{url}/pause_generation", {}, self.resends)
-            _json_post(self.bare, f"{url}/begin_weight_update", {"selector": "all"})
-            got_502 = 0
-            for attempt in range(3):  # the seed's _make_request(max_attempts=3) on this one call
-                r = self.bare.post(f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": version})
-                if r.status_code not in (502, 503, 504) or attempt == 2:
-                    r.raise_for_status()
-                    self.resends.add(absorbed_502=got_502)
-                    break
-                if r.status_code == 502:
-                    got_502 += 1
-                    self.resends.add(after_502=1)
-                time.sleep(0.05)
-            _json_post(self.bare, f"{url}/end_weight_update", {})
-            _baseline_control(self.bare, f"{url}/continue_generation", {}, self.resends)
-
-        list(self.pool.map(one, self.urls))
-
-    def _resilient_weight_sync(self, version: str) -> None:
-        with self.orch.weight_sync(mode="retract") as engines:
-
-            def one(client: SGLangClient) -> None:
-                client.begin_weight_update()
-                client.update_weights_from_tensor(["w"], weight_version=version)
-                client.end_weight_update()
-
-            list(self.pool.map(one, engines))
-
-    def _resilient(self, transition: Callable[[], object]) -> None:
-        """Run one of the resilient loop's transitions (see ``_rounds``); killed inside it, a new controller runs it again."""
-        try:
-            self._rounds(transition)
-        except ControllerKilled:
-            self._controller_killed()
-            self._rounds(transition)
-
-    def _rounds(self, transition: Callable[[], object]) -> None:
-        """Run a transition; after a PhaseFailed that quarantined engines, reconcile them and run it again.
-
-        Gives up (re-raises) when an engine died, when nothing was quarantined (the failure is not about
-        unknown memory), or after ``_RECONCILE_ROUNDS`` runs: then the step fails, as before.
-        """
-        for round_ in range(1, _RECONCILE_ROUNDS + 1):
-            try:
-                transition()
-                return
-            except PhaseFailed as exc:
-                names = sorted(set(exc.quarantined) | set(self.orch.quarantined()))
-                if not names or exc.dead or round_ == _RECONCILE_ROUNDS:
-                    raise
-                self.report.engines_quarantined += len(names)
-                self._reconcile(names)
-
-    def _reconcile(self, names: Sequence[str]) -> None:
-        """Tell the orchestrator each quarantined engine's released memory, asked of a memory probe.
-
-        A real controller asks a ``MemoryProbe`` too (NVML's per-process GPU memory on the engine's
-        node, ``resilience.adapters.nvml``); here it is the emulator's own truth through its side channel
-        (``EmulatorMemoryProbe``: each engine publishes its released tags to a state file), never an
-        HTTP route. The probe answers None while a release or resume is being carried out (a release
-        whose client saw a reset finishes a moment later), and the orchestrator refuses while a call it
-        sent is still running: then this asks again, for at most 10 s. An engine with memory released is
-        paused (one that served would have died at its next prefill); with none released, whether it is
-        paused is left unknown, and the next transition that needs it paused pauses it again (safe).
-        """
-        for name in names:
-            deadline = time.monotonic() + 10.0
-            while True:
-                proxy = self.proxy_of.get(name)
-                if proxy is not None:  # control calls only: generation held at a paused engine's gate is not waited for
-                    proxy.settle(paths=CONTROL_PATHS)
-                released = self.probe.released_tags(name)
-                try:
-                    if released is None:
-                        raise RuntimeError(f"the memory probe cannot prove {name}'s released tags yet")
-                    self.orch.reconcile(name, released=released, paused=True if released else None)
-                    break
-                except RuntimeError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            self.report.engines_reconciled += 1
-
-    def step(self, n: int) -> None:
-        cfg = self.config
-        engines = range(len(self.urls))
-        rollout = [self.pool.submit(self._generate, i, f"s{n}-e{i}-r{k}") for i in engines for k in range(cfg.rollout_requests)]
-        for f in rollout:
-            f.result(timeout=120)
-        stragglers = [
-            self.pool.submit(self._straggler, i, self.rng.uniform(0, cfg.straggler_window_s), f"s{n}-e{i}-late{k}")
-            for i in engines
-            for k in range(cfg.stragglers)
-        ]
-        kill = cfg.kills_at(n)
-        if kill and self.kind != BASELINE:  # any of the step's phases (offload 3, onload 2, weight sync 2), 0-50 ms in
-            self.fanout.arm(KillPoint(phase=self.kill_rng.randrange(7), after_s=round(self.kill_rng.uniform(0.0, 0.05), 4)))
-        try:
-            if self.kind == BASELINE:
-                offload: Callable[[], None] = self._baseline_offload
-                onload: Callable[[], None] = self._baseline_onload
-                sync: Callable[[], None] = lambda: self._baseline_weight_sync(f"v{n}")  # noqa: E731
-            else:  # self.orch is read when each runs: a controller restart replaces it
-                offload = lambda: self._resilient(lambda: self.orch.offload(mode="abort"))  # noqa: E731
-                onload = lambda: self._resilient(lambda: self.orch.onload())  # noqa: E731
-                sync = lambda: self._resilient(lambda: self._resilient_weight_sync(f"v{n}"))  # noqa: E731
-            self._timed("offload", offload)
-            if n == cfg.controller_crash_step or (kill and self.kind == BASELINE):
-                time.sleep(cfg.train_s)  # the controller dies while the engines train
-                self._controller_restart(n)
-                self._timed("offload", offload)  # the new controller runs the step again from its offload
-            time.sleep(cfg.train_s)
-            self._timed("onload", onload)
-            self._timed("weight_sync", sync)
-        finally:
-            self.fanout.disarm()  # a kill point the step did not reach (a step with fewer phases) is not carried over
-            lost = sum(1 for f in stragglers if f.result(timeout=120) == "lost")
-            self.report.requests_lost += lost
-            for client in self._old_clients:  # a dead controller's clients: closed once its stragglers are in
-                client.close()
-            self._old_clients.clear()
-
-    # -- recovery: what a global restart does here ------------------------------------------
-
-    @staticmethod
-    def _restart(engines: Sequence[EngineHandle]) -> None:
-        for engine in engines:  # restart in parallel: stop all, spawn all, then wait for all
-            engine.stop()
-            engine.spawn()
-        ready_by = time.monotonic() + 120
-        for engine in engines:
-            engine.wait_ready(ready_by)
-
-    def _put_in_order(self, engine: EngineHandle) -> None:
-        state = engine.state()
-        if state.get("released_tags"):
-            self.bare.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
-        if state.get("paused"):
-            self.bare.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
-        if state.get("weight_update_session_open"):
-            self.bare.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
-
-    def recover(self) -> int:
-        """Restart dead engines; continue/resume live ones left paused or released. Returns deaths found."""
-        dead = [e for e in self.fleet.engines if not e.alive()]
-        self._restart(dead)
-        for engine in self.fleet.engines:
-            if engine in dead:
-                continue
-            try:
-                self._put_in_order(engine)
-            except requests.RequestException:
-                # A crash lands a moment after the call that caused it: the engine may have died after the check above.
-                if engine.wait_exit(5.0) is None:
-                    raise
-                self._restart([engine])
-                dead.append(engine)
-        for client in self.clients:  # a global restart starts the controller afresh: new clients, new orchestrator
-            client.close()
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._new_journal_path())  # every engine in order: nothing to resume
-        return len(dead)
-
-    def _replace_orchestrator(self, journal: Path | None) -> None:
-        """Let go of the old orchestrator's journal and build a new one (over ``self.clients``) on ``journal``."""
-        old, observers = self.orch, self.orch.observers
-        old.close()
-        if old.journal is not None and self._journal_path is not None and self._journal_path != journal:
-            self._journal_path.unlink(missing_ok=True)  # one journal file at a time on disk
-        self._journal_path = journal
-        self.orch = self._orchestrator(observers)
-
-    def _controller_killed(self) -> None:
-        """The controller died inside a phase (``KillSwitchFanOut``); a new one takes over on the journal's copy from that instant.
-
-        What the dead one sent still lands: the new controller starts once those calls ended (a dead
-        process sends nothing more, but its requests on the wire reach the engines). It has new clients and
-        knows only what the copy says: a call in flight at the kill is "maybe applied", and an engine whose
-        tags it leaves unknown is reconciled from the memory probe (the orchestrator's own, then
-        ``_reconcile``). A weight-sync hold the dead one took is released by the new one (it knows the owner
-        is gone; the owner's PID here is this process's, so the journal cannot tell).
-        """
-        self.report.controller_restarts += 1
-        self.report.controller_kills += 1
-        self.fanout.drain(30.0)
-        self._old_clients.extend(self.clients)  # stragglers may still be generating through them
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._snapshot)
-        self._snapshot = None
-        for _ in range(8):  # bounded: one unpause per hold the dead controller left
-            if not any(WEIGHT_SYNC_HOLD in reasons for reasons in self.orch.held().values()):
-                break
-            self._rounds(lambda: self.orch.unpause(WEIGHT_SYNC_HOLD))
-        if not self.orch.quarantined():
-            self.report.restarts_clean += 1
-
-    def _controller_restart(self, n: int) -> None:
-        """The controller dies while the engines train, and a new one takes over; the engines keep their state.
-
-        The baseline's new controller is a new process that knows nothing (a new session). Ours is one too
-        (new clients, a new Orchestrator), started on the dead one's journal: it resumes what the old one knew.
-        """
-        self.report.controller_restarts += 1
-        self.restarted_controller_in = n
-        if self.kind == BASELINE:
-            self.bare.close()
-            self.bare = _bare_session()
-            return
-        for client in self.clients:
-            client.close()
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._journal_path)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        self.bare.close()
-        for client in [*self.clients, *self._old_clients]:
-            client.close()
-        self.orch.close()
-        self.fanout.close()
-        if self._journal_dir is not None:
-            shutil.rmtree(self._journal_dir, ignore_errors=True)
-
-
 _ERROR_CHARS = 2000
 """Characters of a failed step's error kept in ``ColocateReport.failures`` (a PhaseFailed names every engine's cause)."""
+_TRANSPORT_REASONS = frozenset({"connect_error", "read_timeout", "connection_reset"})
+"""Retry reasons of a transport failure (no HTTP answer): what ``resent_after_error`` counts of ours."""
+_AMBIGUOUS_KINDS = frozenset({"drop_after", "hang_after", "reset_after", "status_after"})
 
 
 def _injected_502s(proxies: Sequence[FaultProxy | None]) -> int:
     return sum(proxy.injected_count(502) for proxy in proxies if proxy is not None)
-
-
-_AMBIGUOUS_KINDS = frozenset({"drop_after", "hang_after", "reset_after", "status_after"})
 
 
 def _injected_ambiguous(proxies: Sequence[FaultProxy | None]) -> int:
@@ -726,85 +169,109 @@ def score_step(report: ColocateReport, budget: RestartBudget, n: int, error: str
     report.restart_budget_left = budget.remaining
 
 
+
 def run_colocate(
     fleet: EmulatedFleet,
     config: ColocateConfig,
-    kind: LoopKind,
+    way: str,
     *,
+    engine: EngineKind = "sglang",
+    route: Route = "direct",
     observers: Sequence[Observer] = (),
     restart_budget: RestartBudget | None = None,
     policies: PolicyTable | None = None,
     progress: Callable[[StepProgress], None] | None = None,
     proxies: Sequence[FaultProxy] | None = None,
+    plan: FaultPlan | None = None,
     recover_when_spent: bool = True,
 ) -> ColocateReport:
-    """Run ``config.steps`` colocate steps of the loop ``kind`` on ``fleet``; stops early when the restart budget is spent.
+    """Run ``config.steps`` colocate steps of ``way`` on ``fleet``; stops early when the restart budget is spent.
 
-    ``kind``: :data:`BASELINE` (``"old"``) or :data:`RESILIENT` (``"ours"``).
+    ``way``: on the direct route ``"old"`` (the baseline) or ``"ours"``; behind smg ``"smg"`` (smg's own
+    client), ``"ours"`` (direct clients) or ``"ours-smg"`` (through ``SmgFanOut``). ``engine``: ``"sglang"``
+    (default) or ``"vllm"`` (a fleet of ``VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True,
+    weight_transfer_backend=...)`` engines). ``route``: ``"direct"`` (default) or ``"smg"`` (SGLang only; needs
+    the ``[smg]`` extra and ``plan``).
 
-    ``proxies``: fault proxies to send every call through instead of the fleet's own, one per engine in
-    fleet order (each in front of that engine's ``direct_url``); 502s are counted from them. Fresh proxies
-    per run give fresh call counters, so one fleet can serve several runs and the same plan seed still
-    gives the same faults. Default None: the fleet's :attr:`~EmulatedFleet.urls` and proxies.
+    ``proxies`` (direct route): fault proxies to send every call through instead of the fleet's own, one per
+    engine in fleet order (each in front of that engine's ``direct_url``); faults are counted from them. Fresh
+    proxies per run give fresh call counters, so one fleet can serve several runs and the same plan seed still
+    gives the same faults. Default None: the fleet's :attr:`~EmulatedFleet.urls` and proxies. ``plan`` (smg
+    route): the faults of the proxies the run starts between the gateway and the engines.
 
-    ``recover_when_spent``: whether the step that finds the restart budget spent still puts the fleet back
-    in order (restarts dead engines). False saves those restarts when the caller stops the fleet next;
-    the deaths are still counted. Default True.
+    ``policies``: our clients' (default: the lab's demo table). ``restart_budget``: default
+    ``RestartBudget(config.restart_limit)``. ``progress``: told after each step. ``recover_when_spent``:
+    whether the step that finds the restart budget spent still puts the fleet back in order (restarts dead
+    engines). False saves those restarts when the caller stops the fleet next; the deaths are still counted.
+    Default True.
     """
-    budget = restart_budget if restart_budget is not None else RestartBudget(config.restart_limit)
+    if (engine, route) not in _LABS:
+        raise ValueError(f"no colocate lab for engine {engine!r} on route {route!r}: there are {sorted(_LABS)}")
+    if way not in _WAYS[route]:
+        raise ValueError(f"`way` must be one of {list(_WAYS[route])} on route {route!r}, but was {way!r}")
     if proxies is not None and len(proxies) != len(fleet.engines):
         raise ValueError(f"`proxies` must hold one proxy per engine ({len(fleet.engines)}), but held {len(proxies)}")
-    counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
-    urls = [p.url for p in proxies] if proxies is not None else None
-    loop = _Loop(fleet, config, kind, observers, budget, policies if policies is not None else demo_policies(), urls, counted)
-    report = loop.report
+    if route == "smg" and (plan is None or proxies is not None):
+        raise ValueError("route 'smg' takes a `plan` (its run starts its own proxies) and no `proxies`")
+    budget = restart_budget if restart_budget is not None else RestartBudget(config.restart_limit)
+    clock = StopClock()
+    lab = _lab(engine, route)(LabSetup(fleet, config, way, observers, budget, clock, policies, proxies, plan))
+    report, counted = lab.report, lab.counted
     before_502, before_ambiguous = _injected_502s(counted), _injected_ambiguous(counted)
     t0 = time.monotonic()
+    ended = False
     try:
         for n in range(config.steps):
-            error: str | None = None
-            cause = "engine death"  # what the restart budget records for a failed step: the exception's type, if one
-            started_ns = time.monotonic_ns()
-            try:
-                loop.step(n)
-            except Exception as exc:
-                cause = type(exc).__name__
-                text = " ".join(str(exc).split())  # whole (a display cuts it between clauses), bounded for a long soak's report
-                error = f"step {n}: {cause}: {text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 4] + ' ...'}"
-            ended_ns = time.monotonic_ns()
-            dead_now = sum(1 for e in fleet.engines if not e.alive())
-            if (error or dead_now) and budget.remaining == 0 and not recover_when_spent:
-                deaths = dead_now  # the run is over: no restart (the caller stops the fleet)
-            else:
-                deaths = loop.recover()
-            report.engine_deaths += deaths
-            if loop.restarted_controller_in == n:
-                report.controller_restart_deaths += deaths
-            score_step(report, budget, n, error, deaths, cause)
-            if progress is not None:
-                progress(
-                    StepProgress(
-                        kind,
-                        n + 1,
-                        config.steps,
-                        error is None and deaths == 0,
-                        report.restarts,
-                        report.engine_deaths,
-                        report.failures[-1] if report.failures and (error or deaths) else None,
-                        started_ns,
-                        ended_ns,
-                    )
-                )
-            if report.stopped_early:
+            if _run_step(lab, fleet, config, budget, n, recover_when_spent, progress):
                 break
+        ended = True
     finally:
-        loop.close()
+        if not ended:  # an interrupt (or a failed recovery): no lab thread retries on, nothing waits for calls in flight
+            clock.stop()
+        lab.close(interrupted=not ended)
+    counter = lab.counter
     report.http_502_seen = _injected_502s(counted) - before_502
     report.ambiguous_faults_seen = _injected_ambiguous(counted) - before_ambiguous
-    report.http_502_absorbed = loop.counter.absorbed + loop.resends.absorbed_502
-    report.retried_502 = loop.counter.retries.get("status_502", 0) + loop.resends.after_502
-    report.resent_after_error = sum(n for why, n in loop.counter.retries.items() if why in _TRANSPORT_REASONS) + loop.resends.after_error
-    report.reconciles_probe = loop.probe.proved
-    report.probe_verdicts = loop.client_probe.proved
+    report.http_502_absorbed = counter.absorbed
+    report.retried_502 = counter.retries.get("status_502", 0)
+    report.resent_after_error = sum(n for why, n in counter.retries.items() if why in _TRANSPORT_REASONS)
+    lab.tally()
     report.wall_s = time.monotonic() - t0
     return report
+
+
+def _run_step(
+    lab: Lab,
+    fleet: EmulatedFleet,
+    config: ColocateConfig,
+    budget: RestartBudget,
+    n: int,
+    recover_when_spent: bool,
+    progress: Callable[[StepProgress], None] | None,
+) -> bool:
+    """Run, recover from and score step ``n``; returns whether the run is over (the restart budget spent)."""
+    report = lab.report
+    error: str | None = None
+    cause = "engine death"  # what the restart budget records for a failed step: the exception's type, if one
+    started_ns = time.monotonic_ns()
+    try:
+        lab.step(n)
+    except Exception as exc:
+        cause = type(exc).__name__
+        text = " ".join(str(exc).split())  # whole (a display cuts it between clauses), bounded for a long soak's report
+        error = f"step {n}: {cause}: {text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 4] + ' ...'}"
+    ended_ns = time.monotonic_ns()
+    dead_now = sum(1 for e in fleet.engines if not e.alive())
+    if (error or dead_now) and budget.remaining == 0 and not recover_when_spent:
+        deaths = dead_now  # the run is over: no restart (the caller stops the fleet)
+    else:
+        deaths = lab.recover(bool(error or dead_now))
+    report.engine_deaths += deaths
+    if lab.restarted_controller_in == n:
+        report.controller_restart_deaths += deaths
+    score_step(report, budget, n, error, deaths, cause)
+    if progress is not None:
+        ok = error is None and deaths == 0
+        failure = report.failures[-1] if not ok else None
+        progress(StepProgress(report.way, n + 1, config.steps, ok, report.restarts, report.engine_deaths, failure, started_ns, ended_ns))
+    return report.stopped_early is not None

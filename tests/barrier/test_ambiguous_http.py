@@ -1,6 +1,6 @@
 """Random control loops on emulated engines, over real HTTP, through fault proxies that make calls ambiguous.
 
-The socket-free state machine (``test_knowledge.py``) proves the barrier's rules;
+The socket-free state machine (``test_barrier_properties.py``, over ``fake_engine.py``) proves the barrier's rules;
 this is the same kind of loop on the real stack: ``SGLangClient`` (or Ray engine
 actors) -> ``FaultProxy`` -> emulated SGLang engine, whose crashes are SGLang 0.5.23's
 (release of a released tag: ``exit(1)``; resume of a resumed tag: KeyError; continue

@@ -49,6 +49,10 @@ CASES = [
     (["demo", "--report", "no/such/dir/r.json"], 1, "folder 'no/such/dir' does not exist"),
     (["demo", "--metrics-port", "{busy}"], 1, "cannot serve /metrics on 127.0.0.1:{busy}"),
     (["demo", "--traces", "jaeger"], 2, "invalid choice: 'jaeger'"),
+    (["demo", "--engines", "1000000"], 2, "cpr demo: error: --engines 1000000 is more than this machine holds: at most"),
+    (["demo", "--engine", "vllm", "--engines", "1000000"], 2, "--engines 1000000 is more than this machine holds"),
+    (["demo", "--router", "smg", "--engines", "1000000"], 2, "--engines 1000000 is more than this machine holds"),
+    (["soak", "--engines", "1000000"], 2, "cpr soak: error: --engines 1000000 is more than this machine holds: at most"),
     (["soak", "--steps", "x"], 2, "--steps: must be an integer >= 1, but was 'x'"),
     (["soak", "--way", "sideways"], 2, "invalid choice: 'sideways'"),
     (["soak", "--restart-every", "-1"], 2, "--restart-every: must be an integer >= 0, but was -1"),
@@ -102,3 +106,33 @@ def test_bad_input_is_one_line_and_non_zero(
         assert "unreachable: connection refused" in result.stdout
     [line] = error_lines(result.stderr)
     assert fragment.format(busy=busy_port, free=free, dead=dead_pid) in line
+
+
+def _low_fd_limit() -> None:
+    """In the child: a soft limit of 256 file descriptors (the hard limit unchanged)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+def test_demo_engines_beyond_the_descriptor_limit_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Under ``ulimit -n 256`` the demo holds (256 - 64) / 32 = 6 engines: 7 is refused, naming the limit; nothing starts."""
+    from tests.cli.cpr_testlib import CPR
+
+    for engines, args in ((7, ()), (10000, ("--engine", "vllm"))):
+        proc = subprocess.run(
+            [*CPR, "demo", "--engines", str(engines), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_low_fd_limit,
+        )
+        assert proc.returncode == 2, proc.stderr
+        lines = error_lines(proc.stderr)
+        assert len(lines) == 1, proc.stderr
+        assert f"--engines {engines} is more than this machine holds: at most 6 (" in lines[0]
+        assert "file descriptors: limit 256 (ulimit -n) less 64 / 32 per engine = 6" in lines[0]
+        assert "starting" not in proc.stderr and "metrics:" not in proc.stdout  # refused before any engine or server
+    assert not list(tmp_path.iterdir())  # no report either

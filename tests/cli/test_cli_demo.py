@@ -168,3 +168,66 @@ def test_ctrl_c_after_ours_finished_writes_what_finished(tmp_path: Path) -> None
     for pid in pids:  # stopped by the demo itself (SIGTERM, then SIGKILL), not left to --exit-with-parent
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def _sigint_default() -> None:
+    """In the child: SIGINT at its default, whatever the test runner's shell left (a background job ignores it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _left_behind(parent: int) -> list[str]:
+    """The command lines of processes started with ``--exit-with-parent PARENT`` (the zygote and engines) still running."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--exit-with-parent" in argv and argv[argv.index(b"--exit-with-parent") + 1 : argv.index(b"--exit-with-parent") + 2] == [
+            str(parent).encode()
+        ]:
+            found.append(f"{entry.name}: {b' '.join(argv).decode(errors='replace')}")
+    return found
+
+
+def test_sigint_to_the_demo_pid_alone_stops_it_inside_a_step(tmp_path: Path) -> None:
+    """SIGINT to cpr demo's PID only (its own session, as a supervisor sends it) inside a step: it exits 130, every
+    engine stopped, instead of waiting out its stragglers and retrying (62 s before the lab's stop clock)."""
+    args = ["demo", "--engines", "2", "--steps", "20", "--report", "r.json"]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(
+        [*CPR, *args],
+        cwd=tmp_path,
+        stdout=pipe,
+        stderr=pipe,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_sigint_default,
+    )
+    assert proc.stderr is not None
+    seen: list[str] = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("ours: step 2/20"):
+                # not a wait for anything: it places the signal inside step 3's offload, where stragglers wait at
+                # paused engines (the moment that took 62 s; sent at once, it lands in the quick rollout)
+                time.sleep(0.4)
+                proc.send_signal(signal.SIGINT)
+                break
+        _stdout, rest = proc.communicate(timeout=30)  # generous: it stops in about a second
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr
+    assert "cpr demo: interrupted" in stderr and "Traceback" not in stderr
+    pids = [int(p) for p in re.findall(r"engines ready: pids ([\d ]+)", stderr)[0].split()]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert _left_behind(proc.pid) == []

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 from benchmarks.soak_notes import section
 from resilience.cli.soak import memory_verdict, pss_bytes, seed_caption, soak_verdict
-from resilience.testing.colocate import ColocateReport
+from resilience.testing.lab import ColocateReport
 from tests.cli.cpr_testlib import run_cpr, table_rows
 
 

@@ -13,8 +13,9 @@ pytest.importorskip("torch")
 
 from resilience.cli.story import death_causes, per_step, rates_note, story
 from resilience.cli.watch import StepWatch
-from resilience.testing.colocate import ColocateReport, StepProgress
+from resilience.testing.colocate import StepProgress
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from resilience.testing.lab import ColocateReport
 
 TIMEOUT = 30
 PREFILL, DOUBLE, RESUME, BUSY = range(4)

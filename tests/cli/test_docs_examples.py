@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from resilience.testing.faults import FaultPlan
+from tests.cli import docs_inline
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -115,6 +116,35 @@ def test_readme_links_every_docs_page() -> None:
     assert [p for p in pages if f": {p}" not in nav] == []
 
 
+def test_docs_pages_read_whole_without_mkdocs() -> None:
+    """No page includes another file through MkDocs (``--8<--``): on the forge an include shows as its bare line."""
+    includes = [
+        f"{page.relative_to(ROOT)}:{n}: {line}"
+        for page in sorted(DOCS.rglob("*.md"))
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if line.lstrip().startswith("--8<--")
+    ]
+    assert includes == []
+
+
+def test_inlined_copies_equal_their_sources() -> None:
+    """Each copy a page inlines (README sections, example files, METRICS.md) is its source's text now, so none can drift
+    (after editing a source: ``python -m tests.cli.docs_inline``)."""
+    pages = {page: page.read_text(encoding="utf-8") for page in sorted(DOCS.rglob("*.md"))}
+    marked = {page.relative_to(ROOT).as_posix(): text.count("<!-- inline: ") for page, text in pages.items() if "<!-- inline: " in text}
+    assert marked == {"docs/emulator.md": 1, "docs/index.md": 1, "docs/install.md": 1, "docs/metrics.md": 1, "docs/policy-files.md": 2}
+    stale = [page.relative_to(ROOT).as_posix() for page, text in pages.items() if docs_inline.render(text) != text]
+    assert stale == [], "run: python -m tests.cli.docs_inline"
+
+
+def test_an_edited_copy_is_caught() -> None:
+    """The check is not vacuous: a copy that differs from its source by one character renders differently."""
+    page = (DOCS / "policy-files.md").read_text(encoding="utf-8")
+    marker = "<!-- inline: examples/policies.toml toml -->\n```toml\n"
+    edited = page.replace(marker, marker + "#", 1)
+    assert edited != page and docs_inline.render(edited) == page
+
+
 def test_readme_first_example_runs_and_prints_what_it_says(tmp_path: Path) -> None:
     """The first example, pasted into a fresh interpreter, absorbs its faults and prints the line the README quotes."""
     text = README.read_text(encoding="utf-8")
@@ -124,6 +154,33 @@ def test_readme_first_example_runs_and_prints_what_it_says(tmp_path: Path) -> No
     m = re.fullmatch(r"3 steps, (\d+) injected faults absorbed, engines alive: True", out[1])
     assert m and int(m.group(1)) > 0, out
     assert f"`{out[1]}`" in text, "the README quotes the example's output"
+
+
+PAGE_EXAMPLES = [
+    # (page, index of its python block, the last lines it prints)
+    ("barrier.md", 0, ["['serving', 'serving']"]),
+    ("failure-and-recovery.md", 0, ["quarantined: 2, dead: 0", "['released', 'released'] True"]),
+    ("failure-and-recovery.md", 1, ["True"]),
+]
+
+
+def test_every_python_block_of_the_barrier_pages_is_run() -> None:
+    """docs/barrier.md and docs/failure-and-recovery.md have no fragment left untested: PAGE_EXAMPLES lists every block."""
+    for page in ("barrier.md", "failure-and-recovery.md"):
+        count = len(_blocks((DOCS / page).read_text(encoding="utf-8"), "python"))
+        assert sorted(i for p, i, _ in PAGE_EXAMPLES if p == page) == list(range(count)), page
+
+
+@pytest.mark.parametrize(("page", "index", "last_lines"), PAGE_EXAMPLES)
+def test_barrier_page_example_runs_as_pasted(page: str, index: int, last_lines: list[str], tmp_path: Path) -> None:
+    """Each example of the barrier pages is complete: pasted into a fresh interpreter it runs on emulated engines and
+    prints what its comments say."""
+    pytest.importorskip("torch")
+    _, example = _blocks((DOCS / page).read_text(encoding="utf-8"), "python")[index]
+    out = _run_python(example, tmp_path).splitlines()
+    assert out[-len(last_lines) :] == last_lines, out
+    for line in last_lines:  # the page quotes what it prints
+        assert line in example
 
 
 def test_emulator_page_example_runs(tmp_path: Path) -> None:
@@ -175,7 +232,7 @@ def test_fault_plan_example_is_documented_and_loads() -> None:
     used = {key for rule in plan.rules for key in rule.to_dict()}
     assert used == fields, f"the example leaves out {sorted(fields - used)}"
     page = (DOCS / "emulator.md").read_text(encoding="utf-8")
-    assert '```toml\n--8<-- "examples/fault_plan.toml"\n```' in page
+    assert "<!-- inline: examples/fault_plan.toml toml -->\n```toml\n" in page  # equal to the file: test_inlined_copies_...
     [(_, yaml_text)] = _blocks(page, "yaml")
     assert FaultPlan.from_dict(yaml.safe_load(yaml_text)) == plan
     documented = _section(page, "## `FaultPlan` and `FaultRule`")

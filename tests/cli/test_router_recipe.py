@@ -14,8 +14,8 @@ pytest.importorskip("torch")
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator
-from resilience.testing.colocate import demo_policies
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from resilience.testing.lab_sglang import demo_policies
 
 PAUSED, DEAD, DEAD_WHILE_PAUSED = range(3)
 HANG_S = 3.0

@@ -20,10 +20,10 @@ pytest.importorskip("torch")
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.smg import HELD_LABEL, SmgRouter
 from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed
-from resilience.testing.colocate import demo_policies
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faultplan import FaultPlan, FaultRule
 from resilience.testing.faultproxy import FaultProxy
+from resilience.testing.lab_sglang import demo_policies
 from resilience.testing.smg import GatewayHealth, SmgGateway
 from tests.smg.conftest import gateway_for
 

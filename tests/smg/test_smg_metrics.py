@@ -22,9 +22,9 @@ from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.smg_fanout import SmgFanOut
 from resilience.deadline import Deadline
 from resilience.telemetry.metrics import MetricsObserver
-from resilience.testing.colocate import demo_policies
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faultplan import FaultPlan, FaultRule
+from resilience.testing.lab_sglang import demo_policies
 from resilience.testing.smg import GatewayHealth, SmgGateway
 from tests.smg.conftest import gateway_for
 

@@ -11,8 +11,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
 from resilience.budget import RestartBudget
-from resilience.testing.colocate import BASELINE, RESILIENT, ColocateConfig, run_colocate
+from resilience.testing.colocate import ColocateConfig, run_colocate
 from resilience.testing.emulator import EmulatedFleet
+from resilience.testing.lab import BASELINE, RESILIENT
 from tests.sglang.conftest import FAST_ENGINE
 
 RESTART = ColocateConfig(steps=2, seed=0, rollout_requests=1, stragglers=0, max_new_tokens=4, train_s=0.0, controller_crash_step=0)

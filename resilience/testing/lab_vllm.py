@@ -21,10 +21,10 @@ Ours is ``Orchestrator(EngineGroup([VLLMEngine(u), ...]))`` with the vLLM rules:
 ``offload()`` (pause -> sleep level 1), ``onload(tags=["weights"])``, a
 ``weight_sync()`` whose body runs ``push_weights`` per engine, ``onload()``
 (wake kv_cache, which resumes). A transition that fails is run again, at most
-``RECONCILE_ROUNDS`` times (vLLM's sleep and wake are idempotent, nothing is
+three times (``run_rounds``: vLLM's sleep and wake are idempotent, nothing is
 quarantined).
 
-A failed step is a global restart, as in ``resilience.testing.colocate``: dead
+A failed step is a global restart, as in ``resilience.testing.lab_sglang``: dead
 engines restarted, live ones put in order (woken, resumed, an open weight
 session finished), and the run goes on until the restart budget is spent. An
 engine slept at level 2 and woken by that recovery holds garbage weights until
@@ -46,41 +46,34 @@ import aiohttp
 import requests
 
 from resilience.adapters.vllm import VLLM_POLICIES, VLLMClient, VLLMEngine, VLLMError
-from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.budget import RestartBudget
-from resilience.events import Observer
+from resilience.barrier import EngineGroup, Orchestrator
 from resilience.policy import PolicyTable
-from resilience.testing.colocate import (
-    _TRANSPORT_REASONS,
-    BASELINE,
-    ColocateConfig,
-    ColocateReport,
-    LoopKind,
-    StepProgress,
-    _Counter,
-    _injected_ambiguous,
-    score_step,
-)
-from resilience.testing.emulator import EmulatedFleet, EngineHandle
+from resilience.testing.emulator import EngineHandle
 from resilience.testing.emulator.vllm import expected_checksums
 from resilience.testing.emulator.vllm.text import token, weights_content
 from resilience.testing.faultplan import VLLM_CONTROL_PATHS
+from resilience.testing.lab import (
+    BASELINE,
+    CONTROL_TIMEOUT_S,
+    DEADLINES,
+    ColocateReport,
+    LabSetup,
+    RetryCounter,
+    lost_stragglers,
+    restart_engines,
+    run_rounds,
+)
 from resilience.testing.policies import fast_policies
 
 if TYPE_CHECKING:
     from resilience.testing.faults import FaultProxy
 
-__all__ = ["OLD_WAY_CAP_S", "SKYRL_SLEEP_LEVEL", "run_colocate_vllm", "vllm_demo_policies"]
+__all__ = ["OLD_WAY_CAP_S", "SKYRL_SLEEP_LEVEL", "VLLMLab", "vllm_demo_policies"]
 
 SKYRL_SLEEP_LEVEL: Final = 2
 """SkyRL's default sleep level (forced to 1 only with LoRA-only syncs)."""
 OLD_WAY_CAP_S: Final = 10.0
 """SkyRL's control calls have no timeout; the demo cuts one after this many seconds (counted as a failed step)."""
-CONTROL_TIMEOUT_S: Final = 3.0
-"""Seconds each attempt of ours may take on the control routes of the RL transaction in demo runs (time-scaled)."""
-RECONCILE_ROUNDS: Final = 3
-"""How many times ours runs one transition that failed."""
-_DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
 _SCALED = (
     "/pause",
     "/resume",
@@ -146,23 +139,23 @@ class _SkyRL:
         self.call_all("/finish_weight_update", {"weight_version": version})
 
 
-class _VLLMLoop:
-    def __init__(
-        self,
-        fleet: EmulatedFleet,
-        config: ColocateConfig,
-        kind: LoopKind,
-        observers: Sequence[Observer],
-        budget: RestartBudget,
-        policies: PolicyTable,
-        urls: Sequence[str],
-        proxies: Sequence[FaultProxy | None] = (),
-    ) -> None:
-        self.fleet, self.config, self.kind, self.urls = fleet, config, kind, list(urls)
-        self.proxies = {i: p for i, p in enumerate(proxies) if p is not None}
+class VLLMLab:
+    """The vLLM loop of one run (SkyRL's sequence or ours) on the direct route: a :class:`~resilience.testing.lab.Lab`."""
+
+    def __init__(self, setup: LabSetup) -> None:
+        fleet, config, kind, proxies = setup.fleet, setup.config, setup.way, setup.proxies
+        self.fleet, self.config, self.kind, self.clock = fleet, config, kind, setup.clock
+        self.urls = [p.url for p in proxies] if proxies is not None else fleet.urls
+        self.counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
+        self.restarted_controller_in: int | None = None
+        """Always None: this loop restarts no controller mid-step."""
+        budget = setup.budget
+        policies = setup.policies if setup.policies is not None else vllm_demo_policies()
+        observers = setup.observers
+        self.proxies = {i: p for i, p in enumerate(self.counted) if p is not None}
         self.rng = random.Random(f"{config.seed}:{kind}:vllm")
         self.budget = budget
-        self.counter = _Counter()
+        self.counter = RetryCounter()
         self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
         self.pool = ThreadPoolExecutor(max(4, len(self.urls) * (config.stragglers + config.rollout_requests + 1)))
         self.bare = requests.Session()
@@ -178,10 +171,13 @@ class _VLLMLoop:
         self._init_transfer()
 
     def _new_engines(self) -> list[VLLMEngine]:
-        return [VLLMEngine(VLLMClient(u, policies=self._policies, observers=self._observers, api_version="0.33.0")) for u in self.urls]
+        return [
+            VLLMEngine(VLLMClient(u, policies=self._policies, observers=self._observers, api_version="0.33.0", clock=self.clock))
+            for u in self.urls
+        ]
 
     def _orchestrator(self) -> Orchestrator[VLLMEngine]:
-        return Orchestrator(EngineGroup(self.engines), observers=self._orch_observers, deadlines=_DEADLINES, restart_budget=self.budget)
+        return Orchestrator(EngineGroup(self.engines), observers=self._orch_observers, deadlines=DEADLINES, restart_budget=self.budget)
 
     def _init_transfer(self) -> None:
         """Each server's weight-transfer group, once (SkyRL: ``/init_weight_transfer_engine`` per server at start)."""
@@ -227,24 +223,14 @@ class _VLLMLoop:
         return "lost"
 
     def _straggler(self, i: int, delay: float, prompt: str) -> str:
-        time.sleep(delay)
+        self.clock.sleep(delay)
         return self._checked(i, prompt)
 
     # -- the two ways ----------------------------------------------------------------------
 
-    def _timed(self, phase: str, fn: Callable[[], object]) -> None:
-        t0 = time.monotonic()
-        fn()
-        self.report.phase_seconds.setdefault(phase, []).append(time.monotonic() - t0)
-
     def _ours(self, transition: Callable[[], object]) -> None:
-        for round_ in range(1, RECONCILE_ROUNDS + 1):
-            try:
-                transition()
-                return
-            except PhaseFailed as exc:
-                if exc.dead or round_ == RECONCILE_ROUNDS:
-                    raise
+        """A transition that failed is run again (``run_rounds``; vLLM's sleep and wake are idempotent: nothing to reconcile)."""
+        run_rounds(transition, lambda: self.orch.quarantined(), None, self.report, again_unquarantined=True)
 
     def _ours_sync(self, version: str) -> None:
         with self.orch.weight_sync(mode="retract") as engines:
@@ -268,24 +254,19 @@ class _VLLMLoop:
         ]
         self.stragglers = stragglers
         if self.kind == BASELINE:
-            self._timed("offload", lambda: self.skyrl.call_all(f"/sleep?level={SKYRL_SLEEP_LEVEL}"))
+            self.report.timed("offload", lambda: self.skyrl.call_all(f"/sleep?level={SKYRL_SLEEP_LEVEL}"))
             time.sleep(cfg.train_s)
-            self._timed("onload", lambda: self.skyrl.call_all("/wake_up?tags=weights"))
+            self.report.timed("onload", lambda: self.skyrl.call_all("/wake_up?tags=weights"))
             self.versions.add(version)
-            self._timed("weight_sync", lambda: self.skyrl.weight_sync(version))
-            self._timed("onload", lambda: self.skyrl.call_all("/wake_up?tags=kv_cache"))
+            self.report.timed("weight_sync", lambda: self.skyrl.weight_sync(version))
+            self.report.timed("onload", lambda: self.skyrl.call_all("/wake_up?tags=kv_cache"))
         else:
-            self._timed("offload", lambda: self._ours(self.orch.offload))
+            self.report.timed("offload", lambda: self._ours(self.orch.offload))
             time.sleep(cfg.train_s)
-            self._timed("onload", lambda: self._ours(lambda: self.orch.onload(tags=["weights"])))
+            self.report.timed("onload", lambda: self._ours(lambda: self.orch.onload(tags=["weights"])))
             self.versions.add(version)
-            self._timed("weight_sync", lambda: self._ours(lambda: self._ours_sync(version)))
-            self._timed("onload", lambda: self._ours(self.orch.onload))
-
-    def collect(self) -> None:
-        """Wait for the step's stragglers, once the engines are in order (requests queued at a sleeping engine hang until its wake)."""
-        stragglers, self.stragglers = self.stragglers, []
-        self.report.requests_lost += sum(1 for f in stragglers if f.result(timeout=120) == "lost")
+            self.report.timed("weight_sync", lambda: self._ours(lambda: self._ours_sync(version)))
+            self.report.timed("onload", lambda: self._ours(self.orch.onload))
 
     # -- recovery: a global restart ------------------------------------------------------
 
@@ -301,15 +282,11 @@ class _VLLMLoop:
         if state.get("pause_state") != "unpaused":
             self.bare.post(f"{url}/resume", timeout=30)
 
-    def recover(self) -> int:
-        """Restart dead engines, put live ones in order, start the controller afresh; returns deaths found."""
+    def recover(self, failed: bool) -> int:
+        """After every step, ``failed`` or not: restart dead engines, put live ones in order, start the controller afresh,
+        then wait for the step's stragglers (requests queued at a sleeping engine hang until its wake); returns deaths found."""
         dead = [e for e in self.fleet.engines if not e.alive()]
-        for engine in dead:
-            engine.stop()
-            engine.spawn()
-        ready_by = time.monotonic() + 120
-        for engine in dead:
-            engine.wait_ready(ready_by)
+        restart_engines(dead)
         for engine in self.fleet.engines:
             if engine not in dead:
                 try:
@@ -324,68 +301,18 @@ class _VLLMLoop:
         self.engines = self._new_engines()
         self.orch = self._orchestrator()
         self._init_transfer()
+        stragglers, self.stragglers = self.stragglers, []
+        self.report.requests_lost += lost_stragglers(stragglers, False)
         return len(dead)
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def tally(self) -> None:
+        """Nothing of its own: every count of this loop comes from the proxies and the retry events."""
+
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop the pool (``interrupted``: the stragglers cancelled, nothing waited for), the session, the engines' clients."""
+        if interrupted:
+            lost_stragglers(self.stragglers, True)
+        self.pool.shutdown(wait=not interrupted, cancel_futures=True)
         self.bare.close()
         for e in self.engines:
             e.close()
-
-
-def run_colocate_vllm(
-    fleet: EmulatedFleet,
-    config: ColocateConfig,
-    kind: LoopKind,
-    *,
-    observers: Sequence[Observer] = (),
-    restart_budget: RestartBudget | None = None,
-    policies: PolicyTable | None = None,
-    progress: Callable[[StepProgress], None] | None = None,
-    proxies: Sequence[FaultProxy] | None = None,
-) -> ColocateReport:
-    """Run ``config.steps`` steps of the loop ``kind`` (``"old"``: SkyRL's sequence, ``"ours"``) on a vLLM ``fleet``.
-
-    ``proxies``: one fault proxy per engine to send every call through (default: the fleet's own URLs).
-    ``policies``: ours' policy table (default ``vllm_demo_policies()``). Stops early when the restart budget is spent.
-    The fleet's engines must run with ``VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend=...)``.
-    """
-    budget = restart_budget if restart_budget is not None else RestartBudget(config.restart_limit)
-    if proxies is not None and len(proxies) != len(fleet.engines):
-        raise ValueError(f"`proxies` must hold one proxy per engine ({len(fleet.engines)}), but held {len(proxies)}")
-    counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
-    urls = [p.url for p in proxies] if proxies is not None else fleet.urls
-    loop = _VLLMLoop(fleet, config, kind, observers, budget, policies if policies is not None else vllm_demo_policies(), urls, counted)
-    report = loop.report
-    before, before_ambiguous = sum(p.injected_count(502) for p in counted if p is not None), _injected_ambiguous(counted)
-    t0 = time.monotonic()
-    try:
-        for n in range(config.steps):
-            error: str | None = None
-            cause = "engine death"
-            started_ns = time.monotonic_ns()
-            try:
-                loop.step(n)
-            except Exception as exc:
-                cause = type(exc).__name__
-                error = f"step {n}: {cause}: {' '.join(str(exc).split())[:300]}"
-            ended_ns = time.monotonic_ns()
-            deaths = loop.recover()
-            loop.collect()
-            report.engine_deaths += deaths
-            score_step(report, budget, n, error, deaths, cause)
-            if progress is not None:
-                ok = error is None and deaths == 0
-                last = report.failures[-1] if not ok else None
-                progress(StepProgress(kind, n + 1, config.steps, ok, report.restarts, report.engine_deaths, last, started_ns, ended_ns))
-            if report.stopped_early:
-                break
-    finally:
-        loop.close()
-    report.http_502_seen = sum(p.injected_count(502) for p in counted if p is not None) - before
-    report.http_502_absorbed = loop.counter.absorbed
-    report.retried_502 = loop.counter.retries.get("status_502", 0)
-    report.resent_after_error = sum(n for why, n in loop.counter.retries.items() if why in _TRANSPORT_REASONS)
-    report.ambiguous_faults_seen = _injected_ambiguous(counted) - before_ambiguous
-    report.wall_s = time.monotonic() - t0
-    return report

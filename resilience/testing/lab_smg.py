@@ -16,7 +16,7 @@ gateway), offload, a training pause, onload, weight sync
   continue on an engine with memory released (SGLang crashes at its next
   prefill).
 - ``"ours"``: ``SGLangClient`` + ``Orchestrator``, straight to the engines
-  (through the same proxies), as ``resilience.testing.colocate`` runs it.
+  (through the same proxies), as ``resilience.testing.lab_sglang`` runs it.
 - ``"ours-smg"``: the ``Orchestrator`` with :class:`~resilience.adapters.smg_fanout.SmgFanOut`:
   each phase one ``/v1/rl`` fan-out through the same gateway.
 
@@ -33,59 +33,63 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import requests
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.smg_fanout import SmgEngine, SmgFanOut
-from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.budget import RestartBudget
-from resilience.events import AttemptEnded, CallEnded, Event
-from resilience.outcome import CallOutcome
-from resilience.policy import PolicyTable
-from resilience.testing.colocate import ColocateConfig, ColocateReport, StepProgress, demo_policies, score_step
-from resilience.testing.emulator import EmulatedFleet, EngineHandle
-from resilience.testing.faultplan import CONTROL_PATHS, FaultPlan
+from resilience.barrier import EngineGroup, Orchestrator
+from resilience.testing.emulator import EngineHandle
+from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.faultproxy import FaultProxy
+from resilience.testing.lab import (
+    CONTROL_TIMEOUT_S,
+    DEADLINES,
+    ColocateReport,
+    LabSetup,
+    RetryCounter,
+    reconcile_from_probe,
+    restart_engines,
+    run_rounds,
+)
+from resilience.testing.lab_sglang import demo_policies
 from resilience.testing.memory_probe import EmulatorMemoryProbe
 from resilience.testing.smg import GatewayHealth, SmgGateway
 
-__all__ = ["PEER_WAYS", "PeerWay", "peer_rows", "run_smg_colocate", "ways"]
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["PEER_WAYS", "PeerWay", "SmgLab", "peer_rows", "ways"]
 
 PeerWay = Literal["smg", "ours", "ours-smg"]
 PEER_WAYS: Final[tuple[tuple[PeerWay, str], ...]] = (("smg", "smg's client"), ("ours", "ours direct"), ("ours-smg", "ours via SmgFanOut"))
 """The three ways in table order, with their column titles."""
 GATEWAY_HEALTH: Final = GatewayHealth(interval_s=1, timeout_s=1, failure_threshold=3, success_threshold=1)
 """The gateway's health settings in these runs (short, so a restarted engine is ready again within seconds)."""
-RL_TIMEOUT_S: Final = 3
-"""``--rl-control-timeout-secs``: as ``colocate.CONTROL_TIMEOUT_S``, every control attempt's bound."""
-_DEADLINES = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
-_ROUNDS = 3
+RL_TIMEOUT_S: Final = int(CONTROL_TIMEOUT_S)
+"""``--rl-control-timeout-secs``: as ``lab.CONTROL_TIMEOUT_S``, every control attempt's bound."""
 _SELECTOR = "engine=sglang"
 
 
-class _Absorbed:
-    """502 answers inside calls that ended well (our direct clients' retries)."""
+class SmgLab:
+    """The loop of one way behind an smg gateway (``"smg"``, ``"ours"``, ``"ours-smg"``): a :class:`~resilience.testing.lab.Lab`.
 
-    def __init__(self) -> None:
-        self.count = 0
-        self._pending: dict[int, int] = {}
+    Starts its own proxies (playing ``setup.plan``) and gateway; stops them in :meth:`close`.
+    """
 
-    def __call__(self, event: Event) -> None:
-        if isinstance(event, AttemptEnded) and event.status == 502:
-            self._pending[event.call_id] = self._pending.get(event.call_id, 0) + 1
-        elif isinstance(event, CallEnded):
-            n = self._pending.pop(event.call_id, 0)
-            if event.outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
-                self.count += n
-
-
-class _Run:
-    def __init__(self, fleet: EmulatedFleet, config: ColocateConfig, way: PeerWay, plan: FaultPlan, policies: PolicyTable) -> None:
-        self.fleet, self.config, self.way, self.policies = fleet, config, way, policies
-        self.report = ColocateReport(way, config.steps, restart_limit=config.restart_limit, restart_budget_left=config.restart_limit)
+    def __init__(self, setup: LabSetup) -> None:
+        fleet, config, way = setup.fleet, setup.config, setup.way
+        assert setup.plan is not None, "run_colocate checks that route 'smg' has a plan"
+        plan = setup.plan
+        self.fleet, self.config, self.way, self.clock = fleet, config, way, setup.clock
+        self.policies = setup.policies if setup.policies is not None else demo_policies()
+        self.budget = setup.budget
+        self.restarted_controller_in: int | None = None
+        """Always None: a new controller starts only in a recovery."""
+        self.report = ColocateReport(way, config.steps, restart_limit=self.budget.limit, restart_budget_left=self.budget.remaining)
         self.proxies = [FaultProxy(e.direct_url, plan, e.index) for e in fleet.engines]
+        self.counted: Sequence[FaultProxy | None] = self.proxies
         for proxy in self.proxies:
             proxy.start()
         self.urls = [p.url for p in self.proxies]
@@ -98,7 +102,7 @@ class _Run:
             raise
         aliases = {p.url: e.direct_url for p, e in zip(self.proxies, fleet.engines, strict=True)}
         self.probe = EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases)
-        self.absorbed = _Absorbed()
+        self.counter = RetryCounter()
         self.session = requests.Session()
         self.session.trust_env = False
         self.clients: list[SGLangClient] = []
@@ -113,15 +117,16 @@ class _Run:
         self._close_controller()
         if self.way == "ours":
             probe = self._settled_probe()
-            observers = (self.absorbed,)
+            observers = (self.counter,)
             self.clients = [
-                SGLangClient(u, policies=self.policies, observers=observers, flush_poll_s=0.05, memory_probe=probe) for u in self.urls
+                SGLangClient(u, policies=self.policies, observers=observers, flush_poll_s=0.05, memory_probe=probe, clock=self.clock)
+                for u in self.urls
             ]
-            self.orch = Orchestrator(EngineGroup(self.clients), deadlines=_DEADLINES, memory_probe=self._settled_probe())
+            self.orch = Orchestrator(EngineGroup(self.clients), deadlines=DEADLINES, memory_probe=self._settled_probe())
         elif self.way == "ours-smg":
             self.fanout = SmgFanOut(self.gateway.url, timeout_s=RL_TIMEOUT_S + 5.0, memory_probe=self._settled_probe())
             self.orch = Orchestrator(
-                EngineGroup(self.fanout.engines(self.urls)), fanout=self.fanout, deadlines=_DEADLINES, memory_probe=self._settled_probe()
+                EngineGroup(self.fanout.engines(self.urls)), fanout=self.fanout, deadlines=DEADLINES, memory_probe=self._settled_probe()
             )
 
     def _settled_probe(self) -> _SettledProbe:
@@ -133,7 +138,7 @@ class _Run:
         self.clients = []
         if self.fanout is not None:
             self.report.probe_verdicts += self.fanout.probe_verdicts
-            self.absorbed.count += self.fanout.absorbed_502
+            self.counter.absorbed += self.fanout.absorbed_502
             self.fanout.close()
             self.fanout = None
 
@@ -189,50 +194,31 @@ class _Run:
                 )
 
     def _rounds(self, transition: Callable[[], object]) -> None:
-        """Run a transition; after a PhaseFailed that quarantined engines, reconcile them from the probe and run it again."""
-        assert self.orch is not None
-        for round_ in range(1, _ROUNDS + 1):
-            try:
-                transition()
-                return
-            except PhaseFailed as exc:
-                names = sorted(set(exc.quarantined) | set(self.orch.quarantined()))
-                if exc.dead or round_ == _ROUNDS:
-                    raise
-                self.report.engines_quarantined += len(names)
-                for name in names:
-                    self._reconcile(name)
+        """Run a transition; after a PhaseFailed, reconcile the engines it quarantined from the probe and run it again."""
+        orch = self.orch
+        assert orch is not None
+        run_rounds(transition, orch.quarantined, self._reconcile, self.report, again_unquarantined=True)
 
-    def _reconcile(self, name: str) -> None:
+    def _reconcile(self, names: Sequence[str]) -> None:
         assert self.orch is not None
-        deadline = time.monotonic() + 10.0
-        for _ in range(200):  # bounded by the deadline
-            proxy = next((p for p in self.proxies if p.url == name), None)
+        proxy_of = {p.url: p for p in self.proxies}
+
+        def settle(name: str) -> None:
+            proxy = proxy_of.get(name)
             if proxy is not None:
                 proxy.settle(paths=CONTROL_PATHS)
-            released = self.probe.released_tags(name)
-            try:
-                if released is None:
-                    raise RuntimeError(f"the memory probe cannot prove {name}'s released tags yet")
-                self.orch.reconcile(name, released=released, paused=True if released else None)
-                self.report.engines_reconciled += 1
-                return
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+
+        reconcile_from_probe(names, self.orch.reconcile, self.probe.released_tags, settle, self.report)
 
     # -- recovery --------------------------------------------------------------------------
 
-    def recover(self) -> int:
-        """Restart dead engines, put live ones back in order, start a new controller; returns the deaths found."""
+    def recover(self, failed: bool) -> int:
+        """After a ``failed`` step only: restart dead engines, put live ones back in order, start a new controller;
+        returns the deaths found."""
+        if not failed:
+            return 0
         dead = [e for e in self.fleet.engines if not e.alive()]
-        for engine in dead:
-            engine.stop()
-            engine.spawn()
-        ready_by = time.monotonic() + 120
-        for engine in dead:
-            engine.wait_ready(ready_by)
+        restart_engines(dead)
         for engine in self.fleet.engines:
             if engine not in dead:
                 self._put_in_order(engine)
@@ -248,7 +234,11 @@ class _Run:
         if state.get("paused"):
             self.session.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
 
-    def close(self) -> None:
+    def tally(self) -> None:
+        """Nothing more: the fan-out's absorbed 502s and probe verdicts were added as each controller closed."""
+
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop the controller, the gateway and the proxies (an interrupted run's calls end with them)."""
         self._close_controller()
         self.session.close()
         self.gateway.stop()
@@ -267,53 +257,6 @@ class _SettledProbe:
         if proxy is not None and not proxy.settle(timeout=10.0, paths=CONTROL_PATHS):
             return None
         return self._inner.released_tags(engine)
-
-
-def run_smg_colocate(
-    fleet: EmulatedFleet,
-    config: ColocateConfig,
-    way: PeerWay,
-    plan: FaultPlan,
-    *,
-    policies: PolicyTable | None = None,
-    progress: Callable[[StepProgress], None] | None = None,
-) -> ColocateReport:
-    """Run ``config.steps`` steps of ``way`` (``"smg"``, ``"ours"``, ``"ours-smg"``) on ``fleet`` behind a fresh smg and proxies.
-
-    ``plan``: the faults between the gateway (and our direct clients) and the engines. ``policies``: our clients'
-    (default ``demo_policies()``). ``progress``: told after each step. Stops early when the restart budget is spent.
-    """
-    if way not in dict(PEER_WAYS):
-        raise ValueError(f"`way` must be one of {[w for w, _ in PEER_WAYS]}, but was {way!r}")
-    budget = RestartBudget(config.restart_limit)
-    run = _Run(fleet, config, way, plan, policies if policies is not None else demo_policies())
-    report = run.report
-    t0 = time.monotonic()
-    try:
-        for n in range(config.steps):
-            error: str | None = None
-            cause = "engine death"
-            try:
-                run.step(n)
-            except Exception as exc:
-                cause = type(exc).__name__
-                error = f"step {n}: {cause}: {' '.join(str(exc).split())[:300]}"
-            dead_now = sum(1 for e in fleet.engines if not e.alive())
-            deaths = run.recover() if (error or dead_now) else 0
-            report.engine_deaths += deaths
-            score_step(report, budget, n, error, deaths, cause)
-            if progress is not None:
-                ok = error is None and deaths == 0
-                failure = None if ok else report.failures[-1]
-                progress(StepProgress(way, n + 1, config.steps, ok, report.restarts, report.engine_deaths, failure))
-            if report.stopped_early:
-                break
-    finally:
-        run.close()  # first: the last controller's fan-out adds what it absorbed
-        report.http_502_seen = sum(p.injected_count(502) for p in run.proxies)
-        report.http_502_absorbed = run.absorbed.count
-        report.wall_s = time.monotonic() - t0
-    return report
 
 
 def ways(names: Sequence[str] | None = None) -> list[PeerWay]:

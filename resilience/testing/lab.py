@@ -1,0 +1,324 @@
+"""What every colocate loop shares: its report, the retry counter, the stop switch, the reconcile rounds, the ``Lab`` shape.
+
+``resilience.testing.colocate.run_colocate`` drives one ``Lab`` per run: the SGLang loop
+(``lab_sglang``), the vLLM loop (``lab_vllm``) or the loop behind an smg gateway (``lab_smg``).
+Each lab builds its clients on the run's :class:`StopClock`: when the run is interrupted (Ctrl-C,
+``kill -INT``) the clock is stopped, and every retry still backing off on a lab thread ends at once
+with :class:`LabStopped` instead of retrying against engines that are being stopped.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+
+from resilience.barrier import PhaseDeadlines, PhaseFailed
+from resilience.events import AttemptEnded, CallEnded, Event, Observer, RetryScheduled
+from resilience.outcome import CallOutcome
+
+if TYPE_CHECKING:
+    from resilience.budget import RestartBudget
+    from resilience.policy import PolicyTable
+    from resilience.testing.colocate import ColocateConfig
+    from resilience.testing.emulator import EmulatedFleet, EngineHandle
+    from resilience.testing.faultplan import FaultPlan
+    from resilience.testing.faults import FaultProxy
+
+__all__ = [
+    "BASELINE",
+    "CONTROL_TIMEOUT_S",
+    "DEADLINES",
+    "RESILIENT",
+    "ColocateReport",
+    "Lab",
+    "LabSetup",
+    "LabStopped",
+    "LoopKind",
+    "RetryCounter",
+    "StopClock",
+    "lost_stragglers",
+    "reconcile_from_probe",
+    "restart_engines",
+    "run_rounds",
+]
+
+LoopKind = Literal["old", "ours"]
+"""Which loop runs: :data:`BASELINE` or :data:`RESILIENT` (the values name the runs in reports and in ``cpr soak --way``)."""
+BASELINE: Final = "old"
+"""The baseline loop: the engine's usual client code (bare ``requests`` for SGLang, SkyRL's gather for vLLM)."""
+RESILIENT: Final = "ours"
+"""The resilient loop: our clients + ``Orchestrator``."""
+CONTROL_TIMEOUT_S: Final = 3.0
+"""Seconds each attempt of a control call may take in demo and soak runs, every loop (time-scaled: the engines'
+policies allow 30-120 s; an emulated control call answers in milliseconds)."""
+DEADLINES: Final = PhaseDeadlines(transition_s=60, pause_s=20, flush_s=20, release_s=20, resume_s=20, continue_s=20)
+"""The orchestrators' phase limits in every lab (the SGLang loop adds ``in_transit_s``)."""
+RECONCILE_ROUNDS: Final = 3
+"""How many times a resilient loop runs one transition, reconciling the engines it quarantined in between."""
+
+
+class LabStopped(Exception):
+    """The run was interrupted: a call that would back off and retry ends here instead."""
+
+
+class StopClock:
+    """The system clock whose sleeps end, raising :class:`LabStopped`, once :meth:`stop` is called (any thread)."""
+
+    monotonic = staticmethod(time.monotonic)
+    """Seconds from ``time.monotonic``."""
+
+    def __init__(self) -> None:
+        self._stopped = threading.Event()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``; raise :class:`LabStopped` at once if the run is stopped (before or during the wait)."""
+        if self._stopped.wait(max(0.0, seconds)) or self._stopped.is_set():
+            raise LabStopped("the colocate run was interrupted")
+
+    def stop(self) -> None:
+        """End every sleep now and from now on."""
+        self._stopped.set()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopped.is_set()
+
+
+@dataclass
+class ColocateReport:
+    """What a run did; the side-by-side table and the JSON report are made of these fields."""
+
+    way: str
+    """The loop that ran: ``"old"`` (:data:`BASELINE`), ``"ours"`` (:data:`RESILIENT`), or behind smg ``"smg"``, ``"ours"``,
+    ``"ours-smg"``; a key of the JSON report."""
+    steps_planned: int
+    steps_finished: int = 0
+    failed_steps: int = 0
+    restarts: int = 0
+    restart_limit: int = 3
+    restart_budget_left: int = 3
+    engine_deaths: int = 0
+    http_502_seen: int = 0
+    http_502_absorbed: int = 0
+    ambiguous_faults_seen: int = 0
+    """Faults injected after the engine acted (reset once sent, never answered, 502 or reset after the answer)."""
+    engines_quarantined: int = 0
+    """Times the orchestrator quarantined an engine (its released memory unknown); the resilient loop only."""
+    engines_reconciled: int = 0
+    """Quarantined engines this driver reconciled from the emulator's memory probe (a side channel); the resilient loop only."""
+    controller_restarts: int = 0
+    """Times the controller died while the engines trained and a new one took over (``controller_crash_step``)."""
+    controller_restart_deaths: int = 0
+    """Engines that died in the step a new controller ran again after a controller restart."""
+    controller_kills: int = 0
+    """Of ``controller_restarts``, the kills inside a phase with its calls on the wire (``controller_kill_every``)."""
+    restarts_clean: int = 0
+    """Controller kills after which the journal left no engine's memory unknown: no reconcile was needed."""
+    reconciles_probe: int = 0
+    """Engines whose unknown released memory the barrier reconciled from the memory probe (its own probing and the lab's)."""
+    probe_verdicts: int = 0
+    """Releases and resumes whose client settled a gateway status or a reset from the memory probe (applied or not) instead
+    of re-sending blindly; the resilient loop only."""
+    retried_502: int = 0
+    """Calls re-sent after a 502: ours from its retry events (``status_502``); the baseline only re-sends
+    ``update_weights_from_tensor`` on a gateway status (the seed's ``_make_request(max_attempts=3)``)."""
+    resent_after_error: int = 0
+    """Calls re-sent after a connection error, reset or read timeout: ours from its retry events (an idempotent call, or
+    one that never reached the engine); the baseline re-sends any control call so (verl's 3 attempts), whether or not
+    the engine had acted on it."""
+    requests_aborted_rerun: int = 0
+    requests_lost: int = 0
+    garbage_completions: int = 0
+    """Completions answered 200 with text no intact weights give (vLLM after a level-2 sleep woken without an update); vLLM runs only."""
+    phase_seconds: dict[str, list[float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    stopped_early: str | None = None
+    wall_s: float = 0.0
+
+    def percentile(self, phase: str, q: float) -> float | None:
+        """The ``q`` quantile (0-1) of a phase's durations, or None without samples."""
+        values = sorted(self.phase_seconds.get(phase, []))
+        if not values:
+            return None
+        if len(values) == 1:
+            return values[0]
+        return float(statistics.quantiles(values, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with p50/p99 per phase."""
+        data = asdict(self)
+        data["phase_latency_s"] = {
+            phase: {"p50": self.percentile(phase, 0.5), "p99": self.percentile(phase, 0.99), "n": len(v)}
+            for phase, v in self.phase_seconds.items()
+        }
+        del data["phase_seconds"]
+        return data
+
+    def timed(self, phase: str, fn: Callable[[], object]) -> None:
+        """Run ``fn`` and add its duration to ``phase_seconds[phase]``."""
+        t0 = time.monotonic()
+        fn()
+        self.phase_seconds.setdefault(phase, []).append(time.monotonic() - t0)
+
+
+class RetryCounter:
+    """Counts, from the retry loop's events, the retries by reason and the 502s absorbed: each 502 answer inside a call
+    that ended well (by a retry, or on a release or resume by the memory probe's verdict)."""
+
+    def __init__(self) -> None:
+        self.absorbed = 0
+        self.retries: dict[str, int] = {}
+        """Retries by reason (``RetryScheduled.reason``: ``status_502``, ``connection_reset``, ...)."""
+        self._pending: dict[int, int] = {}
+        """call_id -> its 502 answers so far (removed when the call ends: bounded by the calls in flight)."""
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, RetryScheduled):
+            with self._lock:
+                self.retries[event.reason] = self.retries.get(event.reason, 0) + 1
+        if isinstance(event, AttemptEnded) and event.status == 502:
+            with self._lock:
+                self._pending[event.call_id] = self._pending.get(event.call_id, 0) + 1
+        elif isinstance(event, CallEnded):
+            with self._lock:
+                n = self._pending.pop(event.call_id, 0)
+                if event.outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
+                    self.absorbed += n
+
+
+@dataclass(frozen=True)
+class LabSetup:
+    """What ``run_colocate`` hands the lab it builds: one value, the same for every engine kind and route."""
+
+    fleet: EmulatedFleet
+    config: ColocateConfig
+    way: str
+    """``"old"``/``"ours"`` on the direct route; ``"smg"``, ``"ours"``, ``"ours-smg"`` behind smg."""
+    observers: Sequence[Observer]
+    budget: RestartBudget
+    clock: StopClock
+    """The clock every client of the lab retries on (stopped when the run is interrupted)."""
+    policies: PolicyTable | None = None
+    """Our clients' policies; None: the lab's demo table."""
+    proxies: Sequence[FaultProxy] | None = None
+    """Fault proxies in front of the engines, one per engine in fleet order (direct route); None: the fleet's own."""
+    plan: FaultPlan | None = None
+    """The fault plan of the proxies the smg lab starts itself (the smg route only)."""
+
+
+class Lab(Protocol):
+    """One way's colocate steps on a fleet, driven step by step by ``run_colocate``."""
+
+    report: ColocateReport
+    counter: RetryCounter
+    """Observes our clients' calls: the 502s absorbed and the retries by reason."""
+    counted: Sequence[FaultProxy | None]
+    """The proxies whose injected faults the report counts (None where an engine has none)."""
+    restarted_controller_in: int | None
+    """The step a new controller ran again after the old one died, once one did (else None)."""
+
+    def step(self, n: int) -> None:
+        """Run step ``n`` (0-based); raises what failed it."""
+
+    def recover(self, failed: bool) -> int:
+        """After a step (``failed``: it raised or an engine died): put the fleet back in order; returns the deaths found."""
+
+    def tally(self) -> None:
+        """At the end of the run: add the lab's own counts (its baseline's re-sends, its probes' verdicts) to the report."""
+
+    def close(self, *, interrupted: bool) -> None:
+        """Stop the lab's threads and clients (``interrupted``: without waiting for calls in flight). Idempotent."""
+
+
+def run_rounds(
+    transition: Callable[[], object],
+    quarantined: Callable[[], Iterable[str]],
+    reconcile: Callable[[Sequence[str]], None] | None,
+    report: ColocateReport,
+    *,
+    again_unquarantined: bool = False,
+    rounds: int = RECONCILE_ROUNDS,
+) -> None:
+    """Run a transition; after a ``PhaseFailed`` that no engine died of, reconcile the engines it quarantined
+    (``reconcile``, from a memory probe; None: nothing to reconcile) and run it again, at most ``rounds`` times in all.
+
+    ``quarantined``: the orchestrator's quarantined engines now. ``again_unquarantined``: whether a failure that
+    quarantined nothing is run again too (default False: it is not about unknown memory, and is re-raised at once).
+    """
+    for round_ in range(1, rounds + 1):
+        try:
+            transition()
+            return
+        except PhaseFailed as exc:
+            names = sorted(set(exc.quarantined) | set(quarantined()))
+            if exc.dead or round_ == rounds or (not names and not again_unquarantined):
+                raise
+            if names and reconcile is not None:
+                report.engines_quarantined += len(names)
+                reconcile(names)
+
+
+def reconcile_from_probe(
+    names: Sequence[str],
+    reconcile: Callable[..., None],
+    released_tags: Callable[[str], frozenset[str] | None],
+    settle: Callable[[str], object],
+    report: ColocateReport,
+    *,
+    within_s: float = 10.0,
+) -> None:
+    """Tell the orchestrator (``reconcile``: its ``reconcile``) each quarantined engine's released memory, from a memory probe.
+
+    A real controller asks a ``MemoryProbe`` too (NVML's per-process GPU memory on the engine's
+    node, ``resilience.adapters.nvml``); here ``released_tags`` is the emulator's own truth through its side channel
+    (``EmulatorMemoryProbe``), never an HTTP route. ``settle(name)`` first waits until the engine's proxy has no control
+    call in flight. The probe answers None while a release or resume is being carried out, and the orchestrator
+    refuses while a call it sent is still running: then this asks again, for at most ``within_s`` seconds. An engine
+    with memory released is paused (one that served would have died at its next prefill); with none released, whether
+    it is paused is left unknown, and the next transition that needs it paused pauses it again (safe).
+    """
+    for name in names:
+        deadline = time.monotonic() + within_s
+        while True:
+            settle(name)
+            released = released_tags(name)
+            try:
+                if released is None:
+                    raise RuntimeError(f"the memory probe cannot prove {name}'s released tags yet")
+                reconcile(name, released=released, paused=True if released else None)
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        report.engines_reconciled += 1
+
+
+def lost_stragglers(futures: Sequence[Future[str]], interrupted: bool) -> int:
+    """How many of a step's stragglers came back ``"lost"``, once all are in (each waited for at most 120 s).
+
+    ``interrupted``: the run is ending now (Ctrl-C, ``kill -INT``): none is waited for, those not started are
+    cancelled, and none is counted.
+    """
+    if interrupted:
+        for future in futures:
+            future.cancel()
+        return 0
+    return sum(1 for f in futures if f.result(timeout=120) == "lost")
+
+
+def restart_engines(engines: Sequence[EngineHandle]) -> None:
+    """Restart ``engines`` in parallel: stop all, spawn all, then wait (at most 120 s) until all serve."""
+    for engine in engines:
+        engine.stop()
+        engine.spawn()
+    ready_by = time.monotonic() + 120
+    for engine in engines:
+        engine.wait_ready(ready_by)

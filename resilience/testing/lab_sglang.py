@@ -1,0 +1,474 @@
+"""A colocated RL training loop on emulated engines, run as the baseline (``"old"``) or the resilient loop (``"ours"``).
+
+Each step: rollout (generation on every engine, plus stragglers that arrive
+around the offload), offload, a training pause, onload, weight sync. The
+baseline is the seeds' "before" code: bare ``requests`` calls with
+``raise_for_status()``, flush then release with no pause, a bare weight sync.
+The resilient loop is ``SGLangClient`` + ``Orchestrator``. Where a control call may have
+been applied (a reset or a read timeout after sending), the baseline does what
+verl does with every control call (re-send it on a connection error or a
+timeout, 3 attempts), which kills an engine whose release or resume had been
+applied; the resilient loop raises ``AmbiguousOutcome``, the orchestrator quarantines the
+engine, and this driver reconciles it from the emulator's memory probe (a side channel,
+as NVML would be on a GPU node; see ``SGLangLab._reconcile``) and runs the transition again. A failed step is what makes a
+controller trigger a global restart: it is recorded in a ``RestartBudget``,
+engines are put back in order (dead ones restarted), and the run goes on
+until the budget is spent. With ``ColocateConfig.controller_crash_step`` the
+controller dies once while the engines train and a new one runs that step again
+from its offload: the baseline's new controller knows nothing and releases
+again (the engines die, torch_memory_saver's ``exit(1)``); ours starts on the
+dead one's journal (``Orchestrator(journal=...)``) and knows the offload is done.
+With ``ColocateConfig.controller_kill_every`` the resilient loop's controller is
+killed every K steps inside a seeded phase, its calls on the wire
+(``resilience.testing.controller_kill``), and a new one starts on a copy of the
+journal as it was at the kill; the engines it left unknown are reconciled from
+the memory probe (``Orchestrator(memory_probe=...)``, then ``SGLangLab._reconcile``).
+``cpr demo``, ``cpr soak`` and the chaos tests drive this loop.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import requests
+
+from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
+from resilience.barrier import EngineGroup, Orchestrator
+from resilience.barrier.holds import WEIGHT_SYNC_HOLD
+from resilience.policy import PolicyTable
+from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
+from resilience.testing.counting_probe import CountingProbe
+from resilience.testing.emulator import EngineHandle
+from resilience.testing.faultplan import CONTROL_PATHS
+from resilience.testing.lab import (
+    BASELINE,
+    CONTROL_TIMEOUT_S,
+    DEADLINES,
+    ColocateReport,
+    LabSetup,
+    RetryCounter,
+    lost_stragglers,
+    reconcile_from_probe,
+    restart_engines,
+    run_rounds,
+)
+from resilience.testing.memory_probe import EmulatorMemoryProbe
+from resilience.testing.policies import fast_policies
+
+if TYPE_CHECKING:
+    from resilience.events import Observer
+    from resilience.testing.faults import FaultProxy
+
+__all__ = ["SGLangLab", "demo_policies"]
+
+_DEADLINES: Final = replace(DEADLINES, in_transit_s=5)
+"""``in_transit_s``: an emulated engine applies a control call within milliseconds of its arrival, and the proxy hands a
+request on at once; 5 s covers a loaded machine without waiting out a 20 s phase limit after every ambiguous reset."""
+_SCALED_ROUTES = ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation")
+_BASELINE_ATTEMPTS = 3
+"""The baseline's attempts on a connection error or a timeout: verl's ``max_attempts=3`` (statuses are not retried)."""
+
+
+def demo_policies() -> PolicyTable:
+    """SGLANG_POLICIES' decisions with backoffs scaled down 10x and control attempts capped at ``CONTROL_TIMEOUT_S``.
+
+    Demo and soak runs are time-scaled; what is retried and what is never re-sent is SGLANG_POLICIES'.
+    """
+    table = fast_policies(SGLANG_POLICIES, base_s=0.05, cap_s=0.4)
+    scaled = {
+        key: replace(policy, attempt_timeout_s=CONTROL_TIMEOUT_S)
+        for key, policy in table.entries.items()
+        if any(key.endswith(" " + route) for route in _SCALED_ROUTES)
+    }
+    assert len(scaled) == len(_SCALED_ROUTES), f"SGLANG_POLICIES routes changed: {sorted(scaled)}"
+    return table.with_entries(scaled)
+
+
+
+def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeout: float = 30.0) -> requests.Response:
+    r = session.post(url, json=body, timeout=timeout)
+    r.raise_for_status()
+    return r
+
+
+
+
+class _BaselineResends:
+    """What the baseline re-sent (it has no retry events to count them by); thread-safe."""
+
+    def __init__(self) -> None:
+        self.after_error = 0
+        """Control calls re-sent after a connection error or timeout."""
+        self.after_502 = 0
+        """``update_weights_from_tensor`` calls re-sent after a 502."""
+        self.absorbed_502 = 0
+        """502s followed by a good answer to the same call."""
+        self._lock = threading.Lock()
+
+    def add(self, *, after_error: int = 0, after_502: int = 0, absorbed_502: int = 0) -> None:
+        with self._lock:
+            self.after_error += after_error
+            self.after_502 += after_502
+            self.absorbed_502 += absorbed_502
+
+
+def _baseline_control(
+    session: requests.Session, url: str, body: dict[str, Any], resends: _BaselineResends | None = None
+) -> requests.Response:
+    """The baseline's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
+    for attempt in range(_BASELINE_ATTEMPTS):
+        try:
+            return _json_post(session, url, body, timeout=CONTROL_TIMEOUT_S)
+        except (requests.ConnectionError, requests.Timeout):
+            if attempt == _BASELINE_ATTEMPTS - 1:
+                raise
+            if resends is not None:
+                resends.add(after_error=1)
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+def _bare_session() -> requests.Session:
+    """The baseline's session: no proxy from the environment, a pool for every engine's calls at once."""
+    session = requests.Session()
+    session.trust_env = False
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
+    return session
+
+
+class SGLangLab:
+    """The SGLang loop of one run (the baseline or ours) on the direct route: a :class:`~resilience.testing.lab.Lab`."""
+
+    def __init__(self, setup: LabSetup) -> None:
+        fleet, config, kind, budget = setup.fleet, setup.config, setup.way, setup.budget
+        proxies = setup.proxies
+        self.fleet, self.config, self.kind, self.clock = fleet, config, kind, setup.clock
+        self.urls = [p.url for p in proxies] if proxies is not None else fleet.urls
+        self.counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
+        self.rng = random.Random(f"{config.seed}:{kind}")
+        self.budget = budget
+        self.counter = RetryCounter()
+        self.resends = _BaselineResends()
+        self._count_lock = threading.Lock()
+        self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
+        self.pool = ThreadPoolExecutor(
+            max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{kind}"
+        )
+        self.bare = _bare_session()
+        policies = setup.policies if setup.policies is not None else demo_policies()
+        self._policies, self._client_observers = policies, (*setup.observers, self.counter)
+        self.proxy_of: dict[str, FaultProxy] = {}
+        aliases = {u: h.direct_url for u, h in zip(self.urls, fleet.engines, strict=True)}
+        truth = EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases)
+        self.probe = CountingProbe(truth)
+        """Where the orchestrator and ``_reconcile`` learn an engine's released tags: the emulator's side channel, not HTTP."""
+        self.client_probe = CountingProbe(truth)
+        """The same, asked by the clients' release and resume before re-sending after a gateway status or a reset."""
+        self.clients = self._new_clients()
+        self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
+        self.proxy_of.update({c.engine: p for c, p in zip(self.clients, self.counted, strict=False) if p is not None})
+        restarts = config.controller_crash_step is not None or config.controller_kill_every is not None
+        self._journal_dir = Path(tempfile.mkdtemp(prefix="cpr-journal-")) if restarts else None
+        self._journals = 0
+        self._journal_path = self._new_journal_path()
+        self._snapshot: Path | None = None
+        self.fanout = KillSwitchFanOut(on_kill=self._snapshot_journal)
+        """Every orchestrator's fan-out; armed in the steps ``controller_kill_every`` names."""
+        self.kill_rng = random.Random(f"{config.seed}:kill")
+        """Where each kill lands (phase, delay): its own stream, so kills do not move the stragglers."""
+        self._old_clients: list[SGLangClient] = []
+        self.restarted_controller_in: int | None = None
+        """The step a new controller ran again after the old one died (``controller_crash_step``), once it did."""
+        self.orch = self._orchestrator(setup.observers)
+
+    def _new_journal_path(self) -> Path | None:
+        """A fresh journal file in the run's folder (None when the run restarts no controller: knowledge in memory)."""
+        if self._journal_dir is None:
+            return None
+        self._journals += 1
+        return self._journal_dir / f"barrier-{self._journals}.journal"
+
+    def _orchestrator(self, observers: Sequence[Observer]) -> Orchestrator[SGLangClient]:
+        """An Orchestrator over the current clients on ``self._journal_path``, with the memory probe and the kill switch."""
+        return Orchestrator(
+            EngineGroup(self.clients),
+            observers=observers,
+            deadlines=_DEADLINES,
+            restart_budget=self.budget,
+            fanout=self.fanout,
+            memory_probe=self.probe,
+            journal=self._journal_path,
+        )
+
+    def _snapshot_journal(self) -> None:
+        """At the instant of a kill: copy the journal as it is, what a killed process leaves on disk (the next controller's)."""
+        path = self._new_journal_path()
+        if path is not None and self._journal_path is not None:
+            shutil.copyfile(self._journal_path, path)
+        self._snapshot = path
+
+    def _new_clients(self) -> list[SGLangClient]:
+        return [
+            SGLangClient(
+                u,
+                policies=self._policies,
+                observers=self._client_observers,
+                flush_poll_s=0.05,
+                pool_maxsize=64,
+                memory_probe=self.client_probe,
+                clock=self.clock,
+            )
+            for u in self.urls
+        ]
+
+    # -- generation ------------------------------------------------------------------
+
+    def _generate(self, i: int, tag: str) -> GenerateResult | None:
+        body = {"text": tag, "sampling_params": {"max_new_tokens": self.config.max_new_tokens}}
+        if self.kind == BASELINE:
+            r = self.bare.post(f"{self.urls[i]}/generate", json=body, timeout=60)
+            r.raise_for_status()
+            data = r.json()
+            finish = (data.get("meta_info") or {}).get("finish_reason") or {}
+            return GenerateResult(
+                data.get("text", ""), (), finish.get("type") if isinstance(finish, dict) else finish, data.get("meta_info", {})
+            )
+        return self.clients[i].generate(tag, sampling_params={"max_new_tokens": self.config.max_new_tokens})
+
+    def _straggler(self, i: int, delay: float, tag: str) -> str:
+        self.clock.sleep(delay)
+        for _ in range(3):  # an aborted request is re-submitted by the rollout, as RL rollouts do
+            try:
+                out = self._generate(i, tag)
+            except requests.RequestException:
+                return "lost"
+            if out is None or not out.aborted:
+                return "done"
+            with self._count_lock:  # stragglers run on many threads
+                self.report.requests_aborted_rerun += 1
+        return "lost"
+
+    # -- the two loops -----------------------------------------------------------------
+
+    def _baseline_offload(self) -> None:
+        def one(url: str) -> None:
+            for _ in range(self.config.baseline_flush_polls):  # slime/Relax: poll flush until it says flushed
+                r = self.bare.get(f"{url}/flush_cache", timeout=30)
+                if r.status_code == 200:
+                    break
+                time.sleep(0.05)
+            else:
+                raise TimeoutError(f"{url}: timeout while flushing cache")
+            _baseline_control(self.bare, f"{url}/release_memory_occupation", {"tags": None}, self.resends)
+
+        list(self.pool.map(one, self.urls))
+
+    def _baseline_onload(self) -> None:
+        list(
+            self.pool.map(lambda u: _baseline_control(self.bare, f"{u}/resume_memory_occupation", {"tags": None}, self.resends), self.urls)
+        )
+
+    def _baseline_weight_sync(self, version: str) -> None:
+        def one(url: str) -> None:
+            _baseline_control(self.bare, f"{url}/pause_generation", {}, self.resends)
+            _json_post(self.bare, f"{url}/begin_weight_update", {"selector": "all"})
+            got_502 = 0
+            for attempt in range(3):  # the seed's _make_request(max_attempts=3) on this one call
+                r = self.bare.post(f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": version})
+                if r.status_code not in (502, 503, 504) or attempt == 2:
+                    r.raise_for_status()
+                    self.resends.add(absorbed_502=got_502)
+                    break
+                if r.status_code == 502:
+                    got_502 += 1
+                    self.resends.add(after_502=1)
+                time.sleep(0.05)
+            _json_post(self.bare, f"{url}/end_weight_update", {})
+            _baseline_control(self.bare, f"{url}/continue_generation", {}, self.resends)
+
+        list(self.pool.map(one, self.urls))
+
+    def _resilient_weight_sync(self, version: str) -> None:
+        with self.orch.weight_sync(mode="retract") as engines:
+
+            def one(client: SGLangClient) -> None:
+                client.begin_weight_update()
+                client.update_weights_from_tensor(["w"], weight_version=version)
+                client.end_weight_update()
+
+            list(self.pool.map(one, engines))
+
+    def _resilient(self, transition: Callable[[], object]) -> None:
+        """Run one of the resilient loop's transitions (see ``_rounds``); killed inside it, a new controller runs it again."""
+        try:
+            self._rounds(transition)
+        except ControllerKilled:
+            self._controller_killed()
+            self._rounds(transition)
+
+    def _rounds(self, transition: Callable[[], object]) -> None:
+        """Run a transition; after a PhaseFailed that quarantined engines, reconcile them and run it again (``run_rounds``)."""
+        run_rounds(transition, lambda: self.orch.quarantined(), self._reconcile, self.report)
+
+    def _reconcile(self, names: Sequence[str]) -> None:
+        """Each quarantined engine's released memory, from the emulator's memory probe (``reconcile_from_probe``)."""
+
+        def settle(name: str) -> None:
+            proxy = self.proxy_of.get(name)
+            if proxy is not None:  # control calls only: generation held at a paused engine's gate is not waited for
+                proxy.settle(paths=CONTROL_PATHS)
+
+        reconcile_from_probe(names, self.orch.reconcile, self.probe.released_tags, settle, self.report)
+
+    def step(self, n: int) -> None:
+        cfg = self.config
+        engines = range(len(self.urls))
+        rollout = [self.pool.submit(self._generate, i, f"s{n}-e{i}-r{k}") for i in engines for k in range(cfg.rollout_requests)]
+        for f in rollout:
+            f.result(timeout=120)
+        stragglers = [
+            self.pool.submit(self._straggler, i, self.rng.uniform(0, cfg.straggler_window_s), f"s{n}-e{i}-late{k}")
+            for i in engines
+            for k in range(cfg.stragglers)
+        ]
+        kill, interrupted = cfg.kills_at(n), False
+        if kill and self.kind != BASELINE:  # any of the step's phases (offload 3, onload 2, weight sync 2), 0-50 ms in
+            self.fanout.arm(KillPoint(phase=self.kill_rng.randrange(7), after_s=round(self.kill_rng.uniform(0.0, 0.05), 4)))
+        try:
+            if self.kind == BASELINE:
+                offload: Callable[[], None] = self._baseline_offload
+                onload: Callable[[], None] = self._baseline_onload
+                sync: Callable[[], None] = lambda: self._baseline_weight_sync(f"v{n}")  # noqa: E731
+            else:  # self.orch is read when each runs: a controller restart replaces it
+                offload = lambda: self._resilient(lambda: self.orch.offload(mode="abort"))  # noqa: E731
+                onload = lambda: self._resilient(lambda: self.orch.onload())  # noqa: E731
+                sync = lambda: self._resilient(lambda: self._resilient_weight_sync(f"v{n}"))  # noqa: E731
+            self.report.timed("offload", offload)
+            if n == cfg.controller_crash_step or (kill and self.kind == BASELINE):
+                time.sleep(cfg.train_s)  # the controller dies while the engines train
+                self._controller_restart(n)
+                self.report.timed("offload", offload)  # the new controller runs the step again from its offload
+            time.sleep(cfg.train_s)
+            self.report.timed("onload", onload)
+            self.report.timed("weight_sync", sync)
+        except BaseException as exc:
+            interrupted = not isinstance(exc, Exception)
+            raise
+        finally:
+            self.fanout.disarm()  # a kill point the step did not reach (a step with fewer phases) is not carried over
+            self.report.requests_lost += lost_stragglers(stragglers, interrupted)
+            for client in self._old_clients:  # a dead controller's clients: closed once its stragglers are in
+                client.close()
+            self._old_clients.clear()
+
+    # -- recovery: what a global restart does here ------------------------------------------
+
+    def _put_in_order(self, engine: EngineHandle) -> None:
+        state = engine.state()
+        if state.get("released_tags"):
+            self.bare.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
+        if state.get("paused"):
+            self.bare.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
+        if state.get("weight_update_session_open"):
+            self.bare.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
+
+    def recover(self, failed: bool) -> int:
+        """After every step, ``failed`` or not: restart dead engines, continue/resume live ones left paused or released,
+        and start the controller afresh. Returns the deaths found."""
+        dead = [e for e in self.fleet.engines if not e.alive()]
+        restart_engines(dead)
+        for engine in self.fleet.engines:
+            if engine in dead:
+                continue
+            try:
+                self._put_in_order(engine)
+            except requests.RequestException:
+                # A crash lands a moment after the call that caused it: the engine may have died after the check above.
+                if engine.wait_exit(5.0) is None:
+                    raise
+                restart_engines([engine])
+                dead.append(engine)
+        for client in self.clients:  # a global restart starts the controller afresh: new clients, new orchestrator
+            client.close()
+        self.clients = self._new_clients()
+        self._replace_orchestrator(self._new_journal_path())  # every engine in order: nothing to resume
+        return len(dead)
+
+    def _replace_orchestrator(self, journal: Path | None) -> None:
+        """Let go of the old orchestrator's journal and build a new one (over ``self.clients``) on ``journal``."""
+        old, observers = self.orch, self.orch.observers
+        old.close()
+        if old.journal is not None and self._journal_path is not None and self._journal_path != journal:
+            self._journal_path.unlink(missing_ok=True)  # one journal file at a time on disk
+        self._journal_path = journal
+        self.orch = self._orchestrator(observers)
+
+    def _controller_killed(self) -> None:
+        """The controller died inside a phase (``KillSwitchFanOut``); a new one takes over on the journal's copy from that instant.
+
+        What the dead one sent still lands: the new controller starts once those calls ended (a dead
+        process sends nothing more, but its requests on the wire reach the engines). It has new clients and
+        knows only what the copy says: a call in flight at the kill is "maybe applied", and an engine whose
+        tags it leaves unknown is reconciled from the memory probe (the orchestrator's own, then
+        ``_reconcile``). A weight-sync hold the dead one took is released by the new one (it knows the owner
+        is gone; the owner's PID here is this process's, so the journal cannot tell).
+        """
+        self.report.controller_restarts += 1
+        self.report.controller_kills += 1
+        self.fanout.drain(30.0)
+        self._old_clients.extend(self.clients)  # stragglers may still be generating through them
+        self.clients = self._new_clients()
+        self._replace_orchestrator(self._snapshot)
+        self._snapshot = None
+        for _ in range(8):  # bounded: one unpause per hold the dead controller left
+            if not any(WEIGHT_SYNC_HOLD in reasons for reasons in self.orch.held().values()):
+                break
+            self._rounds(lambda: self.orch.unpause(WEIGHT_SYNC_HOLD))
+        if not self.orch.quarantined():
+            self.report.restarts_clean += 1
+
+    def _controller_restart(self, n: int) -> None:
+        """The controller dies while the engines train, and a new one takes over; the engines keep their state.
+
+        The baseline's new controller is a new process that knows nothing (a new session). Ours is one too
+        (new clients, a new Orchestrator), started on the dead one's journal: it resumes what the old one knew.
+        """
+        self.report.controller_restarts += 1
+        self.restarted_controller_in = n
+        if self.kind == BASELINE:
+            self.bare.close()
+            self.bare = _bare_session()
+            return
+        for client in self.clients:
+            client.close()
+        self.clients = self._new_clients()
+        self._replace_orchestrator(self._journal_path)
+
+    def tally(self) -> None:
+        """The baseline's re-sends (it has no retry events) and the memory probes' answers, into the report."""
+        report = self.report
+        report.http_502_absorbed += self.resends.absorbed_502
+        report.retried_502 += self.resends.after_502
+        report.resent_after_error += self.resends.after_error
+        report.reconciles_probe = self.probe.proved
+        report.probe_verdicts = self.client_probe.proved
+
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop the pool (``interrupted``: without waiting for its calls), the clients, the orchestrator, the journal folder."""
+        self.pool.shutdown(wait=not interrupted, cancel_futures=True)
+        self.bare.close()
+        for client in [*self.clients, *self._old_clients]:
+            client.close()
+        self.orch.close()
+        self.fanout.close()
+        if self._journal_dir is not None:
+            shutil.rmtree(self._journal_dir, ignore_errors=True)
