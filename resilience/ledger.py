@@ -8,11 +8,23 @@ releases to one engine in one cycle. The ledger remembers, per engine and
 endpoint template, what recent calls spent and whether the last attempt was
 left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
 
-- **Attempts.** The attempts that may have reached the engine (``Delivery`` other
-  than ``NOT_SENT``) in calls that did not succeed are counted; a call starts
-  with ``max_attempts`` minus that count, and one with nothing left is refused
-  before sending (``RetriesExhausted``, the driver's own class). A success, or a
-  probe that confirms the call was applied, clears the count.
+- **Which calls share a count.** Only where a re-send can hurt: a
+  non-idempotent endpoint (SGLang's release and resume, the weight updates)
+  unless its probe has just answered "not applied". There the attempts that may
+  have reached the engine (``Delivery`` other than ``NOT_SENT``) in calls that did
+  not succeed are counted; a call starts with ``max_attempts`` minus that count,
+  and one with nothing left is refused before sending (``RetriesExhausted``, the
+  driver's own class). A success, or a probe that confirms the call was applied,
+  clears the count.
+- **Everywhere else** (an idempotent endpoint: ``/pause_generation``,
+  ``/flush_cache``, ``/continue_generation``; a release the probe proved not
+  applied) a re-send is harmless, so a framework's own retry gets its own
+  ``max_attempts``, bounded by the engine's retry budget (below) and by the
+  endpoint's ``deadline_s`` counted from the first failed attempt of the run of
+  failed calls: a repeat runs under a ``Deadline`` of what is left of it, and one
+  with nothing left is refused before sending (``DeadlineExceeded``). A streak of
+  502s longer than one call's attempts is then ridden out as the framework's
+  loop allows, as an uninstrumented session per call would (issue 31).
 - **Budget.** The first attempt of a call that repeats a failed one is a retry
   for the engine's retry budget: it takes a token, and none left refuses the
   call (``RetryBudgetExhausted``).
@@ -21,10 +33,11 @@ left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
   status 502/503/504, a read timeout or a connection dropped after sending),
   the next call asks the endpoint's probe first (``EndpointPolicy.on_ambiguous``
   when it is a callable, e.g. the memory probe of ``sglang_policies``): "done"
-  returns the driver's "applied" response without sending, "not done" sends,
-  "unknown" (or no probe) follows the preset: a gateway status is re-sent only
-  when the policy sets ``retry_statuses_if_not_idempotent`` (the seed's
-  trade-off), a transport ambiguity never (``AmbiguousOutcome``).
+  returns the driver's "applied" response without sending, "not done" sends
+  with attempts of its own, "unknown" (or no probe) follows the preset with the
+  shared count: a gateway status is re-sent only when the policy sets
+  ``retry_statuses_if_not_idempotent`` (the seed's trade-off), a transport
+  ambiguity never (``AmbiguousOutcome``).
 - **Window.** An entry is forgotten ``window_s`` seconds (default 10) after its
   last attempt: a framework's loop re-sends within seconds; a later call is a
   new decision of its caller.
@@ -46,6 +59,7 @@ from typing import Any, Literal, TypeVar
 from resilience.breaker import BreakerRegistry
 from resilience.budget import RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.deadline import Deadline
 from resilience.errors import ConfigError, ErrorTypes, ResilienceError
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery, Outcome
@@ -78,6 +92,8 @@ class LedgerEntry:
     """The last attempt's status, when it got one."""
     at: float
     """Clock reading of the last attempt's report."""
+    since: float
+    """Clock reading of the first attempt's report in this run of failed calls (the deadline of harmless repeats counts from it)."""
 
 
 class AttemptLedger:
@@ -137,8 +153,9 @@ class AttemptLedger:
         now = self._clock.monotonic()
         with self._lock:
             entry = self._entries.get(key)
-            spent = entry.spent if entry is not None and now - entry.at <= self.window_s else 0
-            self._entries[key] = LedgerEntry(spent + 1, unresolved, status, now)
+            live = entry is not None and now - entry.at <= self.window_s
+            spent, since = (entry.spent, entry.since) if live and entry is not None else (0, now)
+            self._entries[key] = LedgerEntry(spent + 1, unresolved, status, now, since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +169,10 @@ class _Admission:
     error: ResilienceError | None = None
     """Refused before sending."""
     probe: Callable[[ProbeContext], Any] | None = None
-    """A probe to ask before deciding (then ``decide_after_probe``)."""
+    """A probe to ask before deciding (then ``_after_probe``)."""
     context: ProbeContext | None = None
+    deadline_s: float | None = None
+    """A harmless repeat runs under a ``Deadline`` of this many seconds (what its run of failed calls left); None: none added."""
 
 
 class LedgerRetrier(Retrier):
@@ -192,7 +211,9 @@ class LedgerRetrier(Retrier):
                 context = ProbeContext(spec.method, spec.url, endpoint, spec.engine, entry.spent, None, entry.last_status, spec.body)
                 return _Admission(probe=probe, context=context)
             return self._preset_choice(spec, entry)
-        return self._cut(spec, entry)
+        if not policy.idempotent:
+            return self._cut(spec, entry)
+        return self._fresh(spec, entry)
 
     def _after_probe(self, spec: CallSpec, answer: object) -> _Admission:
         try:
@@ -202,8 +223,8 @@ class LedgerRetrier(Retrier):
         entry = self.ledger.get(spec.engine, spec.match.endpoint)
         if entry is None or verdict is ProbeAnswer.DONE:
             return _Admission(spec=spec, applied=verdict is ProbeAnswer.DONE)
-        if verdict is ProbeAnswer.NOT_DONE:
-            return self._cut(spec, entry)
+        if verdict is ProbeAnswer.NOT_DONE:  # proven not applied: a re-send cannot be the second one
+            return self._fresh(spec, entry)
         return self._preset_choice(spec, entry)
 
     def _preset_choice(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
@@ -217,6 +238,7 @@ class LedgerRetrier(Retrier):
         return _Admission(error=self._error(self.error_types.ambiguous, spec, message, entry))
 
     def _cut(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
+        """A re-send that can hurt: the attempts the earlier calls left, no more."""
         policy = spec.match.policy
         left = policy.retry.max_attempts - entry.spent
         if left <= 0:
@@ -225,11 +247,36 @@ class LedgerRetrier(Retrier):
                 f"within {self.ledger.window_s:g}s (max_attempts={policy.retry.max_attempts}); not sent"
             )
             return _Admission(error=self._error(self.error_types.retries_exhausted, spec, message, entry))
+        refused = self._withdraw(spec, entry)
+        if refused is not None:
+            return refused
+        retry = replace(policy.retry, max_attempts=left)
+        return _Admission(spec=replace(spec, match=replace(spec.match, policy=replace(policy, retry=retry))))
+
+    def _fresh(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
+        """A harmless re-send: attempts of its own, within the budget and what the run of failed calls left of the deadline."""
+        deadline_s = spec.match.policy.deadline_s
+        left: float | None = None
+        if deadline_s is not None:
+            elapsed = self.clock.monotonic() - entry.since
+            left = deadline_s - elapsed
+            if left <= 0:
+                message = (
+                    f"{spec.match.endpoint} on {spec.engine}: earlier calls have failed for {elapsed:.3g}s, past the "
+                    f"endpoint's deadline_s={deadline_s:g}; not sent"
+                )
+                return _Admission(error=self._error(self.error_types.deadline_exceeded, spec, message, entry))
+        refused = self._withdraw(spec, entry)
+        if refused is not None:
+            return refused
+        return _Admission(spec=spec, deadline_s=left)
+
+    def _withdraw(self, spec: CallSpec, entry: LedgerEntry) -> _Admission | None:
+        """The repeat's first attempt is a retry for the engine's budget: a refusal when no token is left, else None."""
         if self.budgets is not None and not self.budgets.get(spec.engine).try_withdraw():
             message = f"retry budget of {spec.engine} exhausted ({spec.match.endpoint} repeats a failed call); not sent"
             return _Admission(error=self._error(self.error_types.budget_exhausted, spec, message, entry))
-        retry = replace(policy.retry, max_attempts=left)
-        return _Admission(spec=replace(spec, match=replace(spec.match, policy=replace(policy, retry=retry))))
+        return None
 
     @staticmethod
     def _error(kind: type[ResilienceError], spec: CallSpec, message: str, entry: LedgerEntry) -> ResilienceError:
@@ -273,7 +320,10 @@ class LedgerRetrier(Retrier):
             return result
 
         done = self._clearing(spec, on_probe_done)
-        return super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+        if admission.deadline_s is None:
+            return super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+        with Deadline(admission.deadline_s, clock=self.clock):
+            return super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
 
     async def arun(
         self,
@@ -303,7 +353,10 @@ class LedgerRetrier(Retrier):
             return result
 
         done = self._clearing(spec, on_probe_done)
-        return await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+        if admission.deadline_s is None:
+            return await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+        with Deadline(admission.deadline_s, clock=self.clock):
+            return await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
 
     def _settle(self, spec: CallSpec, admission: _Admission, on_probe_done: Callable[[], R] | None) -> CallSpec | R:
         """The spec to run, or the "applied" response; raises a refusal."""

@@ -144,17 +144,28 @@ def posts(server: ScriptedServer, path: str) -> int:
 
 
 @pytest.mark.parametrize("library", FRAMEWORKS)
-@pytest.mark.parametrize("path", [PAUSE, RELEASE])
-def test_outer_retry_loop_stays_within_max_attempts(library: str, path: str, instrumented: Callable[..., SGLangInstrumentor]) -> None:
-    """A framework's three tries of an always-502 call send ``max_attempts`` requests in all, not three times that."""
+def test_outer_retry_loop_of_a_release_stays_within_max_attempts(library: str, instrumented: Callable[..., SGLangInstrumentor]) -> None:
+    """Three tries of an always-502 release (a re-send can hurt) send ``max_attempts`` requests in all, not three times that."""
     framework = FRAMEWORKS[library]
     with scripted(Reply(502, b"")) as server:
-        status, _error = framework(server.url + path)
-        assert status is None and posts(server, path) == OUTER  # as shipped: one send per try
+        status, _error = framework(server.url + RELEASE)
+        assert status is None and posts(server, RELEASE) == OUTER  # as shipped: one send per try
         instrumented([server.url], policies=table())
-        status, _error = framework(server.url + path)
+        status, _error = framework(server.url + RELEASE)
         assert status is None
-        assert posts(server, path) == OUTER + MAX
+        assert posts(server, RELEASE) == OUTER + MAX
+
+
+@pytest.mark.parametrize("library", FRAMEWORKS)
+def test_outer_retry_loop_of_a_pause_gets_attempts_per_try(library: str, instrumented: Callable[..., SGLangInstrumentor]) -> None:
+    """A pause is harmless to re-send: each of the framework's tries gets ``max_attempts`` (a 502 streak longer than one call's
+    attempts is ridden out, as a session mounted per call would), bounded by the budget and the endpoint's deadline."""
+    framework = FRAMEWORKS[library]
+    with scripted(*[Reply(502, b"")] * (MAX + 1), Reply(200, b"{}")) as server:
+        instrumented([server.url], policies=table())
+        status, _error = framework(server.url + PAUSE)
+        assert status == 200, _error
+        assert posts(server, PAUSE) == MAX + 2
 
 
 @pytest.mark.parametrize("library", FRAMEWORKS)
@@ -229,8 +240,8 @@ def test_bare_host_matches_every_port(instrumented: Callable[..., SGLangInstrume
     """A bare host names every port of it."""
     with scripted(Reply(502, b"")) as server:
         instrumented(["127.0.0.1"], policies=table())
-        requests_framework(server.url + PAUSE)
-        assert posts(server, PAUSE) == MAX
+        requests_framework(server.url + RELEASE)
+        assert posts(server, RELEASE) == MAX
 
 
 def test_no_double_mount(instrumented: Callable[..., SGLangInstrumentor]) -> None:
@@ -372,13 +383,13 @@ def test_every_ray_worker_process_instruments_itself(ray_runtime: object) -> Non
         inst = SGLangInstrumentor([server.url], policies=table())
         workers = [Worker.remote(inst) for _ in range(2)]  # type: ignore[attr-defined]
         try:
-            answers = ray.get([w.release.remote(server.url + PAUSE, OUTER) for w in workers], timeout=120)
+            answers = ray.get([w.release.remote(server.url + RELEASE, OUTER) for w in workers], timeout=120)
         finally:
             for w in workers:
                 ray.kill(w)
         assert len({pid for pid, _, _ in answers}) == 2
         assert all(failed and ours for _, failed, ours in answers)
-        assert posts(server, PAUSE) == 2 * MAX
+        assert posts(server, RELEASE) == 2 * MAX
         assert not inst.instrumented and SGLangInstrumentor.active() is None  # the driver's process was never patched
 
 

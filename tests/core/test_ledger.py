@@ -9,7 +9,7 @@ import pytest
 from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import FakeClock
-from resilience.errors import ConfigError, RetriesExhausted, RetryBudgetExhausted
+from resilience.errors import ConfigError, DeadlineExceeded, RetriesExhausted, RetryBudgetExhausted
 from resilience.ledger import AttemptLedger, LedgerRetrier
 from resilience.outcome import Delivery, attempts_of
 from resilience.policy import ProbeAnswer, ProbeContext
@@ -50,34 +50,81 @@ def retrier(clock: FakeClock, **kwargs: object) -> LedgerRetrier:
     return LedgerRetrier(AttemptLedger(30.0, clock=clock), clock=clock, **kwargs)  # type: ignore[arg-type]
 
 
-def test_a_repeated_call_gets_what_the_last_one_left() -> None:
-    """Three calls of an always-502 endpoint send max_attempts in all; the later ones are refused before sending."""
+def test_a_repeated_release_gets_what_the_last_one_left() -> None:
+    """Three calls of an always-502 release (a re-send can hurt) send max_attempts in all; the later ones are refused before sending."""
     clock = FakeClock()
     r, transport = retrier(clock), Transport(bad_gateway())
-    assert r.run(spec(IDEMPOTENT), transport)[0] == "502"
+    assert r.run(spec(RELEASE), transport)[0] == "502"
     for _ in range(2):
         with pytest.raises(RetriesExhausted, match="already spent by earlier calls"):
-            r.run(spec(IDEMPOTENT), transport)
+            r.run(spec(RELEASE), transport)
     assert transport.sends == 3
+
+
+def test_a_harmless_repeat_gets_attempts_of_its_own() -> None:
+    """An idempotent endpoint (a pause): each of the framework's calls gets max_attempts, so a long 502 streak is ridden out."""
+    clock = FakeClock()
+    r, transport = retrier(clock), Transport(bad_gateway())
+    for _ in range(3):
+        assert r.run(spec(IDEMPOTENT), transport)[0] == "502"
+    assert transport.sends == 9
+    ok = Transport(AttemptResult(response="200", status=200))
+    assert r.run(spec(IDEMPOTENT), ok)[0] == "200" and ok.sends == 1
+
+
+def test_a_harmless_repeat_is_bounded_by_the_deadline_of_its_run_of_failures() -> None:
+    """The repeats of an idempotent call run within its deadline_s counted from the first failed attempt; past it, refused unsent."""
+    clock = FakeClock()
+    r, transport = retrier(clock), Transport(bad_gateway())
+    r.run(spec(IDEMPOTENT), transport)
+    clock.advance(20.0)
+    seen: list[float] = []
+
+    def timed(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[str]:
+        from resilience.deadline import current_deadline
+
+        deadline = current_deadline()
+        assert deadline is not None
+        seen.append(deadline.remaining())
+        return transport(n, timeouts, carrier)
+
+    r.run(spec(IDEMPOTENT), timed)
+    assert seen and max(seen) <= 10.0  # 30 s deadline, 20 s of it spent by the first call's run
+    clock.advance(10.0)
+    with pytest.raises(DeadlineExceeded, match="past the endpoint's deadline_s=30"):
+        r.run(spec(IDEMPOTENT), transport)
+    assert transport.sends == 6
+
+
+def test_a_release_the_probe_proves_not_applied_gets_attempts_of_its_own() -> None:
+    """After 502s the probe proves "not applied": the repeat cannot be a second release, so it is not cut to what was left."""
+    clock = FakeClock()
+    policy = EndpointPolicy(
+        retry=QUICK, idempotent=False, retry_statuses_if_not_idempotent=True, deadline_s=30, on_ambiguous=lambda _c: ProbeAnswer.NOT_DONE
+    )
+    r, transport = retrier(clock), Transport(bad_gateway())
+    r.run(spec(policy), transport)
+    r.run(spec(policy), transport)
+    assert transport.sends == 6
 
 
 def test_a_success_clears_and_the_window_forgets() -> None:
     """A repeat that succeeds on the attempts left starts the count afresh; so does a call after the window."""
     clock = FakeClock()
     r = retrier(clock)
-    two = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0), idempotent=True, deadline_s=30)
+    two = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0), idempotent=False, retry_statuses_if_not_idempotent=True)
     r.run(spec(two), Transport(bad_gateway()))
-    r.run(spec(IDEMPOTENT, "/y"), Transport(bad_gateway()))
+    r.run(spec(RELEASE, "/y"), Transport(bad_gateway()))
     ok = Transport(AttemptResult(response="200", status=200))
-    assert r.run(spec(IDEMPOTENT), ok)[0] == "200" and ok.sends == 1  # one attempt was left of three
+    assert r.run(spec(RELEASE), ok)[0] == "200" and ok.sends == 1  # one attempt was left of three
     again = Transport(bad_gateway())
-    r.run(spec(IDEMPOTENT), again)
+    r.run(spec(RELEASE), again)
     assert again.sends == 3
     with pytest.raises(RetriesExhausted):
-        r.run(spec(IDEMPOTENT, "/y"), Transport(bad_gateway()))
+        r.run(spec(RELEASE, "/y"), Transport(bad_gateway()))
     clock.advance(31.0)
     later = Transport(bad_gateway())
-    r.run(spec(IDEMPOTENT, "/y"), later)
+    r.run(spec(RELEASE, "/y"), later)
     assert later.sends == 3
 
 
