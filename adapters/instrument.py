@@ -77,6 +77,7 @@ from resilience.driver_config import UNSET, DriverConfig, Unset, driver_config
 from resilience.errors import ConfigError, ErrorTypes
 from resilience.events import Observer
 from resilience.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
+from resilience.memory_probe import MemoryProbe, covers
 from resilience.policy import PolicyTable
 
 __all__ = ["LIBRARIES", "SGLangInstrumentor"]
@@ -97,6 +98,15 @@ class _Target:
 
     host: str
     port: int | None
+    scheme: str = "http"
+
+    @property
+    def engine(self) -> str | None:
+        """``scheme://host:port`` as the drivers name the engine (``http`` when none was given); None for a bare host."""
+        if self.port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
 
     @classmethod
     def parse(cls, text: object) -> _Target:
@@ -114,10 +124,14 @@ class _Target:
             raise ConfigError(f"SGLangInstrumentor.engines: {raw!r} must name an engine (scheme://host:port), not a path or query")
         if port is None and "://" in raw:
             port = _DEFAULT_PORTS.get(parts.scheme.lower())
-        return cls(parts.hostname.lower(), port)
+        return cls(parts.hostname.lower(), port, parts.scheme.lower() if "://" in raw else "http")
 
     def matches(self, host: str, port: int | None) -> bool:
         return host == self.host and (self.port is None or port == self.port)
+
+    def same_engine(self, other: _Target) -> bool:
+        """Whether both name the same host and port (the scheme is how the drivers name it, not which requests match)."""
+        return (self.host, self.port) == (other.host, other.port)
 
 
 class SGLangInstrumentor:
@@ -195,7 +209,9 @@ class SGLangInstrumentor:
 
     def same_settings(self, other: SGLangInstrumentor) -> bool:
         """Whether ``other`` would mount the same thing: equal engines, policies, libraries and window."""
-        return self._targets == other._targets and self.libraries == other.libraries and self.window_s == other.window_s and (
+        return len(self._targets) == len(other._targets) and all(
+            a.same_engine(b) for a, b in zip(self._targets, other._targets, strict=True)
+        ) and self.libraries == other.libraries and self.window_s == other.window_s and (
             self.policies is other.policies or dict(self.policies.entries) == dict(other.policies.entries)
         )
 
@@ -223,8 +239,9 @@ class SGLangInstrumentor:
 
         Idempotent: a second call, or a call on an equal instrumentor, changes
         nothing. Raises ``RuntimeError`` while a different instrumentor is
-        active, and ``ConfigError`` for a named library that is not installed
-        or an httpx without the method patched.
+        active, and ``ConfigError`` for a named library that is not installed,
+        an httpx without the method patched, or a memory probe in the policies
+        that does not know every engine (``check_probes``).
         """
         global _ACTIVE
         with _LOCK:
@@ -233,6 +250,7 @@ class SGLangInstrumentor:
                 if current is self or current.same_settings(self):
                     return current
                 raise RuntimeError(f"{current!r} is already active in this process; call its uninstrument() first")
+            self.check_probes()
             patches = self._plan_patches()
             for owner, name, replacement in patches:
                 original = owner.__dict__[name]
@@ -262,6 +280,38 @@ class SGLangInstrumentor:
 
     def __exit__(self, *exc: object) -> None:
         self.uninstrument()
+
+    def memory_probes(self) -> list[MemoryProbe]:
+        """The memory probes the policies ask (each entry's ``on_ambiguous`` that holds one, ``MemoryProbeCheck``), once each."""
+        probes: list[MemoryProbe] = []
+        for policy in self.policies.entries.values():
+            probe = getattr(policy.on_ambiguous, "memory_probe", None)
+            if isinstance(probe, MemoryProbe) and not any(p is probe for p in probes):
+                probes.append(probe)
+        return probes
+
+    def check_probes(self) -> None:
+        """Raise ``ConfigError`` unless every memory probe of the policies knows every engine (``resilience.memory_probe.covers``).
+
+        A probe that answers ``UnknownEngine`` for an engine would leave the mount
+        without its probe there, silently (an ``EmulatorMemoryProbe`` without the
+        proxies' ``aliases=``, a fleet's probe taken before ``fleet.start()``).
+        A bare host (any port) cannot be checked, so a probe needs each engine's port.
+        """
+        for probe in self.memory_probes():
+            bare = [t.host for t in self._targets if t.engine is None]
+            if bare:
+                raise ConfigError(
+                    f"SGLangInstrumentor.engines: {bare!r} name no port, and the policies ask the memory probe {probe!r}, "
+                    "which answers per engine: name each engine as scheme://host:port"
+                )
+            unknown = [t.engine for t in self._targets if t.engine is not None and not covers(probe, t.engine)]
+            if unknown:
+                raise ConfigError(
+                    f"SGLangInstrumentor: the memory probe {probe!r} knows nothing of {unknown!r}, so the mount would run without "
+                    "it there; give the probe those engines (EmulatorMemoryProbe(..., aliases={proxy_url: engine_url}), "
+                    "fleet.memory_probe() taken after fleet.start(), NvmlMemoryProbe({url: EngineGpu(...)}))"
+                )
 
     # -- matching and drivers ---------------------------------------------
 

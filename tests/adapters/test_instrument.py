@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -22,10 +23,12 @@ import requests
 import resilience
 from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.requests import ResilientAdapter
-from resilience.adapters.sglang import mount_sglang
+from resilience.adapters.sglang import mount_sglang, sglang_policies
 from resilience.driver_config import DriverConfig
 from resilience.errors import ConfigConflict, ConfigError
+from resilience.memory_probe import UnknownEngine
 from resilience.policy import EndpointPolicy, PolicyTable, ProbeAnswer, ProbeContext, RetryPolicy
+from resilience.testing.memory_probe import EmulatorMemoryProbe
 from tests.servers import Hang, Reply, ScriptedServer, scripted
 
 MAX = 4
@@ -403,3 +406,29 @@ def test_one_driver_config_for_every_attached_driver(instrumented: Callable[...,
         assert inst.retrier(adapter.retrier.error_types).breakers is config.breakers
     with pytest.raises(ConfigConflict, match="policies="):
         SGLangInstrumentor(["127.0.0.1"], config=config, policies=table())
+
+
+class _Probe:
+    """A memory probe that knows ``known`` only (``UnknownEngine`` for the rest) and has no reading for any."""
+
+    def __init__(self, *known: str) -> None:
+        self.known = set(known)
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        if engine not in self.known:
+            raise UnknownEngine(self, engine)
+        return None
+
+
+def test_a_memory_probe_must_know_every_engine(instrumented: Callable[..., SGLangInstrumentor], tmp_path: Path) -> None:
+    """``instrument()`` refuses a probe that knows nothing of an engine it is given, naming it; nothing is patched."""
+    engines = ["http://127.0.0.1:30001", "127.0.0.1:30002"]
+    for probe in (_Probe("http://127.0.0.1:30001"), EmulatorMemoryProbe(tmp_path)):
+        inst = SGLangInstrumentor(engines, policies=sglang_policies(memory_probe=probe))
+        with pytest.raises(ConfigError, match=r"knows nothing of \['http://127.0.0.1:30002'\]" if isinstance(probe, _Probe) else "30001"):
+            inst.instrument()
+        assert SGLangInstrumentor.active() is None
+    with pytest.raises(ConfigError, match="name no port"):
+        SGLangInstrumentor(["127.0.0.1"], policies=sglang_policies(memory_probe=_Probe())).instrument()
+    inst = instrumented(engines, policies=sglang_policies(memory_probe=_Probe("http://127.0.0.1:30001", "http://127.0.0.1:30002")))
+    assert inst.instrumented and len(inst.memory_probes()) == 1
