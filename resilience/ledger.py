@@ -49,6 +49,7 @@ across requests, httpx and aiohttp).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import threading
@@ -173,6 +174,8 @@ class _Admission:
     context: ProbeContext | None = None
     deadline_s: float | None = None
     """A harmless repeat runs under a ``Deadline`` of this many seconds (what its run of failed calls left); None: none added."""
+    harmless: bool = False
+    """Admitted as a re-send that cannot hurt (``_fresh``): attempts of its own."""
 
 
 class LedgerRetrier(Retrier):
@@ -269,7 +272,7 @@ class LedgerRetrier(Retrier):
         refused = self._withdraw(spec, entry)
         if refused is not None:
             return refused
-        return _Admission(spec=spec, deadline_s=left)
+        return _Admission(spec=spec, deadline_s=left, harmless=True)
 
     def _withdraw(self, spec: CallSpec, entry: LedgerEntry) -> _Admission | None:
         """The repeat's first attempt is a retry for the engine's budget: a refusal when no token is left, else None."""
@@ -301,7 +304,12 @@ class LedgerRetrier(Retrier):
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted."""
+        """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted.
+
+        A call that spends its attempts on gateway statuses where a re-send is
+        harmless goes on for another round (``_go_on``), as a framework's own
+        retry would, until the ledger stops admitting one.
+        """
         admission = self._admit(spec)
         if admission.probe is not None and admission.context is not None:
             admission = self._after_probe(spec, ask_probe(admission.probe, admission.context))
@@ -320,10 +328,22 @@ class LedgerRetrier(Retrier):
             return result
 
         done = self._clearing(spec, on_probe_done)
-        if admission.deadline_s is None:
-            return super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
-        with Deadline(admission.deadline_s, clock=self.clock):
-            return super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+        while True:
+            with Deadline(admission.deadline_s, clock=self.clock):
+                response, records = super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+            if not _ended_on_status(records):
+                return response, records
+            after = self._admit(spec)
+            if after.probe is not None and after.context is not None:
+                after = self._after_probe(spec, ask_probe(after.probe, after.context))
+            if not self._go_on(after):
+                return response, records
+            discard(response)
+            self.clock.sleep(self._pause_before_round(spec, after))
+            settled = self._settle(spec, after, on_probe_done)
+            if not isinstance(settled, CallSpec):
+                return settled, records
+            admission, run_spec = after, settled
 
     async def arun(
         self,
@@ -334,7 +354,7 @@ class LedgerRetrier(Retrier):
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        """``Retrier.arun`` from the ledger; a sync probe runs in a worker thread."""
+        """``Retrier.arun`` from the ledger (rounds as ``run``); a sync probe runs in a worker thread."""
         admission = self._admit(spec)
         if admission.probe is not None and admission.context is not None:
             admission = self._after_probe(spec, await ask_probe_async(admission.probe, admission.context))
@@ -353,10 +373,38 @@ class LedgerRetrier(Retrier):
             return result
 
         done = self._clearing(spec, on_probe_done)
-        if admission.deadline_s is None:
-            return await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
-        with Deadline(admission.deadline_s, clock=self.clock):
-            return await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+        asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
+        while True:
+            with Deadline(admission.deadline_s, clock=self.clock):
+                response, records = await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+            if not _ended_on_status(records):
+                return response, records
+            after = self._admit(spec)
+            if after.probe is not None and after.context is not None:
+                after = self._after_probe(spec, await ask_probe_async(after.probe, after.context))
+            if not self._go_on(after):
+                return response, records
+            released = discard(response)
+            if released is not None:
+                await released
+            await asleep(self._pause_before_round(spec, after))
+            settled = self._settle(spec, after, on_probe_done)
+            if not isinstance(settled, CallSpec):
+                return settled, records
+            admission, run_spec = after, settled
+
+    @staticmethod
+    def _go_on(after: _Admission) -> bool:
+        """Whether a call whose attempts all ended on gateway statuses gets another round: only where a re-send is harmless
+        (``_fresh`` admitted it within a deadline) or the probe says it was applied; never on a shared count or a refusal."""
+        return after.error is None and (after.applied or (after.harmless and after.deadline_s is not None))
+
+    def _pause_before_round(self, spec: CallSpec, after: _Admission) -> float:
+        """The wait before another round: full jitter up to the policy's ``cap_s`` (its longest backoff), within the deadline."""
+        if after.applied:
+            return 0.0
+        wait = spec.match.policy.retry.cap_s * self.rng()
+        return max(0.0, min(wait, (after.deadline_s or 0.0) / 2))
 
     def _settle(self, spec: CallSpec, admission: _Admission, on_probe_done: Callable[[], R] | None) -> CallSpec | R:
         """The spec to run, or the "applied" response; raises a refusal."""
@@ -382,3 +430,8 @@ class LedgerRetrier(Retrier):
 
         return done
 
+
+
+def _ended_on_status(records: tuple[AttemptRecord, ...]) -> bool:
+    """Whether a call returned (not raised) after its last attempt got a status the policy retries: its attempts ran out on them."""
+    return bool(records) and records[-1].outcome is Outcome.RETRYABLE and records[-1].status is not None

@@ -29,10 +29,13 @@ over ``SGLANG_POLICIES`` (``middleware``), over
 our backoffs are shortened (``fast_policies``: the same decisions, less waiting).
 
 Plans (``PLANS``): ``transient``, 502s answered by the proxy without forwarding
-(probability ``rate`` on pause, continue, flush, release and resume, at most 5
-in a row per path, so a client with 6 attempts always gets through); ``after``,
-the same plus 502s *after* forwarding on release and resume (probability
-``after``): the engine acted, the client sees a gateway error.
+(probability ``rate`` = 0.4 on pause, continue, flush, release and resume);
+``after``, the same plus 502s *after* forwarding on release and resume
+(probability ``after`` = 0.3): the engine acted, the client sees a gateway
+error. Each plays either with a cap of ``MAX_STREAK`` (5) failures in a row per
+path, so a client with 6 attempts always gets through, or with no cap
+(``max_streak=None``: issue 31's plan, where a streak longer than one call's
+attempts must be ridden out by the framework's own retries).
 
 A cycle **completes** when the framework's cycle returned and every engine is
 alive, serving, with nothing released. After a cycle that did not complete,
@@ -87,21 +90,24 @@ AREAL_VERSION = "1.0.4"
 _SWAP_PATHS = ("/release_memory_occupation", "/resume_memory_occupation")
 _TRANSIENT_PATHS = ("/pause_generation", "/continue_generation", "/flush_cache", *_SWAP_PATHS)
 _HTTP_TIMEOUT = 10.0
+MAX_STREAK = 5
+"""The capped plans' most failures in a row per path (one less than the presets' 6 attempts)."""
 
 
 class FrameworkMissing(RuntimeError):
     """The framework's package (or wheel) is not installed here; the message says how to install it."""
 
 
-def fault_plan(plan: str, seed: int, *, rate: float = 0.4, after: float = 0.3) -> FaultPlan:
-    """The rig's plans: ``transient`` and ``after`` (see the module docstring); ``rate`` and ``after`` are the two probabilities."""
+def fault_plan(plan: str, seed: int, *, rate: float = 0.4, after: float = 0.3, max_streak: int | None = MAX_STREAK) -> FaultPlan:
+    """The rig's plans: ``transient`` and ``after`` (see the module docstring); ``rate`` and ``after`` are the two probabilities,
+    ``max_streak`` the most failures in a row per path (default ``MAX_STREAK``, 5; None: no cap)."""
     if plan not in PLANS:
         raise ValueError(f"`plan` must be one of {PLANS}, but was {plan!r}")
     rules: list[FaultRule] = []
     if plan == "after":
         rules += [FaultRule(p, "status_after", probability=after) for p in _SWAP_PATHS]
     rules += [FaultRule(p, "status_before", probability=rate) for p in _TRANSIENT_PATHS]
-    return FaultPlan(seed=seed, rules=tuple(rules), max_streak=5)
+    return FaultPlan(seed=seed, rules=tuple(rules), max_streak=max_streak)
 
 
 # -- verl: http_server_engine.py by path, sglang stubbed --------------------------------
@@ -367,12 +373,24 @@ def _put_back(fleet: EmulatedFleet) -> None:
             requests.post(engine.direct_url + "/continue_generation", json={}, timeout=_HTTP_TIMEOUT)
 
 
-def run_seed(framework: str, plan: str, mount: str, seed: int, *, cycles: int = 5, engines: int = 3, fast: bool = True) -> SeedResult:
-    """``cycles`` of ``framework``'s own cycle on a fresh fleet of ``engines`` behind proxies playing ``plan`` with ``seed``."""
+def run_seed(
+    framework: str,
+    plan: str,
+    mount: str,
+    seed: int,
+    *,
+    cycles: int = 5,
+    engines: int = 3,
+    fast: bool = True,
+    max_streak: int | None = MAX_STREAK,
+) -> SeedResult:
+    """``cycles`` of ``framework``'s own cycle on a fresh fleet of ``engines`` behind proxies playing ``plan`` with ``seed``
+    (``max_streak``: the plan's cap on failures in a row, default ``MAX_STREAK``; None: no cap)."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"`framework` must be one of {FRAMEWORKS}, but was {framework!r}")
     result = SeedResult(framework, plan, mount, seed)
-    with EmulatedFleet(engines, RIG_ENGINE_CONFIG, fault_plan=fault_plan(plan, seed)) as fleet, ExitStack() as mounts:
+    faults = fault_plan(plan, seed, max_streak=max_streak)
+    with EmulatedFleet(engines, RIG_ENGINE_CONFIG, fault_plan=faults) as fleet, ExitStack() as mounts:
         mounts.enter_context(mounted(mount, fleet, fast=fast))
         client = _areal_engine(fleet.urls) if framework == "areal" else _verl_adapters(fleet.urls, retry_delay=0.2 if fast else 2.0)
         cycle = areal_cycle if framework == "areal" else verl_cycle

@@ -164,11 +164,15 @@ def test_outer_retry_loop_of_a_pause_gets_attempts_per_try(library: str, instrum
     """A pause is harmless to re-send: each of the framework's tries gets ``max_attempts`` (a 502 streak longer than one call's
     attempts is ridden out, as a session mounted per call would), bounded by the budget and the endpoint's deadline."""
     framework = FRAMEWORKS[library]
-    with scripted(*[Reply(502, b"")] * (MAX + 1), Reply(200, b"{}")) as server:
+    script = [*[Reply(502, b"")] * (MAX + 1), Reply(200, b"{}"), *[Reply(502, b"")] * (2 * MAX), Reply(200, b"{}")]
+    with scripted(*script) as server:
         instrumented([server.url], policies=table())
         status, _error = framework(server.url + PAUSE)
         assert status == 200, _error
         assert posts(server, PAUSE) == MAX + 2
+        # verl: one call, no retry of its own on a status: our rounds ride out twice the attempts
+        assert requests.post(server.url + PAUSE, json={}, timeout=5).status_code == 200
+        assert posts(server, PAUSE) == 3 * MAX + 3
 
 
 @pytest.mark.parametrize("library", FRAMEWORKS)

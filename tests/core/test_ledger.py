@@ -38,6 +38,19 @@ class Transport:
         return self.result
 
 
+class Script:
+    """Answers the attempts with ``results`` in turn (the last one for ever), each taking a second of ``clock``."""
+
+    def __init__(self, results: list[AttemptResult[str]], clock: FakeClock) -> None:
+        self.results, self.clock = results, clock
+        self.sends = 0
+
+    def __call__(self, n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[str]:
+        self.sends += 1
+        self.clock.advance(1.0)
+        return self.results[min(self.sends, len(self.results)) - 1]
+
+
 def bad_gateway() -> AttemptResult[str]:
     return AttemptResult(response="502", status=502)
 
@@ -61,39 +74,36 @@ def test_a_repeated_release_gets_what_the_last_one_left() -> None:
     assert transport.sends == 3
 
 
-def test_a_harmless_repeat_gets_attempts_of_its_own() -> None:
-    """An idempotent endpoint (a pause): each of the framework's calls gets max_attempts, so a long 502 streak is ridden out."""
+def test_a_harmless_call_goes_on_past_its_attempts() -> None:
+    """An idempotent endpoint (a pause): a streak of 502s longer than max_attempts is ridden out in further rounds."""
     clock = FakeClock()
-    r, transport = retrier(clock), Transport(bad_gateway())
-    for _ in range(3):
-        assert r.run(spec(IDEMPOTENT), transport)[0] == "502"
-    assert transport.sends == 9
-    ok = Transport(AttemptResult(response="200", status=200))
-    assert r.run(spec(IDEMPOTENT), ok)[0] == "200" and ok.sends == 1
+    r = retrier(clock)
+    transport = Script([bad_gateway()] * 5 + [AttemptResult(response="200", status=200)], clock)
+    assert r.run(spec(IDEMPOTENT), transport)[0] == "200"
+    assert transport.sends == 6
 
 
-def test_a_harmless_repeat_is_bounded_by_the_deadline_of_its_run_of_failures() -> None:
-    """The repeats of an idempotent call run within its deadline_s counted from the first failed attempt; past it, refused unsent."""
+def test_a_harmless_call_and_its_repeats_are_bounded_by_the_deadline() -> None:
+    """Always 502, one second per attempt: rounds go on until deadline_s (30 s) from the first failure, which ends the call
+    (DeadlineExceeded, naming the last 502); the framework's repeat after that is refused unsent."""
     clock = FakeClock()
-    r, transport = retrier(clock), Transport(bad_gateway())
-    r.run(spec(IDEMPOTENT), transport)
-    clock.advance(20.0)
-    seen: list[float] = []
-
-    def timed(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[str]:
-        from resilience.deadline import current_deadline
-
-        deadline = current_deadline()
-        assert deadline is not None
-        seen.append(deadline.remaining())
-        return transport(n, timeouts, carrier)
-
-    r.run(spec(IDEMPOTENT), timed)
-    assert seen and max(seen) <= 10.0  # 30 s deadline, 20 s of it spent by the first call's run
-    clock.advance(10.0)
+    r, transport = retrier(clock), Script([bad_gateway()], clock)
+    with pytest.raises(DeadlineExceeded, match="status_502"):
+        r.run(spec(IDEMPOTENT), transport)
+    assert 28 <= transport.sends <= 31
+    sent = transport.sends
     with pytest.raises(DeadlineExceeded, match="past the endpoint's deadline_s=30"):
         r.run(spec(IDEMPOTENT), transport)
-    assert transport.sends == 6
+    assert transport.sends == sent
+
+
+def test_a_harmless_call_is_bounded_by_the_retry_budget() -> None:
+    """The rounds take retry-budget tokens: with few, the call returns its last 502 long before its deadline."""
+    clock = FakeClock()
+    budgets = RetryBudgets(RetryBudgetConfig(ratio=0.0, min_retries_per_second=0.0, max_tokens=5.0), clock=clock)
+    r, transport = retrier(clock, budgets=budgets), Script([bad_gateway()], clock)
+    assert r.run(spec(IDEMPOTENT), transport)[0] == "502"
+    assert transport.sends <= 6
 
 
 def test_a_release_the_probe_proves_not_applied_gets_attempts_of_its_own() -> None:
@@ -102,10 +112,10 @@ def test_a_release_the_probe_proves_not_applied_gets_attempts_of_its_own() -> No
     policy = EndpointPolicy(
         retry=QUICK, idempotent=False, retry_statuses_if_not_idempotent=True, deadline_s=30, on_ambiguous=lambda _c: ProbeAnswer.NOT_DONE
     )
-    r, transport = retrier(clock), Transport(bad_gateway())
-    r.run(spec(policy), transport)
-    r.run(spec(policy), transport)
-    assert transport.sends == 6
+    r = retrier(clock)
+    transport = Script([bad_gateway()] * 5 + [AttemptResult(response="200", status=200)], clock)
+    assert r.run(spec(policy), transport)[0] == "200"
+    assert transport.sends == 6  # not cut at 3: the probe proved each 502 left nothing applied
 
 
 def test_a_success_clears_and_the_window_forgets() -> None:
