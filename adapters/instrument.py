@@ -80,7 +80,7 @@ from resilience.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
 from resilience.memory_probe import MemoryProbe, covers
 from resilience.policy import PolicyTable
 
-__all__ = ["LIBRARIES", "SGLangInstrumentor"]
+__all__ = ["LIBRARIES", "SGLangInstrumentor", "VLLMInstrumentor"]
 
 logger = logging.getLogger(__name__)
 
@@ -174,9 +174,9 @@ class SGLangInstrumentor:
             if isinstance(libraries, str) or unknown or not libraries:
                 raise ConfigError(f"SGLangInstrumentor.libraries must be a non-empty subset of {LIBRARIES}, but was {libraries!r}")
         if config is None and isinstance(policies, Unset):
-            policies = SGLANG_POLICIES
+            policies = self._default_policies()
         self.config: DriverConfig = driver_config(
-            "SGLangInstrumentor",
+            type(self).__name__,
             config,
             policies=policies,
             observers=observers,
@@ -200,6 +200,11 @@ class SGLangInstrumentor:
         self._aiohttp_middleware: Any = None
         self._patches: list[tuple[type, str, Any]] = []
 
+    @staticmethod
+    def _default_policies() -> PolicyTable:
+        """The table used when neither ``policies`` nor ``config`` is given: ``SGLANG_POLICIES``."""
+        return SGLANG_POLICIES
+
     @property
     def policies(self) -> PolicyTable:
         """The table every attached driver uses (the config's)."""
@@ -209,7 +214,7 @@ class SGLangInstrumentor:
 
     def same_settings(self, other: SGLangInstrumentor) -> bool:
         """Whether ``other`` would mount the same thing: equal engines, policies, libraries and window."""
-        return len(self._targets) == len(other._targets) and all(
+        return type(self) is type(other) and len(self._targets) == len(other._targets) and all(
             a.same_engine(b) for a, b in zip(self._targets, other._targets, strict=True)
         ) and self.libraries == other.libraries and self.window_s == other.window_s and (
             self.policies is other.policies or dict(self.policies.entries) == dict(other.policies.entries)
@@ -217,10 +222,10 @@ class SGLangInstrumentor:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Settings only (the config pickles as its settings): the process that unpickles it has its own patches and state."""
-        return (_rebuilt, (self.engines, self.config, self.window_s, self.libraries))
+        return (_rebuilt, (type(self), self.engines, self.config, self.window_s, self.libraries))
 
     def __repr__(self) -> str:
-        return f"SGLangInstrumentor({list(self.engines)!r}, libraries={self.libraries!r}, window_s={self.window_s:g})"
+        return f"{type(self).__name__}({list(self.engines)!r}, libraries={self.libraries!r}, window_s={self.window_s:g})"
 
     # -- the process's instrumentation ---------------------------------------
 
@@ -408,9 +413,34 @@ class SGLangInstrumentor:
         return wrapper
 
 
-def _rebuilt(engines: tuple[str, ...], config: DriverConfig, window_s: float, libraries: tuple[str, ...] | None) -> SGLangInstrumentor:
-    """An unpickled ``SGLangInstrumentor``: not active in this process until its ``instrument()``."""
-    return SGLangInstrumentor(engines, config=config, window_s=window_s, libraries=libraries)
+class VLLMInstrumentor(SGLangInstrumentor):
+    """``SGLangInstrumentor`` for vLLM engines: the same patches, ledger and checks, over ``VLLM_POLICIES`` by default.
+
+    ``policies`` defaults to ``resilience.adapters.vllm.VLLM_POLICIES`` (one entry
+    per route of vLLM 0.33.0, ``adapters/vllm/routes.py``); every other knob is
+    ``SGLangInstrumentor``'s. What the ledger shares follows from that table:
+    ``/sleep``, ``/wake_up``, ``/pause``, ``/resume`` and the cache resets are
+    idempotent (a re-send is a no-op in vLLM), so a framework's own retries get
+    attempts of their own; ``/update_weights`` and the weight-session routes are
+    never re-sent once they may have arrived, and share one count with the
+    framework's tries. One instrumentor is active per process: a process that
+    drives both kinds mounts one of them with a table holding both kinds' routes
+    (``PolicyTable.with_entries``).
+    """
+
+    @staticmethod
+    def _default_policies() -> PolicyTable:
+        """``VLLM_POLICIES``."""
+        from resilience.adapters.vllm.routes import VLLM_POLICIES
+
+        return VLLM_POLICIES
+
+
+def _rebuilt(
+    cls: type[SGLangInstrumentor], engines: tuple[str, ...], config: DriverConfig, window_s: float, libraries: tuple[str, ...] | None
+) -> SGLangInstrumentor:
+    """An unpickled instrumentor: not active in this process until its ``instrument()``."""
+    return cls(engines, config=config, window_s=window_s, libraries=libraries)
 
 
 def _lib(owner: type) -> str:

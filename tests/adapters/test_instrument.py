@@ -57,8 +57,8 @@ def table(probe: Callable[[ProbeContext], ProbeAnswer] | None = None) -> PolicyT
 def instrumented() -> Iterator[Callable[..., SGLangInstrumentor]]:
     made: list[SGLangInstrumentor] = []
 
-    def make(engines: list[str], **kwargs: object) -> SGLangInstrumentor:
-        inst = SGLangInstrumentor(engines, **kwargs).instrument()  # type: ignore[arg-type]
+    def make(engines: list[str], cls: type[SGLangInstrumentor] = SGLangInstrumentor, **kwargs: object) -> SGLangInstrumentor:
+        inst = cls(engines, **kwargs).instrument()  # type: ignore[arg-type]
         made.append(inst)
         return inst
 
@@ -436,3 +436,20 @@ def test_a_memory_probe_must_know_every_engine(instrumented: Callable[..., SGLan
         SGLangInstrumentor(["127.0.0.1"], policies=sglang_policies(memory_probe=_Probe())).instrument()
     inst = instrumented(engines, policies=sglang_policies(memory_probe=_Probe("http://127.0.0.1:30001", "http://127.0.0.1:30002")))
     assert inst.instrumented and len(inst.memory_probes()) == 1
+
+
+def test_vllm_engines_get_the_same_mount_over_vllm_policies(instrumented: Callable[..., SGLangInstrumentor]) -> None:
+    """``VLLMInstrumentor``: ``VLLM_POLICIES`` by default; a 502 on ``/sleep`` (idempotent) is absorbed, one on
+    ``/update_weights`` is handed back unsent again (a collective), and it pickles as itself."""
+    from resilience.adapters.instrument import VLLMInstrumentor
+    from resilience.adapters.vllm import VLLM_POLICIES
+
+    with scripted(Reply(502, b""), Reply(200, b"{}"), Reply(502, b"")) as server:
+        inst = instrumented([server.url], cls=VLLMInstrumentor)
+        assert isinstance(inst, VLLMInstrumentor) and inst.policies is VLLM_POLICIES
+        assert requests.post(server.url + "/sleep", timeout=5).status_code == 200
+        assert posts(server, "/sleep") == 2
+        assert requests.post(server.url + "/update_weights", json={}, timeout=5).status_code == 502
+        assert posts(server, "/update_weights") == 1
+        copy = pickle.loads(pickle.dumps(inst))
+        assert type(copy) is VLLMInstrumentor and copy.same_settings(inst) and not inst.same_settings(SGLangInstrumentor([server.url]))
