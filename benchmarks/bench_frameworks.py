@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_frameworks.py                 # 5 seeds x 5 cycles, every row and column
     .venv/bin/python benchmarks/bench_frameworks.py --seeds 2 --cycles 2 --frameworks verl
 
-Rows: framework x fault plan (``resilience.testing.frameworks``: ``transient`` =
+Rows: framework (AReaL and verl on SGLang engines, SkyRL 0.4.0 on vLLM engines) x fault
+plan (``resilience.testing.frameworks``: ``transient`` =
 502s answered by the proxy, never forwarded; ``after`` = the same plus 502s
 after forwarding on release and resume). Columns: as shipped, under
 ``SGLangInstrumentor`` with ``SGLANG_POLICIES`` ("mount"), with the emulator's
@@ -26,7 +27,7 @@ import os
 import sys
 import time
 
-from resilience.testing.frameworks import FRAMEWORKS, MAX_STREAK, MOUNTS, PLANS, run_seed
+from resilience.testing.frameworks import ENGINE_KIND, FRAMEWORKS, MAX_STREAK, MOUNTS, PLANS, run_seed
 
 _TITLES = {"shipped": "as shipped", "middleware": "mount", "probe": "mount + probe", "strict": "strict preset"}
 _PLAN_TITLES = {"transient": "transient 502s (answered by the proxy)", "after": "plus 502s after forwarding on release/resume"}
@@ -43,6 +44,9 @@ def _table(args: argparse.Namespace, cap: int | None, mounts: list[str], seeds: 
             cells = []
             most = 0
             for mount in mounts:
+                if ENGINE_KIND[framework] == "vllm" and mount != "shipped" and mount != "middleware":
+                    cells.append("n/a")  # vLLM's sleep and wake are idempotent: no probe or strict form (resilience.testing.frameworks)
+                    continue
                 runs = [run_seed(framework, plan, mount, seed, cycles=args.cycles, max_streak=cap) for seed in seeds]
                 done = sum(r.completed for r in runs)
                 deaths = sum(r.deaths for r in runs)
@@ -56,7 +60,7 @@ def _table(args: argparse.Namespace, cap: int | None, mounts: list[str], seeds: 
     print(f"| framework, plan | {header} | most releases per engine and cycle (mount) |", file=out)
     print("|---|" + "---|" * (len(mounts) + 1), file=out)
     for framework, plan, cells, most in rows:
-        name = {"areal": "AReaL 1.0.4", "verl": "verl 0.9.1"}[framework]
+        name = {"areal": "AReaL 1.0.4", "verl": "verl 0.9.1", "skyrl": "SkyRL 0.4.0 (vLLM)"}[framework]
         print(f"| {name}, {_PLAN_TITLES[plan]} | " + " | ".join(cells) + f" | {most if 'middleware' in mounts else '-'} |", file=out)
 
 
@@ -84,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     command = " ".join(["benchmarks/bench_frameworks.py", *(argv if argv is not None else sys.argv[1:])]).strip()
     print("## Real framework client code behind FaultProxy\n", file=out)
-    print(f"`{command}`: AReaL's and verl's own offload/onload cycles on 3 emulated engines, completed cycles and", file=out)
-    print("engines killed per mount (`resilience.testing.frameworks`; docs/frameworks.md explains the columns).", file=out)
-    print("502s before forwarding with probability 0.4 on pause, continue, flush, release and resume; the `after` plan adds", file=out)
-    print("502s after forwarding with probability 0.3 on release and resume.", file=out)
+    print(f"`{command}`: AReaL's and verl's own offload/onload cycles on 3 emulated SGLang engines, SkyRL's on 3 emulated", file=out)
+    print("vLLM engines: completed cycles and engines killed per mount (`resilience.testing.frameworks`; docs/frameworks.md", file=out)
+    print("explains the columns). 502s before forwarding with probability 0.4 on pause, continue, flush, release and resume", file=out)
+    print("(vLLM: is_sleeping, sleep, wake_up); the `after` plan adds 502s after forwarding with probability 0.3 on release and", file=out)
+    print("resume (vLLM: sleep and wake_up). SkyRL's rows have no probe or strict column: vLLM's sleep and wake are idempotent.", file=out)
     for cap in args.caps:
         if cap is None:
             seeds = range(args.seeds)  # issue 31's plan: seeds 0-4, no cap on 502s in a row
