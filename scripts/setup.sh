@@ -38,3 +38,15 @@ if [ ! -f "$VERL_SRC/verl/workers/rollout/sglang_rollout/http_server_engine.py" 
   cp "$tmp/unpacked/verl/workers/rollout/sglang_rollout/http_server_engine.py" "$VERL_SRC/verl/workers/rollout/sglang_rollout/"
   rm -rf "$tmp"
 fi
+# SkyRL's own vLLM client (resilience/testing/skyrl.py loads this one file): the wheel asks for Python >= 3.12, so it is
+# fetched for 3.12 (the file itself runs on 3.11) and never installed (its imports pull ray, torch and vLLM).
+SKYRL_SRC=${CPR_SKYRL_SOURCE:-$HOME/.cache/cpr/skyrl}
+SKYRL_FILE=skyrl/backends/skyrl_train/inference_servers/remote_inference_client.py
+if [ ! -f "$SKYRL_SRC/$SKYRL_FILE" ]; then
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps --python-version 3.12 --only-binary=:all: skyrl==0.4.0 -d "$tmp"
+  .venv/bin/python -m zipfile -e "$tmp"/skyrl-0.4.0-py3-none-any.whl "$tmp/unpacked"
+  mkdir -p "$SKYRL_SRC/$(dirname "$SKYRL_FILE")"
+  cp "$tmp/unpacked/$SKYRL_FILE" "$SKYRL_SRC/$SKYRL_FILE"
+  rm -rf "$tmp"
+fi
