@@ -1,4 +1,4 @@
-"""docs/frameworks.md's AReaL and verl recipes run as written, on the frameworks' own code.
+"""docs/frameworks.md's AReaL, verl and SkyRL recipes run as written, on the frameworks' own code.
 
 Each section's python block is executed as it stands (in this process: AReaL's import takes
 tens of seconds on 2 cores, and tests/frameworks already pays it), on the emulated servers it
@@ -37,21 +37,25 @@ def recipe(heading: str) -> str:
     return str(code)
 
 
-@pytest.mark.parametrize(("framework", "heading"), [("areal", "## AReaL 1.0.4"), ("verl", "## verl 0.9.1")])
+@pytest.mark.parametrize(
+    ("framework", "heading"), [("areal", "## AReaL 1.0.4"), ("verl", "## verl 0.9.1"), ("skyrl", "## SkyRL 0.4.0 (vLLM)")]
+)
 def test_recipe_runs_as_written(framework: str, heading: str) -> None:
-    """The recipe, executed as written: it prints ``[True, True]``, no engine died or stays released, the probe was mounted."""
+    """The recipe, executed as written: it prints ``[True, True]``, no engine died or stays released or asleep, and an
+    SGLang recipe's mount carried its probe."""
     _available(framework)
     code = recipe(heading)
-    assert "memory_probe=probe" in code and "probe = " in code  # the probe variant, defined where it is used
+    probes = 0 if framework == "skyrl" else 1
+    assert probes == 0 or ("memory_probe=probe" in code and "probe = " in code)  # the probe variant, defined where it is used
     namespace: dict[str, Any] = {"__name__": "__recipe__"}
     printed = io.StringIO()
     try:
         with _keeping_logging(), contextlib.redirect_stdout(printed):
             exec(compile(code, f"docs/frameworks.md {heading}", "exec"), namespace)
         inst = SGLangInstrumentor.active()
-        assert inst is not None and len(inst.memory_probes()) == 1
+        assert inst is not None and len(inst.memory_probes()) == probes
         fleet = namespace["fleet"]
-        assert all(e.alive() and not e.state()["released_tags"] for e in fleet.engines)
+        assert all(e.alive() and not e.state().get("released_tags") and not e.state().get("sleeping_tags") for e in fleet.engines)
         assert printed.getvalue().splitlines()[-1] == "[True, True]", printed.getvalue()[-2000:]
     finally:
         active = SGLangInstrumentor.active()
