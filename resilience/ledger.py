@@ -22,9 +22,12 @@ left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
   ``max_attempts``, bounded by the engine's retry budget (below) and by the
   endpoint's ``deadline_s`` counted from the first failed attempt of the run of
   failed calls: a repeat runs under a ``Deadline`` of what is left of it, and one
-  with nothing left is refused before sending (``DeadlineExceeded``). A streak of
-  502s longer than one call's attempts is then ridden out as the framework's
-  loop allows, as an uninstrumented session per call would (issue 31).
+  with nothing left is refused before sending (``DeadlineExceeded``). A call of
+  ours that spends all its attempts on gateway statuses there goes on in further
+  rounds under the same bounds (``_go_on``), as a framework's retry would: a
+  streak of 502s longer than one call's attempts is ridden out within the
+  deadline even by a framework that never retries a status (verl). The engine's
+  breaker still cuts an engine that only fails (``CircuitOpen``).
 - **Budget.** The first attempt of a call that repeats a failed one is a retry
   for the engine's retry budget: it takes a token, and none left refuses the
   call (``RetryBudgetExhausted``).
