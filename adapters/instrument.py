@@ -32,11 +32,23 @@ What is patched (``uninstrument`` puts each back):
 
 **One state per engine.** Every driver the instrumentor attaches shares one
 breaker and one retry budget per engine and one ``AttemptLedger``
-(``resilience.adapters.ledger``): a framework's own retry loop on top of ours starts
-each new call with the attempts its earlier calls left, so theirs and ours
-together stay within the endpoint's ``max_attempts`` and the engine's retry
-budget, and a non-idempotent call whose last attempt was left unresolved is
-settled through the policy's probe (a memory probe) before it goes out again.
+(``resilience.adapters.ledger``). Where a re-send can hurt (a release or resume the
+probe cannot settle, a weight update) a framework's own retry loop on top of
+ours starts each new call with the attempts its earlier calls left, so theirs
+and ours together stay within the endpoint's ``max_attempts``, and a call whose
+last attempt was left unresolved is settled through the policy's probe (a
+memory probe) before it goes out again. Elsewhere (``/pause_generation``,
+``/flush_cache``, ``/continue_generation``, a release the probe proved not
+applied) each of the framework's calls gets attempts of its own, bounded by
+the engine's retry budget and the endpoint's deadline counted from the first
+failure.
+
+**A probe that cannot see an engine is refused.** When the policies ask a
+memory probe (``sglang_policies(memory_probe=...)``), ``instrument`` asks it
+once for every engine named, and raises ``ConfigError`` naming those it does
+not know (``resilience.memory_probe.UnknownEngine``: an ``EmulatorMemoryProbe``
+without the proxies' ``aliases=``, an ``NvmlMemoryProbe`` without the engine):
+a mount must not run without its probe, silently.
 
 **Processes.** The patches are per process and ``instrument`` is idempotent
 there: calling it again with an equal instrumentor (same engines, policies,
@@ -65,9 +77,10 @@ from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
 from resilience.errors import ConfigError, ErrorTypes
 from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe, covers
 from resilience.policy import PolicyTable
 
-__all__ = ["LIBRARIES", "SGLangInstrumentor"]
+__all__ = ["LIBRARIES", "SGLangInstrumentor", "VLLMInstrumentor"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +98,15 @@ class _Target:
 
     host: str
     port: int | None
+    scheme: str = "http"
+
+    @property
+    def engine(self) -> str | None:
+        """``scheme://host:port`` as the drivers name the engine (``http`` when none was given); None for a bare host."""
+        if self.port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
 
     @classmethod
     def parse(cls, text: object) -> _Target:
@@ -102,10 +124,14 @@ class _Target:
             raise ConfigError(f"SGLangInstrumentor.engines: {raw!r} must name an engine (scheme://host:port), not a path or query")
         if port is None and "://" in raw:
             port = _DEFAULT_PORTS.get(parts.scheme.lower())
-        return cls(parts.hostname.lower(), port)
+        return cls(parts.hostname.lower(), port, parts.scheme.lower() if "://" in raw else "http")
 
     def matches(self, host: str, port: int | None) -> bool:
         return host == self.host and (self.port is None or port == self.port)
+
+    def same_engine(self, other: _Target) -> bool:
+        """Whether both name the same host and port (the scheme is how the drivers name it, not which requests match)."""
+        return (self.host, self.port) == (other.host, other.port)
 
 
 class SGLangInstrumentor:
@@ -148,9 +174,9 @@ class SGLangInstrumentor:
             if isinstance(libraries, str) or unknown or not libraries:
                 raise ConfigError(f"SGLangInstrumentor.libraries must be a non-empty subset of {LIBRARIES}, but was {libraries!r}")
         if config is None and isinstance(policies, Unset):
-            policies = SGLANG_POLICIES
+            policies = self._default_policies()
         self.config: DriverConfig = driver_config(
-            "SGLangInstrumentor",
+            type(self).__name__,
             config,
             policies=policies,
             observers=observers,
@@ -174,6 +200,11 @@ class SGLangInstrumentor:
         self._aiohttp_middleware: Any = None
         self._patches: list[tuple[type, str, Any]] = []
 
+    @staticmethod
+    def _default_policies() -> PolicyTable:
+        """The table used when neither ``policies`` nor ``config`` is given: ``SGLANG_POLICIES``."""
+        return SGLANG_POLICIES
+
     @property
     def policies(self) -> PolicyTable:
         """The table every attached driver uses (the config's)."""
@@ -183,16 +214,18 @@ class SGLangInstrumentor:
 
     def same_settings(self, other: SGLangInstrumentor) -> bool:
         """Whether ``other`` would mount the same thing: equal engines, policies, libraries and window."""
-        return self._targets == other._targets and self.libraries == other.libraries and self.window_s == other.window_s and (
+        return type(self) is type(other) and len(self._targets) == len(other._targets) and all(
+            a.same_engine(b) for a, b in zip(self._targets, other._targets, strict=True)
+        ) and self.libraries == other.libraries and self.window_s == other.window_s and (
             self.policies is other.policies or dict(self.policies.entries) == dict(other.policies.entries)
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Settings only (the config pickles as its settings): the process that unpickles it has its own patches and state."""
-        return (_rebuilt, (self.engines, self.config, self.window_s, self.libraries))
+        return (_rebuilt, (type(self), self.engines, self.config, self.window_s, self.libraries))
 
     def __repr__(self) -> str:
-        return f"SGLangInstrumentor({list(self.engines)!r}, libraries={self.libraries!r}, window_s={self.window_s:g})"
+        return f"{type(self).__name__}({list(self.engines)!r}, libraries={self.libraries!r}, window_s={self.window_s:g})"
 
     # -- the process's instrumentation ---------------------------------------
 
@@ -211,8 +244,9 @@ class SGLangInstrumentor:
 
         Idempotent: a second call, or a call on an equal instrumentor, changes
         nothing. Raises ``RuntimeError`` while a different instrumentor is
-        active, and ``ConfigError`` for a named library that is not installed
-        or an httpx without the method patched.
+        active, and ``ConfigError`` for a named library that is not installed,
+        an httpx without the method patched, or a memory probe in the policies
+        that does not know every engine (``check_probes``).
         """
         global _ACTIVE
         with _LOCK:
@@ -221,6 +255,7 @@ class SGLangInstrumentor:
                 if current is self or current.same_settings(self):
                     return current
                 raise RuntimeError(f"{current!r} is already active in this process; call its uninstrument() first")
+            self.check_probes()
             patches = self._plan_patches()
             for owner, name, replacement in patches:
                 original = owner.__dict__[name]
@@ -250,6 +285,38 @@ class SGLangInstrumentor:
 
     def __exit__(self, *exc: object) -> None:
         self.uninstrument()
+
+    def memory_probes(self) -> list[MemoryProbe]:
+        """The memory probes the policies ask (each entry's ``on_ambiguous`` that holds one, ``MemoryProbeCheck``), once each."""
+        probes: list[MemoryProbe] = []
+        for policy in self.policies.entries.values():
+            probe = getattr(policy.on_ambiguous, "memory_probe", None)
+            if isinstance(probe, MemoryProbe) and not any(p is probe for p in probes):
+                probes.append(probe)
+        return probes
+
+    def check_probes(self) -> None:
+        """Raise ``ConfigError`` unless every memory probe of the policies knows every engine (``resilience.memory_probe.covers``).
+
+        A probe that answers ``UnknownEngine`` for an engine would leave the mount
+        without its probe there, silently (an ``EmulatorMemoryProbe`` without the
+        proxies' ``aliases=``, a fleet's probe taken before ``fleet.start()``).
+        A bare host (any port) cannot be checked, so a probe needs each engine's port.
+        """
+        for probe in self.memory_probes():
+            bare = [t.host for t in self._targets if t.engine is None]
+            if bare:
+                raise ConfigError(
+                    f"SGLangInstrumentor.engines: {bare!r} name no port, and the policies ask the memory probe {probe!r}, "
+                    "which answers per engine: name each engine as scheme://host:port"
+                )
+            unknown = [t.engine for t in self._targets if t.engine is not None and not covers(probe, t.engine)]
+            if unknown:
+                raise ConfigError(
+                    f"SGLangInstrumentor: the memory probe {probe!r} knows nothing of {unknown!r}, so the mount would run without "
+                    "it there; give the probe those engines (EmulatorMemoryProbe(..., aliases={proxy_url: engine_url}), "
+                    "fleet.memory_probe() taken after fleet.start(), NvmlMemoryProbe({url: EngineGpu(...)}))"
+                )
 
     # -- matching and drivers ---------------------------------------------
 
@@ -346,9 +413,34 @@ class SGLangInstrumentor:
         return wrapper
 
 
-def _rebuilt(engines: tuple[str, ...], config: DriverConfig, window_s: float, libraries: tuple[str, ...] | None) -> SGLangInstrumentor:
-    """An unpickled ``SGLangInstrumentor``: not active in this process until its ``instrument()``."""
-    return SGLangInstrumentor(engines, config=config, window_s=window_s, libraries=libraries)
+class VLLMInstrumentor(SGLangInstrumentor):
+    """``SGLangInstrumentor`` for vLLM engines: the same patches, ledger and checks, over ``VLLM_POLICIES`` by default.
+
+    ``policies`` defaults to ``resilience.adapters.vllm.VLLM_POLICIES`` (one entry
+    per route of vLLM 0.33.0, ``adapters/vllm/routes.py``); every other knob is
+    ``SGLangInstrumentor``'s. What the ledger shares follows from that table:
+    ``/sleep``, ``/wake_up``, ``/pause``, ``/resume`` and the cache resets are
+    idempotent (a re-send is a no-op in vLLM), so a framework's own retries get
+    attempts of their own; ``/update_weights`` and the weight-session routes are
+    never re-sent once they may have arrived, and share one count with the
+    framework's tries. One instrumentor is active per process: a process that
+    drives both kinds mounts one of them with a table holding both kinds' routes
+    (``PolicyTable.with_entries``).
+    """
+
+    @staticmethod
+    def _default_policies() -> PolicyTable:
+        """``VLLM_POLICIES``."""
+        from resilience.adapters.vllm.routes import VLLM_POLICIES
+
+        return VLLM_POLICIES
+
+
+def _rebuilt(
+    cls: type[SGLangInstrumentor], engines: tuple[str, ...], config: DriverConfig, window_s: float, libraries: tuple[str, ...] | None
+) -> SGLangInstrumentor:
+    """An unpickled instrumentor: not active in this process until its ``instrument()``."""
+    return cls(engines, config=config, window_s=window_s, libraries=libraries)
 
 
 def _lib(owner: type) -> str:

@@ -8,11 +8,26 @@ releases to one engine in one cycle. The ledger remembers, per engine and
 endpoint template, what recent calls spent and whether the last attempt was
 left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
 
-- **Attempts.** The attempts that may have reached the engine (``Delivery`` other
-  than ``NOT_SENT``) in calls that did not succeed are counted; a call starts
-  with ``max_attempts`` minus that count, and one with nothing left is refused
-  before sending (``RetriesExhausted``, the driver's own class). A success, or a
-  probe that confirms the call was applied, clears the count.
+- **Which calls share a count.** Only where a re-send can hurt: a
+  non-idempotent endpoint (SGLang's release and resume, the weight updates)
+  unless its probe has just answered "not applied". There the attempts that may
+  have reached the engine (``Delivery`` other than ``NOT_SENT``) in calls that did
+  not succeed are counted; a call starts with ``max_attempts`` minus that count,
+  and one with nothing left is refused before sending (``RetriesExhausted``, the
+  driver's own class). A success, or a probe that confirms the call was applied,
+  clears the count.
+- **Everywhere else** (an idempotent endpoint: ``/pause_generation``,
+  ``/flush_cache``, ``/continue_generation``; a release the probe proved not
+  applied) a re-send is harmless, so a framework's own retry gets its own
+  ``max_attempts``, bounded by the engine's retry budget (below) and by the
+  endpoint's ``deadline_s`` counted from the first failed attempt of the run of
+  failed calls: a repeat runs under a ``Deadline`` of what is left of it, and one
+  with nothing left is refused before sending (``DeadlineExceeded``). A call of
+  ours that spends all its attempts on gateway statuses there goes on in further
+  rounds under the same bounds (``_go_on``), as a framework's retry would: a
+  streak of 502s longer than one call's attempts is ridden out within the
+  deadline even by a framework that never retries a status (verl). The engine's
+  breaker still cuts an engine that only fails (``CircuitOpen``).
 - **Budget.** The first attempt of a call that repeats a failed one is a retry
   for the engine's retry budget: it takes a token, and none left refuses the
   call (``RetryBudgetExhausted``).
@@ -21,10 +36,11 @@ left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
   status 502/503/504, a read timeout or a connection dropped after sending),
   the next call asks the endpoint's probe first (``EndpointPolicy.on_ambiguous``
   when it is a callable, e.g. the memory probe of ``sglang_policies``): "done"
-  returns the driver's "applied" response without sending, "not done" sends,
-  "unknown" (or no probe) follows the preset: a gateway status is re-sent only
-  when the policy sets ``retry_statuses_if_not_idempotent`` (the seed's
-  trade-off), a transport ambiguity never (``AmbiguousOutcome``).
+  returns the driver's "applied" response without sending, "not done" sends
+  with attempts of its own, "unknown" (or no probe) follows the preset with the
+  shared count: a gateway status is re-sent only when the policy sets
+  ``retry_statuses_if_not_idempotent`` (the seed's trade-off), a transport
+  ambiguity never (``AmbiguousOutcome``).
 - **Window.** An entry is forgotten ``window_s`` seconds (default 10) after its
   last attempt: a framework's loop re-sends within seconds; a later call is a
   new decision of its caller.
@@ -36,6 +52,7 @@ across requests, httpx and aiohttp).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import threading
@@ -46,6 +63,7 @@ from typing import Any, Literal, TypeVar
 from resilience.breaker import BreakerRegistry
 from resilience.budget import RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.deadline import Deadline
 from resilience.errors import ConfigError, ErrorTypes, ResilienceError
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery, Outcome
@@ -78,6 +96,8 @@ class LedgerEntry:
     """The last attempt's status, when it got one."""
     at: float
     """Clock reading of the last attempt's report."""
+    since: float
+    """Clock reading of the first attempt's report in this run of failed calls (the deadline of harmless repeats counts from it)."""
 
 
 class AttemptLedger:
@@ -137,8 +157,9 @@ class AttemptLedger:
         now = self._clock.monotonic()
         with self._lock:
             entry = self._entries.get(key)
-            spent = entry.spent if entry is not None and now - entry.at <= self.window_s else 0
-            self._entries[key] = LedgerEntry(spent + 1, unresolved, status, now)
+            live = entry is not None and now - entry.at <= self.window_s
+            spent, since = (entry.spent, entry.since) if live and entry is not None else (0, now)
+            self._entries[key] = LedgerEntry(spent + 1, unresolved, status, now, since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +173,12 @@ class _Admission:
     error: ResilienceError | None = None
     """Refused before sending."""
     probe: Callable[[ProbeContext], Any] | None = None
-    """A probe to ask before deciding (then ``decide_after_probe``)."""
+    """A probe to ask before deciding (then ``_after_probe``)."""
     context: ProbeContext | None = None
+    deadline_s: float | None = None
+    """A harmless repeat runs under a ``Deadline`` of this many seconds (what its run of failed calls left); None: none added."""
+    harmless: bool = False
+    """Admitted as a re-send that cannot hurt (``_fresh``): attempts of its own."""
 
 
 class LedgerRetrier(Retrier):
@@ -192,7 +217,9 @@ class LedgerRetrier(Retrier):
                 context = ProbeContext(spec.method, spec.url, endpoint, spec.engine, entry.spent, None, entry.last_status, spec.body)
                 return _Admission(probe=probe, context=context)
             return self._preset_choice(spec, entry)
-        return self._cut(spec, entry)
+        if not policy.idempotent:
+            return self._cut(spec, entry)
+        return self._fresh(spec, entry)
 
     def _after_probe(self, spec: CallSpec, answer: object) -> _Admission:
         try:
@@ -202,8 +229,8 @@ class LedgerRetrier(Retrier):
         entry = self.ledger.get(spec.engine, spec.match.endpoint)
         if entry is None or verdict is ProbeAnswer.DONE:
             return _Admission(spec=spec, applied=verdict is ProbeAnswer.DONE)
-        if verdict is ProbeAnswer.NOT_DONE:
-            return self._cut(spec, entry)
+        if verdict is ProbeAnswer.NOT_DONE:  # proven not applied: a re-send cannot be the second one
+            return self._fresh(spec, entry)
         return self._preset_choice(spec, entry)
 
     def _preset_choice(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
@@ -217,6 +244,7 @@ class LedgerRetrier(Retrier):
         return _Admission(error=self._error(self.error_types.ambiguous, spec, message, entry))
 
     def _cut(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
+        """A re-send that can hurt: the attempts the earlier calls left, no more."""
         policy = spec.match.policy
         left = policy.retry.max_attempts - entry.spent
         if left <= 0:
@@ -225,11 +253,36 @@ class LedgerRetrier(Retrier):
                 f"within {self.ledger.window_s:g}s (max_attempts={policy.retry.max_attempts}); not sent"
             )
             return _Admission(error=self._error(self.error_types.retries_exhausted, spec, message, entry))
+        refused = self._withdraw(spec, entry)
+        if refused is not None:
+            return refused
+        retry = replace(policy.retry, max_attempts=left)
+        return _Admission(spec=replace(spec, match=replace(spec.match, policy=replace(policy, retry=retry))))
+
+    def _fresh(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
+        """A harmless re-send: attempts of its own, within the budget and what the run of failed calls left of the deadline."""
+        deadline_s = spec.match.policy.deadline_s
+        left: float | None = None
+        if deadline_s is not None:
+            elapsed = self.clock.monotonic() - entry.since
+            left = deadline_s - elapsed
+            if left <= 0:
+                message = (
+                    f"{spec.match.endpoint} on {spec.engine}: earlier calls have failed for {elapsed:.3g}s, past the "
+                    f"endpoint's deadline_s={deadline_s:g}; not sent"
+                )
+                return _Admission(error=self._error(self.error_types.deadline_exceeded, spec, message, entry))
+        refused = self._withdraw(spec, entry)
+        if refused is not None:
+            return refused
+        return _Admission(spec=spec, deadline_s=left, harmless=True)
+
+    def _withdraw(self, spec: CallSpec, entry: LedgerEntry) -> _Admission | None:
+        """The repeat's first attempt is a retry for the engine's budget: a refusal when no token is left, else None."""
         if self.budgets is not None and not self.budgets.get(spec.engine).try_withdraw():
             message = f"retry budget of {spec.engine} exhausted ({spec.match.endpoint} repeats a failed call); not sent"
             return _Admission(error=self._error(self.error_types.budget_exhausted, spec, message, entry))
-        retry = replace(policy.retry, max_attempts=left)
-        return _Admission(spec=replace(spec, match=replace(spec.match, policy=replace(policy, retry=retry))))
+        return None
 
     @staticmethod
     def _error(kind: type[ResilienceError], spec: CallSpec, message: str, entry: LedgerEntry) -> ResilienceError:
@@ -254,7 +307,12 @@ class LedgerRetrier(Retrier):
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted."""
+        """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted.
+
+        A call that spends its attempts on gateway statuses where a re-send is
+        harmless goes on for another round (``_go_on``), as a framework's own
+        retry would, until the ledger stops admitting one.
+        """
         admission = self._admit(spec)
         if admission.probe is not None and admission.context is not None:
             admission = self._after_probe(spec, ask_probe(admission.probe, admission.context))
@@ -273,7 +331,22 @@ class LedgerRetrier(Retrier):
             return result
 
         done = self._clearing(spec, on_probe_done)
-        return super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+        while True:
+            with Deadline(admission.deadline_s, clock=self.clock):
+                response, records = super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+            if not _ended_on_status(records):
+                return response, records
+            after = self._admit(spec)
+            if after.probe is not None and after.context is not None:
+                after = self._after_probe(spec, ask_probe(after.probe, after.context))
+            if not self._go_on(after):
+                return response, records
+            discard(response)
+            self.clock.sleep(self._pause_before_round(spec, after))
+            settled = self._settle(spec, after, on_probe_done)
+            if not isinstance(settled, CallSpec):
+                return settled, records
+            admission, run_spec = after, settled
 
     async def arun(
         self,
@@ -284,7 +357,7 @@ class LedgerRetrier(Retrier):
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        """``Retrier.arun`` from the ledger; a sync probe runs in a worker thread."""
+        """``Retrier.arun`` from the ledger (rounds as ``run``); a sync probe runs in a worker thread."""
         admission = self._admit(spec)
         if admission.probe is not None and admission.context is not None:
             admission = self._after_probe(spec, await ask_probe_async(admission.probe, admission.context))
@@ -303,7 +376,38 @@ class LedgerRetrier(Retrier):
             return result
 
         done = self._clearing(spec, on_probe_done)
-        return await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+        asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
+        while True:
+            with Deadline(admission.deadline_s, clock=self.clock):
+                response, records = await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+            if not _ended_on_status(records):
+                return response, records
+            after = self._admit(spec)
+            if after.probe is not None and after.context is not None:
+                after = self._after_probe(spec, await ask_probe_async(after.probe, after.context))
+            if not self._go_on(after):
+                return response, records
+            released = discard(response)
+            if released is not None:
+                await released
+            await asleep(self._pause_before_round(spec, after))
+            settled = self._settle(spec, after, on_probe_done)
+            if not isinstance(settled, CallSpec):
+                return settled, records
+            admission, run_spec = after, settled
+
+    @staticmethod
+    def _go_on(after: _Admission) -> bool:
+        """Whether a call whose attempts all ended on gateway statuses gets another round: only where a re-send is harmless
+        (``_fresh`` admitted it within a deadline) or the probe says it was applied; never on a shared count or a refusal."""
+        return after.error is None and (after.applied or (after.harmless and after.deadline_s is not None))
+
+    def _pause_before_round(self, spec: CallSpec, after: _Admission) -> float:
+        """The wait before another round: full jitter up to the policy's ``cap_s`` (its longest backoff), within the deadline."""
+        if after.applied:
+            return 0.0
+        wait = spec.match.policy.retry.cap_s * self.rng()
+        return max(0.0, min(wait, (after.deadline_s or 0.0) / 2))
 
     def _settle(self, spec: CallSpec, admission: _Admission, on_probe_done: Callable[[], R] | None) -> CallSpec | R:
         """The spec to run, or the "applied" response; raises a refusal."""
@@ -329,3 +433,8 @@ class LedgerRetrier(Retrier):
 
         return done
 
+
+
+def _ended_on_status(records: tuple[AttemptRecord, ...]) -> bool:
+    """Whether a call returned (not raised) after its last attempt got a status the policy retries: its attempts ran out on them."""
+    return bool(records) and records[-1].outcome is Outcome.RETRYABLE and records[-1].status is not None

@@ -38,7 +38,9 @@ happens to match a state, that state: NVML cannot see a call queued in the sched
 The transport trusts "not applied" only after a 502/503 for that reason
 (``resilience.adapters.sglang.memory_check``).
 
-None also when: the engine is not configured here; a PID is not running, or NVML
+An engine not configured here raises ``UnknownEngine`` (``resilience.memory_probe``:
+the probe knows nothing of it, which a mount checks before it starts). None
+also when: a PID is not running, or NVML
 lists none of them on any GPU (a dead engine); NVML cannot be initialised or read;
 no serving baseline is known yet.
 """
@@ -54,6 +56,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+
+from resilience.memory_probe import UnknownEngine
 
 __all__ = [
     "EngineGpu",
@@ -347,12 +351,15 @@ class NvmlMemoryProbe:
             return self._learnt.get(key)
 
     def released_tags(self, engine: str) -> frozenset[str] | None:
-        """The tags released on ``engine`` now, inferred from one NVML reading; None when that cannot prove them."""
-        if not isinstance(engine, str):
-            return None
-        gpu = self.engines.get(_canonical(engine))
+        """The tags released on ``engine`` now, inferred from one NVML reading; None when that cannot prove them.
+
+        Raises ``UnknownEngine`` for an engine not in ``engines``.
+        """
+        gpu = self.engines.get(_canonical(engine)) if isinstance(engine, str) else None
+        if gpu is None:
+            raise UnknownEngine(self, str(engine))
         serving = self.serving_bytes(engine)
-        if gpu is None or serving is None:
+        if serving is None:
             return None
         used = self._read(gpu)
         if used is None:

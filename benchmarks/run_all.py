@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {bench.name} ...", file=sys.stderr, flush=True)
         t0 = time.monotonic()
         extra = ["--quick"] if args.quick and bench.stem in QUICK else []
-        proc = subprocess.run([sys.executable, str(bench), *extra], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        proc = subprocess.run([sys.executable, str(bench), *extra], cwd=ROOT, capture_output=True, text=True, timeout=3600,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         took = time.monotonic() - t0
         body = proc.stdout.strip() if proc.returncode == 0 else f"**failed** (exit {proc.returncode}):\n\n```\n{proc.stderr[-2000:]}\n```"

@@ -20,9 +20,12 @@ fi
 STAMP=.venv/.cpr-setup-stamp
 WANT=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 VERL_SRC=${CPR_VERL_SOURCE:-$HOME/.cache/cpr/verl}
+SKYRL_SRC=${CPR_SKYRL_SOURCE:-$HOME/.cache/cpr/skyrl}
+SKYRL_FILE=skyrl/backends/skyrl_train/inference_servers/remote_inference_client.py
 installed() {  # the stamp matches, and everything the steps below install is there, resilience from this checkout
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] \
     && [ -f "$VERL_SRC/verl/workers/rollout/sglang_rollout/http_server_engine.py" ] \
+    && [ -f "$SKYRL_SRC/$SKYRL_FILE" ] \
     && .venv/bin/python - <<'PY' 2>/dev/null
 import importlib.util
 import pathlib
@@ -59,6 +62,16 @@ if [ ! -f "$VERL_SRC/verl/workers/rollout/sglang_rollout/http_server_engine.py" 
   .venv/bin/python -m zipfile -e "$tmp"/verl-0.9.1-py3-none-any.whl "$tmp/unpacked"
   mkdir -p "$VERL_SRC/verl/workers/rollout/sglang_rollout"
   cp "$tmp/unpacked/verl/workers/rollout/sglang_rollout/http_server_engine.py" "$VERL_SRC/verl/workers/rollout/sglang_rollout/"
+  rm -rf "$tmp"
+fi
+# SkyRL's own vLLM client (resilience/testing/skyrl.py loads this one file): the wheel asks for Python >= 3.12, so it is
+# fetched for 3.12 (the file itself runs on 3.11) and never installed (its imports pull ray, torch and vLLM).
+if [ ! -f "$SKYRL_SRC/$SKYRL_FILE" ]; then
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps --python-version 3.12 --only-binary=:all: skyrl==0.4.0 -d "$tmp"
+  .venv/bin/python -m zipfile -e "$tmp"/skyrl-0.4.0-py3-none-any.whl "$tmp/unpacked"
+  mkdir -p "$SKYRL_SRC/$(dirname "$SKYRL_FILE")"
+  cp "$tmp/unpacked/$SKYRL_FILE" "$SKYRL_SRC/$SKYRL_FILE"
   rm -rf "$tmp"
 fi
 echo "$WANT" > "$STAMP"

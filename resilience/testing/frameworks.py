@@ -29,10 +29,13 @@ over ``SGLANG_POLICIES`` (``middleware``), over
 our backoffs are shortened (``fast_policies``: the same decisions, less waiting).
 
 Plans (``PLANS``): ``transient``, 502s answered by the proxy without forwarding
-(probability ``rate`` on pause, continue, flush, release and resume, at most 5
-in a row per path, so a client with 6 attempts always gets through); ``after``,
-the same plus 502s *after* forwarding on release and resume (probability
-``after``): the engine acted, the client sees a gateway error.
+(probability ``rate`` = 0.4 on pause, continue, flush, release and resume);
+``after``, the same plus 502s *after* forwarding on release and resume
+(probability ``after`` = 0.3): the engine acted, the client sees a gateway
+error. Each plays either with a cap of ``MAX_STREAK`` (5) failures in a row per
+path, so a client with 6 attempts always gets through, or with no cap
+(``max_streak=None``: issue 31's plan, where a streak longer than one call's
+attempts must be ridden out by the framework's own retries).
 
 A cycle **completes** when the framework's cycle returned and every engine is
 alive, serving, with nothing released. After a cycle that did not complete,
@@ -58,6 +61,7 @@ from typing import Any
 import requests
 
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faultplan import FaultPlan, FaultRule
 
 __all__ = [
@@ -75,33 +79,49 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FRAMEWORKS: tuple[str, ...] = ("areal", "verl")
+FRAMEWORKS: tuple[str, ...] = ("areal", "verl", "skyrl")
+ENGINE_KIND: dict[str, str] = {"areal": "sglang", "verl": "sglang", "skyrl": "vllm"}
+"""Which engine each framework's driven client talks to."""
 MOUNTS: tuple[str, ...] = ("shipped", "middleware", "probe", "strict")
 PLANS: tuple[str, ...] = ("transient", "after")
 RIG_ENGINE_CONFIG = EngineConfig(
     token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=0.01
 )
 """Quick swaps and short health hangs: the rig measures decisions, not waits."""
+RIG_VLLM_CONFIG = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, token_rate=400.0)
+"""vLLM 0.33.0 engines as SkyRL runs them: dev mode (its control routes) and sleep mode (slept memory really gone)."""
+_VLLM_SWAP_PATHS = ("/sleep", "/wake_up")
+_VLLM_TRANSIENT_PATHS = ("/is_sleeping", *_VLLM_SWAP_PATHS)
 VERL_VERSION = "0.9.1"
 AREAL_VERSION = "1.0.4"
 _SWAP_PATHS = ("/release_memory_occupation", "/resume_memory_occupation")
 _TRANSIENT_PATHS = ("/pause_generation", "/continue_generation", "/flush_cache", *_SWAP_PATHS)
 _HTTP_TIMEOUT = 10.0
+MAX_STREAK = 5
+"""The capped plans' most failures in a row per path (one less than the presets' 6 attempts)."""
 
 
 class FrameworkMissing(RuntimeError):
     """The framework's package (or wheel) is not installed here; the message says how to install it."""
 
 
-def fault_plan(plan: str, seed: int, *, rate: float = 0.4, after: float = 0.3) -> FaultPlan:
-    """The rig's plans: ``transient`` and ``after`` (see the module docstring); ``rate`` and ``after`` are the two probabilities."""
+def fault_plan(
+    plan: str, seed: int, *, rate: float = 0.4, after: float = 0.3, max_streak: int | None = MAX_STREAK, engine: str = "sglang"
+) -> FaultPlan:
+    """The rig's plans: ``transient`` and ``after`` (see the module docstring); ``rate`` and ``after`` are the two probabilities,
+    ``max_streak`` the most failures in a row per path (default ``MAX_STREAK``, 5; None: no cap). ``engine``: ``"sglang"``
+    (pause, continue, flush, release, resume; after forwarding on release and resume) or ``"vllm"`` (``/is_sleeping``,
+    ``/sleep``, ``/wake_up``; after forwarding on sleep and wake)."""
     if plan not in PLANS:
         raise ValueError(f"`plan` must be one of {PLANS}, but was {plan!r}")
+    if engine not in ("sglang", "vllm"):
+        raise ValueError(f"`engine` must be 'sglang' or 'vllm', but was {engine!r}")
+    swaps, transient = (_SWAP_PATHS, _TRANSIENT_PATHS) if engine == "sglang" else (_VLLM_SWAP_PATHS, _VLLM_TRANSIENT_PATHS)
     rules: list[FaultRule] = []
     if plan == "after":
-        rules += [FaultRule(p, "status_after", probability=after) for p in _SWAP_PATHS]
-    rules += [FaultRule(p, "status_before", probability=rate) for p in _TRANSIENT_PATHS]
-    return FaultPlan(seed=seed, rules=tuple(rules), max_streak=5)
+        rules += [FaultRule(p, "status_after", probability=after) for p in swaps]
+    rules += [FaultRule(p, "status_before", probability=rate) for p in transient]
+    return FaultPlan(seed=seed, rules=tuple(rules), max_streak=max_streak)
 
 
 # -- verl: http_server_engine.py by path, sglang stubbed --------------------------------
@@ -278,16 +298,30 @@ def verl_cycle(adapters: Sequence[Any]) -> None:
 
 
 @contextmanager
-def mounted(mount: str, fleet: EmulatedFleet, *, fast: bool = True) -> Iterator[Any]:
-    """Our mount for ``mount`` (``MOUNTS``) over the fleet's proxy URLs, undone on exit; yields the instrumentor or None."""
+def mounted(mount: str, fleet: EmulatedFleet, *, fast: bool = True, engine: str = "sglang") -> Iterator[Any]:
+    """Our mount for ``mount`` (``MOUNTS``) over the fleet's proxy URLs, undone on exit; yields the instrumentor or None.
+
+    ``engine="vllm"``: ``VLLMInstrumentor`` over ``VLLM_POLICIES`` (``middleware`` only)."""
     if mount not in MOUNTS:
         raise ValueError(f"`mount` must be one of {MOUNTS}, but was {mount!r}")
     if mount == "shipped":
         yield None
         return
-    from resilience.adapters.instrument import SGLangInstrumentor
+    from resilience.adapters.instrument import SGLangInstrumentor, VLLMInstrumentor
     from resilience.adapters.sglang import policies as presets
     from resilience.testing.policies import fast_policies
+
+    if engine == "vllm":
+        if mount != "middleware":
+            raise ValueError(f"`mount` {mount!r} has no vLLM form: vLLM's sleep and wake are idempotent (nothing for a probe to settle)")
+        from resilience.adapters.vllm import VLLM_POLICIES
+
+        vllm = VLLMInstrumentor(fleet.urls, policies=fast_policies(VLLM_POLICIES) if fast else VLLM_POLICIES).instrument()
+        try:
+            yield vllm
+        finally:
+            vllm.uninstrument()
+        return
 
     table = presets.SGLANG_STRICT_POLICIES if mount == "strict" else presets.SGLANG_POLICIES
     if fast:
@@ -349,8 +383,15 @@ def _state(engine: Any) -> dict[str, Any] | None:
 
 
 def _settled(states: Sequence[dict[str, Any] | None]) -> bool:
-    """Every engine alive, serving (not paused) and with nothing released."""
-    return all(s is not None and not s.get("paused") and not s.get("released_tags") for s in states)
+    """Every engine alive, serving (not paused) and with nothing released (SGLang) or asleep (vLLM)."""
+    return all(
+        s is not None
+        and not s.get("paused")
+        and not s.get("released_tags")
+        and s.get("pause_state", "unpaused") == "unpaused"
+        and not s.get("sleeping_tags")
+        for s in states
+    )
 
 
 def _put_back(fleet: EmulatedFleet) -> None:
@@ -360,6 +401,10 @@ def _put_back(fleet: EmulatedFleet) -> None:
         if state is None:
             engine.restart()
             continue
+        if state.get("sleeping_tags"):
+            requests.post(engine.direct_url + "/wake_up", timeout=_HTTP_TIMEOUT)
+        if state.get("pause_state", "unpaused") != "unpaused":
+            requests.post(engine.direct_url + "/resume", timeout=_HTTP_TIMEOUT)
         released = state.get("released_tags") or []
         if released:
             requests.post(engine.direct_url + "/resume_memory_occupation", json={"tags": list(released)}, timeout=_HTTP_TIMEOUT)
@@ -367,15 +412,38 @@ def _put_back(fleet: EmulatedFleet) -> None:
             requests.post(engine.direct_url + "/continue_generation", json={}, timeout=_HTTP_TIMEOUT)
 
 
-def run_seed(framework: str, plan: str, mount: str, seed: int, *, cycles: int = 5, engines: int = 3, fast: bool = True) -> SeedResult:
-    """``cycles`` of ``framework``'s own cycle on a fresh fleet of ``engines`` behind proxies playing ``plan`` with ``seed``."""
+def run_seed(
+    framework: str,
+    plan: str,
+    mount: str,
+    seed: int,
+    *,
+    cycles: int = 5,
+    engines: int = 3,
+    fast: bool = True,
+    max_streak: int | None = MAX_STREAK,
+) -> SeedResult:
+    """``cycles`` of ``framework``'s own cycle on a fresh fleet of ``engines`` behind proxies playing ``plan`` with ``seed``
+    (``max_streak``: the plan's cap on failures in a row, default ``MAX_STREAK``; None: no cap)."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"`framework` must be one of {FRAMEWORKS}, but was {framework!r}")
     result = SeedResult(framework, plan, mount, seed)
-    with EmulatedFleet(engines, RIG_ENGINE_CONFIG, fault_plan=fault_plan(plan, seed)) as fleet, ExitStack() as mounts:
-        mounts.enter_context(mounted(mount, fleet, fast=fast))
-        client = _areal_engine(fleet.urls) if framework == "areal" else _verl_adapters(fleet.urls, retry_delay=0.2 if fast else 2.0)
-        cycle = areal_cycle if framework == "areal" else verl_cycle
+    kind = ENGINE_KIND[framework]
+    faults = fault_plan(plan, seed, max_streak=max_streak, engine=kind)
+    config = RIG_ENGINE_CONFIG if kind == "sglang" else RIG_VLLM_CONFIG
+    swap_path = _SWAP_PATHS[0] if kind == "sglang" else _VLLM_SWAP_PATHS[0]
+    with EmulatedFleet(engines, config, fault_plan=faults) as fleet, ExitStack() as mounts:
+        mounts.enter_context(mounted(mount, fleet, fast=fast, engine=kind))
+        client: Any
+        cycle: Callable[[Any], None]
+        if framework == "areal":
+            client, cycle = _areal_engine(fleet.urls), areal_cycle
+        elif framework == "verl":
+            client, cycle = _verl_adapters(fleet.urls, retry_delay=0.2 if fast else 2.0), verl_cycle
+        else:
+            from resilience.testing.skyrl import skyrl_client, skyrl_cycle
+
+            client, cycle = skyrl_client(fleet.urls), skyrl_cycle
         releases = [0] * engines
         for _ in range(cycles):
             alive_before = {e.index for e in fleet.engines if e.alive()}
@@ -389,7 +457,7 @@ def run_seed(framework: str, plan: str, mount: str, seed: int, *, cycles: int = 
                     engine.proxy.settle(timeout=5.0)
             for engine in fleet.engines:
                 if engine.proxy is not None:
-                    now = sum(1 for r in engine.proxy.seen if r.path == _SWAP_PATHS[0])
+                    now = sum(1 for r in engine.proxy.seen if r.path == swap_path)
                     result.most_releases = max(result.most_releases, now - releases[engine.index])
                     releases[engine.index] = now
             states = [_state(e) for e in fleet.engines]
@@ -399,7 +467,7 @@ def run_seed(framework: str, plan: str, mount: str, seed: int, *, cycles: int = 
             if not ok:  # a restarted job: engines put back, a fresh process's mount (no breaker or ledger carried over)
                 _put_back(fleet)
                 mounts.close()
-                mounts.enter_context(mounted(mount, fleet, fast=fast))
+                mounts.enter_context(mounted(mount, fleet, fast=fast, engine=kind))
         for engine in fleet.engines:
             if engine.proxy is not None:
                 for seen in engine.proxy.seen:

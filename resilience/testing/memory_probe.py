@@ -14,9 +14,12 @@ hung engine can still be read.
 
     probe = EmulatorMemoryProbe("/tmp/state")    # engines of ``cpr emulate --memory-state-dir /tmp/state``
 
-None, for an engine:
+``UnknownEngine`` (``resilience.memory_probe``) for an engine this probe does not
+know: a name that is not an alias and whose port has no file in the folder (a
+proxy's URL without ``aliases=``, an engine of another folder), or a name with no
+port. None, for an engine it knows:
 
-- that has no file in the folder (an engine this probe does not know);
+- that is an alias whose engine has not written its file yet;
 - whose process is gone, or is not the one that wrote the file (a dead engine, a
   restart on the same port still coming up, a recycled PID);
 - that is carrying out a release or resume right now (the answer would be stale
@@ -32,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from resilience.memory_probe import UnknownEngine
 from resilience.testing.emulator.memory_state import process_start_ticks, read_state, state_path
 
 __all__ = ["EmulatorMemoryProbe"]
@@ -75,15 +79,22 @@ class EmulatorMemoryProbe:
         return f"EmulatorMemoryProbe({str(self.state_dir)!r}, aliases={len(self._aliases)})"
 
     def released_tags(self, engine: str) -> frozenset[str] | None:
-        """The tags released on ``engine`` now (its URL, or an alias), or None when this probe cannot prove them."""
+        """The tags released on ``engine`` now (its URL, or an alias), or None when this probe cannot prove them.
+
+        Raises ``UnknownEngine`` for a name that is no alias and whose port has no file here (see the module docstring).
+        """
         if not isinstance(engine, str):
-            return None
-        target = self._aliases.get(_canonical(engine), engine)
+            raise UnknownEngine(self, repr(engine))
+        aliased = self._aliases.get(_canonical(engine))
+        target = engine if aliased is None else aliased
         port = _port_of(target)
         if port is None:
-            return None
-        state = read_state(state_path(self.state_dir, port))
+            raise UnknownEngine(self, engine)
+        path = state_path(self.state_dir, port)
+        state = read_state(path)
         if state is None:
+            if aliased is None and not path.exists():
+                raise UnknownEngine(self, engine)
             return None
         pid, ticks = state.get("pid"), state.get("start_ticks")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -23,9 +24,11 @@ import resilience
 from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.requests import ResilientAdapter
-from resilience.adapters.sglang import mount_sglang
+from resilience.adapters.sglang import mount_sglang, sglang_policies
 from resilience.errors import ConfigConflict, ConfigError
+from resilience.memory_probe import UnknownEngine
 from resilience.policy import EndpointPolicy, PolicyTable, ProbeAnswer, ProbeContext, RetryPolicy
+from resilience.testing.memory_probe import EmulatorMemoryProbe
 from tests.servers import Hang, Reply, ScriptedServer, scripted
 
 MAX = 4
@@ -54,8 +57,8 @@ def table(probe: Callable[[ProbeContext], ProbeAnswer] | None = None) -> PolicyT
 def instrumented() -> Iterator[Callable[..., SGLangInstrumentor]]:
     made: list[SGLangInstrumentor] = []
 
-    def make(engines: list[str], **kwargs: object) -> SGLangInstrumentor:
-        inst = SGLangInstrumentor(engines, **kwargs).instrument()  # type: ignore[arg-type]
+    def make(engines: list[str], cls: type[SGLangInstrumentor] = SGLangInstrumentor, **kwargs: object) -> SGLangInstrumentor:
+        inst = cls(engines, **kwargs).instrument()  # type: ignore[arg-type]
         made.append(inst)
         return inst
 
@@ -144,17 +147,32 @@ def posts(server: ScriptedServer, path: str) -> int:
 
 
 @pytest.mark.parametrize("library", FRAMEWORKS)
-@pytest.mark.parametrize("path", [PAUSE, RELEASE])
-def test_outer_retry_loop_stays_within_max_attempts(library: str, path: str, instrumented: Callable[..., SGLangInstrumentor]) -> None:
-    """A framework's three tries of an always-502 call send ``max_attempts`` requests in all, not three times that."""
+def test_outer_retry_loop_of_a_release_stays_within_max_attempts(library: str, instrumented: Callable[..., SGLangInstrumentor]) -> None:
+    """Three tries of an always-502 release (a re-send can hurt) send ``max_attempts`` requests in all, not three times that."""
     framework = FRAMEWORKS[library]
     with scripted(Reply(502, b"")) as server:
-        status, _error = framework(server.url + path)
-        assert status is None and posts(server, path) == OUTER  # as shipped: one send per try
+        status, _error = framework(server.url + RELEASE)
+        assert status is None and posts(server, RELEASE) == OUTER  # as shipped: one send per try
         instrumented([server.url], policies=table())
-        status, _error = framework(server.url + path)
+        status, _error = framework(server.url + RELEASE)
         assert status is None
-        assert posts(server, path) == OUTER + MAX
+        assert posts(server, RELEASE) == OUTER + MAX
+
+
+@pytest.mark.parametrize("library", FRAMEWORKS)
+def test_outer_retry_loop_of_a_pause_gets_attempts_per_try(library: str, instrumented: Callable[..., SGLangInstrumentor]) -> None:
+    """A pause is harmless to re-send: each of the framework's tries gets ``max_attempts`` (a 502 streak longer than one call's
+    attempts is ridden out, as a session mounted per call would), bounded by the budget and the endpoint's deadline."""
+    framework = FRAMEWORKS[library]
+    script = [*[Reply(502, b"")] * (MAX + 1), Reply(200, b"{}"), *[Reply(502, b"")] * (2 * MAX), Reply(200, b"{}")]
+    with scripted(*script) as server:
+        instrumented([server.url], policies=table())
+        status, _error = framework(server.url + PAUSE)
+        assert status == 200, _error
+        assert posts(server, PAUSE) == MAX + 2
+        # verl: one call, no retry of its own on a status: our rounds ride out twice the attempts
+        assert requests.post(server.url + PAUSE, json={}, timeout=5).status_code == 200
+        assert posts(server, PAUSE) == 3 * MAX + 3
 
 
 @pytest.mark.parametrize("library", FRAMEWORKS)
@@ -229,8 +247,8 @@ def test_bare_host_matches_every_port(instrumented: Callable[..., SGLangInstrume
     """A bare host names every port of it."""
     with scripted(Reply(502, b"")) as server:
         instrumented(["127.0.0.1"], policies=table())
-        requests_framework(server.url + PAUSE)
-        assert posts(server, PAUSE) == MAX
+        requests_framework(server.url + RELEASE)
+        assert posts(server, RELEASE) == MAX
 
 
 def test_no_double_mount(instrumented: Callable[..., SGLangInstrumentor]) -> None:
@@ -372,13 +390,13 @@ def test_every_ray_worker_process_instruments_itself(ray_runtime: object) -> Non
         inst = SGLangInstrumentor([server.url], policies=table())
         workers = [Worker.remote(inst) for _ in range(2)]  # type: ignore[attr-defined]
         try:
-            answers = ray.get([w.release.remote(server.url + PAUSE, OUTER) for w in workers], timeout=120)
+            answers = ray.get([w.release.remote(server.url + RELEASE, OUTER) for w in workers], timeout=120)
         finally:
             for w in workers:
                 ray.kill(w)
         assert len({pid for pid, _, _ in answers}) == 2
         assert all(failed and ours for _, failed, ours in answers)
-        assert posts(server, PAUSE) == 2 * MAX
+        assert posts(server, RELEASE) == 2 * MAX
         assert not inst.instrumented and SGLangInstrumentor.active() is None  # the driver's process was never patched
 
 
@@ -392,3 +410,46 @@ def test_one_driver_config_for_every_attached_driver(instrumented: Callable[...,
         assert inst.retrier(adapter.retrier.error_types).breakers is config.breakers
     with pytest.raises(ConfigConflict, match="policies="):
         SGLangInstrumentor(["127.0.0.1"], config=config, policies=table())
+
+
+class _Probe:
+    """A memory probe that knows ``known`` only (``UnknownEngine`` for the rest) and has no reading for any."""
+
+    def __init__(self, *known: str) -> None:
+        self.known = set(known)
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        if engine not in self.known:
+            raise UnknownEngine(self, engine)
+        return None
+
+
+def test_a_memory_probe_must_know_every_engine(instrumented: Callable[..., SGLangInstrumentor], tmp_path: Path) -> None:
+    """``instrument()`` refuses a probe that knows nothing of an engine it is given, naming it; nothing is patched."""
+    engines = ["http://127.0.0.1:30001", "127.0.0.1:30002"]
+    for probe in (_Probe("http://127.0.0.1:30001"), EmulatorMemoryProbe(tmp_path)):
+        inst = SGLangInstrumentor(engines, policies=sglang_policies(memory_probe=probe))
+        with pytest.raises(ConfigError, match=r"knows nothing of \['http://127.0.0.1:30002'\]" if isinstance(probe, _Probe) else "30001"):
+            inst.instrument()
+        assert SGLangInstrumentor.active() is None
+    with pytest.raises(ConfigError, match="name no port"):
+        SGLangInstrumentor(["127.0.0.1"], policies=sglang_policies(memory_probe=_Probe())).instrument()
+    inst = instrumented(engines, policies=sglang_policies(memory_probe=_Probe("http://127.0.0.1:30001", "http://127.0.0.1:30002")))
+    assert inst.instrumented and len(inst.memory_probes()) == 1
+
+
+def test_vllm_engines_get_the_same_mount_over_vllm_policies(instrumented: Callable[..., SGLangInstrumentor]) -> None:
+    """``VLLMInstrumentor``: ``VLLM_POLICIES`` by default; a 502 on ``/sleep`` (idempotent) is absorbed, one on
+    ``/update_weights`` is handed back unsent again (a collective), and it pickles as itself."""
+    from resilience.adapters.instrument import VLLMInstrumentor
+    from resilience.adapters.vllm import VLLM_POLICIES
+
+    with scripted(Reply(502, b""), Reply(200, b"{}"), Reply(502, b"")) as server:
+        inst = instrumented([server.url], cls=VLLMInstrumentor)
+        assert isinstance(inst, VLLMInstrumentor) and inst.policies is VLLM_POLICIES
+        assert requests.post(server.url + "/sleep", timeout=5).status_code == 200
+        assert posts(server, "/sleep") == 2
+        assert requests.post(server.url + "/update_weights", json={}, timeout=5).status_code == 502
+        assert posts(server, "/update_weights") == 1
+        copy = pickle.loads(pickle.dumps(inst))
+        assert type(copy) is VLLMInstrumentor and copy.same_settings(inst) and not inst.same_settings(SGLangInstrumentor([server.url]))

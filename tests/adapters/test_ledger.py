@@ -10,7 +10,7 @@ from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolic
 from resilience.adapters.ledger import AttemptLedger, LedgerRetrier
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import FakeClock
-from resilience.errors import ConfigError, RetriesExhausted, RetryBudgetExhausted
+from resilience.errors import ConfigError, DeadlineExceeded, RetriesExhausted, RetryBudgetExhausted
 from resilience.outcome import Delivery, attempts_of
 from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.spec import AttemptResult, CallSpec
@@ -38,6 +38,19 @@ class Transport:
         return self.result
 
 
+class Script:
+    """Answers the attempts with ``results`` in turn (the last one for ever), each taking a second of ``clock``."""
+
+    def __init__(self, results: list[AttemptResult[str]], clock: FakeClock) -> None:
+        self.results, self.clock = results, clock
+        self.sends = 0
+
+    def __call__(self, n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[str]:
+        self.sends += 1
+        self.clock.advance(1.0)
+        return self.results[min(self.sends, len(self.results)) - 1]
+
+
 def bad_gateway() -> AttemptResult[str]:
     return AttemptResult(response="502", status=502)
 
@@ -50,34 +63,78 @@ def retrier(clock: FakeClock, **kwargs: object) -> LedgerRetrier:
     return LedgerRetrier(AttemptLedger(30.0, clock=clock), clock=clock, **kwargs)  # type: ignore[arg-type]
 
 
-def test_a_repeated_call_gets_what_the_last_one_left() -> None:
-    """Three calls of an always-502 endpoint send max_attempts in all; the later ones are refused before sending."""
+def test_a_repeated_release_gets_what_the_last_one_left() -> None:
+    """Three calls of an always-502 release (a re-send can hurt) send max_attempts in all; the later ones are refused before sending."""
     clock = FakeClock()
     r, transport = retrier(clock), Transport(bad_gateway())
-    assert r.run(spec(IDEMPOTENT), transport)[0] == "502"
+    assert r.run(spec(RELEASE), transport)[0] == "502"
     for _ in range(2):
         with pytest.raises(RetriesExhausted, match="already spent by earlier calls"):
-            r.run(spec(IDEMPOTENT), transport)
+            r.run(spec(RELEASE), transport)
     assert transport.sends == 3
+
+
+def test_a_harmless_call_goes_on_past_its_attempts() -> None:
+    """An idempotent endpoint (a pause): a streak of 502s longer than max_attempts is ridden out in further rounds."""
+    clock = FakeClock()
+    r = retrier(clock)
+    transport = Script([bad_gateway()] * 5 + [AttemptResult(response="200", status=200)], clock)
+    assert r.run(spec(IDEMPOTENT), transport)[0] == "200"
+    assert transport.sends == 6
+
+
+def test_a_harmless_call_and_its_repeats_are_bounded_by_the_deadline() -> None:
+    """Always 502, one second per attempt: rounds go on until deadline_s (30 s) from the first failure, which ends the call
+    (DeadlineExceeded, naming the last 502); the framework's repeat after that is refused unsent."""
+    clock = FakeClock()
+    r, transport = retrier(clock), Script([bad_gateway()], clock)
+    with pytest.raises(DeadlineExceeded, match="status_502"):
+        r.run(spec(IDEMPOTENT), transport)
+    assert 28 <= transport.sends <= 31
+    sent = transport.sends
+    with pytest.raises(DeadlineExceeded, match="past the endpoint's deadline_s=30"):
+        r.run(spec(IDEMPOTENT), transport)
+    assert transport.sends == sent
+
+
+def test_a_harmless_call_is_bounded_by_the_retry_budget() -> None:
+    """The rounds take retry-budget tokens: with few, the call returns its last 502 long before its deadline."""
+    clock = FakeClock()
+    budgets = RetryBudgets(RetryBudgetConfig(ratio=0.0, min_retries_per_second=0.0, max_tokens=5.0), clock=clock)
+    r, transport = retrier(clock, budgets=budgets), Script([bad_gateway()], clock)
+    assert r.run(spec(IDEMPOTENT), transport)[0] == "502"
+    assert transport.sends <= 6
+
+
+def test_a_release_the_probe_proves_not_applied_gets_attempts_of_its_own() -> None:
+    """After 502s the probe proves "not applied": the repeat cannot be a second release, so it is not cut to what was left."""
+    clock = FakeClock()
+    policy = EndpointPolicy(
+        retry=QUICK, idempotent=False, retry_statuses_if_not_idempotent=True, deadline_s=30, on_ambiguous=lambda _c: ProbeAnswer.NOT_DONE
+    )
+    r = retrier(clock)
+    transport = Script([bad_gateway()] * 5 + [AttemptResult(response="200", status=200)], clock)
+    assert r.run(spec(policy), transport)[0] == "200"
+    assert transport.sends == 6  # not cut at 3: the probe proved each 502 left nothing applied
 
 
 def test_a_success_clears_and_the_window_forgets() -> None:
     """A repeat that succeeds on the attempts left starts the count afresh; so does a call after the window."""
     clock = FakeClock()
     r = retrier(clock)
-    two = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0), idempotent=True, deadline_s=30)
+    two = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0), idempotent=False, retry_statuses_if_not_idempotent=True)
     r.run(spec(two), Transport(bad_gateway()))
-    r.run(spec(IDEMPOTENT, "/y"), Transport(bad_gateway()))
+    r.run(spec(RELEASE, "/y"), Transport(bad_gateway()))
     ok = Transport(AttemptResult(response="200", status=200))
-    assert r.run(spec(IDEMPOTENT), ok)[0] == "200" and ok.sends == 1  # one attempt was left of three
+    assert r.run(spec(RELEASE), ok)[0] == "200" and ok.sends == 1  # one attempt was left of three
     again = Transport(bad_gateway())
-    r.run(spec(IDEMPOTENT), again)
+    r.run(spec(RELEASE), again)
     assert again.sends == 3
     with pytest.raises(RetriesExhausted):
-        r.run(spec(IDEMPOTENT, "/y"), Transport(bad_gateway()))
+        r.run(spec(RELEASE, "/y"), Transport(bad_gateway()))
     clock.advance(31.0)
     later = Transport(bad_gateway())
-    r.run(spec(IDEMPOTENT, "/y"), later)
+    r.run(spec(RELEASE, "/y"), later)
     assert later.sends == 3
 
 

@@ -29,7 +29,7 @@ from resilience.adapters.nvml import (
     scheduler_pids,
     tag_bytes_from_loads,
 )
-from resilience.memory_probe import MemoryProbe
+from resilience.memory_probe import MemoryProbe, UnknownEngine, covers
 from tests.conftest import process_tree
 
 TAGS = {"kv_cache": 60 * GiB, "weights": 16 * GiB, "cuda_graph": 6 * GiB}
@@ -103,14 +103,17 @@ def test_the_probe_learns_the_serving_baseline_then_answers_from_one_reading() -
         probe.learn("http://10.0.0.6:30000")
 
 
-def test_a_configured_baseline_needs_no_learning_and_unknown_engines_are_none() -> None:
-    """serving_bytes given: answers at once; an engine not configured, or a non-string: None without a read."""
+def test_a_configured_baseline_needs_no_learning_and_unknown_engines_are_named() -> None:
+    """serving_bytes given: answers at once; an engine not configured, or a non-string: ``UnknownEngine`` without a read."""
     readings = Readings(SERVING - TAGS["weights"])
     probe = NvmlMemoryProbe({ENGINE: EngineGpu(pids=(1,), tag_bytes=TAGS, serving_bytes=SERVING)}, reader=readings)
     assert probe.released_tags(ENGINE) == {"weights"}
-    assert probe.released_tags("http://10.0.0.6:30000") is None
-    assert probe.released_tags(None) is None  # type: ignore[arg-type]
+    with pytest.raises(UnknownEngine, match=r"10\.0\.0\.6:30000"):
+        probe.released_tags("http://10.0.0.6:30000")
+    with pytest.raises(UnknownEngine):
+        probe.released_tags(None)  # type: ignore[arg-type]
     assert len(readings.asked) == 1
+    assert covers(probe, ENGINE) and not covers(probe, "http://10.0.0.6:30000")
 
 
 def test_a_dead_pid_an_unreadable_nvml_or_a_failing_reader_prove_nothing() -> None:

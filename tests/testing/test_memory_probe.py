@@ -3,13 +3,14 @@
 Black-box over real emulated engines: whatever release and resume calls the engines
 carried out, the probe answers exactly the tags their schedulers recorded (their
 ``/_emulator/state``), for zygote-forked engines, engines in their own interpreter,
-proxied engines and ``cpr emulate``; and None for an engine it does not know, one that
+proxied engines and ``cpr emulate``; ``UnknownEngine`` for an engine it does not know; None for one that
 died, or one carrying out a memory call right now.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -22,7 +23,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilience.memory_probe import MemoryProbe
+from resilience.memory_probe import MemoryProbe, UnknownEngine, covers
 from resilience.testing import EmulatorMemoryProbe
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faults import FaultPlan
@@ -110,13 +111,30 @@ def test_probe_answers_exactly_the_schedulers_record(fleet: EmulatedFleet, ops: 
     assert all(probe.released_tags(e.url) == frozenset() for e in fleet.engines)
 
 
-def test_unknown_engines_and_bad_names_are_not_proved(fleet: EmulatedFleet, tmp_path: Path) -> None:
-    """An engine without a file, a name without a port, a non-string, or an empty folder: None."""
+def test_unknown_engines_and_bad_names_are_named(fleet: EmulatedFleet, tmp_path: Path) -> None:
+    """An engine without a file, a name without a port, a non-string, or an empty folder: ``UnknownEngine``, not None."""
     probe = fleet.memory_probe()
-    assert probe.released_tags("http://127.0.0.1:1") is None
-    assert probe.released_tags("not a url") is None
-    assert probe.released_tags(42) is None  # type: ignore[arg-type]
-    assert EmulatorMemoryProbe(tmp_path).released_tags(fleet.engines[0].direct_url) is None
+    for name in ("http://127.0.0.1:1", "not a url", 42):
+        with pytest.raises(UnknownEngine):
+            probe.released_tags(name)  # type: ignore[arg-type]
+        assert not covers(probe, name)  # type: ignore[arg-type]
+    with pytest.raises(UnknownEngine, match=re.escape(fleet.engines[0].direct_url)):
+        EmulatorMemoryProbe(tmp_path).released_tags(fleet.engines[0].direct_url)
+    assert all(covers(probe, e.url) and covers(probe, e.direct_url) for e in fleet.engines)
+
+
+def test_proxy_urls_need_aliases(tmp_path: Path) -> None:
+    """Without ``aliases=`` the probe knows the engines by their own URLs only: a proxy's URL is an unknown engine, and so
+    it is for a fleet's probe taken before ``start()`` (no proxy had a URL yet). Taken after, it knows both."""
+    with EmulatedFleet(1, CONFIG, fault_plan=FaultPlan(seed=0, rules=())) as started:
+        assert started.urls != started.direct_urls
+        bare = EmulatorMemoryProbe(started.memory_state_dir)
+        assert covers(bare, started.direct_urls[0]) and not covers(bare, started.urls[0])
+        assert covers(started.memory_probe(), started.urls[0])
+    early = EmulatedFleet(1, CONFIG, fault_plan=FaultPlan(seed=0, rules=()))
+    probe = early.memory_probe()
+    with early:
+        assert not covers(probe, early.urls[0])
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:

@@ -1,0 +1,146 @@
+"""SkyRL 0.4.0's own vLLM client (``RemoteInferenceClient``), loaded by path, and its colocated cycle.
+
+``skyrl/backends/skyrl_train/inference_servers/remote_inference_client.py`` is
+the HTTP client SkyRL's trainer fans its control calls out with, straight to
+vLLM's own routes (``/pause``, ``/resume``, ``/sleep?level=``,
+``/wake_up?tags=``, ``/is_sleeping``, ``/reset_prefix_cache``), one POST per
+server over one ``aiohttp.ClientSession`` per event loop (the same session as
+its generation), no retry on a status (``raise_for_status``), no timeout
+(``ClientTimeout(total=None)``). The wheel (``pip download --no-deps
+--python-version 3.12 --only-binary=:all: skyrl==0.4.0``; it asks for Python
+>= 3.12, the file runs on 3.11) pulls ray, torch and vLLM on import, so the rig
+loads this one file, as it loads verl's: the names it imports from the rest of
+SkyRL are stubbed in its own namespace (``sys.modules`` gets no ``skyrl``).
+``scripts/setup.sh`` unpacks the file into ``~/.cache/cpr/skyrl``
+(``CPR_SKYRL_SOURCE``).
+
+One cycle is ``WorkerDispatch``'s colocated weight sync
+(``skyrl/backends/skyrl_train/workers/worker_dispatch.py`` l.694-772):
+``is_sleeping()``, ``sleep()`` (level 2, every server), ``wake_up(["weights"])``,
+the broadcast (not driven: NCCL), ``wake_up(["kv_cache"])``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SKYRL_VERSION", "SkyRLMissing", "load_skyrl_client", "skyrl_client", "skyrl_cycle"]
+
+SKYRL_VERSION = "0.4.0"
+_FILE = "skyrl/backends/skyrl_train/inference_servers/remote_inference_client.py"
+_MODULE = "cpr_skyrl_remote_inference_client"
+
+
+class SkyRLMissing(RuntimeError):
+    """SkyRL's client file is not here; the message says how to fetch it."""
+
+
+def _source() -> Path:
+    """The client file of an installed ``skyrl``, else of the wheel unpacked into the cache (``scripts/setup.sh``)."""
+    spec = importlib.util.find_spec("skyrl")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            path = Path(root).parent / _FILE
+            if path.exists():
+                return path
+    cache = Path(os.environ.get("CPR_SKYRL_SOURCE", "~/.cache/cpr/skyrl")).expanduser()
+    path = cache / _FILE
+    if path.exists():
+        return path
+    raise SkyRLMissing(
+        f"SkyRL {SKYRL_VERSION}'s remote_inference_client.py is not here: run scripts/setup.sh (it unpacks "
+        f"`pip download --no-deps skyrl=={SKYRL_VERSION}` into ~/.cache/cpr/skyrl), or set CPR_SKYRL_SOURCE"
+    )
+
+
+def _unused(name: str) -> Any:
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"the rig's stub of SkyRL's {name} was called: only the control path is driven")
+
+    return stub
+
+
+def load_skyrl_client() -> types.ModuleType:
+    """SkyRL's ``remote_inference_client`` module, loaded by path, with stubs for the SkyRL names it imports.
+
+    Stubbed: the interface base class and the typed dicts of ``inference_servers.base``,
+    the packed-wire decoders of ``generate_wire`` and the sampling helpers (generation
+    only), and ``skyrl.env_vars``' two limits at their defaults (512 requests per engine,
+    50,000 connections). Everything the control path runs is SkyRL's code, unmodified.
+    """
+    loaded = sys.modules.get(_MODULE)
+    if loaded is not None:
+        return loaded
+    path = _source()
+    names = [
+        "skyrl",
+        "skyrl.backends",
+        "skyrl.backends.utils",
+        "skyrl.backends.skyrl_train",
+        "skyrl.backends.skyrl_train.inference_servers",
+        "skyrl.backends.skyrl_train.inference_servers.base",
+        "skyrl.backends.skyrl_train.inference_servers.generate_wire",
+        "skyrl.backends.skyrl_train.utils",
+        "skyrl.backends.skyrl_train.utils.routed_experts",
+        "skyrl.backends.skyrl_train.utils.sample_support",
+        "skyrl.env_vars",
+    ]
+    stubs = {name: types.ModuleType(name) for name in names}
+    base = stubs["skyrl.backends.skyrl_train.inference_servers.base"]
+    base.InferenceEngineInterface = type("InferenceEngineInterface", (), {})  # type: ignore[attr-defined]
+    for typed in ("InferenceEngineInput", "InferenceEngineOutput", "MMPlaceholderRangeInfo", "MultiModalFeatures"):
+        setattr(base, typed, dict)
+    wire = stubs["skyrl.backends.skyrl_train.inference_servers.generate_wire"]
+    wire.PackedField = str  # type: ignore[attr-defined]
+    for fn in ("decode_packed_routed_experts", "decode_packed_sample_support", "load_packed_body"):
+        setattr(wire, fn, _unused(fn))
+    stubs["skyrl.backends.skyrl_train.utils.routed_experts"].RoutedExpertIndices = list  # type: ignore[attr-defined]
+    stubs["skyrl.backends.skyrl_train.utils.sample_support"].SampleSupport = list  # type: ignore[attr-defined]
+    stubs["skyrl.backends.utils"].convert_vllm_prompt_logprobs = _unused("convert_vllm_prompt_logprobs")  # type: ignore[attr-defined]
+    stubs["skyrl.env_vars"].SKYRL_GENERATE_CONCURRENCY_PER_ENGINE = 512  # type: ignore[attr-defined]
+    stubs["skyrl.env_vars"].SKYRL_HTTP_CONNECTION_LIMIT = 50_000  # type: ignore[attr-defined]
+    saved = {k: sys.modules.get(k) for k in stubs}
+    sys.modules.update(stubs)
+    try:
+        spec = importlib.util.spec_from_file_location(_MODULE, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_MODULE] = module  # dataclasses look their module up while the class is made
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(_MODULE, None)
+        raise
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = value
+    return module
+
+
+def skyrl_client(urls: list[str]) -> Any:
+    """SkyRL's ``RemoteInferenceClient`` over ``urls`` (the control-plane fan-out; the first one as its data-plane URL)."""
+    module = load_skyrl_client()
+    return module.RemoteInferenceClient(proxy_url=urls[0], server_urls=list(urls), data_parallel_size=1)
+
+
+def skyrl_cycle(client: Any) -> None:
+    """``WorkerDispatch``'s colocated sync: is_sleeping, sleep (level 2), wake weights, wake kv_cache; on one event loop."""
+
+    async def cycle() -> None:
+        try:
+            if not await client.is_sleeping():
+                await client.sleep()
+            await client.wake_up(tags=["weights"])
+            await client.wake_up(tags=["kv_cache"])
+        finally:
+            await client.teardown()  # SkyRL's own close of its session: the loop ends here
+
+    asyncio.run(cycle())
