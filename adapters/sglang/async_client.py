@@ -289,9 +289,8 @@ class AsyncSGLangClient(SGLangClientState):
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
         """Re-occupy memory for ``tags`` (None = all three). Not re-sent once it may have been applied."""
-        result = calls.control_result(self.engine, await self._send(calls.memory_call("/resume_memory_occupation", tags)))
-        self._note_resumed(tags)
-        return result
+        self._note_resumed(tags)  # once a resume may be on its way, "released" is no longer known: refuse nothing on it
+        return calls.control_result(self.engine, await self._send(calls.memory_call("/resume_memory_occupation", tags)))
 
     # -- weights ---------------------------------------------------------------
 
