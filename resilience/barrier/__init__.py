@@ -26,17 +26,8 @@ Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``.
 """
 
 from resilience.barrier.async_orchestrator import AsyncOrchestrator
-from resilience.barrier.engine import ALL_TAGS, AnyEngine, AsyncControlPlaneEngine, ControlPlaneEngine, PauseMode
-from resilience.barrier.fanout import (
-    EngineDied,
-    EngineResult,
-    EngineUnavailable,
-    FanOut,
-    PhaseTimeout,
-    SequentialFanOut,
-    ThreadFanOut,
-)
-from resilience.barrier.knowledge import Effect, EngineState
+from resilience.barrier.fanout import EngineResult, FanOut, PhaseTimeout, SequentialFanOut, ThreadFanOut
+from resilience.barrier.knowledge import Effect
 from resilience.barrier.orchestrator import Orchestrator
 from resilience.barrier.types import (
     BarrierBusy,
@@ -49,6 +40,16 @@ from resilience.barrier.types import (
     TransitionReport,
 )
 from resilience.barrier.verify import CanaryCheck, CheckFailed, EngineCheck, VerificationFailed, WeightVersionCheck
+from resilience.engine_contract import (
+    ALL_TAGS,
+    AnyEngine,
+    AsyncControlPlaneEngine,
+    ControlPlaneEngine,
+    EngineDied,
+    EngineState,
+    EngineUnavailable,
+    PauseMode,
+)
 
 __all__ = [
     "ALL_TAGS",

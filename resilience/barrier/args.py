@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from resilience.barrier.engine import ALL_TAGS
+from resilience.engine_contract import ALL_TAGS
 
 __all__ = ["offload_args", "tags_arg"]
 

@@ -33,9 +33,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from resilience.barrier.collector import DEFAULT_GC_PAUSE_S, check_gc_pause, pause_collector
-from resilience.barrier.engine import CONTROL_METHODS, AnyEngine
-from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, engine_name, vllm_hint
+from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, vllm_hint
 from resilience.deadline import Deadline
+from resilience.engine_contract import CONTROL_METHODS, AnyEngine, engine_name
 from resilience.errors import ConfigError
 
 __all__ = ["AsyncFanOut", "PhaseRun", "TaskCall", "engine_problem"]

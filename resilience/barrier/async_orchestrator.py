@@ -36,7 +36,6 @@ from typing import Literal, TypeVar
 from resilience.barrier.args import offload_args, tags_arg
 from resilience.barrier.async_fanout import PhaseRun, TaskCall
 from resilience.barrier.collector import DEFAULT_GC_PAUSE_S, check_gc_pause, pause_collector
-from resilience.barrier.engine import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
 from resilience.barrier.fanout import Calls, EngineResult
 from resilience.barrier.fold import abandon
 from resilience.barrier.holds import WEIGHT_SYNC_HOLD, unhold
@@ -55,6 +54,7 @@ from resilience.barrier.view import BarrierView
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.deadline import Deadline
+from resilience.engine_contract import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
 from resilience.errors import ConfigError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe

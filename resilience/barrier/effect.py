@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from resilience.barrier.fanout import EngineDied, EngineNotDriven, PhaseTimeout
+from resilience.barrier.fanout import EngineNotDriven, PhaseTimeout
 from resilience.barrier.knowledge import Doubt, Effect
 from resilience.barrier.types import EngineSkipped
+from resilience.engine_contract import EngineDied
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
 __all__ = ["ANSWERED_FOR", "GATEWAY_STATUSES", "doubt_of", "effect_of", "is_engine_dead"]

@@ -19,39 +19,24 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from resilience.barrier.engine import CONTROL_METHODS, AnyEngine
 from resilience.barrier.knowledge import LateCall
 from resilience.deadline import Deadline
+from resilience.engine_contract import CONTROL_METHODS, AnyEngine, engine_name
 
 __all__ = [
     "Calls",
-    "EngineDied",
     "EngineNotDriven",
     "EngineResult",
-    "EngineUnavailable",
     "FanOut",
     "FutureCall",
     "PhaseTimeout",
     "SequentialFanOut",
     "ThreadFanOut",
     "attach_results",
-    "engine_name",
     "interrupted_results",
     "sync_engine_problem",
     "vllm_hint",
 ]
-
-
-class EngineDied(ConnectionError):
-    """The engine (or the actor holding it) is gone: it will not answer again.
-
-    The call that saw it may still have run (Ray says so of a dead actor), so
-    the facts it touches are unknown.
-    """
-
-
-class EngineUnavailable(ConnectionError):
-    """The engine's actor is unreachable for now (Ray's ``ActorUnavailableError``); the call may have run."""
 
 
 class EngineNotDriven(TypeError):
@@ -107,15 +92,6 @@ def interrupted_results(error: BaseException) -> list[EngineResult | None] | Non
     None when the fan-out attached nothing (then every call of the phase may have been applied)."""
     results = getattr(error, _RESULTS_ATTR, None)
     return list(results) if isinstance(results, list) else None
-
-
-def engine_name(engine: object) -> str:
-    """The name an engine is known by: its ``engine`` attribute (``scheme://host:port``), else ``name``, else repr."""
-    for attr in ("engine", "name"):
-        value = getattr(engine, attr, None)
-        if isinstance(value, str) and value:
-            return value
-    return repr(engine)
 
 
 Calls = Sequence[tuple[AnyEngine, Mapping[str, Any]]]

@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resilience.barrier.effect import effect_of, is_engine_dead
-from resilience.barrier.engine import ControlMethod
 from resilience.barrier.fanout import EngineResult, interrupted_results
 from resilience.barrier.knowledge import RELEASE, RESUME, Effect, EngineKnowledge
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import doubt, poll, probe
 from resilience.barrier.steps import Call, PhaseCall, Step, Steps, Transition
 from resilience.barrier.types import PhaseReport, short
+from resilience.engine_contract import ControlMethod
 from resilience.events import PhaseEnded, PhaseFailure, PhaseStarted, emit
 
 __all__ = ["Interrupted", "abandon", "fold", "phase"]

@@ -45,8 +45,8 @@ from typing import Any
 
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore, unframe
 from resilience.barrier.knowledge import Doubt, Effect, EngineKnowledge
-from resilience.barrier.memory_model import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
 from resilience.budget import RestartBudget, RestartRecord
+from resilience.engine_contract import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
 
 __all__ = [
     "FORMAT",
@@ -320,7 +320,7 @@ class Journal:
     def open(self, engines: Sequence[str], kinds: Mapping[str, MemoryModel] | None = None) -> Resumed:
         """Read the journal for ``engines``: what it recovered, each engine's knowledge, the retired ones, the budget.
 
-        ``kinds``: each engine's memory model (``resilience.barrier.memory_model``; default SGLang's for all): the knowledge
+        ``kinds``: each engine's memory model (``resilience.engine_contract``; default SGLang's for all): the knowledge
         is rebuilt with it, and an engine journaled as another kind raises ``JournalMismatch``.
         An empty or missing journal gets its header (written whole, by the store's atomic rewrite). A
         journal for other engines raises ``JournalMismatch`` naming the difference; a torn last record is

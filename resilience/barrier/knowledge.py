@@ -48,34 +48,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from resilience.barrier.memory_model import SGLANG_MEMORY, MemoryModel
+from resilience.engine_contract import SGLANG_MEMORY, EngineState, MemoryModel
 
-__all__ = ["Doubt", "Effect", "EngineKnowledge", "EngineState", "Facts", "InFlight", "LateCall", "Pending"]
+__all__ = ["Doubt", "Effect", "EngineKnowledge", "Facts", "InFlight", "LateCall", "Pending"]
 
 RELEASE, RESUME = "release_memory_occupation", "resume_memory_occupation"
-
-class EngineState(enum.StrEnum):
-    """A one-word summary of an engine's knowledge (for events, ``states()`` and messages)."""
-
-    SERVING = "serving"
-    """Known not paused, nothing released."""
-    PAUSED = "paused"
-    """Known paused, nothing released, not flushed."""
-    FLUSHED = "flushed"
-    """Known paused and flushed, nothing released."""
-    RELEASED = "released"
-    """Known paused with some tags known released."""
-    UNKNOWN = "unknown"
-    """Whether it is paused is unknown (nothing released)."""
-    QUARANTINED = "quarantined"
-    """Some tags may or may not be released: needs ``reconcile`` or ``retire``."""
-    UNSETTLED = "unsettled"
-    """Some tags may or may not be released, on an engine whose release and resume are safe to re-send (vLLM): the next
-    transition settles them by re-sending its call."""
-    IN_FLIGHT = "in_flight"
-    """A call is still running (past its phase deadline, or its phase is under way)."""
-    DEAD = "dead"
-    """Stopped answering."""
 
 
 class Effect(enum.StrEnum):
@@ -179,7 +156,7 @@ class EngineKnowledge:
     holds: dict[int, str] = field(default_factory=dict)
     """Hold token id -> reason; the engine must stay paused while any remains."""
     memory: MemoryModel = SGLANG_MEMORY
-    """The engine kind's memory semantics (``resilience.barrier.memory_model``): what each release and resume does to these facts."""
+    """The engine kind's memory semantics (``resilience.engine_contract``): what each release and resume does to these facts."""
 
     # -- predicates: a command is sent only when its precondition is known to hold -----------------
 

@@ -1,6 +1,6 @@
 """The memory phases as each engine kind needs them: what to release, the resumes in order, and the re-sends.
 
-Read from the engine's memory model (``resilience.barrier.memory_model``, part of its kind's table in ``kinds``):
+Read from the engine's memory model (``resilience.engine_contract``, part of its kind's table in ``kinds``):
 
 - ``to_release``: the tags an offload of ``wanted`` still has to release (on a
   ``release_whole`` kind, every tag not known released, unknown ones included).
@@ -19,13 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from resilience.barrier.engine import ControlMethod
 from resilience.barrier.fold import phase
 from resilience.barrier.journal import OFFLOAD_TOKEN
 from resilience.barrier.knowledge import RELEASE, EngineKnowledge
-from resilience.barrier.memory_model import RESEND_ROUNDS
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.steps import Call, Steps, Transition
+from resilience.engine_contract import RESEND_ROUNDS, ControlMethod
 
 __all__ = ["may_reopen", "resend", "resume_phases", "to_release", "to_resume"]
 

@@ -1,5 +1,5 @@
 """Offload as steps: pause (all) -> flush (all) -> release (all), each only where its precondition is known to hold
-(the engine kind's table, ``resilience.barrier.kinds``, says what each call needs).
+(the engine kind's table, ``resilience.engine_contract``, says what each call needs).
 
 After a journal was resumed, an engine it calls paused is paused and flushed again
 before its release (``resume_check.pause_again``): the journal's "paused" may belong

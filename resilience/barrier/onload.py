@@ -2,7 +2,7 @@
 
 Also the continue phases the other transitions end with (``continue_ready``,
 and ``rollback_continue`` after a failure): continue is sent only where the
-engine kind's table allows it (``resilience.barrier.kinds``; SGLang's: nothing
+engine kind's table allows it (``resilience.engine_contract``; SGLang's: nothing
 released or unknown, not known serving, and no hold, since it reopens everyone's pause).
 """
 

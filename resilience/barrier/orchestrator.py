@@ -45,7 +45,6 @@ from typing import Literal, TypeVar
 
 from resilience.barrier.args import offload_args, tags_arg
 from resilience.barrier.async_fanout import AsyncFanOut
-from resilience.barrier.engine import AnyEngine, PauseMode
 from resilience.barrier.fanout import FanOut, ThreadFanOut
 from resilience.barrier.fold import abandon
 from resilience.barrier.holds import WEIGHT_SYNC_HOLD
@@ -63,6 +62,7 @@ from resilience.barrier.verify import verify as verify_engines
 from resilience.barrier.view import BarrierView
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.engine_contract import AnyEngine, PauseMode
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
 

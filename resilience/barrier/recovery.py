@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from resilience.barrier.engine import AnyEngine
 from resilience.barrier.holds import OFFLOAD_HOLD, hold, reserve_tokens, unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN, open_journal, restore_budget
-from resilience.barrier.knowledge import Doubt, EngineState
+from resilience.barrier.knowledge import Doubt
 from resilience.barrier.resume_check import mark_resumed
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import land
+from resilience.engine_contract import AnyEngine, EngineState
 from resilience.events import EngineStateChanged, emit
 
 __all__ = ["reconcile", "resume", "retire"]

@@ -34,15 +34,13 @@ import threading
 from collections.abc import Collection, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from resilience.barrier.engine import AnyEngine, ControlMethod
-from resilience.barrier.fanout import engine_name
 from resilience.barrier.journal import Journal, Recovery
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.kinds import EngineRules, rules_of
-from resilience.barrier.knowledge import EngineKnowledge, EngineState
+from resilience.barrier.knowledge import EngineKnowledge
 from resilience.barrier.types import EngineGroup, PhaseDeadlines
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.engine_contract import AnyEngine, ControlMethod, EngineRules, EngineState, engine_name, rules_of
 from resilience.events import EngineStateChanged, Observer, emit
 from resilience.memory_probe import MemoryProbe
 
@@ -99,7 +97,7 @@ class BarrierRules(Generic[E]):
                 if group.needs_offload:
                     self.offloaded.append(name)
         self.kinds: dict[str, EngineRules] = {name: rules_of(engine) for name, engine in self.engines.items()}
-        """Name -> its engine kind's control rules (``resilience.barrier.kinds``: SGLang's unless the engine says otherwise)."""
+        """Name -> its engine kind's control rules (``resilience.engine_contract``: SGLang's unless the engine says otherwise)."""
         self.know = {name: EngineKnowledge(name, memory=self.kinds[name].memory) for name in self.engines}
         self.retired: set[str] = set()
         self.lock = threading.RLock()

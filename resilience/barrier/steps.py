@@ -25,11 +25,11 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from resilience.barrier.engine import AnyEngine, ControlMethod
 from resilience.barrier.fanout import EngineResult
-from resilience.barrier.knowledge import EngineState, LateCall, Pending
+from resilience.barrier.knowledge import LateCall, Pending
 from resilience.barrier.types import HoldToken, PhaseReport, TransitionReport
 from resilience.deadline import Deadline
+from resilience.engine_contract import AnyEngine, ControlMethod, EngineState
 
 __all__ = ["Call", "PhaseCall", "ReadCall", "SettleCall", "Step", "Steps", "Transition", "WaitCall"]
 

@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from resilience.barrier.engine import AnyEngine
-from resilience.barrier.fanout import engine_name
+from resilience.engine_contract import AnyEngine, engine_name
 
 __all__ = [
     "BarrierBusy",

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar, overload
 
-from resilience.barrier.engine import AnyEngine
 from resilience.barrier.journal import Journal, Recovery
-from resilience.barrier.knowledge import EngineState
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.types import EngineGroup, PhaseDeadlines
 from resilience.budget import RestartBudget
 from resilience.clock import Clock
+from resilience.engine_contract import AnyEngine, EngineState
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
 

@@ -31,9 +31,10 @@ from resilience.adapters.ray import RayEngine, RayFanOut, TimedValue, _unwrap, r
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.effect import effect_of
-from resilience.barrier.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
+from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
 from resilience.barrier.knowledge import Effect
 from resilience.deadline import Deadline
+from resilience.engine_contract import EngineDied, EngineUnavailable
 from resilience.events import Event, PhaseEnded
 from resilience.outcome import Delivery, attempts_of
 from resilience.policy import EndpointPolicy, RetryPolicy

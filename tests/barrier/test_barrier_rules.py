@@ -16,9 +16,10 @@ import requests
 from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.effect import effect_of, is_engine_dead
-from resilience.barrier.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.knowledge import Effect, EngineKnowledge, EngineState
+from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
+from resilience.barrier.knowledge import Effect, EngineKnowledge
 from resilience.clock import FakeClock
+from resilience.engine_contract import EngineDied, EngineState, EngineUnavailable
 from resilience.errors import RetriesExhausted
 from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
 from resilience.outcome import AttemptRecord, Delivery

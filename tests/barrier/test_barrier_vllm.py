@@ -1,6 +1,6 @@
 """The barrier's vLLM rules on socket-free vLLM engines (``fake_vllm_engine``), and one orchestrator over SGLang and vLLM.
 
-Each test names the rule of ``resilience.barrier.kinds.VLLM_RULES`` it pins; the fakes record what would kill a
+Each test names the rule of ``resilience.engine_contract.VLLM_RULES`` it pins; the fakes record what would kill a
 real vLLM 0.33.0 engine (scheduling onto slept memory) and what would break a held pause (a ``/resume`` or a
 wake that leaves nothing asleep while the test holds one).
 """
@@ -10,11 +10,9 @@ from __future__ import annotations
 import pytest
 
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import ThreadFanOut
 from resilience.barrier.journal import Journal, JournalMismatch, knowledge_from
-from resilience.barrier.kinds import SGLANG_RULES, VLLM_RULES, EngineRules, rules_of
-from resilience.barrier.knowledge import EngineState
+from resilience.engine_contract import ALL_TAGS, SGLANG_RULES, VLLM_RULES, EngineRules, EngineState, rules_of
 from tests.barrier.fake_engine import FakeEngine, Fault
 from tests.barrier.fake_vllm_engine import VLLM, FakeVLLMEngine
 

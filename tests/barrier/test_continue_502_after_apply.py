@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient
 from resilience.barrier import EngineGroup, EngineState, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.engine import ALL_TAGS
+from resilience.engine_contract import ALL_TAGS
 from resilience.testing import fast_policies
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faultplan import CONTROL_PATHS

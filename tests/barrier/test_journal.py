@@ -17,8 +17,8 @@ import pytest
 
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed, SequentialFanOut
 from resilience.barrier.journal import JournalBusy, JournalError, JournalMismatch
-from resilience.barrier.knowledge import EngineState
 from resilience.budget import RestartBudget
+from resilience.engine_contract import EngineState
 from tests.barrier.fake_engine import AsyncFakeEngine, FakeEngine, Fault
 
 NAMES = ["http://127.0.0.1:40001", "http://127.0.0.1:40002", "http://127.0.0.1:40003"]

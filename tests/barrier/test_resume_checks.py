@@ -29,13 +29,13 @@ pytest.importorskip("torch")
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
-from resilience.barrier.engine import CONTROL_METHODS, PauseMode
 from resilience.barrier.fanout import Calls, EngineResult, ThreadFanOut
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore, JournalStore, Loaded
 from resilience.barrier.knowledge import EngineKnowledge
 from resilience.cli.story import death_causes
 from resilience.deadline import Deadline
+from resilience.engine_contract import CONTROL_METHODS, PauseMode
 from resilience.events import Event, PhaseEnded
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
 from tests.barrier.crash_rig import Controller, Traffic, put_in_order

@@ -16,8 +16,9 @@ pytest.importorskip("torch")
 from resilience.adapters.smg_fanout import GatewayRefused, SmgEngine, SmgFanOut, SmgWorkerError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed
 from resilience.barrier.effect import effect_of, is_engine_dead
-from resilience.barrier.knowledge import Effect, EngineState
+from resilience.barrier.knowledge import Effect
 from resilience.deadline import Deadline
+from resilience.engine_contract import EngineState
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faultplan import FaultPlan, FaultRule
 from resilience.testing.faultproxy import FaultProxy
