@@ -2,7 +2,7 @@
 
 - ``orchestrator``: ``Orchestrator``, the transitions driven from the caller's thread through a fan-out.
 - ``async_orchestrator``: ``AsyncOrchestrator``, the same transitions awaited on the caller's event loop.
-- ``rules``: ``BarrierRules``, what each orchestrator holds: the engines, their knowledge, the journal, queries
+- ``rules``: ``BarrierState``, what each orchestrator holds: the engines, their knowledge, the journal, queries
   (``view``: the public surface both orchestrators answer from it).
 - ``steps``: what a transition yields to its driver (``PhaseCall``, ``SettleCall``, ``WaitCall``, ``ReadCall``).
 - ``offload``, ``onload``, ``pauses``: the transitions as steps (one copy, both orchestrators);
@@ -27,10 +27,10 @@ Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``.
 
 from resilience.barrier.async_orchestrator import AsyncOrchestrator
 from resilience.barrier.fanout import EngineResult, FanOut, PhaseTimeout, SequentialFanOut, ThreadFanOut
-from resilience.barrier.knowledge import Effect
 from resilience.barrier.orchestrator import Orchestrator
-from resilience.barrier.types import (
+from resilience.barrier.state import (
     BarrierBusy,
+    Effect,
     EngineGroup,
     EngineSkipped,
     HoldToken,

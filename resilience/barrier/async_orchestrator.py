@@ -1,7 +1,7 @@
 """``AsyncOrchestrator``: the barrier for controllers that already run an event loop (AReaL-style).
 
-The same rules as ``Orchestrator`` (it holds a ``BarrierRules`` too, and the
-transitions are written once as steps in ``resilience.barrier.offload``/``onload``/``pauses``),
+The same rules as ``Orchestrator`` (it holds a ``BarrierState`` too, and the
+transitions are written once as steps in ``resilience.barrier.transitions``/``onload``/``pauses``),
 driven with ``await``: each phase's calls are tasks on the
 caller's loop (``PhaseRun``), awaited together up to the phase deadline. The
 knowledge lock is a short thread lock taken while a step is decided or
@@ -33,22 +33,31 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from resilience.barrier.args import offload_args, tags_arg
-from resilience.barrier.async_fanout import PhaseRun, TaskCall
-from resilience.barrier.collector import DEFAULT_GC_PAUSE_S, check_gc_pause, pause_collector
-from resilience.barrier.fanout import Calls, EngineResult
-from resilience.barrier.fold import abandon
-from resilience.barrier.holds import WEIGHT_SYNC_HOLD, unhold
+from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
+from resilience.barrier.fanout import Calls, EngineResult, LateCall
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.knowledge import LateCall
-from resilience.barrier.offload import offload_steps
-from resilience.barrier.onload import onload_steps
-from resilience.barrier.pauses import pause_steps, unpause_steps
-from resilience.barrier.recovery import reconcile, resume, retire
-from resilience.barrier.rules import BarrierRules
-from resilience.barrier.steps import PhaseCall, ReadCall, SettleCall, Step, Steps, WaitCall
-from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.transitions import (
+    WEIGHT_SYNC_HOLD,
+    PhaseCall,
+    ReadCall,
+    SettleCall,
+    Step,
+    Steps,
+    WaitCall,
+    abandon,
+    offload_args,
+    offload_steps,
+    onload_steps,
+    pause_steps,
+    reconcile,
+    resume,
+    retire,
+    tags_arg,
+    unhold,
+    unpause_steps,
+)
 from resilience.barrier.verify import EngineCheck, averify
 from resilience.barrier.view import BarrierView
 from resilience.budget import RestartBudget
@@ -89,7 +98,7 @@ class AsyncOrchestrator(BarrierView[A]):
     ``max_concurrency``: calls running at once within a phase (default None: all).
     ``gc_pause_s``: the longest Python's automatic garbage collection stays
     paused during a transition, from its start until it returns, and during
-    each of its phases (``resilience.barrier.collector``: what a phase allocates
+    each of its phases (``resilience.barrier.async_fanout``: what a phase allocates
     stays alive until it ends, so collecting then frees nothing, and at 1024
     engines cost about a third of the round's CPU; default
     ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
@@ -106,7 +115,7 @@ class AsyncOrchestrator(BarrierView[A]):
     running body to end (up to ``transition_s``), else raise ``BarrierBusy``, and
     raise it at once when awaited inside a body (by its task or a task it started).
 
-    It holds its rules (``rules``, a ``BarrierRules``), as ``Orchestrator`` does.
+    It holds its rules (``rules``, a ``BarrierState``), as ``Orchestrator`` does.
     """
 
     def __init__(
@@ -126,7 +135,7 @@ class AsyncOrchestrator(BarrierView[A]):
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
         self.gc_pause_s = check_gc_pause("AsyncOrchestrator", gc_pause_s)
-        self.rules: BarrierRules[A] = BarrierRules(
+        self.rules: BarrierState[A] = BarrierState(
             groups,
             owner="AsyncOrchestrator",
             observers=observers,

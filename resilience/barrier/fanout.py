@@ -19,7 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from resilience.barrier.knowledge import LateCall
 from resilience.deadline import Deadline
 from resilience.engine_contract import CONTROL_METHODS, AnyEngine, engine_name
 
@@ -29,6 +28,7 @@ __all__ = [
     "EngineResult",
     "FanOut",
     "FutureCall",
+    "LateCall",
     "PhaseTimeout",
     "SequentialFanOut",
     "ThreadFanOut",
@@ -37,6 +37,14 @@ __all__ = [
     "sync_engine_problem",
     "vllm_hint",
 ]
+
+
+class LateCall(Protocol):
+    """A call still running after its phase gave up on it (a ``Future``, a Ray ObjectRef)."""
+
+    def wait(self, timeout: float | None) -> tuple[bool, BaseException | None]:
+        """Wait up to ``timeout`` s; (landed, its error or None). Not landed: (False, None)."""
+        ...
 
 
 class EngineNotDriven(TypeError):

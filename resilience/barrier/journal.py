@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore, unframe
-from resilience.barrier.knowledge import Doubt, Effect, EngineKnowledge
+from resilience.barrier.state import Doubt, Effect, EngineKnowledge
 from resilience.budget import RestartBudget, RestartRecord
 from resilience.engine_contract import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
 
@@ -63,7 +63,7 @@ __all__ = [
 
 FORMAT = "controlplane-resilience/barrier-journal"
 OFFLOAD_TOKEN = 0
-"""The offload hold's id (``resilience.barrier.rules``): it belongs to whichever controller runs, so it has no owner."""
+"""The offload hold's id (``resilience.barrier.state``): it belongs to whichever controller runs, so it has no owner."""
 _VERSION = 1
 _LOG = logging.getLogger("resilience.barrier.journal")
 

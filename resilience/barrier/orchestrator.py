@@ -28,9 +28,9 @@ so far on the error, so calls still running are waited for later). With a
 ``memory_probe``, an engine whose tags became unknown is reconciled from the
 probe instead of staying quarantined.
 
-The orchestrator holds its rules (``BarrierRules``, ``.rules``: the engines and
+The orchestrator holds its rules (``BarrierState``, ``.rules``: the engines and
 what it knows of them) and drives the transitions, written once as steps in
-``resilience.barrier.offload``/``onload``/``pauses`` (shared with
+``resilience.barrier.transitions``/``onload``/``pauses`` (shared with
 ``AsyncOrchestrator``), from the caller's thread, through a ``FanOut``.
 """
 
@@ -43,20 +43,30 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal, TypeVar
 
-from resilience.barrier.args import offload_args, tags_arg
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, ThreadFanOut
-from resilience.barrier.fold import abandon
-from resilience.barrier.holds import WEIGHT_SYNC_HOLD
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.offload import offload_steps
-from resilience.barrier.onload import onload_steps
-from resilience.barrier.pauses import pause_steps, unpause_steps
-from resilience.barrier.recovery import reconcile, resume, retire
-from resilience.barrier.rules import BarrierRules
-from resilience.barrier.steps import PhaseCall, ReadCall, SettleCall, Step, Steps, WaitCall
-from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.transitions import (
+    WEIGHT_SYNC_HOLD,
+    PhaseCall,
+    ReadCall,
+    SettleCall,
+    Step,
+    Steps,
+    WaitCall,
+    abandon,
+    offload_args,
+    offload_steps,
+    onload_steps,
+    pause_steps,
+    reconcile,
+    resume,
+    retire,
+    tags_arg,
+    unpause_steps,
+)
 from resilience.barrier.verify import EngineCheck
 from resilience.barrier.verify import verify as verify_engines
 from resilience.barrier.view import BarrierView
@@ -110,7 +120,7 @@ class Orchestrator(BarrierView[E]):
     None: knowledge lives in memory only). ``recovery`` then says what was
     resumed; ``close()`` lets go of the journal.
 
-    It holds its rules (``rules``, a ``BarrierRules``); the queries and the
+    It holds its rules (``rules``, a ``BarrierState``); the queries and the
     attributes above read them (``BarrierView``).
 
     Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
@@ -132,7 +142,7 @@ class Orchestrator(BarrierView[E]):
         memory_probe: MemoryProbe | None = None,
         journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
-        self.rules: BarrierRules[E] = BarrierRules(
+        self.rules: BarrierState[E] = BarrierState(
             groups,
             owner="Orchestrator",
             observers=observers,

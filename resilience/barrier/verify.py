@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from resilience.barrier.fanout import Calls, EngineResult
-from resilience.barrier.types import PhaseFailed, TransitionReport, short
+from resilience.barrier.state import PhaseFailed, TransitionReport, short
 from resilience.deadline import Deadline
 from resilience.engine_contract import AnyEngine
 

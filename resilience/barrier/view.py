@@ -1,6 +1,6 @@
 """``BarrierView``: what both orchestrators answer from the rules they hold, the queries and the attributes users read.
 
-``Orchestrator`` and ``AsyncOrchestrator`` each hold a ``BarrierRules``
+``Orchestrator`` and ``AsyncOrchestrator`` each hold a ``BarrierState``
 (``.rules``) and drive the transitions' steps over it; this view is the one
 place their shared public surface is written: ``states``, ``held``,
 ``paused_by_us``, ``released_tags``, ``quarantined``, ``not_serving``,
@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar, overload
 
 from resilience.barrier.journal import Journal, Recovery
-from resilience.barrier.rules import BarrierRules
-from resilience.barrier.types import EngineGroup, PhaseDeadlines
+from resilience.barrier.state import BarrierState, EngineGroup, PhaseDeadlines
 from resilience.budget import RestartBudget
 from resilience.clock import Clock
 from resilience.engine_contract import AnyEngine, EngineState
@@ -51,9 +50,9 @@ class _OnRules(Generic[V]):
 
 
 class BarrierView(Generic[E]):
-    """The queries and attributes both orchestrators share, answered by the ``BarrierRules`` they hold (``rules``)."""
+    """The queries and attributes both orchestrators share, answered by the ``BarrierState`` they hold (``rules``)."""
 
-    rules: BarrierRules[E]
+    rules: BarrierState[E]
     """The engines, their knowledge and the journal: set by the orchestrator's constructor."""
 
     groups: _OnRules[tuple[EngineGroup[E], ...]] = _OnRules()

@@ -30,9 +30,8 @@ pytest.importorskip("torch")
 from resilience.adapters.ray import RayEngine, RayFanOut, TimedValue, _unwrap, ray_engines
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.effect import effect_of
 from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.knowledge import Effect
+from resilience.barrier.state import Effect, effect_of
 from resilience.deadline import Deadline
 from resilience.engine_contract import EngineDied, EngineUnavailable
 from resilience.events import Event, PhaseEnded

@@ -11,9 +11,8 @@ from typing import Any, TypeVar
 import pytest
 
 from resilience.barrier.async_fanout import AsyncFanOut, PhaseRun, TaskCall
-from resilience.barrier.effect import effect_of
 from resilience.barrier.fanout import EngineResult, PhaseTimeout, ThreadFanOut, interrupted_results
-from resilience.barrier.knowledge import Effect
+from resilience.barrier.state import Effect, effect_of
 from resilience.deadline import Deadline, current_deadline
 from resilience.errors import AmbiguousOutcome
 from tests.barrier.fake_engine import AsyncFakeEngine, Fault, Refused

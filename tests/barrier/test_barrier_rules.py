@@ -15,9 +15,8 @@ import requests
 
 from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
-from resilience.barrier.effect import effect_of, is_engine_dead
 from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.knowledge import Effect, EngineKnowledge
+from resilience.barrier.state import Effect, EngineKnowledge, effect_of, is_engine_dead
 from resilience.clock import FakeClock
 from resilience.engine_contract import EngineDied, EngineState, EngineUnavailable
 from resilience.errors import RetriesExhausted

@@ -2,7 +2,7 @@
 
 Write-ahead knowledge (an interrupt at any point leaves what a call touches unknown, never forgotten), observers told
 after the knowledge changed, the effect of a call read from the driver's record (a gateway status after the engine
-applied is "maybe"), the memory probe's auto-reconcile, the ``BarrierRules.persist`` hook, and the checks made before anything is sent.
+applied is "maybe"), the memory probe's auto-reconcile, the ``BarrierState.persist`` hook, and the checks made before anything is sent.
 """
 
 from __future__ import annotations

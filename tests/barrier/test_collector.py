@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, collector
-from resilience.barrier.async_fanout import AsyncFanOut, PhaseRun
-from resilience.barrier.collector import DEFAULT_GC_PAUSE_S, collector_paused_by_us, pause_collector
+from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, AsyncFanOut, PhaseRun, collector_paused_by_us, pause_collector
 from resilience.deadline import Deadline
 from resilience.errors import ConfigError
 from tests.barrier.fake_engine import AsyncFakeEngine, Fault

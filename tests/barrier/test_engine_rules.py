@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from resilience.barrier import ALL_TAGS, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed, SequentialFanOut
-from resilience.barrier.knowledge import EngineKnowledge, InFlight
+from resilience.barrier.state import EngineKnowledge, InFlight
 from resilience.engine_contract import CONTROL_METHODS, SGLANG_RULES, CallRule, EngineRules, OnAmbiguous, rules_of
 from tests.barrier.fake_engine import ALL, FakeEngine
 

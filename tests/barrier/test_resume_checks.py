@@ -32,7 +32,7 @@ from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
 from resilience.barrier.fanout import Calls, EngineResult, ThreadFanOut
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore, JournalStore, Loaded
-from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.state import EngineKnowledge
 from resilience.cli.story import death_causes
 from resilience.deadline import Deadline
 from resilience.engine_contract import CONTROL_METHODS, PauseMode

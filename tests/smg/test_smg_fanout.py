@@ -15,8 +15,7 @@ import requests
 pytest.importorskip("torch")
 from resilience.adapters.smg_fanout import GatewayRefused, SmgEngine, SmgFanOut, SmgWorkerError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed
-from resilience.barrier.effect import effect_of, is_engine_dead
-from resilience.barrier.knowledge import Effect
+from resilience.barrier.state import Effect, effect_of, is_engine_dead
 from resilience.deadline import Deadline
 from resilience.engine_contract import EngineState
 from resilience.testing.emulator import EmulatedFleet, EngineConfig

@@ -55,14 +55,14 @@ def _held_rules(client: SGLangClient, async_client: AsyncSGLangClient) -> None:
 
     from resilience.barrier import AsyncOrchestrator, PhaseDeadlines
     from resilience.barrier.journal import Journal, Recovery
-    from resilience.barrier.rules import BarrierRules
+    from resilience.barrier.state import BarrierState
     from resilience.events import Observer
     from resilience.memory_probe import MemoryProbe
 
     orch = Orchestrator(EngineGroup([client]))
     aorch = AsyncOrchestrator(EngineGroup([async_client]))
-    assert_type(orch.rules, BarrierRules[SGLangClient])
-    assert_type(aorch.rules, BarrierRules[AsyncSGLangClient])
+    assert_type(orch.rules, BarrierState[SGLangClient])
+    assert_type(aorch.rules, BarrierState[AsyncSGLangClient])
     assert_type(orch.recovery, Recovery | None)
     assert_type(aorch.journal, Journal | None)
     assert_type(orch.memory_probe, MemoryProbe | None)
