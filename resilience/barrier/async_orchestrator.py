@@ -37,7 +37,7 @@ from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCa
 from resilience.barrier.fanout import Calls, EngineResult, LateCall
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.state import BarrierBusy, BarrierOptions, BarrierState, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.barrier.transitions import (
     WEIGHT_SYNC_HOLD,
     PhaseCall,
@@ -135,18 +135,20 @@ class AsyncOrchestrator(BarrierView[A]):
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
         self.gc_pause_s = check_gc_pause("AsyncOrchestrator", gc_pause_s)
-        self.rules: BarrierState[A] = BarrierState(
+        self.state: BarrierState[A] = BarrierState(
             groups,
+            BarrierOptions(
+                observers=observers,
+                deadlines=deadlines,
+                restart_budget=restart_budget,
+                rollback=rollback,
+                clock=clock,
+                memory_probe=memory_probe,
+                journal=journal,
+            ),
             owner="AsyncOrchestrator",
-            observers=observers,
-            deadlines=deadlines,
-            restart_budget=restart_budget,
-            rollback=rollback,
-            clock=clock,
-            memory_probe=memory_probe,
-            journal=journal,
         )
-        for name, engine in self.rules.engines.items():
+        for name, engine in self.state.engines.items():
             for method in CONTROL_METHODS:
                 if not inspect.iscoroutinefunction(getattr(engine, method, None)):
                     raise TypeError(
@@ -156,19 +158,19 @@ class AsyncOrchestrator(BarrierView[A]):
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
-        resume(self.rules)
+        resume(self.state)
 
     # -- recovery ----------------------------------------------------------------
 
     async def retire(self, engine: str | A) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
         async with self._loop_state().lock:
-            retire(self.rules, engine)
+            retire(self.state, engine)
 
     async def reconcile(self, engine: str | A, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state; see ``Orchestrator.reconcile`` (the same rules and refusals)."""
         async with self._loop_state().lock:
-            reconcile(self.rules, engine, released=released, paused=paused)
+            reconcile(self.state, engine, released=released, paused=paused)
 
     # -- transitions -------------------------------------------------------------
 
@@ -177,7 +179,7 @@ class AsyncOrchestrator(BarrierView[A]):
         wanted = offload_args(tags, mode)
         state = self._loop_state()
         async with self._exclusive(state, "offload"):
-            return await self._run(offload_steps(self.rules, wanted, mode), state)
+            return await self._run(offload_steps(self.state, wanted, mode), state)
 
     async def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``
@@ -185,20 +187,20 @@ class AsyncOrchestrator(BarrierView[A]):
         wanted = tags_arg(tags, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            report = await self._run(onload_steps(self.rules, wanted), state)
-            return await self._verified("onload", report, verify, self.rules.offloaded, state)
+            report = await self._run(onload_steps(self.state, wanted), state)
+            return await self._verified("onload", report, verify, self.state.offloaded, state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine and pause them; see ``Orchestrator.pause``."""
         state = self._loop_state()
         async with state.lock:
-            return await self._run(pause_steps(self.rules, reason, mode), state)
+            return await self._run(pause_steps(self.state, reason, mode), state)
 
     async def unpause(self, hold: HoldToken | str) -> TransitionReport:
         """Release one hold and continue the engines nothing else holds; see ``Orchestrator.unpause``."""
         state = self._loop_state()
         async with state.lock:
-            return await self._run(unpause_steps(self.rules, hold), state)
+            return await self._run(unpause_steps(self.state, hold), state)
 
     @asynccontextmanager
     async def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> AsyncIterator[list[A]]:
@@ -206,14 +208,14 @@ class AsyncOrchestrator(BarrierView[A]):
         ``verify`` too)."""
         state = self._loop_state()
         async with state.lock:
-            report = await self._run(pause_steps(self.rules, WEIGHT_SYNC_HOLD, mode), state)
+            report = await self._run(pause_steps(self.state, WEIGHT_SYNC_HOLD, mode), state)
             self._bodies += 1
             state.idle.clear()
         token = report.hold
         assert token is not None
         inside = _IN_BODY.set(_IN_BODY.get() | {id(self)})
         try:
-            yield [self.rules.engines[n] for n in token.engines]
+            yield [self.state.engines[n] for n in token.engines]
         finally:
             with contextlib.suppress(ValueError):  # exited in another context than entered: nothing to undo there
                 _IN_BODY.reset(inside)
@@ -223,9 +225,9 @@ class AsyncOrchestrator(BarrierView[A]):
             try:
                 ended = await self.unpause(token)
             except asyncio.CancelledError:  # cancelled again on the way out: the hold ends anyway, nothing more is sent
-                with self.rules.lock:
+                with self.state.lock:
                     for n in token.engines:
-                        unhold(self.rules, n, token.id)
+                        unhold(self.state, n, token.id)
                 raise
         await self._verified("weight_sync", ended, verify, token.engines, state)  # only after a body that returned
 
@@ -246,7 +248,7 @@ class AsyncOrchestrator(BarrierView[A]):
             await run.wait()
             return run.results()
 
-        engines = {n: self.rules.engines[n] for n in names if n not in self.rules.retired}
+        engines = {n: self.state.engines[n] for n in names if n not in self.state.retired}
         deadline_s = self.deadlines.for_phase("verify")
         return await averify(transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s)
 
@@ -298,19 +300,19 @@ class AsyncOrchestrator(BarrierView[A]):
         step: Step | None = None
         collector = pause_collector(self.gc_pause_s)
         try:
-            with self.rules.lock:
+            with self.state.lock:
                 step = next(steps)
             while True:
                 await self._serve(step, state)
-                with self.rules.lock:
+                with self.state.lock:
                     step = steps.send(None)
         except StopIteration as stop:
             result: T = stop.value
             return result
         except BaseException as exc:
             if step is not None:
-                with self.rules.lock:
-                    abandon(self.rules, steps, step, exc)
+                with self.state.lock:
+                    abandon(self.state, steps, step, exc)
             raise
         finally:
             collector.end()

@@ -47,7 +47,7 @@ from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, ThreadFanOut
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.state import BarrierBusy, BarrierOptions, BarrierState, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
 from resilience.barrier.transitions import (
     WEIGHT_SYNC_HOLD,
     PhaseCall,
@@ -142,24 +142,26 @@ class Orchestrator(BarrierView[E]):
         memory_probe: MemoryProbe | None = None,
         journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
     ) -> None:
-        self.rules: BarrierState[E] = BarrierState(
+        self.state: BarrierState[E] = BarrierState(
             groups,
+            BarrierOptions(
+                observers=observers,
+                deadlines=deadlines,
+                restart_budget=restart_budget,
+                rollback=rollback,
+                clock=clock,
+                memory_probe=memory_probe,
+                journal=journal,
+            ),
             owner="Orchestrator",
-            observers=observers,
-            deadlines=deadlines,
-            restart_budget=restart_budget,
-            rollback=rollback,
-            clock=clock,
-            memory_probe=memory_probe,
-            journal=journal,
         )
-        engines = self.rules.engines
+        engines = self.state.engines
         self.fanout: FanOut = fanout if fanout is not None else default_fanout(engines.values())
         check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
         if check is not None:  # the fan-out says which engines it can drive, before anything is sent
             check(engines.values())
-        resume(self.rules)
-        self._bodies_ended = threading.Condition(self.rules.lock)
+        resume(self.state)
+        self._bodies_ended = threading.Condition(self.state.lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""
 
@@ -167,7 +169,7 @@ class Orchestrator(BarrierView[E]):
 
     def retire(self, engine: str | E) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
-        retire(self.rules, engine)
+        retire(self.state, engine)
 
     def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
@@ -182,7 +184,7 @@ class Orchestrator(BarrierView[E]):
         earlier is still running (reconcile after it lands: it could change the
         state you report).
         """
-        reconcile(self.rules, engine, released=released, paused=paused)
+        reconcile(self.state, engine, released=released, paused=paused)
 
     # -- transitions -------------------------------------------------------------
 
@@ -197,9 +199,9 @@ class Orchestrator(BarrierView[E]):
         so flush would fail. Waits for running ``weight_sync`` bodies first.
         """
         wanted = offload_args(tags, mode)
-        with self.rules.lock:
+        with self.state.lock:
             self._wait_for_bodies("offload")
-            return self._run(offload_steps(self.rules, wanted, mode))
+            return self._run(offload_steps(self.state, wanted, mode))
 
     def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
@@ -214,9 +216,9 @@ class Orchestrator(BarrierView[E]):
         default none); a mismatch raises ``VerificationFailed`` naming the engine.
         """
         wanted = tags_arg(tags, "onload")
-        with self.rules.lock:
+        with self.state.lock:
             self._wait_for_bodies("onload")
-            return self._verified("onload", self._run(onload_steps(self.rules, wanted)), verify, self.rules.offloaded)
+            return self._verified("onload", self._run(onload_steps(self.state, wanted)), verify, self.state.offloaded)
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -227,14 +229,14 @@ class Orchestrator(BarrierView[E]):
         quarantined or busy with a late call; on a failed pause the hold is
         released and the engines it paused are continued where safe.
         """
-        with self.rules.lock:
-            return self._run(pause_steps(self.rules, reason, mode))
+        with self.state.lock:
+            return self._run(pause_steps(self.state, reason, mode))
 
     def unpause(self, hold: HoldToken | str) -> TransitionReport:
         """Release one hold (a token from ``pause``, or the latest hold with that reason); continue the engines it held
         that no other hold keeps paused and whose memory is back."""
-        with self.rules.lock:
-            return self._run(unpause_steps(self.rules, hold))
+        with self.state.lock:
+            return self._run(unpause_steps(self.state, hold))
 
     @contextmanager
     def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> Iterator[list[E]]:
@@ -252,15 +254,15 @@ class Orchestrator(BarrierView[E]):
         raises ``VerificationFailed`` naming the engine.
         """
         me = threading.get_ident()
-        with self.rules.lock:
-            report = self._run(pause_steps(self.rules, WEIGHT_SYNC_HOLD, mode))
+        with self.state.lock:
+            report = self._run(pause_steps(self.state, WEIGHT_SYNC_HOLD, mode))
             self._bodies[me] = self._bodies.get(me, 0) + 1
         token = report.hold
         assert token is not None
         try:
-            yield [self.rules.engines[n] for n in token.engines]
+            yield [self.state.engines[n] for n in token.engines]
         finally:
-            with self.rules.lock:
+            with self.state.lock:
                 self._bodies[me] -= 1
                 if not self._bodies[me]:
                     del self._bodies[me]
@@ -274,7 +276,7 @@ class Orchestrator(BarrierView[E]):
         """``report`` once ``checks`` passed on the engines ``names`` (not retired), read through the fan-out."""
         if not checks:
             return report
-        engines = {n: self.rules.engines[n] for n in names if n not in self.rules.retired}
+        engines = {n: self.state.engines[n] for n in names if n not in self.state.retired}
         deadline_s = self.deadlines.for_phase("verify")
         return verify_engines(
             transition, report, checks, engines, not_serving=self.not_serving(), send=self.fanout.call, deadline_s=deadline_s
@@ -299,7 +301,7 @@ class Orchestrator(BarrierView[E]):
             return result
         except BaseException as exc:
             if step is not None:
-                abandon(self.rules, steps, step, exc)
+                abandon(self.state, steps, step, exc)
             raise
 
     def _serve(self, step: Step) -> None:

@@ -142,6 +142,7 @@ if TYPE_CHECKING:  # the journal reads this module's knowledge; the state only h
     from resilience.barrier.journal_store import JournalStore
 
 __all__ = [
+    "BarrierOptions",
     "ANSWERED_FOR",
     "BarrierBusy",
     "BarrierState",
@@ -747,41 +748,57 @@ def is_engine_dead(error: BaseException) -> bool:
 
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BarrierOptions:
+    """What an orchestrator is built with besides its engines: both orchestrators' keywords as one value.
+
+    ``Orchestrator(...)`` and ``AsyncOrchestrator(...)`` take these as keywords and hand them to their
+    ``BarrierState`` as one ``BarrierOptions``; the state copies them into attributes users may set later
+    (``orch.observers = ...``).
+    """
+
+    observers: Sequence[Observer] = ()
+    """Who is told of transitions, phases, state and hold changes (default: nobody)."""
+    deadlines: PhaseDeadlines | None = None
+    """The transition and phase limits (None, the default: ``PhaseDeadlines()``)."""
+    restart_budget: RestartBudget | None = None
+    """When given, errors say what a restart would leave (default None)."""
+    rollback: bool = True
+    """After a failed transition, resume what it released and continue engines where that is known safe (default True)."""
+    clock: Clock = SYSTEM_CLOCK
+    """Times transitions and phases and sets their deadlines (default the system clock)."""
+    memory_probe: MemoryProbe | None = None
+    """Proves which tags are released on an engine whose tags became unknown (default None: such an engine stays
+    quarantined until ``reconcile``)."""
+    journal: Journal | JournalStore | str | os.PathLike[str] | None = None
+    """Where the knowledge is written before each command and after each answer (a path, a ``Journal`` or a
+    ``JournalStore``; default None: in memory only)."""
+
+
 class BarrierState(Generic[E]):
     """The engines an orchestrator drives and what it knows of each: held by ``Orchestrator`` and ``AsyncOrchestrator``.
 
-    Its arguments are the orchestrators' (see ``Orchestrator``); ``owner``
+    ``options``: the orchestrator's ``BarrierOptions``; ``owner``
     names the orchestrator in error messages. ``lock`` guards the knowledge:
     queries take it; a driver holds it while a step is decided or folded,
     never while waiting on an engine from an event loop. The transitions'
     modules read and change ``know``, ``retired`` and ``label`` directly.
     """
 
-    def __init__(
-        self,
-        groups: EngineGroup[E] | Sequence[EngineGroup[E]],
-        *,
-        owner: str = "Orchestrator",
-        observers: Sequence[Observer] = (),
-        deadlines: PhaseDeadlines | None = None,
-        restart_budget: RestartBudget | None = None,
-        rollback: bool = True,
-        clock: Clock = SYSTEM_CLOCK,
-        memory_probe: MemoryProbe | None = None,
-        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
-    ) -> None:
+    def __init__(self, groups: EngineGroup[E] | Sequence[EngineGroup[E]], options: BarrierOptions, *, owner: str = "Orchestrator") -> None:
         self.groups = (groups,) if isinstance(groups, EngineGroup) else tuple(groups)
         for group in self.groups:
             if not isinstance(group, EngineGroup):
                 raise TypeError(f"{owner} groups must be EngineGroup objects, but got {group!r}")
+        memory_probe = options.memory_probe
         if memory_probe is not None and not isinstance(memory_probe, MemoryProbe):
             raise TypeError(f"{owner} memory_probe must have released_tags(engine), but was {memory_probe!r}")
         self.memory_probe = memory_probe
-        self.observers = tuple(observers)
-        self.deadlines = deadlines or PhaseDeadlines()
-        self.restart_budget = restart_budget
-        self.rollback = rollback
-        self.clock = clock
+        self.observers = tuple(options.observers)
+        self.deadlines = options.deadlines or PhaseDeadlines()
+        self.restart_budget = options.restart_budget
+        self.rollback = options.rollback
+        self.clock = options.clock
         self.engines: dict[str, E] = {}
         """Name -> engine, every engine of every group."""
         self.offloaded: list[str] = []
@@ -801,7 +818,7 @@ class BarrierState(Generic[E]):
         self.lock = threading.RLock()
         self.label = "start"
         """What is under way, for the journal's records (``why``)."""
-        self.journal_arg = journal
+        self.journal_arg = options.journal
         """The journal as given; ``recovery.resume`` opens it once the orchestrator checked its engines."""
         self.journal: Journal | None = None
         self.recovery: Recovery | None = None

@@ -347,44 +347,44 @@ def reserve_tokens(past: int) -> None:
         _tokens = itertools.count(max(nxt, past + 1))
 
 
-def hold(rules: BarrierState[Any], name: str, token: int, reason: str) -> None:
+def hold(state: BarrierState[Any], name: str, token: int, reason: str) -> None:
     """Take hold ``token`` (``reason``) on ``name``, persisted, then announced; nothing when it is held already.
 
     A record that could not be written (``persist`` raised) takes the hold back out of memory before the error goes on."""
-    k = rules.know[name]
+    k = state.know[name]
     if token not in k.holds:
         k.holds[token] = reason
         try:
-            rules.persist((name,))
+            state.persist((name,))
         except BaseException:  # not written (a full disk): no hold in memory either, or nobody would ever end it
             k.holds.pop(token, None)
             raise
-        emit(rules.observers, HoldChanged(engine=name, reason=reason, acquired=True, holds=reasons(k)))
+        emit(state.observers, HoldChanged(engine=name, reason=reason, acquired=True, holds=reasons(k)))
 
 
-def unhold(rules: BarrierState[Any], name: str, token: int) -> None:
+def unhold(state: BarrierState[Any], name: str, token: int) -> None:
     """Drop hold ``token`` on ``name``, persisted, then announced; nothing when it is not held."""
-    k = rules.know[name]
+    k = state.know[name]
     reason = k.holds.pop(token, None)
     if reason is not None:
-        rules.persist((name,))
-        emit(rules.observers, HoldChanged(engine=name, reason=reason, acquired=False, holds=reasons(k)))
+        state.persist((name,))
+        emit(state.observers, HoldChanged(engine=name, reason=reason, acquired=False, holds=reasons(k)))
 
 
-def token_of(rules: BarrierState[Any], hold: HoldToken | str) -> HoldToken:
+def token_of(state: BarrierState[Any], hold: HoldToken | str) -> HoldToken:
     """``hold`` as a token: itself, or the latest hold with that reason (``KeyError`` when none is held)."""
     if isinstance(hold, HoldToken):
         return hold
-    ids = {i for k in rules.know.values() for i, r in k.holds.items() if r == hold and i != OFFLOAD_TOKEN}
+    ids = {i for k in state.know.values() for i, r in k.holds.items() if r == hold and i != OFFLOAD_TOKEN}
     if not ids:
         raise KeyError(f"unpause: no hold named {hold!r} is held")
     latest = max(ids)
-    return HoldToken(latest, hold, tuple(n for n, k in rules.know.items() if latest in k.holds))
+    return HoldToken(latest, hold, tuple(n for n, k in state.know.items() if latest in k.holds))
 
 
-def held_among(rules: BarrierState[Any], names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+def held_among(state: BarrierState[Any], names: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """The engines among ``names`` that some hold keeps paused, with the reasons (``TransitionReport.held``)."""
-    return {n: reasons(rules.know[n]) for n in names if rules.know[n].holds}
+    return {n: reasons(state.know[n]) for n in names if state.know[n].holds}
 
 
 Call = tuple[str, Mapping[str, Any]]
@@ -481,19 +481,19 @@ Steps = Generator[Step, None, T]
 _LOG = logging.getLogger("resilience.barrier.transitions")
 
 
-def mark_resumed(rules: BarrierState[Any], knowledge: Mapping[str, EngineKnowledge]) -> None:
+def mark_resumed(state: BarrierState[Any], knowledge: Mapping[str, EngineKnowledge]) -> None:
     """After a journal was resumed: note the engines to check (``rules.unchecked``) and to pause again (``rules.repause``).
 
     Checked: not retired, not dead, and called paused, released, or with unknown tags. Paused again: called paused with
     nothing released or unknown.
     """
     for name, k in knowledge.items():
-        if name in rules.retired or k.dead is not None:
+        if name in state.retired or k.dead is not None:
             continue
         if k.paused is True or k.released or k.unknown:
-            rules.unchecked.add(name)
+            state.unchecked.add(name)
         if k.paused is True and not k.released and not k.unknown:
-            rules.repause.add(name)
+            state.repause.add(name)
 
 
 def ask(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset[str] | None:
@@ -507,89 +507,89 @@ def ask(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset
     return frozenset(answer)
 
 
-def recheck(rules: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[list[str]]:
+def recheck(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[list[str]]:
     """Check the engines among ``names`` still in ``rules.unchecked`` (once each); take those that mismatch as new.
 
     Returns the engines taken as new. The probe is asked first; the engines it cannot clear are asked their kind's
     ``ServingRead`` (one ``ReadCall`` per read method, under the settle limit), where the engine object has it.
     """
-    todo = [n for n in names if n in rules.unchecked and n not in rules.retired]
+    todo = [n for n in names if n in state.unchecked and n not in state.retired]
     if not todo:
         return []
-    rules.unchecked.difference_update(todo)
-    know = rules.know
+    state.unchecked.difference_update(todo)
+    know = state.know
     fresh: dict[str, str] = {}
-    if rules.memory_probe is not None:
+    if state.memory_probe is not None:
         for n in todo:
             k = know[n]
-            answer = ask(rules.memory_probe, n, k.memory.all_tags)
+            answer = ask(state.memory_probe, n, k.memory.all_tags)
             if answer is not None and not k.released <= answer:
                 missing = ", ".join(sorted(k.released - answer))
                 fresh[n] = f"the memory probe finds {missing} not released, which the journal records released ({k.state})"
     reads: dict[str, list[Call]] = {}
     for n in todo:
-        read = rules.kinds[n].serving_read
-        if n in fresh or read is None or not callable(getattr(rules.engines[n], read.method, None)):
+        read = state.kinds[n].serving_read
+        if n in fresh or read is None or not callable(getattr(state.engines[n], read.method, None)):
             continue
         reads.setdefault(read.method, []).append((n, {}))
     for method, calls in reads.items():
         tx.phase = "resume_check"
-        deadline = tx.deadline.cap(rules.deadlines.for_phase("settle"))
-        step: ReadCall[Any] = ReadCall(method, tuple(calls), [(rules.engines[n], kw) for n, kw in calls], deadline)
+        deadline = tx.deadline.cap(state.deadlines.for_phase("settle"))
+        step: ReadCall[Any] = ReadCall(method, tuple(calls), [(state.engines[n], kw) for n, kw in calls], deadline)
         yield step
         if step.results is None or len(step.results) != len(calls):
             continue  # the fan-out could not send it: nothing is proved
         for (n, _), result in zip(calls, step.results, strict=True):
-            read = rules.kinds[n].serving_read
+            read = state.kinds[n].serving_read
             if read is not None and result.error is None and result.late is None and read.proves_serving(result.value):
                 fresh[n] = f"it answers {method} as a serving engine (not paused), which the journal records {know[n].state}"
     for n, why in fresh.items():
-        take_as_new(rules, tx, n, why)
+        take_as_new(state, tx, n, why)
     return list(fresh)
 
 
-def take_as_new(rules: BarrierState[Any], tx: Transition | None, name: str, why: str) -> None:
+def take_as_new(state: BarrierState[Any], tx: Transition | None, name: str, why: str) -> None:
     """``name`` is a fresh process, not the journal's engine: serving, nothing released or unknown, no hold; persisted,
     logged, announced, and named in ``rules.replaced`` (and ``tx.replaced``)."""
-    k = rules.know[name]
+    k = state.know[name]
     before = k.state
     k.abandon()
     k.in_flight = None
     k.reconcile(released=(), paused=False)
-    rules.label = "resume_check"
-    rules.persist((name,))
+    state.label = "resume_check"
+    state.persist((name,))
     for token in sorted(k.holds):
-        unhold(rules, name, token)
-    rules.repause.discard(name)
-    rules.replaced[name] = why
+        unhold(state, name, token)
+    state.repause.discard(name)
+    state.replaced[name] = why
     if tx is not None:
         tx.replaced[name] = why
     _LOG.warning("engine %s: a new process since the journal was written (%s); taken as a new engine, serving", name, why)
-    rules.announce(name, before)
+    state.announce(name, before)
 
 
-def pause_again(rules: BarrierState[Any], names: Sequence[str]) -> list[str]:
+def pause_again(state: BarrierState[Any], names: Sequence[str]) -> list[str]:
     """The engines among ``names`` the resumed journal calls paused that this orchestrator has not paused itself: their
     "flushed" is dropped (persisted; a flush is safe to repeat), and the caller sends them a pause, and a flush before
     a release, again. Engines with tags released or unknown are left out (nothing is released on them again)."""
-    again = [n for n in names if n in rules.repause and not rules.know[n].released and not rules.know[n].unknown]
+    again = [n for n in names if n in state.repause and not state.know[n].released and not state.know[n].unknown]
     for n in again:
-        rules.know[n].flushed = False
+        state.know[n].flushed = False
     if again:
-        rules.persist(again)
+        state.persist(again)
     return again
 
 
-def paused_again(rules: BarrierState[Any], again: Sequence[str], failed: Mapping[str, BaseException]) -> None:
+def paused_again(state: BarrierState[Any], again: Sequence[str], failed: Mapping[str, BaseException]) -> None:
     """The pause phase ended: the engines of ``again`` it paused (not in ``failed``) are no longer paused only by the journal."""
-    rules.repause.difference_update(n for n in again if n not in failed)
+    state.repause.difference_update(n for n in again if n not in failed)
 
 
 _ids = itertools.count(1)
 
 
 @contextmanager
-def transition(rules: BarrierState[Any], name: str, engines: Iterable[str]) -> Iterator[Transition]:
+def transition(state: BarrierState[Any], name: str, engines: Iterable[str]) -> Iterator[Transition]:
     """One transition over the ``engines`` not retired: announce it, let the body run, end it.
 
     A body that returns ends the transition well: its ``TransitionEnded`` is
@@ -598,50 +598,50 @@ def transition(rules: BarrierState[Any], name: str, engines: Iterable[str]) -> I
     other exception (the driver abandoned the steps: a cancelled task, a
     fan-out that raised) ends it with ``ok=False`` and the step it was in.
     """
-    names = tuple(rules.active(engines))
-    clock, limit = rules.clock, rules.deadlines.transition_s
+    names = tuple(state.active(engines))
+    clock, limit = state.clock, state.deadlines.transition_s
     tx = Transition(next(_ids), name, Deadline(limit, clock=clock), names, clock.monotonic())
-    rules.label = name
-    emit(rules.observers, TransitionStarted(transition_id=tx.tid, transition=name, engines=tx.engines, deadline_s=limit))
+    state.label = name
+    emit(state.observers, TransitionStarted(transition_id=tx.tid, transition=name, engines=tx.engines, deadline_s=limit))
     try:
         yield tx
     except PhaseFailed:
         raise
     except BaseException:
         duration = clock.monotonic() - tx.started
-        left = tuple(rules.not_serving())
+        left = tuple(state.not_serving())
         ended = TransitionEnded(
             transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=False, failed_phase=tx.phase,
             left_paused=left,
         )
-        emit(rules.observers, ended)
+        emit(state.observers, ended)
         raise
     duration = clock.monotonic() - tx.started
-    emit(rules.observers, TransitionEnded(transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=True))
+    emit(state.observers, TransitionEnded(transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=True))
     tx.report = TransitionReport(tx.name, duration, tuple(tx.phases), dict(tx.held), tx.hold, dict(tx.replaced))
 
 
 def error(
-    rules: BarrierState[Any], tx: Transition, phase: str, failed: Mapping[str, BaseException], *, rolled_back: Sequence[str] = ()
+    state: BarrierState[Any], tx: Transition, phase: str, failed: Mapping[str, BaseException], *, rolled_back: Sequence[str] = ()
 ) -> PhaseFailed:
     """The ``PhaseFailed`` that ends ``tx`` in ``phase`` (its ``TransitionEnded`` emitted): every engine not serving is named."""
-    left = rules.not_serving()
-    dead = [n for n in left if rules.know[n].dead is not None]
-    budget = rules.restart_budget
+    left = state.not_serving()
+    dead = [n for n in left if state.know[n].dead is not None]
+    budget = state.restart_budget
     err = PhaseFailed(
         tx.name,
         phase,
         failed,
         rolled_back=rolled_back,
         left_paused=left,
-        quarantined=sorted(rules.quarantined()),
+        quarantined=sorted(state.quarantined()),
         dead=dead,
         restarts_remaining=None if budget is None else budget.remaining,
         restart_limit=None if budget is None else budget.limit,
     )
-    duration = rules.clock.monotonic() - tx.started
+    duration = state.clock.monotonic() - tx.started
     emit(
-        rules.observers,
+        state.observers,
         TransitionEnded(
             transition_id=tx.tid,
             transition=tx.name,
@@ -661,73 +661,73 @@ def skips(skipped: Mapping[str, str]) -> dict[str, BaseException]:
     return {n: EngineSkipped(f"{n} {why}") for n, why in skipped.items()}
 
 
-def raise_if_skipped(rules: BarrierState[Any], tx: Transition, skipped: Mapping[str, str]) -> None:
+def raise_if_skipped(state: BarrierState[Any], tx: Transition, skipped: Mapping[str, str]) -> None:
     """End ``tx`` with ``PhaseFailed`` when it skipped any engine."""
     if skipped:
-        raise error(rules, tx, "skipped", skips(skipped))
+        raise error(state, tx, "skipped", skips(skipped))
 
 
 _GRACE_EPSILON_S: Final = 1e-6
 """Grace left below this counts as passed (a clock summed from sleeps may stop a hair short of the end)."""
 
 
-def settle(rules: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[dict[str, str]]:
+def settle(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[dict[str, str]]:
     """Start of a transition: check what a resumed journal says against the engines (``resume_check.recheck``: a fresh
     process is taken as a new engine), drop marks an interruption left, wait (up to the continue phase's limit) for calls
     still in flight, ask the memory probe about quarantined engines (polling it while a grace keeps its "as before" from
     being trusted, up to the settle limit: ``poll``); return the engines to skip, with why."""
-    know = rules.know
-    yield from recheck(rules, tx, names)
+    know = state.know
+    yield from recheck(state, tx, names)
     stale = [n for n in names if know[n].pending is not None]
     for n in stale:
         k = know[n]
         method = k.pending.method if k.pending is not None else ""
         k.abandon()
-        doubt(rules, k, method, None)
+        doubt(state, k, method, None)
     if stale:
-        rules.persist(stale)
+        state.persist(stale)
     late = {n: k.in_flight.call for n in names if (k := know[n]).in_flight is not None}
     if late:
         tx.phase = "settle"
-        step = SettleCall(late, tx.deadline.cap(rules.deadlines.for_phase("settle")))
+        step = SettleCall(late, tx.deadline.cap(state.deadlines.for_phase("settle")))
         yield step
         before = {n: know[n].state for n in step.landed}
         for n, error in step.landed.items():
-            land(rules, n, error)
+            land(state, n, error)
         if step.landed:
-            rules.persist(tuple(step.landed))
+            state.persist(tuple(step.landed))
         for n in before:
-            rules.announce(n, before[n])
+            state.announce(n, before[n])
     before = {n: know[n].state for n in names}
     waiting: dict[str, float] = {}
-    settled = probe(rules, names, waiting)
+    settled = probe(state, names, waiting)
     if waiting:  # a request may still be on its way: ask again until it proves applied or the grace has passed
         tx.phase = "settle"
-        settled += yield from poll(rules, waiting, tx.deadline.cap(rules.deadlines.for_phase("settle")))
+        settled += yield from poll(state, waiting, tx.deadline.cap(state.deadlines.for_phase("settle")))
     for n in settled:
-        rules.announce(n, before[n])
-    return {n: rules.why_skipped(n) for n in names if know[n].dead is not None or know[n].in_flight is not None}
+        state.announce(n, before[n])
+    return {n: state.why_skipped(n) for n in names if know[n].dead is not None or know[n].in_flight is not None}
 
 
-def land(rules: BarrierState[Any], name: str, error: BaseException | None) -> None:
+def land(state: BarrierState[Any], name: str, error: BaseException | None) -> None:
     """Fold a late call that landed (the caller persists and announces)."""
-    k = rules.know[name]
+    k = state.know[name]
     effect = effect_of(error)
     late = k.land(effect)
     if late is not None and effect is Effect.MAYBE:
-        doubt(rules, k, late.method, error)
+        doubt(state, k, late.method, error)
     if error is not None and is_engine_dead(error):
         k.dead = f"{type(error).__name__} after a late call"
 
 
-def doubt(rules: BarrierState[Any], k: EngineKnowledge, method: str, error: BaseException | None) -> None:
+def doubt(state: BarrierState[Any], k: EngineKnowledge, method: str, error: BaseException | None) -> None:
     """A release or resume had a "maybe" effect and left ``k``'s tags unknown: keep why, and whether its request may
     still be on its way (``error`` None: its answer was never read). The caller persists."""
     if method in (RELEASE, RESUME) and k.unknown:
-        k.doubt = doubt_of(method, error, rules.clock.monotonic())
+        k.doubt = doubt_of(method, error, state.clock.monotonic())
 
 
-def probe(rules: BarrierState[Any], names: Iterable[str], waiting: dict[str, float] | None = None) -> list[str]:
+def probe(state: BarrierState[Any], names: Iterable[str], waiting: dict[str, float] | None = None) -> list[str]:
     """Reconcile from the memory probe every engine among ``names`` whose tags are unknown; return those it settled.
 
     An answer is trusted when it proves the call applied, when the request is not on its way (``Doubt.in_transit``
@@ -736,16 +736,16 @@ def probe(rules: BarrierState[Any], names: Iterable[str], waiting: dict[str, flo
     whose probe cannot prove it now (None: the emulator's probe while a release is being carried out) while its
     request may still be on its way and the grace has not passed.
     """
-    memory_probe = rules.memory_probe
+    memory_probe = state.memory_probe
     if memory_probe is None:
         return []
     settled: list[str] = []
     for name in names:
-        k = rules.know[name]
-        if not k.unknown or k.in_flight is not None or k.pending is not None or name in rules.retired:
+        k = state.know[name]
+        if not k.unknown or k.in_flight is not None or k.pending is not None or name in state.retired:
             continue
         released = ask(memory_probe, name, k.memory.all_tags)
-        left = _grace_left(rules, k, released)
+        left = _grace_left(state, k, released)
         if released is None:  # cannot prove it now (a release being carried out): worth asking again within the grace
             if waiting is not None and left > 0:
                 waiting[name] = left
@@ -757,14 +757,14 @@ def probe(rules: BarrierState[Any], names: Iterable[str], waiting: dict[str, flo
         k.released.update(k.unknown & released)  # known first, then no longer unknown
         k.unknown.clear()
         k.doubt = None
-        rules.persist((name,))
+        state.persist((name,))
         if not k.released:
-            unhold(rules, name, OFFLOAD_TOKEN)
+            unhold(state, name, OFFLOAD_TOKEN)
         settled.append(name)
     return settled
 
 
-def poll(rules: BarrierState[Any], waiting: dict[str, float], deadline: Deadline) -> Steps[list[str]]:
+def poll(state: BarrierState[Any], waiting: dict[str, float], deadline: Deadline) -> Steps[list[str]]:
     """Ask the memory probe again, every ``PhaseDeadlines.probe_poll_s``, about the engines in ``waiting`` (name -> grace
     left, as ``probe`` fills it) until each is settled (proved applied, or the grace passed and "as before" is trusted),
     or ``deadline`` has passed; return those settled. ``waiting`` is left with the engines still waiting (a probe that
@@ -775,7 +775,7 @@ def poll(rules: BarrierState[Any], waiting: dict[str, float], deadline: Deadline
     every engine still waiting quarantined, with its doubt, as ``probe`` left it. Bounded: at most one wait per
     ``probe_poll_s`` of the smaller of the longest grace left and ``deadline`` (plus one for rounding).
     """
-    every = rules.deadlines.probe_poll_s
+    every = state.deadlines.probe_poll_s
     settled: list[str] = []
     limit = min(max(waiting.values(), default=0.0), deadline.remaining())
     polls = math.ceil(limit / every) + 1 if limit > 0 else 0
@@ -785,13 +785,13 @@ def poll(rules: BarrierState[Any], waiting: dict[str, float], deadline: Deadline
             break
         yield WaitCall(deadline.cap(min(every, left)))
         again: dict[str, float] = {}
-        settled += probe(rules, list(waiting), again)
+        settled += probe(state, list(waiting), again)
         waiting.clear()
         waiting.update(again)
     return settled
 
 
-def _grace_left(rules: BarrierState[Any], k: EngineKnowledge, released: frozenset[str] | None) -> float:
+def _grace_left(state: BarrierState[Any], k: EngineKnowledge, released: frozenset[str] | None) -> float:
     """Seconds before the probe's answer ``released`` may be trusted for ``k`` (0: now; for None, no answer: the seconds
     its request may still be on its way, 0 when it is not)."""
     why = k.doubt
@@ -799,7 +799,7 @@ def _grace_left(rules: BarrierState[Any], k: EngineKnowledge, released: frozense
         return 0.0
     if not why.in_transit or (released is not None and why.proves_applied(frozenset(k.unknown), released)):
         return 0.0
-    left = why.since + rules.deadlines.in_transit_for(why.method) - rules.clock.monotonic()
+    left = why.since + state.deadlines.in_transit_for(why.method) - state.clock.monotonic()
     return left if left > _GRACE_EPSILON_S else 0.0
 
 
@@ -808,7 +808,7 @@ class Interrupted(RuntimeError):
 
 
 def phase(
-    rules: BarrierState[Any], tx: Transition, name: str, method: ControlMethod, calls: Sequence[Call]
+    state: BarrierState[Any], tx: Transition, name: str, method: ControlMethod, calls: Sequence[Call]
 ) -> Steps[dict[str, BaseException]]:
     """One phase (``name``) on every engine at once; each outcome is folded into its knowledge. Returns the failures.
 
@@ -820,51 +820,51 @@ def phase(
     if not calls:
         return {}
     names = tuple(n for n, _ in calls)
-    deadline = tx.deadline.cap(rules.deadlines.for_phase(name))
+    deadline = tx.deadline.cap(state.deadlines.for_phase(name))
     started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=name, engines=names, deadline_s=deadline.remaining())
-    emit(rules.observers, started)
+    emit(state.observers, started)
     tx.phase = name
-    rules.label = f"{tx.name} {name}"
-    before = {n: rules.know[n].state for n in names}
-    engines = [(rules.engines[n], kw) for n, kw in calls]
-    step = PhaseCall(tx, name, method, tuple(calls), engines, deadline, rules.clock.monotonic(), before)
+    state.label = f"{tx.name} {name}"
+    before = {n: state.know[n].state for n in names}
+    engines = [(state.engines[n], kw) for n, kw in calls]
+    step = PhaseCall(tx, name, method, tuple(calls), engines, deadline, state.clock.monotonic(), before)
     for n, kwargs in calls:
-        step.marks[n] = rules.know[n].mark(method, kwargs)
+        step.marks[n] = state.know[n].mark(method, kwargs)
     try:
-        rules.persist(names)
+        state.persist(names)
     except BaseException as exc:  # the write-ahead was not written (a full disk): nothing is sent, so nothing was applied
-        _unmark(rules, step, exc)
+        _unmark(state, step, exc)
         raise
     yield step
     assert step.results is not None and len(step.results) == len(step.calls), f"{step.phase}: the driver gave no result per engine"
     step.folded = True
     waiting: dict[str, float] = {}
-    failures = _fold_knowledge(rules, step, step.results, waiting)
+    failures = _fold_knowledge(state, step, step.results, waiting)
     try:
         if waiting:  # the probe's "as before" is not trusted yet: ask again until it proves applied or the grace passed
-            settled = yield from poll(rules, waiting, step.deadline)
-            _drop_done(rules, step, failures, settled)
+            settled = yield from poll(state, waiting, step.deadline)
+            _drop_done(state, step, failures, settled)
     finally:  # reported once, also when the poll is interrupted (the knowledge is already folded and persisted)
-        _report(rules, step, step.results, failures)
+        _report(state, step, step.results, failures)
     return failures
 
 
-def _unmark(rules: BarrierState[Any], step: PhaseCall[Any], error: BaseException) -> None:
+def _unmark(state: BarrierState[Any], step: PhaseCall[Any], error: BaseException) -> None:
     """The step's write-ahead could not be persisted (``error``), so its calls are never sent: settle each mark as not
     applied (the facts go back to what they were; the journal still holds them so, its last record being the one
     before), then end the phase for the observers (``PhaseEnded``, every engine failed with ``error``)."""
     for n, _kwargs in step.calls:
-        k = rules.know[n]
+        k = state.know[n]
         if k.pending is not None and k.pending is step.marks.get(n):
             k.settle(Effect.NOT_APPLIED)
     tx, names = step.tx, tuple(n for n, _ in step.calls)
     failed = tuple(PhaseFailure(engine=n, error_type=type(error).__name__, message=short(error)) for n in names)
-    duration = rules.clock.monotonic() - step.started
+    duration = state.clock.monotonic() - step.started
     ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
-    emit(rules.observers, ended)
+    emit(state.observers, ended)
 
 
-def fold(rules: BarrierState[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
+def fold(state: BarrierState[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
     """Fold a phase's results into the knowledge, then report it (once); return the failures. Never waits (the probe is
     asked once): what ``abandon`` uses.
 
@@ -872,28 +872,28 @@ def fold(rules: BarrierState[Any], step: PhaseCall[Any], results: Sequence[Engin
     before any observer hears of it, so nothing an observer raises undoes it.
     """
     step.folded = True
-    failures = _fold_knowledge(rules, step, results)
-    _report(rules, step, results, failures)
+    failures = _fold_knowledge(state, step, results)
+    _report(state, step, results, failures)
     return failures
 
 
 def _report(
-    rules: BarrierState[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
+    state: BarrierState[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
 ) -> None:
     """Tell the observers what the folded phase did: its ``PhaseReport``, each engine's state change, ``PhaseEnded``."""
     tx, names = step.tx, tuple(n for n, _ in step.calls)
-    duration = rules.clock.monotonic() - step.started
+    duration = state.clock.monotonic() - step.started
     durations = [r.duration_s for r in results if r is not None]
     tx.phases.append(PhaseReport(step.phase, names, duration, max(durations, default=0.0)))
     for name in names:
-        rules.announce(name, step.before.get(name, rules.know[name].state))
+        state.announce(name, step.before.get(name, state.know[name].state))
     failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
     ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
-    emit(rules.observers, ended)
+    emit(state.observers, ended)
 
 
 def _fold_knowledge(
-    rules: BarrierState[Any],
+    state: BarrierState[Any],
     step: PhaseCall[Any],
     results: Sequence[EngineResult | None],
     waiting: dict[str, float] | None = None,
@@ -904,12 +904,12 @@ def _fold_knowledge(
     method = step.method
     failures: dict[str, BaseException] = {}
     for (name, _kwargs), result in zip(step.calls, results, strict=True):
-        k = rules.know[name]
+        k = state.know[name]
         mine = k.pending is not None and k.pending is step.marks.get(name)  # a later step's mark is not this step's to settle
         if result is None:
             if mine:
                 k.abandon()
-                doubt(rules, k, method, None)
+                doubt(state, k, method, None)
             failures[name] = Interrupted(f"{name}: the phase was interrupted while {method} ran; it may have been applied")
             continue
         if mine:
@@ -919,26 +919,26 @@ def _fold_knowledge(
                 effect = effect_of(result.error)
                 k.settle(effect)
                 if effect is Effect.MAYBE:
-                    doubt(rules, k, method, result.error)
+                    doubt(state, k, method, result.error)
         if result.error is not None:
             failures[name] = result.error
             if is_engine_dead(result.error) and k.dead is None:
                 k.dead = f"{type(result.error).__name__} in {step.phase}"
     names = tuple(n for n, _ in step.calls)
-    rules.persist(names)
-    _drop_done(rules, step, failures, probe(rules, names, waiting))  # each engine it settles is persisted on its own
+    state.persist(names)
+    _drop_done(state, step, failures, probe(state, names, waiting))  # each engine it settles is persisted on its own
     return failures
 
 
-def _drop_done(rules: BarrierState[Any], step: PhaseCall[Any], failures: dict[str, BaseException], settled: Sequence[str]) -> None:
+def _drop_done(state: BarrierState[Any], step: PhaseCall[Any], failures: dict[str, BaseException], settled: Sequence[str]) -> None:
     """Drop from ``failures`` each engine among ``settled`` (by the probe) whose call the knowledge now proves done."""
     calls = dict(step.calls)
     for name in settled:
-        if name in failures and _done(rules.know[name], step.method, calls[name]):
+        if name in failures and _done(state.know[name], step.method, calls[name]):
             del failures[name]  # the probe proves the call did what it was sent for
 
 
-def abandon(rules: BarrierState[Any], steps: Steps[Any], step: Step, error: BaseException | None = None) -> None:
+def abandon(state: BarrierState[Any], steps: Steps[Any], step: Step, error: BaseException | None = None) -> None:
     """The driver stopped inside ``step`` (``error``): fold what it learnt, leave the rest "maybe", then close the steps.
 
     Also after an interruption inside the fold itself: engines already folded are left as they are.
@@ -951,10 +951,10 @@ def abandon(rules: BarrierState[Any], steps: Steps[Any], step: Step, error: Base
             if results is None or len(results) != len(step.calls):
                 results = [None] * len(step.calls)
             if step.folded:
-                if any(rules.know[n].pending is step.marks.get(n) for n, _ in step.calls):
-                    _fold_knowledge(rules, step, results)
+                if any(state.know[n].pending is step.marks.get(n) for n, _ in step.calls):
+                    _fold_knowledge(state, step, results)
             else:
-                fold(rules, step, results)
+                fold(state, step, results)
     finally:
         steps.close()
 
@@ -992,7 +992,7 @@ def _unsettled(k: EngineKnowledge, method: str, kwargs: Mapping[str, Any]) -> bo
 
 
 def resend(
-    rules: BarrierState[Any],
+    state: BarrierState[Any],
     tx: Transition,
     name: str,
     method: ControlMethod,
@@ -1003,10 +1003,10 @@ def resend(
     failures left (a call a re-send answered is no longer one)."""
     left = dict(failed)
     for _ in range(RESEND_ROUNDS):
-        again = [(n, kw) for n, kw in calls if _unsettled(rules.know[n], method, kw)]
+        again = [(n, kw) for n, kw in calls if _unsettled(state.know[n], method, kw)]
         if not again:
             break
-        more = yield from phase(rules, tx, name, method, again)
+        more = yield from phase(state, tx, name, method, again)
         for n, _ in again:
             if n in more:
                 left[n] = more[n]
@@ -1034,14 +1034,14 @@ def may_reopen(k: EngineKnowledge) -> bool:
 
 
 def resume_phases(
-    rules: BarrierState[Any], tx: Transition, name: str, wants: Mapping[str, frozenset[str]]
+    state: BarrierState[Any], tx: Transition, name: str, wants: Mapping[str, frozenset[str]]
 ) -> Steps[dict[str, BaseException]]:
     """Resume ``wants[n]`` on each engine ``n`` (phase ``name``, as often as the kinds need); return the failures.
 
     Each round sends every engine its next call at once; an engine whose call failed gets nothing more. A call
     is sent only while its tags may be resumed; a wake that reopens scheduling only where ``may_reopen``.
     """
-    know = rules.know
+    know = state.know
     queue = {n: _calls(know[n], tags) for n, tags in wants.items() if tags}
     failed: dict[str, BaseException] = {}
     for _ in range(1 + max((len(q) for q in queue.values()), default=0)):  # bounded: each round sends a queue's head
@@ -1051,100 +1051,100 @@ def resume_phases(
                 continue
             k, kwargs = know[n], q[0]
             tags = k.memory.resume_tags(kwargs)
-            if not rules.allows(n, "resume_memory_occupation", tags) or (_reopens(k, kwargs) and not may_reopen(k)):
+            if not state.allows(n, "resume_memory_occupation", tags) or (_reopens(k, kwargs) and not may_reopen(k)):
                 q.clear()  # nothing more is sent to it in this transition: it stays held, and is named
                 continue
             calls.append((n, q.pop(0)))
         if not calls:
             break
-        more = yield from phase(rules, tx, name, "resume_memory_occupation", calls)
-        failed.update((yield from resend(rules, tx, name, "resume_memory_occupation", calls, more)))
+        more = yield from phase(state, tx, name, "resume_memory_occupation", calls)
+        failed.update((yield from resend(state, tx, name, "resume_memory_occupation", calls, more)))
     return failed
 
 
-def onload_steps(rules: BarrierState[Any], wanted: frozenset[str]) -> Steps[TransitionReport]:
+def onload_steps(state: BarrierState[Any], wanted: frozenset[str]) -> Steps[TransitionReport]:
     """Resume ``wanted`` (those released) on every offloaded engine, then continue those whose memory is all back."""
-    with transition(rules, "onload", rules.offloaded) as tx:
-        know = rules.know
+    with transition(state, "onload", state.offloaded) as tx:
+        know = state.know
         names = list(tx.engines)
-        skipped = yield from settle(rules, tx, names)
-        skipped.update({n: rules.why_skipped(n) for n in names if n not in skipped and know[n].quarantined})
+        skipped = yield from settle(state, tx, names)
+        skipped.update({n: state.why_skipped(n) for n in names if n not in skipped and know[n].quarantined})
         live = [n for n in names if n not in skipped]
-        failed = yield from resume_phases(rules, tx, "resume", {n: to_resume(know[n], wanted) for n in live})
+        failed = yield from resume_phases(state, tx, "resume", {n: to_resume(know[n], wanted) for n in live})
         for n in live:
             if not know[n].released and not know[n].unknown:
-                unhold(rules, n, OFFLOAD_TOKEN)
-        cont_failed = yield from continue_ready(rules, tx, live, "continue")
+                unhold(state, n, OFFLOAD_TOKEN)
+        cont_failed = yield from continue_ready(state, tx, live, "continue")
         if failed or cont_failed:
-            raise error(rules, tx, "resume" if failed else "continue", {**skips(skipped), **failed, **cont_failed})
-        raise_if_skipped(rules, tx, skipped)
-        tx.held = held_among(rules, live)
+            raise error(state, tx, "resume" if failed else "continue", {**skips(skipped), **failed, **cont_failed})
+        raise_if_skipped(state, tx, skipped)
+        tx.held = held_among(state, live)
     return tx.finished()
 
 
-def continue_ready(rules: BarrierState[Any], tx: Transition, names: Sequence[str], name: str) -> Steps[dict[str, BaseException]]:
+def continue_ready(state: BarrierState[Any], tx: Transition, names: Sequence[str], name: str) -> Steps[dict[str, BaseException]]:
     """Continue (phase ``name``) the engines among ``names`` that may be continued; return the failures."""
-    ready = [n for n in names if rules.allows(n, "continue_generation")]
-    failed = yield from phase(rules, tx, name, "continue_generation", [(n, {}) for n in ready])
+    ready = [n for n in names if state.allows(n, "continue_generation")]
+    failed = yield from phase(state, tx, name, "continue_generation", [(n, {}) for n in ready])
     return failed
 
 
-def rollback_continue(rules: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[tuple[list[str], dict[str, BaseException]]]:
+def rollback_continue(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[tuple[list[str], dict[str, BaseException]]]:
     """After a failure: continue the engines among ``names`` that may be continued (not known serving, nothing released,
     no hold), when ``rollback`` is on; return those continued and the failures."""
-    if not rules.rollback:
+    if not state.rollback:
         return [], {}
-    ready = [n for n in names if rules.allows(n, "continue_generation")]
-    failed = yield from phase(rules, tx, "rollback", "continue_generation", [(n, {}) for n in ready])
+    ready = [n for n in names if state.allows(n, "continue_generation")]
+    failed = yield from phase(state, tx, "rollback", "continue_generation", [(n, {}) for n in ready])
     return [n for n in ready if n not in failed], failed
 
 
-def offload_steps(rules: BarrierState[Any], wanted: frozenset[str], mode: Literal["abort", "retract"]) -> Steps[TransitionReport]:
+def offload_steps(state: BarrierState[Any], wanted: frozenset[str], mode: Literal["abort", "retract"]) -> Steps[TransitionReport]:
     """Pause every offloaded engine not known paused (``mode``), flush those not known flushed, release ``wanted``."""
-    with transition(rules, "offload", rules.offloaded) as tx:
-        know = rules.know
+    with transition(state, "offload", state.offloaded) as tx:
+        know = state.know
         names = list(tx.engines)
-        skipped = yield from settle(rules, tx, names)
+        skipped = yield from settle(state, tx, names)
         live = [n for n in names if n not in skipped]
         for n in live:
-            hold(rules, n, OFFLOAD_TOKEN, OFFLOAD_HOLD)
-        again = pause_again(rules, live)
+            hold(state, n, OFFLOAD_TOKEN, OFFLOAD_HOLD)
+        again = pause_again(state, live)
         to_pause = [
             n
             for n in live
-            if (know[n].paused is not True or know[n].pause_mode == "in_place" or n in again) and rules.allows(n, "pause_generation")
+            if (know[n].paused is not True or know[n].pause_mode == "in_place" or n in again) and state.allows(n, "pause_generation")
         ]
-        failed = yield from phase(rules, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
-        paused_again(rules, [n for n in again if n in to_pause], failed)
+        failed = yield from phase(state, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+        paused_again(state, [n for n in again if n in to_pause], failed)
         if failed:
-            raise (yield from _fail_before_release(rules, tx, "pause", failed, live, skipped))
-        skipped.update({n: rules.why_skipped(n) for n in live if know[n].quarantined})
+            raise (yield from _fail_before_release(state, tx, "pause", failed, live, skipped))
+        skipped.update({n: state.why_skipped(n) for n in live if know[n].quarantined})
         todo = {n: to_release(know[n], wanted) for n in live if n not in skipped}
         todo = {n: missing for n, missing in todo.items() if missing}
-        for n in [n for n in todo if not rules.allows(n, "flush_cache")]:  # defensive: the pause phase makes this unreachable
-            skipped[n] = f"not allowed a flush ({rules.kinds[n].calls['flush_cache'].needs_text}): {know[n].why_not_serving()}"
+        for n in [n for n in todo if not state.allows(n, "flush_cache")]:  # defensive: the pause phase makes this unreachable
+            skipped[n] = f"not allowed a flush ({state.kinds[n].calls['flush_cache'].needs_text}): {know[n].why_not_serving()}"
             del todo[n]
         to_flush = [n for n in todo if know[n].memory.flush_before_release and not know[n].flushed]
-        failed = yield from phase(rules, tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
+        failed = yield from phase(state, tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
         if failed:
-            raise (yield from _fail_before_release(rules, tx, "flush", failed, live, skipped))
+            raise (yield from _fail_before_release(state, tx, "flush", failed, live, skipped))
         calls: list[Call] = []
         for n, missing in todo.items():
-            if rules.allows(n, "release_memory_occupation", missing):
+            if state.allows(n, "release_memory_occupation", missing):
                 calls.append((n, know[n].memory.release_kwargs(missing)))
             else:  # defensive: the phases above make this unreachable
-                needs = rules.kinds[n].calls["release_memory_occupation"].needs_text
+                needs = state.kinds[n].calls["release_memory_occupation"].needs_text
                 skipped[n] = f"not allowed a release of {sorted(missing)} ({needs}): {know[n].why_not_serving()}"
-        failed = yield from phase(rules, tx, "release", "release_memory_occupation", calls)
-        failed = yield from resend(rules, tx, "release", "release_memory_occupation", calls, failed)
+        failed = yield from phase(state, tx, "release", "release_memory_occupation", calls)
+        failed = yield from resend(state, tx, "release", "release_memory_occupation", calls, failed)
         if failed:
-            raise (yield from _fail_in_release(rules, tx, failed, [c for c in calls if c[0] not in failed], live, skipped))
-        raise_if_skipped(rules, tx, skipped)
+            raise (yield from _fail_in_release(state, tx, failed, [c for c in calls if c[0] not in failed], live, skipped))
+        raise_if_skipped(state, tx, skipped)
     return tx.finished()
 
 
 def _fail_before_release(
-    rules: BarrierState[Any],
+    state: BarrierState[Any],
     tx: Transition,
     name: str,
     failed: Mapping[str, BaseException],
@@ -1153,14 +1153,14 @@ def _fail_before_release(
 ) -> Steps[PhaseFailed]:
     """Pause or flush failed: nothing was released by this offload, so engines holding nothing released are continued."""
     for n in live:
-        if not rules.know[n].released and not rules.know[n].unknown:
-            unhold(rules, n, OFFLOAD_TOKEN)
-    rolled, rb_failed = yield from rollback_continue(rules, tx, live)
-    return error(rules, tx, name, {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
+        if not state.know[n].released and not state.know[n].unknown:
+            unhold(state, n, OFFLOAD_TOKEN)
+    rolled, rb_failed = yield from rollback_continue(state, tx, live)
+    return error(state, tx, name, {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
 
 
 def _fail_in_release(
-    rules: BarrierState[Any],
+    state: BarrierState[Any],
     tx: Transition,
     failed: Mapping[str, BaseException],
     applied: Sequence[Call],
@@ -1174,148 +1174,148 @@ def _fail_in_release(
     """
     rolled: list[str] = []
     rb_failed: dict[str, BaseException] = {}
-    if rules.rollback:
-        know = rules.know
+    if state.rollback:
+        know = state.know
         wants = {n: know[n].memory.release_tags(kw) & know[n].released for n, kw in applied}
-        rb_failed = yield from resume_phases(rules, tx, "rollback_resume", wants)
+        rb_failed = yield from resume_phases(state, tx, "rollback_resume", wants)
         for n in live:
-            if not rules.know[n].released and not rules.know[n].unknown:
-                unhold(rules, n, OFFLOAD_TOKEN)
-        rolled, more = yield from rollback_continue(rules, tx, live)
+            if not state.know[n].released and not state.know[n].unknown:
+                unhold(state, n, OFFLOAD_TOKEN)
+        rolled, more = yield from rollback_continue(state, tx, live)
         rb_failed.update(more)
-    return error(rules, tx, "release", {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
+    return error(state, tx, "release", {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
 
 
 _LOG = logging.getLogger("resilience.barrier.transitions")
 
 
-def pause_steps(rules: BarrierState[Any], reason: str, mode: str) -> Steps[TransitionReport]:
+def pause_steps(state: BarrierState[Any], reason: str, mode: str) -> Steps[TransitionReport]:
     """Take a new hold named ``reason`` on every engine and pause the ones not known paused (``pause``, ``weight_sync``)."""
-    with transition(rules, reason, rules.engines) as tx:
-        know = rules.know
+    with transition(state, reason, state.engines) as tx:
+        know = state.know
         names = list(tx.engines)
-        skipped = yield from settle(rules, tx, names)
+        skipped = yield from settle(state, tx, names)
         # quarantined, or unsettled (vLLM: its next offload or onload re-sends): a body must not run on memory that may be released
-        skipped.update({n: rules.why_skipped(n) for n in names if n not in skipped and know[n].unknown})
+        skipped.update({n: state.why_skipped(n) for n in names if n not in skipped and know[n].unknown})
         if reason == WEIGHT_SYNC_HOLD:  # a weight update into released weights kills the engine: refused, nothing sent
-            skipped.update({n: why for n in names if n not in skipped and (why := rules.why_no_weight_sync(n))})
+            skipped.update({n: why for n in names if n not in skipped and (why := state.why_no_weight_sync(n))})
         if skipped:
-            raise error(rules, tx, "skipped", skips(skipped))
+            raise error(state, tx, "skipped", skips(skipped))
         token = new_token(reason, names)
         try:
             for n in names:
-                hold(rules, n, token.id, reason)
-            again = pause_again(rules, names)
-            to_pause = [n for n in names if (know[n].paused is not True or n in again) and rules.allows(n, "pause_generation")]
-            failed = yield from phase(rules, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
+                hold(state, n, token.id, reason)
+            again = pause_again(state, names)
+            to_pause = [n for n in names if (know[n].paused is not True or n in again) and state.allows(n, "pause_generation")]
+            failed = yield from phase(state, tx, "pause", "pause_generation", [(n, {"mode": mode}) for n in to_pause])
         except BaseException:  # a hold not written, abandoned mid-phase (cancelled, the fan-out raised): nobody will own the token
-            _drop(rules, names, token.id)
+            _drop(state, names, token.id)
             raise
-        paused_again(rules, [n for n in again if n in to_pause], failed)
+        paused_again(state, [n for n in again if n in to_pause], failed)
         if failed:
             for n in names:
-                unhold(rules, n, token.id)
-            rolled, rb_failed = yield from rollback_continue(rules, tx, names)
-            raise error(rules, tx, "pause", {**rb_failed, **failed}, rolled_back=rolled)
+                unhold(state, n, token.id)
+            rolled, rb_failed = yield from rollback_continue(state, tx, names)
+            raise error(state, tx, "pause", {**rb_failed, **failed}, rolled_back=rolled)
         tx.hold = token
     return tx.finished()
 
 
-def _drop(rules: BarrierState[Any], names: list[str], token: int) -> None:
+def _drop(state: BarrierState[Any], names: list[str], token: int) -> None:
     """Drop hold ``token`` on every engine of ``names`` (on a failure path: the caller raises its own error). Each is
     dropped in memory even when writing another's record fails; a record not written leaves the hold in the journal,
     where the next controller names it orphaned (``Recovery.orphaned_holds``): it keeps an engine paused, never kills it."""
     for n in names:
         try:
-            unhold(rules, n, token)
+            unhold(state, n, token)
         except Exception:  # the record of a dropped hold could not be written (a full disk): drop the others all the same
             _LOG.warning("hold %s on %s dropped, but its record could not be written", token, n, exc_info=True)
 
 
-def unpause_steps(rules: BarrierState[Any], held: HoldToken | str) -> Steps[TransitionReport]:
+def unpause_steps(state: BarrierState[Any], held: HoldToken | str) -> Steps[TransitionReport]:
     """Release one hold; continue the engines it held that no other hold keeps paused and whose memory is back."""
-    token = token_of(rules, held)
-    with transition(rules, f"{token.reason}_end", token.engines) as tx:
-        know = rules.know
+    token = token_of(state, held)
+    with transition(state, f"{token.reason}_end", token.engines) as tx:
+        know = state.know
         names = list(tx.engines)
         for n in token.engines:
-            unhold(rules, n, token.id)
-        skipped = yield from settle(rules, tx, names)
+            unhold(state, n, token.id)
+        skipped = yield from settle(state, tx, names)
         live = [n for n in names if n not in skipped]
-        failed = yield from continue_ready(rules, tx, live, "continue")
-        stuck = {n: rules.why_skipped(n) for n in live if not know[n].holds and not know[n].serving and n not in failed}
+        failed = yield from continue_ready(state, tx, live, "continue")
+        stuck = {n: state.why_skipped(n) for n in live if not know[n].holds and not know[n].serving and n not in failed}
         skipped.update(stuck)
         if failed:
-            raise error(rules, tx, "continue", {**skips(skipped), **failed})
-        raise_if_skipped(rules, tx, skipped)
-        tx.held = held_among(rules, live)
+            raise error(state, tx, "continue", {**skips(skipped), **failed})
+        raise_if_skipped(state, tx, skipped)
+        tx.held = held_among(state, live)
     return tx.finished()
 
 
 
 
-def resume(rules: BarrierState[Any]) -> None:
+def resume(state: BarrierState[Any]) -> None:
     """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements and
     restart budget it kept; the engines it calls paused or released are checked at the next transition's start
     (``resume_check``). Each orchestrator calls this last in its constructor."""
-    if rules.journal_arg is None:
+    if state.journal_arg is None:
         return
-    journal = open_journal(rules.journal_arg)
+    journal = open_journal(state.journal_arg)
     try:
-        resumed = journal.open(list(rules.engines), kinds={n: k.memory for n, k in rules.know.items()})
+        resumed = journal.open(list(state.engines), kinds={n: k.memory for n, k in state.know.items()})
     except BaseException:
         journal.close()
         raise
-    rules.journal, rules.recovery = journal, resumed.recovery
-    now = rules.clock.monotonic()
+    state.journal, state.recovery = journal, resumed.recovery
+    now = state.clock.monotonic()
     for k in resumed.knowledge.values():  # a dead controller's requests may still be on their way: the grace starts again
         if k.doubt is not None:
             k.doubt = Doubt(k.doubt.method, k.doubt.in_transit, k.doubt.delivery, now)
-    rules.know.update(resumed.knowledge)
-    rules.retired.update(resumed.retired)
-    mark_resumed(rules, resumed.knowledge)
-    rules.restart_budget = restore_budget(rules.restart_budget, resumed.budget)
+    state.know.update(resumed.knowledge)
+    state.retired.update(resumed.retired)
+    mark_resumed(state, resumed.knowledge)
+    state.restart_budget = restore_budget(state.restart_budget, resumed.budget)
     reserve_tokens(max((i for k in resumed.knowledge.values() for i in k.holds), default=0))
     for name, k in resumed.knowledge.items():
         if k.state is not EngineState.SERVING:
-            emit(rules.observers, EngineStateChanged(engine=name, from_state=str(EngineState.SERVING), to_state=str(k.state)))
+            emit(state.observers, EngineStateChanged(engine=name, from_state=str(EngineState.SERVING), to_state=str(k.state)))
 
 
-def retire(rules: BarrierState[E], engine: str | E) -> None:
+def retire(state: BarrierState[E], engine: str | E) -> None:
     """Stop sending anything to ``engine`` (name, URL or engine object): no transition covers or names it again."""
-    name = rules.name_of(engine)
-    with rules.lock:
-        rules.retired.add(name)
-        rules.label = "retire"
-        rules.persist((name,))
+    name = state.name_of(engine)
+    with state.lock:
+        state.retired.add(name)
+        state.label = "retire"
+        state.persist((name,))
 
 
-def reconcile(rules: BarrierState[E], engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
+def reconcile(state: BarrierState[E], engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
     """The caller's word on ``engine``'s real state (see ``Orchestrator.reconcile``), refused where SGLang would crash."""
-    name = rules.name_of(engine)
+    name = state.name_of(engine)
     tags = None if released is None else frozenset(released)
-    kind = rules.know[name].memory
+    kind = state.know[name].memory
     if tags is not None and not tags <= kind.all_tags:
         raise ValueError(f"reconcile released must be a subset of {kind.tags} ({kind.kind} engine {name}), but was {sorted(tags)}")
     if tags and paused is False:
         raise ValueError(
             f"reconcile {name}: released {sorted(tags)} with paused=False is a state SGLang crashes in (prefill into freed memory)"
         )
-    if tags and name not in rules.offloaded:
+    if tags and name not in state.offloaded:
         raise ValueError(f"reconcile {name}: released tags on an engine of a needs_offload=False group (nothing would resume them)")
-    with rules.lock:
-        if name in rules.retired:
+    with state.lock:
+        if name in state.retired:
             raise ValueError(f"reconcile {name}: the engine was retired")
-        k = rules.know[name]
+        k = state.know[name]
         if k.in_flight is not None:
             landed, error = k.in_flight.call.wait(0)
             if not landed:
                 late = k.in_flight.method
                 raise RuntimeError(f"reconcile {name}: a late {late} sent earlier is still running; reconcile after it lands")
             before = k.state
-            land(rules, name, error)
-            rules.persist((name,))
-            rules.announce(name, before)
+            land(state, name, error)
+            state.persist((name,))
+            state.announce(name, before)
         kept = (k.released | k.unknown) if tags is None else set()
         if kept and paused is False:
             raise ValueError(
@@ -1326,12 +1326,12 @@ def reconcile(rules: BarrierState[E], engine: str | E, *, released: Iterable[str
         before = k.state
         k.abandon()
         k.reconcile(released=tags, paused=paused)
-        rules.unchecked.discard(name)  # the caller's word, not the journal's, from now on
-        rules.repause.discard(name)
-        rules.label = "reconcile"
-        rules.persist((name,))
+        state.unchecked.discard(name)  # the caller's word, not the journal's, from now on
+        state.repause.discard(name)
+        state.label = "reconcile"
+        state.persist((name,))
         if k.released or k.unknown:
-            hold(rules, name, OFFLOAD_TOKEN, OFFLOAD_HOLD)
+            hold(state, name, OFFLOAD_TOKEN, OFFLOAD_HOLD)
         else:
-            unhold(rules, name, OFFLOAD_TOKEN)
-        rules.announce(name, before)
+            unhold(state, name, OFFLOAD_TOKEN)
+        state.announce(name, before)

@@ -382,7 +382,7 @@ class Journaled(Orchestrator[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.persisted: list[dict[str, EngineState]] = []
         super().__init__(*args, **kwargs)
-        rules, write = self.rules, self.rules.persist
+        rules, write = self.state, self.state.persist
 
         def persist(names: Collection[str]) -> None:
             self.persisted.append({n: rules.know[n].state for n in names})

@@ -182,7 +182,7 @@ def test_a_weight_sync_body_never_runs_on_an_unsettled_engine() -> None:
     """Memory that may be asleep: the sync refuses (nothing sent), as it does for a quarantined SGLang engine."""
     engines = vllm(1)
     orch = orchestrator(EngineGroup(engines))
-    orch.rules.know[engines[0].engine].unknown.update(VLLM)
+    orch.state.know[engines[0].engine].unknown.update(VLLM)
     with pytest.raises(PhaseFailed, match="skipped"), orch.weight_sync():
         raise AssertionError("the body ran")
 
@@ -225,7 +225,7 @@ def test_the_journal_keeps_a_vllm_engines_knowledge_and_kind(tmp_path: object) -
     orch.onload(tags=["weights"])
     orch.close()
     again = Orchestrator(EngineGroup(engines), fanout=ThreadFanOut(), deadlines=DEADLINES, journal=path)
-    k = again.rules.know[engines[0].engine]
+    k = again.state.know[engines[0].engine]
     assert k.memory is VLLM_RULES.memory and k.released == {"kv_cache"} and k.paused is True
     again.onload()
     sound(*engines)

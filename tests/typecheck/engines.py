@@ -49,7 +49,7 @@ async_is_not_sync_client: AsyncControlPlaneEngine = SGLangClient("http://127.0.0
 async_client: AsyncControlPlaneEngine = AsyncSGLangClient("http://127.0.0.1:1")
 
 
-def _held_rules(client: SGLangClient, async_client: AsyncSGLangClient) -> None:
+def _held_state(client: SGLangClient, async_client: AsyncSGLangClient) -> None:
     """Both orchestrators hold their rules; the attributes users read keep their types (``BarrierView``)."""
     from typing import assert_type
 
@@ -61,8 +61,8 @@ def _held_rules(client: SGLangClient, async_client: AsyncSGLangClient) -> None:
 
     orch = Orchestrator(EngineGroup([client]))
     aorch = AsyncOrchestrator(EngineGroup([async_client]))
-    assert_type(orch.rules, BarrierState[SGLangClient])
-    assert_type(aorch.rules, BarrierState[AsyncSGLangClient])
+    assert_type(orch.state, BarrierState[SGLangClient])
+    assert_type(aorch.state, BarrierState[AsyncSGLangClient])
     assert_type(orch.recovery, Recovery | None)
     assert_type(aorch.journal, Journal | None)
     assert_type(orch.memory_probe, MemoryProbe | None)
