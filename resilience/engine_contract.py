@@ -98,7 +98,7 @@ sends them; reference: ``shared/reference/vllm-control-plane.md``):
 - ``/resume`` (continue) and a wake that leaves nothing asleep reopen everyone's
   pause (``v1/engine/core.py`` l.985, l.1053): continue is sent only with no hold
   left and nothing asleep or unknown; the last wake only with no hold but the
-  offload's (``memory.resume_phases``), else that tag stays asleep and the engine
+  offload's (``transitions.resume_phases``), else that tag stays asleep and the engine
   is reported held;
 - tags are tracked here, client-side: no vLLM route reports which tags sleep.
 - An ambiguous ``/update_weights`` is not a barrier call: ``resilience.adapters.vllm.weights``

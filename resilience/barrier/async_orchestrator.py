@@ -1,7 +1,7 @@
 """``AsyncOrchestrator``: the barrier for controllers that already run an event loop (AReaL-style).
 
 The same rules as ``Orchestrator`` (it holds a ``BarrierState`` too, and the
-transitions are written once as steps in ``resilience.barrier.transitions``/``onload``/``pauses``),
+transitions are written once as steps in ``resilience.barrier.transitions``),
 driven with ``await``: each phase's calls are tasks on the
 caller's loop (``PhaseRun``), awaited together up to the phase deadline. The
 knowledge lock is a short thread lock taken while a step is decided or
@@ -27,17 +27,14 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
-import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, Unpack
 
 from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
 from resilience.barrier.fanout import Calls, EngineResult, LateCall
-from resilience.barrier.journal import Journal
-from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.state import BarrierBusy, BarrierOptions, BarrierState, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.transitions import (
     WEIGHT_SYNC_HOLD,
     PhaseCall,
@@ -60,13 +57,10 @@ from resilience.barrier.transitions import (
 )
 from resilience.barrier.verify import EngineCheck, averify
 from resilience.barrier.view import BarrierView
-from resilience.budget import RestartBudget
-from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.clock import Clock
 from resilience.deadline import Deadline
 from resilience.engine_contract import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
 from resilience.errors import ConfigError
-from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
 
 __all__ = ["AsyncOrchestrator"]
 
@@ -115,37 +109,23 @@ class AsyncOrchestrator(BarrierView[A]):
     running body to end (up to ``transition_s``), else raise ``BarrierBusy``, and
     raise it at once when awaited inside a body (by its task or a task it started).
 
-    It holds its rules (``rules``, a ``BarrierState``), as ``Orchestrator`` does.
+    It holds its state (``state``, a ``BarrierState``), as ``Orchestrator`` does.
     """
 
     def __init__(
         self,
         groups: EngineGroup[A] | Sequence[EngineGroup[A]],
         *,
-        observers: Sequence[Observer] = (),
-        deadlines: PhaseDeadlines | None = None,
-        restart_budget: RestartBudget | None = None,
-        rollback: bool = True,
-        clock: Clock = SYSTEM_CLOCK,
         max_concurrency: int | None = None,
-        memory_probe: MemoryProbe | None = None,
-        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
         gc_pause_s: float = DEFAULT_GC_PAUSE_S,
+        **options: Unpack[BarrierKeywords],
     ) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
         self.gc_pause_s = check_gc_pause("AsyncOrchestrator", gc_pause_s)
         self.state: BarrierState[A] = BarrierState(
             groups,
-            BarrierOptions(
-                observers=observers,
-                deadlines=deadlines,
-                restart_budget=restart_budget,
-                rollback=rollback,
-                clock=clock,
-                memory_probe=memory_probe,
-                journal=journal,
-            ),
+            BarrierOptions.of("AsyncOrchestrator", options),
             owner="AsyncOrchestrator",
         )
         for name, engine in self.state.engines.items():
@@ -294,7 +274,7 @@ class AsyncOrchestrator(BarrierView[A]):
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.
 
         Whatever stops it (cancellation, an observer raising while a step is
-        folded), the last step is handed to ``fold.abandon``. The garbage
+        folded), the last step is handed to ``transitions.abandon``. The garbage
         collector stays paused from here until it returns (at most ``gc_pause_s``).
         """
         step: Step | None = None

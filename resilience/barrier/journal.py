@@ -23,7 +23,7 @@ A record is one JSON object (framed and checksummed by the store,
   PID only, and are judged by the PID).
 
 An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}``
-in its facts (why they are unknown, ``knowledge.Doubt``). The key is optional, so
+in its facts (why they are unknown, ``state.Doubt``). The key is optional, so
 version 1 stays: a reader without it ignores it, and a record without it (an older
 writer) reads as a doubt whose request may still be on its way (the safe reading).
 

@@ -7,7 +7,7 @@
 
 Each phase goes to every engine at once through a ``FanOut``; the next phase
 starts only when every engine answered. Per engine the orchestrator keeps what
-it knows and what it knows it does not know (``knowledge``); every command is
+it knows and what it knows it does not know (``state.EngineKnowledge``); every command is
 sent only when its precondition is known to hold: release only to a known
 paused and flushed engine for tags known not released; resume only for tags
 known released; continue only when nothing is released and no hold remains;
@@ -28,26 +28,23 @@ so far on the error, so calls still running are waited for later). With a
 ``memory_probe``, an engine whose tags became unknown is reconciled from the
 probe instead of staying quarantined.
 
-The orchestrator holds its rules (``BarrierState``, ``.rules``: the engines and
+The orchestrator holds its state (``.state``, a ``BarrierState``: the engines and
 what it knows of them) and drives the transitions, written once as steps in
-``resilience.barrier.transitions``/``onload``/``pauses`` (shared with
-``AsyncOrchestrator``), from the caller's thread, through a ``FanOut``.
+``resilience.barrier.transitions`` (shared with ``AsyncOrchestrator``), from the
+caller's thread, through a ``FanOut``.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, Unpack
 
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, ThreadFanOut
-from resilience.barrier.journal import Journal
-from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.state import BarrierBusy, BarrierOptions, BarrierState, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.transitions import (
     WEIGHT_SYNC_HOLD,
     PhaseCall,
@@ -70,11 +67,7 @@ from resilience.barrier.transitions import (
 from resilience.barrier.verify import EngineCheck
 from resilience.barrier.verify import verify as verify_engines
 from resilience.barrier.view import BarrierView
-from resilience.budget import RestartBudget
-from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.engine_contract import AnyEngine, PauseMode
-from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
 
 __all__ = ["Orchestrator", "default_fanout"]
 
@@ -120,7 +113,7 @@ class Orchestrator(BarrierView[E]):
     None: knowledge lives in memory only). ``recovery`` then says what was
     resumed; ``close()`` lets go of the journal.
 
-    It holds its rules (``rules``, a ``BarrierState``); the queries and the
+    It holds its state (``state``, a ``BarrierState``); the queries and the
     attributes above read them (``BarrierView``).
 
     Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
@@ -134,25 +127,11 @@ class Orchestrator(BarrierView[E]):
         groups: EngineGroup[E] | Sequence[EngineGroup[E]],
         *,
         fanout: FanOut | None = None,
-        observers: Sequence[Observer] = (),
-        deadlines: PhaseDeadlines | None = None,
-        restart_budget: RestartBudget | None = None,
-        rollback: bool = True,
-        clock: Clock = SYSTEM_CLOCK,
-        memory_probe: MemoryProbe | None = None,
-        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
+        **options: Unpack[BarrierKeywords],
     ) -> None:
         self.state: BarrierState[E] = BarrierState(
             groups,
-            BarrierOptions(
-                observers=observers,
-                deadlines=deadlines,
-                restart_budget=restart_budget,
-                rollback=rollback,
-                clock=clock,
-                memory_probe=memory_probe,
-                journal=journal,
-            ),
+            BarrierOptions.of("Orchestrator", options),
             owner="Orchestrator",
         )
         engines = self.state.engines
@@ -288,7 +267,7 @@ class Orchestrator(BarrierView[E]):
         """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.
 
         Whatever stops it (the fan-out raising, an interruption, an observer
-        raising while a step is folded), the last step is handed to ``fold.abandon``.
+        raising while a step is folded), the last step is handed to ``transitions.abandon``.
         """
         step: Step | None = None
         try:

@@ -83,17 +83,9 @@ The state an orchestrator holds
 
 ``BarrierState``: what the barrier knows, held by each orchestrator: engines, per-engine knowledge, the journal, queries.
 
-Both orchestrators hold one (``Orchestrator.rules``, ``AsyncOrchestrator.rules``)
-and hand it to the transitions, written once as steps that never do I/O
-(``resilience.barrier.transitions``), one module per job:
-
-- ``offload``, ``onload``, ``pauses``: the transitions (``offload_steps``,
-  ``onload_steps``, ``pause_steps``/``unpause_steps``);
-- ``fold``: one phase (write-ahead mark, then its results folded in) and
-  ``abandon`` for a driver that stopped inside a step;
-- ``settle``: a transition's start (late calls, the memory probe);
-- ``holds``: owned holds; ``recovery``: ``reconcile``, ``retire``, and the
-  journal resumed; ``transition``: a transition's start, end and errors.
+Both orchestrators hold one (``Orchestrator.state``, ``AsyncOrchestrator.state``), built from their
+``BarrierOptions``, and hand it to the transitions, written once as steps that never do I/O
+(``resilience.barrier.transitions``).
 
 Knowledge is write-ahead: before a ``PhaseCall`` is yielded, each engine's
 facts the call may change are marked in flight (``EngineKnowledge.mark``:
@@ -101,7 +93,7 @@ where a "maybe applied" would leave them), and only an answer, or the
 driver's record that the request never left, settles them. A driver that
 stops in the middle (KeyboardInterrupt, SystemExit, a cancelled task, a
 fan-out that raised, an observer raising anything) hands the step's results
-as far as they go back to ``fold.abandon``, which folds them in; every call
+as far as they go back to ``transitions.abandon``, which folds them in; every call
 it has no answer for stays "maybe", so nothing that may have been applied is
 ever forgotten. Observers are told after the knowledge changed (every engine
 of a phase is folded first), so nothing they raise can undo it.
@@ -116,8 +108,8 @@ import enum
 import os
 import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Final, Generic, TypedDict, TypeVar
 
 from resilience.barrier.fanout import EngineNotDriven, LateCall, PhaseTimeout
 from resilience.budget import RestartBudget
@@ -142,6 +134,7 @@ if TYPE_CHECKING:  # the journal reads this module's knowledge; the state only h
     from resilience.barrier.journal_store import JournalStore
 
 __all__ = [
+    "BarrierKeywords",
     "BarrierOptions",
     "ANSWERED_FOR",
     "BarrierBusy",
@@ -774,6 +767,28 @@ class BarrierOptions:
     """Where the knowledge is written before each command and after each answer (a path, a ``Journal`` or a
     ``JournalStore``; default None: in memory only)."""
 
+    @classmethod
+    def of(cls, owner: str, keywords: Mapping[str, Any]) -> BarrierOptions:
+        """The options an orchestrator named ``owner`` was given as ``keywords``; an unknown keyword is refused, named."""
+        unknown = sorted(set(keywords) - {f.name for f in fields(cls)})
+        if unknown:
+            known = ", ".join(f.name for f in fields(cls))
+            raise TypeError(f"{owner} got unknown keyword argument(s) {', '.join(unknown)}; its options are {known}")
+        return cls(**keywords)
+
+
+class BarrierKeywords(TypedDict, total=False):
+    """``BarrierOptions``' fields as the orchestrators' keyword arguments (``**options: Unpack[BarrierKeywords]``),
+    so that mypy checks each keyword a user passes; each one's meaning and default is ``BarrierOptions``'."""
+
+    observers: Sequence[Observer]
+    deadlines: PhaseDeadlines | None
+    restart_budget: RestartBudget | None
+    rollback: bool
+    clock: Clock
+    memory_probe: MemoryProbe | None
+    journal: Journal | JournalStore | str | os.PathLike[str] | None
+
 
 class BarrierState(Generic[E]):
     """The engines an orchestrator drives and what it knows of each: held by ``Orchestrator`` and ``AsyncOrchestrator``.
@@ -819,13 +834,13 @@ class BarrierState(Generic[E]):
         self.label = "start"
         """What is under way, for the journal's records (``why``)."""
         self.journal_arg = options.journal
-        """The journal as given; ``recovery.resume`` opens it once the orchestrator checked its engines."""
+        """The journal as given; ``transitions.resume`` opens it once the orchestrator checked its engines."""
         self.journal: Journal | None = None
         self.recovery: Recovery | None = None
         """What the journal gave back when the orchestrator started (None without a journal)."""
         self.unchecked: set[str] = set()
         """Engines the resumed journal calls paused or released that no transition has checked yet against what can be
-        read (the memory probe, the engine's ``ServingRead``): the next transition's start does (``recovery.recheck``)."""
+        read (the memory probe, the engine's ``ServingRead``): the next transition's start does (``transitions.recheck``)."""
         self.repause: set[str] = set()
         """Engines the resumed journal calls paused, with nothing released, that this orchestrator has not paused itself
         yet: the next offload or pause sends pause (and offload flush) to them again, both safe to repeat."""

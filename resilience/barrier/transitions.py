@@ -61,9 +61,9 @@ process now on its URL has all its memory and serves. Resuming the journal onto
 it would resume tags it never released (SGLang dies of the ``KeyError``) or
 release it without a pause (it dies of "release while requests were running").
 
-So, when an orchestrator resumes a journal (``recovery.resume``), every engine
+So, when an orchestrator resumes a journal (``resume``), every engine
 the journal calls paused or released (or whose tags it calls unknown) is checked
-at the start of the next transition (``recheck``, called by ``settle.settle``),
+at the start of the next transition (``recheck``, called by ``settle``),
 once, against what can be read:
 
 - the memory probe, where there is one, about every tag the journal calls
@@ -122,9 +122,9 @@ One phase as a step: each engine's facts marked in flight (write-ahead, persiste
 ``phase`` yields the ``PhaseCall``; when the driver hands it back, its
 results are folded: each engine's mark is settled from its result
 (``effect_of``: applied, not applied, maybe), the memory probe is asked
-(``settle.probe``), the change persisted; while the probe's "as before" is
+(``probe``), the change persisted; while the probe's "as before" is
 not trusted yet (a request that may still be on its way), the phase polls it
-(``settle.poll``: it yields ``WaitCall``s) until it proves the call applied or
+(``poll``: it yields ``WaitCall``s) until it proves the call applied or
 the grace has passed; and only then are the observers told. A driver that
 stopped inside a step calls ``abandon``: what it learnt is folded (``fold``,
 which never waits), the rest stays "maybe"; one stopped while the phase polled
@@ -165,7 +165,7 @@ Offload as steps: pause (all) -> flush (all) -> release (all), each only where i
 (the engine kind's table, ``resilience.engine_contract``, says what each call needs).
 
 After a journal was resumed, an engine it calls paused is paused and flushed again
-before its release (``resume_check.pause_again``): the journal's "paused" may belong
+before its release (``pause_again``): the journal's "paused" may belong
 to a process that is gone, and both calls are safe to repeat.
 
 A failure before the release continues the engines back (nothing was
@@ -185,7 +185,7 @@ paused and whose memory is back. The holds are taken inside the ``try`` that
 drops them on failure: a hold whose record could not be written (a full disk)
 is dropped with the others, never left without a body to end it. After a
 journal was resumed, engines it calls paused are paused again
-(``resume_check.pause_again``).
+(``pause_again``).
 
 Recovery
 ========
@@ -482,7 +482,7 @@ _LOG = logging.getLogger("resilience.barrier.transitions")
 
 
 def mark_resumed(state: BarrierState[Any], knowledge: Mapping[str, EngineKnowledge]) -> None:
-    """After a journal was resumed: note the engines to check (``rules.unchecked``) and to pause again (``rules.repause``).
+    """After a journal was resumed: note the engines to check (``state.unchecked``) and to pause again (``state.repause``).
 
     Checked: not retired, not dead, and called paused, released, or with unknown tags. Paused again: called paused with
     nothing released or unknown.
@@ -508,7 +508,7 @@ def ask(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset
 
 
 def recheck(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[list[str]]:
-    """Check the engines among ``names`` still in ``rules.unchecked`` (once each); take those that mismatch as new.
+    """Check the engines among ``names`` still in ``state.unchecked`` (once each); take those that mismatch as new.
 
     Returns the engines taken as new. The probe is asked first; the engines it cannot clear are asked their kind's
     ``ServingRead`` (one ``ReadCall`` per read method, under the settle limit), where the engine object has it.
@@ -550,7 +550,7 @@ def recheck(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> S
 
 def take_as_new(state: BarrierState[Any], tx: Transition | None, name: str, why: str) -> None:
     """``name`` is a fresh process, not the journal's engine: serving, nothing released or unknown, no hold; persisted,
-    logged, announced, and named in ``rules.replaced`` (and ``tx.replaced``)."""
+    logged, announced, and named in ``state.replaced`` (and ``tx.replaced``)."""
     k = state.know[name]
     before = k.state
     k.abandon()
@@ -672,7 +672,7 @@ _GRACE_EPSILON_S: Final = 1e-6
 
 
 def settle(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[dict[str, str]]:
-    """Start of a transition: check what a resumed journal says against the engines (``resume_check.recheck``: a fresh
+    """Start of a transition: check what a resumed journal says against the engines (``recheck``: a fresh
     process is taken as a new engine), drop marks an interruption left, wait (up to the continue phase's limit) for calls
     still in flight, ask the memory probe about quarantined engines (polling it while a grace keeps its "as before" from
     being trusted, up to the settle limit: ``poll``); return the engines to skip, with why."""
@@ -900,7 +900,7 @@ def _fold_knowledge(
 ) -> dict[str, BaseException]:
     """Settle each engine's write-ahead mark from its result (engines already settled are left alone: safe to redo after
     an interruption); ask the probe; persist. A None result is a call whose outcome will never be known: it stays "maybe".
-    ``waiting`` (when given) gets the engines whose probe answer is not trusted yet, with the grace left (``settle.probe``)."""
+    ``waiting`` (when given) gets the engines whose probe answer is not trusted yet, with the grace left (``probe``)."""
     method = step.method
     failures: dict[str, BaseException] = {}
     for (name, _kwargs), result in zip(step.calls, results, strict=True):

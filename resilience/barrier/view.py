@@ -1,12 +1,12 @@
-"""``BarrierView``: what both orchestrators answer from the rules they hold, the queries and the attributes users read.
+"""``BarrierView``: what both orchestrators answer from the state they hold, the queries and the attributes users read.
 
 ``Orchestrator`` and ``AsyncOrchestrator`` each hold a ``BarrierState``
-(``.rules``) and drive the transitions' steps over it; this view is the one
+(``.state``) and drive the transitions' steps over it; this view is the one
 place their shared public surface is written: ``states``, ``held``,
 ``paused_by_us``, ``released_tags``, ``quarantined``, ``not_serving``,
 ``close``, and the attributes ``groups``, ``observers``, ``deadlines``,
 ``restart_budget``, ``rollback``, ``clock``, ``memory_probe``, ``journal``
-and ``recovery``, each read from (and set on) the rules.
+and ``recovery``, each read from (and set on) the state.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ V = TypeVar("V")
 
 
 class _OnState(Generic[V]):
-    """An orchestrator attribute that lives on its rules: read there, and set there."""
+    """An orchestrator attribute that lives on its state: read there, and set there."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -50,7 +50,7 @@ class _OnState(Generic[V]):
 
 
 class BarrierView(Generic[E]):
-    """The queries and attributes both orchestrators share, answered by the ``BarrierState`` they hold (``rules``)."""
+    """The queries and attributes both orchestrators share, answered by the ``BarrierState`` they hold (``state``)."""
 
     state: BarrierState[E]
     """The engines, their knowledge and the journal: set by the orchestrator's constructor."""

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines
-from resilience.barrier import async_fanout
+from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, async_fanout
 from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, AsyncFanOut, PhaseRun, collector_paused_by_us, pause_collector
 from resilience.deadline import Deadline
 from resilience.errors import ConfigError
@@ -139,7 +138,7 @@ def test_no_watchdog_no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
         def start(self) -> None:
             raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(collector, "_watchdog", None)
+    monkeypatch.setattr(async_fanout, "_watchdog", None)
     monkeypatch.setattr(async_fanout.threading, "Thread", NoThread)
     pause = pause_collector(60.0)
     assert not pause.held and gc.isenabled() and not collector_paused_by_us()
