@@ -339,7 +339,7 @@ MEMORY_MODELS: Final[Mapping[str, MemoryModel]] = {m.kind: m for m in (SGLANG_ME
 
 
 class OnAmbiguous(enum.StrEnum):
-    """What an ambiguous answer (maybe applied) to a call does."""
+    """What an ambiguous answer (ambiguous) to a call does."""
 
     QUARANTINE = "quarantine"
     """What the call touches becomes unknown, and nothing that depends on it is sent until it is proven (a probe, the caller)."""

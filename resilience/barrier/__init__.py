@@ -5,7 +5,7 @@
 - ``state``: what the barrier knows (``EngineKnowledge``), what a call did (``Effect``), its values, reports and
   errors, and ``BarrierState``, what each orchestrator holds (``view``: the public surface both answer from it).
 - ``transitions``: offload, onload, a pause and its end, and recovery, written once as steps with no I/O
-  (``PhaseCall``, ``SettleCall``, ``WaitCall``, ``ReadCall``), with the phase fold and the settling at a
+  (``PhaseStep``, ``SettleStep``, ``WaitStep``, ``ReadStep``), with the phase fold and the settling at a
   transition's start.
 - ``journal``, ``journal_store``: the knowledge written where it outlives the controller.
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).

@@ -37,12 +37,12 @@ from resilience.barrier.fanout import Calls, EngineResult, LateCall
 from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.transitions import (
     WEIGHT_SYNC_HOLD,
-    PhaseCall,
-    ReadCall,
-    SettleCall,
+    PhaseStep,
+    ReadStep,
+    SettleStep,
     Step,
     Steps,
-    WaitCall,
+    WaitStep,
     abandon,
     offload_args,
     offload_steps,
@@ -298,28 +298,28 @@ class AsyncOrchestrator(BarrierView[A]):
             collector.end()
 
     async def _serve(self, step: Step, state: _LoopState) -> None:
-        if isinstance(step, PhaseCall):
+        if isinstance(step, PhaseStep):
             run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
             try:
                 await run.wait()
             finally:  # cancelled too: what was sent is read back (late calls keep running) for _abandon to fold
                 step.results = run.results()
-        elif isinstance(step, SettleCall):
+        elif isinstance(step, SettleStep):
             timeout = max(0.0, step.deadline.remaining())
             await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
-        elif isinstance(step, WaitCall):
+        elif isinstance(step, WaitStep):
             await _asleep(self.clock, max(0.0, step.deadline.remaining()))
-        elif isinstance(step, ReadCall):
+        elif isinstance(step, ReadStep):
             run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
             try:
                 await run.wait()
-            except Exception as exc:  # the answers are unknown (ReadCall); a cancellation goes on up
+            except Exception as exc:  # the answers are unknown (ReadStep); a cancellation goes on up
                 step.error = exc
             else:
                 step.results = run.results()
 
     @staticmethod
-    async def _settle_one(step: SettleCall, name: str, call: LateCall, timeout: float) -> None:
+    async def _settle_one(step: SettleStep, name: str, call: LateCall, timeout: float) -> None:
         if isinstance(call, TaskCall):
             landed, error = await call.wait_async(timeout)
         else:  # a late call from elsewhere (not this loop's task): wait for it off the loop

@@ -114,7 +114,7 @@ class FanOut(Protocol):
     ``TypeError`` naming an engine the fan-out cannot drive; and a fan-out
     interrupted part-way (KeyboardInterrupt, SystemExit) may hang what it read
     so far on the error (``attach_results``), else every call of the phase
-    counts as "maybe applied".
+    counts as ambiguous.
     """
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:

@@ -47,12 +47,12 @@ from resilience.barrier.fanout import FanOut, ThreadFanOut
 from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.transitions import (
     WEIGHT_SYNC_HOLD,
-    PhaseCall,
-    ReadCall,
-    SettleCall,
+    PhaseStep,
+    ReadStep,
+    SettleStep,
     Step,
     Steps,
-    WaitCall,
+    WaitStep,
     abandon,
     offload_args,
     offload_steps,
@@ -284,19 +284,19 @@ class Orchestrator(BarrierView[E]):
             raise
 
     def _serve(self, step: Step) -> None:
-        if isinstance(step, PhaseCall):
+        if isinstance(step, PhaseStep):
             step.results = self.fanout.call(step.engines, step.method, step.deadline)
-        elif isinstance(step, SettleCall):
+        elif isinstance(step, SettleStep):
             for name, call in step.late.items():
                 landed, error = call.wait(max(0.0, step.deadline.remaining()))
                 if landed:
                     step.landed[name] = error
-        elif isinstance(step, WaitCall):
+        elif isinstance(step, WaitStep):
             self.clock.sleep(max(0.0, step.deadline.remaining()))
-        elif isinstance(step, ReadCall):
+        elif isinstance(step, ReadStep):
             try:
                 step.results = self.fanout.call(step.engines, step.method, step.deadline)
-            except Exception as exc:  # a fan-out that cannot send this read: the answers are unknown (ReadCall)
+            except Exception as exc:  # a fan-out that cannot send this read: the answers are unknown (ReadStep)
                 step.error = exc
 
     def _wait_for_bodies(self, transition: str) -> None:

@@ -46,7 +46,7 @@ An engine's state is not one label but a few facts, each known or unknown:
   touches stay unknown until then.
 
 Knowledge is *write-ahead*: before a call is handed to a fan-out, ``mark``
-puts the facts it may change where a "maybe applied" would leave them (a
+puts the facts it may change where a "ambiguous" would leave them (a
 release's tags unknown, a continue's "paused" unknown) and keeps what they
 were in ``pending``. Only an answer, or the driver's proof that the request
 never left, settles them (``settle``), refining field by field in an order
@@ -65,7 +65,7 @@ The barrier's values and errors: engine groups, deadlines, reports, hold tokens,
 What a call did
 ===============
 
-What a control call did to the engine, read from the driver's record only: applied, not applied, or maybe.
+What a control call did to the engine, read from the driver's record only: applied, not applied, or ambiguous.
 
 The barrier never looks at an exception's library or type to decide this:
 every driver (the requests, httpx and aiohttp transports, the SGLang clients,
@@ -75,7 +75,7 @@ The only errors judged by what they are are the barrier's own:
 ``PhaseTimeout``, ``EngineSkipped`` and ``EngineDied``.
 
 The barrier folds the ``Effect`` into its knowledge of the engine
-(``resilience.barrier.state``): a "maybe" makes the facts the call
+(``resilience.barrier.state``): an ambiguous effect makes the facts the call
 touches unknown.
 
 The state an orchestrator holds
@@ -87,14 +87,14 @@ Both orchestrators hold one (``Orchestrator.state``, ``AsyncOrchestrator.state``
 ``BarrierOptions``, and hand it to the transitions, written once as steps that never do I/O
 (``resilience.barrier.transitions``).
 
-Knowledge is write-ahead: before a ``PhaseCall`` is yielded, each engine's
+Knowledge is write-ahead: before a ``PhaseStep`` is yielded, each engine's
 facts the call may change are marked in flight (``EngineKnowledge.mark``:
-where a "maybe applied" would leave them), and only an answer, or the
+where a "ambiguous" would leave them), and only an answer, or the
 driver's record that the request never left, settles them. A driver that
 stops in the middle (KeyboardInterrupt, SystemExit, a cancelled task, a
 fan-out that raised, an observer raising anything) hands the step's results
 as far as they go back to ``transitions.abandon``, which folds them in; every call
-it has no answer for stays "maybe", so nothing that may have been applied is
+it has no answer for stays ambiguous, so nothing that may have been applied is
 ever forgotten. Observers are told after the knowledge changed (every engine
 of a phase is folded first), so nothing they raise can undo it.
 
@@ -168,8 +168,9 @@ class Effect(enum.StrEnum):
 
     APPLIED = "applied"
     NOT_APPLIED = "not_applied"
-    MAYBE = "maybe"
-    """It may or may not have taken effect (ambiguous answer, timeout or reset after sending, dead actor)."""
+    AMBIGUOUS = "ambiguous"
+    """It may have been applied, or not (an ambiguous answer, a timeout or reset after sending, a dead actor): the word
+    ``Outcome.AMBIGUOUS`` uses for a call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +253,7 @@ class EngineKnowledge:
     """Why ``unknown`` is not empty (meaningless once it is); see ``Doubt``."""
     in_flight: InFlight | None = None
     pending: Pending | None = None
-    """A call marked in flight (write-ahead) and not settled yet; its facts are already where a "maybe" leaves them."""
+    """A call marked in flight (write-ahead) and not settled yet; its facts are already where an ambiguous effect leaves them."""
     holds: dict[int, str] = field(default_factory=dict)
     """Hold token id -> reason; the engine must stay paused while any remains."""
     memory: MemoryModel = SGLANG_MEMORY
@@ -342,10 +343,10 @@ class EngineKnowledge:
     # -- folding outcomes in ----------------------------------------------------------------------
 
     def apply(self, method: str, kwargs: Mapping[str, Any], outcome: Effect) -> None:
-        """Fold one call's outcome into the facts: not applied changes nothing; maybe makes what the call touches unknown."""
+        """Fold one call's outcome into the facts: not applied changes nothing; ambiguous makes what the call touches unknown."""
         if outcome is Effect.NOT_APPLIED:
             return
-        maybe = outcome is Effect.MAYBE
+        maybe = outcome is Effect.AMBIGUOUS
         if method == "pause_generation":
             if not maybe:
                 if self.paused is not True:
@@ -386,18 +387,18 @@ class EngineKnowledge:
         return Facts(self.paused, self.flushed, self.pause_mode, frozenset(self.released), frozenset(self.unknown))
 
     def mark(self, method: str, kwargs: Mapping[str, Any]) -> Pending:
-        """Write-ahead: ``method(**kwargs)`` is about to be sent. Its facts become what "maybe applied" leaves.
+        """Write-ahead: ``method(**kwargs)`` is about to be sent. Its facts become what "ambiguous" leaves.
 
         ``pending`` keeps them as they were, and is set first: an interruption
         between the two steps leaves a mark that ``abandon`` completes.
         """
         self.abandon()
         pending = self.pending = Pending(method, dict(kwargs), self.facts())
-        self.apply(method, kwargs, Effect.MAYBE)
+        self.apply(method, kwargs, Effect.AMBIGUOUS)
         return pending
 
     def settle(self, effect: Effect) -> None:
-        """The ``pending`` call had ``effect``: refine its facts from "maybe" to what it really did, then drop the mark."""
+        """The ``pending`` call had ``effect``: refine its facts from ambiguous to what it really did, then drop the mark."""
         pending = self.pending
         if pending is None:
             return
@@ -405,7 +406,7 @@ class EngineKnowledge:
         self.pending = None
 
     def late(self, call: LateCall) -> None:
-        """The ``pending`` call missed its phase deadline and is still running: it becomes ``in_flight`` (its facts stay "maybe")."""
+        """The ``pending`` call missed its phase deadline and is still running: it becomes ``in_flight`` (its facts stay ambiguous)."""
         pending = self.pending
         assert pending is not None, f"{self.name}: no call marked in flight"
         self.in_flight = InFlight(pending.method, pending.kwargs, call, pending.before)
@@ -421,14 +422,14 @@ class EngineKnowledge:
         return late
 
     def abandon(self) -> None:
-        """The ``pending`` call's outcome will never be known (its driver stopped): its facts stay "maybe", the mark goes."""
+        """The ``pending`` call's outcome will never be known (its driver stopped): its facts stay ambiguous, the mark goes."""
         pending = self.pending
         if pending is not None:
-            self.apply(pending.method, pending.kwargs, Effect.MAYBE)  # idempotent: completes a mark an interruption cut short
+            self.apply(pending.method, pending.kwargs, Effect.AMBIGUOUS)  # idempotent: completes a mark an interruption cut short
             self.pending = None
 
     def _refine(self, target: Facts) -> None:
-        """Move the facts to ``target``, a refinement of what a "maybe" left: tags become known first, leave ``unknown`` last.
+        """Move the facts to ``target``, a refinement of what an ambiguous effect left: tags become known first, leave ``unknown`` last.
 
         Each step is one assignment or one set operation, and each intermediate
         state is true, so an interruption between two of them forgets nothing.
@@ -667,15 +668,15 @@ def effect_of(error: BaseException | None) -> Effect:
     - no driver record at all (``EngineDied``, ``EngineUnavailable``, a
       ``PhaseTimeout`` of a call that may have started, any error no driver
       wrote, such as a fan-out's or an engine's own bug; an empty record,
-      which ``attempts_of`` reads as none): MAYBE. This is the
+      which ``attempts_of`` reads as none): AMBIGUOUS. This is the
       conservative reading: without the driver's word that the request never
       left, it may have been applied;
-    - any attempt ``MAYBE_APPLIED`` (read timeout, reset after sending): MAYBE;
+    - any attempt ``MAYBE_APPLIED`` (read timeout, reset after sending): AMBIGUOUS;
     - any attempt ``RESPONDED`` with a gateway status (502, 503, 504: a proxy
       may answer it after forwarding), whatever the transport's retry policy
-      did with it: MAYBE;
+      did with it: AMBIGUOUS;
     - any attempt ``RESPONDED`` with a status that is not an error (below 400:
-      the engine answered, and the driver raised anyway): MAYBE;
+      the engine answered, and the driver raised anyway): AMBIGUOUS;
     - otherwise every attempt was ``NOT_SENT`` (refused, connect timeout, DNS,
       TLS, a full local pool, an open breaker) or answered with the engine's own error status (4xx, other 5xx):
       NOT_APPLIED.
@@ -686,8 +687,8 @@ def effect_of(error: BaseException | None) -> Effect:
         return Effect.NOT_APPLIED
     attempts = attempts_of(error)
     if attempts is None:
-        return Effect.MAYBE
-    return Effect.MAYBE if any(_may_have_applied(a) for a in attempts) else Effect.NOT_APPLIED
+        return Effect.AMBIGUOUS
+    return Effect.AMBIGUOUS if any(_may_have_applied(a) for a in attempts) else Effect.NOT_APPLIED
 
 
 ANSWERED_FOR: Final = frozenset({502, 503})
@@ -696,7 +697,7 @@ it, or the engine had answered). After a 504, a reset or a read timeout it may s
 
 
 def doubt_of(method: str, error: BaseException | None, since: float) -> Doubt:
-    """Why a call that ended with ``error`` and had a "maybe" effect leaves its tags unknown, and whether its request may
+    """Why a call that ended with ``error`` and had an ambiguous effect leaves its tags unknown, and whether its request may
     still be on its way: yes unless every attempt that may have reached the engine was answered 502 or 503 (None: the
     call's answer was never read, an interruption)."""
     if error is None:

@@ -2,16 +2,16 @@
 recovery; with no I/O.
 
 A transition is a generator over a ``BarrierState`` (``resilience.barrier.state``): it decides what to send,
-*yields* a step that says so (``PhaseCall``, ``SettleCall``, ``WaitCall``, ``ReadCall``), and folds what came back
+*yields* a step that says so (``PhaseStep``, ``SettleStep``, ``WaitStep``, ``ReadStep``), and folds what came back
 into the knowledge before deciding the next. The drivers (``Orchestrator``: threads; ``AsyncOrchestrator``: an event
 loop) send each step and hand it back filled in. Sections, in order (each names the functions it holds):
 
 - the arguments, checked before anything is sent (``tags_arg``, ``offload_args``);
 - owned holds (``hold``, ``unhold``, ``OFFLOAD_HOLD``, ``WEIGHT_SYNC_HOLD``);
-- the steps (``PhaseCall`` ...) and the running ``Transition``;
+- the steps (``PhaseStep`` ...) and the running ``Transition``;
 - the resume check (a resumed journal checked against the engines: ``recheck``, ``pause_again``);
 - a transition's start, end and errors (``transition``, ``error``, ``skips``);
-- the start-of-transition settling and the memory probe (``settle``, ``probe``, ``poll``, ``land``);
+- the start-of-transition settling and the memory probe (``settle``, ``reconcile_from_probe``, ``poll_probe``, ``land``);
 - one phase marked, sent and folded in (``phase``; ``abandon`` for a driver that stopped inside a step);
 - the memory phases each engine kind needs (``to_release``, ``resume_phases``, ``resend``);
 - the transitions: ``onload_steps`` (and the continue phases), ``offload_steps``, ``pause_steps``/``unpause_steps``;
@@ -27,13 +27,13 @@ does I/O: it decides what to send, *yields* a step that says so, and folds
 what came back into the knowledge before deciding the next. There are three
 kinds of step:
 
-- ``PhaseCall``: send ``method`` to these engines at once under ``deadline``;
+- ``PhaseStep``: send ``method`` to these engines at once under ``deadline``;
   the driver fills ``results`` (one ``EngineResult`` per engine).
-- ``SettleCall``: wait up to ``deadline`` for these late calls; the driver fills
+- ``SettleStep``: wait up to ``deadline`` for these late calls; the driver fills
   ``landed`` with the ones that landed.
-- ``WaitCall``: wait until ``deadline`` has passed (what is left of the grace of a
+- ``WaitStep``: wait until ``deadline`` has passed (what is left of the grace of a
   release or resume that may still be on its way, before the probe is asked again).
-- ``ReadCall``: send a read (no control call: nothing is marked in flight) to these
+- ``ReadStep``: send a read (no control call: nothing is marked in flight) to these
   engines at once; a fan-out that cannot send it sets ``error`` instead of raising
   (the engines' answers are then unknown, and nothing else changes).
 
@@ -103,8 +103,8 @@ sending, a 504, no delivery record, an interruption) only once
 after the probe said "not released" would be released again, and SGLang dies
 of the double release.
 
-While such an answer is not trusted yet, the probe is polled (``poll``: a
-``WaitCall`` of ``PhaseDeadlines.probe_poll_s`` on the orchestrator's clock,
+While such an answer is not trusted yet, the probe is polled (``poll_probe``: a
+``WaitStep`` of ``PhaseDeadlines.probe_poll_s`` on the orchestrator's clock,
 then ask again), right after the phase that sent the call (up to that phase's
 deadline) and at the start of the next transition (up to its settle limit):
 until it proves the call applied (settled at once), or the grace has passed
@@ -119,15 +119,15 @@ One phase
 
 One phase as a step: each engine's facts marked in flight (write-ahead, persisted), then its results folded in.
 
-``phase`` yields the ``PhaseCall``; when the driver hands it back, its
+``phase`` yields the ``PhaseStep``; when the driver hands it back, its
 results are folded: each engine's mark is settled from its result
-(``effect_of``: applied, not applied, maybe), the memory probe is asked
-(``probe``), the change persisted; while the probe's "as before" is
+(``effect_of``: applied, not applied, ambiguous), the memory probe is asked
+(``reconcile_from_probe``), the change persisted; while the probe's "as before" is
 not trusted yet (a request that may still be on its way), the phase polls it
-(``poll``: it yields ``WaitCall``s) until it proves the call applied or
+(``poll_probe``: it yields ``WaitStep``s) until it proves the call applied or
 the grace has passed; and only then are the observers told. A driver that
 stopped inside a step calls ``abandon``: what it learnt is folded (``fold``,
-which never waits), the rest stays "maybe"; one stopped while the phase polled
+which never waits), the rest stays ambiguous; one stopped while the phase polled
 leaves the engines it polled for quarantined, with their doubt.
 
 The memory phases
@@ -247,21 +247,21 @@ from resilience.events import (
 from resilience.memory_probe import MemoryProbe
 
 __all__ = [
-    "Call",
+    "EngineCall",
     "Interrupted",
     "OFFLOAD_HOLD",
-    "PhaseCall",
-    "ReadCall",
-    "SettleCall",
+    "PhaseStep",
+    "ReadStep",
+    "SettleStep",
     "Step",
     "Steps",
     "Transition",
     "WEIGHT_SYNC_HOLD",
-    "WaitCall",
+    "WaitStep",
     "abandon",
-    "ask",
+    "ask_probe",
     "continue_ready",
-    "doubt",
+    "record_doubt",
     "error",
     "fold",
     "held_among",
@@ -277,8 +277,8 @@ __all__ = [
     "pause_steps",
     "paused_again",
     "phase",
-    "poll",
-    "probe",
+    "poll_probe",
+    "reconcile_from_probe",
     "raise_if_skipped",
     "recheck",
     "reconcile",
@@ -387,7 +387,7 @@ def held_among(state: BarrierState[Any], names: Sequence[str]) -> dict[str, tupl
     return {n: reasons(state.know[n]) for n in names if state.know[n].holds}
 
 
-Call = tuple[str, Mapping[str, Any]]
+EngineCall = tuple[str, Mapping[str, Any]]
 """One engine's call in a phase: (engine name, kwargs)."""
 E = TypeVar("E", bound=AnyEngine)
 T = TypeVar("T")
@@ -417,7 +417,7 @@ class Transition:
 
 
 @dataclass(eq=False)
-class PhaseCall(Generic[E]):
+class PhaseStep(Generic[E]):
     """A step: send ``method`` to every engine of ``engines`` (engine, kwargs) at once under ``deadline``.
 
     The driver sets ``results``, one per engine in order (``FanOut.call``'s contract).
@@ -426,7 +426,7 @@ class PhaseCall(Generic[E]):
     tx: Transition
     phase: str
     method: ControlMethod
-    calls: tuple[Call, ...]
+    calls: tuple[EngineCall, ...]
     engines: list[tuple[E, Mapping[str, Any]]]
     deadline: Deadline
     started: float
@@ -439,7 +439,7 @@ class PhaseCall(Generic[E]):
 
 
 @dataclass(eq=False)
-class SettleCall:
+class SettleStep:
     """A step: wait up to ``deadline`` for the late calls in ``late`` (engine name -> call).
 
     The driver puts each one that landed in ``landed`` (name -> its error, or None).
@@ -451,14 +451,14 @@ class SettleCall:
 
 
 @dataclass(eq=False)
-class WaitCall:
+class WaitStep:
     """A step: wait until ``deadline`` has passed (the driver sleeps on the orchestrator's clock), then hand back."""
 
     deadline: Deadline
 
 
 @dataclass(eq=False)
-class ReadCall(Generic[E]):
+class ReadStep(Generic[E]):
     """A step: send the read ``method`` (no arguments) to every engine of ``engines`` at once under ``deadline``.
 
     The driver sets ``results``, one per engine in order, or ``error`` when the fan-out raised (a fan-out that cannot
@@ -466,14 +466,14 @@ class ReadCall(Generic[E]):
     """
 
     method: str
-    calls: tuple[Call, ...]
+    calls: tuple[EngineCall, ...]
     engines: list[tuple[E, Mapping[str, Any]]]
     deadline: Deadline
     results: list[EngineResult] | None = None
     error: Exception | None = None
 
 
-Step = PhaseCall[Any] | SettleCall | WaitCall | ReadCall[Any]
+Step = PhaseStep[Any] | SettleStep | WaitStep | ReadStep[Any]
 Steps = Generator[Step, None, T]
 """A transition as steps: yields what to send or wait for, returns its result."""
 
@@ -496,7 +496,7 @@ def mark_resumed(state: BarrierState[Any], knowledge: Mapping[str, EngineKnowled
             state.repause.add(name)
 
 
-def ask(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset[str] | None:
+def ask_probe(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset[str] | None:
     """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags the engine does not have)."""
     try:
         answer = memory_probe.released_tags(name)
@@ -511,7 +511,7 @@ def recheck(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> S
     """Check the engines among ``names`` still in ``state.unchecked`` (once each); take those that mismatch as new.
 
     Returns the engines taken as new. The probe is asked first; the engines it cannot clear are asked their kind's
-    ``ServingRead`` (one ``ReadCall`` per read method, under the settle limit), where the engine object has it.
+    ``ServingRead`` (one ``ReadStep`` per read method, under the settle limit), where the engine object has it.
     """
     todo = [n for n in names if n in state.unchecked and n not in state.retired]
     if not todo:
@@ -522,11 +522,11 @@ def recheck(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> S
     if state.memory_probe is not None:
         for n in todo:
             k = know[n]
-            answer = ask(state.memory_probe, n, k.memory.all_tags)
+            answer = ask_probe(state.memory_probe, n, k.memory.all_tags)
             if answer is not None and not k.released <= answer:
                 missing = ", ".join(sorted(k.released - answer))
                 fresh[n] = f"the memory probe finds {missing} not released, which the journal records released ({k.state})"
-    reads: dict[str, list[Call]] = {}
+    reads: dict[str, list[EngineCall]] = {}
     for n in todo:
         read = state.kinds[n].serving_read
         if n in fresh or read is None or not callable(getattr(state.engines[n], read.method, None)):
@@ -535,7 +535,7 @@ def recheck(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> S
     for method, calls in reads.items():
         tx.phase = "resume_check"
         deadline = tx.deadline.cap(state.deadlines.for_phase("settle"))
-        step: ReadCall[Any] = ReadCall(method, tuple(calls), [(state.engines[n], kw) for n, kw in calls], deadline)
+        step: ReadStep[Any] = ReadStep(method, tuple(calls), [(state.engines[n], kw) for n, kw in calls], deadline)
         yield step
         if step.results is None or len(step.results) != len(calls):
             continue  # the fan-out could not send it: nothing is proved
@@ -675,7 +675,7 @@ def settle(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> St
     """Start of a transition: check what a resumed journal says against the engines (``recheck``: a fresh
     process is taken as a new engine), drop marks an interruption left, wait (up to the continue phase's limit) for calls
     still in flight, ask the memory probe about quarantined engines (polling it while a grace keeps its "as before" from
-    being trusted, up to the settle limit: ``poll``); return the engines to skip, with why."""
+    being trusted, up to the settle limit: ``poll_probe``); return the engines to skip, with why."""
     know = state.know
     yield from recheck(state, tx, names)
     stale = [n for n in names if know[n].pending is not None]
@@ -683,13 +683,13 @@ def settle(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> St
         k = know[n]
         method = k.pending.method if k.pending is not None else ""
         k.abandon()
-        doubt(state, k, method, None)
+        record_doubt(state, k, method, None)
     if stale:
         state.persist(stale)
     late = {n: k.in_flight.call for n in names if (k := know[n]).in_flight is not None}
     if late:
         tx.phase = "settle"
-        step = SettleCall(late, tx.deadline.cap(state.deadlines.for_phase("settle")))
+        step = SettleStep(late, tx.deadline.cap(state.deadlines.for_phase("settle")))
         yield step
         before = {n: know[n].state for n in step.landed}
         for n, error in step.landed.items():
@@ -700,10 +700,10 @@ def settle(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> St
             state.announce(n, before[n])
     before = {n: know[n].state for n in names}
     waiting: dict[str, float] = {}
-    settled = probe(state, names, waiting)
+    settled = reconcile_from_probe(state, names, waiting)
     if waiting:  # a request may still be on its way: ask again until it proves applied or the grace has passed
         tx.phase = "settle"
-        settled += yield from poll(state, waiting, tx.deadline.cap(state.deadlines.for_phase("settle")))
+        settled += yield from poll_probe(state, waiting, tx.deadline.cap(state.deadlines.for_phase("settle")))
     for n in settled:
         state.announce(n, before[n])
     return {n: state.why_skipped(n) for n in names if know[n].dead is not None or know[n].in_flight is not None}
@@ -714,20 +714,20 @@ def land(state: BarrierState[Any], name: str, error: BaseException | None) -> No
     k = state.know[name]
     effect = effect_of(error)
     late = k.land(effect)
-    if late is not None and effect is Effect.MAYBE:
-        doubt(state, k, late.method, error)
+    if late is not None and effect is Effect.AMBIGUOUS:
+        record_doubt(state, k, late.method, error)
     if error is not None and is_engine_dead(error):
         k.dead = f"{type(error).__name__} after a late call"
 
 
-def doubt(state: BarrierState[Any], k: EngineKnowledge, method: str, error: BaseException | None) -> None:
-    """A release or resume had a "maybe" effect and left ``k``'s tags unknown: keep why, and whether its request may
+def record_doubt(state: BarrierState[Any], k: EngineKnowledge, method: str, error: BaseException | None) -> None:
+    """A release or resume had an ambiguous effect and left ``k``'s tags unknown: keep why, and whether its request may
     still be on its way (``error`` None: its answer was never read). The caller persists."""
     if method in (RELEASE, RESUME) and k.unknown:
         k.doubt = doubt_of(method, error, state.clock.monotonic())
 
 
-def probe(state: BarrierState[Any], names: Iterable[str], waiting: dict[str, float] | None = None) -> list[str]:
+def reconcile_from_probe(state: BarrierState[Any], names: Iterable[str], waiting: dict[str, float] | None = None) -> list[str]:
     """Reconcile from the memory probe every engine among ``names`` whose tags are unknown; return those it settled.
 
     An answer is trusted when it proves the call applied, when the request is not on its way (``Doubt.in_transit``
@@ -744,7 +744,7 @@ def probe(state: BarrierState[Any], names: Iterable[str], waiting: dict[str, flo
         k = state.know[name]
         if not k.unknown or k.in_flight is not None or k.pending is not None or name in state.retired:
             continue
-        released = ask(memory_probe, name, k.memory.all_tags)
+        released = ask_probe(memory_probe, name, k.memory.all_tags)
         left = _grace_left(state, k, released)
         if released is None:  # cannot prove it now (a release being carried out): worth asking again within the grace
             if waiting is not None and left > 0:
@@ -764,15 +764,15 @@ def probe(state: BarrierState[Any], names: Iterable[str], waiting: dict[str, flo
     return settled
 
 
-def poll(state: BarrierState[Any], waiting: dict[str, float], deadline: Deadline) -> Steps[list[str]]:
+def poll_probe(state: BarrierState[Any], waiting: dict[str, float], deadline: Deadline) -> Steps[list[str]]:
     """Ask the memory probe again, every ``PhaseDeadlines.probe_poll_s``, about the engines in ``waiting`` (name -> grace
-    left, as ``probe`` fills it) until each is settled (proved applied, or the grace passed and "as before" is trusted),
+    left, as ``reconcile_from_probe`` fills it) until each is settled (proved applied, or the grace passed and "as before" is trusted),
     or ``deadline`` has passed; return those settled. ``waiting`` is left with the engines still waiting (a probe that
     still cannot prove it once the grace has passed drops out: the engine stays quarantined).
 
-    Each wait is a ``WaitCall`` (the driver sleeps on the orchestrator's clock, on its thread or without blocking its
+    Each wait is a ``WaitStep`` (the driver sleeps on the orchestrator's clock, on its thread or without blocking its
     event loop), so an interruption can only come while nothing is being decided: it closes these steps and leaves
-    every engine still waiting quarantined, with its doubt, as ``probe`` left it. Bounded: at most one wait per
+    every engine still waiting quarantined, with its doubt, as ``reconcile_from_probe`` left it. Bounded: at most one wait per
     ``probe_poll_s`` of the smaller of the longest grace left and ``deadline`` (plus one for rounding).
     """
     every = state.deadlines.probe_poll_s
@@ -783,9 +783,9 @@ def poll(state: BarrierState[Any], waiting: dict[str, float], deadline: Deadline
         left = min(max(waiting.values(), default=0.0), deadline.remaining())
         if left <= 0:
             break
-        yield WaitCall(deadline.cap(min(every, left)))
+        yield WaitStep(deadline.cap(min(every, left)))
         again: dict[str, float] = {}
-        settled += probe(state, list(waiting), again)
+        settled += reconcile_from_probe(state, list(waiting), again)
         waiting.clear()
         waiting.update(again)
     return settled
@@ -808,7 +808,7 @@ class Interrupted(RuntimeError):
 
 
 def phase(
-    state: BarrierState[Any], tx: Transition, name: str, method: ControlMethod, calls: Sequence[Call]
+    state: BarrierState[Any], tx: Transition, name: str, method: ControlMethod, calls: Sequence[EngineCall]
 ) -> Steps[dict[str, BaseException]]:
     """One phase (``name``) on every engine at once; each outcome is folded into its knowledge. Returns the failures.
 
@@ -827,7 +827,7 @@ def phase(
     state.label = f"{tx.name} {name}"
     before = {n: state.know[n].state for n in names}
     engines = [(state.engines[n], kw) for n, kw in calls]
-    step = PhaseCall(tx, name, method, tuple(calls), engines, deadline, state.clock.monotonic(), before)
+    step = PhaseStep(tx, name, method, tuple(calls), engines, deadline, state.clock.monotonic(), before)
     for n, kwargs in calls:
         step.marks[n] = state.know[n].mark(method, kwargs)
     try:
@@ -842,14 +842,14 @@ def phase(
     failures = _fold_knowledge(state, step, step.results, waiting)
     try:
         if waiting:  # the probe's "as before" is not trusted yet: ask again until it proves applied or the grace passed
-            settled = yield from poll(state, waiting, step.deadline)
+            settled = yield from poll_probe(state, waiting, step.deadline)
             _drop_done(state, step, failures, settled)
     finally:  # reported once, also when the poll is interrupted (the knowledge is already folded and persisted)
         _report(state, step, step.results, failures)
     return failures
 
 
-def _unmark(state: BarrierState[Any], step: PhaseCall[Any], error: BaseException) -> None:
+def _unmark(state: BarrierState[Any], step: PhaseStep[Any], error: BaseException) -> None:
     """The step's write-ahead could not be persisted (``error``), so its calls are never sent: settle each mark as not
     applied (the facts go back to what they were; the journal still holds them so, its last record being the one
     before), then end the phase for the observers (``PhaseEnded``, every engine failed with ``error``)."""
@@ -864,7 +864,7 @@ def _unmark(state: BarrierState[Any], step: PhaseCall[Any], error: BaseException
     emit(state.observers, ended)
 
 
-def fold(state: BarrierState[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
+def fold(state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
     """Fold a phase's results into the knowledge, then report it (once); return the failures. Never waits (the probe is
     asked once): what ``abandon`` uses.
 
@@ -878,7 +878,7 @@ def fold(state: BarrierState[Any], step: PhaseCall[Any], results: Sequence[Engin
 
 
 def _report(
-    state: BarrierState[Any], step: PhaseCall[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
+    state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
 ) -> None:
     """Tell the observers what the folded phase did: its ``PhaseReport``, each engine's state change, ``PhaseEnded``."""
     tx, names = step.tx, tuple(n for n, _ in step.calls)
@@ -894,13 +894,13 @@ def _report(
 
 def _fold_knowledge(
     state: BarrierState[Any],
-    step: PhaseCall[Any],
+    step: PhaseStep[Any],
     results: Sequence[EngineResult | None],
     waiting: dict[str, float] | None = None,
 ) -> dict[str, BaseException]:
     """Settle each engine's write-ahead mark from its result (engines already settled are left alone: safe to redo after
-    an interruption); ask the probe; persist. A None result is a call whose outcome will never be known: it stays "maybe".
-    ``waiting`` (when given) gets the engines whose probe answer is not trusted yet, with the grace left (``probe``)."""
+    an interruption); ask the probe; persist. A None result is a call whose outcome will never be known: it stays ambiguous.
+    ``waiting`` (when given) gets the engines whose probe answer is not trusted yet, with the grace left (``reconcile_from_probe``)."""
     method = step.method
     failures: dict[str, BaseException] = {}
     for (name, _kwargs), result in zip(step.calls, results, strict=True):
@@ -909,7 +909,7 @@ def _fold_knowledge(
         if result is None:
             if mine:
                 k.abandon()
-                doubt(state, k, method, None)
+                record_doubt(state, k, method, None)
             failures[name] = Interrupted(f"{name}: the phase was interrupted while {method} ran; it may have been applied")
             continue
         if mine:
@@ -918,19 +918,19 @@ def _fold_knowledge(
             else:
                 effect = effect_of(result.error)
                 k.settle(effect)
-                if effect is Effect.MAYBE:
-                    doubt(state, k, method, result.error)
+                if effect is Effect.AMBIGUOUS:
+                    record_doubt(state, k, method, result.error)
         if result.error is not None:
             failures[name] = result.error
             if is_engine_dead(result.error) and k.dead is None:
                 k.dead = f"{type(result.error).__name__} in {step.phase}"
     names = tuple(n for n, _ in step.calls)
     state.persist(names)
-    _drop_done(state, step, failures, probe(state, names, waiting))  # each engine it settles is persisted on its own
+    _drop_done(state, step, failures, reconcile_from_probe(state, names, waiting))  # each engine it settles is persisted on its own
     return failures
 
 
-def _drop_done(state: BarrierState[Any], step: PhaseCall[Any], failures: dict[str, BaseException], settled: Sequence[str]) -> None:
+def _drop_done(state: BarrierState[Any], step: PhaseStep[Any], failures: dict[str, BaseException], settled: Sequence[str]) -> None:
     """Drop from ``failures`` each engine among ``settled`` (by the probe) whose call the knowledge now proves done."""
     calls = dict(step.calls)
     for name in settled:
@@ -939,12 +939,12 @@ def _drop_done(state: BarrierState[Any], step: PhaseCall[Any], failures: dict[st
 
 
 def abandon(state: BarrierState[Any], steps: Steps[Any], step: Step, error: BaseException | None = None) -> None:
-    """The driver stopped inside ``step`` (``error``): fold what it learnt, leave the rest "maybe", then close the steps.
+    """The driver stopped inside ``step`` (``error``): fold what it learnt, leave the rest ambiguous, then close the steps.
 
     Also after an interruption inside the fold itself: engines already folded are left as they are.
     """
     try:
-        if isinstance(step, PhaseCall):
+        if isinstance(step, PhaseStep):
             results: Sequence[EngineResult | None] | None = step.results
             if results is None and error is not None:
                 results = interrupted_results(error)
@@ -996,7 +996,7 @@ def resend(
     tx: Transition,
     name: str,
     method: ControlMethod,
-    calls: Sequence[Call],
+    calls: Sequence[EngineCall],
     failed: Mapping[str, BaseException],
 ) -> Steps[dict[str, BaseException]]:
     """Re-send (phase ``name``) each call of ``calls`` whose effect was ambiguous, on kinds where that is safe; return the
@@ -1045,7 +1045,7 @@ def resume_phases(
     queue = {n: _calls(know[n], tags) for n, tags in wants.items() if tags}
     failed: dict[str, BaseException] = {}
     for _ in range(1 + max((len(q) for q in queue.values()), default=0)):  # bounded: each round sends a queue's head
-        calls: list[Call] = []
+        calls: list[EngineCall] = []
         for n, q in queue.items():
             if not q or n in failed:
                 continue
@@ -1128,7 +1128,7 @@ def offload_steps(state: BarrierState[Any], wanted: frozenset[str], mode: Litera
         failed = yield from phase(state, tx, "flush", "flush_cache", [(n, {}) for n in to_flush])
         if failed:
             raise (yield from _fail_before_release(state, tx, "flush", failed, live, skipped))
-        calls: list[Call] = []
+        calls: list[EngineCall] = []
         for n, missing in todo.items():
             if state.allows(n, "release_memory_occupation", missing):
                 calls.append((n, know[n].memory.release_kwargs(missing)))
@@ -1163,7 +1163,7 @@ def _fail_in_release(
     state: BarrierState[Any],
     tx: Transition,
     failed: Mapping[str, BaseException],
-    applied: Sequence[Call],
+    applied: Sequence[EngineCall],
     live: Sequence[str],
     skipped: Mapping[str, str],
 ) -> Steps[PhaseFailed]:

@@ -2,7 +2,7 @@
 
 Write-ahead knowledge (an interrupt at any point leaves what a call touches unknown, never forgotten), observers told
 after the knowledge changed, the effect of a call read from the driver's record (a gateway status after the engine
-applied is "maybe"), the memory probe's auto-reconcile, the ``BarrierState.persist`` hook, and the checks made before anything is sent.
+applied is ambiguous), the memory probe's auto-reconcile, the ``BarrierState.persist`` hook, and the checks made before anything is sent.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ async def test_an_observer_raising_a_base_exception_in_the_async_orchestrator() 
     assert all(e.serving and e.crash is None for e in engines)
 
 
-# -- issue item 4: a gateway status after the engine applied is "maybe" ------------------------------------------
+# -- issue item 4: a gateway status after the engine applied is ambiguous ------------------------------------------
 
 
 def test_release_answered_502_after_it_applied_is_not_rolled_back_onto_released_memory(fanout: FanOut) -> None:

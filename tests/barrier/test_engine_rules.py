@@ -53,12 +53,12 @@ def test_the_sglang_table_is_the_knowledge_model_s_own_preconditions() -> None:
 
 
 def test_the_sglang_table_says_what_an_ambiguous_answer_does_to_the_knowledge() -> None:
-    """QUARANTINE rows leave the engine quarantined after a "maybe"; RESEND rows leave it unknown but not quarantined."""
+    """QUARANTINE rows leave the engine quarantined after an ambiguous answer; RESEND rows leave it unknown but not quarantined."""
     for method in CONTROL_METHODS:
         k = EngineKnowledge("e", paused=True, flushed=True)
         if method == "resume_memory_occupation":
             k.released = set(ALL)
-        k.mark(method, {})  # write-ahead: the facts a "maybe" leaves
+        k.mark(method, {})  # write-ahead: the facts an ambiguous answer leaves
         k.abandon()
         quarantined = SGLANG_RULES.calls[method].on_ambiguous is OnAmbiguous.QUARANTINE
         assert k.quarantined is quarantined, (method, k)

@@ -83,7 +83,7 @@ def test_a_controller_interrupted_mid_release_leaves_the_call_maybe_applied_for_
     engines[1].land()
 
     second = Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "j")
-    assert second.recovery is not None and second.recovery.in_flight == {}  # the interrupted controller settled it as "maybe"
+    assert second.recovery is not None and second.recovery.in_flight == {}  # the interrupted controller settled it as ambiguous
     assert second.states()[NAMES[1]] is EngineState.QUARANTINED
     with pytest.raises(PhaseFailed) as failed:
         second.onload()

@@ -7,7 +7,7 @@
   offload pauses and flushes it again before the release, also when the engine has no read that tells
   (an engine object with only the five control calls).
 - A write-ahead record that could not be written (``ENOSPC`` from the journal store) sends nothing
-  and marks nothing "maybe": the same controller's next onload and offload work, nothing quarantined (its
+  and marks nothing ambiguous: the same controller's next onload and offload work, nothing quarantined (its
   phase ends for the observers with the error).
 - A ``weight_sync`` whose hold record could not be written leaves no hold behind: after the next
   offload and onload every engine serves.
