@@ -1,4 +1,4 @@
-"""The barrier's rules, one at a time, on socket-free engines with SGLang's crash semantics (issue 9's seven defects).
+"""Each control call's precondition, one at a time, on socket-free engines with SGLang's crash semantics.
 
 Every test that drives an orchestrator runs twice: ``ThreadFanOut`` over ``FakeEngine`` and ``AsyncFanOut`` over
 ``AsyncFakeEngine`` (same state, faults and crash rules, with coroutine calls).
