@@ -117,6 +117,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, get_args
 
 __all__ = [
     "ALL_TAGS",
+    "KNOWLEDGE_NEEDS",
     "CONTROL_METHODS",
     "MEMORY_MODELS",
     "RESEND_ROUNDS",
@@ -474,43 +475,51 @@ class EngineRules:
         return "\n".join(rows)
 
 
-def _each_tag(predicate: Callable[[KnownFacts, str], bool]) -> Needs:
-    return lambda k, tags: all(predicate(k, t) for t in tags)
+KNOWLEDGE_NEEDS: Final[Mapping[ControlMethod, Needs]] = {
+    "pause_generation": lambda k, _tags: k.reachable,
+    "flush_cache": lambda k, _tags: k.may_flush(),
+    "release_memory_occupation": lambda k, tags: all(k.may_release(t) for t in tags),
+    "resume_memory_occupation": lambda k, tags: all(k.may_resume(t) for t in tags),
+    "continue_generation": lambda k, _tags: k.may_continue(),
+}
+"""Each control call's precondition as the one knowledge model states it (what ``may_*`` says, for each tag named):
+the ``needs`` of every row of ``SGLANG_RULES`` and ``VLLM_RULES``. The kinds differ in what the knowledge makes of a
+call (their ``MemoryModel``), not in these questions."""
 
 
-SGLANG_RULES: Final = EngineRules(
+def _rules(kind: str, rows: Mapping[ControlMethod, tuple[str, OnAmbiguous, str]], **table: Any) -> EngineRules:
+    """A table whose rows ask ``KNOWLEDGE_NEEDS``: ``rows`` maps each method to (needs_text, on_ambiguous, why);
+    ``continue_generation`` reopens everyone's pause; ``table``: ``EngineRules``' other fields."""
+    calls = {
+        method: CallRule(KNOWLEDGE_NEEDS[method], text, on_ambiguous, reopens_everyone=method == "continue_generation", why=why)
+        for method, (text, on_ambiguous, why) in rows.items()
+    }
+    return EngineRules(kind, calls, **table)
+
+
+SGLANG_RULES: Final = _rules(
     "sglang",
     {
-        "pause_generation": CallRule(
-            lambda k, _tags: k.reachable,
+        "pause_generation": (
             "alive, no call in flight (a pause is safe to repeat)",
             OnAmbiguous.RESEND,
-            why="pause_generation on a paused scheduler only pauses it again",
+            "pause_generation on a paused scheduler only pauses it again",
         ),
-        "flush_cache": CallRule(
-            lambda k, _tags: k.may_flush(),
-            "known paused",
-            OnAmbiguous.RESEND,
-            why="flush_cache fails while requests run; repeating it is harmless",
-        ),
-        "release_memory_occupation": CallRule(
-            _each_tag(lambda k, t: k.may_release(t)),
+        "flush_cache": ("known paused", OnAmbiguous.RESEND, "flush_cache fails while requests run; repeating it is harmless"),
+        "release_memory_occupation": (
             "known paused and flushed, not quarantined, each tag known not released",
             OnAmbiguous.QUARANTINE,
-            why="the scheduler asserts it is idle; a second release of a tag: torch_memory_saver exit(1)",
+            "the scheduler asserts it is idle; a second release of a tag: torch_memory_saver exit(1)",
         ),
-        "resume_memory_occupation": CallRule(
-            _each_tag(lambda k, t: k.may_resume(t)),
+        "resume_memory_occupation": (
             "not quarantined, each tag known released",
             OnAmbiguous.QUARANTINE,
-            why="a resume of a tag not released: KeyError in offload_tags.remove, the server dies",
+            "a resume of a tag not released: KeyError in offload_tags.remove, the server dies",
         ),
-        "continue_generation": CallRule(
-            lambda k, _tags: k.may_continue(),
+        "continue_generation": (
             "nothing released or unknown, not known serving, no hold left",
             OnAmbiguous.RESEND,
-            reopens_everyone=True,
-            why="continue_generation reopens scheduling for every client; onto released memory the next prefill crashes",
+            "continue_generation reopens scheduling for every client; onto released memory the next prefill crashes",
         ),
     },
     source="sglang 0.5.23: srt/managers/scheduler_components/weight_updater.py, torch_memory_saver",
@@ -523,39 +532,33 @@ SGLANG_RULES: Final = EngineRules(
 )
 """SGLang's control rules: exactly the barrier's behaviour before the tables existed."""
 
-VLLM_RULES: Final = EngineRules(
+VLLM_RULES: Final = _rules(
     "vllm",
     {
-        "pause_generation": CallRule(
-            lambda k, _tags: k.reachable,
+        "pause_generation": (
             "alive, no call in flight (/pause is safe to repeat: the last mode wins)",
             OnAmbiguous.RESEND,
-            why="rl/online/api_router.py l.31: pause is one shared state, overwritten (scheduler.py l.3073)",
+            "rl/online/api_router.py l.31: pause is one shared state, overwritten (scheduler.py l.3073)",
         ),
-        "flush_cache": CallRule(
-            lambda k, _tags: k.may_flush(),
+        "flush_cache": (
             "known paused",
             OnAmbiguous.RESEND,
-            why="/reset_prefix_cache answers success false while blocks are held; repeating it is harmless",
+            "/reset_prefix_cache answers success false while blocks are held; repeating it is harmless",
         ),
-        "release_memory_occupation": CallRule(
-            _each_tag(lambda k, t: k.may_release(t)),
+        "release_memory_occupation": (
             "known paused, each tag known not released or unknown (a sleep sleeps both tags; no flush needed)",
             OnAmbiguous.RESEND,
-            why="core.py l.993: sleep pauses, clears the caches at level >= 1; abstract.py l.400: a second sleep is a no-op",
+            "core.py l.993: sleep pauses, clears the caches at level >= 1; abstract.py l.400: a second sleep is a no-op",
         ),
-        "resume_memory_occupation": CallRule(
-            _each_tag(lambda k, t: k.may_resume(t)),
+        "resume_memory_occupation": (
             "each tag known released or unknown; one tag per call; the last one only with no hold but the offload's",
             OnAmbiguous.RESEND,
-            why="abstract.py l.416-422: a tag not asleep makes the whole wake a no-op; core.py l.1053: the last wake resumes",
+            "abstract.py l.416-422: a tag not asleep makes the whole wake a no-op; core.py l.1053: the last wake resumes",
         ),
-        "continue_generation": CallRule(
-            lambda k, _tags: k.may_continue(),
+        "continue_generation": (
             "nothing released or unknown, not known serving, no hold left",
             OnAmbiguous.RESEND,
-            reopens_everyone=True,
-            why="core.py l.985/l.2235: /resume reopens scheduling for everyone, even while asleep (no guard)",
+            "core.py l.985/l.2235: /resume reopens scheduling for everyone, even while asleep (no guard)",
         ),
     },
     source="vllm 0.33.0: v1/engine/core.py, v1/executor/abstract.py, entrypoints/rl/online/api_router.py",

@@ -32,29 +32,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar, Unpack
 
+from resilience.barrier import transitions
 from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
 from resilience.barrier.fanout import Calls, EngineResult, LateCall
 from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
-from resilience.barrier.transitions import (
-    WEIGHT_SYNC_HOLD,
-    PhaseStep,
-    ReadStep,
-    SettleStep,
-    Step,
-    Steps,
-    WaitStep,
-    abandon,
-    offload_args,
-    offload_steps,
-    onload_steps,
-    pause_steps,
-    reconcile,
-    resume,
-    retire,
-    tags_arg,
-    unhold,
-    unpause_steps,
-)
 from resilience.barrier.verify import EngineCheck, averify
 from resilience.barrier.view import BarrierView
 from resilience.clock import Clock
@@ -138,49 +119,49 @@ class AsyncOrchestrator(BarrierView[A]):
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
-        resume(self.state)
+        transitions.resume(self.state)
 
     # -- recovery ----------------------------------------------------------------
 
     async def retire(self, engine: str | A) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
         async with self._loop_state().lock:
-            retire(self.state, engine)
+            transitions.retire(self.state, engine)
 
     async def reconcile(self, engine: str | A, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state; see ``Orchestrator.reconcile`` (the same rules and refusals)."""
         async with self._loop_state().lock:
-            reconcile(self.state, engine, released=released, paused=paused)
+            transitions.reconcile(self.state, engine, released=released, paused=paused)
 
     # -- transitions -------------------------------------------------------------
 
     async def offload(self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort") -> TransitionReport:
         """Pause all offloaded engines, then flush all, then release ``tags`` (None = all); see ``Orchestrator.offload``."""
-        wanted = offload_args(tags, mode)
+        wanted = transitions.offload_args(tags, mode)
         state = self._loop_state()
         async with self._exclusive(state, "offload"):
-            return await self._run(offload_steps(self.state, wanted, mode), state)
+            return await self._run(transitions.offload_steps(self.state, wanted, mode), state)
 
     async def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``
         (``verify`` too)."""
-        wanted = tags_arg(tags, "onload")
+        wanted = transitions.tags_arg(tags, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            report = await self._run(onload_steps(self.state, wanted), state)
+            report = await self._run(transitions.onload_steps(self.state, wanted), state)
             return await self._verified("onload", report, verify, self.state.offloaded, state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine and pause them; see ``Orchestrator.pause``."""
         state = self._loop_state()
         async with state.lock:
-            return await self._run(pause_steps(self.state, reason, mode), state)
+            return await self._run(transitions.pause_steps(self.state, reason, mode), state)
 
     async def unpause(self, hold: HoldToken | str) -> TransitionReport:
         """Release one hold and continue the engines nothing else holds; see ``Orchestrator.unpause``."""
         state = self._loop_state()
         async with state.lock:
-            return await self._run(unpause_steps(self.state, hold), state)
+            return await self._run(transitions.unpause_steps(self.state, hold), state)
 
     @asynccontextmanager
     async def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> AsyncIterator[list[A]]:
@@ -188,7 +169,7 @@ class AsyncOrchestrator(BarrierView[A]):
         ``verify`` too)."""
         state = self._loop_state()
         async with state.lock:
-            report = await self._run(pause_steps(self.state, WEIGHT_SYNC_HOLD, mode), state)
+            report = await self._run(transitions.pause_steps(self.state, transitions.WEIGHT_SYNC_HOLD, mode), state)
             self._bodies += 1
             state.idle.clear()
         token = report.hold
@@ -207,7 +188,7 @@ class AsyncOrchestrator(BarrierView[A]):
             except asyncio.CancelledError:  # cancelled again on the way out: the hold ends anyway, nothing more is sent
                 with self.state.lock:
                     for n in token.engines:
-                        unhold(self.state, n, token.id)
+                        transitions.unhold(self.state, n, token.id)
                 raise
         await self._verified("weight_sync", ended, verify, token.engines, state)  # only after a body that returned
 
@@ -270,14 +251,14 @@ class AsyncOrchestrator(BarrierView[A]):
         finally:
             state.lock.release()
 
-    async def _run(self, steps: Steps[T], state: _LoopState) -> T:
+    async def _run(self, steps: transitions.Steps[T], state: _LoopState) -> T:
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.
 
         Whatever stops it (cancellation, an observer raising while a step is
         folded), the last step is handed to ``transitions.abandon``. The garbage
         collector stays paused from here until it returns (at most ``gc_pause_s``).
         """
-        step: Step | None = None
+        step: transitions.Step | None = None
         collector = pause_collector(self.gc_pause_s)
         try:
             with self.state.lock:
@@ -292,24 +273,24 @@ class AsyncOrchestrator(BarrierView[A]):
         except BaseException as exc:
             if step is not None:
                 with self.state.lock:
-                    abandon(self.state, steps, step, exc)
+                    transitions.abandon(self.state, steps, step, exc)
             raise
         finally:
             collector.end()
 
-    async def _serve(self, step: Step, state: _LoopState) -> None:
-        if isinstance(step, PhaseStep):
+    async def _serve(self, step: transitions.Step, state: _LoopState) -> None:
+        if isinstance(step, transitions.PhaseStep):
             run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
             try:
                 await run.wait()
             finally:  # cancelled too: what was sent is read back (late calls keep running) for _abandon to fold
                 step.results = run.results()
-        elif isinstance(step, SettleStep):
+        elif isinstance(step, transitions.SettleStep):
             timeout = max(0.0, step.deadline.remaining())
             await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
-        elif isinstance(step, WaitStep):
+        elif isinstance(step, transitions.WaitStep):
             await _asleep(self.clock, max(0.0, step.deadline.remaining()))
-        elif isinstance(step, ReadStep):
+        elif isinstance(step, transitions.ReadStep):
             run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
             try:
                 await run.wait()
@@ -319,7 +300,7 @@ class AsyncOrchestrator(BarrierView[A]):
                 step.results = run.results()
 
     @staticmethod
-    async def _settle_one(step: SettleStep, name: str, call: LateCall, timeout: float) -> None:
+    async def _settle_one(step: transitions.SettleStep, name: str, call: LateCall, timeout: float) -> None:
         if isinstance(call, TaskCall):
             landed, error = await call.wait_async(timeout)
         else:  # a late call from elsewhere (not this loop's task): wait for it off the loop

@@ -42,28 +42,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal, TypeVar, Unpack
 
+from resilience.barrier import transitions
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, ThreadFanOut
 from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
-from resilience.barrier.transitions import (
-    WEIGHT_SYNC_HOLD,
-    PhaseStep,
-    ReadStep,
-    SettleStep,
-    Step,
-    Steps,
-    WaitStep,
-    abandon,
-    offload_args,
-    offload_steps,
-    onload_steps,
-    pause_steps,
-    reconcile,
-    resume,
-    retire,
-    tags_arg,
-    unpause_steps,
-)
 from resilience.barrier.verify import EngineCheck
 from resilience.barrier.verify import verify as verify_engines
 from resilience.barrier.view import BarrierView
@@ -139,7 +121,7 @@ class Orchestrator(BarrierView[E]):
         check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
         if check is not None:  # the fan-out says which engines it can drive, before anything is sent
             check(engines.values())
-        resume(self.state)
+        transitions.resume(self.state)
         self._bodies_ended = threading.Condition(self.state.lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""
@@ -148,7 +130,7 @@ class Orchestrator(BarrierView[E]):
 
     def retire(self, engine: str | E) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
-        retire(self.state, engine)
+        transitions.retire(self.state, engine)
 
     def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
@@ -163,7 +145,7 @@ class Orchestrator(BarrierView[E]):
         earlier is still running (reconcile after it lands: it could change the
         state you report).
         """
-        reconcile(self.state, engine, released=released, paused=paused)
+        transitions.reconcile(self.state, engine, released=released, paused=paused)
 
     # -- transitions -------------------------------------------------------------
 
@@ -177,10 +159,10 @@ class Orchestrator(BarrierView[E]):
         are done. ``mode="in_place"`` is refused: it keeps running requests' KV,
         so flush would fail. Waits for running ``weight_sync`` bodies first.
         """
-        wanted = offload_args(tags, mode)
+        wanted = transitions.offload_args(tags, mode)
         with self.state.lock:
             self._wait_for_bodies("offload")
-            return self._run(offload_steps(self.state, wanted, mode))
+            return self._run(transitions.offload_steps(self.state, wanted, mode))
 
     def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
@@ -194,10 +176,10 @@ class Orchestrator(BarrierView[E]):
         (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``;
         default none); a mismatch raises ``VerificationFailed`` naming the engine.
         """
-        wanted = tags_arg(tags, "onload")
+        wanted = transitions.tags_arg(tags, "onload")
         with self.state.lock:
             self._wait_for_bodies("onload")
-            return self._verified("onload", self._run(onload_steps(self.state, wanted)), verify, self.state.offloaded)
+            return self._verified("onload", self._run(transitions.onload_steps(self.state, wanted)), verify, self.state.offloaded)
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -209,13 +191,13 @@ class Orchestrator(BarrierView[E]):
         released and the engines it paused are continued where safe.
         """
         with self.state.lock:
-            return self._run(pause_steps(self.state, reason, mode))
+            return self._run(transitions.pause_steps(self.state, reason, mode))
 
     def unpause(self, hold: HoldToken | str) -> TransitionReport:
         """Release one hold (a token from ``pause``, or the latest hold with that reason); continue the engines it held
         that no other hold keeps paused and whose memory is back."""
         with self.state.lock:
-            return self._run(unpause_steps(self.state, hold))
+            return self._run(transitions.unpause_steps(self.state, hold))
 
     @contextmanager
     def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> Iterator[list[E]]:
@@ -234,7 +216,7 @@ class Orchestrator(BarrierView[E]):
         """
         me = threading.get_ident()
         with self.state.lock:
-            report = self._run(pause_steps(self.state, WEIGHT_SYNC_HOLD, mode))
+            report = self._run(transitions.pause_steps(self.state, transitions.WEIGHT_SYNC_HOLD, mode))
             self._bodies[me] = self._bodies.get(me, 0) + 1
         token = report.hold
         assert token is not None
@@ -263,13 +245,13 @@ class Orchestrator(BarrierView[E]):
 
     # -- the driver ------------------------------------------------------------------
 
-    def _run(self, steps: Steps[T]) -> T:
+    def _run(self, steps: transitions.Steps[T]) -> T:
         """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.
 
         Whatever stops it (the fan-out raising, an interruption, an observer
         raising while a step is folded), the last step is handed to ``transitions.abandon``.
         """
-        step: Step | None = None
+        step: transitions.Step | None = None
         try:
             step = next(steps)
             while True:
@@ -280,20 +262,20 @@ class Orchestrator(BarrierView[E]):
             return result
         except BaseException as exc:
             if step is not None:
-                abandon(self.state, steps, step, exc)
+                transitions.abandon(self.state, steps, step, exc)
             raise
 
-    def _serve(self, step: Step) -> None:
-        if isinstance(step, PhaseStep):
+    def _serve(self, step: transitions.Step) -> None:
+        if isinstance(step, transitions.PhaseStep):
             step.results = self.fanout.call(step.engines, step.method, step.deadline)
-        elif isinstance(step, SettleStep):
+        elif isinstance(step, transitions.SettleStep):
             for name, call in step.late.items():
                 landed, error = call.wait(max(0.0, step.deadline.remaining()))
                 if landed:
                     step.landed[name] = error
-        elif isinstance(step, WaitStep):
+        elif isinstance(step, transitions.WaitStep):
             self.clock.sleep(max(0.0, step.deadline.remaining()))
-        elif isinstance(step, ReadStep):
+        elif isinstance(step, transitions.ReadStep):
             try:
                 step.results = self.fanout.call(step.engines, step.method, step.deadline)
             except Exception as exc:  # a fan-out that cannot send this read: the answers are unknown (ReadStep)
