@@ -20,12 +20,7 @@ loop) send each step and hand it back filled in. Sections, in order (each names 
 Steps
 =====
 
-What a transition yields to its driver: the barrier's steps, and the running transition they belong to.
-
-A transition (offload, onload, a pause or its end) is a generator that never
-does I/O: it decides what to send, *yields* a step that says so, and folds
-what came back into the knowledge before deciding the next. There are three
-kinds of step:
+What a transition yields to its driver, each step belonging to the running ``Transition``; four kinds:
 
 - ``PhaseStep``: send ``method`` to these engines at once under ``deadline``;
   the driver fills ``results`` (one ``EngineResult`` per engine).
@@ -36,9 +31,6 @@ kinds of step:
 - ``ReadStep``: send a read (no control call: nothing is marked in flight) to these
   engines at once; a fan-out that cannot send it sets ``error`` instead of raising
   (the engines' answers are then unknown, and nothing else changes).
-
-``Orchestrator`` drives the steps with a ``FanOut`` on the caller's thread;
-``AsyncOrchestrator`` awaits them on the caller's event loop.
 
 Holds
 =====
@@ -69,7 +61,7 @@ once, against what can be read:
 - the memory probe, where there is one, about every tag the journal calls
   released (not only the unknown ones): a tag it proves not released means the
   memory was never released on this process;
-- the engine's own answer, where its kind has one (``kinds.ServingRead``:
+- the engine's own answer, where its kind has one (``resilience.engine_contract.ServingRead``:
   SGLang's ``/ready`` 200, vLLM's ``/is_paused`` false): an engine the journal
   calls paused or released that answers "serving, not paused" is not the
   journal's (this orchestrator never continues an engine with memory released).
@@ -92,7 +84,7 @@ A transition's start, and the memory probe: late calls waited for, quarantined e
 
 With a ``MemoryProbe``, an engine whose released tags became unknown (an
 ambiguous release or resume) is reconciled from the probe right after the
-fold (``fold``), and again at the start of the next transition (``settle``);
+fold (``phase``), and again at the start of the next transition (``settle``);
 a probe that cannot prove it leaves the quarantine as it is. Its answer is
 trusted as the transport's ``MemoryProbeCheck`` (``adapters/sglang_memory.py``)
 trusts it: "applied" at once; "as before" at once only after a 502 or 503
@@ -135,7 +127,7 @@ The memory phases
 
 The memory phases as each engine kind needs them: what to release, the resumes in order, and the re-sends.
 
-Read from the engine's memory model (``resilience.engine_contract``, part of its kind's table in ``kinds``):
+Read from the engine's memory model (``resilience.engine_contract.MemoryModel``, part of its kind's table):
 
 - ``to_release``: the tags an offload of ``wanted`` still has to release (on a
   ``release_whole`` kind, every tag not known released, unknown ones included).
@@ -193,8 +185,7 @@ Recovery
 Recovery: the journal taken up at start (``resume``), the caller's word on an engine (``reconcile``), ``retire``.
 
 A resumed journal is checked against the engines at the next transition's start
-(``resilience.barrier.transitions``): an engine replaced by a fresh process while
-no controller watched is taken as a new engine, never as the journal's.
+(the resume check, above).
 
 The orchestrators call these under their own exclusion (``reconcile`` and
 ``retire`` of ``AsyncOrchestrator`` wait for a running transition to end).
