@@ -42,9 +42,9 @@ import ray.exceptions
 
 from resilience.adapters.routing import engine_of
 from resilience.adapters.sglang import ControlResult, FlushResult, Health, ModelInfo, SGLangClient
-from resilience.barrier.engine import PauseMode
-from resilience.barrier.fanout import Calls, EngineDied, EngineResult, EngineUnavailable, PhaseTimeout, engine_name
+from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.deadline import Deadline, current_deadline
+from resilience.engine_contract import EngineDied, EngineUnavailable, PauseMode, engine_name
 
 __all__ = [
     "DEFAULT_ACTOR_OPTIONS",

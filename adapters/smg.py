@@ -55,7 +55,7 @@ from typing import Any, Literal, Protocol
 
 import requests
 
-from resilience.barrier.knowledge import EngineState
+from resilience.engine_contract import EngineState
 from resilience.events import EngineStateChanged, Event, HoldChanged
 
 __all__ = ["HELD_LABEL", "GatewayHealthSettings", "HoldOrchestrator", "SmgRouter", "SyncReport"]

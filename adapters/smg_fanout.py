@@ -58,11 +58,10 @@ import requests
 from resilience.adapters.requests import exception_chain
 from resilience.adapters.sglang import ControlResult, FlushResult
 from resilience.adapters.sglang.calls import Call, continue_call, flush_call, memory_call, memory_tags, pause_call
-from resilience.barrier.effect import GATEWAY_STATUSES
-from resilience.barrier.engine import PauseMode
-from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, engine_name
-from resilience.barrier.types import EngineSkipped
+from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
+from resilience.barrier.state import GATEWAY_STATUSES, EngineSkipped
 from resilience.deadline import Deadline
+from resilience.engine_contract import PauseMode, engine_name
 from resilience.events import AttemptEnded, CallEnded, CallStarted, Observer, RetryScheduled, emit
 from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome

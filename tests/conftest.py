@@ -139,7 +139,7 @@ RAY_MODULES = frozenset(
         "tests/adapters/test_ray.py",
         "tests/barrier/test_ambiguous_http.py",
         "tests/barrier/test_barrier.py",
-        "tests/barrier/test_barrier_v3.py",
+        "tests/barrier/test_write_ahead_knowledge.py",
         "tests/barrier/test_journal_contract.py",
     }
 )

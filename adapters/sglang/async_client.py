@@ -3,7 +3,7 @@
 Same endpoints, policies (``SGLANG_POLICIES``), typed results and errors, key
 rules and ``flush_cache`` semantics as ``SGLangClient``: both build their
 requests and read the answers with ``resilience.adapters.sglang.calls``; only
-the sending differs. It satisfies ``resilience.barrier.AsyncControlPlaneEngine``.
+the sending differs. It satisfies ``resilience.engine_contract.AsyncControlPlaneEngine``.
 
 Transport. By default each client opens its own ``aiohttp.ClientSession`` with
 ``resilience.adapters.aiohttp.ResilientMiddleware`` (the policies, observers,
@@ -45,8 +45,8 @@ from resilience.adapters.sglang.results import (
     WeightUpdateResult,
 )
 from resilience.adapters.sglang.state import SGLangClientState
-from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
+from resilience.engine_contract import PauseMode
 from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe

@@ -31,7 +31,7 @@ from resilience.adapters.sglang.results import (
     SGLangProtocolError,
     WeightUpdateResult,
 )
-from resilience.barrier.engine import ALL_TAGS
+from resilience.engine_contract import ALL_TAGS
 from resilience.outcome import AttemptRecord, Delivery, Outcome
 
 __all__ = [

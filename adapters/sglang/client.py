@@ -26,8 +26,8 @@ from resilience.adapters.sglang.calls import Answer, Call, answer_records, auth_
 from resilience.adapters.sglang.own_session import own_driver_kwargs, own_policies
 from resilience.adapters.sglang.results import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
 from resilience.adapters.sglang.state import SGLangClientState
-from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
+from resilience.engine_contract import PauseMode
 from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
@@ -91,7 +91,7 @@ class SGLangClient(SGLangClientState):
     on your session instead.
     A control call whose every attempt got a gateway status is followed by a
     ``GET /model_info`` within what is left of its deadline; when that fails too
-    the call raises ``resilience.barrier.EngineDied`` (``.attempts`` = the call's
+    the call raises ``resilience.engine_contract.EngineDied`` (``.attempts`` = the call's
     record, caused by the ``SGLangError`` it would have raised).
     ``AsyncSGLangClient`` is the same client with coroutine methods; both build
     their requests and read the answers with ``resilience.adapters.sglang.calls``.

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from resilience.adapters.sglang.calls import GATEWAY_STATUSES, Answer, Call
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS
 from resilience.adapters.sglang.results import SGLangError
-from resilience.barrier.fanout import EngineDied
 from resilience.deadline import Deadline, current_deadline
+from resilience.engine_contract import EngineDied
 from resilience.errors import CircuitOpen, ResilienceError
 from resilience.outcome import AttemptRecord, attempts_of
 from resilience.policy import PolicyTable

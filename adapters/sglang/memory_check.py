@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from resilience.barrier.engine import ALL_TAGS
+from resilience.engine_contract import ALL_TAGS
 from resilience.memory_probe import MemoryProbe
 from resilience.policy import ProbeAnswer, ProbeContext
 

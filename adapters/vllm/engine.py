@@ -1,4 +1,4 @@
-"""``VLLMEngine`` and ``AsyncVLLMEngine``: one vLLM server as the barrier drives it (``resilience.barrier.engine``).
+"""``VLLMEngine`` and ``AsyncVLLMEngine``: one vLLM server as the barrier drives it (``resilience.engine_contract``).
 
 The barrier sends five control calls; on vLLM 0.33.0 they are (``shared/reference/vllm-control-plane.md``):
 
@@ -39,7 +39,7 @@ l.1053-1055, also on an awake engine) and ``/resume`` reopens scheduling
 whoever paused it and even while asleep (l.985, l.2235): the barrier sends
 neither while anyone else holds a pause, nor ``/resume`` while a tag sleeps.
 
-``control_rules`` (``resilience.barrier.kinds.VLLM_RULES``) tells the barrier
+``control_rules`` (``resilience.engine_contract.VLLM_RULES``) tells the barrier
 which table applies; ``tags`` are the memory tags the engine has. The weight-transfer session
 (``start_weight_update`` ...) is on ``client``, and ``push_weights`` runs one
 (``resilience.adapters.vllm.weights``).
@@ -56,8 +56,7 @@ from resilience.adapters.vllm.client import VLLMClient
 from resilience.adapters.vllm.types import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.adapters.vllm.weights import WeightPush, apush_weights, push_weights
-from resilience.barrier.kinds import VLLM_RULES
-from resilience.barrier.memory_model import VLLM_MEMORY
+from resilience.engine_contract import VLLM_MEMORY, VLLM_RULES
 
 __all__ = ["VLLM_PAUSE_MODES", "VLLM_TAGS", "AsyncVLLMEngine", "VLLMEngine", "sleep_args", "wake_args"]
 

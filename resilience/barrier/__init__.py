@@ -2,44 +2,28 @@
 
 - ``orchestrator``: ``Orchestrator``, the transitions driven from the caller's thread through a fan-out.
 - ``async_orchestrator``: ``AsyncOrchestrator``, the same transitions awaited on the caller's event loop.
-- ``rules``: ``BarrierRules``, what each orchestrator holds: the engines, their knowledge, the journal, queries
-  (``view``: the public surface both orchestrators answer from it).
-- ``steps``: what a transition yields to its driver (``PhaseCall``, ``SettleCall``, ``WaitCall``, ``ReadCall``).
-- ``offload``, ``onload``, ``pauses``: the transitions as steps (one copy, both orchestrators);
-  ``fold``: one phase marked, sent and folded in; ``settle``: a transition's start (late calls, the
-  memory probe); ``holds``: owned holds; ``recovery``: reconcile, retire, the journal resumed;
-  ``resume_check``: a resumed journal checked against the engines (a fresh process is a new engine);
-  ``transition``: a transition's events and ``PhaseFailed``; ``args``: argument checks.
-- ``types``: its values and errors (``EngineGroup``, ``PhaseDeadlines``, reports, ``PhaseFailed``).
-- ``engine``: the engine contract (``ControlPlaneEngine``) and ``ALL_TAGS``.
-- ``knowledge``: what the orchestrator knows of each engine, and what it knows it does not know.
-- ``kinds``: each engine kind's control rules as one table (``EngineRules``; ``SGLANG_RULES``), looked up per engine.
-- ``effect``: what a call did to the engine (``Effect``: applied, not applied, maybe), from the driver's record only.
+- ``state``: what the barrier knows (``EngineKnowledge``), what a call did (``Effect``), its values, reports and
+  errors, and ``BarrierState``, what each orchestrator holds (``view``: the public surface both answer from it).
+- ``transitions``: offload, onload, a pause and its end, and recovery, written once as steps with no I/O
+  (``PhaseStep``, ``SettleStep``, ``WaitStep``, ``ReadStep``), with the phase fold and the settling at a
+  transition's start.
 - ``journal``, ``journal_store``: the knowledge written where it outlives the controller.
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
-- ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines
-  (imported from there: ``from resilience.barrier.async_fanout import AsyncFanOut``).
-- ``collector``: Python's garbage collector paused (bounded) while an async fan-out's phase runs.
+- ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines, and
+  Python's garbage collector paused (bounded) while its phase runs.
 - ``verify``: checks after a transition (``WeightVersionCheck``, ``CanaryCheck``): "a 200 that isn't healthy" fails it.
 
+The engine contract the barrier drives (``ControlPlaneEngine``, ``PauseMode``, ``EngineDied``, each engine kind's
+``EngineRules``) is ``resilience.engine_contract``, below both the barrier and the engine clients.
 Ray engines and ``RayFanOut`` live in ``resilience.adapters.ray``.
 """
 
 from resilience.barrier.async_orchestrator import AsyncOrchestrator
-from resilience.barrier.engine import ALL_TAGS, AnyEngine, AsyncControlPlaneEngine, ControlPlaneEngine, PauseMode
-from resilience.barrier.fanout import (
-    EngineDied,
-    EngineResult,
-    EngineUnavailable,
-    FanOut,
-    PhaseTimeout,
-    SequentialFanOut,
-    ThreadFanOut,
-)
-from resilience.barrier.knowledge import Effect, EngineState
+from resilience.barrier.fanout import EngineResult, FanOut, PhaseTimeout, SequentialFanOut, ThreadFanOut
 from resilience.barrier.orchestrator import Orchestrator
-from resilience.barrier.types import (
+from resilience.barrier.state import (
     BarrierBusy,
+    Effect,
     EngineGroup,
     EngineSkipped,
     HoldToken,
@@ -49,6 +33,16 @@ from resilience.barrier.types import (
     TransitionReport,
 )
 from resilience.barrier.verify import CanaryCheck, CheckFailed, EngineCheck, VerificationFailed, WeightVersionCheck
+from resilience.engine_contract import (
+    ALL_TAGS,
+    AnyEngine,
+    AsyncControlPlaneEngine,
+    ControlPlaneEngine,
+    EngineDied,
+    EngineState,
+    EngineUnavailable,
+    PauseMode,
+)
 
 __all__ = [
     "ALL_TAGS",

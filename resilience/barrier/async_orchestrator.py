@@ -1,7 +1,7 @@
 """``AsyncOrchestrator``: the barrier for controllers that already run an event loop (AReaL-style).
 
-The same rules as ``Orchestrator`` (it holds a ``BarrierRules`` too, and the
-transitions are written once as steps in ``resilience.barrier.offload``/``onload``/``pauses``),
+The same rules as ``Orchestrator`` (it holds a ``BarrierState`` too, and the
+transitions are written once as steps in ``resilience.barrier.transitions``),
 driven with ``await``: each phase's calls are tasks on the
 caller's loop (``PhaseRun``), awaited together up to the phase deadline. The
 knowledge lock is a short thread lock taken while a step is decided or
@@ -27,37 +27,21 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
-import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, Unpack
 
-from resilience.barrier.args import offload_args, tags_arg
-from resilience.barrier.async_fanout import PhaseRun, TaskCall
-from resilience.barrier.collector import DEFAULT_GC_PAUSE_S, check_gc_pause, pause_collector
-from resilience.barrier.engine import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
-from resilience.barrier.fanout import Calls, EngineResult
-from resilience.barrier.fold import abandon
-from resilience.barrier.holds import WEIGHT_SYNC_HOLD, unhold
-from resilience.barrier.journal import Journal
-from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.knowledge import LateCall
-from resilience.barrier.offload import offload_steps
-from resilience.barrier.onload import onload_steps
-from resilience.barrier.pauses import pause_steps, unpause_steps
-from resilience.barrier.recovery import reconcile, resume, retire
-from resilience.barrier.rules import BarrierRules
-from resilience.barrier.steps import PhaseCall, ReadCall, SettleCall, Step, Steps, WaitCall
-from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier import transitions
+from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
+from resilience.barrier.fanout import Calls, EngineResult, LateCall
+from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.verify import EngineCheck, averify
 from resilience.barrier.view import BarrierView
-from resilience.budget import RestartBudget
-from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.clock import Clock
 from resilience.deadline import Deadline
+from resilience.engine_contract import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
 from resilience.errors import ConfigError
-from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
 
 __all__ = ["AsyncOrchestrator"]
 
@@ -89,7 +73,7 @@ class AsyncOrchestrator(BarrierView[A]):
     ``max_concurrency``: calls running at once within a phase (default None: all).
     ``gc_pause_s``: the longest Python's automatic garbage collection stays
     paused during a transition, from its start until it returns, and during
-    each of its phases (``resilience.barrier.collector``: what a phase allocates
+    each of its phases (``resilience.barrier.async_fanout``: what a phase allocates
     stays alive until it ends, so collecting then frees nothing, and at 1024
     engines cost about a third of the round's CPU; default
     ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
@@ -106,38 +90,26 @@ class AsyncOrchestrator(BarrierView[A]):
     running body to end (up to ``transition_s``), else raise ``BarrierBusy``, and
     raise it at once when awaited inside a body (by its task or a task it started).
 
-    It holds its rules (``rules``, a ``BarrierRules``), as ``Orchestrator`` does.
+    It holds its state (``state``, a ``BarrierState``), as ``Orchestrator`` does.
     """
 
     def __init__(
         self,
         groups: EngineGroup[A] | Sequence[EngineGroup[A]],
         *,
-        observers: Sequence[Observer] = (),
-        deadlines: PhaseDeadlines | None = None,
-        restart_budget: RestartBudget | None = None,
-        rollback: bool = True,
-        clock: Clock = SYSTEM_CLOCK,
         max_concurrency: int | None = None,
-        memory_probe: MemoryProbe | None = None,
-        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
         gc_pause_s: float = DEFAULT_GC_PAUSE_S,
+        **options: Unpack[BarrierKeywords],
     ) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
         self.gc_pause_s = check_gc_pause("AsyncOrchestrator", gc_pause_s)
-        self.rules: BarrierRules[A] = BarrierRules(
+        self.state: BarrierState[A] = BarrierState(
             groups,
+            BarrierOptions.of("AsyncOrchestrator", options),
             owner="AsyncOrchestrator",
-            observers=observers,
-            deadlines=deadlines,
-            restart_budget=restart_budget,
-            rollback=rollback,
-            clock=clock,
-            memory_probe=memory_probe,
-            journal=journal,
         )
-        for name, engine in self.rules.engines.items():
+        for name, engine in self.state.engines.items():
             for method in CONTROL_METHODS:
                 if not inspect.iscoroutinefunction(getattr(engine, method, None)):
                     raise TypeError(
@@ -147,49 +119,49 @@ class AsyncOrchestrator(BarrierView[A]):
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
-        resume(self.rules)
+        transitions.resume(self.state)
 
     # -- recovery ----------------------------------------------------------------
 
     async def retire(self, engine: str | A) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
         async with self._loop_state().lock:
-            retire(self.rules, engine)
+            transitions.retire(self.state, engine)
 
     async def reconcile(self, engine: str | A, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state; see ``Orchestrator.reconcile`` (the same rules and refusals)."""
         async with self._loop_state().lock:
-            reconcile(self.rules, engine, released=released, paused=paused)
+            transitions.reconcile(self.state, engine, released=released, paused=paused)
 
     # -- transitions -------------------------------------------------------------
 
     async def offload(self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort") -> TransitionReport:
         """Pause all offloaded engines, then flush all, then release ``tags`` (None = all); see ``Orchestrator.offload``."""
-        wanted = offload_args(tags, mode)
+        wanted = transitions.offload_args(tags, mode)
         state = self._loop_state()
         async with self._exclusive(state, "offload"):
-            return await self._run(offload_steps(self.rules, wanted, mode), state)
+            return await self._run(transitions.offload_steps(self.state, wanted, mode), state)
 
     async def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``
         (``verify`` too)."""
-        wanted = tags_arg(tags, "onload")
+        wanted = transitions.tags_arg(tags, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            report = await self._run(onload_steps(self.rules, wanted), state)
-            return await self._verified("onload", report, verify, self.rules.offloaded, state)
+            report = await self._run(transitions.onload_steps(self.state, wanted), state)
+            return await self._verified("onload", report, verify, self.state.offloaded, state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine and pause them; see ``Orchestrator.pause``."""
         state = self._loop_state()
         async with state.lock:
-            return await self._run(pause_steps(self.rules, reason, mode), state)
+            return await self._run(transitions.pause_steps(self.state, reason, mode), state)
 
     async def unpause(self, hold: HoldToken | str) -> TransitionReport:
         """Release one hold and continue the engines nothing else holds; see ``Orchestrator.unpause``."""
         state = self._loop_state()
         async with state.lock:
-            return await self._run(unpause_steps(self.rules, hold), state)
+            return await self._run(transitions.unpause_steps(self.state, hold), state)
 
     @asynccontextmanager
     async def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> AsyncIterator[list[A]]:
@@ -197,14 +169,14 @@ class AsyncOrchestrator(BarrierView[A]):
         ``verify`` too)."""
         state = self._loop_state()
         async with state.lock:
-            report = await self._run(pause_steps(self.rules, WEIGHT_SYNC_HOLD, mode), state)
+            report = await self._run(transitions.pause_steps(self.state, transitions.WEIGHT_SYNC_HOLD, mode), state)
             self._bodies += 1
             state.idle.clear()
         token = report.hold
         assert token is not None
         inside = _IN_BODY.set(_IN_BODY.get() | {id(self)})
         try:
-            yield [self.rules.engines[n] for n in token.engines]
+            yield [self.state.engines[n] for n in token.engines]
         finally:
             with contextlib.suppress(ValueError):  # exited in another context than entered: nothing to undo there
                 _IN_BODY.reset(inside)
@@ -214,9 +186,9 @@ class AsyncOrchestrator(BarrierView[A]):
             try:
                 ended = await self.unpause(token)
             except asyncio.CancelledError:  # cancelled again on the way out: the hold ends anyway, nothing more is sent
-                with self.rules.lock:
+                with self.state.lock:
                     for n in token.engines:
-                        unhold(self.rules, n, token.id)
+                        transitions.unhold(self.state, n, token.id)
                 raise
         await self._verified("weight_sync", ended, verify, token.engines, state)  # only after a body that returned
 
@@ -237,7 +209,7 @@ class AsyncOrchestrator(BarrierView[A]):
             await run.wait()
             return run.results()
 
-        engines = {n: self.rules.engines[n] for n in names if n not in self.rules.retired}
+        engines = {n: self.state.engines[n] for n in names if n not in self.state.retired}
         deadline_s = self.deadlines.for_phase("verify")
         return await averify(transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s)
 
@@ -279,56 +251,56 @@ class AsyncOrchestrator(BarrierView[A]):
         finally:
             state.lock.release()
 
-    async def _run(self, steps: Steps[T], state: _LoopState) -> T:
+    async def _run(self, steps: transitions.Steps[T], state: _LoopState) -> T:
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.
 
         Whatever stops it (cancellation, an observer raising while a step is
-        folded), the last step is handed to ``fold.abandon``. The garbage
+        folded), the last step is handed to ``transitions.abandon``. The garbage
         collector stays paused from here until it returns (at most ``gc_pause_s``).
         """
-        step: Step | None = None
+        step: transitions.Step | None = None
         collector = pause_collector(self.gc_pause_s)
         try:
-            with self.rules.lock:
+            with self.state.lock:
                 step = next(steps)
             while True:
                 await self._serve(step, state)
-                with self.rules.lock:
+                with self.state.lock:
                     step = steps.send(None)
         except StopIteration as stop:
             result: T = stop.value
             return result
         except BaseException as exc:
             if step is not None:
-                with self.rules.lock:
-                    abandon(self.rules, steps, step, exc)
+                with self.state.lock:
+                    transitions.abandon(self.state, steps, step, exc)
             raise
         finally:
             collector.end()
 
-    async def _serve(self, step: Step, state: _LoopState) -> None:
-        if isinstance(step, PhaseCall):
+    async def _serve(self, step: transitions.Step, state: _LoopState) -> None:
+        if isinstance(step, transitions.PhaseStep):
             run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
             try:
                 await run.wait()
             finally:  # cancelled too: what was sent is read back (late calls keep running) for _abandon to fold
                 step.results = run.results()
-        elif isinstance(step, SettleCall):
+        elif isinstance(step, transitions.SettleStep):
             timeout = max(0.0, step.deadline.remaining())
             await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
-        elif isinstance(step, WaitCall):
+        elif isinstance(step, transitions.WaitStep):
             await _asleep(self.clock, max(0.0, step.deadline.remaining()))
-        elif isinstance(step, ReadCall):
+        elif isinstance(step, transitions.ReadStep):
             run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
             try:
                 await run.wait()
-            except Exception as exc:  # the answers are unknown (ReadCall); a cancellation goes on up
+            except Exception as exc:  # the answers are unknown (ReadStep); a cancellation goes on up
                 step.error = exc
             else:
                 step.results = run.results()
 
     @staticmethod
-    async def _settle_one(step: SettleCall, name: str, call: LateCall, timeout: float) -> None:
+    async def _settle_one(step: transitions.SettleStep, name: str, call: LateCall, timeout: float) -> None:
         if isinstance(call, TaskCall):
             landed, error = await call.wait_async(timeout)
         else:  # a late call from elsewhere (not this loop's task): wait for it off the loop

@@ -19,39 +19,32 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from resilience.barrier.engine import CONTROL_METHODS, AnyEngine
-from resilience.barrier.knowledge import LateCall
 from resilience.deadline import Deadline
+from resilience.engine_contract import CONTROL_METHODS, AnyEngine, engine_name
 
 __all__ = [
     "Calls",
-    "EngineDied",
     "EngineNotDriven",
     "EngineResult",
-    "EngineUnavailable",
     "FanOut",
     "FutureCall",
+    "LateCall",
     "PhaseTimeout",
     "SequentialFanOut",
     "ThreadFanOut",
     "attach_results",
-    "engine_name",
     "interrupted_results",
     "sync_engine_problem",
     "vllm_hint",
 ]
 
 
-class EngineDied(ConnectionError):
-    """The engine (or the actor holding it) is gone: it will not answer again.
+class LateCall(Protocol):
+    """A call still running after its phase gave up on it (a ``Future``, a Ray ObjectRef)."""
 
-    The call that saw it may still have run (Ray says so of a dead actor), so
-    the facts it touches are unknown.
-    """
-
-
-class EngineUnavailable(ConnectionError):
-    """The engine's actor is unreachable for now (Ray's ``ActorUnavailableError``); the call may have run."""
+    def wait(self, timeout: float | None) -> tuple[bool, BaseException | None]:
+        """Wait up to ``timeout`` s; (landed, its error or None). Not landed: (False, None)."""
+        ...
 
 
 class EngineNotDriven(TypeError):
@@ -109,15 +102,6 @@ def interrupted_results(error: BaseException) -> list[EngineResult | None] | Non
     return list(results) if isinstance(results, list) else None
 
 
-def engine_name(engine: object) -> str:
-    """The name an engine is known by: its ``engine`` attribute (``scheme://host:port``), else ``name``, else repr."""
-    for attr in ("engine", "name"):
-        value = getattr(engine, attr, None)
-        if isinstance(value, str) and value:
-            return value
-    return repr(engine)
-
-
 Calls = Sequence[tuple[AnyEngine, Mapping[str, Any]]]
 """(engine, keyword arguments) pairs: one call each."""
 
@@ -130,7 +114,7 @@ class FanOut(Protocol):
     ``TypeError`` naming an engine the fan-out cannot drive; and a fan-out
     interrupted part-way (KeyboardInterrupt, SystemExit) may hang what it read
     so far on the error (``attach_results``), else every call of the phase
-    counts as "maybe applied".
+    counts as ambiguous.
     """
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:

@@ -6,7 +6,7 @@ already marked unknown (the write-ahead intent), and another once its outcome
 is folded in; also on every hold, reconcile and retire. A new orchestrator
 started on the same journal resumes every engine's knowledge from the last
 complete record. A call that was in flight when the controller died is then
-"maybe applied", because its intent record said so before it was sent. Holds
+"ambiguous", because its intent record said so before it was sent. Holds
 come back with their owners, and an owner process that is gone is named
 (``Recovery.orphaned_holds``). So do the restart budget's records. A record is
 durable when ``commit`` returns; a commit that raises wrote nothing that counts
@@ -23,7 +23,7 @@ A record is one JSON object (framed and checksummed by the store,
   PID only, and are judged by the PID).
 
 An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}``
-in its facts (why they are unknown, ``knowledge.Doubt``). The key is optional, so
+in its facts (why they are unknown, ``state.Doubt``). The key is optional, so
 version 1 stays: a reader without it ignores it, and a record without it (an older
 writer) reads as a doubt whose request may still be on its way (the safe reading).
 
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalError, JournalStore, unframe
-from resilience.barrier.knowledge import Doubt, Effect, EngineKnowledge
-from resilience.barrier.memory_model import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
+from resilience.barrier.state import Doubt, Effect, EngineKnowledge
 from resilience.budget import RestartBudget, RestartRecord
+from resilience.engine_contract import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
 
 __all__ = [
     "FORMAT",
@@ -63,7 +63,7 @@ __all__ = [
 
 FORMAT = "controlplane-resilience/barrier-journal"
 OFFLOAD_TOKEN = 0
-"""The offload hold's id (``resilience.barrier.rules``): it belongs to whichever controller runs, so it has no owner."""
+"""The offload hold's id (``resilience.barrier.state``): it belongs to whichever controller runs, so it has no owner."""
 _VERSION = 1
 _LOG = logging.getLogger("resilience.barrier.journal")
 
@@ -134,8 +134,8 @@ def knowledge_from(name: str, facts: Mapping[str, Any], memory: MemoryModel | No
     """The knowledge a journal's facts describe.
 
     ``memory``: the engine's memory model (default: the kind the facts name, else SGLang's).
-    A call that was in flight is gone with its process; its facts were already written as "maybe applied"
-    before it was sent, and are made so again here (a maybe is idempotent), so a record written by an
+    A call that was in flight is gone with its process; its facts were already written as "ambiguous"
+    before it was sent, and are made so again here (marking it ambiguous again is idempotent), so a record written by an
     older writer, or one cut short between the mark and its record, can never read as "not applied".
     """
     if memory is None:  # the kind the facts name (``cpr journal show``); SGLang's when they name none
@@ -159,7 +159,7 @@ def knowledge_from(name: str, facts: Mapping[str, Any], memory: MemoryModel | No
     call = facts.get("in_flight")
     if isinstance(call, Mapping):
         method = str(call.get("method"))
-        k.apply(method, dict(call.get("kwargs") or {}), Effect.MAYBE)
+        k.apply(method, dict(call.get("kwargs") or {}), Effect.AMBIGUOUS)
         if k.unknown and method in ("release_memory_occupation", "resume_memory_occupation"):
             k.doubt = Doubt(method, True, "in flight when the last controller stopped")
     if k.unknown and k.doubt is None:
@@ -173,7 +173,7 @@ class Recovery:
 
     ``resumed``: False for a new (empty) journal. ``records``: complete records read.
     ``dropped``: what a torn last record was (None when none; a corrupt record refuses the open). ``in_flight``: engine ->
-    the call that was in flight when the last controller stopped (now "maybe applied").
+    the call that was in flight when the last controller stopped (now "ambiguous").
     ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``: no
     process has that PID, or the one that has it is another process: another start, boot or id);
     they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
@@ -195,7 +195,7 @@ class Recovery:
         if self.dropped:
             parts.append(self.dropped)
         if self.in_flight:
-            parts.append("in flight at the last stop (maybe applied): " + ", ".join(f"{n} {m}" for n, m in sorted(self.in_flight.items())))
+            parts.append("in flight at the last stop (ambiguous): " + ", ".join(f"{n} {m}" for n, m in sorted(self.in_flight.items())))
         if self.orphaned_holds:
             parts.append("holds whose owner is gone: " + ", ".join(f"{n} {'; '.join(h)}" for n, h in sorted(self.orphaned_holds.items())))
         return "; ".join(parts)
@@ -320,7 +320,7 @@ class Journal:
     def open(self, engines: Sequence[str], kinds: Mapping[str, MemoryModel] | None = None) -> Resumed:
         """Read the journal for ``engines``: what it recovered, each engine's knowledge, the retired ones, the budget.
 
-        ``kinds``: each engine's memory model (``resilience.barrier.memory_model``; default SGLang's for all): the knowledge
+        ``kinds``: each engine's memory model (``resilience.engine_contract``; default SGLang's for all): the knowledge
         is rebuilt with it, and an engine journaled as another kind raises ``JournalMismatch``.
         An empty or missing journal gets its header (written whole, by the store's atomic rewrite). A
         journal for other engines raises ``JournalMismatch`` naming the difference; a torn last record is

@@ -7,7 +7,7 @@
 
 Each phase goes to every engine at once through a ``FanOut``; the next phase
 starts only when every engine answered. Per engine the orchestrator keeps what
-it knows and what it knows it does not know (``knowledge``); every command is
+it knows and what it knows it does not know (``state.EngineKnowledge``); every command is
 sent only when its precondition is known to hold: release only to a known
 paused and flushed engine for tags known not released; resume only for tags
 known released; continue only when nothing is released and no hold remains;
@@ -28,43 +28,28 @@ so far on the error, so calls still running are waited for later). With a
 ``memory_probe``, an engine whose tags became unknown is reconciled from the
 probe instead of staying quarantined.
 
-The orchestrator holds its rules (``BarrierRules``, ``.rules``: the engines and
+The orchestrator holds its state (``.state``, a ``BarrierState``: the engines and
 what it knows of them) and drives the transitions, written once as steps in
-``resilience.barrier.offload``/``onload``/``pauses`` (shared with
-``AsyncOrchestrator``), from the caller's thread, through a ``FanOut``.
+``resilience.barrier.transitions`` (shared with ``AsyncOrchestrator``), from the
+caller's thread, through a ``FanOut``.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, Unpack
 
-from resilience.barrier.args import offload_args, tags_arg
+from resilience.barrier import transitions
 from resilience.barrier.async_fanout import AsyncFanOut
-from resilience.barrier.engine import AnyEngine, PauseMode
 from resilience.barrier.fanout import FanOut, ThreadFanOut
-from resilience.barrier.fold import abandon
-from resilience.barrier.holds import WEIGHT_SYNC_HOLD
-from resilience.barrier.journal import Journal
-from resilience.barrier.journal_store import JournalStore
-from resilience.barrier.offload import offload_steps
-from resilience.barrier.onload import onload_steps
-from resilience.barrier.pauses import pause_steps, unpause_steps
-from resilience.barrier.recovery import reconcile, resume, retire
-from resilience.barrier.rules import BarrierRules
-from resilience.barrier.steps import PhaseCall, ReadCall, SettleCall, Step, Steps, WaitCall
-from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
+from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.verify import EngineCheck
 from resilience.barrier.verify import verify as verify_engines
 from resilience.barrier.view import BarrierView
-from resilience.budget import RestartBudget
-from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
+from resilience.engine_contract import AnyEngine, PauseMode
 
 __all__ = ["Orchestrator", "default_fanout"]
 
@@ -110,7 +95,7 @@ class Orchestrator(BarrierView[E]):
     None: knowledge lives in memory only). ``recovery`` then says what was
     resumed; ``close()`` lets go of the journal.
 
-    It holds its rules (``rules``, a ``BarrierRules``); the queries and the
+    It holds its state (``state``, a ``BarrierState``); the queries and the
     attributes above read them (``BarrierView``).
 
     Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
@@ -124,32 +109,20 @@ class Orchestrator(BarrierView[E]):
         groups: EngineGroup[E] | Sequence[EngineGroup[E]],
         *,
         fanout: FanOut | None = None,
-        observers: Sequence[Observer] = (),
-        deadlines: PhaseDeadlines | None = None,
-        restart_budget: RestartBudget | None = None,
-        rollback: bool = True,
-        clock: Clock = SYSTEM_CLOCK,
-        memory_probe: MemoryProbe | None = None,
-        journal: Journal | JournalStore | str | os.PathLike[str] | None = None,
+        **options: Unpack[BarrierKeywords],
     ) -> None:
-        self.rules: BarrierRules[E] = BarrierRules(
+        self.state: BarrierState[E] = BarrierState(
             groups,
+            BarrierOptions.of("Orchestrator", options),
             owner="Orchestrator",
-            observers=observers,
-            deadlines=deadlines,
-            restart_budget=restart_budget,
-            rollback=rollback,
-            clock=clock,
-            memory_probe=memory_probe,
-            journal=journal,
         )
-        engines = self.rules.engines
+        engines = self.state.engines
         self.fanout: FanOut = fanout if fanout is not None else default_fanout(engines.values())
         check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
         if check is not None:  # the fan-out says which engines it can drive, before anything is sent
             check(engines.values())
-        resume(self.rules)
-        self._bodies_ended = threading.Condition(self.rules.lock)
+        transitions.resume(self.state)
+        self._bodies_ended = threading.Condition(self.state.lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""
 
@@ -157,7 +130,7 @@ class Orchestrator(BarrierView[E]):
 
     def retire(self, engine: str | E) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
-        retire(self.rules, engine)
+        transitions.retire(self.state, engine)
 
     def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
@@ -172,7 +145,7 @@ class Orchestrator(BarrierView[E]):
         earlier is still running (reconcile after it lands: it could change the
         state you report).
         """
-        reconcile(self.rules, engine, released=released, paused=paused)
+        transitions.reconcile(self.state, engine, released=released, paused=paused)
 
     # -- transitions -------------------------------------------------------------
 
@@ -186,10 +159,10 @@ class Orchestrator(BarrierView[E]):
         are done. ``mode="in_place"`` is refused: it keeps running requests' KV,
         so flush would fail. Waits for running ``weight_sync`` bodies first.
         """
-        wanted = offload_args(tags, mode)
-        with self.rules.lock:
+        wanted = transitions.offload_args(tags, mode)
+        with self.state.lock:
             self._wait_for_bodies("offload")
-            return self._run(offload_steps(self.rules, wanted, mode))
+            return self._run(transitions.offload_steps(self.state, wanted, mode))
 
     def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
@@ -203,10 +176,10 @@ class Orchestrator(BarrierView[E]):
         (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``;
         default none); a mismatch raises ``VerificationFailed`` naming the engine.
         """
-        wanted = tags_arg(tags, "onload")
-        with self.rules.lock:
+        wanted = transitions.tags_arg(tags, "onload")
+        with self.state.lock:
             self._wait_for_bodies("onload")
-            return self._verified("onload", self._run(onload_steps(self.rules, wanted)), verify, self.rules.offloaded)
+            return self._verified("onload", self._run(transitions.onload_steps(self.state, wanted)), verify, self.state.offloaded)
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -217,14 +190,14 @@ class Orchestrator(BarrierView[E]):
         quarantined or busy with a late call; on a failed pause the hold is
         released and the engines it paused are continued where safe.
         """
-        with self.rules.lock:
-            return self._run(pause_steps(self.rules, reason, mode))
+        with self.state.lock:
+            return self._run(transitions.pause_steps(self.state, reason, mode))
 
     def unpause(self, hold: HoldToken | str) -> TransitionReport:
         """Release one hold (a token from ``pause``, or the latest hold with that reason); continue the engines it held
         that no other hold keeps paused and whose memory is back."""
-        with self.rules.lock:
-            return self._run(unpause_steps(self.rules, hold))
+        with self.state.lock:
+            return self._run(transitions.unpause_steps(self.state, hold))
 
     @contextmanager
     def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> Iterator[list[E]]:
@@ -242,15 +215,15 @@ class Orchestrator(BarrierView[E]):
         raises ``VerificationFailed`` naming the engine.
         """
         me = threading.get_ident()
-        with self.rules.lock:
-            report = self._run(pause_steps(self.rules, WEIGHT_SYNC_HOLD, mode))
+        with self.state.lock:
+            report = self._run(transitions.pause_steps(self.state, transitions.WEIGHT_SYNC_HOLD, mode))
             self._bodies[me] = self._bodies.get(me, 0) + 1
         token = report.hold
         assert token is not None
         try:
-            yield [self.rules.engines[n] for n in token.engines]
+            yield [self.state.engines[n] for n in token.engines]
         finally:
-            with self.rules.lock:
+            with self.state.lock:
                 self._bodies[me] -= 1
                 if not self._bodies[me]:
                     del self._bodies[me]
@@ -264,7 +237,7 @@ class Orchestrator(BarrierView[E]):
         """``report`` once ``checks`` passed on the engines ``names`` (not retired), read through the fan-out."""
         if not checks:
             return report
-        engines = {n: self.rules.engines[n] for n in names if n not in self.rules.retired}
+        engines = {n: self.state.engines[n] for n in names if n not in self.state.retired}
         deadline_s = self.deadlines.for_phase("verify")
         return verify_engines(
             transition, report, checks, engines, not_serving=self.not_serving(), send=self.fanout.call, deadline_s=deadline_s
@@ -272,13 +245,13 @@ class Orchestrator(BarrierView[E]):
 
     # -- the driver ------------------------------------------------------------------
 
-    def _run(self, steps: Steps[T]) -> T:
+    def _run(self, steps: transitions.Steps[T]) -> T:
         """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.
 
         Whatever stops it (the fan-out raising, an interruption, an observer
-        raising while a step is folded), the last step is handed to ``fold.abandon``.
+        raising while a step is folded), the last step is handed to ``transitions.abandon``.
         """
-        step: Step | None = None
+        step: transitions.Step | None = None
         try:
             step = next(steps)
             while True:
@@ -289,23 +262,23 @@ class Orchestrator(BarrierView[E]):
             return result
         except BaseException as exc:
             if step is not None:
-                abandon(self.rules, steps, step, exc)
+                transitions.abandon(self.state, steps, step, exc)
             raise
 
-    def _serve(self, step: Step) -> None:
-        if isinstance(step, PhaseCall):
+    def _serve(self, step: transitions.Step) -> None:
+        if isinstance(step, transitions.PhaseStep):
             step.results = self.fanout.call(step.engines, step.method, step.deadline)
-        elif isinstance(step, SettleCall):
+        elif isinstance(step, transitions.SettleStep):
             for name, call in step.late.items():
                 landed, error = call.wait(max(0.0, step.deadline.remaining()))
                 if landed:
                     step.landed[name] = error
-        elif isinstance(step, WaitCall):
+        elif isinstance(step, transitions.WaitStep):
             self.clock.sleep(max(0.0, step.deadline.remaining()))
-        elif isinstance(step, ReadCall):
+        elif isinstance(step, transitions.ReadStep):
             try:
                 step.results = self.fanout.call(step.engines, step.method, step.deadline)
-            except Exception as exc:  # a fan-out that cannot send this read: the answers are unknown (ReadCall)
+            except Exception as exc:  # a fan-out that cannot send this read: the answers are unknown (ReadStep)
                 step.error = exc
 
     def _wait_for_bodies(self, transition: str) -> None:

@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from resilience.barrier.engine import AnyEngine
 from resilience.barrier.fanout import Calls, EngineResult
-from resilience.barrier.types import PhaseFailed, TransitionReport, short
+from resilience.barrier.state import PhaseFailed, TransitionReport, short
 from resilience.deadline import Deadline
+from resilience.engine_contract import AnyEngine
 
 __all__ = [
     "CanaryCheck",

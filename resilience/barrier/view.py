@@ -1,25 +1,23 @@
-"""``BarrierView``: what both orchestrators answer from the rules they hold, the queries and the attributes users read.
+"""``BarrierView``: what both orchestrators answer from the state they hold, the queries and the attributes users read.
 
-``Orchestrator`` and ``AsyncOrchestrator`` each hold a ``BarrierRules``
-(``.rules``) and drive the transitions' steps over it; this view is the one
+``Orchestrator`` and ``AsyncOrchestrator`` each hold a ``BarrierState``
+(``.state``) and drive the transitions' steps over it; this view is the one
 place their shared public surface is written: ``states``, ``held``,
 ``paused_by_us``, ``released_tags``, ``quarantined``, ``not_serving``,
 ``close``, and the attributes ``groups``, ``observers``, ``deadlines``,
 ``restart_budget``, ``rollback``, ``clock``, ``memory_probe``, ``journal``
-and ``recovery``, each read from (and set on) the rules.
+and ``recovery``, each read from (and set on) the state.
 """
 
 from __future__ import annotations
 
 from typing import Any, Generic, TypeVar, overload
 
-from resilience.barrier.engine import AnyEngine
 from resilience.barrier.journal import Journal, Recovery
-from resilience.barrier.knowledge import EngineState
-from resilience.barrier.rules import BarrierRules
-from resilience.barrier.types import EngineGroup, PhaseDeadlines
+from resilience.barrier.state import BarrierState, EngineGroup, PhaseDeadlines
 from resilience.budget import RestartBudget
 from resilience.clock import Clock
+from resilience.engine_contract import AnyEngine, EngineState
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
 
@@ -29,64 +27,64 @@ E = TypeVar("E", bound=AnyEngine)
 V = TypeVar("V")
 
 
-class _OnRules(Generic[V]):
-    """An orchestrator attribute that lives on its rules: read there, and set there."""
+class _OnState(Generic[V]):
+    """An orchestrator attribute that lives on its state: read there, and set there."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     @overload
-    def __get__(self, view: None, owner: type | None = None) -> _OnRules[V]: ...
+    def __get__(self, view: None, owner: type | None = None) -> _OnState[V]: ...
 
     @overload
     def __get__(self, view: BarrierView[Any], owner: type | None = None) -> V: ...
 
-    def __get__(self, view: BarrierView[Any] | None, owner: type | None = None) -> V | _OnRules[V]:
+    def __get__(self, view: BarrierView[Any] | None, owner: type | None = None) -> V | _OnState[V]:
         if view is None:
             return self
-        value: V = getattr(view.rules, self.name)
+        value: V = getattr(view.state, self.name)
         return value
 
     def __set__(self, view: BarrierView[Any], value: V) -> None:
-        setattr(view.rules, self.name, value)
+        setattr(view.state, self.name, value)
 
 
 class BarrierView(Generic[E]):
-    """The queries and attributes both orchestrators share, answered by the ``BarrierRules`` they hold (``rules``)."""
+    """The queries and attributes both orchestrators share, answered by the ``BarrierState`` they hold (``state``)."""
 
-    rules: BarrierRules[E]
+    state: BarrierState[E]
     """The engines, their knowledge and the journal: set by the orchestrator's constructor."""
 
-    groups: _OnRules[tuple[EngineGroup[E], ...]] = _OnRules()
+    groups: _OnState[tuple[EngineGroup[E], ...]] = _OnState()
     """The engine groups, as given."""
-    observers: _OnRules[tuple[Observer, ...]] = _OnRules()
+    observers: _OnState[tuple[Observer, ...]] = _OnState()
     """Who is told of transitions, phases, state and hold changes."""
-    deadlines: _OnRules[PhaseDeadlines] = _OnRules()
+    deadlines: _OnState[PhaseDeadlines] = _OnState()
     """The transition and phase limits."""
-    restart_budget: _OnRules[RestartBudget | None] = _OnRules()
+    restart_budget: _OnState[RestartBudget | None] = _OnState()
     """The restart budget errors report (resumed from the journal, when there is one)."""
-    rollback: _OnRules[bool] = _OnRules()
+    rollback: _OnState[bool] = _OnState()
     """Whether a failed transition resumes what it released and continues engines where that is known safe."""
-    clock: _OnRules[Clock] = _OnRules()
+    clock: _OnState[Clock] = _OnState()
     """What times transitions and phases and sets their deadlines."""
-    memory_probe: _OnRules[MemoryProbe | None] = _OnRules()
+    memory_probe: _OnState[MemoryProbe | None] = _OnState()
     """The ``MemoryProbe`` quarantined engines are reconciled from (None: none)."""
-    journal: _OnRules[Journal | None] = _OnRules()
+    journal: _OnState[Journal | None] = _OnState()
     """The journal the knowledge is written to (None: in memory only)."""
-    recovery: _OnRules[Recovery | None] = _OnRules()
+    recovery: _OnState[Recovery | None] = _OnState()
     """What the journal gave back when the orchestrator started (None without a journal)."""
 
     def close(self) -> None:
         """Let go of the journal (its lock), if there is one. The orchestrator sends nothing more afterwards."""
-        self.rules.close()
+        self.state.close()
 
     def states(self) -> dict[str, EngineState]:
         """Every engine's state (not retired ones) as the orchestrator knows it, in one word."""
-        return self.rules.states()
+        return self.state.states()
 
     def held(self) -> dict[str, tuple[str, ...]]:
         """The engines held paused on purpose, and by which reasons."""
-        return self.rules.held()
+        return self.state.held()
 
     def paused_by_us(self, engine: str | E) -> bool:
         """True when the orchestrator keeps ``engine`` from serving (a hold, or a pause it sent).
@@ -95,20 +93,20 @@ class BarrierView(Generic[E]):
         its name or URL, or any engine object the orchestrator was built with.
         Raises ``KeyError`` naming an engine it does not drive.
         """
-        return self.rules.paused_by_us(engine)
+        return self.state.paused_by_us(engine)
 
     def released_tags(self, engine: str | E) -> frozenset[str]:
         """Memory tags known released on ``engine`` (name, URL or engine object)."""
-        return self.rules.released_tags(engine)
+        return self.state.released_tags(engine)
 
     def quarantined(self) -> dict[str, frozenset[str]]:
         """Engines (not retired) whose released tags are unknown, with those tags: they need ``reconcile`` or ``retire``."""
-        return self.rules.quarantined()
+        return self.state.quarantined()
 
     def unsettled(self) -> dict[str, frozenset[str]]:
         """Engines (not retired) whose unknown released tags the next transition settles by re-sending (vLLM), with those tags."""
-        return self.rules.unsettled()
+        return self.state.unsettled()
 
     def not_serving(self) -> dict[str, str]:
         """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""
-        return self.rules.not_serving()
+        return self.state.not_serving()

@@ -43,7 +43,7 @@ import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator
-from resilience.barrier.holds import WEIGHT_SYNC_HOLD
+from resilience.barrier.transitions import WEIGHT_SYNC_HOLD
 from resilience.policy import PolicyTable
 from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
 from resilience.testing.counting_probe import CountingProbe

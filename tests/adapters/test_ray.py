@@ -30,10 +30,10 @@ pytest.importorskip("torch")
 from resilience.adapters.ray import RayEngine, RayFanOut, TimedValue, _unwrap, ray_engines
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.effect import effect_of
-from resilience.barrier.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.knowledge import Effect
+from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
+from resilience.barrier.state import Effect, effect_of
 from resilience.deadline import Deadline
+from resilience.engine_contract import EngineDied, EngineUnavailable
 from resilience.events import Event, PhaseEnded
 from resilience.outcome import Delivery, attempts_of
 from resilience.policy import EndpointPolicy, RetryPolicy
@@ -369,7 +369,7 @@ def test_a_late_ref_is_handed_back_and_lands(local_ray: None) -> None:
     try:
         ray.get(slow.actor.timed_call.remote("warm", {}, None), timeout=TIMEOUT)
         [result] = RayFanOut(cancel_late=False).call([(slow, {})], "pause_generation", Deadline(0.2))
-        assert isinstance(result.error, PhaseTimeout) and effect_of(result.error) is Effect.MAYBE
+        assert isinstance(result.error, PhaseTimeout) and effect_of(result.error) is Effect.AMBIGUOUS
         assert result.late is not None
         assert result.late.wait(TIMEOUT) == (True, None)  # it landed, applied
     finally:
@@ -398,7 +398,7 @@ def test_an_unavailable_actor_is_maybe_applied(local_ray: None) -> None:
     """Ray's ActorUnavailableError (the call may have run) reaches the barrier as EngineUnavailable: unknown, not "not applied"."""
     error = _unwrap(ray.exceptions.ActorUnavailableError("the actor's node is unreachable", None), "http://127.0.0.1:3")
     assert isinstance(error, EngineUnavailable) and "http://127.0.0.1:3" in str(error)
-    assert effect_of(error) is Effect.MAYBE
+    assert effect_of(error) is Effect.AMBIGUOUS
 
 
 def test_fan_out_refuses_engines_without_an_actor(local_ray: None) -> None:

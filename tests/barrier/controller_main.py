@@ -42,7 +42,7 @@ from typing import Any
 
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.holds import OFFLOAD_HOLD
+from resilience.barrier.transitions import OFFLOAD_HOLD
 from resilience.events import Event, PhaseStarted
 from resilience.testing import fast_policies
 

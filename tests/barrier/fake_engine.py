@@ -31,9 +31,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from resilience.barrier.engine import ALL_TAGS
-from resilience.barrier.fanout import EngineDied, EngineUnavailable
 from resilience.clock import SYSTEM_CLOCK, Clock
+from resilience.engine_contract import ALL_TAGS, EngineDied, EngineUnavailable
 from resilience.errors import AmbiguousOutcome
 from resilience.outcome import AttemptRecord, Delivery, Outcome
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from resilience.barrier.kinds import VLLM_RULES
+from resilience.engine_contract import VLLM_RULES
 from tests.barrier.fake_engine import AsyncFakeEngine, FakeEngine
 
 VLLM = frozenset(("weights", "kv_cache"))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from resilience.barrier.journal_store import Loaded, frame, unframe
-from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.state import EngineKnowledge
 
 CALLS = frozenset({"open", "write", "fsync", "ftruncate", "fstat", "stat", "replace", "unlink", "close"})
 """The calls the store makes through its ``syscalls`` (``FileJournalStore``'s docstring names them)."""

@@ -48,8 +48,8 @@ pytest.importorskip("torch")
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
-from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import FanOut, ThreadFanOut
+from resilience.engine_contract import ALL_TAGS
 from resilience.testing import fast_policies
 from resilience.testing.colocate import ColocateConfig, run_colocate
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle

@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 from resilience.adapters.sglang import AsyncSGLangClient
 from resilience.barrier import AsyncOrchestrator, EngineGroup, PhaseDeadlines, PhaseFailed
-from resilience.barrier.knowledge import EngineState
+from resilience.engine_contract import EngineState
 from resilience.testing.emulator import EmulatedFleet
 from tests.sglang.conftest import FAST_ENGINE, FAST_SGLANG
 

@@ -11,9 +11,8 @@ from typing import Any, TypeVar
 import pytest
 
 from resilience.barrier.async_fanout import AsyncFanOut, PhaseRun, TaskCall
-from resilience.barrier.effect import effect_of
 from resilience.barrier.fanout import EngineResult, PhaseTimeout, ThreadFanOut, interrupted_results
-from resilience.barrier.knowledge import Effect
+from resilience.barrier.state import Effect, effect_of
 from resilience.deadline import Deadline, current_deadline
 from resilience.errors import AmbiguousOutcome
 from tests.barrier.fake_engine import AsyncFakeEngine, Fault, Refused
@@ -83,7 +82,7 @@ def test_errors_are_each_engines_own(fanout: AsyncFanOut) -> None:
     results = fanout.call([(e, {}) for e in engines], "flush_cache", Deadline(10))
     assert isinstance(results[0].error, Refused) and results[1].ok and isinstance(results[2].error, AmbiguousOutcome)
     assert results[1].value == {"engine": engines[1].engine, "method": "flush_cache"}
-    assert [effect_of(r.error) for r in results] == [Effect.NOT_APPLIED, Effect.APPLIED, Effect.MAYBE]
+    assert [effect_of(r.error) for r in results] == [Effect.NOT_APPLIED, Effect.APPLIED, Effect.AMBIGUOUS]
 
 
 def test_a_late_call_keeps_running_and_lands(fanout: AsyncFanOut) -> None:
@@ -124,7 +123,7 @@ def test_close_cancels_a_late_call_which_lands_as_maybe_applied() -> None:
     fanout.close()
     landed, error = result.late.wait(10)
     assert landed and isinstance(error, PhaseTimeout) and error.maybe_sent
-    assert effect_of(error) is Effect.MAYBE
+    assert effect_of(error) is Effect.AMBIGUOUS
 
 
 def test_run_and_calls_from_the_loop_thread(fanout: AsyncFanOut) -> None:

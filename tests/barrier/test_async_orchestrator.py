@@ -7,15 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from resilience.barrier import (
-    AsyncOrchestrator,
-    BarrierBusy,
-    EngineGroup,
-    EngineSkipped,
-    PhaseDeadlines,
-    PhaseFailed,
-)
-from resilience.barrier.knowledge import EngineState
+from resilience.barrier import AsyncOrchestrator, BarrierBusy, EngineGroup, EngineSkipped, PhaseDeadlines, PhaseFailed
+from resilience.engine_contract import EngineState
 from resilience.errors import AmbiguousOutcome
 from resilience.events import Event, TransitionEnded
 from tests.barrier.fake_engine import ALL, AsyncFakeEngine, Fault, Refused

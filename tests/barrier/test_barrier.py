@@ -13,8 +13,8 @@ import requests
 
 from resilience import AmbiguousOutcome
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.knowledge import EngineState
 from resilience.budget import RestartBudget
+from resilience.engine_contract import EngineState
 from resilience.events import Event, PhaseEnded, TransitionEnded
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultPlan, FaultRule

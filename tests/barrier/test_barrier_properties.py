@@ -51,8 +51,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from resilience.barrier import AsyncOrchestrator, BarrierBusy, EngineGroup, HoldToken, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import Calls, EngineResult, SequentialFanOut, ThreadFanOut
-from resilience.barrier.knowledge import EngineState
 from resilience.deadline import Deadline
+from resilience.engine_contract import EngineState
 from resilience.events import Event
 from tests.barrier.async_facade import LoopThread, SyncFacade
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault

@@ -24,8 +24,7 @@ from hypothesis.stateful import invariant, rule
 
 from resilience.barrier import AsyncOrchestrator, Orchestrator, PhaseFailed
 from resilience.barrier.fanout import ThreadFanOut
-from resilience.barrier.kinds import rules_of
-from resilience.barrier.knowledge import EngineState
+from resilience.engine_contract import EngineState, rules_of
 from tests.barrier.async_facade import LoopThread, SyncFacade
 from tests.barrier.fake_engine import AnyFake, FakeEngine, Fault
 from tests.barrier.fake_vllm_engine import AsyncFakeVLLMEngine, FakeVLLMEngine

@@ -1,6 +1,6 @@
 """The barrier's vLLM rules on socket-free vLLM engines (``fake_vllm_engine``), and one orchestrator over SGLang and vLLM.
 
-Each test names the rule of ``resilience.barrier.kinds.VLLM_RULES`` it pins; the fakes record what would kill a
+Each test names the rule of ``resilience.engine_contract.VLLM_RULES`` it pins; the fakes record what would kill a
 real vLLM 0.33.0 engine (scheduling onto slept memory) and what would break a held pause (a ``/resume`` or a
 wake that leaves nothing asleep while the test holds one).
 """
@@ -10,11 +10,9 @@ from __future__ import annotations
 import pytest
 
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.engine import ALL_TAGS
 from resilience.barrier.fanout import ThreadFanOut
 from resilience.barrier.journal import Journal, JournalMismatch, knowledge_from
-from resilience.barrier.kinds import SGLANG_RULES, VLLM_RULES, EngineRules, rules_of
-from resilience.barrier.knowledge import EngineState
+from resilience.engine_contract import ALL_TAGS, SGLANG_RULES, VLLM_RULES, EngineRules, EngineState, rules_of
 from tests.barrier.fake_engine import FakeEngine, Fault
 from tests.barrier.fake_vllm_engine import VLLM, FakeVLLMEngine
 
@@ -184,7 +182,7 @@ def test_a_weight_sync_body_never_runs_on_an_unsettled_engine() -> None:
     """Memory that may be asleep: the sync refuses (nothing sent), as it does for a quarantined SGLang engine."""
     engines = vllm(1)
     orch = orchestrator(EngineGroup(engines))
-    orch.rules.know[engines[0].engine].unknown.update(VLLM)
+    orch.state.know[engines[0].engine].unknown.update(VLLM)
     with pytest.raises(PhaseFailed, match="skipped"), orch.weight_sync():
         raise AssertionError("the body ran")
 
@@ -227,7 +225,7 @@ def test_the_journal_keeps_a_vllm_engines_knowledge_and_kind(tmp_path: object) -
     orch.onload(tags=["weights"])
     orch.close()
     again = Orchestrator(EngineGroup(engines), fanout=ThreadFanOut(), deadlines=DEADLINES, journal=path)
-    k = again.rules.know[engines[0].engine]
+    k = again.state.know[engines[0].engine]
     assert k.memory is VLLM_RULES.memory and k.released == {"kv_cache"} and k.paused is True
     again.onload()
     sound(*engines)

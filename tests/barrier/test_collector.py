@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, collector
-from resilience.barrier.async_fanout import AsyncFanOut, PhaseRun
-from resilience.barrier.collector import DEFAULT_GC_PAUSE_S, collector_paused_by_us, pause_collector
+from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, async_fanout
+from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, AsyncFanOut, PhaseRun, collector_paused_by_us, pause_collector
 from resilience.deadline import Deadline
 from resilience.errors import ConfigError
 from tests.barrier.fake_engine import AsyncFakeEngine, Fault
@@ -135,15 +134,15 @@ def test_no_watchdog_no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the watchdog thread cannot start (no threads left, interpreter shutdown), nothing is paused: a pause that
     only the watchdog could end at its bound is never taken."""
 
-    class NoThread(collector.threading.Thread):
+    class NoThread(async_fanout.threading.Thread):
         def start(self) -> None:
             raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(collector, "_watchdog", None)
-    monkeypatch.setattr(collector.threading, "Thread", NoThread)
+    monkeypatch.setattr(async_fanout, "_watchdog", None)
+    monkeypatch.setattr(async_fanout.threading, "Thread", NoThread)
     pause = pause_collector(60.0)
     assert not pause.held and gc.isenabled() and not collector_paused_by_us()
-    assert collector._holds == {}
+    assert async_fanout._holds == {}
 
 
 def test_end_after_lingers_but_never_past_the_bound() -> None:

@@ -17,8 +17,8 @@ import pytest
 
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed, SequentialFanOut
 from resilience.barrier.journal import JournalBusy, JournalError, JournalMismatch
-from resilience.barrier.knowledge import EngineState
 from resilience.budget import RestartBudget
+from resilience.engine_contract import EngineState
 from tests.barrier.fake_engine import AsyncFakeEngine, FakeEngine, Fault
 
 NAMES = ["http://127.0.0.1:40001", "http://127.0.0.1:40002", "http://127.0.0.1:40003"]
@@ -83,7 +83,7 @@ def test_a_controller_interrupted_mid_release_leaves_the_call_maybe_applied_for_
     engines[1].land()
 
     second = Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "j")
-    assert second.recovery is not None and second.recovery.in_flight == {}  # the interrupted controller settled it as "maybe"
+    assert second.recovery is not None and second.recovery.in_flight == {}  # the interrupted controller settled it as ambiguous
     assert second.states()[NAMES[1]] is EngineState.QUARANTINED
     with pytest.raises(PhaseFailed) as failed:
         second.onload()

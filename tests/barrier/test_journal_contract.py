@@ -18,7 +18,7 @@ import pytest
 
 from resilience.barrier.journal import Journal, JournalError
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalStore, RayKVJournalStore, unframe
-from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.state import EngineKnowledge
 from tests.barrier.journal_faults import FaultyOS
 
 ENGINES = ["http://127.0.0.1:1", "http://127.0.0.1:2"]

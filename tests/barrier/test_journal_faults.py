@@ -24,7 +24,7 @@ import pytest
 
 from resilience.barrier.journal import Journal, JournalError
 from resilience.barrier.journal_store import FileJournalStore, frame
-from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.state import EngineKnowledge
 from tests.barrier.journal_faults import BytesStore, FaultyOS, summary
 
 ENGINES = ["http://127.0.0.1:1", "http://127.0.0.1:2"]

@@ -14,7 +14,7 @@ import pytest
 
 from resilience.barrier.journal import FORMAT, Journal, JournalError, JournalMismatch, _boot_id, _me, _started, read_journal
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalCorrupt, frame, unframe
-from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.state import EngineKnowledge
 from resilience.budget import RestartBudget
 from tests.barrier.journal_faults import FaultyOS
 
@@ -129,7 +129,7 @@ def test_a_hold_whose_owner_process_is_gone_is_named(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "from resilience.barrier.journal import Journal\n"
-        "from resilience.barrier.knowledge import EngineKnowledge\n"
+        "from resilience.barrier.state import EngineKnowledge\n"
         "j = Journal(sys.argv[1]); names = sys.argv[2:]; j.open(names)\n"
         "know = {n: EngineKnowledge(n, paused=True, holds={3: 'weight_sync'}) for n in names}\n"
         "j.commit(know, names, 'weight_sync pause')\n"
@@ -426,7 +426,7 @@ def test_a_controller_that_is_pid_1_twice_sees_its_predecessors_holds_orphaned(t
     take = (
         "import os, sys\n"
         "from resilience.barrier.journal import Journal\n"
-        "from resilience.barrier.knowledge import EngineKnowledge\n"
+        "from resilience.barrier.state import EngineKnowledge\n"
         "assert os.getpid() == 1\n"
         "j = Journal(sys.argv[1]); names = sys.argv[2:]; j.open(names)\n"
         "j.commit({n: EngineKnowledge(n, paused=True, holds={3: 'weight_sync'}) for n in names}, names, 'weight_sync pause')\n"

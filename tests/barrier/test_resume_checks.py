@@ -7,7 +7,7 @@
   offload pauses and flushes it again before the release, also when the engine has no read that tells
   (an engine object with only the five control calls).
 - A write-ahead record that could not be written (``ENOSPC`` from the journal store) sends nothing
-  and marks nothing "maybe": the same controller's next onload and offload work, nothing quarantined (its
+  and marks nothing ambiguous: the same controller's next onload and offload work, nothing quarantined (its
   phase ends for the observers with the error).
 - A ``weight_sync`` whose hold record could not be written leaves no hold behind: after the next
   offload and onload every engine serves.
@@ -29,13 +29,13 @@ pytest.importorskip("torch")
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
-from resilience.barrier.engine import CONTROL_METHODS, PauseMode
 from resilience.barrier.fanout import Calls, EngineResult, ThreadFanOut
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore, JournalStore, Loaded
-from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.state import EngineKnowledge
 from resilience.cli.story import death_causes
 from resilience.deadline import Deadline
+from resilience.engine_contract import CONTROL_METHODS, PauseMode
 from resilience.events import Event, PhaseEnded
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
 from tests.barrier.crash_rig import Controller, Traffic, put_in_order

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from resilience.barrier.journal import Journal
-from resilience.barrier.knowledge import EngineKnowledge
+from resilience.barrier.state import EngineKnowledge
 from tests.cli.cpr_testlib import error_lines, run_cpr, table_rows
 
 A, B = "http://127.0.0.1:31001", "http://127.0.0.1:31002"

@@ -139,6 +139,33 @@ def test_the_core_top_level_imports_nothing_from_the_retry_core() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+CONTRACT = PACKAGE / "engine_contract.py"
+FANOUT_ADAPTERS = frozenset({"adapters/ray.py", "adapters/smg_fanout.py"})
+"""The adapters that implement a barrier fan-out (``FanOut``) and so build on ``resilience.barrier``; no other may."""
+
+
+def test_the_engine_contract_sits_below_the_barrier_and_the_clients() -> None:
+    """``resilience/engine_contract.py`` imports nothing from ``resilience.barrier`` or ``resilience.adapters``."""
+    targets = [target for _, target in _imports(CONTRACT, type_checking=True)]
+    assert targets, "the contract module has no imports at all: the wrong file?"
+    offenders = [t for t in targets if t.startswith(("resilience.barrier", "resilience.adapters"))]
+    assert not offenders, offenders
+
+
+def test_no_engine_client_imports_the_barrier() -> None:
+    """Clients implement the engine contract; only the adapters that implement fan-outs import ``resilience.barrier``."""
+    adapters = _files(ROOT / "adapters")
+    assert len(adapters) > 10 and all((ROOT / f).is_file() for f in FANOUT_ADAPTERS), FANOUT_ADAPTERS
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in adapters
+        if str(path.relative_to(ROOT)) not in FANOUT_ADAPTERS
+        for line, target in _imports(path, type_checking=True)
+        if target == "resilience.barrier" or target.startswith("resilience.barrier.")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
 def test_the_core_has_no_import_circle() -> None:
     """Following every runtime import (function-level ones too) between core modules never comes back."""
     files = {_module_name(p): p for p in _core_files() if p.name != "__init__.py" or p.parent != PACKAGE}

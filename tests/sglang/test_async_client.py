@@ -36,8 +36,8 @@ from resilience.adapters.sglang import (
     SGLangProtocolError,
     SGLangWeightsReleased,
 )
-from resilience.barrier.engine import ALL_TAGS, AsyncControlPlaneEngine
 from resilience.deadline import current_deadline
+from resilience.engine_contract import ALL_TAGS, AsyncControlPlaneEngine
 from resilience.errors import DeadlineExceeded
 from resilience.events import Event, Observer, RetryScheduled
 from resilience.outcome import Delivery, attempts_of

@@ -17,8 +17,8 @@ from dataclasses import replace
 import pytest
 
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient, SGLangError
-from resilience.barrier.fanout import EngineDied
 from resilience.deadline import Deadline
+from resilience.engine_contract import EngineDied
 from resilience.errors import DeadlineExceeded
 from resilience.testing import fast_policies
 from resilience.testing.emulator import EmulatedFleet

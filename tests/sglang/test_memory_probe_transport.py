@@ -32,7 +32,7 @@ from resilience.adapters.sglang import (
     sglang_policies,
     with_memory_probe,
 )
-from resilience.barrier.fanout import EngineDied
+from resilience.engine_contract import EngineDied
 from resilience.errors import ConfigConflict
 from resilience.events import Event, ProbeCompleted
 from resilience.outcome import Outcome

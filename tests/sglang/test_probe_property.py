@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from resilience import AmbiguousOutcome
 from resilience.adapters.sglang import SGLangClient, SGLangError
-from resilience.barrier.fanout import EngineDied
+from resilience.engine_contract import EngineDied
 from resilience.testing import EmulatorMemoryProbe
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faults import FaultPlan, FaultProxy, FaultRule

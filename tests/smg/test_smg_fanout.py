@@ -15,9 +15,9 @@ import requests
 pytest.importorskip("torch")
 from resilience.adapters.smg_fanout import GatewayRefused, SmgEngine, SmgFanOut, SmgWorkerError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed
-from resilience.barrier.effect import effect_of, is_engine_dead
-from resilience.barrier.knowledge import Effect, EngineState
+from resilience.barrier.state import Effect, effect_of, is_engine_dead
 from resilience.deadline import Deadline
+from resilience.engine_contract import EngineState
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faultplan import FaultPlan, FaultRule
 from resilience.testing.faultproxy import FaultProxy
@@ -170,7 +170,7 @@ def test_rl_control_timeout_expiring_is_a_maybe_for_that_engine_only_and_an_idem
     results = once.call([(e, {"mode": "abort"}) for e in engines], "pause_generation", Deadline(10.0))
     assert results[0].ok
     assert isinstance(results[1].error, SmgWorkerError) and "upstream_timeout" in str(results[1].error)
-    assert effect_of(results[1].error) is Effect.MAYBE
+    assert effect_of(results[1].error) is Effect.AMBIGUOUS
     assert once.gateway_calls == 1
     again = SmgFanOut(gateway.url)  # pause is idempotent: sent again to the engine whose answer timed out
     results = again.call([(e, {"mode": "abort"}) for e in engines], "pause_generation", Deadline(10.0))

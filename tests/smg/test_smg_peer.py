@@ -16,7 +16,7 @@ import requests
 pytest.importorskip("torch")
 from resilience.adapters.smg_fanout import SmgFanOut
 from resilience.barrier import EngineGroup, Orchestrator
-from resilience.barrier.knowledge import EngineState
+from resilience.engine_contract import EngineState
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.smg import GatewayHealth, SmgGateway
 from tests.smg.conftest import gateway_for

@@ -49,20 +49,20 @@ async_is_not_sync_client: AsyncControlPlaneEngine = SGLangClient("http://127.0.0
 async_client: AsyncControlPlaneEngine = AsyncSGLangClient("http://127.0.0.1:1")
 
 
-def _held_rules(client: SGLangClient, async_client: AsyncSGLangClient) -> None:
+def _held_state(client: SGLangClient, async_client: AsyncSGLangClient) -> None:
     """Both orchestrators hold their rules; the attributes users read keep their types (``BarrierView``)."""
     from typing import assert_type
 
     from resilience.barrier import AsyncOrchestrator, PhaseDeadlines
     from resilience.barrier.journal import Journal, Recovery
-    from resilience.barrier.rules import BarrierRules
+    from resilience.barrier.state import BarrierState
     from resilience.events import Observer
     from resilience.memory_probe import MemoryProbe
 
     orch = Orchestrator(EngineGroup([client]))
     aorch = AsyncOrchestrator(EngineGroup([async_client]))
-    assert_type(orch.rules, BarrierRules[SGLangClient])
-    assert_type(aorch.rules, BarrierRules[AsyncSGLangClient])
+    assert_type(orch.state, BarrierState[SGLangClient])
+    assert_type(aorch.state, BarrierState[AsyncSGLangClient])
     assert_type(orch.recovery, Recovery | None)
     assert_type(aorch.journal, Journal | None)
     assert_type(orch.memory_probe, MemoryProbe | None)

@@ -1,4 +1,4 @@
-"""The barrier's rules, one at a time, on socket-free engines with SGLang's crash semantics (issue 9's seven defects).
+"""Each control call's precondition, one at a time, on socket-free engines with SGLang's crash semantics.
 
 Every test that drives an orchestrator runs twice: ``ThreadFanOut`` over ``FakeEngine`` and ``AsyncFanOut`` over
 ``AsyncFakeEngine`` (same state, faults and crash rules, with coroutine calls).
@@ -15,10 +15,10 @@ import requests
 
 from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
-from resilience.barrier.effect import effect_of, is_engine_dead
-from resilience.barrier.fanout import EngineDied, EngineUnavailable, FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.knowledge import Effect, EngineKnowledge, EngineState
+from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
+from resilience.barrier.state import Effect, EngineKnowledge, effect_of, is_engine_dead
 from resilience.clock import FakeClock
+from resilience.engine_contract import EngineDied, EngineState, EngineUnavailable
 from resilience.errors import RetriesExhausted
 from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
 from resilience.outcome import AttemptRecord, Delivery
@@ -77,21 +77,21 @@ def test_effect_of_reads_only_the_driver_record() -> None:
     bare_status = ValueError("HTTP 500, no record")
     bare_status.status = 500  # type: ignore[attr-defined]
     for no_record in (PhaseTimeout("late"), EngineDied("actor died"), EngineUnavailable("unavailable"), ValueError("bug"), bare_status):
-        assert effect_of(no_record) is Effect.MAYBE, no_record  # conservative: nobody said the request never left
+        assert effect_of(no_record) is Effect.AMBIGUOUS, no_record  # conservative: nobody said the request never left
     maybe = RetriesExhausted("x", attempts=(attempt(Delivery.MAYBE_APPLIED), attempt(Delivery.RESPONDED, 500)))
-    assert effect_of(maybe) is Effect.MAYBE
+    assert effect_of(maybe) is Effect.AMBIGUOUS
     assert effect_of(RetriesExhausted("x", attempts=(attempt(Delivery.NOT_SENT), attempt(Delivery.RESPONDED, 500)))) is Effect.NOT_APPLIED
     for gateway in (502, 503, 504):  # a proxy may answer these after it forwarded: whatever the retry policy did with them
         after = RetriesExhausted("x", attempts=(attempt(Delivery.RESPONDED, gateway), attempt(Delivery.RESPONDED, 500)))
-        assert effect_of(after) is Effect.MAYBE, gateway
+        assert effect_of(after) is Effect.AMBIGUOUS, gateway
     on_response = with_record(ValueError("x"))
     del on_response.attempts  # type: ignore[attr-defined]
     on_response.response = _Response(attempt(Delivery.RESPONDED, 504))  # type: ignore[attr-defined]
-    assert effect_of(on_response) is Effect.MAYBE
-    assert effect_of(with_record(ValueError("2xx, bad body"), attempt(Delivery.RESPONDED, 200))) is Effect.MAYBE
+    assert effect_of(on_response) is Effect.AMBIGUOUS
+    assert effect_of(with_record(ValueError("2xx, bad body"), attempt(Delivery.RESPONDED, 200))) is Effect.AMBIGUOUS
     assert effect_of(with_record(ValueError("engine said no"), attempt(Delivery.RESPONDED, 400))) is Effect.NOT_APPLIED
     # an empty record is no record (attempts_of gives None): nothing proves the request never left
-    assert effect_of(RetriesExhausted("no attempt was made", attempts=())) is Effect.MAYBE
+    assert effect_of(RetriesExhausted("no attempt was made", attempts=())) is Effect.AMBIGUOUS
 
 
 def test_effect_and_death_never_depend_on_the_library() -> None:
@@ -100,14 +100,14 @@ def test_effect_and_death_never_depend_on_the_library() -> None:
     import httpx
 
     for error in (requests.ConnectTimeout("connect"), httpx.ConnectError("refused"), OSError(111, "refused"), TimeoutError()):
-        assert effect_of(error) is Effect.MAYBE and not is_engine_dead(error), error
+        assert effect_of(error) is Effect.AMBIGUOUS and not is_engine_dead(error), error
         refused = with_record(error, attempt(Delivery.NOT_SENT), attempt(Delivery.NOT_SENT))
         assert effect_of(refused) is Effect.NOT_APPLIED and is_engine_dead(refused), error
     reset = with_record(aiohttp.ServerDisconnectedError(), attempt(Delivery.NOT_SENT), attempt(Delivery.MAYBE_APPLIED))
-    assert effect_of(reset) is Effect.MAYBE and not is_engine_dead(reset)
+    assert effect_of(reset) is Effect.AMBIGUOUS and not is_engine_dead(reset)
     assert is_engine_dead(EngineDied("gone")) and not is_engine_dead(RetriesExhausted("x", attempts=()))
     behind_proxy = with_record(ValueError("502"), attempt(Delivery.RESPONDED, 502))
-    assert effect_of(behind_proxy) is Effect.MAYBE and not is_engine_dead(behind_proxy)
+    assert effect_of(behind_proxy) is Effect.AMBIGUOUS and not is_engine_dead(behind_proxy)
 
 
 def test_a_breaker_refusal_is_not_applied_but_never_proves_the_engine_dead() -> None:
@@ -128,14 +128,14 @@ def test_knowledge_table() -> None:
     k.apply("pause_generation", {"mode": "abort"}, Effect.APPLIED)
     k.apply("flush_cache", {}, Effect.APPLIED)
     assert k.may_release("kv_cache") and k.state is EngineState.FLUSHED
-    k.apply("release_memory_occupation", {"tags": ["kv_cache"]}, Effect.MAYBE)
+    k.apply("release_memory_occupation", {"tags": ["kv_cache"]}, Effect.AMBIGUOUS)
     assert k.quarantined and not k.may_release("weights") and not k.may_resume("kv_cache") and not k.may_continue()
     k.reconcile(released=["kv_cache"], paused=True)
     assert k.may_resume("kv_cache") and not k.may_release("kv_cache")
-    k.apply("resume_memory_occupation", {"tags": None}, Effect.MAYBE)
+    k.apply("resume_memory_occupation", {"tags": None}, Effect.AMBIGUOUS)
     assert k.unknown == set(ALL) and k.released == set()
     k.reconcile(released=(), paused=True)
-    k.apply("continue_generation", {}, Effect.MAYBE)
+    k.apply("continue_generation", {}, Effect.AMBIGUOUS)
     assert k.paused is None and k.state is EngineState.UNKNOWN and k.may_continue()
 
 

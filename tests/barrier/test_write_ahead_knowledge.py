@@ -1,8 +1,8 @@
-"""Barrier v3 (issue 19), one defect at a time, on socket-free engines that crash where SGLang 0.5.23 crashes.
+"""Write-ahead knowledge and what a call did, one rule at a time, on socket-free engines that crash where SGLang 0.5.23 crashes.
 
 Write-ahead knowledge (an interrupt at any point leaves what a call touches unknown, never forgotten), observers told
 after the knowledge changed, the effect of a call read from the driver's record (a gateway status after the engine
-applied is "maybe"), the memory probe's auto-reconcile, the ``BarrierRules.persist`` hook, and the checks made before anything is sent.
+applied is ambiguous), the memory probe's auto-reconcile, the ``BarrierState.persist`` hook, and the checks made before anything is sent.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def interrupted(transition: Any) -> None:
         transition()
 
 
-# -- issue items 1 and 2: an interruption forgets nothing --------------------------------------------------------
+# -- an interruption forgets nothing --------------------------------------------------------
 
 
 @pytest.mark.parametrize("when", [Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER])
@@ -195,7 +195,7 @@ def test_a_fan_out_that_raises_part_way_leaves_every_call_maybe(broken_after: in
     back_to_serving(orch, engines)
 
 
-# -- issue item 3: observers are told after the knowledge changed ------------------------------------------------
+# -- observers are told after the knowledge changed ------------------------------------------------
 
 
 def _bomb_on_release(seen: list[Event]) -> Any:
@@ -236,7 +236,7 @@ async def test_an_observer_raising_a_base_exception_in_the_async_orchestrator() 
     assert all(e.serving and e.crash is None for e in engines)
 
 
-# -- issue item 4: a gateway status after the engine applied is "maybe" ------------------------------------------
+# -- a gateway status after the engine applied is ambiguous ------------------------------------------
 
 
 def test_release_answered_502_after_it_applied_is_not_rolled_back_onto_released_memory(fanout: FanOut) -> None:
@@ -382,7 +382,7 @@ class Journaled(Orchestrator[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.persisted: list[dict[str, EngineState]] = []
         super().__init__(*args, **kwargs)
-        rules, write = self.rules, self.rules.persist
+        rules, write = self.state, self.state.persist
 
         def persist(names: Collection[str]) -> None:
             self.persisted.append({n: rules.know[n].state for n in names})
@@ -422,7 +422,7 @@ def test_every_call_is_persisted_in_flight_before_it_is_sent_and_its_outcome_aft
     assert orch.persisted[-1] == {engines[1].engine: EngineState.SERVING}
 
 
-# -- issue item 6 and construction: refuse what SGLang crashes in, and what cannot be driven ---------------------
+# -- construction: refuse what SGLang crashes in, and what cannot be driven ---------------------
 
 
 def test_reconcile_refuses_paused_false_while_memory_is_released_or_unknown() -> None:

@@ -1,4 +1,4 @@
-"""Each engine kind's rules as one table (``resilience.barrier.kinds``): SGLang's table is today's behaviour, and a
+"""Each engine kind's rules as one table (``resilience.engine_contract``): SGLang's table is today's behaviour, and a
 table is looked up per engine."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from dataclasses import replace
 import pytest
 
 from resilience.barrier import ALL_TAGS, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed, SequentialFanOut
-from resilience.barrier.engine import CONTROL_METHODS
-from resilience.barrier.kinds import SGLANG_RULES, CallRule, EngineRules, OnAmbiguous, rules_of
-from resilience.barrier.knowledge import EngineKnowledge, InFlight
+from resilience.barrier.state import EngineKnowledge, InFlight
+from resilience.engine_contract import CONTROL_METHODS, SGLANG_RULES, CallRule, EngineRules, OnAmbiguous, rules_of
 from tests.barrier.fake_engine import ALL, FakeEngine
 
 DEADLINES = PhaseDeadlines(transition_s=10.0, pause_s=2, flush_s=2, release_s=2, resume_s=2, continue_s=2)
@@ -54,12 +53,12 @@ def test_the_sglang_table_is_the_knowledge_model_s_own_preconditions() -> None:
 
 
 def test_the_sglang_table_says_what_an_ambiguous_answer_does_to_the_knowledge() -> None:
-    """QUARANTINE rows leave the engine quarantined after a "maybe"; RESEND rows leave it unknown but not quarantined."""
+    """QUARANTINE rows leave the engine quarantined after an ambiguous answer; RESEND rows leave it unknown but not quarantined."""
     for method in CONTROL_METHODS:
         k = EngineKnowledge("e", paused=True, flushed=True)
         if method == "resume_memory_occupation":
             k.released = set(ALL)
-        k.mark(method, {})  # write-ahead: the facts a "maybe" leaves
+        k.mark(method, {})  # write-ahead: the facts an ambiguous answer leaves
         k.abandon()
         quarantined = SGLANG_RULES.calls[method].on_ambiguous is OnAmbiguous.QUARANTINE
         assert k.quarantined is quarantined, (method, k)
@@ -110,5 +109,5 @@ def test_an_engine_whose_control_rules_are_not_a_table_is_refused() -> None:
     class Odd(FakeEngine):
         control_rules = "sglang"
 
-    with pytest.raises(TypeError, match=r"control_rules must be a resilience\.barrier\.kinds\.EngineRules"):
+    with pytest.raises(TypeError, match=r"control_rules must be a resilience\.engine_contract\.EngineRules"):
         Orchestrator(EngineGroup([Odd("http://fake-0:30000")]), fanout=SequentialFanOut())

@@ -1,12 +1,12 @@
-"""The real-stack 502-after-apply case on ``/continue_generation`` (issue 19, item 4, third example).
+"""A gateway's 502 after the engine applied ``/continue_generation`` is ambiguous, on the real stack.
 
 Three emulated engines behind ``FaultProxy``; the proxy in front of engine 1 forwards every
 ``/continue_generation`` to the engine, lets it act, and answers the client 502 instead, on every
-attempt. Generation traffic runs through the proxies the whole time. Before Barrier v3 the
-barrier read that 502 as "not applied": ``onload()`` named engine 1 "(paused)" while it served,
-and the next ``offload()`` skipped its pause and flush, released its memory while it served,
-and the next ``/generate`` killed it. A gateway status may come after the engine acted: it is
-"maybe applied", so the next offload pauses and flushes engine 1 again before any release.
+attempt. Generation traffic runs through the proxies the whole time. Read as "not applied",
+that 502 would make ``onload()`` name engine 1 "(paused)" while it served, and the next
+``offload()`` skip its pause and flush, release its memory while it served, and the next
+``/generate`` kill it. A gateway status may come after the engine acted: it is ambiguous,
+so the next offload pauses and flushes engine 1 again before any release.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient
 from resilience.barrier import EngineGroup, EngineState, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.barrier.engine import ALL_TAGS
+from resilience.engine_contract import ALL_TAGS
 from resilience.testing import fast_policies
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faultplan import CONTROL_PATHS

@@ -1,0 +1,588 @@
+"""The engine contract: what an engine is to the barrier, below both the engine clients and the barrier.
+
+Clients (``resilience.adapters.sglang``, ``resilience.adapters.vllm``, Ray's
+engines) implement it; the barrier (``resilience.barrier``) consumes it. It
+imports nothing from either. It holds:
+
+- the five control calls as a ``Protocol`` mypy checks every engine against
+  (``ControlPlaneEngine``, ``AsyncControlPlaneEngine``), their names
+  (``ControlMethod``), ``PauseMode`` and the memory tags (``ALL_TAGS``);
+- how an engine is named (``engine_name``), the one-word states the barrier
+  reports (``EngineState``), and the errors an engine's client raises when the
+  engine is gone (``EngineDied``) or out of reach for now (``EngineUnavailable``);
+- each engine kind's rules table (``EngineRules``: ``SGLANG_RULES``,
+  ``VLLM_RULES``) with its memory model (``MemoryModel``), looked up per engine
+  by ``rules_of``.
+
+The five calls are named after SGLang 0.5.23's HTTP routes
+(``sglang/srt/entrypoints/http_server.py``), so an engine that declares no
+``control_rules`` is SGLang-shaped by definition: ``rules_of`` gives it
+``SGLANG_RULES``, on purpose and documented, not as a guess. Any other kind
+(vLLM: ``resilience.adapters.vllm.VLLMEngine``) must say so with a
+``control_rules`` attribute holding its table.
+
+The engine calls
+================
+
+Any object with the five methods, named and typed as here (a test fake, your
+own client), satisfies ``ControlPlaneEngine``. The barrier reads nothing from
+what a call returns: a call that returns has been applied, one that raises is
+judged by its error (``resilience.barrier.state.effect_of``).
+
+The memory models
+=================
+``EngineRules`` (the table of an engine kind) holds one
+``MemoryModel``; ``EngineKnowledge`` folds every release and resume through its
+engine's (``EngineKnowledge.memory``).
+
+=========================  =============================================  ==============================================
+field                      SGLang 0.5.23                                  vLLM 0.33.0 (``VLLMEngine``)
+=========================  =============================================  ==============================================
+``tags``                   kv_cache, weights, cuda_graph                  weights, kv_cache (``abstract.py`` l.36)
+``release_whole``          no: a release names its tags                   yes: ``/sleep`` sleeps both, whatever is asked
+``flush_before_release``   yes: the scheduler asserts it is idle          no: ``/sleep`` at level >= 1 clears the caches
+``release_pauses``         no                                             yes: ``EngineCore.sleep`` pauses first (l.993)
+``resend``                 no: a second release or a resume of an         yes: a second sleep and a wake of an awake tag
+                           unreleased tag kills it (quarantine instead)   are no-ops (l.400, l.416-422)
+``wake_one_tag``           no: one resume names every tag                 yes: a wake naming a tag not asleep wakes
+                                                                          nothing at all, so one tag per call makes a
+                                                                          re-send exact; weights first (RFC #48310)
+``last_wake_resumes``      no                                             yes: a wake that leaves nothing asleep
+                                                                          resumes scheduling, whoever paused (l.1053)
+=========================  =============================================  ==============================================
+
+The rules tables
+================
+
+The barrier has a single knowledge model (``resilience.barrier.state``:
+what is known paused, flushed, released, unknown, held). What differs between
+engine kinds is the rules each control call follows, and each kind writes them
+down as one ``EngineRules`` table, a row (``CallRule``) per control method:
+
+- ``needs``: what must be *known* before the call is sent (a predicate over the
+  engine's knowledge and the tags the call names), and ``needs_text``, the same
+  in words;
+- ``on_ambiguous``: what an answer that may or may not have been applied does
+  (``QUARANTINE``: what it touches becomes unknown and nothing that depends on
+  it is sent until a memory probe or the caller proves it; ``RESEND``: it
+  becomes unknown and the next transition that needs it sends the call again,
+  because repeating it is harmless);
+- ``reopens_everyone``: the call ends every pause on the engine, everyone's, so
+  it is sent only once no hold remains.
+
+The transitions ask ``BarrierState.allows(engine, method, tags)``, which looks the
+engine's table up (``rules_of``: the engine's ``control_rules`` attribute; an engine without
+one is SGLang-shaped, by the calls' names, and gets ``SGLANG_RULES``). ``SGLANG_RULES`` is exactly what the barrier did before the
+table existed.
+
+SGLang 0.5.23, as its source says (``sglang/srt/managers/scheduler_components/weight_updater.py``,
+torch_memory_saver): a second release of a tag exits the process (``exit(1)``), a
+resume of a tag not released dies of a ``KeyError`` (``offload_tags.remove``), a
+release needs an idle scheduler (paused and flushed), and ``continue_generation``
+reopens scheduling for every client, whoever paused it.
+
+Each table also holds its kind's ``MemoryModel`` (above):
+what a release and a resume do to the facts (the tags, whether a release names
+them or sleeps them all, whether it needs a flush, whether it pauses, whether a
+wake names one tag and whether the last one resumes). The knowledge model folds
+each call through it, and the transitions read it (``resilience.barrier.transitions``).
+
+vLLM 0.33.0 (``VLLM_RULES``, the calls as ``resilience.adapters.vllm.VLLMEngine``
+sends them; reference: ``shared/reference/vllm-control-plane.md``):
+
+- pause = ``/pause``, flush = ``/reset_prefix_cache`` (+ mm, encoder caches),
+  release = ``/sleep?level=1&mode=keep`` (both tags), resume = ``/wake_up?tags=T``
+  (one tag), continue = ``/resume``;
+- an ambiguous sleep or wake is settled by sending it again (``RESEND``: a second
+  sleep and a wake of an awake tag are no-ops), no quarantine;
+- ``/resume`` (continue) and a wake that leaves nothing asleep reopen everyone's
+  pause (``v1/engine/core.py`` l.985, l.1053): continue is sent only with no hold
+  left and nothing asleep or unknown; the last wake only with no hold but the
+  offload's (``transitions.resume_phases``), else that tag stays asleep and the engine
+  is reported held;
+- tags are tracked here, client-side: no vLLM route reports which tags sleep.
+- An ambiguous ``/update_weights`` is not a barrier call: ``resilience.adapters.vllm.weights``
+  never re-sends it, asks ``/weight_checker``, or surfaces it.
+
+A third kind: write its ``EngineRules`` (a ``CallRule`` per control method and its
+``MemoryModel``), and give its engine class ``control_rules = THAT_TABLE``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol, TypeAlias, get_args
+
+__all__ = [
+    "ALL_TAGS",
+    "KNOWLEDGE_NEEDS",
+    "CONTROL_METHODS",
+    "MEMORY_MODELS",
+    "RESEND_ROUNDS",
+    "SGLANG_MEMORY",
+    "SGLANG_RULES",
+    "SUPPORTED",
+    "VLLM_MEMORY",
+    "VLLM_RULES",
+    "AnyEngine",
+    "AsyncControlPlaneEngine",
+    "CallRule",
+    "ControlMethod",
+    "ControlPlaneEngine",
+    "EngineDied",
+    "EngineRules",
+    "EngineState",
+    "EngineUnavailable",
+    "KnownFacts",
+    "MemoryModel",
+    "OnAmbiguous",
+    "PauseMode",
+    "ServingRead",
+    "engine_name",
+    "rules_of",
+]
+
+ALL_TAGS: Final[tuple[str, ...]] = ("kv_cache", "weights", "cuda_graph")
+"""The memory tags SGLang releases or resumes when ``tags`` is None or empty (``GPU_MEMORY_ALL_TYPES``)."""
+
+PauseMode = Literal["abort", "retract", "in_place"]
+"""How ``pause_generation`` treats running requests: abort them, retract them to the queue, or keep them in place."""
+
+ControlMethod = Literal[
+    "pause_generation", "flush_cache", "release_memory_occupation", "resume_memory_occupation", "continue_generation"
+]
+"""The name of one control call."""
+
+CONTROL_METHODS: Final[tuple[ControlMethod, ...]] = get_args(ControlMethod)
+"""The five control calls, in the order an offload then an onload sends them."""
+
+
+class ControlPlaneEngine(Protocol):
+    """One engine as the barrier drives it (synchronous calls).
+
+    The barrier passes arguments by keyword, so their names are part of the
+    contract (mypy checks them). Each call may block until the engine answered, and should honour the
+    ``resilience.Deadline`` in force in the caller's context (the fan-out runs
+    each phase call under the phase deadline). An engine is known by its
+    ``engine`` attribute (``scheme://host:port``), else its ``name``, else its repr.
+    """
+
+    def pause_generation(self, *, mode: PauseMode = "abort") -> object:
+        """Stop admitting requests; ``mode`` says what happens to running ones."""
+        ...
+
+    def flush_cache(self, *, deadline_s: float | None = None) -> object:
+        """Flush the KV cache, waiting up to ``deadline_s`` (None = the engine's default) for the engine to be idle."""
+        ...
+
+    def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
+        """Release GPU memory for ``tags`` (None = ``ALL_TAGS``); only on a paused, flushed engine."""
+        ...
+
+    def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
+        """Occupy GPU memory again for ``tags`` (None = ``ALL_TAGS``); only for tags released."""
+        ...
+
+    def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
+        """Admit requests again; only when no memory is released."""
+        ...
+
+
+class AsyncControlPlaneEngine(Protocol):
+    """``ControlPlaneEngine`` with ``async`` calls (same names, arguments and meaning)."""
+
+    async def pause_generation(self, *, mode: PauseMode = "abort") -> object:
+        """See ``ControlPlaneEngine.pause_generation``."""
+        ...
+
+    async def flush_cache(self, *, deadline_s: float | None = None) -> object:
+        """See ``ControlPlaneEngine.flush_cache``."""
+        ...
+
+    async def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
+        """See ``ControlPlaneEngine.release_memory_occupation``."""
+        ...
+
+    async def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
+        """See ``ControlPlaneEngine.resume_memory_occupation``."""
+        ...
+
+    async def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
+        """See ``ControlPlaneEngine.continue_generation``."""
+        ...
+
+
+AnyEngine: TypeAlias = ControlPlaneEngine | AsyncControlPlaneEngine
+"""An engine with synchronous or ``async`` control calls (``ThreadFanOut`` drives the first kind, ``AsyncFanOut`` both)."""
+
+
+def engine_name(engine: object) -> str:
+    """The name an engine is known by: its ``engine`` attribute (``scheme://host:port``), else ``name``, else repr."""
+    for attr in ("engine", "name"):
+        value = getattr(engine, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return repr(engine)
+
+
+class EngineDied(ConnectionError):
+    """The engine (or the actor holding it) is gone: it will not answer again.
+
+    The call that saw it may still have run (Ray says so of a dead actor), so
+    the facts it touches are unknown.
+    """
+
+
+class EngineUnavailable(ConnectionError):
+    """The engine's actor is unreachable for now (Ray's ``ActorUnavailableError``); the call may have run."""
+
+
+class EngineState(enum.StrEnum):
+    """A one-word summary of an engine's knowledge (for events, ``states()`` and messages)."""
+
+    SERVING = "serving"
+    """Known not paused, nothing released."""
+    PAUSED = "paused"
+    """Known paused, nothing released, not flushed."""
+    FLUSHED = "flushed"
+    """Known paused and flushed, nothing released."""
+    RELEASED = "released"
+    """Known paused with some tags known released."""
+    UNKNOWN = "unknown"
+    """Whether it is paused is unknown (nothing released)."""
+    QUARANTINED = "quarantined"
+    """Some tags may or may not be released: needs ``reconcile`` or ``retire``."""
+    UNSETTLED = "unsettled"
+    """Some tags may or may not be released, on an engine whose release and resume are safe to re-send (vLLM): the next
+    transition settles them by re-sending its call."""
+    IN_FLIGHT = "in_flight"
+    """A call is still running (past its phase deadline, or its phase is under way)."""
+    DEAD = "dead"
+    """Stopped answering."""
+
+
+RESEND_ROUNDS: Final = 2
+"""How many times a transition re-sends, at once, a release or resume whose effect was ambiguous on a ``resend`` kind
+(then the next transition sends it again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryModel:
+    """One engine kind's memory semantics (see the module's table for each field's meaning and values)."""
+
+    kind: str
+    tags: tuple[str, ...]
+    """The memory tags, in the order onload brings them back."""
+    release_whole: bool
+    """A release releases every tag, whatever it names."""
+    flush_before_release: bool
+    """A release needs a flush first (the engine must be idle)."""
+    release_pauses: bool
+    """A release pauses the engine itself."""
+    resend: bool
+    """Unknown released tags are settled by re-sending the call (idempotent), not quarantined."""
+    wake_one_tag: bool
+    """A resume names one tag per call (a call naming a tag not released does nothing at all)."""
+    last_wake_resumes: bool
+    """A resume that leaves nothing released reopens scheduling, like a continue."""
+    all_tags: frozenset[str] = field(init=False, repr=False, compare=False)
+    """``tags`` as a set (derived once: read several times per engine per phase)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "all_tags", frozenset(self.tags))
+
+    def release_tags(self, kwargs: Mapping[str, Any]) -> frozenset[str]:
+        """The tags a release call with ``kwargs`` releases (None or empty: all of them)."""
+        tags = kwargs.get("tags")
+        if self.release_whole or not tags:
+            return self.all_tags
+        return frozenset(tags) & self.all_tags
+
+    def resume_tags(self, kwargs: Mapping[str, Any]) -> frozenset[str]:
+        """The tags a resume call with ``kwargs`` names (None or empty: all of them)."""
+        tags = kwargs.get("tags")
+        return frozenset(tags) & self.all_tags if tags else self.all_tags
+
+    def release_kwargs(self, tags: frozenset[str]) -> dict[str, Any]:
+        """The arguments of a release of ``tags`` (None when it is every tag, or on a ``release_whole`` kind)."""
+        return {"tags": None if self.release_whole or tags >= self.all_tags else sorted(tags)}
+
+
+SGLANG_MEMORY: Final = MemoryModel(
+    kind="sglang",
+    tags=ALL_TAGS,
+    release_whole=False,
+    flush_before_release=True,
+    release_pauses=False,
+    resend=False,
+    wake_one_tag=False,
+    last_wake_resumes=False,
+)
+"""SGLang 0.5.23: what the barrier always did."""
+
+VLLM_MEMORY: Final = MemoryModel(
+    kind="vllm",
+    tags=("weights", "kv_cache"),
+    release_whole=True,
+    flush_before_release=False,
+    release_pauses=True,
+    resend=True,
+    wake_one_tag=True,
+    last_wake_resumes=True,
+)
+"""vLLM 0.33.0 driven through ``resilience.adapters.vllm.VLLMEngine`` (``v1/engine/core.py`` l.993-1055,
+``v1/executor/abstract.py`` l.400-422)."""
+
+MEMORY_MODELS: Final[Mapping[str, MemoryModel]] = {m.kind: m for m in (SGLANG_MEMORY, VLLM_MEMORY)}
+"""Every memory model, by kind (what a journal's ``kind`` names)."""
+
+
+class OnAmbiguous(enum.StrEnum):
+    """What an ambiguous answer (ambiguous) to a call does."""
+
+    QUARANTINE = "quarantine"
+    """What the call touches becomes unknown, and nothing that depends on it is sent until it is proven (a probe, the caller)."""
+    RESEND = "resend"
+    """What the call touches becomes unknown, and the next transition that needs it sends the call again (harmless to repeat)."""
+
+
+class KnownFacts(Protocol):
+    """What a rule's precondition reads of the barrier's knowledge of one engine (``resilience.barrier.state.EngineKnowledge``)."""
+
+    @property
+    def reachable(self) -> bool:
+        """Alive, with no call in flight."""
+        ...
+
+    @property
+    def holds(self) -> Mapping[int, str]:
+        """The holds on the engine: token -> reason."""
+        ...
+
+    def may_flush(self) -> bool:
+        """A flush may be sent (known paused)."""
+        ...
+
+    def may_release(self, tag: str) -> bool:
+        """A release of ``tag`` may be sent."""
+        ...
+
+    def may_resume(self, tag: str) -> bool:
+        """A resume of ``tag`` may be sent."""
+        ...
+
+    def may_continue(self) -> bool:
+        """A continue may be sent (nothing released or unknown)."""
+        ...
+
+
+Needs = Callable[[KnownFacts, frozenset[str]], bool]
+"""A call's precondition: (the engine's knowledge, the tags the call names) -> known to hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallRule:
+    """One control method's rules on one engine kind: what it needs, what an ambiguous answer does, whom it reopens."""
+
+    needs: Needs
+    needs_text: str
+    on_ambiguous: OnAmbiguous
+    reopens_everyone: bool = False
+    """True when the call ends every pause on the engine, whoever took it: sent only once no hold remains."""
+    why: str = ""
+    """Where the rule comes from (the engine's source), for the table a person reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServingRead:
+    """A read an engine kind answers that can prove the engine serves right now (not paused): how a controller that
+    resumed a journal tells a fresh process (a restart while no controller watched) from the engine the journal knew.
+
+    ``method``: the engine object's method to call (no arguments; a read, safe to send at any time). ``proves_serving``:
+    True when its answer proves the engine is not paused (any other answer, or an error, proves nothing).
+    ``why``: where the rule comes from (the engine's source).
+    """
+
+    method: str
+    proves_serving: Callable[[object], bool]
+    why: str = ""
+
+
+SUPPORTED: Final[Mapping[str, frozenset[OnAmbiguous]]] = {
+    "pause_generation": frozenset({OnAmbiguous.RESEND}),
+    "flush_cache": frozenset({OnAmbiguous.RESEND}),
+    "release_memory_occupation": frozenset({OnAmbiguous.QUARANTINE, OnAmbiguous.RESEND}),
+    "resume_memory_occupation": frozenset({OnAmbiguous.QUARANTINE, OnAmbiguous.RESEND}),
+    "continue_generation": frozenset({OnAmbiguous.RESEND}),
+}
+"""What the one knowledge model can do with an ambiguous answer, per method (``EngineKnowledge.apply``): an unknown
+"paused" or "flushed" is resolved by sending again; unknown tags are quarantined, or (a ``MemoryModel`` with ``resend``)
+settled by sending the release or resume again. A table's release and resume rules must agree with its memory model."""
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """One engine kind's table: a ``CallRule`` for every control method the barrier sends.
+
+    ``kind``: the engine kind's name (for messages). ``calls``: method -> its rule, one for each of
+    ``CONTROL_METHODS``. ``source``: the engine version and files the rules were read from. A table
+    that misses a method, or asks for what the knowledge model cannot do (``SUPPORTED``), is refused
+    with a ``ValueError`` naming it.
+    """
+
+    kind: str
+    calls: Mapping[ControlMethod, CallRule]
+    source: str = ""
+    memory: MemoryModel = SGLANG_MEMORY
+    """What a release and a resume do to the facts (``MemoryModel``)."""
+    serving_read: ServingRead | None = None
+    """The read that proves an engine of this kind serves (``ServingRead``); None (default): the kind has none, and a
+    journal's "paused" or "released" is checked by the memory probe alone (``resilience.barrier.transitions.resume``)."""
+
+    def __post_init__(self) -> None:
+        missing = [m for m in CONTROL_METHODS if m not in self.calls]
+        extra = sorted(set(self.calls) - set(CONTROL_METHODS))
+        if missing or extra:
+            raise ValueError(f"{self.kind} rules must have one row per control method: missing {missing}, unknown {extra}")
+        for method, rule in self.calls.items():
+            if rule.on_ambiguous not in SUPPORTED[method]:
+                raise ValueError(
+                    f"{self.kind} rules: {method} on_ambiguous={rule.on_ambiguous} is not something the knowledge model can do "
+                    f"yet (it can: {', '.join(sorted(SUPPORTED[method]))}); see resilience.engine_contract"
+                )
+        want = OnAmbiguous.RESEND if self.memory.resend else OnAmbiguous.QUARANTINE
+        for method in ("release_memory_occupation", "resume_memory_occupation"):
+            if self.calls[method].on_ambiguous is not want:
+                raise ValueError(
+                    f"{self.kind} rules: {method} on_ambiguous={self.calls[method].on_ambiguous} disagrees with its memory model "
+                    f"(resend={self.memory.resend}): the knowledge would {want} instead"
+                )
+
+    def allows(self, k: KnownFacts, method: ControlMethod, tags: frozenset[str] = frozenset()) -> bool:
+        """``method`` (naming ``tags``) may be sent to an engine with knowledge ``k``: its precondition is known to hold,
+        and a call that reopens everyone's pause finds no hold left."""
+        rule = self.calls[method]
+        return rule.needs(k, tags) and not (rule.reopens_everyone and k.holds)
+
+    def table(self) -> str:
+        """The rules as a Markdown table (what the docs show)."""
+        rows = [f"| {self.kind} call | needs (known before sending) | ambiguous answer | reopens everyone's pause |", "|---|---|---|---|"]
+        for method in CONTROL_METHODS:
+            rule = self.calls[method]
+            rows.append(f"| `{method}` | {rule.needs_text} | {rule.on_ambiguous} | {'yes' if rule.reopens_everyone else 'no'} |")
+        return "\n".join(rows)
+
+
+KNOWLEDGE_NEEDS: Final[Mapping[ControlMethod, Needs]] = {
+    "pause_generation": lambda k, _tags: k.reachable,
+    "flush_cache": lambda k, _tags: k.may_flush(),
+    "release_memory_occupation": lambda k, tags: all(k.may_release(t) for t in tags),
+    "resume_memory_occupation": lambda k, tags: all(k.may_resume(t) for t in tags),
+    "continue_generation": lambda k, _tags: k.may_continue(),
+}
+"""Each control call's precondition as the one knowledge model states it (what ``may_*`` says, for each tag named):
+the ``needs`` of every row of ``SGLANG_RULES`` and ``VLLM_RULES``. The kinds differ in what the knowledge makes of a
+call (their ``MemoryModel``), not in these questions."""
+
+
+def _rules(kind: str, rows: Mapping[ControlMethod, tuple[str, OnAmbiguous, str]], **table: Any) -> EngineRules:
+    """A table whose rows ask ``KNOWLEDGE_NEEDS``: ``rows`` maps each method to (needs_text, on_ambiguous, why);
+    ``continue_generation`` reopens everyone's pause; ``table``: ``EngineRules``' other fields."""
+    calls = {
+        method: CallRule(KNOWLEDGE_NEEDS[method], text, on_ambiguous, reopens_everyone=method == "continue_generation", why=why)
+        for method, (text, on_ambiguous, why) in rows.items()
+    }
+    return EngineRules(kind, calls, **table)
+
+
+SGLANG_RULES: Final = _rules(
+    "sglang",
+    {
+        "pause_generation": (
+            "alive, no call in flight (a pause is safe to repeat)",
+            OnAmbiguous.RESEND,
+            "pause_generation on a paused scheduler only pauses it again",
+        ),
+        "flush_cache": ("known paused", OnAmbiguous.RESEND, "flush_cache fails while requests run; repeating it is harmless"),
+        "release_memory_occupation": (
+            "known paused and flushed, not quarantined, each tag known not released",
+            OnAmbiguous.QUARANTINE,
+            "the scheduler asserts it is idle; a second release of a tag: torch_memory_saver exit(1)",
+        ),
+        "resume_memory_occupation": (
+            "not quarantined, each tag known released",
+            OnAmbiguous.QUARANTINE,
+            "a resume of a tag not released: KeyError in offload_tags.remove, the server dies",
+        ),
+        "continue_generation": (
+            "nothing released or unknown, not known serving, no hold left",
+            OnAmbiguous.RESEND,
+            "continue_generation reopens scheduling for every client; onto released memory the next prefill crashes",
+        ),
+    },
+    source="sglang 0.5.23: srt/managers/scheduler_components/weight_updater.py, torch_memory_saver",
+    serving_read=ServingRead(
+        "ready",
+        lambda answer: answer is True,
+        why="sglang 0.5.23 srt/entrypoints/http_server.py /ready: 200 only when tokenizer_manager.is_ready(), that is "
+        "not is_pause and healthy (srt/managers/tokenizer_manager.py); a fresh process starts with is_pause False",
+    ),
+)
+"""SGLang's control rules: exactly the barrier's behaviour before the tables existed."""
+
+VLLM_RULES: Final = _rules(
+    "vllm",
+    {
+        "pause_generation": (
+            "alive, no call in flight (/pause is safe to repeat: the last mode wins)",
+            OnAmbiguous.RESEND,
+            "rl/online/api_router.py l.31: pause is one shared state, overwritten (scheduler.py l.3073)",
+        ),
+        "flush_cache": (
+            "known paused",
+            OnAmbiguous.RESEND,
+            "/reset_prefix_cache answers success false while blocks are held; repeating it is harmless",
+        ),
+        "release_memory_occupation": (
+            "known paused, each tag known not released or unknown (a sleep sleeps both tags; no flush needed)",
+            OnAmbiguous.RESEND,
+            "core.py l.993: sleep pauses, clears the caches at level >= 1; abstract.py l.400: a second sleep is a no-op",
+        ),
+        "resume_memory_occupation": (
+            "each tag known released or unknown; one tag per call; the last one only with no hold but the offload's",
+            OnAmbiguous.RESEND,
+            "abstract.py l.416-422: a tag not asleep makes the whole wake a no-op; core.py l.1053: the last wake resumes",
+        ),
+        "continue_generation": (
+            "nothing released or unknown, not known serving, no hold left",
+            OnAmbiguous.RESEND,
+            "core.py l.985/l.2235: /resume reopens scheduling for everyone, even while asleep (no guard)",
+        ),
+    },
+    source="vllm 0.33.0: v1/engine/core.py, v1/executor/abstract.py, entrypoints/rl/online/api_router.py",
+    memory=VLLM_MEMORY,
+    serving_read=ServingRead(
+        "is_paused",
+        lambda answer: answer is False,
+        why="vllm 0.33.0 entrypoints/rl/online/api_router.py /is_paused: scheduler.pause_state != UNPAUSED; /sleep pauses "
+        "the scheduler first (v1/engine/core.py l.993), so a paused or asleep engine answers True, a fresh one False",
+    ),
+)
+"""vLLM 0.33.0's control rules, the calls as ``resilience.adapters.vllm.VLLMEngine`` sends them."""
+
+
+def rules_of(engine: object) -> EngineRules:
+    """The table of ``engine``'s kind: its ``control_rules`` attribute; anything but an ``EngineRules`` there is refused.
+
+    An engine without ``control_rules`` gets ``SGLANG_RULES``: the contract's five calls are SGLang's routes, so an
+    engine that declares no kind is an SGLang-shaped one by the contract's own terms (the SGLang clients, Ray's
+    engines, test fakes). Every other kind declares its table (``VLLMEngine.control_rules = VLLM_RULES``).
+    """
+    table = getattr(engine, "control_rules", None)
+    if table is None:
+        return SGLANG_RULES
+    if not isinstance(table, EngineRules):
+        raise TypeError(f"engine {engine_name(engine)}: control_rules must be a resilience.engine_contract.EngineRules, but was {table!r}")
+    return table
