@@ -35,9 +35,9 @@ from typing import Any, Final, Protocol
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from resilience.barrier.fanout import Calls, EngineResult, FanOut, engine_name
+from resilience.barrier import EngineResult, EngineState, FanOut
+from resilience.barrier.fanout import Calls, engine_name
 from resilience.barrier.kinds import rules_of
-from resilience.barrier.knowledge import EngineState
 from resilience.deadline import Deadline
 
 from ._labels import scrub_engine

@@ -33,8 +33,7 @@ import ray._private.ray_constants as ray_constants
 from ray.cluster_utils import Cluster
 
 from resilience.adapters.ray import RayEngine, RayEngineHandle, RayFanOut, RayVLLMEngine, ray_engine, ray_engines
-from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed
-from resilience.barrier.fanout import EngineDied
+from resilience.barrier import EngineDied, EngineGroup, Orchestrator, PhaseFailed
 from resilience.barrier.kinds import SGLANG_RULES, VLLM_RULES, rules_of
 from resilience.events import Event, PhaseEnded
 from resilience.testing.emulator import EmulatedFleet, EngineConfig

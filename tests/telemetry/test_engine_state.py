@@ -18,11 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.vllm.engine import VLLMEngine
-from resilience.barrier import EngineGroup, Orchestrator
-from resilience.barrier.fanout import ThreadFanOut
+from resilience.barrier import EngineGroup, Orchestrator, ThreadFanOut, WeightVersionCheck
+from resilience.barrier.fanout import engine_name
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore
-from resilience.barrier.verify import WeightVersionCheck
+from resilience.barrier.kinds import rules_of
 from resilience.telemetry.engine_state import ENGINE_STATES, EngineStateCollector, WeightVersionTap
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
@@ -111,9 +111,12 @@ def test_engines_past_the_bound_are_counted_under_other(watched: tuple[MetricsOb
     _metrics, orch, _tap = watched
     bounded = EngineStateCollector(orch, max_engines=1)
     (state_family, _versions) = list(bounded.collect())
-    by_engine = {s.labels["engine"]: (s.labels["state"], s.value) for s in state_family.samples}
     first = sorted(orch.states())[0]
-    assert by_engine == {first: ("serving", 1.0), "other": ("serving", 2.0)}
+    named = [(s.labels["engine"], s.labels["state"], s.value) for s in state_family.samples if s.labels["engine"] != "other"]
+    assert named == [(first, "serving", 1.0)]
+    folded = {s.labels["kind"]: (s.labels["state"], s.value) for s in state_family.samples if s.labels["engine"] == "other"}
+    kinds = [rules_of(e).kind for e in orch.groups[0].engines if engine_name(e) != first]
+    assert folded == {kind: ("serving", float(kinds.count(kind))) for kind in kinds}  # one series per (kind, state), a count
     with pytest.raises(ValueError, match="max_engines must be an integer >= 1"):
         EngineStateCollector(orch, max_engines=0)
     with pytest.raises(TypeError, match="versions must have a versions"):
