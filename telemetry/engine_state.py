@@ -3,9 +3,18 @@
 ``EngineStateCollector`` holds an orchestrator (``Orchestrator`` or
 ``AsyncOrchestrator``) and, at every scrape, reads its public view: ``states()``
 (one ``EngineState`` word per engine that is not retired) and ``groups`` (the
-engine objects, whose ``control_rules`` give the kind). Nothing is counted from
-events, so the gauge cannot drift from what the orchestrator would answer, and
-a process that resumed a journal publishes what the journal gave back.
+engine objects, whose ``control_rules`` give the kind). So the gauge says what
+the orchestrator would answer, and a process that resumed a journal publishes
+what the journal gave back.
+
+A threaded ``Orchestrator`` holds its lock for a whole transition (minutes
+for a slow release), and ``states()`` waits for that lock. A scrape waits at
+most ``lock_wait_s`` for it; while a transition holds it, the scrape answers
+from the last ``states()`` it read with every ``EngineStateChanged`` heard
+since laid over it (the ``MetricsObserver`` that watches the orchestrator
+passes them on when it is among the orchestrator's observers), so the gauge
+moves phase by phase instead of freezing, and the next scrape after the
+transition reads ``states()`` again.
 
 - ``cpr_engine_state{engine, kind, state}``: one series per engine, value 1,
   ``state`` its one word (``serving``, ``paused``, ``flushed``, ``released``,
@@ -39,6 +48,7 @@ from resilience.barrier import EngineResult, EngineState, FanOut
 from resilience.barrier.fanout import Calls, engine_name
 from resilience.barrier.kinds import rules_of
 from resilience.deadline import Deadline
+from resilience.events import EngineStateChanged
 
 from ._labels import scrub_engine
 
@@ -61,6 +71,9 @@ ENGINE_STATES: Final[tuple[str, ...]] = (*(s.value for s in EngineState), RETIRE
 OTHER: Final = "other"
 _VERSION_MAX: Final = 64
 _VERSION_READS: Final = frozenset({"weight_info", "model_info"})
+
+DEFAULT_LOCK_WAIT_S: Final = 0.05
+"""Seconds a scrape waits for the orchestrator's lock before it answers from its last read and the changes heard since."""
 
 
 class _Watched(Protocol):
@@ -125,21 +138,40 @@ class EngineStateCollector:
     anything with ``versions() -> Mapping[str, str]``) for
     ``cpr_engine_weight_version``; default None: no version series.
     ``max_engines``: engines with their own label (default 256, >= 1).
-    ``MetricsObserver.watch(orchestrator)`` builds one and registers it.
+    ``lock_wait_s``: how long a scrape waits for the orchestrator's lock
+    (default 0.05 s, >= 0) before it answers from its last read of
+    ``states()`` and the ``EngineStateChanged`` events given to ``hear``
+    since. ``MetricsObserver.watch(orchestrator)`` builds one, registers it
+    and passes it the events it hears.
     """
 
-    def __init__(self, orchestrator: _Watched, *, versions: Any = None, max_engines: int = DEFAULT_MAX_ENGINES) -> None:
+    def __init__(
+        self,
+        orchestrator: _Watched,
+        *,
+        versions: Any = None,
+        max_engines: int = DEFAULT_MAX_ENGINES,
+        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
+    ) -> None:
         if isinstance(max_engines, bool) or not isinstance(max_engines, int) or max_engines < 1:
             raise ValueError(f"EngineStateCollector.max_engines must be an integer >= 1, but was {max_engines!r}")
+        if not lock_wait_s >= 0:
+            raise ValueError(f"EngineStateCollector.lock_wait_s must be >= 0 seconds, but was {lock_wait_s!r}")
         if versions is not None and not callable(getattr(versions, "versions", None)):
             raise TypeError(f"EngineStateCollector.versions must have a versions() method (a WeightVersionTap), but was {versions!r}")
         self.orchestrator = orchestrator
         self.versions = versions
         self.max_engines = max_engines
+        self.lock_wait_s = lock_wait_s
+        # the orchestrator's own lock (BarrierView.rules.lock), when it has one: what states() waits for
+        self._orch_lock: Any = getattr(getattr(orchestrator, "rules", None), "lock", None)
+        self._last: dict[str, str] = {}  # the last states() read
+        self._heard: dict[str, str] = {}  # engine -> to_state of EngineStateChanged heard since that read
         self._lock = threading.Lock()
         self._labels: dict[str, str] = {}  # engine name -> its label, the first max_engines met
         self._kinds: dict[str, str] = {}  # engine name -> kind, for engines once seen (a retired one keeps its kind)
         self._warned = False
+        self._states()  # the first read, so a scrape during the first transition has one to lay the changes over
 
     def describe(self) -> Iterable[Metric]:
         """The families this collector owns (lets the registry detect name clashes at registration)."""
@@ -153,8 +185,29 @@ class EngineStateCollector:
             log.warning("EngineStateCollector failed to read the orchestrator", exc_info=True)
             return []
 
+    def hear(self, event: object) -> None:
+        """Take an ``EngineStateChanged`` (other events are ignored): laid over the last read until the next one."""
+        if isinstance(event, EngineStateChanged):
+            with self._lock:
+                self._heard[event.engine] = event.to_state
+
+    def _states(self) -> dict[str, str]:
+        """``states()`` when the orchestrator's lock comes within ``lock_wait_s``; else the last read plus what was heard."""
+        lock = self._orch_lock
+        if lock is None or lock.acquire(timeout=self.lock_wait_s):
+            try:
+                states = {name: state.value for name, state in self.orchestrator.states().items()}
+            finally:
+                if lock is not None:
+                    lock.release()
+            with self._lock:
+                self._last, self._heard = states, {}
+            return states
+        with self._lock:
+            return {**self._last, **{n: s for n, s in self._heard.items() if n in self._last}}
+
     def _collect(self) -> list[Metric]:
-        states = {name: state.value for name, state in self.orchestrator.states().items()}
+        states = self._states()
         kinds = self._kinds_now()
         with self._lock:
             self._kinds.update(kinds)

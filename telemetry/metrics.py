@@ -97,6 +97,7 @@ from resilience.events import (
     BreakerRejected,
     BreakerTransitioned,
     CallEnded,
+    EngineStateChanged,
     HoldChanged,
     PhaseEnded,
     RetryBudgetExhaustedEvent,
@@ -277,7 +278,9 @@ class MetricsObserver(Dispatcher):
             PhaseEnded: self._phase_ended,
             TransitionEnded: self._transition_ended,
             HoldChanged: self._hold_changed,
+            EngineStateChanged: self._engine_state_changed,
         }
+        self._watched: tuple[EngineStateCollector, ...] = ()
 
 
     def declare(self, *, engines: Iterable[str] = (), endpoints: Iterable[str] = ()) -> None:
@@ -334,12 +337,15 @@ class MetricsObserver(Dispatcher):
         ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator``.
         ``versions``: the ``WeightVersionTap`` its fan-out goes through (None,
         the default: no version series). ``max_engines``: engines with their
-        own label (default 256; the rest are counted under ``other``). One
-        orchestrator per observer: the collector is registered in
-        ``registry`` and returned (``registry.unregister(it)`` stops it).
+        own label (default 256; the rest are counted under ``other``). The
+        collector is registered in ``registry`` and returned
+        (``registry.unregister(it)`` stops it). Put this observer among the
+        orchestrator's observers too: the ``EngineStateChanged`` it hears keep
+        the gauge moving while a transition holds the orchestrator's lock.
         """
         collector = EngineStateCollector(orchestrator, versions=versions, max_engines=max_engines)
         self.registry.register(collector)
+        self._watched = (*self._watched, collector)
         return collector
 
     def timed_journal_store(self, store: JournalStore) -> TimedJournalStore:
@@ -504,6 +510,10 @@ class MetricsObserver(Dispatcher):
     def _transition_ended(self, ev: TransitionEnded) -> None:
         self._m_transitions.labels(ev.transition, "ok" if ev.ok else "failed").inc()
         self._m_transition_ended_at.labels(ev.transition).set(time.time())
+
+    def _engine_state_changed(self, ev: EngineStateChanged) -> None:
+        for collector in self._watched:
+            collector.hear(ev)
 
     def _hold_changed(self, ev: HoldChanged) -> None:
         engine = self._engine(ev.engine)

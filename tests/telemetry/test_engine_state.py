@@ -7,6 +7,8 @@ Every figure is read back from the exposition (or from Prometheus), never from t
 
 from __future__ import annotations
 
+import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +25,7 @@ from resilience.barrier.fanout import engine_name
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore
 from resilience.barrier.kinds import rules_of
+from resilience.events import Event, PhaseEnded
 from resilience.telemetry.engine_state import ENGINE_STATES, EngineStateCollector, WeightVersionTap
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
@@ -105,6 +108,31 @@ def test_each_engine_state_kind_version_and_the_journal_commit_time_are_publishe
     assert {states[n][1] for n in names if n != sglang.urls[1]} == {"serving"}
     assert sglang.urls[1] not in {labels["engine"] for labels, _ in family(metrics, "cpr_engine_weight_version")}
     assert {state for _kind, state, _ in states.values()} <= set(ENGINE_STATES)
+
+
+def test_a_scrape_during_a_transition_answers_at_once_with_the_phases_so_far(
+    watched: tuple[MetricsObserver, Any, WeightVersionTap],
+) -> None:
+    """The threaded orchestrator holds its lock for the whole offload; a scrape from another thread between its
+    phases neither waits for the transition nor shows the state before it: it shows what the phases did so far."""
+    metrics, orch, _tap = watched
+    seen: dict[str, Any] = {}
+
+    def scrape_from_another_thread(event: Event) -> None:
+        if isinstance(event, PhaseEnded) and event.transition == "offload" and event.phase == "pause":
+            scraper = threading.Thread(target=lambda: seen.update(states=states_of(metrics), at=time.monotonic()))
+            t0 = time.monotonic()
+            scraper.start()
+            scraper.join(timeout=10)
+            seen["took"] = time.monotonic() - t0
+
+    orch.observers = (*orch.observers, scrape_from_another_thread)
+    orch.offload()
+    assert seen["took"] < 5, seen  # well under the transition's length: it did not wait for the lock to be free
+    assert {state for _kind, state, _ in seen["states"].values()} == {"paused"}, seen  # the pause phase, heard
+    assert {state for _kind, state, _ in states_of(metrics).values()} == {"released"}  # after it: states() again
+    orch.onload()
+    assert {state for _kind, state, _ in states_of(metrics).values()} == {"serving"}
 
 
 def test_engines_past_the_bound_are_counted_under_other(watched: tuple[MetricsObserver, Any, WeightVersionTap]) -> None:
