@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.vllm.engine import VLLMEngine
-from resilience.barrier import EngineGroup, Orchestrator, ThreadFanOut, WeightVersionCheck
+from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed, ThreadFanOut, WeightVersionCheck
 from resilience.barrier.fanout import engine_name
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore
@@ -30,7 +31,9 @@ from resilience.telemetry.engine_state import ENGINE_STATES, EngineStateCollecto
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.emulator.vllm import VLLMEngineConfig
+from resilience.testing.faults import FaultPlan, FaultRule
 from tests.promserver import get_json, poll, prometheus_server
+from tests.sglang.conftest import FAST_SGLANG
 
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
@@ -191,3 +194,31 @@ def test_prometheus_scrapes_the_engine_states_and_a_held_engine_after_an_onload_
             assert {s.value for s in orch.states().values()} == {"serving"}
     finally:
         server.close()
+
+
+def test_a_quarantined_engine_is_published_as_quarantined_until_reconciled() -> None:
+    """A release that may have been applied (it lands after the client gave up) quarantines the engine: the gauge says
+    so with its kind, and says what reconcile and the onload after it make of it."""
+    plan = FaultPlan(seed=3, rules=(FaultRule("/release_memory_occupation", "latency", delay=1.0),))
+    release = FAST_SGLANG.match("POST", "/release_memory_occupation").policy
+    policies = FAST_SGLANG.with_entries({"GET|POST /release_memory_occupation": replace(release, attempt_timeout_s=0.4)})
+    with EmulatedFleet(1, SGLANG, fault_plan=plan) as fleet, SGLangClient(fleet.urls[0], policies=policies) as client:
+        metrics = MetricsObserver()
+        orch = Orchestrator(EngineGroup([client]), observers=[metrics])
+        metrics.watch(orch)
+        with pytest.raises(PhaseFailed) as info:
+            orch.offload()
+        assert info.value.quarantined == (client.engine,)
+        assert states_of(metrics) == {client.engine: ("sglang", "quarantined", 1.0)}
+
+        def landed() -> bool:
+            return bool(fleet.engines[0].state()["released_tags"])
+
+        deadline = time.monotonic() + 10
+        while not landed():  # the delayed release lands on the engine
+            assert time.monotonic() < deadline, "the delayed release never landed"
+            time.sleep(0.05)
+        orch.reconcile(client, released=fleet.engines[0].state()["released_tags"], paused=True)
+        assert states_of(metrics) == {client.engine: ("sglang", "released", 1.0)}
+        orch.onload()
+        assert states_of(metrics) == {client.engine: ("sglang", "serving", 1.0)}
