@@ -2,8 +2,8 @@
 
 ``EngineStateCollector`` holds an orchestrator (``Orchestrator`` or
 ``AsyncOrchestrator``) and, at every scrape, reads its public view: ``states()``
-(one ``EngineState`` word per engine that is not retired) and ``groups`` (the
-engine objects, whose ``control_rules`` give the kind). So the gauge says what
+(one ``EngineState`` word per engine that is not retired) and each engine's
+kind (its ``control_rules``, as the orchestrator looked it up). So the gauge says what
 the orchestrator would answer, and a process that resumed a journal publishes
 what the journal gave back.
 
@@ -134,7 +134,7 @@ class EngineStateCollector:
     """A prometheus-client collector of one orchestrator's per-engine state (module docstring).
 
     ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator`` (read only:
-    ``states()`` and ``groups``). ``versions``: a ``WeightVersionTap`` (or
+    ``states()``, the kinds, and its lock, as the module docstring says). ``versions``: a ``WeightVersionTap`` (or
     anything with ``versions() -> Mapping[str, str]``) for
     ``cpr_engine_weight_version``; default None: no version series.
     ``max_engines``: engines with their own label (default 256, >= 1).
@@ -235,6 +235,11 @@ class EngineStateCollector:
         return [state_family, version_family]
 
     def _kinds_now(self) -> dict[str, str]:
+        """Engine name -> kind: the orchestrator's own table (``rules.kinds``, which covers an engine that joined
+        after it was built) where it has one, else each engine of its ``groups``."""
+        table = getattr(getattr(self.orchestrator, "rules", None), "kinds", None)
+        if isinstance(table, Mapping):
+            return {name: rules.kind for name, rules in dict(table).items()}  # dict(): one copy, taken at once
         kinds: dict[str, str] = {}
         for group in self.orchestrator.groups:
             for engine in group.engines:
