@@ -1,12 +1,18 @@
-"""Ray: SGLang engines driven through Ray actors, and a ``FanOut`` over ObjectRefs.
+"""Ray: SGLang and vLLM engines driven through Ray actors, and a ``FanOut`` over ObjectRefs.
 
-Each engine gets one ``SGLangEngineActor`` that holds an ``SGLangClient`` for
-the engine's URL, built inside the actor. Actors talk to engines by URL only,
+Each engine gets one engine actor that holds the engine's client for its URL,
+built inside the actor: an ``SGLangEngineActor`` holds an ``SGLangClient``, a
+``VLLMEngineActor`` a ``VLLMEngine`` (``resilience.adapters.vllm.engine``: the
+barrier's five calls on vLLM's routes). A fleet may mix both kinds
+(``ray_engines(urls, kind=["sglang", "vllm", ...])``), and ``ray_engine(url,
+kind=...)`` starts one more actor later (an engine that joins). Actors talk to engines by URL only,
 so the same code runs on a laptop's ``ray.init()`` and on a multi-node cluster
 (the package must be importable on every node, as for any Ray code; pass
 ``actor_options={"scheduling_strategy": ...}`` to place an actor next to its
-engine). The driver side sees ``RayEngine`` handles, which the ``Orchestrator``
-accepts like clients:
+engine). The driver side sees ``RayEngine`` (SGLang) and ``RayVLLMEngine``
+handles, which the ``Orchestrator`` accepts like clients; a ``RayVLLMEngine``
+carries vLLM's ``control_rules`` (``VLLM_RULES``) and ``tags``, so the barrier
+applies vLLM's rules to it as to a local ``VLLMEngine``:
 
     engines = ray_engines(["http://127.0.0.1:30000", "http://127.0.0.1:30001"])
     orch = Orchestrator(EngineGroup(engines), fanout=RayFanOut())
@@ -35,27 +41,38 @@ import pickle
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal, overload
 
 import ray
 import ray.exceptions
 
 from resilience.adapters.routing import engine_of
 from resilience.adapters.sglang import ControlResult, FlushResult, Health, ModelInfo, SGLangClient
+from resilience.adapters.vllm.engine import VLLM_TAGS, VLLMEngine
+from resilience.adapters.vllm.types import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.deadline import Deadline, current_deadline
-from resilience.engine_contract import EngineDied, EngineUnavailable, PauseMode, engine_name
+from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, PauseMode, engine_name
 
 __all__ = [
     "DEFAULT_ACTOR_OPTIONS",
     "DEFAULT_READY_TIMEOUT_S",
+    "ENGINE_KINDS",
+    "EngineKind",
     "LateRef",
     "RayEngine",
     "RayFanOut",
+    "RayEngineHandle",
+    "RayVLLMEngine",
     "SGLangEngineActor",
     "TimedValue",
+    "VLLMEngineActor",
+    "ray_engine",
     "ray_engines",
 ]
+
+EngineKind = Literal["sglang", "vllm"]
+"""The engine kinds an engine actor can hold: ``"sglang"`` (an ``SGLangClient``) or ``"vllm"`` (a ``VLLMEngine``)."""
 
 DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
 """Options every engine actor is created with unless ``actor_options`` overrides them.
@@ -154,13 +171,17 @@ def _first_line(error: BaseException) -> str:
 # -- the control calls, written once for the actor and the handle -------------------------------
 
 
-class _ClientCalls:
-    """``ControlPlaneEngine``'s five calls plus ``health`` and ``model_info``, each run by ``_forward`` as the
-    ``SGLangClient`` method of the same name: the actor runs it on its client, the handle in its actor."""
+class _Forwarding:
+    """Runs a client method by name: the actor on its client, the handle in its actor."""
 
     def _forward(self, method: str, kwargs: Mapping[str, Any]) -> Any:
-        """Run ``SGLangClient.<method>(**kwargs)`` where this object runs it, and return its value."""
+        """Run ``<client>.<method>(**kwargs)`` where this object runs it, and return its value."""
         raise NotImplementedError
+
+
+class _ClientCalls(_Forwarding):
+    """``ControlPlaneEngine``'s five calls plus ``health`` and ``model_info``, each run by ``_forward`` as the
+    ``SGLangClient`` method of the same name: the actor runs it on its client, the handle in its actor."""
 
     def pause_generation(self, mode: PauseMode = "abort") -> ControlResult:
         """Pause admission (``abort``, ``retract`` or ``in_place``)."""
@@ -198,26 +219,77 @@ class _ClientCalls:
         return result
 
 
-# -- the actor ----------------------------------------------------------------------------------
+class _VLLMCalls(_Forwarding):
+    """``VLLMEngine``'s five control calls and its reads (``weight_info``, ``is_paused``, ``complete``), each run by
+    ``_forward`` as the ``VLLMEngine`` method of the same name (see ``resilience.adapters.vllm.engine``)."""
+
+    def pause_generation(self, *, mode: str = "abort") -> CommandResult:
+        """``/pause`` with the barrier's ``mode`` (``VLLM_PAUSE_MODES``)."""
+        result: CommandResult = self._forward("pause_generation", {"mode": mode})
+        return result
+
+    def flush_cache(self, *, deadline_s: float | None = None) -> object:
+        """``/reset_prefix_cache`` (refusals asked again up to ``deadline_s``), then the mm and encoder caches."""
+        return self._forward("flush_cache", {"deadline_s": deadline_s})
+
+    def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> SleepResult:
+        """``/sleep``: every tag goes to sleep (``tags`` are only checked)."""
+        result: SleepResult = self._forward("release_memory_occupation", {"tags": None if tags is None else list(tags)})
+        return result
+
+    def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> WakeResult:
+        """``/wake_up?tags=...`` (None: a full wake)."""
+        result: WakeResult = self._forward("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
+        return result
+
+    def continue_generation(self, *, torch_empty_cache: bool = True) -> CommandResult:
+        """``/resume`` (``torch_empty_cache`` is ignored by vLLM)."""
+        result: CommandResult = self._forward("continue_generation", {"torch_empty_cache": torch_empty_cache})
+        return result
+
+    def weight_info(self) -> WeightInfo:
+        """``GET /weight_info`` (what ``WeightVersionCheck`` reads)."""
+        result: WeightInfo = self._forward("weight_info", {})
+        return result
+
+    def is_paused(self) -> bool:
+        """``GET /is_paused`` (what a controller that resumed a journal asks: ``VLLM_RULES.serving_read``)."""
+        result: bool = self._forward("is_paused", {})
+        return result
+
+    def complete(
+        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, extra: Mapping[str, Any] | None = None
+    ) -> CompletionResult:
+        """``POST /v1/completions`` (what ``CanaryCheck`` sends)."""
+        kwargs = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "extra": None if extra is None else dict(extra)}
+        result: CompletionResult = self._forward("complete", kwargs)
+        return result
+
+
+# -- the actors ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class TimedValue:
-    """What ``SGLangEngineActor.timed_call`` returns: the call's value and how long it took inside the actor, seconds."""
+    """What an engine actor's ``timed_call`` returns: the call's value and how long it took inside the actor, seconds."""
 
     value: Any
     duration_s: float
 
 
-class _SGLangEngineActor(_ClientCalls):
-    """The body of ``SGLangEngineActor``: one ``SGLangClient`` and the calls the orchestrator makes on it."""
+class _EngineActor(_Forwarding):
+    """The body shared by every engine actor: one client, built inside the actor, and its methods run by name."""
+
+    target: type[Any]
+    """The client class the actor holds (its public methods are what ``call`` may run)."""
 
     def __init__(self, base_url: str, client_kwargs: Mapping[str, Any] | None = None) -> None:
-        self._client = SGLangClient(base_url, **dict(client_kwargs or {}))
+        self._client = self.target(base_url, **dict(client_kwargs or {}))
 
     def engine(self) -> str:
         """The engine's name (``scheme://host:port``); answers as soon as the actor is up."""
-        return self._client.engine
+        name: str = self._client.engine
+        return name
 
     def call(self, method: str, kwargs: Mapping[str, Any] | None = None, deadline_s: float | None = None) -> Any:
         """``client.<method>(**kwargs)`` inside ``with Deadline(deadline_s):`` (None = no phase deadline)."""
@@ -228,7 +300,7 @@ class _SGLangEngineActor(_ClientCalls):
         except Exception as exc:
             raise _portable(exc) from None
         if inspect.isgenerator(value):
-            raise TypeError(f"SGLangClient.{method} returns an iterator, which cannot leave the actor")
+            raise TypeError(f"{self.target.__name__}.{method} returns an iterator, which cannot leave the actor")
         return value
 
     def timed_call(self, method: str, kwargs: Mapping[str, Any] | None = None, deadline_s: float | None = None) -> TimedValue:
@@ -245,8 +317,20 @@ class _SGLangEngineActor(_ClientCalls):
             raise AttributeError(f"{method!r} is not a control method an engine actor runs")
         fn = getattr(self._client, method, None)
         if not callable(fn):
-            raise AttributeError(f"SGLangClient has no method {method!r}")
+            raise AttributeError(f"{self.target.__name__} has no method {method!r}")
         return fn  # type: ignore[no-any-return]
+
+
+class _SGLangEngineActor(_EngineActor, _ClientCalls):
+    """The body of ``SGLangEngineActor``: one ``SGLangClient`` and the calls the orchestrator makes on it."""
+
+    target = SGLangClient
+
+
+class _VLLMEngineActor(_EngineActor, _VLLMCalls):
+    """The body of ``VLLMEngineActor``: one ``VLLMEngine`` (``client_kwargs``: ``sleep_level`` and the ``VLLMClient``'s)."""
+
+    target = VLLMEngine
 
 
 SGLangEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_SGLangEngineActor)
@@ -262,8 +346,18 @@ exposes ``pause_generation``, ``flush_cache``, ``release_memory_occupation``,
 unwrap them.
 """
 
+VLLMEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_VLLMEngineActor)
+"""The Ray actor class of a vLLM engine: ``VLLMEngineActor.options(...).remote(base_url, client_kwargs)``.
 
-# -- the driver-side handle -----------------------------------------------------------------------
+Holds ``VLLMEngine(base_url, **client_kwargs)`` built inside the actor
+(``sleep_level`` and ``VLLMClient`` keywords: ``policies``, ``api_key``, ...),
+and exposes its five control calls, ``weight_info``, ``is_paused``,
+``complete``, ``engine``, ``call`` and ``timed_call`` as ``SGLangEngineActor``
+does. Created with ``DEFAULT_ACTOR_OPTIONS``.
+"""
+
+
+# -- the driver-side handles ----------------------------------------------------------------------
 
 
 def _seconds_left() -> float | None:
@@ -278,20 +372,13 @@ def _cancel(ref: Any) -> None:
         pass
 
 
-class RayEngine(_ClientCalls):
-    """A driver-side handle of one engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
+class _RayHandle(_Forwarding):
+    """What both handles share: the actor, the engine's name and URL, ``call``, ``kill`` and forwarding by name."""
 
-    ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the
-    ``ActorHandle`` of its ``SGLangEngineActor``. ``base_url``: the URL the
-    actor's client talks to. Every method runs the client method of the same
-    name in the actor and waits for it: the Deadline in force in the caller's
-    context (a phase's, or your own ``with Deadline(5):``) travels as seconds
-    left and caps the call inside the actor and the wait here. Errors are the
-    client's own (unwrapped from Ray's); a dead actor raises ``EngineDied``
-    and no answer before the deadline raises ``PhaseTimeout``. Other public
-    ``SGLangClient`` methods (``begin_weight_update``, ``generate``, ...) are
-    forwarded the same way.
-    """
+    target: type[Any]
+    """The client class inside the actor (what ``__getattr__`` forwards public methods of)."""
+    kind: EngineKind
+    """The engine kind (``ENGINE_KINDS``)."""
 
     def __init__(self, actor: Any, engine: str, base_url: str | None = None) -> None:
         self.actor = actor
@@ -299,10 +386,10 @@ class RayEngine(_ClientCalls):
         self.base_url = base_url or engine
 
     def __repr__(self) -> str:
-        return f"RayEngine({self.engine!r})"
+        return f"{type(self).__name__}({self.engine!r})"
 
     def call(self, method: str, /, **kwargs: Any) -> Any:
-        """Run ``SGLangClient.<method>(**kwargs)`` in the actor and return its value."""
+        """Run ``<client>.<method>(**kwargs)`` in the actor and return its value."""
         seconds = _seconds_left()
         ref = self.actor.call.remote(method, kwargs, seconds)
         try:
@@ -321,48 +408,142 @@ class RayEngine(_ClientCalls):
         ray.kill(self.actor, no_restart=True)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name.startswith("_") or name in _NOT_REMOTE or not callable(getattr(SGLangClient, name, None)):
+        if name.startswith("_") or name in _NOT_REMOTE or not callable(getattr(self.target, name, None)):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
         def forward(**kwargs: Any) -> Any:
             return self.call(name, **kwargs)
 
         forward.__name__ = name
-        forward.__doc__ = getattr(SGLangClient, name).__doc__
+        forward.__doc__ = getattr(self.target, name).__doc__
         return forward
+
+
+class RayEngine(_RayHandle, _ClientCalls):
+    """A driver-side handle of one SGLang engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
+
+    ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the
+    ``ActorHandle`` of its ``SGLangEngineActor``. ``base_url``: the URL the
+    actor's client talks to. Every method runs the client method of the same
+    name in the actor and waits for it: the Deadline in force in the caller's
+    context (a phase's, or your own ``with Deadline(5):``) travels as seconds
+    left and caps the call inside the actor and the wait here. Errors are the
+    client's own (unwrapped from Ray's); a dead actor raises ``EngineDied``
+    and no answer before the deadline raises ``PhaseTimeout``. Other public
+    ``SGLangClient`` methods (``begin_weight_update``, ``generate``, ...) are
+    forwarded the same way.
+    """
+
+    target = SGLangClient
+    kind: EngineKind = "sglang"
+
+
+class RayVLLMEngine(_RayHandle, _VLLMCalls):
+    """A driver-side handle of one vLLM engine actor; the ``Orchestrator`` takes it like a ``VLLMEngine``.
+
+    The same as ``RayEngine`` (``engine``, ``actor``, ``base_url``, deadlines,
+    errors) over a ``VLLMEngineActor``; ``control_rules`` (``VLLM_RULES``) and
+    ``tags`` (``VLLM_TAGS``) tell the barrier it is a vLLM engine. Other public
+    ``VLLMEngine`` methods (``push_weights``, ...) are forwarded by name.
+    """
+
+    target = VLLMEngine
+    kind: EngineKind = "vllm"
+    control_rules: Final = VLLM_RULES
+    tags: Final = VLLM_TAGS
+
+
+RayEngineHandle = RayEngine | RayVLLMEngine
+"""A driver-side handle of an engine actor, of either kind."""
+
+ENGINE_KINDS: Final[Mapping[str, tuple[Any, type[RayEngine] | type[RayVLLMEngine]]]] = {
+    "sglang": (SGLangEngineActor, RayEngine),
+    "vllm": (VLLMEngineActor, RayVLLMEngine),
+}
+"""Engine kind -> (its actor class, its driver-side handle class)."""
+
+
+def _kinds_of(kind: EngineKind | Sequence[EngineKind], n: int) -> list[EngineKind]:
+    kinds: list[EngineKind] = [kind] * n if isinstance(kind, str) else list(kind)
+    if len(kinds) != n:
+        raise ValueError(f"ray_engines kind must be one kind or one per URL ({n}), but got {len(kinds)} kinds")
+    for k in kinds:
+        if k not in ENGINE_KINDS:
+            raise ValueError(f"ray_engines kind must be one of {sorted(ENGINE_KINDS)}, but got {k!r}")
+    return kinds
+
+
+@overload
+def ray_engines(
+    base_urls: Sequence[str],
+    *,
+    kind: Literal["sglang"] = "sglang",
+    client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+) -> list[RayEngine]: ...
+
+
+@overload
+def ray_engines(
+    base_urls: Sequence[str],
+    *,
+    kind: Literal["vllm"],
+    client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+) -> list[RayVLLMEngine]: ...
+
+
+@overload
+def ray_engines(
+    base_urls: Sequence[str],
+    *,
+    kind: Sequence[EngineKind],
+    client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+) -> list[RayEngineHandle]: ...
 
 
 def ray_engines(
     base_urls: Sequence[str],
     *,
+    kind: EngineKind | Sequence[EngineKind] = "sglang",
     client_kwargs: Mapping[str, Any] | None = None,
     actor_options: Mapping[str, Any] | None = None,
     ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
-) -> list[RayEngine]:
-    """One ``SGLangEngineActor`` per URL, as ``RayEngine`` handles in the same order.
+) -> list[RayEngine] | list[RayVLLMEngine] | list[RayEngineHandle]:
+    """One engine actor per URL, as handles in the same order (``RayEngine`` for SGLang, ``RayVLLMEngine`` for vLLM).
 
-    ``client_kwargs``: keyword arguments of ``SGLangClient`` inside each actor
-    (``policies``, ``api_key``, ``flush_poll_s``, ...; default none). They are
-    pickled to the actors, so pass values, not sessions. ``actor_options``:
-    Ray actor options merged over ``DEFAULT_ACTOR_OPTIONS`` (``num_cpus=0``,
-    ``max_concurrency=4``, ``max_restarts=0``). ``ready_timeout_s``: wait this
-    long for every actor to start and build its client (default 120 s; None =
-    return at once and let the first call wait). On failure every actor
-    created here is killed and the error names the engine.
+    ``kind``: ``"sglang"`` (default) or ``"vllm"`` for every URL, or one kind
+    per URL (a mixed fleet). ``client_kwargs``: keyword arguments of the
+    client inside each actor (``SGLangClient``'s, or ``VLLMEngine``'s:
+    ``sleep_level`` and ``VLLMClient``'s; ``policies``, ``api_key``, ...;
+    default none; the same for every URL, so a mixed fleet takes only
+    keywords both clients know, or one call per kind). They are pickled to
+    the actors, so pass values, not sessions. ``actor_options``: Ray actor options merged over
+    ``DEFAULT_ACTOR_OPTIONS`` (``num_cpus=0``, ``max_concurrency=4``,
+    ``max_restarts=0``). ``ready_timeout_s``: wait this long for every actor
+    to start and build its client (default 120 s; None = return at once and
+    let the first call wait). On failure every actor created here is killed
+    and the error names the engine.
     """
     for url in base_urls:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"ray_engines base_urls must start with http:// or https://, but got {url!r}")
+    kinds = _kinds_of(kind, len(base_urls))
     names = [engine_of(url)[0] for url in base_urls]
     if len(set(names)) != len(names):
         raise ValueError(f"ray_engines base_urls must name distinct engines, but got {names}")
     options = {**DEFAULT_ACTOR_OPTIONS, **dict(actor_options or {})}
     kwargs = dict(client_kwargs or {})
-    engines: list[RayEngine] = []
+    engines: list[RayEngineHandle] = []
     try:
-        for url, name in zip(base_urls, names, strict=True):
-            actor = SGLangEngineActor.options(**options).remote(url, kwargs)
-            engines.append(RayEngine(actor, name, url.rstrip("/")))
+        for url, name, k in zip(base_urls, names, kinds, strict=True):
+            actor_class, handle_class = ENGINE_KINDS[k]
+            actor = actor_class.options(**options).remote(url, kwargs)
+            engines.append(handle_class(actor, name, url.rstrip("/")))
         if ready_timeout_s is not None:
             _wait_ready(engines, ready_timeout_s)
     except BaseException:
@@ -375,7 +556,24 @@ def ray_engines(
     return engines
 
 
-def _wait_ready(engines: Sequence[RayEngine], timeout_s: float) -> None:
+def ray_engine(
+    base_url: str,
+    *,
+    kind: EngineKind = "sglang",
+    client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+) -> RayEngineHandle:
+    """One more engine actor, for an engine that joins a running fleet (or one whose actor was lost with its node).
+
+    The same arguments as ``ray_engines`` for one URL; ``actor_options`` may
+    place it (``{"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}``).
+    """
+    kinds: list[EngineKind] = [kind]
+    return ray_engines([base_url], kind=kinds, client_kwargs=client_kwargs, actor_options=actor_options, ready_timeout_s=ready_timeout_s)[0]
+
+
+def _wait_ready(engines: Sequence[RayEngineHandle], timeout_s: float) -> None:
     refs = [e.actor.engine.remote() for e in engines]
     _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if not_ready:
@@ -438,8 +636,8 @@ def _get_all(refs: Sequence[Any]) -> dict[Any, Any]:
 class RayFanOut:
     """A ``FanOut`` over Ray actors: every engine's call is an ObjectRef, all submitted before any is awaited.
 
-    Engines must be ``RayEngine`` handles (anything with an ``actor`` whose
-    class is ``SGLangEngineActor``). Each call runs ``timed_call`` in the
+    Engines must be ``RayEngine`` or ``RayVLLMEngine`` handles (anything with
+    an ``actor`` that answers ``timed_call``), of one kind or mixed. Each call runs ``timed_call`` in the
     actor with the seconds left of the phase deadline; the driver waits for
     all refs with the same deadline. Per engine: a dead actor becomes
     ``EngineDied``, an error raised in the actor is the original error, a ref

@@ -22,11 +22,24 @@ name                                       type       labels                    
 ``cpr_barrier_phase_failures_total``       counter    transition, phase           ``PhaseEnded`` (one per failed engine)
 ``cpr_barrier_transitions_total``          counter    transition, result          ``TransitionEnded`` (ok / failed)
 ``cpr_engines_held_paused``                gauge      engine                      ``HoldChanged`` (number of holds)
+``cpr_barrier_transition_last_end_         gauge      transition                  ``TransitionEnded`` (Unix time it ended)
+timestamp_seconds``
+``cpr_engine_state``                       gauge      engine, kind, state         the orchestrator's ``states()`` at scrape
+                                                                                  (``watch``; 1 on the engine's state)
+``cpr_engine_weight_version``              gauge      engine, kind, version       a ``WeightVersionTap``'s versions (``watch``)
+``cpr_journal_commit_duration_seconds``    histogram  op                          a ``timed_journal_store``'s appends and
+                                                                                  rewrites
 ``cpr_restarts_total``                     counter    cause                       the ``RestartBudget``'s record
 ``cpr_restart_budget_limit``               gauge      -                           ``RestartBudget.limit``
 ``cpr_restart_budget_remaining``           gauge      -                           ``RestartBudget.remaining``
 ``cpr_restart_budget_planned_run_seconds`` gauge      -                           ``RestartBudget.planned_run_seconds``
 =========================================  =========  ==========================  ==========================================
+
+The per-engine state is not counted from events either: ``watch(orchestrator)``
+registers an ``EngineStateCollector`` (``telemetry/engine_state.py``) that reads
+the orchestrator's ``states()`` at every scrape, at most ``max_engines`` (256)
+engines with their own label. ``timed_journal_store(store)`` wraps a journal
+store so each durable append is timed (``telemetry/journal_timing.py``).
 
 The restart metrics are not counted from events: a custom collector reads
 the ``RestartBudget``'s record (loaded from its JSON file) at every scrape, so
@@ -68,6 +81,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, Final, NamedTuple
 from wsgiref.simple_server import WSGIServer
@@ -76,12 +90,14 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from resilience.barrier.journal_store import JournalStore
 from resilience.budget import RestartBudget
 from resilience.events import (
     AttemptEnded,
     BreakerRejected,
     BreakerTransitioned,
     CallEnded,
+    EngineStateChanged,
     HoldChanged,
     PhaseEnded,
     RetryBudgetExhaustedEvent,
@@ -93,6 +109,8 @@ from resilience.outcome import CallOutcome, Outcome
 from ._dispatch import Dispatcher
 from ._hot import Counted, HotMetrics, Timed
 from ._labels import scrub_engine, status_label, transport_label
+from .engine_state import DEFAULT_MAX_ENGINES, EngineStateCollector
+from .journal_timing import JOURNAL_COMMIT_BUCKETS, TimedJournalStore
 
 __all__ = [
     "ATTEMPT_DURATION_BUCKETS",
@@ -221,6 +239,16 @@ class MetricsObserver(Dispatcher):
             registry=r,
         )  # fmt: skip
         self._m_engines_held_paused = Gauge("cpr_engines_held_paused", "Pause holds currently on each engine.", ["engine"], registry=r)
+        self._m_transition_ended_at = Gauge(
+            "cpr_barrier_transition_last_end_timestamp_seconds", "When the last transition of each kind ended (Unix time).",
+            ["transition"], registry=r,
+        )  # fmt: skip
+        self._m_journal_commit = Histogram(
+            "cpr_journal_commit_duration_seconds", "Time of one durable journal write (append: a commit; rewrite: a compaction).",
+            ["op"], buckets=JOURNAL_COMMIT_BUCKETS, registry=r,
+        )  # fmt: skip
+        for op in ("append", "rewrite"):
+            self._m_journal_commit.labels(op)
         self._restarts = _RestartBudgetCollector()
         r.register(self._restarts)
         if restart_budget is not None:
@@ -250,7 +278,9 @@ class MetricsObserver(Dispatcher):
             PhaseEnded: self._phase_ended,
             TransitionEnded: self._transition_ended,
             HoldChanged: self._hold_changed,
+            EngineStateChanged: self._engine_state_changed,
         }
+        self._watched: tuple[EngineStateCollector, ...] = ()
 
 
     def declare(self, *, engines: Iterable[str] = (), endpoints: Iterable[str] = ()) -> None:
@@ -300,6 +330,27 @@ class MetricsObserver(Dispatcher):
     def publish_restart_budget(self, budget: RestartBudget | None) -> None:
         """Publish ``budget``'s record as ``cpr_restarts_total`` / ``cpr_restart_budget_*`` (None: stop publishing)."""
         self._restarts.budget = budget
+
+    def watch(self, orchestrator: Any, *, versions: Any = None, max_engines: int = DEFAULT_MAX_ENGINES) -> EngineStateCollector:
+        """Publish what ``orchestrator`` knows of each engine (``cpr_engine_state``, ``cpr_engine_weight_version``) at every scrape.
+
+        ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator``.
+        ``versions``: the ``WeightVersionTap`` its fan-out goes through (None,
+        the default: no version series). ``max_engines``: engines with their
+        own label (default 256; the rest are counted under ``other``). The
+        collector is registered in ``registry`` and returned
+        (``registry.unregister(it)`` stops it). Put this observer among the
+        orchestrator's observers too: the ``EngineStateChanged`` it hears keep
+        the gauge moving while a transition holds the orchestrator's lock.
+        """
+        collector = EngineStateCollector(orchestrator, versions=versions, max_engines=max_engines)
+        self.registry.register(collector)
+        self._watched = (*self._watched, collector)
+        return collector
+
+    def timed_journal_store(self, store: JournalStore) -> TimedJournalStore:
+        """``store`` with every durable write timed into ``cpr_journal_commit_duration_seconds`` (give it to ``Journal``)."""
+        return TimedJournalStore(store, self._m_journal_commit)
 
     # -- bounded label values ----------------------------------------------------
 
@@ -458,6 +509,11 @@ class MetricsObserver(Dispatcher):
 
     def _transition_ended(self, ev: TransitionEnded) -> None:
         self._m_transitions.labels(ev.transition, "ok" if ev.ok else "failed").inc()
+        self._m_transition_ended_at.labels(ev.transition).set(time.time())
+
+    def _engine_state_changed(self, ev: EngineStateChanged) -> None:
+        for collector in self._watched:
+            collector.hear(ev)
 
     def _hold_changed(self, ev: HoldChanged) -> None:
         engine = self._engine(ev.engine)

@@ -116,6 +116,15 @@ def require_tool(name: str) -> str:
     return path
 
 
+def start_local_ray() -> None:
+    """The session's local Ray: num_cpus=2, loopback only, no dashboard (also what a module that ran its own cluster
+    starts again when it is done: ``tests/adapters/test_ray_cluster.py``)."""
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # read at init, before any per-test fixture runs
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+
+
 @pytest.fixture(scope="session")
 def ray_runtime() -> Iterator[Any]:
     """One local Ray for the whole session (num_cpus=2, loopback only), always shut down; skip without ray unless CI."""
@@ -125,8 +134,7 @@ def ray_runtime() -> Iterator[Any]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("ray is required on CI")
         pytest.skip("ray not installed")
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # read at init, before any per-test fixture runs
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+    start_local_ray()
     try:
         yield ray
     finally:
@@ -137,6 +145,7 @@ RAY_MODULES = frozenset(
     {
         "tests/adapters/test_instrument.py",
         "tests/adapters/test_ray.py",
+        "tests/adapters/test_ray_cluster.py",
         "tests/barrier/test_ambiguous_http.py",
         "tests/barrier/test_barrier.py",
         "tests/barrier/test_write_ahead_knowledge.py",

@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 
 __all__ = [
+    "ENGINE_STATE_CODES",
     "FAILURE_STATUS_RE",
     "FAST_BURN",
     "SLOW_BURN",
@@ -10,6 +11,8 @@ __all__ = [
     "burn_rate",
     "compact",
     "counter_events",
+    "engine_state_code",
+    "not_serving_after_onload",
     "multiwindow",
     "restarts_in_window",
     "selector",
@@ -19,6 +22,22 @@ __all__ = [
 SURFACED_OUTCOMES = ("failed", "ambiguous", "deadline_exceeded", "circuit_open", "budget_exhausted")
 #: ``cpr_attempts_total`` statuses that count as "5xx or transport failure".
 FAILURE_STATUS_RE = "5..|connect_error|read_timeout|connection_reset|error"
+
+#: ``cpr_engine_state``'s ``state`` words (telemetry/engine_state.py ``ENGINE_STATES``), each with the number a state
+#: timeline draws and its colour: serving first, then the states a transition passes through, then the ones that need
+#: someone (quarantined, dead), then retired.
+ENGINE_STATE_CODES: tuple[tuple[str, int, str], ...] = (
+    ("serving", 0, "green"),
+    ("paused", 1, "blue"),
+    ("flushed", 2, "blue"),
+    ("released", 3, "purple"),
+    ("in_flight", 4, "yellow"),
+    ("unknown", 5, "orange"),
+    ("unsettled", 6, "orange"),
+    ("quarantined", 7, "red"),
+    ("dead", 8, "dark-red"),
+    ("retired", 9, "gray"),
+)
 
 #: The SRE workbook's multiwindow, multi-burn-rate pairs: (long window, short window, threshold).
 FAST_BURN = (("1h", 3600), ("5m", 300), 14.4)
@@ -88,3 +107,36 @@ def multiwindow(long: tuple[str, int], short: tuple[str, int], threshold: float)
 def counter_events(metric: str, window: str, by: str) -> str:
     """Events counted by ``metric`` in ``window``, a born series counting its whole value."""
     return f"sum by ({by}) (\n    ({metric} unless {metric} offset {window})\n  or\n    increase({metric}[{window}])\n)"
+
+
+def engine_state_code(matchers: Sequence[str] = ()) -> str:
+    """Each engine's ``cpr_engine_state`` as one number per engine (``ENGINE_STATE_CODES``), for a state timeline.
+
+    The state is a label and the value is 1, so each state's series is scaled to its code and the engine's one
+    series kept: ``max by (engine)`` over them (an ``other`` engine label, several engines, shows its worst state).
+    """
+    parts = []
+    for state, code, _colour in ENGINE_STATE_CODES:
+        series = selector("cpr_engine_state", [*matchers, f'state="{state}"'])
+        parts.append(f"({series} > 0) * {code}")
+    return "max by (engine) (\n    " + "\n  or\n    ".join(parts) + "\n)"
+
+
+def not_serving_after_onload(matchers: Sequence[str] = ()) -> str:
+    """Engines (not retired) not serving while the last transition of their exporter that ended was an onload.
+
+    ``cpr_barrier_transition_last_end_timestamp_seconds`` says when the last onload and the last offload ended; an
+    exporter that never offloaded compares its onload with 0. Per scrape target (``job``, ``instance``).
+    """
+    onload = selector("cpr_barrier_transition_last_end_timestamp_seconds", [*matchers, 'transition="onload"'])
+    offload = selector("cpr_barrier_transition_last_end_timestamp_seconds", [*matchers, 'transition="offload"'])
+    state = selector("cpr_engine_state", [*matchers, 'state!~"serving|retired"'])
+    return (
+        f"({state} > 0)\n"
+        "  and on (job, instance)\n"
+        "(\n"
+        f"    max by (job, instance) ({onload})\n"
+        "  >\n"
+        f"    (max by (job, instance) ({offload}) or max by (job, instance) ({onload}) * 0)\n"
+        ")"
+    )

@@ -6,6 +6,7 @@ from grafana_foundation_sdk.builders import dashboard as dashboard_builders
 from grafana_foundation_sdk.models import common, units
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
+from grafana.dashboard.engines_row import engines_row
 from grafana.dashboard.panels import DATASOURCE, ENDPOINT, ENGINE, JOB, RATE, PanelIds, last_value, query, thresholds, timeseries_panel
 from grafana.dashboard.promql import FAILURE_STATUS_RE, FAST_BURN, SLOW_BURN, SURFACED_OUTCOMES, burn_rate
 from grafana.dashboard.smg_row import smg_row
@@ -334,5 +335,5 @@ def barrier_row(builder: dashboard_builders.Dashboard, ids: PanelIds) -> dashboa
     return builder
 
 
-ROWS = (restart_budget_row, failures_row, retries_row, latency_row, breakers_row, barrier_row, smg_row)
+ROWS = (restart_budget_row, failures_row, retries_row, latency_row, breakers_row, barrier_row, engines_row, smg_row)
 """The rows top to bottom; panel ids are handed out in this order."""

@@ -4,7 +4,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grafana.dashboard.promql import FAST_BURN, SLOW_BURN, counter_events, multiwindow
+from grafana.dashboard.promql import FAST_BURN, SLOW_BURN, counter_events, multiwindow, not_serving_after_onload
 
 __all__ = ["ALERT_GROUPS", "AlertGroup", "AlertRule", "rules_yaml"]
 
@@ -118,6 +118,36 @@ ALERT_GROUPS: tuple[AlertGroup, ...] = (
                 description=(
                     "{{ $value | humanize }} engine failure(s) in phase {{ $labels.phase }} of barrier transition "
                     "{{ $labels.transition }} on {{ $labels.job }} in the last 10m."
+                ),
+            ),
+        ),
+    ),
+    AlertGroup(
+        "cpr-engines",
+        (
+            AlertRule(
+                alert="CPREngineQuarantined",
+                expr='cpr_engine_state{state="quarantined"} > 0',
+                for_="5m",
+                severity="page",
+                summary="Engine {{ $labels.engine }} quarantined for over 5m",
+                description=(
+                    "The barrier on {{ $labels.job }}/{{ $labels.instance }} has kept {{ $labels.kind }} engine "
+                    "{{ $labels.engine }} quarantined for over 5m: it may or may not have released memory, so it is kept "
+                    "paused and out of every transition. Check its memory and call reconcile(engine, released=..., "
+                    "paused=...), or retire it (Orchestrator.quarantined() lists the tags in doubt)."
+                ),
+            ),
+            AlertRule(
+                alert="CPREnginesNotServingAfterOnload",
+                expr=not_serving_after_onload(),
+                for_="5m",
+                severity="page",
+                summary="Engine {{ $labels.engine }} not serving since the last onload",
+                description=(
+                    "The last barrier transition on {{ $labels.job }}/{{ $labels.instance }} was an onload, yet "
+                    "{{ $labels.kind }} engine {{ $labels.engine }} has been {{ $labels.state }} for over 5m: rollouts run "
+                    "without it. Orchestrator.not_serving() says why (a failed phase, a hold, a quarantine, dead)."
                 ),
             ),
         ),

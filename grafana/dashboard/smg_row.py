@@ -18,7 +18,7 @@ __all__ = ["SMG_METRICS", "smg_row"]
 
 
 def smg_row(builder: dashboard_builders.Dashboard, ids: PanelIds) -> dashboard_builders.Dashboard:
-    """Row 7: the smg gateway beside us."""
+    """Row 8: the smg gateway beside us."""
     builder = builder.with_row(dashboard_builders.Row("Gateway (smg)").id(ids()))
     builder = builder.with_panel(
         timeseries_panel(

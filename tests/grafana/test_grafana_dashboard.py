@@ -160,6 +160,20 @@ def test_dashboard_covers_what_the_design_asks_for() -> None:
 
 def test_breaker_states_are_mapped_to_names() -> None:
     """The breaker panel maps 0/1/2 to closed/half_open/open."""
-    (panel,) = [panel for panel in _panels() if panel["type"] == "state-timeline"]
+    (panel,) = [panel for panel in _panels() if panel["type"] == "state-timeline" and "cpr_breaker_state" in panel["targets"][0]["expr"]]
     options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
     assert {value: option["text"] for value, option in options.items()} == {"0": "closed", "1": "half_open", "2": "open"}
+
+
+def test_engine_states_are_mapped_to_every_state_word() -> None:
+    """The engine-state timeline maps one number to each cpr_engine_state word the exporter publishes, and its query
+    turns every one of those words into its number."""
+    from resilience.telemetry.engine_state import ENGINE_STATES
+
+    (panel,) = [panel for panel in _panels() if panel["type"] == "state-timeline" and "cpr_engine_state" in panel["targets"][0]["expr"]]
+    options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    texts = {option["text"] for option in options.values()}
+    assert texts and texts == set(ENGINE_STATES)
+    expr = panel["targets"][0]["expr"]
+    for value, option in options.items():
+        assert f'state="{option["text"]}"}} > 0) * {value}' in expr, option

@@ -16,6 +16,8 @@ EXPECTED_ALERTS = {
     "CPRControlPlane502Rate": "ticket",
     "CPRBreakerOpen": "ticket",
     "CPRBarrierPhaseFailures": "ticket",
+    "CPREngineQuarantined": "page",
+    "CPREnginesNotServingAfterOnload": "page",
 }
 
 

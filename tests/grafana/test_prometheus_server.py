@@ -82,9 +82,9 @@ def test_prometheus_scrapes_502s_and_evaluates_the_rules(exporter: Exporter, pro
         return rules if rules and evaluated else None
 
     rules = poll(healthy_groups, "every rule to be evaluated", log)
-    assert set(rules) == {"cpr-restart-budget", "cpr-control-plane"}
+    assert set(rules) == {"cpr-restart-budget", "cpr-control-plane", "cpr-engines"}
     health = {rule["name"]: (rule["health"], rule.get("lastError", "")) for group_rules in rules.values() for rule in group_rules}
-    assert len(health) == 7
+    assert len(health) == 9
     assert all(state == "ok" for state, _error in health.values()), health
 
     def exhausted_alert() -> dict[str, Any] | None:

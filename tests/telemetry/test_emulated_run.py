@@ -54,6 +54,6 @@ def test_chaos_run_metrics_count_injected_502s_and_prometheus_scrapes_them(tmp_p
 
             assert poll(seen_502s, f"the {injected} injected 502s in Prometheus", log) == injected
             groups = get_json(f"{base}/api/v1/rules")["data"]["groups"]
-            assert {g["name"] for g in groups} == {"cpr-restart-budget", "cpr-control-plane"}
+            assert {g["name"] for g in groups} == {"cpr-restart-budget", "cpr-control-plane", "cpr-engines"}
     finally:
         server.close()

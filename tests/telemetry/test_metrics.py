@@ -44,6 +44,8 @@ CONTRACT = {
     "cpr_barrier_phase_failures": ("counter", {"transition", "phase"}),
     "cpr_barrier_transitions": ("counter", {"transition", "result"}),
     "cpr_engines_held_paused": ("gauge", {"engine"}),
+    "cpr_barrier_transition_last_end_timestamp_seconds": ("gauge", {"transition"}),
+    "cpr_journal_commit_duration_seconds": ("histogram", {"op"}),
     "cpr_restarts": ("counter", {"cause"}),
     "cpr_restart_budget_limit": ("gauge", set()),
     "cpr_restart_budget_remaining": ("gauge", set()),

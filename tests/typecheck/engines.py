@@ -8,13 +8,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from resilience.adapters.ray import RayEngine, _SGLangEngineActor
+from resilience.adapters.ray import RayEngine, RayVLLMEngine, _SGLangEngineActor, _VLLMEngineActor, ray_engine, ray_engines
 from resilience.adapters.sglang import AsyncSGLangClient, SGLangClient
+from resilience.adapters.vllm.engine import VLLMEngine
 from resilience.barrier import AsyncControlPlaneEngine, ControlPlaneEngine, EngineGroup, Orchestrator, PauseMode
 
 
 def _engines(client: SGLangClient, actor: _SGLangEngineActor, handle: RayEngine) -> list[ControlPlaneEngine]:
     return [client, actor, handle]
+
+
+def _vllm_engines(engine: VLLMEngine, actor: _VLLMEngineActor, handle: RayVLLMEngine) -> list[ControlPlaneEngine]:
+    return [engine, actor, handle]
+
+
+def _ray_kinds(urls: Sequence[str]) -> None:
+    """``ray_engines`` gives each kind's handle type, a mixed fleet the union; ``ray_engine`` the union."""
+    from typing import assert_type
+
+    from resilience.adapters.ray import RayEngineHandle
+
+    assert_type(ray_engines(urls), list[RayEngine])
+    assert_type(ray_engines(urls, kind="vllm"), list[RayVLLMEngine])
+    assert_type(ray_engines(urls, kind=["sglang", "vllm"]), list[RayEngineHandle])
+    assert_type(ray_engine(urls[0], kind="vllm"), RayEngineHandle)
+    ray_engines(urls, kind="trtllm")  # type: ignore[arg-type]
 
 
 def _typed_sync(client: SGLangClient) -> None:

@@ -1,0 +1,272 @@
+"""What the barrier knows of each engine, published at scrape time: ``cpr_engine_state`` and ``cpr_engine_weight_version``.
+
+``EngineStateCollector`` holds an orchestrator (``Orchestrator`` or
+``AsyncOrchestrator``) and, at every scrape, reads its public view: ``states()``
+(one ``EngineState`` word per engine that is not retired) and each engine's
+kind (its ``control_rules``, as the orchestrator looked it up). So the gauge says what
+the orchestrator would answer, and a process that resumed a journal publishes
+what the journal gave back.
+
+A threaded ``Orchestrator`` holds its lock for a whole transition (minutes
+for a slow release), and ``states()`` waits for that lock. A scrape waits at
+most ``lock_wait_s`` for it; while a transition holds it, the scrape answers
+from the last ``states()`` it read with every ``EngineStateChanged`` heard
+since laid over it (the ``MetricsObserver`` that watches the orchestrator
+passes them on when it is among the orchestrator's observers), so the gauge
+moves phase by phase instead of freezing, and the next scrape after the
+transition reads ``states()`` again.
+
+- ``cpr_engine_state{engine, kind, state}``: one series per engine, value 1,
+  ``state`` its one word (``serving``, ``paused``, ``flushed``, ``released``,
+  ``unknown``, ``quarantined``, ``unsettled``, ``in_flight``, ``dead``: the
+  ``EngineState`` values) or ``retired`` for an engine this collector saw
+  before that the orchestrator no longer covers. ``kind``: ``sglang``,
+  ``vllm`` (``EngineRules.kind``), ``unknown`` for an engine not in a group.
+- ``cpr_engine_weight_version{engine, kind, version}``: value 1, for each
+  engine whose weight version the barrier read (a ``WeightVersionTap``
+  around its fan-out: the answers of ``weight_info`` / ``model_info``, as
+  ``WeightVersionCheck`` sends them after an onload or a weight sync).
+
+Labels are bounded: ``state`` and ``kind`` are enums; at most ``max_engines``
+engines (default ``DEFAULT_MAX_ENGINES`` = 256) get their own ``engine`` label,
+the first ones met, in name order; the rest are folded into ``engine="other"``
+whose ``cpr_engine_state`` value is how many of them are in each state (and
+get no version series). A version longer than 64 characters is cut to 64.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Protocol
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from resilience.barrier import EngineResult, EngineState, FanOut
+from resilience.barrier.fanout import Calls
+from resilience.deadline import Deadline
+from resilience.engine_contract import engine_name, rules_of
+from resilience.events import EngineStateChanged
+
+from ._labels import scrub_engine
+
+__all__ = [
+    "DEFAULT_MAX_ENGINES",
+    "ENGINE_STATES",
+    "EngineStateCollector",
+    "WeightVersionTap",
+]
+
+log = logging.getLogger("resilience.telemetry")
+
+DEFAULT_MAX_ENGINES: Final = 256
+"""Engines that get their own ``engine`` label in ``cpr_engine_state``; later ones are counted under ``other``."""
+
+RETIRED: Final = "retired"
+ENGINE_STATES: Final[tuple[str, ...]] = (*(s.value for s in EngineState), RETIRED)
+"""Every value of ``cpr_engine_state``'s ``state`` label."""
+
+OTHER: Final = "other"
+_VERSION_MAX: Final = 64
+_VERSION_READS: Final = frozenset({"weight_info", "model_info"})
+
+DEFAULT_LOCK_WAIT_S: Final = 0.05
+"""Seconds a scrape waits for the orchestrator's lock before it answers from its last read and the changes heard since."""
+
+
+class _Watched(Protocol):
+    """What the collector reads of an orchestrator (both orchestrators' public view)."""
+
+    @property
+    def groups(self) -> tuple[Any, ...]: ...
+
+    def states(self) -> dict[str, EngineState]: ...
+
+
+class WeightVersionTap:
+    """A ``FanOut`` that sends every call through ``fanout`` and keeps the weight version each engine last reported.
+
+    ``fanout``: the fan-out that reaches the engines (``ThreadFanOut()``,
+    ``RayFanOut()``, ...). Answers to ``weight_info`` (vLLM) and
+    ``model_info`` (SGLang) that carry a ``weight_version`` are kept per
+    engine name; ``versions()`` returns them. Give the tap to the
+    orchestrator as its ``fanout`` and to ``EngineStateCollector`` as its
+    ``versions``; the orchestrator's checks find ``check_engines`` through it.
+    """
+
+    def __init__(self, fanout: FanOut) -> None:
+        self.fanout = fanout
+        self._lock = threading.Lock()
+        self._versions: dict[str, str] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.fanout, name)  # check_engines and anything else the wrapped fan-out offers
+
+    def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
+        """``fanout.call(...)``; a version read's answers are remembered before they are handed back."""
+        results = self.fanout.call(calls, method, deadline)
+        if method in _VERSION_READS:
+            self.record(results)
+        return results
+
+    def record(self, results: Iterable[EngineResult]) -> None:
+        """Keep the ``weight_version`` of every answer that has one (also for reads sent some other way)."""
+        seen: dict[str, str] = {}
+        for result in results:
+            version = getattr(result.value, "weight_version", None) if result.error is None else None
+            if isinstance(version, str) and version:
+                seen[result.engine] = version[:_VERSION_MAX]
+        if seen:
+            with self._lock:
+                self._versions.update(seen)
+
+    def versions(self) -> dict[str, str]:
+        """Engine name -> the weight version it last reported through this tap."""
+        with self._lock:
+            return dict(self._versions)
+
+
+class EngineStateCollector:
+    """A prometheus-client collector of one orchestrator's per-engine state (module docstring).
+
+    ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator`` (read only:
+    ``states()``, the kinds, and its lock, as the module docstring says). ``versions``: a ``WeightVersionTap`` (or
+    anything with ``versions() -> Mapping[str, str]``) for
+    ``cpr_engine_weight_version``; default None: no version series.
+    ``max_engines``: engines with their own label (default 256, >= 1).
+    ``lock_wait_s``: how long a scrape waits for the orchestrator's lock
+    (default 0.05 s, >= 0) before it answers from its last read of
+    ``states()`` and the ``EngineStateChanged`` events given to ``hear``
+    since. ``MetricsObserver.watch(orchestrator)`` builds one, registers it
+    and passes it the events it hears.
+    """
+
+    def __init__(
+        self,
+        orchestrator: _Watched,
+        *,
+        versions: Any = None,
+        max_engines: int = DEFAULT_MAX_ENGINES,
+        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
+    ) -> None:
+        if isinstance(max_engines, bool) or not isinstance(max_engines, int) or max_engines < 1:
+            raise ValueError(f"EngineStateCollector.max_engines must be an integer >= 1, but was {max_engines!r}")
+        if not lock_wait_s >= 0:
+            raise ValueError(f"EngineStateCollector.lock_wait_s must be >= 0 seconds, but was {lock_wait_s!r}")
+        if versions is not None and not callable(getattr(versions, "versions", None)):
+            raise TypeError(f"EngineStateCollector.versions must have a versions() method (a WeightVersionTap), but was {versions!r}")
+        self.orchestrator = orchestrator
+        self.versions = versions
+        self.max_engines = max_engines
+        self.lock_wait_s = lock_wait_s
+        # the orchestrator's own lock (BarrierView.state.lock), when it has one: what states() waits for
+        self._orch_lock: Any = getattr(getattr(orchestrator, "state", None), "lock", None)
+        self._last: dict[str, str] = {}  # the last states() read
+        self._heard: dict[str, str] = {}  # engine -> to_state of EngineStateChanged heard since that read
+        self._lock = threading.Lock()
+        self._labels: dict[str, str] = {}  # engine name -> its label, the first max_engines met
+        self._kinds: dict[str, str] = {}  # engine name -> kind, for engines once seen (a retired one keeps its kind)
+        self._warned = False
+        self._states()  # the first read, so a scrape during the first transition has one to lay the changes over
+
+    def describe(self) -> Iterable[Metric]:
+        """The families this collector owns (lets the registry detect name clashes at registration)."""
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        """Read the orchestrator now; never raises (a failure is logged and the scrape gets no engine series)."""
+        try:
+            return self._collect()
+        except Exception:
+            log.warning("EngineStateCollector failed to read the orchestrator", exc_info=True)
+            return []
+
+    def hear(self, event: object) -> None:
+        """Take an ``EngineStateChanged`` (other events are ignored): laid over the last read until the next one."""
+        if isinstance(event, EngineStateChanged):
+            with self._lock:
+                self._heard[event.engine] = event.to_state
+
+    def _states(self) -> dict[str, str]:
+        """``states()`` when the orchestrator's lock comes within ``lock_wait_s``; else the last read plus what was heard."""
+        lock = self._orch_lock
+        if lock is None or lock.acquire(timeout=self.lock_wait_s):
+            try:
+                states = {name: state.value for name, state in self.orchestrator.states().items()}
+            finally:
+                if lock is not None:
+                    lock.release()
+            with self._lock:
+                self._last, self._heard = states, {}
+            return states
+        with self._lock:
+            return {**self._last, **{n: s for n, s in self._heard.items() if n in self._last}}
+
+    def _collect(self) -> list[Metric]:
+        states = self._states()
+        kinds = self._kinds_now()
+        with self._lock:
+            self._kinds.update(kinds)
+            for name in sorted(states):
+                self._label(name)
+            retired = {name: RETIRED for name in self._labels if name not in states}
+            labels, kinds_known = dict(self._labels), dict(self._kinds)
+        state_family, version_family = self._families()
+        folded: dict[tuple[str, str], int] = {}
+        for name, state in sorted({**states, **retired}.items()):
+            kind = kinds_known.get(name, "unknown")
+            label = labels.get(name)
+            if label is None:
+                folded[kind, state] = folded.get((kind, state), 0) + 1
+            else:
+                state_family.add_metric([label, kind, state], 1.0)
+        for (kind, state), count in sorted(folded.items()):
+            state_family.add_metric([OTHER, kind, state], float(count))
+        if self.versions is not None:
+            known: Mapping[str, str] = self.versions.versions()
+            for name, version in sorted(known.items()):
+                label = labels.get(name)
+                if label is not None and name in states:
+                    version_family.add_metric([label, kinds_known.get(name, "unknown"), version[:_VERSION_MAX]], 1.0)
+        return [state_family, version_family]
+
+    def _kinds_now(self) -> dict[str, str]:
+        """Engine name -> kind: the orchestrator's own table (``state.kinds``, which covers an engine that joined
+        after it was built) where it has one, else each engine of its ``groups``."""
+        table = getattr(getattr(self.orchestrator, "state", None), "kinds", None)
+        if isinstance(table, Mapping):
+            return {name: rules.kind for name, rules in dict(table).items()}  # dict(): one copy, taken at once
+        kinds: dict[str, str] = {}
+        for group in self.orchestrator.groups:
+            for engine in group.engines:
+                kinds[engine_name(engine)] = rules_of(engine).kind
+        return kinds
+
+    def _label(self, name: str) -> None:
+        """Give ``name`` its own label while fewer than ``max_engines`` have one (call under the lock)."""
+        if name in self._labels:
+            return
+        if len(self._labels) < self.max_engines:
+            self._labels[name] = scrub_engine(name)
+        elif not self._warned:
+            self._warned = True
+            log.warning("EngineStateCollector: more than %d engines; further ones are counted under engine=%r", self.max_engines, OTHER)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "cpr_engine_state",
+                "What the barrier knows of each engine: 1 on its one state word (engine=other: how many engines).",
+                labels=["engine", "kind", "state"],
+            ),
+            GaugeMetricFamily(
+                "cpr_engine_weight_version",
+                "The weight version each engine last reported to the barrier (value 1; the version is the label).",
+                labels=["engine", "kind", "version"],
+            ),
+        )

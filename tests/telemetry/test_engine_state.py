@@ -1,0 +1,224 @@
+"""What the barrier knows of each engine, as metrics: a mixed fleet of emulated engines (two SGLang, one vLLM) behind an
+``Orchestrator`` whose fan-out goes through a ``WeightVersionTap`` and whose journal through a timed store, watched by a
+``MetricsObserver`` and scraped by a real Prometheus loaded with the committed rules.
+
+Every figure is read back from the exposition (or from Prometheus), never from the collector's own fields.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from resilience.adapters.sglang import SGLangClient
+from resilience.adapters.vllm.engine import VLLMEngine
+from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed, ThreadFanOut, WeightVersionCheck
+from resilience.barrier.fanout import engine_name
+from resilience.barrier.journal import Journal
+from resilience.barrier.journal_store import FileJournalStore
+from resilience.engine_contract import rules_of
+from resilience.events import Event, PhaseEnded
+from resilience.telemetry.engine_state import ENGINE_STATES, EngineStateCollector, WeightVersionTap
+from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
+from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from resilience.testing.emulator.vllm import VLLMEngineConfig
+from resilience.testing.faults import FaultPlan, FaultRule
+from tests.promserver import get_json, poll, prometheus_server
+from tests.sglang.conftest import FAST_SGLANG
+
+pytest.importorskip("fastapi")
+pytest.importorskip("torch")
+
+RULES = Path(__file__).resolve().parents[2] / "grafana" / "rules" / "controlplane-resilience.rules.yml"
+VERSION = "step-7"
+SGLANG = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, weight_version=VERSION)
+VLLM = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, token_rate=400.0, weight_version=VERSION)
+
+
+def family(observer: MetricsObserver, name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of one family in the observer's exposition: (labels, value)."""
+    text = generate_latest(observer.registry).decode()
+    return [(dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def states_of(observer: MetricsObserver) -> dict[str, tuple[str, str, float]]:
+    """engine -> (kind, state, value) from ``cpr_engine_state``; an engine with two series would fail here."""
+    out: dict[str, tuple[str, str, float]] = {}
+    for labels, value in family(observer, "cpr_engine_state"):
+        assert labels["engine"] not in out, f"two series for {labels['engine']}"
+        out[labels["engine"]] = (labels["kind"], labels["state"], value)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fleets() -> Iterator[tuple[EmulatedFleet, EmulatedFleet]]:
+    with EmulatedFleet(2, SGLANG) as sglang, EmulatedFleet(1, VLLM) as vllm:
+        yield sglang, vllm
+
+
+@pytest.fixture
+def watched(fleets: tuple[EmulatedFleet, EmulatedFleet], tmp_path: Path) -> Iterator[tuple[MetricsObserver, Any, WeightVersionTap]]:
+    sglang, vllm = fleets
+    metrics = MetricsObserver()
+    tap = WeightVersionTap(ThreadFanOut())
+    clients: list[Any] = [*(SGLangClient(url, flush_poll_s=0.05) for url in sglang.urls), VLLMEngine(vllm.urls[0])]
+    journal = Journal(metrics.timed_journal_store(FileJournalStore(tmp_path / "barrier.journal")))
+    orch = Orchestrator(EngineGroup(clients), fanout=tap, journal=journal, observers=[metrics])
+    metrics.watch(orch, versions=tap)
+    try:
+        yield metrics, orch, tap
+    finally:
+        orch.close()
+        for client in clients:
+            client.close()
+
+
+def test_each_engine_state_kind_version_and_the_journal_commit_time_are_published(
+    fleets: tuple[EmulatedFleet, EmulatedFleet], watched: tuple[MetricsObserver, Any, WeightVersionTap]
+) -> None:
+    sglang, vllm = fleets
+    metrics, orch, tap = watched
+    names = [*sglang.urls, vllm.urls[0]]
+    kinds = {sglang.urls[0]: "sglang", sglang.urls[1]: "sglang", vllm.urls[0]: "vllm"}
+    assert states_of(metrics) == {n: (kinds[n], "serving", 1.0) for n in names}  # one series per engine, from the start
+    assert family(metrics, "cpr_engine_weight_version") == []  # nothing read yet: no version is made up
+
+    orch.offload()
+    assert states_of(metrics) == {n: (kinds[n], "released", 1.0) for n in names}
+    appends = {labels["op"]: value for labels, value in family(metrics, "cpr_journal_commit_duration_seconds_count")}
+    assert appends["append"] > 0  # every phase committed durably, each commit timed
+    (total,) = [v for labels, v in family(metrics, "cpr_journal_commit_duration_seconds_sum") if labels["op"] == "append"]
+    assert 0 < total < 60
+
+    orch.onload(verify=WeightVersionCheck(VERSION))
+    assert states_of(metrics) == {n: (kinds[n], "serving", 1.0) for n in names}
+    versions = {labels["engine"]: (labels["kind"], labels["version"], v) for labels, v in family(metrics, "cpr_engine_weight_version")}
+    assert versions == {n: (kinds[n], VERSION, 1.0) for n in names}  # read through the tap: model_info and weight_info
+    assert tap.versions() == dict.fromkeys(names, VERSION)
+
+    orch.retire(sglang.urls[1])
+    states = states_of(metrics)
+    assert states[sglang.urls[1]] == ("sglang", "retired", 1.0)
+    assert {states[n][1] for n in names if n != sglang.urls[1]} == {"serving"}
+    assert sglang.urls[1] not in {labels["engine"] for labels, _ in family(metrics, "cpr_engine_weight_version")}
+    assert {state for _kind, state, _ in states.values()} <= set(ENGINE_STATES)
+
+
+def test_a_scrape_during_a_transition_answers_at_once_with_the_phases_so_far(
+    watched: tuple[MetricsObserver, Any, WeightVersionTap],
+) -> None:
+    """The threaded orchestrator holds its lock for the whole offload; a scrape from another thread between its
+    phases neither waits for the transition nor shows the state before it: it shows what the phases did so far."""
+    metrics, orch, _tap = watched
+    seen: dict[str, Any] = {}
+
+    def scrape_from_another_thread(event: Event) -> None:
+        if isinstance(event, PhaseEnded) and event.transition == "offload" and event.phase == "pause":
+            scraper = threading.Thread(target=lambda: seen.update(states=states_of(metrics), at=time.monotonic()))
+            t0 = time.monotonic()
+            scraper.start()
+            scraper.join(timeout=10)
+            seen["took"] = time.monotonic() - t0
+
+    orch.observers = (*orch.observers, scrape_from_another_thread)
+    orch.offload()
+    assert seen["took"] < 5, seen  # well under the transition's length: it did not wait for the lock to be free
+    assert {state for _kind, state, _ in seen["states"].values()} == {"paused"}, seen  # the pause phase, heard
+    assert {state for _kind, state, _ in states_of(metrics).values()} == {"released"}  # after it: states() again
+    orch.onload()
+    assert {state for _kind, state, _ in states_of(metrics).values()} == {"serving"}
+
+
+def test_engines_past_the_bound_are_counted_under_other(watched: tuple[MetricsObserver, Any, WeightVersionTap]) -> None:
+    _metrics, orch, _tap = watched
+    bounded = EngineStateCollector(orch, max_engines=1)
+    (state_family, _versions) = list(bounded.collect())
+    first = sorted(orch.states())[0]
+    named = [(s.labels["engine"], s.labels["state"], s.value) for s in state_family.samples if s.labels["engine"] != "other"]
+    assert named == [(first, "serving", 1.0)]
+    folded = {s.labels["kind"]: (s.labels["state"], s.value) for s in state_family.samples if s.labels["engine"] == "other"}
+    kinds = [rules_of(e).kind for e in orch.groups[0].engines if engine_name(e) != first]
+    assert folded == {kind: ("serving", float(kinds.count(kind))) for kind in kinds}  # one series per (kind, state), a count
+    with pytest.raises(ValueError, match="max_engines must be an integer >= 1"):
+        EngineStateCollector(orch, max_engines=0)
+    with pytest.raises(TypeError, match="versions must have a versions"):
+        EngineStateCollector(orch, versions={"a": "b"})
+
+
+def test_prometheus_scrapes_the_engine_states_and_a_held_engine_after_an_onload_goes_pending(
+    fleets: tuple[EmulatedFleet, EmulatedFleet], watched: tuple[MetricsObserver, Any, WeightVersionTap], tmp_path: Path
+) -> None:
+    """A real Prometheus reads one series per engine, the dashboard's state-code query gives each its number, and an
+    engine held paused after the last onload makes CPREnginesNotServingAfterOnload pending (``for: 5m``)."""
+    from grafana.dashboard.promql import ENGINE_STATE_CODES, engine_state_code
+
+    metrics, orch, _tap = watched
+    server = start_metrics_server(0, registry=metrics.registry)
+    try:
+        with prometheus_server(tmp_path, [f"127.0.0.1:{server.port}"], [RULES]) as (base, log):
+            orch.offload()
+            orch.onload()
+            orch.pause("drain")  # the last offload/onload was an onload, and the engines are held paused
+            assert {s.value for s in orch.states().values()} == {"paused"}
+            codes = {state: code for state, code, _ in ENGINE_STATE_CODES}
+            query = urllib.parse.urlencode({"query": engine_state_code()})
+
+            def timeline() -> dict[str, float] | None:
+                result = get_json(f"{base}/api/v1/query?{query}")["data"]["result"]
+                seen = {r["metric"]["engine"]: float(r["value"][1]) for r in result}
+                return seen if len(seen) == 3 and set(seen.values()) == {codes["paused"]} else None
+
+            assert set(poll(timeline, "every engine's state code in Prometheus", log)) == set(orch.states())
+
+            def pending() -> set[str] | None:
+                alerts = get_json(f"{base}/api/v1/alerts")["data"]["alerts"]
+                named = {a["labels"]["engine"] for a in alerts if a["labels"]["alertname"] == "CPREnginesNotServingAfterOnload"}
+                return named if len(named) == 3 else None
+
+            assert poll(pending, "CPREnginesNotServingAfterOnload pending for the held engines", log) == set(orch.states())
+            alerts = get_json(f"{base}/api/v1/alerts")["data"]["alerts"]
+            assert {a["state"] for a in alerts if a["labels"]["alertname"] == "CPREnginesNotServingAfterOnload"} == {"pending"}
+            groups = {g["name"]: g["rules"] for g in get_json(f"{base}/api/v1/rules")["data"]["groups"]}
+            assert {r["name"] for r in groups["cpr-engines"]} == {"CPREngineQuarantined", "CPREnginesNotServingAfterOnload"}
+            assert all(r["health"] in ("ok", "unknown") for r in groups["cpr-engines"]), groups["cpr-engines"]
+            orch.unpause("drain")
+            assert {s.value for s in orch.states().values()} == {"serving"}
+    finally:
+        server.close()
+
+
+def test_a_quarantined_engine_is_published_as_quarantined_until_reconciled() -> None:
+    """A release that may have been applied (it lands after the client gave up) quarantines the engine: the gauge says
+    so with its kind, and says what reconcile and the onload after it make of it."""
+    plan = FaultPlan(seed=3, rules=(FaultRule("/release_memory_occupation", "latency", delay=1.0),))
+    release = FAST_SGLANG.match("POST", "/release_memory_occupation").policy
+    policies = FAST_SGLANG.with_entries({"GET|POST /release_memory_occupation": replace(release, attempt_timeout_s=0.4)})
+    with EmulatedFleet(1, SGLANG, fault_plan=plan) as fleet, SGLangClient(fleet.urls[0], policies=policies) as client:
+        metrics = MetricsObserver()
+        orch = Orchestrator(EngineGroup([client]), observers=[metrics])
+        metrics.watch(orch)
+        with pytest.raises(PhaseFailed) as info:
+            orch.offload()
+        assert info.value.quarantined == (client.engine,)
+        assert states_of(metrics) == {client.engine: ("sglang", "quarantined", 1.0)}
+
+        def landed() -> bool:
+            return bool(fleet.engines[0].state()["released_tags"])
+
+        deadline = time.monotonic() + 10
+        while not landed():  # the delayed release lands on the engine
+            assert time.monotonic() < deadline, "the delayed release never landed"
+            time.sleep(0.05)
+        orch.reconcile(client, released=fleet.engines[0].state()["released_tags"], paused=True)
+        assert states_of(metrics) == {client.engine: ("sglang", "released", 1.0)}
+        orch.onload()
+        assert states_of(metrics) == {client.engine: ("sglang", "serving", 1.0)}
