@@ -31,10 +31,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
+from resilience.adapters.engine_http import Answer, AsyncRequester, OwnAsyncSession
+from resilience.adapters.engine_session import own_driver_kwargs, own_policies
 from resilience.adapters.sglang import calls, liveness
-from resilience.adapters.sglang.async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
-from resilience.adapters.sglang.calls import Answer, Call, auth_headers, raise_if_refused
-from resilience.adapters.sglang.own_session import own_driver_kwargs, own_policies
+from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
+from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import (
     ControlResult,
     FlushResult,
@@ -118,6 +119,7 @@ class AsyncSGLangClient(SGLangClientState):
         own = ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
         driver_kwargs = own_driver_kwargs(
             "AsyncSGLangClient",
+            SGLANG_POLICIES,
             session=session,
             config=config,
             policies=policies,
@@ -125,39 +127,23 @@ class AsyncSGLangClient(SGLangClientState):
             extra=middleware_kwargs,
             own_session_only=own,
             memory_probe=memory_probe,
+            with_probe=with_memory_probe,
         )
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
-        if isinstance(limit_per_host, bool) or not isinstance(limit_per_host, int) or limit_per_host < 1:
-            raise ValueError(f"AsyncSGLangClient limit_per_host must be an int >= 1, but was {limit_per_host!r}")
-        self._owns_session = session is None
-        self._requester: AsyncRequester | None = None if session is None else requester_for(session)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._limit_per_host = limit_per_host
-        self._middleware_kwargs = driver_kwargs
-        self._policies = own_policies(driver_kwargs)
-        # one middleware for every session the client opens: its breakers and budgets outlive an aclose()
-        self._middleware = None if session is not None else self._new_middleware()
-
-    def _new_middleware(self) -> Any:
-        return resilient_middleware(self._middleware_kwargs)
+        self._own = OwnAsyncSession("AsyncSGLangClient", session, driver_kwargs, limit_per_host)
+        self._policies = own_policies(driver_kwargs, SGLANG_POLICIES)
 
     @property
     def session(self) -> aiohttp.ClientSession | httpx.AsyncClient | None:
         """The session in use: the one passed, the client's own once opened, else None."""
-        requester = self._requester
-        return None if requester is None else getattr(requester, "session", None) or getattr(requester, "client", None)
+        session: aiohttp.ClientSession | httpx.AsyncClient | None = self._own.session
+        return session
 
     async def aclose(self) -> None:
         """Close the client's own session (a session you passed stays open). The next call opens a new one."""
-        requester, self._requester = self._requester, None
-        self._loop = None
-        if requester is not None:
-            if self._owns_session:
-                await requester.aclose()
-            else:
-                self._requester = requester
+        await self._own.aclose()
 
     async def __aenter__(self) -> AsyncSGLangClient:
         return self
@@ -165,39 +151,11 @@ class AsyncSGLangClient(SGLangClientState):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.aclose()
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle without the session (an open session cannot travel); an unpickled client opens its own."""
-        if not self._owns_session:
-            raise TypeError("an AsyncSGLangClient with a session you passed cannot be pickled; pass none to let it open its own")
-        state = super().__getstate__()
-        state["_requester"] = None
-        state["_loop"] = None
-        state["_middleware"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Rebuild the lock and the middleware (fresh breakers and budgets) after unpickling."""
-        super().__setstate__(state)
-        self._middleware = self._new_middleware()
-
     # -- plumbing ------------------------------------------------------------
 
     def _http(self) -> AsyncRequester:
-        """The request helper; the client's own session is opened here, in the running loop."""
-        loop = asyncio.get_running_loop()
-        if self._requester is None:
-            self._requester = requester_for(aiohttp_session(self._middleware, limit_per_host=self._limit_per_host))
-            self._loop = loop
-        elif self._owns_session and self._loop is not loop:
-            if self._loop is not None and not self._loop.is_closed():
-                raise RuntimeError(
-                    f"{self!r} opened its session in another event loop, which is still open; an aiohttp session belongs "
-                    "to one loop: await client.aclose() in that loop first, or use one client per loop"
-                )
-            # the loop that opened the session is closed, and its connections with it: open a new session here
-            self._requester = None
-            return self._http()
-        return self._requester
+        """The sender; the client's own session is opened here, in the running loop."""
+        return self._own.requester(self)
 
     async def _send(self, call: Call) -> Answer:
         """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""
@@ -441,7 +399,7 @@ class AsyncSGLangClient(SGLangClientState):
         key_name, key = self._key_for(call.path)
         async with self._http().stream(call, self.base_url + call.path, auth_headers(key)) as reply:
             if reply.status >= 400:
-                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response, reply.records)
+                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.records, reply.response)
                 calls.require_ok(self.engine, raise_if_refused(self.engine, answer, key_name))
             async for line in reply.lines():
                 item = calls.sse_line(self.engine, call.endpoint, line, reply.records)

@@ -4,7 +4,7 @@ No I/O here. A client method builds a ``Call`` (method, path, JSON body, query),
 its transport turns the engine's answer into an ``Answer`` (status, text,
 attempts), and a parser here turns that into a typed result or raises the
 typed error. The sync and async clients differ only in how they send, so they
-cannot drift apart. ``methods.py`` lists every client method with its route and
+cannot drift apart. ``routes.py`` lists every client method with its route and
 result; ``state.py`` holds what both clients remember; ``liveness.py`` decides
 whether an engine behind a proxy is dead.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilience.adapters.answer_error import parse_object
+from resilience.adapters.engine_http import Answer, answer_records
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES
 from resilience.adapters.sglang.results import (
     ControlResult,
@@ -32,16 +33,13 @@ from resilience.adapters.sglang.results import (
     WeightUpdateResult,
 )
 from resilience.barrier.engine import ALL_TAGS
-from resilience.outcome import AttemptRecord, Delivery, Outcome
+from resilience.outcome import AttemptRecord
 
 __all__ = [
     "GATEWAY_STATUSES",
-    "PROBE_CONFIRMED_REASON",
     "WEIGHT_PATHS",
-    "Answer",
     "Call",
     "StreamEnd",
-    "answer_records",
     "auth_headers",
     "control_result",
     "flush_gave_up",
@@ -85,7 +83,7 @@ FLUSH_SERVER_WAIT_CAP_S = 30.0
 """The longest ``?timeout=`` a flush asks SGLang to wait for idle in one request."""
 
 
-# -- the two values that cross the transport ----------------------------------------
+# -- the value that crosses the transport (the answer is ``engine_http.Answer``) ---------
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,55 +101,8 @@ class Call:
         return f"{self.method} {self.path}"
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What the engine answered: ``status``, the body as ``text``, and the ``attempts`` the call took.
-
-    ``response``: the transport's own response object, put on raised errors as
-    ``error.response`` (None = none); never read here. ``records``: the
-    transport's delivery record of the call (``AttemptRecord``s), put on raised
-    errors as ``error.attempts``; ``answer_records`` fills it in.
-    """
-
-    endpoint: str
-    status: int
-    text: str
-    attempts: int = 1
-    response: Any = None
-    records: tuple[AttemptRecord, ...] = ()
-    confirmed_by_probe: bool = False
-    """True when the engine's own answer was lost and the transport's memory probe proved the call applied."""
-
-    @property
-    def ok(self) -> bool:
-        """True for a status below 400 (``requests.Response.ok``)."""
-        return self.status < 400
-
-
-PROBE_CONFIRMED_REASON = "Applied (confirmed by probe)"
-"""The reason phrase of the body-less 200 every driver returns when a probe proved a lost call applied."""
-
 GATEWAY_STATUSES: frozenset[int] = frozenset({502, 503, 504})
 """Statuses a front end answers when it got nothing (usable) from the engine."""
-
-
-def answer_records(value: object, status: int, reason: str | None = None) -> tuple[tuple[AttemptRecord, ...], bool]:
-    """The delivery record of an answer, and whether a memory probe confirmed it: ``(records, confirmed_by_probe)``.
-
-    ``value``: what the transport put on its response (``.attempts``, httpx's
-    ``extensions["attempts"]``); ``status`` / ``reason``: the response's status
-    and reason phrase (None = not known). The records are the transport's (a
-    non-empty tuple of ``AttemptRecord``), else one attempt that got
-    ``status``: a session without the resilience layer records nothing, and
-    the answer itself proves that one attempt reached the engine and was
-    answered. ``confirmed_by_probe`` is True only for the layer's own "applied"
-    answer: a 200 with ``PROBE_CONFIRMED_REASON`` that carries the layer's
-    record (an engine or proxy answering that phrase itself is not believed).
-    """
-    if isinstance(value, tuple) and value and all(isinstance(r, AttemptRecord) for r in value):
-        return value, status == 200 and reason == PROBE_CONFIRMED_REASON
-    outcome = Outcome.SUCCESS if status < 400 else Outcome.FATAL
-    return (AttemptRecord(0, status, outcome, Delivery.RESPONDED, None, 0.0),), False
 
 
 class StreamEnd(enum.Enum):
@@ -161,13 +112,6 @@ class StreamEnd(enum.Enum):
 
 
 # -- what to send ----------------------------------------------------------------
-
-
-def check_base_url(base_url: str, owner: str) -> str:
-    """``base_url`` without a trailing slash; a clear error naming ``owner`` when it is not http(s)."""
-    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-        raise ValueError(f"{owner} base_url must start with http:// or https://, but was {base_url!r}")
-    return base_url.rstrip("/")
 
 
 def key_for(path: str, api_key: str | None, admin_api_key: str | None) -> tuple[str | None, str | None]:

@@ -20,10 +20,12 @@ from typing import Any
 import requests
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.requests import ResilientAdapter, resilient_session
+from resilience.adapters.engine_http import Answer, answer_of
+from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs, own_policies
+from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.sglang import calls, liveness
-from resilience.adapters.sglang.calls import Answer, Call, answer_records, auth_headers, raise_if_refused
-from resilience.adapters.sglang.own_session import own_driver_kwargs, own_policies
+from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
+from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.barrier.engine import PauseMode
@@ -53,14 +55,13 @@ def mount_sglang(
     instead shares one configuration (and its per-engine breakers and budgets)
     with other drivers, and conflicts with ``policies`` and the others it holds.
     """
-    kwargs = own_driver_kwargs("mount_sglang", session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
-    adapter = ResilientAdapter(**kwargs)
-    for url in base_urls:
-        session.mount(url.rstrip("/") + "/", adapter)
-    return adapter
+    kwargs = own_driver_kwargs(
+        "mount_sglang", SGLANG_POLICIES, session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+    )
+    return mount_adapter(session, base_urls, kwargs)
 
 
-class SGLangClient(SGLangClientState):
+class SGLangClient(SyncSessionOwner, SGLangClientState):
     """A client of one SGLang engine's HTTP control plane.
 
     ``base_url``: the engine (``http://127.0.0.1:30000``). ``session``: a
@@ -84,7 +85,7 @@ class SGLangClient(SGLangClientState):
     failure (``sglang_policies(memory_probe=...)``: a call it proves applied
     returns as applied, with ``ControlResult.confirmed_by_probe``); default None.
     With ``config=``, the client uses a copy of the config whose policies ask
-    the probe (``own_session.probed_config``: the same per-engine breakers and
+    the probe (``engine_session.probed_config``: the same per-engine breakers and
     budgets, still shared). With a ``session``, all of those (``memory_probe``
     included) must be left out (``ConfigConflict`` names them): they configure
     only the client's own session; mount ``with_memory_probe(policies, probe)``
@@ -116,30 +117,20 @@ class SGLangClient(SGLangClientState):
     ) -> None:
         kwargs = own_driver_kwargs(
             "SGLangClient",
+            SGLANG_POLICIES,
             session=session,
             config=config,
             policies=policies,
             observers=observers,
             extra=adapter_kwargs,
             memory_probe=memory_probe,
+            with_probe=with_memory_probe,
         )
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
-        self._owns_session = session is None
-        self._policies = own_policies(kwargs)
-        self.session = session if session is not None else resilient_session(**kwargs)
-
-    def close(self) -> None:
-        """Close the session if this client created it."""
-        if self._owns_session:
-            self.session.close()
-
-    def __enter__(self) -> SGLangClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._policies = own_policies(kwargs, SGLANG_POLICIES)
+        self._open_session(session, kwargs)
 
     # -- plumbing ------------------------------------------------------------
 
@@ -150,14 +141,14 @@ class SGLangClient(SGLangClientState):
             call.method, self.base_url + call.path, json=call.body, params=call.params, headers=auth_headers(key), stream=stream
         )
         if response.status_code in (401, 403):
-            raise_if_refused(self.engine, _answer(call, response), key_name)
+            raise_if_refused(self.engine, answer_of(call.endpoint, response), key_name)
         return response
 
     def _send(self, call: Call) -> Answer:
         self._refuse_if_released(call)
         started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
         try:
-            answer = _answer(call, self._response(call))
+            answer = answer_of(call.endpoint, self._response(call))
         except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
             records = liveness.gateway_error_records(exc)
             if liveness.needs_liveness_check(call, None, records):
@@ -390,16 +381,10 @@ class SGLangClient(SGLangClientState):
         response = self._response(call, stream=True)
         with response:
             if not response.ok:
-                calls.require_ok(self.engine, _answer(call, response))
+                calls.require_ok(self.engine, answer_of(call.endpoint, response))
             for line in response.iter_lines(decode_unicode=True):
                 item = calls.sse_line(self.engine, call.endpoint, line, getattr(response, "attempts", ()))
                 if item is calls.StreamEnd.DONE:
                     return
                 if item is not None:
                     yield item
-
-
-def _answer(call: Call, response: requests.Response) -> Answer:
-    """What ``response`` answered to ``call`` (reads the body)."""
-    records, confirmed = answer_records(getattr(response, "attempts", None), response.status_code, response.reason)
-    return Answer(call.endpoint, response.status_code, response.text, len(records), response, records, confirmed)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from typing import Any
 
-from resilience.adapters.routing import engine_of
-from resilience.adapters.sglang.calls import WEIGHT_PATHS, Call, check_base_url, key_for, memory_tags
+from resilience.adapters.engine_state import EngineClientState
+from resilience.adapters.sglang.calls import WEIGHT_PATHS, Call, key_for, memory_tags
 from resilience.adapters.sglang.results import SGLangWeightsReleased
 
 __all__ = ["SGLangClientState"]
 
 
-class SGLangClientState:
+class SGLangClientState(EngineClientState):
     """What both SGLang clients hold and remember: the engine, the keys, the pause sent, the tags released.
 
     ``base_url``: the engine (``http://127.0.0.1:30000``). ``api_key`` / ``admin_api_key``:
@@ -22,31 +20,18 @@ class SGLangClientState:
     ``flush_cache``'s wait for idle and the pause between "not idle" answers.
     """
 
+    KEYS = ("api_key", "admin_api_key")
+
     def __init__(
         self, base_url: str, *, api_key: str | None, admin_api_key: str | None, flush_deadline_s: float, flush_poll_s: float
     ) -> None:
-        self.base_url = check_base_url(base_url, type(self).__name__)
-        self.engine = engine_of(self.base_url)[0]
+        super().__init__(base_url)
         self._api_key = api_key
         self._admin_api_key = admin_api_key
         self.flush_deadline_s = flush_deadline_s
         self.flush_poll_s = flush_poll_s
-        self._lock = threading.Lock()
         self._paused_mode: str | None = None
         self._released: set[str] = set()
-
-    def __repr__(self) -> str:
-        keys = (", api_key=***" if self._api_key else "") + (", admin_api_key=***" if self._admin_api_key else "")
-        return f"{type(self).__name__}({self.base_url!r}{keys})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     @property
     def paused_mode(self) -> str | None:

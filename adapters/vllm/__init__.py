@@ -35,12 +35,11 @@ What vLLM does differently from SGLang, and how the clients handle it
   until its deadline, then ``VLLMRefused``; never returned as a success.
 """
 
+from resilience.adapters.vllm.answers import VLLMPauseMode, WeightCheckerAction
 from resilience.adapters.vllm.async_client import AsyncVLLMClient
-from resilience.adapters.vllm.calls import VLLMPauseMode, WeightCheckerAction
 from resilience.adapters.vllm.client import VLLMClient, mount_vllm
 from resilience.adapters.vllm.engine import VLLM_PAUSE_MODES, VLLM_TAGS, AsyncVLLMEngine, VLLMEngine
-from resilience.adapters.vllm.routes import ROUTES, VLLM_POLICIES, Route
-from resilience.adapters.vllm.types import (
+from resilience.adapters.vllm.results import (
     AbortResult,
     CacheReset,
     CommandResult,
@@ -62,6 +61,7 @@ from resilience.adapters.vllm.types import (
     WeightCheck,
     WeightInfo,
 )
+from resilience.adapters.vllm.routes import ROUTES, VLLM_POLICIES, Route
 from resilience.adapters.vllm.versions import SUPPORTED, VLLMApi
 from resilience.adapters.vllm.weights import WeightPush, WeightPushAmbiguous, WeightPushFailed, apush_weights, push_weights
 

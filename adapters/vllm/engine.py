@@ -50,10 +50,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
+from resilience.adapters.vllm.answers import VLLMPauseMode
 from resilience.adapters.vllm.async_client import AsyncVLLMClient
-from resilience.adapters.vllm.calls import VLLMPauseMode
 from resilience.adapters.vllm.client import VLLMClient
-from resilience.adapters.vllm.types import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
+from resilience.adapters.vllm.results import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.adapters.vllm.weights import WeightPush, apush_weights, push_weights
 from resilience.barrier.kinds import VLLM_RULES

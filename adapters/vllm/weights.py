@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.adapters.vllm.types import VLLMError, VLLMVersionError
+from resilience.adapters.vllm.results import VLLMError, VLLMVersionError
 from resilience.outcome import Delivery, attempts_of
 
 if TYPE_CHECKING:
