@@ -8,7 +8,8 @@ Nothing here decides what an answer means (that is each kind's ``calls.py``):
 - ``AsyncRequester`` (``requester_for``): the async clients' one sender, over an
   ``aiohttp.ClientSession`` or an ``httpx.AsyncClient``, whole or streamed.
 - ``OwnAsyncSession``: an async client's session, the one passed or its own
-  aiohttp session with ``ResilientMiddleware``, opened in the running loop.
+  aiohttp session with ``ResilientMiddleware``, opened in the running loop;
+  ``AsyncSessionOwner``: the async clients' ``session``, ``aclose`` and ``async with`` over it.
 
 Neither aiohttp nor httpx is imported until a session of that kind exists
 (or ``OwnAsyncSession`` opens one).
@@ -22,7 +23,8 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import requests
 
@@ -37,6 +39,7 @@ __all__ = [
     "PROBE_CONFIRMED_REASON",
     "Answer",
     "AsyncRequester",
+    "AsyncSessionOwner",
     "Outgoing",
     "OwnAsyncSession",
     "StreamedReply",
@@ -375,3 +378,29 @@ class OwnAsyncSession:
         """Rebuild the middleware (fresh breakers and budgets) after unpickling."""
         self.__dict__.update(state)
         self.middleware = resilient_middleware(self._middleware_kwargs, self.owner)
+
+
+class AsyncSessionOwner:
+    """An async client's ``session``, ``aclose()`` and ``async with``, over its ``OwnAsyncSession`` (``_own``)."""
+
+    _own: OwnAsyncSession
+
+    @property
+    def session(self) -> aiohttp.ClientSession | httpx.AsyncClient | None:
+        """The session in use: the one passed, the client's own once opened, else None."""
+        session: aiohttp.ClientSession | httpx.AsyncClient | None = self._own.session
+        return session
+
+    async def aclose(self) -> None:
+        """Close the client's own session (a session you passed stays open). The next call opens a new one."""
+        await self._own.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    def _http(self) -> AsyncRequester:
+        """The sender; the client's own session is opened here, in the running loop."""
+        return self._own.requester(self)

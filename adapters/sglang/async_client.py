@@ -27,11 +27,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.engine_http import Answer, AsyncRequester, OwnAsyncSession
+from resilience.adapters.engine_http import Answer, AsyncSessionOwner, OwnAsyncSession
 from resilience.adapters.engine_session import own_driver_kwargs, own_policies
 from resilience.adapters.sglang import calls, liveness
 from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
@@ -64,7 +63,7 @@ DEFAULT_LIMIT_PER_HOST = 100
 """Connections the client's own session keeps open to its engine at most (aiohttp's default total limit)."""
 
 
-class AsyncSGLangClient(SGLangClientState):
+class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
     """A client of one SGLang engine's HTTP control plane, with ``async`` methods.
 
     ``base_url``: the engine (``http://127.0.0.1:30000``). ``session``: an
@@ -134,28 +133,6 @@ class AsyncSGLangClient(SGLangClientState):
         )
         self._own = OwnAsyncSession("AsyncSGLangClient", session, driver_kwargs, limit_per_host)
         self._policies = own_policies(driver_kwargs, SGLANG_POLICIES)
-
-    @property
-    def session(self) -> aiohttp.ClientSession | httpx.AsyncClient | None:
-        """The session in use: the one passed, the client's own once opened, else None."""
-        session: aiohttp.ClientSession | httpx.AsyncClient | None = self._own.session
-        return session
-
-    async def aclose(self) -> None:
-        """Close the client's own session (a session you passed stays open). The next call opens a new one."""
-        await self._own.aclose()
-
-    async def __aenter__(self) -> AsyncSGLangClient:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.aclose()
-
-    # -- plumbing ------------------------------------------------------------
-
-    def _http(self) -> AsyncRequester:
-        """The sender; the client's own session is opened here, in the running loop."""
-        return self._own.requester(self)
 
     async def _send(self, call: Call) -> Answer:
         """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""

@@ -18,11 +18,10 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.engine_http import Answer, AsyncRequester, OwnAsyncSession
+from resilience.adapters.engine_http import Answer, AsyncSessionOwner, OwnAsyncSession
 from resilience.adapters.engine_session import own_driver_kwargs
 from resilience.adapters.vllm import answers, calls
 from resilience.adapters.vllm.answers import Plan, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
@@ -61,7 +60,7 @@ DEFAULT_LIMIT_PER_HOST = 100
 """Connections the client's own session keeps open to its engine at most."""
 
 
-class AsyncVLLMClient(VLLMClientState):
+class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     """A client of one vLLM server's HTTP control plane, with ``async`` methods.
 
     ``base_url``, ``api_key``, ``api_version``, ``policies`` (default
@@ -101,22 +100,6 @@ class AsyncVLLMClient(VLLMClientState):
         )
         super().__init__(base_url, api_key=api_key, api_version=api_version)
         self._own = OwnAsyncSession("AsyncVLLMClient", session, kwargs, limit_per_host)
-
-    async def aclose(self) -> None:
-        """Close the client's own session (a session you passed stays open). The next call opens a new one."""
-        await self._own.aclose()
-
-    async def __aenter__(self) -> AsyncVLLMClient:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.aclose()
-
-    # -- plumbing ------------------------------------------------------------
-
-    def _http(self) -> AsyncRequester:
-        """The sender; the client's own session is opened here, in the running loop."""
-        return self._own.requester(self)
 
     async def _send(self, request: Request, polls: int = 1) -> Answer:
         r = request.route

@@ -29,12 +29,15 @@ A chunk is whatever your backend's ``update_info`` is (``{"names": ..., ...}`` f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from resilience.adapters.vllm.results import VLLMError, VLLMVersionError
 from resilience.outcome import Delivery, attempts_of
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from resilience.adapters.vllm.async_client import AsyncVLLMClient
@@ -125,83 +128,7 @@ def push_weights(
     answer was proven not applied (default 3). Raises ``WeightPushFailed`` (a call refused) or
     ``WeightPushAmbiguous``.
     """
-    todo = _check(chunks, version, sessions)
-    settled: list[str] = []
-    for session in range(1, sessions + 1):
-        _start(client, settled)
-        lost = None
-        for i, chunk in enumerate(todo):
-            try:
-                client.update_weights(chunk)
-            except Exception as exc:
-                if not maybe_applied(exc):
-                    raise WeightPushFailed(client.engine, f"update_weights chunk {i}", exc) from exc
-                if expected is None:
-                    raise WeightPushAmbiguous(client.engine, i, exc, "no expected checksums to compare") from exc
-                lost = (i, exc)
-                break
-        if lost is None:
-            _finish(client, version, settled)
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
-        _finish(client, version, settled)
-        assert expected is not None
-        check = client.weight_checker("compare", baseline=expected)
-        if check.match:
-            settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
-        if session == sessions:
-            detail = f"/weight_checker mismatches {list(check.mismatches)} after {sessions} session(s)"
-            raise WeightPushAmbiguous(client.engine, lost[0], lost[1], detail) from lost[1]
-        settled.append(f"update_weights chunk {lost[0]}: /weight_checker proved it missing; pushed again in a new session")
-    raise AssertionError("unreachable")
-
-
-def _start(client: VLLMClient, settled: list[str]) -> None:
-    try:
-        client.start_weight_update()
-        return
-    except Exception as exc:
-        if not maybe_applied(exc):
-            raise WeightPushFailed(client.engine, "start", exc) from exc
-        last: BaseException = exc
-    for _ in range(RESENDS):
-        try:
-            client.start_weight_update()
-        except Exception as again:
-            if _already_active(again):
-                break
-            if not maybe_applied(again):
-                raise WeightPushFailed(client.engine, "start (sent again)", again) from again
-            last = again
-            continue
-        break
-    else:
-        raise WeightPushFailed(client.engine, f"start (sent {RESENDS + 1} times, every answer lost)", last) from last
-    settled.append("start: sent again")
-
-
-def _finish(client: VLLMClient, version: str | None, settled: list[str]) -> None:
-    try:
-        client.finish_weight_update(version)
-        return
-    except Exception as exc:
-        if not maybe_applied(exc):
-            raise WeightPushFailed(client.engine, "finish", exc) from exc
-        last: BaseException = exc
-    for _ in range(RESENDS):
-        try:
-            client.finish_weight_update(version)
-        except Exception as again:
-            if _no_session(again):
-                settled.append("finish: sent again; the engine had closed the session")
-                return
-            if not maybe_applied(again):
-                raise WeightPushFailed(client.engine, "finish (sent again)", again) from again
-            last = again
-            continue
-        settled.append("finish: sent again")
-        return
-    raise WeightPushFailed(client.engine, f"finish (sent {RESENDS + 1} times, every answer lost)", last) from last
+    return _now(_drive(client, _push(client.engine, _check(chunks, version, sessions), version, expected, sessions)))
 
 
 async def apush_weights(
@@ -213,80 +140,116 @@ async def apush_weights(
     sessions: int = 3,
 ) -> WeightPush:
     """``push_weights`` on an ``AsyncVLLMClient`` (same rules and arguments)."""
-    todo = _check(chunks, version, sessions)
+    return await _drive(client, _push(client.engine, _check(chunks, version, sessions), version, expected, sessions))
+
+
+# -- the session as steps, without I/O: each step names a client call; the driver sends it ---------------
+
+Step = tuple[str, tuple[Any, ...], dict[str, Any]]
+"""A client method's name, its arguments and keyword arguments."""
+Reply = tuple[Any, Exception | None]
+"""What the call returned, or what it raised (then the value is None)."""
+Steps = Generator[Step, Reply, T]
+
+
+async def _drive(client: VLLMClient | AsyncVLLMClient, steps: Steps[WeightPush]) -> WeightPush:
+    """Send each step on ``client`` and hand back its reply; the one driver of both clients (a sync call's value is used as is)."""
+    reply: Reply = (None, None)
+    while True:
+        try:
+            name, args, kwargs = steps.send(reply)
+        except StopIteration as done:
+            return cast(WeightPush, done.value)
+        try:
+            value = getattr(client, name)(*args, **kwargs)
+            reply = (await value if inspect.isawaitable(value) else value, None)
+        except Exception as exc:
+            reply = (None, exc)
+
+
+def _now(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The value of a coroutine that never suspends (``_drive`` over a sync client)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    coroutine.close()
+    raise RuntimeError("push_weights: a sync client's call was awaited")
+
+
+def _value(reply: Reply) -> Any:
+    value, error = reply
+    if error is not None:
+        raise error
+    return value
+
+
+def _push(
+    engine: str, todo: list[Mapping[str, Any]], version: str, expected: Mapping[str, str] | None, sessions: int
+) -> Steps[WeightPush]:
     settled: list[str] = []
     for session in range(1, sessions + 1):
-        await _astart(client, settled)
+        yield from _start(engine, settled)
         lost = None
         for i, chunk in enumerate(todo):
-            try:
-                await client.update_weights(chunk)
-            except Exception as exc:
+            _, exc = yield ("update_weights", (chunk,), {})
+            if exc is not None:
                 if not maybe_applied(exc):
-                    raise WeightPushFailed(client.engine, f"update_weights chunk {i}", exc) from exc
+                    raise WeightPushFailed(engine, f"update_weights chunk {i}", exc) from exc
                 if expected is None:
-                    raise WeightPushAmbiguous(client.engine, i, exc, "no expected checksums to compare") from exc
+                    raise WeightPushAmbiguous(engine, i, exc, "no expected checksums to compare") from exc
                 lost = (i, exc)
                 break
+        yield from _finish(engine, version, settled)
         if lost is None:
-            await _afinish(client, version, settled)
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
-        await _afinish(client, version, settled)
+            return WeightPush(engine, version, len(todo), tuple(settled))
         assert expected is not None
-        check = await client.weight_checker("compare", baseline=expected)
+        check = _value((yield ("weight_checker", ("compare",), {"baseline": expected})))
         if check.match:
             settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
+            return WeightPush(engine, version, len(todo), tuple(settled))
         if session == sessions:
             detail = f"/weight_checker mismatches {list(check.mismatches)} after {sessions} session(s)"
-            raise WeightPushAmbiguous(client.engine, lost[0], lost[1], detail) from lost[1]
+            raise WeightPushAmbiguous(engine, lost[0], lost[1], detail) from lost[1]
         settled.append(f"update_weights chunk {lost[0]}: /weight_checker proved it missing; pushed again in a new session")
     raise AssertionError("unreachable")
 
 
-async def _astart(client: AsyncVLLMClient, settled: list[str]) -> None:
-    try:
-        await client.start_weight_update()
+def _start(engine: str, settled: list[str]) -> Steps[None]:
+    _, exc = yield ("start_weight_update", (), {})
+    if exc is None:
         return
-    except Exception as exc:
-        if not maybe_applied(exc):
-            raise WeightPushFailed(client.engine, "start", exc) from exc
-        last: BaseException = exc
+    if not maybe_applied(exc):
+        raise WeightPushFailed(engine, "start", exc) from exc
+    last: BaseException = exc
     for _ in range(RESENDS):
-        try:
-            await client.start_weight_update()
-        except Exception as again:
-            if _already_active(again):
-                break
-            if not maybe_applied(again):
-                raise WeightPushFailed(client.engine, "start (sent again)", again) from again
-            last = again
-            continue
-        break
+        _, again = yield ("start_weight_update", (), {})
+        if again is None or _already_active(again):
+            break
+        if not maybe_applied(again):
+            raise WeightPushFailed(engine, "start (sent again)", again) from again
+        last = again
     else:
-        raise WeightPushFailed(client.engine, f"start (sent {RESENDS + 1} times, every answer lost)", last) from last
+        raise WeightPushFailed(engine, f"start (sent {RESENDS + 1} times, every answer lost)", last) from last
     settled.append("start: sent again")
 
 
-async def _afinish(client: AsyncVLLMClient, version: str | None, settled: list[str]) -> None:
-    try:
-        await client.finish_weight_update(version)
+def _finish(engine: str, version: str | None, settled: list[str]) -> Steps[None]:
+    _, exc = yield ("finish_weight_update", (version,), {})
+    if exc is None:
         return
-    except Exception as exc:
-        if not maybe_applied(exc):
-            raise WeightPushFailed(client.engine, "finish", exc) from exc
-        last: BaseException = exc
+    if not maybe_applied(exc):
+        raise WeightPushFailed(engine, "finish", exc) from exc
+    last: BaseException = exc
     for _ in range(RESENDS):
-        try:
-            await client.finish_weight_update(version)
-        except Exception as again:
-            if _no_session(again):
-                settled.append("finish: sent again; the engine had closed the session")
-                return
-            if not maybe_applied(again):
-                raise WeightPushFailed(client.engine, "finish (sent again)", again) from again
-            last = again
-            continue
-        settled.append("finish: sent again")
-        return
-    raise WeightPushFailed(client.engine, f"finish (sent {RESENDS + 1} times, every answer lost)", last) from last
+        _, again = yield ("finish_weight_update", (version,), {})
+        if again is None:
+            settled.append("finish: sent again")
+            return
+        if _no_session(again):
+            settled.append("finish: sent again; the engine had closed the session")
+            return
+        if not maybe_applied(again):
+            raise WeightPushFailed(engine, "finish (sent again)", again) from again
+        last = again
+    raise WeightPushFailed(engine, f"finish (sent {RESENDS + 1} times, every answer lost)", last) from last
