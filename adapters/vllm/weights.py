@@ -154,10 +154,10 @@ Steps = Generator[Step, Reply, T]
 
 async def _drive(client: VLLMClient | AsyncVLLMClient, steps: Steps[WeightPush]) -> WeightPush:
     """Send each step on ``client`` and hand back its reply; the one driver of both clients (a sync call's value is used as is)."""
-    reply: Reply = (None, None)
+    reply: Reply | None = None
     while True:
         try:
-            name, args, kwargs = steps.send(reply)
+            name, args, kwargs = next(steps) if reply is None else steps.send(reply)
         except StopIteration as done:
             return cast(WeightPush, done.value)
         try:
