@@ -40,6 +40,19 @@ class EngineClientState:
         keys = "".join(f", {name}=***" for name in self.KEYS if getattr(self, "_" + name, None))
         return f"{type(self).__name__}({self.base_url!r}{keys})"
 
+    def _perform(self, step: object) -> Any:
+        """One step of an exchange (``engine_steps.drive``): seconds waited (a number), else a request sent.
+
+        A sync client answers with the value, an async one with an awaitable of it.
+        """
+        return self._pause_between_polls(step) if isinstance(step, int | float) else self._send(step)
+
+    def _send(self, request: Any) -> Any:
+        raise NotImplementedError  # each client sends its own way
+
+    def _pause_between_polls(self, seconds: float) -> Any:
+        raise NotImplementedError  # each client waits its own way (a method, so a test can play a stalled machine)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_lock"]

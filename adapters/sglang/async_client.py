@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import Answer, AsyncSessionOwner, OwnAsyncSession
 from resilience.adapters.engine_session import own_driver_kwargs, own_policies
+from resilience.adapters.engine_steps import drive
 from resilience.adapters.sglang import calls, liveness
 from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
 from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
@@ -47,7 +48,7 @@ from resilience.adapters.sglang.results import (
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
-from resilience.errors import DeadlineExceeded, ResilienceError
+from resilience.errors import ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord
@@ -188,23 +189,7 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
 
         ``wait_for_idle``: as in ``SGLangClient.flush_cache`` (by default ``?timeout=0`` after this client's own pause).
         """
-        wait = self._flush_waits(wait_for_idle)
-        with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
-            polls = 0
-            last: Answer | None = None
-            while True:
-                polls += 1
-                try:
-                    answer = await self._send(calls.flush_call(calls.flush_server_wait(wait, deadline.remaining())))
-                except DeadlineExceeded as exc:
-                    if last is None:
-                        raise
-                    raise calls.flush_gave_up(self.engine, last, polls - 1) from exc
-                result = calls.flush_outcome(self.engine, answer, polls=polls, remaining_s=deadline.remaining(), poll_s=self.flush_poll_s)
-                if result is not None:
-                    return result
-                last = answer
-                await self._pause_between_polls(self.flush_poll_s)
+        return await drive(self._flush_steps(deadline_s, wait_for_idle), self._perform)
 
     async def _pause_between_polls(self, seconds: float) -> None:
         """Wait between "not idle" answers of ``flush_cache`` (a method so a test can play a stalled loop)."""

@@ -22,6 +22,7 @@ import requests
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import Answer, answer_of
 from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs, own_policies
+from resilience.adapters.engine_steps import drive, run_now
 from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.sglang import calls, liveness
 from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
@@ -30,7 +31,7 @@ from resilience.adapters.sglang.results import ControlResult, FlushResult, Gener
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.barrier.engine import PauseMode
 from resilience.deadline import Deadline
-from resilience.errors import DeadlineExceeded, ResilienceError
+from resilience.errors import ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord
@@ -198,23 +199,7 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
         "Timed out waiting for idle state."; ``?timeout=0`` flushes at once, ignoring the
         waiting queue as the release that follows does (``scheduler.py``, ``flush_cache``).
         """
-        wait = self._flush_waits(wait_for_idle)
-        with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
-            polls = 0
-            last: Answer | None = None
-            while True:
-                polls += 1
-                try:
-                    answer = self._send(calls.flush_call(calls.flush_server_wait(wait, deadline.remaining())))
-                except DeadlineExceeded as exc:
-                    if last is None:
-                        raise
-                    raise calls.flush_gave_up(self.engine, last, polls - 1) from exc
-                result = calls.flush_outcome(self.engine, answer, polls=polls, remaining_s=deadline.remaining(), poll_s=self.flush_poll_s)
-                if result is not None:
-                    return result
-                last = answer
-                self._pause_between_polls(self.flush_poll_s)
+        return run_now(drive(self._flush_steps(deadline_s, wait_for_idle), self._perform))
 
     def _pause_between_polls(self, seconds: float) -> None:
         """Wait between "not idle" answers of ``flush_cache`` (a method so a test can play a stalled machine)."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from resilience.adapters.engine_state import EngineClientState
-from resilience.adapters.sglang.calls import WEIGHT_PATHS, Call, key_for, memory_tags
-from resilience.adapters.sglang.results import SGLangWeightsReleased
+from resilience.adapters.engine_steps import Steps
+from resilience.adapters.sglang.calls import WEIGHT_PATHS, Call, flush_steps, key_for, memory_tags
+from resilience.adapters.sglang.results import FlushResult, SGLangWeightsReleased
 
 __all__ = ["SGLangClientState"]
 
@@ -51,6 +52,11 @@ class SGLangClientState(EngineClientState):
     def _flush_waits(self, wait_for_idle: bool | None) -> bool:
         """Whether a flush passes the remaining time as ``?timeout=``: by default only when this client has not paused."""
         return self._paused_mode is None if wait_for_idle is None else wait_for_idle
+
+    def _flush_steps(self, deadline_s: float | None, wait_for_idle: bool | None) -> Steps[Call | float, FlushResult]:
+        """``flush_cache``'s steps: within ``deadline_s`` (None = ``flush_deadline_s``), ``flush_poll_s`` between "not idle"."""
+        deadline = deadline_s if deadline_s is not None else self.flush_deadline_s
+        return flush_steps(self.engine, self._flush_waits(wait_for_idle), deadline, self.flush_poll_s)
 
     def _refuse_if_released(self, call: Call) -> None:
         """``SGLangWeightsReleased``, before anything is sent, for a weight call while this client has ``weights`` released."""

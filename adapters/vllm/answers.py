@@ -26,16 +26,7 @@ from typing import Any, Generic, Literal, TypeVar, get_args
 
 from resilience.adapters.answer_error import parse_object
 from resilience.adapters.engine_http import Answer
-from resilience.adapters.vllm.results import (
-    CommandResult,
-    VLLMAuthError,
-    VLLMDevModeOff,
-    VLLMError,
-    VLLMHealth,
-    VLLMProtocolError,
-    VLLMRefused,
-    VLLMVersionError,
-)
+from resilience.adapters.vllm import results
 from resilience.adapters.vllm.routes import Route
 from resilience.adapters.vllm.versions import MODE_PARAMS, Version, VLLMApi, format_version
 
@@ -133,9 +124,9 @@ def gate(engine: str, r: Route, api: VLLMApi | None) -> None:
     if not r.versioned:
         return
     if api is None:
-        raise VLLMVersionError(engine, r.endpoint, None, "", detail="not sent: the server's vLLM version is not known")
+        raise results.VLLMVersionError(engine, r.endpoint, None, "", detail="not sent: the server's vLLM version is not known")
     if not api.supported:
-        raise VLLMVersionError(
+        raise results.VLLMVersionError(
             engine,
             "GET /version",
             200,
@@ -143,7 +134,7 @@ def gate(engine: str, r: Route, api: VLLMApi | None) -> None:
             detail=f"vLLM {api.text} is outside the supported range {api.range_text()}; {r.endpoint} not sent",
         )
     if not api.at_least(r.since):
-        raise VLLMVersionError(
+        raise results.VLLMVersionError(
             engine, r.endpoint, None, "", detail=f"not sent: vLLM {api.text} has no {r.endpoint} (added in {format_version(r.since)})"
         )
 
@@ -171,7 +162,7 @@ def check_mode(owner: str, mode: object) -> VLLMPauseMode | None:
 
 def needs_mode(engine: str, r: Route, api: VLLMApi, mode: str) -> None:
     if not api.mode_params:
-        raise VLLMVersionError(
+        raise results.VLLMVersionError(
             engine, r.endpoint, None, "", detail=f"not sent: vLLM {api.text} takes no mode= (added in {format_version(MODE_PARAMS)})"
         )
 
@@ -188,9 +179,9 @@ def fixed(r: Route, params: tuple[tuple[str, str], ...] = (), body: dict[str, An
 # -- after the answer ------------------------------------------------------------------
 
 
-def malformed(engine: str, answer: Answer, detail: str) -> VLLMProtocolError:
+def malformed(engine: str, answer: Answer, detail: str) -> results.VLLMProtocolError:
     """The error for a 2xx answer that is not what 0.33.0 sends: endpoint, status, ``detail`` and a body excerpt."""
-    return VLLMProtocolError(engine, answer.endpoint, answer.status, answer.text, detail=detail, attempts=answer.records)
+    return results.VLLMProtocolError(engine, answer.endpoint, answer.status, answer.text, detail=detail, attempts=answer.records)
 
 
 def check_reply(engine: str, r: Route, api: VLLMApi | None, answer: Answer, *, key_sent: bool = False) -> Answer:
@@ -200,22 +191,23 @@ def check_reply(engine: str, r: Route, api: VLLMApi | None, answer: Answer, *, k
         detail = "unauthorized: " + (
             "the server refused the API key this client sent" if key_sent else "no API key was sent (pass api_key=)"
         )
-        raise VLLMAuthError(engine, answer.endpoint, 401, answer.text, detail=detail, **common)
+        raise results.VLLMAuthError(engine, answer.endpoint, 401, answer.text, detail=detail, **common)
     dev_only = r.dev_mode_since is not None and (api is None or api.at_least(r.dev_mode_since))
     if answer.status == 404 and dev_only:
         detail = (
             f"vLLM mounts {r.path} only in dev mode and this server runs without it: "
             "start it with VLLM_SERVER_DEV_MODE=1 (the control routes answer 404 otherwise)"
         )
-        raise VLLMDevModeOff(engine, answer.endpoint, 404, answer.text, detail=detail, **common)
+        raise results.VLLMDevModeOff(engine, answer.endpoint, 404, answer.text, detail=detail, **common)
     if answer.status == 404 and r.mounted_by is not None:
         detail = f"vLLM mounts {r.path} only with {r.mounted_by} and this server runs without it"
-        raise VLLMError(engine, answer.endpoint, 404, answer.text, detail=detail, **common)
+        raise results.VLLMError(engine, answer.endpoint, 404, answer.text, detail=detail, **common)
     if answer.status >= 400:
-        raise VLLMError(engine, answer.endpoint, answer.status, answer.text, **common)
+        raise results.VLLMError(engine, answer.endpoint, answer.status, answer.text, **common)
     data = parse_object(answer.text) if answer.text else None
     if data is not None and data.get("success") is False:
-        refused = VLLMRefused(engine, answer.endpoint, answer.status, answer.text, detail=_refusal_detail(r, answer.polls), **common)
+        detail = _refusal_detail(r, answer.polls)
+        refused = results.VLLMRefused(engine, answer.endpoint, answer.status, answer.text, detail=detail, **common)
         refused.polls = answer.polls
         raise refused
     return answer
@@ -226,7 +218,7 @@ def _refusal_detail(r: Route, polls: int) -> str:
     return f'the engine answered "success": false{asked}: not done' + (", blocks are still held" if r.name == "reset_prefix_cache" else "")
 
 
-def refusal_wait(plan: Plan[Any], refused: VLLMRefused, remaining_s: float) -> float | None:
+def refusal_wait(plan: Plan[Any], refused: results.VLLMRefused, remaining_s: float) -> float | None:
     """After a ``success: false``: the seconds to wait before asking again, or None to raise ``refused``.
 
     Asked again only on a route that allows it, and only while at least one poll interval is left of the deadline.
@@ -259,29 +251,29 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
 
 
-def command_reader(engine: str, api: VLLMApi | None, answer: Answer) -> CommandResult:
+def command_reader(engine: str, api: VLLMApi | None, answer: Answer) -> results.CommandResult:
     """A control answer: its ``status`` or ``message`` field; an empty 200 is allowed where vLLM sends one."""
     if not answer.text:
-        return CommandResult(engine, answer.endpoint, "", answer.attempts)
+        return results.CommandResult(engine, answer.endpoint, "", answer.attempts)
     data = json_object(engine, answer)
     message = data.get("status", data.get("message", ""))
-    return CommandResult(engine, answer.endpoint, str(message), answer.attempts)
+    return results.CommandResult(engine, answer.endpoint, str(message), answer.attempts)
 
 
 def strict_command(
     expected: str, field_name: str = "message", *, lenient_before: Version | None = None
-) -> Callable[[str, VLLMApi | None, Answer], CommandResult]:
+) -> Callable[[str, VLLMApi | None, Answer], results.CommandResult]:
     """A reader that wants ``{field_name: ...}`` (0.33.0 sends ``expected`` there); the value is kept as the message.
 
     ``lenient_before``: releases older than this are read as ``_command`` reads (any JSON object, or an
     empty 200), since what they answered was not read (default None: strict on every release).
     """
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> CommandResult:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.CommandResult:
         if lenient_before is not None and api is not None and not api.at_least(lenient_before):
             return command_reader(engine, api, answer)
         data = json_object(engine, answer, required=(field_name,))
-        return CommandResult(engine, answer.endpoint, str(data[field_name]), answer.attempts)
+        return results.CommandResult(engine, answer.endpoint, str(data[field_name]), answer.attempts)
 
     return read
 
@@ -293,11 +285,11 @@ def flag_reader(name: str) -> Callable[[str, VLLMApi | None, Answer], bool]:
     return read
 
 
-def health_result(engine: str, answer: Answer | None, latency_s: float, error: BaseException | None = None) -> VLLMHealth:
+def health_result(engine: str, answer: Answer | None, latency_s: float, error: BaseException | None = None) -> results.VLLMHealth:
     """A health check: healthy on a 200; the status otherwise; the transport error's type name when nothing came."""
     if answer is None:
-        return VLLMHealth(engine, False, None, latency_s, error=type(error).__name__ if error is not None else "no response")
-    return VLLMHealth(engine, answer.status == 200, answer.status, latency_s)
+        return results.VLLMHealth(engine, False, None, latency_s, error=type(error).__name__ if error is not None else "no response")
+    return results.VLLMHealth(engine, answer.status == 200, answer.status, latency_s)
 
 
 def version_result(engine: str, answer: Answer) -> VLLMApi:

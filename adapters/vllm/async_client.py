@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import Answer, AsyncSessionOwner, OwnAsyncSession
 from resilience.adapters.engine_session import own_driver_kwargs
+from resilience.adapters.engine_steps import drive
 from resilience.adapters.vllm import answers, calls
-from resilience.adapters.vllm.answers import Plan, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
+from resilience.adapters.vllm.answers import Plan, Request, VLLMPauseMode, WeightCheckerAction, key_header
 from resilience.adapters.vllm.calls import FaultInstruction
 from resilience.adapters.vllm.results import (
     AbortResult,
@@ -36,7 +36,6 @@ from resilience.adapters.vllm.results import (
     RpcResult,
     SleepResult,
     VLLMHealth,
-    VLLMRefused,
     WakeResult,
     WeightCheck,
     WeightInfo,
@@ -44,7 +43,6 @@ from resilience.adapters.vllm.results import (
 from resilience.adapters.vllm.routes import VLLM_POLICIES
 from resilience.adapters.vllm.state import VLLMClientState
 from resilience.adapters.vllm.versions import VLLMApi
-from resilience.deadline import Deadline
 from resilience.events import Observer
 from resilience.policy import PolicyTable
 
@@ -101,9 +99,8 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
         super().__init__(base_url, api_key=api_key, api_version=api_version)
         self._own = OwnAsyncSession("AsyncVLLMClient", session, kwargs, limit_per_host)
 
-    async def _send(self, request: Request, polls: int = 1) -> Answer:
-        r = request.route
-        return replace(await self._http().send(request, self.base_url + r.path, key_header(r.path, self._api_key)), polls=polls)
+    async def _send(self, request: Request) -> Answer:
+        return await self._http().send(request, self.base_url + request.path, key_header(request.path, self._api_key))
 
     async def _api_for(self, plan: Plan[Any]) -> VLLMApi | None:
         """See ``VLLMClient._api_for``."""
@@ -116,23 +113,7 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     async def _run(self, plan: Plan[T]) -> T:
         """See ``VLLMClient._run``."""
         self._refuse_if_asleep(plan)
-        api = await self._api_for(plan)
-        request = plan.build(self.engine, api)
-        if plan.refusal_deadline_s is None:
-            result: T = self._read(plan, api, await self._send(request))
-            return self._noted(result)
-        with Deadline(plan.refusal_deadline_s) as deadline:
-            polls = 0
-            while True:
-                polls += 1
-                try:
-                    answer: T = self._read(plan, api, await self._send(request, polls))
-                    return self._noted(answer)
-                except VLLMRefused as refused:
-                    wait = refusal_wait(plan, refused, deadline.remaining())
-                    if wait is None:
-                        raise
-                await self._pause_between_polls(wait)
+        return await drive(self._steps(plan, await self._api_for(plan)), self._perform)
 
     async def _pause_between_polls(self, seconds: float) -> None:
         """Wait between two refusals."""

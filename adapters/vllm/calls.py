@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 from resilience.adapters.engine_http import Answer
+from resilience.adapters.vllm import results
 from resilience.adapters.vllm.answers import (
     DEFAULT_RESET_DEADLINE_S,
     DEFAULT_RESET_POLL_S,
@@ -34,23 +35,11 @@ from resilience.adapters.vllm.answers import (
     typed_field,
     version_result,
 )
-from resilience.adapters.vllm.results import (
-    AbortResult,
-    CacheReset,
-    CommandResult,
-    CompletionResult,
-    EngineFaultState,
-    FaultToleranceAccepted,
-    FaultToleranceStatus,
-    RpcResult,
-    SleepResult,
-    VLLMHealth,
-    WakeResult,
-    WeightCheck,
-    WeightInfo,
-)
 from resilience.adapters.vllm.routes import route
 from resilience.adapters.vllm.versions import NEWEST, VLLMApi
+
+Extra = Mapping[str, Any] | None
+"""More fields of a completion request's body (None = none)."""
 
 FaultInstruction = Literal["retry"]
 """The instructions ``POST /fault_tolerance/apply`` takes in 0.33.0 (``_ALLOWED_INSTRUCTIONS``,
@@ -59,7 +48,7 @@ FaultInstruction = Literal["retry"]
 # -- memory: /sleep, /wake_up, /is_sleeping, /release_kv_cache_memory -------------------------------
 
 
-def sleep(level: int = 1, mode: VLLMPauseMode | None = None) -> Plan[SleepResult]:
+def sleep(level: int = 1, mode: VLLMPauseMode | None = None) -> Plan[results.SleepResult]:
     """``POST /sleep?level=&mode=``: level 0 pauses scheduling, 1 offloads weights and drops KV, 2 drops both.
 
     ``mode`` None = the server's default (``abort`` since 0.17.0; older releases take no mode and do not pause).
@@ -77,18 +66,18 @@ def sleep(level: int = 1, mode: VLLMPauseMode | None = None) -> Plan[SleepResult
             params += (("mode", checked),)
         return Request(r, params)
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> SleepResult:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.SleepResult:
         if api is not None and not api.json_sleep_bodies and not answer.text:
-            return SleepResult(engine, level, answer.attempts)  # before 0.33.0: an empty 200
+            return results.SleepResult(engine, level, answer.attempts)  # before 0.33.0: an empty 200
         data = json_object(engine, answer, required=("status", "level"))
         if data["status"] != "sleeping":
             raise malformed(engine, answer, "'status' is not 'sleeping'")
-        return SleepResult(engine, int(typed_field(engine, answer, data, "level", int)), answer.attempts)
+        return results.SleepResult(engine, int(typed_field(engine, answer, data, "level", int)), answer.attempts)
 
     return Plan(r, build, read)
 
 
-def wake_up(tags: Sequence[str] | None = None) -> Plan[WakeResult]:
+def wake_up(tags: Sequence[str] | None = None) -> Plan[results.WakeResult]:
     """``POST /wake_up?tags=...`` (repeated); None or empty = every tag. ``"scheduling"`` wakes a level-0 sleep."""
     r = route("wake_up")
     if isinstance(tags, str):
@@ -98,9 +87,9 @@ def wake_up(tags: Sequence[str] | None = None) -> Plan[WakeResult]:
         if not isinstance(tag, str) or not tag:
             raise ValueError(f"wake_up tags must be non-empty strings, but got {tag!r}")
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> WakeResult:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.WakeResult:
         if api is not None and not api.json_sleep_bodies and not answer.text:
-            return WakeResult(engine, None, names or None, answer.attempts)
+            return results.WakeResult(engine, None, names or None, answer.attempts)
         data = json_object(engine, answer, required=("status",))
         status = data["status"]
         if status not in ("awake", "sleeping"):
@@ -108,7 +97,7 @@ def wake_up(tags: Sequence[str] | None = None) -> Plan[WakeResult]:
         woken = data.get("tags")
         if woken is not None and not (isinstance(woken, list) and all(isinstance(t, str) for t in woken)):
             raise malformed(engine, answer, "'tags' is not a list of strings")
-        return WakeResult(engine, status == "awake", None if woken is None else tuple(woken), answer.attempts)
+        return results.WakeResult(engine, status == "awake", None if woken is None else tuple(woken), answer.attempts)
 
     return Plan(r, fixed(r, tuple(("tags", t) for t in names)), read)
 
@@ -119,7 +108,7 @@ def is_sleeping() -> Plan[bool]:
     return Plan(r, fixed(r), flag_reader("is_sleeping"))
 
 
-def release_kv_cache_memory() -> Plan[CommandResult]:
+def release_kv_cache_memory() -> Plan[results.CommandResult]:
     """``POST /release_kv_cache_memory`` (0.33.0): only after a completed pause; a second call answers 500."""
     r = route("release_kv_cache_memory")
     return Plan(r, fixed(r), strict_command("kv_cache_released", "status"))
@@ -128,7 +117,7 @@ def release_kv_cache_memory() -> Plan[CommandResult]:
 # -- generation control: /pause, /resume, /is_paused, /abort_requests ---------------------------------
 
 
-def pause(mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) -> Plan[CommandResult]:
+def pause(mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) -> Plan[results.CommandResult]:
     """``POST /pause?mode=&clear_cache=``; ``mode`` None = the server's default (``abort``).
 
     Before 0.17.0 there is no ``mode``: ``abort`` is sent as ``wait_for_inflight_requests=false``,
@@ -156,7 +145,7 @@ def pause(mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) ->
     return Plan(r, build, strict_command("paused", "status", lenient_before=NEWEST))
 
 
-def resume() -> Plan[CommandResult]:
+def resume() -> Plan[results.CommandResult]:
     """``POST /resume``: reopens scheduling for everyone (pause is one shared state, ``v1/core/sched/scheduler.py`` l.3073)."""
     r = route("resume")
     return Plan(r, fixed(r), strict_command("resumed", "status", lenient_before=NEWEST))
@@ -168,16 +157,16 @@ def is_paused() -> Plan[bool]:
     return Plan(r, fixed(r), flag_reader("is_paused"))
 
 
-def abort_requests(request_ids: Sequence[str] | None = None) -> Plan[AbortResult]:
+def abort_requests(request_ids: Sequence[str] | None = None) -> Plan[results.AbortResult]:
     """``POST /abort_requests`` with ``{"request_ids": [...]}``; None or empty = every request. Does not pause."""
     r = route("abort_requests")
     if isinstance(request_ids, str):
         raise TypeError(f"abort_requests request_ids must be a sequence of ids, not one string: {request_ids!r}")
     ids = [str(i) for i in request_ids or ()]
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> AbortResult:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.AbortResult:
         data = json_object(engine, answer, required=("aborted",))
-        return AbortResult(engine, int(typed_field(engine, answer, data, "aborted", int)), answer.attempts)
+        return results.AbortResult(engine, int(typed_field(engine, answer, data, "aborted", int)), answer.attempts)
 
     return Plan(r, fixed(r, body={"request_ids": ids} if ids else {}), read)
 
@@ -191,7 +180,7 @@ def reset_prefix_cache(
     *,
     deadline_s: float | None = None,
     poll_s: float = DEFAULT_RESET_POLL_S,
-) -> Plan[CacheReset]:
+) -> Plan[results.CacheReset]:
     """``POST /reset_prefix_cache?reset_running_requests=&reset_external=``; ``success: false`` is asked again.
 
     ``deadline_s``: how long to keep asking (default ``DEFAULT_RESET_DEADLINE_S`` = 30 s, capped by any
@@ -206,22 +195,22 @@ def reset_prefix_cache(
             raise ValueError(f"reset_prefix_cache {name} must be a number > 0, but was {value!r}")
     params = (("reset_running_requests", flag(reset_running_requests)), ("reset_external", flag(reset_external)))
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> CacheReset:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.CacheReset:
         data = json_object(engine, answer, required=("success",))
         if typed_field(engine, answer, data, "success", bool) is not True:  # a false was raised by check_reply
             raise malformed(engine, answer, "'success' is not true")
-        return CacheReset(engine, answer.polls)
+        return results.CacheReset(engine, answer.polls)
 
     return Plan(r, fixed(r, params), read, refusal_deadline_s=float(limit), poll_s=float(poll_s))
 
 
-def reset_mm_cache() -> Plan[CommandResult]:
+def reset_mm_cache() -> Plan[results.CommandResult]:
     """``POST /reset_mm_cache`` (an empty 200)."""
     r = route("reset_mm_cache")
     return Plan(r, fixed(r), command_reader)
 
 
-def reset_encoder_cache() -> Plan[CommandResult]:
+def reset_encoder_cache() -> Plan[results.CommandResult]:
     """``POST /reset_encoder_cache`` (an empty 200)."""
     r = route("reset_encoder_cache")
     return Plan(r, fixed(r), command_reader)
@@ -232,7 +221,7 @@ def reset_encoder_cache() -> Plan[CommandResult]:
 
 def collective_rpc(
     method: str, args: Sequence[str] = (), kwargs: Mapping[str, str] | None = None, timeout: float | None = None
-) -> Plan[RpcResult]:
+) -> Plan[results.RpcResult]:
     """``POST /collective_rpc``: call ``method`` on every worker; only string ``args``/``kwargs`` travel (vLLM's rule)."""
     r = route("collective_rpc")
     if not isinstance(method, str) or not method:
@@ -246,11 +235,11 @@ def collective_rpc(
     if timeout is not None:
         body["timeout"] = float(timeout)
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> RpcResult:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.RpcResult:
         if not answer.text:
-            return RpcResult(engine, None)  # the method returned None (``serve/dev/rpc/api_router.py`` l.51)
+            return results.RpcResult(engine, None)  # the method returned None (``serve/dev/rpc/api_router.py`` l.51)
         data = json_object(engine, answer, required=("results",))
-        return RpcResult(engine, tuple(typed_field(engine, answer, data, "results", list)))
+        return results.RpcResult(engine, tuple(typed_field(engine, answer, data, "results", list)))
 
     return Plan(r, fixed(r, body=body), read)
 
@@ -266,7 +255,7 @@ def server_info(config_format: Literal["text", "json"] = "text") -> Plan[dict[st
 # -- weight transfer ----------------------------------------------------------------------------------
 
 
-def init_weight_transfer_engine(init_info: Mapping[str, Any]) -> Plan[CommandResult]:
+def init_weight_transfer_engine(init_info: Mapping[str, Any]) -> Plan[results.CommandResult]:
     """``POST /init_weight_transfer_engine`` with ``{"init_info": {...}}`` (backend-specific). Never re-sent once it may have arrived."""
     r = route("init_weight_transfer_engine")
     if not isinstance(init_info, Mapping):
@@ -274,25 +263,25 @@ def init_weight_transfer_engine(init_info: Mapping[str, Any]) -> Plan[CommandRes
     return Plan(r, fixed(r, body={"init_info": dict(init_info)}), strict_command("Weight transfer initialized"))
 
 
-def shutdown_weight_transfer_engine() -> Plan[CommandResult]:
+def shutdown_weight_transfer_engine() -> Plan[results.CommandResult]:
     """``POST /shutdown_weight_transfer_engine`` (0.33.0); 500 during a weight update."""
     r = route("shutdown_weight_transfer_engine")
     return Plan(r, fixed(r), strict_command("Weight transfer shut down"))
 
 
-def start_weight_update() -> Plan[CommandResult]:
+def start_weight_update() -> Plan[results.CommandResult]:
     """``POST /start_weight_update`` (0.23.0+): opens the session; 500 when one is open. Never re-sent once it may have arrived."""
     r = route("start_weight_update")
     return Plan(r, fixed(r), strict_command("Weight update started"))
 
 
-def start_draft_weight_update() -> Plan[CommandResult]:
+def start_draft_weight_update() -> Plan[results.CommandResult]:
     """``POST /start_draft_weight_update`` (0.33.0); 500 when the backend has no draft support."""
     r = route("start_draft_weight_update")
     return Plan(r, fixed(r), strict_command("Draft weight update started"))
 
 
-def update_weights(update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Plan[CommandResult]:
+def update_weights(update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Plan[results.CommandResult]:
     """``POST /update_weights`` with ``{"update_info": ...}`` (one mapping, or one per rank).
 
     **Never re-sent once it may have arrived** (a collective with the trainer; prime-rl #3599):
@@ -309,7 +298,7 @@ def update_weights(update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]])
     return Plan(r, fixed(r, body={"update_info": payload}), strict_command("Weights updated"))
 
 
-def finish_weight_update(weight_version: str | None = None) -> Plan[CommandResult]:
+def finish_weight_update(weight_version: str | None = None) -> Plan[results.CommandResult]:
     """``POST /finish_weight_update`` with ``{"weight_version": ...}`` (omitted when None); 500 without a matching start."""
     r = route("finish_weight_update")
     if weight_version is not None and not isinstance(weight_version, str):
@@ -318,32 +307,32 @@ def finish_weight_update(weight_version: str | None = None) -> Plan[CommandResul
     return Plan(r, fixed(r, body=body), strict_command("Weight update finished"))
 
 
-def update_weight_version(new_version: str) -> Plan[WeightInfo]:
+def update_weight_version(new_version: str) -> Plan[results.WeightInfo]:
     """``POST /update_weight_version`` with ``{"new_version": ...}`` (0.27.0+): the version ``/weight_info`` reports."""
     r = route("update_weight_version")
     if not isinstance(new_version, str) or not new_version:
         raise ValueError(f"update_weight_version new_version must be a non-empty string, but was {new_version!r}")
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> WeightInfo:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.WeightInfo:
         data = json_object(engine, answer, required=("new_version",))
-        return WeightInfo(engine, str(data["new_version"]))
+        return results.WeightInfo(engine, str(data["new_version"]))
 
     return Plan(r, fixed(r, body={"new_version": new_version}), read)
 
 
-def weight_info() -> Plan[WeightInfo]:
+def weight_info() -> Plan[results.WeightInfo]:
     """``GET /weight_info`` (0.27.0+): ``{"weight_version": ...}``."""
     r = route("weight_info")
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> WeightInfo:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.WeightInfo:
         data = json_object(engine, answer, required=("weight_version",))
         version = data["weight_version"]
-        return WeightInfo(engine, None if version is None else str(version))
+        return results.WeightInfo(engine, None if version is None else str(version))
 
     return Plan(r, fixed(r), read)
 
 
-def weight_checker(action: WeightCheckerAction, baseline: Mapping[str, str] | None = None) -> Plan[WeightCheck]:
+def weight_checker(action: WeightCheckerAction, baseline: Mapping[str, str] | None = None) -> Plan[results.WeightCheck]:
     """``POST /weight_checker`` (0.33.0): ``checksum`` the weights, ``compare`` them with ``baseline``, or ``reset`` (zeroes them)."""
     r = route("weight_checker")
     if action not in get_args(WeightCheckerAction):
@@ -354,17 +343,17 @@ def weight_checker(action: WeightCheckerAction, baseline: Mapping[str, str] | No
     if baseline is not None:
         body["baseline"] = dict(baseline)
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> WeightCheck:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.WeightCheck:
         if action == "reset":
             json_object(engine, answer, required=("status",))
-            return WeightCheck(engine, action)
+            return results.WeightCheck(engine, action)
         if action == "checksum":
             data = json_object(engine, answer, required=("checksums",))
             sums = typed_field(engine, answer, data, "checksums", dict)
-            return WeightCheck(engine, action, checksums={str(k): str(v) for k, v in sums.items()})
+            return results.WeightCheck(engine, action, checksums={str(k): str(v) for k, v in sums.items()})
         data = json_object(engine, answer, required=("match", "mismatches"))
         match = typed_field(engine, answer, data, "match", bool)
-        return WeightCheck(
+        return results.WeightCheck(
             engine, action, match=match, mismatches=tuple(str(m) for m in typed_field(engine, answer, data, "mismatches", list))
         )
 
@@ -385,7 +374,9 @@ def get_world_size(include_dp: bool = True) -> Plan[int]:
 # -- fault tolerance: /fault_tolerance/apply, /fault_tolerance/status (with --enable-fault-tolerance) ---------
 
 
-def fault_tolerance_apply(instruction: FaultInstruction = "retry", params: Mapping[str, Any] | None = None) -> Plan[FaultToleranceAccepted]:
+def fault_tolerance_apply(
+    instruction: FaultInstruction = "retry", params: Mapping[str, Any] | None = None
+) -> Plan[results.FaultToleranceAccepted]:
     """``POST /fault_tolerance/apply`` with ``{"instruction": ..., "params": {...}}``: 202 at once, the recovery after.
 
     ``instruction``: ``retry`` (the only one 0.33.0 takes). ``params``: the instruction's (default none).
@@ -397,28 +388,28 @@ def fault_tolerance_apply(instruction: FaultInstruction = "retry", params: Mappi
         raise TypeError(f"fault_tolerance_apply params must be a mapping or None, but was {params!r}")
     body: dict[str, Any] = {"instruction": instruction, "params": dict(params or {})}
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> FaultToleranceAccepted:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.FaultToleranceAccepted:
         data = json_object(engine, answer, required=("request_id",))
         request_id = typed_field(engine, answer, data, "request_id", str)
-        return FaultToleranceAccepted(engine, request_id, str(data.get("message", "")), answer.attempts)
+        return results.FaultToleranceAccepted(engine, request_id, str(data.get("message", "")), answer.attempts)
 
     return Plan(r, fixed(r, body=body), read)
 
 
-def fault_tolerance_status() -> Plan[FaultToleranceStatus]:
+def fault_tolerance_status() -> Plan[results.FaultToleranceStatus]:
     """``GET /fault_tolerance/status``: ``{"schema_version": 1, "total_engines": n, "engines": [{"id", "status", ...}]}``."""
     r = route("fault_tolerance_status")
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> FaultToleranceStatus:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.FaultToleranceStatus:
         data = json_object(engine, answer, required=("engines",))
         entries = typed_field(engine, answer, data, "engines", list)
-        states: list[EngineFaultState] = []
+        states: list[results.EngineFaultState] = []
         for entry in entries:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), int) or not isinstance(entry.get("status"), str):
                 raise malformed(engine, answer, "an 'engines' entry is not an object with an int 'id' and a string 'status'")
             optional = {k: None if entry.get(k) is None else str(entry[k]) for k in ("fault_info", "last_ft_request_id", "ft_error")}
-            states.append(EngineFaultState(entry["id"], entry["status"], **optional))
-        return FaultToleranceStatus(engine, tuple(states), answer.attempts)
+            states.append(results.EngineFaultState(entry["id"], entry["status"], **optional))
+        return results.FaultToleranceStatus(engine, tuple(states), answer.attempts)
 
     return Plan(r, fixed(r), read)
 
@@ -426,7 +417,7 @@ def fault_tolerance_status() -> Plan[FaultToleranceStatus]:
 # -- always mounted ------------------------------------------------------------------------------------
 
 
-def health() -> Plan[VLLMHealth]:
+def health() -> Plan[results.VLLMHealth]:
     """``GET /health``: read by ``health_result`` (the clients never raise from ``health()``)."""
     r = route("health")
     return Plan(r, fixed(r), lambda engine, api, answer: health_result(engine, answer, 0.0))
@@ -453,14 +444,8 @@ def models() -> Plan[list[str]]:
 
 
 def complete(
-    prompt: str,
-    *,
-    max_tokens: int = 16,
-    temperature: float = 0.0,
-    model: str | None = None,
-    seed: int | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> Plan[CompletionResult]:
+    prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, model: str | None = None, seed: int | None = None, extra: Extra = None
+) -> Plan[results.CompletionResult]:
     """``POST /v1/completions`` (non-streaming), for tests and canaries: greedy by default (``temperature=0``).
 
     ``model`` None = the server's (vLLM accepts a request without one); ``extra``: more request fields.
@@ -478,12 +463,12 @@ def complete(
         body["seed"] = int(seed)
     body.update(extra or {})
 
-    def read(engine: str, api: VLLMApi | None, answer: Answer) -> CompletionResult:
+    def read(engine: str, api: VLLMApi | None, answer: Answer) -> results.CompletionResult:
         data = json_object(engine, answer, required=("choices",))
         choices = data["choices"]
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("text"), str):
             raise malformed(engine, answer, "no choices[0].text")
         finish = choices[0].get("finish_reason")
-        return CompletionResult(choices[0]["text"], None if finish is None else str(finish), data)
+        return results.CompletionResult(choices[0]["text"], None if finish is None else str(finish), data)
 
     return Plan(r, fixed(r, body=body), read)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 import requests
@@ -28,9 +27,10 @@ import requests
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import Answer, answer_of
 from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs
+from resilience.adapters.engine_steps import drive, run_now
 from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.vllm import answers, calls
-from resilience.adapters.vllm.answers import Plan, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
+from resilience.adapters.vllm.answers import Plan, Request, VLLMPauseMode, WeightCheckerAction, key_header
 from resilience.adapters.vllm.calls import FaultInstruction
 from resilience.adapters.vllm.results import (
     AbortResult,
@@ -42,7 +42,6 @@ from resilience.adapters.vllm.results import (
     RpcResult,
     SleepResult,
     VLLMHealth,
-    VLLMRefused,
     WakeResult,
     WeightCheck,
     WeightInfo,
@@ -50,7 +49,6 @@ from resilience.adapters.vllm.results import (
 from resilience.adapters.vllm.routes import VLLM_POLICIES
 from resilience.adapters.vllm.state import VLLMClientState
 from resilience.adapters.vllm.versions import VLLMApi
-from resilience.deadline import Deadline
 from resilience.errors import ResilienceError
 from resilience.events import Observer
 from resilience.policy import PolicyTable
@@ -119,13 +117,13 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
 
     # -- plumbing ------------------------------------------------------------
 
-    def _send(self, request: Request, polls: int = 1) -> Answer:
+    def _send(self, request: Request) -> Answer:
         r = request.route
         headers = key_header(r.path, self._api_key)
         response = self.session.request(
             r.method, self.base_url + r.path, params=list(request.params) or None, json=request.body, headers=headers
         )
-        return replace(answer_of(r.endpoint, response), polls=polls)
+        return answer_of(r.endpoint, response)
 
     def _api_for(self, plan: Plan[Any]) -> VLLMApi | None:
         """The server's API, learned once (``GET /version``) for a versioned route; the call refused when it cannot take it."""
@@ -136,29 +134,13 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
         return api
 
     def _run(self, plan: Plan[T]) -> T:
-        """Send ``plan`` and read its answer; a refusal is asked again as its route allows (``answers.refusal_wait``).
+        """Send ``plan`` and read its answer; a refusal is asked again as its route allows (``VLLMClientState._steps``).
 
         A call that needs the weights while this client knows them asleep is refused first, unsent
         (``VLLMWeightsAsleep``); a sleep or wake answer updates ``weights_asleep``.
         """
         self._refuse_if_asleep(plan)
-        api = self._api_for(plan)
-        request = plan.build(self.engine, api)
-        if plan.refusal_deadline_s is None:
-            result: T = self._read(plan, api, self._send(request))
-            return self._noted(result)
-        with Deadline(plan.refusal_deadline_s) as deadline:
-            polls = 0
-            while True:
-                polls += 1
-                try:
-                    answer: T = self._read(plan, api, self._send(request, polls))
-                    return self._noted(answer)
-                except VLLMRefused as refused:
-                    wait = refusal_wait(plan, refused, deadline.remaining())
-                    if wait is None:
-                        raise
-                self._pause_between_polls(wait)
+        return run_now(drive(self._steps(plan, self._api_for(plan)), self._perform))
 
     def _pause_between_polls(self, seconds: float) -> None:
         """Wait between two refusals (a method so a test can play a stalled machine)."""

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from resilience.adapters.engine_http import Answer
 from resilience.adapters.engine_state import EngineClientState
-from resilience.adapters.vllm.answers import Plan, check_reply, gate, key_header
-from resilience.adapters.vllm.results import SleepResult, VLLMWeightsAsleep, WakeResult
+from resilience.adapters.engine_steps import Steps, value_of
+from resilience.adapters.vllm.answers import Plan, Request, check_reply, gate, key_header, refusal_wait
+from resilience.adapters.vllm.results import SleepResult, VLLMRefused, VLLMWeightsAsleep, WakeResult
 from resilience.adapters.vllm.versions import VLLMApi
+from resilience.deadline import Deadline
 
 __all__ = ["VLLMClientState"]
 
@@ -80,3 +84,20 @@ class VLLMClientState(EngineClientState):
 
     def _gated(self, plan: Plan[Any], api: VLLMApi | None) -> None:
         gate(self.engine, plan.route, api)
+
+    def _steps(self, plan: Plan[T], api: VLLMApi | None) -> Steps[Request | float, T]:
+        """``plan`` as steps (``engine_steps``): its request for ``api``, asked again after a refusal as its route
+        allows (``answers.refusal_wait``, within ``plan.refusal_deadline_s``); the result noted (``_noted``)."""
+        request = plan.build(self.engine, api)
+        with Deadline(plan.refusal_deadline_s) as deadline:  # None: no deadline of its own
+            for polls in itertools.count(1):
+                answer = value_of((yield request))
+                try:
+                    result: T = self._read(plan, api, replace(answer, polls=polls))
+                    return self._noted(result)
+                except VLLMRefused as refused:
+                    wait = refusal_wait(plan, refused, deadline.remaining())
+                    if wait is None:
+                        raise
+                value_of((yield wait))
+        raise AssertionError("unreachable")

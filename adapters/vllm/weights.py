@@ -29,15 +29,13 @@ A chunk is whatever your backend's ``update_info`` is (``{"names": ..., ...}`` f
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Coroutine, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
+from resilience.adapters.engine_steps import Steps, drive, run_now, value_of
 from resilience.adapters.vllm.results import VLLMError, VLLMVersionError
 from resilience.outcome import Delivery, attempts_of
-
-T = TypeVar("T")
 
 if TYPE_CHECKING:
     from resilience.adapters.vllm.async_client import AsyncVLLMClient
@@ -113,13 +111,12 @@ def _check(chunks: Sequence[Mapping[str, Any]], version: str, sessions: int) -> 
     return out
 
 
+Chunks = Sequence[Mapping[str, Any]]
+"""A push's chunks: one ``update_info`` per ``/update_weights`` (``{"names": ..., ...}`` for NCCL)."""
+
+
 def push_weights(
-    client: VLLMClient,
-    chunks: Sequence[Mapping[str, Any]],
-    *,
-    version: str,
-    expected: Mapping[str, str] | None = None,
-    sessions: int = 3,
+    client: VLLMClient, chunks: Chunks, *, version: str, expected: Mapping[str, str] | None = None, sessions: int = 3
 ) -> WeightPush:
     """Run one session on ``client``: start, one ``/update_weights`` per chunk, finish with ``version``.
 
@@ -128,65 +125,30 @@ def push_weights(
     answer was proven not applied (default 3). Raises ``WeightPushFailed`` (a call refused) or
     ``WeightPushAmbiguous``.
     """
-    return _now(_drive(client, _push(client.engine, _check(chunks, version, sessions), version, expected, sessions)))
+    return run_now(drive(_push(client.engine, _check(chunks, version, sessions), version, expected, sessions), _calls(client)))
 
 
 async def apush_weights(
-    client: AsyncVLLMClient,
-    chunks: Sequence[Mapping[str, Any]],
-    *,
-    version: str,
-    expected: Mapping[str, str] | None = None,
-    sessions: int = 3,
+    client: AsyncVLLMClient, chunks: Chunks, *, version: str, expected: Mapping[str, str] | None = None, sessions: int = 3
 ) -> WeightPush:
     """``push_weights`` on an ``AsyncVLLMClient`` (same rules and arguments)."""
-    return await _drive(client, _push(client.engine, _check(chunks, version, sessions), version, expected, sessions))
+    return await drive(_push(client.engine, _check(chunks, version, sessions), version, expected, sessions), _calls(client))
 
 
-# -- the session as steps, without I/O: each step names a client call; the driver sends it ---------------
+# -- the session as steps, without I/O: each step names a client call; ``engine_steps.drive`` makes it -------
 
 Step = tuple[str, tuple[Any, ...], dict[str, Any]]
 """A client method's name, its arguments and keyword arguments."""
-Reply = tuple[Any, Exception | None]
-"""What the call returned, or what it raised (then the value is None)."""
-Steps = Generator[Step, Reply, T]
 
 
-async def _drive(client: VLLMClient | AsyncVLLMClient, steps: Steps[WeightPush]) -> WeightPush:
-    """Send each step on ``client`` and hand back its reply; the one driver of both clients (a sync call's value is used as is)."""
-    reply: Reply | None = None
-    while True:
-        try:
-            name, args, kwargs = next(steps) if reply is None else steps.send(reply)
-        except StopIteration as done:
-            return cast(WeightPush, done.value)
-        try:
-            value = getattr(client, name)(*args, **kwargs)
-            reply = (await value if inspect.isawaitable(value) else value, None)
-        except Exception as exc:
-            reply = (None, exc)
-
-
-def _now(coroutine: Coroutine[Any, Any, T]) -> T:
-    """The value of a coroutine that never suspends (``_drive`` over a sync client)."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return cast(T, done.value)
-    coroutine.close()
-    raise RuntimeError("push_weights: a sync client's call was awaited")
-
-
-def _value(reply: Reply) -> Any:
-    value, error = reply
-    if error is not None:
-        raise error
-    return value
+def _calls(client: VLLMClient | AsyncVLLMClient) -> Callable[[Step], Any]:
+    """How ``drive`` performs a step on ``client``: the named method, called."""
+    return lambda step: getattr(client, step[0])(*step[1], **step[2])
 
 
 def _push(
     engine: str, todo: list[Mapping[str, Any]], version: str, expected: Mapping[str, str] | None, sessions: int
-) -> Steps[WeightPush]:
+) -> Steps[Step, WeightPush]:
     settled: list[str] = []
     for session in range(1, sessions + 1):
         yield from _start(engine, settled)
@@ -204,7 +166,7 @@ def _push(
         if lost is None:
             return WeightPush(engine, version, len(todo), tuple(settled))
         assert expected is not None
-        check = _value((yield ("weight_checker", ("compare",), {"baseline": expected})))
+        check = value_of((yield ("weight_checker", ("compare",), {"baseline": expected})))
         if check.match:
             settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
             return WeightPush(engine, version, len(todo), tuple(settled))
@@ -215,7 +177,7 @@ def _push(
     raise AssertionError("unreachable")
 
 
-def _start(engine: str, settled: list[str]) -> Steps[None]:
+def _start(engine: str, settled: list[str]) -> Steps[Step, None]:
     _, exc = yield ("start_weight_update", (), {})
     if exc is None:
         return
@@ -234,7 +196,7 @@ def _start(engine: str, settled: list[str]) -> Steps[None]:
     settled.append("start: sent again")
 
 
-def _finish(engine: str, version: str | None, settled: list[str]) -> Steps[None]:
+def _finish(engine: str, version: str | None, settled: list[str]) -> Steps[Step, None]:
     _, exc = yield ("finish_weight_update", (version,), {})
     if exc is None:
         return
