@@ -33,7 +33,7 @@ from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import Answer, AsyncSessionOwner, OwnAsyncSession
 from resilience.adapters.engine_session import own_driver_kwargs, own_policies
 from resilience.adapters.engine_steps import drive
-from resilience.adapters.sglang import calls, liveness
+from resilience.adapters.sglang import calls
 from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
 from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import (
@@ -47,11 +47,8 @@ from resilience.adapters.sglang.results import (
 )
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.barrier.engine import PauseMode
-from resilience.deadline import Deadline
-from resilience.errors import ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
-from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
 if TYPE_CHECKING:
@@ -136,39 +133,15 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         self._policies = own_policies(driver_kwargs, SGLANG_POLICIES)
 
     async def _send(self, call: Call) -> Answer:
-        """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""
-        self._refuse_if_released(call)
-        key_name, key = self._key_for(call.path)
-        started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
-        try:
-            answer = await self._http().send(call, self.base_url + call.path, auth_headers(key))
-        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
-            records = liveness.gateway_error_records(exc)
-            if liveness.needs_liveness_check(call, None, records):
-                deadline = liveness.call_deadline(self._policies, call, started_at)
-                await self._check_alive(call.endpoint, records, exc, deadline)
-            raise
-        raise_if_refused(self.engine, answer, key_name)
-        if liveness.needs_liveness_check(call, answer.status, answer.records):
-            deadline = liveness.call_deadline(self._policies, call, started_at)
-            await self._check_alive(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
-        return answer
+        """As ``SGLangClient._send``: the checks before and after the call (``SGLangClientState._call_steps``)."""
+        return await drive(self._call_steps(call), self._exchange)
 
-    async def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
-        """See ``SGLangClient._check_alive``: ``GET /model_info`` within what is left of the call's deadline."""
-        left = deadline.remaining()
-        if left <= 0:
-            return
-        error: BaseException | None = None
-        failures: tuple[type[BaseException], ...] = (*self._http().errors, SGLangError, OSError)  # errors: ResilienceError too
-        try:
-            with Deadline(left):
-                await self.model_info()
-        except failures as exc:
-            error = exc
-        if liveness.liveness_verdict(error) is False:
-            assert error is not None
-            raise liveness.engine_died(self.engine, endpoint, records, original, error)
+    async def _exchange(self, call: Call) -> Answer:
+        """One exchange of ``call`` over the session, with the key its route needs."""
+        return await self._http().send(call, self.base_url + call.path, auth_headers(self._key_for(call.path)[1]))
+
+    def _transport_errors(self) -> tuple[type[BaseException], ...]:
+        return (*self._http().errors, SGLangError, OSError)  # errors: ResilienceError too
 
     # -- generation control --------------------------------------------------
 

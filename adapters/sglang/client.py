@@ -24,17 +24,15 @@ from resilience.adapters.engine_http import Answer, answer_of
 from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs, own_policies
 from resilience.adapters.engine_steps import drive, run_now
 from resilience.adapters.requests import ResilientAdapter
-from resilience.adapters.sglang import calls, liveness
+from resilience.adapters.sglang import calls
 from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
 from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.barrier.engine import PauseMode
-from resilience.deadline import Deadline
 from resilience.errors import ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
-from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
 __all__ = ["SGLangClient", "mount_sglang"]
@@ -146,34 +144,18 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
         return response
 
     def _send(self, call: Call) -> Answer:
-        self._refuse_if_released(call)
-        started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
-        try:
-            answer = answer_of(call.endpoint, self._response(call))
-        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
-            records = liveness.gateway_error_records(exc)
-            if liveness.needs_liveness_check(call, None, records):
-                self._check_alive(call.endpoint, records, exc, liveness.call_deadline(self._policies, call, started_at))
-            raise
-        if liveness.needs_liveness_check(call, answer.status, answer.records):
-            error = liveness.answer_error(self.engine, answer)
-            self._check_alive(answer.endpoint, answer.records, error, liveness.call_deadline(self._policies, call, started_at))
-        return answer
+        """``call`` with the checks before and after it (``SGLangClientState._call_steps``): a 401/403 raises
+        ``SGLangAuthError``, a dead engine behind a proxy ``EngineDied``."""
+        return run_now(drive(self._call_steps(call), self._exchange))
 
-    def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
-        """``GET /model_info`` within what is left of the call's deadline; ``EngineDied`` (from ``original``) when nothing answers it."""
-        left = deadline.remaining()
-        if left <= 0:
-            return  # no time left to check: the call's own error stands
-        error: BaseException | None = None
-        try:
-            with Deadline(left):
-                self.model_info()
-        except (requests.RequestException, ResilienceError, OSError) as exc:  # SGLangError is a RequestException
-            error = exc
-        if liveness.liveness_verdict(error) is False:
-            assert error is not None
-            raise liveness.engine_died(self.engine, endpoint, records, original, error)
+    def _exchange(self, call: Call) -> Answer:
+        """One exchange of ``call`` over the session, with the key its route needs."""
+        headers = auth_headers(self._key_for(call.path)[1])
+        response = self.session.request(call.method, self.base_url + call.path, json=call.body, params=call.params, headers=headers)
+        return answer_of(call.endpoint, response)
+
+    def _transport_errors(self) -> tuple[type[BaseException], ...]:
+        return (requests.RequestException, ResilienceError, OSError)  # SGLangError is a RequestException
 
     # -- generation control --------------------------------------------------
 

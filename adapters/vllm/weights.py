@@ -149,9 +149,10 @@ def _calls(client: VLLMClient | AsyncVLLMClient) -> Callable[[Step], Any]:
 def _push(
     engine: str, todo: list[Mapping[str, Any]], version: str, expected: Mapping[str, str] | None, sessions: int
 ) -> Steps[Step, WeightPush]:
+    """The sessions of one push as steps, by the module docstring's rules (``push_weights``' arguments, checked)."""
     settled: list[str] = []
     for session in range(1, sessions + 1):
-        yield from _start(engine, settled)
+        yield from _resent(engine, "start", ("start_weight_update", (), {}), settled, _already_active)
         lost = None
         for i, chunk in enumerate(todo):
             _, exc = yield ("update_weights", (chunk,), {})
@@ -162,7 +163,8 @@ def _push(
                     raise WeightPushAmbiguous(engine, i, exc, "no expected checksums to compare") from exc
                 lost = (i, exc)
                 break
-        yield from _finish(engine, version, settled)
+        note = "; the engine had closed the session"
+        yield from _resent(engine, "finish", ("finish_weight_update", (version,), {}), settled, _no_session, note)
         if lost is None:
             return WeightPush(engine, version, len(todo), tuple(settled))
         assert expected is not None
@@ -177,41 +179,26 @@ def _push(
     raise AssertionError("unreachable")
 
 
-def _start(engine: str, settled: list[str]) -> Steps[Step, None]:
-    _, exc = yield ("start_weight_update", (), {})
+def _resent(
+    engine: str, name: str, step: Step, settled: list[str], proves_first: Callable[[BaseException], bool], note: str = ""
+) -> Steps[Step, None]:
+    """``step`` (``start`` or ``finish``), sent again after a lost answer (at most ``RESENDS`` times).
+
+    A re-send that answers, or that fails in a way that ``proves_first`` the first one arrived, settles it
+    (``settled`` says so, with ``note`` for the second case); a refusal raises ``WeightPushFailed``.
+    """
+    _, exc = yield step
     if exc is None:
         return
     if not maybe_applied(exc):
-        raise WeightPushFailed(engine, "start", exc) from exc
+        raise WeightPushFailed(engine, name, exc) from exc
     last: BaseException = exc
     for _ in range(RESENDS):
-        _, again = yield ("start_weight_update", (), {})
-        if again is None or _already_active(again):
-            break
-        if not maybe_applied(again):
-            raise WeightPushFailed(engine, "start (sent again)", again) from again
-        last = again
-    else:
-        raise WeightPushFailed(engine, f"start (sent {RESENDS + 1} times, every answer lost)", last) from last
-    settled.append("start: sent again")
-
-
-def _finish(engine: str, version: str | None, settled: list[str]) -> Steps[Step, None]:
-    _, exc = yield ("finish_weight_update", (version,), {})
-    if exc is None:
-        return
-    if not maybe_applied(exc):
-        raise WeightPushFailed(engine, "finish", exc) from exc
-    last: BaseException = exc
-    for _ in range(RESENDS):
-        _, again = yield ("finish_weight_update", (version,), {})
-        if again is None:
-            settled.append("finish: sent again")
-            return
-        if _no_session(again):
-            settled.append("finish: sent again; the engine had closed the session")
+        _, again = yield step
+        if again is None or proves_first(again):
+            settled.append(f"{name}: sent again" + ("" if again is None else note))
             return
         if not maybe_applied(again):
-            raise WeightPushFailed(engine, "finish (sent again)", again) from again
+            raise WeightPushFailed(engine, f"{name} (sent again)", again) from again
         last = again
-    raise WeightPushFailed(engine, f"finish (sent {RESENDS + 1} times, every answer lost)", last) from last
+    raise WeightPushFailed(engine, f"{name} (sent {RESENDS + 1} times, every answer lost)", last) from last
