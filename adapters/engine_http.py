@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "DEFAULT_LIMIT_PER_HOST",
     "PROBE_CONFIRMED_REASON",
     "Answer",
     "AsyncRequester",
@@ -47,6 +48,9 @@ __all__ = [
     "answer_records",
     "requester_for",
 ]
+
+DEFAULT_LIMIT_PER_HOST = 100
+"""Connections an async client's own session keeps open to its engine at most (aiohttp's default total limit)."""
 
 PROBE_CONFIRMED_REASON = "Applied (confirmed by probe)"
 """The reason phrase of the body-less 200 every driver returns when a probe proved a lost call applied."""
@@ -222,12 +226,9 @@ class AiohttpRequester:
             return Answer(call.endpoint, response.status, text, records, None, confirmed)
 
     @asynccontextmanager
-    async def _stream(self, call: Outgoing, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:
+    async def stream(self, call: Outgoing, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:
         async with self.session.request(call.method, url, json=call.body, params=_pairs(call.params), headers=headers) as response:
             yield _AiohttpReply(response)
-
-    def stream(self, call: Outgoing, url: str, headers: Mapping[str, str] | None) -> AbstractAsyncContextManager[StreamedReply]:
-        return self._stream(call, url, headers)
 
     async def aclose(self) -> None:
         await self.session.close()
@@ -291,12 +292,9 @@ class HttpxRequester:
         return Answer(call.endpoint, reply.status, await reply.text(), reply.records, response, reply.confirmed)
 
     @asynccontextmanager
-    async def _stream(self, call: Outgoing, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:
+    async def stream(self, call: Outgoing, url: str, headers: Mapping[str, str] | None) -> AsyncIterator[StreamedReply]:
         async with self.session.stream(call.method, url, json=call.body, params=_pairs(call.params), headers=headers) as response:
             yield _HttpxReply(response)
-
-    def stream(self, call: Outgoing, url: str, headers: Mapping[str, str] | None) -> AbstractAsyncContextManager[StreamedReply]:
-        return self._stream(call, url, headers)
 
     async def aclose(self) -> None:
         await self.session.aclose()

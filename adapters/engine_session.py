@@ -8,13 +8,22 @@ from typing import Any, Self
 import requests
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
+from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST
 from resilience.adapters.requests import ResilientAdapter, resilient_session
 from resilience.errors import ConfigConflict
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
 from resilience.policy import PolicyTable
 
-__all__ = ["DRIVER_KEYWORDS", "SyncSessionOwner", "WithProbe", "mount_adapter", "own_driver_kwargs", "own_policies", "probed_config"]
+__all__ = [
+    "DRIVER_KEYWORDS",
+    "SyncSessionOwner",
+    "WithProbe",
+    "mount_adapter",
+    "own_driver_kwargs",
+    "own_policies",
+    "probed_config",
+]
 
 WithProbe = Callable[[PolicyTable, MemoryProbe], PolicyTable]
 """A kind's way to have a memory probe asked by its table (SGLang's ``with_memory_probe``)."""
@@ -33,7 +42,7 @@ def own_driver_kwargs(
     policies: PolicyTable | Unset,
     observers: Sequence[Observer] | Unset,
     extra: Mapping[str, Any],
-    own_session_only: Sequence[str] = (),
+    limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
     memory_probe: MemoryProbe | None = None,
     with_probe: WithProbe | None = None,
 ) -> dict[str, Any]:
@@ -41,8 +50,8 @@ def own_driver_kwargs(
 
     ``policies`` left ``UNSET`` is ``default`` (the kind's table: ``SGLANG_POLICIES``,
     ``VLLM_POLICIES``), or the config's policies. ``extra``: the driver's other keywords the caller gave
-    (``breaker``, ``retry_budget``, ``clock``, pool sizes); ``own_session_only``:
-    names of the client's own-session settings the caller gave (``limit_per_host``).
+    (``breaker``, ``retry_budget``, ``clock``, pool sizes); ``limit_per_host``: an async
+    client's own pool size, an own-session setting when not ``DEFAULT_LIMIT_PER_HOST``.
     ``memory_probe`` (None = none): asked on the table's release and resume
     entries (``with_probe``, the kind's ``with_memory_probe``; a probe given to a
     kind without one is a ``ConfigConflict``); with ``config``, the client gets a copy
@@ -54,7 +63,8 @@ def own_driver_kwargs(
     """
     given = [name for name, value in (("policies", policies), ("observers", observers)) if value is not UNSET]
     given += ["memory_probe"] if memory_probe is not None else []
-    given += [*own_session_only, *sorted(extra)]
+    given += ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
+    given += sorted(extra)
     if memory_probe is not None and with_probe is None:
         raise ConfigConflict(f"{owner} got memory_probe=: this engine kind has no memory probe")
     if session is not None:

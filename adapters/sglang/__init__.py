@@ -19,7 +19,8 @@ sender, the own async session), ``engine_state.py`` (the engine, its keys), ``en
 
 from __future__ import annotations
 
-from resilience.adapters.sglang.async_client import DEFAULT_LIMIT_PER_HOST, AsyncSGLangClient
+from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST
+from resilience.adapters.sglang.async_client import AsyncSGLangClient
 from resilience.adapters.sglang.client import SGLangClient, mount_sglang
 from resilience.adapters.sglang.memory_check import MemoryProbeCheck
 from resilience.adapters.sglang.policies import (

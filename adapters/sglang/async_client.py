@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.engine_http import Answer, AsyncSessionOwner, OwnAsyncSession
+from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST, Answer, AsyncSessionOwner, OwnAsyncSession
 from resilience.adapters.engine_session import own_driver_kwargs, own_policies
 from resilience.adapters.engine_steps import drive
 from resilience.adapters.sglang import calls
@@ -55,10 +55,7 @@ if TYPE_CHECKING:
     import aiohttp
     import httpx
 
-__all__ = ["DEFAULT_LIMIT_PER_HOST", "AsyncSGLangClient"]
-
-DEFAULT_LIMIT_PER_HOST = 100
-"""Connections the client's own session keeps open to its engine at most (aiohttp's default total limit)."""
+__all__ = ["AsyncSGLangClient"]
 
 
 class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
@@ -113,7 +110,6 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         memory_probe: MemoryProbe | None = None,
         **middleware_kwargs: Any,
     ) -> None:
-        own = ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
         driver_kwargs = own_driver_kwargs(
             "AsyncSGLangClient",
             SGLANG_POLICIES,
@@ -122,14 +118,14 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
             policies=policies,
             observers=observers,
             extra=middleware_kwargs,
-            own_session_only=own,
+            limit_per_host=limit_per_host,
             memory_probe=memory_probe,
             with_probe=with_memory_probe,
         )
+        self._own = OwnAsyncSession("AsyncSGLangClient", session, driver_kwargs, limit_per_host)
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
-        self._own = OwnAsyncSession("AsyncSGLangClient", session, driver_kwargs, limit_per_host)
         self._policies = own_policies(driver_kwargs, SGLANG_POLICIES)
 
     async def _send(self, call: Call) -> Answer:

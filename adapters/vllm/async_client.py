@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.engine_http import Answer, AsyncSessionOwner, OwnAsyncSession
+from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST, Answer, AsyncSessionOwner, OwnAsyncSession
 from resilience.adapters.engine_session import own_driver_kwargs
 from resilience.adapters.engine_steps import drive
 from resilience.adapters.vllm import answers, calls
@@ -50,12 +50,9 @@ if TYPE_CHECKING:
     import aiohttp
     import httpx
 
-__all__ = ["DEFAULT_LIMIT_PER_HOST", "AsyncVLLMClient"]
+__all__ = ["AsyncVLLMClient"]
 
 T = TypeVar("T")
-
-DEFAULT_LIMIT_PER_HOST = 100
-"""Connections the client's own session keeps open to its engine at most."""
 
 
 class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
@@ -85,8 +82,7 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
         limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
         **middleware_kwargs: Any,
     ) -> None:
-        own = ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
-        kwargs = own_driver_kwargs(
+        driver_kwargs = own_driver_kwargs(
             "AsyncVLLMClient",
             VLLM_POLICIES,
             session=session,
@@ -94,10 +90,10 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
             policies=policies,
             observers=observers,
             extra=middleware_kwargs,
-            own_session_only=own,
+            limit_per_host=limit_per_host,
         )
+        self._own = OwnAsyncSession("AsyncVLLMClient", session, driver_kwargs, limit_per_host)
         super().__init__(base_url, api_key=api_key, api_version=api_version)
-        self._own = OwnAsyncSession("AsyncVLLMClient", session, kwargs, limit_per_host)
 
     async def _send(self, request: Request) -> Answer:
         return await self._http().send(request, self.base_url + request.path, key_header(request.path, self._api_key))

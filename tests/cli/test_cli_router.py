@@ -28,14 +28,9 @@ def test_emulate_behind_smg_then_probe_through_it_then_one_signal_stops_all(tmp_
     smg`` checks both at their own URLs (exit 0); SIGINT stops the gateway and the engines (exit 0)."""
     require_smg()
     pytest.importorskip("torch")
-    proc = subprocess.Popen(
-        [*CPR, "emulate", "--engines", "2", "--router", "smg", "--health-poll-seconds", "0.05"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
+    command = [*CPR, "emulate", "--engines", "2", "--router", "smg", "--health-poll-seconds", "0.05"]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None and proc.stderr is not None
         line = proc.stdout.readline()  # bounded by the test timeout; printed once the gateway's workers are ready
