@@ -98,18 +98,9 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     async def _send(self, request: Request) -> Answer:
         return await self._http().send(request, self.base_url + request.path, key_header(request.path, self._api_key))
 
-    async def _api_for(self, plan: Plan[Any]) -> VLLMApi | None:
-        """See ``VLLMClient._api_for``."""
-        if not plan.route.versioned:
-            return None
-        api = self._api if self._api is not None else await self.version()
-        self._gated(plan, api)
-        return api
-
     async def _run(self, plan: Plan[T]) -> T:
         """See ``VLLMClient._run``."""
-        self._refuse_if_asleep(plan)
-        return await drive(self._steps(plan, await self._api_for(plan)), self._perform)
+        return await drive(self._steps(plan), self._perform)
 
     async def _pause_between_polls(self, seconds: float) -> None:
         """Wait between two refusals."""

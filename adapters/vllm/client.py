@@ -125,22 +125,9 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
         )
         return answer_of(r.endpoint, response)
 
-    def _api_for(self, plan: Plan[Any]) -> VLLMApi | None:
-        """The server's API, learned once (``GET /version``) for a versioned route; the call refused when it cannot take it."""
-        if not plan.route.versioned:
-            return None
-        api = self._api if self._api is not None else self.version()
-        self._gated(plan, api)
-        return api
-
     def _run(self, plan: Plan[T]) -> T:
-        """Send ``plan`` and read its answer; a refusal is asked again as its route allows (``VLLMClientState._steps``).
-
-        A call that needs the weights while this client knows them asleep is refused first, unsent
-        (``VLLMWeightsAsleep``); a sleep or wake answer updates ``weights_asleep``.
-        """
-        self._refuse_if_asleep(plan)
-        return run_now(drive(self._steps(plan, self._api_for(plan)), self._perform))
+        """Send ``plan`` and read its answer, by ``VLLMClientState._steps``' rules (version, weights asleep, refusals)."""
+        return run_now(drive(self._steps(plan), self._perform))
 
     def _pause_between_polls(self, seconds: float) -> None:
         """Wait between two refusals (a method so a test can play a stalled machine)."""

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from resilience.adapters.engine_http import Answer
 from resilience.adapters.engine_state import EngineClientState
 from resilience.adapters.engine_steps import Steps, value_of
+from resilience.adapters.vllm import calls
 from resilience.adapters.vllm.answers import Plan, Request, check_reply, gate, key_header, refusal_wait
 from resilience.adapters.vllm.results import SleepResult, VLLMRefused, VLLMWeightsAsleep, WakeResult
 from resilience.adapters.vllm.versions import VLLMApi
@@ -85,9 +86,20 @@ class VLLMClientState(EngineClientState):
     def _gated(self, plan: Plan[Any], api: VLLMApi | None) -> None:
         gate(self.engine, plan.route, api)
 
-    def _steps(self, plan: Plan[T], api: VLLMApi | None) -> Steps[Request | float, T]:
-        """``plan`` as steps (``engine_steps``): its request for ``api``, asked again after a refusal as its route
-        allows (``answers.refusal_wait``, within ``plan.refusal_deadline_s``); the result noted (``_noted``)."""
+    def _steps(self, plan: Plan[T]) -> Steps[Request | float, T]:
+        """``plan`` as steps (``engine_steps``), the one rule both clients run a call by.
+
+        A call that needs the weights while this client knows them asleep is refused first, unsent
+        (``VLLMWeightsAsleep``). A versioned route learns the server's API once (``GET /version``) and is
+        refused unsent when this release cannot take it (``answers.gate``). A refusal is asked again as
+        its route allows (``answers.refusal_wait``, within ``plan.refusal_deadline_s``); a sleep or wake
+        answer updates ``weights_asleep`` (``_noted``).
+        """
+        self._refuse_if_asleep(plan)
+        api = None
+        if plan.route.versioned:
+            api = self._api if self._api is not None else self._remember((yield from self._steps(calls.version())))
+            self._gated(plan, api)
         request = plan.build(self.engine, api)
         with Deadline(plan.refusal_deadline_s) as deadline:  # None: no deadline of its own
             for polls in itertools.count(1):
