@@ -49,7 +49,7 @@ import ray.exceptions
 from resilience.adapters.routing import engine_of
 from resilience.adapters.sglang import ControlResult, FlushResult, Health, ModelInfo, SGLangClient
 from resilience.adapters.vllm.engine import VLLM_TAGS, VLLMEngine
-from resilience.adapters.vllm.types import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
+from resilience.adapters.vllm.results import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.deadline import Deadline, current_deadline
 from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, PauseMode, engine_name

@@ -27,14 +27,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.sglang import calls, liveness
-from resilience.adapters.sglang.async_http import AsyncRequester, aiohttp_session, requester_for, resilient_middleware
-from resilience.adapters.sglang.calls import Answer, Call, auth_headers, raise_if_refused
-from resilience.adapters.sglang.own_session import own_driver_kwargs, own_policies
+from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST, Answer, AsyncSessionOwner, OwnAsyncSession
+from resilience.adapters.engine_session import own_driver_kwargs, own_policies
+from resilience.adapters.engine_steps import drive
+from resilience.adapters.sglang import calls
+from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
+from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import (
     ControlResult,
     FlushResult,
@@ -45,25 +46,19 @@ from resilience.adapters.sglang.results import (
     WeightUpdateResult,
 )
 from resilience.adapters.sglang.state import SGLangClientState
-from resilience.deadline import Deadline
 from resilience.engine_contract import PauseMode
-from resilience.errors import DeadlineExceeded, ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
-from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
 if TYPE_CHECKING:
     import aiohttp
     import httpx
 
-__all__ = ["DEFAULT_LIMIT_PER_HOST", "AsyncSGLangClient"]
-
-DEFAULT_LIMIT_PER_HOST = 100
-"""Connections the client's own session keeps open to its engine at most (aiohttp's default total limit)."""
+__all__ = ["AsyncSGLangClient"]
 
 
-class AsyncSGLangClient(SGLangClientState):
+class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
     """A client of one SGLang engine's HTTP control plane, with ``async`` methods.
 
     ``base_url``: the engine (``http://127.0.0.1:30000``). ``session``: an
@@ -115,124 +110,34 @@ class AsyncSGLangClient(SGLangClientState):
         memory_probe: MemoryProbe | None = None,
         **middleware_kwargs: Any,
     ) -> None:
-        own = ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
         driver_kwargs = own_driver_kwargs(
             "AsyncSGLangClient",
+            SGLANG_POLICIES,
             session=session,
             config=config,
             policies=policies,
             observers=observers,
             extra=middleware_kwargs,
-            own_session_only=own,
+            limit_per_host=limit_per_host,
             memory_probe=memory_probe,
+            with_probe=with_memory_probe,
         )
+        self._own = OwnAsyncSession("AsyncSGLangClient", session, driver_kwargs, limit_per_host)
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
-        if isinstance(limit_per_host, bool) or not isinstance(limit_per_host, int) or limit_per_host < 1:
-            raise ValueError(f"AsyncSGLangClient limit_per_host must be an int >= 1, but was {limit_per_host!r}")
-        self._owns_session = session is None
-        self._requester: AsyncRequester | None = None if session is None else requester_for(session)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._limit_per_host = limit_per_host
-        self._middleware_kwargs = driver_kwargs
-        self._policies = own_policies(driver_kwargs)
-        # one middleware for every session the client opens: its breakers and budgets outlive an aclose()
-        self._middleware = None if session is not None else self._new_middleware()
-
-    def _new_middleware(self) -> Any:
-        return resilient_middleware(self._middleware_kwargs)
-
-    @property
-    def session(self) -> aiohttp.ClientSession | httpx.AsyncClient | None:
-        """The session in use: the one passed, the client's own once opened, else None."""
-        requester = self._requester
-        return None if requester is None else getattr(requester, "session", None) or getattr(requester, "client", None)
-
-    async def aclose(self) -> None:
-        """Close the client's own session (a session you passed stays open). The next call opens a new one."""
-        requester, self._requester = self._requester, None
-        self._loop = None
-        if requester is not None:
-            if self._owns_session:
-                await requester.aclose()
-            else:
-                self._requester = requester
-
-    async def __aenter__(self) -> AsyncSGLangClient:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.aclose()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle without the session (an open session cannot travel); an unpickled client opens its own."""
-        if not self._owns_session:
-            raise TypeError("an AsyncSGLangClient with a session you passed cannot be pickled; pass none to let it open its own")
-        state = super().__getstate__()
-        state["_requester"] = None
-        state["_loop"] = None
-        state["_middleware"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Rebuild the lock and the middleware (fresh breakers and budgets) after unpickling."""
-        super().__setstate__(state)
-        self._middleware = self._new_middleware()
-
-    # -- plumbing ------------------------------------------------------------
-
-    def _http(self) -> AsyncRequester:
-        """The request helper; the client's own session is opened here, in the running loop."""
-        loop = asyncio.get_running_loop()
-        if self._requester is None:
-            self._requester = requester_for(aiohttp_session(self._middleware, limit_per_host=self._limit_per_host))
-            self._loop = loop
-        elif self._owns_session and self._loop is not loop:
-            if self._loop is not None and not self._loop.is_closed():
-                raise RuntimeError(
-                    f"{self!r} opened its session in another event loop, which is still open; an aiohttp session belongs "
-                    "to one loop: await client.aclose() in that loop first, or use one client per loop"
-                )
-            # the loop that opened the session is closed, and its connections with it: open a new session here
-            self._requester = None
-            return self._http()
-        return self._requester
+        self._policies = own_policies(driver_kwargs, SGLANG_POLICIES)
 
     async def _send(self, call: Call) -> Answer:
-        """Send ``call`` with the key its route needs; a 401/403 raises ``SGLangAuthError``; a dead engine ``EngineDied``."""
-        self._refuse_if_released(call)
-        key_name, key = self._key_for(call.path)
-        started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
-        try:
-            answer = await self._http().send(call, self.base_url + call.path, auth_headers(key))
-        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
-            records = liveness.gateway_error_records(exc)
-            if liveness.needs_liveness_check(call, None, records):
-                deadline = liveness.call_deadline(self._policies, call, started_at)
-                await self._check_alive(call.endpoint, records, exc, deadline)
-            raise
-        raise_if_refused(self.engine, answer, key_name)
-        if liveness.needs_liveness_check(call, answer.status, answer.records):
-            deadline = liveness.call_deadline(self._policies, call, started_at)
-            await self._check_alive(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
-        return answer
+        """As ``SGLangClient._send``: the checks before and after the call (``SGLangClientState._call_steps``)."""
+        return await drive(self._call_steps(call), self._exchange)
 
-    async def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
-        """See ``SGLangClient._check_alive``: ``GET /model_info`` within what is left of the call's deadline."""
-        left = deadline.remaining()
-        if left <= 0:
-            return
-        error: BaseException | None = None
-        failures: tuple[type[BaseException], ...] = (*self._http().errors, SGLangError, OSError)  # errors: ResilienceError too
-        try:
-            with Deadline(left):
-                await self.model_info()
-        except failures as exc:
-            error = exc
-        if liveness.liveness_verdict(error) is False:
-            assert error is not None
-            raise liveness.engine_died(self.engine, endpoint, records, original, error)
+    async def _exchange(self, call: Call) -> Answer:
+        """One exchange of ``call`` over the session, with the key its route needs."""
+        return await self._http().send(call, self.base_url + call.path, auth_headers(self._key_for(call.path)[1]))
+
+    def _transport_errors(self) -> tuple[type[BaseException], ...]:
+        return (*self._http().errors, SGLangError, OSError)  # errors: ResilienceError too
 
     # -- generation control --------------------------------------------------
 
@@ -253,23 +158,7 @@ class AsyncSGLangClient(SGLangClientState):
 
         ``wait_for_idle``: as in ``SGLangClient.flush_cache`` (by default ``?timeout=0`` after this client's own pause).
         """
-        wait = self._flush_waits(wait_for_idle)
-        with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
-            polls = 0
-            last: Answer | None = None
-            while True:
-                polls += 1
-                try:
-                    answer = await self._send(calls.flush_call(calls.flush_server_wait(wait, deadline.remaining())))
-                except DeadlineExceeded as exc:
-                    if last is None:
-                        raise
-                    raise calls.flush_gave_up(self.engine, last, polls - 1) from exc
-                result = calls.flush_outcome(self.engine, answer, polls=polls, remaining_s=deadline.remaining(), poll_s=self.flush_poll_s)
-                if result is not None:
-                    return result
-                last = answer
-                await self._pause_between_polls(self.flush_poll_s)
+        return await drive(self._flush_steps(deadline_s, wait_for_idle), self._perform)
 
     async def _pause_between_polls(self, seconds: float) -> None:
         """Wait between "not idle" answers of ``flush_cache`` (a method so a test can play a stalled loop)."""
@@ -441,7 +330,7 @@ class AsyncSGLangClient(SGLangClientState):
         key_name, key = self._key_for(call.path)
         async with self._http().stream(call, self.base_url + call.path, auth_headers(key)) as reply:
             if reply.status >= 400:
-                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.attempts, reply.response, reply.records)
+                answer = Answer(call.endpoint, reply.status, await reply.text(), reply.records, reply.response)
                 calls.require_ok(self.engine, raise_if_refused(self.engine, answer, key_name))
             async for line in reply.lines():
                 item = calls.sse_line(self.engine, call.endpoint, line, reply.records)

@@ -4,7 +4,7 @@ No I/O here. A client method builds a ``Call`` (method, path, JSON body, query),
 its transport turns the engine's answer into an ``Answer`` (status, text,
 attempts), and a parser here turns that into a typed result or raises the
 typed error. The sync and async clients differ only in how they send, so they
-cannot drift apart. ``methods.py`` lists every client method with its route and
+cannot drift apart. ``routes.py`` lists every client method with its route and
 result; ``state.py`` holds what both clients remember; ``liveness.py`` decides
 whether an engine behind a proxy is dead.
 """
@@ -12,41 +12,33 @@ whether an engine behind a proxy is dead.
 from __future__ import annotations
 
 import enum
+import itertools
 import json as jsonlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from resilience.adapters.answer_error import parse_object
+from resilience.adapters.engine_http import Answer, answer_records
+from resilience.adapters.engine_steps import Steps, value_of
+from resilience.adapters.sglang import results
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES
-from resilience.adapters.sglang.results import (
-    ControlResult,
-    FlushResult,
-    GenerateResult,
-    Health,
-    ModelInfo,
-    SGLangAppliedButRefused,
-    SGLangAuthError,
-    SGLangError,
-    SGLangProtocolError,
-    WeightUpdateResult,
-)
+from resilience.deadline import Deadline
 from resilience.engine_contract import ALL_TAGS
-from resilience.outcome import AttemptRecord, Delivery, Outcome
+from resilience.errors import DeadlineExceeded
+from resilience.outcome import AttemptRecord
 
 __all__ = [
     "GATEWAY_STATUSES",
-    "PROBE_CONFIRMED_REASON",
     "WEIGHT_PATHS",
-    "Answer",
     "Call",
     "StreamEnd",
-    "answer_records",
     "auth_headers",
     "control_result",
     "flush_gave_up",
     "flush_outcome",
     "flush_server_wait",
+    "flush_steps",
     "generate_result",
     "health_result",
     "json_of",
@@ -85,7 +77,7 @@ FLUSH_SERVER_WAIT_CAP_S = 30.0
 """The longest ``?timeout=`` a flush asks SGLang to wait for idle in one request."""
 
 
-# -- the two values that cross the transport ----------------------------------------
+# -- the value that crosses the transport (the answer is ``engine_http.Answer``) ---------
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,55 +95,8 @@ class Call:
         return f"{self.method} {self.path}"
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What the engine answered: ``status``, the body as ``text``, and the ``attempts`` the call took.
-
-    ``response``: the transport's own response object, put on raised errors as
-    ``error.response`` (None = none); never read here. ``records``: the
-    transport's delivery record of the call (``AttemptRecord``s), put on raised
-    errors as ``error.attempts``; ``answer_records`` fills it in.
-    """
-
-    endpoint: str
-    status: int
-    text: str
-    attempts: int = 1
-    response: Any = None
-    records: tuple[AttemptRecord, ...] = ()
-    confirmed_by_probe: bool = False
-    """True when the engine's own answer was lost and the transport's memory probe proved the call applied."""
-
-    @property
-    def ok(self) -> bool:
-        """True for a status below 400 (``requests.Response.ok``)."""
-        return self.status < 400
-
-
-PROBE_CONFIRMED_REASON = "Applied (confirmed by probe)"
-"""The reason phrase of the body-less 200 every driver returns when a probe proved a lost call applied."""
-
 GATEWAY_STATUSES: frozenset[int] = frozenset({502, 503, 504})
 """Statuses a front end answers when it got nothing (usable) from the engine."""
-
-
-def answer_records(value: object, status: int, reason: str | None = None) -> tuple[tuple[AttemptRecord, ...], bool]:
-    """The delivery record of an answer, and whether a memory probe confirmed it: ``(records, confirmed_by_probe)``.
-
-    ``value``: what the transport put on its response (``.attempts``, httpx's
-    ``extensions["attempts"]``); ``status`` / ``reason``: the response's status
-    and reason phrase (None = not known). The records are the transport's (a
-    non-empty tuple of ``AttemptRecord``), else one attempt that got
-    ``status``: a session without the resilience layer records nothing, and
-    the answer itself proves that one attempt reached the engine and was
-    answered. ``confirmed_by_probe`` is True only for the layer's own "applied"
-    answer: a 200 with ``PROBE_CONFIRMED_REASON`` that carries the layer's
-    record (an engine or proxy answering that phrase itself is not believed).
-    """
-    if isinstance(value, tuple) and value and all(isinstance(r, AttemptRecord) for r in value):
-        return value, status == 200 and reason == PROBE_CONFIRMED_REASON
-    outcome = Outcome.SUCCESS if status < 400 else Outcome.FATAL
-    return (AttemptRecord(0, status, outcome, Delivery.RESPONDED, None, 0.0),), False
 
 
 class StreamEnd(enum.Enum):
@@ -161,13 +106,6 @@ class StreamEnd(enum.Enum):
 
 
 # -- what to send ----------------------------------------------------------------
-
-
-def check_base_url(base_url: str, owner: str) -> str:
-    """``base_url`` without a trailing slash; a clear error naming ``owner`` when it is not http(s)."""
-    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-        raise ValueError(f"{owner} base_url must start with http:// or https://, but was {base_url!r}")
-    return base_url.rstrip("/")
 
 
 def key_for(path: str, api_key: str | None, admin_api_key: str | None) -> tuple[str | None, str | None]:
@@ -335,7 +273,7 @@ def flush_server_wait(wait_for_idle: bool, remaining_s: float) -> float:
 def raise_if_refused(engine: str, answer: Answer, key_name: str | None) -> Answer:
     """Raise ``SGLangAuthError`` on a 401/403 (never retried), naming which key was sent, never the key."""
     if answer.status in (401, 403):
-        raise SGLangAuthError(
+        raise results.SGLangAuthError(
             engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response, attempts=answer.records
         )
     return answer
@@ -344,7 +282,7 @@ def raise_if_refused(engine: str, answer: Answer, key_name: str | None) -> Answe
 def require_ok(engine: str, answer: Answer) -> Answer:
     """``answer`` when its status is below 400, else ``SGLangError`` with the status and a body excerpt."""
     if not answer.ok:
-        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+        raise results.SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
     return answer
 
 
@@ -354,7 +292,7 @@ def json_of(engine: str, answer: Answer) -> Any:
     try:
         return jsonlib.loads(answer.text)
     except ValueError:
-        raise SGLangProtocolError(
+        raise results.SGLangProtocolError(
             engine,
             answer.endpoint,
             answer.status,
@@ -365,15 +303,15 @@ def json_of(engine: str, answer: Answer) -> Any:
         ) from None
 
 
-def control_result(engine: str, answer: Answer) -> ControlResult:
+def control_result(engine: str, answer: Answer) -> results.ControlResult:
     """A control call's answer: its ``message`` when the body is a JSON object that has one."""
     require_ok(engine, answer)
     data = parse_object(answer.text) if answer.text else None
     message = str(data.get("message", "")) if data is not None else ""
-    return ControlResult(engine, answer.endpoint, message, answer.attempts, confirmed_by_probe=answer.confirmed_by_probe)
+    return results.ControlResult(engine, answer.endpoint, message, answer.attempts, confirmed_by_probe=answer.confirmed_by_probe)
 
 
-def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
+def weights_result(engine: str, answer: Answer) -> results.WeightUpdateResult:
     """A weight-update answer ``{"success", "message"}``; a refusal raises, an applied-but-refused update says so."""
     endpoint = answer.endpoint
     if answer.status == 400:
@@ -381,7 +319,7 @@ def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
         if data is not None and data.get("success") is False:
             message = str(data.get("message", ""))
             if message.startswith(APPLIED_NOT_FLUSHED):
-                raise SGLangAppliedButRefused(
+                raise results.SGLangAppliedButRefused(
                     engine,
                     endpoint,
                     400,
@@ -390,41 +328,65 @@ def weights_result(engine: str, answer: Answer) -> WeightUpdateResult:
                     response=answer.response,
                     attempts=answer.records,
                 )
-            raise SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}", attempts=answer.records)
+            raise results.SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}", attempts=answer.records)
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "success" not in data:
-        raise SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail="no 'success' field", attempts=answer.records)
+        detail = "no 'success' field"
+        raise results.SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail=detail, attempts=answer.records)
     if not data["success"]:
-        raise SGLangError(
+        raise results.SGLangError(
             engine, endpoint, answer.status, answer.text, detail=f"refused: {data.get('message', '')}", attempts=answer.records
         )
-    return WeightUpdateResult(engine, endpoint, True, str(data.get("message", "")), data)
+    return results.WeightUpdateResult(engine, endpoint, True, str(data.get("message", "")), data)
 
 
-def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float, poll_s: float) -> FlushResult | None:
+def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float, poll_s: float) -> results.FlushResult | None:
     """A flush's answer: the result when flushed, None to ask again after ``poll_s``, else raise.
 
     "Not idle" answers (400 with one of ``NOT_IDLE``) are asked again while more
     than ``poll_s`` of the flush deadline is left; any other error raises at once.
     """
     if answer.ok:
-        return FlushResult(engine, answer.text.strip(), polls)
+        return results.FlushResult(engine, answer.text.strip(), polls)
     not_idle = answer.status == 400 and any(text in answer.text for text in NOT_IDLE)
     if not not_idle:
-        raise SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+        raise results.SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
     if remaining_s <= poll_s:
         raise flush_gave_up(engine, answer, polls)
     return None
 
 
-def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> SGLangError:
+def flush_steps(engine: str, wait_for_idle: bool, deadline_s: float, poll_s: float) -> Steps[Call | float, results.FlushResult]:
+    """``flush_cache`` as steps (``engine_steps``): a flush ``Call``, then ``poll_s`` seconds to wait after each
+    "not idle", until flushed (the ``FlushResult``) or ``deadline_s`` from now ends (``flush_gave_up``).
+
+    ``wait_for_idle``: pass the remaining time as ``?timeout=`` (``flush_server_wait``). A ``DeadlineExceeded``
+    from the transport after a "not idle" answer is that answer's ``flush_gave_up`` (the cause kept).
+    """
+    with Deadline(deadline_s) as deadline:
+        last: Answer | None = None
+        for polls in itertools.count(1):
+            answer, error = yield flush_call(flush_server_wait(wait_for_idle, deadline.remaining()))
+            if isinstance(error, DeadlineExceeded) and last is not None:
+                raise flush_gave_up(engine, last, polls - 1) from error
+            if error is not None:
+                raise error
+            result = flush_outcome(engine, answer, polls=polls, remaining_s=deadline.remaining(), poll_s=poll_s)
+            if result is not None:
+                return result
+            last = answer
+            value_of((yield poll_s))
+    raise AssertionError("unreachable")
+
+
+def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> results.SGLangError:
     """The error of a flush whose deadline ended while the engine still answered "not idle".
 
     Raised both when too little time is left for another poll and when the
     deadline runs out during the pause before the next one (the transport's
     ``DeadlineExceeded`` is then its cause): the caller learns the same thing.
     """
-    return SGLangError(
+    return results.SGLangError(
         engine,
         last_not_idle.endpoint,
         last_not_idle.status,
@@ -435,35 +397,37 @@ def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> SGLangError
     )
 
 
-def health_result(engine: str, answer: Answer | None, latency_s: float, error: BaseException | None = None) -> Health:
+def health_result(engine: str, answer: Answer | None, latency_s: float, error: BaseException | None = None) -> results.Health:
     """A health check: the answer's status, or the transport error's type name when none came."""
     if answer is None:
-        return Health(engine, False, None, latency_s, error=type(error).__name__ if error is not None else "no response")
-    return Health(engine, answer.ok, answer.status, latency_s)
+        return results.Health(engine, False, None, latency_s, error=type(error).__name__ if error is not None else "no response")
+    return results.Health(engine, answer.ok, answer.status, latency_s)
 
 
-def paused_health(engine: str) -> Health:
+def paused_health(engine: str) -> results.Health:
     """What ``health()`` reports for an engine this client paused (without asking: /health would hang)."""
-    return Health(engine, True, None, 0.0, paused_by_us=True)
+    return results.Health(engine, True, None, 0.0, paused_by_us=True)
 
 
 def server_info_result(engine: str, answer: Answer) -> dict[str, Any]:
     """``/server_info``: a JSON object."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail="answer is not an object", attempts=answer.records)
+        detail = "answer is not an object"
+        raise results.SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail=detail, attempts=answer.records)
     return data
 
 
-def model_info_result(engine: str, answer: Answer) -> ModelInfo:
+def model_info_result(engine: str, answer: Answer) -> results.ModelInfo:
     """``/model_info`` with its weight version."""
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "model_path" not in data:
-        raise SGLangProtocolError(
+        raise results.SGLangProtocolError(
             engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field", attempts=answer.records
         )
     version = data.get("weight_version")
-    return ModelInfo(engine, str(data["model_path"]), None if version is None else str(version), data.get("served_model_name"), data)
+    weight_version = None if version is None else str(version)
+    return results.ModelInfo(engine, str(data["model_path"]), weight_version, data.get("served_model_name"), data)
 
 
 def loads_result(engine: str, answer: Answer) -> dict[str, Any]:
@@ -478,25 +442,26 @@ def models_result(engine: str, answer: Answer) -> list[str]:
     try:
         return [str(m["id"]) for m in data["data"]]
     except (KeyError, TypeError):
-        raise SGLangProtocolError(
+        raise results.SGLangProtocolError(
             engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id", attempts=answer.records
         ) from None
 
 
-def generate_result(engine: str, answer: Answer) -> GenerateResult:
+def generate_result(engine: str, answer: Answer) -> results.GenerateResult:
     """A non-streaming ``/generate`` answer."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
-        raise SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail="answer is not an object", attempts=answer.records)
+        detail = "answer is not an object"
+        raise results.SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail=detail, attempts=answer.records)
     return generate_chunk(data)
 
 
-def generate_chunk(data: Mapping[str, Any]) -> GenerateResult:
+def generate_chunk(data: Mapping[str, Any]) -> results.GenerateResult:
     """One ``/generate`` output object (a whole answer, or one SSE chunk) as a ``GenerateResult``."""
     meta = data.get("meta_info") or {}
     finish = meta.get("finish_reason")
     reason = finish.get("type") if isinstance(finish, dict) else finish
-    return GenerateResult(
+    return results.GenerateResult(
         text=str(data.get("text", "")),
         output_ids=tuple(int(i) for i in data.get("output_ids") or ()),
         finish_reason=None if reason is None else str(reason),
@@ -504,7 +469,7 @@ def generate_chunk(data: Mapping[str, Any]) -> GenerateResult:
     )
 
 
-def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord, ...] = ()) -> GenerateResult | StreamEnd | None:
+def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord, ...] = ()) -> results.GenerateResult | StreamEnd | None:
     """One line of a streaming ``/generate``: a result, ``StreamEnd.DONE`` at ``[DONE]``, None for other lines.
 
     ``records``: the stream's delivery record, put on a protocol error (default: the one 200 that opened the stream).
@@ -522,4 +487,4 @@ def sse_line(engine: str, endpoint: str, line: str, records: tuple[AttemptRecord
         if isinstance(chunk, dict):
             return generate_chunk(chunk)
         detail = "SSE chunk is not an object"
-    raise SGLangProtocolError(engine, endpoint, 200, payload, detail=detail, attempts=answer_records(records, 200)[0])
+    raise results.SGLangProtocolError(engine, endpoint, 200, payload, detail=detail, attempts=answer_records(records, 200)[0])

@@ -20,18 +20,19 @@ from typing import Any
 import requests
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.requests import ResilientAdapter, resilient_session
-from resilience.adapters.sglang import calls, liveness
-from resilience.adapters.sglang.calls import Answer, Call, answer_records, auth_headers, raise_if_refused
-from resilience.adapters.sglang.own_session import own_driver_kwargs, own_policies
+from resilience.adapters.engine_http import Answer, answer_of
+from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs, own_policies
+from resilience.adapters.engine_steps import drive, run_now
+from resilience.adapters.requests import ResilientAdapter
+from resilience.adapters.sglang import calls
+from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
+from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
 from resilience.adapters.sglang.state import SGLangClientState
-from resilience.deadline import Deadline
 from resilience.engine_contract import PauseMode
-from resilience.errors import DeadlineExceeded, ResilienceError
+from resilience.errors import ResilienceError
 from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
-from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
 __all__ = ["SGLangClient", "mount_sglang"]
@@ -53,14 +54,13 @@ def mount_sglang(
     instead shares one configuration (and its per-engine breakers and budgets)
     with other drivers, and conflicts with ``policies`` and the others it holds.
     """
-    kwargs = own_driver_kwargs("mount_sglang", session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
-    adapter = ResilientAdapter(**kwargs)
-    for url in base_urls:
-        session.mount(url.rstrip("/") + "/", adapter)
-    return adapter
+    kwargs = own_driver_kwargs(
+        "mount_sglang", SGLANG_POLICIES, session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+    )
+    return mount_adapter(session, base_urls, kwargs)
 
 
-class SGLangClient(SGLangClientState):
+class SGLangClient(SyncSessionOwner, SGLangClientState):
     """A client of one SGLang engine's HTTP control plane.
 
     ``base_url``: the engine (``http://127.0.0.1:30000``). ``session``: a
@@ -84,7 +84,7 @@ class SGLangClient(SGLangClientState):
     failure (``sglang_policies(memory_probe=...)``: a call it proves applied
     returns as applied, with ``ControlResult.confirmed_by_probe``); default None.
     With ``config=``, the client uses a copy of the config whose policies ask
-    the probe (``own_session.probed_config``: the same per-engine breakers and
+    the probe (``engine_session.probed_config``: the same per-engine breakers and
     budgets, still shared). With a ``session``, all of those (``memory_probe``
     included) must be left out (``ConfigConflict`` names them): they configure
     only the client's own session; mount ``with_memory_probe(policies, probe)``
@@ -116,30 +116,20 @@ class SGLangClient(SGLangClientState):
     ) -> None:
         kwargs = own_driver_kwargs(
             "SGLangClient",
+            SGLANG_POLICIES,
             session=session,
             config=config,
             policies=policies,
             observers=observers,
             extra=adapter_kwargs,
             memory_probe=memory_probe,
+            with_probe=with_memory_probe,
         )
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
-        self._owns_session = session is None
-        self._policies = own_policies(kwargs)
-        self.session = session if session is not None else resilient_session(**kwargs)
-
-    def close(self) -> None:
-        """Close the session if this client created it."""
-        if self._owns_session:
-            self.session.close()
-
-    def __enter__(self) -> SGLangClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._policies = own_policies(kwargs, SGLANG_POLICIES)
+        self._open_session(session, kwargs)
 
     # -- plumbing ------------------------------------------------------------
 
@@ -150,38 +140,22 @@ class SGLangClient(SGLangClientState):
             call.method, self.base_url + call.path, json=call.body, params=call.params, headers=auth_headers(key), stream=stream
         )
         if response.status_code in (401, 403):
-            raise_if_refused(self.engine, _answer(call, response), key_name)
+            raise_if_refused(self.engine, answer_of(call.endpoint, response), key_name)
         return response
 
     def _send(self, call: Call) -> Answer:
-        self._refuse_if_released(call)
-        started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
-        try:
-            answer = _answer(call, self._response(call))
-        except ResilienceError as exc:  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
-            records = liveness.gateway_error_records(exc)
-            if liveness.needs_liveness_check(call, None, records):
-                self._check_alive(call.endpoint, records, exc, liveness.call_deadline(self._policies, call, started_at))
-            raise
-        if liveness.needs_liveness_check(call, answer.status, answer.records):
-            error = liveness.answer_error(self.engine, answer)
-            self._check_alive(answer.endpoint, answer.records, error, liveness.call_deadline(self._policies, call, started_at))
-        return answer
+        """``call`` with the checks before and after it (``SGLangClientState._call_steps``): a 401/403 raises
+        ``SGLangAuthError``, a dead engine behind a proxy ``EngineDied``."""
+        return run_now(drive(self._call_steps(call), self._exchange))
 
-    def _check_alive(self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline) -> None:
-        """``GET /model_info`` within what is left of the call's deadline; ``EngineDied`` (from ``original``) when nothing answers it."""
-        left = deadline.remaining()
-        if left <= 0:
-            return  # no time left to check: the call's own error stands
-        error: BaseException | None = None
-        try:
-            with Deadline(left):
-                self.model_info()
-        except (requests.RequestException, ResilienceError, OSError) as exc:  # SGLangError is a RequestException
-            error = exc
-        if liveness.liveness_verdict(error) is False:
-            assert error is not None
-            raise liveness.engine_died(self.engine, endpoint, records, original, error)
+    def _exchange(self, call: Call) -> Answer:
+        """One exchange of ``call`` over the session, with the key its route needs."""
+        headers = auth_headers(self._key_for(call.path)[1])
+        response = self.session.request(call.method, self.base_url + call.path, json=call.body, params=call.params, headers=headers)
+        return answer_of(call.endpoint, response)
+
+    def _transport_errors(self) -> tuple[type[BaseException], ...]:
+        return (requests.RequestException, ResilienceError, OSError)  # SGLangError is a RequestException
 
     # -- generation control --------------------------------------------------
 
@@ -207,23 +181,7 @@ class SGLangClient(SGLangClientState):
         "Timed out waiting for idle state."; ``?timeout=0`` flushes at once, ignoring the
         waiting queue as the release that follows does (``scheduler.py``, ``flush_cache``).
         """
-        wait = self._flush_waits(wait_for_idle)
-        with Deadline(deadline_s if deadline_s is not None else self.flush_deadline_s) as deadline:
-            polls = 0
-            last: Answer | None = None
-            while True:
-                polls += 1
-                try:
-                    answer = self._send(calls.flush_call(calls.flush_server_wait(wait, deadline.remaining())))
-                except DeadlineExceeded as exc:
-                    if last is None:
-                        raise
-                    raise calls.flush_gave_up(self.engine, last, polls - 1) from exc
-                result = calls.flush_outcome(self.engine, answer, polls=polls, remaining_s=deadline.remaining(), poll_s=self.flush_poll_s)
-                if result is not None:
-                    return result
-                last = answer
-                self._pause_between_polls(self.flush_poll_s)
+        return run_now(drive(self._flush_steps(deadline_s, wait_for_idle), self._perform))
 
     def _pause_between_polls(self, seconds: float) -> None:
         """Wait between "not idle" answers of ``flush_cache`` (a method so a test can play a stalled machine)."""
@@ -390,16 +348,10 @@ class SGLangClient(SGLangClientState):
         response = self._response(call, stream=True)
         with response:
             if not response.ok:
-                calls.require_ok(self.engine, _answer(call, response))
+                calls.require_ok(self.engine, answer_of(call.endpoint, response))
             for line in response.iter_lines(decode_unicode=True):
                 item = calls.sse_line(self.engine, call.endpoint, line, getattr(response, "attempts", ()))
                 if item is calls.StreamEnd.DONE:
                     return
                 if item is not None:
                     yield item
-
-
-def _answer(call: Call, response: requests.Response) -> Answer:
-    """What ``response`` answered to ``call`` (reads the body)."""
-    records, confirmed = answer_records(getattr(response, "attempts", None), response.status_code, response.reason)
-    return Answer(call.endpoint, response.status_code, response.text, len(records), response, records, confirmed)

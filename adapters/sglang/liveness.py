@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from resilience.adapters.sglang.calls import GATEWAY_STATUSES, Answer, Call
+from resilience.adapters.engine_http import Answer
+from resilience.adapters.sglang.calls import GATEWAY_STATUSES, Call
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS
 from resilience.adapters.sglang.results import SGLangError
 from resilience.deadline import Deadline, current_deadline

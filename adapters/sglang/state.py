@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Sequence
-from typing import Any
 
-from resilience.adapters.routing import engine_of
-from resilience.adapters.sglang.calls import WEIGHT_PATHS, Call, check_base_url, key_for, memory_tags
-from resilience.adapters.sglang.results import SGLangWeightsReleased
+from resilience.adapters.engine_http import Answer
+from resilience.adapters.engine_state import EngineClientState
+from resilience.adapters.engine_steps import Steps
+from resilience.adapters.sglang import liveness
+from resilience.adapters.sglang.calls import (
+    WEIGHT_PATHS,
+    Call,
+    flush_steps,
+    key_for,
+    memory_tags,
+    model_info_result,
+    raise_if_refused,
+    read_call,
+)
+from resilience.adapters.sglang.results import FlushResult, SGLangError, SGLangWeightsReleased
+from resilience.deadline import Deadline
+from resilience.errors import ResilienceError
+from resilience.outcome import AttemptRecord
+from resilience.policy import PolicyTable
 
 __all__ = ["SGLangClientState"]
 
 
-class SGLangClientState:
+class SGLangClientState(EngineClientState):
     """What both SGLang clients hold and remember: the engine, the keys, the pause sent, the tags released.
 
     ``base_url``: the engine (``http://127.0.0.1:30000``). ``api_key`` / ``admin_api_key``:
@@ -22,31 +37,20 @@ class SGLangClientState:
     ``flush_cache``'s wait for idle and the pause between "not idle" answers.
     """
 
+    KEYS = ("api_key", "admin_api_key")
+    _policies: PolicyTable
+    """The table the client's own session routes by (a call's deadline, for the liveness check)."""
+
     def __init__(
         self, base_url: str, *, api_key: str | None, admin_api_key: str | None, flush_deadline_s: float, flush_poll_s: float
     ) -> None:
-        self.base_url = check_base_url(base_url, type(self).__name__)
-        self.engine = engine_of(self.base_url)[0]
+        super().__init__(base_url)
         self._api_key = api_key
         self._admin_api_key = admin_api_key
         self.flush_deadline_s = flush_deadline_s
         self.flush_poll_s = flush_poll_s
-        self._lock = threading.Lock()
         self._paused_mode: str | None = None
         self._released: set[str] = set()
-
-    def __repr__(self) -> str:
-        keys = (", api_key=***" if self._api_key else "") + (", admin_api_key=***" if self._admin_api_key else "")
-        return f"{type(self).__name__}({self.base_url!r}{keys})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     @property
     def paused_mode(self) -> str | None:
@@ -66,6 +70,58 @@ class SGLangClientState:
     def _flush_waits(self, wait_for_idle: bool | None) -> bool:
         """Whether a flush passes the remaining time as ``?timeout=``: by default only when this client has not paused."""
         return self._paused_mode is None if wait_for_idle is None else wait_for_idle
+
+    def _flush_steps(self, deadline_s: float | None, wait_for_idle: bool | None) -> Steps[Call | float, FlushResult]:
+        """``flush_cache``'s steps: within ``deadline_s`` (None = ``flush_deadline_s``), ``flush_poll_s`` between "not idle"."""
+        deadline = deadline_s if deadline_s is not None else self.flush_deadline_s
+        return flush_steps(self.engine, self._flush_waits(wait_for_idle), deadline, self.flush_poll_s)
+
+    def _call_steps(self, call: Call) -> Steps[Call, Answer]:
+        """``call`` as steps (``engine_steps``), with what both clients check around it.
+
+        Before: refused unsent while this client has ``weights`` released (``SGLangWeightsReleased``).
+        After: a 401/403 raises ``SGLangAuthError``; a control call whose every attempt met a gateway
+        status is followed by ``GET /model_info`` within what is left of its deadline, and raises
+        ``EngineDied`` when that fails too (``liveness``).
+        """
+        self._refuse_if_released(call)
+        started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
+        answer, error = yield call
+        if error is not None:
+            if isinstance(error, ResilienceError):  # the retry loop gave up (deadline, budget): perhaps on gateway statuses only
+                records = liveness.gateway_error_records(error)
+                if liveness.needs_liveness_check(call, None, records):
+                    yield from self._alive_steps(call.endpoint, records, error, liveness.call_deadline(self._policies, call, started_at))
+            raise error
+        raise_if_refused(self.engine, answer, self._key_for(call.path)[0])
+        if liveness.needs_liveness_check(call, answer.status, answer.records):
+            deadline = liveness.call_deadline(self._policies, call, started_at)
+            yield from self._alive_steps(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
+        return answer  # type: ignore[no-any-return]  # an Answer: what the exchange step gave
+
+    def _alive_steps(
+        self, endpoint: str, records: tuple[AttemptRecord, ...], original: BaseException, deadline: Deadline
+    ) -> Steps[Call, None]:
+        """``GET /model_info`` within what is left of ``deadline``; ``EngineDied`` (from ``original``) when nothing answers it."""
+        left = deadline.remaining()
+        if left <= 0:
+            return  # no time left to check: the call's own error stands
+        with Deadline(left):
+            answer, error = yield read_call("/model_info")
+        if error is None:
+            try:
+                model_info_result(self.engine, raise_if_refused(self.engine, answer, self._key_for("/model_info")[0]))
+            except SGLangError as exc:
+                error = exc
+        elif not isinstance(error, self._transport_errors()):
+            raise error
+        if liveness.liveness_verdict(error) is False:
+            assert error is not None
+            raise liveness.engine_died(self.engine, endpoint, records, original, error)
+
+    def _transport_errors(self) -> tuple[type[BaseException], ...]:
+        """What a failed exchange raises on this client's transport (and the resilience layer's own errors)."""
+        raise NotImplementedError
 
     def _refuse_if_released(self, call: Call) -> None:
         """``SGLangWeightsReleased``, before anything is sent, for a weight call while this client has ``weights`` released."""

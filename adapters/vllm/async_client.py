@@ -2,7 +2,7 @@
 
 Same routes, policies (``VLLM_POLICIES``), typed results, errors and version
 rules as ``VLLMClient``: both build their requests and read the answers with
-``resilience.adapters.vllm.plans``; only the sending differs.
+``resilience.adapters.vllm.calls``; only the sending differs.
 
 Transport. By default the client opens its own ``aiohttp.ClientSession`` with
 ``resilience.adapters.aiohttp.ResilientMiddleware`` on first use, inside the
@@ -17,17 +17,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.vllm import calls, plans
-from resilience.adapters.vllm._async_http import AsyncSender, sender_for
-from resilience.adapters.vllm._shared import aiohttp_session, driver_kwargs
-from resilience.adapters.vllm.calls import Plan, Reply, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
-from resilience.adapters.vllm.plans import FaultInstruction
-from resilience.adapters.vllm.state import VLLMClientState
-from resilience.adapters.vllm.types import (
+from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST, Answer, AsyncSessionOwner, OwnAsyncSession
+from resilience.adapters.engine_session import own_driver_kwargs
+from resilience.adapters.engine_steps import drive
+from resilience.adapters.vllm import answers, calls
+from resilience.adapters.vllm.answers import Plan, Request, VLLMPauseMode, WeightCheckerAction, key_header
+from resilience.adapters.vllm.calls import FaultInstruction
+from resilience.adapters.vllm.results import (
     AbortResult,
     CacheReset,
     CommandResult,
@@ -37,13 +36,13 @@ from resilience.adapters.vllm.types import (
     RpcResult,
     SleepResult,
     VLLMHealth,
-    VLLMRefused,
     WakeResult,
     WeightCheck,
     WeightInfo,
 )
+from resilience.adapters.vllm.routes import VLLM_POLICIES
+from resilience.adapters.vllm.state import VLLMClientState
 from resilience.adapters.vllm.versions import VLLMApi
-from resilience.deadline import Deadline
 from resilience.events import Observer
 from resilience.policy import PolicyTable
 
@@ -51,15 +50,12 @@ if TYPE_CHECKING:
     import aiohttp
     import httpx
 
-__all__ = ["DEFAULT_LIMIT_PER_HOST", "AsyncVLLMClient"]
+__all__ = ["AsyncVLLMClient"]
 
 T = TypeVar("T")
 
-DEFAULT_LIMIT_PER_HOST = 100
-"""Connections the client's own session keeps open to its engine at most."""
 
-
-class AsyncVLLMClient(VLLMClientState):
+class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     """A client of one vLLM server's HTTP control plane, with ``async`` methods.
 
     ``base_url``, ``api_key``, ``api_version``, ``policies`` (default
@@ -86,102 +82,25 @@ class AsyncVLLMClient(VLLMClientState):
         limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
         **middleware_kwargs: Any,
     ) -> None:
-        own = ["limit_per_host"] if limit_per_host != DEFAULT_LIMIT_PER_HOST else []
-        kwargs = driver_kwargs(
+        driver_kwargs = own_driver_kwargs(
             "AsyncVLLMClient",
+            VLLM_POLICIES,
             session=session,
             config=config,
             policies=policies,
             observers=observers,
             extra=middleware_kwargs,
-            own_session_only=own,
+            limit_per_host=limit_per_host,
         )
+        self._own = OwnAsyncSession("AsyncVLLMClient", session, driver_kwargs, limit_per_host)
         super().__init__(base_url, api_key=api_key, api_version=api_version)
-        if isinstance(limit_per_host, bool) or not isinstance(limit_per_host, int) or limit_per_host < 1:
-            raise ValueError(f"AsyncVLLMClient limit_per_host must be an int >= 1, but was {limit_per_host!r}")
-        self._owns_session = session is None
-        self._sender: AsyncSender | None = None if session is None else sender_for(session)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._limit_per_host = limit_per_host
-        self._middleware_kwargs = kwargs
-        self._middleware: Any = None
 
-    async def aclose(self) -> None:
-        """Close the client's own session (a session you passed stays open). The next call opens a new one."""
-        sender, self._sender = self._sender, None
-        self._loop = None
-        if sender is not None:
-            if self._owns_session:
-                await sender.aclose()
-            else:
-                self._sender = sender
-
-    async def __aenter__(self) -> AsyncVLLMClient:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.aclose()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle without the session (an open session cannot travel); an unpickled client opens its own."""
-        if not self._owns_session:
-            raise TypeError("an AsyncVLLMClient with a session you passed cannot be pickled; pass none to let it open its own")
-        state = super().__getstate__()
-        state.update(_sender=None, _loop=None, _middleware=None)
-        return state
-
-    # -- plumbing ------------------------------------------------------------
-
-    def _http(self) -> AsyncSender:
-        """The sender; the client's own session is opened here, in the running loop."""
-        loop = asyncio.get_running_loop()
-        if self._sender is not None and self._owns_session and self._loop is not loop:
-            if self._loop is not None and not self._loop.is_closed():
-                raise RuntimeError(
-                    f"{self!r} opened its session in another event loop, which is still open: await client.aclose() there first"
-                )
-            self._sender = None
-        if self._sender is None:
-            if self._middleware is None:  # one middleware for every own session: its breakers and budgets outlive aclose()
-                from resilience.adapters.aiohttp import ResilientMiddleware
-
-                self._middleware = ResilientMiddleware(**self._middleware_kwargs)
-            self._sender = sender_for(aiohttp_session(self._middleware, limit_per_host=self._limit_per_host))
-            self._loop = loop
-        return self._sender
-
-    async def _send(self, request: Request, polls: int = 1) -> Reply:
-        r = request.route
-        return await self._http().send(request, self.base_url + r.path, key_header(r.path, self._api_key), polls)
-
-    async def _api_for(self, plan: Plan[Any]) -> VLLMApi | None:
-        """See ``VLLMClient._api_for``."""
-        if not plan.route.versioned:
-            return None
-        api = self._api if self._api is not None else await self.version()
-        self._gated(plan, api)
-        return api
+    async def _send(self, request: Request) -> Answer:
+        return await self._http().send(request, self.base_url + request.path, key_header(request.path, self._api_key))
 
     async def _run(self, plan: Plan[T]) -> T:
         """See ``VLLMClient._run``."""
-        self._refuse_if_asleep(plan)
-        api = await self._api_for(plan)
-        request = plan.build(self.engine, api)
-        if plan.refusal_deadline_s is None:
-            result: T = self._read(plan, api, await self._send(request))
-            return self._noted(result)
-        with Deadline(plan.refusal_deadline_s) as deadline:
-            polls = 0
-            while True:
-                polls += 1
-                try:
-                    answer: T = self._read(plan, api, await self._send(request, polls))
-                    return self._noted(answer)
-                except VLLMRefused as refused:
-                    wait = refusal_wait(plan, refused, deadline.remaining())
-                    if wait is None:
-                        raise
-                await self._pause_between_polls(wait)
+        return await drive(self._steps(plan), self._perform)
 
     async def _pause_between_polls(self, seconds: float) -> None:
         """Wait between two refusals."""
@@ -192,10 +111,10 @@ class AsyncVLLMClient(VLLMClientState):
         http = self._http()
         t0 = time.monotonic()
         try:
-            reply = await self._send(plans.health().build(self.engine, None))
+            answer = await self._send(calls.health().build(self.engine, None))
         except http.errors as exc:
-            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return calls.health_result(self.engine, reply, time.monotonic() - t0)
+            return answers.health_result(self.engine, None, time.monotonic() - t0, exc)
+        return answers.health_result(self.engine, answer, time.monotonic() - t0)
 
     # -- memory ------------------------------------------------------------------
 
@@ -206,22 +125,22 @@ class AsyncVLLMClient(VLLMClientState):
         (``abort``). Idempotent: a second sleep is a no-op on the executor, so it is re-sent after a timeout.
         After level 2 the weights are garbage until updated: completions still answer 200, but wrong.
         """
-        return await self._run(plans.sleep(level, mode))
+        return await self._run(calls.sleep(level, mode))
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> WakeResult:
         """``POST /wake_up?tags=...``: None = every tag. A tag that is not asleep makes the whole call a no-op (``awake`` False).
 
         A full wake (no tags) also ends a pause, whoever took it; idempotent otherwise, so re-sent after a timeout.
         """
-        return await self._run(plans.wake_up(tags))
+        return await self._run(calls.wake_up(tags))
 
     async def is_sleeping(self) -> bool:
         """``GET /is_sleeping``: true while asleep, and also while merely paused (vLLM reports both the same)."""
-        return await self._run(plans.is_sleeping())
+        return await self._run(calls.is_sleeping())
 
     async def release_kv_cache_memory(self) -> CommandResult:
         """``POST /release_kv_cache_memory`` (0.33.0): only after a completed pause; never re-sent (a second call answers 500)."""
-        return await self._run(plans.release_kv_cache_memory())
+        return await self._run(calls.release_kv_cache_memory())
 
     # -- generation control ----------------------------------------------------------
 
@@ -231,19 +150,19 @@ class AsyncVLLMClient(VLLMClientState):
         New requests get 503 during ``abort``/``wait`` pauses and queue during ``keep``. ``clear_cache`` None
         = the server's default (true). Idempotent (the last mode wins). Pause is one shared state.
         """
-        return await self._run(plans.pause(mode, clear_cache))
+        return await self._run(calls.pause(mode, clear_cache))
 
     async def resume(self) -> CommandResult:
         """``POST /resume``: reopens scheduling for everyone, and even while asleep (no guard in 0.33.0)."""
-        return await self._run(plans.resume())
+        return await self._run(calls.resume())
 
     async def is_paused(self) -> bool:
         """``GET /is_paused``."""
-        return await self._run(plans.is_paused())
+        return await self._run(calls.is_paused())
 
     async def abort_requests(self, request_ids: Sequence[str] | None = None) -> AbortResult:
         """``POST /abort_requests``: abort these requests (None = all) without pausing."""
-        return await self._run(plans.abort_requests(request_ids))
+        return await self._run(calls.abort_requests(request_ids))
 
     # -- caches ----------------------------------------------------------------------
 
@@ -257,15 +176,15 @@ class AsyncVLLMClient(VLLMClientState):
     ) -> CacheReset:
         """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
         until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""
-        return await self._run(plans.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
+        return await self._run(calls.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
 
     async def reset_mm_cache(self) -> CommandResult:
         """``POST /reset_mm_cache``."""
-        return await self._run(plans.reset_mm_cache())
+        return await self._run(calls.reset_mm_cache())
 
     async def reset_encoder_cache(self) -> CommandResult:
         """``POST /reset_encoder_cache``."""
-        return await self._run(plans.reset_encoder_cache())
+        return await self._run(calls.reset_encoder_cache())
 
     # -- workers ---------------------------------------------------------------------
 
@@ -273,53 +192,53 @@ class AsyncVLLMClient(VLLMClientState):
         self, method: str, args: Sequence[str] = (), kwargs: Mapping[str, str] | None = None, timeout: float | None = None
     ) -> RpcResult:
         """``POST /collective_rpc``: run a worker method everywhere (string arguments only). Never re-sent once it may have arrived."""
-        return await self._run(plans.collective_rpc(method, args, kwargs, timeout))
+        return await self._run(calls.collective_rpc(method, args, kwargs, timeout))
 
     async def server_info(self, config_format: Literal["text", "json"] = "text") -> dict[str, Any]:
         """``GET /server_info``: the config and environment dump."""
-        return await self._run(plans.server_info(config_format))
+        return await self._run(calls.server_info(config_format))
 
     # -- weight transfer ------------------------------------------------------------------
 
     async def init_weight_transfer_engine(self, init_info: Mapping[str, Any]) -> CommandResult:
         """``POST /init_weight_transfer_engine`` (once per trainer connection). Never re-sent once it may have arrived."""
-        return await self._run(plans.init_weight_transfer_engine(init_info))
+        return await self._run(calls.init_weight_transfer_engine(init_info))
 
     async def shutdown_weight_transfer_engine(self) -> CommandResult:
         """``POST /shutdown_weight_transfer_engine`` (0.33.0)."""
-        return await self._run(plans.shutdown_weight_transfer_engine())
+        return await self._run(calls.shutdown_weight_transfer_engine())
 
     async def start_weight_update(self) -> CommandResult:
         """``POST /start_weight_update`` (0.23.0+): opens the update session. Never re-sent once it may have arrived."""
-        return await self._run(plans.start_weight_update())
+        return await self._run(calls.start_weight_update())
 
     async def start_draft_weight_update(self) -> CommandResult:
         """``POST /start_draft_weight_update`` (0.33.0)."""
-        return await self._run(plans.start_draft_weight_update())
+        return await self._run(calls.start_draft_weight_update())
 
     async def update_weights(self, update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> CommandResult:
         """``POST /update_weights``: one chunk. **Never re-sent once it may have arrived**; ask ``weight_info`` instead."""
-        return await self._run(plans.update_weights(update_info))
+        return await self._run(calls.update_weights(update_info))
 
     async def finish_weight_update(self, weight_version: str | None = None) -> CommandResult:
         """``POST /finish_weight_update``: closes the session and sets the reported version. Never re-sent once it may have arrived."""
-        return await self._run(plans.finish_weight_update(weight_version))
+        return await self._run(calls.finish_weight_update(weight_version))
 
     async def update_weight_version(self, new_version: str) -> WeightInfo:
         """``POST /update_weight_version`` (0.27.0+): set the version ``weight_info`` reports."""
-        return await self._run(plans.update_weight_version(new_version))
+        return await self._run(calls.update_weight_version(new_version))
 
     async def weight_info(self) -> WeightInfo:
         """``GET /weight_info`` (0.27.0+): the weight version the engine reports."""
-        return await self._run(plans.weight_info())
+        return await self._run(calls.weight_info())
 
     async def weight_checker(self, action: WeightCheckerAction, baseline: Mapping[str, str] | None = None) -> WeightCheck:
         """``POST /weight_checker`` (0.33.0): ``checksum``, ``compare`` with ``baseline``, or ``reset`` (zeroes the weights)."""
-        return await self._run(plans.weight_checker(action, baseline))
+        return await self._run(calls.weight_checker(action, baseline))
 
     async def get_world_size(self, include_dp: bool = True) -> int:
         """``GET /get_world_size``."""
-        return await self._run(plans.get_world_size(include_dp))
+        return await self._run(calls.get_world_size(include_dp))
 
     # -- fault tolerance ---------------------------------------------------------------------
 
@@ -331,21 +250,21 @@ class AsyncVLLMClient(VLLMClientState):
         ``instruction``: ``retry`` (the only one 0.33.0 takes) recovers an engine whose busy loop raised and waits
         (``unhealthy``); poll ``fault_tolerance_status`` for the outcome. Never re-sent once it may have arrived.
         """
-        return await self._run(plans.fault_tolerance_apply(instruction, params))
+        return await self._run(calls.fault_tolerance_apply(instruction, params))
 
     async def fault_tolerance_status(self) -> FaultToleranceStatus:
         """``GET /fault_tolerance/status`` (0.33.0, with ``--enable-fault-tolerance``): each engine core's state."""
-        return await self._run(plans.fault_tolerance_status())
+        return await self._run(calls.fault_tolerance_status())
 
     # -- always mounted ------------------------------------------------------------------
 
     async def version(self) -> VLLMApi:
         """``GET /version``: the server's release, kept as the API every later request is built for."""
-        return self._remember(await self._run(plans.version()))
+        return self._remember(await self._run(calls.version()))
 
     async def models(self) -> list[str]:
         """``GET /v1/models``: the served model ids."""
-        return await self._run(plans.models())
+        return await self._run(calls.models())
 
     async def complete(
         self,
@@ -358,4 +277,4 @@ class AsyncVLLMClient(VLLMClientState):
         extra: Mapping[str, Any] | None = None,
     ) -> CompletionResult:
         """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
-        return await self._run(plans.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))
+        return await self._run(calls.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))

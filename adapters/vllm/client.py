@@ -25,13 +25,14 @@ from typing import Any, Literal, TypeVar
 import requests
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
-from resilience.adapters.requests import ResilientAdapter, resilient_session
-from resilience.adapters.vllm import calls, plans
-from resilience.adapters.vllm._shared import answer_records, driver_kwargs
-from resilience.adapters.vllm.calls import Plan, Reply, Request, VLLMPauseMode, WeightCheckerAction, key_header, refusal_wait
-from resilience.adapters.vllm.plans import FaultInstruction
-from resilience.adapters.vllm.state import VLLMClientState
-from resilience.adapters.vllm.types import (
+from resilience.adapters.engine_http import Answer, answer_of
+from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs
+from resilience.adapters.engine_steps import drive, run_now
+from resilience.adapters.requests import ResilientAdapter
+from resilience.adapters.vllm import answers, calls
+from resilience.adapters.vllm.answers import Plan, Request, VLLMPauseMode, WeightCheckerAction, key_header
+from resilience.adapters.vllm.calls import FaultInstruction
+from resilience.adapters.vllm.results import (
     AbortResult,
     CacheReset,
     CommandResult,
@@ -41,13 +42,13 @@ from resilience.adapters.vllm.types import (
     RpcResult,
     SleepResult,
     VLLMHealth,
-    VLLMRefused,
     WakeResult,
     WeightCheck,
     WeightInfo,
 )
+from resilience.adapters.vllm.routes import VLLM_POLICIES
+from resilience.adapters.vllm.state import VLLMClientState
 from resilience.adapters.vllm.versions import VLLMApi
-from resilience.deadline import Deadline
 from resilience.errors import ResilienceError
 from resilience.events import Observer
 from resilience.policy import PolicyTable
@@ -71,14 +72,13 @@ def mount_vllm(
     ``config=DriverConfig(...)`` instead shares one configuration (and its per-engine breakers and budgets)
     with other drivers, and conflicts with ``policies`` and the others it holds.
     """
-    kwargs = driver_kwargs("mount_vllm", session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
-    adapter = ResilientAdapter(**kwargs)
-    for url in base_urls:
-        session.mount(url.rstrip("/") + "/", adapter)
-    return adapter
+    kwargs = own_driver_kwargs(
+        "mount_vllm", VLLM_POLICIES, session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+    )
+    return mount_adapter(session, base_urls, kwargs)
 
 
-class VLLMClient(VLLMClientState):
+class VLLMClient(SyncSessionOwner, VLLMClientState):
     """A client of one vLLM server's HTTP control plane (``vllm serve`` with ``VLLM_SERVER_DEV_MODE=1``).
 
     ``base_url``: the server (``http://127.0.0.1:8000``). ``session``: a session
@@ -93,7 +93,7 @@ class VLLMClient(VLLMClientState):
     ``api_version``: the server's release when known (default None = ask ``GET /version`` once).
 
     ``AsyncVLLMClient`` is the same client with coroutine methods; both build their
-    requests and read the answers with ``resilience.adapters.vllm.plans``, one plan
+    requests and read the answers with ``resilience.adapters.vllm.calls``, one plan
     per route of ``resilience.adapters.vllm.routes.ROUTES``.
     """
 
@@ -109,65 +109,25 @@ class VLLMClient(VLLMClientState):
         api_version: str | None = None,
         **adapter_kwargs: Any,
     ) -> None:
-        kwargs = driver_kwargs("VLLMClient", session=session, config=config, policies=policies, observers=observers, extra=adapter_kwargs)
+        kwargs = own_driver_kwargs(
+            "VLLMClient", VLLM_POLICIES, session=session, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+        )
         super().__init__(base_url, api_key=api_key, api_version=api_version)
-        self._owns_session = session is None
-        self.session = session if session is not None else resilient_session(**kwargs)
-
-    def close(self) -> None:
-        """Close the session if this client created it."""
-        if self._owns_session:
-            self.session.close()
-
-    def __enter__(self) -> VLLMClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._open_session(session, kwargs)
 
     # -- plumbing ------------------------------------------------------------
 
-    def _send(self, request: Request, polls: int = 1) -> Reply:
+    def _send(self, request: Request) -> Answer:
         r = request.route
         headers = key_header(r.path, self._api_key)
         response = self.session.request(
             r.method, self.base_url + r.path, params=list(request.params) or None, json=request.body, headers=headers
         )
-        records, _ = answer_records(getattr(response, "attempts", None), response.status_code, response.reason)
-        return Reply(r.endpoint, response.status_code, response.text, records, response, polls)
-
-    def _api_for(self, plan: Plan[Any]) -> VLLMApi | None:
-        """The server's API, learned once (``GET /version``) for a versioned route; the call refused when it cannot take it."""
-        if not plan.route.versioned:
-            return None
-        api = self._api if self._api is not None else self.version()
-        self._gated(plan, api)
-        return api
+        return answer_of(r.endpoint, response)
 
     def _run(self, plan: Plan[T]) -> T:
-        """Send ``plan`` and read its answer; a refusal is asked again as its route allows (``calls.refusal_wait``).
-
-        A call that needs the weights while this client knows them asleep is refused first, unsent
-        (``VLLMWeightsAsleep``); a sleep or wake answer updates ``weights_asleep``.
-        """
-        self._refuse_if_asleep(plan)
-        api = self._api_for(plan)
-        request = plan.build(self.engine, api)
-        if plan.refusal_deadline_s is None:
-            result: T = self._read(plan, api, self._send(request))
-            return self._noted(result)
-        with Deadline(plan.refusal_deadline_s) as deadline:
-            polls = 0
-            while True:
-                polls += 1
-                try:
-                    answer: T = self._read(plan, api, self._send(request, polls))
-                    return self._noted(answer)
-                except VLLMRefused as refused:
-                    wait = refusal_wait(plan, refused, deadline.remaining())
-                    if wait is None:
-                        raise
-                self._pause_between_polls(wait)
+        """Send ``plan`` and read its answer, by ``VLLMClientState._steps``' rules (version, weights asleep, refusals)."""
+        return run_now(drive(self._steps(plan), self._perform))
 
     def _pause_between_polls(self, seconds: float) -> None:
         """Wait between two refusals (a method so a test can play a stalled machine)."""
@@ -177,10 +137,10 @@ class VLLMClient(VLLMClientState):
         """``GET /health``; never raises. 200 = the engine core lives (paused and asleep engines answer 200 too); 503 = dead."""
         t0 = time.monotonic()
         try:
-            reply = self._send(plans.health().build(self.engine, None))
+            answer = self._send(calls.health().build(self.engine, None))
         except (requests.RequestException, ResilienceError) as exc:
-            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return calls.health_result(self.engine, reply, time.monotonic() - t0)
+            return answers.health_result(self.engine, None, time.monotonic() - t0, exc)
+        return answers.health_result(self.engine, answer, time.monotonic() - t0)
 
     # -- memory ------------------------------------------------------------------
 
@@ -191,22 +151,22 @@ class VLLMClient(VLLMClientState):
         (``abort``). Idempotent: a second sleep is a no-op on the executor, so it is re-sent after a timeout.
         After level 2 the weights are garbage until updated: completions still answer 200, but wrong.
         """
-        return self._run(plans.sleep(level, mode))
+        return self._run(calls.sleep(level, mode))
 
     def wake_up(self, tags: Sequence[str] | None = None) -> WakeResult:
         """``POST /wake_up?tags=...``: None = every tag. A tag that is not asleep makes the whole call a no-op (``awake`` False).
 
         A full wake (no tags) also ends a pause, whoever took it; idempotent otherwise, so re-sent after a timeout.
         """
-        return self._run(plans.wake_up(tags))
+        return self._run(calls.wake_up(tags))
 
     def is_sleeping(self) -> bool:
         """``GET /is_sleeping``: true while asleep, and also while merely paused (vLLM reports both the same)."""
-        return self._run(plans.is_sleeping())
+        return self._run(calls.is_sleeping())
 
     def release_kv_cache_memory(self) -> CommandResult:
         """``POST /release_kv_cache_memory`` (0.33.0): only after a completed pause; never re-sent (a second call answers 500)."""
-        return self._run(plans.release_kv_cache_memory())
+        return self._run(calls.release_kv_cache_memory())
 
     # -- generation control ----------------------------------------------------------
 
@@ -216,19 +176,19 @@ class VLLMClient(VLLMClientState):
         New requests get 503 during ``abort``/``wait`` pauses and queue during ``keep``. ``clear_cache`` None
         = the server's default (true). Idempotent (the last mode wins). Pause is one shared state.
         """
-        return self._run(plans.pause(mode, clear_cache))
+        return self._run(calls.pause(mode, clear_cache))
 
     def resume(self) -> CommandResult:
         """``POST /resume``: reopens scheduling for everyone, and even while asleep (no guard in 0.33.0)."""
-        return self._run(plans.resume())
+        return self._run(calls.resume())
 
     def is_paused(self) -> bool:
         """``GET /is_paused``."""
-        return self._run(plans.is_paused())
+        return self._run(calls.is_paused())
 
     def abort_requests(self, request_ids: Sequence[str] | None = None) -> AbortResult:
         """``POST /abort_requests``: abort these requests (None = all) without pausing."""
-        return self._run(plans.abort_requests(request_ids))
+        return self._run(calls.abort_requests(request_ids))
 
     # -- caches ----------------------------------------------------------------------
 
@@ -242,15 +202,15 @@ class VLLMClient(VLLMClientState):
     ) -> CacheReset:
         """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
         until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""
-        return self._run(plans.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
+        return self._run(calls.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
 
     def reset_mm_cache(self) -> CommandResult:
         """``POST /reset_mm_cache``."""
-        return self._run(plans.reset_mm_cache())
+        return self._run(calls.reset_mm_cache())
 
     def reset_encoder_cache(self) -> CommandResult:
         """``POST /reset_encoder_cache``."""
-        return self._run(plans.reset_encoder_cache())
+        return self._run(calls.reset_encoder_cache())
 
     # -- workers ---------------------------------------------------------------------
 
@@ -258,53 +218,53 @@ class VLLMClient(VLLMClientState):
         self, method: str, args: Sequence[str] = (), kwargs: Mapping[str, str] | None = None, timeout: float | None = None
     ) -> RpcResult:
         """``POST /collective_rpc``: run a worker method everywhere (string arguments only). Never re-sent once it may have arrived."""
-        return self._run(plans.collective_rpc(method, args, kwargs, timeout))
+        return self._run(calls.collective_rpc(method, args, kwargs, timeout))
 
     def server_info(self, config_format: Literal["text", "json"] = "text") -> dict[str, Any]:
         """``GET /server_info``: the config and environment dump."""
-        return self._run(plans.server_info(config_format))
+        return self._run(calls.server_info(config_format))
 
     # -- weight transfer ------------------------------------------------------------------
 
     def init_weight_transfer_engine(self, init_info: Mapping[str, Any]) -> CommandResult:
         """``POST /init_weight_transfer_engine`` (once per trainer connection). Never re-sent once it may have arrived."""
-        return self._run(plans.init_weight_transfer_engine(init_info))
+        return self._run(calls.init_weight_transfer_engine(init_info))
 
     def shutdown_weight_transfer_engine(self) -> CommandResult:
         """``POST /shutdown_weight_transfer_engine`` (0.33.0)."""
-        return self._run(plans.shutdown_weight_transfer_engine())
+        return self._run(calls.shutdown_weight_transfer_engine())
 
     def start_weight_update(self) -> CommandResult:
         """``POST /start_weight_update`` (0.23.0+): opens the update session. Never re-sent once it may have arrived."""
-        return self._run(plans.start_weight_update())
+        return self._run(calls.start_weight_update())
 
     def start_draft_weight_update(self) -> CommandResult:
         """``POST /start_draft_weight_update`` (0.33.0)."""
-        return self._run(plans.start_draft_weight_update())
+        return self._run(calls.start_draft_weight_update())
 
     def update_weights(self, update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> CommandResult:
         """``POST /update_weights``: one chunk. **Never re-sent once it may have arrived**; ask ``weight_info`` instead."""
-        return self._run(plans.update_weights(update_info))
+        return self._run(calls.update_weights(update_info))
 
     def finish_weight_update(self, weight_version: str | None = None) -> CommandResult:
         """``POST /finish_weight_update``: closes the session and sets the reported version. Never re-sent once it may have arrived."""
-        return self._run(plans.finish_weight_update(weight_version))
+        return self._run(calls.finish_weight_update(weight_version))
 
     def update_weight_version(self, new_version: str) -> WeightInfo:
         """``POST /update_weight_version`` (0.27.0+): set the version ``weight_info`` reports."""
-        return self._run(plans.update_weight_version(new_version))
+        return self._run(calls.update_weight_version(new_version))
 
     def weight_info(self) -> WeightInfo:
         """``GET /weight_info`` (0.27.0+): the weight version the engine reports."""
-        return self._run(plans.weight_info())
+        return self._run(calls.weight_info())
 
     def weight_checker(self, action: WeightCheckerAction, baseline: Mapping[str, str] | None = None) -> WeightCheck:
         """``POST /weight_checker`` (0.33.0): ``checksum``, ``compare`` with ``baseline``, or ``reset`` (zeroes the weights)."""
-        return self._run(plans.weight_checker(action, baseline))
+        return self._run(calls.weight_checker(action, baseline))
 
     def get_world_size(self, include_dp: bool = True) -> int:
         """``GET /get_world_size``."""
-        return self._run(plans.get_world_size(include_dp))
+        return self._run(calls.get_world_size(include_dp))
 
     # -- fault tolerance ---------------------------------------------------------------------
 
@@ -316,21 +276,21 @@ class VLLMClient(VLLMClientState):
         ``instruction``: ``retry`` (the only one 0.33.0 takes) recovers an engine whose busy loop raised and waits
         (``unhealthy``); poll ``fault_tolerance_status`` for the outcome. Never re-sent once it may have arrived.
         """
-        return self._run(plans.fault_tolerance_apply(instruction, params))
+        return self._run(calls.fault_tolerance_apply(instruction, params))
 
     def fault_tolerance_status(self) -> FaultToleranceStatus:
         """``GET /fault_tolerance/status`` (0.33.0, with ``--enable-fault-tolerance``): each engine core's state."""
-        return self._run(plans.fault_tolerance_status())
+        return self._run(calls.fault_tolerance_status())
 
     # -- always mounted ------------------------------------------------------------------
 
     def version(self) -> VLLMApi:
         """``GET /version``: the server's release, kept as the API every later request is built for."""
-        return self._remember(self._run(plans.version()))
+        return self._remember(self._run(calls.version()))
 
     def models(self) -> list[str]:
         """``GET /v1/models``: the served model ids."""
-        return self._run(plans.models())
+        return self._run(calls.models())
 
     def complete(
         self,
@@ -343,4 +303,4 @@ class VLLMClient(VLLMClientState):
         extra: Mapping[str, Any] | None = None,
     ) -> CompletionResult:
         """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
-        return self._run(plans.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))
+        return self._run(calls.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))

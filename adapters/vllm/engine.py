@@ -48,12 +48,12 @@ which table applies; ``tags`` are the memory tags the engine has. The weight-tra
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Generic, Literal, TypeVar
 
+from resilience.adapters.vllm.answers import VLLMPauseMode
 from resilience.adapters.vllm.async_client import AsyncVLLMClient
-from resilience.adapters.vllm.calls import VLLMPauseMode
 from resilience.adapters.vllm.client import VLLMClient
-from resilience.adapters.vllm.types import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
+from resilience.adapters.vllm.results import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.adapters.vllm.weights import WeightPush, apush_weights, push_weights
 from resilience.engine_contract import VLLM_MEMORY, VLLM_RULES
@@ -121,7 +121,34 @@ def _check_level(level: int) -> SleepLevel:
     return 1 if level == 1 else 2
 
 
-class VLLMEngine:
+C = TypeVar("C", VLLMClient, AsyncVLLMClient)
+
+
+class _Engine(Generic[C]):
+    """What both engines hold: the client (made from a URL with ``client_kwargs``, else checked) and ``sleep_level``."""
+
+    control_rules: Final = VLLM_RULES
+    tags: Final = VLLM_TAGS
+    _client_type: type[C]
+
+    def __init__(self, client: C | str, *, sleep_level: int = 1, **client_kwargs: Any) -> None:
+        name, kind = type(self).__name__, self._client_type
+        if isinstance(client, str):
+            client = kind(client, **client_kwargs)
+        elif client_kwargs:
+            raise TypeError(f"{name}: client keyword arguments {sorted(client_kwargs)} given with a client already built")
+        if not isinstance(client, kind):
+            raise TypeError(f"{name} needs an {kind.__name__} or a URL, but got {client!r}".replace("an V", "a V"))
+        self.client: C = client
+        self.engine = client.engine
+        self.base_url = client.base_url
+        self.sleep_level = _check_level(sleep_level)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base_url!r}, sleep_level={self.sleep_level})"
+
+
+class VLLMEngine(_Engine[VLLMClient]):
     """One vLLM server with the barrier's five control calls (synchronous), over a ``VLLMClient``.
 
     ``client``: a ``VLLMClient``, or the server's URL (a client is made with
@@ -130,23 +157,7 @@ class VLLMEngine:
     discarded: the weights are garbage until a weight update).
     """
 
-    control_rules: Final = VLLM_RULES
-    tags: Final = VLLM_TAGS
-
-    def __init__(self, client: VLLMClient | str, *, sleep_level: int = 1, **client_kwargs: Any) -> None:
-        if isinstance(client, str):
-            client = VLLMClient(client, **client_kwargs)
-        elif client_kwargs:
-            raise TypeError(f"VLLMEngine: client keyword arguments {sorted(client_kwargs)} given with a client already built")
-        if not isinstance(client, VLLMClient):
-            raise TypeError(f"VLLMEngine needs a VLLMClient or a URL, but got {client!r}")
-        self.client = client
-        self.engine = client.engine
-        self.base_url = client.base_url
-        self.sleep_level = _check_level(sleep_level)
-
-    def __repr__(self) -> str:
-        return f"VLLMEngine({self.base_url!r}, sleep_level={self.sleep_level})"
+    _client_type = VLLMClient
 
     def close(self) -> None:
         """Close the client (its session, if it made one)."""
@@ -199,26 +210,10 @@ class VLLMEngine:
         return self.client.complete(prompt, max_tokens=max_tokens, temperature=temperature, extra=extra)
 
 
-class AsyncVLLMEngine:
+class AsyncVLLMEngine(_Engine[AsyncVLLMClient]):
     """``VLLMEngine`` with ``async`` calls, over an ``AsyncVLLMClient`` (same arguments and meaning)."""
 
-    control_rules: Final = VLLM_RULES
-    tags: Final = VLLM_TAGS
-
-    def __init__(self, client: AsyncVLLMClient | str, *, sleep_level: int = 1, **client_kwargs: Any) -> None:
-        if isinstance(client, str):
-            client = AsyncVLLMClient(client, **client_kwargs)
-        elif client_kwargs:
-            raise TypeError(f"AsyncVLLMEngine: client keyword arguments {sorted(client_kwargs)} given with a client already built")
-        if not isinstance(client, AsyncVLLMClient):
-            raise TypeError(f"AsyncVLLMEngine needs an AsyncVLLMClient or a URL, but got {client!r}")
-        self.client = client
-        self.engine = client.engine
-        self.base_url = client.base_url
-        self.sleep_level = _check_level(sleep_level)
-
-    def __repr__(self) -> str:
-        return f"AsyncVLLMEngine({self.base_url!r}, sleep_level={self.sleep_level})"
+    _client_type = AsyncVLLMClient
 
     async def aclose(self) -> None:
         """Close the client's own session."""

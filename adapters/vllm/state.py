@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import threading
+import itertools
+from dataclasses import replace
 from typing import Any, TypeVar
 
-from resilience.adapters.routing import engine_of
-from resilience.adapters.vllm._shared import check_base_url
-from resilience.adapters.vllm.calls import Plan, Reply, check_reply, gate, key_header
-from resilience.adapters.vllm.types import SleepResult, VLLMWeightsAsleep, WakeResult
+from resilience.adapters.engine_http import Answer
+from resilience.adapters.engine_state import EngineClientState
+from resilience.adapters.engine_steps import Steps, value_of
+from resilience.adapters.vllm import calls
+from resilience.adapters.vllm.answers import Plan, Request, check_reply, gate, key_header, refusal_wait
+from resilience.adapters.vllm.results import SleepResult, VLLMRefused, VLLMWeightsAsleep, WakeResult
 from resilience.adapters.vllm.versions import VLLMApi
+from resilience.deadline import Deadline
 
 __all__ = ["VLLMClientState"]
 
 T = TypeVar("T")
 
 
-class VLLMClientState:
+class VLLMClientState(EngineClientState):
     """The engine (``base_url``, ``engine``), the API key (kept out of repr and errors) and the server's ``VLLMApi``.
 
     ``api_version``: the server's release (``"0.33.0"``) when you know it, so no
@@ -29,24 +33,10 @@ class VLLMClientState:
     """
 
     def __init__(self, base_url: str, *, api_key: str | None, api_version: str | None) -> None:
-        self.base_url = check_base_url(base_url, type(self).__name__)
-        self.engine = engine_of(self.base_url)[0]
+        super().__init__(base_url)
         self._api_key = api_key
         self._api: VLLMApi | None = None if api_version is None else VLLMApi.of(api_version)
-        self._lock = threading.Lock()
         self._asleep_level: int | None = None
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.base_url!r}{', api_key=***' if self._api_key else ''})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     @property
     def api(self) -> VLLMApi | None:
@@ -87,11 +77,39 @@ class VLLMClientState:
         self._api = api
         return api
 
-    def _read(self, plan: Plan[Any], api: VLLMApi | None, reply: Reply, *, checked: bool = True) -> Any:
-        """``plan``'s result from ``reply``, after ``check_reply`` (skipped for ``health``, which reads any status)."""
+    def _read(self, plan: Plan[Any], api: VLLMApi | None, answer: Answer, *, checked: bool = True) -> Any:
+        """``plan``'s result from ``answer``, after ``check_reply`` (skipped for ``health``, which reads any status)."""
         if checked:
-            check_reply(self.engine, plan.route, api, reply, key_sent=key_header(plan.route.path, self._api_key) is not None)
-        return plan.read(self.engine, api, reply)
+            check_reply(self.engine, plan.route, api, answer, key_sent=key_header(plan.route.path, self._api_key) is not None)
+        return plan.read(self.engine, api, answer)
 
     def _gated(self, plan: Plan[Any], api: VLLMApi | None) -> None:
         gate(self.engine, plan.route, api)
+
+    def _steps(self, plan: Plan[T]) -> Steps[Request | float, T]:
+        """``plan`` as steps (``engine_steps``), the one rule both clients run a call by.
+
+        A call that needs the weights while this client knows them asleep is refused first, unsent
+        (``VLLMWeightsAsleep``). A versioned route learns the server's API once (``GET /version``) and is
+        refused unsent when this release cannot take it (``answers.gate``). A refusal is asked again as
+        its route allows (``answers.refusal_wait``, within ``plan.refusal_deadline_s``); a sleep or wake
+        answer updates ``weights_asleep`` (``_noted``).
+        """
+        self._refuse_if_asleep(plan)
+        api = None
+        if plan.route.versioned:
+            api = self._api if self._api is not None else self._remember((yield from self._steps(calls.version())))
+            self._gated(plan, api)
+        request = plan.build(self.engine, api)
+        with Deadline(plan.refusal_deadline_s) as deadline:  # None: no deadline of its own
+            for polls in itertools.count(1):
+                answer = value_of((yield request))
+                try:
+                    result: T = self._read(plan, api, replace(answer, polls=polls))
+                    return self._noted(result)
+                except VLLMRefused as refused:
+                    wait = refusal_wait(plan, refused, deadline.remaining())
+                    if wait is None:
+                        raise
+                value_of((yield wait))
+        raise AssertionError("unreachable")

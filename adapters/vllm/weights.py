@@ -29,11 +29,12 @@ A chunk is whatever your backend's ``update_info`` is (``{"names": ..., ...}`` f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.adapters.vllm.types import VLLMError, VLLMVersionError
+from resilience.adapters.engine_steps import Steps, drive, run_now, value_of
+from resilience.adapters.vllm.results import VLLMError, VLLMVersionError
 from resilience.outcome import Delivery, attempts_of
 
 if TYPE_CHECKING:
@@ -110,13 +111,12 @@ def _check(chunks: Sequence[Mapping[str, Any]], version: str, sessions: int) -> 
     return out
 
 
+Chunks = Sequence[Mapping[str, Any]]
+"""A push's chunks: one ``update_info`` per ``/update_weights`` (``{"names": ..., ...}`` for NCCL)."""
+
+
 def push_weights(
-    client: VLLMClient,
-    chunks: Sequence[Mapping[str, Any]],
-    *,
-    version: str,
-    expected: Mapping[str, str] | None = None,
-    sessions: int = 3,
+    client: VLLMClient, chunks: Chunks, *, version: str, expected: Mapping[str, str] | None = None, sessions: int = 3
 ) -> WeightPush:
     """Run one session on ``client``: start, one ``/update_weights`` per chunk, finish with ``version``.
 
@@ -125,168 +125,80 @@ def push_weights(
     answer was proven not applied (default 3). Raises ``WeightPushFailed`` (a call refused) or
     ``WeightPushAmbiguous``.
     """
-    todo = _check(chunks, version, sessions)
-    settled: list[str] = []
-    for session in range(1, sessions + 1):
-        _start(client, settled)
-        lost = None
-        for i, chunk in enumerate(todo):
-            try:
-                client.update_weights(chunk)
-            except Exception as exc:
-                if not maybe_applied(exc):
-                    raise WeightPushFailed(client.engine, f"update_weights chunk {i}", exc) from exc
-                if expected is None:
-                    raise WeightPushAmbiguous(client.engine, i, exc, "no expected checksums to compare") from exc
-                lost = (i, exc)
-                break
-        if lost is None:
-            _finish(client, version, settled)
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
-        _finish(client, version, settled)
-        assert expected is not None
-        check = client.weight_checker("compare", baseline=expected)
-        if check.match:
-            settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
-        if session == sessions:
-            detail = f"/weight_checker mismatches {list(check.mismatches)} after {sessions} session(s)"
-            raise WeightPushAmbiguous(client.engine, lost[0], lost[1], detail) from lost[1]
-        settled.append(f"update_weights chunk {lost[0]}: /weight_checker proved it missing; pushed again in a new session")
-    raise AssertionError("unreachable")
-
-
-def _start(client: VLLMClient, settled: list[str]) -> None:
-    try:
-        client.start_weight_update()
-        return
-    except Exception as exc:
-        if not maybe_applied(exc):
-            raise WeightPushFailed(client.engine, "start", exc) from exc
-        last: BaseException = exc
-    for _ in range(RESENDS):
-        try:
-            client.start_weight_update()
-        except Exception as again:
-            if _already_active(again):
-                break
-            if not maybe_applied(again):
-                raise WeightPushFailed(client.engine, "start (sent again)", again) from again
-            last = again
-            continue
-        break
-    else:
-        raise WeightPushFailed(client.engine, f"start (sent {RESENDS + 1} times, every answer lost)", last) from last
-    settled.append("start: sent again")
-
-
-def _finish(client: VLLMClient, version: str | None, settled: list[str]) -> None:
-    try:
-        client.finish_weight_update(version)
-        return
-    except Exception as exc:
-        if not maybe_applied(exc):
-            raise WeightPushFailed(client.engine, "finish", exc) from exc
-        last: BaseException = exc
-    for _ in range(RESENDS):
-        try:
-            client.finish_weight_update(version)
-        except Exception as again:
-            if _no_session(again):
-                settled.append("finish: sent again; the engine had closed the session")
-                return
-            if not maybe_applied(again):
-                raise WeightPushFailed(client.engine, "finish (sent again)", again) from again
-            last = again
-            continue
-        settled.append("finish: sent again")
-        return
-    raise WeightPushFailed(client.engine, f"finish (sent {RESENDS + 1} times, every answer lost)", last) from last
+    return run_now(drive(_push(client.engine, _check(chunks, version, sessions), version, expected, sessions), _calls(client)))
 
 
 async def apush_weights(
-    client: AsyncVLLMClient,
-    chunks: Sequence[Mapping[str, Any]],
-    *,
-    version: str,
-    expected: Mapping[str, str] | None = None,
-    sessions: int = 3,
+    client: AsyncVLLMClient, chunks: Chunks, *, version: str, expected: Mapping[str, str] | None = None, sessions: int = 3
 ) -> WeightPush:
     """``push_weights`` on an ``AsyncVLLMClient`` (same rules and arguments)."""
-    todo = _check(chunks, version, sessions)
+    return await drive(_push(client.engine, _check(chunks, version, sessions), version, expected, sessions), _calls(client))
+
+
+# -- the session as steps, without I/O: each step names a client call; ``engine_steps.drive`` makes it -------
+
+Step = tuple[str, tuple[Any, ...], dict[str, Any]]
+"""A client method's name, its arguments and keyword arguments."""
+
+
+def _calls(client: VLLMClient | AsyncVLLMClient) -> Callable[[Step], Any]:
+    """How ``drive`` performs a step on ``client``: the named method, called."""
+    return lambda step: getattr(client, step[0])(*step[1], **step[2])
+
+
+def _push(
+    engine: str, todo: list[Mapping[str, Any]], version: str, expected: Mapping[str, str] | None, sessions: int
+) -> Steps[Step, WeightPush]:
+    """The sessions of one push as steps, by the module docstring's rules (``push_weights``' arguments, checked)."""
     settled: list[str] = []
     for session in range(1, sessions + 1):
-        await _astart(client, settled)
+        yield from _resent(engine, "start", ("start_weight_update", (), {}), settled, _already_active)
         lost = None
         for i, chunk in enumerate(todo):
-            try:
-                await client.update_weights(chunk)
-            except Exception as exc:
+            _, exc = yield ("update_weights", (chunk,), {})
+            if exc is not None:
                 if not maybe_applied(exc):
-                    raise WeightPushFailed(client.engine, f"update_weights chunk {i}", exc) from exc
+                    raise WeightPushFailed(engine, f"update_weights chunk {i}", exc) from exc
                 if expected is None:
-                    raise WeightPushAmbiguous(client.engine, i, exc, "no expected checksums to compare") from exc
+                    raise WeightPushAmbiguous(engine, i, exc, "no expected checksums to compare") from exc
                 lost = (i, exc)
                 break
+        note = "; the engine had closed the session"
+        yield from _resent(engine, "finish", ("finish_weight_update", (version,), {}), settled, _no_session, note)
         if lost is None:
-            await _afinish(client, version, settled)
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
-        await _afinish(client, version, settled)
+            return WeightPush(engine, version, len(todo), tuple(settled))
         assert expected is not None
-        check = await client.weight_checker("compare", baseline=expected)
+        check = value_of((yield ("weight_checker", ("compare",), {"baseline": expected})))
         if check.match:
             settled.append(f"update_weights chunk {lost[0]}: /weight_checker matched")
-            return WeightPush(client.engine, version, len(todo), tuple(settled))
+            return WeightPush(engine, version, len(todo), tuple(settled))
         if session == sessions:
             detail = f"/weight_checker mismatches {list(check.mismatches)} after {sessions} session(s)"
-            raise WeightPushAmbiguous(client.engine, lost[0], lost[1], detail) from lost[1]
+            raise WeightPushAmbiguous(engine, lost[0], lost[1], detail) from lost[1]
         settled.append(f"update_weights chunk {lost[0]}: /weight_checker proved it missing; pushed again in a new session")
     raise AssertionError("unreachable")
 
 
-async def _astart(client: AsyncVLLMClient, settled: list[str]) -> None:
-    try:
-        await client.start_weight_update()
-        return
-    except Exception as exc:
-        if not maybe_applied(exc):
-            raise WeightPushFailed(client.engine, "start", exc) from exc
-        last: BaseException = exc
-    for _ in range(RESENDS):
-        try:
-            await client.start_weight_update()
-        except Exception as again:
-            if _already_active(again):
-                break
-            if not maybe_applied(again):
-                raise WeightPushFailed(client.engine, "start (sent again)", again) from again
-            last = again
-            continue
-        break
-    else:
-        raise WeightPushFailed(client.engine, f"start (sent {RESENDS + 1} times, every answer lost)", last) from last
-    settled.append("start: sent again")
+def _resent(
+    engine: str, name: str, step: Step, settled: list[str], proves_first: Callable[[BaseException], bool], note: str = ""
+) -> Steps[Step, None]:
+    """``step`` (``start`` or ``finish``), sent again after a lost answer (at most ``RESENDS`` times).
 
-
-async def _afinish(client: AsyncVLLMClient, version: str | None, settled: list[str]) -> None:
-    try:
-        await client.finish_weight_update(version)
+    A re-send that answers, or that fails in a way that ``proves_first`` the first one arrived, settles it
+    (``settled`` says so, with ``note`` for the second case); a refusal raises ``WeightPushFailed``.
+    """
+    _, exc = yield step
+    if exc is None:
         return
-    except Exception as exc:
-        if not maybe_applied(exc):
-            raise WeightPushFailed(client.engine, "finish", exc) from exc
-        last: BaseException = exc
+    if not maybe_applied(exc):
+        raise WeightPushFailed(engine, name, exc) from exc
+    last: BaseException = exc
     for _ in range(RESENDS):
-        try:
-            await client.finish_weight_update(version)
-        except Exception as again:
-            if _no_session(again):
-                settled.append("finish: sent again; the engine had closed the session")
-                return
-            if not maybe_applied(again):
-                raise WeightPushFailed(client.engine, "finish (sent again)", again) from again
-            last = again
-            continue
-        settled.append("finish: sent again")
-        return
-    raise WeightPushFailed(client.engine, f"finish (sent {RESENDS + 1} times, every answer lost)", last) from last
+        _, again = yield step
+        if again is None or proves_first(again):
+            settled.append(f"{name}: sent again" + ("" if again is None else note))
+            return
+        if not maybe_applied(again):
+            raise WeightPushFailed(engine, f"{name} (sent again)", again) from again
+        last = again
+    raise WeightPushFailed(engine, f"{name} (sent {RESENDS + 1} times, every answer lost)", last) from last

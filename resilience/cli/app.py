@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import get_args
 
 import resilience
-from resilience.cli.common import CliError, OneLineParser, non_negative_int, port_number, positive_float, positive_int
+from resilience.cli.common import CliError, OneLineParser, add_router, non_negative_int, port_number, positive_float, positive_int
 from resilience.testing.faultplan import FaultKind
 
 __all__ = ["CLOSED_PIPE_EXIT", "build_parser", "main"]
@@ -57,6 +57,9 @@ _EXAMPLES = """examples:
   cpr emulate --engines 64                   64 engines forked from one process, their URLs printed as a list
   cpr emulate --engines 4 --fault-plan plan.yaml
                                              4 engines, each behind a fault proxy playing plan.yaml (the proxies' URLs printed)
+  cpr emulate --engines 4 --router smg       4 engines behind a real smg gateway (the gateway's URL printed)
+  cpr probe --router smg http://127.0.0.1:30080
+                                             the workers an smg gateway lists, each checked at its own URL
 """
 
 
@@ -87,13 +90,7 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="where --traces console writes its spans, one JSON object per line (default: %(default)s)",
     )
     p.add_argument("--timeline", metavar="FILE", help="draw the offload/onload timeline across engines: .png or .html")
-    p.add_argument(
-        "--router",
-        choices=("none", "smg"),
-        default="none",
-        help="smg: run the steps behind a real smg gateway, smg's own client vs ours direct and through SmgFanOut "
-        "(needs the [smg] extra); default none",
-    )
+    add_router(p, "run the steps behind a real smg gateway, smg's own client vs ours direct and through SmgFanOut (the [smg] extra)")
     p.add_argument(
         "--engine",
         choices=("sglang", "vllm"),
@@ -166,6 +163,11 @@ def _add_probe(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         default="sglang",
         help="vllm: check vLLM servers instead: /health, /version, /is_paused, /is_sleeping, /weight_info "
         "(none is guarded by vLLM's --api-key, so no key is sent); default sglang",
+    )
+    add_router(
+        p,
+        "each URL is an smg gateway: its workers (GET /workers, with smg's status of each) are the engines checked "
+        "(the checks go to each worker's own URL); healthy only when every worker is ready and answers /health",
     )
 
 

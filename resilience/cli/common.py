@@ -16,7 +16,9 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 __all__ = [
+    "ROUTERS",
     "CliError",
+    "add_router",
     "OneLineParser",
     "check_output_file",
     "need",
@@ -26,6 +28,15 @@ __all__ = [
     "positive_int",
     "write_json",
 ]
+
+
+ROUTERS = ("direct", "smg")
+"""What ``--router`` takes (``cpr demo``, ``cpr probe``, ``cpr emulate``): the engines straight, or behind a real smg gateway."""
+
+
+def add_router(parser: argparse.ArgumentParser, smg: str) -> None:
+    """Add ``--router direct|smg`` (default direct) to ``parser``; ``smg``: what ``smg`` means for this subcommand."""
+    parser.add_argument("--router", choices=ROUTERS, default="direct", help=f"smg: {smg}; default direct (no gateway)")
 
 
 class CliError(Exception):

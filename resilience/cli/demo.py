@@ -156,10 +156,10 @@ def run_demo(args: argparse.Namespace) -> int:
     On Ctrl-C after a run finished, the table, report (and timeline) of the finished runs are still
     written, and the exit status is 130.
     """
-    engine, router = getattr(args, "engine", "sglang"), getattr(args, "router", "none")
+    engine, router = getattr(args, "engine", "sglang"), getattr(args, "router", "direct")
     if engine == "vllm":
         unsupported = [flag for flag, given in (("--timeline", args.timeline), ("--traces", args.traces != "off")) if given]
-        if router != "none":
+        if router != "direct":
             unsupported.append("--router")
         if unsupported:
             raise CliError(f"cpr demo --engine vllm does not take {', '.join(unsupported)} (the SGLang demo's options)", 2)

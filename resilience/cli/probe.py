@@ -36,7 +36,19 @@ from resilience.cli.errors_text import safe_url
 from resilience.cli.render import describe_policy, make_console, rich_table
 from resilience.policy import PolicyTable
 
-__all__ = ["CHECKS", "VLLM_CHECKS", "Check", "CheckResult", "EngineProbe", "policy_groups", "probe_engines", "run_probe", "vllm_line"]
+__all__ = [
+    "CHECKS",
+    "VLLM_CHECKS",
+    "Check",
+    "CheckResult",
+    "EngineProbe",
+    "GatewayWorkers",
+    "gateway_workers",
+    "policy_groups",
+    "probe_engines",
+    "run_probe",
+    "vllm_line",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,9 +306,55 @@ def _normalise(url: str) -> str:
     return url.rstrip("/")
 
 
+@dataclass(frozen=True, slots=True)
+class GatewayWorkers:
+    """What an smg gateway's ``GET /workers`` listed (``--router smg``): each worker's URL and smg's status of it."""
+
+    gateway: str
+    workers: tuple[tuple[str, str], ...] = ()
+    """``(worker URL, status)`` pairs (``ready``, ``pending``, ``failed``, ``draining``), in the gateway's order."""
+    error: str | None = None
+    """Why the gateway gave no list (None when it did)."""
+
+    def line(self) -> str:
+        """One line: the gateway, and its workers by status (or why it listed none)."""
+        if self.error is not None:
+            return f"FAIL  gateway {safe_url(self.gateway)}  {self.error}"
+        counts: dict[str, int] = {}
+        for _url, status in self.workers:
+            counts[status] = counts.get(status, 0) + 1
+        verdict = "OK  " if self.workers and set(counts) == {"ready"} else "FAIL"
+        by_status = ", ".join(f"{n} {status}" for status, n in counts.items()) or "none"
+        return f"{verdict}  gateway {safe_url(self.gateway)}  {plural(len(self.workers), 'worker')}: {by_status}"
+
+
+def gateway_workers(gateway: str, timeout: float) -> GatewayWorkers:
+    """``GET /workers`` of the smg gateway at ``gateway``: one attempt within ``timeout`` seconds, never retried."""
+    try:
+        response = requests.get(f"{gateway}/workers", timeout=timeout)
+    except requests.RequestException as exc:
+        return GatewayWorkers(gateway, error=f"GET /workers: {_why(exc, timeout)[0]}")
+    if response.status_code != 200:
+        return GatewayWorkers(gateway, error=f"GET /workers answered {response.status_code} (is it an smg gateway?)")
+    try:
+        listed = response.json().get("workers", [])
+        workers = tuple((str(w["url"]).rstrip("/"), str(w.get("status"))) for w in listed)
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return GatewayWorkers(gateway, error="GET /workers answered no worker list (is it an smg gateway?)")
+    return GatewayWorkers(gateway, workers)
+
+
 def run_probe(args: argparse.Namespace) -> int:
-    """Probe the engines from parsed arguments; exit 0 only when every engine is healthy."""
+    """Probe the engines from parsed arguments; exit 0 only when every engine is healthy.
+
+    ``--router smg``: the URLs are smg gateways; the engines are the workers they list, each checked at its own
+    URL, and the run is healthy only when every gateway listed workers, every one ``ready``.
+    """
     urls = [_normalise(u) for u in args.urls]
+    gateways: list[GatewayWorkers] = []
+    if getattr(args, "router", "direct") == "smg":
+        gateways = [gateway_workers(url, args.timeout) for url in urls]
+        urls = list(dict.fromkeys(url for g in gateways for url, _status in g.workers))
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -311,12 +369,17 @@ def run_probe(args: argparse.Namespace) -> int:
         checks, line, table, name = CHECKS, EngineProbe.line, SGLANG_POLICIES, "SGLANG_POLICIES"
         probes = probe_engines(urls, args.timeout, api_key)
     console = make_console()
+    for gateway in gateways:
+        console.print(gateway.line(), markup=False, highlight=False, soft_wrap=True)
+    if gateways and not urls:
+        print(f"cpr probe: no worker to check behind {plural(len(gateways), 'gateway')}", file=sys.stderr)
+        return 1
     for probe in probes:
         console.print(line(probe), markup=False, highlight=False, soft_wrap=True)
     columns = ["check", *(safe_url(p.url).split("://", 1)[1].rstrip("/") for p in probes)]  # host:port, no credentials
     rows = [[f"GET {check.path}", *(p.results[check.name].cell() for p in probes)] for check in checks]
     # the heading is a line of its own: as a table title it would wrap at the table's width (narrow for one engine)
-    command = "cpr probe --engine vllm" if vllm else "cpr probe"
+    command = "cpr probe" + (" --engine vllm" if vllm else "") + (" --router smg" if gateways else "")
     heading = f"{command}: {plural(len(probes), 'engine')}, one attempt per check, {args.timeout:g} s timeout"
     console.print(heading, markup=False, highlight=False, soft_wrap=True)
     console.print(rich_table(None, columns, rows))
@@ -326,6 +389,7 @@ def run_probe(args: argparse.Namespace) -> int:
     healthy = sum(p.healthy for p in probes)
     console.print(f"{healthy} of {plural(len(probes), 'engine')} healthy", markup=False, highlight=False)
     sick = [safe_url(p.url) for p in probes if not p.healthy]
+    sick += [f"gateway {safe_url(g.gateway)}" for g in gateways if not g.line().startswith("OK")]
     if sick:
         print(f"cpr probe: {len(sick)} of {plural(len(probes), 'engine')} not healthy: {', '.join(sick)}", file=sys.stderr)
     return 0 if not sick else 1

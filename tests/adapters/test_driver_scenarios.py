@@ -550,7 +550,7 @@ def test_sglang_clients_built_from_one_config_share_it() -> None:
         mounted = mount_sglang(session, ["http://127.0.0.1:30001"], config=config)
         adapter = sync.session.get_adapter("http://127.0.0.1:30000/")
         assert adapter.driver_config is config and mounted.driver_config is config  # type: ignore[attr-defined]
-        assert asynchronous._middleware.driver_config is config
+        assert asynchronous._own.middleware.driver_config is config
         with pytest.raises(ConfigConflict, match=r"mount_sglang got config= and policies="):
             mount_sglang(session, ["http://127.0.0.1:30001"], config=config, policies=SGLANG_POLICIES)
     finally:

@@ -1,6 +1,6 @@
 """``GET /version`` picks the API a request is built for; a release outside the range, or without the route, is refused unsent.
 
-These drive the sans-IO builders (``resilience.adapters.vllm.plans``) with a hand-made ``VLLMApi``: no server is needed to say
+These drive the sans-IO builders (``resilience.adapters.vllm.calls``) with a hand-made ``VLLMApi``: no server is needed to say
 what a request for 0.14.0 looks like. Over HTTP, the emulator speaks 0.33.0 (``test_client_http.py``).
 """
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from resilience.adapters.vllm import VLLMApi, VLLMPauseMode, VLLMProtocolError, VLLMVersionError, plans
-from resilience.adapters.vllm.calls import Plan, Reply, gate
+from resilience.adapters.engine_http import Answer
+from resilience.adapters.vllm import VLLMApi, VLLMPauseMode, VLLMProtocolError, VLLMVersionError, calls
+from resilience.adapters.vllm.answers import Plan, gate
 from resilience.adapters.vllm.versions import parse_version
 
 ENGINE = "http://127.0.0.1:8000"
@@ -29,7 +30,7 @@ def test_versions_parse_to_their_release(text: str, parsed: tuple[int, int, int]
 def test_a_release_outside_the_range_is_named_in_the_error(text: str) -> None:
     """0.12.0 to 0.33.x are spoken; anything else raises before sending, naming the release and the range."""
     with pytest.raises(VLLMVersionError) as err:
-        gate(ENGINE, plans.sleep().route, VLLMApi.of(text))
+        gate(ENGINE, calls.sleep().route, VLLMApi.of(text))
     assert text in str(err.value)
     assert "0.12.0 to 0.33.x" in str(err.value)
     assert "POST /sleep not sent" in str(err.value)
@@ -43,12 +44,12 @@ def test_every_033_patch_is_supported() -> None:
 @pytest.mark.parametrize(
     ("plan", "api", "added"),
     [
-        (plans.start_weight_update(), V020, "0.23.0"),
-        (plans.finish_weight_update("v1"), V020, "0.23.0"),
-        (plans.update_weights({"names": []}), V014, "0.17.0"),
-        (plans.weight_info(), V023, "0.27.0"),
-        (plans.weight_checker("checksum"), V030, "0.33.0"),
-        (plans.release_kv_cache_memory(), V030, "0.33.0"),
+        (calls.start_weight_update(), V020, "0.23.0"),
+        (calls.finish_weight_update("v1"), V020, "0.23.0"),
+        (calls.update_weights({"names": []}), V014, "0.17.0"),
+        (calls.weight_info(), V023, "0.27.0"),
+        (calls.weight_checker("checksum"), V030, "0.33.0"),
+        (calls.release_kv_cache_memory(), V030, "0.33.0"),
     ],
 )
 def test_a_route_the_release_lacks_is_refused_unsent(plan: Plan[object], api: VLLMApi, added: str) -> None:
@@ -60,9 +61,9 @@ def test_a_route_the_release_lacks_is_refused_unsent(plan: Plan[object], api: VL
 
 def test_mode_parameters_exist_since_017() -> None:
     """``/sleep?mode=`` is sent from 0.17.0 on; asked of 0.14.0 it is refused (that release takes only the level and does not pause)."""
-    plan = plans.sleep(2, "wait")
+    plan = calls.sleep(2, "wait")
     assert plan.build(ENGINE, V017).params == (("level", "2"), ("mode", "wait"))
-    assert plans.sleep(1).build(ENGINE, V014).params == (("level", "1"),)
+    assert calls.sleep(1).build(ENGINE, V014).params == (("level", "1"),)
     with pytest.raises(VLLMVersionError, match="takes no mode="):
         plan.build(ENGINE, V014)
 
@@ -79,35 +80,35 @@ def test_mode_parameters_exist_since_017() -> None:
 )
 def test_pause_speaks_each_release(mode: VLLMPauseMode | None, api: VLLMApi, params: tuple[tuple[str, str], ...]) -> None:
     """From 0.17 only ``mode`` (``wait_for_inflight_requests`` is gone in 0.33); before, the old flag; None sends the server's default."""
-    assert plans.pause(mode).build(ENGINE, api).params == params
+    assert calls.pause(mode).build(ENGINE, api).params == params
 
 
 def test_keep_pause_needs_017() -> None:
     """0.12/0.14 have no ``keep``: refused, not silently turned into something else."""
     with pytest.raises(VLLMVersionError):
-        plans.pause("keep").build(ENGINE, V014)
+        calls.pause("keep").build(ENGINE, V014)
 
 
 def test_sleep_and_wake_answers_are_json_in_033_and_empty_before() -> None:
     """An empty 200 is a success before 0.33.0 and a malformed answer in 0.33.0."""
-    sleep = plans.sleep(1)
-    empty = Reply("POST /sleep", 200, "")
+    sleep = calls.sleep(1)
+    empty = Answer("POST /sleep", 200, "")
     assert sleep.read(ENGINE, V030, empty).level == 1
-    assert plans.wake_up(["weights"]).read(ENGINE, V030, Reply("POST /wake_up", 200, "")).awake is None
+    assert calls.wake_up(["weights"]).read(ENGINE, V030, Answer("POST /wake_up", 200, "")).awake is None
     with pytest.raises(VLLMProtocolError, match="not a JSON object"):
         sleep.read(ENGINE, V033, empty)
 
 
 def test_wake_tags_are_repeated_query_parameters() -> None:
     """``/wake_up?tags=weights&tags=kv_cache``, as vLLM reads them (``getlist("tags")``); no tags = every tag."""
-    assert plans.wake_up(["weights", "kv_cache"]).build(ENGINE, V033).params == (("tags", "weights"), ("tags", "kv_cache"))
-    assert plans.wake_up().build(ENGINE, V033).params == ()
+    assert calls.wake_up(["weights", "kv_cache"]).build(ENGINE, V033).params == (("tags", "weights"), ("tags", "kv_cache"))
+    assert calls.wake_up().build(ENGINE, V033).params == ()
     with pytest.raises(TypeError, match="not one string"):
-        plans.wake_up("weights")
+        calls.wake_up("weights")
 
 
 @pytest.mark.parametrize("bad", [3, -1, True, "1"])
 def test_a_bad_sleep_level_is_refused_before_anything_is_sent(bad: object) -> None:
     """Levels are 0, 1 or 2 (vLLM's ``Query(ge=0, le=2)``); the error names the value."""
     with pytest.raises(ValueError, match="sleep level must be 0, 1 or 2"):
-        plans.sleep(bad)  # type: ignore[arg-type]
+        calls.sleep(bad)  # type: ignore[arg-type]

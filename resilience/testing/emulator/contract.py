@@ -163,12 +163,12 @@ def client_endpoints(*modules: Any) -> set[tuple[str, str]]:
     ``calls.py``): a ``Call("METHOD", "/path", ...)``, and the helpers
     whose method is fixed (``memory_call`` POSTs, ``read_call`` and
     ``_health`` GET); and every route of the clients' method table
-    (``adapters/sglang/methods.py``, ``METHODS``).
+    (``adapters/sglang/routes.py``, ``METHODS``).
     """
     found: set[tuple[str, str]] = set()
     if not modules:
         from resilience.adapters.sglang import async_client, calls, client
-        from resilience.adapters.sglang.methods import METHODS
+        from resilience.adapters.sglang.routes import METHODS
 
         modules = (client, async_client, calls)
         found.update((m.http, m.path) for m in METHODS)

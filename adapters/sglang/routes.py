@@ -3,7 +3,7 @@
 ``SGLangClient`` (``client.py``) and ``AsyncSGLangClient`` (``async_client.py``)
 are hand-written twins: each method is a real ``def`` with a real signature, so
 mypy strict, IDEs and the API docs see its parameters, types and docstring. This
-table is what both must agree with, and ``tests/sglang/test_method_table.py``
+table is what both must agree with, and ``tests/sglang/test_sglang_route_table.py``
 holds them to it: the same methods, the same parameters (names, kinds, types,
 defaults) in both, the declared result type (an ``Iterator`` / ``AsyncIterator``
 of it for a stream), a docstring that starts with ``summary``, a route that has

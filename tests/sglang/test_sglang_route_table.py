@@ -1,4 +1,4 @@
-"""Both SGLang clients against their one method table (``resilience.adapters.sglang.methods.METHODS``).
+"""Both SGLang clients against their one method table (``resilience.adapters.sglang.routes.METHODS``).
 
 The clients are hand-written twins (real signatures and docstrings for mypy, IDEs and the docs);
 these tests are what keeps them twins: the same methods as the table, the same parameters in
@@ -24,7 +24,7 @@ import requests
 
 from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
-from resilience.adapters.sglang.methods import METHODS, Method
+from resilience.adapters.sglang.routes import METHODS, Method
 from resilience.errors import ConfigConflict
 from resilience.testing import fast_policies
 
