@@ -499,7 +499,7 @@ class ResilientMiddleware(ConfigViews):
             request_timeout=caller_timeout(request_timeout(request, handler)),
             request=request,
             replayable=_replayable(request),
-            body=None if isinstance(match.policy.on_ambiguous, str) else await _body_bytes(request),  # only probes read it
+            body=None if match.probe is None else await _body_bytes(request),  # only probes read it
         )
 
         # one per session.request() call, shared by aiohttp's re-runs of it (client.py builds each re-run's ClientRequest with

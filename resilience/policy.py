@@ -339,6 +339,8 @@ class EndpointMatch:
     named one nor the caller gave one; derived once."""
     deadline_s: float | None = field(init=False, repr=False, compare=False)
     """The policy's ``deadline_s`` as a plain float (None = none); derived once."""
+    probe: Probe | None = field(init=False, repr=False, compare=False)
+    """The policy's ``on_ambiguous`` probe, None when it is ``"raise"``: drivers read a body for probes only then; derived once."""
 
     def __post_init__(self) -> None:
         limit = self.policy.attempt_timeout_s
@@ -348,6 +350,8 @@ class EndpointMatch:
         object.__setattr__(self, "fallback_timeout_s", None if limit is None else float(limit))
         deadline = self.policy.deadline_s
         object.__setattr__(self, "deadline_s", None if deadline is None else float(deadline))
+        probe = self.policy.on_ambiguous
+        object.__setattr__(self, "probe", None if isinstance(probe, str) else probe)
 
     @property
     def explicit(self) -> bool:

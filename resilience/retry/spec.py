@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar
 
 from resilience.backoff import parse_retry_after
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.deadline import Deadline, current_deadline
+from resilience.deadline import CURRENT_DEADLINE, Deadline
 from resilience.outcome import Delivery, Outcome
 from resilience.policy import EndpointMatch, EndpointPolicy
 
@@ -79,8 +79,9 @@ class CallSpec:
     """One logical call as the loop needs to know it (the driver's word: built once per call, never changed)."""
 
     method: str
-    url: str
-    """Used only for probes and error messages; never put in events."""
+    url: object
+    """The URL as the driver holds it (a ``str``, an ``httpx.URL``, a ``yarl.URL``): ``str()`` of it goes to probes only
+    (built then, not on every call); never put in events."""
     match: EndpointMatch
     engine: str
     server_address: str
@@ -163,7 +164,7 @@ def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
         if connect is not None or read is not None:
             seconds = (connect or 0.0) + (read or 0.0)
     own_at = math.inf if seconds is None else now + seconds
-    outer = current_deadline()
+    outer = CURRENT_DEADLINE.get()
     outer_at = math.inf
     if outer is not None and outer.bounded:
         outer_at = now + outer.remaining()  # on the outer deadline's own clock, as ``Deadline.cap`` reads it

@@ -60,6 +60,6 @@ def test_bounded_a_full_cache_is_emptied() -> None:
     cache = RouteCache(TABLE, build)
     for i in range(ROUTE_CACHE_SIZE + 5):
         cache.route("GET", f"http://127.0.0.1:1/item/{i}")
-    assert len(cache._routes) == 5  # emptied once at ROUTE_CACHE_SIZE, then refilled
+    assert len(cache.routes) == 5  # emptied once at ROUTE_CACHE_SIZE, then refilled
     cache.route("GET", f"http://127.0.0.1:1/item/{ROUTE_CACHE_SIZE + 4}")
     assert len(build.built) == ROUTE_CACHE_SIZE + 5  # the last URL was still cached
