@@ -47,6 +47,7 @@ __all__ = [
     "attempt_timeouts",
     "classify",
     "deadline_times",
+    "is_success_status",
     "responded",
 ]
 
@@ -159,6 +160,11 @@ def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
     return own_at, outer_at
 
 
+def is_success_status(policy: EndpointPolicy, status: int) -> bool:
+    """2xx, or a status the endpoint accepts (``EndpointPolicy.accept_statuses``): what ``classify`` calls a success."""
+    return 200 <= status < 300 or status in policy.accept_statuses
+
+
 def classify(
     policy: EndpointPolicy,
     *,
@@ -179,7 +185,7 @@ def classify(
     - no response and maybe applied: AMBIGUOUS (the loop decides by idempotency).
     """
     if status is not None:
-        if 200 <= status < 300 or status in policy.accept_statuses:
+        if 200 <= status < 300 or status in policy.accept_statuses:  # ``is_success_status``, inline: every call asks
             return Outcome.SUCCESS
         gateway = status in policy.retry.statuses or (status == 429 and retry_after is not None and policy.retry.respect_retry_after)
         if gateway and (policy.idempotent or policy.retry_statuses_if_not_idempotent):
