@@ -195,9 +195,8 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
 
 
 _new_request = httpx.Request.__new__
-_PARSED = all(hasattr(httpx.URL("http://h:1/p")._uri_reference, part) for part in ("scheme", "host", "port", "path")) if hasattr(
-    httpx.URL("http://h/"), "_uri_reference"
-) else False
+_PARSED_SAMPLE = getattr(httpx.URL("http://h:1/p"), "_uri_reference", None)
+_PARSED = _PARSED_SAMPLE is not None and all(hasattr(_PARSED_SAMPLE, part) for part in ("scheme", "host", "port", "path"))
 """httpx (0.23 to 0.28 at least) keeps a URL's parts parsed (``URL._uri_reference``): the route key reads them. Else ``str(url)``."""
 
 
