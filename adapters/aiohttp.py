@@ -174,13 +174,22 @@ def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> Clien
     session's timeout when the closure is not shaped so. ``_aiohttp_compat``
     checks at import that those cells are there.
     """
-    public = getattr(request, "timeout", None)
-    if isinstance(public, ClientTimeout):
-        return public
-    fn: object = handler
+    cls = type(request)
+    try:
+        public = _PUBLIC_TIMEOUT[cls]
+    except KeyError:
+        public = _PUBLIC_TIMEOUT[cls] = hasattr(request, "timeout")
+    if public:
+        found = request.timeout  # type: ignore[attr-defined]
+        if isinstance(found, ClientTimeout):
+            return found
+    fn: Any = handler
     for _ in range(64):  # a chain of middlewares, each closure holding the next handler
-        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-        if not isinstance(code, CodeType) or cells is None:
+        try:
+            code, cells = fn.__code__, fn.__closure__
+        except AttributeError:  # not a plain function
+            break
+        if type(code) is not CodeType or cells is None:
             break
         timeout_at, next_at = _closure_slots(code)
         try:
@@ -195,6 +204,10 @@ def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> Clien
         except (IndexError, ValueError):  # an empty cell
             break
     return request.session.timeout
+
+
+_PUBLIC_TIMEOUT: dict[type[ClientRequest], bool] = {}
+"""Request class -> whether its requests have a ``timeout`` (aiohttp 3.15's public one, or a ``request_class=``'s): asked once."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -261,7 +274,7 @@ class _Timers:
     loop's heap and compared there in Python (``TimerHandle.__lt__``) until it
     pops, cancelled, long after the attempt (most attempts end well inside
     their limit). Here an attempt joins a set (``add``), moves its limit in
-    place (``moved``) and leaves the set (``discard``); the handle is re-armed
+    place and leaves the set (``discard``); the handle is re-armed (``arm``)
     only when a limit comes earlier than the one it is armed at. When it
     fires, every attempt whose limit has come expires (its task is
     cancelled, as ``asyncio.timeout`` would) and the handle is armed at the
@@ -270,28 +283,26 @@ class _Timers:
     off). One per loop (``_timers_of``); only its loop's thread touches it.
     """
 
-    __slots__ = ("_at", "_handle", "_loop", "timers")
+    __slots__ = ("_handle", "at", "loop", "timers")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = weakref.ref(loop)  # a loop's scheduled handle holds this object: no strong reference back
-        self._at = math.inf
+        self.loop = weakref.ref(loop)
+        """The loop (weakly: a loop's scheduled handle holds this object, so no strong reference back)."""
+        self.at = math.inf
+        """Where the handle is armed (loop time; ``inf``: not armed). A timer whose limit is earlier calls ``arm``."""
         self._handle: asyncio.TimerHandle | None = None
         self.timers: set[_AttemptTimer] = set()
 
-    def owned_by(self, loop: asyncio.AbstractEventLoop) -> bool:
-        return self._loop() is loop
-
-    def moved(self, loop: asyncio.AbstractEventLoop, limit_at: float | None) -> None:
-        """A timer's limit is now ``limit_at`` (None: none): arm the handle there when that is earlier than where it is."""
-        if limit_at is not None and limit_at < self._at:
-            if self._handle is not None:
-                self._handle.cancel()
-            self._at = limit_at
-            self._handle = loop.call_at(limit_at, self._fire)
+    def arm(self, loop: asyncio.AbstractEventLoop, limit_at: float) -> None:
+        """Arm the handle at ``limit_at``, earlier than ``at`` (the caller checked: most limits come later, and call nothing)."""
+        if self._handle is not None:
+            self._handle.cancel()
+        self.at = limit_at
+        self._handle = loop.call_at(limit_at, self._fire)
 
     def _fire(self) -> None:
-        at, self._at, self._handle = self._at, math.inf, None
-        loop = self._loop()
+        at, self.at, self._handle = self.at, math.inf, None
+        loop = self.loop()
         if loop is None:
             return
         following = math.inf
@@ -304,7 +315,7 @@ class _Timers:
             elif limit < following:
                 following = limit
         if following < math.inf:
-            self.moved(loop, following)
+            self.arm(loop, following)
 
 
 _LAST_TIMERS: _Timers | None = None
@@ -314,11 +325,8 @@ _TIMERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Timers] = weakref
 
 
 def _timers_of(loop: asyncio.AbstractEventLoop) -> _Timers:
-    """``loop``'s ``_Timers``, made on first use."""
+    """``loop``'s ``_Timers``, made on first use (a timer checks ``_LAST_TIMERS`` itself first)."""
     global _LAST_TIMERS
-    timers = _LAST_TIMERS
-    if timers is not None and timers.owned_by(loop):
-        return timers
     timers = _TIMERS.get(loop)
     if timers is None:
         timers = _TIMERS[loop] = _Timers(loop)
@@ -352,24 +360,26 @@ class _AttemptTimer:
         self._cancelling = task.cancelling()
         self.expired = False
         self.sent = False
-        self.limit_at = None if connect_s is None else loop.time() + connect_s
+        self.limit_at = limit_at = None if connect_s is None else loop.time() + connect_s
         """The loop time at which the attempt times out now (None: no limit)."""
-        self._timers = timers = _timers_of(loop)
+        timers = _LAST_TIMERS  # one loop per thread is the common case: no dictionary lookup then
+        if timers is None or timers.loop() is not loop:
+            timers = _timers_of(loop)
+        self._timers = timers
         timers.timers.add(self)
-        timers.moved(loop, self.limit_at)
+        if limit_at is not None and limit_at < timers.at:
+            timers.arm(loop, limit_at)
         self._send = request.send
         request.send = self._send_then_read  # type: ignore[method-assign]
 
     async def _send_then_read(self, conn: Connection) -> ClientResponse:
+        """The request's own ``send``; then the limit becomes ``read_s`` from now."""
         response = await self._send(conn)
-        self._on_sent()
-        return response
-
-    def _on_sent(self) -> None:
         self.sent = True
-        self.limit_at = None if self._read_s is None else self._loop.time() + self._read_s
-        if self._task is not None:
-            self._timers.moved(self._loop, self.limit_at)
+        self.limit_at = limit_at = None if self._read_s is None else self._loop.time() + self._read_s
+        if self._task is not None and limit_at is not None and limit_at < self._timers.at:
+            self._timers.arm(self._loop, limit_at)
+        return response
 
     def expire(self) -> None:
         """The limit has come (``_Timers``): cancel the attempt's task."""
@@ -444,6 +454,10 @@ def _route(policies: PolicyTable, method: str, url: str) -> Route:
     return method, policies.match(method, parsed.path), engine, host, port
 
 
+_YARL_PARTS = all(hasattr(URL("http://h:1/p"), part) for part in ("_scheme", "_netloc", "_path"))
+"""yarl (1.13 and later) keeps a URL's parts as attributes: the route key reads them, with no ``str(url)``. Else the string."""
+
+
 class ResilientMiddleware(ConfigViews):
     """An aiohttp client middleware that runs the resilience retry loop around every request.
 
@@ -487,8 +501,13 @@ class ResilientMiddleware(ConfigViews):
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         """Run ``request`` as one logical call, calling ``handler`` once per attempt."""
-        url = str(request.url)
-        method, match, engine, host, port = self._routes.route(request.method, url)
+        url = request.url
+        method = request.method
+        key = (method, url._scheme, url._netloc, url._path) if _YARL_PARTS else (method, str(url).partition("?")[0])
+        try:
+            method, match, engine, host, port = self._routes.routes[key]
+        except KeyError:
+            method, match, engine, host, port = self._routes.add(key, method, str(url))
         spec = CallSpec(
             method,
             url,
@@ -499,12 +518,12 @@ class ResilientMiddleware(ConfigViews):
             request_timeout=caller_timeout(request_timeout(request, handler)),
             request=request,
             replayable=_replayable(request),
-            body=None if isinstance(match.policy.on_ambiguous, str) else await _body_bytes(request),  # only probes read it
+            body=None if match.probe is None else await _body_bytes(request),  # only probes read it
         )
 
         # one per session.request() call, shared by aiohttp's re-runs of it (client.py builds each re-run's ClientRequest with
         # the same ``timer=``); no public attribute tells a re-run apart, so ``_aiohttp_compat`` checks this one at import
-        timer = getattr(request, "_timer", None)
+        timer = request._timer  # ``_aiohttp_compat`` checks that ``ClientRequest.__init__`` sets it
         given_up = _GIVEN_UP.get()
         if given_up is not None:
             _GIVEN_UP.set(None)

@@ -127,7 +127,10 @@ def caller_timeout(request: httpx.Request) -> Timeouts | None:
     request built by hand and handed to the transport may have none, and then
     the policy's ``attempt_timeout_s`` applies.
     """
-    raw = request.extensions.get("timeout")
+    try:
+        raw = request.extensions["timeout"]
+    except KeyError:
+        return None
     if raw is None:
         return None
     if type(raw) is dict:  # the usual case, ``httpx.Timeout.as_dict()``: two floats >= 0 need no other check
@@ -165,7 +168,10 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
     request itself; the caller's request keeps its own extensions and headers.
     """
     connect, read = timeouts
-    own = request.extensions.get("timeout")
+    try:
+        own = request.extensions["timeout"]
+    except KeyError:
+        own = None
     if not carrier and type(own) is dict and type(connect) is float and type(read) is float and connect < math.inf and read < math.inf:
         try:  # the usual case: the attempt's timeouts are the caller's own, every phase set (``httpx.Timeout.as_dict()``)
             same = own["connect"] == connect and own["read"] == read and own["write"] <= read and own["pool"] <= connect
@@ -189,6 +195,9 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
 
 
 _new_request = httpx.Request.__new__
+_PARSED_SAMPLE = getattr(httpx.URL("http://h:1/p"), "_uri_reference", None)
+_PARSED = _PARSED_SAMPLE is not None and all(hasattr(_PARSED_SAMPLE, part) for part in ("scheme", "host", "port", "path"))
+"""httpx (0.23 to 0.28 at least) keeps a URL's parts parsed (``URL._uri_reference``): the route key reads them. Else ``str(url)``."""
 
 
 def _failed(exc: httpx.TransportError) -> AttemptResult[httpx.Response]:
@@ -222,17 +231,24 @@ class _Resilient(ConfigViews):
     def __init__(self, owner: str, config: DriverConfig) -> None:
         self.driver_config = config
         self.retrier = config.retrier(ERROR_TYPES)
-        self._routes = RouteCache(self.driver_config.policies, route_of)  # str(httpx.URL) is already percent-encoded
+        self._routes = RouteCache(self.driver_config.policies, route_of)
 
     def _spec(self, request: httpx.Request) -> CallSpec:
         url = request.url
-        text = str(url)
-        method, match, engine, host, port = self._routes.route(request.method, text)
-        stream = request.stream
-        replayable = isinstance(stream, httpx.ByteStream)
+        method = request.method
+        if _PARSED:  # the key from httpx's parsed URL (a named tuple of str/int): no ``str(url)`` on a hit
+            parts = url._uri_reference
+            key: tuple[object, ...] = (method, parts.scheme, parts.host, parts.port, parts.path)
+        else:
+            key = (method, str(url).partition("?")[0])
+        try:
+            method, match, engine, host, port = self._routes.routes[key]
+        except KeyError:
+            method, match, engine, host, port = self._routes.add(key, method, str(url))  # str(httpx.URL) is percent-encoded
+        replayable = isinstance(request.stream, httpx.ByteStream)
         return CallSpec(
             method,
-            text,
+            url,
             match,
             engine,
             host,
@@ -240,7 +256,7 @@ class _Resilient(ConfigViews):
             request_timeout=caller_timeout(request),
             request=request,
             replayable=replayable,
-            body=request.content if replayable else None,  # read at build time: no I/O
+            body=request.content if replayable and match.probe is not None else None,  # only probes read it; no I/O
         )
 
     @staticmethod

@@ -214,7 +214,7 @@ class LedgerRetrier(Retrier):
             probe = policy.on_ambiguous
             if callable(probe):
                 endpoint = spec.match.endpoint  # the body names the tags a release or resume asks for (MemoryProbeCheck reads them)
-                context = ProbeContext(spec.method, spec.url, endpoint, spec.engine, entry.spent, None, entry.last_status, spec.body)
+                context = ProbeContext(spec.method, str(spec.url), endpoint, spec.engine, entry.spent, None, entry.last_status, spec.body)
                 return _Admission(probe=probe, context=context)
             return self._preset_choice(spec, entry)
         if not policy.idempotent:

@@ -304,7 +304,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
             request_timeout=_caller_pair(timeout),
             request=request,
             replayable=_body_rewindable(request),
-            body=_body_bytes(request),
+            body=None if match.probe is None else _body_bytes(request),  # only probes read it
         )
 
         def attempt(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[Response]:

@@ -12,7 +12,7 @@ and it holds the answers of one ``PolicyTable``, the driver's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from urllib.parse import urlsplit
 
 from resilience.policy import EndpointMatch, PolicyTable
@@ -39,32 +39,41 @@ Route = tuple[str, EndpointMatch, str, str, int]
 
 
 class RouteCache:
-    """(method, URL less its query) -> ``Route`` under one ``PolicyTable``; one per driver instance.
+    """A ``Route`` per (method, URL less its query) under one ``PolicyTable``; one per driver instance.
 
     ``build(policies, method, url)`` works out a ``Route`` the first time a
     (method, URL) is seen. A driver's table never changes (its
     ``DriverConfig`` is frozen), so the cache is built with it. Reads and
     writes of a dict are atomic under the GIL, so threads and event loops
     share it without a lock (two that miss at once both build the same answer).
+    ``route`` keys by the URL string; a driver whose URL object holds its
+    parts already (httpx, yarl) looks its own key up in ``routes`` (a
+    subscript: no call on a hit) and calls ``add`` on a miss, so no URL is
+    turned into a string on the way.
     """
 
-    __slots__ = ("_build", "_policies", "_routes")
+    __slots__ = ("_build", "_policies", "routes")
 
     def __init__(self, policies: PolicyTable, build: Callable[[PolicyTable, str, str], Route]) -> None:
         self._policies = policies
         self._build = build
-        self._routes: dict[tuple[str, str], Route] = {}
+        self.routes: dict[Hashable, Route] = {}
+        """key -> ``Route``: (method, URL less its query) for ``route``, the driver's own key for ``add``."""
 
     def route(self, method: str, url: str) -> Route:
         """The ``Route`` of ``method`` on ``url``; the URL's query, if any, is not part of the key."""
         key = (method, url.partition("?")[0])
-        found = self._routes.get(key)
-        if found is not None:
-            return found
+        try:
+            return self.routes[key]
+        except KeyError:
+            return self.add(key, method, url)
+
+    def add(self, key: Hashable, method: str, url: str) -> Route:
+        """Work out the ``Route`` of ``method`` on ``url`` and keep it under ``key`` (a full cache is emptied first)."""
         answer = self._build(self._policies, method, url)
-        if len(self._routes) >= ROUTE_CACHE_SIZE:
-            self._routes = {}
-        self._routes[key] = answer
+        if len(self.routes) >= ROUTE_CACHE_SIZE:
+            self.routes = {}
+        self.routes[key] = answer
         return answer
 
 

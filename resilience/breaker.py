@@ -14,7 +14,6 @@ connection) opens it at once (``record_unreachable``), whatever the counts.
 from __future__ import annotations
 
 import enum
-import math
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.errors import require
+from resilience.errors import finite_number, integer, require
 from resilience.events import BreakerTransitioned, Observer, emit
 from resilience.per_engine import PerEngine
 
@@ -64,14 +63,6 @@ class Permit:
     probe: bool
 
 
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
     """When a breaker opens and how it recovers."""
@@ -99,9 +90,9 @@ class BreakerConfig:
             require(ok, "BreakerConfig", name, rule, getattr(self, name))
 
         for name in ("failure_threshold", "window_size", "minimum_calls", "half_open_max_calls", "half_open_successes"):
-            need(_count(getattr(self, name)), name, "an integer")
+            need(integer(getattr(self, name)), name, "an integer")
         for name in ("failure_rate_threshold", "open_seconds"):
-            need(_number(getattr(self, name)), name, "a finite number")
+            need(finite_number(getattr(self, name)), name, "a finite number")
         need(self.failure_threshold >= 0, "failure_threshold", ">= 0")
         need(0 < self.failure_rate_threshold <= 1, "failure_rate_threshold", "within (0, 1]")
         need(self.window_size >= 1, "window_size", ">= 1")

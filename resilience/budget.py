@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.errors import ConfigError
+from resilience.errors import ConfigError, finite_number, require
 from resilience.events import Observer, RestartRecorded, emit
 from resilience.per_engine import PerEngine
 
@@ -47,15 +47,10 @@ class RetryBudgetConfig:
 
     def __post_init__(self) -> None:
         for name in ("ratio", "min_retries_per_second", "max_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise ConfigError(f"RetryBudgetConfig.{name} must be a finite number, but was {value!r}")
-        if not 0 <= self.ratio <= 1:
-            raise ConfigError(f"RetryBudgetConfig.ratio must be within [0, 1], but was {self.ratio}")
-        if self.min_retries_per_second < 0:
-            raise ConfigError(f"RetryBudgetConfig.min_retries_per_second must be >= 0, but was {self.min_retries_per_second}")
-        if self.max_tokens < 1:
-            raise ConfigError(f"RetryBudgetConfig.max_tokens must be >= 1, but was {self.max_tokens}")
+            require(finite_number(getattr(self, name)), "RetryBudgetConfig", name, "a finite number", getattr(self, name))
+        require(0 <= self.ratio <= 1, "RetryBudgetConfig", "ratio", "within [0, 1]", self.ratio)
+        require(self.min_retries_per_second >= 0, "RetryBudgetConfig", "min_retries_per_second", ">= 0", self.min_retries_per_second)
+        require(self.max_tokens >= 1, "RetryBudgetConfig", "max_tokens", ">= 1", self.max_tokens)
 
 
 class RetryBudget:

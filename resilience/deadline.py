@@ -14,9 +14,10 @@ from types import TracebackType
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError
 
-__all__ = ["Deadline", "current_deadline"]
+__all__ = ["CURRENT_DEADLINE", "Deadline", "current_deadline"]
 
-_CURRENT: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("resilience_deadline", default=None)
+CURRENT_DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("resilience_deadline", default=None)
+"""The deadline in force (``current_deadline()`` reads it; the retry core reads it directly, once a call)."""
 
 
 class Deadline:
@@ -74,15 +75,15 @@ class Deadline:
         return self.cap(seconds)
 
     def __enter__(self) -> Deadline:
-        outer = _CURRENT.get()
+        outer = CURRENT_DEADLINE.get()
         if outer is not None and outer._expires_at < self._expires_at:
             self._expires_at = outer._expires_at
-        self._token = _CURRENT.set(self)
+        self._token = CURRENT_DEADLINE.set(self)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._token is not None:
-            _CURRENT.reset(self._token)
+            CURRENT_DEADLINE.reset(self._token)
             self._token = None
 
     def __repr__(self) -> str:
@@ -92,4 +93,4 @@ class Deadline:
 
 def current_deadline() -> Deadline | None:
     """The deadline in force in this context, or None."""
-    return _CURRENT.get()
+    return CURRENT_DEADLINE.get()

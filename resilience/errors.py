@@ -10,6 +10,7 @@ code written for that library keeps catching what it caught.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -26,6 +27,8 @@ __all__ = [
     "ResilienceError",
     "RetriesExhausted",
     "RetryBudgetExhausted",
+    "finite_number",
+    "integer",
     "require",
 ]
 
@@ -55,6 +58,16 @@ def require(ok: bool, owner: str, name: str, rule: str, value: object) -> None:
     """Raise ``ConfigError("{owner}.{name} must be {rule}, but was {value!r}")`` unless ``ok``."""
     if not ok:
         raise ConfigError(f"{owner}.{name} must be {rule}, but was {value!r}")
+
+
+def integer(value: object) -> bool:
+    """An ``int`` that is not a ``bool`` (for ``require``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def finite_number(value: object) -> bool:
+    """An ``int`` or ``float``, not a ``bool``, neither infinite nor NaN (for ``require``)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class ResilienceError(Exception):

@@ -12,13 +12,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from resilience.errors import ConfigError
+from resilience.errors import ConfigError, finite_number
 from resilience.errors import require as _require
 
 __all__ = [
@@ -75,10 +74,6 @@ DEFAULT_DEADLINE_S: float = UnnamedSeconds(30.0)
 """``EndpointPolicy.deadline_s`` when the entry does not name it: 30 s, only a retry window under the caller's own timeout."""
 TimeField = Literal["attempt_timeout_s", "deadline_s"]
 _TIME_FIELDS: tuple[TimeField, ...] = ("attempt_timeout_s", "deadline_s")
-
-
-def _finite_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _require_bool(owner: str, name: str, value: object) -> None:
@@ -167,12 +162,12 @@ class RetryPolicy:
             _require_bool(owner, name, getattr(self, name))
         for name in ("base_s", "cap_s", "retry_after_max_s"):
             value = getattr(self, name)
-            _require(_finite_number(value) and value >= 0, owner, name, "a finite number >= 0", value)
+            _require(finite_number(value) and value >= 0, owner, name, "a finite number >= 0", value)
         window = self.connect_window_s
-        _require(window is None or (_finite_number(window) and window > 0), owner, "connect_window_s", "a number > 0 or None", window)
+        _require(window is None or (finite_number(window) and window > 0), owner, "connect_window_s", "a number > 0 or None", window)
         _require(self.cap_s >= self.base_s, owner, "cap_s", f">= base_s ({self.base_s})", self.cap_s)
-        _require(_finite_number(self.multiplier) and self.multiplier >= 1, owner, "multiplier", "a number >= 1", self.multiplier)
-        _require(_finite_number(self.jitter) and 0 <= self.jitter <= 1, owner, "jitter", "within [0, 1]", self.jitter)
+        _require(finite_number(self.multiplier) and self.multiplier >= 1, owner, "multiplier", "a number >= 1", self.multiplier)
+        _require(finite_number(self.jitter) and 0 <= self.jitter <= 1, owner, "jitter", "within [0, 1]", self.jitter)
 
 
 class ProbeAnswer(enum.StrEnum):
@@ -265,7 +260,7 @@ class EndpointPolicy:
             _require_bool(owner, name, getattr(self, name))
         for name in ("attempt_timeout_s", "deadline_s"):
             value = getattr(self, name)
-            _require(value is None or (_finite_number(value) and value > 0), owner, name, "a number > 0 or None", value)
+            _require(value is None or (finite_number(value) and value > 0), owner, name, "a number > 0 or None", value)
         # an unnamed attempt timeout is simply capped by a shorter deadline; a named one above the deadline is a mistake
         if self.attempt_timeout_s is not None and self.deadline_s is not None and self.named("attempt_timeout_s"):
             _require(
@@ -339,6 +334,8 @@ class EndpointMatch:
     named one nor the caller gave one; derived once."""
     deadline_s: float | None = field(init=False, repr=False, compare=False)
     """The policy's ``deadline_s`` as a plain float (None = none); derived once."""
+    probe: Probe | None = field(init=False, repr=False, compare=False)
+    """The policy's ``on_ambiguous`` probe, None when it is ``"raise"``: drivers read a body for probes only then; derived once."""
 
     def __post_init__(self) -> None:
         limit = self.policy.attempt_timeout_s
@@ -348,6 +345,8 @@ class EndpointMatch:
         object.__setattr__(self, "fallback_timeout_s", None if limit is None else float(limit))
         deadline = self.policy.deadline_s
         object.__setattr__(self, "deadline_s", None if deadline is None else float(deadline))
+        probe = self.policy.on_ambiguous
+        object.__setattr__(self, "probe", None if isinstance(probe, str) else probe)
 
     @property
     def explicit(self) -> bool:

@@ -6,7 +6,7 @@ Read them in this order; each name has one import path, its module's
 1. ``resilience.retry.spec``: what a driver says (``CallSpec`` before the
    first attempt, ``AttemptResult`` after each) and the rules decided from
    that alone: each attempt's timeouts and the call's deadlines
-   (``attempt_timeouts``, ``call_deadlines``), and what an attempt's result
+   (``attempt_timeouts``, ``deadline_times``), and what an attempt's result
    means (``classify``).
 2. ``resilience.retry.call``: ``RetryCall``, the sans-IO decision object, and
    the steps it answers (``Send``, ``Wait``, ``AskProbe``, ``Return``,

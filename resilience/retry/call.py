@@ -6,19 +6,19 @@ awaits the attempt, the sleep and the probe), the sync one as written there::
 
     step = call.next_step()                  # Send or Raise
     while True:
-        if isinstance(step, Send):           # make attempt step.attempt with step.timeouts and step.headers
+        if type(step) is Send:           # make attempt step.attempt with step.timeouts and step.headers
             step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
-        elif isinstance(step, Return):       # the call is over: release what is not returned, return
+        elif type(step) is Return:       # the call is over: release what is not returned, return
             if step.discard is not None:
                 discard(step.discard)
             return step.response, step.attempts
-        elif isinstance(step, Wait):         # a backoff: release the response not returned, sleep, ask again
+        elif type(step) is Wait:         # a backoff: release the response not returned, sleep, ask again
             if step.discard is not None:
                 discard(step.discard)
             if step.delay_s > 0:
                 clock.sleep(step.delay_s)
             step = call.next_step()
-        elif isinstance(step, AskProbe):     # was the ambiguous attempt applied?
+        elif type(step) is AskProbe:     # was the ambiguous attempt applied?
             step = call.probe_answered(ask_probe(step.probe, step.context), on_probe_done)
         else:                                # Raise: the call is over
             if step.discard is not None:
@@ -90,8 +90,8 @@ from typing import Any, Generic, TypeVar
 
 from resilience import _config
 from resilience.backoff import backoff_delay
-from resilience.breaker import CircuitBreaker, Permit
-from resilience.budget import RetryBudget
+from resilience.breaker import BreakerRegistry, Permit
+from resilience.budget import RetryBudgets
 from resilience.clock import Clock
 from resilience.errors import ErrorTypes, ResilienceError
 from resilience.events import (
@@ -187,16 +187,16 @@ class RetryCall(Generic[R]):
     def __init__(
         self,
         spec: CallSpec,
-        breaker: CircuitBreaker | None,
-        budget: RetryBudget | None,
+        breakers: BreakerRegistry | None,
+        budgets: RetryBudgets | None,
         observers: tuple[CallObserver, ...],
         clock: Clock,
         rng: Callable[[], float],
         errors: ErrorTypes,
     ) -> None:
         self.spec = spec
-        self.breaker = breaker
-        self.budget = budget
+        self.breaker = None if breakers is None else breakers.by_engine[spec.engine]
+        self.budget = budget = None if budgets is None else budgets.by_engine[spec.engine]
         self.observers = observers
         self.clock = clock
         self.rng = rng
@@ -343,8 +343,8 @@ class RetryCall(Generic[R]):
         if outcome is Outcome.FATAL:
             return self._give_back(result, CallOutcome.FAILED)
         if outcome is Outcome.AMBIGUOUS and not policy.idempotent:
-            probe = policy.on_ambiguous
-            if isinstance(probe, str):
+            probe = spec.match.probe
+            if probe is None:
                 if not spec.match.explicit:
                     return self._give_back(result, CallOutcome.AMBIGUOUS)  # not re-sent; the transport's own error
                 return self._ambiguous(_reason(result))
@@ -353,7 +353,8 @@ class RetryCall(Generic[R]):
 
     def _probe_context(self, result: AttemptResult[R]) -> ProbeContext:
         spec = self.spec
-        return ProbeContext(spec.method, spec.url, spec.match.endpoint, spec.engine, self._next, result.error, result.status, spec.body)
+        url = str(spec.url)
+        return ProbeContext(spec.method, url, spec.match.endpoint, spec.engine, self._next, result.error, result.status, spec.body)
 
     def probe_answered(self, answer: object, on_done: Callable[[], R] | None = None) -> Decision[R]:
         """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown).
@@ -651,8 +652,8 @@ def _gateway_probe(spec: CallSpec, result: AttemptResult[Any]) -> Callable[[Prob
     applied) or from one that did not; the probe tells which before anything is re-sent.
     """
     policy = spec.match.policy
-    probe = policy.on_ambiguous
-    if isinstance(probe, str) or result.status not in policy.retry.statuses or policy.idempotent or not spec.match.explicit:
+    probe = spec.match.probe
+    if probe is None or result.status not in policy.retry.statuses or policy.idempotent or not spec.match.explicit:
         return None
     return probe
 

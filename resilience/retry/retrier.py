@@ -62,11 +62,11 @@ class Retrier:
         self.breakers = breakers
         self.budgets = budgets
         self.observers = tuple(observers)
-        self._call_observers = tuple(call_observer(o) for o in self.observers)
-        """The observers as ``CallObserver``s (a plain callable wrapped): what each ``RetryCall`` announces to."""
         self.clock = clock
         self.rng = rng
         self.error_types = error_types if error_types is not None else ErrorTypes()
+        self._parts = (breakers, budgets, tuple(call_observer(o) for o in self.observers), clock, rng, self.error_types)
+        """What each ``RetryCall`` is built with after its spec (the observers as ``CallObserver``s: a plain callable wrapped)."""
 
     @classmethod
     def from_configs(
@@ -97,16 +97,7 @@ class Retrier:
 
     def begin(self, spec: CallSpec) -> RetryCall[Any]:
         """Start one call: the sans-IO decision object (``resilience.retry.call``) that ``run`` and ``arun`` drive."""
-        breakers, budgets = self.breakers, self.budgets
-        return RetryCall(
-            spec,
-            breakers.by_engine[spec.engine] if breakers is not None else None,
-            budgets.by_engine[spec.engine] if budgets is not None else None,
-            self._call_observers,
-            self.clock,
-            self.rng,
-            self.error_types,
-        )
+        return RetryCall(spec, *self._parts)
 
     def run(
         self,
@@ -132,25 +123,26 @@ class Retrier:
         ``Exception`` raised out of an attempt carries the call's record as
         ``.attempts`` too (``resilience.outcome.attempts_of``).
         """
-        call: RetryCall[R] = self.begin(spec)
+        call: RetryCall[R] = RetryCall(spec, *self._parts)  # ``begin``, without the extra call
         try:
             step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
             while True:
-                if isinstance(step, Send):
+                if type(step) is Send:
                     step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
-                elif isinstance(step, Return):
+                elif type(step) is Return:
                     if step.discard is not None:
                         discard(step.discard)
                     return step.response, step.attempts
-                elif isinstance(step, Wait):
+                elif type(step) is Wait:
                     if step.discard is not None:
                         discard(step.discard)
                     if step.delay_s > 0:
                         self.clock.sleep(step.delay_s)
                     step = call.next_step()
-                elif isinstance(step, AskProbe):
+                elif type(step) is AskProbe:
                     step = call.probe_answered(ask_probe(step.probe, step.context), on_probe_done)
                 else:
+                    assert type(step) is Raise
                     if step.discard is not None:
                         discard(step.discard)
                     raise step.error
@@ -174,25 +166,26 @@ class Retrier:
         probe is awaited. Cancelling the calling task ends the call at once,
         neutral for the breaker (its slot goes back), and nothing more is sent.
         """
-        call: RetryCall[R] = self.begin(spec)
+        call: RetryCall[R] = RetryCall(spec, *self._parts)  # ``begin``, without the extra call
         try:
             step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
             while True:
-                if isinstance(step, Send):
+                if type(step) is Send:
                     step = call.attempt_done(await attempt(step.attempt, step.timeouts, step.headers))
-                elif isinstance(step, Return):
+                elif type(step) is Return:
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
                     return step.response, step.attempts
-                elif isinstance(step, Wait):
+                elif type(step) is Wait:
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
                     if step.delay_s > 0:
                         await getattr(self.clock, "asleep", asyncio.sleep)(step.delay_s)
                     step = call.next_step()
-                elif isinstance(step, AskProbe):
+                elif type(step) is AskProbe:
                     step = call.probe_answered(await ask_probe_async(step.probe, step.context), on_probe_done)
                 else:
+                    assert type(step) is Raise
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
                     raise step.error

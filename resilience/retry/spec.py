@@ -6,7 +6,7 @@ what it saw on one attempt. The functions below decide from them (and, for
 deadlines, the clock and the ``Deadline`` in force), with no I/O, and are
 the only place their rules live (``RetryCall`` calls them):
 
-- **Timeouts** (one precedence rule; ``attempt_timeouts``, ``call_deadlines``):
+- **Timeouts** (one precedence rule; ``attempt_timeouts``, ``deadline_times``):
   each attempt's (connect, read) timeout is the matched table entry's
   ``attempt_timeout_s`` when the entry *names* it (``EndpointPolicy.named``:
   given in Python or in a policy file, not left at its default); else the
@@ -35,8 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from resilience.backoff import parse_retry_after
-from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.deadline import Deadline, current_deadline
+from resilience.deadline import CURRENT_DEADLINE
 from resilience.outcome import Delivery, Outcome
 from resilience.policy import EndpointMatch, EndpointPolicy
 
@@ -46,7 +45,6 @@ __all__ = [
     "CallSpec",
     "Timeouts",
     "attempt_timeouts",
-    "call_deadlines",
     "classify",
     "deadline_times",
     "is_success_status",
@@ -79,8 +77,9 @@ class CallSpec:
     """One logical call as the loop needs to know it (the driver's word: built once per call, never changed)."""
 
     method: str
-    url: str
-    """Used only for probes and error messages; never put in events."""
+    url: object
+    """The URL as the driver holds it (a ``str``, an ``httpx.URL``, a ``yarl.URL``): ``str()`` of it goes to probes only
+    (built then, not on every call); never put in events."""
     match: EndpointMatch
     engine: str
     server_address: str
@@ -132,29 +131,16 @@ def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
     return (cap_s if connect is None or cap_s < connect else connect), (cap_s if read is None or cap_s < read else read)
 
 
-def call_deadlines(spec: CallSpec, clock: Clock = SYSTEM_CLOCK) -> tuple[Deadline, Deadline]:
-    """``(hard, window)``: the deadline that caps attempts, and the one after which no retry starts.
-
-    The policy's ``deadline_s`` (or, when it is None, the sum of the caller's
-    timeouts) is hard when a table entry names it or when the caller gave no
-    timeout of its own; an outer ``Deadline`` is always hard. A ``deadline_s``
-    nobody named (an entry's default, the default policy's) under a caller's
-    own timeout is only a retry window: it never cuts an attempt the caller
-    bounded.
-    """
-    window_at, hard_at = deadline_times(spec, clock.monotonic())
-    window = Deadline.at(window_at, clock)
-    return (window, window) if hard_at is None else (Deadline.at(hard_at, clock), window)
-
-
 def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
-    """``call_deadlines`` as clock readings for a call starting at ``now``: ``(window_at, hard_at)``, ``inf`` = never.
+    """A call's deadlines as clock readings for a call starting at ``now``: ``(window_at, hard_at)``, ``inf`` = never.
 
-    ``hard_at`` is None when the hard deadline is the window itself (one
-    ``Deadline``: it caps attempts and ends the retries alike); a number when
-    the window only bounds retries (the caller bounded the attempts and no
-    entry named ``deadline_s``). The rule itself, without objects: a
-    ``RetryCall`` keeps these readings and builds no ``Deadline``.
+    No retry starts past ``window_at``. The policy's ``deadline_s`` (or, when
+    it is None, the sum of the caller's timeouts) also caps attempts when a
+    table entry names it or when the caller gave no timeout of its own:
+    ``hard_at`` is then None (the window is the hard deadline). A
+    ``deadline_s`` nobody named under a caller's own timeout only bounds the
+    retries: ``hard_at`` is then the outer ``Deadline`` (``inf`` without one),
+    which is always hard. No ``Deadline`` object is built.
     """
     rt = spec.request_timeout
     seconds = spec.match.deadline_s
@@ -163,7 +149,7 @@ def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
         if connect is not None or read is not None:
             seconds = (connect or 0.0) + (read or 0.0)
     own_at = math.inf if seconds is None else now + seconds
-    outer = current_deadline()
+    outer = CURRENT_DEADLINE.get()
     outer_at = math.inf
     if outer is not None and outer.bounded:
         outer_at = now + outer.remaining()  # on the outer deadline's own clock, as ``Deadline.cap`` reads it
@@ -175,7 +161,7 @@ def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
 
 
 def is_success_status(policy: EndpointPolicy, status: int) -> bool:
-    """2xx, or a status the endpoint accepts (``EndpointPolicy.accept_statuses``)."""
+    """2xx, or a status the endpoint accepts (``EndpointPolicy.accept_statuses``): what ``classify`` calls a success."""
     return 200 <= status < 300 or status in policy.accept_statuses
 
 

@@ -155,6 +155,26 @@ async def test_502_502_200_is_one_call_three_attempts_on_one_connection() -> Non
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("parts", [True, False], ids=["yarl's parts", "str(url)"])
+async def test_the_route_key_is_yarls_parts_or_the_string_alike(monkeypatch: pytest.MonkeyPatch, parts: bool) -> None:
+    """Either route key (yarl's ``_scheme``/``_netloc``/``_path``, or the string where yarl has none) routes alike, query aside."""
+    from resilience.adapters import aiohttp as driver
+
+    monkeypatch.setattr(driver, "_YARL_PARTS", parts)
+    async with serve(Reply(200, b"ok"), Reply(200, b"ok"), Reply(200, b"ok")) as srv:
+        mw = ResilientMiddleware(table(POST__pause_generation=EndpointPolicy(retry=FAST)))
+        seen = []
+        async with session(mw) as s:
+            for path in ("/pause_generation?a=1", "/pause_generation?a=2", "/other"):
+                async with s.post(f"{srv.url}{path}", json={}) as r:
+                    assert r.status == 200
+                    seen.append(r.endpoint)  # type: ignore[attr-defined]
+        assert seen == ["POST /pause_generation", "POST /pause_generation", "POST *"]
+        assert len(mw._routes.routes) == 2
+        assert {engine for _, _, engine, _, _ in mw._routes.routes.values()} == {srv.url}
+
+
+@pytest.mark.asyncio
 async def test_carrier_headers_are_set_on_each_attempt() -> None:
     """Headers an observer adds to AttemptStarted's carrier (trace context) go out on that attempt's request."""
 

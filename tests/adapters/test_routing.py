@@ -60,6 +60,38 @@ def test_bounded_a_full_cache_is_emptied() -> None:
     cache = RouteCache(TABLE, build)
     for i in range(ROUTE_CACHE_SIZE + 5):
         cache.route("GET", f"http://127.0.0.1:1/item/{i}")
-    assert len(cache._routes) == 5  # emptied once at ROUTE_CACHE_SIZE, then refilled
+    assert len(cache.routes) == 5  # emptied once at ROUTE_CACHE_SIZE, then refilled
     cache.route("GET", f"http://127.0.0.1:1/item/{ROUTE_CACHE_SIZE + 4}")
     assert len(build.built) == ROUTE_CACHE_SIZE + 5  # the last URL was still cached
+
+
+@pytest.mark.parametrize("parsed", [True, False], ids=["httpx's parsed URL", "str(url)"])
+def test_httpx_keys_its_route_by_the_parsed_url_as_by_the_string(monkeypatch: pytest.MonkeyPatch, parsed: bool) -> None:
+    """Either key (httpx's ``URL._uri_reference`` parts, or the string where httpx has none) routes alike, query aside."""
+    import httpx
+
+    from resilience.adapters import httpx as driver
+
+    monkeypatch.setattr(driver, "_PARSED", parsed)
+    table = PolicyTable({"POST /flush_cache": EndpointPolicy(), "GET /v1/models/{model}": EndpointPolicy()})
+    transport = driver.ResilientTransport(table)
+    try:
+        specs = [
+            transport._spec(httpx.Request(method, url))
+            for method, url in [
+                ("POST", "http://127.0.0.1:30000/flush_cache?x=1"),
+                ("POST", "http://127.0.0.1:30000/flush_cache?x=2"),
+                ("GET", "http://[::1]:8000/v1/models/m"),
+                ("POST", "https://user:secret@Example.org/other"),
+            ]
+        ]
+    finally:
+        transport.close()
+    got = [(s.method, s.match.endpoint, s.engine, s.server_address, s.server_port, str(s.url)) for s in specs]
+    assert got == [
+        ("POST", "POST /flush_cache", "http://127.0.0.1:30000", "127.0.0.1", 30000, "http://127.0.0.1:30000/flush_cache?x=1"),
+        ("POST", "POST /flush_cache", "http://127.0.0.1:30000", "127.0.0.1", 30000, "http://127.0.0.1:30000/flush_cache?x=2"),
+        ("GET", "GET /v1/models/{model}", "http://[::1]:8000", "::1", 8000, "http://[::1]:8000/v1/models/m"),
+        ("POST", "POST *", "https://example.org:443", "example.org", 443, "https://user:secret@example.org/other"),
+    ]
+    assert len(transport._routes.routes) == 3  # the query is not part of either key

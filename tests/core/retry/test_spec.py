@@ -1,4 +1,4 @@
-"""``resilience.retry.spec``: the pure rules of one call, driven directly: ``attempt_timeouts``, ``call_deadlines``, ``classify``.
+"""``resilience.retry.spec``: the pure rules of one call, driven directly: ``attempt_timeouts``, ``deadline_times``, ``classify``.
 
 Each rule as a table of cases, then the properties that hold for every policy, caller timeout and cap drawn.
 """
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from resilience import Deadline, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.clock import FakeClock
 from resilience.outcome import Delivery, Outcome
-from resilience.retry.spec import CallSpec, Timeouts, attempt_timeouts, call_deadlines, classify, deadline_times
+from resilience.retry.spec import CallSpec, Timeouts, attempt_timeouts, classify, deadline_times
 
 ENGINE = "http://127.0.0.1:1"
 
@@ -69,11 +69,18 @@ def test_attempt_timeouts_hand_out_plain_floats() -> None:
     assert type(connect) is float and type(read) is float
 
 
-# -- call_deadlines ----------------------------------------------------------
+# -- deadline_times ----------------------------------------------------------
 
 
-def remaining(deadline: Deadline) -> float | None:
-    return deadline.remaining() if deadline.bounded else None
+def call_deadlines(call: CallSpec, clock: FakeClock) -> tuple[float, float, bool]:
+    """(hard, window) seconds left at the clock's now (``inf``: unbounded), and whether they are one deadline."""
+    now = clock.monotonic()
+    window_at, hard_at = deadline_times(call, now)
+    return (window_at if hard_at is None else hard_at) - now, window_at - now, hard_at is None
+
+
+def remaining(seconds: float) -> float | None:
+    return None if seconds == math.inf else seconds
 
 
 @pytest.mark.parametrize(
@@ -95,7 +102,7 @@ def remaining(deadline: Deadline) -> float | None:
 )
 def test_call_deadlines(policy: EndpointPolicy | None, caller: Timeouts | None, hard: float | None, window: float | None) -> None:
     """Which deadline caps attempts (hard) and which only stops new retries (window), on a clock that does not move."""
-    got_hard, got_window = call_deadlines(spec(policy, caller), FakeClock())
+    got_hard, got_window, _ = call_deadlines(spec(policy, caller), FakeClock())
     assert (remaining(got_hard), remaining(got_window)) == (hard, window)
 
 
@@ -103,7 +110,7 @@ def test_an_outer_deadline_is_always_hard() -> None:
     """A caller's ``with Deadline(4):`` caps both, even over an unnamed deadline and the caller's timeout."""
     clock = FakeClock()
     with Deadline(4, clock=clock):
-        hard, window = call_deadlines(spec(EndpointPolicy(), (60.0, 60.0)), clock)
+        hard, window, _ = call_deadlines(spec(EndpointPolicy(), (60.0, 60.0)), clock)
     assert (remaining(hard), remaining(window)) == (4.0, 4.0)
 
 
@@ -196,20 +203,20 @@ def test_call_deadlines_never_let_a_retry_start_after_attempts_must_stop(
     clock = FakeClock()
     call = spec(policy, caller)
     if outer is None:
-        hard, window = call_deadlines(call, clock)
+        hard, window, one = call_deadlines(call, clock)
     else:
         with Deadline(outer, clock=clock):
-            hard, window = call_deadlines(call, clock)
-    assert window.remaining() <= hard.remaining()
+            hard, window, one = call_deadlines(call, clock)
+    assert window <= hard
     if outer is not None:
-        assert hard.remaining() <= outer and window.remaining() <= outer
+        assert hard <= outer and window <= outer
     named = policy is not None and policy.named("deadline_s")
-    assert (hard is window) == (caller is None or named)
-    if hard is not window:
-        assert hard.remaining() == (math.inf if outer is None else outer)
+    assert one == (caller is None or named)
+    if not one:
+        assert hard == (math.inf if outer is None else outer)
     deadline_s = call.match.policy.deadline_s
     if deadline_s is not None:
-        assert window.remaining() <= deadline_s
+        assert window <= deadline_s
 
 
 STATUSES = st.sampled_from([200, 204, 299, 404, 409, 429, 500, 502, 503, 504]) | st.integers(100, 599)
@@ -271,23 +278,18 @@ def test_classify_reads_a_status_before_anything_else(
         (EndpointPolicy(attempt_timeout_s=None), (1.0, None), None, (130.0, math.inf)),
     ],
 )
-def test_deadline_times_are_call_deadlines_as_readings(
+def test_deadline_times_as_readings(
     policy: EndpointPolicy, caller: Timeouts | None, outer: float | None, expected: tuple[float, float | None]
 ) -> None:
-    """``(window_at, hard_at)`` at ``now`` = 100; ``call_deadlines`` builds one object for both exactly when ``hard_at`` is None."""
+    """``(window_at, hard_at)`` at ``now`` = 100: ``hard_at`` None when the window is the hard deadline too."""
     clock = FakeClock(100.0)
     call = spec(policy, caller)
     if outer is None:
         times = deadline_times(call, 100.0)
-        hard, window = call_deadlines(call, clock)
     else:
         with Deadline(outer, clock=clock):
             times = deadline_times(call, 100.0)
-            hard, window = call_deadlines(call, clock)
     assert times == expected
-    assert window.expires_at == expected[0]
-    assert (hard is window) == (expected[1] is None)
-    assert hard.expires_at == (expected[0] if expected[1] is None else expected[1])
 
 
 def test_a_match_derives_its_timing_rules_once() -> None:
