@@ -28,7 +28,7 @@ import contextlib
 import contextvars
 import inspect
 import os
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -43,14 +43,15 @@ from resilience.barrier.holds import WEIGHT_SYNC_HOLD, unhold
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.knowledge import LateCall
+from resilience.barrier.membership import admit, fence_failed, join_steps, min_engines_arg, require_coroutines, with_fenced
 from resilience.barrier.offload import offload_steps
 from resilience.barrier.onload import onload_steps
 from resilience.barrier.pauses import pause_steps, unpause_steps
 from resilience.barrier.recovery import reconcile, resume, retire
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.steps import PhaseCall, ReadCall, SettleCall, Step, Steps, WaitCall
-from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
-from resilience.barrier.verify import EngineCheck, averify
+from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, PhaseFailed, TransitionReport
+from resilience.barrier.verify import EngineCheck, averify, checks_arg
 from resilience.barrier.view import BarrierView
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
@@ -161,22 +162,42 @@ class AsyncOrchestrator(BarrierView[A]):
         async with self._loop_state().lock:
             reconcile(self.rules, engine, released=released, paused=paused)
 
+    async def add(
+        self, engine: A, *, group: str | int | None = None, verify: EngineCheck | Sequence[EngineCheck] = ()
+    ) -> TransitionReport:
+        """Bring ``engine`` into ``group``'s current state before it counts; see ``Orchestrator.add`` (its calls must be
+        coroutines, as the constructor requires)."""
+        checks = checks_arg(verify)
+        require_coroutines(getattr(engine, "engine", repr(engine)), engine)
+        state = self._loop_state()
+        async with self._exclusive(state, "add"):
+            with self.rules.lock:
+                name, target = admit(self.rules, engine, group)
+            return await self._run(join_steps(self.rules, name, target, checks), state)
+
     # -- transitions -------------------------------------------------------------
 
-    async def offload(self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort") -> TransitionReport:
-        """Pause all offloaded engines, then flush all, then release ``tags`` (None = all); see ``Orchestrator.offload``."""
+    async def offload(
+        self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort", *, min_engines: int | None = None
+    ) -> TransitionReport:
+        """Pause all offloaded engines, then flush all, then release ``tags`` (None = all); see ``Orchestrator.offload``
+        (``min_engines`` too)."""
         wanted = offload_args(tags, mode)
+        need = min_engines_arg(min_engines, "offload")
         state = self._loop_state()
         async with self._exclusive(state, "offload"):
-            return await self._run(offload_steps(self.rules, wanted, mode), state)
+            return await self._partial(lambda: offload_steps(self.rules, wanted, mode), need, state)
 
-    async def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
+    async def onload(
+        self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = (), min_engines: int | None = None
+    ) -> TransitionReport:
         """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``
-        (``verify`` too)."""
+        (``verify`` and ``min_engines`` too)."""
         wanted = tags_arg(tags, "onload")
+        need = min_engines_arg(min_engines, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            report = await self._run(onload_steps(self.rules, wanted), state)
+            report = await self._partial(lambda: onload_steps(self.rules, wanted), need, state)
             return await self._verified("onload", report, verify, self.rules.offloaded, state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
@@ -237,7 +258,7 @@ class AsyncOrchestrator(BarrierView[A]):
             await run.wait()
             return run.results()
 
-        engines = {n: self.rules.engines[n] for n in names if n not in self.rules.retired}
+        engines = {n: self.rules.engines[n] for n in self.rules.active(names)}
         deadline_s = self.deadlines.for_phase("verify")
         return await averify(transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s)
 
@@ -278,6 +299,20 @@ class AsyncOrchestrator(BarrierView[A]):
             yield
         finally:
             state.lock.release()
+
+    async def _partial(
+        self, steps: Callable[[], Steps[TransitionReport]], min_engines: int | None, state: _LoopState
+    ) -> TransitionReport:
+        """Run a transition; with ``min_engines``, fence the engines it failed on and run it again for the rest while
+        enough are left (``membership.fence_failed``), else its ``PhaseFailed`` goes on."""
+        fenced: dict[str, str] = {}
+        while True:
+            try:
+                return with_fenced(await self._run(steps(), state), fenced)
+            except PhaseFailed as err:
+                with self.rules.lock:
+                    if not fence_failed(self.rules, err, min_engines, fenced):
+                        raise
 
     async def _run(self, steps: Steps[T], state: _LoopState) -> T:
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.

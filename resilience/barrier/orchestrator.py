@@ -51,14 +51,15 @@ from resilience.barrier.fold import abandon
 from resilience.barrier.holds import WEIGHT_SYNC_HOLD
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import JournalStore
+from resilience.barrier.membership import admit, fence_failed, join_steps, min_engines_arg, with_fenced
 from resilience.barrier.offload import offload_steps
 from resilience.barrier.onload import onload_steps
 from resilience.barrier.pauses import pause_steps, unpause_steps
 from resilience.barrier.recovery import reconcile, resume, retire
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.steps import PhaseCall, ReadCall, SettleCall, Step, Steps, WaitCall
-from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, TransitionReport
-from resilience.barrier.verify import EngineCheck
+from resilience.barrier.types import BarrierBusy, EngineGroup, HoldToken, PhaseDeadlines, PhaseFailed, TransitionReport
+from resilience.barrier.verify import EngineCheck, checks_arg
 from resilience.barrier.verify import verify as verify_engines
 from resilience.barrier.view import BarrierView
 from resilience.budget import RestartBudget
@@ -174,9 +175,32 @@ class Orchestrator(BarrierView[E]):
         """
         reconcile(self.rules, engine, released=released, paused=paused)
 
+    def add(self, engine: E, *, group: str | int | None = None, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
+        """Bring ``engine`` (new, restarted at a known URL, fenced or retired) into ``group``'s current state; it counts
+        only once there (``resilience.barrier.membership``).
+
+        ``group``: a group's name or index (default None: the first group, or the group a known engine is in).
+        Into an offloaded group it is paused, flushed and released as the others are; into a serving group, with
+        ``verify`` checks (``WeightVersionCheck``, ``CanaryCheck``; default none), it is paused, verified and
+        continued (a canary after the continue; a mismatch pauses it again). A known engine that answers as a fresh
+        process while the barrier knows it released is taken as new (``TransitionReport.replaced``). A join that fails
+        fences the engine and raises ``PhaseFailed`` naming it. Waits for running ``weight_sync`` bodies first;
+        refused (``BarrierBusy``) while a ``pause`` hold is held. The fan-out must be able to drive it (``TypeError``).
+        """
+        checks = checks_arg(verify)
+        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
+        if check is not None:
+            check([engine])
+        with self.rules.lock:
+            self._wait_for_bodies("add")
+            name, target = admit(self.rules, engine, group)
+            return self._run(join_steps(self.rules, name, target, checks))
+
     # -- transitions -------------------------------------------------------------
 
-    def offload(self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort") -> TransitionReport:
+    def offload(
+        self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort", *, min_engines: int | None = None
+    ) -> TransitionReport:
         """Pause all offloaded engines, then flush all, then release ``tags`` (None = all) on all.
 
         Returns only when every offloaded engine (not retired) is known paused
@@ -185,13 +209,19 @@ class Orchestrator(BarrierView[E]):
         a late call are skipped and named in ``PhaseFailed`` after the others
         are done. ``mode="in_place"`` is refused: it keeps running requests' KV,
         so flush would fail. Waits for running ``weight_sync`` bodies first.
+        ``min_engines``: partial progress, opt-in (default None: off). When the offload fails and at least this many
+        of its engines are not among those it failed on, those are fenced (named in ``TransitionReport.fenced``) and
+        the offload completes for the rest (``resilience.barrier.membership``).
         """
         wanted = offload_args(tags, mode)
+        need = min_engines_arg(min_engines, "offload")
         with self.rules.lock:
             self._wait_for_bodies("offload")
-            return self._run(offload_steps(self.rules, wanted, mode))
+            return self._partial(lambda: offload_steps(self.rules, wanted, mode), need)
 
-    def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
+    def onload(
+        self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = (), min_engines: int | None = None
+    ) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
 
         Returns only when every offloaded engine (not retired) serves, or is
@@ -202,11 +232,14 @@ class Orchestrator(BarrierView[E]):
         ``verify``: checks asked of every offloaded engine afterwards
         (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``;
         default none); a mismatch raises ``VerificationFailed`` naming the engine.
+        ``min_engines``: partial progress, as for ``offload`` (default None: off).
         """
         wanted = tags_arg(tags, "onload")
+        need = min_engines_arg(min_engines, "onload")
         with self.rules.lock:
             self._wait_for_bodies("onload")
-            return self._verified("onload", self._run(onload_steps(self.rules, wanted)), verify, self.rules.offloaded)
+            report = self._partial(lambda: onload_steps(self.rules, wanted), need)
+            return self._verified("onload", report, verify, self.rules.offloaded)
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -264,13 +297,24 @@ class Orchestrator(BarrierView[E]):
         """``report`` once ``checks`` passed on the engines ``names`` (not retired), read through the fan-out."""
         if not checks:
             return report
-        engines = {n: self.rules.engines[n] for n in names if n not in self.rules.retired}
+        engines = {n: self.rules.engines[n] for n in self.rules.active(names)}
         deadline_s = self.deadlines.for_phase("verify")
         return verify_engines(
             transition, report, checks, engines, not_serving=self.not_serving(), send=self.fanout.call, deadline_s=deadline_s
         )
 
     # -- the driver ------------------------------------------------------------------
+
+    def _partial(self, steps: Callable[[], Steps[TransitionReport]], min_engines: int | None) -> TransitionReport:
+        """Run a transition; with ``min_engines``, fence the engines it failed on and run it again for the rest while
+        enough are left (``membership.fence_failed``), else its ``PhaseFailed`` goes on."""
+        fenced: dict[str, str] = {}
+        while True:
+            try:
+                return with_fenced(self._run(steps()), fenced)
+            except PhaseFailed as err:
+                if not fence_failed(self.rules, err, min_engines, fenced):
+                    raise
 
     def _run(self, steps: Steps[T]) -> T:
         """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.

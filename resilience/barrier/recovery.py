@@ -17,6 +17,7 @@ from resilience.barrier.engine import AnyEngine
 from resilience.barrier.holds import OFFLOAD_HOLD, hold, reserve_tokens, unhold
 from resilience.barrier.journal import OFFLOAD_TOKEN, open_journal, restore_budget
 from resilience.barrier.knowledge import Doubt, EngineState
+from resilience.barrier.membership import left, take_up
 from resilience.barrier.resume_check import mark_resumed
 from resilience.barrier.rules import BarrierRules
 from resilience.barrier.settle import land
@@ -46,6 +47,7 @@ def resume(rules: BarrierRules[Any]) -> None:
             k.doubt = Doubt(k.doubt.method, k.doubt.in_transit, k.doubt.delivery, now)
     rules.know.update(resumed.knowledge)
     rules.retired.update(resumed.retired)
+    take_up(rules, resumed.recovery.members)
     mark_resumed(rules, resumed.knowledge)
     rules.restart_budget = restore_budget(rules.restart_budget, resumed.budget)
     reserve_tokens(max((i for k in resumed.knowledge.values() for i in k.holds), default=0))
@@ -61,6 +63,7 @@ def retire(rules: BarrierRules[E], engine: str | E) -> None:
         rules.retired.add(name)
         rules.label = "retire"
         rules.persist((name,))
+        left(rules, name)
 
 
 def reconcile(rules: BarrierRules[E], engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:

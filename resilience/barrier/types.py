@@ -133,6 +133,8 @@ class TransitionReport:
     written (a restart while no controller watched), each with what showed it; they were taken as new engines,
     serving with nothing released and not paused by the orchestrator, never as the journal's
     (``resilience.barrier.recovery``). Empty (default) otherwise.
+    ``fenced``: engines a transition with ``min_engines`` fenced on its way (kept out of every transition and out of
+    rotation until ``add`` brings them back), each with why (``resilience.barrier.membership``). Empty (default) otherwise.
     """
 
     transition: str
@@ -141,6 +143,7 @@ class TransitionReport:
     held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     hold: HoldToken | None = None
     replaced: Mapping[str, str] = field(default_factory=dict)
+    fenced: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ideal_s(self) -> float:
