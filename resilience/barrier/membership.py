@@ -10,7 +10,9 @@ transition, and call the rest under their own exclusion.
 it reached the group's current state:
 
 - into an *offloaded* group (its engines hold the offload hold, some tags released)
-  it is paused, flushed and released (the tags the group has released) first;
+  it is paused, flushed and released (the tags the group has released) first; the
+  ``verify`` checks that read a paused engine are asked once it is paused, before
+  the release (a canary is the group's ``onload(verify=...)``'s to ask);
 - into a *serving* group it is verified before it serves: with ``verify`` checks, it
   is paused, the checks that read a paused engine (``WeightVersionCheck``) are asked,
   it is continued, and the checks that need a serving engine (``CanaryCheck``) are
@@ -129,10 +131,11 @@ def _group(rules: BarrierRules[Any], group: str | int | None) -> int:
     raise ValueError(f"add: no group {group!r}; the groups are {', '.join(repr(g.name) for g in rules.groups)} (by name or index)")
 
 
-def target_of(rules: BarrierRules[Any], index: int) -> GroupTarget:
-    """The state of group ``index`` a joining engine must reach: offloaded (and which tags) or serving."""
+def target_of(rules: BarrierRules[Any], index: int, joining: str) -> GroupTarget:
+    """The state of group ``index`` that ``joining`` must reach, read from the engines that count in it (``joining``
+    itself left out): offloaded (and which tags) or serving."""
     group = rules.groups[index]
-    members = rules.active(n for n in rules.engines if rules.group_of.get(n) == index)
+    members = rules.active(n for n in rules.engines if rules.group_of.get(n) == index and n != joining)
     offloaded = [n for n in members if OFFLOAD_TOKEN in rules.know[n].holds]
     released = frozenset(t for n in offloaded for t in rules.know[n].released)
     return GroupTarget(group, bool(offloaded) and group.needs_offload, released)
@@ -192,7 +195,7 @@ def admit(rules: BarrierRules[Any], engine: Any, group: str | int | None) -> tup
     if target_group.needs_offload and name not in rules.offloaded:
         rules.offloaded.append(name)
     rules.fenced.pop(name, None)
-    return name, target_of(rules, index)
+    return name, target_of(rules, index, name)
 
 
 def join_steps(
@@ -215,7 +218,7 @@ def join_steps(
         if skipped:
             raise _fail(rules, tx, name, "settle", skips(skipped))
         if target.offloaded:
-            failed = yield from _to_offloaded(rules, tx, name, target.released)
+            failed = yield from _to_offloaded(rules, tx, name, target.released, checks)
         else:
             failed = yield from _to_serving(rules, tx, name, checks)
         if failed:
@@ -226,12 +229,22 @@ def join_steps(
     return tx.finished()
 
 
-def _to_offloaded(rules: BarrierRules[Any], tx: Transition, name: str, tags: frozenset[str]) -> Steps[dict[str, BaseException]]:
-    """Pause, flush and release ``tags`` on ``name``, as ``offload`` does (only where each call's precondition holds)."""
+def _to_offloaded(
+    rules: BarrierRules[Any], tx: Transition, name: str, tags: frozenset[str], checks: Sequence[EngineCheck]
+) -> Steps[dict[str, BaseException]]:
+    """Pause, flush and release ``tags`` on ``name``, as ``offload`` does (only where each call's precondition holds);
+    the ``checks`` that read a paused engine are asked once it is paused, before anything is released (the canary is
+    the group's ``onload(verify=...)``'s to ask: a paused engine cannot answer it)."""
     k = rules.know[name]
     hold(rules, name, OFFLOAD_TOKEN, OFFLOAD_HOLD)
     if (k.paused is not True or k.pause_mode == "in_place") and rules.allows(name, "pause_generation"):
         failed = yield from phase(rules, tx, "pause", "pause_generation", [(name, {"mode": "abort"})])
+        if failed:
+            return failed
+    paused_checks = [c for c in checks if not c.needs_serving]
+    if paused_checks and not k.released and not k.unknown:
+        tx.phase = "verify"
+        failed = yield from _verify(rules, tx, name, paused_checks)
         if failed:
             return failed
     missing = to_release(k, tags)
