@@ -18,10 +18,27 @@ from resilience.cli.story import death_causes
 from resilience.testing.churn import ChurnConfig, ChurnReport, run_churn
 from resilience.testing.emulator import EmulatedFleet, EmulatorStartError
 
-__all__ = ["SPARES", "churn_verdict", "run_churn_soak"]
+__all__ = ["MEMBERSHIP_FLEET", "SPARES", "churn_verdict", "membership_scene", "run_churn_soak"]
 
 SPARES = 2
 """Engines started beside the group, for the spares that join (and the retired ones go back to)."""
+MEMBERSHIP_FLEET = 3
+"""The engines of ``cpr demo``'s membership scene: a group of two and one spare."""
+
+
+def membership_scene() -> ChurnReport:
+    """``cpr demo``'s membership scene: two colocate steps on a group of two engines; in the first a spare joins the
+    offloaded group (paused, flushed and released first), in the second one engine leaves (``retire``)."""
+    config = ChurnConfig(engines=MEMBERSHIP_FLEET - 1, steps=2, kill_every=0, add_every=1, retire_every=2, min_engines=1)
+    try:
+        with EmulatedFleet(MEMBERSHIP_FLEET, DEMO_ENGINE) as fleet:
+            return run_churn(fleet, config, deaths=death_causes)
+    except EmulatorStartError as exc:
+        raise CliError(f"emulated engines did not start: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def churn_verdict(report: ChurnReport) -> dict[str, bool]:
@@ -63,7 +80,7 @@ def run_churn_soak(args: argparse.Namespace) -> int:
         with EmulatedFleet(args.engines + SPARES, DEMO_ENGINE) as fleet:
             report = run_churn(fleet, config, deaths=death_causes, progress=progress)
     except EmulatorStartError as exc:
-        raise CliError(f"emulated engines did not start: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise CliError(f"emulated engines did not start: {_first_line(exc)}") from None
     verdict = churn_verdict(report)
     rows = [
         ["steps (failed)", f"{report.steps} ({report.failed_steps})"],
