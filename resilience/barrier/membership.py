@@ -156,8 +156,9 @@ def admit(rules: BarrierRules[Any], engine: Any, group: str | int | None) -> tup
     its name and where it must get to.
 
     A new engine gets fresh knowledge (serving, nothing released: what the orchestrators assume of the engines they are
-    built with; the join pauses it before anything depends on that); a known one (same name or URL, not retired) keeps
-    its knowledge and is checked again at the join's start (``rules.unchecked``); a retired one comes back as new.
+    built with); a known one (same name or URL: restarted, fenced, or retired and back) keeps what was known of it (a
+    retired engine of another kind starts afresh) and is checked again at the join's start (``rules.unchecked``: the
+    memory probe and its kind's ``ServingRead`` take a fresh process as new).
     Refused (``BarrierBusy``, nothing registered) while a ``pause`` or ``weight_sync`` hold is held.
     """
     held = sorted({r for n, k in rules.know.items() if n not in rules.retired for i, r in k.holds.items() if i != OFFLOAD_TOKEN})
@@ -172,8 +173,8 @@ def admit(rules: BarrierRules[Any], engine: Any, group: str | int | None) -> tup
     except KeyError:
         known = None
     kind = rules_of(engine)
+    name = known or name
     if known is not None and known not in rules.retired:
-        name = known
         mine = rules.group_of[name]
         if group is not None and _group(rules, group) != mine:
             raise ValueError(f"add: {name} belongs to group {rules.groups[mine].name!r}, not {group!r} (retire it first)")
@@ -183,12 +184,14 @@ def admit(rules: BarrierRules[Any], engine: Any, group: str | int | None) -> tup
     index = _group(rules, group)
     target_group = rules.groups[index]
     rules.engines[name] = engine
-    rules.kinds[name] = kind
-    if known is None or name in rules.retired:
+    if known is None:
         rules.know[name] = EngineKnowledge(name, memory=kind.memory)
+    else:  # a restart at a known URL, or a retired engine back: what was known stands until a read tells a fresh process
+        if name in rules.retired and rules.kinds[name].kind != kind.kind:
+            rules.know[name] = EngineKnowledge(name, memory=kind.memory)
         rules.retired.discard(name)
-    else:
-        rules.unchecked.add(name)  # a restart at a known URL: the memory probe and ServingRead tell a fresh process
+        rules.unchecked.add(name)
+    rules.kinds[name] = kind
     if name in rules.offloaded and not target_group.needs_offload:
         rules.offloaded.remove(name)  # a retired engine back in another group
     rules.group_of[name] = index

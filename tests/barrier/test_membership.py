@@ -255,3 +255,15 @@ def test_an_async_orchestrator_adds_engines_too() -> None:
         _alive(a, c)
 
     asyncio.run(main())
+
+
+def test_a_retired_engine_added_back_keeps_what_was_known_and_is_never_released_twice() -> None:
+    a, b = JoinFake("http://a:1"), JoinFake("http://b:1")
+    orch = _orch([a, b])
+    orch.offload()
+    orch.retire(b)  # retired while released: the same process comes back later
+    orch.add(b)
+    assert orch.states()[b.engine] is EngineState.RELEASED
+    orch.onload()
+    assert a.serving and b.serving
+    _alive(a, b)
