@@ -4,6 +4,8 @@
   while it "trains"; the third engine restarts meanwhile (a fresh process on its URL). The next controller, given the
   three engines, reads from the journal that the third joined, takes it as a new engine (its ``/ready`` answers as a
   fresh process) and its onload resumes only the other two: no engine dies, all three serve.
+- On each backend (threads, one event loop through ``AsyncFanOut``, Ray actors through ``RayFanOut``): an engine
+  joins an offloaded group through the group's own fan-out, counts from the next onload, and another leaves.
 - A controller SIGKILLed in the middle of a join (its release phase): the next controller reads that the join never
   finished, keeps the engine fenced (its onload sends it nothing), and a new ``add`` (with the emulator's memory
   probe) brings it in: no engine dies, all serve.
@@ -21,8 +23,10 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
+from resilience.barrier import EngineGroup, EngineState, Orchestrator
 from resilience.cli.story import death_causes
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
+from tests.barrier.conftest import Backend
 from tests.barrier.crash_rig import Controller, put_in_order
 
 CONFIG = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05, swap_seconds=0.3)
@@ -106,3 +110,21 @@ def test_a_join_cut_by_a_sigkill_leaves_the_engine_fenced_until_it_is_added_agai
     onload_phases = [p for p in second.seen if p.get("event") == "phase" and p.get("transition") == "onload"]
     assert onload_phases and all(urls[2] not in p["engines"] for p in onload_phases), "a fenced engine is sent nothing"
     assert _serving(engines) == [True, True, True]
+
+
+def test_an_engine_joins_and_another_leaves_on_every_backend(engines: EmulatedFleet, backend: Backend) -> None:
+    """Ray needs nothing new for a join: ``ray_engines([url])`` starts the joiner's actor, ``RayFanOut`` checks it
+    (``check_engines``) and drives it like the others."""
+    _, make, fanout = backend
+    since = [len(e.log()) for e in engines.engines]
+    urls = engines.direct_urls
+    orch = Orchestrator(EngineGroup(make(urls[:2])), fanout=fanout())
+    orch.offload()
+    (joiner,) = make(urls[2:])
+    report = orch.add(joiner)
+    assert [p.phase for p in report.phases] == ["pause", "flush", "release"]
+    assert engines.engines[2].state()["released_tags"], "brought into the offloaded group's state before it counts"
+    orch.onload()
+    orch.retire(urls[0])
+    assert sorted(orch.states()) == sorted(urls[1:]) and set(orch.states().values()) == {EngineState.SERVING}
+    assert _serving(engines) == [True, True, True] and _deaths(engines, since) == {}
