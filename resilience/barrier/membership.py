@@ -45,7 +45,8 @@ covers them (nothing more is sent to them: they are kept as the failed transitio
 left them, paused where it paused them), their state is ``fenced``
 (``EngineState.FENCED``, so a router keeps them out of rotation), they are named in
 ``TransitionReport.fenced`` with why, and the transition runs again for the rest (a
-transition is idempotent: what the failed run already did is not sent again). A fenced
+transition is idempotent: what the failed run left in place is not sent again; what its
+rollback undid, with ``rollback=True``, is done again). A fenced
 engine comes back through ``add`` (checked and brought to the group's state) or
 ``retire``. Why a count and not a fraction: a trainer knows how many engines its
 rollout batch needs; a fraction of a fleet that is itself changing is not a
