@@ -85,7 +85,7 @@ def run_churn_soak(args: argparse.Namespace) -> int:
     rows = [
         ["steps (failed)", f"{report.steps} ({report.failed_steps})"],
         ["engines killed inside an offload (flush phase), restarted on their URL", f"{report.kills}, {report.restarts}"],
-        ["joins (restarted engines taken as new processes)", f"{report.joins} ({report.replaced})"],
+        ["joins (known engines taken as new processes: restarted, or retired and back)", f"{report.joins} ({report.replaced})"],
         ["engines fenced by partial progress (min_engines), left (retire)", f"{report.fenced}, {report.leaves}"],
         ["engine deaths (from their logs)", str(report.engine_deaths)],
         ["requests lost / sent", f"{report.requests_lost} / {report.requests_sent}"],
