@@ -34,6 +34,11 @@ released, unknown, quarantined, in flight):
    unpause, or a failed transition it later recovered): the gateway's own
    settings and ``cpr.held = ""``: smg probes ``/health`` again and makes it
    ``ready`` after ``--health-success-threshold`` successes.
+5. **retired** (it left the group: ``retire``, so ``states()`` no longer names
+   it): its worker is deregistered (``DELETE /workers/{id}``), so the gateway
+   stops sending to it at once (NeMo-RL #3613: an engine never deregistered
+   took traffic for ~180 s). An engine joining or fenced
+   (``resilience.barrier.membership``) is not serving, so it is held out as in 1-2.
 
 :meth:`SmgRouter.sync` does one pass and is idempotent (it PATCHes only what
 differs from what it last applied, per worker id); :meth:`SmgRouter.start`
@@ -116,6 +121,8 @@ class SyncReport:
 
     patched: dict[str, Phase] = field(default_factory=dict)
     """Engines whose gateway worker was PATCHed, with the phase it was moved to."""
+    removed: list[str] = field(default_factory=list)
+    """Engines that left the orchestrator (retired) whose gateway worker this pass deregistered."""
     missing: list[str] = field(default_factory=list)
     """Engines the gateway has no worker for (never registered, or removed)."""
     errors: dict[str, str] = field(default_factory=dict)
@@ -224,7 +231,23 @@ class SmgRouter:
                 self._step(name, url, state, status, known, report)
             except requests.RequestException as exc:
                 report.errors[name] = f"{type(exc).__name__}"
+        for name in [n for n in self._workers if n not in states]:  # retired: it left the group
+            self._deregister(name, self._workers[name], listed, report)
         return report
+
+    def _deregister(self, name: str, w: _Worker, listed: Mapping[str, tuple[str, str]], report: SyncReport) -> None:
+        """``DELETE`` the worker of ``name``, an engine that left the orchestrator; kept for the next pass on an error."""
+        if w.worker_id not in {worker_id for worker_id, _ in listed.values()}:
+            del self._workers[name]  # already gone from the gateway
+            return
+        try:
+            response = self._session.delete(f"{self.gateway_url}/workers/{w.worker_id}", timeout=self._timeout)
+            response.raise_for_status()
+        except requests.RequestException as exc:
+            report.errors[name] = f"DELETE /workers: {type(exc).__name__}"
+            return
+        del self._workers[name]
+        report.removed.append(name)
 
     def _step(self, name: str, url: str, state: EngineState, status: str, w: _Worker, report: SyncReport) -> None:
         if state is EngineState.SERVING:

@@ -261,6 +261,12 @@ class EngineState(enum.StrEnum):
     """A call is still running (past its phase deadline, or its phase is under way)."""
     DEAD = "dead"
     """Stopped answering."""
+    JOINING = "joining"
+    """Added (``add``) and not yet in its group's state: no transition covers it, a router keeps it out of rotation
+    (``resilience.barrier.membership``; never a state of the knowledge itself)."""
+    FENCED = "fenced"
+    """Taken out of every transition (a join that failed, partial progress): kept as it is and out of rotation until
+    ``add`` brings it back or ``retire`` ends it (``resilience.barrier.membership``)."""
 
 
 RESEND_ROUNDS: Final = 2

@@ -150,6 +150,7 @@ RAY_MODULES = frozenset(
         "tests/barrier/test_barrier.py",
         "tests/barrier/test_write_ahead_knowledge.py",
         "tests/barrier/test_journal_contract.py",
+        "tests/barrier/test_membership_emulated.py",
     }
 )
 """The test modules with a Ray test: under ``-n`` they run as one unit, in one worker (the session's one Ray runtime).

@@ -7,6 +7,7 @@
 - ``transitions``: offload, onload, a pause and its end, and recovery, written once as steps with no I/O
   (``PhaseStep``, ``SettleStep``, ``WaitStep``, ``ReadStep``), with the phase fold and the settling at a
   transition's start.
+- ``membership``: engines that join a running group (``add``), leave it (``retire``) and are fenced (``min_engines``).
 - ``journal``, ``journal_store``: the knowledge written where it outlives the controller.
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
 - ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines, and

@@ -27,16 +27,25 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar, Unpack
 
-from resilience.barrier import transitions
+from resilience.barrier import membership, transitions
 from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
 from resilience.barrier.fanout import Calls, EngineResult, LateCall
-from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
-from resilience.barrier.verify import EngineCheck, averify
+from resilience.barrier.state import (
+    BarrierBusy,
+    BarrierKeywords,
+    BarrierOptions,
+    BarrierState,
+    EngineGroup,
+    HoldToken,
+    PhaseFailed,
+    TransitionReport,
+)
+from resilience.barrier.verify import EngineCheck, averify, checks_arg
 from resilience.barrier.view import BarrierView
 from resilience.clock import Clock
 from resilience.deadline import Deadline
@@ -120,35 +129,58 @@ class AsyncOrchestrator(BarrierView[A]):
         self._bodies = 0
         self._on: _LoopState | None = None
         transitions.resume(self.state)
+        membership.take_up(self.state)
 
     # -- recovery ----------------------------------------------------------------
 
     async def retire(self, engine: str | A) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
         async with self._loop_state().lock:
-            transitions.retire(self.state, engine)
+            with self.state.lock:
+                transitions.retire(self.state, engine)
+                membership.left(self.state, self.state.name_of(engine))
 
     async def reconcile(self, engine: str | A, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state; see ``Orchestrator.reconcile`` (the same rules and refusals)."""
         async with self._loop_state().lock:
             transitions.reconcile(self.state, engine, released=released, paused=paused)
 
+    async def add(
+        self, engine: A, *, group: str | int | None = None, verify: EngineCheck | Sequence[EngineCheck] = ()
+    ) -> TransitionReport:
+        """Bring ``engine`` into ``group``'s current state before it counts; see ``Orchestrator.add`` (its calls must be
+        coroutines, as the constructor requires)."""
+        checks = checks_arg(verify)
+        membership.require_coroutines(getattr(engine, "engine", repr(engine)), engine)
+        state = self._loop_state()
+        async with self._exclusive(state, "add"):
+            with self.state.lock:
+                name, target = membership.admit(self.state, engine, group)
+            return await self._run(membership.join_steps(self.state, name, target, checks), state)
+
     # -- transitions -------------------------------------------------------------
 
-    async def offload(self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort") -> TransitionReport:
-        """Pause all offloaded engines, then flush all, then release ``tags`` (None = all); see ``Orchestrator.offload``."""
+    async def offload(
+        self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort", *, min_engines: int | None = None
+    ) -> TransitionReport:
+        """Pause all offloaded engines, then flush all, then release ``tags`` (None = all); see ``Orchestrator.offload``
+        (``min_engines`` too)."""
         wanted = transitions.offload_args(tags, mode)
+        need = membership.min_engines_arg(min_engines, "offload")
         state = self._loop_state()
         async with self._exclusive(state, "offload"):
-            return await self._run(transitions.offload_steps(self.state, wanted, mode), state)
+            return await self._partial(lambda: transitions.offload_steps(self.state, wanted, mode), need, state)
 
-    async def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
+    async def onload(
+        self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = (), min_engines: int | None = None
+    ) -> TransitionReport:
         """Resume ``tags`` (None = everything released), then continue engines whose memory is back; see ``Orchestrator.onload``
-        (``verify`` too)."""
+        (``verify`` and ``min_engines`` too)."""
         wanted = transitions.tags_arg(tags, "onload")
+        need = membership.min_engines_arg(min_engines, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            report = await self._run(transitions.onload_steps(self.state, wanted), state)
+            report = await self._partial(lambda: transitions.onload_steps(self.state, wanted), need, state)
             return await self._verified("onload", report, verify, self.state.offloaded, state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
@@ -209,7 +241,7 @@ class AsyncOrchestrator(BarrierView[A]):
             await run.wait()
             return run.results()
 
-        engines = {n: self.state.engines[n] for n in names if n not in self.state.retired}
+        engines = {n: self.state.engines[n] for n in self.state.active(names)}
         deadline_s = self.deadlines.for_phase("verify")
         return await averify(transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s)
 
@@ -250,6 +282,20 @@ class AsyncOrchestrator(BarrierView[A]):
             yield
         finally:
             state.lock.release()
+
+    async def _partial(
+        self, steps: Callable[[], transitions.Steps[TransitionReport]], min_engines: int | None, state: _LoopState
+    ) -> TransitionReport:
+        """Run a transition; with ``min_engines``, fence the engines it failed on and run it again for the rest while
+        enough are left (``membership.fence_failed``), else its ``PhaseFailed`` goes on."""
+        fenced: dict[str, str] = {}
+        while True:
+            try:
+                return membership.with_fenced(await self._run(steps(), state), fenced)
+            except PhaseFailed as err:
+                with self.state.lock:
+                    if not membership.fence_failed(self.state, err, min_engines, fenced):
+                        raise
 
     async def _run(self, steps: transitions.Steps[T], state: _LoopState) -> T:
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.

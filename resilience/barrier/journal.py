@@ -16,6 +16,9 @@ A record is one JSON object (framed and checksummed by the store,
 ``resilience.barrier.journal_store``):
 
 - ``{"k": "header", "format": ..., "version": 1, "engines": [...]}``: first, once;
+- ``{"k": "member", "engine": name, "change": ..., "group": ..., "facts": {...}}``: a membership change
+  (``MEMBER_CHANGES``: ``joining`` before a join's first command, ``joined``, ``fenced``, ``left`` on retire;
+  ``resilience.barrier.membership``), with the engine's facts then;
 - ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``:
   the facts of the engines that changed, ``why`` says which step wrote it. An owner is
   ``{"host", "pid", "id", "start", "boot"}``: a random id of the process, its start time and the
@@ -28,7 +31,12 @@ version 1 stays: a reader without it ignores it, and a record without it (an old
 writer) reads as a doubt whose request may still be on its way (the safe reading).
 
 The journal is compacted (rewritten as a header and one full state record)
-every ``compact_after`` records.
+every ``compact_after`` records; the header then names every engine and keeps
+the last membership change of each (``"members"``).
+
+A journal is reopened with the engines it names, those that joined included (an
+engine whose last change is ``left`` may be left out); ``Recovery.members`` says who
+joined and who left.
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ __all__ = [
 ]
 
 FORMAT = "controlplane-resilience/barrier-journal"
+MEMBER_CHANGES = ("joining", "joined", "fenced", "left")
+"""The membership changes a ``member`` record holds (``resilience.barrier.membership``)."""
 OFFLOAD_TOKEN = 0
 """The offload hold's id (``resilience.barrier.state``): it belongs to whichever controller runs, so it has no owner."""
 _VERSION = 1
@@ -177,6 +187,7 @@ class Recovery:
     ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``: no
     process has that PID, or the one that has it is another process: another start, boot or id);
     they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
+    ``members``: who joined and who left (below).
     """
 
     store: str
@@ -186,6 +197,9 @@ class Recovery:
     in_flight: Mapping[str, str] = field(default_factory=dict)
     orphaned_holds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     states: Mapping[str, str] = field(default_factory=dict)
+    members: Mapping[str, str] = field(default_factory=dict)
+    """Engine -> its last membership change (``joining``, ``joined``, ``fenced``, ``left``), for the engines that joined
+    or left while the journal was written (empty for a fixed fleet)."""
 
     def summary(self) -> str:
         """One paragraph for a person."""
@@ -196,6 +210,8 @@ class Recovery:
             parts.append(self.dropped)
         if self.in_flight:
             parts.append("in flight at the last stop (ambiguous): " + ", ".join(f"{n} {m}" for n, m in sorted(self.in_flight.items())))
+        if self.members:
+            parts.append("membership: " + ", ".join(f"{n} {c}" for n, c in sorted(self.members.items())))
         if self.orphaned_holds:
             parts.append("holds whose owner is gone: " + ", ".join(f"{n} {'; '.join(h)}" for n, h in sorted(self.orphaned_holds.items())))
         return "; ".join(parts)
@@ -218,6 +234,7 @@ class _Folded:
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     owners: dict[str, dict[str, Any]] = field(default_factory=dict)
     budget: dict[str, Any] | None = None
+    members: dict[str, str] = field(default_factory=dict)
 
 
 def _fold(payloads: Iterable[bytes], where: str) -> _Folded:
@@ -233,6 +250,14 @@ def _fold(payloads: Iterable[bytes], where: str) -> _Folded:
             if rec.get("version") != _VERSION:
                 raise JournalError(f"journal {where} has version {rec.get('version')!r}, expected {_VERSION}")
             out.engines = [str(e) for e in rec.get("engines", [])]
+            out.members = {str(n): str(c) for n, c in dict(rec.get("members", {})).items()}
+            continue
+        if isinstance(rec, dict) and rec.get("k") == "member":
+            change, name = str(rec.get("change")), str(rec.get("engine"))
+            if change not in MEMBER_CHANGES:
+                raise JournalError(f"journal {where}: record {i} has unknown membership change {change!r}")
+            out.members[name] = change
+            out.facts[name] = dict(rec.get("facts", {}))
             continue
         if not isinstance(rec, dict) or rec.get("k") != "state":
             kind = rec.get("k") if isinstance(rec, dict) else type(rec).__name__
@@ -304,6 +329,7 @@ class Journal:
         self._owners: dict[str, dict[str, Any]] = {}
         self._budget: dict[str, Any] | None = None
         self._last: dict[str, dict[str, Any]] = {}
+        self._members: dict[str, str] = {}
 
     @property
     def name(self) -> str:
@@ -342,15 +368,21 @@ class Journal:
             return Resumed(Recovery(self.store.name))
         folded = _fold(loaded.records, self.store.name)
         assert folded.engines is not None
-        if sorted(folded.engines) != sorted(engines):
-            missing = sorted(set(folded.engines) - set(engines))
-            extra = sorted(set(engines) - set(folded.engines))
+        left = {n for n, c in folded.members.items() if c == "left"}
+        named = (set(folded.engines) | set(folded.members)) - left
+        if not named <= set(engines) <= named | left:
+            missing = sorted(named - set(engines))
+            extra = sorted(set(engines) - named - left)
+            joined = [n for n in missing if n in folded.members]
             raise JournalMismatch(
-                f"journal {self.store.name} was written for other engines: it names {len(folded.engines)} "
+                f"journal {self.store.name} was written for other engines: it names {len(named)} "
                 f"({'not given: ' + ', '.join(missing) if missing else 'all given'}; "
                 f"{'not in the journal: ' + ', '.join(extra) if extra else 'none new'}). "
-                "Use a new journal for a new fleet, or give the orchestrator the engines the journal knows."
+                + (f"{', '.join(joined)} joined while it was written (add): give them too. " if joined else "")
+                + "Use a new journal for a new fleet, or give the orchestrator the engines the journal knows."
             )
+        self._engines = tuple(engines)
+        self._members = dict(folded.members)
         self._owners, self._budget = folded.owners, folded.budget
         if loaded.dropped:
             _LOG.warning("%s", loaded.dropped)
@@ -358,7 +390,8 @@ class Journal:
             written, now = str(f.get("kind", SGLANG_MEMORY.kind)), kinds.get(n, SGLANG_MEMORY).kind
             if written != now:
                 raise JournalMismatch(f"journal {self.store.name}: engine {n} was journaled as a {written} engine, but is a {now} engine")
-        knowledge = {n: knowledge_from(n, f, kinds.get(n, SGLANG_MEMORY)) for n, f in folded.facts.items()}
+        given = set(engines)
+        knowledge = {n: knowledge_from(n, f, kinds.get(n, SGLANG_MEMORY)) for n, f in folded.facts.items() if n in given}
         in_flight = {n: str(f["in_flight"].get("method")) for n, f in folded.facts.items() if isinstance(f.get("in_flight"), Mapping)}
         orphaned: dict[str, tuple[str, ...]] = {}
         for n, k in knowledge.items():
@@ -377,6 +410,7 @@ class Journal:
             in_flight=in_flight,
             orphaned_holds=orphaned,
             states={n: str(k.state) for n, k in knowledge.items()},
+            members=dict(folded.members),
         )
         self._last = {n: dict(f) for n, f in folded.facts.items()}
         if loaded.dropped or len(loaded.records) >= self.compact_after:
@@ -385,7 +419,7 @@ class Journal:
             self._written = len(loaded.records)
         if in_flight or orphaned:
             _LOG.warning("%s", recovery.summary())
-        retired = frozenset(n for n, f in folded.facts.items() if f.get("retired"))
+        retired = frozenset(n for n, f in folded.facts.items() if f.get("retired") and n in given)
         return Resumed(recovery, knowledge, retired, folded.budget)
 
     def commit(
@@ -429,8 +463,28 @@ class Journal:
             except JournalError as exc:  # the record above is durable; the journal is as it was, and compacts next time
                 _LOG.warning("%s", exc)
 
+    def member(
+        self, name: str, change: str, group: str, know: Mapping[str, EngineKnowledge], *, retired: Collection[str] = ()
+    ) -> None:
+        """Write durably that ``name`` (of the group named ``group``) had the membership change ``change``
+        (``MEMBER_CHANGES``), with its facts now; ``Recovery.members`` gives it back."""
+        if change not in MEMBER_CHANGES:
+            raise JournalError(f"Journal.member change must be one of {', '.join(MEMBER_CHANGES)}, but was {change!r}")
+        facts = facts_of(know[name], retired=name in retired)
+        rec = {"k": "member", "t": time.time(), "engine": name, "change": change, "group": group, "facts": facts}
+        self.store.append(_dump(rec))  # raises when the record is not durable: then nothing below is marked written
+        self._last[name] = facts
+        self._members[name] = change
+        if name not in self._engines:
+            self._engines = (*self._engines, name)
+        self._written += 1
+
     def _compact(self) -> None:
-        header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(self._engines), "t": time.time(), "by": _me()}
+        header: dict[str, Any] = {
+            "k": "header", "format": FORMAT, "version": _VERSION, "engines": list(self._engines), "t": time.time(), "by": _me(),
+        }
+        if self._members:
+            header["members"] = dict(self._members)
         snapshot: dict[str, Any] = {"k": "state", "t": time.time(), "why": "compacted", "engines": self._last, "owners": self._owners}
         if self._budget is not None:
             snapshot["budget"] = self._budget

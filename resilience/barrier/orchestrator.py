@@ -42,11 +42,20 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal, TypeVar, Unpack
 
-from resilience.barrier import transitions
+from resilience.barrier import membership, transitions
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, ThreadFanOut
-from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
-from resilience.barrier.verify import EngineCheck
+from resilience.barrier.state import (
+    BarrierBusy,
+    BarrierKeywords,
+    BarrierOptions,
+    BarrierState,
+    EngineGroup,
+    HoldToken,
+    PhaseFailed,
+    TransitionReport,
+)
+from resilience.barrier.verify import EngineCheck, checks_arg
 from resilience.barrier.verify import verify as verify_engines
 from resilience.barrier.view import BarrierView
 from resilience.engine_contract import AnyEngine, PauseMode
@@ -122,6 +131,7 @@ class Orchestrator(BarrierView[E]):
         if check is not None:  # the fan-out says which engines it can drive, before anything is sent
             check(engines.values())
         transitions.resume(self.state)
+        membership.take_up(self.state)
         self._bodies_ended = threading.Condition(self.state.lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""
@@ -130,7 +140,9 @@ class Orchestrator(BarrierView[E]):
 
     def retire(self, engine: str | E) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
-        transitions.retire(self.state, engine)
+        with self.state.lock:
+            transitions.retire(self.state, engine)
+            membership.left(self.state, self.state.name_of(engine))
 
     def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
@@ -147,9 +159,32 @@ class Orchestrator(BarrierView[E]):
         """
         transitions.reconcile(self.state, engine, released=released, paused=paused)
 
+    def add(self, engine: E, *, group: str | int | None = None, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
+        """Bring ``engine`` (new, restarted at a known URL, fenced or retired) into ``group``'s current state; it counts
+        only once there (``resilience.barrier.membership``).
+
+        ``group``: a group's name or index (default None: the first group, or the group a known engine is in).
+        Into an offloaded group it is paused, flushed and released as the others are; into a serving group, with
+        ``verify`` checks (``WeightVersionCheck``, ``CanaryCheck``; default none), it is paused, verified and
+        continued (a canary after the continue; a mismatch pauses it again). A known engine that answers as a fresh
+        process while the barrier knows it released is taken as new (``TransitionReport.replaced``). A join that fails
+        fences the engine and raises ``PhaseFailed`` naming it. Waits for running ``weight_sync`` bodies first;
+        refused (``BarrierBusy``) while a ``pause`` hold is held. The fan-out must be able to drive it (``TypeError``).
+        """
+        checks = checks_arg(verify)
+        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
+        if check is not None:
+            check([engine])
+        with self.state.lock:
+            self._wait_for_bodies("add")
+            name, target = membership.admit(self.state, engine, group)
+            return self._run(membership.join_steps(self.state, name, target, checks))
+
     # -- transitions -------------------------------------------------------------
 
-    def offload(self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort") -> TransitionReport:
+    def offload(
+        self, tags: Sequence[str] | None = None, mode: Literal["abort", "retract"] = "abort", *, min_engines: int | None = None
+    ) -> TransitionReport:
         """Pause all offloaded engines, then flush all, then release ``tags`` (None = all) on all.
 
         Returns only when every offloaded engine (not retired) is known paused
@@ -158,13 +193,19 @@ class Orchestrator(BarrierView[E]):
         a late call are skipped and named in ``PhaseFailed`` after the others
         are done. ``mode="in_place"`` is refused: it keeps running requests' KV,
         so flush would fail. Waits for running ``weight_sync`` bodies first.
+        ``min_engines``: partial progress, opt-in (default None: off). When the offload fails and at least this many
+        of its engines are not among those it failed on, those are fenced (named in ``TransitionReport.fenced``) and
+        the offload completes for the rest (``resilience.barrier.membership``).
         """
         wanted = transitions.offload_args(tags, mode)
+        need = membership.min_engines_arg(min_engines, "offload")
         with self.state.lock:
             self._wait_for_bodies("offload")
-            return self._run(transitions.offload_steps(self.state, wanted, mode))
+            return self._partial(lambda: transitions.offload_steps(self.state, wanted, mode), need)
 
-    def onload(self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
+    def onload(
+        self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = (), min_engines: int | None = None
+    ) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
 
         Returns only when every offloaded engine (not retired) serves, or is
@@ -175,11 +216,14 @@ class Orchestrator(BarrierView[E]):
         ``verify``: checks asked of every offloaded engine afterwards
         (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``;
         default none); a mismatch raises ``VerificationFailed`` naming the engine.
+        ``min_engines``: partial progress, as for ``offload`` (default None: off).
         """
         wanted = transitions.tags_arg(tags, "onload")
+        need = membership.min_engines_arg(min_engines, "onload")
         with self.state.lock:
             self._wait_for_bodies("onload")
-            return self._verified("onload", self._run(transitions.onload_steps(self.state, wanted)), verify, self.state.offloaded)
+            report = self._partial(lambda: transitions.onload_steps(self.state, wanted), need)
+            return self._verified("onload", report, verify, self.state.offloaded)
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -237,13 +281,24 @@ class Orchestrator(BarrierView[E]):
         """``report`` once ``checks`` passed on the engines ``names`` (not retired), read through the fan-out."""
         if not checks:
             return report
-        engines = {n: self.state.engines[n] for n in names if n not in self.state.retired}
+        engines = {n: self.state.engines[n] for n in self.state.active(names)}
         deadline_s = self.deadlines.for_phase("verify")
         return verify_engines(
             transition, report, checks, engines, not_serving=self.not_serving(), send=self.fanout.call, deadline_s=deadline_s
         )
 
     # -- the driver ------------------------------------------------------------------
+
+    def _partial(self, steps: Callable[[], transitions.Steps[TransitionReport]], min_engines: int | None) -> TransitionReport:
+        """Run a transition; with ``min_engines``, fence the engines it failed on and run it again for the rest while
+        enough are left (``membership.fence_failed``), else its ``PhaseFailed`` goes on."""
+        fenced: dict[str, str] = {}
+        while True:
+            try:
+                return membership.with_fenced(self._run(steps()), fenced)
+            except PhaseFailed as err:
+                if not membership.fence_failed(self.state, err, min_engines, fenced):
+                    raise
 
     def _run(self, steps: transitions.Steps[T]) -> T:
         """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.

@@ -561,6 +561,8 @@ class TransitionReport:
     written (a restart while no controller watched), each with what showed it; they were taken as new engines,
     serving with nothing released and not paused by the orchestrator, never as the journal's
     (``resilience.barrier.transitions``). Empty (default) otherwise.
+    ``fenced``: engines a transition with ``min_engines`` fenced on its way (kept out of every transition and out of
+    rotation until ``add`` brings them back), each with why (``resilience.barrier.membership``). Empty (default) otherwise.
     """
 
     transition: str
@@ -569,6 +571,7 @@ class TransitionReport:
     held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     hold: HoldToken | None = None
     replaced: Mapping[str, str] = field(default_factory=dict)
+    fenced: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ideal_s(self) -> float:
@@ -819,14 +822,23 @@ class BarrierState(Generic[E]):
         """Name -> engine, every engine of every group."""
         self.offloaded: list[str] = []
         """The engines of ``needs_offload`` groups: what offload and onload cover."""
-        for group in self.groups:
+        self.group_of: dict[str, int] = {}
+        """Name -> the index in ``groups`` of the group it belongs to (an engine ``add`` brought in too)."""
+        for i, group in enumerate(self.groups):
             for engine in group.engines:
                 name = engine_name(engine)
                 if name in self.engines:
                     raise ValueError(f"engine {name} appears in more than one group")
                 self.engines[name] = engine
+                self.group_of[name] = i
                 if group.needs_offload:
                     self.offloaded.append(name)
+        self.joining: set[str] = set()
+        """Engines ``add`` is bringing to their group's state (``resilience.barrier.membership``): no transition covers
+        them, and ``states`` calls them ``joining``."""
+        self.fenced: dict[str, str] = {}
+        """Engines taken out of every transition, with why (a join that failed, partial progress): ``states`` calls them
+        ``fenced``; ``add`` brings one back, ``retire`` ends it."""
         self.kinds: dict[str, EngineRules] = {name: rules_of(engine) for name, engine in self.engines.items()}
         """Name -> its engine kind's control rules (``resilience.engine_contract``: SGLang's unless the engine says otherwise)."""
         self.know = {name: EngineKnowledge(name, memory=self.kinds[name].memory) for name in self.engines}
@@ -856,9 +868,16 @@ class BarrierState(Generic[E]):
     # -- queries ---------------------------------------------------------------
 
     def states(self) -> dict[str, EngineState]:
-        """Every engine's state (not retired ones) as the orchestrator knows it, in one word."""
+        """Every engine's state (not retired ones) as the orchestrator knows it, in one word (``joining`` and ``fenced``
+        for the engines ``resilience.barrier.membership`` keeps out of the transitions)."""
         with self.lock:
-            return {n: k.state for n, k in self.know.items() if n not in self.retired}
+            return {n: self.state_of(n, k) for n, k in self.know.items() if n not in self.retired}
+
+    def state_of(self, name: str, k: EngineKnowledge) -> EngineState:
+        """``name``'s one word: ``joining``/``fenced`` for an engine kept out of the transitions, else its knowledge's."""
+        if name in self.joining:
+            return EngineState.JOINING
+        return EngineState.FENCED if name in self.fenced else k.state
 
     def held(self) -> dict[str, tuple[str, ...]]:
         """The engines held paused on purpose, and by which reasons."""
@@ -899,7 +918,10 @@ class BarrierState(Generic[E]):
     def not_serving(self) -> dict[str, str]:
         """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""
         with self.lock:
-            return {n: k.why_not_serving() for n, k in self.know.items() if n not in self.retired and not k.serving}
+            out = {n: k.why_not_serving() for n, k in self.know.items() if n not in self.retired and not k.serving}
+            out.update({n: f"joining: not in its group's state yet ({out.get(n) or 'serving'})" for n in self.joining})
+            out.update({n: f"fenced: {why}" for n, why in self.fenced.items() if n not in self.retired})
+            return out
 
     # -- what the transitions' modules share ---------------------------------------------
 
@@ -942,8 +964,8 @@ class BarrierState(Generic[E]):
         return f"refused: its weights are released (state {k.state}); a weight update would kill it: onload(tags=['weights']) first"
 
     def active(self, names: Iterable[str]) -> list[str]:
-        """``names`` without the retired engines."""
-        return [n for n in names if n not in self.retired]
+        """``names`` without the retired, joining and fenced engines (``resilience.barrier.membership``)."""
+        return [n for n in names if n not in self.retired and n not in self.fenced and n not in self.joining]
 
     def name_of(self, engine: str | E) -> str:
         """The name of an engine given by name, URL, or any engine object the orchestrator was built with."""

@@ -44,6 +44,7 @@ __all__ = [
     "VerificationFailed",
     "WeightVersionCheck",
     "averify",
+    "checks_arg",
     "verify",
 ]
 
@@ -265,7 +266,8 @@ def _verdict(transition: str, report: TransitionReport, mismatches: list[CheckFa
     raise VerificationFailed(transition, first, mismatches, report, left_paused=not_serving)
 
 
-def _checked(checks: EngineCheck | Sequence[EngineCheck]) -> Sequence[EngineCheck]:
+def checks_arg(checks: EngineCheck | Sequence[EngineCheck]) -> Sequence[EngineCheck]:
+    """``checks`` as a tuple of ``EngineCheck`` (one given bare too); anything else is refused with a ``TypeError``."""
     if isinstance(checks, EngineCheck):  # one check given bare
         return (checks,)
     for check in checks:
@@ -290,7 +292,7 @@ def verify(
     that need serving skip them; when another check fails, the error names them too).
     ``deadline_s``: for all reads together.
     """
-    reads, mismatches = _plan(_checked(checks), engines, not_serving)
+    reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
     deadline = Deadline(deadline_s)
     for read in reads:
         mismatches.extend(_judge(read, send(read.calls, read.method, deadline)))
@@ -308,7 +310,7 @@ async def averify(
     deadline_s: float,
 ) -> TransitionReport:
     """``verify`` on an event loop (``send`` awaits the reads)."""
-    reads, mismatches = _plan(_checked(checks), engines, not_serving)
+    reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
     deadline = Deadline(deadline_s)
     for read in reads:
         mismatches.extend(_judge(read, await send(read.calls, read.method, deadline)))

@@ -139,6 +139,14 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="vllm: emulated vLLM 0.33.0 engines and cpr demo --engine vllm's loop and faults (no controller kills); "
         "default sglang",
     )
+    p.add_argument(
+        "--churn",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="churn instead of controller kills: every K steps an engine is killed inside an offload and restarted, "
+        "a spare joins every K+2 and an engine leaves every 2K+1 (resilience.testing.churn; default: off)",
+    )
     p.add_argument("--report", default="cpr-soak-report.json", metavar="FILE", help="JSON report (default: %(default)s)")
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilience.budget import RestartBudget
+from resilience.cli.churn import MEMBERSHIP_FLEET, membership_scene
 from resilience.cli.common import CliError, check_output_file, plural, write_json
 from resilience.cli.errors_text import safe_url, short_error
 from resilience.cli.fleet import (
@@ -51,9 +52,10 @@ from resilience.cli.fleet import (
     vllm_demo_plan,
 )
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table
-from resilience.cli.story import death_causes, per_step, rates_note, story
+from resilience.cli.story import death_causes, membership_story, per_step, rates_note, story
 from resilience.cli.timeline import StepTimeline, TimelineRecorder, write_timeline
 from resilience.cli.watch import StepWatch
+from resilience.testing.churn import ChurnReport
 from resilience.testing.colocate import ColocateConfig, StepProgress, run_colocate
 from resilience.testing.faults import FaultPlan, FaultProxy
 from resilience.testing.lab import BASELINE, RESILIENT, ColocateReport, LoopKind
@@ -86,6 +88,8 @@ class _Results:
     """Per loop, the controller-restart step's own report (``FleetRunner.run_controller_restart``)."""
     causes: dict[str, list[str]] = field(default_factory=dict)
     """Per loop, what killed each engine that died in it (from the engines' logs), oldest first."""
+    membership: ChurnReport | None = None
+    """The membership scene's report (``resilience.cli.churn.membership_scene``), once it ran."""
 
     def done(self) -> list[tuple[str, str]]:
         """(loop, title) of the finished runs, in table order."""
@@ -192,6 +196,8 @@ def _sglang_demo(args: argparse.Namespace) -> int:
 
                 ui.print(f"traces: OTLP to {safe_url(otlp_endpoint())} (a collector answered)")
             _run_loops(args, ui, telemetry, plan, out)
+            ui.print("membership: one engine joins the offloaded group, one leaves")
+            out.membership = membership_scene()
     except KeyboardInterrupt:
         if not out.reports:
             raise
@@ -202,6 +208,8 @@ def _sglang_demo(args: argparse.Namespace) -> int:
     rows = comparison_rows([out.reports[kind] for kind, _ in done])
     columns = ["", *(title for _, title in done)]
     told = story({kind: out.reports[kind] for kind, _ in done}, out.causes, dict(LOOPS))
+    if out.membership is not None:
+        told += " " + membership_story(out.membership, MEMBERSHIP_FLEET)
     caption = (
         f"{plural(args.engines, 'engine')}, {plural(args.steps, 'step')}, seed {args.seed}: "
         "502s (and resets) on every per-step control call, "
@@ -233,6 +241,7 @@ def _sglang_demo(args: argparse.Namespace) -> int:
         "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
         "controller_restart": {kind: out.restarts[kind].to_dict() for kind, _ in done if kind in out.restarts},
         "story": told,
+        "membership": None if out.membership is None else out.membership.to_dict(),
         "rates_note": note,
         "table": {"columns": columns, "rows": rows},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},

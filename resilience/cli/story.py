@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 from resilience.cli.common import plural
 
 if TYPE_CHECKING:
+    from resilience.testing.churn import ChurnReport
     from resilience.testing.lab import ColocateReport
 
-__all__ = ["death_causes", "per_step", "rates_note", "steps_run", "story"]
+__all__ = ["death_causes", "membership_story", "per_step", "rates_note", "steps_run", "story"]
 
 _SCHEDULER_DEATH = "Scheduler hit an exception:"
 _MEMORY_SAVER = "[torch_memory_saver.cpp]"
@@ -128,6 +129,18 @@ def story(reports: Mapping[str, ColocateReport], causes: Mapping[str, Sequence[s
         title = titles.get(kind, kind)
         parts.append(_side(title[:1].upper() + title[1:], report, causes.get(kind, ())) + ".")
     return " ".join(parts)
+
+
+def membership_story(report: ChurnReport, engines: int) -> str:
+    """One sentence on the membership scene (``resilience.testing.churn``): who joined, who left, what it cost."""
+    joined = plural(report.joins, "engine")
+    left = plural(report.leaves, "engine")
+    lost = f"{report.requests_lost} of {plural(report.requests_sent, 'request')} lost"
+    return (
+        f"Membership, on {plural(engines, 'engine')} more: {joined} joined the offloaded group (paused, flushed and "
+        f"released first, counted from the next onload) and {left} left (retired: nothing was sent to it again), "
+        f"with {plural(report.engine_deaths, 'engine death')} and {lost}."
+    )
 
 
 def rates_note(reports: Mapping[str, ColocateReport], titles: Mapping[str, str]) -> str:

@@ -13,13 +13,16 @@ calls in flight included, and starts the next one on the same journal.
   transition returned). Without it: ``--transitions`` random ones drawn with ``--seed``.
 - ``--final``: end the run as a training job ends: release the holds a dead controller left
   (``unpause`` by reason, one token at a time), then ``onload()``; up to three rounds.
+- ``--join URL``: the engine the ``join`` op adds (``add``: a new engine, or a known one again); a controller
+  restarted after a join is given the joined engine among ``URL...`` (the journal names it).
 - ``--async``: ``AsyncOrchestrator`` over ``AsyncSGLangClient`` (aiohttp) instead of ``Orchestrator``
   over ``SGLangClient``.
 - ``--probe-dir DIR``: pass the emulator's memory probe over the engines' ``--memory-state-dir``
   (``resilience.testing.memory_probe``, a side channel, not HTTP) as ``memory_probe=``.
 
-Stdout, one JSON object per line, flushed: ``{"event": "ready"}`` once the orchestrator is
-built (the journal read); ``{"event": "begin", "i", "op"}`` before each transition;
+Stdout, one JSON object per line, flushed: ``{"event": "ready", "members", ...}`` once the orchestrator is
+built (the journal read; ``members``: ``Recovery.members``, who joined and who left);
+``{"event": "begin", "i", "op"}`` before each transition;
 ``{"event": "phase", "transition", "phase", "engines"}`` as each phase starts;
 ``{"event": "end", "i", "op", "ok", ...}`` after it (offload and onload: ``replaced``, the engines
 taken as fresh processes, from ``TransitionReport.replaced``; ``ok`` false: ``error``, ``quarantined``,
@@ -95,6 +98,9 @@ async def run_op(orch: AnyOrchestrator, op: str, args: argparse.Namespace) -> di
         if op == "offload":
             report = await _done(orch.offload(mode="abort"))
             return {"ok": True, "replaced": dict(report.replaced)}
+        elif op == "join":
+            report = await _done(orch.add(joining(orch, args)))
+            return {"ok": True, "replaced": dict(report.replaced), "states": {k: str(v) for k, v in orch.states().items()}}
         elif op == "onload":
             report = await _done(orch.onload())
             return {"ok": True, "held": {k: list(v) for k, v in report.held.items()}, "replaced": dict(report.replaced)}
@@ -110,6 +116,15 @@ async def run_op(orch: AnyOrchestrator, op: str, args: argparse.Namespace) -> di
     except PhaseFailed as exc:
         return failed(exc)
     return {"ok": True}
+
+
+def joining(orch: AnyOrchestrator, args: argparse.Namespace) -> Any:
+    """The client of ``--join URL``, of the orchestrator's kind."""
+    if not args.join:
+        raise ValueError("the join op needs --join URL")
+    if isinstance(orch, AsyncOrchestrator):
+        return AsyncSGLangClient(args.join, policies=POLICIES, flush_poll_s=0.05)
+    return SGLangClient(args.join, policies=POLICIES, flush_poll_s=0.05)
 
 
 async def release_orphans(orch: AnyOrchestrator) -> list[str]:
@@ -167,6 +182,7 @@ async def run(args: argparse.Namespace) -> int:
         quarantined=sorted(orch.quarantined()),
         recovery=None if recovery is None else str(recovery),
         orphaned_holds=None if recovery is None else {k: list(v) for k, v in recovery.orphaned_holds.items()},
+        members=None if recovery is None else dict(recovery.members),
     )
     try:
         for i, op in enumerate(ops):
@@ -191,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--probe-dir", default=None, help="reconcile through the emulator's memory probe on this state folder")
     parser.add_argument("--train-s", type=float, default=30.0, help="how long a 'train' op sleeps (default 30)")
     parser.add_argument("--body-s", type=float, default=0.2, help="how long a weight_sync body runs (default 0.2)")
+    parser.add_argument("--join", default=None, help="the engine URL the join op adds")
     parser.add_argument("--async", dest="use_async", action="store_true", help="AsyncOrchestrator over AsyncSGLangClient")
     args = parser.parse_args(argv)
     return asyncio.run(run(args))

@@ -102,6 +102,11 @@ def test_demo_old_way_fails_ours_does_not_and_the_report_matches_the_table(tmp_p
     if causes["old"]:
         assert causes["old"][0] in data["story"]
         assert not any(c.startswith("cause") for c in causes["old"])
+    # the membership scene: one engine joined the offloaded group, one left, and the story says so
+    membership = data["membership"]
+    assert (membership["joins"], membership["leaves"], membership["engine_deaths"], membership["requests_lost"]) == (1, 1, 0, 0)
+    assert membership["requests_sent"] > 0 and membership["failed_steps"] == 0
+    assert "1 engine joined the offloaded group" in data["story"] and "1 engine left (retired" in data["story"]
     # the timeline's title says what killed an engine, not only the 502 the proxy answered
     old_step = data["timeline"]["steps"][0]
     assert len(old_step["causes"]) == len(old_step["died"])

@@ -108,3 +108,23 @@ def test_engines_are_judged_flat_on_anonymous_pss_not_on_shared_library_pages() 
     leaking = [{**s, "engines_mb": 100.0, "engines_anon_mb": 80.0 + (16.0 if s["step"] > 20 else 0.0)} for s in steps]
     memory = {"engines": memory_verdict(leaking, "engines_mb"), "engines_anon": memory_verdict(leaking, "engines_anon_mb")}
     assert soak_verdict(report, memory)["engines_flat"] is False
+
+
+def test_soak_churn_kills_restarts_adds_and_retires_engines_with_no_death_and_no_request_lost(tmp_path: Path) -> None:
+    """--churn 2 on 6 steps of 2 engines (+2 spares): engines killed inside offloads come back as new processes, spares
+    join, one leaves; no death, no request lost, no failed step, every restarted engine serving; JSON == table."""
+    result = run_cpr("soak", "--churn", "2", "--engines", "2", "--steps", "6", "--report", "churn.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "churn.json").read_text())
+    report = data["report"]
+    assert report["steps"] == 6 and report["kills"] == 3 and report["restarts"] == 3, report
+    assert report["replaced"] == 3 and report["joins"] >= 4 and report["leaves"] == 1 and report["fenced"] == 3, report
+    assert report["requests_sent"] > 0 and (report["engine_deaths"], report["requests_lost"], report["failed_steps"]) == (0, 0, 0)
+    assert data["verdict"] == {"no_deaths": True, "no_requests_lost": True, "no_failed_steps": True, "restarted_back": True}
+    table = {row[0]: row[1:] for row in table_rows(result.stdout)}
+    assert table["requests lost / sent"] == [f"0 / {report['requests_sent']}"] and table["end criteria"] == ["met"]
+
+
+def test_soak_churn_refuses_the_options_it_does_not_run(tmp_path: Path) -> None:
+    result = run_cpr("soak", "--churn", "2", "--way", "old", "--report", "churn.json", cwd=tmp_path)
+    assert result.returncode == 2 and "--churn" in result.stderr and "Traceback" not in result.stderr

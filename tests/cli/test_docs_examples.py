@@ -159,6 +159,7 @@ def test_readme_first_example_runs_and_prints_what_it_says(tmp_path: Path) -> No
 PAGE_EXAMPLES = [
     # (page, index of its python block, the last lines it prints)
     ("barrier.md", 0, ["['serving', 'serving']"]),
+    ("barrier.md", 1, ["['pause', 'flush', 'release']", "['serving', 'serving']"]),
     ("failure-and-recovery.md", 0, ["quarantined: 2, dead: 0", "['released', 'released'] True"]),
     ("failure-and-recovery.md", 1, ["True"]),
 ]

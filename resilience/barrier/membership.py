@@ -1,0 +1,416 @@
+"""Membership: engines that join a running group (``add``), leave it (``retire``), and are fenced (partial progress).
+
+A group's membership changes while it runs: an engine is added to the fleet, one
+restarts at its URL, one dies or is retired. Everything here decides without I/O;
+the orchestrators drive the join's steps (``join_steps``) as they drive any
+transition, and call the rest under their own exclusion.
+
+**Join** (``Orchestrator.add``, ``AsyncOrchestrator.add``). A joining engine counts
+(is covered by the group's transitions, and named serving by ``states``) only once
+it reached the group's current state:
+
+- into an *offloaded* group (its engines hold the offload hold, some tags released)
+  it is paused, flushed and released (the tags the group has released) first; the
+  ``verify`` checks that read a paused engine are asked once it is paused, before
+  the release (a canary is the group's ``onload(verify=...)``'s to ask);
+- into a *serving* group it is verified before it serves: with ``verify`` checks, it
+  is paused, the checks that read a paused engine (``WeightVersionCheck``) are asked,
+  it is continued, and the checks that need a serving engine (``CanaryCheck``) are
+  asked; a mismatch pauses it again. Without checks it counts as it is.
+
+Until then its state is ``joining`` (``EngineState.JOINING``): no transition covers
+it, and a router (``SmgRouter``) keeps it out of rotation, as it does every engine
+not serving. A join that cannot bring it there fences it (below) and raises
+``PhaseFailed`` naming it. A join never runs while a ``weight_sync`` body runs (it
+waits, as offload does) or while a ``pause`` hold is held (refused with
+``BarrierBusy``: the hold's owner could not end it on the new engine).
+
+A *known* engine given to ``add`` again (the same name or URL: a restart, a
+replacement client) is checked first as a resumed journal's engines are
+(``transitions.recheck``): the memory probe, and its kind's ``ServingRead``
+(SGLang's ``/ready``, vLLM's ``/is_paused``). An engine the barrier knows released
+that answers as a fresh process is taken as new (``TransitionReport.replaced``
+names it), never resumed onto memory it does not have; one that proves nothing
+keeps what the barrier knew of it.
+
+**Leave**. ``retire`` (or an engine fenced) takes it out of every transition at
+once; the transition under way goes on for the others, and a router deregisters a
+retired engine from its gateway (``SmgRouter``: ``DELETE /workers/{id}``).
+
+**Partial progress, opt-in** (``offload(min_engines=N)``, ``onload(min_engines=N)``).
+Without it a transition that cannot prove one engine fails for all (``PhaseFailed``),
+as before. With it, when the transition fails and at least ``N`` of the engines it
+covered are not among those it failed on, those engines are *fenced*: no transition
+covers them (nothing more is sent to them: they are kept as the failed transition
+left them, paused where it paused them), their state is ``fenced``
+(``EngineState.FENCED``, so a router keeps them out of rotation), they are named in
+``TransitionReport.fenced`` with why, and the transition runs again for the rest (a
+transition is idempotent: what the failed run left in place is not sent again; what its
+rollback undid, with ``rollback=True``, is done again). A fenced
+engine comes back through ``add`` (checked and brought to the group's state) or
+``retire``. Why a count and not a fraction: a trainer knows how many engines its
+rollout batch needs; a fraction of a fleet that is itself changing is not a
+promise anyone can check.
+
+**The journal** records membership (``Journal.member``): ``joining`` before the
+join's first command, then ``joined`` or ``fenced``, and ``left`` on ``retire``. A
+restarted controller is given the engines that joined (the journal refuses a fleet
+without them, naming them) and reads who joined and who left in
+``Recovery.members``; an engine whose join had not finished, or that was fenced,
+stays fenced until ``add`` brings it in again.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from resilience.barrier.journal import MEMBER_CHANGES, OFFLOAD_TOKEN
+from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, EngineKnowledge, EngineSkipped, PhaseFailed, TransitionReport
+from resilience.barrier.transitions import (
+    OFFLOAD_HOLD,
+    ReadStep,
+    Steps,
+    Transition,
+    continue_ready,
+    error,
+    hold,
+    phase,
+    resend,
+    resume_phases,
+    settle,
+    skips,
+    to_release,
+    to_resume,
+    transition,
+    unhold,
+)
+from resilience.barrier.verify import CheckFailed, EngineCheck
+from resilience.engine_contract import CONTROL_METHODS, EngineState, engine_name, rules_of
+from resilience.events import EngineStateChanged, emit
+
+__all__ = [
+    "GroupTarget",
+    "admit",
+    "fence",
+    "fence_failed",
+    "join_steps",
+    "left",
+    "min_engines_arg",
+    "require_coroutines",
+    "take_up",
+    "with_fenced",
+]
+
+JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
+"""The membership changes the journal records (``Journal.member``)."""
+
+
+class GroupTarget:
+    """Where a joining engine must be before it counts: ``offloaded`` with ``released`` tags, or serving.
+
+    ``group``: the group it joins; ``offloaded``: its engines hold the offload hold; ``released``: the tags released on
+    them (their union; the same on each after an offload that returned).
+    """
+
+    def __init__(self, group: EngineGroup[Any], offloaded: bool, released: frozenset[str]) -> None:
+        self.group = group
+        self.offloaded = offloaded
+        self.released = released
+
+    def __repr__(self) -> str:
+        where = f"offloaded, {sorted(self.released)} released" if self.offloaded else "serving"
+        return f"GroupTarget({self.group.name!r}, {where})"
+
+
+def _group(state: BarrierState[Any], group: str | int | None) -> int:
+    """The index of ``group`` (a name, the first with it; an index; None: the first group)."""
+    if group is None:
+        return 0
+    if isinstance(group, int) and not isinstance(group, bool):
+        if 0 <= group < len(state.groups):
+            return group
+    else:
+        for i, g in enumerate(state.groups):
+            if g.name == group:
+                return i
+    raise ValueError(f"add: no group {group!r}; the groups are {', '.join(repr(g.name) for g in state.groups)} (by name or index)")
+
+
+def target_of(state: BarrierState[Any], index: int, joining: str) -> GroupTarget:
+    """The state of group ``index`` that ``joining`` must reach, read from the engines that count in it (``joining``
+    itself left out): offloaded (and which tags) or serving."""
+    group = state.groups[index]
+    members = state.active(n for n in state.engines if state.group_of.get(n) == index and n != joining)
+    offloaded = [n for n in members if OFFLOAD_TOKEN in state.know[n].holds]
+    released = frozenset(t for n in offloaded for t in state.know[n].released)
+    return GroupTarget(group, bool(offloaded) and group.needs_offload, released)
+
+
+def require_coroutines(name: str, engine: object) -> None:
+    """``AsyncOrchestrator.add``: refuse an engine whose control calls are not coroutines (it would block the loop)."""
+    for method in CONTROL_METHODS:
+        if not inspect.iscoroutinefunction(getattr(engine, method, None)):
+            raise TypeError(
+                f"AsyncOrchestrator.add cannot drive engine {name}: its {method} is missing or not a coroutine function "
+                "(it would block the event loop; drive synchronous engines with Orchestrator)"
+            )
+
+
+def admit(state: BarrierState[Any], engine: Any, group: str | int | None) -> tuple[str, GroupTarget]:
+    """Register ``engine`` for a join into ``group`` (None: the first group, or the group a known engine is in); return
+    its name and where it must get to.
+
+    A new engine gets fresh knowledge (serving, nothing released: what the orchestrators assume of the engines they are
+    built with); a known one (same name or URL: restarted, fenced, or retired and back) keeps what was known of it (a
+    retired engine of another kind starts afresh) and is checked again at the join's start (``state.unchecked``: the
+    memory probe and its kind's ``ServingRead`` take a fresh process as new).
+    Refused (``BarrierBusy``, nothing registered) while a ``pause`` or ``weight_sync`` hold is held.
+    """
+    held = sorted({r for n, k in state.know.items() if n not in state.retired for i, r in k.holds.items() if i != OFFLOAD_TOKEN})
+    if held:
+        raise BarrierBusy(
+            f"add: the engines are held paused by {', '.join(held)}; a joining engine could not be given that hold "
+            "(its owner's unpause would not end it there): unpause first, then add"
+        )
+    name = engine_name(engine)
+    try:
+        known: str | None = state.name_of(name)
+    except KeyError:
+        known = None
+    kind = rules_of(engine)
+    name = known or name
+    if known is not None and known not in state.retired:
+        mine = state.group_of[name]
+        if group is not None and _group(state, group) != mine:
+            raise ValueError(f"add: {name} belongs to group {state.groups[mine].name!r}, not {group!r} (retire it first)")
+        group = mine
+        if state.kinds[name].kind != kind.kind:
+            raise ValueError(f"add: {name} was a {state.kinds[name].kind} engine and is now a {kind.kind} engine (retire it first)")
+    index = _group(state, group)
+    target_group = state.groups[index]
+    state.engines[name] = engine
+    if known is None:
+        state.know[name] = EngineKnowledge(name, memory=kind.memory)
+    else:  # a restart at a known URL, or a retired engine back: what was known stands until a read tells a fresh process
+        if name in state.retired and state.kinds[name].kind != kind.kind:
+            state.know[name] = EngineKnowledge(name, memory=kind.memory)
+        state.retired.discard(name)
+        state.unchecked.add(name)
+    state.kinds[name] = kind
+    if name in state.offloaded and not target_group.needs_offload:
+        state.offloaded.remove(name)  # a retired engine back in another group
+    state.group_of[name] = index
+    if target_group.needs_offload and name not in state.offloaded:
+        state.offloaded.append(name)
+    state.fenced.pop(name, None)
+    return name, target_of(state, index, name)
+
+
+def join_steps(
+    state: BarrierState[Any], name: str, target: GroupTarget, checks: Sequence[EngineCheck]
+) -> Steps[TransitionReport]:
+    """Bring ``name`` (registered by ``admit``) to ``target``; it counts once there (see the module docstring).
+
+    A join that cannot fences the engine (named in ``state.fenced``, with why) and raises ``PhaseFailed`` naming it;
+    one abandoned by its driver (an interruption) leaves it joining, hence fenced at the next controller's start.
+    """
+    state.joining.discard(name)
+    with transition(state, "join", [name]) as tx:
+        state.joining.add(name)  # out of every other transition, and ``joining`` in ``states`` until it counts
+        record(state, name, JOINING, target.group.name)
+        emit(state.observers, EngineStateChanged(engine=name, from_state="", to_state=str(EngineState.JOINING)))
+        skipped = yield from settle(state, tx, [name])
+        k = state.know[name]
+        if not skipped and k.quarantined:
+            skipped[name] = state.why_skipped(name)
+        if skipped:
+            raise _fail(state, tx, name, "settle", skips(skipped))
+        if target.offloaded:
+            failed = yield from _to_offloaded(state, tx, name, target.released, checks)
+        else:
+            failed = yield from _to_serving(state, tx, name, checks)
+        if failed:
+            raise _fail(state, tx, name, tx.phase, failed)
+        state.joining.discard(name)
+        record(state, name, JOINED, target.group.name)
+        emit(state.observers, EngineStateChanged(engine=name, from_state=str(EngineState.JOINING), to_state=str(k.state)))
+    return tx.finished()
+
+
+def _to_offloaded(
+    state: BarrierState[Any], tx: Transition, name: str, tags: frozenset[str], checks: Sequence[EngineCheck]
+) -> Steps[dict[str, BaseException]]:
+    """Pause, flush and release ``tags`` on ``name``, as ``offload`` does (only where each call's precondition holds);
+    the ``checks`` that read a paused engine are asked once it is paused, before anything is released (the canary is
+    the group's ``onload(verify=...)``'s to ask: a paused engine cannot answer it)."""
+    k = state.know[name]
+    hold(state, name, OFFLOAD_TOKEN, OFFLOAD_HOLD)
+    if (k.paused is not True or k.pause_mode == "in_place") and state.allows(name, "pause_generation"):
+        failed = yield from phase(state, tx, "pause", "pause_generation", [(name, {"mode": "abort"})])
+        if failed:
+            return failed
+    paused_checks = [c for c in checks if not c.needs_serving]
+    if paused_checks and not k.released and not k.unknown:
+        tx.phase = "verify"
+        failed = yield from _verify(state, tx, name, paused_checks)
+        if failed:
+            return failed
+    missing = to_release(k, tags)
+    if missing and k.memory.flush_before_release and not k.flushed and state.allows(name, "flush_cache"):
+        failed = yield from phase(state, tx, "flush", "flush_cache", [(name, {})])
+        if failed:
+            return failed
+    if missing:
+        if not state.allows(name, "release_memory_occupation", missing):
+            return {name: EngineSkipped(f"{name} not allowed a release of {sorted(missing)}: {k.why_not_serving()}")}
+        calls = [(name, k.memory.release_kwargs(missing))]
+        failed = yield from phase(state, tx, "release", "release_memory_occupation", calls)
+        failed = yield from resend(state, tx, "release", "release_memory_occupation", calls, failed)
+        if failed:
+            return failed
+    if k.paused is not True or not tags <= k.released or k.unknown:
+        return {name: EngineSkipped(f"{name} did not reach the group's state (paused, {sorted(tags)} released): {k.why_not_serving()}")}
+    return {}
+
+
+def _to_serving(state: BarrierState[Any], tx: Transition, name: str, checks: Sequence[EngineCheck]) -> Steps[dict[str, BaseException]]:
+    """Resume what is released on ``name``; with ``checks``, pause it, ask the paused checks, continue it, ask the serving
+    ones (a mismatch pauses it again); without, continue it where it is not serving."""
+    k = state.know[name]
+    if k.released or k.unknown:
+        failed = yield from resume_phases(state, tx, "resume", {name: to_resume(k, k.memory.all_tags)})
+        if failed:
+            return failed
+    if not k.released and not k.unknown:
+        unhold(state, name, OFFLOAD_TOKEN)
+    paused_checks = [c for c in checks if not c.needs_serving]
+    serving_checks = [c for c in checks if c.needs_serving]
+    if checks and k.paused is not True and state.allows(name, "pause_generation"):
+        failed = yield from phase(state, tx, "pause", "pause_generation", [(name, {"mode": "retract"})])
+        if failed:
+            return failed
+    if paused_checks:
+        tx.phase = "verify"
+        failed = yield from _verify(state, tx, name, paused_checks)
+        if failed:
+            return failed
+    failed = yield from continue_ready(state, tx, [name], "continue")
+    if failed:
+        return failed
+    if not k.serving:
+        return {name: EngineSkipped(f"{name} is not serving after its join: {k.why_not_serving()}")}
+    if serving_checks:
+        tx.phase = "verify"
+        failed = yield from _verify(state, tx, name, serving_checks)
+        if failed:  # it served only the canary's read: paused again before anything else reaches it
+            if state.allows(name, "pause_generation"):
+                yield from phase(state, tx, "fence", "pause_generation", [(name, {"mode": "retract"})])
+            tx.phase = "verify"
+            return failed
+    return {}
+
+
+def _verify(state: BarrierState[Any], tx: Transition, name: str, checks: Sequence[EngineCheck]) -> Steps[dict[str, BaseException]]:
+    """Ask ``checks`` of ``name`` (one ``ReadStep`` each, under the verify limit); the first mismatch, by engine."""
+    engine = state.engines[name]
+    for check in checks:
+        try:
+            method, kwargs = check.request(engine)
+        except TypeError as exc:
+            return {name: CheckFailed(name, check.name, None, None, detail=f"{check.name}: {exc}")}
+        deadline = tx.deadline.cap(state.deadlines.for_phase("verify"))
+        step: ReadStep[Any] = ReadStep(method, ((name, kwargs),), [(engine, kwargs)], deadline)
+        yield step
+        if step.error is not None or step.results is None or len(step.results) != 1:
+            why = step.error if step.error is not None else "no answer"
+            return {name: CheckFailed(name, check.name, None, None, detail=f"{check.name}: could not read it ({method}): {why}")}
+        result = step.results[0]
+        if result.error is not None:
+            detail = f"{check.name}: could not read it ({method}): {type(result.error).__name__}: {result.error}"
+            return {name: CheckFailed(name, check.name, None, None, detail=detail)}
+        verdict = check.judge(name, result.value)
+        if verdict is not None:
+            return {name: verdict}
+    return {}
+
+
+def _fail(state: BarrierState[Any], tx: Transition, name: str, where: str, failed: Mapping[str, BaseException]) -> PhaseFailed:
+    """The join of ``name`` failed in ``where``: fence it (named, journaled), then the ``PhaseFailed`` that ends it."""
+    first = failed.get(name)
+    why = f"its join failed in {where}" + ("" if first is None else f": {type(first).__name__}: {first}")
+    fence(state, name, why)
+    return error(state, tx, where, failed)
+
+
+def record(state: BarrierState[Any], name: str, change: str, group: str) -> None:
+    """Write the membership change ``change`` of ``name`` (in the group named ``group``) to the journal, with its facts;
+    nothing without one."""
+    if state.journal is not None:
+        state.journal.member(name, change, group, state.know, retired=state.retired)
+
+
+def _group_name(state: BarrierState[Any], name: str) -> str:
+    index = state.group_of.get(name)
+    return "" if index is None else state.groups[index].name
+
+
+def fence(state: BarrierState[Any], name: str, why: str) -> None:
+    """Take ``name`` out of every transition and out of rotation (``EngineState.FENCED``), with ``why``; journaled."""
+    before = state.states().get(name, state.know[name].state)
+    state.joining.discard(name)
+    state.fenced[name] = why
+    record(state, name, FENCED, _group_name(state, name))
+    emit(state.observers, EngineStateChanged(engine=name, from_state=str(before), to_state=str(EngineState.FENCED)))
+
+
+def left(state: BarrierState[Any], name: str) -> None:
+    """``name`` was retired: journal that it left (``transitions.retire`` already wrote its facts); each orchestrator's
+    ``retire`` calls this right after it, under the lock."""
+    state.fenced.pop(name, None)
+    state.joining.discard(name)
+    record(state, name, LEFT, _group_name(state, name))
+
+
+def take_up(state: BarrierState[Any]) -> None:
+    """A resumed journal's membership (``Recovery.members``): an engine whose join had not finished, or that was fenced,
+    stays fenced (``add`` brings it in again). Each orchestrator calls this right after ``transitions.resume``."""
+    if state.recovery is None:
+        return
+    for name, change in state.recovery.members.items():
+        if name in state.know and name not in state.retired and change in (JOINING, FENCED):
+            why = "its join had not finished when the last controller stopped" if change == JOINING else "fenced by the last controller"
+            state.fenced[name] = f"{why}: add() it again"
+
+
+def min_engines_arg(min_engines: int | None, transition: str) -> int | None:
+    """``min_engines`` checked: None, or an integer >= 1."""
+    if min_engines is None:
+        return None
+    if isinstance(min_engines, bool) or not isinstance(min_engines, int) or min_engines < 1:
+        raise ValueError(f"{transition} min_engines must be an integer >= 1 or None, but was {min_engines!r}")
+    return min_engines
+
+
+def fence_failed(state: BarrierState[Any], err: PhaseFailed, min_engines: int | None, fenced: dict[str, str]) -> bool:
+    """After ``err`` ended a transition: with ``min_engines``, fence the engines it failed on when at least that many of
+    the engines it covered are left, add them to ``fenced`` and return True (the caller runs the transition again);
+    else False (the caller raises ``err``, as without the option)."""
+    if min_engines is None:
+        return False
+    covered = state.active(state.offloaded)
+    failed = [n for n in err.failures if n in covered]
+    if not failed or len(covered) - len(failed) < min_engines:
+        return False
+    for n in failed:
+        why = f"fenced by {err.transition} ({err.phase}): {type(err.failures[n]).__name__}: {err.failures[n]}"
+        fence(state, n, why)
+        fenced[n] = why
+    return True
+
+
+def with_fenced(report: TransitionReport, fenced: Mapping[str, str]) -> TransitionReport:
+    """``report`` naming the engines fenced on its way (``TransitionReport.fenced``)."""
+    return replace(report, fenced=dict(fenced)) if fenced else report
