@@ -12,13 +12,16 @@ for a slow release), and ``states()`` waits for that lock. A scrape waits at
 most ``lock_wait_s`` for it; while a transition holds it, the scrape answers
 from the last ``states()`` it read with every ``EngineStateChanged`` heard
 since laid over it (the ``MetricsObserver`` that watches the orchestrator
-passes them on when it is among the orchestrator's observers), so the gauge
+passes them on when it is among the orchestrator's observers; an engine heard
+``joining``, one that ``add`` brings in, is laid over it too), so the gauge
 moves phase by phase instead of freezing, and the next scrape after the
 transition reads ``states()`` again.
 
 - ``cpr_engine_state{engine, kind, state}``: one series per engine, value 1,
   ``state`` its one word (``serving``, ``paused``, ``flushed``, ``released``,
-  ``unknown``, ``quarantined``, ``unsettled``, ``in_flight``, ``dead``: the
+  ``unknown``, ``quarantined``, ``unsettled``, ``in_flight``, ``dead``, and
+  ``joining`` / ``fenced`` for an engine ``add`` is bringing in / one taken out
+  of every transition (``resilience.barrier.membership``): the
   ``EngineState`` values) or ``retired`` for an engine this collector saw
   before that the orchestrator no longer covers. ``kind``: ``sglang``,
   ``vllm`` (``EngineRules.kind``), ``unknown`` for an engine not in a group.
@@ -167,6 +170,7 @@ class EngineStateCollector:
         self._orch_lock: Any = getattr(getattr(orchestrator, "state", None), "lock", None)
         self._last: dict[str, str] = {}  # the last states() read
         self._heard: dict[str, str] = {}  # engine -> to_state of EngineStateChanged heard since that read
+        self._joined: set[str] = set()  # engines heard ``joining`` since that read (``add``): new to the last read
         self._lock = threading.Lock()
         self._labels: dict[str, str] = {}  # engine name -> its label, the first max_engines met
         self._kinds: dict[str, str] = {}  # engine name -> kind, for engines once seen (a retired one keeps its kind)
@@ -190,6 +194,8 @@ class EngineStateCollector:
         if isinstance(event, EngineStateChanged):
             with self._lock:
                 self._heard[event.engine] = event.to_state
+                if event.to_state == EngineState.JOINING:
+                    self._joined.add(event.engine)
 
     def _states(self) -> dict[str, str]:
         """``states()`` when the orchestrator's lock comes within ``lock_wait_s``; else the last read plus what was heard."""
@@ -201,10 +207,10 @@ class EngineStateCollector:
                 if lock is not None:
                     lock.release()
             with self._lock:
-                self._last, self._heard = states, {}
+                self._last, self._heard, self._joined = states, {}, set()
             return states
         with self._lock:
-            return {**self._last, **{n: s for n, s in self._heard.items() if n in self._last}}
+            return {**self._last, **{n: s for n, s in self._heard.items() if n in self._last or n in self._joined}}
 
     def _collect(self) -> list[Metric]:
         states = self._states()

@@ -15,6 +15,7 @@ __all__ = ["engines_row"]
 
 def engines_row(builder: dashboard_builders.Dashboard, ids: PanelIds) -> dashboard_builders.Dashboard:
     """Row 7: each engine's state over time, engines per state, weight versions, journal commit latency."""
+    codes = {state: code for state, code, _ in ENGINE_STATE_CODES}
     builder = builder.with_row(dashboard_builders.Row("Engines").id(ids()))
     builder = builder.with_panel(
         statetimeline.Panel()
@@ -22,8 +23,9 @@ def engines_row(builder: dashboard_builders.Dashboard, ids: PanelIds) -> dashboa
         .title("Engine state over time")
         .description(
             "cpr_engine_state: what the barrier knows of each engine, read from the orchestrator at every scrape "
-            "(serving, paused, flushed, released, in_flight, unknown, unsettled, quarantined, dead, retired). "
-            "Quarantined engines need reconcile or retire; engine=other folds the engines past the label bound."
+            "(serving, paused, flushed, released, in_flight, joining, unknown, unsettled, quarantined, fenced, dead, retired). "
+            "Quarantined engines need reconcile or retire, fenced ones add or retire; engine=other folds the engines past "
+            "the label bound."
         )
         .datasource(DATASOURCE)
         .with_target(query(engine_state_code([JOB, ENGINE]), "{{engine}}", "A"))
@@ -40,7 +42,7 @@ def engines_row(builder: dashboard_builders.Dashboard, ids: PanelIds) -> dashboa
                 )
             ]
         )
-        .thresholds(thresholds((None, "green"), (1, "blue"), (7, "red")))
+        .thresholds(thresholds((None, "green"), (1, "blue"), (codes["quarantined"], "red")))
         .show_value(common.VisibilityMode.AUTO)
         .merge_values(True)
     )

@@ -24,19 +24,21 @@ SURFACED_OUTCOMES = ("failed", "ambiguous", "deadline_exceeded", "circuit_open",
 FAILURE_STATUS_RE = "5..|connect_error|read_timeout|connection_reset|error"
 
 #: ``cpr_engine_state``'s ``state`` words (telemetry/engine_state.py ``ENGINE_STATES``), each with the number a state
-#: timeline draws and its colour: serving first, then the states a transition passes through, then the ones that need
-#: someone (quarantined, dead), then retired.
+#: timeline draws and its colour: serving first, then the states a transition (or a join) passes through, then the ones
+#: that need someone (quarantined, fenced, dead), then retired.
 ENGINE_STATE_CODES: tuple[tuple[str, int, str], ...] = (
     ("serving", 0, "green"),
     ("paused", 1, "blue"),
     ("flushed", 2, "blue"),
     ("released", 3, "purple"),
     ("in_flight", 4, "yellow"),
-    ("unknown", 5, "orange"),
-    ("unsettled", 6, "orange"),
-    ("quarantined", 7, "red"),
-    ("dead", 8, "dark-red"),
-    ("retired", 9, "gray"),
+    ("joining", 5, "yellow"),
+    ("unknown", 6, "orange"),
+    ("unsettled", 7, "orange"),
+    ("quarantined", 8, "red"),
+    ("fenced", 9, "red"),
+    ("dead", 10, "dark-red"),
+    ("retired", 11, "gray"),
 )
 
 #: The SRE workbook's multiwindow, multi-burn-rate pairs: (long window, short window, threshold).

@@ -942,7 +942,11 @@ class BarrierState(Generic[E]):
         return self.kinds[name].allows(self.know[name], method, tags)
 
     def announce(self, name: str, before: EngineState) -> None:
-        """Tell the observers that ``name``'s state changed from ``before`` (nothing when it did not)."""
+        """Tell the observers that ``name``'s state changed from ``before`` (nothing when it did not, nor while it is
+        ``joining`` or ``fenced``: its one word in ``states`` stays that, and ``resilience.barrier.membership`` announces
+        its own changes)."""
+        if name in self.joining or name in self.fenced:
+            return
         after = self.know[name].state
         if after is not before:
             emit(self.observers, EngineStateChanged(engine=name, from_state=str(before), to_state=str(after)))

@@ -222,3 +222,43 @@ def test_a_quarantined_engine_is_published_as_quarantined_until_reconciled() -> 
         assert states_of(metrics) == {client.engine: ("sglang", "released", 1.0)}
         orch.onload()
         assert states_of(metrics) == {client.engine: ("sglang", "serving", 1.0)}
+
+
+def test_a_joining_engine_is_published_as_joining_and_a_fenced_one_as_fenced(fleets: tuple[EmulatedFleet, EmulatedFleet]) -> None:
+    """``add`` into an offloaded group: scraped from another thread while the join runs, the engine is ``joining``; a join
+    whose weight-version check fails fences it (``fenced``, out of every transition); a join that passes brings it to the
+    group's state (``released``), and the onload after it serves all three (``resilience.barrier.membership``)."""
+    sglang, vllm = fleets
+    group: list[Any] = [SGLangClient(sglang.urls[0], flush_poll_s=0.05), VLLMEngine(vllm.urls[0])]
+    joiner = SGLangClient(sglang.urls[1], flush_poll_s=0.05)
+    metrics = MetricsObserver()
+    orch = Orchestrator(EngineGroup(group), observers=[metrics])
+    metrics.watch(orch)
+    seen: dict[str, dict[str, tuple[str, str, float]]] = {}
+
+    def scrape_mid_join(event: Event) -> None:
+        if isinstance(event, PhaseEnded) and event.transition == "join" and "mid_join" not in seen:
+            scraper = threading.Thread(target=lambda: seen.update(mid_join=states_of(metrics)))
+            scraper.start()
+            scraper.join(timeout=10)
+
+    orch.observers = (*orch.observers, scrape_mid_join)
+    kinds = {sglang.urls[0]: "sglang", sglang.urls[1]: "sglang", vllm.urls[0]: "vllm"}
+    try:
+        orch.offload()
+        with pytest.raises(PhaseFailed) as info:
+            orch.add(joiner, verify=WeightVersionCheck("not-" + VERSION))
+        assert joiner.engine in info.value.failures
+        assert seen.pop("mid_join")[joiner.engine] == ("sglang", "joining", 1.0)
+        assert states_of(metrics) == {**{n: (kinds[n], "released", 1.0) for n in (sglang.urls[0], vllm.urls[0])},
+                                      joiner.engine: ("sglang", "fenced", 1.0)}
+        orch.add(joiner, verify=WeightVersionCheck(VERSION))
+        assert seen.pop("mid_join")[joiner.engine] == ("sglang", "joining", 1.0)
+        assert states_of(metrics) == {n: (kinds[n], "released", 1.0) for n in kinds}
+        orch.onload()
+        assert states_of(metrics) == {n: (kinds[n], "serving", 1.0) for n in kinds}
+        assert {state for _kind, state, _ in seen.get("mid_join", {}).values()} <= set(ENGINE_STATES)
+    finally:
+        orch.close()
+        for client in (*group, joiner):
+            client.close()
