@@ -147,7 +147,8 @@ ALERT_GROUPS: tuple[AlertGroup, ...] = (
                 description=(
                     "The last barrier transition on {{ $labels.job }}/{{ $labels.instance }} was an onload, yet "
                     "{{ $labels.kind }} engine {{ $labels.engine }} has been {{ $labels.state }} for over 5m: rollouts run "
-                    "without it. Orchestrator.not_serving() says why (a failed phase, a hold, a quarantine, fenced: add or retire it, dead)."
+                    "without it. Orchestrator.not_serving() says why (a failed phase, a hold, a quarantine, "
+                    "fenced: add or retire it, dead)."
                 ),
             ),
         ),
