@@ -1248,7 +1248,7 @@ def unpause_steps(state: BarrierState[Any], held: HoldToken | str) -> Steps[Tran
 def resume(state: BarrierState[Any]) -> None:
     """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements and
     restart budget it kept; the engines it calls paused or released are checked at the next transition's start
-    (``resume_check``). Each orchestrator calls this last in its constructor."""
+    (``recheck``). Each orchestrator calls this at the end of its constructor, then ``membership.take_up``."""
     if state.journal_arg is None:
         return
     journal = open_journal(state.journal_arg)
