@@ -27,6 +27,7 @@ from resilience.adapters.aiohttp import ResilientMiddleware
 from resilience.adapters.control_lane import DATA_PATHS, ControlLane
 from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
+from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.requests import resilient_session
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.errors import ConfigError
@@ -334,4 +335,33 @@ async def test_aiohttp_concurrent_control_and_data_calls_keep_their_pools(engine
         data = {c for p, c in zip(paths, seen, strict=True) if "generate?" in p}
         assert control and data and not control & data
         assert len(data) <= POOL  # the data pool's limit held; the lane never lent it a connection
+    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
+
+
+# ---- the instrumentor: frameworks' own clients ----
+
+
+@pytest.mark.asyncio
+async def test_instrumented_clients_get_the_lane(engine: StreamServer) -> None:
+    """A framework's own httpx client and aiohttp session, built after ``instrument()``: the pause passes their full pools."""
+    _idle(engine)
+    instrumentor = SGLangInstrumentor([engine.url]).instrument()
+    try:
+        client = httpx.Client(limits=httpx.Limits(max_connections=POOL))
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=POOL))
+        held = [client.send(client.build_request("POST", f"{engine.url}/generate", json=GENERATE), stream=True) for _ in range(POOL)]
+        held_aiohttp = [await session.post(f"{engine.url}/generate", json=GENERATE) for _ in range(POOL)]
+        await asyncio.to_thread(engine.wait_for, "open_streams", 2 * POOL)
+        paused = client.post(f"{engine.url}/pause_generation", json={}, timeout=CONTROL_TIMEOUT_S)
+        assert paused.status_code == 200 and paused.extensions["attempts"]  # through our transport, on its lane
+        async with session.post(f"{engine.url}/pause_generation", json={}, timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as r:
+            assert r.status == 200 and r.attempts  # type: ignore[attr-defined]
+        for s in held:
+            s.close()
+        for a in held_aiohttp:
+            a.close()
+        client.close()
+        await session.close()
+    finally:
+        instrumentor.uninstrument()
     await asyncio.to_thread(engine.wait_for, "open_connections", 0)
