@@ -27,7 +27,10 @@ the same shape at a size 2 cores can run. Idle: the same client, no streams.
 A control call that waits in the queue takes seconds, so those rows take
 ``--queued-samples`` calls, started ``QUEUED_GAP_S`` apart; the others take
 ``--samples``, one after another. Goal: mounted p99 under load within 2x of
-its idle p50.
+its idle p50. The last column is the floor under load that no pool can
+lift: how long the measuring thread (sync: ``time.sleep(0)``, giving the GIL
+to the streaming threads) or task (async: ``asyncio.sleep(0)``, a turn of the
+loop the streams share) waits to run again, p99 of ``--samples``.
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ from resilience.adapters.requests import resilient_session
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.testing.stream_server import StreamServer
 
-INTERVAL_S = 0.2
+INTERVAL_S = 0.5
 """Seconds between a stream's events."""
-EVENTS = 5
+EVENTS = 2
 """Events per stream: each stream holds its connection about ``EVENTS * INTERVAL_S`` = 1 s."""
 SYNC_STREAMS = 64
 """Streaming threads of the sync drivers."""
@@ -117,8 +120,15 @@ url_of: list[str] = [""]
 """The engine's URL (set once the server is up)."""
 
 
-def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> tuple[list[float], list[float]]:
-    """(idle seconds, loaded seconds) of the control calls of one sync client."""
+def _sync_lag() -> float:
+    """How long this thread waits to run again after giving the GIL up (``time.sleep(0)``): the scheduling floor."""
+    started = time.perf_counter()
+    time.sleep(0)
+    return time.perf_counter() - started
+
+
+def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> tuple[list[float], list[float], list[float]]:
+    """(idle seconds, loaded seconds, scheduling lags under load) of the control calls of one sync client."""
     send, close = _sync_client(driver, mode)
     try:
         idle = [_timed(send) for _ in range(samples)]
@@ -126,7 +136,11 @@ def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -
 
         def worker() -> None:
             while not stop.is_set():
-                send(GENERATE)
+                try:
+                    send(GENERATE)
+                except (requests.RequestException, httpx.HTTPError):
+                    if not stop.is_set():
+                        raise
 
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(streams)]
         for t in threads:
@@ -141,10 +155,11 @@ def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -
                     futures.append(pool.submit(_timed, send))
                     time.sleep(QUEUED_GAP_S)
                 loaded = [f.result() for f in futures]
+        lags = [_sync_lag() for _ in range(samples)]
         stop.set()
         for t in threads:
             t.join(TIMEOUT_S)
-        return idle, loaded
+        return idle, loaded, lags
     finally:
         close()
 
@@ -188,7 +203,14 @@ async def _atimed(send: Callable[[str], Awaitable[None]]) -> float:
     return time.perf_counter() - started
 
 
-async def _async_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> tuple[list[float], list[float]]:
+async def _async_lag() -> float:
+    """How long a task waits for its next turn on the loop (``asyncio.sleep(0)``): the scheduling floor."""
+    started = time.perf_counter()
+    await asyncio.sleep(0)
+    return time.perf_counter() - started
+
+
+async def _async_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> tuple[list[float], list[float], list[float]]:
     send, close = await _async_client(driver, mode)
     try:
         idle = [await _atimed(send) for _ in range(samples)]
@@ -208,11 +230,12 @@ async def _async_row(driver: str, mode: str, streams: int, samples: int, queued:
                 calls.append(asyncio.create_task(_atimed(send)))
                 await asyncio.sleep(QUEUED_GAP_S)
             loaded = list(await asyncio.gather(*calls))
+        lags = [await _async_lag() for _ in range(samples)]
         stop.set()
         for task in tasks:
             task.cancel()  # a cancelled stream closes its connection: the next row starts with none open
         await asyncio.gather(*tasks, return_exceptions=True)
-        return idle, loaded
+        return idle, loaded, lags
     finally:
         await close()
 
@@ -227,20 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.streams, args.samples, args.queued_samples = 100, 40, 3
     load_before = os.getloadavg()
-    started = time.monotonic()
-    rows: list[tuple[str, str, str, list[float], list[float]]] = []
+    rows: list[tuple[str, str, str, list[float], list[float], list[float]]] = []
     with StreamServer(interval_s=INTERVAL_S, events=EVENTS) as server:
         url_of[0] = server.url
         for driver in ("requests", "httpx sync"):
             for mode in MODES:
                 print(f"{driver}, {mode} ...", file=sys.stderr, flush=True)
-                idle, loaded = _sync_row(driver, mode, SYNC_STREAMS, args.samples, args.queued_samples)
-                rows.append((driver, mode, f"{SYNC_STREAMS} threads, pool {SYNC_POOL}", idle, loaded))
+                idle, loaded, lags = _sync_row(driver, mode, SYNC_STREAMS, args.samples, args.queued_samples)
+                rows.append((driver, mode, f"{SYNC_STREAMS} threads, pool {SYNC_POOL}", idle, loaded, lags))
         for driver in ("httpx async", "aiohttp"):
             for mode in MODES:
                 print(f"{driver}, {mode} ...", file=sys.stderr, flush=True)
-                idle, loaded = asyncio.run(_async_row(driver, mode, args.streams, args.samples, args.queued_samples))
-                rows.append((driver, mode, f"{args.streams} tasks, pool 100", idle, loaded))
+                idle, loaded, lags = asyncio.run(_async_row(driver, mode, args.streams, args.samples, args.queued_samples))
+                rows.append((driver, mode, f"{args.streams} tasks, pool 100", idle, loaded, lags))
     load_after = os.getloadavg()
     print("## Control calls beside streaming generation: the control lane\n")
     print(
@@ -254,18 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| driver | client | load | idle p50 ms | idle p99 ms | loaded p50 ms | loaded p99 ms "
-        "| loaded p99 / idle p50 | loaded p99 / idle p99 |"
+        "| loaded p99 / idle p50 | loaded p99 / idle p99 | scheduling lag p99 ms |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for driver, mode, load, idle, loaded in rows:
-        assert idle and loaded, f"{driver}, {mode}: no samples"
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for driver, mode, load, idle, loaded, lags in rows:
+        assert idle and loaded and lags, f"{driver}, {mode}: no samples"
         ratio = _ms(loaded, 0.99) / statistics.median(idle) / 1000
         ratio99 = _ms(loaded, 0.99) / _ms(idle, 0.99)
         print(
             f"| {driver} | {mode} | {load} | {_ms(idle, 0.5):.2f} | {_ms(idle, 0.99):.2f} | {_ms(loaded, 0.5):.2f} | "
-            f"{_ms(loaded, 0.99):.2f} | {ratio:.1f}x | {ratio99:.1f}x |"
+            f"{_ms(loaded, 0.99):.2f} | {ratio:.1f}x | {ratio99:.1f}x | {_ms(lags, 0.99):.2f} |"
         )
-    print(f"\n_bench_control_lane.py: {time.monotonic() - started:.0f} s wall._")
     return 0
 
 
