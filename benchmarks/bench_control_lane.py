@@ -302,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {driver} | {mode} | {load} | {_ms(idle, 0.5):.2f} | {_ms(idle, 0.99):.2f} | {_ms(loaded, 0.5):.2f} | "
             f"{_ms(loaded, 0.99):.2f} | {ratio:.1f}x | {ratio99:.1f}x | {f'{_ms(lags, 0.99):.2f}' if lags else '-'} |"
         )
+    lane = [(d, _ms(loaded, 0.99) / statistics.median(idle) / 1000) for d, m, _, idle, loaded, _ in rows if m == "mounted"]
+    met = [d for d, r in lane if r <= 2]
+    missed = [f"{d} ({r:.1f}x)" for d, r in lane if r > 2]
+    print(f"\nGoal met (mounted p99 under load <= 2x idle p50): {', '.join(met) or 'none'}; missed: {', '.join(missed) or 'none'}.")
     return 0
 
 
