@@ -83,6 +83,7 @@ from yarl import URL
 
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters._aiohttp_compat import check, internals_missing
+from resilience.adapters.control_pools import AiohttpLane
 from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.adapters.routing import Route, RouteCache, engine_of
 from resilience.breaker import BreakerConfig, BreakerRegistry
@@ -529,6 +530,10 @@ class ResilientMiddleware(ConfigViews):
             _GIVEN_UP.set(None)
             if timer is not None and given_up[0] is timer:
                 raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
+        control = self.driver_config.control_lane
+        if control is not None and control.carries(match):
+            lane = AiohttpLane.of(request.session, control)  # control routes' own connector (adapters/control_lane.py)
+            handler = handler if lane is None else lane.handler(handler)
         try:
             attempt = functools.partial(_attempt, handler, request)
             probe_done = functools.partial(_probe_response, request)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from resilience.adapters.control_lane import DEFAULT_LANE, ControlLane
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
@@ -78,6 +79,10 @@ class DriverConfig:
     """Time and sleeps of the loop, the breakers and the budgets (default the system clock)."""
     rng: Callable[[], float] = random.random
     """Floats in [0, 1) for backoff jitter (default ``random.random``)."""
+    control_lane: ControlLane | None = DEFAULT_LANE
+    """Control routes (the table's entries other than generation) on connections of their own, never queued behind
+    streaming generation: a ``ControlLane`` (``resilience.adapters.control_lane``), or None for one pool for
+    everything (default ``ControlLane()``: on, at most 2 idle connections per engine kept open)."""
     breakers: BreakerRegistry | None = field(init=False, repr=False)
     """The per-engine breakers every driver built from this config uses (None: breaking is off)."""
     budgets: RetryBudgets | None = field(init=False, repr=False)
@@ -85,6 +90,13 @@ class DriverConfig:
 
     def __post_init__(self) -> None:
         _validate("DriverConfig", self.policies, self.observers, self.breaker, self.retry_budget, self.clock, self.rng)
+        require(
+            self.control_lane is None or isinstance(self.control_lane, ControlLane),
+            "DriverConfig",
+            "control_lane",
+            "a ControlLane or None",
+            self.control_lane,
+        )
         observers = tuple(self.observers)
         object.__setattr__(self, "observers", observers)
         breaker, budget = self.breaker, self.retry_budget
@@ -123,7 +135,8 @@ class DriverConfig:
         """
         clock = None if self.clock is SYSTEM_CLOCK else self.clock
         rng = None if self.rng is random.random else self.rng
-        return (_rebuilt, (self.policies, tuple(self.observers), self.breaker_config, self.retry_budget_config, clock, rng))
+        state = (self.policies, tuple(self.observers), self.breaker_config, self.retry_budget_config, clock, rng, self.control_lane)
+        return (_rebuilt, state)
 
 
 def _rebuilt(
@@ -133,6 +146,7 @@ def _rebuilt(
     retry_budget: RetryBudgetConfig | None,
     clock: Clock | None,
     rng: Callable[[], float] | None,
+    control_lane: ControlLane | None = DEFAULT_LANE,
 ) -> DriverConfig:
     """A pickled ``DriverConfig`` again (None clock / rng: this process's defaults)."""
     return DriverConfig(
@@ -142,6 +156,7 @@ def _rebuilt(
         retry_budget=retry_budget,
         clock=SYSTEM_CLOCK if clock is None else clock,
         rng=random.random if rng is None else rng,
+        control_lane=control_lane,
     )
 
 

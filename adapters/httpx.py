@@ -45,6 +45,7 @@ from types import TracebackType
 
 import httpx
 
+from resilience.adapters.control_pools import async_httpx_lane, httpx_lane
 from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
@@ -313,14 +314,18 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
         )
         super().__init__("ResilientTransport", config)
         self.transport = transport if transport is not None else httpx.HTTPTransport()
+        self.lane = httpx_lane(self.transport, config.control_lane)
+        """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the retry loop; the contract of ``httpx.BaseTransport.handle_request``."""
         spec = self._spec(request)
+        lane = self.lane
+        transport = lane if lane is not None and self.driver_config.control_lane.carries(spec.match) else self.transport  # type: ignore[union-attr]
 
         def attempt(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[httpx.Response]:
             try:
-                response = self.transport.handle_request(_attempt_request(request, timeouts, carrier))
+                response = transport.handle_request(_attempt_request(request, timeouts, carrier))
             except httpx.TransportError as exc:
                 if _not_transient(exc):
                     raise
@@ -392,14 +397,18 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         )
         super().__init__("AsyncResilientTransport", config)
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self.lane = async_httpx_lane(self.transport, config.control_lane)
+        """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the retry loop; the contract of ``httpx.AsyncBaseTransport.handle_async_request``."""
         spec = self._spec(request)
+        lane = self.lane
+        transport = lane if lane is not None and self.driver_config.control_lane.carries(spec.match) else self.transport  # type: ignore[union-attr]
 
         async def attempt(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[httpx.Response]:
             try:
-                response = await self.transport.handle_async_request(_attempt_request(request, timeouts, carrier))
+                response = await transport.handle_async_request(_attempt_request(request, timeouts, carrier))
             except httpx.TransportError as exc:
                 if _not_transient(exc):
                     raise

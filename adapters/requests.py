@@ -35,6 +35,7 @@ from urllib3.connection import HTTPConnection
 from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
+from resilience.adapters.control_pools import requests_lane
 from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
 from resilience.adapters.requests_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
@@ -260,6 +261,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         self._routes = RouteCache(self.driver_config.policies, route_of)
         self._build_retrier()
         super().__init__(max_retries=0, **kwargs)
+        self._lane = requests_lane(self.driver_config.control_lane)  # control routes' own pool (adapters/control_lane.py)
 
     def _build_retrier(self) -> None:
         self.retrier = self.driver_config.retrier(ERROR_TYPES)
@@ -269,6 +271,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         super().__setstate__(state)  # type: ignore[misc]
         self._routes = RouteCache(self.driver_config.policies, route_of)
         self._build_retrier()
+        self._lane = requests_lane(self.driver_config.control_lane)
 
     def close(self) -> None:
         """Close the pools, once: ``Session.close()`` calls it for every prefix, and one adapter is often mounted on two.
@@ -279,6 +282,8 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        if self._lane is not None:
+            self._lane.close()
         super().close()
 
     def send(
@@ -306,6 +311,8 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
             replayable=_body_rewindable(request),
             body=None if match.probe is None else _body_bytes(request),  # only probes read it
         )
+        lane = self._lane
+        sender = lane.send if lane is not None and self.driver_config.control_lane.carries(match) else super().send  # type: ignore[union-attr]
 
         def attempt(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[Response]:
             if n > 0 and request.body is not None and not isinstance(request.body, (bytes, str)):
@@ -313,7 +320,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
             if carrier:
                 request.headers.update(carrier)
             try:
-                response = super(ResilientAdapter, self).send(
+                response = sender(
                     request, stream=stream, timeout=_urllib3_timeout(timeouts), verify=verify, cert=cert, proxies=proxies  # type: ignore[arg-type]
                 )
             except (
@@ -341,6 +348,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         response, records = self.retrier.run(spec, attempt, discard=_discard, on_probe_done=probe_done, never_sent=_never_sent_unretried)
         response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
+        response.connection = self  # also when the lane sent it: an auth handler's re-send (``r.connection.send``) runs the loop
         return response
 
 

@@ -52,8 +52,10 @@ from _loopback import LoopbackServer
 
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 
-POLICIES = PolicyTable({"POST /flush_cache": EndpointPolicy(retry=RetryPolicy(base_s=0.001, cap_s=0.01))})
-"""POST /flush_cache (idempotent): 502 retried up to 4 attempts, 1-10 ms backoff ceilings."""
+POLICIES = PolicyTable({"POST /generate": EndpointPolicy(retry=RetryPolicy(base_s=0.001, cap_s=0.01))})
+"""POST /generate, retried as idempotent: 502 retried up to 4 attempts, 1-10 ms backoff ceilings. A data route on
+purpose: the soak holds the driver to the pool it was given, and control routes take the control lane's own
+connections beside that pool (``adapters/control_lane.py``; ``tests/adapters/test_control_lane.py`` covers them)."""
 RSS_TARGET = 0.05
 BODY = b"{}"
 
@@ -201,7 +203,7 @@ def httpx_limits(pool: int) -> httpx.Limits:
 
 def run_all(server: LoopbackServer, args: argparse.Namespace, skipped: list[str]) -> list[Row]:
     """Soak every driver in turn, bare then ours per transport; a driver that fails is named in ``skipped``."""
-    url, port = server.url + "/flush_cache", server.port
+    url, port = server.url + "/generate", server.port
     rows: list[Row] = []
     ours_httpx: Any = None
     try:

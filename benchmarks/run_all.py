@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = frozenset({"bench_async_overhead", "bench_async_soak", "bench_barrier_async", "bench_telemetry_overhead"})
+QUICK = frozenset({"bench_async_overhead", "bench_async_soak", "bench_barrier_async", "bench_control_lane", "bench_telemetry_overhead"})
 """The benchmarks that take ``--quick``."""
 
 

@@ -411,9 +411,10 @@ def test_a_full_local_pool_is_recorded_as_never_sent(driver_name: str) -> None:
     """One connection allowed and held by a hanging call: the next call waits for the pool, then fails NOT_SENT.
 
     Not for requests: it hands urllib3 no pool timeout, so a full pool (``pool_block=True``) waits for a
-    connection as long as it takes and never fails (``resilience.adapters.requests``' docstring).
+    connection as long as it takes and never fails (``resilience.adapters.requests``' docstring). The control
+    lane is off: a route the table names would otherwise take connections of its own (``test_control_lane.py``).
     """
-    driver = Driver(driver_name, POLICIES, pool=1)
+    driver = Driver(driver_name, config=DriverConfig(policies=POLICIES, control_lane=None), pool=1)
     try:
         with scripted(Hang(2.0)) as server, ThreadPoolExecutor(max_workers=1) as pool:
             holder = pool.submit(driver.call, "GET", f"{server.url}/hold")

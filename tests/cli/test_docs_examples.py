@@ -282,3 +282,11 @@ def test_vllm_weights_asleep_and_fault_tolerance_examples_run(vllm_url: str) -> 
     requests.post(vllm_url + "/_emulator/fault", timeout=10).raise_for_status()
     out = _run_example("vllm.md", "## Fault tolerance (`--enable-fault-tolerance`)", vllm_url, "http://127.0.0.1:8000")
     assert out.strip() == "[(0, 'healthy', None)]"
+
+
+def test_control_lane_example_runs(tmp_path: Path) -> None:
+    """docs/http-clients.md's control-lane example: the pause answers while four streams fill the pool of four."""
+    [(_, code)] = _blocks(
+        _section((DOCS / "http-clients.md").read_text(encoding="utf-8"), "## Control calls get a lane of their own"), "python"
+    )
+    assert _run_python(code, tmp_path).strip() == "200 {'success': True}"

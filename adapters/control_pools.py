@@ -1,0 +1,217 @@
+"""The control lane's pools, one builder per library (what they are for: ``adapters/control_lane.py``).
+
+Each library is imported inside its builder: a driver calls only its own,
+so none of them pulls in another library.
+
+- requests: ``requests_lane`` is a plain ``HTTPAdapter`` (no retries, never
+  blocking on its pool). The ``ResilientAdapter`` sends control routes
+  through its ``send`` and closes it in its own ``close``. A subclass that
+  overrides ``init_poolmanager`` (a custom TLS context) does not pass that to
+  the lane: turn the lane off there (``DriverConfig(control_lane=None)``).
+- httpx: ``httpx_lane`` / ``async_httpx_lane`` build a second transport with
+  the wrapped ``httpx.HTTPTransport``'s TLS context, HTTP versions, local
+  address, socket options and network backend (httpcore's ``ConnectionPool``
+  keeps them as attributes), no connection limit. The wrapped pool's
+  ``close`` / ``aclose`` is wrapped to close the lane first, so every way of
+  closing the client (``close()``, leaving its ``with``) closes both. A
+  transport of another class, or one through a proxy, gets no lane (its
+  settings cannot be copied): the driver then sends everything as before.
+- aiohttp: ``AiohttpLane`` is a ``TCPConnector`` beside the session's (with
+  its TLS setting, address family, local address and resolver), one per
+  session connector, kept on it. A control attempt hands aiohttp's handler
+  the lane for its one connection: the session's ``_connector`` is set to the
+  lane just before the handler runs, and the lane's ``connect`` puts the
+  session's connector back before anything can yield (aiohttp 3.12 to 3.14's
+  ``ClientSession._request`` reads ``self._connector`` in the handler it
+  builds; a middleware inside ours that yields before calling on would let
+  another request find the lane, so the lane serves only the requests it was
+  armed for and sends any other to the session's connector). The session's
+  connector's ``close`` is wrapped to close the lane too.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from resilience.adapters.control_lane import ControlLane
+
+if TYPE_CHECKING:
+    import aiohttp
+    import httpx
+    from requests.adapters import HTTPAdapter
+
+    Handler = Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]
+    """aiohttp's per-request handler, as a middleware gets it."""
+
+__all__ = ["AiohttpLane", "async_httpx_lane", "httpx_lane", "requests_lane"]
+
+_HTTPX_ENGINES = 8
+"""httpx keeps one idle limit for every origin: ``idle_connections`` times this many engines."""
+_LANE_SLOT = "_resilience_control_lane"
+"""The attribute of an aiohttp connector that holds its lane."""
+
+
+def requests_lane(lane: ControlLane | None) -> HTTPAdapter | None:
+    """The ``HTTPAdapter`` control routes use (None: no lane); no retries of its own, a pool that never blocks."""
+    if lane is None:
+        return None
+    from requests.adapters import HTTPAdapter
+
+    return HTTPAdapter(pool_connections=_HTTPX_ENGINES, pool_maxsize=lane.idle_connections, pool_block=False, max_retries=0)
+
+
+def _pool_settings(transport: object, pool_class: Any) -> dict[str, Any] | None:
+    """The wrapped httpcore pool's settings to copy into the lane's, or None when the pool is not a plain ``pool_class``."""
+    pool: Any = getattr(transport, "_pool", None)
+    if type(pool) is not pool_class:
+        return None
+    try:
+        return {
+            "ssl_context": pool._ssl_context,
+            "http1": pool._http1,
+            "http2": pool._http2,
+            "local_address": pool._local_address,
+            "uds": pool._uds,
+            "network_backend": pool._network_backend,
+            "socket_options": pool._socket_options,
+            "keepalive_expiry": pool._keepalive_expiry,
+        }
+    except AttributeError:  # an httpcore whose pool keeps them otherwise: no lane rather than a wrong one
+        return None
+
+
+def _close_first(owner: Any, name: str, first: Callable[[], object]) -> None:
+    """Wrap ``owner.name`` (a close method) so that it calls ``first`` before itself."""
+    original = getattr(owner, name)
+
+    def close(*args: Any, **kwargs: Any) -> Any:
+        first()
+        return original(*args, **kwargs)
+
+    setattr(owner, name, close)
+
+
+def _aclose_first(owner: Any, name: str, first: Callable[[], Awaitable[object]]) -> None:
+    """Wrap ``owner.name`` (an async close method) so that it awaits ``first`` before itself."""
+    original = getattr(owner, name)
+
+    async def aclose(*args: Any, **kwargs: Any) -> Any:
+        await first()
+        return await original(*args, **kwargs)
+
+    setattr(owner, name, aclose)
+
+
+def httpx_lane(transport: httpx.BaseTransport, lane: ControlLane | None) -> httpx.HTTPTransport | None:
+    """A transport for control routes beside ``transport`` (closed with it), or None (no lane, or settings that cannot be copied)."""
+    if lane is None:
+        return None
+    import httpcore
+    import httpx
+
+    if type(transport) is not httpx.HTTPTransport:
+        return None
+    settings = _pool_settings(transport, httpcore.ConnectionPool)
+    if settings is None:
+        return None
+    ours = httpx.HTTPTransport()
+    ours._pool.close()  # an empty pool: replaced by one with the wrapped pool's settings
+    ours._pool = httpcore.ConnectionPool(
+        max_connections=None, max_keepalive_connections=lane.idle_connections * _HTTPX_ENGINES, **settings
+    )
+    _close_first(transport._pool, "close", ours.close)
+    return ours
+
+
+def async_httpx_lane(transport: httpx.AsyncBaseTransport, lane: ControlLane | None) -> httpx.AsyncHTTPTransport | None:
+    """``httpx_lane`` for an async transport."""
+    if lane is None:
+        return None
+    import httpcore
+    import httpx
+
+    if type(transport) is not httpx.AsyncHTTPTransport:
+        return None
+    settings = _pool_settings(transport, httpcore.AsyncConnectionPool)
+    if settings is None:
+        return None
+    ours = httpx.AsyncHTTPTransport()
+    ours._pool = httpcore.AsyncConnectionPool(
+        max_connections=None, max_keepalive_connections=lane.idle_connections * _HTTPX_ENGINES, **settings
+    )
+    _aclose_first(transport._pool, "aclose", ours.aclose)
+    return ours
+
+
+class AiohttpLane:
+    """The lane of one aiohttp session connector: a ``TCPConnector`` of its own, and the handler swap that uses it."""
+
+    def __init__(self, owner: aiohttp.TCPConnector) -> None:
+        import aiohttp
+
+        self.owner = owner
+        self.armed: set[int] = set()
+        """``id()`` of the control requests in flight through the lane (a request is not hashable by value)."""
+        lane = self
+
+        class _Connector(aiohttp.TCPConnector):
+            async def connect(self, req: aiohttp.ClientRequest, *args: Any, **kwargs: Any) -> aiohttp.connector.Connection:
+                session = req.session
+                if session._connector is self:
+                    session._connector = lane.owner  # back before anything yields
+                if id(req) not in lane.armed:
+                    return await lane.owner.connect(req, *args, **kwargs)
+                return await super().connect(req, *args, **kwargs)
+
+        self.connector = _Connector(
+            limit=0,
+            limit_per_host=0,
+            ssl=owner._ssl,
+            family=owner._family,
+            local_addr=_local_addr(owner),
+            resolver=owner._resolver,
+        )
+        _aclose_first(owner, "close", self.connector.close)
+
+    @staticmethod
+    def of(session: aiohttp.ClientSession, lane: ControlLane | None) -> AiohttpLane | None:
+        """The lane beside ``session``'s connector (made on first use), or None: no lane asked, or not a plain ``TCPConnector``."""
+        import aiohttp
+
+        connector = session.connector
+        if lane is None or type(connector) is not aiohttp.TCPConnector or connector.closed:
+            return None
+        found = getattr(connector, _LANE_SLOT, None)
+        if isinstance(found, AiohttpLane):
+            return found
+        made = AiohttpLane(connector)
+        setattr(connector, _LANE_SLOT, made)
+        return made
+
+    async def send(self, handler: Handler, request: aiohttp.ClientRequest) -> aiohttp.ClientResponse:
+        """``handler(request)`` with the request's one connection taken from the lane."""
+        session = request.session
+        key = id(request)
+        self.armed.add(key)
+        session._connector = self.connector
+        try:
+            return await handler(request)
+        finally:
+            self.armed.discard(key)
+            if session._connector is self.connector:
+                session._connector = self.owner
+
+    def handler(self, handler: Handler) -> Handler:
+        """``handler`` taking its connection from the lane (what ``ResilientMiddleware`` calls per attempt of a control route)."""
+        return functools.partial(self.send, handler)
+
+
+def _local_addr(owner: Any) -> tuple[str, int] | None:
+    """The ``local_addr=`` the session's connector was built with (aiohttp keeps it as address infos), or None."""
+    infos = getattr(owner, "_local_addr_infos", None)
+    if not infos:
+        return None
+    address = infos[0][4]
+    return (str(address[0]), int(address[1]))
