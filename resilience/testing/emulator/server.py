@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
-from .listen import listen_url, run_app, serve_entry
+from .listen import engine_main, listen_url, run_app
 from .ready import print_ready
 
 if TYPE_CHECKING:
@@ -111,37 +111,11 @@ def main(
         # a factory handed to this entry (the zygote's child) builds the app of the kind its argv names
         factory = cast("VLLMAppFactory | None", app_factory)
         return vllm_main(argv, prog=prog, on_ready=on_ready, app_factory=factory, logging_configured=logging_configured)
-    parser = build_parser(prog)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed usage and the error line
-        return exc.code if isinstance(exc.code, int) else 2
-    error = f"{parser.prog}: error:"  # every line names the command, as argparse's own errors do
-    try:
-        config = config_from_namespace(args)
-    except ValueError as exc:
-        print(f"{error} {exc}", file=sys.stderr)
-        return 2
 
-    def serve_many() -> int:
-        from .serve_many import serve_fleet
-
-        return serve_fleet(
-            args.engines,
-            config,
-            host=args.host,
-            port=args.port,
-            startup_timeout=args.startup_timeout,
-            log_level=args.log_level,
-            memory_state_dir=args.memory_state_dir,
-        )
-
-    def serve_one(sock: socket.socket) -> int:
-
+    def serve_one(sock: socket.socket, args: argparse.Namespace, config: EngineConfig) -> int:
         return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
 
-
-    return serve_entry(args, error, serve_one, serve_many)
+    return engine_main(build_parser(prog), argv, config_from_namespace, serve_one)
 
 
 def _default_factory(config: EngineConfig, host: str, port: int) -> tuple[FastAPI, Engine]:

@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract import ContractReport
 from .config import DEV_MODE_ENV, VLLM_VERSION
 from .source import RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
 
 __all__ = [
     "DEV_MODE_READER",
     "UNREACHABLE_SHAPES",
-    "VllmContractReport",
     "app_paths",
     "check",
     "compare_bodies",
@@ -201,16 +200,7 @@ def compare_fault_tolerance(
     return problems
 
 
-@dataclass(frozen=True, slots=True)
-class VllmContractReport:
-    """What :func:`check` compared (sizes) and every difference it found."""
-
-    vllm_version: str
-    sizes: Mapping[str, int]
-    problems: tuple[str, ...]
-
-
-def check(wheel: str | Path) -> VllmContractReport:
+def check(wheel: str | Path) -> ContractReport:
     """Read the wheel, read the emulator, build its app with dev mode on and off, run every comparison.
 
     Raises AssertionError when a compared set is empty or of an implausible size: a check over
@@ -259,4 +249,4 @@ def check(wheel: str | Path) -> VllmContractReport:
         + compare_serve_routes(surface, dev_paths, GUARDED_PREFIX)
         + compare_fault_tolerance(surface, ft_ours, ft_paths, dev_paths)
     )
-    return VllmContractReport(surface.version, sizes, tuple(problems))
+    return ContractReport(surface.version, sizes, tuple(problems))

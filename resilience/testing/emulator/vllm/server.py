@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import socket
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..listen import listen_url, run_app, serve_entry
+from ..listen import engine_main, listen_url, run_app
 from ..ready import print_ready
 from .config import ENGINE_KIND, VLLMEngineConfig, add_vllm_arguments, vllm_config_from_namespace
 
@@ -74,38 +73,16 @@ def main(
 
     The keywords mean what they mean for the SGLang entry (``emulator/server.py`` ``main``).
     """
-    parser = build_parser(prog)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
-    error = f"{parser.prog}: error:"
-    try:
+
+    def read_config(args: argparse.Namespace) -> VLLMEngineConfig:
         config = vllm_config_from_namespace(args)
         config.resolved_dev_mode()  # a bad VLLM_SERVER_DEV_MODE is named now, not at the first request
-    except ValueError as exc:
-        print(f"{error} {exc}", file=sys.stderr)
-        return 2
+        return config
 
-    def serve_many() -> int:
-        from ..serve_many import serve_fleet
-
-        return serve_fleet(
-            args.engines,
-            config,
-            host=args.host,
-            port=args.port,
-            startup_timeout=args.startup_timeout,
-            log_level=args.log_level,
-            memory_state_dir=args.memory_state_dir,
-        )
-
-    def serve_one(sock: socket.socket) -> int:
-
+    def serve_one(sock: socket.socket, args: argparse.Namespace, config: VLLMEngineConfig) -> int:
         return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
 
-
-    return serve_entry(args, error, serve_one, serve_many)
+    return engine_main(build_parser(prog), argv, read_config, serve_one)
 
 
 def _serve(
