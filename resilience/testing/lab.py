@@ -23,6 +23,8 @@ from resilience.events import AttemptEnded, CallEnded, Event, Observer, RetrySch
 from resilience.outcome import CallOutcome
 
 if TYPE_CHECKING:
+    import requests
+
     from resilience.budget import RestartBudget
     from resilience.policy import PolicyTable
     from resilience.testing.colocate import ColocateConfig
@@ -43,6 +45,7 @@ __all__ = [
     "RetryCounter",
     "StopClock",
     "lost_stragglers",
+    "put_in_order",
     "reconcile_from_probe",
     "restart_engines",
     "rollout",
@@ -351,6 +354,19 @@ def lost_stragglers(futures: Sequence[Future[str]], interrupted: bool) -> int:
             future.cancel()
         return 0
     return sum(1 for f in futures if f.result(timeout=120) == "lost")
+
+
+def put_in_order(session: requests.Session, engine: EngineHandle, *, end_weight_session: bool = True) -> None:
+    """Put a live SGLang ``engine`` back as a global restart leaves it, through ``session`` straight to its own URL:
+    resume the tags it has released, continue it when paused, and end an open weight-update session
+    (``end_weight_session``, default True)."""
+    state = engine.state()
+    if state.get("released_tags"):
+        session.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
+    if state.get("paused"):
+        session.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
+    if end_weight_session and state.get("weight_update_session_open"):
+        session.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
 
 
 def restart_engines(engines: Sequence[EngineHandle]) -> None:

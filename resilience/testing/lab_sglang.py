@@ -47,7 +47,6 @@ from resilience.barrier.transitions import WEIGHT_SYNC_HOLD
 from resilience.policy import PolicyTable
 from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
 from resilience.testing.counting_probe import CountingProbe
-from resilience.testing.emulator import EngineHandle
 from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.lab import (
     BASELINE,
@@ -56,6 +55,7 @@ from resilience.testing.lab import (
     LabSetup,
     RetryCounter,
     lost_stragglers,
+    put_in_order,
     reconcile_from_probe,
     restart_engines,
     rollout,
@@ -362,15 +362,6 @@ class SGLangLab:
 
     # -- recovery: what a global restart does here ------------------------------------------
 
-    def _put_in_order(self, engine: EngineHandle) -> None:
-        state = engine.state()
-        if state.get("released_tags"):
-            self.bare.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
-        if state.get("paused"):
-            self.bare.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
-        if state.get("weight_update_session_open"):
-            self.bare.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
-
     def recover(self, failed: bool) -> int:
         """After every step, ``failed`` or not: restart dead engines, continue/resume live ones left paused or released,
         and start the controller afresh. Returns the deaths found."""
@@ -380,7 +371,7 @@ class SGLangLab:
             if engine in dead:
                 continue
             try:
-                self._put_in_order(engine)
+                put_in_order(self.bare, engine)
             except requests.RequestException:
                 # A crash lands a moment after the call that caused it: the engine may have died after the check above.
                 if engine.wait_exit(5.0) is None:
