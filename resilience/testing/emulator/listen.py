@@ -1,7 +1,8 @@
 """What every engine entry does with its process before serving: bind the port, check and watch its parent.
 
 Shared by the SGLang entry (``server.py``) and the vLLM one (``vllm/server.py``) without either importing the
-other: standard library only, but for the fleet (``serve_many.py``), imported when ``--engines`` asks for more than one.
+other: standard library only, but for the fleet (``serve_many.py``, imported when ``--engines`` asks for more than one)
+and ``memory_state.py`` (with ``--memory-state-dir``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -78,13 +79,17 @@ def engine_main(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,
     read_config: Callable[[argparse.Namespace], C],
-    serve_one: Callable[[socket.socket, argparse.Namespace, C], int],
+    build: Callable[[C, str, int], tuple[object, Any]],
+    on_ready: Callable[[str], None],
+    logging_configured: bool,
 ) -> int:
     """An engine entry's ``main`` once its ``parser`` is built; the exit status.
 
     Parses ``argv`` (argparse prints its own errors: 2), reads the engine's config with ``read_config(args)`` (a
     ValueError is one line naming the command: 2), then :func:`serve_entry`: ``--engines`` N > 1 forked from one
-    zygote (``serve_many.serve_fleet``), else ``serve_one(sock, args, config)`` on the bound port.
+    zygote (``serve_many.serve_fleet``), else one engine on the bound port: ``build(config, host, port)`` gives its
+    app and the part that publishes its released tags (given a ``MemoryStateWriter`` as ``memory_state`` with
+    ``--memory-state-dir``), served by :func:`run_app` (``on_ready``, ``logging_configured``: as there).
     """
     try:
         args = parser.parse_args(argv)
@@ -110,7 +115,16 @@ def engine_main(
             memory_state_dir=args.memory_state_dir,
         )
 
-    return serve_entry(args, error, lambda sock: serve_one(sock, args, config), serve_many)
+    def serve_one(sock: socket.socket) -> int:
+        port = sock.getsockname()[1]
+        app, publisher = build(config, args.host, port)
+        if args.memory_state_dir is not None:
+            from .memory_state import MemoryStateWriter
+
+            publisher.memory_state = MemoryStateWriter(args.memory_state_dir, port)  # published once the engine starts
+        return run_app(app, sock, listen_url(args.host, port), on_ready, args.log_level, logging_configured)
+
+    return serve_entry(args, error, serve_one, serve_many)
 
 
 def serve_entry(

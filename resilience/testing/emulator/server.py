@@ -9,19 +9,19 @@ port in use fails fast with a one-line error.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
-from .listen import engine_main, listen_url, run_app
+from .listen import engine_main
 from .ready import print_ready
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from .engine import Engine
+    from .scheduler import Scheduler
     from .vllm.server import VLLMAppFactory
 
 __all__ = ["AppFactory", "build_parser", "main"]
@@ -112,40 +112,20 @@ def main(
         factory = cast("VLLMAppFactory | None", app_factory)
         return vllm_main(argv, prog=prog, on_ready=on_ready, app_factory=factory, logging_configured=logging_configured)
 
-    def serve_one(sock: socket.socket, args: argparse.Namespace, config: EngineConfig) -> int:
-        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
+    def build(config: EngineConfig, host: str, port: int) -> tuple[FastAPI, Scheduler]:
+        import torch
 
-    return engine_main(build_parser(prog), argv, config_from_namespace, serve_one)
+        torch.set_num_threads(1)
+        app, engine = (app_factory or _default_factory)(config, host, port)
+        return app, engine.scheduler
+
+    return engine_main(build_parser(prog), argv, config_from_namespace, build, on_ready, logging_configured)
 
 
 def _default_factory(config: EngineConfig, host: str, port: int) -> tuple[FastAPI, Engine]:
     from .app import create_app
 
     return create_app(config, host=host, port=port)
-
-
-def _serve(
-    sock: socket.socket,
-    host: str,
-    config: EngineConfig,
-    log_level: str,
-    on_ready: Callable[[str], None],
-    app_factory: AppFactory | None,
-    logging_configured: bool,
-    memory_state_dir: str | None = None,
-) -> int:
-    import torch
-
-    torch.set_num_threads(1)
-    port = sock.getsockname()[1]
-    url = listen_url(host, port)
-    app, engine = (app_factory or _default_factory)(config, host, port)
-    if memory_state_dir is not None:
-        from .memory_state import MemoryStateWriter
-
-        engine.scheduler.memory_state = MemoryStateWriter(memory_state_dir, port)  # published when the scheduler starts
-
-    return run_app(app, sock, url, on_ready, log_level, logging_configured)
 
 
 # the engine switch: ``--engine vllm`` hands the whole command line to ``vllm/server.py``

@@ -9,11 +9,10 @@ and serves until SIGINT/SIGTERM or until the engine dies of an illegal memory ac
 from __future__ import annotations
 
 import argparse
-import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..listen import engine_main, listen_url, run_app
+from ..listen import engine_main
 from ..ready import print_ready
 from .config import ENGINE_KIND, VLLMEngineConfig, add_vllm_arguments, vllm_config_from_namespace
 
@@ -79,34 +78,13 @@ def main(
         config.resolved_dev_mode()  # a bad VLLM_SERVER_DEV_MODE is named now, not at the first request
         return config
 
-    def serve_one(sock: socket.socket, args: argparse.Namespace, config: VLLMEngineConfig) -> int:
-        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
+    def build(config: VLLMEngineConfig, host: str, port: int) -> tuple[FastAPI, Any]:
+        if app_factory is None:
+            from .app import create_app
 
-    return engine_main(build_parser(prog), argv, read_config, serve_one)
+            app, engine = create_app(config, host=host, port=port)
+        else:
+            app, engine = app_factory(config, host, port)
+        return app, engine.core
 
-
-def _serve(
-    sock: socket.socket,
-    host: str,
-    config: VLLMEngineConfig,
-    log_level: str,
-    on_ready: Callable[[str], None],
-    app_factory: VLLMAppFactory | None,
-    logging_configured: bool,
-    memory_state_dir: str | None,
-) -> int:
-
-    port = sock.getsockname()[1]
-    url = listen_url(host, port)
-    if app_factory is None:
-        from .app import create_app
-
-        app, engine = create_app(config, host=host, port=port)
-    else:
-        app, engine = app_factory(config, host, port)
-    if memory_state_dir is not None:
-        from ..memory_state import MemoryStateWriter
-
-        engine.core.memory_state = MemoryStateWriter(memory_state_dir, port)  # published when the app starts
-
-    return run_app(app, sock, url, on_ready, log_level, logging_configured)
+    return engine_main(build_parser(prog), argv, read_config, build, on_ready, logging_configured)
