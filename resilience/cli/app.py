@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import get_args
 
 import resilience
@@ -63,13 +64,12 @@ _EXAMPLES = """examples:
 """
 
 
-def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="the colocate loop under the seed's faults, the old way and ours, side by side",
-        description="Run colocated RL steps (rollout with stragglers, offload, training pause, onload, weight sync) on "
-        "emulated SGLang engines behind fault proxies, once the old way and once ours, and compare them in a table.",
-    )
+def _add_engine(parser: argparse.ArgumentParser, vllm: str) -> None:
+    """Add ``--engine sglang|vllm`` (default sglang) to ``parser``; ``vllm``: what ``vllm`` means for this subcommand."""
+    parser.add_argument("--engine", choices=("sglang", "vllm"), default="sglang", help=f"vllm: {vllm}; default sglang")
+
+
+def _demo_arguments(p: OneLineParser) -> None:
     p.add_argument("--seed", type=int, default=_DEMO_SEED, help="seed of the faults and straggler timing (default: %(default)s)")
     p.add_argument("--engines", type=positive_int, default=8, help="emulated engines (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=20, help="colocate steps per way (default: %(default)s)")
@@ -91,22 +91,13 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     )
     p.add_argument("--timeline", metavar="FILE", help="draw the offload/onload timeline across engines: .png or .html")
     add_router(p, "run the steps behind a real smg gateway, smg's own client vs ours direct and through SmgFanOut (the [smg] extra)")
-    p.add_argument(
-        "--engine",
-        choices=("sglang", "vllm"),
-        default="sglang",
-        help="vllm: emulated vLLM 0.33.0 engines, SkyRL's sequence (bare gather, no retry, no timeout) against ours; "
-        "default sglang",
+    _add_engine(
+        p,
+        "emulated vLLM 0.33.0 engines, SkyRL's sequence (bare gather, no retry, no timeout) against ours",
     )
 
 
-def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
-    p = sub.add_parser(
-        "soak",
-        help="the colocate loop for many steps, with RSS sampled each step",
-        description="Run the colocate loop for many steps on emulated engines behind fault proxies; sample the RSS of "
-        "this process and of the engines each step and report whether memory stayed flat.",
-    )
+def _soak_arguments(p: OneLineParser) -> None:
     p.add_argument("--engines", type=positive_int, default=8, help="emulated engines (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=100, help="colocate steps (default: %(default)s)")
     p.add_argument(
@@ -132,12 +123,9 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="kill the controller every K steps, inside a seeded phase, and start a new one on its journal; 0 = never "
         "(default: 50; with --engine vllm: 0, the only value it takes)",
     )
-    p.add_argument(
-        "--engine",
-        choices=("sglang", "vllm"),
-        default="sglang",
-        help="vllm: emulated vLLM 0.33.0 engines and cpr demo --engine vllm's loop and faults (no controller kills); "
-        "default sglang",
+    _add_engine(
+        p,
+        "emulated vLLM 0.33.0 engines and cpr demo --engine vllm's loop and faults (no controller kills)",
     )
     p.add_argument(
         "--churn",
@@ -150,13 +138,7 @@ def _add_soak(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p.add_argument("--report", default="cpr-soak-report.json", metavar="FILE", help="JSON report (default: %(default)s)")
 
 
-def _add_probe(sub: argparse._SubParsersAction[OneLineParser]) -> None:
-    p = sub.add_parser(
-        "probe",
-        help="read-only checks of real engines (exit 0 only if all healthy)",
-        description="Check SGLang engines without changing them (never pauses, flushes or releases): /health, /ready, "
-        "/model_info, /v1/loads, /server_info, all engines at once, one attempt per check.",
-    )
+def _probe_arguments(p: OneLineParser) -> None:
     p.add_argument("urls", nargs="+", metavar="URL", help="engine base URL, e.g. http://127.0.0.1:30000")
     p.add_argument(
         "--timeout",
@@ -165,12 +147,10 @@ def _add_probe(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="seconds per check; a paused engine's /health hangs ~20 s (default: %(default)s)",
     )
     p.add_argument("--api-key-env", metavar="VAR", help="send the API key in environment variable VAR as a Bearer token")
-    p.add_argument(
-        "--engine",
-        choices=("sglang", "vllm"),
-        default="sglang",
-        help="vllm: check vLLM servers instead: /health, /version, /is_paused, /is_sleeping, /weight_info "
-        "(none is guarded by vLLM's --api-key, so no key is sent); default sglang",
+    _add_engine(
+        p,
+        "check vLLM servers instead: /health, /version, /is_paused, /is_sleeping, /weight_info "
+        "(none is guarded by vLLM's --api-key, so no key is sent)",
     )
     add_router(
         p,
@@ -179,13 +159,7 @@ def _add_probe(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     )
 
 
-def _add_policies(sub: argparse._SubParsersAction[OneLineParser]) -> None:
-    p = sub.add_parser(
-        "policies",
-        help="print the effective policy table; validate a policy file",
-        description="Print SGLANG_POLICIES, or the table a policy file (.toml, .yaml) gives, as a table. "
-        "An invalid file is one line naming the field and the rule it broke, and exit 1.",
-    )
+def _policies_arguments(p: OneLineParser) -> None:
     p.add_argument("--file", metavar="FILE", help="a policy file to validate and show instead of SGLANG_POLICIES")
     p.add_argument(
         "--over-sglang",
@@ -195,27 +169,59 @@ def _add_policies(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     )
 
 
-def _add_dashboards(sub: argparse._SubParsersAction[OneLineParser]) -> None:
-    p = sub.add_parser(
-        "dashboards",
-        help="regenerate grafana/ (dashboard JSON and alert rules), or --check it",
-        description="Run the grafana.dashboard generator: write the dashboard into DIR/dashboards and the alert rules into DIR/rules.",
-    )
+def _dashboards_arguments(p: OneLineParser) -> None:
     p.add_argument("--out", metavar="DIR", help="the grafana folder to write (default: the repository's grafana/)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs from a fresh generation")
 
 
-def _add_journal(sub: argparse._SubParsersAction[OneLineParser]) -> None:
-    p = sub.add_parser(
-        "journal",
-        help="show a barrier journal: its records and what a restarted controller would resume from",
-        description="Read a barrier journal (Orchestrator(..., journal=PATH)) without taking its lock: every record "
-        "(why it was written, each engine's state and facts), then each engine as a controller started on it would know it.",
-    )
+def _journal_arguments(p: OneLineParser) -> None:
     jsub = p.add_subparsers(dest="journal_command", metavar="ACTION", parser_class=OneLineParser, required=True)
     show = jsub.add_parser("show", help="print the journal's records and the engines' last state")
     show.add_argument("path", metavar="PATH", help="the journal file")
     show.add_argument("--last", type=positive_int, default=None, metavar="N", help="only the last N rows of records (default: all)")
+
+
+_COMMANDS: dict[str, tuple[str, str, Callable[[OneLineParser], None] | None]] = {
+    "demo": (
+        "the colocate loop under the seed's faults, the old way and ours, side by side",
+        "Run colocated RL steps (rollout with stragglers, offload, training pause, onload, weight sync) on "
+        "emulated SGLang engines behind fault proxies, once the old way and once ours, and compare them in a table.",
+        _demo_arguments,
+    ),
+    "soak": (
+        "the colocate loop for many steps, with RSS sampled each step",
+        "Run the colocate loop for many steps on emulated engines behind fault proxies; sample the RSS of "
+        "this process and of the engines each step and report whether memory stayed flat.",
+        _soak_arguments,
+    ),
+    "probe": (
+        "read-only checks of real engines (exit 0 only if all healthy)",
+        "Check SGLang engines without changing them (never pauses, flushes or releases): /health, /ready, "
+        "/model_info, /v1/loads, /server_info, all engines at once, one attempt per check.",
+        _probe_arguments,
+    ),
+    "emulate": ("run emulated SGLang engines: one, or --engines N (see cpr emulate --help)", "", None),
+    "policies": (
+        "print the effective policy table; validate a policy file",
+        "Print SGLANG_POLICIES, or the table a policy file (.toml, .yaml) gives, as a table. "
+        "An invalid file is one line naming the field and the rule it broke, and exit 1.",
+        _policies_arguments,
+    ),
+    "dashboards": (
+        "regenerate grafana/ (dashboard JSON and alert rules), or --check it",
+        "Run the grafana.dashboard generator: write the dashboard into DIR/dashboards and the alert rules into DIR/rules.",
+        _dashboards_arguments,
+    ),
+    "journal": (
+        "show a barrier journal: its records and what a restarted controller would resume from",
+        "Read a barrier journal (Orchestrator(..., journal=PATH)) without taking its lock: every record "
+        "(why it was written, each engine's state and facts), then each engine as a controller started on it would know it.",
+        _journal_arguments,
+    ),
+}
+"""Each subcommand: its line in ``cpr --help``, the description atop its own ``--help``, and what adds its arguments
+(None for ``emulate``: the emulator's own parser reads them, ``cpr emulate --help``). Each but ``emulate`` runs as
+``resilience.cli.<command>.run_<command>(args)``."""
 
 
 def build_parser() -> OneLineParser:
@@ -229,42 +235,20 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--version", action="version", version=f"cpr {resilience.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     parser.set_defaults(_subparsers=sub.choices)
-    _add_demo(sub)
-    _add_soak(sub)
-    _add_probe(sub)
-    sub.add_parser("emulate", help="run emulated SGLang engines: one, or --engines N (see cpr emulate --help)", add_help=False)
-    _add_policies(sub)
-    _add_dashboards(sub)
-    _add_journal(sub)
+    for name, (help_line, description, add_arguments) in _COMMANDS.items():
+        if add_arguments is None:
+            sub.add_parser(name, help=help_line, add_help=False)
+        else:
+            add_arguments(sub.add_parser(name, help=help_line, description=description))
     return parser
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "demo":
-        from resilience.cli.demo import run_demo
-
-        return run_demo(args)
-    if args.command == "soak":
-        from resilience.cli.soak import run_soak
-
-        return run_soak(args)
-    if args.command == "probe":
-        from resilience.cli.probe import run_probe
-
-        return run_probe(args)
-    if args.command == "policies":
-        from resilience.cli.policies import run_policies
-
-        return run_policies(args)
-    if args.command == "dashboards":
-        from resilience.cli.dashboards import run_dashboards
-
-        return run_dashboards(args)
-    if args.command == "journal":
-        from resilience.cli.journal import run_journal
-
-        return run_journal(args)
-    raise CliError(f"unknown command {args.command!r}", 2)
+    if _COMMANDS.get(args.command, ("", "", None))[2] is None:
+        raise CliError(f"unknown command {args.command!r}", 2)
+    module = importlib.import_module(f"resilience.cli.{args.command}")
+    run: Callable[[argparse.Namespace], int] = getattr(module, f"run_{args.command}")
+    return run(args)
 
 
 def _quiet_after_closed_pipe() -> int:

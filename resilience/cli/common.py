@@ -67,37 +67,30 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+def _int_in(text: str, low: int, high: int | None, rule: str) -> int:
+    """Parse ``text`` as an integer in ``low..high`` (``high`` None: no upper end), or fail saying ``must be {rule}``."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, but was {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, but was {value}")
+        raise argparse.ArgumentTypeError(f"must be {rule}, but was {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"must be {rule}, but was {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _int_in(text, 1, None, "an integer >= 1")
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, but was {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, but was {value}")
-    return value
+    return _int_in(text, 0, None, "an integer >= 0")
 
 
 def port_number(text: str) -> int:
     """argparse type: a TCP port 0..65535 (0 = pick a free one)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, but was {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, but was {value}")
-    return value
+    return _int_in(text, 0, 65535, "a port number 0..65535")
 
 
 def positive_float(text: str) -> float:

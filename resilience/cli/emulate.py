@@ -23,22 +23,20 @@ SGLang engines only: smg 1.13.0 fans out SGLang's routes.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
-from collections.abc import Sequence
-from types import FrameType
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from resilience.cli.common import OneLineParser, add_router, plural
 
 if TYPE_CHECKING:
-    from resilience.testing.emulator import EngineConfig
+    from resilience.testing.emulator import EmulatedFleet, EngineConfig
+    from resilience.testing.faults import FaultPlan
 
 __all__ = ["run_emulate", "run_emulate_vllm"]
 
-_WATCH_S = 0.5
-"""How often the proxied fleet looks for engines that died (each is reported once)."""
+T = TypeVar("T")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,11 +61,10 @@ def run_emulate(argv: Sequence[str]) -> int:
     from resilience.testing.emulator.config import config_from_namespace
 
     parser = _parser()
-    try:
-        args = parser.parse_args(list(argv))
+
+    def check(args: argparse.Namespace) -> EngineConfig:
         config = config_from_namespace(args)
-        if not 0 <= args.port <= 65535:
-            parser.error(f"argument --port: must be a port number 0..65535, but was {args.port}")
+        _check_port(parser, args.port)
         smg = args.router == "smg"
         if args.fault_plan is not None or smg:
             option = "--router smg" if smg else "--fault-plan"
@@ -77,14 +74,35 @@ def run_emulate(argv: Sequence[str]) -> int:
             proxied = args.engines if args.fault_plan is not None and not smg else 1  # ports the READY lines take
             if args.engines < 1 or (args.port and args.port + proxied - 1 > 65535):
                 parser.error(f"argument --engines: must be >= 1 and fit ports {args.port}.. below 65536, but was {args.engines}")
+        return config
+
+    parsed = _parse(parser, argv, check)
+    if isinstance(parsed, int):
+        return parsed
+    args, config = parsed
+    if args.fault_plan is None and args.router == "direct":
+        return emulator_main(_without_router(argv), prog="cpr emulate")
+    return _serve_fleet(args, config)
+
+
+def _parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str], check: Callable[[argparse.Namespace], T]
+) -> tuple[argparse.Namespace, T] | int:
+    """``argv`` parsed by ``parser`` and what ``check(args)`` gives (it may call ``parser.error``); or the exit status:
+    0 after ``--help``, 2 after a one-line error (a ValueError from ``check`` is printed as one)."""
+    try:
+        args = parser.parse_args(list(argv))
+        return args, check(args)
     except SystemExit as exc:  # --help, or a one-line argument error
         return exc.code if isinstance(exc.code, int) else 0
     except ValueError as exc:
         print(f"cpr emulate: error: {exc}", file=sys.stderr)
         return 2
-    if args.fault_plan is None and args.router == "direct":
-        return emulator_main(_without_router(argv), prog="cpr emulate")
-    return _serve_fleet(args, config)
+
+
+def _check_port(parser: argparse.ArgumentParser, port: int) -> None:
+    if not 0 <= port <= 65535:
+        parser.error(f"argument --port: must be a port number 0..65535, but was {port}")
 
 
 def _without_router(argv: Sequence[str]) -> list[str]:
@@ -104,11 +122,10 @@ def _without_router(argv: Sequence[str]) -> list[str]:
 def _serve_fleet(args: argparse.Namespace, config: EngineConfig) -> int:
     """Start ``args.engines`` engines, a fault proxy in front of each (``--fault-plan``) and an smg gateway in front of
     them all (``--router smg``); serve until SIGINT/SIGTERM."""
-    from resilience.testing.emulator import EmulatedFleet, EmulatorStartError
-    from resilience.testing.emulator.ready import READY_PREFIX
-    from resilience.testing.emulator.serve_many import ProgressPrinter
-    from resilience.testing.faults import FaultPlan, FaultPlanError, FaultProxy
-    from resilience.testing.smg import SmgGateway, SmgStartError, smg_available
+    from resilience.testing.emulator import EmulatedFleet
+    from resilience.testing.emulator.serve_many import ProgressPrinter, stop_on_signal
+    from resilience.testing.faults import FaultPlan, FaultPlanError
+    from resilience.testing.smg import smg_available
 
     smg = args.router == "smg"
     if smg and not smg_available():
@@ -120,20 +137,28 @@ def _serve_fleet(args: argparse.Namespace, config: EngineConfig) -> int:
     except FaultPlanError as exc:
         print(f"cpr emulate: error: bad --fault-plan: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
-    stop = threading.Event()
+    with stop_on_signal() as stop:
+        fleet = EmulatedFleet(
+            args.engines,
+            config,
+            startup_timeout=args.startup_timeout,
+            progress=ProgressPrinter(),
+            log_level=args.log_level,
+            memory_state_dir=args.memory_state_dir,
+        )
+        try:
+            return _serve_behind(stop, args, fleet, plan, smg)
+        finally:
+            fleet.stop()
 
-    def on_signal(_sig: int, _frame: FrameType | None) -> None:
-        stop.set()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    fleet = EmulatedFleet(
-        args.engines,
-        config,
-        startup_timeout=args.startup_timeout,
-        progress=ProgressPrinter(),
-        log_level=args.log_level,
-        memory_state_dir=args.memory_state_dir,
-    )
+def _serve_behind(stop: threading.Event, args: argparse.Namespace, fleet: EmulatedFleet, plan: FaultPlan | None, smg: bool) -> int:
+    """Start ``fleet``, its fault proxies (``plan``) and the smg gateway (``smg``); serve until ``stop``; the exit status."""
+    from resilience.testing.emulator import EmulatorStartError
+    from resilience.testing.emulator.serve_many import serve_until
+    from resilience.testing.faults import FaultProxy
+    from resilience.testing.smg import SmgGateway, SmgStartError
+
     proxies: list[FaultProxy] = []
     gateway: SmgGateway | None = None
     try:
@@ -167,26 +192,12 @@ def _serve_fleet(args: argparse.Namespace, config: EngineConfig) -> int:
                 print(f"cpr emulate: error: the smg gateway did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
                 return 1
             print(f"smg gateway {gateway.url} (pid {gateway.pid}) in front of {plural(len(fronts), 'engine')}", file=sys.stderr)
-        for url in [gateway.url] if gateway is not None else fronts if proxies else []:
-            print(f"{READY_PREFIX}{url}")
-        sys.stdout.flush()
-        reported: set[int] = set()
-        while not stop.wait(_WATCH_S):  # until SIGINT/SIGTERM
-            for engine in fleet.engines:
-                if engine.index not in reported and not engine.alive():
-                    reported.add(engine.index)
-                    print(f"engine {engine.index} ({engine.direct_url}) exited with {engine.returncode}", file=sys.stderr, flush=True)
-        return 0
+        return serve_until(stop, fleet, [gateway.url] if gateway is not None else fronts if proxies else [], log_lines=0)
     finally:
-        try:
-            if gateway is not None:
-                gateway.stop()
-            for proxy in proxies:
-                proxy.stop()
-        finally:
-            fleet.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        if gateway is not None:
+            gateway.stop()
+        for proxy in proxies:
+            proxy.stop()
 
 
 def run_emulate_vllm(argv: Sequence[str]) -> int:
@@ -198,17 +209,14 @@ def run_emulate_vllm(argv: Sequence[str]) -> int:
     parser = build_parser("cpr emulate")
     parser.__class__ = OneLineParser  # same parser, one-line errors
     add_router(parser, "SGLang engines only (smg 1.13.0 fans out SGLang's routes)")
-    try:
-        args = parser.parse_args(list(argv))
+
+    def check(args: argparse.Namespace) -> None:
         if args.router == "smg":
             parser.error("argument --router: smg is for SGLang engines only (smg 1.13.0 fans out SGLang's routes)")
-        argv = _without_router(argv)
         vllm_config_from_namespace(args).resolved_dev_mode()  # a bad VLLM_SERVER_DEV_MODE is named too
-        if not 0 <= args.port <= 65535:
-            parser.error(f"argument --port: must be a port number 0..65535, but was {args.port}")
-    except SystemExit as exc:  # --help, or a one-line argument error
-        return exc.code if isinstance(exc.code, int) else 0
-    except ValueError as exc:
-        print(f"cpr emulate: error: {exc}", file=sys.stderr)
-        return 2
-    return emulator_main(list(argv), prog="cpr emulate")
+        _check_port(parser, args.port)
+
+    parsed = _parse(parser, argv, check)
+    if isinstance(parsed, int):
+        return parsed
+    return emulator_main(_without_router(argv), prog="cpr emulate")

@@ -124,43 +124,50 @@ class EngineProbe:
 
     def line(self) -> str:
         """One line: OK/FAIL, the URL, and what was learnt."""
-        r = self.results
-        if all(x.unreachable for x in r.values()):
-            return f"FAIL  {safe_url(self.url)}  unreachable: {r['health'].error}"
-        parts = []
-        health = r["health"]
-        if health.ok:
-            parts.append(f"healthy ({health.status} in {health.latency_s or 0:.2f} s)")
-        elif health.status is not None:
-            parts.append(f"/health answered {health.status}")
-        elif health.error and health.error.startswith("no answer"):
-            parts.append(f"/health: {health.error} (paused?)")
-        else:
-            parts.append(f"/health: {health.error}")
-        ready = r["ready"]
-        if ready.ok:
-            parts.append("ready")
-        elif ready.status is not None:
-            parts.append(f"not ready ({ready.status}{', paused?' if ready.status == 503 else ''})")
-        else:
-            parts.append(f"/ready: {ready.error}")
-        info = r["model_info"]
-        if info.ok and isinstance(info.data, dict):
-            parts.append(f"weights {info.data.get('weight_version')!r} ({info.data.get('model_path')})")
-        else:
-            parts.append(f"/model_info: {info.cell()}")
-        loads = r["loads"]
-        entry = _first_load(loads.data) if loads.ok else None
-        if entry is not None:
-            parts.append(f"{entry.get('num_running_reqs', '?')} running, {entry.get('num_waiting_reqs', '?')} waiting")
-        else:
-            parts.append(f"/v1/loads: {loads.cell()}")
-        server = r["server_info"]
-        if server.ok and isinstance(server.data, dict):
-            parts.append(f"sglang {server.data.get('version', '?')}")
-        else:
-            parts.append(f"/server_info: {server.cell()}")
-        return f"{'OK  ' if self.healthy else 'FAIL'}  {safe_url(self.url)}  " + "; ".join(parts)
+        return _line(self, _sglang_parts)
+
+
+def _line(probe: EngineProbe, parts: Callable[[dict[str, CheckResult]], list[str]]) -> str:
+    """``OK``/``FAIL``, the URL, and ``parts(results)`` joined by ``; `` (or ``unreachable`` and why)."""
+    r = probe.results
+    if all(x.unreachable for x in r.values()):
+        return f"FAIL  {safe_url(probe.url)}  unreachable: {r['health'].error}"
+    return f"{'OK  ' if probe.healthy else 'FAIL'}  {safe_url(probe.url)}  " + "; ".join(parts(r))
+
+
+def _said(result: CheckResult, say: Callable[[dict[str, Any]], str]) -> str:
+    """``say(data)`` when ``result`` is a 2xx with a JSON object, else ``<path>: <cell>``."""
+    if result.ok and isinstance(result.data, dict):
+        return say(result.data)
+    return f"{result.check.path}: {result.cell()}"
+
+
+def _sglang_parts(r: dict[str, CheckResult]) -> list[str]:
+    health, ready = r["health"], r["ready"]
+    if health.ok:
+        alive = f"healthy ({health.status} in {health.latency_s or 0:.2f} s)"
+    elif health.status is not None:
+        alive = f"/health answered {health.status}"
+    elif health.error and health.error.startswith("no answer"):
+        alive = f"/health: {health.error} (paused?)"
+    else:
+        alive = f"/health: {health.error}"
+    if ready.ok:
+        readiness = "ready"
+    elif ready.status is not None:
+        readiness = f"not ready ({ready.status}{', paused?' if ready.status == 503 else ''})"
+    else:
+        readiness = f"/ready: {ready.error}"
+    entry = _first_load(r["loads"].data) if r["loads"].ok else None
+    return [
+        alive,
+        readiness,
+        _said(r["model_info"], lambda d: f"weights {d.get('weight_version')!r} ({d.get('model_path')})"),
+        f"{entry.get('num_running_reqs', '?')} running, {entry.get('num_waiting_reqs', '?')} waiting"
+        if entry is not None
+        else f"/v1/loads: {r['loads'].cell()}",
+        _said(r["server_info"], lambda d: f"sglang {d.get('version', '?')}"),
+    ]
 
 
 def _flag(result: CheckResult, key: str) -> bool | None:
@@ -172,45 +179,35 @@ def _flag(result: CheckResult, key: str) -> bool | None:
 
 def vllm_line(probe: EngineProbe) -> str:
     """One line: OK/FAIL, the URL, and what was learnt (dev mode, paused, asleep, weights)."""
-    r = probe.results
-    if all(x.unreachable for x in r.values()):
-        return f"FAIL  {safe_url(probe.url)}  unreachable: {r['health'].error}"
-    parts = []
+    return _line(probe, _vllm_parts)
+
+
+def _vllm_parts(r: dict[str, CheckResult]) -> list[str]:
     health = r["health"]
     if health.ok:
-        parts.append(f"alive ({health.status} in {health.latency_s or 0:.2f} s; also while paused or asleep)")
+        alive = f"alive ({health.status} in {health.latency_s or 0:.2f} s; also while paused or asleep)"
     elif health.status == 503:
-        parts.append("/health answered 503: the engine core is dead")
+        alive = "/health answered 503: the engine core is dead"
     else:
-        parts.append(f"/health: {health.cell()}")
-    version = r["version"]
-    if version.ok and isinstance(version.data, dict):
-        parts.append(f"vllm {version.data.get('version', '?')}")
-    else:
-        parts.append(f"/version: {version.cell()}")
+        alive = f"/health: {health.cell()}"
+    parts = [alive, _said(r["version"], lambda d: f"vllm {d.get('version', '?')}")]
     paused, sleeping = r["is_paused"], r["is_sleeping"]
     if paused.status == 404 or sleeping.status == 404:
-        parts.append("control routes 404: dev mode off (VLLM_SERVER_DEV_MODE=1 not set)")
+        return [*parts, "control routes 404: dev mode off (VLLM_SERVER_DEV_MODE=1 not set)"]
+    is_paused, is_sleeping = _flag(paused, "is_paused"), _flag(sleeping, "is_sleeping")
+    if is_paused is None:
+        parts.append(f"/is_paused: {paused.cell()}")
     else:
-        is_paused, is_sleeping = _flag(paused, "is_paused"), _flag(sleeping, "is_sleeping")
-        if is_paused is None:
-            parts.append(f"/is_paused: {paused.cell()}")
-        else:
-            parts.append("paused" if is_paused else "not paused")
-        if is_sleeping is None:
-            parts.append(f"/is_sleeping: {sleeping.cell()}")
-        elif is_sleeping and not is_paused:
-            parts.append("asleep")
-        elif is_sleeping:
-            parts.append("asleep or paused (vLLM cannot tell which)")
-        else:
-            parts.append("awake")
-        info = r["weight_info"]
-        if info.ok and isinstance(info.data, dict):
-            parts.append(f"weights {info.data.get('weight_version')!r}")
-        else:
-            parts.append(f"/weight_info: {info.cell()}")
-    return f"{'OK  ' if probe.healthy else 'FAIL'}  {safe_url(probe.url)}  " + "; ".join(parts)
+        parts.append("paused" if is_paused else "not paused")
+    if is_sleeping is None:
+        parts.append(f"/is_sleeping: {sleeping.cell()}")
+    elif is_sleeping and not is_paused:
+        parts.append("asleep")
+    elif is_sleeping:
+        parts.append("asleep or paused (vLLM cannot tell which)")
+    else:
+        parts.append("awake")
+    return [*parts, _said(r["weight_info"], lambda d: f"weights {d.get('weight_version')!r}")]
 
 
 def _first_load(data: Any) -> dict[str, Any] | None:

@@ -115,6 +115,32 @@ VLLM_AMBIGUOUS_PATHS: Final[tuple[str, ...]] = ("/sleep", "/wake_up", "/update_w
 (settled by re-sending them) and the weight calls (never re-sent: ``/update_weights`` is a collective)."""
 
 
+def _control_faults(
+    paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str], rate: float, slow_swap: float, ambiguous: float, after: float
+) -> tuple[FaultRule, ...]:
+    """The rules of :meth:`FaultPlan.seed_like` and :meth:`FaultPlan.vllm_like`, in the order they are tried.
+
+    ``paths``: the ambiguous paths, the control paths, the idempotent ones among them, and the path whose calls are
+    slowed by ``slow_swap`` seconds half the time. ``rate``, ``ambiguous``, ``after`` (``status_after``): numbers in
+    0..1 (checked).
+    """
+    for name, value in (("rate", rate), ("ambiguous", ambiguous), ("status_after", after)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise _fail(name, "a number between 0 and 1", value)
+    ambiguous_paths, control_paths, idempotent, swap = paths
+    rules: list[FaultRule] = []
+    if ambiguous:
+        rules += [FaultRule(p, "drop_after", probability=ambiguous) for p in ambiguous_paths]
+        rules += [FaultRule(p, "hang_after", probability=ambiguous / 4, delay=30.0) for p in ambiguous_paths]
+    if after:
+        rules += [FaultRule(p, "status_after", status=502, probability=after) for p in ambiguous_paths]
+        rules += [FaultRule(p, "status_after", status=504, probability=after / 2) for p in ambiguous_paths]
+    rules += [FaultRule(p, "status_before", probability=rate) for p in control_paths]
+    rules += [FaultRule(p, "reset_before", probability=rate / 10) for p in idempotent]
+    rules.append(FaultRule(swap, "latency", probability=0.5, delay=slow_swap))
+    return tuple(rules)
+
+
 class FaultPlanError(ConfigError):
     """A fault rule or plan (or plan file) is invalid; the message names the file, rule and field."""
 
@@ -375,20 +401,8 @@ class FaultPlan:
           applied" and re-sends release or resume kills the engine; the barrier reads the driver's record
           (sent, so maybe applied) and asks its memory probe.
         """
-        for name, value in (("rate", rate), ("ambiguous", ambiguous), ("status_after", status_after)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise _fail(name, "a number between 0 and 1", value)
-        rules: list[FaultRule] = []
-        if ambiguous:
-            rules += [FaultRule(p, "drop_after", probability=ambiguous) for p in AMBIGUOUS_PATHS]
-            rules += [FaultRule(p, "hang_after", probability=ambiguous / 4, delay=30.0) for p in AMBIGUOUS_PATHS]
-        if status_after:
-            rules += [FaultRule(p, "status_after", status=502, probability=status_after) for p in AMBIGUOUS_PATHS]
-            rules += [FaultRule(p, "status_after", status=504, probability=status_after / 2) for p in AMBIGUOUS_PATHS]
-        rules += [FaultRule(p, "status_before", probability=rate) for p in CONTROL_PATHS]
-        rules += [FaultRule(p, "reset_before", probability=rate / 10) for p in _IDEMPOTENT_CONTROL]
-        rules.append(FaultRule("/resume_memory_occupation", "latency", probability=0.5, delay=slow_swap))
-        return cls(seed=seed, rules=tuple(rules), max_streak=2)
+        paths = (AMBIGUOUS_PATHS, CONTROL_PATHS, _IDEMPOTENT_CONTROL, "/resume_memory_occupation")
+        return cls(seed=seed, rules=_control_faults(paths, rate, slow_swap, ambiguous, status_after), max_streak=2)
 
     @classmethod
     def vllm_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2, ambiguous: float = 0.0) -> FaultPlan:
@@ -404,17 +418,8 @@ class FaultPlan:
           is not (a collective with the trainer), nor a re-sent ``/finish_weight_update`` (500).
         - ``max_streak=2``: never more than two failures in a row per path.
         """
-        for name, value in (("rate", rate), ("ambiguous", ambiguous)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise _fail(name, "a number between 0 and 1", value)
-        rules: list[FaultRule] = []
-        if ambiguous:
-            rules += [FaultRule(p, "drop_after", probability=ambiguous) for p in VLLM_AMBIGUOUS_PATHS]
-            rules += [FaultRule(p, "hang_after", probability=ambiguous / 4, delay=30.0) for p in VLLM_AMBIGUOUS_PATHS]
-        rules += [FaultRule(p, "status_before", probability=rate) for p in VLLM_CONTROL_PATHS]
-        rules += [FaultRule(p, "reset_before", probability=rate / 10) for p in _VLLM_IDEMPOTENT_CONTROL]
-        rules.append(FaultRule("/wake_up", "latency", probability=0.5, delay=slow_swap))
-        return cls(seed=seed, rules=tuple(rules), max_streak=2)
+        paths = (VLLM_AMBIGUOUS_PATHS, VLLM_CONTROL_PATHS, _VLLM_IDEMPOTENT_CONTROL, "/wake_up")
+        return cls(seed=seed, rules=_control_faults(paths, rate, slow_swap, ambiguous, 0.0), max_streak=2)
 
     @classmethod
     def ambiguous_release(cls, seed: int, *, calls: Set[int] = frozenset({1})) -> FaultPlan:

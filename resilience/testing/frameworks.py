@@ -63,6 +63,7 @@ import requests
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faultplan import FaultPlan, FaultRule
+from resilience.testing.stubbed_import import load_stubbed, never_called
 
 __all__ = [
     "FRAMEWORKS",
@@ -155,13 +156,6 @@ class _ServerArgs:
         self.extra = kwargs
 
 
-def _never_called(name: str) -> Callable[..., Any]:
-    def stub(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"the rig's stub of sglang's {name} was called: only the control path is driven")
-
-    return stub
-
-
 def load_verl_http_engine() -> types.ModuleType:
     """verl's ``http_server_engine`` module, loaded by path, with stubs for the ``sglang`` names it imports.
 
@@ -177,37 +171,15 @@ def load_verl_http_engine() -> types.ModuleType:
     if loaded is not None:
         return loaded
     path = _verl_source()
-    stubs = {
-        "sglang": types.ModuleType("sglang"),
-        "sglang.srt": types.ModuleType("sglang.srt"),
-        "sglang.srt.entrypoints": types.ModuleType("sglang.srt.entrypoints"),
-        "sglang.srt.entrypoints.EngineBase": types.ModuleType("sglang.srt.entrypoints.EngineBase"),
-        "sglang.srt.entrypoints.http_server": types.ModuleType("sglang.srt.entrypoints.http_server"),
-        "sglang.srt.managers": types.ModuleType("sglang.srt.managers"),
-        "sglang.srt.managers.io_struct": types.ModuleType("sglang.srt.managers.io_struct"),
-        "sglang.srt.server_args": types.ModuleType("sglang.srt.server_args"),
-        "sglang.srt.utils": types.ModuleType("sglang.srt.utils"),
-    }
+    names = ["sglang", "sglang.srt", "sglang.srt.entrypoints", "sglang.srt.entrypoints.EngineBase", "sglang.srt.entrypoints.http_server"]
+    names += ["sglang.srt.managers", "sglang.srt.managers.io_struct", "sglang.srt.server_args", "sglang.srt.utils"]
+    stubs = {n: types.ModuleType(n) for n in names}
     stubs["sglang.srt.entrypoints.EngineBase"].EngineBase = type("EngineBase", (), {})  # type: ignore[attr-defined]
-    stubs["sglang.srt.entrypoints.http_server"].launch_server = _never_called("launch_server")  # type: ignore[attr-defined]
+    stubs["sglang.srt.entrypoints.http_server"].launch_server = never_called("sglang", "launch_server")  # type: ignore[attr-defined]
     stubs["sglang.srt.managers.io_struct"].UpdateWeightsFromTensorReqInput = type("UpdateWeightsFromTensorReqInput", (), {})  # type: ignore[attr-defined]
     stubs["sglang.srt.server_args"].ServerArgs = _ServerArgs  # type: ignore[attr-defined]
-    stubs["sglang.srt.utils"].kill_process_tree = _never_called("kill_process_tree")  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in stubs}
-    sys.modules.update(stubs)
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = value
-    sys.modules[name] = module
-    return module
+    stubs["sglang.srt.utils"].kill_process_tree = never_called("sglang", "kill_process_tree")  # type: ignore[attr-defined]
+    return load_stubbed(name, path, stubs)
 
 
 # -- the two frameworks' cycles ---------------------------------------------------------

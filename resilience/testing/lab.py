@@ -9,11 +9,12 @@ with :class:`LabStopped` instead of retrying against engines that are being stop
 
 from __future__ import annotations
 
+import random
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
@@ -22,6 +23,8 @@ from resilience.events import AttemptEnded, CallEnded, Event, Observer, RetrySch
 from resilience.outcome import CallOutcome
 
 if TYPE_CHECKING:
+    import requests
+
     from resilience.budget import RestartBudget
     from resilience.policy import PolicyTable
     from resilience.testing.colocate import ColocateConfig
@@ -42,8 +45,10 @@ __all__ = [
     "RetryCounter",
     "StopClock",
     "lost_stragglers",
+    "put_in_order",
     "reconcile_from_probe",
     "restart_engines",
+    "rollout",
     "run_rounds",
 ]
 
@@ -212,6 +217,17 @@ class LabSetup:
     plan: FaultPlan | None = None
     """The fault plan of the proxies the smg lab starts itself (the smg route only)."""
 
+    def direct_urls(self) -> tuple[list[str], Sequence[FaultProxy | None]]:
+        """The direct route's engine URLs (the proxies' where ``proxies`` is given, else the fleet's) and the proxies
+        whose faults the report counts (``proxies``, else each engine's own; None where an engine has none)."""
+        if self.proxies is not None:
+            return [p.url for p in self.proxies], list(self.proxies)
+        return list(self.fleet.urls), [e.proxy for e in self.fleet.engines]
+
+    def new_report(self) -> ColocateReport:
+        """This way's empty report: ``config.steps`` to run, the restart budget's limit and what is left of it."""
+        return ColocateReport(self.way, self.config.steps, restart_limit=self.budget.limit, restart_budget_left=self.budget.remaining)
+
 
 class Lab(Protocol):
     """One way's colocate steps on a fleet, driven step by step by ``run_colocate``."""
@@ -301,6 +317,32 @@ def reconcile_from_probe(
         report.engines_reconciled += 1
 
 
+def rollout(
+    pool: Executor,
+    n: int,
+    config: ColocateConfig,
+    rng: random.Random,
+    generate: Callable[[int, str], object],
+    straggler: Callable[[int, float, str], str],
+    engines: int,
+) -> list[Future[str]]:
+    """Step ``n``'s rollout on ``engines`` engines, run on ``pool``; returns the stragglers, not waited for.
+
+    First ``config.rollout_requests`` calls ``generate(i, tag)`` per engine ``i``, all waited for (at most 120 s each);
+    then ``config.stragglers`` calls ``straggler(i, delay, tag)`` per engine, each ``delay`` drawn from ``rng`` in
+    0..``config.straggler_window_s`` (in engine order, so a seed gives the same delays). Tags: ``s<n>-e<i>-r<k>``,
+    ``s<n>-e<i>-late<k>``.
+    """
+    calls = [pool.submit(generate, i, f"s{n}-e{i}-r{k}") for i in range(engines) for k in range(config.rollout_requests)]
+    for call in calls:
+        call.result(timeout=120)
+    return [
+        pool.submit(straggler, i, rng.uniform(0, config.straggler_window_s), f"s{n}-e{i}-late{k}")
+        for i in range(engines)
+        for k in range(config.stragglers)
+    ]
+
+
 def lost_stragglers(futures: Sequence[Future[str]], interrupted: bool) -> int:
     """How many of a step's stragglers came back ``"lost"``, once all are in (each waited for at most 120 s).
 
@@ -312,6 +354,19 @@ def lost_stragglers(futures: Sequence[Future[str]], interrupted: bool) -> int:
             future.cancel()
         return 0
     return sum(1 for f in futures if f.result(timeout=120) == "lost")
+
+
+def put_in_order(session: requests.Session, engine: EngineHandle, *, end_weight_session: bool = True) -> None:
+    """Put a live SGLang ``engine`` back as a global restart leaves it, through ``session`` straight to its own URL:
+    resume the tags it has released, continue it when paused, and end an open weight-update session
+    (``end_weight_session``, default True)."""
+    state = engine.state()
+    if state.get("released_tags"):
+        session.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
+    if state.get("paused"):
+        session.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
+    if end_weight_session and state.get("weight_update_session_open"):
+        session.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
 
 
 def restart_engines(engines: Sequence[EngineHandle]) -> None:

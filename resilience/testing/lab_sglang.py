@@ -47,18 +47,18 @@ from resilience.barrier.transitions import WEIGHT_SYNC_HOLD
 from resilience.policy import PolicyTable
 from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
 from resilience.testing.counting_probe import CountingProbe
-from resilience.testing.emulator import EngineHandle
 from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.lab import (
     BASELINE,
     CONTROL_TIMEOUT_S,
     DEADLINES,
-    ColocateReport,
     LabSetup,
     RetryCounter,
     lost_stragglers,
+    put_in_order,
     reconcile_from_probe,
     restart_engines,
+    rollout,
     run_rounds,
 )
 from resilience.testing.memory_probe import EmulatorMemoryProbe
@@ -150,16 +150,14 @@ class SGLangLab:
 
     def __init__(self, setup: LabSetup) -> None:
         fleet, config, kind, budget = setup.fleet, setup.config, setup.way, setup.budget
-        proxies = setup.proxies
         self.fleet, self.config, self.kind, self.clock = fleet, config, kind, setup.clock
-        self.urls = [p.url for p in proxies] if proxies is not None else fleet.urls
-        self.counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
+        self.urls, self.counted = setup.direct_urls()
         self.rng = random.Random(f"{config.seed}:{kind}")
         self.budget = budget
         self.counter = RetryCounter()
         self.resends = _BaselineResends()
         self._count_lock = threading.Lock()
-        self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
+        self.report = setup.new_report()
         self.pool = ThreadPoolExecutor(
             max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{kind}"
         )
@@ -331,15 +329,7 @@ class SGLangLab:
 
     def step(self, n: int) -> None:
         cfg = self.config
-        engines = range(len(self.urls))
-        rollout = [self.pool.submit(self._generate, i, f"s{n}-e{i}-r{k}") for i in engines for k in range(cfg.rollout_requests)]
-        for f in rollout:
-            f.result(timeout=120)
-        stragglers = [
-            self.pool.submit(self._straggler, i, self.rng.uniform(0, cfg.straggler_window_s), f"s{n}-e{i}-late{k}")
-            for i in engines
-            for k in range(cfg.stragglers)
-        ]
+        stragglers = rollout(self.pool, n, cfg, self.rng, self._generate, self._straggler, len(self.urls))
         kill, interrupted = cfg.kills_at(n), False
         if kill and self.kind != BASELINE:  # any of the step's phases (offload 3, onload 2, weight sync 2), 0-50 ms in
             self.fanout.arm(KillPoint(phase=self.kill_rng.randrange(7), after_s=round(self.kill_rng.uniform(0.0, 0.05), 4)))
@@ -372,15 +362,6 @@ class SGLangLab:
 
     # -- recovery: what a global restart does here ------------------------------------------
 
-    def _put_in_order(self, engine: EngineHandle) -> None:
-        state = engine.state()
-        if state.get("released_tags"):
-            self.bare.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
-        if state.get("paused"):
-            self.bare.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
-        if state.get("weight_update_session_open"):
-            self.bare.post(f"{engine.direct_url}/end_weight_update", json={}, timeout=30)
-
     def recover(self, failed: bool) -> int:
         """After every step, ``failed`` or not: restart dead engines, continue/resume live ones left paused or released,
         and start the controller afresh. Returns the deaths found."""
@@ -390,7 +371,7 @@ class SGLangLab:
             if engine in dead:
                 continue
             try:
-                self._put_in_order(engine)
+                put_in_order(self.bare, engine)
             except requests.RequestException:
                 # A crash lands a moment after the call that caused it: the engine may have died after the check above.
                 if engine.wait_exit(5.0) is None:

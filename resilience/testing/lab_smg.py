@@ -40,7 +40,6 @@ import requests
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.smg_fanout import SmgEngine, SmgFanOut
 from resilience.barrier import EngineGroup, Orchestrator
-from resilience.testing.emulator import EngineHandle
 from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.faultproxy import FaultProxy
 from resilience.testing.lab import (
@@ -49,6 +48,7 @@ from resilience.testing.lab import (
     ColocateReport,
     LabSetup,
     RetryCounter,
+    put_in_order,
     reconcile_from_probe,
     restart_engines,
     run_rounds,
@@ -87,7 +87,7 @@ class SmgLab:
         self.budget = setup.budget
         self.restarted_controller_in: int | None = None
         """Always None: a new controller starts only in a recovery."""
-        self.report = ColocateReport(way, config.steps, restart_limit=self.budget.limit, restart_budget_left=self.budget.remaining)
+        self.report = setup.new_report()
         self.proxies = [FaultProxy(e.direct_url, plan, e.index) for e in fleet.engines]
         self.counted: Sequence[FaultProxy | None] = self.proxies
         for proxy in self.proxies:
@@ -221,18 +221,11 @@ class SmgLab:
         restart_engines(dead)
         for engine in self.fleet.engines:
             if engine not in dead:
-                self._put_in_order(engine)
+                put_in_order(self.session, engine, end_weight_session=False)
         self._new_controller()
         for url in self.urls:  # a restarted engine: the gateway makes it ready again after a good probe
             self.gateway.wait_status(url, lambda s: s == "ready", 30.0)
         return len(dead)
-
-    def _put_in_order(self, engine: EngineHandle) -> None:
-        state = engine.state()
-        if state.get("released_tags"):
-            self.session.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
-        if state.get("paused"):
-            self.session.post(f"{engine.direct_url}/continue_generation", json={}, timeout=30)
 
     def tally(self) -> None:
         """Nothing more: the fan-out's absorbed 502s and probe verdicts were added as each controller closed."""

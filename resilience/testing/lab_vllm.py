@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import aiohttp
 import requests
@@ -56,17 +56,14 @@ from resilience.testing.lab import (
     BASELINE,
     CONTROL_TIMEOUT_S,
     DEADLINES,
-    ColocateReport,
     LabSetup,
     RetryCounter,
     lost_stragglers,
     restart_engines,
+    rollout,
     run_rounds,
 )
 from resilience.testing.policies import fast_policies
-
-if TYPE_CHECKING:
-    from resilience.testing.faults import FaultProxy
 
 __all__ = ["OLD_WAY_CAP_S", "SKYRL_SLEEP_LEVEL", "VLLMLab", "vllm_demo_policies"]
 
@@ -74,18 +71,7 @@ SKYRL_SLEEP_LEVEL: Final = 2
 """SkyRL's default sleep level (forced to 1 only with LoRA-only syncs)."""
 OLD_WAY_CAP_S: Final = 10.0
 """SkyRL's control calls have no timeout; the demo cuts one after this many seconds (counted as a failed step)."""
-_SCALED = (
-    "/pause",
-    "/resume",
-    "/sleep",
-    "/wake_up",
-    "/reset_prefix_cache",
-    "/start_weight_update",
-    "/update_weights",
-    "/finish_weight_update",
-    "/weight_checker",
-    "/update_weight_version",
-)
+_SCALED = (*VLLM_CONTROL_PATHS, "/weight_checker", "/update_weight_version")
 _PAUSED_RETRY_S = 30.0
 """How long a straggler keeps re-submitting while the engine answers 503 (an abort pause's back-pressure)."""
 _BASE_VERSION = "default"
@@ -143,10 +129,9 @@ class VLLMLab:
     """The vLLM loop of one run (SkyRL's sequence or ours) on the direct route: a :class:`~resilience.testing.lab.Lab`."""
 
     def __init__(self, setup: LabSetup) -> None:
-        fleet, config, kind, proxies = setup.fleet, setup.config, setup.way, setup.proxies
+        fleet, config, kind = setup.fleet, setup.config, setup.way
         self.fleet, self.config, self.kind, self.clock = fleet, config, kind, setup.clock
-        self.urls = [p.url for p in proxies] if proxies is not None else fleet.urls
-        self.counted: Sequence[FaultProxy | None] = proxies if proxies is not None else [e.proxy for e in fleet.engines]
+        self.urls, self.counted = setup.direct_urls()
         self.restarted_controller_in: int | None = None
         """Always None: this loop restarts no controller mid-step."""
         budget = setup.budget
@@ -156,7 +141,7 @@ class VLLMLab:
         self.rng = random.Random(f"{config.seed}:{kind}:vllm")
         self.budget = budget
         self.counter = RetryCounter()
-        self.report = ColocateReport(kind, config.steps, restart_limit=budget.limit, restart_budget_left=budget.remaining)
+        self.report = setup.new_report()
         self.pool = ThreadPoolExecutor(max(4, len(self.urls) * (config.stragglers + config.rollout_requests + 1)))
         self.bare = requests.Session()
         self.bare.trust_env = False
@@ -243,15 +228,7 @@ class VLLMLab:
 
     def step(self, n: int) -> None:
         cfg, version = self.config, f"v{n}"
-        engines = range(len(self.urls))
-        rollout = [self.pool.submit(self._checked, i, f"s{n}-e{i}-r{k}") for i in engines for k in range(cfg.rollout_requests)]
-        for f in rollout:
-            f.result(timeout=120)
-        stragglers = [
-            self.pool.submit(self._straggler, i, self.rng.uniform(0, cfg.straggler_window_s), f"s{n}-e{i}-late{k}")
-            for i in engines
-            for k in range(cfg.stragglers)
-        ]
+        stragglers = rollout(self.pool, n, cfg, self.rng, self._checked, self._straggler, len(self.urls))
         self.stragglers = stragglers
         if self.kind == BASELINE:
             self.report.timed("offload", lambda: self.skyrl.call_all(f"/sleep?level={SKYRL_SLEEP_LEVEL}"))

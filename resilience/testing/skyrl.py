@@ -30,6 +30,8 @@ import types
 from pathlib import Path
 from typing import Any
 
+from resilience.testing.stubbed_import import load_stubbed, never_called
+
 __all__ = ["SKYRL_VERSION", "SkyRLMissing", "load_skyrl_client", "skyrl_client", "skyrl_cycle"]
 
 SKYRL_VERSION = "0.4.0"
@@ -57,13 +59,6 @@ def _source() -> Path:
         f"SkyRL {SKYRL_VERSION}'s remote_inference_client.py is not here: run scripts/setup.sh (it unpacks "
         f"`pip download --no-deps skyrl=={SKYRL_VERSION}` into ~/.cache/cpr/skyrl), or set CPR_SKYRL_SOURCE"
     )
-
-
-def _unused(name: str) -> Any:
-    def stub(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"the rig's stub of SkyRL's {name} was called: only the control path is driven")
-
-    return stub
 
 
 def load_skyrl_client() -> types.ModuleType:
@@ -99,30 +94,13 @@ def load_skyrl_client() -> types.ModuleType:
     wire = stubs["skyrl.backends.skyrl_train.inference_servers.generate_wire"]
     wire.PackedField = str  # type: ignore[attr-defined]
     for fn in ("decode_packed_routed_experts", "decode_packed_sample_support", "load_packed_body"):
-        setattr(wire, fn, _unused(fn))
+        setattr(wire, fn, never_called("SkyRL", fn))
     stubs["skyrl.backends.skyrl_train.utils.routed_experts"].RoutedExpertIndices = list  # type: ignore[attr-defined]
     stubs["skyrl.backends.skyrl_train.utils.sample_support"].SampleSupport = list  # type: ignore[attr-defined]
-    stubs["skyrl.backends.utils"].convert_vllm_prompt_logprobs = _unused("convert_vllm_prompt_logprobs")  # type: ignore[attr-defined]
+    stubs["skyrl.backends.utils"].convert_vllm_prompt_logprobs = never_called("SkyRL", "convert_vllm_prompt_logprobs")  # type: ignore[attr-defined]
     stubs["skyrl.env_vars"].SKYRL_GENERATE_CONCURRENCY_PER_ENGINE = 512  # type: ignore[attr-defined]
     stubs["skyrl.env_vars"].SKYRL_HTTP_CONNECTION_LIMIT = 50_000  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in stubs}
-    sys.modules.update(stubs)
-    try:
-        spec = importlib.util.spec_from_file_location(_MODULE, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_MODULE] = module  # dataclasses look their module up while the class is made
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(_MODULE, None)
-        raise
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = value
-    return module
+    return load_stubbed(_MODULE, path, stubs)
 
 
 def skyrl_client(urls: list[str]) -> Any:

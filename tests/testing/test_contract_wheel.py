@@ -97,7 +97,7 @@ def test_client_calls_and_policies_exist_on_both_servers(surface: SglangSurface,
 def test_check_runs_every_comparison_on_the_wheel(wheel: Path) -> None:
     """The one-call check sizes every set it compares and finds no difference."""
     report = check(wheel)
-    assert report.sglang_version == "0.5.23" and report.problems == ()
+    assert report.engine_version == "0.5.23" and report.problems == ()
     assert report.sizes["sglang_routes"] >= 60 and report.sizes["emulator_routes"] >= 20 and report.sizes["client_endpoints"] >= 15
 
 

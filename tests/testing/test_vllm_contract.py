@@ -107,7 +107,7 @@ def test_wheel_source_reads_a_plausible_surface(surface: VllmSurface) -> None:
 def test_check_runs_every_comparison_on_the_wheel(wheel: Path) -> None:
     """The one-call check sizes every set it compares and finds no difference."""
     report = check(wheel)
-    assert report.vllm_version == "0.33.0" and report.problems == ()
+    assert report.engine_version == "0.33.0" and report.problems == ()
     assert report.sizes["vllm_control_routes"] == report.sizes["emulator_control_routes"] >= 20
     assert report.sizes["vllm_params"] >= 12 and report.sizes["emulator_bodies"] >= report.sizes["vllm_control_routes"]
 

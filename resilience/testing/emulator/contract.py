@@ -223,9 +223,11 @@ def compare_client(
 
 @dataclass(frozen=True, slots=True)
 class ContractReport:
-    """What :func:`check` compared (sizes) and every difference it found."""
+    """What a contract check compared (sizes) and every difference it found: this module's :func:`check` for SGLang,
+    ``vllm/contract.py``'s for vLLM."""
 
-    sglang_version: str
+    engine_version: str
+    """The version of the engine's wheel read (``0.5.23``, ``0.33.0``)."""
     sizes: Mapping[str, int]
     problems: tuple[str, ...]
 

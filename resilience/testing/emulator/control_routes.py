@@ -99,19 +99,15 @@ def control_router(engine: Engine) -> APIRouter:
     @router.post("/update_weights_from_tensor")
     @admin
     async def update_weights_from_tensor(obj: UpdateWeightsFromTensorReqInput) -> Response:
-        if obj.abort_all_requests:
-            front.abort_request(abort_all=True)
-        if not front.weight_update_session_open:
-            return _result(False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()")
+        if (refused := _first(obj, "update_weights_from_tensor")) is not None:
+            return refused
         return _result(*await _load(obj, "Success"))
 
     @router.post("/update_weights_from_distributed")
     @admin
     async def update_weights_from_distributed(obj: UpdateWeightsFromDistributedReqInput) -> Response:
-        if obj.abort_all_requests:
-            front.abort_request(abort_all=True)
-        if not front.weight_update_session_open:
-            return _result(False, "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()")
+        if (refused := _first(obj, "update_weights_from_distributed")) is not None:
+            return refused
         if not len(obj.names) == len(obj.dtypes) == len(obj.shapes):
             return _result(False, "Failed to receive weights: names, dtypes and shapes must have the same length.")
         if obj.group_name not in front.weight_update_groups:
@@ -124,16 +120,14 @@ def control_router(engine: Engine) -> APIRouter:
     @router.post("/update_weights_from_disk")
     @admin
     async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput) -> Response:
-        if obj.abort_all_requests:
-            front.abort_request(abort_all=True)
+        _first(obj)
         success, message = await _load(obj, "Succeeded to update model weights.")
         return _result(success, message, num_paused_requests=0)
 
     @router.post("/update_weight_version")
     @admin
     async def update_weight_version(obj: UpdateWeightVersionReqInput) -> Response:
-        if obj.abort_all_requests:
-            front.abort_request(abort_all=True)
+        _first(obj)
         await front.set_weight_version(obj.new_version)
         return _result(True, f"Weight version updated to {obj.new_version}", new_version=obj.new_version)
 
@@ -156,6 +150,15 @@ def control_router(engine: Engine) -> APIRouter:
     async def abort_request(obj: AbortReq) -> Response:
         front.abort_request(obj.rid or "", obj.abort_all)
         return Response(status_code=200)
+
+    def _first(obj: WeightsUpdate | UpdateWeightVersionReqInput, session_route: str | None = None) -> Response | None:
+        """What a weight route does first: abort every request when ``obj`` asks; for a ``session_route`` (one that
+        loads inside a weight-update session), the refusal outside begin/end (None: go on)."""
+        if obj.abort_all_requests:
+            front.abort_request(abort_all=True)
+        if session_route is not None and not front.weight_update_session_open:
+            return _result(False, f"{session_route} must run between begin_weight_update() and end_weight_update()")
+        return None
 
     async def _load(obj: WeightsUpdate, success_message: str) -> tuple[bool, str]:
         """The update itself (``tokenizer_control_mixin.py``): under the writer lock unless paused; may be applied yet refused."""

@@ -28,24 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import crash
+from . import messages as msg
 from .config import EngineConfig
-from .messages import (
-    HEALTH_CHECK_RID_PREFIX,
-    AbortRequests,
-    AddRequest,
-    ContinueScheduler,
-    ControlMessage,
-    FlushCache,
-    FlushResult,
-    GetLoads,
-    LoadWeights,
-    PauseScheduler,
-    ReleaseMemory,
-    Req,
-    ResumeMemory,
-    SchedulerOutput,
-    SetWeightVersion,
-)
 from .rwlock import RWLock
 from .scheduler import Scheduler
 from .text import decode_tokens, encode_text
@@ -122,14 +106,14 @@ class Frontend:
             raise RuntimeError("Frontend.attach() was not called")
         return self._pause_cond
 
-    def on_scheduler_output(self, out: SchedulerOutput) -> None:
+    def on_scheduler_output(self, out: msg.SchedulerOutput) -> None:
         """Scheduler-thread callback: hand the output to the event loop."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return  # shutting down: nobody is waiting for it
         loop.call_soon_threadsafe(self._deliver, out)
 
-    def _deliver(self, out: SchedulerOutput) -> None:
+    def _deliver(self, out: msg.SchedulerOutput) -> None:
         self.last_receive_ns = time.monotonic_ns()
         state = self.rid_states.get(out.rid)
         if state is None:
@@ -140,14 +124,14 @@ class Frontend:
         if out.finish_reason is not None or state.request.stream:
             state.outputs.put_nowait(self._response(state, out))
 
-    def _response(self, state: _ReqState, out: SchedulerOutput) -> dict[str, Any]:
+    def _response(self, state: _ReqState, out: msg.SchedulerOutput) -> dict[str, Any]:
         return {
             "text": decode_tokens(state.output_ids),
             "output_ids": list(state.output_ids),
             "meta_info": self._meta_info(state, out),
         }
 
-    def _meta_info(self, state: _ReqState, out: SchedulerOutput) -> dict[str, Any]:
+    def _meta_info(self, state: _ReqState, out: msg.SchedulerOutput) -> dict[str, Any]:
         """SGLang's ``meta_info`` (``tokenizer_manager.py``, ``_handle_batch_output``; spans: ``utils/weight_versions.py``)."""
         meta: dict[str, Any] = {
             "id": state.request.rid,
@@ -166,7 +150,7 @@ class Frontend:
                 meta["weight_version"] = out.weight_versions[-1]["version"]
         return meta
 
-    async def _call(self, message: ControlMessage) -> Any:
+    async def _call(self, message: msg.ControlMessage) -> Any:
         self._scheduler.submit(message)
         return await asyncio.wrap_future(message.reply)
 
@@ -189,7 +173,8 @@ class Frontend:
         self.rid_states[request.rid] = state
         try:
             async with self.model_update_lock.reader_lock():
-                self._scheduler.submit(AddRequest(Req(request.rid, list(request.input_ids), request.max_new_tokens, request.stream)))
+                req = msg.Req(request.rid, list(request.input_ids), request.max_new_tokens, request.stream)
+                self._scheduler.submit(msg.AddRequest(req))
                 for _ in itertools.count():
                     out = await self._next_output(state, is_disconnected)
                     yield out
@@ -245,7 +230,7 @@ class Frontend:
             return
         if not abort_all and rid not in self.rid_states:
             return
-        self._scheduler.submit(AbortRequests(rid, abort_all))
+        self._scheduler.submit(msg.AbortRequests(rid, abort_all))
 
     # ----- pause ------------------------------------------------------------------
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"]) -> None:
@@ -254,7 +239,7 @@ class Frontend:
             self.is_pause = True
             self.pause_mode = mode
             if mode != "abort":
-                self._scheduler.submit(PauseScheduler(mode))
+                self._scheduler.submit(msg.PauseScheduler(mode))
                 return
             for _ in range(_MAX_ABORT_ROUNDS):  # SGLang: until model_update_lock is free (no generation holds it)
                 self.abort_request(abort_all=True)
@@ -267,25 +252,25 @@ class Frontend:
         async with self._cond:
             self.is_pause = False
             self.pause_mode = None
-            self._scheduler.submit(ContinueScheduler())  # fire and forget, as SGLang
+            self._scheduler.submit(msg.ContinueScheduler())  # fire and forget, as SGLang
             self._cond.notify_all()
 
     # ----- cache and memory ---------------------------------------------------------
-    async def flush_cache(self, timeout_s: float) -> FlushResult:
+    async def flush_cache(self, timeout_s: float) -> msg.FlushResult:
         """Flush through the scheduler (succeeds only when idle)."""
-        result: FlushResult = await self._call(FlushCache(timeout_s))
+        result: msg.FlushResult = await self._call(msg.FlushCache(timeout_s))
         return result
 
     async def release_memory_occupation(self, tags: tuple[str, ...]) -> None:
         """Release the tags' memory; the scheduler dies if it is not idle or a tag is released already."""
-        await self._call(ReleaseMemory(tags))
+        await self._call(msg.ReleaseMemory(tags))
 
     async def resume_memory_occupation(self, tags: tuple[str, ...]) -> None:
         """Resume the tags' memory; the scheduler dies on a tag that is not released."""
-        await self._call(ResumeMemory(tags))
+        await self._call(msg.ResumeMemory(tags))
 
     # ----- weights ----------------------------------------------------------------
-    async def exclusive(self, message: ControlMessage) -> Any:
+    async def exclusive(self, message: msg.ControlMessage) -> Any:
         """Send ``message`` holding the engine: at once when paused, else under the writer lock.
 
         SGLang's weight-update calls (``tokenizer_control_mixin.py``): a paused engine is held by
@@ -304,7 +289,7 @@ class Frontend:
         the cache was not flushed ...")`` and leaves the version this side reports unchanged.
         """
         self._weight_loads += 1
-        success, message = await self.exclusive(LoadWeights(self._weight_loads, flush_cache, weight_version))
+        success, message = await self.exclusive(msg.LoadWeights(self._weight_loads, flush_cache, weight_version))
         if success:
             message = success_message
             if weight_version is not None:
@@ -334,12 +319,12 @@ class Frontend:
 
     async def set_weight_version(self, version: str) -> None:
         """``/update_weight_version``: the scheduler records it for live requests, then this side reports it."""
-        await self._call(SetWeightVersion(version))
+        await self._call(msg.SetWeightVersion(version))
         self.weight_version = version
 
     async def loads(self) -> dict[str, Any]:
         """The scheduler's load numbers, asked through the scheduler (``/server_info``'s internal state)."""
-        loads: dict[str, Any] = await self._call(GetLoads())
+        loads: dict[str, Any] = await self._call(msg.GetLoads())
         return loads
 
     def load_snapshot(self) -> dict[str, Any]:
@@ -355,7 +340,7 @@ class Frontend:
         if self.server_status == STARTING:
             return False
         tic = time.monotonic_ns()
-        request = NewRequest(f"{HEALTH_CHECK_RID_PREFIX}_{time.time()}", [0], 1, False)
+        request = NewRequest(f"{msg.HEALTH_CHECK_RID_PREFIX}_{time.time()}", [0], 1, False)
 
         async def run() -> None:
             outputs = self.generate(request)

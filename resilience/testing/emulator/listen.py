@@ -1,7 +1,8 @@
 """What every engine entry does with its process before serving: bind the port, check and watch its parent.
 
-A leaf module (standard library only), shared by the SGLang entry (``server.py``) and the
-vLLM one (``vllm/server.py``) without either importing the other.
+Shared by the SGLang entry (``server.py``) and the vLLM one (``vllm/server.py``) without either importing the
+other: standard library only, but for the fleet (``serve_many.py``, imported when ``--engines`` asks for more than one)
+and ``memory_state.py`` (with ``--memory-state-dir``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["bind_listener", "listen_url", "parent_problem", "run_app", "serve_entry", "watch_parent"]
+if TYPE_CHECKING:
+    from .config import EngineConfig
+    from .vllm.config import VLLMEngineConfig
+
+__all__ = ["bind_listener", "engine_main", "listen_url", "parent_problem", "run_app", "serve_entry", "watch_parent"]
+
+C = TypeVar("C", "EngineConfig", "VLLMEngineConfig")
 
 
 def watch_parent(parent_pid: int) -> None:
@@ -65,6 +73,58 @@ def bind_listener(host: str, port: int) -> socket.socket:
 def listen_url(host: str, port: int) -> str:
     """``http://host:port`` (IPv6 hosts in brackets)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def engine_main(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    read_config: Callable[[argparse.Namespace], C],
+    build: Callable[[C, str, int], tuple[object, Any]],
+    on_ready: Callable[[str], None],
+    logging_configured: bool,
+) -> int:
+    """An engine entry's ``main`` once its ``parser`` is built; the exit status.
+
+    Parses ``argv`` (argparse prints its own errors: 2), reads the engine's config with ``read_config(args)`` (a
+    ValueError is one line naming the command: 2), then :func:`serve_entry`: ``--engines`` N > 1 forked from one
+    zygote (``serve_many.serve_fleet``), else one engine on the bound port: ``build(config, host, port)`` gives its
+    app and the part that publishes its released tags (given a ``MemoryStateWriter`` as ``memory_state`` with
+    ``--memory-state-dir``), served by :func:`run_app` (``on_ready``, ``logging_configured``: as there).
+    """
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage and the error line
+        return exc.code if isinstance(exc.code, int) else 2
+    error = f"{parser.prog}: error:"  # every line names the command, as argparse's own errors do
+    try:
+        config = read_config(args)
+    except ValueError as exc:
+        print(f"{error} {exc}", file=sys.stderr)
+        return 2
+
+    def serve_many() -> int:
+        from .serve_many import serve_fleet
+
+        return serve_fleet(
+            args.engines,
+            config,
+            host=args.host,
+            port=args.port,
+            startup_timeout=args.startup_timeout,
+            log_level=args.log_level,
+            memory_state_dir=args.memory_state_dir,
+        )
+
+    def serve_one(sock: socket.socket) -> int:
+        port = sock.getsockname()[1]
+        app, publisher = build(config, args.host, port)
+        if args.memory_state_dir is not None:
+            from .memory_state import MemoryStateWriter
+
+            publisher.memory_state = MemoryStateWriter(args.memory_state_dir, port)  # published once the engine starts
+        return run_app(app, sock, listen_url(args.host, port), on_ready, args.log_level, logging_configured)
+
+    return serve_entry(args, error, serve_one, serve_many)
 
 
 def serve_entry(

@@ -9,10 +9,11 @@ and the zygote.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ from .config import EngineConfig
 from .fleet import EmulatedFleet, EmulatorStartError
 from .ready import READY_PREFIX
 
-__all__ = ["ProgressPrinter", "serve_fleet"]
+__all__ = ["ProgressPrinter", "serve_fleet", "serve_until", "stop_on_signal"]
 
 if TYPE_CHECKING:
     from .vllm.config import VLLMEngineConfig
@@ -50,6 +51,39 @@ class ProgressPrinter:
             self._write(f"engines ready {ready}/{total}")
 
 
+@contextlib.contextmanager
+def stop_on_signal() -> Iterator[threading.Event]:
+    """An event that SIGINT or SIGTERM sets while the block runs; the previous handlers are back after it."""
+    stop = threading.Event()
+
+    def on_signal(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve_until(stop: threading.Event, fleet: EmulatedFleet, ready_urls: Iterable[str], log_lines: int = _LOG_TAIL_LINES) -> int:
+    """Print one ``EMULATOR READY <url>`` line per ``ready_urls`` on stdout, then, until ``stop`` is set, report on
+    stderr each engine of ``fleet`` that died, once, with the last ``log_lines`` lines of its log (default 5; 0: none).
+    Returns 0."""
+    for url in ready_urls:
+        print(f"{READY_PREFIX}{url}")
+    sys.stdout.flush()
+    reported: set[int] = set()
+    while not stop.wait(_WATCH_S):  # until SIGINT/SIGTERM
+        for engine in fleet.engines:
+            if engine.index not in reported and not engine.alive():
+                reported.add(engine.index)
+                tail = "".join(f"\n  {line}" for line in engine.log().splitlines()[-log_lines:]) if log_lines else ""
+                print(f"engine {engine.index} ({engine.direct_url}) exited with {engine.returncode}{tail}", file=sys.stderr, flush=True)
+    return 0
+
+
 def serve_fleet(
     n: int,
     config: EngineConfig | VLLMEngineConfig,
@@ -67,40 +101,23 @@ def serve_fleet(
 
     Returns 0 after a signal, 1 when the fleet did not start (the first failing engine's log on stderr).
     """
-    stop = threading.Event()
-
-    def on_signal(_sig: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    fleet = EmulatedFleet(
-        n,
-        config,
-        startup_timeout=startup_timeout,
-        progress=ProgressPrinter(),
-        host=host,
-        base_port=port,
-        log_level=log_level,
-        memory_state_dir=memory_state_dir,
-    )
-    try:
+    with stop_on_signal() as stop:
+        fleet = EmulatedFleet(
+            n,
+            config,
+            startup_timeout=startup_timeout,
+            progress=ProgressPrinter(),
+            host=host,
+            base_port=port,
+            log_level=log_level,
+            memory_state_dir=memory_state_dir,
+        )
         try:
-            fleet.start()
-        except EmulatorStartError as exc:
-            print(f"error: the engines did not start: {exc}", file=sys.stderr)
-            return 1
-        for url in fleet.direct_urls:
-            print(f"{READY_PREFIX}{url}")
-        sys.stdout.flush()
-        reported: set[int] = set()
-        while not stop.wait(_WATCH_S):  # until SIGINT/SIGTERM
-            for engine in fleet.engines:
-                if engine.index not in reported and not engine.alive():
-                    reported.add(engine.index)
-                    tail = "".join(f"\n  {line}" for line in engine.log().splitlines()[-_LOG_TAIL_LINES:])
-                    print(f"engine {engine.index} ({engine.direct_url}) exited with {engine.returncode}{tail}", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        fleet.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            try:
+                fleet.start()
+            except EmulatorStartError as exc:
+                print(f"error: the engines did not start: {exc}", file=sys.stderr)
+                return 1
+            return serve_until(stop, fleet, fleet.direct_urls)
+        finally:
+            fleet.stop()

@@ -9,19 +9,19 @@ port in use fails fast with a one-line error.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from .config import EngineConfig, add_config_arguments, config_from_namespace
-from .listen import listen_url, run_app, serve_entry
+from .listen import engine_main
 from .ready import print_ready
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from .engine import Engine
+    from .scheduler import Scheduler
     from .vllm.server import VLLMAppFactory
 
 __all__ = ["AppFactory", "build_parser", "main"]
@@ -111,67 +111,21 @@ def main(
         # a factory handed to this entry (the zygote's child) builds the app of the kind its argv names
         factory = cast("VLLMAppFactory | None", app_factory)
         return vllm_main(argv, prog=prog, on_ready=on_ready, app_factory=factory, logging_configured=logging_configured)
-    parser = build_parser(prog)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed usage and the error line
-        return exc.code if isinstance(exc.code, int) else 2
-    error = f"{parser.prog}: error:"  # every line names the command, as argparse's own errors do
-    try:
-        config = config_from_namespace(args)
-    except ValueError as exc:
-        print(f"{error} {exc}", file=sys.stderr)
-        return 2
 
-    def serve_many() -> int:
-        from .serve_many import serve_fleet
+    def build(config: EngineConfig, host: str, port: int) -> tuple[FastAPI, Scheduler]:
+        import torch
 
-        return serve_fleet(
-            args.engines,
-            config,
-            host=args.host,
-            port=args.port,
-            startup_timeout=args.startup_timeout,
-            log_level=args.log_level,
-            memory_state_dir=args.memory_state_dir,
-        )
+        torch.set_num_threads(1)
+        app, engine = (app_factory or _default_factory)(config, host, port)
+        return app, engine.scheduler
 
-    def serve_one(sock: socket.socket) -> int:
-
-        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
-
-
-    return serve_entry(args, error, serve_one, serve_many)
+    return engine_main(build_parser(prog), argv, config_from_namespace, build, on_ready, logging_configured)
 
 
 def _default_factory(config: EngineConfig, host: str, port: int) -> tuple[FastAPI, Engine]:
     from .app import create_app
 
     return create_app(config, host=host, port=port)
-
-
-def _serve(
-    sock: socket.socket,
-    host: str,
-    config: EngineConfig,
-    log_level: str,
-    on_ready: Callable[[str], None],
-    app_factory: AppFactory | None,
-    logging_configured: bool,
-    memory_state_dir: str | None = None,
-) -> int:
-    import torch
-
-    torch.set_num_threads(1)
-    port = sock.getsockname()[1]
-    url = listen_url(host, port)
-    app, engine = (app_factory or _default_factory)(config, host, port)
-    if memory_state_dir is not None:
-        from .memory_state import MemoryStateWriter
-
-        engine.scheduler.memory_state = MemoryStateWriter(memory_state_dir, port)  # published when the scheduler starts
-
-    return run_app(app, sock, url, on_ready, log_level, logging_configured)
 
 
 # the engine switch: ``--engine vllm`` hands the whole command line to ``vllm/server.py``

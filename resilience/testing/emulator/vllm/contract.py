@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract import ContractReport
 from .config import DEV_MODE_ENV, VLLM_VERSION
 from .source import RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
 
 __all__ = [
     "DEV_MODE_READER",
     "UNREACHABLE_SHAPES",
-    "VllmContractReport",
     "app_paths",
     "check",
     "compare_bodies",
@@ -136,19 +135,18 @@ def compare_bodies(
     return problems
 
 
-def app_paths(app: Any) -> set[tuple[str, str]]:
+Paths = set[tuple[str, str]]
+"""The ``(method, path)`` pairs an app serves (:func:`app_paths`)."""
+
+
+def app_paths(app: Any) -> Paths:
     """Every ``(method, path)`` an app serves, included routers too."""
     from ..routes import iter_routes
 
     return {(m, r.path) for r in iter_routes(app.routes) for m in r.methods}
 
 
-def compare_mounting(
-    surface: VllmSurface,
-    control: Mapping[str, RouteSpec],
-    dev_app_paths: set[tuple[str, str]],
-    plain_app_paths: set[tuple[str, str]],
-) -> list[str]:
+def compare_mounting(surface: VllmSurface, control: Mapping[str, RouteSpec], dev_app_paths: Paths, plain_app_paths: Paths) -> list[str]:
     """vLLM's dev-mode gate and env reader, and whether the emulator mounts the control routes exactly when dev mode is on."""
     problems: list[str] = []
     for registry in ("register_vllm_dev_api_routers", "register_rl_api_routers"):
@@ -158,16 +156,20 @@ def compare_mounting(
         problems.append(f"vLLM reads {DEV_MODE_ENV} as {surface.dev_mode_env!r}, the emulator as {DEV_MODE_READER!r}")
     wanted = {(m, r.path) for r in control.values() for m in r.methods}
     extra = {(m, p) for m, p in dev_app_paths if not p.startswith("/_emulator/") and p not in SERVE_PATHS}
-    for method, path in sorted(wanted - dev_app_paths):
-        problems.append(f"dev mode on: the emulator's app does not serve {method} {path}")
     for method, path in sorted(extra - wanted):
         problems.append(f"dev mode on: the emulator's app serves {method} {path}, which is no control route")
-    for method, path in sorted(wanted & plain_app_paths):
-        problems.append(f"dev mode off: the emulator's app serves {method} {path} (vLLM answers 404)")
-    return problems
+    return problems + _mounted_when("dev mode", control, dev_app_paths, plain_app_paths)
 
 
-def compare_serve_routes(surface: VllmSurface, served: set[tuple[str, str]], guarded_prefix: tuple[str, ...]) -> list[str]:
+def _mounted_when(switch: str, routes: Mapping[str, RouteSpec], on_paths: Paths, off_paths: Paths) -> list[str]:
+    """What is wrong with the emulator serving ``routes`` exactly when ``switch`` is on: the app built with it on
+    serves ``on_paths``, with it off ``off_paths``."""
+    wanted = {(m, r.path) for r in routes.values() for m in r.methods}
+    missing = [f"{switch} on: the emulator's app does not serve {m} {p}" for m, p in sorted(wanted - on_paths)]
+    return missing + [f"{switch} off: the emulator's app serves {m} {p} (vLLM answers 404)" for m, p in sorted(wanted & off_paths)]
+
+
+def compare_serve_routes(surface: VllmSurface, served: Paths, guarded_prefix: tuple[str, ...]) -> list[str]:
     """The always-mounted routes the emulator serves exist in vLLM with those methods; the key guards the same prefixes."""
     problems: list[str] = []
     for path in SERVE_PATHS:
@@ -182,35 +184,16 @@ def compare_serve_routes(surface: VllmSurface, served: set[tuple[str, str]], gua
     return problems
 
 
-def compare_fault_tolerance(
-    surface: VllmSurface,
-    ours: Mapping[str, RouteSpec],
-    ft_app_paths: set[tuple[str, str]],
-    plain_app_paths: set[tuple[str, str]],
-) -> list[str]:
+def compare_fault_tolerance(surface: VllmSurface, ours: Mapping[str, RouteSpec], ft_app_paths: Paths, plain_app_paths: Paths) -> list[str]:
     """The fault-tolerance routes as the control routes are compared, and mounted only with ``enable_fault_tolerance``."""
     theirs = surface.fault_tolerance
     problems = compare_routes(theirs, ours) + compare_params(theirs, ours) + compare_bodies(theirs, ours)
     if FT_REGISTRY not in surface.fault_tolerance_gated:
         problems.append(f"vLLM's register_api_routers does not call {FT_REGISTRY} under `if ... enable_fault_tolerance ...:`")
-    wanted = {(m, r.path) for r in ours.values() for m in r.methods}
-    for method, path in sorted(wanted - ft_app_paths):
-        problems.append(f"fault tolerance on: the emulator's app does not serve {method} {path}")
-    for method, path in sorted(wanted & plain_app_paths):
-        problems.append(f"fault tolerance off: the emulator's app serves {method} {path} (vLLM answers 404)")
-    return problems
+    return problems + _mounted_when("fault tolerance", ours, ft_app_paths, plain_app_paths)
 
 
-@dataclass(frozen=True, slots=True)
-class VllmContractReport:
-    """What :func:`check` compared (sizes) and every difference it found."""
-
-    vllm_version: str
-    sizes: Mapping[str, int]
-    problems: tuple[str, ...]
-
-
-def check(wheel: str | Path) -> VllmContractReport:
+def check(wheel: str | Path) -> ContractReport:
     """Read the wheel, read the emulator, build its app with dev mode on and off, run every comparison.
 
     Raises AssertionError when a compared set is empty or of an implausible size: a check over
@@ -259,4 +242,4 @@ def check(wheel: str | Path) -> VllmContractReport:
         + compare_serve_routes(surface, dev_paths, GUARDED_PREFIX)
         + compare_fault_tolerance(surface, ft_ours, ft_paths, dev_paths)
     )
-    return VllmContractReport(surface.version, sizes, tuple(problems))
+    return ContractReport(surface.version, sizes, tuple(problems))

@@ -9,12 +9,10 @@ and serves until SIGINT/SIGTERM or until the engine dies of an illegal memory ac
 from __future__ import annotations
 
 import argparse
-import socket
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..listen import listen_url, run_app, serve_entry
+from ..listen import engine_main
 from ..ready import print_ready
 from .config import ENGINE_KIND, VLLMEngineConfig, add_vllm_arguments, vllm_config_from_namespace
 
@@ -74,62 +72,19 @@ def main(
 
     The keywords mean what they mean for the SGLang entry (``emulator/server.py`` ``main``).
     """
-    parser = build_parser(prog)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
-    error = f"{parser.prog}: error:"
-    try:
+
+    def read_config(args: argparse.Namespace) -> VLLMEngineConfig:
         config = vllm_config_from_namespace(args)
         config.resolved_dev_mode()  # a bad VLLM_SERVER_DEV_MODE is named now, not at the first request
-    except ValueError as exc:
-        print(f"{error} {exc}", file=sys.stderr)
-        return 2
+        return config
 
-    def serve_many() -> int:
-        from ..serve_many import serve_fleet
+    def build(config: VLLMEngineConfig, host: str, port: int) -> tuple[FastAPI, Any]:
+        if app_factory is None:
+            from .app import create_app
 
-        return serve_fleet(
-            args.engines,
-            config,
-            host=args.host,
-            port=args.port,
-            startup_timeout=args.startup_timeout,
-            log_level=args.log_level,
-            memory_state_dir=args.memory_state_dir,
-        )
+            app, engine = create_app(config, host=host, port=port)
+        else:
+            app, engine = app_factory(config, host, port)
+        return app, engine.core
 
-    def serve_one(sock: socket.socket) -> int:
-
-        return _serve(sock, args.host, config, args.log_level, on_ready, app_factory, logging_configured, args.memory_state_dir)
-
-
-    return serve_entry(args, error, serve_one, serve_many)
-
-
-def _serve(
-    sock: socket.socket,
-    host: str,
-    config: VLLMEngineConfig,
-    log_level: str,
-    on_ready: Callable[[str], None],
-    app_factory: VLLMAppFactory | None,
-    logging_configured: bool,
-    memory_state_dir: str | None,
-) -> int:
-
-    port = sock.getsockname()[1]
-    url = listen_url(host, port)
-    if app_factory is None:
-        from .app import create_app
-
-        app, engine = create_app(config, host=host, port=port)
-    else:
-        app, engine = app_factory(config, host, port)
-    if memory_state_dir is not None:
-        from ..memory_state import MemoryStateWriter
-
-        engine.core.memory_state = MemoryStateWriter(memory_state_dir, port)  # published when the app starts
-
-    return run_app(app, sock, url, on_ready, log_level, logging_configured)
+    return engine_main(build_parser(prog), argv, read_config, build, on_ready, logging_configured)
