@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import math
 import ssl
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping, Sequence
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -53,7 +54,7 @@ from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import Clock
 from resilience.errors import ConfigError, require
 from resilience.events import Observer
-from resilience.outcome import Delivery
+from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, responded
 
@@ -200,7 +201,14 @@ _PARSED = _PARSED_SAMPLE is not None and all(hasattr(_PARSED_SAMPLE, part) for p
 """httpx (0.23 to 0.28 at least) keeps a URL's parts parsed (``URL._uri_reference``): the route key reads them. Else ``str(url)``."""
 
 
-def _failed(exc: httpx.TransportError) -> AttemptResult[httpx.Response]:
+def _report(response: httpx.Response) -> AttemptResult[httpx.Response]:
+    return responded(response, response.status_code, response.headers)
+
+
+def _failed(exc: BaseException) -> AttemptResult[httpx.Response]:
+    """A transport error as the attempt's result; any other error, and one a retry cannot fix, re-raised."""
+    if not isinstance(exc, httpx.TransportError) or _not_transient(exc):
+        raise exc
     delivery, kind = transport_failure(exc)
     return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
 
@@ -318,17 +326,17 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
         """Send ``request`` with the retry loop; the contract of ``httpx.BaseTransport.handle_request``."""
         spec = self._spec(request)
 
-        def attempt(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[httpx.Response]:
-            try:
-                response = self.transport.handle_request(_attempt_request(request, timeouts, carrier))
-            except httpx.TransportError as exc:
-                if _not_transient(exc):
-                    raise
-                return _failed(exc)
-            return responded(response, response.status_code, response.headers)
+        def send(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> httpx.Response:
+            return self.transport.handle_request(_attempt_request(request, timeouts, carrier))
 
         response, records = self.retrier.run(
-            spec, attempt, discard=_discard, on_probe_done=lambda: self._probe_done(request), never_sent=_never_sent_unretried
+            spec,
+            send,
+            report=_report,
+            failed=_failed,
+            discard=_discard,
+            on_probe_done=lambda: self._probe_done(request),
+            never_sent=_never_sent_unretried,
         )
         extensions = response.extensions
         extensions["attempts"] = records
@@ -393,26 +401,34 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         super().__init__("AsyncResilientTransport", config)
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` with the retry loop; the contract of ``httpx.AsyncBaseTransport.handle_async_request``."""
+    def handle_async_request(self, request: httpx.Request) -> Coroutine[Any, Any, httpx.Response]:
+        """Send ``request`` with the retry loop; the contract of ``httpx.AsyncBaseTransport.handle_async_request``.
+
+        A plain function returning ``Retrier.arun``'s coroutine (awaited by
+        httpx as its own ``async def`` would be): the wrapped transport's
+        coroutine runs under that one frame of ours.
+        """
         spec = self._spec(request)
 
-        async def attempt(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[httpx.Response]:
-            try:
-                response = await self.transport.handle_async_request(_attempt_request(request, timeouts, carrier))
-            except httpx.TransportError as exc:
-                if _not_transient(exc):
-                    raise
-                return _failed(exc)
-            return responded(response, response.status_code, response.headers)
+        def send(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> Awaitable[httpx.Response]:
+            return self.transport.handle_async_request(_attempt_request(request, timeouts, carrier))
 
-        response, records = await self.retrier.arun(
-            spec, attempt, discard=_adiscard, on_probe_done=lambda: self._probe_done(request), never_sent=_never_sent_unretried
+        def finish(response: httpx.Response, records: tuple[AttemptRecord, ...]) -> httpx.Response:
+            extensions = response.extensions
+            extensions["attempts"] = records
+            extensions["endpoint"] = spec.match.endpoint
+            return response
+
+        return self.retrier.arun(
+            spec,
+            send,
+            report=_report,
+            failed=_failed,
+            discard=_adiscard,
+            on_probe_done=lambda: self._probe_done(request),
+            never_sent=_never_sent_unretried,
+            finish=finish,
         )
-        extensions = response.extensions
-        extensions["attempts"] = records
-        extensions["endpoint"] = spec.match.endpoint
-        return response
 
     async def aclose(self) -> None:
         """Close the wrapped transport (``httpx.AsyncClient.aclose()`` calls it)."""

@@ -11,6 +11,15 @@ sockets, on an injectable clock and random source. ``run`` and ``arun`` are
 the same loop, line for line (``RetryCall``'s docstring holds it and the
 rules); a first-attempt success costs the ``RetryCall`` nothing it does not
 hand back.
+
+An attempt is ``send(n, (connect_s, read_s), headers)``: the transport's own
+call, or for ``arun`` the transport's own coroutine, which ``arun`` awaits
+itself, so a success passes through one coroutine frame of ours (``arun``'s)
+when the driver's entry returns ``arun``'s coroutine (``finish=`` builds what
+it returns). ``report(answer)`` turns what ``send`` returned into an
+``AttemptResult``, ``failed(exc)`` what it raised (or re-raises what is not
+the transport's to report); without them ``send`` reports itself (returns an
+``AttemptResult``, never raises for transport errors).
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import asyncio
 import inspect
 import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
@@ -34,10 +43,16 @@ from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 __all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
 
 R = TypeVar("R")
-Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], AttemptResult[R]]
-"""``attempt(n, (connect_s, read_s), headers)``: make attempt ``n``; report transport errors, never raise them."""
-AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[AttemptResult[R]]]
-"""The coroutine form of ``Attempt``."""
+T = TypeVar("T")
+Records = tuple[AttemptRecord, ...]
+Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], Any]
+"""``send(n, (connect_s, read_s), headers)``: make attempt ``n``; its answer goes to ``report`` (without one: an ``AttemptResult``)."""
+AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[Any]]
+"""The coroutine form of ``Attempt``: returns the awaitable (the transport's own coroutine), which ``arun`` awaits."""
+Report = Callable[[Any], AttemptResult[R]] | None
+"""``report(answer)``: the ``AttemptResult`` of what ``send`` returned; None: ``send`` returned one."""
+Failed = Callable[[BaseException], AttemptResult[R]] | None
+"""``failed(exc)``: the ``AttemptResult`` of what ``send`` raised, or ``exc`` re-raised; None: re-raise every error."""
 
 
 class Retrier:
@@ -102,16 +117,19 @@ class Retrier:
     def run(
         self,
         spec: CallSpec,
-        attempt: Attempt[R],
+        send: Attempt,
         *,
+        report: Report[R] = None,
+        failed: Failed[R] = None,
         discard: Callable[[R], None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """Run one logical call with blocking I/O; return the final response and the attempts taken.
 
-        ``attempt(n, (connect_timeout, read_timeout), carrier)`` makes attempt
-        ``n`` and must not raise for transport errors (it reports them).
+        ``send(n, (connect_timeout, read_timeout), carrier)`` makes attempt
+        ``n``; ``report`` / ``failed`` (the module's docstring) turn its answer
+        or its error into an ``AttemptResult``.
         ``discard`` releases a response that will not be returned.
         ``on_probe_done`` builds the response to return when a probe says an
         ambiguous request was applied.
@@ -128,7 +146,14 @@ class Retrier:
             step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
             while True:
                 if type(step) is Send:
-                    step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+                    try:
+                        answer = send(step.attempt, step.timeouts, step.headers)
+                    except BaseException as exc:
+                        if failed is None:
+                            raise
+                        step = call.attempt_done(failed(exc))
+                    else:
+                        step = call.attempt_done(answer if report is None else report(answer))
                 elif type(step) is Return:
                     if step.discard is not None:
                         discard(step.discard)
@@ -150,16 +175,53 @@ class Retrier:
             _abandon(call, exc, never_sent)  # a no-op when the call ended on a verdict
             raise
 
+    @overload
     async def arun(
         self,
         spec: CallSpec,
-        attempt: AsyncAttempt[R],
+        send: AsyncAttempt,
         *,
+        report: Report[R] = None,
+        failed: Failed[R] = None,
+        discard: Callable[[R], Awaitable[None] | None] = ...,
+        on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = ...,
+        finish: None = None,
+    ) -> tuple[R, Records]: ...
+
+    @overload
+    async def arun(
+        self,
+        spec: CallSpec,
+        send: AsyncAttempt,
+        *,
+        report: Report[R] = None,
+        failed: Failed[R] = None,
+        discard: Callable[[R], Awaitable[None] | None] = ...,
+        on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = ...,
+        finish: Callable[[R, Records], T],
+    ) -> T: ...
+
+    async def arun(
+        self,
+        spec: CallSpec,
+        send: AsyncAttempt,
+        *,
+        report: Report[R] = None,
+        failed: Failed[R] = None,
         discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
-    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        finish: Callable[[R, Records], T] | None = None,
+    ) -> tuple[R, Records] | T:
         """``run`` for coroutines: the same decisions, awaited attempts, backoff slept with the clock's ``asleep``.
+
+        ``send`` returns the attempt's awaitable (the transport's own
+        coroutine: ``arun`` awaits it, no frame of the driver's between).
+        ``finish(response, attempts)``, when given, is what ``arun`` returns
+        instead of the pair (a driver stamps the record on its response), so
+        a driver's entry may return ``arun``'s coroutine without awaiting it.
 
         ``discard`` may return an awaitable (``aclose``, ``release``). A sync
         probe runs in a worker thread (it may do blocking I/O); a coroutine
@@ -171,11 +233,18 @@ class Retrier:
             step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
             while True:
                 if type(step) is Send:
-                    step = call.attempt_done(await attempt(step.attempt, step.timeouts, step.headers))
+                    try:
+                        answer = await send(step.attempt, step.timeouts, step.headers)
+                    except BaseException as exc:
+                        if failed is None:
+                            raise
+                        step = call.attempt_done(failed(exc))
+                    else:
+                        step = call.attempt_done(answer if report is None else report(answer))
                 elif type(step) is Return:
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
-                    return step.response, step.attempts
+                    return (step.response, step.attempts) if finish is None else finish(step.response, step.attempts)
                 elif type(step) is Wait:
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
