@@ -40,20 +40,16 @@ from __future__ import annotations
 
 import math
 import ssl
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, MutableMapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 
-from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
+from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.clock import Clock
 from resilience.errors import ConfigError, require
-from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, responded
@@ -295,12 +291,8 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
         policies: PolicyTable | Unset | None = UNSET,
         *,
         transport: httpx.BaseTransport | None = None,
-        observers: Sequence[Observer] | Unset = UNSET,
-        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
-        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
-        clock: Clock | Unset = UNSET,
-        rng: Callable[[], float] | Unset = UNSET,
         config: DriverConfig | None = None,
+        **keywords: Unpack[DriverKeywords],
     ) -> None:
         require(
             transport is None or isinstance(transport, httpx.BaseTransport),
@@ -309,16 +301,7 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
             "an httpx.BaseTransport (for an async one use AsyncResilientTransport)",
             transport,
         )
-        config = driver_config(
-            "ResilientTransport",
-            config,
-            policies=policies,
-            observers=observers,
-            breaker=breaker,
-            retry_budget=retry_budget,
-            clock=clock,
-            rng=rng,
-        )
+        config = driver_config("ResilientTransport", config, policies=policies, **keywords)
         super().__init__("ResilientTransport", config)
         self.transport = transport if transport is not None else httpx.HTTPTransport()
 
@@ -374,12 +357,8 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         policies: PolicyTable | Unset | None = UNSET,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        observers: Sequence[Observer] | Unset = UNSET,
-        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
-        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
-        clock: Clock | Unset = UNSET,
-        rng: Callable[[], float] | Unset = UNSET,
         config: DriverConfig | None = None,
+        **keywords: Unpack[DriverKeywords],
     ) -> None:
         require(
             transport is None or isinstance(transport, httpx.AsyncBaseTransport),
@@ -388,16 +367,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
             "an httpx.AsyncBaseTransport (for a sync one use ResilientTransport)",
             transport,
         )
-        config = driver_config(
-            "AsyncResilientTransport",
-            config,
-            policies=policies,
-            observers=observers,
-            breaker=breaker,
-            retry_budget=retry_budget,
-            clock=clock,
-            rng=rng,
-        )
+        config = driver_config("AsyncResilientTransport", config, policies=policies, **keywords)
         super().__init__("AsyncResilientTransport", config)
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 

@@ -4,22 +4,18 @@ The ``Retrier`` holds what calls share (breakers and budgets per engine,
 observers, the clock, the random source, the error classes); each call is a
 ``RetryCall`` (``resilience.retry.call``: the decisions and their rules) that
 this module drives, with blocking calls (the requests and sync httpx
-drivers) or coroutines (httpx async, aiohttp). A driver supplies one function
-that makes a single attempt and reports what it saw (an ``AttemptResult``,
-``resilience.retry.spec``); everything else is decided in the core, without
-sockets, on an injectable clock and random source. ``run`` and ``arun`` are
-the same loop, line for line (``RetryCall``'s docstring holds it and the
-rules); a first-attempt success costs the ``RetryCall`` nothing it does not
-hand back.
-
-An attempt is ``send(n, (connect_s, read_s), headers)``: the transport's own
-call, or for ``arun`` the transport's own coroutine, which ``arun`` awaits
-itself, so a success passes through one coroutine frame of ours (``arun``'s)
-when the driver's entry returns ``arun``'s coroutine (``finish=`` builds what
-it returns). ``report(answer)`` turns what ``send`` returned into an
-``AttemptResult``, ``failed(exc)`` what it raised (or re-raises what is not
-the transport's to report); without them ``send`` reports itself (returns an
-``AttemptResult``, never raises for transport errors).
+drivers) or coroutines (httpx async, aiohttp). A driver supplies
+``send(n, (connect_s, read_s), headers)``, its transport's own call (for
+``arun``: the transport's coroutine, awaited by ``arun`` itself), and
+``report(answer)`` / ``failed(exc)``, which turn what it returned or raised
+into an ``AttemptResult`` (``resilience.retry.spec``; ``failed`` re-raises
+what is not the transport's to report). Without them ``send`` reports
+itself: it returns an ``AttemptResult``, never raising for transport
+errors. Everything else is decided in the core, without sockets, on an
+injectable clock and random source. ``run`` and ``arun`` are the same loop,
+line for line (``RetryCall``'s docstring holds it and the rules). A driver
+entry that returns ``arun``'s coroutine (``finish=`` builds its result) puts
+one coroutine frame of ours, ``arun``'s, between the caller and the transport.
 """
 
 from __future__ import annotations
@@ -46,13 +42,12 @@ R = TypeVar("R")
 T = TypeVar("T")
 Records = tuple[AttemptRecord, ...]
 Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], Any]
-"""``send(n, (connect_s, read_s), headers)``: make attempt ``n``; its answer goes to ``report`` (without one: an ``AttemptResult``)."""
+"""``send(n, (connect_s, read_s), headers)``: make attempt ``n``; ``AsyncAttempt`` returns its awaitable."""
 AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[Any]]
-"""The coroutine form of ``Attempt``: returns the awaitable (the transport's own coroutine), which ``arun`` awaits."""
 Report = Callable[[Any], AttemptResult[R]] | None
-"""``report(answer)``: the ``AttemptResult`` of what ``send`` returned; None: ``send`` returned one."""
+"""``report(answer)``: the ``AttemptResult`` of what ``send`` returned (None: ``send`` returned one)."""
 Failed = Callable[[BaseException], AttemptResult[R]] | None
-"""``failed(exc)``: the ``AttemptResult`` of what ``send`` raised, or ``exc`` re-raised; None: re-raise every error."""
+"""``failed(exc)``: the ``AttemptResult`` of what ``send`` raised, or ``exc`` re-raised (None: every error re-raised)."""
 
 
 class Retrier:
@@ -127,10 +122,7 @@ class Retrier:
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """Run one logical call with blocking I/O; return the final response and the attempts taken.
 
-        ``send(n, (connect_timeout, read_timeout), carrier)`` makes attempt
-        ``n``; ``report`` / ``failed`` (the module's docstring) turn its answer
-        or its error into an ``AttemptResult``.
-        ``discard`` releases a response that will not be returned.
+        ``send``, ``report``, ``failed``: the module's docstring. ``discard`` releases a response that will not be returned.
         ``on_probe_done`` builds the response to return when a probe says an
         ambiguous request was applied.
         ``never_sent(exc)``: the driver's proof that an error its attempt
@@ -177,30 +169,15 @@ class Retrier:
 
     @overload
     async def arun(
-        self,
-        spec: CallSpec,
-        send: AsyncAttempt,
-        *,
-        report: Report[R] = None,
-        failed: Failed[R] = None,
-        discard: Callable[[R], Awaitable[None] | None] = ...,
-        on_probe_done: Callable[[], R] | None = None,
-        never_sent: Callable[[BaseException], bool] = ...,
-        finish: None = None,
+        self, spec: CallSpec, send: AsyncAttempt, *, report: Report[R] = None, failed: Failed[R] = None,
+        discard: Callable[[R], Awaitable[None] | None] = ..., on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = ..., finish: None = None,
     ) -> tuple[R, Records]: ...
-
     @overload
     async def arun(
-        self,
-        spec: CallSpec,
-        send: AsyncAttempt,
-        *,
-        report: Report[R] = None,
-        failed: Failed[R] = None,
-        discard: Callable[[R], Awaitable[None] | None] = ...,
-        on_probe_done: Callable[[], R] | None = None,
-        never_sent: Callable[[BaseException], bool] = ...,
-        finish: Callable[[R, Records], T],
+        self, spec: CallSpec, send: AsyncAttempt, *, report: Report[R] = None, failed: Failed[R] = None,
+        discard: Callable[[R], Awaitable[None] | None] = ..., on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = ..., finish: Callable[[R, Records], T],
     ) -> T: ...
 
     async def arun(
@@ -217,11 +194,8 @@ class Retrier:
     ) -> tuple[R, Records] | T:
         """``run`` for coroutines: the same decisions, awaited attempts, backoff slept with the clock's ``asleep``.
 
-        ``send`` returns the attempt's awaitable (the transport's own
-        coroutine: ``arun`` awaits it, no frame of the driver's between).
         ``finish(response, attempts)``, when given, is what ``arun`` returns
-        instead of the pair (a driver stamps the record on its response), so
-        a driver's entry may return ``arun``'s coroutine without awaiting it.
+        instead of the pair (a driver stamps the record on its response).
 
         ``discard`` may return an awaitable (``aclose``, ``release``). A sync
         probe runs in a worker thread (it may do blocking I/O); a coroutine
