@@ -68,10 +68,10 @@ import asyncio
 import functools
 import math
 import weakref
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import MutableMapping
 from contextvars import ContextVar
 from types import CodeType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 import aiohttp
 from aiohttp import ClientRequest, ClientResponse, ClientTimeout
@@ -84,13 +84,9 @@ from yarl import URL
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters._aiohttp_compat import check, internals_missing
 from resilience.adapters.control_pools import AiohttpLane
-from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
+from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.routing import Route, RouteCache, engine_of
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.clock import Clock
 from resilience.errors import ErrorTypes
-from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, responded
@@ -480,23 +476,10 @@ class ResilientMiddleware(ConfigViews):
         self,
         policies: PolicyTable | Unset | None = UNSET,
         *,
-        observers: Sequence[Observer] | Unset = UNSET,
-        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
-        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
-        clock: Clock | Unset = UNSET,
-        rng: Callable[[], float] | Unset = UNSET,
         config: DriverConfig | None = None,
+        **keywords: Unpack[DriverKeywords],
     ) -> None:
-        self.driver_config = driver_config(
-            "ResilientMiddleware",
-            config,
-            policies=policies,
-            observers=observers,
-            breaker=breaker,
-            retry_budget=retry_budget,
-            clock=clock,
-            rng=rng,
-        )
+        self.driver_config = driver_config("ResilientMiddleware", config, policies=policies, **keywords)
         self.retrier = self.driver_config.retrier(ERROR_TYPES)
         self._routes = RouteCache(self.driver_config.policies, _route)
 

@@ -24,7 +24,7 @@ import enum
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from resilience.adapters.control_lane import DEFAULT_LANE, ControlLane
 from resilience.breaker import BreakerConfig, BreakerRegistry
@@ -35,7 +35,7 @@ from resilience.events import Observer
 from resilience.policy import PolicyTable
 from resilience.retry.retrier import Retrier
 
-__all__ = ["DEFAULT_BREAKER", "DEFAULT_BUDGET", "UNSET", "ConfigViews", "DriverConfig", "Unset", "driver_config"]
+__all__ = ["DEFAULT_BREAKER", "DEFAULT_BUDGET", "UNSET", "ConfigViews", "DriverConfig", "DriverKeywords", "Unset", "driver_config"]
 
 DEFAULT_BREAKER: Final = BreakerConfig()
 """The breaker every driver gets unless told otherwise: ``BreakerConfig()``'s defaults."""
@@ -51,6 +51,26 @@ class Unset(enum.Enum):
 
 UNSET: Final = Unset.UNSET
 """A constructor keyword the caller did not give (so ``config=`` may supply it)."""
+
+
+class DriverKeywords(TypedDict, total=False):
+    """The keywords a driver's constructor takes besides ``policies`` and ``config`` (``**keywords: Unpack[DriverKeywords]``).
+
+    Each one is ``DriverConfig``'s field of that name, for a config of the
+    driver's own (``driver_config``); one not given (or ``UNSET``) takes that
+    field's default.
+    """
+
+    observers: Sequence[Observer] | Unset
+    """Receive every event (default none)."""
+    breaker: BreakerConfig | BreakerRegistry | Unset | None
+    """The circuit breaker per engine (default ``BreakerConfig()``; None turns breaking off)."""
+    retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None
+    """The retry budget per engine (default ``RetryBudgetConfig()``; None turns it off)."""
+    clock: Clock | Unset
+    """Injectable time and sleeps (default the system clock)."""
+    rng: Callable[[], float] | Unset
+    """Injectable jitter source, floats in [0, 1) (default ``random.random``)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

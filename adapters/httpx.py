@@ -40,21 +40,18 @@ from __future__ import annotations
 
 import math
 import ssl
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, MutableMapping
 from types import TracebackType
+from typing import Any, Unpack
 
 import httpx
 
 from resilience.adapters.control_pools import async_httpx_lane, httpx_lane
-from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
+from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.clock import Clock
 from resilience.errors import ConfigError, require
-from resilience.events import Observer
-from resilience.outcome import Delivery
+from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, responded
 
@@ -201,7 +198,14 @@ _PARSED = _PARSED_SAMPLE is not None and all(hasattr(_PARSED_SAMPLE, part) for p
 """httpx (0.23 to 0.28 at least) keeps a URL's parts parsed (``URL._uri_reference``): the route key reads them. Else ``str(url)``."""
 
 
-def _failed(exc: httpx.TransportError) -> AttemptResult[httpx.Response]:
+def _report(response: httpx.Response) -> AttemptResult[httpx.Response]:
+    return responded(response, response.status_code, response.headers)
+
+
+def _failed(exc: BaseException) -> AttemptResult[httpx.Response]:
+    """A transport error as the attempt's result; any other error, and one a retry cannot fix, re-raised."""
+    if not isinstance(exc, httpx.TransportError) or _not_transient(exc):
+        raise exc
     delivery, kind = transport_failure(exc)
     return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
 
@@ -288,12 +292,8 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
         policies: PolicyTable | Unset | None = UNSET,
         *,
         transport: httpx.BaseTransport | None = None,
-        observers: Sequence[Observer] | Unset = UNSET,
-        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
-        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
-        clock: Clock | Unset = UNSET,
-        rng: Callable[[], float] | Unset = UNSET,
         config: DriverConfig | None = None,
+        **keywords: Unpack[DriverKeywords],
     ) -> None:
         require(
             transport is None or isinstance(transport, httpx.BaseTransport),
@@ -302,16 +302,7 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
             "an httpx.BaseTransport (for an async one use AsyncResilientTransport)",
             transport,
         )
-        config = driver_config(
-            "ResilientTransport",
-            config,
-            policies=policies,
-            observers=observers,
-            breaker=breaker,
-            retry_budget=retry_budget,
-            clock=clock,
-            rng=rng,
-        )
+        config = driver_config("ResilientTransport", config, policies=policies, **keywords)
         super().__init__("ResilientTransport", config)
         self.transport = transport if transport is not None else httpx.HTTPTransport()
         self.lane = httpx_lane(self.transport, config.control_lane)
@@ -323,17 +314,17 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
         lane = self.lane
         transport = lane if lane is not None and self.driver_config.control_lane.carries(spec.match) else self.transport  # type: ignore[union-attr]
 
-        def attempt(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[httpx.Response]:
-            try:
-                response = transport.handle_request(_attempt_request(request, timeouts, carrier))
-            except httpx.TransportError as exc:
-                if _not_transient(exc):
-                    raise
-                return _failed(exc)
-            return responded(response, response.status_code, response.headers)
+        def send(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> httpx.Response:
+            return transport.handle_request(_attempt_request(request, timeouts, carrier))
 
         response, records = self.retrier.run(
-            spec, attempt, discard=_discard, on_probe_done=lambda: self._probe_done(request), never_sent=_never_sent_unretried
+            spec,
+            send,
+            report=_report,
+            failed=_failed,
+            discard=_discard,
+            on_probe_done=lambda: self._probe_done(request),
+            never_sent=_never_sent_unretried,
         )
         extensions = response.extensions
         extensions["attempts"] = records
@@ -371,12 +362,8 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         policies: PolicyTable | Unset | None = UNSET,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        observers: Sequence[Observer] | Unset = UNSET,
-        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
-        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
-        clock: Clock | Unset = UNSET,
-        rng: Callable[[], float] | Unset = UNSET,
         config: DriverConfig | None = None,
+        **keywords: Unpack[DriverKeywords],
     ) -> None:
         require(
             transport is None or isinstance(transport, httpx.AsyncBaseTransport),
@@ -385,43 +372,42 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
             "an httpx.AsyncBaseTransport (for a sync one use ResilientTransport)",
             transport,
         )
-        config = driver_config(
-            "AsyncResilientTransport",
-            config,
-            policies=policies,
-            observers=observers,
-            breaker=breaker,
-            retry_budget=retry_budget,
-            clock=clock,
-            rng=rng,
-        )
+        config = driver_config("AsyncResilientTransport", config, policies=policies, **keywords)
         super().__init__("AsyncResilientTransport", config)
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self.lane = async_httpx_lane(self.transport, config.control_lane)
         """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` with the retry loop; the contract of ``httpx.AsyncBaseTransport.handle_async_request``."""
+    def handle_async_request(self, request: httpx.Request) -> Coroutine[Any, Any, httpx.Response]:
+        """Send ``request`` with the retry loop; the contract of ``httpx.AsyncBaseTransport.handle_async_request``.
+
+        A plain function returning ``Retrier.arun``'s coroutine (awaited by
+        httpx as its own ``async def`` would be): the wrapped transport's
+        coroutine runs under that one frame of ours.
+        """
         spec = self._spec(request)
         lane = self.lane
         transport = lane if lane is not None and self.driver_config.control_lane.carries(spec.match) else self.transport  # type: ignore[union-attr]
 
-        async def attempt(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[httpx.Response]:
-            try:
-                response = await transport.handle_async_request(_attempt_request(request, timeouts, carrier))
-            except httpx.TransportError as exc:
-                if _not_transient(exc):
-                    raise
-                return _failed(exc)
-            return responded(response, response.status_code, response.headers)
+        def send(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> Awaitable[httpx.Response]:
+            return transport.handle_async_request(_attempt_request(request, timeouts, carrier))
 
-        response, records = await self.retrier.arun(
-            spec, attempt, discard=_adiscard, on_probe_done=lambda: self._probe_done(request), never_sent=_never_sent_unretried
+        def finish(response: httpx.Response, records: tuple[AttemptRecord, ...]) -> httpx.Response:
+            extensions = response.extensions
+            extensions["attempts"] = records
+            extensions["endpoint"] = spec.match.endpoint
+            return response
+
+        return self.retrier.arun(
+            spec,
+            send,
+            report=_report,
+            failed=_failed,
+            discard=_adiscard,
+            on_probe_done=lambda: self._probe_done(request),
+            never_sent=_never_sent_unretried,
+            finish=finish,
         )
-        extensions = response.extensions
-        extensions["attempts"] = records
-        extensions["endpoint"] = spec.match.endpoint
-        return response
 
     async def aclose(self) -> None:
         """Close the wrapped transport (``httpx.AsyncClient.aclose()`` calls it)."""

@@ -66,17 +66,13 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import urlsplit
 
-from resilience.adapters.driver_config import UNSET, DriverConfig, Unset, driver_config
+from resilience.adapters.driver_config import UNSET, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
 from resilience.adapters.sglang import SGLANG_POLICIES
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.clock import Clock
 from resilience.errors import ConfigError, ErrorTypes
-from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe, covers
 from resilience.policy import PolicyTable
 
@@ -159,13 +155,9 @@ class SGLangInstrumentor:
         *,
         config: DriverConfig | None = None,
         policies: PolicyTable | Unset = UNSET,
-        observers: Sequence[Observer] | Unset = UNSET,
-        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
-        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
-        clock: Clock | Unset = UNSET,
-        rng: Callable[[], float] | Unset = UNSET,
         window_s: float = DEFAULT_WINDOW_S,
         libraries: Collection[str] | None = None,
+        **keywords: Unpack[DriverKeywords],
     ) -> None:
         if isinstance(engines, str) or not isinstance(engines, Sequence) or not engines:
             raise ConfigError(f"SGLangInstrumentor.engines must be a non-empty sequence of URLs or hosts, but was {engines!r}")
@@ -175,16 +167,7 @@ class SGLangInstrumentor:
                 raise ConfigError(f"SGLangInstrumentor.libraries must be a non-empty subset of {LIBRARIES}, but was {libraries!r}")
         if config is None and isinstance(policies, Unset):
             policies = self._default_policies()
-        self.config: DriverConfig = driver_config(
-            type(self).__name__,
-            config,
-            policies=policies,
-            observers=observers,
-            breaker=breaker,
-            retry_budget=retry_budget,
-            clock=clock,
-            rng=rng,
-        )
+        self.config: DriverConfig = driver_config(type(self).__name__, config, policies=policies, **keywords)
         """What every attached driver is built from; its breakers and budgets are the per-engine state they share."""
         self.engines: tuple[str, ...] = tuple(engines)
         """The engines as given."""

@@ -58,7 +58,7 @@ import random
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from resilience.breaker import BreakerRegistry
 from resilience.budget import RetryBudgets
@@ -68,12 +68,13 @@ from resilience.errors import ConfigError, ErrorTypes, ResilienceError
 from resilience.events import Observer
 from resilience.outcome import AttemptRecord, Delivery, Outcome
 from resilience.policy import ProbeAnswer, ProbeContext
-from resilience.retry.retrier import AsyncAttempt, Attempt, Retrier, ask_probe, ask_probe_async
-from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, is_success_status
+from resilience.retry.retrier import AsyncAttempt, Attempt, Failed, Records, Report, Retrier, ask_probe, ask_probe_async
+from resilience.retry.spec import AttemptResult, CallSpec, is_success_status
 
 __all__ = ["DEFAULT_WINDOW_S", "AttemptLedger", "LedgerEntry", "LedgerRetrier"]
 
 R = TypeVar("R")
+T = TypeVar("T")
 DEFAULT_WINDOW_S = 10.0
 """Seconds after its last attempt that an engine+endpoint's record is kept.
 
@@ -301,8 +302,10 @@ class LedgerRetrier(Retrier):
     def run(
         self,
         spec: CallSpec,
-        attempt: Attempt[R],
+        send: Attempt,
         *,
+        report: Report[R] = None,
+        failed: Failed[R] = None,
         discard: Callable[[R], None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
@@ -320,20 +323,13 @@ class LedgerRetrier(Retrier):
         if not isinstance(run_spec, CallSpec):
             return run_spec, ()
 
-        def counted(n: int, timeouts: Timeouts, headers: Any) -> AttemptResult[R]:
-            try:
-                result = attempt(n, timeouts, headers)
-            except BaseException as exc:
-                if not (isinstance(exc, Exception) and never_sent(exc)):
-                    self.ledger.record_abandoned(spec)
-                raise
-            self.ledger.record(spec, result)
-            return result
-
+        reported, failing = self._counting(spec, report, failed, never_sent)
         done = self._clearing(spec, on_probe_done)
         while True:
             with Deadline(admission.deadline_s, clock=self.clock):
-                response, records = super().run(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+                response, records = super().run(
+                    run_spec, send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
+                )
             if not _ended_on_status(records):
                 return response, records
             after = self._admit(spec)
@@ -348,38 +344,46 @@ class LedgerRetrier(Retrier):
                 return settled, records
             admission, run_spec = after, settled
 
-    async def arun(
+    async def arun(  # type: ignore[override]  # one signature for both of Retrier.arun's overloads
         self,
         spec: CallSpec,
-        attempt: AsyncAttempt[R],
+        send: AsyncAttempt,
         *,
+        report: Report[R] = None,
+        failed: Failed[R] = None,
         discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
-    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        finish: Callable[[R, Records], T] | None = None,
+    ) -> tuple[R, Records] | T:
         """``Retrier.arun`` from the ledger (rounds as ``run``); a sync probe runs in a worker thread."""
+        response, records = await self._arounds(spec, send, report, failed, discard, on_probe_done, never_sent)
+        return (response, records) if finish is None else finish(response, records)
+
+    async def _arounds(
+        self,
+        spec: CallSpec,
+        send: AsyncAttempt,
+        report: Report[R],
+        failed: Failed[R],
+        discard: Callable[[R], Awaitable[None] | None],
+        on_probe_done: Callable[[], R] | None,
+        never_sent: Callable[[BaseException], bool],
+    ) -> tuple[R, Records]:
         admission = self._admit(spec)
         if admission.probe is not None and admission.context is not None:
             admission = self._after_probe(spec, await ask_probe_async(admission.probe, admission.context))
         run_spec = self._settle(spec, admission, on_probe_done)
         if not isinstance(run_spec, CallSpec):
             return run_spec, ()
-
-        async def counted(n: int, timeouts: Timeouts, headers: Any) -> AttemptResult[R]:
-            try:
-                result = await attempt(n, timeouts, headers)
-            except BaseException as exc:
-                if not (isinstance(exc, Exception) and never_sent(exc)):
-                    self.ledger.record_abandoned(spec)
-                raise
-            self.ledger.record(spec, result)
-            return result
-
+        reported, failing = self._counting(spec, report, failed, never_sent)
         done = self._clearing(spec, on_probe_done)
         asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
         while True:
             with Deadline(admission.deadline_s, clock=self.clock):
-                response, records = await super().arun(run_spec, counted, discard=discard, on_probe_done=done, never_sent=never_sent)
+                response, records = await super().arun(
+                    run_spec, send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
+                )
             if not _ended_on_status(records):
                 return response, records
             after = self._admit(spec)
@@ -395,6 +399,31 @@ class LedgerRetrier(Retrier):
             if not isinstance(settled, CallSpec):
                 return settled, records
             admission, run_spec = after, settled
+
+    def _counting(
+        self, spec: CallSpec, report: Report[R], failed: Failed[R], never_sent: Callable[[BaseException], bool]
+    ) -> tuple[Callable[[Any], AttemptResult[R]], Callable[[BaseException], AttemptResult[R]]]:
+        """``report`` and ``failed`` that also count each attempt in the ledger; an error re-raised out of an attempt
+        leaves it unresolved unless ``never_sent`` proves it never left."""
+
+        def reported(answer: Any) -> AttemptResult[R]:
+            result = cast("AttemptResult[R]", answer) if report is None else report(answer)
+            self.ledger.record(spec, result)
+            return result
+
+        def failing(exc: BaseException) -> AttemptResult[R]:
+            try:
+                if failed is None:
+                    raise exc
+                result = failed(exc)
+            except BaseException as raised:
+                if not (isinstance(raised, Exception) and never_sent(raised)):
+                    self.ledger.record_abandoned(spec)
+                raise
+            self.ledger.record(spec, result)
+            return result
+
+        return reported, failing
 
     @staticmethod
     def _go_on(after: _Admission) -> bool:

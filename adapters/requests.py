@@ -24,11 +24,11 @@ connection instead of failing.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any, cast
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, Unpack, cast
 
 import requests
-from requests.adapters import HTTPAdapter
+from requests.adapters import DEFAULT_POOLBLOCK, DEFAULT_POOLSIZE, HTTPAdapter
 from requests.models import PreparedRequest, Response
 from requests.utils import rewind_body
 from urllib3.connection import HTTPConnection
@@ -36,12 +36,9 @@ from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
 from resilience.adapters.control_pools import requests_lane
-from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, Unset, driver_config
+from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.requests_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
-from resilience.breaker import BreakerConfig, BreakerRegistry
-from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.clock import Clock
 from resilience.events import Observer
 from resilience.outcome import Delivery
 from resilience.policy import PolicyTable
@@ -227,9 +224,9 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
     ``BreakerConfig()``, None turns breaking off), ``retry_budget`` (the retry
     budget per engine; default ``RetryBudgetConfig()``, None turns it off),
     ``clock`` / ``rng`` (injectable time and jitter source); ``config`` with
-    any of them raises ``ConfigConflict``. Other keyword arguments go to
-    ``HTTPAdapter`` (``pool_connections``, ``pool_maxsize``, ``pool_block``);
-    ``max_retries`` is always 0: this adapter owns the loop.
+    any of them raises ``ConfigConflict``. ``pool_connections``,
+    ``pool_maxsize`` and ``pool_block`` are ``HTTPAdapter``'s (its defaults);
+    ``max_retries`` is accepted and ignored (always 0: this adapter owns the loop).
     """
 
     __attrs__ = [*HTTPAdapter.__attrs__, "driver_config"]  # noqa: RUF012
@@ -238,29 +235,18 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         self,
         policies: PolicyTable | Unset | None = UNSET,
         *,
-        observers: Sequence[Observer] | Unset = UNSET,
-        breaker: BreakerConfig | BreakerRegistry | Unset | None = UNSET,
-        retry_budget: RetryBudgetConfig | RetryBudgets | Unset | None = UNSET,
-        clock: Clock | Unset = UNSET,
-        rng: Callable[[], float] | Unset = UNSET,
+        pool_connections: int = DEFAULT_POOLSIZE,
+        pool_maxsize: int = DEFAULT_POOLSIZE,
+        pool_block: bool = DEFAULT_POOLBLOCK,
+        max_retries: object = None,  # HTTPAdapter's, accepted and ignored: this adapter owns the loop
         config: DriverConfig | None = None,
-        **kwargs: Any,
+        **keywords: Unpack[DriverKeywords],
     ) -> None:
-        kwargs.pop("max_retries", None)
-        self.driver_config = driver_config(
-            "ResilientAdapter",
-            config,
-            policies=policies,
-            observers=observers,
-            breaker=breaker,
-            retry_budget=retry_budget,
-            clock=clock,
-            rng=rng,
-        )
+        self.driver_config = driver_config("ResilientAdapter", config, policies=policies, **keywords)
         self._closed = False
         self._routes = RouteCache(self.driver_config.policies, route_of)
         self._build_retrier()
-        super().__init__(max_retries=0, **kwargs)
+        super().__init__(pool_connections=pool_connections, pool_maxsize=pool_maxsize, max_retries=0, pool_block=pool_block)
         self._lane = requests_lane(self.driver_config.control_lane)  # control routes' own pool (adapters/control_lane.py)
 
     def _build_retrier(self) -> None:

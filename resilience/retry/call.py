@@ -7,7 +7,14 @@ awaits the attempt, the sleep and the probe), the sync one as written there::
     step = call.next_step()                  # Send or Raise
     while True:
         if type(step) is Send:           # make attempt step.attempt with step.timeouts and step.headers
-            step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+            try:
+                answer = send(step.attempt, step.timeouts, step.headers)
+            except BaseException as exc:     # the driver's ``failed``: what its transport raised, or re-raised
+                if failed is None:
+                    raise
+                step = call.attempt_done(failed(exc))
+            else:                            # the driver's ``report``: what its transport answered
+                step = call.attempt_done(answer if report is None else report(answer))
         elif type(step) is Return:       # the call is over: release what is not returned, return
             if step.discard is not None:
                 discard(step.discard)

@@ -4,13 +4,18 @@ The ``Retrier`` holds what calls share (breakers and budgets per engine,
 observers, the clock, the random source, the error classes); each call is a
 ``RetryCall`` (``resilience.retry.call``: the decisions and their rules) that
 this module drives, with blocking calls (the requests and sync httpx
-drivers) or coroutines (httpx async, aiohttp). A driver supplies one function
-that makes a single attempt and reports what it saw (an ``AttemptResult``,
-``resilience.retry.spec``); everything else is decided in the core, without
-sockets, on an injectable clock and random source. ``run`` and ``arun`` are
-the same loop, line for line (``RetryCall``'s docstring holds it and the
-rules); a first-attempt success costs the ``RetryCall`` nothing it does not
-hand back.
+drivers) or coroutines (httpx async, aiohttp). A driver supplies
+``send(n, (connect_s, read_s), headers)``, its transport's own call (for
+``arun``: the transport's coroutine, awaited by ``arun`` itself), and
+``report(answer)`` / ``failed(exc)``, which turn what it returned or raised
+into an ``AttemptResult`` (``resilience.retry.spec``; ``failed`` re-raises
+what is not the transport's to report). Without them ``send`` reports
+itself: it returns an ``AttemptResult``, never raising for transport
+errors. Everything else is decided in the core, without sockets, on an
+injectable clock and random source. ``run`` and ``arun`` are the same loop,
+line for line (``RetryCall``'s docstring holds it and the rules). A driver
+entry that returns ``arun``'s coroutine (``finish=`` builds its result) puts
+one coroutine frame of ours, ``arun``'s, between the caller and the transport.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import asyncio
 import inspect
 import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
@@ -34,10 +39,15 @@ from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 __all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
 
 R = TypeVar("R")
-Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], AttemptResult[R]]
-"""``attempt(n, (connect_s, read_s), headers)``: make attempt ``n``; report transport errors, never raise them."""
-AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[AttemptResult[R]]]
-"""The coroutine form of ``Attempt``."""
+T = TypeVar("T")
+Records = tuple[AttemptRecord, ...]
+Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], Any]
+"""``send(n, (connect_s, read_s), headers)``: make attempt ``n``; ``AsyncAttempt`` returns its awaitable."""
+AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[Any]]
+Report = Callable[[Any], AttemptResult[R]] | None
+"""``report(answer)``: the ``AttemptResult`` of what ``send`` returned (None: ``send`` returned one)."""
+Failed = Callable[[BaseException], AttemptResult[R]] | None
+"""``failed(exc)``: the ``AttemptResult`` of what ``send`` raised, or ``exc`` re-raised (None: every error re-raised)."""
 
 
 class Retrier:
@@ -102,17 +112,17 @@ class Retrier:
     def run(
         self,
         spec: CallSpec,
-        attempt: Attempt[R],
+        send: Attempt,
         *,
+        report: Report[R] = None,
+        failed: Failed[R] = None,
         discard: Callable[[R], None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """Run one logical call with blocking I/O; return the final response and the attempts taken.
 
-        ``attempt(n, (connect_timeout, read_timeout), carrier)`` makes attempt
-        ``n`` and must not raise for transport errors (it reports them).
-        ``discard`` releases a response that will not be returned.
+        ``send``, ``report``, ``failed``: the module's docstring. ``discard`` releases a response that will not be returned.
         ``on_probe_done`` builds the response to return when a probe says an
         ambiguous request was applied.
         ``never_sent(exc)``: the driver's proof that an error its attempt
@@ -128,7 +138,14 @@ class Retrier:
             step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
             while True:
                 if type(step) is Send:
-                    step = call.attempt_done(attempt(step.attempt, step.timeouts, step.headers))
+                    try:
+                        answer = send(step.attempt, step.timeouts, step.headers)
+                    except BaseException as exc:
+                        if failed is None:
+                            raise
+                        step = call.attempt_done(failed(exc))
+                    else:
+                        step = call.attempt_done(answer if report is None else report(answer))
                 elif type(step) is Return:
                     if step.discard is not None:
                         discard(step.discard)
@@ -150,16 +167,35 @@ class Retrier:
             _abandon(call, exc, never_sent)  # a no-op when the call ended on a verdict
             raise
 
+    @overload
+    async def arun(
+        self, spec: CallSpec, send: AsyncAttempt, *, report: Report[R] = None, failed: Failed[R] = None,
+        discard: Callable[[R], Awaitable[None] | None] = ..., on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = ..., finish: None = None,
+    ) -> tuple[R, Records]: ...
+    @overload
+    async def arun(
+        self, spec: CallSpec, send: AsyncAttempt, *, report: Report[R] = None, failed: Failed[R] = None,
+        discard: Callable[[R], Awaitable[None] | None] = ..., on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = ..., finish: Callable[[R, Records], T],
+    ) -> T: ...
+
     async def arun(
         self,
         spec: CallSpec,
-        attempt: AsyncAttempt[R],
+        send: AsyncAttempt,
         *,
+        report: Report[R] = None,
+        failed: Failed[R] = None,
         discard: Callable[[R], Awaitable[None] | None] = lambda _r: None,
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
-    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        finish: Callable[[R, Records], T] | None = None,
+    ) -> tuple[R, Records] | T:
         """``run`` for coroutines: the same decisions, awaited attempts, backoff slept with the clock's ``asleep``.
+
+        ``finish(response, attempts)``, when given, is what ``arun`` returns
+        instead of the pair (a driver stamps the record on its response).
 
         ``discard`` may return an awaitable (``aclose``, ``release``). A sync
         probe runs in a worker thread (it may do blocking I/O); a coroutine
@@ -171,11 +207,18 @@ class Retrier:
             step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
             while True:
                 if type(step) is Send:
-                    step = call.attempt_done(await attempt(step.attempt, step.timeouts, step.headers))
+                    try:
+                        answer = await send(step.attempt, step.timeouts, step.headers)
+                    except BaseException as exc:
+                        if failed is None:
+                            raise
+                        step = call.attempt_done(failed(exc))
+                    else:
+                        step = call.attempt_done(answer if report is None else report(answer))
                 elif type(step) is Return:
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
-                    return step.response, step.attempts
+                    return (step.response, step.attempts) if finish is None else finish(step.response, step.attempts)
                 elif type(step) is Wait:
                     if step.discard is not None:
                         await _maybe_await(discard(step.discard))
