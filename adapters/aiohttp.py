@@ -493,12 +493,7 @@ class ResilientMiddleware(ConfigViews):
         except KeyError:
             method, match, engine, host, port = self._routes.add(key, method, str(url))
         spec = CallSpec(
-            method,
-            url,
-            match,
-            engine,
-            host,
-            port,
+            method, url, match, engine, host, port,
             request_timeout=caller_timeout(request_timeout(request, handler)),
             request=request,
             replayable=_replayable(request),

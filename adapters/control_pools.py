@@ -104,44 +104,40 @@ def _aclose_first(owner: Any, name: str, first: Callable[[], Awaitable[object]])
     setattr(owner, name, aclose)
 
 
+def _httpx_lane(transport: object, lane: ControlLane | None, transport_class: Any, pool_class: Any) -> Any:
+    """A ``transport_class`` whose ``pool_class`` pool copies the wrapped one's settings with no connection limit, or None.
+
+    Its own first pool is dropped unclosed: it holds no connection yet (httpcore's ``close`` only closes connections).
+    """
+    if lane is None or type(transport) is not transport_class:
+        return None
+    settings = _pool_settings(transport, pool_class)
+    if settings is None:
+        return None
+    ours: Any = transport_class()
+    ours._pool = pool_class(max_connections=None, max_keepalive_connections=lane.idle_connections * _HTTPX_ENGINES, **settings)
+    return ours
+
+
 def httpx_lane(transport: httpx.BaseTransport, lane: ControlLane | None) -> httpx.HTTPTransport | None:
     """A transport for control routes beside ``transport`` (closed with it), or None (no lane, or settings that cannot be copied)."""
-    if lane is None:
-        return None
     import httpcore
     import httpx
 
-    if type(transport) is not httpx.HTTPTransport:
-        return None
-    settings = _pool_settings(transport, httpcore.ConnectionPool)
-    if settings is None:
-        return None
-    ours = httpx.HTTPTransport()
-    ours._pool.close()  # an empty pool: replaced by one with the wrapped pool's settings
-    ours._pool = httpcore.ConnectionPool(
-        max_connections=None, max_keepalive_connections=lane.idle_connections * _HTTPX_ENGINES, **settings
-    )
-    _close_first(transport._pool, "close", ours.close)
+    ours: httpx.HTTPTransport | None = _httpx_lane(transport, lane, httpx.HTTPTransport, httpcore.ConnectionPool)
+    if ours is not None:
+        _close_first(transport._pool, "close", ours.close)  # type: ignore[attr-defined]
     return ours
 
 
 def async_httpx_lane(transport: httpx.AsyncBaseTransport, lane: ControlLane | None) -> httpx.AsyncHTTPTransport | None:
     """``httpx_lane`` for an async transport."""
-    if lane is None:
-        return None
     import httpcore
     import httpx
 
-    if type(transport) is not httpx.AsyncHTTPTransport:
-        return None
-    settings = _pool_settings(transport, httpcore.AsyncConnectionPool)
-    if settings is None:
-        return None
-    ours = httpx.AsyncHTTPTransport()
-    ours._pool = httpcore.AsyncConnectionPool(
-        max_connections=None, max_keepalive_connections=lane.idle_connections * _HTTPX_ENGINES, **settings
-    )
-    _aclose_first(transport._pool, "aclose", ours.aclose)
+    ours: httpx.AsyncHTTPTransport | None = _httpx_lane(transport, lane, httpx.AsyncHTTPTransport, httpcore.AsyncConnectionPool)
+    if ours is not None:
+        _aclose_first(transport._pool, "aclose", ours.aclose)  # type: ignore[attr-defined]
     return ours
 
 

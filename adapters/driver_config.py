@@ -21,12 +21,14 @@ own, as before). Giving ``config=`` together with any of them raises
 from __future__ import annotations
 
 import enum
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
 
 from resilience.adapters.control_lane import DEFAULT_LANE, ControlLane
+from resilience.adapters.ledger import AttemptLedger, LedgerRetrier
 from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
@@ -135,9 +137,13 @@ class DriverConfig:
         """The budgets' configuration (None: no budget)."""
         return None if self.budgets is None else self.budgets.config
 
-    def retrier(self, error_types: ErrorTypes | None = None) -> Retrier:
-        """A ``Retrier`` over this config's shared breakers and budgets, raising ``error_types`` (a driver's own classes)."""
-        return Retrier(
+    def retrier(self, error_types: ErrorTypes | None = None, ledger: AttemptLedger | None = None) -> Retrier:
+        """A ``Retrier`` over this config's shared breakers and budgets, raising ``error_types`` (a driver's own classes).
+
+        ``ledger`` (default None): a ``LedgerRetrier`` that also remembers calls in it (``SGLangInstrumentor``).
+        """
+        make: Callable[..., Retrier] = Retrier if ledger is None else functools.partial(LedgerRetrier, ledger)
+        return make(
             breakers=self.breakers,
             budgets=self.budgets,
             observers=tuple(self.observers),

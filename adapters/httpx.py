@@ -252,12 +252,7 @@ class _Resilient(ConfigViews):
             method, match, engine, host, port = self._routes.add(key, method, str(url))  # str(httpx.URL) is percent-encoded
         replayable = isinstance(request.stream, httpx.ByteStream)
         return CallSpec(
-            method,
-            url,
-            match,
-            engine,
-            host,
-            port,
+            method, url, match, engine, host, port,
             request_timeout=caller_timeout(request),
             request=request,
             replayable=replayable,

@@ -70,11 +70,12 @@ from typing import Any, Unpack
 from urllib.parse import urlsplit
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, DriverKeywords, Unset, driver_config
-from resilience.adapters.ledger import DEFAULT_WINDOW_S, AttemptLedger, LedgerRetrier
+from resilience.adapters.ledger import DEFAULT_WINDOW_S, AttemptLedger
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.errors import ConfigError, ErrorTypes
 from resilience.memory_probe import MemoryProbe, covers
 from resilience.policy import PolicyTable
+from resilience.retry.retrier import Retrier
 
 __all__ = ["LIBRARIES", "SGLangInstrumentor", "VLLMInstrumentor"]
 
@@ -178,7 +179,7 @@ class SGLangInstrumentor:
         """Attempts per engine and endpoint across calls, shared by every attached driver."""
         self.window_s = self.ledger.window_s
         self._state_lock = threading.RLock()
-        self._retriers: dict[int, LedgerRetrier] = {}
+        self._retriers: dict[int, Retrier] = {}
         self._requests_adapter: Any = None
         self._aiohttp_middleware: Any = None
         self._patches: list[tuple[type, str, Any]] = []
@@ -319,7 +320,7 @@ class SGLangInstrumentor:
             return False
         return self.matches(parts.hostname, port)
 
-    def retrier(self, error_types: ErrorTypes) -> LedgerRetrier:
+    def retrier(self, error_types: ErrorTypes) -> Retrier:
         """The retry driver for one library's error classes: this instrumentor's breakers, budgets and ledger."""
         key = id(error_types)
         retrier = self._retriers.get(key)
@@ -327,16 +328,7 @@ class SGLangInstrumentor:
             with self._state_lock:
                 retrier = self._retriers.get(key)
                 if retrier is None:
-                    config = self.config
-                    retrier = LedgerRetrier(
-                        self.ledger,
-                        breakers=config.breakers,
-                        budgets=config.budgets,
-                        observers=tuple(config.observers),
-                        clock=config.clock,
-                        rng=config.rng,
-                        error_types=error_types,
-                    )
+                    retrier = self.config.retrier(error_types, self.ledger)
                     self._retriers[key] = retrier
         return retrier
 

@@ -242,7 +242,7 @@ class LedgerRetrier(Retrier):
         message = (
             f"{spec.match.endpoint} on {spec.engine}: an earlier call's attempt may have been applied ({why}); not re-sent"
         )
-        return _Admission(error=self._error(self.error_types.ambiguous, spec, message, entry))
+        return self._refuse(self.error_types.ambiguous, spec, message, entry)
 
     def _cut(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
         """A re-send that can hurt: the attempts the earlier calls left, no more."""
@@ -253,12 +253,9 @@ class LedgerRetrier(Retrier):
                 f"{spec.match.endpoint} on {spec.engine}: {entry.spent} attempts already spent by earlier calls "
                 f"within {self.ledger.window_s:g}s (max_attempts={policy.retry.max_attempts}); not sent"
             )
-            return _Admission(error=self._error(self.error_types.retries_exhausted, spec, message, entry))
-        refused = self._withdraw(spec, entry)
-        if refused is not None:
-            return refused
+            return self._refuse(self.error_types.retries_exhausted, spec, message, entry)
         retry = replace(policy.retry, max_attempts=left)
-        return _Admission(spec=replace(spec, match=replace(spec.match, policy=replace(policy, retry=retry))))
+        return self._withdraw(spec, entry) or _Admission(spec=replace(spec, match=replace(spec.match, policy=replace(policy, retry=retry))))
 
     def _fresh(self, spec: CallSpec, entry: LedgerEntry) -> _Admission:
         """A harmless re-send: attempts of its own, within the budget and what the run of failed calls left of the deadline."""
@@ -272,22 +269,19 @@ class LedgerRetrier(Retrier):
                     f"{spec.match.endpoint} on {spec.engine}: earlier calls have failed for {elapsed:.3g}s, past the "
                     f"endpoint's deadline_s={deadline_s:g}; not sent"
                 )
-                return _Admission(error=self._error(self.error_types.deadline_exceeded, spec, message, entry))
-        refused = self._withdraw(spec, entry)
-        if refused is not None:
-            return refused
-        return _Admission(spec=spec, deadline_s=left, harmless=True)
+                return self._refuse(self.error_types.deadline_exceeded, spec, message, entry)
+        return self._withdraw(spec, entry) or _Admission(spec=spec, deadline_s=left, harmless=True)
 
     def _withdraw(self, spec: CallSpec, entry: LedgerEntry) -> _Admission | None:
         """The repeat's first attempt is a retry for the engine's budget: a refusal when no token is left, else None."""
         if self.budgets is not None and not self.budgets.get(spec.engine).try_withdraw():
             message = f"retry budget of {spec.engine} exhausted ({spec.match.endpoint} repeats a failed call); not sent"
-            return _Admission(error=self._error(self.error_types.budget_exhausted, spec, message, entry))
+            return self._refuse(self.error_types.budget_exhausted, spec, message, entry)
         return None
 
     @staticmethod
-    def _error(kind: type[ResilienceError], spec: CallSpec, message: str, entry: LedgerEntry) -> ResilienceError:
-        """A refusal before sending, with its one-line record: nothing left, but an earlier attempt left unresolved stays "maybe applied".
+    def _refuse(kind: type[ResilienceError], spec: CallSpec, message: str, entry: LedgerEntry) -> _Admission:
+        """A refusal before sending: a ``kind`` error with its one-line record (an earlier attempt left unresolved stays "maybe applied").
 
         ``resilience.outcome.attempts_of`` readers (the barrier) must not take a
         refusal that follows an unanswered release for proof that nothing was released.
@@ -295,7 +289,8 @@ class LedgerRetrier(Retrier):
         delivery = Delivery.NOT_SENT if entry.unresolved is None else Delivery.MAYBE_APPLIED
         outcome = Outcome.RETRYABLE if entry.unresolved is None else Outcome.AMBIGUOUS
         record = AttemptRecord(0, None, outcome, delivery, kind.__qualname__, 0.0)
-        return kind(message, endpoint=spec.match.endpoint, engine=spec.engine, attempts=(record,), last_status=entry.last_status)
+        error = kind(message, endpoint=spec.match.endpoint, engine=spec.engine, attempts=(record,), last_status=entry.last_status)
+        return _Admission(error=error)
 
     # -- the drivers' entry points ----------------------------------------
 

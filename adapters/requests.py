@@ -286,12 +286,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         url = request.url or ""
         method, match, engine, host, port = self._routes.route(request.method or "GET", url)
         spec = CallSpec(
-            method,
-            url,
-            match,
-            engine,
-            host,
-            port,
+            method, url, match, engine, host, port,
             request_timeout=_caller_pair(timeout),
             request=request,
             replayable=_body_rewindable(request),

@@ -447,21 +447,11 @@ class _Track:
             outcome = record.outcome if record is not None else Outcome.AMBIGUOUS
             sent = record is None or record.delivery is not Delivery.NOT_SENT
             error_type = (record.error_type if record is not None else None) or (str(status) if status else "NotInAnswer")
-        emit(
-            observers,
-            AttemptEnded(
-                call_id=self.call_id,
-                attempt=self.attempts,
-                method="POST",
-                endpoint=endpoint,
-                engine=engine,
-                status=status,
-                outcome=outcome,
-                error_type=error_type,
-                sent=sent,
-                duration_s=duration,
-            ),
+        attempt = AttemptEnded(
+            call_id=self.call_id, attempt=self.attempts, method="POST", endpoint=endpoint, engine=engine, status=status, outcome=outcome,
+            error_type=error_type, sent=sent, duration_s=duration,
         )
+        emit(observers, attempt)
         self.attempts += 1
 
     def retry(self, observers: Sequence[Observer], endpoint: str, engine: str, answer: _Answer, delay: float) -> None:
@@ -482,21 +472,11 @@ class _Track:
         else:
             outcome = CallOutcome.FAILED
         status = error.attempts[0].status if isinstance(error, SmgWorkerError) else (None if error is not None else 200)
-        emit(
-            observers,
-            CallEnded(
-                call_id=self.call_id,
-                method="POST",
-                endpoint=endpoint,
-                engine=engine,
-                outcome=outcome,
-                status=status,
-                attempts=self.attempts,
-                duration_s=duration,
-                error_type=None if error is None else type(error).__name__,
-                retry_budget_tokens=None,
-            ),
+        ended = CallEnded(
+            call_id=self.call_id, method="POST", endpoint=endpoint, engine=engine, outcome=outcome, status=status, attempts=self.attempts,
+            duration_s=duration, error_type=None if error is None else type(error).__name__, retry_budget_tokens=None,
         )
+        emit(observers, ended)
 
 
 def _engine_status(answer: _Answer) -> int | None:

@@ -31,11 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST, Answer, AsyncSessionOwner, OwnAsyncSession
-from resilience.adapters.engine_session import own_driver_kwargs, own_policies
 from resilience.adapters.engine_steps import drive
 from resilience.adapters.sglang import calls
 from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
-from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import (
     ControlResult,
     FlushResult,
@@ -110,23 +108,11 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         memory_probe: MemoryProbe | None = None,
         **middleware_kwargs: Any,
     ) -> None:
-        driver_kwargs = own_driver_kwargs(
-            "AsyncSGLangClient",
-            SGLANG_POLICIES,
-            session=session,
-            config=config,
-            policies=policies,
-            observers=observers,
-            extra=middleware_kwargs,
-            limit_per_host=limit_per_host,
-            memory_probe=memory_probe,
-            with_probe=with_memory_probe,
-        )
+        driver_kwargs = self._own_kwargs(session, config, policies, observers, middleware_kwargs, memory_probe, limit_per_host)
         self._own = OwnAsyncSession("AsyncSGLangClient", session, driver_kwargs, limit_per_host)
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
-        self._policies = own_policies(driver_kwargs, SGLANG_POLICIES)
 
     async def _send(self, call: Call) -> Answer:
         """As ``SGLangClient._send``: the checks before and after the call (``SGLangClientState._call_steps``)."""

@@ -182,16 +182,10 @@ def update_weights_from_tensor_call(
     weight_version: str | None,
 ) -> Call:
     """``POST /update_weights_from_tensor``."""
-    body: dict[str, Any] = {
-        "serialized_named_tensors": list(serialized_named_tensors),
-        "flush_cache": flush_cache,
-        "abort_all_requests": abort_all_requests,
-    }
-    if load_format is not None:
-        body["load_format"] = load_format
-    if weight_version is not None:
-        body["weight_version"] = weight_version
-    return Call("POST", "/update_weights_from_tensor", body)
+    return _post(
+        "/update_weights_from_tensor", serialized_named_tensors=list(serialized_named_tensors), flush_cache=flush_cache,
+        abort_all_requests=abort_all_requests, load_format=load_format, weight_version=weight_version,
+    )
 
 
 def update_weights_from_distributed_call(
@@ -204,26 +198,17 @@ def update_weights_from_distributed_call(
     weight_version: str | None,
 ) -> Call:
     """``POST /update_weights_from_distributed``."""
-    body: dict[str, Any] = {
-        "names": list(names),
-        "dtypes": list(dtypes),
-        "shapes": [list(s) for s in shapes],
-        "group_name": group_name,
-        "flush_cache": flush_cache,
-    }
-    if weight_version is not None:
-        body["weight_version"] = weight_version
-    return Call("POST", "/update_weights_from_distributed", body)
+    return _post(
+        "/update_weights_from_distributed", names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes],
+        group_name=group_name, flush_cache=flush_cache, weight_version=weight_version,
+    )
 
 
 def update_weights_from_disk_call(model_path: str, *, flush_cache: bool, weight_version: str | None, load_format: str | None) -> Call:
     """``POST /update_weights_from_disk``."""
-    body: dict[str, Any] = {"model_path": model_path, "flush_cache": flush_cache}
-    if weight_version is not None:
-        body["weight_version"] = weight_version
-    if load_format is not None:
-        body["load_format"] = load_format
-    return Call("POST", "/update_weights_from_disk", body)
+    return _post(
+        "/update_weights_from_disk", model_path=model_path, flush_cache=flush_cache, weight_version=weight_version, load_format=load_format
+    )
 
 
 def init_weights_update_group_call(
@@ -247,14 +232,13 @@ def generate_call(
     """``POST /generate`` with exactly one of ``text`` or ``input_ids``."""
     if (text is None) == (input_ids is None):
         raise ValueError("generate needs exactly one of text or input_ids")
-    body: dict[str, Any] = {"sampling_params": dict(sampling_params or {}), "stream": stream}
-    if text is not None:
-        body["text"] = text
-    else:
-        body["input_ids"] = list(input_ids or ())
-    if rid is not None:
-        body["rid"] = rid
-    return Call("POST", "/generate", body)
+    ids = None if input_ids is None else list(input_ids)
+    return _post("/generate", sampling_params=dict(sampling_params or {}), stream=stream, text=text, input_ids=ids, rid=rid)
+
+
+def _post(path: str, **fields: Any) -> Call:
+    """A ``POST`` of ``path`` whose JSON body holds the ``fields`` given (a None one is left out, as SGLang's default)."""
+    return Call("POST", path, {name: value for name, value in fields.items() if value is not None})
 
 
 def read_call(path: str) -> Call:

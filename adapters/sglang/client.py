@@ -21,12 +21,12 @@ import requests
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import Answer, answer_of
-from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs, own_policies
+from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs
 from resilience.adapters.engine_steps import drive, run_now
 from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.sglang import calls
 from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
-from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
+from resilience.adapters.sglang.policies import SGLANG_POLICIES
 from resilience.adapters.sglang.results import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.engine_contract import PauseMode
@@ -114,21 +114,10 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
         memory_probe: MemoryProbe | None = None,
         **adapter_kwargs: Any,
     ) -> None:
-        kwargs = own_driver_kwargs(
-            "SGLangClient",
-            SGLANG_POLICIES,
-            session=session,
-            config=config,
-            policies=policies,
-            observers=observers,
-            extra=adapter_kwargs,
-            memory_probe=memory_probe,
-            with_probe=with_memory_probe,
-        )
+        kwargs = self._own_kwargs(session, config, policies, observers, adapter_kwargs, memory_probe)
         super().__init__(
             base_url, api_key=api_key, admin_api_key=admin_api_key, flush_deadline_s=flush_deadline_s, flush_poll_s=flush_poll_s
         )
-        self._policies = own_policies(kwargs, SGLANG_POLICIES)
         self._open_session(session, kwargs)
 
     # -- plumbing ------------------------------------------------------------

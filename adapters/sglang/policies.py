@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from resilience.adapters.engine_retries import CONNECT_WINDOW_S, CONTROL_RETRY, NO_STATUS_RETRY, READ_RETRY
 from resilience.adapters.sglang.memory_check import RELEASE_PATH, RESUME_PATH, MemoryProbeCheck
 from resilience.memory_probe import MemoryProbe
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy, parse_key
@@ -83,32 +84,20 @@ server has one, else the API key. The contract check compares this set with the 
 SGLANG_OPEN_PREFIXES: tuple[str, ...] = ("/health", "/ready", "/metrics")
 """Paths SGLang never asks a key for (probes and scrapes); the client sends none there."""
 
-# connect_window_s: how long a call that never connected keeps retrying refusals before it fails with the refusal
-# (and the engine's breaker opens). 5 s on every endpoint: an engine's front end that is coming up listens within
-# seconds, so 5 s of backoff (4-6 attempts at these bases) reaches it; a memory swap takes tens of seconds but never
-# closes the port (the seed's 502s and slow /health came from a listening front end), so the long deadlines below
-# still cover it; and an engine that must be restarted takes minutes (the seed's global restart: about 8), which no
-# call should sit through. A dead or mistyped URL thus fails in ~5 s instead of the deadline (180 s for a pause).
-_CONNECT_WINDOW_S = 5.0
-_CONTROL_RETRY = RetryPolicy(max_attempts=6, base_s=0.5, cap_s=4.0, connect_window_s=_CONNECT_WINDOW_S)
-_SWAP_RETRY = RetryPolicy(max_attempts=6, base_s=0.5, cap_s=4.0, connect_window_s=_CONNECT_WINDOW_S)
-_READ_RETRY = RetryPolicy(max_attempts=3, base_s=0.2, cap_s=1.0, connect_window_s=_CONNECT_WINDOW_S)
-_NO_STATUS_RETRY = RetryPolicy(max_attempts=3, base_s=0.2, cap_s=1.0, statuses=frozenset(), connect_window_s=_CONNECT_WINDOW_S)
-
-_PAUSE = EndpointPolicy(retry=_CONTROL_RETRY, idempotent=True, attempt_timeout_s=60, deadline_s=180)
-_CONTROL = EndpointPolicy(retry=_CONTROL_RETRY, idempotent=True, attempt_timeout_s=30, deadline_s=120)
-_FLUSH = EndpointPolicy(retry=_CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=180)
-_SWAP = EndpointPolicy(retry=_SWAP_RETRY, idempotent=False, retry_statuses_if_not_idempotent=True, attempt_timeout_s=120, deadline_s=300)
+_PAUSE = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=60, deadline_s=180)
+_CONTROL = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=30, deadline_s=120)
+_FLUSH = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=180)
+_SWAP = EndpointPolicy(retry=CONTROL_RETRY, idempotent=False, retry_statuses_if_not_idempotent=True, attempt_timeout_s=120, deadline_s=300)
 _WEIGHTS = EndpointPolicy(
-    retry=RetryPolicy(max_attempts=3, base_s=0.5, cap_s=2.0, connect_window_s=_CONNECT_WINDOW_S),
+    retry=RetryPolicy(max_attempts=3, base_s=0.5, cap_s=2.0, connect_window_s=CONNECT_WINDOW_S),
     idempotent=False,
     retry_statuses_if_not_idempotent=True,
     attempt_timeout_s=600,
     deadline_s=900,
 )
-_READ = EndpointPolicy(retry=_READ_RETRY, idempotent=True, attempt_timeout_s=10, deadline_s=30)
-_HEALTH = EndpointPolicy(retry=_READ_RETRY, idempotent=True, attempt_timeout_s=25, deadline_s=30)
-_GENERATE = EndpointPolicy(retry=_NO_STATUS_RETRY, idempotent=False, attempt_timeout_s=None, deadline_s=None)
+_READ = EndpointPolicy(retry=READ_RETRY, idempotent=True, attempt_timeout_s=10, deadline_s=30)
+_HEALTH = EndpointPolicy(retry=READ_RETRY, idempotent=True, attempt_timeout_s=25, deadline_s=30)
+_GENERATE = EndpointPolicy(retry=NO_STATUS_RETRY, idempotent=False, attempt_timeout_s=None, deadline_s=None)
 
 
 def sglang_policies(*, memory_probe: MemoryProbe | None = None, strict: bool = False) -> PolicyTable:

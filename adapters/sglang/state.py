@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from resilience.adapters.engine_http import Answer
+from resilience.adapters.driver_config import DriverConfig, Unset
+from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST, Answer
+from resilience.adapters.engine_session import own_driver_kwargs, own_policies
 from resilience.adapters.engine_state import EngineClientState
 from resilience.adapters.engine_steps import Steps
 from resilience.adapters.sglang import liveness
@@ -19,9 +22,12 @@ from resilience.adapters.sglang.calls import (
     raise_if_refused,
     read_call,
 )
+from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import FlushResult, SGLangError, SGLangWeightsReleased
 from resilience.deadline import Deadline
 from resilience.errors import ResilienceError
+from resilience.events import Observer
+from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 
@@ -51,6 +57,24 @@ class SGLangClientState(EngineClientState):
         self.flush_poll_s = flush_poll_s
         self._paused_mode: str | None = None
         self._released: set[str] = set()
+
+    def _own_kwargs(
+        self,
+        session: object,
+        config: DriverConfig | None,
+        policies: PolicyTable | Unset,
+        observers: Sequence[Observer] | Unset,
+        extra: Mapping[str, Any],
+        memory_probe: MemoryProbe | None,
+        limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
+    ) -> dict[str, Any]:
+        """Both clients' ``own_driver_kwargs`` over ``SGLANG_POLICIES`` and ``with_memory_probe``; sets ``_policies`` from them."""
+        kwargs = own_driver_kwargs(
+            type(self).__name__, SGLANG_POLICIES, session=session, config=config, policies=policies, observers=observers,
+            extra=extra, limit_per_host=limit_per_host, memory_probe=memory_probe, with_probe=with_memory_probe,
+        )
+        self._policies = own_policies(kwargs, SGLANG_POLICIES)
+        return kwargs
 
     @property
     def paused_mode(self) -> str | None:

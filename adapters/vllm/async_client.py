@@ -83,14 +83,8 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
         **middleware_kwargs: Any,
     ) -> None:
         driver_kwargs = own_driver_kwargs(
-            "AsyncVLLMClient",
-            VLLM_POLICIES,
-            session=session,
-            config=config,
-            policies=policies,
-            observers=observers,
-            extra=middleware_kwargs,
-            limit_per_host=limit_per_host,
+            "AsyncVLLMClient", VLLM_POLICIES, session=session, config=config, policies=policies, observers=observers,
+            extra=middleware_kwargs, limit_per_host=limit_per_host,
         )
         self._own = OwnAsyncSession("AsyncVLLMClient", session, driver_kwargs, limit_per_host)
         super().__init__(base_url, api_key=api_key, api_version=api_version)

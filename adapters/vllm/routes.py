@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from resilience.adapters.engine_retries import CONTROL_RETRY, NO_STATUS_RETRY, READ_RETRY
 from resilience.adapters.vllm.versions import (
     OLDEST,
     PAUSE_NEEDS_DEV_MODE,
@@ -44,32 +45,29 @@ from resilience.adapters.vllm.versions import (
     WEIGHT_VERSION_ROUTES,
     Version,
 )
-from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
+from resilience.policy import EndpointPolicy, PolicyTable
 
 __all__ = ["CONTROL_ROUTES", "ROUTES", "VLLM_POLICIES", "Route", "route"]
 
 _V033: Final[Version] = (0, 33, 0)
 
-# As SGLANG_POLICIES: a call that never connected retries refusals for 5 s, then fails (a dead URL fails fast).
-_CONNECT_WINDOW_S = 5.0
-_RETRY = RetryPolicy(max_attempts=6, base_s=0.5, cap_s=4.0, connect_window_s=_CONNECT_WINDOW_S)
-_READ_RETRY = RetryPolicy(max_attempts=3, base_s=0.2, cap_s=1.0, connect_window_s=_CONNECT_WINDOW_S)
-_NO_STATUS_RETRY = RetryPolicy(max_attempts=3, base_s=0.2, cap_s=1.0, statuses=frozenset(), connect_window_s=_CONNECT_WINDOW_S)
-
-_MEMORY = EndpointPolicy(retry=_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
+# The retry rules are SGLANG_POLICIES' (``engine_retries.py``: a dead URL fails in ~5 s).
+_MEMORY = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
 """Sleep and wake: re-sent on timeouts and 502/503/504 (idempotent); ``mode=wait`` blocks until drained."""
-_PAUSE = EndpointPolicy(retry=_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
+_PAUSE = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
 """Pause: ``mode=wait`` answers only when every running request finished."""
-_CONTROL = EndpointPolicy(retry=_RETRY, idempotent=True, attempt_timeout_s=30, deadline_s=120)
-_CHECKER = EndpointPolicy(retry=_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
+_CONTROL = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=30, deadline_s=120)
+_CHECKER = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
 """``/weight_checker`` hashes every weight on every worker."""
-_ONCE = EndpointPolicy(retry=_RETRY, idempotent=False, retry_statuses_if_not_idempotent=False, attempt_timeout_s=60, deadline_s=120)
+_ONCE = EndpointPolicy(retry=CONTROL_RETRY, idempotent=False, retry_statuses_if_not_idempotent=False, attempt_timeout_s=60, deadline_s=120)
 """Sent again only when it provably never left (a refused connection); a gateway status is handed back."""
-_UPDATE = EndpointPolicy(retry=_RETRY, idempotent=False, retry_statuses_if_not_idempotent=False, attempt_timeout_s=600, deadline_s=900)
+_UPDATE = EndpointPolicy(
+    retry=CONTROL_RETRY, idempotent=False, retry_statuses_if_not_idempotent=False, attempt_timeout_s=600, deadline_s=900
+)
 """``/update_weights``: as ``_ONCE``, with room for a large chunk over NCCL."""
-_RPC = EndpointPolicy(retry=_RETRY, idempotent=False, retry_statuses_if_not_idempotent=False, attempt_timeout_s=120, deadline_s=300)
-_READ = EndpointPolicy(retry=_READ_RETRY, idempotent=True, attempt_timeout_s=10, deadline_s=30)
-_COMPLETION = EndpointPolicy(retry=_NO_STATUS_RETRY, idempotent=False, attempt_timeout_s=None, deadline_s=None)
+_RPC = EndpointPolicy(retry=CONTROL_RETRY, idempotent=False, retry_statuses_if_not_idempotent=False, attempt_timeout_s=120, deadline_s=300)
+_READ = EndpointPolicy(retry=READ_RETRY, idempotent=True, attempt_timeout_s=10, deadline_s=30)
+_COMPLETION = EndpointPolicy(retry=NO_STATUS_RETRY, idempotent=False, attempt_timeout_s=None, deadline_s=None)
 """Generation is never re-sent once it may have arrived; an abort/wait pause's 503 is handed back (back-pressure)."""
 
 
