@@ -19,9 +19,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from resilience.adapters.sglang import SGLangClient
-from resilience.adapters.vllm.engine import VLLMEngine
-from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed, ThreadFanOut, WeightVersionCheck
+from resilience.adapters.sglang import AsyncSGLangClient, SGLangClient
+from resilience.adapters.vllm.engine import AsyncVLLMEngine, VLLMEngine
+from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseFailed, ThreadFanOut, WeightVersionCheck
 from resilience.barrier.fanout import engine_name
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore
@@ -32,6 +32,7 @@ from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faults import FaultPlan, FaultRule
+from tests.barrier.async_facade import LoopThread
 from tests.promserver import get_json, poll, prometheus_server
 from tests.sglang.conftest import FAST_SGLANG
 
@@ -262,3 +263,42 @@ def test_a_joining_engine_is_published_as_joining_and_a_fenced_one_as_fenced(fle
         orch.close()
         for client in (*group, joiner):
             client.close()
+
+
+def test_an_async_orchestrator_publishes_the_weight_versions_its_reads_were_answered(fleets: tuple[EmulatedFleet, EmulatedFleet]) -> None:
+    """``AsyncOrchestrator`` has no fan-out to tap: the versions come from the orchestrator itself (``weight_versions()``,
+    kept from the answers its reads got: an onload's and a join's ``WeightVersionCheck``), the one source the collector
+    reads for either orchestrator. Two emulated engines (SGLang ``model_info``, vLLM ``weight_info``) serve step-7; a
+    third joins the serving group, verified; a retired one's series goes."""
+    sglang, vllm = fleets
+    loop = LoopThread()
+    group: list[Any] = [AsyncSGLangClient(sglang.urls[0], flush_poll_s=0.05), AsyncVLLMEngine(vllm.urls[0])]
+    joiner = AsyncSGLangClient(sglang.urls[1], flush_poll_s=0.05)
+    kinds = {sglang.urls[0]: "sglang", sglang.urls[1]: "sglang", vllm.urls[0]: "vllm"}
+    metrics = MetricsObserver()
+    orch = AsyncOrchestrator(EngineGroup(group), observers=[metrics])
+    metrics.watch(orch)  # no versions=: the orchestrator's own weight_versions()
+
+    def versions() -> dict[str, tuple[str, str, float]]:
+        return {labels["engine"]: (labels["kind"], labels["version"], v) for labels, v in family(metrics, "cpr_engine_weight_version")}
+
+    try:
+        loop.run(orch.offload())
+        loop.run(orch.onload())
+        assert versions() == {} and orch.weight_versions() == {}  # nothing read yet: no version is made up
+        loop.run(orch.offload())
+        loop.run(orch.onload(verify=WeightVersionCheck(VERSION)))
+        both = (sglang.urls[0], vllm.urls[0])
+        assert versions() == {n: (kinds[n], VERSION, 1.0) for n in both}  # model_info and weight_info, as answered
+        loop.run(orch.add(joiner, verify=WeightVersionCheck(VERSION)))  # a serving group: paused, read, continued
+        assert states_of(metrics) == {n: (kinds[n], "serving", 1.0) for n in kinds}
+        assert versions() == {n: (kinds[n], VERSION, 1.0) for n in kinds}  # the join's own read
+        assert orch.weight_versions() == dict.fromkeys(kinds, VERSION)
+        loop.run(orch.retire(sglang.urls[0]))
+        assert set(versions()) == {sglang.urls[1], vllm.urls[0]}
+        assert states_of(metrics)[sglang.urls[0]] == ("sglang", "retired", 1.0)
+    finally:
+        for client in (*group, joiner):
+            loop.run(client.aclose())
+        orch.close()
+        loop.close()
