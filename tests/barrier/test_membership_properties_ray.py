@@ -27,7 +27,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-pytest.importorskip("ray")
+if os.environ.get("CI", "").lower() != "true":  # CI must have Ray: fail, don't skip
+    pytest.importorskip("ray", reason="Ray is not installed (pip install controlplane-resilience[ray])")
 
 from resilience.adapters.ray import RayFanOut
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
