@@ -26,9 +26,11 @@ transition reads ``states()`` again.
   before that the orchestrator no longer covers. ``kind``: ``sglang``,
   ``vllm`` (``EngineRules.kind``), ``unknown`` for an engine not in a group.
 - ``cpr_engine_weight_version{engine, kind, version}``: value 1, for each
-  engine whose weight version the barrier read (a ``WeightVersionTap``
-  around its fan-out: the answers of ``weight_info`` / ``model_info``, as
-  ``WeightVersionCheck`` sends them after an onload or a weight sync).
+  engine whose weight version the barrier read: the orchestrator's own
+  ``weight_versions()`` (the answers of ``weight_info`` / ``model_info`` that
+  ``WeightVersionCheck`` sends after an onload, a weight sync or a join), the
+  same for ``Orchestrator`` and ``AsyncOrchestrator``; or, when given, a
+  ``WeightVersionTap`` around a fan-out (reads sent outside the orchestrator too).
 
 Labels are bounded: ``state`` and ``kind`` are enums; at most ``max_engines``
 engines (default ``DEFAULT_MAX_ENGINES`` = 256) get their own ``engine`` label,
@@ -48,7 +50,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from resilience.barrier import EngineResult, EngineState, FanOut
-from resilience.barrier.fanout import Calls
+from resilience.barrier.fanout import Calls, reported_versions
 from resilience.deadline import Deadline
 from resilience.engine_contract import engine_name, rules_of
 from resilience.events import EngineStateChanged
@@ -87,6 +89,8 @@ class _Watched(Protocol):
 
     def states(self) -> dict[str, EngineState]: ...
 
+    def weight_versions(self) -> dict[str, str]: ...
+
 
 class WeightVersionTap:
     """A ``FanOut`` that sends every call through ``fanout`` and keeps the weight version each engine last reported.
@@ -94,9 +98,12 @@ class WeightVersionTap:
     ``fanout``: the fan-out that reaches the engines (``ThreadFanOut()``,
     ``RayFanOut()``, ...). Answers to ``weight_info`` (vLLM) and
     ``model_info`` (SGLang) that carry a ``weight_version`` are kept per
-    engine name; ``versions()`` returns them. Give the tap to the
-    orchestrator as its ``fanout`` and to ``EngineStateCollector`` as its
-    ``versions``; the orchestrator's checks find ``check_engines`` through it.
+    engine name; ``versions()`` returns them. An orchestrator keeps the
+    versions its own reads were answered (``weight_versions()``, what
+    ``EngineStateCollector`` publishes by default), so the tap is for reads sent
+    through a fan-out some other way too: give it to the orchestrator as its
+    ``fanout`` and to ``EngineStateCollector`` as its ``versions``; the
+    orchestrator's checks find ``check_engines`` through it.
     """
 
     def __init__(self, fanout: FanOut) -> None:
@@ -118,11 +125,7 @@ class WeightVersionTap:
 
     def record(self, results: Iterable[EngineResult]) -> None:
         """Keep the ``weight_version`` of every answer that has one (also for reads sent some other way)."""
-        seen: dict[str, str] = {}
-        for result in results:
-            version = getattr(result.value, "weight_version", None) if result.error is None else None
-            if isinstance(version, str) and version:
-                seen[result.engine] = version[:_VERSION_MAX]
+        seen = {name: version[:_VERSION_MAX] for name, version in reported_versions(results).items()}
         if seen:
             with self._lock:
                 self._versions.update(seen)
@@ -137,9 +140,9 @@ class EngineStateCollector:
     """A prometheus-client collector of one orchestrator's per-engine state (module docstring).
 
     ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator`` (read only:
-    ``states()``, the kinds, and its lock, as the module docstring says). ``versions``: a ``WeightVersionTap`` (or
-    anything with ``versions() -> Mapping[str, str]``) for
-    ``cpr_engine_weight_version``; default None: no version series.
+    ``states()``, ``weight_versions()``, the kinds, and its lock, as the module docstring says). ``versions``: a
+    ``WeightVersionTap`` (or anything with ``versions() -> Mapping[str, str]``) for ``cpr_engine_weight_version``;
+    default None: the orchestrator's own ``weight_versions()``.
     ``max_engines``: engines with their own label (default 256, >= 1).
     ``lock_wait_s``: how long a scrape waits for the orchestrator's lock
     (default 0.05 s, >= 0) before it answers from its last read of
@@ -232,13 +235,18 @@ class EngineStateCollector:
                 state_family.add_metric([label, kind, state], 1.0)
         for (kind, state), count in sorted(folded.items()):
             state_family.add_metric([OTHER, kind, state], float(count))
-        if self.versions is not None:
-            known: Mapping[str, str] = self.versions.versions()
+        known: Mapping[str, str] = self.versions.versions() if self.versions is not None else self._versions_now()
+        if known:
             for name, version in sorted(known.items()):
                 label = labels.get(name)
                 if label is not None and name in states:
                     version_family.add_metric([label, kinds_known.get(name, "unknown"), version[:_VERSION_MAX]], 1.0)
         return [state_family, version_family]
+
+    def _versions_now(self) -> Mapping[str, str]:
+        """The orchestrator's ``weight_versions()`` (none from one without it)."""
+        read = getattr(self.orchestrator, "weight_versions", None)
+        return read() if callable(read) else {}
 
     def _kinds_now(self) -> dict[str, str]:
         """Engine name -> kind: the orchestrator's own table (``state.kinds``, which covers an engine that joined

@@ -335,8 +335,9 @@ class MetricsObserver(Dispatcher):
         """Publish what ``orchestrator`` knows of each engine (``cpr_engine_state``, ``cpr_engine_weight_version``) at every scrape.
 
         ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator``.
-        ``versions``: the ``WeightVersionTap`` its fan-out goes through (None,
-        the default: no version series). ``max_engines``: engines with their
+        ``versions``: a ``WeightVersionTap`` its fan-out goes through (None,
+        the default: the versions the orchestrator's own reads were answered,
+        ``weight_versions()``). ``max_engines``: engines with their
         own label (default 256; the rest are counted under ``other``). The
         collector is registered in ``registry`` and returned
         (``registry.unregister(it)`` stops it). Put this observer among the

@@ -151,6 +151,7 @@ RAY_MODULES = frozenset(
         "tests/barrier/test_write_ahead_knowledge.py",
         "tests/barrier/test_journal_contract.py",
         "tests/barrier/test_membership_emulated.py",
+        "tests/barrier/test_membership_properties_ray.py",
     }
 )
 """The test modules with a Ray test: under ``-n`` they run as one unit, in one worker (the session's one Ray runtime).

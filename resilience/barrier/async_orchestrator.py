@@ -243,7 +243,9 @@ class AsyncOrchestrator(BarrierView[A]):
 
         engines = {n: self.state.engines[n] for n in self.state.active(names)}
         deadline_s = self.deadlines.for_phase("verify")
-        return await averify(transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s)
+        return await averify(
+            transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s, heard=self.state.heard
+        )
 
     # -- the driver ------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ __all__ = [
     "ThreadFanOut",
     "attach_results",
     "interrupted_results",
+    "reported_versions",
     "sync_engine_problem",
     "vllm_hint",
 ]
@@ -81,6 +82,17 @@ class EngineResult:
     def ok(self) -> bool:
         """True when the call returned without error."""
         return self.error is None
+
+
+def reported_versions(results: Iterable[EngineResult]) -> dict[str, str]:
+    """Engine name -> the ``weight_version`` its answer carries (vLLM ``weight_info``, SGLang ``model_info``), for every
+    answer without an error that has a non-empty one: what ``BarrierState.heard`` keeps per engine."""
+    seen: dict[str, str] = {}
+    for result in results:
+        version = getattr(result.value, "weight_version", None) if result.error is None else None
+        if isinstance(version, str) and version:
+            seen[result.engine] = version
+    return seen
 
 
 _RESULTS_ATTR = "cpr_phase_results"

@@ -206,6 +206,8 @@ def admit(state: BarrierState[Any], engine: Any, group: str | int | None) -> tup
     if target_group.needs_offload and name not in state.offloaded:
         state.offloaded.append(name)
     state.fenced.pop(name, None)
+    with state.versions_lock:
+        state.versions.pop(name, None)  # what it reports now is read by its join's checks, if any
     return name, target_of(state, index, name)
 
 
@@ -324,6 +326,7 @@ def _verify(state: BarrierState[Any], tx: Transition, name: str, checks: Sequenc
         deadline = tx.deadline.cap(state.deadlines.for_phase("verify"))
         step: ReadStep[Any] = ReadStep(method, ((name, kwargs),), [(engine, kwargs)], deadline)
         yield step
+        state.heard(step.results or ())
         if step.error is not None or step.results is None or len(step.results) != 1:
             why = step.error if step.error is not None else "no answer"
             return {name: CheckFailed(name, check.name, None, None, detail=f"{check.name}: could not read it ({method}): {why}")}

@@ -284,7 +284,14 @@ class Orchestrator(BarrierView[E]):
         engines = {n: self.state.engines[n] for n in self.state.active(names)}
         deadline_s = self.deadlines.for_phase("verify")
         return verify_engines(
-            transition, report, checks, engines, not_serving=self.not_serving(), send=self.fanout.call, deadline_s=deadline_s
+            transition,
+            report,
+            checks,
+            engines,
+            not_serving=self.not_serving(),
+            send=self.fanout.call,
+            deadline_s=deadline_s,
+            heard=self.state.heard,
         )
 
     # -- the driver ------------------------------------------------------------------

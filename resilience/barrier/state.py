@@ -111,7 +111,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Generic, TypedDict, TypeVar
 
-from resilience.barrier.fanout import EngineNotDriven, LateCall, PhaseTimeout
+from resilience.barrier.fanout import EngineNotDriven, EngineResult, LateCall, PhaseTimeout, reported_versions
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.engine_contract import (
@@ -859,6 +859,11 @@ class BarrierState(Generic[E]):
         yet: the next offload or pause sends pause (and offload flush) to them again, both safe to repeat."""
         self.replaced: dict[str, str] = {}
         """Engines found replaced by a fresh process since the journal was written, with what showed it (``recovery``)."""
+        self.versions: dict[str, str] = {}
+        """Name -> the weight version the engine last reported to a read the barrier sent (``heard``): a ``verify`` check's
+        or a join's ``WeightVersionCheck``. In memory only; dropped when the engine joins again (``add``)."""
+        self.versions_lock = threading.Lock()
+        """Guards ``versions`` alone: a scrape reads them while a transition holds ``lock``, without waiting for it."""
 
     def close(self) -> None:
         """Let go of the journal (its lock), if there is one. The orchestrator sends nothing more afterwards."""
@@ -950,6 +955,20 @@ class BarrierState(Generic[E]):
         after = self.know[name].state
         if after is not before:
             emit(self.observers, EngineStateChanged(engine=name, from_state=str(before), to_state=str(after)))
+
+    def heard(self, results: Iterable[EngineResult]) -> None:
+        """Keep the weight version of every answer of a read that carries one (``fanout.reported_versions``)."""
+        found = reported_versions(results)
+        if found:
+            with self.versions_lock:
+                self.versions.update(found)
+
+    def weight_versions(self) -> dict[str, str]:
+        """Engine (not retired) -> the weight version it last reported to the barrier's reads (``versions``); never waits
+        for a transition (``versions_lock`` only)."""
+        retired = frozenset(self.retired)  # one copy, taken at once
+        with self.versions_lock:
+            return {n: v for n, v in self.versions.items() if n not in retired}
 
     def why_skipped(self, name: str) -> str:
         """Why a transition skips ``name``, for ``EngineSkipped``."""

@@ -52,6 +52,8 @@ Send = Callable[[Calls, str, Deadline], list[EngineResult]]
 """A fan-out's ``call``: one read to many engines at once."""
 AsyncSend = Callable[[Calls, str, Deadline], Awaitable[list[EngineResult]]]
 """The same on an event loop."""
+Heard = Callable[[Sequence[EngineResult]], None]
+"""Told every read's answers before they are judged (``BarrierState.heard``: the weight versions engines report)."""
 
 
 @runtime_checkable
@@ -241,7 +243,9 @@ def _plan(
     return reads, unreadable
 
 
-def _judge(read: _Read, results: Sequence[EngineResult]) -> list[CheckFailed]:
+def _judge(read: _Read, results: Sequence[EngineResult], heard: Heard | None) -> list[CheckFailed]:
+    if heard is not None:
+        heard(results)
     failed: list[CheckFailed] = []
     for result in results:
         if result.error is not None:
@@ -285,17 +289,18 @@ def verify(
     not_serving: Mapping[str, str],
     send: Send,
     deadline_s: float,
+    heard: Heard | None = None,
 ) -> TransitionReport:
     """Run ``checks`` on ``engines`` through ``send`` (a fan-out's ``call``); ``report`` when all pass, else ``VerificationFailed``.
 
     ``not_serving``: the orchestrator's engines that do not serve, with why (checks
     that need serving skip them; when another check fails, the error names them too).
-    ``deadline_s``: for all reads together.
+    ``deadline_s``: for all reads together. ``heard``: told each read's answers (default None: nobody).
     """
     reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
     deadline = Deadline(deadline_s)
     for read in reads:
-        mismatches.extend(_judge(read, send(read.calls, read.method, deadline)))
+        mismatches.extend(_judge(read, send(read.calls, read.method, deadline), heard))
     return _verdict(transition, report, mismatches, not_serving)
 
 
@@ -308,10 +313,11 @@ async def averify(
     not_serving: Mapping[str, str],
     send: AsyncSend,
     deadline_s: float,
+    heard: Heard | None = None,
 ) -> TransitionReport:
     """``verify`` on an event loop (``send`` awaits the reads)."""
     reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
     deadline = Deadline(deadline_s)
     for read in reads:
-        mismatches.extend(_judge(read, await send(read.calls, read.method, deadline)))
+        mismatches.extend(_judge(read, await send(read.calls, read.method, deadline), heard))
     return _verdict(transition, report, mismatches, not_serving)

@@ -107,6 +107,11 @@ class BarrierView(Generic[E]):
         """Engines (not retired) whose unknown released tags the next transition settles by re-sending (vLLM), with those tags."""
         return self.state.unsettled()
 
+    def weight_versions(self) -> dict[str, str]:
+        """Every engine (not retired) whose weight version the orchestrator read (a ``verify`` check, a join's
+        ``WeightVersionCheck``), with the version it last reported; what ``cpr_engine_weight_version`` publishes."""
+        return self.state.weight_versions()
+
     def not_serving(self) -> dict[str, str]:
         """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""
         return self.state.not_serving()

@@ -8,7 +8,8 @@ both with ``min_engines=1``: partial progress, which fences the engines it canno
 calls refused from then on; the fresh one added again) and retired, at random points; any call, a joining engine's
 included, may be armed with a fault (applied then ambiguous, ambiguous and not applied, refused, a proxy's 502 or 504,
 not forwarded, a refused connection, a dead actor, late past the phase deadline). It runs on threads (``Orchestrator``
-over ``ThreadFanOut``) and on one loop (``AsyncOrchestrator`` on a loop thread).
+over ``ThreadFanOut``) and on one loop (``AsyncOrchestrator`` on a loop thread); on Ray (engines in Ray actors through
+``RayFanOut``) in ``test_membership_properties_ray.py``.
 
 ``CPR_MEMBERSHIP_EXAMPLES`` sets the number of examples of each run (default 25: a few seconds); the larger-count
 opt-in is the same variable (e.g. 500).
@@ -138,11 +139,14 @@ class MembershipMachine(RuleBasedStateMachine):
         self.current: dict[str, _Fake] = {self.url(i): self.fake(self.url(i)) for i in range(2)}
         self.every: list[_Fake] = list(self.current.values())
         self.retired: set[str] = set()
+        self.orch: Any = self.orchestrator(list(self.current.values()))
+
+    def orchestrator(self, engines: list[Any]) -> Any:
+        """The orchestrator under test over ``engines`` (a variant builds its own)."""
         if self.ASYNC:
             self.loop = LoopThread()
-            self.orch: Any = AsyncOrchestrator(EngineGroup(list(self.current.values())), deadlines=DEADLINES)
-        else:
-            self.orch = Orchestrator(EngineGroup(list(self.current.values())), fanout=ThreadFanOut(max_workers=16), deadlines=DEADLINES)
+            return AsyncOrchestrator(EngineGroup(engines), deadlines=DEADLINES)
+        return Orchestrator(EngineGroup(engines), fanout=ThreadFanOut(max_workers=16), deadlines=DEADLINES)
 
     def teardown(self) -> None:
         for fake in self.every:
@@ -160,6 +164,10 @@ class MembershipMachine(RuleBasedStateMachine):
 
     def fake(self, url: str, version: str = VERSION) -> _Fake:
         return AsyncJoinFake(url, version) if self.ASYNC else JoinFake(url, version)
+
+    def kill_process(self, old: Any) -> None:
+        """The engine's old process is killed: its calls are refused from then on (``EngineDied``)."""
+        old.killed = True
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         method = getattr(self.orch, name)
@@ -239,8 +247,7 @@ class MembershipMachine(RuleBasedStateMachine):
         """Kill an engine's process and start a fresh one on its URL (all its memory, serving), then add it."""
         live = [n for n in self.current if n not in self.retired]
         url = live[pick % len(live)]
-        old = self.current[url]
-        old.killed = True  # type: ignore[attr-defined]
+        self.kill_process(self.current[url])
         fake = self.fake(url)
         self.every.append(fake)
         self.current[url] = fake

@@ -1,6 +1,7 @@
 """What the barrier knows of each engine, as metrics: a mixed fleet of emulated engines (two SGLang, one vLLM) behind an
 ``Orchestrator`` whose fan-out goes through a ``WeightVersionTap`` and whose journal through a timed store, watched by a
-``MetricsObserver`` and scraped by a real Prometheus loaded with the committed rules.
+``MetricsObserver`` and scraped by a real Prometheus loaded with the committed rules; an ``AsyncOrchestrator``'s weight
+versions; ``CPREngineQuarantined`` pending and (with a copy whose ``for:`` is 2 s) firing and resolved on a live Prometheus.
 
 Every figure is read back from the exposition (or from Prometheus), never from the collector's own fields.
 """
@@ -16,22 +17,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from resilience.adapters.sglang import SGLangClient
-from resilience.adapters.vllm.engine import VLLMEngine
-from resilience.barrier import EngineGroup, Orchestrator, PhaseFailed, ThreadFanOut, WeightVersionCheck
+from resilience.adapters.sglang import AsyncSGLangClient, SGLangClient
+from resilience.adapters.vllm.engine import AsyncVLLMEngine, VLLMEngine
+from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseFailed, ThreadFanOut, WeightVersionCheck
 from resilience.barrier.fanout import engine_name
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore
-from resilience.engine_contract import rules_of
+from resilience.engine_contract import EngineState, rules_of
 from resilience.events import Event, PhaseEnded
 from resilience.telemetry.engine_state import ENGINE_STATES, EngineStateCollector, WeightVersionTap
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faults import FaultPlan, FaultRule
+from tests.barrier.async_facade import LoopThread
 from tests.promserver import get_json, poll, prometheus_server
 from tests.sglang.conftest import FAST_SGLANG
 
@@ -104,6 +107,7 @@ def test_each_engine_state_kind_version_and_the_journal_commit_time_are_publishe
     versions = {labels["engine"]: (labels["kind"], labels["version"], v) for labels, v in family(metrics, "cpr_engine_weight_version")}
     assert versions == {n: (kinds[n], VERSION, 1.0) for n in names}  # read through the tap: model_info and weight_info
     assert tap.versions() == dict.fromkeys(names, VERSION)
+    assert orch.weight_versions() == tap.versions()  # the orchestrator's own record (the default source) agrees
 
     orch.retire(sglang.urls[1])
     states = states_of(metrics)
@@ -262,3 +266,110 @@ def test_a_joining_engine_is_published_as_joining_and_a_fenced_one_as_fenced(fle
         orch.close()
         for client in (*group, joiner):
             client.close()
+
+
+def test_an_async_orchestrator_publishes_the_weight_versions_its_reads_were_answered(fleets: tuple[EmulatedFleet, EmulatedFleet]) -> None:
+    """``AsyncOrchestrator`` has no fan-out to tap: the versions come from the orchestrator itself (``weight_versions()``,
+    kept from the answers its reads got: an onload's and a join's ``WeightVersionCheck``), the one source the collector
+    reads for either orchestrator. Two emulated engines (SGLang ``model_info``, vLLM ``weight_info``) serve step-7; a
+    third joins the serving group, verified; a retired one's series goes."""
+    sglang, vllm = fleets
+    loop = LoopThread()
+    group: list[Any] = [AsyncSGLangClient(sglang.urls[0], flush_poll_s=0.05), AsyncVLLMEngine(vllm.urls[0])]
+    joiner = AsyncSGLangClient(sglang.urls[1], flush_poll_s=0.05)
+    kinds = {sglang.urls[0]: "sglang", sglang.urls[1]: "sglang", vllm.urls[0]: "vllm"}
+    metrics = MetricsObserver()
+    orch = AsyncOrchestrator(EngineGroup(group), observers=[metrics])
+    metrics.watch(orch)  # no versions=: the orchestrator's own weight_versions()
+
+    def versions() -> dict[str, tuple[str, str, float]]:
+        return {labels["engine"]: (labels["kind"], labels["version"], v) for labels, v in family(metrics, "cpr_engine_weight_version")}
+
+    try:
+        loop.run(orch.offload())
+        loop.run(orch.onload())
+        assert versions() == {} and orch.weight_versions() == {}  # nothing read yet: no version is made up
+        loop.run(orch.offload())
+        loop.run(orch.onload(verify=WeightVersionCheck(VERSION)))
+        both = (sglang.urls[0], vllm.urls[0])
+        assert versions() == {n: (kinds[n], VERSION, 1.0) for n in both}  # model_info and weight_info, as answered
+        loop.run(orch.add(joiner, verify=WeightVersionCheck(VERSION)))  # a serving group: paused, read, continued
+        assert states_of(metrics) == {n: (kinds[n], "serving", 1.0) for n in kinds}
+        assert versions() == {n: (kinds[n], VERSION, 1.0) for n in kinds}  # the join's own read
+        assert orch.weight_versions() == dict.fromkeys(kinds, VERSION)
+        loop.run(orch.retire(sglang.urls[0]))
+        assert set(versions()) == {sglang.urls[1], vllm.urls[0]}
+        assert states_of(metrics)[sglang.urls[0]] == ("sglang", "retired", 1.0)
+    finally:
+        for client in (*group, joiner):
+            loop.run(client.aclose())
+        orch.close()
+        loop.close()
+
+
+SHORT_FOR = "2s"
+"""The ``for:`` of the copy of ``CPREngineQuarantined`` a live Prometheus fires within seconds (the committed ``5m`` is
+promtool's to check: ``grafana/rules/tests/engines.test.yml``)."""
+
+
+def _quarantine_rule_with_a_short_for(tmp_path: Path) -> Path:
+    """A rule file holding the committed ``CPREngineQuarantined`` with only its ``for:`` cut to ``SHORT_FOR`` (and its
+    name and group's name changed, to tell it from the committed one loaded beside it)."""
+    committed = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    rules = [r for g in committed["groups"] for r in g["rules"] if r.get("alert") == "CPREngineQuarantined"]
+    assert len(rules) == 1 and rules[0]["for"] == "5m", rules
+    short = {**rules[0], "alert": "CPREngineQuarantinedShortFor", "for": SHORT_FOR}
+    path = tmp_path / "quarantine-short-for.rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "cpr-engines-short-for", "rules": [short]}]}), encoding="utf-8")
+    return path
+
+
+def test_prometheus_fires_cpr_engine_quarantined_for_a_quarantined_engine_and_resolves_it_after_reconcile(tmp_path: Path) -> None:
+    """A release that lands after the client gave up quarantines the engine; a real Prometheus scraping the gauge holds
+    the committed ``CPREngineQuarantined`` pending (its ``for: 5m``), and fires the same rule with ``for: 2s``, labelled
+    with the engine and its kind and its summary naming the engine; ``reconcile`` settles the engine and the alert goes."""
+    plan = FaultPlan(seed=3, rules=(FaultRule("/release_memory_occupation", "latency", delay=1.0),))
+    release = FAST_SGLANG.match("POST", "/release_memory_occupation").policy
+    policies = FAST_SGLANG.with_entries({"GET|POST /release_memory_occupation": replace(release, attempt_timeout_s=0.4)})
+    short = _quarantine_rule_with_a_short_for(tmp_path)
+    with EmulatedFleet(1, SGLANG, fault_plan=plan) as fleet, SGLangClient(fleet.urls[0], policies=policies) as client:
+        metrics = MetricsObserver()
+        orch = Orchestrator(EngineGroup([client]), observers=[metrics])
+        metrics.watch(orch)
+        server = start_metrics_server(0, registry=metrics.registry)
+        try:
+            with prometheus_server(tmp_path, [f"127.0.0.1:{server.port}"], [RULES, short]) as (base, log):
+
+                def alerts(name: str) -> list[dict[str, Any]]:
+                    return [a for a in get_json(f"{base}/api/v1/alerts")["data"]["alerts"] if a["labels"]["alertname"] == name]
+
+                with pytest.raises(PhaseFailed) as info:
+                    orch.offload()
+                assert info.value.quarantined == (client.engine,)
+                assert orch.states() == {client.engine: EngineState.QUARANTINED}
+
+                def firing() -> list[dict[str, Any]] | None:
+                    fired = [a for a in alerts("CPREngineQuarantinedShortFor") if a["state"] == "firing"]
+                    return fired or None
+
+                (fired,) = poll(firing, "CPREngineQuarantined (for: 2s) firing for the quarantined engine", log)
+                assert fired["labels"]["engine"] == client.engine and fired["labels"]["kind"] == "sglang", fired
+                assert fired["labels"]["severity"] == "page" and client.engine in fired["annotations"]["summary"], fired
+                committed = alerts("CPREngineQuarantined")
+                assert [(a["labels"]["engine"], a["state"]) for a in committed] == [(client.engine, "pending")], committed
+
+                deadline = time.monotonic() + 10
+                while not fleet.engines[0].state()["released_tags"]:  # the delayed release lands on the engine
+                    assert time.monotonic() < deadline, "the delayed release never landed"
+                    time.sleep(0.05)
+                orch.reconcile(client, released=fleet.engines[0].state()["released_tags"], paused=True)
+                assert orch.states() == {client.engine: EngineState.RELEASED}
+
+                def resolved() -> bool | None:
+                    return True if not alerts("CPREngineQuarantinedShortFor") and not alerts("CPREngineQuarantined") else None
+
+                assert poll(resolved, "CPREngineQuarantined resolved after reconcile", log)
+                orch.onload()
+        finally:
+            server.close()
+            orch.close()
