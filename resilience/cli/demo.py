@@ -269,6 +269,14 @@ def _progress(p: StepProgress) -> None:
     print(f"{p.way}: step {p.step}/{p.steps} {mark}", file=sys.stderr, flush=True)
 
 
+def _report_of(
+    args: argparse.Namespace, plan: object, ways: object, columns: list[str], rows: list[list[str]], **which: str
+) -> dict[str, object]:
+    """The report of the vLLM and smg demos: the run's arguments (``which``: its engine or router), plan, ways and table."""
+    head: dict[str, object] = {"command": "demo", **which, "seed": args.seed, "engines": args.engines, "steps": args.steps}
+    return head | {"fault_plan": plan, "ways": ways, "table": {"columns": columns, "rows": rows}}
+
+
 def _write_report(path: Path, data: dict[str, object], t0: float) -> None:
     data["wall_s"] = round(time.monotonic() - t0, 3)
     write_json(path, data)
@@ -312,16 +320,8 @@ def _vllm_demo(args: argparse.Namespace) -> int:
         f"timeout (cut here after {OLD_WAY_CAP_S:g} s); ours is the barrier with the vLLM rules (sleep level 1)"
     )
     make_console().print(rich_table("cpr demo --engine vllm: SkyRL's sequence and ours", columns, rows, caption=caption))
-    data: dict[str, object] = {
-        "command": "demo",
-        "engine": "vllm",
-        "seed": args.seed,
-        "engines": args.engines,
-        "steps": args.steps,
-        "fault_plan": plan.to_dict(),
-        "ways": {kind: reports[kind].to_dict() for kind, _ in VLLM_LOOPS},
-        "table": {"columns": columns, "rows": rows},
-    }
+    ways = {kind: reports[kind].to_dict() for kind, _ in VLLM_LOOPS}
+    data = _report_of(args, plan.to_dict(), ways, columns, rows, engine="vllm")
     _write_report(report_path, data, t0)
     ours = reports[RESILIENT]
     if ours.failed_steps or ours.engine_deaths:
@@ -357,16 +357,8 @@ def _smg_demo(args: argparse.Namespace) -> int:
         "paused() sends continue on the way out, also after a body that released memory); restart budget 3"
     )
     make_console().print(rich_table("cpr demo --router smg: smg's own client vs ours", columns, rows, caption=caption))
-    data: dict[str, object] = {
-        "command": "demo",
-        "router": "smg",
-        "seed": args.seed,
-        "engines": args.engines,
-        "steps": args.steps,
-        "fault_plan": plan.to_dict(),
-        "ways": {way: reports[way].to_dict() for way, _ in PEER_WAYS},
-        "table": {"columns": columns, "rows": rows},
-    }
+    ways = {way: reports[way].to_dict() for way, _ in PEER_WAYS}
+    data = _report_of(args, plan.to_dict(), ways, columns, rows, router="smg")
     _write_report(report_path, data, t0)
     bad = [w for w in ("ours", "ours-smg") if reports[w].failed_steps or reports[w].engine_deaths]
     if bad:
