@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import inspect
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from resilience.barrier.verify import EngineCheck, averify, checks_arg
 from resilience.barrier.view import BarrierView
 from resilience.clock import Clock
 from resilience.deadline import Deadline
-from resilience.engine_contract import CONTROL_METHODS, AsyncControlPlaneEngine, PauseMode
+from resilience.engine_contract import AsyncControlPlaneEngine, PauseMode, engine_name
 from resilience.errors import ConfigError
 
 __all__ = ["AsyncOrchestrator"]
@@ -119,12 +118,7 @@ class AsyncOrchestrator(BarrierView[A]):
             owner="AsyncOrchestrator",
         )
         for name, engine in self.state.engines.items():
-            for method in CONTROL_METHODS:
-                if not inspect.iscoroutinefunction(getattr(engine, method, None)):
-                    raise TypeError(
-                        f"AsyncOrchestrator cannot drive engine {name}: its {method} is missing or not a coroutine function "
-                        "(it would block the event loop; drive synchronous engines with Orchestrator)"
-                    )
+            membership.require_coroutines(name, engine, "AsyncOrchestrator")
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
@@ -151,7 +145,7 @@ class AsyncOrchestrator(BarrierView[A]):
         """Bring ``engine`` into ``group``'s current state before it counts; see ``Orchestrator.add`` (its calls must be
         coroutines, as the constructor requires)."""
         checks = checks_arg(verify)
-        membership.require_coroutines(getattr(engine, "engine", repr(engine)), engine)
+        membership.require_coroutines(engine_name(engine), engine)
         state = self._loop_state()
         async with self._exclusive(state, "add"):
             with self.state.lock:

@@ -456,11 +456,15 @@ class Journal:
         self._owners.update(owners)
         if budget_changed:
             self._budget = budget_state
+        self._count_written()
+
+    def _count_written(self) -> None:
+        """One more durable record: compact once ``compact_after`` records were written since the last compaction."""
         self._written += 1
         if self._written >= self.compact_after:
             try:
                 self._compact()
-            except JournalError as exc:  # the record above is durable; the journal is as it was, and compacts next time
+            except JournalError as exc:  # the record written is durable; the journal is as it was, and compacts next time
                 _LOG.warning("%s", exc)
 
     def member(
@@ -477,7 +481,7 @@ class Journal:
         self._members[name] = change
         if name not in self._engines:
             self._engines = (*self._engines, name)
-        self._written += 1
+        self._count_written()
 
     def _compact(self) -> None:
         header: dict[str, Any] = {

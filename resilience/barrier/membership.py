@@ -149,12 +149,13 @@ def target_of(state: BarrierState[Any], index: int, joining: str) -> GroupTarget
     return GroupTarget(group, bool(offloaded) and group.needs_offload, released)
 
 
-def require_coroutines(name: str, engine: object) -> None:
-    """``AsyncOrchestrator.add``: refuse an engine whose control calls are not coroutines (it would block the loop)."""
+def require_coroutines(name: str, engine: object, caller: str = "AsyncOrchestrator.add") -> None:
+    """Refuse an engine whose control calls are not coroutines (it would block the loop); ``caller`` names who asks in
+    the error (default ``AsyncOrchestrator.add``; the constructor passes ``AsyncOrchestrator``)."""
     for method in CONTROL_METHODS:
         if not inspect.iscoroutinefunction(getattr(engine, method, None)):
             raise TypeError(
-                f"AsyncOrchestrator.add cannot drive engine {name}: its {method} is missing or not a coroutine function "
+                f"{caller} cannot drive engine {name}: its {method} is missing or not a coroutine function "
                 "(it would block the event loop; drive synchronous engines with Orchestrator)"
             )
 

@@ -261,7 +261,7 @@ def test_a_joining_engine_is_published_as_joining_and_a_fenced_one_as_fenced(fle
         assert states_of(metrics) == {n: (kinds[n], "released", 1.0) for n in kinds}
         orch.onload()
         assert states_of(metrics) == {n: (kinds[n], "serving", 1.0) for n in kinds}
-        assert {state for _kind, state, _ in seen.get("mid_join", {}).values()} <= set(ENGINE_STATES)
+        assert "mid_join" not in seen  # an onload never shows an engine as joining
     finally:
         orch.close()
         for client in (*group, joiner):
