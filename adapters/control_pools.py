@@ -47,8 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["AiohttpLane", "async_httpx_lane", "httpx_lane", "requests_lane"]
 
-_HTTPX_ENGINES = 8
-"""httpx keeps one idle limit for every origin: ``idle_connections`` times this many engines."""
+_ENGINES = 8
+"""How many engines a lane keeps idle connections for: requests' pool count, and httpx's one idle limit for
+every origin (``idle_connections`` times this)."""
 _LANE_SLOT = "_resilience_control_lane"
 """The attribute of an aiohttp connector that holds its lane."""
 
@@ -59,7 +60,7 @@ def requests_lane(lane: ControlLane | None) -> HTTPAdapter | None:
         return None
     from requests.adapters import HTTPAdapter
 
-    return HTTPAdapter(pool_connections=_HTTPX_ENGINES, pool_maxsize=lane.idle_connections, pool_block=False, max_retries=0)
+    return HTTPAdapter(pool_connections=_ENGINES, pool_maxsize=lane.idle_connections, pool_block=False, max_retries=0)
 
 
 def _pool_settings(transport: object, pool_class: Any) -> dict[str, Any] | None:
@@ -115,7 +116,7 @@ def _httpx_lane(transport: object, lane: ControlLane | None, transport_class: An
     if settings is None:
         return None
     ours: Any = transport_class()
-    ours._pool = pool_class(max_connections=None, max_keepalive_connections=lane.idle_connections * _HTTPX_ENGINES, **settings)
+    ours._pool = pool_class(max_connections=None, max_keepalive_connections=lane.idle_connections * _ENGINES, **settings)
     return ours
 
 
