@@ -33,7 +33,7 @@ outside the middleware: each hop is its own logical call.
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
   never reached the server (``NOT_SENT``); a read timeout, a disconnect, an
   ``OSError`` or a broken payload after sending may have been applied
-  (``MAYBE_APPLIED``). ``InvalidURL``, TLS and fingerprint errors are raised
+  (``AMBIGUOUS``). ``InvalidURL``, TLS and fingerprint errors are raised
   at once, never retried, and recorded as not sent: aiohttp raises them
   before the request is written (the URL is checked first; TLS and a pinned
   fingerprint are checked by the connector while it opens the connection).
@@ -244,10 +244,10 @@ def _transport_failure(exc: aiohttp.ClientError | OSError, sent: bool) -> tuple[
     if isinstance(exc, aiohttp.ClientConnectorError):  # refused, DNS, proxy refused
         return Delivery.NOT_SENT, "connect_error"
     if isinstance(exc, asyncio.TimeoutError):  # SocketTimeoutError, or another ServerTimeoutError
-        return (Delivery.MAYBE_APPLIED, "read_timeout") if sent else (Delivery.NOT_SENT, "connect_timeout")
+        return (Delivery.AMBIGUOUS, "read_timeout") if sent else (Delivery.NOT_SENT, "connect_timeout")
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError, OSError)):
-        return Delivery.MAYBE_APPLIED, "connection_reset"
-    return Delivery.MAYBE_APPLIED, "error"
+        return Delivery.AMBIGUOUS, "connection_reset"
+    return Delivery.AMBIGUOUS, "error"
 
 
 async def _discard(response: ClientResponse) -> None:

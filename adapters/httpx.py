@@ -81,10 +81,10 @@ def transport_failure(exc: httpx.TransportError) -> tuple[Delivery, str]:
     if isinstance(exc, (httpx.ConnectError, httpx.ProxyError)):
         return Delivery.NOT_SENT, "connect_error"
     if isinstance(exc, (httpx.ReadTimeout, httpx.WriteTimeout)):
-        return Delivery.MAYBE_APPLIED, "read_timeout"
+        return Delivery.AMBIGUOUS, "read_timeout"
     if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)):
-        return Delivery.MAYBE_APPLIED, "connection_reset"
-    return Delivery.MAYBE_APPLIED, "error"
+        return Delivery.AMBIGUOUS, "connection_reset"
+    return Delivery.AMBIGUOUS, "error"
 
 
 def _not_transient(exc: httpx.TransportError) -> bool:

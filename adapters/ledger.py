@@ -150,7 +150,7 @@ class AttemptLedger:
         self._add(spec, unresolved, status)
 
     def record_abandoned(self, spec: CallSpec) -> None:
-        """An attempt ended by an exception outside the transport (a cancelled task, an interrupt): maybe applied."""
+        """An attempt ended by an exception outside the transport (a cancelled task, an interrupt): ambiguous."""
         self._add(spec, "transport", None)
 
     def _add(self, spec: CallSpec, unresolved: Unresolved, status: int | None) -> None:
@@ -281,12 +281,12 @@ class LedgerRetrier(Retrier):
 
     @staticmethod
     def _refuse(kind: type[ResilienceError], spec: CallSpec, message: str, entry: LedgerEntry) -> _Admission:
-        """A refusal before sending: a ``kind`` error with its one-line record (an earlier attempt left unresolved stays "maybe applied").
+        """A refusal before sending: a ``kind`` error with its one-line record (an earlier attempt left unresolved stays "ambiguous").
 
         ``resilience.outcome.attempts_of`` readers (the barrier) must not take a
         refusal that follows an unanswered release for proof that nothing was released.
         """
-        delivery = Delivery.NOT_SENT if entry.unresolved is None else Delivery.MAYBE_APPLIED
+        delivery = Delivery.NOT_SENT if entry.unresolved is None else Delivery.AMBIGUOUS
         outcome = Outcome.RETRYABLE if entry.unresolved is None else Outcome.AMBIGUOUS
         record = AttemptRecord(0, None, outcome, delivery, kind.__qualname__, 0.0)
         error = kind(message, endpoint=spec.match.endpoint, engine=spec.engine, attempts=(record,), last_status=entry.last_status)

@@ -16,7 +16,7 @@ Delivery: a refused or failed new connection, a connect timeout and a TLS
 handshake that failed or timed out (the error's traceback passes through
 urllib3's ``HTTPConnection.connect``, which runs before a byte of the request
 is written) never left (``NOT_SENT``); a read timeout or a connection error on
-an open connection may have been applied (``MAYBE_APPLIED``). requests gives
+an open connection may have been applied (``AMBIGUOUS``). requests gives
 urllib3 no pool timeout, so a full pool (``pool_block=True``) waits for a
 connection instead of failing.
 """
@@ -175,12 +175,12 @@ def _transport_failure(exc: requests.RequestException) -> tuple[Delivery, str]:
     if isinstance(exc, requests.exceptions.ReadTimeout):
         if _in_connect(exc):  # the TLS handshake timed out: urllib3 calls it a read timeout
             return Delivery.NOT_SENT, "connect_timeout"
-        return Delivery.MAYBE_APPLIED, "read_timeout"
+        return Delivery.AMBIGUOUS, "read_timeout"
     if isinstance(exc, requests.exceptions.ConnectionError):
         if _never_sent(exc) or _in_connect(exc):
             return Delivery.NOT_SENT, "connect_error"
-        return Delivery.MAYBE_APPLIED, "connection_reset"
-    return Delivery.MAYBE_APPLIED, "error"
+        return Delivery.AMBIGUOUS, "connection_reset"
+    return Delivery.AMBIGUOUS, "error"
 
 
 def _discard(response: Response) -> None:

@@ -17,7 +17,7 @@ like any driver's:
 - a ``failed`` entry: ``no_control_endpoint`` and other refusals before
   sending are NOT_SENT; ``upstream_unreachable`` (reqwest's "error sending
   request" covers a refused connect and a reset after sending alike), an
-  expired ``--rl-control-timeout-secs`` and anything else are MAYBE_APPLIED;
+  expired ``--rl-control-timeout-secs`` and anything else are AMBIGUOUS;
   one with a ``status`` is that answer (RESPONDED);
 - an engine the gateway's answer does not mention: MAYBE.
 
@@ -92,7 +92,7 @@ class GatewayRefused(EngineSkipped):
 def _record(delivery: Delivery, status: int | None, duration_s: float, error_type: str | None = None) -> AttemptRecord:
     if delivery is Delivery.RESPONDED and status is not None and status < 400:
         outcome = Outcome.SUCCESS
-    elif delivery is Delivery.MAYBE_APPLIED:
+    elif delivery is Delivery.AMBIGUOUS:
         outcome = Outcome.AMBIGUOUS
     else:
         outcome = Outcome.FATAL
@@ -131,7 +131,7 @@ class SmgFanOut:
     - ``timeout_s``: the HTTP timeout of a call when the phase deadline is unbounded (default 630: past smg's
       own ``--rl-control-timeout-secs`` default of 600, so smg's answer comes first).
     - ``max_workers``: concurrent fan-out calls at most (engines with different arguments; default 8).
-    - ``memory_probe``: proves a release or resume whose answer was a maybe applied (or, after a 502/503, not
+    - ``memory_probe``: proves a release or resume whose answer was ambiguous (or, after a 502/503, not
       applied: then sent again); default None (every such maybe goes to the barrier).
     - ``observers``: told of each engine's call as our drivers tell theirs (``CallStarted``, ``AttemptEnded`` per
       answer, ``RetryScheduled`` per re-send, ``CallEnded``; endpoint ``POST /{path}``), so ``MetricsObserver``
@@ -290,7 +290,7 @@ class SmgFanOut:
                 if answer is not None and answer.status == 502:
                     seen_502[name] = seen_502.get(name, 0) + 1
                 if answer is None:
-                    record = _record(Delivery.MAYBE_APPLIED, None, duration, "NotInAnswer")
+                    record = _record(Delivery.AMBIGUOUS, None, duration, "NotInAnswer")
                     error: BaseException = SmgWorkerError(f"{name}: the gateway's answer to {method} does not mention it", record)
                     results[name] = EngineResult(name, error=error, duration_s=duration)
                 elif answer.error is None:
@@ -373,7 +373,7 @@ class SmgFanOut:
             if isinstance(exc, requests.ConnectTimeout) or (isinstance(exc, requests.ConnectionError) and _refused(exc)):
                 refused = f"gateway refused {method}: {type(exc).__name__}; nothing was sent"
                 return {w: _Answer(None, error=GatewayRefused(refused)) for w in worker_ids}
-            record = _record(Delivery.MAYBE_APPLIED, None, time.monotonic() - t0, type(exc).__name__)
+            record = _record(Delivery.AMBIGUOUS, None, time.monotonic() - t0, type(exc).__name__)
             lost = f"gateway lost during {method}: {type(exc).__name__}"
             return {w: _Answer(None, error=SmgWorkerError(lost, record)) for w in worker_ids}
         duration = time.monotonic() - t0
@@ -391,7 +391,7 @@ class SmgFanOut:
                 self._forget()
             why = f"gateway refused {method} ({response.status_code} {payload.get('error')}); nothing was sent"
             return {w: _Answer(response.status_code, error=GatewayRefused(why)) for w in worker_ids}
-        record = _record(Delivery.MAYBE_APPLIED, None, duration, f"Gateway{response.status_code}")
+        record = _record(Delivery.AMBIGUOUS, None, duration, f"Gateway{response.status_code}")
         why = f"gateway answered {response.status_code} to {method} without per-engine results: each may have applied it"
         return {w: _Answer(response.status_code, error=SmgWorkerError(why, record)) for w in worker_ids}
 
@@ -413,7 +413,7 @@ class SmgFanOut:
             elif code in _NOT_SENT_ERRORS:
                 record = _record(Delivery.NOT_SENT, None, duration, code)
             else:
-                record = _record(Delivery.MAYBE_APPLIED, None, duration, code or "unknown")
+                record = _record(Delivery.AMBIGUOUS, None, duration, code or "unknown")
             error = SmgWorkerError(f"{method} failed through the gateway: {code}", record)
             answers[worker_id] = _Answer(status if isinstance(status, int) else None, error=error)
         return answers
@@ -489,7 +489,7 @@ def _maybe(error: BaseException) -> bool:
     if not isinstance(error, SmgWorkerError):
         return False
     record = error.attempts[0]
-    return record.delivery is Delivery.MAYBE_APPLIED or record.status in GATEWAY_STATUSES
+    return record.delivery is Delivery.AMBIGUOUS or record.status in GATEWAY_STATUSES
 
 
 def _refused(exc: requests.ConnectionError) -> bool:

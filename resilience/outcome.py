@@ -56,7 +56,7 @@ class Delivery(enum.StrEnum):
     NOT_SENT = "not_sent"
     """The driver has proof it never left: connection refused, DNS failure, connect timeout, TLS handshake failure,
     a full local pool, an open breaker."""
-    MAYBE_APPLIED = "maybe_applied"
+    AMBIGUOUS = "ambiguous"
     """It may have reached the server and been acted on (read timeout, reset after sending, anything unproven)."""
     RESPONDED = "responded"
     """A response with a status came back (``AttemptRecord.status``). Which statuses prove nothing was applied is

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from resilience.adapters.vllm.async_client import AsyncVLLMClient
     from resilience.adapters.vllm.client import VLLMClient
 
-__all__ = ["RESENDS", "WeightPush", "WeightPushAmbiguous", "WeightPushFailed", "apush_weights", "maybe_applied", "push_weights"]
+__all__ = ["RESENDS", "WeightPush", "WeightPushAmbiguous", "WeightPushFailed", "apush_weights", "is_ambiguous", "push_weights"]
 
 _ALREADY_ACTIVE = "already active"
 _NO_SESSION = "without a matching start"
@@ -76,7 +76,7 @@ class WeightPushAmbiguous(RuntimeError):
         self.engine, self.chunk, self.cause = engine, chunk, cause
 
 
-def maybe_applied(error: BaseException) -> bool:
+def is_ambiguous(error: BaseException) -> bool:
     """The driver's record says the call may have reached the engine and been acted on (no record: it may)."""
     if isinstance(error, VLLMVersionError):
         return False  # refused before sending (the version gate)
@@ -84,7 +84,7 @@ def maybe_applied(error: BaseException) -> bool:
     if attempts is None:
         return True
     for a in attempts:
-        if a.delivery is Delivery.MAYBE_APPLIED:
+        if a.delivery is Delivery.AMBIGUOUS:
             return True
         if a.delivery is Delivery.RESPONDED and (a.status is None or a.status < 400 or a.status in (502, 503, 504)):
             return True
@@ -157,7 +157,7 @@ def _push(
         for i, chunk in enumerate(todo):
             _, exc = yield ("update_weights", (chunk,), {})
             if exc is not None:
-                if not maybe_applied(exc):
+                if not is_ambiguous(exc):
                     raise WeightPushFailed(engine, f"update_weights chunk {i}", exc) from exc
                 if expected is None:
                     raise WeightPushAmbiguous(engine, i, exc, "no expected checksums to compare") from exc
@@ -190,7 +190,7 @@ def _resent(
     _, exc = yield step
     if exc is None:
         return
-    if not maybe_applied(exc):
+    if not is_ambiguous(exc):
         raise WeightPushFailed(engine, name, exc) from exc
     last: BaseException = exc
     for _ in range(RESENDS):
@@ -198,7 +198,7 @@ def _resent(
         if again is None or proves_first(again):
             settled.append(f"{name}: sent again" + ("" if again is None else note))
             return
-        if not maybe_applied(again):
+        if not is_ambiguous(again):
             raise WeightPushFailed(engine, f"{name} (sent again)", again) from again
         last = again
     raise WeightPushFailed(engine, f"{name} (sent {RESENDS + 1} times, every answer lost)", last) from last

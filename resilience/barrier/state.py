@@ -674,7 +674,7 @@ def effect_of(error: BaseException | None) -> Effect:
       which ``attempts_of`` reads as none): AMBIGUOUS. This is the
       conservative reading: without the driver's word that the request never
       left, it may have been applied;
-    - any attempt ``MAYBE_APPLIED`` (read timeout, reset after sending): AMBIGUOUS;
+    - any attempt delivered ``AMBIGUOUS`` (read timeout, reset after sending): AMBIGUOUS;
     - any attempt ``RESPONDED`` with a gateway status (502, 503, 504: a proxy
       may answer it after forwarding), whatever the transport's retry policy
       did with it: AMBIGUOUS;
@@ -713,7 +713,7 @@ def doubt_of(method: str, error: BaseException | None, since: float) -> Doubt:
     if not in_transit:
         return Doubt(method, False, f"HTTP {maybe[-1].status if maybe else '?'} from a gateway", since)
     last = in_transit[-1]
-    if last.delivery is Delivery.MAYBE_APPLIED:
+    if last.delivery is Delivery.AMBIGUOUS:
         what = f"sent, then no answer ({last.error_type or 'reset or read timeout'})"
     else:
         what = f"HTTP {last.status}" if last.status is not None else "an answer with no status"
@@ -724,7 +724,7 @@ def _may_have_applied(attempt: AttemptRecord) -> bool:
     """One attempt may have reached the engine and been acted on."""
     if attempt.delivery is Delivery.NOT_SENT:
         return False
-    if attempt.delivery is Delivery.MAYBE_APPLIED:
+    if attempt.delivery is Delivery.AMBIGUOUS:
         return True
     status = attempt.status
     return status is None or status < 400 or status in GATEWAY_STATUSES

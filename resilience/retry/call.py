@@ -398,10 +398,10 @@ class RetryCall(Generic[R]):
             return self._give_back(last, CallOutcome.FAILED)
         return self._ambiguous(reason)
 
-    def abandon(self, exc: BaseException, *, delivery: Delivery = Delivery.MAYBE_APPLIED) -> None:
+    def abandon(self, exc: BaseException, *, delivery: Delivery = Delivery.AMBIGUOUS) -> None:
         """Something outside the verdicts ended the call (an exception in the attempt, a cancelled task, an interrupt).
 
-        An attempt in flight is recorded with ``delivery``: maybe applied
+        An attempt in flight is recorded with ``delivery``: ambiguous
         unless the driver has proof it never left (``NOT_SENT``: a TLS
         handshake that failed, say); the call ends as failed but neutral for
         the breaker (its slot goes back). A no-op on a call already ended.

@@ -128,7 +128,7 @@ class Retrier:
         ``never_sent(exc)``: the driver's proof that an error its attempt
         raised (one never retried: a TLS failure, a bad URL) came before the
         request left; the attempt is then recorded as ``NOT_SENT``, else as
-        ``MAYBE_APPLIED`` (default: no proof).
+        ``AMBIGUOUS`` (default: no proof).
         Raises the transport's last error, or one of the ``error_types``; an
         ``Exception`` raised out of an attempt carries the call's record as
         ``.attempts`` too (``resilience.outcome.attempts_of``).
@@ -249,7 +249,7 @@ def _abandon(call: RetryCall[Any], exc: BaseException, never_sent: Callable[[Bas
         unsent = in_flight and isinstance(exc, Exception) and never_sent(exc)
     except Exception:
         unsent = False  # a predicate that fails proves nothing
-    call.abandon(exc, delivery=Delivery.NOT_SENT if unsent else Delivery.MAYBE_APPLIED)
+    call.abandon(exc, delivery=Delivery.NOT_SENT if unsent else Delivery.AMBIGUOUS)
     if isinstance(exc, Exception) and call.records and not getattr(exc, "attempts", None):
         try:
             exc.attempts = call.attempts  # type: ignore[attr-defined]

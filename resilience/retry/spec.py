@@ -182,7 +182,7 @@ def classify(
       handed back as plain requests would);
     - any other status: FATAL;
     - no response and never sent: RETRYABLE when ``retry.retry_before_send``, else FATAL;
-    - no response and maybe applied: AMBIGUOUS (the loop decides by idempotency).
+    - no response and delivery ambiguous: AMBIGUOUS (the loop decides by idempotency).
     """
     if status is not None:
         if 200 <= status < 300 or status in policy.accept_statuses:  # ``is_success_status``, inline: every call asks

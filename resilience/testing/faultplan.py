@@ -399,7 +399,7 @@ class FaultPlan:
           ``status_after`` and 504 with probability ``status_after / 2`` (the front end timed out on an
           engine that answered late). The client sees a status, not a reset: one that reads a 5xx as "not
           applied" and re-sends release or resume kills the engine; the barrier reads the driver's record
-          (sent, so maybe applied) and asks its memory probe.
+          (sent, so ambiguous) and asks its memory probe.
         """
         paths = (AMBIGUOUS_PATHS, CONTROL_PATHS, _IDEMPOTENT_CONTROL, "/resume_memory_occupation")
         return cls(seed=seed, rules=_control_faults(paths, rate, slow_swap, ambiguous, status_after), max_streak=2)

@@ -398,7 +398,7 @@ class SGLangLab:
 
         What the dead one sent still lands: the new controller starts once those calls ended (a dead
         process sends nothing more, but its requests on the wire reach the engines). It has new clients and
-        knows only what the copy says: a call in flight at the kill is "maybe applied", and an engine whose
+        knows only what the copy says: a call in flight at the kill is "ambiguous", and an engine whose
         tags it leaves unknown is reconciled from the memory probe (the orchestrator's own, then
         ``_reconcile``). A weight-sync hold the dead one took is released by the new one (it knows the owner
         is gone; the owner's PID here is this process's, so the journal cannot tell).

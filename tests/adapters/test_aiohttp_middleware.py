@@ -233,7 +233,7 @@ async def test_non_idempotent_post_read_timeout_sent_once_raises_ambiguous() -> 
     err = info.value
     assert isinstance(err, aiohttp.ClientError) and isinstance(err, resilience.AmbiguousOutcome)
     assert err.endpoint == "POST /release_memory_occupation" and "read_timeout" in str(err)
-    assert [(a.delivery, a.error_type) for a in err.attempts] == [(Delivery.MAYBE_APPLIED, "SocketTimeoutError")]
+    assert [(a.delivery, a.error_type) for a in err.attempts] == [(Delivery.AMBIGUOUS, "SocketTimeoutError")]
 
 
 @pytest.mark.asyncio
@@ -390,7 +390,7 @@ async def test_session_client_timeout_bounds_each_attempt() -> None:
             async with s.get(f"{srv.url}/state") as r:
                 assert await r.text() == "ok"
                 first = r.attempts[0]  # type: ignore[attr-defined]
-        assert first.delivery is Delivery.MAYBE_APPLIED and first.error_type == "SocketTimeoutError"
+        assert first.delivery is Delivery.AMBIGUOUS and first.error_type == "SocketTimeoutError"
         assert srv.count == 2
 
 

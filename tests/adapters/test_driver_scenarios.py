@@ -182,7 +182,7 @@ def test_read_timeout_after_sending_a_non_idempotent_post_is_sent_once(driver: D
             driver.call("POST", f"{server.url}/update", json={"weights": 1})
         assert server.count == 1
     assert isinstance(info.value, driver.native)
-    assert len(info.value.attempts) == 1 and info.value.attempts[0].delivery is Delivery.MAYBE_APPLIED
+    assert len(info.value.attempts) == 1 and info.value.attempts[0].delivery is Delivery.AMBIGUOUS
 
 
 def test_retry_after_past_the_deadline_ends_the_call_at_once(driver: Driver) -> None:
@@ -244,7 +244,7 @@ def test_an_entry_that_names_no_timeout_keeps_the_callers_short_one(driver: Driv
         assert server.count == 1
     assert isinstance(info.value, driver.native)
     [attempt] = info.value.attempts
-    assert attempt.delivery is Delivery.MAYBE_APPLIED and "Timeout" in (attempt.error_type or "")
+    assert attempt.delivery is Delivery.AMBIGUOUS and "Timeout" in (attempt.error_type or "")
 
 
 def test_an_entry_that_names_its_timeout_wins_over_the_callers_longer_one(driver: Driver) -> None:
@@ -254,7 +254,7 @@ def test_an_entry_that_names_its_timeout_wins_over_the_callers_longer_one(driver
             driver.call("POST", f"{server.url}/release-named", json={}, timeout=5)
         assert server.count == 1
     assert isinstance(info.value, driver.native)
-    assert [a.delivery for a in info.value.attempts] == [Delivery.MAYBE_APPLIED]
+    assert [a.delivery for a in info.value.attempts] == [Delivery.AMBIGUOUS]
 
 
 @pytest.mark.parametrize(
@@ -362,23 +362,23 @@ def test_a_tls_certificate_refused_is_raised_at_once_and_recorded_as_never_sent(
     assert [r.delivery for r in records] == [Delivery.NOT_SENT], records
 
 
-def test_a_read_timeout_after_sending_is_recorded_as_maybe_applied(driver: Driver) -> None:
-    """The server read the POST and never answered: AmbiguousOutcome, one attempt, MAYBE_APPLIED."""
+def test_a_read_timeout_after_sending_is_recorded_as_ambiguous(driver: Driver) -> None:
+    """The server read the POST and never answered: AmbiguousOutcome, one attempt, AMBIGUOUS."""
     with scripted(Hang(3.0)) as server:
         with pytest.raises(resilience.AmbiguousOutcome) as info:
             driver.call("POST", f"{server.url}/update", json={"n": 1})
         assert server.count == 1
-    assert [r.delivery for r in _record(info.value)] == [Delivery.MAYBE_APPLIED]
+    assert [r.delivery for r in _record(info.value)] == [Delivery.AMBIGUOUS]
 
 
-def test_a_reset_after_sending_is_recorded_as_maybe_applied(driver: Driver) -> None:
-    """The server read the POST and reset the connection: never re-sent, one attempt, MAYBE_APPLIED."""
+def test_a_reset_after_sending_is_recorded_as_ambiguous(driver: Driver) -> None:
+    """The server read the POST and reset the connection: never re-sent, one attempt, AMBIGUOUS."""
     with scripted(Reset()) as server:
         with pytest.raises(driver.native) as info:
             driver.call("POST", f"{server.url}/update", json={"n": 1})
         assert server.count == 1
     records = _record(info.value)
-    assert [r.delivery for r in records] == [Delivery.MAYBE_APPLIED], records
+    assert [r.delivery for r in records] == [Delivery.AMBIGUOUS], records
 
 
 def test_statuses_are_recorded_as_responded_with_the_status(driver: Driver) -> None:

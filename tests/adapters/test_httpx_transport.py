@@ -275,7 +275,7 @@ async def test_reset_after_send_is_ambiguous_and_idempotent_one_retried(drive: D
         with pytest.raises(AmbiguousOutcome) as info:
             await caller.request("POST", f"{srv.url}/x", json={})
         assert srv.count == 1
-        assert info.value.attempts[0].delivery is Delivery.MAYBE_APPLIED
+        assert info.value.attempts[0].delivery is Delivery.AMBIGUOUS
     with scripted(Reset(), Reply(200, b"again")) as srv:
         r = await caller.request("POST", f"{srv.url}/y", json={})
         assert r.text == "again" and srv.count == 2
@@ -582,12 +582,12 @@ def test_transport_failure_classification() -> None:
         httpx.ConnectTimeout("x"): (Delivery.NOT_SENT, "connect_timeout"),
         httpx.PoolTimeout("x"): (Delivery.NOT_SENT, "connect_timeout"),
         httpx.ProxyError("x"): (Delivery.NOT_SENT, "connect_error"),
-        httpx.ReadTimeout("x"): (Delivery.MAYBE_APPLIED, "read_timeout"),
-        httpx.WriteTimeout("x"): (Delivery.MAYBE_APPLIED, "read_timeout"),
-        httpx.ReadError("x"): (Delivery.MAYBE_APPLIED, "connection_reset"),
-        httpx.WriteError("x"): (Delivery.MAYBE_APPLIED, "connection_reset"),
-        httpx.RemoteProtocolError("x"): (Delivery.MAYBE_APPLIED, "connection_reset"),
-        httpx.CloseError("x"): (Delivery.MAYBE_APPLIED, "error"),
+        httpx.ReadTimeout("x"): (Delivery.AMBIGUOUS, "read_timeout"),
+        httpx.WriteTimeout("x"): (Delivery.AMBIGUOUS, "read_timeout"),
+        httpx.ReadError("x"): (Delivery.AMBIGUOUS, "connection_reset"),
+        httpx.WriteError("x"): (Delivery.AMBIGUOUS, "connection_reset"),
+        httpx.RemoteProtocolError("x"): (Delivery.AMBIGUOUS, "connection_reset"),
+        httpx.CloseError("x"): (Delivery.AMBIGUOUS, "error"),
     }
     assert len(cases) == 10
     for exc, expected in cases.items():

@@ -56,7 +56,7 @@ def bad_gateway() -> AttemptResult[str]:
 
 
 def lost() -> AttemptResult[str]:
-    return AttemptResult(error=TimeoutError("read"), delivery=Delivery.MAYBE_APPLIED, error_kind="read_timeout")
+    return AttemptResult(error=TimeoutError("read"), delivery=Delivery.AMBIGUOUS, error_kind="read_timeout")
 
 
 def retrier(clock: FakeClock, **kwargs: object) -> LedgerRetrier:
@@ -152,7 +152,7 @@ def test_the_first_attempt_of_a_repeat_takes_a_budget_token() -> None:
 
 
 def test_an_unresolved_release_is_not_re_sent_without_a_probe() -> None:
-    """After a read timeout (maybe applied) the repeat is refused as ambiguous; after a 502 the preset's trade-off re-sends."""
+    """After a read timeout (ambiguous) the repeat is refused as ambiguous; after a 502 the preset's trade-off re-sends."""
     clock = FakeClock()
     r, transport = retrier(clock), Transport(lost())
     with pytest.raises(AmbiguousOutcome):
@@ -160,7 +160,7 @@ def test_an_unresolved_release_is_not_re_sent_without_a_probe() -> None:
     with pytest.raises(AmbiguousOutcome, match="earlier call's attempt may have been applied") as refused:
         r.run(spec(RELEASE), transport)
     assert transport.sends == 1
-    assert [a.delivery for a in attempts_of(refused.value) or ()] == [Delivery.MAYBE_APPLIED]  # never proof of "not released"
+    assert [a.delivery for a in attempts_of(refused.value) or ()] == [Delivery.AMBIGUOUS]  # never proof of "not released"
     strict = EndpointPolicy(retry=QUICK, idempotent=False, deadline_s=30)
     gateway = Transport(bad_gateway())
     r.run(spec(strict, "/s"), gateway)  # handed back, not re-sent: the strict choice

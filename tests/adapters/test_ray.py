@@ -324,7 +324,7 @@ def test_the_phase_deadline_caps_http_calls_inside_the_actor(local_ray: None, hu
         assert time.monotonic() - t0 < TIMEOUT
         assert isinstance(info.value.cause, requests.Timeout), repr(info.value.cause)
         records = attempts_of(info.value.cause)  # crossed Ray: the engine read the call and never answered
-        assert records and records[0].delivery is Delivery.MAYBE_APPLIED, records
+        assert records and records[0].delivery is Delivery.AMBIGUOUS, records
     finally:
         drop_engines(engines)
 
@@ -394,7 +394,7 @@ def test_the_barrier_waits_for_a_late_ray_call_before_the_next_command(local_ray
         ray.kill(slow.actor)
 
 
-def test_an_unavailable_actor_is_maybe_applied(local_ray: None) -> None:
+def test_an_unavailable_actor_is_ambiguous(local_ray: None) -> None:
     """Ray's ActorUnavailableError (the call may have run) reaches the barrier as EngineUnavailable: unknown, not "not applied"."""
     error = _unwrap(ray.exceptions.ActorUnavailableError("the actor's node is unreachable", None), "http://127.0.0.1:3")
     assert isinstance(error, EngineUnavailable) and "http://127.0.0.1:3" in str(error)

@@ -75,11 +75,11 @@ class Fault(enum.StrEnum):
     SYSTEM_EXIT_AFTER = "system_exit_after"
     """Applied, then ``SystemExit`` raised inside the call."""
     DELIVERED_LATE = "delivered_late"
-    """The connection drops right after sending (``AmbiguousOutcome``, the record: MAYBE_APPLIED) while the request is still
+    """The connection drops right after sending (``AmbiguousOutcome``, the record: AMBIGUOUS) while the request is still
     on its way: it reaches the engine, and is applied, only at the next ``deliver()``: after the memory probe answered
     (the probes in these tests call it), at the engine's next call (a later request arrives after it), or at ``land()``."""
     APPLIES_LATER = "applies_later"
-    """The connection drops right after sending (``AmbiguousOutcome``, the record: MAYBE_APPLIED) and the engine applies
+    """The connection drops right after sending (``AmbiguousOutcome``, the record: AMBIGUOUS) and the engine applies
     the call ``apply_after_s`` seconds later on the engine's ``clock`` (a release that takes time to free memory, as
     torch_memory_saver's pause does): seen from the next observation (``snapshot``, ``serving``) once due, or at once
     at the engine's next call (served after it), ``wait_idle`` or ``land()``."""
@@ -91,7 +91,7 @@ INTERRUPTS = frozenset({Fault.INTERRUPT_BEFORE, Fault.INTERRUPT_AFTER, Fault.SYS
 
 def record(delivery: Delivery, status: int | None = None, error_type: str | None = None) -> tuple[AttemptRecord, ...]:
     """A one-attempt record, as a driver attaches it."""
-    if delivery is Delivery.MAYBE_APPLIED:
+    if delivery is Delivery.AMBIGUOUS:
         outcome = Outcome.AMBIGUOUS
     else:
         outcome = Outcome.RETRYABLE if status in (None, 502, 503, 504) else Outcome.FATAL
@@ -283,7 +283,7 @@ class _Fake:
         """The call (landed, if it was late) is applied or refused as its fault says."""
         if fault is Fault.AMBIGUOUS_NOT_APPLIED:
             raise AmbiguousOutcome(
-                f"{self.engine} {method}: read timeout (not applied)", engine=self.engine, attempts=record(Delivery.MAYBE_APPLIED)
+                f"{self.engine} {method}: read timeout (not applied)", engine=self.engine, attempts=record(Delivery.AMBIGUOUS)
             )
         if fault is Fault.ACTOR_UNAVAILABLE:
             raise EngineUnavailable(f"{self.engine} {method}: actor unavailable")
@@ -299,7 +299,7 @@ class _Fake:
             raise AmbiguousOutcome(
                 f"{self.engine} {method}: connection reset after sending (applies in {self.apply_after_s} s)",
                 engine=self.engine,
-                attempts=record(Delivery.MAYBE_APPLIED),
+                attempts=record(Delivery.AMBIGUOUS),
             )
         if fault is Fault.DELIVERED_LATE:
             with self._lock:
@@ -307,7 +307,7 @@ class _Fake:
             raise AmbiguousOutcome(
                 f"{self.engine} {method}: connection reset after sending (still on its way)",
                 engine=self.engine,
-                attempts=record(Delivery.MAYBE_APPLIED),
+                attempts=record(Delivery.AMBIGUOUS),
             )
         with self._lock:
             if self.crash is not None:
@@ -315,7 +315,7 @@ class _Fake:
             apply()
         if fault is Fault.AMBIGUOUS_APPLIED:
             raise AmbiguousOutcome(
-                f"{self.engine} {method}: read timeout (applied)", engine=self.engine, attempts=record(Delivery.MAYBE_APPLIED)
+                f"{self.engine} {method}: read timeout (applied)", engine=self.engine, attempts=record(Delivery.AMBIGUOUS)
             )
         if fault is Fault.ACTOR_DIED:
             raise EngineDied(f"{self.engine}: actor died after {method}")

@@ -113,7 +113,7 @@ def test_a_call_queued_at_the_deadline_is_never_sent() -> None:
     assert engines[1].started == [] and engines[0].started == ["release_memory_occupation"]
 
 
-def test_close_cancels_a_late_call_which_lands_as_maybe_applied() -> None:
+def test_close_cancels_a_late_call_which_lands_as_ambiguous() -> None:
     """close() cancels what still runs; the late handle then says the call may have run (never "not applied")."""
     engines = fakes(1)
     engines[0].arm("resume_memory_occupation", Fault.LATE_APPLIED)

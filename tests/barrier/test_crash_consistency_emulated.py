@@ -201,7 +201,7 @@ def _crash_rounds(engines: EmulatedFleet, tmp_path: Path, seed: int, rounds: int
 def test_sigkilled_controllers_on_one_journal_never_kill_an_engine(engines: EmulatedFleet, tmp_path: Path) -> None:
     """Controllers SIGKILLed at random moments on one journal, no probe: no engine dies; the last names what it cannot prove.
 
-    The first kill lands while every engine releases: those releases stay "maybe applied" in the journal, so every
+    The first kill lands while every engine releases: those releases stay "ambiguous" in the journal, so every
     later controller skips the engines as quarantined (it sends them nothing), and the last one's PhaseFailed names them.
     """
     final = _crash_rounds(engines, tmp_path, 1, ROUNDS)

@@ -68,7 +68,7 @@ def test_without_a_journal_the_same_restart_double_releases(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("fault", [Fault.INTERRUPT_AFTER, Fault.INTERRUPT_BEFORE])
-def test_a_controller_interrupted_mid_release_leaves_the_call_maybe_applied_for_the_next_one(tmp_path: Path, fault: Fault) -> None:
+def test_a_controller_interrupted_mid_release_leaves_the_call_ambiguous_for_the_next_one(tmp_path: Path, fault: Fault) -> None:
     engines = [FakeEngine(n) for n in NAMES]
 
     def interrupt() -> None:
@@ -119,7 +119,7 @@ def test_a_controller_killed_outright_mid_release_leaves_the_release_in_flight(t
     for e in engines[:2]:
         e.release_memory_occupation()
     orch = Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=tmp_path / "j")
-    # the whole phase was written as "maybe applied" before any release went out
+    # the whole phase was written as "ambiguous" before any release went out
     assert orch.recovery is not None and orch.recovery.in_flight == dict.fromkeys(NAMES, "release_memory_occupation")
     assert orch.recovery.orphaned_holds == {}  # the offload hold belongs to whichever controller runs
     assert orch.states() == dict.fromkeys(NAMES, EngineState.QUARANTINED)

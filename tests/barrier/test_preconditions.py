@@ -78,7 +78,7 @@ def test_effect_of_reads_only_the_driver_record() -> None:
     bare_status.status = 500  # type: ignore[attr-defined]
     for no_record in (PhaseTimeout("late"), EngineDied("actor died"), EngineUnavailable("unavailable"), ValueError("bug"), bare_status):
         assert effect_of(no_record) is Effect.AMBIGUOUS, no_record  # conservative: nobody said the request never left
-    maybe = RetriesExhausted("x", attempts=(attempt(Delivery.MAYBE_APPLIED), attempt(Delivery.RESPONDED, 500)))
+    maybe = RetriesExhausted("x", attempts=(attempt(Delivery.AMBIGUOUS), attempt(Delivery.RESPONDED, 500)))
     assert effect_of(maybe) is Effect.AMBIGUOUS
     assert effect_of(RetriesExhausted("x", attempts=(attempt(Delivery.NOT_SENT), attempt(Delivery.RESPONDED, 500)))) is Effect.NOT_APPLIED
     for gateway in (502, 503, 504):  # a proxy may answer these after it forwarded: whatever the retry policy did with them
@@ -103,7 +103,7 @@ def test_effect_and_death_never_depend_on_the_library() -> None:
         assert effect_of(error) is Effect.AMBIGUOUS and not is_engine_dead(error), error
         refused = with_record(error, attempt(Delivery.NOT_SENT), attempt(Delivery.NOT_SENT))
         assert effect_of(refused) is Effect.NOT_APPLIED and is_engine_dead(refused), error
-    reset = with_record(aiohttp.ServerDisconnectedError(), attempt(Delivery.NOT_SENT), attempt(Delivery.MAYBE_APPLIED))
+    reset = with_record(aiohttp.ServerDisconnectedError(), attempt(Delivery.NOT_SENT), attempt(Delivery.AMBIGUOUS))
     assert effect_of(reset) is Effect.AMBIGUOUS and not is_engine_dead(reset)
     assert is_engine_dead(EngineDied("gone")) and not is_engine_dead(RetriesExhausted("x", attempts=()))
     behind_proxy = with_record(ValueError("502"), attempt(Delivery.RESPONDED, 502))
@@ -123,7 +123,7 @@ def test_a_breaker_refusal_is_not_applied_but_never_proves_the_engine_dead() -> 
 
 
 def test_knowledge_table() -> None:
-    """A maybe-applied release or resume makes its tags unknown (quarantine); a maybe continue makes "paused" unknown."""
+    """A ambiguous release or resume makes its tags unknown (quarantine); a maybe continue makes "paused" unknown."""
     k = EngineKnowledge("e")
     k.apply("pause_generation", {"mode": "abort"}, Effect.APPLIED)
     k.apply("flush_cache", {}, Effect.APPLIED)

@@ -83,7 +83,7 @@ def drive(steps: Steps[T], answer: Answer = ok, phases: Phases | None = None) ->
 def reset_after_sending(method: str) -> BaseException:
     """What a driver raises when the connection reset after the request left: its record says it may have applied."""
     error = ConnectionResetError(f"{method}: connection reset by peer")
-    error.attempts = (AttemptRecord(1, None, Outcome.AMBIGUOUS, Delivery.MAYBE_APPLIED, "ConnectionResetError", 0.01),)  # type: ignore[attr-defined]
+    error.attempts = (AttemptRecord(1, None, Outcome.AMBIGUOUS, Delivery.AMBIGUOUS, "ConnectionResetError", 0.01),)  # type: ignore[attr-defined]
     return error
 
 

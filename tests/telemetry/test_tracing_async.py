@@ -35,7 +35,7 @@ async def test_concurrent_async_calls_keep_their_own_parents_and_traceparents(
             sent.setdefault(i, []).append(carrier["traceparent"])
             await asyncio.sleep(0.001 * (i % 5))  # interleave the tasks
             if n == 0:
-                return AttemptResult(error=ConnectionResetError(), delivery=Delivery.MAYBE_APPLIED, error_kind="connection_reset")
+                return AttemptResult(error=ConnectionResetError(), delivery=Delivery.AMBIGUOUS, error_kind="connection_reset")
             return AttemptResult(response=f"ok{i}", status=200)
 
         with tracer.start_as_current_span(f"step-{i}"):

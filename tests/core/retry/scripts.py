@@ -30,7 +30,7 @@ def refused() -> AttemptResult[str]:
 
 def lost() -> AttemptResult[str]:
     """A read timeout: the request may have been applied."""
-    return AttemptResult(error=TimeoutError("read"), delivery=Delivery.MAYBE_APPLIED, error_kind="read_timeout")
+    return AttemptResult(error=TimeoutError("read"), delivery=Delivery.AMBIGUOUS, error_kind="read_timeout")
 
 
 class Script:

@@ -134,8 +134,8 @@ def test_retry_after_past_deadline_stops_at_once() -> None:
 
 
 def test_read_timeout_on_non_idempotent_is_ambiguous() -> None:
-    """A maybe-applied failure on a non-idempotent endpoint is never re-sent."""
-    script = Script(AttemptResult(error=TimeoutError("read"), delivery=Delivery.MAYBE_APPLIED, error_kind="read_timeout"))
+    """A ambiguous failure on a non-idempotent endpoint is never re-sent."""
+    script = Script(AttemptResult(error=TimeoutError("read"), delivery=Delivery.AMBIGUOUS, error_kind="read_timeout"))
     with pytest.raises(AmbiguousOutcome) as info:
         Retrier(clock=FakeClock()).run(spec(EndpointPolicy(idempotent=False)), script)
     assert len(info.value.attempts) == 1 and script.results == []
@@ -145,7 +145,7 @@ def test_probe_decides_ambiguous_outcome() -> None:
     """A probe answering not_done allows one more send; done returns the probe's response."""
     answers = iter([ProbeAnswer.NOT_DONE, ProbeAnswer.DONE])
     policy = EndpointPolicy(idempotent=False, on_ambiguous=lambda ctx: next(answers))
-    maybe: AttemptResult[str] = AttemptResult(error=TimeoutError(), delivery=Delivery.MAYBE_APPLIED, error_kind="read_timeout")
+    maybe: AttemptResult[str] = AttemptResult(error=TimeoutError(), delivery=Delivery.AMBIGUOUS, error_kind="read_timeout")
     resp, records = Retrier(clock=FakeClock()).run(spec(policy), Script(maybe, maybe), on_probe_done=lambda: "probed")
     assert resp == "probed" and len(records) == 2
 
@@ -160,7 +160,7 @@ def test_not_sent_failure_retried_for_post() -> None:
 def test_last_transport_error_is_reraised_with_attempts() -> None:
     """When every attempt failed in transport, the caller gets the transport's own last error."""
     reset = ConnectionResetError("nope")
-    fail: AttemptResult[str] = AttemptResult(error=reset, delivery=Delivery.MAYBE_APPLIED, error_kind="connection_reset")
+    fail: AttemptResult[str] = AttemptResult(error=reset, delivery=Delivery.AMBIGUOUS, error_kind="connection_reset")
     policy = EndpointPolicy(retry=RetryPolicy(max_attempts=2, base_s=0, cap_s=0))
     with pytest.raises(ConnectionResetError) as info:
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), Script(fail, fail))
@@ -260,7 +260,7 @@ def test_an_error_raised_out_of_an_attempt_carries_the_calls_record(proof: bool)
     records = attempts_of(error)
     assert records is not None and [(r.status, r.delivery) for r in records] == [
         (502, Delivery.RESPONDED),
-        (None, Delivery.NOT_SENT if proof else Delivery.MAYBE_APPLIED),
+        (None, Delivery.NOT_SENT if proof else Delivery.AMBIGUOUS),
     ]
     assert records[-1].error_type == "_Unretried"
 
@@ -279,7 +279,7 @@ def test_an_interrupt_gets_no_record_and_a_failing_proof_proves_nothing() -> Non
     error = _Unretried("x")
     with pytest.raises(_Unretried):
         Retrier(clock=FakeClock()).run(spec(policy, "GET"), _raise_after(error=error), never_sent=broken)
-    assert [r.delivery for r in attempts_of(error) or ()] == [Delivery.MAYBE_APPLIED]
+    assert [r.delivery for r in attempts_of(error) or ()] == [Delivery.AMBIGUOUS]
 
 
 def test_attempts_of_reads_the_error_then_its_response_and_nothing_else() -> None:

@@ -113,6 +113,6 @@ def test_no_probe_where_none_is_set_the_entry_is_idempotent_or_the_status_is_not
 
 def test_an_ambiguous_failure_still_raises_on_unknown() -> None:
     """A read timeout (no status) answered "unknown" raises AmbiguousOutcome, as before."""
-    lost: AttemptResult[str] = AttemptResult(error=TimeoutError("read"), delivery=Delivery.MAYBE_APPLIED, error_kind="read_timeout")
+    lost: AttemptResult[str] = AttemptResult(error=TimeoutError("read"), delivery=Delivery.AMBIGUOUS, error_kind="read_timeout")
     with pytest.raises(AmbiguousOutcome):
         run(policy(Asked(ProbeAnswer.UNKNOWN), resend_statuses=True), Script(lost))

@@ -1,6 +1,6 @@
 """``resilience.retry.call``: the loop's safety properties.
 
-Breaker slots always come back, sent attempts stay bounded, maybe-applied calls are not re-sent.
+Breaker slots always come back, sent attempts stay bounded, ambiguous calls are not re-sent.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_no_exit_path_leaks_a_half_open_slot(script: list[str], max_calls: int) 
         if step == "refused":
             return AttemptResult(error=ConnectionRefusedError(), delivery=Delivery.NOT_SENT, error_kind="connect_error")
         if step == "reset":
-            return AttemptResult(error=ConnectionResetError(), delivery=Delivery.MAYBE_APPLIED, error_kind="connection_reset")
+            return AttemptResult(error=ConnectionResetError(), delivery=Delivery.AMBIGUOUS, error_kind="connection_reset")
         if step == "400":
             return AttemptResult(response="400", status=400)
         return AttemptResult(response="ok" if step in ("ok", "interrupt_sleep") else "502", status=200 if step == "ok" else 502)
@@ -146,7 +146,7 @@ KINDS = st.sampled_from(["refused", "502", "reset", "ok"])
 
 @settings(max_examples=200, deadline=None)
 @given(script=st.lists(KINDS, min_size=1, max_size=30), max_attempts=st.integers(1, 5), idempotent=st.booleans())
-def test_sent_attempts_bounded_and_maybe_applied_never_resent(script: list[str], max_attempts: int, idempotent: bool) -> None:
+def test_sent_attempts_bounded_and_ambiguous_never_resent(script: list[str], max_attempts: int, idempotent: bool) -> None:
     """Any mix of refusals, 502s and resets: at most max_attempts attempts reach the server, and a non-idempotent call
     is never sent again after an attempt that may have been applied (the ambiguous case, injected anywhere)."""
     policy = EndpointPolicy(
@@ -165,7 +165,7 @@ def test_sent_attempts_bounded_and_maybe_applied_never_resent(script: list[str],
         if step == "refused":
             result = AttemptResult(error=ConnectionRefusedError(), delivery=Delivery.NOT_SENT, error_kind="connect_error")
         elif step == "reset":
-            result = AttemptResult(error=ConnectionResetError(), delivery=Delivery.MAYBE_APPLIED, error_kind="connection_reset")
+            result = AttemptResult(error=ConnectionResetError(), delivery=Delivery.AMBIGUOUS, error_kind="connection_reset")
         else:
             result = AttemptResult(response=step, status=200 if step == "ok" else 502)
         seen.append(result.delivery)
@@ -175,5 +175,5 @@ def test_sent_attempts_bounded_and_maybe_applied_never_resent(script: list[str],
         Retrier(clock=FakeClock()).run(spec(policy), attempt)
     assert seen, "at least one attempt was made"
     assert sum(1 for d in seen if d is not Delivery.NOT_SENT) <= max_attempts
-    if not idempotent and Delivery.MAYBE_APPLIED in seen:
-        assert seen.index(Delivery.MAYBE_APPLIED) == len(seen) - 1
+    if not idempotent and Delivery.AMBIGUOUS in seen:
+        assert seen.index(Delivery.AMBIGUOUS) == len(seen) - 1

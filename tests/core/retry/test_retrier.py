@@ -41,7 +41,7 @@ RESULTS = {
     "404": lambda: status(404),
     "refused": refused,
     "lost": lost,
-    "reset": lambda: AttemptResult(error=ConnectionResetError("reset"), delivery=Delivery.MAYBE_APPLIED, error_kind="connection_reset"),
+    "reset": lambda: AttemptResult(error=ConnectionResetError("reset"), delivery=Delivery.AMBIGUOUS, error_kind="connection_reset"),
 }
 
 
@@ -255,8 +255,8 @@ async def test_cancelled_during_backoff_sleep_sends_nothing_more_and_returns_the
 
 
 @pytest.mark.asyncio
-async def test_cancelled_during_an_attempt_records_it_as_maybe_applied() -> None:
-    """Cancelled while the attempt is in flight: recorded as maybe applied, the call ends, the slot comes back."""
+async def test_cancelled_during_an_attempt_records_it_as_ambiguous() -> None:
+    """Cancelled while the attempt is in flight: recorded as ambiguous, the call ends, the slot comes back."""
     registry = BreakerRegistry(BreakerConfig(minimum_calls=1, window_size=1, open_seconds=0, half_open_max_calls=1))
     breaker = registry.get(ENGINE)
     breaker.record_failure()

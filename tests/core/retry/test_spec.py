@@ -138,14 +138,14 @@ UNSAFE_GATEWAY = EndpointPolicy(idempotent=False, retry_statuses_if_not_idempote
         (IDEMPOTENT, None, Delivery.NOT_SENT, None, Outcome.RETRYABLE),
         (UNSAFE, None, Delivery.NOT_SENT, None, Outcome.RETRYABLE),
         (EndpointPolicy(retry=RetryPolicy(retry_before_send=False)), None, Delivery.NOT_SENT, None, Outcome.FATAL),
-        (IDEMPOTENT, None, Delivery.MAYBE_APPLIED, None, Outcome.AMBIGUOUS),
-        (UNSAFE, None, Delivery.MAYBE_APPLIED, None, Outcome.AMBIGUOUS),
+        (IDEMPOTENT, None, Delivery.AMBIGUOUS, None, Outcome.AMBIGUOUS),
+        (UNSAFE, None, Delivery.AMBIGUOUS, None, Outcome.AMBIGUOUS),
     ],
 )
 def test_classify_follows_its_rules(
     policy: EndpointPolicy, status: int | None, delivery: Delivery, retry_after: float | None, outcome: Outcome
 ) -> None:
-    """Each rule of ``classify``'s docstring, one row each: success, gateway statuses, 429, never sent, maybe applied."""
+    """Each rule of ``classify``'s docstring, one row each: success, gateway statuses, 429, never sent, ambiguous."""
     assert classify(policy, status=status, delivery=delivery, retry_after=retry_after) is outcome
 
 
