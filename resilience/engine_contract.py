@@ -1,39 +1,22 @@
 """The engine contract: what an engine is to the barrier, below both the engine clients and the barrier.
 
 Clients (``resilience.adapters.sglang``, ``resilience.adapters.vllm``, Ray's
-engines) implement it; the barrier (``resilience.barrier``) consumes it. It
-imports nothing from either. It holds:
+engines) implement it; the barrier (``resilience.barrier``) consumes it; it
+imports nothing from either. It holds the five control calls as a ``Protocol``
+(``ControlPlaneEngine``, ``AsyncControlPlaneEngine``), ``PauseMode``, how an
+engine is named (``engine_name``), the states the barrier reports
+(``EngineState``), the errors of an engine gone (``EngineDied``) or out of reach
+(``EngineUnavailable``), and each engine kind's rules table (``EngineRules``:
+a ``CallRule`` per control call, and a ``MemoryModel``), looked up per engine by
+``rules_of``. vLLM's calls and rules in words: ``docs/vllm.md``.
 
-- the five control calls as a ``Protocol`` mypy checks every engine against
-  (``ControlPlaneEngine``, ``AsyncControlPlaneEngine``), their names
-  (``ControlMethod``), ``PauseMode`` and the memory tags (``ALL_TAGS``);
-- how an engine is named (``engine_name``), the one-word states the barrier
-  reports (``EngineState``), and the errors an engine's client raises when the
-  engine is gone (``EngineDied``) or out of reach for now (``EngineUnavailable``);
-- each engine kind's rules table (``EngineRules``: ``SGLANG_RULES``,
-  ``VLLM_RULES``) with its memory model (``MemoryModel``), looked up per engine
-  by ``rules_of``.
+The five calls are named after SGLang 0.5.23's HTTP routes, so an engine that
+declares no ``control_rules`` is SGLang-shaped by definition and gets
+``SGLANG_RULES``. Another kind (vLLM's ``VLLMEngine``) says so with a
+``control_rules`` attribute holding its table; a third kind writes its
+``EngineRules`` and does the same.
 
-The five calls are named after SGLang 0.5.23's HTTP routes
-(``sglang/srt/entrypoints/http_server.py``), so an engine that declares no
-``control_rules`` is SGLang-shaped by definition: ``rules_of`` gives it
-``SGLANG_RULES``, on purpose and documented, not as a guess. Any other kind
-(vLLM: ``resilience.adapters.vllm.VLLMEngine``) must say so with a
-``control_rules`` attribute holding its table.
-
-The engine calls
-================
-
-Any object with the five methods, named and typed as here (a test fake, your
-own client), satisfies ``ControlPlaneEngine``. The barrier reads nothing from
-what a call returns: a call that returns has been applied, one that raises is
-judged by its error (``resilience.barrier.state.effect_of``).
-
-The memory models
-=================
-``EngineRules`` (the table of an engine kind) holds one
-``MemoryModel``; ``EngineKnowledge`` folds every release and resume through its
-engine's (``EngineKnowledge.memory``).
+The memory models, as each kind's source says:
 
 =========================  =============================================  ==============================================
 field                      SGLang 0.5.23                                  vLLM 0.33.0 (``VLLMEngine``)
@@ -50,62 +33,6 @@ field                      SGLang 0.5.23                                  vLLM 0
 ``last_wake_resumes``      no                                             yes: a wake that leaves nothing asleep
                                                                           resumes scheduling, whoever paused (l.1053)
 =========================  =============================================  ==============================================
-
-The rules tables
-================
-
-The barrier has a single knowledge model (``resilience.barrier.state``:
-what is known paused, flushed, released, unknown, held). What differs between
-engine kinds is the rules each control call follows, and each kind writes them
-down as one ``EngineRules`` table, a row (``CallRule``) per control method:
-
-- ``needs``: what must be *known* before the call is sent (a predicate over the
-  engine's knowledge and the tags the call names), and ``needs_text``, the same
-  in words;
-- ``on_ambiguous``: what an answer that may or may not have been applied does
-  (``QUARANTINE``: what it touches becomes unknown and nothing that depends on
-  it is sent until a memory probe or the caller proves it; ``RESEND``: it
-  becomes unknown and the next transition that needs it sends the call again,
-  because repeating it is harmless);
-- ``reopens_everyone``: the call ends every pause on the engine, everyone's, so
-  it is sent only once no hold remains.
-
-The transitions ask ``BarrierState.allows(engine, method, tags)``, which looks the
-engine's table up (``rules_of``: the engine's ``control_rules`` attribute; an engine without
-one is SGLang-shaped, by the calls' names, and gets ``SGLANG_RULES``). ``SGLANG_RULES`` is exactly what the barrier did before the
-table existed.
-
-SGLang 0.5.23, as its source says (``sglang/srt/managers/scheduler_components/weight_updater.py``,
-torch_memory_saver): a second release of a tag exits the process (``exit(1)``), a
-resume of a tag not released dies of a ``KeyError`` (``offload_tags.remove``), a
-release needs an idle scheduler (paused and flushed), and ``continue_generation``
-reopens scheduling for every client, whoever paused it.
-
-Each table also holds its kind's ``MemoryModel`` (above):
-what a release and a resume do to the facts (the tags, whether a release names
-them or sleeps them all, whether it needs a flush, whether it pauses, whether a
-wake names one tag and whether the last one resumes). The knowledge model folds
-each call through it, and the transitions read it (``resilience.barrier.transitions``).
-
-vLLM 0.33.0 (``VLLM_RULES``, the calls as ``resilience.adapters.vllm.VLLMEngine``
-sends them; reference: ``shared/reference/vllm-control-plane.md``):
-
-- pause = ``/pause``, flush = ``/reset_prefix_cache`` (+ mm, encoder caches),
-  release = ``/sleep?level=1&mode=keep`` (both tags), resume = ``/wake_up?tags=T``
-  (one tag), continue = ``/resume``;
-- an ambiguous sleep or wake is settled by sending it again (``RESEND``: a second
-  sleep and a wake of an awake tag are no-ops), no quarantine;
-- ``/resume`` (continue) and a wake that leaves nothing asleep reopen everyone's
-  pause (``v1/engine/core.py`` l.985, l.1053): continue is sent only with no hold
-  left and nothing asleep or unknown; the last wake only with no hold but the
-  offload's (``transitions.resume_phases``), else that tag stays asleep and the engine
-  is reported held;
-- tags are tracked here, client-side: no vLLM route reports which tags sleep.
-- An ambiguous ``/update_weights`` is not a barrier call: ``resilience.adapters.vllm.weights``
-  never re-sends it, asks ``/weight_checker``, or surfaces it.
-
-A third kind: write its ``EngineRules`` (a ``CallRule`` per control method and its
-``MemoryModel``), and give its engine class ``control_rules = THAT_TABLE``.
 """
 
 from __future__ import annotations
@@ -165,53 +92,39 @@ class ControlPlaneEngine(Protocol):
     The barrier passes arguments by keyword, so their names are part of the
     contract (mypy checks them). Each call may block until the engine answered, and should honour the
     ``resilience.Deadline`` in force in the caller's context (the fan-out runs
-    each phase call under the phase deadline). An engine is known by its
-    ``engine`` attribute (``scheme://host:port``), else its ``name``, else its repr.
+    each phase call under the phase deadline). The barrier reads nothing from
+    what a call returns: a call that returns has been applied, one that raises
+    is judged by its error (``resilience.barrier.state.effect_of``).
     """
 
     def pause_generation(self, *, mode: PauseMode = "abort") -> object:
         """Stop admitting requests; ``mode`` says what happens to running ones."""
-        ...
 
     def flush_cache(self, *, deadline_s: float | None = None) -> object:
         """Flush the KV cache, waiting up to ``deadline_s`` (None = the engine's default) for the engine to be idle."""
-        ...
 
     def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
         """Release GPU memory for ``tags`` (None = ``ALL_TAGS``); only on a paused, flushed engine."""
-        ...
 
     def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
         """Occupy GPU memory again for ``tags`` (None = ``ALL_TAGS``); only for tags released."""
-        ...
 
     def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
         """Admit requests again; only when no memory is released."""
-        ...
 
 
 class AsyncControlPlaneEngine(Protocol):
     """``ControlPlaneEngine`` with ``async`` calls (same names, arguments and meaning)."""
 
-    async def pause_generation(self, *, mode: PauseMode = "abort") -> object:
-        """See ``ControlPlaneEngine.pause_generation``."""
-        ...
+    async def pause_generation(self, *, mode: PauseMode = "abort") -> object: ...
 
-    async def flush_cache(self, *, deadline_s: float | None = None) -> object:
-        """See ``ControlPlaneEngine.flush_cache``."""
-        ...
+    async def flush_cache(self, *, deadline_s: float | None = None) -> object: ...
 
-    async def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
-        """See ``ControlPlaneEngine.release_memory_occupation``."""
-        ...
+    async def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object: ...
 
-    async def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
-        """See ``ControlPlaneEngine.resume_memory_occupation``."""
-        ...
+    async def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object: ...
 
-    async def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
-        """See ``ControlPlaneEngine.continue_generation``."""
-        ...
+    async def continue_generation(self, *, torch_empty_cache: bool = True) -> object: ...
 
 
 AnyEngine: TypeAlias = ControlPlaneEngine | AsyncControlPlaneEngine
@@ -276,22 +189,22 @@ RESEND_ROUNDS: Final = 2
 
 @dataclass(frozen=True, slots=True)
 class MemoryModel:
-    """One engine kind's memory semantics (see the module's table for each field's meaning and values)."""
+    """One engine kind's memory semantics (the module's table gives each kind's values); the defaults are SGLang's."""
 
     kind: str
-    tags: tuple[str, ...]
+    tags: tuple[str, ...] = ALL_TAGS
     """The memory tags, in the order onload brings them back."""
-    release_whole: bool
+    release_whole: bool = False
     """A release releases every tag, whatever it names."""
-    flush_before_release: bool
+    flush_before_release: bool = True
     """A release needs a flush first (the engine must be idle)."""
-    release_pauses: bool
+    release_pauses: bool = False
     """A release pauses the engine itself."""
-    resend: bool
+    resend: bool = False
     """Unknown released tags are settled by re-sending the call (idempotent), not quarantined."""
-    wake_one_tag: bool
+    wake_one_tag: bool = False
     """A resume names one tag per call (a call naming a tag not released does nothing at all)."""
-    last_wake_resumes: bool
+    last_wake_resumes: bool = False
     """A resume that leaves nothing released reopens scheduling, like a continue."""
     all_tags: frozenset[str] = field(init=False, repr=False, compare=False)
     """``tags`` as a set (derived once: read several times per engine per phase)."""
@@ -316,16 +229,7 @@ class MemoryModel:
         return {"tags": None if self.release_whole or tags >= self.all_tags else sorted(tags)}
 
 
-SGLANG_MEMORY: Final = MemoryModel(
-    kind="sglang",
-    tags=ALL_TAGS,
-    release_whole=False,
-    flush_before_release=True,
-    release_pauses=False,
-    resend=False,
-    wake_one_tag=False,
-    last_wake_resumes=False,
-)
+SGLANG_MEMORY: Final = MemoryModel("sglang")
 """SGLang 0.5.23: what the barrier always did."""
 
 VLLM_MEMORY: Final = MemoryModel(
@@ -360,28 +264,22 @@ class KnownFacts(Protocol):
     @property
     def reachable(self) -> bool:
         """Alive, with no call in flight."""
-        ...
 
     @property
     def holds(self) -> Mapping[int, str]:
         """The holds on the engine: token -> reason."""
-        ...
 
     def may_flush(self) -> bool:
         """A flush may be sent (known paused)."""
-        ...
 
     def may_release(self, tag: str) -> bool:
         """A release of ``tag`` may be sent."""
-        ...
 
     def may_resume(self, tag: str) -> bool:
         """A resume of ``tag`` may be sent."""
-        ...
 
     def may_continue(self) -> bool:
         """A continue may be sent (nothing released or unknown)."""
-        ...
 
 
 Needs = Callable[[KnownFacts, frozenset[str]], bool]
@@ -393,8 +291,11 @@ class CallRule:
     """One control method's rules on one engine kind: what it needs, what an ambiguous answer does, whom it reopens."""
 
     needs: Needs
+    """What must be known before the call is sent."""
     needs_text: str
+    """``needs`` in words."""
     on_ambiguous: OnAmbiguous
+    """What an answer that may or may not have been applied does."""
     reopens_everyone: bool = False
     """True when the call ends every pause on the engine, whoever took it: sent only once no hold remains."""
     why: str = ""
