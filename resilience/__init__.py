@@ -1,36 +1,16 @@
 """controlplane-resilience: HTTP control planes that survive transient failure.
 
-The top level holds what a user reaches for in the first hour, and nothing
-else (``__all__``):
+The top level holds what a user reaches for in the first hour (``__all__``):
+the resilient transports, the SGLang clients, the barrier, policies,
+``Deadline``, the errors a caller catches and ``set_testing``. Everything else
+is imported from its one module: ``resilience.outcome`` (what an attempt or a
+call did), ``resilience.events``, ``resilience.policy`` (probes),
+``resilience.clock``, ``resilience.budget`` (the restart budget),
+``resilience.errors``, ``resilience.adapters.driver_config`` and the retry
+core for transport authors (``resilience.retry``).
 
-- a resilient transport for the HTTP library in use: ``resilient_session`` /
-  ``ResilientAdapter`` (requests), ``ResilientTransport`` /
-  ``AsyncResilientTransport`` (httpx), ``ResilientMiddleware`` (aiohttp);
-- the SGLang engine clients, ``SGLangClient`` and ``AsyncSGLangClient``;
-- the barrier: ``Orchestrator``, ``AsyncOrchestrator``, ``EngineGroup`` and
-  its failure, ``PhaseFailed``;
-- policies: ``PolicyTable``, ``EndpointPolicy``, ``RetryPolicy``,
-  ``BreakerConfig``, ``RetryBudgetConfig``, ``load_policy_file``;
-- ``Deadline``, and the errors a caller catches: ``ResilienceError`` (their
-  base), ``AmbiguousOutcome``, ``CircuitOpen``, ``DeadlineExceeded``,
-  ``RetriesExhausted`` and ``ConfigError`` (a bad value);
-- the testing switch ``set_testing``.
-
-Everything else is imported from its module, its one path: what an attempt or
-a call did (``resilience.outcome``: ``attempts_of``, ``Delivery``,
-``AttemptRecord``, ``Outcome``, ``CallOutcome``), events and observers
-(``resilience.events``), probes (``resilience.policy``: ``Probe``,
-``ProbeAnswer``, ``ProbeContext``), clocks (``resilience.clock``), the
-restart budget (``resilience.budget``), the drivers' shared ``DriverConfig``
-(``resilience.adapters.driver_config``), the other errors (``resilience.errors``), and
-the retry core for transport authors (``resilience.retry``: ``Retrier``,
-``RetryCall``, ``CallSpec``, ``AttemptResult``, ``classify``, ...).
-
-The policies, ``Deadline``, the errors and the switch are imported eagerly
-(standard library only: no transport library); the transports, the SGLang
-clients and the barrier on first use (PEP 562), so ``import resilience``
-pulls in no optional extra (requests, httpx and aiohttp load only with their
-driver).
+The transports, the SGLang clients and the barrier load on first use (PEP
+562), so ``import resilience`` pulls in no optional extra.
 """
 
 from __future__ import annotations
@@ -55,7 +35,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_LAZY: dict[str, str] = {
+_LAZY: dict[str, str] = {  # name -> the module that defines it, imported on first access
     "AsyncOrchestrator": "resilience.barrier",
     "AsyncResilientTransport": "resilience.adapters.httpx",
     "AsyncSGLangClient": "resilience.adapters.sglang",
@@ -68,7 +48,6 @@ _LAZY: dict[str, str] = {
     "SGLangClient": "resilience.adapters.sglang",
     "resilient_session": "resilience.adapters.requests",
 }
-"""Names imported on first access, from the module that defines them."""
 
 
 def __getattr__(name: str) -> Any:
