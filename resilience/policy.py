@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from resilience.errors import ConfigError, finite_number
+from resilience.errors import ConfigError, finite_number, integer
 from resilience.errors import require as _require
 
 __all__ = [
@@ -47,14 +47,10 @@ IDEMPOTENT_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "PUT", "DELETE", 
 
 
 class UnnamedSeconds(float):
-    """A number of seconds that a policy's author left at its default, rather than naming it.
+    """Seconds a policy's author left at the default: it reads as its number, its type marks it (``EndpointPolicy.named``).
 
-    It reads as its number (``EndpointPolicy().attempt_timeout_s == 10.0``);
-    its type is what marks it. ``EndpointPolicy.named`` tells the two apart:
-    the caller's own timeout beats an unnamed value and loses to a named one
-    (``resilience.retry.spec.attempt_timeouts``). It survives ``dataclasses.replace``,
-    pickling and policy files, so a table built in Python and the same table
-    loaded from TOML or YAML decide alike.
+    The caller's own timeout beats an unnamed value and loses to a named one. It
+    survives ``dataclasses.replace``, pickling and policy files.
     """
 
     __slots__ = ()
@@ -76,22 +72,18 @@ TimeField = Literal["attempt_timeout_s", "deadline_s"]
 _TIME_FIELDS: tuple[TimeField, ...] = ("attempt_timeout_s", "deadline_s")
 
 
-def _require_bool(owner: str, name: str, value: object) -> None:
-    _require(isinstance(value, bool), owner, name, "true or false (a boolean, not a string or number)", value)
+def _require_bools(policy: object, *names: str) -> None:
+    for name in names:
+        value = getattr(policy, name)
+        _require(isinstance(value, bool), type(policy).__name__, name, "true or false (a boolean, not a string or number)", value)
 
 
 def _status_set(owner: str, name: str, value: object) -> frozenset[int]:
     """``value`` as a frozenset of HTTP statuses, or ConfigError naming the field."""
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (frozenset, set, list, tuple)):
+    if not isinstance(value, (frozenset, set, list, tuple)):
         raise ConfigError(f"{owner}.{name} must be a set of HTTP statuses (integers within 100-599), but was {value!r}")
     for status in value:
-        _require(
-            isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599,
-            owner,
-            name,
-            "HTTP statuses within 100-599",
-            status,
-        )
+        _require(integer(status) and 100 <= status <= 599, owner, name, "HTTP statuses within 100-599", status)
     return frozenset(value)
 
 
@@ -105,11 +97,9 @@ class RetryPolicy:
     max_attempts: int = 4
     """Attempts that may reach the server, the first included. 1 = never re-send.
 
-    Failures before sending (connection refused, connect timeout) do not
-    count: the server cannot have acted, so they are retried with backoff,
-    for ``connect_window_s`` while the call has never connected, and until
-    the call's deadline once it has. Only a call with no deadline at all
-    counts them too. A body that cannot be replayed always gets one attempt."""
+    Failures before sending do not count (they are retried within
+    ``connect_window_s``, then the deadline), unless the call has no deadline
+    at all. A body that cannot be replayed always gets one attempt."""
     statuses: frozenset[int] = DEFAULT_STATUSES
     """Statuses that are retried (default 502, 503, 504). 429 is retried only with a Retry-After header."""
     retry_before_send: bool = True
@@ -117,24 +107,10 @@ class RetryPolicy:
     connect_window_s: float | None = DEFAULT_CONNECT_WINDOW_S
     """How long a call that has never connected keeps retrying, seconds from its start. Default 5 s.
 
-    While every attempt of the call failed before sending (refused, DNS,
-    connect timeout), no new attempt starts once this window is over: the call
-    fails with the refusal itself (the transport's connection error, with
-    ``.attempts``), and the engine's breaker opens at once, so the next call
-    fails fast with ``CircuitOpen`` until a half-open attempt connects. An
-    engine that starts listening within the window is reached as usual. It is
-    separate from ``deadline_s``: once an attempt has reached the server,
-    refusals are retried until the deadline (an engine that answered a moment
-    ago is restarting, not mistyped). An attempt already connecting keeps its
-    own connect timeout. None = no window: refusals are retried until the
-    deadline.
-
-    Why 5 s: an engine's HTTP front end that is coming up listens within
-    seconds, and a memory swap (tens of seconds) never closes the port: it
-    answers slowly or with 502/503, which ``deadline_s`` governs. A port that
-    still refuses after 5 s is a dead engine or a mistyped URL; an engine
-    restarted from scratch takes minutes (the seed's global restart: about 8),
-    far past any call's deadline."""
+    Past it, a call whose every attempt failed before sending fails with the
+    refusal itself (with ``.attempts``) and the engine's breaker opens at once.
+    Once an attempt has reached the server, refusals are retried until the
+    deadline. None = no window. Why 5 s: ``docs/retry-rules.md``."""
     base_s: float = 0.1
     """Ceiling of the first backoff, seconds."""
     cap_s: float = 5.0
@@ -150,16 +126,9 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         owner = "RetryPolicy"
-        _require(
-            isinstance(self.max_attempts, int) and not isinstance(self.max_attempts, bool) and self.max_attempts >= 1,
-            owner,
-            "max_attempts",
-            "an integer >= 1",
-            self.max_attempts,
-        )
+        _require(integer(self.max_attempts) and self.max_attempts >= 1, owner, "max_attempts", "an integer >= 1", self.max_attempts)
         object.__setattr__(self, "statuses", _status_set(owner, "statuses", self.statuses))
-        for name in ("retry_before_send", "respect_retry_after"):
-            _require_bool(owner, name, getattr(self, name))
+        _require_bools(self, "retry_before_send", "respect_retry_after")
         for name in ("base_s", "cap_s", "retry_after_max_s"):
             value = getattr(self, name)
             _require(finite_number(value) and value >= 0, owner, name, "a finite number >= 0", value)
@@ -218,21 +187,14 @@ class EndpointPolicy:
     attempt_timeout_s: float | None = DEFAULT_ATTEMPT_TIMEOUT_S
     """Connect and read timeout of each attempt, seconds (capped by what is left of the deadline). Default 10 s.
 
-    Precedence: a value the table entry *names* (``EndpointPolicy(attempt_timeout_s=5)``,
-    or ``attempt_timeout_s = 5`` in a policy file, ``[defaults]`` included) beats
-    the caller's own timeout (requests' ``timeout=``, httpx's, aiohttp's
-    ``ClientTimeout``). A value left at the default, and the default policy's,
-    applies only when the caller gave none (requests always gives one: its
-    None means "wait"). None = no per-attempt limit from the policy."""
+    A value the table entry *names* (here or in a policy file) beats the
+    caller's own timeout; the default applies only when the caller gave none
+    (the precedence rule: ``docs/retry-rules.md``). None = no per-attempt limit."""
     deadline_s: float | None = DEFAULT_DEADLINE_S
     """Total time for all attempts and waits, seconds. Default 30 s.
 
-    A deadline the table entry names caps each attempt. One left at the
-    default (and the default policy's) only bounds how long retries start when
-    the caller gave its own timeout: it never cuts an attempt the caller
-    bounded. None = no policy deadline (the caller's timeouts, summed, or an
-    outer Deadline may still bound the call). Refusals (nothing listens) are
-    retried only for ``retry.connect_window_s`` of it."""
+    A named deadline caps each attempt; the default one only stops starting
+    retries when the caller gave its own timeout. None = no policy deadline."""
     retry_statuses_if_not_idempotent: bool = False
     """On a non-idempotent endpoint, treat the retry statuses (502/503/504) as retryable anyway.
 
@@ -254,10 +216,8 @@ class EndpointPolicy:
 
     def __post_init__(self) -> None:
         owner = "EndpointPolicy"
-        if not isinstance(self.retry, RetryPolicy):
-            raise ConfigError(f"{owner}.retry must be a RetryPolicy, but was {self.retry!r}")
-        for name in ("idempotent", "retry_statuses_if_not_idempotent", "raise_on_exhausted"):
-            _require_bool(owner, name, getattr(self, name))
+        _require(isinstance(self.retry, RetryPolicy), owner, "retry", "a RetryPolicy", self.retry)
+        _require_bools(self, "idempotent", "retry_statuses_if_not_idempotent", "raise_on_exhausted")
         for name in ("attempt_timeout_s", "deadline_s"):
             value = getattr(self, name)
             _require(value is None or (finite_number(value) and value > 0), owner, name, "a number > 0 or None", value)
@@ -270,8 +230,8 @@ class EndpointPolicy:
                 f"<= deadline_s ({self.deadline_s}{'' if self.named('deadline_s') else ', its default: name a longer one'})",
                 self.attempt_timeout_s,
             )
-        if not (self.on_ambiguous == "raise" or callable(self.on_ambiguous)):
-            raise ConfigError(f"{owner}.on_ambiguous must be 'raise' or a probe callable, but was {self.on_ambiguous!r}")
+        probe = self.on_ambiguous
+        _require(probe == "raise" or callable(probe), owner, "on_ambiguous", "'raise' or a probe callable", probe)
         object.__setattr__(self, "accept_statuses", _status_set(owner, "accept_statuses", self.accept_statuses))
 
     def named(self, name: TimeField) -> bool:
@@ -316,7 +276,11 @@ HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"
 
 @dataclass(frozen=True, slots=True)
 class EndpointMatch:
-    """The result of routing a request: its endpoint label and policy."""
+    """The result of routing a request: its endpoint label and policy.
+
+    The fields after ``policy`` are derived from it once per route: the retry core reads them on every call
+    (``resilience.retry.spec.attempt_timeouts``).
+    """
 
     endpoint: str
     """``METHOD /template`` of the entry that matched, or ``METHOD *`` for the default."""
@@ -324,29 +288,24 @@ class EndpointMatch:
     """The path template alone (``/pause_generation``), or ``*``: the ``url.template`` attribute."""
     policy: EndpointPolicy
     own_timeout_s: float | None = field(init=False, repr=False, compare=False)
-    """The entry's own ``attempt_timeout_s`` when a table entry matched and named one (it then overrules the caller's); else None.
-
-    Derived from ``policy`` once per route (the retry core reads it on every call: ``resilience.retry.spec.attempt_timeouts``)."""
+    """The ``attempt_timeout_s`` a matched entry named (it then overrules the caller's); else None."""
     own_deadline: bool = field(init=False, repr=False, compare=False)
-    """True when a table entry matched and named ``deadline_s`` (it then caps attempts the caller bounded); derived once."""
+    """True when a matched entry named ``deadline_s`` (it then caps attempts the caller bounded)."""
     fallback_timeout_s: float | None = field(init=False, repr=False, compare=False)
-    """The policy's ``attempt_timeout_s`` as a plain float (None = no limit): the attempt timeout when neither the entry
-    named one nor the caller gave one; derived once."""
+    """The policy's ``attempt_timeout_s`` as a plain float: the timeout when neither the entry nor the caller gave one."""
     deadline_s: float | None = field(init=False, repr=False, compare=False)
-    """The policy's ``deadline_s`` as a plain float (None = none); derived once."""
+    """The policy's ``deadline_s`` as a plain float."""
     probe: Probe | None = field(init=False, repr=False, compare=False)
-    """The policy's ``on_ambiguous`` probe, None when it is ``"raise"``: drivers read a body for probes only then; derived once."""
+    """The policy's ``on_ambiguous`` probe, None when it is ``"raise"`` (drivers read a body for probes only then)."""
 
     def __post_init__(self) -> None:
-        limit = self.policy.attempt_timeout_s
-        named = limit is not None and self.explicit and self.policy.named("attempt_timeout_s")
-        object.__setattr__(self, "own_timeout_s", float(limit) if named and limit is not None else None)
-        object.__setattr__(self, "own_deadline", self.explicit and self.policy.named("deadline_s"))
-        object.__setattr__(self, "fallback_timeout_s", None if limit is None else float(limit))
-        deadline = self.policy.deadline_s
+        policy, limit, deadline = self.policy, self.policy.attempt_timeout_s, self.policy.deadline_s
+        fallback = None if limit is None else float(limit)
+        object.__setattr__(self, "own_timeout_s", fallback if self.explicit and policy.named("attempt_timeout_s") else None)
+        object.__setattr__(self, "own_deadline", self.explicit and policy.named("deadline_s"))
+        object.__setattr__(self, "fallback_timeout_s", fallback)
         object.__setattr__(self, "deadline_s", None if deadline is None else float(deadline))
-        probe = self.policy.on_ambiguous
-        object.__setattr__(self, "probe", None if isinstance(probe, str) else probe)
+        object.__setattr__(self, "probe", None if isinstance(policy.on_ambiguous, str) else policy.on_ambiguous)
 
     @property
     def explicit(self) -> bool:
@@ -364,40 +323,6 @@ class _Route:
     policy: EndpointPolicy
 
 
-def _parse_methods(key: str, text: str) -> frozenset[str] | None:
-    if text == "*":
-        return None
-    methods = text.upper().split("|")
-    unknown = [m for m in methods if m not in HTTP_METHODS]
-    if unknown or not methods:
-        raise ConfigError(
-            f"PolicyTable key {key!r}: method must be one of {', '.join(sorted(HTTP_METHODS))}, "
-            f"several joined by '|', or *, but was {text!r}"
-        )
-    if len(set(methods)) != len(methods):
-        raise ConfigError(f"PolicyTable key {key!r}: method {text!r} names a method twice")
-    return frozenset(methods)
-
-
-def _check_template(key: str, template: str) -> None:
-    if not template.startswith("/"):
-        raise ConfigError(f"PolicyTable key {key!r}: path template must start with '/', but was {template!r}")
-    if "?" in template or "#" in template:
-        raise ConfigError(
-            f"PolicyTable key {key!r}: path template must be a path without '?query' or '#fragment' "
-            f"(matching ignores the query string, so it could never match), but was {template!r}"
-        )
-    rest = _TEMPLATE_VAR.sub("", template)
-    if "{" in rest or "}" in rest:
-        raise ConfigError(
-            f"PolicyTable key {key!r}: path template has an unbalanced or invalid '{{name}}' (names are letters, digits, _): {template!r}"
-        )
-    names = [m.group(0) for m in _TEMPLATE_VAR.finditer(template)]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"PolicyTable key {key!r}: path template names {', '.join(twice)} more than once")
-
-
 def parse_key(key: str) -> tuple[frozenset[str] | None, str]:
     """A table key's methods (None for ``*``) and path template, validated; ConfigError naming the key otherwise."""
     if not isinstance(key, str):
@@ -405,9 +330,23 @@ def parse_key(key: str) -> tuple[frozenset[str] | None, str]:
     parts = key.split()
     if len(parts) != 2:
         raise ConfigError(f"PolicyTable key {key!r} must be 'METHOD /path', e.g. 'POST /pause_generation'")
-    methods = _parse_methods(key, parts[0])
-    _check_template(key, parts[1])
-    return methods, parts[1]
+    text, template = parts
+    methods = None if text == "*" else text.upper().split("|")
+    names, rest = _TEMPLATE_VAR.findall(template), _TEMPLATE_VAR.sub("", template)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    for broken, rule in (  # the first rule broken is the one named
+        (methods is not None and not set(methods) <= HTTP_METHODS,
+         f"method must be one of {', '.join(sorted(HTTP_METHODS))}, several joined by '|', or *, but was {text!r}"),
+        (methods is not None and len(set(methods)) != len(methods), f"method {text!r} names a method twice"),
+        (not template.startswith("/"), f"path template must start with '/', but was {template!r}"),
+        ("?" in template or "#" in template, "path template must be a path without '?query' or '#fragment' "
+         f"(matching ignores the query string, so it could never match), but was {template!r}"),
+        ("{" in rest or "}" in rest, f"path template has an unbalanced or invalid '{{name}}' (names are letters, digits, _): {template!r}"),
+        (bool(twice), f"path template names {', '.join(twice)} more than once"),
+    ):
+        if broken:
+            raise ConfigError(f"PolicyTable key {key!r}: {rule}")
+    return (None if methods is None else frozenset(methods)), template
 
 
 def template_shape(template: str) -> str:
@@ -419,23 +358,17 @@ def _compile_route(key: str, policy: EndpointPolicy) -> _Route:
     methods, template = parse_key(key)
     if not isinstance(policy, EndpointPolicy):
         raise ConfigError(f"PolicyTable[{key!r}] must be an EndpointPolicy, but was {policy!r}")
-    regex, pos = "", 0
-    for m in _TEMPLATE_VAR.finditer(template):
-        regex += re.escape(template[pos : m.start()]) + "[^/]+"
-        pos = m.end()
-    regex += re.escape(template[pos:])
+    regex = "[^/]+".join(re.escape(piece) for piece in _TEMPLATE_VAR.split(template))
     literal = sum(1 for seg in template.split("/") if seg and not _TEMPLATE_VAR.fullmatch(seg))
     return _Route(key, methods, template, re.compile(f"^{regex}/?$"), literal, policy)
 
 
 def _segments_overlap(a: str, b: str) -> bool:
     """Whether two template segments can match the same text."""
-    a_var, b_var = _TEMPLATE_VAR.search(a) is not None, _TEMPLATE_VAR.search(b) is not None
     if _TEMPLATE_VAR.fullmatch(a) or _TEMPLATE_VAR.fullmatch(b):
         return True
-    if not a_var and not b_var:
-        return a == b
-    if a_var and b_var:
+    a_var, b_var = _TEMPLATE_VAR.search(a) is not None, _TEMPLATE_VAR.search(b) is not None
+    if a_var == b_var:  # both literal, or both with variables: alike when equal but for the variables' names
         return _TEMPLATE_VAR.sub("{}", a) == _TEMPLATE_VAR.sub("{}", b)
     pattern, text = (a, b) if a_var else (b, a)
     return re.fullmatch(".+".join(re.escape(p) for p in _TEMPLATE_VAR.split(pattern)), text) is not None
