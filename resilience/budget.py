@@ -15,18 +15,18 @@ process that holds it: an in-memory count would forget every restart.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from resilience.clock import SYSTEM_CLOCK, Clock
-from resilience.errors import ConfigError, finite_number, require
+from resilience.errors import ConfigError, finite_number, integer, require
 from resilience.events import Observer, RestartRecorded, emit
 from resilience.per_engine import PerEngine
 
@@ -112,23 +112,15 @@ class RestartRecord:
     step: int | None = None
 
 
-@dataclass(slots=True)
-class _State:
-    limit: int
-    planned_run_seconds: float
-    restarts: list[RestartRecord] = field(default_factory=list)
-
-
 class RestartBudget:
-    """A run's allowed restarts: record each with its cause, read what is left.
+    """A run's allowed restarts: record each with its cause, read what is left. It never restarts anything.
 
     ``limit`` is the number of restarts the run may take (the seed's
     ``max_global_restart=3``). ``path`` (optional) is a JSON file that keeps
-    the record across the very restarts it counts: it is loaded when it
-    exists and replaced atomically on each record. A corrupt or foreign file
-    raises ``RestartBudgetError``; it is never silently reset.
-    ``planned_run_seconds`` is the planned run length the burn rate is
-    measured against (default 24 h). The budget never restarts anything.
+    the record across the very restarts it counts: loaded when it exists,
+    replaced atomically on each record; a corrupt or foreign file raises
+    ``RestartBudgetError``, never a silent reset. ``planned_run_seconds`` is
+    the planned run length burn rates are measured against (default 24 h).
     """
 
     def __init__(
@@ -140,22 +132,16 @@ class RestartBudget:
         observers: Sequence[Observer] = (),
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise ConfigError(f"RestartBudget.limit must be an integer >= 0, but was {limit!r}")
-        if (
-            not isinstance(planned_run_seconds, (int, float))
-            or isinstance(planned_run_seconds, bool)
-            or not math.isfinite(planned_run_seconds)
-            or planned_run_seconds <= 0
-        ):
-            raise ConfigError(f"RestartBudget.planned_run_seconds must be a finite number > 0, but was {planned_run_seconds!r}")
+        require(integer(limit) and limit >= 0, "RestartBudget", "limit", "an integer >= 0", limit)
+        ok = finite_number(planned_run_seconds) and planned_run_seconds > 0
+        require(ok, "RestartBudget", "planned_run_seconds", "a finite number > 0", planned_run_seconds)
+        self._limit = limit
+        self._planned_run_seconds = planned_run_seconds
         self.path = Path(path) if path is not None else None
         self._observers = tuple(observers)
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
-        self._state = _State(limit=limit, planned_run_seconds=planned_run_seconds)
-        if self.path is not None and self.path.exists():
-            self._state.restarts = self._load(self.path)
+        self._restarts = self._load(self.path) if self.path is not None and self.path.exists() else []
 
     @staticmethod
     def _load(path: Path) -> list[RestartRecord]:
@@ -177,13 +163,7 @@ class RestartBudget:
         for i, entry in enumerate(entries):
             try:
                 step = entry.get("step")
-                records.append(
-                    RestartRecord(
-                        cause=str(entry["cause"]),
-                        at=float(entry["at"]),
-                        step=None if step is None else int(step),
-                    )
-                )
+                records.append(RestartRecord(cause=str(entry["cause"]), at=float(entry["at"]), step=None if step is None else int(step)))
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 raise RestartBudgetError(f"restart budget file {path}: restarts[{i}] is malformed: {exc!r}") from exc
         return records
@@ -194,9 +174,9 @@ class RestartBudget:
         payload = {
             "format": _FORMAT,
             "version": _VERSION,
-            "limit": self._state.limit,
-            "planned_run_seconds": self._state.planned_run_seconds,
-            "restarts": [asdict(r) for r in self._state.restarts],
+            "limit": self._limit,
+            "planned_run_seconds": self._planned_run_seconds,
+            "restarts": [asdict(r) for r in self._restarts],
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
@@ -213,30 +193,28 @@ class RestartBudget:
     @property
     def limit(self) -> int:
         """Restarts the run may take."""
-        return self._state.limit
+        return self._limit
 
     @property
     def planned_run_seconds(self) -> float:
         """The planned run length burn rates are measured against."""
-        return self._state.planned_run_seconds
+        return self._planned_run_seconds
 
     @property
     def records(self) -> tuple[RestartRecord, ...]:
         """Every restart recorded, oldest first (including earlier processes')."""
         with self._lock:
-            return tuple(self._state.restarts)
+            return tuple(self._restarts)
 
     @property
     def used(self) -> int:
         """Restarts recorded so far."""
-        with self._lock:
-            return len(self._state.restarts)
+        return len(self.records)
 
     @property
     def remaining(self) -> int:
         """Restarts left (never negative)."""
-        with self._lock:
-            return max(0, self._state.limit - len(self._state.restarts))
+        return max(0, self._limit - self.used)
 
     @property
     def exhausted(self) -> bool:
@@ -249,14 +227,14 @@ class RestartBudget:
             raise ConfigError("RestartBudget.record: cause must be a non-empty string")
         rec = RestartRecord(cause=cause, at=self._wall_clock(), step=step)
         with self._lock:
-            self._state.restarts.append(rec)
+            self._restarts.append(rec)
             try:
                 self._save()
             except BaseException:
-                self._state.restarts.pop()
+                self._restarts.pop()
                 raise
-            used, limit = len(self._state.restarts), self._state.limit
-        emit(self._observers, RestartRecorded(cause=cause, step=step, used=used, limit=limit))
+            used = len(self._restarts)
+        emit(self._observers, RestartRecorded(cause=cause, step=step, used=used, limit=self._limit))
         return rec
 
     def restore(self, records: Sequence[RestartRecord]) -> int:
@@ -265,20 +243,17 @@ class RestartBudget:
         Nothing is announced (they were announced when they happened); the file, when there is one, is rewritten.
         """
         with self._lock:
-            known = set(self._state.restarts)
+            known = set(self._restarts)
             new = [r for r in records if r not in known]
             if new:
-                self._state.restarts.extend(new)
-                self._state.restarts.sort(key=lambda r: r.at)
+                self._restarts.extend(new)
+                self._restarts.sort(key=lambda r: r.at)
                 self._save()
             return len(new)
 
     def causes(self) -> dict[str, int]:
         """Restarts per cause."""
-        counts: dict[str, int] = {}
-        for rec in self.records:
-            counts[rec.cause] = counts.get(rec.cause, 0) + 1
-        return counts
+        return dict(Counter(rec.cause for rec in self.records))
 
 
 class RetryBudgets:
