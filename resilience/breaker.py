@@ -1,14 +1,7 @@
-"""``CircuitBreaker`` per engine: closed, open, half-open.
+"""``CircuitBreaker`` per engine: closed, open, half-open (when each moves: ``BreakerConfig``).
 
-It opens on ``failure_threshold`` consecutive failures, or when the failure
-rate over the last ``window_size`` calls reaches ``failure_rate_threshold``
-(once ``minimum_calls`` were seen). Open, it fails fast for
-``open_seconds``; then half-open, it lets ``half_open_max_calls`` probes
-through: ``half_open_successes`` successes close it, one failure opens it
-again. Only transport errors and retryable statuses count as failures; a
-4xx is the caller's fault and does not. A call that was refused for its whole
-connect window (``RetryPolicy.connect_window_s``: the engine never accepted a
-connection) opens it at once (``record_unreachable``), whatever the counts.
+Only transport errors and retryable statuses count as failures; a 4xx is the
+caller's fault and does not. Half-open, one failed probe opens it again.
 """
 
 from __future__ import annotations
@@ -70,13 +63,13 @@ class BreakerConfig:
     failure_threshold: int = 5
     """Consecutive failures that open the breaker. 0 = this trigger is off."""
     failure_rate_threshold: float = 0.5
-    """Failure fraction over the window that opens it (0 < x <= 1)."""
+    """Failure fraction over the last ``window_size`` calls that opens it (0 < x <= 1), once ``minimum_calls`` were seen."""
     window_size: int = 20
     """Calls in the count-based sliding window."""
     minimum_calls: int = 10
     """Calls needed in the window before the rate trigger can fire."""
     open_seconds: float = 5.0
-    """How long the breaker stays open before half-open probes."""
+    """How long the breaker stays open (failing fast) before half-open probes."""
     half_open_max_calls: int = 1
     """Probe calls let through at once while half-open."""
     half_open_successes: int = 1
@@ -192,25 +185,27 @@ class CircuitBreaker:
     def _stale(self, permit: Permit | None) -> bool:
         return permit is not None and permit.epoch != self._epoch
 
+    def _probe_done(self) -> None:
+        self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+
     def record_success(self, permit: Permit | None = None) -> None:
         """Count a success (of the call holding ``permit``; a stale permit counts nothing)."""
         if permit is self._closed_permit and self._clean >= self._clean_full and self._state is BreakerState.CLOSED:
             return  # closed, and the window holds only successes: one more changes nothing (no lock taken)
-        event: BreakerTransitioned | None = None
+        pending: list[BreakerTransitioned] = []
         with self._lock:
             if self._stale(permit):
                 pass
             elif self._state is BreakerState.HALF_OPEN:
-                self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+                self._probe_done()
                 self._half_open_ok += 1
                 if self._half_open_ok >= self.config.half_open_successes:
-                    event = self._move(BreakerState.CLOSED, "half-open probes succeeded")
+                    pending.append(self._move(BreakerState.CLOSED, "half-open probes succeeded"))
             else:
                 self._consecutive = 0
                 self._window.append(True)
                 self._clean += 1
-        if event is not None:
-            self._announce((event,))
+        self._announce(pending)
 
     def record_failure(self, permit: Permit | None = None) -> None:
         """Count a failure (transport error or retryable status; a stale ``permit`` counts nothing)."""
@@ -219,7 +214,7 @@ class CircuitBreaker:
             if self._stale(permit):
                 pass
             elif self._state is BreakerState.HALF_OPEN:
-                self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+                self._probe_done()
                 pending.append(self._move(BreakerState.OPEN, "half-open probe failed"))
             elif self._state is BreakerState.CLOSED:
                 self._clean = 0
@@ -249,8 +244,7 @@ class CircuitBreaker:
             if self._stale(permit):
                 pass
             elif self._state is not BreakerState.OPEN:
-                if self._state is BreakerState.HALF_OPEN:
-                    self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+                self._probe_done()  # the count is read only while half-open (and reset on entering it)
                 held = "" if window_s is None else f" for {window_s:g} s"
                 pending.append(self._move(BreakerState.OPEN, f"connections refused{held}: nothing listens"))
         self._announce(pending)
@@ -259,7 +253,7 @@ class CircuitBreaker:
         """Give back a half-open probe slot whose call counted neither way (a 4xx, an interrupted call)."""
         with self._lock:
             if self._state is BreakerState.HALF_OPEN and not self._stale(permit) and (permit is None or permit.probe):
-                self._half_open_in_flight = max(0, self._half_open_in_flight - 1)
+                self._probe_done()
 
     def _maybe_half_open(self) -> Sequence[BreakerTransitioned]:
         if self._state is BreakerState.OPEN and self._clock.monotonic() - self._opened_at >= self.config.open_seconds:
