@@ -1,11 +1,7 @@
 """Errors: ``ConfigError`` for invalid values (with ``require``), and the errors the retry loop raises.
 
-The retry loop's errors carry the attempts taken (``.attempts``: the delivery
-record ``resilience.outcome.attempts_of`` reads) and, where known, the last
-status. They belong to no transport library: each driver raises subclasses
-that are also its library's own exceptions (``resilience.adapters.requests_errors``,
-``httpx_errors``, ``aiohttp_errors``), passed to the loop as ``ErrorTypes``, so
-code written for that library keeps catching what it caught.
+The retry loop's errors belong to no transport library: each driver raises
+subclasses that are also its library's own exceptions (``ErrorTypes``).
 """
 
 from __future__ import annotations
@@ -34,19 +30,14 @@ __all__ = [
 
 
 class ConfigError(ValueError):
-    """An invalid value (policy, policy file, breaker or budget config, deadline, fault plan).
-
-    The one error type for bad input; the message names the field and the rule
-    it broke. A ``ValueError``, so ``except ValueError`` keeps catching it.
-    """
+    """An invalid value (policy, policy file, breaker or budget config, deadline, fault plan): the message names the
+    field and the rule it broke. A ``ValueError``, so ``except ValueError`` keeps catching it."""
 
 
 class ConfigConflict(ConfigError, TypeError):
-    """Arguments that cannot be given together (``session=`` with ``policies=``, ``config=`` with ``breaker=``).
+    """Arguments that cannot be given together (``session=`` with ``policies=``), named in the message.
 
-    The message names every argument in the conflict. A ``ConfigError`` (bad
-    input), and a ``TypeError``, what Python raises for arguments that do not
-    fit a signature, so ``except TypeError`` keeps catching it too.
+    Also a ``TypeError``, what Python raises for arguments that do not fit a signature.
     """
 
 
@@ -71,14 +62,12 @@ def finite_number(value: object) -> bool:
 
 
 class ResilienceError(Exception):
-    """Base of the errors the retry loop raises itself.
+    """Base of the errors the retry loop raises itself; ``str(err)`` is the message alone, and it pickles whole.
 
-    ``endpoint`` is the policy template, ``engine`` the target, ``attempts``
-    the record of every attempt taken (a breaker's refusal included),
-    ``last_status`` the last HTTP status seen (or None), ``last_error`` the
-    last transport error (or None), ``request`` / ``response`` the driver's
-    request and the last response (or None), as requests names them.
-    ``str(err)`` is the message alone; the error pickles with its attributes.
+    ``endpoint`` is the policy template, ``engine`` the target, ``attempts`` the
+    record of every attempt taken (what ``resilience.outcome.attempts_of`` reads),
+    ``last_status`` / ``last_error`` the last HTTP status and transport error,
+    ``request`` / ``response`` the driver's request and last response (or None).
     """
 
     def __init__(
@@ -114,12 +103,8 @@ class CircuitOpen(ResilienceError):
 
 
 class AmbiguousOutcome(ResilienceError):
-    """A non-idempotent request may have been acted on; it was not re-sent.
-
-    The server might have done the work (a read timeout or a connection
-    dropped after sending). Find out from the server's state before
-    repeating it.
-    """
+    """A non-idempotent request may have been acted on (a read timeout, a connection dropped after sending); it was
+    not re-sent. Find out from the server's state before repeating it."""
 
 
 class RetryBudgetExhausted(ResilienceError):
@@ -132,24 +117,18 @@ class RetriesExhausted(ResilienceError):
 
 @dataclass(frozen=True, slots=True)
 class ErrorTypes:
-    """The classes the retry loop raises, one per kind: a driver passes its own subclasses.
+    """The classes the retry loop raises, one per kind: a driver passes its own subclasses (``resilience.adapters.*_errors``).
 
-    Each field defaults to the class of its name, and a replacement must
-    subclass that default, so ``except resilience.DeadlineExceeded`` catches
-    it from every driver while, say, the httpx driver's also is an
-    ``httpx.TimeoutException``. An invalid class raises ``ConfigError`` here.
+    Each field defaults to the class of its name (whose docstring says when it is raised), and a replacement must
+    subclass that default, so ``except resilience.DeadlineExceeded`` catches it from every driver while, say, the
+    httpx driver's also is an ``httpx.TimeoutException``. An invalid class raises ``ConfigError`` here.
     """
 
     deadline_exceeded: type[DeadlineExceeded] = DeadlineExceeded
-    """The call's deadline ended first (default ``DeadlineExceeded``)."""
     circuit_open: type[CircuitOpen] = CircuitOpen
-    """The engine's breaker refused the attempt (default ``CircuitOpen``)."""
     ambiguous: type[AmbiguousOutcome] = AmbiguousOutcome
-    """A non-idempotent call may have been applied (default ``AmbiguousOutcome``)."""
     budget_exhausted: type[RetryBudgetExhausted] = RetryBudgetExhausted
-    """The engine's retry budget is spent (default ``RetryBudgetExhausted``)."""
     retries_exhausted: type[RetriesExhausted] = RetriesExhausted
-    """Every attempt failed and the policy asks for an error (default ``RetriesExhausted``)."""
 
     def __post_init__(self) -> None:
         for field in fields(self):

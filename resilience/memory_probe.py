@@ -1,23 +1,12 @@
 """``MemoryProbe``: where a deployment can prove it, which memory tags are released on an engine right now.
 
-SGLang 0.5.23 has no route that tells which tags are released (the scheduler
-keeps them in ``WeightUpdater.offload_tags``,
-``sglang/srt/managers/scheduler_components/weight_updater.py``), so an
-ambiguous release or resume leaves the barrier and the transport guessing. A
-probe answers from outside the HTTP control plane: NVML's per-process GPU
-memory on the engine's node (``resilience.adapters.nvml``), or the emulator's
-own truth over a side channel (``resilience.testing``).
-
-A probe never guesses: ``None`` means "I know this engine but cannot prove it
-now" (no reading: it is dead, restarting, mid-swap), and the caller then behaves
-as it would without a probe (the barrier quarantines the engine and names it;
-the transport follows its preset). An engine the probe has no way to read at all
-(not among an ``NvmlMemoryProbe``'s engines, a proxy URL an
-``EmulatorMemoryProbe`` has no alias for) is a different answer: ``released_tags``
-raises ``UnknownEngine``, so a mount can refuse to start with a probe that would
-answer None for ever (``covers``; ``SGLangInstrumentor.instrument`` checks every
-engine it is given). Probes are synchronous and quick (a local read); async
-callers may call them directly.
+SGLang 0.5.23 has no route that tells, so a probe answers from outside the HTTP
+control plane (NVML: ``resilience.adapters.nvml``; the emulator's own truth:
+``resilience.testing``); ``docs/failure-and-recovery.md`` says who asks it. A
+probe never guesses: ``None`` means "I know this engine but cannot prove it
+now", and the caller behaves as without a probe; an engine it cannot read at all
+raises ``UnknownEngine`` instead (``covers``). Probes are synchronous and quick
+(a local read); async callers may call them directly.
 """
 
 from __future__ import annotations
@@ -49,10 +38,9 @@ class MemoryProbe(Protocol):
 
 
 def covers(probe: MemoryProbe, engine: str) -> bool:
-    """Whether ``probe`` knows ``engine``: its answer now is a reading or None (no reading), not ``UnknownEngine``.
+    """Whether ``probe`` knows ``engine``: one ``released_tags`` call answers a reading, None or another error, not ``UnknownEngine``.
 
-    One ``released_tags`` call (a local read). Any other error the probe raises
-    counts as known (it may read the engine later), as the callers treat it.
+    Another error counts as known (the probe may read the engine later), as the callers treat it.
     """
     try:
         probe.released_tags(engine)

@@ -1,12 +1,7 @@
 """What attempts and calls mean: ``Outcome``, ``CallOutcome``, ``Delivery``, ``AttemptRecord`` and ``attempts_of``.
 
-A leaf module (standard library only): events, errors, the retry loop and the
-transports all take these values from here. ``classify`` (in
-``resilience.retry.spec``) maps a status or delivery to an ``Outcome``
-under an endpoint's policy. ``attempts_of`` is the one way to read what a
-driver wrote down about a call that raised: whoever needs to know whether a
-failed call may have reached the engine (the barrier) asks it, never the
-exception's library or class.
+A leaf module (standard library only). ``classify`` (``resilience.retry.spec``)
+maps a status or delivery to an ``Outcome`` under an endpoint's policy.
 """
 
 from __future__ import annotations
@@ -81,31 +76,18 @@ class AttemptRecord(NamedTuple):
 def attempts_of(error: BaseException) -> tuple[AttemptRecord, ...] | None:
     """The delivery record a driver wrote for the call that ended with ``error``; None when no driver wrote one.
 
-    Every error a driver of this package raises after at least one attempt,
-    or on a breaker's refusal, carries a non-empty record: on the error
-    (``error.attempts``: the retry loop's errors, the transport's own errors
-    it re-raises, ``SGLangError``), or on the response it carries
-    (``error.response.attempts`` for requests and aiohttp,
-    ``error.response.extensions["attempts"]`` for httpx). An error no driver
-    wrote a record on (a bug in the caller, an error from another library,
-    an interrupt) gives None: what the call did is then unknown. The cause
-    chain is not followed: a record belongs to the error it was written on.
+    The one way to ask whether a failed call may have reached the engine, whatever the exception's library or
+    class. The record is on the error (``error.attempts``) or on the response it carries (``.attempts`` for
+    requests and aiohttp, ``.extensions["attempts"]`` for httpx). None (an error no driver wrote on, an interrupt):
+    what the call did is unknown. The cause chain is not followed.
     """
-    records = _records(getattr(error, "attempts", None))
-    if records is not None:
-        return records
     response = getattr(error, "response", None)
-    if response is None:
-        return None
-    records = _records(getattr(response, "attempts", None))
-    if records is not None:
-        return records
     extensions = getattr(response, "extensions", None)
-    return _records(extensions.get("attempts")) if isinstance(extensions, Mapping) else None
-
-
-def _records(value: object) -> tuple[AttemptRecord, ...] | None:
-    """``value`` when it is a non-empty tuple of ``AttemptRecord``, else None."""
-    if isinstance(value, tuple) and value and all(isinstance(item, AttemptRecord) for item in value):
-        return value
+    for value in (
+        getattr(error, "attempts", None),
+        getattr(response, "attempts", None),
+        extensions.get("attempts") if isinstance(extensions, Mapping) else None,
+    ):
+        if isinstance(value, tuple) and value and all(isinstance(item, AttemptRecord) for item in value):
+            return value
     return None
