@@ -1,9 +1,4 @@
-"""The process-wide testing switch: no backoff sleeps, capped attempts.
-
-``resilience.set_testing(True, attempts=2)`` turns it on until turned off;
-``with resilience.set_testing(True, attempts=2): ...`` turns it on for a block
-and restores what was in force before (as stamina's ``set_testing`` does).
-"""
+"""The process-wide testing switch (``set_testing``, as stamina's): no backoff sleeps, capped attempts."""
 
 from __future__ import annotations
 
@@ -11,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from types import TracebackType
 
-from resilience.errors import ConfigError
+from resilience.errors import integer, require
 
 __all__ = ["TestingMode", "TestingSwitch", "current_testing", "set_testing"]
 
@@ -66,8 +61,7 @@ def set_testing(on: bool = True, *, attempts: int | None = None) -> TestingSwitc
     ignored when ``on`` is False.
     """
     global _mode
-    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1):
-        raise ConfigError(f"set_testing.attempts must be an integer >= 1 or None, but was {attempts!r}")
+    require(attempts is None or (integer(attempts) and attempts >= 1), "set_testing", "attempts", "an integer >= 1 or None", attempts)
     with _lock:
         previous = _mode
         _mode = TestingMode(active=on, attempts=attempts if on else None)

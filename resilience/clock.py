@@ -19,11 +19,9 @@ class Clock(Protocol):
 
     def monotonic(self) -> float:
         """Seconds on a monotonic scale; only differences mean anything."""
-        ...
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` (non-negative)."""
-        ...
 
 
 class SystemClock:

@@ -70,10 +70,6 @@ class Deadline:
             return self
         return Deadline.at(min(self._expires_at, self._clock.monotonic() + seconds), self._clock)
 
-    def child(self, seconds: float | None) -> Deadline:
-        """A deadline of ``seconds`` from now, never later than this one (alias of ``cap``)."""
-        return self.cap(seconds)
-
     def __enter__(self) -> Deadline:
         outer = CURRENT_DEADLINE.get()
         if outer is not None and outer._expires_at < self._expires_at:

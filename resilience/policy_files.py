@@ -1,21 +1,9 @@
-"""Loading policy tables from TOML and YAML.
-
-Schema (TOML shown; YAML has the same shape)::
-
-    [defaults]                      # optional: applied to every endpoint the file adds
-    deadline_s = 60
-
-    [endpoints."POST /pause_generation"]
-    idempotent = true
-    attempt_timeout_s = 10
-    retry = { max_attempts = 5, statuses = [502, 503, 504], base_s = 0.5 }
+"""Loading policy tables from TOML and YAML (the schema, every key shown: ``docs/policy-files.md``).
 
 Unknown keys are rejected; booleans must be true/false (not "false" or "no"),
 numbers numbers, statuses lists of integers; every error names the file, the
 field and the rule it broke. ``[defaults]`` apply only to the endpoints the
-file lists: a file with ``[defaults]`` and no endpoints is rejected, since it
-would apply to nothing (requests no entry matches get
-``EndpointPolicy.for_method``).
+file lists.
 
 Over a base table (``cpr policies --over-sglang``, ``load_policy_file(path,
 base=...)``), an entry whose template and methods match a base entry
