@@ -15,24 +15,6 @@ declares no ``control_rules`` is SGLang-shaped by definition and gets
 ``SGLANG_RULES``. Another kind (vLLM's ``VLLMEngine``) says so with a
 ``control_rules`` attribute holding its table; a third kind writes its
 ``EngineRules`` and does the same.
-
-The memory models, as each kind's source says:
-
-=========================  =============================================  ==============================================
-field                      SGLang 0.5.23                                  vLLM 0.33.0 (``VLLMEngine``)
-=========================  =============================================  ==============================================
-``tags``                   kv_cache, weights, cuda_graph                  weights, kv_cache (``abstract.py`` l.36)
-``release_whole``          no: a release names its tags                   yes: ``/sleep`` sleeps both, whatever is asked
-``flush_before_release``   yes: the scheduler asserts it is idle          no: ``/sleep`` at level >= 1 clears the caches
-``release_pauses``         no                                             yes: ``EngineCore.sleep`` pauses first (l.993)
-``resend``                 no: a second release or a resume of an         yes: a second sleep and a wake of an awake tag
-                           unreleased tag kills it (quarantine instead)   are no-ops (l.400, l.416-422)
-``wake_one_tag``           no: one resume names every tag                 yes: a wake naming a tag not asleep wakes
-                                                                          nothing at all, so one tag per call makes a
-                                                                          re-send exact; weights first (RFC #48310)
-``last_wake_resumes``      no                                             yes: a wake that leaves nothing asleep
-                                                                          resumes scheduling, whoever paused (l.1053)
-=========================  =============================================  ==============================================
 """
 
 from __future__ import annotations
@@ -189,7 +171,7 @@ RESEND_ROUNDS: Final = 2
 
 @dataclass(frozen=True, slots=True)
 class MemoryModel:
-    """One engine kind's memory semantics (the module's table gives each kind's values); the defaults are SGLang's."""
+    """One engine kind's memory semantics; the defaults are SGLang's (``SGLANG_MEMORY``)."""
 
     kind: str
     tags: tuple[str, ...] = ALL_TAGS
@@ -230,20 +212,20 @@ class MemoryModel:
 
 
 SGLANG_MEMORY: Final = MemoryModel("sglang")
-"""SGLang 0.5.23: what the barrier always did."""
+"""SGLang 0.5.23: a release names its tags and needs an idle scheduler; a second release, or a resume of a tag not
+released, kills the engine (so an ambiguous one is quarantined, not re-sent); one resume names every tag."""
 
 VLLM_MEMORY: Final = MemoryModel(
     kind="vllm",
-    tags=("weights", "kv_cache"),
-    release_whole=True,
-    flush_before_release=False,
-    release_pauses=True,
-    resend=True,
-    wake_one_tag=True,
-    last_wake_resumes=True,
+    tags=("weights", "kv_cache"),  # v1/executor/abstract.py l.36
+    release_whole=True,  # /sleep sleeps both tags, whatever is asked
+    flush_before_release=False,  # /sleep at level >= 1 clears the caches
+    release_pauses=True,  # EngineCore.sleep pauses first (v1/engine/core.py l.993)
+    resend=True,  # a second sleep and a wake of an awake tag are no-ops (abstract.py l.400, l.416-422)
+    wake_one_tag=True,  # a wake naming a tag not asleep wakes nothing: one tag per call makes a re-send exact (RFC #48310)
+    last_wake_resumes=True,  # a wake that leaves nothing asleep resumes scheduling, whoever paused (core.py l.1053)
 )
-"""vLLM 0.33.0 driven through ``resilience.adapters.vllm.VLLMEngine`` (``v1/engine/core.py`` l.993-1055,
-``v1/executor/abstract.py`` l.400-422)."""
+"""vLLM 0.33.0 driven through ``resilience.adapters.vllm.VLLMEngine``."""
 
 MEMORY_MODELS: Final[Mapping[str, MemoryModel]] = {m.kind: m for m in (SGLANG_MEMORY, VLLM_MEMORY)}
 """Every memory model, by kind (what a journal's ``kind`` names)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import itertools
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -385,13 +386,12 @@ def _routes_overlap(a: _Route, b: _Route) -> bool:
 
 
 def _reject_overlaps(routes: tuple[_Route, ...]) -> None:
-    for i, a in enumerate(routes):
-        for b in routes[i + 1 :]:
-            if _routes_overlap(a, b):
-                raise ConfigError(
-                    f"PolicyTable keys {a.key!r} and {b.key!r} overlap: a request can match both with equal precedence, "
-                    "so which policy applies would depend on their order; merge them or split their methods"
-                )
+    for a, b in itertools.combinations(routes, 2):
+        if _routes_overlap(a, b):
+            raise ConfigError(
+                f"PolicyTable keys {a.key!r} and {b.key!r} overlap: a request can match both with equal precedence, "
+                "so which policy applies would depend on their order; merge them or split their methods"
+            )
 
 
 class PolicyTable:
@@ -411,12 +411,8 @@ class PolicyTable:
         default: Callable[[str], EndpointPolicy] = EndpointPolicy.for_method,
     ) -> None:
         self._entries = dict(entries or {})
-        self._routes = tuple(
-            sorted(
-                (_compile_route(k, v) for k, v in self._entries.items()),
-                key=lambda r: (-r.literal_segments, r.methods is None),
-            )
-        )
+        routes = [_compile_route(k, v) for k, v in self._entries.items()]
+        self._routes = tuple(sorted(routes, key=lambda r: (-r.literal_segments, r.methods is None)))
         _reject_overlaps(self._routes)
         self._default = default
         self._match = functools.lru_cache(maxsize=4096)(self._match_uncached)
