@@ -148,12 +148,9 @@ class CircuitBreaker:
     def admit(self, permit: Permit | None = None) -> Permit | None:
         """Let a call's next attempt through, or None when refused.
 
-        A call holding a ``permit`` of the current period keeps it (its own
-        probe slot, or a closed breaker). Otherwise, as for a new call: a
-        closed breaker lets it in, an open one refuses, a half-open one takes
-        one of ``half_open_max_calls`` probe slots. So a call let in while
-        closed that is still retrying after the breaker went half-open needs a
-        probe slot like any other call.
+        A ``permit`` of the current period is kept. Otherwise, as for a new call: closed lets it in, open
+        refuses, half-open takes one of ``half_open_max_calls`` probe slots (a call let in while closed and
+        still retrying after the breaker went half-open needs one too).
         """
         with self._lock:
             pending = self._maybe_half_open()
@@ -175,9 +172,7 @@ class CircuitBreaker:
     def admit_closed(self) -> Permit | None:
         """``admit()`` for a new call when the breaker is closed (the same permit), else None with nothing changed.
 
-        A call's first admission asks this (``RetryCall.next_step``): a
-        breaker that is not closed is left to ``admit``, which may refuse the
-        call or hand it a half-open probe slot.
+        A call's first admission asks this (``RetryCall.next_step``), then ``admit`` when it got None.
         """
         permit = self._closed_permit  # read without the lock: a move in between changes the epoch, and then None
         return permit if self._state is BreakerState.CLOSED and permit.epoch == self._epoch else None

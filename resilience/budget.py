@@ -1,15 +1,10 @@
 """Budgets: ``RetryBudget`` (retries per engine) and ``RestartBudget`` (restarts per run).
 
-``RetryBudget`` is a token bucket in the spirit of gRPC retry throttling and
-Finagle's RetryBudget: every logical call deposits ``ratio`` tokens, every
-retry withdraws one, and a floor of ``min_retries_per_second`` refills with
-time so that a quiet control plane can still retry. It stops retry storms
-against a dead engine.
-
-``RestartBudget`` counts a training run's allowed global restarts. Its record
-(cause, wall time, step per restart) persists to a JSON file the user names,
-replaced atomically, because the global restart it counts re-initialises the
-process that holds it: an in-memory count would forget every restart.
+``RetryBudget`` is a token bucket after gRPC retry throttling and Finagle's
+RetryBudget (each call deposits, each retry withdraws one token): it stops
+retry storms against a dead engine. ``RestartBudget`` keeps its record in a
+file, because the global restart it counts re-initialises the process that
+holds it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``PerEngine``: one value per engine (a breaker, a budget), made on first lookup; a leaf module.
 
-The retry core looks an engine's breaker and budget up on every call, so the
-lookup is a plain subscript (``per_engine[engine]``: no method call when the
-engine is known); only the first lookup of an engine takes the lock and
-makes its value.
+The retry core looks them up on every call, so a known engine's lookup is a
+plain subscript; only an engine's first lookup takes the lock.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from resilience._files import read_data_file
 from resilience.errors import ConfigError
@@ -26,7 +26,8 @@ from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy, parse_ke
 __all__ = ["load_policy_file", "table_from_dict"]
 
 _RETRY_FIELDS = {f.name for f in dataclasses.fields(RetryPolicy)}
-_ENDPOINT_FIELDS = {f.name for f in dataclasses.fields(EndpointPolicy)} - {"retry"}
+_ENDPOINT_FIELDS = {f.name for f in dataclasses.fields(EndpointPolicy)}
+_Policy = TypeVar("_Policy", RetryPolicy, EndpointPolicy)
 
 
 def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
@@ -35,43 +36,33 @@ def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
 
 
-def _fields_of(value: Any) -> dict[str, Any]:
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-
-
-def _retry_from(data: Any, start: RetryPolicy, where: str) -> RetryPolicy:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}.retry must be a table/mapping, but was {data!r}")
-    _check_keys(data, _RETRY_FIELDS, f"{where}.retry")
+def _replace(policy: _Policy, data: Mapping[str, Any], where: str) -> _Policy:
+    """``policy`` with the fields ``data`` names (unnamed ones keep their value, an ``UnnamedSeconds`` too)."""
     try:
-        return RetryPolicy(**{**_fields_of(start), **data})
+        return dataclasses.replace(policy, **data)
     except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"{where}.retry: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _endpoint_from(data: Any, defaults: Mapping[str, Any], where: str, start: EndpointPolicy | None = None) -> EndpointPolicy:
     """An entry's policy: ``start`` (a base entry it overrides) or the defaults, then the fields it names."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where} must be a table/mapping, but was {data!r}")
-    _check_keys(data, _ENDPOINT_FIELDS | {"retry"}, where)
-    if start is None:
-        merged: dict[str, Any] = {**defaults, **data}
-        if isinstance(defaults.get("retry"), Mapping) and isinstance(data.get("retry"), Mapping):
-            merged["retry"] = {**defaults["retry"], **data["retry"]}
-        base = EndpointPolicy()
-    else:
-        merged = dict(data)
-        base = start
+    _check_keys(data, _ENDPOINT_FIELDS, where)
+    merged: dict[str, Any] = dict(data) if start is not None else {**defaults, **data}
+    if start is None and isinstance(defaults.get("retry"), Mapping) and isinstance(data.get("retry"), Mapping):
+        merged["retry"] = {**defaults["retry"], **data["retry"]}
     if merged.get("on_ambiguous", "raise") != "raise":
         raise ConfigError(
             f"{where}.on_ambiguous must be 'raise' in a file (probes are Python callables), but was {merged['on_ambiguous']!r}"
         )
-    retry = _retry_from(merged.pop("retry"), base.retry, where) if "retry" in merged else base.retry
-    fields = _fields_of(base) if start is not None else {}
-    try:
-        return EndpointPolicy(**{**fields, **merged, "retry": retry})
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    base = start or EndpointPolicy()
+    if "retry" in merged:
+        if not isinstance(merged["retry"], Mapping):
+            raise ConfigError(f"{where}.retry must be a table/mapping, but was {merged['retry']!r}")
+        _check_keys(merged["retry"], _RETRY_FIELDS, f"{where}.retry")
+        merged["retry"] = _replace(base.retry, merged["retry"], f"{where}.retry")
+    return _replace(base, merged, where)
 
 
 def _key(methods: frozenset[str] | None, template: str) -> str:
@@ -127,7 +118,7 @@ def table_from_dict(data: Mapping[str, Any], *, source: str = "policy", base: Po
     defaults = data.get("defaults", {})
     if not isinstance(defaults, Mapping):
         raise ConfigError(f"{source}: defaults must be a table/mapping")
-    _check_keys(defaults, _ENDPOINT_FIELDS | {"retry"}, f"{source}: defaults")
+    _check_keys(defaults, _ENDPOINT_FIELDS, f"{source}: defaults")
     endpoints = data.get("endpoints", {})
     if not isinstance(endpoints, Mapping):
         raise ConfigError(f"{source}: endpoints must be a table/mapping")
