@@ -123,11 +123,8 @@ def engine_name(engine: object) -> str:
 
 
 class EngineDied(ConnectionError):
-    """The engine (or the actor holding it) is gone: it will not answer again.
-
-    The call that saw it may still have run (Ray says so of a dead actor), so
-    the facts it touches are unknown.
-    """
+    """The engine (or the actor holding it) is gone: it will not answer again. The call that saw it may still have
+    run (Ray says so of a dead actor), so the facts it touches are unknown."""
 
 
 class EngineUnavailable(ConnectionError):
@@ -371,9 +368,8 @@ KNOWLEDGE_NEEDS: Final[Mapping[ControlMethod, Needs]] = {
     "resume_memory_occupation": lambda k, tags: all(k.may_resume(t) for t in tags),
     "continue_generation": lambda k, _tags: k.may_continue(),
 }
-"""Each control call's precondition as the one knowledge model states it (what ``may_*`` says, for each tag named):
-the ``needs`` of every row of ``SGLANG_RULES`` and ``VLLM_RULES``. The kinds differ in what the knowledge makes of a
-call (their ``MemoryModel``), not in these questions."""
+"""Each control call's precondition as the one knowledge model states it: the ``needs`` of every row of both tables (the
+kinds differ in their ``MemoryModel``, not in these questions)."""
 
 
 def _rules(kind: str, rows: Mapping[ControlMethod, tuple[str, OnAmbiguous, str]], **table: Any) -> EngineRules:
@@ -463,12 +459,8 @@ VLLM_RULES: Final = _rules(
 
 
 def rules_of(engine: object) -> EngineRules:
-    """The table of ``engine``'s kind: its ``control_rules`` attribute; anything but an ``EngineRules`` there is refused.
-
-    An engine without ``control_rules`` gets ``SGLANG_RULES``: the contract's five calls are SGLang's routes, so an
-    engine that declares no kind is an SGLang-shaped one by the contract's own terms (the SGLang clients, Ray's
-    engines, test fakes). Every other kind declares its table (``VLLMEngine.control_rules = VLLM_RULES``).
-    """
+    """The table of ``engine``'s kind: its ``control_rules`` attribute (anything but an ``EngineRules`` there is refused),
+    else ``SGLANG_RULES`` (the module docstring says why)."""
     table = getattr(engine, "control_rules", None)
     if table is None:
         return SGLANG_RULES

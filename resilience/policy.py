@@ -90,10 +90,7 @@ def _status_set(owner: str, name: str, value: object) -> frozenset[int]:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """When and how long to wait before another attempt.
-
-    The policy object is a value: reuse it across calls and threads freely.
-    """
+    """When and how long to wait before another attempt; a value, reusable across calls and threads."""
 
     max_attempts: int = 4
     """Attempts that may reach the server, the first included. 1 = never re-send.
@@ -197,11 +194,9 @@ class EndpointPolicy:
     A named deadline caps each attempt; the default one only stops starting
     retries when the caller gave its own timeout. None = no policy deadline."""
     retry_statuses_if_not_idempotent: bool = False
-    """On a non-idempotent endpoint, treat the retry statuses (502/503/504) as retryable anyway.
+    """On a non-idempotent endpoint, treat the retry statuses (502/503/504) as retryable anyway. Default False.
 
-    An explicit trade-off: a 502 from a front end that never handed the request
-    on is safe to repeat, one given after handing it on is not. Default False.
-    """
+    A trade-off: a 502 from a front end that never handed the request on is safe to repeat, one after is not."""
     on_ambiguous: Literal["raise"] | Probe = "raise"
     """What to do when a non-idempotent attempt may have been applied: ``"raise"`` (``AmbiguousOutcome``) or a probe.
 
@@ -209,9 +204,8 @@ class EndpointPolicy:
     endpoint when it is not idempotent, before anything is re-sent; its
     "unknown" then falls back to ``retry_statuses_if_not_idempotent``."""
     raise_on_exhausted: bool = False
-    """After the last attempt got a retryable status.
-
-    False = return that response (as plain requests does), True = raise ``RetriesExhausted``."""
+    """After the last attempt got a retryable status: False = return that response (as requests does), True = raise
+    ``RetriesExhausted``."""
     accept_statuses: frozenset[int] = frozenset()
     """Non-2xx statuses that count as success for this endpoint (e.g. 404 for an idempotent delete)."""
 
@@ -223,14 +217,10 @@ class EndpointPolicy:
             value = getattr(self, name)
             _require(value is None or (finite_number(value) and value > 0), owner, name, "a number > 0 or None", value)
         # an unnamed attempt timeout is simply capped by a shorter deadline; a named one above the deadline is a mistake
-        if self.attempt_timeout_s is not None and self.deadline_s is not None and self.named("attempt_timeout_s"):
-            _require(
-                self.attempt_timeout_s <= self.deadline_s,
-                owner,
-                "attempt_timeout_s",
-                f"<= deadline_s ({self.deadline_s}{'' if self.named('deadline_s') else ', its default: name a longer one'})",
-                self.attempt_timeout_s,
-            )
+        limit, deadline = self.attempt_timeout_s, self.deadline_s
+        if limit is not None and deadline is not None and self.named("attempt_timeout_s"):
+            unnamed = "" if self.named("deadline_s") else ", its default: name a longer one"
+            _require(limit <= deadline, owner, "attempt_timeout_s", f"<= deadline_s ({deadline}{unnamed})", limit)
         probe = self.on_ambiguous
         _require(probe == "raise" or callable(probe), owner, "on_ambiguous", "'raise' or a probe callable", probe)
         object.__setattr__(self, "accept_statuses", _status_set(owner, "accept_statuses", self.accept_statuses))
@@ -243,9 +233,8 @@ class EndpointPolicy:
 
     def __eq__(self, other: object) -> bool:
         """Field by field, and a named value never equals the same number left unnamed (they decide differently)."""
-        if other.__class__ is not self.__class__:
+        if other.__class__ is not self.__class__ or not isinstance(other, EndpointPolicy):
             return NotImplemented
-        assert isinstance(other, EndpointPolicy)
         return _compared(self) == _compared(other)
 
     def __hash__(self) -> int:
@@ -253,12 +242,8 @@ class EndpointPolicy:
 
     @classmethod
     def for_method(cls, method: str) -> EndpointPolicy:
-        """The default for a request no table entry matches.
-
-        Idempotent methods (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) are retried
-        on 502/503/504 and transport errors; POST and PATCH only on failures
-        before sending.
-        """
+        """The default for a request no table entry matches: ``EndpointPolicy()`` for an idempotent method
+        (``IDEMPOTENT_METHODS``), else ``EndpointPolicy(idempotent=False)`` (retried only on failures before sending)."""
         return _DEFAULT_IDEMPOTENT if method.upper() in IDEMPOTENT_METHODS else _DEFAULT_UNSAFE
 
 
