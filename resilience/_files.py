@@ -1,8 +1,6 @@
 """Reading TOML, YAML and JSON files into plain data: one loader for policy files and fault plans.
 
-The format is chosen by the file's suffix; pyyaml is imported only for YAML.
-Every error is the caller's ``error`` type (a ``ConfigError``) and names the
-file, so a bad file reads the same whatever kind of file it is.
+The format is chosen by the file's suffix (pyyaml is imported only for YAML); every error names the file.
 """
 
 from __future__ import annotations
@@ -34,9 +32,8 @@ def read_data_file(
 ) -> Any:
     """The parsed content of ``path`` (an empty YAML file reads as ``{}``).
 
-    ``what`` names the kind of file in messages ("policy file", "plan");
-    ``suffixes`` are the formats accepted (from ``.toml``, ``.yaml``, ``.yml``,
-    ``.json``); ``error`` is the ``ConfigError`` subclass raised.
+    ``what`` names the kind of file in messages ("policy file", "plan"); ``suffixes`` are the formats accepted (from
+    ``.toml``, ``.yaml``, ``.yml``, ``.json``); ``error`` is the ``ConfigError`` subclass raised.
     """
     p = Path(path)
     allowed = tuple(suffixes)

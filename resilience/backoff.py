@@ -20,12 +20,8 @@ def backoff_delay(
     jitter: float,
     rng: Callable[[], float] = random.random,
 ) -> float:
-    """The wait before retry number ``retry_number`` (1 for the first retry).
-
-    The ceiling is ``min(cap_s, base_s * multiplier**(retry_number - 1))``;
-    ``jitter`` is the fraction of it that is random: 1.0 = full jitter (a
-    uniform draw in [0, ceiling]), 0.0 = no jitter (exactly the ceiling).
-    ``rng`` returns a float in [0, 1).
+    """The wait before retry number ``retry_number`` (1 for the first retry), of ceiling
+    ``min(cap_s, base_s * multiplier**(retry_number - 1))``; the knobs are ``RetryPolicy``'s. ``rng`` returns a float in [0, 1).
     """
     if retry_number < 1:
         raise ValueError(f"retry_number must be >= 1, but was {retry_number}")

@@ -45,12 +45,8 @@ class IllegalTransition(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Permit:
-    """A call's admission by a breaker: the period it was let in, and whether it holds a half-open probe slot.
-
-    Every state change starts a new period (``epoch``). A verdict given with a
-    permit of an older period is stale and changes nothing: the slot it held
-    was already voided when the breaker moved on.
-    """
+    """A call's admission by a breaker: the period it was let in (``epoch``: every state change starts a new one), and
+    whether it holds a half-open probe slot. A verdict given with an older period's permit is stale and changes nothing."""
 
     epoch: int
     probe: bool

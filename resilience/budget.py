@@ -235,8 +235,7 @@ class RestartBudget:
     def restore(self, records: Sequence[RestartRecord]) -> int:
         """Add the restarts in ``records`` that this budget lacks (a journal's copy, after a controller restart); returns how many.
 
-        Nothing is announced (they were announced when they happened); the file, when there is one, is rewritten.
-        """
+        Nothing is announced (they were when they happened); the file, when there is one, is rewritten."""
         with self._lock:
             known = set(self._restarts)
             new = [r for r in records if r not in known]

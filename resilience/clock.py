@@ -11,11 +11,8 @@ __all__ = ["Clock", "FakeClock", "SYSTEM_CLOCK", "SystemClock"]
 
 
 class Clock(Protocol):
-    """A monotonic clock with a sleep that matches it.
-
-    The async retry driver sleeps with the clock's ``asleep(seconds)``
-    coroutine when it has one (both clocks here do), else ``asyncio.sleep``.
-    """
+    """A monotonic clock with a sleep that matches it; the async retry driver sleeps with its ``asleep(seconds)``
+    coroutine when it has one (both clocks here do), else ``asyncio.sleep``."""
 
     def monotonic(self) -> float:
         """Seconds on a monotonic scale; only differences mean anything."""

@@ -1,9 +1,5 @@
-"""``Deadline``: a monotonic time budget shared through a contextvar.
-
-A deadline set by a caller (an orchestrator phase, a user's ``with
-Deadline(5):``) caps every call made inside it: a logical call's own deadline
-is the earlier of its policy's and the one in context.
-"""
+"""``Deadline``: a monotonic time budget shared through a contextvar; a call's deadline is the earlier of its policy's
+and the one in context (an orchestrator phase's, a user's ``with Deadline(5):``)."""
 
 from __future__ import annotations
 
@@ -21,11 +17,9 @@ CURRENT_DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextV
 
 
 class Deadline:
-    """A point on a monotonic clock after which work must stop.
+    """A point on a monotonic clock after which work must stop: ``seconds`` from now, or never for None.
 
-    ``Deadline(seconds)`` ends ``seconds`` from now; ``Deadline(None)`` never
-    ends. Used as a context manager it becomes the current deadline for the
-    block, and is capped by any deadline already in force.
+    Used as a context manager it is the current deadline for the block, capped by any deadline already in force.
     """
 
     __slots__ = ("_clock", "_expires_at", "_token")

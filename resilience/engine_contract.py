@@ -283,17 +283,15 @@ class CallRule:
 
 @dataclass(frozen=True, slots=True)
 class ServingRead:
-    """A read an engine kind answers that can prove the engine serves right now (not paused): how a controller that
-    resumed a journal tells a fresh process (a restart while no controller watched) from the engine the journal knew.
-
-    ``method``: the engine object's method to call (no arguments; a read, safe to send at any time). ``proves_serving``:
-    True when its answer proves the engine is not paused (any other answer, or an error, proves nothing).
-    ``why``: where the rule comes from (the engine's source).
-    """
+    """A read that can prove an engine of a kind serves right now (not paused): how a controller that resumed a journal
+    tells a fresh process (a restart while no controller watched) from the engine the journal knew."""
 
     method: str
+    """The engine object's method to call (no arguments; a read, safe to send at any time)."""
     proves_serving: Callable[[object], bool]
+    """True when its answer proves the engine is not paused (any other answer, or an error, proves nothing)."""
     why: str = ""
+    """Where the rule comes from (the engine's source)."""
 
 
 SUPPORTED: Final[Mapping[str, frozenset[OnAmbiguous]]] = {
@@ -310,17 +308,15 @@ settled by sending the release or resume again. A table's release and resume rul
 
 @dataclass(frozen=True)
 class EngineRules:
-    """One engine kind's table: a ``CallRule`` for every control method the barrier sends.
-
-    ``kind``: the engine kind's name (for messages). ``calls``: method -> its rule, one for each of
-    ``CONTROL_METHODS``. ``source``: the engine version and files the rules were read from. A table
-    that misses a method, or asks for what the knowledge model cannot do (``SUPPORTED``), is refused
-    with a ``ValueError`` naming it.
-    """
+    """One engine kind's table; one that misses a method, or asks for what the knowledge model cannot do
+    (``SUPPORTED``), is refused with a ``ValueError`` naming it."""
 
     kind: str
+    """The engine kind's name (for messages)."""
     calls: Mapping[ControlMethod, CallRule]
+    """Method -> its rule, one for each of ``CONTROL_METHODS``."""
     source: str = ""
+    """The engine version and files the rules were read from."""
     memory: MemoryModel = SGLANG_MEMORY
     """What a release and a resume do to the facts (``MemoryModel``)."""
     serving_read: ServingRead | None = None
