@@ -82,23 +82,13 @@ def _overlay(base: PolicyTable, endpoints: Mapping[str, Any], defaults: Mapping[
         replaced: list[tuple[str, EndpointPolicy]] = []
         for base_key, policy in entries:
             base_methods, base_template = parse_key(base_key)
-            if template_shape(base_template) != template_shape(template):
-                replaced.append((base_key, policy))
-                continue
-            if methods is None:
-                common = base_methods
-            elif base_methods is None:
-                common = methods
-            else:
-                common = base_methods & methods
-            if common is not None and not common:
+            common = base_methods if methods is None else methods if base_methods is None else base_methods & methods  # None: all
+            if template_shape(base_template) != template_shape(template) or common == frozenset():
                 replaced.append((base_key, policy))
                 continue
             replaced.append((_key(common, base_template), _endpoint_from(raw, defaults, where, start=policy)))
-            if base_methods is not None and common is not None and base_methods - common:
-                replaced.append((_key(base_methods - common, base_template), policy))
-            elif base_methods is None and common is not None:
-                replaced.append((base_key, policy))  # the base '*' entry still serves the methods the file does not name
+            if common is not None and common != base_methods:  # the base entry keeps the methods the file does not name
+                replaced.append((base_key if base_methods is None else _key(base_methods - common, base_template), policy))
             covered |= common if common is not None else {"*"}
         entries = replaced
         rest = None if methods is None else methods - covered
