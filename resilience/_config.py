@@ -30,16 +30,14 @@ def current_testing() -> TestingMode:
     return _mode
 
 
+@dataclass(frozen=True, slots=True)
 class TestingSwitch:
     """What ``set_testing`` returns: the mode it replaced, and a context manager that restores it on exit."""
 
-    __slots__ = ("mode", "previous")
-
-    def __init__(self, mode: TestingMode, previous: TestingMode) -> None:
-        self.mode = mode
-        """The mode set."""
-        self.previous = previous
-        """The mode in force before, restored when a ``with`` block ends."""
+    mode: TestingMode
+    """The mode set."""
+    previous: TestingMode
+    """The mode in force before, restored when a ``with`` block ends."""
 
     def __enter__(self) -> TestingMode:
         return self.mode
@@ -48,9 +46,6 @@ class TestingSwitch:
         global _mode
         with _lock:
             _mode = self.previous
-
-    def __repr__(self) -> str:
-        return f"TestingSwitch(mode={self.mode!r}, previous={self.previous!r})"
 
 
 def set_testing(on: bool = True, *, attempts: int | None = None) -> TestingSwitch:

@@ -147,23 +147,19 @@ class EngineState(enum.StrEnum):
     QUARANTINED = "quarantined"
     """Some tags may or may not be released: needs ``reconcile`` or ``retire``."""
     UNSETTLED = "unsettled"
-    """Some tags may or may not be released, on an engine whose release and resume are safe to re-send (vLLM): the next
-    transition settles them by re-sending its call."""
+    """Some tags may or may not be released on a ``resend`` kind (vLLM): the next transition re-sends its call."""
     IN_FLIGHT = "in_flight"
     """A call is still running (past its phase deadline, or its phase is under way)."""
     DEAD = "dead"
     """Stopped answering."""
     JOINING = "joining"
-    """Added (``add``) and not yet in its group's state: no transition covers it, a router keeps it out of rotation
-    (``resilience.barrier.membership``; never a state of the knowledge itself)."""
+    """Added (``add``), not yet in its group's state: no transition covers it, a router keeps it out of rotation."""
     FENCED = "fenced"
-    """Taken out of every transition (a join that failed, partial progress): kept as it is and out of rotation until
-    ``add`` brings it back or ``retire`` ends it (``resilience.barrier.membership``)."""
+    """Out of every transition and of rotation (a join that failed, partial progress) until ``add`` or ``retire``."""
 
 
 RESEND_ROUNDS: Final = 2
-"""How many times a transition re-sends, at once, a release or resume whose effect was ambiguous on a ``resend`` kind
-(then the next transition sends it again)."""
+"""How many times a transition re-sends at once an ambiguous release or resume on a ``resend`` kind (then the next does)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +205,7 @@ class MemoryModel:
 
 
 SGLANG_MEMORY: Final = MemoryModel("sglang")
-"""SGLang 0.5.23: a release names its tags and needs an idle scheduler; a second release, or a resume of a tag not
-released, kills the engine (so an ambiguous one is quarantined, not re-sent); one resume names every tag."""
+"""SGLang 0.5.23 (why each rule: ``SGLANG_RULES``' rows)."""
 
 VLLM_MEMORY: Final = MemoryModel(
     kind="vllm",
