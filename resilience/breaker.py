@@ -183,42 +183,39 @@ class CircuitBreaker:
         """Count a success (of the call holding ``permit``; a stale permit counts nothing)."""
         if permit is self._closed_permit and self._clean >= self._clean_full and self._state is BreakerState.CLOSED:
             return  # closed, and the window holds only successes: one more changes nothing (no lock taken)
-        pending: list[BreakerTransitioned] = []
-        with self._lock:
-            if self._stale(permit):
-                pass
-            elif self._state is BreakerState.HALF_OPEN:
-                self._probe_done()
-                self._half_open_ok += 1
-                if self._half_open_ok >= self.config.half_open_successes:
-                    pending.append(self._move(BreakerState.CLOSED, "half-open probes succeeded"))
-            else:
-                self._consecutive = 0
-                self._window.append(True)
-                self._clean += 1
-        self._announce(pending)
+        self._record(permit, ok=True)
 
     def record_failure(self, permit: Permit | None = None) -> None:
         """Count a failure (transport error or retryable status; a stale ``permit`` counts nothing)."""
+        self._record(permit, ok=False)
+
+    def _record(self, permit: Permit | None, *, ok: bool) -> None:
         pending: list[BreakerTransitioned] = []
         with self._lock:
+            cfg = self.config
             if self._stale(permit):
                 pass
             elif self._state is BreakerState.HALF_OPEN:
                 self._probe_done()
-                pending.append(self._move(BreakerState.OPEN, "half-open probe failed"))
+                if not ok:
+                    pending.append(self._move(BreakerState.OPEN, "half-open probe failed"))
+                else:
+                    self._half_open_ok += 1
+                    if self._half_open_ok >= cfg.half_open_successes:
+                        pending.append(self._move(BreakerState.CLOSED, "half-open probes succeeded"))
+            elif ok:  # closed, or a late answer while open
+                self._consecutive = 0
+                self._window.append(True)
+                self._clean += 1
             elif self._state is BreakerState.CLOSED:
                 self._clean = 0
                 self._consecutive += 1
                 self._window.append(False)
-                cfg = self.config
-                failures = self._window.count(False)
+                failures, seen = self._window.count(False), len(self._window)
                 if cfg.failure_threshold and self._consecutive >= cfg.failure_threshold:
                     pending.append(self._move(BreakerState.OPEN, f"{self._consecutive} consecutive failures"))
-                elif len(self._window) >= cfg.minimum_calls and failures / len(self._window) >= cfg.failure_rate_threshold:
-                    pending.append(
-                        self._move(BreakerState.OPEN, f"failure rate {failures}/{len(self._window)} >= {cfg.failure_rate_threshold}")
-                    )
+                elif seen >= cfg.minimum_calls and failures / seen >= cfg.failure_rate_threshold:
+                    pending.append(self._move(BreakerState.OPEN, f"failure rate {failures}/{seen} >= {cfg.failure_rate_threshold}"))
         self._announce(pending)
 
     def record_unreachable(self, permit: Permit | None = None, *, window_s: float | None = None) -> None:
