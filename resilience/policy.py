@@ -1,10 +1,7 @@
-"""Policies: ``RetryPolicy``, ``EndpointPolicy`` and ``PolicyTable``.
+"""Policies: ``RetryPolicy``, ``EndpointPolicy`` and ``PolicyTable``, frozen values validated when built.
 
-Policies are frozen values, validated when built: an invalid one raises
-``ConfigError`` naming the field and the rule. A ``PolicyTable`` routes
-``METHOD /path/{template}`` to an ``EndpointPolicy``; the matched template is
-the endpoint's name in events, spans and metric labels, so label values stay
-bounded however many raw paths are called.
+The template a ``PolicyTable`` matched names the endpoint in events, spans and
+metric labels, so label values stay bounded however many raw paths are called.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Loading policy tables from TOML and YAML (the schema, every key shown: ``docs/policy-files.md``).
 
 Unknown keys are rejected; booleans must be true/false (not "false" or "no"),
-numbers numbers, statuses lists of integers; every error names the file, the
-field and the rule it broke. ``[defaults]`` apply only to the endpoints the
-file lists.
+numbers numbers; every error names the file, the field and the rule it broke.
 
 Over a base table (``cpr policies --over-sglang``, ``load_policy_file(path,
 base=...)``), an entry whose template and methods match a base entry
@@ -98,10 +96,7 @@ def _overlay(base: PolicyTable, endpoints: Mapping[str, Any], defaults: Mapping[
 
 
 def table_from_dict(data: Mapping[str, Any], *, source: str = "policy", base: PolicyTable | None = None) -> PolicyTable:
-    """Build a ``PolicyTable`` from the parsed file schema; ``source`` prefixes error messages.
-
-    With ``base``, the file's entries override the base entries they match (see the module docstring).
-    """
+    """Build a ``PolicyTable`` from the parsed file schema, over ``base`` if given; ``source`` prefixes error messages."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: top level must be a table/mapping, but was {type(data).__name__}")
     _check_keys(data, {"defaults", "endpoints"}, source)
@@ -130,10 +125,6 @@ def table_from_dict(data: Mapping[str, Any], *, source: str = "policy", base: Po
 
 
 def load_policy_file(path: str | Path, *, base: PolicyTable | None = None) -> PolicyTable:
-    """Load a TOML (``.toml``) or YAML (``.yaml``/``.yml``) policy file into a ``PolicyTable``.
-
-    Errors name the file, field and rule. With ``base``, the file's entries override the base
-    entries they match, changing only the fields they name (see the module docstring).
-    """
+    """Load a TOML (``.toml``) or YAML (``.yaml``/``.yml``) policy file into a ``PolicyTable``, over ``base`` if given."""
     data = read_data_file(path, what="policy file", error=ConfigError)
     return table_from_dict(data, source=str(Path(path)), base=base)
