@@ -301,6 +301,9 @@ SUPPORTED: Final[Mapping[str, frozenset[OnAmbiguous]]] = {
 settled by sending the release or resume again. A table's release and resume rules must agree with its memory model."""
 
 
+_MEMORY_CALLS: Final[tuple[ControlMethod, ...]] = ("release_memory_occupation", "resume_memory_occupation")
+
+
 @dataclass(frozen=True)
 class EngineRules:
     """One engine kind's table; one that misses a method, or asks for what the knowledge model cannot do
@@ -330,7 +333,7 @@ class EngineRules:
                     f"yet (it can: {', '.join(sorted(SUPPORTED[method]))}); see resilience.engine_contract"
                 )
         want = OnAmbiguous.RESEND if self.memory.resend else OnAmbiguous.QUARANTINE
-        for method in ("release_memory_occupation", "resume_memory_occupation"):
+        for method in _MEMORY_CALLS:
             if self.calls[method].on_ambiguous is not want:
                 raise ValueError(
                     f"{self.kind} rules: {method} on_ambiguous={self.calls[method].on_ambiguous} disagrees with its memory model "
@@ -363,14 +366,16 @@ KNOWLEDGE_NEEDS: Final[Mapping[ControlMethod, Needs]] = {
 kinds differ in their ``MemoryModel``, not in these questions)."""
 
 
-def _rules(kind: str, rows: Mapping[ControlMethod, tuple[str, OnAmbiguous, str]], **table: Any) -> EngineRules:
-    """A table whose rows ask ``KNOWLEDGE_NEEDS``: ``rows`` maps each method to (needs_text, on_ambiguous, why);
-    ``continue_generation`` reopens everyone's pause; ``table``: ``EngineRules``' other fields."""
+def _rules(kind: str, rows: Mapping[ControlMethod, tuple[str, str]], memory: MemoryModel = SGLANG_MEMORY, **table: Any) -> EngineRules:
+    """A table whose rows ask ``KNOWLEDGE_NEEDS``: ``rows`` maps each method to (needs_text, why). An ambiguous answer is
+    re-sent, but for a release or resume on a kind without ``resend`` (quarantined: what ``SUPPORTED`` and the memory
+    model allow); ``continue_generation`` reopens everyone's pause; ``table``: ``EngineRules``' other fields."""
+    on_memory = OnAmbiguous.RESEND if memory.resend else OnAmbiguous.QUARANTINE
     calls = {
-        method: CallRule(KNOWLEDGE_NEEDS[method], text, on_ambiguous, reopens_everyone=method == "continue_generation", why=why)
-        for method, (text, on_ambiguous, why) in rows.items()
+        m: CallRule(KNOWLEDGE_NEEDS[m], text, on_memory if m in _MEMORY_CALLS else OnAmbiguous.RESEND, m == "continue_generation", why)
+        for m, (text, why) in rows.items()
     }
-    return EngineRules(kind, calls, **table)
+    return EngineRules(kind, calls, memory=memory, **table)
 
 
 SGLANG_RULES: Final = _rules(
@@ -378,23 +383,19 @@ SGLANG_RULES: Final = _rules(
     {
         "pause_generation": (
             "alive, no call in flight (a pause is safe to repeat)",
-            OnAmbiguous.RESEND,
             "pause_generation on a paused scheduler only pauses it again",
         ),
-        "flush_cache": ("known paused", OnAmbiguous.RESEND, "flush_cache fails while requests run; repeating it is harmless"),
+        "flush_cache": ("known paused", "flush_cache fails while requests run; repeating it is harmless"),
         "release_memory_occupation": (
             "known paused and flushed, not quarantined, each tag known not released",
-            OnAmbiguous.QUARANTINE,
             "the scheduler asserts it is idle; a second release of a tag: torch_memory_saver exit(1)",
         ),
         "resume_memory_occupation": (
             "not quarantined, each tag known released",
-            OnAmbiguous.QUARANTINE,
             "a resume of a tag not released: KeyError in offload_tags.remove, the server dies",
         ),
         "continue_generation": (
             "nothing released or unknown, not known serving, no hold left",
-            OnAmbiguous.RESEND,
             "continue_generation reopens scheduling for every client; onto released memory the next prefill crashes",
         ),
     },
@@ -413,27 +414,19 @@ VLLM_RULES: Final = _rules(
     {
         "pause_generation": (
             "alive, no call in flight (/pause is safe to repeat: the last mode wins)",
-            OnAmbiguous.RESEND,
             "rl/online/api_router.py l.31: pause is one shared state, overwritten (scheduler.py l.3073)",
         ),
-        "flush_cache": (
-            "known paused",
-            OnAmbiguous.RESEND,
-            "/reset_prefix_cache answers success false while blocks are held; repeating it is harmless",
-        ),
+        "flush_cache": ("known paused", "/reset_prefix_cache answers success false while blocks are held; repeating it is harmless"),
         "release_memory_occupation": (
             "known paused, each tag known not released or unknown (a sleep sleeps both tags; no flush needed)",
-            OnAmbiguous.RESEND,
             "core.py l.993: sleep pauses, clears the caches at level >= 1; abstract.py l.400: a second sleep is a no-op",
         ),
         "resume_memory_occupation": (
             "each tag known released or unknown; one tag per call; the last one only with no hold but the offload's",
-            OnAmbiguous.RESEND,
             "abstract.py l.416-422: a tag not asleep makes the whole wake a no-op; core.py l.1053: the last wake resumes",
         ),
         "continue_generation": (
             "nothing released or unknown, not known serving, no hold left",
-            OnAmbiguous.RESEND,
             "core.py l.985/l.2235: /resume reopens scheduling for everyone, even while asleep (no guard)",
         ),
     },
