@@ -1,14 +1,10 @@
 """The engine contract: what an engine is to the barrier, below both the engine clients and the barrier.
 
 Clients (``resilience.adapters.sglang``, ``resilience.adapters.vllm``, Ray's
-engines) implement it; the barrier (``resilience.barrier``) consumes it; it
-imports nothing from either. It holds the five control calls as a ``Protocol``
-(``ControlPlaneEngine``, ``AsyncControlPlaneEngine``), ``PauseMode``, how an
-engine is named (``engine_name``), the states the barrier reports
-(``EngineState``), the errors of an engine gone (``EngineDied``) or out of reach
-(``EngineUnavailable``), and each engine kind's rules table (``EngineRules``:
-a ``CallRule`` per control call, and a ``MemoryModel``), looked up per engine by
-``rules_of``. vLLM's calls and rules in words: ``docs/vllm.md``.
+engines) implement it; the barrier consumes it; it imports nothing from either.
+Each engine kind's rules table (``EngineRules``: a ``CallRule`` per control
+call, and a ``MemoryModel``) is looked up per engine by ``rules_of``; vLLM's in
+words: ``docs/vllm.md``.
 
 The five calls are named after SGLang 0.5.23's HTTP routes, so an engine that
 declares no ``control_rules`` is SGLang-shaped by definition and gets
@@ -233,27 +229,21 @@ class OnAmbiguous(enum.StrEnum):
 
 
 class KnownFacts(Protocol):
-    """What a rule's precondition reads of the barrier's knowledge of one engine (``resilience.barrier.state.EngineKnowledge``)."""
+    """What a rule's precondition reads of one engine: questions ``resilience.barrier.state.EngineKnowledge`` answers."""
 
     @property
-    def reachable(self) -> bool:
-        """Alive, with no call in flight."""
+    def reachable(self) -> bool: ...
 
     @property
-    def holds(self) -> Mapping[int, str]:
-        """The holds on the engine: token -> reason."""
+    def holds(self) -> Mapping[int, str]: ...
 
-    def may_flush(self) -> bool:
-        """A flush may be sent (known paused)."""
+    def may_flush(self) -> bool: ...
 
-    def may_release(self, tag: str) -> bool:
-        """A release of ``tag`` may be sent."""
+    def may_release(self, tag: str) -> bool: ...
 
-    def may_resume(self, tag: str) -> bool:
-        """A resume of ``tag`` may be sent."""
+    def may_resume(self, tag: str) -> bool: ...
 
-    def may_continue(self) -> bool:
-        """A continue may be sent (nothing released or unknown)."""
+    def may_continue(self) -> bool: ...
 
 
 Needs = Callable[[KnownFacts, frozenset[str]], bool]
