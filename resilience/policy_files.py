@@ -72,10 +72,7 @@ def _overlay(base: PolicyTable, endpoints: Mapping[str, Any], defaults: Mapping[
     entries = list(base.entries.items())
     for key, raw in endpoints.items():
         where = f"{source}: endpoints[{key!r}]"
-        try:
-            methods, template = parse_key(key)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+        methods, template = parse_key(key)  # an error here gets its "{source}: " from table_from_dict
         covered: set[str] = set()
         replaced: list[tuple[str, EndpointPolicy]] = []
         for base_key, policy in entries:
