@@ -68,6 +68,7 @@ import asyncio
 import functools
 import math
 import operator
+import time
 import weakref
 from collections.abc import MutableMapping
 from contextvars import ContextVar
@@ -287,11 +288,13 @@ class _Timers:
     off). One per loop (``_timers_of``); only its loop's thread touches it.
     """
 
-    __slots__ = ("_handle", "at", "loop", "timers")
+    __slots__ = ("_handle", "at", "loop", "now", "timers")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = weakref.ref(loop)
         """The loop (weakly: a loop's scheduled handle holds this object, so no strong reference back)."""
+        self.now = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else None
+        """The loop's clock read with no frame of its own (asyncio's ``time()`` returns ``time.monotonic()``); None: call ``loop.time``."""
         self.at = math.inf
         """Where the handle is armed (loop time; ``inf``: not armed). A timer whose limit is earlier calls ``arm``."""
         self._handle: asyncio.TimerHandle | None = None
@@ -356,21 +359,22 @@ class _AttemptTimer:
     __slots__ = ("_cancelling", "_loop", "_read_s", "_send", "_task", "_timers", "expired", "limit_at", "sent")
 
     def __init__(self, request: ClientRequest, connect_s: float | None, read_s: float | None) -> None:
-        task = asyncio.current_task()
+        task = asyncio.current_task(request.loop)
         if task is None:  # a middleware always runs in a task; nothing to cancel on expiry otherwise
             raise RuntimeError("ResilientMiddleware must run inside an asyncio task")
-        self._loop = loop = task.get_loop()
+        self._loop = loop = request.loop  # the task's
         self._task: asyncio.Task[Any] | None = task
         self._read_s = read_s
         self._cancelling = task.cancelling()
         self.expired = False
         self.sent = False
-        self.limit_at = limit_at = None if connect_s is None else loop.time() + connect_s
-        """The loop time at which the attempt times out now (None: no limit)."""
         timers = _LAST_TIMERS  # one loop per thread is the common case: no dictionary lookup then
         if timers is None or timers.loop() is not loop:
             timers = _timers_of(loop)
         self._timers = timers
+        now = timers.now
+        self.limit_at = limit_at = None if connect_s is None else (loop.time() if now is None else now()) + connect_s
+        """The loop time at which the attempt times out now (None: no limit)."""
         timers.timers[self] = None
         if limit_at is not None and limit_at < timers.at:
             timers.arm(loop, limit_at)
@@ -381,7 +385,8 @@ class _AttemptTimer:
         """The request's own ``send``; then the limit becomes ``read_s`` from now."""
         response = await self._send(conn)
         self.sent = True
-        self.limit_at = limit_at = None if self._read_s is None else self._loop.time() + self._read_s
+        now = self._timers.now
+        self.limit_at = limit_at = None if self._read_s is None else (self._loop.time() if now is None else now()) + self._read_s
         if self._task is not None and limit_at is not None and limit_at < self._timers.at:
             self._timers.arm(self._loop, limit_at)
         return response

@@ -171,6 +171,8 @@ Decision = Wait[R] | AskProbe | Return[R] | Raise[R]
 """What ``attempt_done`` and ``probe_answered`` answer."""
 NextStep = Send | Raise[R]
 """What ``next_step`` answers."""
+_new_record = tuple.__new__
+"""Builds an ``AttemptRecord`` from all its fields in one C call (its ``NamedTuple.__new__`` is a Python function more)."""
 NO_HEADERS: dict[str, str] = {}
 """The header carrier of an unobserved attempt: nobody adds to it (drivers only read it)."""
 
@@ -329,7 +331,7 @@ class RetryCall(Generic[R]):
                     _failed(observer, "attempt_ended")
         self.last = result
         self._released = False
-        record = AttemptRecord(n, status, outcome, result.delivery, error_type, duration)
+        record = _new_record(AttemptRecord, (n, status, outcome, result.delivery, error_type, duration, None))  # all 7 fields
         if outcome is Outcome.SUCCESS and self.records is None:  # the common case: one record, no list
             self.ended = True
             if self.breaker is not None:
