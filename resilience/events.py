@@ -52,6 +52,7 @@ __all__ = [
     "TransitionStarted",
     "call_observer",
     "emit",
+    "hearing",
 ]
 
 log = logging.getLogger("resilience.events")
@@ -343,11 +344,20 @@ class CallObserver:
     ``__call__`` (default: ignore) receives every other event (retries,
     refusals, probes, breakers, budgets, barrier transitions) and any
     per-call event another producer emits as an object. The core calls an
-    observer only when one is attached, and logs (never raises) what one
-    raises.
+    observer only when one is attached, and only for the moments it
+    ``hears``, and logs (never raises) what one raises.
     """
 
     __slots__ = ()
+
+    def hears(self, moment: str) -> bool:
+        """Whether the per-call method named ``moment`` does anything (default True); asked once, when a ``Retrier`` is built.
+
+        An observer whose method for a moment does nothing answers False, and
+        the core does not call it then (nor works out that moment's values
+        when no observer hears it).
+        """
+        return True
 
     def __call__(self, event: Event) -> None:
         """Every moment not announced through the per-call methods; default: ignore it."""
@@ -422,6 +432,12 @@ class _Events(CallObserver):
 
     def __repr__(self) -> str:
         return f"call_observer({self._fn!r})"
+
+
+def hearing(observers: tuple[CallObserver, ...]) -> tuple[tuple[CallObserver, ...], ...]:
+    """For ``call_started``, ``attempt_started``, ``attempt_ended`` and ``call_ended``, in order: the observers that hear it."""
+    moments = ("call_started", "attempt_started", "attempt_ended", "call_ended")
+    return tuple(tuple(o for o in observers if o.hears(moment)) for moment in moments)
 
 
 def call_observer(observer: Observer) -> CallObserver:

@@ -384,6 +384,10 @@ class MetricsObserver(Dispatcher):
 
     # -- handlers ------------------------------------------------------------------
 
+    def hears(self, moment: str) -> bool:
+        """``attempt_ended`` and ``call_ended``: the other two count nothing."""
+        return moment in ("attempt_ended", "call_ended")
+
     def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
         """Nothing to count."""
 

@@ -117,7 +117,7 @@ from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_tim
 __all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Wait"]
 
 R = TypeVar("R")
-_call_ids = itertools.count(1)
+_next_call_id = itertools.count(1).__next__
 log = logging.getLogger("resilience.retry")
 _events_log = logging.getLogger("resilience.events")
 _INF = math.inf
@@ -189,7 +189,7 @@ class RetryCall(Generic[R]):
 
     __slots__ = (
         "_flight_started", "_in_flight", "_next", "_released", "_unreachable", "_warned", "breaker", "budget", "call_id", "clock",
-        "ended", "errors", "hard_at", "last", "observers", "permit", "records", "rng", "spec", "started", "window_at",
+        "ended", "errors", "hard_at", "hearing", "last", "observers", "permit", "records", "rng", "spec", "started", "window_at",
         "window_only",
     )
 
@@ -199,6 +199,7 @@ class RetryCall(Generic[R]):
         breakers: BreakerRegistry | None,
         budgets: RetryBudgets | None,
         observers: tuple[CallObserver, ...],
+        hearing: tuple[tuple[CallObserver, ...], ...],
         clock: Clock,
         rng: Callable[[], float],
         errors: ErrorTypes,
@@ -207,6 +208,8 @@ class RetryCall(Generic[R]):
         self.breaker = None if breakers is None else breakers.by_engine[spec.engine]
         self.budget = budget = None if budgets is None else budgets.by_engine[spec.engine]
         self.observers = observers
+        self.hearing = hearing
+        """Per moment (``call_started``, ``attempt_started``, ``attempt_ended``, ``call_ended``), the observers that hear it."""
         self.clock = clock
         self.rng = rng
         self.errors = errors
@@ -235,10 +238,12 @@ class RetryCall(Generic[R]):
         self.call_id = 0
         """Announced with every event of the call (0 when nobody observes)."""
         if observers:
-            self.call_id = next(_call_ids)
-            deadline_s = None if window_at == _INF else max(0.0, window_at - clock.monotonic())
-            call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
-            for observer in observers:
+            self.call_id = call_id = _next_call_id()
+        if hearing[0]:
+            left = window_at - now  # seconds the whole call may take from its start (an outer deadline may have passed)
+            deadline_s = None if window_at == _INF else (left if left > 0 else 0.0)
+            method, endpoint, engine = spec.method, spec.match.endpoint, spec.engine
+            for observer in hearing[0]:
                 try:
                     observer.call_started(call_id, method, endpoint, engine, deadline_s)
                 except Exception:  # an observer must never break a control call
@@ -298,7 +303,7 @@ class RetryCall(Generic[R]):
             headers = {}
             call_id, method, endpoint, engine, timeout_s = self.call_id, spec.method, spec.match.endpoint, spec.engine, timeouts[1]
             address, port = spec.server_address, spec.server_port
-            for observer in self.observers:
+            for observer in self.hearing[1]:
                 try:
                     observer.attempt_started(call_id, n, method, endpoint, engine, address, port, timeout_s, headers)
                 except Exception:
@@ -320,11 +325,11 @@ class RetryCall(Generic[R]):
         status = result.status
         outcome = classify(policy, status=status, delivery=result.delivery, retry_after=result.retry_after)
         error_type = type(result.error).__qualname__ if result.error is not None else None
-        if self.observers:
+        if self.hearing[2]:
             shown = error_type or (str(status) if outcome is not Outcome.SUCCESS else None)  # a failed status names itself
             sent = result.delivery is not Delivery.NOT_SENT
             call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
-            for observer in self.observers:
+            for observer in self.hearing[2]:
                 try:
                     observer.attempt_ended(call_id, n, method, endpoint, engine, status, outcome, shown, sent, duration)
                 except Exception:
@@ -336,7 +341,7 @@ class RetryCall(Generic[R]):
             self.ended = True
             if self.breaker is not None:
                 self.breaker.record_success(self.permit)  # as ``_record_breaker`` decides for a success
-            if self.observers:
+            if self.hearing[3]:
                 self._announce_end(CallOutcome.SUCCESS, None)
             assert result.response is not None
             return Return(result.response, (record,))
@@ -636,7 +641,7 @@ class RetryCall(Generic[R]):
     def _end(self, outcome: CallOutcome, error_type: str | None, *, neutral: bool = False) -> None:
         self.ended = True
         self._record_breaker(outcome, neutral)
-        if self.observers:
+        if self.hearing[3]:
             self._announce_end(outcome, error_type)
 
     def _announce_end(self, outcome: CallOutcome, error_type: str | None) -> None:
@@ -647,7 +652,7 @@ class RetryCall(Generic[R]):
         tokens = self.budget.tokens if self.budget is not None else None  # the balance after the call
         spec = self.spec
         call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
-        for observer in self.observers:
+        for observer in self.hearing[3]:
             try:
                 observer.call_ended(call_id, method, endpoint, engine, outcome, status, attempts, duration, error_type, tokens)
             except Exception:

@@ -30,7 +30,7 @@ from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
-from resilience.events import Observer, call_observer
+from resilience.events import Observer, call_observer, hearing
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
 from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
@@ -75,7 +75,8 @@ class Retrier:
         self.clock = clock
         self.rng = rng
         self.error_types = error_types if error_types is not None else ErrorTypes()
-        self._parts = (breakers, budgets, tuple(call_observer(o) for o in self.observers), clock, rng, self.error_types)
+        calls = tuple(call_observer(o) for o in self.observers)
+        self._parts = (breakers, budgets, calls, hearing(calls), clock, rng, self.error_types)
         """What each ``RetryCall`` is built with after its spec (the observers as ``CallObserver``s: a plain callable wrapped)."""
 
     @classmethod
