@@ -178,13 +178,11 @@ NO_HEADERS: dict[str, str] = {}
 
 
 class RetryCall(Generic[R]):
-    """One logical call's state; build it with ``Retrier.begin(spec)`` (which hands it the ``Retrier``'s parts).
+    """One logical call's state, built with the ``Retrier``'s parts (``Retrier.begin(spec)``); one driver steps it.
 
-    Not thread-safe on its own: one driver steps one call. The breaker, budget,
-    observers, clock, random source and error classes are the ``Retrier``'s.
     Building it starts the call: its deadlines (clock readings: ``hard_at``
     caps every attempt, no retry starts past ``window_at``; ``inf`` = never),
-    a deposit in the budget, ``CallStarted`` when observed.
+    a deposit in the budget, ``call_started`` when heard.
     """
 
     __slots__ = (
@@ -371,12 +369,8 @@ class RetryCall(Generic[R]):
         return ProbeContext(spec.method, url, spec.match.endpoint, spec.engine, self._next, result.error, result.status, spec.body)
 
     def probe_answered(self, answer: object, on_done: Callable[[], R] | None = None) -> Decision[R]:
-        """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown).
+        """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown): the module's "Ambiguity".
 
-        "done" returns as applied, "not done" re-sends (while attempts are left).
-        "unknown" after an ambiguous failure raises ``AmbiguousOutcome``; after a
-        gateway status it does what the endpoint does without a probe: re-send
-        when ``retry_statuses_if_not_idempotent``, else hand the status back.
         ``on_done`` builds the response to return when the answer is "done"
         (the driver's stand-in for the lost answer; called only then); without
         one, "done" cannot be returned and ends as ambiguous.
@@ -474,10 +468,9 @@ class RetryCall(Generic[R]):
             emit(self.observers, event)
 
     def _exhausted(self) -> bool:
-        """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` sent attempts.
+        """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` (the module's "Attempts").
 
-        Failures before sending do not count while a deadline bounds the call,
-        except in testing mode (no sleeps: they would spin until the deadline).
+        Testing mode counts failures before sending too (no sleeps: they would spin until the deadline).
         """
         if not self.spec.replayable:
             return True
@@ -506,13 +499,10 @@ class RetryCall(Generic[R]):
     def _next_delay(self, reason: str) -> float | Raise[R] | None:
         """The backoff before the next attempt, once the deadline and the retry budget allow it; announced.
 
-        None when the next wait would pass the default retry window (not a hard
-        deadline), when a call that never connected would start its next
-        attempt past ``connect_window_s``, or when the deadline or the retry
-        budget stops a call whose last attempt never left (a refusal): the call then ends as exhausted,
-        as plain requests would, with the response or the transport's own error
-        (a refusal stays a connection error, so nobody mistakes a dead engine
-        for a slow one; the budget still announces itself as an event).
+        None (the call ends as exhausted, as plain requests would: the module's
+        "Attempts") when the wait would pass a window that only bounds retries,
+        ``connect_window_s`` of a call never connected, or, after a refusal,
+        the deadline or the retry budget (which still announces itself).
         """
         spec = self.spec
         result = self.last
@@ -613,12 +603,9 @@ class RetryCall(Generic[R]):
         return Raise(exc, discard=None if self._released else response)
 
     def _record_breaker(self, outcome: CallOutcome, neutral: bool) -> None:
-        """One verdict per logical call: retries that absorbed a failure do not count against the engine.
+        """One verdict per logical call (the module's "Breaker"): a success, unreachable, a failure, or neutral.
 
-        A success closes the count; a call refused for its whole connect
-        window opens the breaker at once (``record_unreachable``); a call that
-        ended on other transport errors or retryable statuses is a failure; a
-        fatal status (4xx, 500), the breaker's own refusal and an exception
+        A fatal status (4xx, 500), the breaker's own refusal and an exception
         outside the transport are neutral: the slot goes back.
         """
         breaker, permit = self.breaker, self.permit
