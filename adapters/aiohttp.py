@@ -523,7 +523,8 @@ class ResilientMiddleware(ConfigViews):
         # one per session.request() call, shared by aiohttp's re-runs of it (client.py builds each re-run's ClientRequest with
         # the same ``timer=``); no public attribute tells a re-run apart, so ``_aiohttp_compat`` checks this one at import
         timer = request._timer  # ``_aiohttp_compat`` checks that ``ClientRequest.__init__`` sets it
-        given_up = _GIVEN_UP.get()
+        rerun = method in IDEMPOTENT_METHODS  # the only requests aiohttp re-runs
+        given_up = _GIVEN_UP.get() if rerun else None
         if given_up is not None:
             _GIVEN_UP.set(None)
             if timer is not None and given_up[0] is timer:
@@ -541,7 +542,7 @@ class ResilientMiddleware(ConfigViews):
                 spec, attempt, discard=_discard, on_probe_done=probe_done, never_sent=_never_sent_unretried
             )
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
+            if timer is not None and rerun and not isinstance(exc, aiohttp.ClientConnectorError):
                 _GIVEN_UP.set((timer, exc))
             raise
         response.attempts = records  # type: ignore[attr-defined]
