@@ -224,8 +224,8 @@ class TracingObserver(Dispatcher):
     # -- logical calls -----------------------------------------------------------
 
     def hears(self, moment: str) -> bool:
-        """Every moment; with a provider that makes no spans, only ``attempt_started`` (the caller's baggage)."""
-        return not self._noop or moment == "attempt_started"
+        """Every moment; on a provider that makes no spans, ``attempt_started`` (the caller's baggage) and what a subclass overrides."""
+        return not self._noop or moment == "attempt_started" or getattr(type(self), moment) is not getattr(TracingObserver, moment)
 
     def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
         """The call's INTERNAL span, unless instrumentation is suppressed or the span is not valid (then no tree is kept)."""
