@@ -278,12 +278,12 @@ class _Timers:
     own; on a loop doing I/O that is a ``TimerHandle`` built, pushed on the
     loop's heap and compared there in Python (``TimerHandle.__lt__``) until it
     pops, cancelled, long after the attempt (most attempts end well inside
-    their limit). Here an attempt joins a set (``add``), moves its limit in
-    place and leaves it; the handle is re-armed (``arm``)
-    only when a limit comes earlier than the one it is armed at. When it
-    fires, every attempt whose limit has come expires (its task is
-    cancelled, as ``asyncio.timeout`` would) and the handle is armed at the
-    next limit, if any: a limit that moved later is checked then. A stopped
+    their limit). Here an attempt joins ``timers``, moves its limit in place
+    and leaves it; the handle is re-armed (``arm``) only when a limit comes
+    earlier than the one it is armed at. When it fires, every attempt whose
+    limit has come expires (its task is cancelled, as ``asyncio.timeout``
+    would) and the handle is armed at the next limit, if any: a limit that
+    moved later is checked then. A stopped
     attempt leaves the handle armed (it fires once, finds nothing, and stays
     off). One per loop (``_timers_of``); only its loop's thread touches it.
     """
