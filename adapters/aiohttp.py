@@ -67,6 +67,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import operator
+import time
 import weakref
 from collections.abc import MutableMapping
 from contextvars import ContextVar
@@ -82,8 +84,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from resilience.adapters import aiohttp_errors as errors
-from resilience.adapters._aiohttp_compat import check, internals_missing
-from resilience.adapters.control_pools import AiohttpLane
+from resilience.adapters._aiohttp_compat import _reads, check, internals_missing
+from resilience.adapters.control_lane import LaneRoute, routed
+from resilience.adapters.control_pools import _LANE_SLOT, AiohttpLane
 from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.routing import Route, RouteCache, engine_of
 from resilience.errors import ErrorTypes
@@ -192,7 +195,7 @@ def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> Clien
         try:
             if timeout_at >= 0:
                 found = cells[timeout_at].cell_contents
-                if isinstance(found, ClientTimeout):
+                if type(found) is ClientTimeout or isinstance(found, ClientTimeout):
                     return found
                 break
             if next_at < 0:
@@ -212,6 +215,11 @@ def _closure_slots(code: CodeType) -> tuple[int, int]:
     """Where a handler's closure keeps ``real_timeout`` and ``next_h`` (-1: not there)."""
     names = code.co_freevars
     return (names.index("real_timeout") if "real_timeout" in names else -1, names.index("next_h") if "next_h" in names else -1)
+
+
+_body_of = operator.attrgetter("_body" if _reads(vars(ClientRequest).get("body"), "_body") else "body")
+"""A request's body with no property call: aiohttp 3.14's ``_body`` (None: no body), where ``ClientRequest.body`` reads it."""
+_PLAIN_BODIES = frozenset({bytes, BytesPayload})
 
 
 def _replayable(request: ClientRequest) -> bool:
@@ -270,25 +278,28 @@ class _Timers:
     own; on a loop doing I/O that is a ``TimerHandle`` built, pushed on the
     loop's heap and compared there in Python (``TimerHandle.__lt__``) until it
     pops, cancelled, long after the attempt (most attempts end well inside
-    their limit). Here an attempt joins a set (``add``), moves its limit in
-    place and leaves the set (``discard``); the handle is re-armed (``arm``)
-    only when a limit comes earlier than the one it is armed at. When it
-    fires, every attempt whose limit has come expires (its task is
-    cancelled, as ``asyncio.timeout`` would) and the handle is armed at the
-    next limit, if any: a limit that moved later is checked then. A stopped
+    their limit). Here an attempt joins ``timers``, moves its limit in place
+    and leaves it; the handle is re-armed (``arm``) only when a limit comes
+    earlier than the one it is armed at. When it fires, every attempt whose
+    limit has come expires (its task is cancelled, as ``asyncio.timeout``
+    would) and the handle is armed at the next limit, if any: a limit that
+    moved later is checked then. A stopped
     attempt leaves the handle armed (it fires once, finds nothing, and stays
     off). One per loop (``_timers_of``); only its loop's thread touches it.
     """
 
-    __slots__ = ("_handle", "at", "loop", "timers")
+    __slots__ = ("_handle", "at", "loop", "now", "timers")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = weakref.ref(loop)
         """The loop (weakly: a loop's scheduled handle holds this object, so no strong reference back)."""
+        self.now = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else None
+        """The loop's clock read with no frame of its own (asyncio's ``time()`` returns ``time.monotonic()``); None: call ``loop.time``."""
         self.at = math.inf
         """Where the handle is armed (loop time; ``inf``: not armed). A timer whose limit is earlier calls ``arm``."""
         self._handle: asyncio.TimerHandle | None = None
-        self.timers: set[_AttemptTimer] = set()
+        self.timers: dict[_AttemptTimer, None] = {}
+        """The attempts watched (a dict used as a set: adding and removing a key is no function call)."""
 
     def arm(self, loop: asyncio.AbstractEventLoop, limit_at: float) -> None:
         """Arm the handle at ``limit_at``, earlier than ``at`` (the caller checked: most limits come later, and call nothing)."""
@@ -348,22 +359,23 @@ class _AttemptTimer:
     __slots__ = ("_cancelling", "_loop", "_read_s", "_send", "_task", "_timers", "expired", "limit_at", "sent")
 
     def __init__(self, request: ClientRequest, connect_s: float | None, read_s: float | None) -> None:
-        task = asyncio.current_task()
+        task = asyncio.current_task(request.loop)
         if task is None:  # a middleware always runs in a task; nothing to cancel on expiry otherwise
             raise RuntimeError("ResilientMiddleware must run inside an asyncio task")
-        self._loop = loop = task.get_loop()
+        self._loop = loop = request.loop  # the task's
         self._task: asyncio.Task[Any] | None = task
         self._read_s = read_s
         self._cancelling = task.cancelling()
         self.expired = False
         self.sent = False
-        self.limit_at = limit_at = None if connect_s is None else loop.time() + connect_s
-        """The loop time at which the attempt times out now (None: no limit)."""
         timers = _LAST_TIMERS  # one loop per thread is the common case: no dictionary lookup then
         if timers is None or timers.loop() is not loop:
             timers = _timers_of(loop)
         self._timers = timers
-        timers.timers.add(self)
+        now = timers.now
+        self.limit_at = limit_at = None if connect_s is None else (loop.time() if now is None else now()) + connect_s
+        """The loop time at which the attempt times out now (None: no limit)."""
+        timers.timers[self] = None
         if limit_at is not None and limit_at < timers.at:
             timers.arm(loop, limit_at)
         self._send = request.send
@@ -373,7 +385,8 @@ class _AttemptTimer:
         """The request's own ``send``; then the limit becomes ``read_s`` from now."""
         response = await self._send(conn)
         self.sent = True
-        self.limit_at = limit_at = None if self._read_s is None else self._loop.time() + self._read_s
+        now = self._timers.now
+        self.limit_at = limit_at = None if self._read_s is None else (self._loop.time() if now is None else now()) + self._read_s
         if self._task is not None and limit_at is not None and limit_at < self._timers.at:
             self._timers.arm(self._loop, limit_at)
         return response
@@ -396,7 +409,7 @@ class _AttemptTimer:
             return False
         self._task = None
         del request.send  # back to the class's method
-        self._timers.timers.discard(self)
+        del self._timers.timers[self]
         return self.expired and task.uncancel() <= self._cancelling
 
     def error(self, request: ClientRequest) -> aiohttp.ServerTimeoutError:
@@ -451,6 +464,10 @@ def _route(policies: PolicyTable, method: str, url: str) -> Route:
     return method, policies.match(method, parsed.path), engine, host, port
 
 
+_session_of = operator.attrgetter("_session" if _reads(vars(ClientRequest).get("session"), "_session") else "session")
+"""A request's session with no property call, where ``ClientRequest.session`` reads ``_session``."""
+_lane_of = operator.attrgetter(_LANE_SLOT)
+"""A session connector's ``AiohttpLane``, once ``AiohttpLane.of`` made it (AttributeError before): an attribute read, no call."""
 _YARL_PARTS = all(hasattr(URL("http://h:1/p"), part) for part in ("_scheme", "_netloc", "_path"))
 """yarl (1.13 and later) keeps a URL's parts as attributes: the route key reads them, with no ``str(url)``. Else the string."""
 
@@ -481,7 +498,8 @@ class ResilientMiddleware(ConfigViews):
     ) -> None:
         self.driver_config = driver_config("ResilientMiddleware", config, policies=policies, **keywords)
         self.retrier = self.driver_config.retrier(ERROR_TYPES)
-        self._routes = RouteCache(self.driver_config.policies, _route)
+        config = self.driver_config
+        self._routes: RouteCache[LaneRoute] = RouteCache(config.policies, routed(config.control_lane, _route))
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         """Run ``request`` as one logical call, calling ``handler`` once per attempt."""
@@ -489,37 +507,42 @@ class ResilientMiddleware(ConfigViews):
         method = request.method
         key = (method, url._scheme, url._netloc, url._path) if _YARL_PARTS else (method, str(url).partition("?")[0])
         try:
-            method, match, engine, host, port = self._routes.routes[key]
+            method, match, engine, host, port, on_lane = self._routes.routes[key]
         except KeyError:
-            method, match, engine, host, port = self._routes.add(key, method, str(url))
+            method, match, engine, host, port, on_lane = self._routes.add(key, method, str(url))
+        timeout = request_timeout(request, handler)
+        body = _body_of(request)
         spec = CallSpec(
             method, url, match, engine, host, port,
-            request_timeout=caller_timeout(request_timeout(request, handler)),
+            request_timeout=None if timeout is DEFAULT_TIMEOUT else caller_timeout(timeout),
             request=request,
-            replayable=_replayable(request),
+            replayable=body is None or type(body) in _PLAIN_BODIES or _replayable(request),
             body=None if match.probe is None else await _body_bytes(request),  # only probes read it
         )
 
         # one per session.request() call, shared by aiohttp's re-runs of it (client.py builds each re-run's ClientRequest with
         # the same ``timer=``); no public attribute tells a re-run apart, so ``_aiohttp_compat`` checks this one at import
         timer = request._timer  # ``_aiohttp_compat`` checks that ``ClientRequest.__init__`` sets it
-        given_up = _GIVEN_UP.get()
+        rerun = method in IDEMPOTENT_METHODS  # the only requests aiohttp re-runs
+        given_up = _GIVEN_UP.get() if rerun else None
         if given_up is not None:
             _GIVEN_UP.set(None)
             if timer is not None and given_up[0] is timer:
                 raise given_up[1]  # aiohttp re-runs the request; this call already spent its attempts
-        control = self.driver_config.control_lane
-        if control is not None and control.carries(match):
-            lane = AiohttpLane.of(request.session, control)  # control routes' own connector (adapters/control_lane.py)
-            handler = handler if lane is None else lane.handler(handler)
+        lane = None
+        if on_lane:  # control routes' own connector (adapters/control_lane.py), kept on the session's connector
+            try:
+                lane = _lane_of(_session_of(request)._connector)
+            except AttributeError:  # made on first use (None: not a plain ``TCPConnector``)
+                lane = AiohttpLane.of(request.session, self.driver_config.control_lane)
         try:
-            attempt = functools.partial(_attempt, handler, request)
+            attempt = functools.partial(_attempt, handler, request, lane)
             probe_done = functools.partial(_probe_response, request)
             response, records = await self.retrier.arun(
                 spec, attempt, discard=_discard, on_probe_done=probe_done, never_sent=_never_sent_unretried
             )
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            if timer is not None and method in IDEMPOTENT_METHODS and not isinstance(exc, aiohttp.ClientConnectorError):
+            if timer is not None and rerun and not isinstance(exc, aiohttp.ClientConnectorError):
                 _GIVEN_UP.set((timer, exc))
             raise
         response.attempts = records  # type: ignore[attr-defined]
@@ -528,9 +551,16 @@ class ResilientMiddleware(ConfigViews):
 
 
 async def _attempt(
-    handler: ClientHandlerType, request: ClientRequest, n: int, timeouts: Timeouts, headers: MutableMapping[str, str]
+    handler: ClientHandlerType,
+    request: ClientRequest,
+    lane: AiohttpLane | None,
+    n: int,
+    timeouts: Timeouts,
+    headers: MutableMapping[str, str],
 ) -> AttemptResult[ClientResponse]:
     """One attempt: ``handler(request)`` bounded by the attempt's (connect, read) timeouts (see ``_AttemptTimer``), with its headers.
+
+    ``lane``: the control lane the attempt takes its connection from (``AiohttpLane.send``), or None.
 
     Transport errors are reported, not raised; a limit that ends the attempt
     is aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
@@ -546,7 +576,7 @@ async def _attempt(
     timer = None if connect_s is None and read_s is None else _AttemptTimer(request, connect_s, read_s)
     try:
         try:
-            response = await handler(request)
+            response = await (handler(request) if lane is None else lane.send(handler, request))
         except (asyncio.CancelledError, TimeoutError) as exc:
             if timer is None:
                 raise

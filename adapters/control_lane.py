@@ -41,13 +41,15 @@ beside: ``Session.close()``, ``httpx.Client.close()`` (or leaving its
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from resilience.adapters.routing import Route
 from resilience.errors import require
-from resilience.policy import EndpointMatch
+from resilience.policy import EndpointMatch, PolicyTable
 
-__all__ = ["DATA_PATHS", "DEFAULT_LANE", "ControlLane"]
+__all__ = ["DATA_PATHS", "DEFAULT_LANE", "ControlLane", "LaneRoute", "routed"]
 
 DATA_PATHS: Final[frozenset[str]] = frozenset(
     {
@@ -102,7 +104,21 @@ class ControlLane:
 
     def carries(self, match: EndpointMatch) -> bool:
         """Whether a request so routed goes on the lane: a table entry matched, and it is not a generation route."""
-        return match.template != "*" and match.template not in self.data_paths
+        return match.explicit and match.template not in self.data_paths
+
+
+LaneRoute = tuple[str, EndpointMatch, str, str, int, bool]
+"""A ``Route`` and whether it takes the control lane (``ControlLane.carries``), decided once per route."""
+
+
+def routed(lane: ControlLane | None, build: Callable[[PolicyTable, str, str], Route]) -> Callable[[PolicyTable, str, str], LaneRoute]:
+    """``build`` for a ``RouteCache`` whose routes also say whether they take ``lane`` (None: never)."""
+
+    def route(policies: PolicyTable, method: str, url: str) -> LaneRoute:
+        method, match, engine, host, port = build(policies, method, url)
+        return method, match, engine, host, port, lane is not None and lane.carries(match)
+
+    return route
 
 
 DEFAULT_LANE: Final = ControlLane()

@@ -38,14 +38,16 @@ stay off (``retries=0``, its default).
 
 from __future__ import annotations
 
+import functools
 import math
 import ssl
-from collections.abc import Awaitable, Coroutine, Mapping, MutableMapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Unpack
 
 import httpx
 
+from resilience.adapters.control_lane import routed
 from resilience.adapters.control_pools import async_httpx_lane, httpx_lane
 from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.httpx_errors import ERROR_TYPES
@@ -153,8 +155,10 @@ def _at_most(value: object, bound: float | None) -> float | None:
     return None if math.isinf(smallest) else smallest
 
 
-def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mapping[str, str]) -> httpx.Request:
-    """The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream.
+def _send(handle: Callable[[httpx.Request], Any], request: httpx.Request, n: int, timeouts: Timeouts, carrier: Mapping[str, str]) -> Any:
+    """Attempt ``n``: ``handle`` (the wrapped transport's ``handle_request`` or ``handle_async_request``) called with its request.
+
+    The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream.
 
     When the core's timeouts are the caller's own and no header is added, the
     caller's request itself (nothing to copy).
@@ -176,20 +180,20 @@ def _attempt_request(request: httpx.Request, timeouts: Timeouts, carrier: Mappin
         except (KeyError, TypeError):
             same = False
         if same:
-            return request
+            return handle(request)
     write = pool = None
     if isinstance(own, Mapping):
         write, pool = own.get("write"), own.get("pool")
     write, pool = _at_most(write, read), _at_most(pool, connect)
     if not carrier and own == {"connect": connect, "read": read, "write": write, "pool": pool}:
-        return request  # the caller's own timeouts are the attempt's (the usual case): send its request, as a bare transport would
+        return handle(request)  # the caller's own timeouts are the attempt's (the usual case): send its request, as a bare transport would
     attempt = _new_request(httpx.Request)
     attempt.__dict__.update(request.__dict__)
     attempt.extensions = {**request.extensions, "timeout": {"connect": connect, "read": read, "write": write, "pool": pool}}
     if carrier:
         attempt.headers = request.headers.copy()
         attempt.headers.update(carrier)
-    return attempt
+    return handle(attempt)
 
 
 _new_request = httpx.Request.__new__
@@ -236,9 +240,10 @@ class _Resilient(ConfigViews):
     def __init__(self, owner: str, config: DriverConfig) -> None:
         self.driver_config = config
         self.retrier = config.retrier(ERROR_TYPES)
-        self._routes = RouteCache(self.driver_config.policies, route_of)
+        self._routes = RouteCache(config.policies, routed(config.control_lane, route_of))
 
-    def _spec(self, request: httpx.Request) -> CallSpec:
+    def _spec(self, request: httpx.Request) -> tuple[CallSpec, bool]:
+        """The call's ``CallSpec``, and whether its route takes the control lane."""
         url = request.url
         method = request.method
         if _PARSED:  # the key from httpx's parsed URL (a named tuple of str/int): no ``str(url)`` on a hit
@@ -247,17 +252,18 @@ class _Resilient(ConfigViews):
         else:
             key = (method, str(url).partition("?")[0])
         try:
-            method, match, engine, host, port = self._routes.routes[key]
+            method, match, engine, host, port, on_lane = self._routes.routes[key]
         except KeyError:
-            method, match, engine, host, port = self._routes.add(key, method, str(url))  # str(httpx.URL) is percent-encoded
-        replayable = isinstance(request.stream, httpx.ByteStream)
+            method, match, engine, host, port, on_lane = self._routes.add(key, method, str(url))  # str(httpx.URL) is percent-encoded
+        stream = request.stream
+        replayable = type(stream) is httpx.ByteStream or isinstance(stream, httpx.ByteStream)
         return CallSpec(
             method, url, match, engine, host, port,
             request_timeout=caller_timeout(request),
             request=request,
             replayable=replayable,
             body=request.content if replayable and match.probe is not None else None,  # only probes read it; no I/O
-        )
+        ), on_lane
 
     @staticmethod
     def _probe_done(request: httpx.Request) -> httpx.Response:
@@ -305,16 +311,12 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the retry loop; the contract of ``httpx.BaseTransport.handle_request``."""
-        spec = self._spec(request)
+        spec, on_lane = self._spec(request)
         lane = self.lane
-        transport = lane if lane is not None and self.driver_config.control_lane.carries(spec.match) else self.transport  # type: ignore[union-attr]
-
-        def send(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> httpx.Response:
-            return transport.handle_request(_attempt_request(request, timeouts, carrier))
-
+        transport = lane if on_lane and lane is not None else self.transport
         response, records = self.retrier.run(
             spec,
-            send,
+            functools.partial(_send, transport.handle_request, request),
             report=_report,
             failed=_failed,
             discard=_discard,
@@ -380,12 +382,9 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         httpx as its own ``async def`` would be): the wrapped transport's
         coroutine runs under that one frame of ours.
         """
-        spec = self._spec(request)
+        spec, on_lane = self._spec(request)
         lane = self.lane
-        transport = lane if lane is not None and self.driver_config.control_lane.carries(spec.match) else self.transport  # type: ignore[union-attr]
-
-        def send(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> Awaitable[httpx.Response]:
-            return transport.handle_async_request(_attempt_request(request, timeouts, carrier))
+        transport = lane if on_lane and lane is not None else self.transport
 
         def finish(response: httpx.Response, records: tuple[AttemptRecord, ...]) -> httpx.Response:
             extensions = response.extensions
@@ -395,7 +394,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
 
         return self.retrier.arun(
             spec,
-            send,
+            functools.partial(_send, transport.handle_async_request, request),
             report=_report,
             failed=_failed,
             discard=_adiscard,

@@ -35,6 +35,7 @@ from urllib3.connection import HTTPConnection
 from urllib3.exceptions import ConnectTimeoutError
 from urllib3.util import Timeout as Urllib3Timeout
 
+from resilience.adapters.control_lane import routed
 from resilience.adapters.control_pools import requests_lane
 from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.requests_errors import ERROR_TYPES
@@ -244,7 +245,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
     ) -> None:
         self.driver_config = driver_config("ResilientAdapter", config, policies=policies, **keywords)
         self._closed = False
-        self._routes = RouteCache(self.driver_config.policies, route_of)
+        self._routes = RouteCache(self.driver_config.policies, routed(self.driver_config.control_lane, route_of))
         self._build_retrier()
         super().__init__(pool_connections=pool_connections, pool_maxsize=pool_maxsize, max_retries=0, pool_block=pool_block)
         self._lane = requests_lane(self.driver_config.control_lane)  # control routes' own pool (adapters/control_lane.py)
@@ -255,7 +256,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild the pool, breakers and budgets after unpickling (Ray ships sessions this way)."""
         super().__setstate__(state)  # type: ignore[misc]
-        self._routes = RouteCache(self.driver_config.policies, route_of)
+        self._routes = RouteCache(self.driver_config.policies, routed(self.driver_config.control_lane, route_of))
         self._build_retrier()
         self._lane = requests_lane(self.driver_config.control_lane)
 
@@ -284,7 +285,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
         """Send ``request`` with the retry loop; same contract as ``HTTPAdapter.send``."""
         self._closed = False
         url = request.url or ""
-        method, match, engine, host, port = self._routes.route(request.method or "GET", url)
+        method, match, engine, host, port, on_lane = self._routes.route(request.method or "GET", url)
         spec = CallSpec(
             method, url, match, engine, host, port,
             request_timeout=_caller_pair(timeout),
@@ -293,7 +294,7 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
             body=None if match.probe is None else _body_bytes(request),  # only probes read it
         )
         lane = self._lane
-        sender = lane.send if lane is not None and self.driver_config.control_lane.carries(match) else super().send  # type: ignore[union-attr]
+        sender = lane.send if on_lane and lane is not None else super().send
 
         def attempt(n: int, timeouts: tuple[float | None, float | None], carrier: MutableMapping[str, str]) -> AttemptResult[Response]:
             if n > 0 and request.body is not None and not isinstance(request.body, (bytes, str)):

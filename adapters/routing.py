@@ -13,6 +13,7 @@ and it holds the answers of one ``PolicyTable``, the driver's.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
 from resilience.policy import EndpointMatch, PolicyTable
@@ -36,13 +37,15 @@ def engine_of(url: str) -> tuple[str, str, int]:
 
 Route = tuple[str, EndpointMatch, str, str, int]
 """(the method upper-cased, the policy match, the engine ``scheme://host:port``, the host, the port)."""
+T = TypeVar("T")
 
 
-class RouteCache:
+class RouteCache(Generic[T]):
     """A ``Route`` per (method, URL less its query) under one ``PolicyTable``; one per driver instance.
 
-    ``build(policies, method, url)`` works out a ``Route`` the first time a
-    (method, URL) is seen. A driver's table never changes (its
+    ``build(policies, method, url)`` works out a ``Route`` (or whatever else
+    the driver decides once per route: ``ControlLane.routed`` adds whether it
+    takes the lane) the first time a (method, URL) is seen. A driver's table never changes (its
     ``DriverConfig`` is frozen), so the cache is built with it. Reads and
     writes of a dict are atomic under the GIL, so threads and event loops
     share it without a lock (two that miss at once both build the same answer).
@@ -54,13 +57,13 @@ class RouteCache:
 
     __slots__ = ("_build", "_policies", "routes")
 
-    def __init__(self, policies: PolicyTable, build: Callable[[PolicyTable, str, str], Route]) -> None:
+    def __init__(self, policies: PolicyTable, build: Callable[[PolicyTable, str, str], T]) -> None:
         self._policies = policies
         self._build = build
-        self.routes: dict[Hashable, Route] = {}
+        self.routes: dict[Hashable, T] = {}
         """key -> ``Route``: (method, URL less its query) for ``route``, the driver's own key for ``add``."""
 
-    def route(self, method: str, url: str) -> Route:
+    def route(self, method: str, url: str) -> T:
         """The ``Route`` of ``method`` on ``url``; the URL's query, if any, is not part of the key."""
         key = (method, url.partition("?")[0])
         try:
@@ -68,7 +71,7 @@ class RouteCache:
         except KeyError:
             return self.add(key, method, url)
 
-    def add(self, key: Hashable, method: str, url: str) -> Route:
+    def add(self, key: Hashable, method: str, url: str) -> T:
         """Work out the ``Route`` of ``method`` on ``url`` and keep it under ``key`` (a full cache is emptied first)."""
         answer = self._build(self._policies, method, url)
         if len(self.routes) >= ROUTE_CACHE_SIZE:

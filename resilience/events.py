@@ -1,18 +1,11 @@
 """Typed events, and the one observer interface (``CallObserver``) that hears them.
 
 Every decision the retry loop, the breaker, the budgets and the barrier
-orchestrator take is announced to the observers. The four moments of every
-call (``call_started``, ``attempt_started``, ``attempt_ended``,
-``call_ended``) come as plain values, to ``CallObserver``'s methods of those
-names; every other moment (a retry scheduled, a breaker's move, a barrier
-phase) comes as one frozen event, to ``observer(event)``. ``CallObserver``'s
-own four methods build the event of their moment and hand it to
-``self(event)``: an observer that wants events only (a log, a recorder, or any
-plain callable, which ``call_observer`` wraps) gets every moment as an event,
-while one that counts or traces overrides the four methods and no event object
-is built for them. Telemetry (spans, metrics, logs) is derived from these
-moments only; it is never sprinkled through the retry loop. With no observer
-attached, announcing costs a tuple check.
+orchestrator take is announced to the observers: the four moments of every
+call as plain values (``CallObserver``), every other moment as one frozen
+event. Telemetry (spans, metrics, logs) is derived from these moments only;
+it is never sprinkled through the retry loop. With no observer attached,
+announcing costs a tuple check.
 
 Events never carry credentials: they name an endpoint by its policy
 template (``POST /pause_generation``) and an engine by ``scheme://host:port``,
@@ -23,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol, TypeAlias
 
 from resilience.outcome import CallOutcome, Outcome
@@ -52,6 +45,7 @@ __all__ = [
     "TransitionStarted",
     "call_observer",
     "emit",
+    "hearing",
 ]
 
 log = logging.getLogger("resilience.events")
@@ -343,11 +337,20 @@ class CallObserver:
     ``__call__`` (default: ignore) receives every other event (retries,
     refusals, probes, breakers, budgets, barrier transitions) and any
     per-call event another producer emits as an object. The core calls an
-    observer only when one is attached, and logs (never raises) what one
-    raises.
+    observer only when one is attached, and only for the moments it
+    ``hears``, and logs (never raises) what one raises.
     """
 
     __slots__ = ()
+
+    def hears(self, moment: str) -> bool:
+        """Whether the per-call method named ``moment`` does anything (default True); asked once, when a ``Retrier`` is built.
+
+        An observer whose method for a moment does nothing answers False, and
+        the core does not call it then (nor works out that moment's values
+        when no observer hears it).
+        """
+        return True
 
     def __call__(self, event: Event) -> None:
         """Every moment not announced through the per-call methods; default: ignore it."""
@@ -393,20 +396,17 @@ class CallObserver:
         per-call events as objects from other producers (its ``__call__``
         passes them here).
         """
-        e = event
-        if isinstance(e, CallStarted):
-            self.call_started(e.call_id, e.method, e.endpoint, e.engine, e.deadline_s)
-        elif isinstance(e, AttemptStarted):
-            addr, port = e.server_address, e.server_port
-            self.attempt_started(e.call_id, e.attempt, e.method, e.endpoint, e.engine, addr, port, e.timeout_s, e.carrier)
-        elif isinstance(e, AttemptEnded):
-            status, outcome = e.status, e.outcome
-            self.attempt_ended(e.call_id, e.attempt, e.method, e.endpoint, e.engine, status, outcome, e.error_type, e.sent, e.duration_s)
-        elif isinstance(e, CallEnded):
-            tokens = e.retry_budget_tokens
-            self.call_ended(e.call_id, e.method, e.endpoint, e.engine, e.outcome, e.status, e.attempts, e.duration_s, e.error_type, tokens)
-        else:
-            self(e)
+        moment = _MOMENTS.get(type(event))
+        if moment is None:
+            self(event)
+        else:  # the event's fields are the method's arguments, in order
+            getattr(self, moment)(*(getattr(event, f.name) for f in fields(event)))
+
+
+_MOMENTS: dict[type[Event], str] = {
+    CallStarted: "call_started", AttemptStarted: "attempt_started", AttemptEnded: "attempt_ended", CallEnded: "call_ended"
+}
+"""Each per-call event's ``CallObserver`` method."""
 
 
 class _Events(CallObserver):
@@ -422,6 +422,12 @@ class _Events(CallObserver):
 
     def __repr__(self) -> str:
         return f"call_observer({self._fn!r})"
+
+
+def hearing(observers: tuple[CallObserver, ...]) -> tuple[tuple[CallObserver, ...], ...]:
+    """For ``call_started``, ``attempt_started``, ``attempt_ended`` and ``call_ended``, in order: the observers that hear it."""
+    moments = ("call_started", "attempt_started", "attempt_ended", "call_ended")
+    return tuple(tuple(o for o in observers if o.hears(moment)) for moment in moments)
 
 
 def call_observer(observer: Observer) -> CallObserver:

@@ -384,6 +384,10 @@ class MetricsObserver(Dispatcher):
 
     # -- handlers ------------------------------------------------------------------
 
+    def hears(self, moment: str) -> bool:
+        """``attempt_ended`` and ``call_ended``: the other two count nothing (unless a subclass overrides them)."""
+        return moment in ("attempt_ended", "call_ended") or getattr(type(self), moment) is not getattr(MetricsObserver, moment)
+
     def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
         """Nothing to count."""
 

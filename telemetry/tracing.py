@@ -223,6 +223,10 @@ class TracingObserver(Dispatcher):
 
     # -- logical calls -----------------------------------------------------------
 
+    def hears(self, moment: str) -> bool:
+        """Every moment; on a provider that makes no spans, ``attempt_started`` (the caller's baggage) and what a subclass overrides."""
+        return not self._noop or moment == "attempt_started" or getattr(type(self), moment) is not getattr(TracingObserver, moment)
+
     def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
         """The call's INTERNAL span, unless instrumentation is suppressed or the span is not valid (then no tree is kept)."""
         if self._noop:
@@ -260,7 +264,7 @@ class TracingObserver(Dispatcher):
     ) -> None:
         """The attempt's CLIENT span under the call's, its context injected into ``carrier``; untraced: the baggage only."""
         try:
-            call = self._calls.get(call_id)
+            call = None if self._noop else self._calls.get(call_id)
             if call is None:
                 if (self._noop or call_id in self._untraced) and baggage.get_all():  # no span: the caller's baggage still travels
                     (self._propagator or get_global_textmap()).inject(carrier)

@@ -117,7 +117,7 @@ from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_tim
 __all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Wait"]
 
 R = TypeVar("R")
-_call_ids = itertools.count(1)
+_next_call_id = itertools.count(1).__next__
 log = logging.getLogger("resilience.retry")
 _events_log = logging.getLogger("resilience.events")
 _INF = math.inf
@@ -171,23 +171,23 @@ Decision = Wait[R] | AskProbe | Return[R] | Raise[R]
 """What ``attempt_done`` and ``probe_answered`` answer."""
 NextStep = Send | Raise[R]
 """What ``next_step`` answers."""
+_new_record = tuple.__new__
+"""Builds an ``AttemptRecord`` from all its fields in one C call (its ``NamedTuple.__new__`` is a Python function more)."""
 NO_HEADERS: dict[str, str] = {}
 """The header carrier of an unobserved attempt: nobody adds to it (drivers only read it)."""
 
 
 class RetryCall(Generic[R]):
-    """One logical call's state; build it with ``Retrier.begin(spec)`` (which hands it the ``Retrier``'s parts).
+    """One logical call's state, built with the ``Retrier``'s parts (``Retrier.begin(spec)``); one driver steps it.
 
-    Not thread-safe on its own: one driver steps one call. The breaker, budget,
-    observers, clock, random source and error classes are the ``Retrier``'s.
     Building it starts the call: its deadlines (clock readings: ``hard_at``
     caps every attempt, no retry starts past ``window_at``; ``inf`` = never),
-    a deposit in the budget, ``CallStarted`` when observed.
+    a deposit in the budget, ``call_started`` when heard.
     """
 
     __slots__ = (
         "_flight_started", "_in_flight", "_next", "_released", "_unreachable", "_warned", "breaker", "budget", "call_id", "clock",
-        "ended", "errors", "hard_at", "last", "observers", "permit", "records", "rng", "spec", "started", "window_at",
+        "ended", "errors", "hard_at", "hearing", "last", "observers", "permit", "records", "rng", "spec", "started", "window_at",
         "window_only",
     )
 
@@ -197,6 +197,7 @@ class RetryCall(Generic[R]):
         breakers: BreakerRegistry | None,
         budgets: RetryBudgets | None,
         observers: tuple[CallObserver, ...],
+        hearing: tuple[tuple[CallObserver, ...], ...],
         clock: Clock,
         rng: Callable[[], float],
         errors: ErrorTypes,
@@ -205,6 +206,8 @@ class RetryCall(Generic[R]):
         self.breaker = None if breakers is None else breakers.by_engine[spec.engine]
         self.budget = budget = None if budgets is None else budgets.by_engine[spec.engine]
         self.observers = observers
+        self.hearing = hearing
+        """Per moment (``call_started``, ``attempt_started``, ``attempt_ended``, ``call_ended``), the observers that hear it."""
         self.clock = clock
         self.rng = rng
         self.errors = errors
@@ -233,10 +236,12 @@ class RetryCall(Generic[R]):
         self.call_id = 0
         """Announced with every event of the call (0 when nobody observes)."""
         if observers:
-            self.call_id = next(_call_ids)
-            deadline_s = None if window_at == _INF else max(0.0, window_at - clock.monotonic())
-            call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
-            for observer in observers:
+            self.call_id = call_id = _next_call_id()
+        if hearing[0]:
+            left = window_at - now  # seconds the whole call may take from its start (an outer deadline may have passed)
+            deadline_s = None if window_at == _INF else (left if left > 0 else 0.0)
+            method, endpoint, engine = spec.method, spec.match.endpoint, spec.engine
+            for observer in hearing[0]:
                 try:
                     observer.call_started(call_id, method, endpoint, engine, deadline_s)
                 except Exception:  # an observer must never break a control call
@@ -296,7 +301,7 @@ class RetryCall(Generic[R]):
             headers = {}
             call_id, method, endpoint, engine, timeout_s = self.call_id, spec.method, spec.match.endpoint, spec.engine, timeouts[1]
             address, port = spec.server_address, spec.server_port
-            for observer in self.observers:
+            for observer in self.hearing[1]:
                 try:
                     observer.attempt_started(call_id, n, method, endpoint, engine, address, port, timeout_s, headers)
                 except Exception:
@@ -318,23 +323,23 @@ class RetryCall(Generic[R]):
         status = result.status
         outcome = classify(policy, status=status, delivery=result.delivery, retry_after=result.retry_after)
         error_type = type(result.error).__qualname__ if result.error is not None else None
-        if self.observers:
+        if self.hearing[2]:
             shown = error_type or (str(status) if outcome is not Outcome.SUCCESS else None)  # a failed status names itself
             sent = result.delivery is not Delivery.NOT_SENT
             call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
-            for observer in self.observers:
+            for observer in self.hearing[2]:
                 try:
                     observer.attempt_ended(call_id, n, method, endpoint, engine, status, outcome, shown, sent, duration)
                 except Exception:
                     _failed(observer, "attempt_ended")
         self.last = result
         self._released = False
-        record = AttemptRecord(n, status, outcome, result.delivery, error_type, duration)
+        record = _new_record(AttemptRecord, (n, status, outcome, result.delivery, error_type, duration, None))  # all 7 fields
         if outcome is Outcome.SUCCESS and self.records is None:  # the common case: one record, no list
             self.ended = True
             if self.breaker is not None:
                 self.breaker.record_success(self.permit)  # as ``_record_breaker`` decides for a success
-            if self.observers:
+            if self.hearing[3]:
                 self._announce_end(CallOutcome.SUCCESS, None)
             assert result.response is not None
             return Return(result.response, (record,))
@@ -364,12 +369,8 @@ class RetryCall(Generic[R]):
         return ProbeContext(spec.method, url, spec.match.endpoint, spec.engine, self._next, result.error, result.status, spec.body)
 
     def probe_answered(self, answer: object, on_done: Callable[[], R] | None = None) -> Decision[R]:
-        """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown).
+        """The probe's verdict (a ``ProbeAnswer``, its string, or whatever a failing probe left: unknown): the module's "Ambiguity".
 
-        "done" returns as applied, "not done" re-sends (while attempts are left).
-        "unknown" after an ambiguous failure raises ``AmbiguousOutcome``; after a
-        gateway status it does what the endpoint does without a probe: re-send
-        when ``retry_statuses_if_not_idempotent``, else hand the status back.
         ``on_done`` builds the response to return when the answer is "done"
         (the driver's stand-in for the lost answer; called only then); without
         one, "done" cannot be returned and ends as ambiguous.
@@ -467,10 +468,9 @@ class RetryCall(Generic[R]):
             emit(self.observers, event)
 
     def _exhausted(self) -> bool:
-        """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` sent attempts.
+        """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` (the module's "Attempts").
 
-        Failures before sending do not count while a deadline bounds the call,
-        except in testing mode (no sleeps: they would spin until the deadline).
+        Testing mode counts failures before sending too (no sleeps: they would spin until the deadline).
         """
         if not self.spec.replayable:
             return True
@@ -499,13 +499,10 @@ class RetryCall(Generic[R]):
     def _next_delay(self, reason: str) -> float | Raise[R] | None:
         """The backoff before the next attempt, once the deadline and the retry budget allow it; announced.
 
-        None when the next wait would pass the default retry window (not a hard
-        deadline), when a call that never connected would start its next
-        attempt past ``connect_window_s``, or when the deadline or the retry
-        budget stops a call whose last attempt never left (a refusal): the call then ends as exhausted,
-        as plain requests would, with the response or the transport's own error
-        (a refusal stays a connection error, so nobody mistakes a dead engine
-        for a slow one; the budget still announces itself as an event).
+        None (the call ends as exhausted, as plain requests would: the module's
+        "Attempts") when the wait would pass a window that only bounds retries,
+        ``connect_window_s`` of a call never connected, or, after a refusal,
+        the deadline or the retry budget (which still announces itself).
         """
         spec = self.spec
         result = self.last
@@ -606,12 +603,9 @@ class RetryCall(Generic[R]):
         return Raise(exc, discard=None if self._released else response)
 
     def _record_breaker(self, outcome: CallOutcome, neutral: bool) -> None:
-        """One verdict per logical call: retries that absorbed a failure do not count against the engine.
+        """One verdict per logical call (the module's "Breaker"): a success, unreachable, a failure, or neutral.
 
-        A success closes the count; a call refused for its whole connect
-        window opens the breaker at once (``record_unreachable``); a call that
-        ended on other transport errors or retryable statuses is a failure; a
-        fatal status (4xx, 500), the breaker's own refusal and an exception
+        A fatal status (4xx, 500), the breaker's own refusal and an exception
         outside the transport are neutral: the slot goes back.
         """
         breaker, permit = self.breaker, self.permit
@@ -634,7 +628,7 @@ class RetryCall(Generic[R]):
     def _end(self, outcome: CallOutcome, error_type: str | None, *, neutral: bool = False) -> None:
         self.ended = True
         self._record_breaker(outcome, neutral)
-        if self.observers:
+        if self.hearing[3]:
             self._announce_end(outcome, error_type)
 
     def _announce_end(self, outcome: CallOutcome, error_type: str | None) -> None:
@@ -645,7 +639,7 @@ class RetryCall(Generic[R]):
         tokens = self.budget.tokens if self.budget is not None else None  # the balance after the call
         spec = self.spec
         call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
-        for observer in self.observers:
+        for observer in self.hearing[3]:
             try:
                 observer.call_ended(call_id, method, endpoint, engine, outcome, status, attempts, duration, error_type, tokens)
             except Exception:

@@ -1,21 +1,12 @@
-"""``Retrier``: runs one logical call's ``RetryCall`` with real I/O, sync (``run``) or async (``arun``).
+"""``Retrier``: runs one logical call's ``RetryCall`` with real I/O, sync (``run``) or async (``arun``): the same loop, line for line.
 
-The ``Retrier`` holds what calls share (breakers and budgets per engine,
-observers, the clock, the random source, the error classes); each call is a
-``RetryCall`` (``resilience.retry.call``: the decisions and their rules) that
-this module drives, with blocking calls (the requests and sync httpx
-drivers) or coroutines (httpx async, aiohttp). A driver supplies
-``send(n, (connect_s, read_s), headers)``, its transport's own call (for
-``arun``: the transport's coroutine, awaited by ``arun`` itself), and
+A driver supplies ``send(n, (connect_s, read_s), headers)``, its transport's
+own call (for ``arun``, its awaitable, awaited by ``arun`` itself), and
 ``report(answer)`` / ``failed(exc)``, which turn what it returned or raised
-into an ``AttemptResult`` (``resilience.retry.spec``; ``failed`` re-raises
-what is not the transport's to report). Without them ``send`` reports
-itself: it returns an ``AttemptResult``, never raising for transport
-errors. Everything else is decided in the core, without sockets, on an
-injectable clock and random source. ``run`` and ``arun`` are the same loop,
-line for line (``RetryCall``'s docstring holds it and the rules). A driver
-entry that returns ``arun``'s coroutine (``finish=`` builds its result) puts
-one coroutine frame of ours, ``arun``'s, between the caller and the transport.
+into an ``AttemptResult`` (``failed`` re-raises what is not the transport's
+to report); without them ``send`` returns an ``AttemptResult`` itself, never
+raising for transport errors. Everything else is decided in the core
+(``resilience.retry.call``), on an injectable clock and random source.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from resilience.breaker import BreakerConfig, BreakerRegistry
 from resilience.budget import RetryBudgetConfig, RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ErrorTypes
-from resilience.events import Observer, call_observer
+from resilience.events import Observer, call_observer, hearing
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
 from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
@@ -75,7 +66,8 @@ class Retrier:
         self.clock = clock
         self.rng = rng
         self.error_types = error_types if error_types is not None else ErrorTypes()
-        self._parts = (breakers, budgets, tuple(call_observer(o) for o in self.observers), clock, rng, self.error_types)
+        calls = tuple(call_observer(o) for o in self.observers)
+        self._parts = (breakers, budgets, calls, hearing(calls), clock, rng, self.error_types)
         """What each ``RetryCall`` is built with after its spec (the observers as ``CallObserver``s: a plain callable wrapped)."""
 
     @classmethod

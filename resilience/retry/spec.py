@@ -1,30 +1,11 @@
-"""What a driver tells the loop about one call and each attempt, and the two rules decided from that alone.
+"""What a driver tells the loop about one call and each attempt, and the rules decided from that alone.
 
-``CallSpec`` is what a transport knows before the first attempt;
-``AttemptResult`` (built with ``responded`` when a response came back) is
-what it saw on one attempt. The functions below decide from them (and, for
-deadlines, the clock and the ``Deadline`` in force), with no I/O, and are
-the only place their rules live (``RetryCall`` calls them):
-
-- **Timeouts** (one precedence rule; ``attempt_timeouts``, ``deadline_times``):
-  each attempt's (connect, read) timeout is the matched table entry's
-  ``attempt_timeout_s`` when the entry *names* it (``EndpointPolicy.named``:
-  given in Python or in a policy file, not left at its default); else the
-  caller's own timeout (``CallSpec.request_timeout``, e.g. requests'
-  ``timeout=``; ``(None, None)`` = wait as long as it takes); else the
-  policy's ``attempt_timeout_s`` (an entry's default or the default
-  policy's). A deadline caps attempt timeouts when it was named for this
-  endpoint (an entry's ``deadline_s``), when the caller gave no timeout, or
-  when the caller set it (an outer ``Deadline``). A ``deadline_s`` nobody
-  named never shortens a timeout the caller gave: it only bounds how long
-  retries are started, and when it ends the caller gets what plain requests
-  would have given (the last response or the transport's own error).
-- **Classification** (``classify``): a 2xx or accepted status is a success; a
-  gateway status (the policy's retry statuses, or 429 with Retry-After) is
-  retryable on an idempotent endpoint (or one that retries statuses anyway),
-  else handed back; a failure before sending (``Delivery.NOT_SENT``) is
-  retryable; one that may have been applied is ambiguous; anything else is
-  fatal. What the loop does with each class is ``resilience.retry.call``'s.
+``CallSpec`` is what a transport knows before the first attempt,
+``AttemptResult`` (``responded`` builds one for a response) what it saw on
+one attempt. The functions below decide from them, with no I/O, and are the
+only place their rules live (``RetryCall`` calls them): which timeout wins
+(``attempt_timeouts``, ``deadline_times``) and what an attempt's result
+means (``classify``).
 """
 
 from __future__ import annotations
@@ -113,9 +94,11 @@ def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:
     """The (connect, read) timeout of the next attempt, ``cap_s`` being what is left of a deadline that caps attempts.
 
     The matched table entry's ``attempt_timeout_s`` when the entry names it
-    (``EndpointPolicy.named``); else the caller's own timeout; else the
-    policy's value (an entry's default, or the default policy's). None = no
-    limit. So an entry that never named a timeout never overrules the caller.
+    (``EndpointPolicy.named``: given in Python or a policy file, not left at
+    its default); else the caller's own timeout (``CallSpec.request_timeout``;
+    ``(None, None)`` = wait as long as it takes); else the policy's value (an
+    entry's default, or the default policy's). None = no limit. So an entry
+    that never named a timeout never overrules the caller.
     """
     match = spec.match
     own = match.own_timeout_s  # the entry's own word, derived once per route (``EndpointMatch.own_timeout_s``)
@@ -139,7 +122,8 @@ def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
     table entry names it or when the caller gave no timeout of its own:
     ``hard_at`` is then None (the window is the hard deadline). A
     ``deadline_s`` nobody named under a caller's own timeout only bounds the
-    retries: ``hard_at`` is then the outer ``Deadline`` (``inf`` without one),
+    retries (when it ends the caller gets what plain requests would have
+    given): ``hard_at`` is then the outer ``Deadline`` (``inf`` without one),
     which is always hard. No ``Deadline`` object is built.
     """
     rt = spec.request_timeout

@@ -171,7 +171,7 @@ async def test_the_route_key_is_yarls_parts_or_the_string_alike(monkeypatch: pyt
                     seen.append(r.endpoint)  # type: ignore[attr-defined]
         assert seen == ["POST /pause_generation", "POST /pause_generation", "POST *"]
         assert len(mw._routes.routes) == 2
-        assert {engine for _, _, engine, _, _ in mw._routes.routes.values()} == {srv.url}
+        assert {route[2] for route in mw._routes.routes.values()} == {srv.url}  # (method, match, engine, ...)
 
 
 @pytest.mark.asyncio

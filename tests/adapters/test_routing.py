@@ -77,7 +77,7 @@ def test_httpx_keys_its_route_by_the_parsed_url_as_by_the_string(monkeypatch: py
     transport = driver.ResilientTransport(table)
     try:
         specs = [
-            transport._spec(httpx.Request(method, url))
+            transport._spec(httpx.Request(method, url))[0]
             for method, url in [
                 ("POST", "http://127.0.0.1:30000/flush_cache?x=1"),
                 ("POST", "http://127.0.0.1:30000/flush_cache?x=2"),

@@ -96,3 +96,25 @@ def test_an_observer_that_raises_is_logged_and_the_call_goes_on(caplog: pytest.L
     with caplog.at_level(logging.ERROR, logger="resilience.events"):
         run(Broken())
     assert caplog.text.count("failed on attempt_ended") == 2
+
+
+def test_a_moment_an_observer_does_not_hear_is_not_called_and_the_others_are() -> None:
+    """``hears`` is asked once per ``Retrier``: a moment answered False is never called; the others come as before."""
+
+    class Deaf(Values):
+        asked: list[str] = []  # noqa: RUF012
+
+        def hears(self, moment: str) -> bool:
+            self.asked.append(moment)
+            return moment in ("attempt_ended", "call_ended")
+
+    obs = Deaf()
+    retrier = Retrier(clock=FakeClock(), observers=[obs])
+    for _ in range(2):
+        retrier.run(spec(POLICY, "GET"), Script(status(502), status(200)))
+    assert sorted(obs.asked) == ["attempt_ended", "attempt_started", "call_ended", "call_started"]  # once, at build
+    once = [("attempt_ended", 0, 502, Outcome.RETRYABLE), ("attempt_ended", 1, 200, Outcome.SUCCESS)]
+    once += [("call_ended", CallOutcome.RETRIED_SUCCESS, 200, 2)]
+    assert obs.moments == once * 2
+    assert [type(e) for e in obs.events] == [RetryScheduled] * 2  # the other events still come
+

@@ -358,3 +358,19 @@ def test_zero_series_are_bounded_like_the_labels() -> None:
     assert states == {"http://127.0.0.1:1", "http://127.0.0.1:2"}
     pairs = {dict(k[1])["engine"] for k in got if k[0] == "cpr_breaker_rejections_total"}
     assert pairs == states
+
+
+def test_the_telemetry_observers_hear_what_they_use_and_what_a_subclass_overrides() -> None:
+    """``CallObserver.hears``: the core calls each observer only for the moments it uses (``tests/core/test_events.py``)."""
+    from opentelemetry.trace import NoOpTracerProvider
+
+    from resilience.telemetry.tracing import TracingObserver
+
+    class Counting(MetricsObserver):
+        def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
+            pass
+
+    moments = ("call_started", "attempt_started", "attempt_ended", "call_ended")
+    assert [MetricsObserver().hears(m) for m in moments] == [False, False, True, True]
+    assert [Counting().hears(m) for m in moments] == [True, False, True, True]
+    assert [TracingObserver(NoOpTracerProvider()).hears(m) for m in moments] == [False, True, False, False]  # baggage only
