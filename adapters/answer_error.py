@@ -7,13 +7,13 @@ record (``attempts``, read by ``resilience.outcome.attempts_of``) and one pickli
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol, Self
 
 import requests
 
 from resilience.outcome import AttemptRecord, attempts_of
 
-__all__ = ["EXCERPT_CHARS", "EngineAnswerError", "excerpt", "parse_object"]
+__all__ = ["EXCERPT_CHARS", "Answered", "EngineAnswerError", "excerpt", "parse_object"]
 
 EXCERPT_CHARS = 200
 """How much of a body an error message shows."""
@@ -32,6 +32,21 @@ def parse_object(text: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+class Answered(Protocol):
+    """What an error is built from (``engine_http.Answer``): the call's endpoint and what came back."""
+
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def status(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def records(self) -> tuple[AttemptRecord, ...]: ...
+    @property
+    def response(self) -> Any: ...
 
 
 class EngineAnswerError(requests.exceptions.RequestException):
@@ -61,6 +76,13 @@ class EngineAnswerError(requests.exceptions.RequestException):
         what = (f"HTTP {status}" + (f": {detail}" if detail else "")) if status is not None else (detail or "no response")
         super().__init__(f"{engine} {endpoint}: {what}; body: {self.body_excerpt!r}", **kwargs)
         self.attempts = attempts or _response_attempts(self.response)
+
+    @classmethod
+    def of(cls, engine: str, answer: Answered, detail: str = "", *, body: str | None = None, **kwargs: Any) -> Self:
+        """The error for ``answer``: its endpoint, status, body (or ``body``), response and delivery record."""
+        text = answer.text if body is None else body
+        kwargs.update({"detail": detail} if detail else {})  # a class that words its own detail (SGLangAuthError) takes none
+        return cls(engine, answer.endpoint, answer.status, text, response=answer.response, attempts=answer.records, **kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Rebuild from the message and attributes (Ray and multiprocessing ship errors pickled)."""

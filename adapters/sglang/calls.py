@@ -257,16 +257,14 @@ def flush_server_wait(wait_for_idle: bool, remaining_s: float) -> float:
 def raise_if_refused(engine: str, answer: Answer, key_name: str | None) -> Answer:
     """Raise ``SGLangAuthError`` on a 401/403 (never retried), naming which key was sent, never the key."""
     if answer.status in (401, 403):
-        raise results.SGLangAuthError(
-            engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response, attempts=answer.records
-        )
+        raise results.SGLangAuthError.of(engine, answer, key=key_name)
     return answer
 
 
 def require_ok(engine: str, answer: Answer) -> Answer:
     """``answer`` when its status is below 400, else ``SGLangError`` with the status and a body excerpt."""
     if not answer.ok:
-        raise results.SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+        raise results.SGLangError.of(engine, answer)
     return answer
 
 
@@ -276,15 +274,7 @@ def json_of(engine: str, answer: Answer) -> Any:
     try:
         return jsonlib.loads(answer.text)
     except ValueError:
-        raise results.SGLangProtocolError(
-            engine,
-            answer.endpoint,
-            answer.status,
-            answer.text,
-            detail="answer is not JSON",
-            response=answer.response,
-            attempts=answer.records,
-        ) from None
+        raise results.SGLangProtocolError.of(engine, answer, "answer is not JSON") from None
 
 
 def control_result(engine: str, answer: Answer) -> results.ControlResult:
@@ -297,31 +287,19 @@ def control_result(engine: str, answer: Answer) -> results.ControlResult:
 
 def weights_result(engine: str, answer: Answer) -> results.WeightUpdateResult:
     """A weight-update answer ``{"success", "message"}``; a refusal raises, an applied-but-refused update says so."""
-    endpoint = answer.endpoint
     if answer.status == 400:
         data = parse_object(answer.text)
         if data is not None and data.get("success") is False:
             message = str(data.get("message", ""))
             if message.startswith(APPLIED_NOT_FLUSHED):
-                raise results.SGLangAppliedButRefused(
-                    engine,
-                    endpoint,
-                    400,
-                    answer.text,
-                    detail="weights applied, cache not flushed",
-                    response=answer.response,
-                    attempts=answer.records,
-                )
-            raise results.SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}", attempts=answer.records)
+                raise results.SGLangAppliedButRefused.of(engine, answer, "weights applied, cache not flushed")
+            raise results.SGLangError.of(engine, answer, f"refused: {message}")
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "success" not in data:
-        detail = "no 'success' field"
-        raise results.SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail=detail, attempts=answer.records)
+        raise results.SGLangProtocolError.of(engine, answer, "no 'success' field")
     if not data["success"]:
-        raise results.SGLangError(
-            engine, endpoint, answer.status, answer.text, detail=f"refused: {data.get('message', '')}", attempts=answer.records
-        )
-    return results.WeightUpdateResult(engine, endpoint, True, str(data.get("message", "")), data)
+        raise results.SGLangError.of(engine, answer, f"refused: {data.get('message', '')}")
+    return results.WeightUpdateResult(engine, answer.endpoint, True, str(data.get("message", "")), data)
 
 
 def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float, poll_s: float) -> results.FlushResult | None:
@@ -334,7 +312,7 @@ def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float
         return results.FlushResult(engine, answer.text.strip(), polls)
     not_idle = answer.status == 400 and any(text in answer.text for text in NOT_IDLE)
     if not not_idle:
-        raise results.SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+        raise results.SGLangError.of(engine, answer)
     if remaining_s <= poll_s:
         raise flush_gave_up(engine, answer, polls)
     return None
@@ -370,15 +348,7 @@ def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> results.SGL
     deadline runs out during the pause before the next one (the transport's
     ``DeadlineExceeded`` is then its cause): the caller learns the same thing.
     """
-    return results.SGLangError(
-        engine,
-        last_not_idle.endpoint,
-        last_not_idle.status,
-        last_not_idle.text,
-        detail=f"still not idle after {polls} tries before the deadline",
-        response=last_not_idle.response,
-        attempts=last_not_idle.records,
-    )
+    return results.SGLangError.of(engine, last_not_idle, f"still not idle after {polls} tries before the deadline")
 
 
 def health_result(engine: str, answer: Answer | None, latency_s: float, error: BaseException | None = None) -> results.Health:
@@ -393,22 +363,20 @@ def paused_health(engine: str) -> results.Health:
     return results.Health(engine, True, None, 0.0, paused_by_us=True)
 
 
-def server_info_result(engine: str, answer: Answer) -> dict[str, Any]:
-    """``/server_info``: a JSON object."""
+def server_info_result(engine: str, answer: Answer, *required: str) -> dict[str, Any]:
+    """``/server_info``: a JSON object (with the ``required`` fields); ``SGLangProtocolError`` otherwise."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
-        detail = "answer is not an object"
-        raise results.SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail=detail, attempts=answer.records)
+        raise results.SGLangProtocolError.of(engine, answer, "answer is not an object")
+    for name in required:
+        if name not in data:
+            raise results.SGLangProtocolError.of(engine, answer, f"no {name!r} field")
     return data
 
 
 def model_info_result(engine: str, answer: Answer) -> results.ModelInfo:
     """``/model_info`` with its weight version."""
-    data = json_of(engine, answer)
-    if not isinstance(data, dict) or "model_path" not in data:
-        raise results.SGLangProtocolError(
-            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field", attempts=answer.records
-        )
+    data = server_info_result(engine, answer, "model_path")
     version = data.get("weight_version")
     weight_version = None if version is None else str(version)
     return results.ModelInfo(engine, str(data["model_path"]), weight_version, data.get("served_model_name"), data)
@@ -426,18 +394,12 @@ def models_result(engine: str, answer: Answer) -> list[str]:
     try:
         return [str(m["id"]) for m in data["data"]]
     except (KeyError, TypeError):
-        raise results.SGLangProtocolError(
-            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id", attempts=answer.records
-        ) from None
+        raise results.SGLangProtocolError.of(engine, answer, "no data[].id") from None
 
 
 def generate_result(engine: str, answer: Answer) -> results.GenerateResult:
     """A non-streaming ``/generate`` answer."""
-    data = json_of(engine, answer)
-    if not isinstance(data, dict):
-        detail = "answer is not an object"
-        raise results.SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail=detail, attempts=answer.records)
-    return generate_chunk(data)
+    return generate_chunk(server_info_result(engine, answer))
 
 
 def generate_chunk(data: Mapping[str, Any]) -> results.GenerateResult:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from resilience.adapters.engine_http import Answer
 from resilience.adapters.sglang.calls import GATEWAY_STATUSES, Call
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS
 from resilience.adapters.sglang.results import SGLangError
@@ -19,7 +18,7 @@ from resilience.errors import CircuitOpen, ResilienceError
 from resilience.outcome import AttemptRecord, attempts_of
 from resilience.policy import PolicyTable
 
-__all__ = ["answer_error", "call_deadline", "engine_died", "gateway_error_records", "liveness_verdict", "needs_liveness_check"]
+__all__ = ["call_deadline", "engine_died", "gateway_error_records", "liveness_verdict", "needs_liveness_check"]
 
 
 def call_deadline(policies: PolicyTable, call: Call, started_at: float) -> Deadline:
@@ -72,11 +71,6 @@ def liveness_verdict(check_error: BaseException | None) -> bool | None:
     if isinstance(check_error, SGLangError):
         return check_error.status not in GATEWAY_STATUSES
     return False
-
-
-def answer_error(engine: str, answer: Answer) -> SGLangError:
-    """The ``SGLangError`` an error answer raises."""
-    return SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
 
 
 def engine_died(

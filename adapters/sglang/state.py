@@ -120,7 +120,7 @@ class SGLangClientState(EngineClientState):
         raise_if_refused(self.engine, answer, self._key_for(call.path)[0])
         if liveness.needs_liveness_check(call, answer.status, answer.records):
             deadline = liveness.call_deadline(self._policies, call, started_at)
-            yield from self._alive_steps(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
+            yield from self._alive_steps(answer.endpoint, answer.records, SGLangError.of(self.engine, answer), deadline)
         return answer  # type: ignore[no-any-return]  # an Answer: what the exchange step gave
 
     def _alive_steps(

@@ -181,33 +181,28 @@ def fixed(r: Route, params: tuple[tuple[str, str], ...] = (), body: dict[str, An
 
 def malformed(engine: str, answer: Answer, detail: str) -> results.VLLMProtocolError:
     """The error for a 2xx answer that is not what 0.33.0 sends: endpoint, status, ``detail`` and a body excerpt."""
-    return results.VLLMProtocolError(engine, answer.endpoint, answer.status, answer.text, detail=detail, attempts=answer.records)
+    return results.VLLMProtocolError.of(engine, answer, detail)
 
 
 def check_reply(engine: str, r: Route, api: VLLMApi | None, answer: Answer, *, key_sent: bool = False) -> Answer:
     """``answer`` when it is a success; else the typed error (see the module docstring for the rules)."""
-    common = {"response": answer.response, "attempts": answer.records}
     if answer.status == 401:
-        detail = "unauthorized: " + (
-            "the server refused the API key this client sent" if key_sent else "no API key was sent (pass api_key=)"
-        )
-        raise results.VLLMAuthError(engine, answer.endpoint, 401, answer.text, detail=detail, **common)
+        sent = "the server refused the API key this client sent" if key_sent else "no API key was sent (pass api_key=)"
+        raise results.VLLMAuthError.of(engine, answer, f"unauthorized: {sent}")
     dev_only = r.dev_mode_since is not None and (api is None or api.at_least(r.dev_mode_since))
     if answer.status == 404 and dev_only:
         detail = (
             f"vLLM mounts {r.path} only in dev mode and this server runs without it: "
             "start it with VLLM_SERVER_DEV_MODE=1 (the control routes answer 404 otherwise)"
         )
-        raise results.VLLMDevModeOff(engine, answer.endpoint, 404, answer.text, detail=detail, **common)
+        raise results.VLLMDevModeOff.of(engine, answer, detail)
     if answer.status == 404 and r.mounted_by is not None:
-        detail = f"vLLM mounts {r.path} only with {r.mounted_by} and this server runs without it"
-        raise results.VLLMError(engine, answer.endpoint, 404, answer.text, detail=detail, **common)
+        raise results.VLLMError.of(engine, answer, f"vLLM mounts {r.path} only with {r.mounted_by} and this server runs without it")
     if answer.status >= 400:
-        raise results.VLLMError(engine, answer.endpoint, answer.status, answer.text, **common)
+        raise results.VLLMError.of(engine, answer)
     data = parse_object(answer.text) if answer.text else None
     if data is not None and data.get("success") is False:
-        detail = _refusal_detail(r, answer.polls)
-        refused = results.VLLMRefused(engine, answer.endpoint, answer.status, answer.text, detail=detail, **common)
+        refused = results.VLLMRefused.of(engine, answer, _refusal_detail(r, answer.polls))
         refused.polls = answer.polls
         raise refused
     return answer
