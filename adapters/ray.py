@@ -47,9 +47,8 @@ import ray
 import ray.exceptions
 
 from resilience.adapters.routing import engine_of
-from resilience.adapters.sglang import ControlResult, FlushResult, Health, ModelInfo, SGLangClient
+from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.vllm.engine import VLLM_TAGS, VLLMEngine
-from resilience.adapters.vllm.results import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.deadline import Deadline, current_deadline
 from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, PauseMode, engine_name
@@ -179,91 +178,30 @@ class _Forwarding:
         raise NotImplementedError
 
 
-class _ClientCalls(_Forwarding):
-    """``ControlPlaneEngine``'s five calls plus ``health`` and ``model_info``, each run by ``_forward`` as the
-    ``SGLangClient`` method of the same name: the actor runs it on its client, the handle in its actor."""
+class _ContractCalls(_Forwarding):
+    """The barrier's five calls (``ControlPlaneEngine``), each run by ``_forward`` as the method of the same name of the
+    engine's client (``SGLangClient``, ``VLLMEngine``): the actor on its client, the handle in its actor. The handles
+    forward every other public method of the client by name (``health``, ``model_info``, ``weight_info``, ...)."""
 
-    def pause_generation(self, mode: PauseMode = "abort") -> ControlResult:
-        """Pause admission (``abort``, ``retract`` or ``in_place``)."""
-        result: ControlResult = self._forward("pause_generation", {"mode": mode})
-        return result
+    def pause_generation(self, mode: PauseMode = "abort") -> Any:
+        """Stop admitting requests (``abort``, ``retract`` or ``in_place``)."""
+        return self._forward("pause_generation", {"mode": mode})
 
-    def flush_cache(self, deadline_s: float | None = None) -> FlushResult:
-        """Flush the radix cache, waiting up to ``deadline_s`` (None = the client's ``flush_deadline_s``) for idle."""
-        result: FlushResult = self._forward("flush_cache", {"deadline_s": deadline_s})
-        return result
-
-    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """Release GPU memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
-        result: ControlResult = self._forward("release_memory_occupation", {"tags": None if tags is None else list(tags)})
-        return result
-
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """Re-occupy memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
-        result: ControlResult = self._forward("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
-        return result
-
-    def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
-        """Reopen admission."""
-        result: ControlResult = self._forward("continue_generation", {"torch_empty_cache": torch_empty_cache})
-        return result
-
-    def health(self) -> Health:
-        """``/health``; ``paused_by_us`` at once for an engine the actor's client paused."""
-        result: Health = self._forward("health", {})
-        return result
-
-    def model_info(self) -> ModelInfo:
-        """``/model_info``, including the weight version."""
-        result: ModelInfo = self._forward("model_info", {})
-        return result
-
-
-class _VLLMCalls(_Forwarding):
-    """``VLLMEngine``'s five control calls and its reads (``weight_info``, ``is_paused``, ``complete``), each run by
-    ``_forward`` as the ``VLLMEngine`` method of the same name (see ``resilience.adapters.vllm.engine``)."""
-
-    def pause_generation(self, *, mode: str = "abort") -> CommandResult:
-        """``/pause`` with the barrier's ``mode`` (``VLLM_PAUSE_MODES``)."""
-        result: CommandResult = self._forward("pause_generation", {"mode": mode})
-        return result
-
-    def flush_cache(self, *, deadline_s: float | None = None) -> object:
-        """``/reset_prefix_cache`` (refusals asked again up to ``deadline_s``), then the mm and encoder caches."""
+    def flush_cache(self, deadline_s: float | None = None) -> Any:
+        """Flush the KV cache, waiting up to ``deadline_s`` (None = the client's default) for idle."""
         return self._forward("flush_cache", {"deadline_s": deadline_s})
 
-    def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> SleepResult:
-        """``/sleep``: every tag goes to sleep (``tags`` are only checked)."""
-        result: SleepResult = self._forward("release_memory_occupation", {"tags": None if tags is None else list(tags)})
-        return result
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> Any:
+        """Release GPU memory for ``tags`` (None = every tag)."""
+        return self._forward("release_memory_occupation", {"tags": None if tags is None else list(tags)})
 
-    def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> WakeResult:
-        """``/wake_up?tags=...`` (None: a full wake)."""
-        result: WakeResult = self._forward("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
-        return result
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> Any:
+        """Occupy GPU memory again for ``tags`` (None = every tag)."""
+        return self._forward("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
 
-    def continue_generation(self, *, torch_empty_cache: bool = True) -> CommandResult:
-        """``/resume`` (``torch_empty_cache`` is ignored by vLLM)."""
-        result: CommandResult = self._forward("continue_generation", {"torch_empty_cache": torch_empty_cache})
-        return result
-
-    def weight_info(self) -> WeightInfo:
-        """``GET /weight_info`` (what ``WeightVersionCheck`` reads)."""
-        result: WeightInfo = self._forward("weight_info", {})
-        return result
-
-    def is_paused(self) -> bool:
-        """``GET /is_paused`` (what a controller that resumed a journal asks: ``VLLM_RULES.serving_read``)."""
-        result: bool = self._forward("is_paused", {})
-        return result
-
-    def complete(
-        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, extra: Mapping[str, Any] | None = None
-    ) -> CompletionResult:
-        """``POST /v1/completions`` (what ``CanaryCheck`` sends)."""
-        kwargs = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "extra": None if extra is None else dict(extra)}
-        result: CompletionResult = self._forward("complete", kwargs)
-        return result
+    def continue_generation(self, torch_empty_cache: bool = True) -> Any:
+        """Admit requests again."""
+        return self._forward("continue_generation", {"torch_empty_cache": torch_empty_cache})
 
 
 # -- the actors ---------------------------------------------------------------------------------
@@ -321,13 +259,13 @@ class _EngineActor(_Forwarding):
         return fn  # type: ignore[no-any-return]
 
 
-class _SGLangEngineActor(_EngineActor, _ClientCalls):
+class _SGLangEngineActor(_EngineActor, _ContractCalls):
     """The body of ``SGLangEngineActor``: one ``SGLangClient`` and the calls the orchestrator makes on it."""
 
     target = SGLangClient
 
 
-class _VLLMEngineActor(_EngineActor, _VLLMCalls):
+class _VLLMEngineActor(_EngineActor, _ContractCalls):
     """The body of ``VLLMEngineActor``: one ``VLLMEngine`` (``client_kwargs``: ``sleep_level`` and the ``VLLMClient``'s)."""
 
     target = VLLMEngine
@@ -337,10 +275,8 @@ SGLangEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_SGLangEngineActor)
 """The Ray actor class: ``SGLangEngineActor.options(...).remote(base_url, client_kwargs)``.
 
 Holds ``SGLangClient(base_url, **client_kwargs)`` built inside the actor, and
-exposes ``pause_generation``, ``flush_cache``, ``release_memory_occupation``,
-``resume_memory_occupation``, ``continue_generation``, ``health``,
-``model_info``, ``engine``, and ``call(method, kwargs, deadline_s)`` /
-``timed_call(...)`` for any other public client method. Created with
+exposes the barrier's five calls, ``engine``, and ``call(method, kwargs, deadline_s)`` /
+``timed_call(...)`` for any other public client method (``health``, ``model_info``, ...). Created with
 ``DEFAULT_ACTOR_OPTIONS``. Errors raised inside reach the driver as
 ``RayTaskError`` around the original error; ``RayFanOut`` and ``RayEngine``
 unwrap them.
@@ -351,9 +287,8 @@ VLLMEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_VLLMEngineActor)
 
 Holds ``VLLMEngine(base_url, **client_kwargs)`` built inside the actor
 (``sleep_level`` and ``VLLMClient`` keywords: ``policies``, ``api_key``, ...),
-and exposes its five control calls, ``weight_info``, ``is_paused``,
-``complete``, ``engine``, ``call`` and ``timed_call`` as ``SGLangEngineActor``
-does. Created with ``DEFAULT_ACTOR_OPTIONS``.
+and exposes its five control calls, ``engine``, ``call`` and ``timed_call`` as
+``SGLangEngineActor`` does (``weight_info``, ``is_paused``, ``complete`` through ``call``). Created with ``DEFAULT_ACTOR_OPTIONS``.
 """
 
 
@@ -411,15 +346,16 @@ class _RayHandle(_Forwarding):
         if name.startswith("_") or name in _NOT_REMOTE or not callable(getattr(self.target, name, None)):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-        def forward(**kwargs: Any) -> Any:
-            return self.call(name, **kwargs)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            bound = inspect.signature(getattr(self.target, name)).bind(self, *args, **kwargs).arguments
+            return self.call(name, **{key: value for key, value in bound.items() if key != "self"})
 
         forward.__name__ = name
         forward.__doc__ = getattr(self.target, name).__doc__
         return forward
 
 
-class RayEngine(_RayHandle, _ClientCalls):
+class RayEngine(_RayHandle, _ContractCalls):
     """A driver-side handle of one SGLang engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
 
     ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the
@@ -438,7 +374,7 @@ class RayEngine(_RayHandle, _ClientCalls):
     kind: EngineKind = "sglang"
 
 
-class RayVLLMEngine(_RayHandle, _VLLMCalls):
+class RayVLLMEngine(_RayHandle, _ContractCalls):
     """A driver-side handle of one vLLM engine actor; the ``Orchestrator`` takes it like a ``VLLMEngine``.
 
     The same as ``RayEngine`` (``engine``, ``actor``, ``base_url``, deadlines,
@@ -636,17 +572,11 @@ def _get_all(refs: Sequence[Any]) -> dict[Any, Any]:
 class RayFanOut:
     """A ``FanOut`` over Ray actors: every engine's call is an ObjectRef, all submitted before any is awaited.
 
-    Engines must be ``RayEngine`` or ``RayVLLMEngine`` handles (anything with
-    an ``actor`` that answers ``timed_call``), of one kind or mixed. Each call runs ``timed_call`` in the
-    actor with the seconds left of the phase deadline; the driver waits for
-    all refs with the same deadline. Per engine: a dead actor becomes
-    ``EngineDied``, an error raised in the actor is the original error, a ref
-    not ready by the deadline becomes ``PhaseTimeout`` and is cancelled
-    (best effort: a call already running finishes on its own deadline); its
-    ``EngineResult.late`` lets the barrier wait for it to land.
-    ``duration_s`` is the call's own time inside the actor; for failures, the
-    time until the driver saw the failure (or the deadline). ``cancel_late``:
-    cancel refs that missed the deadline (default True).
+    Engines are ``RayEngine`` / ``RayVLLMEngine`` handles (an ``actor`` that answers ``timed_call``), of one kind or
+    mixed; errors as the module docstring says. A ref not ready by the deadline is cancelled (best effort: a call
+    already running finishes on its own deadline), and its ``EngineResult.late`` lets the barrier wait for it to land.
+    ``duration_s``: the call's own time inside the actor; for failures, until the driver saw it (or the deadline).
+    ``cancel_late``: cancel refs that missed the deadline (default True).
     """
 
     def __init__(self, *, cancel_late: bool = True) -> None:
