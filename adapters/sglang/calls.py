@@ -44,6 +44,7 @@ __all__ = [
     "json_of",
     "key_for",
     "model_info_result",
+    "post",
     "models_result",
     "paused_health",
     "raise_if_refused",
@@ -158,74 +159,6 @@ def memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(tags) if tags else ALL_TAGS
 
 
-def begin_weight_update_call(selector: str) -> Call:
-    """``POST /begin_weight_update`` (SGLang 0.5.23's weight-update session)."""
-    return Call("POST", "/begin_weight_update", {"selector": selector})
-
-
-def end_weight_update_call() -> Call:
-    """``POST /end_weight_update``."""
-    return Call("POST", "/end_weight_update", {})
-
-
-def update_weight_version_call(new_version: str, abort_all_requests: bool) -> Call:
-    """``POST /update_weight_version``."""
-    return Call("POST", "/update_weight_version", {"new_version": new_version, "abort_all_requests": abort_all_requests})
-
-
-def update_weights_from_tensor_call(
-    serialized_named_tensors: Sequence[str],
-    *,
-    load_format: str | None,
-    flush_cache: bool,
-    abort_all_requests: bool,
-    weight_version: str | None,
-) -> Call:
-    """``POST /update_weights_from_tensor``."""
-    return _post(
-        "/update_weights_from_tensor", serialized_named_tensors=list(serialized_named_tensors), flush_cache=flush_cache,
-        abort_all_requests=abort_all_requests, load_format=load_format, weight_version=weight_version,
-    )
-
-
-def update_weights_from_distributed_call(
-    names: Sequence[str],
-    dtypes: Sequence[str],
-    shapes: Sequence[Sequence[int]],
-    *,
-    group_name: str,
-    flush_cache: bool,
-    weight_version: str | None,
-) -> Call:
-    """``POST /update_weights_from_distributed``."""
-    return _post(
-        "/update_weights_from_distributed", names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes],
-        group_name=group_name, flush_cache=flush_cache, weight_version=weight_version,
-    )
-
-
-def update_weights_from_disk_call(model_path: str, *, flush_cache: bool, weight_version: str | None, load_format: str | None) -> Call:
-    """``POST /update_weights_from_disk``."""
-    return _post(
-        "/update_weights_from_disk", model_path=model_path, flush_cache=flush_cache, weight_version=weight_version, load_format=load_format
-    )
-
-
-def init_weights_update_group_call(
-    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
-) -> Call:
-    """``POST /init_weights_update_group``."""
-    body = {
-        "master_address": master_address,
-        "master_port": master_port,
-        "rank_offset": rank_offset,
-        "world_size": world_size,
-        "group_name": group_name,
-        "backend": backend,
-    }
-    return Call("POST", "/init_weights_update_group", body)
-
-
 def generate_call(
     text: str | None, input_ids: Sequence[int] | None, sampling_params: Mapping[str, Any] | None, rid: str | None, *, stream: bool
 ) -> Call:
@@ -233,10 +166,10 @@ def generate_call(
     if (text is None) == (input_ids is None):
         raise ValueError("generate needs exactly one of text or input_ids")
     ids = None if input_ids is None else list(input_ids)
-    return _post("/generate", sampling_params=dict(sampling_params or {}), stream=stream, text=text, input_ids=ids, rid=rid)
+    return post("/generate", sampling_params=dict(sampling_params or {}), stream=stream, text=text, input_ids=ids, rid=rid)
 
 
-def _post(path: str, **fields: Any) -> Call:
+def post(path: str, **fields: Any) -> Call:
     """A ``POST`` of ``path`` whose JSON body holds the ``fields`` given (a None one is left out, as SGLang's default)."""
     return Call("POST", path, {name: value for name, value in fields.items() if value is not None})
 
