@@ -35,11 +35,8 @@ The idempotent calls (pause, flush, continue: sending one twice does no harm)
 are sent again, up to ``retries`` times, to the engines whose answer was a
 maybe (a 502/503/504, unreachable, timed out); release and resume never are
 (a second release or resume crashes SGLang): their maybe goes to the barrier,
-unless a ``memory_probe`` (``resilience.memory_probe.MemoryProbe``) proves it,
-by ``resilience.adapters.sglang.memory_check``'s rules: all the call's tags in the
-state it asked for = applied (``ControlResult.confirmed_by_probe``); all still as
-before, after an engine's 502 or 503 = not applied, sent again (up to
-``retries``); anything else (a 504, no answer, partly) stays a maybe.
+unless a ``memory_probe`` proves it (``memory_check.probe_verdict``): applied
+(``ControlResult.confirmed_by_probe``), or not applied after a 502/503 (sent again, up to ``retries``).
 Every HTTP request is bounded by the phase deadline (or ``timeout_s``).
 """
 
@@ -58,6 +55,7 @@ import requests
 from resilience.adapters.requests import exception_chain
 from resilience.adapters.sglang import ControlResult, FlushResult
 from resilience.adapters.sglang.calls import Call, continue_call, flush_call, memory_call, memory_tags, pause_call
+from resilience.adapters.sglang.memory_check import probe_verdict
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.barrier.state import GATEWAY_STATUSES, EngineSkipped
 from resilience.deadline import Deadline
@@ -65,6 +63,7 @@ from resilience.engine_contract import PauseMode, engine_name
 from resilience.events import AttemptEnded, CallEnded, CallStarted, Observer, RetryScheduled, emit
 from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
+from resilience.policy import ProbeAnswer
 
 __all__ = ["GatewayRefused", "SmgEngine", "SmgFanOut", "SmgWorkerError"]
 
@@ -331,24 +330,13 @@ class SmgFanOut:
         return [results[n] for n in names]
 
     def _verdict(self, name: str, method: str, kwargs: Mapping[str, Any], answer: _Answer) -> bool | None:
-        """The memory probe's word on a release or resume that got a maybe: True applied, False not applied (after a
-        502/503 only), None unknown (no probe, no proof, partly, or an answer after which the call may still land)."""
+        """The memory probe's word on a release or resume that got a maybe (``memory_check.probe_verdict``): True
+        applied, False not applied (after a 502/503 only), None unknown (no probe, or nothing proved)."""
         if self._probe is None:
             return None
-        try:
-            released = self._probe.released_tags(name)
-        except Exception:  # a probe that fails proves nothing
-            return None
-        if released is None:
-            return None
         tags = frozenset(memory_tags(kwargs.get("tags")))
-        now_released, now_active = tags <= released, not (tags & released)
-        applied, as_before = (now_released, now_active) if method == "release_memory_occupation" else (now_active, now_released)
-        if applied:
-            return True
-        if as_before and answer.status in (502, 503):
-            return False
-        return None
+        verdict = probe_verdict(self._probe, name, tags, releasing=method == "release_memory_occupation", status=answer.status)
+        return None if verdict is ProbeAnswer.UNKNOWN else verdict is ProbeAnswer.DONE
 
     def _value(self, name: str, method: str, body: Any, polls: int) -> object:
         message = body.get("message", "") if isinstance(body, dict) else (body if isinstance(body, str) else "")

@@ -36,7 +36,7 @@ from resilience.engine_contract import ALL_TAGS
 from resilience.memory_probe import MemoryProbe
 from resilience.policy import ProbeAnswer, ProbeContext
 
-__all__ = ["RELEASE_PATH", "RESUME_PATH", "MemoryProbeCheck", "requested_tags"]
+__all__ = ["RELEASE_PATH", "RESUME_PATH", "MemoryProbeCheck", "probe_verdict", "requested_tags"]
 
 RELEASE_PATH = "/release_memory_occupation"
 RESUME_PATH = "/resume_memory_occupation"
@@ -88,17 +88,22 @@ class MemoryProbeCheck:
         tags = requested_tags(context.body)
         if tags is None:
             return ProbeAnswer.UNKNOWN
-        try:
-            released = self.memory_probe.released_tags(context.engine)
-        except Exception:
-            return ProbeAnswer.UNKNOWN
-        if released is None:
-            return ProbeAnswer.UNKNOWN
-        now_released = tags <= released
-        now_active = not (tags & released)
-        applied, as_before = (now_released, now_active) if releasing else (now_active, now_released)
-        if applied:
-            return ProbeAnswer.DONE
-        if as_before and context.status in _NOT_APPLIED_TRUSTED:
-            return ProbeAnswer.NOT_DONE
+        return probe_verdict(self.memory_probe, context.engine, tags, releasing=releasing, status=context.status)
+
+
+def probe_verdict(memory_probe: MemoryProbe, engine: str, tags: frozenset[str], *, releasing: bool, status: int | None) -> ProbeAnswer:
+    """What ``memory_probe`` proves of a release (``releasing``) or resume of ``tags`` on ``engine`` that got ``status``
+    (None = no answer), by the module docstring's rules; a probe that raises or answers None proves nothing."""
+    try:
+        released = memory_probe.released_tags(engine)
+    except Exception:
         return ProbeAnswer.UNKNOWN
+    if released is None:
+        return ProbeAnswer.UNKNOWN
+    now_released, now_active = tags <= released, not (tags & released)
+    applied, as_before = (now_released, now_active) if releasing else (now_active, now_released)
+    if applied:
+        return ProbeAnswer.DONE
+    if as_before and status in _NOT_APPLIED_TRUSTED:
+        return ProbeAnswer.NOT_DONE
+    return ProbeAnswer.UNKNOWN
