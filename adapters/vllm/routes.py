@@ -52,13 +52,10 @@ __all__ = ["CONTROL_ROUTES", "ROUTES", "VLLM_POLICIES", "Route", "route"]
 _V033: Final[Version] = (0, 33, 0)
 
 # The retry rules are SGLANG_POLICIES' (``engine_retries.py``: a dead URL fails in ~5 s).
-_MEMORY = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
-"""Sleep and wake: re-sent on timeouts and 502/503/504 (idempotent); ``mode=wait`` blocks until drained."""
-_PAUSE = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
-"""Pause: ``mode=wait`` answers only when every running request finished."""
+_LONG = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
+"""Sleep, wake, pause, ``/weight_checker``: re-sent on timeouts and 502/503/504 (idempotent), with room for a
+``mode=wait`` that answers once every running request finished and for hashing every weight on every worker."""
 _CONTROL = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=30, deadline_s=120)
-_CHECKER = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=120, deadline_s=300)
-"""``/weight_checker`` hashes every weight on every worker."""
 _ONCE = EndpointPolicy(retry=CONTROL_RETRY, idempotent=False, retry_statuses_if_not_idempotent=False, attempt_timeout_s=60, deadline_s=120)
 """Sent again only when it provably never left (a refused connection); a gateway status is handed back."""
 _UPDATE = EndpointPolicy(
@@ -126,12 +123,12 @@ _TABLE: Final[tuple[Route, ...]] = (
     # routes whose first release the reference does not establish are marked since 0.33.0 (read there): an
     # older server gets a clear VLLMVersionError instead of a 404 misread as "dev mode off"
     # memory (serve/dev/sleep, dev mode in every release)
-    Route("sleep", "POST", "/sleep", _MEMORY, f"{_SLEEP} l.26"),
-    Route("wake_up", "POST", "/wake_up", _MEMORY, f"{_SLEEP} l.44"),
+    Route("sleep", "POST", "/sleep", _LONG, f"{_SLEEP} l.26"),
+    Route("wake_up", "POST", "/wake_up", _LONG, f"{_SLEEP} l.44"),
     Route("is_sleeping", "GET", "/is_sleeping", _READ, f"{_SLEEP} l.58"),
     Route("release_kv_cache_memory", "POST", "/release_kv_cache_memory", _ONCE, f"{_SLEEP} l.37", since=_V033),
     # generation control (rl/online; always mounted in 0.12/0.14, dev mode since 0.17)
-    Route("pause", "POST", "/pause", _PAUSE, f"{_RL} l.31", dev_mode_since=PAUSE_NEEDS_DEV_MODE),
+    Route("pause", "POST", "/pause", _LONG, f"{_RL} l.31", dev_mode_since=PAUSE_NEEDS_DEV_MODE),
     Route("resume", "POST", "/resume", _CONTROL, f"{_RL} l.78", dev_mode_since=PAUSE_NEEDS_DEV_MODE),
     Route("is_paused", "GET", "/is_paused", _READ, f"{_RL} l.145", dev_mode_since=PAUSE_NEEDS_DEV_MODE),
     Route("abort_requests", "POST", "/abort_requests", _CONTROL, f"{_RL} l.97", since=_V033),
@@ -151,7 +148,7 @@ _TABLE: Final[tuple[Route, ...]] = (
     Route("finish_weight_update", "POST", "/finish_weight_update", _ONCE, f"{_RL} l.207", since=WEIGHT_SESSION, needs_weights=True),
     Route("update_weight_version", "POST", "/update_weight_version", _CONTROL, f"{_RL} l.217", since=WEIGHT_VERSION_ROUTES),
     Route("weight_info", "GET", "/weight_info", _READ, f"{_RL} l.226", since=WEIGHT_VERSION_ROUTES),
-    Route("weight_checker", "POST", "/weight_checker", _CHECKER, f"{_RL} l.232", since=_V033, needs_weights=True),
+    Route("weight_checker", "POST", "/weight_checker", _LONG, f"{_RL} l.232", since=_V033, needs_weights=True),
     Route("get_world_size", "GET", "/get_world_size", _READ, f"{_RL} l.269", since=_V033),
     # fault tolerance (serve/fault_tolerance, mounted with --enable-fault-tolerance, dev mode or not)
     Route(

@@ -35,7 +35,6 @@ __all__ = [
     "SUPPORTED",
     "VLLMApi",
     "Version",
-    "WAIT_FLAG_REMOVED",
     "WEIGHT_SESSION",
     "WEIGHT_TRANSFER",
     "WEIGHT_VERSION_ROUTES",
@@ -65,8 +64,6 @@ WEIGHT_VERSION_ROUTES: Final[Version] = (0, 27, 0)
 """``/update_weight_version`` and ``/weight_info``."""
 JSON_SLEEP_BODIES: Final[Version] = (0, 33, 0)
 """``/sleep`` and ``/wake_up`` answer JSON (``serve/dev/sleep/api_router.py`` l.34, l.53); empty 200s before."""
-WAIT_FLAG_REMOVED: Final[Version] = (0, 33, 0)
-"""``wait_for_inflight_requests`` is gone from ``/pause`` (``rl/online/api_router.py`` l.31-36 takes ``mode``, ``clear_cache``)."""
 
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -120,11 +117,6 @@ class VLLMApi:
     def mode_params(self) -> bool:
         """``/pause`` and ``/sleep`` take ``mode`` (0.17.0+)."""
         return self.at_least(MODE_PARAMS)
-
-    @property
-    def wait_flag(self) -> bool:
-        """``/pause`` still takes ``wait_for_inflight_requests`` (before 0.33.0)."""
-        return not self.at_least(WAIT_FLAG_REMOVED)
 
     @property
     def json_sleep_bodies(self) -> bool:
