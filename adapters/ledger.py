@@ -60,6 +60,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, cast
 
+from resilience.adapters.engine_steps import Steps, drive, run_now, value_of
 from resilience.breaker import BreakerRegistry
 from resilience.budget import RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
@@ -294,6 +295,39 @@ class LedgerRetrier(Retrier):
 
     # -- the drivers' entry points ----------------------------------------
 
+    def _rounds(self, spec: CallSpec, on_probe_done: Callable[[], R] | None) -> Steps[tuple[Any, ...], tuple[R, Records]]:
+        """A call from the ledger as steps (``engine_steps``): refused, answered "applied", or run with the attempts
+        left; a call that spends its attempts on gateway statuses where a re-send is harmless goes on for another
+        round (``_go_on``), as a framework's own retry would, until the ledger stops admitting one.
+
+        Steps: ``("probe", probe, context)``, ``("round", spec, deadline_s)`` (one ``Retrier`` run of the call),
+        ``("discard", response)``, ``("sleep", seconds)``; ``run`` and ``arun`` perform them.
+        """
+        admission = yield from self._admitted(spec)
+        run_spec = self._settle(spec, admission, on_probe_done)
+        if not isinstance(run_spec, CallSpec):
+            return run_spec, ()
+        while True:
+            response, records = value_of((yield ("round", run_spec, admission.deadline_s)))
+            if not _ended_on_status(records):
+                return response, records
+            after = yield from self._admitted(spec)
+            if not self._go_on(after):
+                return response, records
+            value_of((yield ("discard", response)))
+            value_of((yield ("sleep", self._pause_before_round(spec, after))))
+            settled = self._settle(spec, after, on_probe_done)
+            if not isinstance(settled, CallSpec):
+                return settled, records
+            admission, run_spec = after, settled
+
+    def _admitted(self, spec: CallSpec) -> Steps[tuple[Any, ...], _Admission]:
+        """``_admit``, then ``_after_probe`` with the probe's answer when the ledger asks one."""
+        admission = self._admit(spec)
+        if admission.probe is not None and admission.context is not None:
+            admission = self._after_probe(spec, value_of((yield ("probe", admission.probe, admission.context))))
+        return admission
+
     def run(
         self,
         spec: CallSpec,
@@ -305,39 +339,21 @@ class LedgerRetrier(Retrier):
         on_probe_done: Callable[[], R] | None = None,
         never_sent: Callable[[BaseException], bool] = lambda _e: False,
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted.
-
-        A call that spends its attempts on gateway statuses where a re-send is
-        harmless goes on for another round (``_go_on``), as a framework's own
-        retry would, until the ledger stops admitting one.
-        """
-        admission = self._admit(spec)
-        if admission.probe is not None and admission.context is not None:
-            admission = self._after_probe(spec, ask_probe(admission.probe, admission.context))
-        run_spec = self._settle(spec, admission, on_probe_done)
-        if not isinstance(run_spec, CallSpec):
-            return run_spec, ()
-
+        """``Retrier.run`` from the ledger (``_rounds``), each attempt counted."""
         reported, failing = self._counting(spec, report, failed, never_sent)
         done = self._clearing(spec, on_probe_done)
-        while True:
-            with Deadline(admission.deadline_s, clock=self.clock):
-                response, records = super().run(
-                    run_spec, send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
-                )
-            if not _ended_on_status(records):
-                return response, records
-            after = self._admit(spec)
-            if after.probe is not None and after.context is not None:
-                after = self._after_probe(spec, ask_probe(after.probe, after.context))
-            if not self._go_on(after):
-                return response, records
-            discard(response)
-            self.clock.sleep(self._pause_before_round(spec, after))
-            settled = self._settle(spec, after, on_probe_done)
-            if not isinstance(settled, CallSpec):
-                return settled, records
-            admission, run_spec = after, settled
+
+        def perform(step: tuple[Any, ...]) -> Any:
+            if step[0] == "round":
+                with Deadline(step[2], clock=self.clock):
+                    return Retrier.run(
+                        self, step[1], send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
+                    )
+            if step[0] == "probe":
+                return ask_probe(step[1], step[2])
+            return discard(step[1]) if step[0] == "discard" else self.clock.sleep(step[1])
+
+        return run_now(drive(self._rounds(spec, on_probe_done), perform))
 
     async def arun(  # type: ignore[override]  # one signature for both of Retrier.arun's overloads
         self,
@@ -352,48 +368,23 @@ class LedgerRetrier(Retrier):
         finish: Callable[[R, Records], T] | None = None,
     ) -> tuple[R, Records] | T:
         """``Retrier.arun`` from the ledger (rounds as ``run``); a sync probe runs in a worker thread."""
-        response, records = await self._arounds(spec, send, report, failed, discard, on_probe_done, never_sent)
-        return (response, records) if finish is None else finish(response, records)
-
-    async def _arounds(
-        self,
-        spec: CallSpec,
-        send: AsyncAttempt,
-        report: Report[R],
-        failed: Failed[R],
-        discard: Callable[[R], Awaitable[None] | None],
-        on_probe_done: Callable[[], R] | None,
-        never_sent: Callable[[BaseException], bool],
-    ) -> tuple[R, Records]:
-        admission = self._admit(spec)
-        if admission.probe is not None and admission.context is not None:
-            admission = self._after_probe(spec, await ask_probe_async(admission.probe, admission.context))
-        run_spec = self._settle(spec, admission, on_probe_done)
-        if not isinstance(run_spec, CallSpec):
-            return run_spec, ()
         reported, failing = self._counting(spec, report, failed, never_sent)
         done = self._clearing(spec, on_probe_done)
         asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
-        while True:
-            with Deadline(admission.deadline_s, clock=self.clock):
-                response, records = await super().arun(
-                    run_spec, send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
-                )
-            if not _ended_on_status(records):
-                return response, records
-            after = self._admit(spec)
-            if after.probe is not None and after.context is not None:
-                after = self._after_probe(spec, await ask_probe_async(after.probe, after.context))
-            if not self._go_on(after):
-                return response, records
-            released = discard(response)
-            if released is not None:
-                await released
-            await asleep(self._pause_before_round(spec, after))
-            settled = self._settle(spec, after, on_probe_done)
-            if not isinstance(settled, CallSpec):
-                return settled, records
-            admission, run_spec = after, settled
+
+        async def perform(step: tuple[Any, ...]) -> Any:
+            if step[0] == "round":
+                with Deadline(step[2], clock=self.clock):
+                    return await Retrier.arun(
+                        self, step[1], send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
+                    )
+            if step[0] == "probe":
+                return await ask_probe_async(step[1], step[2])
+            released = discard(step[1]) if step[0] == "discard" else asleep(step[1])
+            return None if released is None else await released
+
+        response, records = await drive(self._rounds(spec, on_probe_done), perform)
+        return (response, records) if finish is None else finish(response, records)
 
     def _counting(
         self, spec: CallSpec, report: Report[R], failed: Failed[R], never_sent: Callable[[BaseException], bool]
