@@ -1,18 +1,10 @@
-"""How both engine kinds' clients (SGLang and vLLM) send a request and read the answer: one copy for both.
+"""How both engine kinds' clients send a request and read the answer (what an answer means is each kind's ``calls.py``).
 
-Nothing here decides what an answer means (that is each kind's ``calls.py``):
-
-- ``Answer``: what an engine answered (status, text, the transport's delivery
-  record); ``answer_records`` reads that record off a transport's response.
-- ``answer_of``: a sync client's answer from a ``requests.Response``.
-- ``AsyncRequester`` (``requester_for``): the async clients' one sender, over an
-  ``aiohttp.ClientSession`` or an ``httpx.AsyncClient``, whole or streamed.
-- ``OwnAsyncSession``: an async client's session, the one passed or its own
-  aiohttp session with ``ResilientMiddleware``, opened in the running loop;
-  ``AsyncSessionOwner``: the async clients' ``session``, ``aclose`` and ``async with`` over it.
-
-Neither aiohttp nor httpx is imported until a session of that kind exists
-(or ``OwnAsyncSession`` opens one).
+``Answer`` (what an engine answered, with the transport's delivery record); ``answer_of`` (a sync client's, from a
+``requests.Response``); ``AsyncRequester`` (``requester_for``: the async clients' one sender, over an
+``aiohttp.ClientSession`` or an ``httpx.AsyncClient``); ``OwnAsyncSession`` and ``AsyncSessionOwner`` (an async
+client's session: the one passed, or its own aiohttp one opened in the running loop). Neither aiohttp nor httpx is
+imported until a session of that kind exists.
 """
 
 from __future__ import annotations

@@ -30,25 +30,10 @@ What is patched (``uninstrument`` puts each back):
 (``mount_sglang``, a ``ResilientAdapter``/``ResilientTransport`` of its own, a
 ``ResilientMiddleware`` among its middlewares) keeps it and gets nothing more.
 
-**One state per engine.** Every driver the instrumentor attaches shares one
-breaker and one retry budget per engine and one ``AttemptLedger``
-(``resilience.adapters.ledger``). Where a re-send can hurt (a release or resume the
-probe cannot settle, a weight update) a framework's own retry loop on top of
-ours starts each new call with the attempts its earlier calls left, so theirs
-and ours together stay within the endpoint's ``max_attempts``, and a call whose
-last attempt was left unresolved is settled through the policy's probe (a
-memory probe) before it goes out again. Elsewhere (``/pause_generation``,
-``/flush_cache``, ``/continue_generation``, a release the probe proved not
-applied) each of the framework's calls gets attempts of its own, bounded by
-the engine's retry budget and the endpoint's deadline counted from the first
-failure.
-
-**A probe that cannot see an engine is refused.** When the policies ask a
-memory probe (``sglang_policies(memory_probe=...)``), ``instrument`` asks it
-once for every engine named, and raises ``ConfigError`` naming those it does
-not know (``resilience.memory_probe.UnknownEngine``: an ``EmulatorMemoryProbe``
-without the proxies' ``aliases=``, an ``NvmlMemoryProbe`` without the engine):
-a mount must not run without its probe, silently.
+**One state per engine.** Every driver the instrumentor attaches shares one breaker and one retry budget per
+engine and one ``AttemptLedger``: a framework's own retry loop on top of ours cannot multiply the attempts where a
+re-send can hurt (``resilience.adapters.ledger`` has the rules). **A probe that cannot see an engine is refused**
+(``check_probes``): a mount must not run without its memory probe, silently.
 
 **Processes.** The patches are per process and ``instrument`` is idempotent
 there: calling it again with an equal instrumentor (same engines, policies,
