@@ -7,9 +7,14 @@ sent, the tags released; vLLM: the server's API, the weights asleep).
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
+from resilience.adapters.engine_steps import Steps
 from resilience.adapters.routing import engine_of
+
+T = TypeVar("T")
 
 __all__ = ["EngineClientState", "check_base_url"]
 
@@ -46,6 +51,17 @@ class EngineClientState:
         A sync client answers with the value, an async one with an awaitable of it.
         """
         return self._pause_between_polls(step) if isinstance(step, int | float) else self._send(step)
+
+    def _timed(
+        self, request: object, read: Callable[[str, Any, float, BaseException | None], T], errors: tuple[type[BaseException], ...]
+    ) -> Steps[Any, T]:
+        """A health check as steps: ``request`` sent, then ``read(engine, answer, latency_s, error)``, where a transport
+        error in ``errors`` is read (answer None), never raised."""
+        t0 = time.monotonic()
+        answer, error = yield request
+        if error is not None and not isinstance(error, errors):
+            raise error
+        return read(self.engine, answer, time.monotonic() - t0, error)
 
     def _send(self, request: Any) -> Any:
         raise NotImplementedError  # each client sends its own way

@@ -11,7 +11,6 @@ with ``ReadError`` at 256 (issue 12).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -212,24 +211,13 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
 
     # -- reads -----------------------------------------------------------------
 
-    async def _health(self, path: str) -> Health:
-        if self._paused_mode is not None:
-            return calls.paused_health(self.engine)
-        http = self._http()
-        t0 = time.monotonic()
-        try:
-            answer = await self._send(calls.read_call(path))
-        except http.errors as exc:
-            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return calls.health_result(self.engine, answer, time.monotonic() - t0)
-
     async def health(self) -> Health:
         """``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503)."""
-        return await self._health("/health")
+        return await drive(self._health_steps("/health", self._http().errors), self._send)
 
     async def health_generate(self) -> Health:
         """``/health_generate`` (runs a one-token generation), with the same paused-by-us rule."""
-        return await self._health("/health_generate")
+        return await drive(self._health_steps("/health_generate", self._http().errors), self._send)
 
     async def ready(self) -> bool:
         """``/ready``: True only when serving and not paused."""

@@ -15,7 +15,7 @@ import requests
 
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import Answer, answer_of
-from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter, own_driver_kwargs
+from resilience.adapters.engine_session import SyncSessionOwner, mount_adapter
 from resilience.adapters.engine_steps import drive, run_now
 from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.sglang import calls
@@ -48,10 +48,9 @@ def mount_sglang(
     instead shares one configuration (and its per-engine breakers and budgets)
     with other drivers, and conflicts with ``policies`` and the others it holds.
     """
-    kwargs = own_driver_kwargs(
-        "mount_sglang", SGLANG_POLICIES, session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+    return mount_adapter(
+        "mount_sglang", SGLANG_POLICIES, session, base_urls, policies=policies, observers=observers, config=config, extra=adapter_kwargs
     )
-    return mount_adapter(session, base_urls, kwargs)
 
 
 class SGLangClient(SyncSessionOwner, SGLangClientState):
@@ -243,23 +242,13 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
 
     # -- reads -----------------------------------------------------------------
 
-    def _health(self, path: str) -> Health:
-        if self._paused_mode is not None:
-            return calls.paused_health(self.engine)
-        t0 = time.monotonic()
-        try:
-            answer = self._send(calls.read_call(path))
-        except requests.RequestException as exc:
-            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return calls.health_result(self.engine, answer, time.monotonic() - t0)
-
     def health(self) -> Health:
         """``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503)."""
-        return self._health("/health")
+        return run_now(drive(self._health_steps("/health", (requests.RequestException,)), self._send))
 
     def health_generate(self) -> Health:
         """``/health_generate`` (runs a one-token generation), with the same paused-by-us rule."""
-        return self._health("/health_generate")
+        return run_now(drive(self._health_steps("/health_generate", (requests.RequestException,)), self._send))
 
     def ready(self) -> bool:
         """``/ready``: True only when serving and not paused."""

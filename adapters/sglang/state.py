@@ -16,14 +16,16 @@ from resilience.adapters.sglang.calls import (
     WEIGHT_PATHS,
     Call,
     flush_steps,
+    health_result,
     key_for,
     memory_tags,
     model_info_result,
+    paused_health,
     raise_if_refused,
     read_call,
 )
 from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
-from resilience.adapters.sglang.results import FlushResult, SGLangError, SGLangWeightsReleased
+from resilience.adapters.sglang.results import FlushResult, Health, SGLangError, SGLangWeightsReleased
 from resilience.deadline import Deadline
 from resilience.errors import ResilienceError
 from resilience.events import Observer
@@ -99,6 +101,13 @@ class SGLangClientState(EngineClientState):
         """``flush_cache``'s steps: within ``deadline_s`` (None = ``flush_deadline_s``), ``flush_poll_s`` between "not idle"."""
         deadline = deadline_s if deadline_s is not None else self.flush_deadline_s
         return flush_steps(self.engine, self._flush_waits(wait_for_idle), deadline, self.flush_poll_s)
+
+    def _health_steps(self, path: str, errors: tuple[type[BaseException], ...]) -> Steps[Call, Health]:
+        """``health`` / ``health_generate``: ``paused_health`` at once for an engine this client paused (its /health
+        would hang), else the timed read; a transport error in ``errors`` is an unhealthy answer."""
+        if self._paused_mode is not None:
+            return paused_health(self.engine)
+        return (yield from self._timed(read_call(path), health_result, errors))
 
     def _call_steps(self, call: Call) -> Steps[Call, Answer]:
         """``call`` as steps (``engine_steps``), with what both clients check around it.

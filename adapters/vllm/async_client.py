@@ -1,21 +1,9 @@
-"""``AsyncVLLMClient``: ``VLLMClient`` with coroutine methods, for controllers that run an event loop.
-
-Same routes, policies (``VLLM_POLICIES``), typed results, errors and version
-rules as ``VLLMClient``: both build their requests and read the answers with
-``resilience.adapters.vllm.calls``; only the sending differs.
-
-Transport. By default the client opens its own ``aiohttp.ClientSession`` with
-``resilience.adapters.aiohttp.ResilientMiddleware`` on first use, inside the
-running event loop (an aiohttp session belongs to the loop that made it), as
-``AsyncSGLangClient`` does. A session you pass (``aiohttp.ClientSession`` with
-``ResilientMiddleware(VLLM_POLICIES)``, or ``httpx.AsyncClient`` with
-``AsyncResilientTransport(VLLM_POLICIES)``) is used as is and never closed.
-"""
+"""``AsyncVLLMClient``: ``VLLMClient`` with coroutine methods (same routes, policies, results, errors and version
+rules; only the sending differs), over its own aiohttp session or one you pass, as ``AsyncSGLangClient``."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -61,8 +49,8 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     ``base_url``, ``api_key``, ``api_version``, ``policies`` (default
     ``VLLM_POLICIES``), ``observers``, ``config``: as ``VLLMClient``. ``session``:
     an ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` with your resilience
-    layer mounted (default None = the client's own aiohttp session, opened on
-    first use). ``limit_per_host``: the own session's pool size (default 100).
+    layer mounted, used as is and never closed (default None = the client's own
+    aiohttp session, opened on first use in the running loop). ``limit_per_host``: the own session's pool size (default 100).
     Other keyword arguments go to ``ResilientMiddleware`` (``breaker``,
     ``retry_budget``, ``clock``). With a ``session``, the settings of the own
     session must be left out (``ConfigConflict`` names them). Close the own
@@ -102,13 +90,8 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
 
     async def health(self) -> VLLMHealth:
         """See ``VLLMClient.health``: never raises."""
-        http = self._http()
-        t0 = time.monotonic()
-        try:
-            answer = await self._send(calls.health().build(self.engine, None))
-        except http.errors as exc:
-            return answers.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return answers.health_result(self.engine, answer, time.monotonic() - t0)
+        request = calls.health().build(self.engine, None)
+        return await drive(self._timed(request, answers.health_result, self._http().errors), self._send)
 
     # -- memory ------------------------------------------------------------------
 

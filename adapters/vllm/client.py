@@ -1,19 +1,8 @@
 """``VLLMClient``: one method per control route of vLLM 0.33.0, each with its route's policy, over requests.
 
-Every call goes through a ``requests.Session`` with a ``ResilientAdapter``
-mounted with ``VLLM_POLICIES`` (or the session you pass: ``mount_vllm`` adds
-the adapter to a session your code already uses). Before the first call whose
-request depends on the server's release, the client asks ``GET /version`` once
-and builds every request for that release (``resilience.adapters.vllm.versions``);
-a release outside the supported range is named in a ``VLLMVersionError``, and
-a route the release lacks is refused without sending anything.
-
-Results are typed; errors (``VLLMError`` and its subclasses) name the engine,
-endpoint, status and a short body excerpt. A 404 on a control route raises
-``VLLMDevModeOff`` (the server runs without ``VLLM_SERVER_DEV_MODE=1``); a 200
-``{"success": false}`` raises ``VLLMRefused`` after the route's own retries.
-The API key goes only to the ``/v1`` routes vLLM guards with it, in a Bearer
-header, and nowhere else (not repr, errors, events or spans).
+How a call runs (the version asked once, a route the release lacks refused unsent, refusals asked again) is
+``VLLMClientState``'s; what an answer means is ``answers.check_reply``'s. The API key goes only to the ``/v1``
+routes vLLM guards with it, in a Bearer header, and nowhere else (not repr, errors, events or spans).
 """
 
 from __future__ import annotations
@@ -72,10 +61,9 @@ def mount_vllm(
     ``config=DriverConfig(...)`` instead shares one configuration (and its per-engine breakers and budgets)
     with other drivers, and conflicts with ``policies`` and the others it holds.
     """
-    kwargs = own_driver_kwargs(
-        "mount_vllm", VLLM_POLICIES, session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+    return mount_adapter(
+        "mount_vllm", VLLM_POLICIES, session, base_urls, policies=policies, observers=observers, config=config, extra=adapter_kwargs
     )
-    return mount_adapter(session, base_urls, kwargs)
 
 
 class VLLMClient(SyncSessionOwner, VLLMClientState):
@@ -91,10 +79,7 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
     With a ``session``, all of those must be left out (``ConfigConflict`` names them).
     ``api_key``: vLLM's ``--api-key``, sent only to ``/v1`` routes (default None).
     ``api_version``: the server's release when known (default None = ask ``GET /version`` once).
-
-    ``AsyncVLLMClient`` is the same client with coroutine methods; both build their
-    requests and read the answers with ``resilience.adapters.vllm.calls``, one plan
-    per route of ``resilience.adapters.vllm.routes.ROUTES``.
+    Results are typed; errors (``VLLMError`` and its subclasses) name the engine, endpoint, status and a body excerpt.
     """
 
     def __init__(
@@ -135,12 +120,8 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
 
     def health(self) -> VLLMHealth:
         """``GET /health``; never raises. 200 = the engine core lives (paused and asleep engines answer 200 too); 503 = dead."""
-        t0 = time.monotonic()
-        try:
-            answer = self._send(calls.health().build(self.engine, None))
-        except (requests.RequestException, ResilienceError) as exc:
-            return answers.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return answers.health_result(self.engine, answer, time.monotonic() - t0)
+        request = calls.health().build(self.engine, None)
+        return run_now(drive(self._timed(request, answers.health_result, (requests.RequestException, ResilienceError)), self._send))
 
     # -- memory ------------------------------------------------------------------
 
