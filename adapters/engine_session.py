@@ -121,9 +121,21 @@ def own_policies(driver_kwargs: Mapping[str, Any], default: PolicyTable) -> Poli
     return table if isinstance(table, PolicyTable) else default
 
 
-def mount_adapter(session: requests.Session, base_urls: Sequence[str], driver_kwargs: Mapping[str, Any]) -> ResilientAdapter:
-    """One ``ResilientAdapter(**driver_kwargs)`` on ``session`` for each engine URL (``mount_sglang``, ``mount_vllm``); returns it."""
-    adapter = ResilientAdapter(**driver_kwargs)
+def mount_adapter(
+    owner: str,
+    default: PolicyTable,
+    session: requests.Session,
+    base_urls: Sequence[str],
+    *,
+    policies: PolicyTable | Unset,
+    observers: Sequence[Observer] | Unset,
+    config: DriverConfig | None,
+    extra: Mapping[str, Any],
+) -> ResilientAdapter:
+    """``mount_sglang`` and ``mount_vllm`` (``owner``, over their kind's ``default`` table): one ``ResilientAdapter``
+    built from ``own_driver_kwargs`` mounted on ``session`` for each engine URL; returns it."""
+    kwargs = own_driver_kwargs(owner, default, session=None, config=config, policies=policies, observers=observers, extra=extra)
+    adapter = ResilientAdapter(**kwargs)
     for url in base_urls:
         session.mount(url.rstrip("/") + "/", adapter)
     return adapter
