@@ -7,13 +7,16 @@ record (``attempts``, read by ``resilience.outcome.attempts_of``) and one pickli
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import requests
 
 from resilience.outcome import AttemptRecord, attempts_of
 
-__all__ = ["EXCERPT_CHARS", "Answered", "EngineAnswerError", "excerpt", "parse_object"]
+if TYPE_CHECKING:
+    from resilience.adapters.engine_http import Answer
+
+__all__ = ["EXCERPT_CHARS", "EngineAnswerError", "excerpt", "parse_object"]
 
 EXCERPT_CHARS = 200
 """How much of a body an error message shows."""
@@ -32,21 +35,6 @@ def parse_object(text: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
-
-
-class Answered(Protocol):
-    """What an error is built from (``engine_http.Answer``): the call's endpoint and what came back."""
-
-    @property
-    def endpoint(self) -> str: ...
-    @property
-    def status(self) -> int: ...
-    @property
-    def text(self) -> str: ...
-    @property
-    def records(self) -> tuple[AttemptRecord, ...]: ...
-    @property
-    def response(self) -> Any: ...
 
 
 class EngineAnswerError(requests.exceptions.RequestException):
@@ -78,7 +66,7 @@ class EngineAnswerError(requests.exceptions.RequestException):
         self.attempts = attempts or _response_attempts(self.response)
 
     @classmethod
-    def of(cls, engine: str, answer: Answered, detail: str = "", *, body: str | None = None, **kwargs: Any) -> Self:
+    def of(cls, engine: str, answer: Answer, detail: str = "", *, body: str | None = None, **kwargs: Any) -> Self:
         """The error for ``answer``: its endpoint, status, body (or ``body``), response and delivery record."""
         text = answer.text if body is None else body
         kwargs.update({"detail": detail} if detail else {})  # a class that words its own detail (SGLangAuthError) takes none
