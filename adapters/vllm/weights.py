@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RESENDS", "WeightPush", "WeightPushAmbiguous", "WeightPushFailed", "apush_weights", "is_ambiguous", "push_weights"]
 
-_ALREADY_ACTIVE = "already active"
-_NO_SESSION = "without a matching start"
 RESENDS = 3
 """How many times an ambiguous ``start`` or ``finish`` is sent again (each re-send may itself be answered ambiguously)."""
 
@@ -91,13 +89,10 @@ def is_ambiguous(error: BaseException) -> bool:
     return False
 
 
-def _no_session(error: BaseException) -> bool:
-    """A finish answered 500 "finish_weight_update called without a matching start_weight_update": the session is closed."""
-    return isinstance(error, VLLMError) and error.status == 500 and _NO_SESSION in str(error)
-
-
-def _already_active(error: BaseException) -> bool:
-    return isinstance(error, VLLMError) and error.status == 500 and _ALREADY_ACTIVE in str(error)
+def _answered_500(words: str) -> Callable[[BaseException], bool]:
+    """Whether an error is the engine's 500 saying ``words``: a start "... already active", a finish "... without a
+    matching start ...": either proves the first one arrived."""
+    return lambda error: isinstance(error, VLLMError) and error.status == 500 and words in str(error)
 
 
 def _check(chunks: Sequence[Mapping[str, Any]], version: str, sessions: int) -> list[Mapping[str, Any]]:
@@ -152,7 +147,7 @@ def _push(
     """The sessions of one push as steps, by the module docstring's rules (``push_weights``' arguments, checked)."""
     settled: list[str] = []
     for session in range(1, sessions + 1):
-        yield from _resent(engine, "start", ("start_weight_update", (), {}), settled, _already_active)
+        yield from _resent(engine, "start", ("start_weight_update", (), {}), settled, _answered_500("already active"))
         lost = None
         for i, chunk in enumerate(todo):
             _, exc = yield ("update_weights", (chunk,), {})
@@ -164,7 +159,8 @@ def _push(
                 lost = (i, exc)
                 break
         note = "; the engine had closed the session"
-        yield from _resent(engine, "finish", ("finish_weight_update", (version,), {}), settled, _no_session, note)
+        finished = _answered_500("without a matching start")
+        yield from _resent(engine, "finish", ("finish_weight_update", (version,), {}), settled, finished, note)
         if lost is None:
             return WeightPush(engine, version, len(todo), tuple(settled))
         assert expected is not None
