@@ -46,12 +46,13 @@ from typing import Any, Final, Literal, overload
 import ray
 import ray.exceptions
 
+from resilience.adapters.engine_state import ForwardedCalls
 from resilience.adapters.routing import engine_of
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.vllm.engine import VLLM_TAGS, VLLMEngine
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.deadline import Deadline, current_deadline
-from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, PauseMode, engine_name
+from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, engine_name
 
 __all__ = [
     "DEFAULT_ACTOR_OPTIONS",
@@ -170,40 +171,6 @@ def _first_line(error: BaseException) -> str:
 # -- the control calls, written once for the actor and the handle -------------------------------
 
 
-class _Forwarding:
-    """Runs a client method by name: the actor on its client, the handle in its actor."""
-
-    def _forward(self, method: str, kwargs: Mapping[str, Any]) -> Any:
-        """Run ``<client>.<method>(**kwargs)`` where this object runs it, and return its value."""
-        raise NotImplementedError
-
-
-class _ContractCalls(_Forwarding):
-    """The barrier's five calls (``ControlPlaneEngine``), each run by ``_forward`` as the method of the same name of the
-    engine's client (``SGLangClient``, ``VLLMEngine``): the actor on its client, the handle in its actor. The handles
-    forward every other public method of the client by name (``health``, ``model_info``, ``weight_info``, ...)."""
-
-    def pause_generation(self, mode: PauseMode = "abort") -> Any:
-        """Stop admitting requests (``abort``, ``retract`` or ``in_place``)."""
-        return self._forward("pause_generation", {"mode": mode})
-
-    def flush_cache(self, deadline_s: float | None = None) -> Any:
-        """Flush the KV cache, waiting up to ``deadline_s`` (None = the client's default) for idle."""
-        return self._forward("flush_cache", {"deadline_s": deadline_s})
-
-    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> Any:
-        """Release GPU memory for ``tags`` (None = every tag)."""
-        return self._forward("release_memory_occupation", {"tags": None if tags is None else list(tags)})
-
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> Any:
-        """Occupy GPU memory again for ``tags`` (None = every tag)."""
-        return self._forward("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
-
-    def continue_generation(self, torch_empty_cache: bool = True) -> Any:
-        """Admit requests again."""
-        return self._forward("continue_generation", {"torch_empty_cache": torch_empty_cache})
-
-
 # -- the actors ---------------------------------------------------------------------------------
 
 
@@ -215,7 +182,7 @@ class TimedValue:
     duration_s: float
 
 
-class _EngineActor(_Forwarding):
+class _EngineActor(ForwardedCalls):
     """The body shared by every engine actor: one client, built inside the actor, and its methods run by name."""
 
     target: type[Any]
@@ -259,13 +226,13 @@ class _EngineActor(_Forwarding):
         return fn  # type: ignore[no-any-return]
 
 
-class _SGLangEngineActor(_EngineActor, _ContractCalls):
+class _SGLangEngineActor(_EngineActor, ForwardedCalls):
     """The body of ``SGLangEngineActor``: one ``SGLangClient`` and the calls the orchestrator makes on it."""
 
     target = SGLangClient
 
 
-class _VLLMEngineActor(_EngineActor, _ContractCalls):
+class _VLLMEngineActor(_EngineActor, ForwardedCalls):
     """The body of ``VLLMEngineActor``: one ``VLLMEngine`` (``client_kwargs``: ``sleep_level`` and the ``VLLMClient``'s)."""
 
     target = VLLMEngine
@@ -307,7 +274,7 @@ def _cancel(ref: Any) -> None:
         pass
 
 
-class _RayHandle(_Forwarding):
+class _RayHandle(ForwardedCalls):
     """What both handles share: the actor, the engine's name and URL, ``call``, ``kill`` and forwarding by name."""
 
     target: type[Any]
@@ -355,7 +322,7 @@ class _RayHandle(_Forwarding):
         return forward
 
 
-class RayEngine(_RayHandle, _ContractCalls):
+class RayEngine(_RayHandle, ForwardedCalls):
     """A driver-side handle of one SGLang engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
 
     ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the
@@ -374,7 +341,7 @@ class RayEngine(_RayHandle, _ContractCalls):
     kind: EngineKind = "sglang"
 
 
-class RayVLLMEngine(_RayHandle, _ContractCalls):
+class RayVLLMEngine(_RayHandle, ForwardedCalls):
     """A driver-side handle of one vLLM engine actor; the ``Orchestrator`` takes it like a ``VLLMEngine``.
 
     The same as ``RayEngine`` (``engine``, ``actor``, ``base_url``, deadlines,

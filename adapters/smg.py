@@ -63,7 +63,7 @@ import requests
 from resilience.engine_contract import EngineState
 from resilience.events import EngineStateChanged, Event, HoldChanged
 
-__all__ = ["HELD_LABEL", "GatewayHealthSettings", "HoldOrchestrator", "SmgRouter", "SyncReport"]
+__all__ = ["HELD_LABEL", "GatewayHealthSettings", "HoldOrchestrator", "SmgRouter", "SyncReport", "gateway_session"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,18 @@ class HoldOrchestrator(Protocol):
     def states(self) -> dict[str, EngineState]:
         """Every engine's state, by name (its URL)."""
         ...
+
+
+def gateway_session(gateway_url: str, api_key: str | None) -> tuple[str, requests.Session]:
+    """``gateway_url`` checked (an http(s):// URL, no trailing slash) and a session for it: no proxy from the
+    environment, the gateway's key (``--api-key``) as a bearer token, never logged."""
+    if not gateway_url.startswith(("http://", "https://")):
+        raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
+    session = requests.Session()
+    session.trust_env = False
+    if api_key:
+        session.headers["Authorization"] = f"Bearer {api_key}"
+    return gateway_url.rstrip("/"), session
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,13 +177,11 @@ class SmgRouter:
         timeout_s: float = 2.0,
         dead_after: int = 2,
     ) -> None:
-        if not gateway_url.startswith(("http://", "https://")):
-            raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
         if not interval_s > 0 or not timeout_s > 0:
             raise ValueError(f"`interval_s` and `timeout_s` must be > 0 seconds, but were {interval_s!r} and {timeout_s!r}")
         if isinstance(dead_after, bool) or not isinstance(dead_after, int) or dead_after < 1:
             raise ValueError(f"`dead_after` must be an integer >= 1, but was {dead_after!r}")
-        self.gateway_url = gateway_url.rstrip("/")
+        self.gateway_url, self._session = gateway_session(gateway_url, api_key)
         self.orchestrator = orchestrator
         self.settings = settings if settings is not None else GatewayHealthSettings()
         self._engines = None if engines is None else frozenset(engines)
@@ -179,10 +189,6 @@ class SmgRouter:
         self._interval = interval_s
         self._timeout = timeout_s
         self._dead_after = dead_after
-        self._session = requests.Session()
-        self._session.trust_env = False
-        if api_key:
-            self._session.headers["Authorization"] = f"Bearer {api_key}"
         self._workers: dict[str, _Worker] = {}  # engine name -> what this router last applied to its gateway worker
         self._lock = threading.Lock()  # one pass at a time
         self._wake = threading.Event()
