@@ -149,13 +149,8 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         return await self._weights("/end_weight_update")
 
     async def update_weights_from_tensor(
-        self,
-        serialized_named_tensors: Sequence[str],
-        *,
-        load_format: str | None = None,
-        flush_cache: bool = True,
-        abort_all_requests: bool = False,
-        weight_version: str | None = None,
+        self, serialized_named_tensors: Sequence[str], *, load_format: str | None = None, flush_cache: bool = True,
+        abort_all_requests: bool = False, weight_version: str | None = None
     ) -> WeightUpdateResult:
         """Load weights from serialized tensors (inside a begin/end session in 0.5.23)."""
         return await self._weights(
@@ -164,14 +159,8 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         )
 
     async def update_weights_from_distributed(
-        self,
-        names: Sequence[str],
-        dtypes: Sequence[str],
-        shapes: Sequence[Sequence[int]],
-        *,
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: str | None = None,
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], *, group_name: str = "weight_update_group",
+        flush_cache: bool = True, weight_version: str | None = None
     ) -> WeightUpdateResult:
         """Receive weights over the distributed group set up by ``init_weights_update_group``."""
         return await self._weights(
@@ -197,13 +186,8 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         return await self._weights("/update_weight_version", new_version=new_version, abort_all_requests=abort_all_requests)
 
     async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "nccl",
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str = "weight_update_group",
+        backend: str = "nccl"
     ) -> WeightUpdateResult:
         """Join the trainer's process group for distributed weight updates."""
         fields = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset, "world_size": world_size}
@@ -225,7 +209,7 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
 
     async def server_info(self) -> dict[str, Any]:
         """``/server_info``: server args, internal states, version."""
-        return calls.server_info_result(self.engine, await self._send(calls.read_call("/server_info")))
+        return calls.json_object(self.engine, await self._send(calls.read_call("/server_info")))
 
     async def model_info(self) -> ModelInfo:
         """``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23)."""
@@ -242,24 +226,16 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
     # -- generation --------------------------------------------------------------
 
     async def generate(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        rid: str | None = None,
+        self, text: str | None = None, *, input_ids: Sequence[int] | None = None, sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None
     ) -> GenerateResult:
         """``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``."""
         call = calls.generate_call(text, input_ids, sampling_params, rid, stream=False)
         return calls.generate_result(self.engine, await self._send(call))
 
     async def generate_stream(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        rid: str | None = None,
+        self, text: str | None = None, *, input_ids: Sequence[int] | None = None, sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None
     ) -> AsyncIterator[GenerateResult]:
         """Streaming ``/generate``: yields the cumulative result of each SSE chunk until ``[DONE]``.
 

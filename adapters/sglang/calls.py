@@ -49,7 +49,7 @@ __all__ = [
     "paused_health",
     "raise_if_refused",
     "require_ok",
-    "server_info_result",
+    "json_object",
     "sse_line",
     "weights_result",
 ]
@@ -296,8 +296,8 @@ def paused_health(engine: str) -> results.Health:
     return results.Health(engine, True, None, 0.0, paused_by_us=True)
 
 
-def server_info_result(engine: str, answer: Answer, *required: str) -> dict[str, Any]:
-    """``/server_info``: a JSON object (with the ``required`` fields); ``SGLangProtocolError`` otherwise."""
+def json_object(engine: str, answer: Answer, *required: str) -> dict[str, Any]:
+    """The answer's JSON object (``/server_info``'s), with the ``required`` fields; ``SGLangProtocolError`` otherwise."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
         raise results.SGLangProtocolError.of(engine, answer, "answer is not an object")
@@ -309,7 +309,7 @@ def server_info_result(engine: str, answer: Answer, *required: str) -> dict[str,
 
 def model_info_result(engine: str, answer: Answer) -> results.ModelInfo:
     """``/model_info`` with its weight version."""
-    data = server_info_result(engine, answer, "model_path")
+    data = json_object(engine, answer, "model_path")
     version = data.get("weight_version")
     weight_version = None if version is None else str(version)
     return results.ModelInfo(engine, str(data["model_path"]), weight_version, data.get("served_model_name"), data)
@@ -332,7 +332,7 @@ def models_result(engine: str, answer: Answer) -> list[str]:
 
 def generate_result(engine: str, answer: Answer) -> results.GenerateResult:
     """A non-streaming ``/generate`` answer."""
-    return generate_chunk(server_info_result(engine, answer))
+    return generate_chunk(json_object(engine, answer))
 
 
 def generate_chunk(data: Mapping[str, Any]) -> results.GenerateResult:

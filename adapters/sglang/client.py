@@ -180,13 +180,8 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
         return self._weights("/end_weight_update")
 
     def update_weights_from_tensor(
-        self,
-        serialized_named_tensors: Sequence[str],
-        *,
-        load_format: str | None = None,
-        flush_cache: bool = True,
-        abort_all_requests: bool = False,
-        weight_version: str | None = None,
+        self, serialized_named_tensors: Sequence[str], *, load_format: str | None = None, flush_cache: bool = True,
+        abort_all_requests: bool = False, weight_version: str | None = None
     ) -> WeightUpdateResult:
         """Load weights from serialized tensors (inside a begin/end session in 0.5.23)."""
         return self._weights(
@@ -195,14 +190,8 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
         )
 
     def update_weights_from_distributed(
-        self,
-        names: Sequence[str],
-        dtypes: Sequence[str],
-        shapes: Sequence[Sequence[int]],
-        *,
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: str | None = None,
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], *, group_name: str = "weight_update_group",
+        flush_cache: bool = True, weight_version: str | None = None
     ) -> WeightUpdateResult:
         """Receive weights over the distributed group set up by ``init_weights_update_group``."""
         return self._weights(
@@ -228,13 +217,8 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
         return self._weights("/update_weight_version", new_version=new_version, abort_all_requests=abort_all_requests)
 
     def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "nccl",
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str = "weight_update_group",
+        backend: str = "nccl"
     ) -> WeightUpdateResult:
         """Join the trainer's process group for distributed weight updates."""
         fields = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset, "world_size": world_size}
@@ -256,7 +240,7 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
 
     def server_info(self) -> dict[str, Any]:
         """``/server_info``: server args, internal states, version."""
-        return calls.server_info_result(self.engine, self._send(calls.read_call("/server_info")))
+        return calls.json_object(self.engine, self._send(calls.read_call("/server_info")))
 
     def model_info(self) -> ModelInfo:
         """``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23)."""
@@ -273,24 +257,16 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
     # -- generation --------------------------------------------------------------
 
     def generate(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        rid: str | None = None,
+        self, text: str | None = None, *, input_ids: Sequence[int] | None = None, sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None
     ) -> GenerateResult:
         """``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``."""
         call = calls.generate_call(text, input_ids, sampling_params, rid, stream=False)
         return calls.generate_result(self.engine, self._send(call))
 
     def generate_stream(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        rid: str | None = None,
+        self, text: str | None = None, *, input_ids: Sequence[int] | None = None, sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None
     ) -> Iterator[GenerateResult]:
         """Streaming ``/generate``: yields the cumulative result of each SSE chunk until ``[DONE]``."""
         call = calls.generate_call(text, input_ids, sampling_params, rid, stream=True)

@@ -174,12 +174,7 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
     # -- caches ----------------------------------------------------------------------
 
     def reset_prefix_cache(
-        self,
-        reset_running_requests: bool = False,
-        reset_external: bool = False,
-        *,
-        deadline_s: float | None = None,
-        poll_s: float = 0.5,
+        self, reset_running_requests: bool = False, reset_external: bool = False, *, deadline_s: float | None = None, poll_s: float = 0.5
     ) -> CacheReset:
         """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
         until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""

@@ -83,9 +83,6 @@ class VLLMClientState(EngineClientState):
             check_reply(self.engine, plan.route, api, answer, key_sent=key_header(plan.route.path, self._api_key) is not None)
         return plan.read(self.engine, api, answer)
 
-    def _gated(self, plan: Plan[Any], api: VLLMApi | None) -> None:
-        gate(self.engine, plan.route, api)
-
     def _steps(self, plan: Plan[T]) -> Steps[Request | float, T]:
         """``plan`` as steps (``engine_steps``), the one rule both clients run a call by.
 
@@ -99,7 +96,7 @@ class VLLMClientState(EngineClientState):
         api = None
         if plan.route.versioned:
             api = self._api if self._api is not None else self._remember((yield from self._steps(calls.version())))
-            self._gated(plan, api)
+            gate(self.engine, plan.route, api)
         request = plan.build(self.engine, api)
         with Deadline(plan.refusal_deadline_s) as deadline:  # None: no deadline of its own
             for polls in itertools.count(1):
