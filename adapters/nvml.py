@@ -10,19 +10,13 @@ engine's scheduler processes (titled ``sglang::scheduler...``,
 ``sglang/srt/managers/scheduler.py``, ``run_scheduler_process``) drops by the
 tags' size. This probe turns one reading into a set of released tags.
 
-**What it needs.**
-
-- ``nvidia-ml-py`` (``pip install 'controlplane-resilience[nvml]'``), imported on the
-  first read; a clear ``ImportError`` at construction when it is missing.
-- To run on the engine's node, and to see the scheduler PIDs as NVML reports them:
-  in a container without the host's PID namespace NVML lists host PIDs, which match
-  nothing here (``--pid=host``, or ``hostPID: true``). Then every answer is None.
-- Per engine (``EngineGpu``): its scheduler PIDs (``scheduler_pids(server_pid)`` finds
-  them); the bytes each tag holds while active (``tag_bytes``: SGLang reports them
-  in ``GET /v1/loads?include=memory`` as ``weight_gb``, ``kv_cache_gb``, ``graph_gb``,
-  ``sglang/srt/managers/load_snapshot.py``; ``tag_bytes_from_loads`` converts); and the
-  used memory while serving with nothing released (``serving_bytes``), given or learnt
-  with :meth:`NvmlMemoryProbe.learn` while the engine serves.
+**What it needs.** ``nvidia-ml-py`` (``pip install 'controlplane-resilience[nvml]'``; a clear ``ImportError`` at
+construction without it). To run on the engine's node and see the scheduler PIDs as NVML reports them: in a
+container without the host's PID namespace NVML lists host PIDs, which match nothing here (``--pid=host``, or
+``hostPID: true``), and every answer is None. Per engine, an ``EngineGpu``: its scheduler PIDs
+(``scheduler_pids(server_pid)``), the bytes each tag holds while active (SGLang's ``GET /v1/loads?include=memory``,
+``sglang/srt/managers/load_snapshot.py``, through ``tag_bytes_from_loads``), and the used memory while serving
+with nothing released (given, or learnt with :meth:`NvmlMemoryProbe.learn` while the engine serves).
 
 **How "released" is inferred** (``infer_released``, a pure function). Every subset S
 of the tags predicts a reading: ``serving_bytes - sum(tag_bytes[t] for t in S)``. The

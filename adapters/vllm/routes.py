@@ -1,12 +1,6 @@
-"""The one table of vLLM routes the clients speak, and ``VLLM_POLICIES`` derived from it.
-
-Each ``Route`` says, for one client method: the HTTP method and path, the first
-release that has it, whether it needs dev mode, whether re-sending it is safe,
-whether a ``{"success": false}`` answer is asked again, its ``EndpointPolicy``,
-and where in vLLM 0.33.0 it is defined. ``VLLMClient`` and ``AsyncVLLMClient``
-each have exactly one method per entry (``tests/vllm/test_route_table.py`` pins
-both to this table), and ``VLLM_POLICIES`` is the table's policies keyed by
-route, so the retry layer and the clients cannot disagree.
+"""The one table of vLLM routes the clients speak (``ROUTES``, one ``Route`` per client method of both clients,
+pinned by ``tests/vllm/test_route_table.py``), and ``VLLM_POLICIES`` derived from it: the retry layer and the
+clients cannot disagree.
 
 Idempotence, from the 0.33.0 source (reference section 5):
 
