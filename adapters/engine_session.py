@@ -48,18 +48,15 @@ def own_driver_kwargs(
 ) -> dict[str, Any]:
     """The keyword arguments of the driver a client builds for its own session, checked the same way for every client.
 
-    ``policies`` left ``UNSET`` is ``default`` (the kind's table: ``SGLANG_POLICIES``,
-    ``VLLM_POLICIES``), or the config's policies. ``extra``: the driver's other keywords the caller gave
-    (``breaker``, ``retry_budget``, ``clock``, pool sizes); ``limit_per_host``: an async
-    client's own pool size, an own-session setting when not ``DEFAULT_LIMIT_PER_HOST``.
-    ``memory_probe`` (None = none): asked on the table's release and resume
-    entries (``with_probe``, the kind's ``with_memory_probe``; a probe given to a
-    kind without one is a ``ConfigConflict``); with ``config``, the client gets a copy
-    of the config whose policies ask it (``probed_config``: same observers,
-    and the same per-engine breakers and budgets, still shared).
-    With a ``session``, none of them applies, so any of them (``config`` and
-    ``memory_probe`` included) raises ``ConfigConflict`` naming them; so does
-    ``config`` with any keyword it already holds. Returns {} when a session is given.
+    ``policies`` left ``UNSET`` is ``default`` (the kind's table: ``SGLANG_POLICIES``, ``VLLM_POLICIES``), or the
+    config's policies. ``extra``: the driver's other keywords the caller gave (``breaker``, ``retry_budget``, ``clock``,
+    pool sizes); ``limit_per_host``: an async client's own pool size, an own-session setting when not
+    ``DEFAULT_LIMIT_PER_HOST``. ``memory_probe`` (None = none): asked on the table's release and resume entries
+    (``with_probe``, the kind's ``with_memory_probe``; a probe given to a kind without one is a ``ConfigConflict``);
+    with ``config``, the client gets a copy of the config whose policies ask it (``probed_config``: same observers, and
+    the same per-engine breakers and budgets, still shared). With a ``session``, none of them applies, so any of them
+    (``config`` and ``memory_probe`` included) raises ``ConfigConflict`` naming them; so does ``config`` with any
+    keyword it already holds. Returns {} when a session is given.
     """
     given = [name for name, value in (("policies", policies), ("observers", observers)) if value is not UNSET]
     given += ["memory_probe"] if memory_probe is not None else []
@@ -96,11 +93,10 @@ def own_driver_kwargs(
 def probed_config(config: DriverConfig, memory_probe: MemoryProbe, with_probe: WithProbe) -> DriverConfig:
     """``config`` with ``memory_probe`` asked on its policies' release and resume entries (``with_probe``).
 
-    A new ``DriverConfig`` over the same observers, clock and random source, and
-    the same per-engine breakers and budgets (handed over as the registries
-    themselves, so what this client sees still opens the breaker every other
-    driver of ``config`` uses). A config whose policies have no release or
-    resume entry is refused (``ValueError``): build it with the kind's table (``policies=SGLANG_POLICIES``).
+    A new ``DriverConfig`` over the same observers, clock and random source, and the same per-engine breakers and
+    budgets (handed over as the registries themselves, so what this client sees still opens the breaker every other
+    driver of ``config`` uses). A config whose policies have no release or resume entry is refused (``ValueError``):
+    build it with the kind's table (``policies=SGLANG_POLICIES``).
     """
     return DriverConfig(
         policies=with_probe(config.policies, memory_probe),

@@ -30,9 +30,8 @@ def check_base_url(base_url: str, owner: str) -> str:
 class EngineClientState:
     """The engine (``base_url``, checked; ``engine``, its label) and the lock guarding what a client remembers.
 
-    ``KEYS``: the names of the client's keys (attributes ``_<name>``), shown in
-    repr as ``name=***`` when set, never by value. Pickles without the lock (a
-    client travels to Ray actors) and rebuilds it.
+    ``KEYS``: the names of the client's keys (attributes ``_<name>``), shown in repr as ``name=***`` when set, never by
+    value. Pickles without the lock (a client travels to Ray actors) and rebuilds it.
     """
 
     KEYS: ClassVar[tuple[str, ...]] = ("api_key",)

@@ -119,20 +119,15 @@ class _Target:
 class SGLangInstrumentor:
     """Attaches the resilience drivers to the requests, httpx and aiohttp clients of this process, for ``engines`` only.
 
-    ``engines``: URLs (``http://10.0.0.5:30000``: that host and port; a URL
-    without a port means the scheme's default), ``host:port``, or bare hosts
-    (every port of that host). ``config``: a ``DriverConfig`` every attached
-    driver is built from (its policies, observers, clock, random source, and
-    its one breaker and one retry budget per engine, shared by them all);
-    default one built from the keywords: ``policies`` (default
-    ``SGLANG_POLICIES``), ``observers``, ``breaker`` / ``retry_budget``
-    (defaults ``BreakerConfig()`` / ``RetryBudgetConfig()``; None turns that
-    strategy off), ``clock`` / ``rng``. ``config`` with any of those raises
-    ``ConfigConflict``. ``window_s``: how long an engine+endpoint's attempts
-    are remembered across calls after the last one (default 10 s; see
-    ``resilience.adapters.ledger``). ``libraries``: which of ``LIBRARIES`` to patch
-    (default: each one installed; naming one that is not installed is an
-    error at ``instrument``).
+    ``engines``: URLs (``http://10.0.0.5:30000``: that host and port; a URL without a port means the scheme's default),
+    ``host:port``, or bare hosts (every port of that host). ``config``: a ``DriverConfig`` every attached driver is
+    built from (its policies, observers, clock, random source, and its one breaker and one retry budget per engine,
+    shared by them all); default one built from the keywords: ``policies`` (default ``SGLANG_POLICIES``), ``observers``,
+    ``breaker`` / ``retry_budget`` (defaults ``BreakerConfig()`` / ``RetryBudgetConfig()``; None turns that strategy
+    off), ``clock`` / ``rng``. ``config`` with any of those raises ``ConfigConflict``. ``window_s``: how long an
+    engine+endpoint's attempts are remembered across calls after the last one (default 10 s; see
+    ``resilience.adapters.ledger``). ``libraries``: which of ``LIBRARIES`` to patch (default: each one installed; naming
+    one that is not installed is an error at ``instrument``).
     """
 
     def __init__(
@@ -211,11 +206,10 @@ class SGLangInstrumentor:
     def instrument(self) -> SGLangInstrumentor:
         """Patch the libraries in this process; returns the active instrumentor (this one, or an equal one already active).
 
-        Idempotent: a second call, or a call on an equal instrumentor, changes
-        nothing. Raises ``RuntimeError`` while a different instrumentor is
-        active, and ``ConfigError`` for a named library that is not installed,
-        an httpx without the method patched, or a memory probe in the policies
-        that does not know every engine (``check_probes``).
+        Idempotent: a second call, or a call on an equal instrumentor, changes nothing. Raises ``RuntimeError`` while a
+        different instrumentor is active, and ``ConfigError`` for a named library that is not installed, an httpx
+        without the method patched, or a memory probe in the policies that does not know every engine
+        (``check_probes``).
         """
         global _ACTIVE
         with _LOCK:
@@ -267,10 +261,9 @@ class SGLangInstrumentor:
     def check_probes(self) -> None:
         """Raise ``ConfigError`` unless every memory probe of the policies knows every engine (``resilience.memory_probe.covers``).
 
-        A probe that answers ``UnknownEngine`` for an engine would leave the mount
-        without its probe there, silently (an ``EmulatorMemoryProbe`` without the
-        proxies' ``aliases=``, a fleet's probe taken before ``fleet.start()``).
-        A bare host (any port) cannot be checked, so a probe needs each engine's port.
+        A probe that answers ``UnknownEngine`` for an engine would leave the mount without its probe there, silently (an
+        ``EmulatorMemoryProbe`` without the proxies' ``aliases=``, a fleet's probe taken before ``fleet.start()``). A
+        bare host (any port) cannot be checked, so a probe needs each engine's port.
         """
         for probe in self.memory_probes():
             bare = [t.host for t in self._targets if t.engine is None]
@@ -376,15 +369,12 @@ class SGLangInstrumentor:
 class VLLMInstrumentor(SGLangInstrumentor):
     """``SGLangInstrumentor`` for vLLM engines: the same patches, ledger and checks, over ``VLLM_POLICIES`` by default.
 
-    ``policies`` defaults to ``resilience.adapters.vllm.VLLM_POLICIES`` (one entry
-    per route of vLLM 0.33.0, ``adapters/vllm/routes.py``); every other knob is
-    ``SGLangInstrumentor``'s. What the ledger shares follows from that table:
-    ``/sleep``, ``/wake_up``, ``/pause``, ``/resume`` and the cache resets are
-    idempotent (a re-send is a no-op in vLLM), so a framework's own retries get
-    attempts of their own; ``/update_weights`` and the weight-session routes are
-    never re-sent once they may have arrived, and share one count with the
-    framework's tries. One instrumentor is active per process: a process that
-    drives both kinds mounts one of them with a table holding both kinds' routes
+    ``policies`` defaults to ``resilience.adapters.vllm.VLLM_POLICIES`` (one entry per route of vLLM 0.33.0,
+    ``adapters/vllm/routes.py``); every other knob is ``SGLangInstrumentor``'s. What the ledger shares follows from that
+    table: ``/sleep``, ``/wake_up``, ``/pause``, ``/resume`` and the cache resets are idempotent (a re-send is a no-op
+    in vLLM), so a framework's own retries get attempts of their own; ``/update_weights`` and the weight-session routes
+    are never re-sent once they may have arrived, and share one count with the framework's tries. One instrumentor is
+    active per process: a process that drives both kinds mounts one of them with a table holding both kinds' routes
     (``PolicyTable.with_entries``).
     """
 

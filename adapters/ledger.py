@@ -1,53 +1,38 @@
 """``AttemptLedger`` and ``LedgerRetrier``: one engine+endpoint's attempts counted across calls.
 
-A framework that has its own retry loop (AReaL's ``arequest_with_retry``: 3
-tries, 1 s apart; verl's ``_make_async_request``: 3 tries, 2 s then 4 s) sends
-a new logical call after ours gave up, and each call would get the policy's
-``max_attempts`` again: AReaL's 3 tries times our 6 attempts sent up to 17
-releases to one engine in one cycle. The ledger remembers, per engine and
-endpoint template, what recent calls spent and whether the last attempt was
-left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
+A framework that has its own retry loop (AReaL's ``arequest_with_retry``: 3 tries, 1 s apart; verl's
+``_make_async_request``: 3 tries, 2 s then 4 s) sends a new logical call after ours gave up, and each call would get the
+policy's ``max_attempts`` again: AReaL's 3 tries times our 6 attempts sent up to 17 releases to one engine in one cycle.
+The ledger remembers, per engine and endpoint template, what recent calls spent and whether the last attempt was left
+unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
 
-- **Which calls share a count.** Only where a re-send can hurt: a
-  non-idempotent endpoint (SGLang's release and resume, the weight updates)
-  unless its probe has just answered "not applied". There the attempts that may
-  have reached the engine (``Delivery`` other than ``NOT_SENT``) in calls that did
-  not succeed are counted; a call starts with ``max_attempts`` minus that count,
-  and one with nothing left is refused before sending (``RetriesExhausted``, the
-  driver's own class). A success, or a probe that confirms the call was applied,
-  clears the count.
-- **Everywhere else** (an idempotent endpoint: ``/pause_generation``,
-  ``/flush_cache``, ``/continue_generation``; a release the probe proved not
-  applied) a re-send is harmless, so a framework's own retry gets its own
-  ``max_attempts``, bounded by the engine's retry budget (below) and by the
-  endpoint's ``deadline_s`` counted from the first failed attempt of the run of
-  failed calls: a repeat runs under a ``Deadline`` of what is left of it, and one
-  with nothing left is refused before sending (``DeadlineExceeded``). A call of
-  ours that spends all its attempts on gateway statuses there goes on in further
-  rounds under the same bounds (``_go_on``), as a framework's retry would: a
-  streak of 502s longer than one call's attempts is ridden out within the
-  deadline even by a framework that never retries a status (verl). The engine's
-  breaker still cuts an engine that only fails (``CircuitOpen``).
-- **Budget.** The first attempt of a call that repeats a failed one is a retry
-  for the engine's retry budget: it takes a token, and none left refuses the
-  call (``RetryBudgetExhausted``).
-- **Unresolved non-idempotent calls.** When the last attempt on a
-  non-idempotent endpoint ended without an answer that settles it (a gateway
-  status 502/503/504, a read timeout or a connection dropped after sending),
-  the next call asks the endpoint's probe first (``EndpointPolicy.on_ambiguous``
-  when it is a callable, e.g. the memory probe of ``sglang_policies``): "done"
-  returns the driver's "applied" response without sending, "not done" sends
-  with attempts of its own, "unknown" (or no probe) follows the preset with the
-  shared count: a gateway status is re-sent only when the policy sets
-  ``retry_statuses_if_not_idempotent`` (the seed's trade-off), a transport
-  ambiguity never (``AmbiguousOutcome``).
-- **Window.** An entry is forgotten ``window_s`` seconds (default 10) after its
-  last attempt: a framework's loop re-sends within seconds; a later call is a
-  new decision of its caller.
+- **Which calls share a count.** Only where a re-send can hurt: a non-idempotent endpoint (SGLang's release and resume,
+  the weight updates) unless its probe has just answered "not applied". There the attempts that may have reached the
+  engine (``Delivery`` other than ``NOT_SENT``) in calls that did not succeed are counted; a call starts with
+  ``max_attempts`` minus that count, and one with nothing left is refused before sending (``RetriesExhausted``, the
+  driver's own class). A success, or a probe that confirms the call was applied, clears the count.
+- **Everywhere else** (an idempotent endpoint: ``/pause_generation``, ``/flush_cache``, ``/continue_generation``; a
+  release the probe proved not applied) a re-send is harmless, so a framework's own retry gets its own ``max_attempts``,
+  bounded by the engine's retry budget (below) and by the endpoint's ``deadline_s`` counted from the first failed
+  attempt of the run of failed calls: a repeat runs under a ``Deadline`` of what is left of it, and one with nothing
+  left is refused before sending (``DeadlineExceeded``). A call of ours that spends all its attempts on gateway statuses
+  there goes on in further rounds under the same bounds (``_go_on``), as a framework's retry would: a streak of 502s
+  longer than one call's attempts is ridden out within the deadline even by a framework that never retries a status
+  (verl). The engine's breaker still cuts an engine that only fails (``CircuitOpen``).
+- **Budget.** The first attempt of a call that repeats a failed one is a retry for the engine's retry budget: it takes a
+  token, and none left refuses the call (``RetryBudgetExhausted``).
+- **Unresolved non-idempotent calls.** When the last attempt on a non-idempotent endpoint ended without an answer that
+  settles it (a gateway status 502/503/504, a read timeout or a connection dropped after sending), the next call asks
+  the endpoint's probe first (``EndpointPolicy.on_ambiguous`` when it is a callable, e.g. the memory probe of
+  ``sglang_policies``): "done" returns the driver's "applied" response without sending, "not done" sends with attempts
+  of its own, "unknown" (or no probe) follows the preset with the shared count: a gateway status is re-sent only when
+  the policy sets ``retry_statuses_if_not_idempotent`` (the seed's trade-off), a transport ambiguity never
+  (``AmbiguousOutcome``).
+- **Window.** An entry is forgotten ``window_s`` seconds (default 10) after its last attempt: a framework's loop
+  re-sends within seconds; a later call is a new decision of its caller.
 
-Thread-safe (one lock, never held across I/O); one ledger serves every driver
-of a process (``resilience.adapters.instrument.SGLangInstrumentor`` shares one
-across requests, httpx and aiohttp).
+Thread-safe (one lock, never held across I/O); one ledger serves every driver of a process
+(``resilience.adapters.instrument.SGLangInstrumentor`` shares one across requests, httpx and aiohttp).
 """
 
 from __future__ import annotations
@@ -79,9 +64,8 @@ T = TypeVar("T")
 DEFAULT_WINDOW_S = 10.0
 """Seconds after its last attempt that an engine+endpoint's record is kept.
 
-A framework's own loop re-sends within seconds (AReaL 1 s later, verl 2 s then
-4 s); a call later than this is a new decision of its caller, which a longer
-window would refuse for having failed before."""
+A framework's own loop re-sends within seconds (AReaL 1 s later, verl 2 s then 4 s); a call later than this is a new
+decision of its caller, which a longer window would refuse for having failed before."""
 Unresolved = Literal["status", "transport"] | None
 """Why the last attempt left a call unresolved: a gateway status, a transport failure after sending, or None (it was answered)."""
 
@@ -186,9 +170,8 @@ class _Admission:
 class LedgerRetrier(Retrier):
     """A ``Retrier`` whose calls start from an ``AttemptLedger``: a caller's own retry loop cannot multiply the attempts.
 
-    ``ledger``: the shared ledger (several ``LedgerRetrier``s, one per driver
-    library, share one, with one ``BreakerRegistry`` and one ``RetryBudgets``).
-    The other arguments are ``Retrier``'s.
+    ``ledger``: the shared ledger (several ``LedgerRetrier``s, one per driver library, share one, with one
+    ``BreakerRegistry`` and one ``RetryBudgets``). The other arguments are ``Retrier``'s.
     """
 
     def __init__(

@@ -276,10 +276,9 @@ def _pid_runs(pid: int) -> bool:
 class NvmlMemoryProbe:
     """A ``resilience.memory_probe.MemoryProbe`` from NVML's per-process memory of each engine's schedulers on this node.
 
-    ``engines``: engine name (``scheme://host:port``, as the barrier and the transport
-    name it) -> ``EngineGpu``. ``thresholds``: the matching tolerance (default
-    ``NvmlThresholds()``: 1 GiB or 2 % of serving memory). ``reader``: reads the
-    used memory of PIDs (default ``NvmlReader()``, which needs ``nvidia-ml-py``).
+    ``engines``: engine name (``scheme://host:port``, as the barrier and the transport name it) -> ``EngineGpu``.
+    ``thresholds``: the matching tolerance (default ``NvmlThresholds()``: 1 GiB or 2 % of serving memory). ``reader``:
+    reads the used memory of PIDs (default ``NvmlReader()``, which needs ``nvidia-ml-py``).
     """
 
     engines: Mapping[str, EngineGpu]

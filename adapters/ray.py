@@ -1,34 +1,28 @@
 """Ray: SGLang and vLLM engines driven through Ray actors, and a ``FanOut`` over ObjectRefs.
 
-Each engine gets one engine actor that holds the engine's client for its URL,
-built inside the actor: an ``SGLangEngineActor`` holds an ``SGLangClient``, a
-``VLLMEngineActor`` a ``VLLMEngine`` (``resilience.adapters.vllm.engine``: the
-barrier's five calls on vLLM's routes). A fleet may mix both kinds
-(``ray_engines(urls, kind=["sglang", "vllm", ...])``), and ``ray_engine(url,
-kind=...)`` starts one more actor later (an engine that joins). Actors talk to engines by URL only,
-so the same code runs on a laptop's ``ray.init()`` and on a multi-node cluster
-(the package must be importable on every node, as for any Ray code; pass
-``actor_options={"scheduling_strategy": ...}`` to place an actor next to its
-engine). The driver side sees ``RayEngine`` (SGLang) and ``RayVLLMEngine``
-handles, which the ``Orchestrator`` accepts like clients; a ``RayVLLMEngine``
-carries vLLM's ``control_rules`` (``VLLM_RULES``) and ``tags``, so the barrier
-applies vLLM's rules to it as to a local ``VLLMEngine``:
+Each engine gets one engine actor that holds the engine's client for its URL, built inside the actor: an
+``SGLangEngineActor`` holds an ``SGLangClient``, a ``VLLMEngineActor`` a ``VLLMEngine``
+(``resilience.adapters.vllm.engine``: the barrier's five calls on vLLM's routes). A fleet may mix both kinds
+(``ray_engines(urls, kind=["sglang", "vllm", ...])``), and ``ray_engine(url, kind=...)`` starts one more actor later (an
+engine that joins). Actors talk to engines by URL only, so the same code runs on a laptop's ``ray.init()`` and on a
+multi-node cluster (the package must be importable on every node, as for any Ray code; pass
+``actor_options={"scheduling_strategy": ...}`` to place an actor next to its engine). The driver side sees ``RayEngine``
+(SGLang) and ``RayVLLMEngine`` handles, which the ``Orchestrator`` accepts like clients; a ``RayVLLMEngine`` carries
+vLLM's ``control_rules`` (``VLLM_RULES``) and ``tags``, so the barrier applies vLLM's rules to it as to a local
+``VLLMEngine``:
 
     engines = ray_engines(["http://127.0.0.1:30000", "http://127.0.0.1:30001"])
     orch = Orchestrator(EngineGroup(engines), fanout=RayFanOut())
     orch.offload()   # pause all -> barrier -> flush all -> barrier -> release all -> barrier
 
-``RayFanOut`` submits a phase to every actor at once, waits for all the
-ObjectRefs with the phase deadline, and turns Ray's errors into the ones the
-barrier understands: a dead actor is ``EngineDied`` naming the engine, an
-actor Ray cannot reach for now is ``EngineUnavailable`` (both "may have run",
-as Ray documents: the barrier treats what the call touches as unknown), an
-error raised inside the actor is the original error (``SGLangError``,
-``AmbiguousOutcome``, a ``requests`` ``ConnectionError`` with ``.attempts``),
-and an actor that has not answered by the deadline is ``PhaseTimeout`` with a
-handle the barrier waits on before it sends that engine anything else.
-The phase deadline travels with every call as seconds left (no clock is
-shared between machines) and caps every HTTP call made inside the actor.
+``RayFanOut`` submits a phase to every actor at once, waits for all the ObjectRefs with the phase deadline, and turns
+Ray's errors into the ones the barrier understands: a dead actor is ``EngineDied`` naming the engine, an actor Ray
+cannot reach for now is ``EngineUnavailable`` (both "may have run", as Ray documents: the barrier treats what the call
+touches as unknown), an error raised inside the actor is the original error (``SGLangError``, ``AmbiguousOutcome``, a
+``requests`` ``ConnectionError`` with ``.attempts``), and an actor that has not answered by the deadline is
+``PhaseTimeout`` with a handle the barrier waits on before it sends that engine anything else. The phase deadline
+travels with every call as seconds left (no clock is shared between machines) and caps every HTTP call made inside the
+actor.
 
 This is the only module of the package that imports ``ray``.
 """
@@ -77,13 +71,10 @@ EngineKind = Literal["sglang", "vllm"]
 DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
 """Options every engine actor is created with unless ``actor_options`` overrides them.
 
-``num_cpus=0``: an actor only waits on HTTP, so it reserves no CPU and many fit
-on a small machine (Ray still starts one worker process per actor).
-``max_concurrency=4``: calls one actor runs at once, so a ``health()`` or a
-rollback is not queued behind a control call still waiting on a slow engine.
-``max_restarts=0``: a dead actor stays dead and is reported as ``EngineDied``;
-a silently restarted actor would hold a fresh client that does not know what
-the engine had released.
+``num_cpus=0``: an actor only waits on HTTP, so it reserves no CPU and many fit on a small machine (Ray still starts one
+worker process per actor). ``max_concurrency=4``: calls one actor runs at once, so a ``health()`` or a rollback is not
+queued behind a control call still waiting on a slow engine. ``max_restarts=0``: a dead actor stays dead and is reported
+as ``EngineDied``; a silently restarted actor would hold a fresh client that does not know what the engine had released.
 """
 
 DEFAULT_READY_TIMEOUT_S = 120.0
@@ -120,11 +111,9 @@ def _round_trips(obj: object) -> bool:
 def _portable(exc: BaseException) -> BaseException:
     """Make ``exc`` survive pickling, so the driver sees the real error and not a stand-in.
 
-    Runs inside the actor's own worker process. An exception class whose
-    ``__init__`` cannot be called with its ``args`` alone (keyword-only or
-    extra required parameters) gets a reducer that restores args and
-    attributes without ``__init__``; attributes that cannot be pickled (a
-    response holding a socket) are replaced by their ``repr``.
+    Runs inside the actor's own worker process. An exception class whose ``__init__`` cannot be called with its ``args``
+    alone (keyword-only or extra required parameters) gets a reducer that restores args and attributes without
+    ``__init__``; attributes that cannot be pickled (a response holding a socket) are replaced by their ``repr``.
     """
     if _round_trips(exc):
         return exc
@@ -139,9 +128,8 @@ def _portable(exc: BaseException) -> BaseException:
 def _unwrap(error: BaseException, engine: str) -> BaseException:
     """The error the barrier should see for a Ray failure of ``engine``'s call.
 
-    Ray's docs on ``ActorDiedError`` and ``ActorUnavailableError`` say the task
-    may or may not have run; ``EngineDied`` and ``EngineUnavailable`` keep that
-    "maybe" (the barrier marks what the call touches unknown).
+    Ray's docs on ``ActorDiedError`` and ``ActorUnavailableError`` say the task may or may not have run; ``EngineDied``
+    and ``EngineUnavailable`` keep that "maybe" (the barrier marks what the call touches unknown).
     """
     if isinstance(error, _ACTOR_UNAVAILABLE):
         gone = EngineUnavailable(f"{engine}: Ray cannot reach the actor holding this engine for now: {_first_line(error)}")
@@ -241,12 +229,10 @@ class _VLLMEngineActor(_EngineActor, ForwardedCalls):
 SGLangEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_SGLangEngineActor)
 """The Ray actor class: ``SGLangEngineActor.options(...).remote(base_url, client_kwargs)``.
 
-Holds ``SGLangClient(base_url, **client_kwargs)`` built inside the actor, and
-exposes the barrier's five calls, ``engine``, and ``call(method, kwargs, deadline_s)`` /
-``timed_call(...)`` for any other public client method (``health``, ``model_info``, ...). Created with
-``DEFAULT_ACTOR_OPTIONS``. Errors raised inside reach the driver as
-``RayTaskError`` around the original error; ``RayFanOut`` and ``RayEngine``
-unwrap them.
+Holds ``SGLangClient(base_url, **client_kwargs)`` built inside the actor, and exposes the barrier's five calls,
+``engine``, and ``call(method, kwargs, deadline_s)`` / ``timed_call(...)`` for any other public client method
+(``health``, ``model_info``, ...). Created with ``DEFAULT_ACTOR_OPTIONS``. Errors raised inside reach the driver as
+``RayTaskError`` around the original error; ``RayFanOut`` and ``RayEngine`` unwrap them.
 """
 
 VLLMEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_VLLMEngineActor)
@@ -325,16 +311,12 @@ class _RayHandle(ForwardedCalls):
 class RayEngine(_RayHandle, ForwardedCalls):
     """A driver-side handle of one SGLang engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
 
-    ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the
-    ``ActorHandle`` of its ``SGLangEngineActor``. ``base_url``: the URL the
-    actor's client talks to. Every method runs the client method of the same
-    name in the actor and waits for it: the Deadline in force in the caller's
-    context (a phase's, or your own ``with Deadline(5):``) travels as seconds
-    left and caps the call inside the actor and the wait here. Errors are the
-    client's own (unwrapped from Ray's); a dead actor raises ``EngineDied``
-    and no answer before the deadline raises ``PhaseTimeout``. Other public
-    ``SGLangClient`` methods (``begin_weight_update``, ``generate``, ...) are
-    forwarded the same way.
+    ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the ``ActorHandle`` of its ``SGLangEngineActor``.
+    ``base_url``: the URL the actor's client talks to. Every method runs the client method of the same name in the actor
+    and waits for it: the Deadline in force in the caller's context (a phase's, or your own ``with Deadline(5):``)
+    travels as seconds left and caps the call inside the actor and the wait here. Errors are the client's own (unwrapped
+    from Ray's); a dead actor raises ``EngineDied`` and no answer before the deadline raises ``PhaseTimeout``. Other
+    public ``SGLangClient`` methods (``begin_weight_update``, ``generate``, ...) are forwarded the same way.
     """
 
     target = SGLangClient
@@ -344,9 +326,8 @@ class RayEngine(_RayHandle, ForwardedCalls):
 class RayVLLMEngine(_RayHandle, ForwardedCalls):
     """A driver-side handle of one vLLM engine actor; the ``Orchestrator`` takes it like a ``VLLMEngine``.
 
-    The same as ``RayEngine`` (``engine``, ``actor``, ``base_url``, deadlines,
-    errors) over a ``VLLMEngineActor``; ``control_rules`` (``VLLM_RULES``) and
-    ``tags`` (``VLLM_TAGS``) tell the barrier it is a vLLM engine. Other public
+    The same as ``RayEngine`` (``engine``, ``actor``, ``base_url``, deadlines, errors) over a ``VLLMEngineActor``;
+    ``control_rules`` (``VLLM_RULES``) and ``tags`` (``VLLM_TAGS``) tell the barrier it is a vLLM engine. Other public
     ``VLLMEngine`` methods (``push_weights``, ...) are forwarded by name.
     """
 
@@ -419,18 +400,14 @@ def ray_engines(
 ) -> list[RayEngine] | list[RayVLLMEngine] | list[RayEngineHandle]:
     """One engine actor per URL, as handles in the same order (``RayEngine`` for SGLang, ``RayVLLMEngine`` for vLLM).
 
-    ``kind``: ``"sglang"`` (default) or ``"vllm"`` for every URL, or one kind
-    per URL (a mixed fleet). ``client_kwargs``: keyword arguments of the
-    client inside each actor (``SGLangClient``'s, or ``VLLMEngine``'s:
-    ``sleep_level`` and ``VLLMClient``'s; ``policies``, ``api_key``, ...;
-    default none; the same for every URL, so a mixed fleet takes only
-    keywords both clients know, or one call per kind). They are pickled to
-    the actors, so pass values, not sessions. ``actor_options``: Ray actor options merged over
-    ``DEFAULT_ACTOR_OPTIONS`` (``num_cpus=0``, ``max_concurrency=4``,
-    ``max_restarts=0``). ``ready_timeout_s``: wait this long for every actor
-    to start and build its client (default 120 s; None = return at once and
-    let the first call wait). On failure every actor created here is killed
-    and the error names the engine.
+    ``kind``: ``"sglang"`` (default) or ``"vllm"`` for every URL, or one kind per URL (a mixed fleet).
+    ``client_kwargs``: keyword arguments of the client inside each actor (``SGLangClient``'s, or ``VLLMEngine``'s:
+    ``sleep_level`` and ``VLLMClient``'s; ``policies``, ``api_key``, ...; default none; the same for every URL, so a
+    mixed fleet takes only keywords both clients know, or one call per kind). They are pickled to the actors, so pass
+    values, not sessions. ``actor_options``: Ray actor options merged over ``DEFAULT_ACTOR_OPTIONS`` (``num_cpus=0``,
+    ``max_concurrency=4``, ``max_restarts=0``). ``ready_timeout_s``: wait this long for every actor to start and build
+    its client (default 120 s; None = return at once and let the first call wait). On failure every actor created here
+    is killed and the error names the engine.
     """
     for url in base_urls:
         if not url.startswith(("http://", "https://")):

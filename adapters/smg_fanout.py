@@ -1,43 +1,33 @@
 """SmgFanOut: the barrier's phases through an smg gateway's ``/v1/rl`` fan-out, for trainers that reach only the gateway.
 
-Each phase is one ``POST /v1/rl/engine/{path}?selector=id in (...)`` (smg
-1.13.0 with ``--enable-rl``), naming exactly the phase's engines by their
-gateway worker ids (engines whose calls carry different arguments go in one
-fan-out each, concurrently). smg answers 200 (all succeeded) or 207 (some
-failed) with ``results`` (an engine's own answer: ``status``, ``body``) and
-``failed`` (``error``, ``message``, maybe ``status``). Each engine's
-:class:`~resilience.barrier.fanout.EngineResult` carries a delivery record
-(``resilience.outcome.AttemptRecord``), so the barrier's ``effect_of`` reads it
-like any driver's:
+Each phase is one ``POST /v1/rl/engine/{path}?selector=id in (...)`` (smg 1.13.0 with ``--enable-rl``), naming exactly
+the phase's engines by their gateway worker ids (engines whose calls carry different arguments go in one fan-out each,
+concurrently). smg answers 200 (all succeeded) or 207 (some failed) with ``results`` (an engine's own answer:
+``status``, ``body``) and ``failed`` (``error``, ``message``, maybe ``status``). Each engine's
+:class:`~resilience.barrier.fanout.EngineResult` carries a delivery record (``resilience.outcome.AttemptRecord``), so
+the barrier's ``effect_of`` reads it like any driver's:
 
 - a result with a 2xx: the call's value (``ControlResult``, ``FlushResult``), APPLIED;
-- a result with the engine's error status (an engine refusal, 4xx or 5xx):
-  RESPONDED with that status; a 502/503/504 (a proxy between the gateway and
-  the engine may answer it after forwarding) is MAYBE, anything else NOT_APPLIED;
-- a ``failed`` entry: ``no_control_endpoint`` and other refusals before
-  sending are NOT_SENT; ``upstream_unreachable`` (reqwest's "error sending
-  request" covers a refused connect and a reset after sending alike), an
-  expired ``--rl-control-timeout-secs`` and anything else are AMBIGUOUS;
-  one with a ``status`` is that answer (RESPONDED);
+- a result with the engine's error status (an engine refusal, 4xx or 5xx): RESPONDED with that status; a 502/503/504 (a
+  proxy between the gateway and the engine may answer it after forwarding) is MAYBE, anything else NOT_APPLIED;
+- a ``failed`` entry: ``no_control_endpoint`` and other refusals before sending are NOT_SENT; ``upstream_unreachable``
+  (reqwest's "error sending request" covers a refused connect and a reset after sending alike), an expired
+  ``--rl-control-timeout-secs`` and anything else are AMBIGUOUS; one with a ``status`` is that answer (RESPONDED);
 - an engine the gateway's answer does not mention: MAYBE.
 
-When **the gateway itself** fails, nothing says what reached the engines:
-a 5xx or a body that is not the fan-out's (a 502 from a proxy in front of
-smg), a reset or a read timeout after the request was sent: every engine of
-that call is MAYBE (its touched facts unknown). A connection the gateway
-refused, or its own 4xx refusal (``no_workers_match``, a bad selector),
-proves nothing was fanned out: :class:`GatewayRefused` (an ``EngineSkipped``),
-NOT_APPLIED, and never read as the engine being dead.
+When **the gateway itself** fails, nothing says what reached the engines: a 5xx or a body that is not the fan-out's (a
+502 from a proxy in front of smg), a reset or a read timeout after the request was sent: every engine of that call is
+MAYBE (its touched facts unknown). A connection the gateway refused, or its own 4xx refusal (``no_workers_match``, a bad
+selector), proves nothing was fanned out: :class:`GatewayRefused` (an ``EngineSkipped``), NOT_APPLIED, and never read as
+the engine being dead.
 
-``flush_cache`` asks SGLang to wait for idle (``?timeout=``) and, while
-engines answer 400 (not idle yet), asks those again until the phase deadline.
-The idempotent calls (pause, flush, continue: sending one twice does no harm)
-are sent again, up to ``retries`` times, to the engines whose answer was a
-maybe (a 502/503/504, unreachable, timed out); release and resume never are
-(a second release or resume crashes SGLang): their maybe goes to the barrier,
-unless a ``memory_probe`` proves it (``memory_check.probe_verdict``): applied
-(``ControlResult.confirmed_by_probe``), or not applied after a 502/503 (sent again, up to ``retries``).
-Every HTTP request is bounded by the phase deadline (or ``timeout_s``).
+``flush_cache`` asks SGLang to wait for idle (``?timeout=``) and, while engines answer 400 (not idle yet), asks those
+again until the phase deadline. The idempotent calls (pause, flush, continue: sending one twice does no harm) are sent
+again, up to ``retries`` times, to the engines whose answer was a maybe (a 502/503/504, unreachable, timed out); release
+and resume never are (a second release or resume crashes SGLang): their maybe goes to the barrier, unless a
+``memory_probe`` proves it (``memory_check.probe_verdict``): applied (``ControlResult.confirmed_by_probe``), or not
+applied after a 502/503 (sent again, up to ``retries``). Every HTTP request is bounded by the phase deadline (or
+``timeout_s``).
 """
 
 from __future__ import annotations

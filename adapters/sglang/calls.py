@@ -1,12 +1,10 @@
 """What an SGLang client sends, and what the answers mean: shared by ``SGLangClient`` and ``AsyncSGLangClient``.
 
-No I/O here. A client method builds a ``Call`` (method, path, JSON body, query),
-its transport turns the engine's answer into an ``Answer`` (status, text,
-attempts), and a parser here turns that into a typed result or raises the
-typed error. The sync and async clients differ only in how they send, so they
-cannot drift apart. ``routes.py`` lists every client method with its route and
-result; ``state.py`` holds what both clients remember; ``liveness.py`` decides
-whether an engine behind a proxy is dead.
+No I/O here. A client method builds a ``Call`` (method, path, JSON body, query), its transport turns the engine's answer
+into an ``Answer`` (status, text, attempts), and a parser here turns that into a typed result or raises the typed error.
+The sync and async clients differ only in how they send, so they cannot drift apart. ``routes.py`` lists every client
+method with its route and result; ``state.py`` holds what both clients remember; ``liveness.py`` decides whether an
+engine behind a proxy is dead.
 """
 
 from __future__ import annotations
@@ -277,9 +275,8 @@ def flush_steps(engine: str, wait_for_idle: bool, deadline_s: float, poll_s: flo
 def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> results.SGLangError:
     """The error of a flush whose deadline ended while the engine still answered "not idle".
 
-    Raised both when too little time is left for another poll and when the
-    deadline runs out during the pause before the next one (the transport's
-    ``DeadlineExceeded`` is then its cause): the caller learns the same thing.
+    Raised both when too little time is left for another poll and when the deadline runs out during the pause before the
+    next one (the transport's ``DeadlineExceeded`` is then its cause): the caller learns the same thing.
     """
     return results.SGLangError.of(engine, last_not_idle, f"still not idle after {polls} tries before the deadline")
 

@@ -43,10 +43,9 @@ def mount_sglang(
 ) -> ResilientAdapter:
     """Mount one ``ResilientAdapter`` with SGLang policies on ``session`` for each engine URL; returns it.
 
-    Existing code keeps its session and its calls; only the transport changes.
-    ``policies`` defaults to ``SGLANG_POLICIES``; ``config=DriverConfig(...)``
-    instead shares one configuration (and its per-engine breakers and budgets)
-    with other drivers, and conflicts with ``policies`` and the others it holds.
+    Existing code keeps its session and its calls; only the transport changes. ``policies`` defaults to
+    ``SGLANG_POLICIES``; ``config=DriverConfig(...)`` instead shares one configuration (and its per-engine breakers and
+    budgets) with other drivers, and conflicts with ``policies`` and the others it holds.
     """
     return mount_adapter(
         "mount_sglang", SGLANG_POLICIES, session, base_urls, policies=policies, observers=observers, config=config, extra=adapter_kwargs
@@ -139,11 +138,10 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
     def flush_cache(self, deadline_s: float | None = None, *, wait_for_idle: bool | None = None) -> FlushResult:
         """Flush the radix cache, asking again on "not idle" answers until ``deadline_s`` (default ``flush_deadline_s``).
 
-        ``wait_for_idle``: pass the remaining time as SGLang's ``?timeout=`` so the engine itself
-        waits to be idle. None (default) = only when this client has not paused the engine.
-        On a paused engine SGLang's timed wait (``flush_wrapper.py``) counts re-queued requests
-        as work that never drains while paused, so after a ``retract`` pause it can only answer
-        "Timed out waiting for idle state."; ``?timeout=0`` flushes at once, ignoring the
+        ``wait_for_idle``: pass the remaining time as SGLang's ``?timeout=`` so the engine itself waits to be idle. None
+        (default) = only when this client has not paused the engine. On a paused engine SGLang's timed wait
+        (``flush_wrapper.py``) counts re-queued requests as work that never drains while paused, so after a ``retract``
+        pause it can only answer "Timed out waiting for idle state."; ``?timeout=0`` flushes at once, ignoring the
         waiting queue as the release that follows does (``scheduler.py``, ``flush_cache``).
         """
         return run_now(drive(self._flush_steps(deadline_s, wait_for_idle), self._perform))

@@ -1,30 +1,25 @@
 """``MemoryProbeCheck``: a ``MemoryProbe`` asked, on the transport, whether a release or resume was applied.
 
-The retry loop asks an endpoint's probe before it re-sends a non-idempotent call
-after a gateway status (502/503/504) or an ambiguous failure (a read timeout, a
-connection dropped after sending). For ``/release_memory_occupation`` and
-``/resume_memory_occupation`` this check reads the request's tags from its body
-(``ProbeContext.body``; null or [] = every tag, as SGLang 0.5.23's
-``WeightUpdater.release_memory_occupation`` / ``resume_memory_occupation``,
-``sglang/srt/managers/scheduler_components/weight_updater.py``) and compares them
-with the tags the memory probe says are released on the engine now:
+The retry loop asks an endpoint's probe before it re-sends a non-idempotent call after a gateway status (502/503/504) or
+an ambiguous failure (a read timeout, a connection dropped after sending). For ``/release_memory_occupation`` and
+``/resume_memory_occupation`` this check reads the request's tags from its body (``ProbeContext.body``; null or [] =
+every tag, as SGLang 0.5.23's ``WeightUpdater.release_memory_occupation`` / ``resume_memory_occupation``,
+``sglang/srt/managers/scheduler_components/weight_updater.py``) and compares them with the tags the memory probe says
+are released on the engine now:
 
 - **applied** ("done", the call returns as applied): a release whose tags are
   all released; a resume whose tags are all active;
 - **not applied** ("not done", the call is re-sent): a release whose tags are all
   active, a resume whose tags are all released, and only after a 502 or 503;
-- **unknown** otherwise: the probe answered None (it cannot prove it, or the engine
-  is dead), the tags are partly in each state, the body is unreadable, the path is
-  neither call; and "not applied" after a 504 or an ambiguous failure. Those mean
-  the request was handed on and may still be on its way or running (a gateway
-  timeout, a reset right after sending): "active now" does not prove it will stay
-  so, and a re-send could be the second release that kills the engine. Unknown
-  falls back to the endpoint's own choice (``SGLANG_POLICIES``: re-send after a
-  gateway status, ``AmbiguousOutcome`` after an ambiguous failure).
+- **unknown** otherwise: the probe answered None (it cannot prove it, or the engine is dead), the tags are partly in
+  each state, the body is unreadable, the path is neither call; and "not applied" after a 504 or an ambiguous failure.
+  Those mean the request was handed on and may still be on its way or running (a gateway timeout, a reset right after
+  sending): "active now" does not prove it will stay so, and a re-send could be the second release that kills the
+  engine. Unknown falls back to the endpoint's own choice (``SGLANG_POLICIES``: re-send after a gateway status,
+  ``AmbiguousOutcome`` after an ambiguous failure).
 
-So the check never re-sends where the preset would not, and it turns the preset's
-one dangerous re-send (a 502 given after the release was applied) into an
-applied answer.
+So the check never re-sends where the preset would not, and it turns the preset's one dangerous re-send (a 502 given
+after the release was applied) into an applied answer.
 """
 
 from __future__ import annotations

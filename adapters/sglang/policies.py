@@ -2,10 +2,9 @@
 
 - pause, continue, flush, abort, update_weight_version and every GET are idempotent: retried on 502/503/504,
   connection errors and read timeouts.
-- release and resume are not: a re-sent release that had been done kills an engine that uses the memory saver
-  ("Cannot pause allocation that is not active"), a re-sent resume of an active tag kills it too (KeyError). They
-  are retried on failures before sending, never after a read timeout or a connection dropped after sending
-  (``AmbiguousOutcome``).
+- release and resume are not: a re-sent release that had been done kills an engine that uses the memory saver ("Cannot
+  pause allocation that is not active"), a re-sent resume of an active tag kills it too (KeyError). They are retried on
+  failures before sending, never after a read timeout or a connection dropped after sending (``AmbiguousOutcome``).
 - the weight-update calls follow the seed's working ``_make_request`` (3 attempts on 502/503/504), are not re-sent
   after sending, and get long timeouts. ``/generate`` is never re-sent once it may have reached the engine.
 
@@ -15,12 +14,11 @@ on. A front end that answers 502 *after* handing the call on turns that re-send 
 and the engine dies: behind ``FaultProxy`` with 502s after forwarding (issue 19), mounting this table raised the
 deaths from 1 to 5 (AReaL) and from 0 to 3 (verl) in 25 cycles each. Two ways out, per deployment:
 
-- ``sglang_policies(memory_probe=probe)``: before re-sending a release or resume after a gateway status or an
-  ambiguous failure, ask a ``resilience.memory_probe.MemoryProbe`` (NVML on the engine's node,
-  ``resilience.adapters.nvml``; the emulator's truth, ``resilience.testing.EmulatorMemoryProbe``) whether it was
-  applied. Applied: the call returns as applied (a body-less 200, reason ``"Applied (confirmed by probe)"``,
-  ``.attempts`` showing the gateway status); not applied (after a 502/503): re-sent; cannot tell: as without a
-  probe (``memory_check.py`` has the rules).
+- ``sglang_policies(memory_probe=probe)``: before re-sending a release or resume after a gateway status or an ambiguous
+  failure, ask a ``resilience.memory_probe.MemoryProbe`` (NVML on the engine's node, ``resilience.adapters.nvml``; the
+  emulator's truth, ``resilience.testing.EmulatorMemoryProbe``) whether it was applied. Applied: the call returns as
+  applied (a body-less 200, reason ``"Applied (confirmed by probe)"``, ``.attempts`` showing the gateway status); not
+  applied (after a 502/503): re-sent; cannot tell: as without a probe (``memory_check.py`` has the rules).
 - ``SGLANG_STRICT_POLICIES`` (``sglang_policies(strict=True)``): release and resume are never re-sent on a gateway
   status alone; the status is handed back (``SGLangError``), giving up the fix for Bug A on these two calls. With a
   probe too, a re-send happens only when the probe proves the first attempt was not applied.
@@ -90,9 +88,8 @@ _GENERATE = EndpointPolicy(retry=NO_STATUS_RETRY, idempotent=False, attempt_time
 def sglang_policies(*, memory_probe: MemoryProbe | None = None, strict: bool = False) -> PolicyTable:
     """The SGLang policy table (see the module docstring for the trade-off these two knobs settle).
 
-    ``memory_probe``: asked before release or resume is re-sent after a gateway
-    status or an ambiguous failure (default None: no probe, the seed's trade-off).
-    ``strict``: release and resume are never re-sent on a gateway status alone
+    ``memory_probe``: asked before release or resume is re-sent after a gateway status or an ambiguous failure (default
+    None: no probe, the seed's trade-off). ``strict``: release and resume are never re-sent on a gateway status alone
     (default False: they are, as the seed's fix for Bug A).
     """
     if not isinstance(strict, bool):

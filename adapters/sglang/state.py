@@ -39,10 +39,9 @@ __all__ = ["SGLangClientState"]
 class SGLangClientState(EngineClientState):
     """What both SGLang clients hold and remember: the engine, the keys, the pause sent, the tags released.
 
-    ``base_url``: the engine (``http://127.0.0.1:30000``). ``api_key`` / ``admin_api_key``:
-    SGLang's ``--api-key`` / ``--admin-api-key`` (default None), kept out of repr and
-    errors. ``flush_deadline_s`` (default 120 s) / ``flush_poll_s`` (default 0.5 s):
-    ``flush_cache``'s wait for idle and the pause between "not idle" answers.
+    ``base_url``: the engine (``http://127.0.0.1:30000``). ``api_key`` / ``admin_api_key``: SGLang's ``--api-key`` /
+    ``--admin-api-key`` (default None), kept out of repr and errors. ``flush_deadline_s`` (default 120 s) /
+    ``flush_poll_s`` (default 0.5 s): ``flush_cache``'s wait for idle and the pause between "not idle" answers.
     """
 
     KEYS = ("api_key", "admin_api_key")
@@ -112,10 +111,9 @@ class SGLangClientState(EngineClientState):
     def _call_steps(self, call: Call) -> Steps[Call, Answer]:
         """``call`` as steps (``engine_steps``), with what both clients check around it.
 
-        Before: refused unsent while this client has ``weights`` released (``SGLangWeightsReleased``).
-        After: a 401/403 raises ``SGLangAuthError``; a control call whose every attempt met a gateway
-        status is followed by ``GET /model_info`` within what is left of its deadline, and raises
-        ``EngineDied`` when that fails too (``liveness``).
+        Before: refused unsent while this client has ``weights`` released (``SGLangWeightsReleased``). After: a 401/403
+        raises ``SGLangAuthError``; a control call whose every attempt met a gateway status is followed by ``GET
+        /model_info`` within what is left of its deadline, and raises ``EngineDied`` when that fails too (``liveness``).
         """
         self._refuse_if_released(call)
         started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here

@@ -1,21 +1,18 @@
 """The values between a vLLM client and its transport, and the rules every answer goes through; no I/O.
 
-A ``Plan`` (built per client method in ``calls``) holds its ``Route``
-(``routes.ROUTES``), how to build the ``Request`` for the server's release
-(``VLLMApi``, the drift), and how to read the ``Answer`` into a typed result.
-``VLLMClient`` and ``AsyncVLLMClient`` differ only in how they send, so they
-cannot drift apart. Here too: ``gate`` (a call this release cannot take is
-refused unsent), ``key_header``, and the readers' shared parts.
+A ``Plan`` (built per client method in ``calls``) holds its ``Route`` (``routes.ROUTES``), how to build the ``Request``
+for the server's release (``VLLMApi``, the drift), and how to read the ``Answer`` into a typed result. ``VLLMClient``
+and ``AsyncVLLMClient`` differ only in how they send, so they cannot drift apart. Here too: ``gate`` (a call this
+release cannot take is refused unsent), ``key_header``, and the readers' shared parts.
 
 Every answer goes through ``check_reply`` first:
 
 - 401: ``VLLMAuthError`` naming the key sent (never the key).
 - 404 on a route mounted only in dev mode: ``VLLMDevModeOff``.
 - any other status >= 400: ``VLLMError`` with the status and a body excerpt.
-- a 200 whose JSON object says ``"success": false``: ``VLLMRefused``. The
-  client asks again only where the route allows it (``Route.refusals_retried``:
-  ``/reset_prefix_cache``, whose docstring says "callers may retry", until the
-  call's deadline) and raises it after; it is never returned as a success.
+- a 200 whose JSON object says ``"success": false``: ``VLLMRefused``. The client asks again only where the route allows
+  it (``Route.refusals_retried``: ``/reset_prefix_cache``, whose docstring says "callers may retry", until the call's
+  deadline) and raises it after; it is never returned as a success.
 """
 
 from __future__ import annotations
@@ -102,11 +99,10 @@ class Request:
 class Plan(Generic[T]):
     """One client call, before it is sent: the route, how to build its request for a release, and how to read the answer.
 
-    ``build(engine, api)``: the ``Request`` (``api`` None for routes that are
-    not ``versioned``); raises ``VLLMVersionError`` when this release cannot
-    take it. ``read(engine, api, answer)``: the typed result (after ``check_reply``).
-    ``refusal_deadline_s``/``poll_s``: for a route whose refusals are asked
-    again, how long and how often (None = not asked again).
+    ``build(engine, api)``: the ``Request`` (``api`` None for routes that are not ``versioned``); raises
+    ``VLLMVersionError`` when this release cannot take it. ``read(engine, api, answer)``: the typed result (after
+    ``check_reply``). ``refusal_deadline_s``/``poll_s``: for a route whose refusals are asked again, how long and how
+    often (None = not asked again).
     """
 
     route: Route

@@ -46,15 +46,13 @@ T = TypeVar("T")
 class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     """A client of one vLLM server's HTTP control plane, with ``async`` methods.
 
-    ``base_url``, ``api_key``, ``api_version``, ``policies`` (default
-    ``VLLM_POLICIES``), ``observers``, ``config``: as ``VLLMClient``. ``session``:
-    an ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` with your resilience
-    layer mounted, used as is and never closed (default None = the client's own
-    aiohttp session, opened on first use in the running loop). ``limit_per_host``: the own session's pool size (default 100).
-    Other keyword arguments go to ``ResilientMiddleware`` (``breaker``,
-    ``retry_budget``, ``clock``). With a ``session``, the settings of the own
-    session must be left out (``ConfigConflict`` names them). Close the own
-    session with ``await client.aclose()`` or ``async with``.
+    ``base_url``, ``api_key``, ``api_version``, ``policies`` (default ``VLLM_POLICIES``), ``observers``, ``config``: as
+    ``VLLMClient``. ``session``: an ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` with your resilience layer
+    mounted, used as is and never closed (default None = the client's own aiohttp session, opened on first use in the
+    running loop). ``limit_per_host``: the own session's pool size (default 100). Other keyword arguments go to
+    ``ResilientMiddleware`` (``breaker``, ``retry_budget``, ``clock``). With a ``session``, the settings of the own
+    session must be left out (``ConfigConflict`` names them). Close the own session with ``await client.aclose()`` or
+    ``async with``.
     """
 
     def __init__(

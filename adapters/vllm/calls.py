@@ -1,9 +1,8 @@
 """One ``Plan`` per client method: what each vLLM 0.33.0 route takes, and what its answer means.
 
-``VLLMClient`` and ``AsyncVLLMClient`` call the builder of the same name; it
-checks the arguments at once (a clear error naming a bad value, before
-anything is sent) and returns a ``answers.Plan``: the route, the request for
-the server's release, and the reader of the answer. No I/O here.
+``VLLMClient`` and ``AsyncVLLMClient`` call the builder of the same name; it checks the arguments at once (a clear error
+naming a bad value, before anything is sent) and returns a ``answers.Plan``: the route, the request for the server's
+release, and the reader of the answer. No I/O here.
 """
 
 from __future__ import annotations

@@ -69,17 +69,14 @@ def mount_vllm(
 class VLLMClient(SyncSessionOwner, VLLMClientState):
     """A client of one vLLM server's HTTP control plane (``vllm serve`` with ``VLLM_SERVER_DEV_MODE=1``).
 
-    ``base_url``: the server (``http://127.0.0.1:8000``). ``session``: a session
-    to use as is (mount the adapter on it with ``mount_vllm``); default a new
-    resilient session with ``policies`` (default ``VLLM_POLICIES``) and
-    ``observers`` (default none); other keyword arguments (``breaker``,
-    ``retry_budget``, ``clock``, ``pool_maxsize``, ...) go to its
-    ``ResilientAdapter``, or ``config=DriverConfig(...)`` (build it with
-    ``policies=VLLM_POLICIES``) shares one configuration with other drivers.
-    With a ``session``, all of those must be left out (``ConfigConflict`` names them).
-    ``api_key``: vLLM's ``--api-key``, sent only to ``/v1`` routes (default None).
-    ``api_version``: the server's release when known (default None = ask ``GET /version`` once).
-    Results are typed; errors (``VLLMError`` and its subclasses) name the engine, endpoint, status and a body excerpt.
+    ``base_url``: the server (``http://127.0.0.1:8000``). ``session``: a session to use as is (mount the adapter on it
+    with ``mount_vllm``); default a new resilient session with ``policies`` (default ``VLLM_POLICIES``) and
+    ``observers`` (default none); other keyword arguments (``breaker``, ``retry_budget``, ``clock``, ``pool_maxsize``,
+    ...) go to its ``ResilientAdapter``, or ``config=DriverConfig(...)`` (build it with ``policies=VLLM_POLICIES``)
+    shares one configuration with other drivers. With a ``session``, all of those must be left out (``ConfigConflict``
+    names them). ``api_key``: vLLM's ``--api-key``, sent only to ``/v1`` routes (default None). ``api_version``: the
+    server's release when known (default None = ask ``GET /version`` once). Results are typed; errors (``VLLMError`` and
+    its subclasses) name the engine, endpoint, status and a body excerpt.
     """
 
     def __init__(

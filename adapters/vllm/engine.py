@@ -71,9 +71,8 @@ VLLM_PAUSE_MODES: Final[Mapping[str, tuple[VLLMPauseMode, bool]]] = {
 """The barrier's pause modes as vLLM ``(mode, clear_cache)``.
 
 - ``abort``: abort running requests, reject new ones with 503 until resumed.
-- ``retract``: SGLang puts running requests back in the queue; vLLM's ``keep``
-  with ``clear_cache`` freezes them and frees their KV (preempted, recomputed
-  on resume): the same promise. New requests queue.
+- ``retract``: SGLang puts running requests back in the queue; vLLM's ``keep`` with ``clear_cache`` freezes them and
+  frees their KV (preempted, recomputed on resume): the same promise. New requests queue.
 - ``in_place``: ``keep`` without clearing: requests keep their KV (computed
   with the old weights if weights change meanwhile, PR #57970).
 """
@@ -150,10 +149,9 @@ class _Engine(Generic[C]):
 class VLLMEngine(_Engine[VLLMClient]):
     """One vLLM server with the barrier's five control calls (synchronous), over a ``VLLMClient``.
 
-    ``client``: a ``VLLMClient``, or the server's URL (a client is made with
-    ``client_kwargs``: ``policies``, ``api_key``, ``api_version``, ...).
-    ``sleep_level``: 1 (default: weights to CPU, KV discarded) or 2 (both
-    discarded: the weights are garbage until a weight update).
+    ``client``: a ``VLLMClient``, or the server's URL (a client is made with ``client_kwargs``: ``policies``,
+    ``api_key``, ``api_version``, ...). ``sleep_level``: 1 (default: weights to CPU, KV discarded) or 2 (both discarded:
+    the weights are garbage until a weight update).
     """
 
     _client_type = VLLMClient

@@ -4,25 +4,19 @@ clients cannot disagree.
 
 Idempotence, from the 0.33.0 source (reference section 5):
 
-- ``/sleep``, ``/wake_up``: memory transitions are no-ops when repeated
-  (``v1/executor/abstract.py`` l.400 "Executor is already sleeping.", l.416
-  "Executor is not sleeping."), so a re-send after a timeout or a gateway status
-  is safe; unlike SGLang, where a second release kills the process.
-- ``/pause``, ``/resume``, ``/abort_requests``, the cache resets, ``/update_weight_version``,
-  ``/weight_checker``: the state is overwritten, a repeat changes nothing more.
-  (That ``/resume`` and a full ``/wake_up`` reopen a pause someone else holds
-  is the barrier's concern: it never sends them then.)
-- ``/update_weights`` is a collective with the trainer: a re-send while the
-  first still applies queues behind it and waits for a broadcast that never
-  comes (prime-rl #3599). It is **never re-sent once it may have arrived**:
-  only a refused connection (nothing left the client) is retried, and a
-  gateway status is handed back. So are the session routes (a second
-  ``/start_weight_update`` or ``/finish_weight_update`` answers 500),
-  ``/init_weight_transfer_engine`` (it re-creates the NCCL group),
-  ``/release_kv_cache_memory`` (a second call answers 500),
-  ``/collective_rpc`` (an arbitrary worker method) and ``/fault_tolerance/apply``
-  (a ``retry`` runs a collective recovery in the background: a second one while
-  the first runs would race it; once it is done, the engine rejects it).
+- ``/sleep``, ``/wake_up``: memory transitions are no-ops when repeated (``v1/executor/abstract.py`` l.400 "Executor is
+  already sleeping.", l.416 "Executor is not sleeping."), so a re-send after a timeout or a gateway status is safe;
+  unlike SGLang, where a second release kills the process.
+- ``/pause``, ``/resume``, ``/abort_requests``, the cache resets, ``/update_weight_version``, ``/weight_checker``: the
+  state is overwritten, a repeat changes nothing more. (That ``/resume`` and a full ``/wake_up`` reopen a pause someone
+  else holds is the barrier's concern: it never sends them then.)
+- ``/update_weights`` is a collective with the trainer: a re-send while the first still applies queues behind it and
+  waits for a broadcast that never comes (prime-rl #3599). It is **never re-sent once it may have arrived**: only a
+  refused connection (nothing left the client) is retried, and a gateway status is handed back. So are the session
+  routes (a second ``/start_weight_update`` or ``/finish_weight_update`` answers 500), ``/init_weight_transfer_engine``
+  (it re-creates the NCCL group), ``/release_kv_cache_memory`` (a second call answers 500), ``/collective_rpc`` (an
+  arbitrary worker method) and ``/fault_tolerance/apply`` (a ``retry`` runs a collective recovery in the background: a
+  second one while the first runs would race it; once it is done, the engine rejects it).
 """
 
 from __future__ import annotations
@@ -66,22 +60,17 @@ _COMPLETION = EndpointPolicy(retry=NO_STATUS_RETRY, idempotent=False, attempt_ti
 class Route:
     """One route as the clients speak it.
 
-    ``name``: the client method. ``method``/``path``: the HTTP route.
-    ``since``: the first release that has it (older servers get ``VLLMVersionError``,
-    nothing sent). ``dev_mode_since``: the first release that mounts it only with
-    ``VLLM_SERVER_DEV_MODE=1`` (None = always mounted): a 404 there raises
-    ``VLLMDevModeOff``. ``idempotent``: a re-send is safe (the policy's
-    ``idempotent``). ``refusals_retried``: a 200 ``{"success": false}`` is asked
-    again until the call's deadline (else raised at once). ``versioned``: the
-    request or its answer depends on the server's release, so the client learns
-    it (``GET /version``) before the first such call. ``policy``: its retry
-    policy in ``VLLM_POLICIES``. ``source``: where vLLM 0.33.0 defines it.
-    ``needs_weights``: the call reads or writes the weights, so both clients refuse it unsent
-    (``VLLMWeightsAsleep``) while they know the weights asleep: a load into slept weights is an
-    illegal memory access that kills the EngineCore (vLLM #57853 / #57854; 0.33.0's
-    ``v1/worker/gpu_worker.py`` l.1559-1650 has no guard). Default False.
-    ``mounted_by``: the server flag that mounts the route (None = mounted by default or in dev
-    mode): a 404 there names the flag.
+    ``name``: the client method. ``method``/``path``: the HTTP route. ``since``: the first release that has it (older
+    servers get ``VLLMVersionError``, nothing sent). ``dev_mode_since``: the first release that mounts it only with
+    ``VLLM_SERVER_DEV_MODE=1`` (None = always mounted): a 404 there raises ``VLLMDevModeOff``. ``idempotent``: a re-send
+    is safe (the policy's ``idempotent``). ``refusals_retried``: a 200 ``{"success": false}`` is asked again until the
+    call's deadline (else raised at once). ``versioned``: the request or its answer depends on the server's release, so
+    the client learns it (``GET /version``) before the first such call. ``policy``: its retry policy in
+    ``VLLM_POLICIES``. ``source``: where vLLM 0.33.0 defines it. ``needs_weights``: the call reads or writes the
+    weights, so both clients refuse it unsent (``VLLMWeightsAsleep``) while they know the weights asleep: a load into
+    slept weights is an illegal memory access that kills the EngineCore (vLLM #57853 / #57854; 0.33.0's
+    ``v1/worker/gpu_worker.py`` l.1559-1650 has no guard). Default False. ``mounted_by``: the server flag that mounts
+    the route (None = mounted by default or in dev mode): a 404 there names the flag.
     """
 
     name: str

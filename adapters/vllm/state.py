@@ -23,10 +23,9 @@ T = TypeVar("T")
 class VLLMClientState(EngineClientState):
     """The engine (``base_url``, ``engine``), the API key (kept out of repr and errors) and the server's ``VLLMApi``.
 
-    ``api_version``: the server's release (``"0.33.0"``) when you know it, so no
-    ``GET /version`` is sent; default None = asked once, before the first call
-    whose request or answer depends on it (``Route.versioned``). ``version()``
-    asks again and keeps the new answer (after an upgrade or a restart).
+    ``api_version``: the server's release (``"0.33.0"``) when you know it, so no ``GET /version`` is sent; default None
+    = asked once, before the first call whose request or answer depends on it (``Route.versioned``). ``version()`` asks
+    again and keeps the new answer (after an upgrade or a restart).
 
     It also remembers whether it put the weights to sleep (``weights_asleep``), and refuses, unsent, a call
     that needs them meanwhile (``Route.needs_weights``: ``VLLMWeightsAsleep``).

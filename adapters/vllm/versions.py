@@ -1,9 +1,8 @@
 """Which vLLM API a server speaks: ``GET /version`` read into a ``VLLMApi`` (the drift between releases).
 
-vLLM's control routes changed shape between releases; the client asks the
-server's version once and builds every request for that version. The drift,
-as read from the wheels (``shared/reference/vllm-control-plane.md`` sections 1,
-4.3 and 4.5; the 0.33.0 lines are cited where the clients use them):
+vLLM's control routes changed shape between releases; the client asks the server's version once and builds every request
+for that version. The drift, as read from the wheels (``shared/reference/vllm-control-plane.md`` sections 1, 4.3 and
+4.5; the 0.33.0 lines are cited where the clients use them):
 
 - 0.12.0 (the oldest supported): ``/pause`` takes ``wait_for_inflight_requests``
   and ``clear_cache``; ``/sleep`` takes only ``level`` and does not pause first.
