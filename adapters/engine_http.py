@@ -28,17 +28,8 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
-    "DEFAULT_LIMIT_PER_HOST",
-    "PROBE_CONFIRMED_REASON",
-    "Answer",
-    "AsyncRequester",
-    "AsyncSessionOwner",
-    "Outgoing",
-    "OwnAsyncSession",
-    "StreamedReply",
-    "answer_of",
-    "answer_records",
-    "requester_for",
+    "DEFAULT_LIMIT_PER_HOST", "PROBE_CONFIRMED_REASON", "Answer", "AsyncRequester", "AsyncSessionOwner", "Outgoing", "OwnAsyncSession",
+    "StreamedReply", "answer_of", "answer_records", "requester_for",
 ]
 
 DEFAULT_LIMIT_PER_HOST = 100

@@ -15,15 +15,7 @@ from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
 from resilience.policy import PolicyTable
 
-__all__ = [
-    "DRIVER_KEYWORDS",
-    "SyncSessionOwner",
-    "WithProbe",
-    "mount_adapter",
-    "own_driver_kwargs",
-    "own_policies",
-    "probed_config",
-]
+__all__ = ["DRIVER_KEYWORDS", "SyncSessionOwner", "WithProbe", "mount_adapter", "own_driver_kwargs", "own_policies", "probed_config"]
 
 WithProbe = Callable[[PolicyTable, MemoryProbe], PolicyTable]
 """A kind's way to have a memory probe asked by its table (SGLang's ``with_memory_probe``)."""

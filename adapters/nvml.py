@@ -54,14 +54,7 @@ from urllib.parse import urlsplit
 from resilience.memory_probe import UnknownEngine
 
 __all__ = [
-    "EngineGpu",
-    "NvmlMemoryProbe",
-    "NvmlReader",
-    "NvmlThresholds",
-    "Reader",
-    "infer_released",
-    "scheduler_pids",
-    "tag_bytes_from_loads",
+    "EngineGpu", "NvmlMemoryProbe", "NvmlReader", "NvmlThresholds", "Reader", "infer_released", "scheduler_pids", "tag_bytes_from_loads",
 ]
 
 logger = logging.getLogger(__name__)

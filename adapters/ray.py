@@ -49,20 +49,8 @@ from resilience.deadline import Deadline, current_deadline
 from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, engine_name
 
 __all__ = [
-    "DEFAULT_ACTOR_OPTIONS",
-    "DEFAULT_READY_TIMEOUT_S",
-    "ENGINE_KINDS",
-    "EngineKind",
-    "LateRef",
-    "RayEngine",
-    "RayFanOut",
-    "RayEngineHandle",
-    "RayVLLMEngine",
-    "SGLangEngineActor",
-    "TimedValue",
-    "VLLMEngineActor",
-    "ray_engine",
-    "ray_engines",
+    "DEFAULT_ACTOR_OPTIONS", "DEFAULT_READY_TIMEOUT_S", "ENGINE_KINDS", "EngineKind", "LateRef", "RayEngine", "RayFanOut",
+    "RayEngineHandle", "RayVLLMEngine", "SGLangEngineActor", "TimedValue", "VLLMEngineActor", "ray_engine", "ray_engines",
 ]
 
 EngineKind = Literal["sglang", "vllm"]

@@ -27,29 +27,9 @@ from resilience.errors import DeadlineExceeded
 from resilience.outcome import AttemptRecord
 
 __all__ = [
-    "GATEWAY_STATUSES",
-    "WEIGHT_PATHS",
-    "Call",
-    "StreamEnd",
-    "auth_headers",
-    "control_result",
-    "flush_gave_up",
-    "flush_outcome",
-    "flush_server_wait",
-    "flush_steps",
-    "generate_result",
-    "health_result",
-    "json_of",
-    "key_for",
-    "model_info_result",
-    "post",
-    "models_result",
-    "paused_health",
-    "raise_if_refused",
-    "require_ok",
-    "json_object",
-    "sse_line",
-    "weights_result",
+    "GATEWAY_STATUSES", "WEIGHT_PATHS", "Call", "StreamEnd", "auth_headers", "control_result", "flush_gave_up", "flush_outcome",
+    "flush_server_wait", "flush_steps", "generate_result", "health_result", "json_of", "key_for", "model_info_result", "post",
+    "models_result", "paused_health", "raise_if_refused", "require_ok", "json_object", "sse_line", "weights_result",
 ]
 
 NOT_IDLE = ("Timed out waiting for idle state", "Flush cache failed", "Another flush_cache is already in progress")

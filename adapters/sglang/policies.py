@@ -37,12 +37,7 @@ from resilience.memory_probe import MemoryProbe
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy, parse_key
 
 __all__ = [
-    "SGLANG_ADMIN_PATHS",
-    "SGLANG_OPEN_PREFIXES",
-    "SGLANG_POLICIES",
-    "SGLANG_STRICT_POLICIES",
-    "sglang_policies",
-    "with_memory_probe",
+    "SGLANG_ADMIN_PATHS", "SGLANG_OPEN_PREFIXES", "SGLANG_POLICIES", "SGLANG_STRICT_POLICIES", "sglang_policies", "with_memory_probe",
 ]
 
 SGLANG_ADMIN_PATHS: frozenset[str] = frozenset(

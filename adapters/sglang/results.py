@@ -10,17 +10,8 @@ from resilience.adapters.answer_error import EngineAnswerError
 from resilience.adapters.weights_resident import WeightsNotResident
 
 __all__ = [
-    "ControlResult",
-    "FlushResult",
-    "GenerateResult",
-    "Health",
-    "ModelInfo",
-    "SGLangAppliedButRefused",
-    "SGLangAuthError",
-    "SGLangError",
-    "SGLangProtocolError",
-    "SGLangWeightsReleased",
-    "WeightUpdateResult",
+    "ControlResult", "FlushResult", "GenerateResult", "Health", "ModelInfo", "SGLangAppliedButRefused", "SGLangAuthError", "SGLangError",
+    "SGLangProtocolError", "SGLangWeightsReleased", "WeightUpdateResult",
 ]
 
 class SGLangError(EngineAnswerError):

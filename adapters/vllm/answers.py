@@ -28,28 +28,9 @@ from resilience.adapters.vllm.routes import Route
 from resilience.adapters.vllm.versions import MODE_PARAMS, Version, VLLMApi, format_version
 
 __all__ = [
-    "API_KEY_PREFIXES",
-    "Plan",
-    "Request",
-    "VLLMPauseMode",
-    "WeightCheckerAction",
-    "check_mode",
-    "check_reply",
-    "command_reader",
-    "fixed",
-    "flag",
-    "flag_reader",
-    "gate",
-    "health_result",
-    "json_object",
-    "key_header",
-    "malformed",
-    "needs_mode",
-    "refusal_wait",
-    "require_bool",
-    "strict_command",
-    "typed_field",
-    "version_result",
+    "API_KEY_PREFIXES", "Plan", "Request", "VLLMPauseMode", "WeightCheckerAction", "check_mode", "check_reply", "command_reader", "fixed",
+    "flag", "flag_reader", "gate", "health_result", "json_object", "key_header", "malformed", "needs_mode", "refusal_wait", "require_bool",
+    "strict_command", "typed_field", "version_result",
 ]
 
 T = TypeVar("T")

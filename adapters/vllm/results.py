@@ -16,26 +16,9 @@ from resilience.adapters.answer_error import EngineAnswerError
 from resilience.adapters.weights_resident import WeightsNotResident
 
 __all__ = [
-    "AbortResult",
-    "CacheReset",
-    "CommandResult",
-    "CompletionResult",
-    "EngineFaultState",
-    "FaultToleranceAccepted",
-    "FaultToleranceStatus",
-    "RpcResult",
-    "SleepResult",
-    "VLLMAuthError",
-    "VLLMDevModeOff",
-    "VLLMError",
-    "VLLMHealth",
-    "VLLMProtocolError",
-    "VLLMRefused",
-    "VLLMVersionError",
-    "VLLMWeightsAsleep",
-    "WakeResult",
-    "WeightCheck",
-    "WeightInfo",
+    "AbortResult", "CacheReset", "CommandResult", "CompletionResult", "EngineFaultState", "FaultToleranceAccepted", "FaultToleranceStatus",
+    "RpcResult", "SleepResult", "VLLMAuthError", "VLLMDevModeOff", "VLLMError", "VLLMHealth", "VLLMProtocolError", "VLLMRefused",
+    "VLLMVersionError", "VLLMWeightsAsleep", "WakeResult", "WeightCheck", "WeightInfo",
 ]
 
 class VLLMError(EngineAnswerError):

@@ -26,19 +26,8 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
-    "JSON_SLEEP_BODIES",
-    "MODE_PARAMS",
-    "NEWEST",
-    "OLDEST",
-    "PAUSE_NEEDS_DEV_MODE",
-    "SUPPORTED",
-    "VLLMApi",
-    "Version",
-    "WEIGHT_SESSION",
-    "WEIGHT_TRANSFER",
-    "WEIGHT_VERSION_ROUTES",
-    "format_version",
-    "parse_version",
+    "JSON_SLEEP_BODIES", "MODE_PARAMS", "NEWEST", "OLDEST", "PAUSE_NEEDS_DEV_MODE", "SUPPORTED", "VLLMApi", "Version", "WEIGHT_SESSION",
+    "WEIGHT_TRANSFER", "WEIGHT_VERSION_ROUTES", "format_version", "parse_version",
 ]
 
 Version = tuple[int, int, int]
