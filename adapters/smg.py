@@ -1,52 +1,38 @@
 """SmgRouter: keep an smg (sgl-model-gateway) gateway in step with the orchestrator's holds, through smg's worker API.
 
-The problem (``tests/smg/test_smg_holds.py`` shows it on smg 1.13.0): a paused
-SGLang's ``/health`` waits for scheduler output that never comes
-(``sglang/srt/entrypoints/http_server.py``, ``health_generate``), so every probe
-of an engine the orchestrator holds paused fails by smg's
-``--health-check-timeout-secs``. After ``--health-failure-threshold`` failures
-in a row smg marks the worker ``not_ready``, after 3x that many more
-``failed``, and with ``--remove-unhealthy-workers`` removes it: every engine
-held for longer than about ``4 x threshold x (interval + timeout)`` is ejected
-(``model_gateway/src/worker/manager.rs``, ``compute_next_status``).
+The problem (``tests/smg/test_smg_holds.py`` shows it on smg 1.13.0): a paused SGLang's ``/health`` waits for scheduler
+output that never comes (``sglang/srt/entrypoints/http_server.py``, ``health_generate``), so every probe of an engine
+the orchestrator holds paused fails by smg's ``--health-check-timeout-secs``. After ``--health-failure-threshold``
+failures in a row smg marks the worker ``not_ready``, after 3x that many more ``failed``, and with
+``--remove-unhealthy-workers`` removes it: every engine held for longer than about ``4 x threshold x (interval +
+timeout)`` is ejected (``model_gateway/src/worker/manager.rs``, ``compute_next_status``).
 
-What smg's API offers (1.13.0; ``PATCH /workers/{id}`` takes ``priority``,
-``cost``, ``labels``, ``api_key`` and ``health`` overrides; there is no call
-that sets a worker's status): a health override is applied by replacing the
-worker with one that keeps its status, with fresh failure counters. So, for
-each engine the orchestrator does not know to be serving (paused, flushed,
-released, unknown, quarantined, in flight):
+What smg's API offers (1.13.0; ``PATCH /workers/{id}`` takes ``priority``, ``cost``, ``labels``, ``api_key`` and
+``health`` overrides; there is no call that sets a worker's status): a health override is applied by replacing the
+worker with one that keeps its status, with fresh failure counters. So, for each engine the orchestrator does not know
+to be serving (paused, flushed, released, unknown, quarantined, in flight):
 
-1. **taking it out of rotation**: ``health = {failure_threshold: 1,
-   timeout_secs: 1, check_interval_secs: 1}``: the next probe of the paused
-   engine fails and smg marks it ``not_ready``, which smg never routes to
-   (``WorkerStatus::is_routable``). Until then a request smg routes there waits
-   in the paused engine's queue.
-2. **held**: once it is ``not_ready``, ``failure_threshold`` = 1,000,000: it
-   stays ``not_ready`` (never ``failed``, never removed) for as long as the hold
-   lasts. The label ``cpr.held`` names why (the orchestrator's state).
-3. **dead while held**: the router asks a held engine's ``GET /model_info``
-   (SGLang's HTTP process answers it without the scheduler, at once while
-   paused); ``dead_after`` refusals or timeouts in a row, or the orchestrator
-   calling it dead, restore the gateway's own settings, and smg's checker
-   ejects it as it would any dead engine.
-4. **released** (the orchestrator knows it serving again, after an onload, an
-   unpause, or a failed transition it later recovered): the gateway's own
-   settings and ``cpr.held = ""``: smg probes ``/health`` again and makes it
-   ``ready`` after ``--health-success-threshold`` successes.
-5. **retired** (it left the group: ``retire``, so ``states()`` no longer names
-   it): its worker is deregistered (``DELETE /workers/{id}``), so the gateway
-   stops sending to it at once (NeMo-RL #3613: an engine never deregistered
-   took traffic for ~180 s). An engine joining or fenced
-   (``resilience.barrier.membership``) is not serving, so it is held out as in 1-2.
+1. **taking it out of rotation**: ``health = {failure_threshold: 1, timeout_secs: 1, check_interval_secs: 1}``: the next
+   probe of the paused engine fails and smg marks it ``not_ready``, which smg never routes to
+   (``WorkerStatus::is_routable``). Until then a request smg routes there waits in the paused engine's queue.
+2. **held**: once it is ``not_ready``, ``failure_threshold`` = 1,000,000: it stays ``not_ready`` (never ``failed``,
+   never removed) for as long as the hold lasts. The label ``cpr.held`` names why (the orchestrator's state).
+3. **dead while held**: the router asks a held engine's ``GET /model_info`` (SGLang's HTTP process answers it without
+   the scheduler, at once while paused); ``dead_after`` refusals or timeouts in a row, or the orchestrator calling it
+   dead, restore the gateway's own settings, and smg's checker ejects it as it would any dead engine.
+4. **released** (the orchestrator knows it serving again, after an onload, an unpause, or a failed transition it later
+   recovered): the gateway's own settings and ``cpr.held = ""``: smg probes ``/health`` again and makes it ``ready``
+   after ``--health-success-threshold`` successes.
+5. **retired** (it left the group: ``retire``, so ``states()`` no longer names it): its worker is deregistered (``DELETE
+   /workers/{id}``), so the gateway stops sending to it at once (NeMo-RL #3613: an engine never deregistered took
+   traffic for ~180 s). An engine joining or fenced (``resilience.barrier.membership``) is not serving, so it is held
+   out as in 1-2.
 
-:meth:`SmgRouter.sync` does one pass and is idempotent (it PATCHes only what
-differs from what it last applied, per worker id); :meth:`SmgRouter.start`
-runs it every ``interval_s`` on a thread, and the router is also an
-orchestrator observer (``Orchestrator(..., observers=[router])``): a
-``HoldChanged`` or ``EngineStateChanged`` event wakes the thread at once.
-Every request to the gateway or an engine has a timeout; a gateway that does
-not answer is retried on the next pass.
+:meth:`SmgRouter.sync` does one pass and is idempotent (it PATCHes only what differs from what it last applied, per
+worker id); :meth:`SmgRouter.start` runs it every ``interval_s`` on a thread, and the router is also an orchestrator
+observer (``Orchestrator(..., observers=[router])``): a ``HoldChanged`` or ``EngineStateChanged`` event wakes the thread
+at once. Every request to the gateway or an engine has a timeout; a gateway that does not answer is retried on the next
+pass.
 """
 
 from __future__ import annotations
