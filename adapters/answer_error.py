@@ -47,15 +47,8 @@ class EngineAnswerError(requests.exceptions.RequestException):
     """
 
     def __init__(
-        self,
-        engine: str,
-        endpoint: str,
-        status: int | None,
-        body: str,
-        *,
-        detail: str = "",
-        attempts: tuple[AttemptRecord, ...] = (),
-        **kwargs: Any,
+        self, engine: str, endpoint: str, status: int | None, body: str, *, detail: str = "", attempts: tuple[AttemptRecord, ...] = (),
+        **kwargs: Any
     ) -> None:
         self.engine = engine
         self.endpoint = endpoint

@@ -26,17 +26,9 @@ DRIVER_KEYWORDS = ("policies", "observers", "breaker", "retry_budget", "clock", 
 
 
 def own_driver_kwargs(
-    owner: str,
-    default: PolicyTable,
-    *,
-    session: object,
-    config: DriverConfig | None,
-    policies: PolicyTable | Unset,
-    observers: Sequence[Observer] | Unset,
-    extra: Mapping[str, Any],
-    limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
-    memory_probe: MemoryProbe | None = None,
-    with_probe: WithProbe | None = None,
+    owner: str, default: PolicyTable, *, session: object, config: DriverConfig | None, policies: PolicyTable | Unset,
+    observers: Sequence[Observer] | Unset, extra: Mapping[str, Any], limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
+    memory_probe: MemoryProbe | None = None, with_probe: WithProbe | None = None
 ) -> dict[str, Any]:
     """The keyword arguments of the driver a client builds for its own session, checked the same way for every client.
 
@@ -110,15 +102,8 @@ def own_policies(driver_kwargs: Mapping[str, Any], default: PolicyTable) -> Poli
 
 
 def mount_adapter(
-    owner: str,
-    default: PolicyTable,
-    session: requests.Session,
-    base_urls: Sequence[str],
-    *,
-    policies: PolicyTable | Unset,
-    observers: Sequence[Observer] | Unset,
-    config: DriverConfig | None,
-    extra: Mapping[str, Any],
+    owner: str, default: PolicyTable, session: requests.Session, base_urls: Sequence[str], *, policies: PolicyTable | Unset,
+    observers: Sequence[Observer] | Unset, config: DriverConfig | None, extra: Mapping[str, Any]
 ) -> ResilientAdapter:
     """``mount_sglang`` and ``mount_vllm`` (``owner``, over their kind's ``default`` table): one ``ResilientAdapter``
     built from ``own_driver_kwargs`` mounted on ``session`` for each engine URL; returns it."""

@@ -175,15 +175,9 @@ class LedgerRetrier(Retrier):
     """
 
     def __init__(
-        self,
-        ledger: AttemptLedger,
-        *,
-        breakers: BreakerRegistry | None = None,
-        budgets: RetryBudgets | None = None,
-        observers: Sequence[Observer] = (),
-        clock: Clock = SYSTEM_CLOCK,
-        rng: Callable[[], float] = random.random,
-        error_types: ErrorTypes | None = None,
+        self, ledger: AttemptLedger, *, breakers: BreakerRegistry | None = None, budgets: RetryBudgets | None = None,
+        observers: Sequence[Observer] = (), clock: Clock = SYSTEM_CLOCK, rng: Callable[[], float] = random.random,
+        error_types: ErrorTypes | None = None
     ) -> None:
         super().__init__(breakers=breakers, budgets=budgets, observers=observers, clock=clock, rng=rng, error_types=error_types)
         self.ledger = ledger
@@ -312,15 +306,9 @@ class LedgerRetrier(Retrier):
         return admission
 
     def run(
-        self,
-        spec: CallSpec,
-        send: Attempt,
-        *,
-        report: Report[R] = None,
-        failed: Failed[R] = None,
-        discard: Callable[[R], None] = lambda _r: None,
-        on_probe_done: Callable[[], R] | None = None,
-        never_sent: Callable[[BaseException], bool] = lambda _e: False,
+        self, spec: CallSpec, send: Attempt, *, report: Report[R] = None, failed: Failed[R] = None,
+        discard: Callable[[R], None] = lambda _r: None, on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """``Retrier.run`` from the ledger (``_rounds``), each attempt counted."""
         reported, failing = self._counting(spec, report, failed, never_sent)

@@ -347,44 +347,28 @@ def _kinds_of(kind: EngineKind | Sequence[EngineKind], n: int) -> list[EngineKin
 
 @overload
 def ray_engines(
-    base_urls: Sequence[str],
-    *,
-    kind: Literal["sglang"] = "sglang",
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_urls: Sequence[str], *, kind: Literal["sglang"] = "sglang", client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> list[RayEngine]: ...
 
 
 @overload
 def ray_engines(
-    base_urls: Sequence[str],
-    *,
-    kind: Literal["vllm"],
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_urls: Sequence[str], *, kind: Literal["vllm"], client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> list[RayVLLMEngine]: ...
 
 
 @overload
 def ray_engines(
-    base_urls: Sequence[str],
-    *,
-    kind: Sequence[EngineKind],
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_urls: Sequence[str], *, kind: Sequence[EngineKind], client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> list[RayEngineHandle]: ...
 
 
 def ray_engines(
-    base_urls: Sequence[str],
-    *,
-    kind: EngineKind | Sequence[EngineKind] = "sglang",
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_urls: Sequence[str], *, kind: EngineKind | Sequence[EngineKind] = "sglang", client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> list[RayEngine] | list[RayVLLMEngine] | list[RayEngineHandle]:
     """One engine actor per URL, as handles in the same order (``RayEngine`` for SGLang, ``RayVLLMEngine`` for vLLM).
 
@@ -425,12 +409,8 @@ def ray_engines(
 
 
 def ray_engine(
-    base_url: str,
-    *,
-    kind: EngineKind = "sglang",
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_url: str, *, kind: EngineKind = "sglang", client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> RayEngineHandle:
     """One more engine actor, for an engine that joins a running fleet (or one whose actor was lost with its node).
 

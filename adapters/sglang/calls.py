@@ -35,15 +35,10 @@ __all__ = [
 NOT_IDLE = ("Timed out waiting for idle state", "Flush cache failed", "Another flush_cache is already in progress")
 """``/flush_cache`` 400 answers that mean "busy, ask again" (``scheduler.py``, ``flush_wrapper.py``)."""
 
-WEIGHT_PATHS: frozenset[str] = frozenset(
-    {
-        "/begin_weight_update",
-        "/end_weight_update",
-        "/update_weights_from_tensor",
-        "/update_weights_from_distributed",
-        "/update_weights_from_disk",
-    }
-)
+WEIGHT_PATHS: frozenset[str] = frozenset({
+    "/begin_weight_update", "/end_weight_update", "/update_weights_from_tensor", "/update_weights_from_distributed",
+    "/update_weights_from_disk",
+})
 """The routes that read or write the weights (SGLang 0.5.23 ``scheduler_components/weight_updater.py``:
 ``update_weights_from_*`` l.138-287 load them, ``begin_weight_update`` l.309 restores packed ones,
 ``end_weight_update`` l.323 runs ``post_load_weights``), none checking ``offload_tags``: both clients refuse

@@ -33,13 +33,8 @@ __all__ = ["SGLangClient", "mount_sglang"]
 
 
 def mount_sglang(
-    session: requests.Session,
-    base_urls: Sequence[str],
-    *,
-    policies: PolicyTable | Unset = UNSET,
-    observers: Sequence[Observer] | Unset = UNSET,
-    config: DriverConfig | None = None,
-    **adapter_kwargs: Any,
+    session: requests.Session, base_urls: Sequence[str], *, policies: PolicyTable | Unset = UNSET,
+    observers: Sequence[Observer] | Unset = UNSET, config: DriverConfig | None = None, **adapter_kwargs: Any
 ) -> ResilientAdapter:
     """Mount one ``ResilientAdapter`` with SGLang policies on ``session`` for each engine URL; returns it.
 

@@ -40,24 +40,12 @@ __all__ = [
     "SGLANG_ADMIN_PATHS", "SGLANG_OPEN_PREFIXES", "SGLANG_POLICIES", "SGLANG_STRICT_POLICIES", "sglang_policies", "with_memory_probe",
 ]
 
-SGLANG_ADMIN_PATHS: frozenset[str] = frozenset(
-    {
-        "/pause_generation",
-        "/continue_generation",
-        "/flush_cache",
-        "/abort_request",
-        "/release_memory_occupation",
-        "/resume_memory_occupation",
-        "/begin_weight_update",
-        "/end_weight_update",
-        "/update_weights_from_tensor",
-        "/update_weights_from_distributed",
-        "/update_weights_from_disk",
-        "/update_weight_version",
-        "/init_weights_update_group",
-        "/destroy_weights_update_group",
-    }
-)
+SGLANG_ADMIN_PATHS: frozenset[str] = frozenset({
+    "/pause_generation", "/continue_generation", "/flush_cache", "/abort_request", "/release_memory_occupation",
+    "/resume_memory_occupation", "/begin_weight_update", "/end_weight_update", "/update_weights_from_tensor",
+    "/update_weights_from_distributed", "/update_weights_from_disk", "/update_weight_version", "/init_weights_update_group",
+    "/destroy_weights_update_group",
+})
 """Routes SGLang 0.5.23 marks ``ADMIN_OPTIONAL`` (``utils/auth.py``): they take the admin key when the
 server has one, else the API key. The contract check compares this set with the wheel's source."""
 
@@ -70,10 +58,7 @@ _FLUSH = EndpointPolicy(retry=CONTROL_RETRY, idempotent=True, attempt_timeout_s=
 _SWAP = EndpointPolicy(retry=CONTROL_RETRY, idempotent=False, retry_statuses_if_not_idempotent=True, attempt_timeout_s=120, deadline_s=300)
 _WEIGHTS = EndpointPolicy(
     retry=RetryPolicy(max_attempts=3, base_s=0.5, cap_s=2.0, connect_window_s=CONNECT_WINDOW_S),
-    idempotent=False,
-    retry_statuses_if_not_idempotent=True,
-    attempt_timeout_s=600,
-    deadline_s=900,
+    idempotent=False, retry_statuses_if_not_idempotent=True, attempt_timeout_s=600, deadline_s=900,
 )
 _READ = EndpointPolicy(retry=READ_RETRY, idempotent=True, attempt_timeout_s=10, deadline_s=30)
 _HEALTH = EndpointPolicy(retry=READ_RETRY, idempotent=True, attempt_timeout_s=25, deadline_s=30)

@@ -60,14 +60,8 @@ class SGLangClientState(EngineClientState):
         self._released: set[str] = set()
 
     def _own_kwargs(
-        self,
-        session: object,
-        config: DriverConfig | None,
-        policies: PolicyTable | Unset,
-        observers: Sequence[Observer] | Unset,
-        extra: Mapping[str, Any],
-        memory_probe: MemoryProbe | None,
-        limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
+        self, session: object, config: DriverConfig | None, policies: PolicyTable | Unset, observers: Sequence[Observer] | Unset,
+        extra: Mapping[str, Any], memory_probe: MemoryProbe | None, limit_per_host: int = DEFAULT_LIMIT_PER_HOST
     ) -> dict[str, Any]:
         """Both clients' ``own_driver_kwargs`` over ``SGLANG_POLICIES`` and ``with_memory_probe``; sets ``_policies`` from them."""
         kwargs = own_driver_kwargs(

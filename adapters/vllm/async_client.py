@@ -237,14 +237,8 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
         return await self._run(calls.models())
 
     async def complete(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int = 16,
-        temperature: float = 0.0,
-        model: str | None = None,
-        seed: int | None = None,
-        extra: Mapping[str, Any] | None = None,
+        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, model: str | None = None, seed: int | None = None,
+        extra: Mapping[str, Any] | None = None
     ) -> CompletionResult:
         """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
         return await self._run(calls.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))

@@ -177,11 +177,8 @@ def abort_requests(request_ids: Sequence[str] | None = None) -> Plan[results.Abo
 
 
 def reset_prefix_cache(
-    reset_running_requests: bool = False,
-    reset_external: bool = False,
-    *,
-    deadline_s: float | None = None,
-    poll_s: float = DEFAULT_RESET_POLL_S,
+    reset_running_requests: bool = False, reset_external: bool = False, *, deadline_s: float | None = None,
+    poll_s: float = DEFAULT_RESET_POLL_S
 ) -> Plan[results.CacheReset]:
     """``POST /reset_prefix_cache?reset_running_requests=&reset_external=``; ``success: false`` is asked again.
 

@@ -48,13 +48,8 @@ T = TypeVar("T")
 
 
 def mount_vllm(
-    session: requests.Session,
-    base_urls: Sequence[str],
-    *,
-    policies: PolicyTable | Unset = UNSET,
-    observers: Sequence[Observer] | Unset = UNSET,
-    config: DriverConfig | None = None,
-    **adapter_kwargs: Any,
+    session: requests.Session, base_urls: Sequence[str], *, policies: PolicyTable | Unset = UNSET,
+    observers: Sequence[Observer] | Unset = UNSET, config: DriverConfig | None = None, **adapter_kwargs: Any
 ) -> ResilientAdapter:
     """Mount one ``ResilientAdapter`` with ``VLLM_POLICIES`` (default) on ``session`` for each engine URL; returns it.
 
@@ -266,14 +261,8 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
         return self._run(calls.models())
 
     def complete(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int = 16,
-        temperature: float = 0.0,
-        model: str | None = None,
-        seed: int | None = None,
-        extra: Mapping[str, Any] | None = None,
+        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, model: str | None = None, seed: int | None = None,
+        extra: Mapping[str, Any] | None = None
     ) -> CompletionResult:
         """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
         return self._run(calls.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))
