@@ -7,11 +7,14 @@ record (``attempts``, read by ``resilience.outcome.attempts_of``) and one pickli
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import requests
 
 from resilience.outcome import AttemptRecord, attempts_of
+
+if TYPE_CHECKING:
+    from resilience.adapters.engine_http import Answer
 
 __all__ = ["EXCERPT_CHARS", "EngineAnswerError", "excerpt", "parse_object"]
 
@@ -44,15 +47,8 @@ class EngineAnswerError(requests.exceptions.RequestException):
     """
 
     def __init__(
-        self,
-        engine: str,
-        endpoint: str,
-        status: int | None,
-        body: str,
-        *,
-        detail: str = "",
-        attempts: tuple[AttemptRecord, ...] = (),
-        **kwargs: Any,
+        self, engine: str, endpoint: str, status: int | None, body: str, *, detail: str = "", attempts: tuple[AttemptRecord, ...] = (),
+        **kwargs: Any
     ) -> None:
         self.engine = engine
         self.endpoint = endpoint
@@ -61,6 +57,13 @@ class EngineAnswerError(requests.exceptions.RequestException):
         what = (f"HTTP {status}" + (f": {detail}" if detail else "")) if status is not None else (detail or "no response")
         super().__init__(f"{engine} {endpoint}: {what}; body: {self.body_excerpt!r}", **kwargs)
         self.attempts = attempts or _response_attempts(self.response)
+
+    @classmethod
+    def of(cls, engine: str, answer: Answer, detail: str = "", *, body: str | None = None, **kwargs: Any) -> Self:
+        """The error for ``answer``: its endpoint, status, body (or ``body``), response and delivery record."""
+        text = answer.text if body is None else body
+        kwargs.update({"detail": detail} if detail else {})  # a class that words its own detail (SGLangAuthError) takes none
+        return cls(engine, answer.endpoint, answer.status, text, response=answer.response, attempts=answer.records, **kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Rebuild from the message and attributes (Ray and multiprocessing ship errors pickled)."""

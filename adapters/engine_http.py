@@ -1,18 +1,10 @@
-"""How both engine kinds' clients (SGLang and vLLM) send a request and read the answer: one copy for both.
+"""How both engine kinds' clients send a request and read the answer (what an answer means is each kind's ``calls.py``).
 
-Nothing here decides what an answer means (that is each kind's ``calls.py``):
-
-- ``Answer``: what an engine answered (status, text, the transport's delivery
-  record); ``answer_records`` reads that record off a transport's response.
-- ``answer_of``: a sync client's answer from a ``requests.Response``.
-- ``AsyncRequester`` (``requester_for``): the async clients' one sender, over an
-  ``aiohttp.ClientSession`` or an ``httpx.AsyncClient``, whole or streamed.
-- ``OwnAsyncSession``: an async client's session, the one passed or its own
-  aiohttp session with ``ResilientMiddleware``, opened in the running loop;
-  ``AsyncSessionOwner``: the async clients' ``session``, ``aclose`` and ``async with`` over it.
-
-Neither aiohttp nor httpx is imported until a session of that kind exists
-(or ``OwnAsyncSession`` opens one).
+``Answer`` (what an engine answered, with the transport's delivery record); ``answer_of`` (a sync client's, from a
+``requests.Response``); ``AsyncRequester`` (``requester_for``: the async clients' one sender, over an
+``aiohttp.ClientSession`` or an ``httpx.AsyncClient``); ``OwnAsyncSession`` and ``AsyncSessionOwner`` (an async
+client's session: the one passed, or its own aiohttp one opened in the running loop). Neither aiohttp nor httpx is
+imported until a session of that kind exists.
 """
 
 from __future__ import annotations
@@ -36,17 +28,8 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
-    "DEFAULT_LIMIT_PER_HOST",
-    "PROBE_CONFIRMED_REASON",
-    "Answer",
-    "AsyncRequester",
-    "AsyncSessionOwner",
-    "Outgoing",
-    "OwnAsyncSession",
-    "StreamedReply",
-    "answer_of",
-    "answer_records",
-    "requester_for",
+    "DEFAULT_LIMIT_PER_HOST", "PROBE_CONFIRMED_REASON", "Answer", "AsyncRequester", "AsyncSessionOwner", "Outgoing", "OwnAsyncSession",
+    "StreamedReply", "answer_of", "answer_records", "requester_for",
 ]
 
 DEFAULT_LIMIT_PER_HOST = 100
@@ -78,11 +61,10 @@ class Outgoing(Protocol):
 class Answer:
     """What the engine answered: ``status``, the body as ``text``, and the transport's delivery ``records``.
 
-    ``response``: the transport's own response object, put on raised errors as
-    ``error.response`` (None = none, as over aiohttp, whose response cannot be
-    pickled); never read by the parsers. ``confirmed_by_probe``: the engine's own
-    answer was lost and the transport's memory probe proved the call applied.
-    ``polls``: which ask this is, for a call asked again after a refusal (1 = the first).
+    ``response``: the transport's own response object, put on raised errors as ``error.response`` (None = none, as over
+    aiohttp, whose response cannot be pickled); never read by the parsers. ``confirmed_by_probe``: the engine's own
+    answer was lost and the transport's memory probe proved the call applied. ``polls``: which ask this is, for a call
+    asked again after a refusal (1 = the first).
     """
 
     endpoint: str
@@ -107,14 +89,11 @@ class Answer:
 def answer_records(value: object, status: int, reason: str | None = None) -> tuple[tuple[AttemptRecord, ...], bool]:
     """The delivery record of an answer, and whether a memory probe confirmed it: ``(records, confirmed_by_probe)``.
 
-    ``value``: what the transport put on its response (``.attempts``, httpx's
-    ``extensions["attempts"]``); ``status`` / ``reason``: the response's status
-    and reason phrase (None = not known). The records are the transport's (a
-    non-empty tuple of ``AttemptRecord``), else one attempt that got
-    ``status``: a session without the resilience layer records nothing, and
-    the answer itself proves that one attempt reached the engine and was
-    answered. ``confirmed_by_probe`` is True only for the layer's own "applied"
-    answer: a 200 with ``PROBE_CONFIRMED_REASON`` that carries the layer's
+    ``value``: what the transport put on its response (``.attempts``, httpx's ``extensions["attempts"]``); ``status`` /
+    ``reason``: the response's status and reason phrase (None = not known). The records are the transport's (a non-empty
+    tuple of ``AttemptRecord``), else one attempt that got ``status``: a session without the resilience layer records
+    nothing, and the answer itself proves that one attempt reached the engine and was answered. ``confirmed_by_probe``
+    is True only for the layer's own "applied" answer: a 200 with ``PROBE_CONFIRMED_REASON`` that carries the layer's
     record (an engine or proxy answering that phrase itself is not believed).
     """
     if isinstance(value, tuple) and value and all(isinstance(r, AttemptRecord) for r in value):
@@ -249,9 +228,8 @@ def resilient_middleware(middleware_kwargs: Mapping[str, Any], owner: str) -> An
 def aiohttp_session(middleware: Any, *, limit_per_host: int) -> aiohttp.ClientSession:
     """A new ``aiohttp.ClientSession`` with ``middleware`` and a pool of ``limit_per_host`` connections.
 
-    No session-wide timeout: each attempt is bounded by its endpoint policy's
-    ``attempt_timeout_s`` and each call by its ``deadline_s`` (and any ``Deadline``
-    in context). Must be called inside the event loop that will use it.
+    No session-wide timeout: each attempt is bounded by its endpoint policy's ``attempt_timeout_s`` and each call by its
+    ``deadline_s`` (and any ``Deadline`` in context). Must be called inside the event loop that will use it.
     """
     import aiohttp
 
@@ -318,13 +296,11 @@ def requester_for(session: object, owner: str) -> AsyncRequester:
 class OwnAsyncSession:
     """An async client's session: the one passed (used as is, never closed), or its own, opened in the running loop.
 
-    ``owner``: the client's class name, for errors. ``session``: an
-    ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` (None = the client's own
-    aiohttp session with one ``ResilientMiddleware(**middleware_kwargs)``, built
-    here, whose breakers and budgets outlive ``aclose()``). ``limit_per_host``:
-    the own session's pool size (an int >= 1). The own session belongs to the
-    loop that opened it: a call from another loop while that one is open raises
-    RuntimeError; once that loop is closed, a new session is opened.
+    ``owner``: the client's class name, for errors. ``session``: an ``aiohttp.ClientSession`` or ``httpx.AsyncClient``
+    (None = the client's own aiohttp session with one ``ResilientMiddleware(**middleware_kwargs)``, built here, whose
+    breakers and budgets outlive ``aclose()``). ``limit_per_host``: the own session's pool size (an int >= 1). The own
+    session belongs to the loop that opened it: a call from another loop while that one is open raises RuntimeError;
+    once that loop is closed, a new session is opened.
     """
 
     def __init__(self, owner: str, session: object | None, middleware_kwargs: Mapping[str, Any], limit_per_host: int) -> None:

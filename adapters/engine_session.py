@@ -15,15 +15,7 @@ from resilience.events import Observer
 from resilience.memory_probe import MemoryProbe
 from resilience.policy import PolicyTable
 
-__all__ = [
-    "DRIVER_KEYWORDS",
-    "SyncSessionOwner",
-    "WithProbe",
-    "mount_adapter",
-    "own_driver_kwargs",
-    "own_policies",
-    "probed_config",
-]
+__all__ = ["DRIVER_KEYWORDS", "SyncSessionOwner", "WithProbe", "mount_adapter", "own_driver_kwargs", "own_policies", "probed_config"]
 
 WithProbe = Callable[[PolicyTable, MemoryProbe], PolicyTable]
 """A kind's way to have a memory probe asked by its table (SGLang's ``with_memory_probe``)."""
@@ -34,32 +26,21 @@ DRIVER_KEYWORDS = ("policies", "observers", "breaker", "retry_budget", "clock", 
 
 
 def own_driver_kwargs(
-    owner: str,
-    default: PolicyTable,
-    *,
-    session: object,
-    config: DriverConfig | None,
-    policies: PolicyTable | Unset,
-    observers: Sequence[Observer] | Unset,
-    extra: Mapping[str, Any],
-    limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
-    memory_probe: MemoryProbe | None = None,
-    with_probe: WithProbe | None = None,
+    owner: str, default: PolicyTable, *, session: object, config: DriverConfig | None, policies: PolicyTable | Unset,
+    observers: Sequence[Observer] | Unset, extra: Mapping[str, Any], limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
+    memory_probe: MemoryProbe | None = None, with_probe: WithProbe | None = None
 ) -> dict[str, Any]:
     """The keyword arguments of the driver a client builds for its own session, checked the same way for every client.
 
-    ``policies`` left ``UNSET`` is ``default`` (the kind's table: ``SGLANG_POLICIES``,
-    ``VLLM_POLICIES``), or the config's policies. ``extra``: the driver's other keywords the caller gave
-    (``breaker``, ``retry_budget``, ``clock``, pool sizes); ``limit_per_host``: an async
-    client's own pool size, an own-session setting when not ``DEFAULT_LIMIT_PER_HOST``.
-    ``memory_probe`` (None = none): asked on the table's release and resume
-    entries (``with_probe``, the kind's ``with_memory_probe``; a probe given to a
-    kind without one is a ``ConfigConflict``); with ``config``, the client gets a copy
-    of the config whose policies ask it (``probed_config``: same observers,
-    and the same per-engine breakers and budgets, still shared).
-    With a ``session``, none of them applies, so any of them (``config`` and
-    ``memory_probe`` included) raises ``ConfigConflict`` naming them; so does
-    ``config`` with any keyword it already holds. Returns {} when a session is given.
+    ``policies`` left ``UNSET`` is ``default`` (the kind's table: ``SGLANG_POLICIES``, ``VLLM_POLICIES``), or the
+    config's policies. ``extra``: the driver's other keywords the caller gave (``breaker``, ``retry_budget``, ``clock``,
+    pool sizes); ``limit_per_host``: an async client's own pool size, an own-session setting when not
+    ``DEFAULT_LIMIT_PER_HOST``. ``memory_probe`` (None = none): asked on the table's release and resume entries
+    (``with_probe``, the kind's ``with_memory_probe``; a probe given to a kind without one is a ``ConfigConflict``);
+    with ``config``, the client gets a copy of the config whose policies ask it (``probed_config``: same observers, and
+    the same per-engine breakers and budgets, still shared). With a ``session``, none of them applies, so any of them
+    (``config`` and ``memory_probe`` included) raises ``ConfigConflict`` naming them; so does ``config`` with any
+    keyword it already holds. Returns {} when a session is given.
     """
     given = [name for name, value in (("policies", policies), ("observers", observers)) if value is not UNSET]
     given += ["memory_probe"] if memory_probe is not None else []
@@ -96,11 +77,10 @@ def own_driver_kwargs(
 def probed_config(config: DriverConfig, memory_probe: MemoryProbe, with_probe: WithProbe) -> DriverConfig:
     """``config`` with ``memory_probe`` asked on its policies' release and resume entries (``with_probe``).
 
-    A new ``DriverConfig`` over the same observers, clock and random source, and
-    the same per-engine breakers and budgets (handed over as the registries
-    themselves, so what this client sees still opens the breaker every other
-    driver of ``config`` uses). A config whose policies have no release or
-    resume entry is refused (``ValueError``): build it with the kind's table (``policies=SGLANG_POLICIES``).
+    A new ``DriverConfig`` over the same observers, clock and random source, and the same per-engine breakers and
+    budgets (handed over as the registries themselves, so what this client sees still opens the breaker every other
+    driver of ``config`` uses). A config whose policies have no release or resume entry is refused (``ValueError``):
+    build it with the kind's table (``policies=SGLANG_POLICIES``).
     """
     return DriverConfig(
         policies=with_probe(config.policies, memory_probe),
@@ -121,9 +101,14 @@ def own_policies(driver_kwargs: Mapping[str, Any], default: PolicyTable) -> Poli
     return table if isinstance(table, PolicyTable) else default
 
 
-def mount_adapter(session: requests.Session, base_urls: Sequence[str], driver_kwargs: Mapping[str, Any]) -> ResilientAdapter:
-    """One ``ResilientAdapter(**driver_kwargs)`` on ``session`` for each engine URL (``mount_sglang``, ``mount_vllm``); returns it."""
-    adapter = ResilientAdapter(**driver_kwargs)
+def mount_adapter(
+    owner: str, default: PolicyTable, session: requests.Session, base_urls: Sequence[str], *, policies: PolicyTable | Unset,
+    observers: Sequence[Observer] | Unset, config: DriverConfig | None, extra: Mapping[str, Any]
+) -> ResilientAdapter:
+    """``mount_sglang`` and ``mount_vllm`` (``owner``, over their kind's ``default`` table): one ``ResilientAdapter``
+    built from ``own_driver_kwargs`` mounted on ``session`` for each engine URL; returns it."""
+    kwargs = own_driver_kwargs(owner, default, session=None, config=config, policies=policies, observers=observers, extra=extra)
+    adapter = ResilientAdapter(**kwargs)
     for url in base_urls:
         session.mount(url.rstrip("/") + "/", adapter)
     return adapter

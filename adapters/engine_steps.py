@@ -1,11 +1,9 @@
 """An exchange written once as steps without I/O, and its one driver for sync and async clients alike.
 
-A loop that asks an engine again (SGLang's ``flush_cache`` after "not idle",
-vLLM's refusals asked again, a vLLM weight push) is a generator: it yields a
-step (a request to send, seconds to wait, a client call) and is sent back the
-step's ``Reply``: ``(value, None)``, or ``(None, error)`` when it raised. The
-generator decides what an answer or an error means; ``drive`` only performs
-the steps, so the sync and async clients differ only in ``await``:
+A loop that asks an engine again (SGLang's ``flush_cache`` after "not idle", vLLM's refusals asked again, a vLLM weight
+push) is a generator: it yields a step (a request to send, seconds to wait, a client call) and is sent back the step's
+``Reply``: ``(value, None)``, or ``(None, error)`` when it raised. The generator decides what an answer or an error
+means; ``drive`` only performs the steps, so the sync and async clients differ only in ``await``:
 
 - an async client: ``await drive(steps, perform)``;
 - a sync client: ``run_now(drive(steps, perform))`` (its ``perform`` returns plain

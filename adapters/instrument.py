@@ -1,10 +1,8 @@
 """``SGLangInstrumentor``: our drivers on the requests, httpx and aiohttp clients other code creates, for given engines.
 
-In the manner of OpenTelemetry's client instrumentors: one call patches the
-libraries' client classes, so code that knows nothing of us (a framework's
-``aiohttp.ClientSession`` per fan-out, verl's module-level ``requests.post``)
-goes through the retry loop for the engines named, and through plain
-library code for every other host::
+In the manner of OpenTelemetry's client instrumentors: one call patches the libraries' client classes, so code that
+knows nothing of us (a framework's ``aiohttp.ClientSession`` per fan-out, verl's module-level ``requests.post``) goes
+through the retry loop for the engines named, and through plain library code for every other host::
 
     from resilience.adapters.instrument import SGLangInstrumentor
 
@@ -16,48 +14,29 @@ What is patched (``uninstrument`` puts each back):
 
 - requests: ``Session.get_adapter``. A URL of an engine gets one shared
   ``ResilientAdapter`` (``requests.post`` builds a ``Session`` too, so it is covered).
-- httpx: ``Client._transport_for_url`` and ``AsyncClient._transport_for_url``
-  (private, in httpx 0.23 to 0.28; ``instrument`` fails at once, naming it, where
-  it is missing). An engine's transport is wrapped once in a ``ResilientTransport``
-  or ``AsyncResilientTransport``, so the client's own limits, TLS and proxy stay.
-- aiohttp: ``ClientSession.__init__`` adds one middleware to each new session,
-  after the session's own; it runs ``ResilientMiddleware`` for engine URLs and
-  passes every other request through. Sessions built before ``instrument`` are
-  not touched (as OpenTelemetry's aiohttp instrumentor); after ``uninstrument``
-  the middleware of sessions still open passes everything through.
+- httpx: ``Client._transport_for_url`` and ``AsyncClient._transport_for_url`` (private, in httpx 0.23 to 0.28;
+  ``instrument`` fails at once, naming it, where it is missing). An engine's transport is wrapped once in a
+  ``ResilientTransport`` or ``AsyncResilientTransport``, so the client's own limits, TLS and proxy stay.
+- aiohttp: ``ClientSession.__init__`` adds one middleware to each new session, after the session's own; it runs
+  ``ResilientMiddleware`` for engine URLs and passes every other request through. Sessions built before ``instrument``
+  are not touched (as OpenTelemetry's aiohttp instrumentor); after ``uninstrument`` the middleware of sessions still
+  open passes everything through.
 
 **No double mount.** A session that already carries our driver for that URL
 (``mount_sglang``, a ``ResilientAdapter``/``ResilientTransport`` of its own, a
 ``ResilientMiddleware`` among its middlewares) keeps it and gets nothing more.
 
-**One state per engine.** Every driver the instrumentor attaches shares one
-breaker and one retry budget per engine and one ``AttemptLedger``
-(``resilience.adapters.ledger``). Where a re-send can hurt (a release or resume the
-probe cannot settle, a weight update) a framework's own retry loop on top of
-ours starts each new call with the attempts its earlier calls left, so theirs
-and ours together stay within the endpoint's ``max_attempts``, and a call whose
-last attempt was left unresolved is settled through the policy's probe (a
-memory probe) before it goes out again. Elsewhere (``/pause_generation``,
-``/flush_cache``, ``/continue_generation``, a release the probe proved not
-applied) each of the framework's calls gets attempts of its own, bounded by
-the engine's retry budget and the endpoint's deadline counted from the first
-failure.
+**One state per engine.** Every driver the instrumentor attaches shares one breaker and one retry budget per
+engine and one ``AttemptLedger``: a framework's own retry loop on top of ours cannot multiply the attempts where a
+re-send can hurt (``resilience.adapters.ledger`` has the rules). **A probe that cannot see an engine is refused**
+(``check_probes``): a mount must not run without its memory probe, silently.
 
-**A probe that cannot see an engine is refused.** When the policies ask a
-memory probe (``sglang_policies(memory_probe=...)``), ``instrument`` asks it
-once for every engine named, and raises ``ConfigError`` naming those it does
-not know (``resilience.memory_probe.UnknownEngine``: an ``EmulatorMemoryProbe``
-without the proxies' ``aliases=``, an ``NvmlMemoryProbe`` without the engine):
-a mount must not run without its probe, silently.
-
-**Processes.** The patches are per process and ``instrument`` is idempotent
-there: calling it again with an equal instrumentor (same engines, policies,
-libraries, window) is a no-op, a different one raises ``RuntimeError`` until
-the first is undone. An instrumentor pickles as its settings (Ray ships it to
-actors that way) and is not active in the process that unpickles it: call its
-``instrument()`` where each worker process starts (an actor's ``__init__``;
-``tests/adapters/test_instrument.py`` does so on real Ray actors). It is
-callable too (``instrumentor()`` = ``instrument()``), for hooks that take one.
+**Processes.** The patches are per process and ``instrument`` is idempotent there: calling it again with an equal
+instrumentor (same engines, policies, libraries, window) is a no-op, a different one raises ``RuntimeError`` until the
+first is undone. An instrumentor pickles as its settings (Ray ships it to actors that way) and is not active in the
+process that unpickles it: call its ``instrument()`` where each worker process starts (an actor's ``__init__``;
+``tests/adapters/test_instrument.py`` does so on real Ray actors). It is callable too (``instrumentor()`` =
+``instrument()``), for hooks that take one.
 """
 
 from __future__ import annotations
@@ -134,20 +113,15 @@ class _Target:
 class SGLangInstrumentor:
     """Attaches the resilience drivers to the requests, httpx and aiohttp clients of this process, for ``engines`` only.
 
-    ``engines``: URLs (``http://10.0.0.5:30000``: that host and port; a URL
-    without a port means the scheme's default), ``host:port``, or bare hosts
-    (every port of that host). ``config``: a ``DriverConfig`` every attached
-    driver is built from (its policies, observers, clock, random source, and
-    its one breaker and one retry budget per engine, shared by them all);
-    default one built from the keywords: ``policies`` (default
-    ``SGLANG_POLICIES``), ``observers``, ``breaker`` / ``retry_budget``
-    (defaults ``BreakerConfig()`` / ``RetryBudgetConfig()``; None turns that
-    strategy off), ``clock`` / ``rng``. ``config`` with any of those raises
-    ``ConfigConflict``. ``window_s``: how long an engine+endpoint's attempts
-    are remembered across calls after the last one (default 10 s; see
-    ``resilience.adapters.ledger``). ``libraries``: which of ``LIBRARIES`` to patch
-    (default: each one installed; naming one that is not installed is an
-    error at ``instrument``).
+    ``engines``: URLs (``http://10.0.0.5:30000``: that host and port; a URL without a port means the scheme's default),
+    ``host:port``, or bare hosts (every port of that host). ``config``: a ``DriverConfig`` every attached driver is
+    built from (its policies, observers, clock, random source, and its one breaker and one retry budget per engine,
+    shared by them all); default one built from the keywords: ``policies`` (default ``SGLANG_POLICIES``), ``observers``,
+    ``breaker`` / ``retry_budget`` (defaults ``BreakerConfig()`` / ``RetryBudgetConfig()``; None turns that strategy
+    off), ``clock`` / ``rng``. ``config`` with any of those raises ``ConfigConflict``. ``window_s``: how long an
+    engine+endpoint's attempts are remembered across calls after the last one (default 10 s; see
+    ``resilience.adapters.ledger``). ``libraries``: which of ``LIBRARIES`` to patch (default: each one installed; naming
+    one that is not installed is an error at ``instrument``).
     """
 
     def __init__(
@@ -226,11 +200,10 @@ class SGLangInstrumentor:
     def instrument(self) -> SGLangInstrumentor:
         """Patch the libraries in this process; returns the active instrumentor (this one, or an equal one already active).
 
-        Idempotent: a second call, or a call on an equal instrumentor, changes
-        nothing. Raises ``RuntimeError`` while a different instrumentor is
-        active, and ``ConfigError`` for a named library that is not installed,
-        an httpx without the method patched, or a memory probe in the policies
-        that does not know every engine (``check_probes``).
+        Idempotent: a second call, or a call on an equal instrumentor, changes nothing. Raises ``RuntimeError`` while a
+        different instrumentor is active, and ``ConfigError`` for a named library that is not installed, an httpx
+        without the method patched, or a memory probe in the policies that does not know every engine
+        (``check_probes``).
         """
         global _ACTIVE
         with _LOCK:
@@ -282,10 +255,9 @@ class SGLangInstrumentor:
     def check_probes(self) -> None:
         """Raise ``ConfigError`` unless every memory probe of the policies knows every engine (``resilience.memory_probe.covers``).
 
-        A probe that answers ``UnknownEngine`` for an engine would leave the mount
-        without its probe there, silently (an ``EmulatorMemoryProbe`` without the
-        proxies' ``aliases=``, a fleet's probe taken before ``fleet.start()``).
-        A bare host (any port) cannot be checked, so a probe needs each engine's port.
+        A probe that answers ``UnknownEngine`` for an engine would leave the mount without its probe there, silently (an
+        ``EmulatorMemoryProbe`` without the proxies' ``aliases=``, a fleet's probe taken before ``fleet.start()``). A
+        bare host (any port) cannot be checked, so a probe needs each engine's port.
         """
         for probe in self.memory_probes():
             bare = [t.host for t in self._targets if t.engine is None]
@@ -391,15 +363,12 @@ class SGLangInstrumentor:
 class VLLMInstrumentor(SGLangInstrumentor):
     """``SGLangInstrumentor`` for vLLM engines: the same patches, ledger and checks, over ``VLLM_POLICIES`` by default.
 
-    ``policies`` defaults to ``resilience.adapters.vllm.VLLM_POLICIES`` (one entry
-    per route of vLLM 0.33.0, ``adapters/vllm/routes.py``); every other knob is
-    ``SGLangInstrumentor``'s. What the ledger shares follows from that table:
-    ``/sleep``, ``/wake_up``, ``/pause``, ``/resume`` and the cache resets are
-    idempotent (a re-send is a no-op in vLLM), so a framework's own retries get
-    attempts of their own; ``/update_weights`` and the weight-session routes are
-    never re-sent once they may have arrived, and share one count with the
-    framework's tries. One instrumentor is active per process: a process that
-    drives both kinds mounts one of them with a table holding both kinds' routes
+    ``policies`` defaults to ``resilience.adapters.vllm.VLLM_POLICIES`` (one entry per route of vLLM 0.33.0,
+    ``adapters/vllm/routes.py``); every other knob is ``SGLangInstrumentor``'s. What the ledger shares follows from that
+    table: ``/sleep``, ``/wake_up``, ``/pause``, ``/resume`` and the cache resets are idempotent (a re-send is a no-op
+    in vLLM), so a framework's own retries get attempts of their own; ``/update_weights`` and the weight-session routes
+    are never re-sent once they may have arrived, and share one count with the framework's tries. One instrumentor is
+    active per process: a process that drives both kinds mounts one of them with a table holding both kinds' routes
     (``PolicyTable.with_entries``).
     """
 

@@ -1,53 +1,38 @@
 """``AttemptLedger`` and ``LedgerRetrier``: one engine+endpoint's attempts counted across calls.
 
-A framework that has its own retry loop (AReaL's ``arequest_with_retry``: 3
-tries, 1 s apart; verl's ``_make_async_request``: 3 tries, 2 s then 4 s) sends
-a new logical call after ours gave up, and each call would get the policy's
-``max_attempts`` again: AReaL's 3 tries times our 6 attempts sent up to 17
-releases to one engine in one cycle. The ledger remembers, per engine and
-endpoint template, what recent calls spent and whether the last attempt was
-left unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
+A framework that has its own retry loop (AReaL's ``arequest_with_retry``: 3 tries, 1 s apart; verl's
+``_make_async_request``: 3 tries, 2 s then 4 s) sends a new logical call after ours gave up, and each call would get the
+policy's ``max_attempts`` again: AReaL's 3 tries times our 6 attempts sent up to 17 releases to one engine in one cycle.
+The ledger remembers, per engine and endpoint template, what recent calls spent and whether the last attempt was left
+unresolved, and ``LedgerRetrier`` (a ``Retrier``) starts each call from it:
 
-- **Which calls share a count.** Only where a re-send can hurt: a
-  non-idempotent endpoint (SGLang's release and resume, the weight updates)
-  unless its probe has just answered "not applied". There the attempts that may
-  have reached the engine (``Delivery`` other than ``NOT_SENT``) in calls that did
-  not succeed are counted; a call starts with ``max_attempts`` minus that count,
-  and one with nothing left is refused before sending (``RetriesExhausted``, the
-  driver's own class). A success, or a probe that confirms the call was applied,
-  clears the count.
-- **Everywhere else** (an idempotent endpoint: ``/pause_generation``,
-  ``/flush_cache``, ``/continue_generation``; a release the probe proved not
-  applied) a re-send is harmless, so a framework's own retry gets its own
-  ``max_attempts``, bounded by the engine's retry budget (below) and by the
-  endpoint's ``deadline_s`` counted from the first failed attempt of the run of
-  failed calls: a repeat runs under a ``Deadline`` of what is left of it, and one
-  with nothing left is refused before sending (``DeadlineExceeded``). A call of
-  ours that spends all its attempts on gateway statuses there goes on in further
-  rounds under the same bounds (``_go_on``), as a framework's retry would: a
-  streak of 502s longer than one call's attempts is ridden out within the
-  deadline even by a framework that never retries a status (verl). The engine's
-  breaker still cuts an engine that only fails (``CircuitOpen``).
-- **Budget.** The first attempt of a call that repeats a failed one is a retry
-  for the engine's retry budget: it takes a token, and none left refuses the
-  call (``RetryBudgetExhausted``).
-- **Unresolved non-idempotent calls.** When the last attempt on a
-  non-idempotent endpoint ended without an answer that settles it (a gateway
-  status 502/503/504, a read timeout or a connection dropped after sending),
-  the next call asks the endpoint's probe first (``EndpointPolicy.on_ambiguous``
-  when it is a callable, e.g. the memory probe of ``sglang_policies``): "done"
-  returns the driver's "applied" response without sending, "not done" sends
-  with attempts of its own, "unknown" (or no probe) follows the preset with the
-  shared count: a gateway status is re-sent only when the policy sets
-  ``retry_statuses_if_not_idempotent`` (the seed's trade-off), a transport
-  ambiguity never (``AmbiguousOutcome``).
-- **Window.** An entry is forgotten ``window_s`` seconds (default 10) after its
-  last attempt: a framework's loop re-sends within seconds; a later call is a
-  new decision of its caller.
+- **Which calls share a count.** Only where a re-send can hurt: a non-idempotent endpoint (SGLang's release and resume,
+  the weight updates) unless its probe has just answered "not applied". There the attempts that may have reached the
+  engine (``Delivery`` other than ``NOT_SENT``) in calls that did not succeed are counted; a call starts with
+  ``max_attempts`` minus that count, and one with nothing left is refused before sending (``RetriesExhausted``, the
+  driver's own class). A success, or a probe that confirms the call was applied, clears the count.
+- **Everywhere else** (an idempotent endpoint: ``/pause_generation``, ``/flush_cache``, ``/continue_generation``; a
+  release the probe proved not applied) a re-send is harmless, so a framework's own retry gets its own ``max_attempts``,
+  bounded by the engine's retry budget (below) and by the endpoint's ``deadline_s`` counted from the first failed
+  attempt of the run of failed calls: a repeat runs under a ``Deadline`` of what is left of it, and one with nothing
+  left is refused before sending (``DeadlineExceeded``). A call of ours that spends all its attempts on gateway statuses
+  there goes on in further rounds under the same bounds (``_go_on``), as a framework's retry would: a streak of 502s
+  longer than one call's attempts is ridden out within the deadline even by a framework that never retries a status
+  (verl). The engine's breaker still cuts an engine that only fails (``CircuitOpen``).
+- **Budget.** The first attempt of a call that repeats a failed one is a retry for the engine's retry budget: it takes a
+  token, and none left refuses the call (``RetryBudgetExhausted``).
+- **Unresolved non-idempotent calls.** When the last attempt on a non-idempotent endpoint ended without an answer that
+  settles it (a gateway status 502/503/504, a read timeout or a connection dropped after sending), the next call asks
+  the endpoint's probe first (``EndpointPolicy.on_ambiguous`` when it is a callable, e.g. the memory probe of
+  ``sglang_policies``): "done" returns the driver's "applied" response without sending, "not done" sends with attempts
+  of its own, "unknown" (or no probe) follows the preset with the shared count: a gateway status is re-sent only when
+  the policy sets ``retry_statuses_if_not_idempotent`` (the seed's trade-off), a transport ambiguity never
+  (``AmbiguousOutcome``).
+- **Window.** An entry is forgotten ``window_s`` seconds (default 10) after its last attempt: a framework's loop
+  re-sends within seconds; a later call is a new decision of its caller.
 
-Thread-safe (one lock, never held across I/O); one ledger serves every driver
-of a process (``resilience.adapters.instrument.SGLangInstrumentor`` shares one
-across requests, httpx and aiohttp).
+Thread-safe (one lock, never held across I/O); one ledger serves every driver of a process
+(``resilience.adapters.instrument.SGLangInstrumentor`` shares one across requests, httpx and aiohttp).
 """
 
 from __future__ import annotations
@@ -60,6 +45,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, cast
 
+from resilience.adapters.engine_steps import Steps, drive, run_now, value_of
 from resilience.breaker import BreakerRegistry
 from resilience.budget import RetryBudgets
 from resilience.clock import SYSTEM_CLOCK, Clock
@@ -78,9 +64,8 @@ T = TypeVar("T")
 DEFAULT_WINDOW_S = 10.0
 """Seconds after its last attempt that an engine+endpoint's record is kept.
 
-A framework's own loop re-sends within seconds (AReaL 1 s later, verl 2 s then
-4 s); a call later than this is a new decision of its caller, which a longer
-window would refuse for having failed before."""
+A framework's own loop re-sends within seconds (AReaL 1 s later, verl 2 s then 4 s); a call later than this is a new
+decision of its caller, which a longer window would refuse for having failed before."""
 Unresolved = Literal["status", "transport"] | None
 """Why the last attempt left a call unresolved: a gateway status, a transport failure after sending, or None (it was answered)."""
 
@@ -185,21 +170,14 @@ class _Admission:
 class LedgerRetrier(Retrier):
     """A ``Retrier`` whose calls start from an ``AttemptLedger``: a caller's own retry loop cannot multiply the attempts.
 
-    ``ledger``: the shared ledger (several ``LedgerRetrier``s, one per driver
-    library, share one, with one ``BreakerRegistry`` and one ``RetryBudgets``).
-    The other arguments are ``Retrier``'s.
+    ``ledger``: the shared ledger (several ``LedgerRetrier``s, one per driver library, share one, with one
+    ``BreakerRegistry`` and one ``RetryBudgets``). The other arguments are ``Retrier``'s.
     """
 
     def __init__(
-        self,
-        ledger: AttemptLedger,
-        *,
-        breakers: BreakerRegistry | None = None,
-        budgets: RetryBudgets | None = None,
-        observers: Sequence[Observer] = (),
-        clock: Clock = SYSTEM_CLOCK,
-        rng: Callable[[], float] = random.random,
-        error_types: ErrorTypes | None = None,
+        self, ledger: AttemptLedger, *, breakers: BreakerRegistry | None = None, budgets: RetryBudgets | None = None,
+        observers: Sequence[Observer] = (), clock: Clock = SYSTEM_CLOCK, rng: Callable[[], float] = random.random,
+        error_types: ErrorTypes | None = None
     ) -> None:
         super().__init__(breakers=breakers, budgets=budgets, observers=observers, clock=clock, rng=rng, error_types=error_types)
         self.ledger = ledger
@@ -294,50 +272,59 @@ class LedgerRetrier(Retrier):
 
     # -- the drivers' entry points ----------------------------------------
 
-    def run(
-        self,
-        spec: CallSpec,
-        send: Attempt,
-        *,
-        report: Report[R] = None,
-        failed: Failed[R] = None,
-        discard: Callable[[R], None] = lambda _r: None,
-        on_probe_done: Callable[[], R] | None = None,
-        never_sent: Callable[[BaseException], bool] = lambda _e: False,
-    ) -> tuple[R, tuple[AttemptRecord, ...]]:
-        """``Retrier.run`` from the ledger: refused, answered "applied", or run with the attempts left, each one counted.
+    def _rounds(self, spec: CallSpec, on_probe_done: Callable[[], R] | None) -> Steps[tuple[Any, ...], tuple[R, Records]]:
+        """A call from the ledger as steps (``engine_steps``): refused, answered "applied", or run with the attempts
+        left; a call that spends its attempts on gateway statuses where a re-send is harmless goes on for another
+        round (``_go_on``), as a framework's own retry would, until the ledger stops admitting one.
 
-        A call that spends its attempts on gateway statuses where a re-send is
-        harmless goes on for another round (``_go_on``), as a framework's own
-        retry would, until the ledger stops admitting one.
+        Steps: ``("probe", probe, context)``, ``("round", spec, deadline_s)`` (one ``Retrier`` run of the call),
+        ``("discard", response)``, ``("sleep", seconds)``; ``run`` and ``arun`` perform them.
         """
-        admission = self._admit(spec)
-        if admission.probe is not None and admission.context is not None:
-            admission = self._after_probe(spec, ask_probe(admission.probe, admission.context))
+        admission = yield from self._admitted(spec)
         run_spec = self._settle(spec, admission, on_probe_done)
         if not isinstance(run_spec, CallSpec):
             return run_spec, ()
-
-        reported, failing = self._counting(spec, report, failed, never_sent)
-        done = self._clearing(spec, on_probe_done)
         while True:
-            with Deadline(admission.deadline_s, clock=self.clock):
-                response, records = super().run(
-                    run_spec, send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
-                )
+            response, records = value_of((yield ("round", run_spec, admission.deadline_s)))
             if not _ended_on_status(records):
                 return response, records
-            after = self._admit(spec)
-            if after.probe is not None and after.context is not None:
-                after = self._after_probe(spec, ask_probe(after.probe, after.context))
+            after = yield from self._admitted(spec)
             if not self._go_on(after):
                 return response, records
-            discard(response)
-            self.clock.sleep(self._pause_before_round(spec, after))
+            value_of((yield ("discard", response)))
+            value_of((yield ("sleep", self._pause_before_round(spec, after))))
             settled = self._settle(spec, after, on_probe_done)
             if not isinstance(settled, CallSpec):
                 return settled, records
             admission, run_spec = after, settled
+
+    def _admitted(self, spec: CallSpec) -> Steps[tuple[Any, ...], _Admission]:
+        """``_admit``, then ``_after_probe`` with the probe's answer when the ledger asks one."""
+        admission = self._admit(spec)
+        if admission.probe is not None and admission.context is not None:
+            admission = self._after_probe(spec, value_of((yield ("probe", admission.probe, admission.context))))
+        return admission
+
+    def run(
+        self, spec: CallSpec, send: Attempt, *, report: Report[R] = None, failed: Failed[R] = None,
+        discard: Callable[[R], None] = lambda _r: None, on_probe_done: Callable[[], R] | None = None,
+        never_sent: Callable[[BaseException], bool] = lambda _e: False
+    ) -> tuple[R, tuple[AttemptRecord, ...]]:
+        """``Retrier.run`` from the ledger (``_rounds``), each attempt counted."""
+        reported, failing = self._counting(spec, report, failed, never_sent)
+        done = self._clearing(spec, on_probe_done)
+
+        def perform(step: tuple[Any, ...]) -> Any:
+            if step[0] == "round":
+                with Deadline(step[2], clock=self.clock):
+                    return Retrier.run(
+                        self, step[1], send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
+                    )
+            if step[0] == "probe":
+                return ask_probe(step[1], step[2])
+            return discard(step[1]) if step[0] == "discard" else self.clock.sleep(step[1])
+
+        return run_now(drive(self._rounds(spec, on_probe_done), perform))
 
     async def arun(  # type: ignore[override]  # one signature for both of Retrier.arun's overloads
         self,
@@ -352,48 +339,23 @@ class LedgerRetrier(Retrier):
         finish: Callable[[R, Records], T] | None = None,
     ) -> tuple[R, Records] | T:
         """``Retrier.arun`` from the ledger (rounds as ``run``); a sync probe runs in a worker thread."""
-        response, records = await self._arounds(spec, send, report, failed, discard, on_probe_done, never_sent)
-        return (response, records) if finish is None else finish(response, records)
-
-    async def _arounds(
-        self,
-        spec: CallSpec,
-        send: AsyncAttempt,
-        report: Report[R],
-        failed: Failed[R],
-        discard: Callable[[R], Awaitable[None] | None],
-        on_probe_done: Callable[[], R] | None,
-        never_sent: Callable[[BaseException], bool],
-    ) -> tuple[R, Records]:
-        admission = self._admit(spec)
-        if admission.probe is not None and admission.context is not None:
-            admission = self._after_probe(spec, await ask_probe_async(admission.probe, admission.context))
-        run_spec = self._settle(spec, admission, on_probe_done)
-        if not isinstance(run_spec, CallSpec):
-            return run_spec, ()
         reported, failing = self._counting(spec, report, failed, never_sent)
         done = self._clearing(spec, on_probe_done)
         asleep: Callable[[float], Awaitable[None]] = getattr(self.clock, "asleep", asyncio.sleep)
-        while True:
-            with Deadline(admission.deadline_s, clock=self.clock):
-                response, records = await super().arun(
-                    run_spec, send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
-                )
-            if not _ended_on_status(records):
-                return response, records
-            after = self._admit(spec)
-            if after.probe is not None and after.context is not None:
-                after = self._after_probe(spec, await ask_probe_async(after.probe, after.context))
-            if not self._go_on(after):
-                return response, records
-            released = discard(response)
-            if released is not None:
-                await released
-            await asleep(self._pause_before_round(spec, after))
-            settled = self._settle(spec, after, on_probe_done)
-            if not isinstance(settled, CallSpec):
-                return settled, records
-            admission, run_spec = after, settled
+
+        async def perform(step: tuple[Any, ...]) -> Any:
+            if step[0] == "round":
+                with Deadline(step[2], clock=self.clock):
+                    return await Retrier.arun(
+                        self, step[1], send, report=reported, failed=failing, discard=discard, on_probe_done=done, never_sent=never_sent
+                    )
+            if step[0] == "probe":
+                return await ask_probe_async(step[1], step[2])
+            released = discard(step[1]) if step[0] == "discard" else asleep(step[1])
+            return None if released is None else await released
+
+        response, records = await drive(self._rounds(spec, on_probe_done), perform)
+        return (response, records) if finish is None else finish(response, records)
 
     def _counting(
         self, spec: CallSpec, report: Report[R], failed: Failed[R], never_sent: Callable[[BaseException], bool]

@@ -1,48 +1,34 @@
 """``NvmlMemoryProbe``: which memory tags an SGLang engine has released, read from NVML on the engine's node.
 
-With ``--enable-memory-saver`` SGLang puts its GPU memory in torch_memory_saver
-regions by tag (``kv_cache``, ``weights``, ``cuda_graph``;
-``sglang/srt/utils/torch_memory_saver_adapter.py``), and
-``release_memory_occupation`` pauses them: their physical memory goes back to
-the driver (``sglang/srt/managers/scheduler_components/weight_updater.py``).
-NVML's per-process used memory (``nvmlDeviceGetComputeRunningProcesses``) of the
-engine's scheduler processes (titled ``sglang::scheduler...``,
-``sglang/srt/managers/scheduler.py``, ``run_scheduler_process``) drops by the
-tags' size. This probe turns one reading into a set of released tags.
+With ``--enable-memory-saver`` SGLang puts its GPU memory in torch_memory_saver regions by tag (``kv_cache``,
+``weights``, ``cuda_graph``; ``sglang/srt/utils/torch_memory_saver_adapter.py``), and ``release_memory_occupation``
+pauses them: their physical memory goes back to the driver
+(``sglang/srt/managers/scheduler_components/weight_updater.py``). NVML's per-process used memory
+(``nvmlDeviceGetComputeRunningProcesses``) of the engine's scheduler processes (titled ``sglang::scheduler...``,
+``sglang/srt/managers/scheduler.py``, ``run_scheduler_process``) drops by the tags' size. This probe turns one reading
+into a set of released tags.
 
-**What it needs.**
+**What it needs.** ``nvidia-ml-py`` (``pip install 'controlplane-resilience[nvml]'``; a clear ``ImportError`` at
+construction without it). To run on the engine's node and see the scheduler PIDs as NVML reports them: in a
+container without the host's PID namespace NVML lists host PIDs, which match nothing here (``--pid=host``, or
+``hostPID: true``), and every answer is None. Per engine, an ``EngineGpu``: its scheduler PIDs
+(``scheduler_pids(server_pid)``), the bytes each tag holds while active (SGLang's ``GET /v1/loads?include=memory``,
+``sglang/srt/managers/load_snapshot.py``, through ``tag_bytes_from_loads``), and the used memory while serving
+with nothing released (given, or learnt with :meth:`NvmlMemoryProbe.learn` while the engine serves).
 
-- ``nvidia-ml-py`` (``pip install 'controlplane-resilience[nvml]'``), imported on the
-  first read; a clear ``ImportError`` at construction when it is missing.
-- To run on the engine's node, and to see the scheduler PIDs as NVML reports them:
-  in a container without the host's PID namespace NVML lists host PIDs, which match
-  nothing here (``--pid=host``, or ``hostPID: true``). Then every answer is None.
-- Per engine (``EngineGpu``): its scheduler PIDs (``scheduler_pids(server_pid)`` finds
-  them); the bytes each tag holds while active (``tag_bytes``: SGLang reports them
-  in ``GET /v1/loads?include=memory`` as ``weight_gb``, ``kv_cache_gb``, ``graph_gb``,
-  ``sglang/srt/managers/load_snapshot.py``; ``tag_bytes_from_loads`` converts); and the
-  used memory while serving with nothing released (``serving_bytes``), given or learnt
-  with :meth:`NvmlMemoryProbe.learn` while the engine serves.
+**How "released" is inferred** (``infer_released``, a pure function). Every subset S of the tags predicts a reading:
+``serving_bytes - sum(tag_bytes[t] for t in S)``. The reading matches S when it lies within the tolerance of that
+prediction. Exactly one matching subset is the answer; none, or more than one, is None (it cannot prove). The tolerance
+is ``max(NvmlThresholds.tolerance_bytes, tolerance_fraction * serving_bytes)``: by default 1 GiB or 2 % of the serving
+memory, whichever is larger. It has to cover what else moves the process's memory (the CUDA context, torch's caching
+allocator, NCCL buffers); a tag smaller than about twice the tolerance cannot be told from noise, so states that differ
+only in it answer None. A reading taken while a release or resume is under way (memory between two states) answers None,
+or, if it happens to match a state, that state: NVML cannot see a call queued in the scheduler. The transport trusts
+"not applied" only after a 502/503 for that reason (``resilience.adapters.sglang.memory_check``).
 
-**How "released" is inferred** (``infer_released``, a pure function). Every subset S
-of the tags predicts a reading: ``serving_bytes - sum(tag_bytes[t] for t in S)``. The
-reading matches S when it lies within the tolerance of that prediction. Exactly one
-matching subset is the answer; none, or more than one, is None (it cannot prove).
-The tolerance is ``max(NvmlThresholds.tolerance_bytes, tolerance_fraction * serving_bytes)``:
-by default 1 GiB or 2 % of the serving memory, whichever is larger. It has to cover
-what else moves the process's memory (the CUDA context, torch's caching allocator,
-NCCL buffers); a tag smaller than about twice the tolerance cannot be told from
-noise, so states that differ only in it answer None. A reading taken while a
-release or resume is under way (memory between two states) answers None, or, if it
-happens to match a state, that state: NVML cannot see a call queued in the scheduler.
-The transport trusts "not applied" only after a 502/503 for that reason
-(``resilience.adapters.sglang.memory_check``).
-
-An engine not configured here raises ``UnknownEngine`` (``resilience.memory_probe``:
-the probe knows nothing of it, which a mount checks before it starts). None
-also when: a PID is not running, or NVML
-lists none of them on any GPU (a dead engine); NVML cannot be initialised or read;
-no serving baseline is known yet.
+An engine not configured here raises ``UnknownEngine`` (``resilience.memory_probe``: the probe knows nothing of it,
+which a mount checks before it starts). None also when: a PID is not running, or NVML lists none of them on any GPU (a
+dead engine); NVML cannot be initialised or read; no serving baseline is known yet.
 """
 
 from __future__ import annotations
@@ -60,14 +46,7 @@ from urllib.parse import urlsplit
 from resilience.memory_probe import UnknownEngine
 
 __all__ = [
-    "EngineGpu",
-    "NvmlMemoryProbe",
-    "NvmlReader",
-    "NvmlThresholds",
-    "Reader",
-    "infer_released",
-    "scheduler_pids",
-    "tag_bytes_from_loads",
+    "EngineGpu", "NvmlMemoryProbe", "NvmlReader", "NvmlThresholds", "Reader", "infer_released", "scheduler_pids", "tag_bytes_from_loads",
 ]
 
 logger = logging.getLogger(__name__)
@@ -282,10 +261,9 @@ def _pid_runs(pid: int) -> bool:
 class NvmlMemoryProbe:
     """A ``resilience.memory_probe.MemoryProbe`` from NVML's per-process memory of each engine's schedulers on this node.
 
-    ``engines``: engine name (``scheme://host:port``, as the barrier and the transport
-    name it) -> ``EngineGpu``. ``thresholds``: the matching tolerance (default
-    ``NvmlThresholds()``: 1 GiB or 2 % of serving memory). ``reader``: reads the
-    used memory of PIDs (default ``NvmlReader()``, which needs ``nvidia-ml-py``).
+    ``engines``: engine name (``scheme://host:port``, as the barrier and the transport name it) -> ``EngineGpu``.
+    ``thresholds``: the matching tolerance (default ``NvmlThresholds()``: 1 GiB or 2 % of serving memory). ``reader``:
+    reads the used memory of PIDs (default ``NvmlReader()``, which needs ``nvidia-ml-py``).
     """
 
     engines: Mapping[str, EngineGpu]

@@ -1,34 +1,28 @@
 """Ray: SGLang and vLLM engines driven through Ray actors, and a ``FanOut`` over ObjectRefs.
 
-Each engine gets one engine actor that holds the engine's client for its URL,
-built inside the actor: an ``SGLangEngineActor`` holds an ``SGLangClient``, a
-``VLLMEngineActor`` a ``VLLMEngine`` (``resilience.adapters.vllm.engine``: the
-barrier's five calls on vLLM's routes). A fleet may mix both kinds
-(``ray_engines(urls, kind=["sglang", "vllm", ...])``), and ``ray_engine(url,
-kind=...)`` starts one more actor later (an engine that joins). Actors talk to engines by URL only,
-so the same code runs on a laptop's ``ray.init()`` and on a multi-node cluster
-(the package must be importable on every node, as for any Ray code; pass
-``actor_options={"scheduling_strategy": ...}`` to place an actor next to its
-engine). The driver side sees ``RayEngine`` (SGLang) and ``RayVLLMEngine``
-handles, which the ``Orchestrator`` accepts like clients; a ``RayVLLMEngine``
-carries vLLM's ``control_rules`` (``VLLM_RULES``) and ``tags``, so the barrier
-applies vLLM's rules to it as to a local ``VLLMEngine``:
+Each engine gets one engine actor that holds the engine's client for its URL, built inside the actor: an
+``SGLangEngineActor`` holds an ``SGLangClient``, a ``VLLMEngineActor`` a ``VLLMEngine``
+(``resilience.adapters.vllm.engine``: the barrier's five calls on vLLM's routes). A fleet may mix both kinds
+(``ray_engines(urls, kind=["sglang", "vllm", ...])``), and ``ray_engine(url, kind=...)`` starts one more actor later (an
+engine that joins). Actors talk to engines by URL only, so the same code runs on a laptop's ``ray.init()`` and on a
+multi-node cluster (the package must be importable on every node, as for any Ray code; pass
+``actor_options={"scheduling_strategy": ...}`` to place an actor next to its engine). The driver side sees ``RayEngine``
+(SGLang) and ``RayVLLMEngine`` handles, which the ``Orchestrator`` accepts like clients; a ``RayVLLMEngine`` carries
+vLLM's ``control_rules`` (``VLLM_RULES``) and ``tags``, so the barrier applies vLLM's rules to it as to a local
+``VLLMEngine``:
 
     engines = ray_engines(["http://127.0.0.1:30000", "http://127.0.0.1:30001"])
     orch = Orchestrator(EngineGroup(engines), fanout=RayFanOut())
     orch.offload()   # pause all -> barrier -> flush all -> barrier -> release all -> barrier
 
-``RayFanOut`` submits a phase to every actor at once, waits for all the
-ObjectRefs with the phase deadline, and turns Ray's errors into the ones the
-barrier understands: a dead actor is ``EngineDied`` naming the engine, an
-actor Ray cannot reach for now is ``EngineUnavailable`` (both "may have run",
-as Ray documents: the barrier treats what the call touches as unknown), an
-error raised inside the actor is the original error (``SGLangError``,
-``AmbiguousOutcome``, a ``requests`` ``ConnectionError`` with ``.attempts``),
-and an actor that has not answered by the deadline is ``PhaseTimeout`` with a
-handle the barrier waits on before it sends that engine anything else.
-The phase deadline travels with every call as seconds left (no clock is
-shared between machines) and caps every HTTP call made inside the actor.
+``RayFanOut`` submits a phase to every actor at once, waits for all the ObjectRefs with the phase deadline, and turns
+Ray's errors into the ones the barrier understands: a dead actor is ``EngineDied`` naming the engine, an actor Ray
+cannot reach for now is ``EngineUnavailable`` (both "may have run", as Ray documents: the barrier treats what the call
+touches as unknown), an error raised inside the actor is the original error (``SGLangError``, ``AmbiguousOutcome``, a
+``requests`` ``ConnectionError`` with ``.attempts``), and an actor that has not answered by the deadline is
+``PhaseTimeout`` with a handle the barrier waits on before it sends that engine anything else. The phase deadline
+travels with every call as seconds left (no clock is shared between machines) and caps every HTTP call made inside the
+actor.
 
 This is the only module of the package that imports ``ray``.
 """
@@ -46,29 +40,17 @@ from typing import Any, Final, Literal, overload
 import ray
 import ray.exceptions
 
+from resilience.adapters.engine_state import ForwardedCalls
 from resilience.adapters.routing import engine_of
-from resilience.adapters.sglang import ControlResult, FlushResult, Health, ModelInfo, SGLangClient
+from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.vllm.engine import VLLM_TAGS, VLLMEngine
-from resilience.adapters.vllm.results import CommandResult, CompletionResult, SleepResult, WakeResult, WeightInfo
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.deadline import Deadline, current_deadline
-from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, PauseMode, engine_name
+from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, engine_name
 
 __all__ = [
-    "DEFAULT_ACTOR_OPTIONS",
-    "DEFAULT_READY_TIMEOUT_S",
-    "ENGINE_KINDS",
-    "EngineKind",
-    "LateRef",
-    "RayEngine",
-    "RayFanOut",
-    "RayEngineHandle",
-    "RayVLLMEngine",
-    "SGLangEngineActor",
-    "TimedValue",
-    "VLLMEngineActor",
-    "ray_engine",
-    "ray_engines",
+    "DEFAULT_ACTOR_OPTIONS", "DEFAULT_READY_TIMEOUT_S", "ENGINE_KINDS", "EngineKind", "LateRef", "RayEngine", "RayFanOut",
+    "RayEngineHandle", "RayVLLMEngine", "SGLangEngineActor", "TimedValue", "VLLMEngineActor", "ray_engine", "ray_engines",
 ]
 
 EngineKind = Literal["sglang", "vllm"]
@@ -77,13 +59,10 @@ EngineKind = Literal["sglang", "vllm"]
 DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
 """Options every engine actor is created with unless ``actor_options`` overrides them.
 
-``num_cpus=0``: an actor only waits on HTTP, so it reserves no CPU and many fit
-on a small machine (Ray still starts one worker process per actor).
-``max_concurrency=4``: calls one actor runs at once, so a ``health()`` or a
-rollback is not queued behind a control call still waiting on a slow engine.
-``max_restarts=0``: a dead actor stays dead and is reported as ``EngineDied``;
-a silently restarted actor would hold a fresh client that does not know what
-the engine had released.
+``num_cpus=0``: an actor only waits on HTTP, so it reserves no CPU and many fit on a small machine (Ray still starts one
+worker process per actor). ``max_concurrency=4``: calls one actor runs at once, so a ``health()`` or a rollback is not
+queued behind a control call still waiting on a slow engine. ``max_restarts=0``: a dead actor stays dead and is reported
+as ``EngineDied``; a silently restarted actor would hold a fresh client that does not know what the engine had released.
 """
 
 DEFAULT_READY_TIMEOUT_S = 120.0
@@ -120,11 +99,9 @@ def _round_trips(obj: object) -> bool:
 def _portable(exc: BaseException) -> BaseException:
     """Make ``exc`` survive pickling, so the driver sees the real error and not a stand-in.
 
-    Runs inside the actor's own worker process. An exception class whose
-    ``__init__`` cannot be called with its ``args`` alone (keyword-only or
-    extra required parameters) gets a reducer that restores args and
-    attributes without ``__init__``; attributes that cannot be pickled (a
-    response holding a socket) are replaced by their ``repr``.
+    Runs inside the actor's own worker process. An exception class whose ``__init__`` cannot be called with its ``args``
+    alone (keyword-only or extra required parameters) gets a reducer that restores args and attributes without
+    ``__init__``; attributes that cannot be pickled (a response holding a socket) are replaced by their ``repr``.
     """
     if _round_trips(exc):
         return exc
@@ -139,9 +116,8 @@ def _portable(exc: BaseException) -> BaseException:
 def _unwrap(error: BaseException, engine: str) -> BaseException:
     """The error the barrier should see for a Ray failure of ``engine``'s call.
 
-    Ray's docs on ``ActorDiedError`` and ``ActorUnavailableError`` say the task
-    may or may not have run; ``EngineDied`` and ``EngineUnavailable`` keep that
-    "maybe" (the barrier marks what the call touches unknown).
+    Ray's docs on ``ActorDiedError`` and ``ActorUnavailableError`` say the task may or may not have run; ``EngineDied``
+    and ``EngineUnavailable`` keep that "maybe" (the barrier marks what the call touches unknown).
     """
     if isinstance(error, _ACTOR_UNAVAILABLE):
         gone = EngineUnavailable(f"{engine}: Ray cannot reach the actor holding this engine for now: {_first_line(error)}")
@@ -171,101 +147,6 @@ def _first_line(error: BaseException) -> str:
 # -- the control calls, written once for the actor and the handle -------------------------------
 
 
-class _Forwarding:
-    """Runs a client method by name: the actor on its client, the handle in its actor."""
-
-    def _forward(self, method: str, kwargs: Mapping[str, Any]) -> Any:
-        """Run ``<client>.<method>(**kwargs)`` where this object runs it, and return its value."""
-        raise NotImplementedError
-
-
-class _ClientCalls(_Forwarding):
-    """``ControlPlaneEngine``'s five calls plus ``health`` and ``model_info``, each run by ``_forward`` as the
-    ``SGLangClient`` method of the same name: the actor runs it on its client, the handle in its actor."""
-
-    def pause_generation(self, mode: PauseMode = "abort") -> ControlResult:
-        """Pause admission (``abort``, ``retract`` or ``in_place``)."""
-        result: ControlResult = self._forward("pause_generation", {"mode": mode})
-        return result
-
-    def flush_cache(self, deadline_s: float | None = None) -> FlushResult:
-        """Flush the radix cache, waiting up to ``deadline_s`` (None = the client's ``flush_deadline_s``) for idle."""
-        result: FlushResult = self._forward("flush_cache", {"deadline_s": deadline_s})
-        return result
-
-    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """Release GPU memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
-        result: ControlResult = self._forward("release_memory_occupation", {"tags": None if tags is None else list(tags)})
-        return result
-
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
-        """Re-occupy memory for ``tags`` (None = all three); never re-sent once it may have been applied."""
-        result: ControlResult = self._forward("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
-        return result
-
-    def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
-        """Reopen admission."""
-        result: ControlResult = self._forward("continue_generation", {"torch_empty_cache": torch_empty_cache})
-        return result
-
-    def health(self) -> Health:
-        """``/health``; ``paused_by_us`` at once for an engine the actor's client paused."""
-        result: Health = self._forward("health", {})
-        return result
-
-    def model_info(self) -> ModelInfo:
-        """``/model_info``, including the weight version."""
-        result: ModelInfo = self._forward("model_info", {})
-        return result
-
-
-class _VLLMCalls(_Forwarding):
-    """``VLLMEngine``'s five control calls and its reads (``weight_info``, ``is_paused``, ``complete``), each run by
-    ``_forward`` as the ``VLLMEngine`` method of the same name (see ``resilience.adapters.vllm.engine``)."""
-
-    def pause_generation(self, *, mode: str = "abort") -> CommandResult:
-        """``/pause`` with the barrier's ``mode`` (``VLLM_PAUSE_MODES``)."""
-        result: CommandResult = self._forward("pause_generation", {"mode": mode})
-        return result
-
-    def flush_cache(self, *, deadline_s: float | None = None) -> object:
-        """``/reset_prefix_cache`` (refusals asked again up to ``deadline_s``), then the mm and encoder caches."""
-        return self._forward("flush_cache", {"deadline_s": deadline_s})
-
-    def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> SleepResult:
-        """``/sleep``: every tag goes to sleep (``tags`` are only checked)."""
-        result: SleepResult = self._forward("release_memory_occupation", {"tags": None if tags is None else list(tags)})
-        return result
-
-    def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> WakeResult:
-        """``/wake_up?tags=...`` (None: a full wake)."""
-        result: WakeResult = self._forward("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
-        return result
-
-    def continue_generation(self, *, torch_empty_cache: bool = True) -> CommandResult:
-        """``/resume`` (``torch_empty_cache`` is ignored by vLLM)."""
-        result: CommandResult = self._forward("continue_generation", {"torch_empty_cache": torch_empty_cache})
-        return result
-
-    def weight_info(self) -> WeightInfo:
-        """``GET /weight_info`` (what ``WeightVersionCheck`` reads)."""
-        result: WeightInfo = self._forward("weight_info", {})
-        return result
-
-    def is_paused(self) -> bool:
-        """``GET /is_paused`` (what a controller that resumed a journal asks: ``VLLM_RULES.serving_read``)."""
-        result: bool = self._forward("is_paused", {})
-        return result
-
-    def complete(
-        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, extra: Mapping[str, Any] | None = None
-    ) -> CompletionResult:
-        """``POST /v1/completions`` (what ``CanaryCheck`` sends)."""
-        kwargs = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "extra": None if extra is None else dict(extra)}
-        result: CompletionResult = self._forward("complete", kwargs)
-        return result
-
-
 # -- the actors ---------------------------------------------------------------------------------
 
 
@@ -277,7 +158,7 @@ class TimedValue:
     duration_s: float
 
 
-class _EngineActor(_Forwarding):
+class _EngineActor(ForwardedCalls):
     """The body shared by every engine actor: one client, built inside the actor, and its methods run by name."""
 
     target: type[Any]
@@ -321,13 +202,13 @@ class _EngineActor(_Forwarding):
         return fn  # type: ignore[no-any-return]
 
 
-class _SGLangEngineActor(_EngineActor, _ClientCalls):
+class _SGLangEngineActor(_EngineActor, ForwardedCalls):
     """The body of ``SGLangEngineActor``: one ``SGLangClient`` and the calls the orchestrator makes on it."""
 
     target = SGLangClient
 
 
-class _VLLMEngineActor(_EngineActor, _VLLMCalls):
+class _VLLMEngineActor(_EngineActor, ForwardedCalls):
     """The body of ``VLLMEngineActor``: one ``VLLMEngine`` (``client_kwargs``: ``sleep_level`` and the ``VLLMClient``'s)."""
 
     target = VLLMEngine
@@ -336,14 +217,10 @@ class _VLLMEngineActor(_EngineActor, _VLLMCalls):
 SGLangEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_SGLangEngineActor)
 """The Ray actor class: ``SGLangEngineActor.options(...).remote(base_url, client_kwargs)``.
 
-Holds ``SGLangClient(base_url, **client_kwargs)`` built inside the actor, and
-exposes ``pause_generation``, ``flush_cache``, ``release_memory_occupation``,
-``resume_memory_occupation``, ``continue_generation``, ``health``,
-``model_info``, ``engine``, and ``call(method, kwargs, deadline_s)`` /
-``timed_call(...)`` for any other public client method. Created with
-``DEFAULT_ACTOR_OPTIONS``. Errors raised inside reach the driver as
-``RayTaskError`` around the original error; ``RayFanOut`` and ``RayEngine``
-unwrap them.
+Holds ``SGLangClient(base_url, **client_kwargs)`` built inside the actor, and exposes the barrier's five calls,
+``engine``, and ``call(method, kwargs, deadline_s)`` / ``timed_call(...)`` for any other public client method
+(``health``, ``model_info``, ...). Created with ``DEFAULT_ACTOR_OPTIONS``. Errors raised inside reach the driver as
+``RayTaskError`` around the original error; ``RayFanOut`` and ``RayEngine`` unwrap them.
 """
 
 VLLMEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_VLLMEngineActor)
@@ -351,9 +228,8 @@ VLLMEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_VLLMEngineActor)
 
 Holds ``VLLMEngine(base_url, **client_kwargs)`` built inside the actor
 (``sleep_level`` and ``VLLMClient`` keywords: ``policies``, ``api_key``, ...),
-and exposes its five control calls, ``weight_info``, ``is_paused``,
-``complete``, ``engine``, ``call`` and ``timed_call`` as ``SGLangEngineActor``
-does. Created with ``DEFAULT_ACTOR_OPTIONS``.
+and exposes its five control calls, ``engine``, ``call`` and ``timed_call`` as
+``SGLangEngineActor`` does (``weight_info``, ``is_paused``, ``complete`` through ``call``). Created with ``DEFAULT_ACTOR_OPTIONS``.
 """
 
 
@@ -372,7 +248,7 @@ def _cancel(ref: Any) -> None:
         pass
 
 
-class _RayHandle(_Forwarding):
+class _RayHandle(ForwardedCalls):
     """What both handles share: the actor, the engine's name and URL, ``call``, ``kill`` and forwarding by name."""
 
     target: type[Any]
@@ -411,39 +287,35 @@ class _RayHandle(_Forwarding):
         if name.startswith("_") or name in _NOT_REMOTE or not callable(getattr(self.target, name, None)):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-        def forward(**kwargs: Any) -> Any:
-            return self.call(name, **kwargs)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            bound = inspect.signature(getattr(self.target, name)).bind(self, *args, **kwargs).arguments
+            return self.call(name, **{key: value for key, value in bound.items() if key != "self"})
 
         forward.__name__ = name
         forward.__doc__ = getattr(self.target, name).__doc__
         return forward
 
 
-class RayEngine(_RayHandle, _ClientCalls):
+class RayEngine(_RayHandle, ForwardedCalls):
     """A driver-side handle of one SGLang engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
 
-    ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the
-    ``ActorHandle`` of its ``SGLangEngineActor``. ``base_url``: the URL the
-    actor's client talks to. Every method runs the client method of the same
-    name in the actor and waits for it: the Deadline in force in the caller's
-    context (a phase's, or your own ``with Deadline(5):``) travels as seconds
-    left and caps the call inside the actor and the wait here. Errors are the
-    client's own (unwrapped from Ray's); a dead actor raises ``EngineDied``
-    and no answer before the deadline raises ``PhaseTimeout``. Other public
-    ``SGLangClient`` methods (``begin_weight_update``, ``generate``, ...) are
-    forwarded the same way.
+    ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the ``ActorHandle`` of its ``SGLangEngineActor``.
+    ``base_url``: the URL the actor's client talks to. Every method runs the client method of the same name in the actor
+    and waits for it: the Deadline in force in the caller's context (a phase's, or your own ``with Deadline(5):``)
+    travels as seconds left and caps the call inside the actor and the wait here. Errors are the client's own (unwrapped
+    from Ray's); a dead actor raises ``EngineDied`` and no answer before the deadline raises ``PhaseTimeout``. Other
+    public ``SGLangClient`` methods (``begin_weight_update``, ``generate``, ...) are forwarded the same way.
     """
 
     target = SGLangClient
     kind: EngineKind = "sglang"
 
 
-class RayVLLMEngine(_RayHandle, _VLLMCalls):
+class RayVLLMEngine(_RayHandle, ForwardedCalls):
     """A driver-side handle of one vLLM engine actor; the ``Orchestrator`` takes it like a ``VLLMEngine``.
 
-    The same as ``RayEngine`` (``engine``, ``actor``, ``base_url``, deadlines,
-    errors) over a ``VLLMEngineActor``; ``control_rules`` (``VLLM_RULES``) and
-    ``tags`` (``VLLM_TAGS``) tell the barrier it is a vLLM engine. Other public
+    The same as ``RayEngine`` (``engine``, ``actor``, ``base_url``, deadlines, errors) over a ``VLLMEngineActor``;
+    ``control_rules`` (``VLLM_RULES``) and ``tags`` (``VLLM_TAGS``) tell the barrier it is a vLLM engine. Other public
     ``VLLMEngine`` methods (``push_weights``, ...) are forwarded by name.
     """
 
@@ -475,59 +347,39 @@ def _kinds_of(kind: EngineKind | Sequence[EngineKind], n: int) -> list[EngineKin
 
 @overload
 def ray_engines(
-    base_urls: Sequence[str],
-    *,
-    kind: Literal["sglang"] = "sglang",
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_urls: Sequence[str], *, kind: Literal["sglang"] = "sglang", client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> list[RayEngine]: ...
 
 
 @overload
 def ray_engines(
-    base_urls: Sequence[str],
-    *,
-    kind: Literal["vllm"],
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_urls: Sequence[str], *, kind: Literal["vllm"], client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> list[RayVLLMEngine]: ...
 
 
 @overload
 def ray_engines(
-    base_urls: Sequence[str],
-    *,
-    kind: Sequence[EngineKind],
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_urls: Sequence[str], *, kind: Sequence[EngineKind], client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> list[RayEngineHandle]: ...
 
 
 def ray_engines(
-    base_urls: Sequence[str],
-    *,
-    kind: EngineKind | Sequence[EngineKind] = "sglang",
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_urls: Sequence[str], *, kind: EngineKind | Sequence[EngineKind] = "sglang", client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> list[RayEngine] | list[RayVLLMEngine] | list[RayEngineHandle]:
     """One engine actor per URL, as handles in the same order (``RayEngine`` for SGLang, ``RayVLLMEngine`` for vLLM).
 
-    ``kind``: ``"sglang"`` (default) or ``"vllm"`` for every URL, or one kind
-    per URL (a mixed fleet). ``client_kwargs``: keyword arguments of the
-    client inside each actor (``SGLangClient``'s, or ``VLLMEngine``'s:
-    ``sleep_level`` and ``VLLMClient``'s; ``policies``, ``api_key``, ...;
-    default none; the same for every URL, so a mixed fleet takes only
-    keywords both clients know, or one call per kind). They are pickled to
-    the actors, so pass values, not sessions. ``actor_options``: Ray actor options merged over
-    ``DEFAULT_ACTOR_OPTIONS`` (``num_cpus=0``, ``max_concurrency=4``,
-    ``max_restarts=0``). ``ready_timeout_s``: wait this long for every actor
-    to start and build its client (default 120 s; None = return at once and
-    let the first call wait). On failure every actor created here is killed
-    and the error names the engine.
+    ``kind``: ``"sglang"`` (default) or ``"vllm"`` for every URL, or one kind per URL (a mixed fleet).
+    ``client_kwargs``: keyword arguments of the client inside each actor (``SGLangClient``'s, or ``VLLMEngine``'s:
+    ``sleep_level`` and ``VLLMClient``'s; ``policies``, ``api_key``, ...; default none; the same for every URL, so a
+    mixed fleet takes only keywords both clients know, or one call per kind). They are pickled to the actors, so pass
+    values, not sessions. ``actor_options``: Ray actor options merged over ``DEFAULT_ACTOR_OPTIONS`` (``num_cpus=0``,
+    ``max_concurrency=4``, ``max_restarts=0``). ``ready_timeout_s``: wait this long for every actor to start and build
+    its client (default 120 s; None = return at once and let the first call wait). On failure every actor created here
+    is killed and the error names the engine.
     """
     for url in base_urls:
         if not url.startswith(("http://", "https://")):
@@ -557,12 +409,8 @@ def ray_engines(
 
 
 def ray_engine(
-    base_url: str,
-    *,
-    kind: EngineKind = "sglang",
-    client_kwargs: Mapping[str, Any] | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S,
+    base_url: str, *, kind: EngineKind = "sglang", client_kwargs: Mapping[str, Any] | None = None,
+    actor_options: Mapping[str, Any] | None = None, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S
 ) -> RayEngineHandle:
     """One more engine actor, for an engine that joins a running fleet (or one whose actor was lost with its node).
 
@@ -636,17 +484,11 @@ def _get_all(refs: Sequence[Any]) -> dict[Any, Any]:
 class RayFanOut:
     """A ``FanOut`` over Ray actors: every engine's call is an ObjectRef, all submitted before any is awaited.
 
-    Engines must be ``RayEngine`` or ``RayVLLMEngine`` handles (anything with
-    an ``actor`` that answers ``timed_call``), of one kind or mixed. Each call runs ``timed_call`` in the
-    actor with the seconds left of the phase deadline; the driver waits for
-    all refs with the same deadline. Per engine: a dead actor becomes
-    ``EngineDied``, an error raised in the actor is the original error, a ref
-    not ready by the deadline becomes ``PhaseTimeout`` and is cancelled
-    (best effort: a call already running finishes on its own deadline); its
-    ``EngineResult.late`` lets the barrier wait for it to land.
-    ``duration_s`` is the call's own time inside the actor; for failures, the
-    time until the driver saw the failure (or the deadline). ``cancel_late``:
-    cancel refs that missed the deadline (default True).
+    Engines are ``RayEngine`` / ``RayVLLMEngine`` handles (an ``actor`` that answers ``timed_call``), of one kind or
+    mixed; errors as the module docstring says. A ref not ready by the deadline is cancelled (best effort: a call
+    already running finishes on its own deadline), and its ``EngineResult.late`` lets the barrier wait for it to land.
+    ``duration_s``: the call's own time inside the actor; for failures, until the driver saw it (or the deadline).
+    ``cancel_late``: cancel refs that missed the deadline (default True).
     """
 
     def __init__(self, *, cancel_late: bool = True) -> None:

@@ -1,13 +1,10 @@
 """What a request's method and URL decide, its engine (``engine_of``) and policy match, worked out once per URL (``RouteCache``).
 
-Every driver turns each request into a ``CallSpec``: the endpoint policy
-(``PolicyTable.match`` on the method and path) and the engine
-(``scheme://host:port``, ``engine_of``). Control planes call the same few
-URLs over and over, so the drivers keep those answers per (method, URL less
-its query string) and parse a URL only the first time they see it. The cache
-is bounded (``ROUTE_CACHE_SIZE`` entries; it is emptied when full, so a caller
-that sends to unbounded distinct paths costs a parse per call, never memory),
-and it holds the answers of one ``PolicyTable``, the driver's.
+Every driver turns each request into a ``CallSpec``: the endpoint policy (``PolicyTable.match`` on the method and path)
+and the engine (``scheme://host:port``, ``engine_of``). Control planes call the same few URLs over and over, so the
+drivers keep those answers per (method, URL less its query string) and parse a URL only the first time they see it. The
+cache is bounded (``ROUTE_CACHE_SIZE`` entries; it is emptied when full, so a caller that sends to unbounded distinct
+paths costs a parse per call, never memory), and it holds the answers of one ``PolicyTable``, the driver's.
 """
 
 from __future__ import annotations
@@ -43,16 +40,13 @@ T = TypeVar("T")
 class RouteCache(Generic[T]):
     """A ``Route`` per (method, URL less its query) under one ``PolicyTable``; one per driver instance.
 
-    ``build(policies, method, url)`` works out a ``Route`` (or whatever else
-    the driver decides once per route: ``ControlLane.routed`` adds whether it
-    takes the lane) the first time a (method, URL) is seen. A driver's table never changes (its
-    ``DriverConfig`` is frozen), so the cache is built with it. Reads and
-    writes of a dict are atomic under the GIL, so threads and event loops
-    share it without a lock (two that miss at once both build the same answer).
-    ``route`` keys by the URL string; a driver whose URL object holds its
-    parts already (httpx, yarl) looks its own key up in ``routes`` (a
-    subscript: no call on a hit) and calls ``add`` on a miss, so no URL is
-    turned into a string on the way.
+    ``build(policies, method, url)`` works out a ``Route`` (or whatever else the driver decides once per route:
+    ``ControlLane.routed`` adds whether it takes the lane) the first time a (method, URL) is seen. A driver's table
+    never changes (its ``DriverConfig`` is frozen), so the cache is built with it. Reads and writes of a dict are atomic
+    under the GIL, so threads and event loops share it without a lock (two that miss at once both build the same
+    answer). ``route`` keys by the URL string; a driver whose URL object holds its parts already (httpx, yarl) looks its
+    own key up in ``routes`` (a subscript: no call on a hit) and calls ``add`` on a miss, so no URL is turned into a
+    string on the way.
     """
 
     __slots__ = ("_build", "_policies", "routes")

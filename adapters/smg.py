@@ -1,52 +1,38 @@
 """SmgRouter: keep an smg (sgl-model-gateway) gateway in step with the orchestrator's holds, through smg's worker API.
 
-The problem (``tests/smg/test_smg_holds.py`` shows it on smg 1.13.0): a paused
-SGLang's ``/health`` waits for scheduler output that never comes
-(``sglang/srt/entrypoints/http_server.py``, ``health_generate``), so every probe
-of an engine the orchestrator holds paused fails by smg's
-``--health-check-timeout-secs``. After ``--health-failure-threshold`` failures
-in a row smg marks the worker ``not_ready``, after 3x that many more
-``failed``, and with ``--remove-unhealthy-workers`` removes it: every engine
-held for longer than about ``4 x threshold x (interval + timeout)`` is ejected
-(``model_gateway/src/worker/manager.rs``, ``compute_next_status``).
+The problem (``tests/smg/test_smg_holds.py`` shows it on smg 1.13.0): a paused SGLang's ``/health`` waits for scheduler
+output that never comes (``sglang/srt/entrypoints/http_server.py``, ``health_generate``), so every probe of an engine
+the orchestrator holds paused fails by smg's ``--health-check-timeout-secs``. After ``--health-failure-threshold``
+failures in a row smg marks the worker ``not_ready``, after 3x that many more ``failed``, and with
+``--remove-unhealthy-workers`` removes it: every engine held for longer than about ``4 x threshold x (interval +
+timeout)`` is ejected (``model_gateway/src/worker/manager.rs``, ``compute_next_status``).
 
-What smg's API offers (1.13.0; ``PATCH /workers/{id}`` takes ``priority``,
-``cost``, ``labels``, ``api_key`` and ``health`` overrides; there is no call
-that sets a worker's status): a health override is applied by replacing the
-worker with one that keeps its status, with fresh failure counters. So, for
-each engine the orchestrator does not know to be serving (paused, flushed,
-released, unknown, quarantined, in flight):
+What smg's API offers (1.13.0; ``PATCH /workers/{id}`` takes ``priority``, ``cost``, ``labels``, ``api_key`` and
+``health`` overrides; there is no call that sets a worker's status): a health override is applied by replacing the
+worker with one that keeps its status, with fresh failure counters. So, for each engine the orchestrator does not know
+to be serving (paused, flushed, released, unknown, quarantined, in flight):
 
-1. **taking it out of rotation**: ``health = {failure_threshold: 1,
-   timeout_secs: 1, check_interval_secs: 1}``: the next probe of the paused
-   engine fails and smg marks it ``not_ready``, which smg never routes to
-   (``WorkerStatus::is_routable``). Until then a request smg routes there waits
-   in the paused engine's queue.
-2. **held**: once it is ``not_ready``, ``failure_threshold`` = 1,000,000: it
-   stays ``not_ready`` (never ``failed``, never removed) for as long as the hold
-   lasts. The label ``cpr.held`` names why (the orchestrator's state).
-3. **dead while held**: the router asks a held engine's ``GET /model_info``
-   (SGLang's HTTP process answers it without the scheduler, at once while
-   paused); ``dead_after`` refusals or timeouts in a row, or the orchestrator
-   calling it dead, restore the gateway's own settings, and smg's checker
-   ejects it as it would any dead engine.
-4. **released** (the orchestrator knows it serving again, after an onload, an
-   unpause, or a failed transition it later recovered): the gateway's own
-   settings and ``cpr.held = ""``: smg probes ``/health`` again and makes it
-   ``ready`` after ``--health-success-threshold`` successes.
-5. **retired** (it left the group: ``retire``, so ``states()`` no longer names
-   it): its worker is deregistered (``DELETE /workers/{id}``), so the gateway
-   stops sending to it at once (NeMo-RL #3613: an engine never deregistered
-   took traffic for ~180 s). An engine joining or fenced
-   (``resilience.barrier.membership``) is not serving, so it is held out as in 1-2.
+1. **taking it out of rotation**: ``health = {failure_threshold: 1, timeout_secs: 1, check_interval_secs: 1}``: the next
+   probe of the paused engine fails and smg marks it ``not_ready``, which smg never routes to
+   (``WorkerStatus::is_routable``). Until then a request smg routes there waits in the paused engine's queue.
+2. **held**: once it is ``not_ready``, ``failure_threshold`` = 1,000,000: it stays ``not_ready`` (never ``failed``,
+   never removed) for as long as the hold lasts. The label ``cpr.held`` names why (the orchestrator's state).
+3. **dead while held**: the router asks a held engine's ``GET /model_info`` (SGLang's HTTP process answers it without
+   the scheduler, at once while paused); ``dead_after`` refusals or timeouts in a row, or the orchestrator calling it
+   dead, restore the gateway's own settings, and smg's checker ejects it as it would any dead engine.
+4. **released** (the orchestrator knows it serving again, after an onload, an unpause, or a failed transition it later
+   recovered): the gateway's own settings and ``cpr.held = ""``: smg probes ``/health`` again and makes it ``ready``
+   after ``--health-success-threshold`` successes.
+5. **retired** (it left the group: ``retire``, so ``states()`` no longer names it): its worker is deregistered (``DELETE
+   /workers/{id}``), so the gateway stops sending to it at once (NeMo-RL #3613: an engine never deregistered took
+   traffic for ~180 s). An engine joining or fenced (``resilience.barrier.membership``) is not serving, so it is held
+   out as in 1-2.
 
-:meth:`SmgRouter.sync` does one pass and is idempotent (it PATCHes only what
-differs from what it last applied, per worker id); :meth:`SmgRouter.start`
-runs it every ``interval_s`` on a thread, and the router is also an
-orchestrator observer (``Orchestrator(..., observers=[router])``): a
-``HoldChanged`` or ``EngineStateChanged`` event wakes the thread at once.
-Every request to the gateway or an engine has a timeout; a gateway that does
-not answer is retried on the next pass.
+:meth:`SmgRouter.sync` does one pass and is idempotent (it PATCHes only what differs from what it last applied, per
+worker id); :meth:`SmgRouter.start` runs it every ``interval_s`` on a thread, and the router is also an orchestrator
+observer (``Orchestrator(..., observers=[router])``): a ``HoldChanged`` or ``EngineStateChanged`` event wakes the thread
+at once. Every request to the gateway or an engine has a timeout; a gateway that does not answer is retried on the next
+pass.
 """
 
 from __future__ import annotations
@@ -63,7 +49,7 @@ import requests
 from resilience.engine_contract import EngineState
 from resilience.events import EngineStateChanged, Event, HoldChanged
 
-__all__ = ["HELD_LABEL", "GatewayHealthSettings", "HoldOrchestrator", "SmgRouter", "SyncReport"]
+__all__ = ["HELD_LABEL", "GatewayHealthSettings", "HoldOrchestrator", "SmgRouter", "SyncReport", "gateway_session"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +69,18 @@ class HoldOrchestrator(Protocol):
     def states(self) -> dict[str, EngineState]:
         """Every engine's state, by name (its URL)."""
         ...
+
+
+def gateway_session(gateway_url: str, api_key: str | None) -> tuple[str, requests.Session]:
+    """``gateway_url`` checked (an http(s):// URL, no trailing slash) and a session for it: no proxy from the
+    environment, the gateway's key (``--api-key``) as a bearer token, never logged."""
+    if not gateway_url.startswith(("http://", "https://")):
+        raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
+    session = requests.Session()
+    session.trust_env = False
+    if api_key:
+        session.headers["Authorization"] = f"Bearer {api_key}"
+    return gateway_url.rstrip("/"), session
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,13 +163,11 @@ class SmgRouter:
         timeout_s: float = 2.0,
         dead_after: int = 2,
     ) -> None:
-        if not gateway_url.startswith(("http://", "https://")):
-            raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
         if not interval_s > 0 or not timeout_s > 0:
             raise ValueError(f"`interval_s` and `timeout_s` must be > 0 seconds, but were {interval_s!r} and {timeout_s!r}")
         if isinstance(dead_after, bool) or not isinstance(dead_after, int) or dead_after < 1:
             raise ValueError(f"`dead_after` must be an integer >= 1, but was {dead_after!r}")
-        self.gateway_url = gateway_url.rstrip("/")
+        self.gateway_url, self._session = gateway_session(gateway_url, api_key)
         self.orchestrator = orchestrator
         self.settings = settings if settings is not None else GatewayHealthSettings()
         self._engines = None if engines is None else frozenset(engines)
@@ -179,10 +175,6 @@ class SmgRouter:
         self._interval = interval_s
         self._timeout = timeout_s
         self._dead_after = dead_after
-        self._session = requests.Session()
-        self._session.trust_env = False
-        if api_key:
-            self._session.headers["Authorization"] = f"Bearer {api_key}"
         self._workers: dict[str, _Worker] = {}  # engine name -> what this router last applied to its gateway worker
         self._lock = threading.Lock()  # one pass at a time
         self._wake = threading.Event()

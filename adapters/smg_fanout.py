@@ -1,46 +1,33 @@
 """SmgFanOut: the barrier's phases through an smg gateway's ``/v1/rl`` fan-out, for trainers that reach only the gateway.
 
-Each phase is one ``POST /v1/rl/engine/{path}?selector=id in (...)`` (smg
-1.13.0 with ``--enable-rl``), naming exactly the phase's engines by their
-gateway worker ids (engines whose calls carry different arguments go in one
-fan-out each, concurrently). smg answers 200 (all succeeded) or 207 (some
-failed) with ``results`` (an engine's own answer: ``status``, ``body``) and
-``failed`` (``error``, ``message``, maybe ``status``). Each engine's
-:class:`~resilience.barrier.fanout.EngineResult` carries a delivery record
-(``resilience.outcome.AttemptRecord``), so the barrier's ``effect_of`` reads it
-like any driver's:
+Each phase is one ``POST /v1/rl/engine/{path}?selector=id in (...)`` (smg 1.13.0 with ``--enable-rl``), naming exactly
+the phase's engines by their gateway worker ids (engines whose calls carry different arguments go in one fan-out each,
+concurrently). smg answers 200 (all succeeded) or 207 (some failed) with ``results`` (an engine's own answer:
+``status``, ``body``) and ``failed`` (``error``, ``message``, maybe ``status``). Each engine's
+:class:`~resilience.barrier.fanout.EngineResult` carries a delivery record (``resilience.outcome.AttemptRecord``), so
+the barrier's ``effect_of`` reads it like any driver's:
 
 - a result with a 2xx: the call's value (``ControlResult``, ``FlushResult``), APPLIED;
-- a result with the engine's error status (an engine refusal, 4xx or 5xx):
-  RESPONDED with that status; a 502/503/504 (a proxy between the gateway and
-  the engine may answer it after forwarding) is MAYBE, anything else NOT_APPLIED;
-- a ``failed`` entry: ``no_control_endpoint`` and other refusals before
-  sending are NOT_SENT; ``upstream_unreachable`` (reqwest's "error sending
-  request" covers a refused connect and a reset after sending alike), an
-  expired ``--rl-control-timeout-secs`` and anything else are AMBIGUOUS;
-  one with a ``status`` is that answer (RESPONDED);
+- a result with the engine's error status (an engine refusal, 4xx or 5xx): RESPONDED with that status; a 502/503/504 (a
+  proxy between the gateway and the engine may answer it after forwarding) is MAYBE, anything else NOT_APPLIED;
+- a ``failed`` entry: ``no_control_endpoint`` and other refusals before sending are NOT_SENT; ``upstream_unreachable``
+  (reqwest's "error sending request" covers a refused connect and a reset after sending alike), an expired
+  ``--rl-control-timeout-secs`` and anything else are AMBIGUOUS; one with a ``status`` is that answer (RESPONDED);
 - an engine the gateway's answer does not mention: MAYBE.
 
-When **the gateway itself** fails, nothing says what reached the engines:
-a 5xx or a body that is not the fan-out's (a 502 from a proxy in front of
-smg), a reset or a read timeout after the request was sent: every engine of
-that call is MAYBE (its touched facts unknown). A connection the gateway
-refused, or its own 4xx refusal (``no_workers_match``, a bad selector),
-proves nothing was fanned out: :class:`GatewayRefused` (an ``EngineSkipped``),
-NOT_APPLIED, and never read as the engine being dead.
+When **the gateway itself** fails, nothing says what reached the engines: a 5xx or a body that is not the fan-out's (a
+502 from a proxy in front of smg), a reset or a read timeout after the request was sent: every engine of that call is
+MAYBE (its touched facts unknown). A connection the gateway refused, or its own 4xx refusal (``no_workers_match``, a bad
+selector), proves nothing was fanned out: :class:`GatewayRefused` (an ``EngineSkipped``), NOT_APPLIED, and never read as
+the engine being dead.
 
-``flush_cache`` asks SGLang to wait for idle (``?timeout=``) and, while
-engines answer 400 (not idle yet), asks those again until the phase deadline.
-The idempotent calls (pause, flush, continue: sending one twice does no harm)
-are sent again, up to ``retries`` times, to the engines whose answer was a
-maybe (a 502/503/504, unreachable, timed out); release and resume never are
-(a second release or resume crashes SGLang): their maybe goes to the barrier,
-unless a ``memory_probe`` (``resilience.memory_probe.MemoryProbe``) proves it,
-by ``resilience.adapters.sglang.memory_check``'s rules: all the call's tags in the
-state it asked for = applied (``ControlResult.confirmed_by_probe``); all still as
-before, after an engine's 502 or 503 = not applied, sent again (up to
-``retries``); anything else (a 504, no answer, partly) stays a maybe.
-Every HTTP request is bounded by the phase deadline (or ``timeout_s``).
+``flush_cache`` asks SGLang to wait for idle (``?timeout=``) and, while engines answer 400 (not idle yet), asks those
+again until the phase deadline. The idempotent calls (pause, flush, continue: sending one twice does no harm) are sent
+again, up to ``retries`` times, to the engines whose answer was a maybe (a 502/503/504, unreachable, timed out); release
+and resume never are (a second release or resume crashes SGLang): their maybe goes to the barrier, unless a
+``memory_probe`` proves it (``memory_check.probe_verdict``): applied (``ControlResult.confirmed_by_probe``), or not
+applied after a 502/503 (sent again, up to ``retries``). Every HTTP request is bounded by the phase deadline (or
+``timeout_s``).
 """
 
 from __future__ import annotations
@@ -55,16 +42,20 @@ from typing import Any
 
 import requests
 
+from resilience.adapters.engine_state import ForwardedCalls
 from resilience.adapters.requests import exception_chain
 from resilience.adapters.sglang import ControlResult, FlushResult
 from resilience.adapters.sglang.calls import Call, continue_call, flush_call, memory_call, memory_tags, pause_call
+from resilience.adapters.sglang.memory_check import probe_verdict
+from resilience.adapters.smg import gateway_session
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.barrier.state import GATEWAY_STATUSES, EngineSkipped
 from resilience.deadline import Deadline
-from resilience.engine_contract import PauseMode, engine_name
+from resilience.engine_contract import engine_name
 from resilience.events import AttemptEnded, CallEnded, CallStarted, Observer, RetryScheduled, emit
 from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
+from resilience.policy import ProbeAnswer
 
 __all__ = ["GatewayRefused", "SmgEngine", "SmgFanOut", "SmgWorkerError"]
 
@@ -153,8 +144,6 @@ class SmgFanOut:
         memory_probe: MemoryProbe | None = None,
         observers: Sequence[Observer] = (),
     ) -> None:
-        if not gateway_url.startswith(("http://", "https://")):
-            raise ValueError(f"`gateway_url` must be an http(s):// URL, but was {gateway_url!r}")
         if not timeout_s > 0:
             raise ValueError(f"`timeout_s` must be > 0 seconds, but was {timeout_s!r}")
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
@@ -171,13 +160,9 @@ class SmgFanOut:
         self.probe_verdicts = 0
         """Releases and resumes whose maybe the memory probe settled (applied, or not applied and sent again)."""
         self._backoff = backoff_s
-        self.gateway_url = gateway_url.rstrip("/")
+        self.gateway_url, self._session = gateway_session(gateway_url, api_key)
         self._aliases = dict(worker_urls or {})
         self._timeout = timeout_s
-        self._session = requests.Session()
-        self._session.trust_env = False
-        if api_key:
-            self._session.headers["Authorization"] = f"Bearer {api_key}"
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="smg-fanout")
         self._ids: dict[str, str] = {}  # gateway URL -> worker id
         self._ids_lock = threading.Lock()
@@ -295,27 +280,19 @@ class SmgFanOut:
                     results[name] = EngineResult(name, error=error, duration_s=duration)
                 elif answer.error is None:
                     results[name] = EngineResult(name, value=self._value(name, method, answer.body, polls), duration_s=duration)
-                elif method == "flush_cache" and _engine_status(answer) == 400 and not deadline.expired():
-                    retry[name] = worker_id  # SGLang: not idle yet; ask again
+                else:
                     results[name] = EngineResult(name, error=answer.error, duration_s=duration)
-                elif method in _MEMORY and _maybe(answer.error) and (verdict := self._verdict(name, method, kwargs, answer)) is not None:
+                    verdict = self._verdict(name, method, kwargs, answer) if method in _MEMORY and _maybe(answer.error) else None
                     if verdict:
                         verdicts += 1
                         value = ControlResult(name, f"/{method}", "applied (the memory probe proved it)", confirmed_by_probe=True)
                         results[name] = EngineResult(name, value=value, duration_s=duration)
-                    elif resends.get(name, 0) < self._retries:
-                        verdicts += 1
+                    elif method == "flush_cache" and _engine_status(answer) == 400 and not deadline.expired():
+                        retry[name] = worker_id  # SGLang: not idle yet; ask again
+                    elif (verdict is False or (method in _IDEMPOTENT and _maybe(answer.error))) and resends.get(name, 0) < self._retries:
+                        verdicts += verdict is False  # proved not applied after a 502/503, or idempotent: sending it again is safe
                         resends[name] = resends.get(name, 0) + 1
-                        retry[name] = worker_id  # proved not applied after a 502/503: sending it again is safe
-                        results[name] = EngineResult(name, error=answer.error, duration_s=duration)
-                    else:
-                        results[name] = EngineResult(name, error=answer.error, duration_s=duration)
-                elif method in _IDEMPOTENT and _maybe(answer.error) and resends.get(name, 0) < self._retries:
-                    resends[name] = resends.get(name, 0) + 1
-                    retry[name] = worker_id  # idempotent: sending it again is safe
-                    results[name] = EngineResult(name, error=answer.error, duration_s=duration)
-                else:
-                    results[name] = EngineResult(name, error=answer.error, duration_s=duration)
+                        retry[name] = worker_id
                 if name in calls:
                     calls[name].attempt(self._observers, endpoint, name, answers.get(worker_id), time.monotonic() - sent_at)
                     if name in retry and not (method == "flush_cache" and _engine_status(answers[worker_id]) == 400):
@@ -331,24 +308,13 @@ class SmgFanOut:
         return [results[n] for n in names]
 
     def _verdict(self, name: str, method: str, kwargs: Mapping[str, Any], answer: _Answer) -> bool | None:
-        """The memory probe's word on a release or resume that got a maybe: True applied, False not applied (after a
-        502/503 only), None unknown (no probe, no proof, partly, or an answer after which the call may still land)."""
+        """The memory probe's word on a release or resume that got a maybe (``memory_check.probe_verdict``): True
+        applied, False not applied (after a 502/503 only), None unknown (no probe, or nothing proved)."""
         if self._probe is None:
             return None
-        try:
-            released = self._probe.released_tags(name)
-        except Exception:  # a probe that fails proves nothing
-            return None
-        if released is None:
-            return None
         tags = frozenset(memory_tags(kwargs.get("tags")))
-        now_released, now_active = tags <= released, not (tags & released)
-        applied, as_before = (now_released, now_active) if method == "release_memory_occupation" else (now_active, now_released)
-        if applied:
-            return True
-        if as_before and answer.status in (502, 503):
-            return False
-        return None
+        verdict = probe_verdict(self._probe, name, tags, releasing=method == "release_memory_occupation", status=answer.status)
+        return None if verdict is ProbeAnswer.UNKNOWN else verdict is ProbeAnswer.DONE
 
     def _value(self, name: str, method: str, body: Any, polls: int) -> object:
         message = body.get("message", "") if isinstance(body, dict) else (body if isinstance(body, str) else "")
@@ -504,7 +470,7 @@ def _json(response: requests.Response) -> Any:
         return None
 
 
-class SmgEngine:
+class SmgEngine(ForwardedCalls):
     """One engine the barrier drives through the gateway: its name is its URL; each call is a one-engine fan-out."""
 
     def __init__(self, url: str, fanout: SmgFanOut) -> None:
@@ -514,33 +480,12 @@ class SmgEngine:
     def __repr__(self) -> str:
         return f"SmgEngine({self.engine!r})"
 
-    def _one(self, method: str, kwargs: Mapping[str, Any], deadline_s: float | None = None) -> object:
-        """``method`` on this engine alone, within ``deadline_s`` (None: no limit of its own) and the deadline in force.
-
-        A negative or NaN ``deadline_s`` is a ``ConfigError``, as for ``SGLangClient`` (``Deadline`` checks it).
-        """
-        with Deadline(deadline_s) as deadline:  # capped by the deadline in force, if any
-            result = self._fanout.call([(self, kwargs)], method, deadline)
+    def _forward(self, method: str, kwargs: Mapping[str, Any]) -> Any:
+        """``method`` through the gateway on this engine alone, within a flush's ``deadline_s`` (None: no limit of its
+        own) and the deadline in force; a negative or NaN one is a ``ConfigError``, as for ``SGLangClient``."""
+        sent = dict(kwargs)
+        with Deadline(sent.pop("deadline_s", None)) as deadline:  # capped by the deadline in force, if any
+            result = self._fanout.call([(self, sent)], method, deadline)
         if result[0].error is not None:
             raise result[0].error
         return result[0].value
-
-    def pause_generation(self, *, mode: PauseMode = "abort") -> object:
-        """``pause_generation`` through the gateway."""
-        return self._one("pause_generation", {"mode": mode})
-
-    def flush_cache(self, *, deadline_s: float | None = None) -> object:
-        """``flush_cache`` through the gateway (asked again while the engine is not idle, up to the deadline)."""
-        return self._one("flush_cache", {}, deadline_s)
-
-    def release_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
-        """``release_memory_occupation`` through the gateway."""
-        return self._one("release_memory_occupation", {"tags": tags})
-
-    def resume_memory_occupation(self, *, tags: Sequence[str] | None = None) -> object:
-        """``resume_memory_occupation`` through the gateway."""
-        return self._one("resume_memory_occupation", {"tags": tags})
-
-    def continue_generation(self, *, torch_empty_cache: bool = True) -> object:
-        """``continue_generation`` through the gateway."""
-        return self._one("continue_generation", {"torch_empty_cache": torch_empty_cache})

@@ -1,14 +1,12 @@
 """``WeightsNotResident``: a weight call refused before sending, because the engine's weights are released or asleep.
 
-A weight update into weights that sleep mode or the memory saver has unmapped is an
-illegal memory access: the engine dies (vLLM #57853 / #57854: the EngineCore segfaults;
-smg #2529: "a request routed to a sleeping engine returns 500 and can kill the engine").
-Neither engine refuses it itself in the releases we support (vLLM 0.33.0
-``v1/worker/gpu_worker.py`` ``_start_weight_update`` l.1559, ``update_weights`` l.1592,
-``finish_weight_update`` l.1633, and SGLang 0.5.23 ``srt/managers/scheduler_components/weight_updater.py``
-``update_weights_from_*`` l.138-287, ``begin_weight_update`` l.309, ``end_weight_update`` l.323: none
-looks at the sleep state or ``offload_tags``), so the clients refuse it from what they know: the
-sleeps and releases they sent and the wakes and resumes since. The base of
+A weight update into weights that sleep mode or the memory saver has unmapped is an illegal memory access: the engine
+dies (vLLM #57853 / #57854: the EngineCore segfaults; smg #2529: "a request routed to a sleeping engine returns 500 and
+can kill the engine"). Neither engine refuses it itself in the releases we support (vLLM 0.33.0
+``v1/worker/gpu_worker.py`` ``_start_weight_update`` l.1559, ``update_weights`` l.1592, ``finish_weight_update`` l.1633,
+and SGLang 0.5.23 ``srt/managers/scheduler_components/weight_updater.py`` ``update_weights_from_*`` l.138-287,
+``begin_weight_update`` l.309, ``end_weight_update`` l.323: none looks at the sleep state or ``offload_tags``), so the
+clients refuse it from what they know: the sleeps and releases they sent and the wakes and resumes since. The base of
 ``SGLangWeightsReleased`` and ``VLLMWeightsAsleep``; catch it for both kinds.
 """
 

@@ -1,20 +1,10 @@
 """SGLang's HTTP control plane, resilient: ``SGLangClient``, ``AsyncSGLangClient`` and ``SGLANG_POLICIES``.
 
-Import every name from here (``from resilience.adapters.sglang import SGLangClient``).
-The modules behind it, one job each, named as in ``adapters/vllm/`` where the job is the same:
-
-- ``client.py`` / ``async_client.py``: ``SGLangClient`` (requests) and ``mount_sglang`` /
-  ``AsyncSGLangClient`` (aiohttp by default, or httpx), twins that differ only in ``await``;
-- ``routes.py``: the table both clients are held to (route, parameters, result, policy);
-- ``calls.py``: what each method sends and what its answer means (no I/O);
-- ``state.py``: what both clients remember; ``results.py``: the typed results and errors;
-- ``policies.py``: ``SGLANG_POLICIES`` and its variants;
-- SGLang's own: ``liveness.py`` (the dead-engine check behind a proxy), ``memory_check.py``
-  (the memory probe asked before a release or resume is re-sent).
-
-What both kinds share is one level up: ``adapters/engine_http.py`` (the answer, the async
-sender, the own async session), ``engine_state.py`` (the engine, its keys), ``engine_session.py``
-(the own session's driver settings, checked one way).
+Import every name from here (``from resilience.adapters.sglang import SGLangClient``). The modules behind it have
+the jobs and names of ``adapters/vllm/``'s (``client``, ``async_client``, ``routes``, ``calls``, ``state``,
+``results``; CONTRIBUTING.md's table), plus SGLang's own: ``policies`` (``SGLANG_POLICIES`` and its variants),
+``liveness`` (the dead-engine check behind a proxy) and ``memory_check`` (the memory probe asked before a release
+or resume is re-sent). What both kinds share is one level up, in ``adapters/engine_*.py``.
 """
 
 from __future__ import annotations
@@ -46,26 +36,8 @@ from resilience.adapters.sglang.results import (
 )
 
 __all__ = [
-    "DEFAULT_LIMIT_PER_HOST",
-    "SGLANG_ADMIN_PATHS",
-    "SGLANG_OPEN_PREFIXES",
-    "SGLANG_POLICIES",
-    "SGLANG_STRICT_POLICIES",
-    "AsyncSGLangClient",
-    "ControlResult",
-    "FlushResult",
-    "GenerateResult",
-    "Health",
-    "MemoryProbeCheck",
-    "ModelInfo",
-    "SGLangAppliedButRefused",
-    "SGLangAuthError",
-    "SGLangClient",
-    "SGLangError",
-    "SGLangProtocolError",
-    "SGLangWeightsReleased",
-    "WeightUpdateResult",
-    "mount_sglang",
-    "sglang_policies",
-    "with_memory_probe",
+    "DEFAULT_LIMIT_PER_HOST", "SGLANG_ADMIN_PATHS", "SGLANG_OPEN_PREFIXES", "SGLANG_POLICIES", "SGLANG_STRICT_POLICIES",
+    "AsyncSGLangClient", "ControlResult", "FlushResult", "GenerateResult", "Health", "MemoryProbeCheck", "ModelInfo",
+    "SGLangAppliedButRefused", "SGLangAuthError", "SGLangClient", "SGLangError", "SGLangProtocolError", "SGLangWeightsReleased",
+    "WeightUpdateResult", "mount_sglang", "sglang_policies", "with_memory_probe",
 ]

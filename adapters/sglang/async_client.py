@@ -1,31 +1,16 @@
 """``AsyncSGLangClient``: ``SGLangClient`` with coroutine methods, for controllers that run an event loop.
 
-Same endpoints, policies (``SGLANG_POLICIES``), typed results and errors, key
-rules and ``flush_cache`` semantics as ``SGLangClient``: both build their
-requests and read the answers with ``resilience.adapters.sglang.calls``; only
-the sending differs. It satisfies ``resilience.engine_contract.AsyncControlPlaneEngine``.
-
-Transport. By default each client opens its own ``aiohttp.ClientSession`` with
-``resilience.adapters.aiohttp.ResilientMiddleware`` (the policies, observers,
-breaker and retry budget you pass) on first use, inside the running event loop
-(an aiohttp session belongs to the loop that made it). aiohttp is the default
-because it measured fastest at fan-out scale: for a five-phase barrier with
-50 ms per call, a bare ``asyncio.gather`` over raw aiohttp took 1.08x / 1.41x /
-2.49x the 5 x latency floor at 8 / 64 / 256 engines, raw ``httpx.AsyncClient``
-1.40x at 8, 7.3x at 64, and failed with ``ReadError`` at 256 (issue 12).
-
-A session you pass (``session=aiohttp.ClientSession(...)`` or
-``session=httpx.AsyncClient(...)``) is used as is, and you mount the resilience
-layer on it: ``aiohttp.ClientSession(middlewares=(ResilientMiddleware(SGLANG_POLICIES),))``
-or ``httpx.AsyncClient(transport=AsyncResilientTransport(SGLANG_POLICIES))``; a
-session without it sends each call once, with the session's own timeouts.
-The client never closes a session you pass.
+Same endpoints, policies, results, errors, key rules and ``flush_cache`` semantics as ``SGLangClient`` (both build
+their requests and read the answers with ``resilience.adapters.sglang.calls``); it satisfies
+``resilience.engine_contract.AsyncControlPlaneEngine``. Its own session is aiohttp because aiohttp measured fastest at
+fan-out scale: for a five-phase barrier with 50 ms per call, ``asyncio.gather`` over raw aiohttp took 1.08x / 1.41x /
+2.49x the 5 x latency floor at 8 / 64 / 256 engines, raw ``httpx.AsyncClient`` 1.40x at 8, 7.3x at 64, and failed
+with ``ReadError`` at 256 (issue 12).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,39 +42,21 @@ __all__ = ["AsyncSGLangClient"]
 
 
 class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
-    """A client of one SGLang engine's HTTP control plane, with ``async`` methods.
+    """A client of one SGLang engine's HTTP control plane, with ``async`` methods; the arguments are ``SGLangClient``'s.
 
-    ``base_url``: the engine (``http://127.0.0.1:30000``). ``session``: an
-    ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` to use as is, with your
-    resilience layer mounted on it (see the module docstring); default None = the
-    client's own aiohttp session with ``ResilientMiddleware``, made on first use.
-    ``api_key`` / ``admin_api_key``: SGLang's ``--api-key`` / ``--admin-api-key``,
-    sent as ``Authorization: Bearer`` by ``SGLangClient``'s rules (default None;
-    never in repr, errors or events). ``policies``: the endpoint policies of the
-    client's own session (default ``SGLANG_POLICIES``); ``observers``: receive its
-    events (default none). ``flush_deadline_s`` (default 120 s) and ``flush_poll_s``
-    (default 0.5 s): as in ``SGLangClient.flush_cache``. ``limit_per_host``: the
-    own session's connection pool size (default ``DEFAULT_LIMIT_PER_HOST`` = 100;
-    concurrent calls beyond it wait for a connection). Other keyword arguments go
-    to ``ResilientMiddleware`` (``breaker``, ``retry_budget``, ``clock``); or
-    ``config=DriverConfig(...)`` (its policies are used: build it with
-    ``policies=SGLANG_POLICIES``) shares one configuration and its per-engine
-    breakers and budgets with other clients and drivers. With a ``session``,
-    ``policies``, ``observers``, ``config``, ``memory_probe``, ``limit_per_host``
-    and those must be left out (``ConfigConflict`` names them, as ``SGLangClient``
-    does): they configure only the client's own session. ``memory_probe``
-    (default None, also with ``config=``) and the dead-engine check behind a
-    proxy: as in ``SGLangClient``. Errors carry the call's delivery record
-    (``resilience.outcome.attempts_of``).
+    ``session``: an ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` used as is, never closed, with your resilience
+    layer on it (``aiohttp.ClientSession(middlewares=(ResilientMiddleware(SGLANG_POLICIES),))`` or
+    ``httpx.AsyncClient(transport=AsyncResilientTransport(SGLANG_POLICIES))``; without it each call is sent once);
+    default None = the client's own aiohttp session with ``ResilientMiddleware`` (other keyword arguments go to it),
+    opened on first use in the running loop. ``limit_per_host``: the own session's pool size (default
+    ``DEFAULT_LIMIT_PER_HOST`` = 100; calls beyond it wait for a connection); with ``session=`` it is refused as the
+    other own-session settings are (``ConfigConflict``).
 
-    Close the own session with ``await client.aclose()`` or ``async with``; the
-    client opens a new one on its next use (in whichever loop runs it then). The
-    own session belongs to the loop that opened it: a call from another loop while
-    that one is open raises RuntimeError; once that loop is closed, the client
-    opens a new session (aiohttp then warns that the old one was not closed).
-    Errors raised over the own aiohttp session carry no ``response``: aiohttp's
-    cannot be pickled, and errors travel pickled (Ray); the status and a body
-    excerpt are on the error itself.
+    Close the own session with ``await client.aclose()`` or ``async with``; the next call opens a new one (in
+    whichever loop runs it then). The own session belongs to the loop that opened it: a call from another loop while
+    that one is open raises RuntimeError; once that loop is closed, a new session is opened. Errors raised over the
+    own aiohttp session carry no ``response`` (aiohttp's cannot be pickled, and errors travel pickled, as to Ray); the
+    status and a body excerpt are on the error itself.
     """
 
     def __init__(
@@ -124,6 +91,10 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
 
     def _transport_errors(self) -> tuple[type[BaseException], ...]:
         return (*self._http().errors, SGLangError, OSError)  # errors: ResilienceError too
+
+    async def _weights(self, path: str, **fields: Any) -> WeightUpdateResult:
+        """A weight call: ``POST path`` with ``fields`` (a None one left out), its answer read by ``calls.weights_result``."""
+        return calls.weights_result(self.engine, await self._send(calls.post(path, **fields)))
 
     # -- generation control --------------------------------------------------
 
@@ -171,55 +142,38 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
 
     async def begin_weight_update(self, selector: str = "all") -> WeightUpdateResult:
         """Open a weight-update session (SGLang 0.5.23); 400 when one is already open."""
-        return calls.weights_result(self.engine, await self._send(calls.begin_weight_update_call(selector)))
+        return await self._weights("/begin_weight_update", selector=selector)
 
     async def end_weight_update(self) -> WeightUpdateResult:
         """Close the weight-update session; 400 when none is open."""
-        return calls.weights_result(self.engine, await self._send(calls.end_weight_update_call()))
+        return await self._weights("/end_weight_update")
 
     async def update_weights_from_tensor(
-        self,
-        serialized_named_tensors: Sequence[str],
-        *,
-        load_format: str | None = None,
-        flush_cache: bool = True,
-        abort_all_requests: bool = False,
-        weight_version: str | None = None,
+        self, serialized_named_tensors: Sequence[str], *, load_format: str | None = None, flush_cache: bool = True,
+        abort_all_requests: bool = False, weight_version: str | None = None
     ) -> WeightUpdateResult:
         """Load weights from serialized tensors (inside a begin/end session in 0.5.23)."""
-        call = calls.update_weights_from_tensor_call(
-            serialized_named_tensors,
-            load_format=load_format,
-            flush_cache=flush_cache,
-            abort_all_requests=abort_all_requests,
-            weight_version=weight_version,
+        return await self._weights(
+            "/update_weights_from_tensor", serialized_named_tensors=list(serialized_named_tensors), flush_cache=flush_cache,
+            abort_all_requests=abort_all_requests, load_format=load_format, weight_version=weight_version,
         )
-        return calls.weights_result(self.engine, await self._send(call))
 
     async def update_weights_from_distributed(
-        self,
-        names: Sequence[str],
-        dtypes: Sequence[str],
-        shapes: Sequence[Sequence[int]],
-        *,
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: str | None = None,
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], *, group_name: str = "weight_update_group",
+        flush_cache: bool = True, weight_version: str | None = None
     ) -> WeightUpdateResult:
         """Receive weights over the distributed group set up by ``init_weights_update_group``."""
-        call = calls.update_weights_from_distributed_call(
-            names, dtypes, shapes, group_name=group_name, flush_cache=flush_cache, weight_version=weight_version
+        return await self._weights(
+            "/update_weights_from_distributed", names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes],
+            group_name=group_name, flush_cache=flush_cache, weight_version=weight_version,
         )
-        return calls.weights_result(self.engine, await self._send(call))
 
     async def update_weights_from_disk(
         self, model_path: str, *, flush_cache: bool = True, weight_version: str | None = None, load_format: str | None = None
     ) -> WeightUpdateResult:
         """Load weights from a checkpoint path on the engine's machine."""
-        call = calls.update_weights_from_disk_call(
-            model_path, flush_cache=flush_cache, weight_version=weight_version, load_format=load_format
-        )
-        return calls.weights_result(self.engine, await self._send(call))
+        fields = {"flush_cache": flush_cache, "weight_version": weight_version, "load_format": load_format}
+        return await self._weights("/update_weights_from_disk", model_path=model_path, **fields)
 
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> WeightUpdateResult:
         """Set the weight version reported by ``/model_info`` and in generation meta_info.
@@ -229,41 +183,25 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         acted on in ``srt/entrypoints/http_server.py`` l.1533-1534), which aborted ~65 requests per update in
         miles #2589; this client sends false unless you ask (default False).
         """
-        return calls.weights_result(self.engine, await self._send(calls.update_weight_version_call(new_version, abort_all_requests)))
+        return await self._weights("/update_weight_version", new_version=new_version, abort_all_requests=abort_all_requests)
 
     async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "nccl",
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str = "weight_update_group",
+        backend: str = "nccl"
     ) -> WeightUpdateResult:
         """Join the trainer's process group for distributed weight updates."""
-        call = calls.init_weights_update_group_call(master_address, master_port, rank_offset, world_size, group_name, backend)
-        return calls.weights_result(self.engine, await self._send(call))
+        fields = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset, "world_size": world_size}
+        return await self._weights("/init_weights_update_group", **fields, group_name=group_name, backend=backend)
 
     # -- reads -----------------------------------------------------------------
 
-    async def _health(self, path: str) -> Health:
-        if self._paused_mode is not None:
-            return calls.paused_health(self.engine)
-        http = self._http()
-        t0 = time.monotonic()
-        try:
-            answer = await self._send(calls.read_call(path))
-        except http.errors as exc:
-            return calls.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return calls.health_result(self.engine, answer, time.monotonic() - t0)
-
     async def health(self) -> Health:
         """``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503)."""
-        return await self._health("/health")
+        return await drive(self._health_steps("/health", self._http().errors), self._send)
 
     async def health_generate(self) -> Health:
         """``/health_generate`` (runs a one-token generation), with the same paused-by-us rule."""
-        return await self._health("/health_generate")
+        return await drive(self._health_steps("/health_generate", self._http().errors), self._send)
 
     async def ready(self) -> bool:
         """``/ready``: True only when serving and not paused."""
@@ -271,7 +209,7 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
 
     async def server_info(self) -> dict[str, Any]:
         """``/server_info``: server args, internal states, version."""
-        return calls.server_info_result(self.engine, await self._send(calls.read_call("/server_info")))
+        return calls.json_object(self.engine, await self._send(calls.read_call("/server_info")))
 
     async def model_info(self) -> ModelInfo:
         """``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23)."""
@@ -288,24 +226,16 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
     # -- generation --------------------------------------------------------------
 
     async def generate(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        rid: str | None = None,
+        self, text: str | None = None, *, input_ids: Sequence[int] | None = None, sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None
     ) -> GenerateResult:
         """``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``."""
         call = calls.generate_call(text, input_ids, sampling_params, rid, stream=False)
         return calls.generate_result(self.engine, await self._send(call))
 
     async def generate_stream(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        rid: str | None = None,
+        self, text: str | None = None, *, input_ids: Sequence[int] | None = None, sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None
     ) -> AsyncIterator[GenerateResult]:
         """Streaming ``/generate``: yields the cumulative result of each SSE chunk until ``[DONE]``.
 

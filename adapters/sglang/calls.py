@@ -1,12 +1,10 @@
 """What an SGLang client sends, and what the answers mean: shared by ``SGLangClient`` and ``AsyncSGLangClient``.
 
-No I/O here. A client method builds a ``Call`` (method, path, JSON body, query),
-its transport turns the engine's answer into an ``Answer`` (status, text,
-attempts), and a parser here turns that into a typed result or raises the
-typed error. The sync and async clients differ only in how they send, so they
-cannot drift apart. ``routes.py`` lists every client method with its route and
-result; ``state.py`` holds what both clients remember; ``liveness.py`` decides
-whether an engine behind a proxy is dead.
+No I/O here. A client method builds a ``Call`` (method, path, JSON body, query), its transport turns the engine's answer
+into an ``Answer`` (status, text, attempts), and a parser here turns that into a typed result or raises the typed error.
+The sync and async clients differ only in how they send, so they cannot drift apart. ``routes.py`` lists every client
+method with its route and result; ``state.py`` holds what both clients remember; ``liveness.py`` decides whether an
+engine behind a proxy is dead.
 """
 
 from __future__ import annotations
@@ -29,42 +27,18 @@ from resilience.errors import DeadlineExceeded
 from resilience.outcome import AttemptRecord
 
 __all__ = [
-    "GATEWAY_STATUSES",
-    "WEIGHT_PATHS",
-    "Call",
-    "StreamEnd",
-    "auth_headers",
-    "control_result",
-    "flush_gave_up",
-    "flush_outcome",
-    "flush_server_wait",
-    "flush_steps",
-    "generate_result",
-    "health_result",
-    "json_of",
-    "key_for",
-    "model_info_result",
-    "models_result",
-    "paused_health",
-    "raise_if_refused",
-    "require_ok",
-    "server_info_result",
-    "sse_line",
-    "weights_result",
+    "GATEWAY_STATUSES", "WEIGHT_PATHS", "Call", "StreamEnd", "auth_headers", "control_result", "flush_gave_up", "flush_outcome",
+    "flush_server_wait", "flush_steps", "generate_result", "health_result", "json_of", "key_for", "model_info_result", "post",
+    "models_result", "paused_health", "raise_if_refused", "require_ok", "json_object", "sse_line", "weights_result",
 ]
 
 NOT_IDLE = ("Timed out waiting for idle state", "Flush cache failed", "Another flush_cache is already in progress")
 """``/flush_cache`` 400 answers that mean "busy, ask again" (``scheduler.py``, ``flush_wrapper.py``)."""
 
-WEIGHT_PATHS: frozenset[str] = frozenset(
-    {
-        "/begin_weight_update",
-        "/end_weight_update",
-        "/update_weights_from_tensor",
-        "/update_weights_from_distributed",
-        "/update_weights_from_disk",
-    }
-)
+WEIGHT_PATHS: frozenset[str] = frozenset({
+    "/begin_weight_update", "/end_weight_update", "/update_weights_from_tensor", "/update_weights_from_distributed",
+    "/update_weights_from_disk",
+})
 """The routes that read or write the weights (SGLang 0.5.23 ``scheduler_components/weight_updater.py``:
 ``update_weights_from_*`` l.138-287 load them, ``begin_weight_update`` l.309 restores packed ones,
 ``end_weight_update`` l.323 runs ``post_load_weights``), none checking ``offload_tags``: both clients refuse
@@ -158,74 +132,6 @@ def memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(tags) if tags else ALL_TAGS
 
 
-def begin_weight_update_call(selector: str) -> Call:
-    """``POST /begin_weight_update`` (SGLang 0.5.23's weight-update session)."""
-    return Call("POST", "/begin_weight_update", {"selector": selector})
-
-
-def end_weight_update_call() -> Call:
-    """``POST /end_weight_update``."""
-    return Call("POST", "/end_weight_update", {})
-
-
-def update_weight_version_call(new_version: str, abort_all_requests: bool) -> Call:
-    """``POST /update_weight_version``."""
-    return Call("POST", "/update_weight_version", {"new_version": new_version, "abort_all_requests": abort_all_requests})
-
-
-def update_weights_from_tensor_call(
-    serialized_named_tensors: Sequence[str],
-    *,
-    load_format: str | None,
-    flush_cache: bool,
-    abort_all_requests: bool,
-    weight_version: str | None,
-) -> Call:
-    """``POST /update_weights_from_tensor``."""
-    return _post(
-        "/update_weights_from_tensor", serialized_named_tensors=list(serialized_named_tensors), flush_cache=flush_cache,
-        abort_all_requests=abort_all_requests, load_format=load_format, weight_version=weight_version,
-    )
-
-
-def update_weights_from_distributed_call(
-    names: Sequence[str],
-    dtypes: Sequence[str],
-    shapes: Sequence[Sequence[int]],
-    *,
-    group_name: str,
-    flush_cache: bool,
-    weight_version: str | None,
-) -> Call:
-    """``POST /update_weights_from_distributed``."""
-    return _post(
-        "/update_weights_from_distributed", names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes],
-        group_name=group_name, flush_cache=flush_cache, weight_version=weight_version,
-    )
-
-
-def update_weights_from_disk_call(model_path: str, *, flush_cache: bool, weight_version: str | None, load_format: str | None) -> Call:
-    """``POST /update_weights_from_disk``."""
-    return _post(
-        "/update_weights_from_disk", model_path=model_path, flush_cache=flush_cache, weight_version=weight_version, load_format=load_format
-    )
-
-
-def init_weights_update_group_call(
-    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
-) -> Call:
-    """``POST /init_weights_update_group``."""
-    body = {
-        "master_address": master_address,
-        "master_port": master_port,
-        "rank_offset": rank_offset,
-        "world_size": world_size,
-        "group_name": group_name,
-        "backend": backend,
-    }
-    return Call("POST", "/init_weights_update_group", body)
-
-
 def generate_call(
     text: str | None, input_ids: Sequence[int] | None, sampling_params: Mapping[str, Any] | None, rid: str | None, *, stream: bool
 ) -> Call:
@@ -233,10 +139,10 @@ def generate_call(
     if (text is None) == (input_ids is None):
         raise ValueError("generate needs exactly one of text or input_ids")
     ids = None if input_ids is None else list(input_ids)
-    return _post("/generate", sampling_params=dict(sampling_params or {}), stream=stream, text=text, input_ids=ids, rid=rid)
+    return post("/generate", sampling_params=dict(sampling_params or {}), stream=stream, text=text, input_ids=ids, rid=rid)
 
 
-def _post(path: str, **fields: Any) -> Call:
+def post(path: str, **fields: Any) -> Call:
     """A ``POST`` of ``path`` whose JSON body holds the ``fields`` given (a None one is left out, as SGLang's default)."""
     return Call("POST", path, {name: value for name, value in fields.items() if value is not None})
 
@@ -257,16 +163,14 @@ def flush_server_wait(wait_for_idle: bool, remaining_s: float) -> float:
 def raise_if_refused(engine: str, answer: Answer, key_name: str | None) -> Answer:
     """Raise ``SGLangAuthError`` on a 401/403 (never retried), naming which key was sent, never the key."""
     if answer.status in (401, 403):
-        raise results.SGLangAuthError(
-            engine, answer.endpoint, answer.status, answer.text, key=key_name, response=answer.response, attempts=answer.records
-        )
+        raise results.SGLangAuthError.of(engine, answer, key=key_name)
     return answer
 
 
 def require_ok(engine: str, answer: Answer) -> Answer:
     """``answer`` when its status is below 400, else ``SGLangError`` with the status and a body excerpt."""
     if not answer.ok:
-        raise results.SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+        raise results.SGLangError.of(engine, answer)
     return answer
 
 
@@ -276,15 +180,7 @@ def json_of(engine: str, answer: Answer) -> Any:
     try:
         return jsonlib.loads(answer.text)
     except ValueError:
-        raise results.SGLangProtocolError(
-            engine,
-            answer.endpoint,
-            answer.status,
-            answer.text,
-            detail="answer is not JSON",
-            response=answer.response,
-            attempts=answer.records,
-        ) from None
+        raise results.SGLangProtocolError.of(engine, answer, "answer is not JSON") from None
 
 
 def control_result(engine: str, answer: Answer) -> results.ControlResult:
@@ -297,31 +193,19 @@ def control_result(engine: str, answer: Answer) -> results.ControlResult:
 
 def weights_result(engine: str, answer: Answer) -> results.WeightUpdateResult:
     """A weight-update answer ``{"success", "message"}``; a refusal raises, an applied-but-refused update says so."""
-    endpoint = answer.endpoint
     if answer.status == 400:
         data = parse_object(answer.text)
         if data is not None and data.get("success") is False:
             message = str(data.get("message", ""))
             if message.startswith(APPLIED_NOT_FLUSHED):
-                raise results.SGLangAppliedButRefused(
-                    engine,
-                    endpoint,
-                    400,
-                    answer.text,
-                    detail="weights applied, cache not flushed",
-                    response=answer.response,
-                    attempts=answer.records,
-                )
-            raise results.SGLangError(engine, endpoint, 400, answer.text, detail=f"refused: {message}", attempts=answer.records)
+                raise results.SGLangAppliedButRefused.of(engine, answer, "weights applied, cache not flushed")
+            raise results.SGLangError.of(engine, answer, f"refused: {message}")
     data = json_of(engine, answer)
     if not isinstance(data, dict) or "success" not in data:
-        detail = "no 'success' field"
-        raise results.SGLangProtocolError(engine, endpoint, answer.status, answer.text, detail=detail, attempts=answer.records)
+        raise results.SGLangProtocolError.of(engine, answer, "no 'success' field")
     if not data["success"]:
-        raise results.SGLangError(
-            engine, endpoint, answer.status, answer.text, detail=f"refused: {data.get('message', '')}", attempts=answer.records
-        )
-    return results.WeightUpdateResult(engine, endpoint, True, str(data.get("message", "")), data)
+        raise results.SGLangError.of(engine, answer, f"refused: {data.get('message', '')}")
+    return results.WeightUpdateResult(engine, answer.endpoint, True, str(data.get("message", "")), data)
 
 
 def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float, poll_s: float) -> results.FlushResult | None:
@@ -334,7 +218,7 @@ def flush_outcome(engine: str, answer: Answer, *, polls: int, remaining_s: float
         return results.FlushResult(engine, answer.text.strip(), polls)
     not_idle = answer.status == 400 and any(text in answer.text for text in NOT_IDLE)
     if not not_idle:
-        raise results.SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
+        raise results.SGLangError.of(engine, answer)
     if remaining_s <= poll_s:
         raise flush_gave_up(engine, answer, polls)
     return None
@@ -366,19 +250,10 @@ def flush_steps(engine: str, wait_for_idle: bool, deadline_s: float, poll_s: flo
 def flush_gave_up(engine: str, last_not_idle: Answer, polls: int) -> results.SGLangError:
     """The error of a flush whose deadline ended while the engine still answered "not idle".
 
-    Raised both when too little time is left for another poll and when the
-    deadline runs out during the pause before the next one (the transport's
-    ``DeadlineExceeded`` is then its cause): the caller learns the same thing.
+    Raised both when too little time is left for another poll and when the deadline runs out during the pause before the
+    next one (the transport's ``DeadlineExceeded`` is then its cause): the caller learns the same thing.
     """
-    return results.SGLangError(
-        engine,
-        last_not_idle.endpoint,
-        last_not_idle.status,
-        last_not_idle.text,
-        detail=f"still not idle after {polls} tries before the deadline",
-        response=last_not_idle.response,
-        attempts=last_not_idle.records,
-    )
+    return results.SGLangError.of(engine, last_not_idle, f"still not idle after {polls} tries before the deadline")
 
 
 def health_result(engine: str, answer: Answer | None, latency_s: float, error: BaseException | None = None) -> results.Health:
@@ -393,22 +268,20 @@ def paused_health(engine: str) -> results.Health:
     return results.Health(engine, True, None, 0.0, paused_by_us=True)
 
 
-def server_info_result(engine: str, answer: Answer) -> dict[str, Any]:
-    """``/server_info``: a JSON object."""
+def json_object(engine: str, answer: Answer, *required: str) -> dict[str, Any]:
+    """The answer's JSON object (``/server_info``'s), with the ``required`` fields; ``SGLangProtocolError`` otherwise."""
     data = json_of(engine, answer)
     if not isinstance(data, dict):
-        detail = "answer is not an object"
-        raise results.SGLangProtocolError(engine, answer.endpoint, 200, str(data), detail=detail, attempts=answer.records)
+        raise results.SGLangProtocolError.of(engine, answer, "answer is not an object")
+    for name in required:
+        if name not in data:
+            raise results.SGLangProtocolError.of(engine, answer, f"no {name!r} field")
     return data
 
 
 def model_info_result(engine: str, answer: Answer) -> results.ModelInfo:
     """``/model_info`` with its weight version."""
-    data = json_of(engine, answer)
-    if not isinstance(data, dict) or "model_path" not in data:
-        raise results.SGLangProtocolError(
-            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no 'model_path' field", attempts=answer.records
-        )
+    data = json_object(engine, answer, "model_path")
     version = data.get("weight_version")
     weight_version = None if version is None else str(version)
     return results.ModelInfo(engine, str(data["model_path"]), weight_version, data.get("served_model_name"), data)
@@ -426,18 +299,12 @@ def models_result(engine: str, answer: Answer) -> list[str]:
     try:
         return [str(m["id"]) for m in data["data"]]
     except (KeyError, TypeError):
-        raise results.SGLangProtocolError(
-            engine, answer.endpoint, 200, jsonlib.dumps(data)[:200], detail="no data[].id", attempts=answer.records
-        ) from None
+        raise results.SGLangProtocolError.of(engine, answer, "no data[].id") from None
 
 
 def generate_result(engine: str, answer: Answer) -> results.GenerateResult:
     """A non-streaming ``/generate`` answer."""
-    data = json_of(engine, answer)
-    if not isinstance(data, dict):
-        detail = "answer is not an object"
-        raise results.SGLangProtocolError(engine, answer.endpoint, 200, str(data)[:200], detail=detail, attempts=answer.records)
-    return generate_chunk(data)
+    return generate_chunk(json_object(engine, answer))
 
 
 def generate_chunk(data: Mapping[str, Any]) -> results.GenerateResult:

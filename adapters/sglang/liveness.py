@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from resilience.adapters.engine_http import Answer
 from resilience.adapters.sglang.calls import GATEWAY_STATUSES, Call
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS
 from resilience.adapters.sglang.results import SGLangError
@@ -19,15 +18,14 @@ from resilience.errors import CircuitOpen, ResilienceError
 from resilience.outcome import AttemptRecord, attempts_of
 from resilience.policy import PolicyTable
 
-__all__ = ["answer_error", "call_deadline", "engine_died", "gateway_error_records", "liveness_verdict", "needs_liveness_check"]
+__all__ = ["call_deadline", "engine_died", "gateway_error_records", "liveness_verdict", "needs_liveness_check"]
 
 
 def call_deadline(policies: PolicyTable, call: Call, started_at: float) -> Deadline:
     """The deadline ``call`` runs under: its policy's ``deadline_s`` from its start, capped by any ``Deadline`` in context.
 
-    ``started_at``: the ``time.monotonic()`` reading when the call started. A
-    client reads the clock when it sends and builds this only when it needs
-    it, after a gateway status (a success never looks the policy up for it).
+    ``started_at``: the ``time.monotonic()`` reading when the call started. A client reads the clock when it sends and
+    builds this only when it needs it, after a gateway status (a success never looks the policy up for it).
     """
     seconds = policies.match(call.method, call.path).policy.deadline_s
     if seconds is not None:
@@ -57,13 +55,11 @@ def gateway_error_records(error: BaseException) -> tuple[AttemptRecord, ...]:
 def liveness_verdict(check_error: BaseException | None) -> bool | None:
     """What ``GET /model_info`` says of the engine: True = it answers, False = dead, None = not checked.
 
-    SGLang's HTTP process answers ``/model_info`` from the tokenizer manager's own
-    fields without asking the scheduler (0.5.23 ``sglang/srt/entrypoints/http_server.py``,
-    ``model_info()``), which is why the router recipe checks a held engine with it.
-    Any answer other than a gateway status (200, or even a 401/404/500) means something
-    behind the front end answers: alive. A gateway status, a transport error or the
-    deadline running out means nothing does: dead. An open circuit breaker sent nothing:
-    not checked.
+    SGLang's HTTP process answers ``/model_info`` from the tokenizer manager's own fields without asking the scheduler
+    (0.5.23 ``sglang/srt/entrypoints/http_server.py``, ``model_info()``), which is why the router recipe checks a held
+    engine with it. Any answer other than a gateway status (200, or even a 401/404/500) means something behind the front
+    end answers: alive. A gateway status, a transport error or the deadline running out means nothing does: dead. An
+    open circuit breaker sent nothing: not checked.
     """
     if check_error is None:
         return True
@@ -72,11 +68,6 @@ def liveness_verdict(check_error: BaseException | None) -> bool | None:
     if isinstance(check_error, SGLangError):
         return check_error.status not in GATEWAY_STATUSES
     return False
-
-
-def answer_error(engine: str, answer: Answer) -> SGLangError:
-    """The ``SGLangError`` an error answer raises."""
-    return SGLangError(engine, answer.endpoint, answer.status, answer.text, response=answer.response, attempts=answer.records)
 
 
 def engine_died(

@@ -10,25 +10,15 @@ from resilience.adapters.answer_error import EngineAnswerError
 from resilience.adapters.weights_resident import WeightsNotResident
 
 __all__ = [
-    "ControlResult",
-    "FlushResult",
-    "GenerateResult",
-    "Health",
-    "ModelInfo",
-    "SGLangAppliedButRefused",
-    "SGLangAuthError",
-    "SGLangError",
-    "SGLangProtocolError",
-    "SGLangWeightsReleased",
-    "WeightUpdateResult",
+    "ControlResult", "FlushResult", "GenerateResult", "Health", "ModelInfo", "SGLangAppliedButRefused", "SGLangAuthError", "SGLangError",
+    "SGLangProtocolError", "SGLangWeightsReleased", "WeightUpdateResult",
 ]
 
 class SGLangError(EngineAnswerError):
     """An SGLang endpoint answered with an error. Names the engine, endpoint, status and a body excerpt.
 
-    ``attempts``: the delivery record of the call (``resilience.outcome.attempts_of``
-    reads it): the transport's, else read from ``response=``, else empty. The
-    clients always pass one: an answer came back, so its last attempt is at
+    ``attempts``: the delivery record of the call (``resilience.outcome.attempts_of`` reads it): the transport's, else
+    read from ``response=``, else empty. The clients always pass one: an answer came back, so its last attempt is at
     least ``RESPONDED`` with ``status``. It survives pickling (Ray).
     """
 
@@ -63,11 +53,10 @@ class SGLangAuthError(SGLangError):
 class SGLangAppliedButRefused(SGLangError):
     """A weight update answered 400 ``success: false`` although the engine *did* load the weights.
 
-    SGLang 0.5.23 (``scheduler_components/weight_updater.py``) writes the weights, then flushes
-    the cache; when requests still run or wait (an ``in_place`` pause, or no pause), the flush is
-    refused and the call answers "Weights were updated, but the cache was not flushed ...". The
-    engine then serves the new weights with a KV cache from the old ones, and its reported
-    weight version was *not* updated. Do not treat it as "nothing happened": finish or retract
+    SGLang 0.5.23 (``scheduler_components/weight_updater.py``) writes the weights, then flushes the cache; when requests
+    still run or wait (an ``in_place`` pause, or no pause), the flush is refused and the call answers "Weights were
+    updated, but the cache was not flushed ...". The engine then serves the new weights with a KV cache from the old
+    ones, and its reported weight version was *not* updated. Do not treat it as "nothing happened": finish or retract
     the requests, call ``flush_cache``, then set the version with ``update_weight_version``.
     """
 

@@ -1,24 +1,16 @@
 """``METHODS``: the SGLang clients' method table, one row per endpoint method, written once.
 
-``SGLangClient`` (``client.py``) and ``AsyncSGLangClient`` (``async_client.py``)
-are hand-written twins: each method is a real ``def`` with a real signature, so
-mypy strict, IDEs and the API docs see its parameters, types and docstring. This
-table is what both must agree with, and ``tests/sglang/test_sglang_route_table.py``
-holds them to it: the same methods, the same parameters (names, kinds, types,
-defaults) in both, the declared result type (an ``Iterator`` / ``AsyncIterator``
-of it for a stream), a docstring that starts with ``summary``, a route that has
-its own entry ``policy`` in ``SGLANG_POLICIES``, and, called against a loopback
-server, a request on ``http`` ``path``.
+``SGLangClient`` and ``AsyncSGLangClient`` are hand-written twins: each method is a real ``def``, so mypy strict,
+IDEs and the API docs see its parameters, types and docstring. ``tests/sglang/test_sglang_route_table.py`` holds
+both to this table: the same methods and parameters (names, kinds, types, defaults), the declared result (an
+``Iterator`` / ``AsyncIterator`` of it for a stream), a docstring that starts with ``summary``, an entry ``policy``
+of its own in ``SGLANG_POLICIES``, and, against a loopback server, a request on ``http`` ``path``. The clients are
+not generated from it: a generated method loses the static docstring and "go to definition", and half of them do
+more than build, send and parse (``flush_cache`` polls, pause and release note what was sent, ``health`` answers
+for an engine this client paused, ``generate_stream`` reads SSE).
 
-Why not generate both clients from the table: a generated method (a descriptor
-or a ``ParamSpec`` wrapper) keeps the types for mypy but loses the static
-docstring and the place a reader lands on "go to definition", and half of the
-methods do more than build, send and parse (``flush_cache`` polls, pause and
-release note what was sent, ``health`` answers for an engine this client paused,
-``generate_stream`` reads SSE), so a generator would cover only the other half.
-
-A new endpoint method: add a row here, a call builder and a parser in
-``calls.py``, an entry in ``policies.py``, and the method on both clients.
+A new endpoint method: a row here, a call builder and a parser in ``calls.py``, an entry in ``policies.py``, and
+the method on both clients.
 """
 
 from __future__ import annotations
@@ -53,102 +45,62 @@ class Method:
     """True: it returns an ``Iterator`` (sync) / ``AsyncIterator`` (async) of ``result``."""
 
 
-def _m(name: str, route: str, params: str, result: Any, policy: str, summary: str, *, stream: bool = False) -> Method:
+def _m(name: str, route: str, params: str, result: Any, summary: str, *, policy: str = "", stream: bool = False) -> Method:
+    """A row: ``policy`` defaults to ``route`` (``"POST /pause_generation"``)."""
     http, path = route.split(" ")
-    return Method(name, http, path, tuple(params.split()), result, policy, summary, stream)
+    return Method(name, http, path, tuple(params.split()), result, policy or route, summary, stream)
 
 
 METHODS: tuple[Method, ...] = (
     # -- generation control
-    _m(
-        "pause_generation", "POST /pause_generation", "mode", ControlResult, "POST /pause_generation",
-        "Pause admission. ``abort`` answers in-flight requests as aborted; ``retract`` re-queues them; ``in_place`` keeps their KV.",
-    ),
-    _m(
-        "continue_generation", "POST /continue_generation", "torch_empty_cache", ControlResult, "POST /continue_generation",
-        "Reopen admission. SGLang's pause is one flag: the first continue wins (the orchestrator owns holds).",
-    ),
-    _m(
-        "flush_cache", "POST /flush_cache", "deadline_s *wait_for_idle", FlushResult, "GET|POST /flush_cache",
-        'Flush the radix cache, asking again on "not idle" answers until ``deadline_s`` (default ``flush_deadline_s``).',
-    ),
-    _m(
-        "abort_request", "POST /abort_request", "rid abort_all", ControlResult, "POST /abort_request",
-        "Abort requests whose rid starts with ``rid``, or all of them.",
-    ),
+    _m("pause_generation", "POST /pause_generation", "mode", ControlResult,
+       "Pause admission. ``abort`` answers in-flight requests as aborted; ``retract`` re-queues them; ``in_place`` keeps their KV."),
+    _m("continue_generation", "POST /continue_generation", "torch_empty_cache", ControlResult,
+       "Reopen admission. SGLang's pause is one flag: the first continue wins (the orchestrator owns holds)."),
+    _m("flush_cache", "POST /flush_cache", "deadline_s *wait_for_idle", FlushResult,
+       'Flush the radix cache, asking again on "not idle" answers until ``deadline_s`` (default ``flush_deadline_s``).',
+       policy="GET|POST /flush_cache"),
+    _m("abort_request", "POST /abort_request", "rid abort_all", ControlResult,
+       "Abort requests whose rid starts with ``rid``, or all of them."),
     # -- memory occupation
-    _m(
-        "release_memory_occupation", "POST /release_memory_occupation", "tags", ControlResult, "GET|POST /release_memory_occupation",
-        "Release GPU memory for ``tags`` (None = kv_cache, weights and cuda_graph). Not re-sent once it may have been applied.",
-    ),
-    _m(
-        "resume_memory_occupation", "POST /resume_memory_occupation", "tags", ControlResult, "GET|POST /resume_memory_occupation",
-        "Re-occupy memory for ``tags`` (None = all three). Not re-sent once it may have been applied.",
-    ),
+    _m("release_memory_occupation", "POST /release_memory_occupation", "tags", ControlResult,
+       "Release GPU memory for ``tags`` (None = kv_cache, weights and cuda_graph). Not re-sent once it may have been applied.",
+       policy="GET|POST /release_memory_occupation"),
+    _m("resume_memory_occupation", "POST /resume_memory_occupation", "tags", ControlResult,
+       "Re-occupy memory for ``tags`` (None = all three). Not re-sent once it may have been applied.",
+       policy="GET|POST /resume_memory_occupation"),
     # -- weights
-    _m(
-        "begin_weight_update", "POST /begin_weight_update", "selector", WeightUpdateResult, "POST /begin_weight_update",
-        "Open a weight-update session (SGLang 0.5.23); 400 when one is already open.",
-    ),
-    _m(
-        "end_weight_update", "POST /end_weight_update", "", WeightUpdateResult, "POST /end_weight_update",
-        "Close the weight-update session; 400 when none is open.",
-    ),
-    _m(
-        "update_weights_from_tensor", "POST /update_weights_from_tensor",
-        "serialized_named_tensors *load_format *flush_cache *abort_all_requests *weight_version", WeightUpdateResult,
-        "POST /update_weights_from_tensor",
-        "Load weights from serialized tensors (inside a begin/end session in 0.5.23).",
-    ),
-    _m(
-        "update_weights_from_distributed", "POST /update_weights_from_distributed",
-        "names dtypes shapes *group_name *flush_cache *weight_version", WeightUpdateResult, "POST /update_weights_from_distributed",
-        "Receive weights over the distributed group set up by ``init_weights_update_group``.",
-    ),
-    _m(
-        "update_weights_from_disk", "POST /update_weights_from_disk", "model_path *flush_cache *weight_version *load_format",
-        WeightUpdateResult, "POST /update_weights_from_disk",
-        "Load weights from a checkpoint path on the engine's machine.",
-    ),
-    _m(
-        "update_weight_version", "POST /update_weight_version", "new_version abort_all_requests", WeightUpdateResult,
-        "POST /update_weight_version",
-        "Set the weight version reported by ``/model_info`` and in generation meta_info.",
-    ),
-    _m(
-        "init_weights_update_group", "POST /init_weights_update_group",
-        "master_address master_port rank_offset world_size group_name backend", WeightUpdateResult, "POST /init_weights_update_group",
-        "Join the trainer's process group for distributed weight updates.",
-    ),
+    _m("begin_weight_update", "POST /begin_weight_update", "selector", WeightUpdateResult,
+       "Open a weight-update session (SGLang 0.5.23); 400 when one is already open."),
+    _m("end_weight_update", "POST /end_weight_update", "", WeightUpdateResult, "Close the weight-update session; 400 when none is open."),
+    _m("update_weights_from_tensor", "POST /update_weights_from_tensor",
+       "serialized_named_tensors *load_format *flush_cache *abort_all_requests *weight_version", WeightUpdateResult,
+       "Load weights from serialized tensors (inside a begin/end session in 0.5.23)."),
+    _m("update_weights_from_distributed", "POST /update_weights_from_distributed",
+       "names dtypes shapes *group_name *flush_cache *weight_version", WeightUpdateResult,
+       "Receive weights over the distributed group set up by ``init_weights_update_group``."),
+    _m("update_weights_from_disk", "POST /update_weights_from_disk", "model_path *flush_cache *weight_version *load_format",
+       WeightUpdateResult, "Load weights from a checkpoint path on the engine's machine."),
+    _m("update_weight_version", "POST /update_weight_version", "new_version abort_all_requests", WeightUpdateResult,
+       "Set the weight version reported by ``/model_info`` and in generation meta_info."),
+    _m("init_weights_update_group", "POST /init_weights_update_group",
+       "master_address master_port rank_offset world_size group_name backend", WeightUpdateResult,
+       "Join the trainer's process group for distributed weight updates."),
     # -- reads
-    _m(
-        "health", "GET /health", "", Health, "GET /health",
-        "``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503).",
-    ),
-    _m(
-        "health_generate", "GET /health_generate", "", Health, "GET /health_generate",
-        "``/health_generate`` (runs a one-token generation), with the same paused-by-us rule.",
-    ),
-    _m("ready", "GET /ready", "", bool, "GET /ready", "``/ready``: True only when serving and not paused."),
-    _m(
-        "server_info", "GET /server_info", "", dict[str, Any], "GET /server_info",
-        "``/server_info``: server args, internal states, version.",
-    ),
-    _m(
-        "model_info", "GET /model_info", "", ModelInfo, "GET /model_info",
-        "``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23).",
-    ),
-    _m("loads", "GET /v1/loads", "", dict[str, Any], "GET /v1/loads", "``/v1/loads?include=core``: per-rank running and waiting requests."),
-    _m("models", "GET /v1/models", "", list[str], "GET /v1/models", "``/v1/models``: the served model ids."),
+    _m("health", "GET /health", "", Health,
+       "``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503)."),
+    _m("health_generate", "GET /health_generate", "", Health,
+       "``/health_generate`` (runs a one-token generation), with the same paused-by-us rule."),
+    _m("ready", "GET /ready", "", bool, "``/ready``: True only when serving and not paused."),
+    _m("server_info", "GET /server_info", "", dict[str, Any], "``/server_info``: server args, internal states, version."),
+    _m("model_info", "GET /model_info", "", ModelInfo,
+       "``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23)."),
+    _m("loads", "GET /v1/loads", "", dict[str, Any], "``/v1/loads?include=core``: per-rank running and waiting requests."),
+    _m("models", "GET /v1/models", "", list[str], "``/v1/models``: the served model ids."),
     # -- generation
-    _m(
-        "generate", "POST /generate", "text *input_ids *sampling_params *rid", GenerateResult, "POST /generate",
-        "``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``.",
-    ),
-    _m(
-        "generate_stream", "POST /generate", "text *input_ids *sampling_params *rid", GenerateResult, "POST /generate",
-        "Streaming ``/generate``: yields the cumulative result of each SSE chunk until ``[DONE]``.",
-        stream=True,
-    ),
+    _m("generate", "POST /generate", "text *input_ids *sampling_params *rid", GenerateResult,
+       "``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``."),
+    _m("generate_stream", "POST /generate", "text *input_ids *sampling_params *rid", GenerateResult,
+       "Streaming ``/generate``: yields the cumulative result of each SSE chunk until ``[DONE]``.", stream=True),
 )
 """Every endpoint method of both SGLang clients, in the order the clients define them."""

@@ -16,14 +16,16 @@ from resilience.adapters.sglang.calls import (
     WEIGHT_PATHS,
     Call,
     flush_steps,
+    health_result,
     key_for,
     memory_tags,
     model_info_result,
+    paused_health,
     raise_if_refused,
     read_call,
 )
 from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
-from resilience.adapters.sglang.results import FlushResult, SGLangError, SGLangWeightsReleased
+from resilience.adapters.sglang.results import FlushResult, Health, SGLangError, SGLangWeightsReleased
 from resilience.deadline import Deadline
 from resilience.errors import ResilienceError
 from resilience.events import Observer
@@ -37,10 +39,9 @@ __all__ = ["SGLangClientState"]
 class SGLangClientState(EngineClientState):
     """What both SGLang clients hold and remember: the engine, the keys, the pause sent, the tags released.
 
-    ``base_url``: the engine (``http://127.0.0.1:30000``). ``api_key`` / ``admin_api_key``:
-    SGLang's ``--api-key`` / ``--admin-api-key`` (default None), kept out of repr and
-    errors. ``flush_deadline_s`` (default 120 s) / ``flush_poll_s`` (default 0.5 s):
-    ``flush_cache``'s wait for idle and the pause between "not idle" answers.
+    ``base_url``: the engine (``http://127.0.0.1:30000``). ``api_key`` / ``admin_api_key``: SGLang's ``--api-key`` /
+    ``--admin-api-key`` (default None), kept out of repr and errors. ``flush_deadline_s`` (default 120 s) /
+    ``flush_poll_s`` (default 0.5 s): ``flush_cache``'s wait for idle and the pause between "not idle" answers.
     """
 
     KEYS = ("api_key", "admin_api_key")
@@ -59,14 +60,8 @@ class SGLangClientState(EngineClientState):
         self._released: set[str] = set()
 
     def _own_kwargs(
-        self,
-        session: object,
-        config: DriverConfig | None,
-        policies: PolicyTable | Unset,
-        observers: Sequence[Observer] | Unset,
-        extra: Mapping[str, Any],
-        memory_probe: MemoryProbe | None,
-        limit_per_host: int = DEFAULT_LIMIT_PER_HOST,
+        self, session: object, config: DriverConfig | None, policies: PolicyTable | Unset, observers: Sequence[Observer] | Unset,
+        extra: Mapping[str, Any], memory_probe: MemoryProbe | None, limit_per_host: int = DEFAULT_LIMIT_PER_HOST
     ) -> dict[str, Any]:
         """Both clients' ``own_driver_kwargs`` over ``SGLANG_POLICIES`` and ``with_memory_probe``; sets ``_policies`` from them."""
         kwargs = own_driver_kwargs(
@@ -100,13 +95,19 @@ class SGLangClientState(EngineClientState):
         deadline = deadline_s if deadline_s is not None else self.flush_deadline_s
         return flush_steps(self.engine, self._flush_waits(wait_for_idle), deadline, self.flush_poll_s)
 
+    def _health_steps(self, path: str, errors: tuple[type[BaseException], ...]) -> Steps[Call, Health]:
+        """``health`` / ``health_generate``: ``paused_health`` at once for an engine this client paused (its /health
+        would hang), else the timed read; a transport error in ``errors`` is an unhealthy answer."""
+        if self._paused_mode is not None:
+            return paused_health(self.engine)
+        return (yield from self._timed(read_call(path), health_result, errors))
+
     def _call_steps(self, call: Call) -> Steps[Call, Answer]:
         """``call`` as steps (``engine_steps``), with what both clients check around it.
 
-        Before: refused unsent while this client has ``weights`` released (``SGLangWeightsReleased``).
-        After: a 401/403 raises ``SGLangAuthError``; a control call whose every attempt met a gateway
-        status is followed by ``GET /model_info`` within what is left of its deadline, and raises
-        ``EngineDied`` when that fails too (``liveness``).
+        Before: refused unsent while this client has ``weights`` released (``SGLangWeightsReleased``). After: a 401/403
+        raises ``SGLangAuthError``; a control call whose every attempt met a gateway status is followed by ``GET
+        /model_info`` within what is left of its deadline, and raises ``EngineDied`` when that fails too (``liveness``).
         """
         self._refuse_if_released(call)
         started_at = time.monotonic()  # the call's deadline (for the liveness check) runs from here
@@ -120,7 +121,7 @@ class SGLangClientState(EngineClientState):
         raise_if_refused(self.engine, answer, self._key_for(call.path)[0])
         if liveness.needs_liveness_check(call, answer.status, answer.records):
             deadline = liveness.call_deadline(self._policies, call, started_at)
-            yield from self._alive_steps(answer.endpoint, answer.records, liveness.answer_error(self.engine, answer), deadline)
+            yield from self._alive_steps(answer.endpoint, answer.records, SGLangError.of(self.engine, answer), deadline)
         return answer  # type: ignore[no-any-return]  # an Answer: what the exchange step gave
 
     def _alive_steps(

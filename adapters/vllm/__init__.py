@@ -1,39 +1,20 @@
 """vLLM engines: ``VLLMClient`` and ``AsyncVLLMClient``, one method per control route of vLLM 0.33.0.
 
-Layout (one job per module, named as in ``adapters/sglang/`` where the job is the same):
+The modules have the jobs and names of ``adapters/sglang/``'s (``client``, ``async_client``, ``routes``: the one
+table ``ROUTES`` and ``VLLM_POLICIES`` derived from it, ``calls``: one ``Plan`` per client method, ``state``,
+``results``), plus vLLM's own: ``answers`` (the rules every answer goes through: dev mode, refusals, the version
+gate), ``versions`` (``GET /version`` read into a ``VLLMApi``: the drift between releases and the supported range),
+``engine`` (``VLLMEngine`` / ``AsyncVLLMEngine``, a server as the barrier drives it) and ``weights``
+(``push_weights``, one weight-transfer session with each route's idempotence). What both kinds share is one level
+up, in ``adapters/engine_*.py``.
 
-- ``client`` / ``async_client``: the two clients, one line per method over ``calls``
-  (pinned to ``ROUTES`` and to each other by ``tests/vllm/test_route_table.py``).
-- ``routes``: the one route table (``ROUTES``): method, path, first release, dev
-  mode, idempotence, refusal retries, policy and the 0.33.0 source line of
-  each route; ``VLLM_POLICIES`` is derived from it.
-- ``calls``: one ``Plan`` per client method (what to send for a release, how
-  to read the answer); ``answers``: the values a plan is made of and the rules
-  every answer goes through (dev mode, refusals, the version gate). No I/O in either.
-- ``state``: what both clients remember; ``results``: typed results and the errors
-  (``VLLMError``, ``VLLMDevModeOff``, ``VLLMRefused``, ``VLLMVersionError``,
-  ``VLLMProtocolError``, ``VLLMAuthError``).
-- vLLM's own: ``versions`` (``GET /version`` read into a ``VLLMApi``: the drift, ``mode``
-  since 0.17, the weight session since 0.23, JSON sleep/wake bodies and no
-  ``wait_for_inflight_requests`` in 0.33, and the supported range); ``engine``
-  (``VLLMEngine`` / ``AsyncVLLMEngine``, a server as the barrier drives it: pause, flush,
-  release = sleep, resume = wake one tag, continue = resume); ``weights`` (``push_weights``,
-  one weight-transfer session with each route's idempotence, written once as steps).
+What vLLM does differently from SGLang, and how the clients handle it (``shared/reference/vllm-control-plane.md``):
 
-What both kinds share is one level up (``adapters/engine_http.py``, ``engine_state.py``,
-``engine_session.py``).
-
-What vLLM does differently from SGLang, and how the clients handle it
-(``shared/reference/vllm-control-plane.md``):
-
-- Control routes exist only with ``VLLM_SERVER_DEV_MODE=1``; a 404 on one
-  raises ``VLLMDevModeOff`` saying so. ``--api-key`` guards only ``/v1``
-  routes: the key is sent there and nowhere else.
-- Parameters are query strings (``/sleep?level=1&mode=abort``,
-  ``/wake_up?tags=weights&tags=kv_cache``).
-- Sleep and wake are idempotent, so ``VLLM_POLICIES`` re-sends them after a
-  timeout or a gateway status; ``/update_weights`` and the session routes are
-  never re-sent once they may have arrived.
+- Control routes exist only with ``VLLM_SERVER_DEV_MODE=1``; a 404 on one raises ``VLLMDevModeOff`` saying so.
+  ``--api-key`` guards only ``/v1`` routes: the key is sent there and nowhere else.
+- Parameters are query strings (``/sleep?level=1&mode=abort``, ``/wake_up?tags=weights&tags=kv_cache``).
+- Sleep and wake are idempotent, so ``VLLM_POLICIES`` re-sends them after a timeout or a gateway status;
+  ``/update_weights`` and the session routes are never re-sent once they may have arrived.
 - ``/reset_prefix_cache`` may answer 200 ``{"success": false}``: asked again
   until its deadline, then ``VLLMRefused``; never returned as a success.
 """
@@ -69,43 +50,10 @@ from resilience.adapters.vllm.versions import SUPPORTED, VLLMApi
 from resilience.adapters.vllm.weights import WeightPush, WeightPushAmbiguous, WeightPushFailed, apush_weights, push_weights
 
 __all__ = [
-    "ROUTES",
-    "SUPPORTED",
-    "VLLM_PAUSE_MODES",
-    "VLLM_POLICIES",
-    "VLLM_TAGS",
-    "AbortResult",
-    "AsyncVLLMClient",
-    "AsyncVLLMEngine",
-    "CacheReset",
-    "CommandResult",
-    "CompletionResult",
-    "EngineFaultState",
-    "FaultToleranceAccepted",
-    "FaultToleranceStatus",
-    "Route",
-    "RpcResult",
-    "SleepResult",
-    "VLLMApi",
-    "VLLMAuthError",
-    "VLLMClient",
-    "VLLMDevModeOff",
-    "VLLMEngine",
-    "VLLMError",
-    "VLLMHealth",
-    "VLLMPauseMode",
-    "VLLMProtocolError",
-    "VLLMRefused",
-    "VLLMVersionError",
-    "VLLMWeightsAsleep",
-    "WakeResult",
-    "WeightCheck",
-    "WeightCheckerAction",
-    "WeightInfo",
-    "WeightPush",
-    "WeightPushAmbiguous",
-    "WeightPushFailed",
-    "apush_weights",
-    "mount_vllm",
+    "ROUTES", "SUPPORTED", "VLLM_PAUSE_MODES", "VLLM_POLICIES", "VLLM_TAGS", "AbortResult", "AsyncVLLMClient", "AsyncVLLMEngine",
+    "CacheReset", "CommandResult", "CompletionResult", "EngineFaultState", "FaultToleranceAccepted", "FaultToleranceStatus", "Route",
+    "RpcResult", "SleepResult", "VLLMApi", "VLLMAuthError", "VLLMClient", "VLLMDevModeOff", "VLLMEngine", "VLLMError", "VLLMHealth",
+    "VLLMPauseMode", "VLLMProtocolError", "VLLMRefused", "VLLMVersionError", "VLLMWeightsAsleep", "WakeResult", "WeightCheck",
+    "WeightCheckerAction", "WeightInfo", "WeightPush", "WeightPushAmbiguous", "WeightPushFailed", "apush_weights", "mount_vllm",
     "push_weights",
 ]

@@ -1,21 +1,18 @@
 """The values between a vLLM client and its transport, and the rules every answer goes through; no I/O.
 
-A ``Plan`` (built per client method in ``calls``) holds its ``Route``
-(``routes.ROUTES``), how to build the ``Request`` for the server's release
-(``VLLMApi``, the drift), and how to read the ``Answer`` into a typed result.
-``VLLMClient`` and ``AsyncVLLMClient`` differ only in how they send, so they
-cannot drift apart. Here too: ``gate`` (a call this release cannot take is
-refused unsent), ``key_header``, and the readers' shared parts.
+A ``Plan`` (built per client method in ``calls``) holds its ``Route`` (``routes.ROUTES``), how to build the ``Request``
+for the server's release (``VLLMApi``, the drift), and how to read the ``Answer`` into a typed result. ``VLLMClient``
+and ``AsyncVLLMClient`` differ only in how they send, so they cannot drift apart. Here too: ``gate`` (a call this
+release cannot take is refused unsent), ``key_header``, and the readers' shared parts.
 
 Every answer goes through ``check_reply`` first:
 
 - 401: ``VLLMAuthError`` naming the key sent (never the key).
 - 404 on a route mounted only in dev mode: ``VLLMDevModeOff``.
 - any other status >= 400: ``VLLMError`` with the status and a body excerpt.
-- a 200 whose JSON object says ``"success": false``: ``VLLMRefused``. The
-  client asks again only where the route allows it (``Route.refusals_retried``:
-  ``/reset_prefix_cache``, whose docstring says "callers may retry", until the
-  call's deadline) and raises it after; it is never returned as a success.
+- a 200 whose JSON object says ``"success": false``: ``VLLMRefused``. The client asks again only where the route allows
+  it (``Route.refusals_retried``: ``/reset_prefix_cache``, whose docstring says "callers may retry", until the call's
+  deadline) and raises it after; it is never returned as a success.
 """
 
 from __future__ import annotations
@@ -31,28 +28,9 @@ from resilience.adapters.vllm.routes import Route
 from resilience.adapters.vllm.versions import MODE_PARAMS, Version, VLLMApi, format_version
 
 __all__ = [
-    "API_KEY_PREFIXES",
-    "Plan",
-    "Request",
-    "VLLMPauseMode",
-    "WeightCheckerAction",
-    "check_mode",
-    "check_reply",
-    "command_reader",
-    "fixed",
-    "flag",
-    "flag_reader",
-    "gate",
-    "health_result",
-    "json_object",
-    "key_header",
-    "malformed",
-    "needs_mode",
-    "refusal_wait",
-    "require_bool",
-    "strict_command",
-    "typed_field",
-    "version_result",
+    "API_KEY_PREFIXES", "Plan", "Request", "VLLMPauseMode", "WeightCheckerAction", "check_mode", "check_reply", "command_reader", "fixed",
+    "flag", "flag_reader", "gate", "health_result", "json_object", "key_header", "malformed", "needs_mode", "refusal_wait", "require_bool",
+    "strict_command", "typed_field", "version_result",
 ]
 
 T = TypeVar("T")
@@ -102,11 +80,10 @@ class Request:
 class Plan(Generic[T]):
     """One client call, before it is sent: the route, how to build its request for a release, and how to read the answer.
 
-    ``build(engine, api)``: the ``Request`` (``api`` None for routes that are
-    not ``versioned``); raises ``VLLMVersionError`` when this release cannot
-    take it. ``read(engine, api, answer)``: the typed result (after ``check_reply``).
-    ``refusal_deadline_s``/``poll_s``: for a route whose refusals are asked
-    again, how long and how often (None = not asked again).
+    ``build(engine, api)``: the ``Request`` (``api`` None for routes that are not ``versioned``); raises
+    ``VLLMVersionError`` when this release cannot take it. ``read(engine, api, answer)``: the typed result (after
+    ``check_reply``). ``refusal_deadline_s``/``poll_s``: for a route whose refusals are asked again, how long and how
+    often (None = not asked again).
     """
 
     route: Route
@@ -181,33 +158,28 @@ def fixed(r: Route, params: tuple[tuple[str, str], ...] = (), body: dict[str, An
 
 def malformed(engine: str, answer: Answer, detail: str) -> results.VLLMProtocolError:
     """The error for a 2xx answer that is not what 0.33.0 sends: endpoint, status, ``detail`` and a body excerpt."""
-    return results.VLLMProtocolError(engine, answer.endpoint, answer.status, answer.text, detail=detail, attempts=answer.records)
+    return results.VLLMProtocolError.of(engine, answer, detail)
 
 
 def check_reply(engine: str, r: Route, api: VLLMApi | None, answer: Answer, *, key_sent: bool = False) -> Answer:
     """``answer`` when it is a success; else the typed error (see the module docstring for the rules)."""
-    common = {"response": answer.response, "attempts": answer.records}
     if answer.status == 401:
-        detail = "unauthorized: " + (
-            "the server refused the API key this client sent" if key_sent else "no API key was sent (pass api_key=)"
-        )
-        raise results.VLLMAuthError(engine, answer.endpoint, 401, answer.text, detail=detail, **common)
+        sent = "the server refused the API key this client sent" if key_sent else "no API key was sent (pass api_key=)"
+        raise results.VLLMAuthError.of(engine, answer, f"unauthorized: {sent}")
     dev_only = r.dev_mode_since is not None and (api is None or api.at_least(r.dev_mode_since))
     if answer.status == 404 and dev_only:
         detail = (
             f"vLLM mounts {r.path} only in dev mode and this server runs without it: "
             "start it with VLLM_SERVER_DEV_MODE=1 (the control routes answer 404 otherwise)"
         )
-        raise results.VLLMDevModeOff(engine, answer.endpoint, 404, answer.text, detail=detail, **common)
+        raise results.VLLMDevModeOff.of(engine, answer, detail)
     if answer.status == 404 and r.mounted_by is not None:
-        detail = f"vLLM mounts {r.path} only with {r.mounted_by} and this server runs without it"
-        raise results.VLLMError(engine, answer.endpoint, 404, answer.text, detail=detail, **common)
+        raise results.VLLMError.of(engine, answer, f"vLLM mounts {r.path} only with {r.mounted_by} and this server runs without it")
     if answer.status >= 400:
-        raise results.VLLMError(engine, answer.endpoint, answer.status, answer.text, **common)
+        raise results.VLLMError.of(engine, answer)
     data = parse_object(answer.text) if answer.text else None
     if data is not None and data.get("success") is False:
-        detail = _refusal_detail(r, answer.polls)
-        refused = results.VLLMRefused(engine, answer.endpoint, answer.status, answer.text, detail=detail, **common)
+        refused = results.VLLMRefused.of(engine, answer, _refusal_detail(r, answer.polls))
         refused.polls = answer.polls
         raise refused
     return answer

@@ -1,21 +1,9 @@
-"""``AsyncVLLMClient``: ``VLLMClient`` with coroutine methods, for controllers that run an event loop.
-
-Same routes, policies (``VLLM_POLICIES``), typed results, errors and version
-rules as ``VLLMClient``: both build their requests and read the answers with
-``resilience.adapters.vllm.calls``; only the sending differs.
-
-Transport. By default the client opens its own ``aiohttp.ClientSession`` with
-``resilience.adapters.aiohttp.ResilientMiddleware`` on first use, inside the
-running event loop (an aiohttp session belongs to the loop that made it), as
-``AsyncSGLangClient`` does. A session you pass (``aiohttp.ClientSession`` with
-``ResilientMiddleware(VLLM_POLICIES)``, or ``httpx.AsyncClient`` with
-``AsyncResilientTransport(VLLM_POLICIES)``) is used as is and never closed.
-"""
+"""``AsyncVLLMClient``: ``VLLMClient`` with coroutine methods (same routes, policies, results, errors and version
+rules; only the sending differs), over its own aiohttp session or one you pass, as ``AsyncSGLangClient``."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -58,15 +46,13 @@ T = TypeVar("T")
 class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     """A client of one vLLM server's HTTP control plane, with ``async`` methods.
 
-    ``base_url``, ``api_key``, ``api_version``, ``policies`` (default
-    ``VLLM_POLICIES``), ``observers``, ``config``: as ``VLLMClient``. ``session``:
-    an ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` with your resilience
-    layer mounted (default None = the client's own aiohttp session, opened on
-    first use). ``limit_per_host``: the own session's pool size (default 100).
-    Other keyword arguments go to ``ResilientMiddleware`` (``breaker``,
-    ``retry_budget``, ``clock``). With a ``session``, the settings of the own
-    session must be left out (``ConfigConflict`` names them). Close the own
-    session with ``await client.aclose()`` or ``async with``.
+    ``base_url``, ``api_key``, ``api_version``, ``policies`` (default ``VLLM_POLICIES``), ``observers``, ``config``: as
+    ``VLLMClient``. ``session``: an ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` with your resilience layer
+    mounted, used as is and never closed (default None = the client's own aiohttp session, opened on first use in the
+    running loop). ``limit_per_host``: the own session's pool size (default 100). Other keyword arguments go to
+    ``ResilientMiddleware`` (``breaker``, ``retry_budget``, ``clock``). With a ``session``, the settings of the own
+    session must be left out (``ConfigConflict`` names them). Close the own session with ``await client.aclose()`` or
+    ``async with``.
     """
 
     def __init__(
@@ -102,13 +88,8 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
 
     async def health(self) -> VLLMHealth:
         """See ``VLLMClient.health``: never raises."""
-        http = self._http()
-        t0 = time.monotonic()
-        try:
-            answer = await self._send(calls.health().build(self.engine, None))
-        except http.errors as exc:
-            return answers.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return answers.health_result(self.engine, answer, time.monotonic() - t0)
+        request = calls.health().build(self.engine, None)
+        return await drive(self._timed(request, answers.health_result, self._http().errors), self._send)
 
     # -- memory ------------------------------------------------------------------
 
@@ -161,12 +142,7 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     # -- caches ----------------------------------------------------------------------
 
     async def reset_prefix_cache(
-        self,
-        reset_running_requests: bool = False,
-        reset_external: bool = False,
-        *,
-        deadline_s: float | None = None,
-        poll_s: float = 0.5,
+        self, reset_running_requests: bool = False, reset_external: bool = False, *, deadline_s: float | None = None, poll_s: float = 0.5
     ) -> CacheReset:
         """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
         until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""
@@ -261,14 +237,8 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
         return await self._run(calls.models())
 
     async def complete(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int = 16,
-        temperature: float = 0.0,
-        model: str | None = None,
-        seed: int | None = None,
-        extra: Mapping[str, Any] | None = None,
+        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, model: str | None = None, seed: int | None = None,
+        extra: Mapping[str, Any] | None = None
     ) -> CompletionResult:
         """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
         return await self._run(calls.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))

@@ -1,16 +1,15 @@
 """One ``Plan`` per client method: what each vLLM 0.33.0 route takes, and what its answer means.
 
-``VLLMClient`` and ``AsyncVLLMClient`` call the builder of the same name; it
-checks the arguments at once (a clear error naming a bad value, before
-anything is sent) and returns a ``answers.Plan``: the route, the request for
-the server's release, and the reader of the answer. No I/O here.
+``VLLMClient`` and ``AsyncVLLMClient`` call the builder of the same name; it checks the arguments at once (a clear error
+naming a bad value, before anything is sent) and returns a ``answers.Plan``: the route, the request for the server's
+release, and the reader of the answer. No I/O here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, get_args
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar, get_args
 
 from resilience.adapters.engine_http import Answer
 from resilience.adapters.vllm import results
@@ -38,12 +37,19 @@ from resilience.adapters.vllm.answers import (
 from resilience.adapters.vllm.routes import route
 from resilience.adapters.vllm.versions import NEWEST, VLLMApi
 
+T = TypeVar("T")
 Extra = Mapping[str, Any] | None
 """More fields of a completion request's body (None = none)."""
 
 FaultInstruction = Literal["retry"]
 """The instructions ``POST /fault_tolerance/apply`` takes in 0.33.0 (``_ALLOWED_INSTRUCTIONS``,
 ``entrypoints/serve/fault_tolerance/api_router.py`` l.20; vLLM's main adds ``pause``)."""
+
+def _plain(name: str, read: Callable[[str, VLLMApi | None, Answer], T]) -> Plan[T]:
+    """The plan of route ``name``: a request without parameters or body, read by ``read``."""
+    r = route(name)
+    return Plan(r, fixed(r), read)
+
 
 # -- memory: /sleep, /wake_up, /is_sleeping, /release_kv_cache_memory -------------------------------
 
@@ -104,14 +110,12 @@ def wake_up(tags: Sequence[str] | None = None) -> Plan[results.WakeResult]:
 
 def is_sleeping() -> Plan[bool]:
     """``GET /is_sleeping``: true while asleep *or merely paused* (``v1/engine/core.py`` l.1078)."""
-    r = route("is_sleeping")
-    return Plan(r, fixed(r), flag_reader("is_sleeping"))
+    return _plain("is_sleeping", flag_reader("is_sleeping"))
 
 
 def release_kv_cache_memory() -> Plan[results.CommandResult]:
     """``POST /release_kv_cache_memory`` (0.33.0): only after a completed pause; a second call answers 500."""
-    r = route("release_kv_cache_memory")
-    return Plan(r, fixed(r), strict_command("kv_cache_released", "status"))
+    return _plain("release_kv_cache_memory", strict_command("kv_cache_released", "status"))
 
 
 # -- generation control: /pause, /resume, /is_paused, /abort_requests ---------------------------------
@@ -147,14 +151,12 @@ def pause(mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) ->
 
 def resume() -> Plan[results.CommandResult]:
     """``POST /resume``: reopens scheduling for everyone (pause is one shared state, ``v1/core/sched/scheduler.py`` l.3073)."""
-    r = route("resume")
-    return Plan(r, fixed(r), strict_command("resumed", "status", lenient_before=NEWEST))
+    return _plain("resume", strict_command("resumed", "status", lenient_before=NEWEST))
 
 
 def is_paused() -> Plan[bool]:
     """``GET /is_paused``."""
-    r = route("is_paused")
-    return Plan(r, fixed(r), flag_reader("is_paused"))
+    return _plain("is_paused", flag_reader("is_paused"))
 
 
 def abort_requests(request_ids: Sequence[str] | None = None) -> Plan[results.AbortResult]:
@@ -175,11 +177,8 @@ def abort_requests(request_ids: Sequence[str] | None = None) -> Plan[results.Abo
 
 
 def reset_prefix_cache(
-    reset_running_requests: bool = False,
-    reset_external: bool = False,
-    *,
-    deadline_s: float | None = None,
-    poll_s: float = DEFAULT_RESET_POLL_S,
+    reset_running_requests: bool = False, reset_external: bool = False, *, deadline_s: float | None = None,
+    poll_s: float = DEFAULT_RESET_POLL_S
 ) -> Plan[results.CacheReset]:
     """``POST /reset_prefix_cache?reset_running_requests=&reset_external=``; ``success: false`` is asked again.
 
@@ -206,14 +205,12 @@ def reset_prefix_cache(
 
 def reset_mm_cache() -> Plan[results.CommandResult]:
     """``POST /reset_mm_cache`` (an empty 200)."""
-    r = route("reset_mm_cache")
-    return Plan(r, fixed(r), command_reader)
+    return _plain("reset_mm_cache", command_reader)
 
 
 def reset_encoder_cache() -> Plan[results.CommandResult]:
     """``POST /reset_encoder_cache`` (an empty 200)."""
-    r = route("reset_encoder_cache")
-    return Plan(r, fixed(r), command_reader)
+    return _plain("reset_encoder_cache", command_reader)
 
 
 # -- workers --------------------------------------------------------------------------------------------
@@ -265,20 +262,17 @@ def init_weight_transfer_engine(init_info: Mapping[str, Any]) -> Plan[results.Co
 
 def shutdown_weight_transfer_engine() -> Plan[results.CommandResult]:
     """``POST /shutdown_weight_transfer_engine`` (0.33.0); 500 during a weight update."""
-    r = route("shutdown_weight_transfer_engine")
-    return Plan(r, fixed(r), strict_command("Weight transfer shut down"))
+    return _plain("shutdown_weight_transfer_engine", strict_command("Weight transfer shut down"))
 
 
 def start_weight_update() -> Plan[results.CommandResult]:
     """``POST /start_weight_update`` (0.23.0+): opens the session; 500 when one is open. Never re-sent once it may have arrived."""
-    r = route("start_weight_update")
-    return Plan(r, fixed(r), strict_command("Weight update started"))
+    return _plain("start_weight_update", strict_command("Weight update started"))
 
 
 def start_draft_weight_update() -> Plan[results.CommandResult]:
     """``POST /start_draft_weight_update`` (0.33.0); 500 when the backend has no draft support."""
-    r = route("start_draft_weight_update")
-    return Plan(r, fixed(r), strict_command("Draft weight update started"))
+    return _plain("start_draft_weight_update", strict_command("Draft weight update started"))
 
 
 def update_weights(update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Plan[results.CommandResult]:
@@ -419,14 +413,12 @@ def fault_tolerance_status() -> Plan[results.FaultToleranceStatus]:
 
 def health() -> Plan[results.VLLMHealth]:
     """``GET /health``: read by ``health_result`` (the clients never raise from ``health()``)."""
-    r = route("health")
-    return Plan(r, fixed(r), lambda engine, api, answer: health_result(engine, answer, 0.0))
+    return _plain("health", lambda engine, api, answer: health_result(engine, answer, 0.0))
 
 
 def version() -> Plan[VLLMApi]:
     """``GET /version`` (always mounted, ``serve/instrumentator/basic.py`` l.53)."""
-    r = route("version")
-    return Plan(r, fixed(r), lambda engine, api, answer: version_result(engine, answer))
+    return _plain("version", lambda engine, api, answer: version_result(engine, answer))
 
 
 def models() -> Plan[list[str]]:

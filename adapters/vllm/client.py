@@ -1,19 +1,8 @@
 """``VLLMClient``: one method per control route of vLLM 0.33.0, each with its route's policy, over requests.
 
-Every call goes through a ``requests.Session`` with a ``ResilientAdapter``
-mounted with ``VLLM_POLICIES`` (or the session you pass: ``mount_vllm`` adds
-the adapter to a session your code already uses). Before the first call whose
-request depends on the server's release, the client asks ``GET /version`` once
-and builds every request for that release (``resilience.adapters.vllm.versions``);
-a release outside the supported range is named in a ``VLLMVersionError``, and
-a route the release lacks is refused without sending anything.
-
-Results are typed; errors (``VLLMError`` and its subclasses) name the engine,
-endpoint, status and a short body excerpt. A 404 on a control route raises
-``VLLMDevModeOff`` (the server runs without ``VLLM_SERVER_DEV_MODE=1``); a 200
-``{"success": false}`` raises ``VLLMRefused`` after the route's own retries.
-The API key goes only to the ``/v1`` routes vLLM guards with it, in a Bearer
-header, and nowhere else (not repr, errors, events or spans).
+How a call runs (the version asked once, a route the release lacks refused unsent, refusals asked again) is
+``VLLMClientState``'s; what an answer means is ``answers.check_reply``'s. The API key goes only to the ``/v1``
+routes vLLM guards with it, in a Bearer header, and nowhere else (not repr, errors, events or spans).
 """
 
 from __future__ import annotations
@@ -59,42 +48,30 @@ T = TypeVar("T")
 
 
 def mount_vllm(
-    session: requests.Session,
-    base_urls: Sequence[str],
-    *,
-    policies: PolicyTable | Unset = UNSET,
-    observers: Sequence[Observer] | Unset = UNSET,
-    config: DriverConfig | None = None,
-    **adapter_kwargs: Any,
+    session: requests.Session, base_urls: Sequence[str], *, policies: PolicyTable | Unset = UNSET,
+    observers: Sequence[Observer] | Unset = UNSET, config: DriverConfig | None = None, **adapter_kwargs: Any
 ) -> ResilientAdapter:
     """Mount one ``ResilientAdapter`` with ``VLLM_POLICIES`` (default) on ``session`` for each engine URL; returns it.
 
     ``config=DriverConfig(...)`` instead shares one configuration (and its per-engine breakers and budgets)
     with other drivers, and conflicts with ``policies`` and the others it holds.
     """
-    kwargs = own_driver_kwargs(
-        "mount_vllm", VLLM_POLICIES, session=None, config=config, policies=policies, observers=observers, extra=adapter_kwargs
+    return mount_adapter(
+        "mount_vllm", VLLM_POLICIES, session, base_urls, policies=policies, observers=observers, config=config, extra=adapter_kwargs
     )
-    return mount_adapter(session, base_urls, kwargs)
 
 
 class VLLMClient(SyncSessionOwner, VLLMClientState):
     """A client of one vLLM server's HTTP control plane (``vllm serve`` with ``VLLM_SERVER_DEV_MODE=1``).
 
-    ``base_url``: the server (``http://127.0.0.1:8000``). ``session``: a session
-    to use as is (mount the adapter on it with ``mount_vllm``); default a new
-    resilient session with ``policies`` (default ``VLLM_POLICIES``) and
-    ``observers`` (default none); other keyword arguments (``breaker``,
-    ``retry_budget``, ``clock``, ``pool_maxsize``, ...) go to its
-    ``ResilientAdapter``, or ``config=DriverConfig(...)`` (build it with
-    ``policies=VLLM_POLICIES``) shares one configuration with other drivers.
-    With a ``session``, all of those must be left out (``ConfigConflict`` names them).
-    ``api_key``: vLLM's ``--api-key``, sent only to ``/v1`` routes (default None).
-    ``api_version``: the server's release when known (default None = ask ``GET /version`` once).
-
-    ``AsyncVLLMClient`` is the same client with coroutine methods; both build their
-    requests and read the answers with ``resilience.adapters.vllm.calls``, one plan
-    per route of ``resilience.adapters.vllm.routes.ROUTES``.
+    ``base_url``: the server (``http://127.0.0.1:8000``). ``session``: a session to use as is (mount the adapter on it
+    with ``mount_vllm``); default a new resilient session with ``policies`` (default ``VLLM_POLICIES``) and
+    ``observers`` (default none); other keyword arguments (``breaker``, ``retry_budget``, ``clock``, ``pool_maxsize``,
+    ...) go to its ``ResilientAdapter``, or ``config=DriverConfig(...)`` (build it with ``policies=VLLM_POLICIES``)
+    shares one configuration with other drivers. With a ``session``, all of those must be left out (``ConfigConflict``
+    names them). ``api_key``: vLLM's ``--api-key``, sent only to ``/v1`` routes (default None). ``api_version``: the
+    server's release when known (default None = ask ``GET /version`` once). Results are typed; errors (``VLLMError`` and
+    its subclasses) name the engine, endpoint, status and a body excerpt.
     """
 
     def __init__(
@@ -135,12 +112,8 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
 
     def health(self) -> VLLMHealth:
         """``GET /health``; never raises. 200 = the engine core lives (paused and asleep engines answer 200 too); 503 = dead."""
-        t0 = time.monotonic()
-        try:
-            answer = self._send(calls.health().build(self.engine, None))
-        except (requests.RequestException, ResilienceError) as exc:
-            return answers.health_result(self.engine, None, time.monotonic() - t0, exc)
-        return answers.health_result(self.engine, answer, time.monotonic() - t0)
+        request = calls.health().build(self.engine, None)
+        return run_now(drive(self._timed(request, answers.health_result, (requests.RequestException, ResilienceError)), self._send))
 
     # -- memory ------------------------------------------------------------------
 
@@ -193,12 +166,7 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
     # -- caches ----------------------------------------------------------------------
 
     def reset_prefix_cache(
-        self,
-        reset_running_requests: bool = False,
-        reset_external: bool = False,
-        *,
-        deadline_s: float | None = None,
-        poll_s: float = 0.5,
+        self, reset_running_requests: bool = False, reset_external: bool = False, *, deadline_s: float | None = None, poll_s: float = 0.5
     ) -> CacheReset:
         """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
         until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""
@@ -293,14 +261,8 @@ class VLLMClient(SyncSessionOwner, VLLMClientState):
         return self._run(calls.models())
 
     def complete(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int = 16,
-        temperature: float = 0.0,
-        model: str | None = None,
-        seed: int | None = None,
-        extra: Mapping[str, Any] | None = None,
+        self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, model: str | None = None, seed: int | None = None,
+        extra: Mapping[str, Any] | None = None
     ) -> CompletionResult:
         """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
         return self._run(calls.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))

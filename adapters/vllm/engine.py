@@ -71,9 +71,8 @@ VLLM_PAUSE_MODES: Final[Mapping[str, tuple[VLLMPauseMode, bool]]] = {
 """The barrier's pause modes as vLLM ``(mode, clear_cache)``.
 
 - ``abort``: abort running requests, reject new ones with 503 until resumed.
-- ``retract``: SGLang puts running requests back in the queue; vLLM's ``keep``
-  with ``clear_cache`` freezes them and frees their KV (preempted, recomputed
-  on resume): the same promise. New requests queue.
+- ``retract``: SGLang puts running requests back in the queue; vLLM's ``keep`` with ``clear_cache`` freezes them and
+  frees their KV (preempted, recomputed on resume): the same promise. New requests queue.
 - ``in_place``: ``keep`` without clearing: requests keep their KV (computed
   with the old weights if weights change meanwhile, PR #57970).
 """
@@ -90,25 +89,24 @@ def pause_args(mode: str) -> tuple[VLLMPauseMode, bool]:
         raise ValueError(f"vLLM pause mode must be one of {sorted(VLLM_PAUSE_MODES)} (the barrier's modes), but was {mode!r}") from None
 
 
+def _unknown_tags(what: str, tags: Sequence[str]) -> list[str]:
+    if isinstance(tags, str):
+        raise TypeError(f"{what} tags must be a sequence of tag names, but was the string {tags!r}")
+    return sorted(set(tags) - set(VLLM_TAGS))
+
+
 def sleep_args(tags: Sequence[str] | None) -> None:
     """Check a release's tags: None, or a subset of ``VLLM_TAGS`` (both go to sleep whatever is named)."""
-    if isinstance(tags, str):
-        raise TypeError(f"release tags must be a sequence of tag names, but was the string {tags!r}")
-    unknown = sorted(set(tags or ()) - set(VLLM_TAGS))
+    unknown = _unknown_tags("release", () if tags is None else tags)
     if unknown:
         raise ValueError(f"vLLM release tags must be among {VLLM_TAGS} (a sleep releases both), but got {unknown}")
 
 
 def wake_args(tags: Sequence[str] | None) -> list[str] | None:
     """A wake's tags as sent: None (a full wake: every tag that sleeps) or the tags, checked against ``VLLM_TAGS``."""
-    if tags is None:
-        return None
-    if isinstance(tags, str):
-        raise TypeError(f"wake tags must be a sequence of tag names, but was the string {tags!r}")
-    unknown = sorted(set(tags) - set(VLLM_TAGS))
-    if unknown or not tags:
+    if tags is not None and (_unknown_tags("wake", tags) or not tags):
         raise ValueError(f"vLLM wake tags must be a non-empty subset of {VLLM_TAGS} (None = every tag), but got {list(tags)}")
-    return list(tags)
+    return None if tags is None else list(tags)
 
 
 def _has_mm_resets(api: VLLMApi | None) -> bool:
@@ -151,10 +149,9 @@ class _Engine(Generic[C]):
 class VLLMEngine(_Engine[VLLMClient]):
     """One vLLM server with the barrier's five control calls (synchronous), over a ``VLLMClient``.
 
-    ``client``: a ``VLLMClient``, or the server's URL (a client is made with
-    ``client_kwargs``: ``policies``, ``api_key``, ``api_version``, ...).
-    ``sleep_level``: 1 (default: weights to CPU, KV discarded) or 2 (both
-    discarded: the weights are garbage until a weight update).
+    ``client``: a ``VLLMClient``, or the server's URL (a client is made with ``client_kwargs``: ``policies``,
+    ``api_key``, ``api_version``, ...). ``sleep_level``: 1 (default: weights to CPU, KV discarded) or 2 (both discarded:
+    the weights are garbage until a weight update).
     """
 
     _client_type = VLLMClient

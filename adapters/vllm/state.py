@@ -23,10 +23,9 @@ T = TypeVar("T")
 class VLLMClientState(EngineClientState):
     """The engine (``base_url``, ``engine``), the API key (kept out of repr and errors) and the server's ``VLLMApi``.
 
-    ``api_version``: the server's release (``"0.33.0"``) when you know it, so no
-    ``GET /version`` is sent; default None = asked once, before the first call
-    whose request or answer depends on it (``Route.versioned``). ``version()``
-    asks again and keeps the new answer (after an upgrade or a restart).
+    ``api_version``: the server's release (``"0.33.0"``) when you know it, so no ``GET /version`` is sent; default None
+    = asked once, before the first call whose request or answer depends on it (``Route.versioned``). ``version()`` asks
+    again and keeps the new answer (after an upgrade or a restart).
 
     It also remembers whether it put the weights to sleep (``weights_asleep``), and refuses, unsent, a call
     that needs them meanwhile (``Route.needs_weights``: ``VLLMWeightsAsleep``).
@@ -83,9 +82,6 @@ class VLLMClientState(EngineClientState):
             check_reply(self.engine, plan.route, api, answer, key_sent=key_header(plan.route.path, self._api_key) is not None)
         return plan.read(self.engine, api, answer)
 
-    def _gated(self, plan: Plan[Any], api: VLLMApi | None) -> None:
-        gate(self.engine, plan.route, api)
-
     def _steps(self, plan: Plan[T]) -> Steps[Request | float, T]:
         """``plan`` as steps (``engine_steps``), the one rule both clients run a call by.
 
@@ -99,7 +95,7 @@ class VLLMClientState(EngineClientState):
         api = None
         if plan.route.versioned:
             api = self._api if self._api is not None else self._remember((yield from self._steps(calls.version())))
-            self._gated(plan, api)
+            gate(self.engine, plan.route, api)
         request = plan.build(self.engine, api)
         with Deadline(plan.refusal_deadline_s) as deadline:  # None: no deadline of its own
             for polls in itertools.count(1):

@@ -1,9 +1,8 @@
 """Which vLLM API a server speaks: ``GET /version`` read into a ``VLLMApi`` (the drift between releases).
 
-vLLM's control routes changed shape between releases; the client asks the
-server's version once and builds every request for that version. The drift,
-as read from the wheels (``shared/reference/vllm-control-plane.md`` sections 1,
-4.3 and 4.5; the 0.33.0 lines are cited where the clients use them):
+vLLM's control routes changed shape between releases; the client asks the server's version once and builds every request
+for that version. The drift, as read from the wheels (``shared/reference/vllm-control-plane.md`` sections 1, 4.3 and
+4.5; the 0.33.0 lines are cited where the clients use them):
 
 - 0.12.0 (the oldest supported): ``/pause`` takes ``wait_for_inflight_requests``
   and ``clear_cache``; ``/sleep`` takes only ``level`` and does not pause first.
@@ -27,20 +26,8 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
-    "JSON_SLEEP_BODIES",
-    "MODE_PARAMS",
-    "NEWEST",
-    "OLDEST",
-    "PAUSE_NEEDS_DEV_MODE",
-    "SUPPORTED",
-    "VLLMApi",
-    "Version",
-    "WAIT_FLAG_REMOVED",
-    "WEIGHT_SESSION",
-    "WEIGHT_TRANSFER",
-    "WEIGHT_VERSION_ROUTES",
-    "format_version",
-    "parse_version",
+    "JSON_SLEEP_BODIES", "MODE_PARAMS", "NEWEST", "OLDEST", "PAUSE_NEEDS_DEV_MODE", "SUPPORTED", "VLLMApi", "Version", "WEIGHT_SESSION",
+    "WEIGHT_TRANSFER", "WEIGHT_VERSION_ROUTES", "format_version", "parse_version",
 ]
 
 Version = tuple[int, int, int]
@@ -65,8 +52,6 @@ WEIGHT_VERSION_ROUTES: Final[Version] = (0, 27, 0)
 """``/update_weight_version`` and ``/weight_info``."""
 JSON_SLEEP_BODIES: Final[Version] = (0, 33, 0)
 """``/sleep`` and ``/wake_up`` answer JSON (``serve/dev/sleep/api_router.py`` l.34, l.53); empty 200s before."""
-WAIT_FLAG_REMOVED: Final[Version] = (0, 33, 0)
-"""``wait_for_inflight_requests`` is gone from ``/pause`` (``rl/online/api_router.py`` l.31-36 takes ``mode``, ``clear_cache``)."""
 
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -120,11 +105,6 @@ class VLLMApi:
     def mode_params(self) -> bool:
         """``/pause`` and ``/sleep`` take ``mode`` (0.17.0+)."""
         return self.at_least(MODE_PARAMS)
-
-    @property
-    def wait_flag(self) -> bool:
-        """``/pause`` still takes ``wait_for_inflight_requests`` (before 0.33.0)."""
-        return not self.at_least(WAIT_FLAG_REMOVED)
 
     @property
     def json_sleep_bodies(self) -> bool:

@@ -1,28 +1,22 @@
 """One vLLM weight-transfer session, with each route's real idempotence: ``push_weights`` / ``apush_weights``.
 
-The session (``v1/worker/gpu_worker.py`` l.1542-1650, reference section 4.5) is
-``/start_weight_update`` -> ``/update_weights`` per chunk -> ``/finish_weight_update``.
-None of the three is idempotent, and ``VLLM_POLICIES`` sends each at most once
-once it may have arrived. What an answer that was lost means, and what is done:
+The session (``v1/worker/gpu_worker.py`` l.1542-1650, reference section 4.5) is ``/start_weight_update`` ->
+``/update_weights`` per chunk -> ``/finish_weight_update``. None of the three is idempotent, and ``VLLM_POLICIES`` sends
+each at most once once it may have arrived. What an answer that was lost means, and what is done:
 
-- an ambiguous ``start``: sent again (at most ``RESENDS`` times). A session
-  already open answers 500 "start_weight_update called while a weight update is
-  already active", which proves the first start arrived (the engine lives; a
-  utility failure, core.py l.1850); a 200 means it had not.
-- an ambiguous ``update_weights``: **never sent again in that session** (a
-  re-send of an NCCL collective queues behind the first and waits for a
-  broadcast that never comes, prime-rl #3599). With ``expected`` checksums the
-  session is finished and ``/weight_checker`` compares the engine's weights with
-  them: a match settles it; a mismatch proves the push did not land, and a new
-  session pushes it again (at most ``sessions`` in all). Without them, or when
-  every session is spent, ``WeightPushAmbiguous`` names the engine and chunk.
-- an ambiguous ``finish``: sent again (at most ``RESENDS`` times): a 200 closes
-  the session, a 500 "finish_weight_update called without a matching
-  start_weight_update" proves the first one had (``/weight_info`` cannot tell:
-  a finish labels the weights with its version even when no chunk arrived,
-  so after a lost ``update_weights`` only ``/weight_checker`` tells; when it
-  never matches, ``WeightPushAmbiguous`` says so, and the engine may report the
-  version while holding other weights: verify with a canary, or push again).
+- an ambiguous ``start``: sent again (at most ``RESENDS`` times). A session already open answers 500
+  "start_weight_update called while a weight update is already active", which proves the first start arrived (the engine
+  lives; a utility failure, core.py l.1850); a 200 means it had not.
+- an ambiguous ``update_weights``: **never sent again in that session** (a re-send of an NCCL collective queues behind
+  the first and waits for a broadcast that never comes, prime-rl #3599). With ``expected`` checksums the session is
+  finished and ``/weight_checker`` compares the engine's weights with them: a match settles it; a mismatch proves the
+  push did not land, and a new session pushes it again (at most ``sessions`` in all). Without them, or when every
+  session is spent, ``WeightPushAmbiguous`` names the engine and chunk.
+- an ambiguous ``finish``: sent again (at most ``RESENDS`` times): a 200 closes the session, a 500 "finish_weight_update
+  called without a matching start_weight_update" proves the first one had (``/weight_info`` cannot tell: a finish labels
+  the weights with its version even when no chunk arrived, so after a lost ``update_weights`` only ``/weight_checker``
+  tells; when it never matches, ``WeightPushAmbiguous`` says so, and the engine may report the version while holding
+  other weights: verify with a canary, or push again).
 
 A chunk is whatever your backend's ``update_info`` is (``{"names": ..., ...}`` for NCCL).
 """
@@ -43,8 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RESENDS", "WeightPush", "WeightPushAmbiguous", "WeightPushFailed", "apush_weights", "is_ambiguous", "push_weights"]
 
-_ALREADY_ACTIVE = "already active"
-_NO_SESSION = "without a matching start"
 RESENDS = 3
 """How many times an ambiguous ``start`` or ``finish`` is sent again (each re-send may itself be answered ambiguously)."""
 
@@ -91,13 +83,10 @@ def is_ambiguous(error: BaseException) -> bool:
     return False
 
 
-def _no_session(error: BaseException) -> bool:
-    """A finish answered 500 "finish_weight_update called without a matching start_weight_update": the session is closed."""
-    return isinstance(error, VLLMError) and error.status == 500 and _NO_SESSION in str(error)
-
-
-def _already_active(error: BaseException) -> bool:
-    return isinstance(error, VLLMError) and error.status == 500 and _ALREADY_ACTIVE in str(error)
+def _answered_500(words: str) -> Callable[[BaseException], bool]:
+    """Whether an error is the engine's 500 saying ``words``: a start "... already active", a finish "... without a
+    matching start ...": either proves the first one arrived."""
+    return lambda error: isinstance(error, VLLMError) and error.status == 500 and words in str(error)
 
 
 def _check(chunks: Sequence[Mapping[str, Any]], version: str, sessions: int) -> list[Mapping[str, Any]]:
@@ -120,10 +109,9 @@ def push_weights(
 ) -> WeightPush:
     """Run one session on ``client``: start, one ``/update_weights`` per chunk, finish with ``version``.
 
-    ``expected``: the checksums ``/weight_checker`` reports once the push applied (settles a lost
-    ``update_weights`` answer; default None: it is surfaced). ``sessions``: sessions at most, when a lost
-    answer was proven not applied (default 3). Raises ``WeightPushFailed`` (a call refused) or
-    ``WeightPushAmbiguous``.
+    ``expected``: the checksums ``/weight_checker`` reports once the push applied (settles a lost ``update_weights``
+    answer; default None: it is surfaced). ``sessions``: sessions at most, when a lost answer was proven not applied
+    (default 3). Raises ``WeightPushFailed`` (a call refused) or ``WeightPushAmbiguous``.
     """
     return run_now(drive(_push(client.engine, _check(chunks, version, sessions), version, expected, sessions), _calls(client)))
 
@@ -152,7 +140,7 @@ def _push(
     """The sessions of one push as steps, by the module docstring's rules (``push_weights``' arguments, checked)."""
     settled: list[str] = []
     for session in range(1, sessions + 1):
-        yield from _resent(engine, "start", ("start_weight_update", (), {}), settled, _already_active)
+        yield from _resent(engine, "start", ("start_weight_update", (), {}), settled, _answered_500("already active"))
         lost = None
         for i, chunk in enumerate(todo):
             _, exc = yield ("update_weights", (chunk,), {})
@@ -164,7 +152,8 @@ def _push(
                 lost = (i, exc)
                 break
         note = "; the engine had closed the session"
-        yield from _resent(engine, "finish", ("finish_weight_update", (version,), {}), settled, _no_session, note)
+        finished = _answered_500("without a matching start")
+        yield from _resent(engine, "finish", ("finish_weight_update", (version,), {}), settled, finished, note)
         if lost is None:
             return WeightPush(engine, version, len(todo), tuple(settled))
         assert expected is not None
