@@ -3,7 +3,7 @@
 Run by :class:`~resilience.testing.emulator.forkserver.Zygote` as
 ``python -m resilience.testing.emulator.zygote --exit-with-parent PID``. It imports
 torch, FastAPI and uvicorn, and for each distinct engine configuration it is asked
-for, builds one engine and its app (``app.create_app``: tensors, scheduler, routes)
+for, builds one engine and its app (``server.create_app``: tensors, scheduler, routes)
 that it never starts. Each child gets its own copy of that never-used engine by
 ``fork()``, so it only binds its port and runs uvicorn: building the app is done
 once, and its pages stay shared copy-on-write until a child writes them (its
@@ -51,6 +51,9 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .server import create_app, template_key
+from .server import main as engine_main
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
@@ -87,36 +90,6 @@ def _warm() -> None:
     # uvicorn's default logging configuration, once for every child; and the loop, protocol and lifespan modules
     uvicorn.Config(nothing, lifespan="on", log_level="warning").load()
     gc.collect()
-
-
-def _template_key(argv: Sequence[str]) -> tuple[Any, str] | None:
-    """The configuration and host that ``argv`` asks for; None when the flags are bad (the child reports them)."""
-    from .config import config_from_namespace
-    from .server import build_parser, engine_kind
-
-    if engine_kind(argv) == "vllm":
-        from .vllm.server import template_key
-
-        return template_key(argv)
-
-    try:
-        args, _unknown = build_parser().parse_known_args(list(argv))
-        return config_from_namespace(args), args.host
-    except (SystemExit, ValueError):
-        return None
-
-
-def _create_app(config: Any, host: str, port: int) -> _Template:
-    """The app and engine of ``config``'s kind: an SGLang ``EngineConfig`` or a ``VLLMEngineConfig``."""
-    from .vllm.config import VLLMEngineConfig
-
-    if isinstance(config, VLLMEngineConfig):
-        from .vllm.app import create_app as create_vllm_app
-
-        return create_vllm_app(config, host=host, port=port)
-    from .app import create_app
-
-    return create_app(config, host=host, port=port)
 
 
 def _die_with_parent(zygote_pid: int) -> None:
@@ -162,12 +135,10 @@ def _child(command: dict[str, Any], zygote_pid: int, close: Sequence[int], templ
 
         def from_template(config: Any, host: str, port: int) -> _Template:
             if template is None:
-                return _create_app(config, host, port)
+                return create_app(config, host, port)
             app, engine = template
             engine.port = port  # the only field that differs between copies (``/server_info`` reports it)
             return app, engine
-
-        from .server import main as engine_main
 
         code = engine_main(command["argv"], on_ready=on_ready, app_factory=from_template, logging_configured=True)
     except SystemExit as exc:
@@ -249,12 +220,12 @@ class _Server:
 
     def _template(self, argv: Sequence[str]) -> _Template | None:
         """The never-started app and engine for ``argv``'s configuration, built on first use (None: bad flags)."""
-        key = _template_key(argv)
+        key = template_key(argv)
         if key is None:
             return None
         if key not in self._templates:
             config, host = key
-            app, engine = _create_app(config, host, 0)
+            app, engine = create_app(config, host, 0)
             app.middleware_stack = app.build_middleware_stack()  # what starlette builds on the first request
             self._templates[key] = (app, engine)
         return self._templates[key]
