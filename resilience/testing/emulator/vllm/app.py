@@ -19,11 +19,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from ..auth import AuthenticationMiddleware
+from ..crash import vllm_log_line
 from ..record import CallRecord, RecordMiddleware
-from .auth import AuthenticationMiddleware
 from .config import VLLMEngineConfig
 from .core import EngineCore
-from .crash import log_line
 from .dev_routes import dev_routers
 from .errors import install_exception_handlers
 from .ft_routes import ft_router
@@ -85,7 +85,8 @@ def create_app(config: VLLMEngineConfig, *, host: str = "127.0.0.1", port: int =
     app.include_router(serve_router(core))
     if dev_mode:
         # serve/__init__.py l.44: logged once when the dev routers are mounted
-        log_line("WARNING", "__init__.py", "SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!")
+        warning = "SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!"
+        vllm_log_line("WARNING", "__init__.py", warning)
         for router in dev_routers(core):
             app.include_router(router)
         app.include_router(rl_router(core))

@@ -199,8 +199,8 @@ def check(wheel: str | Path) -> ContractReport:
     Raises AssertionError when a compared set is empty or of an implausible size: a check over
     nothing (or over the wrong files) would pass whatever the emulator did.
     """
+    from ..auth import GUARDED_PREFIX
     from .app import create_app
-    from .auth import GUARDED_PREFIX
     from .config import VLLMEngineConfig
 
     surface = read_vllm_surface(wheel)

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, get_args
 
+from ..crash import die_of_engine_error, die_of_illegal_memory_access
 from ..memory_state import MemoryStateWriter
 from .config import VLLMEngineConfig
-from .crash import die_of_engine_error, die_of_illegal_memory_access
 from .fault_tolerance import FaultTolerance
 from .text import ZERO_CONTENT, garbage_content, token, weight_checksums, weights_content
 
