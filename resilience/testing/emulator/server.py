@@ -46,14 +46,12 @@ def build_parser(prog: str | None = None, engine: str = "sglang") -> argparse.Ar
     """The command line: ``--engine``, ``--host``, ``--port``, the process flags, and one flag per knob of ``engine``'s config."""
     vllm = engine == "vllm"
     what = (
-        "vLLM 0.33.0 engines (control plane, sleep mode and its crashes) on the CPU. The dev and RL routes exist only "
-        "with VLLM_SERVER_DEV_MODE=1, as in vLLM"
-        if vllm
-        else "SGLang engines (control plane and crash semantics) on the CPU"
+        "vLLM 0.33.0 engines (control plane, sleep mode and its crashes)" if vllm else "SGLang engines (control plane and crash semantics)"
     )
+    dev_mode = " The dev and RL routes exist only with VLLM_SERVER_DEV_MODE=1, as in vLLM." if vllm else ""
     parser = argparse.ArgumentParser(
         prog=prog or "python -m resilience.testing.emulator",
-        description=f"Run emulated {what}: one, or N with --engines N.",
+        description=f"Run emulated {what} on the CPU: one, or N with --engines N.{dev_mode}",
         allow_abbrev=False,  # an abbreviation must not silently stand for another flag (--engine for --engines)
     )
     parser.add_argument(
