@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .processes import EmulatorStartError
+from .memory_state import process_start_ticks
+from .processes import EmulatorStartError, engine_env
 
 __all__ = ["ForkedProcess", "Zygote"]
 
-_PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 _POLL = 0.05
 _STOP_TIMEOUT = 5.0
 _ORPHAN_STATUS = -signal.SIGKILL
@@ -81,7 +81,7 @@ class ForkedProcess:
 
     def _check_orphan(self) -> None:
         """The zygote is gone: our child was re-parented; it counts as ended once it no longer runs."""
-        if self._pid is None or not _runs(self._pid):
+        if self._pid is None or process_start_ticks(self._pid) is None:
             self.note_exit(_ORPHAN_STATUS if self._pid is not None else 1)
 
     def wait(self, timeout: float) -> int:
@@ -112,15 +112,6 @@ class ForkedProcess:
 
     def join(self) -> None:
         """Nothing to join: the zygote's reader thread serves every engine."""
-
-
-def _runs(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not ended (a zombie has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 class Zygote:
@@ -158,9 +149,7 @@ class Zygote:
 
     def start(self) -> None:
         """Start the zygote process (it imports torch and the app: seconds); returns at once."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-        env["OMP_NUM_THREADS"] = "1"
+        env = {**engine_env(), "OMP_NUM_THREADS": "1"}
         env.setdefault("MALLOC_ARENA_MAX", "1")
         command = [sys.executable, "-m", "resilience.testing.emulator.zygote", "--exit-with-parent", str(os.getpid())]
         with open(self._log_path, "wb") as err:

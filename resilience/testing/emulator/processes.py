@@ -1,11 +1,6 @@
-"""How an engine process is started and watched: the interface a fleet needs, and the exec way.
-
-An :class:`EngineProcess` is Popen-like (``pid``, ``poll``, ``wait``, ``send_signal``,
-``kill``) plus ``ready`` (set once the engine serves) and ``url``. Two kinds exist:
-:class:`ExecProcess` here, a fresh interpreter per engine (``python -m
-resilience.testing.emulator``: each imports torch and the app on its own, ~240 MB and
-seconds each), and :class:`~resilience.testing.emulator.forkserver.ForkedProcess`, a
-child forked by the fleet's zygote (the default).
+"""How an engine process is started and watched: the interface a fleet needs (:class:`EngineProcess`), and
+:class:`ExecProcess`, a fresh interpreter per engine (``python -m resilience.testing.emulator``); the default is
+:class:`~resilience.testing.emulator.forkserver.ForkedProcess`, a child forked by the fleet's zygote.
 """
 
 from __future__ import annotations
@@ -20,10 +15,18 @@ from typing import IO, Protocol
 
 from .ready import ready_url
 
-__all__ = ["EmulatorStartError", "EngineProcess", "ExecLauncher", "ExecProcess", "Launcher"]
+__all__ = ["EmulatorStartError", "EngineProcess", "ExecLauncher", "ExecProcess", "Launcher", "engine_env"]
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 _JOIN_TIMEOUT = 5.0
+
+
+def engine_env() -> dict[str, str]:
+    """The environment of an engine process: ours, with this package first on ``PYTHONPATH`` (one OpenMP thread unless set)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
 
 
 class EmulatorStartError(RuntimeError):
@@ -31,7 +34,7 @@ class EmulatorStartError(RuntimeError):
 
 
 class EngineProcess(Protocol):
-    """One engine's OS process, as the fleet sees it."""
+    """One engine's OS process, as the fleet sees it: Popen-like, plus ``ready`` and ``url``."""
 
     ready: threading.Event
     """Set once the engine serves; :attr:`url` is known from then on."""
@@ -73,17 +76,14 @@ class Launcher(Protocol):
 
 
 class ExecProcess:
-    """An engine in a fresh interpreter: ``sys.executable -m resilience.testing.emulator`` (the old way)."""
+    """An engine in a fresh interpreter: ``sys.executable -m resilience.testing.emulator`` (~240 MB and seconds each)."""
 
     def __init__(self, argv: Sequence[str], stdout: Path, stderr: Path) -> None:
         self.ready = threading.Event()
         self.url: str | None = None
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-        env.setdefault("OMP_NUM_THREADS", "1")
         command = [sys.executable, "-m", "resilience.testing.emulator", *argv, "--exit-with-parent", str(os.getpid())]
         with open(stderr, "wb") as err:
-            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env)
+            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=engine_env())
         assert self._proc.stdout is not None
         self._reader = threading.Thread(target=self._drain, args=(self._proc.stdout, stdout), name="emulator-stdout", daemon=True)
         self._reader.start()

@@ -1,23 +1,15 @@
 """The zygote: one process that imports torch and the emulator's app once, then forks one child per engine.
 
-Run by :class:`~resilience.testing.emulator.forkserver.Zygote` as
-``python -m resilience.testing.emulator.zygote --exit-with-parent PID``. It imports
-torch, FastAPI and uvicorn, and for each distinct engine configuration it is asked
-for, builds one engine and its app (``server.create_app``: tensors, scheduler, routes)
-that it never starts. Each child gets its own copy of that never-used engine by
-``fork()``, so it only binds its port and runs uvicorn: building the app is done
-once, and its pages stay shared copy-on-write until a child writes them (its
-tensors' pages once it prefills; ``release_memory_occupation`` frees the child's
-storage as before). ``gc.freeze()`` before each fork keeps the children's garbage
-collections off those pages. The zygote starts nothing: no thread, no event loop,
-no socket. Forking a process that runs threads is unsafe (a lock held by another
-thread stays held forever in the child), so it checks it is single-threaded before
-each fork.
+Run by :class:`~resilience.testing.emulator.forkserver.Zygote` as ``python -m resilience.testing.emulator.zygote
+--exit-with-parent PID``. For each distinct engine configuration it builds one engine and its app
+(``server.create_app``) that it never starts; each child gets its own copy by ``fork()`` and only binds its port and
+runs uvicorn, the pages staying shared copy-on-write until the child writes them (``gc.freeze()`` before each fork
+keeps the children's collections off them). The zygote starts no thread, event loop or socket, and checks it is
+single-threaded before each fork (a lock another thread holds would stay held forever in the child).
 
-Each child is an ordinary engine process from then on: it binds its own port, runs
-its own scheduler thread and event loop, and dies alone, as SGLang's processes do
-(no sibling and not the zygote ever holds its socket, so its port refuses
-connections once it is gone). It dies with the zygote (``PR_SET_PDEATHSIG``).
+Each child is an ordinary engine process from then on and dies alone, as the real engine's processes do (no sibling
+and not the zygote holds its socket, so its port refuses connections once it is gone); it dies with the zygote
+(``PR_SET_PDEATHSIG``).
 
 Protocol, one JSON object per line. On stdin, from the fleet::
 
