@@ -40,9 +40,7 @@ def create_app(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 0) 
     app.include_router(control_router(engine))
     app.include_router(generate_router(engine))
     if config.api_key or config.admin_api_key:  # as launch_server: the middleware only when a key is set
-        levels = {
-            route.path: getattr(route.endpoint, "_auth_level", AuthLevel.NORMAL) for route in iter_routes(app.routes)
-        }
+        levels = {route.path: getattr(route.endpoint, "_auth_level", AuthLevel.NORMAL) for route in iter_routes(app.routes)}
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, admin_api_key=config.admin_api_key, levels=levels)
     app.add_middleware(RecordMiddleware, record=engine.record)  # outermost: refused calls are recorded too
     return app, engine

@@ -125,11 +125,7 @@ class Frontend:
             state.outputs.put_nowait(self._response(state, out))
 
     def _response(self, state: _ReqState, out: msg.SchedulerOutput) -> dict[str, Any]:
-        return {
-            "text": decode_tokens(state.output_ids),
-            "output_ids": list(state.output_ids),
-            "meta_info": self._meta_info(state, out),
-        }
+        return {"text": decode_tokens(state.output_ids), "output_ids": list(state.output_ids), "meta_info": self._meta_info(state, out)}
 
     def _meta_info(self, state: _ReqState, out: msg.SchedulerOutput) -> dict[str, Any]:
         """SGLang's ``meta_info`` (``tokenizer_manager.py``, ``_handle_batch_output``; spans: ``utils/weight_versions.py``)."""

@@ -50,11 +50,6 @@ class MemoryPools:
         }
         self._paused: set[str] = set()
 
-    @property
-    def released_tags(self) -> list[str]:
-        """Tags whose memory is released now, in SGLang's tag order."""
-        return [tag for tag in ALL_TAGS if tag in self._paused]
-
     def allocated_bytes(self) -> dict[str, int]:
         """Bytes each tag's storage holds right now (0 while released): proof the memory is really freed."""
         return {tag: sum(t.untyped_storage().nbytes() for t in self._regions[tag]) for tag in ALL_TAGS}

@@ -68,10 +68,7 @@ def ft_router(ft: FaultTolerance) -> APIRouter:
         background_tasks.add_task(run_fault_recovery, instruction, request_id)  # l.65: answered first, recovered after
         return JSONResponse(
             status_code=HTTPStatus.ACCEPTED.value,
-            content={
-                "message": "Request accepted; poll /fault_tolerance/status for updates.",
-                "request_id": request_id,
-            },
+            content={"message": "Request accepted; poll /fault_tolerance/status for updates.", "request_id": request_id},
             background=background_tasks,
         )
 

@@ -30,15 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "HAND",
-    "REQUIRED",
-    "Param",
-    "RouteSpec",
-    "VllmSurface",
-    "read_vllm_surface",
-    "routes_in_source",
-]
+__all__ = ["HAND", "REQUIRED", "Param", "RouteSpec", "VllmSurface", "read_vllm_surface", "routes_in_source"]
 
 REQUIRED = "<required>"
 """The default of a parameter that has none."""
