@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import crash
 from .config import SGLANG_VERSION
-from .engine import Engine
+
+if TYPE_CHECKING:
+    from .app import Engine
 
 __all__ = ["info_router"]
 

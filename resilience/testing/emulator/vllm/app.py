@@ -21,11 +21,11 @@ from fastapi import FastAPI
 
 from ..auth import AuthenticationMiddleware
 from ..crash import vllm_log_line
+from ..errors import install_vllm_exception_handlers
 from ..record import CallRecord, RecordMiddleware
 from .config import VLLMEngineConfig
 from .core import EngineCore
 from .dev_routes import dev_routers
-from .errors import install_exception_handlers
 from .ft_routes import ft_router
 from .rl_routes import rl_router
 from .serve_routes import debug_router, serve_router
@@ -81,7 +81,7 @@ def create_app(config: VLLMEngineConfig, *, host: str = "127.0.0.1", port: int =
                 await task
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
-    install_exception_handlers(app)
+    install_vllm_exception_handlers(app)
     app.include_router(serve_router(core))
     if dev_mode:
         # serve/__init__.py l.44: logged once when the dev routers are mounted

@@ -23,10 +23,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import error_body
 from ..record import CallRecord
 from .config import VLLM_VERSION
 from .core import EngineCore
-from .errors import error_body
 from .text import count_tokens
 
 __all__ = ["CompletionRequest", "debug_router", "serve_router"]
