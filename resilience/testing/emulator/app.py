@@ -33,7 +33,6 @@ class Engine:
     config: EngineConfig
     host: str
     port: int
-    pools: MemoryPools
     scheduler: Scheduler
     frontend: Frontend
     record: CallRecord
@@ -46,7 +45,7 @@ class Engine:
         scheduler = Scheduler(config, pools, lambda out: frontend_box[0].on_scheduler_output(out))
         frontend = Frontend(config, scheduler)
         frontend_box.append(frontend)
-        return cls(config, host, port, pools, scheduler, frontend, CallRecord())
+        return cls(config, host, port, scheduler, frontend, CallRecord())
 
     def state(self) -> dict[str, Any]:
         """What ``/_emulator/state`` answers: tokenizer side and scheduler side merged."""

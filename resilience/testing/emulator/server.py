@@ -192,7 +192,7 @@ def main(
         if args.memory_state_dir is not None:  # the part that publishes the released tags, once the engine starts
             from .memory_state import MemoryStateWriter
 
-            publisher = engine.core if kind == "vllm" else engine.scheduler
+            publisher = engine if kind == "vllm" else engine.scheduler
             publisher.memory_state = MemoryStateWriter(args.memory_state_dir, port)
         return run_app(app, sock, listen_url(args.host, port), on_ready, args.log_level, logging_configured)
     finally:

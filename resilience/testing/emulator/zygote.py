@@ -55,7 +55,7 @@ _PARENT_POLL_S = 0.5
 _READ_CHUNK = 1 << 16
 _PR_SET_PDEATHSIG = 1
 _Template = tuple["FastAPI", Any]
-"""A never-started app and its engine (an SGLang ``Engine`` or a vLLM ``VLLMEngine``)."""
+"""A never-started app and its engine (an SGLang ``Engine`` or a vLLM ``EngineCore``)."""
 
 
 def _emit(fd: int, event: dict[str, Any]) -> None:
@@ -129,7 +129,8 @@ def _child(command: dict[str, Any], zygote_pid: int, close: Sequence[int], templ
             if template is None:
                 return create_app(config, host, port)
             app, engine = template
-            engine.port = port  # the only field that differs between copies (``/server_info`` reports it)
+            if hasattr(engine, "port"):
+                engine.port = port  # the only field that differs between copies (SGLang's ``/server_info`` reports it)
             return app, engine
 
         code = engine_main(command["argv"], on_ready=on_ready, app_factory=from_template, logging_configured=True)

@@ -14,8 +14,6 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -30,23 +28,7 @@ from .ft_routes import ft_router
 from .rl_routes import rl_router
 from .serve_routes import debug_router, serve_router
 
-__all__ = ["VLLMEngine", "create_app"]
-
-
-@dataclass(eq=False)
-class VLLMEngine:
-    """What one engine's routes share: its core, its call record, whether dev mode is on, where it listens."""
-
-    config: VLLMEngineConfig
-    core: EngineCore
-    record: CallRecord
-    dev_mode: bool
-    host: str
-    port: int
-
-    def state(self) -> dict[str, Any]:
-        """The core's state (``/_emulator/state`` adds the process's)."""
-        return self.core.state()
+__all__ = ["create_app"]
 
 
 async def _scheduler(core: EngineCore) -> None:
@@ -59,14 +41,15 @@ async def _scheduler(core: EngineCore) -> None:
         last = now
 
 
-def create_app(config: VLLMEngineConfig, *, host: str = "127.0.0.1", port: int = 0) -> tuple[FastAPI, VLLMEngine]:
-    """Build the app and its engine; the scheduler task runs while the app's lifespan does.
+def create_app(config: VLLMEngineConfig, *, host: str = "127.0.0.1", port: int = 0) -> tuple[FastAPI, EngineCore]:
+    """Build the app and its engine core; the scheduler task runs while the app's lifespan does (``host`` and ``port``
+    change nothing: vLLM's routes do not report them).
 
     Dev mode is resolved here (``config.dev_mode``, else ``VLLM_SERVER_DEV_MODE``), once, as vLLM reads it at start.
     """
     dev_mode = config.resolved_dev_mode()
     core = EngineCore(config)
-    engine = VLLMEngine(config, core, CallRecord(), dev_mode, host, port)
+    record = CallRecord()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -92,8 +75,8 @@ def create_app(config: VLLMEngineConfig, *, host: str = "127.0.0.1", port: int =
         app.include_router(rl_router(core))
     if core.fault_tolerance is not None:  # routers.py l.85-90: with --enable-fault-tolerance, dev mode or not
         app.include_router(ft_router(core.fault_tolerance))
-    app.include_router(debug_router(core, engine.record, dev_mode))
+    app.include_router(debug_router(core, record, dev_mode))
     if config.api_key:
         app.add_middleware(AuthenticationMiddleware, tokens=[config.api_key])
-    app.add_middleware(RecordMiddleware, record=engine.record, unrecorded=("/v1/completions",))  # outermost: refusals too
-    return app, engine
+    app.add_middleware(RecordMiddleware, record=record, unrecorded=("/v1/completions",))  # outermost: refusals too
+    return app, core
