@@ -43,61 +43,44 @@ class EngineConfig:
 
     token_rate: float = 200.0
     """Tokens per second that each running request decodes. Sets how long a request stays in flight."""
-
     max_running_requests: int = 32
     """Most requests in the running batch at once; the rest wait in the admission queue."""
-
     kv_pool_tokens: int = 16384
     """Rows of the KV pool tensor (tag ``kv_cache``): the total token capacity."""
-
     max_req_slots: int = 64
     """Rows of the ``req_to_token`` tensor (tag ``kv_cache``); must be >= ``max_running_requests``."""
-
     context_length: int = 4096
     """Columns of ``req_to_token``: prompt plus generated tokens of one request may not exceed it."""
-
     default_max_new_tokens: int = 128
     """``max_new_tokens`` of a ``/generate`` that does not set it (SGLang's default is 128)."""
-
     swap_seconds: float = 0.05
     """How long ``release_memory_occupation`` / ``resume_memory_occupation`` hold the scheduler."""
-
     health_hang_seconds: float = 20.0
     """How long ``/health`` waits for scheduler output before answering 503 (SGLang: 20)."""
-
     health_poll_seconds: float = 1.0
     """How often ``/health`` checks for scheduler output; a healthy ``/health`` takes this long (SGLang: 1)."""
-
     abort_poll_seconds: float = 1.0
     """How often ``pause_generation(mode="abort")`` re-sends abort-all while requests are in flight (SGLang: 1)."""
-
     tick_seconds: float = 0.02
     """How long the idle scheduler waits for a message before looking again (messages wake it at once;
     this bounds how late a ``flush_cache?timeout=`` deadline is noticed)."""
-
     model_path: str = "emulated/sglang-model"
     """Reported as ``model_path`` by ``/model_info`` and ``/server_info``."""
-
     served_model_name: str | None = None
     """Reported by ``/v1/models`` and ``/model_info``; None = ``model_path``, as in SGLang."""
-
     weight_version: str = "default"
     """Initial weight version (SGLang's ``--weight-version`` default is ``"default"``)."""
-
     memory_saver: bool = True
     """SGLang's ``--enable-memory-saver`` (default on here: the colocated RL case). On: released tags
     really free their tensors, so a double release ends the process (torch_memory_saver's ``exit(1)``)
     and a write into a released pool kills the scheduler. Off (``--no-memory-saver``): release and
     resume only keep SGLang's tag bookkeeping (its no-op adapter); memory stays, a double release is harmless."""
-
     startup_seconds: float = 0.0
     """How long after the server starts ``/health`` answers 503 at once and ``/ready`` 503 (SGLang's
     ``ServerStatus.Starting`` until its warm-up request finishes). 0 = up at once."""
-
     api_key: str | None = field(default=None, repr=False)
     """SGLang's ``--api-key``: Bearer key that normal routes (and admin routes, when no admin key is set)
     require. None = open. Never shown in repr or logs."""
-
     admin_api_key: str | None = field(default=None, repr=False)
     """SGLang's ``--admin-api-key``: Bearer key that admin routes (pause, continue, flush, release,
     resume, weight updates, abort) require; the API key is then refused there. None = not set."""

@@ -58,42 +58,31 @@ class VLLMEngineConfig:
     executor's tag bookkeeping (``/is_sleeping``, the pause) but no memory is ever released, so nothing
     crashes and level 2 corrupts nothing (the cumem pool holds no allocation, ``gpu_worker.py`` l.301).
     On: slept memory is really gone: scheduling onto it kills the engine, level 2 leaves garbage weights."""
-
     weight_transfer_backend: str | None = None
     """The ``backend`` of vLLM's ``--weight-transfer-config`` JSON; None (default) = not configured, so
     every weight-transfer route answers 500 "Weight transfer not configured" (``gpu_worker.py`` l.1512)."""
-
     dev_mode: bool | None = None
     """Mount the dev and RL routes. None (default) = read ``VLLM_SERVER_DEV_MODE`` from the engine's
     environment at start, as vLLM does; True/False override it (``--server-dev-mode 1|0``)."""
-
     api_key: str | None = field(default=None, repr=False)
     """vLLM's ``--api-key``: Bearer key for paths under ``/v1``, ``/v2``, ``/inference``, ``/cohere`` only
     (``serve/middleware/authenticate.py`` l.11); the control routes stay open. None = open. Never logged."""
-
     served_model_name: str = "emulated/vllm-model"
     """The model name ``/v1/models`` reports and ``/v1/completions`` answers with."""
-
     token_rate: float = 200.0
     """Tokens per second each running request decodes: how long a request stays in flight."""
-
     max_num_seqs: int = 32
     """vLLM's ``--max-num-seqs``: most requests running at once; the rest wait in the queue."""
-
     default_max_tokens: int = 16
     """``max_tokens`` of a completion that does not set it (the OpenAI default vLLM uses: 16)."""
-
     tick_seconds: float = 0.01
     """How often the scheduler steps (decodes, admits, finishes requests)."""
-
     weight_version: str = "default"
     """The initial weight version (``v1/engine/core.py`` l.147: ``self._weight_version = "default"``)."""
-
     enable_fault_tolerance: bool = False
     """vLLM's ``--enable-fault-tolerance`` (default off, as in vLLM): mounts ``POST /fault_tolerance/apply`` and
     ``GET /fault_tolerance/status`` (``entrypoints/launchers/api_server/routers.py`` l.85-90), and a fault of the
     busy loop (``POST /_emulator/fault``) waits for ``retry`` instead of killing the engine (``fault_tolerance.py``)."""
-
     engine_recovery_timeout_s: float = 120.0
     """How long a faulted engine waits for an instruction before it dies: vLLM's
     ``--fault-tolerance-config '{"engine_recovery_timeout_sec": ...}'`` (``config/fault_tolerance.py``, default 120)."""
