@@ -31,13 +31,6 @@ from .server import main
 from .vllm import VLLM_VERSION, VLLMEngineConfig, expected_completion
 
 __all__ = [
-    "SGLANG_VERSION",
-    "VLLM_VERSION",
-    "EmulatedFleet",
-    "EmulatorStartError",
-    "EngineConfig",
-    "EngineHandle",
-    "VLLMEngineConfig",
-    "expected_completion",
-    "main",
-]
+    "SGLANG_VERSION", "VLLM_VERSION", "EmulatedFleet", "EmulatorStartError", "EngineConfig", "EngineHandle", "VLLMEngineConfig",
+    "expected_completion", "main",
+]  # fmt: skip

@@ -14,21 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 __all__ = [
-    "SAMPLING_PARAM_KEYS",
-    "AbortReq",
-    "BeginWeightUpdateReqInput",
-    "ContinueGenerationReqInput",
-    "DestroyWeightsUpdateGroupReqInput",
-    "EndWeightUpdateReqInput",
-    "GenerateReqInput",
-    "InitWeightsUpdateGroupReqInput",
-    "MemoryOccupationReqInput",
-    "PauseGenerationReqInput",
-    "UpdateWeightFromDiskReqInput",
-    "UpdateWeightVersionReqInput",
-    "UpdateWeightsFromDistributedReqInput",
+    "SAMPLING_PARAM_KEYS", "AbortReq", "BeginWeightUpdateReqInput", "ContinueGenerationReqInput", "DestroyWeightsUpdateGroupReqInput",
+    "EndWeightUpdateReqInput", "GenerateReqInput", "InitWeightsUpdateGroupReqInput", "MemoryOccupationReqInput",
+    "PauseGenerationReqInput", "UpdateWeightFromDiskReqInput", "UpdateWeightVersionReqInput", "UpdateWeightsFromDistributedReqInput",
     "UpdateWeightsFromTensorReqInput",
-]
+]  # fmt: skip
 
 SAMPLING_PARAM_KEYS = frozenset(
     "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty presence_penalty "

@@ -18,15 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "SGLANG_VERSION",
-    "EngineConfig",
-    "add_config_arguments",
-    "check_fields",
-    "config_argv",
-    "config_from_namespace",
-    "field_docs",
+    "SGLANG_VERSION", "EngineConfig", "add_config_arguments", "check_fields", "config_argv", "config_from_namespace", "field_docs",
     "field_help",
-]
+]  # fmt: skip
 
 SGLANG_VERSION = "0.5.23"
 """The SGLang release whose control plane the emulator reproduces."""

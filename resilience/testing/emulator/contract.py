@@ -33,15 +33,9 @@ from .routes import iter_routes
 from .sglang_source import FACTORY, REQUIRED, SglangSurface, SourceField, read_surface
 
 __all__ = [
-    "ContractReport",
-    "EmulatorRoute",
-    "check",
-    "client_endpoints",
-    "compare_bodies",
-    "compare_client",
-    "compare_routes",
+    "ContractReport", "EmulatorRoute", "check", "client_endpoints", "compare_bodies", "compare_client", "compare_routes",
     "emulator_routes",
-]
+]  # fmt: skip
 
 INTERNAL_FIELDS = frozenset({"http_worker_ipc"})
 """SGLang request fields that only its own processes set (IPC routing)."""

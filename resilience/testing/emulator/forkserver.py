@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .memory_state import process_start_ticks
-from .processes import EmulatorStartError, engine_env
+from .processes import EmulatorStartError, EngineProcess, engine_env
 
 __all__ = ["ForkedProcess", "Zygote"]
 
@@ -33,14 +33,13 @@ _ORPHAN_STATUS = -signal.SIGKILL
 """Exit status given to an engine whose zygote died before reporting it (the real one is lost with the zygote)."""
 
 
-class ForkedProcess:
-    """One engine forked by the zygote: Popen-like (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``) plus READY."""
+class ForkedProcess(EngineProcess):
+    """One engine forked by the zygote (the zygote's reader thread serves every engine: nothing to join)."""
 
     def __init__(self, zygote: Zygote, ident: int) -> None:
+        super().__init__()
         self.ident = ident
         """The spawn command's id (unique within the zygote)."""
-        self.ready = threading.Event()
-        self.url: str | None = None
         self._zygote = zygote
         self._spawned = threading.Event()
         self._exited = threading.Event()
@@ -106,12 +105,6 @@ class ForkedProcess:
             os.kill(self._pid, sig)
         except ProcessLookupError:
             pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def join(self) -> None:
-        """Nothing to join: the zygote's reader thread serves every engine."""
 
 
 class Zygote:

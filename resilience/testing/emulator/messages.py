@@ -12,23 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
-    "HEALTH_CHECK_RID_PREFIX",
-    "AbortRequests",
-    "AddRequest",
-    "ContinueScheduler",
-    "ControlMessage",
-    "FlushCache",
-    "FlushResult",
-    "GetLoads",
-    "LoadWeights",
-    "Message",
-    "PauseScheduler",
-    "ReleaseMemory",
-    "Req",
-    "ResumeMemory",
-    "SchedulerOutput",
+    "HEALTH_CHECK_RID_PREFIX", "AbortRequests", "AddRequest", "ContinueScheduler", "ControlMessage", "FlushCache", "FlushResult",
+    "GetLoads", "LoadWeights", "Message", "PauseScheduler", "ReleaseMemory", "Req", "ResumeMemory", "SchedulerOutput",
     "SetWeightVersion",
-]
+]  # fmt: skip
 
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
 """rid prefix of the requests ``/health`` sends (not counted as completed or aborted)."""

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -33,38 +34,37 @@ class EmulatorStartError(RuntimeError):
     """An engine did not print its READY line in time, or exited first; the message holds its log tail."""
 
 
-class EngineProcess(Protocol):
-    """One engine's OS process, as the fleet sees it: Popen-like, plus ``ready`` and ``url``."""
+class EngineProcess:
+    """One engine's OS process, as the fleet sees it: Popen-like, plus ``ready`` (set once the engine serves) and
+    ``url`` (``http://host:port`` from then on, else None)."""
 
-    ready: threading.Event
-    """Set once the engine serves; :attr:`url` is known from then on."""
-    url: str | None
-    """``http://host:port`` once ready, else None."""
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.url: str | None = None
 
     @property
     def pid(self) -> int:
         """The process id (RuntimeError when the process was never created)."""
-        ...
+        raise NotImplementedError
 
     def poll(self) -> int | None:
         """Exit status once ended (``-N``: killed by signal N), else None."""
-        ...
+        raise NotImplementedError
 
     def wait(self, timeout: float) -> int:
         """Wait up to ``timeout`` s for the end; the exit status, or ``subprocess.TimeoutExpired``."""
-        ...
+        raise NotImplementedError
 
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` if the process still runs."""
-        ...
+        raise NotImplementedError
 
     def kill(self) -> None:
         """SIGKILL the process if it still runs."""
-        ...
+        self.send_signal(signal.SIGKILL)
 
     def join(self) -> None:
-        """Wait (bounded) for the threads that read the process's output once it ended."""
-        ...
+        """Wait (bounded) for the threads that read the process's output once it ended (default: there are none)."""
 
 
 class Launcher(Protocol):
@@ -75,12 +75,11 @@ class Launcher(Protocol):
         ...
 
 
-class ExecProcess:
+class ExecProcess(EngineProcess):
     """An engine in a fresh interpreter: ``sys.executable -m resilience.testing.emulator`` (~240 MB and seconds each)."""
 
     def __init__(self, argv: Sequence[str], stdout: Path, stderr: Path) -> None:
-        self.ready = threading.Event()
-        self.url: str | None = None
+        super().__init__()
         command = [sys.executable, "-m", "resilience.testing.emulator", *argv, "--exit-with-parent", str(os.getpid())]
         with open(stderr, "wb") as err:
             self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=engine_env())
@@ -112,10 +111,6 @@ class ExecProcess:
     def send_signal(self, sig: int) -> None:
         if self._proc.poll() is None:
             self._proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.kill()
 
     def join(self) -> None:
         self._reader.join(timeout=_JOIN_TIMEOUT)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .config import SGLANG_VERSION
 
-__all__ = ["DEFAULT_WHEEL_CACHE", "WheelUnavailable", "find_wheel"]
+__all__ = ["DEFAULT_WHEEL_CACHE", "WheelUnavailable", "find_wheel", "wheel_version"]
 
 DEFAULT_WHEEL_CACHE = Path("~/.cache/cpr/wheels").expanduser()
 """Where :func:`find_wheel` keeps wheels (``$CPR_WHEEL_CACHE`` overrides it)."""
@@ -70,3 +70,13 @@ def _cached(cache: Path, version: str, package: str = "sglang") -> Path | None:
         if zipfile.is_zipfile(name):
             return Path(name)
     return None
+
+
+def wheel_version(archive: zipfile.ZipFile) -> str:
+    """The ``Version:`` of an open wheel's ``*.dist-info/METADATA`` (``"unknown"`` when it has none)."""
+    for name in archive.namelist():
+        if name.endswith(".dist-info/METADATA"):
+            for line in archive.read(name).decode("utf-8", errors="replace").splitlines():
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+    return "unknown"

@@ -18,14 +18,9 @@ from typing import Any
 from ..config import add_config_arguments, check_fields, config_argv
 
 __all__ = [
-    "DEV_MODE_ENV",
-    "ENGINE_KIND",
-    "VLLM_VERSION",
-    "VLLMEngineConfig",
-    "add_vllm_arguments",
-    "dev_mode_from_env",
+    "DEV_MODE_ENV", "ENGINE_KIND", "VLLM_VERSION", "VLLMEngineConfig", "add_vllm_arguments", "dev_mode_from_env",
     "vllm_config_from_namespace",
-]
+]  # fmt: skip
 
 VLLM_VERSION = "0.33.0"
 """The vLLM release whose control plane the emulator reproduces (``GET /version`` answers it)."""

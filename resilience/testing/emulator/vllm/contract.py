@@ -39,19 +39,9 @@ from .config import DEV_MODE_ENV, VLLM_VERSION
 from .source import RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
 
 __all__ = [
-    "DEV_MODE_READER",
-    "UNREACHABLE_SHAPES",
-    "app_paths",
-    "check",
-    "compare_bodies",
-    "compare_fault_tolerance",
-    "compare_mounting",
-    "compare_params",
-    "compare_routes",
-    "compare_serve_routes",
-    "emulator_control_routes",
-    "emulator_fault_tolerance_routes",
-]
+    "DEV_MODE_READER", "UNREACHABLE_SHAPES", "app_paths", "check", "compare_bodies", "compare_fault_tolerance", "compare_mounting",
+    "compare_params", "compare_routes", "compare_serve_routes", "emulator_control_routes", "emulator_fault_tolerance_routes",
+]  # fmt: skip
 
 DEV_MODE_READER = '"VLLM_SERVER_DEV_MODE": lambda: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0"))),'
 """``vllm/envs.py`` l.1468, which ``config.dev_mode_from_env`` follows."""

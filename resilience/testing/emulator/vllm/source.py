@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..sglang_wheel import wheel_version
+
 __all__ = ["HAND", "REQUIRED", "Param", "RouteSpec", "VllmSurface", "read_vllm_surface", "routes_in_source"]
 
 REQUIRED = "<required>"
@@ -276,15 +278,6 @@ def _gated_calls(tree: ast.Module, marker: str = "VLLM_SERVER_DEV_MODE") -> froz
     return frozenset(gated)
 
 
-def _version(archive: zipfile.ZipFile) -> str:
-    for name in archive.namelist():
-        if name.endswith(".dist-info/METADATA"):
-            for line in archive.read(name).decode("utf-8", errors="replace").splitlines():
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def read_vllm_surface(wheel: str | Path) -> VllmSurface:
     """Read the dev and RL routes (following vLLM's mounting), every entrypoint route, the gate, the env reader and the auth prefixes."""
     with zipfile.ZipFile(wheel) as archive:
@@ -312,7 +305,7 @@ def read_vllm_surface(wheel: str | Path) -> VllmSurface:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "GUARDED_PREFIX" for t in node.targets):
                 prefix = tuple(_literal(node.value))
         return VllmSurface(
-            version=_version(archive),
+            version=wheel_version(archive),
             control=control,
             all_routes=all_routes,
             control_modules=modules,

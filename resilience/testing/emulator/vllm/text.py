@@ -15,17 +15,9 @@ from __future__ import annotations
 import hashlib
 
 __all__ = [
-    "PARAMETERS",
-    "VOCAB",
-    "ZERO_CONTENT",
-    "count_tokens",
-    "expected_checksums",
-    "expected_completion",
-    "garbage_content",
-    "token",
-    "weight_checksums",
-    "weights_content",
-]
+    "PARAMETERS", "VOCAB", "ZERO_CONTENT", "count_tokens", "expected_checksums", "expected_completion", "garbage_content", "token",
+    "weight_checksums", "weights_content",
+]  # fmt: skip
 
 VOCAB = (
     " alpha", " bravo", " charlie", " delta", " echo", " foxtrot", " golf", " hotel",
