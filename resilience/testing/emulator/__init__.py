@@ -8,19 +8,18 @@ Importing this package imports neither torch nor FastAPI; only the engine proces
 
     from resilience.testing.emulator import EmulatedFleet, EngineConfig
 
-    with EmulatedFleet(2, EngineConfig(health_hang_seconds=1)) as fleet:
-        requests.post(fleet.urls[0] + "/pause_generation", json={"mode": "abort"})
-        calls = fleet.engines[0].record()["calls"]
+    with EmulatedFleet(2, EngineConfig(health_hang_seconds=1)) as fleet: requests.post(fleet.urls[0] +
+    "/pause_generation", json={"mode": "abort"}) calls = fleet.engines[0].record()["calls"]
 
 Debug routes (not SGLang's, never behind a key): ``GET /_emulator/state`` answers ``{"pid", "version",
 "server_status", "paused", "pause_mode", "scheduler_paused", "weight_version", "weight_update_session_open",
-"in_flight", "model_update_lock": {"readers", "writer_active", "waiting_writers"}, "waiting_at_pause_gate",
-"running", "waiting", "released_tags", "allocated_bytes": {tag: bytes}, "counts": {"completed", "aborted",
-"retracted", "prefilled"}}``. ``GET /_emulator/record`` answers ``{"calls": [...], "dropped": n, "state": {...}}``:
-the last 2048 calls but ``/generate`` (``record.py``), in arrival order, each ``{"seq", "method", "path", "query",
-"body" (parsed JSON, raw text, or None), "status" (None until answered), "received_ns", "answered_ns"}`` with
-``time.monotonic_ns()`` stamps, comparable across processes. Memory truth, for ``EmulatorMemoryProbe``: every
-engine of an ``EmulatedFleet`` keeps its released tags in a file (``memory_state.py``).
+"in_flight", "model_update_lock": {"readers", "writer_active", "waiting_writers"}, "waiting_at_pause_gate", "running",
+"waiting", "released_tags", "allocated_bytes": {tag: bytes}, "counts": {"completed", "aborted", "retracted",
+"prefilled"}}``. ``GET /_emulator/record`` answers ``{"calls": [...], "dropped": n, "state": {...}}``: the last 2048
+calls but ``/generate`` (``record.py``), in arrival order, each ``{"seq", "method", "path", "query", "body" (parsed
+JSON, raw text, or None), "status" (None until answered), "received_ns", "answered_ns"}`` with ``time.monotonic_ns()``
+stamps, comparable across processes. Memory truth, for ``EmulatorMemoryProbe``: every engine of an ``EmulatedFleet``
+keeps its released tags in a file (``memory_state.py``).
 """
 
 from __future__ import annotations

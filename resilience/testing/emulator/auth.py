@@ -1,19 +1,18 @@
-"""API keys as SGLang 0.5.23 (``sglang/srt/utils/auth.py``) and vLLM 0.33.0 (:class:`AuthenticationMiddleware`) check them.
+"""API keys as SGLang 0.5.23 (``sglang/srt/utils/auth.py``) and vLLM 0.33.0 (:class:`AuthenticationMiddleware`) check
+them.
 
 SGLang: each route has an auth level, set with :func:`auth_level` as SGLang does:
 
 - ``NORMAL`` (the default): needs ``--api-key`` when one is configured, else open.
-- ``ADMIN_OPTIONAL`` (pause, continue, flush, release, resume, weight updates, abort):
-  needs ``--admin-api-key`` when one is configured (the API key is then *not*
-  accepted), else ``--api-key`` when configured, else open.
-- ``ADMIN_FORCE``: needs the admin key; without one configured it is 403 even with
-  the API key. No route of SGLang 0.5.23 has this level (``http_server.py`` checks
-  the admin key by hand for its hicache routes instead), so neither does the emulator.
+- ``ADMIN_OPTIONAL`` (pause, continue, flush, release, resume, weight updates, abort): needs ``--admin-api-key`` when
+  one is configured (the API key is then *not* accepted), else ``--api-key`` when configured, else open.
+- ``ADMIN_FORCE``: needs the admin key; without one configured it is 403 even with the API key. No route of SGLang
+  0.5.23 has this level (``http_server.py`` checks the admin key by hand for its hicache routes instead), so neither
+  does the emulator.
 
-``/health*``, ``/ready*`` and ``/metrics*`` are always open (k8s probes, Prometheus),
-and so are the emulator's own ``/_emulator/*`` debug routes. A refusal is 401
-``{"error": "Unauthorized"}`` or 403 ``{"error": "Forbidden"}``. The middleware is
-installed only when a key is configured, as in ``http_server.py``'s ``launch_server``.
+``/health*``, ``/ready*`` and ``/metrics*`` are always open (k8s probes, Prometheus), and so are the emulator's own
+``/_emulator/*`` debug routes. A refusal is 401 ``{"error": "Unauthorized"}`` or 403 ``{"error": "Forbidden"}``. The
+middleware is installed only when a key is configured, as in ``http_server.py``'s ``launch_server``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Request bodies of the control and generate routes, shaped like SGLang's ``io_struct`` classes.
 
-Field names, required fields and defaults are those of ``sglang/srt/managers/io_struct.py``
-(the contract check compares them with the wheel). Fields the emulator has no use for
-are accepted and ignored, as SGLang ignores them where nothing reads them. Unknown keys
-are ignored; a missing body or a field of the wrong type is a 400 through the app's
-validation handler.
+Field names, required fields and defaults are those of ``sglang/srt/managers/io_struct.py`` (the contract check
+compares them with the wheel). Fields the emulator has no use for are accepted and ignored, as SGLang ignores them
+where nothing reads them. Unknown keys are ignored; a missing body or a field of the wrong type is a 400 through the
+app's validation handler.
 """
 
 from __future__ import annotations

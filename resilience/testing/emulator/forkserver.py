@@ -1,12 +1,10 @@
 """The fleet's side of the zygote: start it, ask it for engines, follow their lives.
 
-:class:`Zygote` runs ``python -m resilience.testing.emulator.zygote`` (see that module
-for the line protocol), which imports torch and the app once; every engine is then a
-``fork()`` of it, sharing those pages copy-on-write. A reader thread turns the
-zygote's lines into the state of each :class:`ForkedProcess`. The engines are the
-zygote's children, not ours: the zygote reaps them and reports their exit status;
-signals go to them straight from here (only while their exit is not reported, so a
-recycled PID is never signalled).
+:class:`Zygote` runs ``python -m resilience.testing.emulator.zygote`` (see that module for the line protocol), which
+imports torch and the app once; every engine is then a ``fork()`` of it, sharing those pages copy-on-write. A reader
+thread turns the zygote's lines into the state of each :class:`ForkedProcess`. The engines are the zygote's children,
+not ours: the zygote reaps them and reports their exit status; signals go to them straight from here (only while their
+exit is not reported, so a recycled PID is never signalled).
 """
 
 from __future__ import annotations
@@ -110,9 +108,8 @@ class ForkedProcess(EngineProcess):
 class Zygote:
     """One zygote process and the engines it forked; a :class:`~.processes.Launcher`.
 
-    ``log_dir`` receives ``zygote.stderr.log``. :meth:`start` returns at once;
-    :meth:`wait_hello` waits for the imports to finish. :meth:`close` ends the
-    zygote, which SIGKILLs whatever engines are left.
+    ``log_dir`` receives ``zygote.stderr.log``. :meth:`start` returns at once; :meth:`wait_hello` waits for the
+    imports to finish. :meth:`close` ends the zygote, which SIGKILLs whatever engines are left.
     """
 
     def __init__(self, log_dir: Path) -> None:

@@ -1,20 +1,16 @@
 """The HTTP process's side of the engine, as SGLang's TokenizerManager: pause gate, request states, control calls.
 
-Runs on the uvicorn event loop. Follows ``managers/tokenizer_manager.py`` and
-``managers/tokenizer_control_mixin.py``:
+Runs on the uvicorn event loop. Follows ``managers/tokenizer_manager.py`` and ``managers/tokenizer_control_mixin.py``:
 
-- Requests pass the pause gate (``is_pause`` under an ``asyncio.Condition``), then hold
-  the reader side of ``model_update_lock`` until answered, so a ``/generate`` sent
-  while paused is neither rejected nor run: it waits until ``continue_generation``.
-  Pause is one flag: the first continue reopens the gate.
-- A weight update on an engine that is not paused takes the writer side: it waits for
-  every in-flight generation and blocks new ones until it is done. On a paused engine
-  it runs at once (whoever paused holds the engine).
-- ``abort_request`` with an empty rid and ``abort_all=False`` is ignored with a
-  warning; a rid this side does not know is a no-op (single tokenizer process).
-- ``server_status``: Starting (``startup_seconds``), then Up; a failed ``/health``
-  makes it UnHealthy and a passing one Up again. ``/ready`` is 200 only when Up and
-  not paused.
+- Requests pass the pause gate (``is_pause`` under an ``asyncio.Condition``), then hold the reader side of
+  ``model_update_lock`` until answered, so a ``/generate`` sent while paused is neither rejected nor run: it waits
+  until ``continue_generation``. Pause is one flag: the first continue reopens the gate.
+- A weight update on an engine that is not paused takes the writer side: it waits for every in-flight generation and
+  blocks new ones until it is done. On a paused engine it runs at once (whoever paused holds the engine).
+- ``abort_request`` with an empty rid and ``abort_all=False`` is ignored with a warning; a rid this side does not know
+  is a no-op (single tokenizer process).
+- ``server_status``: Starting (``startup_seconds``), then Up; a failed ``/health`` makes it UnHealthy and a passing
+  one Up again. ``/ready`` is 200 only when Up and not paused.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What the HTTP side (the tokenizer manager) sends the scheduler thread, and what comes back.
 
-Control messages carry a ``concurrent.futures.Future`` the scheduler resolves; the
-HTTP side awaits it with ``asyncio.wrap_future``. Messages are handled in the order
-they were sent, as SGLang's ZMQ channel does.
+Control messages carry a ``concurrent.futures.Future`` the scheduler resolves; the HTTP side awaits it with
+``asyncio.wrap_future``. Messages are handled in the order they were sent, as SGLang's ZMQ channel does.
 """
 
 from __future__ import annotations

@@ -2,27 +2,22 @@
 
 It follows SGLang's scheduler where the control plane can see it:
 
-- ``retract`` pause: running requests free their KV and go back to the front of the
-  waiting queue; ``in_place``: a flag, KV kept, no decode (``managers/scheduler.py``,
-  ``pause_generation``). While paused nothing is admitted.
-- Idleness is ``is_fully_idle(ignore_waiting)`` (``managers/scheduler.py``): the flush
-  itself and the release assert ignore the waiting queue while paused; the timed flush
-  (``?timeout>0``) waits with ``is_fully_idle()`` that does *not*
-  (``managers/scheduler_components/flush_wrapper.py``), so after a retract pause that
-  re-queued requests it can only time out: 400 "Timed out waiting for idle state.".
-- ``release_memory_occupation`` asserts idleness, records the tags (unknown ones too),
-  flushes when releasing ``kv_cache`` and frees the tags' tensors (only with the memory
-  saver on); ``resume_memory_occupation`` removes the tags from that record first, so
-  a tag that is not released raises KeyError and kills the process
+- ``retract`` pause: running requests free their KV and go back to the front of the waiting queue; ``in_place``: a
+  flag, KV kept, no decode (``managers/scheduler.py``, ``pause_generation``). While paused nothing is admitted.
+- Idleness is ``is_fully_idle(ignore_waiting)`` (``managers/scheduler.py``): the flush itself and the release assert
+  ignore the waiting queue while paused; the timed flush (``?timeout>0``) waits with ``is_fully_idle()`` that does
+  *not* (``managers/scheduler_components/flush_wrapper.py``), so after a retract pause that re-queued requests it can
+  only time out: 400 "Timed out waiting for idle state.".
+- ``release_memory_occupation`` asserts idleness, records the tags (unknown ones too), flushes when releasing
+  ``kv_cache`` and frees the tags' tensors (only with the memory saver on); ``resume_memory_occupation`` removes the
+  tags from that record first, so a tag that is not released raises KeyError and kills the process
   (``managers/scheduler_components/weight_updater.py``).
-- A weight update writes the weights, records the new version, then flushes; a flush
-  refused there fails the call although the weights changed (``weight_updater.py``,
-  ``flush_cache_after_weight_update``).
-- A load snapshot is published every ``_SNAPSHOT_SECONDS`` for ``/v1/loads``, which reads
-  it without waiting on this thread (``managers/load_snapshot.py``).
-- Any exception in here kills the process (:func:`crash.die_from_scheduler_exception`):
-  a release with work in flight, a resume of a tag that is not released, and a
-  prefill or decode that writes into a released pool.
+- A weight update writes the weights, records the new version, then flushes; a flush refused there fails the call
+  although the weights changed (``weight_updater.py``, ``flush_cache_after_weight_update``).
+- A load snapshot is published every ``_SNAPSHOT_SECONDS`` for ``/v1/loads``, which reads it without waiting on this
+  thread (``managers/load_snapshot.py``).
+- Any exception in here kills the process (:func:`crash.die_from_scheduler_exception`): a release with work in flight,
+  a resume of a tag that is not released, and a prefill or decode that writes into a released pool.
 """
 
 from __future__ import annotations

@@ -31,11 +31,10 @@ def find_wheel(
 ) -> Path:
     """The ``<package>-<version>`` wheel: ``$CPR_<PACKAGE>_WHEEL``, else one in ``cache_dir``, else downloaded there.
 
-    ``package``: the distribution (default ``"sglang"``; ``"vllm"`` for the vLLM contract, whose
-    wheel is ~336 MB). ``cache_dir``: default ``$CPR_WHEEL_CACHE`` or ``~/.cache/cpr/wheels``.
-    ``download``: run ``pip download --no-deps <package>==<version>`` into the cache when it holds
-    none (``index_url`` = pip's ``--index-url``, with pip's configuration ignored; None = pip's own
-    configuration). Raises :class:`WheelUnavailable` naming what was tried.
+    ``package``: the distribution (default ``"sglang"``; ``"vllm"`` for the vLLM contract, whose wheel is ~336 MB).
+    ``cache_dir``: default ``$CPR_WHEEL_CACHE`` or ``~/.cache/cpr/wheels``. ``download``: run ``pip download --no-deps
+    <package>==<version>`` into the cache when it holds none (``index_url`` = pip's ``--index-url``, with pip's
+    configuration ignored; None = pip's own configuration). Raises :class:`WheelUnavailable` naming what was tried.
     """
     variable = f"CPR_{package.upper()}_WHEEL"
     explicit = os.environ.get(variable)

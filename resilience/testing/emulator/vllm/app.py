@@ -1,10 +1,9 @@
 """The FastAPI application of one emulated vLLM engine, mounted as ``register_api_routers`` mounts vLLM's.
 
-``vllm/entrypoints/launchers/api_server/routers.py`` l.12-53: the serve routers
-always; the dev routers and the RL router only when ``VLLM_SERVER_DEV_MODE`` is set
-(l.46), so without it every control route is a plain 404; the fault-tolerance routes only with
-``--enable-fault-tolerance`` (l.85-90). The ``--api-key``
-middleware is added only when a key is set, and guards ``/v1...`` only (``auth.py``).
+``vllm/entrypoints/launchers/api_server/routers.py`` l.12-53: the serve routers always; the dev routers and the RL
+router only when ``VLLM_SERVER_DEV_MODE`` is set (l.46), so without it every control route is a plain 404; the
+fault-tolerance routes only with ``--enable-fault-tolerance`` (l.85-90). The ``--api-key`` middleware is added only
+when a key is set, and guards ``/v1...`` only (``auth.py``).
 """
 
 from __future__ import annotations

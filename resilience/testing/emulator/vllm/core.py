@@ -1,43 +1,35 @@
 """The emulated vLLM EngineCore: scheduler pause state, sleep tags, weight session, requests.
 
-Everything runs on the server's event loop (one thread), so no lock is needed: a
-route calls a method, and the scheduler task calls :meth:`EngineCore.step` every
-tick. Paths and lines below are vLLM 0.33.0's (``vllm/...``).
+Everything runs on the server's event loop (one thread), so no lock is needed: a route calls a method, and the
+scheduler task calls :meth:`EngineCore.step` every tick. Paths and lines below are vLLM 0.33.0's (``vllm/...``).
 
-- Pause is one state (``v1/core/sched/scheduler.py`` l.3073 ``set_pause_state``):
-  ``UNPAUSED``, ``PAUSED_NEW`` (no new request is scheduled; running ones keep
-  decoding) or ``PAUSED_ALL`` (nothing steps). ``pause_scheduler`` (``v1/engine/core.py``
-  l.2181) aborts everything in ``abort`` mode, sets ``PAUSED_NEW`` for abort/wait and
-  ``PAUSED_ALL`` for keep, and completes once the running requests are done
-  (``_pause_complete`` l.2239, ``get_num_unfinished_requests`` l.3147: queued requests
-  do not count under ``PAUSED_NEW``); then ``_finish_pause`` (l.948) clears the caches
-  if asked, which preempts running requests (``_reset_caches`` l.932,
-  ``reset_running_requests=True``). A user pause (``pause_generation`` l.2225) also
-  rejects new requests in abort and wait mode (``reject_new_requests``); a sleep does
-  not (it calls ``pause_scheduler`` only). ``resume_scheduler`` (l.2235, l.985) sets
-  ``UNPAUSED`` and stops rejecting, whoever paused.
-- Sleep (``EngineCore.sleep`` l.993) pauses with ``clear_cache = level >= 1`` and then
-  ``Executor.sleep`` (``v1/executor/abstract.py`` l.400): a no-op when ``weights`` is
-  asleep already, else both tags go to ``sleeping_tags``. Level 0 only pauses.
-- Wake (``EngineCore.wake_up`` l.1031): ``scheduling`` is dropped from the tags;
-  ``Executor.wake_up`` (abstract.py l.413) does nothing when nothing sleeps, and
-  nothing at all when one of the tags is not asleep (l.416-422); the scheduler
-  resumes whenever nothing sleeps any more, also when nothing slept (l.1053-1055).
+- Pause is one state (``v1/core/sched/scheduler.py`` l.3073 ``set_pause_state``): ``UNPAUSED``, ``PAUSED_NEW`` (no new
+  request is scheduled; running ones keep decoding) or ``PAUSED_ALL`` (nothing steps). ``pause_scheduler``
+  (``v1/engine/core.py`` l.2181) aborts everything in ``abort`` mode, sets ``PAUSED_NEW`` for abort/wait and
+  ``PAUSED_ALL`` for keep, and completes once the running requests are done (``_pause_complete`` l.2239,
+  ``get_num_unfinished_requests`` l.3147: queued requests do not count under ``PAUSED_NEW``); then ``_finish_pause``
+  (l.948) clears the caches if asked, which preempts running requests (``_reset_caches`` l.932,
+  ``reset_running_requests=True``). A user pause (``pause_generation`` l.2225) also rejects new requests in abort and
+  wait mode (``reject_new_requests``); a sleep does not (it calls ``pause_scheduler`` only). ``resume_scheduler``
+  (l.2235, l.985) sets ``UNPAUSED`` and stops rejecting, whoever paused.
+- Sleep (``EngineCore.sleep`` l.993) pauses with ``clear_cache = level >= 1`` and then ``Executor.sleep``
+  (``v1/executor/abstract.py`` l.400): a no-op when ``weights`` is asleep already, else both tags go to
+  ``sleeping_tags``. Level 0 only pauses.
+- Wake (``EngineCore.wake_up`` l.1031): ``scheduling`` is dropped from the tags; ``Executor.wake_up`` (abstract.py
+  l.413) does nothing when nothing sleeps, and nothing at all when one of the tags is not asleep (l.416-422); the
+  scheduler resumes whenever nothing sleeps any more, also when nothing slept (l.1053-1055).
 - ``is_sleeping`` (l.1078) = scheduler paused or any tag asleep.
-- With ``--enable-sleep-mode`` the slept memory is really gone (cumem unmaps it):
-  a step that runs a request while any tag sleeps, or a weight load into slept
-  weights, is an illegal memory access (``crash.py``). Level 2 discards the weights
-  (``gpu_worker.py`` l.301-320 saves only buffers), so woken weights are garbage until
-  an update or ``reload_weights``.
-- The weight session is per worker (``v1/worker/gpu_worker.py`` l.1542-1650): a failed
-  call raises :class:`UtilityError` and the engine lives (a utility failure, ``v1/engine/core.py``
-  l.1850: HTTP 500).
-- ``/update_weights`` over NCCL is a collective with the trainer (``vllm-control-plane.md`` 4.5,
-  code reading; prime-rl#3599): a re-sent chunk (the same ``update_info`` again in one session)
-  waits for a broadcast that never comes. The engine is then *wedged*: that call never answers,
-  the EngineCore's loop is stuck in it, so no request is stepped and every call that needs the
-  core (all dev and RL routes but ``/abort_requests``, ``/get_world_size``, ``/server_info``)
-  hangs; ``/health`` still answers 200 (``AsyncLLM.check_health`` only looks for a dead core).
+- With ``--enable-sleep-mode`` the slept memory is really gone (cumem unmaps it): a step that runs a request while any
+  tag sleeps, or a weight load into slept weights, is an illegal memory access (``crash.py``). Level 2 discards the
+  weights (``gpu_worker.py`` l.301-320 saves only buffers), so woken weights are garbage until an update or
+  ``reload_weights``.
+- The weight session is per worker (``v1/worker/gpu_worker.py`` l.1542-1650): a failed call raises
+  :class:`UtilityError` and the engine lives (a utility failure, ``v1/engine/core.py`` l.1850: HTTP 500).
+- ``/update_weights`` over NCCL is a collective with the trainer (``vllm-control-plane.md`` 4.5, code reading;
+  prime-rl#3599): a re-sent chunk (the same ``update_info`` again in one session) waits for a broadcast that never
+  comes. The engine is then *wedged*: that call never answers, the EngineCore's loop is stuck in it, so no request is
+  stepped and every call that needs the core (all dev and RL routes but ``/abort_requests``, ``/get_world_size``,
+  ``/server_info``) hangs; ``/health`` still answers 200 (``AsyncLLM.check_health`` only looks for a dead core).
 """
 
 from __future__ import annotations

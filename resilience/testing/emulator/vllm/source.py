@@ -1,23 +1,20 @@
 """Read FastAPI routes out of Python source by AST: vLLM 0.33.0's, from its wheel, and the emulator's, the same way.
 
-Nothing of vLLM is imported (it needs CUDA torch); the wheel is a zip read in place.
-For each function decorated ``@<router>.<get|post|put|delete|patch>("/path")`` (or
-``api_route(..., methods=[...])``), :func:`routes_in_source` records:
+Nothing of vLLM is imported (it needs CUDA torch); the wheel is a zip read in place. For each function decorated
+``@<router>.<get|post|put|delete|patch>("/path")`` (or ``api_route(..., methods=[...])``), :func:`routes_in_source`
+records:
 
-- the parameters FastAPI binds: name, where (``query``, ``body`` for
-  ``Body(embed=True)``, ``model`` for a pydantic body), the annotation as written,
-  the default (:data:`REQUIRED` when none) and the constraints (``ge``, ``le``, ...);
-- the parameters the handler reads by hand: ``request.query_params.getlist("x")`` /
-  ``.get("x")`` (where ``query-hand``) and ``body.get("x", default)`` on the JSON body
-  (where ``json``);
-- the shapes of its answers: every ``JSONResponse(content=...)`` / ``Response(...)``
-  it builds, as the sorted ``(key, value)`` pairs of the content dict, a value kept
-  when it is a constant (``"a|b"`` for ``"a" if c else "b"``), else ``"*"``; ``()``
-  is an empty body.
+- the parameters FastAPI binds: name, where (``query``, ``body`` for ``Body(embed=True)``, ``model`` for a pydantic
+  body), the annotation as written, the default (:data:`REQUIRED` when none) and the constraints (``ge``, ``le``,
+  ...);
+- the parameters the handler reads by hand: ``request.query_params.getlist("x")`` / ``.get("x")`` (where
+  ``query-hand``) and ``body.get("x", default)`` on the JSON body (where ``json``);
+- the shapes of its answers: every ``JSONResponse(content=...)`` / ``Response(...)`` it builds, as the sorted ``(key,
+  value)`` pairs of the content dict, a value kept when it is a constant (``"a|b"`` for ``"a" if c else "b"``), else
+  ``"*"``; ``()`` is an empty body.
 
-:func:`read_vllm_surface` follows vLLM's own mounting: the modules that
-``register_vllm_dev_api_routers`` (``serve/__init__.py``) and
-``register_rl_api_routers`` (``rl/factories.py``) import, and the gate around them in
+:func:`read_vllm_surface` follows vLLM's own mounting: the modules that ``register_vllm_dev_api_routers``
+(``serve/__init__.py``) and ``register_rl_api_routers`` (``rl/factories.py``) import, and the gate around them in
 ``launchers/api_server/routers.py``.
 """
 
