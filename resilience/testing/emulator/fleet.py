@@ -1,6 +1,6 @@
 """EmulatedFleet: N emulated engines, each its own OS process (and failure domain), optionally behind a FaultProxy each.
 
-By default one zygote imports torch and the app once and forks every engine from it (``forkserver.py``,
+By default one zygote imports torch and the app once and forks every engine from it (``processes.py``,
 ``zygote.py``), so 256 engines start in seconds and fit in a few GB; an engine's crash (``crash.py``) still ends
 its process alone, and its port refuses connections while its neighbours serve. Whatever happens, :meth:`stop`
 (and leaving the ``with`` block) ends every process by PID: SIGTERM, a bounded wait, SIGKILL, then the zygote.
@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import requests
 
 from .config import EngineConfig
-from .forkserver import Zygote
-from .processes import EmulatorStartError, EngineProcess, ExecLauncher, Launcher
+from .processes import EmulatorStartError, EngineProcess, ExecLauncher, Launcher, Zygote
 from .vllm.config import VLLMEngineConfig
 
 if TYPE_CHECKING:

@@ -28,7 +28,6 @@ from . import messages as msg
 from .config import EngineConfig
 from .rwlock import RWLock
 from .scheduler import Scheduler
-from .text import decode_tokens, encode_text
 
 __all__ = ["Disconnected", "Frontend", "NewRequest"]
 
@@ -121,7 +120,8 @@ class Frontend:
             state.outputs.put_nowait(self._response(state, out))
 
     def _response(self, state: _ReqState, out: msg.SchedulerOutput) -> dict[str, Any]:
-        return {"text": decode_tokens(state.output_ids), "output_ids": list(state.output_ids), "meta_info": self._meta_info(state, out)}
+        text = "".join(chr(ord("a") + t % 26) for t in state.output_ids)  # a stand-in detokenizer: one letter per token
+        return {"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta_info(state, out)}
 
     def _meta_info(self, state: _ReqState, out: msg.SchedulerOutput) -> dict[str, Any]:
         """SGLang's ``meta_info`` (``tokenizer_manager.py``, ``_handle_batch_output``; spans: ``utils/weight_versions.py``)."""
@@ -191,7 +191,8 @@ class Frontend:
         self, input_ids: list[int] | None, text: str | None, sampling: dict[str, Any], rid: str | None, stream: bool
     ) -> NewRequest:
         """Validate one request like SGLang's tokenizer manager (ValueError becomes a 400)."""
-        ids = list(input_ids) if input_ids is not None else encode_text(text or "")
+        # a stand-in tokenizer: a prompt's UTF-8 bytes (an empty one is one BOS token, id 0)
+        ids = list(input_ids) if input_ids is not None else (list((text or "").encode("utf-8")) or [0])
         if not ids:  # only an explicit empty input_ids
             raise ValueError("The input_ids is empty.")
         max_new = sampling.get("max_new_tokens", self._config.default_max_new_tokens)

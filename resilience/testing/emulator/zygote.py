@@ -1,6 +1,6 @@
 """The zygote: one process that imports torch and the emulator's app once, then forks one child per engine.
 
-Run by :class:`~resilience.testing.emulator.forkserver.Zygote` as ``python -m resilience.testing.emulator.zygote
+Run by :class:`~resilience.testing.emulator.processes.Zygote` as ``python -m resilience.testing.emulator.zygote
 --exit-with-parent PID``. For each distinct engine configuration it builds one engine and its app
 (``server.create_app``) that it never starts; each child gets its own copy by ``fork()`` and only binds its port and
 runs uvicorn, the pages staying shared copy-on-write until the child writes them (``gc.freeze()`` before each fork
