@@ -10,12 +10,13 @@ import ast
 import dataclasses
 import functools
 import inspect
-import math
 import re
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from resilience.errors import finite_number, integer
 
 __all__ = [
     "SGLANG_VERSION", "EngineConfig", "add_config_arguments", "check_fields", "config_argv", "config_from_namespace", "field_docs",
@@ -126,15 +127,15 @@ def check_fields(
     at_least_zero = tuple(non_negative)
     for name in at_least_zero:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        if not finite_number(value) or value < 0:
             raise ValueError(f"`{name}` must be a finite number >= 0, but was {value!r}")
     for name in positive:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        if not finite_number(value) or value <= 0:
             raise ValueError(f"`{name}` must be {'' if name in at_least_zero else 'a finite number '}> 0, but was {value!r}")
     for name in counts:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not integer(value) or value < 1:
             raise ValueError(f"`{name}` must be an integer >= 1, but was {value!r}")
     for name in switches:
         if not isinstance(getattr(config, name), bool):

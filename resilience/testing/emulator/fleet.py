@@ -85,11 +85,6 @@ class EngineHandle:
         return self._proxy
 
     @property
-    def started(self) -> bool:
-        """Whether a process was ever asked for (a fleet that failed early may have engines never started)."""
-        return self._proc is not None
-
-    @property
     def pid(self) -> int:
         """PID of the current engine process."""
         if self._proc is None:

@@ -1,8 +1,8 @@
 """The emulator's side channel for its memory truth: one small JSON file per engine, replaced atomically.
 
 An engine started with ``--memory-state-dir DIR`` keeps ``DIR/engine-<port>.json`` up to date with the tags it has
-released (SGLang's ``WeightUpdater.offload_tags``, ``managers/scheduler_components/weight_updater.py``; vLLM's
-sleeping tags) and how many release/resume calls it is carrying out right now::
+released (SGLang's ``WeightUpdater.offload_tags``, ``sglang/srt/managers/scheduler_components/weight_updater.py``;
+vLLM's sleeping tags) and how many release/resume calls it is carrying out right now::
 
     {"version": 1, "pid": P, "start_ticks": T, "port": N, "released_tags": [...], "pending": K, "seq": S}
 

@@ -1,10 +1,12 @@
 """VLLMEngineConfig: every knob of one emulated vLLM engine, and its command line.
 
-Where vLLM 0.33.0 has the flag, the emulator takes vLLM's own name (``--enable-sleep-mode``,
-``--weight-transfer-config '{"backend": "nccl"}'``, ``--api-key`` (``entrypoints/common/cli_args.py`` l.335),
-``--served-model-name``, ``--max-num-seqs``). ``--server-dev-mode 0|1`` (the emulator's own) overrides
-``VLLM_SERVER_DEV_MODE``, so a fleet forked from one zygote can run engines of both kinds. Imports neither FastAPI
-nor torch: the fleet uses it too.
+Where vLLM 0.33.0 has the flag, the emulator takes vLLM's own name: ``--enable-sleep-mode`` (``vllm/config/model.py``
+``enable_sleep_mode``), ``--weight-transfer-config '{"backend": "nccl"}'`` (``vllm/config/weight_transfer.py``),
+``--api-key`` (``vllm/entrypoints/common/cli_args.py`` l.335, repeatable there too), ``--served-model-name``,
+``--max-num-seqs``. The control routes are mounted only with ``VLLM_SERVER_DEV_MODE=1`` (``vllm/envs.py`` l.1468:
+``bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))``); ``--server-dev-mode 0|1`` (the emulator's own) overrides the
+environment, so a fleet forked from one zygote can run engines of both kinds. Imports neither FastAPI nor torch: the
+fleet uses it too.
 """
 
 from __future__ import annotations
