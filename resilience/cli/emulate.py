@@ -202,11 +202,11 @@ def _serve_behind(stop: threading.Event, args: argparse.Namespace, fleet: Emulat
 
 def run_emulate_vllm(argv: Sequence[str]) -> int:
     """Check ``argv`` (which holds ``--engine vllm``) with the vLLM emulator's parser (one-line errors, exit 2), then serve."""
+    from resilience.testing.emulator.server import build_parser
     from resilience.testing.emulator.server import main as emulator_main
     from resilience.testing.emulator.vllm.config import vllm_config_from_namespace
-    from resilience.testing.emulator.vllm.server import build_parser
 
-    parser = build_parser("cpr emulate")
+    parser = build_parser("cpr emulate", "vllm")
     parser.__class__ = OneLineParser  # same parser, one-line errors
     add_router(parser, "SGLang engines only (smg 1.13.0 fans out SGLang's routes)")
 

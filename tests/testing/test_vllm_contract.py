@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from resilience.testing.emulator.auth import GUARDED_PREFIX
 from resilience.testing.emulator.sglang_wheel import WheelUnavailable, find_wheel
 from resilience.testing.emulator.vllm import VLLM_VERSION, VLLMEngineConfig
 from resilience.testing.emulator.vllm.app import create_app
-from resilience.testing.emulator.vllm.auth import GUARDED_PREFIX
 from resilience.testing.emulator.vllm.contract import (
     DEV_MODE_READER,
     app_paths,

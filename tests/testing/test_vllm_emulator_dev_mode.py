@@ -17,9 +17,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from resilience.testing.emulator import EmulatedFleet, EngineHandle
-from resilience.testing.emulator.server import main as shared_main
+from resilience.testing.emulator.server import main
 from resilience.testing.emulator.vllm import DEV_MODE_ENV, VLLMEngineConfig, expected_completion
-from resilience.testing.emulator.vllm.server import main
 
 TIMEOUT = 10.0
 KEY = "sk-test-vllm"
@@ -144,10 +143,11 @@ def test_bad_flags_and_environment_are_named_in_one_line(
     """A bad flag or a bad ``VLLM_SERVER_DEV_MODE`` exits 2 before binding, naming what is wrong."""
     if env is not None:
         monkeypatch.setenv(DEV_MODE_ENV, env)
-    assert shared_main(["--engine", "vllm", *argv]) == 2  # the shared entry hands --engine vllm over
+    assert main(["--engine", "vllm", *argv]) == 2  # the one entry reads --engine vllm's flags
     assert needle in capsys.readouterr().err
-    assert main(["--engine", "vllm", *argv]) == 2
-    assert needle in capsys.readouterr().err
+    assert main(["--engine", "vllm", *argv], prog="cpr emulate") == 2
+    err = capsys.readouterr().err
+    assert needle in err and "cpr emulate: error:" in err
 
 
 def test_dev_mode_flag_overrides_the_environment() -> None:

@@ -1,38 +1,25 @@
 """An SGLang engine emulator on the CPU: SGLang 0.5.23's control plane and crash semantics (and vLLM 0.33.0's).
 
-vLLM engines (``vllm/``): give the fleet a :class:`VLLMEngineConfig` (the config's type
-picks the engine), ``EmulatedFleet(2, VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True))``,
-or run ``cpr emulate --engine vllm``; see ``resilience.testing.emulator.vllm``.
-
-Each engine is a real HTTP server (FastAPI + uvicorn) in its own process, with a
-scheduler thread, an admission queue, KV memory that is really freed on release, the
-three pause modes, and SGLang's deaths (release with work in flight, double release,
-resume of an unreleased tag, a write into a released pool). Importing this package
-imports neither torch nor FastAPI; only the engine processes do.
+vLLM engines (``vllm/``): give the fleet a :class:`VLLMEngineConfig` (the config's type picks the engine), or run
+``cpr emulate --engine vllm``. Each engine is a real HTTP server (FastAPI + uvicorn) in its own process, with a
+scheduler thread, an admission queue, KV memory that is really freed on release, the three pause modes, and SGLang's
+deaths (release with work in flight, double release, resume of an unreleased tag, a write into a released pool).
+Importing this package imports neither torch nor FastAPI; only the engine processes do.
 
     from resilience.testing.emulator import EmulatedFleet, EngineConfig
 
-    with EmulatedFleet(2, EngineConfig(health_hang_seconds=1)) as fleet:
-        requests.post(fleet.urls[0] + "/pause_generation", json={"mode": "abort"})
-        calls = fleet.engines[0].record()["calls"]
+    with EmulatedFleet(2, EngineConfig(health_hang_seconds=1)) as fleet: requests.post(fleet.urls[0] +
+    "/pause_generation", json={"mode": "abort"}) calls = fleet.engines[0].record()["calls"]
 
-Debug routes (not SGLang's, never behind a key): ``GET /_emulator/state`` answers
-``{"pid", "version", "server_status", "paused", "pause_mode", "scheduler_paused",
-"weight_version", "weight_update_session_open", "in_flight", "model_update_lock":
-{"readers", "writer_active", "waiting_writers"}, "waiting_at_pause_gate", "running",
-"waiting", "released_tags", "allocated_bytes": {tag: bytes}, "counts": {"completed",
-"aborted", "retracted", "prefilled"}}``. ``GET /_emulator/record`` answers
-``{"calls": [...], "dropped": n, "state": {...}}``; ``calls`` holds the last 2048 calls
-(``record.MAX_CALLS``; ``dropped`` counts the older ones, so a long soak keeps engine
-memory flat), each call (every route but ``/generate`` and
-``/_emulator/*``, in arrival order) is ``{"seq", "method", "path", "query", "body"
-(parsed JSON, raw text, or None), "status" (None until answered), "received_ns",
-"answered_ns"}`` with ``time.monotonic_ns()`` stamps, comparable across processes.
-
-Memory truth, for ``resilience.testing.EmulatorMemoryProbe``: an engine started with
-``--memory-state-dir DIR`` (every engine of an ``EmulatedFleet`` is) keeps
-``DIR/engine-<port>.json`` up to date with its released tags, a side channel outside
-SGLang's routes (``memory_state.py``).
+Debug routes (not SGLang's, never behind a key): ``GET /_emulator/state`` answers ``{"pid", "version",
+"server_status", "paused", "pause_mode", "scheduler_paused", "weight_version", "weight_update_session_open",
+"in_flight", "model_update_lock": {"readers", "writer_active", "waiting_writers"}, "waiting_at_pause_gate", "running",
+"waiting", "released_tags", "allocated_bytes": {tag: bytes}, "counts": {"completed", "aborted", "retracted",
+"prefilled"}}``. ``GET /_emulator/record`` answers ``{"calls": [...], "dropped": n, "state": {...}}``: the last 2048
+calls but ``/generate`` (``record.py``), in arrival order, each ``{"seq", "method", "path", "query", "body" (parsed
+JSON, raw text, or None), "status" (None until answered), "received_ns", "answered_ns"}`` with ``time.monotonic_ns()``
+stamps, comparable across processes. Memory truth, for ``EmulatorMemoryProbe``: every engine of an ``EmulatedFleet``
+keeps its released tags in a file (``memory_state.py``).
 """
 
 from __future__ import annotations
@@ -43,13 +30,6 @@ from .server import main
 from .vllm import VLLM_VERSION, VLLMEngineConfig, expected_completion
 
 __all__ = [
-    "SGLANG_VERSION",
-    "VLLM_VERSION",
-    "EmulatedFleet",
-    "EmulatorStartError",
-    "EngineConfig",
-    "EngineHandle",
-    "VLLMEngineConfig",
-    "expected_completion",
-    "main",
-]
+    "SGLANG_VERSION", "VLLM_VERSION", "EmulatedFleet", "EmulatorStartError", "EngineConfig", "EngineHandle", "VLLMEngineConfig",
+    "expected_completion", "main",
+]  # fmt: skip

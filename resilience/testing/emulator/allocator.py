@@ -15,8 +15,8 @@ __all__ = ["TokenAllocator"]
 class TokenAllocator:
     """Free lists of ``req_to_token`` rows and KV pool rows, and the KV of finished requests kept as cache.
 
-    A finished request's KV stays cached (as in SGLang's radix cache) until ``flush()``
-    or until an allocation needs the room (oldest first).
+    A finished request's KV stays cached (as in SGLang's radix cache) until :meth:`reset` (a flush) or until an
+    allocation needs the room (oldest first).
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -76,8 +76,3 @@ class TokenAllocator:
         """Keep a finished request's KV rows as cache."""
         if indices:
             self._cache.append(indices)
-
-    def flush(self) -> None:
-        """Drop the cache: its rows become free."""
-        while self._cache:
-            self._free_kv.extend(self._cache.popleft())

@@ -1,10 +1,9 @@
 """Request bodies of the control and generate routes, shaped like SGLang's ``io_struct`` classes.
 
-Field names, required fields and defaults are those of ``sglang/srt/managers/io_struct.py``
-(the contract check compares them with the wheel). Fields the emulator has no use for
-are accepted and ignored, as SGLang ignores them where nothing reads them. Unknown keys
-are ignored; a missing body or a field of the wrong type is a 400 through the app's
-validation handler.
+Field names, required fields and defaults are those of ``sglang/srt/managers/io_struct.py`` (the contract check
+compares them with the wheel). Fields the emulator has no use for are accepted and ignored, as SGLang ignores them
+where nothing reads them. Unknown keys are ignored; a missing body or a field of the wrong type is a 400 through the
+app's validation handler.
 """
 
 from __future__ import annotations
@@ -14,50 +13,16 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 __all__ = [
-    "SAMPLING_PARAM_KEYS",
-    "AbortReq",
-    "BeginWeightUpdateReqInput",
-    "ContinueGenerationReqInput",
-    "DestroyWeightsUpdateGroupReqInput",
-    "EndWeightUpdateReqInput",
-    "GenerateReqInput",
-    "InitWeightsUpdateGroupReqInput",
-    "MemoryOccupationReqInput",
-    "PauseGenerationReqInput",
-    "UpdateWeightFromDiskReqInput",
-    "UpdateWeightVersionReqInput",
-    "UpdateWeightsFromDistributedReqInput",
+    "SAMPLING_PARAM_KEYS", "AbortReq", "BeginWeightUpdateReqInput", "ContinueGenerationReqInput", "DestroyWeightsUpdateGroupReqInput",
+    "EndWeightUpdateReqInput", "GenerateReqInput", "InitWeightsUpdateGroupReqInput", "MemoryOccupationReqInput",
+    "PauseGenerationReqInput", "UpdateWeightFromDiskReqInput", "UpdateWeightVersionReqInput", "UpdateWeightsFromDistributedReqInput",
     "UpdateWeightsFromTensorReqInput",
-]
+]  # fmt: skip
 
 SAMPLING_PARAM_KEYS = frozenset(
-    {
-        "max_new_tokens",
-        "stop",
-        "stop_token_ids",
-        "stop_regex",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "min_new_tokens",
-        "n",
-        "json_schema",
-        "regex",
-        "ebnf",
-        "structural_tag",
-        "ignore_eos",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "no_stop_trim",
-        "custom_params",
-        "stream_interval",
-        "logit_bias",
-        "sampling_seed",
-    }
+    "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty presence_penalty "
+    "repetition_penalty min_new_tokens n json_schema regex ebnf structural_tag ignore_eos skip_special_tokens "
+    "spaces_between_special_tokens no_stop_trim custom_params stream_interval logit_bias sampling_seed".split()
 )
 """The keyword arguments SGLang's ``SamplingParams`` accepts; any other key is a 400."""
 

@@ -1,21 +1,18 @@
 """The emulator and ``SGLangClient`` against SGLang's own source: routes, methods, auth levels, fields, defaults.
 
-Every comparison returns the list of differences, each one line naming the route or
-field and both sides; an empty list means they agree. The inputs are plain values, so a
-test can feed a doctored side and see the check fail. :func:`check` runs all of them on
-the wheel and refuses to compare sets that are empty or implausibly small.
+Every comparison returns the list of differences, each one line naming the route or field and both sides; an empty
+list means they agree. The inputs are plain values, so a test can feed a doctored side and see the check fail.
+:func:`check` runs all of them on the wheel and refuses to compare sets that are empty or implausibly small.
 
 What is compared, in both directions where both sides claim the route:
 
-- the emulator's routes (but ``/_emulator/*``) exist in SGLang; for each, the methods
-  are the same set, the auth level is the same, the query parameters the emulator
-  takes exist in SGLang with the same defaults;
-- the emulator's body model of each route has SGLang's body class's fields (but the
-  internal ``http_worker_ipc``), the same required ones and the same defaults;
-  ``/generate`` may model a subset;
-- every ``(method, path)`` the client calls and every entry of ``SGLANG_POLICIES``
-  exists in SGLang and in the emulator; the client's admin routes are exactly the
-  routes it calls that SGLang marks admin, and its open prefixes are SGLang's.
+- the emulator's routes (but ``/_emulator/*``) exist in SGLang; for each, the methods are the same set, the auth level
+  is the same, the query parameters the emulator takes exist in SGLang with the same defaults;
+- the emulator's body model of each route has SGLang's body class's fields (but the internal ``http_worker_ipc``), the
+  same required ones and the same defaults; ``/generate`` may model a subset;
+- every ``(method, path)`` the client calls and every entry of ``SGLANG_POLICIES`` exists in SGLang and in the
+  emulator; the client's admin routes are exactly the routes it calls that SGLang marks admin, and its open prefixes
+  are SGLang's.
 """
 
 from __future__ import annotations
@@ -33,15 +30,9 @@ from .routes import iter_routes
 from .sglang_source import FACTORY, REQUIRED, SglangSurface, SourceField, read_surface
 
 __all__ = [
-    "ContractReport",
-    "EmulatorRoute",
-    "check",
-    "client_endpoints",
-    "compare_bodies",
-    "compare_client",
-    "compare_routes",
+    "ContractReport", "EmulatorRoute", "check", "client_endpoints", "compare_bodies", "compare_client", "compare_routes",
     "emulator_routes",
-]
+]  # fmt: skip
 
 INTERNAL_FIELDS = frozenset({"http_worker_ipc"})
 """SGLang request fields that only its own processes set (IPC routing)."""
@@ -158,12 +149,10 @@ def _compare_fields(path: str, cls: str, theirs: Mapping[str, SourceField], mode
 def client_endpoints(*modules: Any) -> set[tuple[str, str]]:
     """Every ``(method, path)`` the SGLang clients call, read from their modules' source by AST.
 
-    By default the sync and async clients and the pure functions both build
-    their requests with (``adapters/sglang/client.py``, ``async_client.py``,
-    ``calls.py``): a ``Call("METHOD", "/path", ...)``, and the helpers
-    whose method is fixed (``memory_call`` POSTs, ``read_call`` and
-    ``_health`` GET); and every route of the clients' method table
-    (``adapters/sglang/routes.py``, ``METHODS``).
+    By default the sync and async clients and the pure functions both build their requests with
+    (``adapters/sglang/client.py``, ``async_client.py``, ``calls.py``): a ``Call("METHOD", "/path", ...)``, and the
+    helpers whose method is fixed (``memory_call`` POSTs, ``read_call`` and ``_health`` GET); and every route of the
+    clients' method table (``adapters/sglang/routes.py``, ``METHODS``).
     """
     found: set[tuple[str, str]] = set()
     if not modules:

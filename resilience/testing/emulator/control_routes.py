@@ -6,6 +6,8 @@ bodies) and carries SGLang's auth level (all ``ADMIN_OPTIONAL``, ``utils/auth.py
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
@@ -24,8 +26,10 @@ from .bodies import (
     UpdateWeightsFromTensorReqInput,
     UpdateWeightVersionReqInput,
 )
-from .engine import Engine
 from .pools import ALL_TAGS
+
+if TYPE_CHECKING:
+    from .app import Engine
 
 __all__ = ["control_router"]
 

@@ -1,18 +1,10 @@
-"""EmulatedFleet: N emulated engines, each its own OS process, optionally behind a FaultProxy each.
+"""EmulatedFleet: N emulated engines, each its own OS process (and failure domain), optionally behind a FaultProxy each.
 
-By default (``start_method="zygote"``) one zygote process imports torch and the app
-once and forks every engine from it (``forkserver.py``, ``zygote.py``): the engines
-share those pages copy-on-write, so 256 of them start in seconds and fit in a few GB.
-Each engine is still its own process and its own failure domain: it binds its own
-port, and its crash (SGLang's deaths, ``crash.py``) ends that process alone, so its
-port refuses connections while its neighbours serve. ``start_method="spawn"`` runs a
-fresh interpreter per engine instead (``python -m resilience.testing.emulator``),
-the way before the zygote: ~240 MB and seconds of imports each.
-
-Each engine's READY is awaited with a bounded wait. Whatever happens, :meth:`stop`
-(and leaving the ``with`` block) ends every process by PID: SIGTERM, a bounded wait,
-then SIGKILL, then the zygote. Engines' stdout and stderr go to files, so no pipe
-ever blocks an engine.
+By default one zygote imports torch and the app once and forks every engine from it (``processes.py``,
+``zygote.py``), so 256 engines start in seconds and fit in a few GB; an engine's crash (``crash.py``) still ends
+its process alone, and its port refuses connections while its neighbours serve. Whatever happens, :meth:`stop`
+(and leaving the ``with`` block) ends every process by PID: SIGTERM, a bounded wait, SIGKILL, then the zygote.
+Engines' stdout and stderr go to files, so no pipe ever blocks an engine.
 """
 
 from __future__ import annotations
@@ -30,8 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import requests
 
 from .config import EngineConfig
-from .forkserver import Zygote
-from .processes import EmulatorStartError, EngineProcess, ExecLauncher, Launcher
+from .processes import EmulatorStartError, EngineProcess, ExecLauncher, Launcher, Zygote
 from .vllm.config import VLLMEngineConfig
 
 if TYPE_CHECKING:
@@ -64,7 +55,6 @@ class EngineHandle:
         self.index = index
         """Position in the fleet (also the FaultProxy's ``engine_index``)."""
         self.config = config
-        """The engine's configuration."""
         self._log_dir = log_dir
         self._extra_args = tuple(extra_args)
         self._launcher: Launcher = launcher if launcher is not None else ExecLauncher()
@@ -77,7 +67,6 @@ class EngineHandle:
         self._session.trust_env = False  # never send loopback calls through a proxy from the environment
         self._final_log: str | None = None
 
-    # ----- addresses ----------------------------------------------------------------
     @property
     def direct_url(self) -> str:
         """``http://127.0.0.1:<port>`` of the engine itself."""
@@ -94,11 +83,6 @@ class EngineHandle:
     def proxy(self) -> FaultProxy | None:
         """The FaultProxy in front of this engine, if any (its ``injected`` lists the faults)."""
         return self._proxy
-
-    @property
-    def started(self) -> bool:
-        """Whether a process was ever asked for (a fleet that failed early may have engines never started)."""
-        return self._proc is not None
 
     @property
     def pid(self) -> int:
@@ -120,7 +104,6 @@ class EngineHandle:
         """Whether the current process has said it serves (READY)."""
         return self._proc is not None and self._proc.ready.is_set()
 
-    # ----- lifecycle ------------------------------------------------------------------
     def _log_path(self, stream: str) -> Path:
         return self._log_dir / f"engine{self.index}.{self._generation}.{stream}.log"
 
@@ -195,12 +178,8 @@ class EngineHandle:
             self._proc.join()
 
     def close(self) -> None:
-        """Let the engine go for good: stop its process if it runs (:meth:`stop`), keep its log, close its inspection session.
-
-        :meth:`log` then answers from memory (the fleet may delete its log folder);
-        :meth:`record` and :meth:`state` open a new connection if called again.
-        Stops no fault proxy (:meth:`stop_proxy`). Idempotent.
-        """
+        """Let the engine go for good: stop its process if it runs, keep its log in memory (the fleet may delete its
+        folder), close its inspection session (:meth:`record` would open a new one). Stops no fault proxy. Idempotent."""
         if self._proc is not None and self.alive():
             self.stop()
         self._join_reader()
@@ -208,14 +187,9 @@ class EngineHandle:
             self._final_log = self.log()
         self._session.close()
 
-    # ----- fault proxy ------------------------------------------------------------------
     def start_proxy(self, plan: FaultPlan) -> FaultProxy:
-        """Start a :class:`resilience.testing.faults.FaultProxy` with ``plan`` in front of this engine, and return it.
-
-        From then on :attr:`url` is the proxy's URL (:attr:`direct_url` still reaches the
-        engine) and :attr:`proxy` is the proxy. The engine must be READY; one proxy per
-        engine (a second call raises RuntimeError). :meth:`stop_proxy` stops it.
-        """
+        """Start a :class:`resilience.testing.faults.FaultProxy` with ``plan`` in front of this READY engine, and return it:
+        :attr:`url` is then the proxy's. One proxy per engine (a second call raises RuntimeError)."""
         from resilience.testing.faults import FaultProxy  # lazy: only engines behind a fault plan need it
 
         if self._proxy is not None:
@@ -230,17 +204,16 @@ class EngineHandle:
         if self._proxy is not None:
             self._proxy.stop()
 
-    # ----- inspection -------------------------------------------------------------
     def record(self) -> dict[str, Any]:
-        """``GET /_emulator/record``: ``{"calls": [...], "state": {...}}`` (see the package docs for the fields)."""
-        response = self._session.get(self.direct_url + "/_emulator/record", timeout=_HTTP_TIMEOUT)
-        response.raise_for_status()
-        body: dict[str, Any] = response.json()
-        return body
+        """``GET /_emulator/record``: ``{"calls": [...], "dropped": n, "state": {...}}`` (see the package docs for the fields)."""
+        return self._debug("record")
 
     def state(self) -> dict[str, Any]:
         """``GET /_emulator/state``: paused mode, released tags, weight version, counts."""
-        response = self._session.get(self.direct_url + "/_emulator/state", timeout=_HTTP_TIMEOUT)
+        return self._debug("state")
+
+    def _debug(self, route: str) -> dict[str, Any]:
+        response = self._session.get(f"{self.direct_url}/_emulator/{route}", timeout=_HTTP_TIMEOUT)
         response.raise_for_status()
         body: dict[str, Any] = response.json()
         return body
@@ -262,25 +235,19 @@ ProgressCallback = Callable[[int, int], None]
 
 
 class EmulatedFleet:
-    """N emulated SGLang engines in their own processes; a context manager that always cleans up.
+    """N emulated engines in their own processes; a context manager that always cleans up.
 
-    ``config``: every engine's configuration (default ``EngineConfig()``); its type picks the
-    engine: a :class:`~resilience.testing.emulator.vllm.VLLMEngineConfig` runs vLLM 0.33.0
-    engines (``--engine vllm``), through the same zygote, proxies, memory probe and restarts.
-
-    ``fault_plan``: when given, a :class:`resilience.testing.faults.FaultProxy` runs in
-    front of each engine and :attr:`urls` are the proxies' URLs (:attr:`direct_urls`
-    bypass them). ``startup_timeout`` bounds the wait for all engines' READY (the
-    zygote's imports included). ``start_method``: ``"zygote"`` (default) forks every
-    engine from one process that imported torch and the app once; ``"spawn"`` starts
-    a fresh interpreter per engine (~240 MB and seconds of imports each). ``progress``:
-    called as ``progress(ready, n)`` while starting, whenever more engines serve.
-    ``host``: the address every engine binds (default 127.0.0.1). ``base_port``: 0
-    (default) lets each engine pick a free port; P puts engine i on port P + i.
-    ``log_level``: uvicorn's log level in every engine (default ``"warning"``).
-    ``memory_state_dir``: where every engine publishes the tags it has released
-    (``--memory-state-dir``, read by :meth:`memory_probe`); None (default) = a
-    ``memory`` folder in the fleet's log folder.
+    ``config``: every engine's configuration (default ``EngineConfig()``); its type picks the engine (a
+    :class:`~resilience.testing.emulator.vllm.VLLMEngineConfig`: vLLM 0.33.0). ``fault_plan``: when given, a
+    :class:`resilience.testing.faults.FaultProxy` runs in front of each engine and :attr:`urls` are the proxies'
+    (:attr:`direct_urls` bypass them). ``startup_timeout`` bounds the wait for all engines' READY, the zygote's
+    imports included (default 60 s). ``start_method``: ``"zygote"`` (default) forks every engine from one process
+    that imported torch and the app once; ``"spawn"`` starts a fresh interpreter per engine (~240 MB and seconds of
+    imports each). ``progress``: called as ``progress(ready, n)`` whenever more engines serve while starting.
+    ``host``: the address every engine binds (default 127.0.0.1). ``base_port``: 0 (default) lets each engine pick a
+    free port; P puts engine i on port P + i. ``log_level``: uvicorn's in every engine (default ``"warning"``).
+    ``memory_state_dir``: where every engine publishes the tags it has released, for :meth:`memory_probe`; None
+    (default) = a ``memory`` folder in the fleet's log folder.
     """
 
     def __init__(
@@ -309,11 +276,8 @@ class EmulatedFleet:
         if start_method not in ("zygote", "spawn"):
             raise ValueError(f"`start_method` must be 'zygote' or 'spawn', but was {start_method!r}")
         self.config: EngineConfig | VLLMEngineConfig = config if config is not None else EngineConfig()
-        """The configuration every engine runs with; its type picks the engine (a ``VLLMEngineConfig``: vLLM 0.33.0)."""
         self.fault_plan = fault_plan
-        """The fault plan of the proxies, or None (no proxies)."""
         self.start_method: StartMethod = start_method
-        """How the engine processes start (see the class docstring)."""
         self._startup_timeout = startup_timeout
         self._progress = progress
         self._own_log_dir = log_dir is None
@@ -321,7 +285,6 @@ class EmulatedFleet:
         self._zygote = Zygote(self._log_dir) if start_method == "zygote" else None
         launcher: Launcher = self._zygote if self._zygote is not None else ExecLauncher()
         self.memory_state_dir = Path(memory_state_dir) if memory_state_dir is not None else self._log_dir / "memory"
-        """The folder where the engines publish their released tags (see :meth:`memory_probe`)."""
         extra = (
             *(("--host", host) if host != "127.0.0.1" else ()),
             *(("--log-level", log_level) if log_level != "warning" else ()),
@@ -331,7 +294,6 @@ class EmulatedFleet:
         self.engines: list[EngineHandle] = [
             EngineHandle(i, self.config, self._log_dir, extra, launcher, port=base_port + i if base_port else 0) for i in range(n)
         ]
-        """The engines, by index."""
         self._started = False
         self._stopped = False
 
@@ -362,12 +324,8 @@ class EmulatedFleet:
         return self._zygote.pid if self._zygote is not None and self._started else None
 
     def memory_probe(self) -> EmulatorMemoryProbe:
-        """A ``MemoryProbe`` over these engines' own truth, under their direct URLs and (once started) their proxies' URLs.
-
-        It reads the side channel (``--memory-state-dir``), never an HTTP route; it
-        answers None for an engine that is dead, restarting, or carrying out a
-        release or resume right now. See ``resilience.testing.memory_probe``.
-        """
+        """A ``MemoryProbe`` over these engines' own truth (the ``--memory-state-dir`` side channel), under their direct
+        and (once started) their proxies' URLs; see ``resilience.testing.memory_probe``."""
         from resilience.testing.memory_probe import EmulatorMemoryProbe
 
         aliases = {e.proxy.url: e.direct_url for e in self.engines if e.proxy is not None}
@@ -375,9 +333,7 @@ class EmulatedFleet:
 
     def start(self, on_ready: Callable[[int], None] | None = None) -> EmulatedFleet:
         """Start every engine in parallel and wait for all READY; on any failure stop all and raise.
-
-        ``on_ready``: called with an engine's index once that engine serves (progress displays). Default None.
-        """
+        ``on_ready``: called with an engine's index once that engine serves (default None)."""
         if self._started:
             raise RuntimeError("an EmulatedFleet starts once; create a new one")
         self._started = True
@@ -390,7 +346,8 @@ class EmulatedFleet:
                 engine.spawn()
             self._wait_all_ready(deadline, on_ready)
             if self.fault_plan is not None:
-                self._start_proxies(self.fault_plan)
+                for engine in self.engines:
+                    engine.start_proxy(self.fault_plan)
         except BaseException:
             self.stop()
             raise
@@ -422,10 +379,6 @@ class EmulatedFleet:
                 break
             time.sleep(_POLL)
         pending[0].wait_ready(deadline)  # past the deadline: raises with the first missing engine's log
-
-    def _start_proxies(self, plan: FaultPlan) -> None:
-        for engine in self.engines:
-            engine.start_proxy(plan)
 
     def stop(self) -> None:
         """Stop proxies, then every engine by PID (SIGTERM, bounded wait, SIGKILL), then the zygote. Idempotent."""

@@ -1,20 +1,16 @@
 """The HTTP process's side of the engine, as SGLang's TokenizerManager: pause gate, request states, control calls.
 
-Runs on the uvicorn event loop. Follows ``managers/tokenizer_manager.py`` and
-``managers/tokenizer_control_mixin.py``:
+Runs on the uvicorn event loop. Follows ``managers/tokenizer_manager.py`` and ``managers/tokenizer_control_mixin.py``:
 
-- Requests pass the pause gate (``is_pause`` under an ``asyncio.Condition``), then hold
-  the reader side of ``model_update_lock`` until answered, so a ``/generate`` sent
-  while paused is neither rejected nor run: it waits until ``continue_generation``.
-  Pause is one flag: the first continue reopens the gate.
-- A weight update on an engine that is not paused takes the writer side: it waits for
-  every in-flight generation and blocks new ones until it is done. On a paused engine
-  it runs at once (whoever paused holds the engine).
-- ``abort_request`` with an empty rid and ``abort_all=False`` is ignored with a
-  warning; a rid this side does not know is a no-op (single tokenizer process).
-- ``server_status``: Starting (``startup_seconds``), then Up; a failed ``/health``
-  makes it UnHealthy and a passing one Up again. ``/ready`` is 200 only when Up and
-  not paused.
+- Requests pass the pause gate (``is_pause`` under an ``asyncio.Condition``), then hold the reader side of
+  ``model_update_lock`` until answered, so a ``/generate`` sent while paused is neither rejected nor run: it waits
+  until ``continue_generation``. Pause is one flag: the first continue reopens the gate.
+- A weight update on an engine that is not paused takes the writer side: it waits for every in-flight generation and
+  blocks new ones until it is done. On a paused engine it runs at once (whoever paused holds the engine).
+- ``abort_request`` with an empty rid and ``abort_all=False`` is ignored with a warning; a rid this side does not know
+  is a no-op (single tokenizer process).
+- ``server_status``: Starting (``startup_seconds``), then Up; a failed ``/health`` makes it UnHealthy and a passing
+  one Up again. ``/ready`` is 200 only when Up and not paused.
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ from . import messages as msg
 from .config import EngineConfig
 from .rwlock import RWLock
 from .scheduler import Scheduler
-from .text import decode_tokens, encode_text
 
 __all__ = ["Disconnected", "Frontend", "NewRequest"]
 
@@ -125,11 +120,8 @@ class Frontend:
             state.outputs.put_nowait(self._response(state, out))
 
     def _response(self, state: _ReqState, out: msg.SchedulerOutput) -> dict[str, Any]:
-        return {
-            "text": decode_tokens(state.output_ids),
-            "output_ids": list(state.output_ids),
-            "meta_info": self._meta_info(state, out),
-        }
+        text = "".join(chr(ord("a") + t % 26) for t in state.output_ids)  # a stand-in detokenizer: one letter per token
+        return {"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta_info(state, out)}
 
     def _meta_info(self, state: _ReqState, out: msg.SchedulerOutput) -> dict[str, Any]:
         """SGLang's ``meta_info`` (``tokenizer_manager.py``, ``_handle_batch_output``; spans: ``utils/weight_versions.py``)."""
@@ -199,7 +191,8 @@ class Frontend:
         self, input_ids: list[int] | None, text: str | None, sampling: dict[str, Any], rid: str | None, stream: bool
     ) -> NewRequest:
         """Validate one request like SGLang's tokenizer manager (ValueError becomes a 400)."""
-        ids = list(input_ids) if input_ids is not None else encode_text(text or "")
+        # a stand-in tokenizer: a prompt's UTF-8 bytes (an empty one is one BOS token, id 0)
+        ids = list(input_ids) if input_ids is not None else (list((text or "").encode("utf-8")) or [0])
         if not ids:  # only an explicit empty input_ids
             raise ValueError("The input_ids is empty.")
         max_new = sampling.get("max_new_tokens", self._config.default_max_new_tokens)

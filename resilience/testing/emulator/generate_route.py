@@ -6,15 +6,17 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .bodies import SAMPLING_PARAM_KEYS, GenerateReqInput
-from .engine import Engine
 from .errors import error_response
 from .frontend import Frontend, NewRequest
+
+if TYPE_CHECKING:
+    from .app import Engine
 
 __all__ = ["generate_router"]
 

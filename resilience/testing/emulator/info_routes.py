@@ -1,23 +1,24 @@
 """Read-only routes: health, readiness, model and server info, loads, models; and the emulator's debug routes.
 
-Each follows its handler in ``sglang/srt/entrypoints/http_server.py`` (``/v1/loads``:
-``entrypoints/v1_loads.py``). SGLang 0.5.23 has no ``/get_load``, ``/get_weight_version``
-or ``/weight_version``: neither does the emulator (they are 404). The emulator's own
-routes live under ``/_emulator/`` only.
+Each follows its handler in ``sglang/srt/entrypoints/http_server.py`` (``/v1/loads``: ``entrypoints/v1_loads.py``).
+SGLang 0.5.23 has no ``/get_load``, ``/get_weight_version`` or ``/weight_version``: neither does the emulator (they
+are 404). The emulator's own routes live under ``/_emulator/`` only.
 """
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import crash
 from .config import SGLANG_VERSION
-from .engine import Engine
+
+if TYPE_CHECKING:
+    from .app import Engine
 
 __all__ = ["info_router"]
 

@@ -1,30 +1,18 @@
 """The emulator's side channel for its memory truth: one small JSON file per engine, replaced atomically.
 
-An engine started with ``--memory-state-dir DIR`` keeps ``DIR/engine-<port>.json``
-up to date with which tags its scheduler has released (SGLang's
-``WeightUpdater.offload_tags``, ``sglang/srt/managers/scheduler_components/weight_updater.py``)
-and how many release/resume calls it is carrying out right now::
+An engine started with ``--memory-state-dir DIR`` keeps ``DIR/engine-<port>.json`` up to date with the tags it has
+released (SGLang's ``WeightUpdater.offload_tags``, ``sglang/srt/managers/scheduler_components/weight_updater.py``;
+vLLM's sleeping tags) and how many release/resume calls it is carrying out right now::
 
     {"version": 1, "pid": P, "start_ticks": T, "port": N, "released_tags": [...], "pending": K, "seq": S}
 
-``resilience.testing.memory_probe.EmulatorMemoryProbe`` reads it. Why a file, and not an
-HTTP route or a socket:
-
-- it is not an HTTP route, so the emulator's routes stay exactly SGLang 0.5.23's (the
-  contract check, ``tests/testing/test_contract*.py``, compares them);
-- the scheduler thread writes it where the truth changes, before the call is answered,
-  so no extra thread, server or event loop runs in the engine, and a forked engine
-  (the zygote fleet) writes its own file like any other;
-- any process can read it, including controllers that start and die while the engines
-  live on, and it needs no engine to be responsive: a hung engine still has a file;
-- ``os.replace`` of a fully written temporary file is atomic on POSIX, so a reader sees
-  the old state or the new one, never half of either; a SIGKILL mid-write leaves the
-  old file (and a stray ``.tmp``) behind.
-
-A dead engine leaves its last file: the reader compares ``pid`` and ``start_ticks``
-(the process's start time, field 22 of ``/proc/<pid>/stat``) with the running process,
-so neither a dead engine nor a recycled PID is ever mistaken for the live one.
-Standard library only: the reader side imports this without torch.
+``resilience.testing.memory_probe.EmulatorMemoryProbe`` reads it. A file, not a route: the emulator's routes stay
+exactly the engine's (the contract checks compare them); it is written where the truth changes, before the call is
+answered, with no extra thread or server; any process can read it, even while the engine hangs; and ``os.replace``
+of a fully written temporary file is atomic, so a reader never sees half a state (a SIGKILL mid-write leaves the old
+file and a stray ``.tmp``). A dead engine leaves its last file: the reader compares ``pid`` and ``start_ticks``
+(field 22 of ``/proc/<pid>/stat``) with the running process, so neither a dead engine nor a recycled PID passes for
+the live one. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What the HTTP side (the tokenizer manager) sends the scheduler thread, and what comes back.
 
-Control messages carry a ``concurrent.futures.Future`` the scheduler resolves; the
-HTTP side awaits it with ``asyncio.wrap_future``. Messages are handled in the order
-they were sent, as SGLang's ZMQ channel does.
+Control messages carry a ``concurrent.futures.Future`` the scheduler resolves; the HTTP side awaits it with
+``asyncio.wrap_future``. Messages are handled in the order they were sent, as SGLang's ZMQ channel does.
 """
 
 from __future__ import annotations
@@ -12,23 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
-    "HEALTH_CHECK_RID_PREFIX",
-    "AbortRequests",
-    "AddRequest",
-    "ContinueScheduler",
-    "ControlMessage",
-    "FlushCache",
-    "FlushResult",
-    "GetLoads",
-    "LoadWeights",
-    "Message",
-    "PauseScheduler",
-    "ReleaseMemory",
-    "Req",
-    "ResumeMemory",
-    "SchedulerOutput",
+    "HEALTH_CHECK_RID_PREFIX", "AbortRequests", "AddRequest", "ContinueScheduler", "ControlMessage", "FlushCache", "FlushResult",
+    "GetLoads", "LoadWeights", "Message", "PauseScheduler", "ReleaseMemory", "Req", "ResumeMemory", "SchedulerOutput",
     "SetWeightVersion",
-]
+]  # fmt: skip
 
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
 """rid prefix of the requests ``/health`` sends (not counted as completed or aborted)."""

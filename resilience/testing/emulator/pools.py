@@ -1,13 +1,11 @@
 """The engine's memory: tagged torch tensors whose storage release really frees.
 
-Three tags, as SGLang's torch_memory_saver regions: ``kv_cache`` (the KV pool and the
-``req_to_token`` table), ``weights`` and ``cuda_graph``. ``release(tag)`` frees the
-storage of every tensor of the tag (``untyped_storage().resize_(0)``), ``resume(tag)``
-grows it back (contents lost, as without a CPU backup). Every write and read of the
-forward pass is *by index*, so one into a released tensor raises ``RuntimeError``
-exactly where SGLang's Triton kernel hit the unmapped ``req_to_token`` pool. No
-whole-tensor op (``fill_``, ``copy_``, ``zero_``, reductions) is ever run on these
-tensors: on a freed storage that is a SIGSEGV, not an exception.
+Three tags, as SGLang's torch_memory_saver regions: ``kv_cache`` (the KV pool and the ``req_to_token`` table),
+``weights`` and ``cuda_graph``. ``release(tag)`` frees the storage of every tensor of the tag
+(``untyped_storage().resize_(0)``), ``resume(tag)`` grows it back (contents lost, as without a CPU backup). Every
+write and read of the forward pass is *by index*, so one into a released tensor raises ``RuntimeError`` exactly where
+SGLang's Triton kernel hit the unmapped ``req_to_token`` pool. No whole-tensor op (``fill_``, ``copy_``, ``zero_``,
+reductions) is ever run on these tensors: on a freed storage that is a SIGSEGV, not an exception.
 """
 
 from __future__ import annotations
@@ -49,11 +47,6 @@ class MemoryPools:
             tag: tuple(t.untyped_storage().nbytes() for t in tensors) for tag, tensors in self._regions.items()
         }
         self._paused: set[str] = set()
-
-    @property
-    def released_tags(self) -> list[str]:
-        """Tags whose memory is released now, in SGLang's tag order."""
-        return [tag for tag in ALL_TAGS if tag in self._paused]
 
     def allocated_bytes(self) -> dict[str, int]:
         """Bytes each tag's storage holds right now (0 while released): proof the memory is really freed."""

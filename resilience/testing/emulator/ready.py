@@ -1,8 +1,7 @@
 """The READY line: how an engine process tells whoever started it that it serves, and at which URL.
 
-A leaf module (standard library only): the engine side (``server.py``,
-``serve_many.py``) prints the line and the fleet side (``processes.py``) reads it,
-without either importing the other.
+A leaf module (standard library only): the engine side (``server.py``, ``serve_many.py``) prints the line and the
+fleet side (``processes.py``) reads it, without either importing the other.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The server-side record of control calls, kept by a pure ASGI middleware.
 
-Each call gets an entry when its request arrives and is completed when its answer
-has been written. Times are ``time.monotonic_ns()``, which is system-wide on Linux,
-so tests can order the calls of several engine processes against their own clock.
-``/generate`` (data plane) and ``/_emulator/*`` (the record itself) are not recorded.
-
-The record keeps the last ``MAX_CALLS`` calls (a ``deque``), so an engine that serves
-a 1000-step soak keeps a flat memory; ``seq`` keeps counting over the calls dropped,
-and ``dropped`` says how many were.
+Each call gets an entry when its request arrives, completed when its answer has been written. Times are
+``time.monotonic_ns()``, system-wide on Linux, so tests can order the calls of several engine processes. The data
+plane and ``/_emulator/*`` are not recorded. Only the last ``MAX_CALLS`` calls are kept (a 1000-step soak keeps a
+flat memory); ``seq`` keeps counting over the calls dropped, and ``dropped`` says how many were.
 """
 
 from __future__ import annotations
@@ -81,8 +77,7 @@ def _parse_body(raw: bytes) -> Any:
 class RecordMiddleware:
     """ASGI middleware that writes each recorded call into a :class:`CallRecord`.
 
-    ``unrecorded``: the data-plane paths left out (default ``("/generate",)``, SGLang's;
-    the vLLM emulator passes ``("/v1/completions",)``); ``/_emulator/*`` is never recorded.
+    ``unrecorded``: the data-plane paths left out (default ``("/generate",)``, SGLang's; vLLM's is ``/v1/completions``).
     """
 
     def __init__(self, app: ASGIApp, record: CallRecord, unrecorded: tuple[str, ...] = _UNRECORDED_PATHS) -> None:

@@ -1,9 +1,8 @@
 """Walk a FastAPI app's routes, included routers too, on every FastAPI version we support.
 
-FastAPI 0.1xx with Starlette 1.x keeps ``include_router`` results as ``_IncludedRouter``
-entries that have neither ``path`` nor ``methods``: reading ``app.routes`` flat sees no
-route at all. Each such entry holds the router it includes (``original_router``) and
-the prefix (``include_context.prefix``); older FastAPI copies the routes in flat.
+FastAPI 0.1xx with Starlette 1.x keeps ``include_router`` results as ``_IncludedRouter`` entries that have neither
+``path`` nor ``methods``: reading ``app.routes`` flat sees no route at all. Each such entry holds the router it
+includes (``original_router``) and the prefix (``include_context.prefix``); older FastAPI copies the routes in flat.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """SGLang's ``model_update_lock``: an asyncio reader-writer lock that lets a waiting writer go first.
 
-Follows ``sglang/srt/utils/aio_rwlock.py``: every ``/generate`` holds the reader side
-from after the pause gate until its answer; a weight update (when the engine is not
-paused) takes the writer side, so it waits for every in-flight generation and, while
-it waits or runs, blocks new ones. ``pause_generation(mode="abort")`` polls
+Follows ``sglang/srt/utils/aio_rwlock.py``: every ``/generate`` holds the reader side from after the pause gate until
+its answer; a weight update (when the engine is not paused) takes the writer side, so it waits for every in-flight
+generation and, while it waits or runs, blocks new ones. ``pause_generation(mode="abort")`` polls
 :meth:`RWLock.is_locked` to know when every generation has answered.
 """
 

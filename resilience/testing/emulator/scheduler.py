@@ -2,27 +2,22 @@
 
 It follows SGLang's scheduler where the control plane can see it:
 
-- ``retract`` pause: running requests free their KV and go back to the front of the
-  waiting queue; ``in_place``: a flag, KV kept, no decode (``managers/scheduler.py``,
-  ``pause_generation``). While paused nothing is admitted.
-- Idleness is ``is_fully_idle(ignore_waiting)`` (``managers/scheduler.py``): the flush
-  itself and the release assert ignore the waiting queue while paused; the timed flush
-  (``?timeout>0``) waits with ``is_fully_idle()`` that does *not*
-  (``managers/scheduler_components/flush_wrapper.py``), so after a retract pause that
-  re-queued requests it can only time out: 400 "Timed out waiting for idle state.".
-- ``release_memory_occupation`` asserts idleness, records the tags (unknown ones too),
-  flushes when releasing ``kv_cache`` and frees the tags' tensors (only with the memory
-  saver on); ``resume_memory_occupation`` removes the tags from that record first, so
-  a tag that is not released raises KeyError and kills the process
+- ``retract`` pause: running requests free their KV and go back to the front of the waiting queue; ``in_place``: a
+  flag, KV kept, no decode (``managers/scheduler.py``, ``pause_generation``). While paused nothing is admitted.
+- Idleness is ``is_fully_idle(ignore_waiting)`` (``managers/scheduler.py``): the flush itself and the release assert
+  ignore the waiting queue while paused; the timed flush (``?timeout>0``) waits with ``is_fully_idle()`` that does
+  *not* (``managers/scheduler_components/flush_wrapper.py``), so after a retract pause that re-queued requests it can
+  only time out: 400 "Timed out waiting for idle state.".
+- ``release_memory_occupation`` asserts idleness, records the tags (unknown ones too), flushes when releasing
+  ``kv_cache`` and frees the tags' tensors (only with the memory saver on); ``resume_memory_occupation`` removes the
+  tags from that record first, so a tag that is not released raises KeyError and kills the process
   (``managers/scheduler_components/weight_updater.py``).
-- A weight update writes the weights, records the new version, then flushes; a flush
-  refused there fails the call although the weights changed (``weight_updater.py``,
-  ``flush_cache_after_weight_update``).
-- A load snapshot is published every ``_SNAPSHOT_SECONDS`` for ``/v1/loads``, which reads
-  it without waiting on this thread (``managers/load_snapshot.py``).
-- Any exception in here kills the process (:func:`crash.die_from_scheduler_exception`):
-  a release with work in flight, a resume of a tag that is not released, and a
-  prefill or decode that writes into a released pool.
+- A weight update writes the weights, records the new version, then flushes; a flush refused there fails the call
+  although the weights changed (``weight_updater.py``, ``flush_cache_after_weight_update``).
+- A load snapshot is published every ``_SNAPSHOT_SECONDS`` for ``/v1/loads``, which reads it without waiting on this
+  thread (``managers/load_snapshot.py``).
+- Any exception in here kills the process (:func:`crash.die_from_scheduler_exception`): a release with work in flight,
+  a resume of a tag that is not released, and a prefill or decode that writes into a released pool.
 """
 
 from __future__ import annotations
@@ -35,27 +30,11 @@ from collections.abc import Callable
 from typing import Any
 
 from . import crash
+from . import messages as msg
 from .allocator import TokenAllocator
 from .config import EngineConfig
 from .memory_state import MemoryStateWriter
-from .messages import (
-    HEALTH_CHECK_RID_PREFIX,
-    AbortRequests,
-    AddRequest,
-    ContinueScheduler,
-    ControlMessage,
-    FlushCache,
-    FlushResult,
-    GetLoads,
-    LoadWeights,
-    Message,
-    PauseScheduler,
-    ReleaseMemory,
-    Req,
-    ResumeMemory,
-    SchedulerOutput,
-    SetWeightVersion,
-)
+from .messages import HEALTH_CHECK_RID_PREFIX, ControlMessage, Message, Req, SchedulerOutput
 from .pools import ALL_TAGS, KV_CACHE, MemoryPools, sample_next
 
 __all__ = ["Scheduler"]
@@ -85,7 +64,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.engine_paused: str | None = None
         self.counts: Counter[str] = Counter()
-        self._pending_flush: tuple[FlushCache, float] | None = None
+        self._pending_flush: tuple[msg.FlushCache, float] | None = None
         self._tokens_generated = 0
         self._throughput_window: deque[tuple[float, int]] = deque(maxlen=64)
         self.offload_tags: set[str] = set()
@@ -111,7 +90,7 @@ class Scheduler:
 
     def submit(self, message: Message) -> None:
         """Queue a message for the scheduler thread (thread-safe, never blocks)."""
-        if self.memory_state is not None and isinstance(message, (ReleaseMemory, ResumeMemory)):
+        if self.memory_state is not None and isinstance(message, (msg.ReleaseMemory, msg.ResumeMemory)):
             self.memory_state.call_began()  # before it can run: a reader never sees the change unannounced
         self._inbox.put(message)
 
@@ -173,11 +152,11 @@ class Scheduler:
             self._handle(message)
 
     def _handle(self, message: Message) -> None:
-        if isinstance(message, AddRequest):
+        if isinstance(message, msg.AddRequest):
             self.waiting.append(message.req)
-        elif isinstance(message, AbortRequests):
+        elif isinstance(message, msg.AbortRequests):
             self._abort(message)
-        elif isinstance(message, FlushCache):
+        elif isinstance(message, msg.FlushCache):
             self._flush_request(message)
         elif isinstance(message, ControlMessage):
             message.reply.set_result(self._control(message))
@@ -185,26 +164,26 @@ class Scheduler:
             raise TypeError(f"unknown scheduler message {message!r}")
 
     def _control(self, message: ControlMessage) -> Any:
-        if isinstance(message, PauseScheduler):
+        if isinstance(message, msg.PauseScheduler):
             self._pause(message.mode)
             return None
-        if isinstance(message, ContinueScheduler):
+        if isinstance(message, msg.ContinueScheduler):
             self.engine_paused = None
             return None
-        if isinstance(message, ReleaseMemory):
+        if isinstance(message, msg.ReleaseMemory):
             self._release(message.tags)
             self._memory_call_ended()
             return None
-        if isinstance(message, ResumeMemory):
+        if isinstance(message, msg.ResumeMemory):
             self._resume(message.tags)
             self._memory_call_ended()
             return None
-        if isinstance(message, LoadWeights):
+        if isinstance(message, msg.LoadWeights):
             return self._load_weights(message)
-        if isinstance(message, SetWeightVersion):
+        if isinstance(message, msg.SetWeightVersion):
             self._record_weight_version(message.version)
             return None
-        if isinstance(message, GetLoads):
+        if isinstance(message, msg.GetLoads):
             return self._loads()
         raise TypeError(f"unknown control message {message!r}")
 
@@ -213,24 +192,15 @@ class Scheduler:
         self.engine_paused = mode
         if mode == "retract":
             for req in reversed(self.running):
-                self._free_req(req, keep_cache=False)
-                req.retractions += 1
-                self.counts["retracted"] += 1
-                self.waiting.appendleft(req)
+                self._retract(req)
             self.running = []
 
-    def _abort(self, message: AbortRequests) -> None:
-        def matches(req: Req) -> bool:
-            return message.abort_all or req.rid.startswith(message.rid)
-
-        for req in [r for r in self.waiting if matches(r)]:
-            self.waiting.remove(req)
-            self._free_req(req, keep_cache=False)
-            self._finish(req, {"type": "abort", "message": "Abort in waiting queue"})
-        for req in [r for r in self.running if matches(r)]:
-            self.running.remove(req)
-            self._free_req(req, keep_cache=False)
-            self._finish(req, {"type": "abort", "message": "Abort running request"})
+    def _abort(self, message: msg.AbortRequests) -> None:
+        for queue_, why in ((self.waiting, "Abort in waiting queue"), (self.running, "Abort running request")):
+            for req in [r for r in queue_ if message.abort_all or r.rid.startswith(message.rid)]:
+                queue_.remove(req)
+                self._free_req(req, keep_cache=False)
+                self._finish(req, {"type": "abort", "message": why})
 
     def _is_fully_idle(self, ignore_waiting: bool = False) -> bool:
         return not self.running and (ignore_waiting or not self.waiting)
@@ -245,11 +215,11 @@ class Scheduler:
         crash.log_line("Cache flushed successfully!")
         return True
 
-    def _flush_request(self, message: FlushCache) -> None:
+    def _flush_request(self, message: msg.FlushCache) -> None:
         if self._pending_flush is not None:
-            message.reply.set_result(FlushResult(False, "Another flush_cache is already in progress."))
+            message.reply.set_result(msg.FlushResult(False, "Another flush_cache is already in progress."))
         elif message.timeout_s <= 0 or self._is_fully_idle():  # the timed wait does not ignore waiting requests
-            message.reply.set_result(FlushResult(self._flush_cache()))
+            message.reply.set_result(msg.FlushResult(self._flush_cache()))
         else:
             self._pending_flush = (message, time.monotonic() + message.timeout_s)
 
@@ -259,11 +229,11 @@ class Scheduler:
         message, deadline = self._pending_flush
         if self._is_fully_idle():
             self._pending_flush = None
-            message.reply.set_result(FlushResult(self._flush_cache()))
+            message.reply.set_result(msg.FlushResult(self._flush_cache()))
         elif time.monotonic() >= deadline:
             self._pending_flush = None
             crash.log_line("Deferred flush_cache timed out while waiting for idle state.")
-            message.reply.set_result(FlushResult(False, "Timed out waiting for idle state."))
+            message.reply.set_result(msg.FlushResult(False, "Timed out waiting for idle state."))
 
     # ----- memory occupation ------------------------------------------------------
     def _release(self, tags: tuple[str, ...]) -> None:
@@ -296,7 +266,7 @@ class Scheduler:
             self.memory_state.call_ended(self.released_tags())
 
     # ----- weights ----------------------------------------------------------------
-    def _load_weights(self, message: LoadWeights) -> tuple[bool, str]:
+    def _load_weights(self, message: msg.LoadWeights) -> tuple[bool, str]:
         self._pools.write_weights(message.seed)
         self._record_weight_version(message.weight_version)
         if message.flush_cache and not self._flush_cache():
@@ -338,7 +308,8 @@ class Scheduler:
             if req.slot is None:  # pragma: no cover - running requests always hold a slot
                 raise RuntimeError(f"running request {req.rid} holds no req_to_token slot")
             if not self._alloc.can_fit(1):
-                self._retract_for_memory(req)
+                self.running.remove(req)
+                self._retract(req)
                 continue
             kv_index = self._alloc.alloc_kv(1)[0]
             req.kv_indices.append(kv_index)
@@ -355,8 +326,8 @@ class Scheduler:
                 self._send(req, None)
         self._throughput_window.append((time.monotonic(), self._tokens_generated))
 
-    def _retract_for_memory(self, req: Req) -> None:
-        self.running.remove(req)
+    def _retract(self, req: Req) -> None:
+        """Back to the front of the waiting queue, its KV freed (the caller takes it out of the running batch)."""
         self._free_req(req, keep_cache=False)
         req.retractions += 1
         self.counts["retracted"] += 1

@@ -1,10 +1,9 @@
 """``cpr emulate --engines N``: N engines forked from one zygote, served until SIGINT/SIGTERM.
 
-Progress (``engines ready i/N``) goes to stderr while the fleet starts; then one
-``EMULATOR READY <url>`` line per engine, in engine order, on stdout: the list of
-ports to point clients at. An engine that dies (SGLang's deaths) stays dead, like a
-real one; its death is reported on stderr once, with the last lines of its log. SIGINT or SIGTERM stops every engine
-and the zygote.
+Progress (``engines ready i/N``) goes to stderr while the fleet starts; then one ``EMULATOR READY <url>`` line per
+engine, in engine order, on stdout: the list of ports to point clients at. An engine that dies (SGLang's deaths) stays
+dead, like a real one; its death is reported on stderr once, with the last lines of its log. SIGINT or SIGTERM stops
+every engine and the zygote.
 """
 
 from __future__ import annotations

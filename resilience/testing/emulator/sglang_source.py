@@ -1,10 +1,9 @@
 """SGLang's HTTP surface read from its wheel's source, by AST: nothing of sglang is imported or run.
 
-From a wheel (a zip; :func:`~.sglang_wheel.find_wheel` finds it) this reads ``sglang/srt/entrypoints/http_server.py`` and the
-routers it includes (``entrypoints/v1_loads.py``) for routes, methods, auth levels,
-body classes and query parameters with their defaults; ``sglang/srt/managers/io_struct.py``
-for the request classes' fields, which are required and their defaults; and
-``sglang/srt/utils/auth.py`` for the paths that need no key.
+From a wheel (a zip; :func:`~.sglang_wheel.find_wheel` finds it) this reads ``sglang/srt/entrypoints/http_server.py``
+and the routers it includes (``entrypoints/v1_loads.py``) for routes, methods, auth levels, body classes and query
+parameters with their defaults; ``sglang/srt/managers/io_struct.py`` for the request classes' fields, which are
+required and their defaults; and ``sglang/srt/utils/auth.py`` for the paths that need no key.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .sglang_wheel import WheelUnavailable
+from .sglang_wheel import WheelUnavailable, wheel_version
 
 __all__ = ["FACTORY", "REQUIRED", "SglangSurface", "SourceField", "SourceRoute", "read_surface"]
 
@@ -103,23 +102,8 @@ def read_surface(wheel: Path) -> SglangSurface:
                 unresolved += _collect_routes(source(module), "router", routes)
         structs = _structs(source(_IO_STRUCT))
         open_prefixes = _open_prefixes(source(_AUTH))
-        version = _version(zf.read("sglang/_version.py").decode()) if "sglang/_version.py" in names else "?"
+        version = wheel_version(zf)
     return SglangSurface(version, routes, structs, open_prefixes, unresolved)
-
-
-def _version(text: str) -> str:
-    for node in ast.walk(ast.parse(text)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        if _node_value(node) is not None and any(isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in targets):
-            value = _node_value(node)
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                return value.value
-    return "?"
-
-
-def _node_value(node: ast.AST) -> ast.expr | None:
-    """The value of an assignment statement, or None."""
-    return node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
 
 
 def _includes(module: ast.Module, router: str) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .config import SGLANG_VERSION
 
-__all__ = ["DEFAULT_WHEEL_CACHE", "WheelUnavailable", "find_wheel"]
+__all__ = ["DEFAULT_WHEEL_CACHE", "WheelUnavailable", "find_wheel", "wheel_version"]
 
 DEFAULT_WHEEL_CACHE = Path("~/.cache/cpr/wheels").expanduser()
 """Where :func:`find_wheel` keeps wheels (``$CPR_WHEEL_CACHE`` overrides it)."""
@@ -31,11 +31,10 @@ def find_wheel(
 ) -> Path:
     """The ``<package>-<version>`` wheel: ``$CPR_<PACKAGE>_WHEEL``, else one in ``cache_dir``, else downloaded there.
 
-    ``package``: the distribution (default ``"sglang"``; ``"vllm"`` for the vLLM contract, whose
-    wheel is ~336 MB). ``cache_dir``: default ``$CPR_WHEEL_CACHE`` or ``~/.cache/cpr/wheels``.
-    ``download``: run ``pip download --no-deps <package>==<version>`` into the cache when it holds
-    none (``index_url`` = pip's ``--index-url``, with pip's configuration ignored; None = pip's own
-    configuration). Raises :class:`WheelUnavailable` naming what was tried.
+    ``package``: the distribution (default ``"sglang"``; ``"vllm"`` for the vLLM contract, whose wheel is ~336 MB).
+    ``cache_dir``: default ``$CPR_WHEEL_CACHE`` or ``~/.cache/cpr/wheels``. ``download``: run ``pip download --no-deps
+    <package>==<version>`` into the cache when it holds none (``index_url`` = pip's ``--index-url``, with pip's
+    configuration ignored; None = pip's own configuration). Raises :class:`WheelUnavailable` naming what was tried.
     """
     variable = f"CPR_{package.upper()}_WHEEL"
     explicit = os.environ.get(variable)
@@ -70,3 +69,13 @@ def _cached(cache: Path, version: str, package: str = "sglang") -> Path | None:
         if zipfile.is_zipfile(name):
             return Path(name)
     return None
+
+
+def wheel_version(archive: zipfile.ZipFile) -> str:
+    """The ``Version:`` of an open wheel's ``*.dist-info/METADATA`` (``"unknown"`` when it has none)."""
+    for name in archive.namelist():
+        if name.endswith(".dist-info/METADATA"):
+            for line in archive.read(name).decode("utf-8", errors="replace").splitlines():
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+    return "unknown"

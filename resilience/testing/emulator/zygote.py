@@ -1,23 +1,15 @@
 """The zygote: one process that imports torch and the emulator's app once, then forks one child per engine.
 
-Run by :class:`~resilience.testing.emulator.forkserver.Zygote` as
-``python -m resilience.testing.emulator.zygote --exit-with-parent PID``. It imports
-torch, FastAPI and uvicorn, and for each distinct engine configuration it is asked
-for, builds one engine and its app (``app.create_app``: tensors, scheduler, routes)
-that it never starts. Each child gets its own copy of that never-used engine by
-``fork()``, so it only binds its port and runs uvicorn: building the app is done
-once, and its pages stay shared copy-on-write until a child writes them (its
-tensors' pages once it prefills; ``release_memory_occupation`` frees the child's
-storage as before). ``gc.freeze()`` before each fork keeps the children's garbage
-collections off those pages. The zygote starts nothing: no thread, no event loop,
-no socket. Forking a process that runs threads is unsafe (a lock held by another
-thread stays held forever in the child), so it checks it is single-threaded before
-each fork.
+Run by :class:`~resilience.testing.emulator.processes.Zygote` as ``python -m resilience.testing.emulator.zygote
+--exit-with-parent PID``. For each distinct engine configuration it builds one engine and its app
+(``server.create_app``) that it never starts; each child gets its own copy by ``fork()`` and only binds its port and
+runs uvicorn, the pages staying shared copy-on-write until the child writes them (``gc.freeze()`` before each fork
+keeps the children's collections off them). The zygote starts no thread, event loop or socket, and checks it is
+single-threaded before each fork (a lock another thread holds would stay held forever in the child).
 
-Each child is an ordinary engine process from then on: it binds its own port, runs
-its own scheduler thread and event loop, and dies alone, as SGLang's processes do
-(no sibling and not the zygote ever holds its socket, so its port refuses
-connections once it is gone). It dies with the zygote (``PR_SET_PDEATHSIG``).
+Each child is an ordinary engine process from then on and dies alone, as the real engine's processes do (no sibling
+and not the zygote holds its socket, so its port refuses connections once it is gone); it dies with the zygote
+(``PR_SET_PDEATHSIG``).
 
 Protocol, one JSON object per line. On stdin, from the fleet::
 
@@ -51,6 +43,9 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .server import create_app, template_key
+from .server import main as engine_main
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
@@ -60,7 +55,7 @@ _PARENT_POLL_S = 0.5
 _READ_CHUNK = 1 << 16
 _PR_SET_PDEATHSIG = 1
 _Template = tuple["FastAPI", Any]
-"""A never-started app and its engine (an SGLang ``Engine`` or a vLLM ``VLLMEngine``)."""
+"""A never-started app and its engine (an SGLang ``Engine`` or a vLLM ``EngineCore``)."""
 
 
 def _emit(fd: int, event: dict[str, Any]) -> None:
@@ -87,36 +82,6 @@ def _warm() -> None:
     # uvicorn's default logging configuration, once for every child; and the loop, protocol and lifespan modules
     uvicorn.Config(nothing, lifespan="on", log_level="warning").load()
     gc.collect()
-
-
-def _template_key(argv: Sequence[str]) -> tuple[Any, str] | None:
-    """The configuration and host that ``argv`` asks for; None when the flags are bad (the child reports them)."""
-    from .config import config_from_namespace
-    from .server import build_parser, engine_kind
-
-    if engine_kind(argv) == "vllm":
-        from .vllm.server import template_key
-
-        return template_key(argv)
-
-    try:
-        args, _unknown = build_parser().parse_known_args(list(argv))
-        return config_from_namespace(args), args.host
-    except (SystemExit, ValueError):
-        return None
-
-
-def _create_app(config: Any, host: str, port: int) -> _Template:
-    """The app and engine of ``config``'s kind: an SGLang ``EngineConfig`` or a ``VLLMEngineConfig``."""
-    from .vllm.config import VLLMEngineConfig
-
-    if isinstance(config, VLLMEngineConfig):
-        from .vllm.app import create_app as create_vllm_app
-
-        return create_vllm_app(config, host=host, port=port)
-    from .app import create_app
-
-    return create_app(config, host=host, port=port)
 
 
 def _die_with_parent(zygote_pid: int) -> None:
@@ -162,12 +127,11 @@ def _child(command: dict[str, Any], zygote_pid: int, close: Sequence[int], templ
 
         def from_template(config: Any, host: str, port: int) -> _Template:
             if template is None:
-                return _create_app(config, host, port)
+                return create_app(config, host, port)
             app, engine = template
-            engine.port = port  # the only field that differs between copies (``/server_info`` reports it)
+            if hasattr(engine, "port"):
+                engine.port = port  # the only field that differs between copies (SGLang's ``/server_info`` reports it)
             return app, engine
-
-        from .server import main as engine_main
 
         code = engine_main(command["argv"], on_ready=on_ready, app_factory=from_template, logging_configured=True)
     except SystemExit as exc:
@@ -249,12 +213,12 @@ class _Server:
 
     def _template(self, argv: Sequence[str]) -> _Template | None:
         """The never-started app and engine for ``argv``'s configuration, built on first use (None: bad flags)."""
-        key = _template_key(argv)
+        key = template_key(argv)
         if key is None:
             return None
         if key not in self._templates:
             config, host = key
-            app, engine = _create_app(config, host, 0)
+            app, engine = create_app(config, host, 0)
             app.middleware_stack = app.build_middleware_stack()  # what starlette builds on the first request
             self._templates[key] = (app, engine)
         return self._templates[key]

@@ -1,36 +1,28 @@
 """VLLMEngineConfig: every knob of one emulated vLLM engine, and its command line.
 
-Where vLLM 0.33.0 has the flag, the emulator takes vLLM's own name:
-``--enable-sleep-mode`` (``vllm/config/model.py`` ``enable_sleep_mode``),
-``--weight-transfer-config '{"backend": "nccl"}'`` (``vllm/config/weight_transfer.py``),
-``--api-key`` (``vllm/entrypoints/common/cli_args.py`` l.335, repeatable there too),
-``--served-model-name``, ``--max-num-seqs``, ``--host``, ``--port``. The control
-routes are mounted only with ``VLLM_SERVER_DEV_MODE=1`` in the environment
-(``vllm/envs.py`` l.1468: ``bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))``);
-``--server-dev-mode 0|1`` (the emulator's own flag) overrides the environment, so a
-fleet forked from one zygote can run engines of both kinds.
-
-This module imports neither FastAPI nor torch: the fleet (the test side) uses it too.
+Where vLLM 0.33.0 has the flag, the emulator takes vLLM's own name: ``--enable-sleep-mode`` (``vllm/config/model.py``
+``enable_sleep_mode``), ``--weight-transfer-config '{"backend": "nccl"}'`` (``vllm/config/weight_transfer.py``),
+``--api-key`` (``vllm/entrypoints/common/cli_args.py`` l.335, repeatable there too), ``--served-model-name``,
+``--max-num-seqs``. The control routes are mounted only with ``VLLM_SERVER_DEV_MODE=1`` (``vllm/envs.py`` l.1468:
+``bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))``); ``--server-dev-mode 0|1`` (the emulator's own) overrides the
+environment, so a fleet forked from one zygote can run engines of both kinds. Imports neither FastAPI nor torch: the
+fleet uses it too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..config import add_config_arguments, check_fields, config_argv
+
 __all__ = [
-    "DEV_MODE_ENV",
-    "ENGINE_KIND",
-    "VLLM_VERSION",
-    "VLLMEngineConfig",
-    "add_vllm_arguments",
-    "dev_mode_from_env",
+    "DEV_MODE_ENV", "ENGINE_KIND", "VLLM_VERSION", "VLLMEngineConfig", "add_vllm_arguments", "dev_mode_from_env",
     "vllm_config_from_namespace",
-]
+]  # fmt: skip
 
 VLLM_VERSION = "0.33.0"
 """The vLLM release whose control plane the emulator reproduces (``GET /version`` answers it)."""
@@ -63,58 +55,44 @@ class VLLMEngineConfig:
     executor's tag bookkeeping (``/is_sleeping``, the pause) but no memory is ever released, so nothing
     crashes and level 2 corrupts nothing (the cumem pool holds no allocation, ``gpu_worker.py`` l.301).
     On: slept memory is really gone: scheduling onto it kills the engine, level 2 leaves garbage weights."""
-
     weight_transfer_backend: str | None = None
     """The ``backend`` of vLLM's ``--weight-transfer-config`` JSON; None (default) = not configured, so
     every weight-transfer route answers 500 "Weight transfer not configured" (``gpu_worker.py`` l.1512)."""
-
     dev_mode: bool | None = None
     """Mount the dev and RL routes. None (default) = read ``VLLM_SERVER_DEV_MODE`` from the engine's
     environment at start, as vLLM does; True/False override it (``--server-dev-mode 1|0``)."""
-
     api_key: str | None = field(default=None, repr=False)
     """vLLM's ``--api-key``: Bearer key for paths under ``/v1``, ``/v2``, ``/inference``, ``/cohere`` only
     (``serve/middleware/authenticate.py`` l.11); the control routes stay open. None = open. Never logged."""
-
     served_model_name: str = "emulated/vllm-model"
     """The model name ``/v1/models`` reports and ``/v1/completions`` answers with."""
-
     token_rate: float = 200.0
     """Tokens per second each running request decodes: how long a request stays in flight."""
-
     max_num_seqs: int = 32
     """vLLM's ``--max-num-seqs``: most requests running at once; the rest wait in the queue."""
-
     default_max_tokens: int = 16
     """``max_tokens`` of a completion that does not set it (the OpenAI default vLLM uses: 16)."""
-
     tick_seconds: float = 0.01
     """How often the scheduler steps (decodes, admits, finishes requests)."""
-
     weight_version: str = "default"
     """The initial weight version (``v1/engine/core.py`` l.147: ``self._weight_version = "default"``)."""
-
     enable_fault_tolerance: bool = False
     """vLLM's ``--enable-fault-tolerance`` (default off, as in vLLM): mounts ``POST /fault_tolerance/apply`` and
     ``GET /fault_tolerance/status`` (``entrypoints/launchers/api_server/routers.py`` l.85-90), and a fault of the
     busy loop (``POST /_emulator/fault``) waits for ``retry`` instead of killing the engine (``fault_tolerance.py``)."""
-
     engine_recovery_timeout_s: float = 120.0
     """How long a faulted engine waits for an instruction before it dies: vLLM's
     ``--fault-tolerance-config '{"engine_recovery_timeout_sec": ...}'`` (``config/fault_tolerance.py``, default 120)."""
 
     def __post_init__(self) -> None:
-        for name in ("token_rate", "tick_seconds", "engine_recovery_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"`{name}` must be a finite number > 0, but was {value!r}")
-        for name in ("max_num_seqs", "default_max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be an integer >= 1, but was {value!r}")
-        for name in ("enable_sleep_mode", "enable_fault_tolerance"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"`{name}` must be True or False, but was {getattr(self, name)!r}")
+        check_fields(
+            self,
+            positive=("token_rate", "tick_seconds", "engine_recovery_timeout_s"),
+            counts=("max_num_seqs", "default_max_tokens"),
+            switches=("enable_sleep_mode", "enable_fault_tolerance"),
+            names=("served_model_name", "weight_version"),
+            keys=("api_key",),
+        )
         if self.dev_mode is not None and not isinstance(self.dev_mode, bool):
             raise ValueError(f"`dev_mode` must be None, True or False, but was {self.dev_mode!r}")
         if self.weight_transfer_backend is not None and self.weight_transfer_backend not in WEIGHT_TRANSFER_BACKENDS:
@@ -122,13 +100,6 @@ class VLLMEngineConfig:
                 f"`weight_transfer_backend` must be None or one of {', '.join(WEIGHT_TRANSFER_BACKENDS)}, "
                 f"but was {self.weight_transfer_backend!r}"
             )
-        if not isinstance(self.served_model_name, str) or not self.served_model_name:
-            raise ValueError(f"`served_model_name` must be a non-empty string, but was {self.served_model_name!r}")
-        if not isinstance(self.weight_version, str) or not self.weight_version:
-            raise ValueError(f"`weight_version` must be a non-empty string, but was {self.weight_version!r}")
-        key = self.api_key
-        if key is not None and (not isinstance(key, str) or not key or key != key.strip()):
-            raise ValueError("`api_key` must be None or a non-empty string without surrounding spaces (value not shown)")
 
     def resolved_dev_mode(self) -> bool:
         """Whether the control routes are mounted: :attr:`dev_mode`, else ``VLLM_SERVER_DEV_MODE`` now."""
@@ -136,20 +107,14 @@ class VLLMEngineConfig:
 
     def to_argv(self) -> list[str]:
         """The flags that rebuild this config, led by ``--engine vllm`` (only fields that differ from the default)."""
-        argv = ["--engine", ENGINE_KIND]
-        for spec in fields(self):
-            value = getattr(self, spec.name)
-            if value == spec.default:
-                continue
-            if spec.name in ("enable_sleep_mode", "enable_fault_tolerance"):
-                argv.append("--" + spec.name.replace("_", "-"))
-            elif spec.name == "weight_transfer_backend":
-                argv += ["--weight-transfer-config", json.dumps({"backend": value})]
-            elif spec.name == "dev_mode":
-                argv += ["--server-dev-mode", "1" if value else "0"]
-            else:
-                argv += ["--" + spec.name.replace("_", "-"), str(value)]
-        return argv
+        return ["--engine", ENGINE_KIND, *config_argv(self, _SPECIAL_FLAGS)]
+
+
+_SPECIAL_FLAGS = {
+    "weight_transfer_backend": lambda value: ["--weight-transfer-config", json.dumps({"backend": value})],
+    "dev_mode": lambda value: ["--server-dev-mode", "1" if value else "0"],
+}
+"""The fields whose flag is not ``--<field>``: vLLM's JSON config, and the emulator's override of the environment."""
 
 
 def _weight_transfer(text: str) -> dict[str, Any]:
@@ -170,8 +135,6 @@ def _dev_mode(text: str) -> bool:
 
 def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     """Add vLLM's flags (and the emulator's knobs), each defaulting to the VLLMEngineConfig default."""
-    d = VLLMEngineConfig()
-    parser.add_argument("--enable-sleep-mode", action="store_true", help="vLLM's --enable-sleep-mode (default: off)")
     parser.add_argument(
         "--weight-transfer-config",
         type=_weight_transfer,
@@ -186,39 +149,12 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="0|1",
         help=f"mount the dev and RL routes (default: read {DEV_MODE_ENV} from the environment, as vLLM)",
     )
-    parser.add_argument("--api-key", default=None, help="vLLM's --api-key: guards /v1, /v2, /inference, /cohere only")
-    parser.add_argument("--served-model-name", default=d.served_model_name, help=f"model name (default: {d.served_model_name})")
-    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help=f"most running requests (default: {d.max_num_seqs})")
-    parser.add_argument("--token-rate", type=float, default=d.token_rate, help=f"tokens/s per request (default: {d.token_rate})")
-    parser.add_argument(
-        "--default-max-tokens", type=int, default=d.default_max_tokens, help=f"max_tokens when unset (default: {d.default_max_tokens})"
-    )
-    parser.add_argument("--tick-seconds", type=float, default=d.tick_seconds, help=f"scheduler step (default: {d.tick_seconds})")
-    parser.add_argument("--weight-version", default=d.weight_version, help=f"initial weight version (default: {d.weight_version})")
-    parser.add_argument("--enable-fault-tolerance", action="store_true", help="vLLM's --enable-fault-tolerance (default: off)")
-    parser.add_argument(
-        "--engine-recovery-timeout-s",
-        type=float,
-        default=d.engine_recovery_timeout_s,
-        help=f"seconds a faulted engine waits for an instruction (default: {d.engine_recovery_timeout_s:g})",
-    )
+    add_config_arguments(parser, VLLMEngineConfig, skip=_SPECIAL_FLAGS)
 
 
 def vllm_config_from_namespace(ns: argparse.Namespace) -> VLLMEngineConfig:
     """Build a VLLMEngineConfig from the flags of :func:`add_vllm_arguments`; ValueError names a bad field."""
     transfer = ns.weight_transfer_config
+    values = {spec.name: getattr(ns, spec.name) for spec in fields(VLLMEngineConfig) if spec.name not in _SPECIAL_FLAGS}
     backend = None if transfer is None else str(transfer.get("backend", "nccl"))
-    return VLLMEngineConfig(
-        enable_sleep_mode=ns.enable_sleep_mode,
-        weight_transfer_backend=backend,
-        dev_mode=ns.server_dev_mode,
-        api_key=ns.api_key,
-        served_model_name=ns.served_model_name,
-        token_rate=ns.token_rate,
-        max_num_seqs=ns.max_num_seqs,
-        default_max_tokens=ns.default_max_tokens,
-        tick_seconds=ns.tick_seconds,
-        weight_version=ns.weight_version,
-        enable_fault_tolerance=ns.enable_fault_tolerance,
-        engine_recovery_timeout_s=ns.engine_recovery_timeout_s,
-    )
+    return VLLMEngineConfig(**values, weight_transfer_backend=backend, dev_mode=ns.server_dev_mode)

@@ -1,30 +1,27 @@
 """The vLLM emulator against vLLM 0.33.0's own source: routes, methods, parameters, answer bodies, mounting, keys.
 
-Both sides are read the same way, by AST (``source.py``): vLLM's dev and RL routers
-from the wheel (the modules its registries import), the emulator's from
-``dev_routes.py`` and ``rl_routes.py``. Every comparison returns a list of
-differences, one line each naming the route and both sides; an empty list means they
-agree. The inputs are plain values, so a test can feed a doctored side and see the
-check fail. :func:`check` runs them all on the wheel and refuses sets that are empty
-or of an implausible size.
+Both sides are read the same way, by AST (``source.py``): vLLM's dev and RL routers from the wheel (the modules its
+registries import), the emulator's from ``dev_routes.py`` and ``rl_routes.py``. Every comparison returns a list of
+differences, one line each naming the route and both sides; an empty list means they agree. The inputs are plain
+values, so a test can feed a doctored side and see the check fail. :func:`check` runs them all on the wheel and
+refuses sets that are empty or of an implausible size.
 
 Compared, in both directions:
 
 - the control routes: the same set of paths, the same methods per path;
-- per route, the parameters: the same names, each bound the same way (query, embedded
-  body field, read by hand from the query string or the JSON body), with the same
-  annotation as written, default and constraints (``ge``/``le``);
-- per route, the answer shapes (keys, and constant values such as ``"status":
-  "sleeping"``): every emulator shape is one of vLLM's, and every vLLM shape but its
-  defensive ``{"error": ...}`` answers (and :data:`UNREACHABLE_SHAPES`) is the emulator's;
-- the mounting: vLLM gates both registries on ``VLLM_SERVER_DEV_MODE`` and reads it as
-  :data:`DEV_MODE_READER`; the emulator's dev-mode app serves exactly the control routes
-  (plus the always-mounted ones and ``/_emulator/*``) and its plain app none of them;
-- the always-mounted routes the emulator serves exist in vLLM with the same methods,
-  and the ``--api-key`` prefixes are vLLM's;
-- the fault-tolerance routes (``serve/fault_tolerance/api_router.py``): paths, methods, parameters
-  and answers as above, and the mounting: vLLM registers them under ``enable_fault_tolerance``, the
-  emulator serves them exactly when ``enable_fault_tolerance`` is on (dev mode or not).
+- per route, the parameters: the same names, each bound the same way (query, embedded body field, read by hand from
+  the query string or the JSON body), with the same annotation as written, default and constraints (``ge``/``le``);
+- per route, the answer shapes (keys, and constant values such as ``"status": "sleeping"``): every emulator shape is
+  one of vLLM's, and every vLLM shape but its defensive ``{"error": ...}`` answers (and :data:`UNREACHABLE_SHAPES`) is
+  the emulator's;
+- the mounting: vLLM gates both registries on ``VLLM_SERVER_DEV_MODE`` and reads it as :data:`DEV_MODE_READER`; the
+  emulator's dev-mode app serves exactly the control routes (plus the always-mounted ones and ``/_emulator/*``) and
+  its plain app none of them;
+- the always-mounted routes the emulator serves exist in vLLM with the same methods, and the ``--api-key`` prefixes
+  are vLLM's;
+- the fault-tolerance routes (``serve/fault_tolerance/api_router.py``): paths, methods, parameters and answers as
+  above, and the mounting: vLLM registers them under ``enable_fault_tolerance``, the emulator serves them exactly when
+  ``enable_fault_tolerance`` is on (dev mode or not).
 """
 
 from __future__ import annotations
@@ -39,19 +36,9 @@ from .config import DEV_MODE_ENV, VLLM_VERSION
 from .source import RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
 
 __all__ = [
-    "DEV_MODE_READER",
-    "UNREACHABLE_SHAPES",
-    "app_paths",
-    "check",
-    "compare_bodies",
-    "compare_fault_tolerance",
-    "compare_mounting",
-    "compare_params",
-    "compare_routes",
-    "compare_serve_routes",
-    "emulator_control_routes",
-    "emulator_fault_tolerance_routes",
-]
+    "DEV_MODE_READER", "UNREACHABLE_SHAPES", "app_paths", "check", "compare_bodies", "compare_fault_tolerance", "compare_mounting",
+    "compare_params", "compare_routes", "compare_serve_routes", "emulator_control_routes", "emulator_fault_tolerance_routes",
+]  # fmt: skip
 
 DEV_MODE_READER = '"VLLM_SERVER_DEV_MODE": lambda: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0"))),'
 """``vllm/envs.py`` l.1468, which ``config.dev_mode_from_env`` follows."""
@@ -199,8 +186,8 @@ def check(wheel: str | Path) -> ContractReport:
     Raises AssertionError when a compared set is empty or of an implausible size: a check over
     nothing (or over the wrong files) would pass whatever the emulator did.
     """
+    from ..auth import GUARDED_PREFIX
     from .app import create_app
-    from .auth import GUARDED_PREFIX
     from .config import VLLMEngineConfig
 
     surface = read_vllm_surface(wheel)

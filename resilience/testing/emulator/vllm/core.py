@@ -1,59 +1,52 @@
 """The emulated vLLM EngineCore: scheduler pause state, sleep tags, weight session, requests.
 
-Everything runs on the server's event loop (one thread), so no lock is needed: a
-route calls a method, and the scheduler task calls :meth:`EngineCore.step` every
-tick. Paths and lines below are vLLM 0.33.0's (``vllm/...``).
+Everything runs on the server's event loop (one thread), so no lock is needed: a route calls a method, and the
+scheduler task calls :meth:`EngineCore.step` every tick. Paths and lines below are vLLM 0.33.0's (``vllm/...``).
 
-- Pause is one state (``v1/core/sched/scheduler.py`` l.3073 ``set_pause_state``):
-  ``UNPAUSED``, ``PAUSED_NEW`` (no new request is scheduled; running ones keep
-  decoding) or ``PAUSED_ALL`` (nothing steps). ``pause_scheduler`` (``v1/engine/core.py``
-  l.2181) aborts everything in ``abort`` mode, sets ``PAUSED_NEW`` for abort/wait and
-  ``PAUSED_ALL`` for keep, and completes once the running requests are done
-  (``_pause_complete`` l.2239, ``get_num_unfinished_requests`` l.3147: queued requests
-  do not count under ``PAUSED_NEW``); then ``_finish_pause`` (l.948) clears the caches
-  if asked, which preempts running requests (``_reset_caches`` l.932,
-  ``reset_running_requests=True``). A user pause (``pause_generation`` l.2225) also
-  rejects new requests in abort and wait mode (``reject_new_requests``); a sleep does
-  not (it calls ``pause_scheduler`` only). ``resume_scheduler`` (l.2235, l.985) sets
-  ``UNPAUSED`` and stops rejecting, whoever paused.
-- Sleep (``EngineCore.sleep`` l.993) pauses with ``clear_cache = level >= 1`` and then
-  ``Executor.sleep`` (``v1/executor/abstract.py`` l.400): a no-op when ``weights`` is
-  asleep already, else both tags go to ``sleeping_tags``. Level 0 only pauses.
-- Wake (``EngineCore.wake_up`` l.1031): ``scheduling`` is dropped from the tags;
-  ``Executor.wake_up`` (abstract.py l.413) does nothing when nothing sleeps, and
-  nothing at all when one of the tags is not asleep (l.416-422); the scheduler
-  resumes whenever nothing sleeps any more, also when nothing slept (l.1053-1055).
+- Pause is one state (``v1/core/sched/scheduler.py`` l.3073 ``set_pause_state``): ``UNPAUSED``, ``PAUSED_NEW`` (no new
+  request is scheduled; running ones keep decoding) or ``PAUSED_ALL`` (nothing steps). ``pause_scheduler``
+  (``v1/engine/core.py`` l.2181) aborts everything in ``abort`` mode, sets ``PAUSED_NEW`` for abort/wait and
+  ``PAUSED_ALL`` for keep, and completes once the running requests are done (``_pause_complete`` l.2239,
+  ``get_num_unfinished_requests`` l.3147: queued requests do not count under ``PAUSED_NEW``); then ``_finish_pause``
+  (l.948) clears the caches if asked, which preempts running requests (``_reset_caches`` l.932,
+  ``reset_running_requests=True``). A user pause (``pause_generation`` l.2225) also rejects new requests in abort and
+  wait mode (``reject_new_requests``); a sleep does not (it calls ``pause_scheduler`` only). ``resume_scheduler``
+  (l.2235, l.985) sets ``UNPAUSED`` and stops rejecting, whoever paused.
+- Sleep (``EngineCore.sleep`` l.993) pauses with ``clear_cache = level >= 1`` and then ``Executor.sleep``
+  (``v1/executor/abstract.py`` l.400): a no-op when ``weights`` is asleep already, else both tags go to
+  ``sleeping_tags``. Level 0 only pauses.
+- Wake (``EngineCore.wake_up`` l.1031): ``scheduling`` is dropped from the tags; ``Executor.wake_up`` (abstract.py
+  l.413) does nothing when nothing sleeps, and nothing at all when one of the tags is not asleep (l.416-422); the
+  scheduler resumes whenever nothing sleeps any more, also when nothing slept (l.1053-1055).
 - ``is_sleeping`` (l.1078) = scheduler paused or any tag asleep.
-- With ``--enable-sleep-mode`` the slept memory is really gone (cumem unmaps it):
-  a step that runs a request while any tag sleeps, or a weight load into slept
-  weights, is an illegal memory access (``crash.py``). Level 2 discards the weights
-  (``gpu_worker.py`` l.301-320 saves only buffers), so woken weights are garbage until
-  an update or ``reload_weights``.
-- The weight session is per worker (``v1/worker/gpu_worker.py`` l.1542-1650): a failed
-  call raises :class:`UtilityError` and the engine lives (a utility failure, ``v1/engine/core.py``
-  l.1850: HTTP 500).
-- ``/update_weights`` over NCCL is a collective with the trainer (``vllm-control-plane.md`` 4.5,
-  code reading; prime-rl#3599): a re-sent chunk (the same ``update_info`` again in one session)
-  waits for a broadcast that never comes. The engine is then *wedged*: that call never answers,
-  the EngineCore's loop is stuck in it, so no request is stepped and every call that needs the
-  core (all dev and RL routes but ``/abort_requests``, ``/get_world_size``, ``/server_info``)
-  hangs; ``/health`` still answers 200 (``AsyncLLM.check_health`` only looks for a dead core).
+- With ``--enable-sleep-mode`` the slept memory is really gone (cumem unmaps it): a step that runs a request while any
+  tag sleeps, or a weight load into slept weights, is an illegal memory access (``crash.py``). Level 2 discards the
+  weights (``gpu_worker.py`` l.301-320 saves only buffers), so woken weights are garbage until an update or
+  ``reload_weights``.
+- The weight session is per worker (``v1/worker/gpu_worker.py`` l.1542-1650): a failed call raises
+  :class:`UtilityError` and the engine lives (a utility failure, ``v1/engine/core.py`` l.1850: HTTP 500).
+- ``/update_weights`` over NCCL is a collective with the trainer (``vllm-control-plane.md`` 4.5, code reading;
+  prime-rl#3599): a re-sent chunk (the same ``update_info`` again in one session) waits for a broadcast that never
+  comes. The engine is then *wedged*: that call never answers, the EngineCore's loop is stuck in it, so no request is
+  stepped and every call that needs the core (all dev and RL routes but ``/abort_requests``, ``/get_world_size``,
+  ``/server_info``) hangs; ``/health`` still answers 200 (``AsyncLLM.check_health`` only looks for a dead core).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, get_args
 
+from ..crash import die_of_engine_error, die_of_illegal_memory_access
 from ..memory_state import MemoryStateWriter
 from .config import VLLMEngineConfig
-from .crash import die_of_engine_error, die_of_illegal_memory_access
 from .fault_tolerance import FaultTolerance
 from .text import ZERO_CONTENT, garbage_content, token, weight_checksums, weights_content
 
@@ -215,13 +208,10 @@ class EngineCore:
     # ----- sleep ----------------------------------------------------------------------
     async def sleep(self, level: int, mode: str) -> None:
         """``EngineCore.sleep`` (l.993): pause (caches cleared for level >= 1), then the executor's sleep."""
-        self._memory_call_began()
-        try:
+        with self._memory_call():
             await self._pause_scheduler(mode, clear_cache=level >= 1)
             if level >= 1:
                 self._executor_sleep(level)
-        finally:
-            self._memory_call_ended()
 
     def _executor_sleep(self, level: int) -> None:
         """``Executor.sleep`` (abstract.py l.400): already sleeping -> warning, no-op."""
@@ -234,8 +224,7 @@ class EngineCore:
 
     def wake_up(self, tags: list[str] | None) -> bool:
         """``EngineCore.wake_up`` (l.1031); returns whether nothing sleeps any more (and then resumes)."""
-        self._memory_call_began()
-        try:
+        with self._memory_call():
             if tags is not None and "scheduling" in tags:
                 tags = [t for t in tags if t != "scheduling"]
             if tags is None or tags:
@@ -244,8 +233,6 @@ class EngineCore:
             if fully_awake:
                 self.resume_scheduler()
             return fully_awake
-        finally:
-            self._memory_call_ended()
 
     def _executor_wake(self, tags: list[str] | None) -> None:
         """``Executor.wake_up`` (abstract.py l.412-435)."""
@@ -270,16 +257,13 @@ class EngineCore:
 
     def release_kv_cache_memory(self) -> None:
         """``EngineCore.release_kv_cache_memory`` (l.1058)."""
-        self._memory_call_began()
-        try:
+        with self._memory_call():
             if not (self.is_paused() and not self.running and not self.waiting):
                 raise UtilityError("release_kv_cache_memory", "release_kv_cache_memory() requires a completed pause first")
             if self.sleeping_tags:
                 raise UtilityError("release_kv_cache_memory", "release_kv_cache_memory() requires all executor memory to be resident")
             self.reset_prefix_cache(reset_running_requests=True)
             self.sleeping_tags.add("kv_cache")  # Executor.discard (abstract.py l.437-446)
-        finally:
-            self._memory_call_ended()
 
     def _memory_gone(self, tags: Iterable[str] = SLEEP_TAGS) -> str | None:
         """The first of ``tags`` whose memory is really released now (only with sleep mode), else None."""
@@ -287,13 +271,21 @@ class EngineCore:
             return None
         return next((t for t in sorted(tags) if t in self.sleeping_tags), None)
 
-    def _memory_call_began(self) -> None:
+    @contextlib.contextmanager
+    def _memory_call(self) -> Iterator[None]:
+        """A sleep, wake or release in progress for the memory side channel, published again once it is over."""
         if self.memory_state is not None:
             self.memory_state.call_began()
+        try:
+            yield
+        finally:
+            if self.memory_state is not None:
+                self.memory_state.call_ended(sorted(self.sleeping_tags))
 
-    def _memory_call_ended(self) -> None:
-        if self.memory_state is not None:
-            self.memory_state.call_ended(sorted(self.sleeping_tags))
+    def _touch_weights(self, what: str) -> None:
+        """``what`` reads or writes the weights: an illegal memory access (the engine dies) while they sleep."""
+        if self._memory_gone(("weights",)):
+            die_of_illegal_memory_access(what)
 
     # ----- caches ---------------------------------------------------------------------
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
@@ -345,8 +337,7 @@ class EngineCore:
         if not self.transfer_initialized:  # the backend has no group to receive on: the exception ends the session (l.1624)
             self.weight_update_active = False
             raise UtilityError("update_weights", f"{self._backend_class()} is not initialized; call init_weight_transfer_engine first.")
-        if self._memory_gone(("weights",)):
-            die_of_illegal_memory_access("a weight update loaded into slept weights")
+        self._touch_weights("a weight update loaded into slept weights")
         if self._last_update is not None and update_info == self._last_update:
             log.error("update_weights: the same chunk again; its NCCL broadcast from the trainer never comes (the core waits for good)")
             self.wedged = True
@@ -372,22 +363,19 @@ class EngineCore:
 
     def reload_weights(self) -> None:
         """``collective_rpc("reload_weights")``: the checkpoint again (its version label is kept)."""
-        if self._memory_gone(("weights",)):
-            die_of_illegal_memory_access("reload_weights loaded into slept weights")
+        self._touch_weights("reload_weights loaded into slept weights")
         self.weights = weights_content(self.config.weight_version)
         self.weights_discarded = False
 
     def zero_weights(self) -> None:
         """``collective_rpc("reset_weights")`` = ``zero_weights(model)`` (``gpu_worker.py`` l.393-394): every weight is 0."""
-        if self._memory_gone(("weights",)):
-            die_of_illegal_memory_access("reset_weights wrote into slept weights")
+        self._touch_weights("reset_weights wrote into slept weights")
         self.weights = ZERO_CONTENT
         self.weights_discarded = False
 
     def weight_checksums(self) -> dict[str, str]:
         """``compute_weight_checksums``: one checksum per parameter, from the weights' content; reading slept weights is fatal."""
-        if self._memory_gone(("weights",)):
-            die_of_illegal_memory_access("compute_weight_checksums read slept weights")
+        self._touch_weights("compute_weight_checksums read slept weights")
         return weight_checksums(self.weights)
 
     def _backend_class(self) -> str:

@@ -1,9 +1,8 @@
 """The dev routers of vLLM 0.33.0, mounted only in dev mode: sleep, cache, rpc, server_info.
 
-Each endpoint keeps the signature of its original (route, method, parameters, defaults,
-constraints), so the contract check (``contract.py``) can compare them by AST:
-``vllm/entrypoints/serve/dev/sleep/api_router.py``, ``dev/cache/api_router.py``,
-``dev/rpc/api_router.py`` (``/collective_rpc``) and ``dev/server_info/api_router.py``.
+Each endpoint keeps the signature of its original (route, method, parameters, defaults, constraints), so the contract
+check (``contract.py``) can compare them by AST: ``vllm/entrypoints/serve/dev/sleep/api_router.py``,
+``dev/cache/api_router.py``, ``dev/rpc/api_router.py`` (``/collective_rpc``) and ``dev/server_info/api_router.py``.
 """
 
 from __future__ import annotations
@@ -30,9 +29,7 @@ def sleep_router(core: EngineCore) -> APIRouter:
 
     @router.post("/sleep")  # l.26
     async def sleep(
-        raw_request: Request,
-        level: Annotated[int, Query(ge=0, le=2)] = 1,
-        mode: Annotated[PauseMode, Query()] = "abort",
+        raw_request: Request, level: Annotated[int, Query(ge=0, le=2)] = 1, mode: Annotated[PauseMode, Query()] = "abort"
     ) -> JSONResponse:
         await core.sleep(level, mode)
         return JSONResponse(content={"status": "sleeping", "level": level})  # l.34
@@ -63,9 +60,7 @@ def cache_router(core: EngineCore) -> APIRouter:
 
     @router.post("/reset_prefix_cache")  # l.20
     async def reset_prefix_cache(
-        raw_request: Request,
-        reset_running_requests: bool = Query(default=False),
-        reset_external: bool = Query(default=False),
+        raw_request: Request, reset_running_requests: bool = Query(default=False), reset_external: bool = Query(default=False)
     ) -> JSONResponse:
         success = core.reset_prefix_cache(reset_running_requests)  # no connector: reset_external changes nothing
         return JSONResponse(content={"success": bool(success)})  # l.44: false while blocks are held
@@ -128,10 +123,7 @@ def server_info_router(core: EngineCore) -> APIRouter:
     router = APIRouter(dependencies=[Depends(engine_core_gate(core))])
 
     @router.get("/server_info")
-    async def show_server_info(
-        raw_request: Request,
-        config_format: Annotated[Literal["text", "json"], Query()] = "text",
-    ) -> JSONResponse:
+    async def show_server_info(raw_request: Request, config_format: Annotated[Literal["text", "json"], Query()] = "text") -> JSONResponse:
         config = core.config
         as_json = {
             "model_config": {"model": config.served_model_name, "enable_sleep_mode": config.enable_sleep_mode},

@@ -16,7 +16,7 @@ from fastapi import APIRouter, BackgroundTasks, Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from .crash import log_line
+from ..crash import vllm_log_line
 from .fault_tolerance import FaultTolerance
 
 __all__ = ["ALLOWED_INSTRUCTIONS", "ft_router"]
@@ -55,7 +55,7 @@ def ft_router(ft: FaultTolerance) -> APIRouter:
         """``_run_fault_recovery`` (l.76-90): a failed recovery is only logged."""
         success, reason = ft.handle(instruction, request_id)
         if not success:
-            log_line("ERROR", "api_router.py", f"[FT] Recovery failed for request {request_id}: {reason}")
+            vllm_log_line("ERROR", "api_router.py", f"[FT] Recovery failed for request {request_id}: {reason}")
 
     @router.post("/fault_tolerance/apply", dependencies=[Depends(validate_json_request)])  # l.37
     async def process_fault_tolerance_instruction(raw_request: Request, background_tasks: BackgroundTasks) -> JSONResponse:
@@ -68,10 +68,7 @@ def ft_router(ft: FaultTolerance) -> APIRouter:
         background_tasks.add_task(run_fault_recovery, instruction, request_id)  # l.65: answered first, recovered after
         return JSONResponse(
             status_code=HTTPStatus.ACCEPTED.value,
-            content={
-                "message": "Request accepted; poll /fault_tolerance/status for updates.",
-                "request_id": request_id,
-            },
+            content={"message": "Request accepted; poll /fault_tolerance/status for updates.", "request_id": request_id},
             background=background_tasks,
         )
 

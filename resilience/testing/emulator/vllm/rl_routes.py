@@ -43,9 +43,7 @@ def rl_router(core: EngineCore) -> APIRouter:
 
     @router.post("/pause")  # l.31
     async def pause_generation(
-        raw_request: Request,
-        mode: Annotated[PauseMode, Query()] = "abort",
-        clear_cache: Annotated[bool, Query()] = True,
+        raw_request: Request, mode: Annotated[PauseMode, Query()] = "abort", clear_cache: Annotated[bool, Query()] = True
     ) -> JSONResponse:
         try:
             await core.pause_generation(mode=mode, clear_cache=clear_cache)
@@ -79,10 +77,7 @@ def rl_router(core: EngineCore) -> APIRouter:
         return JSONResponse(content={"is_paused": core.is_paused()})
 
     @router.post("/init_weight_transfer_engine")  # l.162
-    async def init_weight_transfer_engine(
-        raw_request: Request,
-        init_info: Annotated[dict[str, Any], Body(embed=True)],
-    ) -> JSONResponse:
+    async def init_weight_transfer_engine(raw_request: Request, init_info: Annotated[dict[str, Any], Body(embed=True)]) -> JSONResponse:
         core.init_weight_transfer_engine(init_info)
         return JSONResponse(content={"message": "Weight transfer initialized"})
 
@@ -102,27 +97,18 @@ def rl_router(core: EngineCore) -> APIRouter:
         return JSONResponse(content={"message": "Draft weight update started"})
 
     @router.post("/update_weights")  # l.195
-    async def update_weights(
-        raw_request: Request,
-        update_info: Annotated[WeightTransferUpdatePayload, Body(embed=True)],
-    ) -> JSONResponse:
+    async def update_weights(raw_request: Request, update_info: Annotated[WeightTransferUpdatePayload, Body(embed=True)]) -> JSONResponse:
         core.update_weights(update_info)
         await core.utility_gate()  # a re-sent chunk wedged the core: this call never answers
         return JSONResponse(content={"message": "Weights updated"})
 
     @router.post("/finish_weight_update")  # l.207
-    async def finish_weight_update(
-        raw_request: Request,
-        weight_version: Annotated[str | None, Body(embed=True)] = None,
-    ) -> JSONResponse:
+    async def finish_weight_update(raw_request: Request, weight_version: Annotated[str | None, Body(embed=True)] = None) -> JSONResponse:
         core.finish_weight_update(weight_version)
         return JSONResponse(content={"message": "Weight update finished"})
 
     @router.post("/update_weight_version")  # l.217
-    async def update_weight_version(
-        raw_request: Request,
-        new_version: Annotated[str, Body(embed=True)],
-    ) -> JSONResponse:
+    async def update_weight_version(raw_request: Request, new_version: Annotated[str, Body(embed=True)]) -> JSONResponse:
         core.update_weight_version(new_version)
         return JSONResponse(content={"success": True, "new_version": new_version})
 
@@ -149,10 +135,7 @@ def rl_router(core: EngineCore) -> APIRouter:
         return JSONResponse(content={"match": not mismatches, "mismatches": mismatches})
 
     @router.get("/get_world_size")  # l.269
-    async def get_world_size(
-        raw_request: Request,
-        include_dp: bool = Query(True),
-    ) -> JSONResponse:
+    async def get_world_size(raw_request: Request, include_dp: bool = Query(True)) -> JSONResponse:
         world_size = 1  # one worker, no data parallelism: TP * PP (* DP) = 1 either way (l.285-288)
         return JSONResponse(content={"world_size": world_size})
 

@@ -1,14 +1,11 @@
 """The always-mounted routes: ``/health``, ``/version``, ``/v1/models``, ``/v1/completions``, and the debug routes.
 
-- ``/health`` (``serve/instrumentator/health.py`` l.22): 200 with an empty body, also
-  while paused or asleep; 503 only for a dead engine, which the emulator never is (its
-  death ends the process).
+- ``/health`` (``serve/instrumentator/health.py`` l.22): 200 with an empty body, also while paused or asleep; 503 only
+  for a dead engine, which the emulator never is (its death ends the process).
 - ``/version`` (``serve/instrumentator/basic.py`` l.53): ``{"version": "0.33.0"}``.
-- ``/v1/completions``: the OpenAI completion, non-streaming. Its text comes from the
-  weights the engine holds (``text.py``). An abort answers 200 with
-  ``finish_reason: "abort"``; during an abort/wait pause a new request is 503
-  ``ServiceUnavailableError`` (``v1/engine/core.py`` l.1796); during a keep pause or a
-  sleep it waits in the queue.
+- ``/v1/completions``: the OpenAI completion, non-streaming. Its text comes from the weights the engine holds
+  (``text.py``). An abort answers 200 with ``finish_reason: "abort"``; during an abort/wait pause a new request is 503
+  ``ServiceUnavailableError`` (``v1/engine/core.py`` l.1796); during a keep pause or a sleep it waits in the queue.
 - ``/_emulator/state`` and ``/_emulator/record`` (the emulator's own, never behind a key).
 """
 
@@ -23,10 +20,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import error_body
 from ..record import CallRecord
 from .config import VLLM_VERSION
 from .core import EngineCore
-from .errors import error_body
 from .text import count_tokens
 
 __all__ = ["CompletionRequest", "debug_router", "serve_router"]

@@ -1,23 +1,20 @@
 """Read FastAPI routes out of Python source by AST: vLLM 0.33.0's, from its wheel, and the emulator's, the same way.
 
-Nothing of vLLM is imported (it needs CUDA torch); the wheel is a zip read in place.
-For each function decorated ``@<router>.<get|post|put|delete|patch>("/path")`` (or
-``api_route(..., methods=[...])``), :func:`routes_in_source` records:
+Nothing of vLLM is imported (it needs CUDA torch); the wheel is a zip read in place. For each function decorated
+``@<router>.<get|post|put|delete|patch>("/path")`` (or ``api_route(..., methods=[...])``), :func:`routes_in_source`
+records:
 
-- the parameters FastAPI binds: name, where (``query``, ``body`` for
-  ``Body(embed=True)``, ``model`` for a pydantic body), the annotation as written,
-  the default (:data:`REQUIRED` when none) and the constraints (``ge``, ``le``, ...);
-- the parameters the handler reads by hand: ``request.query_params.getlist("x")`` /
-  ``.get("x")`` (where ``query-hand``) and ``body.get("x", default)`` on the JSON body
-  (where ``json``);
-- the shapes of its answers: every ``JSONResponse(content=...)`` / ``Response(...)``
-  it builds, as the sorted ``(key, value)`` pairs of the content dict, a value kept
-  when it is a constant (``"a|b"`` for ``"a" if c else "b"``), else ``"*"``; ``()``
-  is an empty body.
+- the parameters FastAPI binds: name, where (``query``, ``body`` for ``Body(embed=True)``, ``model`` for a pydantic
+  body), the annotation as written, the default (:data:`REQUIRED` when none) and the constraints (``ge``, ``le``,
+  ...);
+- the parameters the handler reads by hand: ``request.query_params.getlist("x")`` / ``.get("x")`` (where
+  ``query-hand``) and ``body.get("x", default)`` on the JSON body (where ``json``);
+- the shapes of its answers: every ``JSONResponse(content=...)`` / ``Response(...)`` it builds, as the sorted ``(key,
+  value)`` pairs of the content dict, a value kept when it is a constant (``"a|b"`` for ``"a" if c else "b"``), else
+  ``"*"``; ``()`` is an empty body.
 
-:func:`read_vllm_surface` follows vLLM's own mounting: the modules that
-``register_vllm_dev_api_routers`` (``serve/__init__.py``) and
-``register_rl_api_routers`` (``rl/factories.py``) import, and the gate around them in
+:func:`read_vllm_surface` follows vLLM's own mounting: the modules that ``register_vllm_dev_api_routers``
+(``serve/__init__.py``) and ``register_rl_api_routers`` (``rl/factories.py``) import, and the gate around them in
 ``launchers/api_server/routers.py``.
 """
 
@@ -30,15 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "HAND",
-    "REQUIRED",
-    "Param",
-    "RouteSpec",
-    "VllmSurface",
-    "read_vllm_surface",
-    "routes_in_source",
-]
+from ..sglang_wheel import wheel_version
+
+__all__ = ["HAND", "REQUIRED", "Param", "RouteSpec", "VllmSurface", "read_vllm_surface", "routes_in_source"]
 
 REQUIRED = "<required>"
 """The default of a parameter that has none."""
@@ -284,15 +275,6 @@ def _gated_calls(tree: ast.Module, marker: str = "VLLM_SERVER_DEV_MODE") -> froz
     return frozenset(gated)
 
 
-def _version(archive: zipfile.ZipFile) -> str:
-    for name in archive.namelist():
-        if name.endswith(".dist-info/METADATA"):
-            for line in archive.read(name).decode("utf-8", errors="replace").splitlines():
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def read_vllm_surface(wheel: str | Path) -> VllmSurface:
     """Read the dev and RL routes (following vLLM's mounting), every entrypoint route, the gate, the env reader and the auth prefixes."""
     with zipfile.ZipFile(wheel) as archive:
@@ -320,7 +302,7 @@ def read_vllm_surface(wheel: str | Path) -> VllmSurface:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "GUARDED_PREFIX" for t in node.targets):
                 prefix = tuple(_literal(node.value))
         return VllmSurface(
-            version=_version(archive),
+            version=wheel_version(archive),
             control=control,
             all_routes=all_routes,
             control_modules=modules,

@@ -1,12 +1,10 @@
 """What an emulated vLLM engine generates: tokens that depend on the prompt and on the weights it holds.
 
-Each token is drawn from a small vocabulary by a hash of the weights' content, the
-prompt and the token's position, so the same prompt on the same weights always gives
-the same text, and other weights give other text. Intact weights of version ``V`` have
-the content ``"weights:V"``; after a level-2 sleep the woken weights are garbage
-(``"garbage:N"``) until a weight update or a reload, and the text is then wrong while
-the answer is still a 200 (verl #7904, TRL #5312 in ``field-2026.md``). A test computes
-the text it expects from intact weights with :func:`expected_completion`.
+Each token is drawn from a small vocabulary by a hash of the weights' content, the prompt and the token's position, so
+the same prompt on the same weights always gives the same text, and other weights give other text. Intact weights of
+version ``V`` have the content ``"weights:V"``; after a level-2 sleep the woken weights are garbage (``"garbage:N"``)
+until a weight update or a reload, and the text is then wrong while the answer is still a 200 (verl #7904, TRL #5312
+in ``field-2026.md``). A test computes the text it expects from intact weights with :func:`expected_completion`.
 Standard library only.
 """
 
@@ -15,17 +13,9 @@ from __future__ import annotations
 import hashlib
 
 __all__ = [
-    "PARAMETERS",
-    "VOCAB",
-    "ZERO_CONTENT",
-    "count_tokens",
-    "expected_checksums",
-    "expected_completion",
-    "garbage_content",
-    "token",
-    "weight_checksums",
-    "weights_content",
-]
+    "PARAMETERS", "VOCAB", "ZERO_CONTENT", "count_tokens", "expected_checksums", "expected_completion", "garbage_content", "token",
+    "weight_checksums", "weights_content",
+]  # fmt: skip
 
 VOCAB = (
     " alpha", " bravo", " charlie", " delta", " echo", " foxtrot", " golf", " hotel",
