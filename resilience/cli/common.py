@@ -1,8 +1,7 @@
 """What every ``cpr`` subcommand shares: one-line errors, argument types, output checks, optional imports.
 
-A subcommand raises :class:`CliError` for bad input or a failed precondition;
-``cpr``'s ``main`` prints it as one line on stderr (``cpr demo: error: ...``)
-and exits with its ``code``. Argument errors exit 2, like argparse's own.
+A subcommand raises :class:`CliError`; ``main`` prints it as one line on stderr and exits with its ``code``
+(2 for argument errors, like argparse's own).
 """
 
 from __future__ import annotations

@@ -1,30 +1,19 @@
 """``cpr demo``: colocated RL steps on emulated engines under the seed's faults, the old way and ours, side by side.
 
-One module for every engine kind and route (``resilience.testing.colocate.run_colocate`` runs them all):
+- ``--engine sglang`` (default): one fleet serves both runs, each through fresh fault proxies playing
+  ``demo_plan(seed)``, so the same seed gives the same faults whichever run comes first. Ours runs first; the
+  baseline second, leaving the engines it killed dead once its budget is spent. After each run one more step,
+  without faults, whose controller dies while the engines train (``FleetRunner.run_controller_restart``): the
+  baseline's new controller releases again and kills the engines, ours resumes from the journal. Metrics are
+  served on 127.0.0.1, and traces optionally exported.
+- ``--engine vllm``: vLLM 0.33.0 engines under ``vllm_demo_plan(seed)``, SkyRL's colocated sequence against the
+  barrier with the vLLM rules; the table adds the completions answered 200 from garbage weights.
+- ``--router smg``: behind a real smg 1.13.0 gateway, smg's own client against ours direct and ours through
+  ``SmgFanOut`` (the ``[smg]`` extra).
 
-- ``--engine sglang`` (default): one fleet of emulated SGLang engines serves both runs (each engine
-  imports torch, so starting a fleet is the slow part); each run goes through fresh fault proxies
-  playing ``demo_plan(seed)`` (the seed's faults plus resets and read timeouts after the engine acted on
-  release, resume and continue), so the same seed gives the same faults whichever run comes first. The
-  resilient loop runs first, on the fresh fleet; the baseline runs second and, once its restart budget
-  is spent, leaves the engines it killed dead (the run is over and the fleet is stopped next), which
-  saves one round of engine restarts. After its run, each loop plays one more step on the fleet, without
-  faults, whose controller dies while the engines train (``FleetRunner.run_controller_restart``): the
-  baseline's new controller starts fresh and releases the engines' memory again, which kills them (the
-  baseline plays it last, so they are left dead); ours resumes from the journal. The table shows the
-  baseline first. A MetricsObserver (served on 127.0.0.1) and, optionally, a TracingObserver are attached
-  to both runs.
-- ``--engine vllm``: emulated vLLM 0.33.0 engines under ``vllm_demo_plan(seed)``; the old way is SkyRL's
-  colocated sequence (sleep level 2, wake weights, broadcast, wake kv_cache; a bare ``asyncio.gather``
-  per phase, no retry, no timeout), ours the barrier with the vLLM rules. The table adds the completions
-  that came back 200 from garbage weights.
-- ``--router smg``: the steps behind a real smg 1.13.0 gateway (a fresh one and fresh proxies per run),
-  smg's own client against ours direct and ours through ``SmgFanOut``. Needs the ``[smg]`` extra.
-
-``--engines`` is bounded before anything starts by what this machine holds (``fleet.engines_bound``: its
-available memory and this process's file-descriptor limit). SIGINT (Ctrl-C, or ``kill -INT`` to this
-process alone) stops the demo within about a second: the run stops retrying, every engine is stopped by
-PID, and the finished runs' table and report are still written (exit status 130).
+``--engines`` is bounded before anything starts by this machine's available memory and file-descriptor limit
+(``fleet.engines_bound``). SIGINT (Ctrl-C, or ``kill -INT`` to this process alone) stops the demo within about a
+second, every engine stopped by PID; the finished runs' table and report are still written (exit status 130).
 """
 
 from __future__ import annotations

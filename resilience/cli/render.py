@@ -1,8 +1,6 @@
-"""How ``cpr`` shows things: side-by-side tables (rich), progress, and one-line policy descriptions.
+"""How ``cpr`` shows things: side-by-side tables (rich, imported lazily), progress, one-line policy descriptions.
 
-The rows of the comparison table are built once (:func:`comparison_rows`) and
-used twice: rendered as the rich table and written into the JSON report, so the
-two always say the same thing. rich is imported lazily (the ``[cli]`` extra).
+:func:`comparison_rows` builds the table's rows once, for the rich table and the JSON report alike.
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """``cpr soak``: the colocate loop for many steps, with the memory of this process and the engines sampled each step.
 
-The report says whether memory stayed flat: the mean over the 10 % of steps
-right after a warm-up (the first 10 %: imports, connection and thread pools,
-caches, the proxies' bounded records filling) against the last 10 %, for this
-process (clients, proxies, the loop) and for the engine processes together;
-flat means at most 5 % growth. This process is read by RSS (psutil); the
-engines, forked from one zygote and sharing its pages, by PSS, the zygote
-included (``/proc/PID/smaps_rollup``; summed RSS would count the shared pages
-once per engine). The engines' verdict is judged on their *anonymous* PSS
-(``Pss_Anon``: heap, tensors, Python objects, where a leak grows); their whole
-PSS is reported beside it but not judged, because its file-backed part (the
-shared libraries' pages, torch's above all) is split with every other process
-on the machine that maps the same files, so it moves when unrelated processes
-start or stop (on a kernel whose ``smaps_rollup`` has no ``Pss_Anon``, the whole PSS
-is judged). An engine that was restarted is sampled under its new PID.
-Test-harness memory counts too: each fault proxy keeps its latest requests and
-faults (bounded), and each emulated engine a bounded record of its control
-calls (``MAX_CALLS``; at about 10 control calls a step per engine it is full
-around step 200, inside the first compared window of a 1000-step soak).
+Memory is flat when the mean of the last 10 % of steps is at most 5 % above that of the 10 % right after a
+warm-up (the first 10 %), for this process (RSS, psutil) and for the engines with their zygote together (PSS,
+``/proc/PID/smaps_rollup``: they share the zygote's pages). The engines are judged on their anonymous PSS
+(``Pss_Anon``, where a leak grows; the whole PSS where the kernel has none): their file-backed pages are split
+with every process mapping the same libraries, so the whole PSS is reported but not judged. A restarted engine is
+sampled under its new PID. The proxies' and engines' own records are bounded (``MAX_CALLS`` fills around step 200).
 
-The default fault plan is :func:`~resilience.cli.fleet.soak_plan`: the demo's
-faults plus 502/504 answered after the engine applied a release, resume or
-continue. Every ``--restart-every`` steps (default 50) the resilient loop's
-controller is killed inside a seeded phase with its calls on the wire
-(``resilience.testing.controller_kill``) and a new one starts on its journal;
-quarantined engines are reconciled through the emulator's memory probe only
-(``EmulatorMemoryProbe``: the side channel a GPU node's NVML is), never by
-reading the emulator's state over HTTP. The table ends with the soak's verdict:
+The default plan is :func:`~resilience.cli.fleet.soak_plan`. Every ``--restart-every`` steps (default 50) the
+resilient loop's controller is killed inside a seeded phase (``resilience.testing.controller_kill``) and a new one
+starts on its journal; quarantined engines are reconciled through the emulator's memory probe only. The verdict:
 zero deaths, zero failed steps, zero requests lost, engine memory flat.
 """
 

@@ -1,11 +1,8 @@
 """What ``cpr demo`` tells in words: why engines died (read from their logs) and the run in one sentence.
 
-An emulated engine dies the way SGLang does (``resilience/testing/emulator/crash.py``):
-``Scheduler hit an exception: <traceback>`` followed by SIGQUIT, or
-torch_memory_saver's one ``[torch_memory_saver.cpp] ...`` line and ``exit(1)``.
-:func:`death_causes` turns each such death in a log into a short cause ("prefill
-scheduled after release"); the client only ever saw a dropped connection or the
-proxy's 502, so this is the one place that says what really happened.
+An emulated engine dies as SGLang does (``emulator/crash.py``): ``Scheduler hit an exception: <traceback>`` then
+SIGQUIT, or torch_memory_saver's ``[torch_memory_saver.cpp] ...`` line and ``exit(1)``. The client saw only a
+dropped connection or a 502: :func:`death_causes` says what really happened.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The timeline of one colocate step across engines: a bar per engine per phase, 502s and retries marked.
 
-Data: the emulator's server-side record of each engine (every control call
-with ``received_ns``/``answered_ns``/``status``) for the bars, and each fault
-proxy's ``seen`` list (arrival, injected fault, status the client got) for the
-marks. Both use ``time.monotonic_ns()``, which is system-wide on Linux, so they
-line up. An engine that died in the step lost its record with its process: its
-row shows the requests the proxy handed on as ticks and where it died.
-
-:class:`TimelineRecorder` picks the representative step of a run while it goes
-on (the first failed step, else the last one) and :func:`write_timeline` draws
-one or more of them stacked, as PNG (matplotlib, Agg) or self-contained HTML
-(the same figure as inline SVG, plus the list of marks), by the file suffix.
+The bars come from the emulator's record of each engine's control calls, the marks from each fault proxy's
+``seen`` list; both in ``time.monotonic_ns()``, system-wide on Linux. An engine that died in the step lost its
+record: its row shows the proxy's requests as ticks and where it died. :class:`TimelineRecorder` keeps a run's
+representative step (the first failed one, else the last); :func:`write_timeline` draws them stacked, as PNG
+(matplotlib, Agg) or self-contained HTML (inline SVG and the marks), by the file suffix.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """``--traces``: where a cpr run's OpenTelemetry spans go, and saying once when they cannot.
 
-- ``console``: the SDK's console exporter, one JSON object per span per line, into a file of its own
-  (``--traces-file``), never into the progress on stderr (one demo step makes ~1,800 lines of them).
-- ``otlp``: the OTLP/HTTP exporter, to the endpoint the standard variables name
-  (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else
-  ``http://localhost:4318/v1/traces``). Before the run, :func:`check_collector` opens one TCP connection
-  to that endpoint, and only to it: none answering is a :class:`CliError` before any engine starts. A
-  collector that goes away during the run is said once (:func:`once_exporter`) and the rest of the spans
-  are dropped, instead of the SDK logging each failed batch and retrying it with backoff.
+- ``console``: one JSON object per span per line, into ``--traces-file`` (never the progress on stderr).
+- ``otlp``: OTLP/HTTP to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` +
+  ``/v1/traces``, else ``http://localhost:4318/v1/traces``. :func:`check_collector` first opens one TCP connection
+  to it (none answering is a :class:`CliError` before any engine starts); a collector that goes away during the
+  run is said once (:func:`once_exporter`) and the rest of the spans dropped.
 
 Imported only when ``--traces`` is not ``off`` (it imports the OpenTelemetry SDK).
 """

@@ -1,20 +1,10 @@
 """Fault plans: which request on which engine gets which fault (pure logic, no sockets).
 
-A :class:`FaultPlan` is a seed plus an ordered tuple of :class:`FaultRule`.
-A :class:`FaultDecider` applies one plan to the request stream of one engine
-and answers, per request, a :class:`Decision`; the fault proxy
-(``resilience.testing.faultproxy``) carries it out on a real connection.
-
-Determinism: a probabilistic decision is a pure function of
-``(seed, engine_index, rule index, path, call index)``, where the call index
-counts requests to that path on that engine. The same seed and the same
-per-path request sequence therefore give the same faults, however requests to
-*other* paths interleave with them, in any process (string seeds of
-:class:`random.Random` do not depend on ``PYTHONHASHSEED``). Swap windows
-(kind ``window``) are the one time-based kind: which requests fall inside a
-window depends on when they arrive.
-
-Files are read by the core's loader (``resilience._files``); pyyaml is imported lazily for YAML plans.
+A :class:`FaultPlan` is a seed and an ordered tuple of :class:`FaultRule`; a :class:`FaultDecider` applies it to
+one engine's requests and answers a :class:`Decision` per request, which the fault proxy carries out. A
+probabilistic decision is a pure function of ``(seed, engine_index, rule index, path, call index)`` (the call
+index counts requests to that path on that engine): the same seed and per-path request sequence give the same
+faults in any process, however other paths interleave. Swap windows (kind ``window``) are the one time-based kind.
 """
 
 from __future__ import annotations

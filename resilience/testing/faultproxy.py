@@ -1,23 +1,11 @@
 """FaultProxy: a real HTTP reverse proxy on loopback that injects a FaultPlan's faults.
 
-It plays the nginx of the second seed: it stands in front of one engine (an
-SGLang emulator or any HTTP server), forwards requests, streams answers back
-(SSE included) and, where the plan says so, answers 502 with an empty body,
-resets the connection, delays, or hangs, before or after the engine acted
-(``drop_after``: reset as soon as the request is sent; ``hang_after``: never answer
-a request the engine carried out).
-
-Why ``ThreadingHTTPServer`` rather than a raw socket server: the standard
-library's request parser (request line, headers, ``Expect: 100-continue``,
-HTTP/1.1 keep-alive, limits on line lengths) is battle-tested, and the parts
-a fault proxy needs beyond it are small: this class tracks every client and
-upstream socket and every thread itself, so :meth:`FaultProxy.stop` can shut
-the sockets down and join the threads with a bound instead of relying on
-``server_close()``'s unbounded join. One thread per client connection; one
-fresh upstream connection per request (like nginx's default ``proxy_pass``).
-
-Header values are never logged (they may carry API keys); logs name the
-method, the path without its query, and the outcome.
+It plays the nginx of the second seed in front of one engine: it forwards requests, streams answers back (SSE
+included) and, where the plan says so, answers 502 with an empty body, resets, delays or hangs, before or after
+the engine acted. Built on ``ThreadingHTTPServer`` (the standard library's tested request parser), with every
+client and upstream socket and every thread tracked, so :meth:`FaultProxy.stop` shuts them down and joins with a
+bound. One thread per client connection, one fresh upstream connection per request (nginx's default
+``proxy_pass``). Header values are never logged: logs name the method, the path without its query, the outcome.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """SkyRL 0.4.0's own vLLM client (``RemoteInferenceClient``), loaded by path, and its colocated cycle.
 
-``skyrl/backends/skyrl_train/inference_servers/remote_inference_client.py`` is
-the HTTP client SkyRL's trainer fans its control calls out with, straight to
-vLLM's own routes (``/pause``, ``/resume``, ``/sleep?level=``,
-``/wake_up?tags=``, ``/is_sleeping``, ``/reset_prefix_cache``), one POST per
-server over one ``aiohttp.ClientSession`` per event loop (the same session as
-its generation), no retry on a status (``raise_for_status``), no timeout
-(``ClientTimeout(total=None)``). The wheel (``pip download --no-deps
---python-version 3.12 --only-binary=:all: skyrl==0.4.0``; it asks for Python
->= 3.12, the file runs on 3.11) pulls ray, torch and vLLM on import, so the rig
-loads this one file, as it loads verl's: the names it imports from the rest of
-SkyRL are stubbed in its own namespace (``sys.modules`` gets no ``skyrl``).
-``scripts/setup.sh`` unpacks the file into ``~/.cache/cpr/skyrl``
-(``CPR_SKYRL_SOURCE``).
-
-One cycle is ``WorkerDispatch``'s colocated weight sync
-(``skyrl/backends/skyrl_train/workers/worker_dispatch.py`` l.694-772):
-``is_sleeping()``, ``sleep()`` (level 2, every server), ``wake_up(["weights"])``,
-the broadcast (not driven: NCCL), ``wake_up(["kv_cache"])``.
+``remote_inference_client.py`` is the client SkyRL's trainer fans its control calls out with, straight to vLLM's
+routes: one POST per server over one ``aiohttp.ClientSession``, no retry on a status, no timeout. The wheel pulls
+ray, torch and vLLM on import, so the rig loads this one file with the names it imports from SkyRL stubbed
+(``sys.modules`` gets no ``skyrl``); ``scripts/setup.sh`` unpacks it into ``~/.cache/cpr/skyrl``
+(``CPR_SKYRL_SOURCE``). One cycle is ``WorkerDispatch``'s colocated weight sync (``worker_dispatch.py``
+l.694-772): ``is_sleeping()``, ``sleep()`` (level 2), ``wake_up(["weights"])``, ``wake_up(["kv_cache"])``.
 """
 
 from __future__ import annotations
