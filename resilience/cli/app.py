@@ -210,9 +210,8 @@ _COMMANDS: dict[str, tuple[str, str, Callable[[OneLineParser], None] | None]] = 
         _journal_arguments,
     ),
 }
-"""Each subcommand: its line in ``cpr --help``, the description atop its own ``--help``, and what adds its arguments
-(None for ``emulate``: the emulator's own parser reads them, ``cpr emulate --help``). Each but ``emulate`` runs as
-``resilience.cli.<command>.run_<command>(args)``."""
+"""Each subcommand: its ``cpr --help`` line, its own ``--help`` description, what adds its arguments (None: the
+emulator's parser reads them); each but ``emulate`` runs as ``resilience.cli.<command>.run_<command>(args)``."""
 
 
 def build_parser() -> OneLineParser:

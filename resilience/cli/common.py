@@ -50,12 +50,8 @@ class CliError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (``prog: error: ... (see prog --help)``), exit 2.
-
-    Abbreviated long flags are refused (``allow_abbrev=False`` unless asked): ``cpr demo --engine 2``
-    must not quietly run as ``--engines 2``, and a flag added later must not change what an old
-    abbreviation meant.
-    """
+    """An ArgumentParser whose errors are one line (``prog: error: ... (see prog --help)``), exit 2; abbreviated long
+    flags refused unless asked (``cpr demo --engine 2`` must not quietly run as ``--engines 2``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)

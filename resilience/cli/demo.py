@@ -141,14 +141,9 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the demo from parsed arguments; returns the exit status (0 when ours finished every step).
-
-    ``--engine vllm`` refuses the options of the SGLang demo only (``--timeline``, ``--traces``, ``--router``), and
-    ``--engines`` beyond ``fleet.engines_bound()`` is refused: both with exit status 2, before anything starts.
-
-    On Ctrl-C after a run finished, the table, report (and timeline) of the finished runs are still
-    written, and the exit status is 130.
-    """
+    """Run the demo from parsed arguments; the exit status: 0 when ours finished every step; 2, before anything starts,
+    for ``--engine vllm`` with the SGLang demo's options or ``--engines`` beyond ``fleet.engines_bound()``; 130 on
+    Ctrl-C after a run finished (the finished runs' table and report are still written)."""
     engine, router = getattr(args, "engine", "sglang"), getattr(args, "router", "direct")
     if engine == "vllm":
         unsupported = [flag for flag, given in (("--timeline", args.timeline), ("--traces", args.traces != "off")) if given]

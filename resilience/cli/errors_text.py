@@ -55,10 +55,8 @@ def engine_labels(urls: Mapping[int, list[str]]) -> dict[str, str]:
 
 
 def label_urls(text: str, labels: Mapping[str, str] | None = None) -> str:
-    """``text`` with every URL as ``label /path`` (``label`` from ``labels`` by base URL, else ``host:port``).
-
-    Credentials, query and fragment are dropped; requests' ``for url: URL`` reads ``from label /path``.
-    """
+    """``text`` with every URL as ``label /path`` (``labels`` by base URL, else ``host:port``; credentials, query and
+    fragment dropped); requests' ``for url: URL`` reads ``from label /path``."""
     known = labels or {}
 
     def one(m: re.Match[str]) -> str:

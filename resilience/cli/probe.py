@@ -336,11 +336,8 @@ def gateway_workers(gateway: str, timeout: float) -> GatewayWorkers:
 
 
 def run_probe(args: argparse.Namespace) -> int:
-    """Probe the engines from parsed arguments; exit 0 only when every engine is healthy.
-
-    ``--router smg``: the URLs are smg gateways; the engines are the workers they list, each checked at its own
-    URL, and the run is healthy only when every gateway listed workers, every one ``ready``.
-    """
+    """Probe the engines from parsed arguments; exit 0 only when every engine is healthy (``--router smg``: the URLs
+    are gateways, the engines the workers they list, and every gateway must list workers, all ``ready``)."""
     urls = [_normalise(u) for u in args.urls]
     gateways: list[GatewayWorkers] = []
     if getattr(args, "router", "direct") == "smg":

@@ -45,12 +45,8 @@ def _one_cause(traceback: str) -> str:
 
 
 def death_causes(log: str) -> list[str]:
-    """Each engine death in ``log`` (an emulated engine's stderr), oldest first, as a short cause.
-
-    ``[torch_memory_saver.cpp] Cannot pause allocation that is not active`` is a second release of
-    memory already released ("release sent twice"); a scheduler exception is named by where it
-    happened ("prefill scheduled after release", ...) or, failing that, by its last line.
-    """
+    """Each engine death in ``log`` (an emulated engine's stderr), oldest first, as a short cause: torch_memory_saver's
+    line is "release sent twice"; a scheduler exception is named by where it happened, else by its last line."""
     causes: list[str] = []
     lines = log.splitlines()
     for i, line in enumerate(lines):
@@ -116,11 +112,8 @@ def _side(name: str, report: ColocateReport, causes: Sequence[str]) -> str:
 
 
 def story(reports: Mapping[str, ColocateReport], causes: Mapping[str, Sequence[str]], titles: Mapping[str, str]) -> str:
-    """One sentence per run, joined: how many 502s per step each side met, what killed engines, how it ended.
-
-    ``reports``/``causes``/``titles`` are keyed by loop (``"old"``: the baseline, ``"ours"``: the resilient loop); only the runs in
-    ``reports`` are told (an interrupted demo tells what finished).
-    """
+    """One sentence per run in ``reports`` (keyed by loop, as ``causes`` and ``titles``): the 502s per step each side met,
+    what killed engines, how it ended."""
     parts = []
     for kind, report in reports.items():
         title = titles.get(kind, kind)
@@ -141,12 +134,8 @@ def membership_story(report: ChurnReport, engines: int) -> str:
 
 
 def rates_note(reports: Mapping[str, ColocateReport], titles: Mapping[str, str]) -> str:
-    """Why the per-step rates and wall times of the ways differ, from what they did (empty for one way).
-
-    The ways ran different numbers of steps (the baseline stops once its restart budget is spent), a
-    failed step ends at its first error (so it is short), and a finished one of ours includes its retries'
-    backoff and the aborted requests it re-ran.
-    """
+    """Why the ways' per-step rates and wall times differ (empty for one way): different numbers of steps run, failed
+    steps short, ours' finished ones including backoff and re-run requests."""
     if len(reports) < 2:
         return ""
     ran = {kind: steps_run(r) for kind, r in reports.items()}

@@ -50,11 +50,8 @@ def otlp_endpoint(environ: dict[str, str] | None = None) -> str:
 
 
 def check_collector(endpoint: str, timeout: float = COLLECTOR_CONNECT_S) -> None:
-    """Open (and close) one TCP connection to ``endpoint``'s host and port; a :class:`CliError` when nothing answers.
-
-    Only the configured endpoint is dialled. It proves a listener, not a collector: a wrong one still fails
-    its first export, which :func:`once_exporter` then reports once.
-    """
+    """Open (and close) one TCP connection to ``endpoint``'s host and port; a :class:`CliError` when nothing answers
+    (a listener, not proved a collector: a wrong one fails its first export, reported once)."""
     parts = urlsplit(endpoint)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -118,19 +115,14 @@ def _once_exporter_class() -> type[Any]:
 
 
 def once_exporter(inner: Any, where: str, say: Callable[[str], None]) -> Any:
-    """A ``SpanExporter`` around ``inner`` that says once (``say(line)``) when an export fails, then drops every later span.
-
-    Its ``exported`` and ``dropped`` count spans. ``where`` names the destination in the line.
-    """
+    """A ``SpanExporter`` around ``inner`` that says once (``say(line)``, naming ``where``) when an export fails, then drops
+    every later span; ``exported`` and ``dropped`` count spans."""
     return _once_exporter_class()(inner, where, say)
 
 
 def tracer_provider(kind: str, spans_file: Path | None, say: Callable[[str], None]) -> tuple[Any, Callable[[], str]]:
-    """A ``TracerProvider`` for ``--traces kind`` and a ``close()`` that flushes it and returns a summary line.
-
-    ``kind``: ``"console"`` (one JSON span per line into ``spans_file``) or ``"otlp"`` (checked first with
-    :func:`check_collector`). ``say``: where the one line about a failed export goes (stderr).
-    """
+    """A ``TracerProvider`` for ``--traces kind`` (``"console"``: into ``spans_file``; ``"otlp"``: checked first) and a
+    ``close()`` that flushes it and returns a summary line; ``say`` gets the one line about a failed export."""
     sdk_trace = need("opentelemetry.sdk.trace", "otel", "--traces")
     export = need("opentelemetry.sdk.trace.export", "otel", "--traces")
     resources = need("opentelemetry.sdk.resources", "otel", "--traces")

@@ -20,12 +20,8 @@ __all__ = ["StepWatch"]
 
 
 class StepWatch:
-    """A context manager and progress callback; while a step runs past ``quiet_s`` it calls ``say(text)`` each second.
-
-    ``fleet``: the engines the run uses. ``say``: gets what the step waits for ("" once the step ended).
-    ``quiet_s``: how long a step may run before anything is said (default 2 s). ``period_s``: how often
-    the fleet is looked at (default 1 s).
-    """
+    """A context manager and progress callback: while a step runs past ``quiet_s`` (default 2 s), ``say(text)`` gets
+    what it waits for ("" once it ended), the ``fleet`` looked at every ``period_s`` (default 1 s)."""
 
     def __init__(self, fleet: EmulatedFleet, say: Callable[[str], None], *, quiet_s: float = 2.0, period_s: float = 1.0) -> None:
         self.fleet = fleet

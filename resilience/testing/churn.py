@@ -229,10 +229,7 @@ def run_churn(
     deaths: Callable[[str], list[str]],
     progress: Callable[[int, ChurnReport], None] | None = None,
 ) -> ChurnReport:
-    """Run ``config.steps`` churn steps on ``fleet`` (started; its engines past ``config.engines`` are spares).
-
-    ``deaths``: an engine log's death causes (``resilience.cli.story.death_causes``). ``progress``: called after each
-    step with its index and the report so far.
-    """
+    """Run ``config.steps`` churn steps on ``fleet`` (started; engines past ``config.engines`` are spares). ``deaths``:
+    an engine log's death causes (``death_causes``); ``progress``: told each step's index and the report so far."""
     return _Churn(fleet, config, deaths).run(progress)
 

@@ -484,11 +484,8 @@ class FaultProxy:
     def _forward(
         self, h: _Handler, target: str, body: bytes | None, d: Decision, rec: _Record, *, stream_to_client: bool, drop_client: bool = False
     ) -> None:
-        """Send the request to the engine and read its answer: relayed, or read to its end and dropped.
-
-        ``drop_client``: reset the client as soon as the request is sent, then still read the
-        engine's whole answer (so the engine finishes the call after the client saw the reset).
-        """
+        """Send the request to the engine and read its answer: relayed, or read to its end and dropped (``drop_client``:
+        the client reset as soon as the request is sent, the engine's whole answer still read)."""
         conn = http.client.HTTPConnection(self._up_host, self._up_port, timeout=self._upstream_timeout)
         with self._lock:
             if self._stopping.is_set():

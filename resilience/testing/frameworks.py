@@ -134,15 +134,9 @@ class _ServerArgs:
 
 
 def load_verl_http_engine() -> types.ModuleType:
-    """verl's ``http_server_engine`` module, loaded by path, with stubs for the ``sglang`` names it imports.
-
-    Stubbed: ``EngineBase`` (a base class), ``launch_server`` and
-    ``kill_process_tree`` (never called with ``launch_server=False``),
-    ``UpdateWeightsFromTensorReqInput`` (weight pushes only), and ``ServerArgs``
-    (a record of ``host``, ``port`` and ``node_rank``, what ``__init__`` reads).
-    The stubs live only in the module's own namespace: ``sys.modules`` gets no
-    ``sglang``. Everything the control path runs is verl's code, unmodified.
-    """
+    """verl's ``http_server_engine`` module, loaded by path, with the ``sglang`` names it imports stubbed in its own
+    namespace only (``EngineBase``, ``launch_server`` and ``kill_process_tree`` never called with
+    ``launch_server=False``, ``UpdateWeightsFromTensorReqInput``, ``ServerArgs``); the control path is verl's code."""
     name = "cpr_verl_http_server_engine"
     loaded = sys.modules.get(name)
     if loaded is not None:
@@ -164,10 +158,8 @@ def load_verl_http_engine() -> types.ModuleType:
 
 @contextlib.contextmanager
 def _keeping_logging() -> Iterator[None]:
-    """Put back the process's logging as it was after the block: AReaL's ``areal.utils.logging.getLogger`` (called at
-    import and when an engine is built) replaces ``logging.Logger.root`` and ``logging.Logger.manager`` and runs
-    ``dictConfig`` with ``disable_existing_loggers``, so every logger made afterwards would bypass the real root
-    logger (its handlers, pytest's capture). A rig must leave logging as it found it."""
+    """Put the process's logging back after the block: AReaL's ``getLogger`` replaces ``logging.Logger.root`` and
+    ``.manager`` and runs ``dictConfig(disable_existing_loggers=...)``, which would cut later loggers off the root."""
     root, manager = logging.Logger.root, logging.Logger.manager
     loggers = [lg for lg in manager.loggerDict.values() if isinstance(lg, logging.Logger)]
     before = [(lg, lg.level, lg.propagate, lg.disabled, lg.parent, list(lg.handlers)) for lg in [root, *loggers]]

@@ -42,19 +42,13 @@ def _canonical(engine: str) -> str:
 
 
 class EmulatorMemoryProbe:
-    """A ``resilience.memory_probe.MemoryProbe`` over the emulated engines publishing into ``state_dir``.
-
-    ``state_dir``: the folder given to the engines as ``--memory-state-dir``.
-    ``aliases``: other names of an engine (a proxy's URL) mapped to the engine's own
-    URL (default none: engines are known by their own ``http://host:port``). Engines
-    are told apart by port, so one folder serves the engines of one machine.
-    """
+    """A ``MemoryProbe`` over the emulated engines publishing into ``state_dir`` (their ``--memory-state-dir``), told
+    apart by port. ``aliases``: other names of an engine (a proxy's URL) to its own URL (default none)."""
 
     def __init__(self, state_dir: str | os.PathLike[str], *, aliases: Mapping[str, str] | None = None) -> None:
         if not isinstance(state_dir, (str, os.PathLike)) or not str(state_dir):
             raise ValueError(f"`state_dir` must be a folder path, but was {state_dir!r}")
         self.state_dir = Path(state_dir)
-        """The folder the engines publish into."""
         self._aliases: dict[str, str] = {}
         for alias, target in (aliases or {}).items():
             if _port_of(target) is None:
@@ -65,10 +59,8 @@ class EmulatorMemoryProbe:
         return f"EmulatorMemoryProbe({str(self.state_dir)!r}, aliases={len(self._aliases)})"
 
     def released_tags(self, engine: str) -> frozenset[str] | None:
-        """The tags released on ``engine`` now (its URL, or an alias), or None when this probe cannot prove them.
-
-        Raises ``UnknownEngine`` for a name that is no alias and whose port has no file here (see the module docstring).
-        """
+        """The tags released on ``engine`` now (its URL, or an alias), or None when this probe cannot prove them
+        (``UnknownEngine``: see the module docstring)."""
         if not isinstance(engine, str):
             raise UnknownEngine(self, repr(engine))
         aliased = self._aliases.get(_canonical(engine))

@@ -50,13 +50,9 @@ def _source() -> Path:
 
 
 def load_skyrl_client() -> types.ModuleType:
-    """SkyRL's ``remote_inference_client`` module, loaded by path, with stubs for the SkyRL names it imports.
-
-    Stubbed: the interface base class and the typed dicts of ``inference_servers.base``,
-    the packed-wire decoders of ``generate_wire`` and the sampling helpers (generation
-    only), and ``skyrl.env_vars``' two limits at their defaults (512 requests per engine,
-    50,000 connections). Everything the control path runs is SkyRL's code, unmodified.
-    """
+    """SkyRL's ``remote_inference_client`` module, loaded by path, with the SkyRL names it imports stubbed (the base
+    class and typed dicts, the generation-only decoders and helpers, ``skyrl.env_vars``' limits at their defaults:
+    512 requests per engine, 50,000 connections); the control path is SkyRL's code."""
     loaded = sys.modules.get(_MODULE)
     if loaded is not None:
         return loaded
