@@ -235,24 +235,6 @@ class RunProgress:
         """A line above the live display (or on stderr)."""
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    def task(self, description: str) -> Callable[[str], None]:
-        """Start a spinner; the returned function ends it with a closing note."""
-        t0 = time.monotonic()
-        if self._progress is None:
-            self.print(f"{description} ...")
-
-            def done_plain(note: str) -> None:
-                self.print(f"{description}: {note} ({time.monotonic() - t0:.1f} s)")
-
-            return done_plain
-        progress = self._progress
-        task_id = progress.add_task(description, total=None, info="")
-
-        def done(note: str) -> None:
-            progress.update(task_id, total=1, completed=1, info=note)
-
-        return done
-
     def counter(self, description: str, total: int) -> Callable[[int], None]:
         """A bar of ``total`` items (engines starting); the returned function marks item ``i`` done, in any order."""
         t0 = time.monotonic()

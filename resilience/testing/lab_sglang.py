@@ -326,14 +326,18 @@ class SGLangLab:
     def recover(self, failed: bool) -> int:
         """After every step, ``failed`` or not: a global restart (``restore_fleet``), the controller started afresh."""
         deaths = restore_fleet(self.fleet.engines, lambda engine: put_in_order(self.bare, engine))
-        for client in self.clients:  # a global restart starts the controller afresh: new clients, new orchestrator
-            client.close()
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._new_journal_path())  # every engine in order: nothing to resume
+        self._new_controller(self._new_journal_path())  # every engine in order: nothing to resume
         return deaths
 
-    def _replace_orchestrator(self, journal: Path | None) -> None:
-        """Close the old orchestrator (deleting its journal) and build a new one over ``self.clients`` on ``journal``."""
+    def _new_controller(self, journal: Path | None, *, keep_clients: bool = False) -> None:
+        """New clients (the old ones closed, or kept for the stragglers still using them) and a new orchestrator on
+        ``journal`` (the old one closed, its journal deleted)."""
+        if keep_clients:
+            self._old_clients.extend(self.clients)
+        else:
+            for client in self.clients:
+                client.close()
+        self.clients = self._new_clients()
         old, observers = self.orch, self.orch.observers
         old.close()
         if old.journal is not None and self._journal_path is not None and self._journal_path != journal:
@@ -351,9 +355,7 @@ class SGLangLab:
         self.report.controller_restarts += 1
         self.report.controller_kills += 1
         self.fanout.drain(30.0)
-        self._old_clients.extend(self.clients)  # stragglers may still be generating through them
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._snapshot)
+        self._new_controller(self._snapshot, keep_clients=True)
         self._snapshot = None
         for _ in range(8):  # bounded: one unpause per hold the dead controller left
             if not any(WEIGHT_SYNC_HOLD in reasons for reasons in self.orch.held().values()):
@@ -370,10 +372,7 @@ class SGLangLab:
             self.bare.close()
             self.bare = bare_session()
             return
-        for client in self.clients:
-            client.close()
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._journal_path)
+        self._new_controller(self._journal_path)
 
     def tally(self) -> None:
         report = self.report
