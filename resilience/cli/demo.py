@@ -214,28 +214,17 @@ def _sglang_demo(args: argparse.Namespace) -> int:
         console.print(f"timeline: {timeline_path}", markup=False, highlight=False)
     for line in said:  # traces: how many spans went where
         console.print(line, markup=False, highlight=False)
-    data = {
-        "command": "demo",
-        "seed": args.seed,
-        "engines": args.engines,
-        "steps": args.steps,
+    data = _report_of(args, plan.to_dict(), {kind: out.reports[kind].to_dict() for kind, _ in done}, columns, rows)
+    data |= {
         "interrupted": interrupted,
-        "fault_plan": plan.to_dict(),
-        "ways": {kind: out.reports[kind].to_dict() for kind, _ in done},
         "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
         "controller_restart": {kind: out.restarts[kind].to_dict() for kind, _ in done if kind in out.restarts},
-        "story": told,
-        "membership": None if out.membership is None else out.membership.to_dict(),
-        "rates_note": note,
-        "table": {"columns": columns, "rows": rows},
+        **{"story": told, "membership": None if out.membership is None else out.membership.to_dict(), "rates_note": note},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},
-        "traces": args.traces,
-        "traces_file": str(spans_path) if spans_path is not None else None,
+        **{"traces": args.traces, "traces_file": str(spans_path) if spans_path is not None else None},
         "timeline": {"file": str(timeline_path) if timeline_path and drawn else None, "steps": [t.to_dict() for t in drawn]},
-        "wall_s": round(time.monotonic() - t_start, 3),
     }
-    write_json(report_path, data)
-    console.print(f"report: {report_path} ({data['wall_s']:.0f} s in all)", markup=False, highlight=False)
+    _write_report(report_path, data, t_start)
     if interrupted:
         finished = " and ".join(title for _, title in done)
         print(f"cpr demo: interrupted; the report holds what finished ({finished})", file=sys.stderr)
@@ -256,7 +245,7 @@ def _progress(p: StepProgress) -> None:
 def _report_of(
     args: argparse.Namespace, plan: object, ways: object, columns: list[str], rows: list[list[str]], **which: str
 ) -> dict[str, object]:
-    """The report of the vLLM and smg demos: the run's arguments (``which``: its engine or router), plan, ways and table."""
+    """A demo report's head: the run's arguments (``which``: its engine or router), plan, ways and table."""
     head: dict[str, object] = {"command": "demo", **which, "seed": args.seed, "engines": args.engines, "steps": args.steps}
     return head | {"fault_plan": plan, "ways": ways, "table": {"columns": columns, "rows": rows}}
 

@@ -40,7 +40,7 @@ import requests
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faultplan import FaultPlan, FaultRule
-from resilience.testing.stubbed_import import load_stubbed, never_called
+from resilience.testing.stubbed_import import framework_file, load_stubbed, never_called
 
 __all__ = [
     "FRAMEWORKS",
@@ -106,23 +106,11 @@ def fault_plan(
 
 
 def _verl_source() -> Path:
-    """``http_server_engine.py`` of an installed verl, else of the verl wheel in the cache (``scripts/setup.sh`` puts it there)."""
-    spec = importlib.util.find_spec("verl")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            path = Path(root) / "workers/rollout/sglang_rollout/http_server_engine.py"
-            if path.exists():
-                return path
-    import os
-
-    cache = Path(os.environ.get("CPR_VERL_SOURCE", "~/.cache/cpr/verl")).expanduser()
-    path = cache / "verl/workers/rollout/sglang_rollout/http_server_engine.py"
-    if path.exists():
-        return path
-    raise FrameworkMissing(
+    missing = FrameworkMissing(
         f"verl {VERL_VERSION}'s http_server_engine.py is not here: run scripts/setup.sh (it unpacks "
         f"`pip download --no-deps verl=={VERL_VERSION}` into ~/.cache/cpr/verl), or set CPR_VERL_SOURCE"
     )
+    return framework_file("verl", "verl/workers/rollout/sglang_rollout/http_server_engine.py", "CPR_VERL_SOURCE", missing)
 
 
 class _ServerArgs:

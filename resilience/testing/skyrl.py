@@ -11,14 +11,12 @@ l.694-772): ``is_sleeping()``, ``sleep()`` (level 2), ``wake_up(["weights"])``, 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
-from resilience.testing.stubbed_import import load_stubbed, never_called
+from resilience.testing.stubbed_import import framework_file, load_stubbed, never_called
 
 __all__ = ["SKYRL_VERSION", "SkyRLMissing", "load_skyrl_client", "skyrl_client", "skyrl_cycle"]
 
@@ -32,21 +30,11 @@ class SkyRLMissing(RuntimeError):
 
 
 def _source() -> Path:
-    """The client file of an installed ``skyrl``, else of the wheel unpacked into the cache (``scripts/setup.sh``)."""
-    spec = importlib.util.find_spec("skyrl")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            path = Path(root).parent / _FILE
-            if path.exists():
-                return path
-    cache = Path(os.environ.get("CPR_SKYRL_SOURCE", "~/.cache/cpr/skyrl")).expanduser()
-    path = cache / _FILE
-    if path.exists():
-        return path
-    raise SkyRLMissing(
+    missing = SkyRLMissing(
         f"SkyRL {SKYRL_VERSION}'s remote_inference_client.py is not here: run scripts/setup.sh (it unpacks "
         f"`pip download --no-deps skyrl=={SKYRL_VERSION}` into ~/.cache/cpr/skyrl), or set CPR_SKYRL_SOURCE"
     )
+    return framework_file("skyrl", _FILE, "CPR_SKYRL_SOURCE", missing)
 
 
 def load_skyrl_client() -> types.ModuleType:
