@@ -268,9 +268,7 @@ def probe_engines(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     outs: list[dict[str, CheckResult]] = [{} for _ in urls]
     threads = [
-        threading.Thread(
-            target=_run_check, args=(url, check, timeout, headers, out, keyed), name=f"cpr-probe-{check.name}", daemon=True
-        )
+        threading.Thread(target=_run_check, args=(url, check, timeout, headers, out, keyed), name=f"cpr-probe-{check.name}", daemon=True)
         for url, out in zip(urls, outs, strict=True)
         for check in checks
     ]

@@ -123,8 +123,7 @@ def story(reports: Mapping[str, ColocateReport], causes: Mapping[str, Sequence[s
 
 def membership_story(report: ChurnReport, engines: int) -> str:
     """One sentence on the membership scene (``resilience.testing.churn``): who joined, who left, what it cost."""
-    joined = plural(report.joins, "engine")
-    left = plural(report.leaves, "engine")
+    joined, left = plural(report.joins, "engine"), plural(report.leaves, "engine")
     lost = f"{report.requests_lost} of {plural(report.requests_sent, 'request')} lost"
     return (
         f"Membership, on {plural(engines, 'engine')} more: {joined} joined the offloaded group (paused, flushed and "
@@ -152,21 +151,14 @@ def rates_note(reports: Mapping[str, ColocateReport], titles: Mapping[str, str])
         if report.failed_steps and report.failed_steps == n:
             early = "" if report.phase_seconds.get("weight_sync") else " before finishing a weight sync"
             steps = "its one step" if n == 1 else f"all {n} of its steps"
-            parts.append(
-                f"{name} failed {steps} at the first error{early}, "
-                f"so its {report.wall_s / n:.2f} s per step is the time to fail, not to train."
-            )
+            fail = f"{report.wall_s / n:.2f} s per step is the time to fail, not to train"
+            parts.append(f"{name} failed {steps} at the first error{early}, so its {fail}.")
         elif report.failed_steps:
             parts.append(f"{report.failed_steps} of {name}'s {n} steps failed at their first error, which shortens its average.")
         elif n:
-            extras = [
-                what
-                for what, count in (
-                    ("retries' backoff", report.retried_502 + report.resent_after_error),
-                    ("re-run requests", report.requests_aborted_rerun),
-                )
-                if count
-            ]
+            retries = report.retried_502 + report.resent_after_error
+            costs = (("retries' backoff", retries), ("re-run requests", report.requests_aborted_rerun))
+            extras = [what for what, count in costs if count]
             paid = f", {' and '.join(extras)} included" if extras else ""
             steps = "its one step" if n == 1 else f"each of its {n} steps"
             average = " on average" if n > 1 else ""
