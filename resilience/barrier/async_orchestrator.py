@@ -123,16 +123,13 @@ class AsyncOrchestrator(BarrierView[A]):
         self._bodies = 0
         self._on: _LoopState | None = None
         transitions.resume(self.state)
-        membership.take_up(self.state)
 
     # -- recovery ----------------------------------------------------------------
 
     async def retire(self, engine: str | A) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
         async with self._loop_state().lock:
-            with self.state.lock:
-                transitions.retire(self.state, engine)
-                membership.left(self.state, self.state.name_of(engine))
+            membership.retire(self.state, engine)
 
     async def reconcile(self, engine: str | A, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state; see ``Orchestrator.reconcile`` (the same rules and refusals)."""

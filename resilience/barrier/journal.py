@@ -18,7 +18,7 @@ A record is one JSON object (framed and checksummed by the store,
 - ``{"k": "header", "format": ..., "version": 1, "engines": [...]}``: first, once;
 - ``{"k": "member", "engine": name, "change": ..., "group": ..., "facts": {...}}``: a membership change
   (``MEMBER_CHANGES``: ``joining`` before a join's first command, ``joined``, ``fenced``, ``left`` on retire;
-  ``resilience.barrier.membership``), with the engine's facts then;
+  ``resilience.barrier.membership``), with the engine's facts then (and ``"budget"`` when it changed);
 - ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``:
   the facts of the engines that changed, ``why`` says which step wrote it. An owner is
   ``{"host", "pid", "id", "start", "boot"}``: a random id of the process, its start time and the
@@ -252,19 +252,19 @@ def _fold(payloads: Iterable[bytes], where: str) -> _Folded:
             out.engines = [str(e) for e in rec.get("engines", [])]
             out.members = {str(n): str(c) for n, c in dict(rec.get("members", {})).items()}
             continue
-        if isinstance(rec, dict) and rec.get("k") == "member":
+        kind = rec.get("k") if isinstance(rec, dict) else type(rec).__name__
+        if kind == "member":
             change, name = str(rec.get("change")), str(rec.get("engine"))
             if change not in MEMBER_CHANGES:
                 raise JournalError(f"journal {where}: record {i} has unknown membership change {change!r}")
             out.members[name] = change
             out.facts[name] = dict(rec.get("facts", {}))
-            continue
-        if not isinstance(rec, dict) or rec.get("k") != "state":
-            kind = rec.get("k") if isinstance(rec, dict) else type(rec).__name__
+        elif kind == "state":
+            for name, facts in dict(rec.get("engines", {})).items():
+                out.facts[name] = dict(facts)
+            out.owners.update(dict(rec.get("owners", {})))
+        else:
             raise JournalError(f"journal {where}: record {i} has unknown kind {kind!r}")
-        for name, facts in dict(rec.get("engines", {})).items():
-            out.facts[name] = dict(facts)
-        out.owners.update(dict(rec.get("owners", {})))
         if rec.get("budget") is not None:
             out.budget = dict(rec["budget"])
     return out
@@ -468,16 +468,28 @@ class Journal:
                 _LOG.warning("%s", exc)
 
     def member(
-        self, name: str, change: str, group: str, know: Mapping[str, EngineKnowledge], *, retired: Collection[str] = ()
+        self,
+        name: str,
+        change: str,
+        group: str,
+        know: Mapping[str, EngineKnowledge],
+        *,
+        retired: Collection[str] = (),
+        budget: RestartBudget | None = None,
     ) -> None:
         """Write durably that ``name`` (of the group named ``group``) had the membership change ``change``
-        (``MEMBER_CHANGES``), with its facts now; ``Recovery.members`` gives it back."""
+        (``MEMBER_CHANGES``), with its facts now (and the restart budget, when it changed); ``Recovery.members`` gives it back."""
         if change not in MEMBER_CHANGES:
             raise JournalError(f"Journal.member change must be one of {', '.join(MEMBER_CHANGES)}, but was {change!r}")
         facts = facts_of(know[name], retired=name in retired)
-        rec = {"k": "member", "t": time.time(), "engine": name, "change": change, "group": group, "facts": facts}
+        rec: dict[str, Any] = {"k": "member", "t": time.time(), "engine": name, "change": change, "group": group, "facts": facts}
+        budget_state = _budget_state(budget)
+        if budget_state is not None and budget_state != self._budget:
+            rec["budget"] = budget_state
         self.store.append(_dump(rec))  # raises when the record is not durable: then nothing below is marked written
         self._last[name] = facts
+        if "budget" in rec:
+            self._budget = budget_state
         self._members[name] = change
         if name not in self._engines:
             self._engines = (*self._engines, name)

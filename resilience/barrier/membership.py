@@ -65,7 +65,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from resilience.barrier.journal import MEMBER_CHANGES, OFFLOAD_TOKEN
 from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, EngineKnowledge, EngineSkipped, PhaseFailed, TransitionReport
@@ -88,7 +88,7 @@ from resilience.barrier.transitions import (
     unhold,
 )
 from resilience.barrier.verify import CheckFailed, EngineCheck
-from resilience.engine_contract import CONTROL_METHODS, EngineState, engine_name, rules_of
+from resilience.engine_contract import CONTROL_METHODS, AnyEngine, EngineState, engine_name, rules_of
 from resilience.events import EngineStateChanged, emit
 
 __all__ = [
@@ -97,15 +97,15 @@ __all__ = [
     "fence",
     "fence_failed",
     "join_steps",
-    "left",
     "min_engines_arg",
     "require_coroutines",
-    "take_up",
+    "retire",
     "with_fenced",
 ]
 
 JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
 """The membership changes the journal records (``Journal.member``)."""
+E = TypeVar("E", bound=AnyEngine)
 
 
 class GroupTarget:
@@ -353,7 +353,7 @@ def record(state: BarrierState[Any], name: str, change: str, group: str) -> None
     """Write the membership change ``change`` of ``name`` (in the group named ``group``) to the journal, with its facts;
     nothing without one."""
     if state.journal is not None:
-        state.journal.member(name, change, group, state.know, retired=state.retired)
+        state.journal.member(name, change, group, state.know, retired=state.retired, budget=state.restart_budget)
 
 
 def _group_name(state: BarrierState[Any], name: str) -> str:
@@ -370,23 +370,16 @@ def fence(state: BarrierState[Any], name: str, why: str) -> None:
     emit(state.observers, EngineStateChanged(engine=name, from_state=str(before), to_state=str(EngineState.FENCED)))
 
 
-def left(state: BarrierState[Any], name: str) -> None:
-    """``name`` was retired: journal that it left (``transitions.retire`` already wrote its facts); each orchestrator's
-    ``retire`` calls this right after it, under the lock."""
-    state.fenced.pop(name, None)
-    state.joining.discard(name)
-    record(state, name, LEFT, _group_name(state, name))
-
-
-def take_up(state: BarrierState[Any]) -> None:
-    """A resumed journal's membership (``Recovery.members``): an engine whose join had not finished, or that was fenced,
-    stays fenced (``add`` brings it in again). Each orchestrator calls this right after ``transitions.resume``."""
-    if state.recovery is None:
-        return
-    for name, change in state.recovery.members.items():
-        if name in state.know and name not in state.retired and change in (JOINING, FENCED):
-            why = "its join had not finished when the last controller stopped" if change == JOINING else "fenced by the last controller"
-            state.fenced[name] = f"{why}: add() it again"
+def retire(state: BarrierState[E], engine: str | E) -> None:
+    """Stop sending anything to ``engine`` (name, URL or engine object): no transition covers or names it again; the
+    journal records that it left, with its facts."""
+    name = state.name_of(engine)
+    with state.lock:
+        state.retired.add(name)
+        state.fenced.pop(name, None)
+        state.joining.discard(name)
+        state.label = "retire"
+        record(state, name, LEFT, _group_name(state, name))
 
 
 def min_engines_arg(min_engines: int | None, transition: str) -> int | None:

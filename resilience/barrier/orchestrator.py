@@ -131,7 +131,6 @@ class Orchestrator(BarrierView[E]):
         if check is not None:  # the fan-out says which engines it can drive, before anything is sent
             check(engines.values())
         transitions.resume(self.state)
-        membership.take_up(self.state)
         self._bodies_ended = threading.Condition(self.state.lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""
@@ -140,9 +139,7 @@ class Orchestrator(BarrierView[E]):
 
     def retire(self, engine: str | E) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
-        with self.state.lock:
-            transitions.retire(self.state, engine)
-            membership.left(self.state, self.state.name_of(engine))
+        membership.retire(self.state, engine)
 
     def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.

@@ -203,7 +203,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
 from resilience.barrier.fanout import EngineResult, LateCall, interrupted_results
-from resilience.barrier.journal import OFFLOAD_TOKEN, open_journal, restore_budget
+from resilience.barrier.journal import MEMBER_CHANGES, OFFLOAD_TOKEN, open_journal, restore_budget
 from resilience.barrier.state import (
     RELEASE,
     RESUME,
@@ -277,7 +277,6 @@ __all__ = [
     "reserve_tokens",
     "resume",
     "resume_phases",
-    "retire",
     "rollback_continue",
     "settle",
     "skips",
@@ -1246,9 +1245,10 @@ def unpause_steps(state: BarrierState[Any], held: HoldToken | str) -> Steps[Tran
 
 
 def resume(state: BarrierState[Any]) -> None:
-    """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements and
-    restart budget it kept; the engines it calls paused or released are checked at the next transition's start
-    (``recheck``). Each orchestrator calls this at the end of its constructor, then ``membership.take_up``."""
+    """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements,
+    membership and restart budget it kept; the engines it calls paused or released are checked at the next
+    transition's start (``recheck``); an engine whose join had not finished, or that was fenced, stays fenced
+    (``add`` brings it in again). Each orchestrator calls this at the end of its constructor."""
     if state.journal_arg is None:
         return
     journal = open_journal(state.journal_arg)
@@ -1270,15 +1270,11 @@ def resume(state: BarrierState[Any]) -> None:
     for name, k in resumed.knowledge.items():
         if k.state is not EngineState.SERVING:
             emit(state.observers, EngineStateChanged(engine=name, from_state=str(EngineState.SERVING), to_state=str(k.state)))
-
-
-def retire(state: BarrierState[E], engine: str | E) -> None:
-    """Stop sending anything to ``engine`` (name, URL or engine object): no transition covers or names it again."""
-    name = state.name_of(engine)
-    with state.lock:
-        state.retired.add(name)
-        state.label = "retire"
-        state.persist((name,))
+    joining, _, fenced, _ = MEMBER_CHANGES
+    for name, change in resumed.recovery.members.items():
+        if name in state.know and name not in state.retired and change in (joining, fenced):
+            why = "its join had not finished when the last controller stopped" if change == joining else "fenced by the last controller"
+            state.fenced[name] = f"{why}: add() it again"
 
 
 def reconcile(state: BarrierState[E], engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
