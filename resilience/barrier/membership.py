@@ -67,6 +67,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from resilience.barrier.fanout import EngineResult
 from resilience.barrier.journal import MEMBER_CHANGES, OFFLOAD_TOKEN
 from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, EngineKnowledge, EngineSkipped, PhaseFailed, TransitionReport
 from resilience.barrier.transitions import (
@@ -87,7 +88,7 @@ from resilience.barrier.transitions import (
     transition,
     unhold,
 )
-from resilience.barrier.verify import CheckFailed, EngineCheck
+from resilience.barrier.verify import EngineCheck, judge_one, unreadable
 from resilience.engine_contract import CONTROL_METHODS, AnyEngine, EngineState, engine_name, rules_of
 from resilience.events import EngineStateChanged, emit
 
@@ -323,21 +324,14 @@ def _verify(state: BarrierState[Any], tx: Transition, name: str, checks: Sequenc
         try:
             method, kwargs = check.request(engine)
         except TypeError as exc:
-            return {name: CheckFailed(name, check.name, None, None, detail=f"{check.name}: {exc}")}
-        deadline = tx.deadline.cap(state.deadlines.for_phase("verify"))
-        step: ReadStep[Any] = ReadStep(method, ((name, kwargs),), [(engine, kwargs)], deadline)
+            return {name: unreadable(name, check, exc)}
+        step: ReadStep[Any] = ReadStep(method, ((name, kwargs),), [(engine, kwargs)], tx.deadline.cap(state.deadlines.for_phase("verify")))
         yield step
         state.heard(step.results or ())
-        if step.error is not None or step.results is None or len(step.results) != 1:
-            why = step.error if step.error is not None else "no answer"
-            return {name: CheckFailed(name, check.name, None, None, detail=f"{check.name}: could not read it ({method}): {why}")}
-        result = step.results[0]
-        if result.error is not None:
-            detail = f"{check.name}: could not read it ({method}): {type(result.error).__name__}: {result.error}"
-            return {name: CheckFailed(name, check.name, None, None, detail=detail)}
-        verdict = check.judge(name, result.value)
-        if verdict is not None:
-            return {name: verdict}
+        results = step.results if step.error is None and step.results is not None and len(step.results) == 1 else None
+        miss = judge_one(check, method, results[0] if results else EngineResult(name, error=step.error or RuntimeError("no answer")))
+        if miss is not None:
+            return {name: miss}
     return {}
 
 

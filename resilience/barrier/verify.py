@@ -45,6 +45,8 @@ __all__ = [
     "WeightVersionCheck",
     "averify",
     "checks_arg",
+    "judge_one",
+    "unreadable",
     "verify",
 ]
 
@@ -227,7 +229,7 @@ def _plan(
     """The reads to send (one per check and method; a check that needs serving skips ``not_serving``) and the engines a
     check cannot read at all."""
     reads: list[_Read] = []
-    unreadable: list[CheckFailed] = []
+    failed: list[CheckFailed] = []
     for check in checks:
         groups: dict[str, list[tuple[AnyEngine, Mapping[str, Any]]]] = {}
         for name, engine in engines.items():
@@ -236,29 +238,34 @@ def _plan(
             try:
                 method, kwargs = check.request(engine)
             except TypeError as exc:
-                unreadable.append(CheckFailed(name, check.name, None, None, detail=f"{check.name}: {exc}"))
+                failed.append(unreadable(name, check, exc))
                 continue
             groups.setdefault(method, []).append((engine, kwargs))
         reads.extend(_Read(check, method, calls) for method, calls in groups.items())
-    return reads, unreadable
+    return reads, failed
+
+
+def unreadable(name: str, check: EngineCheck, why: object) -> CheckFailed:
+    """``check`` cannot read engine ``name`` at all (``why``: the ``TypeError`` of its ``request``)."""
+    return CheckFailed(name, check.name, None, None, detail=f"{check.name}: {why}")
+
+
+def judge_one(check: EngineCheck, method: str, result: EngineResult) -> CheckFailed | None:
+    """What one engine's answer to ``check``'s read (``method``) means: None when it is right, else the mismatch, or the
+    read's failure (with its error as the cause)."""
+    err = result.error
+    if err is None:
+        return check.judge(result.engine, result.value)
+    detail = f"{check.name}: could not read it ({method}): {type(err).__name__}: {short(err)}"
+    miss = CheckFailed(result.engine, check.name, None, None, detail=detail)
+    miss.__cause__ = err
+    return miss
 
 
 def _judge(read: _Read, results: Sequence[EngineResult], heard: Heard | None) -> list[CheckFailed]:
     if heard is not None:
         heard(results)
-    failed: list[CheckFailed] = []
-    for result in results:
-        if result.error is not None:
-            err = result.error
-            detail = f"{read.check.name}: could not read it ({read.method}): {type(err).__name__}: {short(err)}"
-            miss = CheckFailed(result.engine, read.check.name, None, None, detail=detail)
-            miss.__cause__ = err
-            failed.append(miss)
-            continue
-        verdict = read.check.judge(result.engine, result.value)
-        if verdict is not None:
-            failed.append(verdict)
-    return failed
+    return [miss for result in results if (miss := judge_one(read.check, read.method, result)) is not None]
 
 
 def _verdict(transition: str, report: TransitionReport, mismatches: list[CheckFailed], not_serving: Mapping[str, str]) -> TransitionReport:
