@@ -26,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar, Unpack
 
 from resilience.barrier import membership, transitions
 from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
-from resilience.barrier.fanout import Calls, EngineResult, LateCall
+from resilience.barrier.fanout import LateCall
 from resilience.barrier.state import (
     BarrierBusy,
     BarrierKeywords,
@@ -41,13 +41,11 @@ from resilience.barrier.state import (
     BarrierState,
     EngineGroup,
     HoldToken,
-    PhaseFailed,
     TransitionReport,
 )
-from resilience.barrier.verify import EngineCheck, averify, checks_arg
+from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
 from resilience.clock import Clock
-from resilience.deadline import Deadline
 from resilience.engine_contract import AsyncControlPlaneEngine, PauseMode, engine_name
 from resilience.errors import ConfigError
 
@@ -160,7 +158,7 @@ class AsyncOrchestrator(BarrierView[A]):
         need = membership.min_engines_arg(min_engines, "offload")
         state = self._loop_state()
         async with self._exclusive(state, "offload"):
-            return await self._partial(lambda: transitions.offload_steps(self.state, wanted, mode), need, state)
+            return await self._run(membership.partial(self.state, lambda: transitions.offload_steps(self.state, wanted, mode), need), state)
 
     async def onload(
         self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = (), min_engines: int | None = None
@@ -171,8 +169,8 @@ class AsyncOrchestrator(BarrierView[A]):
         need = membership.min_engines_arg(min_engines, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            report = await self._partial(lambda: transitions.onload_steps(self.state, wanted), need, state)
-            return await self._verified("onload", report, verify, self.state.offloaded, state)
+            report = await self._run(membership.partial(self.state, lambda: transitions.onload_steps(self.state, wanted), need), state)
+            return await self._run(verify_steps(self.state, "onload", report, verify, self.state.offloaded), state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine and pause them; see ``Orchestrator.pause``."""
@@ -213,30 +211,7 @@ class AsyncOrchestrator(BarrierView[A]):
                     for n in token.engines:
                         transitions.unhold(self.state, n, token.id)
                 raise
-        await self._verified("weight_sync", ended, verify, token.engines, state)  # only after a body that returned
-
-    async def _verified(
-        self,
-        transition: str,
-        report: TransitionReport,
-        checks: EngineCheck | Sequence[EngineCheck],
-        names: Iterable[str],
-        state: _LoopState,
-    ) -> TransitionReport:
-        """``report`` once ``checks`` passed on the engines ``names`` (not retired), read as one phase of tasks per read."""
-        if not checks:
-            return report
-
-        async def send(calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
-            run = PhaseRun(calls, method, deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
-            await run.wait()
-            return run.results()
-
-        engines = {n: self.state.engines[n] for n in self.state.active(names)}
-        deadline_s = self.deadlines.for_phase("verify")
-        return await averify(
-            transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s, heard=self.state.heard
-        )
+        await self._run(verify_steps(self.state, "weight_sync", ended, verify, token.engines), state)  # only after a body that returned
 
     # -- the driver ------------------------------------------------------------------
 
@@ -275,20 +250,6 @@ class AsyncOrchestrator(BarrierView[A]):
             yield
         finally:
             state.lock.release()
-
-    async def _partial(
-        self, steps: Callable[[], transitions.Steps[TransitionReport]], min_engines: int | None, state: _LoopState
-    ) -> TransitionReport:
-        """Run a transition; with ``min_engines``, fence the engines it failed on and run it again for the rest while
-        enough are left (``membership.fence_failed``), else its ``PhaseFailed`` goes on."""
-        fenced: dict[str, str] = {}
-        while True:
-            try:
-                return membership.with_fenced(await self._run(steps(), state), fenced)
-            except PhaseFailed as err:
-                with self.state.lock:
-                    if not membership.fence_failed(self.state, err, min_engines, fenced):
-                        raise
 
     async def _run(self, steps: transitions.Steps[T], state: _LoopState) -> T:
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.

@@ -63,7 +63,7 @@ stays fenced until ``add`` brings it in again.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -101,7 +101,7 @@ __all__ = [
     "min_engines_arg",
     "require_coroutines",
     "retire",
-    "with_fenced",
+    "partial",
 ]
 
 JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
@@ -402,6 +402,16 @@ def fence_failed(state: BarrierState[Any], err: PhaseFailed, min_engines: int | 
     return True
 
 
-def with_fenced(report: TransitionReport, fenced: Mapping[str, str]) -> TransitionReport:
-    """``report`` naming the engines fenced on its way (``TransitionReport.fenced``)."""
-    return replace(report, fenced=dict(fenced)) if fenced else report
+def partial(state: BarrierState[Any], steps: Callable[[], Steps[TransitionReport]], min_engines: int | None) -> Steps[TransitionReport]:
+    """The transition ``steps()``; with ``min_engines``, fence the engines it failed on and run it again for the rest while
+    enough are left (``fence_failed``), else its ``PhaseFailed`` goes on. The report names the engines fenced on its way
+    (``TransitionReport.fenced``)."""
+    fenced: dict[str, str] = {}
+    while True:
+        try:
+            report = yield from steps()
+        except PhaseFailed as err:
+            if not fence_failed(state, err, min_engines, fenced):
+                raise
+        else:
+            return replace(report, fenced=dict(fenced)) if fenced else report

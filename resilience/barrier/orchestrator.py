@@ -52,11 +52,9 @@ from resilience.barrier.state import (
     BarrierState,
     EngineGroup,
     HoldToken,
-    PhaseFailed,
     TransitionReport,
 )
-from resilience.barrier.verify import EngineCheck, checks_arg
-from resilience.barrier.verify import verify as verify_engines
+from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
 from resilience.engine_contract import AnyEngine, PauseMode
 
@@ -198,7 +196,7 @@ class Orchestrator(BarrierView[E]):
         need = membership.min_engines_arg(min_engines, "offload")
         with self.state.lock:
             self._wait_for_bodies("offload")
-            return self._partial(lambda: transitions.offload_steps(self.state, wanted, mode), need)
+            return self._run(membership.partial(self.state, lambda: transitions.offload_steps(self.state, wanted, mode), need))
 
     def onload(
         self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = (), min_engines: int | None = None
@@ -219,8 +217,8 @@ class Orchestrator(BarrierView[E]):
         need = membership.min_engines_arg(min_engines, "onload")
         with self.state.lock:
             self._wait_for_bodies("onload")
-            report = self._partial(lambda: transitions.onload_steps(self.state, wanted), need)
-            return self._verified("onload", report, verify, self.state.offloaded)
+            report = self._run(membership.partial(self.state, lambda: transitions.onload_steps(self.state, wanted), need))
+            return self._run(verify_steps(self.state, "onload", report, verify, self.state.offloaded))
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -270,39 +268,9 @@ class Orchestrator(BarrierView[E]):
                     del self._bodies[me]
                 self._bodies_ended.notify_all()
             ended = self.unpause(token)
-        self._verified("weight_sync", ended, verify, token.engines)  # only after a body that returned
-
-    def _verified(
-        self, transition: str, report: TransitionReport, checks: EngineCheck | Sequence[EngineCheck], names: Iterable[str]
-    ) -> TransitionReport:
-        """``report`` once ``checks`` passed on the engines ``names`` (not retired), read through the fan-out."""
-        if not checks:
-            return report
-        engines = {n: self.state.engines[n] for n in self.state.active(names)}
-        deadline_s = self.deadlines.for_phase("verify")
-        return verify_engines(
-            transition,
-            report,
-            checks,
-            engines,
-            not_serving=self.not_serving(),
-            send=self.fanout.call,
-            deadline_s=deadline_s,
-            heard=self.state.heard,
-        )
+        self._run(verify_steps(self.state, "weight_sync", ended, verify, token.engines))  # only after a body that returned
 
     # -- the driver ------------------------------------------------------------------
-
-    def _partial(self, steps: Callable[[], transitions.Steps[TransitionReport]], min_engines: int | None) -> TransitionReport:
-        """Run a transition; with ``min_engines``, fence the engines it failed on and run it again for the rest while
-        enough are left (``membership.fence_failed``), else its ``PhaseFailed`` goes on."""
-        fenced: dict[str, str] = {}
-        while True:
-            try:
-                return membership.with_fenced(self._run(steps()), fenced)
-            except PhaseFailed as err:
-                if not membership.fence_failed(self.state, err, min_engines, fenced):
-                    raise
 
     def _run(self, steps: transitions.Steps[T]) -> T:
         """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.

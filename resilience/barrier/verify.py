@@ -28,14 +28,15 @@ engine (a method name and keyword arguments), and what the answer means.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from resilience.barrier.fanout import Calls, EngineResult
-from resilience.barrier.state import PhaseFailed, TransitionReport, short
+from resilience.barrier.state import BarrierState, PhaseFailed, TransitionReport, short
+from resilience.barrier.transitions import ReadStep, Steps
 from resilience.deadline import Deadline
-from resilience.engine_contract import AnyEngine
+from resilience.engine_contract import AnyEngine, engine_name
 
 __all__ = [
     "CanaryCheck",
@@ -44,10 +45,12 @@ __all__ = [
     "VerificationFailed",
     "WeightVersionCheck",
     "averify",
+    "check_steps",
     "checks_arg",
     "judge_one",
     "unreadable",
     "verify",
+    "verify_steps",
 ]
 
 Send = Callable[[Calls, str, Deadline], list[EngineResult]]
@@ -287,44 +290,69 @@ def checks_arg(checks: EngineCheck | Sequence[EngineCheck]) -> Sequence[EngineCh
     return tuple(checks)
 
 
-def verify(
+def check_steps(
     transition: str,
     report: TransitionReport,
     checks: EngineCheck | Sequence[EngineCheck],
     engines: Mapping[str, AnyEngine],
     *,
     not_serving: Mapping[str, str],
-    send: Send,
     deadline_s: float,
     heard: Heard | None = None,
-) -> TransitionReport:
-    """Run ``checks`` on ``engines`` through ``send`` (a fan-out's ``call``); ``report`` when all pass, else ``VerificationFailed``.
+) -> Generator[ReadStep[Any], None, TransitionReport]:
+    """Run ``checks`` on ``engines``, one ``ReadStep`` per check and method; ``report`` when all pass, else ``VerificationFailed``.
 
     ``not_serving``: the orchestrator's engines that do not serve, with why (checks
     that need serving skip them; when another check fails, the error names them too).
     ``deadline_s``: for all reads together. ``heard``: told each read's answers (default None: nobody).
+    A read the fan-out could not send raises its error.
     """
     reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
     deadline = Deadline(deadline_s)
     for read in reads:
-        mismatches.extend(_judge(read, send(read.calls, read.method, deadline), heard))
+        step: ReadStep[Any] = ReadStep(read.method, tuple((engine_name(e), kw) for e, kw in read.calls), list(read.calls), deadline)
+        yield step
+        if step.error is not None:
+            raise step.error
+        mismatches.extend(_judge(read, step.results or (), heard))
     return _verdict(transition, report, mismatches, not_serving)
 
 
-async def averify(
-    transition: str,
-    report: TransitionReport,
-    checks: EngineCheck | Sequence[EngineCheck],
-    engines: Mapping[str, AnyEngine],
-    *,
-    not_serving: Mapping[str, str],
-    send: AsyncSend,
-    deadline_s: float,
-    heard: Heard | None = None,
-) -> TransitionReport:
+def verify_steps(
+    state: BarrierState[Any], transition: str, report: TransitionReport, checks: EngineCheck | Sequence[EngineCheck], names: Iterable[str]
+) -> Steps[TransitionReport]:
+    """``report`` once ``checks`` passed on the engines ``names`` (not retired), under the verify limit: what both
+    orchestrators drive after an onload or a weight sync."""
+    if not checks:
+        return report
+    engines = {n: state.engines[n] for n in state.active(names)}
+    not_serving, limit = state.not_serving(), state.deadlines.for_phase("verify")
+    return (yield from check_steps(transition, report, checks, engines, not_serving=not_serving, deadline_s=limit, heard=state.heard))
+
+
+def verify(transition: str, report: TransitionReport, checks: Sequence[EngineCheck], engines: Mapping[str, AnyEngine], *,
+           send: Send, **options: Any) -> TransitionReport:
+    """``check_steps`` (``options``: its keywords) with each read sent through ``send``, a fan-out's ``call``."""
+    steps = check_steps(transition, report, checks, engines, **options)
+    try:
+        step = next(steps)
+        while True:
+            step.results = send(step.engines, step.method, step.deadline)
+            step = steps.send(None)
+    except StopIteration as stop:
+        done: TransitionReport = stop.value
+        return done
+
+
+async def averify(transition: str, report: TransitionReport, checks: Sequence[EngineCheck], engines: Mapping[str, AnyEngine], *,
+                  send: AsyncSend, **options: Any) -> TransitionReport:
     """``verify`` on an event loop (``send`` awaits the reads)."""
-    reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
-    deadline = Deadline(deadline_s)
-    for read in reads:
-        mismatches.extend(_judge(read, await send(read.calls, read.method, deadline), heard))
-    return _verdict(transition, report, mismatches, not_serving)
+    steps = check_steps(transition, report, checks, engines, **options)
+    try:
+        step = next(steps)
+        while True:
+            step.results = await send(step.engines, step.method, step.deadline)
+            step = steps.send(None)
+    except StopIteration as stop:
+        done: TransitionReport = stop.value
+        return done
