@@ -62,7 +62,6 @@ stays fenced until ``add`` brings it in again.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -89,7 +88,7 @@ from resilience.barrier.transitions import (
     unhold,
 )
 from resilience.barrier.verify import EngineCheck, judge_one, unreadable
-from resilience.engine_contract import CONTROL_METHODS, AnyEngine, EngineState, engine_name, rules_of
+from resilience.engine_contract import AnyEngine, EngineState, engine_name, rules_of
 from resilience.events import EngineStateChanged, emit
 
 __all__ = [
@@ -99,7 +98,6 @@ __all__ = [
     "fence_failed",
     "join_steps",
     "min_engines_arg",
-    "require_coroutines",
     "retire",
     "partial",
 ]
@@ -148,17 +146,6 @@ def target_of(state: BarrierState[Any], index: int, joining: str) -> GroupTarget
     offloaded = [n for n in members if OFFLOAD_TOKEN in state.know[n].holds]
     released = frozenset(t for n in offloaded for t in state.know[n].released)
     return GroupTarget(group, bool(offloaded) and group.needs_offload, released)
-
-
-def require_coroutines(name: str, engine: object, caller: str = "AsyncOrchestrator.add") -> None:
-    """Refuse an engine whose control calls are not coroutines (it would block the loop); ``caller`` names who asks in
-    the error (default ``AsyncOrchestrator.add``; the constructor passes ``AsyncOrchestrator``)."""
-    for method in CONTROL_METHODS:
-        if not inspect.iscoroutinefunction(getattr(engine, method, None)):
-            raise TypeError(
-                f"{caller} cannot drive engine {name}: its {method} is missing or not a coroutine function "
-                "(it would block the event loop; drive synchronous engines with Orchestrator)"
-            )
 
 
 def admit(state: BarrierState[Any], engine: Any, group: str | int | None) -> tuple[str, GroupTarget]:
@@ -374,6 +361,7 @@ def retire(state: BarrierState[E], engine: str | E) -> None:
         state.joining.discard(name)
         state.label = "retire"
         record(state, name, LEFT, _group_name(state, name))
+        state.persist((name,))  # the knowledge hook; the record above holds every fact, so a journal writes nothing more
 
 
 def min_engines_arg(min_engines: int | None, transition: str) -> int | None:
