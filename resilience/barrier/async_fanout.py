@@ -61,9 +61,9 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
-from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, vllm_hint
+from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, check_calls
 from resilience.deadline import Deadline
-from resilience.engine_contract import CONTROL_METHODS, AnyEngine, engine_name
+from resilience.engine_contract import AnyEngine, engine_name
 from resilience.errors import ConfigError
 
 __all__ = [
@@ -74,7 +74,6 @@ __all__ = [
     "TaskCall",
     "check_gc_pause",
     "collector_paused_by_us",
-    "engine_problem",
     "pause_collector",
 ]
 
@@ -426,14 +425,6 @@ def _unsent(calls: Calls, method: str) -> list[EngineResult]:
     return [EngineResult(engine_name(e), error=PhaseTimeout(why, maybe_sent=False)) for e, _ in calls]
 
 
-def engine_problem(engine: object) -> str | None:
-    """Why ``engine`` cannot be driven at all (a control method missing), or None."""
-    for method in CONTROL_METHODS:
-        if not callable(getattr(engine, method, None)):
-            return f"{engine_name(engine)}: it has no {method}() method{vllm_hint(engine)}"
-    return None
-
-
 class AsyncFanOut:
     """A ``FanOut`` that runs each phase's calls as tasks on one event loop, owned by a thread of its own.
 
@@ -534,10 +525,7 @@ class AsyncFanOut:
 
     def check_engines(self, engines: Iterable[object]) -> None:
         """Refuse an engine with a control method missing: ``TypeError`` naming it (coroutine and plain calls both run here)."""
-        for engine in engines:
-            problem = engine_problem(engine)
-            if problem is not None:
-                raise TypeError(f"AsyncFanOut cannot drive {problem}")
+        check_calls("AsyncFanOut", engines, coroutines=None)
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """Run the call on every engine at once on the loop; engines past the deadline get ``PhaseTimeout``.

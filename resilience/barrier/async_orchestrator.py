@@ -33,7 +33,7 @@ from typing import Literal, TypeVar, Unpack
 
 from resilience.barrier import membership, transitions
 from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
-from resilience.barrier.fanout import LateCall
+from resilience.barrier.fanout import LateCall, check_calls
 from resilience.barrier.state import (
     BarrierBusy,
     BarrierKeywords,
@@ -46,7 +46,7 @@ from resilience.barrier.state import (
 from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
 from resilience.clock import Clock
-from resilience.engine_contract import AsyncControlPlaneEngine, PauseMode, engine_name
+from resilience.engine_contract import AsyncControlPlaneEngine, PauseMode
 from resilience.errors import ConfigError
 
 __all__ = ["AsyncOrchestrator"]
@@ -115,8 +115,7 @@ class AsyncOrchestrator(BarrierView[A]):
             BarrierOptions.of("AsyncOrchestrator", options),
             owner="AsyncOrchestrator",
         )
-        for name, engine in self.state.engines.items():
-            membership.require_coroutines(name, engine, "AsyncOrchestrator")
+        check_calls("AsyncOrchestrator", self.state.engines.values(), coroutines=True)
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
@@ -140,7 +139,7 @@ class AsyncOrchestrator(BarrierView[A]):
         """Bring ``engine`` into ``group``'s current state before it counts; see ``Orchestrator.add`` (its calls must be
         coroutines, as the constructor requires)."""
         checks = checks_arg(verify)
-        membership.require_coroutines(engine_name(engine), engine)
+        check_calls("AsyncOrchestrator.add", [engine], coroutines=True)
         state = self._loop_state()
         async with self._exclusive(state, "add"):
             with self.state.lock:

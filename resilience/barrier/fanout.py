@@ -33,9 +33,9 @@ __all__ = [
     "SequentialFanOut",
     "ThreadFanOut",
     "attach_results",
+    "check_calls",
     "interrupted_results",
     "reported_versions",
-    "sync_engine_problem",
     "vllm_hint",
 ]
 
@@ -258,7 +258,7 @@ class ThreadFanOut:
 
     def check_engines(self, engines: Iterable[object]) -> None:
         """Refuse an engine this fan-out cannot drive (a missing control method, coroutine calls): ``TypeError`` naming it."""
-        _check_sync(self, engines)
+        check_calls(type(self).__name__, engines, coroutines=False)
 
     def close(self) -> None:
         """Stop the pool's threads (running calls finish on their own deadline)."""
@@ -278,7 +278,7 @@ class SequentialFanOut:
 
     def check_engines(self, engines: Iterable[object]) -> None:
         """Refuse an engine this fan-out cannot drive (a missing control method, coroutine calls): ``TypeError`` naming it."""
-        _check_sync(self, engines)
+        check_calls(type(self).__name__, engines, coroutines=False)
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """Run the call on each engine in turn, each capped by what is left of the deadline."""
@@ -308,19 +308,19 @@ def vllm_hint(engine: object) -> str:
     return ""
 
 
-def sync_engine_problem(engine: object) -> str | None:
-    """Why a thread or sequential fan-out cannot drive ``engine`` (a missing control method, coroutine calls), or None."""
-    for method in CONTROL_METHODS:
-        fn = getattr(engine, method, None)
-        if not callable(fn):
-            return f"{engine_name(engine)} has no {method}() method{vllm_hint(engine)}"
-        if inspect.iscoroutinefunction(fn):
-            return f"{engine_name(engine)}.{method} is a coroutine function: drive async engines with AsyncFanOut or AsyncOrchestrator"
-    return None
-
-
-def _check_sync(fanout: object, engines: Iterable[object]) -> None:
+def check_calls(owner: str, engines: Iterable[object], coroutines: bool | None) -> None:
+    """Refuse, with a ``TypeError`` naming ``owner`` and the engine, an engine whose control calls ``owner`` cannot make:
+    a method missing; with ``coroutines`` False, one that is a coroutine function (a thread cannot await it); True, one
+    that is not (it would block the event loop); None: either kind runs."""
     for engine in engines:
-        problem = sync_engine_problem(engine)
-        if problem is not None:
-            raise TypeError(f"{type(fanout).__name__} cannot drive {problem}")
+        for method in CONTROL_METHODS:
+            fn = getattr(engine, method, None)
+            if not callable(fn):
+                problem = f"it has no {method}() method{vllm_hint(engine)}"
+            elif coroutines is False and inspect.iscoroutinefunction(fn):
+                problem = f"its {method} is a coroutine function: drive async engines with AsyncFanOut or AsyncOrchestrator"
+            elif coroutines and not inspect.iscoroutinefunction(fn):
+                problem = f"its {method} is not a coroutine function (it would block the event loop; drive it with Orchestrator)"
+            else:
+                continue
+            raise TypeError(f"{owner} cannot drive engine {engine_name(engine)}: {problem}")
