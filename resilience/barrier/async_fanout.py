@@ -1,48 +1,16 @@
 """``AsyncFanOut``: one phase across engines whose control calls are coroutines, on one event loop.
 
-The pieces, from the bottom:
-
-- ``PhaseRun``: one phase's calls as tasks on the *running* loop: started at
-  once, awaited together up to the phase deadline, then read. ``AsyncOrchestrator``
-  runs it on the caller's loop; ``AsyncFanOut`` on its own loop thread.
-- ``TaskCall``: the ``LateCall`` of a call still running at its phase deadline
-  (its task keeps running, as ``ThreadFanOut``'s thread does; the orchestrator
-  waits for it to land before it sends that engine anything else).
-- ``AsyncFanOut``: the synchronous ``FanOut`` the ``Orchestrator`` takes. It owns
-  an event loop on a thread of its own (started by the first ``call``, stopped by
-  ``close()``) and runs every phase there.
-
-Engines are used on the loop that runs their calls. An async client that opens
-its connection pool lazily on first use (``AsyncSGLangClient`` creates its
-``aiohttp`` session inside the loop of its first call) is therefore bound to
-``AsyncFanOut``'s loop after its first phase: build it anywhere, but close it
-there too (``fanout.run(client.aclose())``) before ``fanout.close()``, and do not
-share it with another loop.
-
-The garbage collector during a phase
-====================================
-
-Python's automatic garbage collection paused while a fan-out phase runs on an event loop, for a bounded time.
-
-Every object a phase's calls allocate (tasks, coroutines, requests, answers,
-records) stays alive until its call ends, so the collections those allocations
-trigger during the phase walk them all and free nothing; worse, each young
-collection promotes them, and the promotions trigger full collections, which
-walk every object in the process. With 1024 engines, the collector took about a
-third of the driver's CPU in a barrier round (``benchmarks/NOTES.md``, "Fan-out
-at scale, third pass"). ``AsyncFanOut`` and ``AsyncOrchestrator`` therefore
-pause it (``gc.disable()``) from the moment a phase's tasks are created until
-they all answered, or ``max_s`` seconds have passed, whichever comes first; then
-it runs again, and its next collection frees whatever cyclic garbage the phase
-left (reference counting frees the rest at once, as always). A watchdog thread
-ends every pause at its bound, whatever became of the loop that took it.
-
-The pause is process-wide, as the collector is: while any phase holds it, no
-thread's objects are collected automatically (an explicit ``gc.collect()``
-still runs). A collector that was already disabled when the first phase came is
-left alone, and stays disabled. Code that disables it itself while a phase holds
-the pause finds it enabled again once the last phase lets go: disable it before,
-or turn the pause off (``gc_pause_s=0``).
+- ``PhaseRun``: one phase's calls as tasks on the *running* loop, awaited together up to the phase deadline, then
+  read. ``AsyncOrchestrator`` runs it on the caller's loop; ``AsyncFanOut`` on its own loop thread.
+- ``TaskCall``: the ``LateCall`` of a call still running at its phase deadline (its task keeps running).
+- ``AsyncFanOut``: the synchronous ``FanOut`` the ``Orchestrator`` takes, over an event loop on a thread of its own
+  (started by the first ``call``, stopped by ``close()``). An engine is bound to the loop of its first call: close
+  it there too (``fanout.run(client.aclose())``) before ``fanout.close()``.
+- ``pause_collector``: Python's automatic garbage collection paused while a phase runs, for a bounded time. What a
+  phase allocates stays alive until its calls end, so collecting then frees nothing (at 1024 engines it took about a
+  third of the round's CPU: ``benchmarks/NOTES.md``, "Fan-out at scale, third pass"). The pause is process-wide; a
+  watchdog thread ends each at its bound; a collector disabled before the first phase stays disabled (docs/barrier.md,
+  "The garbage collector during a phase").
 """
 
 from __future__ import annotations

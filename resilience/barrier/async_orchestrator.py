@@ -1,24 +1,15 @@
 """``AsyncOrchestrator``: the barrier for controllers that already run an event loop (AReaL-style).
 
-The same rules as ``Orchestrator`` (it holds a ``BarrierState`` too, and the
-transitions are written once as steps in ``resilience.barrier.transitions``),
-driven with ``await``: each phase's calls are tasks on the
-caller's loop (``PhaseRun``), awaited together up to the phase deadline. The
-knowledge lock is a short thread lock taken while a step is decided or
-folded, never across an ``await``; transitions exclude each other with an
-``asyncio.Lock``.
+The same transitions as ``Orchestrator`` (steps in ``resilience.barrier.transitions``), driven with ``await``: each
+phase's calls are tasks on the caller's loop (``PhaseRun``), awaited together up to the phase deadline. The knowledge
+lock is a short thread lock taken while a step is decided or folded, never across an ``await``; transitions exclude
+each other with an ``asyncio.Lock``.
 
-Cancelling the task that awaits a transition stops it from sending anything
-more. Calls already sent are not cancelled: each one that answered is folded
-in; each one still running is recorded as in flight (the engine's facts it
-touches are unknown) and keeps running until it lands, like a call that missed
-its phase deadline; the next transition waits for it first. Nothing the
-engines may have done is forgotten. Holds stay as the transition left them:
-a cancelled offload keeps its "offload" hold on the engines it covered (the
-next ``onload`` or ``offload`` finishes the job); a cancelled pause of a
-``weight_sync`` or ``pause`` drops the hold nobody received. A ``weight_sync`` whose body is cancelled
-still ends its hold on the way out (and continues the engines nothing else
-holds); cancelled again there, it drops the hold without sending anything more.
+Cancelling the task that awaits a transition stops it from sending anything more; calls already sent are not
+cancelled (answered ones are folded in, running ones are in flight until they land, as a late call is). Holds stay as
+the transition left them: a cancelled offload keeps its "offload" hold; a cancelled pause drops the hold nobody
+received; a ``weight_sync`` whose body is cancelled still ends its hold on the way out (cancelled again there, it
+drops the hold without sending anything more).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Fan-outs: send one phase's call to many engines at once and wait for all of them.
 
-``ThreadFanOut`` (default) runs each engine's call on a bounded thread pool
-with the caller's context copied, so the phase Deadline caps every HTTP call
-made inside it. ``SequentialFanOut`` runs them one after another (a baseline
-for benchmarks). ``resilience.barrier.async_fanout.AsyncFanOut`` runs engines
-whose control calls are coroutines on one event loop, and
-``resilience.adapters.ray.RayFanOut`` does the same with Ray actors and ObjectRefs.
+``ThreadFanOut`` (default) runs each engine's call on a bounded thread pool with the caller's context copied, so the
+phase Deadline caps every HTTP call made inside it. ``SequentialFanOut`` runs them one after another (a baseline for
+benchmarks). ``resilience.barrier.async_fanout.AsyncFanOut`` runs engines whose control calls are coroutines on one
+event loop, and ``resilience.adapters.ray.RayFanOut`` does the same with Ray actors and ObjectRefs.
 """
 
 from __future__ import annotations
@@ -121,12 +119,10 @@ Calls = Sequence[tuple[AnyEngine, Mapping[str, Any]]]
 class FanOut(Protocol):
     """Calls ``method(**kwargs)`` on every engine at once and waits until all answered or the deadline passed.
 
-    Two optional parts the ``Orchestrator`` uses when a fan-out has them:
-    ``check_engines(engines)``, called when the orchestrator is built, raises
-    ``TypeError`` naming an engine the fan-out cannot drive; and a fan-out
-    interrupted part-way (KeyboardInterrupt, SystemExit) may hang what it read
-    so far on the error (``attach_results``), else every call of the phase
-    counts as ambiguous.
+    Two optional parts the ``Orchestrator`` uses when a fan-out has them: ``check_engines(engines)``, called when the
+    orchestrator is built, raises ``TypeError`` naming an engine the fan-out cannot drive; and a fan-out interrupted
+    part-way (KeyboardInterrupt, SystemExit) may hang what it read so far on the error (``attach_results``), else every
+    call of the phase counts as ambiguous.
     """
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
@@ -191,9 +187,8 @@ class FutureCall:
 class ThreadFanOut:
     """A bounded thread pool fan-out.
 
-    ``max_workers``: threads at most (default 256: one per engine for fleets
-    up to that size, so a phase takes the slowest engine's time, not a sum).
-    Threads are created on demand and reused across phases.
+    ``max_workers``: threads at most (default 256: one per engine for fleets up to that size, so a phase takes the
+    slowest engine's time, not a sum). Threads are created on demand and reused across phases.
     """
 
     def __init__(self, max_workers: int = 256) -> None:
@@ -212,11 +207,10 @@ class ThreadFanOut:
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """Run the call on every engine concurrently; engines past the deadline get ``PhaseTimeout``.
 
-        Interrupted while it waits (``KeyboardInterrupt`` reaches the caller's
-        thread), or when an engine's call raised a ``BaseException`` that is not
-        an ``Exception`` (``SystemExit`` on a worker), it re-raises that error
-        with the results read so far attached (``interrupted_results``): calls
-        still running come back late with their handle, so none is forgotten.
+        Interrupted while it waits (``KeyboardInterrupt`` reaches the caller's thread), or when an engine's call raised
+        a ``BaseException`` that is not an ``Exception`` (``SystemExit`` on a worker), it re-raises that error with the
+        results read so far attached (``interrupted_results``): calls still running come back late with their handle, so
+        none is forgotten.
         """
         if not calls:
             return []
@@ -271,9 +265,8 @@ class ThreadFanOut:
 class SequentialFanOut:
     """One engine after another: the baseline a barrier's fan-out is compared with.
 
-    Interrupted inside one engine's call (``KeyboardInterrupt``, ``SystemExit``),
-    it re-raises with the results so far attached (``interrupted_results``):
-    that call unknown, the ones after it never sent.
+    Interrupted inside one engine's call (``KeyboardInterrupt``, ``SystemExit``), it re-raises with the results so far
+    attached (``interrupted_results``): that call unknown, the ones after it never sent.
     """
 
     def check_engines(self, engines: Iterable[object]) -> None:

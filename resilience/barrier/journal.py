@@ -1,19 +1,13 @@
 """The barrier's journal: what the orchestrator knows of each engine, written where it outlives the controller.
 
-``Orchestrator(groups, journal=PATH)`` (and ``AsyncOrchestrator``) writes a
-record before each command is sent, with the facts that command may change
-already marked unknown (the write-ahead intent), and another once its outcome
-is folded in; also on every hold, reconcile and retire. A new orchestrator
-started on the same journal resumes every engine's knowledge from the last
-complete record. A call that was in flight when the controller died is then
-"ambiguous", because its intent record said so before it was sent. Holds
-come back with their owners, and an owner process that is gone is named
-(``Recovery.orphaned_holds``). So do the restart budget's records. A record is
-durable when ``commit`` returns; a commit that raises wrote nothing that counts
-(its facts, owners and budget are written again by the next commit).
+``Orchestrator(groups, journal=PATH)`` (and ``AsyncOrchestrator``) writes a record before each command is sent, with
+the facts it may change already marked unknown (the write-ahead intent), and another once its outcome is folded in;
+also on every hold, reconcile and membership change. A new orchestrator on the same journal resumes every engine's
+knowledge, holds (with their owners: ``Recovery.orphaned_holds`` names those whose process is gone), retirements,
+membership and restart budget from the last complete record; a call in flight when the controller died reads as
+"ambiguous". A record is durable when ``commit`` returns; a commit that raises wrote nothing that counts.
 
-A record is one JSON object (framed and checksummed by the store,
-``resilience.barrier.journal_store``):
+A record is one JSON object (framed and checksummed by the store, ``resilience.barrier.journal_store``):
 
 - ``{"k": "header", "format": ..., "version": 1, "engines": [...]}``: first, once;
 - ``{"k": "member", "engine": name, "change": ..., "group": ..., "facts": {...}}``: a membership change
@@ -25,18 +19,10 @@ A record is one JSON object (framed and checksummed by the store,
   boot id tell it from a later process with the same PID (owners of older writers have host and
   PID only, and are judged by the PID).
 
-An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}``
-in its facts (why they are unknown, ``state.Doubt``). The key is optional, so
-version 1 stays: a reader without it ignores it, and a record without it (an older
-writer) reads as a doubt whose request may still be on its way (the safe reading).
-
-The journal is compacted (rewritten as a header and one full state record)
-every ``compact_after`` records; the header then names every engine and keeps
-the last membership change of each (``"members"``).
-
-A journal is reopened with the engines it names, those that joined included (an
-engine whose last change is ``left`` may be left out); ``Recovery.members`` says who
-joined and who left.
+An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}`` in its facts (``state.Doubt``);
+a record without it (an older writer) reads as a doubt whose request may still be on its way (the safe reading). The
+journal is compacted (a header, naming every engine and the last membership change of each, and one full state
+record) every ``compact_after`` records.
 """
 
 from __future__ import annotations

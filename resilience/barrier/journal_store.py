@@ -1,28 +1,10 @@
 """Where the barrier's journal lives: ``JournalStore``, a local file (``FileJournalStore``), Ray's internal KV (``RayKVJournalStore``).
 
-A store keeps an ordered list of opaque records (bytes) and nothing else: it
-appends one record durably, reads them all back, and replaces them all
-atomically (compaction). ``resilience.barrier.journal`` decides what the
-records say.
-
-Each record is framed as one line, ``<crc32 as 8 hex digits> <payload>\\n``,
-in every store, so a torn or corrupt record is recognised the same way
-wherever it was kept. Only the last record can be torn by a crash: each record
-is written whole and fsynced before the next one is started, and a torn record
-has no end of line. So a last line without its end of line is a torn tail
-(ignored, described, and cut off before the next append); any other record
-that fails its checksum is corruption, and reading refuses with a
-``JournalError`` naming the record and its byte offset, leaving the bytes as
-they are (``unframe``).
-
-Why an append-only file with fsync rather than SQLite: the journal is written
-by one controller at a time, read whole at start, and must say exactly which
-tail it dropped after a crash; a line per record with its checksum does that
-in a few lines, stays readable with ``cat`` and ``cpr journal show``, and has
-the same shape as a key-value store's records (Ray's GCS, etcd, Redis), so the
-distributed stores share the framing. SQLite would hide a torn tail inside its
-own rollback (fine) but could not tell the user what was lost, and gives
-nothing the single-writer log needs.
+A store keeps an ordered list of opaque records (bytes): it appends one durably, reads them all back, and replaces
+them all atomically (compaction); ``resilience.barrier.journal`` decides what they say. Each record is framed as one
+line, ``<crc32 as 8 hex digits> <payload>\\n``, in every store: a last line without its end of line is a torn tail
+(ignored, described, cut off before the next append); any other record that fails its checksum is corruption, refused
+(``unframe``). What a store promises, and why a log and not SQLite: docs/failure-and-recovery.md, "The journal's contract".
 """
 
 from __future__ import annotations

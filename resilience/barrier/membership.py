@@ -1,63 +1,13 @@
-"""Membership: engines that join a running group (``add``), leave it (``retire``), and are fenced (partial progress).
+"""Membership: engines that join a running group (``add``), leave it (``retire``), and are fenced (partial progress),
+with no I/O; what each does for a user is docs/barrier.md, "Engines that join and leave".
 
-A group's membership changes while it runs: an engine is added to the fleet, one
-restarts at its URL, one dies or is retired. Everything here decides without I/O;
-the orchestrators drive the join's steps (``join_steps``) as they drive any
-transition, and call the rest under their own exclusion.
-
-**Join** (``Orchestrator.add``, ``AsyncOrchestrator.add``). A joining engine counts
-(is covered by the group's transitions, and named serving by ``states``) only once
-it reached the group's current state:
-
-- into an *offloaded* group (its engines hold the offload hold, some tags released)
-  it is paused, flushed and released (the tags the group has released) first; the
-  ``verify`` checks that read a paused engine are asked once it is paused, before
-  the release (a canary is the group's ``onload(verify=...)``'s to ask);
-- into a *serving* group it is verified before it serves: with ``verify`` checks, it
-  is paused, the checks that read a paused engine (``WeightVersionCheck``) are asked,
-  it is continued, and the checks that need a serving engine (``CanaryCheck``) are
-  asked; a mismatch pauses it again. Without checks it counts as it is.
-
-Until then its state is ``joining`` (``EngineState.JOINING``): no transition covers
-it, and a router (``SmgRouter``) keeps it out of rotation, as it does every engine
-not serving. A join that cannot bring it there fences it (below) and raises
-``PhaseFailed`` naming it. A join never runs while a ``weight_sync`` body runs (it
-waits, as offload does) or while a ``pause`` hold is held (refused with
-``BarrierBusy``: the hold's owner could not end it on the new engine).
-
-A *known* engine given to ``add`` again (the same name or URL: a restart, a
-replacement client) is checked first as a resumed journal's engines are
-(``transitions.recheck``): the memory probe, and its kind's ``ServingRead``
-(SGLang's ``/ready``, vLLM's ``/is_paused``). An engine the barrier knows released
-that answers as a fresh process is taken as new (``TransitionReport.replaced``
-names it), never resumed onto memory it does not have; one that proves nothing
-keeps what the barrier knew of it.
-
-**Leave**. ``retire`` (or an engine fenced) takes it out of every transition at
-once; the transition under way goes on for the others, and a router deregisters a
-retired engine from its gateway (``SmgRouter``: ``DELETE /workers/{id}``).
-
-**Partial progress, opt-in** (``offload(min_engines=N)``, ``onload(min_engines=N)``).
-Without it a transition that cannot prove one engine fails for all (``PhaseFailed``),
-as before. With it, when the transition fails and at least ``N`` of the engines it
-covered are not among those it failed on, those engines are *fenced*: no transition
-covers them (nothing more is sent to them: they are kept as the failed transition
-left them, paused where it paused them), their state is ``fenced``
-(``EngineState.FENCED``, so a router keeps them out of rotation), they are named in
-``TransitionReport.fenced`` with why, and the transition runs again for the rest (a
-transition is idempotent: what the failed run left in place is not sent again; what its
-rollback undid, with ``rollback=True``, is done again). A fenced
-engine comes back through ``add`` (checked and brought to the group's state) or
-``retire``. Why a count and not a fraction: a trainer knows how many engines its
-rollout batch needs; a fraction of a fleet that is itself changing is not a
-promise anyone can check.
-
-**The journal** records membership (``Journal.member``): ``joining`` before the
-join's first command, then ``joined`` or ``fenced``, and ``left`` on ``retire``. A
-restarted controller is given the engines that joined (the journal refuses a fleet
-without them, naming them) and reads who joined and who left in
-``Recovery.members``; an engine whose join had not finished, or that was fenced,
-stays fenced until ``add`` brings it in again.
+A join is a transition of one engine (``join_steps``, driven as any transition): until it reached its group's current
+state (``GroupTarget``: offloaded with the group's tags released, or serving, verified first when given checks) its
+state is ``joining`` and no other transition covers it; a join that cannot get there fences it. A known engine added
+again is checked first as a resumed journal's engines are (``transitions.recheck``). With ``min_engines``, a failed
+offload or onload fences the engines it failed on and runs again for the rest (``partial``). The journal records each
+change (``Journal.member``: ``joining``, ``joined``, ``fenced``, ``left``); a restarted controller keeps an engine whose
+join had not finished, or that was fenced, fenced (``transitions.resume``).
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
-"""The barrier orchestrator: offload, onload and weight sync across engine groups, without ever killing an engine.
+"""``Orchestrator``: the barrier driven from the caller's thread, each phase through a ``FanOut``.
 
-- offload: pause (all) -> barrier -> flush (all) -> barrier -> release (all) -> barrier.
-- onload: resume (all) -> barrier -> continue, only on engines whose memory is
-  all back and that no other hold keeps paused.
-- weight sync: a hold over pause -> your update -> the hold released.
-
-Each phase goes to every engine at once through a ``FanOut``; the next phase
-starts only when every engine answered. Per engine the orchestrator keeps what
-it knows and what it knows it does not know (``state.EngineKnowledge``); every command is
-sent only when its precondition is known to hold: release only to a known
-paused and flushed engine for tags known not released; resume only for tags
-known released; continue only when nothing is released and no hold remains;
-pause and flush (safe to re-send) resolve an unknown "paused". A call whose
-outcome is ambiguous makes the facts it touches unknown; an engine with
-unknown released tags is quarantined until ``reconcile`` or ``retire``. A call
-still running at its phase deadline is awaited before anything else goes to
-that engine, so no late command can undo a later one. A transition that
-returns has kept its promise; one that could not raises ``PhaseFailed`` naming
-every engine it failed on or skipped, and every engine not serving.
-
-Knowledge is write-ahead: before a phase goes to the fan-out, the facts each
-call may change are marked in flight, and only an answer, or the driver's
-record that the request never left, settles them. A KeyboardInterrupt, a
-SystemExit raised in a worker, a fan-out or an observer raising: each leaves
-those facts unknown, never forgotten (the fan-outs hand back what they read
-so far on the error, so calls still running are waited for later). With a
-``memory_probe``, an engine whose tags became unknown is reconciled from the
-probe instead of staying quarantined.
-
-The orchestrator holds its state (``.state``, a ``BarrierState``: the engines and
-what it knows of them) and drives the transitions, written once as steps in
-``resilience.barrier.transitions`` (shared with ``AsyncOrchestrator``), from the
-caller's thread, through a ``FanOut``.
+It holds its state (``.state``, a ``BarrierState``: the engines and what it knows of them) and drives the
+transitions, written once as steps in ``resilience.barrier.transitions`` (shared with ``AsyncOrchestrator``). What a
+transition promises and what it does when a phase fails: docs/barrier.md and docs/failure-and-recovery.md.
 """
 
 from __future__ import annotations

@@ -1,194 +1,30 @@
-"""The barrier's transitions as steps, written once for both orchestrators: offload, onload, a pause and its end,
-recovery; with no I/O.
+"""The barrier's transitions as steps, written once for both orchestrators, with no I/O: offload, onload, a pause
+and its end, the check of a resumed journal, recovery.
 
-A transition is a generator over a ``BarrierState`` (``resilience.barrier.state``): it decides what to send,
-*yields* a step that says so (``PhaseStep``, ``SettleStep``, ``WaitStep``, ``ReadStep``), and folds what came back
-into the knowledge before deciding the next. The drivers (``Orchestrator``: threads; ``AsyncOrchestrator``: an event
-loop) send each step and hand it back filled in. Sections, in order (each names the functions it holds):
+A transition is a generator over a ``BarrierState`` (``resilience.barrier.state``): it decides what to send, *yields*
+a step that says so, and folds what came back into the knowledge before deciding the next. The drivers
+(``Orchestrator``: threads; ``AsyncOrchestrator``: an event loop) serve each step and hand it back filled in:
 
-- the arguments, checked before anything is sent (``tags_arg``, ``offload_args``);
-- owned holds (``hold``, ``unhold``, ``OFFLOAD_HOLD``, ``WEIGHT_SYNC_HOLD``);
-- the steps (``PhaseStep`` ...) and the running ``Transition``;
-- the resume check (a resumed journal checked against the engines: ``recheck``, ``pause_again``);
-- a transition's start, end and errors (``transition``, ``error``, ``skips``);
-- the start-of-transition settling and the memory probe (``settle``, ``reconcile_from_probe``, ``poll_probe``, ``land``);
-- one phase marked, sent and folded in (``phase``; ``abandon`` for a driver that stopped inside a step);
-- the memory phases each engine kind needs (``to_release``, ``resume_phases``, ``resend``);
-- the transitions: ``onload_steps`` (and the continue phases), ``offload_steps``, ``pause_steps``/``unpause_steps``;
-- recovery: ``resume`` (the journal taken up at start), ``reconcile``, ``retire``.
+- ``PhaseStep``: send a control call to these engines at once (``results``: one ``EngineResult`` each);
+- ``SettleStep``: wait for these late calls (``landed``: the ones that landed);
+- ``WaitStep``: wait until a deadline (what is left of a probe's grace, before it is asked again);
+- ``ReadStep``: send a read, nothing marked in flight (``error`` when the fan-out cannot send it: it proves nothing).
 
-Steps
-=====
+A phase (``phase``) marks each engine's facts in flight and persists them before its step is yielded (write-ahead),
+then settles each mark from its result (``effect_of``), asks the memory probe, persists, and only then tells the
+observers. A driver stopped inside a step hands it to ``abandon``: what it learnt is folded, the rest stays ambiguous.
 
-What a transition yields to its driver, each step belonging to the running ``Transition``; four kinds:
+Each transition starts by settling (``settle``): the engines a resumed journal calls paused or released are checked
+against what can be read (``recheck``: a fresh process is taken as new, never as the journal's engine; see
+docs/failure-and-recovery.md, "Engines that changed while no controller watched"), late calls are waited for, and
+the memory probe is asked about quarantined engines, polled while the grace of a request that may still be on its way
+keeps its "as before" from being trusted (``poll_probe``; docs/failure-and-recovery.md, the memory probe).
 
-- ``PhaseStep``: send ``method`` to these engines at once under ``deadline``;
-  the driver fills ``results`` (one ``EngineResult`` per engine).
-- ``SettleStep``: wait up to ``deadline`` for these late calls; the driver fills
-  ``landed`` with the ones that landed.
-- ``WaitStep``: wait until ``deadline`` has passed (what is left of the grace of a
-  release or resume that may still be on its way, before the probe is asked again).
-- ``ReadStep``: send a read (no control call: nothing is marked in flight) to these
-  engines at once; a fan-out that cannot send it sets ``error`` instead of raising
-  (the engines' answers are then unknown, and nothing else changes).
-
-Holds
-=====
-
-Owned holds: a hold keeps an engine paused until its owner drops it; each is counted, never shared.
-
-An engine must stay paused while any hold remains (``EngineKnowledge.holds``,
-token id -> reason). Offload takes the "offload" hold (one per engine, id
-``resilience.barrier.journal.OFFLOAD_TOKEN``), dropped once all its memory is back; ``pause`` and
-``weight_sync`` take a hold with a new token each (``new_token``).
-
-The resume check
-================
-
-A resumed journal checked against the engines: a fresh process is a new engine, never the journal's.
-
-A journal says what the last controller knew. While no controller watched, an
-engine may have been restarted (a crash, a redeploy, a health monitor): the
-process now on its URL has all its memory and serves. Resuming the journal onto
-it would resume tags it never released (SGLang dies of the ``KeyError``) or
-release it without a pause (it dies of "release while requests were running").
-
-So, when an orchestrator resumes a journal (``resume``), every engine
-the journal calls paused or released (or whose tags it calls unknown) is checked
-at the start of the next transition (``recheck``, called by ``settle``),
-once, against what can be read:
-
-- the memory probe, where there is one, about every tag the journal calls
-  released (not only the unknown ones): a tag it proves not released means the
-  memory was never released on this process;
-- the engine's own answer, where its kind has one (``resilience.engine_contract.ServingRead``:
-  SGLang's ``/ready`` 200, vLLM's ``/is_paused`` false): an engine the journal
-  calls paused or released that answers "serving, not paused" is not the
-  journal's (this orchestrator never continues an engine with memory released).
-
-A mismatch takes the engine as new (``take_as_new``): serving, nothing released
-or unknown, not paused by the orchestrator, its holds dropped; persisted, logged,
-announced (``EngineStateChanged``) and named in ``TransitionReport.replaced``
-(and ``BarrierState.replaced``). A read that fails, or answers anything else,
-proves nothing: the journal's knowledge stands.
-
-Where neither can tell (no probe, an engine with no such read, one still
-starting), the journal's "paused" is not trusted for a release: engines it calls
-paused with nothing released are paused again, and flushed again, by the next
-offload (``pause_again``), both safe to repeat; a pause's holds do the same.
-
-Settling a transition's start
-=============================
-
-A transition's start, and the memory probe: late calls waited for, quarantined engines asked about.
-
-With a ``MemoryProbe``, an engine whose released tags became unknown (an
-ambiguous release or resume) is reconciled from the probe right after the
-fold (``phase``), and again at the start of the next transition (``settle``);
-a probe that cannot prove it leaves the quarantine as it is. Its answer is
-trusted as the transport's ``MemoryProbeCheck`` (``adapters/sglang_memory.py``)
-trusts it: "applied" at once; "as before" at once only after a 502 or 503
-(the gateway answered for the request), and after a request that may still
-be on its way (the knowledge's ``Doubt``: a reset or read timeout after
-sending, a 504, no delivery record, an interruption) only once
-``PhaseDeadlines.in_transit_s`` has passed. Else a release that lands just
-after the probe said "not released" would be released again, and SGLang dies
-of the double release.
-
-While such an answer is not trusted yet, the probe is polled (``poll_probe``: a
-``WaitStep`` of ``PhaseDeadlines.probe_poll_s`` on the orchestrator's clock,
-then ask again), right after the phase that sent the call (up to that phase's
-deadline) and at the start of the next transition (up to its settle limit):
-until it proves the call applied (settled at once), or the grace has passed
-("as before" trusted). A release is slow to apply (torch_memory_saver's pause
-frees the memory; the emulator too), so the probe right after a reset often
-answers "not released yet"; a short wait proves it applied instead of leaving
-the engine quarantined. Whatever stops the wait (an interruption, a cancelled
-task) leaves the engine quarantined with its doubt, as it was before the wait.
-
-One phase
-=========
-
-One phase as a step: each engine's facts marked in flight (write-ahead, persisted), then its results folded in.
-
-``phase`` yields the ``PhaseStep``; when the driver hands it back, its
-results are folded: each engine's mark is settled from its result
-(``effect_of``: applied, not applied, ambiguous), the memory probe is asked
-(``reconcile_from_probe``), the change persisted; while the probe's "as before" is
-not trusted yet (a request that may still be on its way), the phase polls it
-(``poll_probe``: it yields ``WaitStep``s) until it proves the call applied or
-the grace has passed; and only then are the observers told. A driver that
-stopped inside a step calls ``abandon``: what it learnt is folded (``fold``,
-which never waits), the rest stays ambiguous; one stopped while the phase polled
-leaves the engines it polled for quarantined, with their doubt.
-
-The memory phases
-=================
-
-The memory phases as each engine kind needs them: what to release, the resumes in order, and the re-sends.
-
-Read from the engine's memory model (``resilience.engine_contract.MemoryModel``, part of its kind's table):
-
-- ``to_release``: the tags an offload of ``wanted`` still has to release (on a
-  ``release_whole`` kind, every tag not known released, unknown ones included).
-- ``resume_phases``: one resume per engine on SGLang; one tag per call in the
-  kind's order on vLLM (``wake_one_tag``), every engine's next call in one phase.
-  On a ``last_wake_resumes`` kind the wake that would leave nothing released
-  (or might) reopens scheduling: it is sent only where a continue could be
-  (no hold but the offload's); else that tag stays released and the engine held.
-- ``resend``: on a ``resend`` kind a call whose effect was ambiguous (its tags
-  left unknown) is sent again in a phase of its own, at most ``RESEND_ROUNDS``
-  times; a failure a re-send settles is dropped.
-
-Onload
-======
-
-Onload as steps: resume what is released, then continue the engines whose memory is all back and that nothing holds.
-
-Also the continue phases the other transitions end with (``continue_ready``,
-and ``rollback_continue`` after a failure): continue is sent only where the
-engine kind's table allows it (``resilience.engine_contract``; SGLang's: nothing
-released or unknown, not known serving, and no hold, since it reopens everyone's pause).
-
-Offload
-=======
-
-Offload as steps: pause (all) -> flush (all) -> release (all), each only where its precondition is known to hold
-(the engine kind's table, ``resilience.engine_contract``, says what each call needs).
-
-After a journal was resumed, an engine it calls paused is paused and flushed again
-before its release (``pause_again``): the journal's "paused" may belong
-to a process that is gone, and both calls are safe to repeat.
-
-A failure before the release continues the engines back (nothing was
-released); a failed release resumes what this offload released and continues
-every engine whose memory is all back. An engine whose release may have been
-applied is quarantined: neither resumed (a resume of an unreleased tag kills
-it) nor released again (a double release kills it).
-
-Pauses
-======
-
-A pause and its end as steps: ``pause`` and ``weight_sync`` take an owned hold and pause; ``unpause`` drops it.
-
-Each pause takes a hold with a new token on every engine (all groups);
-its end drops that one hold and continues the engines no other hold keeps
-paused and whose memory is back. The holds are taken inside the ``try`` that
-drops them on failure: a hold whose record could not be written (a full disk)
-is dropped with the others, never left without a body to end it. After a
-journal was resumed, engines it calls paused are paused again
-(``pause_again``).
-
-Recovery
-========
-
-Recovery: the journal taken up at start (``resume``), the caller's word on an engine (``reconcile``), ``retire``.
-
-A resumed journal is checked against the engines at the next transition's start
-(the resume check, above).
-
-The orchestrators call these under their own exclusion (``reconcile`` and
-``retire`` of ``AsyncOrchestrator`` wait for a running transition to end).
+Holds are owned and counted (``EngineKnowledge.holds``: token id -> reason; an engine stays paused while any is
+left): offload takes the "offload" hold (``OFFLOAD_TOKEN``), dropped once all its memory is back; ``pause`` and
+``weight_sync`` take a new token each. What each call needs known first is the engine kind's table
+(``resilience.engine_contract``); what to release and resume, and which calls are re-sent, its memory model
+(``to_release``, ``resume_phases``, ``resend``).
 """
 
 from __future__ import annotations
@@ -238,56 +74,10 @@ from resilience.events import (
 from resilience.memory_probe import MemoryProbe
 
 __all__ = [
-    "EngineCall",
-    "Interrupted",
-    "OFFLOAD_HOLD",
-    "PhaseStep",
-    "ReadStep",
-    "SettleStep",
-    "Step",
-    "Steps",
-    "Transition",
-    "WEIGHT_SYNC_HOLD",
-    "WaitStep",
-    "abandon",
-    "ask_probe",
-    "continue_ready",
-    "record_doubt",
-    "error",
-    "fold",
-    "held_among",
-    "hold",
-    "land",
-    "mark_resumed",
-    "may_reopen",
-    "new_token",
-    "offload_args",
-    "offload_steps",
-    "onload_steps",
-    "pause_again",
-    "pause_steps",
-    "paused_again",
-    "phase",
-    "poll_probe",
-    "reconcile_from_probe",
-    "raise_if_skipped",
-    "recheck",
-    "reconcile",
-    "resend",
-    "reserve_tokens",
-    "resume",
-    "resume_phases",
-    "rollback_continue",
-    "settle",
-    "skips",
-    "tags_arg",
-    "take_as_new",
-    "to_release",
-    "to_resume",
-    "token_of",
-    "transition",
-    "unhold",
-    "unpause_steps",
+    "OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "PhaseStep", "ReadStep", "SettleStep", "Step", "Steps", "Transition", "WaitStep",
+    "abandon", "continue_ready", "error", "hold", "offload_args", "offload_steps", "onload_steps", "pause_steps", "phase",
+    "recheck", "reconcile", "resend", "resume", "resume_phases", "settle", "skips", "tags_arg", "to_release", "to_resume",
+    "transition", "unhold", "unpause_steps",
 ]
 
 
@@ -1174,9 +964,6 @@ def _fail_in_release(
         rolled, more = yield from rollback_continue(state, tx, live)
         rb_failed.update(more)
     return error(state, tx, "release", {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
-
-
-_LOG = logging.getLogger("resilience.barrier.transitions")
 
 
 def pause_steps(state: BarrierState[Any], reason: str, mode: str) -> Steps[TransitionReport]:

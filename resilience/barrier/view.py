@@ -1,13 +1,4 @@
-"""``BarrierView``: what both orchestrators answer from the state they hold, the queries and the attributes users read.
-
-``Orchestrator`` and ``AsyncOrchestrator`` each hold a ``BarrierState``
-(``.state``) and drive the transitions' steps over it; this view is the one
-place their shared public surface is written: ``states``, ``held``,
-``paused_by_us``, ``released_tags``, ``quarantined``, ``not_serving``,
-``close``, and the attributes ``groups``, ``observers``, ``deadlines``,
-``restart_budget``, ``rollback``, ``clock``, ``memory_probe``, ``journal``
-and ``recovery``, each read from (and set on) the state.
-"""
+"""``BarrierView``: the queries and attributes both orchestrators answer from the ``BarrierState`` they hold."""
 
 from __future__ import annotations
 
