@@ -181,14 +181,10 @@ class CollectorPause:
 def pause_collector(max_s: float) -> CollectorPause:
     """Pause automatic garbage collection until the returned hold's ``end()``, or ``max_s`` seconds, whichever is first.
 
-    ``max_s``: the bound in seconds; 0 (or less) pauses nothing and returns a
-    hold that is already let go. A watchdog thread (one per process, started
-    with the first pause) ends each pause at its bound, so a pause whose loop
-    stopped, or whose task was never resumed, still ends. Holds taken while the
-    collector is already paused end no later than that pause's start plus their
-    own bound, so phases back to back never keep it paused longer than the
-    longest bound among them; once it runs again, the next phase pauses it anew.
-    When the watchdog cannot be started, nothing is paused.
+    ``max_s``: the bound in seconds; 0 (or less) pauses nothing. A watchdog thread (one per process) ends each pause at
+    its bound, whatever became of the loop that took it. Holds taken while the collector is already paused end no later
+    than that pause's start plus their own bound, so phases back to back never keep it paused longer than the longest
+    bound among them. When the watchdog cannot be started, nothing is paused.
     """
     if not max_s > 0:
         return CollectorPause(None, 0.0)
@@ -305,21 +301,14 @@ class TaskCall:
 class PhaseRun:
     """One phase's calls as tasks on the running loop: created at once by the constructor, each under the phase deadline.
 
-    ``await wait()`` returns when every call answered or the deadline passed;
-    ``results()`` reads them at any moment (also after the waiting task was
-    cancelled): a call not started yet is cancelled and reported as not sent
-    (``PhaseTimeout(maybe_sent=False)``); one still running keeps running and is
-    reported late (``PhaseTimeout`` with a ``TaskCall``), never cancelled, so what
-    it does is learnt when it lands. ``gate``: a semaphore bounding the calls
-    running at once (None: no bound). ``gc_pause_s``: the longest Python's
-    automatic garbage collection stays paused for the phase, from the tasks'
-    creation until ``wait`` returns (``resilience.barrier.async_fanout``; default
-    ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
-    ``linger_s``: how much longer the pause lasts once ``wait`` returned, so
-    that the caller folds the results in before the collector runs again
-    (default 0; never past the pause's bound). Interrupted while it creates
-    the tasks, it cancels those it made (none has started: the constructor
-    runs on the loop) and re-raises, so the phase sent nothing.
+    ``await wait()`` returns when every call answered or the deadline passed; ``results()`` reads them at any moment
+    (also after the waiting task was cancelled): a call not started yet is cancelled and reported as not sent
+    (``PhaseTimeout(maybe_sent=False)``); one still running keeps running and is reported late (``PhaseTimeout`` with a
+    ``TaskCall``). ``gate``: a semaphore bounding the calls running at once (None: no bound). ``gc_pause_s``: the
+    bound of the collector's pause for the phase, from the tasks' creation until ``wait`` returns (``pause_collector``;
+    default ``DEFAULT_GC_PAUSE_S``; 0 leaves the collector alone). ``linger_s``: how much longer the pause lasts once
+    ``wait`` returned, while the caller folds the results in (default 0). Interrupted while it creates the tasks, it
+    cancels those it made (none has started) and re-raises, so the phase sent nothing.
     """
 
     def __init__(
@@ -396,28 +385,16 @@ def _unsent(calls: Calls, method: str) -> list[EngineResult]:
 class AsyncFanOut:
     """A ``FanOut`` that runs each phase's calls as tasks on one event loop, owned by a thread of its own.
 
-    For engines whose control calls are coroutines (``AsyncSGLangClient``, any
-    ``AsyncControlPlaneEngine``); a synchronous engine also works, but its calls
-    run one after another on the loop, so use ``ThreadFanOut`` for those. Same
-    semantics as ``ThreadFanOut``: each call runs under the phase deadline (a
-    ``Deadline`` in its task's context, copied from the caller's); a call not
-    started by the deadline is not sent (``PhaseTimeout(maybe_sent=False)``); one
-    still running is a ``PhaseTimeout`` with ``EngineResult.late``, and keeps
-    running on the loop until it lands (its own deadline ends it); an exception
-    is the engine's error. The loop thread starts on the first ``call`` and stops
-    on ``close()`` (also a context manager); a ``call`` after ``close`` starts a
-    new loop, to which engines bound to the old one cannot move.
+    For engines whose control calls are coroutines (a synchronous engine works too, one call after another on the
+    loop: use ``ThreadFanOut`` for those). ``ThreadFanOut``'s meaning: each call runs under the phase deadline; one not
+    started by then is not sent; one still running is late (``EngineResult.late``) and keeps running on the loop until
+    it lands. The loop thread starts on the first ``call`` and stops on ``close()`` (also a context manager).
 
-    ``max_concurrency``: calls running at once (default None: all of a phase at
-    once, the point of one loop; a bound makes the rest queue, and those still
-    queued at the deadline are not sent). ``close_timeout_s``: how long ``close``
-    waits for tasks it cancels to end (default 5.0). ``gc_pause_s``: the longest
-    Python's automatic garbage collection stays paused during a phase, from its
-    tasks' creation until they all answered (``resilience.barrier.async_fanout``:
-    what a phase allocates stays alive until it ends, so collecting then frees
-    nothing; default ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
-    The pause lasts ``FOLD_LINGER_S`` (0.25 s) past the phase's end, while the
-    calling thread folds the results in (the next phase's pause takes over).
+    ``max_concurrency``: calls running at once (default None: all of a phase at once; with a bound, those still queued
+    at the deadline are not sent). ``close_timeout_s``: how long ``close`` waits for the tasks it cancels (default
+    5.0). ``gc_pause_s``: the bound of the collector's pause during a phase (``pause_collector``; default
+    ``DEFAULT_GC_PAUSE_S``; 0 leaves the collector alone); it lasts ``FOLD_LINGER_S`` past the phase's end, while the
+    calling thread folds the results in.
     """
 
     def __init__(self, *, max_concurrency: int | None = None, close_timeout_s: float = 5.0, gc_pause_s: float = DEFAULT_GC_PAUSE_S) -> None:

@@ -63,31 +63,18 @@ class _LoopState:
 class AsyncOrchestrator(BarrierView[A]):
     """``Orchestrator`` for an event loop: ``await offload()``, ``await onload()``, ``async with weight_sync()``.
 
-    ``groups``, ``observers``, ``deadlines``, ``restart_budget``, ``rollback``,
-    ``clock``: as for ``Orchestrator``. Engines satisfy ``AsyncControlPlaneEngine``
-    (``AsyncSGLangClient``); their calls run on the loop of the task that awaits
-    the transition, so use the orchestrator (and the engines) from one loop.
-    ``max_concurrency``: calls running at once within a phase (default None: all).
-    ``gc_pause_s``: the longest Python's automatic garbage collection stays
-    paused during a transition, from its start until it returns, and during
-    each of its phases (``resilience.barrier.async_fanout``: what a phase allocates
-    stays alive until it ends, so collecting then frees nothing, and at 1024
-    engines cost about a third of the round's CPU; default
-    ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
-    ``memory_probe``, ``journal``: as for ``Orchestrator`` (the journal's
-    writes are short blocking fsyncs on the loop's thread). An engine whose control calls are
-    not coroutines (it would block the loop) or that lacks one is refused here
-    with a ``TypeError`` naming it.
+    ``groups`` and the keywords of ``Orchestrator`` (``observers``, ``deadlines``, ``restart_budget``, ``rollback``,
+    ``clock``, ``memory_probe``, ``journal``: its journal's writes are short blocking fsyncs on the loop's thread) mean
+    the same here. Engines satisfy ``AsyncControlPlaneEngine`` (their control calls coroutines, else a ``TypeError``
+    naming the engine); their calls run on the loop of the task that awaits the transition, so use the orchestrator
+    and the engines from one loop. ``max_concurrency``: calls running at once within a phase (default None: all).
+    ``gc_pause_s``: the bound of the collector's pause during a transition, from its start until it returns, and
+    during each of its phases (``resilience.barrier.async_fanout.pause_collector``; default ``DEFAULT_GC_PAUSE_S`` =
+    2.0 s; 0 leaves the collector alone).
 
-    The queries (``states``, ``held``, ``paused_by_us``, ``released_tags``,
-    ``quarantined``, ``not_serving``) are plain methods, safe from any thread.
-    ``reconcile`` and ``retire`` are coroutines: they wait for a running
-    transition to end. Transitions run one at a time; ``weight_sync`` bodies may
-    overlap (each holds its own token); ``offload``/``onload`` wait for every
-    running body to end (up to ``transition_s``), else raise ``BarrierBusy``, and
-    raise it at once when awaited inside a body (by its task or a task it started).
-
-    It holds its state (``state``, a ``BarrierState``), as ``Orchestrator`` does.
+    The queries are plain methods, safe from any thread; ``reconcile``, ``retire`` and ``add`` wait for a running
+    transition. ``offload``/``onload`` wait for running ``weight_sync`` bodies (up to ``transition_s``, else
+    ``BarrierBusy``), and raise ``BarrierBusy`` at once when awaited inside a body (by its task or a task it started).
     """
 
     def __init__(

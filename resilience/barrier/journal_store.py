@@ -166,20 +166,13 @@ def _holder() -> bytes:
 class FileJournalStore:
     """The embedded default: an append-only file, fsynced on every record, with a lock file held while open.
 
-    ``path``: the journal file (created with its folder). It is used as what it resolves to
-    (``os.path.realpath``): the lock, the appends and the compaction's rename all act on the resolved file, so a
-    symlink to a journal is the journal itself (the symlink stays). A second controller opening the same
-    journal while the first lives, by any name that resolves to it, gets ``JournalBusy``: the lock is an
-    ``flock`` on ``<resolved path>.lock`` in the journal's folder (one inode, also through bind mounts of that
-    folder); a journal file with more than one name (hard links) is refused, since a second name would have a
-    second lock. A controller killed outright loses the lock with its process. Before each append the store
-    also checks that the file is the one it opened, at the length it left it: a second writer that got past
-    the lock (a network file system where ``flock`` does not reach the other host) is caught there, and the
-    store stops with ``JournalBusy`` rather than interleave records. ``fsync``: flush each record to the disk
-    before returning (default True; False only for benchmarks that measure what it costs). ``syscalls``: the
-    module the store makes its writes through (default ``os``); the storage tests pass one that fails or kills
-    the process at a chosen call (``open``, ``write``, ``fsync``, ``ftruncate``, ``fstat``, ``stat``,
-    ``replace``, ``unlink``, ``close``).
+    ``path``: the journal file (created with its folder), used as what it resolves to (``os.path.realpath``), so a
+    symlink to a journal is the journal itself. One controller at a time: an ``flock`` on ``<resolved path>.lock``
+    (``JournalBusy`` for a second one; a file with hard links is refused), and before each append a check that the
+    file is the one it opened, at the length it left it (a second writer past the lock stops it with ``JournalBusy``);
+    docs/failure-and-recovery.md, "Who may open a journal". ``fsync``: flush each record to the disk before returning
+    (default True; False only for benchmarks that measure what it costs). ``syscalls``: the module the store makes its
+    writes through (default ``os``); the storage tests pass one that fails or kills the process at a chosen call.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True, syscalls: Any = os) -> None:
@@ -387,18 +380,13 @@ class RayKVJournalStore:
     ``key``: the journal's name in the KV. Records live under ``key/g/<generation>/<seq>``; generation ``0`` is the
     first, and a compaction writes a new one and links it with ``key/next/<old generation>``. ``namespace``: Ray's
     KV namespace (default "controlplane-resilience"). ``kv``: the module the store calls (default
-    ``ray.experimental.internal_kv``, which needs a connected Ray runtime: ``ray.init`` in the driver, or inside an
-    actor); the contract tests pass one whose puts fail. It keeps what the GCS keeps: with GCS fault tolerance (an
-    external Redis) it outlives the head node too.
+    ``ray.experimental.internal_kv``, which needs a connected Ray runtime); the contract tests pass one whose puts fail.
 
-    One writer at a time, without a lock (a lock in the KV would outlive a controller killed outright, and the Ray
-    restart that needs the journal would find it taken): every record is put only if its slot is still empty
-    (``overwrite=False``, atomic in the GCS), and a compaction first takes the old generation's next slot with a
-    seal and links the new generation only if no link exists; after each put the store checks that its generation
-    has no link yet (a compaction deletes the old generation's slots). So a second controller on the key may open
-    it, but the first write of whichever is behind finds its slot taken, or its generation compacted, and raises
-    ``JournalBusy`` before the command it announces is sent; their records never interleave. Each append is one
-    put and one get.
+    One writer at a time, without a lock (it would outlive a controller killed outright): every record is put only if
+    its slot is still empty (``overwrite=False``, atomic in the GCS), and a compaction seals the old generation's next
+    slot and links the new generation only if no link exists; after each put the store checks that its generation has
+    no link yet. So the first write of whichever controller is behind raises ``JournalBusy`` before the command it
+    announces is sent. Each append is one put and one get.
     """
 
     def __init__(self, key: str, *, namespace: str = "controlplane-resilience", kv: Any = None) -> None:

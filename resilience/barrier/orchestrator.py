@@ -45,41 +45,25 @@ def default_fanout(engines: Iterable[object]) -> FanOut:
 class Orchestrator(BarrierView[E]):
     """Drives phases across engine groups with owned pauses, explicit knowledge and rollback.
 
-    ``groups``: one ``EngineGroup`` or several. Engines are anything that
-    satisfies ``ControlPlaneEngine`` and has an ``engine`` name
-    (``SGLangClient``, or Ray engine handles through
-    ``resilience.adapters.ray``), or ``AsyncControlPlaneEngine`` with an
-    ``AsyncFanOut``; they are assumed serving with
-    nothing released when the orchestrator is built (else ``reconcile`` them).
-    ``fanout``: how a phase reaches the engines (default ``ThreadFanOut()``,
-    or ``AsyncFanOut()`` when the engines' calls are coroutines).
-    ``deadlines``: the transition and phase limits. ``restart_budget``: when
-    given, errors say what a restart would leave. ``rollback``: after a failed
-    transition, resume what it released and continue engines where that is
-    known safe (default True). ``clock``: times transitions and phases and
-    sets their deadlines (default the system clock; waits on threads and
-    late calls use real time). ``memory_probe``: a ``MemoryProbe`` that proves
-    which tags are released on an engine; an engine whose tags became unknown
-    (an ambiguous release or resume) is reconciled from it right after the
-    phase and again at the start of the next transition (default None: such
-    an engine stays quarantined and named in ``PhaseFailed`` until
-    ``reconcile``). An engine the fan-out cannot drive (a control method
-    missing, coroutine calls on a thread fan-out, a plain engine on
-    ``RayFanOut``) is refused here with a ``TypeError`` naming it.
-    ``journal``: a path (or a ``Journal``, or a ``JournalStore`` such as
-    ``RayKVJournalStore``) where the knowledge is written before each command
-    is sent and after each answer, so that a new orchestrator on the same
-    journal resumes it after a crash (``resilience.barrier.journal``; default
-    None: knowledge lives in memory only). ``recovery`` then says what was
-    resumed; ``close()`` lets go of the journal.
+    ``groups``: one ``EngineGroup`` or several. Engines satisfy ``ControlPlaneEngine`` and have an ``engine`` name
+    (``SGLangClient``, ``VLLMEngine``, Ray engine handles through ``resilience.adapters.ray``), or
+    ``AsyncControlPlaneEngine`` with an ``AsyncFanOut``; they are assumed serving with nothing released when the
+    orchestrator is built (else ``reconcile`` them). An engine the fan-out cannot drive is refused here with a
+    ``TypeError`` naming it. ``fanout``: how a phase reaches the engines (default ``ThreadFanOut()``, or
+    ``AsyncFanOut()`` when the engines' calls are coroutines). ``deadlines``: the transition and phase limits.
+    ``restart_budget``: when given, errors say what a restart would leave. ``rollback``: after a failed transition,
+    resume what it released and continue engines where that is known safe (default True). ``clock``: times transitions
+    and phases and sets their deadlines (default the system clock; waits on threads and late calls use real time).
+    ``memory_probe``: a ``MemoryProbe`` that proves which tags are released on an engine; an engine whose tags became
+    unknown is reconciled from it right after the phase and again at the start of the next transition (default None:
+    it stays quarantined and named in ``PhaseFailed`` until ``reconcile``). ``journal``: a path (or a ``Journal``, or a
+    ``JournalStore`` such as ``RayKVJournalStore``) where the knowledge is written before each command is sent and after
+    each answer, so that a new orchestrator on the same journal resumes it after a crash (default None: in memory
+    only); ``recovery`` then says what was resumed; ``close()`` lets go of the journal.
 
-    It holds its state (``state``, a ``BarrierState``); the queries and the
-    attributes above read them (``BarrierView``).
-
-    Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
-    concurrently with each other (each holds its own token), and ``offload``/
-    ``onload`` wait for every running body to end (up to ``transition_s``)
-    before they start, else raise ``BarrierBusy``.
+    Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run concurrently with each other (each holds
+    its own token), and ``offload``/``onload`` wait for every running body to end (up to ``transition_s``) before they
+    start, else raise ``BarrierBusy``.
     """
 
     def __init__(
