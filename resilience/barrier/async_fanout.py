@@ -250,11 +250,9 @@ async def _invoke(call: _Call, deadline: Deadline) -> EngineResult:
 class TaskCall:
     """A ``LateCall`` over the task of a call that missed its phase deadline (``EngineResult.late``).
 
-    ``wait`` may be called from any thread; on the task's own loop thread it
-    only polls (blocking there would stop the loop the task runs on), so code
-    on that loop uses ``wait_async``. A task cancelled while it may have been
-    running (``AsyncFanOut.close``, the loop shutting down) lands as a
-    ``PhaseTimeout`` that says so: the call may have run.
+    ``wait`` may be called from any thread; on the task's own loop thread it only polls (blocking there would stop the
+    loop the task runs on), so code on that loop uses ``wait_async``. A task cancelled while it may have been running
+    (``AsyncFanOut.close``, the loop shutting down) lands as a ``PhaseTimeout`` that says so: the call may have run.
     """
 
     def __init__(self, task: asyncio.Task[EngineResult], call: _Call) -> None:
@@ -475,10 +473,9 @@ class AsyncFanOut:
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """Run the call on every engine at once on the loop; engines past the deadline get ``PhaseTimeout``.
 
-        Interrupted while it waits (``KeyboardInterrupt`` in the caller's
-        thread), it reads the phase back on the loop (up to ``close_timeout_s``),
-        attaches it to the error (``interrupted_results``: running calls come
-        back late with their handle, queued ones as never sent) and re-raises.
+        Interrupted while it waits (``KeyboardInterrupt`` in the caller's thread), it reads the phase back on the loop
+        (up to ``close_timeout_s``), attaches it to the error (``interrupted_results``: running calls come back late
+        with their handle, queued ones as never sent) and re-raises.
         """
         if not calls:
             return []

@@ -231,9 +231,8 @@ class AsyncOrchestrator(BarrierView[A]):
     async def _run(self, steps: transitions.Steps[T], state: _LoopState) -> T:
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.
 
-        Whatever stops it (cancellation, an observer raising while a step is
-        folded), the last step is handed to ``transitions.abandon``. The garbage
-        collector stays paused from here until it returns (at most ``gc_pause_s``).
+        Whatever stops it (cancellation, an observer raising while a step is folded), the last step is handed to
+        ``transitions.abandon``. The garbage collector stays paused from here until it returns (at most ``gc_pause_s``).
         """
         step: transitions.Step | None = None
         collector = pause_collector(self.gc_pause_s)

@@ -1,11 +1,11 @@
 """The barrier's journal: what the orchestrator knows of each engine, written where it outlives the controller.
 
-``Orchestrator(groups, journal=PATH)`` (and ``AsyncOrchestrator``) writes a record before each command is sent, with
-the facts it may change already marked unknown (the write-ahead intent), and another once its outcome is folded in;
-also on every hold, reconcile and membership change. A new orchestrator on the same journal resumes every engine's
-knowledge, holds (with their owners: ``Recovery.orphaned_holds`` names those whose process is gone), retirements,
-membership and restart budget from the last complete record; a call in flight when the controller died reads as
-"ambiguous". A record is durable when ``commit`` returns; a commit that raises wrote nothing that counts.
+``Orchestrator(groups, journal=PATH)`` (and ``AsyncOrchestrator``) writes a record before each command is sent, with the
+facts it may change already marked unknown (the write-ahead intent), and another once its outcome is folded in; also on
+every hold, reconcile and membership change. A new orchestrator on the same journal resumes every engine's knowledge,
+holds (with their owners: ``Recovery.orphaned_holds`` names those whose process is gone), retirements, membership and
+restart budget from the last complete record; a call in flight when the controller died reads as "ambiguous". A record
+is durable when ``commit`` returns; a commit that raises wrote nothing that counts.
 
 A record is one JSON object (framed and checksummed by the store, ``resilience.barrier.journal_store``):
 
@@ -13,16 +13,15 @@ A record is one JSON object (framed and checksummed by the store, ``resilience.b
 - ``{"k": "member", "engine": name, "change": ..., "group": ..., "facts": {...}}``: a membership change
   (``MEMBER_CHANGES``: ``joining`` before a join's first command, ``joined``, ``fenced``, ``left`` on retire;
   ``resilience.barrier.membership``), with the engine's facts then (and ``"budget"`` when it changed);
-- ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``:
-  the facts of the engines that changed, ``why`` says which step wrote it. An owner is
-  ``{"host", "pid", "id", "start", "boot"}``: a random id of the process, its start time and the
-  boot id tell it from a later process with the same PID (owners of older writers have host and
-  PID only, and are judged by the PID).
+- ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``: the facts of the engines
+  that changed, ``why`` says which step wrote it. An owner is ``{"host", "pid", "id", "start", "boot"}``: a random id of
+  the process, its start time and the boot id tell it from a later process with the same PID (owners of older writers
+  have host and PID only, and are judged by the PID).
 
-An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}`` in its facts (``state.Doubt``);
-a record without it (an older writer) reads as a doubt whose request may still be on its way (the safe reading). The
-journal is compacted (a header, naming every engine and the last membership change of each, and one full state
-record) every ``compact_after`` records.
+An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}`` in its facts (``state.Doubt``); a
+record without it (an older writer) reads as a doubt whose request may still be on its way (the safe reading). The
+journal is compacted (a header, naming every engine and the last membership change of each, and one full state record)
+every ``compact_after`` records.
 """
 
 from __future__ import annotations
@@ -167,12 +166,11 @@ def knowledge_from(name: str, facts: Mapping[str, Any], memory: MemoryModel | No
 class Recovery:
     """What an orchestrator found in its journal when it started.
 
-    ``resumed``: False for a new (empty) journal. ``records``: complete records read.
-    ``dropped``: what a torn last record was (None when none; a corrupt record refuses the open). ``in_flight``: engine ->
-    the call that was in flight when the last controller stopped (now "ambiguous").
-    ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``: no
-    process has that PID, or the one that has it is another process: another start, boot or id);
-    they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
+    ``resumed``: False for a new (empty) journal. ``records``: complete records read. ``dropped``: what a torn last
+    record was (None when none; a corrupt record refuses the open). ``in_flight``: engine -> the call that was in flight
+    when the last controller stopped (now "ambiguous"). ``orphaned_holds``: engine -> holds whose owner process is gone
+    (``reason (pid P on HOST, gone)``: no process has that PID, or the one that has it is another process: another
+    start, boot or id); they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
     ``members``: who joined and who left (below).
     """
 
@@ -300,9 +298,8 @@ def _gone(owner: Mapping[str, Any]) -> str:
 class Journal:
     """The barrier's durable knowledge, over a ``JournalStore``.
 
-    ``store``: where the records live (a path gives a ``FileJournalStore``).
-    ``compact_after``: records written before the journal is rewritten as one
-    snapshot (default 2000; each record holds only the engines that changed).
+    ``store``: where the records live (a path gives a ``FileJournalStore``). ``compact_after``: records written before
+    the journal is rewritten as one snapshot (default 2000; each record holds only the engines that changed).
     """
 
     def __init__(self, store: JournalStore | str | os.PathLike[str], *, compact_after: int = 2000) -> None:

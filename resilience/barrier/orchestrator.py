@@ -97,15 +97,12 @@ class Orchestrator(BarrierView[E]):
     def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
 
-        ``released``: the tags released on it now (``()`` for none; None keeps
-        what is known and leaves unknown tags unknown). ``paused``: True, False,
-        or None when you do not know (the next transition that needs it paused
-        pauses it again, which is safe). This lifts the quarantine and a "dead"
-        mark. An engine with released memory cannot be serving: ``paused=False``
-        is refused with released tags, and with ``released=None`` on an engine
-        with tags known released or unknown (each a state SGLang crashes in). Refused too while a call sent to it
-        earlier is still running (reconcile after it lands: it could change the
-        state you report).
+        ``released``: the tags released on it now (``()`` for none; None keeps what is known and leaves unknown tags
+        unknown). ``paused``: True, False, or None when you do not know (the next transition that needs it paused pauses
+        it again, which is safe). This lifts the quarantine and a "dead" mark. An engine with released memory cannot be
+        serving: ``paused=False`` is refused with released tags, and with ``released=None`` on an engine with tags known
+        released or unknown (each a state SGLang crashes in). Refused too while a call sent to it earlier is still
+        running (reconcile after it lands: it could change the state you report).
         """
         transitions.reconcile(self.state, engine, released=released, paused=paused)
 
@@ -137,15 +134,13 @@ class Orchestrator(BarrierView[E]):
     ) -> TransitionReport:
         """Pause all offloaded engines, then flush all, then release ``tags`` (None = all) on all.
 
-        Returns only when every offloaded engine (not retired) is known paused
-        with ``tags`` released. Idempotent: tags already released are not
-        released again. Engines that are dead, quarantined or still busy with
-        a late call are skipped and named in ``PhaseFailed`` after the others
-        are done. ``mode="in_place"`` is refused: it keeps running requests' KV,
-        so flush would fail. Waits for running ``weight_sync`` bodies first.
-        ``min_engines``: partial progress, opt-in (default None: off). When the offload fails and at least this many
-        of its engines are not among those it failed on, those are fenced (named in ``TransitionReport.fenced``) and
-        the offload completes for the rest (``resilience.barrier.membership``).
+        Returns only when every offloaded engine (not retired) is known paused with ``tags`` released. Idempotent: tags
+        already released are not released again. Engines that are dead, quarantined or still busy with a late call are
+        skipped and named in ``PhaseFailed`` after the others are done. ``mode="in_place"`` is refused: it keeps running
+        requests' KV, so flush would fail. Waits for running ``weight_sync`` bodies first. ``min_engines``: partial
+        progress, opt-in (default None: off). When the offload fails and at least this many of its engines are not among
+        those it failed on, those are fenced (named in ``TransitionReport.fenced``) and the offload completes for the
+        rest (``resilience.barrier.membership``).
         """
         wanted = transitions.offload_args(tags, mode)
         need = membership.min_engines_arg(min_engines, "offload")
@@ -158,15 +153,13 @@ class Orchestrator(BarrierView[E]):
     ) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
 
-        Returns only when every offloaded engine (not retired) serves, or is
-        held paused on purpose (tags still released, or another hold such as a
-        weight sync) and named in ``TransitionReport.held``. Idempotent.
-        Engines that are dead, quarantined or busy with a late call are skipped
-        and named in ``PhaseFailed``. Waits for running ``weight_sync`` bodies first.
-        ``verify``: checks asked of every offloaded engine afterwards
-        (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``;
-        default none); a mismatch raises ``VerificationFailed`` naming the engine.
-        ``min_engines``: partial progress, as for ``offload`` (default None: off).
+        Returns only when every offloaded engine (not retired) serves, or is held paused on purpose (tags still
+        released, or another hold such as a weight sync) and named in ``TransitionReport.held``. Idempotent. Engines
+        that are dead, quarantined or busy with a late call are skipped and named in ``PhaseFailed``. Waits for running
+        ``weight_sync`` bodies first. ``verify``: checks asked of every offloaded engine afterwards
+        (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``; default none); a mismatch raises
+        ``VerificationFailed`` naming the engine. ``min_engines``: partial progress, as for ``offload`` (default None:
+        off).
         """
         wanted = transitions.tags_arg(tags, "onload")
         need = membership.min_engines_arg(min_engines, "onload")
@@ -178,11 +171,10 @@ class Orchestrator(BarrierView[E]):
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
 
-        Returns the token in ``TransitionReport.hold``; pass it to ``unpause``.
-        Holds are owned and counted: two pauses with the same reason are two
-        holds. Refused (``PhaseFailed``, nothing sent) when an engine is dead,
-        quarantined or busy with a late call; on a failed pause the hold is
-        released and the engines it paused are continued where safe.
+        Returns the token in ``TransitionReport.hold``; pass it to ``unpause``. Holds are owned and counted: two pauses
+        with the same reason are two holds. Refused (``PhaseFailed``, nothing sent) when an engine is dead, quarantined
+        or busy with a late call; on a failed pause the hold is released and the engines it paused are continued where
+        safe.
         """
         with self.state.lock:
             return self._run(transitions.pause_steps(self.state, reason, mode))
@@ -197,16 +189,13 @@ class Orchestrator(BarrierView[E]):
     def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> Iterator[list[E]]:
         """Hold every engine paused while the body updates weights; the hold (this sync's own token) is released on exit.
 
-        Yields the engines (not retired), every one known paused. Re-entrant
-        and thread-safe: nested or concurrent syncs each hold their own token,
-        and admission reopens only when the last one ends (and memory is back:
-        inside an offloaded window the engines stay paused until onload).
-        ``offload``/``onload`` never run while a body runs: they wait for it.
-        Refused (``PhaseFailed``, nothing sent, the body never runs) while an engine's
-        weights are released: a weight update into them would kill it (``onload(tags=["weights"])`` first).
-        ``verify``: checks asked of the synced engines once the body returned and
-        the hold ended (``resilience.barrier.verify``; default none); a mismatch
-        raises ``VerificationFailed`` naming the engine.
+        Yields the engines (not retired), every one known paused. Re-entrant and thread-safe: nested or concurrent syncs
+        each hold their own token, and admission reopens only when the last one ends (and memory is back: inside an
+        offloaded window the engines stay paused until onload). ``offload``/``onload`` never run while a body runs: they
+        wait for it. Refused (``PhaseFailed``, nothing sent, the body never runs) while an engine's weights are
+        released: a weight update into them would kill it (``onload(tags=["weights"])`` first). ``verify``: checks asked
+        of the synced engines once the body returned and the hold ended (``resilience.barrier.verify``; default none); a
+        mismatch raises ``VerificationFailed`` naming the engine.
         """
         me = threading.get_ident()
         with self.state.lock:

@@ -100,12 +100,11 @@ class Facts:
 class Doubt:
     """Why an engine's ``unknown`` tags are unknown: the call that left them so, and how its request ended.
 
-    ``method``: the release or resume (None: not known, e.g. a journal written before doubts were kept).
-    ``in_transit``: the request may still be on its way or running (a reset or read timeout after sending,
-    a 504, no delivery record, an interruption, a controller that died with it in flight); False only
-    when a gateway's 502 or 503 answered for every attempt that may have reached the engine.
-    ``delivery``: that, in words. ``since``: the orchestrator clock's ``monotonic()`` when the answer
-    came (for a journal resumed: when it was resumed, so the grace starts again).
+    ``method``: the release or resume (None: not known, e.g. a journal written before doubts were kept). ``in_transit``:
+    the request may still be on its way or running (a reset or read timeout after sending, a 504, no delivery record, an
+    interruption, a controller that died with it in flight); False only when a gateway's 502 or 503 answered for every
+    attempt that may have reached the engine. ``delivery``: that, in words. ``since``: the orchestrator clock's
+    ``monotonic()`` when the answer came (for a journal resumed: when it was resumed, so the grace starts again).
     """
 
     method: str | None
@@ -370,10 +369,9 @@ class EngineGroup(Generic[E]):
 class PhaseDeadlines:
     """Time limits, seconds: the whole transition, and each phase (capped by what is left of the transition).
 
-    ``transition_s`` also bounds how long ``offload``/``onload`` wait for a
-    running ``weight_sync`` body. A call still running at its phase deadline
-    is awaited, before anything else is sent to that engine, for at most
-    ``continue_s`` (then the engine is skipped and named).
+    ``transition_s`` also bounds how long ``offload``/``onload`` wait for a running ``weight_sync`` body. A call still
+    running at its phase deadline is awaited, before anything else is sent to that engine, for at most ``continue_s``
+    (then the engine is skipped and named).
     """
 
     transition_s: float = 300.0
@@ -449,15 +447,14 @@ class HoldToken:
 class TransitionReport:
     """A finished transition: its phases in order.
 
-    ``held``: engines the transition left paused on purpose, each with the
-    reasons that hold it (an onload inside a weight sync, a partial onload).
-    ``hold``: the token a ``pause`` took, else None.
-    ``replaced``: engines this transition found replaced by a fresh process since the journal it resumed was
-    written (a restart while no controller watched), each with what showed it; they were taken as new engines,
-    serving with nothing released and not paused by the orchestrator, never as the journal's
-    (``resilience.barrier.transitions``). Empty (default) otherwise.
+    ``held``: engines the transition left paused on purpose, each with the reasons that hold it (an onload inside a
+    weight sync, a partial onload). ``hold``: the token a ``pause`` took, else None. ``replaced``: engines this
+    transition found replaced by a fresh process since the journal it resumed was written (a restart while no controller
+    watched), each with what showed it; they were taken as new engines, serving with nothing released and not paused by
+    the orchestrator, never as the journal's (``resilience.barrier.transitions``). Empty (default) otherwise.
     ``fenced``: engines a transition with ``min_engines`` fenced on its way (kept out of every transition and out of
-    rotation until ``add`` brings them back), each with why (``resilience.barrier.membership``). Empty (default) otherwise.
+    rotation until ``add`` brings them back), each with why (``resilience.barrier.membership``). Empty (default)
+    otherwise.
     """
 
     transition: str
@@ -486,20 +483,18 @@ class BarrierBusy(TimeoutError):
 class PhaseFailed(RuntimeError):
     """A transition did not put every engine where it promised.
 
-    - ``transition``, ``phase``: what failed, and the first phase it failed in
-      (``"skipped"`` when engines were skipped and nothing else failed).
-    - ``failures``: each engine the transition failed on, with its error;
-      skipped engines carry an ``EngineSkipped`` saying why.
+    - ``transition``, ``phase``: what failed, and the first phase it failed in (``"skipped"`` when engines were skipped
+      and nothing else failed).
+    - ``failures``: each engine the transition failed on, with its error; skipped engines carry an ``EngineSkipped``
+      saying why.
     - ``rolled_back``: engines continued again (serving) after the failure.
-    - ``left_paused``: every engine of the orchestrator (not retired) that is
-      not known to serve, whatever its state, with why: paused, held, released,
-      maybe paused, quarantined, dead, or a late call in flight.
-    - ``quarantined``: engines whose released tags are unknown; nothing will
-      release, resume or continue them until ``Orchestrator.reconcile`` (you
-      checked the engine, or restarted it) or ``Orchestrator.retire``.
+    - ``left_paused``: every engine of the orchestrator (not retired) that is not known to serve, whatever its state,
+      with why: paused, held, released, maybe paused, quarantined, dead, or a late call in flight.
+    - ``quarantined``: engines whose released tags are unknown; nothing will release, resume or continue them until
+      ``Orchestrator.reconcile`` (you checked the engine, or restarted it) or ``Orchestrator.retire``.
     - ``dead``: engines that stopped answering (also in ``left_paused``).
-    - ``restarts_remaining``/``restart_limit``: what a restart would leave, when
-      the orchestrator has a ``RestartBudget``; it restarts nothing itself.
+    - ``restarts_remaining``/``restart_limit``: what a restart would leave, when the orchestrator has a
+      ``RestartBudget``; it restarts nothing itself.
     """
 
     def __init__(
@@ -561,23 +556,19 @@ def effect_of(error: BaseException | None) -> Effect:
     """The effect of a call that ended with ``error`` (None: it returned).
 
     - no error: APPLIED;
-    - the barrier's own ``PhaseTimeout(maybe_sent=False)`` (the call never
-      started), ``EngineSkipped`` and ``EngineNotDriven`` (nothing was sent): NOT_APPLIED;
-    - no driver record at all (``EngineDied``, ``EngineUnavailable``, a
-      ``PhaseTimeout`` of a call that may have started, any error no driver
-      wrote, such as a fan-out's or an engine's own bug; an empty record,
-      which ``attempts_of`` reads as none): AMBIGUOUS. This is the
-      conservative reading: without the driver's word that the request never
-      left, it may have been applied;
+    - the barrier's own ``PhaseTimeout(maybe_sent=False)`` (the call never started), ``EngineSkipped`` and
+      ``EngineNotDriven`` (nothing was sent): NOT_APPLIED;
+    - no driver record at all (``EngineDied``, ``EngineUnavailable``, a ``PhaseTimeout`` of a call that may have
+      started, any error no driver wrote, such as a fan-out's or an engine's own bug; an empty record, which
+      ``attempts_of`` reads as none): AMBIGUOUS. This is the conservative reading: without the driver's word that the
+      request never left, it may have been applied;
     - any attempt delivered ``AMBIGUOUS`` (read timeout, reset after sending): AMBIGUOUS;
-    - any attempt ``RESPONDED`` with a gateway status (502, 503, 504: a proxy
-      may answer it after forwarding), whatever the transport's retry policy
-      did with it: AMBIGUOUS;
-    - any attempt ``RESPONDED`` with a status that is not an error (below 400:
-      the engine answered, and the driver raised anyway): AMBIGUOUS;
-    - otherwise every attempt was ``NOT_SENT`` (refused, connect timeout, DNS,
-      TLS, a full local pool, an open breaker) or answered with the engine's own error status (4xx, other 5xx):
-      NOT_APPLIED.
+    - any attempt ``RESPONDED`` with a gateway status (502, 503, 504: a proxy may answer it after forwarding), whatever
+      the transport's retry policy did with it: AMBIGUOUS;
+    - any attempt ``RESPONDED`` with a status that is not an error (below 400: the engine answered, and the driver
+      raised anyway): AMBIGUOUS;
+    - otherwise every attempt was ``NOT_SENT`` (refused, connect timeout, DNS, TLS, a full local pool, an open breaker)
+      or answered with the engine's own error status (4xx, other 5xx): NOT_APPLIED.
     """
     if error is None:
         return Effect.APPLIED

@@ -372,11 +372,10 @@ _ids = itertools.count(1)
 def transition(state: BarrierState[Any], name: str, engines: Iterable[str]) -> Iterator[Transition]:
     """One transition over the ``engines`` not retired: announce it, let the body run, end it.
 
-    A body that returns ends the transition well: its ``TransitionEnded`` is
-    emitted and ``tx.report`` set from ``tx.held`` and ``tx.hold``. A body
-    that raises ``PhaseFailed`` has announced its own end (``error``); any
-    other exception (the driver abandoned the steps: a cancelled task, a
-    fan-out that raised) ends it with ``ok=False`` and the step it was in.
+    A body that returns ends the transition well: its ``TransitionEnded`` is emitted and ``tx.report`` set from
+    ``tx.held`` and ``tx.hold``. A body that raises ``PhaseFailed`` has announced its own end (``error``); any other
+    exception (the driver abandoned the steps: a cancelled task, a fan-out that raised) ends it with ``ok=False`` and
+    the step it was in.
     """
     names = tuple(state.active(engines))
     clock, limit = state.clock, state.deadlines.transition_s

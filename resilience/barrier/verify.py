@@ -1,29 +1,24 @@
 """Verify after a transition: "a 200 that isn't healthy" (vLLM RFC #48310: "A 200 response proves only that an endpoint returned").
 
-An onload or a weight sync that returned has done what its calls promised,
-yet an engine can still be wrong: back from a level-2 sleep answering 200 with
-garbage (verl #7904, TRL #5312), or a weight push that landed on all engines
-but one. ``Orchestrator.onload(verify=...)`` and ``Orchestrator.weight_sync(verify=...)``
-(and ``AsyncOrchestrator``'s) then ask each engine the transition covered:
+An onload or a weight sync that returned has done what its calls promised, yet an engine can still be wrong: back from a
+level-2 sleep answering 200 with garbage (verl #7904, TRL #5312), or a weight push that landed on all engines but one.
+``Orchestrator.onload(verify=...)`` and ``Orchestrator.weight_sync(verify=...)`` (and ``AsyncOrchestrator``'s) then ask
+each engine the transition covered:
 
-- ``WeightVersionCheck(expected)``: the weight version it reports equals the
-  one pushed (vLLM ``GET /weight_info``, SGLang ``GET /model_info``'s
-  ``weight_version``).
-- ``CanaryCheck(prompt, expected)``: a greedy completion of ``prompt`` equals
-  the reference the caller gives (vLLM ``/v1/completions``, SGLang ``/generate``).
+- ``WeightVersionCheck(expected)``: the weight version it reports equals the one pushed (vLLM ``GET /weight_info``,
+  SGLang ``GET /model_info``'s ``weight_version``).
+- ``CanaryCheck(prompt, expected)``: a greedy completion of ``prompt`` equals the reference the caller gives (vLLM
+  ``/v1/completions``, SGLang ``/generate``).
 
-The checks are reads, sent through the orchestrator's own fan-out: each
-(check, method) group to all its engines at once, the groups one after another,
-all under one ``verify`` deadline (``PhaseDeadlines.continue_s``).
-They run after the transition's own work: the engines stay where it put them.
-A check that needs a serving engine (the canary) is not sent to engines the
-transition left held or not serving (a paused engine would hold or refuse it).
-Any mismatch, or a read that failed, raises ``VerificationFailed`` (a
-``PhaseFailed`` with phase ``"verify"``) naming each engine with a
+The checks are reads, sent through the orchestrator's own fan-out: each (check, method) group to all its engines at
+once, the groups one after another, all under one ``verify`` deadline (``PhaseDeadlines.continue_s``). They run after
+the transition's own work: the engines stay where it put them. A check that needs a serving engine (the canary) is not
+sent to engines the transition left held or not serving (a paused engine would hold or refuse it). Any mismatch, or a
+read that failed, raises ``VerificationFailed`` (a ``PhaseFailed`` with phase ``"verify"``) naming each engine with a
 ``CheckFailed``; the transition's own report is on it as ``.report``.
 
-A check is anything with the ``EngineCheck`` shape: which read to send to an
-engine (a method name and keyword arguments), and what the answer means.
+A check is anything with the ``EngineCheck`` shape: which read to send to an engine (a method name and keyword
+arguments), and what the answer means.
 """
 
 from __future__ import annotations
@@ -65,9 +60,8 @@ Heard = Callable[[Sequence[EngineResult]], None]
 class EngineCheck(Protocol):
     """One verification: the read it sends to an engine and what the answer means.
 
-    ``name``: for messages ("weight version"). ``needs_serving``: True when the
-    read needs an engine that serves (a completion); it is then sent only to
-    engines the transition left serving.
+    ``name``: for messages ("weight version"). ``needs_serving``: True when the read needs an engine that serves (a
+    completion); it is then sent only to engines the transition left serving.
     """
 
     @property
@@ -138,9 +132,8 @@ def _check_expected(owner: str, values: object) -> None:
 class WeightVersionCheck:
     """The weight version each engine reports equals ``expected`` (one string for all, or one per engine name).
 
-    Read with ``weight_info()`` where the engine has it (vLLM ``GET /weight_info``,
-    ``rl/online/api_router.py`` l.226), else ``model_info()`` (SGLang
-    ``GET /model_info``): either answer's ``weight_version``.
+    Read with ``weight_info()`` where the engine has it (vLLM ``GET /weight_info``, ``rl/online/api_router.py`` l.226),
+    else ``model_info()`` (SGLang ``GET /model_info``): either answer's ``weight_version``.
     """
 
     expected: str | Mapping[str, str]
@@ -170,11 +163,10 @@ class WeightVersionCheck:
 class CanaryCheck:
     """A greedy completion of ``prompt`` equals ``expected`` (one reference for all, or one per engine name).
 
-    ``max_tokens``: the completion's length (default 16; give the reference's).
-    Sent as ``complete(prompt, max_tokens=, temperature=0.0)`` where the engine
-    has it (``VLLMClient``), else ``generate(text, sampling_params=...)``
-    (``SGLangClient``); either answer's ``text`` is compared, exactly.
-    ``sampling``: more sampling parameters for both (default none).
+    ``max_tokens``: the completion's length (default 16; give the reference's). Sent as ``complete(prompt, max_tokens=,
+    temperature=0.0)`` where the engine has it (``VLLMClient``), else ``generate(text, sampling_params=...)``
+    (``SGLangClient``); either answer's ``text`` is compared, exactly. ``sampling``: more sampling parameters for both
+    (default none).
     """
 
     prompt: str
@@ -302,10 +294,9 @@ def check_steps(
 ) -> Generator[ReadStep[Any], None, TransitionReport]:
     """Run ``checks`` on ``engines``, one ``ReadStep`` per check and method; ``report`` when all pass, else ``VerificationFailed``.
 
-    ``not_serving``: the orchestrator's engines that do not serve, with why (checks
-    that need serving skip them; when another check fails, the error names them too).
-    ``deadline_s``: for all reads together. ``heard``: told each read's answers (default None: nobody).
-    A read the fan-out could not send raises its error.
+    ``not_serving``: the orchestrator's engines that do not serve, with why (checks that need serving skip them; when
+    another check fails, the error names them too). ``deadline_s``: for all reads together. ``heard``: told each read's
+    answers (default None: nobody). A read the fan-out could not send raises its error.
     """
     reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
     deadline = Deadline(deadline_s)

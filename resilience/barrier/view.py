@@ -80,9 +80,8 @@ class BarrierView(Generic[E]):
     def paused_by_us(self, engine: str | E) -> bool:
         """True when the orchestrator keeps ``engine`` from serving (a hold, or a pause it sent).
 
-        Its /health then hangs ~20 s and answers 503: not a fault. ``engine``:
-        its name or URL, or any engine object the orchestrator was built with.
-        Raises ``KeyError`` naming an engine it does not drive.
+        Its /health then hangs ~20 s and answers 503: not a fault. ``engine``: its name or URL, or any engine object the
+        orchestrator was built with. Raises ``KeyError`` naming an engine it does not drive.
         """
         return self.state.paused_by_us(engine)
 
