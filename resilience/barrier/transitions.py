@@ -151,6 +151,13 @@ def unhold(state: BarrierState[Any], name: str, token: int) -> None:
         emit(state.observers, HoldChanged(engine=name, reason=reason, acquired=False, holds=reasons(k)))
 
 
+def end_offload_hold(state: BarrierState[Any], names: Iterable[str]) -> None:
+    """Drop the offload hold on each engine of ``names`` whose memory is all back (nothing released or unknown)."""
+    for n in names:
+        if not state.know[n].released and not state.know[n].unknown:
+            unhold(state, n, OFFLOAD_TOKEN)
+
+
 def token_of(state: BarrierState[Any], hold: HoldToken | str) -> HoldToken:
     """``hold`` as a token: itself, or the latest hold with that reason (``KeyError`` when none is held)."""
     if isinstance(hold, HoldToken):
@@ -387,17 +394,23 @@ def transition(state: BarrierState[Any], name: str, engines: Iterable[str]) -> I
     except PhaseFailed:
         raise
     except BaseException:
-        duration = clock.monotonic() - tx.started
-        left = tuple(state.not_serving())
-        ended = TransitionEnded(
-            transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=False, failed_phase=tx.phase,
-            left_paused=left,
-        )
-        emit(state.observers, ended)
+        _ended(state, tx, tx.phase, state.not_serving())
         raise
-    duration = clock.monotonic() - tx.started
-    emit(state.observers, TransitionEnded(transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=True))
+    duration = _ended(state, tx)
     tx.report = TransitionReport(tx.name, duration, tuple(tx.phases), dict(tx.held), tx.hold, dict(tx.replaced))
+
+
+def _ended(
+    state: BarrierState[Any], tx: Transition, failed_phase: str | None = None, left: Iterable[str] = (), rolled_back: Sequence[str] = ()
+) -> float:
+    """Tell the observers ``tx`` ended (``ok`` unless ``failed_phase`` is given); return its duration."""
+    duration = state.clock.monotonic() - tx.started
+    ended = TransitionEnded(
+        transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=failed_phase is None,
+        failed_phase=failed_phase, rolled_back=tuple(rolled_back), left_paused=tuple(left),
+    )
+    emit(state.observers, ended)
+    return duration
 
 
 def error(
@@ -418,20 +431,7 @@ def error(
         restarts_remaining=None if budget is None else budget.remaining,
         restart_limit=None if budget is None else budget.limit,
     )
-    duration = state.clock.monotonic() - tx.started
-    emit(
-        state.observers,
-        TransitionEnded(
-            transition_id=tx.tid,
-            transition=tx.name,
-            engines=tx.engines,
-            duration_s=duration,
-            ok=False,
-            failed_phase=phase,
-            rolled_back=tuple(rolled_back),
-            left_paused=tuple(left),
-        ),
-    )
+    _ended(state, tx, phase, left, rolled_back)
     return err
 
 
@@ -850,9 +850,7 @@ def onload_steps(state: BarrierState[Any], wanted: frozenset[str]) -> Steps[Tran
         skipped.update({n: state.why_skipped(n) for n in names if n not in skipped and know[n].quarantined})
         live = [n for n in names if n not in skipped]
         failed = yield from resume_phases(state, tx, "resume", {n: to_resume(know[n], wanted) for n in live})
-        for n in live:
-            if not know[n].released and not know[n].unknown:
-                unhold(state, n, OFFLOAD_TOKEN)
+        end_offload_hold(state, live)
         cont_failed = yield from continue_ready(state, tx, live, "continue")
         if failed or cont_failed:
             raise error(state, tx, "resume" if failed else "continue", {**skips(skipped), **failed, **cont_failed})
@@ -931,9 +929,7 @@ def _fail_before_release(
     skipped: Mapping[str, str],
 ) -> Steps[PhaseFailed]:
     """Pause or flush failed: nothing was released by this offload, so engines holding nothing released are continued."""
-    for n in live:
-        if not state.know[n].released and not state.know[n].unknown:
-            unhold(state, n, OFFLOAD_TOKEN)
+    end_offload_hold(state, live)
     rolled, rb_failed = yield from rollback_continue(state, tx, live)
     return error(state, tx, name, {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
 
@@ -957,9 +953,7 @@ def _fail_in_release(
         know = state.know
         wants = {n: know[n].memory.release_tags(kw) & know[n].released for n, kw in applied}
         rb_failed = yield from resume_phases(state, tx, "rollback_resume", wants)
-        for n in live:
-            if not state.know[n].released and not state.know[n].unknown:
-                unhold(state, n, OFFLOAD_TOKEN)
+        end_offload_hold(state, live)
         rolled, more = yield from rollback_continue(state, tx, live)
         rb_failed.update(more)
     return error(state, tx, "release", {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
