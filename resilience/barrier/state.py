@@ -384,15 +384,14 @@ class PhaseDeadlines:
     """How long after an ambiguous release or resume whose request may still be on its way (a reset or read timeout
     after sending, a 504, no delivery record, an interruption) a memory probe's "as before" is trusted: until then a
     late arrival could still apply it, so the engine stays quarantined (the probe's "applied" is trusted at once).
-    Meanwhile the probe is asked again every ``probe_poll_s``: right after the phase that sent the call (up to that
-    phase's deadline) and at the start of the next transition (up to the settle limit, ``continue_s``). Default
-    None: the deadline of the call's own phase (``release_s`` or ``resume_s``), the longest the barrier lets such a
-    call run. 0 trusts the probe at once (the race this closes comes back)."""
+    Meanwhile the probe is asked again every ``probe_poll_s``. Default None: the deadline of the call's own phase
+    (``release_s`` or ``resume_s``), the longest the barrier lets such a call run. 0 trusts the probe at once (the race
+    this closes comes back)."""
     probe_poll_s: float = 0.05
     """While a probe's "as before" is not trusted yet (the grace above), how often it is asked again, on the
-    orchestrator's clock: right after the phase that sent the ambiguous call (up to that phase's deadline) and at
-    the start of the next transition (up to the settle limit), until it proves the call applied or the grace has
-    passed. Default 0.05 s: an engine's release or resume applies within milliseconds to a few seconds."""
+    orchestrator's clock: right after the phase that sent the ambiguous call (up to that phase's deadline) and at the
+    start of the next transition (up to ``continue_s``). Default 0.05 s: a release or resume applies within
+    milliseconds to a few seconds."""
 
     def __post_init__(self) -> None:
         for name in ("transition_s", "pause_s", "flush_s", "release_s", "resume_s", "continue_s"):

@@ -377,13 +377,8 @@ _ids = itertools.count(1)
 
 @contextmanager
 def transition(state: BarrierState[Any], name: str, engines: Iterable[str]) -> Iterator[Transition]:
-    """One transition over the ``engines`` not retired: announce it, let the body run, end it.
-
-    A body that returns ends the transition well: its ``TransitionEnded`` is emitted and ``tx.report`` set from
-    ``tx.held`` and ``tx.hold``. A body that raises ``PhaseFailed`` has announced its own end (``error``); any other
-    exception (the driver abandoned the steps: a cancelled task, a fan-out that raised) ends it with ``ok=False`` and
-    the step it was in.
-    """
+    """One transition over the ``engines`` not retired: announce it, let the body run, end it (``tx.report`` when the
+    body returned; a ``PhaseFailed`` announced its own end; anything else ends it with ``ok=False`` in its step)."""
     names = tuple(state.active(engines))
     clock, limit = state.clock, state.deadlines.transition_s
     tx = Transition(next(_ids), name, Deadline(limit, clock=clock), names, clock.monotonic())
@@ -510,10 +505,9 @@ def reconcile_from_probe(state: BarrierState[Any], names: Iterable[str], waiting
     """Reconcile from the memory probe every engine among ``names`` whose tags are unknown; return those it settled.
 
     An answer is trusted when it proves the call applied, when the request is not on its way (``Doubt.in_transit``
-    False: a 502/503), or once the grace (``PhaseDeadlines.in_transit_for``) has passed since the answer; else the
-    engine stays quarantined, and ``waiting`` (when given) gets the seconds of grace left for it. So does an engine
-    whose probe cannot prove it now (None: the emulator's probe while a release is being carried out) while its
-    request may still be on its way and the grace has not passed.
+    False: a 502/503), or once the grace (``PhaseDeadlines.in_transit_for``) has passed; else the engine stays
+    quarantined, and ``waiting`` (when given) gets the seconds of grace left for it, as it does for a probe that cannot
+    prove it now (None) while the request may still be on its way.
     """
     memory_probe = state.memory_probe
     if memory_probe is None:
@@ -545,14 +539,11 @@ def reconcile_from_probe(state: BarrierState[Any], names: Iterable[str], waiting
 
 def poll_probe(state: BarrierState[Any], waiting: dict[str, float], deadline: Deadline) -> Steps[list[str]]:
     """Ask the memory probe again, every ``PhaseDeadlines.probe_poll_s``, about the engines in ``waiting`` (name -> grace
-    left, as ``reconcile_from_probe`` fills it) until each is settled (proved applied, or the grace passed and "as before" is trusted),
-    or ``deadline`` has passed; return those settled. ``waiting`` is left with the engines still waiting (a probe that
-    still cannot prove it once the grace has passed drops out: the engine stays quarantined).
+    left, as ``reconcile_from_probe`` fills it) until each is settled or ``deadline`` has passed; return those settled.
 
-    Each wait is a ``WaitStep`` (the driver sleeps on the orchestrator's clock, on its thread or without blocking its
-    event loop), so an interruption can only come while nothing is being decided: it closes these steps and leaves
-    every engine still waiting quarantined, with its doubt, as ``reconcile_from_probe`` left it. Bounded: at most one wait per
-    ``probe_poll_s`` of the smaller of the longest grace left and ``deadline`` (plus one for rounding).
+    Each wait is a ``WaitStep``, so an interruption comes only while nothing is being decided: it leaves every engine
+    still waiting quarantined, with its doubt. Bounded: one wait per ``probe_poll_s`` of the smaller of the longest grace
+    left and ``deadline`` (plus one for rounding).
     """
     every = state.deadlines.probe_poll_s
     settled: list[str] = []
@@ -644,12 +635,8 @@ def _unmark(state: BarrierState[Any], step: PhaseStep[Any], error: BaseException
 
 
 def fold(state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
-    """Fold a phase's results into the knowledge, then report it (once); return the failures. Never waits (the probe is
-    asked once): what ``abandon`` uses.
-
-    Every engine is folded, the memory probe asked and the change persisted
-    before any observer hears of it, so nothing an observer raises undoes it.
-    """
+    """Fold a phase's results into the knowledge (the probe asked once, never waiting), persist, then report it; return
+    the failures: what ``abandon`` uses. Nothing an observer raises can undo the knowledge."""
     step.folded = True
     failures = _fold_knowledge(state, step, results)
     _report(state, step, results, failures)
