@@ -35,14 +35,8 @@ from resilience.engine_contract import AnyEngine, engine_name
 from resilience.errors import ConfigError
 
 __all__ = [
-    "AsyncFanOut",
-    "CollectorPause",
-    "DEFAULT_GC_PAUSE_S",
-    "PhaseRun",
-    "TaskCall",
-    "check_gc_pause",
-    "collector_paused_by_us",
-    "pause_collector",
+    "AsyncFanOut", "CollectorPause", "DEFAULT_GC_PAUSE_S", "PhaseRun", "TaskCall", "check_gc_pause",
+    "collector_paused_by_us", "pause_collector",
 ]
 
 

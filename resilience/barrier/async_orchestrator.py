@@ -25,15 +25,7 @@ from typing import Literal, TypeVar, Unpack
 from resilience.barrier import membership, transitions
 from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
 from resilience.barrier.fanout import LateCall, check_calls
-from resilience.barrier.state import (
-    BarrierBusy,
-    BarrierKeywords,
-    BarrierOptions,
-    BarrierState,
-    EngineGroup,
-    HoldToken,
-    TransitionReport,
-)
+from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
 from resilience.clock import Clock

@@ -21,20 +21,8 @@ from resilience.deadline import Deadline
 from resilience.engine_contract import CONTROL_METHODS, AnyEngine, engine_name
 
 __all__ = [
-    "Calls",
-    "EngineNotDriven",
-    "EngineResult",
-    "FanOut",
-    "FutureCall",
-    "LateCall",
-    "PhaseTimeout",
-    "SequentialFanOut",
-    "ThreadFanOut",
-    "attach_results",
-    "check_calls",
-    "interrupted_results",
-    "reported_versions",
-    "vllm_hint",
+    "Calls", "EngineNotDriven", "EngineResult", "FanOut", "FutureCall", "LateCall", "PhaseTimeout", "SequentialFanOut",
+    "ThreadFanOut", "attach_results", "check_calls", "interrupted_results", "reported_versions", "vllm_hint",
 ]
 
 

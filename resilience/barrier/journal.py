@@ -42,16 +42,8 @@ from resilience.budget import RestartBudget, RestartRecord
 from resilience.engine_contract import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
 
 __all__ = [
-    "FORMAT",
-    "Journal",
-    "JournalBusy",
-    "JournalError",
-    "JournalMismatch",
-    "Recovery",
-    "Resumed",
-    "facts_of",
-    "knowledge_from",
-    "open_journal",
+    "FORMAT", "Journal", "JournalBusy", "JournalError", "JournalMismatch", "Recovery", "Resumed", "facts_of",
+    "knowledge_from", "open_journal",
 ]
 
 FORMAT = "controlplane-resilience/barrier-journal"

@@ -23,15 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 from resilience.errors import ConfigError
 
 __all__ = [
-    "FileJournalStore",
-    "JournalBusy",
-    "JournalCorrupt",
-    "JournalError",
-    "JournalStore",
-    "Loaded",
-    "RayKVJournalStore",
-    "frame",
-    "unframe",
+    "FileJournalStore", "JournalBusy", "JournalCorrupt", "JournalError", "JournalStore", "Loaded", "RayKVJournalStore",
+    "frame", "unframe",
 ]
 
 

@@ -13,7 +13,7 @@ join had not finished, or that was fenced, fenced (``transitions.resume``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from resilience.barrier.fanout import EngineResult
@@ -42,14 +42,7 @@ from resilience.engine_contract import AnyEngine, EngineState, engine_name, rule
 from resilience.events import EngineStateChanged, emit
 
 __all__ = [
-    "GroupTarget",
-    "admit",
-    "fence",
-    "fence_failed",
-    "join_steps",
-    "min_engines_arg",
-    "retire",
-    "partial",
+    "GroupTarget", "admit", "fence", "fence_failed", "join_steps", "min_engines_arg", "retire", "partial",
 ]
 
 JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
@@ -57,21 +50,14 @@ JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
 E = TypeVar("E", bound=AnyEngine)
 
 
+@dataclass(frozen=True, slots=True)
 class GroupTarget:
-    """Where a joining engine must be before it counts: ``offloaded`` with ``released`` tags, or serving.
+    """Where a joining engine must be before it counts: in ``group``, ``offloaded`` (its engines hold the offload hold)
+    with the ``released`` tags (their union; the same on each after an offload that returned), or serving."""
 
-    ``group``: the group it joins; ``offloaded``: its engines hold the offload hold; ``released``: the tags released on
-    them (their union; the same on each after an offload that returned).
-    """
-
-    def __init__(self, group: EngineGroup[Any], offloaded: bool, released: frozenset[str]) -> None:
-        self.group = group
-        self.offloaded = offloaded
-        self.released = released
-
-    def __repr__(self) -> str:
-        where = f"offloaded, {sorted(self.released)} released" if self.offloaded else "serving"
-        return f"GroupTarget({self.group.name!r}, {where})"
+    group: EngineGroup[Any]
+    offloaded: bool
+    released: frozenset[str]
 
 
 def _group(state: BarrierState[Any], group: str | int | None) -> int:

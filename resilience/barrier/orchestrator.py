@@ -16,15 +16,7 @@ from typing import Literal, TypeVar, Unpack
 from resilience.barrier import membership, transitions
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, ThreadFanOut
-from resilience.barrier.state import (
-    BarrierBusy,
-    BarrierKeywords,
-    BarrierOptions,
-    BarrierState,
-    EngineGroup,
-    HoldToken,
-    TransitionReport,
-)
+from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
 from resilience.engine_contract import AnyEngine, PauseMode

@@ -34,18 +34,8 @@ from resilience.deadline import Deadline
 from resilience.engine_contract import AnyEngine, engine_name
 
 __all__ = [
-    "CanaryCheck",
-    "CheckFailed",
-    "EngineCheck",
-    "VerificationFailed",
-    "WeightVersionCheck",
-    "averify",
-    "check_steps",
-    "checks_arg",
-    "judge_one",
-    "unreadable",
-    "verify",
-    "verify_steps",
+    "CanaryCheck", "CheckFailed", "EngineCheck", "VerificationFailed", "WeightVersionCheck", "averify", "check_steps",
+    "checks_arg", "judge_one", "unreadable", "verify", "verify_steps",
 ]
 
 Send = Callable[[Calls, str, Deadline], list[EngineResult]]
@@ -116,8 +106,12 @@ class VerificationFailed(PhaseFailed):
         super().__init__(transition, "verify", failures, **kwargs)
 
 
-def _expected_for(values: str | Mapping[str, str], engine: str) -> str | None:
-    return values if isinstance(values, str) else values.get(engine)
+def _compare(check: str, expected: str | Mapping[str, str], engine: str, got: object, what: str) -> CheckFailed | None:
+    """A mismatch when ``got`` is not what ``expected`` holds for ``engine`` (``what``: what was not given, if nothing was)."""
+    want = expected if isinstance(expected, str) else expected.get(engine)
+    if want is None:
+        return CheckFailed(engine, check, None, None, detail=f"{check}: no {what} was given for this engine")
+    return None if got == want else CheckFailed(engine, check, want, got)
 
 
 def _check_expected(owner: str, values: object) -> None:
@@ -152,11 +146,7 @@ class WeightVersionCheck:
 
     def judge(self, engine: str, value: object) -> CheckFailed | None:
         """A mismatch when the reported ``weight_version`` is not the expected one."""
-        want = _expected_for(self.expected, engine)
-        if want is None:
-            return CheckFailed(engine, self.name, None, None, detail=f"{self.name}: no expected version was given for this engine")
-        got = getattr(value, "weight_version", None)
-        return None if got == want else CheckFailed(engine, self.name, want, got)
+        return _compare(self.name, self.expected, engine, getattr(value, "weight_version", None), "expected version")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +192,7 @@ class CanaryCheck:
 
     def judge(self, engine: str, value: object) -> CheckFailed | None:
         """A mismatch when the completion's ``text`` is not the reference."""
-        want = _expected_for(self.expected, engine)
-        if want is None:
-            return CheckFailed(engine, self.name, None, None, detail=f"{self.name}: no reference was given for this engine")
-        got = getattr(value, "text", None)
-        return None if got == want else CheckFailed(engine, self.name, want, got)
+        return _compare(self.name, self.expected, engine, getattr(value, "text", None), "reference")
 
 
 @dataclass(frozen=True, slots=True)
