@@ -88,11 +88,9 @@ def admit(state: BarrierState[Any], engine: Any, group: str | int | None) -> tup
     """Register ``engine`` for a join into ``group`` (None: the first group, or the group a known engine is in); return
     its name and where it must get to.
 
-    A new engine gets fresh knowledge (serving, nothing released: what the orchestrators assume of the engines they are
-    built with); a known one (same name or URL: restarted, fenced, or retired and back) keeps what was known of it (a
-    retired engine of another kind starts afresh) and is checked again at the join's start (``state.unchecked``: the
-    memory probe and its kind's ``ServingRead`` take a fresh process as new).
-    Refused (``BarrierBusy``, nothing registered) while a ``pause`` or ``weight_sync`` hold is held.
+    A new engine gets fresh knowledge (serving, nothing released); a known one (same name or URL) keeps what was known
+    of it (a retired engine of another kind starts afresh) and is checked again at the join's start
+    (``state.unchecked``). Refused (``BarrierBusy``, nothing registered) while a ``pause`` or ``weight_sync`` hold is held.
     """
     held = sorted({r for n, k in state.know.items() if n not in state.retired for i, r in k.holds.items() if i != OFFLOAD_TOKEN})
     if held:
@@ -224,7 +222,7 @@ def _to_serving(state: BarrierState[Any], tx: Transition, name: str, checks: Seq
         failed = yield from _verify(state, tx, name, paused_checks)
         if failed:
             return failed
-    failed = yield from continue_ready(state, tx, [name], "continue")
+    _, failed = yield from continue_ready(state, tx, [name])
     if failed:
         return failed
     if not k.serving:

@@ -72,9 +72,7 @@ class Orchestrator(BarrierView[E]):
         )
         engines = self.state.engines
         self.fanout: FanOut = fanout if fanout is not None else default_fanout(engines.values())
-        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
-        if check is not None:  # the fan-out says which engines it can drive, before anything is sent
-            check(engines.values())
+        self._check(engines.values())
         transitions.resume(self.state)
         self._bodies_ended = threading.Condition(self.state.lock)
         self._bodies: dict[int, int] = {}
@@ -100,20 +98,16 @@ class Orchestrator(BarrierView[E]):
 
     def add(self, engine: E, *, group: str | int | None = None, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Bring ``engine`` (new, restarted at a known URL, fenced or retired) into ``group``'s current state; it counts
-        only once there (``resilience.barrier.membership``).
+        only once there (docs/barrier.md, "Engines that join and leave").
 
         ``group``: a group's name or index (default None: the first group, or the group a known engine is in).
-        Into an offloaded group it is paused, flushed and released as the others are; into a serving group, with
-        ``verify`` checks (``WeightVersionCheck``, ``CanaryCheck``; default none), it is paused, verified and
-        continued (a canary after the continue; a mismatch pauses it again). A known engine that answers as a fresh
-        process while the barrier knows it released is taken as new (``TransitionReport.replaced``). A join that fails
-        fences the engine and raises ``PhaseFailed`` naming it. Waits for running ``weight_sync`` bodies first;
-        refused (``BarrierBusy``) while a ``pause`` hold is held. The fan-out must be able to drive it (``TypeError``).
+        ``verify``: checks asked as it joins a serving group (``WeightVersionCheck`` while paused, ``CanaryCheck`` once
+        continued; a mismatch pauses it again; default none). A join that fails fences the engine and raises
+        ``PhaseFailed`` naming it. Waits for running ``weight_sync`` bodies first; refused (``BarrierBusy``) while a
+        ``pause`` hold is held. The fan-out must be able to drive it (``TypeError``).
         """
         checks = checks_arg(verify)
-        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
-        if check is not None:
-            check([engine])
+        self._check([engine])
         with self.state.lock:
             self._wait_for_bodies("add")
             name, target = membership.admit(self.state, engine, group)
@@ -243,6 +237,12 @@ class Orchestrator(BarrierView[E]):
                 step.results = self.fanout.call(step.engines, step.method, step.deadline)
             except Exception as exc:  # a fan-out that cannot send this read: the answers are unknown (ReadStep)
                 step.error = exc
+
+    def _check(self, engines: Iterable[object]) -> None:
+        """The fan-out's ``check_engines``, when it has one: refuses an engine it cannot drive before anything is sent."""
+        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
+        if check is not None:
+            check(engines)
 
     def _wait_for_bodies(self, transition: str) -> None:
         """Exclusion: wait (up to ``transition_s``) until no ``weight_sync`` body runs; called under the lock."""

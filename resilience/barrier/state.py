@@ -447,13 +447,10 @@ class TransitionReport:
     """A finished transition: its phases in order.
 
     ``held``: engines the transition left paused on purpose, each with the reasons that hold it (an onload inside a
-    weight sync, a partial onload). ``hold``: the token a ``pause`` took, else None. ``replaced``: engines this
-    transition found replaced by a fresh process since the journal it resumed was written (a restart while no controller
-    watched), each with what showed it; they were taken as new engines, serving with nothing released and not paused by
-    the orchestrator, never as the journal's (``resilience.barrier.transitions``). Empty (default) otherwise.
-    ``fenced``: engines a transition with ``min_engines`` fenced on its way (kept out of every transition and out of
-    rotation until ``add`` brings them back), each with why (``resilience.barrier.membership``). Empty (default)
-    otherwise.
+    weight sync, a partial onload). ``hold``: the token a ``pause`` took, else None. ``replaced``: engines found
+    replaced by a fresh process since the journal it resumed was written, each with what showed it (taken as new
+    engines, serving, never as the journal's). ``fenced``: engines a transition with ``min_engines`` fenced on its way,
+    each with why. Both empty (default) otherwise.
     """
 
     transition: str

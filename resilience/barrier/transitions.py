@@ -838,7 +838,7 @@ def onload_steps(state: BarrierState[Any], wanted: frozenset[str]) -> Steps[Tran
         live = [n for n in names if n not in skipped]
         failed = yield from resume_phases(state, tx, "resume", {n: to_resume(know[n], wanted) for n in live})
         end_offload_hold(state, live)
-        cont_failed = yield from continue_ready(state, tx, live, "continue")
+        _, cont_failed = yield from continue_ready(state, tx, live)
         if failed or cont_failed:
             raise error(state, tx, "resume" if failed else "continue", {**skips(skipped), **failed, **cont_failed})
         raise_if_skipped(state, tx, skipped)
@@ -846,21 +846,19 @@ def onload_steps(state: BarrierState[Any], wanted: frozenset[str]) -> Steps[Tran
     return tx.finished()
 
 
-def continue_ready(state: BarrierState[Any], tx: Transition, names: Sequence[str], name: str) -> Steps[dict[str, BaseException]]:
-    """Continue (phase ``name``) the engines among ``names`` that may be continued; return the failures."""
+def continue_ready(
+    state: BarrierState[Any], tx: Transition, names: Sequence[str], name: str = "continue"
+) -> Steps[tuple[list[str], dict[str, BaseException]]]:
+    """Continue (phase ``name``) the engines among ``names`` the kind's table allows it; return those continued and the
+    failures."""
     ready = [n for n in names if state.allows(n, "continue_generation")]
     failed = yield from phase(state, tx, name, "continue_generation", [(n, {}) for n in ready])
-    return failed
+    return [n for n in ready if n not in failed], failed
 
 
 def rollback_continue(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[tuple[list[str], dict[str, BaseException]]]:
-    """After a failure: continue the engines among ``names`` that may be continued (not known serving, nothing released,
-    no hold), when ``rollback`` is on; return those continued and the failures."""
-    if not state.rollback:
-        return [], {}
-    ready = [n for n in names if state.allows(n, "continue_generation")]
-    failed = yield from phase(state, tx, "rollback", "continue_generation", [(n, {}) for n in ready])
-    return [n for n in ready if n not in failed], failed
+    """After a failure, when ``rollback`` is on: ``continue_ready`` in a phase named "rollback"."""
+    return (yield from continue_ready(state, tx, names, "rollback")) if state.rollback else ([], {})
 
 
 def offload_steps(state: BarrierState[Any], wanted: frozenset[str], mode: Literal["abort", "retract"]) -> Steps[TransitionReport]:
@@ -999,7 +997,7 @@ def unpause_steps(state: BarrierState[Any], held: HoldToken | str) -> Steps[Tran
             unhold(state, n, token.id)
         skipped = yield from settle(state, tx, names)
         live = [n for n in names if n not in skipped]
-        failed = yield from continue_ready(state, tx, live, "continue")
+        _, failed = yield from continue_ready(state, tx, live)
         stuck = {n: state.why_skipped(n) for n in live if not know[n].holds and not know[n].serving and n not in failed}
         skipped.update(stuck)
         if failed:
