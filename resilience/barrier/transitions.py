@@ -627,11 +627,7 @@ def _unmark(state: BarrierState[Any], step: PhaseStep[Any], error: BaseException
         k = state.know[n]
         if k.pending is not None and k.pending is step.marks.get(n):
             k.settle(Effect.NOT_APPLIED)
-    tx, names = step.tx, tuple(n for n, _ in step.calls)
-    failed = tuple(PhaseFailure(engine=n, error_type=type(error).__name__, message=short(error)) for n in names)
-    duration = state.clock.monotonic() - step.started
-    ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
-    emit(state.observers, ended)
+    _phase_ended(state, step, dict.fromkeys((n for n, _ in step.calls), error), state.clock.monotonic() - step.started)
 
 
 def fold(state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
@@ -647,12 +643,17 @@ def _report(
     state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
 ) -> None:
     """Tell the observers what the folded phase did: its ``PhaseReport``, each engine's state change, ``PhaseEnded``."""
-    tx, names = step.tx, tuple(n for n, _ in step.calls)
-    duration = state.clock.monotonic() - step.started
+    names, duration = tuple(n for n, _ in step.calls), state.clock.monotonic() - step.started
     durations = [r.duration_s for r in results if r is not None]
-    tx.phases.append(PhaseReport(step.phase, names, duration, max(durations, default=0.0)))
+    step.tx.phases.append(PhaseReport(step.phase, names, duration, max(durations, default=0.0)))
     for name in names:
         state.announce(name, step.before.get(name, state.know[name].state))
+    _phase_ended(state, step, failures, duration)
+
+
+def _phase_ended(state: BarrierState[Any], step: PhaseStep[Any], failures: Mapping[str, BaseException], duration: float) -> None:
+    """``PhaseEnded`` for ``step`` (``duration`` s), with each failure."""
+    tx, names = step.tx, tuple(n for n, _ in step.calls)
     failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
     ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
     emit(state.observers, ended)

@@ -23,7 +23,7 @@ arguments), and what the answer means.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,14 +34,10 @@ from resilience.deadline import Deadline
 from resilience.engine_contract import AnyEngine, engine_name
 
 __all__ = [
-    "CanaryCheck", "CheckFailed", "EngineCheck", "VerificationFailed", "WeightVersionCheck", "averify", "check_steps",
-    "checks_arg", "judge_one", "unreadable", "verify", "verify_steps",
+    "CanaryCheck", "CheckFailed", "EngineCheck", "VerificationFailed", "WeightVersionCheck", "check_steps", "checks_arg",
+    "judge_one", "unreadable", "verify_steps",
 ]
 
-Send = Callable[[Calls, str, Deadline], list[EngineResult]]
-"""A fan-out's ``call``: one read to many engines at once."""
-AsyncSend = Callable[[Calls, str, Deadline], Awaitable[list[EngineResult]]]
-"""The same on an event loop."""
 Heard = Callable[[Sequence[EngineResult]], None]
 """Told every read's answers before they are judged (``BarrierState.heard``: the weight versions engines report)."""
 
@@ -305,31 +301,3 @@ def verify_steps(
     engines = {n: state.engines[n] for n in state.active(names)}
     not_serving, limit = state.not_serving(), state.deadlines.for_phase("verify")
     return (yield from check_steps(transition, report, checks, engines, not_serving=not_serving, deadline_s=limit, heard=state.heard))
-
-
-def verify(transition: str, report: TransitionReport, checks: Sequence[EngineCheck], engines: Mapping[str, AnyEngine], *,
-           send: Send, **options: Any) -> TransitionReport:
-    """``check_steps`` (``options``: its keywords) with each read sent through ``send``, a fan-out's ``call``."""
-    steps = check_steps(transition, report, checks, engines, **options)
-    try:
-        step = next(steps)
-        while True:
-            step.results = send(step.engines, step.method, step.deadline)
-            step = steps.send(None)
-    except StopIteration as stop:
-        done: TransitionReport = stop.value
-        return done
-
-
-async def averify(transition: str, report: TransitionReport, checks: Sequence[EngineCheck], engines: Mapping[str, AnyEngine], *,
-                  send: AsyncSend, **options: Any) -> TransitionReport:
-    """``verify`` on an event loop (``send`` awaits the reads)."""
-    steps = check_steps(transition, report, checks, engines, **options)
-    try:
-        step = next(steps)
-        while True:
-            step.results = await send(step.engines, step.method, step.deadline)
-            step = steps.send(None)
-    except StopIteration as stop:
-        done: TransitionReport = stop.value
-        return done
