@@ -219,14 +219,12 @@ class _Call:
         self.started = False
 
 
-async def _invoke_gated(call: _Call, deadline: Deadline, gate: asyncio.Semaphore) -> EngineResult:
-    """``_invoke`` once ``gate`` (the fan-out's concurrency limit) lets the call in."""
-    async with gate:
-        return await _invoke(call, deadline)
-
-
-async def _invoke(call: _Call, deadline: Deadline) -> EngineResult:
-    """Call the engine under the phase deadline; every ``Exception`` becomes the result's error (as ``fanout._invoke``)."""
+async def _invoke(call: _Call, deadline: Deadline, gate: asyncio.Semaphore | None = None) -> EngineResult:
+    """Call the engine under the phase deadline, once ``gate`` (the concurrency limit; None: none) lets it in; every
+    ``Exception`` becomes the result's error (as ``fanout._invoke``)."""
+    if gate is not None:
+        async with gate:
+            return await _invoke(call, deadline)
     t0 = time.monotonic()
     if deadline.expired():
         return EngineResult(call.name, error=PhaseTimeout(f"no time left for {call.method}", maybe_sent=False))
@@ -322,8 +320,7 @@ class PhaseRun:
         self.tasks: list[asyncio.Task[EngineResult]] = []
         try:
             for c in self.calls:
-                coro = _invoke(c, deadline) if gate is None else _invoke_gated(c, deadline, gate)
-                self.tasks.append(asyncio.create_task(coro, name=f"cpr-{method}-{c.name}"))
+                self.tasks.append(asyncio.create_task(_invoke(c, deadline, gate), name=f"cpr-{method}-{c.name}"))
         except BaseException:  # an interrupt while the tasks are made: none has run yet (this runs on the loop), so none will
             for task in self.tasks:
                 task.cancel()

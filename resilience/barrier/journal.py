@@ -337,8 +337,7 @@ class Journal:
                     f"journal {self.store.name} is not a {FORMAT} journal: it holds no complete record ({loaded.dropped}); "
                     "refusing to use it, and the file is left as it was. Give journal= a new file, or an empty one"
                 )
-            header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(engines), "t": time.time(), "by": _me()}
-            self.store.rewrite([_dump(header)])  # atomic: a crash leaves no file or a whole header, never a torn one
+            self.store.rewrite([self._header()])  # atomic: a crash leaves no file or a whole header, never a torn one
             self._written = 1
             return Resumed(Recovery(self.store.name))
         folded = _fold(loaded.records, self.store.name)
@@ -356,7 +355,6 @@ class Journal:
                 + (f"{', '.join(joined)} joined while it was written (add): give them too. " if joined else "")
                 + "Use a new journal for a new fleet, or give the orchestrator the engines the journal knows."
             )
-        self._engines = tuple(engines)
         self._members = dict(folded.members)
         self._owners, self._budget = folded.owners, folded.budget
         if loaded.dropped:
@@ -470,16 +468,16 @@ class Journal:
             self._engines = (*self._engines, name)
         self._count_written()
 
+    def _header(self) -> bytes:
+        """The header record: the engines, and the last membership change of each that had one."""
+        header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(self._engines), "t": time.time(), "by": _me()}
+        return _dump({**header, "members": dict(self._members)} if self._members else header)
+
     def _compact(self) -> None:
-        header: dict[str, Any] = {
-            "k": "header", "format": FORMAT, "version": _VERSION, "engines": list(self._engines), "t": time.time(), "by": _me(),
-        }
-        if self._members:
-            header["members"] = dict(self._members)
         snapshot: dict[str, Any] = {"k": "state", "t": time.time(), "why": "compacted", "engines": self._last, "owners": self._owners}
         if self._budget is not None:
             snapshot["budget"] = self._budget
-        self.store.rewrite([_dump(header), _dump(snapshot)])
+        self.store.rewrite([self._header(), _dump(snapshot)])
         self._written = 2
 
     def close(self) -> None:

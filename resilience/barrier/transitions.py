@@ -268,21 +268,6 @@ Steps = Generator[Step, None, T]
 _LOG = logging.getLogger("resilience.barrier.transitions")
 
 
-def mark_resumed(state: BarrierState[Any], knowledge: Mapping[str, EngineKnowledge]) -> None:
-    """After a journal was resumed: note the engines to check (``state.unchecked``) and to pause again (``state.repause``).
-
-    Checked: not retired, not dead, and called paused, released, or with unknown tags. Paused again: called paused with
-    nothing released or unknown.
-    """
-    for name, k in knowledge.items():
-        if name in state.retired or k.dead is not None:
-            continue
-        if k.paused is True or k.released or k.unknown:
-            state.unchecked.add(name)
-        if k.paused is True and not k.released and not k.unknown:
-            state.repause.add(name)
-
-
 def ask_probe(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset[str] | None:
     """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags the engine does not have)."""
     try:
@@ -1025,12 +1010,17 @@ def resume(state: BarrierState[Any]) -> None:
         raise
     state.journal, state.recovery = journal, resumed.recovery
     now = state.clock.monotonic()
-    for k in resumed.knowledge.values():  # a dead controller's requests may still be on their way: the grace starts again
-        if k.doubt is not None:
-            k.doubt = Doubt(k.doubt.method, k.doubt.in_transit, k.doubt.delivery, now)
     state.know.update(resumed.knowledge)
     state.retired.update(resumed.retired)
-    mark_resumed(state, resumed.knowledge)
+    for name, k in resumed.knowledge.items():
+        if k.doubt is not None:  # a dead controller's requests may still be on their way: the grace starts again
+            k.doubt = Doubt(k.doubt.method, k.doubt.in_transit, k.doubt.delivery, now)
+        if name in state.retired or k.dead is not None:
+            continue
+        if k.paused is True or k.released or k.unknown:  # checked against what can be read at the next transition's start
+            state.unchecked.add(name)
+        if k.paused is True and not k.released and not k.unknown:  # paused (and flushed) again before a release
+            state.repause.add(name)
     state.restart_budget = restore_budget(state.restart_budget, resumed.budget)
     reserve_tokens(max((i for k in resumed.knowledge.values() for i in k.holds), default=0))
     for name, k in resumed.knowledge.items():
