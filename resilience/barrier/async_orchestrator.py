@@ -28,7 +28,6 @@ from resilience.barrier.fanout import LateCall, check_calls
 from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
 from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
-from resilience.clock import Clock
 from resilience.engine_contract import AsyncControlPlaneEngine, PauseMode
 from resilience.errors import ConfigError
 
@@ -257,7 +256,7 @@ class AsyncOrchestrator(BarrierView[A]):
             timeout = max(0.0, step.deadline.remaining())
             await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
         elif isinstance(step, transitions.WaitStep):
-            await _asleep(self.clock, max(0.0, step.deadline.remaining()))
+            await getattr(self.clock, "asleep", asyncio.sleep)(max(0.0, step.deadline.remaining()))  # Clock's contract
         elif isinstance(step, transitions.ReadStep):
             run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
             try:
@@ -275,12 +274,3 @@ class AsyncOrchestrator(BarrierView[A]):
             landed, error = await asyncio.to_thread(call.wait, timeout)
         if landed:
             step.landed[name] = error
-
-
-async def _asleep(clock: Clock, seconds: float) -> None:
-    """Sleep on ``clock``: its ``asleep`` coroutine when it has one (``Clock``'s contract), else ``asyncio.sleep``."""
-    asleep = getattr(clock, "asleep", None)
-    if asleep is not None:
-        await asleep(seconds)
-    elif seconds > 0:
-        await asyncio.sleep(seconds)

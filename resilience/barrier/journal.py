@@ -253,13 +253,9 @@ def read_journal(store: JournalStore) -> tuple[_Folded, int, str | None]:
 
 
 def _alive(owner: Mapping[str, Any]) -> bool | None:
-    """True/False when the owner process is known alive/gone on this host; None when it lives on another host.
-
-    An owner is this process when its id is this process's. An owner with this process's PID and another id
-    is gone (a predecessor that had the same PID: a restarted container's PID 1). Another PID is gone when no
-    process has it, or when the one that has it started at another time or before another boot (the PID was
-    reused). An owner written before owners had ids (host and PID only) is judged by its PID alone.
-    """
+    """True/False when the owner process is known alive/gone on this host; None when it lives on another host
+    (docs/failure-and-recovery.md, "Whose holds are orphaned": this PID with another id, or a PID another process now
+    has, is gone; an owner with no id is judged by its PID alone)."""
     if owner.get("host") != os.uname().nodename:
         return None
     try:
@@ -321,12 +317,10 @@ class Journal:
     def open(self, engines: Sequence[str], kinds: Mapping[str, MemoryModel] | None = None) -> Resumed:
         """Read the journal for ``engines``: what it recovered, each engine's knowledge, the retired ones, the budget.
 
-        ``kinds``: each engine's memory model (``resilience.engine_contract``; default SGLang's for all): the knowledge
-        is rebuilt with it, and an engine journaled as another kind raises ``JournalMismatch``.
-        An empty or missing journal gets its header (written whole, by the store's atomic rewrite). A
-        journal for other engines raises ``JournalMismatch`` naming the difference; a torn last record is
-        described in ``Recovery.dropped`` (and logged), then cut off; a damaged record anywhere else, or a
-        non-empty file that does not start with our header, raises ``JournalError`` and is left as it was.
+        ``kinds``: each engine's memory model (default SGLang's for all): the knowledge is rebuilt with it. An empty or
+        missing journal gets its header (written whole). A journal for other engines, or kinds, raises
+        ``JournalMismatch``; a torn last record is described in ``Recovery.dropped`` (and logged), then cut off; a
+        damaged record, or a file that does not start with our header, raises ``JournalError`` and is left as it was.
         """
         kinds = kinds or {}
         self._engines = tuple(engines)

@@ -270,13 +270,8 @@ class FileJournalStore:
             view = view[n:]
 
     def append(self, record: bytes) -> None:
-        """Append one framed record and fsync it; on any failure cut the file back to its length before it and raise.
-
-        Every byte is written (a short write is continued until the record is down or a write fails) and
-        fsynced before this returns. A write or fsync that fails leaves the file cut back to its length
-        before the record (and that fsynced), and raises ``JournalError``: the record is not durable. If the
-        cut itself fails, the store refuses every later write (the next controller drops the torn record).
-        """
+        """Append one framed record, every byte (a short write is continued), and fsync it; on any failure cut the file
+        back to its length before it (fsynced) and raise ``JournalError``; if the cut fails, refuse every later write."""
         data = frame(record)
         fd = self._usable()
         try:
@@ -314,12 +309,8 @@ class FileJournalStore:
             self._os.fsync(fd)
 
     def rewrite(self, records: Sequence[bytes]) -> None:
-        """Write ``records`` to a new file beside the old one, fsync it, rename it over the old one, fsync the folder.
-
-        A failure before the rename leaves the old file as it was (``JournalError``; the store stays usable); a
-        failure after it (the folder's fsync, reopening) leaves the new file in place and the store refusing
-        every later write, since a record appended to a rename that is not durable could be lost with it.
-        """
+        """Write ``records`` to a new file beside the old one, fsync it, rename it over the old one, fsync the folder; a
+        failure after the rename leaves the store refusing every later write (they could be lost with the rename)."""
         fd = self._usable()
         data = b"".join(frame(r) for r in records)
         tmp = self.path.with_name(f".{self.path.name}.rewrite")

@@ -841,9 +841,8 @@ class BarrierState(Generic[E]):
     def why_no_weight_sync(self, name: str) -> str:
         """Why a weight sync must not start on ``name`` (its ``weights`` are known released), or "" when nothing stops it.
 
-        A weight update into released or slept weights kills the engine (vLLM #57853 / #57854: the EngineCore
-        segfaults; smg #2529), and neither SGLang 0.5.23 nor vLLM 0.33.0 refuses it itself, so ``weight_sync``
-        refuses the whole sync before pausing anyone (weights that may be released are refused as unknown).
+        A weight update into released weights kills the engine (vLLM #57853 / #57854; smg #2529) and no engine refuses it
+        itself, so ``weight_sync`` refuses the whole sync before pausing anyone.
         """
         k = self.know[name]
         if "weights" not in k.released:
