@@ -257,9 +257,7 @@ class TaskCall:
 
     def _outcome(self) -> BaseException | None:
         if self.task.cancelled():
-            return PhaseTimeout(
-                f"{self.engine}: a late {self._call.method} was cancelled; it may have run", maybe_sent=self._call.started
-            )
+            return PhaseTimeout(f"{self.engine}: a late {self._call.method} was cancelled; it may have run", maybe_sent=self._call.started)
         return self.task.result().error
 
     def _on_own_loop(self) -> bool:
@@ -490,9 +488,7 @@ class AsyncFanOut:
         except Exception:  # the loop is gone or too slow: nothing attached, the barrier stays pessimistic
             pass
 
-    def _queue_read_back(
-        self, loop: asyncio.AbstractEventLoop, slot: _Slot, calls: Calls, method: str
-    ) -> Future[list[EngineResult]]:
+    def _queue_read_back(self, loop: asyncio.AbstractEventLoop, slot: _Slot, calls: Calls, method: str) -> Future[list[EngineResult]]:
         """Queue, on the loop, the marking of the phase as abandoned and the reading of its results; their future.
 
         Whichever of the phase's start and this runs first on the loop decides: the phase not started yet never starts

@@ -79,11 +79,7 @@ class AsyncOrchestrator(BarrierView[A]):
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
         self.gc_pause_s = check_gc_pause("AsyncOrchestrator", gc_pause_s)
-        self.state: BarrierState[A] = BarrierState(
-            groups,
-            BarrierOptions.of("AsyncOrchestrator", options),
-            owner="AsyncOrchestrator",
-        )
+        self.state: BarrierState[A] = BarrierState(groups, BarrierOptions.of("AsyncOrchestrator", options), owner="AsyncOrchestrator")
         check_calls("AsyncOrchestrator", self.state.engines.values(), coroutines=True)
         self.max_concurrency = max_concurrency
         self._bodies = 0

@@ -369,16 +369,8 @@ class Journal:
                     gone.append(f"{reason} ({_gone(owner)})")
             if gone:
                 orphaned[n] = tuple(gone)
-        recovery = Recovery(
-            self.store.name,
-            resumed=True,
-            records=len(loaded.records),
-            dropped=loaded.dropped,
-            in_flight=in_flight,
-            orphaned_holds=orphaned,
-            states={n: str(k.state) for n, k in knowledge.items()},
-            members=dict(folded.members),
-        )
+        states = {n: str(k.state) for n, k in knowledge.items()}
+        recovery = Recovery(self.store.name, True, len(loaded.records), loaded.dropped, in_flight, orphaned, states, dict(folded.members))
         self._last = {n: dict(f) for n, f in folded.facts.items()}
         if loaded.dropped or len(loaded.records) >= self.compact_after:
             self._compact()

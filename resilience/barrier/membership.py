@@ -134,9 +134,7 @@ def admit(state: BarrierState[Any], engine: Any, group: str | int | None) -> tup
     return name, target_of(state, index, name)
 
 
-def join_steps(
-    state: BarrierState[Any], name: str, target: GroupTarget, checks: Sequence[EngineCheck]
-) -> Steps[TransitionReport]:
+def join_steps(state: BarrierState[Any], name: str, target: GroupTarget, checks: Sequence[EngineCheck]) -> Steps[TransitionReport]:
     """Bring ``name`` (registered by ``admit``) to ``target``; it counts once there (see the module docstring).
 
     A join that cannot fences the engine (named in ``state.fenced``, with why) and raises ``PhaseFailed`` naming it;

@@ -65,11 +65,7 @@ class Orchestrator(BarrierView[E]):
         fanout: FanOut | None = None,
         **options: Unpack[BarrierKeywords],
     ) -> None:
-        self.state: BarrierState[E] = BarrierState(
-            groups,
-            BarrierOptions.of("Orchestrator", options),
-            owner="Orchestrator",
-        )
+        self.state: BarrierState[E] = BarrierState(groups, BarrierOptions.of("Orchestrator", options), owner="Orchestrator")
         engines = self.state.engines
         self.fanout: FanOut = fanout if fanout is not None else default_fanout(engines.values())
         self._check(engines.values())

@@ -400,16 +400,10 @@ def error(
     left = state.not_serving()
     dead = [n for n in left if state.know[n].dead is not None]
     budget = state.restart_budget
+    remaining, limit = (None, None) if budget is None else (budget.remaining, budget.limit)
     err = PhaseFailed(
-        tx.name,
-        phase,
-        failed,
-        rolled_back=rolled_back,
-        left_paused=left,
-        quarantined=sorted(state.quarantined()),
-        dead=dead,
-        restarts_remaining=None if budget is None else budget.remaining,
-        restart_limit=None if budget is None else budget.limit,
+        tx.name, phase, failed, rolled_back=rolled_back, left_paused=left, quarantined=sorted(state.quarantined()), dead=dead,
+        restarts_remaining=remaining, restart_limit=limit,
     )
     _ended(state, tx, phase, left, rolled_back)
     return err
