@@ -279,10 +279,6 @@ def _alive(owner: Mapping[str, Any]) -> bool | None:
     return not (start is not None and _started(pid) not in (None, start))
 
 
-def _gone(owner: Mapping[str, Any]) -> str:
-    return f"pid {owner.get('pid')} on {owner.get('host')}, gone"
-
-
 class Journal:
     """The barrier's durable knowledge, over a ``JournalStore``.
 
@@ -366,7 +362,7 @@ class Journal:
             for token, reason in sorted(k.holds.items()):
                 owner = self._owners.get(str(token))
                 if owner is not None and _alive(owner) is False:
-                    gone.append(f"{reason} ({_gone(owner)})")
+                    gone.append(f"{reason} (pid {owner.get('pid')} on {owner.get('host')}, gone)")
             if gone:
                 orphaned[n] = tuple(gone)
         states = {n: str(k.state) for n, k in knowledge.items()}

@@ -152,10 +152,6 @@ def _dropped(where: str, records: Sequence[bytes], size: int, what: str) -> str:
     return f"{where}: ignored the last {size} byte(s) after record {len(records)}: {what}; the journal resumes from record {len(records)}"
 
 
-def _holder() -> bytes:
-    return f"pid {os.getpid()} on {os.uname().nodename}".encode()
-
-
 class FileJournalStore:
     """The embedded default: an append-only file, fsynced on every record, with a lock file held while open.
 
@@ -226,7 +222,7 @@ class FileJournalStore:
                 "on a file system that supports flock (a local disk), since the lock is what keeps a second controller out"
             ) from exc
         os.ftruncate(self._lock_fd, 0)
-        os.pwrite(self._lock_fd, _holder(), 0)
+        os.pwrite(self._lock_fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)  # who holds it, for JournalBusy
 
     @property
     def name(self) -> str:

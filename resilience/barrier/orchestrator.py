@@ -21,17 +21,10 @@ from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
 from resilience.engine_contract import AnyEngine, PauseMode
 
-__all__ = ["Orchestrator", "default_fanout"]
+__all__ = ["Orchestrator"]
 
 E = TypeVar("E", bound=AnyEngine)
 T = TypeVar("T")
-
-
-def default_fanout(engines: Iterable[object]) -> FanOut:
-    """``AsyncFanOut()`` when any engine's control calls are coroutines (``AsyncSGLangClient``), else ``ThreadFanOut()``."""
-    if any(inspect.iscoroutinefunction(getattr(e, "pause_generation", None)) for e in engines):
-        return AsyncFanOut()
-    return ThreadFanOut()
 
 
 class Orchestrator(BarrierView[E]):
@@ -67,7 +60,10 @@ class Orchestrator(BarrierView[E]):
     ) -> None:
         self.state: BarrierState[E] = BarrierState(groups, BarrierOptions.of("Orchestrator", options), owner="Orchestrator")
         engines = self.state.engines
-        self.fanout: FanOut = fanout if fanout is not None else default_fanout(engines.values())
+        if fanout is None:  # AsyncFanOut when any engine's control calls are coroutines (AsyncSGLangClient)
+            coroutines = any(inspect.iscoroutinefunction(getattr(e, "pause_generation", None)) for e in engines.values())
+            fanout = AsyncFanOut() if coroutines else ThreadFanOut()
+        self.fanout: FanOut = fanout
         self._check(engines.values())
         transitions.resume(self.state)
         self._bodies_ended = threading.Condition(self.state.lock)
