@@ -1,48 +1,16 @@
 """``AsyncFanOut``: one phase across engines whose control calls are coroutines, on one event loop.
 
-The pieces, from the bottom:
-
-- ``PhaseRun``: one phase's calls as tasks on the *running* loop: started at
-  once, awaited together up to the phase deadline, then read. ``AsyncOrchestrator``
-  runs it on the caller's loop; ``AsyncFanOut`` on its own loop thread.
-- ``TaskCall``: the ``LateCall`` of a call still running at its phase deadline
-  (its task keeps running, as ``ThreadFanOut``'s thread does; the orchestrator
-  waits for it to land before it sends that engine anything else).
-- ``AsyncFanOut``: the synchronous ``FanOut`` the ``Orchestrator`` takes. It owns
-  an event loop on a thread of its own (started by the first ``call``, stopped by
-  ``close()``) and runs every phase there.
-
-Engines are used on the loop that runs their calls. An async client that opens
-its connection pool lazily on first use (``AsyncSGLangClient`` creates its
-``aiohttp`` session inside the loop of its first call) is therefore bound to
-``AsyncFanOut``'s loop after its first phase: build it anywhere, but close it
-there too (``fanout.run(client.aclose())``) before ``fanout.close()``, and do not
-share it with another loop.
-
-The garbage collector during a phase
-====================================
-
-Python's automatic garbage collection paused while a fan-out phase runs on an event loop, for a bounded time.
-
-Every object a phase's calls allocate (tasks, coroutines, requests, answers,
-records) stays alive until its call ends, so the collections those allocations
-trigger during the phase walk them all and free nothing; worse, each young
-collection promotes them, and the promotions trigger full collections, which
-walk every object in the process. With 1024 engines, the collector took about a
-third of the driver's CPU in a barrier round (``benchmarks/NOTES.md``, "Fan-out
-at scale, third pass"). ``AsyncFanOut`` and ``AsyncOrchestrator`` therefore
-pause it (``gc.disable()``) from the moment a phase's tasks are created until
-they all answered, or ``max_s`` seconds have passed, whichever comes first; then
-it runs again, and its next collection frees whatever cyclic garbage the phase
-left (reference counting frees the rest at once, as always). A watchdog thread
-ends every pause at its bound, whatever became of the loop that took it.
-
-The pause is process-wide, as the collector is: while any phase holds it, no
-thread's objects are collected automatically (an explicit ``gc.collect()``
-still runs). A collector that was already disabled when the first phase came is
-left alone, and stays disabled. Code that disables it itself while a phase holds
-the pause finds it enabled again once the last phase lets go: disable it before,
-or turn the pause off (``gc_pause_s=0``).
+- ``PhaseRun``: one phase's calls as tasks on the *running* loop, awaited together up to the phase deadline, then
+  read. ``AsyncOrchestrator`` runs it on the caller's loop; ``AsyncFanOut`` on its own loop thread.
+- ``TaskCall``: the ``LateCall`` of a call still running at its phase deadline (its task keeps running).
+- ``AsyncFanOut``: the synchronous ``FanOut`` the ``Orchestrator`` takes, over an event loop on a thread of its own
+  (started by the first ``call``, stopped by ``close()``). An engine is bound to the loop of its first call: close
+  it there too (``fanout.run(client.aclose())``) before ``fanout.close()``.
+- ``pause_collector``: Python's automatic garbage collection paused while a phase runs, for a bounded time. What a
+  phase allocates stays alive until its calls end, so collecting then frees nothing (at 1024 engines it took about a
+  third of the round's CPU: ``benchmarks/NOTES.md``, "Fan-out at scale, third pass"). The pause is process-wide; a
+  watchdog thread ends each at its bound; a collector disabled before the first phase stays disabled (docs/barrier.md,
+  "The garbage collector during a phase").
 """
 
 from __future__ import annotations
@@ -61,21 +29,14 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
-from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, vllm_hint
+from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, check_calls
 from resilience.deadline import Deadline
-from resilience.engine_contract import CONTROL_METHODS, AnyEngine, engine_name
+from resilience.engine_contract import AnyEngine, engine_name
 from resilience.errors import ConfigError
 
 __all__ = [
-    "AsyncFanOut",
-    "CollectorPause",
-    "DEFAULT_GC_PAUSE_S",
-    "PhaseRun",
-    "TaskCall",
-    "check_gc_pause",
-    "collector_paused_by_us",
-    "engine_problem",
-    "pause_collector",
+    "AsyncFanOut", "CollectorPause", "DEFAULT_GC_PAUSE_S", "PhaseRun", "TaskCall", "check_gc_pause",
+    "collector_paused_by_us", "pause_collector",
 ]
 
 
@@ -214,14 +175,10 @@ class CollectorPause:
 def pause_collector(max_s: float) -> CollectorPause:
     """Pause automatic garbage collection until the returned hold's ``end()``, or ``max_s`` seconds, whichever is first.
 
-    ``max_s``: the bound in seconds; 0 (or less) pauses nothing and returns a
-    hold that is already let go. A watchdog thread (one per process, started
-    with the first pause) ends each pause at its bound, so a pause whose loop
-    stopped, or whose task was never resumed, still ends. Holds taken while the
-    collector is already paused end no later than that pause's start plus their
-    own bound, so phases back to back never keep it paused longer than the
-    longest bound among them; once it runs again, the next phase pauses it anew.
-    When the watchdog cannot be started, nothing is paused.
+    ``max_s``: the bound in seconds; 0 (or less) pauses nothing. A watchdog thread (one per process) ends each pause at
+    its bound, whatever became of the loop that took it. Holds taken while the collector is already paused end no later
+    than that pause's start plus their own bound, so phases back to back never keep it paused longer than the longest
+    bound among them. When the watchdog cannot be started, nothing is paused.
     """
     if not max_s > 0:
         return CollectorPause(None, 0.0)
@@ -262,14 +219,12 @@ class _Call:
         self.started = False
 
 
-async def _invoke_gated(call: _Call, deadline: Deadline, gate: asyncio.Semaphore) -> EngineResult:
-    """``_invoke`` once ``gate`` (the fan-out's concurrency limit) lets the call in."""
-    async with gate:
-        return await _invoke(call, deadline)
-
-
-async def _invoke(call: _Call, deadline: Deadline) -> EngineResult:
-    """Call the engine under the phase deadline; every ``Exception`` becomes the result's error (as ``fanout._invoke``)."""
+async def _invoke(call: _Call, deadline: Deadline, gate: asyncio.Semaphore | None = None) -> EngineResult:
+    """Call the engine under the phase deadline, once ``gate`` (the concurrency limit; None: none) lets it in; every
+    ``Exception`` becomes the result's error (as ``fanout._invoke``)."""
+    if gate is not None:
+        async with gate:
+            return await _invoke(call, deadline)
     t0 = time.monotonic()
     if deadline.expired():
         return EngineResult(call.name, error=PhaseTimeout(f"no time left for {call.method}", maybe_sent=False))
@@ -287,11 +242,9 @@ async def _invoke(call: _Call, deadline: Deadline) -> EngineResult:
 class TaskCall:
     """A ``LateCall`` over the task of a call that missed its phase deadline (``EngineResult.late``).
 
-    ``wait`` may be called from any thread; on the task's own loop thread it
-    only polls (blocking there would stop the loop the task runs on), so code
-    on that loop uses ``wait_async``. A task cancelled while it may have been
-    running (``AsyncFanOut.close``, the loop shutting down) lands as a
-    ``PhaseTimeout`` that says so: the call may have run.
+    ``wait`` may be called from any thread; on the task's own loop thread it only polls (blocking there would stop the
+    loop the task runs on), so code on that loop uses ``wait_async``. A task cancelled while it may have been running
+    (``AsyncFanOut.close``, the loop shutting down) lands as a ``PhaseTimeout`` that says so: the call may have run.
     """
 
     def __init__(self, task: asyncio.Task[EngineResult], call: _Call) -> None:
@@ -304,9 +257,7 @@ class TaskCall:
 
     def _outcome(self) -> BaseException | None:
         if self.task.cancelled():
-            return PhaseTimeout(
-                f"{self.engine}: a late {self._call.method} was cancelled; it may have run", maybe_sent=self._call.started
-            )
+            return PhaseTimeout(f"{self.engine}: a late {self._call.method} was cancelled; it may have run", maybe_sent=self._call.started)
         return self.task.result().error
 
     def _on_own_loop(self) -> bool:
@@ -338,21 +289,14 @@ class TaskCall:
 class PhaseRun:
     """One phase's calls as tasks on the running loop: created at once by the constructor, each under the phase deadline.
 
-    ``await wait()`` returns when every call answered or the deadline passed;
-    ``results()`` reads them at any moment (also after the waiting task was
-    cancelled): a call not started yet is cancelled and reported as not sent
-    (``PhaseTimeout(maybe_sent=False)``); one still running keeps running and is
-    reported late (``PhaseTimeout`` with a ``TaskCall``), never cancelled, so what
-    it does is learnt when it lands. ``gate``: a semaphore bounding the calls
-    running at once (None: no bound). ``gc_pause_s``: the longest Python's
-    automatic garbage collection stays paused for the phase, from the tasks'
-    creation until ``wait`` returns (``resilience.barrier.async_fanout``; default
-    ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
-    ``linger_s``: how much longer the pause lasts once ``wait`` returned, so
-    that the caller folds the results in before the collector runs again
-    (default 0; never past the pause's bound). Interrupted while it creates
-    the tasks, it cancels those it made (none has started: the constructor
-    runs on the loop) and re-raises, so the phase sent nothing.
+    ``await wait()`` returns when every call answered or the deadline passed; ``results()`` reads them at any moment
+    (also after the waiting task was cancelled): a call not started yet is cancelled and reported as not sent
+    (``PhaseTimeout(maybe_sent=False)``); one still running keeps running and is reported late (``PhaseTimeout`` with a
+    ``TaskCall``). ``gate``: a semaphore bounding the calls running at once (None: no bound). ``gc_pause_s``: the
+    bound of the collector's pause for the phase, from the tasks' creation until ``wait`` returns (``pause_collector``;
+    default ``DEFAULT_GC_PAUSE_S``; 0 leaves the collector alone). ``linger_s``: how much longer the pause lasts once
+    ``wait`` returned, while the caller folds the results in (default 0). Interrupted while it creates the tasks, it
+    cancels those it made (none has started) and re-raises, so the phase sent nothing.
     """
 
     def __init__(
@@ -374,8 +318,7 @@ class PhaseRun:
         self.tasks: list[asyncio.Task[EngineResult]] = []
         try:
             for c in self.calls:
-                coro = _invoke(c, deadline) if gate is None else _invoke_gated(c, deadline, gate)
-                self.tasks.append(asyncio.create_task(coro, name=f"cpr-{method}-{c.name}"))
+                self.tasks.append(asyncio.create_task(_invoke(c, deadline, gate), name=f"cpr-{method}-{c.name}"))
         except BaseException:  # an interrupt while the tasks are made: none has run yet (this runs on the loop), so none will
             for task in self.tasks:
                 task.cancel()
@@ -426,39 +369,19 @@ def _unsent(calls: Calls, method: str) -> list[EngineResult]:
     return [EngineResult(engine_name(e), error=PhaseTimeout(why, maybe_sent=False)) for e, _ in calls]
 
 
-def engine_problem(engine: object) -> str | None:
-    """Why ``engine`` cannot be driven at all (a control method missing), or None."""
-    for method in CONTROL_METHODS:
-        if not callable(getattr(engine, method, None)):
-            return f"{engine_name(engine)}: it has no {method}() method{vllm_hint(engine)}"
-    return None
-
-
 class AsyncFanOut:
     """A ``FanOut`` that runs each phase's calls as tasks on one event loop, owned by a thread of its own.
 
-    For engines whose control calls are coroutines (``AsyncSGLangClient``, any
-    ``AsyncControlPlaneEngine``); a synchronous engine also works, but its calls
-    run one after another on the loop, so use ``ThreadFanOut`` for those. Same
-    semantics as ``ThreadFanOut``: each call runs under the phase deadline (a
-    ``Deadline`` in its task's context, copied from the caller's); a call not
-    started by the deadline is not sent (``PhaseTimeout(maybe_sent=False)``); one
-    still running is a ``PhaseTimeout`` with ``EngineResult.late``, and keeps
-    running on the loop until it lands (its own deadline ends it); an exception
-    is the engine's error. The loop thread starts on the first ``call`` and stops
-    on ``close()`` (also a context manager); a ``call`` after ``close`` starts a
-    new loop, to which engines bound to the old one cannot move.
+    For engines whose control calls are coroutines (a synchronous engine works too, one call after another on the
+    loop: use ``ThreadFanOut`` for those). ``ThreadFanOut``'s meaning: each call runs under the phase deadline; one not
+    started by then is not sent; one still running is late (``EngineResult.late``) and keeps running on the loop until
+    it lands. The loop thread starts on the first ``call`` and stops on ``close()`` (also a context manager).
 
-    ``max_concurrency``: calls running at once (default None: all of a phase at
-    once, the point of one loop; a bound makes the rest queue, and those still
-    queued at the deadline are not sent). ``close_timeout_s``: how long ``close``
-    waits for tasks it cancels to end (default 5.0). ``gc_pause_s``: the longest
-    Python's automatic garbage collection stays paused during a phase, from its
-    tasks' creation until they all answered (``resilience.barrier.async_fanout``:
-    what a phase allocates stays alive until it ends, so collecting then frees
-    nothing; default ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
-    The pause lasts ``FOLD_LINGER_S`` (0.25 s) past the phase's end, while the
-    calling thread folds the results in (the next phase's pause takes over).
+    ``max_concurrency``: calls running at once (default None: all of a phase at once; with a bound, those still queued
+    at the deadline are not sent). ``close_timeout_s``: how long ``close`` waits for the tasks it cancels (default
+    5.0). ``gc_pause_s``: the bound of the collector's pause during a phase (``pause_collector``; default
+    ``DEFAULT_GC_PAUSE_S``; 0 leaves the collector alone); it lasts ``FOLD_LINGER_S`` past the phase's end, while the
+    calling thread folds the results in.
     """
 
     def __init__(self, *, max_concurrency: int | None = None, close_timeout_s: float = 5.0, gc_pause_s: float = DEFAULT_GC_PAUSE_S) -> None:
@@ -534,18 +457,14 @@ class AsyncFanOut:
 
     def check_engines(self, engines: Iterable[object]) -> None:
         """Refuse an engine with a control method missing: ``TypeError`` naming it (coroutine and plain calls both run here)."""
-        for engine in engines:
-            problem = engine_problem(engine)
-            if problem is not None:
-                raise TypeError(f"AsyncFanOut cannot drive {problem}")
+        check_calls("AsyncFanOut", engines, coroutines=None)
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """Run the call on every engine at once on the loop; engines past the deadline get ``PhaseTimeout``.
 
-        Interrupted while it waits (``KeyboardInterrupt`` in the caller's
-        thread), it reads the phase back on the loop (up to ``close_timeout_s``),
-        attaches it to the error (``interrupted_results``: running calls come
-        back late with their handle, queued ones as never sent) and re-raises.
+        Interrupted while it waits (``KeyboardInterrupt`` in the caller's thread), it reads the phase back on the loop
+        (up to ``close_timeout_s``), attaches it to the error (``interrupted_results``: running calls come back late
+        with their handle, queued ones as never sent) and re-raises.
         """
         if not calls:
             return []
@@ -569,9 +488,7 @@ class AsyncFanOut:
         except Exception:  # the loop is gone or too slow: nothing attached, the barrier stays pessimistic
             pass
 
-    def _queue_read_back(
-        self, loop: asyncio.AbstractEventLoop, slot: _Slot, calls: Calls, method: str
-    ) -> Future[list[EngineResult]]:
+    def _queue_read_back(self, loop: asyncio.AbstractEventLoop, slot: _Slot, calls: Calls, method: str) -> Future[list[EngineResult]]:
         """Queue, on the loop, the marking of the phase as abandoned and the reading of its results; their future.
 
         Whichever of the phase's start and this runs first on the loop decides: the phase not started yet never starts

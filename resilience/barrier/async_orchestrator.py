@@ -1,24 +1,15 @@
 """``AsyncOrchestrator``: the barrier for controllers that already run an event loop (AReaL-style).
 
-The same rules as ``Orchestrator`` (it holds a ``BarrierState`` too, and the
-transitions are written once as steps in ``resilience.barrier.transitions``),
-driven with ``await``: each phase's calls are tasks on the
-caller's loop (``PhaseRun``), awaited together up to the phase deadline. The
-knowledge lock is a short thread lock taken while a step is decided or
-folded, never across an ``await``; transitions exclude each other with an
-``asyncio.Lock``.
+The same transitions as ``Orchestrator`` (steps in ``resilience.barrier.transitions``), driven with ``await``: each
+phase's calls are tasks on the caller's loop (``PhaseRun``), awaited together up to the phase deadline. The knowledge
+lock is a short thread lock taken while a step is decided or folded, never across an ``await``; transitions exclude
+each other with an ``asyncio.Lock``.
 
-Cancelling the task that awaits a transition stops it from sending anything
-more. Calls already sent are not cancelled: each one that answered is folded
-in; each one still running is recorded as in flight (the engine's facts it
-touches are unknown) and keeps running until it lands, like a call that missed
-its phase deadline; the next transition waits for it first. Nothing the
-engines may have done is forgotten. Holds stay as the transition left them:
-a cancelled offload keeps its "offload" hold on the engines it covered (the
-next ``onload`` or ``offload`` finishes the job); a cancelled pause of a
-``weight_sync`` or ``pause`` drops the hold nobody received. A ``weight_sync`` whose body is cancelled
-still ends its hold on the way out (and continues the engines nothing else
-holds); cancelled again there, it drops the hold without sending anything more.
+Cancelling the task that awaits a transition stops it from sending anything more; calls already sent are not
+cancelled (answered ones are folded in, running ones are in flight until they land, as a late call is). Holds stay as
+the transition left them: a cancelled offload keeps its "offload" hold; a cancelled pause drops the hold nobody
+received; a ``weight_sync`` whose body is cancelled still ends its hold on the way out (cancelled again there, it
+drops the hold without sending anything more).
 """
 
 from __future__ import annotations
@@ -26,29 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar, Unpack
 
 from resilience.barrier import membership, transitions
 from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, PhaseRun, TaskCall, check_gc_pause, pause_collector
-from resilience.barrier.fanout import Calls, EngineResult, LateCall
-from resilience.barrier.state import (
-    BarrierBusy,
-    BarrierKeywords,
-    BarrierOptions,
-    BarrierState,
-    EngineGroup,
-    HoldToken,
-    PhaseFailed,
-    TransitionReport,
-)
-from resilience.barrier.verify import EngineCheck, averify, checks_arg
+from resilience.barrier.fanout import LateCall, check_calls
+from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
+from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
-from resilience.clock import Clock
-from resilience.deadline import Deadline
-from resilience.engine_contract import AsyncControlPlaneEngine, PauseMode, engine_name
+from resilience.engine_contract import AsyncControlPlaneEngine, PauseMode
 from resilience.errors import ConfigError
 
 __all__ = ["AsyncOrchestrator"]
@@ -74,31 +54,18 @@ class _LoopState:
 class AsyncOrchestrator(BarrierView[A]):
     """``Orchestrator`` for an event loop: ``await offload()``, ``await onload()``, ``async with weight_sync()``.
 
-    ``groups``, ``observers``, ``deadlines``, ``restart_budget``, ``rollback``,
-    ``clock``: as for ``Orchestrator``. Engines satisfy ``AsyncControlPlaneEngine``
-    (``AsyncSGLangClient``); their calls run on the loop of the task that awaits
-    the transition, so use the orchestrator (and the engines) from one loop.
-    ``max_concurrency``: calls running at once within a phase (default None: all).
-    ``gc_pause_s``: the longest Python's automatic garbage collection stays
-    paused during a transition, from its start until it returns, and during
-    each of its phases (``resilience.barrier.async_fanout``: what a phase allocates
-    stays alive until it ends, so collecting then frees nothing, and at 1024
-    engines cost about a third of the round's CPU; default
-    ``DEFAULT_GC_PAUSE_S`` = 2.0 s; 0 leaves the collector alone).
-    ``memory_probe``, ``journal``: as for ``Orchestrator`` (the journal's
-    writes are short blocking fsyncs on the loop's thread). An engine whose control calls are
-    not coroutines (it would block the loop) or that lacks one is refused here
-    with a ``TypeError`` naming it.
+    ``groups`` and the keywords of ``Orchestrator`` (``observers``, ``deadlines``, ``restart_budget``, ``rollback``,
+    ``clock``, ``memory_probe``, ``journal``: its journal's writes are short blocking fsyncs on the loop's thread) mean
+    the same here. Engines satisfy ``AsyncControlPlaneEngine`` (their control calls coroutines, else a ``TypeError``
+    naming the engine); their calls run on the loop of the task that awaits the transition, so use the orchestrator
+    and the engines from one loop. ``max_concurrency``: calls running at once within a phase (default None: all).
+    ``gc_pause_s``: the bound of the collector's pause during a transition, from its start until it returns, and
+    during each of its phases (``resilience.barrier.async_fanout.pause_collector``; default ``DEFAULT_GC_PAUSE_S`` =
+    2.0 s; 0 leaves the collector alone).
 
-    The queries (``states``, ``held``, ``paused_by_us``, ``released_tags``,
-    ``quarantined``, ``not_serving``) are plain methods, safe from any thread.
-    ``reconcile`` and ``retire`` are coroutines: they wait for a running
-    transition to end. Transitions run one at a time; ``weight_sync`` bodies may
-    overlap (each holds its own token); ``offload``/``onload`` wait for every
-    running body to end (up to ``transition_s``), else raise ``BarrierBusy``, and
-    raise it at once when awaited inside a body (by its task or a task it started).
-
-    It holds its state (``state``, a ``BarrierState``), as ``Orchestrator`` does.
+    The queries are plain methods, safe from any thread; ``reconcile``, ``retire`` and ``add`` wait for a running
+    transition. ``offload``/``onload`` wait for running ``weight_sync`` bodies (up to ``transition_s``, else
+    ``BarrierBusy``), and raise ``BarrierBusy`` at once when awaited inside a body (by its task or a task it started).
     """
 
     def __init__(
@@ -112,27 +79,19 @@ class AsyncOrchestrator(BarrierView[A]):
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"AsyncOrchestrator max_concurrency must be >= 1 or None, but was {max_concurrency}")
         self.gc_pause_s = check_gc_pause("AsyncOrchestrator", gc_pause_s)
-        self.state: BarrierState[A] = BarrierState(
-            groups,
-            BarrierOptions.of("AsyncOrchestrator", options),
-            owner="AsyncOrchestrator",
-        )
-        for name, engine in self.state.engines.items():
-            membership.require_coroutines(name, engine, "AsyncOrchestrator")
+        self.state: BarrierState[A] = BarrierState(groups, BarrierOptions.of("AsyncOrchestrator", options), owner="AsyncOrchestrator")
+        check_calls("AsyncOrchestrator", self.state.engines.values(), coroutines=True)
         self.max_concurrency = max_concurrency
         self._bodies = 0
         self._on: _LoopState | None = None
         transitions.resume(self.state)
-        membership.take_up(self.state)
 
     # -- recovery ----------------------------------------------------------------
 
     async def retire(self, engine: str | A) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
         async with self._loop_state().lock:
-            with self.state.lock:
-                transitions.retire(self.state, engine)
-                membership.left(self.state, self.state.name_of(engine))
+            membership.retire(self.state, engine)
 
     async def reconcile(self, engine: str | A, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state; see ``Orchestrator.reconcile`` (the same rules and refusals)."""
@@ -145,7 +104,7 @@ class AsyncOrchestrator(BarrierView[A]):
         """Bring ``engine`` into ``group``'s current state before it counts; see ``Orchestrator.add`` (its calls must be
         coroutines, as the constructor requires)."""
         checks = checks_arg(verify)
-        membership.require_coroutines(engine_name(engine), engine)
+        check_calls("AsyncOrchestrator.add", [engine], coroutines=True)
         state = self._loop_state()
         async with self._exclusive(state, "add"):
             with self.state.lock:
@@ -163,7 +122,7 @@ class AsyncOrchestrator(BarrierView[A]):
         need = membership.min_engines_arg(min_engines, "offload")
         state = self._loop_state()
         async with self._exclusive(state, "offload"):
-            return await self._partial(lambda: transitions.offload_steps(self.state, wanted, mode), need, state)
+            return await self._run(membership.partial(self.state, lambda: transitions.offload_steps(self.state, wanted, mode), need), state)
 
     async def onload(
         self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = (), min_engines: int | None = None
@@ -174,8 +133,8 @@ class AsyncOrchestrator(BarrierView[A]):
         need = membership.min_engines_arg(min_engines, "onload")
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
-            report = await self._partial(lambda: transitions.onload_steps(self.state, wanted), need, state)
-            return await self._verified("onload", report, verify, self.state.offloaded, state)
+            report = await self._run(membership.partial(self.state, lambda: transitions.onload_steps(self.state, wanted), need), state)
+            return await self._run(verify_steps(self.state, "onload", report, verify, self.state.offloaded), state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine and pause them; see ``Orchestrator.pause``."""
@@ -216,30 +175,7 @@ class AsyncOrchestrator(BarrierView[A]):
                     for n in token.engines:
                         transitions.unhold(self.state, n, token.id)
                 raise
-        await self._verified("weight_sync", ended, verify, token.engines, state)  # only after a body that returned
-
-    async def _verified(
-        self,
-        transition: str,
-        report: TransitionReport,
-        checks: EngineCheck | Sequence[EngineCheck],
-        names: Iterable[str],
-        state: _LoopState,
-    ) -> TransitionReport:
-        """``report`` once ``checks`` passed on the engines ``names`` (not retired), read as one phase of tasks per read."""
-        if not checks:
-            return report
-
-        async def send(calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
-            run = PhaseRun(calls, method, deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
-            await run.wait()
-            return run.results()
-
-        engines = {n: self.state.engines[n] for n in self.state.active(names)}
-        deadline_s = self.deadlines.for_phase("verify")
-        return await averify(
-            transition, report, checks, engines, not_serving=self.not_serving(), send=send, deadline_s=deadline_s, heard=self.state.heard
-        )
+        await self._run(verify_steps(self.state, "weight_sync", ended, verify, token.engines), state)  # only after a body that returned
 
     # -- the driver ------------------------------------------------------------------
 
@@ -279,26 +215,11 @@ class AsyncOrchestrator(BarrierView[A]):
         finally:
             state.lock.release()
 
-    async def _partial(
-        self, steps: Callable[[], transitions.Steps[TransitionReport]], min_engines: int | None, state: _LoopState
-    ) -> TransitionReport:
-        """Run a transition; with ``min_engines``, fence the engines it failed on and run it again for the rest while
-        enough are left (``membership.fence_failed``), else its ``PhaseFailed`` goes on."""
-        fenced: dict[str, str] = {}
-        while True:
-            try:
-                return membership.with_fenced(await self._run(steps(), state), fenced)
-            except PhaseFailed as err:
-                with self.state.lock:
-                    if not membership.fence_failed(self.state, err, min_engines, fenced):
-                        raise
-
     async def _run(self, steps: transitions.Steps[T], state: _LoopState) -> T:
         """Drive a transition's steps on this loop; the knowledge lock is held only while the steps decide or fold.
 
-        Whatever stops it (cancellation, an observer raising while a step is
-        folded), the last step is handed to ``transitions.abandon``. The garbage
-        collector stays paused from here until it returns (at most ``gc_pause_s``).
+        Whatever stops it (cancellation, an observer raising while a step is folded), the last step is handed to
+        ``transitions.abandon``. The garbage collector stays paused from here until it returns (at most ``gc_pause_s``).
         """
         step: transitions.Step | None = None
         collector = pause_collector(self.gc_pause_s)
@@ -331,7 +252,7 @@ class AsyncOrchestrator(BarrierView[A]):
             timeout = max(0.0, step.deadline.remaining())
             await asyncio.gather(*(self._settle_one(step, name, call, timeout) for name, call in step.late.items()))
         elif isinstance(step, transitions.WaitStep):
-            await _asleep(self.clock, max(0.0, step.deadline.remaining()))
+            await getattr(self.clock, "asleep", asyncio.sleep)(max(0.0, step.deadline.remaining()))  # Clock's contract
         elif isinstance(step, transitions.ReadStep):
             run = PhaseRun(step.engines, step.method, step.deadline, gate=state.gate, gc_pause_s=self.gc_pause_s)
             try:
@@ -349,12 +270,3 @@ class AsyncOrchestrator(BarrierView[A]):
             landed, error = await asyncio.to_thread(call.wait, timeout)
         if landed:
             step.landed[name] = error
-
-
-async def _asleep(clock: Clock, seconds: float) -> None:
-    """Sleep on ``clock``: its ``asleep`` coroutine when it has one (``Clock``'s contract), else ``asyncio.sleep``."""
-    asleep = getattr(clock, "asleep", None)
-    if asleep is not None:
-        await asleep(seconds)
-    elif seconds > 0:
-        await asyncio.sleep(seconds)

@@ -1,11 +1,9 @@
 """Fan-outs: send one phase's call to many engines at once and wait for all of them.
 
-``ThreadFanOut`` (default) runs each engine's call on a bounded thread pool
-with the caller's context copied, so the phase Deadline caps every HTTP call
-made inside it. ``SequentialFanOut`` runs them one after another (a baseline
-for benchmarks). ``resilience.barrier.async_fanout.AsyncFanOut`` runs engines
-whose control calls are coroutines on one event loop, and
-``resilience.adapters.ray.RayFanOut`` does the same with Ray actors and ObjectRefs.
+``ThreadFanOut`` (default) runs each engine's call on a bounded thread pool with the caller's context copied, so the
+phase Deadline caps every HTTP call made inside it. ``SequentialFanOut`` runs them one after another (a baseline for
+benchmarks). ``resilience.barrier.async_fanout.AsyncFanOut`` runs engines whose control calls are coroutines on one
+event loop, and ``resilience.adapters.ray.RayFanOut`` does the same with Ray actors and ObjectRefs.
 """
 
 from __future__ import annotations
@@ -23,20 +21,8 @@ from resilience.deadline import Deadline
 from resilience.engine_contract import CONTROL_METHODS, AnyEngine, engine_name
 
 __all__ = [
-    "Calls",
-    "EngineNotDriven",
-    "EngineResult",
-    "FanOut",
-    "FutureCall",
-    "LateCall",
-    "PhaseTimeout",
-    "SequentialFanOut",
-    "ThreadFanOut",
-    "attach_results",
-    "interrupted_results",
-    "reported_versions",
-    "sync_engine_problem",
-    "vllm_hint",
+    "Calls", "EngineNotDriven", "EngineResult", "FanOut", "FutureCall", "LateCall", "PhaseTimeout", "SequentialFanOut",
+    "ThreadFanOut", "attach_results", "check_calls", "interrupted_results", "reported_versions", "vllm_hint",
 ]
 
 
@@ -121,12 +107,10 @@ Calls = Sequence[tuple[AnyEngine, Mapping[str, Any]]]
 class FanOut(Protocol):
     """Calls ``method(**kwargs)`` on every engine at once and waits until all answered or the deadline passed.
 
-    Two optional parts the ``Orchestrator`` uses when a fan-out has them:
-    ``check_engines(engines)``, called when the orchestrator is built, raises
-    ``TypeError`` naming an engine the fan-out cannot drive; and a fan-out
-    interrupted part-way (KeyboardInterrupt, SystemExit) may hang what it read
-    so far on the error (``attach_results``), else every call of the phase
-    counts as ambiguous.
+    Two optional parts the ``Orchestrator`` uses when a fan-out has them: ``check_engines(engines)``, called when the
+    orchestrator is built, raises ``TypeError`` naming an engine the fan-out cannot drive; and a fan-out interrupted
+    part-way (KeyboardInterrupt, SystemExit) may hang what it read so far on the error (``attach_results``), else every
+    call of the phase counts as ambiguous.
     """
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
@@ -191,9 +175,8 @@ class FutureCall:
 class ThreadFanOut:
     """A bounded thread pool fan-out.
 
-    ``max_workers``: threads at most (default 256: one per engine for fleets
-    up to that size, so a phase takes the slowest engine's time, not a sum).
-    Threads are created on demand and reused across phases.
+    ``max_workers``: threads at most (default 256: one per engine for fleets up to that size, so a phase takes the
+    slowest engine's time, not a sum). Threads are created on demand and reused across phases.
     """
 
     def __init__(self, max_workers: int = 256) -> None:
@@ -212,11 +195,10 @@ class ThreadFanOut:
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """Run the call on every engine concurrently; engines past the deadline get ``PhaseTimeout``.
 
-        Interrupted while it waits (``KeyboardInterrupt`` reaches the caller's
-        thread), or when an engine's call raised a ``BaseException`` that is not
-        an ``Exception`` (``SystemExit`` on a worker), it re-raises that error
-        with the results read so far attached (``interrupted_results``): calls
-        still running come back late with their handle, so none is forgotten.
+        Interrupted while it waits (``KeyboardInterrupt`` reaches the caller's thread), or when an engine's call raised
+        a ``BaseException`` that is not an ``Exception`` (``SystemExit`` on a worker), it re-raises that error with the
+        results read so far attached (``interrupted_results``): calls still running come back late with their handle, so
+        none is forgotten.
         """
         if not calls:
             return []
@@ -258,7 +240,7 @@ class ThreadFanOut:
 
     def check_engines(self, engines: Iterable[object]) -> None:
         """Refuse an engine this fan-out cannot drive (a missing control method, coroutine calls): ``TypeError`` naming it."""
-        _check_sync(self, engines)
+        check_calls(type(self).__name__, engines, coroutines=False)
 
     def close(self) -> None:
         """Stop the pool's threads (running calls finish on their own deadline)."""
@@ -271,14 +253,13 @@ class ThreadFanOut:
 class SequentialFanOut:
     """One engine after another: the baseline a barrier's fan-out is compared with.
 
-    Interrupted inside one engine's call (``KeyboardInterrupt``, ``SystemExit``),
-    it re-raises with the results so far attached (``interrupted_results``):
-    that call unknown, the ones after it never sent.
+    Interrupted inside one engine's call (``KeyboardInterrupt``, ``SystemExit``), it re-raises with the results so far
+    attached (``interrupted_results``): that call unknown, the ones after it never sent.
     """
 
     def check_engines(self, engines: Iterable[object]) -> None:
         """Refuse an engine this fan-out cannot drive (a missing control method, coroutine calls): ``TypeError`` naming it."""
-        _check_sync(self, engines)
+        check_calls(type(self).__name__, engines, coroutines=False)
 
     def call(self, calls: Calls, method: str, deadline: Deadline) -> list[EngineResult]:
         """Run the call on each engine in turn, each capped by what is left of the deadline."""
@@ -287,10 +268,7 @@ class SequentialFanOut:
         try:
             for i, (engine, kwargs) in enumerate(calls):
                 current = i
-                if deadline.expired():
-                    results.append(EngineResult(engine_name(engine), error=PhaseTimeout(f"no time left for {method}", maybe_sent=False)))
-                    continue
-                results.append(_invoke(engine, method, kwargs, deadline))
+                results.append(_invoke(engine, method, kwargs, deadline))  # past the deadline: not sent
         except BaseException as exc:
             partial: list[EngineResult | None] = [*results]
             for j in range(len(results), len(calls)):
@@ -308,19 +286,19 @@ def vllm_hint(engine: object) -> str:
     return ""
 
 
-def sync_engine_problem(engine: object) -> str | None:
-    """Why a thread or sequential fan-out cannot drive ``engine`` (a missing control method, coroutine calls), or None."""
-    for method in CONTROL_METHODS:
-        fn = getattr(engine, method, None)
-        if not callable(fn):
-            return f"{engine_name(engine)} has no {method}() method{vllm_hint(engine)}"
-        if inspect.iscoroutinefunction(fn):
-            return f"{engine_name(engine)}.{method} is a coroutine function: drive async engines with AsyncFanOut or AsyncOrchestrator"
-    return None
-
-
-def _check_sync(fanout: object, engines: Iterable[object]) -> None:
+def check_calls(owner: str, engines: Iterable[object], coroutines: bool | None) -> None:
+    """Refuse, with a ``TypeError`` naming ``owner`` and the engine, an engine whose control calls ``owner`` cannot make:
+    a method missing; with ``coroutines`` False, one that is a coroutine function (a thread cannot await it); True, one
+    that is not (it would block the event loop); None: either kind runs."""
     for engine in engines:
-        problem = sync_engine_problem(engine)
-        if problem is not None:
-            raise TypeError(f"{type(fanout).__name__} cannot drive {problem}")
+        for method in CONTROL_METHODS:
+            fn = getattr(engine, method, None)
+            if not callable(fn):
+                problem = f"it has no {method}() method{vllm_hint(engine)}"
+            elif coroutines is False and inspect.iscoroutinefunction(fn):
+                problem = f"its {method} is a coroutine function: drive async engines with AsyncFanOut or AsyncOrchestrator"
+            elif coroutines and not inspect.iscoroutinefunction(fn):
+                problem = f"its {method} is not a coroutine function (it would block the event loop; drive it with Orchestrator)"
+            else:
+                continue
+            raise TypeError(f"{owner} cannot drive engine {engine_name(engine)}: {problem}")

@@ -1,42 +1,27 @@
 """The barrier's journal: what the orchestrator knows of each engine, written where it outlives the controller.
 
-``Orchestrator(groups, journal=PATH)`` (and ``AsyncOrchestrator``) writes a
-record before each command is sent, with the facts that command may change
-already marked unknown (the write-ahead intent), and another once its outcome
-is folded in; also on every hold, reconcile and retire. A new orchestrator
-started on the same journal resumes every engine's knowledge from the last
-complete record. A call that was in flight when the controller died is then
-"ambiguous", because its intent record said so before it was sent. Holds
-come back with their owners, and an owner process that is gone is named
-(``Recovery.orphaned_holds``). So do the restart budget's records. A record is
-durable when ``commit`` returns; a commit that raises wrote nothing that counts
-(its facts, owners and budget are written again by the next commit).
+``Orchestrator(groups, journal=PATH)`` (and ``AsyncOrchestrator``) writes a record before each command is sent, with the
+facts it may change already marked unknown (the write-ahead intent), and another once its outcome is folded in; also on
+every hold, reconcile and membership change. A new orchestrator on the same journal resumes every engine's knowledge,
+holds (with their owners: ``Recovery.orphaned_holds`` names those whose process is gone), retirements, membership and
+restart budget from the last complete record; a call in flight when the controller died reads as "ambiguous". A record
+is durable when ``commit`` returns; a commit that raises wrote nothing that counts.
 
-A record is one JSON object (framed and checksummed by the store,
-``resilience.barrier.journal_store``):
+A record is one JSON object (framed and checksummed by the store, ``resilience.barrier.journal_store``):
 
 - ``{"k": "header", "format": ..., "version": 1, "engines": [...]}``: first, once;
 - ``{"k": "member", "engine": name, "change": ..., "group": ..., "facts": {...}}``: a membership change
   (``MEMBER_CHANGES``: ``joining`` before a join's first command, ``joined``, ``fenced``, ``left`` on retire;
-  ``resilience.barrier.membership``), with the engine's facts then;
-- ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``:
-  the facts of the engines that changed, ``why`` says which step wrote it. An owner is
-  ``{"host", "pid", "id", "start", "boot"}``: a random id of the process, its start time and the
-  boot id tell it from a later process with the same PID (owners of older writers have host and
-  PID only, and are judged by the PID).
+  ``resilience.barrier.membership``), with the engine's facts then (and ``"budget"`` when it changed);
+- ``{"k": "state", "why": ..., "engines": {name: facts}, "owners": {...}, "budget": {...}}``: the facts of the engines
+  that changed, ``why`` says which step wrote it. An owner is ``{"host", "pid", "id", "start", "boot"}``: a random id of
+  the process, its start time and the boot id tell it from a later process with the same PID (owners of older writers
+  have host and PID only, and are judged by the PID).
 
-An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}``
-in its facts (why they are unknown, ``state.Doubt``). The key is optional, so
-version 1 stays: a reader without it ignores it, and a record without it (an older
-writer) reads as a doubt whose request may still be on its way (the safe reading).
-
-The journal is compacted (rewritten as a header and one full state record)
-every ``compact_after`` records; the header then names every engine and keeps
-the last membership change of each (``"members"``).
-
-A journal is reopened with the engines it names, those that joined included (an
-engine whose last change is ``left`` may be left out); ``Recovery.members`` says who
-joined and who left.
+An engine with unknown tags also has ``"doubt": {"method", "in_transit", "delivery"}`` in its facts (``state.Doubt``); a
+record without it (an older writer) reads as a doubt whose request may still be on its way (the safe reading). The
+journal is compacted (a header, naming every engine and the last membership change of each, and one full state record)
+every ``compact_after`` records.
 """
 
 from __future__ import annotations
@@ -57,16 +42,8 @@ from resilience.budget import RestartBudget, RestartRecord
 from resilience.engine_contract import MEMORY_MODELS, SGLANG_MEMORY, MemoryModel
 
 __all__ = [
-    "FORMAT",
-    "Journal",
-    "JournalBusy",
-    "JournalError",
-    "JournalMismatch",
-    "Recovery",
-    "Resumed",
-    "facts_of",
-    "knowledge_from",
-    "open_journal",
+    "FORMAT", "Journal", "JournalBusy", "JournalError", "JournalMismatch", "Recovery", "Resumed", "facts_of",
+    "knowledge_from", "open_journal",
 ]
 
 FORMAT = "controlplane-resilience/barrier-journal"
@@ -181,12 +158,11 @@ def knowledge_from(name: str, facts: Mapping[str, Any], memory: MemoryModel | No
 class Recovery:
     """What an orchestrator found in its journal when it started.
 
-    ``resumed``: False for a new (empty) journal. ``records``: complete records read.
-    ``dropped``: what a torn last record was (None when none; a corrupt record refuses the open). ``in_flight``: engine ->
-    the call that was in flight when the last controller stopped (now "ambiguous").
-    ``orphaned_holds``: engine -> holds whose owner process is gone (``reason (pid P on HOST, gone)``: no
-    process has that PID, or the one that has it is another process: another start, boot or id);
-    they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
+    ``resumed``: False for a new (empty) journal. ``records``: complete records read. ``dropped``: what a torn last
+    record was (None when none; a corrupt record refuses the open). ``in_flight``: engine -> the call that was in flight
+    when the last controller stopped (now "ambiguous"). ``orphaned_holds``: engine -> holds whose owner process is gone
+    (``reason (pid P on HOST, gone)``: no process has that PID, or the one that has it is another process: another
+    start, boot or id); they keep the engine paused until you ``unpause`` them. ``states``: engine -> its state word.
     ``members``: who joined and who left (below).
     """
 
@@ -252,19 +228,19 @@ def _fold(payloads: Iterable[bytes], where: str) -> _Folded:
             out.engines = [str(e) for e in rec.get("engines", [])]
             out.members = {str(n): str(c) for n, c in dict(rec.get("members", {})).items()}
             continue
-        if isinstance(rec, dict) and rec.get("k") == "member":
+        kind = rec.get("k") if isinstance(rec, dict) else type(rec).__name__
+        if kind == "member":
             change, name = str(rec.get("change")), str(rec.get("engine"))
             if change not in MEMBER_CHANGES:
                 raise JournalError(f"journal {where}: record {i} has unknown membership change {change!r}")
             out.members[name] = change
             out.facts[name] = dict(rec.get("facts", {}))
-            continue
-        if not isinstance(rec, dict) or rec.get("k") != "state":
-            kind = rec.get("k") if isinstance(rec, dict) else type(rec).__name__
+        elif kind == "state":
+            for name, facts in dict(rec.get("engines", {})).items():
+                out.facts[name] = dict(facts)
+            out.owners.update(dict(rec.get("owners", {})))
+        else:
             raise JournalError(f"journal {where}: record {i} has unknown kind {kind!r}")
-        for name, facts in dict(rec.get("engines", {})).items():
-            out.facts[name] = dict(facts)
-        out.owners.update(dict(rec.get("owners", {})))
         if rec.get("budget") is not None:
             out.budget = dict(rec["budget"])
     return out
@@ -277,13 +253,9 @@ def read_journal(store: JournalStore) -> tuple[_Folded, int, str | None]:
 
 
 def _alive(owner: Mapping[str, Any]) -> bool | None:
-    """True/False when the owner process is known alive/gone on this host; None when it lives on another host.
-
-    An owner is this process when its id is this process's. An owner with this process's PID and another id
-    is gone (a predecessor that had the same PID: a restarted container's PID 1). Another PID is gone when no
-    process has it, or when the one that has it started at another time or before another boot (the PID was
-    reused). An owner written before owners had ids (host and PID only) is judged by its PID alone.
-    """
+    """True/False when the owner process is known alive/gone on this host; None when it lives on another host
+    (docs/failure-and-recovery.md, "Whose holds are orphaned": this PID with another id, or a PID another process now
+    has, is gone; an owner with no id is judged by its PID alone)."""
     if owner.get("host") != os.uname().nodename:
         return None
     try:
@@ -307,16 +279,11 @@ def _alive(owner: Mapping[str, Any]) -> bool | None:
     return not (start is not None and _started(pid) not in (None, start))
 
 
-def _gone(owner: Mapping[str, Any]) -> str:
-    return f"pid {owner.get('pid')} on {owner.get('host')}, gone"
-
-
 class Journal:
     """The barrier's durable knowledge, over a ``JournalStore``.
 
-    ``store``: where the records live (a path gives a ``FileJournalStore``).
-    ``compact_after``: records written before the journal is rewritten as one
-    snapshot (default 2000; each record holds only the engines that changed).
+    ``store``: where the records live (a path gives a ``FileJournalStore``). ``compact_after``: records written before
+    the journal is rewritten as one snapshot (default 2000; each record holds only the engines that changed).
     """
 
     def __init__(self, store: JournalStore | str | os.PathLike[str], *, compact_after: int = 2000) -> None:
@@ -346,12 +313,10 @@ class Journal:
     def open(self, engines: Sequence[str], kinds: Mapping[str, MemoryModel] | None = None) -> Resumed:
         """Read the journal for ``engines``: what it recovered, each engine's knowledge, the retired ones, the budget.
 
-        ``kinds``: each engine's memory model (``resilience.engine_contract``; default SGLang's for all): the knowledge
-        is rebuilt with it, and an engine journaled as another kind raises ``JournalMismatch``.
-        An empty or missing journal gets its header (written whole, by the store's atomic rewrite). A
-        journal for other engines raises ``JournalMismatch`` naming the difference; a torn last record is
-        described in ``Recovery.dropped`` (and logged), then cut off; a damaged record anywhere else, or a
-        non-empty file that does not start with our header, raises ``JournalError`` and is left as it was.
+        ``kinds``: each engine's memory model (default SGLang's for all): the knowledge is rebuilt with it. An empty or
+        missing journal gets its header (written whole). A journal for other engines, or kinds, raises
+        ``JournalMismatch``; a torn last record is described in ``Recovery.dropped`` (and logged), then cut off; a
+        damaged record, or a file that does not start with our header, raises ``JournalError`` and is left as it was.
         """
         kinds = kinds or {}
         self._engines = tuple(engines)
@@ -362,8 +327,7 @@ class Journal:
                     f"journal {self.store.name} is not a {FORMAT} journal: it holds no complete record ({loaded.dropped}); "
                     "refusing to use it, and the file is left as it was. Give journal= a new file, or an empty one"
                 )
-            header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(engines), "t": time.time(), "by": _me()}
-            self.store.rewrite([_dump(header)])  # atomic: a crash leaves no file or a whole header, never a torn one
+            self.store.rewrite([self._header()])  # atomic: a crash leaves no file or a whole header, never a torn one
             self._written = 1
             return Resumed(Recovery(self.store.name))
         folded = _fold(loaded.records, self.store.name)
@@ -381,7 +345,6 @@ class Journal:
                 + (f"{', '.join(joined)} joined while it was written (add): give them too. " if joined else "")
                 + "Use a new journal for a new fleet, or give the orchestrator the engines the journal knows."
             )
-        self._engines = tuple(engines)
         self._members = dict(folded.members)
         self._owners, self._budget = folded.owners, folded.budget
         if loaded.dropped:
@@ -399,19 +362,11 @@ class Journal:
             for token, reason in sorted(k.holds.items()):
                 owner = self._owners.get(str(token))
                 if owner is not None and _alive(owner) is False:
-                    gone.append(f"{reason} ({_gone(owner)})")
+                    gone.append(f"{reason} (pid {owner.get('pid')} on {owner.get('host')}, gone)")
             if gone:
                 orphaned[n] = tuple(gone)
-        recovery = Recovery(
-            self.store.name,
-            resumed=True,
-            records=len(loaded.records),
-            dropped=loaded.dropped,
-            in_flight=in_flight,
-            orphaned_holds=orphaned,
-            states={n: str(k.state) for n, k in knowledge.items()},
-            members=dict(folded.members),
-        )
+        states = {n: str(k.state) for n, k in knowledge.items()}
+        recovery = Recovery(self.store.name, True, len(loaded.records), loaded.dropped, in_flight, orphaned, states, dict(folded.members))
         self._last = {n: dict(f) for n, f in folded.facts.items()}
         if loaded.dropped or len(loaded.records) >= self.compact_after:
             self._compact()
@@ -468,31 +423,43 @@ class Journal:
                 _LOG.warning("%s", exc)
 
     def member(
-        self, name: str, change: str, group: str, know: Mapping[str, EngineKnowledge], *, retired: Collection[str] = ()
+        self,
+        name: str,
+        change: str,
+        group: str,
+        know: Mapping[str, EngineKnowledge],
+        *,
+        retired: Collection[str] = (),
+        budget: RestartBudget | None = None,
     ) -> None:
         """Write durably that ``name`` (of the group named ``group``) had the membership change ``change``
-        (``MEMBER_CHANGES``), with its facts now; ``Recovery.members`` gives it back."""
+        (``MEMBER_CHANGES``), with its facts now (and the restart budget, when it changed); ``Recovery.members`` gives it back."""
         if change not in MEMBER_CHANGES:
             raise JournalError(f"Journal.member change must be one of {', '.join(MEMBER_CHANGES)}, but was {change!r}")
         facts = facts_of(know[name], retired=name in retired)
-        rec = {"k": "member", "t": time.time(), "engine": name, "change": change, "group": group, "facts": facts}
+        rec: dict[str, Any] = {"k": "member", "t": time.time(), "engine": name, "change": change, "group": group, "facts": facts}
+        budget_state = _budget_state(budget)
+        if budget_state is not None and budget_state != self._budget:
+            rec["budget"] = budget_state
         self.store.append(_dump(rec))  # raises when the record is not durable: then nothing below is marked written
         self._last[name] = facts
+        if "budget" in rec:
+            self._budget = budget_state
         self._members[name] = change
         if name not in self._engines:
             self._engines = (*self._engines, name)
         self._count_written()
 
+    def _header(self) -> bytes:
+        """The header record: the engines, and the last membership change of each that had one."""
+        header = {"k": "header", "format": FORMAT, "version": _VERSION, "engines": list(self._engines), "t": time.time(), "by": _me()}
+        return _dump({**header, "members": dict(self._members)} if self._members else header)
+
     def _compact(self) -> None:
-        header: dict[str, Any] = {
-            "k": "header", "format": FORMAT, "version": _VERSION, "engines": list(self._engines), "t": time.time(), "by": _me(),
-        }
-        if self._members:
-            header["members"] = dict(self._members)
         snapshot: dict[str, Any] = {"k": "state", "t": time.time(), "why": "compacted", "engines": self._last, "owners": self._owners}
         if self._budget is not None:
             snapshot["budget"] = self._budget
-        self.store.rewrite([_dump(header), _dump(snapshot)])
+        self.store.rewrite([self._header(), _dump(snapshot)])
         self._written = 2
 
     def close(self) -> None:

@@ -1,28 +1,10 @@
 """Where the barrier's journal lives: ``JournalStore``, a local file (``FileJournalStore``), Ray's internal KV (``RayKVJournalStore``).
 
-A store keeps an ordered list of opaque records (bytes) and nothing else: it
-appends one record durably, reads them all back, and replaces them all
-atomically (compaction). ``resilience.barrier.journal`` decides what the
-records say.
-
-Each record is framed as one line, ``<crc32 as 8 hex digits> <payload>\\n``,
-in every store, so a torn or corrupt record is recognised the same way
-wherever it was kept. Only the last record can be torn by a crash: each record
-is written whole and fsynced before the next one is started, and a torn record
-has no end of line. So a last line without its end of line is a torn tail
-(ignored, described, and cut off before the next append); any other record
-that fails its checksum is corruption, and reading refuses with a
-``JournalError`` naming the record and its byte offset, leaving the bytes as
-they are (``unframe``).
-
-Why an append-only file with fsync rather than SQLite: the journal is written
-by one controller at a time, read whole at start, and must say exactly which
-tail it dropped after a crash; a line per record with its checksum does that
-in a few lines, stays readable with ``cat`` and ``cpr journal show``, and has
-the same shape as a key-value store's records (Ray's GCS, etcd, Redis), so the
-distributed stores share the framing. SQLite would hide a torn tail inside its
-own rollback (fine) but could not tell the user what was lost, and gives
-nothing the single-writer log needs.
+A store keeps an ordered list of opaque records (bytes): it appends one durably, reads them all back, and replaces
+them all atomically (compaction); ``resilience.barrier.journal`` decides what they say. Each record is framed as one
+line, ``<crc32 as 8 hex digits> <payload>\\n``, in every store: a last line without its end of line is a torn tail
+(ignored, described, cut off before the next append); any other record that fails its checksum is corruption, refused
+(``unframe``). What a store promises, and why a log and not SQLite: docs/failure-and-recovery.md, "The journal's contract".
 """
 
 from __future__ import annotations
@@ -41,15 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 from resilience.errors import ConfigError
 
 __all__ = [
-    "FileJournalStore",
-    "JournalBusy",
-    "JournalCorrupt",
-    "JournalError",
-    "JournalStore",
-    "Loaded",
-    "RayKVJournalStore",
-    "frame",
-    "unframe",
+    "FileJournalStore", "JournalBusy", "JournalCorrupt", "JournalError", "JournalStore", "Loaded", "RayKVJournalStore",
+    "frame", "unframe",
 ]
 
 
@@ -177,27 +152,16 @@ def _dropped(where: str, records: Sequence[bytes], size: int, what: str) -> str:
     return f"{where}: ignored the last {size} byte(s) after record {len(records)}: {what}; the journal resumes from record {len(records)}"
 
 
-def _holder() -> bytes:
-    return f"pid {os.getpid()} on {os.uname().nodename}".encode()
-
-
 class FileJournalStore:
     """The embedded default: an append-only file, fsynced on every record, with a lock file held while open.
 
-    ``path``: the journal file (created with its folder). It is used as what it resolves to
-    (``os.path.realpath``): the lock, the appends and the compaction's rename all act on the resolved file, so a
-    symlink to a journal is the journal itself (the symlink stays). A second controller opening the same
-    journal while the first lives, by any name that resolves to it, gets ``JournalBusy``: the lock is an
-    ``flock`` on ``<resolved path>.lock`` in the journal's folder (one inode, also through bind mounts of that
-    folder); a journal file with more than one name (hard links) is refused, since a second name would have a
-    second lock. A controller killed outright loses the lock with its process. Before each append the store
-    also checks that the file is the one it opened, at the length it left it: a second writer that got past
-    the lock (a network file system where ``flock`` does not reach the other host) is caught there, and the
-    store stops with ``JournalBusy`` rather than interleave records. ``fsync``: flush each record to the disk
-    before returning (default True; False only for benchmarks that measure what it costs). ``syscalls``: the
-    module the store makes its writes through (default ``os``); the storage tests pass one that fails or kills
-    the process at a chosen call (``open``, ``write``, ``fsync``, ``ftruncate``, ``fstat``, ``stat``,
-    ``replace``, ``unlink``, ``close``).
+    ``path``: the journal file (created with its folder), used as what it resolves to (``os.path.realpath``), so a
+    symlink to a journal is the journal itself. One controller at a time: an ``flock`` on ``<resolved path>.lock``
+    (``JournalBusy`` for a second one; a file with hard links is refused), and before each append a check that the
+    file is the one it opened, at the length it left it (a second writer past the lock stops it with ``JournalBusy``);
+    docs/failure-and-recovery.md, "Who may open a journal". ``fsync``: flush each record to the disk before returning
+    (default True; False only for benchmarks that measure what it costs). ``syscalls``: the module the store makes its
+    writes through (default ``os``); the storage tests pass one that fails or kills the process at a chosen call.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True, syscalls: Any = os) -> None:
@@ -258,7 +222,7 @@ class FileJournalStore:
                 "on a file system that supports flock (a local disk), since the lock is what keeps a second controller out"
             ) from exc
         os.ftruncate(self._lock_fd, 0)
-        os.pwrite(self._lock_fd, _holder(), 0)
+        os.pwrite(self._lock_fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)  # who holds it, for JournalBusy
 
     @property
     def name(self) -> str:
@@ -302,13 +266,8 @@ class FileJournalStore:
             view = view[n:]
 
     def append(self, record: bytes) -> None:
-        """Append one framed record and fsync it; on any failure cut the file back to its length before it and raise.
-
-        Every byte is written (a short write is continued until the record is down or a write fails) and
-        fsynced before this returns. A write or fsync that fails leaves the file cut back to its length
-        before the record (and that fsynced), and raises ``JournalError``: the record is not durable. If the
-        cut itself fails, the store refuses every later write (the next controller drops the torn record).
-        """
+        """Append one framed record, every byte (a short write is continued), and fsync it; on any failure cut the file
+        back to its length before it (fsynced) and raise ``JournalError``; if the cut fails, refuse every later write."""
         data = frame(record)
         fd = self._usable()
         try:
@@ -346,12 +305,8 @@ class FileJournalStore:
             self._os.fsync(fd)
 
     def rewrite(self, records: Sequence[bytes]) -> None:
-        """Write ``records`` to a new file beside the old one, fsync it, rename it over the old one, fsync the folder.
-
-        A failure before the rename leaves the old file as it was (``JournalError``; the store stays usable); a
-        failure after it (the folder's fsync, reopening) leaves the new file in place and the store refusing
-        every later write, since a record appended to a rename that is not durable could be lost with it.
-        """
+        """Write ``records`` to a new file beside the old one, fsync it, rename it over the old one, fsync the folder; a
+        failure after the rename leaves the store refusing every later write (they could be lost with the rename)."""
         fd = self._usable()
         data = b"".join(frame(r) for r in records)
         tmp = self.path.with_name(f".{self.path.name}.rewrite")
@@ -405,18 +360,13 @@ class RayKVJournalStore:
     ``key``: the journal's name in the KV. Records live under ``key/g/<generation>/<seq>``; generation ``0`` is the
     first, and a compaction writes a new one and links it with ``key/next/<old generation>``. ``namespace``: Ray's
     KV namespace (default "controlplane-resilience"). ``kv``: the module the store calls (default
-    ``ray.experimental.internal_kv``, which needs a connected Ray runtime: ``ray.init`` in the driver, or inside an
-    actor); the contract tests pass one whose puts fail. It keeps what the GCS keeps: with GCS fault tolerance (an
-    external Redis) it outlives the head node too.
+    ``ray.experimental.internal_kv``, which needs a connected Ray runtime); the contract tests pass one whose puts fail.
 
-    One writer at a time, without a lock (a lock in the KV would outlive a controller killed outright, and the Ray
-    restart that needs the journal would find it taken): every record is put only if its slot is still empty
-    (``overwrite=False``, atomic in the GCS), and a compaction first takes the old generation's next slot with a
-    seal and links the new generation only if no link exists; after each put the store checks that its generation
-    has no link yet (a compaction deletes the old generation's slots). So a second controller on the key may open
-    it, but the first write of whichever is behind finds its slot taken, or its generation compacted, and raises
-    ``JournalBusy`` before the command it announces is sent; their records never interleave. Each append is one
-    put and one get.
+    One writer at a time, without a lock (it would outlive a controller killed outright): every record is put only if
+    its slot is still empty (``overwrite=False``, atomic in the GCS), and a compaction seals the old generation's next
+    slot and links the new generation only if no link exists; after each put the store checks that its generation has
+    no link yet. So the first write of whichever controller is behind raises ``JournalBusy`` before the command it
+    announces is sent. Each append is one put and one get.
     """
 
     def __init__(self, key: str, *, namespace: str = "controlplane-resilience", kv: Any = None) -> None:

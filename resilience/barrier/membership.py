@@ -1,72 +1,22 @@
-"""Membership: engines that join a running group (``add``), leave it (``retire``), and are fenced (partial progress).
+"""Membership: engines that join a running group (``add``), leave it (``retire``), and are fenced (partial progress),
+with no I/O; what each does for a user is docs/barrier.md, "Engines that join and leave".
 
-A group's membership changes while it runs: an engine is added to the fleet, one
-restarts at its URL, one dies or is retired. Everything here decides without I/O;
-the orchestrators drive the join's steps (``join_steps``) as they drive any
-transition, and call the rest under their own exclusion.
-
-**Join** (``Orchestrator.add``, ``AsyncOrchestrator.add``). A joining engine counts
-(is covered by the group's transitions, and named serving by ``states``) only once
-it reached the group's current state:
-
-- into an *offloaded* group (its engines hold the offload hold, some tags released)
-  it is paused, flushed and released (the tags the group has released) first; the
-  ``verify`` checks that read a paused engine are asked once it is paused, before
-  the release (a canary is the group's ``onload(verify=...)``'s to ask);
-- into a *serving* group it is verified before it serves: with ``verify`` checks, it
-  is paused, the checks that read a paused engine (``WeightVersionCheck``) are asked,
-  it is continued, and the checks that need a serving engine (``CanaryCheck``) are
-  asked; a mismatch pauses it again. Without checks it counts as it is.
-
-Until then its state is ``joining`` (``EngineState.JOINING``): no transition covers
-it, and a router (``SmgRouter``) keeps it out of rotation, as it does every engine
-not serving. A join that cannot bring it there fences it (below) and raises
-``PhaseFailed`` naming it. A join never runs while a ``weight_sync`` body runs (it
-waits, as offload does) or while a ``pause`` hold is held (refused with
-``BarrierBusy``: the hold's owner could not end it on the new engine).
-
-A *known* engine given to ``add`` again (the same name or URL: a restart, a
-replacement client) is checked first as a resumed journal's engines are
-(``transitions.recheck``): the memory probe, and its kind's ``ServingRead``
-(SGLang's ``/ready``, vLLM's ``/is_paused``). An engine the barrier knows released
-that answers as a fresh process is taken as new (``TransitionReport.replaced``
-names it), never resumed onto memory it does not have; one that proves nothing
-keeps what the barrier knew of it.
-
-**Leave**. ``retire`` (or an engine fenced) takes it out of every transition at
-once; the transition under way goes on for the others, and a router deregisters a
-retired engine from its gateway (``SmgRouter``: ``DELETE /workers/{id}``).
-
-**Partial progress, opt-in** (``offload(min_engines=N)``, ``onload(min_engines=N)``).
-Without it a transition that cannot prove one engine fails for all (``PhaseFailed``),
-as before. With it, when the transition fails and at least ``N`` of the engines it
-covered are not among those it failed on, those engines are *fenced*: no transition
-covers them (nothing more is sent to them: they are kept as the failed transition
-left them, paused where it paused them), their state is ``fenced``
-(``EngineState.FENCED``, so a router keeps them out of rotation), they are named in
-``TransitionReport.fenced`` with why, and the transition runs again for the rest (a
-transition is idempotent: what the failed run left in place is not sent again; what its
-rollback undid, with ``rollback=True``, is done again). A fenced
-engine comes back through ``add`` (checked and brought to the group's state) or
-``retire``. Why a count and not a fraction: a trainer knows how many engines its
-rollout batch needs; a fraction of a fleet that is itself changing is not a
-promise anyone can check.
-
-**The journal** records membership (``Journal.member``): ``joining`` before the
-join's first command, then ``joined`` or ``fenced``, and ``left`` on ``retire``. A
-restarted controller is given the engines that joined (the journal refuses a fleet
-without them, naming them) and reads who joined and who left in
-``Recovery.members``; an engine whose join had not finished, or that was fenced,
-stays fenced until ``add`` brings it in again.
+A join is a transition of one engine (``join_steps``, driven as any transition): until it reached its group's current
+state (``GroupTarget``: offloaded with the group's tags released, or serving, verified first when given checks) its
+state is ``joining`` and no other transition covers it; a join that cannot get there fences it. A known engine added
+again is checked first as a resumed journal's engines are (``transitions.recheck``). With ``min_engines``, a failed
+offload or onload fences the engines it failed on and runs again for the rest (``partial``). The journal records each
+change (``Journal.member``: ``joining``, ``joined``, ``fenced``, ``left``); a restarted controller keeps an engine whose
+join had not finished, or that was fenced, fenced (``transitions.resume``).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
+from resilience.barrier.fanout import EngineResult
 from resilience.barrier.journal import MEMBER_CHANGES, OFFLOAD_TOKEN
 from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, EngineKnowledge, EngineSkipped, PhaseFailed, TransitionReport
 from resilience.barrier.transitions import (
@@ -87,42 +37,27 @@ from resilience.barrier.transitions import (
     transition,
     unhold,
 )
-from resilience.barrier.verify import CheckFailed, EngineCheck
-from resilience.engine_contract import CONTROL_METHODS, EngineState, engine_name, rules_of
+from resilience.barrier.verify import EngineCheck, judge_one, unreadable
+from resilience.engine_contract import AnyEngine, EngineState, engine_name, rules_of
 from resilience.events import EngineStateChanged, emit
 
 __all__ = [
-    "GroupTarget",
-    "admit",
-    "fence",
-    "fence_failed",
-    "join_steps",
-    "left",
-    "min_engines_arg",
-    "require_coroutines",
-    "take_up",
-    "with_fenced",
+    "GroupTarget", "admit", "fence", "fence_failed", "join_steps", "min_engines_arg", "retire", "partial",
 ]
 
 JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
 """The membership changes the journal records (``Journal.member``)."""
+E = TypeVar("E", bound=AnyEngine)
 
 
+@dataclass(frozen=True, slots=True)
 class GroupTarget:
-    """Where a joining engine must be before it counts: ``offloaded`` with ``released`` tags, or serving.
+    """Where a joining engine must be before it counts: in ``group``, ``offloaded`` (its engines hold the offload hold)
+    with the ``released`` tags (their union; the same on each after an offload that returned), or serving."""
 
-    ``group``: the group it joins; ``offloaded``: its engines hold the offload hold; ``released``: the tags released on
-    them (their union; the same on each after an offload that returned).
-    """
-
-    def __init__(self, group: EngineGroup[Any], offloaded: bool, released: frozenset[str]) -> None:
-        self.group = group
-        self.offloaded = offloaded
-        self.released = released
-
-    def __repr__(self) -> str:
-        where = f"offloaded, {sorted(self.released)} released" if self.offloaded else "serving"
-        return f"GroupTarget({self.group.name!r}, {where})"
+    group: EngineGroup[Any]
+    offloaded: bool
+    released: frozenset[str]
 
 
 def _group(state: BarrierState[Any], group: str | int | None) -> int:
@@ -149,26 +84,13 @@ def target_of(state: BarrierState[Any], index: int, joining: str) -> GroupTarget
     return GroupTarget(group, bool(offloaded) and group.needs_offload, released)
 
 
-def require_coroutines(name: str, engine: object, caller: str = "AsyncOrchestrator.add") -> None:
-    """Refuse an engine whose control calls are not coroutines (it would block the loop); ``caller`` names who asks in
-    the error (default ``AsyncOrchestrator.add``; the constructor passes ``AsyncOrchestrator``)."""
-    for method in CONTROL_METHODS:
-        if not inspect.iscoroutinefunction(getattr(engine, method, None)):
-            raise TypeError(
-                f"{caller} cannot drive engine {name}: its {method} is missing or not a coroutine function "
-                "(it would block the event loop; drive synchronous engines with Orchestrator)"
-            )
-
-
 def admit(state: BarrierState[Any], engine: Any, group: str | int | None) -> tuple[str, GroupTarget]:
     """Register ``engine`` for a join into ``group`` (None: the first group, or the group a known engine is in); return
     its name and where it must get to.
 
-    A new engine gets fresh knowledge (serving, nothing released: what the orchestrators assume of the engines they are
-    built with); a known one (same name or URL: restarted, fenced, or retired and back) keeps what was known of it (a
-    retired engine of another kind starts afresh) and is checked again at the join's start (``state.unchecked``: the
-    memory probe and its kind's ``ServingRead`` take a fresh process as new).
-    Refused (``BarrierBusy``, nothing registered) while a ``pause`` or ``weight_sync`` hold is held.
+    A new engine gets fresh knowledge (serving, nothing released); a known one (same name or URL) keeps what was known
+    of it (a retired engine of another kind starts afresh) and is checked again at the join's start
+    (``state.unchecked``). Refused (``BarrierBusy``, nothing registered) while a ``pause`` or ``weight_sync`` hold is held.
     """
     held = sorted({r for n, k in state.know.items() if n not in state.retired for i, r in k.holds.items() if i != OFFLOAD_TOKEN})
     if held:
@@ -212,9 +134,7 @@ def admit(state: BarrierState[Any], engine: Any, group: str | int | None) -> tup
     return name, target_of(state, index, name)
 
 
-def join_steps(
-    state: BarrierState[Any], name: str, target: GroupTarget, checks: Sequence[EngineCheck]
-) -> Steps[TransitionReport]:
+def join_steps(state: BarrierState[Any], name: str, target: GroupTarget, checks: Sequence[EngineCheck]) -> Steps[TransitionReport]:
     """Bring ``name`` (registered by ``admit``) to ``target``; it counts once there (see the module docstring).
 
     A join that cannot fences the engine (named in ``state.fenced``, with why) and raises ``PhaseFailed`` naming it;
@@ -300,7 +220,7 @@ def _to_serving(state: BarrierState[Any], tx: Transition, name: str, checks: Seq
         failed = yield from _verify(state, tx, name, paused_checks)
         if failed:
             return failed
-    failed = yield from continue_ready(state, tx, [name], "continue")
+    _, failed = yield from continue_ready(state, tx, [name])
     if failed:
         return failed
     if not k.serving:
@@ -323,21 +243,14 @@ def _verify(state: BarrierState[Any], tx: Transition, name: str, checks: Sequenc
         try:
             method, kwargs = check.request(engine)
         except TypeError as exc:
-            return {name: CheckFailed(name, check.name, None, None, detail=f"{check.name}: {exc}")}
-        deadline = tx.deadline.cap(state.deadlines.for_phase("verify"))
-        step: ReadStep[Any] = ReadStep(method, ((name, kwargs),), [(engine, kwargs)], deadline)
+            return {name: unreadable(name, check, exc)}
+        step: ReadStep[Any] = ReadStep(method, ((name, kwargs),), [(engine, kwargs)], tx.deadline.cap(state.deadlines.for_phase("verify")))
         yield step
         state.heard(step.results or ())
-        if step.error is not None or step.results is None or len(step.results) != 1:
-            why = step.error if step.error is not None else "no answer"
-            return {name: CheckFailed(name, check.name, None, None, detail=f"{check.name}: could not read it ({method}): {why}")}
-        result = step.results[0]
-        if result.error is not None:
-            detail = f"{check.name}: could not read it ({method}): {type(result.error).__name__}: {result.error}"
-            return {name: CheckFailed(name, check.name, None, None, detail=detail)}
-        verdict = check.judge(name, result.value)
-        if verdict is not None:
-            return {name: verdict}
+        results = step.results if step.error is None and step.results is not None and len(step.results) == 1 else None
+        miss = judge_one(check, method, results[0] if results else EngineResult(name, error=step.error or RuntimeError("no answer")))
+        if miss is not None:
+            return {name: miss}
     return {}
 
 
@@ -353,7 +266,7 @@ def record(state: BarrierState[Any], name: str, change: str, group: str) -> None
     """Write the membership change ``change`` of ``name`` (in the group named ``group``) to the journal, with its facts;
     nothing without one."""
     if state.journal is not None:
-        state.journal.member(name, change, group, state.know, retired=state.retired)
+        state.journal.member(name, change, group, state.know, retired=state.retired, budget=state.restart_budget)
 
 
 def _group_name(state: BarrierState[Any], name: str) -> str:
@@ -370,23 +283,17 @@ def fence(state: BarrierState[Any], name: str, why: str) -> None:
     emit(state.observers, EngineStateChanged(engine=name, from_state=str(before), to_state=str(EngineState.FENCED)))
 
 
-def left(state: BarrierState[Any], name: str) -> None:
-    """``name`` was retired: journal that it left (``transitions.retire`` already wrote its facts); each orchestrator's
-    ``retire`` calls this right after it, under the lock."""
-    state.fenced.pop(name, None)
-    state.joining.discard(name)
-    record(state, name, LEFT, _group_name(state, name))
-
-
-def take_up(state: BarrierState[Any]) -> None:
-    """A resumed journal's membership (``Recovery.members``): an engine whose join had not finished, or that was fenced,
-    stays fenced (``add`` brings it in again). Each orchestrator calls this right after ``transitions.resume``."""
-    if state.recovery is None:
-        return
-    for name, change in state.recovery.members.items():
-        if name in state.know and name not in state.retired and change in (JOINING, FENCED):
-            why = "its join had not finished when the last controller stopped" if change == JOINING else "fenced by the last controller"
-            state.fenced[name] = f"{why}: add() it again"
+def retire(state: BarrierState[E], engine: str | E) -> None:
+    """Stop sending anything to ``engine`` (name, URL or engine object): no transition covers or names it again; the
+    journal records that it left, with its facts."""
+    name = state.name_of(engine)
+    with state.lock:
+        state.retired.add(name)
+        state.fenced.pop(name, None)
+        state.joining.discard(name)
+        state.label = "retire"
+        record(state, name, LEFT, _group_name(state, name))
+        state.persist((name,))  # the knowledge hook; the record above holds every fact, so a journal writes nothing more
 
 
 def min_engines_arg(min_engines: int | None, transition: str) -> int | None:
@@ -415,6 +322,16 @@ def fence_failed(state: BarrierState[Any], err: PhaseFailed, min_engines: int | 
     return True
 
 
-def with_fenced(report: TransitionReport, fenced: Mapping[str, str]) -> TransitionReport:
-    """``report`` naming the engines fenced on its way (``TransitionReport.fenced``)."""
-    return replace(report, fenced=dict(fenced)) if fenced else report
+def partial(state: BarrierState[Any], steps: Callable[[], Steps[TransitionReport]], min_engines: int | None) -> Steps[TransitionReport]:
+    """The transition ``steps()``; with ``min_engines``, fence the engines it failed on and run it again for the rest while
+    enough are left (``fence_failed``), else its ``PhaseFailed`` goes on. The report names the engines fenced on its way
+    (``TransitionReport.fenced``)."""
+    fenced: dict[str, str] = {}
+    while True:
+        try:
+            report = yield from steps()
+        except PhaseFailed as err:
+            if not fence_failed(state, err, min_engines, fenced):
+                raise
+        else:
+            return replace(report, fenced=dict(fenced)) if fenced else report

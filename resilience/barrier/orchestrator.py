@@ -1,37 +1,8 @@
-"""The barrier orchestrator: offload, onload and weight sync across engine groups, without ever killing an engine.
+"""``Orchestrator``: the barrier driven from the caller's thread, each phase through a ``FanOut``.
 
-- offload: pause (all) -> barrier -> flush (all) -> barrier -> release (all) -> barrier.
-- onload: resume (all) -> barrier -> continue, only on engines whose memory is
-  all back and that no other hold keeps paused.
-- weight sync: a hold over pause -> your update -> the hold released.
-
-Each phase goes to every engine at once through a ``FanOut``; the next phase
-starts only when every engine answered. Per engine the orchestrator keeps what
-it knows and what it knows it does not know (``state.EngineKnowledge``); every command is
-sent only when its precondition is known to hold: release only to a known
-paused and flushed engine for tags known not released; resume only for tags
-known released; continue only when nothing is released and no hold remains;
-pause and flush (safe to re-send) resolve an unknown "paused". A call whose
-outcome is ambiguous makes the facts it touches unknown; an engine with
-unknown released tags is quarantined until ``reconcile`` or ``retire``. A call
-still running at its phase deadline is awaited before anything else goes to
-that engine, so no late command can undo a later one. A transition that
-returns has kept its promise; one that could not raises ``PhaseFailed`` naming
-every engine it failed on or skipped, and every engine not serving.
-
-Knowledge is write-ahead: before a phase goes to the fan-out, the facts each
-call may change are marked in flight, and only an answer, or the driver's
-record that the request never left, settles them. A KeyboardInterrupt, a
-SystemExit raised in a worker, a fan-out or an observer raising: each leaves
-those facts unknown, never forgotten (the fan-outs hand back what they read
-so far on the error, so calls still running are waited for later). With a
-``memory_probe``, an engine whose tags became unknown is reconciled from the
-probe instead of staying quarantined.
-
-The orchestrator holds its state (``.state``, a ``BarrierState``: the engines and
-what it knows of them) and drives the transitions, written once as steps in
-``resilience.barrier.transitions`` (shared with ``AsyncOrchestrator``), from the
-caller's thread, through a ``FanOut``.
+It holds its state (``.state``, a ``BarrierState``: the engines and what it knows of them) and drives the
+transitions, written once as steps in ``resilience.barrier.transitions`` (shared with ``AsyncOrchestrator``). What a
+transition promises and what it does when a phase fails: docs/barrier.md and docs/failure-and-recovery.md.
 """
 
 from __future__ import annotations
@@ -45,72 +16,39 @@ from typing import Literal, TypeVar, Unpack
 from resilience.barrier import membership, transitions
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, ThreadFanOut
-from resilience.barrier.state import (
-    BarrierBusy,
-    BarrierKeywords,
-    BarrierOptions,
-    BarrierState,
-    EngineGroup,
-    HoldToken,
-    PhaseFailed,
-    TransitionReport,
-)
-from resilience.barrier.verify import EngineCheck, checks_arg
-from resilience.barrier.verify import verify as verify_engines
+from resilience.barrier.state import BarrierBusy, BarrierKeywords, BarrierOptions, BarrierState, EngineGroup, HoldToken, TransitionReport
+from resilience.barrier.verify import EngineCheck, checks_arg, verify_steps
 from resilience.barrier.view import BarrierView
 from resilience.engine_contract import AnyEngine, PauseMode
 
-__all__ = ["Orchestrator", "default_fanout"]
+__all__ = ["Orchestrator"]
 
 E = TypeVar("E", bound=AnyEngine)
 T = TypeVar("T")
 
 
-def default_fanout(engines: Iterable[object]) -> FanOut:
-    """``AsyncFanOut()`` when any engine's control calls are coroutines (``AsyncSGLangClient``), else ``ThreadFanOut()``."""
-    if any(inspect.iscoroutinefunction(getattr(e, "pause_generation", None)) for e in engines):
-        return AsyncFanOut()
-    return ThreadFanOut()
-
-
 class Orchestrator(BarrierView[E]):
     """Drives phases across engine groups with owned pauses, explicit knowledge and rollback.
 
-    ``groups``: one ``EngineGroup`` or several. Engines are anything that
-    satisfies ``ControlPlaneEngine`` and has an ``engine`` name
-    (``SGLangClient``, or Ray engine handles through
-    ``resilience.adapters.ray``), or ``AsyncControlPlaneEngine`` with an
-    ``AsyncFanOut``; they are assumed serving with
-    nothing released when the orchestrator is built (else ``reconcile`` them).
-    ``fanout``: how a phase reaches the engines (default ``ThreadFanOut()``,
-    or ``AsyncFanOut()`` when the engines' calls are coroutines).
-    ``deadlines``: the transition and phase limits. ``restart_budget``: when
-    given, errors say what a restart would leave. ``rollback``: after a failed
-    transition, resume what it released and continue engines where that is
-    known safe (default True). ``clock``: times transitions and phases and
-    sets their deadlines (default the system clock; waits on threads and
-    late calls use real time). ``memory_probe``: a ``MemoryProbe`` that proves
-    which tags are released on an engine; an engine whose tags became unknown
-    (an ambiguous release or resume) is reconciled from it right after the
-    phase and again at the start of the next transition (default None: such
-    an engine stays quarantined and named in ``PhaseFailed`` until
-    ``reconcile``). An engine the fan-out cannot drive (a control method
-    missing, coroutine calls on a thread fan-out, a plain engine on
-    ``RayFanOut``) is refused here with a ``TypeError`` naming it.
-    ``journal``: a path (or a ``Journal``, or a ``JournalStore`` such as
-    ``RayKVJournalStore``) where the knowledge is written before each command
-    is sent and after each answer, so that a new orchestrator on the same
-    journal resumes it after a crash (``resilience.barrier.journal``; default
-    None: knowledge lives in memory only). ``recovery`` then says what was
-    resumed; ``close()`` lets go of the journal.
+    ``groups``: one ``EngineGroup`` or several. Engines satisfy ``ControlPlaneEngine`` and have an ``engine`` name
+    (``SGLangClient``, ``VLLMEngine``, Ray engine handles through ``resilience.adapters.ray``), or
+    ``AsyncControlPlaneEngine`` with an ``AsyncFanOut``; they are assumed serving with nothing released when the
+    orchestrator is built (else ``reconcile`` them). An engine the fan-out cannot drive is refused here with a
+    ``TypeError`` naming it. ``fanout``: how a phase reaches the engines (default ``ThreadFanOut()``, or
+    ``AsyncFanOut()`` when the engines' calls are coroutines). ``deadlines``: the transition and phase limits.
+    ``restart_budget``: when given, errors say what a restart would leave. ``rollback``: after a failed transition,
+    resume what it released and continue engines where that is known safe (default True). ``clock``: times transitions
+    and phases and sets their deadlines (default the system clock; waits on threads and late calls use real time).
+    ``memory_probe``: a ``MemoryProbe`` that proves which tags are released on an engine; an engine whose tags became
+    unknown is reconciled from it right after the phase and again at the start of the next transition (default None:
+    it stays quarantined and named in ``PhaseFailed`` until ``reconcile``). ``journal``: a path (or a ``Journal``, or a
+    ``JournalStore`` such as ``RayKVJournalStore``) where the knowledge is written before each command is sent and after
+    each answer, so that a new orchestrator on the same journal resumes it after a crash (default None: in memory
+    only); ``recovery`` then says what was resumed; ``close()`` lets go of the journal.
 
-    It holds its state (``state``, a ``BarrierState``); the queries and the
-    attributes above read them (``BarrierView``).
-
-    Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run
-    concurrently with each other (each holds its own token), and ``offload``/
-    ``onload`` wait for every running body to end (up to ``transition_s``)
-    before they start, else raise ``BarrierBusy``.
+    Thread-safe: transitions run one at a time; ``weight_sync`` bodies may run concurrently with each other (each holds
+    its own token), and ``offload``/``onload`` wait for every running body to end (up to ``transition_s``) before they
+    start, else raise ``BarrierBusy``.
     """
 
     def __init__(
@@ -120,18 +58,14 @@ class Orchestrator(BarrierView[E]):
         fanout: FanOut | None = None,
         **options: Unpack[BarrierKeywords],
     ) -> None:
-        self.state: BarrierState[E] = BarrierState(
-            groups,
-            BarrierOptions.of("Orchestrator", options),
-            owner="Orchestrator",
-        )
+        self.state: BarrierState[E] = BarrierState(groups, BarrierOptions.of("Orchestrator", options), owner="Orchestrator")
         engines = self.state.engines
-        self.fanout: FanOut = fanout if fanout is not None else default_fanout(engines.values())
-        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
-        if check is not None:  # the fan-out says which engines it can drive, before anything is sent
-            check(engines.values())
+        if fanout is None:  # AsyncFanOut when any engine's control calls are coroutines (AsyncSGLangClient)
+            coroutines = any(inspect.iscoroutinefunction(getattr(e, "pause_generation", None)) for e in engines.values())
+            fanout = AsyncFanOut() if coroutines else ThreadFanOut()
+        self.fanout: FanOut = fanout
+        self._check(engines.values())
         transitions.resume(self.state)
-        membership.take_up(self.state)
         self._bodies_ended = threading.Condition(self.state.lock)
         self._bodies: dict[int, int] = {}
         """Thread id -> weight_sync bodies running on it."""
@@ -140,41 +74,32 @@ class Orchestrator(BarrierView[E]):
 
     def retire(self, engine: str | E) -> None:
         """Stop sending anything to ``engine`` (dead, or replaced): no transition covers or names it again."""
-        with self.state.lock:
-            transitions.retire(self.state, engine)
-            membership.left(self.state, self.state.name_of(engine))
+        membership.retire(self.state, engine)
 
     def reconcile(self, engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:
         """Tell the orchestrator ``engine``'s real state, after you checked its memory or restarted it.
 
-        ``released``: the tags released on it now (``()`` for none; None keeps
-        what is known and leaves unknown tags unknown). ``paused``: True, False,
-        or None when you do not know (the next transition that needs it paused
-        pauses it again, which is safe). This lifts the quarantine and a "dead"
-        mark. An engine with released memory cannot be serving: ``paused=False``
-        is refused with released tags, and with ``released=None`` on an engine
-        with tags known released or unknown (each a state SGLang crashes in). Refused too while a call sent to it
-        earlier is still running (reconcile after it lands: it could change the
-        state you report).
+        ``released``: the tags released on it now (``()`` for none; None keeps what is known and leaves unknown tags
+        unknown). ``paused``: True, False, or None when you do not know (the next transition that needs it paused pauses
+        it again, which is safe). This lifts the quarantine and a "dead" mark. An engine with released memory cannot be
+        serving: ``paused=False`` is refused with released tags, and with ``released=None`` on an engine with tags known
+        released or unknown (each a state SGLang crashes in). Refused too while a call sent to it earlier is still
+        running (reconcile after it lands: it could change the state you report).
         """
         transitions.reconcile(self.state, engine, released=released, paused=paused)
 
     def add(self, engine: E, *, group: str | int | None = None, verify: EngineCheck | Sequence[EngineCheck] = ()) -> TransitionReport:
         """Bring ``engine`` (new, restarted at a known URL, fenced or retired) into ``group``'s current state; it counts
-        only once there (``resilience.barrier.membership``).
+        only once there (docs/barrier.md, "Engines that join and leave").
 
         ``group``: a group's name or index (default None: the first group, or the group a known engine is in).
-        Into an offloaded group it is paused, flushed and released as the others are; into a serving group, with
-        ``verify`` checks (``WeightVersionCheck``, ``CanaryCheck``; default none), it is paused, verified and
-        continued (a canary after the continue; a mismatch pauses it again). A known engine that answers as a fresh
-        process while the barrier knows it released is taken as new (``TransitionReport.replaced``). A join that fails
-        fences the engine and raises ``PhaseFailed`` naming it. Waits for running ``weight_sync`` bodies first;
-        refused (``BarrierBusy``) while a ``pause`` hold is held. The fan-out must be able to drive it (``TypeError``).
+        ``verify``: checks asked as it joins a serving group (``WeightVersionCheck`` while paused, ``CanaryCheck`` once
+        continued; a mismatch pauses it again; default none). A join that fails fences the engine and raises
+        ``PhaseFailed`` naming it. Waits for running ``weight_sync`` bodies first; refused (``BarrierBusy``) while a
+        ``pause`` hold is held. The fan-out must be able to drive it (``TypeError``).
         """
         checks = checks_arg(verify)
-        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
-        if check is not None:
-            check([engine])
+        self._check([engine])
         with self.state.lock:
             self._wait_for_bodies("add")
             name, target = membership.admit(self.state, engine, group)
@@ -187,52 +112,47 @@ class Orchestrator(BarrierView[E]):
     ) -> TransitionReport:
         """Pause all offloaded engines, then flush all, then release ``tags`` (None = all) on all.
 
-        Returns only when every offloaded engine (not retired) is known paused
-        with ``tags`` released. Idempotent: tags already released are not
-        released again. Engines that are dead, quarantined or still busy with
-        a late call are skipped and named in ``PhaseFailed`` after the others
-        are done. ``mode="in_place"`` is refused: it keeps running requests' KV,
-        so flush would fail. Waits for running ``weight_sync`` bodies first.
-        ``min_engines``: partial progress, opt-in (default None: off). When the offload fails and at least this many
-        of its engines are not among those it failed on, those are fenced (named in ``TransitionReport.fenced``) and
-        the offload completes for the rest (``resilience.barrier.membership``).
+        Returns only when every offloaded engine (not retired) is known paused with ``tags`` released. Idempotent: tags
+        already released are not released again. Engines that are dead, quarantined or still busy with a late call are
+        skipped and named in ``PhaseFailed`` after the others are done. ``mode="in_place"`` is refused: it keeps running
+        requests' KV, so flush would fail. Waits for running ``weight_sync`` bodies first. ``min_engines``: partial
+        progress, opt-in (default None: off). When the offload fails and at least this many of its engines are not among
+        those it failed on, those are fenced (named in ``TransitionReport.fenced``) and the offload completes for the
+        rest (``resilience.barrier.membership``).
         """
         wanted = transitions.offload_args(tags, mode)
         need = membership.min_engines_arg(min_engines, "offload")
         with self.state.lock:
             self._wait_for_bodies("offload")
-            return self._partial(lambda: transitions.offload_steps(self.state, wanted, mode), need)
+            return self._run(membership.partial(self.state, lambda: transitions.offload_steps(self.state, wanted, mode), need))
 
     def onload(
         self, tags: Sequence[str] | None = None, *, verify: EngineCheck | Sequence[EngineCheck] = (), min_engines: int | None = None
     ) -> TransitionReport:
         """Resume ``tags`` (None = everything released) on all offloaded engines, then continue those whose memory is all back.
 
-        Returns only when every offloaded engine (not retired) serves, or is
-        held paused on purpose (tags still released, or another hold such as a
-        weight sync) and named in ``TransitionReport.held``. Idempotent.
-        Engines that are dead, quarantined or busy with a late call are skipped
-        and named in ``PhaseFailed``. Waits for running ``weight_sync`` bodies first.
-        ``verify``: checks asked of every offloaded engine afterwards
-        (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``;
-        default none); a mismatch raises ``VerificationFailed`` naming the engine.
-        ``min_engines``: partial progress, as for ``offload`` (default None: off).
+        Returns only when every offloaded engine (not retired) serves, or is held paused on purpose (tags still
+        released, or another hold such as a weight sync) and named in ``TransitionReport.held``. Idempotent. Engines
+        that are dead, quarantined or busy with a late call are skipped and named in ``PhaseFailed``. Waits for running
+        ``weight_sync`` bodies first. ``verify``: checks asked of every offloaded engine afterwards
+        (``resilience.barrier.verify``: ``WeightVersionCheck``, ``CanaryCheck``; default none); a mismatch raises
+        ``VerificationFailed`` naming the engine. ``min_engines``: partial progress, as for ``offload`` (default None:
+        off).
         """
         wanted = transitions.tags_arg(tags, "onload")
         need = membership.min_engines_arg(min_engines, "onload")
         with self.state.lock:
             self._wait_for_bodies("onload")
-            report = self._partial(lambda: transitions.onload_steps(self.state, wanted), need)
-            return self._verified("onload", report, verify, self.state.offloaded)
+            report = self._run(membership.partial(self.state, lambda: transitions.onload_steps(self.state, wanted), need))
+            return self._run(verify_steps(self.state, "onload", report, verify, self.state.offloaded))
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
 
-        Returns the token in ``TransitionReport.hold``; pass it to ``unpause``.
-        Holds are owned and counted: two pauses with the same reason are two
-        holds. Refused (``PhaseFailed``, nothing sent) when an engine is dead,
-        quarantined or busy with a late call; on a failed pause the hold is
-        released and the engines it paused are continued where safe.
+        Returns the token in ``TransitionReport.hold``; pass it to ``unpause``. Holds are owned and counted: two pauses
+        with the same reason are two holds. Refused (``PhaseFailed``, nothing sent) when an engine is dead, quarantined
+        or busy with a late call; on a failed pause the hold is released and the engines it paused are continued where
+        safe.
         """
         with self.state.lock:
             return self._run(transitions.pause_steps(self.state, reason, mode))
@@ -247,16 +167,13 @@ class Orchestrator(BarrierView[E]):
     def weight_sync(self, mode: PauseMode = "retract", *, verify: EngineCheck | Sequence[EngineCheck] = ()) -> Iterator[list[E]]:
         """Hold every engine paused while the body updates weights; the hold (this sync's own token) is released on exit.
 
-        Yields the engines (not retired), every one known paused. Re-entrant
-        and thread-safe: nested or concurrent syncs each hold their own token,
-        and admission reopens only when the last one ends (and memory is back:
-        inside an offloaded window the engines stay paused until onload).
-        ``offload``/``onload`` never run while a body runs: they wait for it.
-        Refused (``PhaseFailed``, nothing sent, the body never runs) while an engine's
-        weights are released: a weight update into them would kill it (``onload(tags=["weights"])`` first).
-        ``verify``: checks asked of the synced engines once the body returned and
-        the hold ended (``resilience.barrier.verify``; default none); a mismatch
-        raises ``VerificationFailed`` naming the engine.
+        Yields the engines (not retired), every one known paused. Re-entrant and thread-safe: nested or concurrent syncs
+        each hold their own token, and admission reopens only when the last one ends (and memory is back: inside an
+        offloaded window the engines stay paused until onload). ``offload``/``onload`` never run while a body runs: they
+        wait for it. Refused (``PhaseFailed``, nothing sent, the body never runs) while an engine's weights are
+        released: a weight update into them would kill it (``onload(tags=["weights"])`` first). ``verify``: checks asked
+        of the synced engines once the body returned and the hold ended (``resilience.barrier.verify``; default none); a
+        mismatch raises ``VerificationFailed`` naming the engine.
         """
         me = threading.get_ident()
         with self.state.lock:
@@ -273,39 +190,9 @@ class Orchestrator(BarrierView[E]):
                     del self._bodies[me]
                 self._bodies_ended.notify_all()
             ended = self.unpause(token)
-        self._verified("weight_sync", ended, verify, token.engines)  # only after a body that returned
-
-    def _verified(
-        self, transition: str, report: TransitionReport, checks: EngineCheck | Sequence[EngineCheck], names: Iterable[str]
-    ) -> TransitionReport:
-        """``report`` once ``checks`` passed on the engines ``names`` (not retired), read through the fan-out."""
-        if not checks:
-            return report
-        engines = {n: self.state.engines[n] for n in self.state.active(names)}
-        deadline_s = self.deadlines.for_phase("verify")
-        return verify_engines(
-            transition,
-            report,
-            checks,
-            engines,
-            not_serving=self.not_serving(),
-            send=self.fanout.call,
-            deadline_s=deadline_s,
-            heard=self.state.heard,
-        )
+        self._run(verify_steps(self.state, "weight_sync", ended, verify, token.engines))  # only after a body that returned
 
     # -- the driver ------------------------------------------------------------------
-
-    def _partial(self, steps: Callable[[], transitions.Steps[TransitionReport]], min_engines: int | None) -> TransitionReport:
-        """Run a transition; with ``min_engines``, fence the engines it failed on and run it again for the rest while
-        enough are left (``membership.fence_failed``), else its ``PhaseFailed`` goes on."""
-        fenced: dict[str, str] = {}
-        while True:
-            try:
-                return membership.with_fenced(self._run(steps()), fenced)
-            except PhaseFailed as err:
-                if not membership.fence_failed(self.state, err, min_engines, fenced):
-                    raise
 
     def _run(self, steps: transitions.Steps[T]) -> T:
         """Drive a transition's steps on this thread (under the lock): phases through the fan-out, settles by waiting.
@@ -342,6 +229,12 @@ class Orchestrator(BarrierView[E]):
                 step.results = self.fanout.call(step.engines, step.method, step.deadline)
             except Exception as exc:  # a fan-out that cannot send this read: the answers are unknown (ReadStep)
                 step.error = exc
+
+    def _check(self, engines: Iterable[object]) -> None:
+        """The fan-out's ``check_engines``, when it has one: refuses an engine it cannot drive before anything is sent."""
+        check: Callable[[Iterable[object]], None] | None = getattr(self.fanout, "check_engines", None)
+        if check is not None:
+            check(engines)
 
     def _wait_for_bodies(self, transition: str) -> None:
         """Exclusion: wait (up to ``transition_s``) until no ``weight_sync`` body runs; called under the lock."""

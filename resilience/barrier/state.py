@@ -1,105 +1,20 @@
-"""The barrier's state: what it knows of each engine, what a call did, its values and reports, and the one object
-each orchestrator holds them in (``BarrierState``).
+"""The barrier's state, with no I/O and no clock: what it knows of each engine (``EngineKnowledge``), what a call did
+(``Effect``, read by ``effect_of`` from the driver's record only), the barrier's values, reports and errors, and
+``BarrierState``, the one object each orchestrator holds them in.
 
-No I/O and no clock: pure bookkeeping, read and changed by the transitions (``resilience.barrier.transitions``)
-under ``BarrierState.lock``. Sections, in order:
+An engine's state is a few facts, each known or unknown: ``paused`` (None: a pause or continue that may have been
+applied; pause and flush are safe to re-send, so it is resolved by pausing again), ``flushed``, the ``released`` tags
+and the ``unknown`` ones (an ambiguous release or resume; ``doubt`` says why), ``dead``, and ``in_flight`` (a call
+still running past its phase deadline: nothing else is sent to the engine until it lands). An engine with unknown tags
+is *quarantined* on a kind where re-sending kills (SGLang: nothing it answers tells which tags are released, see
+docs/failure-and-recovery.md) until ``reconcile``, a ``MemoryProbe`` or ``retire``.
 
-- the knowledge of one engine (``EngineKnowledge``, its ``Facts``, ``Doubt``, ``Pending``, ``InFlight``) and
-  what a call did (``Effect``);
-- the barrier's values and errors (``EngineGroup``, ``PhaseDeadlines``, ``HoldToken``, the reports,
-  ``PhaseFailed``, ``EngineSkipped``, ``BarrierBusy``);
-- reading an ``Effect`` off a call's error (``effect_of``, ``doubt_of``);
-- the orchestrators' options as one value (``BarrierOptions``) and their state (``BarrierState``: the engines,
-  their knowledge and kinds' rules, the journal, the queries).
-
-What is known of one engine
-===========================
-
-What the orchestrator knows about one engine, and what it knows it does not know.
-
-An engine's state is not one label but a few facts, each known or unknown:
-
-- ``paused``: True, False, or None (unknown: a pause or continue that may have
-  been applied). Pause and flush are safe to re-send, so an unknown "paused" is
-  resolved by pausing again before anything that needs a paused engine.
-- ``flushed``: the cache is known flushed since the engine was last known to pause.
-- ``released``: tags known released; ``unknown``: tags that may or may not be
-  released (an ambiguous release or resume). An engine with unknown tags is
-  *quarantined*: no release, resume or continue is sent to it until the caller
-  reconciles it (``Orchestrator.reconcile``), a ``MemoryProbe`` proves its tags,
-  or it is retired. Nothing SGLang 0.5.23
-  answers can tell which tags are released: the scheduler keeps them in
-  ``WeightUpdater.offload_tags`` (``sglang/srt/managers/scheduler_components/weight_updater.py``,
-  ``release_memory_occupation``) and no endpoint reads that set; ``/server_info``'s
-  ``memory_usage`` holds static sizes (``scheduler_components/internal_state.py``,
-  ``_add_memory_usage``). See docs/failure-and-recovery.md.
-- ``doubt``: why the ``unknown`` tags are unknown (``Doubt``): which call left
-  them so and how its request ended. After a reset or read timeout after
-  sending, a 504, no delivery record or an interruption, the request may still
-  be on its way or running (``in_transit``): a memory probe's "as before" is
-  trusted only once ``PhaseDeadlines.in_transit_s`` has passed; its "applied"
-  at once. After a gateway's 502 or 503 the gateway answered for it: both are
-  trusted at once (the rule of ``adapters/sglang_memory.py``'s ``MemoryProbeCheck``).
-- ``dead``: why the engine stopped answering, or None.
-- ``in_flight``: a call still running past its phase deadline. Nothing is sent
-  to the engine until it lands (it could undo a later command), and the facts it
-  touches stay unknown until then.
-
-Knowledge is *write-ahead*: before a call is handed to a fan-out, ``mark``
-puts the facts it may change where a "ambiguous" would leave them (a
-release's tags unknown, a continue's "paused" unknown) and keeps what they
-were in ``pending``. Only an answer, or the driver's proof that the request
-never left, settles them (``settle``), refining field by field in an order
-where every intermediate state is still true: an interruption at any instant
-leaves the facts unknown, never forgotten.
-
-Each command's precondition (``may_*``) must be *known* to hold before it is
-sent; ``apply`` folds a call's outcome into the facts. Pure bookkeeping: no I/O,
-no clock. The orchestrator serialises access under its own lock.
-
-Values and errors
-=================
-
-The barrier's values and errors: engine groups, deadlines, reports, hold tokens, ``PhaseFailed``.
-
-What a call did
-===============
-
-What a control call did to the engine, read from the driver's record only: applied, not applied, or ambiguous.
-
-The barrier never looks at an exception's library or type to decide this:
-every driver (the requests, httpx and aiohttp transports, the SGLang clients,
-the Ray adapter) attaches the record of its attempts to the errors it raises
-(``resilience.outcome.attempts_of``: ``AttemptRecord``s with a ``Delivery``).
-The only errors judged by what they are are the barrier's own:
-``PhaseTimeout``, ``EngineSkipped`` and ``EngineDied``.
-
-The barrier folds the ``Effect`` into its knowledge of the engine
-(``resilience.barrier.state``): an ambiguous effect makes the facts the call
-touches unknown.
-
-The state an orchestrator holds
-===============================
-
-``BarrierState``: what the barrier knows, held by each orchestrator: engines, per-engine knowledge, the journal, queries.
-
-Both orchestrators hold one (``Orchestrator.state``, ``AsyncOrchestrator.state``), built from their
-``BarrierOptions``, and hand it to the transitions, written once as steps that never do I/O
-(``resilience.barrier.transitions``).
-
-Knowledge is write-ahead: before a ``PhaseStep`` is yielded, each engine's
-facts the call may change are marked in flight (``EngineKnowledge.mark``:
-where a "ambiguous" would leave them), and only an answer, or the
-driver's record that the request never left, settles them. A driver that
-stops in the middle (KeyboardInterrupt, SystemExit, a cancelled task, a
-fan-out that raised, an observer raising anything) hands the step's results
-as far as they go back to ``transitions.abandon``, which folds them in; every call
-it has no answer for stays ambiguous, so nothing that may have been applied is
-ever forgotten. Observers are told after the knowledge changed (every engine
-of a phase is folded first), so nothing they raise can undo it.
-
-Every change of the knowledge goes through a place that calls ``persist``
-with the engines it touched, before any command that depends on it is sent.
+Knowledge is write-ahead: before a call is handed to a fan-out, ``mark`` puts the facts it may change where an
+ambiguous effect would leave them and keeps what they were in ``pending``; only an answer, or the driver's record that
+the request never left, settles them (``settle``), field by field in an order where every intermediate state is still
+true, so an interruption at any instant leaves them unknown, never forgotten. Each command is sent only when its
+precondition (the kind's ``EngineRules``) is *known* to hold. Every change of the knowledge goes through a place that
+calls ``BarrierState.persist`` with the engines it touched, before any command that depends on it is sent.
 """
 
 from __future__ import annotations
@@ -134,29 +49,9 @@ if TYPE_CHECKING:  # the journal reads this module's knowledge; the state only h
     from resilience.barrier.journal_store import JournalStore
 
 __all__ = [
-    "BarrierKeywords",
-    "BarrierOptions",
-    "ANSWERED_FOR",
-    "BarrierBusy",
-    "BarrierState",
-    "Doubt",
-    "Effect",
-    "EngineGroup",
-    "EngineKnowledge",
-    "EngineSkipped",
-    "Facts",
-    "GATEWAY_STATUSES",
-    "HoldToken",
-    "InFlight",
-    "Pending",
-    "PhaseDeadlines",
-    "PhaseFailed",
-    "PhaseReport",
-    "TransitionReport",
-    "doubt_of",
-    "effect_of",
-    "is_engine_dead",
-    "reasons",
+    "ANSWERED_FOR", "GATEWAY_STATUSES", "BarrierBusy", "BarrierKeywords", "BarrierOptions", "BarrierState", "Doubt", "Effect",
+    "EngineGroup", "EngineKnowledge", "EngineSkipped", "Facts", "HoldToken", "InFlight", "Pending", "PhaseDeadlines",
+    "PhaseFailed", "PhaseReport", "TransitionReport", "doubt_of", "effect_of", "is_engine_dead", "reasons", "short",
 ]
 
 
@@ -205,12 +100,11 @@ class Facts:
 class Doubt:
     """Why an engine's ``unknown`` tags are unknown: the call that left them so, and how its request ended.
 
-    ``method``: the release or resume (None: not known, e.g. a journal written before doubts were kept).
-    ``in_transit``: the request may still be on its way or running (a reset or read timeout after sending,
-    a 504, no delivery record, an interruption, a controller that died with it in flight); False only
-    when a gateway's 502 or 503 answered for every attempt that may have reached the engine.
-    ``delivery``: that, in words. ``since``: the orchestrator clock's ``monotonic()`` when the answer
-    came (for a journal resumed: when it was resumed, so the grace starts again).
+    ``method``: the release or resume (None: not known, e.g. a journal written before doubts were kept). ``in_transit``:
+    the request may still be on its way or running (a reset or read timeout after sending, a 504, no delivery record, an
+    interruption, a controller that died with it in flight); False only when a gateway's 502 or 503 answered for every
+    attempt that may have reached the engine. ``delivery``: that, in words. ``since``: the orchestrator clock's
+    ``monotonic()`` when the answer came (for a journal resumed: when it was resumed, so the grace starts again).
     """
 
     method: str | None
@@ -475,10 +369,9 @@ class EngineGroup(Generic[E]):
 class PhaseDeadlines:
     """Time limits, seconds: the whole transition, and each phase (capped by what is left of the transition).
 
-    ``transition_s`` also bounds how long ``offload``/``onload`` wait for a
-    running ``weight_sync`` body. A call still running at its phase deadline
-    is awaited, before anything else is sent to that engine, for at most
-    ``continue_s`` (then the engine is skipped and named).
+    ``transition_s`` also bounds how long ``offload``/``onload`` wait for a running ``weight_sync`` body. A call still
+    running at its phase deadline is awaited, before anything else is sent to that engine, for at most ``continue_s``
+    (then the engine is skipped and named).
     """
 
     transition_s: float = 300.0
@@ -491,15 +384,14 @@ class PhaseDeadlines:
     """How long after an ambiguous release or resume whose request may still be on its way (a reset or read timeout
     after sending, a 504, no delivery record, an interruption) a memory probe's "as before" is trusted: until then a
     late arrival could still apply it, so the engine stays quarantined (the probe's "applied" is trusted at once).
-    Meanwhile the probe is asked again every ``probe_poll_s``: right after the phase that sent the call (up to that
-    phase's deadline) and at the start of the next transition (up to the settle limit, ``continue_s``). Default
-    None: the deadline of the call's own phase (``release_s`` or ``resume_s``), the longest the barrier lets such a
-    call run. 0 trusts the probe at once (the race this closes comes back)."""
+    Meanwhile the probe is asked again every ``probe_poll_s``. Default None: the deadline of the call's own phase
+    (``release_s`` or ``resume_s``), the longest the barrier lets such a call run. 0 trusts the probe at once (the race
+    this closes comes back)."""
     probe_poll_s: float = 0.05
     """While a probe's "as before" is not trusted yet (the grace above), how often it is asked again, on the
-    orchestrator's clock: right after the phase that sent the ambiguous call (up to that phase's deadline) and at
-    the start of the next transition (up to the settle limit), until it proves the call applied or the grace has
-    passed. Default 0.05 s: an engine's release or resume applies within milliseconds to a few seconds."""
+    orchestrator's clock: right after the phase that sent the ambiguous call (up to that phase's deadline) and at the
+    start of the next transition (up to ``continue_s``). Default 0.05 s: a release or resume applies within
+    milliseconds to a few seconds."""
 
     def __post_init__(self) -> None:
         for name in ("transition_s", "pause_s", "flush_s", "release_s", "resume_s", "continue_s"):
@@ -554,15 +446,11 @@ class HoldToken:
 class TransitionReport:
     """A finished transition: its phases in order.
 
-    ``held``: engines the transition left paused on purpose, each with the
-    reasons that hold it (an onload inside a weight sync, a partial onload).
-    ``hold``: the token a ``pause`` took, else None.
-    ``replaced``: engines this transition found replaced by a fresh process since the journal it resumed was
-    written (a restart while no controller watched), each with what showed it; they were taken as new engines,
-    serving with nothing released and not paused by the orchestrator, never as the journal's
-    (``resilience.barrier.transitions``). Empty (default) otherwise.
-    ``fenced``: engines a transition with ``min_engines`` fenced on its way (kept out of every transition and out of
-    rotation until ``add`` brings them back), each with why (``resilience.barrier.membership``). Empty (default) otherwise.
+    ``held``: engines the transition left paused on purpose, each with the reasons that hold it (an onload inside a
+    weight sync, a partial onload). ``hold``: the token a ``pause`` took, else None. ``replaced``: engines found
+    replaced by a fresh process since the journal it resumed was written, each with what showed it (taken as new
+    engines, serving, never as the journal's). ``fenced``: engines a transition with ``min_engines`` fenced on its way,
+    each with why. Both empty (default) otherwise.
     """
 
     transition: str
@@ -591,20 +479,18 @@ class BarrierBusy(TimeoutError):
 class PhaseFailed(RuntimeError):
     """A transition did not put every engine where it promised.
 
-    - ``transition``, ``phase``: what failed, and the first phase it failed in
-      (``"skipped"`` when engines were skipped and nothing else failed).
-    - ``failures``: each engine the transition failed on, with its error;
-      skipped engines carry an ``EngineSkipped`` saying why.
+    - ``transition``, ``phase``: what failed, and the first phase it failed in (``"skipped"`` when engines were skipped
+      and nothing else failed).
+    - ``failures``: each engine the transition failed on, with its error; skipped engines carry an ``EngineSkipped``
+      saying why.
     - ``rolled_back``: engines continued again (serving) after the failure.
-    - ``left_paused``: every engine of the orchestrator (not retired) that is
-      not known to serve, whatever its state, with why: paused, held, released,
-      maybe paused, quarantined, dead, or a late call in flight.
-    - ``quarantined``: engines whose released tags are unknown; nothing will
-      release, resume or continue them until ``Orchestrator.reconcile`` (you
-      checked the engine, or restarted it) or ``Orchestrator.retire``.
+    - ``left_paused``: every engine of the orchestrator (not retired) that is not known to serve, whatever its state,
+      with why: paused, held, released, maybe paused, quarantined, dead, or a late call in flight.
+    - ``quarantined``: engines whose released tags are unknown; nothing will release, resume or continue them until
+      ``Orchestrator.reconcile`` (you checked the engine, or restarted it) or ``Orchestrator.retire``.
     - ``dead``: engines that stopped answering (also in ``left_paused``).
-    - ``restarts_remaining``/``restart_limit``: what a restart would leave, when
-      the orchestrator has a ``RestartBudget``; it restarts nothing itself.
+    - ``restarts_remaining``/``restart_limit``: what a restart would leave, when the orchestrator has a
+      ``RestartBudget``; it restarts nothing itself.
     """
 
     def __init__(
@@ -666,23 +552,19 @@ def effect_of(error: BaseException | None) -> Effect:
     """The effect of a call that ended with ``error`` (None: it returned).
 
     - no error: APPLIED;
-    - the barrier's own ``PhaseTimeout(maybe_sent=False)`` (the call never
-      started), ``EngineSkipped`` and ``EngineNotDriven`` (nothing was sent): NOT_APPLIED;
-    - no driver record at all (``EngineDied``, ``EngineUnavailable``, a
-      ``PhaseTimeout`` of a call that may have started, any error no driver
-      wrote, such as a fan-out's or an engine's own bug; an empty record,
-      which ``attempts_of`` reads as none): AMBIGUOUS. This is the
-      conservative reading: without the driver's word that the request never
-      left, it may have been applied;
+    - the barrier's own ``PhaseTimeout(maybe_sent=False)`` (the call never started), ``EngineSkipped`` and
+      ``EngineNotDriven`` (nothing was sent): NOT_APPLIED;
+    - no driver record at all (``EngineDied``, ``EngineUnavailable``, a ``PhaseTimeout`` of a call that may have
+      started, any error no driver wrote, such as a fan-out's or an engine's own bug; an empty record, which
+      ``attempts_of`` reads as none): AMBIGUOUS. This is the conservative reading: without the driver's word that the
+      request never left, it may have been applied;
     - any attempt delivered ``AMBIGUOUS`` (read timeout, reset after sending): AMBIGUOUS;
-    - any attempt ``RESPONDED`` with a gateway status (502, 503, 504: a proxy
-      may answer it after forwarding), whatever the transport's retry policy
-      did with it: AMBIGUOUS;
-    - any attempt ``RESPONDED`` with a status that is not an error (below 400:
-      the engine answered, and the driver raised anyway): AMBIGUOUS;
-    - otherwise every attempt was ``NOT_SENT`` (refused, connect timeout, DNS,
-      TLS, a full local pool, an open breaker) or answered with the engine's own error status (4xx, other 5xx):
-      NOT_APPLIED.
+    - any attempt ``RESPONDED`` with a gateway status (502, 503, 504: a proxy may answer it after forwarding), whatever
+      the transport's retry policy did with it: AMBIGUOUS;
+    - any attempt ``RESPONDED`` with a status that is not an error (below 400: the engine answered, and the driver
+      raised anyway): AMBIGUOUS;
+    - otherwise every attempt was ``NOT_SENT`` (refused, connect timeout, DNS, TLS, a full local pool, an open breaker)
+      or answered with the engine's own error status (4xx, other 5xx): NOT_APPLIED.
     """
     if error is None:
         return Effect.APPLIED
@@ -743,16 +625,10 @@ def is_engine_dead(error: BaseException) -> bool:
     return bool(attempts) and all(a.delivery is Delivery.NOT_SENT for a in attempts)
 
 
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BarrierOptions:
-    """What an orchestrator is built with besides its engines: both orchestrators' keywords as one value.
-
-    ``Orchestrator(...)`` and ``AsyncOrchestrator(...)`` take these as keywords and hand them to their
-    ``BarrierState`` as one ``BarrierOptions``; the state copies them into attributes users may set later
-    (``orch.observers = ...``).
-    """
+    """Both orchestrators' keywords besides their engines, as one value; their ``BarrierState`` copies them into attributes
+    users may set later (``orch.observers = ...``)."""
 
     observers: Sequence[Observer] = ()
     """Who is told of transitions, phases, state and hold changes (default: nobody)."""
@@ -797,11 +673,8 @@ class BarrierKeywords(TypedDict, total=False):
 class BarrierState(Generic[E]):
     """The engines an orchestrator drives and what it knows of each: held by ``Orchestrator`` and ``AsyncOrchestrator``.
 
-    ``options``: the orchestrator's ``BarrierOptions``; ``owner``
-    names the orchestrator in error messages. ``lock`` guards the knowledge:
-    queries take it; a driver holds it while a step is decided or folded,
-    never while waiting on an engine from an event loop. The transitions'
-    modules read and change ``know``, ``retired`` and ``label`` directly.
+    ``owner`` names the orchestrator in error messages. ``lock`` guards the knowledge: queries take it; a driver holds
+    it while a step is decided or folded, never while waiting on an engine from an event loop.
     """
 
     def __init__(self, groups: EngineGroup[E] | Sequence[EngineGroup[E]], options: BarrierOptions, *, owner: str = "Orchestrator") -> None:
@@ -866,15 +739,14 @@ class BarrierState(Generic[E]):
         """Guards ``versions`` alone: a scrape reads them while a transition holds ``lock``, without waiting for it."""
 
     def close(self) -> None:
-        """Let go of the journal (its lock), if there is one. The orchestrator sends nothing more afterwards."""
+        """``BarrierView.close``."""
         if self.journal is not None:
             self.journal.close()
 
     # -- queries ---------------------------------------------------------------
 
     def states(self) -> dict[str, EngineState]:
-        """Every engine's state (not retired ones) as the orchestrator knows it, in one word (``joining`` and ``fenced``
-        for the engines ``resilience.barrier.membership`` keeps out of the transitions)."""
+        """``BarrierView.states``."""
         with self.lock:
             return {n: self.state_of(n, k) for n, k in self.know.items() if n not in self.retired}
 
@@ -885,43 +757,35 @@ class BarrierState(Generic[E]):
         return EngineState.FENCED if name in self.fenced else k.state
 
     def held(self) -> dict[str, tuple[str, ...]]:
-        """The engines held paused on purpose, and by which reasons."""
+        """``BarrierView.held``."""
         with self.lock:
             return {n: reasons(k) for n, k in self.know.items() if k.holds and n not in self.retired}
 
     def paused_by_us(self, engine: str | E) -> bool:
-        """True when the orchestrator keeps ``engine`` from serving (a hold, or a pause it sent).
-
-        Its /health then hangs ~20 s and answers 503: not a fault. ``engine``:
-        its name or URL, or any engine object the orchestrator was built with.
-        Raises ``KeyError`` naming an engine it does not drive.
-        """
+        """``BarrierView.paused_by_us``."""
         name = self.name_of(engine)
         with self.lock:
             k = self.know[name]
             return name not in self.retired and (bool(k.holds) or k.paused is not False)
 
     def released_tags(self, engine: str | E) -> frozenset[str]:
-        """Memory tags known released on ``engine`` (name, URL or engine object)."""
+        """``BarrierView.released_tags``."""
         name = self.name_of(engine)
         with self.lock:
             return frozenset(self.know[name].released)
 
     def quarantined(self) -> dict[str, frozenset[str]]:
-        """Engines (not retired) whose released tags are unknown, with those tags: they need ``reconcile`` or ``retire``.
-
-        Engines of a kind whose calls are re-sent instead (vLLM) are not quarantined; ``unsettled`` names theirs.
-        """
+        """``BarrierView.quarantined``."""
         with self.lock:
             return {n: frozenset(k.unknown) for n, k in self.know.items() if k.quarantined and n not in self.retired}
 
     def unsettled(self) -> dict[str, frozenset[str]]:
-        """Engines (not retired) with unknown released tags that the next transition settles by re-sending (vLLM), with those tags."""
+        """``BarrierView.unsettled``."""
         with self.lock:
             return {n: frozenset(k.unknown) for n, k in self.know.items() if k.unknown and not k.quarantined and n not in self.retired}
 
     def not_serving(self) -> dict[str, str]:
-        """Every engine (not retired) not known to serve, with why (what ``PhaseFailed.left_paused`` holds)."""
+        """``BarrierView.not_serving``."""
         with self.lock:
             out = {n: k.why_not_serving() for n, k in self.know.items() if n not in self.retired and not k.serving}
             out.update({n: f"joining: not in its group's state yet ({out.get(n) or 'serving'})" for n in self.joining})
@@ -977,9 +841,8 @@ class BarrierState(Generic[E]):
     def why_no_weight_sync(self, name: str) -> str:
         """Why a weight sync must not start on ``name`` (its ``weights`` are known released), or "" when nothing stops it.
 
-        A weight update into released or slept weights kills the engine (vLLM #57853 / #57854: the EngineCore
-        segfaults; smg #2529), and neither SGLang 0.5.23 nor vLLM 0.33.0 refuses it itself, so ``weight_sync``
-        refuses the whole sync before pausing anyone (weights that may be released are refused as unknown).
+        A weight update into released weights kills the engine (vLLM #57853 / #57854; smg #2529) and no engine refuses it
+        itself, so ``weight_sync`` refuses the whole sync before pausing anyone.
         """
         k = self.know[name]
         if "weights" not in k.released:

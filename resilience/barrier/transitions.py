@@ -1,194 +1,30 @@
-"""The barrier's transitions as steps, written once for both orchestrators: offload, onload, a pause and its end,
-recovery; with no I/O.
+"""The barrier's transitions as steps, written once for both orchestrators, with no I/O: offload, onload, a pause
+and its end, the check of a resumed journal, recovery.
 
-A transition is a generator over a ``BarrierState`` (``resilience.barrier.state``): it decides what to send,
-*yields* a step that says so (``PhaseStep``, ``SettleStep``, ``WaitStep``, ``ReadStep``), and folds what came back
-into the knowledge before deciding the next. The drivers (``Orchestrator``: threads; ``AsyncOrchestrator``: an event
-loop) send each step and hand it back filled in. Sections, in order (each names the functions it holds):
+A transition is a generator over a ``BarrierState`` (``resilience.barrier.state``): it decides what to send, *yields*
+a step that says so, and folds what came back into the knowledge before deciding the next. The drivers
+(``Orchestrator``: threads; ``AsyncOrchestrator``: an event loop) serve each step and hand it back filled in:
 
-- the arguments, checked before anything is sent (``tags_arg``, ``offload_args``);
-- owned holds (``hold``, ``unhold``, ``OFFLOAD_HOLD``, ``WEIGHT_SYNC_HOLD``);
-- the steps (``PhaseStep`` ...) and the running ``Transition``;
-- the resume check (a resumed journal checked against the engines: ``recheck``, ``pause_again``);
-- a transition's start, end and errors (``transition``, ``error``, ``skips``);
-- the start-of-transition settling and the memory probe (``settle``, ``reconcile_from_probe``, ``poll_probe``, ``land``);
-- one phase marked, sent and folded in (``phase``; ``abandon`` for a driver that stopped inside a step);
-- the memory phases each engine kind needs (``to_release``, ``resume_phases``, ``resend``);
-- the transitions: ``onload_steps`` (and the continue phases), ``offload_steps``, ``pause_steps``/``unpause_steps``;
-- recovery: ``resume`` (the journal taken up at start), ``reconcile``, ``retire``.
+- ``PhaseStep``: send a control call to these engines at once (``results``: one ``EngineResult`` each);
+- ``SettleStep``: wait for these late calls (``landed``: the ones that landed);
+- ``WaitStep``: wait until a deadline (what is left of a probe's grace, before it is asked again);
+- ``ReadStep``: send a read, nothing marked in flight (``error`` when the fan-out cannot send it: it proves nothing).
 
-Steps
-=====
+A phase (``phase``) marks each engine's facts in flight and persists them before its step is yielded (write-ahead),
+then settles each mark from its result (``effect_of``), asks the memory probe, persists, and only then tells the
+observers. A driver stopped inside a step hands it to ``abandon``: what it learnt is folded, the rest stays ambiguous.
 
-What a transition yields to its driver, each step belonging to the running ``Transition``; four kinds:
+Each transition starts by settling (``settle``): the engines a resumed journal calls paused or released are checked
+against what can be read (``recheck``: a fresh process is taken as new, never as the journal's engine; see
+docs/failure-and-recovery.md, "Engines that changed while no controller watched"), late calls are waited for, and
+the memory probe is asked about quarantined engines, polled while the grace of a request that may still be on its way
+keeps its "as before" from being trusted (``poll_probe``; docs/failure-and-recovery.md, the memory probe).
 
-- ``PhaseStep``: send ``method`` to these engines at once under ``deadline``;
-  the driver fills ``results`` (one ``EngineResult`` per engine).
-- ``SettleStep``: wait up to ``deadline`` for these late calls; the driver fills
-  ``landed`` with the ones that landed.
-- ``WaitStep``: wait until ``deadline`` has passed (what is left of the grace of a
-  release or resume that may still be on its way, before the probe is asked again).
-- ``ReadStep``: send a read (no control call: nothing is marked in flight) to these
-  engines at once; a fan-out that cannot send it sets ``error`` instead of raising
-  (the engines' answers are then unknown, and nothing else changes).
-
-Holds
-=====
-
-Owned holds: a hold keeps an engine paused until its owner drops it; each is counted, never shared.
-
-An engine must stay paused while any hold remains (``EngineKnowledge.holds``,
-token id -> reason). Offload takes the "offload" hold (one per engine, id
-``resilience.barrier.journal.OFFLOAD_TOKEN``), dropped once all its memory is back; ``pause`` and
-``weight_sync`` take a hold with a new token each (``new_token``).
-
-The resume check
-================
-
-A resumed journal checked against the engines: a fresh process is a new engine, never the journal's.
-
-A journal says what the last controller knew. While no controller watched, an
-engine may have been restarted (a crash, a redeploy, a health monitor): the
-process now on its URL has all its memory and serves. Resuming the journal onto
-it would resume tags it never released (SGLang dies of the ``KeyError``) or
-release it without a pause (it dies of "release while requests were running").
-
-So, when an orchestrator resumes a journal (``resume``), every engine
-the journal calls paused or released (or whose tags it calls unknown) is checked
-at the start of the next transition (``recheck``, called by ``settle``),
-once, against what can be read:
-
-- the memory probe, where there is one, about every tag the journal calls
-  released (not only the unknown ones): a tag it proves not released means the
-  memory was never released on this process;
-- the engine's own answer, where its kind has one (``resilience.engine_contract.ServingRead``:
-  SGLang's ``/ready`` 200, vLLM's ``/is_paused`` false): an engine the journal
-  calls paused or released that answers "serving, not paused" is not the
-  journal's (this orchestrator never continues an engine with memory released).
-
-A mismatch takes the engine as new (``take_as_new``): serving, nothing released
-or unknown, not paused by the orchestrator, its holds dropped; persisted, logged,
-announced (``EngineStateChanged``) and named in ``TransitionReport.replaced``
-(and ``BarrierState.replaced``). A read that fails, or answers anything else,
-proves nothing: the journal's knowledge stands.
-
-Where neither can tell (no probe, an engine with no such read, one still
-starting), the journal's "paused" is not trusted for a release: engines it calls
-paused with nothing released are paused again, and flushed again, by the next
-offload (``pause_again``), both safe to repeat; a pause's holds do the same.
-
-Settling a transition's start
-=============================
-
-A transition's start, and the memory probe: late calls waited for, quarantined engines asked about.
-
-With a ``MemoryProbe``, an engine whose released tags became unknown (an
-ambiguous release or resume) is reconciled from the probe right after the
-fold (``phase``), and again at the start of the next transition (``settle``);
-a probe that cannot prove it leaves the quarantine as it is. Its answer is
-trusted as the transport's ``MemoryProbeCheck`` (``adapters/sglang_memory.py``)
-trusts it: "applied" at once; "as before" at once only after a 502 or 503
-(the gateway answered for the request), and after a request that may still
-be on its way (the knowledge's ``Doubt``: a reset or read timeout after
-sending, a 504, no delivery record, an interruption) only once
-``PhaseDeadlines.in_transit_s`` has passed. Else a release that lands just
-after the probe said "not released" would be released again, and SGLang dies
-of the double release.
-
-While such an answer is not trusted yet, the probe is polled (``poll_probe``: a
-``WaitStep`` of ``PhaseDeadlines.probe_poll_s`` on the orchestrator's clock,
-then ask again), right after the phase that sent the call (up to that phase's
-deadline) and at the start of the next transition (up to its settle limit):
-until it proves the call applied (settled at once), or the grace has passed
-("as before" trusted). A release is slow to apply (torch_memory_saver's pause
-frees the memory; the emulator too), so the probe right after a reset often
-answers "not released yet"; a short wait proves it applied instead of leaving
-the engine quarantined. Whatever stops the wait (an interruption, a cancelled
-task) leaves the engine quarantined with its doubt, as it was before the wait.
-
-One phase
-=========
-
-One phase as a step: each engine's facts marked in flight (write-ahead, persisted), then its results folded in.
-
-``phase`` yields the ``PhaseStep``; when the driver hands it back, its
-results are folded: each engine's mark is settled from its result
-(``effect_of``: applied, not applied, ambiguous), the memory probe is asked
-(``reconcile_from_probe``), the change persisted; while the probe's "as before" is
-not trusted yet (a request that may still be on its way), the phase polls it
-(``poll_probe``: it yields ``WaitStep``s) until it proves the call applied or
-the grace has passed; and only then are the observers told. A driver that
-stopped inside a step calls ``abandon``: what it learnt is folded (``fold``,
-which never waits), the rest stays ambiguous; one stopped while the phase polled
-leaves the engines it polled for quarantined, with their doubt.
-
-The memory phases
-=================
-
-The memory phases as each engine kind needs them: what to release, the resumes in order, and the re-sends.
-
-Read from the engine's memory model (``resilience.engine_contract.MemoryModel``, part of its kind's table):
-
-- ``to_release``: the tags an offload of ``wanted`` still has to release (on a
-  ``release_whole`` kind, every tag not known released, unknown ones included).
-- ``resume_phases``: one resume per engine on SGLang; one tag per call in the
-  kind's order on vLLM (``wake_one_tag``), every engine's next call in one phase.
-  On a ``last_wake_resumes`` kind the wake that would leave nothing released
-  (or might) reopens scheduling: it is sent only where a continue could be
-  (no hold but the offload's); else that tag stays released and the engine held.
-- ``resend``: on a ``resend`` kind a call whose effect was ambiguous (its tags
-  left unknown) is sent again in a phase of its own, at most ``RESEND_ROUNDS``
-  times; a failure a re-send settles is dropped.
-
-Onload
-======
-
-Onload as steps: resume what is released, then continue the engines whose memory is all back and that nothing holds.
-
-Also the continue phases the other transitions end with (``continue_ready``,
-and ``rollback_continue`` after a failure): continue is sent only where the
-engine kind's table allows it (``resilience.engine_contract``; SGLang's: nothing
-released or unknown, not known serving, and no hold, since it reopens everyone's pause).
-
-Offload
-=======
-
-Offload as steps: pause (all) -> flush (all) -> release (all), each only where its precondition is known to hold
-(the engine kind's table, ``resilience.engine_contract``, says what each call needs).
-
-After a journal was resumed, an engine it calls paused is paused and flushed again
-before its release (``pause_again``): the journal's "paused" may belong
-to a process that is gone, and both calls are safe to repeat.
-
-A failure before the release continues the engines back (nothing was
-released); a failed release resumes what this offload released and continues
-every engine whose memory is all back. An engine whose release may have been
-applied is quarantined: neither resumed (a resume of an unreleased tag kills
-it) nor released again (a double release kills it).
-
-Pauses
-======
-
-A pause and its end as steps: ``pause`` and ``weight_sync`` take an owned hold and pause; ``unpause`` drops it.
-
-Each pause takes a hold with a new token on every engine (all groups);
-its end drops that one hold and continues the engines no other hold keeps
-paused and whose memory is back. The holds are taken inside the ``try`` that
-drops them on failure: a hold whose record could not be written (a full disk)
-is dropped with the others, never left without a body to end it. After a
-journal was resumed, engines it calls paused are paused again
-(``pause_again``).
-
-Recovery
-========
-
-Recovery: the journal taken up at start (``resume``), the caller's word on an engine (``reconcile``), ``retire``.
-
-A resumed journal is checked against the engines at the next transition's start
-(the resume check, above).
-
-The orchestrators call these under their own exclusion (``reconcile`` and
-``retire`` of ``AsyncOrchestrator`` wait for a running transition to end).
+Holds are owned and counted (``EngineKnowledge.holds``: token id -> reason; an engine stays paused while any is
+left): offload takes the "offload" hold (``OFFLOAD_TOKEN``), dropped once all its memory is back; ``pause`` and
+``weight_sync`` take a new token each. What each call needs known first is the engine kind's table
+(``resilience.engine_contract``); what to release and resume, and which calls are re-sent, its memory model
+(``to_release``, ``resume_phases``, ``resend``).
 """
 
 from __future__ import annotations
@@ -203,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
 from resilience.barrier.fanout import EngineResult, LateCall, interrupted_results
-from resilience.barrier.journal import OFFLOAD_TOKEN, open_journal, restore_budget
+from resilience.barrier.journal import MEMBER_CHANGES, OFFLOAD_TOKEN, open_journal, restore_budget
 from resilience.barrier.state import (
     RELEASE,
     RESUME,
@@ -238,57 +74,10 @@ from resilience.events import (
 from resilience.memory_probe import MemoryProbe
 
 __all__ = [
-    "EngineCall",
-    "Interrupted",
-    "OFFLOAD_HOLD",
-    "PhaseStep",
-    "ReadStep",
-    "SettleStep",
-    "Step",
-    "Steps",
-    "Transition",
-    "WEIGHT_SYNC_HOLD",
-    "WaitStep",
-    "abandon",
-    "ask_probe",
-    "continue_ready",
-    "record_doubt",
-    "error",
-    "fold",
-    "held_among",
-    "hold",
-    "land",
-    "mark_resumed",
-    "may_reopen",
-    "new_token",
-    "offload_args",
-    "offload_steps",
-    "onload_steps",
-    "pause_again",
-    "pause_steps",
-    "paused_again",
-    "phase",
-    "poll_probe",
-    "reconcile_from_probe",
-    "raise_if_skipped",
-    "recheck",
-    "reconcile",
-    "resend",
-    "reserve_tokens",
-    "resume",
-    "resume_phases",
-    "retire",
-    "rollback_continue",
-    "settle",
-    "skips",
-    "tags_arg",
-    "take_as_new",
-    "to_release",
-    "to_resume",
-    "token_of",
-    "transition",
-    "unhold",
-    "unpause_steps",
+    "OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "PhaseStep", "ReadStep", "SettleStep", "Step", "Steps", "Transition", "WaitStep",
+    "abandon", "continue_ready", "error", "hold", "offload_args", "offload_steps", "onload_steps", "pause_steps", "phase",
+    "recheck", "reconcile", "resend", "resume", "resume_phases", "settle", "skips", "tags_arg", "to_release", "to_resume",
+    "transition", "unhold", "unpause_steps",
 ]
 
 
@@ -360,6 +149,13 @@ def unhold(state: BarrierState[Any], name: str, token: int) -> None:
     if reason is not None:
         state.persist((name,))
         emit(state.observers, HoldChanged(engine=name, reason=reason, acquired=False, holds=reasons(k)))
+
+
+def end_offload_hold(state: BarrierState[Any], names: Iterable[str]) -> None:
+    """Drop the offload hold on each engine of ``names`` whose memory is all back (nothing released or unknown)."""
+    for n in names:
+        if not state.know[n].released and not state.know[n].unknown:
+            unhold(state, n, OFFLOAD_TOKEN)
 
 
 def token_of(state: BarrierState[Any], hold: HoldToken | str) -> HoldToken:
@@ -472,21 +268,6 @@ Steps = Generator[Step, None, T]
 _LOG = logging.getLogger("resilience.barrier.transitions")
 
 
-def mark_resumed(state: BarrierState[Any], knowledge: Mapping[str, EngineKnowledge]) -> None:
-    """After a journal was resumed: note the engines to check (``state.unchecked``) and to pause again (``state.repause``).
-
-    Checked: not retired, not dead, and called paused, released, or with unknown tags. Paused again: called paused with
-    nothing released or unknown.
-    """
-    for name, k in knowledge.items():
-        if name in state.retired or k.dead is not None:
-            continue
-        if k.paused is True or k.released or k.unknown:
-            state.unchecked.add(name)
-        if k.paused is True and not k.released and not k.unknown:
-            state.repause.add(name)
-
-
 def ask_probe(memory_probe: MemoryProbe, name: str, tags: frozenset[str]) -> frozenset[str] | None:
     """The probe's answer for ``name``, or None when it cannot prove it (None, an error, tags the engine does not have)."""
     try:
@@ -581,14 +362,8 @@ _ids = itertools.count(1)
 
 @contextmanager
 def transition(state: BarrierState[Any], name: str, engines: Iterable[str]) -> Iterator[Transition]:
-    """One transition over the ``engines`` not retired: announce it, let the body run, end it.
-
-    A body that returns ends the transition well: its ``TransitionEnded`` is
-    emitted and ``tx.report`` set from ``tx.held`` and ``tx.hold``. A body
-    that raises ``PhaseFailed`` has announced its own end (``error``); any
-    other exception (the driver abandoned the steps: a cancelled task, a
-    fan-out that raised) ends it with ``ok=False`` and the step it was in.
-    """
+    """One transition over the ``engines`` not retired: announce it, let the body run, end it (``tx.report`` when the
+    body returned; a ``PhaseFailed`` announced its own end; anything else ends it with ``ok=False`` in its step)."""
     names = tuple(state.active(engines))
     clock, limit = state.clock, state.deadlines.transition_s
     tx = Transition(next(_ids), name, Deadline(limit, clock=clock), names, clock.monotonic())
@@ -599,17 +374,23 @@ def transition(state: BarrierState[Any], name: str, engines: Iterable[str]) -> I
     except PhaseFailed:
         raise
     except BaseException:
-        duration = clock.monotonic() - tx.started
-        left = tuple(state.not_serving())
-        ended = TransitionEnded(
-            transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=False, failed_phase=tx.phase,
-            left_paused=left,
-        )
-        emit(state.observers, ended)
+        _ended(state, tx, tx.phase, state.not_serving())
         raise
-    duration = clock.monotonic() - tx.started
-    emit(state.observers, TransitionEnded(transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=True))
+    duration = _ended(state, tx)
     tx.report = TransitionReport(tx.name, duration, tuple(tx.phases), dict(tx.held), tx.hold, dict(tx.replaced))
+
+
+def _ended(
+    state: BarrierState[Any], tx: Transition, failed_phase: str | None = None, left: Iterable[str] = (), rolled_back: Sequence[str] = ()
+) -> float:
+    """Tell the observers ``tx`` ended (``ok`` unless ``failed_phase`` is given); return its duration."""
+    duration = state.clock.monotonic() - tx.started
+    ended = TransitionEnded(
+        transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=failed_phase is None,
+        failed_phase=failed_phase, rolled_back=tuple(rolled_back), left_paused=tuple(left),
+    )
+    emit(state.observers, ended)
+    return duration
 
 
 def error(
@@ -619,31 +400,12 @@ def error(
     left = state.not_serving()
     dead = [n for n in left if state.know[n].dead is not None]
     budget = state.restart_budget
+    remaining, limit = (None, None) if budget is None else (budget.remaining, budget.limit)
     err = PhaseFailed(
-        tx.name,
-        phase,
-        failed,
-        rolled_back=rolled_back,
-        left_paused=left,
-        quarantined=sorted(state.quarantined()),
-        dead=dead,
-        restarts_remaining=None if budget is None else budget.remaining,
-        restart_limit=None if budget is None else budget.limit,
+        tx.name, phase, failed, rolled_back=rolled_back, left_paused=left, quarantined=sorted(state.quarantined()), dead=dead,
+        restarts_remaining=remaining, restart_limit=limit,
     )
-    duration = state.clock.monotonic() - tx.started
-    emit(
-        state.observers,
-        TransitionEnded(
-            transition_id=tx.tid,
-            transition=tx.name,
-            engines=tx.engines,
-            duration_s=duration,
-            ok=False,
-            failed_phase=phase,
-            rolled_back=tuple(rolled_back),
-            left_paused=tuple(left),
-        ),
-    )
+    _ended(state, tx, phase, left, rolled_back)
     return err
 
 
@@ -722,10 +484,9 @@ def reconcile_from_probe(state: BarrierState[Any], names: Iterable[str], waiting
     """Reconcile from the memory probe every engine among ``names`` whose tags are unknown; return those it settled.
 
     An answer is trusted when it proves the call applied, when the request is not on its way (``Doubt.in_transit``
-    False: a 502/503), or once the grace (``PhaseDeadlines.in_transit_for``) has passed since the answer; else the
-    engine stays quarantined, and ``waiting`` (when given) gets the seconds of grace left for it. So does an engine
-    whose probe cannot prove it now (None: the emulator's probe while a release is being carried out) while its
-    request may still be on its way and the grace has not passed.
+    False: a 502/503), or once the grace (``PhaseDeadlines.in_transit_for``) has passed; else the engine stays
+    quarantined, and ``waiting`` (when given) gets the seconds of grace left for it, as it does for a probe that cannot
+    prove it now (None) while the request may still be on its way.
     """
     memory_probe = state.memory_probe
     if memory_probe is None:
@@ -757,14 +518,11 @@ def reconcile_from_probe(state: BarrierState[Any], names: Iterable[str], waiting
 
 def poll_probe(state: BarrierState[Any], waiting: dict[str, float], deadline: Deadline) -> Steps[list[str]]:
     """Ask the memory probe again, every ``PhaseDeadlines.probe_poll_s``, about the engines in ``waiting`` (name -> grace
-    left, as ``reconcile_from_probe`` fills it) until each is settled (proved applied, or the grace passed and "as before" is trusted),
-    or ``deadline`` has passed; return those settled. ``waiting`` is left with the engines still waiting (a probe that
-    still cannot prove it once the grace has passed drops out: the engine stays quarantined).
+    left, as ``reconcile_from_probe`` fills it) until each is settled or ``deadline`` has passed; return those settled.
 
-    Each wait is a ``WaitStep`` (the driver sleeps on the orchestrator's clock, on its thread or without blocking its
-    event loop), so an interruption can only come while nothing is being decided: it closes these steps and leaves
-    every engine still waiting quarantined, with its doubt, as ``reconcile_from_probe`` left it. Bounded: at most one wait per
-    ``probe_poll_s`` of the smaller of the longest grace left and ``deadline`` (plus one for rounding).
+    Each wait is a ``WaitStep``, so an interruption comes only while nothing is being decided: it leaves every engine
+    still waiting quarantined, with its doubt. Bounded: one wait per ``probe_poll_s`` of the smaller of the longest grace
+    left and ``deadline`` (plus one for rounding).
     """
     every = state.deadlines.probe_poll_s
     settled: list[str] = []
@@ -848,20 +606,12 @@ def _unmark(state: BarrierState[Any], step: PhaseStep[Any], error: BaseException
         k = state.know[n]
         if k.pending is not None and k.pending is step.marks.get(n):
             k.settle(Effect.NOT_APPLIED)
-    tx, names = step.tx, tuple(n for n, _ in step.calls)
-    failed = tuple(PhaseFailure(engine=n, error_type=type(error).__name__, message=short(error)) for n in names)
-    duration = state.clock.monotonic() - step.started
-    ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
-    emit(state.observers, ended)
+    _phase_ended(state, step, dict.fromkeys((n for n, _ in step.calls), error), state.clock.monotonic() - step.started)
 
 
 def fold(state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
-    """Fold a phase's results into the knowledge, then report it (once); return the failures. Never waits (the probe is
-    asked once): what ``abandon`` uses.
-
-    Every engine is folded, the memory probe asked and the change persisted
-    before any observer hears of it, so nothing an observer raises undoes it.
-    """
+    """Fold a phase's results into the knowledge (the probe asked once, never waiting), persist, then report it; return
+    the failures: what ``abandon`` uses. Nothing an observer raises can undo the knowledge."""
     step.folded = True
     failures = _fold_knowledge(state, step, results)
     _report(state, step, results, failures)
@@ -872,12 +622,17 @@ def _report(
     state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
 ) -> None:
     """Tell the observers what the folded phase did: its ``PhaseReport``, each engine's state change, ``PhaseEnded``."""
-    tx, names = step.tx, tuple(n for n, _ in step.calls)
-    duration = state.clock.monotonic() - step.started
+    names, duration = tuple(n for n, _ in step.calls), state.clock.monotonic() - step.started
     durations = [r.duration_s for r in results if r is not None]
-    tx.phases.append(PhaseReport(step.phase, names, duration, max(durations, default=0.0)))
+    step.tx.phases.append(PhaseReport(step.phase, names, duration, max(durations, default=0.0)))
     for name in names:
         state.announce(name, step.before.get(name, state.know[name].state))
+    _phase_ended(state, step, failures, duration)
+
+
+def _phase_ended(state: BarrierState[Any], step: PhaseStep[Any], failures: Mapping[str, BaseException], duration: float) -> None:
+    """``PhaseEnded`` for ``step`` (``duration`` s), with each failure."""
+    tx, names = step.tx, tuple(n for n, _ in step.calls)
     failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
     ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
     emit(state.observers, ended)
@@ -1062,10 +817,8 @@ def onload_steps(state: BarrierState[Any], wanted: frozenset[str]) -> Steps[Tran
         skipped.update({n: state.why_skipped(n) for n in names if n not in skipped and know[n].quarantined})
         live = [n for n in names if n not in skipped]
         failed = yield from resume_phases(state, tx, "resume", {n: to_resume(know[n], wanted) for n in live})
-        for n in live:
-            if not know[n].released and not know[n].unknown:
-                unhold(state, n, OFFLOAD_TOKEN)
-        cont_failed = yield from continue_ready(state, tx, live, "continue")
+        end_offload_hold(state, live)
+        _, cont_failed = yield from continue_ready(state, tx, live)
         if failed or cont_failed:
             raise error(state, tx, "resume" if failed else "continue", {**skips(skipped), **failed, **cont_failed})
         raise_if_skipped(state, tx, skipped)
@@ -1073,21 +826,19 @@ def onload_steps(state: BarrierState[Any], wanted: frozenset[str]) -> Steps[Tran
     return tx.finished()
 
 
-def continue_ready(state: BarrierState[Any], tx: Transition, names: Sequence[str], name: str) -> Steps[dict[str, BaseException]]:
-    """Continue (phase ``name``) the engines among ``names`` that may be continued; return the failures."""
+def continue_ready(
+    state: BarrierState[Any], tx: Transition, names: Sequence[str], name: str = "continue"
+) -> Steps[tuple[list[str], dict[str, BaseException]]]:
+    """Continue (phase ``name``) the engines among ``names`` the kind's table allows it; return those continued and the
+    failures."""
     ready = [n for n in names if state.allows(n, "continue_generation")]
     failed = yield from phase(state, tx, name, "continue_generation", [(n, {}) for n in ready])
-    return failed
+    return [n for n in ready if n not in failed], failed
 
 
 def rollback_continue(state: BarrierState[Any], tx: Transition, names: Sequence[str]) -> Steps[tuple[list[str], dict[str, BaseException]]]:
-    """After a failure: continue the engines among ``names`` that may be continued (not known serving, nothing released,
-    no hold), when ``rollback`` is on; return those continued and the failures."""
-    if not state.rollback:
-        return [], {}
-    ready = [n for n in names if state.allows(n, "continue_generation")]
-    failed = yield from phase(state, tx, "rollback", "continue_generation", [(n, {}) for n in ready])
-    return [n for n in ready if n not in failed], failed
+    """After a failure, when ``rollback`` is on: ``continue_ready`` in a phase named "rollback"."""
+    return (yield from continue_ready(state, tx, names, "rollback")) if state.rollback else ([], {})
 
 
 def offload_steps(state: BarrierState[Any], wanted: frozenset[str], mode: Literal["abort", "retract"]) -> Steps[TransitionReport]:
@@ -1143,9 +894,7 @@ def _fail_before_release(
     skipped: Mapping[str, str],
 ) -> Steps[PhaseFailed]:
     """Pause or flush failed: nothing was released by this offload, so engines holding nothing released are continued."""
-    for n in live:
-        if not state.know[n].released and not state.know[n].unknown:
-            unhold(state, n, OFFLOAD_TOKEN)
+    end_offload_hold(state, live)
     rolled, rb_failed = yield from rollback_continue(state, tx, live)
     return error(state, tx, name, {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
 
@@ -1169,15 +918,10 @@ def _fail_in_release(
         know = state.know
         wants = {n: know[n].memory.release_tags(kw) & know[n].released for n, kw in applied}
         rb_failed = yield from resume_phases(state, tx, "rollback_resume", wants)
-        for n in live:
-            if not state.know[n].released and not state.know[n].unknown:
-                unhold(state, n, OFFLOAD_TOKEN)
+        end_offload_hold(state, live)
         rolled, more = yield from rollback_continue(state, tx, live)
         rb_failed.update(more)
     return error(state, tx, "release", {**skips(skipped), **rb_failed, **failed}, rolled_back=rolled)
-
-
-_LOG = logging.getLogger("resilience.barrier.transitions")
 
 
 def pause_steps(state: BarrierState[Any], reason: str, mode: str) -> Steps[TransitionReport]:
@@ -1233,7 +977,7 @@ def unpause_steps(state: BarrierState[Any], held: HoldToken | str) -> Steps[Tran
             unhold(state, n, token.id)
         skipped = yield from settle(state, tx, names)
         live = [n for n in names if n not in skipped]
-        failed = yield from continue_ready(state, tx, live, "continue")
+        _, failed = yield from continue_ready(state, tx, live)
         stuck = {n: state.why_skipped(n) for n in live if not know[n].holds and not know[n].serving and n not in failed}
         skipped.update(stuck)
         if failed:
@@ -1246,9 +990,10 @@ def unpause_steps(state: BarrierState[Any], held: HoldToken | str) -> Steps[Tran
 
 
 def resume(state: BarrierState[Any]) -> None:
-    """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements and
-    restart budget it kept; the engines it calls paused or released are checked at the next transition's start
-    (``recheck``). Each orchestrator calls this at the end of its constructor, then ``membership.take_up``."""
+    """Open the journal given (once every engine was checked) and take up the knowledge, holds, retirements,
+    membership and restart budget it kept; the engines it calls paused or released are checked at the next
+    transition's start (``recheck``); an engine whose join had not finished, or that was fenced, stays fenced
+    (``add`` brings it in again). Each orchestrator calls this at the end of its constructor."""
     if state.journal_arg is None:
         return
     journal = open_journal(state.journal_arg)
@@ -1259,26 +1004,27 @@ def resume(state: BarrierState[Any]) -> None:
         raise
     state.journal, state.recovery = journal, resumed.recovery
     now = state.clock.monotonic()
-    for k in resumed.knowledge.values():  # a dead controller's requests may still be on their way: the grace starts again
-        if k.doubt is not None:
-            k.doubt = Doubt(k.doubt.method, k.doubt.in_transit, k.doubt.delivery, now)
     state.know.update(resumed.knowledge)
     state.retired.update(resumed.retired)
-    mark_resumed(state, resumed.knowledge)
+    for name, k in resumed.knowledge.items():
+        if k.doubt is not None:  # a dead controller's requests may still be on their way: the grace starts again
+            k.doubt = Doubt(k.doubt.method, k.doubt.in_transit, k.doubt.delivery, now)
+        if name in state.retired or k.dead is not None:
+            continue
+        if k.paused is True or k.released or k.unknown:  # checked against what can be read at the next transition's start
+            state.unchecked.add(name)
+        if k.paused is True and not k.released and not k.unknown:  # paused (and flushed) again before a release
+            state.repause.add(name)
     state.restart_budget = restore_budget(state.restart_budget, resumed.budget)
     reserve_tokens(max((i for k in resumed.knowledge.values() for i in k.holds), default=0))
     for name, k in resumed.knowledge.items():
         if k.state is not EngineState.SERVING:
             emit(state.observers, EngineStateChanged(engine=name, from_state=str(EngineState.SERVING), to_state=str(k.state)))
-
-
-def retire(state: BarrierState[E], engine: str | E) -> None:
-    """Stop sending anything to ``engine`` (name, URL or engine object): no transition covers or names it again."""
-    name = state.name_of(engine)
-    with state.lock:
-        state.retired.add(name)
-        state.label = "retire"
-        state.persist((name,))
+    joining, _, fenced, _ = MEMBER_CHANGES
+    for name, change in resumed.recovery.members.items():
+        if name in state.know and name not in state.retired and change in (joining, fenced):
+            why = "its join had not finished when the last controller stopped" if change == joining else "fenced by the last controller"
+            state.fenced[name] = f"{why}: add() it again"
 
 
 def reconcile(state: BarrierState[E], engine: str | E, *, released: Iterable[str] | None, paused: bool | None) -> None:

@@ -1,57 +1,43 @@
 """Verify after a transition: "a 200 that isn't healthy" (vLLM RFC #48310: "A 200 response proves only that an endpoint returned").
 
-An onload or a weight sync that returned has done what its calls promised,
-yet an engine can still be wrong: back from a level-2 sleep answering 200 with
-garbage (verl #7904, TRL #5312), or a weight push that landed on all engines
-but one. ``Orchestrator.onload(verify=...)`` and ``Orchestrator.weight_sync(verify=...)``
-(and ``AsyncOrchestrator``'s) then ask each engine the transition covered:
+An onload or a weight sync that returned has done what its calls promised, yet an engine can still be wrong: back from a
+level-2 sleep answering 200 with garbage (verl #7904, TRL #5312), or a weight push that landed on all engines but one.
+``Orchestrator.onload(verify=...)`` and ``Orchestrator.weight_sync(verify=...)`` (and ``AsyncOrchestrator``'s) then ask
+each engine the transition covered:
 
-- ``WeightVersionCheck(expected)``: the weight version it reports equals the
-  one pushed (vLLM ``GET /weight_info``, SGLang ``GET /model_info``'s
-  ``weight_version``).
-- ``CanaryCheck(prompt, expected)``: a greedy completion of ``prompt`` equals
-  the reference the caller gives (vLLM ``/v1/completions``, SGLang ``/generate``).
+- ``WeightVersionCheck(expected)``: the weight version it reports equals the one pushed (vLLM ``GET /weight_info``,
+  SGLang ``GET /model_info``'s ``weight_version``).
+- ``CanaryCheck(prompt, expected)``: a greedy completion of ``prompt`` equals the reference the caller gives (vLLM
+  ``/v1/completions``, SGLang ``/generate``).
 
-The checks are reads, sent through the orchestrator's own fan-out: each
-(check, method) group to all its engines at once, the groups one after another,
-all under one ``verify`` deadline (``PhaseDeadlines.continue_s``).
-They run after the transition's own work: the engines stay where it put them.
-A check that needs a serving engine (the canary) is not sent to engines the
-transition left held or not serving (a paused engine would hold or refuse it).
-Any mismatch, or a read that failed, raises ``VerificationFailed`` (a
-``PhaseFailed`` with phase ``"verify"``) naming each engine with a
+The checks are reads, sent through the orchestrator's own fan-out: each (check, method) group to all its engines at
+once, the groups one after another, all under one ``verify`` deadline (``PhaseDeadlines.continue_s``). They run after
+the transition's own work: the engines stay where it put them. A check that needs a serving engine (the canary) is not
+sent to engines the transition left held or not serving (a paused engine would hold or refuse it). Any mismatch, or a
+read that failed, raises ``VerificationFailed`` (a ``PhaseFailed`` with phase ``"verify"``) naming each engine with a
 ``CheckFailed``; the transition's own report is on it as ``.report``.
 
-A check is anything with the ``EngineCheck`` shape: which read to send to an
-engine (a method name and keyword arguments), and what the answer means.
+A check is anything with the ``EngineCheck`` shape: which read to send to an engine (a method name and keyword
+arguments), and what the answer means.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from resilience.barrier.fanout import Calls, EngineResult
-from resilience.barrier.state import PhaseFailed, TransitionReport, short
+from resilience.barrier.state import BarrierState, PhaseFailed, TransitionReport, short
+from resilience.barrier.transitions import ReadStep, Steps
 from resilience.deadline import Deadline
-from resilience.engine_contract import AnyEngine
+from resilience.engine_contract import AnyEngine, engine_name
 
 __all__ = [
-    "CanaryCheck",
-    "CheckFailed",
-    "EngineCheck",
-    "VerificationFailed",
-    "WeightVersionCheck",
-    "averify",
-    "checks_arg",
-    "verify",
+    "CanaryCheck", "CheckFailed", "EngineCheck", "VerificationFailed", "WeightVersionCheck", "check_steps", "checks_arg",
+    "judge_one", "unreadable", "verify_steps",
 ]
 
-Send = Callable[[Calls, str, Deadline], list[EngineResult]]
-"""A fan-out's ``call``: one read to many engines at once."""
-AsyncSend = Callable[[Calls, str, Deadline], Awaitable[list[EngineResult]]]
-"""The same on an event loop."""
 Heard = Callable[[Sequence[EngineResult]], None]
 """Told every read's answers before they are judged (``BarrierState.heard``: the weight versions engines report)."""
 
@@ -60,9 +46,8 @@ Heard = Callable[[Sequence[EngineResult]], None]
 class EngineCheck(Protocol):
     """One verification: the read it sends to an engine and what the answer means.
 
-    ``name``: for messages ("weight version"). ``needs_serving``: True when the
-    read needs an engine that serves (a completion); it is then sent only to
-    engines the transition left serving.
+    ``name``: for messages ("weight version"). ``needs_serving``: True when the read needs an engine that serves (a
+    completion); it is then sent only to engines the transition left serving.
     """
 
     @property
@@ -117,8 +102,12 @@ class VerificationFailed(PhaseFailed):
         super().__init__(transition, "verify", failures, **kwargs)
 
 
-def _expected_for(values: str | Mapping[str, str], engine: str) -> str | None:
-    return values if isinstance(values, str) else values.get(engine)
+def _compare(check: str, expected: str | Mapping[str, str], engine: str, got: object, what: str) -> CheckFailed | None:
+    """A mismatch when ``got`` is not what ``expected`` holds for ``engine`` (``what``: what was not given, if nothing was)."""
+    want = expected if isinstance(expected, str) else expected.get(engine)
+    if want is None:
+        return CheckFailed(engine, check, None, None, detail=f"{check}: no {what} was given for this engine")
+    return None if got == want else CheckFailed(engine, check, want, got)
 
 
 def _check_expected(owner: str, values: object) -> None:
@@ -133,9 +122,8 @@ def _check_expected(owner: str, values: object) -> None:
 class WeightVersionCheck:
     """The weight version each engine reports equals ``expected`` (one string for all, or one per engine name).
 
-    Read with ``weight_info()`` where the engine has it (vLLM ``GET /weight_info``,
-    ``rl/online/api_router.py`` l.226), else ``model_info()`` (SGLang
-    ``GET /model_info``): either answer's ``weight_version``.
+    Read with ``weight_info()`` where the engine has it (vLLM ``GET /weight_info``, ``rl/online/api_router.py`` l.226),
+    else ``model_info()`` (SGLang ``GET /model_info``): either answer's ``weight_version``.
     """
 
     expected: str | Mapping[str, str]
@@ -154,22 +142,17 @@ class WeightVersionCheck:
 
     def judge(self, engine: str, value: object) -> CheckFailed | None:
         """A mismatch when the reported ``weight_version`` is not the expected one."""
-        want = _expected_for(self.expected, engine)
-        if want is None:
-            return CheckFailed(engine, self.name, None, None, detail=f"{self.name}: no expected version was given for this engine")
-        got = getattr(value, "weight_version", None)
-        return None if got == want else CheckFailed(engine, self.name, want, got)
+        return _compare(self.name, self.expected, engine, getattr(value, "weight_version", None), "expected version")
 
 
 @dataclass(frozen=True, slots=True)
 class CanaryCheck:
     """A greedy completion of ``prompt`` equals ``expected`` (one reference for all, or one per engine name).
 
-    ``max_tokens``: the completion's length (default 16; give the reference's).
-    Sent as ``complete(prompt, max_tokens=, temperature=0.0)`` where the engine
-    has it (``VLLMClient``), else ``generate(text, sampling_params=...)``
-    (``SGLangClient``); either answer's ``text`` is compared, exactly.
-    ``sampling``: more sampling parameters for both (default none).
+    ``max_tokens``: the completion's length (default 16; give the reference's). Sent as ``complete(prompt, max_tokens=,
+    temperature=0.0)`` where the engine has it (``VLLMClient``), else ``generate(text, sampling_params=...)``
+    (``SGLangClient``); either answer's ``text`` is compared, exactly. ``sampling``: more sampling parameters for both
+    (default none).
     """
 
     prompt: str
@@ -205,11 +188,7 @@ class CanaryCheck:
 
     def judge(self, engine: str, value: object) -> CheckFailed | None:
         """A mismatch when the completion's ``text`` is not the reference."""
-        want = _expected_for(self.expected, engine)
-        if want is None:
-            return CheckFailed(engine, self.name, None, None, detail=f"{self.name}: no reference was given for this engine")
-        got = getattr(value, "text", None)
-        return None if got == want else CheckFailed(engine, self.name, want, got)
+        return _compare(self.name, self.expected, engine, getattr(value, "text", None), "reference")
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +206,7 @@ def _plan(
     """The reads to send (one per check and method; a check that needs serving skips ``not_serving``) and the engines a
     check cannot read at all."""
     reads: list[_Read] = []
-    unreadable: list[CheckFailed] = []
+    failed: list[CheckFailed] = []
     for check in checks:
         groups: dict[str, list[tuple[AnyEngine, Mapping[str, Any]]]] = {}
         for name, engine in engines.items():
@@ -236,29 +215,34 @@ def _plan(
             try:
                 method, kwargs = check.request(engine)
             except TypeError as exc:
-                unreadable.append(CheckFailed(name, check.name, None, None, detail=f"{check.name}: {exc}"))
+                failed.append(unreadable(name, check, exc))
                 continue
             groups.setdefault(method, []).append((engine, kwargs))
         reads.extend(_Read(check, method, calls) for method, calls in groups.items())
-    return reads, unreadable
+    return reads, failed
+
+
+def unreadable(name: str, check: EngineCheck, why: object) -> CheckFailed:
+    """``check`` cannot read engine ``name`` at all (``why``: the ``TypeError`` of its ``request``)."""
+    return CheckFailed(name, check.name, None, None, detail=f"{check.name}: {why}")
+
+
+def judge_one(check: EngineCheck, method: str, result: EngineResult) -> CheckFailed | None:
+    """What one engine's answer to ``check``'s read (``method``) means: None when it is right, else the mismatch, or the
+    read's failure (with its error as the cause)."""
+    err = result.error
+    if err is None:
+        return check.judge(result.engine, result.value)
+    detail = f"{check.name}: could not read it ({method}): {type(err).__name__}: {short(err)}"
+    miss = CheckFailed(result.engine, check.name, None, None, detail=detail)
+    miss.__cause__ = err
+    return miss
 
 
 def _judge(read: _Read, results: Sequence[EngineResult], heard: Heard | None) -> list[CheckFailed]:
     if heard is not None:
         heard(results)
-    failed: list[CheckFailed] = []
-    for result in results:
-        if result.error is not None:
-            err = result.error
-            detail = f"{read.check.name}: could not read it ({read.method}): {type(err).__name__}: {short(err)}"
-            miss = CheckFailed(result.engine, read.check.name, None, None, detail=detail)
-            miss.__cause__ = err
-            failed.append(miss)
-            continue
-        verdict = read.check.judge(result.engine, result.value)
-        if verdict is not None:
-            failed.append(verdict)
-    return failed
+    return [miss for result in results if (miss := judge_one(read.check, read.method, result)) is not None]
 
 
 def _verdict(transition: str, report: TransitionReport, mismatches: list[CheckFailed], not_serving: Mapping[str, str]) -> TransitionReport:
@@ -280,44 +264,40 @@ def checks_arg(checks: EngineCheck | Sequence[EngineCheck]) -> Sequence[EngineCh
     return tuple(checks)
 
 
-def verify(
+def check_steps(
     transition: str,
     report: TransitionReport,
     checks: EngineCheck | Sequence[EngineCheck],
     engines: Mapping[str, AnyEngine],
     *,
     not_serving: Mapping[str, str],
-    send: Send,
     deadline_s: float,
     heard: Heard | None = None,
-) -> TransitionReport:
-    """Run ``checks`` on ``engines`` through ``send`` (a fan-out's ``call``); ``report`` when all pass, else ``VerificationFailed``.
+) -> Generator[ReadStep[Any], None, TransitionReport]:
+    """Run ``checks`` on ``engines``, one ``ReadStep`` per check and method; ``report`` when all pass, else ``VerificationFailed``.
 
-    ``not_serving``: the orchestrator's engines that do not serve, with why (checks
-    that need serving skip them; when another check fails, the error names them too).
-    ``deadline_s``: for all reads together. ``heard``: told each read's answers (default None: nobody).
+    ``not_serving``: the orchestrator's engines that do not serve, with why (checks that need serving skip them; when
+    another check fails, the error names them too). ``deadline_s``: for all reads together. ``heard``: told each read's
+    answers (default None: nobody). A read the fan-out could not send raises its error.
     """
     reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
     deadline = Deadline(deadline_s)
     for read in reads:
-        mismatches.extend(_judge(read, send(read.calls, read.method, deadline), heard))
+        step: ReadStep[Any] = ReadStep(read.method, tuple((engine_name(e), kw) for e, kw in read.calls), list(read.calls), deadline)
+        yield step
+        if step.error is not None:
+            raise step.error
+        mismatches.extend(_judge(read, step.results or (), heard))
     return _verdict(transition, report, mismatches, not_serving)
 
 
-async def averify(
-    transition: str,
-    report: TransitionReport,
-    checks: EngineCheck | Sequence[EngineCheck],
-    engines: Mapping[str, AnyEngine],
-    *,
-    not_serving: Mapping[str, str],
-    send: AsyncSend,
-    deadline_s: float,
-    heard: Heard | None = None,
-) -> TransitionReport:
-    """``verify`` on an event loop (``send`` awaits the reads)."""
-    reads, mismatches = _plan(checks_arg(checks), engines, not_serving)
-    deadline = Deadline(deadline_s)
-    for read in reads:
-        mismatches.extend(_judge(read, await send(read.calls, read.method, deadline), heard))
-    return _verdict(transition, report, mismatches, not_serving)
+def verify_steps(
+    state: BarrierState[Any], transition: str, report: TransitionReport, checks: EngineCheck | Sequence[EngineCheck], names: Iterable[str]
+) -> Steps[TransitionReport]:
+    """``report`` once ``checks`` passed on the engines ``names`` (not retired), under the verify limit: what both
+    orchestrators drive after an onload or a weight sync."""
+    if not checks:
+        return report
+    engines = {n: state.engines[n] for n in state.active(names)}
+    not_serving, limit = state.not_serving(), state.deadlines.for_phase("verify")
+    return (yield from check_steps(transition, report, checks, engines, not_serving=not_serving, deadline_s=limit, heard=state.heard))

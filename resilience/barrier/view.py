@@ -1,13 +1,4 @@
-"""``BarrierView``: what both orchestrators answer from the state they hold, the queries and the attributes users read.
-
-``Orchestrator`` and ``AsyncOrchestrator`` each hold a ``BarrierState``
-(``.state``) and drive the transitions' steps over it; this view is the one
-place their shared public surface is written: ``states``, ``held``,
-``paused_by_us``, ``released_tags``, ``quarantined``, ``not_serving``,
-``close``, and the attributes ``groups``, ``observers``, ``deadlines``,
-``restart_budget``, ``rollback``, ``clock``, ``memory_probe``, ``journal``
-and ``recovery``, each read from (and set on) the state.
-"""
+"""``BarrierView``: the queries and attributes both orchestrators answer from the ``BarrierState`` they hold."""
 
 from __future__ import annotations
 
@@ -89,9 +80,8 @@ class BarrierView(Generic[E]):
     def paused_by_us(self, engine: str | E) -> bool:
         """True when the orchestrator keeps ``engine`` from serving (a hold, or a pause it sent).
 
-        Its /health then hangs ~20 s and answers 503: not a fault. ``engine``:
-        its name or URL, or any engine object the orchestrator was built with.
-        Raises ``KeyError`` naming an engine it does not drive.
+        Its /health then hangs ~20 s and answers 503: not a fault. ``engine``: its name or URL, or any engine object the
+        orchestrator was built with. Raises ``KeyError`` naming an engine it does not drive.
         """
         return self.state.paused_by_us(engine)
 

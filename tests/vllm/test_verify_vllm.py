@@ -1,14 +1,15 @@
 """Verify after a transition on emulated vLLM engines: "a 200 that isn't healthy" is caught, and the engine named.
 
-The checks of ``resilience.barrier.verify`` read ``/weight_info`` and ``/v1/completions`` through a fan-out, as the
-orchestrators run them after ``onload``/``weight_sync``. The emulator's completions depend on the weights it holds
+The checks of ``resilience.barrier.verify`` (``check_steps``) read ``/weight_info`` and ``/v1/completions`` through a
+fan-out, as the orchestrators drive them after ``onload``/``weight_sync``. The emulator's completions depend on the weights it holds
 (``resilience/testing/emulator/vllm/text.py``): after a level-2 sleep they are garbage until a weight update, and a
 completion still answers 200 (verl #7904, TRL #5312) — the canary check sees it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from resilience.adapters.vllm import AsyncVLLMClient, VLLMClient
 from resilience.barrier import CanaryCheck, TransitionReport, VerificationFailed, WeightVersionCheck
 from resilience.barrier.async_fanout import PhaseRun
 from resilience.barrier.fanout import Calls, EngineResult, ThreadFanOut
-from resilience.barrier.verify import averify, verify
+from resilience.barrier.verify import check_steps
 from resilience.deadline import Deadline
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.emulator.vllm import VLLMEngineConfig, expected_completion
@@ -50,9 +51,38 @@ def clients(fleet: EmulatedFleet) -> Iterator[list[VLLMClient]]:
         c.close()
 
 
+Send = Callable[[Calls, str, Deadline], list[EngineResult]]
+AsyncSend = Callable[[Calls, str, Deadline], Awaitable[list[EngineResult]]]
+
+
+def verify(transition: str, checks: Any, engines: dict[str, Any], send: Send) -> TransitionReport:
+    """Drive ``check_steps`` as ``Orchestrator`` does: each read through the fan-out's ``call``."""
+    steps = check_steps(transition, DONE, checks, engines, not_serving={}, deadline_s=10.0)
+    try:
+        step = next(steps)
+        while True:
+            step.results = send(step.engines, step.method, step.deadline)
+            step = steps.send(None)
+    except StopIteration as stop:
+        report: TransitionReport = stop.value
+        return report
+
+
+async def averify(transition: str, checks: Any, engines: dict[str, Any], send: AsyncSend) -> TransitionReport:
+    """``verify`` on the running loop, as ``AsyncOrchestrator`` drives it."""
+    steps = check_steps(transition, DONE, checks, engines, not_serving={}, deadline_s=10.0)
+    try:
+        step = next(steps)
+        while True:
+            step.results = await send(step.engines, step.method, step.deadline)
+            step = steps.send(None)
+    except StopIteration as stop:
+        report: TransitionReport = stop.value
+        return report
+
+
 def check(clients: list[VLLMClient], *checks: object) -> TransitionReport:
-    engines = {c.engine: c for c in clients}
-    return verify("onload", DONE, checks, engines, not_serving={}, send=ThreadFanOut().call, deadline_s=10.0)  # type: ignore[arg-type]
+    return verify("onload", checks, {c.engine: c for c in clients}, ThreadFanOut().call)
 
 
 def test_intact_engines_pass_both_checks(clients: list[VLLMClient]) -> None:
@@ -119,7 +149,7 @@ async def test_async_clients_verify_on_the_loop(fleet: EmulatedFleet, clients: l
     try:
         engines = {c.engine: c for c in aclients}
         with pytest.raises(VerificationFailed) as info:
-            await averify("weight_sync", DONE, [WeightVersionCheck("v3")], engines, not_serving={}, send=send, deadline_s=10.0)  # type: ignore[arg-type]
+            await averify("weight_sync", [WeightVersionCheck("v3")], engines, send)
         assert list(info.value.failures) == [aclients[1].engine]
     finally:
         for c in aclients:
