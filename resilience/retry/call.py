@@ -4,33 +4,30 @@ A driver asks it what to do and does it. ``Retrier.run`` and ``Retrier.arun``
 (``resilience.retry.retrier``) are this loop (``ask_probe`` is that module's; ``arun``
 awaits the attempt, the sleep and the probe), the sync one as written there::
 
-    step = call.next_step()                  # Send or Raise
+    step = call.next_step()              # Send or Raise
     while True:
         if type(step) is Send:           # make attempt step.attempt with step.timeouts and step.headers
             try:
                 answer = send(step.attempt, step.timeouts, step.headers)
-            except BaseException as exc:     # the driver's ``failed``: what its transport raised, or re-raised
+            except BaseException as exc:  # the driver's ``failed``: what its transport raised, or re-raised
                 if failed is None:
                     raise
                 step = call.attempt_done(failed(exc))
-            else:                            # the driver's ``report``: what its transport answered
+            else:                        # the driver's ``report``: what its transport answered
                 step = call.attempt_done(answer if report is None else report(answer))
-        elif type(step) is Return:       # the call is over: release what is not returned, return
-            if step.discard is not None:
-                discard(step.discard)
-            return step.response, step.attempts
-        elif type(step) is Wait:         # a backoff: release the response not returned, sleep, ask again
-            if step.discard is not None:
-                discard(step.discard)
-            if step.delay_s > 0:
-                clock.sleep(step.delay_s)
-            step = call.next_step()
-        elif type(step) is AskProbe:     # was the ambiguous attempt applied?
+            continue
+        if type(step) is AskProbe:       # was the ambiguous attempt applied?
             step = call.probe_answered(ask_probe(step.probe, step.context), on_probe_done)
-        else:                                # Raise: the call is over
-            if step.discard is not None:
-                discard(step.discard)
+            continue
+        if step.discard is not None:     # Wait, Return, Raise: release the response not returned
+            discard(step.discard)
+        if type(step) is Return:         # the call is over
+            return step.response, step.attempts
+        if type(step) is Raise:          # the call is over
             raise step.error
+        if step.delay_s > 0:             # Wait: a backoff, then ask again
+            clock.sleep(step.delay_s)
+        step = call.next_step()
 
 A call that succeeds on its first attempt builds only what it hands back
 (the ``Send``, its one ``AttemptRecord``, the ``Return``): the deadlines are
@@ -93,7 +90,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, final
 
 from resilience import _config
 from resilience.backoff import backoff_delay
@@ -114,7 +111,7 @@ from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
 from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, classify, deadline_times
 
-__all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Wait"]
+__all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Step", "Wait"]
 
 R = TypeVar("R")
 _next_call_id = itertools.count(1).__next__
@@ -123,6 +120,7 @@ _events_log = logging.getLogger("resilience.events")
 _INF = math.inf
 
 
+@final
 @dataclass(slots=True)
 class Send:
     """Make attempt ``attempt`` now, bounded by ``timeouts``, with ``headers`` added (trace context)."""
@@ -133,6 +131,7 @@ class Send:
     headers: dict[str, str]
 
 
+@final
 @dataclass(slots=True)
 class Wait(Generic[R]):
     """Release ``discard`` (a response not returned), sleep ``delay_s``, then ask ``next_step()``."""
@@ -141,6 +140,7 @@ class Wait(Generic[R]):
     discard: R | None = None
 
 
+@final
 @dataclass(slots=True)
 class AskProbe:
     """Ask ``probe(context)`` whether the ambiguous attempt was applied, then report with ``probe_answered``."""
@@ -150,6 +150,7 @@ class AskProbe:
     context: ProbeContext
 
 
+@final
 @dataclass(slots=True)
 class Return(Generic[R]):
     """The call is over: release ``discard`` when set, and return ``response``."""
@@ -159,6 +160,7 @@ class Return(Generic[R]):
     discard: R | None = None
 
 
+@final
 @dataclass(slots=True)
 class Raise(Generic[R]):
     """The call is over: release ``discard`` when set (it may also be ``error.response``), and raise ``error``."""
@@ -171,6 +173,8 @@ Decision = Wait[R] | AskProbe | Return[R] | Raise[R]
 """What ``attempt_done`` and ``probe_answered`` answer."""
 NextStep = Send | Raise[R]
 """What ``next_step`` answers."""
+Step = Send | Wait[R] | AskProbe | Return[R] | Raise[R]
+"""Any step (the classes are final: ``type(step) is`` tells them apart)."""
 _new_record = tuple.__new__
 """Builds an ``AttemptRecord`` from all its fields in one C call (its ``NamedTuple.__new__`` is a Python function more)."""
 NO_HEADERS: dict[str, str] = {}

@@ -24,7 +24,7 @@ from resilience.errors import ErrorTypes
 from resilience.events import Observer, call_observer, hearing
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
-from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
+from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Step
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 
 __all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
@@ -127,7 +127,7 @@ class Retrier:
         """
         call: RetryCall[R] = RetryCall(spec, *self._parts)  # ``begin``, without the extra call
         try:
-            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
+            step: Step[R] = call.next_step()
             while True:
                 if type(step) is Send:
                     try:
@@ -138,23 +138,19 @@ class Retrier:
                         step = call.attempt_done(failed(exc))
                     else:
                         step = call.attempt_done(answer if report is None else report(answer))
-                elif type(step) is Return:
-                    if step.discard is not None:
-                        discard(step.discard)
-                    return step.response, step.attempts
-                elif type(step) is Wait:
-                    if step.discard is not None:
-                        discard(step.discard)
-                    if step.delay_s > 0:
-                        self.clock.sleep(step.delay_s)
-                    step = call.next_step()
-                elif type(step) is AskProbe:
+                    continue
+                if type(step) is AskProbe:
                     step = call.probe_answered(ask_probe(step.probe, step.context), on_probe_done)
-                else:
-                    assert type(step) is Raise
-                    if step.discard is not None:
-                        discard(step.discard)
+                    continue
+                if step.discard is not None:
+                    discard(step.discard)
+                if type(step) is Return:
+                    return step.response, step.attempts
+                if type(step) is Raise:
                     raise step.error
+                if step.delay_s > 0:
+                    self.clock.sleep(step.delay_s)
+                step = call.next_step()
         except BaseException as exc:
             _abandon(call, exc, never_sent)  # a no-op when the call ended on a verdict
             raise
@@ -196,7 +192,7 @@ class Retrier:
         """
         call: RetryCall[R] = RetryCall(spec, *self._parts)  # ``begin``, without the extra call
         try:
-            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
+            step: Step[R] = call.next_step()
             while True:
                 if type(step) is Send:
                     try:
@@ -207,23 +203,19 @@ class Retrier:
                         step = call.attempt_done(failed(exc))
                     else:
                         step = call.attempt_done(answer if report is None else report(answer))
-                elif type(step) is Return:
-                    if step.discard is not None:
-                        await _maybe_await(discard(step.discard))
-                    return (step.response, step.attempts) if finish is None else finish(step.response, step.attempts)
-                elif type(step) is Wait:
-                    if step.discard is not None:
-                        await _maybe_await(discard(step.discard))
-                    if step.delay_s > 0:
-                        await getattr(self.clock, "asleep", asyncio.sleep)(step.delay_s)
-                    step = call.next_step()
-                elif type(step) is AskProbe:
+                    continue
+                if type(step) is AskProbe:
                     step = call.probe_answered(await ask_probe_async(step.probe, step.context), on_probe_done)
-                else:
-                    assert type(step) is Raise
-                    if step.discard is not None:
-                        await _maybe_await(discard(step.discard))
+                    continue
+                if step.discard is not None:
+                    await _maybe_await(discard(step.discard))
+                if type(step) is Return:
+                    return (step.response, step.attempts) if finish is None else finish(step.response, step.attempts)
+                if type(step) is Raise:
                     raise step.error
+                if step.delay_s > 0:
+                    await getattr(self.clock, "asleep", asyncio.sleep)(step.delay_s)
+                step = call.next_step()
         except BaseException as exc:
             _abandon(call, exc, never_sent)
             raise
