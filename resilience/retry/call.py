@@ -29,57 +29,45 @@ awaits the attempt, the sleep and the probe), the sync one as written there::
             clock.sleep(step.delay_s)
         step = call.next_step()
 
-A call that succeeds on its first attempt builds only what it hands back
-(the ``Send``, its one ``AttemptRecord``, the ``Return``): the deadlines are
-clock readings, the record list is made on the first failure, and the
-first admission takes a closed breaker's shared permit without its lock.
-The driver calls ``call.abandon(exc)`` when anything else ends it (an exception in
-the attempt, a cancelled task, a KeyboardInterrupt in the sleep): the call
-then ends as neutral for the breaker, its slot goes back, and nothing more is
-sent. Breakers and budgets take short thread locks and never wait on I/O
-while holding one, so one ``Retrier`` is safe from threads and from asyncio
-tasks. What each attempt's timeouts are and what its result means (success,
-retryable, ambiguous, fatal) are ``resilience.retry.spec``'s rules; what the
-call does next is decided here, by these rules:
+A first-attempt success builds only what it hands back (the ``Send``, its
+one ``AttemptRecord``, the ``Return``). Anything else that ends the call (an
+exception in the attempt, a cancelled task, an interrupt in the sleep) ends
+it through ``abandon``: neutral for the breaker, nothing more sent. Breakers
+and budgets never hold their short thread locks across I/O, so one
+``Retrier`` serves threads and asyncio tasks. ``resilience.retry.spec``
+decides each attempt's timeouts and what its result means; what the call
+does next is decided here, by these rules (for users: ``docs/retry-rules.md``):
 
 - **Attempts** (``_exhausted``, ``_next_delay``, ``_announce_refusal``).
   ``RetryPolicy.max_attempts`` bounds the attempts that may have reached the
-  server. Failures before sending (connection refused, connect timeout:
-  ``Delivery.NOT_SENT``) are retried with backoff, for any method: for
-  ``RetryPolicy.connect_window_s`` while the call has never connected, until
-  the call's deadline once it has; only a call with no deadline at all counts
-  them against ``max_attempts`` too. When the window, the deadline or the
-  retry budget ends the retries on a refusal, the caller gets the refusal
-  itself (the transport's own error, with ``.attempts``): an unreachable
-  engine reads as one, never as a timeout. A call's first refusal is logged
+  server. A failure before sending (``Delivery.NOT_SENT``) is retried with
+  backoff, for any method: for ``RetryPolicy.connect_window_s`` while the
+  call has never connected, then until the deadline; only a call with no
+  deadline counts it against ``max_attempts``. When the window, the deadline
+  or the retry budget stops a refused call, the caller gets the refusal
+  itself (with ``.attempts``), never a timeout. The first refusal is logged
   once at WARNING (``resilience.retry``) and announced as ``EngineRefused``;
-  a call refused for its whole window opens the engine's breaker at once. A
-  body that cannot be replayed (``CallSpec.replayable=False``) gets exactly
-  one attempt. Backoff is ``resilience.backoff.backoff_delay`` (or a 429/503's
-  Retry-After, capped), and each wait must fit the deadline and be paid for
-  from the engine's retry budget (``resilience.budget``).
+  a call refused for its whole window opens the breaker at once. A body that
+  cannot be replayed (``CallSpec.replayable``) gets one attempt. Each backoff
+  (``backoff_delay``, or a 429/503's Retry-After, capped) must fit the
+  deadline and be paid from the engine's retry budget.
 - **Ambiguity** (``attempt_done``, ``probe_answered``). A non-idempotent
   attempt that may have been applied is never re-sent blindly: a table
   entry's ``on_ambiguous`` probes or raises ``AmbiguousOutcome``; a request
-  no entry matches gets the transport's own error (a ``ReadTimeout``, say),
-  exactly as plain requests would raise it. A gateway status (the policy's
-  retry statuses) on a non-idempotent entry that has a probe asks the probe
-  too before anything is re-sent: a front end may answer 502 after handing
-  the request on. "Done" returns as applied, "not done" re-sends, "unknown"
-  does what the entry does without a probe.
-- **Breaker** (``next_step``, ``_record_breaker``). It judges logical calls,
-  not attempts: a call whose failures the retries absorbed counts as a
-  success, so a flaky gateway in front of a healthy engine never opens it,
-  while a dead engine does. Every attempt is admitted
-  (``CircuitBreaker.admit``): a call that keeps retrying after the breaker
-  went half-open needs a probe slot like any new call, and every exit (a
-  verdict, a 4xx, an exception anywhere, KeyboardInterrupt in a backoff
-  sleep, a cancelled task) gives the breaker its verdict or its slot back.
-- **Errors** (``_fail``, ``_give_back``). The loop's own errors are the
-  classes of the ``Retrier``'s ``ErrorTypes``: subclasses of
-  ``resilience.errors``' classes that are also the transport's own exception
-  types (the httpx driver's ``DeadlineExceeded`` is an
-  ``httpx.TimeoutException``). Every error carries the call's record as
+  no entry matches gets the transport's own error, as plain requests would
+  raise it. A gateway status (a retry status) on a non-idempotent entry with
+  a probe asks it too: a front end may answer 502 after handing the request
+  on. "Done" returns as applied, "not done" re-sends, "unknown" does what the
+  entry does without a probe.
+- **Breaker** (``next_step``, ``_record_breaker``). It judges logical calls:
+  a call whose failures the retries absorbed is a success, so a flaky
+  gateway never opens it while a dead engine does. Every attempt is admitted
+  (``CircuitBreaker.admit``: a retry after the breaker went half-open needs a
+  probe slot), and every exit gives the breaker its verdict or its slot back.
+- **Errors** (``_fail``, ``_give_back``). The loop raises the ``Retrier``'s
+  ``ErrorTypes``: ``resilience.errors``' classes that are also the
+  transport's own exception types (the httpx driver's ``DeadlineExceeded`` is
+  an ``httpx.TimeoutException``), each with the call's record as
   ``.attempts`` (``resilience.outcome.attempts_of``).
 """
 
@@ -102,6 +90,7 @@ from resilience.events import (
     BreakerRejected,
     CallObserver,
     EngineRefused,
+    Event,
     ProbeCompleted,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
@@ -190,9 +179,9 @@ class RetryCall(Generic[R]):
     """
 
     __slots__ = (
-        "_flight_started", "_in_flight", "_next", "_released", "_unreachable", "_warned", "breaker", "budget", "call_id", "clock",
-        "ended", "errors", "hard_at", "hearing", "last", "observers", "permit", "records", "rng", "spec", "started", "window_at",
-        "window_only",
+        "_flight_started", "_next", "_released", "_unreachable", "_warned", "breaker", "budget", "call_id", "clock", "ended",
+        "errors", "hard_at", "hearing", "in_flight", "last", "observers", "permit", "records", "rng", "spec", "started",
+        "window_at", "window_only",
     )
 
     def __init__(
@@ -226,10 +215,9 @@ class RetryCall(Generic[R]):
         self.last: AttemptResult[R] | None = None
         self.permit: Permit | None = None
         self.ended = False
-        self._in_flight = False
-        """An attempt asked for by ``next_step`` has not been reported yet."""
+        self.in_flight = False
+        """An attempt asked for by ``next_step`` has not been reported yet; it started at ``_flight_started``."""
         self._flight_started = now
-        """When that attempt started (clock reading)."""
         self._next = 0
         self._released = False
         """The last response was already handed out for release (in a ``Wait``)."""
@@ -263,11 +251,6 @@ class RetryCall(Generic[R]):
         """Every attempt so far."""
         return () if self.records is None else tuple(self.records)
 
-    @property
-    def in_flight(self) -> bool:
-        """An attempt asked for by ``next_step`` has not been reported yet."""
-        return self._in_flight
-
     # -- the steps -------------------------------------------------------
 
     def next_step(self) -> NextStep[R]:
@@ -291,16 +274,15 @@ class RetryCall(Generic[R]):
             if permit is None:
                 permit = breaker.admit(self.permit)
             if permit is None:
-                if self.observers:
-                    emit(self.observers, BreakerRejected(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine))
+                self._emit(BreakerRejected)
                 message = f"circuit open for {spec.engine} (retry in {breaker.retry_in():.2f}s)"
                 # the error's record ends with the refused attempt (not sent); events count only attempts made
                 refused = AttemptRecord(n, None, Outcome.RETRYABLE, Delivery.NOT_SENT, self.errors.circuit_open.__qualname__, 0.0)
-                return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message, refused=refused)
+                return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message, refused)
             self.permit = permit
         timeouts = attempt_timeouts(spec, left)
         headers = NO_HEADERS
-        self._in_flight = True
+        self.in_flight = True
         if self.observers:
             headers = {}
             call_id, method, endpoint, engine, timeout_s = self.call_id, spec.method, spec.match.endpoint, spec.engine, timeouts[1]
@@ -317,9 +299,9 @@ class RetryCall(Generic[R]):
 
     def attempt_done(self, result: AttemptResult[R]) -> Decision[R]:
         """What the transport saw on the attempt ``next_step`` asked for: classified, recorded, announced, decided."""
-        if not self._in_flight:
+        if not self.in_flight:
             raise RuntimeError("attempt_done() without a Send from next_step()")
-        self._in_flight = False
+        self.in_flight = False
         spec = self.spec
         policy = spec.match.policy
         n = self._next
@@ -383,25 +365,18 @@ class RetryCall(Generic[R]):
             verdict = ProbeAnswer(answer if isinstance(answer, str) else "")
         except ValueError:
             verdict = ProbeAnswer.UNKNOWN
-        spec = self.spec
-        if self.observers:
-            emit(
-                self.observers, ProbeCompleted(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, answer=str(verdict))
-            )
+        self._emit(ProbeCompleted, answer=str(verdict))
         last = self.last
-        reason = _reason(last) if last is not None else "error"
-        stale = last.response if last is not None else None
+        assert last is not None  # a probe is asked only about a reported attempt
         if verdict is ProbeAnswer.DONE and on_done is not None:
-            confirmed = on_done()
-            self._end(CallOutcome.RETRIED_SUCCESS if len(self.attempts) > 1 else CallOutcome.SUCCESS, None)
-            return Return(confirmed, self.attempts, discard=stale)
+            return self._succeed(on_done(), discard=last.response)
         if verdict is ProbeAnswer.NOT_DONE:
             return self._retry_or_end("probe_not_done")
-        if last is not None and last.status is not None:  # a gateway status: the endpoint's own choice, as without a probe
-            if spec.match.policy.retry_statuses_if_not_idempotent:
-                return self._retry_or_end(reason)
+        if last.status is not None:  # a gateway status: the endpoint's own choice, as without a probe
+            if self.spec.match.policy.retry_statuses_if_not_idempotent:
+                return self._retry_or_end(_reason(last))
             return self._give_back(last, CallOutcome.FAILED)
-        return self._ambiguous(reason)
+        return self._ambiguous(_reason(last))
 
     def abandon(self, exc: BaseException, *, delivery: Delivery = Delivery.AMBIGUOUS) -> None:
         """Something outside the verdicts ended the call (an exception in the attempt, a cancelled task, an interrupt).
@@ -411,8 +386,8 @@ class RetryCall(Generic[R]):
         handshake that failed, say); the call ends as failed but neutral for
         the breaker (its slot goes back). A no-op on a call already ended.
         """
-        if self._in_flight:
-            self._in_flight = False
+        if self.in_flight:
+            self.in_flight = False
             duration = self.clock.monotonic() - self._flight_started
             record = AttemptRecord(self._next, None, Outcome.FATAL, delivery, type(exc).__qualname__, duration)
             if self.records is None:
@@ -434,42 +409,30 @@ class RetryCall(Generic[R]):
             return self._exhaust(reason)
         self._next += 1
         last = self.last
-        if not self._warned and last is not None and _refused(last):
+        assert last is not None
+        if not self._warned and _refused(last):
             self._announce_refusal(last)
-        self._released = last is not None and last.response is not None
-        return Wait(delay, last.response if last is not None else None)
-
-    def _never_connected(self) -> bool:
-        """Every attempt so far failed before sending: the engine has not accepted one connection in this call."""
-        return all(r.delivery is Delivery.NOT_SENT for r in self.attempts)
+        self._released = last.response is not None
+        return Wait(delay, last.response)
 
     def _connect_window_left(self) -> float | None:
-        """Seconds left of ``connect_window_s`` while the call has never connected; None when the window does not apply."""
+        """Seconds left of ``connect_window_s`` while every attempt failed before sending; None when the window does not apply."""
         window = self.spec.match.policy.retry.connect_window_s
-        if window is None or not self._never_connected():
+        if window is None or any(r.delivery is not Delivery.NOT_SENT for r in self.attempts):
             return None
         return max(0.0, window - (self.clock.monotonic() - self.started))
 
     def _announce_refusal(self, result: AttemptResult[R]) -> None:
         """The call's first refusal, once: a WARNING naming the engine and how long the call keeps trying, and ``EngineRefused``."""
         self._warned = True
-        spec = self.spec
         window = None if self.window_at == _INF else max(0.0, self.window_at - self.clock.monotonic())
         bounds = [b for b in (self._connect_window_left(), window) if b is not None]
         retry_for = min(bounds) if bounds else None
         error_type = type(result.error).__qualname__
-        log.warning(
-            "%s refused %s (%s); retrying for up to %s, then the call fails with this error",
-            spec.engine,
-            spec.match.endpoint,
-            error_type,
-            "no limit (no deadline)" if retry_for is None else f"{retry_for:.1f} s",
-        )
-        if self.observers:
-            event = EngineRefused(
-                call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, error_type=error_type, retry_for_s=retry_for
-            )
-            emit(self.observers, event)
+        shown = "no limit (no deadline)" if retry_for is None else f"{retry_for:.1f} s"
+        message = "%s refused %s (%s); retrying for up to %s, then the call fails with this error"
+        log.warning(message, self.spec.engine, self.spec.match.endpoint, error_type, shown)
+        self._emit(EngineRefused, error_type=error_type, retry_for_s=retry_for)
 
     def _exhausted(self) -> bool:
         """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` (the module's "Attempts").
@@ -491,9 +454,11 @@ class RetryCall(Generic[R]):
         assert last is not None
         if last.response is not None and not self.spec.match.policy.raise_on_exhausted:
             return self._give_back(last, CallOutcome.FAILED)
+        if last.response is None and last.error is not None:  # the transport's own error, as plain requests would raise it
+            return self._give_back(last, CallOutcome.FAILED)
         spec = self.spec
         message = f"{spec.match.endpoint} on {spec.engine}: {len(self.attempts)} attempts failed (last: {reason})"
-        return self._fail(CallOutcome.FAILED, self.errors.retries_exhausted, message, reraise_transport=True)
+        return self._fail(CallOutcome.FAILED, self.errors.retries_exhausted, message)
 
     def _ambiguous(self, reason: str) -> Raise[R]:
         spec = self.spec
@@ -534,22 +499,13 @@ class RetryCall(Generic[R]):
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, message)
         budget = self.budget
         if budget is not None and not budget.try_withdraw():
-            if self.observers:
-                emit(
-                    self.observers,
-                    RetryBudgetExhaustedEvent(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, tokens=budget.tokens),
-                )
+            if self.observers:  # reading the balance refills it: only when announced
+                self._emit(RetryBudgetExhaustedEvent, tokens=budget.tokens)
             if refused:
                 return None
             message = f"retry budget of {spec.engine} exhausted (last: {reason})"
             return self._fail(CallOutcome.BUDGET_EXHAUSTED, self.errors.budget_exhausted, message)
-        if self.observers:
-            emit(
-                self.observers,
-                RetryScheduled(
-                    call_id=self.call_id, attempt=n, endpoint=spec.match.endpoint, engine=spec.engine, reason=reason, delay_s=delay
-                ),
-            )
+        self._emit(RetryScheduled, attempt=n, reason=reason, delay_s=delay)
         records = self.records
         assert records is not None
         records[-1] = records[-1]._replace(delay_s=delay)
@@ -557,10 +513,10 @@ class RetryCall(Generic[R]):
 
     # -- endings ---------------------------------------------------------
 
-    def _succeed(self, response: R | None) -> Return[R]:
+    def _succeed(self, response: R | None, discard: R | None = None) -> Return[R]:
         self._end(CallOutcome.RETRIED_SUCCESS if len(self.attempts) > 1 else CallOutcome.SUCCESS, None)
         assert response is not None
-        return Return(response, self.attempts)
+        return Return(response, self.attempts, discard)
 
     def _give_back(self, result: AttemptResult[R], outcome: CallOutcome) -> Return[R] | Raise[R]:
         """End with what the transport saw: its response, or its own error (with ``.attempts``)."""
@@ -572,22 +528,10 @@ class RetryCall(Generic[R]):
         self._end(outcome, str(result.status))
         return Return(result.response, self.attempts)
 
-    def _fail(
-        self,
-        outcome: CallOutcome,
-        error: type[ResilienceError],
-        message: str,
-        *,
-        reraise_transport: bool = False,
-        refused: AttemptRecord | None = None,
-    ) -> Raise[R]:
-        """End with one of the loop's own errors (or the transport's last one); ``refused``: a breaker's refusal, added to its record."""
+    def _fail(self, outcome: CallOutcome, error: type[ResilienceError], message: str, refused: AttemptRecord | None = None) -> Raise[R]:
+        """End with one of the loop's own errors; ``refused``: a breaker's refusal, added to its record."""
         last = self.last
         records = self.attempts if refused is None else (*self.attempts, refused)
-        if reraise_transport and last is not None and last.response is None and last.error is not None:
-            self._end(outcome, type(last.error).__qualname__)
-            _attach(last.error, records)
-            return Raise(last.error)
         self._end(outcome, error.__qualname__)
         response = last.response if last is not None else None
         spec = self.spec
@@ -616,13 +560,10 @@ class RetryCall(Generic[R]):
         if breaker is None or permit is None:
             return
         last = self.records[-1] if self.records else None  # None on a first-attempt success too: it succeeded
+        fatal_status = last is not None and last.outcome is Outcome.FATAL and last.status is not None
         if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
             breaker.record_success(permit)
-        elif (
-            neutral
-            or outcome is CallOutcome.CIRCUIT_OPEN
-            or (last is not None and last.outcome is Outcome.FATAL and last.status is not None)
-        ):
+        elif neutral or outcome is CallOutcome.CIRCUIT_OPEN or fatal_status:
             breaker.release_probe(permit)
         elif self._unreachable:
             breaker.record_unreachable(permit, window_s=self.spec.match.policy.retry.connect_window_s)
@@ -634,6 +575,12 @@ class RetryCall(Generic[R]):
         self._record_breaker(outcome, neutral)
         if self.hearing[3]:
             self._announce_end(outcome, error_type)
+
+    def _emit(self, kind: Callable[..., Event], **values: object) -> None:
+        """Announce one of the call's other events (``call_id``, ``endpoint`` and ``engine`` filled in), when anyone observes."""
+        if self.observers:
+            spec = self.spec
+            emit(self.observers, kind(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, **values))
 
     def _announce_end(self, outcome: CallOutcome, error_type: str | None) -> None:
         last = self.last
