@@ -384,7 +384,10 @@ class RetryCall(Generic[R]):
         An attempt in flight is recorded with ``delivery``: ambiguous
         unless the driver has proof it never left (``NOT_SENT``: a TLS
         handshake that failed, say); the call ends as failed but neutral for
-        the breaker (its slot goes back). A no-op on a call already ended.
+        the breaker (its slot goes back). A no-op on a call already ended,
+        except that an ``Exception`` without a record of its own gets the
+        call's as ``.attempts``; interrupts (``KeyboardInterrupt``,
+        ``CancelledError``) get none: they are not the transport's answer.
         """
         if self.in_flight:
             self.in_flight = False
@@ -395,6 +398,8 @@ class RetryCall(Generic[R]):
             self.records.append(record)
         if not self.ended:
             self._end(CallOutcome.FAILED, type(exc).__qualname__, neutral=True)
+        if isinstance(exc, Exception) and self.records and not getattr(exc, "attempts", None):
+            _attach(exc, self.attempts)
 
     # -- decisions -------------------------------------------------------
 
