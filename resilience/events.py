@@ -51,7 +51,7 @@ __all__ = [
 log = logging.getLogger("resilience.events")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class CallStarted:
     """A logical call (one ``Session.send`` / one client method) began."""
 
@@ -65,7 +65,7 @@ class CallStarted:
     """Seconds the whole call may take, or None when unbounded."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class AttemptStarted:
     """One attempt is about to be sent.
 
@@ -86,7 +86,7 @@ class AttemptStarted:
     carrier: MutableMapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class AttemptEnded:
     """One attempt finished, with its classification."""
 
@@ -119,7 +119,7 @@ class RetryScheduled:
     delay_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class CallEnded:
     """A logical call finished."""
 
@@ -357,37 +357,28 @@ class CallObserver:
 
     def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
         """A logical call began (``CallStarted``)."""
-        self(CallStarted(call_id=call_id, method=method, endpoint=endpoint, engine=engine, deadline_s=deadline_s))
+        self(CallStarted(call_id, method, endpoint, engine, deadline_s))
 
     def attempt_started(  # the fields of AttemptStarted, in order
         self, call_id: int, attempt: int, method: str, endpoint: str, engine: str,
         server_address: str, server_port: int, timeout_s: float | None, carrier: MutableMapping[str, str],
     ) -> None:  # fmt: skip
         """An attempt is about to be sent (``AttemptStarted``); headers added to ``carrier`` go with it."""
-        self(AttemptStarted(
-            call_id=call_id, attempt=attempt, method=method, endpoint=endpoint, engine=engine,
-            server_address=server_address, server_port=server_port, timeout_s=timeout_s, carrier=carrier,
-        ))  # fmt: skip
+        self(AttemptStarted(call_id, attempt, method, endpoint, engine, server_address, server_port, timeout_s, carrier))
 
     def attempt_ended(  # the fields of AttemptEnded, in order
         self, call_id: int, attempt: int, method: str, endpoint: str, engine: str,
         status: int | None, outcome: Outcome, error_type: str | None, sent: bool, duration_s: float,
     ) -> None:  # fmt: skip
         """An attempt finished, with its classification (``AttemptEnded``)."""
-        self(AttemptEnded(
-            call_id=call_id, attempt=attempt, method=method, endpoint=endpoint, engine=engine,
-            status=status, outcome=outcome, error_type=error_type, sent=sent, duration_s=duration_s,
-        ))  # fmt: skip
+        self(AttemptEnded(call_id, attempt, method, endpoint, engine, status, outcome, error_type, sent, duration_s))
 
     def call_ended(  # the fields of CallEnded, in order
         self, call_id: int, method: str, endpoint: str, engine: str, outcome: CallOutcome, status: int | None,
         attempts: int, duration_s: float, error_type: str | None, retry_budget_tokens: float | None,
     ) -> None:  # fmt: skip
         """A logical call finished (``CallEnded``)."""
-        self(CallEnded(
-            call_id=call_id, method=method, endpoint=endpoint, engine=engine, outcome=outcome, status=status,
-            attempts=attempts, duration_s=duration_s, error_type=error_type, retry_budget_tokens=retry_budget_tokens,
-        ))  # fmt: skip
+        self(CallEnded(call_id, method, endpoint, engine, outcome, status, attempts, duration_s, error_type, retry_budget_tokens))
 
     def replay(self, event: Event) -> None:
         """Hand ``event`` to the method of its moment (a per-call event to its per-call method), else to ``self(event)``.
