@@ -38,7 +38,7 @@ and budgets never hold their short thread locks across I/O, so one
 decides each attempt's timeouts and what its result means; what the call
 does next is decided here, by these rules (for users: ``docs/retry-rules.md``):
 
-- **Attempts** (``_exhausted``, ``_next_delay``, ``_announce_refusal``).
+- **Attempts** (``_exhausted``, ``_retry_or_end``, ``_announce_refusal``).
   ``RetryPolicy.max_attempts`` bounds the attempts that may have reached the
   server. A failure before sending (``Delivery.NOT_SENT``) is retried with
   backoff, for any method: for ``RetryPolicy.connect_window_s`` while the
@@ -263,7 +263,7 @@ class RetryCall(Generic[R]):
             last = self.last
             if last is not None and _refused(last):
                 # A backoff after a refusal that overslept the deadline (a busy machine): end as when the wait did
-                # not fit (``_next_delay``), so a refusal stays a connection error, whatever the scheduler did.
+                # not fit (``_retry_or_end``), so a refusal stays a connection error, whatever the scheduler did.
                 refusal = self._exhaust(_reason(last))
                 assert isinstance(refusal, Raise)  # no response to hand back: the refusal itself is raised
                 return refusal
@@ -403,23 +403,6 @@ class RetryCall(Generic[R]):
 
     # -- decisions -------------------------------------------------------
 
-    def _retry_or_end(self, reason: str) -> Decision[R]:
-        """Another attempt after a backoff, or the end: out of attempts, past the window, or no budget."""
-        if self._exhausted():
-            return self._exhaust(reason)
-        delay = self._next_delay(reason)
-        if isinstance(delay, Raise):
-            return delay
-        if delay is None:  # the default retry window ended, or the deadline or budget stopped a refused call
-            return self._exhaust(reason)
-        self._next += 1
-        last = self.last
-        assert last is not None
-        if not self._warned and _refused(last):
-            self._announce_refusal(last)
-        self._released = last.response is not None
-        return Wait(delay, last.response)
-
     def _connect_window_left(self) -> float | None:
         """Seconds left of ``connect_window_s`` while every attempt failed before sending; None when the window does not apply."""
         window = self.spec.match.policy.retry.connect_window_s
@@ -470,17 +453,20 @@ class RetryCall(Generic[R]):
         message = f"{spec.match.endpoint} on {spec.engine} may have been applied ({reason}); not re-sent"
         return self._fail(CallOutcome.AMBIGUOUS, self.errors.ambiguous, message)
 
-    def _next_delay(self, reason: str) -> float | Raise[R] | None:
-        """The backoff before the next attempt, once the deadline and the retry budget allow it; announced.
+    def _retry_or_end(self, reason: str) -> Decision[R]:
+        """Another attempt after a backoff that the deadline and the retry budget allow (announced), or the end.
 
-        None (the call ends as exhausted, as plain requests would: the module's
-        "Attempts") when the wait would pass a window that only bounds retries,
-        ``connect_window_s`` of a call never connected, or, after a refusal,
-        the deadline or the retry budget (which still announces itself).
+        The call ends as exhausted (as plain requests would: the module's
+        "Attempts") when no attempt is left, or when the wait would pass a
+        window that only bounds retries, ``connect_window_s`` of a call never
+        connected, or, after a refusal, the deadline or the retry budget (which
+        still announces itself); else a deadline or budget raises its own error.
         """
-        spec = self.spec
         result = self.last
         assert result is not None
+        if self._exhausted():
+            return self._exhaust(reason)
+        spec = self.spec
         n = self._next
         retry = spec.match.policy.retry
         delay = 0.0
@@ -495,11 +481,11 @@ class RetryCall(Generic[R]):
             window_left = self._connect_window_left()
             if window_left is not None and delay >= window_left:
                 self._unreachable = True  # refused for the whole connect window: a dead or mistyped engine
-                return None
+                return self._exhaust(reason)
         left = max(0.0, self.window_at - self.clock.monotonic())
         if self.window_at != _INF and delay >= left:
             if self.window_only or refused:
-                return None  # the caller gets what plain requests would: the response, or the refusal itself
+                return self._exhaust(reason)  # the caller gets what plain requests would: the response, or the refusal itself
             message = f"deadline exceeded: next wait {delay:.3f}s >= {left:.3f}s left (last: {reason})"
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, message)
         budget = self.budget
@@ -507,14 +493,18 @@ class RetryCall(Generic[R]):
             if self.observers:  # reading the balance refills it: only when announced
                 self._emit(RetryBudgetExhaustedEvent, tokens=budget.tokens)
             if refused:
-                return None
+                return self._exhaust(reason)
             message = f"retry budget of {spec.engine} exhausted (last: {reason})"
             return self._fail(CallOutcome.BUDGET_EXHAUSTED, self.errors.budget_exhausted, message)
         self._emit(RetryScheduled, attempt=n, reason=reason, delay_s=delay)
         records = self.records
         assert records is not None
         records[-1] = records[-1]._replace(delay_s=delay)
-        return delay
+        self._next += 1
+        if refused and not self._warned:
+            self._announce_refusal(result)
+        self._released = result.response is not None
+        return Wait(delay, result.response)
 
     # -- endings ---------------------------------------------------------
 
