@@ -59,7 +59,7 @@ does next is decided here, by these rules (for users: ``docs/retry-rules.md``):
   a probe asks it too: a front end may answer 502 after handing the request
   on. "Done" returns as applied, "not done" re-sends, "unknown" does what the
   entry does without a probe.
-- **Breaker** (``next_step``, ``_record_breaker``). It judges logical calls:
+- **Breaker** (``next_step``, ``_end``). It judges logical calls:
   a call whose failures the retries absorbed is a success, so a flaky
   gateway never opens it while a dead engine does. Every attempt is admitted
   (``CircuitBreaker.admit``: a retry after the breaker went half-open needs a
@@ -73,6 +73,7 @@ does next is decided here, by these rules (for users: ``docs/retry-rules.md``):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -324,7 +325,7 @@ class RetryCall(Generic[R]):
         if outcome is Outcome.SUCCESS and self.records is None:  # the common case: one record, no list
             self.ended = True
             if self.breaker is not None:
-                self.breaker.record_success(self.permit)  # as ``_record_breaker`` decides for a success
+                self.breaker.record_success(self.permit)  # as ``_end`` decides for a success
             if self.hearing[3]:
                 self._announce_end(CallOutcome.SUCCESS, None)
             assert result.response is not None
@@ -384,10 +385,9 @@ class RetryCall(Generic[R]):
         An attempt in flight is recorded with ``delivery``: ambiguous
         unless the driver has proof it never left (``NOT_SENT``: a TLS
         handshake that failed, say); the call ends as failed but neutral for
-        the breaker (its slot goes back). A no-op on a call already ended,
-        except that an ``Exception`` without a record of its own gets the
-        call's as ``.attempts``; interrupts (``KeyboardInterrupt``,
-        ``CancelledError``) get none: they are not the transport's answer.
+        the breaker (its slot goes back); nothing more on a call already ended.
+        An ``Exception`` without a record gets the call's as ``.attempts``
+        (an interrupt is not the transport's answer: none).
         """
         if self.in_flight:
             self.in_flight = False
@@ -545,29 +545,26 @@ class RetryCall(Generic[R]):
             exc.__suppress_context__ = True
         return Raise(exc, discard=None if self._released else response)
 
-    def _record_breaker(self, outcome: CallOutcome, neutral: bool) -> None:
-        """One verdict per logical call (the module's "Breaker"): a success, unreachable, a failure, or neutral.
-
-        A fatal status (4xx, 500), the breaker's own refusal and an exception
-        outside the transport are neutral: the slot goes back.
-        """
-        breaker, permit = self.breaker, self.permit
-        if breaker is None or permit is None:
-            return
-        last = self.records[-1] if self.records else None  # None on a first-attempt success too: it succeeded
-        fatal_status = last is not None and last.outcome is Outcome.FATAL and last.status is not None
-        if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
-            breaker.record_success(permit)
-        elif neutral or outcome is CallOutcome.CIRCUIT_OPEN or fatal_status:
-            breaker.release_probe(permit)
-        elif self._unreachable:
-            breaker.record_unreachable(permit, window_s=self.spec.match.policy.retry.connect_window_s)
-        else:
-            breaker.record_failure(permit)
-
     def _end(self, outcome: CallOutcome, error_type: str | None, *, neutral: bool = False) -> None:
+        """The call's one breaker verdict (the module's "Breaker"), then ``call_ended`` when heard.
+
+        A success records one; a fatal status (4xx, 500), the breaker's own
+        refusal and an exception outside the transport (``neutral``) give the
+        slot back; a call refused for its whole connect window is unreachable.
+        """
         self.ended = True
-        self._record_breaker(outcome, neutral)
+        breaker, permit = self.breaker, self.permit
+        if breaker is not None and permit is not None:
+            last = self.records[-1] if self.records else None  # None on a first-attempt success too: it succeeded
+            fatal_status = last is not None and last.outcome is Outcome.FATAL and last.status is not None
+            if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
+                breaker.record_success(permit)
+            elif neutral or outcome is CallOutcome.CIRCUIT_OPEN or fatal_status:
+                breaker.release_probe(permit)
+            elif self._unreachable:
+                breaker.record_unreachable(permit, window_s=self.spec.match.policy.retry.connect_window_s)
+            else:
+                breaker.record_failure(permit)
         if self.hearing[3]:
             self._announce_end(outcome, error_type)
 
@@ -617,10 +614,8 @@ def _reason(result: AttemptResult[Any]) -> str:
 
 
 def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
-    try:
+    with contextlib.suppress(AttributeError):  # an exception class with __slots__
         error.attempts = records  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
 
 
 def _failed(observer: CallObserver, moment: str) -> None:
