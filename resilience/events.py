@@ -51,7 +51,7 @@ __all__ = [
 log = logging.getLogger("resilience.events")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CallStarted:
     """A logical call (one ``Session.send`` / one client method) began."""
 
@@ -65,7 +65,7 @@ class CallStarted:
     """Seconds the whole call may take, or None when unbounded."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptStarted:
     """One attempt is about to be sent.
 
@@ -86,7 +86,7 @@ class AttemptStarted:
     carrier: MutableMapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptEnded:
     """One attempt finished, with its classification."""
 
@@ -106,20 +106,26 @@ class AttemptEnded:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RetryScheduled:
-    """The loop will retry after ``delay_s`` seconds."""
+class _OfCall:
+    """What every other event of one call names: the call, its endpoint and its engine (as ``CallStarted`` names them)."""
 
     call_id: int
-    attempt: int
-    """The attempt that failed (0-based)."""
     endpoint: str
     engine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryScheduled(_OfCall):
+    """The loop will retry after ``delay_s`` seconds."""
+
+    attempt: int
+    """The attempt that failed (0-based)."""
     reason: str
     """Bounded: ``status_502``, ``connect_error``, ``read_timeout``, ``connection_reset``, ``probe_not_done``."""
     delay_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CallEnded:
     """A logical call finished."""
 
@@ -147,36 +153,26 @@ class BreakerTransitioned:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BreakerRejected:
+class BreakerRejected(_OfCall):
     """A call failed fast because the engine's breaker is open."""
-
-    call_id: int
-    endpoint: str
-    engine: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RetryBudgetExhaustedEvent:
+class RetryBudgetExhaustedEvent(_OfCall):
     """A retry was refused because the engine's retry budget is spent."""
 
-    call_id: int
-    endpoint: str
-    engine: str
     tokens: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EngineRefused:
+class EngineRefused(_OfCall):
     """A call's first attempt that failed before sending (connection refused, DNS, connect timeout), announced once per call.
 
     Emitted when the call will keep trying; the same moment is logged once at
-    WARNING on ``resilience.retry``.
+    WARNING on ``resilience.retry``. Its ``engine`` is ``scheme://host:port``:
+    never a path, query or credentials.
     """
 
-    call_id: int
-    endpoint: str
-    engine: str
-    """``scheme://host:port``: never a path, query or credentials."""
     error_type: str
     """``type(exc).__qualname__`` of the transport's error."""
     retry_for_s: float | None
@@ -184,12 +180,9 @@ class EngineRefused:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ProbeCompleted:
+class ProbeCompleted(_OfCall):
     """An ambiguous attempt was resolved by the endpoint's probe."""
 
-    call_id: int
-    endpoint: str
-    engine: str
     answer: str
     """``done``, ``not_done`` or ``unknown``."""
 
@@ -357,28 +350,37 @@ class CallObserver:
 
     def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
         """A logical call began (``CallStarted``)."""
-        self(CallStarted(call_id, method, endpoint, engine, deadline_s))
+        self(CallStarted(call_id=call_id, method=method, endpoint=endpoint, engine=engine, deadline_s=deadline_s))
 
     def attempt_started(  # the fields of AttemptStarted, in order
         self, call_id: int, attempt: int, method: str, endpoint: str, engine: str,
         server_address: str, server_port: int, timeout_s: float | None, carrier: MutableMapping[str, str],
     ) -> None:  # fmt: skip
         """An attempt is about to be sent (``AttemptStarted``); headers added to ``carrier`` go with it."""
-        self(AttemptStarted(call_id, attempt, method, endpoint, engine, server_address, server_port, timeout_s, carrier))
+        self(AttemptStarted(
+            call_id=call_id, attempt=attempt, method=method, endpoint=endpoint, engine=engine,
+            server_address=server_address, server_port=server_port, timeout_s=timeout_s, carrier=carrier,
+        ))  # fmt: skip
 
     def attempt_ended(  # the fields of AttemptEnded, in order
         self, call_id: int, attempt: int, method: str, endpoint: str, engine: str,
         status: int | None, outcome: Outcome, error_type: str | None, sent: bool, duration_s: float,
     ) -> None:  # fmt: skip
         """An attempt finished, with its classification (``AttemptEnded``)."""
-        self(AttemptEnded(call_id, attempt, method, endpoint, engine, status, outcome, error_type, sent, duration_s))
+        self(AttemptEnded(
+            call_id=call_id, attempt=attempt, method=method, endpoint=endpoint, engine=engine,
+            status=status, outcome=outcome, error_type=error_type, sent=sent, duration_s=duration_s,
+        ))  # fmt: skip
 
     def call_ended(  # the fields of CallEnded, in order
         self, call_id: int, method: str, endpoint: str, engine: str, outcome: CallOutcome, status: int | None,
         attempts: int, duration_s: float, error_type: str | None, retry_budget_tokens: float | None,
     ) -> None:  # fmt: skip
         """A logical call finished (``CallEnded``)."""
-        self(CallEnded(call_id, method, endpoint, engine, outcome, status, attempts, duration_s, error_type, retry_budget_tokens))
+        self(CallEnded(
+            call_id=call_id, method=method, endpoint=endpoint, engine=engine, outcome=outcome, status=status,
+            attempts=attempts, duration_s=duration_s, error_type=error_type, retry_budget_tokens=retry_budget_tokens,
+        ))  # fmt: skip
 
     def replay(self, event: Event) -> None:
         """Hand ``event`` to the method of its moment (a per-call event to its per-call method), else to ``self(event)``.
@@ -416,9 +418,8 @@ class _Events(CallObserver):
 
 
 def hearing(observers: tuple[CallObserver, ...]) -> tuple[tuple[CallObserver, ...], ...]:
-    """For ``call_started``, ``attempt_started``, ``attempt_ended`` and ``call_ended``, in order: the observers that hear it."""
-    moments = ("call_started", "attempt_started", "attempt_ended", "call_ended")
-    return tuple(tuple(o for o in observers if o.hears(moment)) for moment in moments)
+    """For ``call_started``, ``attempt_started``, ``attempt_ended`` and ``call_ended`` (``_MOMENTS``' order): the observers that hear it."""
+    return tuple(tuple(o for o in observers if o.hears(moment)) for moment in _MOMENTS.values())
 
 
 def call_observer(observer: Observer) -> CallObserver:
