@@ -293,8 +293,7 @@ class RetryCall(Generic[R]):
                     observer.attempt_started(call_id, n, method, endpoint, engine, address, port, timeout_s, headers)
                 except Exception:
                     _failed(observer, "attempt_started")
-            self._flight_started = clock.monotonic()
-        elif n:
+        if n or self.observers:  # the first attempt of an unobserved call starts as the call does
             self._flight_started = clock.monotonic()
         return Send(n, timeouts, headers)
 
