@@ -32,43 +32,39 @@ awaits the attempt, the sleep and the probe), the sync one as written there::
 A first-attempt success builds only what it hands back (the ``Send``, its
 one ``AttemptRecord``, the ``Return``). Anything else that ends the call (an
 exception in the attempt, a cancelled task, an interrupt in the sleep) ends
-it through ``abandon``: neutral for the breaker, nothing more sent. Breakers
-and budgets never hold their short thread locks across I/O, so one
-``Retrier`` serves threads and asyncio tasks. ``resilience.retry.spec``
-decides each attempt's timeouts and what its result means; what the call
-does next is decided here, by these rules (for users: ``docs/retry-rules.md``):
+it through ``abandon``. Breakers and budgets never hold their short thread
+locks across I/O, so one ``Retrier`` serves threads and asyncio tasks.
+``resilience.retry.spec`` decides each attempt's timeouts and what its
+result means; the rest is decided here, by these rules (for users, with the
+reasons: ``docs/retry-rules.md``):
 
 - **Attempts** (``_exhausted``, ``_retry_or_end``, ``_announce_refusal``).
-  ``RetryPolicy.max_attempts`` bounds the attempts that may have reached the
-  server. A failure before sending (``Delivery.NOT_SENT``) is retried with
-  backoff, for any method: for ``RetryPolicy.connect_window_s`` while the
-  call has never connected, then until the deadline; only a call with no
-  deadline counts it against ``max_attempts``. When the window, the deadline
-  or the retry budget stops a refused call, the caller gets the refusal
-  itself (with ``.attempts``), never a timeout. The first refusal is logged
-  once at WARNING (``resilience.retry``) and announced as ``EngineRefused``;
-  a call refused for its whole window opens the breaker at once. A body that
-  cannot be replayed (``CallSpec.replayable``) gets one attempt. Each backoff
-  (``backoff_delay``, or a 429/503's Retry-After, capped) must fit the
-  deadline and be paid from the engine's retry budget.
+  ``RetryPolicy.max_attempts`` counts attempts that may have reached the
+  server. A failure before sending (``Delivery.NOT_SENT``) is retried for
+  any method: for ``RetryPolicy.connect_window_s`` while the call has never
+  connected, then until the deadline (a call with none counts it against
+  ``max_attempts``). A refused call that the window, the deadline or the
+  retry budget stops gets the refusal itself; its first refusal is logged
+  once at WARNING and announced (``EngineRefused``), and a whole window
+  refused opens the breaker. A body that cannot be replayed gets one
+  attempt. Each backoff (``backoff_delay``, or a 429/503's Retry-After,
+  capped) must fit the deadline and be paid from the engine's retry budget.
 - **Ambiguity** (``attempt_done``, ``probe_answered``). A non-idempotent
   attempt that may have been applied is never re-sent blindly: a table
-  entry's ``on_ambiguous`` probes or raises ``AmbiguousOutcome``; a request
-  no entry matches gets the transport's own error, as plain requests would
-  raise it. A gateway status (a retry status) on a non-idempotent entry with
-  a probe asks it too: a front end may answer 502 after handing the request
-  on. "Done" returns as applied, "not done" re-sends, "unknown" does what the
-  entry does without a probe.
-- **Breaker** (``next_step``, ``_end``). It judges logical calls:
-  a call whose failures the retries absorbed is a success, so a flaky
-  gateway never opens it while a dead engine does. Every attempt is admitted
-  (``CircuitBreaker.admit``: a retry after the breaker went half-open needs a
-  probe slot), and every exit gives the breaker its verdict or its slot back.
+  entry's ``on_ambiguous`` probes or raises ``AmbiguousOutcome``; with no
+  entry the transport's own error is raised, as plain requests would. A
+  gateway status on a non-idempotent entry asks its probe too (a front end
+  may answer 502 after handing the request on). "Done" returns as applied,
+  "not done" re-sends, "unknown" does what the entry does without a probe.
+- **Breaker** (``next_step``, ``_end``). It judges logical calls: failures
+  the retries absorbed make a success (a flaky gateway never opens it, a
+  dead engine does). Every attempt is admitted (after the breaker went
+  half-open a retry needs a probe slot), and every exit gives the breaker
+  its verdict or its slot back.
 - **Errors** (``_fail``, ``_give_back``). The loop raises the ``Retrier``'s
-  ``ErrorTypes``: ``resilience.errors``' classes that are also the
-  transport's own exception types (the httpx driver's ``DeadlineExceeded`` is
-  an ``httpx.TimeoutException``), each with the call's record as
-  ``.attempts`` (``resilience.outcome.attempts_of``).
+  ``ErrorTypes``, which are also the transport's own exception types (the
+  httpx driver's ``DeadlineExceeded`` is an ``httpx.TimeoutException``),
+  each with the call's record as ``.attempts`` (``outcome.attempts_of``).
 """
 
 from __future__ import annotations
