@@ -106,14 +106,20 @@ class AttemptEnded:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RetryScheduled:
-    """The loop will retry after ``delay_s`` seconds."""
+class _OfCall:
+    """What every other event of one call names: the call, its endpoint and its engine (as ``CallStarted`` names them)."""
 
     call_id: int
-    attempt: int
-    """The attempt that failed (0-based)."""
     endpoint: str
     engine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryScheduled(_OfCall):
+    """The loop will retry after ``delay_s`` seconds."""
+
+    attempt: int
+    """The attempt that failed (0-based)."""
     reason: str
     """Bounded: ``status_502``, ``connect_error``, ``read_timeout``, ``connection_reset``, ``probe_not_done``."""
     delay_s: float
@@ -147,36 +153,26 @@ class BreakerTransitioned:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BreakerRejected:
+class BreakerRejected(_OfCall):
     """A call failed fast because the engine's breaker is open."""
-
-    call_id: int
-    endpoint: str
-    engine: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RetryBudgetExhaustedEvent:
+class RetryBudgetExhaustedEvent(_OfCall):
     """A retry was refused because the engine's retry budget is spent."""
 
-    call_id: int
-    endpoint: str
-    engine: str
     tokens: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EngineRefused:
+class EngineRefused(_OfCall):
     """A call's first attempt that failed before sending (connection refused, DNS, connect timeout), announced once per call.
 
     Emitted when the call will keep trying; the same moment is logged once at
-    WARNING on ``resilience.retry``.
+    WARNING on ``resilience.retry``. Its ``engine`` is ``scheme://host:port``:
+    never a path, query or credentials.
     """
 
-    call_id: int
-    endpoint: str
-    engine: str
-    """``scheme://host:port``: never a path, query or credentials."""
     error_type: str
     """``type(exc).__qualname__`` of the transport's error."""
     retry_for_s: float | None
@@ -184,12 +180,9 @@ class EngineRefused:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ProbeCompleted:
+class ProbeCompleted(_OfCall):
     """An ambiguous attempt was resolved by the endpoint's probe."""
 
-    call_id: int
-    endpoint: str
-    engine: str
     answer: str
     """``done``, ``not_done`` or ``unknown``."""
 
@@ -425,9 +418,8 @@ class _Events(CallObserver):
 
 
 def hearing(observers: tuple[CallObserver, ...]) -> tuple[tuple[CallObserver, ...], ...]:
-    """For ``call_started``, ``attempt_started``, ``attempt_ended`` and ``call_ended``, in order: the observers that hear it."""
-    moments = ("call_started", "attempt_started", "attempt_ended", "call_ended")
-    return tuple(tuple(o for o in observers if o.hears(moment)) for moment in moments)
+    """For ``call_started``, ``attempt_started``, ``attempt_ended`` and ``call_ended`` (``_MOMENTS``' order): the observers that hear it."""
+    return tuple(tuple(o for o in observers if o.hears(moment)) for moment in _MOMENTS.values())
 
 
 def call_observer(observer: Observer) -> CallObserver:

@@ -4,96 +4,78 @@ A driver asks it what to do and does it. ``Retrier.run`` and ``Retrier.arun``
 (``resilience.retry.retrier``) are this loop (``ask_probe`` is that module's; ``arun``
 awaits the attempt, the sleep and the probe), the sync one as written there::
 
-    step = call.next_step()                  # Send or Raise
+    step = call.next_step()              # Send or Raise
     while True:
         if type(step) is Send:           # make attempt step.attempt with step.timeouts and step.headers
             try:
                 answer = send(step.attempt, step.timeouts, step.headers)
-            except BaseException as exc:     # the driver's ``failed``: what its transport raised, or re-raised
+            except BaseException as exc:  # the driver's ``failed``: what its transport raised, or re-raised
                 if failed is None:
                     raise
                 step = call.attempt_done(failed(exc))
-            else:                            # the driver's ``report``: what its transport answered
+            else:                        # the driver's ``report``: what its transport answered
                 step = call.attempt_done(answer if report is None else report(answer))
-        elif type(step) is Return:       # the call is over: release what is not returned, return
-            if step.discard is not None:
-                discard(step.discard)
-            return step.response, step.attempts
-        elif type(step) is Wait:         # a backoff: release the response not returned, sleep, ask again
-            if step.discard is not None:
-                discard(step.discard)
-            if step.delay_s > 0:
-                clock.sleep(step.delay_s)
-            step = call.next_step()
-        elif type(step) is AskProbe:     # was the ambiguous attempt applied?
+            continue
+        if type(step) is AskProbe:       # was the ambiguous attempt applied?
             step = call.probe_answered(ask_probe(step.probe, step.context), on_probe_done)
-        else:                                # Raise: the call is over
-            if step.discard is not None:
-                discard(step.discard)
+            continue
+        if step.discard is not None:     # Wait, Return, Raise: release the response not returned
+            discard(step.discard)
+        if type(step) is Return:         # the call is over
+            return step.response, step.attempts
+        if type(step) is Raise:          # the call is over
             raise step.error
+        if step.delay_s > 0:             # Wait: a backoff, then ask again
+            clock.sleep(step.delay_s)
+        step = call.next_step()
 
-A call that succeeds on its first attempt builds only what it hands back
-(the ``Send``, its one ``AttemptRecord``, the ``Return``): the deadlines are
-clock readings, the record list is made on the first failure, and the
-first admission takes a closed breaker's shared permit without its lock.
-The driver calls ``call.abandon(exc)`` when anything else ends it (an exception in
-the attempt, a cancelled task, a KeyboardInterrupt in the sleep): the call
-then ends as neutral for the breaker, its slot goes back, and nothing more is
-sent. Breakers and budgets take short thread locks and never wait on I/O
-while holding one, so one ``Retrier`` is safe from threads and from asyncio
-tasks. What each attempt's timeouts are and what its result means (success,
-retryable, ambiguous, fatal) are ``resilience.retry.spec``'s rules; what the
-call does next is decided here, by these rules:
+A first-attempt success builds only what it hands back (the ``Send``, its
+one ``AttemptRecord``, the ``Return``). Anything else that ends the call (an
+exception in the attempt, a cancelled task, an interrupt in the sleep) ends
+it through ``abandon``. Breakers and budgets never hold their short thread
+locks across I/O, so one ``Retrier`` serves threads and asyncio tasks.
+``resilience.retry.spec`` decides each attempt's timeouts and what its
+result means; the rest is decided here, by these rules (for users, with the
+reasons: ``docs/retry-rules.md``):
 
-- **Attempts** (``_exhausted``, ``_next_delay``, ``_announce_refusal``).
-  ``RetryPolicy.max_attempts`` bounds the attempts that may have reached the
-  server. Failures before sending (connection refused, connect timeout:
-  ``Delivery.NOT_SENT``) are retried with backoff, for any method: for
-  ``RetryPolicy.connect_window_s`` while the call has never connected, until
-  the call's deadline once it has; only a call with no deadline at all counts
-  them against ``max_attempts`` too. When the window, the deadline or the
-  retry budget ends the retries on a refusal, the caller gets the refusal
-  itself (the transport's own error, with ``.attempts``): an unreachable
-  engine reads as one, never as a timeout. A call's first refusal is logged
-  once at WARNING (``resilience.retry``) and announced as ``EngineRefused``;
-  a call refused for its whole window opens the engine's breaker at once. A
-  body that cannot be replayed (``CallSpec.replayable=False``) gets exactly
-  one attempt. Backoff is ``resilience.backoff.backoff_delay`` (or a 429/503's
-  Retry-After, capped), and each wait must fit the deadline and be paid for
-  from the engine's retry budget (``resilience.budget``).
+- **Attempts** (``_exhausted``, ``_retry_or_end``, ``_announce_refusal``).
+  ``RetryPolicy.max_attempts`` counts attempts that may have reached the
+  server. A failure before sending (``Delivery.NOT_SENT``) is retried for
+  any method: for ``RetryPolicy.connect_window_s`` while the call has never
+  connected, then until the deadline (a call with none counts it against
+  ``max_attempts``). A refused call that the window, the deadline or the
+  retry budget stops gets the refusal itself; its first refusal is logged
+  once at WARNING and announced (``EngineRefused``), and a whole window
+  refused opens the breaker. A body that cannot be replayed gets one
+  attempt. Each backoff (``backoff_delay``, or a 429/503's Retry-After,
+  capped) must fit the deadline and be paid from the engine's retry budget.
 - **Ambiguity** (``attempt_done``, ``probe_answered``). A non-idempotent
   attempt that may have been applied is never re-sent blindly: a table
-  entry's ``on_ambiguous`` probes or raises ``AmbiguousOutcome``; a request
-  no entry matches gets the transport's own error (a ``ReadTimeout``, say),
-  exactly as plain requests would raise it. A gateway status (the policy's
-  retry statuses) on a non-idempotent entry that has a probe asks the probe
-  too before anything is re-sent: a front end may answer 502 after handing
-  the request on. "Done" returns as applied, "not done" re-sends, "unknown"
-  does what the entry does without a probe.
-- **Breaker** (``next_step``, ``_record_breaker``). It judges logical calls,
-  not attempts: a call whose failures the retries absorbed counts as a
-  success, so a flaky gateway in front of a healthy engine never opens it,
-  while a dead engine does. Every attempt is admitted
-  (``CircuitBreaker.admit``): a call that keeps retrying after the breaker
-  went half-open needs a probe slot like any new call, and every exit (a
-  verdict, a 4xx, an exception anywhere, KeyboardInterrupt in a backoff
-  sleep, a cancelled task) gives the breaker its verdict or its slot back.
-- **Errors** (``_fail``, ``_give_back``). The loop's own errors are the
-  classes of the ``Retrier``'s ``ErrorTypes``: subclasses of
-  ``resilience.errors``' classes that are also the transport's own exception
-  types (the httpx driver's ``DeadlineExceeded`` is an
-  ``httpx.TimeoutException``). Every error carries the call's record as
-  ``.attempts`` (``resilience.outcome.attempts_of``).
+  entry's ``on_ambiguous`` probes or raises ``AmbiguousOutcome``; with no
+  entry the transport's own error is raised, as plain requests would. A
+  gateway status on a non-idempotent entry asks its probe too (a front end
+  may answer 502 after handing the request on). "Done" returns as applied,
+  "not done" re-sends, "unknown" does what the entry does without a probe.
+- **Breaker** (``next_step``, ``_end``). It judges logical calls: failures
+  the retries absorbed make a success (a flaky gateway never opens it, a
+  dead engine does). Every attempt is admitted (after the breaker went
+  half-open a retry needs a probe slot), and every exit gives the breaker
+  its verdict or its slot back.
+- **Errors** (``_fail``, ``_give_back``). The loop raises the ``Retrier``'s
+  ``ErrorTypes``, which are also the transport's own exception types (the
+  httpx driver's ``DeadlineExceeded`` is an ``httpx.TimeoutException``),
+  each with the call's record as ``.attempts`` (``outcome.attempts_of``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, final
 
 from resilience import _config
 from resilience.backoff import backoff_delay
@@ -105,6 +87,7 @@ from resilience.events import (
     BreakerRejected,
     CallObserver,
     EngineRefused,
+    Event,
     ProbeCompleted,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
@@ -114,7 +97,7 @@ from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
 from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, attempt_timeouts, classify, deadline_times
 
-__all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Wait"]
+__all__ = ["AskProbe", "Decision", "NextStep", "Raise", "RetryCall", "Return", "Send", "Step", "Wait"]
 
 R = TypeVar("R")
 _next_call_id = itertools.count(1).__next__
@@ -123,6 +106,7 @@ _events_log = logging.getLogger("resilience.events")
 _INF = math.inf
 
 
+@final
 @dataclass(slots=True)
 class Send:
     """Make attempt ``attempt`` now, bounded by ``timeouts``, with ``headers`` added (trace context)."""
@@ -133,6 +117,7 @@ class Send:
     headers: dict[str, str]
 
 
+@final
 @dataclass(slots=True)
 class Wait(Generic[R]):
     """Release ``discard`` (a response not returned), sleep ``delay_s``, then ask ``next_step()``."""
@@ -141,6 +126,7 @@ class Wait(Generic[R]):
     discard: R | None = None
 
 
+@final
 @dataclass(slots=True)
 class AskProbe:
     """Ask ``probe(context)`` whether the ambiguous attempt was applied, then report with ``probe_answered``."""
@@ -150,6 +136,7 @@ class AskProbe:
     context: ProbeContext
 
 
+@final
 @dataclass(slots=True)
 class Return(Generic[R]):
     """The call is over: release ``discard`` when set, and return ``response``."""
@@ -159,6 +146,7 @@ class Return(Generic[R]):
     discard: R | None = None
 
 
+@final
 @dataclass(slots=True)
 class Raise(Generic[R]):
     """The call is over: release ``discard`` when set (it may also be ``error.response``), and raise ``error``."""
@@ -171,6 +159,8 @@ Decision = Wait[R] | AskProbe | Return[R] | Raise[R]
 """What ``attempt_done`` and ``probe_answered`` answer."""
 NextStep = Send | Raise[R]
 """What ``next_step`` answers."""
+Step = Send | Wait[R] | AskProbe | Return[R] | Raise[R]
+"""Any step (the classes are final: ``type(step) is`` tells them apart)."""
 _new_record = tuple.__new__
 """Builds an ``AttemptRecord`` from all its fields in one C call (its ``NamedTuple.__new__`` is a Python function more)."""
 NO_HEADERS: dict[str, str] = {}
@@ -186,9 +176,9 @@ class RetryCall(Generic[R]):
     """
 
     __slots__ = (
-        "_flight_started", "_in_flight", "_next", "_released", "_unreachable", "_warned", "breaker", "budget", "call_id", "clock",
-        "ended", "errors", "hard_at", "hearing", "last", "observers", "permit", "records", "rng", "spec", "started", "window_at",
-        "window_only",
+        "_flight_started", "_next", "_released", "_unreachable", "_warned", "breaker", "budget", "call_id", "clock", "ended",
+        "errors", "hard_at", "hearing", "in_flight", "last", "observers", "permit", "records", "rng", "spec", "started",
+        "window_at", "window_only",
     )
 
     def __init__(
@@ -222,10 +212,9 @@ class RetryCall(Generic[R]):
         self.last: AttemptResult[R] | None = None
         self.permit: Permit | None = None
         self.ended = False
-        self._in_flight = False
-        """An attempt asked for by ``next_step`` has not been reported yet."""
+        self.in_flight = False
+        """An attempt asked for by ``next_step`` has not been reported yet; it started at ``_flight_started``."""
         self._flight_started = now
-        """When that attempt started (clock reading)."""
         self._next = 0
         self._released = False
         """The last response was already handed out for release (in a ``Wait``)."""
@@ -259,11 +248,6 @@ class RetryCall(Generic[R]):
         """Every attempt so far."""
         return () if self.records is None else tuple(self.records)
 
-    @property
-    def in_flight(self) -> bool:
-        """An attempt asked for by ``next_step`` has not been reported yet."""
-        return self._in_flight
-
     # -- the steps -------------------------------------------------------
 
     def next_step(self) -> NextStep[R]:
@@ -276,7 +260,7 @@ class RetryCall(Generic[R]):
             last = self.last
             if last is not None and _refused(last):
                 # A backoff after a refusal that overslept the deadline (a busy machine): end as when the wait did
-                # not fit (``_next_delay``), so a refusal stays a connection error, whatever the scheduler did.
+                # not fit (``_retry_or_end``), so a refusal stays a connection error, whatever the scheduler did.
                 refusal = self._exhaust(_reason(last))
                 assert isinstance(refusal, Raise)  # no response to hand back: the refusal itself is raised
                 return refusal
@@ -287,16 +271,15 @@ class RetryCall(Generic[R]):
             if permit is None:
                 permit = breaker.admit(self.permit)
             if permit is None:
-                if self.observers:
-                    emit(self.observers, BreakerRejected(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine))
+                self._emit(BreakerRejected)
                 message = f"circuit open for {spec.engine} (retry in {breaker.retry_in():.2f}s)"
                 # the error's record ends with the refused attempt (not sent); events count only attempts made
                 refused = AttemptRecord(n, None, Outcome.RETRYABLE, Delivery.NOT_SENT, self.errors.circuit_open.__qualname__, 0.0)
-                return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message, refused=refused)
+                return self._fail(CallOutcome.CIRCUIT_OPEN, self.errors.circuit_open, message, refused)
             self.permit = permit
         timeouts = attempt_timeouts(spec, left)
         headers = NO_HEADERS
-        self._in_flight = True
+        self.in_flight = True
         if self.observers:
             headers = {}
             call_id, method, endpoint, engine, timeout_s = self.call_id, spec.method, spec.match.endpoint, spec.engine, timeouts[1]
@@ -306,16 +289,15 @@ class RetryCall(Generic[R]):
                     observer.attempt_started(call_id, n, method, endpoint, engine, address, port, timeout_s, headers)
                 except Exception:
                     _failed(observer, "attempt_started")
-            self._flight_started = clock.monotonic()
-        elif n:
+        if n or self.observers:  # the first attempt of an unobserved call starts as the call does
             self._flight_started = clock.monotonic()
         return Send(n, timeouts, headers)
 
     def attempt_done(self, result: AttemptResult[R]) -> Decision[R]:
         """What the transport saw on the attempt ``next_step`` asked for: classified, recorded, announced, decided."""
-        if not self._in_flight:
+        if not self.in_flight:
             raise RuntimeError("attempt_done() without a Send from next_step()")
-        self._in_flight = False
+        self.in_flight = False
         spec = self.spec
         policy = spec.match.policy
         n = self._next
@@ -338,7 +320,7 @@ class RetryCall(Generic[R]):
         if outcome is Outcome.SUCCESS and self.records is None:  # the common case: one record, no list
             self.ended = True
             if self.breaker is not None:
-                self.breaker.record_success(self.permit)  # as ``_record_breaker`` decides for a success
+                self.breaker.record_success(self.permit)  # as ``_end`` decides for a success
             if self.hearing[3]:
                 self._announce_end(CallOutcome.SUCCESS, None)
             assert result.response is not None
@@ -379,25 +361,18 @@ class RetryCall(Generic[R]):
             verdict = ProbeAnswer(answer if isinstance(answer, str) else "")
         except ValueError:
             verdict = ProbeAnswer.UNKNOWN
-        spec = self.spec
-        if self.observers:
-            emit(
-                self.observers, ProbeCompleted(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, answer=str(verdict))
-            )
+        self._emit(ProbeCompleted, answer=str(verdict))
         last = self.last
-        reason = _reason(last) if last is not None else "error"
-        stale = last.response if last is not None else None
+        assert last is not None  # a probe is asked only about a reported attempt
         if verdict is ProbeAnswer.DONE and on_done is not None:
-            confirmed = on_done()
-            self._end(CallOutcome.RETRIED_SUCCESS if len(self.attempts) > 1 else CallOutcome.SUCCESS, None)
-            return Return(confirmed, self.attempts, discard=stale)
+            return self._succeed(on_done(), discard=last.response)
         if verdict is ProbeAnswer.NOT_DONE:
             return self._retry_or_end("probe_not_done")
-        if last is not None and last.status is not None:  # a gateway status: the endpoint's own choice, as without a probe
-            if spec.match.policy.retry_statuses_if_not_idempotent:
-                return self._retry_or_end(reason)
+        if last.status is not None:  # a gateway status: the endpoint's own choice, as without a probe
+            if self.spec.match.policy.retry_statuses_if_not_idempotent:
+                return self._retry_or_end(_reason(last))
             return self._give_back(last, CallOutcome.FAILED)
-        return self._ambiguous(reason)
+        return self._ambiguous(_reason(last))
 
     def abandon(self, exc: BaseException, *, delivery: Delivery = Delivery.AMBIGUOUS) -> None:
         """Something outside the verdicts ended the call (an exception in the attempt, a cancelled task, an interrupt).
@@ -405,10 +380,12 @@ class RetryCall(Generic[R]):
         An attempt in flight is recorded with ``delivery``: ambiguous
         unless the driver has proof it never left (``NOT_SENT``: a TLS
         handshake that failed, say); the call ends as failed but neutral for
-        the breaker (its slot goes back). A no-op on a call already ended.
+        the breaker (its slot goes back); nothing more on a call already ended.
+        An ``Exception`` without a record gets the call's as ``.attempts``
+        (an interrupt is not the transport's answer: none).
         """
-        if self._in_flight:
-            self._in_flight = False
+        if self.in_flight:
+            self.in_flight = False
             duration = self.clock.monotonic() - self._flight_started
             record = AttemptRecord(self._next, None, Outcome.FATAL, delivery, type(exc).__qualname__, duration)
             if self.records is None:
@@ -416,56 +393,29 @@ class RetryCall(Generic[R]):
             self.records.append(record)
         if not self.ended:
             self._end(CallOutcome.FAILED, type(exc).__qualname__, neutral=True)
+        if isinstance(exc, Exception) and self.records and not getattr(exc, "attempts", None):
+            _attach(exc, self.attempts)
 
     # -- decisions -------------------------------------------------------
 
-    def _retry_or_end(self, reason: str) -> Decision[R]:
-        """Another attempt after a backoff, or the end: out of attempts, past the window, or no budget."""
-        if self._exhausted():
-            return self._exhaust(reason)
-        delay = self._next_delay(reason)
-        if isinstance(delay, Raise):
-            return delay
-        if delay is None:  # the default retry window ended, or the deadline or budget stopped a refused call
-            return self._exhaust(reason)
-        self._next += 1
-        last = self.last
-        if not self._warned and last is not None and _refused(last):
-            self._announce_refusal(last)
-        self._released = last is not None and last.response is not None
-        return Wait(delay, last.response if last is not None else None)
-
-    def _never_connected(self) -> bool:
-        """Every attempt so far failed before sending: the engine has not accepted one connection in this call."""
-        return all(r.delivery is Delivery.NOT_SENT for r in self.attempts)
-
     def _connect_window_left(self) -> float | None:
-        """Seconds left of ``connect_window_s`` while the call has never connected; None when the window does not apply."""
+        """Seconds left of ``connect_window_s`` while every attempt failed before sending; None when the window does not apply."""
         window = self.spec.match.policy.retry.connect_window_s
-        if window is None or not self._never_connected():
+        if window is None or any(r.delivery is not Delivery.NOT_SENT for r in self.attempts):
             return None
         return max(0.0, window - (self.clock.monotonic() - self.started))
 
     def _announce_refusal(self, result: AttemptResult[R]) -> None:
         """The call's first refusal, once: a WARNING naming the engine and how long the call keeps trying, and ``EngineRefused``."""
         self._warned = True
-        spec = self.spec
         window = None if self.window_at == _INF else max(0.0, self.window_at - self.clock.monotonic())
         bounds = [b for b in (self._connect_window_left(), window) if b is not None]
         retry_for = min(bounds) if bounds else None
         error_type = type(result.error).__qualname__
-        log.warning(
-            "%s refused %s (%s); retrying for up to %s, then the call fails with this error",
-            spec.engine,
-            spec.match.endpoint,
-            error_type,
-            "no limit (no deadline)" if retry_for is None else f"{retry_for:.1f} s",
-        )
-        if self.observers:
-            event = EngineRefused(
-                call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, error_type=error_type, retry_for_s=retry_for
-            )
-            emit(self.observers, event)
+        shown = "no limit (no deadline)" if retry_for is None else f"{retry_for:.1f} s"
+        message = "%s refused %s (%s); retrying for up to %s, then the call fails with this error"
+        log.warning(message, self.spec.engine, self.spec.match.endpoint, error_type, shown)
+        self._emit(EngineRefused, error_type=error_type, retry_for_s=retry_for)
 
     def _exhausted(self) -> bool:
         """No attempt left: the body cannot be replayed, the testing cap, or ``max_attempts`` (the module's "Attempts").
@@ -487,26 +437,31 @@ class RetryCall(Generic[R]):
         assert last is not None
         if last.response is not None and not self.spec.match.policy.raise_on_exhausted:
             return self._give_back(last, CallOutcome.FAILED)
+        if last.response is None and last.error is not None:  # the transport's own error, as plain requests would raise it
+            return self._give_back(last, CallOutcome.FAILED)
         spec = self.spec
         message = f"{spec.match.endpoint} on {spec.engine}: {len(self.attempts)} attempts failed (last: {reason})"
-        return self._fail(CallOutcome.FAILED, self.errors.retries_exhausted, message, reraise_transport=True)
+        return self._fail(CallOutcome.FAILED, self.errors.retries_exhausted, message)
 
     def _ambiguous(self, reason: str) -> Raise[R]:
         spec = self.spec
         message = f"{spec.match.endpoint} on {spec.engine} may have been applied ({reason}); not re-sent"
         return self._fail(CallOutcome.AMBIGUOUS, self.errors.ambiguous, message)
 
-    def _next_delay(self, reason: str) -> float | Raise[R] | None:
-        """The backoff before the next attempt, once the deadline and the retry budget allow it; announced.
+    def _retry_or_end(self, reason: str) -> Decision[R]:
+        """Another attempt after a backoff that the deadline and the retry budget allow (announced), or the end.
 
-        None (the call ends as exhausted, as plain requests would: the module's
-        "Attempts") when the wait would pass a window that only bounds retries,
-        ``connect_window_s`` of a call never connected, or, after a refusal,
-        the deadline or the retry budget (which still announces itself).
+        The call ends as exhausted (as plain requests would: the module's
+        "Attempts") when no attempt is left, or when the wait would pass a
+        window that only bounds retries, ``connect_window_s`` of a call never
+        connected, or, after a refusal, the deadline or the retry budget (which
+        still announces itself); else a deadline or budget raises its own error.
         """
-        spec = self.spec
         result = self.last
         assert result is not None
+        if self._exhausted():
+            return self._exhaust(reason)
+        spec = self.spec
         n = self._next
         retry = spec.match.policy.retry
         delay = 0.0
@@ -521,42 +476,37 @@ class RetryCall(Generic[R]):
             window_left = self._connect_window_left()
             if window_left is not None and delay >= window_left:
                 self._unreachable = True  # refused for the whole connect window: a dead or mistyped engine
-                return None
+                return self._exhaust(reason)
         left = max(0.0, self.window_at - self.clock.monotonic())
         if self.window_at != _INF and delay >= left:
             if self.window_only or refused:
-                return None  # the caller gets what plain requests would: the response, or the refusal itself
+                return self._exhaust(reason)  # the caller gets what plain requests would: the response, or the refusal itself
             message = f"deadline exceeded: next wait {delay:.3f}s >= {left:.3f}s left (last: {reason})"
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, message)
         budget = self.budget
         if budget is not None and not budget.try_withdraw():
-            if self.observers:
-                emit(
-                    self.observers,
-                    RetryBudgetExhaustedEvent(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, tokens=budget.tokens),
-                )
+            if self.observers:  # reading the balance refills it: only when announced
+                self._emit(RetryBudgetExhaustedEvent, tokens=budget.tokens)
             if refused:
-                return None
+                return self._exhaust(reason)
             message = f"retry budget of {spec.engine} exhausted (last: {reason})"
             return self._fail(CallOutcome.BUDGET_EXHAUSTED, self.errors.budget_exhausted, message)
-        if self.observers:
-            emit(
-                self.observers,
-                RetryScheduled(
-                    call_id=self.call_id, attempt=n, endpoint=spec.match.endpoint, engine=spec.engine, reason=reason, delay_s=delay
-                ),
-            )
+        self._emit(RetryScheduled, attempt=n, reason=reason, delay_s=delay)
         records = self.records
         assert records is not None
         records[-1] = records[-1]._replace(delay_s=delay)
-        return delay
+        self._next += 1
+        if refused and not self._warned:
+            self._announce_refusal(result)
+        self._released = result.response is not None
+        return Wait(delay, result.response)
 
     # -- endings ---------------------------------------------------------
 
-    def _succeed(self, response: R | None) -> Return[R]:
+    def _succeed(self, response: R | None, discard: R | None = None) -> Return[R]:
         self._end(CallOutcome.RETRIED_SUCCESS if len(self.attempts) > 1 else CallOutcome.SUCCESS, None)
         assert response is not None
-        return Return(response, self.attempts)
+        return Return(response, self.attempts, discard)
 
     def _give_back(self, result: AttemptResult[R], outcome: CallOutcome) -> Return[R] | Raise[R]:
         """End with what the transport saw: its response, or its own error (with ``.attempts``)."""
@@ -568,22 +518,10 @@ class RetryCall(Generic[R]):
         self._end(outcome, str(result.status))
         return Return(result.response, self.attempts)
 
-    def _fail(
-        self,
-        outcome: CallOutcome,
-        error: type[ResilienceError],
-        message: str,
-        *,
-        reraise_transport: bool = False,
-        refused: AttemptRecord | None = None,
-    ) -> Raise[R]:
-        """End with one of the loop's own errors (or the transport's last one); ``refused``: a breaker's refusal, added to its record."""
+    def _fail(self, outcome: CallOutcome, error: type[ResilienceError], message: str, refused: AttemptRecord | None = None) -> Raise[R]:
+        """End with one of the loop's own errors; ``refused``: a breaker's refusal, added to its record."""
         last = self.last
         records = self.attempts if refused is None else (*self.attempts, refused)
-        if reraise_transport and last is not None and last.response is None and last.error is not None:
-            self._end(outcome, type(last.error).__qualname__)
-            _attach(last.error, records)
-            return Raise(last.error)
         self._end(outcome, error.__qualname__)
         response = last.response if last is not None else None
         spec = self.spec
@@ -602,34 +540,34 @@ class RetryCall(Generic[R]):
             exc.__suppress_context__ = True
         return Raise(exc, discard=None if self._released else response)
 
-    def _record_breaker(self, outcome: CallOutcome, neutral: bool) -> None:
-        """One verdict per logical call (the module's "Breaker"): a success, unreachable, a failure, or neutral.
-
-        A fatal status (4xx, 500), the breaker's own refusal and an exception
-        outside the transport are neutral: the slot goes back.
-        """
-        breaker, permit = self.breaker, self.permit
-        if breaker is None or permit is None:
-            return
-        last = self.records[-1] if self.records else None  # None on a first-attempt success too: it succeeded
-        if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
-            breaker.record_success(permit)
-        elif (
-            neutral
-            or outcome is CallOutcome.CIRCUIT_OPEN
-            or (last is not None and last.outcome is Outcome.FATAL and last.status is not None)
-        ):
-            breaker.release_probe(permit)
-        elif self._unreachable:
-            breaker.record_unreachable(permit, window_s=self.spec.match.policy.retry.connect_window_s)
-        else:
-            breaker.record_failure(permit)
-
     def _end(self, outcome: CallOutcome, error_type: str | None, *, neutral: bool = False) -> None:
+        """The call's one breaker verdict (the module's "Breaker"), then ``call_ended`` when heard.
+
+        A success records one; a fatal status (4xx, 500), the breaker's own
+        refusal and an exception outside the transport (``neutral``) give the
+        slot back; a call refused for its whole connect window is unreachable.
+        """
         self.ended = True
-        self._record_breaker(outcome, neutral)
+        breaker, permit = self.breaker, self.permit
+        if breaker is not None and permit is not None:
+            last = self.records[-1] if self.records else None  # None on a first-attempt success too: it succeeded
+            fatal_status = last is not None and last.outcome is Outcome.FATAL and last.status is not None
+            if outcome in (CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS):
+                breaker.record_success(permit)
+            elif neutral or outcome is CallOutcome.CIRCUIT_OPEN or fatal_status:
+                breaker.release_probe(permit)
+            elif self._unreachable:
+                breaker.record_unreachable(permit, window_s=self.spec.match.policy.retry.connect_window_s)
+            else:
+                breaker.record_failure(permit)
         if self.hearing[3]:
             self._announce_end(outcome, error_type)
+
+    def _emit(self, kind: Callable[..., Event], **values: object) -> None:
+        """Announce one of the call's other events (``call_id``, ``endpoint`` and ``engine`` filled in), when anyone observes."""
+        if self.observers:
+            spec = self.spec
+            emit(self.observers, kind(call_id=self.call_id, endpoint=spec.match.endpoint, engine=spec.engine, **values))
 
     def _announce_end(self, outcome: CallOutcome, error_type: str | None) -> None:
         last = self.last
@@ -671,10 +609,8 @@ def _reason(result: AttemptResult[Any]) -> str:
 
 
 def _attach(error: BaseException, records: tuple[AttemptRecord, ...]) -> None:
-    try:
+    with contextlib.suppress(AttributeError):  # an exception class with __slots__
         error.attempts = records  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
 
 
 def _failed(observer: CallObserver, moment: str) -> None:

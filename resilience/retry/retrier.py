@@ -1,12 +1,9 @@
 """``Retrier``: runs one logical call's ``RetryCall`` with real I/O, sync (``run``) or async (``arun``): the same loop, line for line.
 
-A driver supplies ``send(n, (connect_s, read_s), headers)``, its transport's
-own call (for ``arun``, its awaitable, awaited by ``arun`` itself), and
-``report(answer)`` / ``failed(exc)``, which turn what it returned or raised
-into an ``AttemptResult`` (``failed`` re-raises what is not the transport's
-to report); without them ``send`` returns an ``AttemptResult`` itself, never
-raising for transport errors. Everything else is decided in the core
-(``resilience.retry.call``), on an injectable clock and random source.
+A driver supplies its transport's call (``Attempt``) and how to read what
+it returned or raised (``Report``, ``Failed``); everything else is decided
+in the core (``resilience.retry.call``), on an injectable clock and random
+source.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from resilience.errors import ErrorTypes
 from resilience.events import Observer, call_observer, hearing
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import ProbeContext
-from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Wait
+from resilience.retry.call import AskProbe, Raise, RetryCall, Return, Send, Step
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
 
 __all__ = ["AsyncAttempt", "Attempt", "Retrier", "ask_probe", "ask_probe_async"]
@@ -33,12 +30,15 @@ R = TypeVar("R")
 T = TypeVar("T")
 Records = tuple[AttemptRecord, ...]
 Attempt = Callable[[int, Timeouts, MutableMapping[str, str]], Any]
-"""``send(n, (connect_s, read_s), headers)``: make attempt ``n``; ``AsyncAttempt`` returns its awaitable."""
+"""``send(n, (connect_s, read_s), headers)``: make attempt ``n``; ``AsyncAttempt`` returns its awaitable (``arun`` awaits it)."""
 AsyncAttempt = Callable[[int, Timeouts, MutableMapping[str, str]], Awaitable[Any]]
 Report = Callable[[Any], AttemptResult[R]] | None
 """``report(answer)``: the ``AttemptResult`` of what ``send`` returned (None: ``send`` returned one)."""
 Failed = Callable[[BaseException], AttemptResult[R]] | None
-"""``failed(exc)``: the ``AttemptResult`` of what ``send`` raised, or ``exc`` re-raised (None: every error re-raised)."""
+"""``failed(exc)``: the ``AttemptResult`` of what ``send`` raised, or ``exc`` re-raised (None: every error re-raised).
+
+Without ``report`` and ``failed``, ``send`` returns an ``AttemptResult`` itself, never raising for transport errors.
+"""
 
 
 class Retrier:
@@ -114,20 +114,20 @@ class Retrier:
     ) -> tuple[R, tuple[AttemptRecord, ...]]:
         """Run one logical call with blocking I/O; return the final response and the attempts taken.
 
-        ``send``, ``report``, ``failed``: the module's docstring. ``discard`` releases a response that will not be returned.
+        ``send``, ``report``, ``failed``: ``Attempt``, ``Report``, ``Failed``.
+        ``discard`` releases a response that will not be returned.
         ``on_probe_done`` builds the response to return when a probe says an
         ambiguous request was applied.
         ``never_sent(exc)``: the driver's proof that an error its attempt
         raised (one never retried: a TLS failure, a bad URL) came before the
         request left; the attempt is then recorded as ``NOT_SENT``, else as
         ``AMBIGUOUS`` (default: no proof).
-        Raises the transport's last error, or one of the ``error_types``; an
-        ``Exception`` raised out of an attempt carries the call's record as
-        ``.attempts`` too (``resilience.outcome.attempts_of``).
+        Raises the transport's last error, or one of the ``error_types``, with
+        the call's record as ``.attempts`` (``RetryCall.abandon``).
         """
         call: RetryCall[R] = RetryCall(spec, *self._parts)  # ``begin``, without the extra call
         try:
-            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
+            step: Step[R] = call.next_step()
             while True:
                 if type(step) is Send:
                     try:
@@ -138,23 +138,19 @@ class Retrier:
                         step = call.attempt_done(failed(exc))
                     else:
                         step = call.attempt_done(answer if report is None else report(answer))
-                elif type(step) is Return:
-                    if step.discard is not None:
-                        discard(step.discard)
-                    return step.response, step.attempts
-                elif type(step) is Wait:
-                    if step.discard is not None:
-                        discard(step.discard)
-                    if step.delay_s > 0:
-                        self.clock.sleep(step.delay_s)
-                    step = call.next_step()
-                elif type(step) is AskProbe:
+                    continue
+                if type(step) is AskProbe:
                     step = call.probe_answered(ask_probe(step.probe, step.context), on_probe_done)
-                else:
-                    assert type(step) is Raise
-                    if step.discard is not None:
-                        discard(step.discard)
+                    continue
+                if step.discard is not None:
+                    discard(step.discard)
+                if type(step) is Return:
+                    return step.response, step.attempts
+                if type(step) is Raise:
                     raise step.error
+                if step.delay_s > 0:
+                    self.clock.sleep(step.delay_s)
+                step = call.next_step()
         except BaseException as exc:
             _abandon(call, exc, never_sent)  # a no-op when the call ended on a verdict
             raise
@@ -196,7 +192,7 @@ class Retrier:
         """
         call: RetryCall[R] = RetryCall(spec, *self._parts)  # ``begin``, without the extra call
         try:
-            step: Send | Wait[R] | AskProbe | Return[R] | Raise[R] = call.next_step()
+            step: Step[R] = call.next_step()
             while True:
                 if type(step) is Send:
                     try:
@@ -207,46 +203,31 @@ class Retrier:
                         step = call.attempt_done(failed(exc))
                     else:
                         step = call.attempt_done(answer if report is None else report(answer))
-                elif type(step) is Return:
-                    if step.discard is not None:
-                        await _maybe_await(discard(step.discard))
-                    return (step.response, step.attempts) if finish is None else finish(step.response, step.attempts)
-                elif type(step) is Wait:
-                    if step.discard is not None:
-                        await _maybe_await(discard(step.discard))
-                    if step.delay_s > 0:
-                        await getattr(self.clock, "asleep", asyncio.sleep)(step.delay_s)
-                    step = call.next_step()
-                elif type(step) is AskProbe:
+                    continue
+                if type(step) is AskProbe:
                     step = call.probe_answered(await ask_probe_async(step.probe, step.context), on_probe_done)
-                else:
-                    assert type(step) is Raise
-                    if step.discard is not None:
-                        await _maybe_await(discard(step.discard))
+                    continue
+                if step.discard is not None:
+                    await _maybe_await(discard(step.discard))
+                if type(step) is Return:
+                    return (step.response, step.attempts) if finish is None else finish(step.response, step.attempts)
+                if type(step) is Raise:
                     raise step.error
+                if step.delay_s > 0:
+                    await getattr(self.clock, "asleep", asyncio.sleep)(step.delay_s)
+                step = call.next_step()
         except BaseException as exc:
             _abandon(call, exc, never_sent)
             raise
 
 
 def _abandon(call: RetryCall[Any], exc: BaseException, never_sent: Callable[[BaseException], bool]) -> None:
-    """End ``call`` on ``exc`` (see ``RetryCall.abandon``) and write its record on ``exc`` when it is an error without one.
-
-    Interrupts (``KeyboardInterrupt``, ``SystemExit``, ``CancelledError``) get
-    no record: they are not the transport's answer. ``never_sent`` is asked
-    only about an exception raised out of an attempt in flight.
-    """
-    in_flight = call.in_flight
+    """End ``call`` on ``exc`` (``RetryCall.abandon``), asking ``never_sent`` only about an error raised out of an attempt in flight."""
     try:
-        unsent = in_flight and isinstance(exc, Exception) and never_sent(exc)
+        unsent = call.in_flight and isinstance(exc, Exception) and never_sent(exc)
     except Exception:
         unsent = False  # a predicate that fails proves nothing
     call.abandon(exc, delivery=Delivery.NOT_SENT if unsent else Delivery.AMBIGUOUS)
-    if isinstance(exc, Exception) and call.records and not getattr(exc, "attempts", None):
-        try:
-            exc.attempts = call.attempts  # type: ignore[attr-defined]
-        except AttributeError:  # an exception class with __slots__
-            pass
 
 
 def ask_probe(probe: Callable[[ProbeContext], Any], context: ProbeContext) -> object:

@@ -1,11 +1,8 @@
 """What a driver tells the loop about one call and each attempt, and the rules decided from that alone.
 
-``CallSpec`` is what a transport knows before the first attempt,
-``AttemptResult`` (``responded`` builds one for a response) what it saw on
-one attempt. The functions below decide from them, with no I/O, and are the
-only place their rules live (``RetryCall`` calls them): which timeout wins
-(``attempt_timeouts``, ``deadline_times``) and what an attempt's result
-means (``classify``).
+The functions below decide from ``CallSpec`` and ``AttemptResult`` alone,
+with no I/O, and are the only place their rules live: which timeout wins
+(``attempt_timeouts``, ``deadline_times``) and what a result means (``classify``).
 """
 
 from __future__ import annotations
