@@ -10,11 +10,9 @@ Subcommands::
     cpr dashboards  regenerate (or --check) grafana/ from the grafana.dashboard generator
     cpr journal     show a barrier journal (what a restarted controller would resume from)
 
-Bad input to any subcommand is one line on stderr and a non-zero exit (2 for
-bad arguments), never a traceback. Abbreviated flags are refused. A closed output
-pipe (``cpr demo | head -2``) ends the command quietly with status 141, what a shell
-reports for a program that SIGPIPE ended (see :data:`CLOSED_PIPE_EXIT`). Heavy imports (rich, matplotlib, torch,
-telemetry) happen inside the subcommand that needs them.
+Bad input is one line on stderr and a non-zero exit (2 for bad arguments), never a traceback; abbreviated flags
+are refused. A closed output pipe ends the command quietly with :data:`CLOSED_PIPE_EXIT`. Heavy imports happen
+inside the subcommand that needs them.
 """
 
 from __future__ import annotations
@@ -35,12 +33,8 @@ from resilience.testing.faultplan import FaultKind
 __all__ = ["CLOSED_PIPE_EXIT", "build_parser", "main"]
 
 CLOSED_PIPE_EXIT = 128 + signal.SIGPIPE
-"""Exit status when the reader of stdout or stderr went away (``cpr demo | head -2``): 141.
-
-Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError; the Python docs' note on
-SIGPIPE exits 1, which reads as a failure of the command itself. 141 (128 + SIGPIPE) is what a shell
-reports for ``yes | head -1`` and every other tool that SIGPIPE ends: a pipeline with
-``set -o pipefail`` treats ``cpr`` as it treats them, and no message is printed (there is no one to read it)."""
+"""Exit status, with no message, when the reader of stdout or stderr went away (``cpr demo | head -2``): 141, what a
+shell reports for every tool SIGPIPE ends (Python's own BrokenPipeError advice exits 1, a failure of the command)."""
 
 _DEMO_SEED = 1
 """The demo's default seed (any seed tells the same story; the same seed injects the same faults)."""
@@ -91,10 +85,7 @@ def _demo_arguments(p: OneLineParser) -> None:
     )
     p.add_argument("--timeline", metavar="FILE", help="draw the offload/onload timeline across engines: .png or .html")
     add_router(p, "run the steps behind a real smg gateway, smg's own client vs ours direct and through SmgFanOut (the [smg] extra)")
-    _add_engine(
-        p,
-        "emulated vLLM 0.33.0 engines, SkyRL's sequence (bare gather, no retry, no timeout) against ours",
-    )
+    _add_engine(p, "emulated vLLM 0.33.0 engines, SkyRL's sequence (bare gather, no retry, no timeout) against ours")
 
 
 def _soak_arguments(p: OneLineParser) -> None:
@@ -219,9 +210,8 @@ _COMMANDS: dict[str, tuple[str, str, Callable[[OneLineParser], None] | None]] = 
         _journal_arguments,
     ),
 }
-"""Each subcommand: its line in ``cpr --help``, the description atop its own ``--help``, and what adds its arguments
-(None for ``emulate``: the emulator's own parser reads them, ``cpr emulate --help``). Each but ``emulate`` runs as
-``resilience.cli.<command>.run_<command>(args)``."""
+"""Each subcommand: its ``cpr --help`` line, its own ``--help`` description, what adds its arguments (None: the
+emulator's parser reads them); each but ``emulate`` runs as ``resilience.cli.<command>.run_<command>(args)``."""
 
 
 def build_parser() -> OneLineParser:

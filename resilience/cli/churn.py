@@ -1,8 +1,6 @@
 """``cpr soak --churn``: the colocate sequence while engines are killed mid-offload and restarted, spares join and
-engines leave (``resilience.testing.churn``), with a table of what happened and its verdict.
-
-The verdict: zero engine deaths (read from the engines' logs: a death a barrier call caused, never a kill of the
-loop's own), zero requests lost, zero failed steps, every restarted engine back in service at the end.
+engines leave (``resilience.testing.churn``). The verdict: zero engine deaths a barrier call caused, zero requests
+lost, zero failed steps, every restarted engine back in service at the end.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What every ``cpr`` subcommand shares: one-line errors, argument types, output checks, optional imports.
 
-A subcommand raises :class:`CliError` for bad input or a failed precondition;
-``cpr``'s ``main`` prints it as one line on stderr (``cpr demo: error: ...``)
-and exits with its ``code``. Argument errors exit 2, like argparse's own.
+A subcommand raises :class:`CliError`; ``main`` prints it as one line on stderr and exits with its ``code``
+(2 for argument errors, like argparse's own).
 """
 
 from __future__ import annotations
@@ -51,12 +50,8 @@ class CliError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (``prog: error: ... (see prog --help)``), exit 2.
-
-    Abbreviated long flags are refused (``allow_abbrev=False`` unless asked): ``cpr demo --engine 2``
-    must not quietly run as ``--engines 2``, and a flag added later must not change what an old
-    abbreviation meant.
-    """
+    """An ArgumentParser whose errors are one line (``prog: error: ... (see prog --help)``), exit 2; abbreviated long
+    flags refused unless asked (``cpr demo --engine 2`` must not quietly run as ``--engines 2``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)

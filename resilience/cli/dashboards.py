@@ -1,8 +1,5 @@
-"""``cpr dashboards``: regenerate (or ``--check``) the grafana/ folder with the ``grafana.dashboard`` package.
-
-The generator lives in the source checkout, beside the files it writes
-(``grafana/dashboard/``), not in the installed library: it is imported from the
-checkout this ``resilience`` comes from, else from the current folder.
+"""``cpr dashboards``: regenerate (or ``--check``) grafana/ with the ``grafana.dashboard`` generator, imported from
+the checkout this ``resilience`` comes from (it is not in the installed library), else from the current folder.
 """
 
 from __future__ import annotations

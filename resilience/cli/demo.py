@@ -1,30 +1,19 @@
 """``cpr demo``: colocated RL steps on emulated engines under the seed's faults, the old way and ours, side by side.
 
-One module for every engine kind and route (``resilience.testing.colocate.run_colocate`` runs them all):
+- ``--engine sglang`` (default): one fleet serves both runs, each through fresh fault proxies playing
+  ``demo_plan(seed)``, so the same seed gives the same faults whichever run comes first. Ours runs first; the
+  baseline second, leaving the engines it killed dead once its budget is spent. After each run one more step,
+  without faults, whose controller dies while the engines train (``FleetRunner.run_controller_restart``): the
+  baseline's new controller releases again and kills the engines, ours resumes from the journal. Metrics are
+  served on 127.0.0.1, and traces optionally exported.
+- ``--engine vllm``: vLLM 0.33.0 engines under ``vllm_demo_plan(seed)``, SkyRL's colocated sequence against the
+  barrier with the vLLM rules; the table adds the completions answered 200 from garbage weights.
+- ``--router smg``: behind a real smg 1.13.0 gateway, smg's own client against ours direct and ours through
+  ``SmgFanOut`` (the ``[smg]`` extra).
 
-- ``--engine sglang`` (default): one fleet of emulated SGLang engines serves both runs (each engine
-  imports torch, so starting a fleet is the slow part); each run goes through fresh fault proxies
-  playing ``demo_plan(seed)`` (the seed's faults plus resets and read timeouts after the engine acted on
-  release, resume and continue), so the same seed gives the same faults whichever run comes first. The
-  resilient loop runs first, on the fresh fleet; the baseline runs second and, once its restart budget
-  is spent, leaves the engines it killed dead (the run is over and the fleet is stopped next), which
-  saves one round of engine restarts. After its run, each loop plays one more step on the fleet, without
-  faults, whose controller dies while the engines train (``FleetRunner.run_controller_restart``): the
-  baseline's new controller starts fresh and releases the engines' memory again, which kills them (the
-  baseline plays it last, so they are left dead); ours resumes from the journal. The table shows the
-  baseline first. A MetricsObserver (served on 127.0.0.1) and, optionally, a TracingObserver are attached
-  to both runs.
-- ``--engine vllm``: emulated vLLM 0.33.0 engines under ``vllm_demo_plan(seed)``; the old way is SkyRL's
-  colocated sequence (sleep level 2, wake weights, broadcast, wake kv_cache; a bare ``asyncio.gather``
-  per phase, no retry, no timeout), ours the barrier with the vLLM rules. The table adds the completions
-  that came back 200 from garbage weights.
-- ``--router smg``: the steps behind a real smg 1.13.0 gateway (a fresh one and fresh proxies per run),
-  smg's own client against ours direct and ours through ``SmgFanOut``. Needs the ``[smg]`` extra.
-
-``--engines`` is bounded before anything starts by what this machine holds (``fleet.engines_bound``: its
-available memory and this process's file-descriptor limit). SIGINT (Ctrl-C, or ``kill -INT`` to this
-process alone) stops the demo within about a second: the run stops retrying, every engine is stopped by
-PID, and the finished runs' table and report are still written (exit status 130).
+``--engines`` is bounded before anything starts by this machine's available memory and file-descriptor limit
+(``fleet.engines_bound``). SIGINT (Ctrl-C, or ``kill -INT`` to this process alone) stops the demo within about a
+second, every engine stopped by PID; the finished runs' table and report are still written (exit status 130).
 """
 
 from __future__ import annotations
@@ -152,14 +141,9 @@ def _run_loops(args: argparse.Namespace, ui: RunProgress, telemetry: Telemetry, 
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the demo from parsed arguments; returns the exit status (0 when ours finished every step).
-
-    ``--engine vllm`` refuses the options of the SGLang demo only (``--timeline``, ``--traces``, ``--router``), and
-    ``--engines`` beyond ``fleet.engines_bound()`` is refused: both with exit status 2, before anything starts.
-
-    On Ctrl-C after a run finished, the table, report (and timeline) of the finished runs are still
-    written, and the exit status is 130.
-    """
+    """Run the demo from parsed arguments; the exit status: 0 when ours finished every step; 2, before anything starts,
+    for ``--engine vllm`` with the SGLang demo's options or ``--engines`` beyond ``fleet.engines_bound()``; 130 on
+    Ctrl-C after a run finished (the finished runs' table and report are still written)."""
     engine, router = getattr(args, "engine", "sglang"), getattr(args, "router", "direct")
     if engine == "vllm":
         unsupported = [flag for flag, given in (("--timeline", args.timeline), ("--traces", args.traces != "off")) if given]
@@ -230,28 +214,17 @@ def _sglang_demo(args: argparse.Namespace) -> int:
         console.print(f"timeline: {timeline_path}", markup=False, highlight=False)
     for line in said:  # traces: how many spans went where
         console.print(line, markup=False, highlight=False)
-    data = {
-        "command": "demo",
-        "seed": args.seed,
-        "engines": args.engines,
-        "steps": args.steps,
+    data = _report_of(args, plan.to_dict(), {kind: out.reports[kind].to_dict() for kind, _ in done}, columns, rows)
+    data |= {
         "interrupted": interrupted,
-        "fault_plan": plan.to_dict(),
-        "ways": {kind: out.reports[kind].to_dict() for kind, _ in done},
         "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
         "controller_restart": {kind: out.restarts[kind].to_dict() for kind, _ in done if kind in out.restarts},
-        "story": told,
-        "membership": None if out.membership is None else out.membership.to_dict(),
-        "rates_note": note,
-        "table": {"columns": columns, "rows": rows},
+        **{"story": told, "membership": None if out.membership is None else out.membership.to_dict(), "rates_note": note},
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},
-        "traces": args.traces,
-        "traces_file": str(spans_path) if spans_path is not None else None,
+        **{"traces": args.traces, "traces_file": str(spans_path) if spans_path is not None else None},
         "timeline": {"file": str(timeline_path) if timeline_path and drawn else None, "steps": [t.to_dict() for t in drawn]},
-        "wall_s": round(time.monotonic() - t_start, 3),
     }
-    write_json(report_path, data)
-    console.print(f"report: {report_path} ({data['wall_s']:.0f} s in all)", markup=False, highlight=False)
+    _write_report(report_path, data, t_start)
     if interrupted:
         finished = " and ".join(title for _, title in done)
         print(f"cpr demo: interrupted; the report holds what finished ({finished})", file=sys.stderr)
@@ -272,7 +245,7 @@ def _progress(p: StepProgress) -> None:
 def _report_of(
     args: argparse.Namespace, plan: object, ways: object, columns: list[str], rows: list[list[str]], **which: str
 ) -> dict[str, object]:
-    """The report of the vLLM and smg demos: the run's arguments (``which``: its engine or router), plan, ways and table."""
+    """A demo report's head: the run's arguments (``which``: its engine or router), plan, ways and table."""
     head: dict[str, object] = {"command": "demo", **which, "seed": args.seed, "engines": args.engines, "steps": args.steps}
     return head | {"fault_plan": plan, "ways": ways, "table": {"columns": columns, "rows": rows}}
 

@@ -1,23 +1,12 @@
-"""``cpr emulate``: run emulated SGLang (or, with ``--engine vllm``, vLLM 0.33.0) engines, checking the arguments with
-the emulator's own parser first.
+"""``cpr emulate``: run emulated SGLang (or, with ``--engine vllm``, vLLM 0.33.0) engines, arguments checked by the
+emulator's own parser first.
 
-With ``--engine vllm`` the flags are vLLM's where vLLM has them (``--enable-sleep-mode``,
-``--weight-transfer-config``, ``--api-key``, ``--host``, ``--port``), ``VLLM_SERVER_DEV_MODE`` comes
-from the environment, and ``--engines N`` forks N engines from the shared zygote
-(``resilience.testing.emulator.vllm``); ``--fault-plan`` is the SGLang engines' only.
-
-Without ``--fault-plan`` the emulator serves as ``python -m resilience.testing.emulator`` does. With
-``--fault-plan FILE`` each engine gets a :class:`~resilience.testing.faults.FaultProxy` on 127.0.0.1
-in front of it, playing the plan: the ``EMULATOR READY <url>`` lines on stdout give the proxies' URLs
-(what a client under test should use), and stderr lists each engine's own URL beside its proxy's.
-``--port P`` then puts the proxies on P, P+1, ... (the engines take free ports). SIGINT or SIGTERM
-stops the proxies, then the engines, by PID.
-
-With ``--router smg`` the engines (behind their proxies, with ``--fault-plan``) are registered with a real
-smg gateway on 127.0.0.1 (:class:`~resilience.testing.smg.SmgGateway`, the ``[smg]`` extra): one
-``EMULATOR READY <url>`` line gives the gateway's URL (``--port P`` puts the gateway on P), and stderr
-lists each engine's URL. SIGINT or SIGTERM stops the gateway, then the proxies and the engines.
-SGLang engines only: smg 1.13.0 fans out SGLang's routes.
+``--engine vllm`` takes vLLM's flags where vLLM has them; ``VLLM_SERVER_DEV_MODE`` comes from the environment, and
+``--engines N`` forks N engines from the shared zygote. ``--fault-plan FILE`` (SGLang only) puts a
+:class:`~resilience.testing.faults.FaultProxy` playing the plan in front of each engine: the ``EMULATOR READY
+<url>`` lines give the proxies' URLs (``--port P`` puts them on P, P+1, ...) and stderr each engine's own.
+``--router smg`` registers the engines with a real smg gateway on 127.0.0.1 (the ``[smg]`` extra): one READY line
+gives the gateway's URL (``--port P`` puts it on P). SIGINT or SIGTERM stops the gateway, proxies and engines.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """A step's error as a person reads it: engines by a short label, no secrets, cut only between clauses.
 
-The loop's error texts name engines by URL (``POST /release_memory_occupation on
-http://127.0.0.1:40123/ may have been applied (...)``, requests' ``... for url:
-http://...``). :func:`short_error` names each engine by its label (``engine 3``, given
-by the caller from the run's proxies and engines) or, when it has none, by
-``host:port``; it drops the credentials, query and fragment of every URL (an API key
-in ``?token=`` or ``user:pass@`` never reaches a progress line) and masks ``Bearer``
-tokens. A text longer than ``limit`` is cut at the last clause boundary outside any
-parenthesis, so a line never ends inside ``(...``.
+:func:`short_error` names each engine URL by its label (``engine 3``, from the caller) or ``host:port``, drops
+every URL's credentials, query and fragment, masks ``Bearer`` tokens, and cuts a text longer than ``limit`` at the
+last clause boundary outside any parenthesis.
 """
 
 from __future__ import annotations
@@ -60,10 +55,8 @@ def engine_labels(urls: Mapping[int, list[str]]) -> dict[str, str]:
 
 
 def label_urls(text: str, labels: Mapping[str, str] | None = None) -> str:
-    """``text`` with every URL as ``label /path`` (``label`` from ``labels`` by base URL, else ``host:port``).
-
-    Credentials, query and fragment are dropped; requests' ``for url: URL`` reads ``from label /path``.
-    """
+    """``text`` with every URL as ``label /path`` (``labels`` by base URL, else ``host:port``; credentials, query and
+    fragment dropped); requests' ``for url: URL`` reads ``from label /path``."""
     known = labels or {}
 
     def one(m: re.Match[str]) -> str:

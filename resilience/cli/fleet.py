@@ -56,18 +56,10 @@ PROXY_RECORDS = 200
 DEMO_ENGINE = EngineConfig(token_rate=400.0, health_hang_seconds=1.0, health_poll_seconds=0.05, abort_poll_seconds=0.05)
 """Engines time-scaled like the demo policies: fast decoding and 50 ms polls (SGLang polls every second)."""
 
-
 CONTROLLER_RESTART = ColocateConfig(
-    steps=1,
-    seed=0,
-    rollout_requests=1,
-    stragglers=0,
-    max_new_tokens=4,
-    train_s=0.05,
-    restart_limit=0,
-    baseline_flush_polls=100,
+    steps=1, seed=0, rollout_requests=1, stragglers=0, max_new_tokens=4, train_s=0.05, restart_limit=0, baseline_flush_polls=100,
     controller_crash_step=0,
-)
+)  # fmt: skip
 """The demo's controller-restart scenario: one step whose controller dies while the engines train (the baseline's
 flush polled up to 5 s: engines its run just restarted may still be warming up on a loaded machine)."""
 
@@ -76,16 +68,15 @@ DEMO_AMBIGUOUS = 0.02
 (reset once sent; a quarter as often, never answered): ``FaultPlan.seed_like(seed, ambiguous=...)``."""
 
 
-def demo_plan(seed: int) -> FaultPlan:
-    """The plan ``cpr demo`` and ``cpr soak`` play by default: the seed's faults plus ambiguous ones.
+def _first(base: FaultPlan, *rules: FaultRule) -> FaultPlan:
+    """``base`` with ``rules`` tried before its own."""
+    return FaultPlan(seed=base.seed, rules=(*rules, *base.rules), max_streak=base.max_streak)
 
-    ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)``, and the first release of every engine is
-    reset as soon as it is sent (the engine releases; ``FaultPlan.ambiguous_release`` does the same with
-    a 502), so every run meets the ambiguous case at its first offload, however few steps it has.
-    """
-    base = FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)
-    first = FaultRule("/release_memory_occupation", "drop_after", calls={1})
-    return FaultPlan(seed=base.seed, rules=(first, *base.rules), max_streak=base.max_streak)
+
+def demo_plan(seed: int) -> FaultPlan:
+    """The plan ``cpr demo`` and ``cpr soak`` play by default: ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS)``,
+    and every engine's first release reset once sent, so every run meets the ambiguous case at its first offload."""
+    return _first(FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS), FaultRule("/release_memory_occupation", "drop_after", calls={1}))
 
 
 VLLM_DEMO_ENGINE = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weight_transfer_backend="nccl", token_rate=400.0)
@@ -93,11 +84,8 @@ VLLM_DEMO_ENGINE = VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, weigh
 
 
 def vllm_demo_plan(seed: int) -> FaultPlan:
-    """``FaultPlan.vllm_like(seed, ambiguous=DEMO_AMBIGUOUS)``, and the first ``/sleep`` of every engine reset once sent
-    (the engine sleeps; the client sees no answer), so every run meets the ambiguous case at its first offload."""
-    base = FaultPlan.vllm_like(seed, ambiguous=DEMO_AMBIGUOUS)
-    first = FaultRule("/sleep", "drop_after", calls=frozenset({1}))
-    return FaultPlan(seed=base.seed, rules=(first, *base.rules), max_streak=base.max_streak)
+    """``FaultPlan.vllm_like(seed, ambiguous=DEMO_AMBIGUOUS)``, and every engine's first ``/sleep`` reset once sent."""
+    return _first(FaultPlan.vllm_like(seed, ambiguous=DEMO_AMBIGUOUS), FaultRule("/sleep", "drop_after", calls=frozenset({1})))
 
 
 SOAK_STATUS_AFTER = 0.02
@@ -106,19 +94,15 @@ often): ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS, status_after=...)`
 
 
 def soak_plan(seed: int) -> FaultPlan:
-    """The plan ``cpr soak`` plays by default: :func:`demo_plan`'s faults plus gateway statuses after the engine applied.
-
-    ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS, status_after=SOAK_STATUS_AFTER)``; as in the demo the
-    first release of every engine is reset once sent, and besides its first resume is answered 502 and its first
-    continue 504 after the engine acted, so a run of a few steps meets each new case.
-    """
-    base = FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS, status_after=SOAK_STATUS_AFTER)
-    first = (
+    """The plan ``cpr soak`` plays by default: ``FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS,
+    status_after=SOAK_STATUS_AFTER)``, every engine's first release reset once sent, its first resume answered 502
+    and its first continue 504 after the engine acted, so a run of a few steps meets each case."""
+    return _first(
+        FaultPlan.seed_like(seed, ambiguous=DEMO_AMBIGUOUS, status_after=SOAK_STATUS_AFTER),
         FaultRule("/release_memory_occupation", "drop_after", calls={1}),
         FaultRule("/resume_memory_occupation", "status_after", status=502, calls={1}),
         FaultRule("/continue_generation", "status_after", status=504, calls={1}),
     )
-    return FaultPlan(seed=base.seed, rules=(*first, *base.rules), max_streak=base.max_streak)
 
 
 ENGINE_MEMORY_MIB = 24
@@ -136,15 +120,14 @@ class EnginesBound:
     """How many emulated engines this machine holds for a cpr run, and what bounds it."""
 
     engines: int
-    """The most engines: the smaller of the two bounds below."""
+    """The smaller of the two bounds below."""
     by_memory: int
     """``MemAvailable`` (``/proc/meminfo``) over ``ENGINE_MEMORY_MIB``; a large number where it cannot be read."""
     by_fds: int
     """This process's soft ``RLIMIT_NOFILE``, less ``_RESERVED_FDS``, over ``ENGINE_FDS``."""
     memory_mib: int | None
-    """Available memory read, MiB (None: not readable here)."""
     fd_limit: int | None
-    """The soft descriptor limit (None: unlimited or not readable)."""
+    """The soft descriptor limit (None: unlimited)."""
 
 
 def _available_mib() -> int | None:
@@ -195,11 +178,8 @@ class FleetRun:
 
 
 class FleetRunner:
-    """``engines`` emulated engines, started once, serving any number of colocate runs under ``plan``.
-
-    A context manager: entering starts the fleet (a :class:`CliError` names the
-    engine that did not start), leaving stops every proxy and engine by PID.
-    """
+    """``engines`` emulated engines, started once, serving any number of colocate runs under ``plan``; a context manager
+    (entering starts the fleet, a :class:`CliError` naming an engine that did not start; leaving stops everything by PID)."""
 
     def __init__(
         self,
@@ -209,9 +189,8 @@ class FleetRunner:
         on_ready: Callable[[int], None] | None = None,
     ) -> None:
         self.on_ready = on_ready
-        """Called with an engine's index once it serves, while entering (start-up progress); None = silent."""
+        """Called with an engine's index once it serves, while entering; None = silent."""
         self.plan = plan
-        """The fault plan every run's proxies play."""
         self.fleet = EmulatedFleet(engines, config)
         """The engines (no proxies of their own)."""
         self._proxies: list[FaultProxy] = []
@@ -240,8 +219,8 @@ class FleetRunner:
         return [e.pid for e in self.fleet.engines]
 
     def labels(self, proxies: Sequence[FaultProxy] = ()) -> dict[str, str]:
-        """``{base URL: "engine i"}`` for each engine's own URL and its proxy's (``proxies`` in engine order): how
-        ``short_error`` names engines. Read again after a restart: a restarted engine may serve on a new port."""
+        """``{base URL: "engine i"}`` for each engine's own URL and its proxy's (``proxies`` in engine order), for
+        ``short_error``; read again after a restart (a restarted engine may serve on a new port)."""
         from resilience.cli.errors_text import engine_labels
 
         urls = {e.index: [e.direct_url] for e in self.fleet.engines}
@@ -266,16 +245,11 @@ class FleetRunner:
         on_proxies: Callable[[list[FaultProxy]], None] | None = None,
         last: bool = False,
     ) -> FleetRun:
-        """Run the colocate loop ``kind`` (``"old"``: the baseline, ``"ours"``: the resilient loop) through fresh proxies.
+        """Run the colocate loop ``kind`` through fresh proxies (``on_proxies`` sees them before the first step).
 
-        ``engine``: the fleet's engine kind, ``"sglang"`` (default) or ``"vllm"`` (a fleet of ``VLLM_DEMO_ENGINE``).
-
-        ``on_proxies`` sees the proxies before the first step.
-
-        ``last``: no run follows on this fleet, so a run that spends its restart budget leaves its dead
-        engines dead instead of restarting them (the fleet is stopped next anyway).
+        ``engine``: ``"sglang"`` (default) or ``"vllm"`` (a fleet of ``VLLM_DEMO_ENGINE``). ``last``: no run follows on
+        this fleet, so a run that spends its restart budget leaves its dead engines dead.
         """
-        # 200 records per proxy: more than a step's requests (the timeline draws one step), filled within the warm-up
         proxies = [FaultProxy(e.direct_url, self.plan, e.index, seen_limit=PROXY_RECORDS) for e in self.fleet.engines]
         self._proxies.extend(proxies)
         for proxy in proxies:
@@ -284,35 +258,20 @@ class FleetRunner:
             on_proxies(proxies)
         try:
             report = run_colocate(
-                self.fleet,
-                config,
-                kind,
-                engine=engine,
-                observers=observers,
-                restart_budget=budget,
-                progress=progress,
-                proxies=proxies,
-                recover_when_spent=not last,
-            )
+                self.fleet, config, kind, engine=engine, observers=observers, restart_budget=budget, progress=progress,
+                proxies=proxies, recover_when_spent=not last,
+            )  # fmt: skip
         finally:
             for proxy in proxies:
                 proxy.stop()
         return FleetRun(report, proxies)
 
     def run_controller_restart(self, kind: LoopKind, *, observers: Sequence[Observer] = ()) -> ColocateReport:
-        """One colocate step of ``kind`` whose controller dies while the engines train (no faults, no proxies).
-
-        A new controller runs the step again from its offload: the baseline's knows nothing and releases
-        again, which kills the engines (they are left dead: call this last on a fleet, or restart them);
-        ours starts on the dead one's journal. Its ``controller_restarts`` and ``engine_deaths`` tell the story.
-        """
+        """One colocate step of ``kind`` whose controller dies while the engines train (no faults, no proxies): the
+        baseline's new controller releases again and kills the engines (left dead: call this last on a fleet), ours
+        starts on the journal."""
         return run_colocate(
-            self.fleet,
-            CONTROLLER_RESTART,
-            kind,
-            observers=observers,
-            restart_budget=RestartBudget(0),
-            recover_when_spent=False,
+            self.fleet, CONTROLLER_RESTART, kind, observers=observers, restart_budget=RestartBudget(0), recover_when_spent=False
         )
 
 
@@ -324,7 +283,6 @@ class Telemetry:
     """The observers of a run and what must be stopped afterwards."""
 
     observers: list[Observer]
-    """Attach these to the run."""
     metrics: Any
     """The ``MetricsObserver`` (its ``registry`` is served at :attr:`metrics_url`)."""
     metrics_url: str
@@ -332,10 +290,7 @@ class Telemetry:
     _closers: list[Callable[[], str | None]]
 
     def close(self) -> list[str]:
-        """Flush traces and stop the metrics server; every closer runs even when one fails.
-
-        Returns what the closers had to say (``traces: 1830 spans written to ...``), for the caller to print.
-        """
+        """Flush traces and stop the metrics server (every closer runs); returns what the closers had to say."""
         errors, said = [], []
         for closer in reversed(self._closers):
             try:
@@ -356,12 +311,9 @@ def _to_stderr(line: str) -> None:
 
 
 def start_telemetry(metrics_port: int, traces: str, spans_file: Path | None = None) -> Telemetry:
-    """A ``MetricsObserver`` served on 127.0.0.1:``metrics_port`` and, unless ``traces == "off"``, a ``TracingObserver``.
-
-    ``traces``: ``"console"`` writes one JSON span per line into ``spans_file``; ``"otlp"`` exports to the
-    configured collector, checked first (``resilience.cli.traces``). A port in use or no collector is a
-    :class:`CliError`; nothing is left running when this raises.
-    """
+    """A ``MetricsObserver`` served on 127.0.0.1:``metrics_port`` and, unless ``traces == "off"``, a ``TracingObserver``
+    (``"console"``: into ``spans_file``; ``"otlp"``: to the collector, checked first). A port in use or no collector
+    is a :class:`CliError`, with nothing left running."""
     need("prometheus_client", "metrics", "serving /metrics")
     from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 
@@ -370,10 +322,8 @@ def start_telemetry(metrics_port: int, traces: str, spans_file: Path | None = No
         server = start_metrics_server(metrics_port, "127.0.0.1", registry=metrics.registry)
     except OSError as exc:
         raise CliError(f"cannot serve /metrics on 127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
-    def stop_server() -> None:
-        server.close()
 
-    closers: list[Callable[[], str | None]] = [stop_server]
+    closers: list[Callable[[], str | None]] = [lambda: server.close()]
     observers: list[Observer] = [metrics]
     if traces != "off":
         try:
@@ -394,10 +344,7 @@ _TOTALS = ("cpr_requests_total", "cpr_attempts_total", "cpr_retries_total", "cpr
 
 
 def metric_totals(registry: CollectorRegistry) -> dict[str, float]:
-    """Totals read back from the registry the run's ``MetricsObserver`` writes (what a scrape shows now).
-
-    ``cpr_restarts_total`` and ``cpr_restart_budget_remaining`` describe the restart budget published last.
-    """
+    """Totals read back from the run's ``MetricsObserver`` registry (``cpr_restart*``: the budget published last)."""
     out = dict.fromkeys(_TOTALS, 0.0)
     out["cpr_retries_total{reason=status_502}"] = 0.0
     for metric in registry.collect():

@@ -1,18 +1,12 @@
-"""``cpr probe URL...``: read-only checks of SGLang (or, with ``--engine vllm``, vLLM) engines, all at once, each bounded in time.
+"""``cpr probe URL...``: read-only checks of SGLang (or, with ``--engine vllm``, vLLM) engines, all at once, each bounded.
 
-SGLang, per engine: ``GET /health``, ``/ready``, ``/model_info`` (weight version),
-``/v1/loads?include=core`` and ``/server_info``. vLLM 0.33.0: ``GET /health``, ``/version``,
-``/is_paused``, ``/is_sleeping`` and ``/weight_info``. One attempt each with a short
-timeout, never retried and never anything that changes the engine (no pause,
-flush or release). A paused SGLang engine's ``/health`` hangs about 20 s: the
-probe gives up after ``--timeout`` and says so ("no answer in 3 s (paused?)").
-What vLLM answers differently (``shared/reference/vllm-control-plane.md``): ``/health``
-stays 200 while the engine is paused or asleep (503 only when the engine core is dead);
-the control routes answer 404 without ``VLLM_SERVER_DEV_MODE=1`` (said so);
-``/is_sleeping`` is true while merely paused; no route says which tags sleep; ``--api-key``
-guards only ``/v1`` routes, so no key is sent. Every engine and every check runs in its own
-daemon thread; the whole probe ends after at most about twice the timeout. Exit 0 only
-when every engine is healthy.
+SGLang: ``GET /health``, ``/ready``, ``/model_info``, ``/v1/loads?include=core``, ``/server_info``. vLLM 0.33.0:
+``GET /health``, ``/version``, ``/is_paused``, ``/is_sleeping``, ``/weight_info``. One attempt each, never
+retried, never a call that changes the engine. A paused SGLang engine's ``/health`` hangs about 20 s: the probe
+says "no answer in 3 s (paused?)". vLLM's ``/health`` stays 200 while paused or asleep (503 only with the engine
+core dead), its control routes answer 404 without ``VLLM_SERVER_DEV_MODE=1``, ``/is_sleeping`` is true while
+merely paused, and ``--api-key`` guards only ``/v1`` routes (no key is sent). The probe ends within about twice
+the timeout; exit 0 only when every engine is healthy.
 """
 
 from __future__ import annotations
@@ -274,9 +268,7 @@ def probe_engines(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     outs: list[dict[str, CheckResult]] = [{} for _ in urls]
     threads = [
-        threading.Thread(
-            target=_run_check, args=(url, check, timeout, headers, out, keyed), name=f"cpr-probe-{check.name}", daemon=True
-        )
+        threading.Thread(target=_run_check, args=(url, check, timeout, headers, out, keyed), name=f"cpr-probe-{check.name}", daemon=True)
         for url, out in zip(urls, outs, strict=True)
         for check in checks
     ]
@@ -342,11 +334,8 @@ def gateway_workers(gateway: str, timeout: float) -> GatewayWorkers:
 
 
 def run_probe(args: argparse.Namespace) -> int:
-    """Probe the engines from parsed arguments; exit 0 only when every engine is healthy.
-
-    ``--router smg``: the URLs are smg gateways; the engines are the workers they list, each checked at its own
-    URL, and the run is healthy only when every gateway listed workers, every one ``ready``.
-    """
+    """Probe the engines from parsed arguments; exit 0 only when every engine is healthy (``--router smg``: the URLs
+    are gateways, the engines the workers they list, and every gateway must list workers, all ``ready``)."""
     urls = [_normalise(u) for u in args.urls]
     gateways: list[GatewayWorkers] = []
     if getattr(args, "router", "direct") == "smg":

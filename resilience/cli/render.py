@@ -1,8 +1,6 @@
-"""How ``cpr`` shows things: side-by-side tables (rich), progress, and one-line policy descriptions.
+"""How ``cpr`` shows things: side-by-side tables (rich, imported lazily), progress, one-line policy descriptions.
 
-The rows of the comparison table are built once (:func:`comparison_rows`) and
-used twice: rendered as the rich table and written into the JSON report, so the
-two always say the same thing. rich is imported lazily (the ``[cli]`` extra).
+:func:`comparison_rows` builds the table's rows once, for the rich table and the JSON report alike.
 """
 
 from __future__ import annotations
@@ -45,11 +43,8 @@ _NONE = "-"
 
 
 def make_console(*, stderr: bool = False) -> Console:
-    """A rich Console; on a pipe or file it is 160 columns wide and colourless, so tables never wrap in logs.
-
-    A closed pipe raises BrokenPipeError out of the print (``cpr``'s ``main`` ends quietly with 141);
-    rich's own reaction would be ``SystemExit(1)``, which reads as a failure and skips nothing less.
-    """
+    """A rich Console, 160 columns wide and colourless on a pipe or file; a closed pipe raises BrokenPipeError out of
+    the print (``main`` ends quietly with 141) instead of rich's ``SystemExit(1)``."""
     need("rich.console", "cli", "this command")
     from rich.console import Console as RichConsole
 
@@ -129,12 +124,8 @@ def comparison_rows(reports: Sequence[ColocateReport]) -> list[list[str]]:
 def rich_table(
     title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, wrap: Sequence[int] = ()
 ) -> Table:
-    """A rich Table: left-aligned labels first, right-aligned values; the columns in ``wrap`` (left-aligned) take the room left.
-
-    ``title``: shown above the table, wrapped at the table's width; None = no title.
-
-    Cells wrap rather than being cut when the console is too narrow.
-    """
+    """A rich Table: left-aligned labels first, right-aligned values; the columns in ``wrap`` (left-aligned) take the room
+    left. ``title``: above the table (None = none). Cells wrap rather than being cut."""
     table_mod = need("rich.table", "cli", "this command")
     table: Table = table_mod.Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for i, name in enumerate(columns):
@@ -211,14 +202,7 @@ POLICY_COLUMNS: tuple[str, ...] = ("endpoint", "idempotent", "attempts", "on sta
 
 
 class RunProgress:
-    """Progress of a long command on stderr: a live rich display on a terminal, plain lines otherwise.
-
-    ``task(name)`` starts a spinner for a step of unknown length; ``counter(name, n)``
-    a bar of n items (engines started out of n); ``run_progress(name, steps)`` returns the
-    progress callback of one colocate run (a bar), ``run_ended(name, report)`` says how it ended, and ``note(name, text)`` says
-    beside it what a slow step is waiting for.
-    Use it as a context manager.
-    """
+    """Progress of a long command on stderr, a context manager: a live rich display on a terminal, plain lines otherwise."""
 
     def __init__(self) -> None:
         self.console = make_console(stderr=True)
@@ -251,24 +235,6 @@ class RunProgress:
         """A line above the live display (or on stderr)."""
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    def task(self, description: str) -> Callable[[str], None]:
-        """Start a spinner; the returned function ends it with a closing note."""
-        t0 = time.monotonic()
-        if self._progress is None:
-            self.print(f"{description} ...")
-
-            def done_plain(note: str) -> None:
-                self.print(f"{description}: {note} ({time.monotonic() - t0:.1f} s)")
-
-            return done_plain
-        progress = self._progress
-        task_id = progress.add_task(description, total=None, info="")
-
-        def done(note: str) -> None:
-            progress.update(task_id, total=1, completed=1, info=note)
-
-        return done
-
     def counter(self, description: str, total: int) -> Callable[[int], None]:
         """A bar of ``total`` items (engines starting); the returned function marks item ``i`` done, in any order."""
         t0 = time.monotonic()
@@ -300,11 +266,8 @@ class RunProgress:
     def run_progress(
         self, name: str, steps: int, extra: Callable[[], str] | None = None, labels: Mapping[str, str] | None = None
     ) -> Callable[[StepProgress], None]:
-        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``).
-
-        ``labels``: ``{base URL: "engine i"}`` (read at each step: the caller may fill it once the run's proxies
-        exist); a failed step's error names its engines by them (``short_error``). None = by ``host:port``.
-        """
+        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``); a failed step's
+        error names engines by ``labels`` (``{base URL: "engine i"}``, read at each step; None = by ``host:port``)."""
         task_id: TaskID | None = None
         if self._progress is not None:
             task_id = self._progress.add_task(name, total=steps, info="")

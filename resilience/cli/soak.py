@@ -1,32 +1,15 @@
 """``cpr soak``: the colocate loop for many steps, with the memory of this process and the engines sampled each step.
 
-The report says whether memory stayed flat: the mean over the 10 % of steps
-right after a warm-up (the first 10 %: imports, connection and thread pools,
-caches, the proxies' bounded records filling) against the last 10 %, for this
-process (clients, proxies, the loop) and for the engine processes together;
-flat means at most 5 % growth. This process is read by RSS (psutil); the
-engines, forked from one zygote and sharing its pages, by PSS, the zygote
-included (``/proc/PID/smaps_rollup``; summed RSS would count the shared pages
-once per engine). The engines' verdict is judged on their *anonymous* PSS
-(``Pss_Anon``: heap, tensors, Python objects, where a leak grows); their whole
-PSS is reported beside it but not judged, because its file-backed part (the
-shared libraries' pages, torch's above all) is split with every other process
-on the machine that maps the same files, so it moves when unrelated processes
-start or stop (on a kernel whose ``smaps_rollup`` has no ``Pss_Anon``, the whole PSS
-is judged). An engine that was restarted is sampled under its new PID.
-Test-harness memory counts too: each fault proxy keeps its latest requests and
-faults (bounded), and each emulated engine a bounded record of its control
-calls (``MAX_CALLS``; at about 10 control calls a step per engine it is full
-around step 200, inside the first compared window of a 1000-step soak).
+Memory is flat when the mean of the last 10 % of steps is at most 5 % above that of the 10 % right after a
+warm-up (the first 10 %), for this process (RSS, psutil) and for the engines with their zygote together (PSS,
+``/proc/PID/smaps_rollup``: they share the zygote's pages). The engines are judged on their anonymous PSS
+(``Pss_Anon``, where a leak grows; the whole PSS where the kernel has none): their file-backed pages are split
+with every process mapping the same libraries, so the whole PSS is reported but not judged. A restarted engine is
+sampled under its new PID. The proxies' and engines' own records are bounded (``MAX_CALLS`` fills around step 200).
 
-The default fault plan is :func:`~resilience.cli.fleet.soak_plan`: the demo's
-faults plus 502/504 answered after the engine applied a release, resume or
-continue. Every ``--restart-every`` steps (default 50) the resilient loop's
-controller is killed inside a seeded phase with its calls on the wire
-(``resilience.testing.controller_kill``) and a new one starts on its journal;
-quarantined engines are reconciled through the emulator's memory probe only
-(``EmulatorMemoryProbe``: the side channel a GPU node's NVML is), never by
-reading the emulator's state over HTTP. The table ends with the soak's verdict:
+The default plan is :func:`~resilience.cli.fleet.soak_plan`. Every ``--restart-every`` steps (default 50) the
+resilient loop's controller is killed inside a seeded phase (``resilience.testing.controller_kill``) and a new one
+starts on its journal; quarantined engines are reconciled through the emulator's memory probe only. The verdict:
 zero deaths, zero failed steps, zero requests lost, engine memory flat.
 """
 
@@ -79,19 +62,11 @@ def pss_bytes(pid: int) -> tuple[int, int] | None:
 
 @dataclass
 class RssSampler:
-    """RSS of this process and the memory of the engine processes, one sample per step.
-
-    The engines are forked from one zygote and share its pages (torch, the app), so
-    their RSS would count those pages once per engine; they are counted by PSS
-    (each shared page split between the processes mapping it: the sum is what they
-    cost), the zygote included, and by its anonymous part apart (``engines_anon_mb``:
-    without the shared libraries' file pages, whose share moves with unrelated
-    processes mapping the same files). Where PSS cannot be read (not Linux), RSS is
-    used for both.
-    """
+    """RSS of this process and the engines' memory (PSS and its anonymous part, zygote included; RSS where PSS cannot
+    be read), one sample per step (see the module docstring)."""
 
     pids: Callable[[], list[int]]
-    """A callable returning the PIDs the engines cost memory in (engines and their zygote)."""
+    """The PIDs the engines cost memory in (engines and their zygote), asked at each sample."""
     samples: list[dict[str, float]] = field(default_factory=list)
 
     def sample(self, step: int) -> dict[str, float]:
@@ -126,14 +101,8 @@ def memory_verdict(samples: list[dict[str, float]], key: str) -> dict[str, Any]:
     last = statistics.fmean(s[key] for s in samples[-k:])
     growth = last - first
     pct = growth / first if first else 0.0
-    return {
-        "first_mb": round(first, 1),
-        "last_mb": round(last, 1),
-        "growth_mb": round(growth, 1),
-        "growth_pct": round(100 * pct, 1),
-        "flat": pct <= FLAT_GROWTH,
-        "window_steps": k,
-    }
+    means = {"first_mb": round(first, 1), "last_mb": round(last, 1), "growth_mb": round(growth, 1)}
+    return means | {"growth_pct": round(100 * pct, 1), "flat": pct <= FLAT_GROWTH, "window_steps": k}
 
 
 def _memory_cell(verdict: dict[str, Any]) -> str:
@@ -161,25 +130,18 @@ def _verdict_cell(verdict: dict[str, bool | None]) -> str:
 
 def soak_rows(report: ColocateReport) -> list[list[str]]:
     """The soak's own rows after the comparison table's: controller restarts and how quarantined engines were reconciled."""
+    restarts = f"{report.controller_restarts} ({report.controller_kills} mid-phase)"
+    reconciles = f"{report.reconciles_probe} / {report.restarts_clean}"
     return [
-        [
-            "controller restarts: killed inside a phase, a new controller on the journal",
-            f"{report.controller_restarts} ({report.controller_kills} mid-phase)",
-        ],
-        [
-            "reconciles by the barrier: from the memory probe / restarts that needed none",
-            f"{report.reconciles_probe} / {report.restarts_clean}",
-        ],
+        ["controller restarts: killed inside a phase, a new controller on the journal", restarts],
+        ["reconciles by the barrier: from the memory probe / restarts that needed none", reconciles],
         ["releases and resumes whose 502/504/reset the client settled from the memory probe", str(report.probe_verdicts)],
     ]
 
 
 def seed_caption(seed: int, plan_seed: int, *, from_file: bool, given: bool) -> str:
-    """How the caption names the seeds: ``seed 7 (the fault plan's)``, ``seed 3, fault plan seed 7`` or ``seed 3``.
-
-    ``seed``: the loop's (straggler timing); ``plan_seed``: the fault plan's; ``from_file``: the plan came from
-    ``--fault-plan``; ``given``: ``--seed`` was on the command line.
-    """
+    """How the caption names the loop's ``seed`` and the plan's: ``seed 7 (the fault plan's)``, ``seed 3 (stragglers),
+    fault plan seed 7`` or ``seed 3`` (``from_file``: the plan came from ``--fault-plan``; ``given``: so did ``--seed``)."""
     if not from_file:
         return f"seed {seed}"
     if not given:
@@ -243,11 +205,7 @@ def run_soak(args: argparse.Namespace) -> int:
             ui.run_ended(title, report)
             proxy_records = sum(len(proxy.seen) for proxy in run.proxies)
     steps = sampler.samples[1:]  # the samples taken after each step
-    memory = {
-        "self": memory_verdict(steps, "self_mb"),
-        "engines": memory_verdict(steps, "engines_mb"),
-        "engines_anon": memory_verdict(steps, "engines_anon_mb"),
-    }
+    memory = {name: memory_verdict(steps, f"{name}_mb") for name in ("self", "engines", "engines_anon")}
     rows = comparison_rows([report])
     rows.extend(soak_rows(report))
     rows.append(["RSS, this process: clients + fault proxies (after warm-up -> last 10 % of steps)", _memory_cell(memory["self"])])
@@ -274,19 +232,9 @@ def run_soak(args: argparse.Namespace) -> int:
         highlight=False,
     )
     data = {
-        "command": "soak",
-        "seed": seed,
-        "fault_plan_seed": plan.seed,
-        "engines": args.engines,
-        "steps": args.steps,
-        "way": args.way,
-        "restart_every": restart_every,
-        "engine": "vllm" if vllm else "sglang",
-        "verdict": verdict,
-        "fault_plan": plan.to_dict(),
-        "fault_plan_file": args.fault_plan,
-        "ways": {args.way: report.to_dict()},
-        "table": {"columns": columns, "rows": rows},
+        **{"command": "soak", "seed": seed, "fault_plan_seed": plan.seed, "engines": args.engines, "steps": args.steps},
+        **{"way": args.way, "restart_every": restart_every, "engine": kind, "verdict": verdict, "fault_plan": plan.to_dict()},
+        **{"fault_plan_file": args.fault_plan, "ways": {args.way: report.to_dict()}, "table": {"columns": columns, "rows": rows}},
         "memory": {**memory, "samples": sampler.samples, "flat_threshold_pct": 100 * FLAT_GROWTH, "proxy_records": proxy_records},
         "wall_s": round(time.monotonic() - t_start, 3),
     }

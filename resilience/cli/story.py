@@ -1,11 +1,8 @@
 """What ``cpr demo`` tells in words: why engines died (read from their logs) and the run in one sentence.
 
-An emulated engine dies the way SGLang does (``resilience/testing/emulator/crash.py``):
-``Scheduler hit an exception: <traceback>`` followed by SIGQUIT, or
-torch_memory_saver's one ``[torch_memory_saver.cpp] ...`` line and ``exit(1)``.
-:func:`death_causes` turns each such death in a log into a short cause ("prefill
-scheduled after release"); the client only ever saw a dropped connection or the
-proxy's 502, so this is the one place that says what really happened.
+An emulated engine dies as SGLang does (``emulator/crash.py``): ``Scheduler hit an exception: <traceback>`` then
+SIGQUIT, or torch_memory_saver's ``[torch_memory_saver.cpp] ...`` line and ``exit(1)``. The client saw only a
+dropped connection or a 502: :func:`death_causes` says what really happened.
 """
 
 from __future__ import annotations
@@ -48,12 +45,8 @@ def _one_cause(traceback: str) -> str:
 
 
 def death_causes(log: str) -> list[str]:
-    """Each engine death in ``log`` (an emulated engine's stderr), oldest first, as a short cause.
-
-    ``[torch_memory_saver.cpp] Cannot pause allocation that is not active`` is a second release of
-    memory already released ("release sent twice"); a scheduler exception is named by where it
-    happened ("prefill scheduled after release", ...) or, failing that, by its last line.
-    """
+    """Each engine death in ``log`` (an emulated engine's stderr), oldest first, as a short cause: torch_memory_saver's
+    line is "release sent twice"; a scheduler exception is named by where it happened, else by its last line."""
     causes: list[str] = []
     lines = log.splitlines()
     for i, line in enumerate(lines):
@@ -119,11 +112,8 @@ def _side(name: str, report: ColocateReport, causes: Sequence[str]) -> str:
 
 
 def story(reports: Mapping[str, ColocateReport], causes: Mapping[str, Sequence[str]], titles: Mapping[str, str]) -> str:
-    """One sentence per run, joined: how many 502s per step each side met, what killed engines, how it ended.
-
-    ``reports``/``causes``/``titles`` are keyed by loop (``"old"``: the baseline, ``"ours"``: the resilient loop); only the runs in
-    ``reports`` are told (an interrupted demo tells what finished).
-    """
+    """One sentence per run in ``reports`` (keyed by loop, as ``causes`` and ``titles``): the 502s per step each side met,
+    what killed engines, how it ended."""
     parts = []
     for kind, report in reports.items():
         title = titles.get(kind, kind)
@@ -133,8 +123,7 @@ def story(reports: Mapping[str, ColocateReport], causes: Mapping[str, Sequence[s
 
 def membership_story(report: ChurnReport, engines: int) -> str:
     """One sentence on the membership scene (``resilience.testing.churn``): who joined, who left, what it cost."""
-    joined = plural(report.joins, "engine")
-    left = plural(report.leaves, "engine")
+    joined, left = plural(report.joins, "engine"), plural(report.leaves, "engine")
     lost = f"{report.requests_lost} of {plural(report.requests_sent, 'request')} lost"
     return (
         f"Membership, on {plural(engines, 'engine')} more: {joined} joined the offloaded group (paused, flushed and "
@@ -144,12 +133,8 @@ def membership_story(report: ChurnReport, engines: int) -> str:
 
 
 def rates_note(reports: Mapping[str, ColocateReport], titles: Mapping[str, str]) -> str:
-    """Why the per-step rates and wall times of the ways differ, from what they did (empty for one way).
-
-    The ways ran different numbers of steps (the baseline stops once its restart budget is spent), a
-    failed step ends at its first error (so it is short), and a finished one of ours includes its retries'
-    backoff and the aborted requests it re-ran.
-    """
+    """Why the ways' per-step rates and wall times differ (empty for one way): different numbers of steps run, failed
+    steps short, ours' finished ones including backoff and re-run requests."""
     if len(reports) < 2:
         return ""
     ran = {kind: steps_run(r) for kind, r in reports.items()}
@@ -166,21 +151,14 @@ def rates_note(reports: Mapping[str, ColocateReport], titles: Mapping[str, str])
         if report.failed_steps and report.failed_steps == n:
             early = "" if report.phase_seconds.get("weight_sync") else " before finishing a weight sync"
             steps = "its one step" if n == 1 else f"all {n} of its steps"
-            parts.append(
-                f"{name} failed {steps} at the first error{early}, "
-                f"so its {report.wall_s / n:.2f} s per step is the time to fail, not to train."
-            )
+            fail = f"{report.wall_s / n:.2f} s per step is the time to fail, not to train"
+            parts.append(f"{name} failed {steps} at the first error{early}, so its {fail}.")
         elif report.failed_steps:
             parts.append(f"{report.failed_steps} of {name}'s {n} steps failed at their first error, which shortens its average.")
         elif n:
-            extras = [
-                what
-                for what, count in (
-                    ("retries' backoff", report.retried_502 + report.resent_after_error),
-                    ("re-run requests", report.requests_aborted_rerun),
-                )
-                if count
-            ]
+            retries = report.retried_502 + report.resent_after_error
+            costs = (("retries' backoff", retries), ("re-run requests", report.requests_aborted_rerun))
+            extras = [what for what, count in costs if count]
             paid = f", {' and '.join(extras)} included" if extras else ""
             steps = "its one step" if n == 1 else f"each of its {n} steps"
             average = " on average" if n > 1 else ""

@@ -1,16 +1,10 @@
 """The timeline of one colocate step across engines: a bar per engine per phase, 502s and retries marked.
 
-Data: the emulator's server-side record of each engine (every control call
-with ``received_ns``/``answered_ns``/``status``) for the bars, and each fault
-proxy's ``seen`` list (arrival, injected fault, status the client got) for the
-marks. Both use ``time.monotonic_ns()``, which is system-wide on Linux, so they
-line up. An engine that died in the step lost its record with its process: its
-row shows the requests the proxy handed on as ticks and where it died.
-
-:class:`TimelineRecorder` picks the representative step of a run while it goes
-on (the first failed step, else the last one) and :func:`write_timeline` draws
-one or more of them stacked, as PNG (matplotlib, Agg) or self-contained HTML
-(the same figure as inline SVG, plus the list of marks), by the file suffix.
+The bars come from the emulator's record of each engine's control calls, the marks from each fault proxy's
+``seen`` list; both in ``time.monotonic_ns()``, system-wide on Linux. An engine that died in the step lost its
+record: its row shows the proxy's requests as ticks and where it died. :class:`TimelineRecorder` keeps a run's
+representative step (the first failed one, else the last); :func:`write_timeline` draws them stacked, as PNG
+(matplotlib, Agg) or self-contained HTML (inline SVG and the marks), by the file suffix.
 """
 
 from __future__ import annotations
@@ -36,27 +30,14 @@ from resilience.testing.faults import FaultProxy
 __all__ = ["PHASE_OF_PATH", "Bar", "Mark", "StepTimeline", "TimelineRecorder", "draw_figure", "mark_kind", "write_timeline"]
 
 PHASE_OF_PATH: dict[str, str] = {
-    "/pause_generation": "pause",
-    "/flush_cache": "flush",
-    "/release_memory_occupation": "release",
-    "/resume_memory_occupation": "resume",
-    "/continue_generation": "continue",
-    "/begin_weight_update": "weight sync",
-    "/update_weights_from_tensor": "weight sync",
-    "/end_weight_update": "weight sync",
-    "/abort_request": "abort",
+    **{"/pause_generation": "pause", "/flush_cache": "flush", "/release_memory_occupation": "release"},
+    **{"/resume_memory_occupation": "resume", "/continue_generation": "continue", "/abort_request": "abort"},
+    **dict.fromkeys(("/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"), "weight sync"),
 }
 """Which phase each control call belongs to; consecutive calls of one phase on an engine make one bar."""
 
-_COLORS = {
-    "pause": "#a6cee3",
-    "flush": "#1f78b4",
-    "release": "#ff7f00",
-    "resume": "#33a02c",
-    "continue": "#b2df8a",
-    "weight sync": "#cab2d6",
-    "abort": "#bdbdbd",
-}
+_COLORS = {"pause": "#a6cee3", "flush": "#1f78b4", "release": "#ff7f00", "resume": "#33a02c", "continue": "#b2df8a"}
+_COLORS |= {"weight sync": "#cab2d6", "abort": "#bdbdbd"}
 MarkKind = Literal["502", "5xx", "reset", "no answer", "retry", "died"]
 
 
@@ -91,7 +72,7 @@ class StepTimeline:
     """One step of one run, ready to draw."""
 
     way: str
-    """The run's title: "old way" (the baseline) or "ours" (the resilient loop); a key of the JSON report."""
+    """The run's title ("old way", "ours"); a key of the JSON report."""
     step: int
     ok: bool
     error: str | None
@@ -106,10 +87,8 @@ class StepTimeline:
 
     @property
     def title(self) -> str:
-        """What happened: ``old way, step 1: engine 1 died (prefill scheduled after release); client got: ...`` or ``ours, step 20: ok``.
-
-        An engine's death comes first, with its cause: the 502 or reset the client got is only its echo.
-        """
+        """What happened: ``ours, step 20: ok``, or the engines' deaths with their causes first (the 502 or reset
+        the client got is only their echo)."""
         if self.ok:
             return f"{self.way}, step {self.step}: ok"
         got = clip(self.error or "failed", 110)  # cut between clauses, never inside a parenthesis
@@ -135,13 +114,8 @@ class StepTimeline:
         return (start, min(resumes)) if resumes else None
 
     def segments(self) -> list[tuple[str, float, float]]:
-        """The step's transitions as ``(label, start, end)`` s, for a step that reached its training pause.
-
-        A colocate step pauses and continues the engines twice: the offload (pause, flush, release) and the
-        onload (resume, continue) frame the training pause, then the weight sync pauses them again (mode
-        ``retract``), updates the weights and continues them. The weight sync starts at the first pause or
-        weight-sync call after the onload's resumes. Empty when there is no training pause to split at.
-        """
+        """The step's transitions as ``(label, start, end)`` s: the offload and onload around the training pause, then
+        the weight sync from the first pause or weight-sync call after the resumes. Empty without a training pause."""
         gap = self.training_gap()
         if gap is None or not self.bars:
             return []
@@ -178,19 +152,13 @@ class StepTimeline:
 
 
 class TimelineRecorder:
-    """A progress callback that captures the run's representative step: the first failed one, else the last.
-
-    Call :meth:`attach` with the run's proxies before the first step; then pass
-    the recorder as (or chain it into) ``run_colocate``'s progress callback.
-    """
+    """A progress callback (after :meth:`attach`) that captures the run's representative step: the first failed, else the last."""
 
     def __init__(self, title: str, fleet: EmulatedFleet) -> None:
         self.title = title
-        """The run's title, as the table shows it ("old way", "ours")."""
         self.fleet = fleet
         self.proxies: list[FaultProxy] = []
         self.captured: StepTimeline | None = None
-        """The step captured so far (None before the first capture)."""
         self._pids: list[int] = []
 
     def attach(self, proxies: list[FaultProxy]) -> None:
@@ -242,17 +210,8 @@ class TimelineRecorder:
             run: list[dict[str, Any]] = []
             for call in [*mine, None]:
                 if run and (call is None or PHASE_OF_PATH[call["path"]] != PHASE_OF_PATH[run[0]["path"]]):
-                    end = max(c["answered_ns"] or c["received_ns"] for c in run)
-                    tl.bars.append(
-                        Bar(
-                            i,
-                            PHASE_OF_PATH[run[0]["path"]],
-                            sec(run[0]["received_ns"]),
-                            sec(end),
-                            len(run),
-                            tuple(c["status"] for c in run),
-                        )
-                    )
+                    end, phase = max(c["answered_ns"] or c["received_ns"] for c in run), PHASE_OF_PATH[run[0]["path"]]
+                    tl.bars.append(Bar(i, phase, sec(run[0]["received_ns"]), sec(end), len(run), tuple(c["status"] for c in run)))
                     run = []
                 if call is not None:
                     run.append(call)
@@ -301,9 +260,8 @@ def draw_figure(timelines: Sequence[StepTimeline]) -> Any:
     patches = need("matplotlib.patches", "cli", "--timeline")
     lines = need("matplotlib.lines", "cli", "--timeline")
     heights = [max(2.2, 0.42 * (t.engines + (1.3 if t.segments() else 0)) + 1.3) for t in timelines]
-    fig, axes = plt.subplots(
-        len(timelines), 1, figsize=(12, sum(heights)), squeeze=False, sharex=True, gridspec_kw={"height_ratios": heights}
-    )
+    ratios = {"height_ratios": heights}
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, sum(heights)), squeeze=False, sharex=True, gridspec_kw=ratios)
     right = max([b.end_s for t in timelines for b in t.bars] + [m.t_s for t in timelines for m in t.marks + t.ticks] + [0.01])
     for ax, tl in zip(axes[:, 0], timelines, strict=True):
         gap = tl.training_gap()

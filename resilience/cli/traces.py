@@ -1,13 +1,10 @@
 """``--traces``: where a cpr run's OpenTelemetry spans go, and saying once when they cannot.
 
-- ``console``: the SDK's console exporter, one JSON object per span per line, into a file of its own
-  (``--traces-file``), never into the progress on stderr (one demo step makes ~1,800 lines of them).
-- ``otlp``: the OTLP/HTTP exporter, to the endpoint the standard variables name
-  (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else
-  ``http://localhost:4318/v1/traces``). Before the run, :func:`check_collector` opens one TCP connection
-  to that endpoint, and only to it: none answering is a :class:`CliError` before any engine starts. A
-  collector that goes away during the run is said once (:func:`once_exporter`) and the rest of the spans
-  are dropped, instead of the SDK logging each failed batch and retrying it with backoff.
+- ``console``: one JSON object per span per line, into ``--traces-file`` (never the progress on stderr).
+- ``otlp``: OTLP/HTTP to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` +
+  ``/v1/traces``, else ``http://localhost:4318/v1/traces``. :func:`check_collector` first opens one TCP connection
+  to it (none answering is a :class:`CliError` before any engine starts); a collector that goes away during the
+  run is said once (:func:`once_exporter`) and the rest of the spans dropped.
 
 Imported only when ``--traces`` is not ``off`` (it imports the OpenTelemetry SDK).
 """
@@ -53,11 +50,8 @@ def otlp_endpoint(environ: dict[str, str] | None = None) -> str:
 
 
 def check_collector(endpoint: str, timeout: float = COLLECTOR_CONNECT_S) -> None:
-    """Open (and close) one TCP connection to ``endpoint``'s host and port; a :class:`CliError` when nothing answers.
-
-    Only the configured endpoint is dialled. It proves a listener, not a collector: a wrong one still fails
-    its first export, which :func:`once_exporter` then reports once.
-    """
+    """Open (and close) one TCP connection to ``endpoint``'s host and port; a :class:`CliError` when nothing answers
+    (a listener, not proved a collector: a wrong one fails its first export, reported once)."""
     parts = urlsplit(endpoint)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -121,19 +115,14 @@ def _once_exporter_class() -> type[Any]:
 
 
 def once_exporter(inner: Any, where: str, say: Callable[[str], None]) -> Any:
-    """A ``SpanExporter`` around ``inner`` that says once (``say(line)``) when an export fails, then drops every later span.
-
-    Its ``exported`` and ``dropped`` count spans. ``where`` names the destination in the line.
-    """
+    """A ``SpanExporter`` around ``inner`` that says once (``say(line)``, naming ``where``) when an export fails, then drops
+    every later span; ``exported`` and ``dropped`` count spans."""
     return _once_exporter_class()(inner, where, say)
 
 
 def tracer_provider(kind: str, spans_file: Path | None, say: Callable[[str], None]) -> tuple[Any, Callable[[], str]]:
-    """A ``TracerProvider`` for ``--traces kind`` and a ``close()`` that flushes it and returns a summary line.
-
-    ``kind``: ``"console"`` (one JSON span per line into ``spans_file``) or ``"otlp"`` (checked first with
-    :func:`check_collector`). ``say``: where the one line about a failed export goes (stderr).
-    """
+    """A ``TracerProvider`` for ``--traces kind`` (``"console"``: into ``spans_file``; ``"otlp"``: checked first) and a
+    ``close()`` that flushes it and returns a summary line; ``say`` gets the one line about a failed export."""
     sdk_trace = need("opentelemetry.sdk.trace", "otel", "--traces")
     export = need("opentelemetry.sdk.trace.export", "otel", "--traces")
     resources = need("opentelemetry.sdk.resources", "otel", "--traces")

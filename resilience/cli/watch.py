@@ -1,12 +1,8 @@
 """Say what a slow colocate step is waiting for, while it waits (``cpr demo``'s progress).
 
-A failed step of the baseline ("old way") takes long because of what follows the failure:
-engines died and a global restart starts them again (each imports torch). The
-loop itself reports only when a step is over, so :class:`StepWatch` looks at the
-fleet from a daemon thread once a second; once a step has run longer than
-``quiet_s``, it tells the display which engines are dead (and why, from their
-logs), which are being restarted, or that the step is waiting for the engines'
-answers.
+The loop reports only when a step is over, and a failed baseline step is long (dead engines restarted, each
+importing torch): :class:`StepWatch` looks at the fleet once a second and, past ``quiet_s``, tells the display
+which engines are dead (and why), which are restarting, or that the step waits for the engines' answers.
 """
 
 from __future__ import annotations
@@ -24,12 +20,8 @@ __all__ = ["StepWatch"]
 
 
 class StepWatch:
-    """A context manager and progress callback; while a step runs past ``quiet_s`` it calls ``say(text)`` each second.
-
-    ``fleet``: the engines the run uses. ``say``: gets what the step waits for ("" once the step ended).
-    ``quiet_s``: how long a step may run before anything is said (default 2 s). ``period_s``: how often
-    the fleet is looked at (default 1 s).
-    """
+    """A context manager and progress callback: while a step runs past ``quiet_s`` (default 2 s), ``say(text)`` gets
+    what it waits for ("" once it ended), the ``fleet`` looked at every ``period_s`` (default 1 s)."""
 
     def __init__(self, fleet: EmulatedFleet, say: Callable[[str], None], *, quiet_s: float = 2.0, period_s: float = 1.0) -> None:
         self.fleet = fleet

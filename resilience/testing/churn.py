@@ -1,26 +1,16 @@
 """The churn loop (``cpr soak --churn``): RL steps while engines are killed, restarted, added and retired.
 
-``run_churn(fleet, config)`` drives one ``Orchestrator`` over ``SGLangClient``s on an
-``EmulatedFleet`` whose first ``config.engines`` engines form the group and whose others are
-spares. Each step is the colocate sequence (docs/barrier.md): a rollout (``rollout_requests``
-generations on every engine the barrier calls serving, all awaited), ``offload(min_engines=...)``,
-``onload(tags=["weights"], min_engines=...)``, a weight sync and ``onload(min_engines=...)``, with the
-group changing underneath:
+``run_churn(fleet, config)`` drives one ``Orchestrator`` over the first ``config.engines`` engines of the fleet (the
+others are spares). Each step: a rollout on every engine the barrier calls serving, ``offload(min_engines=...)``,
+``onload(tags=["weights"], ...)``, a weight sync and ``onload(...)``, with the group changing underneath:
 
-- every ``kill_every`` steps one serving engine is SIGKILLed inside the offload (as its flush
-  phase starts: the engine dies mid-transition); the offload completes for the others and fences
-  it (partial progress); its process is restarted on its URL and ``add`` brings the fresh process
-  into the offloaded group (paused, flushed, released), so the onload resumes it with the others;
-- every ``add_every`` steps a spare engine joins, alternately into the offloaded group (after the
-  offload) and into the serving one (after the onload), verified by ``/model_info``'s weight
-  version while paused;
+- every ``kill_every`` steps one serving engine is SIGKILLed as the offload's flush starts; the offload completes
+  for the others and fences it; its process is restarted and ``add`` brings it into the offloaded group;
+- every ``add_every`` steps a spare joins, alternately into the offloaded group and the serving one;
 - every ``retire_every`` steps one engine leaves (``retire``) and goes back to the spares.
 
-Requests go only to engines the barrier calls serving, and every kill lands after the rollout
-ended, so a request lost is a defect. ``ChurnReport`` counts the steps, the deaths (each
-engine's log read through ``death_causes``, the caller's: an engine that died of a barrier call,
-never one this loop killed), the requests sent and lost, the kills, restarts, joins, leaves and
-fences, and whether every restarted engine serves at the end.
+Every kill lands after the rollout ended, so a request lost is a defect. ``ChurnReport`` counts the steps, the
+deaths of barrier calls (``death_causes``), requests sent and lost, kills, restarts, joins, leaves and fences.
 """
 
 from __future__ import annotations
@@ -239,10 +229,7 @@ def run_churn(
     deaths: Callable[[str], list[str]],
     progress: Callable[[int, ChurnReport], None] | None = None,
 ) -> ChurnReport:
-    """Run ``config.steps`` churn steps on ``fleet`` (started; its engines past ``config.engines`` are spares).
-
-    ``deaths``: an engine log's death causes (``resilience.cli.story.death_causes``). ``progress``: called after each
-    step with its index and the report so far.
-    """
+    """Run ``config.steps`` churn steps on ``fleet`` (started; engines past ``config.engines`` are spares). ``deaths``:
+    an engine log's death causes (``death_causes``); ``progress``: told each step's index and the report so far."""
     return _Churn(fleet, config, deaths).run(progress)
 

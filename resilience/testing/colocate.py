@@ -1,22 +1,14 @@
 """The colocate comparison: one loop of RL steps on emulated engines, for every engine kind and route, the old way and ours.
 
-``run_colocate(fleet, config, way, engine=..., route=...)`` runs ``config.steps`` steps of one way and
-scores them alike whatever runs them: a step that raised, or in which an engine died, is a failed step
-and spends one restart of the run's ``RestartBudget`` (the seed's max_global_restart), after which the
-lab puts the fleet back in order (dead engines restarted) and the run goes on until the budget is spent.
-What a step is comes from the lab of the engine kind and route (:class:`~resilience.testing.lab.Lab`):
+``run_colocate`` runs ``config.steps`` steps of one way and scores them alike: a step that raised, or in which an
+engine died, is a failed step and spends one restart of the run's ``RestartBudget`` (the seed's
+max_global_restart); the lab then puts the fleet back in order and the run goes on until the budget is spent. A
+step is the lab's (:class:`~resilience.testing.lab.Lab`) of the engine kind and route: ``lab_sglang`` (sglang,
+direct), ``lab_vllm`` (vllm, direct), ``lab_smg`` (sglang behind smg).
 
-- ``engine="sglang", route="direct"``: ``resilience.testing.lab_sglang`` (the seeds' "before" code, bare
-  ``requests``, against ``SGLangClient`` + ``Orchestrator``; controller restarts and kills on the journal);
-- ``engine="vllm", route="direct"``: ``resilience.testing.lab_vllm`` (SkyRL's colocated sequence against the
-  barrier with the vLLM rules);
-- ``engine="sglang", route="smg"``: ``resilience.testing.lab_smg`` (behind a real smg gateway: smg's own
-  client, ours direct, ours through ``SmgFanOut``).
-
-An interrupt (Ctrl-C, or SIGINT sent to this process alone) ends the run within about a second: the
-run's :class:`~resilience.testing.lab.StopClock` is stopped, so no lab thread keeps retrying, the lab
-closes without waiting for calls in flight, and the interrupt propagates. ``cpr demo``, ``cpr soak``, the
-benchmarks and the chaos tests drive this loop.
+An interrupt (Ctrl-C, or SIGINT to this process alone) ends the run within about a second: the run's
+:class:`~resilience.testing.lab.StopClock` is stopped, the lab closes without waiting for calls in flight, and the
+interrupt propagates.
 """
 
 from __future__ import annotations
@@ -51,8 +43,7 @@ _WAYS: Final[dict[str, tuple[str, ...]]] = {"direct": ("old", "ours"), "smg": ("
 
 
 def _lab(engine: str, route: str) -> Callable[[LabSetup], Lab]:
-    """The lab class of a pair of ``_LABS``, imported when first asked for (a run imports only its own engine's client
-    stack: a soak's process stays as small as its loop)."""
+    """The lab class of a pair of ``_LABS``, imported on demand (a soak's process stays as small as its loop)."""
     if (engine, route) == ("sglang", "direct"):
         from resilience.testing.lab_sglang import SGLangLab
 
@@ -89,14 +80,11 @@ class ColocateConfig:
     baseline_flush_polls: int = 20
     """The baseline's flush loop: tries, 0.05 s apart (slime polls 60 times, 1 s apart)."""
     controller_crash_step: int | None = None
-    """The step (0-based) at which the controller dies while the engines train, after its offload returned;
-    a new controller starts and runs that step again from its offload, not knowing how far it got. The
-    baseline's new controller knows nothing; ours resumes from its journal. None (default): never."""
+    """The step (0-based) at which the controller dies while the engines train, after its offload; a new one runs
+    that step again from its offload (the baseline's knowing nothing, ours on its journal). None (default): never."""
     controller_kill_every: int | None = None
-    """Every this many steps (the K-th, 2K-th, ... step) the controller dies: ours inside a seeded phase of the step,
-    with that phase's calls sent (``KillSwitchFanOut``), and a new controller on the journal as it was at that
-    instant runs the transition again; the baseline's after its offload, as with ``controller_crash_step``.
-    None (default): never."""
+    """Every K-th step the controller dies: ours inside a seeded phase with its calls sent (a new one runs the
+    transition again on the journal as it was), the baseline's after its offload. None (default): never."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "rollout_requests", "stragglers", "max_new_tokens", "baseline_flush_polls"):
@@ -122,7 +110,6 @@ class StepProgress:
     """Told to the progress callback after each step."""
 
     way: str
-    """The way that ran the step (``ColocateReport.way``)."""
     step: int
     steps: int
     ok: bool
@@ -130,9 +117,9 @@ class StepProgress:
     deaths: int
     error: str | None = None
     started_ns: int | None = None
-    """``time.monotonic_ns()`` when the step began (its rollout), or None."""
+    """``time.monotonic_ns()`` when the step began (its rollout)."""
     ended_ns: int | None = None
-    """``time.monotonic_ns()`` when the step's last call returned, before any recovery, or None."""
+    """``time.monotonic_ns()`` when the step's last call returned, before any recovery."""
 
 
 _ERROR_CHARS = 2000
@@ -152,10 +139,9 @@ def _injected_ambiguous(proxies: Sequence[FaultProxy | None]) -> int:
 
 
 def score_step(report: ColocateReport, budget: RestartBudget, n: int, error: str | None, deaths: int, cause: str) -> None:
-    """Count step ``n`` in ``report``: finished when it raised nothing (``error`` None) and no engine died, else failed
-    and named in ``report.failures``; a failed step spends one restart of ``budget`` (recorded with ``cause``), or ends
-    the run (``report.stopped_early``) once the budget is spent. Every colocate loop (SGLang, vLLM, behind smg) scores
-    its steps here, so their tables count alike."""
+    """Count step ``n``: finished when it raised nothing (``error`` None) and no engine died, else failed and named in
+    ``report.failures``, spending one restart of ``budget`` (recorded with ``cause``) or, once it is spent, ending the
+    run (``report.stopped_early``)."""
     if error is None and deaths == 0:
         report.steps_finished += 1
     else:
@@ -167,7 +153,6 @@ def score_step(report: ColocateReport, budget: RestartBudget, n: int, error: str
             budget.record(cause, step=n)
             report.restarts += 1
     report.restart_budget_left = budget.remaining
-
 
 
 def run_colocate(
@@ -187,23 +172,19 @@ def run_colocate(
 ) -> ColocateReport:
     """Run ``config.steps`` colocate steps of ``way`` on ``fleet``; stops early when the restart budget is spent.
 
-    ``way``: on the direct route ``"old"`` (the baseline) or ``"ours"``; behind smg ``"smg"`` (smg's own
-    client), ``"ours"`` (direct clients) or ``"ours-smg"`` (through ``SmgFanOut``). ``engine``: ``"sglang"``
-    (default) or ``"vllm"`` (a fleet of ``VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True,
-    weight_transfer_backend=...)`` engines). ``route``: ``"direct"`` (default) or ``"smg"`` (SGLang only; needs
-    the ``[smg]`` extra and ``plan``).
+    ``way``: direct ``"old"`` or ``"ours"``; behind smg ``"smg"``, ``"ours"`` or ``"ours-smg"``. ``engine``:
+    ``"sglang"`` (default) or ``"vllm"`` (``VLLMEngineConfig(dev_mode=True, enable_sleep_mode=True, ...)``
+    engines). ``route``: ``"direct"`` (default) or ``"smg"`` (SGLang only; needs the ``[smg]`` extra and ``plan``).
 
-    ``proxies`` (direct route): fault proxies to send every call through instead of the fleet's own, one per
-    engine in fleet order (each in front of that engine's ``direct_url``); faults are counted from them. Fresh
-    proxies per run give fresh call counters, so one fleet can serve several runs and the same plan seed still
-    gives the same faults. Default None: the fleet's :attr:`~EmulatedFleet.urls` and proxies. ``plan`` (smg
-    route): the faults of the proxies the run starts between the gateway and the engines.
+    ``proxies`` (direct route): fault proxies to send every call through instead of the fleet's own, one per engine
+    in fleet order; faults are counted from them (fresh proxies give a run fresh call counters, so one fleet serves
+    several runs with the same faults). Default None: the fleet's own. ``plan`` (smg route): the faults of the
+    proxies the run starts between the gateway and the engines.
 
     ``policies``: our clients' (default: the lab's demo table). ``restart_budget``: default
-    ``RestartBudget(config.restart_limit)``. ``progress``: told after each step. ``recover_when_spent``:
-    whether the step that finds the restart budget spent still puts the fleet back in order (restarts dead
-    engines). False saves those restarts when the caller stops the fleet next; the deaths are still counted.
-    Default True.
+    ``RestartBudget(config.restart_limit)``. ``progress``: told after each step. ``recover_when_spent``: whether the
+    step that finds the budget spent still puts the fleet back in order (default True; False saves those restarts
+    when the caller stops the fleet next, the deaths still counted).
     """
     if (engine, route) not in _LABS:
         raise ValueError(f"no colocate lab for engine {engine!r} on route {route!r}: there are {sorted(_LABS)}")

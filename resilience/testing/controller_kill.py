@@ -1,26 +1,14 @@
 """A controller that dies mid-phase, in-process: the soak's stand-in for ``SIGKILL`` of the process driving the barrier.
 
-:class:`KillSwitchFanOut` is a ``ThreadFanOut`` that can be armed to kill its
-controller inside the n-th phase it runs from then on: the phase's calls are
-sent (each engine may apply its call), and after ``after_s`` seconds, or once
-every call answered if that is sooner, :class:`ControllerKilled` is raised on
-the controller's thread with nothing read back, as if the process had died
-there. Just before it raises, ``on_kill`` is called: the caller takes a copy of
-the journal as it is at that instant (what a killed process leaves on disk), and
-the next controller starts on that copy, so nothing the dying orchestrator does
-while it unwinds (its ``_abandon``) reaches the journal the next one reads.
+:class:`KillSwitchFanOut` is a ``ThreadFanOut`` that, armed, kills its controller inside the n-th phase it runs:
+the phase's calls are sent, and after ``after_s`` seconds (or once every call answered) :class:`ControllerKilled`
+is raised on the controller's thread with nothing read back. Just before, ``on_kill`` lets the caller copy the
+journal as a killed process leaves it; the next controller starts on that copy, so nothing the dying orchestrator
+does while it unwinds reaches it. The caller waits for the calls already sent (:meth:`KillSwitchFanOut.drain`):
+a dead process sends nothing more, but what it sent still lands.
 
-Why in-process and not a subprocess killed by ``SIGKILL``: the soak runs a
-restart every few steps over 1000 steps, and each kill must land at a chosen,
-seeded instant inside a phase (release, resume, continue, pause, flush) with
-its calls on the wire; a controller subprocess per step would pay its start
-(imports, clients) each time and land its kills wherever the scheduler put
-them. The real-process kill is covered by the crash rig
-(``tests/barrier/crash_rig.py``). What this stand-in keeps from a real kill:
-the next controller knows only the journal as it was at the kill, and the
-calls already sent reach the engines (the caller waits for them with
-:meth:`KillSwitchFanOut.drain` before the next controller starts: a dead
-process sends nothing more, but what it sent still lands).
+In-process, because a soak kills every few steps over 1000 steps at seeded instants inside a phase; a subprocess
+per kill would pay its start each time. The real-process kill is the crash rig's (``tests/barrier/crash_rig.py``).
 """
 
 from __future__ import annotations

@@ -10,11 +10,8 @@ __all__ = ["CountingProbe"]
 
 
 class CountingProbe:
-    """Wraps a ``MemoryProbe`` (``inner``) and counts what it was asked and what it proved; thread-safe.
-
-    The barrier asks its probe only for engines whose released tags are unknown, so
-    :attr:`proved` counts the reconciles the probe made possible.
-    """
+    """Wraps a ``MemoryProbe`` (``inner``) and counts what it was asked and what it proved; thread-safe (the barrier
+    asks only for engines whose released tags are unknown, so :attr:`proved` counts the reconciles it made possible)."""
 
     def __init__(self, inner: MemoryProbe) -> None:
         self.inner = inner

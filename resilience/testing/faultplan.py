@@ -1,20 +1,10 @@
 """Fault plans: which request on which engine gets which fault (pure logic, no sockets).
 
-A :class:`FaultPlan` is a seed plus an ordered tuple of :class:`FaultRule`.
-A :class:`FaultDecider` applies one plan to the request stream of one engine
-and answers, per request, a :class:`Decision`; the fault proxy
-(``resilience.testing.faultproxy``) carries it out on a real connection.
-
-Determinism: a probabilistic decision is a pure function of
-``(seed, engine_index, rule index, path, call index)``, where the call index
-counts requests to that path on that engine. The same seed and the same
-per-path request sequence therefore give the same faults, however requests to
-*other* paths interleave with them, in any process (string seeds of
-:class:`random.Random` do not depend on ``PYTHONHASHSEED``). Swap windows
-(kind ``window``) are the one time-based kind: which requests fall inside a
-window depends on when they arrive.
-
-Files are read by the core's loader (``resilience._files``); pyyaml is imported lazily for YAML plans.
+A :class:`FaultPlan` is a seed and an ordered tuple of :class:`FaultRule`; a :class:`FaultDecider` applies it to
+one engine's requests and answers a :class:`Decision` per request, which the fault proxy carries out. A
+probabilistic decision is a pure function of ``(seed, engine_index, rule index, path, call index)`` (the call
+index counts requests to that path on that engine): the same seed and per-path request sequence give the same
+faults in any process, however other paths interleave. Swap windows (kind ``window``) are the one time-based kind.
 """
 
 from __future__ import annotations
@@ -53,18 +43,15 @@ FaultKind = Literal["status_before", "status_after", "reset_before", "reset_afte
   the engine acted but the client sees an error (an ambiguous outcome).
 - ``reset_before``: reset the client connection (TCP RST) without forwarding.
 - ``reset_after``: forward, let the engine answer, then reset the client connection.
-- ``drop_after``: forward, then reset the client connection (TCP RST) as soon as the request has
-  been sent, before the engine answers; the proxy still reads the engine's answer to its end, so
-  the engine carries the call out, possibly *after* the client saw the reset (a late effect).
-  The client sees a reset after sending: ambiguous. ``FaultProxy.settle()`` waits for such calls.
-- ``hang_after``: forward, let the engine act and answer, drop the answer and never answer the
-  client: it gets a read timeout after sending (ambiguous). The connection is held until the
-  client gives up, ``delay`` passes (then closed without an answer) or the proxy stops.
+- ``drop_after``: forward, then reset the client connection as soon as the request is sent; the proxy still
+  reads the engine's answer, so the engine may act *after* the client saw the reset (a late effect, ambiguous;
+  ``FaultProxy.settle()`` waits for such calls).
+- ``hang_after``: forward, let the engine act and answer, never answer the client (a read timeout after sending,
+  ambiguous); held until the client gives up, ``delay`` passes or the proxy stops.
 - ``latency``: sleep ``delay`` seconds, then forward normally.
 - ``hang``: never answer; hold the connection until the proxy stops or ``delay`` passes, then close.
-- ``window``: a swap window. ``path`` is the trigger: once a selected request to it has
-  been forwarded, every request to ``paths`` during the next ``delay`` seconds is answered
-  ``status`` without forwarding, like the nginx of the seed while SGLang swaps memory.
+- ``window``: a swap window. Once a selected request to ``path`` is forwarded, every request to ``paths`` in the next
+  ``delay`` seconds is answered ``status`` without forwarding (the seed's nginx while SGLang swaps memory).
 """
 
 _KINDS: Final[tuple[str, ...]] = get_args(FaultKind)
@@ -72,19 +59,13 @@ _STATUS_KINDS: Final = frozenset({"status_before", "status_after", "window"})
 _DELAY_REQUIRED: Final = frozenset({"latency", "window"})
 _DELAY_ALLOWED: Final = _DELAY_REQUIRED | {"hang", "hang_after"}
 _AFTER_SENDING: Final = frozenset({"status_after", "reset_after", "drop_after", "hang_after"})
-"""Kinds that forward the request and then fail the client: the engine acts, the client cannot know."""
-#: Kinds the client experiences as a failure (counted by ``FaultPlan.max_streak``).
-_FAILING: Final = frozenset(_KINDS) - {"latency"}
+_FAILING: Final = frozenset(_KINDS) - {"latency"}  # what ``FaultPlan.max_streak`` counts
 DEFAULT_STATUS: Final = 502
 """The status answered by status-answering kinds when ``status`` is None: nginx's Bad Gateway."""
 
 CONTROL_PATHS: Final[tuple[str, ...]] = (
-    "/pause_generation",
-    "/continue_generation",
-    "/flush_cache",
-    "/release_memory_occupation",
-    "/resume_memory_occupation",
-    "/update_weights_from_tensor",
+    *("/pause_generation", "/continue_generation", "/flush_cache"),
+    *("/release_memory_occupation", "/resume_memory_occupation", "/update_weights_from_tensor"),
 )
 """The per-step SGLang control endpoints the seed's colocate loop calls (Bug A)."""
 
@@ -94,16 +75,9 @@ AMBIGUOUS_PATHS: Final[tuple[str, ...]] = ("/release_memory_occupation", "/resum
 """Where ``FaultPlan.seed_like(..., ambiguous=p)`` puts faults after the engine acted: the calls whose
 repetition (release, resume) or misreading (continue) crashes or endangers an engine."""
 
-
 VLLM_CONTROL_PATHS: Final[tuple[str, ...]] = (
-    "/pause",
-    "/resume",
-    "/sleep",
-    "/wake_up",
-    "/reset_prefix_cache",
-    "/start_weight_update",
-    "/update_weights",
-    "/finish_weight_update",
+    *("/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache"),
+    *("/start_weight_update", "/update_weights", "/finish_weight_update"),
 )
 """The control calls of vLLM 0.33.0's RL transaction (RFC #48310): pause, sleep, wake, the weight session, cache reset, resume."""
 
@@ -120,9 +94,7 @@ def _control_faults(
 ) -> tuple[FaultRule, ...]:
     """The rules of :meth:`FaultPlan.seed_like` and :meth:`FaultPlan.vllm_like`, in the order they are tried.
 
-    ``paths``: the ambiguous paths, the control paths, the idempotent ones among them, and the path whose calls are
-    slowed by ``slow_swap`` seconds half the time. ``rate``, ``ambiguous``, ``after`` (``status_after``): numbers in
-    0..1 (checked).
+    ``paths``: the ambiguous paths, the control paths, the idempotent ones among them, the path slowed half the time.
     """
     for name, value in (("rate", rate), ("ambiguous", ambiguous), ("status_after", after)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
@@ -171,47 +143,37 @@ def _check_path(name: str, value: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class FaultRule:
-    """One fault, the requests it selects, and how often.
+    """One fault, the requests it selects, and how often; an invalid value raises :class:`FaultPlanError` naming the field.
 
-    A request is selected when its path matches, its engine is listed, the
-    rule's ``max_count`` is not reached, its call index is in ``calls`` (when
-    set) and the seeded draw is below ``probability`` (when set). With neither
-    ``calls`` nor ``probability`` every matching request is selected. Invalid
-    values raise :class:`FaultPlanError` naming the field.
+    A request is selected when its path matches, its engine is listed, ``max_count`` is not reached, its call index
+    is in ``calls`` and the seeded draw is below ``probability`` (each when set).
     """
 
     path: str
-    """Exact request path (no query), e.g. ``"/pause_generation"``, or ``"*"`` for every path.
-    For ``window`` rules: the trigger path."""
+    """Exact request path (no query), or ``"*"`` for every path; for ``window`` rules the trigger path."""
 
     kind: FaultKind
     """What happens to a selected request; see :data:`FaultKind`."""
 
     status: int | None = None
-    """Status answered (200..599) by ``status_before``, ``status_after`` and ``window``.
-    None = 502. Must stay None for the other kinds, which answer no status of their own."""
+    """Status answered (200..599) by ``status_before``, ``status_after`` and ``window``; None = 502. Unset for other kinds."""
 
     probability: float | None = None
-    """Chance (0..1) that a matching request is selected, drawn from the plan's seeded
-    per-path stream. None = always (subject to ``calls``)."""
+    """Chance (0..1) that a matching request is selected, from the plan's seeded per-path stream. None = always."""
 
     calls: Set[int] | None = None
-    """1-based call indices of the request's path on the engine that are eligible, e.g.
-    ``{1, 2}`` = the first two calls. For a ``"*"`` rule each path counts its own calls.
-    None = every call."""
+    """1-based call indices of the path on the engine that are eligible (``{1, 2}``: the first two; a ``"*"`` rule
+    counts each path's own). None = every call."""
 
     engines: Set[int] | None = None
     """Engine indices the rule applies to. None = all engines."""
 
     max_count: int | None = None
-    """Most injections per engine (for ``window``: requests answered inside windows).
-    0 disables the rule. None = no cap."""
+    """Most injections per engine (``window``: requests answered inside windows); 0 disables the rule. None = no cap."""
 
     delay: float | None = None
-    """Seconds: the sleep of ``latency`` and the length of a ``window`` (both required, > 0);
-    for ``hang`` and ``hang_after``, how long to hold before closing (None = until the client
-    gives up or the proxy stops).
-    Must stay None for other kinds."""
+    """Seconds: the sleep of ``latency`` and the length of a ``window`` (required, > 0); for ``hang`` and
+    ``hang_after`` the hold before closing (None = until the client gives up). Unset for other kinds."""
 
     paths: Set[str] = frozenset()
     """``window`` only: paths answered ``status`` while the window is open; empty = every path."""
@@ -286,22 +248,19 @@ _PLAN_KEYS: Final = frozenset({"seed", "rules", "max_streak"})
 class FaultPlan:
     """A seed and an ordered tuple of rules: the faults one run injects, reproducibly.
 
-    For each request the rules are tried in order and the first that selects it
-    wins; an open swap window (kind ``window``) takes precedence over all of
-    them. Build one in Python, with :meth:`load` from a file, or with a preset
-    (:meth:`seed_like`, :meth:`ambiguous_release`).
+    The first rule that selects a request wins; an open swap window takes precedence. Build one in Python, with
+    :meth:`load` from a file, or with a preset (:meth:`seed_like`, :meth:`vllm_like`, :meth:`ambiguous_release`).
     """
 
     seed: int
-    """Seed of every probabilistic draw. Same seed + same request sequence = same faults."""
+    """Seed of every probabilistic draw."""
 
     rules: tuple[FaultRule, ...] = ()
-    """The rules, in priority order. Empty = no faults (a plain pass-through proxy)."""
+    """The rules, in priority order. Empty = no faults."""
 
     max_streak: int | None = None
-    """At most this many consecutive requests to one path on one engine fail by a fault
-    (any kind but ``latency``); the next one is let through untouched. So a client that
-    makes ``max_streak + 1`` attempts always gets through. None = no cap."""
+    """At most this many consecutive requests to one path on one engine fail by a fault (any kind but ``latency``):
+    a client making ``max_streak + 1`` attempts always gets through. None = no cap."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.seed):
@@ -325,10 +284,7 @@ class FaultPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "<plan>") -> FaultPlan:
-        """Build a plan from a mapping shaped like :meth:`to_dict`; unknown keys are rejected.
-
-        ``source`` names the input in error messages (``load`` passes the file name).
-        """
+        """Build a plan from a mapping shaped like :meth:`to_dict` (unknown keys rejected); ``source`` names it in errors."""
         if not isinstance(data, Mapping):
             raise FaultPlanError(f"{source}: a plan must be a mapping, but was {type(data).__name__}")
         unknown = sorted(set(data) - _PLAN_KEYS)
@@ -363,10 +319,7 @@ class FaultPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> FaultPlan:
-        """Read a plan from a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file (chosen by suffix).
-
-        Errors name the file, the rule (index, path, kind) and the field. YAML needs pyyaml.
-        """
+        """Read a plan from a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file; errors name the file, rule and field."""
         data = read_data_file(path, what="fault plan", suffixes=(".toml", ".yaml", ".yml", ".json"), error=FaultPlanError)
         return cls.from_dict(data, source=str(Path(path)))
 
@@ -376,30 +329,17 @@ class FaultPlan:
     ) -> FaultPlan:
         """The faults of the second seed's Bug A: transient 502s on the per-step control calls.
 
-        - ``status_before`` 502 (empty body, not forwarded) with probability ``rate`` on every
-          path of :data:`CONTROL_PATHS` (pause, continue, flush, release, resume,
-          update_weights_from_tensor): the front end could not hand the request on.
-        - ``reset_before`` with probability ``rate / 10`` on the idempotent ones (pause,
-          continue, flush) only. A reset after the request was sent is ambiguous to the
-          client, and release/resume must not be re-sent blindly, so resets there would
-          make a correct client fail; :meth:`ambiguous_release` covers that case.
-        - ``latency`` of ``slow_swap`` seconds (default 0.2) on half the
-          ``/resume_memory_occupation`` calls: slow swaps.
-        - ``max_streak=2``: never more than two failures in a row per path, so a client
-          with 3 attempts (the seed's fix) always survives, while a client without
-          retries fails as soon as one fault lands (``rate`` > 0).
-        - ``ambiguous`` (default 0 = none): faults *after* the engine acted on
-          :data:`AMBIGUOUS_PATHS` (release, resume, continue), tried before the others:
-          ``drop_after`` with probability ``ambiguous`` and ``hang_after`` with probability
-          ``ambiguous / 4`` (held at most 30 s; the client's read timeout ends it first).
-          A client that re-sends release or resume after them kills the engine; a correct
-          one raises ``AmbiguousOutcome`` and the orchestrator quarantines the engine.
-        - ``status_after`` (default 0 = none): a gateway status *after* the engine applied the call on
-          :data:`AMBIGUOUS_PATHS`, tried after the ambiguous faults: ``status_after`` 502 with probability
-          ``status_after`` and 504 with probability ``status_after / 2`` (the front end timed out on an
-          engine that answered late). The client sees a status, not a reset: one that reads a 5xx as "not
-          applied" and re-sends release or resume kills the engine; the barrier reads the driver's record
-          (sent, so ambiguous) and asks its memory probe.
+        - ``status_before`` 502 (not forwarded) with probability ``rate`` on every path of :data:`CONTROL_PATHS`.
+        - ``reset_before`` with probability ``rate / 10`` on the idempotent ones (pause, continue, flush) only: a
+          reset after sending a release or resume is ambiguous (:meth:`ambiguous_release` covers that case).
+        - ``latency`` of ``slow_swap`` seconds (default 0.2) on half the ``/resume_memory_occupation`` calls.
+        - ``max_streak=2``: a client with 3 attempts (the seed's fix) always survives; one without retries fails.
+        - ``ambiguous`` (default 0 = none): faults *after* the engine acted on :data:`AMBIGUOUS_PATHS`, tried first:
+          ``drop_after`` with probability ``ambiguous``, ``hang_after`` with ``ambiguous / 4`` (held at most 30 s). A
+          client that re-sends release or resume after them kills the engine.
+        - ``status_after`` (default 0 = none): on :data:`AMBIGUOUS_PATHS`, tried next, 502 with probability
+          ``status_after`` and 504 with ``status_after / 2`` after the engine applied the call; a client that reads
+          the 5xx as "not applied" and re-sends kills the engine.
         """
         paths = (AMBIGUOUS_PATHS, CONTROL_PATHS, _IDEMPOTENT_CONTROL, "/resume_memory_occupation")
         return cls(seed=seed, rules=_control_faults(paths, rate, slow_swap, ambiguous, status_after), max_streak=2)
@@ -408,28 +348,17 @@ class FaultPlan:
     def vllm_like(cls, seed: int, rate: float = 0.3, *, slow_swap: float = 0.2, ambiguous: float = 0.0) -> FaultPlan:
         """:meth:`seed_like`'s faults on vLLM 0.33.0's control calls (:data:`VLLM_CONTROL_PATHS`).
 
-        - ``status_before`` 502 (not forwarded) with probability ``rate`` on every path of
-          :data:`VLLM_CONTROL_PATHS`; ``reset_before`` with probability ``rate / 10`` on the
-          idempotent ones (pause, resume, sleep, wake_up, reset_prefix_cache).
-        - ``latency`` of ``slow_swap`` seconds (default 0.2) on half the ``/wake_up`` calls.
-        - ``ambiguous`` (default 0 = none): ``drop_after`` with probability ``ambiguous`` and
-          ``hang_after`` with ``ambiguous / 4`` (held at most 30 s) on :data:`VLLM_AMBIGUOUS_PATHS`,
-          tried first. A re-sent sleep or wake is harmless on vLLM; a re-sent ``/update_weights``
-          is not (a collective with the trainer), nor a re-sent ``/finish_weight_update`` (500).
-        - ``max_streak=2``: never more than two failures in a row per path.
+        ``reset_before`` goes to the idempotent ones (pause, resume, sleep, wake_up, reset_prefix_cache), ``latency``
+        to half the ``/wake_up`` calls, ``ambiguous`` faults to :data:`VLLM_AMBIGUOUS_PATHS` (a re-sent sleep or wake
+        is harmless; a re-sent ``/update_weights`` or ``/finish_weight_update`` is not). ``max_streak=2``.
         """
         paths = (VLLM_AMBIGUOUS_PATHS, VLLM_CONTROL_PATHS, _VLLM_IDEMPOTENT_CONTROL, "/wake_up")
         return cls(seed=seed, rules=_control_faults(paths, rate, slow_swap, ambiguous, 0.0), max_streak=2)
 
     @classmethod
     def ambiguous_release(cls, seed: int, *, calls: Set[int] = frozenset({1})) -> FaultPlan:
-        """The engine releases memory but the client sees 502: ``status_after`` on release.
-
-        The ``calls`` (default: the first) ``/release_memory_occupation`` of every engine is
-        forwarded and performed, then answered 502 with an empty body. A client that
-        re-sends it blindly releases twice, which kills a real engine using the memory
-        saver (``exit(1)``); a correct client probes or raises ``AmbiguousOutcome``.
-        """
+        """The engine releases memory but the client sees 502: ``status_after`` on the ``calls`` (default: the first)
+        ``/release_memory_occupation`` of every engine. Re-sending it blindly releases twice, which kills the engine."""
         rule = FaultRule("/release_memory_occupation", "status_after", calls=calls)
         return cls(seed=seed, rules=(rule,))
 
@@ -439,7 +368,6 @@ class Decision:
     """What to do with one request, as decided by :meth:`FaultDecider.decide`."""
 
     path: str
-    """The request path (no query)."""
     call_index: int
     """1-based index of this request among the engine's requests to ``path``."""
     kind: FaultKind | None = None
@@ -460,11 +388,9 @@ class Decision:
 
 
 class FaultDecider:
-    """Applies one plan to the request stream of one engine; thread-safe.
+    """Applies one plan to the request stream of one engine; thread-safe. All state lives here, never in the plan.
 
-    ``clock`` (default :func:`time.monotonic`) times swap windows; inject a fake
-    clock to test windows without sleeping. State (call counters, injection
-    counts, open windows, streaks) lives here, never in the frozen plan.
+    ``clock`` (default :func:`time.monotonic`) times swap windows (a fake clock tests them without sleeping).
     """
 
     def __init__(self, plan: FaultPlan, engine_index: int = 0, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -547,8 +473,3 @@ class FaultDecider:
                 delay = self.plan.rules[i].delay
                 assert delay is not None  # validated: windows have a delay
                 self._window_until[i] = max(self._window_until.get(i, now), now + delay)
-
-    def call_counts(self) -> dict[str, int]:
-        """Requests seen so far per path on this engine."""
-        with self._lock:
-            return dict(self._calls)

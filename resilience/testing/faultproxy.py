@@ -1,23 +1,11 @@
 """FaultProxy: a real HTTP reverse proxy on loopback that injects a FaultPlan's faults.
 
-It plays the nginx of the second seed: it stands in front of one engine (an
-SGLang emulator or any HTTP server), forwards requests, streams answers back
-(SSE included) and, where the plan says so, answers 502 with an empty body,
-resets the connection, delays, or hangs, before or after the engine acted
-(``drop_after``: reset as soon as the request is sent; ``hang_after``: never answer
-a request the engine carried out).
-
-Why ``ThreadingHTTPServer`` rather than a raw socket server: the standard
-library's request parser (request line, headers, ``Expect: 100-continue``,
-HTTP/1.1 keep-alive, limits on line lengths) is battle-tested, and the parts
-a fault proxy needs beyond it are small: this class tracks every client and
-upstream socket and every thread itself, so :meth:`FaultProxy.stop` can shut
-the sockets down and join the threads with a bound instead of relying on
-``server_close()``'s unbounded join. One thread per client connection; one
-fresh upstream connection per request (like nginx's default ``proxy_pass``).
-
-Header values are never logged (they may carry API keys); logs name the
-method, the path without its query, and the outcome.
+It plays the nginx of the second seed in front of one engine: it forwards requests, streams answers back (SSE
+included) and, where the plan says so, answers 502 with an empty body, resets, delays or hangs, before or after
+the engine acted. Built on ``ThreadingHTTPServer`` (the standard library's tested request parser), with every
+client and upstream socket and every thread tracked, so :meth:`FaultProxy.stop` shuts them down and joins with a
+bound. One thread per client connection, one fresh upstream connection per request (nginx's default
+``proxy_pass``). Header values are never logged: logs name the method, the path without its query, the outcome.
 """
 
 from __future__ import annotations
@@ -44,18 +32,8 @@ __all__ = ["FaultProxy", "InjectedFault", "SeenRequest"]
 logger = logging.getLogger(__name__)
 
 _HOP_BY_HOP: Final = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer", "trailers"}
+    | {"transfer-encoding", "upgrade"}
 )
 _MAX_BODY: Final = 1 << 30  # 1 GiB: request bodies are buffered to be forwarded with a length
 _MAX_TRAILERS: Final = 64
@@ -72,15 +50,12 @@ class InjectedFault:
     path: str
     """Request path, without the query."""
     method: str
-    """HTTP method."""
     kind: FaultKind
-    """The fault kind."""
     status: int | None
     """Status answered in place of the engine's (status kinds and window), else None."""
     call_index: int
     """1-based index of the request among this engine's requests to ``path``."""
     engine_index: int
-    """The proxy's engine index."""
     rule_index: int
     """Index in ``plan.rules`` of the rule that fired."""
 
@@ -92,20 +67,17 @@ class SeenRequest:
     t_ns: int
     """``time.monotonic_ns()`` when the request arrived."""
     method: str
-    """HTTP method."""
     path: str
     """Request path, without the query."""
     call_index: int
     """1-based index among this engine's requests to ``path``."""
     fault: FaultKind | None
-    """The injected fault, or None."""
     upstream_status: int | None
     """The engine's status, or None when it was not asked or did not answer."""
     client_status: int | None
     """The status the client received, or None (reset, hang, connection dropped)."""
     upstream_error: str | None
-    """Why the engine did not answer (exception type, e.g. ``ConnectionRefusedError``):
-    an upstream-caused 502/504, not an injected fault. None otherwise."""
+    """Why the engine did not answer (exception type, e.g. ``ConnectionRefusedError``): an upstream-caused 502/504."""
 
 
 class _ClientGone(Exception):
@@ -245,23 +217,18 @@ class _Record:
 class FaultProxy:
     """A reverse proxy on ``host:port`` in front of ``upstream`` that injects ``plan``'s faults.
 
-    - ``upstream``: the engine's base URL, ``http://host:port`` (an optional path prefix
-      is prepended to every request path). Only plain HTTP.
+    - ``upstream``: the engine's base URL, ``http://host:port`` (a path prefix is prepended to every request path).
     - ``plan``: the faults; None = none (a transparent proxy).
     - ``engine_index``: this engine's index; selects rules (``engines``) and seeds draws.
     - ``host``/``port``: where to listen; default 127.0.0.1 and a free port.
-    - ``upstream_timeout``: seconds to wait for the engine to connect or send each
-      piece of its answer (default 60, nginx's ``proxy_read_timeout``); past it the client
-      gets 504, recorded as upstream-caused.
-    - ``idle_timeout``: seconds an idle keep-alive client connection is kept (default 75,
-      nginx's ``keepalive_timeout``).
-    - ``seen_limit``: how many of the latest requests :attr:`seen` and faults :attr:`injected`
-      keep (default 1,000), so a long soak's memory stays flat; :meth:`counts` and
-      :meth:`injected_count` stay exact.
+    - ``upstream_timeout``: seconds to wait for the engine to connect or send each piece of its answer (default 60,
+      nginx's ``proxy_read_timeout``); past it the client gets 504, recorded as upstream-caused.
+    - ``idle_timeout``: seconds an idle keep-alive client connection is kept (default 75, nginx's ``keepalive_timeout``).
+    - ``seen_limit``: how many of the latest requests :attr:`seen` and faults :attr:`injected` keep (default 1,000);
+      :meth:`counts` and :meth:`injected_count` stay exact.
 
-    Use as a context manager or call :meth:`start` and :meth:`stop`. An engine that refuses
-    or drops the connection gets the client a 502 with an empty body, recorded in
-    :attr:`seen` with ``upstream_error`` set, never in :attr:`injected`.
+    A context manager, or :meth:`start` and :meth:`stop`. An engine that refuses or drops the connection gets the
+    client a 502 with an empty body, recorded in :attr:`seen` with ``upstream_error`` set, never in :attr:`injected`.
     """
 
     def __init__(
@@ -286,10 +253,8 @@ class FaultProxy:
         self._up_netloc: Final = parts.netloc.rsplit("@", 1)[-1]
         self._up_prefix: Final = parts.path.rstrip("/")
         self.plan: Final = plan if plan is not None else FaultPlan(seed=0)
-        """The plan in force."""
         self._decider = FaultDecider(self.plan, engine_index)
         self.engine_index: Final = engine_index
-        """This proxy's engine index."""
         self._bind = (host, port)
         self._upstream_timeout = upstream_timeout
         self._idle_timeout = idle_timeout
@@ -321,9 +286,7 @@ class FaultProxy:
         self._url = f"http://{host}:{port}"
         self._thread_prefix = f"faultproxy-e{self.engine_index}-{port}"
         server.timeout = _POLL
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, args=(server,), name=f"{self._thread_prefix}-accept", daemon=True
-        )
+        self._accept_thread = threading.Thread(target=self._accept_loop, args=(server,), name=f"{self._thread_prefix}-accept", daemon=True)
         self._accept_thread.start()
         return self._url
 
@@ -337,11 +300,8 @@ class FaultProxy:
                     time.sleep(_POLL)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Close the listener and every connection, and join every thread within ``timeout`` s.
-
-        Idempotent. Hanging and delayed requests are released; requests in flight to the
-        engine are cut. Threads still alive after ``timeout`` (none expected) are logged.
-        """
+        """Close the listener and every connection (hanging requests released, those in flight cut), and join every
+        thread within ``timeout`` s; idempotent."""
         with self._lock:
             self._stopping.set()
             server, self._server = self._server, None
@@ -365,13 +325,11 @@ class FaultProxy:
             logger.warning("faultproxy: threads still running after stop(): %s", ", ".join(left))
 
     def settle(self, timeout: float = 10.0, paths: Collection[str] | None = None) -> bool:
-        """Wait until no request (to ``paths``, when given) is in flight to the engine; True then, False after ``timeout`` s.
+        """Wait until no request (to ``paths``; None = any) is in flight to the engine; True then, False after ``timeout`` s.
 
-        After a ``drop_after`` reset the engine may still be carrying the call out; anyone who
-        reads the engine's real state to reconcile (a test, or a controller's memory check) calls
-        this first, so the late effect has landed. Requests that arrive meanwhile count too.
-        ``paths``: only these paths count, e.g. the control paths, so generation requests held
-        by a paused engine are not waited for. None = every request.
+        After a ``drop_after`` reset the engine may still be carrying the call out: whoever reads the engine's real
+        state to reconcile calls this first. ``paths`` (e.g. the control paths) leaves out generation held by a
+        paused engine.
         """
         deadline = time.monotonic() + timeout
         wanted = None if paths is None else frozenset(paths)
@@ -437,12 +395,8 @@ class FaultProxy:
                 request.close()
                 return
             self._conn_seq += 1
-            t = threading.Thread(
-                target=self._run_connection,
-                args=(server, request, client_address),
-                name=f"{self._thread_prefix}-conn-{self._conn_seq}",
-                daemon=True,
-            )
+            name = f"{self._thread_prefix}-conn-{self._conn_seq}"
+            t = threading.Thread(target=self._run_connection, args=(server, request, client_address), name=name, daemon=True)
             self._clients.add(request)
             self._threads.add(t)
         t.start()
@@ -482,28 +436,11 @@ class FaultProxy:
     def _record_fault(self, rec: _Record, d: Decision) -> None:
         assert d.kind is not None and d.rule_index is not None
         rec.fault = d.kind
-        fault = InjectedFault(
-            time.monotonic_ns(),
-            d.path,
-            rec.method,
-            d.kind,
-            d.status,
-            d.call_index,
-            self.engine_index,
-            d.rule_index,
-        )
+        fault = InjectedFault(time.monotonic_ns(), d.path, rec.method, d.kind, d.status, d.call_index, self.engine_index, d.rule_index)
         with self._lock:
             self._injected.append(fault)
             self._injected_counts[f"{fault.kind}:{'-' if fault.status is None else fault.status}:{fault.path}"] += 1
-        logger.debug(
-            "faultproxy e%d: %s %s #%d -> %s %s",
-            self.engine_index,
-            rec.method,
-            d.path,
-            d.call_index,
-            d.kind,
-            d.status or "",
-        )
+        logger.debug("faultproxy e%d: %s %s #%d -> %s %s", self.engine_index, rec.method, d.path, d.call_index, d.kind, d.status or "")
 
     def _carry_out(self, h: _Handler, target: str, body: bytes | None, d: Decision, rec: _Record) -> None:
         kind = d.kind
@@ -545,21 +482,10 @@ class FaultProxy:
                 break
 
     def _forward(
-        self,
-        h: _Handler,
-        target: str,
-        body: bytes | None,
-        d: Decision,
-        rec: _Record,
-        *,
-        stream_to_client: bool,
-        drop_client: bool = False,
+        self, h: _Handler, target: str, body: bytes | None, d: Decision, rec: _Record, *, stream_to_client: bool, drop_client: bool = False
     ) -> None:
-        """Send the request to the engine and read its answer: relayed, or read to its end and dropped.
-
-        ``drop_client``: reset the client as soon as the request is sent, then still read the
-        engine's whole answer (so the engine finishes the call after the client saw the reset).
-        """
+        """Send the request to the engine and read its answer: relayed, or read to its end and dropped (``drop_client``:
+        the client reset as soon as the request is sent, the engine's whole answer still read)."""
         conn = http.client.HTTPConnection(self._up_host, self._up_port, timeout=self._upstream_timeout)
         with self._lock:
             if self._stopping.is_set():
@@ -588,14 +514,8 @@ class FaultProxy:
                 if drop_client and h.connection.fileno() == -1:
                     return  # the client was already reset: nothing to answer
                 status = 504 if isinstance(exc, TimeoutError) else 502
-                logger.debug(
-                    "faultproxy e%d: %s %s -> upstream %s, answering %d",
-                    self.engine_index,
-                    h.command,
-                    d.path,
-                    rec.upstream_error,
-                    status,
-                )
+                why = rec.upstream_error
+                logger.debug("faultproxy e%d: %s %s -> upstream %s, answering %d", self.engine_index, h.command, d.path, why, status)
                 rec.client_status = status
                 h.answer(status)
                 return

@@ -1,46 +1,23 @@
-"""Real RL frameworks' own client code, unmodified, driving emulated SGLang engines behind ``FaultProxy``.
+"""Real RL frameworks' own client code, unmodified, driving emulated engines behind ``FaultProxy``.
 
-A rig for ``tests/frameworks`` and ``benchmarks/bench_frameworks.py``. Two
-frameworks, each doing its own offload/onload cycle the way its trainer does:
+The rig of ``tests/frameworks`` and ``benchmarks/bench_frameworks.py``; each framework runs its trainer's own cycle:
 
-- **AReaL 1.0.4** (``pip install --no-deps areal==1.0.4`` plus its light
-  control-path deps, ``scripts/setup.sh``): ``RemoteSGLangEngine`` built on the
-  engines' addresses. One cycle is ``PPOTrainer._offload_rollout`` then
-  ``_onload_rollout`` (``areal/trainer/rl_trainer.py``): ``pause_generation()``,
-  ``offload()``; then ``onload()`` and, whatever it raised,
-  ``continue_generation()``, the first error re-raised. Each call fans out with
-  one ``aiohttp.ClientSession`` and ``arequest_with_retry``
-  (``areal/infra/utils/http.py``: ``request_retries`` = 3 tries, 1 s apart, on
-  any error).
-- **verl 0.9.1** ``AsyncHttpServerAdapter``
-  (``verl/workers/rollout/sglang_rollout/http_server_engine.py``, taken from the
-  wheel and loaded by path; its ``sglang`` imports are stubbed, see
-  ``load_verl_http_engine``), one per engine, ``launch_server=False``. One cycle
-  is what ``ServerAdapter.release`` / ``resume`` / ``update_weights`` send
-  (``sglang_rollout.py``): release ``["kv_cache", "weights"]``, resume
-  ``["weights"]``, ``flush_cache()``, resume ``["kv_cache"]``, every engine at
-  once. verl retries timeouts and refusals 3 times (2 s, 4 s), any HTTP status
-  never; its flush loop gives up silently.
+- **AReaL 1.0.4** ``RemoteSGLangEngine``: ``PPOTrainer._offload_rollout`` then ``_onload_rollout``
+  (``pause_generation()``, ``offload()``; ``onload()`` and, whatever it raised, ``continue_generation()``), each
+  call fanned out by ``arequest_with_retry`` (3 tries, 1 s apart, on any error).
+- **verl 0.9.1** ``AsyncHttpServerAdapter`` (its file loaded by path, ``sglang`` stubbed: ``load_verl_http_engine``),
+  one per engine: release ``["kv_cache", "weights"]``, resume ``["weights"]``, ``flush_cache()``, resume
+  ``["kv_cache"]``, every engine at once. verl retries timeouts and refusals 3 times (2 s, 4 s), a status never.
+- **SkyRL 0.4.0** on vLLM engines (``resilience.testing.skyrl``).
 
-Mounts (``MOUNTS``): ``shipped`` (nothing of ours), and ``SGLangInstrumentor``
-over ``SGLANG_POLICIES`` (``middleware``), over
-``sglang_policies(memory_probe=<the emulator's probe>)`` (``probe``), and over
-``SGLANG_STRICT_POLICIES`` (``strict``). The frameworks' own waits are theirs;
-our backoffs are shortened (``fast_policies``: the same decisions, less waiting).
+Mounts (``MOUNTS``): ``shipped`` (nothing of ours), ``SGLangInstrumentor`` over ``SGLANG_POLICIES``
+(``middleware``), over ``sglang_policies(memory_probe=...)`` (``probe``), over ``SGLANG_STRICT_POLICIES``
+(``strict``); our backoffs shortened by ``fast_policies``. Plans (``PLANS``): ``transient``, 502s before
+forwarding (``rate`` 0.4 on the control calls); ``after``, plus 502s after forwarding on release and resume
+(``after`` 0.3). Each is capped at ``MAX_STREAK`` failures in a row per path, or not (``max_streak=None``).
 
-Plans (``PLANS``): ``transient``, 502s answered by the proxy without forwarding
-(probability ``rate`` = 0.4 on pause, continue, flush, release and resume);
-``after``, the same plus 502s *after* forwarding on release and resume
-(probability ``after`` = 0.3): the engine acted, the client sees a gateway
-error. Each plays either with a cap of ``MAX_STREAK`` (5) failures in a row per
-path, so a client with 6 attempts always gets through, or with no cap
-(``max_streak=None``: issue 31's plan, where a streak longer than one call's
-attempts must be ridden out by the framework's own retries).
-
-A cycle **completes** when the framework's cycle returned and every engine is
-alive, serving, with nothing released. After a cycle that did not complete,
-the engines are put back (dead ones restarted, others resumed and continued
-over their direct URLs), as a restarted job would find fresh engines.
+A cycle **completes** when it returned and every engine is alive, serving, with nothing released; after one that
+did not, the engines are put back (dead ones restarted) as a restarted job would find them.
 """
 
 from __future__ import annotations
@@ -63,7 +40,7 @@ import requests
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.emulator.vllm import VLLMEngineConfig
 from resilience.testing.faultplan import FaultPlan, FaultRule
-from resilience.testing.stubbed_import import load_stubbed, never_called
+from resilience.testing.stubbed_import import framework_file, load_stubbed, never_called
 
 __all__ = [
     "FRAMEWORKS",
@@ -129,23 +106,11 @@ def fault_plan(
 
 
 def _verl_source() -> Path:
-    """``http_server_engine.py`` of an installed verl, else of the verl wheel in the cache (``scripts/setup.sh`` puts it there)."""
-    spec = importlib.util.find_spec("verl")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            path = Path(root) / "workers/rollout/sglang_rollout/http_server_engine.py"
-            if path.exists():
-                return path
-    import os
-
-    cache = Path(os.environ.get("CPR_VERL_SOURCE", "~/.cache/cpr/verl")).expanduser()
-    path = cache / "verl/workers/rollout/sglang_rollout/http_server_engine.py"
-    if path.exists():
-        return path
-    raise FrameworkMissing(
+    missing = FrameworkMissing(
         f"verl {VERL_VERSION}'s http_server_engine.py is not here: run scripts/setup.sh (it unpacks "
         f"`pip download --no-deps verl=={VERL_VERSION}` into ~/.cache/cpr/verl), or set CPR_VERL_SOURCE"
     )
+    return framework_file("verl", "verl/workers/rollout/sglang_rollout/http_server_engine.py", "CPR_VERL_SOURCE", missing)
 
 
 class _ServerArgs:
@@ -157,15 +122,9 @@ class _ServerArgs:
 
 
 def load_verl_http_engine() -> types.ModuleType:
-    """verl's ``http_server_engine`` module, loaded by path, with stubs for the ``sglang`` names it imports.
-
-    Stubbed: ``EngineBase`` (a base class), ``launch_server`` and
-    ``kill_process_tree`` (never called with ``launch_server=False``),
-    ``UpdateWeightsFromTensorReqInput`` (weight pushes only), and ``ServerArgs``
-    (a record of ``host``, ``port`` and ``node_rank``, what ``__init__`` reads).
-    The stubs live only in the module's own namespace: ``sys.modules`` gets no
-    ``sglang``. Everything the control path runs is verl's code, unmodified.
-    """
+    """verl's ``http_server_engine`` module, loaded by path, with the ``sglang`` names it imports stubbed in its own
+    namespace only (``EngineBase``, ``launch_server`` and ``kill_process_tree`` never called with
+    ``launch_server=False``, ``UpdateWeightsFromTensorReqInput``, ``ServerArgs``); the control path is verl's code."""
     name = "cpr_verl_http_server_engine"
     loaded = sys.modules.get(name)
     if loaded is not None:
@@ -187,10 +146,8 @@ def load_verl_http_engine() -> types.ModuleType:
 
 @contextlib.contextmanager
 def _keeping_logging() -> Iterator[None]:
-    """Put back the process's logging as it was after the block: AReaL's ``areal.utils.logging.getLogger`` (called at
-    import and when an engine is built) replaces ``logging.Logger.root`` and ``logging.Logger.manager`` and runs
-    ``dictConfig`` with ``disable_existing_loggers``, so every logger made afterwards would bypass the real root
-    logger (its handlers, pytest's capture). A rig must leave logging as it found it."""
+    """Put the process's logging back after the block: AReaL's ``getLogger`` replaces ``logging.Logger.root`` and
+    ``.manager`` and runs ``dictConfig(disable_existing_loggers=...)``, which would cut later loggers off the root."""
     root, manager = logging.Logger.root, logging.Logger.manager
     loggers = [lg for lg in manager.loggerDict.values() if isinstance(lg, logging.Logger)]
     before = [(lg, lg.level, lg.propagate, lg.disabled, lg.parent, list(lg.handlers)) for lg in [root, *loggers]]

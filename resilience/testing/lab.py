@@ -1,10 +1,8 @@
-"""What every colocate loop shares: its report, the retry counter, the stop switch, the reconcile rounds, the ``Lab`` shape.
+"""What every colocate lab shares: its report, the retry counter, the stop clock, the reconcile rounds, the ``Lab`` shape.
 
-``resilience.testing.colocate.run_colocate`` drives one ``Lab`` per run: the SGLang loop
-(``lab_sglang``), the vLLM loop (``lab_vllm``) or the loop behind an smg gateway (``lab_smg``).
-Each lab builds its clients on the run's :class:`StopClock`: when the run is interrupted (Ctrl-C,
-``kill -INT``) the clock is stopped, and every retry still backing off on a lab thread ends at once
-with :class:`LabStopped` instead of retrying against engines that are being stopped.
+``colocate.run_colocate`` drives one ``Lab`` per run (``lab_sglang``, ``lab_vllm``, ``lab_smg``). Each lab's
+clients retry on the run's :class:`StopClock`: an interrupted run stops it, and every retry backing off on a lab
+thread ends at once with :class:`LabStopped`.
 """
 
 from __future__ import annotations
@@ -13,18 +11,19 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
+import requests
+
 from resilience.barrier import PhaseDeadlines, PhaseFailed
 from resilience.events import AttemptEnded, CallEnded, Event, Observer, RetryScheduled
 from resilience.outcome import CallOutcome
+from resilience.testing.faultplan import CONTROL_PATHS
 
 if TYPE_CHECKING:
-    import requests
-
     from resilience.budget import RestartBudget
     from resilience.policy import PolicyTable
     from resilience.testing.colocate import ColocateConfig
@@ -44,10 +43,12 @@ __all__ = [
     "LoopKind",
     "RetryCounter",
     "StopClock",
+    "bare_session",
     "lost_stragglers",
     "put_in_order",
     "reconcile_from_probe",
     "restart_engines",
+    "restore_fleet",
     "rollout",
     "run_rounds",
 ]
@@ -72,10 +73,9 @@ class LabStopped(Exception):
 
 
 class StopClock:
-    """The system clock whose sleeps end, raising :class:`LabStopped`, once :meth:`stop` is called (any thread)."""
+    """The system clock whose sleeps raise :class:`LabStopped` once :meth:`stop` is called (from any thread)."""
 
     monotonic = staticmethod(time.monotonic)
-    """Seconds from ``time.monotonic``."""
 
     def __init__(self) -> None:
         self._stopped = threading.Event()
@@ -86,12 +86,10 @@ class StopClock:
             raise LabStopped("the colocate run was interrupted")
 
     def stop(self) -> None:
-        """End every sleep now and from now on."""
         self._stopped.set()
 
     @property
     def stopped(self) -> bool:
-        """Whether :meth:`stop` was called."""
         return self._stopped.is_set()
 
 
@@ -100,8 +98,7 @@ class ColocateReport:
     """What a run did; the side-by-side table and the JSON report are made of these fields."""
 
     way: str
-    """The loop that ran: ``"old"`` (:data:`BASELINE`), ``"ours"`` (:data:`RESILIENT`), or behind smg ``"smg"``, ``"ours"``,
-    ``"ours-smg"``; a key of the JSON report."""
+    """``"old"``, ``"ours"``, or behind smg ``"smg"``, ``"ours"``, ``"ours-smg"``; a key of the JSON report."""
     steps_planned: int
     steps_finished: int = 0
     failed_steps: int = 0
@@ -114,9 +111,9 @@ class ColocateReport:
     ambiguous_faults_seen: int = 0
     """Faults injected after the engine acted (reset once sent, never answered, 502 or reset after the answer)."""
     engines_quarantined: int = 0
-    """Times the orchestrator quarantined an engine (its released memory unknown); the resilient loop only."""
+    """Times the orchestrator quarantined an engine (its released memory unknown)."""
     engines_reconciled: int = 0
-    """Quarantined engines this driver reconciled from the emulator's memory probe (a side channel); the resilient loop only."""
+    """Quarantined engines the lab reconciled from the emulator's memory probe."""
     controller_restarts: int = 0
     """Times the controller died while the engines trained and a new one took over (``controller_crash_step``)."""
     controller_restart_deaths: int = 0
@@ -126,21 +123,17 @@ class ColocateReport:
     restarts_clean: int = 0
     """Controller kills after which the journal left no engine's memory unknown: no reconcile was needed."""
     reconciles_probe: int = 0
-    """Engines whose unknown released memory the barrier reconciled from the memory probe (its own probing and the lab's)."""
+    """Engines whose unknown released memory the barrier reconciled from the memory probe."""
     probe_verdicts: int = 0
-    """Releases and resumes whose client settled a gateway status or a reset from the memory probe (applied or not) instead
-    of re-sending blindly; the resilient loop only."""
+    """Releases and resumes whose client settled a gateway status or a reset from the memory probe instead of re-sending."""
     retried_502: int = 0
-    """Calls re-sent after a 502: ours from its retry events (``status_502``); the baseline only re-sends
-    ``update_weights_from_tensor`` on a gateway status (the seed's ``_make_request(max_attempts=3)``)."""
+    """Calls re-sent after a 502 (the baseline re-sends only ``update_weights_from_tensor``, the seed's 3 attempts)."""
     resent_after_error: int = 0
-    """Calls re-sent after a connection error, reset or read timeout: ours from its retry events (an idempotent call, or
-    one that never reached the engine); the baseline re-sends any control call so (verl's 3 attempts), whether or not
-    the engine had acted on it."""
+    """Calls re-sent after a connection error, reset or read timeout (the baseline: any control call, verl's 3 attempts)."""
     requests_aborted_rerun: int = 0
     requests_lost: int = 0
     garbage_completions: int = 0
-    """Completions answered 200 with text no intact weights give (vLLM after a level-2 sleep woken without an update); vLLM runs only."""
+    """vLLM: completions answered 200 with text no intact weights give (a level-2 sleep woken without an update)."""
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     stopped_early: str | None = None
@@ -173,15 +166,13 @@ class ColocateReport:
 
 
 class RetryCounter:
-    """Counts, from the retry loop's events, the retries by reason and the 502s absorbed: each 502 answer inside a call
-    that ended well (by a retry, or on a release or resume by the memory probe's verdict)."""
+    """Counts, from the retry events, the retries by reason and the 502s absorbed (502 answers inside a call that ended well)."""
 
     def __init__(self) -> None:
         self.absorbed = 0
         self.retries: dict[str, int] = {}
         """Retries by reason (``RetryScheduled.reason``: ``status_502``, ``connection_reset``, ...)."""
-        self._pending: dict[int, int] = {}
-        """call_id -> its 502 answers so far (removed when the call ends: bounded by the calls in flight)."""
+        self._pending: dict[int, int] = {}  # call_id -> its 502s so far, while the call runs
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
@@ -200,16 +191,15 @@ class RetryCounter:
 
 @dataclass(frozen=True)
 class LabSetup:
-    """What ``run_colocate`` hands the lab it builds: one value, the same for every engine kind and route."""
+    """What ``run_colocate`` hands the lab it builds, for every engine kind and route."""
 
     fleet: EmulatedFleet
     config: ColocateConfig
     way: str
-    """``"old"``/``"ours"`` on the direct route; ``"smg"``, ``"ours"``, ``"ours-smg"`` behind smg."""
     observers: Sequence[Observer]
     budget: RestartBudget
     clock: StopClock
-    """The clock every client of the lab retries on (stopped when the run is interrupted)."""
+    """The clock every client of the lab retries on."""
     policies: PolicyTable | None = None
     """Our clients' policies; None: the lab's demo table."""
     proxies: Sequence[FaultProxy] | None = None
@@ -218,14 +208,12 @@ class LabSetup:
     """The fault plan of the proxies the smg lab starts itself (the smg route only)."""
 
     def direct_urls(self) -> tuple[list[str], Sequence[FaultProxy | None]]:
-        """The direct route's engine URLs (the proxies' where ``proxies`` is given, else the fleet's) and the proxies
-        whose faults the report counts (``proxies``, else each engine's own; None where an engine has none)."""
+        """The direct route's engine URLs and the proxies whose faults the report counts (``proxies``, else the fleet's)."""
         if self.proxies is not None:
             return [p.url for p in self.proxies], list(self.proxies)
         return list(self.fleet.urls), [e.proxy for e in self.fleet.engines]
 
     def new_report(self) -> ColocateReport:
-        """This way's empty report: ``config.steps`` to run, the restart budget's limit and what is left of it."""
         return ColocateReport(self.way, self.config.steps, restart_limit=self.budget.limit, restart_budget_left=self.budget.remaining)
 
 
@@ -234,11 +222,10 @@ class Lab(Protocol):
 
     report: ColocateReport
     counter: RetryCounter
-    """Observes our clients' calls: the 502s absorbed and the retries by reason."""
     counted: Sequence[FaultProxy | None]
-    """The proxies whose injected faults the report counts (None where an engine has none)."""
+    """The proxies whose injected faults the report counts."""
     restarted_controller_in: int | None
-    """The step a new controller ran again after the old one died, once one did (else None)."""
+    """The step a new controller ran again after the old one died, once one did."""
 
     def step(self, n: int) -> None:
         """Run step ``n`` (0-based); raises what failed it."""
@@ -247,7 +234,7 @@ class Lab(Protocol):
         """After a step (``failed``: it raised or an engine died): put the fleet back in order; returns the deaths found."""
 
     def tally(self) -> None:
-        """At the end of the run: add the lab's own counts (its baseline's re-sends, its probes' verdicts) to the report."""
+        """At the end of the run: add the lab's own counts to the report."""
 
     def close(self, *, interrupted: bool) -> None:
         """Stop the lab's threads and clients (``interrupted``: without waiting for calls in flight). Idempotent."""
@@ -263,10 +250,10 @@ def run_rounds(
     rounds: int = RECONCILE_ROUNDS,
 ) -> None:
     """Run a transition; after a ``PhaseFailed`` that no engine died of, reconcile the engines it quarantined
-    (``reconcile``, from a memory probe; None: nothing to reconcile) and run it again, at most ``rounds`` times in all.
+    (``reconcile``; None: nothing to reconcile) and run it again, at most ``rounds`` times in all.
 
     ``quarantined``: the orchestrator's quarantined engines now. ``again_unquarantined``: whether a failure that
-    quarantined nothing is run again too (default False: it is not about unknown memory, and is re-raised at once).
+    quarantined nothing is run again too (default False: it is re-raised at once).
     """
     for round_ in range(1, rounds + 1):
         try:
@@ -285,25 +272,25 @@ def reconcile_from_probe(
     names: Sequence[str],
     reconcile: Callable[..., None],
     released_tags: Callable[[str], frozenset[str] | None],
-    settle: Callable[[str], object],
+    proxies: Mapping[str, FaultProxy],
     report: ColocateReport,
     *,
     within_s: float = 10.0,
 ) -> None:
-    """Tell the orchestrator (``reconcile``: its ``reconcile``) each quarantined engine's released memory, from a memory probe.
+    """Tell the orchestrator (``reconcile``) each quarantined engine's released memory, from a memory probe.
 
-    A real controller asks a ``MemoryProbe`` too (NVML's per-process GPU memory on the engine's
-    node, ``resilience.adapters.nvml``); here ``released_tags`` is the emulator's own truth through its side channel
-    (``EmulatorMemoryProbe``), never an HTTP route. ``settle(name)`` first waits until the engine's proxy has no control
-    call in flight. The probe answers None while a release or resume is being carried out, and the orchestrator
-    refuses while a call it sent is still running: then this asks again, for at most ``within_s`` seconds. An engine
-    with memory released is paused (one that served would have died at its next prefill); with none released, whether
-    it is paused is left unknown, and the next transition that needs it paused pauses it again (safe).
+    ``released_tags`` is the emulator's truth through its side channel (as NVML would be on a GPU node), never HTTP.
+    Each engine's proxy (``proxies``, by engine name) first settles its control calls. While the probe answers None
+    or the orchestrator refuses (a call it sent still runs), this asks again, for at most ``within_s`` seconds. An
+    engine with memory released is paused; with none, whether it is paused stays unknown (the next transition
+    pauses it again).
     """
     for name in names:
         deadline = time.monotonic() + within_s
         while True:
-            settle(name)
+            proxy = proxies.get(name)
+            if proxy is not None:  # control calls only: generation held at a paused engine's gate is not waited for
+                proxy.settle(paths=CONTROL_PATHS)
             released = released_tags(name)
             try:
                 if released is None:
@@ -326,12 +313,11 @@ def rollout(
     straggler: Callable[[int, float, str], str],
     engines: int,
 ) -> list[Future[str]]:
-    """Step ``n``'s rollout on ``engines`` engines, run on ``pool``; returns the stragglers, not waited for.
+    """Step ``n``'s rollout on ``pool``; returns the stragglers, not waited for.
 
-    First ``config.rollout_requests`` calls ``generate(i, tag)`` per engine ``i``, all waited for (at most 120 s each);
-    then ``config.stragglers`` calls ``straggler(i, delay, tag)`` per engine, each ``delay`` drawn from ``rng`` in
-    0..``config.straggler_window_s`` (in engine order, so a seed gives the same delays). Tags: ``s<n>-e<i>-r<k>``,
-    ``s<n>-e<i>-late<k>``.
+    First ``config.rollout_requests`` calls ``generate(i, tag)`` per engine ``i``, all waited for (at most 120 s
+    each); then ``config.stragglers`` calls ``straggler(i, delay, tag)`` per engine, ``delay`` drawn from ``rng`` in
+    0..``config.straggler_window_s`` in engine order.
     """
     calls = [pool.submit(generate, i, f"s{n}-e{i}-r{k}") for i in range(engines) for k in range(config.rollout_requests)]
     for call in calls:
@@ -344,11 +330,7 @@ def rollout(
 
 
 def lost_stragglers(futures: Sequence[Future[str]], interrupted: bool) -> int:
-    """How many of a step's stragglers came back ``"lost"``, once all are in (each waited for at most 120 s).
-
-    ``interrupted``: the run is ending now (Ctrl-C, ``kill -INT``): none is waited for, those not started are
-    cancelled, and none is counted.
-    """
+    """How many stragglers came back ``"lost"`` (each waited for at most 120 s); ``interrupted``: cancel, count none."""
     if interrupted:
         for future in futures:
             future.cancel()
@@ -356,10 +338,17 @@ def lost_stragglers(futures: Sequence[Future[str]], interrupted: bool) -> int:
     return sum(1 for f in futures if f.result(timeout=120) == "lost")
 
 
+def bare_session() -> requests.Session:
+    """A baseline's session: no proxy from the environment, a pool for every engine's calls at once."""
+    session = requests.Session()
+    session.trust_env = False
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
+    return session
+
+
 def put_in_order(session: requests.Session, engine: EngineHandle, *, end_weight_session: bool = True) -> None:
-    """Put a live SGLang ``engine`` back as a global restart leaves it, through ``session`` straight to its own URL:
-    resume the tags it has released, continue it when paused, and end an open weight-update session
-    (``end_weight_session``, default True)."""
+    """Put a live SGLang ``engine`` back as a global restart leaves it (straight to its own URL): resume its released
+    tags, continue it when paused, end an open weight-update session (``end_weight_session``, default True)."""
     state = engine.state()
     if state.get("released_tags"):
         session.post(f"{engine.direct_url}/resume_memory_occupation", json={"tags": state["released_tags"]}, timeout=30)
@@ -377,3 +366,24 @@ def restart_engines(engines: Sequence[EngineHandle]) -> None:
     ready_by = time.monotonic() + 120
     for engine in engines:
         engine.wait_ready(ready_by)
+
+
+def restore_fleet(engines: Sequence[EngineHandle], put_in_order: Callable[[EngineHandle], object]) -> int:
+    """A global restart: restart the dead ``engines``, put the live ones in order; returns the deaths found.
+
+    An engine that fails while being put in order and then exits (a crash lands a moment after the call that caused
+    it) is restarted and counted too.
+    """
+    dead = [e for e in engines if not e.alive()]
+    restart_engines(dead)
+    for engine in engines:
+        if engine in dead:
+            continue
+        try:
+            put_in_order(engine)
+        except requests.RequestException:
+            if engine.wait_exit(5.0) is None:
+                raise
+            restart_engines([engine])
+            dead.append(engine)
+    return len(dead)

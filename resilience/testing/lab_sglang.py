@@ -1,29 +1,16 @@
-"""A colocated RL training loop on emulated engines, run as the baseline (``"old"``) or the resilient loop (``"ours"``).
+"""The SGLang colocate loop on emulated engines, as the baseline (``"old"``) or the resilient loop (``"ours"``).
 
-Each step: rollout (generation on every engine, plus stragglers that arrive
-around the offload), offload, a training pause, onload, weight sync. The
-baseline is the seeds' "before" code: bare ``requests`` calls with
-``raise_for_status()``, flush then release with no pause, a bare weight sync.
-The resilient loop is ``SGLangClient`` + ``Orchestrator``. Where a control call may have
-been applied (a reset or a read timeout after sending), the baseline does what
-verl does with every control call (re-send it on a connection error or a
-timeout, 3 attempts), which kills an engine whose release or resume had been
-applied; the resilient loop raises ``AmbiguousOutcome``, the orchestrator quarantines the
-engine, and this driver reconciles it from the emulator's memory probe (a side channel,
-as NVML would be on a GPU node; see ``SGLangLab._reconcile``) and runs the transition again. A failed step is what makes a
-controller trigger a global restart: it is recorded in a ``RestartBudget``,
-engines are put back in order (dead ones restarted), and the run goes on
-until the budget is spent. With ``ColocateConfig.controller_crash_step`` the
-controller dies once while the engines train and a new one runs that step again
-from its offload: the baseline's new controller knows nothing and releases
-again (the engines die, torch_memory_saver's ``exit(1)``); ours starts on the
-dead one's journal (``Orchestrator(journal=...)``) and knows the offload is done.
-With ``ColocateConfig.controller_kill_every`` the resilient loop's controller is
-killed every K steps inside a seeded phase, its calls on the wire
-(``resilience.testing.controller_kill``), and a new one starts on a copy of the
-journal as it was at the kill; the engines it left unknown are reconciled from
-the memory probe (``Orchestrator(memory_probe=...)``, then ``SGLangLab._reconcile``).
-``cpr demo``, ``cpr soak`` and the chaos tests drive this loop.
+Each step: rollout (plus stragglers that arrive around the offload), offload, a training pause, onload, weight
+sync. The baseline is the seeds' "before" code: bare ``requests`` with ``raise_for_status()``, flush then release
+with no pause, a bare weight sync, and verl's 3 attempts on a connection error or timeout of any control call
+(which kills an engine whose release or resume had been applied). Ours is ``SGLangClient`` + ``Orchestrator``: a
+call that may have been applied raises ``AmbiguousOutcome``, the engine is quarantined, reconciled from the
+emulator's memory probe (``SGLangLab._reconcile``) and the transition runs again.
+
+``ColocateConfig.controller_crash_step``: the controller dies once while the engines train and a new one runs
+that step again from its offload; the baseline's knows nothing and releases again (the engines die), ours starts
+on the dead one's journal. ``ColocateConfig.controller_kill_every``: ours is killed every K steps inside a seeded
+phase with its calls on the wire (``controller_kill``), and a new one starts on the journal as it was at the kill.
 """
 
 from __future__ import annotations
@@ -47,17 +34,17 @@ from resilience.barrier.transitions import WEIGHT_SYNC_HOLD
 from resilience.policy import PolicyTable
 from resilience.testing.controller_kill import ControllerKilled, KillPoint, KillSwitchFanOut
 from resilience.testing.counting_probe import CountingProbe
-from resilience.testing.faultplan import CONTROL_PATHS
 from resilience.testing.lab import (
     BASELINE,
     CONTROL_TIMEOUT_S,
     DEADLINES,
     LabSetup,
     RetryCounter,
+    bare_session,
     lost_stragglers,
     put_in_order,
     reconcile_from_probe,
-    restart_engines,
+    restore_fleet,
     rollout,
     run_rounds,
 )
@@ -71,18 +58,14 @@ if TYPE_CHECKING:
 __all__ = ["SGLangLab", "demo_policies"]
 
 _DEADLINES: Final = replace(DEADLINES, in_transit_s=5)
-"""``in_transit_s``: an emulated engine applies a control call within milliseconds of its arrival, and the proxy hands a
-request on at once; 5 s covers a loaded machine without waiting out a 20 s phase limit after every ambiguous reset."""
+"""An emulated engine applies a control call within milliseconds of its arrival: 5 s covers a loaded machine."""
 _SCALED_ROUTES = ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation")
 _BASELINE_ATTEMPTS = 3
 """The baseline's attempts on a connection error or a timeout: verl's ``max_attempts=3`` (statuses are not retried)."""
 
 
 def demo_policies() -> PolicyTable:
-    """SGLANG_POLICIES' decisions with backoffs scaled down 10x and control attempts capped at ``CONTROL_TIMEOUT_S``.
-
-    Demo and soak runs are time-scaled; what is retried and what is never re-sent is SGLANG_POLICIES'.
-    """
+    """SGLANG_POLICIES' decisions with backoffs scaled down 10x and control attempts capped at ``CONTROL_TIMEOUT_S``."""
     table = fast_policies(SGLANG_POLICIES, base_s=0.05, cap_s=0.4)
     scaled = {
         key: replace(policy, attempt_timeout_s=CONTROL_TIMEOUT_S)
@@ -93,13 +76,10 @@ def demo_policies() -> PolicyTable:
     return table.with_entries(scaled)
 
 
-
 def _json_post(session: requests.Session, url: str, body: dict[str, Any], timeout: float = 30.0) -> requests.Response:
     r = session.post(url, json=body, timeout=timeout)
     r.raise_for_status()
     return r
-
-
 
 
 class _BaselineResends:
@@ -137,14 +117,6 @@ def _baseline_control(
     raise AssertionError("unreachable")
 
 
-def _bare_session() -> requests.Session:
-    """The baseline's session: no proxy from the environment, a pool for every engine's calls at once."""
-    session = requests.Session()
-    session.trust_env = False
-    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
-    return session
-
-
 class SGLangLab:
     """The SGLang loop of one run (the baseline or ours) on the direct route: a :class:`~resilience.testing.lab.Lab`."""
 
@@ -161,16 +133,16 @@ class SGLangLab:
         self.pool = ThreadPoolExecutor(
             max(4, len(fleet.engines) * (config.stragglers + config.rollout_requests)), thread_name_prefix=f"colocate-{kind}"
         )
-        self.bare = _bare_session()
+        self.bare = bare_session()
         policies = setup.policies if setup.policies is not None else demo_policies()
         self._policies, self._client_observers = policies, (*setup.observers, self.counter)
         self.proxy_of: dict[str, FaultProxy] = {}
         aliases = {u: h.direct_url for u, h in zip(self.urls, fleet.engines, strict=True)}
         truth = EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases)
         self.probe = CountingProbe(truth)
-        """Where the orchestrator and ``_reconcile`` learn an engine's released tags: the emulator's side channel, not HTTP."""
+        """The orchestrator's and ``_reconcile``'s memory probe."""
         self.client_probe = CountingProbe(truth)
-        """The same, asked by the clients' release and resume before re-sending after a gateway status or a reset."""
+        """The clients' (release and resume, after a gateway status or a reset)."""
         self.clients = self._new_clients()
         self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
         self.proxy_of.update({c.engine: p for c, p in zip(self.clients, self.counted, strict=False) if p is not None})
@@ -180,23 +152,20 @@ class SGLangLab:
         self._journal_path = self._new_journal_path()
         self._snapshot: Path | None = None
         self.fanout = KillSwitchFanOut(on_kill=self._snapshot_journal)
-        """Every orchestrator's fan-out; armed in the steps ``controller_kill_every`` names."""
         self.kill_rng = random.Random(f"{config.seed}:kill")
-        """Where each kill lands (phase, delay): its own stream, so kills do not move the stragglers."""
+        """Where each kill lands: its own stream, so kills do not move the stragglers."""
         self._old_clients: list[SGLangClient] = []
         self.restarted_controller_in: int | None = None
-        """The step a new controller ran again after the old one died (``controller_crash_step``), once it did."""
         self.orch = self._orchestrator(setup.observers)
 
     def _new_journal_path(self) -> Path | None:
-        """A fresh journal file in the run's folder (None when the run restarts no controller: knowledge in memory)."""
+        """A fresh journal file (None when the run restarts no controller: knowledge in memory)."""
         if self._journal_dir is None:
             return None
         self._journals += 1
         return self._journal_dir / f"barrier-{self._journals}.journal"
 
     def _orchestrator(self, observers: Sequence[Observer]) -> Orchestrator[SGLangClient]:
-        """An Orchestrator over the current clients on ``self._journal_path``, with the memory probe and the kill switch."""
         return Orchestrator(
             EngineGroup(self.clients),
             observers=observers,
@@ -208,7 +177,7 @@ class SGLangLab:
         )
 
     def _snapshot_journal(self) -> None:
-        """At the instant of a kill: copy the journal as it is, what a killed process leaves on disk (the next controller's)."""
+        """At the instant of a kill: copy the journal as a killed process leaves it (the next controller's)."""
         path = self._new_journal_path()
         if path is not None and self._journal_path is not None:
             shutil.copyfile(self._journal_path, path)
@@ -306,7 +275,7 @@ class SGLangLab:
             list(self.pool.map(one, engines))
 
     def _resilient(self, transition: Callable[[], object]) -> None:
-        """Run one of the resilient loop's transitions (see ``_rounds``); killed inside it, a new controller runs it again."""
+        """Run a transition in rounds; killed inside it, a new controller runs it again."""
         try:
             self._rounds(transition)
         except ControllerKilled:
@@ -314,18 +283,10 @@ class SGLangLab:
             self._rounds(transition)
 
     def _rounds(self, transition: Callable[[], object]) -> None:
-        """Run a transition; after a PhaseFailed that quarantined engines, reconcile them and run it again (``run_rounds``)."""
         run_rounds(transition, lambda: self.orch.quarantined(), self._reconcile, self.report)
 
     def _reconcile(self, names: Sequence[str]) -> None:
-        """Each quarantined engine's released memory, from the emulator's memory probe (``reconcile_from_probe``)."""
-
-        def settle(name: str) -> None:
-            proxy = self.proxy_of.get(name)
-            if proxy is not None:  # control calls only: generation held at a paused engine's gate is not waited for
-                proxy.settle(paths=CONTROL_PATHS)
-
-        reconcile_from_probe(names, self.orch.reconcile, self.probe.released_tags, settle, self.report)
+        reconcile_from_probe(names, self.orch.reconcile, self.probe.released_tags, self.proxy_of, self.report)
 
     def step(self, n: int) -> None:
         cfg = self.config
@@ -363,29 +324,20 @@ class SGLangLab:
     # -- recovery: what a global restart does here ------------------------------------------
 
     def recover(self, failed: bool) -> int:
-        """After every step, ``failed`` or not: restart dead engines, continue/resume live ones left paused or released,
-        and start the controller afresh. Returns the deaths found."""
-        dead = [e for e in self.fleet.engines if not e.alive()]
-        restart_engines(dead)
-        for engine in self.fleet.engines:
-            if engine in dead:
-                continue
-            try:
-                put_in_order(self.bare, engine)
-            except requests.RequestException:
-                # A crash lands a moment after the call that caused it: the engine may have died after the check above.
-                if engine.wait_exit(5.0) is None:
-                    raise
-                restart_engines([engine])
-                dead.append(engine)
-        for client in self.clients:  # a global restart starts the controller afresh: new clients, new orchestrator
-            client.close()
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._new_journal_path())  # every engine in order: nothing to resume
-        return len(dead)
+        """After every step, ``failed`` or not: a global restart (``restore_fleet``), the controller started afresh."""
+        deaths = restore_fleet(self.fleet.engines, lambda engine: put_in_order(self.bare, engine))
+        self._new_controller(self._new_journal_path())  # every engine in order: nothing to resume
+        return deaths
 
-    def _replace_orchestrator(self, journal: Path | None) -> None:
-        """Let go of the old orchestrator's journal and build a new one (over ``self.clients``) on ``journal``."""
+    def _new_controller(self, journal: Path | None, *, keep_clients: bool = False) -> None:
+        """New clients (the old ones closed, or kept for the stragglers still using them) and a new orchestrator on
+        ``journal`` (the old one closed, its journal deleted)."""
+        if keep_clients:
+            self._old_clients.extend(self.clients)
+        else:
+            for client in self.clients:
+                client.close()
+        self.clients = self._new_clients()
         old, observers = self.orch, self.orch.observers
         old.close()
         if old.journal is not None and self._journal_path is not None and self._journal_path != journal:
@@ -394,21 +346,16 @@ class SGLangLab:
         self.orch = self._orchestrator(observers)
 
     def _controller_killed(self) -> None:
-        """The controller died inside a phase (``KillSwitchFanOut``); a new one takes over on the journal's copy from that instant.
+        """The controller died inside a phase; a new one takes over on the journal's copy from that instant.
 
-        What the dead one sent still lands: the new controller starts once those calls ended (a dead
-        process sends nothing more, but its requests on the wire reach the engines). It has new clients and
-        knows only what the copy says: a call in flight at the kill is "ambiguous", and an engine whose
-        tags it leaves unknown is reconciled from the memory probe (the orchestrator's own, then
-        ``_reconcile``). A weight-sync hold the dead one took is released by the new one (it knows the owner
-        is gone; the owner's PID here is this process's, so the journal cannot tell).
+        It starts once the dead one's calls on the wire ended, with new clients, knowing only what the copy says
+        (a call in flight at the kill is ambiguous; unknown tags are reconciled from the memory probe). It releases
+        a weight-sync hold the dead one took (the owner's PID is this process's, so the journal cannot tell).
         """
         self.report.controller_restarts += 1
         self.report.controller_kills += 1
         self.fanout.drain(30.0)
-        self._old_clients.extend(self.clients)  # stragglers may still be generating through them
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._snapshot)
+        self._new_controller(self._snapshot, keep_clients=True)
         self._snapshot = None
         for _ in range(8):  # bounded: one unpause per hold the dead controller left
             if not any(WEIGHT_SYNC_HOLD in reasons for reasons in self.orch.held().values()):
@@ -418,24 +365,16 @@ class SGLangLab:
             self.report.restarts_clean += 1
 
     def _controller_restart(self, n: int) -> None:
-        """The controller dies while the engines train, and a new one takes over; the engines keep their state.
-
-        The baseline's new controller is a new process that knows nothing (a new session). Ours is one too
-        (new clients, a new Orchestrator), started on the dead one's journal: it resumes what the old one knew.
-        """
+        """The controller dies while the engines train; the baseline's new one knows nothing, ours starts on the journal."""
         self.report.controller_restarts += 1
         self.restarted_controller_in = n
         if self.kind == BASELINE:
             self.bare.close()
-            self.bare = _bare_session()
+            self.bare = bare_session()
             return
-        for client in self.clients:
-            client.close()
-        self.clients = self._new_clients()
-        self._replace_orchestrator(self._journal_path)
+        self._new_controller(self._journal_path)
 
     def tally(self) -> None:
-        """The baseline's re-sends (it has no retry events) and the memory probes' answers, into the report."""
         report = self.report
         report.http_502_absorbed += self.resends.absorbed_502
         report.retried_502 += self.resends.after_502
@@ -444,7 +383,6 @@ class SGLangLab:
         report.probe_verdicts = self.client_probe.proved
 
     def close(self, *, interrupted: bool = False) -> None:
-        """Stop the pool (``interrupted``: without waiting for its calls), the clients, the orchestrator, the journal folder."""
         self.pool.shutdown(wait=not interrupted, cancel_futures=True)
         self.bare.close()
         for client in [*self.clients, *self._old_clients]:

@@ -1,41 +1,25 @@
 """The colocate sequence behind a real smg gateway, three ways side by side: smg's own client, ours direct, ours through smg.
 
-Each run starts fresh fault proxies (one per engine, in front of its
-``direct_url``, all playing the same plan: the same seed gives the same
-faults to every way) and a fresh smg gateway (:class:`SmgGateway`) whose
-workers are those proxies. Each step: rollout (generation through the
-gateway), offload, a training pause, onload, weight sync
-(``update_weights_from_disk``). The three ways differ only in their control plane:
+Each run starts fresh fault proxies (one per engine, all playing the same plan) and a fresh gateway
+(:class:`SmgGateway`) whose workers are those proxies. Each step: rollout through the gateway, offload, a training
+pause, onload, weight sync (``update_weights_from_disk``). The ways differ only in their control plane:
 
-- ``"smg"`` (the peer): smg's own Python client, ``smg.rl.RL.fanout`` for each
-  phase (pause, flush, release; resume, continue) and ``smg.rl.paused`` around
-  the weight update, as smg's docstring shows. No retries (the client has
-  none); a ``FanoutError`` fails the step. ``paused()`` always sends
-  ``continue_generation`` on the way out, also after a body that failed
-  part-way, and whatever the body did: a body that released memory gets a
-  continue on an engine with memory released (SGLang crashes at its next
-  prefill).
-- ``"ours"``: ``SGLangClient`` + ``Orchestrator``, straight to the engines
-  (through the same proxies), as ``resilience.testing.lab_sglang`` runs it.
-- ``"ours-smg"``: the ``Orchestrator`` with :class:`~resilience.adapters.smg_fanout.SmgFanOut`:
-  each phase one ``/v1/rl`` fan-out through the same gateway.
+- ``"smg"`` (the peer): smg's own client, ``smg.rl.RL.fanout`` per phase and ``smg.rl.paused`` around the weight
+  update, with no retries. ``paused()`` sends ``continue_generation`` on the way out whatever the body did: after
+  a body that released memory, that continue crashes SGLang at its next prefill.
+- ``"ours"``: ``SGLangClient`` + ``Orchestrator`` straight to the engines (through the same proxies).
+- ``"ours-smg"``: the ``Orchestrator`` with :class:`~resilience.adapters.smg_fanout.SmgFanOut`, each phase one
+  ``/v1/rl`` fan-out through the gateway.
 
-Both of ours retry a transition after a ``PhaseFailed`` that quarantined
-engines (reconciled from the emulator's memory probe, a side channel, as in
-``colocate``), at most 3 times. A failed step, or an engine that died, is a
-restart: dead engines are restarted, live ones put back in order, and the
-run goes on until the restart budget is spent. The report is a
-``ColocateReport`` (steps finished, failed steps, engine deaths, restarts, 502s
-injected and absorbed).
+Both of ours reconcile quarantined engines from the emulator's memory probe and run a transition again, at most 3
+times. A failed step is a global restart, and the run goes on until the restart budget is spent.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final, Literal
-
-import requests
+from typing import Final, Literal
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.smg_fanout import SmgEngine, SmgFanOut
@@ -48,17 +32,15 @@ from resilience.testing.lab import (
     ColocateReport,
     LabSetup,
     RetryCounter,
+    bare_session,
     put_in_order,
     reconcile_from_probe,
-    restart_engines,
+    restore_fleet,
     run_rounds,
 )
 from resilience.testing.lab_sglang import demo_policies
 from resilience.testing.memory_probe import EmulatorMemoryProbe
 from resilience.testing.smg import GatewayHealth, SmgGateway
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["PEER_WAYS", "PeerWay", "SmgLab", "peer_rows", "ways"]
 
@@ -73,10 +55,7 @@ _SELECTOR = "engine=sglang"
 
 
 class SmgLab:
-    """The loop of one way behind an smg gateway (``"smg"``, ``"ours"``, ``"ours-smg"``): a :class:`~resilience.testing.lab.Lab`.
-
-    Starts its own proxies (playing ``setup.plan``) and gateway; stops them in :meth:`close`.
-    """
+    """The loop of one way behind an smg gateway: a :class:`~resilience.testing.lab.Lab` with its own proxies and gateway."""
 
     def __init__(self, setup: LabSetup) -> None:
         fleet, config, way = setup.fleet, setup.config, setup.way
@@ -85,8 +64,7 @@ class SmgLab:
         self.fleet, self.config, self.way, self.clock = fleet, config, way, setup.clock
         self.policies = setup.policies if setup.policies is not None else demo_policies()
         self.budget = setup.budget
-        self.restarted_controller_in: int | None = None
-        """Always None: a new controller starts only in a recovery."""
+        self.restarted_controller_in: int | None = None  # a new controller starts only in a recovery
         self.report = setup.new_report()
         self.proxies = [FaultProxy(e.direct_url, plan, e.index) for e in fleet.engines]
         self.counted: Sequence[FaultProxy | None] = self.proxies
@@ -103,8 +81,7 @@ class SmgLab:
         aliases = {p.url: e.direct_url for p, e in zip(self.proxies, fleet.engines, strict=True)}
         self.probe = EmulatorMemoryProbe(fleet.memory_state_dir, aliases=aliases)
         self.counter = RetryCounter()
-        self.session = requests.Session()
-        self.session.trust_env = False
+        self.session = bare_session()
         self.clients: list[SGLangClient] = []
         self.fanout: SmgFanOut | None = None
         self.orch: Orchestrator[SGLangClient] | Orchestrator[SmgEngine] | None = None
@@ -194,44 +171,31 @@ class SmgLab:
                 )
 
     def _rounds(self, transition: Callable[[], object]) -> None:
-        """Run a transition; after a PhaseFailed, reconcile the engines it quarantined from the probe and run it again."""
         orch = self.orch
         assert orch is not None
         run_rounds(transition, orch.quarantined, self._reconcile, self.report, again_unquarantined=True)
 
     def _reconcile(self, names: Sequence[str]) -> None:
         assert self.orch is not None
-        proxy_of = {p.url: p for p in self.proxies}
-
-        def settle(name: str) -> None:
-            proxy = proxy_of.get(name)
-            if proxy is not None:
-                proxy.settle(paths=CONTROL_PATHS)
-
-        reconcile_from_probe(names, self.orch.reconcile, self.probe.released_tags, settle, self.report)
+        proxies = {p.url: p for p in self.proxies}
+        reconcile_from_probe(names, self.orch.reconcile, self.probe.released_tags, proxies, self.report)
 
     # -- recovery --------------------------------------------------------------------------
 
     def recover(self, failed: bool) -> int:
-        """After a ``failed`` step only: restart dead engines, put live ones back in order, start a new controller;
-        returns the deaths found."""
+        """After a ``failed`` step only: a global restart (``restore_fleet``) and a new controller; returns the deaths."""
         if not failed:
             return 0
-        dead = [e for e in self.fleet.engines if not e.alive()]
-        restart_engines(dead)
-        for engine in self.fleet.engines:
-            if engine not in dead:
-                put_in_order(self.session, engine, end_weight_session=False)
+        deaths = restore_fleet(self.fleet.engines, lambda engine: put_in_order(self.session, engine, end_weight_session=False))
         self._new_controller()
         for url in self.urls:  # a restarted engine: the gateway makes it ready again after a good probe
             self.gateway.wait_status(url, lambda s: s == "ready", 30.0)
-        return len(dead)
+        return deaths
 
     def tally(self) -> None:
-        """Nothing more: the fan-out's absorbed 502s and probe verdicts were added as each controller closed."""
+        """Nothing: the fan-out's absorbed 502s and probe verdicts were added as each controller closed."""
 
     def close(self, *, interrupted: bool = False) -> None:
-        """Stop the controller, the gateway and the proxies (an interrupted run's calls end with them)."""
         self._close_controller()
         self.session.close()
         self.gateway.stop()

@@ -1,34 +1,17 @@
-"""The colocated RL loop on emulated vLLM engines: SkyRL's sequence (``"old"``) against the barrier (``"ours"``).
+"""The vLLM colocate loop on emulated engines: SkyRL's sequence (``"old"``) against the barrier (``"ours"``).
 
-Each step: rollout (completions on every engine, plus stragglers that arrive
-around the offload), offload, a training pause, then onload and weight sync,
-and a check of every completion against the text intact weights give
-(``expected_completion``): "a 200 that isn't healthy" is counted.
+Each step: rollout (plus stragglers around the offload), offload, a training pause, onload and weight sync, and a
+check of every completion against the text intact weights give: "a 200 that isn't healthy" is counted.
 
-The old way is SkyRL's colocated sequence (``field-2026.md``; SkyRL
-``workers/worker_dispatch.py`` ~l.645-710, ``trainer.py`` l.381, and
-``inference_servers/remote_inference_client.py``): after generation
-``/sleep?level=2`` on every server, then ``/wake_up?tags=weights``, the weight
-broadcast (here the native session: start, update, finish), then
-``/wake_up?tags=kv_cache``. Each phase is a bare ``asyncio.gather`` of one
-aiohttp POST per server (``_call_all_servers``): no retry, no timeout (SkyRL's
-``ClientTimeout(total=None)``; capped here at ``OLD_WAY_CAP_S`` so that a hung
-call ends the run's step instead of the run, and counted as hung), and the
-first error propagates without saying which server failed while the others
-keep running.
+The old way is SkyRL's colocated sequence (``worker_dispatch.py`` ~l.645-710, ``remote_inference_client.py``):
+``/sleep?level=2`` on every server, ``/wake_up?tags=weights``, the weight broadcast (start, update, finish),
+``/wake_up?tags=kv_cache``; each phase a bare ``asyncio.gather`` of one aiohttp POST per server, no retry, no
+timeout (capped at ``OLD_WAY_CAP_S``), the first error propagating without saying which server failed.
 
-Ours is ``Orchestrator(EngineGroup([VLLMEngine(u), ...]))`` with the vLLM rules:
-``offload()`` (pause -> sleep level 1), ``onload(tags=["weights"])``, a
-``weight_sync()`` whose body runs ``push_weights`` per engine, ``onload()``
-(wake kv_cache, which resumes). A transition that fails is run again, at most
-three times (``run_rounds``: vLLM's sleep and wake are idempotent, nothing is
-quarantined).
-
-A failed step is a global restart, as in ``resilience.testing.lab_sglang``: dead
-engines restarted, live ones put in order (woken, resumed, an open weight
-session finished), and the run goes on until the restart budget is spent. An
-engine slept at level 2 and woken by that recovery holds garbage weights until
-the next weight update, and answers 200 (verl #7904): ``garbage_completions``.
+Ours is ``Orchestrator(EngineGroup([VLLMEngine(u), ...]))``: ``offload()``, ``onload(tags=["weights"])``, a
+``weight_sync()`` pushing weights per engine, ``onload()``; a failed transition runs again, at most three times
+(sleep and wake are idempotent: nothing is quarantined). A failed step is a global restart, as in ``lab_sglang``;
+an engine slept at level 2 and woken by it holds garbage weights and answers 200 (verl #7904): ``garbage_completions``.
 """
 
 from __future__ import annotations
@@ -58,8 +41,9 @@ from resilience.testing.lab import (
     DEADLINES,
     LabSetup,
     RetryCounter,
+    bare_session,
     lost_stragglers,
-    restart_engines,
+    restore_fleet,
     rollout,
     run_rounds,
 )
@@ -80,8 +64,8 @@ COMPLETION_TIMEOUT_S: Final = 10.0
 
 
 def vllm_demo_policies() -> PolicyTable:
-    """VLLM_POLICIES' decisions with backoffs scaled down 10x and the control routes of the RL transaction capped at
-    ``CONTROL_TIMEOUT_S`` a try (an emulated call answers in milliseconds; what is re-sent and what never is stays VLLM_POLICIES')."""
+    """VLLM_POLICIES' decisions with backoffs scaled down 10x and the RL transaction's control routes capped at
+    ``CONTROL_TIMEOUT_S`` a try."""
     table = fast_policies(VLLM_POLICIES, base_s=0.05, cap_s=0.4)
     scaled = {k: replace(p, attempt_timeout_s=CONTROL_TIMEOUT_S) for k, p in table.entries.items() if k.split(" ", 1)[1] in _SCALED}
     assert len(scaled) == len(_SCALED), f"VLLM_POLICIES routes changed: {sorted(scaled)}"
@@ -132,22 +116,17 @@ class VLLMLab:
         fleet, config, kind = setup.fleet, setup.config, setup.way
         self.fleet, self.config, self.kind, self.clock = fleet, config, kind, setup.clock
         self.urls, self.counted = setup.direct_urls()
-        self.restarted_controller_in: int | None = None
-        """Always None: this loop restarts no controller mid-step."""
-        budget = setup.budget
-        policies = setup.policies if setup.policies is not None else vllm_demo_policies()
-        observers = setup.observers
+        self.restarted_controller_in: int | None = None  # this loop restarts no controller mid-step
         self.proxies = {i: p for i, p in enumerate(self.counted) if p is not None}
         self.rng = random.Random(f"{config.seed}:{kind}:vllm")
-        self.budget = budget
+        self.budget = setup.budget
         self.counter = RetryCounter()
         self.report = setup.new_report()
         self.pool = ThreadPoolExecutor(max(4, len(self.urls) * (config.stragglers + config.rollout_requests + 1)))
-        self.bare = requests.Session()
-        self.bare.trust_env = False
+        self.bare = bare_session()
         self.skyrl = _SkyRL(self.urls)
-        self._policies, self._observers = policies, (*observers, self.counter)
-        self._orch_observers = observers
+        self._policies = setup.policies if setup.policies is not None else vllm_demo_policies()
+        self._observers, self._orch_observers = (*setup.observers, self.counter), setup.observers
         self.versions = {_BASE_VERSION}
         self._lock = threading.Lock()
         self.stragglers: list[Future[str]] = []
@@ -214,7 +193,6 @@ class VLLMLab:
     # -- the two ways ----------------------------------------------------------------------
 
     def _ours(self, transition: Callable[[], object]) -> None:
-        """A transition that failed is run again (``run_rounds``; vLLM's sleep and wake are idempotent: nothing to reconcile)."""
         run_rounds(transition, lambda: self.orch.quarantined(), None, self.report, again_unquarantined=True)
 
     def _ours_sync(self, version: str) -> None:
@@ -260,19 +238,9 @@ class VLLMLab:
             self.bare.post(f"{url}/resume", timeout=30)
 
     def recover(self, failed: bool) -> int:
-        """After every step, ``failed`` or not: restart dead engines, put live ones in order, start the controller afresh,
-        then wait for the step's stragglers (requests queued at a sleeping engine hang until its wake); returns deaths found."""
-        dead = [e for e in self.fleet.engines if not e.alive()]
-        restart_engines(dead)
-        for engine in self.fleet.engines:
-            if engine not in dead:
-                try:
-                    self._put_in_order(engine)
-                except requests.RequestException:
-                    if engine.wait_exit(5.0) is None:
-                        raise
-                    engine.restart()
-                    dead.append(engine)
+        """After every step, ``failed`` or not: a global restart (``restore_fleet``), the controller started afresh,
+        then the step's stragglers waited for (requests queued at a sleeping engine hang until its wake)."""
+        deaths = restore_fleet(self.fleet.engines, self._put_in_order)
         for e in self.engines:
             e.close()
         self.engines = self._new_engines()
@@ -280,13 +248,12 @@ class VLLMLab:
         self._init_transfer()
         stragglers, self.stragglers = self.stragglers, []
         self.report.requests_lost += lost_stragglers(stragglers, False)
-        return len(dead)
+        return deaths
 
     def tally(self) -> None:
-        """Nothing of its own: every count of this loop comes from the proxies and the retry events."""
+        """Nothing of its own: every count comes from the proxies and the retry events."""
 
     def close(self, *, interrupted: bool = False) -> None:
-        """Stop the pool (``interrupted``: the stragglers cancelled, nothing waited for), the session, the engines' clients."""
         if interrupted:
             lost_stragglers(self.stragglers, True)
         self.pool.shutdown(wait=not interrupted, cancel_futures=True)

@@ -1,31 +1,17 @@
 """``EmulatorMemoryProbe``: the emulator's own truth about released memory, read through its side channel.
 
-Each emulated engine started with ``--memory-state-dir DIR`` (every engine of an
-``EmulatedFleet`` is; ``cpr emulate --memory-state-dir DIR`` for your own) keeps
-``DIR/engine-<port>.json`` up to date (``resilience.testing.emulator.memory_state``
-says why a file, and what it holds). This probe reads it: the tags released on an
-engine right now, exactly as its scheduler recorded them, or None when it cannot
-prove them. It never asks the engine over HTTP, so the SGLang contract holds and a
-hung engine can still be read.
+Each engine started with ``--memory-state-dir DIR`` (every engine of an ``EmulatedFleet`` is) keeps
+``DIR/engine-<port>.json`` up to date (``emulator.memory_state``). This probe reads it, never the engine over
+HTTP, so a hung engine can still be read::
 
-    fleet = EmulatedFleet(3, fault_plan=plan).start()
     probe = fleet.memory_probe()                 # proxy URLs and direct URLs both known
     probe.released_tags(fleet.urls[0])           # frozenset() while serving
-
     probe = EmulatorMemoryProbe("/tmp/state")    # engines of ``cpr emulate --memory-state-dir /tmp/state``
 
-``UnknownEngine`` (``resilience.memory_probe``) for an engine this probe does not
-know: a name that is not an alias and whose port has no file in the folder (a
-proxy's URL without ``aliases=``, an engine of another folder), or a name with no
-port. None, for an engine it knows:
-
-- that is an alias whose engine has not written its file yet;
-- whose process is gone, or is not the one that wrote the file (a dead engine, a
-  restart on the same port still coming up, a recycled PID);
-- that is carrying out a release or resume right now (the answer would be stale
-  the moment it is read).
-
-Standard library only (no torch): it runs in any process, a controller's included.
+``UnknownEngine`` for a name that is no alias and whose port has no file here, or that has no port. None for a
+known engine that is an alias whose engine has not written its file yet, whose process is gone or is not the one
+that wrote the file (a restart still coming up, a recycled PID), or that is carrying out a release or resume now.
+Standard library only: it runs in any process.
 """
 
 from __future__ import annotations
@@ -56,19 +42,13 @@ def _canonical(engine: str) -> str:
 
 
 class EmulatorMemoryProbe:
-    """A ``resilience.memory_probe.MemoryProbe`` over the emulated engines publishing into ``state_dir``.
-
-    ``state_dir``: the folder given to the engines as ``--memory-state-dir``.
-    ``aliases``: other names of an engine (a proxy's URL) mapped to the engine's own
-    URL (default none: engines are known by their own ``http://host:port``). Engines
-    are told apart by port, so one folder serves the engines of one machine.
-    """
+    """A ``MemoryProbe`` over the emulated engines publishing into ``state_dir`` (their ``--memory-state-dir``), told
+    apart by port. ``aliases``: other names of an engine (a proxy's URL) to its own URL (default none)."""
 
     def __init__(self, state_dir: str | os.PathLike[str], *, aliases: Mapping[str, str] | None = None) -> None:
         if not isinstance(state_dir, (str, os.PathLike)) or not str(state_dir):
             raise ValueError(f"`state_dir` must be a folder path, but was {state_dir!r}")
         self.state_dir = Path(state_dir)
-        """The folder the engines publish into."""
         self._aliases: dict[str, str] = {}
         for alias, target in (aliases or {}).items():
             if _port_of(target) is None:
@@ -79,10 +59,8 @@ class EmulatorMemoryProbe:
         return f"EmulatorMemoryProbe({str(self.state_dir)!r}, aliases={len(self._aliases)})"
 
     def released_tags(self, engine: str) -> frozenset[str] | None:
-        """The tags released on ``engine`` now (its URL, or an alias), or None when this probe cannot prove them.
-
-        Raises ``UnknownEngine`` for a name that is no alias and whose port has no file here (see the module docstring).
-        """
+        """The tags released on ``engine`` now (its URL, or an alias), or None when this probe cannot prove them
+        (``UnknownEngine``: see the module docstring)."""
         if not isinstance(engine, str):
             raise UnknownEngine(self, repr(engine))
         aliased = self._aliases.get(_canonical(engine))

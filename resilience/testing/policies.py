@@ -17,11 +17,8 @@ def fast_policies(
     attempt_timeout_s: float | None = None,
     deadline_s: float | None = None,
 ) -> PolicyTable:
-    """``table`` with every backoff shrunk to ``base_s``/``cap_s`` (and, when given, attempt timeouts and deadlines replaced).
-
-    What is retried and what is never re-sent stays exactly as in ``table``:
-    only the waiting changes, so a test of the decisions runs in milliseconds.
-    """
+    """``table`` with every backoff shrunk to ``base_s``/``cap_s`` (and, when given, attempt timeouts and deadlines
+    replaced): what is retried and what is never re-sent stays ``table``'s."""
     entries = {}
     for key, policy in table.entries.items():
         changed = replace(policy, retry=replace(policy.retry, base_s=min(base_s, cap_s), cap_s=cap_s))

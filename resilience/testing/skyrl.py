@@ -1,36 +1,22 @@
 """SkyRL 0.4.0's own vLLM client (``RemoteInferenceClient``), loaded by path, and its colocated cycle.
 
-``skyrl/backends/skyrl_train/inference_servers/remote_inference_client.py`` is
-the HTTP client SkyRL's trainer fans its control calls out with, straight to
-vLLM's own routes (``/pause``, ``/resume``, ``/sleep?level=``,
-``/wake_up?tags=``, ``/is_sleeping``, ``/reset_prefix_cache``), one POST per
-server over one ``aiohttp.ClientSession`` per event loop (the same session as
-its generation), no retry on a status (``raise_for_status``), no timeout
-(``ClientTimeout(total=None)``). The wheel (``pip download --no-deps
---python-version 3.12 --only-binary=:all: skyrl==0.4.0``; it asks for Python
->= 3.12, the file runs on 3.11) pulls ray, torch and vLLM on import, so the rig
-loads this one file, as it loads verl's: the names it imports from the rest of
-SkyRL are stubbed in its own namespace (``sys.modules`` gets no ``skyrl``).
-``scripts/setup.sh`` unpacks the file into ``~/.cache/cpr/skyrl``
-(``CPR_SKYRL_SOURCE``).
-
-One cycle is ``WorkerDispatch``'s colocated weight sync
-(``skyrl/backends/skyrl_train/workers/worker_dispatch.py`` l.694-772):
-``is_sleeping()``, ``sleep()`` (level 2, every server), ``wake_up(["weights"])``,
-the broadcast (not driven: NCCL), ``wake_up(["kv_cache"])``.
+``remote_inference_client.py`` is the client SkyRL's trainer fans its control calls out with, straight to vLLM's
+routes: one POST per server over one ``aiohttp.ClientSession``, no retry on a status, no timeout. The wheel pulls
+ray, torch and vLLM on import, so the rig loads this one file with the names it imports from SkyRL stubbed
+(``sys.modules`` gets no ``skyrl``); ``scripts/setup.sh`` unpacks it into ``~/.cache/cpr/skyrl``
+(``CPR_SKYRL_SOURCE``). One cycle is ``WorkerDispatch``'s colocated weight sync (``worker_dispatch.py``
+l.694-772): ``is_sleeping()``, ``sleep()`` (level 2), ``wake_up(["weights"])``, ``wake_up(["kv_cache"])``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
-from resilience.testing.stubbed_import import load_stubbed, never_called
+from resilience.testing.stubbed_import import framework_file, load_stubbed, never_called
 
 __all__ = ["SKYRL_VERSION", "SkyRLMissing", "load_skyrl_client", "skyrl_client", "skyrl_cycle"]
 
@@ -44,31 +30,17 @@ class SkyRLMissing(RuntimeError):
 
 
 def _source() -> Path:
-    """The client file of an installed ``skyrl``, else of the wheel unpacked into the cache (``scripts/setup.sh``)."""
-    spec = importlib.util.find_spec("skyrl")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            path = Path(root).parent / _FILE
-            if path.exists():
-                return path
-    cache = Path(os.environ.get("CPR_SKYRL_SOURCE", "~/.cache/cpr/skyrl")).expanduser()
-    path = cache / _FILE
-    if path.exists():
-        return path
-    raise SkyRLMissing(
+    missing = SkyRLMissing(
         f"SkyRL {SKYRL_VERSION}'s remote_inference_client.py is not here: run scripts/setup.sh (it unpacks "
         f"`pip download --no-deps skyrl=={SKYRL_VERSION}` into ~/.cache/cpr/skyrl), or set CPR_SKYRL_SOURCE"
     )
+    return framework_file("skyrl", _FILE, "CPR_SKYRL_SOURCE", missing)
 
 
 def load_skyrl_client() -> types.ModuleType:
-    """SkyRL's ``remote_inference_client`` module, loaded by path, with stubs for the SkyRL names it imports.
-
-    Stubbed: the interface base class and the typed dicts of ``inference_servers.base``,
-    the packed-wire decoders of ``generate_wire`` and the sampling helpers (generation
-    only), and ``skyrl.env_vars``' two limits at their defaults (512 requests per engine,
-    50,000 connections). Everything the control path runs is SkyRL's code, unmodified.
-    """
+    """SkyRL's ``remote_inference_client`` module, loaded by path, with the SkyRL names it imports stubbed (the base
+    class and typed dicts, the generation-only decoders and helpers, ``skyrl.env_vars``' limits at their defaults:
+    512 requests per engine, 50,000 connections); the control path is SkyRL's code."""
     loaded = sys.modules.get(_MODULE)
     if loaded is not None:
         return loaded

@@ -1,21 +1,12 @@
 """A real smg (sgl-model-gateway) on loopback in front of engines: start it, wait for its workers, stop it by PID.
 
-``SmgGateway(worker_urls, ...)`` runs ``python -m smg launch`` (the ``[smg]``
-extra: the Rust gateway inside the ``smg`` wheel) with **every listener on
-127.0.0.1**: the gateway itself (``--host``) and its Prometheus listener
-(``--prometheus-host``, which otherwise binds 0.0.0.0). :meth:`SmgGateway.start`
-waits, bounded, until every worker URL is registered and ``ready`` (its
-``/health`` answered within ``--health-check-timeout-secs``: an emulated
-engine's ``/health`` runs a short generation, so keep the timeout above the
-emulator's ``health_poll_seconds``), calling ``progress(ready, n)`` as workers
-come up. :meth:`SmgGateway.stop` sends SIGTERM to the gateway's PID, waits
-bounded, then SIGKILL. smg 1.13.0's ``launch`` runs the gateway in its own
-process (no children), so its PID is all there is to stop.
-
-The gateway's worker API used here (smg 1.13.0, ``model_gateway/src/server.rs``):
-``GET /workers`` (``{"workers": [{"id", "url", "status", "labels", ...}]}``,
-``status`` one of ``pending``, ``ready``, ``not_ready``, ``failed``,
-``draining``), ``GET|PATCH|DELETE /workers/{id}``, ``POST /workers``.
+``SmgGateway(worker_urls, ...)`` runs ``python -m smg launch`` (the ``[smg]`` extra) with every listener on
+127.0.0.1 (``--host``, and ``--prometheus-host``, which otherwise binds 0.0.0.0). :meth:`SmgGateway.start` waits,
+bounded, until every worker is registered and ``ready`` (an emulated ``/health`` runs a short generation: keep
+``--health-check-timeout-secs`` above the emulator's ``health_poll_seconds``). :meth:`SmgGateway.stop` sends
+SIGTERM to the gateway's one process, waits bounded, then SIGKILL. The worker API used (smg 1.13.0,
+``model_gateway/src/server.rs``): ``GET /workers`` (``status`` one of ``pending``, ``ready``, ``not_ready``,
+``failed``, ``draining``), ``GET|PATCH|DELETE /workers/{id}``, ``POST /workers``.
 """
 
 from __future__ import annotations

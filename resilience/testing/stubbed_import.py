@@ -6,13 +6,25 @@ A leaf module (standard library only), shared by ``frameworks.py`` and ``skyrl.p
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_stubbed", "never_called"]
+__all__ = ["framework_file", "load_stubbed", "never_called"]
+
+
+def framework_file(package: str, relative: str, env: str, missing: Exception) -> Path:
+    """``relative`` (from the site-packages root) in an installed ``package``, else in the folder ``env`` names (default
+    ``~/.cache/cpr/<package>``, where ``scripts/setup.sh`` unpacks the wheel); raises ``missing`` when neither has it."""
+    spec = importlib.util.find_spec(package)
+    roots = [Path(r).parent for r in (spec.submodule_search_locations or [])] if spec is not None else []
+    for root in [*roots, Path(os.environ.get(env, f"~/.cache/cpr/{package}")).expanduser()]:
+        if (root / relative).exists():
+            return root / relative
+    raise missing
 
 
 def never_called(owner: str, name: str) -> Callable[..., Any]:
