@@ -101,9 +101,7 @@ class _BaselineResends:
             self.absorbed_502 += absorbed_502
 
 
-def _baseline_control(
-    session: requests.Session, url: str, body: dict[str, Any], resends: _BaselineResends | None = None
-) -> requests.Response:
+def _baseline_control(session: requests.Session, url: str, body: dict[str, Any], resends: _BaselineResends) -> requests.Response:
     """The baseline's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
     for attempt in range(_BASELINE_ATTEMPTS):
         try:
@@ -111,8 +109,7 @@ def _baseline_control(
         except (requests.ConnectionError, requests.Timeout):
             if attempt == _BASELINE_ATTEMPTS - 1:
                 raise
-            if resends is not None:
-                resends.add(after_error=1)
+            resends.add(after_error=1)
             time.sleep(0.05)
     raise AssertionError("unreachable")
 
