@@ -169,7 +169,6 @@ def _sglang_demo(args: argparse.Namespace) -> int:
     telemetry: Telemetry = start_telemetry(args.metrics_port, args.traces, spans_path)
     out = _Results()
     interrupted = False
-    said: list[str] = []
     try:
         with RunProgress() as ui:
             ui.print(f"metrics: {telemetry.metrics_url} (served while the demo runs)")
