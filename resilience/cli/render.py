@@ -139,10 +139,8 @@ def rich_table(
 # -- policies -------------------------------------------------------------------------------
 
 
-def _num(value: float | None, none: str = "none") -> str:
-    if value is None:
-        return none
-    return f"{value:g}"
+def _num(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
 
 
 def describe_policy(policy: EndpointPolicy) -> str:
