@@ -206,7 +206,6 @@ class RunProgress:
         self.console = make_console(stderr=True)
         self.live = self.console.is_terminal
         self._progress: Progress | None = None
-        self._t0: dict[str, float] = {}
         self._tasks: dict[str, TaskID] = {}
         self._notes: dict[str, str] = {}
 
