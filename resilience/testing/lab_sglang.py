@@ -141,7 +141,6 @@ class SGLangLab:
         self.client_probe = CountingProbe(truth)
         """The clients' (release and resume, after a gateway status or a reset)."""
         self.clients = self._new_clients()
-        self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
         self.proxy_of.update({c.engine: p for c, p in zip(self.clients, self.counted, strict=False) if p is not None})
         restarts = config.controller_crash_step is not None or config.controller_kill_every is not None
         self._journal_dir = Path(tempfile.mkdtemp(prefix="cpr-journal-")) if restarts else None
