@@ -86,7 +86,7 @@ class ChurnReport:
 
 class _Churn:
     def __init__(self, fleet: EmulatedFleet, config: ChurnConfig, deaths: Callable[[str], list[str]]) -> None:
-        self.fleet, self.config, self.deaths = fleet, config, deaths
+        self.config, self.deaths = config, deaths
         self.rng = random.Random(config.seed)
         self.handles = {h.direct_url: h for h in fleet.engines}
         urls = list(self.handles)
