@@ -224,8 +224,6 @@ def build_parser() -> OneLineParser:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if _COMMANDS.get(args.command, ("", "", None))[2] is None:
-        raise CliError(f"unknown command {args.command!r}", 2)
     module = importlib.import_module(f"resilience.cli.{args.command}")
     run: Callable[[argparse.Namespace], int] = getattr(module, f"run_{args.command}")
     return run(args)
