@@ -211,11 +211,6 @@ class RestartBudget:
         """Restarts left (never negative)."""
         return max(0, self._limit - self.used)
 
-    @property
-    def exhausted(self) -> bool:
-        """True when no restart is left."""
-        return self.remaining == 0
-
     def record(self, cause: str, *, step: int | None = None) -> RestartRecord:
         """Record a restart the caller decided to take; persist it first, then announce it."""
         if not cause:

@@ -53,7 +53,7 @@ def run_churn_soak(args: argparse.Namespace) -> int:
     """``cpr soak --churn K``: exit 0 when every end criterion is met, else 1."""
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     check_engines(args.engines, "--engines")
-    if getattr(args, "engine", "sglang") != "sglang" or args.way != "ours" or args.fault_plan:
+    if args.engine != "sglang" or args.way != "ours" or args.fault_plan:
         raise CliError("cpr soak --churn runs SGLang engines the resilient way without a fault plan: drop --engine, --way, --fault-plan", 2)
     every = args.churn
     config = ChurnConfig(

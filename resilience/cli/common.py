@@ -105,7 +105,7 @@ def check_output_file(path: Path, what: str, suffixes: tuple[str, ...] = ()) -> 
         raise CliError(f"{what} {str(path)!r} must end in {' or '.join(suffixes)}, but ends in {path.suffix or 'nothing'!r}", 2)
     if path.is_dir():
         raise CliError(f"{what} {str(path)!r} is a directory; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent
     if not parent.is_dir():
         raise CliError(f"{what} {str(path)!r}: folder {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):

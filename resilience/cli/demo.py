@@ -144,7 +144,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """Run the demo from parsed arguments; the exit status: 0 when ours finished every step; 2, before anything starts,
     for ``--engine vllm`` with the SGLang demo's options or ``--engines`` beyond ``fleet.engines_bound()``; 130 on
     Ctrl-C after a run finished (the finished runs' table and report are still written)."""
-    engine, router = getattr(args, "engine", "sglang"), getattr(args, "router", "direct")
+    engine, router = args.engine, args.router
     if engine == "vllm":
         unsupported = [flag for flag, given in (("--timeline", args.timeline), ("--traces", args.traces != "off")) if given]
         if router != "direct":
@@ -169,7 +169,6 @@ def _sglang_demo(args: argparse.Namespace) -> int:
     telemetry: Telemetry = start_telemetry(args.metrics_port, args.traces, spans_path)
     out = _Results()
     interrupted = False
-    said: list[str] = []
     try:
         with RunProgress() as ui:
             ui.print(f"metrics: {telemetry.metrics_url} (served while the demo runs)")

@@ -120,7 +120,6 @@ def _serve_fleet(args: argparse.Namespace, config: EngineConfig) -> int:
     if smg and not smg_available():
         print("cpr emulate: error: --router smg needs smg: pip install 'controlplane-resilience[smg]'", file=sys.stderr)
         return 2
-    plan = None
     try:
         plan = None if args.fault_plan is None else FaultPlan.load(args.fault_plan)
     except FaultPlanError as exc:

@@ -338,7 +338,7 @@ def run_probe(args: argparse.Namespace) -> int:
     are gateways, the engines the workers they list, and every gateway must list workers, all ``ready``)."""
     urls = [_normalise(u) for u in args.urls]
     gateways: list[GatewayWorkers] = []
-    if getattr(args, "router", "direct") == "smg":
+    if args.router == "smg":
         gateways = [gateway_workers(url, args.timeout) for url in urls]
         urls = list(dict.fromkeys(url for g in gateways for url, _status in g.workers))
     api_key = None
@@ -346,7 +346,7 @@ def run_probe(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise CliError(f"--api-key-env {args.api_key_env}: that environment variable is not set", 2)
-    vllm = getattr(args, "engine", "sglang") == "vllm"
+    vllm = args.engine == "vllm"
     line: Callable[[EngineProbe], str]
     if vllm:  # vLLM's --api-key guards only /v1 routes: no check here sends it
         checks, line, table, name = VLLM_CHECKS, vllm_line, VLLM_POLICIES, "VLLM_POLICIES"

@@ -139,10 +139,8 @@ def rich_table(
 # -- policies -------------------------------------------------------------------------------
 
 
-def _num(value: float | None, none: str = "none") -> str:
-    if value is None:
-        return none
-    return f"{value:g}"
+def _num(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
 
 
 def describe_policy(policy: EndpointPolicy) -> str:
@@ -208,7 +206,6 @@ class RunProgress:
         self.console = make_console(stderr=True)
         self.live = self.console.is_terminal
         self._progress: Progress | None = None
-        self._t0: dict[str, float] = {}
         self._tasks: dict[str, TaskID] = {}
         self._notes: dict[str, str] = {}
 
@@ -263,11 +260,9 @@ class RunProgress:
         elif text:
             self.print(f"{name}: {text}")
 
-    def run_progress(
-        self, name: str, steps: int, extra: Callable[[], str] | None = None, labels: Mapping[str, str] | None = None
-    ) -> Callable[[StepProgress], None]:
-        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths (and ``extra()``); a failed step's
-        error names engines by ``labels`` (``{base URL: "engine i"}``, read at each step; None = by ``host:port``)."""
+    def run_progress(self, name: str, steps: int, extra: Callable[[], str], labels: Mapping[str, str]) -> Callable[[StepProgress], None]:
+        """A callback for ``run_colocate(progress=...)`` showing step, restarts, deaths and ``extra()``; a failed step's
+        error names engines by ``labels`` (``{base URL: "engine i"}``, read at each step)."""
         task_id: TaskID | None = None
         if self._progress is not None:
             task_id = self._progress.add_task(name, total=steps, info="")
@@ -275,9 +270,7 @@ class RunProgress:
 
         def on_step(p: StepProgress) -> None:
             self._notes.pop(name, None)
-            info = f"restarts {p.restarts}, deaths {p.deaths}"
-            if extra is not None:
-                info += f", {extra()}"
+            info = f"restarts {p.restarts}, deaths {p.deaths}, {extra()}"
             if self._progress is not None and task_id is not None:
                 self._progress.update(task_id, completed=p.step, info=info)
                 if not p.ok:

@@ -152,13 +152,13 @@ def seed_caption(seed: int, plan_seed: int, *, from_file: bool, given: bool) -> 
 def run_soak(args: argparse.Namespace) -> int:
     """Run the soak from parsed arguments; exit 0 when no step failed, no engine died and no request was lost, else 1.
     ``--churn K`` runs the churn loop instead (``resilience.cli.churn``)."""
-    if getattr(args, "churn", None):
+    if args.churn:
         from resilience.cli.churn import run_churn_soak
 
         return run_churn_soak(args)
     report_path = check_output_file(Path(args.report), "--report", (".json",))
     check_engines(args.engines, "--engines")
-    vllm = getattr(args, "engine", "sglang") == "vllm"
+    vllm = args.engine == "vllm"
     restart_every = args.restart_every if args.restart_every is not None else (0 if vllm else DEFAULT_RESTART_EVERY)
     if vllm and restart_every:
         raise CliError("cpr soak --engine vllm does not kill the controller: --restart-every takes only 0 there", 2)

@@ -30,9 +30,7 @@ _CAUSES: tuple[tuple[str, str], ...] = (
     (r"in write_weights\b", "weight update into released memory"),
     (r"in _run_model\b", "forward pass after release"),
     (r"release_memory_occupation should be called only when server is idle", "release while requests were running"),  # SGLang's assert
-    (r"release_memory_occupation requires an idle scheduler", "release while requests were running"),
     (r"in _resume\b[\s\S]*KeyError", "resume of memory that was not released"),  # scheduler.py: offload_tags.remove
-    (r"KeyError: .*is not released", "resume of memory that was not released"),
 )
 
 

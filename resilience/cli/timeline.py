@@ -359,9 +359,7 @@ marks are what the clients got through the fault proxy.</p>
 
 
 def write_timeline(path: Path, timelines: Sequence[StepTimeline]) -> None:
-    """Draw ``timelines`` stacked into ``path``: ``.png`` (matplotlib) or ``.html``/``.htm`` (inline SVG)."""
-    if not timelines:
-        raise CliError("no step was captured for the timeline")
+    """Draw ``timelines`` (at least one) stacked into ``path``: ``.png`` (matplotlib) or ``.html``/``.htm`` (inline SVG)."""
     fig = draw_figure(timelines)
     plt = need("matplotlib.pyplot", "cli", "--timeline")
     try:

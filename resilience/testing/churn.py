@@ -86,7 +86,7 @@ class ChurnReport:
 
 class _Churn:
     def __init__(self, fleet: EmulatedFleet, config: ChurnConfig, deaths: Callable[[str], list[str]]) -> None:
-        self.fleet, self.config, self.deaths = fleet, config, deaths
+        self.config, self.deaths = config, deaths
         self.rng = random.Random(config.seed)
         self.handles = {h.direct_url: h for h in fleet.engines}
         urls = list(self.handles)
@@ -95,7 +95,6 @@ class _Churn:
         self.clients = {u: self.client(u) for u in urls}
         self.spares = urls[config.engines :]
         self.report = ChurnReport()
-        self.version = 0
         self.victim: str | None = None
         self.restarted: set[str] = set()
         self.seen_log = {u: 0 for u in urls}
@@ -184,7 +183,7 @@ class _Churn:
         weights = self.orch.onload(tags=["weights"], min_engines=cfg.min_engines)
         self.report.fenced += len(weights.fenced)
         with self.orch.weight_sync():
-            self.version += 1
+            pass  # the trainer would push its weights here; the emulated engines need none
         onload = self.orch.onload(min_engines=cfg.min_engines)
         self.report.fenced += len(onload.fenced)
         if adding:

@@ -28,14 +28,12 @@ if TYPE_CHECKING:
     from resilience.testing.faultplan import FaultPlan
     from resilience.testing.faults import FaultProxy
 
-__all__ = ["ENGINES", "ROUTES", "ColocateConfig", "EngineKind", "Route", "StepProgress", "run_colocate", "score_step"]
+__all__ = ["ColocateConfig", "EngineKind", "Route", "StepProgress", "run_colocate", "score_step"]
 
 EngineKind = Literal["sglang", "vllm"]
 """The emulated engines a run drives."""
 Route = Literal["direct", "smg"]
 """How the control plane reaches them: straight to each engine (through its fault proxy), or behind an smg gateway."""
-ENGINES: Final[tuple[EngineKind, ...]] = ("sglang", "vllm")
-ROUTES: Final[tuple[Route, ...]] = ("direct", "smg")
 _LABS: Final = frozenset({("sglang", "direct"), ("vllm", "direct"), ("sglang", "smg")})
 """The (engine kind, route) pairs with a lab; vLLM behind smg is not offered (smg 1.13.0 fans out SGLang's routes)."""
 _WAYS: Final[dict[str, tuple[str, ...]]] = {"direct": ("old", "ours"), "smg": ("smg", "ours", "ours-smg")}

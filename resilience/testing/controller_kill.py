@@ -60,11 +60,10 @@ class KillSwitchFanOut(ThreadFanOut):
 
     ``on_kill``: called on the controller's thread at the instant of the kill, before
     :class:`ControllerKilled` is raised (take the journal's copy there); default None.
-    ``max_workers``: as ``ThreadFanOut``'s (default 256).
     """
 
-    def __init__(self, on_kill: Callable[[], None] | None = None, max_workers: int = 256) -> None:
-        super().__init__(max_workers)
+    def __init__(self, on_kill: Callable[[], None] | None = None) -> None:
+        super().__init__()
         self.on_kill = on_kill
         self._armed: KillPoint | None = None
         self._seen = 0

@@ -10,25 +10,21 @@ __all__ = ["CountingProbe"]
 
 
 class CountingProbe:
-    """Wraps a ``MemoryProbe`` (``inner``) and counts what it was asked and what it proved; thread-safe (the barrier
+    """Wraps a ``MemoryProbe`` (``inner``) and counts what it proved; thread-safe (the barrier
     asks only for engines whose released tags are unknown, so :attr:`proved` counts the reconciles it made possible)."""
 
     def __init__(self, inner: MemoryProbe) -> None:
         self.inner = inner
         """The probe that answers."""
-        self.asked = 0
-        """Questions asked."""
         self.proved = 0
         """Answers that proved the released tags (not None)."""
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"CountingProbe({self.inner!r}, asked={self.asked}, proved={self.proved})"
+        return f"CountingProbe({self.inner!r}, proved={self.proved})"
 
     def released_tags(self, engine: str) -> frozenset[str] | None:
-        """The inner probe's answer, counted (an error it raises is counted as asked and re-raised)."""
-        with self._lock:
-            self.asked += 1
+        """The inner probe's answer, counted when it proves the tags."""
         answer = self.inner.released_tags(engine)
         if answer is not None:
             with self._lock:

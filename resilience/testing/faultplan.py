@@ -237,10 +237,7 @@ class FaultRule:
         return out
 
 
-def _rule_fields() -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(FaultRule))
-
-
+_RULE_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(FaultRule))
 _PLAN_KEYS: Final = frozenset({"seed", "rules", "max_streak"})
 
 
@@ -295,7 +292,7 @@ class FaultPlan:
         raw_rules = data.get("rules", [])
         if not isinstance(raw_rules, list):
             raise FaultPlanError(f"{source}: `rules` must be a list, but was {raw_rules!r}")
-        allowed = _rule_fields()
+        allowed = _RULE_FIELDS
         rules: list[FaultRule] = []
         for i, raw in enumerate(raw_rules):
             where = f"{source}: rules[{i}]"

@@ -55,8 +55,6 @@ __all__ = [
     "run_seed",
 ]
 
-logger = logging.getLogger(__name__)
-
 FRAMEWORKS: tuple[str, ...] = ("areal", "verl", "skyrl")
 ENGINE_KIND: dict[str, str] = {"areal": "sglang", "verl": "sglang", "skyrl": "vllm"}
 """Which engine each framework's driven client talks to."""
@@ -227,7 +225,7 @@ def verl_cycle(adapters: Sequence[Any]) -> None:
 
 
 @contextmanager
-def mounted(mount: str, fleet: EmulatedFleet, *, fast: bool = True, engine: str = "sglang") -> Iterator[Any]:
+def mounted(mount: str, fleet: EmulatedFleet, *, engine: str = "sglang") -> Iterator[Any]:
     """Our mount for ``mount`` (``MOUNTS``) over the fleet's proxy URLs, undone on exit; yields the instrumentor or None.
 
     ``engine="vllm"``: ``VLLMInstrumentor`` over ``VLLM_POLICIES`` (``middleware`` only)."""
@@ -245,16 +243,14 @@ def mounted(mount: str, fleet: EmulatedFleet, *, fast: bool = True, engine: str 
             raise ValueError(f"`mount` {mount!r} has no vLLM form: vLLM's sleep and wake are idempotent (nothing for a probe to settle)")
         from resilience.adapters.vllm import VLLM_POLICIES
 
-        vllm = VLLMInstrumentor(fleet.urls, policies=fast_policies(VLLM_POLICIES) if fast else VLLM_POLICIES).instrument()
+        vllm = VLLMInstrumentor(fleet.urls, policies=fast_policies(VLLM_POLICIES)).instrument()
         try:
             yield vllm
         finally:
             vllm.uninstrument()
         return
 
-    table = presets.SGLANG_STRICT_POLICIES if mount == "strict" else presets.SGLANG_POLICIES
-    if fast:
-        table = fast_policies(table)
+    table = fast_policies(presets.SGLANG_STRICT_POLICIES if mount == "strict" else presets.SGLANG_POLICIES)
     if mount == "probe":
         table = presets.with_memory_probe(table, fleet.memory_probe())
     inst = SGLangInstrumentor(fleet.urls, policies=table).instrument()
@@ -349,7 +345,6 @@ def run_seed(
     *,
     cycles: int = 5,
     engines: int = 3,
-    fast: bool = True,
     max_streak: int | None = MAX_STREAK,
 ) -> SeedResult:
     """``cycles`` of ``framework``'s own cycle on a fresh fleet of ``engines`` behind proxies playing ``plan`` with ``seed``
@@ -362,13 +357,13 @@ def run_seed(
     config = RIG_ENGINE_CONFIG if kind == "sglang" else RIG_VLLM_CONFIG
     swap_path = _SWAP_PATHS[0] if kind == "sglang" else _VLLM_SWAP_PATHS[0]
     with EmulatedFleet(engines, config, fault_plan=faults) as fleet, ExitStack() as mounts:
-        mounts.enter_context(mounted(mount, fleet, fast=fast, engine=kind))
+        mounts.enter_context(mounted(mount, fleet, engine=kind))
         client: Any
         cycle: Callable[[Any], None]
         if framework == "areal":
             client, cycle = _areal_engine(fleet.urls), areal_cycle
         elif framework == "verl":
-            client, cycle = _verl_adapters(fleet.urls, retry_delay=0.2 if fast else 2.0), verl_cycle
+            client, cycle = _verl_adapters(fleet.urls, retry_delay=0.2), verl_cycle
         else:
             from resilience.testing.skyrl import skyrl_client, skyrl_cycle
 
@@ -396,7 +391,7 @@ def run_seed(
             if not ok:  # a restarted job: engines put back, a fresh process's mount (no breaker or ledger carried over)
                 _put_back(fleet)
                 mounts.close()
-                mounts.enter_context(mounted(mount, fleet, fast=fast, engine=kind))
+                mounts.enter_context(mounted(mount, fleet, engine=kind))
         for engine in fleet.engines:
             if engine.proxy is not None:
                 for seen in engine.proxy.seen:

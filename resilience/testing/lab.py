@@ -247,21 +247,20 @@ def run_rounds(
     report: ColocateReport,
     *,
     again_unquarantined: bool = False,
-    rounds: int = RECONCILE_ROUNDS,
 ) -> None:
     """Run a transition; after a ``PhaseFailed`` that no engine died of, reconcile the engines it quarantined
-    (``reconcile``; None: nothing to reconcile) and run it again, at most ``rounds`` times in all.
+    (``reconcile``; None: nothing to reconcile) and run it again, at most :data:`RECONCILE_ROUNDS` times in all.
 
     ``quarantined``: the orchestrator's quarantined engines now. ``again_unquarantined``: whether a failure that
     quarantined nothing is run again too (default False: it is re-raised at once).
     """
-    for round_ in range(1, rounds + 1):
+    for round_ in range(1, RECONCILE_ROUNDS + 1):
         try:
             transition()
             return
         except PhaseFailed as exc:
             names = sorted(set(exc.quarantined) | set(quarantined()))
-            if exc.dead or round_ == rounds or (not names and not again_unquarantined):
+            if exc.dead or round_ == RECONCILE_ROUNDS or (not names and not again_unquarantined):
                 raise
             if names and reconcile is not None:
                 report.engines_quarantined += len(names)

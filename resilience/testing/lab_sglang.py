@@ -101,9 +101,7 @@ class _BaselineResends:
             self.absorbed_502 += absorbed_502
 
 
-def _baseline_control(
-    session: requests.Session, url: str, body: dict[str, Any], resends: _BaselineResends | None = None
-) -> requests.Response:
+def _baseline_control(session: requests.Session, url: str, body: dict[str, Any], resends: _BaselineResends) -> requests.Response:
     """The baseline's control call: raise_for_status, and like verl 3 attempts on connection errors and timeouts."""
     for attempt in range(_BASELINE_ATTEMPTS):
         try:
@@ -111,8 +109,7 @@ def _baseline_control(
         except (requests.ConnectionError, requests.Timeout):
             if attempt == _BASELINE_ATTEMPTS - 1:
                 raise
-            if resends is not None:
-                resends.add(after_error=1)
+            resends.add(after_error=1)
             time.sleep(0.05)
     raise AssertionError("unreachable")
 
@@ -144,7 +141,6 @@ class SGLangLab:
         self.client_probe = CountingProbe(truth)
         """The clients' (release and resume, after a gateway status or a reset)."""
         self.clients = self._new_clients()
-        self.handles = {client.engine: handle for client, handle in zip(self.clients, fleet.engines, strict=True)}
         self.proxy_of.update({c.engine: p for c, p in zip(self.clients, self.counted, strict=False) if p is not None})
         restarts = config.controller_crash_step is not None or config.controller_kill_every is not None
         self._journal_dir = Path(tempfile.mkdtemp(prefix="cpr-journal-")) if restarts else None

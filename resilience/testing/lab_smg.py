@@ -63,7 +63,6 @@ class SmgLab:
         plan = setup.plan
         self.fleet, self.config, self.way, self.clock = fleet, config, way, setup.clock
         self.policies = setup.policies if setup.policies is not None else demo_policies()
-        self.budget = setup.budget
         self.restarted_controller_in: int | None = None  # a new controller starts only in a recovery
         self.report = setup.new_report()
         self.proxies = [FaultProxy(e.direct_url, plan, e.index) for e in fleet.engines]

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -301,12 +301,9 @@ class SmgGateway:
         worker = self.worker(url)
         return None if worker is None else str(worker.get("status"))
 
-    def add_worker(self, url: str, labels: Mapping[str, str] | None = None) -> None:
+    def add_worker(self, url: str) -> None:
         """``POST /workers``: register ``url`` (the gateway probes it before it is ready)."""
-        body: dict[str, Any] = {"url": url}
-        if labels:
-            body["labels"] = dict(labels)
-        self._session.post(f"{self.url}/workers", json=body, timeout=5).raise_for_status()
+        self._session.post(f"{self.url}/workers", json={"url": url}, timeout=5).raise_for_status()
 
     def wait_status(self, url: str, want: Callable[[str | None], bool], timeout: float) -> str | None:
         """Poll (bounded by ``timeout`` s) until ``want(status(url))``; the last status seen (check it: it may not be wanted)."""
