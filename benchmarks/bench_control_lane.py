@@ -25,8 +25,13 @@ through a pool of ``SYNC_POOL`` (requests: ``pool_maxsize=16,
 pool_block=True``, its only pool that waits; httpx: ``Limits(max_connections=16)``),
 the same shape at a size 2 cores can run. Idle: the same client, no streams.
 A control call that waits in the queue takes seconds, so those rows take
-``--queued-samples`` calls, started ``QUEUED_GAP_S`` apart; the others take
-``--samples``, one after another. Goal: mounted p99 under load within 2x of
+``--queued-samples`` calls, started ``QUEUED_GAP_S`` apart. Every other
+call, idle ones included, comes ``SAMPLE_GAP_S`` after the one before,
+beside a lag sample: ``--samples`` idle calls, and loaded ones for at most
+``LOADED_WINDOW_S``. (A call made straight after another finds warm caches
+and an engine that never went to sleep: with no streams at all it took a
+third of the time at p50 on this 2-CPU machine, so an idle baseline taken
+back to back, as before, made every ratio 2-3x too high.) Goal: mounted p99 under load within 2x of
 its idle p50. The last column is the floor under load that no pool can
 lift: how long the measuring thread (sync: ``time.sleep(0)``, giving the GIL
 to the streaming threads) or task (async: one byte through a socket pair,
@@ -83,6 +88,9 @@ SYNC_POOL = 16
 """The sync drivers' pool limit: ``SYNC_STREAMS - SYNC_POOL`` threads wait in its queue."""
 SAMPLE_GAP_S = 0.005
 """Seconds between the control calls of an idle-pool row under load, so that they spread over the streams' phases."""
+LOADED_WINDOW_S = 60.0
+"""At most this many seconds of a ``mounted`` row's loaded calls: where the loop is saturated (httpx async's data
+pool walking its queue), a call can take seconds, and ``--samples`` of them would not end; the row says how many ran."""
 QUEUED_GAP_S = 0.25
 """Seconds between the starts of the control calls that wait behind streams."""
 TIMEOUT_S = 120.0
@@ -266,15 +274,27 @@ def _sync_lag() -> float:
     return time.perf_counter() - started
 
 
-Row = tuple[list[float], list[float], list[float], list[tuple[float, ...]]]
-"""(idle seconds, loaded seconds, scheduling lags under load, ``PHASES`` of each loaded call: mounted rows only)."""
+Row = tuple[list[float], list[float], list[float], list[tuple[float, ...]], list[tuple[float, ...]]]
+"""(idle seconds, loaded seconds, scheduling lags under load, ``PHASES`` of each idle call, of each loaded call: mounted
+rows only)."""
+
+
+def _sync_sample(send: Callable[[str], None], times: list[float], lags: list[float], phases: list[tuple[float, ...]]) -> None:
+    """One control call as every row but the queued ones takes it: after ``SAMPLE_GAP_S``, beside a lag sample."""
+    time.sleep(SAMPLE_GAP_S)
+    lags.append(_sync_lag())
+    phases.append(_phased(lambda: times.append(_timed(send))))
 
 
 def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> Row:
     """The control calls of one sync client (``Row``)."""
     send, close = _sync_client(driver, mode)
     try:
-        idle = [_timed(send) for _ in range(samples // 2)]
+        idle: list[float] = []
+        idle_lags: list[float] = []
+        idle_phases: list[tuple[float, ...]] = []
+        for _ in range(samples // 2):
+            _sync_sample(send, idle, idle_lags, idle_phases)
         stop = threading.Event()
 
         def worker() -> None:
@@ -289,12 +309,15 @@ def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -
         for t in threads:
             t.start()
         time.sleep(2 * EVENTS * INTERVAL_S)  # every pooled connection streaming, the rest queued
-        loaded, lags, phases = [], [], []
+        loaded: list[float] = []
+        lags: list[float] = []
+        phases: list[tuple[float, ...]] = []
         if mode == "mounted":
+            window = time.monotonic() + LOADED_WINDOW_S
             for _ in range(samples):  # spread over the streams' phases; each control call beside a lag sample
-                time.sleep(SAMPLE_GAP_S)
-                lags.append(_sync_lag())
-                phases.append(_phased(lambda: loaded.append(_timed(send))))
+                if time.monotonic() > window:
+                    break
+                _sync_sample(send, loaded, lags, phases)
         else:
             with ThreadPoolExecutor(queued) as pool:
                 futures = []
@@ -305,8 +328,9 @@ def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -
         stop.set()
         for t in threads:
             t.join(TIMEOUT_S)
-        idle += [_timed(send) for _ in range(samples - samples // 2)]  # half before the load, half after
-        return idle, loaded, lags, phases
+        for _ in range(samples - samples // 2):  # half before the load, half after
+            _sync_sample(send, idle, idle_lags, idle_phases)
+        return idle, loaded, lags, idle_phases, phases
     finally:
         close()
 
@@ -403,8 +427,23 @@ async def _async_lag(pair: tuple[socket.socket, socket.socket]) -> float:
 async def _async_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> Row:
     send, close = await _async_client(driver, mode)
     pair = socket.socketpair()
+
+    async def sample(times: list[float], lags: list[float], phases: list[tuple[float, ...]]) -> None:
+        """``_sync_sample`` on the loop."""
+
+        async def timed() -> None:
+            times.append(await _atimed(send))
+
+        await asyncio.sleep(SAMPLE_GAP_S)
+        lags.append(await _async_lag(pair))
+        phases.append(await _aphased(timed))
+
     try:
-        idle = [await _atimed(send) for _ in range(samples // 2)]
+        idle: list[float] = []
+        idle_lags: list[float] = []
+        idle_phases: list[tuple[float, ...]] = []
+        for _ in range(samples // 2):
+            await sample(idle, idle_lags, idle_phases)
         stop = asyncio.Event()
 
         async def worker() -> None:
@@ -413,16 +452,15 @@ async def _async_row(driver: str, mode: str, streams: int, samples: int, queued:
 
         tasks = [asyncio.create_task(worker()) for _ in range(streams)]
         await asyncio.sleep(2 * EVENTS * INTERVAL_S)
-        loaded, lags, phases = [], [], []
-
-        async def timed() -> None:
-            loaded.append(await _atimed(send))
-
+        loaded: list[float] = []
+        lags: list[float] = []
+        phases: list[tuple[float, ...]] = []
         if mode == "mounted":
+            window = time.monotonic() + LOADED_WINDOW_S
             for _ in range(samples):
-                await asyncio.sleep(SAMPLE_GAP_S)
-                lags.append(await _async_lag(pair))
-                phases.append(await _aphased(timed))
+                if time.monotonic() > window:
+                    break
+                await sample(loaded, lags, phases)
         else:
             calls = []
             for _ in range(queued):
@@ -433,8 +471,9 @@ async def _async_row(driver: str, mode: str, streams: int, samples: int, queued:
         for task in tasks:
             task.cancel()  # a cancelled stream closes its connection: the next row starts with none open
         await asyncio.gather(*tasks, return_exceptions=True)
-        idle += [await _atimed(send) for _ in range(samples - samples // 2)]
-        return idle, loaded, lags, phases
+        for _ in range(samples - samples // 2):
+            await sample(idle, idle_lags, idle_phases)
+        return idle, loaded, lags, idle_phases, phases
     finally:
         for end in pair:
             end.close()
@@ -487,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         f"`StreamServer`. Async drivers: {args.streams} streams on one event loop through the library's default pool "
         f"(100 connections); sync drivers: {SYNC_STREAMS} streaming threads through a pool of {SYNC_POOL} (1,000 would need "
         f"1,000 threads). Queued rows: {args.queued_samples} calls started {QUEUED_GAP_S} s apart; the others "
-        f"{args.samples} calls {SAMPLE_GAP_S * 1000:.0f} ms apart (idle: half before the load, half after). "
+        f"calls {SAMPLE_GAP_S * 1000:.0f} ms apart, idle and loaded alike ({args.samples} idle: half before the load, half "
+        f"after; loaded: {args.samples}, or as many as {LOADED_WINDOW_S:.0f} s allow). "
         f"{os.cpu_count()} CPUs shared with other work: load average {load_before[0]:.2f} before, {load_after[0]:.2f} "
         "after, and the 1-minute load average at each row's end in its row. Goal: mounted p99 under load <= 2x its idle p50. "
         "Scheduling lag: how long the measuring thread (`time.sleep(0)`: a turn of the GIL) or task (one byte through a "
@@ -495,26 +535,48 @@ def main(argv: list[str] | None = None) -> int:
         "`mounted` rows: the floor under load that no pool lifts.\n"
     )
     print(
-        "| driver | client | load | load avg | idle p50 ms | idle p99 ms | loaded p50 ms | loaded p99 ms "
+        "| driver | client | load | load avg | loaded calls | idle p50 ms | idle p99 ms | loaded p50 ms | loaded p99 ms "
         "| loaded p99 / idle p50 | loaded p99 / idle p99 | scheduling lag p99 ms |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for driver, mode, load, average, (idle, loaded, lags, _) in rows:
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for driver, mode, load, average, (idle, loaded, lags, _, _) in rows:
         assert idle and loaded and (lags or mode != "mounted"), f"{driver}, {mode}: no samples"
         ratio = _ms(loaded, 0.99) / statistics.median(idle) / 1000
         ratio99 = _ms(loaded, 0.99) / _ms(idle, 0.99)
+        lag = f"{_ms(lags, 0.99):.2f}" if lags else "-"
         print(
-            f"| {driver} | {mode} | {load} | {average:.2f} | {_ms(idle, 0.5):.2f} | {_ms(idle, 0.99):.2f} | {_ms(loaded, 0.5):.2f} | "
-            f"{_ms(loaded, 0.99):.2f} | {ratio:.1f}x | {ratio99:.1f}x | {f'{_ms(lags, 0.99):.2f}' if lags else '-'} |"
+            f"| {driver} | {mode} | {load} | {average:.2f} | {len(loaded)} | {_ms(idle, 0.5):.2f} | {_ms(idle, 0.99):.2f} | "
+            f"{_ms(loaded, 0.5):.2f} | {_ms(loaded, 0.99):.2f} | {ratio:.1f}x | {ratio99:.1f}x | {lag} |"
         )
     lane = [(d, _ms(row[1], 0.99) / statistics.median(row[0]) / 1000) for d, m, _, _, row in rows if m == "mounted"]
     met = [d for d, r in lane if r <= 2]
     missed = [f"{d} ({r:.1f}x)" for d, r in lane if r > 2]
     print(f"\nGoal met (mounted p99 under load <= 2x idle p50): {', '.join(met) or 'none'}; missed: {', '.join(missed) or 'none'}.")
-    measured = [(d, row[3]) for d, m, _, _, row in rows if m == "mounted" and row[3]]
+    measured = [(d, row[3], row[4]) for d, m, _, _, row in rows if m == "mounted" and row[4]]
     if not measured:
         print("\nWhere the time goes: not measured here (it reads Linux's `/proc/.../schedstat`).")
         return 0
+    print(
+        "\n### Where a control call's time goes (`mounted` rows)\n\n"
+        "Mean milliseconds per call, for the slowest 1% of each `mounted` row's calls and for its fastest half, idle and "
+        "loaded. `wall` = `on CPU` (the measuring thread: the call itself and, async, every other callback the loop ran "
+        "meanwhile) + `waiting for a CPU` (runnable, but the OS ran other work: this machine's load) + `asleep` (waiting "
+        "for the engine's answer; sync: for the GIL too). `other threads on CPU`: this process's other threads meanwhile "
+        "(sync: the streaming threads, holding the GIL). `engine waiting for a CPU`: the engine process, runnable but not "
+        "running (counted when the wait ends, so it can exceed `wall`). `GC pauses` and `httpcore pool scans` "
+        "(httpcore's `_assign_requests_to_connections`, every pool in the process: the data pool walks its queue of "
+        "waiting requests on each call) overlap the others. From Linux's `schedstat`.\n"
+    )
+    print("| driver | calls | " + " | ".join(f"{name} ms" for name in PHASES) + " |")
+    print("|---|---|" + "---:|" * len(PHASES))
+    for driver, idle_phases, loaded_phases in measured:
+        for when, phases in (("idle", idle_phases), ("loaded", loaded_phases)):
+            ordered = sorted(phases)
+            slowest = ordered[int(0.99 * len(ordered)) :]
+            fastest = ordered[: len(ordered) // 2]
+            print(f"| {driver} | {when}, slowest 1% ({len(slowest)}) | {_means(slowest)} |")
+            print(f"| {driver} | {when}, fastest half ({len(fastest)}) | {_means(fastest)} |")
+    return 0
     print(
         "\n### Where a loaded control call's time goes (`mounted` rows)\n\n"
         "Mean milliseconds per call, for the slowest 1% of each `mounted` row's loaded calls and for its fastest half. "
