@@ -577,25 +577,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {driver} | {when}, slowest 1% ({len(slowest)}) | {_means(slowest)} |")
             print(f"| {driver} | {when}, fastest half ({len(fastest)}) | {_means(fastest)} |")
     return 0
-    print(
-        "\n### Where a loaded control call's time goes (`mounted` rows)\n\n"
-        "Mean milliseconds per call, for the slowest 1% of each `mounted` row's loaded calls and for its fastest half. "
-        "`wall` = `on CPU` (the measuring thread: the call itself and, async, every other callback the loop ran "
-        "meanwhile) + `waiting for a CPU` (runnable, but the OS ran other work: this machine's load) + `asleep` (waiting "
-        "for the engine's answer; sync: for the GIL too). `other threads on CPU`: this process's other threads meanwhile "
-        "(sync: the streaming threads, holding the GIL). `engine waiting for a CPU`: the engine process, runnable but not "
-        "running. `GC pauses` and `httpcore pool scans` (httpcore's `_assign_requests_to_connections`, every pool in the "
-        "process: the data pool walks its queue of waiting requests) overlap the others. From Linux's `schedstat`.\n"
-    )
-    print("| driver | calls | " + " | ".join(f"{name} ms" for name in PHASES) + " |")
-    print("|---|---|" + "---:|" * len(PHASES))
-    for driver, phases in measured:
-        ordered = sorted(phases)
-        slowest = ordered[int(0.99 * len(ordered)) :]
-        fastest = ordered[: len(ordered) // 2]
-        print(f"| {driver} | slowest 1% ({len(slowest)}) | {_means(slowest)} |")
-        print(f"| {driver} | fastest half ({len(fastest)}) | {_means(fastest)} |")
-    return 0
 
 
 if __name__ == "__main__":
