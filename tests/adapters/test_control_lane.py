@@ -17,10 +17,8 @@ import gc
 import logging
 import os
 import pickle
-import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import httpx
@@ -378,25 +376,3 @@ def test_stream_server_names_its_process() -> None:
     with server:
         assert server.pid > 0 and os.path.exists(f"/proc/{server.pid}") == (sys.platform == "linux")
     assert server.pid == 0
-
-
-def test_the_benchmark_measures_every_client_and_says_where_the_time_goes() -> None:
-    """``benchmarks/bench_control_lane.py`` at tiny sizes (aiohttp only): the three clients' rows, each with its loaded calls,
-    and, on Linux, the breakdown of the mounted row's idle and loaded calls. No figure is judged (that is BENCHMARKS.md's)."""
-    root = Path(__file__).resolve().parents[2]
-    args = ["--drivers", "aiohttp", "--streams", "10", "--samples", "4", "--queued-samples", "1"]
-    proc = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "bench_control_lane.py"), *args],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(root)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines() if line.startswith("| aiohttp")]
-    assert [r[1] for r in rows[:3]] == ["bare", "mounted, no lane", "mounted"]
-    assert [r[4] for r in rows[:3]] == ["1", "1", "4"]  # loaded calls: the queued ones, then the lane's
-    if sys.platform == "linux":
-        assert [r[1].split(",")[0] for r in rows[3:]] == ["idle", "idle", "loaded", "loaded"]
-        assert all(float(cell) >= 0 for r in rows[3:] for cell in r[2:])
