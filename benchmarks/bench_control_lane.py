@@ -1,6 +1,6 @@
 """A control call's latency while streaming generations fill the same client's pool: bare, mounted without the lane, mounted.
 
-Run: ``.venv/bin/python benchmarks/bench_control_lane.py [--streams 1000] [--samples 200] [--queued-samples 8] [--quick]``
+Run: ``.venv/bin/python benchmarks/bench_control_lane.py [--streams 1000] [--samples 1000] [--queued-samples 8] [--drivers ...] [--quick]``
 
 The field's finding (prime-rl #1111): on one shared pool a weight update took
 8.58 s under 4,000 concurrent streams; a dedicated admin client took 55 ms.
@@ -25,29 +25,48 @@ through a pool of ``SYNC_POOL`` (requests: ``pool_maxsize=16,
 pool_block=True``, its only pool that waits; httpx: ``Limits(max_connections=16)``),
 the same shape at a size 2 cores can run. Idle: the same client, no streams.
 A control call that waits in the queue takes seconds, so those rows take
-``--queued-samples`` calls, started ``QUEUED_GAP_S`` apart; the others take
-``--samples``, one after another. Goal: mounted p99 under load within 2x of
+``--queued-samples`` calls, started ``QUEUED_GAP_S`` apart. Every other
+call, idle ones included, comes ``SAMPLE_GAP_S`` after the one before,
+beside a lag sample: ``--samples`` idle calls, and loaded ones for at most
+``LOADED_WINDOW_S``. (A call made straight after another finds warm caches
+and an engine that never went to sleep: with no streams at all it took a
+third of the time at p50 on this 2-CPU machine, so an idle baseline taken
+back to back, as before, made every ratio 2-3x too high.) Goal: mounted p99 under load within 2x of
 its idle p50. The last column is the floor under load that no pool can
 lift: how long the measuring thread (sync: ``time.sleep(0)``, giving the GIL
-to the streaming threads) or task (async: ``asyncio.sleep(0)``, a turn of the
-loop the streams share) waits to run again, sampled just before each
+to the streaming threads) or task (async: one byte through a socket pair,
+awaited through the loop's selector as a response is, so behind every
+callback of the loop's turn) waits to run again, sampled just before each
 control call of the ``mounted`` rows. Idle samples: half before the load,
 half after it.
+
+A second table says where the loaded time of the ``mounted`` rows goes
+(``_Phases``, Linux only): per call, the measuring thread on a CPU, waiting
+for one, asleep (the engine's answer, the GIL), the streaming threads on a
+CPU, the engine process waiting for a CPU, GC pauses and httpcore's pool
+scans; the mean over the slowest 1% of the calls and over the fastest half.
+The machine is shared: each row carries the 1-minute load average at its end.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
+import socket
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+import httpcore
 import httpx
 import requests
 
@@ -69,6 +88,9 @@ SYNC_POOL = 16
 """The sync drivers' pool limit: ``SYNC_STREAMS - SYNC_POOL`` threads wait in its queue."""
 SAMPLE_GAP_S = 0.005
 """Seconds between the control calls of an idle-pool row under load, so that they spread over the streams' phases."""
+LOADED_WINDOW_S = 60.0
+"""At most this many seconds of a ``mounted`` row's loaded calls: where the loop is saturated (httpx async's data
+pool walking its queue), a call can take seconds, and ``--samples`` of them would not end; the row says how many ran."""
 QUEUED_GAP_S = 0.25
 """Seconds between the starts of the control calls that wait behind streams."""
 TIMEOUT_S = 120.0
@@ -86,6 +108,127 @@ def _config(lane: bool) -> DriverConfig:
 def _ms(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# ---- where a loaded control call's time goes ----
+
+PHASES = (
+    "wall",
+    "on CPU",
+    "waiting for a CPU",
+    "asleep",
+    "other threads on CPU",
+    "engine waiting for a CPU",
+    "GC pauses",
+    "httpcore pool scans",
+)
+"""The breakdown's columns (``_Phases.between``), seconds each."""
+_SCAN = "_assign_requests_to_connections"
+"""httpcore's pool method that hands waiting requests connections: it walks the whole queue on every call."""
+
+
+def _schedstat(path: str) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of a thread or process, from Linux's ``schedstat``."""
+    with open(path, encoding="ascii") as f:
+        on_cpu, waiting, _ = f.read().split()
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+@dataclass(slots=True)
+class _Mark:
+    """One instant as the breakdown reads it: clocks and counters, seconds."""
+
+    wall: float
+    on_cpu: float
+    waiting: float
+    process_cpu: float
+    engine_waiting: float
+    gc: float
+    scans: float
+
+
+class _Phases:
+    """Where each loaded control call of a ``mounted`` row spends its wall time (Linux only: ``/proc/.../schedstat``).
+
+    Between two marks around a call: the measuring thread on a CPU (the call
+    itself and, async, every other callback the loop ran meanwhile), waiting
+    for a CPU (runnable, but the OS ran something else: this machine's other
+    work), asleep (the rest: waiting for the engine's answer, and in a sync
+    driver for the GIL), other threads of this process on a CPU (sync: the
+    streaming threads, who held the GIL), the engine process waiting for a
+    CPU, and, overlapping those, GC pauses (``gc.callbacks``) and httpcore's
+    pool scans (``_assign_requests_to_connections`` of every pool in the
+    process, wrapped while the benchmark runs: the data pool's queue).
+    """
+
+    def __init__(self, engine_pid: int) -> None:
+        self.engine = f"/proc/{engine_pid}/schedstat"
+        self.available = os.path.exists("/proc/thread-self/schedstat") and os.path.exists(self.engine)
+        self.gc_s = 0.0
+        self.scans_s = 0.0
+        self._gc_started = 0.0
+        self._lock = threading.Lock()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_started
+
+    def _add_scan(self, seconds: float) -> None:
+        with self._lock:
+            self.scans_s += seconds
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Count GC pauses and httpcore's pool scans while inside."""
+        wrapped: list[tuple[Any, Any]] = []
+        for pool_class in (httpcore.ConnectionPool, httpcore.AsyncConnectionPool):
+            original = getattr(pool_class, _SCAN, None)
+            if original is None:  # an httpcore without it: no scan column, the rest stands
+                continue
+
+            def timed(pool: Any, _original: Any = original) -> Any:
+                started = time.perf_counter()
+                try:
+                    return _original(pool)
+                finally:
+                    self._add_scan(time.perf_counter() - started)
+
+            setattr(pool_class, _SCAN, timed)
+            wrapped.append((pool_class, original))
+        gc.callbacks.append(self._on_gc)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._on_gc)
+            for pool_class, original in wrapped:
+                setattr(pool_class, _SCAN, original)
+
+    def mark(self) -> _Mark:
+        on_cpu, waiting = _schedstat("/proc/thread-self/schedstat")
+        _, engine_waiting = _schedstat(self.engine)
+        return _Mark(time.perf_counter(), on_cpu, waiting, time.process_time(), engine_waiting, self.gc_s, self.scans_s)
+
+    @staticmethod
+    def between(a: _Mark, z: _Mark) -> tuple[float, ...]:
+        """``PHASES`` from ``a`` to ``z``."""
+        wall, on_cpu, waiting = z.wall - a.wall, z.on_cpu - a.on_cpu, z.waiting - a.waiting
+        others = z.process_cpu - a.process_cpu - on_cpu
+        return (
+            wall,
+            on_cpu,
+            waiting,
+            max(0.0, wall - on_cpu - waiting),
+            max(0.0, others),
+            z.engine_waiting - a.engine_waiting,
+            z.gc - a.gc,
+            z.scans - a.scans,
+        )
+
+
+phases_of: list[_Phases | None] = [None]
+"""The breakdown of this run (set once the server is up; None: not measured here)."""
 
 
 # ---- the sync drivers: threads ----
@@ -131,11 +274,27 @@ def _sync_lag() -> float:
     return time.perf_counter() - started
 
 
-def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> tuple[list[float], list[float], list[float]]:
-    """(idle seconds, loaded seconds, scheduling lags under load) of the control calls of one sync client."""
+Row = tuple[list[float], list[float], list[float], list[tuple[float, ...]], list[tuple[float, ...]]]
+"""(idle seconds, loaded seconds, scheduling lags under load, ``PHASES`` of each idle call, of each loaded call: mounted
+rows only)."""
+
+
+def _sync_sample(send: Callable[[str], None], times: list[float], lags: list[float], phases: list[tuple[float, ...]]) -> None:
+    """One control call as every row but the queued ones takes it: after ``SAMPLE_GAP_S``, beside a lag sample."""
+    time.sleep(SAMPLE_GAP_S)
+    lags.append(_sync_lag())
+    phases.append(_phased(lambda: times.append(_timed(send))))
+
+
+def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> Row:
+    """The control calls of one sync client (``Row``)."""
     send, close = _sync_client(driver, mode)
     try:
-        idle = [_timed(send) for _ in range(samples // 2)]
+        idle: list[float] = []
+        idle_lags: list[float] = []
+        idle_phases: list[tuple[float, ...]] = []
+        for _ in range(samples // 2):
+            _sync_sample(send, idle, idle_lags, idle_phases)
         stop = threading.Event()
 
         def worker() -> None:
@@ -150,12 +309,15 @@ def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -
         for t in threads:
             t.start()
         time.sleep(2 * EVENTS * INTERVAL_S)  # every pooled connection streaming, the rest queued
-        loaded, lags = [], []
+        loaded: list[float] = []
+        lags: list[float] = []
+        phases: list[tuple[float, ...]] = []
         if mode == "mounted":
+            window = time.monotonic() + LOADED_WINDOW_S
             for _ in range(samples):  # spread over the streams' phases; each control call beside a lag sample
-                time.sleep(SAMPLE_GAP_S)
-                lags.append(_sync_lag())
-                loaded.append(_timed(send))
+                if time.monotonic() > window:
+                    break
+                _sync_sample(send, loaded, lags, phases)
         else:
             with ThreadPoolExecutor(queued) as pool:
                 futures = []
@@ -166,10 +328,33 @@ def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -
         stop.set()
         for t in threads:
             t.join(TIMEOUT_S)
-        idle += [_timed(send) for _ in range(samples - samples // 2)]  # half before the load, half after
-        return idle, loaded, lags
+        for _ in range(samples - samples // 2):  # half before the load, half after
+            _sync_sample(send, idle, idle_lags, idle_phases)
+        return idle, loaded, lags, idle_phases, phases
     finally:
         close()
+
+
+def _phased(call: Callable[[], None]) -> tuple[float, ...]:
+    """``call()``, and its ``PHASES`` (empty where the breakdown is not measured)."""
+    breakdown = phases_of[0]
+    if breakdown is None:
+        call()
+        return ()
+    before = breakdown.mark()
+    call()
+    return breakdown.between(before, breakdown.mark())
+
+
+async def _aphased(call: Callable[[], Awaitable[None]]) -> tuple[float, ...]:
+    """``_phased`` for a coroutine."""
+    breakdown = phases_of[0]
+    if breakdown is None:
+        await call()
+        return ()
+    before = breakdown.mark()
+    await call()
+    return breakdown.between(before, breakdown.mark())
 
 
 def _timed(send: Callable[[str], None]) -> float:
@@ -211,17 +396,54 @@ async def _atimed(send: Callable[[str], Awaitable[None]]) -> float:
     return time.perf_counter() - started
 
 
-async def _async_lag() -> float:
-    """How long a task waits for its next turn on the loop (``asyncio.sleep(0)``): the scheduling floor."""
+async def _async_lag(pair: tuple[socket.socket, socket.socket]) -> float:
+    """How long the loop takes to hand a task a socket that is ready: the turn a control call's answer waits for.
+
+    One byte written to a socket pair, then awaited through the loop's
+    selector, as a response is: the loop runs every callback already ready,
+    and those the same poll found, first. (``asyncio.sleep(0)``, measured
+    before, queues its task ahead of the next poll's I/O and so missed them.)
+    """
+    loop = asyncio.get_running_loop()
+    writer, reader = pair
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def on_ready() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(reader.fileno(), on_ready)
     started = time.perf_counter()
-    await asyncio.sleep(0)
-    return time.perf_counter() - started
-
-
-async def _async_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> tuple[list[float], list[float], list[float]]:
-    send, close = await _async_client(driver, mode)
+    writer.send(b"x")
     try:
-        idle = [await _atimed(send) for _ in range(samples // 2)]
+        await ready
+    finally:
+        loop.remove_reader(reader.fileno())
+    lag = time.perf_counter() - started
+    reader.recv(1)
+    return lag
+
+
+async def _async_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> Row:
+    send, close = await _async_client(driver, mode)
+    pair = socket.socketpair()
+
+    async def sample(times: list[float], lags: list[float], phases: list[tuple[float, ...]]) -> None:
+        """``_sync_sample`` on the loop."""
+
+        async def timed() -> None:
+            times.append(await _atimed(send))
+
+        await asyncio.sleep(SAMPLE_GAP_S)
+        lags.append(await _async_lag(pair))
+        phases.append(await _aphased(timed))
+
+    try:
+        idle: list[float] = []
+        idle_lags: list[float] = []
+        idle_phases: list[tuple[float, ...]] = []
+        for _ in range(samples // 2):
+            await sample(idle, idle_lags, idle_phases)
         stop = asyncio.Event()
 
         async def worker() -> None:
@@ -230,12 +452,15 @@ async def _async_row(driver: str, mode: str, streams: int, samples: int, queued:
 
         tasks = [asyncio.create_task(worker()) for _ in range(streams)]
         await asyncio.sleep(2 * EVENTS * INTERVAL_S)
-        loaded, lags = [], []
+        loaded: list[float] = []
+        lags: list[float] = []
+        phases: list[tuple[float, ...]] = []
         if mode == "mounted":
+            window = time.monotonic() + LOADED_WINDOW_S
             for _ in range(samples):
-                await asyncio.sleep(SAMPLE_GAP_S)
-                lags.append(await _async_lag())
-                loaded.append(await _atimed(send))
+                if time.monotonic() > window:
+                    break
+                await sample(loaded, lags, phases)
         else:
             calls = []
             for _ in range(queued):
@@ -246,66 +471,113 @@ async def _async_row(driver: str, mode: str, streams: int, samples: int, queued:
         for task in tasks:
             task.cancel()  # a cancelled stream closes its connection: the next row starts with none open
         await asyncio.gather(*tasks, return_exceptions=True)
-        idle += [await _atimed(send) for _ in range(samples - samples // 2)]
-        return idle, loaded, lags
+        for _ in range(samples - samples // 2):
+            await sample(idle, idle_lags, idle_phases)
+        return idle, loaded, lags, idle_phases, phases
     finally:
+        for end in pair:
+            end.close()
         await close()
+
+
+DRIVERS = ("requests", "httpx sync", "httpx async", "aiohttp")
+SYNC_DRIVERS = ("requests", "httpx sync")
+
+
+def _means(phases: list[tuple[float, ...]]) -> str:
+    """The ``PHASES`` of some calls as mean milliseconds per call, table cells."""
+    return " | ".join(f"{1000 * sum(p[i] for p in phases) / len(phases):.2f}" for i in range(len(PHASES)))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=1000, help="streams of the async drivers (default 1000)")
-    parser.add_argument("--samples", type=int, default=200, help="control calls per idle or lane row (default 200)")
+    parser.add_argument("--samples", type=int, default=1000, help="control calls per idle or lane row (default 1000)")
     parser.add_argument("--queued-samples", type=int, default=8, help="control calls per row that queues behind streams (default 8)")
+    parser.add_argument("--drivers", nargs="+", choices=DRIVERS, default=list(DRIVERS), help="the drivers to run (default all)")
     parser.add_argument("--quick", action="store_true", help="100 streams, 40 samples, 3 queued: a check of the chain")
     args = parser.parse_args(argv)
     if args.quick:
         args.streams, args.samples, args.queued_samples = 100, 40, 3
     load_before = os.getloadavg()
-    rows: list[tuple[str, str, str, list[float], list[float], list[float]]] = []
+    rows: list[tuple[str, str, str, float, Row]] = []
     with StreamServer(interval_s=INTERVAL_S, events=EVENTS) as server:
         url_of[0] = server.url
-        for driver in ("requests", "httpx sync"):
-            for mode in MODES:
-                print(f"{driver}, {mode} ...", file=sys.stderr, flush=True)
-                idle, loaded, lags = _sync_row(driver, mode, SYNC_STREAMS, args.samples, args.queued_samples)
-                rows.append((driver, mode, f"{SYNC_STREAMS} threads, pool {SYNC_POOL}", idle, loaded, lags))
-        for driver in ("httpx async", "aiohttp"):
-            for mode in MODES:
-                print(f"{driver}, {mode} ...", file=sys.stderr, flush=True)
-                idle, loaded, lags = asyncio.run(_async_row(driver, mode, args.streams, args.samples, args.queued_samples))
-                rows.append((driver, mode, f"{args.streams} tasks, pool 100", idle, loaded, lags))
+        breakdown = _Phases(server.pid)
+        phases_of[0] = breakdown if breakdown.available else None
+        with breakdown.installed():
+            for driver in (d for d in DRIVERS if d in args.drivers):
+                for mode in MODES:
+                    print(f"{driver}, {mode} ...", file=sys.stderr, flush=True)
+                    if driver in SYNC_DRIVERS:
+                        row = _sync_row(driver, mode, SYNC_STREAMS, args.samples, args.queued_samples)
+                        rows.append((driver, mode, f"{SYNC_STREAMS} threads, pool {SYNC_POOL}", os.getloadavg()[0], row))
+                    else:
+                        row = asyncio.run(_async_row(driver, mode, args.streams, args.samples, args.queued_samples))
+                        rows.append((driver, mode, f"{args.streams} tasks, pool 100", os.getloadavg()[0], row))
     load_after = os.getloadavg()
+    flags = "".join(
+        [" --quick" if args.quick else "", "" if args.drivers == list(DRIVERS) else f" --drivers {' '.join(repr(d) for d in args.drivers)}"]
+    )
     print("## Control calls beside streaming generation: the control lane\n")
     print(
-        f"`.venv/bin/python benchmarks/bench_control_lane.py{' --quick' if args.quick else ''}`: a `POST /pause_generation`'s "
+        f"`.venv/bin/python benchmarks/bench_control_lane.py{flags}`: a `POST /pause_generation`'s "
         f"latency through the same client that streams `/generate` ({EVENTS} events, {INTERVAL_S} s apart) to one loopback "
         f"`StreamServer`. Async drivers: {args.streams} streams on one event loop through the library's default pool "
         f"(100 connections); sync drivers: {SYNC_STREAMS} streaming threads through a pool of {SYNC_POOL} (1,000 would need "
         f"1,000 threads). Queued rows: {args.queued_samples} calls started {QUEUED_GAP_S} s apart; the others "
-        f"{args.samples} calls {SAMPLE_GAP_S * 1000:.0f} ms apart (idle: half before the load, half after). "
+        f"calls {SAMPLE_GAP_S * 1000:.0f} ms apart, idle and loaded alike ({args.samples} idle: half before the load, half "
+        f"after; loaded: {args.samples}, or as many as {LOADED_WINDOW_S:.0f} s allow). "
         f"{os.cpu_count()} CPUs shared with other work: load average {load_before[0]:.2f} before, {load_after[0]:.2f} "
-        "after. Goal: mounted p99 under load <= 2x its idle p50. Scheduling lag: how long the measuring thread (`time.sleep(0)`) "
-        "or task (`asyncio.sleep(0)`) waited for its next turn just before each control call of the `mounted` rows: the "
-        "floor under load that no pool lifts.\n"
+        "after, and the 1-minute load average at each row's end in its row. Goal: mounted p99 under load <= 2x its idle p50. "
+        "Scheduling lag: how long the measuring thread (`time.sleep(0)`: a turn of the GIL) or task (one byte through a "
+        "socket pair, awaited through the loop's selector as a response is) waited just before each control call of the "
+        "`mounted` rows: the floor under load that no pool lifts. Each call waits for the one before (a closed loop): a "
+        "stall of the loop is one slow call, not the many that would have arrived meanwhile, so read `loaded max` "
+        "beside p99.\n"
     )
     print(
-        "| driver | client | load | idle p50 ms | idle p99 ms | loaded p50 ms | loaded p99 ms "
+        "| driver | client | load | load avg | loaded calls | idle p50 ms | idle p99 ms | loaded p50 ms | loaded p99 ms | loaded max ms "
         "| loaded p99 / idle p50 | loaded p99 / idle p99 | scheduling lag p99 ms |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for driver, mode, load, idle, loaded, lags in rows:
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for driver, mode, load, average, (idle, loaded, lags, _, _) in rows:
         assert idle and loaded and (lags or mode != "mounted"), f"{driver}, {mode}: no samples"
         ratio = _ms(loaded, 0.99) / statistics.median(idle) / 1000
         ratio99 = _ms(loaded, 0.99) / _ms(idle, 0.99)
+        lag = f"{_ms(lags, 0.99):.2f}" if lags else "-"
         print(
-            f"| {driver} | {mode} | {load} | {_ms(idle, 0.5):.2f} | {_ms(idle, 0.99):.2f} | {_ms(loaded, 0.5):.2f} | "
-            f"{_ms(loaded, 0.99):.2f} | {ratio:.1f}x | {ratio99:.1f}x | {f'{_ms(lags, 0.99):.2f}' if lags else '-'} |"
+            f"| {driver} | {mode} | {load} | {average:.2f} | {len(loaded)} | {_ms(idle, 0.5):.2f} | {_ms(idle, 0.99):.2f} | "
+            f"{_ms(loaded, 0.5):.2f} | {_ms(loaded, 0.99):.2f} | {1000 * max(loaded):.2f} | {ratio:.1f}x | {ratio99:.1f}x | {lag} |"
         )
-    lane = [(d, _ms(loaded, 0.99) / statistics.median(idle) / 1000) for d, m, _, idle, loaded, _ in rows if m == "mounted"]
+    lane = [(d, _ms(row[1], 0.99) / statistics.median(row[0]) / 1000) for d, m, _, _, row in rows if m == "mounted"]
     met = [d for d, r in lane if r <= 2]
     missed = [f"{d} ({r:.1f}x)" for d, r in lane if r > 2]
     print(f"\nGoal met (mounted p99 under load <= 2x idle p50): {', '.join(met) or 'none'}; missed: {', '.join(missed) or 'none'}.")
+    measured = [(d, row[3], row[4]) for d, m, _, _, row in rows if m == "mounted" and row[4]]
+    if not measured:
+        print("\nWhere the time goes: not measured here (it reads Linux's `/proc/.../schedstat`).")
+        return 0
+    print(
+        "\n### Where a control call's time goes (`mounted` rows)\n\n"
+        "Mean milliseconds per call, for the slowest 1% of each `mounted` row's calls and for its fastest half, idle and "
+        "loaded. `wall` = `on CPU` (the measuring thread: the call itself and, async, every other callback the loop ran "
+        "meanwhile) + `waiting for a CPU` (runnable, but the OS ran other work: this machine's load) + `asleep` (waiting "
+        "for the engine's answer; sync: for the GIL too). `other threads on CPU`: this process's other threads meanwhile "
+        "(sync: the streaming threads, holding the GIL). `engine waiting for a CPU`: the engine process, runnable but not "
+        "running (counted when the wait ends, so it can exceed `wall`). `GC pauses` and `httpcore pool scans` "
+        "(httpcore's `_assign_requests_to_connections`, every pool in the process: the data pool walks its queue of "
+        "waiting requests on each call) overlap the others. From Linux's `schedstat`.\n"
+    )
+    print("| driver | calls | " + " | ".join(f"{name} ms" for name in PHASES) + " |")
+    print("|---|---|" + "---:|" * len(PHASES))
+    for driver, idle_phases, loaded_phases in measured:
+        for when, phases in (("idle", idle_phases), ("loaded", loaded_phases)):
+            ordered = sorted(phases)
+            slowest = ordered[int(0.99 * len(ordered)) :]
+            fastest = ordered[: len(ordered) // 2]
+            print(f"| {driver} | {when}, slowest 1% ({len(slowest)}) | {_means(slowest)} |")
+            print(f"| {driver} | {when}, fastest half ({len(fastest)}) | {_means(fastest)} |")
     return 0
 
 

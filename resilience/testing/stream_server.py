@@ -179,6 +179,11 @@ class StreamServer:
         """``http://127.0.0.1:<port>`` (no trailing slash)."""
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The child's process id (0 when not running): what a benchmark reads the engine's CPU use by."""
+        return self._proc.pid if self._proc is not None else 0
+
     def _line(self) -> str:
         """The child's next stdout line, waited for (bounded)."""
         assert self._proc is not None and self._proc.stdout is not None

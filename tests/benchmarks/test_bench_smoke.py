@@ -250,3 +250,18 @@ def test_insitu_own_time_measures_ours_and_the_timing_layers_on_every_driver() -
     for row in rows:
         _positive(row[2])
         _positive(row[3])
+
+
+def test_control_lane_measures_every_client_and_says_where_the_time_goes() -> None:
+    """Bare, mounted without the lane and mounted (aiohttp, tiny sizes), each with its loaded calls; on Linux, the
+    breakdown of the mounted row's idle and loaded calls, every cell a number."""
+    out = _run("bench_control_lane.py", "--drivers", "aiohttp", "--streams", "10", "--samples", "4", "--queued-samples", "1")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| aiohttp")]
+    assert [r[1] for r in rows[:3]] == ["bare", "mounted, no lane", "mounted"]
+    assert [r[4] for r in rows[:3]] == ["1", "1", "4"]  # loaded calls: the queued ones, then the lane's
+    for r in rows[:3]:
+        _positive(r[5])  # idle p50
+        _positive(r[7])  # loaded p50
+    if sys.platform == "linux":
+        assert [r[1].split(",")[0] for r in rows[3:]] == ["idle", "idle", "loaded", "loaded"]
+        assert all(float(cell) >= 0 for r in rows[3:] for cell in r[2:])
