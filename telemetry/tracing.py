@@ -1,25 +1,14 @@
 """OpenTelemetry spans derived from resilience events: ``TracingObserver``.
 
-Turns every call's moments (``resilience.events.CallObserver``'s plain
-values) and the barrier's events into one INTERNAL span per logical
-call (``resilient {endpoint}``), one CLIENT span per attempt (``{method}
-{url.template}``, whose ``traceparent`` it injects into ``event.carrier``, the
-headers sent with that attempt) and INTERNAL spans per barrier transition and
-phase. The span tree, every attribute, and how it coexists with
-``opentelemetry-instrumentation-requests`` are in ``telemetry/METRICS.md``
-("Traces").
-
-It needs only ``opentelemetry-api``: without an SDK every span is
-non-recording, and a call whose span has no valid context (no SDK, or a
-provider that makes nothing; with the API's ``NoOpTracerProvider`` given,
-no span is even started) keeps no span tree at all: its attempts start
-no spans and inject only the caller's baggage, if any (a trace id never
-existed to propagate). Spans are started with explicit parents and never attached to
-the current context; per-call and per-transition state (keyed by ``call_id`` /
-``transition_id``, guarded by a lock) is dropped on ``CallEnded`` /
-``TransitionEnded``. The observer never raises (a failure is logged at WARNING
-on ``resilience.telemetry``) and reads nothing from ``carrier`` or any header;
-``resilience.engine`` is stripped of URL user-info.
+One INTERNAL span per logical call, one CLIENT span per attempt (whose
+``traceparent`` goes into the attempt's ``carrier``) and INTERNAL spans per
+barrier transition and phase: the tree, every attribute and the coexistence
+with ``opentelemetry-instrumentation-requests`` are in ``telemetry/METRICS.md``
+("Traces"). It needs only ``opentelemetry-api``. A call whose span has no valid
+context (no SDK, a provider that makes nothing) keeps no span tree: its
+attempts inject only the caller's baggage, if any. Spans get explicit parents
+and are never attached to the current context; the state of a call or a
+transition is dropped at its end.
 """
 
 from __future__ import annotations
@@ -27,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -73,7 +63,7 @@ URL_TEMPLATE: Final = "url.template"
 ERROR_TYPE: Final = "error.type"
 
 _CACHE_MAX: Final = 4096
-"""Distinct endpoints x engines whose static span attributes are cached; past it they are computed per call."""
+"""Static span names and attributes cached (least recently used dropped first): distinct endpoints x engines or servers."""
 
 _OK_CALL_OUTCOMES: Final = frozenset({CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS})
 
@@ -109,6 +99,50 @@ def _version() -> str | None:
         return None
 
 
+def _http(method: str, endpoint: str) -> tuple[str, dict[str, AttributeValue]]:
+    """An attempt span's name (``HTTP`` for an unknown method) and its method and ``url.template`` attributes."""
+    attrs: dict[str, AttributeValue] = {HTTP_REQUEST_METHOD: method}
+    name = method
+    if method not in HTTP_METHODS:
+        name = "HTTP"
+        attrs[HTTP_REQUEST_METHOD] = "_OTHER"
+        attrs[HTTP_REQUEST_METHOD_ORIGINAL] = method
+    template = url_template(endpoint)
+    if template is not None:
+        attrs[URL_TEMPLATE] = template
+        name = f"{name} {template}"
+    return name, attrs
+
+
+@lru_cache(maxsize=_CACHE_MAX)
+def _call_static(method: str, endpoint: str, engine: str) -> tuple[str, Mapping[str, AttributeValue]]:
+    """Name and start attributes of a logical call's span."""
+    attrs = _http(method, endpoint)[1]
+    attrs["resilience.endpoint"] = endpoint
+    attrs["resilience.engine"] = scrub_engine(engine)
+    return f"resilient {endpoint}", MappingProxyType(attrs)
+
+
+@lru_cache(maxsize=_CACHE_MAX)
+def _attempt_static(method: str, endpoint: str, address: str, port: int) -> tuple[str, Mapping[str, AttributeValue]]:
+    """Name and start attributes of a first attempt's span."""
+    name, attrs = _http(method, endpoint)
+    attrs[SERVER_ADDRESS] = address
+    attrs[SERVER_PORT] = port
+    return name, MappingProxyType(attrs)
+
+
+def _barrier_attrs(ev: TransitionStarted | PhaseStarted) -> dict[str, AttributeValue]:
+    """Start attributes of a transition's or a phase's span."""
+    attrs: dict[str, AttributeValue] = {"resilience.transition": ev.transition}
+    if isinstance(ev, PhaseStarted):
+        attrs["resilience.phase"] = ev.phase
+    attrs["resilience.engines"] = [scrub_engine(e) for e in ev.engines]
+    if ev.deadline_s is not None:
+        attrs["resilience.deadline_s"] = ev.deadline_s
+    return attrs
+
+
 class TracingObserver(Dispatcher):
     """A ``CallObserver`` that records every call's moments and the barrier's events as OpenTelemetry spans.
 
@@ -141,9 +175,6 @@ class TracingObserver(Dispatcher):
         self._untraced: set[int] = set()
         """Calls whose span came back invalid (no SDK, or a provider that makes nothing): no span tree is kept for them."""
         self._transitions: dict[int, _Transition] = {}
-        self._engines: dict[str, str] = {}
-        self._call_cache: dict[tuple[str, str, str], tuple[str, Mapping[str, AttributeValue]]] = {}
-        self._attempt_cache: dict[tuple[str, str, str, int], tuple[str, Mapping[str, AttributeValue]]] = {}
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             CallStarted: self.replay,
             AttemptStarted: self.replay,
@@ -166,61 +197,6 @@ class TracingObserver(Dispatcher):
         with self._lock:
             return len(self._calls) + len(self._untraced) + len(self._transitions)
 
-    # -- helpers -----------------------------------------------------------------
-
-    def _engine(self, engine: str) -> str:
-        safe = self._engines.get(engine)
-        if safe is None:
-            safe = scrub_engine(engine)
-            if len(self._engines) < _CACHE_MAX:
-                self._engines[engine] = safe
-        return safe
-
-    @staticmethod
-    def _method_attrs(method: str, attrs: dict[str, AttributeValue]) -> str:
-        """Set the method attributes; return the method for span names (``HTTP`` for an unknown one)."""
-        if method in HTTP_METHODS:
-            attrs[HTTP_REQUEST_METHOD] = method
-            return method
-        attrs[HTTP_REQUEST_METHOD] = "_OTHER"
-        attrs[HTTP_REQUEST_METHOD_ORIGINAL] = method
-        return "HTTP"
-
-    def _call_static(self, method: str, endpoint: str, engine: str) -> tuple[str, Mapping[str, AttributeValue]]:
-        """Name and start attributes of a logical span; computed once per (method, endpoint, engine)."""
-        key = (method, endpoint, engine)
-        static = self._call_cache.get(key)
-        if static is None:
-            attrs: dict[str, AttributeValue] = {}
-            self._method_attrs(method, attrs)
-            template = url_template(endpoint)
-            if template is not None:
-                attrs[URL_TEMPLATE] = template
-            attrs["resilience.endpoint"] = endpoint
-            attrs["resilience.engine"] = self._engine(engine)
-            static = (f"resilient {endpoint}", MappingProxyType(attrs))
-            if len(self._call_cache) < _CACHE_MAX:
-                self._call_cache[key] = static
-        return static
-
-    def _attempt_static(self, method: str, endpoint: str, address: str, port: int) -> tuple[str, Mapping[str, AttributeValue]]:
-        """Name and start attributes of a first attempt; computed once per (method, endpoint, server)."""
-        key = (method, endpoint, address, port)
-        static = self._attempt_cache.get(key)
-        if static is None:
-            attrs: dict[str, AttributeValue] = {}
-            name = self._method_attrs(method, attrs)
-            attrs[SERVER_ADDRESS] = address
-            attrs[SERVER_PORT] = port
-            template = url_template(endpoint)
-            if template is not None:
-                attrs[URL_TEMPLATE] = template
-                name = f"{name} {template}"
-            static = (name, MappingProxyType(attrs))
-            if len(self._attempt_cache) < _CACHE_MAX:
-                self._attempt_cache[key] = static
-        return static
-
     # -- logical calls -----------------------------------------------------------
 
     def hears(self, moment: str) -> bool:
@@ -234,7 +210,7 @@ class TracingObserver(Dispatcher):
         try:
             if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
                 return
-            name, attrs = self._call_static(method, endpoint, engine)
+            name, attrs = _call_static(method, endpoint, engine)
             if deadline_s is not None:
                 attrs = {**attrs, "resilience.deadline_s": deadline_s}
             span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
@@ -271,7 +247,7 @@ class TracingObserver(Dispatcher):
                 return
             if call.attempt is not None:  # the previous attempt never ended: close it
                 call.attempt.end()
-            name, attrs = self._attempt_static(method, endpoint, server_address, server_port)
+            name, attrs = _attempt_static(method, endpoint, server_address, server_port)
             if attempt:
                 attrs = {**attrs, HTTP_REQUEST_RESEND_COUNT: attempt}
             span = self._tracer.start_span(name, context=call.ctx, kind=SpanKind.CLIENT, attributes=attrs)
@@ -316,35 +292,28 @@ class TracingObserver(Dispatcher):
         except Exception:
             log.warning("TracingObserver failed on AttemptEnded", exc_info=True)
 
-    def _retry_scheduled(self, ev: RetryScheduled) -> None:
-        call = self._calls.get(ev.call_id)
+    def _call_event(self, call_id: int, name: str, attrs: dict[str, AttributeValue]) -> None:
+        call = self._calls.get(call_id)
         if call is not None:
-            call.span.add_event(
-                "resilience.backoff",
-                {
-                    "resilience.retry.reason": ev.reason,
-                    "resilience.backoff.delay_s": ev.delay_s,
-                    "resilience.failed_attempt": ev.attempt,
-                },
-            )
+            call.span.add_event(name, attrs)
+
+    def _retry_scheduled(self, ev: RetryScheduled) -> None:
+        attrs: dict[str, AttributeValue] = {
+            "resilience.retry.reason": ev.reason,
+            "resilience.backoff.delay_s": ev.delay_s,
+            "resilience.failed_attempt": ev.attempt,
+        }
+        self._call_event(ev.call_id, "resilience.backoff", attrs)
 
     def _breaker_rejected(self, ev: BreakerRejected) -> None:
-        call = self._calls.get(ev.call_id)
-        if call is not None:
-            call.span.add_event("resilience.breaker_rejected", {"resilience.engine": self._engine(ev.engine)})
+        self._call_event(ev.call_id, "resilience.breaker_rejected", {"resilience.engine": scrub_engine(ev.engine)})
 
     def _budget_exhausted(self, ev: RetryBudgetExhaustedEvent) -> None:
-        call = self._calls.get(ev.call_id)
-        if call is not None:
-            call.span.add_event(
-                "resilience.retry_budget_exhausted",
-                {"resilience.engine": self._engine(ev.engine), "resilience.retry_budget.tokens": ev.tokens},
-            )
+        attrs: dict[str, AttributeValue] = {"resilience.engine": scrub_engine(ev.engine), "resilience.retry_budget.tokens": ev.tokens}
+        self._call_event(ev.call_id, "resilience.retry_budget_exhausted", attrs)
 
     def _probe_completed(self, ev: ProbeCompleted) -> None:
-        call = self._calls.get(ev.call_id)
-        if call is not None:
-            call.span.add_event("resilience.probe_completed", {"resilience.probe.answer": ev.answer})
+        self._call_event(ev.call_id, "resilience.probe_completed", {"resilience.probe.answer": ev.answer})
 
     def call_ended(
         self,
@@ -397,13 +366,7 @@ class TracingObserver(Dispatcher):
     def _transition_started(self, ev: TransitionStarted) -> None:
         if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
             return
-        attrs: dict[str, AttributeValue] = {
-            "resilience.transition": ev.transition,
-            "resilience.engines": [self._engine(e) for e in ev.engines],
-        }
-        if ev.deadline_s is not None:
-            attrs["resilience.deadline_s"] = ev.deadline_s
-        span = self._tracer.start_span(f"barrier {ev.transition}", kind=SpanKind.INTERNAL, attributes=attrs)
+        span = self._tracer.start_span(f"barrier {ev.transition}", kind=SpanKind.INTERNAL, attributes=_barrier_attrs(ev))
         tr = _Transition(span)
         with self._lock:
             stale = self._transitions.pop(ev.transition_id, None)
@@ -415,13 +378,7 @@ class TracingObserver(Dispatcher):
         tr = self._transitions.get(ev.transition_id)
         if tr is None:
             return
-        attrs: dict[str, AttributeValue] = {
-            "resilience.transition": ev.transition,
-            "resilience.phase": ev.phase,
-            "resilience.engines": [self._engine(e) for e in ev.engines],
-        }
-        if ev.deadline_s is not None:
-            attrs["resilience.deadline_s"] = ev.deadline_s
+        attrs = _barrier_attrs(ev)
         span = self._tracer.start_span(f"barrier {ev.transition} {ev.phase}", context=tr.ctx, kind=SpanKind.INTERNAL, attributes=attrs)
         with self._lock:
             previous = tr.phases.pop(ev.phase, None)
@@ -439,14 +396,14 @@ class TracingObserver(Dispatcher):
             return
         span.set_attribute("resilience.phase.ok", ev.ok)
         if ev.failures:
-            span.set_attribute("resilience.failed_engines", [self._engine(f.engine) for f in ev.failures])
+            span.set_attribute("resilience.failed_engines", [scrub_engine(f.engine) for f in ev.failures])
             for failure in ev.failures:
                 span.add_event(
                     "exception",
                     {
                         "exception.type": failure.error_type,
                         "exception.message": scrub_message(failure.message),
-                        "resilience.engine": self._engine(failure.engine),
+                        "resilience.engine": scrub_engine(failure.engine),
                     },
                 )
             span.set_status(Status(StatusCode.ERROR, f"{len(ev.failures)} of {len(ev.engines)} engines failed"))
@@ -472,9 +429,9 @@ class TracingObserver(Dispatcher):
             if ev.failed_phase is not None:
                 span.set_attribute("resilience.failed_phase", ev.failed_phase)
             if ev.rolled_back:
-                span.set_attribute("resilience.rolled_back", [self._engine(e) for e in ev.rolled_back])
+                span.set_attribute("resilience.rolled_back", [scrub_engine(e) for e in ev.rolled_back])
             if ev.left_paused:
-                span.set_attribute("resilience.left_paused", [self._engine(e) for e in ev.left_paused])
+                span.set_attribute("resilience.left_paused", [scrub_engine(e) for e in ev.left_paused])
             if not ev.ok:
                 span.set_status(Status(StatusCode.ERROR, f"failed in phase {ev.failed_phase or 'unknown'}"))
         span.end()
