@@ -27,6 +27,7 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
+from resilience import __version__
 from resilience.events import (
     AttemptEnded,
     AttemptStarted,
@@ -51,16 +52,6 @@ __all__ = ["TracingObserver"]
 log = logging.getLogger("resilience.telemetry")
 
 INSTRUMENTATION_NAME: Final = "resilience.telemetry"
-
-# Semantic-convention attribute names, spelled out so that only opentelemetry-api is needed.
-HTTP_REQUEST_METHOD: Final = "http.request.method"
-HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"
-HTTP_REQUEST_RESEND_COUNT: Final = "http.request.resend_count"
-HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
-SERVER_ADDRESS: Final = "server.address"
-SERVER_PORT: Final = "server.port"
-URL_TEMPLATE: Final = "url.template"
-ERROR_TYPE: Final = "error.type"
 
 _CACHE_MAX: Final = 4096
 """Static span names and attributes cached (least recently used dropped first): distinct endpoints x engines or servers."""
@@ -90,26 +81,17 @@ class _Transition:
         self.phases: dict[str, Span] = {}
 
 
-def _version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("controlplane-resilience")
-    except Exception:  # not installed (a source checkout): no version
-        return None
-
-
 def _http(method: str, endpoint: str) -> tuple[str, dict[str, AttributeValue]]:
     """An attempt span's name (``HTTP`` for an unknown method) and its method and ``url.template`` attributes."""
-    attrs: dict[str, AttributeValue] = {HTTP_REQUEST_METHOD: method}
+    attrs: dict[str, AttributeValue] = {"http.request.method": method}
     name = method
     if method not in HTTP_METHODS:
         name = "HTTP"
-        attrs[HTTP_REQUEST_METHOD] = "_OTHER"
-        attrs[HTTP_REQUEST_METHOD_ORIGINAL] = method
+        attrs["http.request.method"] = "_OTHER"
+        attrs["http.request.method_original"] = method
     template = url_template(endpoint)
     if template is not None:
-        attrs[URL_TEMPLATE] = template
+        attrs["url.template"] = template
         name = f"{name} {template}"
     return name, attrs
 
@@ -127,8 +109,8 @@ def _call_static(method: str, endpoint: str, engine: str) -> tuple[str, Mapping[
 def _attempt_static(method: str, endpoint: str, address: str, port: int) -> tuple[str, Mapping[str, AttributeValue]]:
     """Name and start attributes of a first attempt's span."""
     name, attrs = _http(method, endpoint)
-    attrs[SERVER_ADDRESS] = address
-    attrs[SERVER_PORT] = port
+    attrs["server.address"] = address
+    attrs["server.port"] = port
     return name, MappingProxyType(attrs)
 
 
@@ -165,7 +147,7 @@ class TracingObserver(Dispatcher):
         *,
         propagator: TextMapPropagator | None = None,
     ) -> None:
-        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, _version(), tracer_provider=tracer_provider)
+        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider)
         self._noop = type(self._tracer) is NoOpTracer
         """The provider makes no spans, ever (the API's ``NoOpTracerProvider``): a call keeps no state at all, and its
         attempts inject only the caller's baggage. A global provider is looked up per call, so an SDK set later counts."""
@@ -249,7 +231,7 @@ class TracingObserver(Dispatcher):
                 call.attempt.end()
             name, attrs = _attempt_static(method, endpoint, server_address, server_port)
             if attempt:
-                attrs = {**attrs, HTTP_REQUEST_RESEND_COUNT: attempt}
+                attrs = {**attrs, "http.request.resend_count": attempt}
             span = self._tracer.start_span(name, context=call.ctx, kind=SpanKind.CLIENT, attributes=attrs)
             call.attempt = span
             (self._propagator or get_global_textmap()).inject(carrier, context=trace.set_span_in_context(span))
@@ -278,13 +260,13 @@ class TracingObserver(Dispatcher):
                 return
             span, call.attempt = call.attempt, None
             if status is not None and status < 400 and outcome is Outcome.SUCCESS:
-                span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
+                span.set_attribute("http.response.status_code", status)
                 span.end()
                 return
             attrs: dict[str, AttributeValue] = {"resilience.attempt_outcome": outcome.value}
             if status is not None:
-                attrs[HTTP_RESPONSE_STATUS_CODE] = status
-            attrs[ERROR_TYPE] = error_type or (str(status) if status is not None else "_OTHER")
+                attrs["http.response.status_code"] = status
+            attrs["error.type"] = error_type or (str(status) if status is not None else "_OTHER")
             span.set_attributes(attrs)
             if status is None or status >= 400:
                 span.set_status(Status(StatusCode.ERROR))
@@ -354,9 +336,9 @@ class TracingObserver(Dispatcher):
             outcome, status, attempts, error_type = ended
             attrs: dict[str, AttributeValue] = {"resilience.outcome": outcome.value, "resilience.attempts": attempts}
             if status is not None:
-                attrs[HTTP_RESPONSE_STATUS_CODE] = status
+                attrs["http.response.status_code"] = status
             if outcome not in _OK_CALL_OUTCOMES:
-                attrs[ERROR_TYPE] = error_type or outcome.value
+                attrs["error.type"] = error_type or outcome.value
                 span.set_status(Status(StatusCode.ERROR, outcome.value))
             span.set_attributes(attrs)
         span.end()
