@@ -214,7 +214,6 @@ class MetricsObserver(Dispatcher):
         }
         self._watched: tuple[EngineStateCollector, ...] = ()
 
-
     def declare(self, *, engines: Iterable[str] = (), endpoints: Iterable[str] = ()) -> None:
         """Create the zero series of engines and endpoints known before any call (a scrape then shows "closed" and 0).
 
@@ -267,10 +266,8 @@ class MetricsObserver(Dispatcher):
         """Publish what ``orchestrator`` knows of each engine (``cpr_engine_state``, ``cpr_engine_weight_version``) at every scrape.
 
         ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator``.
-        ``versions``: a ``WeightVersionTap`` its fan-out goes through (None,
-        the default: the versions the orchestrator's own reads were answered,
-        ``weight_versions()``). ``max_engines``: engines with their
-        own label (default 256; the rest are counted under ``other``). The
+        ``versions`` (default None: the orchestrator's own ``weight_versions()``)
+        and ``max_engines`` (default 256): ``EngineStateCollector``'s. The
         collector is registered in ``registry`` and returned
         (``registry.unregister(it)`` stops it). Put this observer among the
         orchestrator's observers too: the ``EngineStateChanged`` it hears keep
@@ -290,21 +287,17 @@ class MetricsObserver(Dispatcher):
     def _bounded(self, seen: dict[str, str], value: str, kind: str, clean: Callable[[str], str]) -> str:
         with self._lock:
             label = seen.get(value)
+            if label is None and len(seen) < self.max_label_values:
+                label = seen[value] = clean(value)
             if label is not None:
                 return label
-            if len(seen) < self.max_label_values:
-                label = clean(value)
-            else:
-                label = OTHER
-                if kind not in self._warned:
-                    self._warned.add(kind)
-                    log.warning(
-                        "MetricsObserver: more than %d distinct %s label values; further ones are labelled %r",
-                        self.max_label_values, kind, OTHER,
-                    )  # fmt: skip
-                return label  # not remembered: an overflow must not grow memory either
-            seen[value] = label
-            return label
+            if kind not in self._warned:
+                self._warned.add(kind)
+                log.warning(
+                    "MetricsObserver: more than %d distinct %s label values; further ones are labelled %r",
+                    self.max_label_values, kind, OTHER,
+                )  # fmt: skip
+            return OTHER  # not remembered: an overflow must not grow memory either
 
     def _endpoint(self, endpoint: str) -> str:
         label = self._endpoints.get(endpoint)

@@ -172,7 +172,6 @@ class TracingObserver(Dispatcher):
             TransitionEnded: self._transition_ended,
         }
 
-
     @property
     def in_flight(self) -> int:
         """Calls (traced or not) plus transitions still open (0 once every call and transition ended)."""
