@@ -174,8 +174,14 @@ class EngineStateCollector:
         kinds = {name: rules.kind for name, rules in dict(self.orchestrator.state.kinds).items()}  # dict(): one copy at once
         with self._lock:
             self._kinds.update(kinds)
-            for name in sorted(states):
-                self._label(name)
+            for name in sorted(states.keys() - self._labels.keys()):  # the first max_engines met get a label of their own
+                if len(self._labels) < self.max_engines:
+                    self._labels[name] = scrub_engine(name)
+                elif not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "EngineStateCollector: more than %d engines; further ones are counted under engine=%r", self.max_engines, OTHER
+                    )
             retired = {name: RETIRED for name in self._labels if name not in states}
             labels, kinds_known = dict(self._labels), dict(self._kinds)
         state_family, version_family = self._families()
@@ -195,16 +201,6 @@ class EngineStateCollector:
             if label is not None and name in states:
                 version_family.add_metric([label, kinds_known.get(name, "unknown"), version[:_VERSION_MAX]], 1.0)
         return [state_family, version_family]
-
-    def _label(self, name: str) -> None:
-        """Give ``name`` its own label while fewer than ``max_engines`` have one (call under the lock)."""
-        if name in self._labels:
-            return
-        if len(self._labels) < self.max_engines:
-            self._labels[name] = scrub_engine(name)
-        elif not self._warned:
-            self._warned = True
-            log.warning("EngineStateCollector: more than %d engines; further ones are counted under engine=%r", self.max_engines, OTHER)
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
