@@ -74,18 +74,12 @@ class HotMetrics:
     def counted(self, family: dict[tuple[str, ...], Counted], labels: tuple[str, ...]) -> Counted:
         """The series of ``labels`` in ``family`` (a dict above), made at 0 the first time."""
         with self.lock:
-            series = family.get(labels)
-            if series is None:
-                series = family[labels] = Counted(labels)
-            return series
+            return family.setdefault(labels, Counted(labels))
 
     def timed(self, labels: tuple[str, ...]) -> Timed:
         """The duration series of ``labels``, made empty the first time."""
         with self.lock:
-            series = self.durations.get(labels)
-            if series is None:
-                series = self.durations[labels] = Timed(labels, len(self.bounds) + 1)
-            return series
+            return self.durations.setdefault(labels, Timed(labels, len(self.bounds) + 1))
 
     def observe(self, counter: Counted, timed: Timed, duration_s: float) -> None:
         """One attempt: its counter moves by one, its duration goes in its bucket (``le`` is inclusive, as Prometheus')."""

@@ -50,12 +50,12 @@ class TimedJournalStore:
 
     def append(self, record: bytes) -> None:
         """Append through the wrapped store, timed as ``op="append"``."""
-        with self._append.time():  # observed when the write raises too
+        with self._append.time():
             self.store.append(record)
 
     def rewrite(self, records: Sequence[bytes]) -> None:
         """Rewrite through the wrapped store, timed as ``op="rewrite"``."""
-        with self._rewrite.time():  # observed when the write raises too
+        with self._rewrite.time():
             self.store.rewrite(records)
 
     def close(self) -> None:

@@ -455,8 +455,6 @@ def start_metrics_server(
     (``"0.0.0.0"`` for a Prometheus elsewhere). ``registry``: the registry to
     serve, normally ``observer.registry``; default None serves the
     process-wide ``prometheus_client.REGISTRY``.
-
-    Returns a ``MetricsServer`` ``(server, port)``; ``close()`` stops it.
     """
     server, _thread = start_http_server(port, addr=host, registry=registry if registry is not None else REGISTRY)
     return MetricsServer(server, int(server.server_port))

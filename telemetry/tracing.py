@@ -409,10 +409,9 @@ class TracingObserver(Dispatcher):
             span.set_attribute("resilience.ok", ev.ok)
             if ev.failed_phase is not None:
                 span.set_attribute("resilience.failed_phase", ev.failed_phase)
-            if ev.rolled_back:
-                span.set_attribute("resilience.rolled_back", [scrub_engine(e) for e in ev.rolled_back])
-            if ev.left_paused:
-                span.set_attribute("resilience.left_paused", [scrub_engine(e) for e in ev.left_paused])
+            for key, engines in (("resilience.rolled_back", ev.rolled_back), ("resilience.left_paused", ev.left_paused)):
+                if engines:
+                    span.set_attribute(key, [scrub_engine(e) for e in engines])
             if not ev.ok:
                 span.set_status(Status(StatusCode.ERROR, f"failed in phase {ev.failed_phase or 'unknown'}"))
         span.end()
