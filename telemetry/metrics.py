@@ -408,9 +408,7 @@ class MetricsObserver(Dispatcher):
 
     def _phase_ended(self, ev: PhaseEnded) -> None:
         self._m_phase_duration.labels(ev.transition, ev.phase).observe(ev.duration_s)
-        failures = self._m_phase_failures.labels(ev.transition, ev.phase)  # exists at 0 from the first phase on
-        if ev.failures:
-            failures.inc(len(ev.failures))
+        self._m_phase_failures.labels(ev.transition, ev.phase).inc(len(ev.failures))  # exists at 0 from the first phase on
         for name in ev.engines:
             self._init_engine(self._engine(name))
 

@@ -327,7 +327,6 @@ class TracingObserver(Dispatcher):
         if call.attempt is not None:
             call.attempt.set_status(Status(StatusCode.ERROR, "attempt still open when the call ended"))
             call.attempt.end()
-            call.attempt = None
         span = call.span
         if ended is None:
             span.set_status(Status(StatusCode.ERROR, "call ended without CallEnded"))
