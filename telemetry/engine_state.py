@@ -26,7 +26,7 @@ from resilience.barrier.view import BarrierView
 from resilience.deadline import Deadline
 from resilience.events import EngineStateChanged
 
-from ._labels import scrub_engine
+from ._labels import OTHER, scrub_engine
 
 __all__ = [
     "DEFAULT_MAX_ENGINES",
@@ -44,7 +44,6 @@ RETIRED: Final = "retired"
 ENGINE_STATES: Final[tuple[str, ...]] = (*(s.value for s in EngineState), RETIRED)
 """Every value of ``cpr_engine_state``'s ``state`` label."""
 
-OTHER: Final = "other"
 _VERSION_MAX: Final = 64
 _VERSION_READS: Final = frozenset({"weight_info", "model_info"})
 

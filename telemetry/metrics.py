@@ -42,7 +42,7 @@ from resilience.outcome import CallOutcome, Outcome
 
 from ._dispatch import Dispatcher
 from ._hot import Counted, HotMetrics, Timed
-from ._labels import scrub_engine, status_label, transport_label
+from ._labels import OTHER, scrub_engine, status_label, transport_label
 from .engine_state import DEFAULT_MAX_ENGINES, EngineStateCollector
 from .journal_timing import JOURNAL_COMMIT_BUCKETS, TimedJournalStore
 
@@ -65,10 +65,6 @@ PHASE_DURATION_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0
 
 BREAKER_STATE_VALUES: Final = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 """``cpr_breaker_state`` values; any other state name is ignored."""
-
-OTHER: Final = "other"
-"""The label value used once ``max_label_values`` distinct endpoints (or engines) have been seen."""
-
 
 _CACHE_MAX: Final = 65536
 """Series and labelled children cached per observer and kind; past this they are looked up through ``labels()`` each time."""
