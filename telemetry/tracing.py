@@ -203,7 +203,7 @@ class TracingObserver(Dispatcher):
                 stale = self._calls.pop(call_id, None)
                 self._calls[call_id] = call
             if stale is not None:  # a call id reused before its CallEnded: close the orphan
-                self._close_call(stale, None)
+                self._close_call(stale, Status(StatusCode.ERROR, "call ended without CallEnded"))
         except Exception:
             log.warning("TracingObserver failed on CallStarted", exc_info=True)
 
@@ -318,28 +318,27 @@ class TracingObserver(Dispatcher):
                 return
             with self._lock:
                 call = self._calls.pop(call_id, None)
-            if call is not None:
-                self._close_call(call, (outcome, status, attempts, error_type))
-        except Exception:
-            log.warning("TracingObserver failed on CallEnded", exc_info=True)
-
-    def _close_call(self, call: _Call, ended: tuple[CallOutcome, int | None, int, str | None] | None) -> None:
-        if call.attempt is not None:
-            call.attempt.set_status(Status(StatusCode.ERROR, "attempt still open when the call ended"))
-            call.attempt.end()
-        span = call.span
-        if ended is None:
-            span.set_status(Status(StatusCode.ERROR, "call ended without CallEnded"))
-        else:
-            outcome, status, attempts, error_type = ended
+            if call is None:
+                return
             attrs: dict[str, AttributeValue] = {"resilience.outcome": outcome.value, "resilience.attempts": attempts}
             if status is not None:
                 attrs["http.response.status_code"] = status
-            if outcome not in _OK_CALL_OUTCOMES:
+            failed = outcome not in _OK_CALL_OUTCOMES
+            if failed:
                 attrs["error.type"] = error_type or outcome.value
-                span.set_status(Status(StatusCode.ERROR, outcome.value))
-            span.set_attributes(attrs)
-        span.end()
+            call.span.set_attributes(attrs)
+            self._close_call(call, Status(StatusCode.ERROR, outcome.value) if failed else None)
+        except Exception:
+            log.warning("TracingObserver failed on CallEnded", exc_info=True)
+
+    def _close_call(self, call: _Call, error: Status | None) -> None:
+        """End the attempt still open (an error), then the call's span, with ``error`` as its status if any."""
+        if call.attempt is not None:
+            call.attempt.set_status(Status(StatusCode.ERROR, "attempt still open when the call ended"))
+            call.attempt.end()
+        if error is not None:
+            call.span.set_status(error)
+        call.span.end()
 
     # -- barrier transitions -----------------------------------------------------
 
@@ -352,7 +351,7 @@ class TracingObserver(Dispatcher):
             stale = self._transitions.pop(ev.transition_id, None)
             self._transitions[ev.transition_id] = tr
         if stale is not None:
-            self._close_transition(stale, None)
+            self._close_transition(stale, Status(StatusCode.ERROR, "transition ended without TransitionEnded"))
 
     def _phase_started(self, ev: PhaseStarted) -> None:
         tr = self._transitions.get(ev.transition_id)
@@ -392,25 +391,23 @@ class TracingObserver(Dispatcher):
     def _transition_ended(self, ev: TransitionEnded) -> None:
         with self._lock:
             tr = self._transitions.pop(ev.transition_id, None)
-        if tr is not None:
-            self._close_transition(tr, ev)
+        if tr is None:
+            return
+        tr.span.set_attribute("resilience.ok", ev.ok)
+        if ev.failed_phase is not None:
+            tr.span.set_attribute("resilience.failed_phase", ev.failed_phase)
+        for key, engines in (("resilience.rolled_back", ev.rolled_back), ("resilience.left_paused", ev.left_paused)):
+            if engines:
+                tr.span.set_attribute(key, [scrub_engine(e) for e in engines])
+        self._close_transition(tr, None if ev.ok else Status(StatusCode.ERROR, f"failed in phase {ev.failed_phase or 'unknown'}"))
 
-    def _close_transition(self, tr: _Transition, ev: TransitionEnded | None) -> None:
+    def _close_transition(self, tr: _Transition, error: Status | None) -> None:
+        """End the phases still open (errors), then the transition's span, with ``error`` as its status if any."""
         with self._lock:
             phases, tr.phases = list(tr.phases.values()), {}
         for phase in phases:
             phase.set_status(Status(StatusCode.ERROR, "phase still open when the transition ended"))
             phase.end()
-        span = tr.span
-        if ev is None:
-            span.set_status(Status(StatusCode.ERROR, "transition ended without TransitionEnded"))
-        else:
-            span.set_attribute("resilience.ok", ev.ok)
-            if ev.failed_phase is not None:
-                span.set_attribute("resilience.failed_phase", ev.failed_phase)
-            for key, engines in (("resilience.rolled_back", ev.rolled_back), ("resilience.left_paused", ev.left_paused)):
-                if engines:
-                    span.set_attribute(key, [scrub_engine(e) for e in engines])
-            if not ev.ok:
-                span.set_status(Status(StatusCode.ERROR, f"failed in phase {ev.failed_phase or 'unknown'}"))
-        span.end()
+        if error is not None:
+            tr.span.set_status(error)
+        tr.span.end()
