@@ -23,7 +23,6 @@ class Dispatcher(CallObserver):
     dropped: telemetry must never break a control call.
     """
 
-
     _handlers: Mapping[type[Any], Callable[[Any], None]]
 
     def __call__(self, event: Event) -> None:

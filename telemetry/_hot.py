@@ -3,15 +3,11 @@
 ``MetricsObserver`` moves four metrics on every call: ``cpr_requests_total``,
 ``cpr_attempts_total``, ``cpr_attempt_duration_seconds`` and
 ``cpr_retry_budget_tokens``. Through prometheus-client's metric objects each
-move costs five to nine Python calls (the child's method, its observability
-check, the value's lock); here each moment costs one lock and, for a
-duration, one ``bisect``. ``HotMetrics`` keeps each series as a small list
-(a counter's value, a histogram's per-bucket counts and sum, a gauge's
-value) found by a dict lookup on the series' raw key (``series``), and
-``collect`` turns them into the same families, types, label names and
-``_created`` samples that prometheus-client's ``Counter``, ``Histogram`` and
-``Gauge`` would export (``tests/telemetry/test_metrics.py`` holds the
-exposition to the contract).
+move costs five to nine Python calls; here each moment costs one lock and, for
+a duration, one ``bisect``. ``collect`` exports the same families, types,
+label names and ``_created`` samples as prometheus-client's ``Counter``,
+``Histogram`` and ``Gauge`` would (``tests/telemetry/test_metrics.py`` holds
+the exposition to the contract).
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
 from typing import Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -77,18 +74,12 @@ class HotMetrics:
     def counted(self, family: dict[tuple[str, ...], Counted], labels: tuple[str, ...]) -> Counted:
         """The series of ``labels`` in ``family`` (a dict above), made at 0 the first time."""
         with self.lock:
-            series = family.get(labels)
-            if series is None:
-                series = family[labels] = Counted(labels)
-            return series
+            return family.setdefault(labels, Counted(labels))
 
     def timed(self, labels: tuple[str, ...]) -> Timed:
         """The duration series of ``labels``, made empty the first time."""
         with self.lock:
-            series = self.durations.get(labels)
-            if series is None:
-                series = self.durations[labels] = Timed(labels, len(self.bounds) + 1)
-            return series
+            return self.durations.setdefault(labels, Timed(labels, len(self.bounds) + 1))
 
     def observe(self, counter: Counted, timed: Timed, duration_s: float) -> None:
         """One attempt: its counter moves by one, its duration goes in its bucket (``le`` is inclusive, as Prometheus')."""
@@ -106,22 +97,17 @@ class HotMetrics:
         """Every series now, as prometheus-client's own metric objects would export it."""
         requests, attempts, durations, tokens = families = self._families()
         with self.lock:
-            counted = [(requests, list(self.requests.values())), (attempts, list(self.attempts.values()))]
-            values = [[(s.labels, s.value, s.created) for s in series] for _, series in counted]
+            counted = [[(s.labels, s.value, s.created) for s in family.values()] for family in (self.requests, self.attempts)]
             timed = [(s.labels, list(s.buckets), s.sum, s.created) for s in self.durations.values()]
             gauges = [(s.labels, s.value) for s in self.tokens.values()]
-        for (family, _), rows in zip(counted, values, strict=True):
+        for family, rows in zip((requests, attempts), counted, strict=True):
             for labels, value, created in rows:
                 family.add_metric(labels, value, created=created)
         names = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
         for labels, buckets, total, created in timed:
-            running = 0.0
-            cumulative = []
-            for name, count in zip(names, buckets, strict=True):
-                running += count
-                cumulative.append((name, running))
+            cumulative = [(name, float(count)) for name, count in zip(names, accumulate(buckets), strict=True)]
             durations.add_metric(labels, cumulative, total)
-            durations.samples.append(Sample(durations.name + "_created", dict(zip(("endpoint",), labels, strict=True)), created, None))
+            durations.samples.append(Sample(durations.name + "_created", {"endpoint": labels[0]}, created, None))
         for labels, value in gauges:
             tokens.add_metric(labels, value)
         return families

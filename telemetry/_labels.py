@@ -12,6 +12,7 @@ from typing import Final
 
 __all__ = [
     "HTTP_METHODS",
+    "OTHER",
     "scrub_engine",
     "scrub_message",
     "status_label",
@@ -21,6 +22,9 @@ __all__ = [
 
 HTTP_METHODS: Final = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"})
 """The methods OpenTelemetry's HTTP semantic conventions know; any other is reported as ``_OTHER``."""
+
+OTHER: Final = "other"
+"""The label value of endpoints and engines past a bound (``max_label_values``, ``max_engines``)."""
 
 _USERINFO: Final = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 _BEARER: Final = re.compile(r"(?i)\b(bearer|basic|token|apikey|api-key)(\s+|=|:\s*)[^\s,;'\"&]+")

@@ -1,42 +1,13 @@
 """What the barrier knows of each engine, published at scrape time: ``cpr_engine_state`` and ``cpr_engine_weight_version``.
 
-``EngineStateCollector`` holds an orchestrator (``Orchestrator`` or
-``AsyncOrchestrator``) and, at every scrape, reads its public view: ``states()``
-(one ``EngineState`` word per engine that is not retired) and each engine's
-kind (its ``control_rules``, as the orchestrator looked it up). So the gauge says what
-the orchestrator would answer, and a process that resumed a journal publishes
-what the journal gave back.
-
-A threaded ``Orchestrator`` holds its lock for a whole transition (minutes
-for a slow release), and ``states()`` waits for that lock. A scrape waits at
-most ``lock_wait_s`` for it; while a transition holds it, the scrape answers
-from the last ``states()`` it read with every ``EngineStateChanged`` heard
-since laid over it (the ``MetricsObserver`` that watches the orchestrator
-passes them on when it is among the orchestrator's observers; an engine heard
-``joining``, one that ``add`` brings in, is laid over it too), so the gauge
-moves phase by phase instead of freezing, and the next scrape after the
-transition reads ``states()`` again.
-
-- ``cpr_engine_state{engine, kind, state}``: one series per engine, value 1,
-  ``state`` its one word (``serving``, ``paused``, ``flushed``, ``released``,
-  ``unknown``, ``quarantined``, ``unsettled``, ``in_flight``, ``dead``, and
-  ``joining`` / ``fenced`` for an engine ``add`` is bringing in / one taken out
-  of every transition (``resilience.barrier.membership``): the
-  ``EngineState`` values) or ``retired`` for an engine this collector saw
-  before that the orchestrator no longer covers. ``kind``: ``sglang``,
-  ``vllm`` (``EngineRules.kind``), ``unknown`` for an engine not in a group.
-- ``cpr_engine_weight_version{engine, kind, version}``: value 1, for each
-  engine whose weight version the barrier read: the orchestrator's own
-  ``weight_versions()`` (the answers of ``weight_info`` / ``model_info`` that
-  ``WeightVersionCheck`` sends after an onload, a weight sync or a join), the
-  same for ``Orchestrator`` and ``AsyncOrchestrator``; or, when given, a
-  ``WeightVersionTap`` around a fan-out (reads sent outside the orchestrator too).
-
-Labels are bounded: ``state`` and ``kind`` are enums; at most ``max_engines``
-engines (default ``DEFAULT_MAX_ENGINES`` = 256) get their own ``engine`` label,
-the first ones met, in name order; the rest are folded into ``engine="other"``
-whose ``cpr_engine_state`` value is how many of them are in each state (and
-get no version series). A version longer than 64 characters is cut to 64.
+``EngineStateCollector`` reads an orchestrator's public view at every scrape:
+``states()``, each engine's kind and ``weight_versions()``, so the gauges say
+what the orchestrator would answer (after a resumed journal too). While a
+transition holds the orchestrator's lock, a scrape answers from its last read
+with the ``EngineStateChanged`` events heard since laid over it. The labels,
+their bounds and the ``other`` engine are in ``telemetry/METRICS.md`` ("What
+the barrier knows of each engine"). ``WeightVersionTap`` keeps the versions
+read through a fan-out outside the orchestrator too.
 """
 
 from __future__ import annotations
@@ -44,18 +15,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from resilience.barrier import EngineResult, EngineState, FanOut
 from resilience.barrier.fanout import Calls, reported_versions
+from resilience.barrier.view import BarrierView
 from resilience.deadline import Deadline
-from resilience.engine_contract import engine_name, rules_of
 from resilience.events import EngineStateChanged
 
-from ._labels import scrub_engine
+from ._labels import OTHER, scrub_engine
 
 __all__ = [
     "DEFAULT_MAX_ENGINES",
@@ -73,23 +44,11 @@ RETIRED: Final = "retired"
 ENGINE_STATES: Final[tuple[str, ...]] = (*(s.value for s in EngineState), RETIRED)
 """Every value of ``cpr_engine_state``'s ``state`` label."""
 
-OTHER: Final = "other"
 _VERSION_MAX: Final = 64
 _VERSION_READS: Final = frozenset({"weight_info", "model_info"})
 
 DEFAULT_LOCK_WAIT_S: Final = 0.05
 """Seconds a scrape waits for the orchestrator's lock before it answers from its last read and the changes heard since."""
-
-
-class _Watched(Protocol):
-    """What the collector reads of an orchestrator (both orchestrators' public view)."""
-
-    @property
-    def groups(self) -> tuple[Any, ...]: ...
-
-    def states(self) -> dict[str, EngineState]: ...
-
-    def weight_versions(self) -> dict[str, str]: ...
 
 
 class WeightVersionTap:
@@ -98,12 +57,10 @@ class WeightVersionTap:
     ``fanout``: the fan-out that reaches the engines (``ThreadFanOut()``,
     ``RayFanOut()``, ...). Answers to ``weight_info`` (vLLM) and
     ``model_info`` (SGLang) that carry a ``weight_version`` are kept per
-    engine name; ``versions()`` returns them. An orchestrator keeps the
-    versions its own reads were answered (``weight_versions()``, what
-    ``EngineStateCollector`` publishes by default), so the tap is for reads sent
-    through a fan-out some other way too: give it to the orchestrator as its
-    ``fanout`` and to ``EngineStateCollector`` as its ``versions``; the
-    orchestrator's checks find ``check_engines`` through it.
+    engine name (``versions()``). For reads sent outside the orchestrator
+    (which keeps its own, ``weight_versions()``): give the tap to the
+    orchestrator as its ``fanout`` and to ``EngineStateCollector`` as its
+    ``versions``; the orchestrator's checks find ``check_engines`` through it.
     """
 
     def __init__(self, fanout: FanOut) -> None:
@@ -139,21 +96,20 @@ class WeightVersionTap:
 class EngineStateCollector:
     """A prometheus-client collector of one orchestrator's per-engine state (module docstring).
 
-    ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator`` (read only:
-    ``states()``, ``weight_versions()``, the kinds, and its lock, as the module docstring says). ``versions``: a
-    ``WeightVersionTap`` (or anything with ``versions() -> Mapping[str, str]``) for ``cpr_engine_weight_version``;
-    default None: the orchestrator's own ``weight_versions()``.
-    ``max_engines``: engines with their own label (default 256, >= 1).
-    ``lock_wait_s``: how long a scrape waits for the orchestrator's lock
-    (default 0.05 s, >= 0) before it answers from its last read of
-    ``states()`` and the ``EngineStateChanged`` events given to ``hear``
-    since. ``MetricsObserver.watch(orchestrator)`` builds one, registers it
-    and passes it the events it hears.
+    ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator`` (read only).
+    ``versions``: a ``WeightVersionTap`` (or anything with ``versions() ->
+    Mapping[str, str]``) for ``cpr_engine_weight_version``; default None: the
+    orchestrator's own ``weight_versions()``. ``max_engines``: engines with
+    their own label (default 256, >= 1). ``lock_wait_s``: how long a scrape
+    waits for the orchestrator's lock (default 0.05 s, >= 0) before it answers
+    from its last read of ``states()`` and the ``EngineStateChanged`` events
+    given to ``hear`` since. ``MetricsObserver.watch(orchestrator)`` builds
+    one, registers it and passes it the events it hears.
     """
 
     def __init__(
         self,
-        orchestrator: _Watched,
+        orchestrator: BarrierView[Any],
         *,
         versions: Any = None,
         max_engines: int = DEFAULT_MAX_ENGINES,
@@ -169,8 +125,6 @@ class EngineStateCollector:
         self.versions = versions
         self.max_engines = max_engines
         self.lock_wait_s = lock_wait_s
-        # the orchestrator's own lock (BarrierView.state.lock), when it has one: what states() waits for
-        self._orch_lock: Any = getattr(getattr(orchestrator, "state", None), "lock", None)
         self._last: dict[str, str] = {}  # the last states() read
         self._heard: dict[str, str] = {}  # engine -> to_state of EngineStateChanged heard since that read
         self._joined: set[str] = set()  # engines heard ``joining`` since that read (``add``): new to the last read
@@ -202,13 +156,12 @@ class EngineStateCollector:
 
     def _states(self) -> dict[str, str]:
         """``states()`` when the orchestrator's lock comes within ``lock_wait_s``; else the last read plus what was heard."""
-        lock = self._orch_lock
-        if lock is None or lock.acquire(timeout=self.lock_wait_s):
+        lock = self.orchestrator.state.lock  # what states() waits for
+        if lock.acquire(timeout=self.lock_wait_s):
             try:
                 states = {name: state.value for name, state in self.orchestrator.states().items()}
             finally:
-                if lock is not None:
-                    lock.release()
+                lock.release()
             with self._lock:
                 self._last, self._heard, self._joined = states, {}, set()
             return states
@@ -217,11 +170,17 @@ class EngineStateCollector:
 
     def _collect(self) -> list[Metric]:
         states = self._states()
-        kinds = self._kinds_now()
+        kinds = {name: rules.kind for name, rules in dict(self.orchestrator.state.kinds).items()}  # dict(): one copy at once
         with self._lock:
             self._kinds.update(kinds)
-            for name in sorted(states):
-                self._label(name)
+            for name in sorted(states.keys() - self._labels.keys()):  # the first max_engines met get a label of their own
+                if len(self._labels) < self.max_engines:
+                    self._labels[name] = scrub_engine(name)
+                elif not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "EngineStateCollector: more than %d engines; further ones are counted under engine=%r", self.max_engines, OTHER
+                    )
             retired = {name: RETIRED for name in self._labels if name not in states}
             labels, kinds_known = dict(self._labels), dict(self._kinds)
         state_family, version_family = self._families()
@@ -235,40 +194,12 @@ class EngineStateCollector:
                 state_family.add_metric([label, kind, state], 1.0)
         for (kind, state), count in sorted(folded.items()):
             state_family.add_metric([OTHER, kind, state], float(count))
-        known: Mapping[str, str] = self.versions.versions() if self.versions is not None else self._versions_now()
-        if known:
-            for name, version in sorted(known.items()):
-                label = labels.get(name)
-                if label is not None and name in states:
-                    version_family.add_metric([label, kinds_known.get(name, "unknown"), version[:_VERSION_MAX]], 1.0)
+        known: Mapping[str, str] = self.versions.versions() if self.versions is not None else self.orchestrator.weight_versions()
+        for name, version in sorted(known.items()):
+            label = labels.get(name)
+            if label is not None and name in states:
+                version_family.add_metric([label, kinds_known.get(name, "unknown"), version[:_VERSION_MAX]], 1.0)
         return [state_family, version_family]
-
-    def _versions_now(self) -> Mapping[str, str]:
-        """The orchestrator's ``weight_versions()`` (none from one without it)."""
-        read = getattr(self.orchestrator, "weight_versions", None)
-        return read() if callable(read) else {}
-
-    def _kinds_now(self) -> dict[str, str]:
-        """Engine name -> kind: the orchestrator's own table (``state.kinds``, which covers an engine that joined
-        after it was built) where it has one, else each engine of its ``groups``."""
-        table = getattr(getattr(self.orchestrator, "state", None), "kinds", None)
-        if isinstance(table, Mapping):
-            return {name: rules.kind for name, rules in dict(table).items()}  # dict(): one copy, taken at once
-        kinds: dict[str, str] = {}
-        for group in self.orchestrator.groups:
-            for engine in group.engines:
-                kinds[engine_name(engine)] = rules_of(engine).kind
-        return kinds
-
-    def _label(self, name: str) -> None:
-        """Give ``name`` its own label while fewer than ``max_engines`` have one (call under the lock)."""
-        if name in self._labels:
-            return
-        if len(self._labels) < self.max_engines:
-            self._labels[name] = scrub_engine(name)
-        elif not self._warned:
-            self._warned = True
-            log.warning("EngineStateCollector: more than %d engines; further ones are counted under engine=%r", self.max_engines, OTHER)
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:

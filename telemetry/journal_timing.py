@@ -13,7 +13,6 @@ raises is timed too (it held the transition up just as long).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -51,19 +50,13 @@ class TimedJournalStore:
 
     def append(self, record: bytes) -> None:
         """Append through the wrapped store, timed as ``op="append"``."""
-        t0 = time.perf_counter()
-        try:
+        with self._append.time():
             self.store.append(record)
-        finally:
-            self._append.observe(time.perf_counter() - t0)
 
     def rewrite(self, records: Sequence[bytes]) -> None:
         """Rewrite through the wrapped store, timed as ``op="rewrite"``."""
-        t0 = time.perf_counter()
-        try:
+        with self._rewrite.time():
             self.store.rewrite(records)
-        finally:
-            self._rewrite.observe(time.perf_counter() - t0)
 
     def close(self) -> None:
         """Close the wrapped store."""

@@ -1,80 +1,14 @@
-"""Prometheus metrics derived from resilience events (prometheus-client).
+"""Prometheus metrics derived from resilience events: ``MetricsObserver`` (prometheus-client).
 
-``MetricsObserver`` keeps the metric contract below; the names, types and
-labels are fixed because ``grafana/`` dashboards and alert rules query
-exactly these.
-
-=========================================  =========  ==========================  ==========================================
-name                                       type       labels                      source
-=========================================  =========  ==========================  ==========================================
-``cpr_requests_total``                     counter    endpoint, method, outcome   ``CallEnded`` (outcome: a ``CallOutcome``)
-``cpr_attempts_total``                     counter    endpoint, engine, status    ``AttemptEnded`` (``"502"``, or
-                                                                                  ``connect_error`` / ``read_timeout`` /
-                                                                                  ``connection_reset`` / ``error``)
-``cpr_attempt_duration_seconds``           histogram  endpoint                    ``AttemptEnded.duration_s``
-``cpr_retries_total``                      counter    endpoint, reason            ``RetryScheduled``
-``cpr_breaker_state``                      gauge      engine                      ``BreakerTransitioned``: 0 closed,
-                                                                                  1 half_open, 2 open
-``cpr_breaker_rejections_total``           counter    endpoint, engine            ``BreakerRejected``
-``cpr_retry_budget_tokens``                gauge      engine                      ``CallEnded.retry_budget_tokens``
-``cpr_retry_budget_exhausted_total``       counter    endpoint, engine            ``RetryBudgetExhaustedEvent``
-``cpr_barrier_phase_duration_seconds``     histogram  transition, phase           ``PhaseEnded``
-``cpr_barrier_phase_failures_total``       counter    transition, phase           ``PhaseEnded`` (one per failed engine)
-``cpr_barrier_transitions_total``          counter    transition, result          ``TransitionEnded`` (ok / failed)
-``cpr_engines_held_paused``                gauge      engine                      ``HoldChanged`` (number of holds)
-``cpr_barrier_transition_last_end_         gauge      transition                  ``TransitionEnded`` (Unix time it ended)
-timestamp_seconds``
-``cpr_engine_state``                       gauge      engine, kind, state         the orchestrator's ``states()`` at scrape
-                                                                                  (``watch``; 1 on the engine's state)
-``cpr_engine_weight_version``              gauge      engine, kind, version       a ``WeightVersionTap``'s versions (``watch``)
-``cpr_journal_commit_duration_seconds``    histogram  op                          a ``timed_journal_store``'s appends and
-                                                                                  rewrites
-``cpr_restarts_total``                     counter    cause                       the ``RestartBudget``'s record
-``cpr_restart_budget_limit``               gauge      -                           ``RestartBudget.limit``
-``cpr_restart_budget_remaining``           gauge      -                           ``RestartBudget.remaining``
-``cpr_restart_budget_planned_run_seconds`` gauge      -                           ``RestartBudget.planned_run_seconds``
-=========================================  =========  ==========================  ==========================================
-
-The per-engine state is not counted from events either: ``watch(orchestrator)``
-registers an ``EngineStateCollector`` (``telemetry/engine_state.py``) that reads
-the orchestrator's ``states()`` at every scrape, at most ``max_engines`` (256)
-engines with their own label. ``timed_journal_store(store)`` wraps a journal
-store so each durable append is timed (``telemetry/journal_timing.py``).
-
-The restart metrics are not counted from events: a custom collector reads
-the ``RestartBudget``'s record (loaded from its JSON file) at every scrape, so
-a process that restarted publishes the run's true count, not its own.
-
-Registry: each observer owns a fresh ``CollectorRegistry`` unless given one,
-so several observers (tests, several sessions) never collide. Pass
-``registry=prometheus_client.REGISTRY`` to publish next to the default process
-metrics, and serve whichever registry with ``start_metrics_server``.
-
-Label values stay bounded: ``endpoint`` is the policy template the event
-carries (never a raw path), ``engine`` is ``scheme://host:port`` (user-info
-stripped), reasons, outcomes and statuses are enums. As a guard against a
-misconfigured caller, at most ``max_label_values`` distinct endpoints and
-engines are kept; further values are reported as ``other`` (logged once).
-
-Series with no samples yet would be missing from a scrape (a dashboard shows
-"No data" where it should show "closed" or 0), so the observer creates them at
-0 the first time it meets their labels: an engine's ``cpr_breaker_state``
-(closed) on any event naming the engine; ``cpr_breaker_rejections_total`` and
-``cpr_retry_budget_exhausted_total`` for an (endpoint, engine) pair on its
-first attempt; ``cpr_barrier_phase_failures_total`` for a (transition, phase)
-on its first ``PhaseEnded``. ``declare(engines=..., endpoints=...)`` creates
-them up front, before any call, for every engine and every endpoint x engine
-pair. These series use the same bounded label values (an ``other`` label is
-never pre-created), so they add at most ``max_label_values`` engines and
-``max_label_values`` squared pairs.
-
-Per call it takes its moments as plain values (``CallObserver``): at an
-attempt's end and at the call's end, one lookup of the series (found once per
-endpoint and engine, then cached) and one lock around plain additions
-(``telemetry/_hot.py``: the four per-call families are counted there and
-published at scrape time); other events go by one type lookup to their
-labelled child. It never raises: a failure is logged at WARNING on
-``resilience.telemetry``.
+The metric contract (every name, type, label and bound, the series created at
+0, the registry, the restart-budget and per-engine collectors) is
+``telemetry/METRICS.md``; ``grafana/`` dashboards and alert rules query
+exactly those names. Per call the observer takes its moments as plain values
+(``CallObserver``): one lookup of the series (cached per endpoint and engine)
+and one lock around plain additions (``telemetry/_hot.py`` counts the four
+per-call families and publishes them at scrape time); other events go by one
+type lookup to their labelled child. It never raises: a failure is logged at
+WARNING on ``resilience.telemetry``.
 """
 
 from __future__ import annotations
@@ -82,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from typing import Any, Final, NamedTuple
 from wsgiref.simple_server import WSGIServer
 
@@ -108,7 +42,7 @@ from resilience.outcome import CallOutcome, Outcome
 
 from ._dispatch import Dispatcher
 from ._hot import Counted, HotMetrics, Timed
-from ._labels import scrub_engine, status_label, transport_label
+from ._labels import OTHER, scrub_engine, status_label, transport_label
 from .engine_state import DEFAULT_MAX_ENGINES, EngineStateCollector
 from .journal_timing import JOURNAL_COMMIT_BUCKETS, TimedJournalStore
 
@@ -132,12 +66,8 @@ PHASE_DURATION_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0
 BREAKER_STATE_VALUES: Final = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 """``cpr_breaker_state`` values; any other state name is ignored."""
 
-OTHER: Final = "other"
-"""The label value used once ``max_label_values`` distinct endpoints (or engines) have been seen."""
-
-
 _CACHE_MAX: Final = 65536
-"""Labelled children cached per observer and metric; past this they are looked up through ``labels()`` each time."""
+"""Series and labelled children cached per observer and kind; past this they are looked up through ``labels()`` each time."""
 
 
 def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
@@ -182,7 +112,7 @@ class _RestartBudgetCollector:
 
 
 class MetricsObserver(Dispatcher):
-    """A ``CallObserver`` that counts every call's moments and the other events as Prometheus metrics (names: module docstring).
+    """A ``CallObserver`` that counts every call's moments and the other events as Prometheus metrics (``telemetry/METRICS.md``).
 
     ``registry``: where the metrics are registered. Default None: a fresh
     ``CollectorRegistry`` owned by this observer (``.registry``); pass
@@ -264,9 +194,7 @@ class MetricsObserver(Dispatcher):
         # raw key -> series or labelled child; filled on first sight, read without a lock afterwards.
         self._c_requests: dict[tuple[Any, ...], Counted] = {}
         self._c_attempts: dict[tuple[Any, ...], tuple[Counted, Timed]] = {}
-        self._c_retries: dict[tuple[str, str], Any] = {}
-        self._c_rejections: dict[tuple[str, str], Any] = {}
-        self._c_exhausted: dict[tuple[str, str], Any] = {}
+        self._children: dict[tuple[Any, str, str], Any] = {}  # (family, endpoint, engine or reason) -> labelled child
         self._c_tokens: dict[str, Counted] = {}
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             CallEnded: self.replay,
@@ -281,7 +209,6 @@ class MetricsObserver(Dispatcher):
             EngineStateChanged: self._engine_state_changed,
         }
         self._watched: tuple[EngineStateCollector, ...] = ()
-
 
     def declare(self, *, engines: Iterable[str] = (), endpoints: Iterable[str] = ()) -> None:
         """Create the zero series of engines and endpoints known before any call (a scrape then shows "closed" and 0).
@@ -335,10 +262,8 @@ class MetricsObserver(Dispatcher):
         """Publish what ``orchestrator`` knows of each engine (``cpr_engine_state``, ``cpr_engine_weight_version``) at every scrape.
 
         ``orchestrator``: an ``Orchestrator`` or ``AsyncOrchestrator``.
-        ``versions``: a ``WeightVersionTap`` its fan-out goes through (None,
-        the default: the versions the orchestrator's own reads were answered,
-        ``weight_versions()``). ``max_engines``: engines with their
-        own label (default 256; the rest are counted under ``other``). The
+        ``versions`` (default None: the orchestrator's own ``weight_versions()``)
+        and ``max_engines`` (default 256): ``EngineStateCollector``'s. The
         collector is registered in ``registry`` and returned
         (``registry.unregister(it)`` stops it). Put this observer among the
         orchestrator's observers too: the ``EngineStateChanged`` it hears keep
@@ -358,21 +283,17 @@ class MetricsObserver(Dispatcher):
     def _bounded(self, seen: dict[str, str], value: str, kind: str, clean: Callable[[str], str]) -> str:
         with self._lock:
             label = seen.get(value)
+            if label is None and len(seen) < self.max_label_values:
+                label = seen[value] = clean(value)
             if label is not None:
                 return label
-            if len(seen) < self.max_label_values:
-                label = clean(value)
-            else:
-                label = OTHER
-                if kind not in self._warned:
-                    self._warned.add(kind)
-                    log.warning(
-                        "MetricsObserver: more than %d distinct %s label values; further ones are labelled %r",
-                        self.max_label_values, kind, OTHER,
-                    )  # fmt: skip
-                return label  # not remembered: an overflow must not grow memory either
-            seen[value] = label
-            return label
+            if kind not in self._warned:
+                self._warned.add(kind)
+                log.warning(
+                    "MetricsObserver: more than %d distinct %s label values; further ones are labelled %r",
+                    self.max_label_values, kind, OTHER,
+                )  # fmt: skip
+            return OTHER  # not remembered: an overflow must not grow memory either
 
     def _endpoint(self, endpoint: str) -> str:
         label = self._endpoints.get(endpoint)
@@ -387,23 +308,6 @@ class MetricsObserver(Dispatcher):
     def hears(self, moment: str) -> bool:
         """``attempt_ended`` and ``call_ended``: the other two count nothing (unless a subclass overrides them)."""
         return moment in ("attempt_ended", "call_ended") or getattr(type(self), moment) is not getattr(MetricsObserver, moment)
-
-    def call_started(self, call_id: int, method: str, endpoint: str, engine: str, deadline_s: float | None) -> None:
-        """Nothing to count."""
-
-    def attempt_started(
-        self,
-        call_id: int,
-        attempt: int,
-        method: str,
-        endpoint: str,
-        engine: str,
-        server_address: str,
-        server_port: int,
-        timeout_s: float | None,
-        carrier: MutableMapping[str, str],
-    ) -> None:
-        """Nothing to count."""
 
     def call_ended(
         self,
@@ -472,13 +376,17 @@ class MetricsObserver(Dispatcher):
         except Exception:
             log.warning("MetricsObserver failed on AttemptEnded", exc_info=True)
 
-    def _retry_scheduled(self, ev: RetryScheduled) -> None:
-        key = (ev.endpoint, ev.reason)
-        child = self._c_retries.get(key)
+    def _child(self, family: Any, endpoint: str, second: str, label: Callable[[str], str]) -> Any:
+        """``family``'s child for ``endpoint`` and ``label(second)``, cached by the raw values."""
+        key = (family, endpoint, second)
+        child = self._children.get(key)
         if child is None:
-            child = self._m_retries.labels(self._endpoint(ev.endpoint), ev.reason)
-            _remember(self._c_retries, key, child)
-        child.inc()
+            child = family.labels(self._endpoint(endpoint), label(second))
+            _remember(self._children, key, child)
+        return child
+
+    def _retry_scheduled(self, ev: RetryScheduled) -> None:
+        self._child(self._m_retries, ev.endpoint, ev.reason, str).inc()
 
     def _breaker_transitioned(self, ev: BreakerTransitioned) -> None:
         value = BREAKER_STATE_VALUES.get(ev.to_state)
@@ -489,26 +397,14 @@ class MetricsObserver(Dispatcher):
                 self._m_breaker_state.labels(engine).set(value)
 
     def _breaker_rejected(self, ev: BreakerRejected) -> None:
-        key = (ev.endpoint, ev.engine)
-        child = self._c_rejections.get(key)
-        if child is None:
-            child = self._m_breaker_rejections.labels(self._endpoint(ev.endpoint), self._engine(ev.engine))
-            _remember(self._c_rejections, key, child)
-        child.inc()
+        self._child(self._m_breaker_rejections, ev.endpoint, ev.engine, self._engine).inc()
 
     def _budget_exhausted(self, ev: RetryBudgetExhaustedEvent) -> None:
-        key = (ev.endpoint, ev.engine)
-        child = self._c_exhausted.get(key)
-        if child is None:
-            child = self._m_retry_budget_exhausted.labels(self._endpoint(ev.endpoint), self._engine(ev.engine))
-            _remember(self._c_exhausted, key, child)
-        child.inc()
+        self._child(self._m_retry_budget_exhausted, ev.endpoint, ev.engine, self._engine).inc()
 
     def _phase_ended(self, ev: PhaseEnded) -> None:
         self._m_phase_duration.labels(ev.transition, ev.phase).observe(ev.duration_s)
-        failures = self._m_phase_failures.labels(ev.transition, ev.phase)  # exists at 0 from the first phase on
-        if ev.failures:
-            failures.inc(len(ev.failures))
+        self._m_phase_failures.labels(ev.transition, ev.phase).inc(len(ev.failures))  # exists at 0 from the first phase on
         for name in ev.engines:
             self._init_engine(self._engine(name))
 
@@ -553,8 +449,6 @@ def start_metrics_server(
     (``"0.0.0.0"`` for a Prometheus elsewhere). ``registry``: the registry to
     serve, normally ``observer.registry``; default None serves the
     process-wide ``prometheus_client.REGISTRY``.
-
-    Returns a ``MetricsServer`` ``(server, port)``; ``close()`` stops it.
     """
     server, _thread = start_http_server(port, addr=host, registry=registry if registry is not None else REGISTRY)
     return MetricsServer(server, int(server.server_port))

@@ -1,25 +1,14 @@
 """OpenTelemetry spans derived from resilience events: ``TracingObserver``.
 
-Turns every call's moments (``resilience.events.CallObserver``'s plain
-values) and the barrier's events into one INTERNAL span per logical
-call (``resilient {endpoint}``), one CLIENT span per attempt (``{method}
-{url.template}``, whose ``traceparent`` it injects into ``event.carrier``, the
-headers sent with that attempt) and INTERNAL spans per barrier transition and
-phase. The span tree, every attribute, and how it coexists with
-``opentelemetry-instrumentation-requests`` are in ``telemetry/METRICS.md``
-("Traces").
-
-It needs only ``opentelemetry-api``: without an SDK every span is
-non-recording, and a call whose span has no valid context (no SDK, or a
-provider that makes nothing; with the API's ``NoOpTracerProvider`` given,
-no span is even started) keeps no span tree at all: its attempts start
-no spans and inject only the caller's baggage, if any (a trace id never
-existed to propagate). Spans are started with explicit parents and never attached to
-the current context; per-call and per-transition state (keyed by ``call_id`` /
-``transition_id``, guarded by a lock) is dropped on ``CallEnded`` /
-``TransitionEnded``. The observer never raises (a failure is logged at WARNING
-on ``resilience.telemetry``) and reads nothing from ``carrier`` or any header;
-``resilience.engine`` is stripped of URL user-info.
+One INTERNAL span per logical call, one CLIENT span per attempt (whose
+``traceparent`` goes into the attempt's ``carrier``) and INTERNAL spans per
+barrier transition and phase: the tree, every attribute and the coexistence
+with ``opentelemetry-instrumentation-requests`` are in ``telemetry/METRICS.md``
+("Traces"). It needs only ``opentelemetry-api``. A call whose span has no valid
+context (no SDK, a provider that makes nothing) keeps no span tree: its
+attempts inject only the caller's baggage, if any. Spans get explicit parents
+and are never attached to the current context; the state of a call or a
+transition is dropped at its end.
 """
 
 from __future__ import annotations
@@ -27,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -37,6 +27,7 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
+from resilience import __version__
 from resilience.events import (
     AttemptEnded,
     AttemptStarted,
@@ -62,18 +53,8 @@ log = logging.getLogger("resilience.telemetry")
 
 INSTRUMENTATION_NAME: Final = "resilience.telemetry"
 
-# Semantic-convention attribute names, spelled out so that only opentelemetry-api is needed.
-HTTP_REQUEST_METHOD: Final = "http.request.method"
-HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"
-HTTP_REQUEST_RESEND_COUNT: Final = "http.request.resend_count"
-HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
-SERVER_ADDRESS: Final = "server.address"
-SERVER_PORT: Final = "server.port"
-URL_TEMPLATE: Final = "url.template"
-ERROR_TYPE: Final = "error.type"
-
 _CACHE_MAX: Final = 4096
-"""Distinct endpoints x engines whose static span attributes are cached; past it they are computed per call."""
+"""Static span names and attributes cached (least recently used dropped first): distinct endpoints x engines or servers."""
 
 _OK_CALL_OUTCOMES: Final = frozenset({CallOutcome.SUCCESS, CallOutcome.RETRIED_SUCCESS})
 
@@ -100,13 +81,48 @@ class _Transition:
         self.phases: dict[str, Span] = {}
 
 
-def _version() -> str | None:
-    try:
-        from importlib.metadata import version
+def _http(method: str, endpoint: str) -> tuple[str, dict[str, AttributeValue]]:
+    """An attempt span's name (``HTTP`` for an unknown method) and its method and ``url.template`` attributes."""
+    attrs: dict[str, AttributeValue] = {"http.request.method": method}
+    name = method
+    if method not in HTTP_METHODS:
+        name = "HTTP"
+        attrs["http.request.method"] = "_OTHER"
+        attrs["http.request.method_original"] = method
+    template = url_template(endpoint)
+    if template is not None:
+        attrs["url.template"] = template
+        name = f"{name} {template}"
+    return name, attrs
 
-        return version("controlplane-resilience")
-    except Exception:  # not installed (a source checkout): no version
-        return None
+
+@lru_cache(maxsize=_CACHE_MAX)
+def _call_static(method: str, endpoint: str, engine: str) -> tuple[str, Mapping[str, AttributeValue]]:
+    """Name and start attributes of a logical call's span."""
+    attrs = _http(method, endpoint)[1]
+    attrs["resilience.endpoint"] = endpoint
+    attrs["resilience.engine"] = scrub_engine(engine)
+    return f"resilient {endpoint}", MappingProxyType(attrs)
+
+
+@lru_cache(maxsize=_CACHE_MAX)
+def _attempt_static(method: str, endpoint: str, address: str, port: int) -> tuple[str, Mapping[str, AttributeValue]]:
+    """Name and start attributes of a first attempt's span."""
+    name, attrs = _http(method, endpoint)
+    attrs["server.address"] = address
+    attrs["server.port"] = port
+    return name, MappingProxyType(attrs)
+
+
+def _barrier_attrs(ev: TransitionStarted | PhaseStarted) -> dict[str, AttributeValue]:
+    """Start attributes of a transition's or a phase's span."""
+    attrs: dict[str, AttributeValue] = {"resilience.transition": ev.transition}
+    if isinstance(ev, PhaseStarted):
+        attrs["resilience.phase"] = ev.phase
+    attrs["resilience.engines"] = [scrub_engine(e) for e in ev.engines]
+    if ev.deadline_s is not None:
+        attrs["resilience.deadline_s"] = ev.deadline_s
+    return attrs
 
 
 class TracingObserver(Dispatcher):
@@ -131,7 +147,7 @@ class TracingObserver(Dispatcher):
         *,
         propagator: TextMapPropagator | None = None,
     ) -> None:
-        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, _version(), tracer_provider=tracer_provider)
+        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider)
         self._noop = type(self._tracer) is NoOpTracer
         """The provider makes no spans, ever (the API's ``NoOpTracerProvider``): a call keeps no state at all, and its
         attempts inject only the caller's baggage. A global provider is looked up per call, so an SDK set later counts."""
@@ -141,9 +157,6 @@ class TracingObserver(Dispatcher):
         self._untraced: set[int] = set()
         """Calls whose span came back invalid (no SDK, or a provider that makes nothing): no span tree is kept for them."""
         self._transitions: dict[int, _Transition] = {}
-        self._engines: dict[str, str] = {}
-        self._call_cache: dict[tuple[str, str, str], tuple[str, Mapping[str, AttributeValue]]] = {}
-        self._attempt_cache: dict[tuple[str, str, str, int], tuple[str, Mapping[str, AttributeValue]]] = {}
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             CallStarted: self.replay,
             AttemptStarted: self.replay,
@@ -159,67 +172,11 @@ class TracingObserver(Dispatcher):
             TransitionEnded: self._transition_ended,
         }
 
-
     @property
     def in_flight(self) -> int:
         """Calls (traced or not) plus transitions still open (0 once every call and transition ended)."""
         with self._lock:
             return len(self._calls) + len(self._untraced) + len(self._transitions)
-
-    # -- helpers -----------------------------------------------------------------
-
-    def _engine(self, engine: str) -> str:
-        safe = self._engines.get(engine)
-        if safe is None:
-            safe = scrub_engine(engine)
-            if len(self._engines) < _CACHE_MAX:
-                self._engines[engine] = safe
-        return safe
-
-    @staticmethod
-    def _method_attrs(method: str, attrs: dict[str, AttributeValue]) -> str:
-        """Set the method attributes; return the method for span names (``HTTP`` for an unknown one)."""
-        if method in HTTP_METHODS:
-            attrs[HTTP_REQUEST_METHOD] = method
-            return method
-        attrs[HTTP_REQUEST_METHOD] = "_OTHER"
-        attrs[HTTP_REQUEST_METHOD_ORIGINAL] = method
-        return "HTTP"
-
-    def _call_static(self, method: str, endpoint: str, engine: str) -> tuple[str, Mapping[str, AttributeValue]]:
-        """Name and start attributes of a logical span; computed once per (method, endpoint, engine)."""
-        key = (method, endpoint, engine)
-        static = self._call_cache.get(key)
-        if static is None:
-            attrs: dict[str, AttributeValue] = {}
-            self._method_attrs(method, attrs)
-            template = url_template(endpoint)
-            if template is not None:
-                attrs[URL_TEMPLATE] = template
-            attrs["resilience.endpoint"] = endpoint
-            attrs["resilience.engine"] = self._engine(engine)
-            static = (f"resilient {endpoint}", MappingProxyType(attrs))
-            if len(self._call_cache) < _CACHE_MAX:
-                self._call_cache[key] = static
-        return static
-
-    def _attempt_static(self, method: str, endpoint: str, address: str, port: int) -> tuple[str, Mapping[str, AttributeValue]]:
-        """Name and start attributes of a first attempt; computed once per (method, endpoint, server)."""
-        key = (method, endpoint, address, port)
-        static = self._attempt_cache.get(key)
-        if static is None:
-            attrs: dict[str, AttributeValue] = {}
-            name = self._method_attrs(method, attrs)
-            attrs[SERVER_ADDRESS] = address
-            attrs[SERVER_PORT] = port
-            template = url_template(endpoint)
-            if template is not None:
-                attrs[URL_TEMPLATE] = template
-                name = f"{name} {template}"
-            static = (name, MappingProxyType(attrs))
-            if len(self._attempt_cache) < _CACHE_MAX:
-                self._attempt_cache[key] = static
-        return static
 
     # -- logical calls -----------------------------------------------------------
 
@@ -234,7 +191,7 @@ class TracingObserver(Dispatcher):
         try:
             if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
                 return
-            name, attrs = self._call_static(method, endpoint, engine)
+            name, attrs = _call_static(method, endpoint, engine)
             if deadline_s is not None:
                 attrs = {**attrs, "resilience.deadline_s": deadline_s}
             span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
@@ -246,7 +203,7 @@ class TracingObserver(Dispatcher):
                 stale = self._calls.pop(call_id, None)
                 self._calls[call_id] = call
             if stale is not None:  # a call id reused before its CallEnded: close the orphan
-                self._close_call(stale, None)
+                self._close_call(stale, Status(StatusCode.ERROR, "call ended without CallEnded"))
         except Exception:
             log.warning("TracingObserver failed on CallStarted", exc_info=True)
 
@@ -271,9 +228,9 @@ class TracingObserver(Dispatcher):
                 return
             if call.attempt is not None:  # the previous attempt never ended: close it
                 call.attempt.end()
-            name, attrs = self._attempt_static(method, endpoint, server_address, server_port)
+            name, attrs = _attempt_static(method, endpoint, server_address, server_port)
             if attempt:
-                attrs = {**attrs, HTTP_REQUEST_RESEND_COUNT: attempt}
+                attrs = {**attrs, "http.request.resend_count": attempt}
             span = self._tracer.start_span(name, context=call.ctx, kind=SpanKind.CLIENT, attributes=attrs)
             call.attempt = span
             (self._propagator or get_global_textmap()).inject(carrier, context=trace.set_span_in_context(span))
@@ -302,13 +259,13 @@ class TracingObserver(Dispatcher):
                 return
             span, call.attempt = call.attempt, None
             if status is not None and status < 400 and outcome is Outcome.SUCCESS:
-                span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
+                span.set_attribute("http.response.status_code", status)
                 span.end()
                 return
             attrs: dict[str, AttributeValue] = {"resilience.attempt_outcome": outcome.value}
             if status is not None:
-                attrs[HTTP_RESPONSE_STATUS_CODE] = status
-            attrs[ERROR_TYPE] = error_type or (str(status) if status is not None else "_OTHER")
+                attrs["http.response.status_code"] = status
+            attrs["error.type"] = error_type or (str(status) if status is not None else "_OTHER")
             span.set_attributes(attrs)
             if status is None or status >= 400:
                 span.set_status(Status(StatusCode.ERROR))
@@ -316,35 +273,28 @@ class TracingObserver(Dispatcher):
         except Exception:
             log.warning("TracingObserver failed on AttemptEnded", exc_info=True)
 
-    def _retry_scheduled(self, ev: RetryScheduled) -> None:
-        call = self._calls.get(ev.call_id)
+    def _call_event(self, call_id: int, name: str, attrs: dict[str, AttributeValue]) -> None:
+        call = self._calls.get(call_id)
         if call is not None:
-            call.span.add_event(
-                "resilience.backoff",
-                {
-                    "resilience.retry.reason": ev.reason,
-                    "resilience.backoff.delay_s": ev.delay_s,
-                    "resilience.failed_attempt": ev.attempt,
-                },
-            )
+            call.span.add_event(name, attrs)
+
+    def _retry_scheduled(self, ev: RetryScheduled) -> None:
+        attrs: dict[str, AttributeValue] = {
+            "resilience.retry.reason": ev.reason,
+            "resilience.backoff.delay_s": ev.delay_s,
+            "resilience.failed_attempt": ev.attempt,
+        }
+        self._call_event(ev.call_id, "resilience.backoff", attrs)
 
     def _breaker_rejected(self, ev: BreakerRejected) -> None:
-        call = self._calls.get(ev.call_id)
-        if call is not None:
-            call.span.add_event("resilience.breaker_rejected", {"resilience.engine": self._engine(ev.engine)})
+        self._call_event(ev.call_id, "resilience.breaker_rejected", {"resilience.engine": scrub_engine(ev.engine)})
 
     def _budget_exhausted(self, ev: RetryBudgetExhaustedEvent) -> None:
-        call = self._calls.get(ev.call_id)
-        if call is not None:
-            call.span.add_event(
-                "resilience.retry_budget_exhausted",
-                {"resilience.engine": self._engine(ev.engine), "resilience.retry_budget.tokens": ev.tokens},
-            )
+        attrs: dict[str, AttributeValue] = {"resilience.engine": scrub_engine(ev.engine), "resilience.retry_budget.tokens": ev.tokens}
+        self._call_event(ev.call_id, "resilience.retry_budget_exhausted", attrs)
 
     def _probe_completed(self, ev: ProbeCompleted) -> None:
-        call = self._calls.get(ev.call_id)
-        if call is not None:
-            call.span.add_event("resilience.probe_completed", {"resilience.probe.answer": ev.answer})
+        self._call_event(ev.call_id, "resilience.probe_completed", {"resilience.probe.answer": ev.answer})
 
     def call_ended(
         self,
@@ -368,60 +318,46 @@ class TracingObserver(Dispatcher):
                 return
             with self._lock:
                 call = self._calls.pop(call_id, None)
-            if call is not None:
-                self._close_call(call, (outcome, status, attempts, error_type))
+            if call is None:
+                return
+            attrs: dict[str, AttributeValue] = {"resilience.outcome": outcome.value, "resilience.attempts": attempts}
+            if status is not None:
+                attrs["http.response.status_code"] = status
+            failed = outcome not in _OK_CALL_OUTCOMES
+            if failed:
+                attrs["error.type"] = error_type or outcome.value
+            call.span.set_attributes(attrs)
+            self._close_call(call, Status(StatusCode.ERROR, outcome.value) if failed else None)
         except Exception:
             log.warning("TracingObserver failed on CallEnded", exc_info=True)
 
-    def _close_call(self, call: _Call, ended: tuple[CallOutcome, int | None, int, str | None] | None) -> None:
+    def _close_call(self, call: _Call, error: Status | None) -> None:
+        """End the attempt still open (an error), then the call's span, with ``error`` as its status if any."""
         if call.attempt is not None:
             call.attempt.set_status(Status(StatusCode.ERROR, "attempt still open when the call ended"))
             call.attempt.end()
-            call.attempt = None
-        span = call.span
-        if ended is None:
-            span.set_status(Status(StatusCode.ERROR, "call ended without CallEnded"))
-        else:
-            outcome, status, attempts, error_type = ended
-            attrs: dict[str, AttributeValue] = {"resilience.outcome": outcome.value, "resilience.attempts": attempts}
-            if status is not None:
-                attrs[HTTP_RESPONSE_STATUS_CODE] = status
-            if outcome not in _OK_CALL_OUTCOMES:
-                attrs[ERROR_TYPE] = error_type or outcome.value
-                span.set_status(Status(StatusCode.ERROR, outcome.value))
-            span.set_attributes(attrs)
-        span.end()
+        if error is not None:
+            call.span.set_status(error)
+        call.span.end()
 
     # -- barrier transitions -----------------------------------------------------
 
     def _transition_started(self, ev: TransitionStarted) -> None:
         if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
             return
-        attrs: dict[str, AttributeValue] = {
-            "resilience.transition": ev.transition,
-            "resilience.engines": [self._engine(e) for e in ev.engines],
-        }
-        if ev.deadline_s is not None:
-            attrs["resilience.deadline_s"] = ev.deadline_s
-        span = self._tracer.start_span(f"barrier {ev.transition}", kind=SpanKind.INTERNAL, attributes=attrs)
+        span = self._tracer.start_span(f"barrier {ev.transition}", kind=SpanKind.INTERNAL, attributes=_barrier_attrs(ev))
         tr = _Transition(span)
         with self._lock:
             stale = self._transitions.pop(ev.transition_id, None)
             self._transitions[ev.transition_id] = tr
         if stale is not None:
-            self._close_transition(stale, None)
+            self._close_transition(stale, Status(StatusCode.ERROR, "transition ended without TransitionEnded"))
 
     def _phase_started(self, ev: PhaseStarted) -> None:
         tr = self._transitions.get(ev.transition_id)
         if tr is None:
             return
-        attrs: dict[str, AttributeValue] = {
-            "resilience.transition": ev.transition,
-            "resilience.phase": ev.phase,
-            "resilience.engines": [self._engine(e) for e in ev.engines],
-        }
-        if ev.deadline_s is not None:
-            attrs["resilience.deadline_s"] = ev.deadline_s
+        attrs = _barrier_attrs(ev)
         span = self._tracer.start_span(f"barrier {ev.transition} {ev.phase}", context=tr.ctx, kind=SpanKind.INTERNAL, attributes=attrs)
         with self._lock:
             previous = tr.phases.pop(ev.phase, None)
@@ -439,14 +375,14 @@ class TracingObserver(Dispatcher):
             return
         span.set_attribute("resilience.phase.ok", ev.ok)
         if ev.failures:
-            span.set_attribute("resilience.failed_engines", [self._engine(f.engine) for f in ev.failures])
+            span.set_attribute("resilience.failed_engines", [scrub_engine(f.engine) for f in ev.failures])
             for failure in ev.failures:
                 span.add_event(
                     "exception",
                     {
                         "exception.type": failure.error_type,
                         "exception.message": scrub_message(failure.message),
-                        "resilience.engine": self._engine(failure.engine),
+                        "resilience.engine": scrub_engine(failure.engine),
                     },
                 )
             span.set_status(Status(StatusCode.ERROR, f"{len(ev.failures)} of {len(ev.engines)} engines failed"))
@@ -455,26 +391,23 @@ class TracingObserver(Dispatcher):
     def _transition_ended(self, ev: TransitionEnded) -> None:
         with self._lock:
             tr = self._transitions.pop(ev.transition_id, None)
-        if tr is not None:
-            self._close_transition(tr, ev)
+        if tr is None:
+            return
+        tr.span.set_attribute("resilience.ok", ev.ok)
+        if ev.failed_phase is not None:
+            tr.span.set_attribute("resilience.failed_phase", ev.failed_phase)
+        for key, engines in (("resilience.rolled_back", ev.rolled_back), ("resilience.left_paused", ev.left_paused)):
+            if engines:
+                tr.span.set_attribute(key, [scrub_engine(e) for e in engines])
+        self._close_transition(tr, None if ev.ok else Status(StatusCode.ERROR, f"failed in phase {ev.failed_phase or 'unknown'}"))
 
-    def _close_transition(self, tr: _Transition, ev: TransitionEnded | None) -> None:
+    def _close_transition(self, tr: _Transition, error: Status | None) -> None:
+        """End the phases still open (errors), then the transition's span, with ``error`` as its status if any."""
         with self._lock:
             phases, tr.phases = list(tr.phases.values()), {}
         for phase in phases:
             phase.set_status(Status(StatusCode.ERROR, "phase still open when the transition ended"))
             phase.end()
-        span = tr.span
-        if ev is None:
-            span.set_status(Status(StatusCode.ERROR, "transition ended without TransitionEnded"))
-        else:
-            span.set_attribute("resilience.ok", ev.ok)
-            if ev.failed_phase is not None:
-                span.set_attribute("resilience.failed_phase", ev.failed_phase)
-            if ev.rolled_back:
-                span.set_attribute("resilience.rolled_back", [self._engine(e) for e in ev.rolled_back])
-            if ev.left_paused:
-                span.set_attribute("resilience.left_paused", [self._engine(e) for e in ev.left_paused])
-            if not ev.ok:
-                span.set_status(Status(StatusCode.ERROR, f"failed in phase {ev.failed_phase or 'unknown'}"))
-        span.end()
+        if error is not None:
+            tr.span.set_status(error)
+        tr.span.end()
