@@ -47,6 +47,13 @@ NOTES_POINTER = (
 _PARTIAL = "Last partial run (`run_all.py --only`)"
 
 
+def _hand_written(section: str) -> str:
+    """What ``section`` holds before its own heading: hand-written sections (no wall line of their own) kept when it is
+    regenerated; its own heading is the last ``## `` line."""
+    cut = section.rfind("\n## ")
+    return section[: cut + 1] + "\n" if cut > 0 and section.startswith("## ") else ""
+
+
 def splice(existing: str, fresh: dict[str, str], partial: str) -> str:
     """``existing`` (a full run) with the sections named in ``fresh`` (bench file name -> section) replaced.
 
@@ -62,8 +69,8 @@ def splice(existing: str, fresh: dict[str, str], partial: str) -> str:
     pieces: list[str] = []
     start = head_end
     for m in ends:
-        name = m.group(1)
-        pieces.append(fresh.pop(name) if name in fresh else existing[start : m.end()].strip("\n"))
+        name, old = m.group(1), existing[start : m.end()].strip("\n")
+        pieces.append(_hand_written(old) + fresh.pop(name) if name in fresh else old)
         start = m.end()
     pieces.extend(fresh.values())
     tail = existing[start:].strip("\n")
