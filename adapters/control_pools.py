@@ -31,7 +31,6 @@ so none of them pulls in another library.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -199,10 +198,6 @@ class AiohttpLane:
             self.armed.discard(key)
             if session._connector is self.connector:
                 session._connector = self.owner
-
-    def handler(self, handler: Handler) -> Handler:
-        """``handler`` taking its connection from the lane (what ``ResilientMiddleware`` calls per attempt of a control route)."""
-        return functools.partial(self.send, handler)
 
 
 def _local_addr(owner: Any) -> tuple[str, int] | None:
