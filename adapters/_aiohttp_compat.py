@@ -79,6 +79,8 @@ def internals_missing(aiohttp: ModuleType) -> list[str]:
         missing.append("ClientSession._request's _connect_and_send_request handler")
     elif "send" not in inner.co_names:
         missing.append("_connect_and_send_request calling req.send(conn)")
+    elif "_connector" not in inner.co_names or "self" not in inner.co_freevars:
+        missing.append("_connect_and_send_request reading self._connector when it runs (the control lane swaps it)")
     if not isinstance(getattr(request, "timeout", None), property):  # no public timeout: the closure cells are read
         if inner is not None and "real_timeout" not in inner.co_freevars:
             missing.append("_connect_and_send_request's real_timeout cell")
@@ -88,6 +90,8 @@ def internals_missing(aiohttp: ModuleType) -> list[str]:
             missing.append("build_client_middlewares' next_h cell")
     if not _reads(getattr(request, "__init__", None), "_timer"):
         missing.append("ClientRequest._timer")
+    if not _reads(getattr(request, "session", None), "_session"):
+        missing.append("ClientRequest.session")
     for attribute, reader in (("_headers", "headers"), ("_raw_headers", "raw_headers"), ("_body", "read")):
         descriptor = next((vars(k)[reader] for k in response.__mro__ if reader in vars(k)), None)
         if not hasattr(response, attribute) or not _reads(descriptor, attribute):

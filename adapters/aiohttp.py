@@ -464,8 +464,8 @@ def _route(policies: PolicyTable, method: str, url: str) -> Route:
     return method, policies.match(method, parsed.path), engine, host, port
 
 
-_session_of = operator.attrgetter("_session" if _reads(vars(ClientRequest).get("session"), "_session") else "session")
-"""A request's session with no property call, where ``ClientRequest.session`` reads ``_session``."""
+_session_of = operator.attrgetter("_session")
+"""A request's session with no property call (``_aiohttp_compat`` checks that ``ClientRequest.session`` reads ``_session``)."""
 _lane_of = operator.attrgetter(_LANE_SLOT)
 """A session connector's ``AiohttpLane``, once ``AiohttpLane.of`` made it (AttributeError before): an attribute read, no call."""
 _YARL_PARTS = all(hasattr(URL("http://h:1/p"), part) for part in ("_scheme", "_netloc", "_path"))
