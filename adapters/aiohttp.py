@@ -48,10 +48,7 @@ outside the middleware: each hop is its own logical call.
   ``ClientResponse`` has no extensions dict) and on raised errors as
   ``error.attempts`` (``resilience.outcome.attempts_of`` reads either).
   Errors are the ``aiohttp`` subclasses of
-  ``resilience.adapters.aiohttp_errors`` (``DeadlineExceeded`` is an
-  ``aiohttp.ServerTimeoutError``, ``CircuitOpen`` an
-  ``aiohttp.ClientConnectionError``, ``AmbiguousOutcome`` an
-  ``aiohttp.ClientError``, ...). When a probe confirms that an ambiguous request
+  ``resilience.adapters.aiohttp_errors``. When a probe confirms that an ambiguous request
   was applied, the caller gets a body-less ``ClientResponse`` with status 200,
   reason ``"Applied (confirmed by probe)"`` and ``probe_confirmed = True``.
 - **Cancellation.** A cancelled calling task (in an attempt or a backoff
@@ -165,14 +162,11 @@ def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] 
 def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> ClientTimeout:
     """The ``ClientTimeout`` aiohttp applies to this request: its own ``timeout=``, else the session's.
 
-    Where aiohttp has the public ``ClientRequest.timeout`` (3.15 and later:
-    aio-libs/aiohttp#13176, #13211), that. aiohttp 3.12 to 3.14 does not hand a
-    middleware the request's timeout; it keeps it (``real_timeout``) in the
-    closure of the handler the middlewares wrap (``client.py``,
-    ``_connect_and_send_request``). This walks the middleware chain
-    (``client_middlewares.py``, ``next_h``) to it, and falls back to the
-    session's timeout when the closure is not shaped so. ``_aiohttp_compat``
-    checks at import that those cells are there.
+    Where aiohttp has the public ``ClientRequest.timeout`` (3.15 and later),
+    that; else the ``real_timeout`` closure cell, reached through the
+    middleware chain's ``next_h`` cells (``_aiohttp_compat`` says where, and
+    checks at import that they are there), and the session's timeout when the
+    closure is not shaped so.
     """
     cls = type(request)
     try:
@@ -274,11 +268,9 @@ async def _discard(response: ClientResponse) -> None:
 class _Timers:
     """The attempt timers of one event loop, behind one ``loop.call_at`` handle armed at the earliest limit it knows.
 
-    Each timed attempt used to arm and cancel a ``loop.call_at`` handle of its
-    own; on a loop doing I/O that is a ``TimerHandle`` built, pushed on the
-    loop's heap and compared there in Python (``TimerHandle.__lt__``) until it
-    pops, cancelled, long after the attempt (most attempts end well inside
-    their limit). Here an attempt joins ``timers``, moves its limit in place
+    (A handle per attempt would be built, pushed on the loop's heap and
+    compared there in Python until it pops, cancelled, long after most
+    attempts end.) An attempt joins ``timers``, moves its limit in place
     and leaves it; the handle is re-armed (``arm``) only when a limit comes
     earlier than the one it is armed at. When it fires, every attempt whose
     limit has come expires (its task is cancelled, as ``asyncio.timeout``
@@ -477,16 +469,11 @@ class ResilientMiddleware(ConfigViews):
 
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
     budgets per engine, ``scheme://host:port``, included). Or, instead, its
-    parts: ``policies`` (the ``PolicyTable`` routing requests, method + URL
-    path, to endpoint policies; default an empty table, so
-    ``EndpointPolicy.for_method`` applies), ``observers`` (receive every
-    event), ``breaker`` (the circuit breaker per engine; default
-    ``BreakerConfig()``, None turns breaking off), ``retry_budget`` (the
-    retry budget per engine; default ``RetryBudgetConfig()``, None turns it
-    off), ``clock`` / ``rng`` (injectable time and jitter source; backoff
-    sleeps are ``asyncio.sleep``); ``config`` with any of them raises
-    ``ConfigConflict``. One middleware may serve many sessions and loops; its
-    breakers and budgets are shared by all of them.
+    fields as keywords (``policies`` and ``DriverKeywords``, each with the
+    field's meaning and default); ``config`` with any of them raises
+    ``ConfigConflict``. Backoff sleeps are ``asyncio.sleep``. One middleware
+    may serve many sessions and loops; its breakers and budgets are shared by
+    all of them.
     """
 
     def __init__(

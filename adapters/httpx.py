@@ -26,14 +26,10 @@ stay off (``retries=0``, its default).
   ``response.extensions["attempts"]`` (a tuple of ``AttemptRecord``), the
   endpoint template on ``response.extensions["endpoint"]``; a raised error has
   them as ``error.attempts``.
-- **Errors** are httpx exceptions (``resilience.adapters.httpx_errors``):
-  ``DeadlineExceeded`` is an ``httpx.TimeoutException``, ``CircuitOpen`` an
-  ``httpx.ConnectError``, the others ``httpx.TransportError``. When the
+- **Errors** are httpx exceptions (``resilience.adapters.httpx_errors``). When the
   retries end on a transport error (a refusal past the deadline, say), the
   transport's own error is raised, with ``.attempts``; so is an error raised
   unretried (``resilience.outcome.attempts_of`` reads the record).
-- **Configuration**: ``config=DriverConfig(...)`` (shared with other drivers,
-  per-engine breakers and budgets included), or its parts as keywords.
 """
 
 from __future__ import annotations
@@ -277,15 +273,9 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
     ``transport``: the transport that makes each attempt (default
     ``httpx.HTTPTransport()``; pass one to set TLS, limits, a proxy).
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
-    budgets per engine included). Or, instead, its parts: ``policies`` (the
-    ``PolicyTable`` routing requests, method + URL path, to endpoint
-    policies; default an empty table, so ``EndpointPolicy.for_method``
-    applies), ``observers`` (receive every event), ``breaker`` (the circuit
-    breaker per engine; default ``BreakerConfig()``, None turns breaking
-    off), ``retry_budget`` (the retry budget per engine; default
-    ``RetryBudgetConfig()``, None turns it off), ``clock`` / ``rng``
-    (injectable time and jitter source); ``config`` with any of them raises
-    ``ConfigConflict``.
+    budgets per engine included). Or, instead, its fields as keywords
+    (``policies`` and ``DriverKeywords``, each with the field's meaning and
+    default); ``config`` with any of them raises ``ConfigConflict``.
     """
 
     def __init__(

@@ -209,14 +209,9 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
     """An ``HTTPAdapter`` that runs the resilience retry loop around every send.
 
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
-    budgets per engine included). Or, instead, its parts: ``policies`` (the
-    ``PolicyTable`` routing requests to endpoint policies; default an empty
-    table, so ``EndpointPolicy.for_method`` applies), ``observers`` (receive
-    every event), ``breaker`` (the circuit breaker per engine; default
-    ``BreakerConfig()``, None turns breaking off), ``retry_budget`` (the retry
-    budget per engine; default ``RetryBudgetConfig()``, None turns it off),
-    ``clock`` / ``rng`` (injectable time and jitter source); ``config`` with
-    any of them raises ``ConfigConflict``. ``pool_connections``,
+    budgets per engine included). Or, instead, its fields as keywords
+    (``policies`` and ``DriverKeywords``, each with the field's meaning and
+    default); ``config`` with any of them raises ``ConfigConflict``. ``pool_connections``,
     ``pool_maxsize`` and ``pool_block`` are ``HTTPAdapter``'s (its defaults);
     ``max_retries`` is accepted and ignored (always 0: this adapter owns the loop).
     """
