@@ -1,6 +1,6 @@
 """Which aiohttp ``ResilientMiddleware`` runs on: the versions its tests cover, and a check of the internals it reads.
 
-aiohttp gives a client middleware no public way to do three things the
+aiohttp gives a client middleware no public way to do these things the
 middleware needs, so on the versions it is tested with (3.12 to 3.14) it reads
 aiohttp's own code:
 
@@ -15,13 +15,12 @@ aiohttp's own code:
 - the body-less 200 returned when a probe confirms an ambiguous request: a
   ``ClientResponse`` never started on a connection, given ``_headers``,
   ``_raw_headers`` and ``_body``; and each attempt's timer wraps the
-  request's ``send``, which ``_connect_and_send_request`` calls.
+  request's ``send``, which ``_connect_and_send_request`` calls;
+- the control lane (``control_pools.AiohttpLane``): it swaps the session's
+  ``_connector``, which ``_connect_and_send_request`` reads when it runs, and
+  the middleware reads a request's session as ``_session``.
 
-``check(version, missing)`` runs when ``resilience.adapters.aiohttp`` is
-imported: an aiohttp without client middlewares, or one whose internals differ
-from these, raises ``ImportError`` naming its version and what differs; a
-version newer than the tested ones whose internals are all there works, with
-a ``RuntimeWarning``.
+``check(version, missing)`` runs when ``resilience.adapters.aiohttp`` is imported (what it refuses: its docstring).
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ async def _adiscard(response: httpx.Response) -> None:
 class _Resilient(ConfigViews):
     """What both transports share: the configuration, the retry core, and turning a request into a ``CallSpec``."""
 
-    def __init__(self, owner: str, config: DriverConfig) -> None:
+    def __init__(self, config: DriverConfig) -> None:
         self.driver_config = config
         self.retrier = config.retrier(ERROR_TYPES)
         self._routes = RouteCache(config.policies, routed(config.control_lane, route_of))
@@ -294,7 +294,7 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
             transport,
         )
         config = driver_config("ResilientTransport", config, policies=policies, **keywords)
-        super().__init__("ResilientTransport", config)
+        super().__init__(config)
         self.transport = transport if transport is not None else httpx.HTTPTransport()
         self.lane = httpx_lane(self.transport, config.control_lane)
         """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
@@ -360,7 +360,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
             transport,
         )
         config = driver_config("AsyncResilientTransport", config, policies=policies, **keywords)
-        super().__init__("AsyncResilientTransport", config)
+        super().__init__(config)
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self.lane = async_httpx_lane(self.transport, config.control_lane)
         """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
