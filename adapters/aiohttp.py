@@ -25,9 +25,7 @@ outside the middleware: each hop is its own logical call.
   attempt and, for ``total``, over the whole call (which then ends as a plain
   ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
   core chose: ``connect`` until aiohttp has sent the request, then ``read``
-  from then on, until the response headers (the limit moves when aiohttp's
-  ``ClientRequest.send`` returns; one ``loop.call_at`` handle per event loop
-  watches every attempt's limit, ``_Timers``). It fails
+  from then on, until the response headers (``_AttemptTimer``). It fails
   as aiohttp would: ``ConnectionTimeoutError`` before sending,
   ``SocketTimeoutError`` after.
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
@@ -339,9 +337,8 @@ class _AttemptTimer:
 
     "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
     and the request written to it): building the timer wraps this attempt's
-    ``send`` to move the limit then, so no timer polls. The limit is watched
-    by the loop's ``_Timers`` (one ``loop.call_at`` handle for all the
-    attempts on the loop). On expiry it cancels the attempt's task, as
+    ``send`` to move the limit then, so no timer polls. The loop's ``_Timers``
+    watches the limit. On expiry it cancels the attempt's task, as
     ``asyncio.timeout`` would; ``stop`` takes that cancellation back and says
     whether it was this timer's (a cancellation from anywhere else stays one),
     and ``error`` is the aiohttp error to raise then: ``ConnectionTimeoutError``

@@ -154,16 +154,12 @@ def _at_most(value: object, bound: float | None) -> float | None:
 def _send(handle: Callable[[httpx.Request], Any], request: httpx.Request, n: int, timeouts: Timeouts, carrier: Mapping[str, str]) -> Any:
     """Attempt ``n``: ``handle`` (the wrapped transport's ``handle_request`` or ``handle_async_request``) called with its request.
 
-    The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream.
-
     When the core's timeouts are the caller's own and no header is added, the
-    caller's request itself (nothing to copy).
-
-    A shallow copy of ``request`` (``httpx.Request.__init__`` would rebuild the
-    URL, headers and stream: about 6 us a call): its own ``extensions`` dict,
-    and its own headers only when the carrier adds some. Otherwise it shares
-    the caller's headers object, as a bare transport would get the caller's
-    request itself; the caller's request keeps its own extensions and headers.
+    caller's request itself (nothing to copy). Else a shallow copy of ``request``
+    (``httpx.Request.__init__`` would rebuild the URL, headers and stream: about
+    6 us a call), same body stream, with its own ``extensions`` dict holding the
+    core's timeouts, and its own headers, the carrier's set, only when the
+    carrier adds some; the caller's request keeps its own extensions and headers.
     """
     connect, read = timeouts
     try:
