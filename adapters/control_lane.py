@@ -9,11 +9,8 @@ a ``/pause_generation`` or ``/update_weights`` waits for a stream to end.
 
 Every driver built from a ``DriverConfig`` whose ``control_lane`` is set (the
 default) sends the control routes of its policy table over a second, small
-pool of its own, beside the one it was given: requests' ``ResilientAdapter``
-a second ``HTTPAdapter``, httpx's transports a second ``httpx.HTTPTransport``
-/ ``AsyncHTTPTransport`` built with the wrapped one's TLS settings, aiohttp's
-``ResilientMiddleware`` a second ``TCPConnector`` beside the session's (the
-pools themselves are in ``adapters/control_pools.py``). The lane has no
+pool of its own, beside the one it was given (one per library, with its TLS
+settings: ``adapters/control_pools.py``). The lane has no
 connection limit (a control call never waits for a connection) and keeps a
 few idle connections open for the next call.
 
