@@ -15,19 +15,11 @@ attempt, so everything aiohttp does per request (cookies, redirects, auth,
 ``raise_for_status``, trace configs) stays aiohttp's. Redirects are followed
 outside the middleware: each hop is its own logical call.
 
-- **Timeouts.** The caller's timeout is the request's ``ClientTimeout``
-  (``timeout=`` of the call, else of the session; ``request_timeout`` finds
-  it, since aiohttp does not hand it to middlewares): connect =
-  ``sock_connect`` / ``connect`` (the smaller; else ``total``), read =
-  ``sock_read`` (else ``total``). aiohttp's default (``DEFAULT_TIMEOUT``)
-  counts as "the caller said nothing", so the policy's ``attempt_timeout_s``
-  applies. aiohttp also enforces the caller's timeout itself, inside every
-  attempt and, for ``total``, over the whole call (which then ends as a plain
-  ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
-  core chose: ``connect`` until aiohttp has sent the request, then ``read``
-  from then on, until the response headers (``_AttemptTimer``). It fails
-  as aiohttp would: ``ConnectionTimeoutError`` before sending,
-  ``SocketTimeoutError`` after.
+Timeouts, bodies, errors, the probe's response, cancellation and aiohttp's
+own re-run of a request are described in ``docs/http-clients.md`` (its
+aiohttp section; here: ``caller_timeout``, ``_AttemptTimer``,
+``_replayable``, ``_probe_response``, ``_GIVEN_UP``). Besides:
+
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
   never reached the server (``NOT_SENT``); a read timeout, a disconnect, an
   ``OSError`` or a broken payload after sending may have been applied
@@ -37,24 +29,12 @@ outside the middleware: each hop is its own logical call.
   fingerprint are checked by the connector while it opens the connection).
   A full pool (``TCPConnector(limit=...)``) waits within the connect limit and
   then fails as a connect timeout: not sent.
-- **Bodies.** Bytes, text, JSON, form and seekable-file bodies are replayed;
-  any other payload (an async generator, a stream, multipart) gets exactly one
-  attempt. A response that will not be returned is read (up to 64 KiB, within
-  1 s) and released, so its connection goes back to the pool.
 - **Results.** The attempts a call took are on the response as
-  ``response.attempts`` (a tuple of ``AttemptRecord``; aiohttp's
-  ``ClientResponse`` has no extensions dict) and on raised errors as
-  ``error.attempts`` (``resilience.outcome.attempts_of`` reads either).
-  Errors are the ``aiohttp`` subclasses of
-  ``resilience.adapters.aiohttp_errors``. When a probe confirms that an ambiguous request
-  was applied, the caller gets a body-less ``ClientResponse`` with status 200,
-  reason ``"Applied (confirmed by probe)"`` and ``probe_confirmed = True``.
-- **Cancellation.** A cancelled calling task (in an attempt or a backoff
-  sleep) sends nothing more, gives the breaker its slot back and re-raises
-  ``CancelledError``. A session closed during a backoff ends the call with
-  aiohttp's ``RuntimeError("Session is closed")``. aiohttp's own re-run of an
-  idempotent request that ended on a dropped connection is answered with the
-  same error at once (the call already retried it; see ``_GIVEN_UP``).
+  ``response.attempts`` (aiohttp's ``ClientResponse`` has no extensions dict)
+  and on raised errors as ``error.attempts`` (``resilience.outcome.attempts_of``
+  reads either).
+- **A session closed during a backoff** ends the call with aiohttp's
+  ``RuntimeError("Session is closed")``.
 """
 
 from __future__ import annotations
