@@ -18,14 +18,9 @@ stay off (``retries=0``, its default).
   the (connect, read) the core chose; its write timeout never exceeds that
   read timeout nor its pool timeout that connect timeout (the caller's
   smaller values are kept), so a deadline bounds every phase of an attempt.
-- **Bodies.** A body held in memory (``httpx.ByteStream``: ``content=`` bytes,
-  ``json=``, ``data=``) is sent again as it is; any other stream (a generator,
-  an async iterator, multipart files) gets exactly one attempt.
-- **Responses.** A response that will not be returned is read and closed
-  before the next attempt. The attempts taken are on
-  ``response.extensions["attempts"]`` (a tuple of ``AttemptRecord``), the
-  endpoint template on ``response.extensions["endpoint"]``; a raised error has
-  them as ``error.attempts``.
+- **Bodies** (only an ``httpx.ByteStream`` is sent again) and the attempts on
+  ``response.extensions``: ``docs/http-clients.md``. A response that will not
+  be returned is read and closed before the next attempt.
 - **Errors** are httpx exceptions (``resilience.adapters.httpx_errors``). When the
   retries end on a transport error (a refusal past the deadline, say), the
   transport's own error is raised, with ``.attempts``; so is an error raised

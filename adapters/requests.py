@@ -7,10 +7,7 @@ it sees every attempt, and keeps every other contract of ``requests``: hooks,
 redirects, auth, cookies, proxies, ``verify``, streaming and the three shapes
 of ``timeout=``.
 
-The attempts a call took are on the response as ``response.attempts`` (a
-tuple of ``AttemptRecord``) and on raised errors as ``error.attempts``
-(``resilience.outcome.attempts_of`` reads either). The loop's own errors are
-``resilience.adapters.requests_errors``' classes: ``requests`` exceptions too.
+The attempts (``response.attempts``, ``error.attempts``) and the errors: ``docs/http-clients.md``.
 
 Delivery: a refused or failed new connection, a connect timeout and a TLS
 handshake that failed or timed out (the error's traceback passes through
