@@ -113,12 +113,8 @@ ERROR_TYPES = ErrorTypes(
 _GIVEN_UP: ContextVar[tuple[object, BaseException] | None] = ContextVar("resilience_aiohttp_given_up", default=None)
 """(the request's timer, the error) of this task's last call that ended on a dropped connection.
 
-aiohttp re-runs a whole idempotent request once, middlewares included, when
-it fails with ``ServerDisconnectedError`` or ``ClientOSError`` (its
-``retry_persistent_connection``, for a stale pooled connection). The logical
-call has already retried that failure under its policy, so the re-run
-re-raises the same error at once instead of starting a second call:
-``max_attempts`` stays the bound, and the breaker sees one failed call.
+aiohttp's own re-run of that request (``retry_persistent_connection``; why it
+gets the same error at once: ``docs/http-clients.md``) finds it here.
 """
 
 
@@ -393,10 +389,8 @@ def _probe_response(request: ClientRequest) -> ClientResponse:
 
     Built with the session's response class; aiohttp 3.14 also wants the
     request's stream writer (only its ``output_size`` is read), 3.12 does not.
-    aiohttp has no public way to build a response that never met a connection:
-    the headers and body that ``start()`` would set are written to the
-    attributes its ``headers``, ``raw_headers`` and ``read()`` return
-    (``_aiohttp_compat`` checks at import that they still do).
+    The headers and body that ``start()`` would set are written to the
+    attributes ``_aiohttp_compat`` names.
     """
 
     class _Sent:

@@ -14,8 +14,7 @@ a dead engine opens one breaker for every session that talks to it, and
 retries through any of them spend one budget. The drivers' old keywords
 (``policies``, ``observers``, ``breaker``, ``retry_budget``, ``clock``,
 ``rng``) still work: they build a config of their own (with state of its
-own, as before). Giving ``config=`` together with any of them raises
-``ConfigConflict`` naming them.
+own, as before); ``config=`` with any of them: ``driver_config``.
 """
 
 from __future__ import annotations
