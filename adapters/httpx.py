@@ -46,11 +46,9 @@ from resilience.adapters.routing import RouteCache, route_of
 from resilience.errors import ConfigError, require
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
-from resilience.retry.spec import AttemptResult, CallSpec, responded
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, responded
 
 __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
-
-Timeouts = tuple[float | None, float | None]
 
 _NOT_TRANSIENT = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 """Errors a retry cannot fix: a URL without ``http(s)://``, a request h11 refuses to write (bad header)."""
