@@ -1,6 +1,6 @@
 """Which aiohttp ``ResilientMiddleware`` runs on: the versions its tests cover, and a check of the internals it reads.
 
-aiohttp gives a client middleware no public way to do three things the
+aiohttp gives a client middleware no public way to do these things the
 middleware needs, so on the versions it is tested with (3.12 to 3.14) it reads
 aiohttp's own code:
 
@@ -15,13 +15,12 @@ aiohttp's own code:
 - the body-less 200 returned when a probe confirms an ambiguous request: a
   ``ClientResponse`` never started on a connection, given ``_headers``,
   ``_raw_headers`` and ``_body``; and each attempt's timer wraps the
-  request's ``send``, which ``_connect_and_send_request`` calls.
+  request's ``send``, which ``_connect_and_send_request`` calls;
+- the control lane (``control_pools.AiohttpLane``): it swaps the session's
+  ``_connector``, which ``_connect_and_send_request`` reads when it runs, and
+  the middleware reads a request's session as ``_session``.
 
-``check(version, missing)`` runs when ``resilience.adapters.aiohttp`` is
-imported: an aiohttp without client middlewares, or one whose internals differ
-from these, raises ``ImportError`` naming its version and what differs; a
-version newer than the tested ones whose internals are all there works, with
-a ``RuntimeWarning``.
+``check(version, missing)`` runs when ``resilience.adapters.aiohttp`` is imported (what it refuses: its docstring).
 """
 
 from __future__ import annotations
@@ -79,6 +78,8 @@ def internals_missing(aiohttp: ModuleType) -> list[str]:
         missing.append("ClientSession._request's _connect_and_send_request handler")
     elif "send" not in inner.co_names:
         missing.append("_connect_and_send_request calling req.send(conn)")
+    elif "_connector" not in inner.co_names or "self" not in inner.co_freevars:
+        missing.append("_connect_and_send_request reading self._connector when it runs (the control lane swaps it)")
     if not isinstance(getattr(request, "timeout", None), property):  # no public timeout: the closure cells are read
         if inner is not None and "real_timeout" not in inner.co_freevars:
             missing.append("_connect_and_send_request's real_timeout cell")
@@ -88,6 +89,8 @@ def internals_missing(aiohttp: ModuleType) -> list[str]:
             missing.append("build_client_middlewares' next_h cell")
     if not _reads(getattr(request, "__init__", None), "_timer"):
         missing.append("ClientRequest._timer")
+    if not _reads(getattr(request, "session", None), "_session"):
+        missing.append("ClientRequest.session")
     for attribute, reader in (("_headers", "headers"), ("_raw_headers", "raw_headers"), ("_body", "read")):
         descriptor = next((vars(k)[reader] for k in response.__mro__ if reader in vars(k)), None)
         if not hasattr(response, attribute) or not _reads(descriptor, attribute):

@@ -15,21 +15,11 @@ attempt, so everything aiohttp does per request (cookies, redirects, auth,
 ``raise_for_status``, trace configs) stays aiohttp's. Redirects are followed
 outside the middleware: each hop is its own logical call.
 
-- **Timeouts.** The caller's timeout is the request's ``ClientTimeout``
-  (``timeout=`` of the call, else of the session; ``request_timeout`` finds
-  it, since aiohttp does not hand it to middlewares): connect =
-  ``sock_connect`` / ``connect`` (the smaller; else ``total``), read =
-  ``sock_read`` (else ``total``). aiohttp's default (``DEFAULT_TIMEOUT``)
-  counts as "the caller said nothing", so the policy's ``attempt_timeout_s``
-  applies. aiohttp also enforces the caller's timeout itself, inside every
-  attempt and, for ``total``, over the whole call (which then ends as a plain
-  ``asyncio.TimeoutError``). Each attempt runs under the (connect, read) the
-  core chose: ``connect`` until aiohttp has sent the request, then ``read``
-  from then on, until the response headers (the limit moves when aiohttp's
-  ``ClientRequest.send`` returns; one ``loop.call_at`` handle per event loop
-  watches every attempt's limit, ``_Timers``). It fails
-  as aiohttp would: ``ConnectionTimeoutError`` before sending,
-  ``SocketTimeoutError`` after.
+Timeouts, bodies, errors, the probe's response, cancellation and aiohttp's
+own re-run of a request are described in ``docs/http-clients.md`` (its
+aiohttp section; here: ``caller_timeout``, ``_AttemptTimer``,
+``_replayable``, ``_probe_response``, ``_GIVEN_UP``). Besides:
+
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
   never reached the server (``NOT_SENT``); a read timeout, a disconnect, an
   ``OSError`` or a broken payload after sending may have been applied
@@ -39,27 +29,12 @@ outside the middleware: each hop is its own logical call.
   fingerprint are checked by the connector while it opens the connection).
   A full pool (``TCPConnector(limit=...)``) waits within the connect limit and
   then fails as a connect timeout: not sent.
-- **Bodies.** Bytes, text, JSON, form and seekable-file bodies are replayed;
-  any other payload (an async generator, a stream, multipart) gets exactly one
-  attempt. A response that will not be returned is read (up to 64 KiB, within
-  1 s) and released, so its connection goes back to the pool.
 - **Results.** The attempts a call took are on the response as
-  ``response.attempts`` (a tuple of ``AttemptRecord``; aiohttp's
-  ``ClientResponse`` has no extensions dict) and on raised errors as
-  ``error.attempts`` (``resilience.outcome.attempts_of`` reads either).
-  Errors are the ``aiohttp`` subclasses of
-  ``resilience.adapters.aiohttp_errors`` (``DeadlineExceeded`` is an
-  ``aiohttp.ServerTimeoutError``, ``CircuitOpen`` an
-  ``aiohttp.ClientConnectionError``, ``AmbiguousOutcome`` an
-  ``aiohttp.ClientError``, ...). When a probe confirms that an ambiguous request
-  was applied, the caller gets a body-less ``ClientResponse`` with status 200,
-  reason ``"Applied (confirmed by probe)"`` and ``probe_confirmed = True``.
-- **Cancellation.** A cancelled calling task (in an attempt or a backoff
-  sleep) sends nothing more, gives the breaker its slot back and re-raises
-  ``CancelledError``. A session closed during a backoff ends the call with
-  aiohttp's ``RuntimeError("Session is closed")``. aiohttp's own re-run of an
-  idempotent request that ended on a dropped connection is answered with the
-  same error at once (the call already retried it; see ``_GIVEN_UP``).
+  ``response.attempts`` (aiohttp's ``ClientResponse`` has no extensions dict)
+  and on raised errors as ``error.attempts`` (``resilience.outcome.attempts_of``
+  reads either).
+- **A session closed during a backoff** ends the call with aiohttp's
+  ``RuntimeError("Session is closed")``.
 """
 
 from __future__ import annotations
@@ -138,12 +113,8 @@ ERROR_TYPES = ErrorTypes(
 _GIVEN_UP: ContextVar[tuple[object, BaseException] | None] = ContextVar("resilience_aiohttp_given_up", default=None)
 """(the request's timer, the error) of this task's last call that ended on a dropped connection.
 
-aiohttp re-runs a whole idempotent request once, middlewares included, when
-it fails with ``ServerDisconnectedError`` or ``ClientOSError`` (its
-``retry_persistent_connection``, for a stale pooled connection). The logical
-call has already retried that failure under its policy, so the re-run
-re-raises the same error at once instead of starting a second call:
-``max_attempts`` stays the bound, and the breaker sees one failed call.
+aiohttp's own re-run of that request (``retry_persistent_connection``; why it
+gets the same error at once: ``docs/http-clients.md``) finds it here.
 """
 
 
@@ -165,14 +136,11 @@ def caller_timeout(timeout: ClientTimeout) -> tuple[float | None, float | None] 
 def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> ClientTimeout:
     """The ``ClientTimeout`` aiohttp applies to this request: its own ``timeout=``, else the session's.
 
-    Where aiohttp has the public ``ClientRequest.timeout`` (3.15 and later:
-    aio-libs/aiohttp#13176, #13211), that. aiohttp 3.12 to 3.14 does not hand a
-    middleware the request's timeout; it keeps it (``real_timeout``) in the
-    closure of the handler the middlewares wrap (``client.py``,
-    ``_connect_and_send_request``). This walks the middleware chain
-    (``client_middlewares.py``, ``next_h``) to it, and falls back to the
-    session's timeout when the closure is not shaped so. ``_aiohttp_compat``
-    checks at import that those cells are there.
+    Where aiohttp has the public ``ClientRequest.timeout`` (3.15 and later),
+    that; else the ``real_timeout`` closure cell, reached through the
+    middleware chain's ``next_h`` cells (``_aiohttp_compat`` says where, and
+    checks at import that they are there), and the session's timeout when the
+    closure is not shaped so.
     """
     cls = type(request)
     try:
@@ -274,11 +242,9 @@ async def _discard(response: ClientResponse) -> None:
 class _Timers:
     """The attempt timers of one event loop, behind one ``loop.call_at`` handle armed at the earliest limit it knows.
 
-    Each timed attempt used to arm and cancel a ``loop.call_at`` handle of its
-    own; on a loop doing I/O that is a ``TimerHandle`` built, pushed on the
-    loop's heap and compared there in Python (``TimerHandle.__lt__``) until it
-    pops, cancelled, long after the attempt (most attempts end well inside
-    their limit). Here an attempt joins ``timers``, moves its limit in place
+    (A handle per attempt would be built, pushed on the loop's heap and
+    compared there in Python until it pops, cancelled, long after most
+    attempts end.) An attempt joins ``timers``, moves its limit in place
     and leaves it; the handle is re-armed (``arm``) only when a limit comes
     earlier than the one it is armed at. When it fires, every attempt whose
     limit has come expires (its task is cancelled, as ``asyncio.timeout``
@@ -347,9 +313,8 @@ class _AttemptTimer:
 
     "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
     and the request written to it): building the timer wraps this attempt's
-    ``send`` to move the limit then, so no timer polls. The limit is watched
-    by the loop's ``_Timers`` (one ``loop.call_at`` handle for all the
-    attempts on the loop). On expiry it cancels the attempt's task, as
+    ``send`` to move the limit then, so no timer polls. The loop's ``_Timers``
+    watches the limit. On expiry it cancels the attempt's task, as
     ``asyncio.timeout`` would; ``stop`` takes that cancellation back and says
     whether it was this timer's (a cancellation from anywhere else stays one),
     and ``error`` is the aiohttp error to raise then: ``ConnectionTimeoutError``
@@ -424,10 +389,8 @@ def _probe_response(request: ClientRequest) -> ClientResponse:
 
     Built with the session's response class; aiohttp 3.14 also wants the
     request's stream writer (only its ``output_size`` is read), 3.12 does not.
-    aiohttp has no public way to build a response that never met a connection:
-    the headers and body that ``start()`` would set are written to the
-    attributes its ``headers``, ``raw_headers`` and ``read()`` return
-    (``_aiohttp_compat`` checks at import that they still do).
+    The headers and body that ``start()`` would set are written to the
+    attributes ``_aiohttp_compat`` names.
     """
 
     class _Sent:
@@ -464,8 +427,8 @@ def _route(policies: PolicyTable, method: str, url: str) -> Route:
     return method, policies.match(method, parsed.path), engine, host, port
 
 
-_session_of = operator.attrgetter("_session" if _reads(vars(ClientRequest).get("session"), "_session") else "session")
-"""A request's session with no property call, where ``ClientRequest.session`` reads ``_session``."""
+_session_of = operator.attrgetter("_session")
+"""A request's session with no property call (``_aiohttp_compat`` checks that ``ClientRequest.session`` reads ``_session``)."""
 _lane_of = operator.attrgetter(_LANE_SLOT)
 """A session connector's ``AiohttpLane``, once ``AiohttpLane.of`` made it (AttributeError before): an attribute read, no call."""
 _YARL_PARTS = all(hasattr(URL("http://h:1/p"), part) for part in ("_scheme", "_netloc", "_path"))
@@ -477,16 +440,11 @@ class ResilientMiddleware(ConfigViews):
 
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
     budgets per engine, ``scheme://host:port``, included). Or, instead, its
-    parts: ``policies`` (the ``PolicyTable`` routing requests, method + URL
-    path, to endpoint policies; default an empty table, so
-    ``EndpointPolicy.for_method`` applies), ``observers`` (receive every
-    event), ``breaker`` (the circuit breaker per engine; default
-    ``BreakerConfig()``, None turns breaking off), ``retry_budget`` (the
-    retry budget per engine; default ``RetryBudgetConfig()``, None turns it
-    off), ``clock`` / ``rng`` (injectable time and jitter source; backoff
-    sleeps are ``asyncio.sleep``); ``config`` with any of them raises
-    ``ConfigConflict``. One middleware may serve many sessions and loops; its
-    breakers and budgets are shared by all of them.
+    fields as keywords (``policies`` and ``DriverKeywords``, each with the
+    field's meaning and default); ``config`` with any of them raises
+    ``ConfigConflict``. Backoff sleeps are ``asyncio.sleep``. One middleware
+    may serve many sessions and loops; its breakers and budgets are shared by
+    all of them.
     """
 
     def __init__(

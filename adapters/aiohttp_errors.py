@@ -2,18 +2,13 @@
 
 Each class subclasses the core's error (so ``except resilience.DeadlineExceeded``
 keeps working, with ``.attempts``, ``.endpoint``, ``.last_status``) and the
-``aiohttp`` exception an aiohttp caller already catches:
+``aiohttp`` exception an aiohttp caller already catches (the bases:
+``docs/http-clients.md``).
 
-- ``DeadlineExceeded`` is an ``aiohttp.ServerTimeoutError``, hence an
-  ``aiohttp.ClientError`` and an ``asyncio.TimeoutError`` (what
-  ``except asyncio.TimeoutError`` around an aiohttp call catches today);
-- ``CircuitOpen`` is an ``aiohttp.ClientConnectionError`` (not sent, like a refusal);
-- ``AmbiguousOutcome``, ``RetryBudgetExhausted`` and ``RetriesExhausted`` are
-  ``aiohttp.ClientError``.
-
-Some aiohttp bases are ``OSError``s (``ServerTimeoutError`` is an
-``asyncio.TimeoutError``); ``str(err)`` is the message alone (one positional
-argument, never ``OSError``'s ``[Errno]`` form).
+Some aiohttp bases are ``OSError``s (``DeadlineExceeded``'s
+``ServerTimeoutError`` is an ``asyncio.TimeoutError``, what ``except
+asyncio.TimeoutError`` around an aiohttp call catches today); ``str(err)`` is
+the message alone (one positional argument, never ``OSError``'s ``[Errno]`` form).
 """
 
 from __future__ import annotations

@@ -1,42 +1,16 @@
 """``ControlLane``: control calls get connections of their own, never queued behind streaming generation.
 
-The field's finding (prime-rl #1111): on one shared pool, a weight update took
-8.58 s while 4,000 generations streamed; through a dedicated admin client it
-took 55 ms. A streaming generation holds its connection for as long as it
-streams, so once the pool's limit is reached (httpx's 100 connections, an
-aiohttp ``TCPConnector(limit=100)``, a requests pool with ``pool_block=True``)
-a ``/pause_generation`` or ``/update_weights`` waits for a stream to end.
+What it is for (prime-rl #1111: a weight update took 8.58 s behind 4,000
+streams on one shared pool, 55 ms on a pool of its own), which routes are
+control (``ControlLane.carries``), why it is on by default and how it closes:
+``docs/http-clients.md`` ("Control calls get a lane of their own").
 
 Every driver built from a ``DriverConfig`` whose ``control_lane`` is set (the
 default) sends the control routes of its policy table over a second, small
-pool of its own, beside the one it was given: requests' ``ResilientAdapter``
-a second ``HTTPAdapter``, httpx's transports a second ``httpx.HTTPTransport``
-/ ``AsyncHTTPTransport`` built with the wrapped one's TLS settings, aiohttp's
-``ResilientMiddleware`` a second ``TCPConnector`` beside the session's (the
-pools themselves are in ``adapters/control_pools.py``). The lane has no
-connection limit (a control call never waits for a connection) and keeps a
-few idle connections open for the next call.
-
-**Which routes are control.** A request whose route matched an entry of the
-policy table (``EndpointMatch.explicit``) other than a generation route
-(``ControlLane.data_paths``: ``/generate``, ``/v1/completions``,
-``/v1/chat/completions``, ...). So with ``SGLANG_POLICIES`` or
-``VLLM_POLICIES``: pause, continue, flush, abort, release, resume, every
-weight update, ``/health``, ``/server_info``, ``/v1/models``; and a request no
-entry matches (the default policy) stays on the pool it was given, as does
-everything with an empty table.
-
-**Why on by default.** The failure it prevents is silent until it is costly
-(a pause that times out behind streams, a barrier that declares a healthy
-engine stuck), and it costs at most ``idle_connections`` kept-open sockets
-per engine per driver; with an empty policy table it changes nothing.
-``DriverConfig(control_lane=None)`` turns it off (one pool for everything, as
-before).
-
-Headers, auth included, pass to the lane's pool unchanged (it is the same
-request), and nothing here logs. The lane closes with the pool it stands
-beside: ``Session.close()``, ``httpx.Client.close()`` (or leaving its
-``with``), the aiohttp session's connector's ``close()``.
+pool of its own, beside the one it was given (one per library, with its TLS
+settings: ``adapters/control_pools.py``). ``DriverConfig(control_lane=None)``
+turns it off (one pool for everything). Headers, auth included, pass to the
+lane's pool unchanged (it is the same request), and nothing here logs.
 """
 
 from __future__ import annotations

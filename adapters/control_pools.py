@@ -5,17 +5,15 @@ so none of them pulls in another library.
 
 - requests: ``requests_lane`` is a plain ``HTTPAdapter`` (no retries, never
   blocking on its pool). The ``ResilientAdapter`` sends control routes
-  through its ``send`` and closes it in its own ``close``. A subclass that
-  overrides ``init_poolmanager`` (a custom TLS context) does not pass that to
-  the lane: turn the lane off there (``DriverConfig(control_lane=None)``).
+  through its ``send`` and closes it in its own ``close`` (a subclass's own
+  ``init_poolmanager`` does not reach it: ``docs/http-clients.md``).
 - httpx: ``httpx_lane`` / ``async_httpx_lane`` build a second transport with
   the wrapped ``httpx.HTTPTransport``'s TLS context, HTTP versions, local
   address, socket options and network backend (httpcore's ``ConnectionPool``
   keeps them as attributes), no connection limit. The wrapped pool's
   ``close`` / ``aclose`` is wrapped to close the lane first, so every way of
   closing the client (``close()``, leaving its ``with``) closes both. A
-  transport of another class, or one through a proxy, gets no lane (its
-  settings cannot be copied): the driver then sends everything as before.
+  transport of another class, or through a proxy, gets none.
 - aiohttp: ``AiohttpLane`` is a ``TCPConnector`` beside the session's (with
   its TLS setting, address family, local address and resolver), one per
   session connector, kept on it. A control attempt hands aiohttp's handler
@@ -31,7 +29,6 @@ so none of them pulls in another library.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -199,10 +196,6 @@ class AiohttpLane:
             self.armed.discard(key)
             if session._connector is self.connector:
                 session._connector = self.owner
-
-    def handler(self, handler: Handler) -> Handler:
-        """``handler`` taking its connection from the lane (what ``ResilientMiddleware`` calls per attempt of a control route)."""
-        return functools.partial(self.send, handler)
 
 
 def _local_addr(owner: Any) -> tuple[str, int] | None:

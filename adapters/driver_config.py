@@ -14,8 +14,7 @@ a dead engine opens one breaker for every session that talks to it, and
 retries through any of them spend one budget. The drivers' old keywords
 (``policies``, ``observers``, ``breaker``, ``retry_budget``, ``clock``,
 ``rng``) still work: they build a config of their own (with state of its
-own, as before). Giving ``config=`` together with any of them raises
-``ConfigConflict`` naming them.
+own, as before); ``config=`` with any of them: ``driver_config``.
 """
 
 from __future__ import annotations
@@ -111,14 +110,7 @@ class DriverConfig:
     """The per-engine retry budgets every driver built from this config uses (None: no budget)."""
 
     def __post_init__(self) -> None:
-        _validate("DriverConfig", self.policies, self.observers, self.breaker, self.retry_budget, self.clock, self.rng)
-        require(
-            self.control_lane is None or isinstance(self.control_lane, ControlLane),
-            "DriverConfig",
-            "control_lane",
-            "a ControlLane or None",
-            self.control_lane,
-        )
+        _validate("DriverConfig", {name: getattr(self, name) for name in _CHECKS})
         observers = tuple(self.observers)
         object.__setattr__(self, "observers", observers)
         breaker, budget = self.breaker, self.retry_budget
@@ -186,38 +178,29 @@ def _rebuilt(
     )
 
 
-def _validate(owner: str, policies: object, observers: object, breaker: object, retry_budget: object, clock: object, rng: object) -> None:
-    """``ConfigError`` naming ``owner`` and the first argument that is not what ``DriverConfig`` takes."""
-    require(isinstance(policies, PolicyTable), owner, "policies", "a PolicyTable or None", policies)
-    require(
-        isinstance(observers, Sequence) and all(callable(o) for o in observers),
-        owner,
-        "observers",
-        "a sequence of callables",
-        observers,
-    )
-    require(
-        breaker is None or isinstance(breaker, (BreakerConfig, BreakerRegistry)),
-        owner,
-        "breaker",
-        "a BreakerConfig, a BreakerRegistry or None",
-        breaker,
-    )
-    require(
-        retry_budget is None or isinstance(retry_budget, (RetryBudgetConfig, RetryBudgets)),
-        owner,
-        "retry_budget",
+_CHECKS: Final[dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "policies": (lambda v: isinstance(v, PolicyTable), "a PolicyTable or None"),
+    "observers": (lambda v: isinstance(v, Sequence) and all(callable(o) for o in v), "a sequence of callables"),
+    "breaker": (lambda v: v is None or isinstance(v, (BreakerConfig, BreakerRegistry)), "a BreakerConfig, a BreakerRegistry or None"),
+    "retry_budget": (
+        lambda v: v is None or isinstance(v, (RetryBudgetConfig, RetryBudgets)),
         "a RetryBudgetConfig, a RetryBudgets or None",
-        retry_budget,
-    )
-    require(
-        callable(getattr(clock, "monotonic", None)) and callable(getattr(clock, "sleep", None)),
-        owner,
-        "clock",
+    ),
+    "clock": (
+        lambda v: callable(getattr(v, "monotonic", None)) and callable(getattr(v, "sleep", None)),
         "a Clock (with monotonic() and sleep())",
-        clock,
-    )
-    require(callable(rng), owner, "rng", "a callable returning floats in [0, 1)", rng)
+    ),
+    "rng": (callable, "a callable returning floats in [0, 1)"),
+    "control_lane": (lambda v: v is None or isinstance(v, ControlLane), "a ControlLane or None"),
+}
+"""``DriverConfig``'s field -> (the test its value passes, the rule an error states)."""
+
+
+def _validate(owner: str, fields: dict[str, Any]) -> None:
+    """``ConfigError`` naming ``owner`` and the first of ``fields`` (in ``_CHECKS``' order) that is not what ``DriverConfig`` takes."""
+    for name, (ok, rule) in _CHECKS.items():
+        if name in fields:
+            require(ok(fields[name]), owner, name, rule, fields[name])
 
 
 def driver_config(
@@ -237,7 +220,7 @@ def driver_config(
     ``DriverConfig``'s default; ``policies=None`` means an empty table. Both
     ``config`` and any keyword raise ``ConfigConflict`` naming them all.
     """
-    given = {
+    given: dict[str, Any] = {
         "policies": policies,
         "observers": observers,
         "breaker": breaker,
@@ -245,23 +228,19 @@ def driver_config(
         "clock": clock,
         "rng": rng,
     }
-    named = [name for name, value in given.items() if value is not UNSET]
+    fields = {name: value for name, value in given.items() if value is not UNSET}
     if config is not None:
-        if named:
+        if fields:
             raise ConfigConflict(
-                f"{owner} got config= and {', '.join(n + '=' for n in named)}: the DriverConfig already holds "
-                f"{'that' if len(named) == 1 else 'those'}; pass one or the other"
+                f"{owner} got config= and {', '.join(n + '=' for n in fields)}: the DriverConfig already holds "
+                f"{'that' if len(fields) == 1 else 'those'}; pass one or the other"
             )
         require(isinstance(config, DriverConfig), owner, "config", "a DriverConfig or None", config)
         return config
-    table = PolicyTable() if isinstance(policies, Unset) or policies is None else policies
-    watchers = () if isinstance(observers, Unset) else observers
-    breakers = DEFAULT_BREAKER if isinstance(breaker, Unset) else breaker
-    budget = DEFAULT_BUDGET if isinstance(retry_budget, Unset) else retry_budget
-    time_source = SYSTEM_CLOCK if isinstance(clock, Unset) else clock
-    jitter = random.random if isinstance(rng, Unset) else rng
-    _validate(owner, table, watchers, breakers, budget, time_source, jitter)
-    return DriverConfig(policies=table, observers=watchers, breaker=breakers, retry_budget=budget, clock=time_source, rng=jitter)
+    if policies is None:
+        del fields["policies"]  # an empty table, the field's default
+    _validate(owner, fields)
+    return DriverConfig(**fields)
 
 
 class ConfigViews:

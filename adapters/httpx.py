@@ -18,22 +18,13 @@ stay off (``retries=0``, its default).
   the (connect, read) the core chose; its write timeout never exceeds that
   read timeout nor its pool timeout that connect timeout (the caller's
   smaller values are kept), so a deadline bounds every phase of an attempt.
-- **Bodies.** A body held in memory (``httpx.ByteStream``: ``content=`` bytes,
-  ``json=``, ``data=``) is sent again as it is; any other stream (a generator,
-  an async iterator, multipart files) gets exactly one attempt.
-- **Responses.** A response that will not be returned is read and closed
-  before the next attempt. The attempts taken are on
-  ``response.extensions["attempts"]`` (a tuple of ``AttemptRecord``), the
-  endpoint template on ``response.extensions["endpoint"]``; a raised error has
-  them as ``error.attempts``.
-- **Errors** are httpx exceptions (``resilience.adapters.httpx_errors``):
-  ``DeadlineExceeded`` is an ``httpx.TimeoutException``, ``CircuitOpen`` an
-  ``httpx.ConnectError``, the others ``httpx.TransportError``. When the
+- **Bodies** (only an ``httpx.ByteStream`` is sent again) and the attempts on
+  ``response.extensions``: ``docs/http-clients.md``. A response that will not
+  be returned is read and closed before the next attempt.
+- **Errors** are httpx exceptions (``resilience.adapters.httpx_errors``). When the
   retries end on a transport error (a refusal past the deadline, say), the
   transport's own error is raised, with ``.attempts``; so is an error raised
   unretried (``resilience.outcome.attempts_of`` reads the record).
-- **Configuration**: ``config=DriverConfig(...)`` (shared with other drivers,
-  per-engine breakers and budgets included), or its parts as keywords.
 """
 
 from __future__ import annotations
@@ -55,11 +46,9 @@ from resilience.adapters.routing import RouteCache, route_of
 from resilience.errors import ConfigError, require
 from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
-from resilience.retry.spec import AttemptResult, CallSpec, responded
+from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, responded
 
 __all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
-
-Timeouts = tuple[float | None, float | None]
 
 _NOT_TRANSIENT = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 """Errors a retry cannot fix: a URL without ``http(s)://``, a request h11 refuses to write (bad header)."""
@@ -158,16 +147,12 @@ def _at_most(value: object, bound: float | None) -> float | None:
 def _send(handle: Callable[[httpx.Request], Any], request: httpx.Request, n: int, timeouts: Timeouts, carrier: Mapping[str, str]) -> Any:
     """Attempt ``n``: ``handle`` (the wrapped transport's ``handle_request`` or ``handle_async_request``) called with its request.
 
-    The request of one attempt: the core's timeouts in a copy of the extensions, the carrier headers set; same body stream.
-
     When the core's timeouts are the caller's own and no header is added, the
-    caller's request itself (nothing to copy).
-
-    A shallow copy of ``request`` (``httpx.Request.__init__`` would rebuild the
-    URL, headers and stream: about 6 us a call): its own ``extensions`` dict,
-    and its own headers only when the carrier adds some. Otherwise it shares
-    the caller's headers object, as a bare transport would get the caller's
-    request itself; the caller's request keeps its own extensions and headers.
+    caller's request itself (nothing to copy). Else a shallow copy of ``request``
+    (``httpx.Request.__init__`` would rebuild the URL, headers and stream: about
+    6 us a call), same body stream, with its own ``extensions`` dict holding the
+    core's timeouts, and its own headers, the carrier's set, only when the
+    carrier adds some; the caller's request keeps its own extensions and headers.
     """
     connect, read = timeouts
     try:
@@ -237,7 +222,7 @@ async def _adiscard(response: httpx.Response) -> None:
 class _Resilient(ConfigViews):
     """What both transports share: the configuration, the retry core, and turning a request into a ``CallSpec``."""
 
-    def __init__(self, owner: str, config: DriverConfig) -> None:
+    def __init__(self, config: DriverConfig) -> None:
         self.driver_config = config
         self.retrier = config.retrier(ERROR_TYPES)
         self._routes = RouteCache(config.policies, routed(config.control_lane, route_of))
@@ -277,15 +262,9 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
     ``transport``: the transport that makes each attempt (default
     ``httpx.HTTPTransport()``; pass one to set TLS, limits, a proxy).
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
-    budgets per engine included). Or, instead, its parts: ``policies`` (the
-    ``PolicyTable`` routing requests, method + URL path, to endpoint
-    policies; default an empty table, so ``EndpointPolicy.for_method``
-    applies), ``observers`` (receive every event), ``breaker`` (the circuit
-    breaker per engine; default ``BreakerConfig()``, None turns breaking
-    off), ``retry_budget`` (the retry budget per engine; default
-    ``RetryBudgetConfig()``, None turns it off), ``clock`` / ``rng``
-    (injectable time and jitter source); ``config`` with any of them raises
-    ``ConfigConflict``.
+    budgets per engine included). Or, instead, its fields as keywords
+    (``policies`` and ``DriverKeywords``, each with the field's meaning and
+    default); ``config`` with any of them raises ``ConfigConflict``.
     """
 
     def __init__(
@@ -304,7 +283,7 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
             transport,
         )
         config = driver_config("ResilientTransport", config, policies=policies, **keywords)
-        super().__init__("ResilientTransport", config)
+        super().__init__(config)
         self.transport = transport if transport is not None else httpx.HTTPTransport()
         self.lane = httpx_lane(self.transport, config.control_lane)
         """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
@@ -370,7 +349,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
             transport,
         )
         config = driver_config("AsyncResilientTransport", config, policies=policies, **keywords)
-        super().__init__("AsyncResilientTransport", config)
+        super().__init__(config)
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self.lane = async_httpx_lane(self.transport, config.control_lane)
         """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""

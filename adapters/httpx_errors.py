@@ -2,13 +2,8 @@
 
 Each class subclasses both the ``resilience`` error of its name (so
 ``except resilience.DeadlineExceeded`` catches it from every driver) and the
-``httpx`` exception an httpx caller already catches for that failure:
-
-- ``DeadlineExceeded``: an ``httpx.TimeoutException``, as a timeout would be.
-- ``CircuitOpen``: an ``httpx.ConnectError`` (nothing was sent, as with a refusal).
-- ``AmbiguousOutcome``, ``RetryBudgetExhausted``, ``RetriesExhausted``: an
-  ``httpx.TransportError``, the base ``except httpx.TransportError`` /
-  ``RequestError`` / ``HTTPError`` blocks around a send already catch.
+``httpx`` exception an httpx caller already catches for that failure (each
+class's docstring names it).
 
 ``err.request`` is the ``httpx.Request`` of the call (the transport always
 passes it, and ``httpx.Client`` sets it again, as for its own errors): the core

@@ -7,10 +7,7 @@ it sees every attempt, and keeps every other contract of ``requests``: hooks,
 redirects, auth, cookies, proxies, ``verify``, streaming and the three shapes
 of ``timeout=``.
 
-The attempts a call took are on the response as ``response.attempts`` (a
-tuple of ``AttemptRecord``) and on raised errors as ``error.attempts``
-(``resilience.outcome.attempts_of`` reads either). The loop's own errors are
-``resilience.adapters.requests_errors``' classes: ``requests`` exceptions too.
+The attempts (``response.attempts``, ``error.attempts``) and the errors: ``docs/http-clients.md``.
 
 Delivery: a refused or failed new connection, a connect timeout and a TLS
 handshake that failed or timed out (the error's traceback passes through
@@ -97,40 +94,29 @@ def _caller_pair(timeout: object) -> tuple[float | None, float | None]:
         return None, None
     if timeout.__class__ in _SECONDS and timeout > 0:  # int or float (not bool)
         return float(timeout), float(timeout)
-    return _timeout_pair(resolve_timeout(timeout))
+    resolved = resolve_timeout(timeout)
+    return _seconds(resolved.connect_timeout), _seconds(resolved.read_timeout)
 
 
-def _timeout_pair(timeout: Urllib3Timeout) -> tuple[float | None, float | None]:
-    """The caller's (connect, read) seconds; None = no limit (also for urllib3's "socket default")."""
-
-    def seconds(value: object) -> float | None:
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    return seconds(timeout.connect_timeout), seconds(timeout.read_timeout)
+def _seconds(value: object) -> float | None:
+    """A urllib3 ``Timeout``'s limit in seconds; None = no limit (also for urllib3's "socket default")."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _never_sent(exc: BaseException) -> bool:
     """A failure that surely happened before the request left: a new connection (to the server or a proxy) that failed.
 
-    Walks what requests and urllib3 wrap: ``ConnectionError(MaxRetryError(reason=ProxyError(..., NewConnectionError)))``.
+    Walks what requests and urllib3 wrap: ``ConnectionError(MaxRetryError(reason=ProxyError(..., NewConnectionError)))``;
+    not the contexts (an error raised while handling a connect failure may come after sending).
     """
-    seen: set[int] = set()
-    todo: list[object] = [exc]
-    while todo:
-        item = todo.pop()
-        if item is None or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, ConnectTimeoutError):  # NewConnectionError subclasses it
-            return True
-        if isinstance(item, BaseException):
-            todo.extend(a for a in item.args if isinstance(a, BaseException))
-            todo.extend([getattr(item, "reason", None), getattr(item, "original_error", None), item.__cause__])
-    return False
+    return any(isinstance(item, ConnectTimeoutError) for item in exception_chain(exc, contexts=False))  # NewConnectionError too
 
 
-def exception_chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and what requests and urllib3 wrap in it: args, ``reason``, causes and contexts (bounded)."""
+def exception_chain(exc: BaseException, *, contexts: bool = True) -> list[BaseException]:
+    """``exc`` and what requests and urllib3 wrap in it: args, ``reason``, ``original_error``, causes and contexts (bounded).
+
+    ``contexts`` (default True): follow ``__context__`` too.
+    """
     seen: dict[int, BaseException] = {}
     todo: list[object] = [exc]
     while todo and len(seen) < 32:
@@ -139,7 +125,9 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
             continue
         seen[id(item)] = item
         todo.extend(a for a in item.args if isinstance(a, BaseException))
-        todo.extend([getattr(item, "reason", None), item.__cause__, item.__context__])
+        todo.extend([getattr(item, "reason", None), getattr(item, "original_error", None), item.__cause__])
+        if contexts:
+            todo.append(item.__context__)
     return list(seen.values())
 
 
@@ -218,14 +206,9 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
     """An ``HTTPAdapter`` that runs the resilience retry loop around every send.
 
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
-    budgets per engine included). Or, instead, its parts: ``policies`` (the
-    ``PolicyTable`` routing requests to endpoint policies; default an empty
-    table, so ``EndpointPolicy.for_method`` applies), ``observers`` (receive
-    every event), ``breaker`` (the circuit breaker per engine; default
-    ``BreakerConfig()``, None turns breaking off), ``retry_budget`` (the retry
-    budget per engine; default ``RetryBudgetConfig()``, None turns it off),
-    ``clock`` / ``rng`` (injectable time and jitter source); ``config`` with
-    any of them raises ``ConfigConflict``. ``pool_connections``,
+    budgets per engine included). Or, instead, its fields as keywords
+    (``policies`` and ``DriverKeywords``, each with the field's meaning and
+    default); ``config`` with any of them raises ``ConfigConflict``. ``pool_connections``,
     ``pool_maxsize`` and ``pool_block`` are ``HTTPAdapter``'s (its defaults);
     ``max_retries`` is accepted and ignored (always 0: this adapter owns the loop).
     """
@@ -245,20 +228,20 @@ class ResilientAdapter(ConfigViews, HTTPAdapter):
     ) -> None:
         self.driver_config = driver_config("ResilientAdapter", config, policies=policies, **keywords)
         self._closed = False
-        self._routes = RouteCache(self.driver_config.policies, routed(self.driver_config.control_lane, route_of))
-        self._build_retrier()
+        self._setup()
         super().__init__(pool_connections=pool_connections, pool_maxsize=pool_maxsize, max_retries=0, pool_block=pool_block)
-        self._lane = requests_lane(self.driver_config.control_lane)  # control routes' own pool (adapters/control_lane.py)
 
-    def _build_retrier(self) -> None:
-        self.retrier = self.driver_config.retrier(ERROR_TYPES)
+    def _setup(self) -> None:
+        """What the config decides: the route cache, the retrier, control routes' own pool (``adapters/control_lane.py``)."""
+        config = self.driver_config
+        self._routes = RouteCache(config.policies, routed(config.control_lane, route_of))
+        self.retrier = config.retrier(ERROR_TYPES)
+        self._lane = requests_lane(config.control_lane)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild the pool, breakers and budgets after unpickling (Ray ships sessions this way)."""
         super().__setstate__(state)  # type: ignore[misc]
-        self._routes = RouteCache(self.driver_config.policies, routed(self.driver_config.control_lane, route_of))
-        self._build_retrier()
-        self._lane = requests_lane(self.driver_config.control_lane)
+        self._setup()
 
     def close(self) -> None:
         """Close the pools, once: ``Session.close()`` calls it for every prefix, and one adapter is often mounted on two.

@@ -3,14 +3,9 @@
 Each class subclasses both the ``resilience`` error of its name (so
 ``except resilience.DeadlineExceeded`` catches it from every driver, with
 ``.attempts``, ``.endpoint``, ``.last_status``) and the ``requests`` exception
-a plain-requests caller already catches for that failure:
-
-- ``DeadlineExceeded``: a ``requests.Timeout``, as a timeout would be;
-- ``CircuitOpen``: a ``requests.ConnectionError`` (nothing was sent, as with a refusal);
-- ``RetriesExhausted``: a ``requests.exceptions.RetryError``, what urllib3's own
-  retries end with;
-- ``AmbiguousOutcome``, ``RetryBudgetExhausted``: a ``requests.RequestException``,
-  the base every ``except requests.RequestException`` around a call catches.
+a plain-requests caller already catches for that failure (each class's
+docstring names it; ``RetriesExhausted`` is the ``RetryError`` urllib3's own
+retries end with).
 
 ``err.request`` is the ``PreparedRequest`` and ``err.response`` the last
 response (or None), as on requests' own errors. ``str(err)`` is the message

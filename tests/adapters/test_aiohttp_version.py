@@ -6,8 +6,10 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+import types
 import warnings
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -70,6 +72,34 @@ def test_importing_the_middleware_on_an_aiohttp_whose_internals_differ_fails_lou
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: resilience.adapters.aiohttp reads aiohttp internals that aiohttp 3.16.0 does not have:")
     assert "ClientResponse._headers (read by ClientResponse.headers)" in last
+
+
+def test_a_session_that_reads_its_connector_early_or_a_request_without_session_slot_is_named() -> None:
+    """The control lane swaps ``session._connector`` before the handler runs: a handler that took it earlier is refused."""
+
+    class _Session:
+        _connector: Any = None
+
+        async def _request(self) -> None:
+            connector = self._connector
+
+            async def _connect_and_send_request(req: Any) -> Any:
+                return await req.send(await connector.connect(req))
+
+            await _connect_and_send_request(None)
+
+    class _Request(aiohttp.ClientRequest):
+        @property
+        def session(self) -> Any:
+            return self._elsewhere
+
+    fake = types.ModuleType("aiohttp")
+    fake.__dict__.update(vars(aiohttp))
+    fake.ClientSession = _Session  # type: ignore[attr-defined]
+    fake.ClientRequest = _Request  # type: ignore[attr-defined]
+    missing = internals_missing(fake)
+    assert "_connect_and_send_request reading self._connector when it runs (the control lane swaps it)" in missing
+    assert "ClientRequest.session" in missing
 
 
 @pytest.mark.parametrize(("text", "parsed"), [("3.14.5", (3, 14)), ("4.0.0a1", (4, 0)), ("3.12", (3, 12)), ("dev", (0, 0))])
