@@ -177,7 +177,6 @@ def _to_offloaded(
             return failed
     paused_checks = [c for c in checks if not c.needs_serving]
     if paused_checks and not k.released and not k.unknown:
-        tx.phase = "verify"
         failed = yield from _verify(state, tx, name, paused_checks)
         if failed:
             return failed
@@ -216,7 +215,6 @@ def _to_serving(state: BarrierState[Any], tx: Transition, name: str, checks: Seq
         if failed:
             return failed
     if paused_checks:
-        tx.phase = "verify"
         failed = yield from _verify(state, tx, name, paused_checks)
         if failed:
             return failed
@@ -226,7 +224,6 @@ def _to_serving(state: BarrierState[Any], tx: Transition, name: str, checks: Seq
     if not k.serving:
         return {name: EngineSkipped(f"{name} is not serving after its join: {k.why_not_serving()}")}
     if serving_checks:
-        tx.phase = "verify"
         failed = yield from _verify(state, tx, name, serving_checks)
         if failed:  # it served only the canary's read: paused again before anything else reaches it
             if state.allows(name, "pause_generation"):
@@ -237,7 +234,8 @@ def _to_serving(state: BarrierState[Any], tx: Transition, name: str, checks: Seq
 
 
 def _verify(state: BarrierState[Any], tx: Transition, name: str, checks: Sequence[EngineCheck]) -> Steps[dict[str, BaseException]]:
-    """Ask ``checks`` of ``name`` (one ``ReadStep`` each, under the verify limit); the first mismatch, by engine."""
+    """Ask ``checks`` of ``name`` in phase "verify" (one ``ReadStep`` each, under its limit); the first mismatch, by engine."""
+    tx.phase = "verify"
     engine = state.engines[name]
     for check in checks:
         try:

@@ -394,12 +394,10 @@ class PhaseDeadlines:
     milliseconds to a few seconds."""
 
     def __post_init__(self) -> None:
-        for name in ("transition_s", "pause_s", "flush_s", "release_s", "resume_s", "continue_s"):
+        for name in ("transition_s", "pause_s", "flush_s", "release_s", "resume_s", "continue_s", "probe_poll_s"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"PhaseDeadlines.{name} must be > 0, but was {value!r}")
-        if not self.probe_poll_s > 0:
-            raise ValueError(f"PhaseDeadlines.probe_poll_s must be > 0, but was {self.probe_poll_s!r}")
         if self.in_transit_s is not None and not self.in_transit_s >= 0:
             raise ValueError(f"PhaseDeadlines.in_transit_s must be >= 0 or None, but was {self.in_transit_s!r}")
 

@@ -2,29 +2,14 @@
 and its end, the check of a resumed journal, recovery.
 
 A transition is a generator over a ``BarrierState`` (``resilience.barrier.state``): it decides what to send, *yields*
-a step that says so, and folds what came back into the knowledge before deciding the next. The drivers
-(``Orchestrator``: threads; ``AsyncOrchestrator``: an event loop) serve each step and hand it back filled in:
+a step that says so (``PhaseStep``, ``SettleStep``, ``WaitStep``, ``ReadStep``), and folds what came back into the
+knowledge before deciding the next. The drivers (``Orchestrator``: threads; ``AsyncOrchestrator``: an event loop)
+serve each step and hand it back filled in; a driver stopped inside a step hands it to ``abandon``. Each transition
+starts by settling (``settle``), then sends its phases (``phase``: write-ahead, then the fold).
 
-- ``PhaseStep``: send a control call to these engines at once (``results``: one ``EngineResult`` each);
-- ``SettleStep``: wait for these late calls (``landed``: the ones that landed);
-- ``WaitStep``: wait until a deadline (what is left of a probe's grace, before it is asked again);
-- ``ReadStep``: send a read, nothing marked in flight (``error`` when the fan-out cannot send it: it proves nothing).
-
-A phase (``phase``) marks each engine's facts in flight and persists them before its step is yielded (write-ahead),
-then settles each mark from its result (``effect_of``), asks the memory probe, persists, and only then tells the
-observers. A driver stopped inside a step hands it to ``abandon``: what it learnt is folded, the rest stays ambiguous.
-
-Each transition starts by settling (``settle``): the engines a resumed journal calls paused or released are checked
-against what can be read (``recheck``: a fresh process is taken as new, never as the journal's engine; see
-docs/failure-and-recovery.md, "Engines that changed while no controller watched"), late calls are waited for, and
-the memory probe is asked about quarantined engines, polled while the grace of a request that may still be on its way
-keeps its "as before" from being trusted (``poll_probe``; docs/failure-and-recovery.md, the memory probe).
-
-Holds are owned and counted (``EngineKnowledge.holds``: token id -> reason; an engine stays paused while any is
-left): offload takes the "offload" hold (``OFFLOAD_TOKEN``), dropped once all its memory is back; ``pause`` and
-``weight_sync`` take a new token each. What each call needs known first is the engine kind's table
-(``resilience.engine_contract``); what to release and resume, and which calls are re-sent, its memory model
-(``to_release``, ``resume_phases``, ``resend``).
+What each call needs known first is the engine kind's table (``resilience.engine_contract``); what to release and
+resume, and which calls are re-sent, its memory model (``to_release``, ``resume_phases``, ``resend``); holds are
+owned and counted (``EngineKnowledge.holds``, ``hold``).
 """
 
 from __future__ import annotations
@@ -609,15 +594,6 @@ def _unmark(state: BarrierState[Any], step: PhaseStep[Any], error: BaseException
     _phase_ended(state, step, dict.fromkeys((n for n, _ in step.calls), error), state.clock.monotonic() - step.started)
 
 
-def fold(state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None]) -> dict[str, BaseException]:
-    """Fold a phase's results into the knowledge (the probe asked once, never waiting), persist, then report it; return
-    the failures: what ``abandon`` uses. Nothing an observer raises can undo the knowledge."""
-    step.folded = True
-    failures = _fold_knowledge(state, step, results)
-    _report(state, step, results, failures)
-    return failures
-
-
 def _report(
     state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
 ) -> None:
@@ -696,11 +672,11 @@ def abandon(state: BarrierState[Any], steps: Steps[Any], step: Step, error: Base
                 results = interrupted_results(error)
             if results is None or len(results) != len(step.calls):
                 results = [None] * len(step.calls)
-            if step.folded:
-                if any(state.know[n].pending is step.marks.get(n) for n, _ in step.calls):
-                    _fold_knowledge(state, step, results)
-            else:
-                fold(state, step, results)
+            if not step.folded:  # folded, persisted, then reported: nothing an observer raises can undo the knowledge
+                step.folded = True
+                _report(state, step, results, _fold_knowledge(state, step, results))
+            elif any(state.know[n].pending is step.marks.get(n) for n, _ in step.calls):
+                _fold_knowledge(state, step, results)
     finally:
         steps.close()
 
@@ -934,8 +910,7 @@ def pause_steps(state: BarrierState[Any], reason: str, mode: str) -> Steps[Trans
         skipped.update({n: state.why_skipped(n) for n in names if n not in skipped and know[n].unknown})
         if reason == WEIGHT_SYNC_HOLD:  # a weight update into released weights kills the engine: refused, nothing sent
             skipped.update({n: why for n in names if n not in skipped and (why := state.why_no_weight_sync(n))})
-        if skipped:
-            raise error(state, tx, "skipped", skips(skipped))
+        raise_if_skipped(state, tx, skipped)
         token = new_token(reason, names)
         try:
             for n in names:
