@@ -104,8 +104,10 @@ class RecordMiddleware:
         async def recording_send(message: ASGIMessage) -> None:
             if message["type"] == "http.response.start":
                 entry["status"] = message["status"]
-            await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
+                # stamped before the last body goes out: once it is sent, the client may act on it (and its next call
+                # arrive) before this task runs again, which made "answered before the next call arrived" flaky
                 entry["answered_ns"] = time.monotonic_ns()
+            await send(message)
 
         await self._app(scope, recording_receive, recording_send)
