@@ -1,15 +1,8 @@
 """An SGLang engine emulator on the CPU: SGLang 0.5.23's control plane and crash semantics (and vLLM 0.33.0's).
 
-vLLM engines (``vllm/``): give the fleet a :class:`VLLMEngineConfig` (the config's type picks the engine), or run
-``cpr emulate --engine vllm``. Each engine is a real HTTP server (FastAPI + uvicorn) in its own process, with a
-scheduler thread, an admission queue, KV memory that is really freed on release, the three pause modes, and SGLang's
-deaths (release with work in flight, double release, resume of an unreleased tag, a write into a released pool).
-Importing this package imports neither torch nor FastAPI; only the engine processes do.
-
-    from resilience.testing.emulator import EmulatedFleet, EngineConfig
-
-    with EmulatedFleet(2, EngineConfig(health_hang_seconds=1)) as fleet: requests.post(fleet.urls[0] +
-    "/pause_generation", json={"mode": "abort"}) calls = fleet.engines[0].record()["calls"]
+What an engine does and how to use a fleet of them: ``docs/emulator.md``. vLLM engines (``vllm/``): give the fleet a
+:class:`VLLMEngineConfig` (the config's type picks the engine), or run ``cpr emulate --engine vllm``. Importing this
+package imports neither torch nor FastAPI; only the engine processes do.
 
 Debug routes (not SGLang's, never behind a key): ``GET /_emulator/state`` answers ``{"pid", "version",
 "server_status", "paused", "pause_mode", "scheduler_paused", "weight_version", "weight_update_session_open",

@@ -49,19 +49,7 @@ class Engine:
 
     def state(self) -> dict[str, Any]:
         """What ``/_emulator/state`` answers: tokenizer side and scheduler side merged."""
-        front = self.frontend.state()
-        sched = self.scheduler.snapshot()
-        return {
-            "pid": os.getpid(),
-            "version": SGLANG_VERSION,
-            **front,
-            "scheduler_paused": sched["scheduler_paused"],
-            "released_tags": sched["released_tags"],
-            "allocated_bytes": sched["allocated_bytes"],
-            "running": sched["running"],
-            "waiting": sched["waiting"],
-            "counts": sched["counts"],
-        }
+        return {"pid": os.getpid(), "version": SGLANG_VERSION, **self.frontend.state(), **self.scheduler.snapshot()}
 
 
 def create_app(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 0) -> tuple[FastAPI, Engine]:

@@ -20,17 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any, TypeVar
+
+from .record import ASGIApp, Receive, Scope, Send
 
 __all__ = ["GUARDED_PREFIX", "ApiKeyMiddleware", "AuthLevel", "AuthenticationMiddleware", "auth_level", "decide_request_auth"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _OPEN_PREFIXES = ("/health", "/ready", "/metrics", "/_emulator/")
 

@@ -211,24 +211,15 @@ def _unit(name: str) -> str | None:
 def _metavar(name: str, default: Any) -> str:
     """The placeholder ``--help`` shows for a field's value: its unit for numbers, its name otherwise."""
     unit = _unit(name)
-    if unit == "seconds":
-        return "SECONDS"
-    if unit == "tokens per second":
-        return "TOKENS_PER_S"
-    if unit == "tokens":
-        return "TOKENS"
-    if isinstance(default, int):
-        return "N"
-    return name.upper()
+    if unit is not None:
+        return {"seconds": "SECONDS", "tokens per second": "TOKENS_PER_S", "tokens": "TOKENS"}[unit]
+    return "N" if isinstance(default, int) else name.upper()
 
 
-def field_help(name: str, cls: type = EngineConfig) -> str:
-    """The ``--help`` text of field ``name`` of config class ``cls``: what it means (its docstring), its unit and its default."""
-    spec = next((f for f in dataclasses.fields(cls) if f.name == name), None)
-    if spec is None:
-        raise ValueError(f"`name` must be a {cls.__name__} field, but was {name!r}")
-    meaning = field_docs(cls).get(name, f"{cls.__name__}.{name}")
-    unit = _unit(name)
+def field_help(spec: dataclasses.Field[Any], cls: type = EngineConfig) -> str:
+    """The ``--help`` text of field ``spec`` of config class ``cls``: what it means (its docstring), its unit and its default."""
+    meaning = field_docs(cls).get(spec.name, f"{cls.__name__}.{spec.name}")
+    unit = _unit(spec.name)
     default = "none" if spec.default is None else ("on" if spec.default is True else "off" if spec.default is False else repr(spec.default))
     said = f"in {unit}; default: {default}" if unit else f"default: {default}"
     return f"{meaning} ({said})".replace("%", "%%")  # argparse formats help with %
@@ -245,7 +236,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type = EngineConf
             action: Any = {"action": argparse.BooleanOptionalAction}
         else:
             action = {"type": str if default is None else type(default), "metavar": _metavar(spec.name, default)}
-        parser.add_argument(_flag(spec.name), dest=spec.name, default=default, help=field_help(spec.name, cls), **action)
+        parser.add_argument(_flag(spec.name), dest=spec.name, default=default, help=field_help(spec, cls), **action)
 
 
 def config_from_namespace(ns: argparse.Namespace) -> EngineConfig:

@@ -48,8 +48,8 @@ class EngineHandle:
         index: int,
         config: EngineConfig | VLLMEngineConfig,
         log_dir: Path,
-        extra_args: Sequence[str] = (),
-        launcher: Launcher | None = None,
+        extra_args: Sequence[str],
+        launcher: Launcher,
         port: int = 0,
     ) -> None:
         self.index = index
@@ -57,7 +57,7 @@ class EngineHandle:
         self.config = config
         self._log_dir = log_dir
         self._extra_args = tuple(extra_args)
-        self._launcher: Launcher = launcher if launcher is not None else ExecLauncher()
+        self._launcher = launcher
         self._proc: EngineProcess | None = None
         self._direct_url: str | None = None
         self._port = port

@@ -39,23 +39,22 @@ def info_router(engine: Engine) -> APIRouter:
     async def ready() -> Response:
         return Response(status_code=200 if front.is_ready() else 503)
 
-    def model_info_body() -> dict[str, Any]:
-        return {
-            "model_path": config.model_path,
-            "tokenizer_path": config.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": front.weight_version,
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": "emulated",
-            "architectures": ["EmulatedForCausalLM"],
-        }
-
     @router.get("/model_info")
     @router.get("/get_model_info")
     async def model_info() -> Response:
-        return JSONResponse(model_info_body())
+        return JSONResponse(
+            {
+                "model_path": config.model_path,
+                "tokenizer_path": config.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": front.weight_version,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "emulated",
+                "architectures": ["EmulatedForCausalLM"],
+            }
+        )
 
     @router.get("/server_info")
     @router.get("/get_server_info")

@@ -325,7 +325,7 @@ class Zygote:
         except FileNotFoundError:
             return ""
 
-    def close(self, timeout: float = _TIMEOUT) -> None:
+    def close(self) -> None:
         """End the zygote: close its stdin (it SIGKILLs and reaps what is left), wait, SIGKILL it if it lingers. Idempotent."""
         proc = self._proc
         if proc is None:
@@ -339,9 +339,9 @@ class Zygote:
             except OSError:
                 pass
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=_TIMEOUT)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=_TIMEOUT)
         if self._reader is not None:
-            self._reader.join(timeout=timeout)
+            self._reader.join(timeout=_TIMEOUT)

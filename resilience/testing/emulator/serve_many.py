@@ -12,7 +12,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -30,24 +30,16 @@ _LOG_TAIL_LINES = 5
 """Lines of a dead engine's log shown with its death (its whole log lives in a folder removed at exit)."""
 
 
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 class ProgressPrinter:
-    """A fleet's ``progress`` callback: ``engines ready i/N`` about ten times while it starts, and at N.
+    """A fleet's ``progress`` callback: ``engines ready i/N`` on stderr about ten times while it starts, and at N."""
 
-    ``write``: where each line goes (default: stderr).
-    """
-
-    def __init__(self, write: Callable[[str], None] = _to_stderr) -> None:
-        self._write = write
+    def __init__(self) -> None:
         self._shown = 0
 
     def __call__(self, ready: int, total: int) -> None:
         if ready == total or ready - self._shown >= max(1, total // 10):
             self._shown = ready
-            self._write(f"engines ready {ready}/{total}")
+            print(f"engines ready {ready}/{total}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

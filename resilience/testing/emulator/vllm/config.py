@@ -37,9 +37,9 @@ WEIGHT_TRANSFER_BACKENDS = ("nccl", "ipc", "sparse_nccl", "sharded_rdt", "nccl_m
 """Backends named by ``vllm/config/weight_transfer.py`` l.12 (the emulator moves no tensors with any of them)."""
 
 
-def dev_mode_from_env(environ: dict[str, str] | None = None) -> bool:
+def dev_mode_from_env() -> bool:
     """``VLLM_SERVER_DEV_MODE`` read as vLLM reads it: ``bool(int(value))``, unset = off; ValueError names a bad value."""
-    raw = (os.environ if environ is None else environ).get(DEV_MODE_ENV, "0")
+    raw = os.environ.get(DEV_MODE_ENV, "0")
     try:
         return bool(int(raw))
     except ValueError:

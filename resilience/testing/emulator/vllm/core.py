@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -136,15 +135,14 @@ class EngineCore:
         self._pause_waiters: list[_PauseWaiter] = []
 
     # ----- requests -------------------------------------------------------------------
-    def add_request(self, prompt: str, max_tokens: int, request_id: str | None = None) -> Request:
+    def add_request(self, prompt: str, max_tokens: int, request_id: str) -> Request:
         """Queue one request; EnginePausedError while a user pause rejects new work (``core.py`` l.1759, l.1796)."""
         if self.reject_new_requests:
             self.counts["rejected"] += 1
             raise EnginePausedError()
-        rid = request_id or uuid.uuid4().hex
-        request = Request(rid, prompt, max_tokens, asyncio.get_running_loop().create_future())
+        request = Request(request_id, prompt, max_tokens, asyncio.get_running_loop().create_future())
         self.waiting.append(request)
-        self.requests[rid] = request
+        self.requests[request_id] = request
         return request
 
     def abort(self, request_ids: Iterable[str] | None) -> list[str]:
