@@ -314,7 +314,7 @@ class SGLangInstrumentor:
             if self.libraries is not None and lib in self.libraries and not installed:
                 raise ConfigError(f"SGLangInstrumentor.libraries names {lib!r}, which is not installed")
             if installed and (self.libraries is None or lib in self.libraries):
-                patches += _PATCHERS[lib](self)
+                patches += _PATCHERS[lib]()
         return patches
 
     def _adapter(self) -> Any:
@@ -391,7 +391,7 @@ def _lib(owner: type) -> str:
     return owner.__module__.partition(".")[0]
 
 
-def _requests_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+def _requests_patches() -> list[tuple[type, str, Any]]:
     import requests
 
     from resilience.adapters.requests import ResilientAdapter
@@ -410,7 +410,7 @@ def _requests_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
     return [(requests.Session, "get_adapter", get_adapter)]
 
 
-def _httpx_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+def _httpx_patches() -> list[tuple[type, str, Any]]:
     import httpx
 
     from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
@@ -454,7 +454,7 @@ class _Gate:
 _GATE = _Gate()
 
 
-def _aiohttp_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+def _aiohttp_patches() -> list[tuple[type, str, Any]]:
     import aiohttp
 
     from resilience.adapters.aiohttp import ResilientMiddleware
@@ -472,7 +472,7 @@ def _aiohttp_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
     return [(aiohttp.ClientSession, "__init__", __init__)]
 
 
-_PATCHERS: dict[str, Callable[[SGLangInstrumentor], list[tuple[type, str, Any]]]] = {
+_PATCHERS: dict[str, Callable[[], list[tuple[type, str, Any]]]] = {
     "requests": _requests_patches,
     "httpx": _httpx_patches,
     "aiohttp": _aiohttp_patches,

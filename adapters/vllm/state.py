@@ -103,8 +103,8 @@ class VLLMClientState(EngineClientState):
                 try:
                     result: T = self._read(plan, api, replace(answer, polls=polls))
                     return self._noted(result)
-                except VLLMRefused as refused:
-                    wait = refusal_wait(plan, refused, deadline.remaining())
+                except VLLMRefused:
+                    wait = refusal_wait(plan, deadline.remaining())
                     if wait is None:
                         raise
                 value_of((yield wait))
