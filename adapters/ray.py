@@ -144,9 +144,6 @@ def _first_line(error: BaseException) -> str:
     return text[0][:200] if text else ""
 
 
-# -- the control calls, written once for the actor and the handle -------------------------------
-
-
 # -- the actors ---------------------------------------------------------------------------------
 
 

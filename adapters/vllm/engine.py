@@ -27,17 +27,8 @@ barrier's pause left (``PAUSED_ALL``) and, at level >= 1, clears the caches
 l.948). It does not touch ``reject_new_requests`` (only ``pause_generation``
 does, l.2225), so an ``abort`` pause keeps answering new requests 503.
 
-Why level 1: level 2 discards the weights as well (``gpu_worker.py``
-l.301-320): after the wake they are garbage until a weight update, and
-completions still answer 200 (verl #7904, TRL #5312). ``sleep_level=2`` is
-for a fleet whose every onload comes after a weight sync; verify such an
-onload (``resilience.barrier.verify.WeightVersionCheck``/``CanaryCheck``).
-
-vLLM's hazards the barrier's vLLM rules (not this adapter) keep away:
-a wake that leaves nothing asleep resumes the scheduler (``EngineCore.wake_up``
-l.1053-1055, also on an awake engine) and ``/resume`` reopens scheduling
-whoever paused it and even while asleep (l.985, l.2235): the barrier sends
-neither while anyone else holds a pause, nor ``/resume`` while a tag sleeps.
+Level 2, and the hazards the barrier's vLLM rules (not this adapter) keep away (``/resume`` and a wake that leaves
+nothing asleep end every pause, l.985, l.1053-1055): ``docs/vllm.md``, "The barrier on vLLM fleets".
 
 ``control_rules`` (``resilience.engine_contract.VLLM_RULES``) tells the barrier
 which table applies; ``tags`` are the memory tags the engine has. The weight-transfer session
