@@ -245,16 +245,11 @@ class SmgRouter:
                 w.phase, w.misses = "free", 0
                 report.patched[name] = "free"
             return
-        if state is EngineState.DEAD or w.phase == "dead":
+        if state is EngineState.DEAD or w.phase == "dead" or self._engine_dead(url, w):
             if w.phase != "dead":
                 self._patch(w, health=self.settings.body(), label="dead")
                 w.phase = "dead"
                 report.patched[name] = "dead"
-            return
-        if self._engine_dead(url, w):
-            self._patch(w, health=self.settings.body(), label="dead")
-            w.phase = "dead"
-            report.patched[name] = "dead"
             return
         label = str(state)
         if w.phase == "free":
