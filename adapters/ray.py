@@ -214,10 +214,8 @@ Holds ``SGLangClient(base_url, **client_kwargs)`` built inside the actor, and ex
 VLLMEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_VLLMEngineActor)
 """The Ray actor class of a vLLM engine: ``VLLMEngineActor.options(...).remote(base_url, client_kwargs)``.
 
-Holds ``VLLMEngine(base_url, **client_kwargs)`` built inside the actor
-(``sleep_level`` and ``VLLMClient`` keywords: ``policies``, ``api_key``, ...),
-and exposes its five control calls, ``engine``, ``call`` and ``timed_call`` as
-``SGLangEngineActor`` does (``weight_info``, ``is_paused``, ``complete`` through ``call``). Created with ``DEFAULT_ACTOR_OPTIONS``.
+``SGLangEngineActor`` over ``VLLMEngine(base_url, **client_kwargs)`` (``sleep_level`` and ``VLLMClient`` keywords:
+``policies``, ``api_key``, ...); ``weight_info``, ``is_paused`` and ``complete`` go through ``call``.
 """
 
 
