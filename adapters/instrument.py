@@ -10,32 +10,14 @@ through the retry loop for the engines named, and through plain library code for
     ...                                                                       # the framework runs as shipped
     SGLangInstrumentor.active().uninstrument()                                # everything back as it was
 
-What is patched (``uninstrument`` puts each back):
-
-- requests: ``Session.get_adapter``. A URL of an engine gets one shared
-  ``ResilientAdapter`` (``requests.post`` builds a ``Session`` too, so it is covered).
-- httpx: ``Client._transport_for_url`` and ``AsyncClient._transport_for_url`` (private, in httpx 0.23 to 0.28;
-  ``instrument`` fails at once, naming it, where it is missing). An engine's transport is wrapped once in a
-  ``ResilientTransport`` or ``AsyncResilientTransport``, so the client's own limits, TLS and proxy stay.
-- aiohttp: ``ClientSession.__init__`` adds one middleware to each new session, after the session's own; it runs
-  ``ResilientMiddleware`` for engine URLs and passes every other request through. Sessions built before ``instrument``
-  are not touched (as OpenTelemetry's aiohttp instrumentor); after ``uninstrument`` the middleware of sessions still
-  open passes everything through.
-
-**No double mount.** A session that already carries our driver for that URL
-(``mount_sglang``, a ``ResilientAdapter``/``ResilientTransport`` of its own, a
-``ResilientMiddleware`` among its middlewares) keeps it and gets nothing more.
-
-**One state per engine.** Every driver the instrumentor attaches shares one breaker and one retry budget per
-engine and one ``AttemptLedger``: a framework's own retry loop on top of ours cannot multiply the attempts where a
-re-send can hurt (``resilience.adapters.ledger`` has the rules). **A probe that cannot see an engine is refused**
-(``check_probes``): a mount must not run without its memory probe, silently.
-
-**Processes.** The patches are per process and ``instrument`` is idempotent there: calling it again with an equal
-instrumentor (same engines, policies, libraries, window) is a no-op, a different one raises ``RuntimeError`` until the
-first is undone. An instrumentor pickles as its settings (Ray ships it to actors that way) and is not active in the
-process that unpickles it: call its ``instrument()`` where each worker process starts (an actor's ``__init__``;
-``tests/adapters/test_instrument.py`` does so on real Ray actors). It is callable too (``instrumentor()`` =
+What is patched (requests' ``Session.get_adapter``, httpx's ``_transport_for_url``, aiohttp's ``ClientSession.__init__``),
+the one state per engine (breaker, retry budget, ``AttemptLedger``: ``resilience.adapters.ledger`` has the rules), the
+sessions left alone and the rules per process are in ``docs/frameworks.md``, "Mount once, keep the framework's code".
+Beyond that page: httpx's ``_transport_for_url`` is private (httpx 0.23 to 0.28) and ``instrument`` fails at once,
+naming it, where it is missing; after ``uninstrument`` the middleware of aiohttp sessions still open passes everything
+through. **A probe that cannot see an engine is refused** (``check_probes``): a mount must not run without its memory
+probe, silently. An instrumentor pickles as its settings and is not active in the process that unpickles it
+(``tests/adapters/test_instrument.py`` instruments real Ray actors); it is callable too (``instrumentor()`` =
 ``instrument()``), for hooks that take one.
 """
 
@@ -314,7 +296,7 @@ class SGLangInstrumentor:
             if self.libraries is not None and lib in self.libraries and not installed:
                 raise ConfigError(f"SGLangInstrumentor.libraries names {lib!r}, which is not installed")
             if installed and (self.libraries is None or lib in self.libraries):
-                patches += _PATCHERS[lib](self)
+                patches += _PATCHERS[lib]()
         return patches
 
     def _adapter(self) -> Any:
@@ -391,7 +373,7 @@ def _lib(owner: type) -> str:
     return owner.__module__.partition(".")[0]
 
 
-def _requests_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+def _requests_patches() -> list[tuple[type, str, Any]]:
     import requests
 
     from resilience.adapters.requests import ResilientAdapter
@@ -410,7 +392,7 @@ def _requests_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
     return [(requests.Session, "get_adapter", get_adapter)]
 
 
-def _httpx_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+def _httpx_patches() -> list[tuple[type, str, Any]]:
     import httpx
 
     from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
@@ -454,7 +436,7 @@ class _Gate:
 _GATE = _Gate()
 
 
-def _aiohttp_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
+def _aiohttp_patches() -> list[tuple[type, str, Any]]:
     import aiohttp
 
     from resilience.adapters.aiohttp import ResilientMiddleware
@@ -472,7 +454,7 @@ def _aiohttp_patches(inst: SGLangInstrumentor) -> list[tuple[type, str, Any]]:
     return [(aiohttp.ClientSession, "__init__", __init__)]
 
 
-_PATCHERS: dict[str, Callable[[SGLangInstrumentor], list[tuple[type, str, Any]]]] = {
+_PATCHERS: dict[str, Callable[[], list[tuple[type, str, Any]]]] = {
     "requests": _requests_patches,
     "httpx": _httpx_patches,
     "aiohttp": _aiohttp_patches,

@@ -1,19 +1,10 @@
 """Ray: SGLang and vLLM engines driven through Ray actors, and a ``FanOut`` over ObjectRefs.
 
-Each engine gets one engine actor that holds the engine's client for its URL, built inside the actor: an
-``SGLangEngineActor`` holds an ``SGLangClient``, a ``VLLMEngineActor`` a ``VLLMEngine``
-(``resilience.adapters.vllm.engine``: the barrier's five calls on vLLM's routes). A fleet may mix both kinds
-(``ray_engines(urls, kind=["sglang", "vllm", ...])``), and ``ray_engine(url, kind=...)`` starts one more actor later (an
-engine that joins). Actors talk to engines by URL only, so the same code runs on a laptop's ``ray.init()`` and on a
-multi-node cluster (the package must be importable on every node, as for any Ray code; pass
-``actor_options={"scheduling_strategy": ...}`` to place an actor next to its engine). The driver side sees ``RayEngine``
-(SGLang) and ``RayVLLMEngine`` handles, which the ``Orchestrator`` accepts like clients; a ``RayVLLMEngine`` carries
-vLLM's ``control_rules`` (``VLLM_RULES``) and ``tags``, so the barrier applies vLLM's rules to it as to a local
-``VLLMEngine``:
-
-    engines = ray_engines(["http://127.0.0.1:30000", "http://127.0.0.1:30001"])
-    orch = Orchestrator(EngineGroup(engines), fanout=RayFanOut())
-    orch.offload()   # pause all -> barrier -> flush all -> barrier -> release all -> barrier
+Each engine gets one engine actor holding its client, built inside the actor (``SGLangEngineActor``: an ``SGLangClient``;
+``VLLMEngineActor``: a ``VLLMEngine``); the driver side sees ``RayEngine`` / ``RayVLLMEngine`` handles, which the
+``Orchestrator`` accepts like clients (a ``RayVLLMEngine`` carries vLLM's ``control_rules`` and ``tags``). Actors talk
+to engines by URL only, and the package must be importable on every node, as for any Ray code. Use, mixed fleets and
+engines that join: ``docs/barrier.md``, "Ray".
 
 ``RayFanOut`` submits a phase to every actor at once, waits for all the ObjectRefs with the phase deadline, and turns
 Ray's errors into the ones the barrier understands: a dead actor is ``EngineDied`` naming the engine, an actor Ray
@@ -144,9 +135,6 @@ def _first_line(error: BaseException) -> str:
     return text[0][:200] if text else ""
 
 
-# -- the control calls, written once for the actor and the handle -------------------------------
-
-
 # -- the actors ---------------------------------------------------------------------------------
 
 
@@ -226,10 +214,8 @@ Holds ``SGLangClient(base_url, **client_kwargs)`` built inside the actor, and ex
 VLLMEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_VLLMEngineActor)
 """The Ray actor class of a vLLM engine: ``VLLMEngineActor.options(...).remote(base_url, client_kwargs)``.
 
-Holds ``VLLMEngine(base_url, **client_kwargs)`` built inside the actor
-(``sleep_level`` and ``VLLMClient`` keywords: ``policies``, ``api_key``, ...),
-and exposes its five control calls, ``engine``, ``call`` and ``timed_call`` as
-``SGLangEngineActor`` does (``weight_info``, ``is_paused``, ``complete`` through ``call``). Created with ``DEFAULT_ACTOR_OPTIONS``.
+``SGLangEngineActor`` over ``VLLMEngine(base_url, **client_kwargs)`` (``sleep_level`` and ``VLLMClient`` keywords:
+``policies``, ``api_key``, ...); ``weight_info``, ``is_paused`` and ``complete`` go through ``call``.
 """
 
 

@@ -1,11 +1,8 @@
 """SmgRouter: keep an smg (sgl-model-gateway) gateway in step with the orchestrator's holds, through smg's worker API.
 
-The problem (``tests/smg/test_smg_holds.py`` shows it on smg 1.13.0): a paused SGLang's ``/health`` waits for scheduler
-output that never comes (``sglang/srt/entrypoints/http_server.py``, ``health_generate``), so every probe of an engine
-the orchestrator holds paused fails by smg's ``--health-check-timeout-secs``. After ``--health-failure-threshold``
-failures in a row smg marks the worker ``not_ready``, after 3x that many more ``failed``, and with
-``--remove-unhealthy-workers`` removes it: every engine held for longer than about ``4 x threshold x (interval +
-timeout)`` is ejected (``model_gateway/src/worker/manager.rs``, ``compute_next_status``).
+The problem (``docs/routers.md``; ``tests/smg/test_smg_holds.py`` shows it on smg 1.13.0): smg ejects every engine
+the orchestrator holds paused for longer than about ``4 x threshold x (interval + timeout)``, as a paused SGLang's
+``/health`` never answers (``model_gateway/src/worker/manager.rs``, ``compute_next_status``).
 
 What smg's API offers (1.13.0; ``PATCH /workers/{id}`` takes ``priority``, ``cost``, ``labels``, ``api_key`` and
 ``health`` overrides; there is no call that sets a worker's status): a health override is applied by replacing the
@@ -248,16 +245,11 @@ class SmgRouter:
                 w.phase, w.misses = "free", 0
                 report.patched[name] = "free"
             return
-        if state is EngineState.DEAD or w.phase == "dead":
+        if state is EngineState.DEAD or w.phase == "dead" or self._engine_dead(url, w):
             if w.phase != "dead":
                 self._patch(w, health=self.settings.body(), label="dead")
                 w.phase = "dead"
                 report.patched[name] = "dead"
-            return
-        if self._engine_dead(url, w):
-            self._patch(w, health=self.settings.body(), label="dead")
-            w.phase = "dead"
-            report.patched[name] = "dead"
             return
         label = str(state)
         if w.phase == "free":

@@ -178,10 +178,7 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> WeightUpdateResult:
         """Set the weight version reported by ``/model_info`` and in generation meta_info.
 
-        ``abort_all_requests``: abort every running request first. SGLang's own default is true
-        (0.5.23 ``srt/managers/io_struct.py`` l.2155-2159 ``UpdateWeightVersionReqInput.abort_all_requests: bool = True``,
-        acted on in ``srt/entrypoints/http_server.py`` l.1533-1534), which aborted ~65 requests per update in
-        miles #2589; this client sends false unless you ask (default False).
+        ``abort_all_requests``: as in ``SGLangClient.update_weight_version`` (default False, where SGLang's own is true).
         """
         return await self._weights("/update_weight_version", new_version=new_version, abort_all_requests=abort_all_requests)
 

@@ -39,10 +39,8 @@ WEIGHT_PATHS: frozenset[str] = frozenset({
     "/begin_weight_update", "/end_weight_update", "/update_weights_from_tensor", "/update_weights_from_distributed",
     "/update_weights_from_disk",
 })
-"""The routes that read or write the weights (SGLang 0.5.23 ``scheduler_components/weight_updater.py``:
-``update_weights_from_*`` l.138-287 load them, ``begin_weight_update`` l.309 restores packed ones,
-``end_weight_update`` l.323 runs ``post_load_weights``), none checking ``offload_tags``: both clients refuse
-them, unsent, while ``weights`` is released (``SGLangWeightsReleased``)."""
+"""The routes that read or write the weights: both clients refuse them, unsent, while ``weights`` is released
+(``SGLangWeightsReleased``; why, with SGLang's lines: ``resilience.adapters.weights_resident``)."""
 
 APPLIED_NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
 """The start of a weight update's 400 message when the weights were loaded but the cache flush was refused."""

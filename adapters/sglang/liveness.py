@@ -1,6 +1,6 @@
 """Is an engine behind a proxy dead? The check both SGLang clients run after a control call met only gateway statuses.
 
-No I/O here: a client sends ``GET /model_info`` itself (``SGLangClient._check_alive``)
+No I/O here: a client sends ``GET /model_info`` itself (``SGLangClientState._alive_steps``)
 and these functions decide when to ask and what the answer means.
 """
 

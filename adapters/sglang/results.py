@@ -15,12 +15,8 @@ __all__ = [
 ]
 
 class SGLangError(EngineAnswerError):
-    """An SGLang endpoint answered with an error. Names the engine, endpoint, status and a body excerpt.
-
-    ``attempts``: the delivery record of the call (``resilience.outcome.attempts_of`` reads it): the transport's, else
-    read from ``response=``, else empty. The clients always pass one: an answer came back, so its last attempt is at
-    least ``RESPONDED`` with ``status``. It survives pickling (Ray).
-    """
+    """An SGLang endpoint answered with an error (attributes: ``EngineAnswerError``'s). The clients always pass a delivery
+    record: an answer came back, so its last attempt is at least ``RESPONDED`` with ``status``."""
 
 
 class SGLangProtocolError(SGLangError):

@@ -86,14 +86,12 @@ class SGLangClientState(EngineClientState):
         """The key this route's SGLang auth level asks for, as (name, key); (None, None) = send none."""
         return key_for(path, self._api_key, self._admin_api_key)
 
-    def _flush_waits(self, wait_for_idle: bool | None) -> bool:
-        """Whether a flush passes the remaining time as ``?timeout=``: by default only when this client has not paused."""
-        return self._paused_mode is None if wait_for_idle is None else wait_for_idle
-
     def _flush_steps(self, deadline_s: float | None, wait_for_idle: bool | None) -> Steps[Call | float, FlushResult]:
-        """``flush_cache``'s steps: within ``deadline_s`` (None = ``flush_deadline_s``), ``flush_poll_s`` between "not idle"."""
+        """``flush_cache``'s steps: within ``deadline_s`` (None = ``flush_deadline_s``), ``flush_poll_s`` between "not idle";
+        ``?timeout=`` (``wait_for_idle``) by default only when this client has not paused."""
         deadline = deadline_s if deadline_s is not None else self.flush_deadline_s
-        return flush_steps(self.engine, self._flush_waits(wait_for_idle), deadline, self.flush_poll_s)
+        waits = self._paused_mode is None if wait_for_idle is None else wait_for_idle
+        return flush_steps(self.engine, waits, deadline, self.flush_poll_s)
 
     def _health_steps(self, path: str, errors: tuple[type[BaseException], ...]) -> Steps[Call, Health]:
         """``health`` / ``health_generate``: ``paused_health`` at once for an engine this client paused (its /health

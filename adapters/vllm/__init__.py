@@ -8,15 +8,8 @@ gate), ``versions`` (``GET /version`` read into a ``VLLMApi``: the drift between
 (``push_weights``, one weight-transfer session with each route's idempotence). What both kinds share is one level
 up, in ``adapters/engine_*.py``.
 
-What vLLM does differently from SGLang, and how the clients handle it (``shared/reference/vllm-control-plane.md``):
-
-- Control routes exist only with ``VLLM_SERVER_DEV_MODE=1``; a 404 on one raises ``VLLMDevModeOff`` saying so.
-  ``--api-key`` guards only ``/v1`` routes: the key is sent there and nowhere else.
-- Parameters are query strings (``/sleep?level=1&mode=abort``, ``/wake_up?tags=weights&tags=kv_cache``).
-- Sleep and wake are idempotent, so ``VLLM_POLICIES`` re-sends them after a timeout or a gateway status;
-  ``/update_weights`` and the session routes are never re-sent once they may have arrived.
-- ``/reset_prefix_cache`` may answer 200 ``{"success": false}``: asked again
-  until its deadline, then ``VLLMRefused``; never returned as a success.
+What vLLM does differently from SGLang, and how the clients handle it: ``docs/vllm.md`` (from
+``shared/reference/vllm-control-plane.md``).
 """
 
 from resilience.adapters.vllm.answers import VLLMPauseMode, WeightCheckerAction

@@ -137,7 +137,7 @@ def check_mode(owner: str, mode: object) -> VLLMPauseMode | None:
     return mode  # type: ignore[return-value]  # checked just above
 
 
-def needs_mode(engine: str, r: Route, api: VLLMApi, mode: str) -> None:
+def needs_mode(engine: str, r: Route, api: VLLMApi) -> None:
     if not api.mode_params:
         raise results.VLLMVersionError(
             engine, r.endpoint, None, "", detail=f"not sent: vLLM {api.text} takes no mode= (added in {format_version(MODE_PARAMS)})"
@@ -190,8 +190,8 @@ def _refusal_detail(r: Route, polls: int) -> str:
     return f'the engine answered "success": false{asked}: not done' + (", blocks are still held" if r.name == "reset_prefix_cache" else "")
 
 
-def refusal_wait(plan: Plan[Any], refused: results.VLLMRefused, remaining_s: float) -> float | None:
-    """After a ``success: false``: the seconds to wait before asking again, or None to raise ``refused``.
+def refusal_wait(plan: Plan[Any], remaining_s: float) -> float | None:
+    """After a ``success: false``: the seconds to wait before asking again, or None to raise the refusal.
 
     Asked again only on a route that allows it, and only while at least one poll interval is left of the deadline.
     """

@@ -1,5 +1,5 @@
-"""``AsyncVLLMClient``: ``VLLMClient`` with coroutine methods (same routes, policies, results, errors and version
-rules; only the sending differs), over its own aiohttp session or one you pass, as ``AsyncSGLangClient``."""
+"""``AsyncVLLMClient``: ``VLLMClient`` with coroutine methods (same routes, policies, results, errors, version rules and docstrings:
+only the sending differs), over its own aiohttp session or one you pass, as ``AsyncSGLangClient``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from resilience.adapters.engine_steps import drive
 from resilience.adapters.vllm import answers, calls
 from resilience.adapters.vllm.answers import Plan, Request, VLLMPauseMode, WeightCheckerAction, key_header
 from resilience.adapters.vllm.calls import FaultInstruction
+from resilience.adapters.vllm.client import VLLMClient
 from resilience.adapters.vllm.results import (
     AbortResult,
     CacheReset,
@@ -28,7 +29,7 @@ from resilience.adapters.vllm.results import (
     WeightCheck,
     WeightInfo,
 )
-from resilience.adapters.vllm.routes import VLLM_POLICIES
+from resilience.adapters.vllm.routes import ROUTES, VLLM_POLICIES
 from resilience.adapters.vllm.state import VLLMClientState
 from resilience.adapters.vllm.versions import VLLMApi
 from resilience.events import Observer
@@ -94,49 +95,29 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     # -- memory ------------------------------------------------------------------
 
     async def sleep(self, level: int = 1, mode: VLLMPauseMode | None = None) -> SleepResult:
-        """``POST /sleep``: level 0 pauses scheduling, 1 offloads weights and drops the KV cache, 2 drops both.
-
-        ``mode``: what happens to running requests (``abort``, ``wait``, ``keep``); None = the server's default
-        (``abort``). Idempotent: a second sleep is a no-op on the executor, so it is re-sent after a timeout.
-        After level 2 the weights are garbage until updated: completions still answer 200, but wrong.
-        """
         return await self._run(calls.sleep(level, mode))
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> WakeResult:
-        """``POST /wake_up?tags=...``: None = every tag. A tag that is not asleep makes the whole call a no-op (``awake`` False).
-
-        A full wake (no tags) also ends a pause, whoever took it; idempotent otherwise, so re-sent after a timeout.
-        """
         return await self._run(calls.wake_up(tags))
 
     async def is_sleeping(self) -> bool:
-        """``GET /is_sleeping``: true while asleep, and also while merely paused (vLLM reports both the same)."""
         return await self._run(calls.is_sleeping())
 
     async def release_kv_cache_memory(self) -> CommandResult:
-        """``POST /release_kv_cache_memory`` (0.33.0): only after a completed pause; never re-sent (a second call answers 500)."""
         return await self._run(calls.release_kv_cache_memory())
 
     # -- generation control ----------------------------------------------------------
 
     async def pause(self, mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) -> CommandResult:
-        """``POST /pause``: ``abort`` (default) aborts running requests, ``wait`` drains them, ``keep`` freezes them.
-
-        New requests get 503 during ``abort``/``wait`` pauses and queue during ``keep``. ``clear_cache`` None
-        = the server's default (true). Idempotent (the last mode wins). Pause is one shared state.
-        """
         return await self._run(calls.pause(mode, clear_cache))
 
     async def resume(self) -> CommandResult:
-        """``POST /resume``: reopens scheduling for everyone, and even while asleep (no guard in 0.33.0)."""
         return await self._run(calls.resume())
 
     async def is_paused(self) -> bool:
-        """``GET /is_paused``."""
         return await self._run(calls.is_paused())
 
     async def abort_requests(self, request_ids: Sequence[str] | None = None) -> AbortResult:
-        """``POST /abort_requests``: abort these requests (None = all) without pausing."""
         return await self._run(calls.abort_requests(request_ids))
 
     # -- caches ----------------------------------------------------------------------
@@ -144,16 +125,12 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     async def reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_external: bool = False, *, deadline_s: float | None = None, poll_s: float = 0.5
     ) -> CacheReset:
-        """``POST /reset_prefix_cache``; a 200 ``{"success": false}`` (blocks still held) is asked again every ``poll_s``
-        until ``deadline_s`` (default 30 s), then raised as ``VLLMRefused``: never returned as a success."""
         return await self._run(calls.reset_prefix_cache(reset_running_requests, reset_external, deadline_s=deadline_s, poll_s=poll_s))
 
     async def reset_mm_cache(self) -> CommandResult:
-        """``POST /reset_mm_cache``."""
         return await self._run(calls.reset_mm_cache())
 
     async def reset_encoder_cache(self) -> CommandResult:
-        """``POST /reset_encoder_cache``."""
         return await self._run(calls.reset_encoder_cache())
 
     # -- workers ---------------------------------------------------------------------
@@ -161,53 +138,41 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     async def collective_rpc(
         self, method: str, args: Sequence[str] = (), kwargs: Mapping[str, str] | None = None, timeout: float | None = None
     ) -> RpcResult:
-        """``POST /collective_rpc``: run a worker method everywhere (string arguments only). Never re-sent once it may have arrived."""
         return await self._run(calls.collective_rpc(method, args, kwargs, timeout))
 
     async def server_info(self, config_format: Literal["text", "json"] = "text") -> dict[str, Any]:
-        """``GET /server_info``: the config and environment dump."""
         return await self._run(calls.server_info(config_format))
 
     # -- weight transfer ------------------------------------------------------------------
 
     async def init_weight_transfer_engine(self, init_info: Mapping[str, Any]) -> CommandResult:
-        """``POST /init_weight_transfer_engine`` (once per trainer connection). Never re-sent once it may have arrived."""
         return await self._run(calls.init_weight_transfer_engine(init_info))
 
     async def shutdown_weight_transfer_engine(self) -> CommandResult:
-        """``POST /shutdown_weight_transfer_engine`` (0.33.0)."""
         return await self._run(calls.shutdown_weight_transfer_engine())
 
     async def start_weight_update(self) -> CommandResult:
-        """``POST /start_weight_update`` (0.23.0+): opens the update session. Never re-sent once it may have arrived."""
         return await self._run(calls.start_weight_update())
 
     async def start_draft_weight_update(self) -> CommandResult:
-        """``POST /start_draft_weight_update`` (0.33.0)."""
         return await self._run(calls.start_draft_weight_update())
 
     async def update_weights(self, update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> CommandResult:
-        """``POST /update_weights``: one chunk. **Never re-sent once it may have arrived**; ask ``weight_info`` instead."""
         return await self._run(calls.update_weights(update_info))
 
     async def finish_weight_update(self, weight_version: str | None = None) -> CommandResult:
-        """``POST /finish_weight_update``: closes the session and sets the reported version. Never re-sent once it may have arrived."""
         return await self._run(calls.finish_weight_update(weight_version))
 
     async def update_weight_version(self, new_version: str) -> WeightInfo:
-        """``POST /update_weight_version`` (0.27.0+): set the version ``weight_info`` reports."""
         return await self._run(calls.update_weight_version(new_version))
 
     async def weight_info(self) -> WeightInfo:
-        """``GET /weight_info`` (0.27.0+): the weight version the engine reports."""
         return await self._run(calls.weight_info())
 
     async def weight_checker(self, action: WeightCheckerAction, baseline: Mapping[str, str] | None = None) -> WeightCheck:
-        """``POST /weight_checker`` (0.33.0): ``checksum``, ``compare`` with ``baseline``, or ``reset`` (zeroes the weights)."""
         return await self._run(calls.weight_checker(action, baseline))
 
     async def get_world_size(self, include_dp: bool = True) -> int:
-        """``GET /get_world_size``."""
         return await self._run(calls.get_world_size(include_dp))
 
     # -- fault tolerance ---------------------------------------------------------------------
@@ -215,30 +180,25 @@ class AsyncVLLMClient(AsyncSessionOwner, VLLMClientState):
     async def fault_tolerance_apply(
         self, instruction: FaultInstruction = "retry", params: Mapping[str, Any] | None = None
     ) -> FaultToleranceAccepted:
-        """``POST /fault_tolerance/apply`` (0.33.0, with ``--enable-fault-tolerance``): answered 202 at once, the recovery after.
-
-        ``instruction``: ``retry`` (the only one 0.33.0 takes) recovers an engine whose busy loop raised and waits
-        (``unhealthy``); poll ``fault_tolerance_status`` for the outcome. Never re-sent once it may have arrived.
-        """
         return await self._run(calls.fault_tolerance_apply(instruction, params))
 
     async def fault_tolerance_status(self) -> FaultToleranceStatus:
-        """``GET /fault_tolerance/status`` (0.33.0, with ``--enable-fault-tolerance``): each engine core's state."""
         return await self._run(calls.fault_tolerance_status())
 
     # -- always mounted ------------------------------------------------------------------
 
     async def version(self) -> VLLMApi:
-        """``GET /version``: the server's release, kept as the API every later request is built for."""
         return self._remember(await self._run(calls.version()))
 
     async def models(self) -> list[str]:
-        """``GET /v1/models``: the served model ids."""
         return await self._run(calls.models())
 
     async def complete(
         self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, model: str | None = None, seed: int | None = None,
         extra: Mapping[str, Any] | None = None
     ) -> CompletionResult:
-        """``POST /v1/completions`` (greedy by default), for tests and canaries. Never re-sent once it may have arrived."""
         return await self._run(calls.complete(prompt, max_tokens=max_tokens, temperature=temperature, model=model, seed=seed, extra=extra))
+
+
+for _name in ROUTES.keys() - {"health"}:  # each route method says what VLLMClient's says
+    getattr(AsyncVLLMClient, _name).__doc__ = getattr(VLLMClient, _name).__doc__

@@ -68,7 +68,7 @@ def sleep(level: int = 1, mode: VLLMPauseMode | None = None) -> Plan[results.Sle
         assert api is not None
         params: tuple[tuple[str, str], ...] = (("level", str(level)),)
         if checked is not None:
-            needs_mode(engine, r, api, checked)
+            needs_mode(engine, r, api)
             params += (("mode", checked),)
         return Request(r, params)
 
@@ -140,7 +140,7 @@ def pause(mode: VLLMPauseMode | None = None, clear_cache: bool | None = None) ->
             params += (("mode", checked),)
         elif checked is not None:
             if checked == "keep":
-                needs_mode(engine, r, api, checked)
+                needs_mode(engine, r, api)
             params += (("wait_for_inflight_requests", flag(checked == "wait")),)
         if clear_cache is not None:
             params += (("clear_cache", flag(clear_cache)),)

@@ -1,22 +1,8 @@
 """``VLLMEngine`` and ``AsyncVLLMEngine``: one vLLM server as the barrier drives it (``resilience.engine_contract``).
 
-The barrier sends five control calls; on vLLM 0.33.0 they are (``shared/reference/vllm-control-plane.md``):
-
-=============================  ==========================================================================
-barrier call                   vLLM routes
-=============================  ==========================================================================
-``pause_generation(mode)``     ``POST /pause?mode=..&clear_cache=..`` (see ``VLLM_PAUSE_MODES``)
-``flush_cache()``              ``POST /reset_prefix_cache`` (``{"success": false}`` asked again, then
-                               ``VLLMRefused``), then ``/reset_mm_cache`` and ``/reset_encoder_cache``
-                               on servers that have them (0.33.0)
-``release_memory_occupation``  ``POST /sleep?level=L&mode=keep``: level 1 (default) copies the weights
-                               to pinned CPU memory and discards the KV cache; vLLM has no per-tag
-                               sleep, so *both* tags (``VLLM_TAGS``) go to sleep whatever is asked
-``resume_memory_occupation``   ``POST /wake_up?tags=T``: one tag per call from the barrier (a wake that
-                               names a tag not asleep is a no-op for the whole call, abstract.py
-                               l.416-422, so one tag per call makes a re-send exact)
-``continue_generation()``      ``POST /resume``
-=============================  ==========================================================================
+The barrier's five control calls map onto vLLM 0.33.0's routes (``shared/reference/vllm-control-plane.md``) as each
+method of ``VLLMEngine`` says, and as ``docs/vllm.md``, "The barrier on vLLM fleets", lays out (a release sleeps both
+tags, ``VLLM_TAGS``; the barrier wakes one tag per call, so a re-send is exact).
 
 Why ``mode=keep`` on the sleep: the barrier has paused the engine already;
 ``EngineCore.sleep`` (``v1/engine/core.py`` l.993) pauses the scheduler again
@@ -27,17 +13,8 @@ barrier's pause left (``PAUSED_ALL``) and, at level >= 1, clears the caches
 l.948). It does not touch ``reject_new_requests`` (only ``pause_generation``
 does, l.2225), so an ``abort`` pause keeps answering new requests 503.
 
-Why level 1: level 2 discards the weights as well (``gpu_worker.py``
-l.301-320): after the wake they are garbage until a weight update, and
-completions still answer 200 (verl #7904, TRL #5312). ``sleep_level=2`` is
-for a fleet whose every onload comes after a weight sync; verify such an
-onload (``resilience.barrier.verify.WeightVersionCheck``/``CanaryCheck``).
-
-vLLM's hazards the barrier's vLLM rules (not this adapter) keep away:
-a wake that leaves nothing asleep resumes the scheduler (``EngineCore.wake_up``
-l.1053-1055, also on an awake engine) and ``/resume`` reopens scheduling
-whoever paused it and even while asleep (l.985, l.2235): the barrier sends
-neither while anyone else holds a pause, nor ``/resume`` while a tag sleeps.
+Level 2, and the hazards the barrier's vLLM rules (not this adapter) keep away (``/resume`` and a wake that leaves
+nothing asleep end every pause, l.985, l.1053-1055): ``docs/vllm.md``, "The barrier on vLLM fleets".
 
 ``control_rules`` (``resilience.engine_contract.VLLM_RULES``) tells the barrier
 which table applies; ``tags`` are the memory tags the engine has. The weight-transfer session
@@ -166,7 +143,8 @@ class VLLMEngine(_Engine[VLLMClient]):
         return self.client.pause(vmode, clear_cache=clear)
 
     def flush_cache(self, *, deadline_s: float | None = None) -> object:
-        """``/reset_prefix_cache`` (refusals asked again up to ``deadline_s``, default the client's), then the mm and encoder caches."""
+        """``/reset_prefix_cache`` (refusals asked again up to ``deadline_s``, default the client's), then the mm and encoder
+        caches (on 0.33.0 and later, which have them)."""
         result = self.client.reset_prefix_cache(deadline_s=deadline_s)
         if _has_mm_resets(self.client.api):
             self.client.reset_mm_cache()

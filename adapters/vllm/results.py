@@ -1,9 +1,7 @@
 """Typed results and errors of ``VLLMClient`` and ``AsyncVLLMClient``.
 
-Every error is a ``VLLMError`` (a ``requests.RequestException``, as the SGLang client's are): it names the engine, the
-endpoint, the status and a short body excerpt, and carries the call's delivery record
-(``resilience.outcome.attempts_of``). No error, repr or result holds an API key: vLLM's bodies never echo one, and the
-client puts the key only in the ``Authorization`` header.
+Every error is a ``VLLMError`` (an ``EngineAnswerError``, as the SGLang client's are). No error, repr or result holds
+an API key: vLLM's bodies never echo one, and the client puts the key only in the ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -22,12 +20,7 @@ __all__ = [
 ]
 
 class VLLMError(EngineAnswerError):
-    """A vLLM endpoint answered with an error, or an answer the API does not promise.
-
-    ``engine``, ``endpoint`` (``"POST /sleep"``), ``status`` (None = no answer, or nothing was sent) and
-    ``body_excerpt`` are attributes and in the message. ``attempts``: the call's delivery record (empty when nothing was
-    sent). Survives pickling (Ray ships errors pickled).
-    """
+    """A vLLM endpoint answered with an error, or an answer the API does not promise (attributes: ``EngineAnswerError``'s)."""
 
 
 class VLLMProtocolError(VLLMError):

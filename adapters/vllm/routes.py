@@ -62,8 +62,8 @@ class Route:
 
     ``name``: the client method. ``method``/``path``: the HTTP route. ``since``: the first release that has it (older
     servers get ``VLLMVersionError``, nothing sent). ``dev_mode_since``: the first release that mounts it only with
-    ``VLLM_SERVER_DEV_MODE=1`` (None = always mounted): a 404 there raises ``VLLMDevModeOff``. ``idempotent``: a re-send
-    is safe (the policy's ``idempotent``). ``refusals_retried``: a 200 ``{"success": false}`` is asked again until the
+    ``VLLM_SERVER_DEV_MODE=1`` (None = always mounted): a 404 there raises ``VLLMDevModeOff``.
+    ``refusals_retried``: a 200 ``{"success": false}`` is asked again until the
     call's deadline (else raised at once). ``versioned``: the request or its answer depends on the server's release, so
     the client learns it (``GET /version``) before the first such call. ``policy``: its retry policy in
     ``VLLM_POLICIES``. ``source``: where vLLM 0.33.0 defines it. ``needs_weights``: the call reads or writes the
@@ -89,11 +89,6 @@ class Route:
     def endpoint(self) -> str:
         """``"POST /sleep"``."""
         return f"{self.method} {self.path}"
-
-    @property
-    def idempotent(self) -> bool:
-        """A re-send is safe (the policy's ``idempotent``)."""
-        return self.policy.idempotent
 
 
 _SLEEP = "entrypoints/serve/dev/sleep/api_router.py"

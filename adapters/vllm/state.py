@@ -6,7 +6,6 @@ import itertools
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from resilience.adapters.engine_http import Answer
 from resilience.adapters.engine_state import EngineClientState
 from resilience.adapters.engine_steps import Steps, value_of
 from resilience.adapters.vllm import calls
@@ -76,12 +75,6 @@ class VLLMClientState(EngineClientState):
         self._api = api
         return api
 
-    def _read(self, plan: Plan[Any], api: VLLMApi | None, answer: Answer, *, checked: bool = True) -> Any:
-        """``plan``'s result from ``answer``, after ``check_reply`` (skipped for ``health``, which reads any status)."""
-        if checked:
-            check_reply(self.engine, plan.route, api, answer, key_sent=key_header(plan.route.path, self._api_key) is not None)
-        return plan.read(self.engine, api, answer)
-
     def _steps(self, plan: Plan[T]) -> Steps[Request | float, T]:
         """``plan`` as steps (``engine_steps``), the one rule both clients run a call by.
 
@@ -97,14 +90,16 @@ class VLLMClientState(EngineClientState):
             api = self._api if self._api is not None else self._remember((yield from self._steps(calls.version())))
             gate(self.engine, plan.route, api)
         request = plan.build(self.engine, api)
+        key_sent = key_header(plan.route.path, self._api_key) is not None
         with Deadline(plan.refusal_deadline_s) as deadline:  # None: no deadline of its own
             for polls in itertools.count(1):
-                answer = value_of((yield request))
+                answer = replace(value_of((yield request)), polls=polls)
                 try:
-                    result: T = self._read(plan, api, replace(answer, polls=polls))
+                    check_reply(self.engine, plan.route, api, answer, key_sent=key_sent)
+                    result: T = plan.read(self.engine, api, answer)
                     return self._noted(result)
-                except VLLMRefused as refused:
-                    wait = refusal_wait(plan, refused, deadline.remaining())
+                except VLLMRefused:
+                    wait = refusal_wait(plan, deadline.remaining())
                     if wait is None:
                         raise
                 value_of((yield wait))
