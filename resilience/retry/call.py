@@ -280,11 +280,12 @@ class RetryCall(Generic[R]):
         timeouts = attempt_timeouts(spec, left)
         headers = NO_HEADERS
         self.in_flight = True
-        if self.observers:
+        hearing = self.hearing[1]
+        if hearing:  # as for the other three moments: nobody hears it, nothing is built (the driver reads NO_HEADERS)
             headers = {}
             call_id, method, endpoint, engine, timeout_s = self.call_id, spec.method, spec.match.endpoint, spec.engine, timeouts[1]
             address, port = spec.server_address, spec.server_port
-            for observer in self.hearing[1]:
+            for observer in hearing:
                 try:
                     observer.attempt_started(call_id, n, method, endpoint, engine, address, port, timeout_s, headers)
                 except Exception:
