@@ -118,3 +118,34 @@ def test_a_moment_an_observer_does_not_hear_is_not_called_and_the_others_are() -
     assert obs.moments == once * 2
     assert [type(e) for e in obs.events] == [RetryScheduled] * 2  # the other events still come
 
+
+
+def test_an_attempt_nobody_hears_start_gets_no_carrier_of_its_own() -> None:
+    """With no observer hearing ``attempt_started``, the driver is handed the shared empty ``NO_HEADERS`` (nothing to copy)."""
+    from collections.abc import MutableMapping
+
+    from resilience.retry.call import NO_HEADERS
+    from resilience.retry.spec import AttemptResult, Timeouts
+
+    class Deaf(Values):
+        def hears(self, moment: str) -> bool:
+            return moment != "attempt_started"
+
+    carriers: list[object] = []
+    script = Script(status(502), status(200))
+
+    def send(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[str]:
+        carriers.append(carrier)
+        return script(n, timeouts, carrier)
+
+    Retrier(clock=FakeClock(), observers=[Deaf()]).run(spec(POLICY, "GET"), send)
+    assert len(carriers) == 2 and all(c is NO_HEADERS for c in carriers)
+    heard: list[object] = []
+    once = Script(status(200))
+
+    def send_heard(n: int, timeouts: Timeouts, carrier: MutableMapping[str, str]) -> AttemptResult[str]:
+        heard.append(carrier)
+        return once(n, timeouts, carrier)
+
+    Retrier(clock=FakeClock(), observers=[Values()]).run(spec(POLICY, "GET"), send_heard)
+    assert len(heard) == 1 and heard[0] is not NO_HEADERS  # one who hears it gets a carrier to write into
