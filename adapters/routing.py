@@ -41,7 +41,7 @@ class RouteCache(Generic[T]):
     """A ``Route`` per (method, URL less its query) under one ``PolicyTable``; one per driver instance.
 
     ``build(policies, method, url)`` works out a ``Route`` (or whatever else the driver decides once per route:
-    ``ControlLane.routed`` adds whether it takes the lane) the first time a (method, URL) is seen. A driver's table
+    ``control_lane.routed`` adds whether it takes the lane) the first time a (method, URL) is seen. A driver's table
     never changes (its ``DriverConfig`` is frozen), so the cache is built with it. Reads and writes of a dict are atomic
     under the GIL, so threads and event loops share it without a lock (two that miss at once both build the same
     answer). ``route`` keys by the URL string; a driver whose URL object holds its parts already (httpx, yarl) looks its
