@@ -485,7 +485,10 @@ SYNC_DRIVERS = ("requests", "httpx sync")
 
 
 def _means(phases: list[tuple[float, ...]]) -> str:
-    """The ``PHASES`` of some calls as mean milliseconds per call, table cells."""
+    """The ``PHASES`` of some calls as mean milliseconds per call, table cells (``-`` for no calls: a row of one call
+    has no fastest half)."""
+    if not phases:
+        return " | ".join("-" for _ in PHASES)
     return " | ".join(f"{1000 * sum(p[i] for p in phases) / len(phases):.2f}" for i in range(len(PHASES)))
 
 

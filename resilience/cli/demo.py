@@ -218,9 +218,12 @@ def _sglang_demo(args: argparse.Namespace) -> int:
         "interrupted": interrupted,
         "engine_death_causes": {kind: out.causes.get(kind, []) for kind, _ in done},
         "controller_restart": {kind: out.restarts[kind].to_dict() for kind, _ in done if kind in out.restarts},
-        **{"story": told, "membership": None if out.membership is None else out.membership.to_dict(), "rates_note": note},
+        "story": told,
+        "membership": None if out.membership is None else out.membership.to_dict(),
+        "rates_note": note,
         "metrics": {"url": telemetry.metrics_url, "per_way": out.totals},
-        **{"traces": args.traces, "traces_file": str(spans_path) if spans_path is not None else None},
+        "traces": args.traces,
+        "traces_file": str(spans_path) if spans_path is not None else None,
         "timeline": {"file": str(timeline_path) if timeline_path and drawn else None, "steps": [t.to_dict() for t in drawn]},
     }
     _write_report(report_path, data, t_start)

@@ -232,9 +232,19 @@ def run_soak(args: argparse.Namespace) -> int:
         highlight=False,
     )
     data = {
-        **{"command": "soak", "seed": seed, "fault_plan_seed": plan.seed, "engines": args.engines, "steps": args.steps},
-        **{"way": args.way, "restart_every": restart_every, "engine": kind, "verdict": verdict, "fault_plan": plan.to_dict()},
-        **{"fault_plan_file": args.fault_plan, "ways": {args.way: report.to_dict()}, "table": {"columns": columns, "rows": rows}},
+        "command": "soak",
+        "seed": seed,
+        "fault_plan_seed": plan.seed,
+        "engines": args.engines,
+        "steps": args.steps,
+        "way": args.way,
+        "restart_every": restart_every,
+        "engine": kind,
+        "verdict": verdict,
+        "fault_plan": plan.to_dict(),
+        "fault_plan_file": args.fault_plan,
+        "ways": {args.way: report.to_dict()},
+        "table": {"columns": columns, "rows": rows},
         "memory": {**memory, "samples": sampler.samples, "flat_threshold_pct": 100 * FLAT_GROWTH, "proxy_records": proxy_records},
         "wall_s": round(time.monotonic() - t_start, 3),
     }

@@ -30,8 +30,12 @@ from resilience.testing.faults import FaultProxy
 __all__ = ["PHASE_OF_PATH", "Bar", "Mark", "StepTimeline", "TimelineRecorder", "draw_figure", "mark_kind", "write_timeline"]
 
 PHASE_OF_PATH: dict[str, str] = {
-    **{"/pause_generation": "pause", "/flush_cache": "flush", "/release_memory_occupation": "release"},
-    **{"/resume_memory_occupation": "resume", "/continue_generation": "continue", "/abort_request": "abort"},
+    "/pause_generation": "pause",
+    "/flush_cache": "flush",
+    "/release_memory_occupation": "release",
+    "/resume_memory_occupation": "resume",
+    "/continue_generation": "continue",
+    "/abort_request": "abort",
     **dict.fromkeys(("/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"), "weight sync"),
 }
 """Which phase each control call belongs to; consecutive calls of one phase on an engine make one bar."""

@@ -3,11 +3,14 @@
 The rig of ``tests/frameworks`` and ``benchmarks/bench_frameworks.py``; each framework runs its trainer's own cycle:
 
 - **AReaL 1.0.4** ``RemoteSGLangEngine``: ``PPOTrainer._offload_rollout`` then ``_onload_rollout``
-  (``pause_generation()``, ``offload()``; ``onload()`` and, whatever it raised, ``continue_generation()``), each
-  call fanned out by ``arequest_with_retry`` (3 tries, 1 s apart, on any error).
-- **verl 0.9.1** ``AsyncHttpServerAdapter`` (its file loaded by path, ``sglang`` stubbed: ``load_verl_http_engine``),
-  one per engine: release ``["kv_cache", "weights"]``, resume ``["weights"]``, ``flush_cache()``, resume
-  ``["kv_cache"]``, every engine at once. verl retries timeouts and refusals 3 times (2 s, 4 s), a status never.
+  (``areal/trainer/rl_trainer.py``: ``pause_generation()``, ``offload()``; ``onload()`` and, whatever it raised,
+  ``continue_generation()``), each call fanned out by ``arequest_with_retry`` (``areal/infra/utils/http.py``:
+  ``request_retries`` = 3 tries, 1 s apart, on any error).
+- **verl 0.9.1** ``AsyncHttpServerAdapter`` (``verl/workers/rollout/sglang_rollout/http_server_engine.py``, loaded
+  by path, ``sglang`` stubbed: ``load_verl_http_engine``), one per engine, sending what ``ServerAdapter.release`` /
+  ``resume`` / ``update_weights`` send (``sglang_rollout.py``): release ``["kv_cache", "weights"]``, resume
+  ``["weights"]``, ``flush_cache()``, resume ``["kv_cache"]``, every engine at once. verl retries timeouts and
+  refusals 3 times (2 s, 4 s), a status never.
 - **SkyRL 0.4.0** on vLLM engines (``resilience.testing.skyrl``).
 
 Mounts (``MOUNTS``): ``shipped`` (nothing of ours), ``SGLangInstrumentor`` over ``SGLANG_POLICIES``

@@ -3,10 +3,12 @@
 Each step: rollout (plus stragglers around the offload), offload, a training pause, onload and weight sync, and a
 check of every completion against the text intact weights give: "a 200 that isn't healthy" is counted.
 
-The old way is SkyRL's colocated sequence (``worker_dispatch.py`` ~l.645-710, ``remote_inference_client.py``):
-``/sleep?level=2`` on every server, ``/wake_up?tags=weights``, the weight broadcast (start, update, finish),
-``/wake_up?tags=kv_cache``; each phase a bare ``asyncio.gather`` of one aiohttp POST per server, no retry, no
-timeout (capped at ``OLD_WAY_CAP_S``), the first error propagating without saying which server failed.
+The old way is SkyRL's colocated sequence (``field-2026.md``; SkyRL ``workers/worker_dispatch.py`` ~l.645-710,
+``trainer.py`` l.381, ``inference_servers/remote_inference_client.py``): ``/sleep?level=2`` on every server,
+``/wake_up?tags=weights``, the weight broadcast (start, update, finish), ``/wake_up?tags=kv_cache``; each phase a bare
+``asyncio.gather`` of one aiohttp POST per server (``_call_all_servers``), no retry, no timeout (SkyRL's
+``ClientTimeout(total=None)``; capped here at ``OLD_WAY_CAP_S``), the first error propagating without saying which
+server failed.
 
 Ours is ``Orchestrator(EngineGroup([VLLMEngine(u), ...]))``: ``offload()``, ``onload(tags=["weights"])``, a
 ``weight_sync()`` pushing weights per engine, ``onload()``; a failed transition runs again, at most three times

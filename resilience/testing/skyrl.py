@@ -1,11 +1,13 @@
 """SkyRL 0.4.0's own vLLM client (``RemoteInferenceClient``), loaded by path, and its colocated cycle.
 
-``remote_inference_client.py`` is the client SkyRL's trainer fans its control calls out with, straight to vLLM's
-routes: one POST per server over one ``aiohttp.ClientSession``, no retry on a status, no timeout. The wheel pulls
-ray, torch and vLLM on import, so the rig loads this one file with the names it imports from SkyRL stubbed
-(``sys.modules`` gets no ``skyrl``); ``scripts/setup.sh`` unpacks it into ``~/.cache/cpr/skyrl``
-(``CPR_SKYRL_SOURCE``). One cycle is ``WorkerDispatch``'s colocated weight sync (``worker_dispatch.py``
-l.694-772): ``is_sleeping()``, ``sleep()`` (level 2), ``wake_up(["weights"])``, ``wake_up(["kv_cache"])``.
+``skyrl/backends/skyrl_train/inference_servers/remote_inference_client.py`` is the client SkyRL's trainer fans its
+control calls out with, straight to vLLM's routes: one POST per server over one ``aiohttp.ClientSession`` (the same
+as its generation's), no retry on a status (``raise_for_status``), no timeout (``ClientTimeout(total=None)``). The
+wheel pulls ray, torch and vLLM on import, so the rig loads this one file with the names it imports from SkyRL
+stubbed (``sys.modules`` gets no ``skyrl``); ``scripts/setup.sh`` unpacks it into ``~/.cache/cpr/skyrl``
+(``CPR_SKYRL_SOURCE``). One cycle is ``WorkerDispatch``'s colocated weight sync
+(``skyrl/backends/skyrl_train/workers/worker_dispatch.py`` l.694-772): ``is_sleeping()``, ``sleep()`` (level 2),
+``wake_up(["weights"])``, ``wake_up(["kv_cache"])``.
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def test_one_orchestrator_holds_an_sglang_fleet_and_a_vllm_reward_model() -> Non
 
 
 def test_the_journal_keeps_a_vllm_engines_knowledge_and_kind(tmp_path: object) -> None:
-    """A vLLM engine's facts come back with its kind's rules (a ambiguous wake in flight is folded as vLLM folds it);
+    """A vLLM engine's facts come back with its kind's rules (an ambiguous wake in flight is folded as vLLM folds it);
     a journal written for a vLLM engine refuses an SGLang engine of the same name."""
     from pathlib import Path
 

@@ -123,7 +123,7 @@ def test_a_breaker_refusal_is_not_applied_but_never_proves_the_engine_dead() -> 
 
 
 def test_knowledge_table() -> None:
-    """A ambiguous release or resume makes its tags unknown (quarantine); a maybe continue makes "paused" unknown."""
+    """An ambiguous release or resume makes its tags unknown (quarantine); an ambiguous continue makes "paused" unknown."""
     k = EngineKnowledge("e")
     k.apply("pause_generation", {"mode": "abort"}, Effect.APPLIED)
     k.apply("flush_cache", {}, Effect.APPLIED)

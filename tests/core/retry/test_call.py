@@ -134,7 +134,7 @@ def test_retry_after_past_deadline_stops_at_once() -> None:
 
 
 def test_read_timeout_on_non_idempotent_is_ambiguous() -> None:
-    """A ambiguous failure on a non-idempotent endpoint is never re-sent."""
+    """An ambiguous failure on a non-idempotent endpoint is never re-sent."""
     script = Script(AttemptResult(error=TimeoutError("read"), delivery=Delivery.AMBIGUOUS, error_kind="read_timeout"))
     with pytest.raises(AmbiguousOutcome) as info:
         Retrier(clock=FakeClock()).run(spec(EndpointPolicy(idempotent=False)), script)
