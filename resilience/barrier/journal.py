@@ -49,6 +49,7 @@ __all__ = [
 FORMAT = "controlplane-resilience/barrier-journal"
 MEMBER_CHANGES = ("joining", "joined", "fenced", "left")
 """The membership changes a ``member`` record holds (``resilience.barrier.membership``)."""
+JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
 OFFLOAD_TOKEN = 0
 """The offload hold's id (``resilience.barrier.state``): it belongs to whichever controller runs, so it has no owner."""
 _VERSION = 1
