@@ -190,13 +190,13 @@ class _EngineActor(ForwardedCalls):
         return fn  # type: ignore[no-any-return]
 
 
-class _SGLangEngineActor(_EngineActor, ForwardedCalls):
+class _SGLangEngineActor(_EngineActor):
     """The body of ``SGLangEngineActor``: one ``SGLangClient`` and the calls the orchestrator makes on it."""
 
     target = SGLangClient
 
 
-class _VLLMEngineActor(_EngineActor, ForwardedCalls):
+class _VLLMEngineActor(_EngineActor):
     """The body of ``VLLMEngineActor``: one ``VLLMEngine`` (``client_kwargs``: ``sleep_level`` and the ``VLLMClient``'s)."""
 
     target = VLLMEngine
@@ -282,7 +282,7 @@ class _RayHandle(ForwardedCalls):
         return forward
 
 
-class RayEngine(_RayHandle, ForwardedCalls):
+class RayEngine(_RayHandle):
     """A driver-side handle of one SGLang engine actor; the ``Orchestrator`` takes it like an ``SGLangClient``.
 
     ``engine``: the engine's name, ``scheme://host:port``. ``actor``: the ``ActorHandle`` of its ``SGLangEngineActor``.
@@ -297,7 +297,7 @@ class RayEngine(_RayHandle, ForwardedCalls):
     kind: EngineKind = "sglang"
 
 
-class RayVLLMEngine(_RayHandle, ForwardedCalls):
+class RayVLLMEngine(_RayHandle):
     """A driver-side handle of one vLLM engine actor; the ``Orchestrator`` takes it like a ``VLLMEngine``.
 
     The same as ``RayEngine`` (``engine``, ``actor``, ``base_url``, deadlines, errors) over a ``VLLMEngineActor``;

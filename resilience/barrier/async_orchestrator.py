@@ -134,6 +134,8 @@ class AsyncOrchestrator(BarrierView[A]):
         state = self._loop_state()
         async with self._exclusive(state, "onload"):
             report = await self._run(membership.partial(self.state, lambda: transitions.onload_steps(self.state, wanted), need), state)
+            if not verify:  # no checks: no step to drive (nor a collector pause to take)
+                return report
             return await self._run(verify_steps(self.state, "onload", report, verify, self.state.offloaded), state)
 
     async def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
@@ -175,7 +177,8 @@ class AsyncOrchestrator(BarrierView[A]):
                     for n in token.engines:
                         transitions.unhold(self.state, n, token.id)
                 raise
-        await self._run(verify_steps(self.state, "weight_sync", ended, verify, token.engines), state)  # only after a body that returned
+        if verify:  # only after a body that returned; no checks: no step to drive (nor a collector pause to take)
+            await self._run(verify_steps(self.state, "weight_sync", ended, verify, token.engines), state)
 
     # -- the driver ------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ __all__ = [
 FORMAT = "controlplane-resilience/barrier-journal"
 MEMBER_CHANGES = ("joining", "joined", "fenced", "left")
 """The membership changes a ``member`` record holds (``resilience.barrier.membership``)."""
+JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
 OFFLOAD_TOKEN = 0
 """The offload hold's id (``resilience.barrier.state``): it belongs to whichever controller runs, so it has no owner."""
 _VERSION = 1
@@ -397,21 +398,25 @@ class Journal:
             for token in know[n].holds:
                 if token != OFFLOAD_TOKEN and str(token) not in self._owners:
                     owners[str(token)] = _me()
-        budget_state = _budget_state(budget)
-        budget_changed = budget_state is not None and budget_state != self._budget
-        if not changed and not owners and not budget_changed:
+        budget_state = self._budget_change(budget)
+        if not changed and not owners and budget_state is None:
             return
         rec: dict[str, Any] = {"k": "state", "t": time.time(), "why": why, "engines": changed}
         if owners:
             rec["owners"] = owners
-        if budget_changed:
+        if budget_state is not None:
             rec["budget"] = budget_state
         self.store.append(_dump(rec))  # raises when the record is not durable: then nothing below is marked written
         self._last.update(changed)
         self._owners.update(owners)
-        if budget_changed:
+        if budget_state is not None:
             self._budget = budget_state
         self._count_written()
+
+    def _budget_change(self, budget: RestartBudget | None) -> dict[str, Any] | None:
+        """The restart budget's state to write: None when there is none, or it is what the journal last holds."""
+        budget_state = _budget_state(budget)
+        return None if budget_state == self._budget else budget_state
 
     def _count_written(self) -> None:
         """One more durable record: compact once ``compact_after`` records were written since the last compaction."""
@@ -438,12 +443,12 @@ class Journal:
             raise JournalError(f"Journal.member change must be one of {', '.join(MEMBER_CHANGES)}, but was {change!r}")
         facts = facts_of(know[name], retired=name in retired)
         rec: dict[str, Any] = {"k": "member", "t": time.time(), "engine": name, "change": change, "group": group, "facts": facts}
-        budget_state = _budget_state(budget)
-        if budget_state is not None and budget_state != self._budget:
+        budget_state = self._budget_change(budget)
+        if budget_state is not None:
             rec["budget"] = budget_state
         self.store.append(_dump(rec))  # raises when the record is not durable: then nothing below is marked written
         self._last[name] = facts
-        if "budget" in rec:
+        if budget_state is not None:
             self._budget = budget_state
         self._members[name] = change
         if name not in self._engines:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from resilience.barrier.fanout import EngineResult
-from resilience.barrier.journal import MEMBER_CHANGES, OFFLOAD_TOKEN
+from resilience.barrier.journal import FENCED, JOINED, JOINING, LEFT, OFFLOAD_TOKEN
 from resilience.barrier.state import BarrierBusy, BarrierState, EngineGroup, EngineKnowledge, EngineSkipped, PhaseFailed, TransitionReport
 from resilience.barrier.transitions import (
     OFFLOAD_HOLD,
@@ -45,8 +45,6 @@ __all__ = [
     "GroupTarget", "admit", "fence", "fence_failed", "join_steps", "min_engines_arg", "retire", "partial",
 ]
 
-JOINING, JOINED, FENCED, LEFT = MEMBER_CHANGES
-"""The membership changes the journal records (``Journal.member``)."""
 E = TypeVar("E", bound=AnyEngine)
 
 

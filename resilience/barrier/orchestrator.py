@@ -144,7 +144,7 @@ class Orchestrator(BarrierView[E]):
         with self.state.lock:
             self._wait_for_bodies("onload")
             report = self._run(membership.partial(self.state, lambda: transitions.onload_steps(self.state, wanted), need))
-            return self._run(verify_steps(self.state, "onload", report, verify, self.state.offloaded))
+            return self._run(verify_steps(self.state, "onload", report, verify, self.state.offloaded)) if verify else report
 
     def pause(self, reason: str, mode: PauseMode = "retract") -> TransitionReport:
         """Take a hold named ``reason`` on every engine (all groups) and pause the ones not known paused.
@@ -190,7 +190,8 @@ class Orchestrator(BarrierView[E]):
                     del self._bodies[me]
                 self._bodies_ended.notify_all()
             ended = self.unpause(token)
-        self._run(verify_steps(self.state, "weight_sync", ended, verify, token.engines))  # only after a body that returned
+        if verify:  # only after a body that returned; no checks: no step to drive
+            self._run(verify_steps(self.state, "weight_sync", ended, verify, token.engines))
 
     # -- the driver ------------------------------------------------------------------
 

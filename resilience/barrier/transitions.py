@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
 from resilience.barrier.fanout import EngineResult, LateCall, interrupted_results
-from resilience.barrier.journal import MEMBER_CHANGES, OFFLOAD_TOKEN, open_journal, restore_budget
+from resilience.barrier.journal import FENCED, JOINING, OFFLOAD_TOKEN, open_journal, restore_budget
 from resilience.barrier.state import (
     RELEASE,
     RESUME,
@@ -995,10 +995,9 @@ def resume(state: BarrierState[Any]) -> None:
     for name, k in resumed.knowledge.items():
         if k.state is not EngineState.SERVING:
             emit(state.observers, EngineStateChanged(engine=name, from_state=str(EngineState.SERVING), to_state=str(k.state)))
-    joining, _, fenced, _ = MEMBER_CHANGES
     for name, change in resumed.recovery.members.items():
-        if name in state.know and name not in state.retired and change in (joining, fenced):
-            why = "its join had not finished when the last controller stopped" if change == joining else "fenced by the last controller"
+        if name in state.know and name not in state.retired and change in (JOINING, FENCED):
+            why = "its join had not finished when the last controller stopped" if change == JOINING else "fenced by the last controller"
             state.fenced[name] = f"{why}: add() it again"
 
 
