@@ -1,6 +1,6 @@
 """``AsyncSGLangClient``: ``SGLangClient`` with coroutine methods, for controllers that run an event loop.
 
-Same endpoints, policies, results, errors, key rules, docstrings and ``flush_cache`` semantics as ``SGLangClient`` (both build
+Same endpoints, policies, results, errors, key rules and ``flush_cache`` semantics as ``SGLangClient`` (both build
 their requests and read the answers with ``resilience.adapters.sglang.calls``); it satisfies
 ``resilience.engine_contract.AsyncControlPlaneEngine``. Its own session is aiohttp because aiohttp measured fastest at
 fan-out scale: for a five-phase barrier with 50 ms per call, ``asyncio.gather`` over raw aiohttp took 1.08x / 1.41x /
@@ -19,7 +19,6 @@ from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST, Answer, Asyn
 from resilience.adapters.engine_steps import drive
 from resilience.adapters.sglang import calls
 from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refused
-from resilience.adapters.sglang.client import SGLangClient
 from resilience.adapters.sglang.results import (
     ControlResult,
     FlushResult,
@@ -29,7 +28,6 @@ from resilience.adapters.sglang.results import (
     SGLangError,
     WeightUpdateResult,
 )
-from resilience.adapters.sglang.routes import METHODS
 from resilience.adapters.sglang.state import SGLangClientState
 from resilience.engine_contract import PauseMode
 from resilience.events import Observer
@@ -101,16 +99,22 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
     # -- generation control --------------------------------------------------
 
     async def pause_generation(self, mode: PauseMode = "abort") -> ControlResult:
+        """Pause admission. ``abort`` answers in-flight requests as aborted; ``retract`` re-queues them; ``in_place`` keeps their KV."""
         result = calls.control_result(self.engine, await self._send(calls.pause_call(mode)))
         self._note_paused(mode)
         return result
 
     async def continue_generation(self, torch_empty_cache: bool = True) -> ControlResult:
+        """Reopen admission. SGLang's pause is one flag: the first continue wins (the orchestrator owns holds)."""
         result = calls.control_result(self.engine, await self._send(calls.continue_call(torch_empty_cache)))
         self._note_paused(None)
         return result
 
     async def flush_cache(self, deadline_s: float | None = None, *, wait_for_idle: bool | None = None) -> FlushResult:
+        """Flush the radix cache, asking again on "not idle" answers until ``deadline_s`` (default ``flush_deadline_s``).
+
+        ``wait_for_idle``: as in ``SGLangClient.flush_cache`` (by default ``?timeout=0`` after this client's own pause).
+        """
         return await drive(self._flush_steps(deadline_s, wait_for_idle), self._perform)
 
     async def _pause_between_polls(self, seconds: float) -> None:
@@ -118,31 +122,37 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         await asyncio.sleep(seconds)
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> ControlResult:
+        """Abort requests whose rid starts with ``rid``, or all of them."""
         return calls.control_result(self.engine, await self._send(calls.abort_call(rid, abort_all)))
 
     # -- memory occupation ---------------------------------------------------
 
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """Release GPU memory for ``tags`` (None = kv_cache, weights and cuda_graph). Not re-sent once it may have been applied."""
         result = calls.control_result(self.engine, await self._send(calls.memory_call("/release_memory_occupation", tags)))
         self._note_released(tags)
         return result
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> ControlResult:
+        """Re-occupy memory for ``tags`` (None = all three). Not re-sent once it may have been applied."""
         self._note_resumed(tags)  # once a resume may be on its way, "released" is no longer known: refuse nothing on it
         return calls.control_result(self.engine, await self._send(calls.memory_call("/resume_memory_occupation", tags)))
 
     # -- weights ---------------------------------------------------------------
 
     async def begin_weight_update(self, selector: str = "all") -> WeightUpdateResult:
+        """Open a weight-update session (SGLang 0.5.23); 400 when one is already open."""
         return await self._weights("/begin_weight_update", selector=selector)
 
     async def end_weight_update(self) -> WeightUpdateResult:
+        """Close the weight-update session; 400 when none is open."""
         return await self._weights("/end_weight_update")
 
     async def update_weights_from_tensor(
         self, serialized_named_tensors: Sequence[str], *, load_format: str | None = None, flush_cache: bool = True,
         abort_all_requests: bool = False, weight_version: str | None = None
     ) -> WeightUpdateResult:
+        """Load weights from serialized tensors (inside a begin/end session in 0.5.23)."""
         return await self._weights(
             "/update_weights_from_tensor", serialized_named_tensors=list(serialized_named_tensors), flush_cache=flush_cache,
             abort_all_requests=abort_all_requests, load_format=load_format, weight_version=weight_version,
@@ -152,6 +162,7 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], *, group_name: str = "weight_update_group",
         flush_cache: bool = True, weight_version: str | None = None
     ) -> WeightUpdateResult:
+        """Receive weights over the distributed group set up by ``init_weights_update_group``."""
         return await self._weights(
             "/update_weights_from_distributed", names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes],
             group_name=group_name, flush_cache=flush_cache, weight_version=weight_version,
@@ -160,40 +171,53 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
     async def update_weights_from_disk(
         self, model_path: str, *, flush_cache: bool = True, weight_version: str | None = None, load_format: str | None = None
     ) -> WeightUpdateResult:
+        """Load weights from a checkpoint path on the engine's machine."""
         fields = {"flush_cache": flush_cache, "weight_version": weight_version, "load_format": load_format}
         return await self._weights("/update_weights_from_disk", model_path=model_path, **fields)
 
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> WeightUpdateResult:
+        """Set the weight version reported by ``/model_info`` and in generation meta_info.
+
+        ``abort_all_requests``: as in ``SGLangClient.update_weight_version`` (default False, where SGLang's own is true).
+        """
         return await self._weights("/update_weight_version", new_version=new_version, abort_all_requests=abort_all_requests)
 
     async def init_weights_update_group(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str = "weight_update_group",
         backend: str = "nccl"
     ) -> WeightUpdateResult:
+        """Join the trainer's process group for distributed weight updates."""
         fields = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset, "world_size": world_size}
         return await self._weights("/init_weights_update_group", **fields, group_name=group_name, backend=backend)
 
     # -- reads -----------------------------------------------------------------
 
     async def health(self) -> Health:
+        """``/health``. An engine this client paused reports ``paused_by_us`` at once (its /health would hang ~20 s, then 503)."""
         return await drive(self._health_steps("/health", self._http().errors), self._send)
 
     async def health_generate(self) -> Health:
+        """``/health_generate`` (runs a one-token generation), with the same paused-by-us rule."""
         return await drive(self._health_steps("/health_generate", self._http().errors), self._send)
 
     async def ready(self) -> bool:
+        """``/ready``: True only when serving and not paused."""
         return (await self._send(calls.read_call("/ready"))).status == 200
 
     async def server_info(self) -> dict[str, Any]:
+        """``/server_info``: server args, internal states, version."""
         return calls.json_object(self.engine, await self._send(calls.read_call("/server_info")))
 
     async def model_info(self) -> ModelInfo:
+        """``/model_info``, including the weight version (``/get_weight_version`` is gone in 0.5.23)."""
         return calls.model_info_result(self.engine, await self._send(calls.read_call("/model_info")))
 
     async def loads(self) -> dict[str, Any]:
+        """``/v1/loads?include=core``: per-rank running and waiting requests."""
         return calls.loads_result(self.engine, await self._send(calls.read_call("/v1/loads")))
 
     async def models(self) -> list[str]:
+        """``/v1/models``: the served model ids."""
         return calls.models_result(self.engine, await self._send(calls.read_call("/v1/models")))
 
     # -- generation --------------------------------------------------------------
@@ -202,6 +226,7 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
         self, text: str | None = None, *, input_ids: Sequence[int] | None = None, sampling_params: Mapping[str, Any] | None = None,
         rid: str | None = None
     ) -> GenerateResult:
+        """``/generate`` (never re-sent once it may have reached the engine). Aborted requests come back with ``aborted``."""
         call = calls.generate_call(text, input_ids, sampling_params, rid, stream=False)
         return calls.generate_result(self.engine, await self._send(call))
 
@@ -226,8 +251,3 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
                     return
                 if item is not None:
                     yield item
-
-
-for _method in METHODS:  # each endpoint method says what SGLangClient's says (generate_stream adds how to close it)
-    if _method.name != "generate_stream":
-        getattr(AsyncSGLangClient, _method.name).__doc__ = getattr(SGLangClient, _method.name).__doc__
