@@ -98,7 +98,7 @@ class GatewayHealthSettings:
         for name in ("timeout_s", "interval_s", "failure_threshold", "success_threshold"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GatewayHealthSettings.{name} must be an integer >= 1, but was {value!r}")
+                raise ValueError(f"{type(self).__name__}.{name} must be an integer >= 1 (smg's rule), but was {value!r}")
 
     def body(self) -> dict[str, int]:
         """The ``health`` object of a ``PATCH /workers/{id}`` that puts these settings back."""

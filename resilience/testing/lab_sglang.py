@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import requests
 
 from resilience.adapters.sglang import SGLANG_POLICIES, GenerateResult, SGLangClient
+from resilience.adapters.sglang.calls import generate_chunk
 from resilience.barrier import EngineGroup, Orchestrator
 from resilience.barrier.transitions import WEIGHT_SYNC_HOLD
 from resilience.policy import PolicyTable
@@ -200,11 +201,7 @@ class SGLangLab:
         if self.kind == BASELINE:
             r = self.bare.post(f"{self.urls[i]}/generate", json=body, timeout=60)
             r.raise_for_status()
-            data = r.json()
-            finish = (data.get("meta_info") or {}).get("finish_reason") or {}
-            return GenerateResult(
-                data.get("text", ""), (), finish.get("type") if isinstance(finish, dict) else finish, data.get("meta_info", {})
-            )
+            return generate_chunk(r.json())
         return self.clients[i].generate(tag, sampling_params={"max_new_tokens": self.config.max_new_tokens})
 
     def _straggler(self, i: int, delay: float, tag: str) -> str:

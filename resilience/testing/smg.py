@@ -24,12 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import requests
 
-if TYPE_CHECKING:
-    from resilience.adapters.smg import GatewayHealthSettings
+from resilience.adapters.smg import GatewayHealthSettings
 
 __all__ = ["GatewayHealth", "SmgGateway", "SmgStartError", "smg_available"]
 
@@ -49,7 +48,7 @@ def smg_available() -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class GatewayHealth:
+class GatewayHealth(GatewayHealthSettings):
     """The gateway's health-check settings (``smg launch`` flags); the defaults are smg 1.13.0's.
 
     ``interval_s``: ``--health-check-interval-secs``, seconds between probes of one worker (60).
@@ -61,17 +60,7 @@ class GatewayHealth:
     ``remove_unhealthy``: ``--remove-unhealthy-workers``, remove ``failed`` workers from the gateway (False).
     """
 
-    interval_s: int = 60
-    timeout_s: int = 5
-    failure_threshold: int = 3
-    success_threshold: int = 2
     remove_unhealthy: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("interval_s", "timeout_s", "failure_threshold", "success_threshold"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GatewayHealth.{name} must be an integer >= 1 (smg's rule), but was {value!r}")
 
     @property
     def ejection_window_s(self) -> float:
@@ -80,8 +69,6 @@ class GatewayHealth:
 
     def settings(self) -> GatewayHealthSettings:
         """The same settings as ``resilience.adapters.smg.SmgRouter`` takes them (what it restores on release)."""
-        from resilience.adapters.smg import GatewayHealthSettings
-
         return GatewayHealthSettings(self.timeout_s, self.interval_s, self.failure_threshold, self.success_threshold)
 
     def args(self) -> list[str]:

@@ -24,8 +24,8 @@ from resilience.events import Event
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.emulator.app import create_app
 from resilience.testing.emulator.auth import AuthLevel, decide_request_auth
-from resilience.testing.emulator.contract import EmulatorRoute, emulator_routes
 from tests.sglang.conftest import FAST_ENGINE, FAST_SGLANG
+from tests.testing.sglang_contract import EmulatorRoute, emulator_routes
 
 API_KEY = "sk-api-7f3c1e"
 ADMIN_KEY = "sk-admin-9b2d44"

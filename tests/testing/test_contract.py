@@ -19,8 +19,8 @@ import pytest
 
 from resilience.adapters.sglang import SGLANG_ADMIN_PATHS, SGLANG_POLICIES
 from resilience.testing.emulator import EngineConfig
-from resilience.testing.emulator.contract import INTERNAL_FIELDS, SUBSET_BODIES, client_endpoints, emulator_routes
 from resilience.testing.emulator.routes import iter_routes
+from tests.testing.sglang_contract import INTERNAL_FIELDS, SUBSET_BODIES, client_endpoints, emulator_routes
 
 try:
     http_server = importlib.import_module("sglang.srt.entrypoints.http_server")

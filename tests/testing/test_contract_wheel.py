@@ -23,7 +23,10 @@ from fastapi import APIRouter, FastAPI
 from resilience.adapters.sglang import SGLANG_ADMIN_PATHS, SGLANG_OPEN_PREFIXES, SGLANG_POLICIES
 from resilience.testing.emulator import EngineConfig
 from resilience.testing.emulator.app import create_app
-from resilience.testing.emulator.contract import (
+from resilience.testing.emulator.routes import iter_routes
+from tests.conftest import free_port
+from tests.testing.engine_wheel import WheelUnavailable, find_wheel
+from tests.testing.sglang_contract import (
     EmulatorRoute,
     check,
     client_endpoints,
@@ -32,10 +35,7 @@ from resilience.testing.emulator.contract import (
     compare_routes,
     emulator_routes,
 )
-from resilience.testing.emulator.routes import iter_routes
-from resilience.testing.emulator.sglang_source import SglangSurface, SourceField, read_surface
-from resilience.testing.emulator.sglang_wheel import WheelUnavailable, find_wheel
-from tests.conftest import free_port
+from tests.testing.sglang_source import SglangSurface, SourceField, read_surface
 
 
 @pytest.fixture(scope="module")

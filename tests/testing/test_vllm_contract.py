@@ -20,10 +20,11 @@ import pytest
 pytest.importorskip("fastapi")
 
 from resilience.testing.emulator.auth import GUARDED_PREFIX
-from resilience.testing.emulator.sglang_wheel import WheelUnavailable, find_wheel
 from resilience.testing.emulator.vllm import VLLM_VERSION, VLLMEngineConfig
 from resilience.testing.emulator.vllm.app import create_app
-from resilience.testing.emulator.vllm.contract import (
+from tests.conftest import free_port
+from tests.testing.engine_wheel import WheelUnavailable, find_wheel
+from tests.testing.vllm_contract import (
     DEV_MODE_READER,
     app_paths,
     check,
@@ -36,8 +37,7 @@ from resilience.testing.emulator.vllm.contract import (
     emulator_control_routes,
     emulator_fault_tolerance_routes,
 )
-from resilience.testing.emulator.vllm.source import HAND, REQUIRED, Param, RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
-from tests.conftest import free_port
+from tests.testing.vllm_source import HAND, REQUIRED, Param, RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
 
 SLEEP_ROUTER = "vllm/entrypoints/serve/dev/sleep/api_router.py"
 

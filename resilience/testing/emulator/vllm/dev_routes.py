@@ -1,7 +1,7 @@
 """The dev routers of vLLM 0.33.0, mounted only in dev mode: sleep, cache, rpc, server_info.
 
 Each endpoint keeps the signature of its original (route, method, parameters, defaults, constraints), so the contract
-check (``contract.py``) can compare them by AST: ``vllm/entrypoints/serve/dev/sleep/api_router.py``,
+check (``tests/testing/vllm_contract.py``) can compare them by AST: ``vllm/entrypoints/serve/dev/sleep/api_router.py``,
 ``dev/cache/api_router.py``, ``dev/rpc/api_router.py`` (``/collective_rpc``) and ``dev/server_info/api_router.py``.
 """
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..sglang_wheel import wheel_version
+from tests.testing.engine_wheel import wheel_version
 
 __all__ = ["HAND", "REQUIRED", "Param", "RouteSpec", "VllmSurface", "read_vllm_surface", "routes_in_source"]
 

@@ -9,7 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .config import SGLANG_VERSION
+from resilience.testing.emulator.config import SGLANG_VERSION
 
 __all__ = ["DEFAULT_WHEEL_CACHE", "WheelUnavailable", "find_wheel", "wheel_version"]
 

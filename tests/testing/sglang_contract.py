@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .routes import iter_routes
-from .sglang_source import FACTORY, REQUIRED, SglangSurface, SourceField, read_surface
+from resilience.testing.emulator.routes import iter_routes
+from tests.testing.sglang_source import FACTORY, REQUIRED, SglangSurface, SourceField, read_surface
 
 __all__ = [
     "ContractReport", "EmulatorRoute", "check", "client_endpoints", "compare_bodies", "compare_client", "compare_routes",
@@ -213,7 +213,7 @@ def compare_client(
 @dataclass(frozen=True, slots=True)
 class ContractReport:
     """What a contract check compared (sizes) and every difference it found: this module's :func:`check` for SGLang,
-    ``vllm/contract.py``'s for vLLM."""
+    ``vllm_contract.py``'s for vLLM."""
 
     engine_version: str
     """The version of the engine's wheel read (``0.5.23``, ``0.33.0``)."""
@@ -231,8 +231,8 @@ def check(wheel: Any, app: Any = None) -> ContractReport:
 
     sglang = read_surface(wheel)
     if app is None:
-        from .app import create_app
-        from .config import EngineConfig
+        from resilience.testing.emulator.app import create_app
+        from resilience.testing.emulator.config import EngineConfig
 
         app = create_app(EngineConfig())[0]
     emulator = emulator_routes(app)

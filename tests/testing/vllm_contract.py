@@ -1,6 +1,6 @@
 """The vLLM emulator against vLLM 0.33.0's own source: routes, methods, parameters, answer bodies, mounting, keys.
 
-Both sides are read the same way, by AST (``source.py``): vLLM's dev and RL routers from the wheel (the modules its
+Both sides are read the same way, by AST (``vllm_source.py``): vLLM's dev and RL routers from the wheel (the modules its
 registries import), the emulator's from ``dev_routes.py`` and ``rl_routes.py``. Every comparison returns a list of
 differences, one line each naming the route and both sides; an empty list means they agree. The inputs are plain
 values, so a test can feed a doctored side and see the check fail. :func:`check` runs them all on the wheel and
@@ -31,9 +31,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..contract import ContractReport
-from .config import DEV_MODE_ENV, VLLM_VERSION
-from .source import RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
+from resilience.testing.emulator.vllm.config import DEV_MODE_ENV, VLLM_VERSION
+from tests.testing.sglang_contract import ContractReport
+from tests.testing.vllm_source import RouteSpec, VllmSurface, read_vllm_surface, routes_in_source
 
 __all__ = [
     "DEV_MODE_READER", "UNREACHABLE_SHAPES", "app_paths", "check", "compare_bodies", "compare_fault_tolerance", "compare_mounting",
@@ -56,7 +56,7 @@ FT_REGISTRY = "register_fault_tolerance_api_router"
 
 def emulator_control_routes() -> dict[str, RouteSpec]:
     """The emulator's dev and RL routes, read from its source by AST as vLLM's are."""
-    from . import dev_routes, rl_routes
+    from resilience.testing.emulator.vllm import dev_routes, rl_routes
 
     found: dict[str, RouteSpec] = {}
     for module in (dev_routes, rl_routes):
@@ -66,7 +66,7 @@ def emulator_control_routes() -> dict[str, RouteSpec]:
 
 def emulator_fault_tolerance_routes() -> dict[str, RouteSpec]:
     """The emulator's fault-tolerance routes, read from its source by AST."""
-    from . import ft_routes
+    from resilience.testing.emulator.vllm import ft_routes
 
     return routes_in_source(inspect.getsource(ft_routes), ft_routes.__name__)
 
@@ -128,7 +128,7 @@ Paths = set[tuple[str, str]]
 
 def app_paths(app: Any) -> Paths:
     """Every ``(method, path)`` an app serves, included routers too."""
-    from ..routes import iter_routes
+    from resilience.testing.emulator.routes import iter_routes
 
     return {(m, r.path) for r in iter_routes(app.routes) for m in r.methods}
 
@@ -186,9 +186,9 @@ def check(wheel: str | Path) -> ContractReport:
     Raises AssertionError when a compared set is empty or of an implausible size: a check over
     nothing (or over the wrong files) would pass whatever the emulator did.
     """
-    from ..auth import GUARDED_PREFIX
-    from .app import create_app
-    from .config import VLLMEngineConfig
+    from resilience.testing.emulator.auth import GUARDED_PREFIX
+    from resilience.testing.emulator.vllm.app import create_app
+    from resilience.testing.emulator.vllm.config import VLLMEngineConfig
 
     surface = read_vllm_surface(wheel)
     ours = emulator_control_routes()

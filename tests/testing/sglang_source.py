@@ -1,6 +1,6 @@
 """SGLang's HTTP surface read from its wheel's source, by AST: nothing of sglang is imported or run.
 
-From a wheel (a zip; :func:`~.sglang_wheel.find_wheel` finds it) this reads ``sglang/srt/entrypoints/http_server.py``
+From a wheel (a zip; :func:`~.engine_wheel.find_wheel` finds it) this reads ``sglang/srt/entrypoints/http_server.py``
 and the routers it includes (``entrypoints/v1_loads.py``) for routes, methods, auth levels, body classes and query
 parameters with their defaults; ``sglang/srt/managers/io_struct.py`` for the request classes' fields, which are
 required and their defaults; and ``sglang/srt/utils/auth.py`` for the paths that need no key.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .sglang_wheel import WheelUnavailable, wheel_version
+from tests.testing.engine_wheel import WheelUnavailable, wheel_version
 
 __all__ = ["FACTORY", "REQUIRED", "SglangSurface", "SourceField", "SourceRoute", "read_surface"]
 
