@@ -521,7 +521,8 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
 
         A plain function returning ``Retrier.arun``'s coroutine (awaited by
         httpx as its own ``async def`` would be): the wrapped transport's
-        coroutine runs under that one frame of ours.
+        coroutine runs under that one frame of ours, and ``DataQueue.send``'s
+        for a data request when there is a queue.
         """
         spec, on_lane = self._spec(request)
         lane = self.lane
