@@ -261,7 +261,8 @@ class DataQueue:
     A request that waits longer than its pool timeout (the ``timeout``
     extension's ``pool``; None: no limit) gets ``httpx.PoolTimeout``, as
     from httpcore's queue; once inside, a connection is free or can be
-    opened, so httpcore's own wait ends at once.
+    opened (when this queue is the pool's only way in), so httpcore's own
+    wait ends at once.
 
     Control routes never wait here: they take the lane. With the lane off
     (``DriverConfig(control_lane=None)``) they share this queue, as they
@@ -522,7 +523,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         A plain function returning ``Retrier.arun``'s coroutine (awaited by
         httpx as its own ``async def`` would be): the wrapped transport's
         coroutine runs under that one frame of ours, and ``DataQueue.send``'s
-        for a data request when there is a queue.
+        for a request off the lane when there is a queue.
         """
         spec, on_lane = self._spec(request)
         lane = self.lane
