@@ -91,8 +91,9 @@ SYNC_POOL = 16
 SAMPLE_GAP_S = 0.005
 """Seconds between the control calls of an idle-pool row under load, so that they spread over the streams' phases."""
 LOADED_WINDOW_S = 60.0
-"""At most this many seconds of a ``mounted`` row's loaded calls: where the loop is saturated (httpx async's data
-pool walking its queue), a call can take seconds, and ``--samples`` of them would not end; the row says how many ran."""
+"""At most this many seconds of a ``mounted`` row's loaded calls: where the loop is saturated (an httpx data pool
+walking a long queue of its own, a loaded machine), a call can take seconds, and ``--samples`` of them would not end;
+the row says how many ran."""
 QUEUED_GAP_S = 0.25
 """Seconds between the starts of the control calls that wait behind streams."""
 TIMEOUT_S = 120.0
