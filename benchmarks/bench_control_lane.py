@@ -19,7 +19,9 @@ kind, one client carries both: a stream load of workers that each send
 
 The async drivers (httpx async, aiohttp) carry ``--streams`` streams (1,000)
 through their default pool limit (100 connections): the rest wait in the
-pool's queue, and so does a control call that shares the pool. The sync
+pool's queue, and so does a control call that shares the pool (mounted httpx
+async: in ``DataQueue``, ours, ahead of the pool, so that httpcore's queue
+stays empty; ``adapters/httpx.py``). The sync
 drivers would need a thread per stream; they carry ``SYNC_STREAMS`` threads
 through a pool of ``SYNC_POOL`` (requests: ``pool_maxsize=16,
 pool_block=True``, its only pool that waits; httpx: ``Limits(max_connections=16)``),
@@ -89,8 +91,9 @@ SYNC_POOL = 16
 SAMPLE_GAP_S = 0.005
 """Seconds between the control calls of an idle-pool row under load, so that they spread over the streams' phases."""
 LOADED_WINDOW_S = 60.0
-"""At most this many seconds of a ``mounted`` row's loaded calls: where the loop is saturated (httpx async's data
-pool walking its queue), a call can take seconds, and ``--samples`` of them would not end; the row says how many ran."""
+"""At most this many seconds of a ``mounted`` row's loaded calls: where the loop is saturated (an httpx data pool
+walking a long queue of its own, a loaded machine), a call can take seconds, and ``--samples`` of them would not end;
+the row says how many ran."""
 QUEUED_GAP_S = 0.25
 """Seconds between the starts of the control calls that wait behind streams."""
 TIMEOUT_S = 120.0
@@ -570,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         "(sync: the streaming threads, holding the GIL). `engine waiting for a CPU`: the engine process, runnable but not "
         "running (counted when the wait ends, so it can exceed `wall`). `GC pauses` and `httpcore pool scans` "
         "(httpcore's `_assign_requests_to_connections`, every pool in the process: the data pool walks its queue of "
-        "waiting requests on each call) overlap the others. From Linux's `schedstat`.\n"
+        "waiting requests on each call; in httpx async's `mounted` row that queue stays empty, the rest waiting in our "
+        "`DataQueue` ahead of the pool) overlap the others. From Linux's `schedstat`.\n"
     )
     print("| driver | calls | " + " | ".join(f"{name} ms" for name in PHASES) + " |")
     print("|---|---|" + "---:|" * len(PHASES))

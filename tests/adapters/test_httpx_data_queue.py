@@ -1,0 +1,327 @@
+"""``DataQueue`` (``adapters/httpx.py``): the async httpx transport lets at most the pool's ``max_connections`` requests into it.
+
+Against a real streaming engine on loopback (``StreamServer``: ``/generate``
+streams until the client goes away, or ``?events=N`` events, and control
+routes answer at once), a refused port, and a raw socket that answers half a
+response and closes. What is pinned: httpcore's pool never holds more than
+the limit while more streams run; a request waiting past its pool timeout
+gets ``httpx.PoolTimeout`` from our queue; a slot comes back, once, when a
+response closes, when reading it fails, when the attempt fails, and when a
+task is cancelled while it waits (also in the turn its slot arrived);
+control calls never wait in the queue; and where the limit cannot be read
+there is no queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpcore
+import httpx
+import pytest
+
+import resilience
+from resilience.adapters.control_lane import ControlLane
+from resilience.adapters.driver_config import DriverConfig
+from resilience.adapters.httpx import AsyncResilientTransport, DataQueue
+from resilience.adapters.sglang import SGLANG_POLICIES
+from resilience.testing.stream_server import StreamServer
+from tests.conftest import LONG_TIMEOUT, free_port
+
+POOL = 2
+"""The data pool's connection limit in these tests: two hanging streams fill it."""
+GENERATE = {"text": "hi", "stream": True}
+POOL_TIMEOUT_S = 0.3
+"""A pool timeout that a request behind two hanging streams runs past."""
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[StreamServer]:
+    with StreamServer(interval_s=0.05) as server:
+        yield server
+
+
+def _transport(lane: bool = True) -> AsyncResilientTransport:
+    inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=POOL))
+    config = DriverConfig(policies=SGLANG_POLICIES, control_lane=ControlLane() if lane else None)
+    return AsyncResilientTransport(transport=inner, config=config)
+
+
+def _queue(transport: AsyncResilientTransport) -> DataQueue:
+    assert transport.queue is not None
+    return transport.queue
+
+
+def _pool_requests(transport: AsyncResilientTransport) -> int:
+    """Requests inside the wrapped httpcore pool now: holding a connection, or in httpcore's own queue."""
+    pool = transport.transport._pool  # type: ignore[attr-defined]
+    assert type(pool) is httpcore.AsyncConnectionPool
+    return len(pool._requests)
+
+
+async def _idle(engine: StreamServer) -> None:
+    """Every connection of the test before is closed (the tests share the module's engine)."""
+    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
+
+
+async def eventually(condition: Callable[[], bool], limit_s: float = LONG_TIMEOUT) -> None:
+    """Poll ``condition`` on the loop until it holds; fail after ``limit_s`` (a bound a healthy run never reaches)."""
+    for _ in range(int(limit_s / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition never held")
+
+
+async def _hanging(client: httpx.AsyncClient, engine: StreamServer) -> httpx.Response:
+    """A ``/generate`` stream that lasts until it is closed: it holds a slot and a connection."""
+    return await client.send(client.build_request("POST", f"{engine.url}/generate", json=GENERATE), stream=True)
+
+
+async def _read(client: httpx.AsyncClient, url: str) -> bytes:
+    """A request sent and its stream read to its end."""
+    async with client.stream("POST", url, json=GENERATE) as response:
+        return b"".join([part async for part in response.aiter_raw()])
+
+
+@pytest.mark.asyncio
+async def test_never_more_than_max_connections_data_requests_inside_the_pool(engine: StreamServer) -> None:
+    """Ten streams through a pool of two: httpcore holds at most two requests at a time, the others wait in our queue, all end."""
+    await _idle(engine)
+    transport = _transport()
+    queue = _queue(transport)
+    inside: list[int] = []
+    waiting: list[int] = []
+    async with httpx.AsyncClient(transport=transport) as client:
+        tasks = [asyncio.create_task(_read(client, f"{engine.url}/generate?events=2")) for _ in range(10)]
+        while not all(task.done() for task in tasks):
+            inside.append(_pool_requests(transport))
+            waiting.append(queue.waiting)
+            await asyncio.sleep(0.005)
+        bodies = await asyncio.gather(*tasks)
+    assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
+    assert max(inside) == POOL
+    assert max(waiting) == 10 - POOL
+    assert queue.inside == 0 and queue.waiting == 0
+    await _idle(engine)
+
+
+@pytest.mark.asyncio
+async def test_a_request_waiting_past_its_pool_timeout_gets_httpx_pool_timeout(engine: StreamServer) -> None:
+    """Both slots held: a third request raises ``httpx.PoolTimeout`` from our queue after its pool timeout, as a bare pool's does."""
+    await _idle(engine)
+    transport = _transport()
+    queue = _queue(transport)
+    timeout = httpx.Timeout(LONG_TIMEOUT, pool=POOL_TIMEOUT_S)
+    with resilience.set_testing(True, attempts=1):
+        async with httpx.AsyncClient(transport=transport) as client:
+            streams = [await _hanging(client, engine) for _ in range(POOL)]
+            try:
+                started = time.monotonic()
+                with pytest.raises(httpx.PoolTimeout, match=r"no connection of the pool's 2 came free within the pool timeout"):
+                    await client.post(f"{engine.url}/generate", json=GENERATE, timeout=timeout)
+                assert POOL_TIMEOUT_S <= time.monotonic() - started < LONG_TIMEOUT
+                assert queue.waiting == 0 and queue.inside == POOL and _pool_requests(transport) == POOL
+            finally:
+                for stream in streams:
+                    await stream.aclose()
+        assert queue.inside == 0
+    bare = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=POOL)))
+    async with bare:
+        streams = [await _hanging(bare, engine) for _ in range(POOL)]
+        try:
+            with pytest.raises(httpx.PoolTimeout):  # the same error from httpcore's own queue
+                await bare.post(f"{engine.url}/generate", json=GENERATE, timeout=timeout)
+        finally:
+            for stream in streams:
+                await stream.aclose()
+    await _idle(engine)
+
+
+@pytest.mark.asyncio
+async def test_closing_a_stream_lets_the_oldest_waiter_in_once(engine: StreamServer) -> None:
+    """Two slots held, two requests waiting: closing one stream lets the first waiter in, and closing it again frees nothing more."""
+    await _idle(engine)
+    transport = _transport()
+    queue = _queue(transport)
+    async with httpx.AsyncClient(transport=transport) as client:
+        streams = [await _hanging(client, engine) for _ in range(POOL)]
+        first = asyncio.create_task(_hanging(client, engine))
+        await eventually(lambda: queue.waiting == 1)
+        second = asyncio.create_task(_hanging(client, engine))
+        await eventually(lambda: queue.waiting == 2)
+        await streams[0].aclose()
+        entered = await asyncio.wait_for(first, LONG_TIMEOUT)
+        assert entered.status_code == 200 and not second.done()
+        await streams[0].aclose()
+        await asyncio.sleep(0.05)
+        assert not second.done() and queue.waiting == 1 and queue.inside == POOL and _pool_requests(transport) == POOL
+        await entered.aclose()
+        last = await asyncio.wait_for(second, LONG_TIMEOUT)
+        for response in (last, streams[1]):
+            await response.aclose()
+        assert queue.inside == 0 and queue.waiting == 0
+    await _idle(engine)
+
+
+@pytest.mark.asyncio
+async def test_a_request_cancelled_while_waiting_leaves_no_slot_behind(engine: StreamServer) -> None:
+    """A waiting request's task cancelled: the queue forgets it, and once the streams close both slots take requests again."""
+    await _idle(engine)
+    transport = _transport()
+    queue = _queue(transport)
+    async with httpx.AsyncClient(transport=transport) as client:
+        streams = [await _hanging(client, engine) for _ in range(POOL)]
+        waiter = asyncio.create_task(_read(client, f"{engine.url}/generate?events=1"))
+        await eventually(lambda: queue.waiting == 1)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert queue.waiting == 0 and queue.inside == POOL
+        for stream in streams:
+            await stream.aclose()
+        assert queue.inside == 0
+        again = [await _hanging(client, engine) for _ in range(POOL)]  # both slots free: neither waits
+        assert queue.inside == POOL and queue.waiting == 0
+        for stream in again:
+            await stream.aclose()
+    await _idle(engine)
+
+
+@pytest.mark.asyncio
+async def test_a_slot_handed_to_a_task_being_cancelled_passes_to_the_next_waiter() -> None:
+    """A slot that reaches a waiter in the turn its task is cancelled goes on to the next waiter (no socket: the turn is exact)."""
+    queue = DataQueue(httpx.MockTransport(lambda request: httpx.Response(200, stream=httpx.ByteStream(b"x"))), limit=1)
+    request = httpx.Request("POST", "http://127.0.0.1:9/generate")
+    held = await queue.send(request)
+    first = asyncio.create_task(queue.send(request))
+    second = asyncio.create_task(queue.send(request))
+    await asyncio.sleep(0)
+    assert queue.waiting == 2 and queue.inside == 1
+    await held.aclose()  # nothing in it yields: the slot is first's before first runs again
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    last = await asyncio.wait_for(second, LONG_TIMEOUT)
+    assert queue.inside == 1 and queue.waiting == 0
+    await last.aclose()
+    assert queue.inside == 0
+
+
+@pytest.mark.asyncio
+async def test_failed_attempts_give_their_slots_back() -> None:
+    """Three calls to a refused port through two slots, two attempts each: every attempt's slot comes back."""
+    transport = _transport()
+    queue = _queue(transport)
+    url = f"http://127.0.0.1:{free_port()}/generate"
+    with resilience.set_testing(True, attempts=2):
+        async with httpx.AsyncClient(transport=transport) as client:
+            results = await asyncio.gather(*(client.post(url, json=GENERATE) for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(r, httpx.ConnectError) for r in results), results
+    assert queue.inside == 0 and queue.waiting == 0
+
+
+@pytest.fixture
+def half_answer() -> Iterator[str]:
+    """A server that answers each request with a stream's first chunk, then closes the connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        done.set()
+        listener.close()
+        thread.join(LONG_TIMEOUT)
+
+
+@pytest.mark.asyncio
+async def test_a_read_that_fails_gives_the_slot_back_before_the_close(half_answer: str) -> None:
+    """The engine drops a stream halfway: the failed read gives the slot back at once, and the response's close gives none more."""
+    transport = _transport()
+    queue = _queue(transport)
+    async with httpx.AsyncClient(transport=transport) as client:
+        async with client.stream("POST", f"{half_answer}/generate", json=GENERATE) as response:
+            assert queue.inside == 1
+            with pytest.raises(httpx.TransportError):
+                async for _ in response.aiter_raw():
+                    pass
+            assert queue.inside == 0
+        assert queue.inside == 0 and queue.waiting == 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "no lane"])
+async def test_control_calls_never_wait_in_the_queue(engine: StreamServer, lane: bool) -> None:
+    """Slots held and a data request waiting: a control call answers from the lane; with the lane off it waits like data."""
+    await _idle(engine)
+    transport = _transport(lane)
+    queue = _queue(transport)
+    timeout = httpx.Timeout(LONG_TIMEOUT, pool=POOL_TIMEOUT_S)
+    async with httpx.AsyncClient(transport=transport) as client:
+        streams = [await _hanging(client, engine) for _ in range(POOL)]
+        waiter = asyncio.create_task(_hanging(client, engine))
+        try:
+            await eventually(lambda: queue.waiting == 1)
+            if lane:
+                control = await client.post(f"{engine.url}/pause_generation", json={}, timeout=timeout)
+                assert control.status_code == 200 and control.json() == {"success": True}
+            else:
+                with resilience.set_testing(True, attempts=1), pytest.raises(httpx.PoolTimeout, match="pool timeout"):
+                    await client.post(f"{engine.url}/pause_generation", json={}, timeout=timeout)
+            assert queue.waiting == 1 and queue.inside == POOL and _pool_requests(transport) == POOL
+        finally:
+            for stream in streams:
+                await stream.aclose()
+            await (await asyncio.wait_for(waiter, LONG_TIMEOUT)).aclose()
+    assert queue.inside == 0
+    await _idle(engine)
+
+
+class _Subclass(httpx.AsyncHTTPTransport):
+    pass
+
+
+def _http2_transport() -> httpx.AsyncHTTPTransport:
+    """A plain transport whose pool speaks HTTP/2 (``http2=True`` on the transport would need the ``h2`` package)."""
+    transport = httpx.AsyncHTTPTransport()
+    transport._pool = httpcore.AsyncConnectionPool(max_connections=POOL, http2=True)
+    return transport
+
+
+@pytest.mark.parametrize(
+    ("make", "limit"),
+    [
+        (httpx.AsyncHTTPTransport, 100),  # httpx's default Limits
+        (lambda: httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=POOL)), POOL),
+        (lambda: httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None)), None),
+        (_http2_transport, None),
+        (lambda: httpx.AsyncHTTPTransport(proxy="http://127.0.0.1:9"), None),
+        (_Subclass, None),
+        (lambda: httpx.MockTransport(lambda request: httpx.Response(200)), None),
+    ],
+    ids=["default", "limited", "no limit", "http2", "proxy", "subclass", "mock"],
+)
+def test_a_queue_only_where_the_pool_limit_can_be_read(make: Callable[[], Any], limit: int | None) -> None:
+    """A plain ``AsyncHTTPTransport`` with a limit and HTTP/1 gets a queue of that size (read from httpcore: fails loudly if it moves)."""
+    queue = AsyncResilientTransport(transport=make(), config=DriverConfig(policies=SGLANG_POLICIES)).queue
+    assert (queue.limit if queue is not None else None) == limit
