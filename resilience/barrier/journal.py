@@ -367,7 +367,16 @@ class Journal:
             if gone:
                 orphaned[n] = tuple(gone)
         states = {n: str(k.state) for n, k in knowledge.items()}
-        recovery = Recovery(self.store.name, True, len(loaded.records), loaded.dropped, in_flight, orphaned, states, dict(folded.members))
+        recovery = Recovery(
+            self.store.name,
+            resumed=True,
+            records=len(loaded.records),
+            dropped=loaded.dropped,
+            in_flight=in_flight,
+            orphaned_holds=orphaned,
+            states=states,
+            members=dict(folded.members),
+        )
         self._last = {n: dict(f) for n, f in folded.facts.items()}
         if loaded.dropped or len(loaded.records) >= self.compact_after:
             self._compact()
