@@ -20,11 +20,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Coroutine, Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from resilience.barrier import (
     AsyncOrchestrator,
@@ -75,14 +75,18 @@ class _Join:
     version: str
     killed: bool
     continued_unverified: int
+    sent: int
+    """Control calls and reads (``ready``, ``model_info``) the fake was sent, its killed process's included."""
 
     def ready(self: Any) -> bool:
         """SGLang's ``/ready``: True only while not paused (``ServingRead``)."""
+        self.sent += 1
         if self.killed:
             raise EngineDied(f"{self.engine} was killed")
         return not self.snapshot()[0]
 
     def model_info(self: Any) -> SimpleNamespace:
+        self.sent += 1
         if self.killed:
             raise EngineDied(f"{self.engine} was killed")
         return SimpleNamespace(weight_version=self.version)
@@ -134,6 +138,8 @@ class MembershipMachine(RuleBasedStateMachine):
     """One offloaded group; engines join, restart and leave at random points; faults on any call."""
 
     ASYNC = False
+    fenced_watched: ClassVar[int] = 0
+    """Steps across which a fenced engine was watched, over all examples of a run (``run_watching_fenced``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -302,7 +308,8 @@ class MembershipMachine(RuleBasedStateMachine):
 
     @invariant()
     def fenced_engines_are_sent_nothing(self) -> None:
-        """An engine fenced at the last check and fenced now was sent no call in between (only ``add`` brings it back)."""
+        """An engine fenced at the last check and fenced now was sent no call and no read (``ready``, ``model_info``) in
+        between (only ``add`` brings it back)."""
         states: Mapping[str, EngineState] = self.orch.states()
         now: dict[int, int] = {}
         for url, state in states.items():
@@ -313,12 +320,9 @@ class MembershipMachine(RuleBasedStateMachine):
             assert before is None or fake.sent == before, f"{url} was sent {fake.sent - before} calls while fenced"
             if before is not None:
                 event("a fenced engine watched across a step")
+                type(self).fenced_watched += 1
             now[id(fake)] = fake.sent
         self.fenced_sent = now
-
-
-MembershipMachine.TestCase.settings = settings(**SETTINGS)  # type: ignore[arg-type]
-test_membership_on_threads = MembershipMachine.TestCase
 
 
 class AsyncMembershipMachine(MembershipMachine):
@@ -327,5 +331,19 @@ class AsyncMembershipMachine(MembershipMachine):
     ASYNC = True
 
 
-AsyncMembershipMachine.TestCase.settings = settings(**SETTINGS)  # type: ignore[arg-type]
-test_membership_on_one_loop = AsyncMembershipMachine.TestCase
+def run_watching_fenced(machine: type[MembershipMachine]) -> None:
+    """Run ``machine``'s examples, then fail unless one of them watched a fenced engine across a step (else
+    ``fenced_engines_are_sent_nothing`` checked nothing)."""
+    machine.fenced_watched = 0
+    run_state_machine_as_test(machine, settings=settings(**SETTINGS))
+    assert machine.fenced_watched > 0, f"no example of {machine.__name__} watched a fenced engine across a step"
+
+
+def test_membership_on_threads() -> None:
+    """The rules on ``Orchestrator`` over ``ThreadFanOut``; a fenced engine is watched in some example."""
+    run_watching_fenced(MembershipMachine)
+
+
+def test_membership_on_one_loop() -> None:
+    """The rules on ``AsyncOrchestrator`` on one loop thread; a fenced engine is watched in some example."""
+    run_watching_fenced(AsyncMembershipMachine)
