@@ -90,7 +90,7 @@ class Facts:
     released: frozenset[str]
     unknown: frozenset[str]
 
-    def after(self, method: str, kwargs: Mapping[str, Any], effect: Effect, memory: MemoryModel = SGLANG_MEMORY) -> Facts:
+    def after(self, method: str, kwargs: Mapping[str, Any], effect: Effect, memory: MemoryModel) -> Facts:
         """The facts once ``method(**kwargs)`` had ``effect`` on an engine of ``memory``'s kind with these facts."""
         k = EngineKnowledge("", self.paused, self.flushed, self.pause_mode, set(self.released), set(self.unknown), memory=memory)
         k.apply(method, kwargs, effect)
