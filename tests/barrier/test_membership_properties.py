@@ -351,6 +351,12 @@ def test_membership_on_one_loop() -> None:
     run_watching_fenced(AsyncMembershipMachine)
 
 
+# What Hypothesis's pytest plugin takes as its tests (``hypothesis.is_hypothesis_test``) gets its statistics
+# (``--hypothesis-show-statistics``) and marker, as the ``TestCase`` these two replace did.
+test_membership_on_threads.is_hypothesis_test = True  # type: ignore[attr-defined]
+test_membership_on_one_loop.is_hypothesis_test = True  # type: ignore[attr-defined]
+
+
 def test_a_retired_vllm_engine_is_not_asked_for_when_the_journal_resumes(tmp_path: Path) -> None:
     """A controller started again without an engine that left (retired) resumes its journal, whatever that engine's kind."""
     path = tmp_path / "journal.jsonl"
