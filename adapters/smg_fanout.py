@@ -49,9 +49,9 @@ from resilience.adapters.sglang.calls import Call, continue_call, flush_call, me
 from resilience.adapters.sglang.memory_check import probe_verdict
 from resilience.adapters.smg import gateway_session
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
-from resilience.barrier.state import GATEWAY_STATUSES, EngineSkipped
+from resilience.barrier.state import EngineSkipped
 from resilience.deadline import Deadline
-from resilience.engine_contract import engine_name
+from resilience.engine_contract import GATEWAY_STATUSES, engine_name
 from resilience.events import AttemptEnded, CallEnded, CallStarted, Observer, RetryScheduled, emit
 from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome

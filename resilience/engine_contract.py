@@ -24,6 +24,7 @@ __all__ = [
     "ALL_TAGS",
     "KNOWLEDGE_NEEDS",
     "CONTROL_METHODS",
+    "GATEWAY_STATUSES",
     "MEMORY_MODELS",
     "RESEND_ROUNDS",
     "SGLANG_MEMORY",
@@ -125,6 +126,11 @@ class EngineDied(ConnectionError):
 
 class EngineUnavailable(ConnectionError):
     """The engine's actor is unreachable for now (Ray's ``ActorUnavailableError``); the call may have run."""
+
+
+GATEWAY_STATUSES: Final = frozenset({502, 503, 504})
+"""Statuses a proxy or gateway answers when it got nothing (usable) from the engine, possibly *after* it forwarded the
+request: the engine may have applied the call."""
 
 
 class EngineState(enum.StrEnum):

@@ -27,7 +27,7 @@ from resilience.errors import DeadlineExceeded
 from resilience.outcome import AttemptRecord
 
 __all__ = [
-    "GATEWAY_STATUSES", "WEIGHT_PATHS", "Call", "StreamEnd", "auth_headers", "control_result", "flush_gave_up", "flush_outcome",
+    "WEIGHT_PATHS", "Call", "StreamEnd", "auth_headers", "control_result", "flush_gave_up", "flush_outcome",
     "flush_server_wait", "flush_steps", "generate_result", "health_result", "json_of", "key_for", "model_info_result", "post",
     "models_result", "paused_health", "raise_if_refused", "require_ok", "json_object", "sse_line", "weights_result",
 ]
@@ -65,10 +65,6 @@ class Call:
     def endpoint(self) -> str:
         """``"POST /pause_generation"``: how errors and results name the call."""
         return f"{self.method} {self.path}"
-
-
-GATEWAY_STATUSES: frozenset[int] = frozenset({502, 503, 504})
-"""Statuses a front end answers when it got nothing (usable) from the engine."""
 
 
 class StreamEnd(enum.Enum):

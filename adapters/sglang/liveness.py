@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from resilience.adapters.sglang.calls import GATEWAY_STATUSES, Call
+from resilience.adapters.sglang.calls import Call
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS
 from resilience.adapters.sglang.results import SGLangError
 from resilience.deadline import Deadline, current_deadline
-from resilience.engine_contract import EngineDied
+from resilience.engine_contract import GATEWAY_STATUSES, EngineDied
 from resilience.errors import CircuitOpen, ResilienceError
 from resilience.outcome import AttemptRecord, attempts_of
 from resilience.policy import PolicyTable

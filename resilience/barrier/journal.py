@@ -350,11 +350,13 @@ class Journal:
         self._owners, self._budget = folded.owners, folded.budget
         if loaded.dropped:
             _LOG.warning("%s", loaded.dropped)
+        given = set(engines)
         for n, f in folded.facts.items():
+            if n not in given:
+                continue  # one that left (retire) is not rebuilt: its kind is not asked
             written, now = str(f.get("kind", SGLANG_MEMORY.kind)), kinds.get(n, SGLANG_MEMORY).kind
             if written != now:
                 raise JournalMismatch(f"journal {self.store.name}: engine {n} was journaled as a {written} engine, but is a {now} engine")
-        given = set(engines)
         knowledge = {n: knowledge_from(n, f, kinds.get(n, SGLANG_MEMORY)) for n, f in folded.facts.items() if n in given}
         in_flight = {n: str(f["in_flight"].get("method")) for n, f in folded.facts.items() if isinstance(f.get("in_flight"), Mapping)}
         orphaned: dict[str, tuple[str, ...]] = {}
@@ -367,7 +369,16 @@ class Journal:
             if gone:
                 orphaned[n] = tuple(gone)
         states = {n: str(k.state) for n, k in knowledge.items()}
-        recovery = Recovery(self.store.name, True, len(loaded.records), loaded.dropped, in_flight, orphaned, states, dict(folded.members))
+        recovery = Recovery(
+            self.store.name,
+            resumed=True,
+            records=len(loaded.records),
+            dropped=loaded.dropped,
+            in_flight=in_flight,
+            orphaned_holds=orphaned,
+            states=states,
+            members=dict(folded.members),
+        )
         self._last = {n: dict(f) for n, f in folded.facts.items()}
         if loaded.dropped or len(loaded.records) >= self.compact_after:
             self._compact()

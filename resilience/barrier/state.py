@@ -30,6 +30,7 @@ from resilience.barrier.fanout import EngineNotDriven, EngineResult, LateCall, P
 from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.engine_contract import (
+    GATEWAY_STATUSES,
     SGLANG_MEMORY,
     AnyEngine,
     ControlMethod,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:  # the journal reads this module's knowledge; the state only h
     from resilience.barrier.journal_store import JournalStore
 
 __all__ = [
-    "ANSWERED_FOR", "GATEWAY_STATUSES", "BarrierBusy", "BarrierKeywords", "BarrierOptions", "BarrierState", "Doubt", "Effect",
+    "ANSWERED_FOR", "BarrierBusy", "BarrierKeywords", "BarrierOptions", "BarrierState", "Doubt", "Effect",
     "EngineGroup", "EngineKnowledge", "EngineSkipped", "Facts", "HoldToken", "InFlight", "Pending", "PhaseDeadlines",
     "PhaseFailed", "PhaseReport", "TransitionReport", "doubt_of", "effect_of", "is_engine_dead", "reasons", "short",
 ]
@@ -89,7 +90,7 @@ class Facts:
     released: frozenset[str]
     unknown: frozenset[str]
 
-    def after(self, method: str, kwargs: Mapping[str, Any], effect: Effect, memory: MemoryModel = SGLANG_MEMORY) -> Facts:
+    def after(self, method: str, kwargs: Mapping[str, Any], effect: Effect, memory: MemoryModel) -> Facts:
         """The facts once ``method(**kwargs)`` had ``effect`` on an engine of ``memory``'s kind with these facts."""
         k = EngineKnowledge("", self.paused, self.flushed, self.pause_mode, set(self.released), set(self.unknown), memory=memory)
         k.apply(method, kwargs, effect)
@@ -540,10 +541,6 @@ def short(err: BaseException, limit: int = 240) -> str:
     """An error's text on one line, cut to ``limit`` characters."""
     text = " ".join(str(err).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-GATEWAY_STATUSES: Final = frozenset({502, 503, 504})
-"""Statuses a proxy or gateway may answer *after* it forwarded the request: the engine may have applied the call."""
 
 
 def effect_of(error: BaseException | None) -> Effect:

@@ -181,6 +181,7 @@ class Transition:
     """Engines this transition found replaced by a fresh process since the journal was written, with why (``recovery``)."""
     report: TransitionReport | None = None
     phase: str = "start"
+    """The step now ("start" until its first phase): the failed phase an interruption's ``TransitionEnded`` names."""
 
     def finished(self) -> TransitionReport:
         """The report of this transition, which ended without raising."""
@@ -359,16 +360,17 @@ def transition(state: BarrierState[Any], name: str, engines: Iterable[str]) -> I
     except PhaseFailed:
         raise
     except BaseException:
-        _ended(state, tx, tx.phase, state.not_serving())
+        _ended(state, tx, failed_phase=tx.phase, left=state.not_serving(), rolled_back=())
         raise
-    duration = _ended(state, tx)
+    duration = _ended(state, tx, failed_phase=None, left=(), rolled_back=())
     tx.report = TransitionReport(tx.name, duration, tuple(tx.phases), dict(tx.held), tx.hold, dict(tx.replaced))
 
 
 def _ended(
-    state: BarrierState[Any], tx: Transition, failed_phase: str | None = None, left: Iterable[str] = (), rolled_back: Sequence[str] = ()
+    state: BarrierState[Any], tx: Transition, *, failed_phase: str | None, left: Iterable[str], rolled_back: Sequence[str]
 ) -> float:
-    """Tell the observers ``tx`` ended (``ok`` unless ``failed_phase`` is given); return its duration."""
+    """Tell the observers ``tx`` ended: ``ok`` when ``failed_phase`` is None, else failed in that phase with ``left`` not
+    serving and ``rolled_back`` rolled back; return its duration."""
     duration = state.clock.monotonic() - tx.started
     ended = TransitionEnded(
         transition_id=tx.tid, transition=tx.name, engines=tx.engines, duration_s=duration, ok=failed_phase is None,
@@ -390,7 +392,7 @@ def error(
         tx.name, phase, failed, rolled_back=rolled_back, left_paused=left, quarantined=sorted(state.quarantined()), dead=dead,
         restarts_remaining=remaining, restart_limit=limit,
     )
-    _ended(state, tx, phase, left, rolled_back)
+    _ended(state, tx, failed_phase=phase, left=left, rolled_back=rolled_back)
     return err
 
 

@@ -229,14 +229,17 @@ async def test_refused_then_up_succeeds_for_a_post(drive: Drive, later_server: A
 @pytest.mark.asyncio
 async def test_refused_past_the_deadline_raises_the_connect_error_itself(drive: Drive, refusing_port: int) -> None:
     """When the deadline ends the retries on a refusal, the caller gets httpx's own ConnectError, with the attempts."""
-    retry = RetryPolicy(max_attempts=2, base_s=0.02, cap_s=0.05)
-    policy = EndpointPolicy(idempotent=False, retry=retry, attempt_timeout_s=0.3, deadline_s=0.3)
-    caller = drive(table(POST__release=policy), breaker=None, retry_budget=None)
+    # Only the 10 s waits move the fake clock: the 35 s deadline passes between refusals, never mid-connect, however long
+    # a refusal takes on a busy machine (each connect's timeout is at least 5 s: LONG_TIMEOUT, or what is left at the last).
+    retry = RetryPolicy(max_attempts=2, connect_window_s=None, base_s=10, cap_s=10, jitter=0)
+    policy = EndpointPolicy(idempotent=False, retry=retry, attempt_timeout_s=LONG_TIMEOUT, deadline_s=35)
+    caller = drive(table(POST__release=policy), breaker=None, retry_budget=None, clock=FakeClock())
     with pytest.raises(httpx.ConnectError) as info:
         await caller.request("POST", f"http://127.0.0.1:{refusing_port}/release", json={})
     assert not isinstance(info.value, resilience.ResilienceError)
     attempts = info.value.attempts  # type: ignore[attr-defined]
     assert len(attempts) > 2 and {a.delivery for a in attempts} == {Delivery.NOT_SENT}
+    assert len(attempts) == 4  # refused at 0, 10, 20 and 30 s: the next wait would pass the deadline
 
 
 @pytest.mark.asyncio

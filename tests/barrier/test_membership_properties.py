@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from resilience.barrier import (
     AsyncOrchestrator,
@@ -39,6 +40,7 @@ from resilience.barrier.fanout import ThreadFanOut
 from resilience.engine_contract import EngineDied
 from tests.barrier.async_facade import LoopThread
 from tests.barrier.fake_engine import ALL, AsyncFakeEngine, FakeEngine, Fault, _Fake
+from tests.barrier.fake_vllm_engine import FakeVLLMEngine
 
 EXAMPLES = int(os.environ.get("CPR_MEMBERSHIP_EXAMPLES", "25"))
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.05, flush_s=0.05, release_s=0.05, resume_s=0.05, continue_s=0.05, in_transit_s=0.1)
@@ -75,14 +77,18 @@ class _Join:
     version: str
     killed: bool
     continued_unverified: int
+    sent: int
+    """Control calls and reads (``ready``, ``model_info``) the fake was sent, its killed process's included."""
 
     def ready(self: Any) -> bool:
         """SGLang's ``/ready``: True only while not paused (``ServingRead``)."""
+        self.sent += 1
         if self.killed:
             raise EngineDied(f"{self.engine} was killed")
         return not self.snapshot()[0]
 
     def model_info(self: Any) -> SimpleNamespace:
+        self.sent += 1
         if self.killed:
             raise EngineDied(f"{self.engine} was killed")
         return SimpleNamespace(weight_version=self.version)
@@ -134,6 +140,8 @@ class MembershipMachine(RuleBasedStateMachine):
     """One offloaded group; engines join, restart and leave at random points; faults on any call."""
 
     ASYNC = False
+    fenced_watched: ClassVar[int] = 0
+    """Steps across which a fenced engine was watched, over all examples of a run (``run_watching_fenced``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -302,7 +310,8 @@ class MembershipMachine(RuleBasedStateMachine):
 
     @invariant()
     def fenced_engines_are_sent_nothing(self) -> None:
-        """An engine fenced at the last check and fenced now was sent no call in between (only ``add`` brings it back)."""
+        """An engine fenced at the last check and fenced now was sent no call and no read (``ready``, ``model_info``) in
+        between (only ``add`` brings it back)."""
         states: Mapping[str, EngineState] = self.orch.states()
         now: dict[int, int] = {}
         for url, state in states.items():
@@ -313,12 +322,9 @@ class MembershipMachine(RuleBasedStateMachine):
             assert before is None or fake.sent == before, f"{url} was sent {fake.sent - before} calls while fenced"
             if before is not None:
                 event("a fenced engine watched across a step")
+                type(self).fenced_watched += 1
             now[id(fake)] = fake.sent
         self.fenced_sent = now
-
-
-MembershipMachine.TestCase.settings = settings(**SETTINGS)  # type: ignore[arg-type]
-test_membership_on_threads = MembershipMachine.TestCase
 
 
 class AsyncMembershipMachine(MembershipMachine):
@@ -327,5 +333,43 @@ class AsyncMembershipMachine(MembershipMachine):
     ASYNC = True
 
 
-AsyncMembershipMachine.TestCase.settings = settings(**SETTINGS)  # type: ignore[arg-type]
-test_membership_on_one_loop = AsyncMembershipMachine.TestCase
+def run_watching_fenced(machine: type[MembershipMachine]) -> None:
+    """Run ``machine``'s examples, then fail unless one of them watched a fenced engine across a step (else
+    ``fenced_engines_are_sent_nothing`` checked nothing)."""
+    machine.fenced_watched = 0
+    run_state_machine_as_test(machine, settings=settings(**SETTINGS))
+    assert machine.fenced_watched > 0, f"no example of {machine.__name__} watched a fenced engine across a step"
+
+
+def test_membership_on_threads() -> None:
+    """The rules on ``Orchestrator`` over ``ThreadFanOut``; a fenced engine is watched in some example."""
+    run_watching_fenced(MembershipMachine)
+
+
+def test_membership_on_one_loop() -> None:
+    """The rules on ``AsyncOrchestrator`` on one loop thread; a fenced engine is watched in some example."""
+    run_watching_fenced(AsyncMembershipMachine)
+
+
+# What Hypothesis's pytest plugin takes as its tests (``hypothesis.is_hypothesis_test``) gets its statistics
+# (``--hypothesis-show-statistics``) and marker, as the ``TestCase`` these two replace did.
+test_membership_on_threads.is_hypothesis_test = True  # type: ignore[attr-defined]
+test_membership_on_one_loop.is_hypothesis_test = True  # type: ignore[attr-defined]
+
+
+def test_a_retired_vllm_engine_is_not_asked_for_when_the_journal_resumes(tmp_path: Path) -> None:
+    """A controller started again without an engine that left (retired) resumes its journal, whatever that engine's kind."""
+    path = tmp_path / "journal.jsonl"
+    first = Orchestrator(EngineGroup([JoinFake("http://a:1"), FakeVLLMEngine("http://v:1")]), fanout=ThreadFanOut(), journal=path)
+    try:
+        first.offload()
+        first.onload()
+        first.retire("http://v:1")
+    finally:
+        first.close()
+    second = Orchestrator(EngineGroup([JoinFake("http://a:1")]), fanout=ThreadFanOut(), journal=path)
+    try:
+        assert second.recovery is not None and second.recovery.members == {"http://v:1": "left"}
+        assert second.states() == {"http://a:1": EngineState.SERVING}
+    finally:
+        second.close()

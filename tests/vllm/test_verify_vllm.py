@@ -56,7 +56,9 @@ AsyncSend = Callable[[Calls, str, Deadline], Awaitable[list[EngineResult]]]
 
 
 def verify(transition: str, checks: Any, engines: dict[str, Any], send: Send) -> TransitionReport:
-    """Drive ``check_steps`` as ``Orchestrator`` does: each read through the fan-out's ``call``."""
+    """Drive ``check_steps`` as ``Orchestrator`` does: each read through the fan-out's ``call``. Deliberately not through an
+    orchestrator: the checks read bare clients, in states (paused in abort mode, woken from a level-2 sleep) that a
+    transition before the verify would change."""
     steps = check_steps(transition, DONE, checks, engines, not_serving={}, deadline_s=10.0)
     try:
         step = next(steps)
