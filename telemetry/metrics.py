@@ -24,8 +24,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from resilience.barrier.journal import RestartBudget
 from resilience.barrier.journal_store import JournalStore
-from resilience.budget import RestartBudget
+from resilience.barrier.state import PhaseEnded, TransitionEnded
 from resilience.events import (
     AttemptEnded,
     BreakerRejected,
@@ -33,10 +34,8 @@ from resilience.events import (
     CallEnded,
     EngineStateChanged,
     HoldChanged,
-    PhaseEnded,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
-    TransitionEnded,
 )
 from resilience.outcome import CallOutcome, Outcome
 

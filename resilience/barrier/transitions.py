@@ -35,9 +35,14 @@ from resilience.barrier.state import (
     EngineSkipped,
     HoldToken,
     Pending,
+    PhaseEnded,
     PhaseFailed,
+    PhaseFailure,
     PhaseReport,
+    PhaseStarted,
+    TransitionEnded,
     TransitionReport,
+    TransitionStarted,
     doubt_of,
     effect_of,
     is_engine_dead,
@@ -46,16 +51,7 @@ from resilience.barrier.state import (
 )
 from resilience.deadline import Deadline
 from resilience.engine_contract import ALL_TAGS, RESEND_ROUNDS, AnyEngine, ControlMethod, EngineState
-from resilience.events import (
-    EngineStateChanged,
-    HoldChanged,
-    PhaseEnded,
-    PhaseFailure,
-    PhaseStarted,
-    TransitionEnded,
-    TransitionStarted,
-    emit,
-)
+from resilience.events import EngineStateChanged, HoldChanged, emit
 from resilience.memory_probe import MemoryProbe
 
 __all__ = [

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar, overload
 
-from resilience.barrier.journal import Journal, Recovery
+from resilience.barrier.journal import Journal, Recovery, RestartBudget
 from resilience.barrier.state import BarrierState, EngineGroup, PhaseDeadlines
-from resilience.budget import RestartBudget
 from resilience.clock import Clock
 from resilience.engine_contract import AnyEngine, EngineState
 from resilience.events import Observer

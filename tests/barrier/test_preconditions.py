@@ -16,11 +16,11 @@ import requests
 from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.state import Effect, EngineKnowledge, effect_of, is_engine_dead
+from resilience.barrier.state import Effect, EngineKnowledge, PhaseEnded, TransitionEnded, effect_of, is_engine_dead
 from resilience.clock import FakeClock
 from resilience.engine_contract import EngineDied, EngineState, EngineUnavailable
 from resilience.errors import RetriesExhausted
-from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
+from resilience.events import Event, Outcome
 from resilience.outcome import AttemptRecord, Delivery
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 

@@ -27,7 +27,7 @@ ELSEWHERE = {
     "resilience.events": {"CallObserver", "Event", "Observer"},
     "resilience.policy": {"Probe", "ProbeAnswer", "ProbeContext", "EndpointMatch"},
     "resilience.clock": {"Clock", "FakeClock", "SystemClock"},
-    "resilience.budget": {"RestartBudget", "RestartBudgetError", "RestartRecord"},
+    "resilience.barrier": {"RestartBudget", "RestartBudgetError", "RestartRecord"},
     "resilience.breaker": {"BreakerState", "CircuitBreaker"},
     "resilience.errors": {"ConfigConflict", "PolicyError", "RetryBudgetExhausted", "ErrorTypes"},
     "resilience.deadline": {"current_deadline"},
