@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from resilience import RetryBudgetConfig
 from resilience.budget import RetryBudget
-from resilience.clock import FakeClock
+from resilience.testing.clock import FakeClock
 
 
 def test_retry_budget_spends_and_floor_refills() -> None:
