@@ -10,7 +10,8 @@ The five calls are named after SGLang 0.5.23's HTTP routes, so an engine that
 declares no ``control_rules`` is SGLang-shaped by definition and gets
 ``SGLANG_RULES``. Another kind (vLLM's ``VLLMEngine``) says so with a
 ``control_rules`` attribute holding its table; a third kind writes its
-``EngineRules`` and does the same.
+``EngineRules`` and does the same. Which tags are released on an engine, where a
+deployment can prove it, is a ``MemoryProbe``'s answer (NVML, the emulator).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, TypeAlias, get_args
+from typing import Any, Final, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 __all__ = [
     "ALL_TAGS",
@@ -42,9 +43,12 @@ __all__ = [
     "EngineUnavailable",
     "KnownFacts",
     "MemoryModel",
+    "MemoryProbe",
     "OnAmbiguous",
     "PauseMode",
     "ServingRead",
+    "UnknownEngine",
+    "covers",
     "engine_name",
     "rules_of",
 ]
@@ -217,6 +221,51 @@ VLLM_MEMORY: Final = MemoryModel(
 
 MEMORY_MODELS: Final[Mapping[str, MemoryModel]] = {m.kind: m for m in (SGLANG_MEMORY, VLLM_MEMORY)}
 """Every memory model, by kind (what a journal's ``kind`` names)."""
+
+
+class UnknownEngine(LookupError):
+    """Raised by ``MemoryProbe.released_tags`` for an engine the probe knows nothing of (distinct from None: no reading now)."""
+
+    def __init__(self, probe: object, engine: str) -> None:
+        super().__init__(f"{probe!r} knows no engine {engine!r}")
+        self.engine = engine
+        """The engine asked about."""
+
+
+@runtime_checkable
+class MemoryProbe(Protocol):
+    """Answers which memory tags (``kv_cache``, ``weights``, ``cuda_graph``) are released on an engine, where a deployment
+    can prove it.
+
+    SGLang 0.5.23 has no route that tells, so a probe answers from outside the HTTP
+    control plane (NVML: ``resilience.adapters.nvml``; the emulator's own truth:
+    ``resilience.testing``); ``docs/failure-and-recovery.md`` says who asks it. A
+    probe never guesses: ``None`` means "I know this engine but cannot prove it
+    now", and the caller behaves as without a probe; an engine it cannot read at all
+    raises ``UnknownEngine`` instead (``covers``). Probes are synchronous and quick
+    (a local read); async callers may call them directly.
+    """
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        """The tags released on ``engine`` (its name, ``scheme://host:port``) now, or None when this probe cannot prove it.
+
+        Raises ``UnknownEngine`` when the probe has no way to read ``engine`` at all.
+        """
+        ...
+
+
+def covers(probe: MemoryProbe, engine: str) -> bool:
+    """Whether ``probe`` knows ``engine``: one ``released_tags`` call answers a reading, None or another error, not ``UnknownEngine``.
+
+    Another error counts as known (the probe may read the engine later), as the callers treat it.
+    """
+    try:
+        probe.released_tags(engine)
+    except UnknownEngine:
+        return False
+    except Exception:
+        return True
+    return True
 
 
 class OnAmbiguous(enum.StrEnum):

@@ -36,11 +36,11 @@ from resilience.engine_contract import (
     EngineRules,
     EngineState,
     MemoryModel,
+    MemoryProbe,
     engine_name,
     rules_of,
 )
 from resilience.events import EngineStateChanged, Event, Observer, emit
-from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
 if TYPE_CHECKING:  # the journal reads this module's knowledge; the state only holds a journal

@@ -50,9 +50,8 @@ from resilience.barrier.state import (
     short,
 )
 from resilience.deadline import Deadline
-from resilience.engine_contract import ALL_TAGS, RESEND_ROUNDS, AnyEngine, ControlMethod, EngineState
+from resilience.engine_contract import ALL_TAGS, RESEND_ROUNDS, AnyEngine, ControlMethod, EngineState, MemoryProbe
 from resilience.events import EngineStateChanged, HoldChanged, emit
-from resilience.memory_probe import MemoryProbe
 
 __all__ = [
     "OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "PhaseStep", "ReadStep", "SettleStep", "Step", "Steps", "Transition", "WaitStep",
