@@ -11,7 +11,9 @@ declares no ``control_rules`` is SGLang-shaped by definition and gets
 ``SGLANG_RULES``. Another kind (vLLM's ``VLLMEngine``) says so with a
 ``control_rules`` attribute holding its table; a third kind writes its
 ``EngineRules`` and does the same. Which tags are released on an engine, where a
-deployment can prove it, is a ``MemoryProbe``'s answer (NVML, the emulator).
+deployment can prove it, is a ``MemoryProbe``'s answer (NVML, the emulator). What
+the barrier announces of an engine to routers beside it (``EngineStateChanged``,
+``HoldChanged``) is here too, as routers may not import the barrier.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, TypeAlias, get_args, runtime_checkable
+
+from resilience.events import Event
 
 __all__ = [
     "ALL_TAGS",
@@ -40,7 +44,9 @@ __all__ = [
     "EngineDied",
     "EngineRules",
     "EngineState",
+    "EngineStateChanged",
     "EngineUnavailable",
+    "HoldChanged",
     "KnownFacts",
     "MemoryModel",
     "MemoryProbe",
@@ -156,6 +162,26 @@ class EngineState(enum.StrEnum):
     """Added (``add``), not yet in its group's state: no transition covers it, a router keeps it out of rotation."""
     FENCED = "fenced"
     """Out of every transition and of rotation (a join that failed, partial progress) until ``add`` or ``retire``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStateChanged(Event):
+    """The orchestrator's view of one engine moved (serving, paused, flushed, released, resumed, dead)."""
+
+    engine: str
+    from_state: str
+    to_state: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldChanged(Event):
+    """A pause hold was taken or released on an engine."""
+
+    engine: str
+    reason: str
+    acquired: bool
+    holds: tuple[str, ...]
+    """Every reason still holding the engine paused after this change."""
 
 
 RESEND_ROUNDS: Final = 2

@@ -30,9 +30,7 @@ __all__ = [
     "CallObserver",
     "CallStarted",
     "EngineRefused",
-    "EngineStateChanged",
     "Event",
-    "HoldChanged",
     "Observer",
     "ProbeCompleted",
     "RetryBudgetExhaustedEvent",
@@ -51,7 +49,8 @@ class Event:
 
     The retry core's and the breaker's events are here; the barrier's own (its transitions
     and phases, ``resilience.barrier.state``; the restart budget's, ``resilience.barrier.journal``)
-    are defined beside what emits them.
+    are defined beside what emits them, and the two a router reads (an engine's state, its
+    holds) in ``resilience.engine_contract``, beside ``EngineState``.
     """
 
 
@@ -189,26 +188,6 @@ class ProbeCompleted(_OfCall):
 
     answer: str
     """``done``, ``not_done`` or ``unknown``."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineStateChanged(Event):
-    """The orchestrator's view of one engine moved (serving, paused, flushed, released, resumed, dead)."""
-
-    engine: str
-    from_state: str
-    to_state: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HoldChanged(Event):
-    """A pause hold was taken or released on an engine."""
-
-    engine: str
-    reason: str
-    acquired: bool
-    holds: tuple[str, ...]
-    """Every reason still holding the engine paused after this change."""
 
 
 class Observer(Protocol):

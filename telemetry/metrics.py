@@ -27,16 +27,8 @@ from prometheus_client.metrics_core import Metric
 from resilience.barrier.journal import RestartBudget
 from resilience.barrier.journal_store import JournalStore
 from resilience.barrier.state import PhaseEnded, TransitionEnded
-from resilience.events import (
-    AttemptEnded,
-    BreakerRejected,
-    BreakerTransitioned,
-    CallEnded,
-    EngineStateChanged,
-    HoldChanged,
-    RetryBudgetExhaustedEvent,
-    RetryScheduled,
-)
+from resilience.engine_contract import EngineStateChanged, HoldChanged
+from resilience.events import AttemptEnded, BreakerRejected, BreakerTransitioned, CallEnded, RetryBudgetExhaustedEvent, RetryScheduled
 from resilience.outcome import CallOutcome, Outcome
 
 from ._dispatch import Dispatcher

@@ -35,12 +35,13 @@ from resilience.engine_contract import (
     EngineDied,
     EngineRules,
     EngineState,
+    EngineStateChanged,
     MemoryModel,
     MemoryProbe,
     engine_name,
     rules_of,
 )
-from resilience.events import EngineStateChanged, Event, Observer, emit
+from resilience.events import Event, Observer, emit
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
 if TYPE_CHECKING:  # the journal reads this module's knowledge; the state only holds a journal

@@ -50,8 +50,17 @@ from resilience.barrier.state import (
     short,
 )
 from resilience.deadline import Deadline
-from resilience.engine_contract import ALL_TAGS, RESEND_ROUNDS, AnyEngine, ControlMethod, EngineState, MemoryProbe
-from resilience.events import EngineStateChanged, HoldChanged, emit
+from resilience.engine_contract import (
+    ALL_TAGS,
+    RESEND_ROUNDS,
+    AnyEngine,
+    ControlMethod,
+    EngineState,
+    EngineStateChanged,
+    HoldChanged,
+    MemoryProbe,
+)
+from resilience.events import emit
 
 __all__ = [
     "OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "PhaseStep", "ReadStep", "SettleStep", "Step", "Steps", "Transition", "WaitStep",
