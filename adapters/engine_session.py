@@ -10,9 +10,9 @@ import requests
 from resilience.adapters.driver_config import UNSET, DriverConfig, Unset
 from resilience.adapters.engine_http import DEFAULT_LIMIT_PER_HOST
 from resilience.adapters.requests import ResilientAdapter, resilient_session
+from resilience.engine_contract import MemoryProbe
 from resilience.errors import ConfigConflict
 from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
 from resilience.policy import PolicyTable
 
 __all__ = ["DRIVER_KEYWORDS", "SyncSessionOwner", "WithProbe", "mount_adapter", "own_driver_kwargs", "own_policies", "probed_config"]

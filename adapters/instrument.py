@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 from resilience.adapters.driver_config import UNSET, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.ledger import DEFAULT_WINDOW_S, AttemptLedger
 from resilience.adapters.sglang import SGLANG_POLICIES
+from resilience.engine_contract import MemoryProbe, covers
 from resilience.errors import ConfigError, ErrorTypes
-from resilience.memory_probe import MemoryProbe, covers
 from resilience.policy import PolicyTable
 from resilience.retry.retrier import Retrier
 
@@ -235,7 +235,7 @@ class SGLangInstrumentor:
         return probes
 
     def check_probes(self) -> None:
-        """Raise ``ConfigError`` unless every memory probe of the policies knows every engine (``resilience.memory_probe.covers``).
+        """Raise ``ConfigError`` unless every memory probe of the policies knows every engine (``resilience.engine_contract.covers``).
 
         A probe that answers ``UnknownEngine`` for an engine would leave the mount without its probe there, silently (an
         ``EmulatorMemoryProbe`` without the proxies' ``aliases=``, a fleet's probe taken before ``fleet.start()``). A

@@ -26,7 +26,7 @@ only in it answer None. A reading taken while a release or resume is under way (
 or, if it happens to match a state, that state: NVML cannot see a call queued in the scheduler. The transport trusts
 "not applied" only after a 502/503 for that reason (``resilience.adapters.sglang.memory_check``).
 
-An engine not configured here raises ``UnknownEngine`` (``resilience.memory_probe``: the probe knows nothing of it,
+An engine not configured here raises ``UnknownEngine`` (``resilience.engine_contract``: the probe knows nothing of it,
 which a mount checks before it starts). None also when: a PID is not running, or NVML lists none of them on any GPU (a
 dead engine); NVML cannot be initialised or read; no serving baseline is known yet.
 """
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from resilience.memory_probe import UnknownEngine
+from resilience.engine_contract import UnknownEngine
 
 __all__ = [
     "EngineGpu", "NvmlMemoryProbe", "NvmlReader", "NvmlThresholds", "Reader", "infer_released", "scheduler_pids", "tag_bytes_from_loads",
@@ -259,7 +259,7 @@ def _pid_runs(pid: int) -> bool:
 
 @dataclass(eq=False)
 class NvmlMemoryProbe:
-    """A ``resilience.memory_probe.MemoryProbe`` from NVML's per-process memory of each engine's schedulers on this node.
+    """A ``resilience.engine_contract.MemoryProbe`` from NVML's per-process memory of each engine's schedulers on this node.
 
     ``engines``: engine name (``scheme://host:port``, as the barrier and the transport name it) -> ``EngineGpu``.
     ``thresholds``: the matching tolerance (default ``NvmlThresholds()``: 1 GiB or 2 % of serving memory). ``reader``:

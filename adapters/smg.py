@@ -43,8 +43,8 @@ from typing import Any, Literal, Protocol
 
 import requests
 
-from resilience.engine_contract import EngineState
-from resilience.events import EngineStateChanged, Event, HoldChanged
+from resilience.engine_contract import EngineState, EngineStateChanged, HoldChanged
+from resilience.events import Event
 
 __all__ = ["HELD_LABEL", "GatewayHealthSettings", "HoldOrchestrator", "SmgRouter", "SyncReport", "gateway_session"]
 

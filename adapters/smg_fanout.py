@@ -51,9 +51,8 @@ from resilience.adapters.smg import gateway_session
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
 from resilience.barrier.state import EngineSkipped
 from resilience.deadline import Deadline
-from resilience.engine_contract import GATEWAY_STATUSES, engine_name
+from resilience.engine_contract import GATEWAY_STATUSES, MemoryProbe, engine_name
 from resilience.events import AttemptEnded, CallEnded, CallStarted, Observer, RetryScheduled, emit
-from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord, CallOutcome, Delivery, Outcome
 from resilience.policy import ProbeAnswer
 

@@ -5,7 +5,7 @@ the resilient transports, the SGLang clients, the barrier, policies,
 ``Deadline``, the errors a caller catches and ``set_testing``. Everything else
 is imported from its one module: ``resilience.outcome`` (what an attempt or a
 call did), ``resilience.events``, ``resilience.policy`` (probes),
-``resilience.clock``, ``resilience.budget`` (the restart budget),
+``resilience.clock``, ``resilience.barrier`` (the restart budget),
 ``resilience.errors``, ``resilience.adapters.driver_config`` and the retry
 core for transport authors (``resilience.retry``).
 

@@ -34,10 +34,8 @@ class Deadline:
     @classmethod
     def at(cls, expires_at: float, clock: Clock = SYSTEM_CLOCK) -> Deadline:
         """The deadline that ends when ``clock`` reads ``expires_at`` (``inf``: never ends)."""
-        d = cls.__new__(cls)
-        d._clock = clock
+        d = cls(None, clock=clock)  # an unbounded deadline reads no clock
         d._expires_at = expires_at
-        d._token = None
         return d
 
     @property

@@ -10,7 +10,10 @@ The five calls are named after SGLang 0.5.23's HTTP routes, so an engine that
 declares no ``control_rules`` is SGLang-shaped by definition and gets
 ``SGLANG_RULES``. Another kind (vLLM's ``VLLMEngine``) says so with a
 ``control_rules`` attribute holding its table; a third kind writes its
-``EngineRules`` and does the same.
+``EngineRules`` and does the same. Which tags are released on an engine, where a
+deployment can prove it, is a ``MemoryProbe``'s answer (NVML, the emulator). What
+the barrier announces of an engine to routers beside it (``EngineStateChanged``,
+``HoldChanged``) is here too, as routers may not import the barrier.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, TypeAlias, get_args
+from typing import Any, Final, Literal, Protocol, TypeAlias, get_args, runtime_checkable
+
+from resilience.events import Event
 
 __all__ = [
     "ALL_TAGS",
@@ -40,12 +45,17 @@ __all__ = [
     "EngineDied",
     "EngineRules",
     "EngineState",
+    "EngineStateChanged",
     "EngineUnavailable",
+    "HoldChanged",
     "KnownFacts",
     "MemoryModel",
+    "MemoryProbe",
     "OnAmbiguous",
     "PauseMode",
     "ServingRead",
+    "UnknownEngine",
+    "covers",
     "engine_name",
     "rules_of",
 ]
@@ -160,6 +170,26 @@ class EngineState(enum.StrEnum):
     """Out of every transition and of rotation (a join that failed, partial progress) until ``add`` or ``retire``."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStateChanged(Event):
+    """The orchestrator's view of one engine moved (serving, paused, flushed, released, resumed, dead)."""
+
+    engine: str
+    from_state: str
+    to_state: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldChanged(Event):
+    """A pause hold was taken or released on an engine."""
+
+    engine: str
+    reason: str
+    acquired: bool
+    holds: tuple[str, ...]
+    """Every reason still holding the engine paused after this change."""
+
+
 RESEND_ROUNDS: Final = 2
 """How many times a transition re-sends at once an ambiguous release or resume on a ``resend`` kind (then the next does)."""
 
@@ -223,6 +253,51 @@ VLLM_MEMORY: Final = MemoryModel(
 
 MEMORY_MODELS: Final[Mapping[str, MemoryModel]] = {m.kind: m for m in (SGLANG_MEMORY, VLLM_MEMORY)}
 """Every memory model, by kind (what a journal's ``kind`` names)."""
+
+
+class UnknownEngine(LookupError):
+    """Raised by ``MemoryProbe.released_tags`` for an engine the probe knows nothing of (distinct from None: no reading now)."""
+
+    def __init__(self, probe: object, engine: str) -> None:
+        super().__init__(f"{probe!r} knows no engine {engine!r}")
+        self.engine = engine
+        """The engine asked about."""
+
+
+@runtime_checkable
+class MemoryProbe(Protocol):
+    """Answers which memory tags (``kv_cache``, ``weights``, ``cuda_graph``) are released on an engine, where a deployment
+    can prove it.
+
+    SGLang 0.5.23 has no route that tells, so a probe answers from outside the HTTP
+    control plane (NVML: ``resilience.adapters.nvml``; the emulator's own truth:
+    ``resilience.testing``); ``docs/failure-and-recovery.md`` says who asks it. A
+    probe never guesses: ``None`` means "I know this engine but cannot prove it
+    now", and the caller behaves as without a probe; an engine it cannot read at all
+    raises ``UnknownEngine`` instead (``covers``). Probes are synchronous and quick
+    (a local read); async callers may call them directly.
+    """
+
+    def released_tags(self, engine: str) -> frozenset[str] | None:
+        """The tags released on ``engine`` (its name, ``scheme://host:port``) now, or None when this probe cannot prove it.
+
+        Raises ``UnknownEngine`` when the probe has no way to read ``engine`` at all.
+        """
+        ...
+
+
+def covers(probe: MemoryProbe, engine: str) -> bool:
+    """Whether ``probe`` knows ``engine``: one ``released_tags`` call answers a reading, None or another error, not ``UnknownEngine``.
+
+    Another error counts as known (the probe may read the engine later), as the callers treat it.
+    """
+    try:
+        probe.released_tags(engine)
+    except UnknownEngine:
+        return False
+    except Exception:
+        return True
+    return True
 
 
 class OnAmbiguous(enum.StrEnum):

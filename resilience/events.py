@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field, fields
-from typing import Protocol, TypeAlias
+from typing import Protocol
 
 from resilience.outcome import CallOutcome, Outcome
 
@@ -30,19 +30,11 @@ __all__ = [
     "CallObserver",
     "CallStarted",
     "EngineRefused",
-    "EngineStateChanged",
     "Event",
-    "HoldChanged",
     "Observer",
-    "PhaseEnded",
-    "PhaseFailure",
-    "PhaseStarted",
     "ProbeCompleted",
-    "RestartRecorded",
     "RetryBudgetExhaustedEvent",
     "RetryScheduled",
-    "TransitionEnded",
-    "TransitionStarted",
     "call_observer",
     "emit",
     "hearing",
@@ -52,7 +44,18 @@ log = logging.getLogger("resilience.events")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallStarted:
+class Event:
+    """The base of every event: a frozen dataclass named for its moment, in the past tense.
+
+    The retry core's and the breaker's events are here; the barrier's own (its transitions
+    and phases, ``resilience.barrier.state``; the restart budget's, ``resilience.barrier.journal``)
+    are defined beside what emits them, and the two a router reads (an engine's state, its
+    holds) in ``resilience.engine_contract``, beside ``EngineState``.
+    """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallStarted(Event):
     """A logical call (one ``Session.send`` / one client method) began."""
 
     call_id: int
@@ -66,7 +69,7 @@ class CallStarted:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AttemptStarted:
+class AttemptStarted(Event):
     """One attempt is about to be sent.
 
     ``carrier`` is the outgoing request's header mapping: an observer may add
@@ -87,7 +90,7 @@ class AttemptStarted:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AttemptEnded:
+class AttemptEnded(Event):
     """One attempt finished, with its classification."""
 
     call_id: int
@@ -106,7 +109,7 @@ class AttemptEnded:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _OfCall:
+class _OfCall(Event):
     """What every other event of one call names: the call, its endpoint and its engine (as ``CallStarted`` names them)."""
 
     call_id: int
@@ -126,7 +129,7 @@ class RetryScheduled(_OfCall):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallEnded:
+class CallEnded(Event):
     """A logical call finished."""
 
     call_id: int
@@ -143,7 +146,7 @@ class CallEnded:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BreakerTransitioned:
+class BreakerTransitioned(Event):
     """An engine's circuit breaker changed state (closed/open/half_open)."""
 
     engine: str
@@ -185,125 +188,6 @@ class ProbeCompleted(_OfCall):
 
     answer: str
     """``done``, ``not_done`` or ``unknown``."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TransitionStarted:
-    """A barrier transition (offload, onload, weight_sync) began."""
-
-    transition_id: int
-    transition: str
-    engines: tuple[str, ...]
-    deadline_s: float | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PhaseStarted:
-    """One barrier phase (pause, flush, release, resume, continue, ...) began on these engines."""
-
-    transition_id: int
-    transition: str
-    phase: str
-    engines: tuple[str, ...]
-    deadline_s: float | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PhaseFailure:
-    """One engine's failure inside a phase."""
-
-    engine: str
-    error_type: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PhaseEnded:
-    """A barrier phase ended: every engine acknowledged, or some failed."""
-
-    transition_id: int
-    transition: str
-    phase: str
-    engines: tuple[str, ...]
-    duration_s: float
-    failures: tuple[PhaseFailure, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """True when every engine acknowledged the phase."""
-        return not self.failures
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TransitionEnded:
-    """A barrier transition ended."""
-
-    transition_id: int
-    transition: str
-    engines: tuple[str, ...]
-    duration_s: float
-    ok: bool
-    failed_phase: str | None = None
-    rolled_back: tuple[str, ...] = ()
-    """Engines the orchestrator continued again after a failure."""
-    left_paused: tuple[str, ...] = ()
-    """Engines that could not be rolled back and stay paused or released."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineStateChanged:
-    """The orchestrator's view of one engine moved (serving, paused, flushed, released, resumed, dead)."""
-
-    engine: str
-    from_state: str
-    to_state: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HoldChanged:
-    """A pause hold was taken or released on an engine."""
-
-    engine: str
-    reason: str
-    acquired: bool
-    holds: tuple[str, ...]
-    """Every reason still holding the engine paused after this change."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RestartRecorded:
-    """The caller recorded a restart in a ``RestartBudget``."""
-
-    cause: str
-    step: int | None
-    used: int
-    limit: int
-
-    @property
-    def remaining(self) -> int:
-        """Restarts left before the budget is spent (never negative)."""
-        return max(0, self.limit - self.used)
-
-
-Event: TypeAlias = (
-    CallStarted
-    | AttemptStarted
-    | AttemptEnded
-    | RetryScheduled
-    | CallEnded
-    | BreakerTransitioned
-    | BreakerRejected
-    | RetryBudgetExhaustedEvent
-    | EngineRefused
-    | ProbeCompleted
-    | TransitionStarted
-    | PhaseStarted
-    | PhaseEnded
-    | TransitionEnded
-    | EngineStateChanged
-    | HoldChanged
-    | RestartRecorded
-)
 
 
 class Observer(Protocol):

@@ -24,7 +24,7 @@ from resilience.barrier import EngineResult, EngineState, FanOut
 from resilience.barrier.fanout import Calls, reported_versions
 from resilience.barrier.view import BarrierView
 from resilience.deadline import Deadline
-from resilience.events import EngineStateChanged
+from resilience.engine_contract import EngineStateChanged
 
 from ._labels import OTHER, scrub_engine
 

@@ -24,20 +24,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from resilience.barrier.journal import RestartBudget
 from resilience.barrier.journal_store import JournalStore
-from resilience.budget import RestartBudget
-from resilience.events import (
-    AttemptEnded,
-    BreakerRejected,
-    BreakerTransitioned,
-    CallEnded,
-    EngineStateChanged,
-    HoldChanged,
-    PhaseEnded,
-    RetryBudgetExhaustedEvent,
-    RetryScheduled,
-    TransitionEnded,
-)
+from resilience.barrier.state import PhaseEnded, TransitionEnded
+from resilience.engine_contract import EngineStateChanged, HoldChanged
+from resilience.events import AttemptEnded, BreakerRejected, BreakerTransitioned, CallEnded, RetryBudgetExhaustedEvent, RetryScheduled
 from resilience.outcome import CallOutcome, Outcome
 
 from ._dispatch import Dispatcher

@@ -28,19 +28,16 @@ from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, 
 from opentelemetry.util.types import AttributeValue
 
 from resilience import __version__
+from resilience.barrier.state import PhaseEnded, PhaseStarted, TransitionEnded, TransitionStarted
 from resilience.events import (
     AttemptEnded,
     AttemptStarted,
     BreakerRejected,
     CallEnded,
     CallStarted,
-    PhaseEnded,
-    PhaseStarted,
     ProbeCompleted,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
-    TransitionEnded,
-    TransitionStarted,
 )
 from resilience.outcome import CallOutcome, Outcome
 

@@ -29,9 +29,8 @@ from resilience.adapters.sglang.results import (
     WeightUpdateResult,
 )
 from resilience.adapters.sglang.state import SGLangClientState
-from resilience.engine_contract import PauseMode
+from resilience.engine_contract import MemoryProbe, PauseMode
 from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
 from resilience.policy import PolicyTable
 
 if TYPE_CHECKING:

@@ -23,10 +23,9 @@ from resilience.adapters.sglang.calls import Call, auth_headers, raise_if_refuse
 from resilience.adapters.sglang.policies import SGLANG_POLICIES
 from resilience.adapters.sglang.results import ControlResult, FlushResult, GenerateResult, Health, ModelInfo, WeightUpdateResult
 from resilience.adapters.sglang.state import SGLangClientState
-from resilience.engine_contract import PauseMode
+from resilience.engine_contract import MemoryProbe, PauseMode
 from resilience.errors import ResilienceError
 from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
 from resilience.policy import PolicyTable
 
 __all__ = ["SGLangClient", "mount_sglang"]
@@ -62,7 +61,7 @@ class SGLangClient(SyncSessionOwner, SGLangClientState):
     arguments (``breaker``, ``retry_budget``, ``clock``, ``pool_maxsize``, ...) go to its ``ResilientAdapter``; or
     ``config=DriverConfig(...)`` (build it with ``policies=SGLANG_POLICIES``) shares one configuration and its
     per-engine breakers and budgets with other clients and drivers. ``memory_probe``: a
-    ``resilience.memory_probe.MemoryProbe`` its release and resume entries ask before re-sending after a gateway
+    ``resilience.engine_contract.MemoryProbe`` its release and resume entries ask before re-sending after a gateway
     status or an ambiguous failure (``sglang_policies(memory_probe=...)``: a call it proves applied returns as
     applied, ``ControlResult.confirmed_by_probe``); default None. With ``config=``, a copy of the config whose
     policies ask the probe is used (``engine_session.probed_config``: same breakers and budgets, still shared). With

@@ -27,8 +27,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from resilience.engine_contract import ALL_TAGS
-from resilience.memory_probe import MemoryProbe
+from resilience.engine_contract import ALL_TAGS, MemoryProbe
 from resilience.policy import ProbeAnswer, ProbeContext
 
 __all__ = ["RELEASE_PATH", "RESUME_PATH", "MemoryProbeCheck", "probe_verdict", "requested_tags"]
@@ -60,14 +59,14 @@ def requested_tags(body: bytes | None) -> frozenset[str] | None:
 class MemoryProbeCheck:
     """A ``resilience.policy.Probe`` for SGLang's release and resume calls, answered from ``memory_probe``.
 
-    ``memory_probe``: any ``resilience.memory_probe.MemoryProbe`` (NVML on the engine's node, the
+    ``memory_probe``: any ``resilience.engine_contract.MemoryProbe`` (NVML on the engine's node, the
     emulator's side channel). A probe that raises counts as "cannot prove" (unknown).
     """
 
     def __init__(self, memory_probe: MemoryProbe) -> None:
         if not isinstance(memory_probe, MemoryProbe):
             raise TypeError(
-                f"memory_probe must have released_tags(engine) (a resilience.memory_probe.MemoryProbe), but was {memory_probe!r}"
+                f"memory_probe must have released_tags(engine) (a resilience.engine_contract.MemoryProbe), but was {memory_probe!r}"
             )
         self.memory_probe = memory_probe
         """The probe asked."""

@@ -15,7 +15,7 @@ and the engine dies: behind ``FaultProxy`` with 502s after forwarding (issue 19)
 deaths from 1 to 5 (AReaL) and from 0 to 3 (verl) in 25 cycles each. Two ways out, per deployment:
 
 - ``sglang_policies(memory_probe=probe)``: before re-sending a release or resume after a gateway status or an ambiguous
-  failure, ask a ``resilience.memory_probe.MemoryProbe`` (NVML on the engine's node, ``resilience.adapters.nvml``; the
+  failure, ask a ``resilience.engine_contract.MemoryProbe`` (NVML on the engine's node, ``resilience.adapters.nvml``; the
   emulator's truth, ``resilience.testing.EmulatorMemoryProbe``) whether it was applied. Applied: the call returns as
   applied (a body-less 200, reason ``"Applied (confirmed by probe)"``, ``.attempts`` showing the gateway status); not
   applied (after a 502/503): re-sent; cannot tell: as without a probe (``memory_check.py`` has the rules).
@@ -33,7 +33,7 @@ from dataclasses import replace
 
 from resilience.adapters.engine_retries import CONNECT_WINDOW_S, CONTROL_RETRY, NO_STATUS_RETRY, READ_RETRY
 from resilience.adapters.sglang.memory_check import RELEASE_PATH, RESUME_PATH, MemoryProbeCheck
-from resilience.memory_probe import MemoryProbe
+from resilience.engine_contract import MemoryProbe
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy, parse_key
 
 __all__ = [

@@ -27,9 +27,9 @@ from resilience.adapters.sglang.calls import (
 from resilience.adapters.sglang.policies import SGLANG_POLICIES, with_memory_probe
 from resilience.adapters.sglang.results import FlushResult, Health, SGLangError, SGLangWeightsReleased
 from resilience.deadline import Deadline
+from resilience.engine_contract import MemoryProbe
 from resilience.errors import ResilienceError
 from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
 from resilience.outcome import AttemptRecord
 from resilience.policy import PolicyTable
 

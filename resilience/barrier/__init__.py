@@ -7,7 +7,8 @@
 - ``transitions``: offload, onload, a pause and its end, and recovery, written once as steps with no I/O (``PhaseStep``,
   ``SettleStep``, ``WaitStep``, ``ReadStep``), with the phase fold and the settling at a transition's start.
 - ``membership``: engines that join a running group (``add``), leave it (``retire``) and are fenced (``min_engines``).
-- ``journal``, ``journal_store``: the knowledge written where it outlives the controller.
+- ``journal``, ``journal_store``: the knowledge written where it outlives the controller, and the run's
+  ``RestartBudget``.
 - ``fanout``: one phase sent to many engines at once (``ThreadFanOut``, ``SequentialFanOut``).
 - ``async_fanout``: ``AsyncFanOut``, the same on one event loop for engines whose calls are coroutines, and Python's
   garbage collector paused (bounded) while its phase runs.
@@ -20,6 +21,7 @@ The engine contract the barrier drives (``ControlPlaneEngine``, ``PauseMode``, `
 
 from resilience.barrier.async_orchestrator import AsyncOrchestrator
 from resilience.barrier.fanout import EngineResult, FanOut, PhaseTimeout, SequentialFanOut, ThreadFanOut
+from resilience.barrier.journal import RestartBudget, RestartBudgetError, RestartRecord
 from resilience.barrier.orchestrator import Orchestrator
 from resilience.barrier.state import (
     BarrierBusy,
@@ -48,6 +50,6 @@ __all__ = [
     "ALL_TAGS", "AnyEngine", "AsyncControlPlaneEngine", "AsyncOrchestrator", "BarrierBusy", "CanaryCheck",
     "CheckFailed", "ControlPlaneEngine", "Effect", "EngineCheck", "EngineDied", "EngineGroup", "EngineResult",
     "EngineSkipped", "EngineState", "EngineUnavailable", "FanOut", "HoldToken", "Orchestrator", "PauseMode",
-    "PhaseDeadlines", "PhaseFailed", "PhaseReport", "PhaseTimeout", "SequentialFanOut", "ThreadFanOut",
-    "TransitionReport", "VerificationFailed", "WeightVersionCheck",
+    "PhaseDeadlines", "PhaseFailed", "PhaseReport", "PhaseTimeout", "RestartBudget", "RestartBudgetError", "RestartRecord",
+    "SequentialFanOut", "ThreadFanOut", "TransitionReport", "VerificationFailed", "WeightVersionCheck",
 ]

@@ -38,8 +38,8 @@ from resilience.barrier.transitions import (
     unhold,
 )
 from resilience.barrier.verify import EngineCheck, judge_one, unreadable
-from resilience.engine_contract import AnyEngine, EngineState, engine_name, rules_of
-from resilience.events import EngineStateChanged, emit
+from resilience.engine_contract import AnyEngine, EngineState, EngineStateChanged, engine_name, rules_of
+from resilience.events import emit
 
 __all__ = [
     "GroupTarget", "admit", "fence", "fence_failed", "join_steps", "min_engines_arg", "retire", "partial",

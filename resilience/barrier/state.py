@@ -1,6 +1,6 @@
 """The barrier's state, with no I/O and no clock: what it knows of each engine (``EngineKnowledge``), what a call did
-(``Effect``, read by ``effect_of`` from the driver's record only), the barrier's values, reports and errors, and
-``BarrierState``, the one object each orchestrator holds them in.
+(``Effect``, read by ``effect_of`` from the driver's record only), the barrier's values, reports, events and errors,
+and ``BarrierState``, the one object each orchestrator holds them in.
 
 An engine's state is a few facts, each known or unknown: ``paused`` (None: a pause or continue that may have been
 applied; pause and flush are safe to re-send, so it is resolved by pausing again), ``flushed``, the ``released`` tags
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Generic, TypedDict, TypeVar
 
 from resilience.barrier.fanout import EngineNotDriven, EngineResult, LateCall, PhaseTimeout, reported_versions
-from resilience.budget import RestartBudget
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.engine_contract import (
     GATEWAY_STATUSES,
@@ -37,22 +36,24 @@ from resilience.engine_contract import (
     EngineDied,
     EngineRules,
     EngineState,
+    EngineStateChanged,
     MemoryModel,
+    MemoryProbe,
     engine_name,
     rules_of,
 )
-from resilience.events import EngineStateChanged, Observer, emit
-from resilience.memory_probe import MemoryProbe
+from resilience.events import Event, Observer, emit
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
 if TYPE_CHECKING:  # the journal reads this module's knowledge; the state only holds a journal
-    from resilience.barrier.journal import Journal, Recovery
+    from resilience.barrier.journal import Journal, Recovery, RestartBudget
     from resilience.barrier.journal_store import JournalStore
 
 __all__ = [
     "ANSWERED_FOR", "BarrierBusy", "BarrierKeywords", "BarrierOptions", "BarrierState", "Doubt", "Effect",
     "EngineGroup", "EngineKnowledge", "EngineSkipped", "Facts", "HoldToken", "InFlight", "Pending", "PhaseDeadlines",
-    "PhaseFailed", "PhaseReport", "TransitionReport", "doubt_of", "effect_of", "is_engine_dead", "reasons", "short",
+    "PhaseEnded", "PhaseFailed", "PhaseFailure", "PhaseReport", "PhaseStarted", "TransitionEnded", "TransitionReport",
+    "TransitionStarted", "doubt_of", "effect_of", "is_engine_dead", "reasons", "short",
 ]
 
 
@@ -464,6 +465,69 @@ class TransitionReport:
     def ideal_s(self) -> float:
         """The sum over phases of the slowest engine: what a perfect fan-out would take."""
         return sum(p.slowest_s for p in self.phases)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransitionStarted(Event):
+    """A barrier transition (offload, onload, weight_sync) began."""
+
+    transition_id: int
+    transition: str
+    engines: tuple[str, ...]
+    deadline_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseStarted(Event):
+    """One barrier phase (pause, flush, release, resume, continue, ...) began on these engines."""
+
+    transition_id: int
+    transition: str
+    phase: str
+    engines: tuple[str, ...]
+    deadline_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseFailure(Event):
+    """One engine's failure inside a phase."""
+
+    engine: str
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseEnded(Event):
+    """A barrier phase ended: every engine acknowledged, or some failed."""
+
+    transition_id: int
+    transition: str
+    phase: str
+    engines: tuple[str, ...]
+    duration_s: float
+    failures: tuple[PhaseFailure, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when every engine acknowledged the phase."""
+        return not self.failures
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransitionEnded(Event):
+    """A barrier transition ended."""
+
+    transition_id: int
+    transition: str
+    engines: tuple[str, ...]
+    duration_s: float
+    ok: bool
+    failed_phase: str | None = None
+    rolled_back: tuple[str, ...] = ()
+    """Engines the orchestrator continued again after a failure."""
+    left_paused: tuple[str, ...] = ()
+    """Engines that could not be rolled back and stay paused or released."""
 
 
 class EngineSkipped(RuntimeError):

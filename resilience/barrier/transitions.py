@@ -35,9 +35,14 @@ from resilience.barrier.state import (
     EngineSkipped,
     HoldToken,
     Pending,
+    PhaseEnded,
     PhaseFailed,
+    PhaseFailure,
     PhaseReport,
+    PhaseStarted,
+    TransitionEnded,
     TransitionReport,
+    TransitionStarted,
     doubt_of,
     effect_of,
     is_engine_dead,
@@ -45,18 +50,17 @@ from resilience.barrier.state import (
     short,
 )
 from resilience.deadline import Deadline
-from resilience.engine_contract import ALL_TAGS, RESEND_ROUNDS, AnyEngine, ControlMethod, EngineState
-from resilience.events import (
+from resilience.engine_contract import (
+    ALL_TAGS,
+    RESEND_ROUNDS,
+    AnyEngine,
+    ControlMethod,
+    EngineState,
     EngineStateChanged,
     HoldChanged,
-    PhaseEnded,
-    PhaseFailure,
-    PhaseStarted,
-    TransitionEnded,
-    TransitionStarted,
-    emit,
+    MemoryProbe,
 )
-from resilience.memory_probe import MemoryProbe
+from resilience.events import emit
 
 __all__ = [
     "OFFLOAD_HOLD", "WEIGHT_SYNC_HOLD", "PhaseStep", "ReadStep", "SettleStep", "Step", "Steps", "Transition", "WaitStep",

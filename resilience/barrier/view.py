@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar, overload
 
-from resilience.barrier.journal import Journal, Recovery
+from resilience.barrier.journal import Journal, Recovery, RestartBudget
 from resilience.barrier.state import BarrierState, EngineGroup, PhaseDeadlines
-from resilience.budget import RestartBudget
 from resilience.clock import Clock
-from resilience.engine_contract import AnyEngine, EngineState
+from resilience.engine_contract import AnyEngine, EngineState, MemoryProbe
 from resilience.events import Observer
-from resilience.memory_probe import MemoryProbe
 
 __all__ = ["BarrierView"]
 

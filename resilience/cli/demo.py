@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import RestartBudget
 from resilience.cli.churn import MEMBERSHIP_FLEET, membership_scene
 from resilience.cli.common import CliError, check_output_file, plural, write_json
 from resilience.cli.errors_text import safe_url, short_error

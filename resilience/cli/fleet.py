@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import RestartBudget
 from resilience.cli.common import CliError, need
 from resilience.events import Observer
 from resilience.testing.colocate import ColocateConfig, EngineKind, StepProgress, run_colocate

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import RestartBudget
 from resilience.cli.common import CliError, check_output_file, need, plural, write_json
 from resilience.cli.fleet import DEMO_ENGINE, VLLM_DEMO_ENGINE, FleetRunner, check_engines, soak_plan, vllm_demo_plan
 from resilience.cli.render import RunProgress, comparison_rows, make_console, rich_table

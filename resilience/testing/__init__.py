@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from resilience.clock import FakeClock
+from resilience.testing.clock import FakeClock
 from resilience.testing.policies import fast_policies
 
 if TYPE_CHECKING:

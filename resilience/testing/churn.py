@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.adapters.sglang import SGLangClient
 from resilience.barrier import EngineGroup, EngineState, Orchestrator, PhaseDeadlines, PhaseFailed, WeightVersionCheck
-from resilience.events import Event, PhaseStarted
+from resilience.barrier.state import PhaseStarted
+from resilience.events import Event
 from resilience.testing.lab_sglang import demo_policies
 
 if TYPE_CHECKING:

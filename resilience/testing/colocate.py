@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import RestartBudget
 from resilience.events import Observer
 from resilience.testing.lab import ColocateReport, Lab, LabSetup, StopClock
 

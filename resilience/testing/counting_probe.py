@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from resilience.memory_probe import MemoryProbe
+from resilience.engine_contract import MemoryProbe
 
 __all__ = ["CountingProbe"]
 

@@ -24,7 +24,7 @@ from resilience.outcome import CallOutcome
 from resilience.testing.faultplan import CONTROL_PATHS
 
 if TYPE_CHECKING:
-    from resilience.budget import RestartBudget
+    from resilience.barrier.journal import RestartBudget
     from resilience.policy import PolicyTable
     from resilience.testing.colocate import ColocateConfig
     from resilience.testing.emulator import EmulatedFleet, EngineHandle

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from resilience.memory_probe import UnknownEngine
+from resilience.engine_contract import UnknownEngine
 from resilience.testing.emulator.memory_state import process_start_ticks, read_state, state_path
 
 __all__ = ["EmulatorMemoryProbe"]

@@ -21,10 +21,10 @@ from resilience import BreakerConfig, EndpointPolicy, PolicyTable, RetryBudgetCo
 from resilience.adapters.aiohttp import ResilientMiddleware, caller_timeout, request_timeout
 from resilience.adapters.aiohttp_errors import AmbiguousOutcome, CircuitOpen, DeadlineExceeded, RetryBudgetExhausted
 from resilience.breaker import BreakerState, CircuitBreaker
-from resilience.clock import FakeClock
 from resilience.events import AttemptStarted, Event
 from resilience.outcome import Delivery, attempts_of
 from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.testing.clock import FakeClock
 from tests.conftest import LONG_TIMEOUT, SHORT_TIMEOUT, free_port
 from tests.servers import Action, Drop, Hang, Reply
 

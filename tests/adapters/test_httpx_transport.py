@@ -29,10 +29,10 @@ from resilience.adapters.httpx import AsyncResilientTransport, ResilientTranspor
 from resilience.adapters.httpx_errors import AmbiguousOutcome, CircuitOpen, DeadlineExceeded, RetriesExhausted, RetryBudgetExhausted
 from resilience.adapters.routing import engine_of
 from resilience.breaker import BreakerState
-from resilience.clock import FakeClock
 from resilience.events import AttemptStarted, Event, RetryScheduled
 from resilience.outcome import Delivery
 from resilience.policy import ProbeAnswer, ProbeContext
+from resilience.testing.clock import FakeClock
 from tests.conftest import LONG_TIMEOUT, SHORT_TIMEOUT, free_port
 from tests.servers import Hang, Reply, Reset, ScriptedServer, scripted
 

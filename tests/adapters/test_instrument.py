@@ -25,8 +25,8 @@ from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.sglang import mount_sglang, sglang_policies
+from resilience.engine_contract import UnknownEngine
 from resilience.errors import ConfigConflict, ConfigError
-from resilience.memory_probe import UnknownEngine
 from resilience.policy import EndpointPolicy, PolicyTable, ProbeAnswer, ProbeContext, RetryPolicy
 from resilience.testing.memory_probe import EmulatorMemoryProbe
 from tests.servers import Hang, Reply, ScriptedServer, scripted

@@ -9,11 +9,11 @@ import pytest
 from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.adapters.ledger import AttemptLedger, LedgerRetrier
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.clock import FakeClock
 from resilience.errors import ConfigError, DeadlineExceeded, RetriesExhausted, RetryBudgetExhausted
 from resilience.outcome import Delivery, attempts_of
 from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.spec import AttemptResult, CallSpec
+from resilience.testing.clock import FakeClock
 
 ENGINE = "http://127.0.0.1:1"
 QUICK = RetryPolicy(max_attempts=3, base_s=0.0, cap_s=0.0)

@@ -29,7 +29,7 @@ from resilience.adapters.nvml import (
     scheduler_pids,
     tag_bytes_from_loads,
 )
-from resilience.memory_probe import MemoryProbe, UnknownEngine, covers
+from resilience.engine_contract import MemoryProbe, UnknownEngine, covers
 from tests.conftest import process_tree
 
 TAGS = {"kv_cache": 60 * GiB, "weights": 16 * GiB, "cuda_graph": 6 * GiB}

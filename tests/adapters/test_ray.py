@@ -31,10 +31,10 @@ from resilience.adapters.ray import RayEngine, RayFanOut, TimedValue, _unwrap, r
 from resilience.adapters.sglang import SGLANG_POLICIES, SGLangClient, SGLangError
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.state import Effect, effect_of
+from resilience.barrier.state import Effect, PhaseEnded, effect_of
 from resilience.deadline import Deadline
 from resilience.engine_contract import EngineDied, EngineUnavailable
-from resilience.events import Event, PhaseEnded
+from resilience.events import Event
 from resilience.outcome import Delivery, attempts_of
 from resilience.policy import EndpointPolicy, RetryPolicy
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle

@@ -34,8 +34,9 @@ from ray.cluster_utils import Cluster
 
 from resilience.adapters.ray import RayEngine, RayEngineHandle, RayFanOut, RayVLLMEngine, ray_engine, ray_engines
 from resilience.barrier import EngineDied, EngineGroup, Orchestrator, PhaseFailed
+from resilience.barrier.state import PhaseEnded
 from resilience.engine_contract import SGLANG_RULES, VLLM_RULES, rules_of
-from resilience.events import Event, PhaseEnded
+from resilience.events import Event
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.emulator.vllm import VLLMEngineConfig
 from tests.conftest import start_local_ray

@@ -23,9 +23,9 @@ from resilience import (
     RetryPolicy,
 )
 from resilience.adapters.requests import ResilientAdapter, resilient_session
-from resilience.clock import FakeClock
 from resilience.errors import RetryBudgetExhausted
 from resilience.outcome import Delivery
+from resilience.testing.clock import FakeClock
 from tests.conftest import SHORT_TIMEOUT, free_port
 from tests.servers import Hang, Reply, Reset, scripted
 

@@ -45,8 +45,9 @@ from typing import Any
 
 from resilience.adapters.sglang import SGLANG_POLICIES, AsyncSGLangClient, SGLangClient
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
+from resilience.barrier.state import PhaseStarted
 from resilience.barrier.transitions import OFFLOAD_HOLD
-from resilience.events import Event, PhaseStarted
+from resilience.events import Event
 from resilience.testing import fast_policies
 
 POLICIES = fast_policies(SGLANG_POLICIES, attempt_timeout_s=2.0, deadline_s=6.0)

@@ -8,9 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from resilience.barrier import AsyncOrchestrator, BarrierBusy, EngineGroup, EngineSkipped, PhaseDeadlines, PhaseFailed
+from resilience.barrier.state import TransitionEnded
 from resilience.engine_contract import EngineState
 from resilience.errors import AmbiguousOutcome
-from resilience.events import Event, TransitionEnded
+from resilience.events import Event
 from tests.barrier.fake_engine import ALL, AsyncFakeEngine, Fault, Refused
 
 DEADLINES = PhaseDeadlines(transition_s=10.0, pause_s=3, flush_s=3, release_s=3, resume_s=3, continue_s=3)

@@ -13,9 +13,10 @@ import requests
 
 from resilience import AmbiguousOutcome
 from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import RestartBudget
+from resilience.barrier.state import PhaseEnded, TransitionEnded
 from resilience.engine_contract import EngineState
-from resilience.events import Event, PhaseEnded, TransitionEnded
+from resilience.events import Event
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.faults import FaultPlan, FaultRule
 from tests.barrier.conftest import Backend

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, PhaseDeadlines, PhaseFailed, SequentialFanOut
-from resilience.barrier.journal import JournalBusy, JournalError, JournalMismatch
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import JournalBusy, JournalError, JournalMismatch, RestartBudget
 from resilience.engine_contract import EngineState
 from tests.barrier.fake_engine import AsyncFakeEngine, FakeEngine, Fault
 

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
-from resilience.barrier.journal import FORMAT, Journal, JournalError, JournalMismatch, _boot_id, _me, _started, read_journal
+from resilience.barrier.journal import FORMAT, Journal, JournalError, JournalMismatch, RestartBudget, _boot_id, _me, _started, read_journal
 from resilience.barrier.journal_store import FileJournalStore, JournalBusy, JournalCorrupt, frame, unframe
 from resilience.barrier.state import EngineKnowledge
-from resilience.budget import RestartBudget
 from tests.barrier.journal_faults import FaultyOS
 
 ENGINES = ["http://127.0.0.1:1", "http://127.0.0.1:2"]

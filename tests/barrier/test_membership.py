@@ -27,7 +27,8 @@ from resilience.barrier import (
 )
 from resilience.barrier.fanout import ThreadFanOut
 from resilience.barrier.journal import Journal, JournalMismatch
-from resilience.events import EngineStateChanged, Event
+from resilience.engine_contract import EngineStateChanged
+from resilience.events import Event
 from tests.barrier.fake_engine import ALL, AsyncFakeEngine, FakeEngine, Fault
 
 

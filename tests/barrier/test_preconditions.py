@@ -16,12 +16,12 @@ import requests
 from resilience.barrier import BarrierBusy, EngineGroup, EngineSkipped, Orchestrator, PhaseDeadlines, PhaseFailed
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut, PhaseTimeout, ThreadFanOut
-from resilience.barrier.state import Effect, EngineKnowledge, effect_of, is_engine_dead
-from resilience.clock import FakeClock
+from resilience.barrier.state import Effect, EngineKnowledge, PhaseEnded, TransitionEnded, effect_of, is_engine_dead
 from resilience.engine_contract import EngineDied, EngineState, EngineUnavailable
 from resilience.errors import RetriesExhausted
-from resilience.events import Event, Outcome, PhaseEnded, TransitionEnded
+from resilience.events import Event, Outcome
 from resilience.outcome import AttemptRecord, Delivery
+from resilience.testing.clock import FakeClock
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.3, flush_s=0.3, release_s=0.3, resume_s=0.3, continue_s=0.3)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from resilience.barrier import AsyncOrchestrator, EngineGroup, EngineState, Orchestrator, PhaseDeadlines, PhaseFailed, ThreadFanOut
-from resilience.clock import FakeClock
+from resilience.testing.clock import FakeClock
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 
 GRACE_S = 2.0

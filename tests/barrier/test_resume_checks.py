@@ -32,11 +32,11 @@ from resilience.barrier import EngineGroup, Orchestrator, PhaseDeadlines
 from resilience.barrier.fanout import Calls, EngineResult, ThreadFanOut
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore, JournalStore, Loaded
-from resilience.barrier.state import EngineKnowledge
+from resilience.barrier.state import EngineKnowledge, PhaseEnded
 from resilience.cli.story import death_causes
 from resilience.deadline import Deadline
 from resilience.engine_contract import CONTROL_METHODS, PauseMode
-from resilience.events import Event, PhaseEnded
+from resilience.events import Event
 from resilience.testing.emulator import EmulatedFleet, EngineConfig, EngineHandle
 from tests.barrier.crash_rig import Controller, Traffic, put_in_order
 from tests.barrier.fake_engine import FakeEngine

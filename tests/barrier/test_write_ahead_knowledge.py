@@ -27,7 +27,9 @@ from resilience.barrier import (
 )
 from resilience.barrier.async_fanout import AsyncFanOut
 from resilience.barrier.fanout import FanOut
-from resilience.events import EngineStateChanged, Event, PhaseEnded
+from resilience.barrier.state import PhaseEnded
+from resilience.engine_contract import EngineStateChanged
+from resilience.events import Event
 from tests.barrier.fake_engine import ALL, AnyFake, AsyncFakeEngine, FakeEngine, Fault
 
 DEADLINES = PhaseDeadlines(transition_s=10.0, pause_s=2, flush_s=2, release_s=2, resume_s=2, continue_s=2)

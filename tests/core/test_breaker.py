@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from resilience import BreakerConfig
 from resilience.breaker import BreakerState, CircuitBreaker
-from resilience.clock import FakeClock
 from resilience.errors import PolicyError
 from resilience.events import BreakerTransitioned, Event
+from resilience.testing.clock import FakeClock
 
 
 def test_consecutive_failures_open_then_half_open_then_close() -> None:

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from resilience import Deadline
-from resilience.clock import FakeClock
 from resilience.deadline import current_deadline
+from resilience.testing.clock import FakeClock
 
 
 def test_deadline_context_caps_inner() -> None:

@@ -7,10 +7,10 @@ import logging
 import pytest
 
 from resilience import EndpointPolicy, RetryPolicy
-from resilience.clock import FakeClock
 from resilience.events import AttemptEnded, AttemptStarted, CallEnded, CallObserver, CallStarted, Event, RetryScheduled, call_observer
 from resilience.outcome import CallOutcome, Outcome
 from resilience.retry.retrier import Retrier
+from resilience.testing.clock import FakeClock
 from tests.core.retry.scripts import ENGINE, Script, spec, status
 
 POLICY = EndpointPolicy(retry=RetryPolicy(max_attempts=3, base_s=0.1, cap_s=0.1, jitter=0))

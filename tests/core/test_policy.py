@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from resilience import BreakerConfig, EndpointPolicy, PolicyTable, RetryBudgetConfig, RetryPolicy
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import RestartBudget
 from resilience.errors import PolicyError
 from resilience.policy import DEFAULT_ATTEMPT_TIMEOUT_S, UnnamedSeconds
 

@@ -186,7 +186,7 @@ def test_each_method_sends_the_tables_route_on_both_clients(recorder: tuple[str,
 # -- the own session's settings ---------------------------------------------------------------------
 
 class _NoProbe:
-    """A memory probe that can never tell (``resilience.memory_probe.MemoryProbe``)."""
+    """A memory probe that can never tell (``resilience.engine_contract.MemoryProbe``)."""
 
     def released_tags(self, engine: str) -> frozenset[str] | None:
         return None

@@ -27,8 +27,9 @@ from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, Pha
 from resilience.barrier.fanout import engine_name
 from resilience.barrier.journal import Journal
 from resilience.barrier.journal_store import FileJournalStore
+from resilience.barrier.state import PhaseEnded
 from resilience.engine_contract import EngineState, rules_of
-from resilience.events import Event, PhaseEnded
+from resilience.events import Event
 from resilience.telemetry.engine_state import ENGINE_STATES, EngineStateCollector, WeightVersionTap
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server
 from resilience.testing.emulator import EmulatedFleet, EngineConfig

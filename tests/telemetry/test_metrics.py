@@ -15,17 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pytest_httpserver import HTTPServer
 
 from resilience.adapters.requests import resilient_session
-from resilience.budget import RestartBudget
-from resilience.events import (
-    BreakerRejected,
-    BreakerTransitioned,
-    HoldChanged,
-    PhaseEnded,
-    PhaseFailure,
-    RetryBudgetExhaustedEvent,
-    RetryScheduled,
-    TransitionEnded,
-)
+from resilience.barrier.journal import RestartBudget
+from resilience.barrier.state import PhaseEnded, PhaseFailure, TransitionEnded
+from resilience.engine_contract import HoldChanged
+from resilience.events import BreakerRejected, BreakerTransitioned, RetryBudgetExhaustedEvent, RetryScheduled
 from resilience.outcome import CallOutcome, Outcome
 from resilience.policy import EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.telemetry.metrics import MetricsObserver, start_metrics_server

@@ -10,7 +10,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import RestartBudget
 from resilience.telemetry.metrics import MetricsObserver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     from prometheus_client import generate_latest
-    from resilience.budget import RestartBudget
+    from resilience.barrier.journal import RestartBudget
     from resilience.telemetry.metrics import MetricsObserver
 
     observer = MetricsObserver()

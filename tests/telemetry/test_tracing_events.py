@@ -13,19 +13,15 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from resilience.barrier.state import PhaseEnded, PhaseFailure, PhaseStarted, TransitionEnded, TransitionStarted
 from resilience.events import (
     AttemptStarted,
     BreakerRejected,
     CallStarted,
     Event,
-    PhaseEnded,
-    PhaseFailure,
-    PhaseStarted,
     ProbeCompleted,
     RetryBudgetExhaustedEvent,
     RetryScheduled,
-    TransitionEnded,
-    TransitionStarted,
 )
 from resilience.outcome import CallOutcome, Outcome
 from resilience.telemetry.tracing import TracingObserver

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-from resilience.budget import RestartBudget
+from resilience.barrier.journal import RestartBudget
 from resilience.testing.colocate import ColocateConfig, run_colocate
 from resilience.testing.emulator import EmulatedFleet
 from resilience.testing.lab import BASELINE, RESILIENT

@@ -23,7 +23,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilience.memory_probe import MemoryProbe, UnknownEngine, covers
+from resilience.engine_contract import MemoryProbe, UnknownEngine, covers
 from resilience.testing import EmulatorMemoryProbe
 from resilience.testing.emulator import EmulatedFleet, EngineConfig
 from resilience.testing.faults import FaultPlan

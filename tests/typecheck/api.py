@@ -54,7 +54,7 @@ from resilience.adapters.sglang import (  # noqa: E402
     sglang_policies,
     with_memory_probe,
 )
-from resilience.memory_probe import MemoryProbe  # noqa: E402
+from resilience.engine_contract import MemoryProbe  # noqa: E402
 from resilience.testing import EmulatorMemoryProbe  # noqa: E402
 
 emulator_probe: MemoryProbe = EmulatorMemoryProbe("/tmp/state", aliases={"http://127.0.0.1:2": "http://127.0.0.1:1"})

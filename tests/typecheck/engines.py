@@ -74,8 +74,8 @@ def _held_state(client: SGLangClient, async_client: AsyncSGLangClient) -> None:
     from resilience.barrier import AsyncOrchestrator, PhaseDeadlines
     from resilience.barrier.journal import Journal, Recovery
     from resilience.barrier.state import BarrierState
+    from resilience.engine_contract import MemoryProbe
     from resilience.events import Observer
-    from resilience.memory_probe import MemoryProbe
 
     orch = Orchestrator(EngineGroup([client]))
     aorch = AsyncOrchestrator(EngineGroup([async_client]))

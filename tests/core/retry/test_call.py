@@ -18,13 +18,13 @@ import pytest
 import resilience
 import resilience.retry.call as call_module
 from resilience import AmbiguousOutcome, DeadlineExceeded, EndpointPolicy, PolicyTable, RetryPolicy
-from resilience.clock import FakeClock
 from resilience.events import CallEnded, Event, RetryScheduled
 from resilience.outcome import CallOutcome, Delivery, attempts_of
 from resilience.policy import ProbeAnswer
 from resilience.retry.call import AskProbe, Raise, Return, Send, Wait
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
+from resilience.testing.clock import FakeClock
 from tests.core.retry.scripts import ENGINE, Script, lost, refused, spec, status
 
 

@@ -12,11 +12,11 @@ import pytest
 
 from resilience import CircuitOpen, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.breaker import BreakerConfig, BreakerRegistry, BreakerState
-from resilience.clock import FakeClock
 from resilience.events import BreakerTransitioned, EngineRefused, Event
 from resilience.outcome import Delivery
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
+from resilience.testing.clock import FakeClock
 
 ENGINE = "http://127.0.0.1:1"
 FAST = RetryPolicy(max_attempts=4, base_s=0.5, cap_s=0.5, jitter=0, connect_window_s=2.0)

@@ -7,12 +7,12 @@ from collections.abc import MutableMapping
 import pytest
 
 from resilience import AmbiguousOutcome, EndpointPolicy, PolicyTable, RetryPolicy
-from resilience.clock import FakeClock
 from resilience.events import Event, ProbeCompleted
 from resilience.outcome import Delivery
 from resilience.policy import ProbeAnswer, ProbeContext
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
+from resilience.testing.clock import FakeClock
 
 ENGINE = "http://127.0.0.1:1"
 FAST = RetryPolicy(max_attempts=3, base_s=0, cap_s=0)

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from resilience import BreakerConfig, CircuitOpen, EndpointPolicy, PolicyTable, RetryPolicy
 from resilience.breaker import BreakerRegistry, BreakerState, CircuitBreaker
-from resilience.clock import FakeClock
 from resilience.outcome import Delivery
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec
+from resilience.testing.clock import FakeClock
 
 ENGINE = "http://127.0.0.1:1"
 CONFIG = BreakerConfig(failure_threshold=1, open_seconds=1.0, half_open_max_calls=1)

@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 from resilience import EndpointPolicy, RetryPolicy
 from resilience.breaker import BreakerConfig, BreakerRegistry, BreakerState
 from resilience.budget import RetryBudgetConfig, RetryBudgets
-from resilience.clock import FakeClock
 from resilience.errors import ConfigError, DeadlineExceeded, ErrorTypes, RetryBudgetExhausted
 from resilience.events import CallEnded, Event
 from resilience.outcome import CallOutcome, Delivery
 from resilience.policy import ProbeAnswer
 from resilience.retry.retrier import Retrier
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts
+from resilience.testing.clock import FakeClock
 from tests.core.retry.scripts import ENGINE, lost, refused, spec, status
 
 RESULTS = {

@@ -13,9 +13,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from resilience import Deadline, EndpointPolicy, PolicyTable, RetryPolicy
-from resilience.clock import FakeClock
 from resilience.outcome import Delivery, Outcome
 from resilience.retry.spec import CallSpec, Timeouts, attempt_timeouts, classify, deadline_times
+from resilience.testing.clock import FakeClock
 
 ENGINE = "http://127.0.0.1:1"
 
