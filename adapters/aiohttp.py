@@ -430,7 +430,7 @@ def _route(policies: PolicyTable, method: str, url: str) -> Route:
 _session_of = operator.attrgetter("_session")
 """A request's session with no property call (``_aiohttp_compat`` checks that ``ClientRequest.session`` reads ``_session``)."""
 _lane_of = operator.attrgetter(_LANE_SLOT)
-"""A session connector's ``AiohttpLane``, once ``AiohttpLane.of`` made it (AttributeError before): an attribute read, no call."""
+"""A session connector's ``AiohttpLane`` or None, once ``AiohttpLane.of`` decided (AttributeError before): an attribute read, no call."""
 _YARL_PARTS = all(hasattr(URL("http://h:1/p"), part) for part in ("_scheme", "_netloc", "_path"))
 """yarl (1.13 and later) keeps a URL's parts as attributes: the route key reads them, with no ``str(url)``. Else the string."""
 
@@ -491,7 +491,7 @@ class ResilientMiddleware(ConfigViews):
         if on_lane:  # control routes' own connector (adapters/control_lane.py), kept on the session's connector
             try:
                 lane = _lane_of(_session_of(request)._connector)
-            except AttributeError:  # made on first use (None: not a plain ``TCPConnector``)
+            except AttributeError:  # asked once per connector (``AiohttpLane.of`` keeps its answer there, None included)
                 lane = AiohttpLane.of(request.session, self.driver_config.control_lane)
         try:
             attempt = functools.partial(_attempt, handler, request, lane)
@@ -518,13 +518,15 @@ async def _attempt(
 ) -> AttemptResult[ClientResponse]:
     """One attempt: ``handler(request)`` bounded by the attempt's (connect, read) timeouts (see ``_AttemptTimer``), with its headers.
 
-    ``lane``: the control lane the attempt takes its connection from (``AiohttpLane.send``), or None.
+    ``lane``: the control lane the attempt takes its connection from (armed and disarmed here, as ``AiohttpLane``
+    describes), or None.
 
     Transport errors are reported, not raised; a limit that ends the attempt
     is aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
     """
+    session = _session_of(request)
     if n > 0:
-        if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
+        if session.closed:  # closed during the backoff: what aiohttp raises for a closed session
             raise RuntimeError(_SESSION_CLOSED)
         await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
     if headers:
@@ -532,9 +534,12 @@ async def _attempt(
     before = request.response
     connect_s, read_s = timeouts
     timer = None if connect_s is None and read_s is None else _AttemptTimer(request, connect_s, read_s)
+    if lane is not None:  # arm (``AiohttpLane``): the lane's ``connect`` serves this request's one connection
+        lane.armed[request] = None
+        session._connector = lane.connector
     try:
         try:
-            response = await (handler(request) if lane is None else lane.send(handler, request))
+            response = await handler(request)
         except (asyncio.CancelledError, TimeoutError) as exc:
             if timer is None:
                 raise
@@ -543,6 +548,10 @@ async def _attempt(
                 raise  # not this attempt's limit: the caller's cancellation, or aiohttp's own timeout
             raise timer.error(request) from exc
         finally:
+            if lane is not None:  # disarm (``AiohttpLane``); the session's connector back if ``connect`` never ran
+                del lane.armed[request]
+                if session._connector is lane.connector:
+                    session._connector = lane.owner
             if timer is not None:
                 timer.stop(request)  # a no-op after the ``except`` above
     except _NOT_TRANSIENT:
