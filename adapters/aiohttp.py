@@ -313,15 +313,17 @@ class _AttemptTimer:
 
     "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
     and the request written to it): building the timer wraps this attempt's
-    ``send`` to move the limit then, so no timer polls. The loop's ``_Timers``
-    watches the limit. On expiry it cancels the attempt's task, as
+    ``send`` to move the limit then, so no timer polls. The loop's ``_Timers`` watches
+    the limit (``watched``). On expiry it cancels the attempt's task, as
     ``asyncio.timeout`` would; ``stop`` takes that cancellation back and says
     whether it was this timer's (a cancellation from anywhere else stays one),
     and ``error`` is the aiohttp error to raise then: ``ConnectionTimeoutError``
-    before sending, ``SocketTimeoutError`` after.
+    before sending, ``SocketTimeoutError`` after. An attempt that answered
+    before its limit needs only ``stop``'s two ``del`` statements (``_attempt``
+    writes them out: no ``stop`` frame on a success).
     """
 
-    __slots__ = ("_cancelling", "_loop", "_read_s", "_send", "_task", "_timers", "expired", "limit_at", "sent")
+    __slots__ = ("_cancelling", "_loop", "_read_s", "_send", "_task", "_timers", "expired", "limit_at", "sent", "watched")
 
     def __init__(self, request: ClientRequest, connect_s: float | None, read_s: float | None) -> None:
         task = asyncio.current_task(request.loop)
@@ -337,6 +339,8 @@ class _AttemptTimer:
         if timers is None or timers.loop() is not loop:
             timers = _timers_of(loop)
         self._timers = timers
+        self.watched = timers.timers
+        """The loop's timers, this one among them until the attempt ends."""
         now = timers.now
         self.limit_at = limit_at = None if connect_s is None else (loop.time() if now is None else now()) + connect_s
         """The loop time at which the attempt times out now (None: no limit)."""
@@ -374,7 +378,7 @@ class _AttemptTimer:
             return False
         self._task = None
         del request.send  # back to the class's method
-        del self._timers.timers[self]
+        del self.watched[self]
         return self.expired and task.uncancel() <= self._cancelling
 
     def error(self, request: ClientRequest) -> aiohttp.ServerTimeoutError:
@@ -547,16 +551,24 @@ async def _attempt(
             if not timer.expired or (isinstance(exc, asyncio.CancelledError) and not ours):
                 raise  # not this attempt's limit: the caller's cancellation, or aiohttp's own timeout
             raise timer.error(request) from exc
+        except BaseException:
+            if timer is not None:
+                timer.stop(request)
+            raise
         finally:
             if lane is not None:  # disarm (``AiohttpLane``); the session's connector back if ``connect`` never ran
                 del lane.armed[request]
                 if session._connector is lane.connector:
                     session._connector = lane.owner
-            if timer is not None:
-                timer.stop(request)  # a no-op after the ``except`` above
     except _NOT_TRANSIENT:
         raise
     except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
         delivery, kind = _transport_failure(exc, sent=request.response is not before)
         return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
+    if timer is not None:  # answered: a timer that fired takes its cancellation back (``stop``)
+        if timer.expired:
+            timer.stop(request)
+        else:  # ``stop``'s two ``del`` statements, written out: every timed success runs them
+            del request.send
+            del timer.watched[timer]
     return responded(response, response.status, response.headers)
