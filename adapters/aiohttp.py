@@ -313,8 +313,8 @@ class _AttemptTimer:
 
     "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
     and the request written to it): building the timer wraps this attempt's
-    ``send`` to move the limit then, so no timer polls. The loop's ``_Timers`` watches
-    the limit (``watched``). On expiry it cancels the attempt's task, as
+    ``send`` to move the limit then, so no timer polls. The loop's ``_Timers``
+    watches the limit (``watched``). On expiry it cancels the attempt's task, as
     ``asyncio.timeout`` would; ``stop`` takes that cancellation back and says
     whether it was this timer's (a cancellation from anywhere else stays one),
     and ``error`` is the aiohttp error to raise then: ``ConnectionTimeoutError``
