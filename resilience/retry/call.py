@@ -273,7 +273,7 @@ class RetryCall(Generic[R]):
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, "deadline exceeded before attempt")
         breaker = self.breaker
         if breaker is not None:
-            permit = breaker.admit_closed() if self.permit is None else None  # a closed breaker's shared permit, lock-free
+            permit = breaker.closed_permit if self.permit is None else None  # a closed breaker's shared permit (``admit_closed``)
             if permit is None:
                 permit = breaker.admit(self.permit)
             if permit is None:
@@ -328,7 +328,7 @@ class RetryCall(Generic[R]):
         record = _new_record(AttemptRecord, (n, status, outcome, result.delivery, error_type, duration, None))  # all 7 fields
         if outcome is Outcome.SUCCESS and self.records is None:  # the common case: one record, no list
             self.ended = True
-            if self.breaker is not None:
+            if self.breaker is not None and self.permit is not self.breaker.calm:  # calm: a success changes nothing
                 self.breaker.record_success(self.permit)  # as ``_end`` decides for a success
             if self.hearing[3]:
                 self._announce_end(CallOutcome.SUCCESS, None)
