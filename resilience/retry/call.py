@@ -241,7 +241,7 @@ class RetryCall(Generic[R]):
                     observer.call_started(call_id, method, endpoint, engine, deadline_s)
                 except Exception:  # an observer must never break a control call
                     _failed(observer, "call_started")
-        if budget is not None:
+        if budget is not None and not budget.full:  # a full budget: a deposit changes nothing
             budget.deposit()
 
     @property
