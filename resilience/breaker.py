@@ -173,7 +173,8 @@ class CircuitBreaker:
     def admit_closed(self) -> Permit | None:
         """``admit()`` for a new call when the breaker is closed (the same permit), else None with nothing changed.
 
-        A call's first admission asks this (``RetryCall.next_step``), then ``admit`` when it got None.
+        A call's first admission reads this answer as ``closed_permit`` (``RetryCall.next_step``), then asks ``admit``
+        when it got None.
         """
         return self.closed_permit  # read without the lock: ``_move`` sets it
 
