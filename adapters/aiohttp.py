@@ -17,7 +17,7 @@ outside the middleware: each hop is its own logical call.
 
 Timeouts, bodies, errors, the probe's response, cancellation and aiohttp's
 own re-run of a request are described in ``docs/http-clients.md`` (its
-aiohttp section; here: ``caller_timeout``, ``_AttemptTimer``,
+aiohttp section; here: ``caller_timeout``, ``_Attempts``,
 ``_replayable``, ``_probe_response``, ``_GIVEN_UP``). Besides:
 
 - **Delivery.** ``ClientConnectorError`` (refused, DNS) and a connect timeout
@@ -93,11 +93,11 @@ Each is raised before the request is written (``_never_sent_unretried``)."""
 
 
 _SESSION_CLOSED = "Session is closed"
-"""What aiohttp raises for a closed session, and what ``_attempt`` raises, before sending, for one closed during a backoff."""
+"""What aiohttp raises for a closed session, and what ``_Attempts.run`` raises, before sending, for one closed during a backoff."""
 
 
 def _never_sent_unretried(exc: BaseException) -> bool:
-    """Raised before a byte of the request left (recorded as not sent): one of ``_NOT_TRANSIENT``, or ``_attempt``'s closed session."""
+    """Raised before a byte of the request left (recorded as not sent): one of ``_NOT_TRANSIENT``, or ``_Attempts.run``'s closed session."""
     return isinstance(exc, _NOT_TRANSIENT) or (type(exc) is RuntimeError and exc.args == (_SESSION_CLOSED,))
 
 ERROR_TYPES = ErrorTypes(
@@ -244,7 +244,7 @@ class _Timers:
 
     (A handle per attempt would be built, pushed on the loop's heap and
     compared there in Python until it pops, cancelled, long after most
-    attempts end.) An attempt joins ``timers``, moves its limit in place
+    attempts end.) An attempt (its call's ``_Attempts``) joins ``timers``, moves its limit in place
     and leaves it; the handle is re-armed (``arm``) only when a limit comes
     earlier than the one it is armed at. When it fires, every attempt whose
     limit has come expires (its task is cancelled, as ``asyncio.timeout``
@@ -264,7 +264,7 @@ class _Timers:
         self.at = math.inf
         """Where the handle is armed (loop time; ``inf``: not armed). A timer whose limit is earlier calls ``arm``."""
         self._handle: asyncio.TimerHandle | None = None
-        self.timers: dict[_AttemptTimer, None] = {}
+        self.timers: dict[_Attempts, None] = {}
         """The attempts watched (a dict used as a set: adding and removing a key is no function call)."""
 
     def arm(self, loop: asyncio.AbstractEventLoop, limit_at: float) -> None:
@@ -308,43 +308,108 @@ def _timers_of(loop: asyncio.AbstractEventLoop) -> _Timers:
     return timers
 
 
-class _AttemptTimer:
-    """The limit of a timed attempt: ``connect_s`` until aiohttp has sent the request, then ``read_s`` from then on.
+class _Attempts:
+    """One call's attempts: aiohttp's ``handler`` for ``request`` (on ``lane``, when set), and the running attempt's limit.
 
-    "Sent" is aiohttp's ``ClientRequest.send`` returning (a connection is held
-    and the request written to it): building the timer wraps this attempt's
-    ``send`` to move the limit then, so no timer polls. The loop's ``_Timers``
-    watches the limit. On expiry it cancels the attempt's task, as
-    ``asyncio.timeout`` would; ``stop`` takes that cancellation back and says
-    whether it was this timer's (a cancellation from anywhere else stays one),
-    and ``error`` is the aiohttp error to raise then: ``ConnectionTimeoutError``
-    before sending, ``SocketTimeoutError`` after.
+    ``ResilientMiddleware.__call__`` builds it and sets those three fields (no
+    ``__init__``: a frame less per call); ``run`` is one attempt, the loop's
+    ``send``. A timed attempt's limit is ``connect_s`` until aiohttp has sent
+    the request, then ``read_s`` from then on. "Sent" is aiohttp's
+    ``ClientRequest.send`` returning (a connection is held and the request
+    written to it): ``run`` wraps this attempt's ``send`` to move the limit
+    then, so no timer polls. The loop's ``_Timers`` watches the limit. On
+    expiry it cancels the attempt's task, as ``asyncio.timeout`` would;
+    ``stop`` takes that cancellation back and says whether it was this
+    limit's (a cancellation from anywhere else stays one), and ``error`` is
+    the aiohttp error to raise then: ``ConnectionTimeoutError`` before
+    sending, ``SocketTimeoutError`` after. An attempt that answered before its
+    limit needs only ``stop``'s two ``del`` statements (``run`` writes them
+    out: no ``stop`` frame on a success).
     """
 
-    __slots__ = ("_cancelling", "_loop", "_read_s", "_send", "_task", "_timers", "expired", "limit_at", "sent")
+    __slots__ = (
+        "_cancelling", "_loop", "_read_s", "_send", "_task", "_timers", "expired", "handler", "lane", "limit_at", "request", "sent",
+    )
 
-    def __init__(self, request: ClientRequest, connect_s: float | None, read_s: float | None) -> None:
-        task = asyncio.current_task(request.loop)
-        if task is None:  # a middleware always runs in a task; nothing to cancel on expiry otherwise
-            raise RuntimeError("ResilientMiddleware must run inside an asyncio task")
-        self._loop = loop = request.loop  # the task's
-        self._task: asyncio.Task[Any] | None = task
-        self._read_s = read_s
-        self._cancelling = task.cancelling()
-        self.expired = False
-        self.sent = False
-        timers = _LAST_TIMERS  # one loop per thread is the common case: no dictionary lookup then
-        if timers is None or timers.loop() is not loop:
-            timers = _timers_of(loop)
-        self._timers = timers
-        now = timers.now
-        self.limit_at = limit_at = None if connect_s is None else (loop.time() if now is None else now()) + connect_s
-        """The loop time at which the attempt times out now (None: no limit)."""
-        timers.timers[self] = None
-        if limit_at is not None and limit_at < timers.at:
-            timers.arm(loop, limit_at)
-        self._send = request.send
-        request.send = self._send_then_read  # type: ignore[method-assign]
+    handler: ClientHandlerType
+    request: ClientRequest
+    lane: AiohttpLane | None
+    """The control lane the attempts take their connection from (armed and disarmed in ``run``, as ``AiohttpLane``
+    describes), or None."""
+    limit_at: float | None
+    """The loop time at which the running attempt times out now (None: no limit)."""
+    _task: asyncio.Task[Any] | None
+    """The running timed attempt's task (None once ``stop`` ran)."""
+
+    async def run(self, n: int, timeouts: Timeouts, headers: MutableMapping[str, str]) -> AttemptResult[ClientResponse]:
+        """One attempt: ``handler(request)`` bounded by its (connect, read) timeouts, with its headers.
+
+        Transport errors are reported, not raised; a limit that ends the attempt
+        is aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
+        """
+        request, lane = self.request, self.lane
+        session = _session_of(request)
+        if n > 0:
+            if session.closed:  # closed during the backoff: what aiohttp raises for a closed session
+                raise RuntimeError(_SESSION_CLOSED)
+            await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
+        if headers:
+            request.headers.update(headers)
+        before = request.response
+        connect_s, read_s = timeouts
+        timed = connect_s is not None or read_s is not None
+        if timed:  # the limit, watched by the loop's ``_Timers`` until the attempt ends
+            self._loop = loop = request.loop  # the task's
+            task = asyncio.current_task(loop)
+            if task is None:  # a middleware always runs in a task; nothing to cancel on expiry otherwise
+                raise RuntimeError("ResilientMiddleware must run inside an asyncio task")
+            self._task, self._cancelling, self._read_s = task, task.cancelling(), read_s
+            self.expired = self.sent = False
+            timers = _LAST_TIMERS  # one loop per thread is the common case: no dictionary lookup then
+            if timers is None or timers.loop() is not loop:
+                timers = _timers_of(loop)
+            self._timers = timers
+            now = timers.now
+            self.limit_at = limit_at = None if connect_s is None else (loop.time() if now is None else now()) + connect_s
+            timers.timers[self] = None
+            if limit_at is not None and limit_at < timers.at:
+                timers.arm(loop, limit_at)
+            self._send = request.send
+            request.send = self._send_then_read  # type: ignore[method-assign]
+        if lane is not None:  # arm (``AiohttpLane``): the lane's ``connect`` serves this request's one connection
+            lane.armed[request] = None
+            session._connector = lane.connector
+        try:
+            try:
+                response = await self.handler(request)
+            except (asyncio.CancelledError, TimeoutError) as exc:
+                if not timed:
+                    raise
+                ours = self.stop()
+                if not self.expired or (isinstance(exc, asyncio.CancelledError) and not ours):
+                    raise  # not this attempt's limit: the caller's cancellation, or aiohttp's own timeout
+                raise self.error() from exc
+            except BaseException:
+                if timed:
+                    self.stop()
+                raise
+            finally:
+                if lane is not None:  # disarm (``AiohttpLane``); the session's connector back if ``connect`` never ran
+                    del lane.armed[request]
+                    if session._connector is lane.connector:
+                        session._connector = lane.owner
+        except _NOT_TRANSIENT:
+            raise
+        except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
+            delivery, kind = _transport_failure(exc, sent=request.response is not before)
+            return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
+        if timed:  # answered: a limit that fired takes its cancellation back (``stop``)
+            if self.expired:
+                self.stop()
+            else:  # ``stop``'s two ``del`` statements, written out: every timed success runs them
+                del request.send
+                del self._timers.timers[self]
+        return responded(response, response.status, response.headers)
 
     async def _send_then_read(self, conn: Connection) -> ClientResponse:
         """The request's own ``send``; then the limit becomes ``read_s`` from now."""
@@ -362,10 +427,10 @@ class _AttemptTimer:
             self.expired = True
             self._task.cancel()
 
-    def stop(self, request: ClientRequest) -> bool:
-        """Leave the loop's timers and give ``request`` its own ``send`` back, once; True when this timer cancelled the task (a timeout).
+    def stop(self) -> bool:
+        """Leave the loop's timers and give the request its own ``send`` back, once; True when this limit cancelled the task (a timeout).
 
-        A timer that fired takes its cancellation back (``uncancel``), as
+        A limit that fired takes its cancellation back (``uncancel``), as
         ``asyncio.timeout`` does on exit; True only when no other
         cancellation of the task is pending.
         """
@@ -373,15 +438,15 @@ class _AttemptTimer:
         if task is None:
             return False
         self._task = None
-        del request.send  # back to the class's method
+        del self.request.send  # back to the class's method
         del self._timers.timers[self]
         return self.expired and task.uncancel() <= self._cancelling
 
-    def error(self, request: ClientRequest) -> aiohttp.ServerTimeoutError:
+    def error(self) -> aiohttp.ServerTimeoutError:
         """What aiohttp raises for this limit: a read timeout once sent, a connection timeout before."""
         if self.sent:
-            return aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {request.url.origin()}")
-        return aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url.origin()}")
+            return aiohttp.SocketTimeoutError(f"Timeout on reading data from socket to {self.request.url.origin()}")
+        return aiohttp.ConnectionTimeoutError(f"Connection timeout to host {self.request.url.origin()}")
 
 
 def _probe_response(request: ClientRequest) -> ClientResponse:
@@ -430,7 +495,7 @@ def _route(policies: PolicyTable, method: str, url: str) -> Route:
 _session_of = operator.attrgetter("_session")
 """A request's session with no property call (``_aiohttp_compat`` checks that ``ClientRequest.session`` reads ``_session``)."""
 _lane_of = operator.attrgetter(_LANE_SLOT)
-"""A session connector's ``AiohttpLane``, once ``AiohttpLane.of`` made it (AttributeError before): an attribute read, no call."""
+"""A session connector's ``AiohttpLane`` or None, once ``AiohttpLane.of`` decided (AttributeError before): an attribute read, no call."""
 _YARL_PARTS = all(hasattr(URL("http://h:1/p"), part) for part in ("_scheme", "_netloc", "_path"))
 """yarl (1.13 and later) keeps a URL's parts as attributes: the route key reads them, with no ``str(url)``. Else the string."""
 
@@ -491,13 +556,14 @@ class ResilientMiddleware(ConfigViews):
         if on_lane:  # control routes' own connector (adapters/control_lane.py), kept on the session's connector
             try:
                 lane = _lane_of(_session_of(request)._connector)
-            except AttributeError:  # made on first use (None: not a plain ``TCPConnector``)
+            except AttributeError:  # asked once per connector (``AiohttpLane.of`` keeps its answer there, None included)
                 lane = AiohttpLane.of(request.session, self.driver_config.control_lane)
         try:
-            attempt = functools.partial(_attempt, handler, request, lane)
+            attempts = _Attempts()  # no ``__init__`` (see ``_Attempts``)
+            attempts.handler, attempts.request, attempts.lane = handler, request, lane
             probe_done = functools.partial(_probe_response, request)
             response, records = await self.retrier.arun(
-                spec, attempt, discard=_discard, on_probe_done=probe_done, never_sent=_never_sent_unretried
+                spec, attempts.run, discard=_discard, on_probe_done=probe_done, never_sent=_never_sent_unretried
             )
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if timer is not None and rerun and not isinstance(exc, aiohttp.ClientConnectorError):
@@ -506,48 +572,3 @@ class ResilientMiddleware(ConfigViews):
         response.attempts = records  # type: ignore[attr-defined]
         response.endpoint = match.endpoint  # type: ignore[attr-defined]
         return response
-
-
-async def _attempt(
-    handler: ClientHandlerType,
-    request: ClientRequest,
-    lane: AiohttpLane | None,
-    n: int,
-    timeouts: Timeouts,
-    headers: MutableMapping[str, str],
-) -> AttemptResult[ClientResponse]:
-    """One attempt: ``handler(request)`` bounded by the attempt's (connect, read) timeouts (see ``_AttemptTimer``), with its headers.
-
-    ``lane``: the control lane the attempt takes its connection from (``AiohttpLane.send``), or None.
-
-    Transport errors are reported, not raised; a limit that ends the attempt
-    is aiohttp's ``ConnectionTimeoutError`` or ``SocketTimeoutError``.
-    """
-    if n > 0:
-        if request.session.closed:  # closed during the backoff: what aiohttp raises for a closed session
-            raise RuntimeError(_SESSION_CLOSED)
-        await request.close()  # the last attempt's body writer has settled: a file payload rewinds itself
-    if headers:
-        request.headers.update(headers)
-    before = request.response
-    connect_s, read_s = timeouts
-    timer = None if connect_s is None and read_s is None else _AttemptTimer(request, connect_s, read_s)
-    try:
-        try:
-            response = await (handler(request) if lane is None else lane.send(handler, request))
-        except (asyncio.CancelledError, TimeoutError) as exc:
-            if timer is None:
-                raise
-            ours = timer.stop(request)
-            if not timer.expired or (isinstance(exc, asyncio.CancelledError) and not ours):
-                raise  # not this attempt's limit: the caller's cancellation, or aiohttp's own timeout
-            raise timer.error(request) from exc
-        finally:
-            if timer is not None:
-                timer.stop(request)  # a no-op after the ``except`` above
-    except _NOT_TRANSIENT:
-        raise
-    except (aiohttp.ClientError, OSError) as exc:  # asyncio.TimeoutError is an OSError
-        delivery, kind = _transport_failure(exc, sent=request.response is not before)
-        return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
-    return responded(response, response.status, response.headers)

@@ -16,15 +16,18 @@ so none of them pulls in another library.
   transport of another class, or through a proxy, gets none.
 - aiohttp: ``AiohttpLane`` is a ``TCPConnector`` beside the session's (with
   its TLS setting, address family, local address and resolver), one per
-  session connector, kept on it. A control attempt hands aiohttp's handler
-  the lane for its one connection: the session's ``_connector`` is set to the
-  lane just before the handler runs, and the lane's ``connect`` puts the
-  session's connector back before anything can yield (aiohttp 3.12 to 3.14's
-  ``ClientSession._request`` reads ``self._connector`` in the handler it
-  builds; a middleware inside ours that yields before calling on would let
-  another request find the lane, so the lane serves only the requests it was
-  armed for and sends any other to the session's connector). The session's
-  connector's ``close`` is wrapped to close the lane too.
+  session connector, kept on it (``AiohttpLane.of``; a connector that gets
+  none keeps None there, so it is asked once). A control attempt hands
+  aiohttp's handler the lane for its one connection (the swap
+  ``AiohttpLane`` describes, written out in the middleware's attempt): the session's
+  ``_connector`` is set to the lane just before the handler runs, and the
+  lane's ``connect`` puts the session's connector back before anything can
+  yield (aiohttp 3.12 to 3.14's ``ClientSession._request`` reads
+  ``self._connector`` in the handler it builds; a middleware inside ours that
+  yields before calling on would let another request find the lane, so the
+  lane serves only the requests it was armed for and sends any other to the
+  session's connector). The session's connector's ``close`` is wrapped to
+  close the lane too.
 """
 
 from __future__ import annotations
@@ -140,26 +143,42 @@ def async_httpx_lane(transport: httpx.AsyncBaseTransport, lane: ControlLane | No
 
 
 class AiohttpLane:
-    """The lane of one aiohttp session connector: a ``TCPConnector`` of its own, and the handler swap that uses it."""
+    """The lane of one aiohttp session connector: a ``TCPConnector`` of its own, and the handler swap that uses it.
+
+    The swap, for one control request (the middleware's attempt writes it
+    out: a method or a wrapping coroutine would cost every control call a
+    frame):
+
+    - arm: ``lane.armed[request] = None``, then the session's ``_connector`` set
+      to ``lane.connector``, then ``await handler(request)``;
+    - the lane's ``connect`` sets the session's connector back to ``owner``
+      (before anything yields) and serves an armed request (any other goes to
+      ``owner``);
+    - disarm, however the handler ended: the request's key deleted, and
+      ``owner`` put back if the handler never reached ``connect``.
+    """
+
+    __slots__ = ("armed", "connector", "owner")
 
     def __init__(self, owner: aiohttp.TCPConnector) -> None:
         import aiohttp
 
         self.owner = owner
-        self.armed: set[int] = set()
-        """``id()`` of the control requests in flight through the lane (a request is not hashable by value)."""
+        self.armed: dict[aiohttp.ClientRequest, None] = {}
+        """The control requests in flight through the lane (a dict used as a set: adding and removing a key is no
+        function call; a request hashes by identity)."""
         lane = self
 
         class _Connector(aiohttp.TCPConnector):
             async def connect(self, req: aiohttp.ClientRequest, *args: Any, **kwargs: Any) -> aiohttp.connector.Connection:
-                session = req.session
+                session = req._session  # ``ClientRequest.session`` reads it (``_aiohttp_compat`` checks)
                 if session._connector is self:
                     session._connector = lane.owner  # back before anything yields
-                if id(req) not in lane.armed:
+                if req not in lane.armed:
                     return await lane.owner.connect(req, *args, **kwargs)
                 return await super().connect(req, *args, **kwargs)
 
-        self.connector = _Connector(
+        self.connector: aiohttp.TCPConnector = _Connector(
             limit=0,
             limit_per_host=0,
             ssl=owner._ssl,
@@ -171,31 +190,26 @@ class AiohttpLane:
 
     @staticmethod
     def of(session: aiohttp.ClientSession, lane: ControlLane | None) -> AiohttpLane | None:
-        """The lane beside ``session``'s connector (made on first use), or None: no lane asked, or not a plain ``TCPConnector``."""
+        """The lane beside ``session``'s connector (made on first use), or None: no lane asked, or not a plain ``TCPConnector``.
+
+        The answer is kept on the connector (``_LANE_SLOT``): the lane, or None
+        for a connector of another class, so a control call reads one
+        attribute and asks here once per connector.
+        """
         import aiohttp
 
         connector = session.connector
-        if lane is None or type(connector) is not aiohttp.TCPConnector or connector.closed:
+        if lane is None or connector is None or connector.closed:
             return None
         found = getattr(connector, _LANE_SLOT, None)
         if isinstance(found, AiohttpLane):
             return found
-        made = AiohttpLane(connector)
-        setattr(connector, _LANE_SLOT, made)
-        return made
-
-    async def send(self, handler: Handler, request: aiohttp.ClientRequest) -> aiohttp.ClientResponse:
-        """``handler(request)`` with the request's one connection taken from the lane."""
-        session = request.session
-        key = id(request)
-        self.armed.add(key)
-        session._connector = self.connector
+        made = AiohttpLane(connector) if type(connector) is aiohttp.TCPConnector else None
         try:
-            return await handler(request)
-        finally:
-            self.armed.discard(key)
-            if session._connector is self.connector:
-                session._connector = self.owner
+            setattr(connector, _LANE_SLOT, made)
+        except AttributeError:  # a connector class with __slots__: asked again next time
+            pass
+        return made
 
 
 def _local_addr(owner: Any) -> tuple[str, int] | None:

@@ -120,6 +120,11 @@ class CircuitBreaker:
         self._epoch = 0
         self._closed_permit = Permit(0, probe=False)
         """The permit of every call let in during the current period while closed (one object per period)."""
+        self.closed_permit: Permit | None = self._closed_permit
+        """``_closed_permit`` while closed, else None: what ``admit_closed`` answers, kept by ``_move``."""
+        self.calm: Permit | None = None
+        """``closed_permit`` while the window holds only successes, else None: a success of a call holding it changes
+        nothing (``RetryCall`` then skips ``record_success``)."""
 
     @property
     def state(self) -> BreakerState:
@@ -168,10 +173,10 @@ class CircuitBreaker:
     def admit_closed(self) -> Permit | None:
         """``admit()`` for a new call when the breaker is closed (the same permit), else None with nothing changed.
 
-        A call's first admission asks this (``RetryCall.next_step``), then ``admit`` when it got None.
+        A call's first admission reads this answer as ``closed_permit`` (``RetryCall.next_step``), then asks ``admit``
+        when it got None.
         """
-        permit = self._closed_permit  # read without the lock: a move in between changes the epoch, and then None
-        return permit if self._state is BreakerState.CLOSED and permit.epoch == self._epoch else None
+        return self.closed_permit  # read without the lock: ``_move`` sets it
 
     def _stale(self, permit: Permit | None) -> bool:
         return permit is not None and permit.epoch != self._epoch
@@ -207,8 +212,11 @@ class CircuitBreaker:
                 self._consecutive = 0
                 self._window.append(True)
                 self._clean += 1
+                if self._clean >= self._clean_full and self._state is BreakerState.CLOSED:
+                    self.calm = self._closed_permit
             elif self._state is BreakerState.CLOSED:
                 self._clean = 0
+                self.calm = None
                 self._consecutive += 1
                 self._window.append(False)
                 failures, seen = self._window.count(False), len(self._window)
@@ -255,6 +263,8 @@ class CircuitBreaker:
         self._state = to
         self._epoch += 1
         self._closed_permit = Permit(self._epoch, probe=False)
+        self.closed_permit = self._closed_permit if to is BreakerState.CLOSED else None
+        self.calm = None
         if to is BreakerState.OPEN:
             self._opened_at = self._clock.monotonic()
         elif to is BreakerState.HALF_OPEN:

@@ -44,6 +44,9 @@ class RetryBudget:
         self.config = config or RetryBudgetConfig()
         self._clock = clock
         self._max = self._tokens = self.config.max_tokens
+        self.full = True
+        """The balance is at ``max_tokens``: a deposit changes nothing (``RetryCall`` then skips it). Set by a deposit,
+        cleared by a withdrawal."""
         self._at = clock.monotonic()
         self._lock = threading.Lock()
 
@@ -62,11 +65,12 @@ class RetryBudget:
 
     def deposit(self) -> None:
         """Credit one logical call's ``ratio``."""
-        if self._tokens >= self._max:  # full: a refill or a deposit would be capped to the same balance
+        if self.full:  # a refill or a deposit would be capped to the same balance
             return
         with self._lock:
             self._refill()
             self._tokens = min(self._max, self._tokens + self.config.ratio)
+            self.full = self._tokens >= self._max
 
     def try_withdraw(self) -> bool:
         """Take one token for a retry; False (and nothing taken) when under one token."""
@@ -75,6 +79,7 @@ class RetryBudget:
             if self._tokens < 1.0:
                 return False
             self._tokens -= 1.0
+            self.full = False
             return True
 
 

@@ -107,9 +107,12 @@ _INF = math.inf
 
 
 @final
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Send:
-    """Make attempt ``attempt`` now, bounded by ``timeouts``, with ``headers`` added (trace context)."""
+    """Make attempt ``attempt`` now, bounded by ``timeouts``, with ``headers`` added (trace context).
+
+    Built as ``Send()``, then each field set: no ``__init__`` frame on every attempt (``bench_calls.py`` counts it).
+    """
 
     attempt: int
     timeouts: Timeouts
@@ -137,13 +140,16 @@ class AskProbe:
 
 
 @final
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Return(Generic[R]):
-    """The call is over: release ``discard`` when set, and return ``response``."""
+    """The call is over: release ``discard`` when set, and return ``response``.
+
+    Built as ``Return()``, then each field set, as ``Send`` is: every call ends with one.
+    """
 
     response: R
     attempts: tuple[AttemptRecord, ...]
-    discard: R | None = None
+    discard: R | None
 
 
 @final
@@ -235,7 +241,7 @@ class RetryCall(Generic[R]):
                     observer.call_started(call_id, method, endpoint, engine, deadline_s)
                 except Exception:  # an observer must never break a control call
                     _failed(observer, "call_started")
-        if budget is not None:
+        if budget is not None and not budget.full:  # a full budget: a deposit changes nothing
             budget.deposit()
 
     @property
@@ -267,7 +273,7 @@ class RetryCall(Generic[R]):
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, "deadline exceeded before attempt")
         breaker = self.breaker
         if breaker is not None:
-            permit = breaker.admit_closed() if self.permit is None else None  # a closed breaker's shared permit, lock-free
+            permit = breaker.closed_permit if self.permit is None else None  # a closed breaker's shared permit (``admit_closed``)
             if permit is None:
                 permit = breaker.admit(self.permit)
             if permit is None:
@@ -292,7 +298,9 @@ class RetryCall(Generic[R]):
                     _failed(observer, "attempt_started")
         if n or self.observers:  # the first attempt of an unobserved call starts as the call does
             self._flight_started = clock.monotonic()
-        return Send(n, timeouts, headers)
+        step = Send()  # no ``__init__`` (see ``Send``)
+        step.attempt, step.timeouts, step.headers = n, timeouts, headers
+        return step
 
     def attempt_done(self, result: AttemptResult[R]) -> Decision[R]:
         """What the transport saw on the attempt ``next_step`` asked for: classified, recorded, announced, decided."""
@@ -320,12 +328,14 @@ class RetryCall(Generic[R]):
         record = _new_record(AttemptRecord, (n, status, outcome, result.delivery, error_type, duration, None))  # all 7 fields
         if outcome is Outcome.SUCCESS and self.records is None:  # the common case: one record, no list
             self.ended = True
-            if self.breaker is not None:
+            if self.breaker is not None and self.permit is not self.breaker.calm:  # calm: a success changes nothing
                 self.breaker.record_success(self.permit)  # as ``_end`` decides for a success
             if self.hearing[3]:
                 self._announce_end(CallOutcome.SUCCESS, None)
             assert result.response is not None
-            return Return(result.response, (record,))
+            done: Return[R] = Return()  # no ``__init__`` (see ``Send``)
+            done.response, done.attempts, done.discard = result.response, (record,), None
+            return done
         if self.records is None:
             self.records = [record]
         else:
@@ -507,7 +517,9 @@ class RetryCall(Generic[R]):
     def _succeed(self, response: R | None, discard: R | None = None) -> Return[R]:
         self._end(CallOutcome.RETRIED_SUCCESS if len(self.attempts) > 1 else CallOutcome.SUCCESS, None)
         assert response is not None
-        return Return(response, self.attempts, discard)
+        done: Return[R] = Return()
+        done.response, done.attempts, done.discard = response, self.attempts, discard
+        return done
 
     def _give_back(self, result: AttemptResult[R], outcome: CallOutcome) -> Return[R] | Raise[R]:
         """End with what the transport saw: its response, or its own error (with ``.attempts``)."""
@@ -517,7 +529,9 @@ class RetryCall(Generic[R]):
             _attach(result.error, self.attempts)
             return Raise(result.error)
         self._end(outcome, str(result.status))
-        return Return(result.response, self.attempts)
+        done: Return[R] = Return()
+        done.response, done.attempts, done.discard = result.response, self.attempts, None
+        return done
 
     def _fail(self, outcome: CallOutcome, error: type[ResilienceError], message: str, refused: AttemptRecord | None = None) -> Raise[R]:
         """End with one of the loop's own errors; ``refused``: a breaker's refusal, added to its record."""

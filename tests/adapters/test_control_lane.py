@@ -340,6 +340,68 @@ async def test_aiohttp_concurrent_control_and_data_calls_keep_their_pools(engine
     await asyncio.to_thread(engine.wait_for, "open_connections", 0)
 
 
+@pytest.mark.asyncio
+async def test_aiohttp_inner_middleware_that_yields_never_lends_the_lane_to_data(engine: StreamServer) -> None:
+    """A middleware inside ours that yields before calling on: a data call that finds the lane armed still takes the session's pool.
+
+    (The control call whose arming it found then takes the session's pool too: ``AiohttpLane``.)
+    """
+    _idle(engine)
+
+    async def yields(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        await asyncio.sleep(0)  # another request's task runs while the session's connector is the lane
+        return await handler(request)
+
+    connector = aiohttp.TCPConnector(limit=POOL)
+    async with aiohttp.ClientSession(connector=connector, middlewares=(ResilientMiddleware(config=_config()), yields)) as session:
+
+        async def call(path: str) -> str:
+            async with session.post(f"{engine.url}{path}", json=GENERATE) as response:
+                await response.read()
+                return response.headers["x-connection"]
+
+        paths = ["/pause_generation", "/generate?events=1"] * 6
+        seen = await asyncio.gather(*(call(p) for p in paths))
+        data = {c for p, c in zip(paths, seen, strict=True) if "generate?" in p}
+        assert len(data) <= POOL  # the data pool's limit held: no data call took a lane connection
+        assert session.connector is connector
+    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
+
+
+@pytest.mark.asyncio
+async def test_aiohttp_connector_of_another_class_is_asked_once_and_gets_no_lane(
+    engine: StreamServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session connector that is not a plain ``TCPConnector`` gets no lane; that answer is kept on it, not worked out per call."""
+    from resilience.adapters.control_pools import AiohttpLane
+
+    _idle(engine)
+    asked: list[object] = []
+    real_of = AiohttpLane.of
+
+    def of(session: aiohttp.ClientSession, lane: ControlLane | None) -> AiohttpLane | None:
+        asked.append(session)
+        return real_of(session, lane)
+
+    monkeypatch.setattr(AiohttpLane, "of", staticmethod(of))
+
+    class Connector(aiohttp.TCPConnector):
+        pass
+
+    connector = Connector(limit=POOL)
+    async with aiohttp.ClientSession(connector=connector, middlewares=(ResilientMiddleware(config=_config()),)) as session:
+        seen = set()
+        for _ in range(3):
+            async with session.post(f"{engine.url}/pause_generation", json={}) as response:
+                assert response.status == 200
+                seen.add(response.headers["x-connection"])
+        assert len(asked) == 1 and getattr(connector, "_resilience_control_lane", "unset") is None
+        async with session.post(f"{engine.url}/generate?events=1", json=GENERATE) as data:
+            await data.read()
+        assert data.headers["x-connection"] in seen  # one pool for everything
+    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
+
+
 # ---- the instrumentor: frameworks' own clients ----
 
 

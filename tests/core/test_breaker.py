@@ -131,3 +131,25 @@ def test_a_clean_closed_window_counts_a_success_without_the_lock() -> None:
         assert done.is_set()
     breaker.record_failure(breaker.admit_closed())
     assert breaker._clean == 0 and list(breaker._window) == [True, False]
+
+
+def test_closed_permit_and_calm_follow_the_state_and_the_window() -> None:
+    """``closed_permit`` is the closed breaker's permit (None otherwise); ``calm`` is it only while the window holds only successes."""
+    clock = FakeClock()
+    config = BreakerConfig(window_size=2, minimum_calls=1, failure_threshold=2, failure_rate_threshold=1.0, open_seconds=1)
+    breaker = CircuitBreaker("e", config, clock=clock)
+    permit = breaker.closed_permit
+    assert permit is not None and breaker.admit() is permit and breaker.calm is None
+    breaker.record_success(permit)
+    assert breaker.calm is None  # one success in a window of two
+    breaker.record_success(permit)
+    assert breaker.calm is permit
+    breaker.record_failure(permit)
+    assert breaker.calm is None and breaker.closed_permit is permit
+    breaker.record_failure(permit)
+    assert breaker.state is BreakerState.OPEN and breaker.closed_permit is None and breaker.calm is None
+    clock.advance(1)
+    probe = breaker.admit()
+    assert breaker.state is BreakerState.HALF_OPEN and breaker.closed_permit is None
+    breaker.record_success(probe)
+    assert breaker.state is BreakerState.CLOSED and breaker.closed_permit is breaker.admit() is not permit and breaker.calm is None

@@ -45,3 +45,14 @@ def test_a_deposit_into_a_full_budget_changes_nothing_later() -> None:
     assert skipped.try_withdraw() and twin.try_withdraw()
     clock.advance(0.5)
     assert skipped.tokens == twin.tokens == 0.75
+
+
+def test_full_says_whether_a_deposit_changes_anything() -> None:
+    """``full`` holds from the start until a withdrawal, and again once deposits bring the balance back to ``max_tokens``."""
+    budget = RetryBudget(RetryBudgetConfig(ratio=0.5, min_retries_per_second=0, max_tokens=2), clock=FakeClock())
+    assert budget.full
+    assert budget.try_withdraw() and not budget.full
+    budget.deposit()
+    assert not budget.full and budget.tokens == 1.5
+    budget.deposit()
+    assert budget.full and budget.tokens == 2.0
