@@ -159,7 +159,12 @@ def request_timeout(request: ClientRequest, handler: ClientHandlerType) -> Clien
             break
         if type(code) is not CodeType or cells is None:
             break
-        timeout_at, next_at = _closure_slots(code)
+        for slots in _SLOTS:  # compared by identity, calling nothing (see ``_SLOTS``)
+            if slots[0] is code:
+                break
+        else:
+            slots = _closure_slots(code)
+        _, timeout_at, next_at = slots
         try:
             if timeout_at >= 0:
                 found = cells[timeout_at].cell_contents
@@ -178,11 +183,23 @@ _PUBLIC_TIMEOUT: dict[type[ClientRequest], bool] = {}
 """Request class -> whether its requests have a ``timeout`` (aiohttp 3.15's public one, or a ``request_class=``'s): asked once."""
 
 
-@functools.lru_cache(maxsize=64)
-def _closure_slots(code: CodeType) -> tuple[int, int]:
-    """Where a handler's closure keeps ``real_timeout`` and ``next_h`` (-1: not there)."""
+_SLOTS: list[tuple[CodeType, int, int]] = []
+"""(a handler's code, ``_closure_slots(code)``) for the few handler codes seen (aiohttp's own and each middleware's), at most 16.
+
+Looked up by identity in a list: a code object's hash walks its constants
+and names on every lookup (an ``lru_cache`` keyed by the code paid that on
+each hop of every request).
+"""
+
+
+def _closure_slots(code: CodeType) -> tuple[CodeType, int, int]:
+    """(``code``, where a handler's closure keeps ``real_timeout``, ``next_h``) (-1: not there); remembered in ``_SLOTS``."""
     names = code.co_freevars
-    return (names.index("real_timeout") if "real_timeout" in names else -1, names.index("next_h") if "next_h" in names else -1)
+    slots = (code, names.index("real_timeout") if "real_timeout" in names else -1, names.index("next_h") if "next_h" in names else -1)
+    if len(_SLOTS) >= 16:
+        _SLOTS.clear()
+    _SLOTS.append(slots)
+    return slots
 
 
 _body_of = operator.attrgetter("_body" if _reads(vars(ClientRequest).get("body"), "_body") else "body")
@@ -535,12 +552,12 @@ class ResilientMiddleware(ConfigViews):
             method, match, engine, host, port, on_lane = self._routes.add(key, method, str(url))
         timeout = request_timeout(request, handler)
         body = _body_of(request)
-        spec = CallSpec(
+        spec = CallSpec(  # every field by position: a class called with keywords builds a dict of them (CPython 3.11)
             method, url, match, engine, host, port,
-            request_timeout=None if timeout is DEFAULT_TIMEOUT else caller_timeout(timeout),
-            request=request,
-            replayable=body is None or type(body) in _PLAIN_BODIES or _replayable(request),
-            body=None if match.probe is None else await _body_bytes(request),  # only probes read it
+            None if timeout is DEFAULT_TIMEOUT else caller_timeout(timeout),  # request_timeout
+            request,
+            body is None or type(body) in _PLAIN_BODIES or _replayable(request),  # replayable
+            None if match.probe is None else await _body_bytes(request),  # body: only probes read it
         )
 
         # one per session.request() call, shared by aiohttp's re-runs of it (client.py builds each re-run's ClientRequest with
@@ -561,7 +578,7 @@ class ResilientMiddleware(ConfigViews):
         try:
             attempts = _Attempts()  # no ``__init__`` (see ``_Attempts``)
             attempts.handler, attempts.request, attempts.lane = handler, request, lane
-            probe_done = functools.partial(_probe_response, request)
+            probe_done = None if match.probe is None else functools.partial(_probe_response, request)  # only a probe's "done" reads it
             response, records = await self.retrier.arun(
                 spec, attempts.run, discard=_discard, on_probe_done=probe_done, never_sent=_never_sent_unretried
             )

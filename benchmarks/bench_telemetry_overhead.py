@@ -32,10 +32,11 @@ official variant is instrumented.
 The table reports, per variant, the median over rounds of the wall time per
 call, its min-max, the median of its paired ratio (to the same transport's
 bare client, measured in the same round) with that ratio's min-max over the
-rounds (the run's noise), and the process's CPU time per call. Targets: ours
-with no observers <= 1.05x bare; ours + metrics + tracing (no SDK) <= 1.10x
-bare; ours + tracing (SDK) <= 1.10x the official instrumentation (paired the
-same way).
+rounds (the run's noise), and the process's CPU time per call. Targets
+(issue #29; ``TARGETS``, per transport): ours with no observers <= 1.05x
+bare on requests, httpx sync and httpx async, <= 1.08x bare on aiohttp; ours
++ metrics + tracing (no SDK) <= 1.10x bare; ours + tracing (SDK) <= 1.10x
+the official instrumentation (paired the same way).
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ OFFICIAL = "official instrumentation (SDK)"
 TRACED = "ours + tracing (SDK)"
 BOTH = "ours + metrics + tracing (SDK)"
 TARGETS: dict[str, tuple[str, float]] = {NONE: (BARE, 1.05), NO_SDK: (BARE, 1.10), TRACED: (OFFICIAL, 1.10)}
-"""Variant -> (the variant it is compared with, the most it may cost relative to it)."""
+"""Variant -> (the variant it is compared with, the most it may cost relative to it), on every transport but where
+``TRANSPORT_TARGETS`` says otherwise."""
+TRANSPORT_TARGETS: dict[tuple[str, str], float] = {("aiohttp", NONE): 1.08}
+"""(transport, variant) -> its own limit, in place of ``TARGETS``': aiohttp with no observers may cost 1.08x bare (issue #29)."""
 _ORIGINAL_SEND = requests.Session.send
 """``Session.send`` before ``RequestsInstrumentor`` wraps it (the non-official requests variants keep it)."""
 
@@ -259,6 +263,7 @@ def table(variants: list[Variant], rounds: int, calls: int, elapsed: float, expo
         target = "-"
         if v.name in TARGETS:
             against, limit = TARGETS[v.name]
+            limit = TRANSPORT_TARGETS.get((v.transport, v.name), limit)
             ratio = statistics.median(v.ratio[against])
             spread = f"{min(v.ratio[against]):.2f}-{max(v.ratio[against]):.2f}"
             verdict = "met" if ratio <= limit else "MISSED"

@@ -1,6 +1,6 @@
 """Our layer's own CPU inside real calls: what each driver adds between the caller and the bare transport, measured in place.
 
-Run: ``python benchmarks/insitu_own_time.py [--calls 3000] [--rounds 2]``
+Run: ``python benchmarks/insitu_own_time.py [--calls 3000] [--rounds 2] [--aiohttp-ab]``
 
 ``micro_success_path.py`` times our code in a tight loop over a canned
 transport, where every line of it stays in the CPU's caches. In a real call
@@ -18,12 +18,22 @@ between them give the "bare" row, which is what the timing layers
 themselves cost. Whole-call CPU is shown beside it. No observers; the
 benchmark's policy (one table entry, ``EndpointPolicy()``). Measured by
 hand; not run by ``run_all.py``.
+
+``--aiohttp-ab`` measures aiohttp alone, with one piece of ours turned off
+per row (``AB_VARIANTS``: no attempt timeout or deadline, no breaker, no
+budget, no control lane, all four off; and a pass-through middleware in
+ours' place), the rows interleaved in a shuffled order every round, so each
+row's difference to "ours" is what that piece costs in place. Both
+columns count: a piece's work outside our frames (aiohttp's ``send``
+wrapped by the attempt timer, the lane's connector, the loop's timer
+handles, garbage collections) shows in the whole call only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -39,12 +49,15 @@ from _loopback import LoopbackServer
 from requests.adapters import HTTPAdapter
 
 from resilience.adapters.aiohttp import ResilientMiddleware
+from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
 from resilience.adapters.requests import ResilientAdapter
 from resilience.policy import EndpointPolicy, PolicyTable
 
 POLICIES = PolicyTable({"POST /flush_cache": EndpointPolicy()})
 """The route every call takes, as in ``bench_async_overhead.py``."""
+UNTIMED = PolicyTable({"POST /flush_cache": EndpointPolicy(attempt_timeout_s=None, deadline_s=None)})
+"""The same route with no attempt timeout and no deadline (the middleware then arms no attempt timer)."""
 
 
 class Clock:
@@ -132,6 +145,56 @@ async def _inner_mw(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.Cli
     return response  # type: ignore[no-any-return]
 
 
+async def _pass_through(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+    return await handler(request)  # type: ignore[no-any-return]
+
+
+AB_VARIANTS: dict[str, Callable[[], Any] | None] = {
+    "bare (the timing layers alone)": None,
+    "a pass-through middleware": lambda: _pass_through,
+    "ours": lambda: ResilientMiddleware(POLICIES),
+    "ours, no attempt timeout or deadline": lambda: ResilientMiddleware(UNTIMED),
+    "ours, no breaker": lambda: ResilientMiddleware(POLICIES, breaker=None),
+    "ours, no budget": lambda: ResilientMiddleware(POLICIES, retry_budget=None),
+    "ours, no control lane": lambda: ResilientMiddleware(config=DriverConfig(POLICIES, control_lane=None)),
+    "ours, all four off": lambda: ResilientMiddleware(
+        config=DriverConfig(UNTIMED, breaker=None, retry_budget=None, control_lane=None)
+    ),
+}
+"""``--aiohttp-ab``'s rows: what goes between the timing middlewares (None: nothing)."""
+
+
+async def aiohttp_ab(url: str, calls: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """Per ``AB_VARIANTS`` row, (whole call, own) CPU microseconds per call in each round; rows interleaved, shuffled per round."""
+    sessions = {}
+    for name, make in AB_VARIANTS.items():
+        middle = () if make is None else (make(),)
+        sessions[name] = aiohttp.ClientSession(middlewares=(_outer_mw, *middle, _inner_mw))
+
+    async def ah(n: int, s: aiohttp.ClientSession) -> None:
+        for _ in range(n):
+            async with s.post(url, data=b"{}") as response:
+                await response.read()
+
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in sessions}
+    try:
+        for s in sessions.values():
+            await ah(300, s)
+        order = list(sessions)
+        for r in range(rounds):
+            print(f"round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+            random.shuffle(order)
+            for name in order:
+                CLOCK.reset()
+                t = time.thread_time_ns()
+                await ah(calls, sessions[name])
+                out[name].append(((time.thread_time_ns() - t) / calls / 1e3, (CLOCK.outer - CLOCK.inner) / calls / 1e3))
+    finally:
+        for s in sessions.values():
+            await s.close()
+    return out
+
+
 def measure(calls: int, run: Callable[[int], None]) -> tuple[float, float]:
     """(whole call, our own) CPU microseconds per call, after a warm-up of 300 calls."""
     run(300)
@@ -207,7 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--calls", type=int, default=3000, help="timed sequential calls per driver and round (default 3000)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the smallest figure of each cell is shown (default 2)")
+    ap.add_argument("--aiohttp-ab", action="store_true", help="aiohttp alone, one piece of ours off per row (AB_VARIANTS)")
     args = ap.parse_args(argv)
+    if args.aiohttp_ab:
+        with LoopbackServer() as server:
+            ab = asyncio.run(aiohttp_ab(server.url + "/flush_cache", args.calls, args.rounds))
+        print("| aiohttp, between the timing layers | whole call, CPU (us): min / median | own CPU (us): min / median |")
+        print("|---|---:|---:|")
+        for name, figures in ab.items():
+            wholes, owns = sorted(f[0] for f in figures), sorted(f[1] for f in figures)
+            print(f"| {name} | {wholes[0]:.1f} / {wholes[len(wholes) // 2]:.1f} | {owns[0]:.1f} / {owns[len(owns) // 2]:.1f} |")
+        return 0
     HTTPAdapter.send = _bare_send  # type: ignore[method-assign]
     best: dict[tuple[str, str], tuple[float, float]] = {}
     with LoopbackServer() as server:

@@ -7,7 +7,8 @@ No server and no network: what is left is what our layer adds to a call.
 - ``core run`` / ``core arun``: ``Retrier.run`` / ``Retrier.arun`` (default
   breaker and budget, no observers) around an attempt that answers 200 at once;
 - ``requests``: ``ResilientAdapter.send`` over an ``HTTPAdapter`` whose
-  ``send`` returns a canned ``Response``, minus that canned ``send`` alone;
+  ``send`` returns a canned ``Response``, minus that canned ``send`` alone
+  (without the control lane, whose own adapter would dial);
 - ``httpx sync`` / ``httpx async``: ``ResilientTransport`` /
   ``AsyncResilientTransport`` over a transport that returns a canned
   ``httpx.Response``, minus that transport alone;
@@ -42,6 +43,7 @@ import requests
 import requests.adapters
 
 from resilience.adapters.aiohttp import ResilientMiddleware
+from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
 from resilience.adapters.requests import ResilientAdapter
 from resilience.adapters.requests_errors import ERROR_TYPES
@@ -118,7 +120,8 @@ class _CannedResilient(ResilientAdapter, _CannedAdapter):
 
 def requests_row(repeats: int, calls: int) -> float:
     prepared = requests.Request("POST", URL, data=b"{}").prepare()
-    bare, ours = _CannedAdapter(), _CannedResilient(POLICIES, observers=OBSERVERS)
+    # no control lane: its adapter's own ``send`` would dial the (never dialled) URL instead of ``_CannedAdapter.send``
+    bare, ours = _CannedAdapter(), _CannedResilient(config=DriverConfig(POLICIES, observers=OBSERVERS, control_lane=None))
 
     def loop(adapter: requests.adapters.HTTPAdapter) -> Callable[[int], None]:
         def run(n: int) -> None:

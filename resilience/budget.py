@@ -59,6 +59,8 @@ class RetryBudget:
     @property
     def tokens(self) -> float:
         """The current balance."""
+        if self.full:  # at ``max_tokens``: a refill would change nothing (as in ``deposit``)
+            return self._max
         with self._lock:
             self._refill()
             return self._tokens

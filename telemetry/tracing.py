@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from opentelemetry import baggage, trace
-from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_current, get_value
 from opentelemetry.propagate import get_global_textmap
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, TracerProvider
@@ -220,8 +220,10 @@ class TracingObserver(Dispatcher):
         try:
             call = None if self._noop else self._calls.get(call_id)
             if call is None:
-                if (self._noop or call_id in self._untraced) and baggage.get_all():  # no span: the caller's baggage still travels
-                    (self._propagator or get_global_textmap()).inject(carrier)
+                if self._noop or call_id in self._untraced:  # no span: the caller's baggage still travels
+                    context = get_current()
+                    if context and baggage.get_all(context):  # an empty context (the common case) holds none: not asked
+                        (self._propagator or get_global_textmap()).inject(carrier)
                 return
             if call.attempt is not None:  # the previous attempt never ended: close it
                 call.attempt.end()

@@ -83,8 +83,9 @@ def responded(response: R, status: int, headers: Mapping[str, str]) -> AttemptRe
     ``headers`` is the response's header mapping (requests, httpx and aiohttp all
     look names up case-insensitively); it is read only on those two statuses.
     """
-    seconds = parse_retry_after(headers.get("Retry-After")) if status in RETRY_AFTER_STATUSES else None
-    return AttemptResult(response=response, status=status, retry_after=seconds)
+    if status in RETRY_AFTER_STATUSES:
+        return AttemptResult(response=response, status=status, retry_after=parse_retry_after(headers.get("Retry-After")))
+    return AttemptResult(response, status)  # by position: a class called with keywords builds a dict of them (CPython 3.11)
 
 
 def attempt_timeouts(spec: CallSpec, cap_s: float = math.inf) -> Timeouts:

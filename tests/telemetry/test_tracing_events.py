@@ -429,6 +429,11 @@ def test_without_an_sdk_a_call_keeps_no_span_tree_and_sends_only_baggage() -> No
     finally:
         otel_context.detach(token)
     assert carriers == [{"baggage": "tenant=rl-7"}]
+    token = otel_context.attach(otel_context.set_value("unrelated", 1))  # a context that holds something, but no baggage
+    try:
+        assert run_call(obs, 24, [200]) == [{}]
+    finally:
+        otel_context.detach(token)
     assert obs.in_flight == 0
 
 
