@@ -561,7 +561,7 @@ def phase(
     """
     if not calls:
         return {}
-    names = tuple(n for n, _ in calls)
+    names = tuple([n for n, _ in calls])  # a list first: a generator would be resumed once per engine
     deadline = tx.deadline.cap(state.deadlines.for_phase(name))
     started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=name, engines=names, deadline_s=deadline.remaining())
     emit(state.observers, started)
