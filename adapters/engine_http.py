@@ -96,7 +96,7 @@ def answer_records(value: object, status: int, reason: str | None = None) -> tup
     is True only for the layer's own "applied" answer: a 200 with ``PROBE_CONFIRMED_REASON`` that carries the layer's
     record (an engine or proxy answering that phrase itself is not believed).
     """
-    if isinstance(value, tuple) and value and all(isinstance(r, AttemptRecord) for r in value):
+    if isinstance(value, tuple) and value and all([isinstance(r, AttemptRecord) for r in value]):  # a list: no generator to resume
         return value, status == 200 and reason == PROBE_CONFIRMED_REASON
     outcome = Outcome.SUCCESS if status < 400 else Outcome.FATAL
     return (AttemptRecord(0, status, outcome, Delivery.RESPONDED, None, 0.0),), False

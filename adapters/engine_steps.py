@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, TypeVar, cast
+from types import CoroutineType
+from typing import Any, TypeVar
 
 __all__ = ["Reply", "Steps", "drive", "run_now", "value_of"]
 
@@ -41,10 +42,12 @@ async def drive(steps: Steps[S, T], perform: Callable[[S], Any]) -> T:
             try:
                 step = next(steps) if reply is None else steps.send(reply)
             except StopIteration as done:
-                return cast(T, done.value)
+                result: T = done.value  # an annotation, not ``typing.cast``: that is a function call, on every call
+                return result
             try:
                 value = perform(step)
-                reply = (await value if inspect.isawaitable(value) else value, None)
+                awaitable = type(value) is CoroutineType or inspect.isawaitable(value)  # the type test first: no call for a coroutine
+                reply = (await value if awaitable else value, None)
             except Exception as exc:
                 reply = (None, exc)
     finally:
@@ -56,7 +59,8 @@ def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         coroutine.send(None)
     except StopIteration as done:
-        return cast(T, done.value)
+        result: T = done.value
+        return result
     coroutine.close()
     raise RuntimeError("a sync client's step returned an awaitable")
 

@@ -1,6 +1,7 @@
 """Barrier on one event loop: offload + onload across N engines, AsyncFanOut vs ThreadFanOut vs raw aiohttp.
 
-Run: ``python benchmarks/bench_barrier_async.py [--latency 0.05] [--sizes 8,64,256,1024] [--repeats 7] [--gc on|freeze|off] [--quick]``
+Run: ``python benchmarks/bench_barrier_async.py [--latency 0.05] [--sizes 8,64,256,1024] [--repeats 7] [--gc on|freeze|off] [--quick]
+[--variants floor,threads,gather,fanout,aorch,shared]``
 
 N fake SGLang engines listen on 127.0.0.1 (``benchmarks/_engines.py``: one
 asyncio loop in a child process, every control call answered after
@@ -27,7 +28,11 @@ in an order shuffled every repeat:
   (unlimited connector, connections warmed), no resilience, no orchestrator;
 - between the two, to show where time goes: the five phases as a bare
   ``asyncio.gather`` of ``AsyncSGLangClient`` calls (client, middleware and
-  retry core; no orchestrator).
+  retry core; no orchestrator), with the garbage collector paused for each
+  phase as the orchestrators pause it (``pause_collector``, the same bound).
+  Without the pause, its full collections walk every client's long-lived
+  objects (about 130 each): at N = 1024 that doubled its CPU per engine call,
+  a cost of the collector in a process holding 1024 clients, not of the calls.
 
 Each is shown against two floors: ``5 x latency`` (every phase as long as one
 engine's answer) and the raw-aiohttp round measured in the same run.
@@ -61,7 +66,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -223,16 +228,24 @@ def async_fanout_variant(urls: list[str], loop: asyncio.AbstractEventLoop) -> Va
 async def client_gather_variant(urls: list[str]) -> Variant:
     """The five phases as a bare ``asyncio.gather`` of ``AsyncSGLangClient`` calls: the client's cost without the orchestrator."""
     from resilience.adapters.sglang import AsyncSGLangClient
+    from resilience.barrier.async_fanout import DEFAULT_GC_PAUSE_S, pause_collector
 
     clients = [AsyncSGLangClient(u) for u in urls]
     await asyncio.gather(*(c.health() for c in clients))
 
+    async def phase(calls: Iterable[Awaitable[Any]]) -> None:
+        pause = pause_collector(DEFAULT_GC_PAUSE_S)  # as each orchestrator phase (PhaseRun) pauses it
+        try:
+            await asyncio.gather(*calls)
+        finally:
+            pause.end()
+
     async def round_() -> None:
-        await asyncio.gather(*(c.pause_generation("abort") for c in clients))
-        await asyncio.gather(*(c.flush_cache() for c in clients))
-        await asyncio.gather(*(c.release_memory_occupation(None) for c in clients))
-        await asyncio.gather(*(c.resume_memory_occupation(None) for c in clients))
-        await asyncio.gather(*(c.continue_generation() for c in clients))
+        await phase(c.pause_generation("abort") for c in clients)
+        await phase(c.flush_cache() for c in clients)
+        await phase(c.release_memory_occupation(None) for c in clients)
+        await phase(c.resume_memory_occupation(None) for c in clients)
+        await phase(c.continue_generation() for c in clients)
 
     async def close() -> None:
         await _aclose_all(clients)
@@ -290,6 +303,9 @@ BUILDERS: dict[str, Callable[[list[str], asyncio.AbstractEventLoop], Variant]] =
     SHARED: lambda urls, loop: loop.run_until_complete(shared_session_variant(urls)),
 }
 """Each variant's builder, by the name its row has: run in the variant's own driver process."""
+KEYS = {"floor": FLOOR, "threads": "ThreadFanOut", "gather": CLIENT_GATHER, "fanout": "AsyncFanOut (sync Orchestrator)", "aorch": AORCH,
+        "shared": SHARED}  # fmt: skip
+"""``--variants``' short names (those of ``profile_async.py``, and ``shared``)."""
 
 
 def _driver(name: str, n: int, urls: list[str], gc_mode: str, profile: bool, conn: Connection) -> None:
@@ -377,7 +393,9 @@ class _Process:
             self.proc.join(30.0 if end is None else 5.0)
 
 
-def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], profile: bool, gc_mode: str = "on") -> list[Cell]:
+def measure_size(
+    n: int, latency_s: float, repeats: int, skipped: list[str], profile: bool, gc_mode: str = "on", names: tuple[str, ...] = tuple(BUILDERS)
+) -> list[Cell]:
     """Start N engines, one driver process per variant, time ``repeats`` interleaved rounds each, stop everything.
 
     Each variant runs in a process of its own (spawned, so it holds only its own
@@ -390,7 +408,8 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
     ``gc_mode``: ``on`` (Python's default), ``freeze`` (``gc.freeze()`` once the
     variant is built: its clients, sessions and the imports leave the
     collector's generations) or ``off`` (``gc.disable()`` for the rounds).
-    ``profile``: cProfile the AsyncOrchestrator rounds (printed to stderr by its process).
+    ``profile``: cProfile the AsyncOrchestrator rounds (printed to stderr by its process). ``names``: the variants
+    measured (default all; the floor always is, every ratio is to it).
     """
     ctx = multiprocessing.get_context("spawn")
     procs: list[_Process] = []
@@ -398,7 +417,8 @@ def measure_size(n: int, latency_s: float, repeats: int, skipped: list[str], pro
     with FakeEngines(n, latency_s) as engines:
         urls = list(engines.urls)
         try:
-            procs = [_Process(ctx, name, n, urls, gc_mode, profile and name == AORCH) for name in BUILDERS]
+            chosen = [name for name in BUILDERS if name == FLOOR or name in names]
+            procs = [_Process(ctx, name, n, urls, gc_mode, profile and name == AORCH) for name in chosen]
             live: list[_Process] = []
             for proc in procs:
                 kind, detail = proc.ask(None)
@@ -506,7 +526,8 @@ def table(cells: list[Cell], latency_s: float, repeats: int, skipped: list[str],
         "Ratio to raw aiohttp: the median over rounds of each round over the raw-aiohttp round of the same repeat (paired). "
         "The floor sends the same POSTs (paths, bodies, query) but nothing else: no orchestrator, no retry core, no "
         "per-engine state. The AsyncOrchestrator row is what a user gets by default: `AsyncOrchestrator(EngineGroup("
-        "[AsyncSGLangClient(u) for u in urls]))`, each client on its own session, nothing else set. "
+        "[AsyncSGLangClient(u) for u in urls]))`, each client on its own session, nothing else set. The gather row "
+        "pauses the garbage collector for each phase, as the orchestrators do, so that it differs from them only by the orchestrator. "
         "Driver CPU per engine call: the variant's driver process's CPU time in a round (all its threads; "
         f"`time.process_time`) over the N x {PHASES} calls the round makes; on 2 cores, N x {PHASES} x that is time the "
         "round cannot overlap with anything else the driver does."
@@ -542,8 +563,17 @@ def main(argv: list[str] | None = None) -> None:
         default="on",
         help="the garbage collector during the rounds: on (default, as users run), freeze (gc.freeze() after setup), off",
     )
+    ap.add_argument(
+        "--variants",
+        default=",".join(KEYS),
+        help=f"the variants measured, comma-separated, of {', '.join(KEYS)} (default all; the floor always runs)",
+    )
     ap.add_argument("--quick", action="store_true", help="small run for development: sizes 4,16, 2 repeats")
     args = ap.parse_args(argv)
+    keys = [k.strip() for k in args.variants.split(",") if k.strip()]
+    if unknown := [k for k in keys if k not in KEYS]:
+        ap.error(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(KEYS)})")
+    names = tuple(KEYS[k] for k in keys)
     if args.quick:
         args.sizes, args.repeats = "4,16", 2
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -556,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
         progress(fds)
     for n in sizes:
         progress(f"N={n}: starting {n} fake engines, latency {args.latency * 1e3:.0f} ms")
-        cells += measure_size(n, args.latency, args.repeats, skipped, args.profile and n == max(sizes), args.gc)
+        cells += measure_size(n, args.latency, args.repeats, skipped, args.profile and n == max(sizes), args.gc, names)
     print(table(cells, args.latency, args.repeats, skipped, args.gc, fds))
 
 

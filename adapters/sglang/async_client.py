@@ -86,7 +86,7 @@ class AsyncSGLangClient(AsyncSessionOwner, SGLangClientState):
 
     async def _exchange(self, call: Call) -> Answer:
         """One exchange of ``call`` over the session, with the key its route needs."""
-        return await self._http().send(call, self.base_url + call.path, auth_headers(self._key_for(call.path)[1]))
+        return await self._own.requester(self).send(call, self.base_url + call.path, auth_headers(self._key_for(call.path)[1]))
 
     def _transport_errors(self) -> tuple[type[BaseException], ...]:
         return (*self._http().errors, SGLangError, OSError)  # errors: ResilienceError too

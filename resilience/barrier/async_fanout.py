@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Coroutine, Iterable, Mapping
 from concurrent.futures import Future
-from types import TracebackType
+from types import CoroutineType, TracebackType
 from typing import Any, TypeVar
 
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout, attach_results, check_calls
@@ -221,7 +221,8 @@ class _Call:
 
 async def _invoke(call: _Call, deadline: Deadline, gate: asyncio.Semaphore | None = None) -> EngineResult:
     """Call the engine under the phase deadline, once ``gate`` (the concurrency limit; None: none) lets it in; every
-    ``Exception`` becomes the result's error (as ``fanout._invoke``)."""
+    ``Exception`` becomes the result's error (as ``fanout._invoke``). The task runs in a copy of ``_phase_context``, so
+    the phase deadline caps the call's HTTP requests."""
     if gate is not None:
         async with gate:
             return await _invoke(call, deadline)
@@ -230,13 +231,21 @@ async def _invoke(call: _Call, deadline: Deadline, gate: asyncio.Semaphore | Non
         return EngineResult(call.name, error=PhaseTimeout(f"no time left for {call.method}", maybe_sent=False))
     call.started = True
     try:
-        with Deadline(deadline.remaining() if deadline.bounded else None):  # this task's own context: caps its HTTP calls
-            value = getattr(call.engine, call.method)(**call.kwargs)
-            if inspect.isawaitable(value):
-                value = await value
+        value = getattr(call.engine, call.method)(**call.kwargs)
+        if type(value) is CoroutineType or inspect.isawaitable(value):  # the type test first: no call for a coroutine
+            value = await value
     except Exception as exc:
         return EngineResult(call.name, error=exc, duration_s=time.monotonic() - t0)
     return EngineResult(call.name, value=value, duration_s=time.monotonic() - t0)
+
+
+def _phase_context(deadline: Deadline) -> contextvars.Context:
+    """A copy of the current context with the phase deadline in force: a ``Deadline`` on the system clock (the phase's
+    own may be on an injected one), capped by any deadline already in force. Each call's task runs in a copy of it
+    (one ``Deadline`` a phase, not one a call)."""
+    context = contextvars.copy_context()
+    context.run(Deadline(deadline.remaining() if deadline.bounded else None).__enter__)
+    return context
 
 
 class TaskCall:
@@ -314,22 +323,41 @@ class PhaseRun:
         self._linger_s = linger_s  # ``end_after`` keeps it within the pause's bound
         self._waited = False
         self.calls = [_Call(engine, method, kwargs) for engine, kwargs in calls]
+        self._left = len(self.calls)
+        """Calls whose task has not ended yet (``_ended`` counts them down, and resolves ``_all_ended`` at 0)."""
+        self._all_ended: asyncio.Future[None] | None = None
         self._pause = pause_collector(gc_pause_s if self.calls else 0.0)
         self.tasks: list[asyncio.Task[EngineResult]] = []
         try:
-            for c in self.calls:
-                self.tasks.append(asyncio.create_task(_invoke(c, deadline, gate), name=f"cpr-{method}-{c.name}"))
+            if self.calls:
+                loop = asyncio.get_running_loop()
+                self._all_ended = loop.create_future()
+                context = _phase_context(deadline)
+                for c in self.calls:
+                    task = loop.create_task(_invoke(c, deadline, gate), name=f"cpr-{method}-{c.name}", context=context.copy())
+                    task.add_done_callback(self._ended)
+                    self.tasks.append(task)
         except BaseException:  # an interrupt while the tasks are made: none has run yet (this runs on the loop), so none will
             for task in self.tasks:
                 task.cancel()
             self._pause.end()
             raise
 
+    def _ended(self, _task: asyncio.Task[EngineResult]) -> None:
+        """Each task's done callback: one call fewer to wait for."""
+        self._left -= 1
+        if not self._left and self._all_ended is not None:
+            self._all_ended.set_result(None)
+
     async def wait(self) -> None:
-        """Until every call answered or the phase deadline passed (the tasks are never cancelled by this)."""
+        """Until every call answered or the phase deadline passed (the tasks are never cancelled by this).
+
+        It waits for one future that the tasks' done callbacks resolve when the last one ends: ``asyncio.wait`` over
+        the tasks themselves would check each one and add and remove a callback on each, every phase.
+        """
         try:
-            if self.tasks:
-                await asyncio.wait(self.tasks, timeout=self.deadline.remaining() if self.deadline.bounded else None)
+            if self._all_ended is not None:
+                await asyncio.wait((self._all_ended,), timeout=self.deadline.remaining() if self.deadline.bounded else None)
         finally:
             self._waited = True
             self._pause.end_after(self._linger_s)

@@ -204,6 +204,8 @@ class PhaseStep(Generic[E]):
     phase: str
     method: ControlMethod
     calls: tuple[EngineCall, ...]
+    names: tuple[str, ...]
+    """The engines' names, in ``calls``' order."""
     engines: list[tuple[E, Mapping[str, Any]]]
     deadline: Deadline
     started: float
@@ -559,7 +561,7 @@ def phase(
     """
     if not calls:
         return {}
-    names = tuple(n for n, _ in calls)
+    names = tuple([n for n, _ in calls])  # a list first: a generator would be resumed once per engine
     deadline = tx.deadline.cap(state.deadlines.for_phase(name))
     started = PhaseStarted(transition_id=tx.tid, transition=tx.name, phase=name, engines=names, deadline_s=deadline.remaining())
     emit(state.observers, started)
@@ -567,7 +569,7 @@ def phase(
     state.label = f"{tx.name} {name}"
     before = {n: state.know[n].state for n in names}
     engines = [(state.engines[n], kw) for n, kw in calls]
-    step = PhaseStep(tx, name, method, tuple(calls), engines, deadline, state.clock.monotonic(), before)
+    step = PhaseStep(tx, name, method, tuple(calls), names, engines, deadline, state.clock.monotonic(), before)
     for n, kwargs in calls:
         step.marks[n] = state.know[n].mark(method, kwargs)
     try:
@@ -597,24 +599,25 @@ def _unmark(state: BarrierState[Any], step: PhaseStep[Any], error: BaseException
         k = state.know[n]
         if k.pending is not None and k.pending is step.marks.get(n):
             k.settle(Effect.NOT_APPLIED)
-    _phase_ended(state, step, dict.fromkeys((n for n, _ in step.calls), error), state.clock.monotonic() - step.started)
+    _phase_ended(state, step, dict.fromkeys(step.names, error), state.clock.monotonic() - step.started)
 
 
 def _report(
     state: BarrierState[Any], step: PhaseStep[Any], results: Sequence[EngineResult | None], failures: Mapping[str, BaseException]
 ) -> None:
     """Tell the observers what the folded phase did: its ``PhaseReport``, each engine's state change, ``PhaseEnded``."""
-    names, duration = tuple(n for n, _ in step.calls), state.clock.monotonic() - step.started
+    names, duration = step.names, state.clock.monotonic() - step.started
     durations = [r.duration_s for r in results if r is not None]
     step.tx.phases.append(PhaseReport(step.phase, names, duration, max(durations, default=0.0)))
-    for name in names:
-        state.announce(name, step.before.get(name, state.know[name].state))
+    if state.observers:  # nobody to tell: no event to build per engine
+        for name in names:
+            state.announce(name, step.before.get(name, state.know[name].state))
     _phase_ended(state, step, failures, duration)
 
 
 def _phase_ended(state: BarrierState[Any], step: PhaseStep[Any], failures: Mapping[str, BaseException], duration: float) -> None:
     """``PhaseEnded`` for ``step`` (``duration`` s), with each failure."""
-    tx, names = step.tx, tuple(n for n, _ in step.calls)
+    tx, names = step.tx, step.names
     failed = tuple(PhaseFailure(engine=n, error_type=type(e).__name__, message=short(e)) for n, e in failures.items())
     ended = PhaseEnded(transition_id=tx.tid, transition=tx.name, phase=step.phase, engines=names, duration_s=duration, failures=failed)
     emit(state.observers, ended)
@@ -652,7 +655,7 @@ def _fold_knowledge(
             failures[name] = result.error
             if is_engine_dead(result.error) and k.dead is None:
                 k.dead = f"{type(result.error).__name__} in {step.phase}"
-    names = tuple(n for n, _ in step.calls)
+    names = step.names
     state.persist(names)
     _drop_done(state, step, failures, reconcile_from_probe(state, names, waiting))  # each engine it settles is persisted on its own
     return failures

@@ -262,3 +262,37 @@ def test_an_interrupt_while_the_phase_makes_its_tasks_sends_nothing() -> None:
         loop.close()
     assert len(made) == 1 and made[0].cancelled()
     assert [e.started for e in engines] == [[], [], []] and not any(e.paused for e in engines)
+
+
+def test_a_task_cancelled_from_outside_before_it_runs_still_ends_the_wait() -> None:
+    """A call's task cancelled from outside before it ran counts as ended: ``wait`` returns long before the deadline,
+    and that call reads as never sent."""
+    engines = fakes(2)
+
+    async def phase() -> list[EngineResult]:
+        run = PhaseRun([(e, {}) for e in engines], "pause_generation", Deadline(30.0))
+        run.tasks[1].cancel()
+        await asyncio.wait_for(run.wait(), 5.0)
+        return run.results()
+
+    results = asyncio.run(phase())
+    assert results[0].ok and isinstance(results[1].error, PhaseTimeout) and results[1].error.maybe_sent is False
+    assert engines[1].started == [] and engines[0].paused
+
+
+def test_what_one_call_sets_in_its_context_its_siblings_do_not_see(fanout: AsyncFanOut) -> None:
+    """The calls of a phase share the phase deadline, but each task runs in its own copy of the context."""
+    seen: list[tuple[str, str]] = []
+
+    class Engine:
+        def __init__(self, name: str) -> None:
+            self.engine = name
+
+        async def pause_generation(self) -> None:
+            TENANT.set(self.engine)
+            await asyncio.sleep(0)  # the siblings run (and set theirs) in between
+            seen.append((self.engine, TENANT.get()))
+
+    engines: list[Any] = [Engine(f"e{i}") for i in range(3)]  # only the one call the phase makes
+    results = fanout.call([(e, {}) for e in engines], "pause_generation", Deadline(10))
+    assert all(r.ok for r in results) and sorted(seen) == [("e0", "e0"), ("e1", "e1"), ("e2", "e2")]

@@ -233,6 +233,12 @@ def test_barrier_async_measures_floor_threads_and_async_at_each_size() -> None:
         _positive(r[7])  # driver CPU per engine call
 
 
+def test_barrier_async_measures_only_the_variants_asked_and_the_floor() -> None:
+    """``--variants fanout``: the floor (every ratio is to it) and AsyncFanOut's row, nothing else."""
+    rows = _rows(_run("bench_barrier_async.py", "--sizes", "2", "--repeats", "1", "--latency", "0.01", "--variants", "fanout"))
+    assert [r[1] for r in rows] == ["raw aiohttp floor", "AsyncFanOut (sync Orchestrator)"]
+
+
 def test_async_soak_reports_every_driver() -> None:
     """Each driver's soak row: calls counted, RSS positive, connections within the pool; ours answer every call 200."""
     calls, fail_every = 40, 5
