@@ -32,6 +32,7 @@ so none of them pulls in another library.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -161,24 +162,13 @@ class AiohttpLane:
     __slots__ = ("armed", "connector", "owner")
 
     def __init__(self, owner: aiohttp.TCPConnector) -> None:
-        import aiohttp
 
         self.owner = owner
         self.armed: dict[aiohttp.ClientRequest, None] = {}
         """The control requests in flight through the lane (a dict used as a set: adding and removing a key is no
         function call; a request hashes by identity)."""
-        lane = self
-
-        class _Connector(aiohttp.TCPConnector):
-            async def connect(self, req: aiohttp.ClientRequest, *args: Any, **kwargs: Any) -> aiohttp.connector.Connection:
-                session = req._session  # ``ClientRequest.session`` reads it (``_aiohttp_compat`` checks)
-                if session._connector is self:
-                    session._connector = lane.owner  # back before anything yields
-                if req not in lane.armed:
-                    return await lane.owner.connect(req, *args, **kwargs)
-                return await super().connect(req, *args, **kwargs)
-
-        self.connector: aiohttp.TCPConnector = _Connector(
+        self.connector: aiohttp.TCPConnector = _lane_connector_class()(
+            self,
             limit=0,
             limit_per_host=0,
             ssl=owner._ssl,
@@ -210,6 +200,28 @@ class AiohttpLane:
         except AttributeError:  # a connector class with __slots__: asked again next time
             pass
         return made
+
+
+@functools.cache
+def _lane_connector_class() -> type[Any]:
+    """The lane's ``TCPConnector`` subclass, made once (aiohttp is imported here, on the first lane, not at import)."""
+    import aiohttp
+
+    class _LaneConnector(aiohttp.TCPConnector):
+        def __init__(self, lane: AiohttpLane, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.lane = lane
+
+        async def connect(self, req: aiohttp.ClientRequest, *args: Any, **kwargs: Any) -> aiohttp.connector.Connection:
+            lane = self.lane
+            session = req._session  # ``ClientRequest.session`` reads it (``_aiohttp_compat`` checks)
+            if session._connector is self:
+                session._connector = lane.owner  # back before anything yields
+            if req not in lane.armed:
+                return await lane.owner.connect(req, *args, **kwargs)
+            return await super().connect(req, *args, **kwargs)
+
+    return _LaneConnector
 
 
 def _local_addr(owner: Any) -> tuple[str, int] | None:
