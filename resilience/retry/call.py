@@ -152,6 +152,13 @@ class Return(Generic[R]):
     discard: R | None
 
 
+def _returned(response: R, attempts: tuple[AttemptRecord, ...], discard: R | None) -> Return[R]:
+    """``Return`` with its three fields (a retried call's end; a first-attempt success builds its own inline)."""
+    done: Return[R] = Return()
+    done.response, done.attempts, done.discard = response, attempts, discard
+    return done
+
+
 @final
 @dataclass(slots=True)
 class Raise(Generic[R]):
@@ -517,9 +524,7 @@ class RetryCall(Generic[R]):
     def _succeed(self, response: R | None, discard: R | None = None) -> Return[R]:
         self._end(CallOutcome.RETRIED_SUCCESS if len(self.attempts) > 1 else CallOutcome.SUCCESS, None)
         assert response is not None
-        done: Return[R] = Return()
-        done.response, done.attempts, done.discard = response, self.attempts, discard
-        return done
+        return _returned(response, self.attempts, discard)
 
     def _give_back(self, result: AttemptResult[R], outcome: CallOutcome) -> Return[R] | Raise[R]:
         """End with what the transport saw: its response, or its own error (with ``.attempts``)."""
@@ -529,9 +534,7 @@ class RetryCall(Generic[R]):
             _attach(result.error, self.attempts)
             return Raise(result.error)
         self._end(outcome, str(result.status))
-        done: Return[R] = Return()
-        done.response, done.attempts, done.discard = result.response, self.attempts, None
-        return done
+        return _returned(result.response, self.attempts, None)
 
     def _fail(self, outcome: CallOutcome, error: type[ResilienceError], message: str, refused: AttemptRecord | None = None) -> Raise[R]:
         """End with one of the loop's own errors; ``refused``: a breaker's refusal, added to its record."""
