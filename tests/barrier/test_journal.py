@@ -19,6 +19,7 @@ from resilience.barrier import AsyncOrchestrator, EngineGroup, Orchestrator, Pha
 from resilience.barrier.journal import JournalBusy, JournalError, JournalMismatch, RestartBudget
 from resilience.engine_contract import EngineState
 from tests.barrier.fake_engine import AsyncFakeEngine, FakeEngine, Fault
+from tests.barrier.fake_vllm_engine import FakeVLLMEngine
 
 NAMES = ["http://127.0.0.1:40001", "http://127.0.0.1:40002", "http://127.0.0.1:40003"]
 SHORT_GRACE = PhaseDeadlines(in_transit_s=0.1)
@@ -248,3 +249,21 @@ def test_an_orchestrator_given_a_file_that_is_not_a_journal_refuses_and_leaves_i
     assert config.read_bytes() == before
     with pytest.raises(JournalError, match="not a barrier journal"):  # refused again, not held (JournalBusy) by the first
         Orchestrator(EngineGroup(engines), fanout=SequentialFanOut(), journal=config)
+
+
+def test_a_retired_vllm_engine_is_not_asked_for_when_the_journal_resumes(tmp_path: Path) -> None:
+    """A controller started again without an engine that left (retired) resumes its journal, whatever that engine's kind."""
+    path = tmp_path / "journal.jsonl"
+    first = Orchestrator(EngineGroup([FakeEngine("http://a:1"), FakeVLLMEngine("http://v:1")]), fanout=SequentialFanOut(), journal=path)
+    try:
+        first.offload()
+        first.onload()
+        first.retire("http://v:1")
+    finally:
+        first.close()
+    second = Orchestrator(EngineGroup([FakeEngine("http://a:1")]), fanout=SequentialFanOut(), journal=path)
+    try:
+        assert second.recovery is not None and second.recovery.members == {"http://v:1": "left"}
+        assert second.states() == {"http://a:1": EngineState.SERVING}
+    finally:
+        second.close()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Coroutine, Mapping
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -40,7 +39,6 @@ from resilience.barrier.fanout import ThreadFanOut
 from resilience.engine_contract import EngineDied
 from tests.barrier.async_facade import LoopThread
 from tests.barrier.fake_engine import ALL, AsyncFakeEngine, FakeEngine, Fault, _Fake
-from tests.barrier.fake_vllm_engine import FakeVLLMEngine
 
 EXAMPLES = int(os.environ.get("CPR_MEMBERSHIP_EXAMPLES", "25"))
 DEADLINES = PhaseDeadlines(transition_s=5.0, pause_s=0.05, flush_s=0.05, release_s=0.05, resume_s=0.05, continue_s=0.05, in_transit_s=0.1)
@@ -356,20 +354,3 @@ def test_membership_on_one_loop() -> None:
 test_membership_on_threads.is_hypothesis_test = True  # type: ignore[attr-defined]
 test_membership_on_one_loop.is_hypothesis_test = True  # type: ignore[attr-defined]
 
-
-def test_a_retired_vllm_engine_is_not_asked_for_when_the_journal_resumes(tmp_path: Path) -> None:
-    """A controller started again without an engine that left (retired) resumes its journal, whatever that engine's kind."""
-    path = tmp_path / "journal.jsonl"
-    first = Orchestrator(EngineGroup([JoinFake("http://a:1"), FakeVLLMEngine("http://v:1")]), fanout=ThreadFanOut(), journal=path)
-    try:
-        first.offload()
-        first.onload()
-        first.retire("http://v:1")
-    finally:
-        first.close()
-    second = Orchestrator(EngineGroup([JoinFake("http://a:1")]), fanout=ThreadFanOut(), journal=path)
-    try:
-        assert second.recovery is not None and second.recovery.members == {"http://v:1": "left"}
-        assert second.states() == {"http://a:1": EngineState.SERVING}
-    finally:
-        second.close()
