@@ -19,7 +19,6 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "ErrorTypes",
-    "PolicyError",
     "ResilienceError",
     "RetriesExhausted",
     "RetryBudgetExhausted",
@@ -39,10 +38,6 @@ class ConfigConflict(ConfigError, TypeError):
 
     Also a ``TypeError``, what Python raises for arguments that do not fit a signature.
     """
-
-
-PolicyError = ConfigError
-"""The name policies have always raised; the same class as ``ConfigError``."""
 
 
 def require(ok: bool, owner: str, name: str, rule: str, value: object) -> None:
