@@ -278,16 +278,11 @@ class BreakerRegistry:
         observers: Sequence[Observer] = (),
     ) -> None:
         self.config = config or BreakerConfig()
-        self._clock = clock
-        self._observers = tuple(observers)
+        observers = tuple(observers)
         self.by_engine: PerEngine[CircuitBreaker] = PerEngine(
-            lambda engine: CircuitBreaker(engine, self.config, clock=self._clock, observers=self._observers)
+            lambda engine: CircuitBreaker(engine, self.config, clock=clock, observers=observers)
         )
-        """``engine -> its breaker``, made on first lookup (``by_engine[engine]``: what ``get`` answers)."""
-
-    def get(self, engine: str) -> CircuitBreaker:
-        """The breaker for ``engine`` (``scheme://host:port``)."""
-        return self.by_engine[engine]
+        """``engine -> its breaker`` (``scheme://host:port``), made on first lookup: ``by_engine[engine]``."""
 
     def states(self) -> dict[str, BreakerState]:
         """Every known engine's breaker state."""
