@@ -31,18 +31,6 @@ class Deadline:
         self._expires_at = math.inf if seconds is None else clock.monotonic() + seconds
         self._token: contextvars.Token[Deadline | None] | None = None
 
-    @classmethod
-    def at(cls, expires_at: float, clock: Clock = SYSTEM_CLOCK) -> Deadline:
-        """The deadline that ends when ``clock`` reads ``expires_at`` (``inf``: never ends)."""
-        d = cls(None, clock=clock)  # an unbounded deadline reads no clock
-        d._expires_at = expires_at
-        return d
-
-    @property
-    def expires_at(self) -> float:
-        """The clock reading at which the deadline ends (``inf`` for none)."""
-        return self._expires_at
-
     @property
     def bounded(self) -> bool:
         """False for a deadline that never ends."""
@@ -60,7 +48,9 @@ class Deadline:
         """A deadline ending at the earlier of this one and ``seconds`` from now."""
         if seconds is None:
             return self
-        return Deadline.at(min(self._expires_at, self._clock.monotonic() + seconds), self._clock)
+        capped = Deadline(None, clock=self._clock)  # an unbounded deadline reads no clock
+        capped._expires_at = min(self._expires_at, self._clock.monotonic() + seconds)
+        return capped
 
     def __enter__(self) -> Deadline:
         outer = CURRENT_DEADLINE.get()

@@ -51,11 +51,10 @@ def test_cap_ends_at_the_earlier_of_its_length_and_the_cap(seconds: float | None
     assert (deadline.remaining() if deadline.bounded else None) == left
 
 
-def test_at_ends_at_a_clock_reading() -> None:
-    """``Deadline.at(t, clock)`` ends when ``clock`` reads ``t``; ``inf`` never ends."""
+def test_a_capped_deadline_ends_on_its_clock() -> None:
+    """``cap`` keeps the deadline's clock: the capped one ends when that clock reads the earlier end."""
     clock = FakeClock(100.0)
-    deadline = Deadline.at(104.0, clock)
-    assert deadline.expires_at == 104.0 and deadline.remaining() == 4.0
+    deadline = Deadline(4.0, clock=clock).cap(10.0)
+    assert deadline.remaining() == 4.0
     clock.advance(5.0)
-    assert deadline.expired()
-    assert not Deadline.at(float("inf"), clock).bounded
+    assert deadline.expired() and not Deadline(None, clock=clock).cap(None).bounded
