@@ -234,9 +234,6 @@ class EndpointPolicy:
             return NotImplemented
         return _compared(self) == _compared(other)
 
-    def __hash__(self) -> int:
-        return hash(_compared(self))
-
     @classmethod
     def for_method(cls, method: str) -> EndpointPolicy:
         """The default for a request no table entry matches: ``EndpointPolicy()`` for an idempotent method
