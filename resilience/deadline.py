@@ -10,10 +10,10 @@ from types import TracebackType
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError
 
-__all__ = ["CURRENT_DEADLINE", "Deadline", "current_deadline"]
+__all__ = ["CURRENT_DEADLINE", "Deadline"]
 
 CURRENT_DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("resilience_deadline", default=None)
-"""The deadline in force (``current_deadline()`` reads it; the retry core reads it directly, once a call)."""
+"""The deadline in force in this context (``CURRENT_DEADLINE.get()``), or None; ``with Deadline(...):`` sets it."""
 
 
 class Deadline:
@@ -67,8 +67,3 @@ class Deadline:
     def __repr__(self) -> str:
         left = self.remaining()
         return "Deadline(unbounded)" if math.isinf(left) else f"Deadline(remaining={left:.3f}s)"
-
-
-def current_deadline() -> Deadline | None:
-    """The deadline in force in this context, or None."""
-    return CURRENT_DEADLINE.get()

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from resilience import Deadline
-from resilience.deadline import current_deadline
+from resilience.deadline import CURRENT_DEADLINE
 from resilience.testing.clock import FakeClock
 
 
@@ -17,18 +17,18 @@ def test_deadline_context_caps_inner() -> None:
     with Deadline(5, clock=clock) as outer:
         with Deadline(60, clock=clock) as inner:
             assert inner.remaining() == pytest.approx(5)
-            assert current_deadline() is inner
-        assert current_deadline() is outer
+            assert CURRENT_DEADLINE.get() is inner
+        assert CURRENT_DEADLINE.get() is outer
         clock.advance(6)
         assert outer.expired()
-    assert current_deadline() is None
+    assert CURRENT_DEADLINE.get() is None
 
 
 def test_deadline_not_shared_with_new_threads() -> None:
     """A plain new thread starts without the caller's deadline (fan-outs copy the context on purpose)."""
     seen: list[object] = []
     with Deadline(5):
-        t = threading.Thread(target=lambda: seen.append(current_deadline()))
+        t = threading.Thread(target=lambda: seen.append(CURRENT_DEADLINE.get()))
         t.start()
         t.join()
     assert seen == [None]

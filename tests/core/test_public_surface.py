@@ -30,7 +30,7 @@ ELSEWHERE = {
     "resilience.barrier": {"RestartBudget", "RestartBudgetError", "RestartRecord"},
     "resilience.breaker": {"BreakerState", "CircuitBreaker"},
     "resilience.errors": {"ConfigConflict", "RetryBudgetExhausted", "ErrorTypes"},
-    "resilience.deadline": {"current_deadline"},
+    "resilience.deadline": {"CURRENT_DEADLINE"},
     "resilience.adapters.driver_config": {"DriverConfig"},
     "resilience.backoff": {"backoff_delay"},
     "resilience.retry.retrier": {"Retrier"},
