@@ -224,9 +224,7 @@ class CircuitBreaker:
             return
         pending: list[BreakerTransitioned] = []
         with self._lock:
-            if self._stale(permit):
-                pass
-            elif self._state is not BreakerState.OPEN:
+            if not self._stale(permit) and self._state is not BreakerState.OPEN:
                 self._probe_done()  # the count is read only while half-open (and reset on entering it)
                 held = "" if window_s is None else f" for {window_s:g} s"
                 pending.append(self._move(BreakerState.OPEN, f"connections refused{held}: nothing listens"))
