@@ -150,18 +150,14 @@ class CircuitBreaker:
         """
         with self._lock:
             pending = self._maybe_half_open()
-            granted: Permit | None
+            granted: Permit | None = None  # open, or half-open with every probe slot taken
             if permit is not None and permit.epoch == self._epoch:
                 granted = permit
             elif self._state is BreakerState.CLOSED:
                 granted = self.closed_permit
-            elif self._state is BreakerState.OPEN:
-                granted = None
-            elif self._half_open_in_flight < self.config.half_open_max_calls:
+            elif self._state is BreakerState.HALF_OPEN and self._half_open_in_flight < self.config.half_open_max_calls:
                 self._half_open_in_flight += 1
                 granted = Permit(self._epoch, probe=True)
-            else:
-                granted = None
         self._announce(pending)
         return granted
 
