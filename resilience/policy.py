@@ -77,7 +77,6 @@ def _require_bools(policy: object, *names: str) -> None:
 
 
 def _status_set(owner: str, name: str, value: object) -> frozenset[int]:
-    """``value`` as a frozenset of HTTP statuses, or ConfigError naming the field."""
     if not isinstance(value, (frozenset, set, list, tuple)):
         raise ConfigError(f"{owner}.{name} must be a set of HTTP statuses (integers within 100-599), but was {value!r}")
     for status in value:
@@ -242,7 +241,6 @@ class EndpointPolicy:
 
 
 def _compared(policy: EndpointPolicy) -> tuple[object, ...]:
-    """Every field's value, then which time fields were named."""
     return (*(getattr(policy, f.name) for f in dataclasses.fields(policy)), *(policy.named(name) for name in _TIME_FIELDS))
 
 
