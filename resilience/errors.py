@@ -1,8 +1,4 @@
-"""Errors: ``ConfigError`` for invalid values (with ``require``), and the errors the retry loop raises.
-
-The retry loop's errors belong to no transport library: each driver raises
-subclasses that are also its library's own exceptions (``ErrorTypes``).
-"""
+"""Errors: ``ConfigError`` for invalid values (with ``require``), and the errors the retry loop raises (``ErrorTypes``)."""
 
 from __future__ import annotations
 
