@@ -231,17 +231,14 @@ class EndpointPolicy:
         """Field by field, and a named value never equals the same number left unnamed (they decide differently)."""
         if other.__class__ is not self.__class__ or not isinstance(other, EndpointPolicy):
             return NotImplemented
-        return _compared(self) == _compared(other)
+        mine, theirs = ((*(getattr(p, f.name) for f in dataclasses.fields(p)), *map(p.named, _TIME_FIELDS)) for p in (self, other))
+        return mine == theirs
 
     @classmethod
     def for_method(cls, method: str) -> EndpointPolicy:
         """The default for a request no table entry matches: ``EndpointPolicy()`` for an idempotent method
         (``IDEMPOTENT_METHODS``), else ``EndpointPolicy(idempotent=False)`` (retried only on failures before sending)."""
         return _DEFAULT_IDEMPOTENT if method.upper() in IDEMPOTENT_METHODS else _DEFAULT_UNSAFE
-
-
-def _compared(policy: EndpointPolicy) -> tuple[object, ...]:
-    return (*(getattr(policy, f.name) for f in dataclasses.fields(policy)), *(policy.named(name) for name in _TIME_FIELDS))
 
 
 _DEFAULT_IDEMPOTENT = EndpointPolicy()
