@@ -252,7 +252,7 @@ class LedgerRetrier(Retrier):
 
     def _withdraw(self, spec: CallSpec, entry: LedgerEntry) -> _Admission | None:
         """The repeat's first attempt is a retry for the engine's budget: a refusal when no token is left, else None."""
-        if self.budgets is not None and not self.budgets.get(spec.engine).try_withdraw():
+        if self.budgets is not None and not self.budgets.by_engine[spec.engine].try_withdraw():
             message = f"retry budget of {spec.engine} exhausted ({spec.match.endpoint} repeats a failed call); not sent"
             return self._refuse(self.error_types.budget_exhausted, spec, message, entry)
         return None

@@ -36,7 +36,7 @@ from resilience.adapters.routing import engine_of
 from resilience.adapters.sglang import SGLangClient
 from resilience.adapters.vllm.engine import VLLM_TAGS, VLLMEngine
 from resilience.barrier.fanout import Calls, EngineResult, PhaseTimeout
-from resilience.deadline import Deadline, current_deadline
+from resilience.deadline import CURRENT_DEADLINE, Deadline
 from resilience.engine_contract import VLLM_RULES, EngineDied, EngineUnavailable, engine_name
 
 __all__ = [
@@ -223,7 +223,7 @@ VLLMEngineActor: Any = ray.remote(**DEFAULT_ACTOR_OPTIONS)(_VLLMEngineActor)
 
 
 def _seconds_left() -> float | None:
-    deadline = current_deadline()
+    deadline = CURRENT_DEADLINE.get()
     return deadline.remaining() if deadline is not None and deadline.bounded else None
 
 

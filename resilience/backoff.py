@@ -29,17 +29,12 @@ def backoff_delay(
         ceiling = min(cap_s, base_s * multiplier ** (retry_number - 1))
     except OverflowError:
         ceiling = cap_s
-    if math.isnan(ceiling):
-        ceiling = cap_s
     return ceiling * (1.0 - jitter) + ceiling * jitter * rng()
 
 
 def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
     """Seconds from a ``Retry-After`` header (delta-seconds or HTTP-date); None when absent or invalid."""
     if value is None:
-        return None
-    value = value.strip()
-    if not value:
         return None
     try:
         seconds = float(value)

@@ -118,10 +118,9 @@ class CircuitBreaker:
         self._half_open_in_flight = 0
         self._half_open_ok = 0
         self._epoch = 0
-        self._closed_permit = Permit(0, probe=False)
-        """The permit of every call let in during the current period while closed (one object per period)."""
-        self.closed_permit: Permit | None = self._closed_permit
-        """``_closed_permit`` while closed, else None: what ``admit_closed`` answers, kept by ``_move``."""
+        self.closed_permit: Permit | None = Permit(0, probe=False)
+        """While closed, the permit of every call let in during the current period (one object per period), else None: a
+        new call's first admission reads it without the lock (``RetryCall.next_step``), and asks ``admit`` when it is None."""
         self.calm: Permit | None = None
         """``closed_permit`` while the window holds only successes, else None: a success of a call holding it changes
         nothing (``RetryCall`` then skips ``record_success``)."""
@@ -142,10 +141,6 @@ class CircuitBreaker:
                 return 0.0
             return max(0.0, self._opened_at + self.config.open_seconds - self._clock.monotonic())
 
-    def allow(self) -> bool:
-        """Whether a call may go out now; a half-open breaker counts the probe it lets through."""
-        return self.admit() is not None
-
     def admit(self, permit: Permit | None = None) -> Permit | None:
         """Let a call's next attempt through, or None when refused.
 
@@ -155,28 +150,16 @@ class CircuitBreaker:
         """
         with self._lock:
             pending = self._maybe_half_open()
-            granted: Permit | None
+            granted: Permit | None = None  # open, or half-open with every probe slot taken
             if permit is not None and permit.epoch == self._epoch:
                 granted = permit
             elif self._state is BreakerState.CLOSED:
-                granted = self._closed_permit
-            elif self._state is BreakerState.OPEN:
-                granted = None
-            elif self._half_open_in_flight < self.config.half_open_max_calls:
+                granted = self.closed_permit
+            elif self._state is BreakerState.HALF_OPEN and self._half_open_in_flight < self.config.half_open_max_calls:
                 self._half_open_in_flight += 1
                 granted = Permit(self._epoch, probe=True)
-            else:
-                granted = None
         self._announce(pending)
         return granted
-
-    def admit_closed(self) -> Permit | None:
-        """``admit()`` for a new call when the breaker is closed (the same permit), else None with nothing changed.
-
-        A call's first admission reads this answer as ``closed_permit`` (``RetryCall.next_step``), then asks ``admit``
-        when it got None.
-        """
-        return self.closed_permit  # read without the lock: ``_move`` sets it
 
     def _stale(self, permit: Permit | None) -> bool:
         return permit is not None and permit.epoch != self._epoch
@@ -186,7 +169,7 @@ class CircuitBreaker:
 
     def record_success(self, permit: Permit | None = None) -> None:
         """Count a success (of the call holding ``permit``; a stale permit counts nothing)."""
-        if permit is self._closed_permit and self._clean >= self._clean_full and self._state is BreakerState.CLOSED:
+        if permit is self.closed_permit and self._clean >= self._clean_full and self._state is BreakerState.CLOSED:
             return  # closed, and the window holds only successes: one more changes nothing (no lock taken)
         self._record(permit, ok=True)
 
@@ -213,7 +196,7 @@ class CircuitBreaker:
                 self._window.append(True)
                 self._clean += 1
                 if self._clean >= self._clean_full and self._state is BreakerState.CLOSED:
-                    self.calm = self._closed_permit
+                    self.calm = self.closed_permit
             elif self._state is BreakerState.CLOSED:
                 self._clean = 0
                 self.calm = None
@@ -237,9 +220,7 @@ class CircuitBreaker:
             return
         pending: list[BreakerTransitioned] = []
         with self._lock:
-            if self._stale(permit):
-                pass
-            elif self._state is not BreakerState.OPEN:
+            if not self._stale(permit) and self._state is not BreakerState.OPEN:
                 self._probe_done()  # the count is read only while half-open (and reset on entering it)
                 held = "" if window_s is None else f" for {window_s:g} s"
                 pending.append(self._move(BreakerState.OPEN, f"connections refused{held}: nothing listens"))
@@ -262,8 +243,7 @@ class CircuitBreaker:
         event = BreakerTransitioned(engine=self.name, from_state=str(self._state), to_state=str(to), reason=reason)
         self._state = to
         self._epoch += 1
-        self._closed_permit = Permit(self._epoch, probe=False)
-        self.closed_permit = self._closed_permit if to is BreakerState.CLOSED else None
+        self.closed_permit = Permit(self._epoch, probe=False) if to is BreakerState.CLOSED else None
         self.calm = None
         if to is BreakerState.OPEN:
             self._opened_at = self._clock.monotonic()
@@ -292,16 +272,11 @@ class BreakerRegistry:
         observers: Sequence[Observer] = (),
     ) -> None:
         self.config = config or BreakerConfig()
-        self._clock = clock
-        self._observers = tuple(observers)
+        observers = tuple(observers)
         self.by_engine: PerEngine[CircuitBreaker] = PerEngine(
-            lambda engine: CircuitBreaker(engine, self.config, clock=self._clock, observers=self._observers)
+            lambda engine: CircuitBreaker(engine, self.config, clock=clock, observers=observers)
         )
-        """``engine -> its breaker``, made on first lookup (``by_engine[engine]``: what ``get`` answers)."""
-
-    def get(self, engine: str) -> CircuitBreaker:
-        """The breaker for ``engine`` (``scheme://host:port``)."""
-        return self.by_engine[engine]
+        """``engine -> its breaker`` (``scheme://host:port``), made on first lookup: ``by_engine[engine]``."""
 
     def states(self) -> dict[str, BreakerState]:
         """Every known engine's breaker state."""

@@ -90,10 +90,5 @@ class RetryBudgets:
 
     def __init__(self, config: RetryBudgetConfig | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config or RetryBudgetConfig()
-        self._clock = clock
-        self.by_engine: PerEngine[RetryBudget] = PerEngine(lambda _engine: RetryBudget(self.config, clock=self._clock))
-        """``engine -> its budget``, made on first lookup (``by_engine[engine]``: what ``get`` answers)."""
-
-    def get(self, engine: str) -> RetryBudget:
-        """The budget of ``engine``."""
-        return self.by_engine[engine]
+        self.by_engine: PerEngine[RetryBudget] = PerEngine(lambda _engine: RetryBudget(self.config, clock=clock))
+        """``engine -> its budget``, made on first lookup: ``by_engine[engine]``."""

@@ -10,10 +10,10 @@ from types import TracebackType
 from resilience.clock import SYSTEM_CLOCK, Clock
 from resilience.errors import ConfigError
 
-__all__ = ["CURRENT_DEADLINE", "Deadline", "current_deadline"]
+__all__ = ["CURRENT_DEADLINE", "Deadline"]
 
 CURRENT_DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("resilience_deadline", default=None)
-"""The deadline in force (``current_deadline()`` reads it; the retry core reads it directly, once a call)."""
+"""The deadline in force in this context (``CURRENT_DEADLINE.get()``), or None; ``with Deadline(...):`` sets it."""
 
 
 class Deadline:
@@ -30,18 +30,6 @@ class Deadline:
         self._clock = clock
         self._expires_at = math.inf if seconds is None else clock.monotonic() + seconds
         self._token: contextvars.Token[Deadline | None] | None = None
-
-    @classmethod
-    def at(cls, expires_at: float, clock: Clock = SYSTEM_CLOCK) -> Deadline:
-        """The deadline that ends when ``clock`` reads ``expires_at`` (``inf``: never ends)."""
-        d = cls(None, clock=clock)  # an unbounded deadline reads no clock
-        d._expires_at = expires_at
-        return d
-
-    @property
-    def expires_at(self) -> float:
-        """The clock reading at which the deadline ends (``inf`` for none)."""
-        return self._expires_at
 
     @property
     def bounded(self) -> bool:
@@ -60,7 +48,9 @@ class Deadline:
         """A deadline ending at the earlier of this one and ``seconds`` from now."""
         if seconds is None:
             return self
-        return Deadline.at(min(self._expires_at, self._clock.monotonic() + seconds), self._clock)
+        capped = Deadline(None, clock=self._clock)  # an unbounded deadline reads no clock
+        capped._expires_at = min(self._expires_at, self._clock.monotonic() + seconds)
+        return capped
 
     def __enter__(self) -> Deadline:
         outer = CURRENT_DEADLINE.get()
@@ -77,8 +67,3 @@ class Deadline:
     def __repr__(self) -> str:
         left = self.remaining()
         return "Deadline(unbounded)" if math.isinf(left) else f"Deadline(remaining={left:.3f}s)"
-
-
-def current_deadline() -> Deadline | None:
-    """The deadline in force in this context, or None."""
-    return CURRENT_DEADLINE.get()

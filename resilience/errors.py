@@ -1,8 +1,4 @@
-"""Errors: ``ConfigError`` for invalid values (with ``require``), and the errors the retry loop raises.
-
-The retry loop's errors belong to no transport library: each driver raises
-subclasses that are also its library's own exceptions (``ErrorTypes``).
-"""
+"""Errors: ``ConfigError`` for invalid values (with ``require``), and the errors the retry loop raises (``ErrorTypes``)."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "ErrorTypes",
-    "PolicyError",
     "ResilienceError",
     "RetriesExhausted",
     "RetryBudgetExhausted",
@@ -39,10 +34,6 @@ class ConfigConflict(ConfigError, TypeError):
 
     Also a ``TypeError``, what Python raises for arguments that do not fit a signature.
     """
-
-
-PolicyError = ConfigError
-"""The name policies have always raised; the same class as ``ConfigError``."""
 
 
 def require(ok: bool, owner: str, name: str, rule: str, value: object) -> None:

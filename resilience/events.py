@@ -172,8 +172,7 @@ class EngineRefused(_OfCall):
     """A call's first attempt that failed before sending (connection refused, DNS, connect timeout), announced once per call.
 
     Emitted when the call will keep trying; the same moment is logged once at
-    WARNING on ``resilience.retry``. Its ``engine`` is ``scheme://host:port``:
-    never a path, query or credentials.
+    WARNING on ``resilience.retry``.
     """
 
     error_type: str
@@ -204,18 +203,15 @@ class CallObserver:
 
     Subclass it and override what you need; each method must return quickly
     and never block. The four per-call methods are called in this order for
-    each logical call (``call_id`` ties them together; attempts are numbered
-    from 0): ``call_started`` once, then per attempt ``attempt_started`` and
-    ``attempt_ended``, then ``call_ended`` once. Their arguments are the
-    fields of ``CallStarted``, ``AttemptStarted``, ``AttemptEnded`` and
-    ``CallEnded``, in the same order (see each for its meaning), and the
-    default of each builds that event and hands it to ``self(event)``: an
-    observer that overrides ``__call__`` alone hears every moment as an event.
-    ``__call__`` (default: ignore) receives every other event (retries,
-    refusals, probes, breakers, budgets, barrier transitions) and any
-    per-call event another producer emits as an object. The core calls an
-    observer only when one is attached, and only for the moments it
-    ``hears``, and logs (never raises) what one raises.
+    each logical call (``call_id`` ties them together): ``call_started``
+    once, then per attempt ``attempt_started`` and ``attempt_ended``, then
+    ``call_ended`` once. Their arguments are the fields of ``CallStarted``,
+    ``AttemptStarted``, ``AttemptEnded`` and ``CallEnded``, in the same order
+    (see each for its meaning), and the default of each builds that event and
+    hands it to ``self(event)``: an observer that overrides ``__call__`` alone
+    hears every moment as an event. ``__call__`` receives every other event
+    (retries, refusals, probes, breakers, budgets, barrier transitions) and
+    any per-call event another producer emits as an object.
     """
 
     __slots__ = ()
@@ -283,7 +279,6 @@ class CallObserver:
 _MOMENTS: dict[type[Event], str] = {
     CallStarted: "call_started", AttemptStarted: "attempt_started", AttemptEnded: "attempt_ended", CallEnded: "call_ended"
 }
-"""Each per-call event's ``CallObserver`` method."""
 
 
 class _Events(CallObserver):

@@ -77,7 +77,6 @@ def _require_bools(policy: object, *names: str) -> None:
 
 
 def _status_set(owner: str, name: str, value: object) -> frozenset[int]:
-    """``value`` as a frozenset of HTTP statuses, or ConfigError naming the field."""
     if not isinstance(value, (frozenset, set, list, tuple)):
         raise ConfigError(f"{owner}.{name} must be a set of HTTP statuses (integers within 100-599), but was {value!r}")
     for status in value:
@@ -232,21 +231,14 @@ class EndpointPolicy:
         """Field by field, and a named value never equals the same number left unnamed (they decide differently)."""
         if other.__class__ is not self.__class__ or not isinstance(other, EndpointPolicy):
             return NotImplemented
-        return _compared(self) == _compared(other)
-
-    def __hash__(self) -> int:
-        return hash(_compared(self))
+        mine, theirs = ((*(getattr(p, f.name) for f in dataclasses.fields(p)), *map(p.named, _TIME_FIELDS)) for p in (self, other))
+        return mine == theirs
 
     @classmethod
     def for_method(cls, method: str) -> EndpointPolicy:
         """The default for a request no table entry matches: ``EndpointPolicy()`` for an idempotent method
         (``IDEMPOTENT_METHODS``), else ``EndpointPolicy(idempotent=False)`` (retried only on failures before sending)."""
         return _DEFAULT_IDEMPOTENT if method.upper() in IDEMPOTENT_METHODS else _DEFAULT_UNSAFE
-
-
-def _compared(policy: EndpointPolicy) -> tuple[object, ...]:
-    """Every field's value, then which time fields were named."""
-    return (*(getattr(policy, f.name) for f in dataclasses.fields(policy)), *(policy.named(name) for name in _TIME_FIELDS))
 
 
 _DEFAULT_IDEMPOTENT = EndpointPolicy()

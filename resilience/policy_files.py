@@ -13,6 +13,7 @@ name keep the base policy, under their own key.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,10 +29,14 @@ _ENDPOINT_FIELDS = {f.name for f in dataclasses.fields(EndpointPolicy)}
 _Policy = TypeVar("_Policy", RetryPolicy, EndpointPolicy)
 
 
-def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
+def _table(value: Any, allowed: set[str] | None, where: str) -> Mapping[str, Any]:
+    """``value``, a mapping whose keys are all in ``allowed`` (None: any); else ConfigError naming ``where``."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a table/mapping, but was {reprlib.repr(value)}")
+    if allowed is not None and not set(value) <= allowed:
+        unknown = ", ".join(map(repr, sorted(set(value) - allowed)))
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
+    return value
 
 
 def _replace(policy: _Policy, data: Mapping[str, Any], where: str) -> _Policy:
@@ -44,9 +49,7 @@ def _replace(policy: _Policy, data: Mapping[str, Any], where: str) -> _Policy:
 
 def _endpoint_from(data: Any, defaults: Mapping[str, Any], where: str, start: EndpointPolicy | None = None) -> EndpointPolicy:
     """An entry's policy: ``start`` (a base entry it overrides) or the defaults, then the fields it names."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where} must be a table/mapping, but was {data!r}")
-    _check_keys(data, _ENDPOINT_FIELDS, where)
+    data = _table(data, _ENDPOINT_FIELDS, where)
     merged: dict[str, Any] = dict(data) if start is not None else {**defaults, **data}
     if start is None and isinstance(defaults.get("retry"), Mapping) and isinstance(data.get("retry"), Mapping):
         merged["retry"] = {**defaults["retry"], **data["retry"]}
@@ -56,10 +59,7 @@ def _endpoint_from(data: Any, defaults: Mapping[str, Any], where: str, start: En
         )
     base = start or EndpointPolicy()
     if "retry" in merged:
-        if not isinstance(merged["retry"], Mapping):
-            raise ConfigError(f"{where}.retry must be a table/mapping, but was {merged['retry']!r}")
-        _check_keys(merged["retry"], _RETRY_FIELDS, f"{where}.retry")
-        merged["retry"] = _replace(base.retry, merged["retry"], f"{where}.retry")
+        merged["retry"] = _replace(base.retry, _table(merged["retry"], _RETRY_FIELDS, f"{where}.retry"), f"{where}.retry")
     return _replace(base, merged, where)
 
 
@@ -94,16 +94,9 @@ def _overlay(base: PolicyTable, endpoints: Mapping[str, Any], defaults: Mapping[
 
 def table_from_dict(data: Mapping[str, Any], *, source: str = "policy", base: PolicyTable | None = None) -> PolicyTable:
     """Build a ``PolicyTable`` from the parsed file schema, over ``base`` if given; ``source`` prefixes error messages."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: top level must be a table/mapping, but was {type(data).__name__}")
-    _check_keys(data, {"defaults", "endpoints"}, source)
-    defaults = data.get("defaults", {})
-    if not isinstance(defaults, Mapping):
-        raise ConfigError(f"{source}: defaults must be a table/mapping")
-    _check_keys(defaults, _ENDPOINT_FIELDS, f"{source}: defaults")
-    endpoints = data.get("endpoints", {})
-    if not isinstance(endpoints, Mapping):
-        raise ConfigError(f"{source}: endpoints must be a table/mapping")
+    data = _table(data, {"defaults", "endpoints"}, source)
+    defaults = _table(data.get("defaults", {}), _ENDPOINT_FIELDS, f"{source}: defaults")
+    endpoints = _table(data.get("endpoints", {}), None, f"{source}: endpoints")
     if defaults and not endpoints:
         raise ConfigError(
             f"{source}: [defaults] apply only to the endpoints the file lists under [endpoints], and it lists none, "

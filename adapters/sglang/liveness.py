@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from resilience.adapters.sglang.calls import Call
 from resilience.adapters.sglang.policies import SGLANG_ADMIN_PATHS
 from resilience.adapters.sglang.results import SGLangError
-from resilience.deadline import Deadline, current_deadline
+from resilience.deadline import CURRENT_DEADLINE, Deadline
 from resilience.engine_contract import GATEWAY_STATUSES, EngineDied
 from resilience.errors import CircuitOpen, ResilienceError
 from resilience.outcome import AttemptRecord, attempts_of
@@ -30,7 +30,7 @@ def call_deadline(policies: PolicyTable, call: Call, started_at: float) -> Deadl
     seconds = policies.match(call.method, call.path).policy.deadline_s
     if seconds is not None:
         seconds = max(0.0, seconds - (time.monotonic() - started_at))
-    outer = current_deadline()
+    outer = CURRENT_DEADLINE.get()
     return outer.cap(seconds) if outer is not None else Deadline(seconds)
 
 

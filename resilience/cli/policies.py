@@ -18,7 +18,7 @@ def run_policies(args: argparse.Namespace) -> int:
     """Show ``args.file``'s table (over SGLANG_POLICIES with ``args.over_sglang``), or SGLANG_POLICIES; an invalid file is a CliError."""
     from resilience.adapters.sglang import SGLANG_POLICIES
     from resilience.cli.render import POLICY_COLUMNS, make_console, policy_rows, rich_table
-    from resilience.errors import PolicyError
+    from resilience.errors import ConfigError
     from resilience.policy_files import load_policy_file
 
     if args.over_sglang and not args.file:
@@ -26,7 +26,7 @@ def run_policies(args: argparse.Namespace) -> int:
     if args.file:
         try:
             table = load_policy_file(args.file, base=SGLANG_POLICIES if args.over_sglang else None)
-        except PolicyError as exc:
+        except ConfigError as exc:
             raise CliError(str(exc)) from None
         title = f"{args.file}{' over SGLANG_POLICIES' if args.over_sglang else ''}: valid, {plural(len(table), 'entry', 'entries')}"
     else:

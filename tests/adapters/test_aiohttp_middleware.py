@@ -256,10 +256,11 @@ async def test_dropped_connections_on_a_get_cost_max_attempts_not_twice_that() -
             with pytest.raises(aiohttp.ServerDisconnectedError) as info:
                 await s.get(f"{srv.url}/x")
             assert srv.count == 4 and len(info.value.attempts) == 4  # type: ignore[attr-defined]
-            assert mw.retrier.breakers is not None and state(mw.retrier.breakers.get(srv.url)) is BreakerState.CLOSED  # one failure of two
+            assert mw.retrier.breakers is not None
+            assert state(mw.retrier.breakers.by_engine[srv.url]) is BreakerState.CLOSED  # one failure of two
             with pytest.raises(aiohttp.ServerDisconnectedError):  # the next call is a call of its own
                 await s.get(f"{srv.url}/x")
-            assert srv.count == 8 and state(mw.retrier.breakers.get(srv.url)) is BreakerState.OPEN
+            assert srv.count == 8 and state(mw.retrier.breakers.by_engine[srv.url]) is BreakerState.OPEN
 
 
 @pytest.mark.asyncio
@@ -444,7 +445,7 @@ async def test_session_total_timeout_bounds_the_whole_call_with_its_retries() ->
                 await s.get(f"{srv.url}/x")
         assert 1 <= srv.count < 10
     assert not isinstance(info.value, resilience.ResilienceError)
-    assert mw.retrier.breakers is not None and state(mw.retrier.breakers.get(srv.url)) is BreakerState.CLOSED  # ended neutrally
+    assert mw.retrier.breakers is not None and state(mw.retrier.breakers.by_engine[srv.url]) is BreakerState.CLOSED  # ended neutrally
 
 
 @pytest.mark.asyncio
@@ -542,7 +543,7 @@ async def test_breaker_opens_fails_fast_then_half_opens_and_closes() -> None:
             clock.advance(10)
             async with s.get(f"{srv.url}/x") as r:
                 assert await r.text() == "ok"
-    assert mw.retrier.breakers is not None and mw.retrier.breakers.get(f"http://127.0.0.1:{srv.port}").state is BreakerState.CLOSED
+    assert mw.retrier.breakers is not None and mw.retrier.breakers.by_engine[f"http://127.0.0.1:{srv.port}"].state is BreakerState.CLOSED
 
 
 @pytest.mark.asyncio
@@ -575,7 +576,7 @@ async def _half_open(mw: ResilientMiddleware, clock: FakeClock, s: aiohttp.Clien
     async with s.get(f"{url}/fail") as r:
         assert r.status == 502
     assert mw.retrier.breakers is not None
-    breaker = mw.retrier.breakers.get(url)  # the engine is scheme://host:port
+    breaker = mw.retrier.breakers.by_engine[url]  # the engine is scheme://host:port
     assert state(breaker) is BreakerState.OPEN
     clock.advance(10)
     assert state(breaker) is BreakerState.HALF_OPEN

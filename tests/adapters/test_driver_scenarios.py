@@ -162,7 +162,7 @@ def test_after_a_whole_window_refused_the_next_call_fails_fast_until_a_half_open
         assert [(a.delivery, a.error_type) for a in info.value.attempts] == [(Delivery.NOT_SENT, "CircuitOpen")]  # nothing was sent
         assert [e.engine for e in seen if isinstance(e, EngineRefused)] == [f"http://127.0.0.1:{port}"]  # one per refused call
         servers.append(ScriptedServer([Reply(200)], port=port).start())
-        breaker = driver.breakers.get(f"http://127.0.0.1:{port}")
+        breaker = driver.breakers.by_engine[f"http://127.0.0.1:{port}"]
         for _ in range(200):  # the 0.5 s open wait, polled
             if breaker.state is BreakerState.HALF_OPEN:
                 break
@@ -282,7 +282,7 @@ def test_cancelling_the_calling_task_in_a_backoff_sends_nothing_more_and_frees_t
     driver = Driver(driver_name, POLICIES, breaker=BreakerConfig(failure_threshold=1, minimum_calls=1, window_size=1, open_seconds=0))
     try:
         with scripted(Reply(502)) as server:
-            breaker = driver.breakers.get(f"http://127.0.0.1:{server.port}")
+            breaker = driver.breakers.by_engine[f"http://127.0.0.1:{server.port}"]
             breaker.record_failure()
             assert breaker.state is BreakerState.HALF_OPEN
             future = driver.start("GET", f"{server.url}/slow-gateway")
@@ -396,7 +396,7 @@ def test_a_breaker_refusal_is_recorded_as_never_sent(driver_name: str) -> None:
     driver = Driver(driver_name, POLICIES, breaker=BreakerConfig(failure_threshold=1, minimum_calls=1, window_size=1, open_seconds=60))
     try:
         with scripted(Reply(200)) as server:
-            driver.breakers.get(f"http://127.0.0.1:{server.port}").record_failure()
+            driver.breakers.by_engine[f"http://127.0.0.1:{server.port}"].record_failure()
             with pytest.raises(resilience.CircuitOpen) as info:
                 driver.call("POST", f"{server.url}/update", json={"n": 1})
             assert server.count == 0
@@ -511,7 +511,7 @@ def test_a_pickled_config_keeps_its_settings_with_fresh_state() -> None:
     """Pickled (Ray ships sessions), a config arrives with the same settings and breakers of its own."""
     breaker = BreakerConfig(failure_threshold=3, minimum_calls=3, window_size=3)
     config = DriverConfig(policies=POLICIES, breaker=breaker, retry_budget=None)
-    config.breakers.get("http://127.0.0.1:1").record_failure()  # type: ignore[union-attr]
+    config.breakers.by_engine["http://127.0.0.1:1"].record_failure()  # type: ignore[union-attr]
     copy = pickle.loads(pickle.dumps(config))
     assert copy.breaker_config == breaker and copy.budgets is None and copy.policies.match("GET", "/flaky").explicit
     assert copy.breakers is not config.breakers and copy.breakers.states() == {}

@@ -128,7 +128,7 @@ class Caller:
     def breaker(self, url: str) -> Any:
         engine = engine_of(url)[0]
         assert self.transport.retrier.breakers is not None
-        return self.transport.retrier.breakers.get(engine)
+        return self.transport.retrier.breakers.by_engine[engine]
 
 
 @dataclass

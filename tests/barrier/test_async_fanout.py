@@ -13,7 +13,7 @@ import pytest
 from resilience.barrier.async_fanout import AsyncFanOut, PhaseRun, TaskCall
 from resilience.barrier.fanout import EngineResult, PhaseTimeout, ThreadFanOut, interrupted_results
 from resilience.barrier.state import Effect, effect_of
-from resilience.deadline import Deadline, current_deadline
+from resilience.deadline import CURRENT_DEADLINE, Deadline
 from resilience.errors import AmbiguousOutcome
 from tests.barrier.fake_engine import AsyncFakeEngine, Fault, Refused
 
@@ -49,7 +49,7 @@ class Rendezvous:
                 if outer.all_in is None:
                     outer.all_in = asyncio.Event()
                 outer.arrived += 1
-                deadline = current_deadline()
+                deadline = CURRENT_DEADLINE.get()
                 outer.seen.append((name, None if deadline is None else deadline.remaining(), TENANT.get()))
                 if outer.arrived == outer.n:
                     outer.all_in.set()

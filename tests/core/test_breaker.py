@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from resilience import BreakerConfig
 from resilience.breaker import BreakerState, CircuitBreaker
-from resilience.errors import PolicyError
+from resilience.errors import ConfigError
 from resilience.events import BreakerTransitioned, Event
 from resilience.testing.clock import FakeClock
 
@@ -19,13 +19,13 @@ def test_consecutive_failures_open_then_half_open_then_close() -> None:
     seen: list[Event] = []
     b = CircuitBreaker("http://e:1", BreakerConfig(failure_threshold=3, open_seconds=2), clock=clock, observers=[seen.append])
     for _ in range(3):
-        assert b.allow()
+        assert b.admit()
         b.record_failure()
     assert b.state is BreakerState.OPEN
-    assert not b.allow()
+    assert not b.admit()
     clock.advance(2)
-    assert b.allow()  # the half-open probe
-    assert not b.allow()  # only one at a time
+    assert b.admit()  # the half-open probe
+    assert not b.admit()  # only one at a time
     b.record_success()
     assert b.state is BreakerState.CLOSED
     assert [(e.from_state, e.to_state) for e in seen if isinstance(e, BreakerTransitioned)] == [
@@ -41,7 +41,7 @@ def test_half_open_failure_reopens() -> None:
     b = CircuitBreaker("e", BreakerConfig(failure_threshold=1, open_seconds=1), clock=clock)
     b.record_failure()
     clock.advance(1)
-    assert b.allow()
+    assert b.admit()
     b.record_failure()
     assert b.state is BreakerState.OPEN
     assert b.retry_in() == pytest.approx(1)
@@ -57,7 +57,7 @@ def test_failure_rate_trigger() -> None:
 
 def test_breaker_config_validated() -> None:
     """Invalid breaker settings name the field."""
-    with pytest.raises(PolicyError, match=r"BreakerConfig\.failure_rate_threshold must be within"):
+    with pytest.raises(ConfigError, match=r"BreakerConfig\.failure_rate_threshold must be within"):
         BreakerConfig(failure_rate_threshold=0)
 
 
@@ -76,7 +76,7 @@ def test_breaker_state_machine_invariants(ops: list[str], threshold: int) -> Non
         elif op == "wait":
             clock.advance(1)
         else:
-            allowed = b.allow()
+            allowed = b.admit()
             if before is BreakerState.OPEN and b.retry_in() > 0:
                 assert not allowed
             if before is BreakerState.CLOSED:
@@ -93,7 +93,7 @@ def test_a_success_into_a_clean_window_skips_nothing_that_counts(ops: list[str],
     """``record_success`` without the lock (closed, the window all successes) ends where the locked path would.
 
     The twin never takes the shortcut (``_clean_full`` out of reach); both see the same calls, in the
-    same order, with the permit a first admission's ``admit_closed`` (or ``admit``) handed out.
+    same order, with the permit a first admission's ``closed_permit`` (or ``admit``) handed out.
     """
     config = BreakerConfig(
         failure_threshold=3, window_size=window, minimum_calls=min(2, window), failure_rate_threshold=0.5, open_seconds=1.0
@@ -108,7 +108,7 @@ def test_a_success_into_a_clean_window_skips_nothing_that_counts(ops: list[str],
             clock.advance(1.5)
         elif op == "admit":
             for i, b in enumerate((fast, twin)):
-                permits[i] = b.admit_closed() or b.admit()
+                permits[i] = b.closed_permit or b.admit()
         else:
             for i, b in enumerate((fast, twin)):
                 permit = permits.get(i)
@@ -117,19 +117,19 @@ def test_a_success_into_a_clean_window_skips_nothing_that_counts(ops: list[str],
 
 
 def test_a_clean_closed_window_counts_a_success_without_the_lock() -> None:
-    """Once the window holds only successes, ``admit_closed`` and ``record_success`` do not wait for the lock; a failure ends that."""
+    """Once the window holds only successes, ``closed_permit`` and ``record_success`` do not wait for the lock; a failure ends that."""
     import threading
 
     breaker = CircuitBreaker("e", BreakerConfig(window_size=2, minimum_calls=1), clock=FakeClock())
     for _ in range(2):
-        breaker.record_success(breaker.admit_closed())
+        breaker.record_success(breaker.closed_permit)
     done = threading.Event()
     with breaker._lock:  # held: the locked path would wait here
-        worker = threading.Thread(target=lambda: (breaker.record_success(breaker.admit_closed()), done.set()))
+        worker = threading.Thread(target=lambda: (breaker.record_success(breaker.closed_permit), done.set()))
         worker.start()
         worker.join(timeout=10)
         assert done.is_set()
-    breaker.record_failure(breaker.admit_closed())
+    breaker.record_failure(breaker.closed_permit)
     assert breaker._clean == 0 and list(breaker._window) == [True, False]
 
 

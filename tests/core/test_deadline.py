@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from resilience import Deadline
-from resilience.deadline import current_deadline
+from resilience.deadline import CURRENT_DEADLINE
 from resilience.testing.clock import FakeClock
 
 
@@ -17,18 +17,18 @@ def test_deadline_context_caps_inner() -> None:
     with Deadline(5, clock=clock) as outer:
         with Deadline(60, clock=clock) as inner:
             assert inner.remaining() == pytest.approx(5)
-            assert current_deadline() is inner
-        assert current_deadline() is outer
+            assert CURRENT_DEADLINE.get() is inner
+        assert CURRENT_DEADLINE.get() is outer
         clock.advance(6)
         assert outer.expired()
-    assert current_deadline() is None
+    assert CURRENT_DEADLINE.get() is None
 
 
 def test_deadline_not_shared_with_new_threads() -> None:
     """A plain new thread starts without the caller's deadline (fan-outs copy the context on purpose)."""
     seen: list[object] = []
     with Deadline(5):
-        t = threading.Thread(target=lambda: seen.append(current_deadline()))
+        t = threading.Thread(target=lambda: seen.append(CURRENT_DEADLINE.get()))
         t.start()
         t.join()
     assert seen == [None]
@@ -51,11 +51,10 @@ def test_cap_ends_at_the_earlier_of_its_length_and_the_cap(seconds: float | None
     assert (deadline.remaining() if deadline.bounded else None) == left
 
 
-def test_at_ends_at_a_clock_reading() -> None:
-    """``Deadline.at(t, clock)`` ends when ``clock`` reads ``t``; ``inf`` never ends."""
+def test_a_capped_deadline_ends_on_its_clock() -> None:
+    """``cap`` keeps the deadline's clock: the capped one ends when that clock reads the earlier end."""
     clock = FakeClock(100.0)
-    deadline = Deadline.at(104.0, clock)
-    assert deadline.expires_at == 104.0 and deadline.remaining() == 4.0
+    deadline = Deadline(4.0, clock=clock).cap(10.0)
+    assert deadline.remaining() == 4.0
     clock.advance(5.0)
-    assert deadline.expired()
-    assert not Deadline.at(float("inf"), clock).bounded
+    assert deadline.expired() and not Deadline(None, clock=clock).cap(None).bounded

@@ -42,8 +42,10 @@ def test_threads_that_miss_at_once_get_the_one_value() -> None:
 
 
 def test_the_registries_hand_out_their_per_engine_values() -> None:
-    """``get`` is the subscript: the breaker and the budget a call looks up are the registry's one per engine."""
+    """``by_engine[engine]`` makes the engine's breaker (named for it, of the registry's config) or budget once, then keeps it."""
     breakers, budgets = BreakerRegistry(), RetryBudgets()
-    assert breakers.get("http://a:1") is breakers.by_engine["http://a:1"] and breakers.get("http://b:1") is not breakers.get("http://a:1")
-    assert budgets.get("http://a:1") is budgets.by_engine["http://a:1"]
+    a = breakers.by_engine["http://a:1"]
+    assert a.name == "http://a:1" and a.config is breakers.config and breakers.by_engine["http://a:1"] is a
+    assert breakers.by_engine["http://b:1"] is not a and budgets.by_engine["http://a:1"] is budgets.by_engine["http://a:1"]
+    assert budgets.by_engine["http://a:1"].config is budgets.config
     assert set(breakers.states()) == {"http://a:1", "http://b:1"}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from resilience import BreakerConfig, EndpointPolicy, PolicyTable, RetryBudgetConfig, RetryPolicy
 from resilience.barrier.journal import RestartBudget
-from resilience.errors import PolicyError
+from resilience.errors import ConfigError
 from resilience.policy import DEFAULT_ATTEMPT_TIMEOUT_S, UnnamedSeconds
 
 
@@ -28,20 +28,20 @@ from resilience.policy import DEFAULT_ATTEMPT_TIMEOUT_S, UnnamedSeconds
 )
 def test_invalid_retry_policy_names_field_and_rule(kwargs: dict[str, object], fragment: str) -> None:
     """An invalid RetryPolicy is rejected at construction, naming the field and the rule."""
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(ConfigError) as info:
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
     assert fragment in str(info.value)
 
 
 def test_attempt_timeout_above_deadline_rejected() -> None:
     """An attempt timeout longer than the total deadline cannot work and is rejected."""
-    with pytest.raises(PolicyError, match=r"EndpointPolicy.attempt_timeout_s must be <= deadline_s \(5\), but was 10"):
+    with pytest.raises(ConfigError, match=r"EndpointPolicy.attempt_timeout_s must be <= deadline_s \(5\), but was 10"):
         EndpointPolicy(attempt_timeout_s=10, deadline_s=5)
 
 
 def test_negative_deadline_rejected() -> None:
     """Negative times are rejected."""
-    with pytest.raises(PolicyError, match="deadline_s must be a number > 0 or None"):
+    with pytest.raises(ConfigError, match="deadline_s must be a number > 0 or None"):
         EndpointPolicy(deadline_s=-1)
 
 
@@ -67,7 +67,7 @@ def test_unmatched_requests_get_method_defaults() -> None:
 
 def test_bad_table_key_rejected() -> None:
     """A table key must be 'METHOD /path'."""
-    with pytest.raises(PolicyError, match="must be 'METHOD /path'"):
+    with pytest.raises(ConfigError, match="must be 'METHOD /path'"):
         PolicyTable({"/no-method": EndpointPolicy()})
 
 
@@ -91,7 +91,7 @@ def test_bad_table_key_rejected() -> None:
 )
 def test_wrong_types_rejected_in_python(build: object, fragment: str) -> None:
     """A string, number or scalar where a boolean, number or set belongs is rejected, naming the field and the rule."""
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(ConfigError) as info:
         build()  # type: ignore[operator]
     assert fragment in str(info.value)
 
@@ -109,7 +109,7 @@ def test_wrong_types_rejected_in_python(build: object, fragment: str) -> None:
 )
 def test_bad_route_templates_rejected(key: str, fragment: str) -> None:
     """Templates that cannot match, or match ambiguously, are rejected at construction."""
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(ConfigError) as info:
         PolicyTable({key: EndpointPolicy()})
     assert fragment in str(info.value) and repr(key) in str(info.value)
 
@@ -125,7 +125,7 @@ def test_bad_route_templates_rejected(key: str, fragment: str) -> None:
 )
 def test_overlapping_entries_rejected(keys: tuple[str, str]) -> None:
     """Two entries a request can match with equal precedence are an error naming both."""
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(ConfigError) as info:
         PolicyTable(dict.fromkeys(keys, EndpointPolicy()))
     assert all(repr(k) in str(info.value) for k in keys) and "overlap" in str(info.value)
 
@@ -154,7 +154,7 @@ def test_validator_accepts_exactly_valid_policies(attempts: int, base: float, ca
     valid = attempts >= 1 and base >= 0 and cap >= 0 and cap >= base and 100 <= status <= 599
     try:
         RetryPolicy(max_attempts=attempts, base_s=base, cap_s=cap, statuses=frozenset({status}))
-    except PolicyError:
+    except ConfigError:
         assert not valid
     else:
         assert valid

@@ -8,7 +8,7 @@ import pytest
 
 from resilience import EndpointPolicy, PolicyTable, load_policy_file
 from resilience.adapters.sglang import SGLANG_POLICIES
-from resilience.errors import PolicyError
+from resilience.errors import ConfigError
 
 
 def test_toml_file_loads(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_bad_policy_file_names_file_field_and_rule(tmp_path: Path, text: str, fr
     """Every bad policy file is rejected with the file name, the field and the rule."""
     f = tmp_path / "bad.toml"
     f.write_text(text)
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(ConfigError) as info:
         load_policy_file(str(f))
     assert fragment in str(info.value)
     assert "bad.toml" in str(info.value)
@@ -70,7 +70,7 @@ def test_wrong_types_rejected_in_files(tmp_path: Path, name: str, text: str, fra
     """A quoted boolean or number in TOML/YAML is an error naming the file, the field and the rule, never truthy."""
     f = tmp_path / name
     f.write_text(text)
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(ConfigError) as info:
         load_policy_file(str(f))
     assert fragment in str(info.value) and name in str(info.value)
 
@@ -98,7 +98,7 @@ def test_defaults_without_endpoints_rejected(tmp_path: Path) -> None:
     """[defaults] with no endpoints would apply to nothing: an error that says so."""
     f = tmp_path / "p.toml"
     f.write_text("[defaults]\ndeadline_s = 60\n")
-    with pytest.raises(PolicyError, match=r"p.toml: \[defaults\] apply only to the endpoints .* it lists none"):
+    with pytest.raises(ConfigError, match=r"p.toml: \[defaults\] apply only to the endpoints .* it lists none"):
         load_policy_file(str(f))
 
 
@@ -106,7 +106,7 @@ def test_binary_file_named(tmp_path: Path) -> None:
     """A binary file is an error naming the file, not a bare UnicodeDecodeError."""
     f = tmp_path / "p.toml"
     f.write_bytes(b"\x00\xff\xfe\x89PNG")
-    with pytest.raises(PolicyError, match=r"p.toml: not a text policy file"):
+    with pytest.raises(ConfigError, match=r"p.toml: not a text policy file"):
         load_policy_file(str(f))
 
 

@@ -36,7 +36,7 @@ from resilience.adapters.sglang import (
     SGLangProtocolError,
     SGLangWeightsReleased,
 )
-from resilience.deadline import current_deadline
+from resilience.deadline import CURRENT_DEADLINE
 from resilience.engine_contract import ALL_TAGS, AsyncControlPlaneEngine
 from resilience.errors import DeadlineExceeded
 from resilience.events import Event, Observer, RetryScheduled
@@ -240,7 +240,7 @@ async def test_cancelled_flush_sends_nothing_more(fleet: EmulatedFleet, kind: st
             await flushing
         sent = len(calls_to(fleet, i, "/flush_cache")) - before
         await asyncio.sleep(0.3)
-        assert current_deadline() is None
+        assert CURRENT_DEADLINE.get() is None
         assert len(calls_to(fleet, i, "/flush_cache")) - before == sent >= 2
         await client.abort_request(abort_all=True)
         assert (await asyncio.wait_for(running, 30)).aborted

@@ -10,7 +10,7 @@ from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.instrument import SGLangInstrumentor
 from resilience.adapters.ledger import AttemptLedger, LedgerEntry
 from resilience.adapters.requests import ResilientAdapter, resilient_session
-from resilience.errors import ConfigConflict, PolicyError
+from resilience.errors import ConfigConflict
 from resilience.events import Event
 from resilience.outcome import AttemptRecord, Delivery, attempts_of
 
@@ -39,7 +39,7 @@ try:
     loaded: PolicyTable = resilience.load_policy_file("policies.toml", base=table)
 except resilience.ConfigError as bad:
     message: str = str(bad)
-policy_error: type[ValueError] = PolicyError
+config_error: type[ValueError] = resilience.ConfigError
 
 # The one testing switch: a plain call, or a with-block that restores the previous mode.
 resilience.set_testing(True, attempts=2)

@@ -92,7 +92,7 @@ def test_a_deadline_shorter_than_the_window_ends_it_first() -> None:
     r = retrier(clock)
     with pytest.raises(ConnectionRefusedError):
         r.run(spec(policy), Script())
-    assert r.breakers is not None and r.breakers.get(ENGINE).state is BreakerState.CLOSED
+    assert r.breakers is not None and r.breakers.by_engine[ENGINE].state is BreakerState.CLOSED
 
 
 def test_the_first_refusal_is_logged_once_and_announced(caplog: pytest.LogCaptureFixture) -> None:
@@ -136,7 +136,7 @@ def test_refused_for_a_whole_window_opens_the_breaker_and_the_next_call_fails_fa
     clock.advance(5)
     resp, _ = r.run(spec(), Script(refused(), ok()))  # the half-open probe call connects
     assert resp == "resp200"
-    assert r.breakers is not None and r.breakers.get(ENGINE).state is BreakerState.CLOSED
+    assert r.breakers is not None and r.breakers.by_engine[ENGINE].state is BreakerState.CLOSED
 
 
 def test_a_half_open_call_refused_for_its_window_opens_it_again() -> None:
@@ -148,7 +148,7 @@ def test_a_half_open_call_refused_for_its_window_opens_it_again() -> None:
     clock.advance(5)
     with pytest.raises(ConnectionRefusedError):
         r.run(spec(), Script())
-    assert r.breakers is not None and r.breakers.get(ENGINE).state is BreakerState.OPEN
+    assert r.breakers is not None and r.breakers.by_engine[ENGINE].state is BreakerState.OPEN
 
 
 def test_open_on_unreachable_off_counts_one_failure() -> None:
@@ -156,7 +156,7 @@ def test_open_on_unreachable_off_counts_one_failure() -> None:
     r = retrier(FakeClock(), breaker=BreakerConfig(open_on_unreachable=False))
     with pytest.raises(ConnectionRefusedError):
         r.run(spec(), Script())
-    assert r.breakers is not None and r.breakers.get(ENGINE).state is BreakerState.CLOSED
+    assert r.breakers is not None and r.breakers.by_engine[ENGINE].state is BreakerState.CLOSED
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "5", True])

@@ -44,7 +44,7 @@ class InterruptingClock(FakeClock):
 
 def half_open(clock: FakeClock) -> tuple[Retrier, CircuitBreaker]:
     registry = BreakerRegistry(CONFIG, clock=clock)
-    breaker = registry.get(ENGINE)
+    breaker = registry.by_engine[ENGINE]
     breaker.record_failure()
     clock.advance(CONFIG.open_seconds)
     assert breaker.state is BreakerState.HALF_OPEN
@@ -81,7 +81,7 @@ def test_call_admitted_while_closed_needs_a_probe_slot_after_half_open() -> None
     """A call let in while closed, still retrying once the breaker went half-open, may not exceed half_open_max_calls."""
     clock = FakeClock()
     registry = BreakerRegistry(CONFIG, clock=clock)
-    breaker = registry.get(ENGINE)
+    breaker = registry.by_engine[ENGINE]
     sent: list[int] = []
 
     def attempt(n: int, _t: tuple[float | None, float | None], _c: MutableMapping[str, str]) -> AttemptResult[str]:
@@ -115,7 +115,7 @@ def test_no_exit_path_leaks_a_half_open_slot(script: list[str], max_calls: int) 
     """Whatever each attempt does (answers, fails, raises, or the sleep is interrupted), every slot comes back."""
     clock: FakeClock = InterruptingClock(KeyboardInterrupt()) if "interrupt_sleep" in script else FakeClock()
     registry = BreakerRegistry(BreakerConfig(failure_threshold=1, open_seconds=1.0, half_open_max_calls=max_calls), clock=clock)
-    breaker = registry.get(ENGINE)
+    breaker = registry.by_engine[ENGINE]
     breaker.record_failure()
     clock.advance(1.0)
     steps = iter(script)

@@ -230,7 +230,7 @@ GATEWAY_POLICY = EndpointPolicy(retry=RetryPolicy(max_attempts=5, base_s=10, cap
 async def test_cancelled_during_backoff_sleep_sends_nothing_more_and_returns_the_slot() -> None:
     """The half-open probe call is cancelled in its 10 s backoff: one attempt only, the slot is free again."""
     registry = BreakerRegistry(BreakerConfig(minimum_calls=1, window_size=1, open_seconds=0, half_open_max_calls=1))
-    breaker = registry.get(ENGINE)
+    breaker = registry.by_engine[ENGINE]
     breaker.record_failure()
     assert breaker.state is BreakerState.HALF_OPEN
     events: list[Event] = []
@@ -258,7 +258,7 @@ async def test_cancelled_during_backoff_sleep_sends_nothing_more_and_returns_the
 async def test_cancelled_during_an_attempt_records_it_as_ambiguous() -> None:
     """Cancelled while the attempt is in flight: recorded as ambiguous, the call ends, the slot comes back."""
     registry = BreakerRegistry(BreakerConfig(minimum_calls=1, window_size=1, open_seconds=0, half_open_max_calls=1))
-    breaker = registry.get(ENGINE)
+    breaker = registry.by_engine[ENGINE]
     breaker.record_failure()
     events: list[Event] = []
     retrier = Retrier(breakers=registry, observers=[events.append])
@@ -377,4 +377,4 @@ def test_one_retrier_serves_threads_and_tasks_at_once() -> None:
         t.join(timeout=60)
     assert len(outcomes) == 400
     assert outcomes.count("ok") == 5 and outcomes.count("budget") == 395
-    assert registry.get(ENGINE).state is BreakerState.CLOSED
+    assert registry.by_engine[ENGINE].state is BreakerState.CLOSED
