@@ -23,9 +23,12 @@ hand; not run by ``run_all.py``.
 per row (``AB_VARIANTS``: no attempt timeout or deadline, no breaker, no
 budget, no control lane, all four off, the core replaced by one plain
 attempt; and in ours' place a pass-through middleware, one three coroutine
-frames deep, and one writing on aiohttp's request and response what ours
-writes), the rows interleaved in a shuffled order every round, so each
-row's difference to "ours" is what that piece costs in place. Both
+frames deep, one writing on aiohttp's request and response what ours
+writes, and one asking ``request_timeout``), the rows interleaved in a
+shuffled order every round, so each row's difference to "ours" is what
+that piece costs in place. ``--against REV`` adds a row of ours with the
+driver's file as commit ``REV`` has it (``ours_at``): an in-process A/B of
+a change to ``adapters/aiohttp.py``. Both
 columns count: a piece's work outside our frames (aiohttp's ``send``
 wrapped by the attempt timer, the lane's connector, the loop's timer
 handles) shows in the whole call only. The last column counts the garbage
@@ -38,8 +41,10 @@ import argparse
 import asyncio
 import gc
 import random
+import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,7 +57,7 @@ import requests
 from _loopback import LoopbackServer
 from requests.adapters import HTTPAdapter
 
-from resilience.adapters.aiohttp import ResilientMiddleware
+from resilience.adapters.aiohttp import ResilientMiddleware, request_timeout
 from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
 from resilience.adapters.requests import ResilientAdapter
@@ -172,6 +177,12 @@ async def _writing(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.Clie
     return response  # type: ignore[no-any-return]
 
 
+async def _asking_timeout(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+    """A pass-through that asks ``request_timeout`` (the caller's ``ClientTimeout``, from the handler chain) as ours does."""
+    request_timeout(request, handler)
+    return await handler(request)  # type: ignore[no-any-return]
+
+
 class _OneAttempt:
     """A stand-in for ``Retrier`` whose ``arun`` makes one attempt and returns its response: ours without the core."""
 
@@ -191,6 +202,7 @@ AB_VARIANTS: dict[str, Callable[[], Any] | None] = {
     "a pass-through middleware": lambda: _pass_through,
     "a pass-through, three coroutine frames deep": lambda: _three_frames,
     "a pass-through writing what ours writes on aiohttp's objects": lambda: _writing,
+    "a pass-through asking request_timeout()": lambda: _asking_timeout,
     "ours": lambda: ResilientMiddleware(POLICIES),
     "ours, no attempt timeout or deadline": lambda: ResilientMiddleware(UNTIMED),
     "ours, no breaker": lambda: ResilientMiddleware(POLICIES, breaker=None),
@@ -202,6 +214,22 @@ AB_VARIANTS: dict[str, Callable[[], Any] | None] = {
     "ours, the core replaced by one plain attempt": _without_core,
 }
 """``--aiohttp-ab``'s rows: what goes between the timing middlewares (None: nothing)."""
+
+
+def ours_at(rev: str) -> Callable[[], Any]:
+    """``ResilientMiddleware`` from ``adapters/aiohttp.py`` as commit ``rev`` has it, loaded beside this checkout's as a module of its own.
+
+    Only the driver's file comes from ``rev``; everything it imports (the core,
+    the lane) is this checkout's. ``--against`` adds it as a row, so two
+    versions of the driver run interleaved in one process.
+    """
+    root = Path(__file__).resolve().parents[1]
+    show = ["git", "-C", str(root), "show", f"{rev}:adapters/aiohttp.py"]
+    source = subprocess.run(show, check=True, capture_output=True, text=True).stdout
+    module = types.ModuleType(f"_aiohttp_driver_at_{rev}")
+    sys.modules[module.__name__] = module
+    exec(compile(source, f"{rev}:adapters/aiohttp.py", "exec"), module.__dict__)
+    return lambda: module.ResilientMiddleware(POLICIES)
 
 
 async def aiohttp_ab(url: str, calls: int, rounds: int) -> dict[str, list[tuple[float, float, float]]]:
@@ -317,8 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=3000, help="timed sequential calls per driver and round (default 3000)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the smallest figure of each cell is shown (default 2)")
     ap.add_argument("--aiohttp-ab", action="store_true", help="aiohttp alone, one piece of ours off per row (AB_VARIANTS)")
+    ap.add_argument("--against", metavar="REV", help="with --aiohttp-ab: also a row of ours with adapters/aiohttp.py at commit REV")
     args = ap.parse_args(argv)
     if args.aiohttp_ab:
+        if args.against:
+            AB_VARIANTS[f"ours, adapters/aiohttp.py at {args.against}"] = ours_at(args.against)
         with LoopbackServer() as server:
             ab = asyncio.run(aiohttp_ab(server.url + "/flush_cache", args.calls, args.rounds))
         print(
