@@ -32,6 +32,9 @@ __all__ = [
 R = TypeVar("R")
 Timeouts = tuple[float | None, float | None]
 """(connect, read) seconds; None = no limit."""
+_SUCCESS = Outcome.SUCCESS
+"""``Outcome.SUCCESS`` as a module global, for ``classify``'s every call: CPython 3.11 specializes a global's load, not a
+class attribute's, which costs about 0.1 us in a real call (``benchmarks/NOTES.md``, "Core v3, sixth pass")."""
 
 
 @dataclass(slots=True)
@@ -168,7 +171,7 @@ def classify(
     """
     if status is not None:
         if 200 <= status < 300 or status in policy.accept_statuses:  # ``is_success_status``, inline: every call asks
-            return Outcome.SUCCESS
+            return _SUCCESS
         gateway = status in policy.retry.statuses or (status == 429 and retry_after is not None and policy.retry.respect_retry_after)
         if gateway and (policy.idempotent or policy.retry_statuses_if_not_idempotent):
             return Outcome.RETRYABLE
