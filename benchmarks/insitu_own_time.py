@@ -21,21 +21,30 @@ hand; not run by ``run_all.py``.
 
 ``--aiohttp-ab`` measures aiohttp alone, with one piece of ours turned off
 per row (``AB_VARIANTS``: no attempt timeout or deadline, no breaker, no
-budget, no control lane, all four off; and a pass-through middleware in
-ours' place), the rows interleaved in a shuffled order every round, so each
-row's difference to "ours" is what that piece costs in place. Both
+budget, no control lane, all four off, the core replaced by one plain
+attempt; and in ours' place a pass-through middleware, one three coroutine
+frames deep, one writing on aiohttp's request and response what ours
+writes, and one asking ``request_timeout``), the rows interleaved in a
+shuffled order every round, so each row's difference to "ours" is what
+that piece costs in place. ``--against REV`` adds a row of ours with the
+driver's file as commit ``REV`` has it (``ours_at``): an in-process A/B of
+a change to ``adapters/aiohttp.py``. Both
 columns count: a piece's work outside our frames (aiohttp's ``send``
 wrapped by the attempt timer, the lane's connector, the loop's timer
-handles, garbage collections) shows in the whole call only.
+handles) shows in the whole call only. The last column counts the garbage
+collections (all generations) per 1000 calls of the row.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import random
+import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,7 +57,7 @@ import requests
 from _loopback import LoopbackServer
 from requests.adapters import HTTPAdapter
 
-from resilience.adapters.aiohttp import ResilientMiddleware
+from resilience.adapters.aiohttp import ResilientMiddleware, request_timeout
 from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
 from resilience.adapters.requests import ResilientAdapter
@@ -149,9 +158,51 @@ async def _pass_through(request: aiohttp.ClientRequest, handler: Any) -> aiohttp
     return await handler(request)  # type: ignore[no-any-return]
 
 
+async def _three_frames(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+    """A pass-through three coroutine frames deep, as ours is (``__call__``, ``Retrier.arun``, ``_Attempts.run``)."""
+    return await _two_frames(request, handler)
+
+
+async def _two_frames(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+    return await _pass_through(request, handler)
+
+
+async def _writing(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+    """A pass-through that writes on aiohttp's objects what ours writes: ``request.send`` set and deleted, two response attributes."""
+    request.send = request.send  # type: ignore[method-assign]
+    response = await handler(request)
+    del request.send
+    response.attempts = ()  # type: ignore[attr-defined]
+    response.endpoint = "POST /flush_cache"  # type: ignore[attr-defined]
+    return response  # type: ignore[no-any-return]
+
+
+async def _asking_timeout(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+    """A pass-through that asks ``request_timeout`` (the caller's ``ClientTimeout``, from the handler chain) as ours does."""
+    request_timeout(request, handler)
+    return await handler(request)  # type: ignore[no-any-return]
+
+
+class _OneAttempt:
+    """A stand-in for ``Retrier`` whose ``arun`` makes one attempt and returns its response: ours without the core."""
+
+    async def arun(self, spec: Any, send: Any, **_: Any) -> tuple[Any, tuple[()]]:
+        timeouts = (10.0, 10.0) if spec.request_timeout is None else spec.request_timeout
+        return (await send(0, timeouts, {})).response, ()
+
+
+def _without_core() -> ResilientMiddleware:
+    middleware = ResilientMiddleware(POLICIES)
+    middleware.retrier = _OneAttempt()  # type: ignore[assignment]
+    return middleware
+
+
 AB_VARIANTS: dict[str, Callable[[], Any] | None] = {
     "bare (the timing layers alone)": None,
     "a pass-through middleware": lambda: _pass_through,
+    "a pass-through, three coroutine frames deep": lambda: _three_frames,
+    "a pass-through writing what ours writes on aiohttp's objects": lambda: _writing,
+    "a pass-through asking request_timeout()": lambda: _asking_timeout,
     "ours": lambda: ResilientMiddleware(POLICIES),
     "ours, no attempt timeout or deadline": lambda: ResilientMiddleware(UNTIMED),
     "ours, no breaker": lambda: ResilientMiddleware(POLICIES, breaker=None),
@@ -160,12 +211,32 @@ AB_VARIANTS: dict[str, Callable[[], Any] | None] = {
     "ours, all four off": lambda: ResilientMiddleware(
         config=DriverConfig(UNTIMED, breaker=None, retry_budget=None, control_lane=None)
     ),
+    "ours, the core replaced by one plain attempt": _without_core,
 }
 """``--aiohttp-ab``'s rows: what goes between the timing middlewares (None: nothing)."""
 
 
-async def aiohttp_ab(url: str, calls: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """Per ``AB_VARIANTS`` row, (whole call, own) CPU microseconds per call in each round; rows interleaved, shuffled per round."""
+def ours_at(rev: str) -> Callable[[], Any]:
+    """``ResilientMiddleware`` from ``adapters/aiohttp.py`` as commit ``rev`` has it, loaded beside this checkout's as a module of its own.
+
+    Only the driver's file comes from ``rev``; everything it imports (the core,
+    the lane) is this checkout's. ``--against`` adds it as a row, so two
+    versions of the driver run interleaved in one process.
+    """
+    root = Path(__file__).resolve().parents[1]
+    show = ["git", "-C", str(root), "show", f"{rev}:adapters/aiohttp.py"]
+    source = subprocess.run(show, check=True, capture_output=True, text=True).stdout
+    module = types.ModuleType(f"_aiohttp_driver_at_{rev}")
+    sys.modules[module.__name__] = module
+    exec(compile(source, f"{rev}:adapters/aiohttp.py", "exec"), module.__dict__)
+    return lambda: module.ResilientMiddleware(POLICIES)
+
+
+async def aiohttp_ab(url: str, calls: int, rounds: int) -> dict[str, list[tuple[float, float, float]]]:
+    """Per ``AB_VARIANTS`` row, (whole call, own) CPU microseconds per call and garbage collections per 1000 calls in each round.
+
+    The rows are interleaved, shuffled per round.
+    """
     sessions = {}
     for name, make in AB_VARIANTS.items():
         middle = () if make is None else (make(),)
@@ -176,7 +247,7 @@ async def aiohttp_ab(url: str, calls: int, rounds: int) -> dict[str, list[tuple[
             async with s.post(url, data=b"{}") as response:
                 await response.read()
 
-    out: dict[str, list[tuple[float, float]]] = {name: [] for name in sessions}
+    out: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sessions}
     try:
         for s in sessions.values():
             await ah(300, s)
@@ -186,9 +257,12 @@ async def aiohttp_ab(url: str, calls: int, rounds: int) -> dict[str, list[tuple[
             random.shuffle(order)
             for name in order:
                 CLOCK.reset()
+                collected = sum(g["collections"] for g in gc.get_stats())
                 t = time.thread_time_ns()
                 await ah(calls, sessions[name])
-                out[name].append(((time.thread_time_ns() - t) / calls / 1e3, (CLOCK.outer - CLOCK.inner) / calls / 1e3))
+                spent = time.thread_time_ns() - t
+                collected = sum(g["collections"] for g in gc.get_stats()) - collected
+                out[name].append((spent / calls / 1e3, (CLOCK.outer - CLOCK.inner) / calls / 1e3, collected * 1000 / calls))
     finally:
         for s in sessions.values():
             await s.close()
@@ -271,15 +345,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=3000, help="timed sequential calls per driver and round (default 3000)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the smallest figure of each cell is shown (default 2)")
     ap.add_argument("--aiohttp-ab", action="store_true", help="aiohttp alone, one piece of ours off per row (AB_VARIANTS)")
+    ap.add_argument("--against", metavar="REV", help="with --aiohttp-ab: also a row of ours with adapters/aiohttp.py at commit REV")
     args = ap.parse_args(argv)
     if args.aiohttp_ab:
+        if args.against:
+            AB_VARIANTS[f"ours, adapters/aiohttp.py at {args.against}"] = ours_at(args.against)
         with LoopbackServer() as server:
             ab = asyncio.run(aiohttp_ab(server.url + "/flush_cache", args.calls, args.rounds))
-        print("| aiohttp, between the timing layers | whole call, CPU (us): min / median | own CPU (us): min / median |")
-        print("|---|---:|---:|")
+        print(
+            "| aiohttp, between the timing layers | whole call, CPU (us): min / median | own CPU (us): min / median "
+            "| garbage collections per 1000 calls |"
+        )
+        print("|---|---:|---:|---:|")
         for name, figures in ab.items():
             wholes, owns = sorted(f[0] for f in figures), sorted(f[1] for f in figures)
-            print(f"| {name} | {wholes[0]:.1f} / {wholes[len(wholes) // 2]:.1f} | {owns[0]:.1f} / {owns[len(owns) // 2]:.1f} |")
+            collections = sum(f[2] for f in figures) / len(figures)
+            print(
+                f"| {name} | {wholes[0]:.1f} / {wholes[len(wholes) // 2]:.1f} | {owns[0]:.1f} / {owns[len(owns) // 2]:.1f} "
+                f"| {collections:.1f} |"
+            )
         return 0
     HTTPAdapter.send = _bare_send  # type: ignore[method-assign]
     best: dict[tuple[str, str], tuple[float, float]] = {}

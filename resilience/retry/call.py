@@ -104,6 +104,11 @@ _next_call_id = itertools.count(1).__next__
 log = logging.getLogger("resilience.retry")
 _events_log = logging.getLogger("resilience.events")
 _INF = math.inf
+_SUCCESS = Outcome.SUCCESS
+_CALL_SUCCESS = CallOutcome.SUCCESS
+_NOT_SENT = Delivery.NOT_SENT
+"""The members ``attempt_done`` reads on every attempt, as module globals: CPython 3.11 specializes a global's load, not a
+class attribute's, which costs about 0.1 us in a real call (``benchmarks/NOTES.md``, "Core v3, sixth pass")."""
 
 
 @final
@@ -322,8 +327,8 @@ class RetryCall(Generic[R]):
         outcome = classify(policy, status=status, delivery=result.delivery, retry_after=result.retry_after)
         error_type = type(result.error).__qualname__ if result.error is not None else None
         if self.hearing[2]:
-            shown = error_type or (str(status) if outcome is not Outcome.SUCCESS else None)  # a failed status names itself
-            sent = result.delivery is not Delivery.NOT_SENT
+            shown = error_type or (str(status) if outcome is not _SUCCESS else None)  # a failed status names itself
+            sent = result.delivery is not _NOT_SENT
             call_id, method, endpoint, engine = self.call_id, spec.method, spec.match.endpoint, spec.engine
             for observer in self.hearing[2]:
                 try:
@@ -333,12 +338,12 @@ class RetryCall(Generic[R]):
         self.last = result
         self._released = False
         record = _new_record(AttemptRecord, (n, status, outcome, result.delivery, error_type, duration, None))  # all 7 fields
-        if outcome is Outcome.SUCCESS and self.records is None:  # the common case: one record, no list
+        if outcome is _SUCCESS and self.records is None:  # the common case: one record, no list
             self.ended = True
             if self.breaker is not None and self.permit is not self.breaker.calm:  # calm: a success changes nothing
                 self.breaker.record_success(self.permit)  # as ``_end`` decides for a success
             if self.hearing[3]:
-                self._announce_end(CallOutcome.SUCCESS, None)
+                self._announce_end(_CALL_SUCCESS, None)
             assert result.response is not None
             done: Return[R] = Return()  # no ``__init__`` (see ``Send``)
             done.response, done.attempts, done.discard = result.response, (record,), None

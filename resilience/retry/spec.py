@@ -32,6 +32,12 @@ __all__ = [
 R = TypeVar("R")
 Timeouts = tuple[float | None, float | None]
 """(connect, read) seconds; None = no limit."""
+_SUCCESS = Outcome.SUCCESS
+"""``Outcome.SUCCESS`` as a module global, for ``classify``'s every call: CPython 3.11 specializes a global's load, not a
+class attribute's, which costs about 0.1 us in a real call (``benchmarks/NOTES.md``, "Core v3, sixth pass")."""
+_outer_deadline = CURRENT_DEADLINE.get
+"""The outer ``Deadline`` of the running context (None: none), ``ContextVar.get`` bound once: ``CURRENT_DEADLINE.get()``
+looks the method up and binds it on every call (CPython 3.11 does not specialize that lookup)."""
 
 
 @dataclass(slots=True)
@@ -131,7 +137,7 @@ def deadline_times(spec: CallSpec, now: float) -> tuple[float, float | None]:
         if connect is not None or read is not None:
             seconds = (connect or 0.0) + (read or 0.0)
     own_at = math.inf if seconds is None else now + seconds
-    outer = CURRENT_DEADLINE.get()
+    outer = _outer_deadline()
     outer_at = math.inf
     if outer is not None and outer.bounded:
         outer_at = now + outer.remaining()  # on the outer deadline's own clock, as ``Deadline.cap`` reads it
@@ -168,7 +174,7 @@ def classify(
     """
     if status is not None:
         if 200 <= status < 300 or status in policy.accept_statuses:  # ``is_success_status``, inline: every call asks
-            return Outcome.SUCCESS
+            return _SUCCESS
         gateway = status in policy.retry.statuses or (status == 429 and retry_after is not None and policy.retry.respect_retry_after)
         if gateway and (policy.idempotent or policy.retry_statuses_if_not_idempotent):
             return Outcome.RETRYABLE

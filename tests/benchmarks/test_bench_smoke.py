@@ -278,6 +278,15 @@ def test_insitu_own_time_measures_ours_and_the_timing_layers_on_every_driver() -
         _positive(row[3])
 
 
+def test_unspecialized_ops_lists_the_generic_instructions_of_ours_on_one_request() -> None:
+    """One traced aiohttp request: each function of ours it ran, with its generic instructions, and their total."""
+    out = _run("unspecialized_ops.py", "--calls", "30")
+    assert "ResilientMiddleware.__call__ (resilience/adapters/aiohttp.py): " in out
+    assert "RetryCall.attempt_done (resilience/retry/call.py): " in out
+    total = re.search(r"generic instructions executed in ours: (\d+)", out)
+    assert total is not None and int(total.group(1)) > 0
+
+
 def test_control_lane_measures_every_client_and_says_where_the_time_goes() -> None:
     """Bare, mounted without the lane and mounted (aiohttp, tiny sizes), each with its loaded calls; on Linux, the
     breakdown of the mounted row's idle and loaded calls, every cell a number."""
