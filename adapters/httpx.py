@@ -25,8 +25,8 @@ stay off (``retries=0``, its default).
   retries end on a transport error (a refusal past the deadline, say), the
   transport's own error is raised, with ``.attempts``; so is an error raised
   unretried (``resilience.outcome.attempts_of`` reads the record).
-- **Data requests wait in a queue of ours**: ``DataQueue`` (async) or
-  ``SyncDataQueue`` (``adapters/data_queue.py``), in
+- **Data requests wait in a queue of ours**: ``DataQueue`` (async: one let
+  in per loop turn) or ``SyncDataQueue`` (``adapters/data_queue.py``), in
   front of the wrapped ``httpx.AsyncHTTPTransport``'s or
   ``httpx.HTTPTransport``'s pool, so that httpcore's own queue stays short
   (its pool walks that queue on every request start and end); control routes
@@ -350,7 +350,8 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
     cancelled calling task ends the call without sending anything more and
     gives its breaker slot back. Requests for ``transport`` wait for its pool
     in ``DataQueue`` (``.queue``), at most ``max_connections`` inside it at
-    once; control routes take the lane (``.lane``) and never wait there.
+    once and one let in per turn of the event loop; control routes take the
+    lane (``.lane``) and never wait there.
     """
 
     def __init__(

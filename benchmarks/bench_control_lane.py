@@ -21,7 +21,8 @@ The async drivers (httpx async, aiohttp) carry ``--streams`` streams (1,000)
 through their default pool limit (100 connections): the rest wait in the
 pool's queue, and so does a control call that shares the pool (mounted httpx
 async: in ``DataQueue``, ours, ahead of the pool, so that httpcore's queue
-stays empty; ``adapters/data_queue.py``). The sync
+stays empty, and which lets one waiting request in per loop turn;
+``adapters/data_queue.py``). The sync
 drivers would need a thread per stream; they carry ``SYNC_STREAMS`` threads
 through a pool of ``SYNC_POOL`` (requests: ``pool_maxsize=16,
 pool_block=True``, its only pool that waits; httpx: ``Limits(max_connections=16)``;

@@ -8,8 +8,9 @@ the limit while more streams run; a request waiting past its pool timeout
 gets ``httpx.PoolTimeout`` from our queue; a slot comes back, once, when a
 response closes, when reading it fails, when the attempt fails, and when a
 task is cancelled while it waits (also in the turn its slot arrived);
-control calls never wait in the queue; and where the limit cannot be read
-there is no queue. The sync queue, with threads, is pinned the same way
+control calls never wait in the queue; slots freed in one loop turn let
+their waiters in one per turn, oldest first; and where the limit cannot be
+read there is no queue. The sync queue, with threads, is pinned the same way
 (a thread that gave up on its pool timeout is passed over too).
 """
 
@@ -206,7 +207,9 @@ async def test_a_slot_handed_to_a_task_being_cancelled_passes_to_the_next_waiter
     second = asyncio.create_task(queue.send(request))
     await asyncio.sleep(0)
     assert queue.waiting == 2 and queue.inside == 1
-    await held.aclose()  # nothing in it yields: the slot is first's before first runs again
+    await held.aclose()  # nothing in it yields: the slot is kept for first, handed next turn
+    await asyncio.sleep(0)  # that turn: the slot is first's before first runs again
+    assert queue.waiting == 1 and not first.done()
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
@@ -214,6 +217,99 @@ async def test_a_slot_handed_to_a_task_being_cancelled_passes_to_the_next_waiter
     assert queue.inside == 1 and queue.waiting == 0
     await last.aclose()
     assert queue.inside == 0
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_waiter_before_its_slot_came_is_passed_over() -> None:
+    """A slot freed while the oldest waiter's task is cancelled, before the slot is handed on: the next waiter gets it."""
+    queue = DataQueue(httpx.MockTransport(lambda request: httpx.Response(200, stream=httpx.ByteStream(b"x"))), limit=1)
+    request = httpx.Request("POST", "http://127.0.0.1:9/generate")
+    held = await queue.send(request)
+    first = asyncio.create_task(queue.send(request))
+    second = asyncio.create_task(queue.send(request))
+    await asyncio.sleep(0)
+    await held.aclose()  # kept for the waiters; nothing handed yet
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    last = await asyncio.wait_for(second, LONG_TIMEOUT)
+    assert queue.inside == 1 and queue.waiting == 0
+    await last.aclose()
+    assert queue.inside == 0
+
+
+class _Admissions(httpx.AsyncBaseTransport):
+    """A transport in front of a real one that notes, for each request it gets, its ``n`` header and the loop turn.
+
+    Requests ``n < held`` are answered here, with a body in memory: closing
+    one never yields, so a test can give back several slots in one turn.
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, held: int) -> None:
+        self.inner = inner
+        self.held = held
+        self.turn = 0
+        """Turns of the event loop since ``count_turns``."""
+        self.entered: list[tuple[int, int]] = []
+        """(request's ``n``, loop turn) of each request let in, in the order they came."""
+
+    def count_turns(self) -> None:
+        """Count one per turn of the running loop from now on (a callback that schedules itself for the next turn)."""
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            self.turn += 1
+            loop.call_soon(tick)
+
+        loop.call_soon(tick)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        n = int(request.headers["n"])
+        self.entered.append((n, self.turn))
+        if n < self.held:
+            return httpx.Response(200, stream=httpx.ByteStream(b"held"))
+        return await self.inner.handle_async_request(request)
+
+
+@pytest.mark.asyncio
+async def test_slots_freed_in_one_turn_let_their_waiters_in_one_per_turn_oldest_first(engine: StreamServer) -> None:
+    """Four slots given back in one loop turn, four requests waiting: each enters in a turn of its own, in the order they came."""
+    await _idle(engine)
+    inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=4))
+    admissions = _Admissions(inner, held=4)
+    queue = DataQueue(admissions, limit=4)
+
+    async def send(n: int) -> httpx.Response:
+        request = httpx.Request("POST", f"{engine.url}/generate?events=1", json=GENERATE, headers={"n": str(n)})
+        return await queue.send(request)
+
+    async def read(n: int) -> bytes:
+        response = await send(n)
+        try:
+            return b"".join([part async for part in response.stream])
+        finally:
+            await response.stream.aclose()
+
+    try:
+        held = [await send(n) for n in range(4)]
+        waiters = [asyncio.create_task(read(n)) for n in range(4, 8)]
+        await eventually(lambda: queue.waiting == 4)
+        admissions.count_turns()
+        await asyncio.sleep(0)
+        freed_at = admissions.turn
+        for response in held:  # nothing in these closes yields: all four slots come back in this one turn
+            await response.aclose()
+        assert admissions.turn == freed_at
+        bodies = await asyncio.wait_for(asyncio.gather(*waiters), LONG_TIMEOUT)
+    finally:
+        await inner.aclose()
+    assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
+    later = admissions.entered[4:]
+    assert [n for n, _ in later] == [4, 5, 6, 7]
+    turns = [turn for _, turn in later]
+    assert turns == sorted(set(turns)) and turns[0] > freed_at, turns
+    assert queue.inside == 0 and queue.waiting == 0
+    await _idle(engine)
 
 
 @pytest.mark.asyncio
