@@ -25,29 +25,28 @@ stay off (``retries=0``, its default).
   retries end on a transport error (a refusal past the deadline, say), the
   transport's own error is raised, with ``.attempts``; so is an error raised
   unretried (``resilience.outcome.attempts_of`` reads the record).
-- **Data requests wait in a queue of ours** (async): ``DataQueue``, in front
-  of the wrapped ``httpx.AsyncHTTPTransport``'s pool, so that httpcore's own
-  queue stays short (its pool walks that queue on every request start and
-  end); control routes take the lane and never wait there.
+- **Data requests wait in a queue of ours**: ``DataQueue`` (async: one let
+  in per loop turn) or ``SyncDataQueue`` (``adapters/data_queue.py``), in
+  front of the wrapped ``httpx.AsyncHTTPTransport``'s or
+  ``httpx.HTTPTransport``'s pool, so that httpcore's own queue stays short
+  (its pool walks that queue on every request start and end); control routes
+  take the lane and never wait there.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import functools
 import math
 import ssl
-import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Any, Unpack, cast
+from typing import Any, Unpack
 
-import httpcore
 import httpx
 
 from resilience.adapters.control_lane import routed
 from resilience.adapters.control_pools import async_httpx_lane, httpx_lane
+from resilience.adapters.data_queue import DataQueue, SyncDataQueue
 from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.httpx_errors import ERROR_TYPES
 from resilience.adapters.routing import RouteCache, route_of
@@ -56,7 +55,7 @@ from resilience.outcome import AttemptRecord, Delivery
 from resilience.policy import PolicyTable
 from resilience.retry.spec import AttemptResult, CallSpec, Timeouts, responded
 
-__all__ = ["AsyncResilientTransport", "DataQueue", "ResilientTransport", "caller_timeout", "transport_failure"]
+__all__ = ["AsyncResilientTransport", "ResilientTransport", "caller_timeout", "transport_failure"]
 
 _NOT_TRANSIENT = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 """Errors a retry cannot fix: a URL without ``http(s)://``, a request h11 refuses to write (bad header)."""
@@ -227,157 +226,6 @@ async def _adiscard(response: httpx.Response) -> None:
         await response.aclose()
 
 
-def _pool_timeout(request: httpx.Request) -> float | None:
-    """The seconds ``request`` may wait for a connection, read as httpcore reads it: its ``timeout`` extension's ``pool``."""
-    timeouts = request.extensions.get("timeout")
-    value = timeouts.get("pool") if isinstance(timeouts, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _expire(turn: asyncio.Future[bool]) -> None:
-    """A waiter's pool timeout: its turn ends without a slot (unless a slot reached it first)."""
-    if not turn.done():
-        turn.set_result(False)
-
-
-class DataQueue:
-    """Requests wait here for the wrapped pool, first come first served, so that httpcore's own queue stays short.
-
-    httpcore's ``AsyncConnectionPool`` (1.0) walks its whole queue of waiting
-    requests, against every connection, each time a request starts or its
-    response closes: 1,000 streams through 100 connections keep an event loop
-    busy with those walks, and every other task on it (a control call on the
-    lane included) waits for its turn. ``AsyncResilientTransport`` therefore
-    lets at most ``limit`` (the pool's ``max_connections``) attempts into the
-    pool at once; the others wait in this queue, where starting and ending
-    cost O(1). Each attempt takes a slot (not each call: a backoff sleep holds
-    none) and gives it back when its response is closed (``aclose()``, the
-    end of ``client.stream(...)``, a read that fails), when the pool raises,
-    or when its task is cancelled, waiting or not; a response never closed
-    keeps its slot, as it keeps its connection in httpcore.
-
-    A request that waits longer than its pool timeout (the ``timeout``
-    extension's ``pool``; None: no limit) gets ``httpx.PoolTimeout``, as
-    from httpcore's queue; once inside, a connection is free or can be
-    opened (when this queue is the pool's only way in), so httpcore's own
-    wait ends at once.
-
-    Control routes never wait here: they take the lane. With the lane off
-    (``DriverConfig(control_lane=None)``) they share this queue, as they
-    would share httpcore's. ``DataQueue.of`` builds one only where it can read
-    the limit; else requests go straight to the wrapped transport, as before.
-    """
-
-    def __init__(self, transport: httpx.AsyncBaseTransport, limit: int) -> None:
-        self.transport = transport
-        """The transport each request is sent through once it holds a slot."""
-        self.limit = limit
-        """Slots: the most requests inside ``transport`` at once."""
-        self.inside = 0
-        """Slots held now: requests being sent, and responses not closed yet."""
-        self._waiting: collections.deque[asyncio.Future[bool]] = collections.deque()
-        """Each waiter's turn, oldest first: True once handed a slot, False on its pool timeout; a turn done before its
-        slot came (timed out, cancelled) stays until ``leave`` passes it."""
-
-    @classmethod
-    def of(cls, transport: httpx.AsyncBaseTransport) -> DataQueue | None:
-        """The queue in front of ``transport``, or None: no limit to keep, or one that cannot be read.
-
-        Only a plain ``httpx.AsyncHTTPTransport`` (not a subclass, not through
-        a proxy) whose pool is a plain ``httpcore.AsyncConnectionPool``
-        limited to ``max_connections`` (``Limits(max_connections=None)``: no
-        limit, no queue) with HTTP/2 off (an HTTP/2 connection carries many
-        requests at once, so its pool's limit is not one on requests).
-        """
-        if type(transport) is not httpx.AsyncHTTPTransport:
-            return None
-        pool = getattr(transport, "_pool", None)
-        if type(pool) is not httpcore.AsyncConnectionPool or getattr(pool, "_http2", True) is not False:
-            return None
-        limit = getattr(pool, "_max_connections", None)  # httpcore keeps None as sys.maxsize
-        if type(limit) is not int or not 1 <= limit < sys.maxsize:
-            return None
-        return cls(transport, limit)
-
-    @property
-    def waiting(self) -> int:
-        """Requests waiting for a slot now."""
-        return sum(not turn.done() for turn in self._waiting)
-
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        """``transport.handle_async_request(request)`` once a slot is free; the response's stream holds the slot until closed."""
-        if self.inside < self.limit:  # no one waits while a slot is free: a freed slot goes to the oldest waiter
-            self.inside += 1
-        else:
-            await self._wait(request)
-        try:
-            response = await self.transport.handle_async_request(request)
-        except BaseException:
-            self.leave()
-            raise
-        response.stream = _SlotStream(cast(httpx.AsyncByteStream, response.stream), self)
-        return response
-
-    async def _wait(self, request: httpx.Request) -> None:
-        """Wait for a slot; ``httpx.PoolTimeout`` after the request's pool timeout."""
-        loop = asyncio.get_running_loop()
-        turn: asyncio.Future[bool] = loop.create_future()
-        self._waiting.append(turn)
-        seconds = _pool_timeout(request)
-        timer = None if seconds is None else loop.call_later(seconds, _expire, turn)
-        try:
-            entered = await turn
-        except BaseException:  # cancelled
-            handed = turn.done() and not turn.cancelled() and turn.result()
-            turn.cancel()  # still pending (an error other than a cancellation): ``leave`` passes it from now on
-            if handed:  # a slot reached the turn just before the cancellation: the next waiter takes it
-                self.leave()
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-        if not entered:
-            raise httpx.PoolTimeout(
-                f"no connection of the pool's {self.limit} came free within the pool timeout ({seconds} s)", request=request
-            )
-
-    def leave(self) -> None:
-        """Give a slot back: to the oldest request still waiting, or to the pool's free ones."""
-        waiting = self._waiting
-        while waiting:
-            turn = waiting.popleft()
-            if not turn.done():
-                turn.set_result(True)
-                return
-        self.inside -= 1
-
-
-class _SlotStream(httpx.AsyncByteStream):
-    """A response's stream that gives its request's ``DataQueue`` slot back once: when it is closed, or reading it fails."""
-
-    def __init__(self, stream: httpx.AsyncByteStream, queue: DataQueue) -> None:
-        self._stream = stream
-        self._queue: DataQueue | None = queue
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for part in self._stream:
-                yield part
-        except BaseException:  # a read that failed or was abandoned closes the stream, as httpcore's own does
-            await self.aclose()
-            raise
-
-    async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            queue, self._queue = self._queue, None
-            if queue is not None:
-                queue.leave()
-
-
 class _Resilient(ConfigViews):
     """What both transports share: the configuration, the retry core, and turning a request into a ``CallSpec``."""
 
@@ -420,6 +268,9 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
 
     ``transport``: the transport that makes each attempt (default
     ``httpx.HTTPTransport()``; pass one to set TLS, limits, a proxy).
+    Requests for it wait for its pool in ``SyncDataQueue`` (``.queue``), at
+    most ``max_connections`` inside it at once; control routes take the lane
+    (``.lane``) and never wait there.
     ``config``: a ``DriverConfig`` (kept as ``.driver_config``) shared with other drivers (its breakers and
     budgets per engine included). Or, instead, its fields as keywords
     (``policies`` and ``DriverKeywords``, each with the field's meaning and
@@ -446,15 +297,23 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
         self.transport = transport if transport is not None else httpx.HTTPTransport()
         self.lane = httpx_lane(self.transport, config.control_lane)
         """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
+        self.queue = SyncDataQueue.of(self.transport)
+        """Where requests for ``transport`` wait for its pool (``SyncDataQueue``); None: they go straight to it."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the retry loop; the contract of ``httpx.BaseTransport.handle_request``."""
         spec, on_lane = self._spec(request)
         lane = self.lane
-        transport = lane if on_lane and lane is not None else self.transport
+        queue = self.queue
+        if on_lane and lane is not None:
+            send = lane.handle_request
+        elif queue is not None:
+            send = queue.send
+        else:
+            send = self.transport.handle_request
         response, records = self.retrier.run(
             spec,
-            functools.partial(_send, transport.handle_request, request),
+            functools.partial(_send, send, request),
             report=_report,
             failed=_failed,
             discard=_discard,
@@ -491,7 +350,8 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
     cancelled calling task ends the call without sending anything more and
     gives its breaker slot back. Requests for ``transport`` wait for its pool
     in ``DataQueue`` (``.queue``), at most ``max_connections`` inside it at
-    once; control routes take the lane (``.lane``) and never wait there.
+    once and one let in per turn of the event loop; control routes take the
+    lane (``.lane``) and never wait there.
     """
 
     def __init__(

@@ -21,10 +21,12 @@ The async drivers (httpx async, aiohttp) carry ``--streams`` streams (1,000)
 through their default pool limit (100 connections): the rest wait in the
 pool's queue, and so does a control call that shares the pool (mounted httpx
 async: in ``DataQueue``, ours, ahead of the pool, so that httpcore's queue
-stays empty; ``adapters/httpx.py``). The sync
+stays empty, and which lets one waiting request in per loop turn;
+``adapters/data_queue.py``). The sync
 drivers would need a thread per stream; they carry ``SYNC_STREAMS`` threads
 through a pool of ``SYNC_POOL`` (requests: ``pool_maxsize=16,
-pool_block=True``, its only pool that waits; httpx: ``Limits(max_connections=16)``),
+pool_block=True``, its only pool that waits; httpx: ``Limits(max_connections=16)``;
+mounted httpx sync: the waiting threads in ``SyncDataQueue``, ours, ahead of the pool),
 the same shape at a size 2 cores can run. Idle: the same client, no streams.
 A control call that waits in the queue takes seconds, so those rows take
 ``--queued-samples`` calls, started ``QUEUED_GAP_S`` apart. Every other
@@ -573,8 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         "(sync: the streaming threads, holding the GIL). `engine waiting for a CPU`: the engine process, runnable but not "
         "running (counted when the wait ends, so it can exceed `wall`). `GC pauses` and `httpcore pool scans` "
         "(httpcore's `_assign_requests_to_connections`, every pool in the process: the data pool walks its queue of "
-        "waiting requests on each call; in httpx async's `mounted` row that queue stays empty, the rest waiting in our "
-        "`DataQueue` ahead of the pool) overlap the others. From Linux's `schedstat`.\n"
+        "waiting requests on each call; in httpx's `mounted` rows that queue stays empty, the rest waiting in our "
+        "`DataQueue` or `SyncDataQueue` ahead of the pool) overlap the others. From Linux's `schedstat`.\n"
     )
     print("| driver | calls | " + " | ".join(f"{name} ms" for name in PHASES) + " |")
     print("|---|---|" + "---:|" * len(PHASES))
