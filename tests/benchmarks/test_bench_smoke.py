@@ -113,9 +113,10 @@ def test_telemetry_overhead_measures_ours_and_the_official_instrumentation_on_ev
 
 
 def test_calls_counts_every_variant_of_every_driver_and_judges_ours() -> None:
-    """Bare, floor and ours (two ways) per driver, each a positive count; ours adds calls and says its verdict."""
+    """Bare, floor and ours (two ways) per driver, and bare and ours on the data route: positive counts; ours says its verdict."""
     rows = _rows(_run("bench_calls.py", "--repeats", "2"))
-    variants = {"bare", "floor: a do-nothing layer", "ours, no observers", "ours + metrics + tracing (API, no SDK)"}
+    ours = {"ours, no observers", "ours + metrics + tracing (API, no SDK)"}
+    variants = {"bare", "floor: a do-nothing layer", *ours, "bare, data route", *(f"{v}, data route" for v in ours)}
     assert {(r[0], r[1]) for r in rows} == {(d, v) for d in ("requests", "httpx sync", "httpx async", "aiohttp") for v in variants}
     for r in rows:
         _positive(r[2])
