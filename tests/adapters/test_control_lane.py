@@ -402,6 +402,139 @@ async def test_aiohttp_connector_of_another_class_is_asked_once_and_gets_no_lane
     await asyncio.to_thread(engine.wait_for, "open_connections", 0)
 
 
+# ---- aiohttp: the data pool's waiters woken one per loop turn (``control_pools._PacedWaiters``) ----
+
+WAITERS = 4
+"""Requests queued behind a full data pool of as many connections."""
+
+
+def _waiting(connector: aiohttp.BaseConnector) -> list[asyncio.Future[None]]:
+    """The futures of the requests waiting for ``connector``, oldest first (one engine: one connection key)."""
+    return [waiter for queue in connector._waiters.values() for waiter in queue]
+
+
+async def _until_waiting(connector: aiohttp.BaseConnector, count: int) -> list[asyncio.Future[None]]:
+    """Turns of the loop until ``count`` requests wait for ``connector``; their futures, oldest first."""
+    for _ in range(10_000):
+        if len(waiting := _waiting(connector)) == count:
+            return waiting
+        await asyncio.sleep(0)
+    raise AssertionError(f"{count} requests never waited for the pool")
+
+
+async def _held_streams(engine: StreamServer, session: aiohttp.ClientSession, count: int) -> list[aiohttp.ClientResponse]:
+    """``count`` streams that never end, each holding a connection of the session's pool."""
+    held = [await session.post(f"{engine.url}/generate", json=GENERATE) for _ in range(count)]
+    await asyncio.to_thread(engine.wait_for, "open_streams", count)
+    return held
+
+
+async def _generate(session: aiohttp.ClientSession, url: str) -> int:
+    async with session.post(f"{url}/generate?events=1", json=GENERATE) as response:
+        await response.read()
+        return response.status
+
+
+def _lane_session(limit: int, lane: bool = True) -> tuple[aiohttp.ClientSession, aiohttp.TCPConnector]:
+    """A session with ``limit`` data connections whose lane (and so its pacing) is made at once, as a first control call would."""
+    from resilience.adapters.control_pools import AiohttpLane
+
+    connector = aiohttp.TCPConnector(limit=limit)
+    session = aiohttp.ClientSession(connector=connector, middlewares=(ResilientMiddleware(config=_config(lane)),))
+    made = AiohttpLane.of(session, _config(lane).control_lane)
+    assert (made is not None) == lane
+    return session, connector
+
+
+@pytest.mark.asyncio
+async def test_aiohttp_connections_freed_in_one_turn_wake_their_waiters_one_per_turn_oldest_first(engine: StreamServer) -> None:
+    """Streams ending together wake the requests queued behind them over as many loop turns, oldest first; none is left waiting."""
+    _idle(engine)
+    session, connector = _lane_session(WAITERS)
+    async with session:
+        held = await _held_streams(engine, session, WAITERS)
+        tasks = [asyncio.create_task(_generate(session, engine.url)) for _ in range(WAITERS)]
+        queue = await _until_waiting(connector, WAITERS)
+        for stream in held:  # every connection freed in this one turn
+            stream.close()
+        woken = []
+        for _ in range(WAITERS):
+            await asyncio.sleep(0)  # one turn of the loop
+            woken.append([waiter.done() for waiter in queue])
+        assert woken == [[i < turn for i in range(WAITERS)] for turn in range(1, WAITERS + 1)]
+        assert await asyncio.wait_for(asyncio.gather(*tasks), CONTROL_TIMEOUT_S) == [200] * WAITERS
+    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
+
+
+@pytest.mark.asyncio
+async def test_aiohttp_without_the_lane_the_waiters_are_aiohttps_own(engine: StreamServer) -> None:
+    """``control_lane=None``: aiohttp's own ``_release_waiter`` wakes every waiter in the turn its connection came free."""
+    _idle(engine)
+    session, connector = _lane_session(WAITERS, lane=False)
+    async with session:
+        async with session.post(f"{engine.url}/pause_generation", json={}) as control:
+            assert control.status == 200
+        assert "_release_waiter" not in vars(connector)
+        held = await _held_streams(engine, session, WAITERS)
+        tasks = [asyncio.create_task(_generate(session, engine.url)) for _ in range(WAITERS)]
+        queue = await _until_waiting(connector, WAITERS)
+        for stream in held:
+            stream.close()
+        assert all(waiter.done() for waiter in queue)
+        assert await asyncio.wait_for(asyncio.gather(*tasks), CONTROL_TIMEOUT_S) == [200] * WAITERS
+    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
+
+
+@pytest.mark.asyncio
+async def test_aiohttp_connection_freed_with_no_waiter_is_taken_at_once(engine: StreamServer) -> None:
+    """A connection freed while nobody waits is simply free: the next request takes it without waiting, no wake scheduled."""
+    _idle(engine)
+    queued: list[object] = []
+
+    async def on_queued(session: object, context: object, params: object) -> None:
+        queued.append(params)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_queued_start.append(on_queued)
+    connector = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(
+        connector=connector, middlewares=(ResilientMiddleware(config=_config()),), trace_configs=[trace]
+    ) as session:
+        async with session.post(f"{engine.url}/pause_generation", json={}) as control:  # makes the lane, which paces the pool
+            assert control.status == 200
+        assert "_release_waiter" in vars(connector)
+        (held,) = await _held_streams(engine, session, 1)
+        held.close()
+        assert connector._release_waiter.__self__.scheduled is False  # type: ignore[attr-defined]
+        assert await _generate(session, engine.url) == 200
+        assert queued == []
+    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
+
+
+@pytest.mark.asyncio
+async def test_aiohttp_a_woken_waiter_cancelled_before_it_ran_hands_its_connection_on(engine: StreamServer) -> None:
+    """The oldest waiter, woken and then cancelled before it took the connection: the next waiter is woken next turn, not stranded."""
+    _idle(engine)
+    session, connector = _lane_session(1)
+    async with session:
+        (held,) = await _held_streams(engine, session, 1)
+        first = asyncio.create_task(_generate(session, engine.url))
+        await _until_waiting(connector, 1)
+        second = asyncio.create_task(_generate(session, engine.url))
+        oldest, _ = await _until_waiting(connector, 2)
+
+        def cancel_once_woken() -> None:  # runs in the turn after the release, just after the wake
+            assert oldest.done()
+            first.cancel()
+
+        held.close()
+        asyncio.get_running_loop().call_soon(cancel_once_woken)
+        assert await asyncio.wait_for(second, CONTROL_TIMEOUT_S) == 200
+        with pytest.raises(asyncio.CancelledError):
+            await first
+    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
+
+
 # ---- the instrumentor: frameworks' own clients ----
 
 
