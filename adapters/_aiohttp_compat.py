@@ -18,15 +18,7 @@ aiohttp's own code:
   request's ``send``, which ``_connect_and_send_request`` calls;
 - the control lane (``control_pools.AiohttpLane``): it swaps the session's
   ``_connector``, which ``_connect_and_send_request`` reads when it runs, and
-  the middleware reads a request's session as ``_session``;
-- the control lane's pacing of the session connector's waiters
-  (``control_pools._PacedWaiters``): it replaces the connector's
-  ``_release_waiter``, which ``_release_acquired`` calls on every freed
-  connection, and reads ``_waiters`` (per connection key, an ``OrderedDict``
-  of futures, oldest first), ``_available_connections`` and ``_loop``, as
-  aiohttp's own ``_release_waiter`` does; a woken waiter looks at
-  ``_available_connections`` again and waits again when there is none
-  (``_wait_for_available_connection``).
+  the middleware reads a request's session as ``_session``.
 
 ``check(version, missing)`` runs when ``resilience.adapters.aiohttp`` is imported (what it refuses: its docstring).
 """
@@ -99,47 +91,11 @@ def internals_missing(aiohttp: ModuleType) -> list[str]:
         missing.append("ClientRequest._timer")
     if not _reads(getattr(request, "session", None), "_session"):
         missing.append("ClientRequest.session")
-    missing += _waiters_missing(getattr(aiohttp, "BaseConnector", None))
     for attribute, reader in (("_headers", "headers"), ("_raw_headers", "raw_headers"), ("_body", "read")):
         descriptor = next((vars(k)[reader] for k in response.__mro__ if reader in vars(k)), None)
         if not hasattr(response, attribute) or not _reads(descriptor, attribute):
             missing.append(f"ClientResponse.{attribute} (read by ClientResponse.{reader})")
     return missing
-
-
-def _waiters_missing(connector: object) -> list[str]:
-    """What ``control_pools._PacedWaiters`` reads that ``connector`` (aiohttp's ``BaseConnector``) lacks, each named."""
-    if connector is None:
-        return ["aiohttp.BaseConnector"]
-    names = {
-        name: getattr(getattr(connector, name, None), "__code__", None)
-        for name in ("__init__", "_release_acquired", "_release_waiter", "_wait_for_available_connection")
-    }
-    shapes = (
-        ("__init__", ("_waiters", "OrderedDict", "_loop"), "BaseConnector._waiters (an OrderedDict of waiters per key) and _loop"),
-        ("_release_acquired", ("_release_waiter",), "BaseConnector._release_acquired calling self._release_waiter()"),
-        (
-            "_release_waiter",
-            ("_waiters", "_available_connections", "popitem", "set_result"),
-            "BaseConnector._release_waiter waking one waiter of _waiters (popitem, set_result) where _available_connections",
-        ),
-        (
-            "_wait_for_available_connection",
-            ("_waiters", "_available_connections", "move_to_end"),
-            "BaseConnector._wait_for_available_connection waiting again, at the front, when woken with no connection free",
-        ),
-    )
-    missing = []
-    for name, reads, what in shapes:
-        code = names[name]
-        if not isinstance(code, CodeType) or not all(read in _all_names(code) for read in reads):
-            missing.append(what)
-    return missing
-
-
-def _all_names(code: CodeType) -> set[str]:
-    """The global and attribute names ``code`` and the functions inside it use."""
-    return {name for c in _codes(code) for name in c.co_names}
 
 
 def check(version: str, missing: list[str]) -> None:

@@ -27,15 +27,12 @@ so none of them pulls in another library.
   yields before calling on would let another request find the lane, so the
   lane serves only the requests it was armed for and sends any other to the
   session's connector). The session's connector's ``close`` is wrapped to
-  close the lane too, and its ``_release_waiter`` is replaced so that freed
-  connections reach the requests waiting for them one per loop turn
-  (``_PacedWaiters``).
+  close the lane too.
 """
 
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -180,7 +177,6 @@ class AiohttpLane:
             resolver=owner._resolver,
         )
         _aclose_first(owner, "close", self.connector.close)
-        owner._release_waiter = _PacedWaiters(owner).release_waiter  # type: ignore[method-assign]
 
     @staticmethod
     def of(session: aiohttp.ClientSession, lane: ControlLane | None) -> AiohttpLane | None:
@@ -226,82 +222,6 @@ def _lane_connector_class() -> type[Any]:
             return await super().connect(req, *args, **kwargs)
 
     return _LaneConnector
-
-
-class _PacedWaiters:
-    """A session connector's waiters woken one per loop turn, not one per freed connection in the turn it came free.
-
-    Installed on the session's own ``TCPConnector`` (the data pool) when its
-    lane is made (``AiohttpLane``: only with ``DriverConfig.control_lane``
-    set), as that instance's ``_release_waiter``. Why: streams admitted
-    together end together; aiohttp's ``_release_acquired`` calls
-    ``_release_waiter`` once per freed connection, and each call wakes one
-    waiter, so a hundred streams ending in one turn wake a hundred waiters
-    that all send their requests in the next turn, and a control call's
-    answer, ready meanwhile, waits behind them all. Here the first freed
-    connection schedules ``_wake`` (``loop.call_soon``), which wakes the
-    oldest waiter of a key with a free connection (aiohttp's own choice: keys
-    in random order, each key's waiters oldest first) and schedules itself
-    again; the woken waiter's task was scheduled first, so it runs, takes its
-    connection and sends before ``_wake`` looks again. The chain stops when no
-    key has both a waiter and a free connection; the next freed connection
-    starts it again. (DataQueue does the same for httpx: ``data_queue.py``.)
-
-    Costs and what it does not do:
-
-    - no waiter: aiohttp's own early return, one call as before (a request
-      that never waits adds nothing);
-    - each waiter is woken one turn after the one before it, the first one
-      turn after its connection came free (aiohttp: all in the next turn).
-      On an idle loop a turn is microseconds; on a busy one each turn runs the
-      woken request's sending, which the one turn would have run anyway;
-    - a wake reserves nothing, as in aiohttp: a new request that finds a free
-      connection (``connect``'s ``_get`` takes an idle one without looking at
-      the waiters) takes it, and a waiter woken after it finds none and waits
-      again at the front of its queue (aiohttp's ``_wait_for_available_connection``).
-      aiohttp leaves that window open for one turn; here it stays open until
-      ``_wake`` reaches the waiter, so under a steady flow of new requests the
-      waiters are passed more often. Nobody is stranded: a waiter waits for
-      the next freed connection, and a connection freed while nobody waits is
-      simply free. A woken waiter cancelled before it ran leaves its
-      connection free, and the next ``_wake`` hands it on (aiohttp waits for
-      the next release).
-    """
-
-    __slots__ = ("connector", "scheduled")
-
-    def __init__(self, connector: aiohttp.TCPConnector) -> None:
-        self.connector = connector
-        self.scheduled = False
-        """``_wake`` is scheduled for the next turn."""
-
-    def release_waiter(self) -> None:
-        """The connector's ``_release_waiter``: schedule ``_wake`` when a request waits and none is scheduled."""
-        if not self.connector._waiters:  # aiohttp's early return: a freed connection with no waiter is simply free
-            return
-        if not self.scheduled:
-            self.scheduled = True
-            self.connector._loop.call_soon(self._wake)
-
-    def _wake(self) -> None:
-        """Wake the oldest waiter of a key with a free connection (aiohttp's ``_release_waiter``'s choice), then again next turn."""
-        connector = self.connector
-        queues = connector._waiters
-        if queues and not connector.closed:
-            keys = list(queues)
-            if len(keys) > 1:
-                random.shuffle(keys)  # as aiohttp: no key first every time
-            for key in keys:
-                if connector._available_connections(key) < 1:
-                    continue
-                waiters = queues[key]
-                while waiters:
-                    waiter, _ = waiters.popitem(last=False)
-                    if not waiter.done():  # a waiter cancelled or timed out meanwhile is passed
-                        waiter.set_result(None)
-                        connector._loop.call_soon(self._wake)
-                        return
-        self.scheduled = False
 
 
 def _local_addr(owner: Any) -> tuple[str, int] | None:

@@ -102,31 +102,6 @@ def test_a_session_that_reads_its_connector_early_or_a_request_without_session_s
     assert "ClientRequest.session" in missing
 
 
-def test_a_connector_whose_waiters_changed_shape_is_named() -> None:
-    """The lane paces the connector's waiters (``_PacedWaiters``): a ``_release_waiter`` or ``_waiters`` of another shape is refused."""
-
-    class _Connector(aiohttp.BaseConnector):
-        def __init__(self) -> None:
-            self._waiters: list[Any] = []  # a plain list, no longer an OrderedDict per key
-            self._loop = None
-
-        def _release_acquired(self, key: Any, proto: Any) -> None:
-            self._waiters.clear()  # no ``_release_waiter`` call: replacing it would change nothing
-
-        def _release_waiter(self) -> None:
-            if self._waiters:
-                self._waiters.pop(0).set_result(None)
-
-    fake = types.ModuleType("aiohttp")
-    fake.__dict__.update(vars(aiohttp))
-    fake.BaseConnector = _Connector  # type: ignore[attr-defined]
-    missing = internals_missing(fake)
-    assert "BaseConnector._waiters (an OrderedDict of waiters per key) and _loop" in missing
-    assert "BaseConnector._release_acquired calling self._release_waiter()" in missing
-    assert any(m.startswith("BaseConnector._release_waiter waking one waiter of _waiters") for m in missing)
-    assert not any(m.startswith("BaseConnector._wait_for_available_connection") for m in missing)  # inherited unchanged
-
-
 @pytest.mark.parametrize(("text", "parsed"), [("3.14.5", (3, 14)), ("4.0.0a1", (4, 0)), ("3.12", (3, 12)), ("dev", (0, 0))])
 def test_parse_version(text: str, parsed: tuple[int, int]) -> None:
     """Major and minor of a version string; none found reads as (0, 0), which the check refuses."""
