@@ -285,7 +285,7 @@ class RetryCall(Generic[R]):
             return self._fail(CallOutcome.DEADLINE_EXCEEDED, self.errors.deadline_exceeded, "deadline exceeded before attempt")
         breaker = self.breaker
         if breaker is not None:
-            permit = breaker.closed_permit if self.permit is None else None  # a closed breaker's shared permit (``admit_closed``)
+            permit = breaker.closed_permit if self.permit is None else None  # a closed breaker's shared permit
             if permit is None:
                 permit = breaker.admit(self.permit)
             if permit is None:
