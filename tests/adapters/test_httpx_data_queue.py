@@ -396,36 +396,6 @@ async def test_control_calls_never_wait_in_the_queue(engine: StreamServer, lane:
     await _idle(engine)
 
 
-class _Subclass(httpx.AsyncHTTPTransport):
-    pass
-
-
-def _http2_transport() -> httpx.AsyncHTTPTransport:
-    """A plain transport whose pool speaks HTTP/2 (``http2=True`` on the transport would need the ``h2`` package)."""
-    transport = httpx.AsyncHTTPTransport()
-    transport._pool = httpcore.AsyncConnectionPool(max_connections=POOL, http2=True)
-    return transport
-
-
-@pytest.mark.parametrize(
-    ("make", "limit"),
-    [
-        (httpx.AsyncHTTPTransport, 100),  # httpx's default Limits
-        (lambda: httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=POOL)), POOL),
-        (lambda: httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None)), None),
-        (_http2_transport, None),
-        (lambda: httpx.AsyncHTTPTransport(proxy="http://127.0.0.1:9"), None),
-        (_Subclass, None),
-        (lambda: httpx.MockTransport(lambda request: httpx.Response(200)), None),
-    ],
-    ids=["default", "limited", "no limit", "http2", "proxy", "subclass", "mock"],
-)
-def test_a_queue_only_where_the_pool_limit_can_be_read(make: Callable[[], Any], limit: int | None) -> None:
-    """A plain ``AsyncHTTPTransport`` with a limit and HTTP/1 gets a queue of that size (read from httpcore: fails loudly if it moves)."""
-    queue = AsyncResilientTransport(transport=make(), config=DriverConfig(policies=SGLANG_POLICIES)).queue
-    assert (queue.limit if queue is not None else None) == limit
-
-
 # ---- threads: ``SyncDataQueue`` ahead of the sync ``ResilientTransport``'s pool ----
 
 
@@ -618,31 +588,40 @@ def test_sync_control_calls_never_wait_in_the_queue(engine: StreamServer, lane: 
     engine.wait_for("open_connections", 0)
 
 
-class _SyncSubclass(httpx.HTTPTransport):
-    pass
+_FLAVOURS: dict[str, tuple[Any, Any, Any]] = {
+    "async": (httpx.AsyncHTTPTransport, httpcore.AsyncConnectionPool, AsyncResilientTransport),
+    "sync": (httpx.HTTPTransport, httpcore.ConnectionPool, ResilientTransport),
+}
+"""Flavour -> (httpx's transport, httpcore's pool, ours over them)."""
 
 
-def _sync_http2_transport() -> httpx.HTTPTransport:
-    """A plain transport whose pool speaks HTTP/2 (``http2=True`` on the transport would need the ``h2`` package)."""
-    transport = httpx.HTTPTransport()
-    transport._pool = httpcore.ConnectionPool(max_connections=POOL, http2=True)
-    return transport
+def _flavoured(flavour: str, kind: str) -> Any:
+    """An httpx transport of ``flavour`` and ``kind`` (``http2``: a plain one whose pool speaks HTTP/2; ``http2=True`` on
+    the transport would need the ``h2`` package)."""
+    transport_class, pool_class, _ = _FLAVOURS[flavour]
+    if kind == "http2":
+        transport = transport_class()
+        transport._pool = pool_class(max_connections=POOL, http2=True)
+        return transport
+    if kind == "subclass":
+        return type("Subclass", (transport_class,), {})()
+    if kind == "mock":
+        return httpx.MockTransport(lambda request: httpx.Response(200))
+    limits = {
+        "default": {},
+        "limited": {"limits": httpx.Limits(max_connections=POOL)},
+        "no limit": {"limits": httpx.Limits(max_connections=None)},
+    }
+    return transport_class(**limits.get(kind, {"proxy": "http://127.0.0.1:9"}))
 
 
+@pytest.mark.parametrize("flavour", ["async", "sync"])
 @pytest.mark.parametrize(
-    ("make", "limit"),
-    [
-        (httpx.HTTPTransport, 100),  # httpx's default Limits
-        (lambda: httpx.HTTPTransport(limits=httpx.Limits(max_connections=POOL)), POOL),
-        (lambda: httpx.HTTPTransport(limits=httpx.Limits(max_connections=None)), None),
-        (_sync_http2_transport, None),
-        (lambda: httpx.HTTPTransport(proxy="http://127.0.0.1:9"), None),
-        (_SyncSubclass, None),
-        (lambda: httpx.MockTransport(lambda request: httpx.Response(200)), None),
-    ],
-    ids=["default", "limited", "no limit", "http2", "proxy", "subclass", "mock"],
+    ("kind", "limit"),
+    [("default", 100), ("limited", POOL), ("no limit", None), ("http2", None), ("proxy", None), ("subclass", None), ("mock", None)],
 )
-def test_sync_a_queue_only_where_the_pool_limit_can_be_read(make: Callable[[], Any], limit: int | None) -> None:
-    """A plain ``HTTPTransport`` with a limit and HTTP/1 gets a queue of that size (read from httpcore: fails loudly if it moves)."""
-    queue = ResilientTransport(transport=make(), config=DriverConfig(policies=SGLANG_POLICIES)).queue
+def test_a_queue_only_where_the_pool_limit_can_be_read(flavour: str, kind: str, limit: int | None) -> None:
+    """A plain ``(Async)HTTPTransport`` with a limit (httpx's default: 100) and HTTP/1 gets a queue of that size (read from
+    httpcore: fails loudly if it moves); a proxy, a subclass, a mock, HTTP/2 or no limit get none."""
+    queue = _FLAVOURS[flavour][2](transport=_flavoured(flavour, kind), config=DriverConfig(policies=SGLANG_POLICIES)).queue
     assert (queue.limit if queue is not None else None) == limit
