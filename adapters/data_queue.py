@@ -102,7 +102,12 @@ class DataQueue:
     45 ms), and a control call's answer, ready meanwhile, would wait behind
     them. One per turn, the loop polls its sockets between two admissions, so
     a ready answer waits for one request's sending at most, and the starts
-    (hence the events and ends) of the batch spread over as many turns.
+    (hence the events and ends) of the batch spread over as many turns. What
+    this bounds is the admissions' share of a turn, not the whole turn: in
+    ``benchmarks/bench_control_lane.py`` the slowest control calls beside
+    1,000 streams mostly wait out garbage-collection pauses of the caller's
+    process, which no queue shortens, and their p99 did not move clearly
+    between one, 4 or 16 admissions per turn and none (BENCHMARKS.md).
 
     The cost: a waiter gets its slot one turn after the one before it, and
     one turn later than when the slot came free. On an idle loop a turn is

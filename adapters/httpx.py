@@ -257,6 +257,12 @@ class _Resilient(ConfigViews):
             body=request.content if replayable and match.probe is not None else None,  # only probes read it; no I/O
         ), on_lane
 
+    def _sending(self, data: Callable[[httpx.Request], Any], lane: Callable[[httpx.Request], Any] | None) -> None:
+        """Fix, once, what an attempt goes through: ``data`` (the queue's ``send``, else the transport's) on a data route,
+        ``lane`` (the lane's transport; None: ``data``) on a control route."""
+        self._data_send = data
+        self._lane_send = data if lane is None else lane
+
     @staticmethod
     def _probe_done(request: httpx.Request) -> httpx.Response:
         """The response for "a probe confirmed the ambiguous call was applied": a 200 with an empty body."""
@@ -299,18 +305,13 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
         """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
         self.queue = SyncDataQueue.of(self.transport)
         """Where requests for ``transport`` wait for its pool (``SyncDataQueue``); None: they go straight to it."""
+        queue, lane = self.queue, self.lane
+        self._sending(self.transport.handle_request if queue is None else queue.send, None if lane is None else lane.handle_request)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the retry loop; the contract of ``httpx.BaseTransport.handle_request``."""
         spec, on_lane = self._spec(request)
-        lane = self.lane
-        queue = self.queue
-        if on_lane and lane is not None:
-            send = lane.handle_request
-        elif queue is not None:
-            send = queue.send
-        else:
-            send = self.transport.handle_request
+        send = self._lane_send if on_lane else self._data_send
         response, records = self.retrier.run(
             spec,
             functools.partial(_send, send, request),
@@ -376,6 +377,10 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         """The transport control routes take (``adapters/control_lane.py``); None: everything takes ``transport``."""
         self.queue = DataQueue.of(self.transport)
         """Where requests for ``transport`` wait for its pool (``DataQueue``); None: they go straight to it."""
+        queue, lane = self.queue, self.lane
+        self._sending(
+            self.transport.handle_async_request if queue is None else queue.send, None if lane is None else lane.handle_async_request
+        )
 
     def handle_async_request(self, request: httpx.Request) -> Coroutine[Any, Any, httpx.Response]:
         """Send ``request`` with the retry loop; the contract of ``httpx.AsyncBaseTransport.handle_async_request``.
@@ -386,14 +391,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         for a request off the lane when there is a queue.
         """
         spec, on_lane = self._spec(request)
-        lane = self.lane
-        queue = self.queue
-        if on_lane and lane is not None:
-            send = lane.handle_async_request
-        elif queue is not None:
-            send = queue.send
-        else:
-            send = self.transport.handle_async_request
+        send = self._lane_send if on_lane else self._data_send
 
         def finish(response: httpx.Response, records: tuple[AttemptRecord, ...]) -> httpx.Response:
             extensions = response.extensions
