@@ -231,8 +231,8 @@ class EndpointPolicy:
         """Field by field, and a named value never equals the same number left unnamed (they decide differently)."""
         if other.__class__ is not self.__class__ or not isinstance(other, EndpointPolicy):
             return NotImplemented
-        mine, theirs = ((*(getattr(p, f.name) for f in dataclasses.fields(p)), *map(p.named, _TIME_FIELDS)) for p in (self, other))
-        return mine == theirs
+        same_values = all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
+        return same_values and all(self.named(name) == other.named(name) for name in _TIME_FIELDS)
 
     @classmethod
     def for_method(cls, method: str) -> EndpointPolicy:
