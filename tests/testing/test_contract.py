@@ -49,10 +49,13 @@ def fields_with_defaults(cls: Any) -> dict[str, Any]:
             has_factory = f.default_factory is not dataclasses.MISSING
             found[f.name] = f.default if f.default is not dataclasses.MISSING else "factory" if has_factory else ...
         return found
-    names = cls.__struct_fields__
-    defaults = cls.__struct_defaults__
-    padded = (...,) * (len(names) - len(defaults)) + tuple(defaults)
-    return {n: ("factory" if type(d).__name__ == "Factory" else d) for n, d in zip(names, padded, strict=True)}
+    # msgspec's own account of each field: a ``kw_only`` Struct (io_struct's since 0.5.x) may put a required field after
+    # defaulted ones, so ``__struct_defaults__`` padded from the left would misplace the defaults
+    structs = importlib.import_module("msgspec.structs")  # sglang's dependency: here whenever sglang imports
+    return {
+        f.name: ... if f.required else "factory" if f.default_factory is not structs.NODEFAULT else f.default
+        for f in structs.fields(cls)
+    }
 
 
 def body_class(endpoint: Any) -> Any:
