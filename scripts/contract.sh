@@ -28,13 +28,16 @@ if [ -z "$WHEEL" ]; then
   WHEEL=$(ls "$CACHE"/sglang-"$VERSION"-*.whl | head -n1)
 fi
 
-# torch (CPU) first so nothing pulls a CUDA build; then sglang itself without its dependency tree.
-"$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+# sglang itself without its dependency tree. Its import needs torchvision at module level (0.5.23), and PyPI has
+# only CUDA builds of torchvision, which bring their CUDA torch (a few GB, and they import on a CPU): this opt-in
+# venv, outside the repository, takes them; the project's own .venv never does (scripts/setup.sh: torch's CPU build).
 "$VENV/bin/python" -m pip install -q --no-deps "$WHEEL"
 # What sglang.srt.entrypoints.http_server imports at module level (pure Python or manylinux wheels).
 "$VENV/bin/python" -m pip install -q fastapi uvicorn orjson pydantic msgspec requests pyyaml pyzmq psutil \
   setproctitle uvloop aiohttp transformers sentencepiece numpy pillow prometheus-client partial-json-parser \
-  openai tiktoken interegular packaging einops
+  openai tiktoken interegular packaging einops \
+  pybase64 triton ipython dill apache-tvm-ffi compressed_tensors gguf jsonschema xgrammar soundfile python-multipart \
+  torchvision
 # This project and its test tools, without touching its pins.
 "$VENV/bin/python" -m pip install -q --no-deps -e .
 "$VENV/bin/python" -m pip install -q pytest pytest-timeout pytest-httpserver hypothesis
