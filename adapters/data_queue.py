@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from typing import Any
 
 import httpcore
@@ -130,6 +131,8 @@ class DataQueue:
         slot came (timed out, cancelled) stays until ``_admit`` passes it."""
         self._freed = 0
         """Slots given back while requests waited, not handed on yet; above 0 exactly while ``_admit`` is scheduled."""
+        self._slotless: BaseException | None = None
+        """The error of the last wait that ended without a slot (``_after_wait``), until ``failed`` sees it."""
 
     @classmethod
     def of(cls, transport: httpx.AsyncBaseTransport) -> DataQueue | None:
@@ -148,18 +151,64 @@ class DataQueue:
         return sum(not turn.done() for turn in self._waiting)
 
     async def send(self, request: httpx.Request) -> httpx.Response:
-        """``transport.handle_async_request(request)`` once a slot is free; the response's stream holds the slot until closed."""
+        """``transport.handle_async_request(request)`` once a slot is free; the response's stream holds the slot until closed.
+
+        ``enter``, ``hold`` and ``failed`` together, for a caller that runs
+        them in a frame of its own; ``AsyncResilientTransport`` runs them as
+        the retry core's attempt, ``report`` and ``failed`` (no frame of ours
+        on the request's await chain).
+        """
+        try:
+            response = await self.enter(request)
+        except BaseException as exc:
+            self.failed(exc)
+            raise
+        return self.hold(response)
+
+    def enter(self, request: httpx.Request) -> Awaitable[httpx.Response]:
+        """Take a slot (or wait for one) and send ``request``: the transport's own awaitable when a slot is free.
+
+        Its response goes to ``hold``, an error it raises to ``failed``, at
+        once (no other task may run between the two: ``failed`` knows the
+        error of a wait that ended without a slot by its identity).
+        """
         if self.inside < self.limit:  # no one waits while a slot is free: a freed slot is kept for the oldest waiter
             self.inside += 1
-        else:
-            await self._wait(request)
+            return self.transport.handle_async_request(request)
+        return self._after_wait(request)
+
+    async def _after_wait(self, request: httpx.Request) -> httpx.Response:
         try:
-            response = await self.transport.handle_async_request(request)
-        except BaseException:
-            self.leave()
+            await self._wait(request)
+        except BaseException as exc:  # its pool timeout or a cancellation: no slot held (``_wait`` gave back one that came)
+            self._slotless = exc
             raise
-        response.stream = _SlotStream(response.stream, self)  # type: ignore[arg-type]  # an async transport's (no cast: a call)
+        return await self.transport.handle_async_request(request)
+
+    def hold(self, response: httpx.Response) -> httpx.Response:
+        """Let ``response`` hold its request's slot until it is closed, or a read of it fails; returns ``response``.
+
+        A response of httpx's own pool (``AsyncResponseStream`` over
+        httpcore's ``PoolByteStream``): that stream's ``aclose``, which
+        httpcore also calls when a read fails, gives the slot back first
+        (``_give_back``), so reading costs nothing more. Any other: the
+        response's stream wrapped (``_SlotStream``).
+        """
+        stream: Any = response.stream
+        if type(stream) is _RESPONSE_STREAM:
+            core = stream._httpcore_stream
+            if type(core) is _POOL_STREAM:
+                core.aclose = functools.partial(_give_back, core, self)
+                return response
+        response.stream = _SlotStream(stream, self)
         return response
+
+    def failed(self, exc: BaseException) -> None:
+        """``exc`` ended ``enter``'s awaitable: its slot back, unless it ended a wait that held none."""
+        if exc is self._slotless:
+            self._slotless = None
+            return
+        self.leave()
 
     async def _wait(self, request: httpx.Request) -> None:
         """Wait for a slot; ``httpx.PoolTimeout`` after the request's pool timeout."""
@@ -212,8 +261,46 @@ class DataQueue:
         self._freed = 0
 
 
+async def _give_back(core: Any, queue: DataQueue) -> None:
+    """httpcore's ``PoolByteStream.aclose`` for a stream that holds a ``DataQueue`` slot: the close, then the slot back, once.
+
+    Installed on the stream by ``DataQueue.hold``; the first close removes it,
+    so later ones are httpcore's own (which does nothing twice).
+    """
+    try:
+        del core.aclose
+    except AttributeError:  # a second close begun before the first ran (httpx and httpcore await each at once)
+        await core.aclose()
+        return
+    try:
+        await core.aclose()
+    finally:
+        queue.leave()
+
+
+def _own_streams() -> tuple[type[Any] | None, type[Any] | None]:
+    """(httpx's ``AsyncResponseStream``, httpcore's ``PoolByteStream``): the streams of an ``AsyncHTTPTransport`` response.
+
+    Private classes, so checked: (None, None) where the modules differ from
+    httpx 0.28-0.29 and httpcore 1.0, or where httpcore's stream takes no
+    attribute of its own; then every response gets a ``_SlotStream``.
+    """
+    try:
+        from httpcore._async.connection_pool import PoolByteStream
+        from httpx._transports.default import AsyncResponseStream
+    except ImportError:
+        return None, None
+    return (AsyncResponseStream, PoolByteStream) if "__slots__" not in vars(PoolByteStream) else (None, None)
+
+
+_RESPONSE_STREAM, _POOL_STREAM = _own_streams()
+
+
 class _SlotStream(httpx.AsyncByteStream):
-    """A response's stream that gives its request's ``DataQueue`` slot back once: when it is closed, or reading it fails."""
+    """A response's stream that gives its request's ``DataQueue`` slot back once: when it is closed, or reading it fails.
+
+    For a response whose stream is not httpcore's own (``DataQueue.hold``): another transport's, a mock's.
+    """
 
     def __init__(self, stream: httpx.AsyncByteStream, queue: DataQueue) -> None:
         self._stream = stream

@@ -198,12 +198,24 @@ def _report(response: httpx.Response) -> AttemptResult[httpx.Response]:
     return responded(response, response.status_code, response.headers)
 
 
+def _held(hold: Callable[[httpx.Response], object], response: httpx.Response) -> AttemptResult[httpx.Response]:
+    """``_report`` for a response that holds a ``DataQueue`` slot: ``hold`` (the queue's) lets it keep the slot until closed."""
+    hold(response)
+    return responded(response, response.status_code, response.headers)
+
+
 def _failed(exc: BaseException) -> AttemptResult[httpx.Response]:
     """A transport error as the attempt's result; any other error, and one a retry cannot fix, re-raised."""
     if not isinstance(exc, httpx.TransportError) or _not_transient(exc):
         raise exc
     delivery, kind = transport_failure(exc)
     return AttemptResult(error=exc, delivery=delivery, error_kind=kind)
+
+
+def _slot_failed(queue_failed: Callable[[BaseException], None], exc: BaseException) -> AttemptResult[httpx.Response]:
+    """``_failed`` for an attempt that entered a ``DataQueue``: ``queue_failed`` (the queue's) gives its slot back first."""
+    queue_failed(exc)
+    return _failed(exc)
 
 
 def _discard(response: httpx.Response) -> None:
@@ -224,6 +236,14 @@ async def _adiscard(response: httpx.Response) -> None:
         pass
     finally:
         await response.aclose()
+
+
+_Sending = tuple[
+    Callable[[httpx.Request], Any],
+    Callable[[httpx.Response], AttemptResult[httpx.Response]],
+    Callable[[BaseException], AttemptResult[httpx.Response]],
+]
+"""What an attempt goes through: (send the request, report its response, read its error) (``_Resilient._sending``)."""
 
 
 class _Resilient(ConfigViews):
@@ -257,11 +277,12 @@ class _Resilient(ConfigViews):
             body=request.content if replayable and match.probe is not None else None,  # only probes read it; no I/O
         ), on_lane
 
-    def _sending(self, data: Callable[[httpx.Request], Any], lane: Callable[[httpx.Request], Any] | None) -> None:
-        """Fix, once, what an attempt goes through: ``data`` (the queue's ``send``, else the transport's) on a data route,
-        ``lane`` (the lane's transport; None: ``data``) on a control route."""
-        self._data_send = data
-        self._lane_send = data if lane is None else lane
+    def _sending(self, data: _Sending, lane: Callable[[httpx.Request], Any] | None) -> None:
+        """Fix, once, what an attempt goes through and how its result is read: ``data`` (the queue's ``enter``, ``hold`` and
+        ``failed`` hooks, else the transport's send with ``_report`` and ``_failed``) on a data route, ``lane`` (the lane's
+        transport; None: ``data``) on a control route."""
+        self._data = data
+        self._lane = data if lane is None else (lane, _report, _failed)
 
     @staticmethod
     def _probe_done(request: httpx.Request) -> httpx.Response:
@@ -306,17 +327,18 @@ class ResilientTransport(_Resilient, httpx.BaseTransport):
         self.queue = SyncDataQueue.of(self.transport)
         """Where requests for ``transport`` wait for its pool (``SyncDataQueue``); None: they go straight to it."""
         queue, lane = self.queue, self.lane
-        self._sending(self.transport.handle_request if queue is None else queue.send, None if lane is None else lane.handle_request)
+        data: _Sending = (self.transport.handle_request if queue is None else queue.send, _report, _failed)
+        self._sending(data, None if lane is None else lane.handle_request)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the retry loop; the contract of ``httpx.BaseTransport.handle_request``."""
         spec, on_lane = self._spec(request)
-        send = self._lane_send if on_lane else self._data_send
+        send, report, failed = self._lane if on_lane else self._data
         response, records = self.retrier.run(
             spec,
             functools.partial(_send, send, request),
-            report=_report,
-            failed=_failed,
+            report=report,
+            failed=failed,
             discard=_discard,
             on_probe_done=lambda: self._probe_done(request),
             never_sent=_never_sent_unretried,
@@ -378,9 +400,12 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         self.queue = DataQueue.of(self.transport)
         """Where requests for ``transport`` wait for its pool (``DataQueue``); None: they go straight to it."""
         queue, lane = self.queue, self.lane
-        self._sending(
-            self.transport.handle_async_request if queue is None else queue.send, None if lane is None else lane.handle_async_request
+        data: _Sending = (
+            (self.transport.handle_async_request, _report, _failed)
+            if queue is None
+            else (queue.enter, functools.partial(_held, queue.hold), functools.partial(_slot_failed, queue.failed))
         )
+        self._sending(data, None if lane is None else lane.handle_async_request)
 
     def handle_async_request(self, request: httpx.Request) -> Coroutine[Any, Any, httpx.Response]:
         """Send ``request`` with the retry loop; the contract of ``httpx.AsyncBaseTransport.handle_async_request``.
@@ -391,7 +416,7 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         for a request off the lane when there is a queue.
         """
         spec, on_lane = self._spec(request)
-        send = self._lane_send if on_lane else self._data_send
+        send, report, failed = self._lane if on_lane else self._data
 
         def finish(response: httpx.Response, records: tuple[AttemptRecord, ...]) -> httpx.Response:
             extensions = response.extensions
@@ -402,8 +427,8 @@ class AsyncResilientTransport(_Resilient, httpx.AsyncBaseTransport):
         return self.retrier.arun(
             spec,
             functools.partial(_send, send, request),
-            report=_report,
-            failed=_failed,
+            report=report,
+            failed=failed,
             discard=_adiscard,
             on_probe_done=lambda: self._probe_done(request),
             never_sent=_never_sent_unretried,

@@ -264,7 +264,7 @@ def count(loop: asyncio.AbstractEventLoop, v: Variant, repeats: int) -> int:
 
 
 def detail(loop: asyncio.AbstractEventLoop, variants: list[Variant], driver: str, name: str) -> str:
-    """Where ``name``'s added calls go on ``driver``: each callee counted in one request, minus bare's (smallest of 5 each)."""
+    """Where ``name``'s added calls go on ``driver``: each callee counted in one request, minus bare's on its route (smallest of 5 each)."""
 
     def names_of(v: Variant) -> Counter[str]:
         run = runner(loop, v)
@@ -279,7 +279,7 @@ def detail(loop: asyncio.AbstractEventLoop, variants: list[Variant], driver: str
 
     chosen = {v.name: v for v in variants if v.driver == driver}
     diff = names_of(chosen[name])
-    diff.subtract(names_of(chosen[BARE]))
+    diff.subtract(names_of(chosen[DATA[BARE] if name in DATA.values() else BARE]))
     rows = [f"{k}: {c:+d}" for k, c in sorted(diff.items(), key=lambda kv: (-kv[1], kv[0])) if c]
     return f"{driver}, {name}: {sum(diff.values()):+d} calls\n" + "\n".join(rows)
 
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             for v in variants:
                 v.count = count(loop, v, args.repeats)
             if args.detail is not None:
-                for name in (NONE, BOTH):
+                for name in (NONE, BOTH, DATA[NONE], DATA[BOTH]):
                     print(detail(loop, variants, args.detail, name), file=sys.stderr)
             for close in closers:
                 result = close()

@@ -20,7 +20,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,7 +30,7 @@ import pytest
 
 import resilience
 from resilience.adapters.control_lane import ControlLane
-from resilience.adapters.data_queue import DataQueue, SyncDataQueue
+from resilience.adapters.data_queue import DataQueue, SyncDataQueue, _SlotStream
 from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
 from resilience.adapters.sglang import SGLANG_POLICIES
@@ -353,19 +353,71 @@ def half_answer() -> Iterator[str]:
         thread.join(LONG_TIMEOUT)
 
 
+class _Relayed(httpx.AsyncByteStream):
+    """A stream of its own around another: not httpx's nor httpcore's, so ``DataQueue`` wraps it."""
+
+    def __init__(self, inner: httpx.AsyncByteStream) -> None:
+        self.inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self.inner:
+            yield part
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Relay(httpx.AsyncBaseTransport):
+    """A transport of its own in front of httpx's, answering with ``_Relayed`` streams."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(response.status_code, headers=response.headers, stream=_Relayed(response.stream))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 @pytest.mark.asyncio
 async def test_a_read_that_fails_gives_the_slot_back_before_the_close(half_answer: str) -> None:
-    """The engine drops a stream halfway: the failed read gives the slot back at once, and the response's close gives none more."""
+    """The engine drops a stream halfway: the failed read gives the slot back at once, and the response's close gives none more.
+
+    Through httpx's own pool the stream read is httpcore's, no wrapper of ours (``DataQueue.hold``): httpcore closes it
+    when the read fails, and that close gives the slot back.
+    """
     transport = _transport()
     queue = _queue(transport)
     async with httpx.AsyncClient(transport=transport) as client:
         async with client.stream("POST", f"{half_answer}/generate", json=GENERATE) as response:
             assert queue.inside == 1
+            assert not isinstance(getattr(response.stream, "_stream", None), _SlotStream)  # inside httpx's BoundAsyncStream
             with pytest.raises(httpx.TransportError):
                 async for _ in response.aiter_raw():
                     pass
             assert queue.inside == 0
         assert queue.inside == 0 and queue.waiting == 0
+
+
+@pytest.mark.asyncio
+async def test_a_read_that_fails_through_another_transport_gives_the_slot_back_before_the_close(half_answer: str) -> None:
+    """The same through a transport whose streams are not httpcore's: our ``_SlotStream`` around them gives the slot back."""
+    relay = _Relay()
+    queue = DataQueue(relay, limit=1)
+    try:
+        response = await queue.send(httpx.Request("POST", f"{half_answer}/generate", json=GENERATE))
+        assert queue.inside == 1 and isinstance(response.stream, _SlotStream)
+        with pytest.raises(httpx.TransportError):
+            async for _ in response.aiter_raw():
+                pass
+        assert queue.inside == 0
+        await response.aclose()
+        assert queue.inside == 0 and queue.waiting == 0
+    finally:
+        await relay.aclose()
 
 
 @pytest.mark.asyncio
