@@ -1,0 +1,135 @@
+"""``DataQueue`` under random traffic: no slot is ever lost or given twice, whatever each request meets.
+
+Each example runs a random set of data requests through one
+``AsyncResilientTransport`` over a pool of 1-3 connections, at once: streams
+read to their end or left after their first event (a real ``StreamServer``),
+answers cut off halfway (the read fails), a refused port (every attempt
+fails before sending), pool timeouts shorter than the wait, and tasks
+cancelled at a random moment (waiting for a slot, sending, reading). The
+caller keeps going: every outcome is caught and the next example reuses
+nothing but the servers. What must hold: httpcore's pool never holds more
+requests than its limit, and once every task has ended the queue holds no
+slot and no waiter. ``CPR_DATA_QUEUE_EXAMPLES`` sets the number of examples
+(default 12, a few seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import Iterator
+
+import httpcore
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import resilience
+from resilience.adapters.driver_config import DriverConfig
+from resilience.adapters.httpx import AsyncResilientTransport
+from resilience.adapters.sglang import SGLANG_POLICIES
+from resilience.testing.stream_server import StreamServer
+from tests.conftest import LONG_TIMEOUT, free_port
+
+EXAMPLES = int(os.environ.get("CPR_DATA_QUEUE_EXAMPLES", "12"))
+"""Random examples; more with ``CPR_DATA_QUEUE_EXAMPLES``."""
+GENERATE = {"text": "hi", "stream": True}
+KINDS = ("read to the end", "left after one event", "cut off halfway", "refused", "short pool timeout")
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[StreamServer]:
+    with StreamServer(interval_s=0.02) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cut_off() -> Iterator[str]:
+    """A server that answers each request with a stream's first chunk, then closes the connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    part = conn.recv(65536)
+                    if not part:
+                        break
+                    head += part
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        done.set()
+        listener.close()
+        thread.join(LONG_TIMEOUT)
+
+
+async def _one(client: httpx.AsyncClient, kind: str, urls: dict[str, str]) -> str:
+    """One data request of ``kind``; what it met."""
+    if kind == "left after one event":
+        async with client.stream("POST", f"{urls['engine']}/generate?events=3", json=GENERATE) as response:
+            async for _ in response.aiter_raw():
+                break
+        return "left"
+    if kind == "short pool timeout":
+        timeout = httpx.Timeout(LONG_TIMEOUT, pool=0.01)
+        response = await client.post(f"{urls['engine']}/generate?events=1", json=GENERATE, timeout=timeout)
+        return str(response.status_code)
+    url = {"read to the end": f"{urls['engine']}/generate?events=2", "cut off halfway": f"{urls['cut off']}/generate"}
+    response = await client.post(url.get(kind, f"{urls['refused']}/generate"), json=GENERATE)
+    return str(response.status_code)
+
+
+async def _example(plan: list[tuple[str, float | None]], limit: int, urls: dict[str, str]) -> None:
+    inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=limit))
+    transport = AsyncResilientTransport(transport=inner, config=DriverConfig(policies=SGLANG_POLICIES))
+    queue = transport.queue
+    assert queue is not None
+    pool = inner._pool
+    assert type(pool) is httpcore.AsyncConnectionPool
+    most = 0
+    async with httpx.AsyncClient(transport=transport) as client:
+        tasks = [asyncio.create_task(_one(client, kind, urls)) for kind, _ in plan]
+        cancels = [
+            asyncio.get_running_loop().call_later(delay, task.cancel)
+            for task, (_, delay) in zip(tasks, plan, strict=True)
+            if delay is not None
+        ]
+        for _ in range(int(LONG_TIMEOUT / 0.002)):
+            most = max(most, len(pool._requests))
+            if all(task.done() for task in tasks):
+                break
+            await asyncio.sleep(0.002)
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for cancel in cancels:
+            cancel.cancel()
+    assert len(outcomes) == len(plan) > 0
+    unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, (httpx.HTTPError, asyncio.CancelledError))]
+    assert not unexpected, unexpected
+    assert most <= limit, (most, limit)
+    assert queue.inside == 0 and queue.waiting == 0, (queue.inside, queue.waiting, plan, outcomes)
+
+
+@given(
+    plan=st.lists(st.tuples(st.sampled_from(KINDS), st.none() | st.floats(0.0, 0.08)), min_size=1, max_size=10),
+    limit=st.integers(1, 3),
+)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_no_slot_is_lost_or_given_twice(engine: StreamServer, cut_off: str, plan: list[tuple[str, float | None]], limit: int) -> None:
+    """Random requests, failures and cancellations through a small pool: the pool stays within its limit, the queue ends empty."""
+    urls = {"engine": engine.url, "cut off": cut_off, "refused": f"http://127.0.0.1:{free_port()}"}
+    with resilience.set_testing(True, attempts=2):
+        asyncio.run(_example(plan, limit, urls))
