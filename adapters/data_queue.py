@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import importlib
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
@@ -278,22 +279,25 @@ async def _give_back(core: Any, queue: DataQueue) -> None:
         queue.leave()
 
 
-def _own_streams() -> tuple[type[Any] | None, type[Any] | None]:
-    """(httpx's ``AsyncResponseStream``, httpcore's ``PoolByteStream``): the streams of an ``AsyncHTTPTransport`` response.
+def _own_streams(response: str, pool: str) -> tuple[type[Any] | None, type[Any] | None]:
+    """(httpx's ``response`` stream class, httpcore's ``pool`` one): the streams of an ``AsyncHTTPTransport`` or
+    ``HTTPTransport`` response.
 
     Private classes, so checked: (None, None) where the modules differ from
     httpx 0.28-0.29 and httpcore 1.0, or where httpcore's stream takes no
-    attribute of its own; then every response gets a ``_SlotStream``.
+    attribute of its own; then every response gets a ``_SlotStream`` or ``_SyncSlotStream``.
     """
+    flavour = "async" if response.startswith("Async") else "sync"
     try:
-        from httpcore._async.connection_pool import PoolByteStream
-        from httpx._transports.default import AsyncResponseStream
-    except ImportError:
+        core = getattr(importlib.import_module(f"httpcore._{flavour}.connection_pool"), pool)
+        outer = getattr(importlib.import_module("httpx._transports.default"), response)
+    except (ImportError, AttributeError):
         return None, None
-    return (AsyncResponseStream, PoolByteStream) if "__slots__" not in vars(PoolByteStream) else (None, None)
+    return (outer, core) if "__slots__" not in vars(core) else (None, None)
 
 
-_RESPONSE_STREAM, _POOL_STREAM = _own_streams()
+_RESPONSE_STREAM, _POOL_STREAM = _own_streams("AsyncResponseStream", "PoolByteStream")
+_SYNC_RESPONSE_STREAM, _SYNC_POOL_STREAM = _own_streams("ResponseStream", "PoolByteStream")
 
 
 class _SlotStream(httpx.AsyncByteStream):
@@ -389,7 +393,18 @@ class SyncDataQueue:
         except BaseException:
             self.leave()
             raise
-        response.stream = _SyncSlotStream(response.stream, self)  # type: ignore[arg-type]  # a sync transport's (no cast: a call)
+        return self.hold(response)
+
+    def hold(self, response: httpx.Response) -> httpx.Response:
+        """``DataQueue.hold`` for threads: httpcore's own ``PoolByteStream.close`` gives the slot back (``_sync_give_back``),
+        else a ``_SyncSlotStream``."""
+        stream: Any = response.stream
+        if type(stream) is _SYNC_RESPONSE_STREAM:
+            core = stream._httpcore_stream
+            if type(core) is _SYNC_POOL_STREAM:
+                core.close = functools.partial(_sync_give_back, core, self)
+                return response
+        response.stream = _SyncSlotStream(stream, self)
         return response
 
     def _wait(self, waiter: _Waiter, request: httpx.Request) -> None:
@@ -427,12 +442,27 @@ class SyncDataQueue:
             self.inside -= 1
 
 
+def _sync_give_back(core: Any, queue: SyncDataQueue) -> None:
+    """``_give_back`` for a ``SyncDataQueue``: httpcore's ``PoolByteStream.close``, then the slot back, once (the
+    ``del`` of the first close, atomic under the GIL, makes a second one, in any thread, httpcore's own)."""
+    try:
+        del core.close
+    except AttributeError:
+        core.close()
+        return
+    try:
+        core.close()
+    finally:
+        queue.leave()
+
+
 class _SyncSlotStream(httpx.SyncByteStream):
     """``_SlotStream`` for a ``SyncDataQueue``: gives the slot back once, when closed or when reading fails."""
 
     def __init__(self, stream: httpx.SyncByteStream, queue: SyncDataQueue) -> None:
         self._stream = stream
-        self._queue: SyncDataQueue | None = queue
+        self._queue = queue
+        """Removed by the first close (``dict.pop``: atomic under the GIL, so two threads closing at once give it back once)."""
 
     def __iter__(self) -> Iterator[bytes]:
         try:
@@ -445,6 +475,6 @@ class _SyncSlotStream(httpx.SyncByteStream):
         try:
             self._stream.close()
         finally:
-            queue, self._queue = self._queue, None
+            queue: SyncDataQueue | None = self.__dict__.pop("_queue", None)
             if queue is not None:
                 queue.leave()

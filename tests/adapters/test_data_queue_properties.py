@@ -1,4 +1,4 @@
-"""``DataQueue`` under random traffic: no slot is ever lost or given twice, whatever each request meets.
+"""``DataQueue`` and ``SyncDataQueue`` under random traffic: no slot is ever lost or given twice, whatever each request meets.
 
 Each example runs a random set of data requests through one
 ``AsyncResilientTransport`` over a pool of 1-3 connections, at once: streams
@@ -9,8 +9,9 @@ cancelled at a random moment (waiting for a slot, sending, reading). The
 caller keeps going: every outcome is caught and the next example reuses
 nothing but the servers. What must hold: httpcore's pool never holds more
 requests than its limit, and once every task has ended the queue holds no
-slot and no waiter. ``CPR_DATA_QUEUE_EXAMPLES`` sets the number of examples
-(default 12, a few seconds).
+slot and no waiter. The sync queue meets the same requests from threads
+(no cancellation: a thread cannot be cancelled). ``CPR_DATA_QUEUE_EXAMPLES``
+sets the number of examples (default 12 each, a few seconds).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import asyncio
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpcore
 import httpx
@@ -29,7 +32,7 @@ from hypothesis import strategies as st
 
 import resilience
 from resilience.adapters.driver_config import DriverConfig
-from resilience.adapters.httpx import AsyncResilientTransport
+from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.testing.stream_server import StreamServer
 from tests.conftest import LONG_TIMEOUT, free_port
@@ -77,19 +80,36 @@ def cut_off() -> Iterator[str]:
         thread.join(LONG_TIMEOUT)
 
 
+def _url(kind: str, urls: dict[str, str]) -> str:
+    """Where a request of ``kind`` goes (a stream that is left early reads three events; one with a short pool timeout, one)."""
+    engine = urls["engine"]
+    return {
+        "read to the end": f"{engine}/generate?events=2",
+        "left after one event": f"{engine}/generate?events=3",
+        "short pool timeout": f"{engine}/generate?events=1",
+        "cut off halfway": f"{urls['cut off']}/generate",
+    }.get(kind, f"{urls['refused']}/generate")
+
+
+def _timeout(kind: str) -> httpx.Timeout:
+    return httpx.Timeout(LONG_TIMEOUT, pool=0.01 if kind == "short pool timeout" else LONG_TIMEOUT)
+
+
 async def _one(client: httpx.AsyncClient, kind: str, urls: dict[str, str]) -> str:
     """One data request of ``kind``; what it met."""
-    if kind == "left after one event":
-        async with client.stream("POST", f"{urls['engine']}/generate?events=3", json=GENERATE) as response:
-            async for _ in response.aiter_raw():
+    async with client.stream("POST", _url(kind, urls), json=GENERATE, timeout=_timeout(kind)) as response:
+        async for _ in response.aiter_raw():
+            if kind == "left after one event":
                 break
-        return "left"
-    if kind == "short pool timeout":
-        timeout = httpx.Timeout(LONG_TIMEOUT, pool=0.01)
-        response = await client.post(f"{urls['engine']}/generate?events=1", json=GENERATE, timeout=timeout)
-        return str(response.status_code)
-    url = {"read to the end": f"{urls['engine']}/generate?events=2", "cut off halfway": f"{urls['cut off']}/generate"}
-    response = await client.post(url.get(kind, f"{urls['refused']}/generate"), json=GENERATE)
+    return str(response.status_code)
+
+
+def _sync_one(client: httpx.Client, kind: str, urls: dict[str, str]) -> str:
+    """``_one`` from a thread."""
+    with client.stream("POST", _url(kind, urls), json=GENERATE, timeout=_timeout(kind)) as response:
+        for _ in response.iter_raw():
+            if kind == "left after one event":
+                break
     return str(response.status_code)
 
 
@@ -133,3 +153,35 @@ def test_no_slot_is_lost_or_given_twice(engine: StreamServer, cut_off: str, plan
     urls = {"engine": engine.url, "cut off": cut_off, "refused": f"http://127.0.0.1:{free_port()}"}
     with resilience.set_testing(True, attempts=2):
         asyncio.run(_example(plan, limit, urls))
+
+
+def _sync_example(plan: list[str], limit: int, urls: dict[str, str]) -> None:
+    inner = httpx.HTTPTransport(limits=httpx.Limits(max_connections=limit))
+    transport = ResilientTransport(transport=inner, config=DriverConfig(policies=SGLANG_POLICIES))
+    queue = transport.queue
+    assert queue is not None
+    pool = inner._pool
+    assert type(pool) is httpcore.ConnectionPool
+    most = 0
+    with httpx.Client(transport=transport) as client, ThreadPoolExecutor(len(plan)) as threads:
+        futures = [threads.submit(_sync_one, client, kind, urls) for kind in plan]
+        for _ in range(int(LONG_TIMEOUT / 0.002)):
+            most = max(most, len(pool._requests))
+            if all(future.done() for future in futures):
+                break
+            time.sleep(0.002)
+        outcomes = [future.exception() or future.result() for future in futures]
+    assert len(outcomes) == len(plan) > 0
+    unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, httpx.HTTPError)]
+    assert not unexpected, unexpected
+    assert most <= limit, (most, limit)
+    assert queue.inside == 0 and queue.waiting == 0, (queue.inside, queue.waiting, plan, outcomes)
+
+
+@given(plan=st.lists(st.sampled_from(KINDS), min_size=1, max_size=10), limit=st.integers(1, 3))
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_sync_no_slot_is_lost_or_given_twice(engine: StreamServer, cut_off: str, plan: list[str], limit: int) -> None:
+    """The same from threads: the pool stays within its limit, the queue ends empty."""
+    urls = {"engine": engine.url, "cut off": cut_off, "refused": f"http://127.0.0.1:{free_port()}"}
+    with resilience.set_testing(True, attempts=2):
+        _sync_example(plan, limit, urls)

@@ -30,7 +30,7 @@ import pytest
 
 import resilience
 from resilience.adapters.control_lane import ControlLane
-from resilience.adapters.data_queue import DataQueue, SyncDataQueue, _SlotStream
+from resilience.adapters.data_queue import DataQueue, SyncDataQueue, _SlotStream, _SyncSlotStream
 from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import AsyncResilientTransport, ResilientTransport
 from resilience.adapters.sglang import SGLANG_POLICIES
@@ -606,11 +606,49 @@ def test_sync_a_read_that_fails_gives_the_slot_back_before_the_close(half_answer
     with httpx.Client(transport=transport) as client:
         with client.stream("POST", f"{half_answer}/generate", json=GENERATE) as response:
             assert queue.inside == 1
+            assert not isinstance(getattr(response.stream, "_stream", None), _SyncSlotStream)  # httpcore's own, read as is
             with pytest.raises(httpx.TransportError):
                 for _ in response.iter_raw():
                     pass
             assert queue.inside == 0
         assert queue.inside == 0 and queue.waiting == 0
+
+
+class _SyncRelayed(httpx.SyncByteStream):
+    """``_Relayed`` for threads."""
+
+    def __init__(self, inner: httpx.SyncByteStream) -> None:
+        self.inner = inner
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.inner
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_sync_a_read_that_fails_through_another_transport_gives_the_slot_back_before_the_close(half_answer: str) -> None:
+    """The same through a transport whose streams are not httpcore's: our ``_SyncSlotStream`` gives the slot back."""
+    inner = httpx.HTTPTransport()
+
+    def relay(request: httpx.Request) -> httpx.Response:
+        response = inner.handle_request(request)
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        return httpx.Response(response.status_code, headers=response.headers, stream=_SyncRelayed(response.stream))
+
+    relayed = httpx.MockTransport(relay)
+    queue = SyncDataQueue(relayed, limit=1)
+    try:
+        response = queue.send(httpx.Request("POST", f"{half_answer}/generate", json=GENERATE))
+        assert queue.inside == 1 and isinstance(response.stream, _SyncSlotStream)
+        with pytest.raises(httpx.TransportError):
+            for _ in response.iter_raw():
+                pass
+        assert queue.inside == 0
+        response.close()
+        assert queue.inside == 0 and queue.waiting == 0
+    finally:
+        inner.close()
 
 
 @pytest.mark.parametrize("lane", [True, False], ids=["lane", "no lane"])
