@@ -157,3 +157,34 @@ def silent_listener(*, full: bool) -> Iterator[int]:
         for s in parked:
             s.close()
         listener.close()
+
+
+@contextmanager
+def cut_off_stream() -> Iterator[str]:
+    """A loopback server that answers each request with a stream's first chunk, then closes the connection; yields its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    part = conn.recv(65536)
+                    if not part:
+                        break
+                    head += part
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        done.set()
+        listener.close()
+        thread.join(10.0)

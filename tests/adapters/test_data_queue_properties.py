@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import httpcore
@@ -36,6 +34,7 @@ from resilience.adapters.httpx import AsyncResilientTransport, ResilientTranspor
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.testing.stream_server import StreamServer
 from tests.conftest import LONG_TIMEOUT, free_port
+from tests.servers import cut_off_stream
 
 EXAMPLES = int(os.environ.get("CPR_DATA_QUEUE_EXAMPLES", "12"))
 """Random examples; more with ``CPR_DATA_QUEUE_EXAMPLES``."""
@@ -52,32 +51,8 @@ def engine() -> Iterator[StreamServer]:
 @pytest.fixture(scope="module")
 def cut_off() -> Iterator[str]:
     """A server that answers each request with a stream's first chunk, then closes the connection."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    done = threading.Event()
-
-    def serve() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    part = conn.recv(65536)
-                    if not part:
-                        break
-                    head += part
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        done.set()
-        listener.close()
-        thread.join(LONG_TIMEOUT)
+    with cut_off_stream() as url:
+        yield url
 
 
 def _url(kind: str, urls: dict[str, str]) -> str:
@@ -113,6 +88,16 @@ def _sync_one(client: httpx.Client, kind: str, urls: dict[str, str]) -> str:
     return str(response.status_code)
 
 
+def _verdict(plan: Sequence[object], outcomes: Sequence[object], pool: tuple[int, int], queue: tuple[int, int]) -> None:
+    """Every request ended on an answer, an httpx error or its cancellation; the pool's most requests at once were within
+    its limit (``pool``: most, limit); the queue holds no slot and no waiter (``queue``: inside, waiting)."""
+    assert len(outcomes) == len(plan) > 0
+    unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, (httpx.HTTPError, asyncio.CancelledError))]
+    assert not unexpected, unexpected
+    assert pool[0] <= pool[1], pool
+    assert queue == (0, 0), (queue, plan, outcomes)
+
+
 async def _example(plan: list[tuple[str, float | None]], limit: int, urls: dict[str, str]) -> None:
     inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=limit))
     transport = AsyncResilientTransport(transport=inner, config=DriverConfig(policies=SGLANG_POLICIES))
@@ -136,11 +121,7 @@ async def _example(plan: list[tuple[str, float | None]], limit: int, urls: dict[
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         for cancel in cancels:
             cancel.cancel()
-    assert len(outcomes) == len(plan) > 0
-    unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, (httpx.HTTPError, asyncio.CancelledError))]
-    assert not unexpected, unexpected
-    assert most <= limit, (most, limit)
-    assert queue.inside == 0 and queue.waiting == 0, (queue.inside, queue.waiting, plan, outcomes)
+    _verdict(plan, outcomes, (most, limit), (queue.inside, queue.waiting))
 
 
 @given(
@@ -171,11 +152,7 @@ def _sync_example(plan: list[str], limit: int, urls: dict[str, str]) -> None:
                 break
             time.sleep(0.002)
         outcomes = [future.exception() or future.result() for future in futures]
-    assert len(outcomes) == len(plan) > 0
-    unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, httpx.HTTPError)]
-    assert not unexpected, unexpected
-    assert most <= limit, (most, limit)
-    assert queue.inside == 0 and queue.waiting == 0, (queue.inside, queue.waiting, plan, outcomes)
+    _verdict(plan, outcomes, (most, limit), (queue.inside, queue.waiting))
 
 
 @given(plan=st.lists(st.sampled_from(KINDS), min_size=1, max_size=10), limit=st.integers(1, 3))

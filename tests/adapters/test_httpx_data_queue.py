@@ -17,8 +17,6 @@ read there is no queue. The sync queue, with threads, is pinned the same way
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +34,7 @@ from resilience.adapters.httpx import AsyncResilientTransport, ResilientTranspor
 from resilience.adapters.sglang import SGLANG_POLICIES
 from resilience.testing.stream_server import StreamServer
 from tests.conftest import LONG_TIMEOUT, free_port
+from tests.servers import cut_off_stream
 
 POOL = 2
 """The data pool's connection limit in these tests: two hanging streams fill it."""
@@ -328,29 +327,8 @@ async def test_failed_attempts_give_their_slots_back() -> None:
 @pytest.fixture
 def half_answer() -> Iterator[str]:
     """A server that answers each request with a stream's first chunk, then closes the connection."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    done = threading.Event()
-
-    def serve() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    head += conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        done.set()
-        listener.close()
-        thread.join(LONG_TIMEOUT)
+    with cut_off_stream() as url:
+        yield url
 
 
 class _Relayed(httpx.AsyncByteStream):
