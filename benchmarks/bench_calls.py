@@ -24,7 +24,7 @@ The request is ``POST /flush_cache``, a control route: it takes the control
 lane (``adapters/control_lane.py``). Bare and the last two variants are counted again on
 a data route, ``POST /generate``, which does not: on httpx it waits for the
 pool in our ``DataQueue`` / ``SyncDataQueue`` (``adapters/data_queue.py``),
-whose slot and stream wrapper are work of ours too.
+whose slot, taken and given back, is work of ours too.
 
 "added" is the variant's count minus bare's. Each figure is the smallest of
 ``--repeats`` counts of one request (the collector off while counting), after
@@ -32,6 +32,11 @@ warm-up calls that fill every cache: unlike a timing, a count does not move
 with machine noise (an event loop may take one more turn when the answer
 is late, which the minimum drops). Targets: ours adds at most 30 calls with
 no observers and at most 70 with both, on every driver.
+
+A last column counts, per variant, the objects a request leaves in reference
+cycles (``cyclic_garbage``: only the cycle collector frees them, and its
+pauses stop the caller's thread): httpx builds such cycles on every request
+itself, requests and aiohttp none.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ DATA = {BARE: f"{BARE}, data route", NONE: f"{NONE}, data route", BOTH: f"{BOTH}
 TARGETS = {NONE: 30, BOTH: 70, DATA[NONE]: 30, DATA[BOTH]: 70}
 """Variant -> the most calls it may add to bare."""
 WARMUP = 20
+GARBAGE_REQUESTS = 200
+"""Requests whose cyclic garbage is counted per variant (``cyclic_garbage``)."""
 LOOP_FILES = tuple(str(Path(m.__file__).parent if m is asyncio else Path(m.__file__)) for m in (asyncio, selectors))
 """The event loop's own code: what it calls is not counted (a late answer's extra loop turn then reads the same); what
 other code calls in it is (``loop.call_at``: one call, whatever it does inside)."""
@@ -91,6 +98,22 @@ class Variant:
     sync: Callable[[], None] | None = None
     coro: Callable[[], Coroutine[Any, Any, None]] | None = None
     count: int = 0
+    garbage: float = 0.0
+    """Objects one request leaves for the cycle collector (``cyclic_garbage``)."""
+
+
+def cyclic_garbage(run: Callable[[], None], requests: int = GARBAGE_REQUESTS) -> float:
+    """Objects per request that only the cycle collector frees (in reference cycles): ``requests`` requests, collector
+    off, then what one collection finds unreachable, divided by ``requests``. Fewer means rarer and shorter collections
+    of the caller's process, whose pauses every call on its thread waits out."""
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(requests):
+            run()
+        return gc.collect() / requests
+    finally:
+        gc.enable()
 
 
 def counted(run: Callable[[], None], names: Counter[str] | None = None) -> int:
@@ -291,8 +314,8 @@ def table(variants: list[Variant], repeats: int, elapsed: float) -> str:
         f"<!-- python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs; the smallest of {repeats} "
         f"counts of one request per variant, after {WARMUP} warm-up requests; {elapsed:.1f} s -->",
         "",
-        "| driver | variant | function calls per request | added to bare | target |",
-        "|---|---|---:|---:|---|",
+        "| driver | variant | function calls per request | added to bare | target | objects left for the cycle collector per request |",
+        "|---|---|---:|---:|---|---:|",
     ]
     bare = {(v.driver, v.name): v.count for v in variants if v.name in (BARE, DATA[BARE])}
     verdicts = []
@@ -304,13 +327,16 @@ def table(variants: list[Variant], repeats: int, elapsed: float) -> str:
             verdict = "met" if added <= limit else "MISSED"
             target = f"<= {limit}: {verdict}"
             verdicts.append(f"{v.driver}, {v.name}: {added} ({verdict})")
-        out.append(f"| {v.driver} | {v.name} | {v.count} | {'-' if v.name in (BARE, DATA[BARE]) else added} | {target} |")
+        shown = "-" if v.name in (BARE, DATA[BARE]) else added
+        out.append(f"| {v.driver} | {v.name} | {v.count} | {shown} | {target} | {v.garbage:.1f} |")
     out += [
         "",
         "A call is a `sys.setprofile` `call` event (a Python function entered, or a generator or coroutine resumed) or a "
         "`c_call` event (a C function), counted from the call into the client to the answer read; the event loop's own "
         "turns are in every async row alike. The floor is the cheapest layer each library lets one add (a pass-through "
-        "transport or middleware; for requests an `HTTPAdapter` subclass calling its parent's `send`).",
+        "transport or middleware; for requests an `HTTPAdapter` subclass calling its parent's `send`). The last column: what "
+        f"{GARBAGE_REQUESTS} requests left in reference cycles, counted by one collection with the collector off meanwhile, per "
+        "request (httpx builds cycles of its own on every request; the rest is ours).",
         "",
         "Targets: " + "; ".join(verdicts) + ".",
     ]
@@ -347,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
             variants.sort(key=lambda v: drivers.index(v.driver))
             for v in variants:
                 v.count = count(loop, v, args.repeats)
+                v.garbage = cyclic_garbage(runner(loop, v), GARBAGE_REQUESTS if args.repeats > 2 else 20)
             if args.detail is not None:
                 for name in (NONE, BOTH, DATA[NONE], DATA[BOTH]):
                     print(detail(loop, variants, args.detail, name), file=sys.stderr)

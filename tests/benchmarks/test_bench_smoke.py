@@ -120,6 +120,7 @@ def test_calls_counts_every_variant_of_every_driver_and_judges_ours() -> None:
     assert {(r[0], r[1]) for r in rows} == {(d, v) for d in ("requests", "httpx sync", "httpx async", "aiohttp") for v in variants}
     for r in rows:
         _positive(r[2])
+        assert float(r[5]) >= 0  # objects left for the cycle collector per request
         if r[1].startswith("ours"):
             _positive(r[3])  # our layer does some work on a success
             assert "met" in r[4] or "MISSED" in r[4]
