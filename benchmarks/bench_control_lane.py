@@ -1,4 +1,4 @@
-"""A control call's latency while streaming generations fill the same client's pool: bare, mounted without the lane, mounted.
+"""A control call's latency while streams fill its client's pool (bare, mounted without the lane, mounted) or another client's.
 
 Run: ``.venv/bin/python benchmarks/bench_control_lane.py [--streams 1000] [--samples 1000] [--queued-samples 8] [--drivers ...] [--quick]``
 
@@ -9,13 +9,19 @@ process) streams ``/generate`` (``EVENTS`` events, one every ``INTERVAL_S``)
 and answers ``POST /pause_generation`` at once. For each driver and client
 kind, one client carries both: a stream load of workers that each send
 ``/generate``, read the stream to its end and start again, and control calls
-(``POST /pause_generation``). Three clients per driver:
+(``POST /pause_generation``). Three clients per driver, and a fourth row:
 
 - ``bare``: the library alone (``requests.Session``, ``httpx.Client`` /
   ``AsyncClient``, ``aiohttp.ClientSession``);
 - ``mounted, no lane``: our driver over ``SGLANG_POLICIES`` with
   ``DriverConfig(control_lane=None)``;
-- ``mounted``: our driver with the default ``ControlLane()``.
+- ``mounted``: our driver with the default ``ControlLane()``;
+- ``dedicated client``: the field's own fix (prime-rl's "dedicated admin
+  client"), the library alone again: the stream load on one ``bare`` client,
+  the control calls on a second, separate one of the same library with its
+  own pool, in the same process. What one process can achieve at all: where
+  it too misses the goal, the remainder is the process (the event loop's
+  turns, the GIL, the library's garbage), not a shared pool.
 
 The async drivers (httpx async, aiohttp) carry ``--streams`` streams (1,000)
 through their default pool limit (100 connections): the rest wait in the
@@ -41,10 +47,12 @@ lift: how long the measuring thread (sync: ``time.sleep(0)``, giving the GIL
 to the streaming threads) or task (async: one byte through a socket pair,
 awaited through the loop's selector as a response is, so behind every
 callback of the loop's turn) waits to run again, sampled just before each
-control call of the ``mounted`` rows. Idle samples: half before the load,
-half after it.
+control call of the ``mounted`` and ``dedicated client`` rows. Idle samples:
+half before the load, half after it. A last line compares the two: mounted
+p99 under load over the dedicated client's.
 
-A second table says where the loaded time of the ``mounted`` rows goes
+A second table says where the loaded time of the ``mounted`` and
+``dedicated client`` rows goes
 (``_Phases``, Linux only): per call, the measuring thread on a CPU, waiting
 for one, asleep (the engine's answer, the GIL), the streaming threads on a
 CPU, the engine process waiting for a CPU, GC pauses and httpcore's pool
@@ -100,7 +108,9 @@ QUEUED_GAP_S = 0.25
 """Seconds between the starts of the control calls that wait behind streams."""
 TIMEOUT_S = 120.0
 """Every call's timeout: long enough that a queued control call ends by its answer, not by a pool timeout."""
-MODES = ("bare", "mounted, no lane", "mounted")
+MODES = ("bare", "mounted, no lane", "mounted", "dedicated client")
+SAMPLED = ("mounted", "dedicated client")
+"""The rows whose loaded control calls have a pool of their own: ``--samples`` of them, each beside a lag sample."""
 CONTROL = "/pause_generation"
 GENERATE = f"/generate?events={EVENTS}"
 BODY = {"text": "hi", "stream": True}
@@ -239,6 +249,21 @@ phases_of: list[_Phases | None] = [None]
 # ---- the sync drivers: threads ----
 
 
+def _sync_clients(driver: str, mode: str) -> tuple[Callable[[str], None], Callable[[str], None], Callable[[], None]]:
+    """(the control calls' send, the streams' send, close all) of a row: one client, or for ``dedicated client`` two bare ones."""
+    if mode != "dedicated client":
+        send, close = _sync_client(driver, mode)
+        return send, send, close
+    control, close_control = _sync_client(driver, "bare")
+    streams, close_streams = _sync_client(driver, "bare")
+
+    def close_both() -> None:
+        close_streams()
+        close_control()
+
+    return control, streams, close_both
+
+
 def _sync_client(driver: str, mode: str) -> tuple[Callable[[str], None], Callable[[], None]]:
     """(send one request to a path and read it whole, close) for a sync driver's client."""
     if driver == "requests":
@@ -292,8 +317,8 @@ def _sync_sample(send: Callable[[str], None], times: list[float], lags: list[flo
 
 
 def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> Row:
-    """The control calls of one sync client (``Row``)."""
-    send, close = _sync_client(driver, mode)
+    """The control calls of one sync row's client (``Row``)."""
+    send, stream, close = _sync_clients(driver, mode)
     try:
         idle: list[float] = []
         idle_lags: list[float] = []
@@ -305,7 +330,7 @@ def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -
         def worker() -> None:
             while not stop.is_set():
                 try:
-                    send(GENERATE)
+                    stream(GENERATE)
                 except (requests.RequestException, httpx.HTTPError):
                     if not stop.is_set():
                         raise
@@ -317,7 +342,7 @@ def _sync_row(driver: str, mode: str, streams: int, samples: int, queued: int) -
         loaded: list[float] = []
         lags: list[float] = []
         phases: list[tuple[float, ...]] = []
-        if mode == "mounted":
+        if mode in SAMPLED:
             window = time.monotonic() + LOADED_WINDOW_S
             for _ in range(samples):  # spread over the streams' phases; each control call beside a lag sample
                 if time.monotonic() > window:
@@ -369,6 +394,23 @@ def _timed(send: Callable[[str], None]) -> float:
 
 
 # ---- the async drivers: one event loop ----
+
+
+async def _async_clients(
+    driver: str, mode: str
+) -> tuple[Callable[[str], Awaitable[None]], Callable[[str], Awaitable[None]], Callable[[], Awaitable[None]]]:
+    """``_sync_clients`` for an async driver."""
+    if mode != "dedicated client":
+        send, close = await _async_client(driver, mode)
+        return send, send, close
+    control, close_control = await _async_client(driver, "bare")
+    streams, close_streams = await _async_client(driver, "bare")
+
+    async def close_both() -> None:
+        await close_streams()
+        await close_control()
+
+    return control, streams, close_both
 
 
 async def _async_client(driver: str, mode: str) -> tuple[Callable[[str], Awaitable[None]], Callable[[], Awaitable[None]]]:
@@ -430,7 +472,7 @@ async def _async_lag(pair: tuple[socket.socket, socket.socket]) -> float:
 
 
 async def _async_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> Row:
-    send, close = await _async_client(driver, mode)
+    send, stream, close = await _async_clients(driver, mode)
     pair = socket.socketpair()
 
     async def sample(times: list[float], lags: list[float], phases: list[tuple[float, ...]]) -> None:
@@ -453,14 +495,14 @@ async def _async_row(driver: str, mode: str, streams: int, samples: int, queued:
 
         async def worker() -> None:
             while not stop.is_set():
-                await send(GENERATE)
+                await stream(GENERATE)
 
         tasks = [asyncio.create_task(worker()) for _ in range(streams)]
         await asyncio.sleep(2 * EVENTS * INTERVAL_S)
         loaded: list[float] = []
         lags: list[float] = []
         phases: list[tuple[float, ...]] = []
-        if mode == "mounted":
+        if mode in SAMPLED:
             window = time.monotonic() + LOADED_WINDOW_S
             for _ in range(samples):
                 if time.monotonic() > window:
@@ -538,9 +580,13 @@ def main(argv: list[str] | None = None) -> int:
         f"after; loaded: {args.samples}, or as many as {LOADED_WINDOW_S:.0f} s allow). "
         f"{os.cpu_count()} CPUs shared with other work: load average {load_before[0]:.2f} before, {load_after[0]:.2f} "
         "after, and the 1-minute load average at each row's end in its row. Goal: mounted p99 under load <= 2x its idle p50. "
+        "`dedicated client`: the field's own fix, the library alone with the streams on one client and the control calls "
+        "on a second one of its own (prime-rl's dedicated admin client), in the same process: what one process achieves "
+        "at all. "
         "Scheduling lag: how long the measuring thread (`time.sleep(0)`: a turn of the GIL) or task (one byte through a "
         "socket pair, awaited through the loop's selector as a response is) waited just before each control call of the "
-        "`mounted` rows: the floor under load that no pool lifts. Each call waits for the one before (a closed loop): a "
+        "`mounted` and `dedicated client` rows: the floor under load that no pool lifts. "
+        "Each call waits for the one before (a closed loop): a "
         "stall of the loop is one slow call, not the many that would have arrived meanwhile, so read `loaded max` "
         "beside p99.\n"
     )
@@ -550,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for driver, mode, load, average, (idle, loaded, lags, _, _) in rows:
-        assert idle and loaded and (lags or mode != "mounted"), f"{driver}, {mode}: no samples"
+        assert idle and loaded and (lags or mode not in SAMPLED), f"{driver}, {mode}: no samples"
         ratio = _ms(loaded, 0.99) / statistics.median(idle) / 1000
         ratio99 = _ms(loaded, 0.99) / _ms(idle, 0.99)
         lag = f"{_ms(lags, 0.99):.2f}" if lags else "-"
@@ -562,13 +608,18 @@ def main(argv: list[str] | None = None) -> int:
     met = [d for d, r in lane if r <= 2]
     missed = [f"{d} ({r:.1f}x)" for d, r in lane if r > 2]
     print(f"\nGoal met (mounted p99 under load <= 2x idle p50): {', '.join(met) or 'none'}; missed: {', '.join(missed) or 'none'}.")
-    measured = [(d, row[3], row[4]) for d, m, _, _, row in rows if m == "mounted" and row[4]]
+    p99 = {(d, m): _ms(row[1], 0.99) for d, m, _, _, row in rows if m in SAMPLED}
+    beside = [f"{d} {p99[d, m] / p99[d, 'dedicated client']:.1f}x" for d, m in p99 if m == "mounted" and (d, "dedicated client") in p99]
+    dedicated = [f"{d} {_ms(row[1], 0.99) / statistics.median(row[0]) / 1000:.1f}x" for d, m, _, _, row in rows if m == "dedicated client"]
+    print(f"Mounted p99 under load / dedicated client's p99 under load: {', '.join(beside)}.")
+    print(f"Dedicated client, p99 under load / its idle p50 (the goal's ratio, for the field's fix): {', '.join(dedicated)}.")
+    measured = [(d, m, row[3], row[4]) for d, m, _, _, row in rows if m in SAMPLED and row[4]]
     if not measured:
         print("\nWhere the time goes: not measured here (it reads Linux's `/proc/.../schedstat`).")
         return 0
     print(
-        "\n### Where a control call's time goes (`mounted` rows)\n\n"
-        "Mean milliseconds per call, for the slowest 1% of each `mounted` row's calls and for its fastest half, idle and "
+        "\n### Where a control call's time goes (`mounted` and `dedicated client` rows)\n\n"
+        "Mean milliseconds per call, for the slowest 1% of each such row's calls and for its fastest half, idle and "
         "loaded. `wall` = `on CPU` (the measuring thread: the call itself and, async, every other callback the loop ran "
         "meanwhile) + `waiting for a CPU` (runnable, but the OS ran other work: this machine's load) + `asleep` (waiting "
         "for the engine's answer; sync: for the GIL too). `other threads on CPU`: this process's other threads meanwhile "
@@ -576,17 +627,18 @@ def main(argv: list[str] | None = None) -> int:
         "running (counted when the wait ends, so it can exceed `wall`). `GC pauses` and `httpcore pool scans` "
         "(httpcore's `_assign_requests_to_connections`, every pool in the process: the data pool walks its queue of "
         "waiting requests on each call; in httpx's `mounted` rows that queue stays empty, the rest waiting in our "
-        "`DataQueue` or `SyncDataQueue` ahead of the pool) overlap the others. From Linux's `schedstat`.\n"
+        "`DataQueue` or `SyncDataQueue` ahead of the pool; in its `dedicated client` rows the streams' client walks all "
+        "of its waiting streams) overlap the others. From Linux's `schedstat`.\n"
     )
-    print("| driver | calls | " + " | ".join(f"{name} ms" for name in PHASES) + " |")
-    print("|---|---|" + "---:|" * len(PHASES))
-    for driver, idle_phases, loaded_phases in measured:
+    print("| driver | client | calls | " + " | ".join(f"{name} ms" for name in PHASES) + " |")
+    print("|---|---|---|" + "---:|" * len(PHASES))
+    for driver, mode, idle_phases, loaded_phases in measured:
         for when, phases in (("idle", idle_phases), ("loaded", loaded_phases)):
             ordered = sorted(phases)
             slowest = ordered[int(0.99 * len(ordered)) :]
             fastest = ordered[: len(ordered) // 2]
-            print(f"| {driver} | {when}, slowest 1% ({len(slowest)}) | {_means(slowest)} |")
-            print(f"| {driver} | {when}, fastest half ({len(fastest)}) | {_means(fastest)} |")
+            print(f"| {driver} | {mode} | {when}, slowest 1% ({len(slowest)}) | {_means(slowest)} |")
+            print(f"| {driver} | {mode} | {when}, fastest half ({len(fastest)}) | {_means(fastest)} |")
     return 0
 
 

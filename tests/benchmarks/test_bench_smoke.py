@@ -290,15 +290,21 @@ def test_unspecialized_ops_lists_the_generic_instructions_of_ours_on_one_request
 
 
 def test_control_lane_measures_every_client_and_says_where_the_time_goes() -> None:
-    """Bare, mounted without the lane and mounted (aiohttp, tiny sizes), each with its loaded calls; on Linux, the
-    breakdown of the mounted row's idle and loaded calls, every cell a number."""
+    """Bare, mounted without the lane, mounted and a dedicated client (aiohttp, tiny sizes), each with its loaded calls;
+    the mounted p99 over the dedicated client's; on Linux, the breakdown of the mounted and dedicated rows' idle and
+    loaded calls, every cell a number."""
     out = _run("bench_control_lane.py", "--drivers", "aiohttp", "--streams", "10", "--samples", "4", "--queued-samples", "1")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| aiohttp")]
-    assert [r[1] for r in rows[:3]] == ["bare", "mounted, no lane", "mounted"]
-    assert [r[4] for r in rows[:3]] == ["1", "1", "4"]  # loaded calls: the queued ones, then the lane's
-    for r in rows[:3]:
+    assert [r[1] for r in rows[:4]] == ["bare", "mounted, no lane", "mounted", "dedicated client"]
+    assert [r[4] for r in rows[:4]] == ["1", "1", "4", "4"]  # loaded calls: the queued ones, then the lane's and the dedicated client's
+    for r in rows[:4]:
         _positive(r[5])  # idle p50
         _positive(r[7])  # loaded p50
+    beside = re.search(r"Mounted p99 under load / dedicated client's p99 under load: aiohttp (\S+)x\.", out)
+    assert beside is not None, out
+    _positive(beside.group(1))
     if sys.platform == "linux":
-        assert [r[1].split(",")[0] for r in rows[3:]] == ["idle", "idle", "loaded", "loaded"]
-        assert all(float(cell) >= 0 for r in rows[3:] for cell in r[2:])
+        breakdown = rows[4:]
+        assert [r[1] for r in breakdown] == ["mounted"] * 4 + ["dedicated client"] * 4
+        assert [r[2].split(",")[0] for r in breakdown] == ["idle", "idle", "loaded", "loaded"] * 2
+        assert all(float(cell) >= 0 for r in breakdown for cell in r[3:])
