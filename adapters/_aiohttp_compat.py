@@ -18,10 +18,7 @@ aiohttp's own code:
   request's ``send``, which ``_connect_and_send_request`` calls;
 - the control lane (``control_pools.AiohttpLane``): it swaps the session's
   ``_connector``, which ``_connect_and_send_request`` reads when it runs, and
-  the middleware reads a request's session as ``_session``; on Python 3.11 a
-  lane attempt sets the request's ``write_bytes``, which ``ClientRequest.send``
-  calls (``aiohttp._BODY_NOW``; an aiohttp whose ``send`` does not is not
-  refused: its lane's bodies leave a loop turn later, as before).
+  the middleware reads a request's session as ``_session``.
 
 ``check(version, missing)`` runs when ``resilience.adapters.aiohttp`` is imported (what it refuses: its docstring).
 """

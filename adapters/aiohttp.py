@@ -61,7 +61,7 @@ from yarl import URL
 from resilience.adapters import aiohttp_errors as errors
 from resilience.adapters._aiohttp_compat import _reads, check, internals_missing
 from resilience.adapters.control_lane import LaneRoute, routed
-from resilience.adapters.control_pools import _LANE_SLOT, BODY_WRITTEN_NEXT_TURN, AiohttpLane, body_now
+from resilience.adapters.control_pools import _LANE_SLOT, AiohttpLane
 from resilience.adapters.driver_config import UNSET, ConfigViews, DriverConfig, DriverKeywords, Unset, driver_config
 from resilience.adapters.routing import Route, RouteCache, engine_of
 from resilience.errors import ErrorTypes
@@ -396,8 +396,6 @@ class _Attempts:
         if lane is not None:  # arm (``AiohttpLane``): the lane's ``connect`` serves this request's one connection
             lane.armed[request] = None
             session._connector = lane.connector
-            if _BODY_NOW:
-                request.write_bytes = body_now(request)  # type: ignore[method-assign]
         try:
             try:
                 response = await self.handler(request)
@@ -415,8 +413,6 @@ class _Attempts:
             finally:
                 if lane is not None:  # disarm (``AiohttpLane``); the session's connector back if ``connect`` never ran
                     del lane.armed[request]
-                    if _BODY_NOW:
-                        del request.write_bytes  # back to the class's method
                     if session._connector is lane.connector:
                         session._connector = lane.owner
         except _NOT_TRANSIENT:
@@ -513,9 +509,6 @@ def _route(policies: PolicyTable, method: str, url: str) -> Route:
     return method, policies.match(method, parsed.path), engine, host, port
 
 
-_BODY_NOW = BODY_WRITTEN_NEXT_TURN and _reads(ClientRequest.send, "write_bytes")
-"""Whether a lane attempt sets ``control_pools.body_now`` as its request's ``write_bytes`` (Python 3.11, an aiohttp
-whose ``send`` calls it), so that a control call's body leaves in ``send``, not a loop turn later."""
 _session_of = operator.attrgetter("_session")
 """A request's session with no property call (``_aiohttp_compat`` checks that ``ClientRequest.session`` reads ``_session``)."""
 _lane_of = operator.attrgetter(_LANE_SLOT)

@@ -27,17 +27,14 @@ so none of them pulls in another library.
   yields before calling on would let another request find the lane, so the
   lane serves only the requests it was armed for and sends any other to the
   session's connector). The session's connector's ``close`` is wrapped to
-  close the lane too. On Python 3.11 a lane attempt also writes its body at
-  once (``body_now``): aiohttp starts the task that writes it eagerly only
-  from Python 3.12 on.
+  close the lane too.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
-from collections.abc import Awaitable, Callable, Coroutine, Generator
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from resilience.adapters.control_lane import ControlLane
 
@@ -49,7 +46,7 @@ if TYPE_CHECKING:
     Handler = Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]
     """aiohttp's per-request handler, as a middleware gets it."""
 
-__all__ = ["BODY_WRITTEN_NEXT_TURN", "AiohttpLane", "async_httpx_lane", "body_now", "httpx_lane", "requests_lane"]
+__all__ = ["AiohttpLane", "async_httpx_lane", "httpx_lane", "requests_lane"]
 
 _ENGINES = 8
 """How many engines a lane keeps idle connections for: requests' pool count, and httpx's one idle limit for
@@ -225,77 +222,6 @@ def _lane_connector_class() -> type[Any]:
             return await super().connect(req, *args, **kwargs)
 
     return _LaneConnector
-
-
-BODY_WRITTEN_NEXT_TURN: Final = sys.version_info < (3, 12)
-"""Whether aiohttp writes a request's body (and, from 3.14, the headers it buffers to send with it) only on the loop's
-next turn: its ``ClientRequest.send`` hands ``write_bytes`` to a task of its own, started eagerly from Python 3.12 on,
-queued behind the turn's other callbacks before (``asyncio.create_task``). The middleware then sets ``body_now`` as
-a lane attempt's ``write_bytes``, where ``send`` reads it (``resilience.adapters.aiohttp._BODY_NOW``)."""
-
-
-def body_now(request: aiohttp.ClientRequest) -> Callable[..., Coroutine[Any, Any, None]]:
-    """``request.write_bytes`` that writes the body at once, as ``send`` calls it, as Python 3.12's eager task start would.
-
-    The class's ``write_bytes`` runs to its first wait (for a small body: to
-    its end, the request on the wire) before ``send`` goes on; what is left
-    (``_rest``: nothing, or the rest of a body that waits for the socket to
-    drain) is what aiohttp's writer task then runs, cancellation and errors
-    included. A control call under load so waits for one loop turn (the
-    answer) instead of two (the body's task, then the answer).
-    """
-    write_bytes = type(request).write_bytes
-
-    def now(*args: Any, **kwargs: Any) -> Coroutine[Any, Any, None]:
-        coro = write_bytes(request, *args, **kwargs)
-        try:
-            waits_on = coro.send(None)
-        except StopIteration:
-            return _rest(None, None)
-        except Exception as exc:  # ``write_bytes`` raising: its task's error, as before
-            return _raise(exc)
-        return _rest(coro, waits_on)
-
-    return now
-
-
-async def _rest(coro: Coroutine[Any, Any, None] | None, waits_on: Any) -> None:
-    """The rest of ``coro``, which ran until it waited on ``waits_on`` (None: it ended)."""
-    if coro is not None:
-        await _Resumed(coro, waits_on)
-
-
-async def _raise(exc: Exception) -> None:
-    raise exc
-
-
-class _Resumed:
-    """An awaitable that goes on with a started coroutine: it yields what that coroutine waits on, and passes in what the
-    task sends or throws."""
-
-    __slots__ = ("coro", "waits_on")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], waits_on: Any) -> None:
-        self.coro, self.waits_on = coro, waits_on
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        coro, waits_on = self.coro, self.waits_on
-        while True:
-            try:
-                sent = yield waits_on
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # the task's cancellation, thrown in: ``write_bytes`` handles it
-                try:
-                    waits_on = coro.throw(exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    waits_on = coro.send(sent)
-                except StopIteration:
-                    return
 
 
 def _local_addr(owner: Any) -> tuple[str, int] | None:

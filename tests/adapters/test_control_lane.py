@@ -19,7 +19,6 @@ import os
 import pickle
 import sys
 from collections.abc import Iterator
-from typing import Any, cast
 
 import aiohttp
 import httpx
@@ -400,105 +399,6 @@ async def test_aiohttp_connector_of_another_class_is_asked_once_and_gets_no_lane
         async with session.post(f"{engine.url}/generate?events=1", json=GENERATE) as data:
             await data.read()
         assert data.headers["x-connection"] in seen  # one pool for everything
-    await asyncio.to_thread(engine.wait_for, "open_connections", 0)
-
-
-class _Body:
-    """A request whose ``write_bytes`` records its steps, and waits on ``drained`` (when given) after writing, as a full socket would."""
-
-    def __init__(self, drained: asyncio.Future[None] | None = None, fails: bool = False) -> None:
-        self.steps: list[object] = []
-        self.drained, self.fails = drained, fails
-
-    async def write_bytes(self, writer: object, conn: object, content_length: int | None = None) -> None:
-        if self.fails:
-            raise ValueError("no body")
-        self.steps.append(("wrote", writer, conn, content_length))
-        if self.drained is not None:
-            try:
-                await self.drained
-            except asyncio.CancelledError:
-                self.steps.append("cancelled")
-                raise
-            self.steps.append("drained")
-
-
-@pytest.mark.asyncio
-async def test_body_now_writes_at_once_and_its_task_runs_the_rest() -> None:
-    """``body_now`` runs ``write_bytes`` to its first wait when called; the task aiohttp makes of the rest goes on from there."""
-    from resilience.adapters.control_pools import body_now
-
-    whole = _Body()
-    rest = body_now(cast(Any, whole))("writer", "conn", 3)
-    assert whole.steps == [("wrote", "writer", "conn", 3)]
-    finished = asyncio.create_task(rest)
-    await finished
-    assert finished.done() and finished.exception() is None
-    drained: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    waits = _Body(drained)
-    task = asyncio.create_task(body_now(cast(Any, waits))("writer", "conn"))
-    assert waits.steps == [("wrote", "writer", "conn", None)]
-    await asyncio.sleep(0)
-    assert not task.done()
-    drained.set_result(None)
-    await task
-    assert waits.steps[-1] == "drained"
-
-
-@pytest.mark.asyncio
-async def test_body_now_passes_cancellation_and_errors_to_the_task() -> None:
-    """Cancelling the writer task reaches a ``write_bytes`` that waits; one that raises at once fails the task, not ``send``."""
-    from resilience.adapters.control_pools import body_now
-
-    waits = _Body(asyncio.get_running_loop().create_future())
-    task = asyncio.create_task(body_now(cast(Any, waits))("writer", "conn"))
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert waits.steps[-1] == "cancelled"
-    failing = asyncio.create_task(body_now(cast(Any, _Body(fails=True)))("writer", "conn"))
-    with pytest.raises(ValueError, match="no body"):
-        await failing
-
-
-@pytest.mark.asyncio
-async def test_aiohttp_control_body_leaves_before_the_loop_turns(engine: StreamServer) -> None:
-    """A control call on a warm lane writes its body within the attempt's own step, no loop turn after (3.11: ``body_now``)."""
-    _idle(engine)
-    loop = asyncio.get_running_loop()
-    turns = [0]
-    ticking = [True]
-
-    def tick() -> None:
-        turns[0] += 1
-        if ticking[0]:
-            loop.call_soon(tick)
-
-    at_handler: list[int] = []
-    at_body: list[int] = []
-
-    async def inner(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
-        at_handler.append(turns[0])
-        return await handler(request)
-
-    async def chunk_sent(session: object, context: object, params: object) -> None:
-        at_body.append(turns[0])
-
-    trace = aiohttp.TraceConfig()
-    trace.on_request_chunk_sent.append(chunk_sent)
-    middlewares = (ResilientMiddleware(config=_config()), inner)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=POOL), middlewares=middlewares, trace_configs=[trace]) as session:
-        for _ in range(2):  # the first opens the lane's connection
-            async with session.post(f"{engine.url}/pause_generation", json={}) as response:
-                assert response.status == 200
-        loop.call_soon(tick)
-        try:
-            async with session.post(f"{engine.url}/pause_generation", json={"a": 1}) as response:
-                assert response.status == 200
-        finally:
-            ticking[0] = False
-    assert at_handler[-1] == at_body[-1], (at_handler, at_body)
     await asyncio.to_thread(engine.wait_for, "open_connections", 0)
 
 
