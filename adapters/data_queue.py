@@ -279,25 +279,24 @@ async def _give_back(core: Any, queue: DataQueue) -> None:
         queue.leave()
 
 
-def _own_streams(response: str, pool: str) -> tuple[type[Any] | None, type[Any] | None]:
-    """(httpx's ``response`` stream class, httpcore's ``pool`` one): the streams of an ``AsyncHTTPTransport`` or
-    ``HTTPTransport`` response.
+def _own_streams(flavour: str, response: str) -> tuple[type[Any] | None, type[Any] | None]:
+    """(httpx's ``response`` stream class, httpcore's ``PoolByteStream`` of ``flavour``, "async" or "sync"): the streams
+    of an ``AsyncHTTPTransport`` or ``HTTPTransport`` response.
 
     Private classes, so checked: (None, None) where the modules differ from
     httpx 0.28-0.29 and httpcore 1.0, or where httpcore's stream takes no
     attribute of its own; then every response gets a ``_SlotStream`` or ``_SyncSlotStream``.
     """
-    flavour = "async" if response.startswith("Async") else "sync"
     try:
-        core = getattr(importlib.import_module(f"httpcore._{flavour}.connection_pool"), pool)
+        core = importlib.import_module(f"httpcore._{flavour}.connection_pool").PoolByteStream
         outer = getattr(importlib.import_module("httpx._transports.default"), response)
     except (ImportError, AttributeError):
         return None, None
     return (outer, core) if "__slots__" not in vars(core) else (None, None)
 
 
-_RESPONSE_STREAM, _POOL_STREAM = _own_streams("AsyncResponseStream", "PoolByteStream")
-_SYNC_RESPONSE_STREAM, _SYNC_POOL_STREAM = _own_streams("ResponseStream", "PoolByteStream")
+_RESPONSE_STREAM, _POOL_STREAM = _own_streams("async", "AsyncResponseStream")
+_SYNC_RESPONSE_STREAM, _SYNC_POOL_STREAM = _own_streams("sync", "ResponseStream")
 
 
 class _SlotStream(httpx.AsyncByteStream):

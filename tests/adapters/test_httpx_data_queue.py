@@ -372,7 +372,8 @@ async def test_a_read_that_fails_gives_the_slot_back_before_the_close(half_answe
     async with httpx.AsyncClient(transport=transport) as client:
         async with client.stream("POST", f"{half_answer}/generate", json=GENERATE) as response:
             assert queue.inside == 1
-            assert not isinstance(getattr(response.stream, "_stream", None), _SlotStream)  # inside httpx's BoundAsyncStream
+            inner = response.stream._stream  # type: ignore[union-attr]  # inside httpx's BoundAsyncStream
+            assert type(inner).__name__ == "AsyncResponseStream" and not isinstance(inner, _SlotStream)  # httpx's own, unwrapped
             with pytest.raises(httpx.TransportError):
                 async for _ in response.aiter_raw():
                     pass
@@ -584,7 +585,8 @@ def test_sync_a_read_that_fails_gives_the_slot_back_before_the_close(half_answer
     with httpx.Client(transport=transport) as client:
         with client.stream("POST", f"{half_answer}/generate", json=GENERATE) as response:
             assert queue.inside == 1
-            assert not isinstance(getattr(response.stream, "_stream", None), _SyncSlotStream)  # httpcore's own, read as is
+            inner = response.stream._stream  # type: ignore[union-attr]  # inside httpx's BoundSyncStream
+            assert type(inner).__name__ == "ResponseStream" and not isinstance(inner, _SyncSlotStream)  # httpx's own, unwrapped
             with pytest.raises(httpx.TransportError):
                 for _ in response.iter_raw():
                     pass
