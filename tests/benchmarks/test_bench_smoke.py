@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
@@ -290,17 +292,28 @@ def test_unspecialized_ops_lists_the_generic_instructions_of_ours_on_one_request
 
 
 def test_control_lane_measures_every_client_and_says_where_the_time_goes() -> None:
-    """Bare, mounted without the lane, mounted and a dedicated client (aiohttp, tiny sizes), each with its loaded calls;
-    the mounted p99 over the dedicated client's; on Linux, the breakdown of the mounted and dedicated rows' idle and
-    loaded calls, every cell a number."""
-    out = _run("bench_control_lane.py", "--drivers", "aiohttp", "--streams", "10", "--samples", "4", "--queued-samples", "1")
+    """Bare, mounted without the lane, mounted and a dedicated client (aiohttp, tiny sizes), each with its loaded calls,
+    the last two over two rounds, each round's ratio and their median judged; the mounted p99 over the dedicated
+    client's; on Linux, the breakdown of the mounted and dedicated rows' idle and loaded calls, every cell a number."""
+    out = _run(
+        "bench_control_lane.py", "--drivers", "aiohttp", "--streams", "10", "--samples", "4", "--queued-samples", "1", "--rounds", "2"
+    )
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| aiohttp")]
     assert [r[1] for r in rows[:4]] == ["bare", "mounted, no lane", "mounted", "dedicated client"]
-    assert [r[4] for r in rows[:4]] == ["1", "1", "4", "4"]  # loaded calls: the queued ones, then the lane's and the dedicated client's
+    # loaded calls: the queued ones, then 2 rounds of the lane's and of the dedicated client's
+    assert [r[4] for r in rows[:4]] == ["1", "1", "8", "8"]
+    assert [len(r[3].split(" / ")) for r in rows[:4]] == [1, 1, 2, 2]  # a load average per round
     for r in rows[:4]:
         _positive(r[5])  # idle p50
         _positive(r[7])  # loaded p50
-    beside = re.search(r"Mounted p99 under load / dedicated client's p99 under load: aiohttp (\S+)x\.", out)
+    for r in rows[2:4]:
+        rounds = [float(x) for x in r[11].split(" / ")]
+        assert len(rounds) == 2 and all(x > 0 for x in rounds), r
+        assert float(r[12].rstrip("x")) == pytest.approx(sorted(rounds)[0] / 2 + sorted(rounds)[1] / 2, abs=0.06), r  # the median of two
+        _positive(r[14])  # scheduling lag p99
+    judged = re.search(r"Goal met \(median over 2 round\(s\) of mounted p99 under load / idle p50 <= 2\): (.+); missed: (.+)\.", out)
+    assert judged is not None and "aiohttp (" in judged.group(0), out
+    beside = re.search(r"Mounted p99 under load / dedicated client's p99 under load \(pooled\): aiohttp (\S+)x\.", out)
     assert beside is not None, out
     _positive(beside.group(1))
     if sys.platform == "linux":
@@ -308,3 +321,21 @@ def test_control_lane_measures_every_client_and_says_where_the_time_goes() -> No
         assert [r[1] for r in breakdown] == ["mounted"] * 4 + ["dedicated client"] * 4
         assert [r[2].split(",")[0] for r in breakdown] == ["idle", "idle", "loaded", "loaded"] * 2
         assert all(float(cell) >= 0 for r in breakdown for cell in r[3:])
+
+
+def test_lane_upper_bound_measures_each_way_of_cutting_the_lanes_waits() -> None:
+    """The httpx async lane as shipped, with httpcore's checkpoints skipped in the control call, and on worker threads
+    (tiny sizes): each a row of positive latencies, a ratio per round and their median."""
+    out = _run("lane_upper_bound.py", "--rounds", "2", "--samples", "4", "--streams", "10")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| lane")]
+    assert rows[0][1] == "idle p50 ms", out  # the header
+    rows = rows[1:]
+    assert [r[0] for r in rows] == ["lane", "lane, no checkpoints", "lane in threads"], out
+    for r in rows:
+        for cell in r[1:4]:
+            _positive(cell)  # idle p50, loaded p50, loaded p99
+        assert len(r[4].split(" / ")) == 2, r  # a ratio per round
+        _positive(r[5])
+        _positive(r[6])
+    ran = re.search(r"Checkpoints skipped inside control calls: (\d+); control calls sent on worker threads: (\d+)\.", out)
+    assert ran is not None and int(ran.group(1)) > 0 and int(ran.group(2)) > 0, out  # each variant ran as named
