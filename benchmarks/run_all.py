@@ -48,6 +48,23 @@ NOTES_POINTER = (
 )
 """The header's last sentence: where the figures this runner does not regenerate are."""
 _PARTIAL = "Last partial run (`run_all.py --only`)"
+_PARTIAL_RUN = re.compile(r"((?:`\w+`(?:, )?)+) (?:regenerated )?on (\d{4}-\d{2}-\d{2})")
+"""One run's part of the partial-run line: its benchmarks' names (in backticks) and the date they ran."""
+
+
+def partial_line(existing: str, ran: list[str], today: str) -> str:
+    """The line under the header after a partial run of ``ran`` on ``today``: every benchmark regenerated since the full
+    run, newest date first, those of earlier partial runs (read from ``existing``'s line) kept with their dates."""
+    dated: dict[str, str] = {}
+    for line in existing.splitlines():
+        if line.startswith(_PARTIAL):
+            for names, date in _PARTIAL_RUN.findall(line):
+                dated.update((name, date) for name in re.findall(r"`(\w+)`", names))
+    dated.update((name, today) for name in ran)
+    dates = sorted(set(dated.values()), reverse=True)
+    names = {date: ", ".join(f"`{n}`" for n in sorted(n for n, d in dated.items() if d == date)) for date in dates}
+    runs = [f"{names[date]}{' regenerated' if i == 0 else ''} on {date}" for i, date in enumerate(dates)]
+    return f"{_PARTIAL}: {'; '.join(runs)}; the other sections are from the run above."
 
 
 def sections(body: str) -> list[tuple[str | None, str]]:
@@ -109,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if args.only is not None and out.is_file() and _WALL.search(out.read_text(encoding="utf-8")):
         ran = ", ".join(f"`{b.stem}`" for b in benches)
-        partial = f"{_PARTIAL}: {ran} regenerated on {datetime.date.today()}; the other sections are from the run above."
-        text = splice(out.read_text(encoding="utf-8"), dict(zip((b.name for b in benches), sections, strict=True)), partial)
+        existing = out.read_text(encoding="utf-8")
+        partial = partial_line(existing, [b.stem for b in benches], str(datetime.date.today()))
+        text = splice(existing, dict(zip((b.name for b in benches), sections, strict=True)), partial)
         out.write_text(text, encoding="utf-8")
         print(f"wrote {args.out} (sections replaced: {ran})", file=sys.stderr)
         return 0
