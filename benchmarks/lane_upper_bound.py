@@ -129,10 +129,12 @@ async def _client(variant: str) -> tuple[Callable[[str], Awaitable[None]], Calla
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of each variant, taking turns (default 3)")
+    parser.add_argument("--rounds", type=int, default=bench.ROUNDS, help=f"rounds of each variant, taking turns (default {bench.ROUNDS})")
     parser.add_argument("--samples", type=int, default=1000, help="idle and loaded control calls per round (default 1000)")
     parser.add_argument("--streams", type=int, default=1000, help="streams on the loop (default 1000)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     _BACKEND.checkpoint = classmethod(_checkpoint)
     _BACKEND.cancel_shielded_checkpoint = classmethod(_shielded)
     rows: dict[str, list[bench.Row]] = {v: [] for v in VARIANTS}
