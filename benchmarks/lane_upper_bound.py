@@ -22,9 +22,13 @@ round:
 - ``lane in threads``: the lane's requests sent by a plain ``httpx.HTTPTransport``
   (httpcore's sync pool, no checkpoints at all) on worker threads
   (``run_in_executor``), the answer read there whole and handed back: the
-  loop's only work is the one wake-up a finished future costs.
+  loop's only work is the one wake-up a finished future costs;
+- ``lane, gc.freeze() first``: as shipped, but with ``gc.collect()`` and
+  ``gc.freeze()`` just before the round (``gc.unfreeze()`` after it): what
+  ``docs/http-clients.md`` tells a user to try, since a third to a half of
+  a slow call's wait is collection pauses over every object the process holds.
 
-If neither meets the goal, no lane in this process does: the remainder is
+If neither of the first two meets the goal, no lane in this process does: the remainder is
 the loop's own turns under this load (the ``lag p99 / idle p50`` column:
 one byte through a socket pair, the floor a response's wake-up cannot beat).
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import gc
 import statistics
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -50,12 +55,13 @@ import httpx
 from resilience.adapters.httpx import AsyncResilientTransport
 from resilience.testing.stream_server import StreamServer
 
-VARIANTS = ("lane", "lane, no checkpoints", "lane in threads")
+VARIANTS = ("lane", "lane, no checkpoints", "lane in threads", "lane, gc.freeze() first")
+FROZEN = "lane, gc.freeze() first"
 _IN_CONTROL_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("in_control_call", default=False)
 """True inside a control call of the ``lane, no checkpoints`` variant (set in its task's context only)."""
-_COUNTS = {"skipped": 0, "threaded": 0}
-"""Checkpoints skipped inside control calls, and control calls sent on worker threads: proof that each variant ran as
-named (printed under the table)."""
+_COUNTS = {"skipped": 0, "threaded": 0, "frozen": 0}
+"""Checkpoints skipped inside control calls, control calls sent on worker threads, and the objects frozen before a
+round: proof that each variant ran as named (printed under the table)."""
 _BACKEND: Any = anyio_asyncio.AsyncIOBackend
 _CHECKPOINT = _BACKEND.checkpoint.__func__
 _SHIELDED = _BACKEND.cancel_shielded_checkpoint.__func__
@@ -149,7 +155,14 @@ def main(argv: list[str] | None = None) -> int:
                     return send, send, close
 
                 bench._async_clients = clients
-                rows[variant].append(asyncio.run(bench._async_row("httpx async", "mounted", args.streams, args.samples, 0)))
+                if variant == FROZEN:
+                    gc.collect()
+                    gc.freeze()
+                    _COUNTS["frozen"] = max(_COUNTS["frozen"], gc.get_freeze_count())
+                try:
+                    rows[variant].append(asyncio.run(bench._async_row("httpx async", "mounted", args.streams, args.samples, 0)))
+                finally:
+                    gc.unfreeze()
     print(f"## How far the httpx async lane could go (`benchmarks/lane_upper_bound.py --rounds {args.rounds}`)\n")
     print(
         f"{args.streams} streams on one loop, {args.samples} control calls idle and loaded per round, {args.rounds} rounds "
@@ -173,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"\nCheckpoints skipped inside control calls: {_COUNTS['skipped']}; control calls sent on worker threads: "
-        f"{_COUNTS['threaded']}."
+        f"{_COUNTS['threaded']}; objects frozen before a round: {_COUNTS['frozen']}."
     )
     return 0
 
