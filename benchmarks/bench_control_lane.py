@@ -47,8 +47,8 @@ its idle p50. One round of 1,000 calls cannot resolve a p99 on this machine
 (1.5-3.2x on unchanged code), so the ``mounted`` and ``dedicated client``
 rows run ``--rounds`` times (``ROUNDS``), taking turns, each round with a
 fresh client, idle calls and load; the goal is judged on the median of the
-rounds' own ratios, every one printed. The last columns is the floor under load that no pool can
-lift: how long the measuring thread (sync: ``time.sleep(0)``, giving the GIL
+rounds' own ratios, every one printed. The last two columns are the floor under load that no pool
+can lift, and its p99 over the idle p50: how long the measuring thread (sync: ``time.sleep(0)``, giving the GIL
 to the streaming threads) or task (async: one byte through a socket pair,
 awaited through the loop's selector as a response is, so behind every
 callback of the loop's turn) waits to run again, sampled just before each
