@@ -28,6 +28,12 @@ round:
   ``docs/http-clients.md`` tells a user to try, since a third to a half of
   a slow call's wait is collection pauses over every object the process holds.
 
+- ``control calls from another process``: the streams as before, the
+  control calls made by our sync ``ResilientTransport`` in a second Python
+  process (one call per line on its stdin; it times each call itself and
+  writes the seconds back), the remedy docs/http-clients.md names: a loop
+  and a collector of its own, sharing only the machine's CPUs.
+
 If neither of the first two meets the goal, no lane in this process does: the remainder is
 the loop's own turns under this load (the ``lag p99 / idle p50`` column:
 one byte through a socket pair, the floor a response's wake-up cannot beat).
@@ -39,8 +45,11 @@ import argparse
 import asyncio
 import contextvars
 import gc
+import json
+import os
 import statistics
 import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,13 +64,34 @@ import httpx
 from resilience.adapters.httpx import AsyncResilientTransport
 from resilience.testing.stream_server import StreamServer
 
-VARIANTS = ("lane", "lane, no checkpoints", "lane in threads", "lane, gc.freeze() first")
+VARIANTS = ("lane", "lane, no checkpoints", "lane in threads", "lane, gc.freeze() first", "control calls from another process")
 FROZEN = "lane, gc.freeze() first"
+OTHER = "control calls from another process"
+ROOT = Path(__file__).resolve().parents[1]
+_OTHER_PROCESS = """
+import json, sys, time
+import httpx
+from resilience.adapters.driver_config import DriverConfig
+from resilience.adapters.httpx import ResilientTransport
+from resilience.adapters.sglang import SGLANG_POLICIES
+url, body = sys.argv[1], json.loads(sys.argv[2])
+client = httpx.Client(transport=ResilientTransport(config=DriverConfig(policies=SGLANG_POLICIES)), timeout=120.0)
+for _ in sys.stdin:
+    started = time.perf_counter()
+    with client.stream("POST", url, json=body) as response:
+        for _ in response.iter_raw():
+            pass
+    print(time.perf_counter() - started, flush=True)
+client.close()
+"""
+"""The ``OTHER`` variant's control client: one call per line read, its own timing written back."""
+_OTHER_SECONDS: list[float] = []
+"""The other process's timing of the control call just made (read by ``_atimed``)."""
 _IN_CONTROL_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("in_control_call", default=False)
 """True inside a control call of the ``lane, no checkpoints`` variant (set in its task's context only)."""
-_COUNTS = {"skipped": 0, "threaded": 0, "frozen": 0}
-"""Checkpoints skipped inside control calls, control calls sent on worker threads, and the objects frozen before a
-round: proof that each variant ran as named (printed under the table)."""
+_COUNTS = {"skipped": 0, "threaded": 0, "frozen": 0, "other process": 0}
+"""Checkpoints skipped inside control calls, control calls sent on worker threads, the objects frozen before a round,
+and control calls timed by the other process: proof that each variant ran as named (printed under the table)."""
 _BACKEND: Any = anyio_asyncio.AsyncIOBackend
 _CHECKPOINT = _BACKEND.checkpoint.__func__
 _SHIELDED = _BACKEND.cancel_shielded_checkpoint.__func__
@@ -108,6 +138,28 @@ class _ThreadLane(httpx.AsyncBaseTransport):
         self.sync.close()
 
 
+async def _atimed(send: Callable[[str], Awaitable[None]]) -> float:
+    """``bench._atimed``, but the other process's own timing where it made the call."""
+    started = time.perf_counter()
+    await send(bench.CONTROL)
+    took = time.perf_counter() - started
+    return _OTHER_SECONDS.pop() if _OTHER_SECONDS else took
+
+
+async def _other_process() -> asyncio.subprocess.Process:
+    """The ``OTHER`` variant's control client, started."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _OTHER_PROCESS,
+        f"{bench.url_of[0]}{bench.CONTROL}",
+        json.dumps(bench.BODY),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 async def _client(variant: str) -> tuple[Callable[[str], Awaitable[None]], Callable[[], Coroutine[Any, Any, None]]]:
     """(send, close) of the mounted httpx async client, its lane as ``variant`` says."""
     transport = AsyncResilientTransport(config=bench._config(True))
@@ -115,8 +167,19 @@ async def _client(variant: str) -> tuple[Callable[[str], Awaitable[None]], Calla
     if threads is not None:
         transport._sending(transport._data, threads.handle_async_request)
     client = httpx.AsyncClient(transport=transport, timeout=bench.TIMEOUT_S)
+    other = await _other_process() if variant == OTHER else None
 
     async def send(path: str) -> None:
+        if other is not None and path == bench.CONTROL:
+            assert other.stdin is not None and other.stdout is not None
+            other.stdin.write(b"\n")
+            await other.stdin.drain()
+            line = await other.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the control process ended (exit {await other.wait()})")
+            _OTHER_SECONDS.append(float(line))
+            _COUNTS["other process"] += 1
+            return
         token = _IN_CONTROL_CALL.set(variant == "lane, no checkpoints" and path == bench.CONTROL)
         try:
             async with client.stream("POST", f"{bench.url_of[0]}{path}", json=bench.BODY) as response:
@@ -129,6 +192,10 @@ async def _client(variant: str) -> tuple[Callable[[str], Awaitable[None]], Calla
         await client.aclose()
         if threads is not None:
             await threads.aclose()
+        if other is not None:
+            assert other.stdin is not None
+            other.stdin.close()
+            await other.wait()
 
     return send, close
 
@@ -143,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     _BACKEND.checkpoint = classmethod(_checkpoint)
     _BACKEND.cancel_shielded_checkpoint = classmethod(_shielded)
+    bench._atimed = _atimed
     rows: dict[str, list[bench.Row]] = {v: [] for v in VARIANTS}
     with StreamServer(interval_s=bench.INTERVAL_S, events=bench.EVENTS) as server:
         bench.url_of[0] = server.url
@@ -186,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"\nCheckpoints skipped inside control calls: {_COUNTS['skipped']}; control calls sent on worker threads: "
-        f"{_COUNTS['threaded']}; objects frozen before a round: {_COUNTS['frozen']}."
+        f"{_COUNTS['threaded']}; objects frozen before a round: {_COUNTS['frozen']}; control calls timed by the other "
+        f"process: {_COUNTS['other process']}."
     )
     return 0
 
