@@ -1,4 +1,4 @@
-"""How far any change to the httpx async lane could go: its loaded p99 with the lane's waits cut by force, two ways.
+"""How far any change to the httpx async lane could go: its loaded p99 with the lane's waits cut by force, and the remedies.
 
 Run: ``.venv/bin/python benchmarks/lane_upper_bound.py [--rounds 3] [--samples 1000] [--streams 1000]``
 
@@ -9,7 +9,7 @@ idle control call on the lane suspends 6 times, five of them anyio
 ``sleep(0)`` checkpoints inside httpcore (its locks and socket sends), and
 each turn of a loop that carries 1,000 httpx streams can be long. This
 script runs ``bench_control_lane.py``'s ``mounted`` row for httpx async
-(the same load, samples and lag probe) three ways, taking turns, round by
+(the same load, samples and lag probe) five ways, taking turns, round by
 round:
 
 - ``lane``: as shipped;
@@ -26,17 +26,19 @@ round:
 - ``lane, gc.freeze() first``: as shipped, but with ``gc.collect()`` and
   ``gc.freeze()`` just before the round (``gc.unfreeze()`` after it): what
   ``docs/http-clients.md`` tells a user to try, since a third to a half of
-  a slow call's wait is collection pauses over every object the process holds.
-
+  a slow call's wait is collection pauses over every object the process holds;
 - ``control calls from another process``: the streams as before, the
   control calls made by our sync ``ResilientTransport`` in a second Python
   process (one call per line on its stdin; it times each call itself and
   writes the seconds back), the remedy docs/http-clients.md names: a loop
   and a collector of its own, sharing only the machine's CPUs.
 
-If neither of the first two meets the goal, no lane in this process does: the remainder is
-the loop's own turns under this load (the ``lag p99 / idle p50`` column:
-one byte through a socket pair, the floor a response's wake-up cannot beat).
+If neither the second nor the third meets the goal, no lane in this process
+does: the remainder is the loop's own turns under this load (the ``lag p99 /
+idle p50`` column: one byte through a socket pair, the floor a response's
+wake-up cannot beat; for the last row it is the streaming process's loop,
+which that row's calls never wait for). If the last misses too, the
+remainder is the machine's CPUs.
 """
 
 from __future__ import annotations
