@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import os
 import socket
@@ -76,7 +77,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -130,6 +131,11 @@ def _config(lane: bool) -> DriverConfig:
 def _ms(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _goal_ratio(idle: list[float], loaded: list[float]) -> float:
+    """The goal's ratio: loaded p99 over idle p50."""
+    return _ms(loaded, 0.99) / _ms(idle, 0.5)
 
 
 # ---- where a loaded control call's time goes ----
@@ -403,13 +409,15 @@ def _timed(send: Callable[[str], None]) -> float:
 # ---- the async drivers: one event loop ----
 
 
-async def _async_clients(
-    driver: str, mode: str
-) -> tuple[Callable[[str], Awaitable[None]], Callable[[str], Awaitable[None]], Callable[[], Awaitable[None]]]:
-    """``_sync_clients`` for an async driver."""
+AsyncClients = tuple[Callable[[], Coroutine[Any, Any, float]], Callable[[str], Awaitable[None]], Callable[[], Awaitable[None]]]
+"""(one control call, returning its seconds; the streams' send; close all) of an async row."""
+
+
+async def _async_clients(driver: str, mode: str) -> AsyncClients:
+    """``_sync_clients`` for an async driver, its control send already timed (``_atimed``)."""
     if mode != "dedicated client":
         send, close = await _async_client(driver, mode)
-        return send, send, close
+        return functools.partial(_atimed, send), send, close
     control, close_control = await _async_client(driver, "bare")
     streams, close_streams = await _async_client(driver, "bare")
 
@@ -417,7 +425,7 @@ async def _async_clients(
         await close_streams()
         await close_control()
 
-    return control, streams, close_both
+    return functools.partial(_atimed, control), streams, close_both
 
 
 async def _async_client(driver: str, mode: str) -> tuple[Callable[[str], Awaitable[None]], Callable[[], Awaitable[None]]]:
@@ -478,15 +486,18 @@ async def _async_lag(pair: tuple[socket.socket, socket.socket]) -> float:
     return lag
 
 
-async def _async_row(driver: str, mode: str, streams: int, samples: int, queued: int) -> Row:
-    send, stream, close = await _async_clients(driver, mode)
+async def _async_row(
+    driver: str, mode: str, streams: int, samples: int, queued: int, clients: Callable[[str, str], Awaitable[AsyncClients]] = _async_clients
+) -> Row:
+    """The control calls of one async row's clients (``Row``), built by ``clients`` (default ``_async_clients``)."""
+    control, stream, close = await clients(driver, mode)
     pair = socket.socketpair()
 
     async def sample(times: list[float], lags: list[float], phases: list[tuple[float, ...]]) -> None:
         """``_sync_sample`` on the loop."""
 
         async def timed() -> None:
-            times.append(await _atimed(send))
+            times.append(await control())
 
         await asyncio.sleep(SAMPLE_GAP_S)
         lags.append(await _async_lag(pair))
@@ -518,7 +529,7 @@ async def _async_row(driver: str, mode: str, streams: int, samples: int, queued:
         else:
             calls = []
             for _ in range(queued):
-                calls.append(asyncio.create_task(_atimed(send)))
+                calls.append(asyncio.create_task(control()))
                 await asyncio.sleep(QUEUED_GAP_S)
             loaded = list(await asyncio.gather(*calls))
         stop.set()
@@ -563,7 +574,7 @@ class _Result:
 
     def ratios(self) -> list[float]:
         """Each round's loaded p99 over its own idle p50: the goal's ratio, round by round."""
-        return [_ms(row[1], 0.99) / _ms(row[0], 0.5) for row in self.rounds]
+        return [_goal_ratio(row[0], row[1]) for row in self.rounds]
 
 
 def _order(rounds: int) -> Iterator[tuple[str, int]]:
@@ -659,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {result.driver} | {result.mode} | {result.load} | {' / '.join(f'{a:.2f}' for a in result.averages)} | "
             f"{len(loaded)} | {_ms(idle, 0.5):.2f} | {_ms(idle, 0.99):.2f} | {_ms(loaded, 0.5):.2f} | {_ms(loaded, 0.99):.2f} | "
-            f"{1000 * max(loaded):.2f} | {_ms(loaded, 0.99) / _ms(idle, 0.5):.1f}x | {' / '.join(f'{r:.1f}' for r in ratios)} | "
+            f"{1000 * max(loaded):.2f} | {_goal_ratio(idle, loaded):.1f}x | {' / '.join(f'{r:.1f}' for r in ratios)} | "
             f"{statistics.median(ratios):.1f}x | {_ms(loaded, 0.99) / _ms(idle, 0.99):.1f}x | {lag} |"
         )
     lane = [(r.driver, statistics.median(r.ratios())) for r in results.values() if r.mode == "mounted"]

@@ -46,13 +46,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import functools
 import gc
 import json
 import os
 import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -87,8 +86,7 @@ for _ in sys.stdin:
 client.close()
 """
 """The ``OTHER`` variant's control client: one call per line read, its own timing written back."""
-_OTHER_SECONDS: list[float] = []
-"""The other process's timing of the control call just made (read by ``_atimed``)."""
+
 _IN_CONTROL_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("in_control_call", default=False)
 """True inside a control call of the ``lane, no checkpoints`` variant (set in its task's context only)."""
 _COUNTS = {"skipped": 0, "threaded": 0, "frozen": 0, "other process": 0}
@@ -140,14 +138,6 @@ class _ThreadLane(httpx.AsyncBaseTransport):
         self.sync.close()
 
 
-async def _atimed(send: Callable[[str], Awaitable[None]]) -> float:
-    """``bench._atimed``, but the other process's own timing where it made the call."""
-    started = time.perf_counter()
-    await send(bench.CONTROL)
-    took = time.perf_counter() - started
-    return _OTHER_SECONDS.pop() if _OTHER_SECONDS else took
-
-
 async def _other_process() -> asyncio.subprocess.Process:
     """The ``OTHER`` variant's control client, started."""
     return await asyncio.create_subprocess_exec(
@@ -162,8 +152,9 @@ async def _other_process() -> asyncio.subprocess.Process:
     )
 
 
-async def _client(variant: str) -> tuple[Callable[[str], Awaitable[None]], Callable[[], Coroutine[Any, Any, None]]]:
-    """(send, close) of the mounted httpx async client, its lane as ``variant`` says."""
+async def _clients(variant: str, driver: str, mode: str) -> bench.AsyncClients:
+    """``bench.AsyncClients`` of the ``mounted`` httpx async row (``driver``, ``mode``), its lane or its control calls as
+    ``variant`` says."""
     transport = AsyncResilientTransport(config=bench._config(True))
     threads = _ThreadLane() if variant == "lane in threads" else None
     if threads is not None:
@@ -172,16 +163,6 @@ async def _client(variant: str) -> tuple[Callable[[str], Awaitable[None]], Calla
     other = await _other_process() if variant == OTHER else None
 
     async def send(path: str) -> None:
-        if other is not None and path == bench.CONTROL:
-            assert other.stdin is not None and other.stdout is not None
-            other.stdin.write(b"\n")
-            await other.stdin.drain()
-            line = await other.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the control process ended (exit {await other.wait()})")
-            _OTHER_SECONDS.append(float(line))
-            _COUNTS["other process"] += 1
-            return
         token = _IN_CONTROL_CALL.set(variant == "lane, no checkpoints" and path == bench.CONTROL)
         try:
             async with client.stream("POST", f"{bench.url_of[0]}{path}", json=bench.BODY) as response:
@@ -189,6 +170,17 @@ async def _client(variant: str) -> tuple[Callable[[str], Awaitable[None]], Calla
                     pass
         finally:
             _IN_CONTROL_CALL.reset(token)
+
+    async def elsewhere() -> float:
+        """One control call made by the other process: its own timing of it."""
+        assert other is not None and other.stdin is not None and other.stdout is not None
+        other.stdin.write(b"\n")
+        await other.stdin.drain()
+        line = await other.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the control process ended (exit {await other.wait()})")
+        _COUNTS["other process"] += 1
+        return float(line)
 
     async def close() -> None:
         await client.aclose()
@@ -199,7 +191,7 @@ async def _client(variant: str) -> tuple[Callable[[str], Awaitable[None]], Calla
             other.stdin.close()
             await other.wait()
 
-    return send, close
+    return (elsewhere if other is not None else functools.partial(bench._atimed, send)), send, close
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,27 +204,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     _BACKEND.checkpoint = classmethod(_checkpoint)
     _BACKEND.cancel_shielded_checkpoint = classmethod(_shielded)
-    bench._atimed = _atimed
-    rows: dict[str, list[bench.Row]] = {v: [] for v in VARIANTS}
+    results = {v: bench._Result("httpx async", v, "", [], []) for v in VARIANTS}
     with StreamServer(interval_s=bench.INTERVAL_S, events=bench.EVENTS) as server:
         bench.url_of[0] = server.url
         for number in range(args.rounds):
-            for variant in VARIANTS:
+            for variant, result in results.items():
                 print(f"{variant}, round {number + 1} of {args.rounds} ...", file=sys.stderr, flush=True)
-
-                async def clients(driver: str, mode: str, variant: str = variant) -> Any:
-                    send, close = await _client(variant)
-                    return send, send, close
-
-                bench._async_clients = clients
                 if variant == FROZEN:
                     gc.collect()
                     gc.freeze()
                     _COUNTS["frozen"] = max(_COUNTS["frozen"], gc.get_freeze_count())
+                clients = functools.partial(_clients, variant)
                 try:
-                    rows[variant].append(asyncio.run(bench._async_row("httpx async", "mounted", args.streams, args.samples, 0)))
+                    row = asyncio.run(bench._async_row("httpx async", "mounted", args.streams, args.samples, 0, clients))
                 finally:
                     gc.unfreeze()
+                result.rounds.append(row)
     print(f"## How far the httpx async lane could go (`benchmarks/lane_upper_bound.py --rounds {args.rounds}`)\n")
     print(
         f"{args.streams} streams on one loop, {args.samples} control calls idle and loaded per round, {args.rounds} rounds "
@@ -244,12 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         "| lag p99 / idle p50, median |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for variant, rounds in rows.items():
-        idle = [t for r in rounds for t in r[0]]
-        loaded = [t for r in rounds for t in r[1]]
+    for variant, result in results.items():
+        idle, loaded = result.pooled(0), result.pooled(1)
         assert idle and loaded, f"{variant}: no samples"
-        ratios = [bench._ms(r[1], 0.99) / bench._ms(r[0], 0.5) for r in rounds]
-        floors = [bench._ms(r[2], 0.99) / bench._ms(r[0], 0.5) for r in rounds]
+        ratios = result.ratios()
+        floors = [bench._ms(r[2], 0.99) / bench._ms(r[0], 0.5) for r in result.rounds]
         print(
             f"| {variant} | {bench._ms(idle, 0.5):.2f} | {bench._ms(loaded, 0.5):.2f} | {bench._ms(loaded, 0.99):.2f} | "
             f"{' / '.join(f'{x:.1f}' for x in ratios)} | {statistics.median(ratios):.1f}x | {statistics.median(floors):.1f}x |"
