@@ -48,7 +48,6 @@ import asyncio
 import contextvars
 import functools
 import gc
-import json
 import os
 import statistics
 import sys
@@ -70,22 +69,21 @@ FROZEN = "lane, gc.freeze() first"
 OTHER = "control calls from another process"
 ROOT = Path(__file__).resolve().parents[1]
 _OTHER_PROCESS = """
-import json, sys, time
+import sys, time
+import bench_control_lane as bench
 import httpx
-from resilience.adapters.driver_config import DriverConfig
 from resilience.adapters.httpx import ResilientTransport
-from resilience.adapters.sglang import SGLANG_POLICIES
-url, body = sys.argv[1], json.loads(sys.argv[2])
-client = httpx.Client(transport=ResilientTransport(config=DriverConfig(policies=SGLANG_POLICIES)), timeout=120.0)
+client = httpx.Client(transport=ResilientTransport(config=bench._config(True)), timeout=bench.TIMEOUT_S)
 for _ in sys.stdin:
     started = time.perf_counter()
-    with client.stream("POST", url, json=body) as response:
+    with client.stream("POST", sys.argv[1] + bench.CONTROL, json=bench.BODY) as response:
         for _ in response.iter_raw():
             pass
     print(time.perf_counter() - started, flush=True)
 client.close()
 """
-"""The ``OTHER`` variant's control client: one call per line read, its own timing written back."""
+"""The ``OTHER`` variant's control client (the ``mounted`` row's config, on the sync driver): one call per line read,
+its own timing written back."""
 
 _IN_CONTROL_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("in_control_call", default=False)
 """True inside a control call of the ``lane, no checkpoints`` variant (set in its task's context only)."""
@@ -144,11 +142,10 @@ async def _other_process() -> asyncio.subprocess.Process:
         sys.executable,
         "-c",
         _OTHER_PROCESS,
-        f"{bench.url_of[0]}{bench.CONTROL}",
-        json.dumps(bench.BODY),
+        bench.url_of[0],
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "benchmarks")))},
     )
 
 

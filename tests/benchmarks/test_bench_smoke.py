@@ -361,8 +361,8 @@ def test_lane_upper_bound_measures_each_way_of_cutting_the_lanes_waits() -> None
         for cell in r[1:4]:
             _positive(cell)  # idle p50, loaded p50, loaded p99
         assert len(r[4].split(" / ")) == 2, r  # a ratio per round
-        _positive(r[5])
-        _positive(r[6])
+        _positive(r[5])  # the median ratio
+        assert float(r[6].rstrip("x")) >= 0, r  # the lag's median ratio: a loop wake-up can print as 0.0x at these sizes
     ran = re.search(
         r"Checkpoints skipped inside control calls: (\d+); control calls sent on worker threads: (\d+); objects frozen before a "
         r"round: (\d+); control calls timed by the other process: (\d+)\.",
